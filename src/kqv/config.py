@@ -1,0 +1,143 @@
+"""One validated dataclass that every kqv model is built from.
+
+The config is the model's contract: every choice the lecture offers (position representation, norm placement,
+activation) is a typed field, checked when the config is made, so a typo fails here and not deep inside torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import typing
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Literal
+
+import tomli_w
+
+Position = Literal["sinusoidal", "learned", "relative", "rope", "alibi", "none"]
+Norm = Literal["layernorm", "rmsnorm"]
+Activation = Literal["relu", "gelu", "gelu_tanh", "swiglu", "geglu"]
+
+
+@dataclass
+class ModelConfig:
+    """Sizes and choices of a Transformer. Used by `Encoder`, `DecoderLM` and `EncoderDecoder` alike.
+
+    `d_ff` is the hidden width of the feed-forward network; gated activations (swiglu, geglu) use two
+    input projections of that width, so choose about 2/3 of the ungated width to keep the parameter count.
+    `norm_first=True` is pre-LN (GPT-2 and later); `False` is post-LN as in Vaswani et al. 2017 and BERT.
+    """
+
+    vocab_size: int
+    d_model: int = 256
+    n_heads: int = 4
+    n_layers: int = 4
+    d_ff: int = 1024
+    max_len: int = 512
+    dropout: float = 0.1
+    position: Position = "sinusoidal"
+    norm: Norm = "layernorm"
+    norm_first: bool = True
+    norm_eps: float = 1e-5
+    activation: Activation = "gelu"
+    bias: bool = True
+    tie_embeddings: bool = True
+    scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model), as Vaswani et al. do
+    embed_norm: bool = False  # a norm right after the embeddings, as BERT does
+    max_relative_distance: int = 16  # Shaw et al. 2018: clip relative distances to [-k, k]
+    relative_values: bool = True  # Shaw et al. 2018: add relative embeddings on the value side too
+    n_encoder_layers: int | None = None  # encoder-decoder only; defaults to n_layers
+    n_decoder_layers: int | None = None  # encoder-decoder only; defaults to n_layers
+    tgt_vocab_size: int | None = None  # encoder-decoder only; None shares the source vocabulary
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            _check_type(f.name, getattr(self, f.name), _field_types()[f.name])
+        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len", "max_relative_distance"):
+            _check_positive(name, getattr(self, name))
+        for name in ("n_encoder_layers", "n_decoder_layers", "tgt_vocab_size"):
+            if getattr(self, name) is not None:
+                _check_positive(name, getattr(self, name))
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.norm_eps <= 0:
+            raise ValueError(f"norm_eps must be positive, got {self.norm_eps}")
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}): each head gets "
+                f"d_model / n_heads dimensions; try n_heads in {_divisors(self.d_model)}"
+            )
+        if self.position == "rope" and self.head_dim % 2:
+            raise ValueError(f"position='rope' rotates pairs of dimensions, so head_dim must be even, got {self.head_dim}")
+        if self.position == "sinusoidal" and self.d_model % 2:
+            raise ValueError(f"position='sinusoidal' pairs sines and cosines, so d_model must be even, got {self.d_model}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def encoder_layers(self) -> int:
+        return self.n_encoder_layers or self.n_layers
+
+    @property
+    def decoder_layers(self) -> int:
+        return self.n_decoder_layers or self.n_layers
+
+    @property
+    def target_vocab_size(self) -> int:
+        return self.tgt_vocab_size or self.vocab_size
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> ModelConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown ModelConfig option(s) {unknown}; valid options are {sorted(known)}")
+        return cls(**values)
+
+    def to_toml(self) -> str:
+        """TOML text of the config; fields left at None are omitted (TOML has no null)."""
+        return tomli_w.dumps({k: v for k, v in self.to_dict().items() if v is not None})
+
+    @classmethod
+    def from_toml(cls, text_or_path: str | Path) -> ModelConfig:
+        text = Path(text_or_path).read_text() if isinstance(text_or_path, Path) else text_or_path
+        return cls.from_dict(tomllib.loads(text))
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        return self.from_dict({**self.to_dict(), **changes})
+
+
+def _field_types() -> dict[str, Any]:
+    return typing.get_type_hints(ModelConfig)
+
+
+def _check_type(name: str, value: Any, expected: Any) -> None:
+    """Check `value` against a field annotation: int, float, bool, Literal[...] or `X | None`."""
+    options = typing.get_args(expected)
+    if typing.get_origin(expected) is Literal:
+        if value not in options:
+            raise ValueError(f"{name} must be one of {list(options)}, got {value!r}")
+        return
+    if options:  # Optional[X]
+        if value is None:
+            return
+        expected = next(t for t in options if t is not type(None))
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return
+    if expected is int and isinstance(value, bool) or not isinstance(value, expected):
+        raise TypeError(f"{name} must be {expected.__name__}, got {type(value).__name__} {value!r}")
+
+
+def _check_positive(name: str, value: int) -> None:
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {value}")
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, min(n, 64) + 1) if n % k == 0]

@@ -1,0 +1,135 @@
+"""The pieces around attention: norms, the position-wise feed-forward network, residual connections, and the
+encoder and decoder blocks built from them."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention import KVCache, MultiHeadAttention
+from .config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * gain (Zhang & Sennrich 2019): LayerNorm without centring or bias."""
+
+    def __init__(self, d_model: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def make_norm(config: ModelConfig) -> nn.Module:
+    if config.norm == "rmsnorm":
+        return RMSNorm(config.d_model, config.norm_eps)
+    return nn.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)
+
+
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "swiglu": F.silu,
+    "geglu": F.gelu,
+}
+
+
+class FeedForward(nn.Module):
+    """The same two-layer network applied at every position: W2 act(W1 x), or W2 (act(W1 x) * W3 x) when gated.
+
+    Gated variants (SwiGLU, GeGLU; Shazeer 2020) compute the gate and the value with one fused projection of
+    width 2 * d_ff, so W1 has shape (2 * d_ff, d_model) and W2 (d_model, d_ff).
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.gated = config.activation in ("swiglu", "geglu")
+        self.activation = ACTIVATIONS[config.activation]
+        self.up = nn.Linear(config.d_model, config.d_ff * (2 if self.gated else 1), bias=config.bias)
+        self.down = nn.Linear(config.d_ff, config.d_model, bias=config.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        hidden = self.up(x)  # (batch, time, d_ff or 2 * d_ff)
+        if self.gated:
+            gate, value = hidden.chunk(2, dim=-1)
+            return self.down(self.activation(gate) * value)
+        return self.down(self.activation(hidden))
+
+
+class Residual(nn.Module):
+    """x + sublayer(x), with the norm before the sublayer (pre-LN) or after the sum (post-LN)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.norm = make_norm(config)
+        self.norm_first = config.norm_first
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+        if self.norm_first:
+            return x + self.dropout(sublayer(self.norm(x)))
+        return self.norm(x + self.dropout(sublayer(x)))
+
+
+class EncoderBlock(nn.Module):
+    """Bidirectional self-attention, then the feed-forward network, each inside a residual connection."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.self_attention = MultiHeadAttention(config)
+        self.feed_forward = FeedForward(config)
+        self.attention_residual = Residual(config)
+        self.feed_forward_residual = Residual(config)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        weights = None
+
+        def attend(h: Tensor) -> Tensor:
+            nonlocal weights
+            out, weights = self.self_attention(h, mask=mask, need_weights=need_weights)
+            return out
+
+        x = self.attention_residual(x, attend)
+        return self.feed_forward_residual(x, self.feed_forward), weights
+
+
+class DecoderBlock(nn.Module):
+    """Masked (causal) self-attention, cross-attention to the encoder memory when there is one, feed-forward."""
+
+    def __init__(self, config: ModelConfig, cross_attention: bool = False):
+        super().__init__()
+        self.self_attention = MultiHeadAttention(config)
+        self.self_attention_residual = Residual(config)
+        self.cross_attention = MultiHeadAttention(config, cross_attention=True) if cross_attention else None
+        self.cross_attention_residual = Residual(config) if cross_attention else None
+        self.feed_forward = FeedForward(config)
+        self.feed_forward_residual = Residual(config)
+
+    def forward(self, x: Tensor, memory: Tensor | None = None, *, mask: Tensor | None = None,
+                memory_mask: Tensor | None = None, positions: Tensor | None = None,
+                cache: tuple[KVCache, KVCache] | None = None,
+                need_weights: bool = False) -> tuple[Tensor, dict[str, Tensor | None]]:
+        """x (batch, time, d_model); memory (batch, src_time, d_model); `cache` = (self, cross) caches."""
+        self_cache, cross_cache = cache if cache is not None else (None, None)
+        weights: dict[str, Tensor | None] = {}
+
+        def self_attend(h: Tensor) -> Tensor:
+            out, weights["self"] = self.self_attention(h, mask=mask, causal=True, positions=positions,
+                                                       cache=self_cache, need_weights=need_weights)
+            return out
+
+        def cross_attend(h: Tensor) -> Tensor:
+            out, weights["cross"] = self.cross_attention(h, memory, mask=memory_mask, cache=cross_cache,
+                                                         need_weights=need_weights)
+            return out
+
+        x = self.self_attention_residual(x, self_attend)
+        if self.cross_attention is not None:
+            x = self.cross_attention_residual(x, cross_attend)
+        return self.feed_forward_residual(x, self.feed_forward), weights

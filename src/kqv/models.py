@@ -1,0 +1,249 @@
+"""The lecture's three architectures, each a plain `nn.Module` built from one `ModelConfig`:
+
+* `Encoder`: bidirectional self-attention over the whole input (BERT-like), returns hidden states;
+* `DecoderLM`: causal self-attention, each token sees only the past (GPT-like), returns next-token logits;
+* `EncoderDecoder`: an encoder over the source and a decoder over the target that also cross-attends to the
+  encoder's output (the machine-translation Transformer of Vaswani et al. 2017).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention import KVCache, padding_mask
+from .config import ModelConfig
+from .layers import DecoderBlock, EncoderBlock, make_norm
+from .positions import input_positions
+
+
+class Embeddings(nn.Module):
+    """Token embedding, plus absolute positions when the config uses them, then optional norm and dropout."""
+
+    def __init__(self, config: ModelConfig, vocab_size: int, tokens: nn.Embedding | None = None):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.tokens = tokens if tokens is not None else nn.Embedding(vocab_size, config.d_model)
+        self.positions = input_positions(config)
+        self.scale = math.sqrt(config.d_model) if config.scale_embeddings else 1.0
+        self.norm = make_norm(config) if config.embed_norm else None
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, ids: Tensor, positions: Tensor) -> Tensor:
+        x = self.tokens(ids) * self.scale  # (batch, time, d_model)
+        if self.positions is not None:
+            x = x + self.positions(positions).to(x.dtype)
+        if self.norm is not None:
+            x = self.norm(x)
+        return self.dropout(x)
+
+
+class Encoder(nn.Module):
+    """A stack of bidirectional encoder blocks: every token attends to every (non-padding) token."""
+
+    def __init__(self, config: ModelConfig, tokens: nn.Embedding | None = None):
+        super().__init__()
+        self.config = config
+        self.embeddings = Embeddings(config, config.vocab_size, tokens)
+        self.blocks = nn.ModuleList(EncoderBlock(config) for _ in range(config.encoder_layers))
+        self.final_norm = make_norm(config) if config.norm_first else nn.Identity()
+        init_weights(self)
+
+    def forward(self, ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """ids (batch, time) -> hidden states (batch, time, d_model). attention_mask (batch, time): 1 = real token."""
+        hidden, _ = self.run(ids, attention_mask)
+        return hidden
+
+    def attention_weights(self, ids: Tensor, attention_mask: Tensor | None = None) -> list[Tensor]:
+        """Self-attention weights of every layer, each (batch, heads, time, time), for visualisation."""
+        return self.run(ids, attention_mask, need_weights=True)[1]
+
+    def run(self, ids: Tensor, attention_mask: Tensor | None, need_weights: bool = False) -> tuple[Tensor, list]:
+        check_ids(ids, self.embeddings.vocab_size)
+        mask = check_attention_mask(attention_mask, ids)
+        x = self.embeddings(ids, torch.arange(ids.shape[1], device=ids.device))
+        all_weights = []
+        for block in self.blocks:
+            x, weights = block(x, mask, need_weights)
+            all_weights.append(weights)
+        return self.final_norm(x), all_weights
+
+
+class Decoder(nn.Module):
+    """A stack of decoder blocks (causal self-attention; cross-attention too when part of an encoder-decoder)."""
+
+    def __init__(self, config: ModelConfig, n_layers: int, vocab_size: int, tokens: nn.Embedding | None = None,
+                 cross_attention: bool = False):
+        super().__init__()
+        self.embeddings = Embeddings(config, vocab_size, tokens)
+        self.blocks = nn.ModuleList(DecoderBlock(config, cross_attention) for _ in range(n_layers))
+        self.final_norm = make_norm(config) if config.norm_first else nn.Identity()
+
+    def forward(self, ids: Tensor, memory: Tensor | None = None, *, attention_mask: Tensor | None = None,
+                memory_mask: Tensor | None = None, cache: list[tuple[KVCache, KVCache]] | None = None,
+                need_weights: bool = False) -> tuple[Tensor, list[dict]]:
+        """ids (batch, time) are the new tokens; with a cache they continue the cached ones.
+        attention_mask (batch, cached + new time) marks real tokens. Returns hidden (batch, time, d_model)."""
+        start = cache[0][0].length if cache else 0
+        positions = torch.arange(start, start + ids.shape[1], device=ids.device)
+        x = self.embeddings(ids, positions)
+        all_weights = []
+        for i, block in enumerate(self.blocks):
+            x, weights = block(x, memory, mask=attention_mask, memory_mask=memory_mask, positions=positions,
+                               cache=cache[i] if cache else None, need_weights=need_weights)
+            all_weights.append(weights)
+        return self.final_norm(x), all_weights
+
+    def new_cache(self) -> list[tuple[KVCache, KVCache]]:
+        return [(KVCache(), KVCache()) for _ in self.blocks]
+
+
+class DecoderLM(nn.Module):
+    """A causal language model: logits for the next token at every position, from the tokens up to it."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.decoder = Decoder(config, config.n_layers, config.vocab_size)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        init_weights(self)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.decoder.embeddings.tokens.weight
+
+    def forward(self, ids: Tensor, targets: Tensor | None = None, *, attention_mask: Tensor | None = None,
+                cache: list[tuple[KVCache, KVCache]] | None = None) -> Tensor:
+        """ids (batch, time) -> logits (batch, time, vocab), or the mean cross-entropy when targets are given
+        (targets (batch, time); -100 marks positions to ignore)."""
+        check_ids(ids, self.config.vocab_size)
+        past = cache[0][0].length if cache else 0
+        mask = check_attention_mask(attention_mask, ids, past)
+        hidden, _ = self.decoder(ids, attention_mask=mask, cache=cache)
+        logits = self.lm_head(hidden)
+        return logits if targets is None else lm_loss(logits, targets)
+
+    def attention_weights(self, ids: Tensor) -> list[Tensor]:
+        """Self-attention weights of every layer, each (batch, heads, time, time), for visualisation."""
+        check_ids(ids, self.config.vocab_size)
+        _, weights = self.decoder(ids, need_weights=True)
+        return [w["self"] for w in weights]
+
+    def new_cache(self) -> list[tuple[KVCache, KVCache]]:
+        return self.decoder.new_cache()
+
+
+class EncoderDecoder(nn.Module):
+    """The encoder reads the source; the decoder predicts the target causally while cross-attending to it."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.encoder = Encoder(config)
+        shared = self.encoder.embeddings.tokens if config.tgt_vocab_size is None else None
+        self.decoder = Decoder(config, config.decoder_layers, config.target_vocab_size, shared, cross_attention=True)
+        self.lm_head = nn.Linear(config.d_model, config.target_vocab_size, bias=False)
+        init_weights(self)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.decoder.embeddings.tokens.weight
+
+    def encode(self, src_ids: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        return self.encoder(src_ids, src_mask)
+
+    def decode(self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor | None = None, *,
+               tgt_mask: Tensor | None = None, cache: list[tuple[KVCache, KVCache]] | None = None) -> Tensor:
+        """Logits (batch, tgt_time, tgt_vocab) for the target tokens, given the encoder memory."""
+        check_ids(tgt_ids, self.config.target_vocab_size, "tgt_ids")
+        past = cache[0][0].length if cache else 0
+        mask = check_attention_mask(tgt_mask, tgt_ids, past, "tgt_mask")
+        hidden, _ = self.decoder(tgt_ids, memory, attention_mask=mask, memory_mask=self.memory_mask(src_mask),
+                                 cache=cache)
+        return self.lm_head(hidden)
+
+    def forward(self, src_ids: Tensor, tgt_ids: Tensor, targets: Tensor | None = None, *,
+                src_mask: Tensor | None = None, tgt_mask: Tensor | None = None) -> Tensor:
+        """src_ids (batch, src_time), tgt_ids (batch, tgt_time) -> logits (batch, tgt_time, tgt_vocab),
+        or the mean cross-entropy when targets are given. src_mask / tgt_mask: 1 = real token, 0 = padding."""
+        logits = self.decode(tgt_ids, self.encode(src_ids, src_mask), src_mask, tgt_mask=tgt_mask)
+        return logits if targets is None else lm_loss(logits, targets)
+
+    def attention_weights(self, src_ids: Tensor, tgt_ids: Tensor, src_mask: Tensor | None = None) -> dict[str, list]:
+        """Attention weights by kind ('encoder', 'decoder', 'cross'), each a list over layers of
+        (batch, heads, q_time, k_time); 'cross' is the source-target alignment."""
+        memory, encoder_weights = self.encoder.run(src_ids, src_mask, need_weights=True)
+        check_ids(tgt_ids, self.config.target_vocab_size, "tgt_ids")
+        _, weights = self.decoder(tgt_ids, memory, memory_mask=self.memory_mask(src_mask), need_weights=True)
+        return {"encoder": encoder_weights, "decoder": [w["self"] for w in weights],
+                "cross": [w["cross"] for w in weights]}
+
+    def memory_mask(self, src_mask: Tensor | None) -> Tensor | None:
+        return None if src_mask is None else padding_mask(src_mask)
+
+    def new_cache(self) -> list[tuple[KVCache, KVCache]]:
+        return self.decoder.new_cache()
+
+
+def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
+    """Mean cross-entropy of next-token predictions; targets of -100 are ignored (padding)."""
+    if targets.shape != logits.shape[:-1]:
+        raise ValueError(f"targets must have shape {tuple(logits.shape[:-1])} like the ids, got {tuple(targets.shape)}")
+    return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten(), ignore_index=-100)
+
+
+def init_weights(model: nn.Module) -> None:
+    """GPT-2's initialisation: N(0, 0.02) weights, zero biases, output projections scaled by 1/sqrt(2 * layers)."""
+    layers = sum(isinstance(m, (EncoderBlock, DecoderBlock)) for m in model.modules())
+    for name, module in model.named_modules():
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            std = 0.02 / math.sqrt(2 * layers) if name.endswith(("to_output", "down")) else 0.02
+            nn.init.normal_(module.weight, 0.0, std)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+
+def count_parameters(model: nn.Module, exclude_embeddings: bool = False) -> int:
+    """Number of distinct trainable parameters (tied weights counted once); optionally without embeddings."""
+    params = {id(p): p for p in model.parameters() if p.requires_grad}
+    if exclude_embeddings:
+        for module in model.modules():
+            if isinstance(module, nn.Embedding):
+                params.pop(id(module.weight), None)
+    return sum(p.numel() for p in params.values())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Input checks: a clear message at the model's door instead of an IndexError deep inside torch
+
+
+def check_ids(ids: Tensor, vocab_size: int, name: str = "ids") -> None:
+    if not isinstance(ids, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor (torch.long), got {ids.dtype}")
+    if ids.dim() != 2:
+        hint = f"; add a batch dimension with {name}[None]" if ids.dim() == 1 else ""
+        raise ValueError(f"{name} must have shape (batch, time), got {tuple(ids.shape)}{hint}")
+    if ids.numel() == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(ids.shape)}); give at least one token per sequence")
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab_size:
+        bad = low if low < 0 else high
+        raise ValueError(f"{name} contains token id {bad}, outside the vocabulary [0, {vocab_size}); "
+                         f"was the input encoded with the tokenizer this model was built for?")
+
+
+def check_attention_mask(attention_mask: Tensor | None, ids: Tensor, past: int = 0,
+                         name: str = "attention_mask") -> Tensor | None:
+    """Validate a (batch, past + time) mask of 1 = token, 0 = padding; return it as (batch, 1, 1, time) bool."""
+    if attention_mask is None:
+        return None
+    if not isinstance(attention_mask, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(attention_mask).__name__}")
+    expected = (ids.shape[0], past + ids.shape[1])
+    if tuple(attention_mask.shape) != expected:
+        raise ValueError(f"{name} must have shape (batch, time) = {expected} to match the ids, "
+                         f"got {tuple(attention_mask.shape)}")
+    if attention_mask.dtype != torch.bool and not ((attention_mask == 0) | (attention_mask == 1)).all():
+        raise ValueError(f"{name} must contain only 1 (token) and 0 (padding)")
+    return padding_mask(attention_mask)

@@ -1,0 +1,168 @@
+"""Position representations: self-attention alone is order-blind, these tell it where each token is.
+
+Two families, used at two places in the model:
+
+* absolute positions are added to the token embeddings once, at the bottom of the model:
+  `SinusoidalPositions` (Vaswani et al. 2017) and `LearnedPositions`;
+* relative positions act inside every attention layer, on the scores or on queries and keys:
+  `RelativePositions` (Shaw et al. 2018), `RotaryPositions` (RoPE, Su et al. 2021) and
+  `ALiBiPositions` (Press et al. 2022).
+
+Every in-attention scheme is a function of (query positions, key positions) only, so attention can be computed a
+block of keys at a time without ever building an n x n table of anything.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from .config import ModelConfig
+
+
+class SinusoidalPositions(nn.Module):
+    """PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos(...). Computed on the fly: any length works."""
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        inv_freq = torch.exp(torch.arange(0, d_model, 2).float() * (-math.log(10000.0) / d_model))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, positions: Tensor) -> Tensor:
+        angles = positions.float()[:, None] * self.inv_freq  # (time, d_model / 2)
+        return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # (time, d_model), interleaved
+
+
+class LearnedPositions(nn.Module):
+    """One learned vector per absolute position, up to `max_len`: the lecture's pitfall is that it can't go beyond."""
+
+    def __init__(self, max_len: int, d_model: int):
+        super().__init__()
+        self.max_len = max_len
+        self.embedding = nn.Embedding(max_len, d_model)
+
+    def forward(self, positions: Tensor) -> Tensor:
+        last = int(positions[-1]) if positions.numel() else -1
+        if last >= self.max_len:
+            raise ValueError(
+                f"input reaches position {last} but learned positions only cover max_len={self.max_len}; "
+                f"shorten the input to {self.max_len} tokens, or use position='sinusoidal', 'rope', 'alibi' or "
+                f"'relative', which work at any length"
+            )
+        return self.embedding(positions)
+
+
+def input_positions(config: ModelConfig) -> nn.Module | None:
+    """The absolute position module added to token embeddings, or None for in-attention schemes."""
+    if config.position == "sinusoidal":
+        return SinusoidalPositions(config.d_model)
+    if config.position == "learned":
+        return LearnedPositions(config.max_len, config.d_model)
+    return None
+
+
+class AttentionPositions(nn.Module):
+    """Interface of in-attention position schemes; the default does nothing.
+
+    Positions are 1-D LongTensors: `q_pos` (q_time,) for the queries, `k_pos` (k_time,) for the keys.
+    """
+
+    has_value_bias = False  # True when value_bias needs the attention weights, which fused kernels don't expose
+
+    def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
+        """Transform queries or keys (batch, heads, time, head_dim) by their positions (RoPE)."""
+        return x
+
+    def score_bias(self, queries: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        """A term added to the scaled scores, broadcastable to (batch, heads, q_time, k_time), or None."""
+        return None
+
+    def value_bias(self, weights: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        """A term added to the attention output given the weights (batch, heads, q_time, k_time), or None."""
+        return None
+
+
+class RelativePositions(AttentionPositions):
+    """Shaw et al. 2018: learned embeddings of the clipped distance j - i in [-k, k], shared across heads.
+
+    e_ij = q_i . (k_j + a^K_ij) / sqrt(d_head) and z_i = sum_j w_ij (v_j + a^V_ij). Only the 2k+1 distinct
+    embeddings are stored; q . a^K is computed once per distance and gathered, never an (n, n, d) tensor.
+    """
+
+    def __init__(self, head_dim: int, max_distance: int, values: bool = True):
+        super().__init__()
+        self.max_distance = max_distance
+        self.scale = head_dim**-0.5
+        self.keys = nn.Parameter(torch.randn(2 * max_distance + 1, head_dim) * head_dim**-0.5)
+        self.values = nn.Parameter(torch.randn(2 * max_distance + 1, head_dim) * head_dim**-0.5) if values else None
+        self.has_value_bias = values
+
+    def distance_index(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """(q_time, k_time) index into the 2k+1 embeddings: clip(j - i, -k, k) + k."""
+        k = self.max_distance
+        return (k_pos[None, :] - q_pos[:, None]).clamp(-k, k) + k
+
+    def score_bias(self, queries: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        per_distance = queries @ self.keys.T * self.scale  # (batch, heads, q_time, 2k+1)
+        index = self.distance_index(q_pos, k_pos).expand(*queries.shape[:2], -1, -1)
+        return per_distance.gather(-1, index)  # (batch, heads, q_time, k_time)
+
+    def value_bias(self, weights: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        if self.values is None:
+            return None
+        index = self.distance_index(q_pos, k_pos).expand_as(weights)
+        per_distance = weights.new_zeros(*weights.shape[:-1], self.values.shape[0])
+        per_distance.scatter_add_(-1, index, weights)  # total weight given to each distance
+        return per_distance @ self.values  # (batch, heads, q_time, head_dim)
+
+
+class RotaryPositions(AttentionPositions):
+    """RoPE (Su et al. 2021): rotate each pair of query/key dimensions by an angle proportional to position,
+    so q_i . k_j depends on i - j only. Uses the half-split pairing of GPT-NeoX and LLaMA."""
+
+    def __init__(self, head_dim: int, base: float = 10000.0):
+        super().__init__()
+        inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2).float() / head_dim)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
+        angles = positions.float()[:, None] * self.inv_freq  # (time, head_dim / 2)
+        cos, sin = angles.cos().repeat(1, 2).to(x.dtype), angles.sin().repeat(1, 2).to(x.dtype)
+        first, second = x.chunk(2, dim=-1)
+        return x * cos + torch.cat((-second, first), dim=-1) * sin
+
+
+class ALiBiPositions(AttentionPositions):
+    """ALiBi (Press et al. 2022): no embeddings; each head penalises scores by slope_h * |i - j|."""
+
+    def __init__(self, n_heads: int):
+        super().__init__()
+        self.register_buffer("slopes", alibi_slopes(n_heads)[:, None, None], persistent=False)  # (heads, 1, 1)
+
+    def score_bias(self, queries: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        distance = (k_pos[None, :] - q_pos[:, None]).abs().to(queries.dtype)  # (q_time, k_time)
+        return -self.slopes.to(queries.dtype) * distance  # (heads, q_time, k_time)
+
+
+def alibi_slopes(n_heads: int) -> Tensor:
+    """The geometric slopes 2^(-8/n), 2^(-16/n), ...; for n not a power of two, interleave as the paper does."""
+
+    def power_of_two(n: int) -> list[float]:
+        return [2 ** (-8 * (h + 1) / n) for h in range(n)]
+
+    closest = 2 ** math.floor(math.log2(n_heads))
+    slopes = power_of_two(closest) + power_of_two(2 * closest)[0::2][: n_heads - closest]
+    return torch.tensor(slopes)
+
+
+def attention_positions(config: ModelConfig) -> AttentionPositions:
+    """The in-attention position scheme of one attention layer (a no-op for absolute or no positions)."""
+    if config.position == "relative":
+        return RelativePositions(config.head_dim, config.max_relative_distance, config.relative_values)
+    if config.position == "rope":
+        return RotaryPositions(config.head_dim)
+    if config.position == "alibi":
+        return ALiBiPositions(config.n_heads)
+    return AttentionPositions()
