@@ -2,11 +2,11 @@
 
 from .attention import Attention, KVCache, MultiHeadAttention, causal_mask, scaled_dot_product_attention
 from .config import ModelConfig
-from .layers import DecoderBlock, EncoderBlock, FeedForward, RMSNorm
+from .layers import DecoderBlock, EncoderBlock, FeedForward
 from .models import DecoderLM, Encoder, EncoderDecoder, count_parameters
 
 __all__ = [
     "Attention", "DecoderBlock", "DecoderLM", "Encoder", "EncoderBlock", "EncoderDecoder", "FeedForward", "KVCache",
-    "ModelConfig", "MultiHeadAttention", "RMSNorm", "causal_mask", "count_parameters", "scaled_dot_product_attention",
+    "ModelConfig", "MultiHeadAttention", "causal_mask", "count_parameters", "scaled_dot_product_attention",
 ]
 __version__ = "0.1.0"

@@ -13,21 +13,10 @@ from .attention import KVCache, MultiHeadAttention
 from .config import ModelConfig
 
 
-class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) * gain (Zhang & Sennrich 2019): LayerNorm without centring or bias."""
-
-    def __init__(self, d_model: int, eps: float = 1e-5):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(d_model))
-
-    def forward(self, x: Tensor) -> Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
-
 def make_norm(config: ModelConfig) -> nn.Module:
+    """torch's LayerNorm, or RMSNorm (Zhang & Sennrich 2019): LayerNorm without centring or bias."""
     if config.norm == "rmsnorm":
-        return RMSNorm(config.d_model, config.norm_eps)
+        return nn.RMSNorm(config.d_model, eps=config.norm_eps)
     return nn.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)
 
 

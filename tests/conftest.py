@@ -1,0 +1,18 @@
+import pytest
+import torch
+
+import kqv
+
+POSITIONS = ["sinusoidal", "learned", "relative", "rope", "alibi", "none"]
+
+
+def tiny_config(**changes) -> kqv.ModelConfig:
+    """A model small enough for property tests to run in milliseconds."""
+    values = dict(vocab_size=37, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_len=64, dropout=0.0,
+                  max_relative_distance=4)
+    return kqv.ModelConfig(**{**values, **changes})
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
