@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from .attention import KVCache, padding_mask
 from .config import ModelConfig
+from .generation import generate
 from .layers import DecoderBlock, EncoderBlock, make_norm
 from .positions import input_positions
 
@@ -123,6 +124,13 @@ class DecoderLM(nn.Module):
         hidden, _ = self.decoder(ids, attention_mask=mask, cache=cache)
         logits = self.lm_head(hidden)
         return logits if targets is None else lm_loss(logits, targets)
+
+    def generate(self, ids: Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, eos_id: int | None = None, use_cache: bool = True,
+                 generator: torch.Generator | None = None) -> Tensor:
+        """Continue the prompts ids (batch, time); temperature 0 is greedy. See `kqv.generation.generate`."""
+        return generate(self, ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                        eos_id=eos_id, use_cache=use_cache, generator=generator)
 
     def attention_weights(self, ids: Tensor) -> list[Tensor]:
         """Self-attention weights of every layer, each (batch, heads, time, time), for visualisation."""
