@@ -1,0 +1,248 @@
+"""Tokenizers: text to token ids and back, at character level or with byte-level BPE.
+
+Both kinds share one small interface (``encode``, ``decode``, ``vocab_size``, ``token_to_id``, ``save``)
+and are saved as JSON only, never pickled: ``tokenizer.json`` holds the vocabulary and
+``kqv_tokenizer.json`` records which kind it is, so ``load_tokenizer`` can restore either.
+
+The BPE tokenizer is byte-level (Radford et al. 2019, GPT-2; trained with Hugging Face ``tokenizers``):
+its base vocabulary is all 256 bytes, so every string encodes and decodes back to itself.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+TOKENIZER_FILE = "tokenizer.json"
+METADATA_FILE = "kqv_tokenizer.json"
+N_BYTES = 256
+
+
+class Tokenizer(ABC):
+    """The interface every kqv tokenizer offers; ``kind`` names it in ``kqv_tokenizer.json``."""
+
+    kind: ClassVar[str]
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """Number of distinct token ids; every id is in ``range(vocab_size)``."""
+
+    @abstractmethod
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``."""
+
+    @abstractmethod
+    def decode(self, ids: Iterable[int]) -> str:
+        """The text of ``ids``; ``decode(encode(text)) == text``."""
+
+    @abstractmethod
+    def token_to_id(self, token: str) -> int:
+        """The id of one token (a character, or a special token such as ``"<eos>"``); KeyError if absent."""
+
+    @abstractmethod
+    def _save_vocabulary(self, directory: Path) -> dict[str, Any]:
+        """Write ``tokenizer.json`` into ``directory``; return extra metadata for ``kqv_tokenizer.json``."""
+
+    @classmethod
+    @abstractmethod
+    def _load(cls, directory: Path, metadata: dict[str, Any]) -> Tokenizer:
+        """Rebuild the tokenizer that ``save`` wrote into ``directory``."""
+
+    def save(self, directory: str | Path) -> None:
+        """Save as JSON into ``directory`` (created if needed); restore with ``load_tokenizer``."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        metadata = {"kind": self.kind, **self._save_vocabulary(directory)}
+        (directory / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n", encoding="utf-8")
+
+    def _check_ids(self, ids: Sequence[int]) -> None:
+        """Raise ValueError for ids outside the vocabulary rather than silently dropping them."""
+        bad = sorted({i for i in ids if not 0 <= i < self.vocab_size})
+        if bad:
+            raise ValueError(f"Token ids {bad[:10]} are outside the vocabulary range [0, {self.vocab_size})")
+
+
+class CharTokenizer(Tokenizer):
+    """One token per character; the vocabulary is the sorted set of characters of the training text."""
+
+    kind = "char"
+
+    def __init__(self, chars: Sequence[str]) -> None:
+        if not chars:
+            raise ValueError("A character tokenizer needs at least one character")
+        if len(set(chars)) != len(chars) or any(len(c) != 1 for c in chars):
+            raise ValueError("The vocabulary must be distinct single characters")
+        self.chars = list(chars)
+        self._ids = {char: i for i, char in enumerate(self.chars)}
+
+    @classmethod
+    def train(cls, text: str) -> CharTokenizer:
+        """Build the vocabulary from the distinct characters of ``text``, sorted by code point."""
+        if not text:
+            raise ValueError("Cannot train a character tokenizer on empty text")
+        return cls(sorted(set(text)))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars)
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of the characters; ValueError names any character missing from the vocabulary."""
+        try:
+            return [self._ids[char] for char in text]
+        except KeyError:
+            unknown = sorted(set(text) - self._ids.keys())
+            raise ValueError(
+                f"Characters {', '.join(map(repr, unknown[:20]))} are not in the vocabulary: this character "
+                "tokenizer was trained on different text. Train it on text that contains them (for example "
+                "the whole corpus, before splitting), or use the byte-level 'bpe' tokenizer."
+            ) from None
+
+    def decode(self, ids: Iterable[int]) -> str:
+        ids = [int(i) for i in ids]  # also accepts a tensor or numpy array
+        self._check_ids(ids)
+        return "".join(self.chars[i] for i in ids)
+
+    def token_to_id(self, token: str) -> int:
+        if token not in self._ids:
+            raise KeyError(f"{token!r} is not in this character tokenizer's vocabulary")
+        return self._ids[token]
+
+    def _save_vocabulary(self, directory: Path) -> dict[str, Any]:
+        vocabulary = {"type": "char", "chars": self.chars}
+        (directory / TOKENIZER_FILE).write_text(json.dumps(vocabulary, ensure_ascii=False), encoding="utf-8")
+        return {}
+
+    @classmethod
+    def _load(cls, directory: Path, metadata: dict[str, Any]) -> CharTokenizer:
+        vocabulary = json.loads((directory / TOKENIZER_FILE).read_text(encoding="utf-8"))
+        return cls(vocabulary["chars"])
+
+
+class BPETokenizer(Tokenizer):
+    """Byte-level byte-pair encoding: 256 byte tokens, then merges learned from the training text.
+
+    Special tokens (``"<pad>"``, ``"<bos>"``, ``"<eos>"`` ...) get the first ids, in the order given, and
+    are matched whole when they appear in the text.
+    """
+
+    kind = "bpe"
+
+    def __init__(self, tokenizer: HFTokenizer, special_tokens: Sequence[str] = ()) -> None:
+        self.tokenizer = tokenizer
+        self.special_tokens = list(special_tokens)
+
+    @classmethod
+    def train(cls, text: str, vocab_size: int, special_tokens: Sequence[str] = ()) -> BPETokenizer:
+        """Learn merges on ``text`` until the vocabulary holds ``vocab_size`` tokens (fewer if ``text`` runs out).
+
+        ``vocab_size`` counts the 256 byte tokens and the special tokens, so it must exceed their sum.
+        """
+        special_tokens = _check_special_tokens(special_tokens)
+        minimum = N_BYTES + len(special_tokens) + 1
+        if vocab_size < minimum:
+            raise ValueError(
+                f"vocab_size must exceed 256 byte tokens + {len(special_tokens)} special tokens, so be at least "
+                f"{minimum}; got {vocab_size}"
+            )
+        if not text:
+            raise ValueError("Cannot train a BPE tokenizer on empty text")
+        tokenizer = _byte_level_bpe()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=list(special_tokens),
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        tokenizer.train_from_iterator([text], trainer)
+        return cls(tokenizer, special_tokens)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text).ids
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Decode ids, special tokens included, so that ``decode(encode(text)) == text``."""
+        ids = [int(i) for i in ids]  # also accepts a tensor or numpy array
+        self._check_ids(ids)
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def token_to_id(self, token: str) -> int:
+        token_id = self.tokenizer.token_to_id(token)
+        if token_id is None:
+            raise KeyError(f"{token!r} is not a token of this BPE tokenizer (special tokens: {self.special_tokens})")
+        return token_id
+
+    def _save_vocabulary(self, directory: Path) -> dict[str, Any]:
+        self.tokenizer.save(str(directory / TOKENIZER_FILE))
+        return {"special_tokens": self.special_tokens}
+
+    @classmethod
+    def _load(cls, directory: Path, metadata: dict[str, Any]) -> BPETokenizer:
+        return cls(HFTokenizer.from_file(str(directory / TOKENIZER_FILE)), metadata.get("special_tokens", []))
+
+
+def _byte_level_bpe() -> HFTokenizer:
+    """An untrained BPE whose pre-tokenizer maps bytes to printable symbols and whose decoder maps them back.
+
+    ``add_prefix_space=False`` keeps the round trip exact: no space is added before the first word.
+    """
+    tokenizer = HFTokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
+
+
+def _check_special_tokens(special_tokens: Sequence[str]) -> list[str]:
+    """Require distinct, non-empty special tokens."""
+    special_tokens = list(special_tokens)
+    if any(not isinstance(token, str) or not token for token in special_tokens):
+        raise ValueError(f"Special tokens must be non-empty strings, got {special_tokens}")
+    if len(set(special_tokens)) != len(special_tokens):
+        raise ValueError(f"Special tokens must be distinct, got {special_tokens}")
+    return special_tokens
+
+
+TOKENIZER_KINDS: dict[str, type[Tokenizer]] = {"char": CharTokenizer, "bpe": BPETokenizer}
+
+
+def make_tokenizer(
+    kind: str, text: str, vocab_size: int | None = None, special_tokens: Sequence[str] = ()
+) -> Tokenizer:
+    """Train a tokenizer of ``kind`` ("char" or "bpe") on ``text``.
+
+    ``vocab_size`` is required for "bpe" and ignored for "char", whose vocabulary is the text's
+    characters; special tokens are only supported by "bpe".
+    """
+    if kind == "char":
+        if special_tokens:
+            raise ValueError("The 'char' tokenizer has no special tokens; use kind='bpe' for them")
+        return CharTokenizer.train(text)
+    if kind == "bpe":
+        if vocab_size is None:
+            raise ValueError("The 'bpe' tokenizer needs a vocab_size (more than 256 + the special tokens)")
+        return BPETokenizer.train(text, vocab_size, special_tokens)
+    raise ValueError(f"Unknown tokenizer kind {kind!r}; choose one of {sorted(TOKENIZER_KINDS)}")
+
+
+def load_tokenizer(directory: str | Path) -> Tokenizer:
+    """Restore the tokenizer that ``save`` wrote into ``directory``, whichever kind it is."""
+    directory = Path(directory)
+    metadata_path = directory / METADATA_FILE
+    if not metadata_path.is_file():
+        raise FileNotFoundError(f"No saved kqv tokenizer in {directory}: {METADATA_FILE} is missing")
+    metadata = json.loads(metadata_path.read_text(encoding="utf-8"))
+    kind = metadata.get("kind")
+    if kind not in TOKENIZER_KINDS:
+        raise ValueError(f"{metadata_path} names unknown tokenizer kind {kind!r}; known: {sorted(TOKENIZER_KINDS)}")
+    return TOKENIZER_KINDS[kind]._load(directory, metadata)

@@ -1,0 +1,36 @@
+"""Pictures of what attention does: a grid of attention maps, one panel per layer and head."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from torch import Tensor  # noqa: E402
+
+
+def plot_attention_grid(weights: Sequence[Tensor], query_tokens: Sequence[str], key_tokens: Sequence[str],
+                        path: str | Path, title: str = "attention") -> Path:
+    """Write a PNG with one heat map per (layer, head). weights: per layer (heads, q_time, k_time), or with a
+    leading batch axis of 1. Rows are queries (who looks), columns keys (who is looked at)."""
+    maps = [w[0] if w.dim() == 4 else w for w in weights]
+    layers, heads = len(maps), maps[0].shape[0]
+    size = max(2.0, 0.22 * max(len(query_tokens), len(key_tokens)))
+    fig, axes = plt.subplots(layers, heads, figsize=(size * heads, size * layers), squeeze=False)
+    for layer, layer_maps in enumerate(maps):
+        for head in range(heads):
+            ax = axes[layer][head]
+            ax.imshow(layer_maps[head].float().cpu().numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
+            ax.set_title(f"layer {layer + 1} head {head + 1}", fontsize=8)
+            ax.set_xticks(range(len(key_tokens)), labels=key_tokens, rotation=90, fontsize=6)
+            ax.set_yticks(range(len(query_tokens)), labels=query_tokens, fontsize=6)
+    fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
