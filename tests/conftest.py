@@ -16,3 +16,12 @@ def tiny_config(**changes) -> kqv.ModelConfig:
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_thread():
+    """The tests run tiny tensors, for which thread start-up costs more than it saves (and CI has 2 cores)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -73,7 +73,7 @@ class EncoderBlock(nn.Module):
         super().__init__()
         self.self_attention = MultiHeadAttention(config)
         self.feed_forward = FeedForward(config)
-        self.attention_residual = Residual(config)
+        self.self_attention_residual = Residual(config)
         self.feed_forward_residual = Residual(config)
 
     def forward(self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
@@ -84,7 +84,7 @@ class EncoderBlock(nn.Module):
             out, weights = self.self_attention(h, mask=mask, need_weights=need_weights)
             return out
 
-        x = self.attention_residual(x, attend)
+        x = self.self_attention_residual(x, attend)
         return self.feed_forward_residual(x, self.feed_forward), weights
 
 
