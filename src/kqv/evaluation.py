@@ -1,0 +1,38 @@
+"""How good is a language model on held-out text: cross-entropy, perplexity, bits per character."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .data import iter_eval_batches
+
+
+@torch.no_grad()
+def perplexity(model: nn.Module, ids: Tensor, *, context: int, batch_size: int = 16, n_chars: int | None = None,
+               precision: str = "fp32", max_tokens: int | None = None) -> dict[str, float]:
+    """Score every next token of `ids` (1-D) once, in non-overlapping blocks of `context` tokens.
+
+    Returns the mean loss in nats per token, the perplexity exp(loss), bits per token, and, given the number of
+    characters the ids encode, bits per character (comparable across tokenizers). `max_tokens` scores a prefix.
+    """
+    if max_tokens is not None and len(ids) > max_tokens + 1:
+        n_chars = None if n_chars is None else round(n_chars * max_tokens / (len(ids) - 1))
+        ids = ids[: max_tokens + 1]
+    was_training = model.training
+    model.eval()
+    total_nats, total_tokens = 0.0, 0
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        for inputs, targets in iter_eval_batches(ids, batch_size, context):
+            logits = model(inputs)
+            total_nats += F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="sum").item()
+            total_tokens += targets.numel()
+    model.train(was_training)
+    loss = total_nats / total_tokens
+    result = {"loss": loss, "perplexity": math.exp(loss), "bits_per_token": loss / math.log(2), "tokens": total_tokens}
+    if n_chars:
+        result["bits_per_char"] = total_nats / math.log(2) / n_chars
+    return result

@@ -1,0 +1,266 @@
+"""The language-modelling job: text -> tokenizer -> `DecoderLM` -> trainer -> samples and perplexity.
+
+A run directory holds everything needed to use the model later, and nothing that needs code to be executed to
+load: `run.toml` (the whole configuration), `tokenizer/`, `tokens.safetensors` (the encoded splits, so resuming
+is exact and quick), `checkpoint/`, `metrics.jsonl`, `loss.png`, `samples.txt` and `summary.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+import tomli_w
+import torch
+from safetensors.torch import load_file, save_file
+
+from .config import ModelConfig
+from .data import load_text, sample_batch, split_text
+from .evaluation import perplexity
+from .models import DecoderLM, count_parameters
+from .tokenizer import Tokenizer, load_tokenizer, make_tokenizer
+from .training import Trainer, TrainConfig, load_weights, read_checkpoint
+
+RUN_CONFIG, TOKENIZER_DIR, TOKENS_FILE = "run.toml", "tokenizer", "tokens.safetensors"
+
+
+@dataclass
+class DataConfig:
+    """Where the text comes from and how it becomes training blocks."""
+
+    path: str | None = None  # None: Shakespeare's complete works, the embedded default corpus
+    tokenizer: Literal["char", "bpe"] = "char"
+    vocab_size: int = 4096  # bpe only
+    context: int = 256
+    val_fraction: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.tokenizer not in ("char", "bpe"):
+            raise ValueError(f"data.tokenizer must be 'char' or 'bpe', got {self.tokenizer!r}")
+        if self.context < 2:
+            raise ValueError(f"data.context must be at least 2, got {self.context}")
+        if not 0 < self.val_fraction <= 0.5:
+            raise ValueError(f"data.val_fraction must be in (0, 0.5], got {self.val_fraction}")
+
+
+@dataclass
+class SampleConfig:
+    """What to generate at the end of training, to see what the model learned."""
+
+    prompt: str = "\n"
+    count: int = 3
+    max_new_tokens: int = 300
+    temperature: float = 0.8
+    top_k: int | None = 40
+
+
+@dataclass
+class LMRunConfig:
+    """The whole job: `model` holds ModelConfig options except vocab_size, which the tokenizer decides."""
+
+    model: dict[str, Any]
+    train: TrainConfig
+    data: DataConfig = field(default_factory=DataConfig)
+    sample: SampleConfig = field(default_factory=SampleConfig)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> LMRunConfig:
+        unknown = sorted(set(values) - {"model", "train", "data", "sample"})
+        if unknown:
+            raise ValueError(f"unknown section(s) {unknown} in the run config; use [model], [train], [data], [sample]")
+        if "train" not in values:
+            raise ValueError("the run config needs a [train] section with at least steps and batch_size")
+        return cls(model=dict(values.get("model", {})), train=TrainConfig.from_dict(values["train"]),
+                   data=_build(DataConfig, values.get("data", {}), "data"),
+                   sample=_build(SampleConfig, values.get("sample", {}), "sample"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "train": self.train.to_dict(), "data": asdict(self.data),
+                "sample": asdict(self.sample)}
+
+    def model_config(self, vocab_size: int) -> ModelConfig:
+        values = {"max_len": self.data.context, **self.model, "vocab_size": vocab_size}
+        return ModelConfig.from_dict(values)
+
+
+def _build(cls: type, values: dict[str, Any], section: str) -> Any:
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown} in [{section}]; valid options are {sorted(known)}")
+    return cls(**values)
+
+
+def load_run_config(path: str | Path, overrides: list[str] = ()) -> LMRunConfig:
+    """Read a TOML run config and apply `section.key=value` overrides (values in TOML syntax, or bare strings)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no config file at {path}; see configs/ for examples")
+    values = tomllib.loads(path.read_text())
+    for override in overrides:
+        apply_override(values, override)
+    return LMRunConfig.from_dict(_without_none(values))
+
+
+def apply_override(values: dict[str, Any], override: str) -> None:
+    key, sep, raw = override.partition("=")
+    section, dot, name = key.strip().partition(".")
+    if not sep or not dot or not name:
+        raise ValueError(f"override {override!r} must look like section.key=value, e.g. train.steps=200")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw  # a bare string such as data.path=input.txt
+    values.setdefault(section, {})[name] = value
+
+
+def _without_none(values: dict[str, Any]) -> dict[str, Any]:
+    """TOML can't say None; the string "none" in an override (e.g. sample.top_k=none) means it."""
+    return {k: _without_none(v) if isinstance(v, dict) else (None if v == "none" else v) for k, v in values.items()}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Training
+
+
+def prepare_data(config: LMRunConfig, run_dir: Path, resume: bool) -> tuple[Tokenizer, dict[str, torch.Tensor]]:
+    """The tokenizer and encoded splits: loaded from the run when resuming, else built and saved."""
+    if resume and (run_dir / TOKENS_FILE).exists():
+        return load_tokenizer(run_dir / TOKENIZER_DIR), load_file(run_dir / TOKENS_FILE)
+    text = load_text(config.data.path)
+    train_text, val_text = split_text(text, config.data.val_fraction)
+    tokenizer = make_tokenizer(config.data.tokenizer, text if config.data.tokenizer == "char" else train_text,
+                               config.data.vocab_size)
+    tokens = {"train": encode(tokenizer, train_text), "val": encode(tokenizer, val_text),
+              "chars": torch.tensor([len(train_text), len(val_text)])}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(run_dir / TOKENIZER_DIR)
+    save_file(tokens, run_dir / TOKENS_FILE)
+    return tokenizer, tokens
+
+
+def encode(tokenizer: Tokenizer, text: str, chunk: int = 1 << 20) -> torch.Tensor:
+    """Encode a long text in chunks of lines (bounded memory), as int32 ids."""
+    ids: list[int] = []
+    start = 0
+    while start < len(text):
+        end = text.find("\n", start + chunk)
+        end = len(text) if end < 0 else end + 1
+        ids.extend(tokenizer.encode(text[start:end]))
+        start = end
+    return torch.tensor(ids, dtype=torch.int32)
+
+
+def train_lm(config: LMRunConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
+             quiet: bool = False) -> dict[str, Any]:
+    """Train a DecoderLM as configured, write samples and a summary into run_dir, and return the summary."""
+    run_dir = Path(run_dir)
+    if resume:
+        read_checkpoint(run_dir)  # a clear error before any work if there is nothing to resume
+    tokenizer, tokens = prepare_data(config, run_dir, resume and not overwrite)
+    model_config = config.model_config(tokenizer.vocab_size)
+    (run_dir / RUN_CONFIG).write_text(tomli_w.dumps(_toml_ready({**config.to_dict(), "model": model_config.to_dict()})))
+    torch.manual_seed(config.train.seed)
+    model = DecoderLM(model_config)
+    train_ids, val_ids = tokens["train"], tokens["val"]
+    batch, context, seed = config.train.batch_size, config.data.context, config.train.seed
+
+    def train_batches(i: int):
+        return sample_batch(train_ids, batch, context, torch.Generator().manual_seed(seed * 1_000_003 + i))
+
+    def val_batches(i: int):
+        return sample_batch(val_ids, batch, context, torch.Generator().manual_seed(seed * 1_000_003 - i - 1))
+
+    def loss_fn(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        inputs, targets = batch
+        return model(inputs, targets)
+
+    if not quiet:
+        print(f"kqv: {count_parameters(model):,} parameters, {len(train_ids):,} training tokens "
+              f"({config.data.tokenizer} tokenizer, vocabulary {tokenizer.vocab_size}), run directory {run_dir}")
+    trainer = Trainer(model, config.train, run_dir, train_batches=train_batches, loss_fn=loss_fn,
+                      val_batches=val_batches, tokens_per_batch=batch * context, quiet=quiet,
+                      if_exists="resume" if resume else ("overwrite" if overwrite else "error"))
+    started = time.perf_counter()
+    final = trainer.train()
+    seconds = time.perf_counter() - started
+    summary = {"steps": trainer.step, "train_seconds": round(seconds, 1), "parameters": count_parameters(model),
+               "final_train_loss": final.get("train_loss"), "final_val_loss": final.get("val_loss")}
+    summary["val"] = perplexity(model, val_ids, context=context, n_chars=int(tokens["chars"][1]),
+                                precision=config.train.precision, max_tokens=200_000)
+    samples = write_samples(model, tokenizer, config.sample, run_dir / "samples.txt")
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    if not quiet:
+        print(f"kqv: validation loss {summary['val']['loss']:.3f} nats/token "
+              f"({summary['val'].get('bits_per_char', float('nan')):.3f} bits/char) after {trainer.step} steps "
+              f"in {seconds / 60:.1f} min\n--- sample ---\n{samples[0]}\n--- end of sample ---")
+    return summary
+
+
+def _toml_ready(values: dict[str, Any]) -> dict[str, Any]:
+    """Drop None values (TOML has no null) and turn tuples into lists."""
+    cleaned = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            cleaned[key] = _toml_ready(value)
+        elif value is not None:
+            cleaned[key] = list(value) if isinstance(value, tuple) else value
+    return cleaned
+
+
+def write_samples(model: DecoderLM, tokenizer: Tokenizer, sample: SampleConfig, path: Path) -> list[str]:
+    generator = torch.Generator().manual_seed(0)
+    texts = [generate_text(model, tokenizer, sample.prompt, sample.max_new_tokens, temperature=sample.temperature,
+                           top_k=sample.top_k, generator=generator) for _ in range(sample.count)]
+    path.write_text("\n\n=====\n\n".join(texts) + "\n")
+    return texts
+
+
+def generate_text(model: DecoderLM, tokenizer: Tokenizer, prompt: str, max_new_tokens: int, **options: Any) -> str:
+    """The prompt and its continuation, as text."""
+    if not prompt:
+        raise ValueError("the prompt is empty; give at least one character (e.g. --prompt 'ROMEO:')")
+    ids = torch.tensor([tokenizer.encode(prompt)])
+    config = model.config
+    if config.position == "learned":
+        max_new_tokens = min(max_new_tokens, config.max_len - ids.shape[1] + 1)
+    model.eval()
+    return tokenizer.decode(model.generate(ids, max_new_tokens, **options)[0].tolist())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Using a trained run
+
+
+def read_run_config(run_dir: str | Path) -> tuple[LMRunConfig, ModelConfig]:
+    """The run's configuration and the exact ModelConfig it trained (vocab_size included)."""
+    config_path = Path(run_dir) / RUN_CONFIG
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{run_dir} is not a kqv LM run: {config_path} is missing")
+    values = tomllib.loads(config_path.read_text())
+    model_values = {k: v for k, v in values["model"].items() if k != "vocab_size"}
+    return LMRunConfig.from_dict({**values, "model": model_values}), ModelConfig.from_dict(values["model"])
+
+
+@dataclass
+class LMRun:
+    config: LMRunConfig
+    model: DecoderLM
+    tokenizer: Tokenizer
+    run_dir: Path
+
+
+def load_run(run_dir: str | Path) -> LMRun:
+    """Load a trained run for generation or evaluation (weights from safetensors, no code executed)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"no run directory at {run_dir}; train one with `kqv train lm --out {run_dir}`")
+    config, model_config = read_run_config(run_dir)
+    model = DecoderLM(model_config)
+    load_weights(model, run_dir)
+    model.eval()
+    return LMRun(config, model, load_tokenizer(run_dir / TOKENIZER_DIR), run_dir)

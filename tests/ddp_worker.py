@@ -1,0 +1,32 @@
+"""A tiny language-model run used by test_training.py: launched under torchrun with 2 processes, and called
+in-process (`run`) for the one-process reference. Usage: python ddp_worker.py RUN_DIR"""
+
+import sys
+from pathlib import Path
+
+import torch
+
+import kqv
+from kqv.training import TrainConfig, Trainer
+
+CONFIG = TrainConfig(steps=3, batch_size=4, grad_accum=2, lr=1e-3, warmup_steps=1, precision="fp32",
+                     log_every=1, eval_every=3, eval_batches=2)
+
+
+def batches(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The i-th global batch of random tokens: (inputs, next-token targets), each (4, 16)."""
+    ids = torch.randint(0, 32, (CONFIG.batch_size, 17), generator=torch.Generator().manual_seed(i))
+    return ids[:, :-1], ids[:, 1:]
+
+
+def run(run_dir: Path) -> dict:
+    torch.manual_seed(0)
+    model = kqv.DecoderLM(kqv.ModelConfig(vocab_size=32, d_model=32, n_heads=2, n_layers=2, d_ff=64, max_len=32,
+                                          dropout=0.0))
+    trainer = Trainer(model, CONFIG, run_dir, train_batches=batches, loss_fn=lambda m, b: m(*b),
+                      val_batches=lambda i: batches(10_000 + i), quiet=True)
+    return trainer.train()
+
+
+if __name__ == "__main__":
+    run(Path(sys.argv[1]))
