@@ -28,6 +28,18 @@ def packaged_config(name: str) -> Path:
     return Path(str(packaged))
 
 
+def run_task(run_dir: str | Path) -> str:
+    """Which job wrote a run directory ("lm", "mt", ...), from the `task` key of its run.toml."""
+    import tomllib
+
+    config = Path(run_dir) / "run.toml"
+    if not Path(run_dir).is_dir():
+        raise FileNotFoundError(f"no run directory at {run_dir}; train one with `kqv train ... --out {run_dir}`")
+    if not config.is_file():
+        raise FileNotFoundError(f"{run_dir} is not a kqv run: run.toml is missing")
+    return tomllib.loads(config.read_text()).get("task", "lm")
+
+
 def cmd_train_lm(args: argparse.Namespace) -> None:
     from .lm import load_run_config, read_run_config, train_lm
 
@@ -57,6 +69,9 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
+    task = run_task(args.run)
+    if task != "lm":
+        raise ValueError(f"kqv eval does not know runs of task {task!r} yet")
     from .data import load_text
     from .evaluation import perplexity
     from .lm import TOKENS_FILE, encode, load_run
@@ -77,6 +92,9 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
 
 def cmd_attention(args: argparse.Namespace) -> None:
+    task = run_task(args.run)
+    if task != "lm":
+        raise ValueError(f"kqv attention does not know runs of task {task!r} yet")
     from .lm import load_run
     from .models import check_ids
     from .visualization import plot_attention_grid

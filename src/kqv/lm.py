@@ -69,6 +69,7 @@ class LMRunConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> LMRunConfig:
+        values = {k: v for k, v in values.items() if k != "task"}
         unknown = sorted(set(values) - {"model", "train", "data", "sample"})
         if unknown:
             raise ValueError(f"unknown section(s) {unknown} in the run config; use [model], [train], [data], [sample]")
@@ -163,7 +164,8 @@ def train_lm(config: LMRunConfig, run_dir: str | Path, *, resume: bool = False, 
         read_checkpoint(run_dir)  # a clear error before any work if there is nothing to resume
     tokenizer, tokens = prepare_data(config, run_dir, resume and not overwrite)
     model_config = config.model_config(tokenizer.vocab_size)
-    (run_dir / RUN_CONFIG).write_text(tomli_w.dumps(_toml_ready({**config.to_dict(), "model": model_config.to_dict()})))
+    (run_dir / RUN_CONFIG).write_text(tomli_w.dumps(_toml_ready({"task": "lm", **config.to_dict(),
+                                                                "model": model_config.to_dict()})))
     torch.manual_seed(config.train.seed)
     model = DecoderLM(model_config)
     train_ids, val_ids = tokens["train"], tokens["val"]
@@ -242,6 +244,7 @@ def read_run_config(run_dir: str | Path) -> tuple[LMRunConfig, ModelConfig]:
     if not config_path.is_file():
         raise FileNotFoundError(f"{run_dir} is not a kqv LM run: {config_path} is missing")
     values = tomllib.loads(config_path.read_text())
+    values.pop("task", None)
     model_values = {k: v for k, v in values["model"].items() if k != "vocab_size"}
     return LMRunConfig.from_dict({**values, "model": model_values}), ModelConfig.from_dict(values["model"])
 
