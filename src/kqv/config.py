@@ -17,7 +17,7 @@ import tomli_w
 
 Position = Literal["sinusoidal", "learned", "relative", "rope", "alibi", "none"]
 Norm = Literal["layernorm", "rmsnorm"]
-Activation = Literal["relu", "gelu", "gelu_tanh", "swiglu", "geglu"]
+Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"]
 
 
 @dataclass
@@ -43,6 +43,7 @@ class ModelConfig:
     activation: Activation = "gelu"
     bias: bool = True
     tie_embeddings: bool = True
+    output_bias: bool = False  # a bias on the output projection to the vocabulary (Marian and BART have one)
     scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model), as Vaswani et al. do
     embed_norm: bool = False  # a norm right after the embeddings, as BERT does
     max_relative_distance: int = 16  # Shaw et al. 2018: clip relative distances to [-k, k]

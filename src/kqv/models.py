@@ -109,7 +109,7 @@ class DecoderLM(nn.Module):
         super().__init__()
         self.config = config
         self.decoder = Decoder(config, config.n_layers, config.vocab_size)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=config.output_bias)
         init_weights(self)
         if config.tie_embeddings:
             self.lm_head.weight = self.decoder.embeddings.tokens.weight
@@ -151,7 +151,7 @@ class EncoderDecoder(nn.Module):
         self.encoder = Encoder(config)
         shared = self.encoder.embeddings.tokens if config.tgt_vocab_size is None else None
         self.decoder = Decoder(config, config.decoder_layers, config.target_vocab_size, shared, cross_attention=True)
-        self.lm_head = nn.Linear(config.d_model, config.target_vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.d_model, config.target_vocab_size, bias=config.output_bias)
         init_weights(self)
         if config.tie_embeddings:
             self.lm_head.weight = self.decoder.embeddings.tokens.weight

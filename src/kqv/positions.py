@@ -23,7 +23,12 @@ from .config import ModelConfig
 
 
 class SinusoidalPositions(nn.Module):
-    """PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos(...). Computed on the fly: any length works."""
+    """Sines and cosines of p / 10000^(2i/d) for i < d/2. Computed on the fly: any length works.
+
+    The paper writes each (sin, cos) pair side by side; like the reference implementation (tensor2tensor),
+    fairseq and Marian, we put all sines first and all cosines after. That is a fixed permutation of the
+    dimensions, the same for training, and lets Marian's weights load exactly.
+    """
 
     def __init__(self, d_model: int):
         super().__init__()
@@ -32,7 +37,7 @@ class SinusoidalPositions(nn.Module):
 
     def forward(self, positions: Tensor) -> Tensor:
         angles = positions.float()[:, None] * self.inv_freq  # (time, d_model / 2)
-        return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # (time, d_model), interleaved
+        return torch.cat((angles.sin(), angles.cos()), dim=-1)  # (time, d_model)
 
 
 class LearnedPositions(nn.Module):
