@@ -69,3 +69,68 @@ def generate(model: nn.Module, ids: Tensor, max_new_tokens: int, *, temperature:
             break
         logits = model(next_ids[:, None] if use_cache else ids, cache=cache)[:, -1]
     return ids
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Encoder-decoder: greedy and beam search
+
+
+def reorder_cache(cache: list, index: Tensor) -> None:
+    """Keep the cached keys and values of the rows `index` (batch * beams,), in that order, in every layer."""
+    for layer in cache:
+        for part in layer:
+            if part.keys is not None:
+                part.keys, part.values = part.keys.index_select(0, index), part.values.index_select(0, index)
+
+
+@torch.no_grad()
+def translate(model: nn.Module, src_ids: Tensor, max_new_tokens: int, *, bos_id: int, eos_id: int,
+              beam_size: int = 1, length_penalty: float = 1.0, src_mask: Tensor | None = None,
+              use_cache: bool = True) -> Tensor:
+    """Decode a target for each source in src_ids (batch, src_time): (batch, 1 + up to max_new_tokens) ids that
+    start with bos_id and are padded with eos_id after the end. Beam size 1 is greedy decoding.
+
+    Beam search keeps the `beam_size` best prefixes by total log-probability; a prefix that ends in EOS is kept
+    unchanged, and the winner is chosen by log-probability / length^length_penalty (0: no length penalty).
+    """
+    check_generation_options(max_new_tokens, 1.0, None, None)
+    if not isinstance(beam_size, int) or beam_size < 1:
+        raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
+    config = model.config
+    if config.position == "learned" and max_new_tokens > config.max_len:
+        raise ValueError(f"max_new_tokens={max_new_tokens} exceeds max_len={config.max_len} of learned positions")
+    batch = src_ids.shape[0]
+    memory = model.encode(src_ids, src_mask)  # (batch, src_time, d_model)
+    # every source is decoded as beam_size rows: (batch * beam_size, ...)
+    memory = memory.repeat_interleave(beam_size, dim=0)
+    src_mask = None if src_mask is None else src_mask.repeat_interleave(beam_size, dim=0)
+    ids = torch.full((batch * beam_size, 1), bos_id, dtype=torch.long, device=src_ids.device)
+    scores = torch.zeros(batch, beam_size, device=src_ids.device)
+    scores[:, 1:] = float("-inf")  # all beams start identical: keep one until they differ
+    finished = torch.zeros(batch * beam_size, dtype=torch.bool, device=src_ids.device)
+    lengths = torch.zeros(batch * beam_size, device=src_ids.device)
+    cache = model.new_cache() if use_cache else None
+
+    for _ in range(max_new_tokens):
+        step_ids = ids[:, -1:] if use_cache else ids
+        logits = model.decode(step_ids, memory, src_mask, cache=cache)[:, -1].float()  # (batch * beams, vocab)
+        log_probs = logits.log_softmax(dim=-1)
+        # a finished prefix can only be continued by EOS, at no cost
+        log_probs[finished] = float("-inf")
+        log_probs[finished, eos_id] = 0.0
+        vocab = log_probs.shape[-1]
+        candidates = (scores.view(-1, 1) + log_probs).view(batch, beam_size * vocab)
+        scores, best = candidates.topk(beam_size, dim=-1)  # (batch, beam_size)
+        rows = (best // vocab + torch.arange(batch, device=ids.device)[:, None] * beam_size).view(-1)
+        tokens = (best % vocab).view(-1, 1)
+        ids = torch.cat((ids.index_select(0, rows), tokens), dim=1)
+        lengths = lengths.index_select(0, rows) + (~finished.index_select(0, rows)).float()
+        finished = finished.index_select(0, rows) | (tokens.view(-1) == eos_id)
+        if cache is not None:
+            reorder_cache(cache, rows)
+        if finished.all():
+            break
+
+    normalised = scores / lengths.view(batch, beam_size).clamp(min=1) ** length_penalty
+    winner = normalised.argmax(dim=-1) + torch.arange(batch, device=ids.device) * beam_size
+    return ids.index_select(0, winner)

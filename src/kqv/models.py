@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from .attention import KVCache, padding_mask
 from .config import ModelConfig
-from .generation import generate
+from .generation import generate, translate
 from .layers import DecoderBlock, EncoderBlock, make_norm
 from .positions import input_positions
 
@@ -175,6 +175,13 @@ class EncoderDecoder(nn.Module):
         or the mean cross-entropy when targets are given. src_mask / tgt_mask: 1 = real token, 0 = padding."""
         logits = self.decode(tgt_ids, self.encode(src_ids, src_mask), src_mask, tgt_mask=tgt_mask)
         return logits if targets is None else lm_loss(logits, targets)
+
+    def generate(self, src_ids: Tensor, max_new_tokens: int, *, bos_id: int, eos_id: int, beam_size: int = 1,
+                 length_penalty: float = 1.0, src_mask: Tensor | None = None, use_cache: bool = True) -> Tensor:
+        """Translate: target ids (batch, 1 + new) starting with bos_id, greedy (beam_size 1) or by beam search.
+        See `kqv.generation.translate`."""
+        return translate(self, src_ids, max_new_tokens, bos_id=bos_id, eos_id=eos_id, beam_size=beam_size,
+                         length_penalty=length_penalty, src_mask=src_mask, use_cache=use_cache)
 
     def attention_weights(self, src_ids: Tensor, tgt_ids: Tensor, src_mask: Tensor | None = None) -> dict[str, list]:
         """Attention weights by kind ('encoder', 'decoder', 'cross'), each a list over layers of
