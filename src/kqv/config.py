@@ -95,11 +95,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> ModelConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown ModelConfig option(s) {unknown}; valid options are {sorted(known)}")
-        return cls(**values)
+        return build_dataclass(cls, values, "ModelConfig")
 
     def to_toml(self) -> str:
         """TOML text of the config; fields left at None are omitted (TOML has no null)."""
@@ -112,6 +108,15 @@ class ModelConfig:
 
     def replace(self, **changes: Any) -> ModelConfig:
         return self.from_dict({**self.to_dict(), **changes})
+
+
+def build_dataclass(cls: type, values: dict[str, Any], name: str) -> Any:
+    """cls(**values), but an unknown key is a ValueError that lists the valid ones."""
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"unknown {name} option(s) {unknown}; valid options are {sorted(known)}")
+    return cls(**values)
 
 
 def _field_types() -> dict[str, Any]:

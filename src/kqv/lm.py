@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 import tomllib
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,7 +18,7 @@ import tomli_w
 import torch
 from safetensors.torch import load_file, save_file
 
-from .config import ModelConfig
+from .config import ModelConfig, build_dataclass
 from .data import load_text, sample_batch, split_text
 from .evaluation import perplexity
 from .models import DecoderLM, count_parameters
@@ -76,8 +76,8 @@ class LMRunConfig:
         if "train" not in values:
             raise ValueError("the run config needs a [train] section with at least steps and batch_size")
         return cls(model=dict(values.get("model", {})), train=TrainConfig.from_dict(values["train"]),
-                   data=_build(DataConfig, values.get("data", {}), "data"),
-                   sample=_build(SampleConfig, values.get("sample", {}), "sample"))
+                   data=build_dataclass(DataConfig, values.get("data", {}), "[data]"),
+                   sample=build_dataclass(SampleConfig, values.get("sample", {}), "[sample]"))
 
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model, "train": self.train.to_dict(), "data": asdict(self.data),
@@ -86,14 +86,6 @@ class LMRunConfig:
     def model_config(self, vocab_size: int) -> ModelConfig:
         values = {"max_len": self.data.context, **self.model, "vocab_size": vocab_size}
         return ModelConfig.from_dict(values)
-
-
-def _build(cls: type, values: dict[str, Any], section: str) -> Any:
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ValueError(f"unknown option(s) {unknown} in [{section}]; valid options are {sorted(known)}")
-    return cls(**values)
 
 
 def load_run_config(path: str | Path, overrides: list[str] = ()) -> LMRunConfig:

@@ -44,7 +44,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -55,6 +55,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import Tensor, nn
 from tqdm import tqdm
+
+from .config import build_dataclass
 
 logger = logging.getLogger(__name__)
 
@@ -136,11 +138,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown TrainConfig option(s) {unknown}; valid options are {sorted(known)}")
-        return cls(**values)
+        return build_dataclass(cls, values, "TrainConfig")
 
 
 def _check_float(name: str, value: Any) -> None:
