@@ -222,17 +222,17 @@ class MultiHeadAttention(nn.Module):
 
         bias = self.positions.score_bias(queries, positions, k_pos)
         dropout = self.dropout if self.training else 0.0
-        only_causal = causal and mask is None and bias is None and queries.shape[2] == keys.shape[2]
-        if causal and not only_causal:
+        fused = self.use_fused and not need_weights and not self.positions.has_value_bias
+        # given nothing but causality, SDPA masks the future itself and never builds a (time, time) mask
+        sdpa_causal = fused and causal and mask is None and bias is None and queries.shape[2] == keys.shape[2]
+        if causal and not sdpa_causal:
             future = causal_mask(queries.shape[2], keys.shape[2], x.device)
             mask = future if mask is None else mask & future
 
-        if self.use_fused and not need_weights and not self.positions.has_value_bias:
-            output = fused_attention(queries, keys, values, mask=mask, bias=bias, causal=only_causal, dropout=dropout)
+        if fused:
+            output = fused_attention(queries, keys, values, mask=mask, bias=bias, causal=sdpa_causal, dropout=dropout)
             weights = None
         else:
-            if only_causal:
-                mask = causal_mask(queries.shape[2], keys.shape[2], x.device)
             output, weights = scaled_dot_product_attention(queries, keys, values, mask=mask, bias=bias,
                                                            dropout=dropout)
             extra = self.positions.value_bias(weights, positions, k_pos)
