@@ -79,8 +79,8 @@ def test_bert_config_becomes_a_post_ln_encoder_config_with_an_embedding_norm():
 def test_unsupported_activation_is_refused_with_the_supported_names():
     with pytest.raises(ValueError, match="activation_function='quick_gelu'.*gelu_new"):
         config_from_hf(gpt2_config(activation_function="quick_gelu"))
-    with pytest.raises(ValueError, match="hidden_act='silu'"):
-        config_from_hf(bert_config(hidden_act="silu"))
+    with pytest.raises(ValueError, match="hidden_act='mish'"):
+        config_from_hf(bert_config(hidden_act="mish"))
 
 
 @pytest.mark.parametrize("option,value", [("scale_attn_by_inverse_layer_idx", True), ("scale_attn_weights", False),
@@ -235,3 +235,243 @@ def test_kqv_interop_imports_transformers_only_inside_functions():
     assert not [name for name in names if name.split(".")[0] == "transformers"]
     inside = [node for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module == "transformers"]
     assert inside  # it is used, lazily
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Both ways, for every supported architecture: to_hf(from_hf(m)) is m, and kqv's logits are Hugging Face's.
+# Every parameter and buffer is random first (biases, norm gains, BART's unused position rows, the logit bias), so a
+# tensor copied to the wrong place or dropped shows up.
+
+
+def marian_config(**changes):
+    from transformers import MarianConfig
+
+    return MarianConfig(**{**dict(vocab_size=97, d_model=64, encoder_layers=2, decoder_layers=3,
+                                  encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+                                  decoder_ffn_dim=128, max_position_embeddings=32, pad_token_id=96,
+                                  decoder_start_token_id=96, eos_token_id=0, activation_function="swish",
+                                  scale_embedding=True), **changes})
+
+
+def bart_config(**changes):
+    from transformers import BartConfig
+
+    return BartConfig(**{**dict(vocab_size=97, d_model=64, encoder_layers=3, decoder_layers=2,
+                                encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+                                decoder_ffn_dim=128, max_position_embeddings=32), **changes})
+
+
+def randomized(model):
+    """Every trainable parameter and every float buffer random (gains near 1); fixed tables (Marian's sinusoids,
+    which have requires_grad=False) stay as they are."""
+    with torch.no_grad():
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            if tensor.requires_grad or name.endswith("final_logits_bias"):
+                is_gain = tensor.dim() == 1 and name.endswith("weight")
+                tensor.copy_(1 + 0.1 * torch.randn_like(tensor) if is_gain else 0.1 * torch.randn_like(tensor))
+    return model.eval()
+
+
+def hf_model(kind: str, **changes):
+    import transformers
+
+    config = {"GPT2LMHeadModel": gpt2_config, "BertModel": bert_config, "BertForMaskedLM": bert_config,
+              "MarianMTModel": marian_config, "BartForConditionalGeneration": bart_config}[kind](**changes)
+    return randomized(getattr(transformers, kind)(config))
+
+
+CASES = {
+    "gpt2": ("GPT2LMHeadModel", {}),
+    "gpt2_untied": ("GPT2LMHeadModel", {"tie_word_embeddings": False}),
+    "bert": ("BertModel", {}),
+    "bert_relu": ("BertModel", {"hidden_act": "relu"}),
+    "bert_mlm": ("BertForMaskedLM", {}),
+    "bert_mlm_untied": ("BertForMaskedLM", {"tie_word_embeddings": False}),
+    "marian": ("MarianMTModel", {}),
+    "marian_separate_vocabularies": ("MarianMTModel", {"share_encoder_decoder_embeddings": False,
+                                                       "decoder_vocab_size": 53, "pad_token_id": 52,
+                                                       "decoder_start_token_id": 52}),
+    "marian_untied": ("MarianMTModel", {"tie_word_embeddings": False}),
+    "bart": ("BartForConditionalGeneration", {}),
+    "bart_untied_scaled": ("BartForConditionalGeneration", {"tie_word_embeddings": False, "scale_embedding": True}),
+}
+KQV_CLASSES = {"GPT2LMHeadModel": kqv.DecoderLM, "BertModel": kqv.Encoder, "BertForMaskedLM": kqv.MaskedLM,
+               "MarianMTModel": kqv.EncoderDecoder, "BartForConditionalGeneration": kqv.EncoderDecoder}
+
+
+def inputs(kind: str, hf, padded: bool):
+    """(kqv outputs, Hugging Face outputs, mask of the positions to compare) for a batch of 3 with padding:
+    sources (and encoder inputs) have a right-padded and a left-padded row; decoder inputs are right-padded."""
+    gen = torch.Generator().manual_seed(1)
+    src, tgt = torch.randint(1, 50, (3, 11), generator=gen), torch.randint(1, 50, (3, 7), generator=gen)
+    src_mask, tgt_mask = torch.ones(3, 11, dtype=torch.long), torch.ones(3, 7, dtype=torch.long)
+    if padded:
+        src_mask[1, -3:], src_mask[2, :2], tgt_mask[1, -2:] = 0, 0, 0
+    ours = from_hf(hf)
+    if kind == "GPT2LMHeadModel":
+        return ours(tgt, attention_mask=tgt_mask), hf(tgt, attention_mask=tgt_mask).logits, tgt_mask
+    if kind == "BertModel":
+        return ours(src, src_mask), hf(src, attention_mask=src_mask).last_hidden_state, src_mask
+    if kind == "BertForMaskedLM":
+        return ours(src, attention_mask=src_mask), hf(src, attention_mask=src_mask).logits, src_mask
+    expected = hf(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt, decoder_attention_mask=tgt_mask)
+    return ours(src, tgt, src_mask=src_mask, tgt_mask=tgt_mask), expected.logits, tgt_mask
+
+
+def assert_same_state_dict(ours, reference):
+    ours, reference = ours.state_dict(), reference.state_dict()
+    assert sorted(ours) == sorted(reference)
+    different = [name for name in reference if not torch.equal(ours[name], reference[name])]
+    assert not different
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_to_hf_of_from_hf_gives_back_the_same_state_dict(case):
+    torch.manual_seed(0)
+    kind, changes = CASES[case]
+    hf = hf_model(kind, **changes)
+    ours = from_hf(hf)
+    assert type(ours) is KQV_CLASSES[kind]
+    back = kqv.interop.to_hf(ours)
+    assert type(back) is type(hf) and not back.training
+    assert_same_state_dict(back, hf)
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["no_padding", "padding"])
+@pytest.mark.parametrize("case", CASES)
+@torch.no_grad()
+def test_kqv_outputs_equal_hugging_face_at_every_real_position(case, padded):
+    torch.manual_seed(0)
+    kind, changes = CASES[case]
+    ours, expected, real = inputs(kind, hf_model(kind, **changes), padded)
+    assert ours.shape == expected.shape
+    torch.testing.assert_close(ours[real.bool()], expected[real.bool()], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("case", ["marian", "marian_separate_vocabularies", "bart", "bert_mlm"])
+@torch.no_grad()
+def test_seq2seq_and_masked_lm_directories_load_with_the_same_logits(case, tmp_path):
+    torch.manual_seed(0)
+    kind, changes = CASES[case]
+    hf = hf_model(kind, **changes)
+    hf.save_pretrained(tmp_path)
+    ours, expected, real = inputs(kind, hf, padded=True)
+    from_dir = from_hf(tmp_path)
+    assert type(from_dir) is KQV_CLASSES[kind]
+    assert_same_state_dict(from_dir, from_hf(hf))
+    assert_same_state_dict(kqv.interop.to_hf(from_dir), hf)
+
+
+def test_marian_config_becomes_a_post_ln_sinusoidal_encoder_decoder_config():
+    config = config_from_hf(marian_config())
+    assert (config.position, config.norm_first, config.scale_embeddings, config.embed_norm) == (
+        "sinusoidal", False, True, False)
+    assert (config.activation, config.output_bias, config.tgt_vocab_size, config.tie_embeddings) == (
+        "silu", True, None, True)
+    assert (config.encoder_layers, config.decoder_layers, config.d_ff, config.max_len) == (2, 3, 128, 32)
+    separate = config_from_hf(marian_config(share_encoder_decoder_embeddings=False, decoder_vocab_size=53))
+    assert separate.tgt_vocab_size == 53
+
+
+def test_bart_config_becomes_a_post_ln_learned_position_encoder_decoder_with_embedding_norms():
+    config = config_from_hf(bart_config())
+    assert (config.position, config.norm_first, config.scale_embeddings, config.embed_norm) == (
+        "learned", False, False, True)
+    assert (config.activation, config.output_bias, config.max_len, config.norm_eps) == ("gelu", True, 32, 1e-5)
+
+
+def test_bart_positions_skip_the_two_offset_rows_and_keep_them_for_export():
+    torch.manual_seed(0)
+    hf = hf_model("BartForConditionalGeneration")
+    ours = from_hf(hf)
+    table = hf.model.encoder.embed_positions.weight
+    assert torch.equal(ours.encoder.embeddings.positions.embedding.weight, table[2:])
+    assert torch.equal(ours.hf_origin.kept["encoder.embed_positions.weight"][:2], table[:2])
+
+
+def test_marian_with_encoder_and_decoder_of_different_widths_is_refused():
+    with pytest.raises(ValueError, match="encoder_ffn_dim=128 and decoder_ffn_dim=256.*share one d_ff"):
+        config_from_hf(marian_config(decoder_ffn_dim=256))
+    with pytest.raises(ValueError, match="encoder_attention_heads=4 and decoder_attention_heads=8"):
+        config_from_hf(bart_config(decoder_attention_heads=8))
+
+
+def test_marian_with_a_changed_sinusoid_table_is_refused():
+    hf = hf_model("MarianMTModel")
+    with torch.no_grad():
+        hf.model.encoder.embed_positions.weight.add_(0.1)
+    with pytest.raises(ValueError, match="encoder.embed_positions.weight is not the fixed table kqv computes"):
+        from_hf(hf)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Exporting models that kqv trained (no Hugging Face origin)
+
+
+def exportable(kind: str, **changes) -> torch.nn.Module:
+    base = dict(vocab_size=97, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_len=32, dropout=0.1)
+    configs = {
+        "DecoderLM": dict(position="learned", norm_first=True, activation="gelu_tanh"),
+        "Encoder": dict(position="learned", norm_first=False, embed_norm=True, activation="gelu"),
+        "MaskedLM": dict(position="learned", norm_first=False, embed_norm=True, activation="gelu"),
+        "Marian": dict(position="sinusoidal", norm_first=False, scale_embeddings=True, output_bias=True,
+                       activation="silu", n_decoder_layers=3),
+        "BART": dict(position="learned", norm_first=False, embed_norm=True, output_bias=True, activation="gelu"),
+    }
+    cls = {"Marian": kqv.EncoderDecoder, "BART": kqv.EncoderDecoder}.get(kind) or getattr(kqv, kind)
+    model = cls(kqv.ModelConfig(**{**base, **configs[kind], **changes}))
+    return randomized(model)
+
+
+@pytest.mark.parametrize("kind,hf_class", [("DecoderLM", "GPT2LMHeadModel"), ("Encoder", "BertModel"),
+                                           ("MaskedLM", "BertForMaskedLM"), ("Marian", "MarianMTModel"),
+                                           ("BART", "BartForConditionalGeneration")])
+@torch.no_grad()
+def test_a_kqv_trained_model_exports_with_the_same_outputs(kind, hf_class):
+    torch.manual_seed(0)
+    ours = exportable(kind)
+    hf = kqv.interop.to_hf(ours)
+    assert type(hf).__name__ == hf_class
+    src, tgt = torch.randint(0, 97, (2, 9)), torch.randint(0, 97, (2, 6))
+    if kind in ("Marian", "BART"):
+        expected, got = hf(input_ids=src, decoder_input_ids=tgt).logits, ours(src, tgt)
+    elif kind == "Encoder":
+        expected, got = hf(src).last_hidden_state, ours(src)
+    else:
+        expected, got = hf(src).logits, ours(src)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    assert_same_state_dict(from_hf(hf), ours)  # and back
+
+
+@torch.no_grad()
+def test_a_bert_changed_after_import_exports_its_changed_positions():
+    torch.manual_seed(0)
+    ours = from_hf(hf_model("BertModel"))
+    ours.embeddings.positions.embedding.weight.add_(0.5)  # as fine-tuning would
+    ids = torch.randint(1, 97, (2, 10))
+    torch.testing.assert_close(kqv.interop.to_hf(ours)(ids).last_hidden_state, ours(ids), atol=1e-5, rtol=0)
+
+
+def test_to_hf_names_every_option_the_target_cannot_represent():
+    with pytest.raises(ValueError, match="position='rope'.*cannot become a GPT2LMHeadModel, which needs "
+                                         "position='learned'"):
+        kqv.interop.to_hf(exportable("DecoderLM", position="rope"))
+    with pytest.raises(ValueError, match="activation='swiglu' cannot become a BertModel"):
+        kqv.interop.to_hf(exportable("Encoder", activation="swiglu"))
+    with pytest.raises(ValueError, match="MarianMTModel.*BartForConditionalGeneration") as error:
+        kqv.interop.to_hf(exportable("Marian", position="relative"))
+    assert "position='relative'" in str(error.value)
+
+
+def test_to_hf_of_a_model_without_a_hugging_face_class_lists_the_supported_ones():
+    classifier = kqv.SequenceClassifier(kqv.ModelConfig(vocab_size=10, d_model=8, n_heads=2, n_layers=1, d_ff=8), 2)
+    with pytest.raises(ValueError, match="not SequenceClassifier; supported architectures: GPT2LMHeadModel"):
+        kqv.interop.to_hf(classifier)
+
+
+def test_encoder_decoder_exports_to_the_architecture_asked_for():
+    model = exportable("BART")
+    with pytest.raises(ValueError, match="cannot become a MarianMTModel, which needs position='sinusoidal'"):
+        kqv.interop.to_hf(model, "MarianMTModel")
+    with pytest.raises(ValueError, match="cannot become a GPT2LMHeadModel; it can become MarianMTModel or Bart"):
+        kqv.interop.to_hf(model, "GPT2LMHeadModel")

@@ -238,12 +238,13 @@ def test_bert_hidden_states_equal_hugging_face(padded):
 
 
 @torch.no_grad()
-def test_bert_for_masked_lm_converts_to_its_encoder():
+def test_bert_for_masked_lm_converts_to_an_encoder_with_its_prediction_head():
     torch.manual_seed(0)
     hf = hf_bert("BertForMaskedLM")
     ours = from_hf(hf)
     ids = torch.randint(1, 97, (2, 12))
-    assert_close(ours(ids), hf.bert(ids).last_hidden_state)
+    assert_close(ours.encoder(ids), hf.bert(ids).last_hidden_state)
+    assert_close(ours(ids), hf(ids).logits)
 
 
 # ---------------------------------------------------------------------------------------------------------------

