@@ -1,0 +1,342 @@
+"""The model the lecture starts from: a bidirectional LSTM encoder and an LSTM decoder with attention.
+
+This is the recurrent sequence-to-sequence baseline that the Transformer replaced (Sutskever et al. 2014 with the
+attention of Bahdanau et al. 2015 and Luong et al. 2015, as in CS224N's NMT assignment):
+
+* the encoder reads the source in both directions; its outputs h_1..h_m (forward and backward states
+  concatenated) are the keys and values of attention;
+* the decoder's initial state is a projection of the encoder's final states (forward of the last token,
+  backward of the first);
+* at target step t the decoder state s_t is the query: a_t = Attention(s_t, h_1..h_m) with kqv's single-head
+  `Attention` and a selectable score (dot, multiplicative, reduced_rank, additive); the output
+  o_t = tanh(W [a_t; s_t]) is projected to the vocabulary (tied to the embeddings when sizes allow).
+
+The decoder does not feed o_{t-1} back into its input (Luong's "input feeding"), so the whole target can be run
+through `nn.LSTM` at once under teacher forcing, and step-by-step decoding with the LSTM state computes exactly
+the same numbers. `RNNEncoderDecoder` has the interface of `EncoderDecoder`: `forward(src_ids, tgt_ids, targets,
+src_mask=..., tgt_mask=...)`, `generate(src_ids, max_new_tokens, beam_size=..., ...)` and `attention_weights`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from .attention import Attention, Score
+
+State = tuple[Tensor, Tensor]  # LSTM (h, c), each (layers, batch, d_hidden)
+
+
+@dataclass
+class RNNConfig:
+    """Sizes of the LSTM baseline. The encoder runs d_hidden / 2 units per direction, so its outputs and the
+    decoder state both have d_hidden dimensions (which lets the dot-product score compare them)."""
+
+    vocab_size: int
+    d_embed: int = 256
+    d_hidden: int = 512
+    n_layers: int = 2
+    score: Score = "multiplicative"
+    attention_hidden: int = 128  # hidden size of the additive score (its memory grows with it)
+    dropout: float = 0.1
+    tie_embeddings: bool = True
+    tgt_vocab_size: int | None = None  # None shares the source vocabulary
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_embed", "d_hidden", "n_layers", "attention_hidden"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.tgt_vocab_size is not None and self.tgt_vocab_size <= 0:
+            raise ValueError(f"tgt_vocab_size must be positive, got {self.tgt_vocab_size}")
+        if self.d_hidden % 2:
+            raise ValueError(f"d_hidden must be even (half per encoder direction), got {self.d_hidden}")
+        if self.score not in Score.__args__:
+            raise ValueError(f"score must be one of {list(Score.__args__)}, got {self.score!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+
+    @property
+    def target_vocab_size(self) -> int:
+        return self.tgt_vocab_size or self.vocab_size
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> RNNConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown RNNConfig option(s) {unknown}; valid options are {sorted(known)}")
+        return cls(**values)
+
+
+class BiLSTMEncoder(nn.Module):
+    """Source ids -> outputs (batch, src_time, d_hidden) and the decoder's initial state."""
+
+    def __init__(self, config: RNNConfig, tokens: nn.Embedding):
+        super().__init__()
+        self.tokens = tokens
+        self.lstm = nn.LSTM(config.d_embed, config.d_hidden // 2, config.n_layers, batch_first=True,
+                            bidirectional=True, dropout=config.dropout if config.n_layers > 1 else 0.0)
+        self.to_h = nn.Linear(config.d_hidden, config.d_hidden)  # W_h [h_fwd; h_bwd]
+        self.to_c = nn.Linear(config.d_hidden, config.d_hidden)  # W_c [c_fwd; c_bwd]
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, src_ids: Tensor, src_mask: Tensor | None) -> tuple[Tensor, State]:
+        x = self.dropout(self.tokens(src_ids))  # (batch, src_time, d_embed)
+        if src_mask is None:
+            outputs, (h, c) = self.lstm(x)
+        else:  # packing skips the padding, so the backward direction starts at each sequence's last real token
+            lengths = src_mask.sum(dim=1).cpu()
+            packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+            outputs, (h, c) = self.lstm(packed)
+            outputs, _ = pad_packed_sequence(outputs, batch_first=True, total_length=src_ids.shape[1])
+        # h, c: (layers * 2, batch, d_hidden / 2) -> (layers, batch, d_hidden), forward and backward side by side
+        h = h.view(-1, 2, *h.shape[1:]).transpose(1, 2).flatten(2)
+        c = c.view(-1, 2, *c.shape[1:]).transpose(1, 2).flatten(2)
+        return outputs, (torch.tanh(self.to_h(h)), self.to_c(c))
+
+
+class AttentionLSTMDecoder(nn.Module):
+    """Target ids and an LSTM state -> combined outputs o_t (batch, time, d_embed), new state, attention weights."""
+
+    def __init__(self, config: RNNConfig, tokens: nn.Embedding):
+        super().__init__()
+        self.tokens = tokens
+        self.lstm = nn.LSTM(config.d_embed, config.d_hidden, config.n_layers, batch_first=True,
+                            dropout=config.dropout if config.n_layers > 1 else 0.0)
+        self.attention = Attention(config.d_hidden, config.d_hidden, config.score, hidden=config.attention_hidden)
+        self.combine = nn.Linear(2 * config.d_hidden, config.d_embed, bias=False)  # W [a_t; s_t]
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, tgt_ids: Tensor, state: State, memory: Tensor,
+                memory_mask: Tensor | None) -> tuple[Tensor, State, Tensor]:
+        x = self.dropout(self.tokens(tgt_ids))  # (batch, tgt_time, d_embed)
+        queries, state = self.lstm(x, state)  # (batch, tgt_time, d_hidden)
+        context, weights = self.attention(queries, memory, memory, memory_mask)  # (batch, tgt_time, d_hidden)
+        output = torch.tanh(self.combine(torch.cat((context, queries), dim=-1)))  # (batch, tgt_time, d_embed)
+        return self.dropout(output), state, weights
+
+
+class RNNEncoderDecoder(nn.Module):
+    """The LSTM-with-attention translation model, with the interface of `kqv.EncoderDecoder`.
+
+    Padding must be on the right: `src_mask` (batch, src_time) marks real source tokens (1) and padding (0);
+    `tgt_mask` is accepted for interface compatibility and not needed, since the decoder is causal and right
+    padding comes after every real target token.
+    """
+
+    def __init__(self, config: RNNConfig):
+        super().__init__()
+        self.config = config
+        src_tokens = nn.Embedding(config.vocab_size, config.d_embed)
+        tgt_tokens = src_tokens if config.tgt_vocab_size is None else nn.Embedding(config.tgt_vocab_size, config.d_embed)
+        self.encoder = BiLSTMEncoder(config, src_tokens)
+        self.decoder = AttentionLSTMDecoder(config, tgt_tokens)
+        self.lm_head = nn.Linear(config.d_embed, config.target_vocab_size, bias=False)
+        for embedding in {id(src_tokens): src_tokens, id(tgt_tokens): tgt_tokens}.values():
+            nn.init.normal_(embedding.weight, 0.0, 0.1)
+        if config.tie_embeddings:
+            self.lm_head.weight = tgt_tokens.weight
+
+    # -- teacher forcing -------------------------------------------------------------------------------------------
+
+    def encode(self, src_ids: Tensor, src_mask: Tensor | None = None) -> tuple[Tensor, State, Tensor | None]:
+        """(memory (batch, src_time, d_hidden), decoder initial state, attention mask (batch, 1, src_time))."""
+        _check_ids(src_ids, self.config.vocab_size, "src_ids")
+        src_mask = _check_mask(src_mask, src_ids)
+        memory, state = self.encoder(src_ids, src_mask)
+        return memory, state, None if src_mask is None else src_mask[:, None, :]
+
+    def forward(self, src_ids: Tensor, tgt_ids: Tensor, targets: Tensor | None = None, *,
+                src_mask: Tensor | None = None, tgt_mask: Tensor | None = None) -> Tensor:
+        """src_ids (batch, src_time), tgt_ids (batch, tgt_time) -> logits (batch, tgt_time, tgt_vocab), or the mean
+        cross-entropy when targets are given (-100 = ignore)."""
+        memory, state, memory_mask = self.encode(src_ids, src_mask)
+        _check_ids(tgt_ids, self.config.target_vocab_size, "tgt_ids")
+        output, _, _ = self.decoder(tgt_ids, state, memory, memory_mask)
+        logits = self.lm_head(output)
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+
+    def attention_weights(self, src_ids: Tensor, tgt_ids: Tensor, src_mask: Tensor | None = None) -> dict[str, list]:
+        """{"cross": [weights (batch, 1 head, tgt_time, src_time)]}: the source-target alignment, as for
+        `EncoderDecoder.attention_weights`."""
+        memory, state, memory_mask = self.encode(src_ids, src_mask)
+        _check_ids(tgt_ids, self.config.target_vocab_size, "tgt_ids")
+        _, _, weights = self.decoder(tgt_ids, state, memory, memory_mask)
+        return {"cross": [weights[:, None]]}
+
+    # -- decoding --------------------------------------------------------------------------------------------------
+
+    def step(self, last_ids: Tensor, state: State, memory: Tensor, memory_mask: Tensor | None) -> tuple[Tensor, State]:
+        """One decoder step: last_ids (batch,) -> next-token log-probabilities (batch, vocab) and the new state."""
+        output, state, _ = self.decoder(last_ids[:, None], state, memory, memory_mask)
+        return self.lm_head(output[:, 0]).float().log_softmax(dim=-1), state
+
+    @torch.no_grad()
+    def generate(self, src_ids: Tensor, max_new_tokens: int, *, beam_size: int = 1, length_penalty: float = 1.0,
+                 bos_id: int, eos_id: int, src_mask: Tensor | None = None, use_cache: bool = True) -> Tensor:
+        """Translate: (batch, time) target ids starting with bos_id, each followed by eos_id once it has ended.
+
+        beam_size 1 is greedy. With a larger beam, finished hypotheses are ranked by their summed log-probability
+        divided by length ** length_penalty (length counts the generated tokens, eos included). `use_cache=False`
+        re-runs the decoder over the whole prefix at every step instead of carrying the LSTM state (slower,
+        the same result; for tests)."""
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        if not isinstance(beam_size, int) or beam_size < 1:
+            raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
+        if beam_size == 1:
+            return greedy_search(self, src_ids, max_new_tokens, bos_id=bos_id, eos_id=eos_id, src_mask=src_mask,
+                                 use_cache=use_cache)
+        return beam_search(self, src_ids, max_new_tokens, beam_size=beam_size, length_penalty=length_penalty,
+                           bos_id=bos_id, eos_id=eos_id, src_mask=src_mask, use_cache=use_cache)
+
+
+class _Stepper:
+    """Next-token log-probabilities for a growing batch of prefixes, with or without carrying the LSTM state."""
+
+    def __init__(self, model: RNNEncoderDecoder, memory: Tensor, state: State, memory_mask: Tensor | None,
+                 use_cache: bool):
+        self.model, self.memory, self.memory_mask, self.use_cache = model, memory, memory_mask, use_cache
+        self.initial, self.state = state, state
+
+    def __call__(self, prefixes: Tensor) -> Tensor:
+        if self.use_cache:
+            log_probs, self.state = self.model.step(prefixes[:, -1], self.state, self.memory, self.memory_mask)
+            return log_probs
+        output, _, _ = self.model.decoder(prefixes, self.initial, self.memory, self.memory_mask)
+        return self.model.lm_head(output[:, -1]).float().log_softmax(dim=-1)
+
+    def reorder(self, rows: Tensor) -> None:
+        """Keep the given rows (beam search: the beams that survive, in their new order)."""
+        select = lambda s: (s[0][:, rows], s[1][:, rows])
+        self.memory = self.memory[rows]
+        self.memory_mask = None if self.memory_mask is None else self.memory_mask[rows]
+        self.state, self.initial = select(self.state), select(self.initial)
+
+
+def greedy_search(model: RNNEncoderDecoder, src_ids: Tensor, max_new_tokens: int, *, bos_id: int, eos_id: int,
+                  src_mask: Tensor | None = None, use_cache: bool = True) -> Tensor:
+    """Pick the most likely token at every step; stop when every sequence has emitted eos."""
+    memory, state, memory_mask = model.encode(src_ids, src_mask)
+    stepper = _Stepper(model, memory, state, memory_mask, use_cache)
+    ids = torch.full((src_ids.shape[0], 1), bos_id, dtype=torch.long, device=src_ids.device)
+    finished = torch.zeros(src_ids.shape[0], dtype=torch.bool, device=src_ids.device)
+    for _ in range(max_new_tokens):
+        next_ids = stepper(ids).argmax(dim=-1).masked_fill(finished, eos_id)
+        ids = torch.cat((ids, next_ids[:, None]), dim=1)
+        finished |= next_ids == eos_id
+        if finished.all():
+            break
+    return ids
+
+
+def beam_search(model: RNNEncoderDecoder, src_ids: Tensor, max_new_tokens: int, *, beam_size: int,
+                length_penalty: float, bos_id: int, eos_id: int, src_mask: Tensor | None = None,
+                use_cache: bool = True) -> Tensor:
+    """Keep the `beam_size` best prefixes of every sentence; a prefix that emits eos becomes a finished hypothesis.
+
+    A sentence is done when it has beam_size finished hypotheses and its best live prefix, scored as if it ended
+    now, is no better than the worst of them (the stopping rule of Hugging Face's `generate`), or at
+    max_new_tokens, when its live prefixes count as finished.
+    """
+    batch, k = src_ids.shape[0], beam_size
+    memory, state, memory_mask = model.encode(src_ids, src_mask)
+    stepper = _Stepper(model, memory, state, memory_mask, use_cache)
+    stepper.reorder(torch.arange(batch, device=src_ids.device).repeat_interleave(k))  # (batch * k) rows
+    prefixes = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=src_ids.device)
+    scores = torch.full((batch, k), float("-inf"), device=src_ids.device)
+    scores[:, 0] = 0.0  # all beams start equal: let only the first one expand at step 1
+    finished: list[list[tuple[float, Tensor]]] = [[] for _ in range(batch)]
+    done = [False] * batch
+
+    def normalised(score: float, length: int) -> float:
+        return score / length ** length_penalty
+
+    for step in range(1, max_new_tokens + 1):
+        log_probs = stepper(prefixes)  # (batch * k, vocab)
+        vocab = log_probs.shape[-1]
+        candidates = (scores[:, :, None] + log_probs.view(batch, k, vocab)).view(batch, k * vocab)
+        top_scores, top_index = candidates.topk(2 * k, dim=-1)  # (batch, 2k): enough to refill k live beams
+        rows, new_scores, new_tokens = [], torch.full_like(scores, float("-inf")), []
+        for b in range(batch):
+            kept = 0
+            for score, index in zip(top_scores[b].tolist(), top_index[b].tolist()):
+                beam, token = divmod(index, vocab)
+                if done[b] or score == float("-inf"):
+                    break
+                if token == eos_id:
+                    prefix = torch.cat((prefixes[b * k + beam], prefixes.new_tensor([eos_id])))
+                    finished[b].append((normalised(score, step), prefix))
+                    continue
+                rows.append(b * k + beam)
+                new_tokens.append(token)
+                new_scores[b, kept] = score
+                kept += 1
+                if kept == k:
+                    break
+            while kept < k:  # a finished sentence (or a tiny vocabulary) keeps dummy beams with -inf scores
+                rows.append(b * k)
+                new_tokens.append(eos_id)
+                kept += 1
+            finished[b].sort(key=lambda h: h[0], reverse=True)
+            del finished[b][k:]
+            best_live = new_scores[b, 0].item()
+            if len(finished[b]) == k and normalised(best_live, step) <= finished[b][-1][0]:
+                done[b] = True
+        rows_tensor = torch.tensor(rows, device=src_ids.device)
+        prefixes = torch.cat((prefixes[rows_tensor], prefixes.new_tensor(new_tokens)[:, None]), dim=1)
+        stepper.reorder(rows_tensor)  # the LSTM state follows its beam
+        scores = new_scores
+        if all(done):
+            break
+    results = []
+    for b in range(batch):
+        hypotheses = list(finished[b])
+        if not done[b]:  # ran out of steps: live prefixes compete too
+            length = prefixes.shape[1] - 1
+            hypotheses += [(normalised(scores[b, j].item(), length), prefixes[b * k + j]) for j in range(k)
+                           if scores[b, j] > float("-inf")]
+        results.append(max(hypotheses, key=lambda h: h[0])[1])
+    width = max(len(r) for r in results)
+    out = torch.full((batch, width), eos_id, dtype=torch.long, device=src_ids.device)
+    for b, result in enumerate(results):
+        out[b, :len(result)] = result
+    return out
+
+
+def _check_ids(ids: Tensor, vocab_size: int, name: str) -> None:
+    if not isinstance(ids, Tensor) or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor of token ids, got "
+                        f"{ids.dtype if isinstance(ids, Tensor) else type(ids).__name__}")
+    if ids.dim() != 2 or ids.numel() == 0:
+        raise ValueError(f"{name} must have shape (batch, time) with time >= 1, got {tuple(ids.shape)}")
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab_size:
+        raise ValueError(f"{name} contains token id {low if low < 0 else high}, outside the vocabulary "
+                         f"[0, {vocab_size})")
+
+
+def _check_mask(mask: Tensor | None, ids: Tensor) -> Tensor | None:
+    if mask is None:
+        return None
+    if tuple(mask.shape) != tuple(ids.shape):
+        raise ValueError(f"src_mask must have the shape of src_ids {tuple(ids.shape)}, got {tuple(mask.shape)}")
+    mask = mask.bool()
+    lengths = mask.sum(dim=1)
+    if (lengths == 0).any():
+        raise ValueError("src_mask marks a source sentence with no tokens; every sentence needs at least one")
+    if not (mask == (torch.arange(ids.shape[1], device=ids.device)[None, :] < lengths[:, None])).all():
+        raise ValueError("src_mask must mark padding on the right only (1 1 1 0 0), as the LSTM encoder packs it")
+    return mask
