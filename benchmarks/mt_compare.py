@@ -1,0 +1,130 @@
+#!/usr/bin/env python
+"""The Transformer against the LSTM-with-attention baseline it replaced, at equal wall-clock training time.
+
+Both models translate German -> English (the verse-aligned Bible, `kqv.parallel`), with the same joint BPE, the
+same data split and batches (the LSTM run copies the Transformer run's prepared data), the same optimizer,
+schedule, label smoothing and token budget per batch: only `[model]` differs (configs/mt-quick.toml and
+configs/mt-lstm.toml). To give both the same machine, they train at the same time, in two processes with one torch
+thread each, so whatever else the machine runs slows both alike; each stops after `--minutes` of training time
+(evaluation excluded: `train.max_minutes`). Every evaluation records dev BLEU (greedy, 200 sentences) against
+training time; at the end each translates the whole test split with beam search (beam 4).
+
+    python benchmarks/mt_compare.py --minutes 20          # about 30 minutes of wall-clock
+    python benchmarks/mt_compare.py --minutes 1 --out /tmp/mt-smoke     # a smoke test
+
+Writes OUT/{data,transformer,lstm}/ (run directories), benchmarks/results/mt_compare.json, and
+benchmarks/results/mt_compare.png (dev BLEU against training minutes); prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from kqv.cli import mt_config
+from kqv.mt import load_run_config, prepare_data
+from kqv.training import read_metrics
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MODELS = {"transformer": "quick", "lstm": "lstm"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, default=20.0, help="training time of each model (default 20)")
+    parser.add_argument("--pair", default="de-en")
+    parser.add_argument("--out", default="runs/mt-compare", help="directory for the runs")
+    parser.add_argument("--eval-every", type=int, default=40, help="evaluate every N updates (default 40)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per model (default 1)")
+    parser.add_argument("--results", default=str(RESULTS), help="where to write the JSON and PNG")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="a config override for both models, e.g. --set data.max_tokens=1000 (repeatable)")
+    parser.add_argument("--name", default="mt_compare", help="file name of the JSON and PNG (default mt_compare)")
+    parser.add_argument("--report-only", action="store_true", help="only re-read finished runs and report")
+    args = parser.parse_args()
+    out = Path(args.out)
+
+    overrides = [f"data.pair={json.dumps(args.pair)}", f"train.max_minutes={args.minutes}", "train.steps=1000000",
+                 f"train.eval_every={args.eval_every}", f"train.checkpoint_every={args.eval_every}", *args.set]
+    if not args.report_only:
+        configs = {kind: load_run_config(mt_config(name), overrides) for kind, name in MODELS.items()}
+        if configs["transformer"].data != configs["lstm"].data:
+            raise SystemExit("the two configs must share their [data] section")
+        started = time.perf_counter()
+        prepare_data(configs["transformer"], out / "data", reuse=True)  # one tokenizer and split for both
+        print(f"prepared the data in {time.perf_counter() - started:.0f} s; training both models for "
+              f"{args.minutes:g} min each, at the same time, {args.threads} thread(s) each", flush=True)
+        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads),
+               "TOKENIZERS_PARALLELISM": "false"}
+        processes = {}
+        for kind, name in MODELS.items():
+            command = [sys.executable, "-m", "kqv.cli", "train", "mt", "--config", str(mt_config(name)),
+                       "--out", str(out / kind), "--data-from", str(out / "data"), "--overwrite",
+                       "--threads", str(args.threads)] + [a for o in overrides for a in ("--set", o)]
+            log = open(out / f"{kind}.log", "w")  # noqa: SIM115 (closed after the process ends)
+            processes[kind] = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env), log)
+        for kind, (process, log) in processes.items():
+            if process.wait() != 0:
+                raise SystemExit(f"training the {kind} failed; see {out / (kind + '.log')}")
+            log.close()
+    report(out, Path(args.results), args)
+
+
+def report(out: Path, results: Path, args: argparse.Namespace) -> None:
+    rows, curves = {}, {}
+    for kind in MODELS:
+        summary = json.loads((out / kind / "summary.json").read_text())
+        records = [r for r in read_metrics(out / kind / "metrics.jsonl") if "dev_bleu" in r]
+        curves[kind] = [(r["train_seconds"] / 60, r["dev_bleu"], r["val_loss"]) for r in records]
+        rows[kind] = summary
+    table = ["| model | parameters | training time | updates | training tokens | training FLOPs (est.) | "
+             "dev loss | test BLEU | test chrF |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for kind, s in rows.items():
+        table.append(f"| {kind} | {s['parameters'] / 1e6:.1f}M | {s['train_seconds'] / 60:.1f} min | {s['steps']:,} | "
+                     f"{s['train_tokens'] / 1e6:.2f}M | {s['train_flops']:.2e} | {s['final_val_loss']:.3f} | "
+                     f"{s['test_bleu']:.2f} | {s['test_chrf']:.2f} |")
+    gap = rows["transformer"]["test_bleu"] - rows["lstm"]["test_bleu"]
+    print("\n".join(table))
+    print(f"\nTransformer - LSTM: {gap:+.2f} test BLEU (beam {rows['transformer']['beam_size']}, "
+          f"{rows['transformer']['test_sentences']} test verses)")
+    results.mkdir(parents=True, exist_ok=True)
+    record = {"minutes": args.minutes, "pair": args.pair, "threads_per_model": args.threads, "overrides": args.set,
+              "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
+              "runs": rows, "dev_bleu_curves": curves, "bleu_gap": gap, "table": "\n".join(table)}
+    (results / f"{args.name}.json").write_text(json.dumps(record, indent=1) + "\n")
+    plot(curves, results / f"{args.name}.png", args.pair)
+    print(f"wrote {results / (args.name + '.json')} and {results / (args.name + '.png')}")
+
+
+def plot(curves: dict[str, list[tuple[float, float, float]]], path: Path, pair: str) -> None:
+    """Dev BLEU and dev loss against training time, one line per model."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(11, 4), dpi=110, layout="tight")
+    FigureCanvasAgg(figure)
+    bleu_axes, loss_axes = figure.subplots(1, 2)
+    for kind, points in curves.items():
+        if points:
+            minutes, bleu, loss = zip(*points)
+            bleu_axes.plot(minutes, bleu, "o-", markersize=3, label=kind)
+            loss_axes.plot(minutes, loss, "o-", markersize=3, label=kind)
+    bleu_axes.set(xlabel="training time (minutes, evaluation excluded)", ylabel="dev BLEU (greedy, 200 verses)")
+    loss_axes.set(xlabel="training time (minutes, evaluation excluded)", ylabel="dev cross-entropy (nats/token)")
+    for axes in (bleu_axes, loss_axes):
+        axes.grid(alpha=0.3)
+        axes.legend()
+    figure.suptitle(f"{pair} Bible: Transformer vs LSTM with attention, trained side by side, 1 thread each")
+    figure.savefig(path)
+
+
+if __name__ == "__main__":
+    main()
