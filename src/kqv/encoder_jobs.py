@@ -28,7 +28,6 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-import tomli_w
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
@@ -36,7 +35,8 @@ from torch import Tensor
 from .config import ModelConfig
 from .data import load_text, sample_batch, split_text
 from .heads import MaskedLM, SequenceClassifier
-from .lm import apply_override, encode
+from .lm import encode
+from .runs import read_config_values, toml_text
 from .models import count_parameters
 from .tokenizer import Tokenizer, load_tokenizer, make_tokenizer
 from .training import Trainer, TrainConfig, load_weights, read_checkpoint
@@ -216,31 +216,13 @@ def build_section(cls: type, values: dict[str, Any], section: str) -> Any:
 
 def load_run_config(task: str, path: str | Path, overrides: list[str] = ()) -> EncoderRunConfig:
     """Read a TOML run config and apply `section.key=value` overrides (as `kqv train lm --set` does)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no config file at {path}; see configs/{task}-*.toml for examples")
-    values = tomllib.loads(path.read_text())
-    for override in overrides:
-        apply_override(values, override)
-    return EncoderRunConfig.from_dict(task, none_for_string_none(values))
-
-
-def none_for_string_none(values: dict[str, Any]) -> dict[str, Any]:
-    """TOML can't say None; the string "none" means it (e.g. --set data.init=none)."""
-    return {k: none_for_string_none(v) if isinstance(v, dict) else (None if v == "none" else v)
-            for k, v in values.items()}
+    return EncoderRunConfig.from_dict(task, read_config_values(path, overrides, f"configs/{task}-*.toml"))
 
 
 def write_run_config(run_dir: Path, config: EncoderRunConfig, model_config: ModelConfig,
                      **extra: dict[str, Any]) -> None:
     values = {**config.to_dict(), "model": model_config.to_dict(), **extra}
-    (run_dir / RUN_CONFIG).write_text(tomli_w.dumps(toml_ready(values)))
-
-
-def toml_ready(values: dict[str, Any]) -> dict[str, Any]:
-    """Drop None values (TOML has no null) and turn tuples into lists."""
-    return {k: toml_ready(v) if isinstance(v, dict) else list(v) if isinstance(v, tuple) else v
-            for k, v in values.items() if v is not None}
+    (run_dir / RUN_CONFIG).write_text(toml_text(values))
 
 
 def read_run(run_dir: str | Path, task: str) -> tuple[dict[str, Any], ModelConfig]:

@@ -14,7 +14,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import tomli_w
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -22,6 +21,7 @@ from .config import ModelConfig, build_dataclass
 from .data import load_text, sample_batch, split_text
 from .evaluation import perplexity
 from .models import DecoderLM, count_parameters
+from .runs import read_config_values, toml_text
 from .tokenizer import Tokenizer, load_tokenizer, make_tokenizer
 from .training import Trainer, TrainConfig, load_weights, read_checkpoint
 
@@ -90,30 +90,7 @@ class LMRunConfig:
 
 def load_run_config(path: str | Path, overrides: list[str] = ()) -> LMRunConfig:
     """Read a TOML run config and apply `section.key=value` overrides (values in TOML syntax, or bare strings)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no config file at {path}; see configs/ for examples")
-    values = tomllib.loads(path.read_text())
-    for override in overrides:
-        apply_override(values, override)
-    return LMRunConfig.from_dict(_without_none(values))
-
-
-def apply_override(values: dict[str, Any], override: str) -> None:
-    key, sep, raw = override.partition("=")
-    section, dot, name = key.strip().partition(".")
-    if not sep or not dot or not name:
-        raise ValueError(f"override {override!r} must look like section.key=value, e.g. train.steps=200")
-    try:
-        value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw  # a bare string such as data.path=input.txt
-    values.setdefault(section, {})[name] = value
-
-
-def _without_none(values: dict[str, Any]) -> dict[str, Any]:
-    """TOML can't say None; the string "none" in an override (e.g. sample.top_k=none) means it."""
-    return {k: _without_none(v) if isinstance(v, dict) else (None if v == "none" else v) for k, v in values.items()}
+    return LMRunConfig.from_dict(read_config_values(path, overrides))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -156,7 +133,7 @@ def train_lm(config: LMRunConfig, run_dir: str | Path, *, resume: bool = False, 
         read_checkpoint(run_dir)  # a clear error before any work if there is nothing to resume
     tokenizer, tokens = prepare_data(config, run_dir, resume and not overwrite)
     model_config = config.model_config(tokenizer.vocab_size)
-    (run_dir / RUN_CONFIG).write_text(tomli_w.dumps(_toml_ready({"task": "lm", **config.to_dict(),
+    (run_dir / RUN_CONFIG).write_text(toml_text(({"task": "lm", **config.to_dict(),
                                                                 "model": model_config.to_dict()})))
     torch.manual_seed(config.train.seed)
     model = DecoderLM(model_config)
@@ -193,17 +170,6 @@ def train_lm(config: LMRunConfig, run_dir: str | Path, *, resume: bool = False, 
               f"({summary['val'].get('bits_per_char', float('nan')):.3f} bits/char) after {trainer.step} steps "
               f"in {seconds / 60:.1f} min\n--- sample ---\n{samples[0]}\n--- end of sample ---")
     return summary
-
-
-def _toml_ready(values: dict[str, Any]) -> dict[str, Any]:
-    """Drop None values (TOML has no null) and turn tuples into lists."""
-    cleaned = {}
-    for key, value in values.items():
-        if isinstance(value, dict):
-            cleaned[key] = _toml_ready(value)
-        elif value is not None:
-            cleaned[key] = list(value) if isinstance(value, tuple) else value
-    return cleaned
 
 
 def write_samples(model: DecoderLM, tokenizer: Tokenizer, sample: SampleConfig, path: Path) -> list[str]:

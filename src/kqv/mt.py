@@ -33,14 +33,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import tomli_w
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from .config import ModelConfig, build_dataclass
-from .lm import _toml_ready, _without_none, apply_override
+from .runs import read_config_values, toml_text
 from .models import EncoderDecoder, count_parameters
 from .parallel import Pair, load_pairs, parse_pair, split_by_group
 from .rnn import RNNConfig, RNNEncoderDecoder
@@ -155,13 +154,7 @@ def build_model(config: ModelConfig | RNNConfig) -> nn.Module:
 
 def load_run_config(path: str | Path, overrides: list[str] = ()) -> MTRunConfig:
     """Read a TOML MT run config and apply `section.key=value` overrides."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no config file at {path}; see configs/mt-*.toml for examples")
-    values = tomllib.loads(path.read_text())
-    for override in overrides:
-        apply_override(values, override)
-    return MTRunConfig.from_dict(_without_none(values))
+    return MTRunConfig.from_dict(read_config_values(path, overrides, "configs/mt-*.toml"))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -443,7 +436,7 @@ def train_mt(config: MTRunConfig, run_dir: str | Path, *, resume: bool = False, 
         copy_data(data_from, run_dir)
     data = prepare_data(config, run_dir, reuse=(resume and not overwrite) or data_from is not None)
     model_config = config.model_config(data.tokenizer.vocab_size)
-    (run_dir / RUN_CONFIG).write_text(tomli_w.dumps(_toml_ready(
+    (run_dir / RUN_CONFIG).write_text(toml_text((
         {"task": "mt", **config.to_dict(), "model": {"kind": config.kind, **model_config.to_dict()}})))
     torch.manual_seed(config.train.seed)
     model = build_model(model_config)
