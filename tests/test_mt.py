@@ -233,11 +233,11 @@ def test_an_interrupted_run_resumed_from_its_checkpoint_ends_with_the_same_weigh
 
 @pytest.mark.parametrize("name", ["quick", "lstm"])
 def test_the_shipped_mt_configs_build_their_models_and_differ_only_in_the_model(name):
-    from kqv.cli import mt_config
+    from kqv.cli import packaged_config
     from kqv.mt import build_model, load_run_config
 
-    config = load_run_config(mt_config(name))
+    config = load_run_config(packaged_config(name, "mt"))
     model = build_model(config.model_config(8000))
     assert type(model).__name__ == {"quick": "EncoderDecoder", "lstm": "RNNEncoderDecoder"}[name]
-    reference = load_run_config(mt_config("quick"))
+    reference = load_run_config(packaged_config("quick", "mt"))
     assert (config.data, config.train, config.decode) == (reference.data, reference.train, reference.decode)

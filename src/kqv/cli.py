@@ -25,14 +25,14 @@ from pathlib import Path
 import torch
 
 
-def packaged_config(name: str) -> Path:
-    """A config shipped with kqv (`quick`, `best`), or any path to a TOML file."""
+def packaged_config(name: str, task: str = "lm") -> Path:
+    """A config shipped with kqv (e.g. `quick` for configs/{task}-quick.toml), or any path to a TOML file."""
     if Path(name).suffix == ".toml" or Path(name).exists():
         return Path(name)
-    packaged = resources.files("kqv") / "configs" / f"lm-{name}.toml"
+    packaged = resources.files("kqv") / "configs" / f"{task}-{name}.toml"
     if not packaged.is_file():
-        shipped = sorted(p.name for p in (resources.files("kqv") / "configs").iterdir())
-        raise FileNotFoundError(f"no config {name!r}: give a .toml path or one of {shipped}")
+        shipped = sorted(p.name for p in (resources.files("kqv") / "configs").iterdir() if p.name.startswith(task))
+        raise FileNotFoundError(f"no {task} config {name!r}: give a .toml path or one of {shipped}")
     return Path(str(packaged))
 
 
@@ -126,17 +126,6 @@ def cmd_attention(args: argparse.Namespace) -> None:
     print(f"wrote {path}: {len(weights)} layers x {weights[0].shape[1]} heads over {len(ids)} tokens")
 
 
-def mt_config(name: str) -> Path:
-    """An MT config shipped with kqv (`quick`, `lstm`), or any path to a TOML file."""
-    if Path(name).suffix == ".toml" or Path(name).exists():
-        return Path(name)
-    packaged = resources.files("kqv") / "configs" / f"mt-{name}.toml"
-    if not packaged.is_file():
-        shipped = sorted(p.name for p in (resources.files("kqv") / "configs").iterdir() if p.name.startswith("mt-"))
-        raise FileNotFoundError(f"no MT config {name!r}: give a .toml path or one of {shipped}")
-    return Path(str(packaged))
-
-
 def cmd_train_mt(args: argparse.Namespace) -> None:
     from .mt import load_run_config, read_run_config, train_mt
 
@@ -158,7 +147,7 @@ def cmd_train_mt(args: argparse.Namespace) -> None:
         if overrides:
             raise ValueError("with --resume and no --config the run's own run.toml is used; pass --config to change it")
     else:
-        config = load_run_config(mt_config(args.config or "quick"), overrides)
+        config = load_run_config(packaged_config(args.config or "quick", "mt"), overrides)
     train_mt(config, args.out, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet,
              data_from=args.data_from)
 
@@ -240,18 +229,6 @@ def cmd_attention_mt(args: argparse.Namespace) -> None:
 # The encoder's jobs (kqv.encoder_jobs) and sentence embeddings (kqv.embeddings)
 
 
-def encoder_config(task: str, name: str | None) -> Path:
-    """A config shipped with kqv as `{task}-{name}.toml` (default `quick`), or any path to a TOML file."""
-    name = name or "quick"
-    if Path(name).suffix == ".toml" or Path(name).exists():
-        return Path(name)
-    packaged = resources.files("kqv") / "configs" / f"{task}-{name}.toml"
-    if not packaged.is_file():
-        shipped = sorted(p.name for p in (resources.files("kqv") / "configs").iterdir() if p.name.startswith(task))
-        raise FileNotFoundError(f"no config {name!r} for {task}: give a .toml path or one of {shipped}")
-    return Path(str(packaged))
-
-
 def cmd_train_encoder(args: argparse.Namespace) -> None:
     from .encoder_jobs import EncoderRunConfig, load_run_config, read_run, train_cls, train_mlm
 
@@ -266,7 +243,7 @@ def cmd_train_encoder(args: argparse.Namespace) -> None:
             raise ValueError("with --resume and no --config the run's own run.toml is used; pass --config to change it")
         config = EncoderRunConfig.from_dict(args.task, read_run(args.out, args.task)[0])
     else:
-        config = load_run_config(args.task, encoder_config(args.task, args.config), overrides)
+        config = load_run_config(args.task, packaged_config(args.config or "quick", args.task), overrides)
     train = train_mlm if args.task == "mlm" else train_cls
     train(config, args.out, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet)
 

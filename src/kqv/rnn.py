@@ -20,7 +20,7 @@ src_mask=..., tgt_mask=...)`, `generate(src_ids, max_new_tokens, beam_size=..., 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from .attention import Attention, Score
+from .config import build_dataclass
 
 State = tuple[Tensor, Tensor]  # LSTM (h, c), each (layers, batch, d_hidden)
 
@@ -71,11 +72,7 @@ class RNNConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> RNNConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown RNNConfig option(s) {unknown}; valid options are {sorted(known)}")
-        return cls(**values)
+        return build_dataclass(cls, values, "RNNConfig")
 
 
 class BiLSTMEncoder(nn.Module):
