@@ -1,0 +1,214 @@
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from kqv import efficient
+from kqv.attention import causal_mask, scaled_dot_product_attention
+from kqv.efficient import blockwise_attention
+from kqv.positions import (
+    ALiBiPositions,
+    AttentionPositions,
+    RelativePositions,
+    RotaryPositions,
+)
+
+BATCH, HEADS, TIME, HEAD_DIM = 2, 2, 40, 8
+BLOCKS = (16, 8)  # several query and key blocks, the last ones partial, and key blocks far outside Shaw's window
+
+
+def make_positions(name: str) -> AttentionPositions:
+    return {
+        "none": AttentionPositions(),
+        "alibi": ALiBiPositions(HEADS),
+        "relative": RelativePositions(HEAD_DIM, max_distance=4, values=True),
+        "relative_keys_only": RelativePositions(HEAD_DIM, max_distance=4, values=False),
+        "rope": RotaryPositions(HEAD_DIM),
+    }[name]
+
+
+def key_padding(batch: int, time: int) -> torch.Tensor:
+    """Right padding of different lengths, and a hole: every query still sees key 0."""
+    keep = torch.ones(batch, time, dtype=torch.bool)
+    keep[0, time - 9:] = False
+    keep[1, 5:12] = False
+    return keep
+
+
+def reference(queries, keys, values, positions, causal=False, keep=None):
+    """kqv's plain attention: rotate, dense bias from score_bias, dense mask, value_bias from the weights."""
+    q_time, k_time = queries.shape[2], keys.shape[2]
+    q_pos, k_pos = torch.arange(k_time - q_time, k_time), torch.arange(k_time)
+    queries, keys = positions.rotate(queries, q_pos), positions.rotate(keys, k_pos)
+    mask = causal_mask(q_time, k_time) if causal else None
+    if keep is not None:
+        mask = keep[:, None, None, :] if mask is None else mask & keep[:, None, None, :]
+    output, weights = scaled_dot_product_attention(queries, keys, values, mask=mask,
+                                                   bias=positions.score_bias(queries, q_pos, k_pos))
+    extra = positions.value_bias(weights, q_pos, k_pos)
+    return output if extra is None else output + extra
+
+
+def blockwise(queries, keys, values, positions, causal=False, keep=None, block_size=BLOCKS):
+    q_time, k_time = queries.shape[2], keys.shape[2]
+    q_pos, k_pos = torch.arange(k_time - q_time, k_time), torch.arange(k_time)
+    queries, keys = positions.rotate(queries, q_pos), positions.rotate(keys, k_pos)
+    return blockwise_attention(queries, keys, values, positions=positions, q_pos=q_pos, k_pos=k_pos, causal=causal,
+                               key_padding=keep, block_size=block_size)
+
+
+def values_and_gradients(attend, inputs, positions):
+    output = attend(*inputs)
+    parameters = [p for p in positions.parameters() if p.requires_grad]
+    grads = torch.autograd.grad((output * torch.linspace(-1, 1, output.numel()).view_as(output)).sum(),
+                                [*inputs, *parameters])
+    return [output.detach(), *grads]
+
+
+def assert_all_close(actual, expected):
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a, e, atol=1e-5, rtol=1e-5)
+
+
+def inputs(q_time=TIME, k_time=TIME):
+    return [torch.randn(BATCH, HEADS, t, HEAD_DIM, requires_grad=True) for t in (q_time, k_time, k_time)]
+
+
+@pytest.mark.parametrize("mask", ["none", "causal", "padding", "causal_and_padding"])
+@pytest.mark.parametrize("scheme", ["none", "alibi", "relative", "relative_keys_only", "rope"])
+def test_blockwise_equals_dense_reference_in_values_and_gradients(scheme, mask):
+    positions = make_positions(scheme)
+    causal = mask.startswith("causal")
+    keep = key_padding(BATCH, TIME) if mask.endswith("padding") else None
+    x = inputs()
+    expected = values_and_gradients(lambda q, k, v: reference(q, k, v, positions, causal, keep), x, positions)
+    actual = values_and_gradients(lambda q, k, v: blockwise(q, k, v, positions, causal, keep), x, positions)
+    assert_all_close(actual, expected)
+
+
+@pytest.mark.parametrize("block_size", [1, 7, (5, 40), (40, 3), 64])
+def test_blockwise_result_does_not_depend_on_block_size(block_size):
+    positions = make_positions("relative")
+    x = inputs()
+    expected = values_and_gradients(lambda q, k, v: reference(q, k, v, positions, True), x, positions)
+    actual = values_and_gradients(lambda q, k, v: blockwise(q, k, v, positions, True, block_size=block_size), x,
+                                  positions)
+    assert_all_close(actual, expected)
+
+
+class LearnedSlopes(AttentionPositions):
+    """A scheme blockwise attention has no fast path for: ALiBi with learned slopes, and a learned value offset
+    per distance sign (value_bias linear in the weights)."""
+
+    has_value_bias = True
+
+    def __init__(self):
+        super().__init__()
+        self.slopes = torch.nn.Parameter(torch.rand(HEADS, 1, 1))
+        self.offsets = torch.nn.Parameter(torch.randn(2, HEAD_DIM))
+
+    def score_bias(self, queries, q_pos, k_pos):
+        return -self.slopes * (k_pos[None, :] - q_pos[:, None]).abs().to(queries.dtype)
+
+    def value_bias(self, weights, q_pos, k_pos):
+        past = (k_pos[None, :] <= q_pos[:, None]).to(weights.dtype)
+        return (weights * past).sum(-1, keepdim=True) * self.offsets[0] + \
+            (weights * (1 - past)).sum(-1, keepdim=True) * self.offsets[1]
+
+
+def test_any_position_scheme_works_through_the_generic_route_with_parameter_gradients():
+    positions = LearnedSlopes()
+    x = inputs()
+    keep = key_padding(BATCH, TIME)
+    expected = values_and_gradients(lambda q, k, v: reference(q, k, v, positions, False, keep), x, positions)
+    actual = values_and_gradients(lambda q, k, v: blockwise(q, k, v, positions, False, keep), x, positions)
+    assert len(actual) == 6 and all(grad.abs().sum() > 0 for grad in actual[-2:])  # both parameters have gradients
+    assert_all_close(actual, expected)
+
+
+@pytest.mark.parametrize("scheme", ["alibi", "relative"])
+def test_cached_queries_attend_to_all_earlier_keys_like_the_reference(scheme):
+    positions = make_positions(scheme)
+    x = inputs(q_time=11, k_time=TIME)  # the last 11 positions, as when decoding with a cache
+    expected = values_and_gradients(lambda q, k, v: reference(q, k, v, positions, True), x, positions)
+    actual = values_and_gradients(lambda q, k, v: blockwise(q, k, v, positions, True), x, positions)
+    assert_all_close(actual, expected)
+
+
+@pytest.mark.parametrize("scheme", ["none", "relative"])
+def test_fused_kernel_runs_and_the_blockwise_path_give_the_same_result(scheme, monkeypatch):
+    """Plain blocks go through torch's fused kernel when it is available; switching it off changes nothing."""
+    positions = make_positions(scheme)
+    x = inputs()
+    fused = values_and_gradients(lambda q, k, v: blockwise(q, k, v, positions, True), x, positions)
+    monkeypatch.setattr(efficient, "USE_FUSED", False)
+    blockwise_only = values_and_gradients(lambda q, k, v: blockwise(q, k, v, positions, True), x, positions)
+    assert efficient.FUSED is not None
+    assert_all_close(fused, blockwise_only)
+
+
+def test_future_tokens_never_change_past_outputs_bit_for_bit():
+    positions = make_positions("relative")
+    q, k, v = (t.detach() for t in inputs())
+    before = blockwise(q, k, v, positions, causal=True)
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, 25:] = 1e4 * torch.randn_like(k2[:, :, 25:])
+    v2[:, :, 25:] = 1e4 * torch.randn_like(v2[:, :, 25:])
+    after = blockwise(q, k2, v2, positions, causal=True)
+    assert torch.equal(before[:, :, :25], after[:, :, :25])
+
+
+def test_a_query_that_sees_no_key_outputs_zero_with_zero_gradients():
+    keep = torch.ones(BATCH, TIME, dtype=torch.bool)
+    keep[1] = False  # the second sequence is all padding
+    x = inputs()
+    output = blockwise(*x, make_positions("alibi"), keep=keep)
+    output.sum().backward()
+    assert torch.equal(output[1], torch.zeros_like(output[1]))
+    assert all(torch.equal(t.grad[1], torch.zeros_like(t.grad[1])) for t in x)
+    assert torch.isfinite(output).all()
+
+
+def test_alibi_blocks_too_far_to_matter_are_skipped_and_the_result_stays_exact():
+    """Steep slopes: far keys score below -50 (the clamp) and whole key blocks below e^-50 of the row's largest
+    weight, provably, so they are skipped; the result must still equal the reference."""
+    positions = ALiBiPositions(HEADS)
+    positions.slopes.fill_(4.0)  # 16 positions away is already -64
+    x = inputs()
+    for causal in (False, True):
+        expected = values_and_gradients(lambda q, k, v, c=causal: reference(q, k, v, positions, c), x, positions)
+        efficient.trace.skipped_blocks = 0
+        actual = values_and_gradients(lambda q, k, v, c=causal: blockwise(q, k, v, positions, c), x, positions)
+        assert efficient.trace.skipped_blocks > 0
+        assert_all_close(actual, expected)
+
+
+def test_50k_token_alibi_forward_is_fast_and_never_builds_an_n_by_n_matrix():
+    """In a fresh process (so its peak memory is its own): 50,000 tokens of causal ALiBi attention. An n x n fp32
+    matrix would be 10 GB; the peak must stay under 1 GB and the largest block of scores at its default size.
+    One thread: on a busy 2-core machine two OpenMP threads spin at every op's barrier and run 10x slower."""
+    script = textwrap.dedent("""
+        import json, resource, time, torch
+        from kqv import efficient
+        from kqv.positions import ALiBiPositions
+        torch.set_num_threads(1)
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(1, 1, 50_000, 16) for _ in range(3))
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        start = time.perf_counter()
+        out = efficient.blockwise_attention(q, k, v, positions=ALiBiPositions(1), causal=True)
+        print(json.dumps({"seconds": time.perf_counter() - start, "finite": bool(torch.isfinite(out).all()),
+                          "growth_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024,
+                          "largest_block": efficient.trace.largest_score_block}))
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["finite"]
+    assert report["largest_block"] <= efficient.SCORE_BLOCK_ELEMENTS < 50_000**2 / 100
+    assert report["growth_mb"] < 1024
+    assert report["seconds"] < 60
