@@ -48,18 +48,26 @@ def run_task(run_dir: str | Path) -> str:
     return tomllib.loads(config.read_text()).get("task", "lm")
 
 
+def flag_overrides(args: argparse.Namespace, flags: dict[str, object]) -> list[str]:
+    """The --set overrides plus those of the shortcut flags that were given (e.g. --data -> data.path)."""
+    return list(args.set) + [f"{key}={json.dumps(value)}" for key, value in flags.items() if value is not None]
+
+
+def resume_with_saved_config(args: argparse.Namespace, overrides: list[str]) -> bool:
+    """True when a run continues with its own run.toml: --resume without --config (which allows no overrides)."""
+    if not (args.resume and args.config is None):
+        return False
+    if overrides:
+        raise ValueError("with --resume and no --config the run's own run.toml is used; pass --config to change it")
+    return True
+
+
 def cmd_train_lm(args: argparse.Namespace) -> None:
     from .lm import load_run_config, read_run_config, train_lm
 
-    overrides = list(args.set)
-    if args.data is not None:
-        overrides.append(f"data.path={json.dumps(args.data)}")
-    if args.steps is not None:
-        overrides.append(f"train.steps={args.steps}")
-    if args.resume and args.config is None:
+    overrides = flag_overrides(args, {"data.path": args.data, "train.steps": args.steps})
+    if resume_with_saved_config(args, overrides):
         config, _ = read_run_config(args.out)
-        if overrides:
-            raise ValueError("with --resume and no --config the run's own run.toml is used; pass --config to change it")
     else:
         config = load_run_config(packaged_config(args.config or "quick"), overrides)
     train_lm(config, args.out, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet)
@@ -129,23 +137,12 @@ def cmd_attention(args: argparse.Namespace) -> None:
 def cmd_train_mt(args: argparse.Namespace) -> None:
     from .mt import load_run_config, read_run_config, train_mt
 
-    overrides = list(args.set)
-    if args.pair is not None:
-        overrides.append(f"data.pair={json.dumps(args.pair)}")
-    if args.data is not None:
-        overrides.append(f"data.path={json.dumps(args.data)}")
-    if args.tgt_data is not None:
-        overrides.append(f"data.tgt_path={json.dumps(args.tgt_data)}")
-    if args.steps is not None:
-        overrides.append(f"train.steps={args.steps}")
-    if args.model is not None:
-        overrides.append(f"model.kind={json.dumps(args.model)}")
+    overrides = flag_overrides(args, {"data.pair": args.pair, "data.path": args.data, "data.tgt_path": args.tgt_data,
+                                      "train.steps": args.steps, "model.kind": args.model})
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    if args.resume and args.config is None:
+    if resume_with_saved_config(args, overrides):
         config, _ = read_run_config(args.out)
-        if overrides:
-            raise ValueError("with --resume and no --config the run's own run.toml is used; pass --config to change it")
     else:
         config = load_run_config(packaged_config(args.config or "quick", "mt"), overrides)
     train_mt(config, args.out, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet,
@@ -232,15 +229,9 @@ def cmd_attention_mt(args: argparse.Namespace) -> None:
 def cmd_train_encoder(args: argparse.Namespace) -> None:
     from .encoder_jobs import EncoderRunConfig, load_run_config, read_run, train_cls, train_mlm
 
-    overrides = list(args.set)
-    for option, value in (("data.path", args.data), ("data.init", getattr(args, "init", None))):
-        if value is not None:
-            overrides.append(f"{option}={json.dumps(value)}")
-    if args.steps is not None:
-        overrides.append(f"train.steps={args.steps}")
-    if args.resume and args.config is None:
-        if overrides:
-            raise ValueError("with --resume and no --config the run's own run.toml is used; pass --config to change it")
+    overrides = flag_overrides(args, {"data.path": args.data, "data.init": getattr(args, "init", None),
+                                      "train.steps": args.steps})
+    if resume_with_saved_config(args, overrides):
         config = EncoderRunConfig.from_dict(args.task, read_run(args.out, args.task)[0])
     else:
         config = load_run_config(args.task, packaged_config(args.config or "quick", args.task), overrides)
