@@ -18,9 +18,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ModelConfig
+from .efficient import blockwise_attention
 from .positions import AttentionPositions, attention_positions
+from .sparse import sparse_core
 
 Score = Literal["dot", "multiplicative", "reduced_rank", "additive"]
+BLOCKWISE_MIN_PAIRS = 1 << 21  # below ~1,450 x 1,450 scores the dense matrix is cheap: blockwise only saves memory
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -37,6 +40,13 @@ def causal_mask(q_time: int, k_time: int, device: torch.device | None = None) ->
 def padding_mask(attention_mask: Tensor) -> Tensor:
     """(batch, k_time) with 1 for real tokens -> (batch, 1, 1, k_time) bool, broadcastable over heads and queries."""
     return attention_mask.bool()[:, None, None, :]
+
+
+def padding_of(mask: Tensor | None, batch: int) -> Tensor | None:
+    """The (batch, k_time) keys-to-keep of a padding mask (batch | 1, 1, 1, k_time); None for any other mask."""
+    if mask is None or mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[2] != 1:
+        return None
+    return mask[:, 0, 0, :].expand(batch, -1)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -191,6 +201,8 @@ class MultiHeadAttention(nn.Module):
         # positions act on self-attention only: in cross-attention the two sequences share no positions
         self.positions = AttentionPositions() if cross_attention else attention_positions(config)
         self.use_fused = True  # dispatch to F.scaled_dot_product_attention where it is exact
+        self.blockwise = config.blockwise
+        self.core = None if cross_attention else sparse_core(config)  # Linformer or BigBird instead of full
 
     def split_heads(self, x: Tensor) -> Tensor:
         batch, time, _ = x.shape
@@ -220,8 +232,23 @@ class MultiHeadAttention(nn.Module):
         keys, values = self.keys_values(x, memory, positions, cache)
         k_pos = torch.arange(keys.shape[2], device=x.device)
 
-        bias = self.positions.score_bias(queries, positions, k_pos)
         dropout = self.dropout if self.training else 0.0
+        key_padding = padding_of(mask, x.shape[0])  # (batch, k_time), or None when mask is not a padding mask
+        if self.core is not None:
+            if need_weights:
+                raise ValueError("attention weights exist only for attention='full': Linformer and BigBird never "
+                                 "score every (query, key) pair")
+            if mask is not None and key_padding is None:
+                raise ValueError(f"Linformer and BigBird take padding masks, (batch, 1, 1, k_time), only; got a "
+                                 f"mask of shape {tuple(mask.shape)}")
+            output = self.core(queries, keys, values, causal=causal, key_padding=key_padding)
+            return self.to_output(self.merge_heads(output)), None
+        if self.use_blockwise(queries.shape[2], keys.shape[2], mask, key_padding, causal, dropout, need_weights):
+            output = blockwise_attention(queries, keys, values, positions=self.positions, q_pos=positions,
+                                         k_pos=k_pos, causal=causal, key_padding=key_padding)
+            return self.to_output(self.merge_heads(output)), None
+
+        bias = self.positions.score_bias(queries, positions, k_pos)  # (heads | 1, q_time, k_time) or None
         fused = self.use_fused and not need_weights and not self.positions.has_value_bias
         # given nothing but causality, SDPA masks the future itself and never builds a (time, time) mask
         sdpa_causal = fused and causal and mask is None and bias is None and queries.shape[2] == keys.shape[2]
@@ -239,6 +266,19 @@ class MultiHeadAttention(nn.Module):
             if extra is not None:
                 output = output + extra
         return self.to_output(self.merge_heads(output)), weights
+
+    def use_blockwise(self, q_time: int, k_time: int, mask: Tensor | None, key_padding: Tensor | None,
+                      causal: bool, dropout: float, need_weights: bool) -> bool:
+        """Whether full attention takes kqv.efficient's exact O(n)-memory path (it has no attention dropout,
+        returns no weights and takes padding masks only). "auto" takes it only where SDPA would otherwise build a
+        large n x n matrix."""
+        if self.blockwise == "never" or need_weights or dropout > 0 or (mask is not None and key_padding is None):
+            return False
+        if self.blockwise == "always":
+            return True
+        sdpa_streams = (mask is None and not self.positions.has_value_bias and (not causal or q_time == k_time)
+                        and type(self.positions).score_bias is AttentionPositions.score_bias)
+        return not sdpa_streams and q_time * k_time >= BLOCKWISE_MIN_PAIRS
 
     def keys_values(self, x: Tensor, memory: Tensor | None, positions: Tensor,
                     cache: KVCache | None) -> tuple[Tensor, Tensor]:

@@ -18,6 +18,9 @@ import tomli_w
 Position = Literal["sinusoidal", "learned", "relative", "rope", "alibi", "none"]
 Norm = Literal["layernorm", "rmsnorm"]
 Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"]
+AttentionKind = Literal["full", "linformer", "bigbird"]
+Blockwise = Literal["auto", "always", "never"]
+LinformerSharing = Literal["none", "headwise", "key_value", "layerwise"]
 
 
 @dataclass
@@ -27,6 +30,11 @@ class ModelConfig:
     `d_ff` is the hidden width of the feed-forward network; gated activations (swiglu, geglu) use two
     input projections of that width, so choose about 2/3 of the ungated width to keep the parameter count.
     `norm_first=True` is pre-LN (GPT-2 and later); `False` is post-LN as in Vaswani et al. 2017 and BERT.
+
+    `attention` picks the self-attention core: "full" is exact softmax attention over every key; "linformer"
+    (Wang et al. 2020) and "bigbird" (Zaheer et al. 2020) are the cheaper approximations of docs/long-inputs.md.
+    Cross-attention is always full. `blockwise` decides when full attention runs through `kqv.efficient`'s exact
+    O(n)-memory path: "auto" when a position bias or padding would otherwise build a large n x n matrix.
     """
 
     vocab_size: int
@@ -51,11 +59,21 @@ class ModelConfig:
     n_encoder_layers: int | None = None  # encoder-decoder only; defaults to n_layers
     n_decoder_layers: int | None = None  # encoder-decoder only; defaults to n_layers
     tgt_vocab_size: int | None = None  # encoder-decoder only; None shares the source vocabulary
+    attention: AttentionKind = "full"
+    blockwise: Blockwise = "auto"  # exact O(n)-memory attention for attention="full" (no attention dropout)
+    linformer_k: int = 256  # Linformer's projected length (at most max_len)
+    linformer_sharing: LinformerSharing = "headwise"  # which projections the heads, keys/values, layers share
+    bigbird_block: int = 64  # tokens per block
+    bigbird_window: int = 1  # neighbouring blocks on each side
+    bigbird_global: int = 1  # leading blocks that attend to and are attended by everything
+    bigbird_random: int = 2  # random key blocks per query block
+    bigbird_seed: int = 0
 
     def __post_init__(self) -> None:
         for f in fields(self):
             _check_type(f.name, getattr(self, f.name), _field_types()[f.name])
-        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len", "max_relative_distance"):
+        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len", "max_relative_distance",
+                     "linformer_k", "bigbird_block"):
             _check_positive(name, getattr(self, name))
         for name in ("n_encoder_layers", "n_decoder_layers", "tgt_vocab_size"):
             if getattr(self, name) is not None:
@@ -73,6 +91,23 @@ class ModelConfig:
             raise ValueError(f"position='rope' rotates pairs of dimensions, so head_dim must be even, got {self.head_dim}")
         if self.position == "sinusoidal" and self.d_model % 2:
             raise ValueError(f"position='sinusoidal' pairs sines and cosines, so d_model must be even, got {self.d_model}")
+        self._check_attention()
+
+    def _check_attention(self) -> None:
+        for name in ("bigbird_window", "bigbird_global", "bigbird_random"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.attention == "full":
+            return
+        if self.position in ("relative", "alibi"):
+            raise ValueError(
+                f"attention={self.attention!r} cannot take position={self.position!r}: it adds a bias to every "
+                f"(query, key) pair, and {self.attention} never scores all pairs. Use position='rope', "
+                f"'sinusoidal', 'learned' or 'none', or attention='full', whose blockwise path handles "
+                f"relative and alibi at any length")
+        if self.attention == "linformer" and self.linformer_k > self.max_len:
+            raise ValueError(f"linformer_k ({self.linformer_k}) must be at most max_len ({self.max_len}): "
+                             f"Linformer projects max_len positions down to linformer_k")
 
     @property
     def head_dim(self) -> int:

@@ -19,6 +19,7 @@ from .config import ModelConfig
 from .generation import generate, translate
 from .layers import DecoderBlock, EncoderBlock, make_norm
 from .positions import input_positions
+from .sparse import share_linformer_projection
 
 
 class Embeddings(nn.Module):
@@ -51,6 +52,8 @@ class Encoder(nn.Module):
         self.embeddings = Embeddings(config, config.vocab_size, tokens)
         self.blocks = nn.ModuleList(EncoderBlock(config) for _ in range(config.encoder_layers))
         self.final_norm = make_norm(config) if config.norm_first else nn.Identity()
+        if config.linformer_sharing == "layerwise":
+            share_linformer_projection(self)
         init_weights(self)
 
     def forward(self, ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
@@ -82,6 +85,8 @@ class Decoder(nn.Module):
         self.embeddings = Embeddings(config, vocab_size, tokens)
         self.blocks = nn.ModuleList(DecoderBlock(config, cross_attention) for _ in range(n_layers))
         self.final_norm = make_norm(config) if config.norm_first else nn.Identity()
+        if config.linformer_sharing == "layerwise":
+            share_linformer_projection(self)
 
     def forward(self, ids: Tensor, memory: Tensor | None = None, *, attention_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, cache: list[tuple[KVCache, KVCache]] | None = None,

@@ -22,6 +22,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .config import ModelConfig
+
+
+def sparse_core(config: ModelConfig) -> LinformerAttention | BigBirdAttention | None:
+    """The self-attention core `config.attention` asks for, or None for full attention."""
+    if config.attention == "linformer":
+        return LinformerAttention(config.max_len, config.linformer_k, config.n_heads,
+                                  shared_heads=config.linformer_sharing != "none",
+                                  share_kv=config.linformer_sharing in ("key_value", "layerwise"))
+    if config.attention == "bigbird":
+        return BigBirdAttention(config.bigbird_block, config.bigbird_window, config.bigbird_global,
+                                config.bigbird_random, config.bigbird_seed)
+    return None
+
 # ---------------------------------------------------------------------------------------------------------------
 # Linformer
 
