@@ -210,8 +210,8 @@ def versions() -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=None, help="timed steps per model per round (default 3)")
-    parser.add_argument("--rounds", type=int, default=None, help="round-robin rounds (default 9)")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps per model per round (default 2)")
+    parser.add_argument("--rounds", type=int, default=None, help="round-robin rounds (default 15)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps per model before round 1 (default 3)")
     parser.add_argument("--round-warmup", type=int, default=1, help="untimed steps at the start of every round")
     parser.add_argument("--quick", action="store_true", help="tiny shapes and few steps: a smoke test")
@@ -234,8 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     s = QUICK if args.quick else FULL
-    steps = args.steps or (2 if args.quick else 3)
-    rounds = args.rounds or (2 if args.quick else 9)
+    steps = args.steps or 2
+    rounds = args.rounds or (2 if args.quick else 15)
     warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
     if args.threads:
         torch.set_num_threads(args.threads)
