@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from kqv.cli import mt_config
+from kqv.cli import packaged_config
 from kqv.mt import load_run_config, prepare_data
 from kqv.training import read_metrics
 
@@ -55,7 +55,7 @@ def main() -> None:
     overrides = [f"data.pair={json.dumps(args.pair)}", f"train.max_minutes={args.minutes}", "train.steps=1000000",
                  f"train.eval_every={args.eval_every}", f"train.checkpoint_every={args.eval_every}", *args.set]
     if not args.report_only:
-        configs = {kind: load_run_config(mt_config(name), overrides) for kind, name in MODELS.items()}
+        configs = {kind: load_run_config(packaged_config(name, "mt"), overrides) for kind, name in MODELS.items()}
         if configs["transformer"].data != configs["lstm"].data:
             raise SystemExit("the two configs must share their [data] section")
         started = time.perf_counter()
@@ -66,7 +66,7 @@ def main() -> None:
                "TOKENIZERS_PARALLELISM": "false"}
         processes = {}
         for kind, name in MODELS.items():
-            command = [sys.executable, "-m", "kqv.cli", "train", "mt", "--config", str(mt_config(name)),
+            command = [sys.executable, "-m", "kqv.cli", "train", "mt", "--config", str(packaged_config(name, "mt")),
                        "--out", str(out / kind), "--data-from", str(out / "data"), "--overwrite",
                        "--threads", str(args.threads)] + [a for o in overrides for a in ("--set", o)]
             log = open(out / f"{kind}.log", "w")  # noqa: SIM115 (closed after the process ends)
