@@ -2,7 +2,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from kqv import Attention, MultiHeadAttention, causal_mask, scaled_dot_product_attention
 from kqv.attention import fused_attention

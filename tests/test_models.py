@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kqv import DecoderLM, Encoder, EncoderDecoder, ModelConfig, count_parameters
+from kqv import DecoderLM, Encoder, EncoderDecoder, count_parameters
 from kqv.layers import FeedForward
 
 from conftest import POSITIONS, tiny_config

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -69,7 +70,7 @@ def resume(run_dir, batches=None, cfg=None) -> Trainer:
 
 def curve(run_dir) -> list[dict]:
     """The metrics of every step without the wall-clock ones."""
-    timing = {"elapsed_s", "tokens_per_s"}
+    timing = {"elapsed_s", "train_seconds", "tokens_per_s"}
     return [{k: v for k, v in r.items() if k not in timing} for r in read_metrics(run_dir / "metrics.jsonl")]
 
 
@@ -392,10 +393,33 @@ def test_state_json_keeps_the_config_and_extra_state(tmp_path):
     (dict(precision="fp16"), "precision must be one of"),
     (dict(betas=(0.9, 1.0)), "betas"),
     (dict(grad_accum=0), "grad_accum must be at least 1"),
+    (dict(max_minutes=-1.0), "max_minutes must be >= 0"),
 ])
 def test_train_config_rejects_invalid_values_with_a_clear_message(changes, message):
     with pytest.raises(ValueError, match=message):
         TrainConfig(**{"steps": 10, "batch_size": 2, **changes})
+
+
+def test_a_time_budget_makes_the_update_that_exhausts_it_the_last_one(tmp_path, monkeypatch):
+    clock = iter(range(0, 10_000, 10))  # every reading of the trainer's clock is 10 s after the previous one
+    monkeypatch.setattr(training, "time", SimpleNamespace(perf_counter=lambda: float(next(clock))))
+    run = trainer(tmp_path, config(steps=100, max_minutes=1.0, eval_every=50, checkpoint_every=50))
+    run.train()
+    # each update spans one 10 s tick of its own (plus ticks spent outside updates, which do not count)
+    assert run.step == 6 and run.train_seconds == 60.0
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert records[-1]["step"] == 6 and "val_loss" in records[-1]  # the last update is evaluated ...
+    assert read_checkpoint(tmp_path).step == 6  # ... and checkpointed
+    assert all(r["train_seconds"] < r["elapsed_s"] for r in records)  # evaluation and logging excluded
+
+
+def test_training_time_is_kept_across_a_resume(tmp_path):
+    trainer(tmp_path, config(steps=3)).train()
+    first = json.loads((tmp_path / "checkpoint" / "state.json").read_text())["train_seconds"]
+    resumed = resume(tmp_path, cfg=config(steps=6))
+    assert resumed.train_seconds == first > 0
+    resumed.train()
+    assert resumed.train_seconds > first
 
 
 def test_train_config_round_trips_through_json():

@@ -48,7 +48,7 @@ from .training import TrainConfig, Trainer, load_weights, read_checkpoint
 
 RUN_CONFIG, TOKENIZER_DIR, PAIRS_FILE, TEXT_DIR = "run.toml", "tokenizer", "pairs.safetensors", "data"
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
-MT_TRAIN_OPTIONS = ("label_smoothing", "max_minutes")  # [train] options of the MT job on top of TrainConfig's
+MT_TRAIN_OPTIONS = ("label_smoothing",)  # [train] options of the MT job on top of TrainConfig's
 
 
 @dataclass
@@ -98,15 +98,13 @@ class DecodeConfig:
 @dataclass
 class MTRunConfig:
     """The whole job. `model` holds `kind` ("transformer" or "lstm") and that model's options except the
-    vocabulary size, which the tokenizer decides; `train` is a TrainConfig plus `label_smoothing` and
-    `max_minutes` (0 = no time limit)."""
+    vocabulary size, which the tokenizer decides; `train` is a TrainConfig plus `label_smoothing`."""
 
     model: dict[str, Any]
     train: TrainConfig
     data: MTDataConfig = field(default_factory=MTDataConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     label_smoothing: float = 0.1
-    max_minutes: float = 0.0
 
     def __post_init__(self) -> None:
         kind = self.model.get("kind", "transformer")
@@ -114,8 +112,6 @@ class MTRunConfig:
             raise ValueError(f"model.kind must be 'transformer' or 'lstm', got {kind!r}")
         if not 0 <= self.label_smoothing < 1:
             raise ValueError(f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
-        if self.max_minutes < 0:
-            raise ValueError(f"train.max_minutes must be >= 0 (0 = no limit), got {self.max_minutes}")
 
     @property
     def kind(self) -> Literal["transformer", "lstm"]:
@@ -138,8 +134,7 @@ class MTRunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model, "data": asdict(self.data), "decode": asdict(self.decode),
-                "train": {**self.train.to_dict(), "label_smoothing": self.label_smoothing,
-                          "max_minutes": self.max_minutes}}
+                "train": {**self.train.to_dict(), "label_smoothing": self.label_smoothing}}
 
     def model_config(self, vocab_size: int) -> ModelConfig | RNNConfig:
         options = {k: v for k, v in self.model.items() if k != "kind"}
@@ -450,23 +445,8 @@ def train_mt(config: MTRunConfig, run_dir: str | Path, *, resume: bool = False, 
     dev_sources, dev_references = ([side[j] for j in chosen] for side in data.texts["dev"])
     flops_per_token = training_flops_per_token(model, [train_batches(i) for i in range(3)])
     trainer: Trainer | None = None
-    budget_s = config.max_minutes * 60
-    clock: list[float] = []  # (perf_counter, trainer.elapsed_s) when this process started training
-
-    def training_seconds() -> float:
-        """Wall-clock time of training so far, evaluation excluded (kept across resumes in extra_state)."""
-        if not clock:
-            clock.extend((time.perf_counter(), trainer.elapsed_s))
-        return clock[1] + time.perf_counter() - clock[0] - trainer.extra_state.get("eval_seconds", 0.0)
-
-    def next_batch(i: int) -> dict[str, Tensor]:
-        # a time budget ends the run cleanly: this update becomes the last one (evaluated and checkpointed)
-        if budget_s and i % config.train.grad_accum == 0 and training_seconds() >= budget_s:
-            trainer.config.steps = min(trainer.config.steps, trainer.step + 1)
-        return train_batches(i)
 
     def evaluate(model: nn.Module) -> dict[str, float]:
-        train_seconds = training_seconds()
         started = time.perf_counter()
         val_loss = sum(mt_loss(model, dev_batches(i)).item() * len(dev_batches.indices(i))
                        for i in range(len(dev_batches))) / len(chosen)
@@ -474,21 +454,20 @@ def train_mt(config: MTRunConfig, run_dir: str | Path, *, resume: bool = False, 
                                max_len_b=config.decode.max_len_b, batch_sentences=config.decode.batch_sentences)
         scores = corpus_scores(hypotheses, dev_references)
         trainer.extra_state["eval_seconds"] = trainer.extra_state.get("eval_seconds", 0.0) + time.perf_counter() - started
-        trainer.extra_state["train_seconds"] = train_seconds
         return {"val_loss": val_loss, "dev_bleu": scores["bleu"], "dev_chrf": scores["chrf"],
-                "train_seconds": train_seconds, "eval_seconds": trainer.extra_state["eval_seconds"]}
+                "eval_seconds": trainer.extra_state["eval_seconds"]}
 
     if not quiet:
         print(f"kqv: {config.kind} with {count_parameters(model):,} parameters; {len(data.splits['train']):,} training "
               f"pairs ({data.dropped} longer than {config.data.max_len} tokens left out), {len(data.splits['dev'])} dev, "
               f"{len(data.splits['test'])} test; joint BPE vocabulary {data.tokenizer.vocab_size}; "
               f"{len(train_batches)} batches per epoch; run directory {run_dir}")
-    trainer = Trainer(model, config.train, run_dir, train_batches=next_batch,
+    trainer = Trainer(model, config.train, run_dir, train_batches=train_batches,
                       loss_fn=lambda m, b: mt_loss(m, b, config.label_smoothing), eval_fn=evaluate,
                       extra_state={"task": "mt"}, quiet=quiet,
                       if_exists="resume" if resume else ("overwrite" if overwrite else "error"))
     final = trainer.train()
-    train_seconds = trainer.extra_state.get("train_seconds", 0.0)  # as of the last update (always evaluated)
+    train_seconds = trainer.train_seconds
     tokens = sum(train_batches.real_tokens(i) for i in range(trainer.step * config.train.grad_accum))
     started = time.perf_counter()
     test_sources, test_references = data.texts["test"]

@@ -82,7 +82,9 @@ class TrainConfig:
     linearly for `warmup_steps` then decays to `min_lr_ratio * lr`; "inverse_sqrt" is Vaswani et al. 2017's
     d^-0.5 * min(t^-0.5, t * warmup^-1.5) scaled so its peak is `lr` (it ignores `min_lr_ratio`); "constant"
     warms up and stays at `lr`. `grad_clip=0` disables clipping. Evaluation and checkpoints happen every
-    `eval_every` / `checkpoint_every` updates and always after the last one.
+    `eval_every` / `checkpoint_every` updates and always after the last one. `max_minutes > 0` makes the update
+    during which that much training time (evaluation and checkpoints excluded) has passed the last one, for
+    comparisons at equal wall-clock budget; the schedule still follows `steps`.
     """
 
     steps: int
@@ -101,6 +103,7 @@ class TrainConfig:
     checkpoint_every: int = 500
     seed: int = 0
     log_every: int = 10
+    max_minutes: float = 0.0
 
     def __post_init__(self) -> None:
         if isinstance(self.betas, list):  # after a JSON round trip
@@ -113,8 +116,10 @@ class TrainConfig:
                 raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
             if value < minimum:
                 raise ValueError(f"{name} must be at least {minimum}, got {value}")
-        for name in ("lr", "min_lr_ratio", "weight_decay", "grad_clip"):
+        for name in ("lr", "min_lr_ratio", "weight_decay", "grad_clip", "max_minutes"):
             _check_float(name, getattr(self, name))
+        if self.max_minutes < 0:
+            raise ValueError(f"max_minutes must be >= 0 (0 = no time limit), got {self.max_minutes}")
         if self.lr <= 0:
             raise ValueError(f"lr must be positive, got {self.lr}")
         if not 0 <= self.min_lr_ratio <= 1:
@@ -246,6 +251,7 @@ class Trainer:
         self.optimizer = make_optimizer(model, config)
         self.step = 0  # updates done
         self.elapsed_s = 0.0
+        self.train_seconds = 0.0  # time spent in updates: elapsed_s without evaluation and checkpoints
         self._saved_rng: list[dict | None] | None = None  # generator states to restore when training starts
         self._overwrite = False
 
@@ -299,12 +305,17 @@ class Trainer:
                 self.step += 1
                 self._boundary_rng = _rng_state()
                 self._updating = False
-                self.elapsed_s = time.perf_counter() - clock
-                window.add(loss, tokens, time.perf_counter() - started)
-                result = self._report(lr, grad_norm, window, bar, clock) or result
-                if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
+                now = time.perf_counter()
+                self.elapsed_s = now - clock
+                self.train_seconds += now - started
+                window.add(loss, tokens, now - started)
+                last = self.step == cfg.steps or self._out_of_time()
+                result = self._report(lr, grad_norm, window, bar, clock, last) or result
+                if self.step % cfg.checkpoint_every == 0 or last:
                     self.save_checkpoint()
                 bar.update(1)
+                if last:
+                    break
         except KeyboardInterrupt:
             self._save_after_interrupt(clock)
             raise
@@ -315,9 +326,19 @@ class Trainer:
                 self._owns_process_group = False
         return result
 
-    def _report(self, lr: float, grad_norm: float, window: _Window, bar: tqdm, clock: float) -> dict | None:
+    def _out_of_time(self) -> bool:
+        """Whether `max_minutes` of training time have passed; rank 0's clock decides for every process."""
+        if self.config.max_minutes <= 0:
+            return False
+        done = torch.tensor(float(self.train_seconds >= self.config.max_minutes * 60))
+        if self.world_size > 1:
+            dist.broadcast(done, src=0)
+        return bool(done)
+
+    def _report(self, lr: float, grad_norm: float, window: _Window, bar: tqdm, clock: float,
+                last: bool) -> dict | None:
         """Log (every `log_every` updates) and evaluate (every `eval_every`); one metrics.jsonl record for both."""
-        cfg, last = self.config, self.step == self.config.steps
+        cfg = self.config
         record: dict[str, Any] = {}
         if self.step % cfg.log_every == 0 or last:
             record.update(train_loss=window.mean_loss(), lr=lr, tokens_per_s=window.tokens_per_s(),
@@ -331,7 +352,8 @@ class Trainer:
             record.update(self.evaluate())
         if not record:
             return None
-        record = {"step": self.step, **record, "elapsed_s": time.perf_counter() - clock}
+        record = {"step": self.step, **record, "train_seconds": self.train_seconds,
+                  "elapsed_s": time.perf_counter() - clock}
         if self.rank == 0:
             _append_metrics(self.run_dir / METRICS_FILE, record)
             if evaluated or last:
@@ -436,7 +458,8 @@ class Trainer:
 
     def _write(self, rng_states: list[dict]) -> None:
         state = {"format": _FORMAT, "step": self.step, "config": self.config.to_dict(),
-                 "extra_state": self.extra_state, "elapsed_s": self.elapsed_s, "world_size": self.world_size,
+                 "extra_state": self.extra_state, "elapsed_s": self.elapsed_s, "train_seconds": self.train_seconds,
+                 "world_size": self.world_size,
                  "rng": [_rng_to_json(s) for s in rng_states], "torch_version": torch.__version__}
         write_checkpoint(self.run_dir, self.model, self.optimizer, state,
                          {f"rank{r}": s["torch"] for r, s in enumerate(rng_states)})
@@ -460,6 +483,7 @@ class Trainer:
         if checkpoint.state.get("world_size") != self.world_size:
             self._saved_rng = []  # generator states belong to ranks that no longer exist
         self.step, self.elapsed_s = checkpoint.step, float(checkpoint.state.get("elapsed_s", 0.0))
+        self.train_seconds = float(checkpoint.state.get("train_seconds", self.elapsed_s))
         self.extra_state = {**checkpoint.extra_state, **self.extra_state}
 
     def _start_rng(self) -> None:
@@ -677,8 +701,9 @@ def _progress_line(step: int, steps: int, record: dict[str, Any]) -> str:
     """One line per evaluation, e.g. `step  200/1200  train 1.912  val 1.987  41,250 tok/s  1.2 min`."""
     parts = [f"step {step:>{len(str(steps))}}/{steps}"]
     parts += [f"{name.removesuffix('_loss')} {record[name]:.3f}" for name in ("train_loss", "val_loss") if name in record]
-    parts += [f"{name} {value:.4g}" for name, value in record.items() if isinstance(value, float)
-              and name not in ("train_loss", "val_loss", "lr", "tokens_per_s", "grad_norm", "elapsed_s")]
+    shown_otherwise = ("train_loss", "val_loss", "lr", "tokens_per_s", "grad_norm", "train_seconds", "elapsed_s")
+    parts += [f"{name} {value:.4g}" for name, value in record.items()
+              if isinstance(value, float) and name not in shown_otherwise]
     if record.get("tokens_per_s"):
         parts.append(f"{record['tokens_per_s']:,.0f} tok/s")
     return "  ".join(parts + [f"{record['elapsed_s'] / 60:.1f} min"])
