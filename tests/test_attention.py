@@ -147,50 +147,36 @@ def test_fully_masked_query_attends_to_nothing_instead_of_nan():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# matmul_attention: the short-bf16 route of the fused path
+# The plain path's causal flag, and the short-bf16 route of the fused path through it
 
 
 @pytest.mark.parametrize("q_time", [12, 5])
-@pytest.mark.parametrize("kind", ["causal", "padding_and_causal", "bias"])
-def test_matmul_attention_equals_torch_sdpa(kind, q_time):
+def test_plain_causal_flag_equals_torch_sdpa_with_a_causal_mask(q_time):
     import torch.nn.functional as F
-
-    from kqv.attention import causal_mask, matmul_attention
 
     queries, keys, values = torch.randn(2, 3, q_time, 8), torch.randn(2, 3, 12, 8), torch.randn(2, 3, 12, 8)
     keep = torch.ones(2, 1, 1, 12, dtype=torch.bool)
     keep[0, ..., -4:] = False
-    attn_mask = {"causal": None, "padding_and_causal": keep & causal_mask(q_time, 12),
-                 "bias": torch.randn(3, q_time, 12)}[kind]
-    reference_mask = causal_mask(q_time, 12) if kind == "causal" else attn_mask
-    expected = F.scaled_dot_product_attention(queries, keys, values, attn_mask=reference_mask)
-    actual = matmul_attention(queries, keys, values, attn_mask=attn_mask, causal=kind == "causal")
-    torch.testing.assert_close(actual, expected, atol=1e-6, rtol=1e-5)
+    for mask in (None, keep):
+        expected = F.scaled_dot_product_attention(queries, keys, values, attn_mask=causal_mask(q_time, 12) & (
+            True if mask is None else mask))
+        actual, _ = scaled_dot_product_attention(queries, keys, values, mask=mask, causal=True)
+        torch.testing.assert_close(actual, expected, atol=1e-6, rtol=1e-5)
 
 
-def test_matmul_attention_gives_a_query_with_no_visible_key_zeros_like_the_reference():
-    from kqv.attention import matmul_attention, scaled_dot_product_attention
-
-    queries, keys, values = (torch.randn(1, 2, 4, 8) for _ in range(3))
-    mask = torch.ones(4, 4, dtype=torch.bool)
-    mask[1] = False
-    actual = matmul_attention(queries, keys, values, attn_mask=mask)
-    torch.testing.assert_close(actual, scaled_dot_product_attention(queries, keys, values, mask=mask)[0])
-    assert actual[:, :, 1].eq(0).all()
-
-
-@pytest.mark.parametrize("time, takes_matmul", [(64, True), (600, False)])
-def test_short_bf16_attention_takes_plain_matmuls_and_matches_fp32(monkeypatch, time, takes_matmul):
+@pytest.mark.parametrize("time, takes_plain", [(64, True), (600, False)])
+def test_short_bf16_attention_takes_the_plain_path_and_matches_fp32(monkeypatch, time, takes_plain):
     import kqv.attention as attention
 
     calls = []
-    real = attention.matmul_attention
-    monkeypatch.setattr(attention, "matmul_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = attention.scaled_dot_product_attention
+    monkeypatch.setattr(attention, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
     model = DecoderLM(tiny_config(position="rope", max_len=time)).eval()
     ids = torch.randint(0, 37, (2, time))
     with torch.no_grad():
         expected = model(ids)
+        assert not calls  # fp32 goes to SDPA
         with torch.autocast("cpu", dtype=torch.bfloat16):
             actual = model(ids).float()
-    assert bool(calls) == takes_matmul
+    assert bool(calls) == takes_plain
     assert (actual - expected).abs().max() < 0.05 * expected.abs().max()

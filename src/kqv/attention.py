@@ -23,7 +23,7 @@ from .positions import AttentionPositions, attention_positions
 from .sparse import sparse_core
 
 Score = Literal["dot", "multiplicative", "reduced_rank", "additive"]
-MATMUL_BF16_PAIRS = 512 * 512  # up to this many scores, bf16 attention on the CPU is faster as plain matmuls
+PLAIN_BF16_PAIRS = 256 * 256  # up to this many scores, bf16 attention on the CPU is faster as plain matmuls
 BLOCKWISE_MIN_PAIRS = 1 << 21  # below ~1,450 x 1,450 scores the dense matrix is cheap: blockwise only saves memory
 
 
@@ -137,60 +137,49 @@ class Attention(nn.Module):
 
 
 def scaled_dot_product_attention(queries: Tensor, keys: Tensor, values: Tensor, *, mask: Tensor | None = None,
-                                 bias: Tensor | None = None, dropout: float = 0.0) -> tuple[Tensor, Tensor]:
+                                 bias: Tensor | None = None, causal: bool = False,
+                                 dropout: float = 0.0) -> tuple[Tensor, Tensor]:
     """The readable reference: softmax(q k^T / sqrt(d_head) + bias, future and padding = -inf) v.
 
     queries (batch, heads, q_time, head_dim); keys, values (batch, heads, k_time, head_dim);
-    mask bool broadcastable to (batch, heads, q_time, k_time), True = may attend. Returns (output, weights).
+    mask bool broadcastable to (batch, heads, q_time, k_time), True = may attend; `causal` masks the future as
+    `causal_mask` does. Returns (output, weights).
     """
+    q_time, k_time = queries.shape[2], keys.shape[2]
     scores = queries @ keys.transpose(-2, -1) / math.sqrt(queries.shape[-1])  # (batch, heads, q_time, k_time)
     if bias is not None:
         scores = scores + bias
+    if causal:
+        future = torch.full((q_time, k_time), float("-inf"), dtype=scores.dtype, device=scores.device)
+        scores = scores + future.triu_(k_time - q_time + 1)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    weights = scores.softmax(dim=-1).nan_to_num(0.0)  # a query with every key masked attends to nothing
-    return F.dropout(weights, dropout) @ values, weights
+    weights = scores.softmax(dim=-1)
+    if mask is not None or bias is not None:
+        weights = weights.nan_to_num(0.0)  # a query with every key masked attends to nothing
+    if dropout > 0:
+        weights = F.dropout(weights, dropout)
+    return weights @ values, weights
 
 
 def fused_attention(queries: Tensor, keys: Tensor, values: Tensor, *, mask: Tensor | None = None,
                     bias: Tensor | None = None, causal: bool = False, dropout: float = 0.0) -> Tensor:
-    """The same computation through `F.scaled_dot_product_attention` (O(n) memory when mask and bias are None),
-    except short bf16 inputs on the CPU, which go to `matmul_attention`."""
+    """The same computation through `F.scaled_dot_product_attention` (O(n) memory when mask and bias are None).
+
+    Short bf16 inputs on the CPU take the plain path instead: there torch's flash kernel is 1.9-3.8x slower
+    forward + backward (`python benchmarks/attention_kernels.py`), and the plain path's numerics are eager
+    attention's under autocast (bf16 scores, softmax accumulated in fp32).
+    """
+    if queries.dtype == torch.bfloat16 and queries.device.type == "cpu" \
+            and queries.shape[2] * keys.shape[2] <= PLAIN_BF16_PAIRS:
+        return scaled_dot_product_attention(queries, keys, values, mask=mask, bias=bias, causal=causal,
+                                            dropout=dropout)[0]
     if bias is not None:
         attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
     else:
         attn_mask = mask
-    if queries.dtype == torch.bfloat16 and queries.device.type == "cpu" \
-            and queries.shape[2] * keys.shape[2] <= MATMUL_BF16_PAIRS:
-        return matmul_attention(queries, keys, values, attn_mask=attn_mask, causal=causal, dropout=dropout)
     return F.scaled_dot_product_attention(queries, keys, values, attn_mask=attn_mask, dropout_p=dropout,
                                           is_causal=causal)
-
-
-def matmul_attention(queries: Tensor, keys: Tensor, values: Tensor, *, attn_mask: Tensor | None = None,
-                     causal: bool = False, dropout: float = 0.0) -> Tensor:
-    """softmax(q k^T / sqrt(d_head) + attn_mask) v as plain matmuls, for short bf16 inputs on the CPU: there
-    torch's flash kernel is 1.5-3.8x slower forward + backward (`python benchmarks/attention_kernels.py`). The
-    numerics are eager attention's under autocast: bf16 scores, softmax accumulated in fp32.
-
-    attn_mask is bool (True = may attend) or additive, broadcastable to (batch, heads, q_time, k_time); `causal`
-    masks the future as `causal_mask` does.
-    """
-    q_time, k_time = queries.shape[2], keys.shape[2]
-    scores = queries @ keys.transpose(-2, -1) * queries.shape[-1] ** -0.5  # (batch, heads, q_time, k_time)
-    if causal:
-        future = torch.full((q_time, k_time), float("-inf"), dtype=scores.dtype, device=scores.device)
-        scores = scores + future.triu_(k_time - q_time + 1)
-    if attn_mask is not None and attn_mask.dtype == torch.bool:
-        scores = scores.masked_fill(~attn_mask, float("-inf"))
-    elif attn_mask is not None:
-        scores = scores + attn_mask.to(scores.dtype)
-    weights = scores.softmax(dim=-1)
-    if attn_mask is not None:
-        weights = weights.nan_to_num(0.0)  # padding can leave a query no key at all: it attends to nothing
-    if dropout > 0:
-        weights = F.dropout(weights, dropout)
-    return weights @ values
 
 
 # ---------------------------------------------------------------------------------------------------------------
