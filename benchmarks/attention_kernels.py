@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Attention forward + backward through torch's SDPA against plain matmuls, in fp32 and bf16, at the short
-lengths of training batches: why `kqv.attention.fused_attention` sends short bf16 inputs to the plain path.
+lengths of training batches: why `kqv.nn.attention.fused_attention` sends short bf16 inputs to the plain path.
 
 Causal self-attention, head_dim 64; the shapes are those of kqv's configs (lm-quick: batch 32, 4 heads, 128
 tokens; the GPT-2-shaped benchmark: batch 8, 6 heads, 256) and longer ones. Each (shape, precision) times both
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kqv.attention import scaled_dot_product_attention
+from kqv.nn.attention import scaled_dot_product_attention
 
 RESULTS = Path(__file__).resolve().parent / "results" / "attention_kernels.json"
 SHAPES = [(32, 4, 128), (8, 6, 256), (4, 6, 512), (2, 6, 1024), (1, 8, 2048)]  # (batch, heads, time)

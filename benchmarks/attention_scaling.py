@@ -65,10 +65,10 @@ def build(method: str, n: int):
     """(attend(q, k, v) -> output, parameters) for one method."""
     import torch.nn.functional as F
 
-    from kqv.attention import causal_mask, scaled_dot_product_attention
-    from kqv.efficient import blockwise_attention
-    from kqv.positions import ALiBiPositions, RelativePositions
-    from kqv.sparse import BigBirdAttention, LinformerAttention
+    from kqv.nn.attention import causal_mask, scaled_dot_product_attention
+    from kqv.nn.blockwise import blockwise_attention
+    from kqv.nn.positions import ALiBiPositions, RelativePositions
+    from kqv.nn.sparse import BigBirdAttention, LinformerAttention
 
     if method == "reference":
         return lambda q, k, v: scaled_dot_product_attention(q, k, v, mask=causal_mask(q.shape[2], k.shape[2]))[0], []

@@ -36,11 +36,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kqv.attention import MultiHeadAttention
-from kqv.config import ModelConfig
-from kqv.layers import DecoderBlock, make_norm
-from kqv.models import Embeddings, init_weights
-from kqv.sparse import BigBirdAttention, LinformerAttention
+from kqv.nn.attention import MultiHeadAttention
+from kqv.nn.config import ModelConfig
+from kqv.nn.layers import DecoderBlock, make_norm
+from kqv.nn.models import Embeddings, init_weights
+from kqv.nn.sparse import BigBirdAttention, LinformerAttention
 
 RESULTS = Path(__file__).resolve().parent / "results" / "long_context_quality.json"
 VALUES = 8  # token ids 0..7 are the answers

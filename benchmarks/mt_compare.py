@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The Transformer against the LSTM-with-attention baseline it replaced, at equal wall-clock training time.
 
-Both models translate German -> English (the verse-aligned Bible, `kqv.parallel`), with the same joint BPE, the
+Both models translate German -> English (the verse-aligned Bible, `kqv.data.bible`), with the same joint BPE, the
 same data split and batches (the LSTM run copies the Transformer run's prepared data), the same optimizer,
 schedule, label smoothing and token budget per batch: only `[model]` differs (configs/mt-quick.toml and
 configs/mt-lstm.toml). To give both the same machine, they train at the same time, in two processes with one torch
@@ -29,9 +29,9 @@ from pathlib import Path
 
 import torch
 
-from kqv.cli import packaged_config
-from kqv.mt import load_run_config, prepare_data
-from kqv.training import read_metrics
+from kqv.cli.main import packaged_config
+from kqv.jobs.mt import load_run_config, prepare_data
+from kqv.train.trainer import read_metrics
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = {"transformer": "quick", "lstm": "lstm"}
@@ -66,7 +66,7 @@ def main() -> None:
                "TOKENIZERS_PARALLELISM": "false"}
         processes = {}
         for kind, name in MODELS.items():
-            command = [sys.executable, "-m", "kqv.cli", "train", "mt", "--config", str(packaged_config(name, "mt")),
+            command = [sys.executable, "-m", "kqv.cli.main", "train", "mt", "--config", str(packaged_config(name, "mt")),
                        "--out", str(out / kind), "--data-from", str(out / "data"), "--overwrite",
                        "--threads", str(args.threads)] + [a for o in overrides for a in ("--set", o)]
             log = open(out / f"{kind}.log", "w")  # noqa: SIM115 (closed after the process ends)

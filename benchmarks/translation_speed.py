@@ -50,7 +50,7 @@ def marian(vocab: int, d_model: int, layers: int, heads: int, d_ff: int):
 def source_batches(count: int, batch: int, vocab: int, run: Path | None) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], str]:
     """Right-padded (ids, mask) batches: Bible test verses from a prepared MT run, else random ids."""
     if run is not None and (run / "tokenizer").is_dir():
-        from kqv.tokenizer import load_tokenizer
+        from kqv.data.tokenizers import load_tokenizer
 
         tokenizer = load_tokenizer(run / "tokenizer")
         lines = (run / "data" / "test.src").read_text(encoding="utf-8").splitlines()[:count]
@@ -89,7 +89,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from kqv.interop import from_hf
-    from kqv.models import count_parameters
+    from kqv.nn.models import count_parameters
 
     hf = marian(8000, 256, 3, 4, 1024)
     kqv = from_hf(hf).eval()

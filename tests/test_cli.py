@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from kqv.cli import main
-from kqv.training import MODEL_FILE, Trainer
+from kqv.cli.main import main
+from kqv.train.trainer import MODEL_FILE, Trainer
 
 TINY = """
 [data]

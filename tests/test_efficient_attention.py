@@ -6,10 +6,10 @@ import textwrap
 import pytest
 import torch
 
-from kqv import efficient
-from kqv.attention import causal_mask, scaled_dot_product_attention
-from kqv.efficient import blockwise_attention
-from kqv.positions import (
+from kqv.nn import blockwise as efficient
+from kqv.nn.attention import causal_mask, scaled_dot_product_attention
+from kqv.nn.blockwise import blockwise_attention
+from kqv.nn.positions import (
     ALiBiPositions,
     AttentionPositions,
     RelativePositions,
@@ -193,8 +193,8 @@ def test_50k_token_alibi_forward_is_fast_and_never_builds_an_n_by_n_matrix():
     One thread: on a busy 2-core machine two OpenMP threads spin at every op's barrier and run 10x slower."""
     script = textwrap.dedent("""
         import json, resource, time, torch
-        from kqv import efficient
-        from kqv.positions import ALiBiPositions
+        from kqv.nn import blockwise as efficient
+        from kqv.nn.positions import ALiBiPositions
         torch.set_num_threads(1)
         torch.manual_seed(0)
         q, k, v = (torch.randn(1, 1, 50_000, 16) for _ in range(3))

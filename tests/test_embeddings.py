@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from kqv.cli import main
-from kqv.embeddings import SentenceEncoder, minilm_directory
-from kqv.heads import mean_pool
+from kqv.cli.main import main
+from kqv.jobs.embeddings import SentenceEncoder, minilm_directory
+from kqv.nn.heads import mean_pool
 
 PARAPHRASES = [
     ("A man is playing a guitar.", "Someone is playing the guitar."),

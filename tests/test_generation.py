@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from kqv import DecoderLM
-from kqv.generation import sample_next
+from kqv.nn.generation import sample_next
 
 from conftest import POSITIONS, tiny_config
 

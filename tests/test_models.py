@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kqv import DecoderLM, Encoder, EncoderDecoder, count_parameters
-from kqv.layers import FeedForward
+from kqv.nn.layers import FeedForward
 
 from conftest import POSITIONS, tiny_config
 

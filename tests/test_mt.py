@@ -1,4 +1,4 @@
-"""Specification of the machine-translation job (kqv.mt) and its commands: batches, loss, translation, a whole run."""
+"""Specification of the machine-translation job (kqv.jobs.mt) and its commands: batches, loss, translation, a whole run."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from kqv import ModelConfig
-from kqv.cli import main
-from kqv.mt import (
+from kqv.cli.main import main
+from kqv.jobs.mt import (
     Encoded,
     MTRunConfig,
     TokenBatches,
@@ -20,7 +20,7 @@ from kqv.mt import (
     read_run_config,
     translate,
 )
-from kqv.tokenizer import make_tokenizer
+from kqv.data.tokenizers import make_tokenizer
 
 GERMAN = ["null", "eins", "zwei", "drei", "vier", "fünf", "sechs", "sieben", "acht", "neun"]
 ENGLISH = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
@@ -233,8 +233,8 @@ def test_an_interrupted_run_resumed_from_its_checkpoint_ends_with_the_same_weigh
 
 @pytest.mark.parametrize("name", ["quick", "lstm"])
 def test_the_shipped_mt_configs_build_their_models_and_differ_only_in_the_model(name):
-    from kqv.cli import packaged_config
-    from kqv.mt import build_model, load_run_config
+    from kqv.cli.main import packaged_config
+    from kqv.jobs.mt import build_model, load_run_config
 
     config = load_run_config(packaged_config(name, "mt"))
     model = build_model(config.model_config(8000))

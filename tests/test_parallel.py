@@ -1,4 +1,4 @@
-"""Specification of kqv.parallel: the Bible corpus, cleaning, user corpora and the chapter-disjoint split."""
+"""Specification of kqv.data.bible: the Bible corpus, cleaning, user corpora and the chapter-disjoint split."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kqv import parallel
-from kqv.parallel import (
+from kqv.data import bible as parallel
+from kqv.data.bible import (
     Pair,
     bible_dir,
     bible_pairs,

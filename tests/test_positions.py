@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from kqv.positions import (ALiBiPositions, LearnedPositions, RelativePositions, RotaryPositions, SinusoidalPositions,
+from kqv.nn.positions import (ALiBiPositions, LearnedPositions, RelativePositions, RotaryPositions, SinusoidalPositions,
                            alibi_slopes)
 
 

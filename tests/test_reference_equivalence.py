@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import kqv
-from kqv.attention import padding_mask
+from kqv.nn.attention import padding_mask
 from kqv.interop import from_hf
 
 from conftest import POSITIONS

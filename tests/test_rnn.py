@@ -1,11 +1,11 @@
-"""Specification of kqv.rnn: the bidirectional-LSTM encoder, LSTM-with-attention decoder baseline."""
+"""Specification of kqv.nn.rnn: the bidirectional-LSTM encoder, LSTM-with-attention decoder baseline."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kqv.rnn import RNNConfig, RNNEncoderDecoder, beam_search, greedy_search
+from kqv.nn.rnn import RNNConfig, RNNEncoderDecoder, beam_search, greedy_search
 
 SCORES = ["dot", "multiplicative", "reduced_rank", "additive"]
 BOS, EOS = 1, 2

@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from kqv.attention import scaled_dot_product_attention
-from kqv.sparse import (
+from kqv.nn.attention import scaled_dot_product_attention
+from kqv.nn.sparse import (
     BigBirdAttention,
     LinformerAttention,
     LinformerProjection,

@@ -1,4 +1,4 @@
-"""Specification of kqv.tokenizer: character and byte-level BPE tokenizers, saving and loading."""
+"""Specification of kqv.data.tokenizers: character and byte-level BPE tokenizers, saving and loading."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kqv.tokenizer import (
+from kqv.data.tokenizers import (
     BPETokenizer,
     CharTokenizer,
     Tokenizer,

@@ -19,8 +19,8 @@ from safetensors.torch import load_file
 from torch import nn
 
 import kqv
-from kqv import training
-from kqv.training import TrainConfig, Trainer, learning_rate, parameter_groups, read_checkpoint, read_metrics
+from kqv.train import trainer as training
+from kqv.train.trainer import TrainConfig, Trainer, learning_rate, parameter_groups, read_checkpoint, read_metrics
 
 VOCAB, SEQ = 32, 16
 TINY = kqv.ModelConfig(vocab_size=VOCAB, d_model=32, n_heads=2, n_layers=2, d_ff=64, max_len=32, dropout=0.1)

@@ -1,11 +1,11 @@
 """kqv: the Transformer of CS224N's "Self-Attention and Transformers", readable, tested and fast on a CPU."""
 
-from .attention import Attention, KVCache, MultiHeadAttention, causal_mask, scaled_dot_product_attention
-from .config import ModelConfig
-from .heads import ClassificationHead, MaskedLM, MaskedLMHead, SequenceClassifier
-from .layers import DecoderBlock, EncoderBlock, FeedForward
-from .models import DecoderLM, Encoder, EncoderDecoder, count_parameters
-from .rnn import RNNConfig, RNNEncoderDecoder
+from .nn.attention import Attention, KVCache, MultiHeadAttention, causal_mask, scaled_dot_product_attention
+from .nn.config import ModelConfig
+from .nn.heads import ClassificationHead, MaskedLM, MaskedLMHead, SequenceClassifier
+from .nn.layers import DecoderBlock, EncoderBlock, FeedForward
+from .nn.models import DecoderLM, Encoder, EncoderDecoder, count_parameters
+from .nn.rnn import RNNConfig, RNNEncoderDecoder
 
 __all__ = [
     "Attention", "ClassificationHead", "DecoderBlock", "DecoderLM", "Encoder", "EncoderBlock", "EncoderDecoder",

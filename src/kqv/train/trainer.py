@@ -56,7 +56,7 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from .config import build_dataclass
+from ..nn.config import build_dataclass
 
 logger = logging.getLogger(__name__)
 

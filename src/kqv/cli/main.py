@@ -63,7 +63,7 @@ def resume_with_saved_config(args: argparse.Namespace, overrides: list[str]) -> 
 
 
 def cmd_train_lm(args: argparse.Namespace) -> None:
-    from .lm import load_run_config, read_run_config, train_lm
+    from ..jobs.lm import load_run_config, read_run_config, train_lm
 
     overrides = flag_overrides(args, {"data.path": args.data, "train.steps": args.steps})
     if resume_with_saved_config(args, overrides):
@@ -74,7 +74,7 @@ def cmd_train_lm(args: argparse.Namespace) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
-    from .lm import generate_text, load_run
+    from ..jobs.lm import generate_text, load_run
 
     run = load_run(args.run)
     generator = torch.Generator().manual_seed(args.seed)
@@ -90,9 +90,9 @@ def cmd_eval(args: argparse.Namespace) -> None:
         return cmd_eval_mt(args)
     if task != "lm":
         raise ValueError(f"kqv eval does not know runs of task {task!r} yet")
-    from .data import load_text
-    from .evaluation import perplexity
-    from .lm import TOKENS_FILE, encode, load_run
+    from ..data.shakespeare import load_text
+    from ..train.evaluation import perplexity
+    from ..jobs.lm import TOKENS_FILE, encode, load_run
     from safetensors.torch import load_file
 
     run = load_run(args.run)
@@ -117,9 +117,9 @@ def cmd_attention(args: argparse.Namespace) -> None:
         raise ValueError(f"kqv attention does not know runs of task {task!r} yet")
     if args.text is None:
         raise ValueError("kqv attention on a language model needs --text")
-    from .lm import load_run
-    from .models import check_ids
-    from .visualization import plot_attention_grid
+    from ..jobs.lm import load_run
+    from ..nn.models import check_ids
+    from ..explore.plots import plot_attention_grid
 
     run = load_run(args.run)
     ids = run.tokenizer.encode(args.text)
@@ -135,7 +135,7 @@ def cmd_attention(args: argparse.Namespace) -> None:
 
 
 def cmd_train_mt(args: argparse.Namespace) -> None:
-    from .mt import load_run_config, read_run_config, train_mt
+    from ..jobs.mt import load_run_config, read_run_config, train_mt
 
     overrides = flag_overrides(args, {"data.pair": args.pair, "data.path": args.data, "data.tgt_path": args.tgt_data,
                                       "train.steps": args.steps, "model.kind": args.model})
@@ -154,7 +154,7 @@ def _mt_options(args: argparse.Namespace) -> dict:
 
 
 def cmd_translate(args: argparse.Namespace) -> None:
-    from .mt import load_run
+    from ..jobs.mt import load_run
 
     if run_task(args.run) != "mt":
         raise ValueError(f"{args.run} is not a translation run (its task is {run_task(args.run)!r})")
@@ -175,7 +175,7 @@ def cmd_translate(args: argparse.Namespace) -> None:
 def cmd_eval_mt(args: argparse.Namespace) -> None:
     import time
 
-    from .mt import corpus_scores, load_run
+    from ..jobs.mt import corpus_scores, load_run
 
     run = load_run(args.run)
     if (args.src is None) != (args.ref is None):
@@ -201,8 +201,8 @@ def cmd_eval_mt(args: argparse.Namespace) -> None:
 
 
 def cmd_attention_mt(args: argparse.Namespace) -> None:
-    from .mt import SPECIAL_TOKENS, load_run
-    from .visualization import plot_attention_grid
+    from ..jobs.mt import SPECIAL_TOKENS, load_run
+    from ..explore.plots import plot_attention_grid
 
     if args.src is None:
         raise ValueError("kqv attention on a translation run needs --src (and optionally --tgt; by default the "
@@ -227,7 +227,7 @@ def cmd_attention_mt(args: argparse.Namespace) -> None:
 
 
 def cmd_train_encoder(args: argparse.Namespace) -> None:
-    from .encoder_jobs import EncoderRunConfig, load_run_config, read_run, train_cls, train_mlm
+    from ..jobs.encoder import EncoderRunConfig, load_run_config, read_run, train_cls, train_mlm
 
     overrides = flag_overrides(args, {"data.path": args.data, "data.init": getattr(args, "init", None),
                                       "train.steps": args.steps})
@@ -261,7 +261,7 @@ def add_encoder_training(train: argparse._SubParsersAction) -> None:
 def cmd_embed(args: argparse.Namespace) -> None:
     import numpy as np
 
-    from .embeddings import SentenceEncoder
+    from ..jobs.embeddings import SentenceEncoder
 
     embeddings = SentenceEncoder.load(args.model).embed(args.texts, batch_size=args.batch_size)
     if args.out is None:
@@ -275,7 +275,7 @@ def cmd_embed(args: argparse.Namespace) -> None:
 
 
 def cmd_similarity(args: argparse.Namespace) -> None:
-    from .embeddings import SentenceEncoder, similarity_table
+    from ..jobs.embeddings import SentenceEncoder, similarity_table
 
     if len(args.texts) < 2:
         raise ValueError("give at least two texts to compare")

@@ -32,14 +32,15 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from .config import ModelConfig
-from .data import load_text, sample_batch, split_text
-from .heads import MaskedLM, SequenceClassifier
+from ..nn.config import ModelConfig
+from ..data.shakespeare import load_text, split_text
+from ..data.batches import sample_batch
+from ..nn.heads import MaskedLM, SequenceClassifier
 from .lm import encode
-from .runs import read_config_values, toml_text
-from .models import count_parameters
-from .tokenizer import Tokenizer, load_tokenizer, make_tokenizer
-from .training import Trainer, TrainConfig, load_weights, read_checkpoint
+from ..train.runs import read_config_values, toml_text
+from ..nn.models import count_parameters
+from ..data.tokenizers import Tokenizer, load_tokenizer, make_tokenizer
+from ..train.trainer import Trainer, TrainConfig, load_weights, read_checkpoint
 
 RUN_CONFIG, TOKENIZER_DIR, TOKENS_FILE, SPECIALS_FILE = "run.toml", "tokenizer", "tokens.safetensors", "specials.json"
 SPECIAL_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")

