@@ -38,8 +38,9 @@ from torch import Tensor, nn
 
 from kqv.nn.attention import MultiHeadAttention
 from kqv.nn.config import ModelConfig
+from kqv.nn.embeddings import Embeddings
 from kqv.nn.layers import DecoderBlock, make_norm
-from kqv.nn.models import Embeddings, init_weights
+from kqv.nn.models import init_weights
 from kqv.nn.sparse import BigBirdAttention, LinformerAttention
 
 RESULTS = Path(__file__).resolve().parent / "results" / "long_context_quality.json"

@@ -166,7 +166,7 @@ def test_plain_causal_flag_equals_torch_sdpa_with_a_causal_mask(q_time):
 
 @pytest.mark.parametrize("time, takes_plain", [(64, True), (600, False)])
 def test_short_bf16_attention_takes_the_plain_path_and_matches_fp32(monkeypatch, time, takes_plain):
-    import kqv.nn.attention as attention
+    import kqv.nn.cores as attention
 
     calls = []
     real = attention.scaled_dot_product_attention

@@ -5,13 +5,17 @@ that covers every block; a Linformer whose projection is the identity), and the 
 dense one with the same weights.
 """
 
+import typing
+
 import pytest
 import torch
 from safetensors.torch import load_model, save_model
 
 import kqv.nn.attention
+import kqv.nn.cores
 from kqv import ModelConfig
 from kqv.nn.models import DecoderLM, Encoder, EncoderDecoder
+from kqv.nn.cores import FullAttention
 from kqv.nn.sparse import BigBirdAttention, LinformerAttention
 
 from conftest import tiny_config
@@ -118,7 +122,7 @@ def test_every_self_attention_gets_the_chosen_core_and_cross_attention_stays_ful
     cores = [(name, type(m.core)) for name, m in model.named_modules()
              if isinstance(m, kqv.nn.attention.MultiHeadAttention)]
     assert all(core is BigBirdAttention for name, core in cores if "self_attention" in name)
-    assert all(core is type(None) for name, core in cores if "cross_attention" in name)
+    assert all(core is FullAttention for name, core in cores if "cross_attention" in name)
     assert len(cores) == 3 * 2  # 2 encoder self, 2 decoder self, 2 cross
 
 
@@ -201,8 +205,8 @@ def test_blockwise_path_equals_dense_path_in_values_and_gradients(model_class, p
 def test_auto_takes_the_blockwise_path_only_where_sdpa_would_build_n_by_n(monkeypatch, position, time,
                                                                           takes_blockwise):
     calls = []
-    real = kqv.nn.attention.blockwise_attention
-    monkeypatch.setattr(kqv.nn.attention, "blockwise_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = kqv.nn.cores.blockwise_attention
+    monkeypatch.setattr(kqv.nn.cores, "blockwise_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
     model = DecoderLM(tiny_config(position=position, d_model=8, n_heads=1, n_layers=1, max_len=time)).eval()
     with torch.no_grad():
         model(torch.randint(0, 37, (1, time)))
@@ -210,7 +214,7 @@ def test_auto_takes_the_blockwise_path_only_where_sdpa_would_build_n_by_n(monkey
 
 
 def test_auto_keeps_the_dense_path_while_attention_dropout_is_on(monkeypatch):
-    monkeypatch.setattr(kqv.nn.attention, "blockwise_attention", lambda *a, **k: pytest.fail("blockwise taken"))
+    monkeypatch.setattr(kqv.nn.cores, "blockwise_attention", lambda *a, **k: pytest.fail("blockwise taken"))
     model = DecoderLM(tiny_config(position="alibi", d_model=8, n_heads=1, n_layers=1, max_len=2048, dropout=0.1))
     model.train()(torch.randint(0, 37, (1, 2048)))
 
@@ -220,3 +224,7 @@ def test_sparse_core_with_a_mask_that_is_not_padding_is_a_clear_error():
     x = torch.randn(2, 10, 32)
     with pytest.raises(ValueError, match=r"padding masks, \(batch, 1, 1, k_time\), only; got a mask of shape \(10, 10\)"):
         attention(x, mask=torch.ones(10, 10, dtype=torch.bool))
+
+
+def test_every_attention_kind_the_config_accepts_has_a_core_and_no_core_is_unreachable():
+    assert set(kqv.nn.attention.CORES) == set(typing.get_args(kqv.nn.config.AttentionKind))

@@ -17,6 +17,7 @@ from torch import nn
 
 import kqv
 from kqv.nn.attention import padding_mask
+from kqv.nn.cores import FullAttention
 from kqv.interop import from_hf
 
 from conftest import POSITIONS
@@ -173,8 +174,8 @@ def test_encoder_block_equals_torch_transformer_encoder_layer(norm_first, padded
     x, tokens = torch.randn(3, 7, 32), real_tokens(3, 7)
     expected = ref(x, src_key_padding_mask=~tokens.bool() if padded else None)
     mask = padding_mask(tokens) if padded else None
-    for use_fused in (True, False):
-        ours.self_attention.use_fused = use_fused
+    for fused in (True, False):
+        ours.self_attention.core = FullAttention(fused=fused)
         output, _ = ours(x, mask)
         assert_close(output, expected)  # padded queries too: in both they attend to the real keys
 
@@ -274,7 +275,7 @@ def plain_copy(model: nn.Module) -> nn.Module:
     plain = copy.deepcopy(model)
     for module in plain.modules():
         if isinstance(module, kqv.MultiHeadAttention):
-            module.use_fused = False
+            module.core = FullAttention(module.core.blockwise, fused=False)
     return plain
 
 

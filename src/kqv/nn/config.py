@@ -33,7 +33,7 @@ class ModelConfig:
 
     `attention` picks the self-attention core: "full" is exact softmax attention over every key; "linformer"
     (Wang et al. 2020) and "bigbird" (Zaheer et al. 2020) are the cheaper approximations of docs/long-inputs.md.
-    Cross-attention is always full. `blockwise` decides when full attention runs through `kqv.efficient`'s exact
+    Cross-attention is always full. `blockwise` decides when full attention runs through `kqv.nn.blockwise`'s exact
     O(n)-memory path: "auto" when a position bias or padding would otherwise build a large n x n matrix.
     """
 

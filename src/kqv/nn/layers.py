@@ -52,7 +52,11 @@ class FeedForward(nn.Module):
 
 
 class Residual(nn.Module):
-    """x + sublayer(x), with the norm before the sublayer (pre-LN) or after the sum (post-LN)."""
+    """x + sublayer(x), with the norm before the sublayer (pre-LN) or after the sum (post-LN).
+
+    `forward(x, sublayer)` wraps a sublayer that returns a tensor. Attention also returns its weights, so the
+    blocks call the two halves around it: `sublayer_input(x)`, then `add(x, output)`.
+    """
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -60,10 +64,17 @@ class Residual(nn.Module):
         self.norm_first = config.norm_first
         self.dropout = nn.Dropout(config.dropout)
 
+    def sublayer_input(self, x: Tensor) -> Tensor:
+        """What the sublayer reads: the normed stream (pre-LN) or the stream itself (post-LN)."""
+        return self.norm(x) if self.norm_first else x
+
+    def add(self, x: Tensor, output: Tensor) -> Tensor:
+        """The stream after the sublayer: x + dropout(output), normed after the sum for post-LN."""
+        x = x + self.dropout(output)
+        return x if self.norm_first else self.norm(x)
+
     def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
-        if self.norm_first:
-            return x + self.dropout(sublayer(self.norm(x)))
-        return self.norm(x + self.dropout(sublayer(x)))
+        return self.add(x, sublayer(self.sublayer_input(x)))
 
 
 class EncoderBlock(nn.Module):
@@ -77,14 +88,10 @@ class EncoderBlock(nn.Module):
         self.feed_forward_residual = Residual(config)
 
     def forward(self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        weights = None
-
-        def attend(h: Tensor) -> Tensor:
-            nonlocal weights
-            out, weights = self.self_attention(h, mask=mask, need_weights=need_weights)
-            return out
-
-        x = self.self_attention_residual(x, attend)
+        """x (batch, time, d_model) -> (the same shape, self-attention weights if asked for, else None)."""
+        attended, weights = self.self_attention(self.self_attention_residual.sublayer_input(x), mask=mask,
+                                                need_weights=need_weights)
+        x = self.self_attention_residual.add(x, attended)
         return self.feed_forward_residual(x, self.feed_forward), weights
 
 
@@ -107,18 +114,13 @@ class DecoderBlock(nn.Module):
         """x (batch, time, d_model); memory (batch, src_time, d_model); `cache` = (self, cross) caches."""
         self_cache, cross_cache = cache if cache is not None else (None, None)
         weights: dict[str, Tensor | None] = {}
-
-        def self_attend(h: Tensor) -> Tensor:
-            out, weights["self"] = self.self_attention(h, mask=mask, causal=True, positions=positions,
-                                                       cache=self_cache, need_weights=need_weights)
-            return out
-
-        def cross_attend(h: Tensor) -> Tensor:
-            out, weights["cross"] = self.cross_attention(h, memory, mask=memory_mask, cache=cross_cache,
-                                                         need_weights=need_weights)
-            return out
-
-        x = self.self_attention_residual(x, self_attend)
+        attended, weights["self"] = self.self_attention(
+            self.self_attention_residual.sublayer_input(x), mask=mask, causal=True, positions=positions,
+            cache=self_cache, need_weights=need_weights)
+        x = self.self_attention_residual.add(x, attended)
         if self.cross_attention is not None:
-            x = self.cross_attention_residual(x, cross_attend)
+            attended, weights["cross"] = self.cross_attention(
+                self.cross_attention_residual.sublayer_input(x), memory, mask=memory_mask, cache=cross_cache,
+                need_weights=need_weights)
+            x = self.cross_attention_residual.add(x, attended)
         return self.feed_forward_residual(x, self.feed_forward), weights

@@ -17,30 +17,9 @@ from torch import Tensor, nn
 from .attention import KVCache, padding_mask
 from .config import ModelConfig
 from .generation import generate, translate
+from .embeddings import Embeddings
 from .layers import DecoderBlock, EncoderBlock, make_norm
-from .positions import input_positions
 from .sparse import share_linformer_projection
-
-
-class Embeddings(nn.Module):
-    """Token embedding, plus absolute positions when the config uses them, then optional norm and dropout."""
-
-    def __init__(self, config: ModelConfig, vocab_size: int, tokens: nn.Embedding | None = None):
-        super().__init__()
-        self.vocab_size = vocab_size
-        self.tokens = tokens if tokens is not None else nn.Embedding(vocab_size, config.d_model)
-        self.positions = input_positions(config)
-        self.scale = math.sqrt(config.d_model) if config.scale_embeddings else 1.0
-        self.norm = make_norm(config) if config.embed_norm else None
-        self.dropout = nn.Dropout(config.dropout)
-
-    def forward(self, ids: Tensor, positions: Tensor) -> Tensor:
-        x = self.tokens(ids) * self.scale  # (batch, time, d_model)
-        if self.positions is not None:
-            x = x + self.positions(positions).to(x.dtype)
-        if self.norm is not None:
-            x = self.norm(x)
-        return self.dropout(x)
 
 
 class Encoder(nn.Module):

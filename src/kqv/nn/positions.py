@@ -72,8 +72,12 @@ class AttentionPositions(nn.Module):
     """Interface of in-attention position schemes; the default does nothing.
 
     Positions are 1-D LongTensors: `q_pos` (q_time,) for the queries, `k_pos` (k_time,) for the keys.
+    A scheme declares what it does, so attention chooses its kernel without calling it to find out: a subclass
+    that overrides `score_bias` sets `has_score_bias = True`, one that overrides `value_bias` sets
+    `has_value_bias = True` (attention ignores the method otherwise).
     """
 
+    has_score_bias = False  # True when score_bias adds a term to the scores (torch's SDPA then needs it dense)
     has_value_bias = False  # True when value_bias needs the attention weights, which fused kernels don't expose
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
@@ -95,6 +99,8 @@ class RelativePositions(AttentionPositions):
     e_ij = q_i . (k_j + a^K_ij) / sqrt(d_head) and z_i = sum_j w_ij (v_j + a^V_ij). Only the 2k+1 distinct
     embeddings are stored; q . a^K is computed once per distance and gathered, never an (n, n, d) tensor.
     """
+
+    has_score_bias = True
 
     def __init__(self, head_dim: int, max_distance: int, values: bool = True):
         super().__init__()
@@ -141,6 +147,8 @@ class RotaryPositions(AttentionPositions):
 
 class ALiBiPositions(AttentionPositions):
     """ALiBi (Press et al. 2022): no embeddings; each head penalises scores by slope_h * |i - j|."""
+
+    has_score_bias = True
 
     def __init__(self, n_heads: int):
         super().__init__()

@@ -1,6 +1,6 @@
 """Cheaper-than-quadratic attention: each query looks at fewer keys, or at compressed ones.
 
-Both modules have the call shape of the core of `MultiHeadAttention`: queries, keys and values of shape
+Both modules are attention cores (`kqv.nn.cores.PaddingOnlyCore`): queries, keys and values of shape
 (batch, heads, time, head_dim) in, (batch, heads, q_time, head_dim) out, with `causal` and `key_padding`
 (batch, k_time) bool (True = real token) given per call. Queries and keys are taken already rotated (RoPE);
 score biases (ALiBi, Shaw) are not supported: Linformer has no key positions left to bias, and BigBird would
@@ -23,18 +23,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ModelConfig
+from .cores import PaddingOnlyCore
 
-
-def sparse_core(config: ModelConfig) -> LinformerAttention | BigBirdAttention | None:
-    """The self-attention core `config.attention` asks for, or None for full attention."""
-    if config.attention == "linformer":
-        return LinformerAttention(config.max_len, config.linformer_k, config.n_heads,
-                                  shared_heads=config.linformer_sharing != "none",
-                                  share_kv=config.linformer_sharing in ("key_value", "layerwise"))
-    if config.attention == "bigbird":
-        return BigBirdAttention(config.bigbird_block, config.bigbird_window, config.bigbird_global,
-                                config.bigbird_random, config.bigbird_seed)
-    return None
 
 # ---------------------------------------------------------------------------------------------------------------
 # Linformer
@@ -65,7 +55,7 @@ class LinformerProjection(nn.Module):
         return keys, keys if self.values is None else self.values[:, :time]
 
 
-class LinformerAttention(nn.Module):
+class LinformerAttention(PaddingOnlyCore):
     """softmax(q (E^T K)^T / sqrt(d)) (F^T V): every query scores k learned mixtures of the keys.
 
     The published Linformer is non-causal: E^T K mixes every position, the future included, into each of the k
@@ -77,11 +67,18 @@ class LinformerAttention(nn.Module):
     Padding keys and values are zeroed before they are projected.
     """
 
+    name = "Linformer"
+
     def __init__(self, max_len: int, k: int, heads: int = 1, shared_heads: bool = True, share_kv: bool = False,
                  projection: LinformerProjection | None = None, chunk: int = 256):
         super().__init__()
         self.projection = projection or LinformerProjection(max_len, k, heads, shared_heads, share_kv)
         self.chunk = chunk
+
+    @classmethod
+    def from_config(cls, config: ModelConfig) -> LinformerAttention:
+        return cls(config.max_len, config.linformer_k, config.n_heads, shared_heads=config.linformer_sharing != "none",
+                   share_kv=config.linformer_sharing in ("key_value", "layerwise"))
 
     def forward(self, queries: Tensor, keys: Tensor, values: Tensor, *, causal: bool = False,
                 key_padding: Tensor | None = None) -> Tensor:
@@ -174,7 +171,7 @@ def bigbird_mask(time: int, block: int, window: int, global_blocks: int, random_
     return mask
 
 
-class BigBirdAttention(nn.Module):
+class BigBirdAttention(PaddingOnlyCore):
     """Block-sparse attention (Zaheer et al. 2020), computed without an n x n matrix.
 
     The sequence is cut into blocks of `block` tokens (the last padded). Each non-global query block gathers its
@@ -182,6 +179,8 @@ class BigBirdAttention(nn.Module):
     them; the global query blocks attend densely. Memory and time O(n * slots * block). Causal attention also
     takes fewer queries than keys, the last ones (decoding with a cache): only their blocks are computed.
     """
+
+    name = "BigBird"
 
     def __init__(self, block: int = 64, window: int = 1, global_blocks: int = 1, random_blocks: int = 2,
                  seed: int = 0):
@@ -191,6 +190,11 @@ class BigBirdAttention(nn.Module):
                              f"{(block, window, global_blocks, random_blocks)}")
         self.block, self.window, self.global_blocks, self.random_blocks, self.seed = (
             block, window, global_blocks, random_blocks, seed)
+
+    @classmethod
+    def from_config(cls, config: ModelConfig) -> BigBirdAttention:
+        return cls(config.bigbird_block, config.bigbird_window, config.bigbird_global, config.bigbird_random,
+                   config.bigbird_seed)
 
     def layout(self, n_blocks: int, causal: bool) -> tuple[tuple[int, ...], ...]:
         return bigbird_layout(n_blocks, self.window, self.global_blocks, self.random_blocks, causal, self.seed)

@@ -52,12 +52,12 @@ def reference(queries, keys, values, positions, causal=False, keep=None):
     return output if extra is None else output + extra
 
 
-def blockwise(queries, keys, values, positions, causal=False, keep=None, block_size=BLOCKS):
+def blockwise(queries, keys, values, positions, causal=False, keep=None, block_size=BLOCKS, fused=True, trace=None):
     q_time, k_time = queries.shape[2], keys.shape[2]
     q_pos, k_pos = torch.arange(k_time - q_time, k_time), torch.arange(k_time)
     queries, keys = positions.rotate(queries, q_pos), positions.rotate(keys, k_pos)
     return blockwise_attention(queries, keys, values, positions=positions, q_pos=q_pos, k_pos=k_pos, causal=causal,
-                               key_padding=keep, block_size=block_size)
+                               key_padding=keep, block_size=block_size, fused=fused, trace=trace)
 
 
 def values_and_gradients(attend, inputs, positions):
@@ -104,7 +104,7 @@ class LearnedSlopes(AttentionPositions):
     """A scheme blockwise attention has no fast path for: ALiBi with learned slopes, and a learned value offset
     per distance sign (value_bias linear in the weights)."""
 
-    has_value_bias = True
+    has_score_bias = has_value_bias = True
 
     def __init__(self):
         super().__init__()
@@ -140,13 +140,13 @@ def test_cached_queries_attend_to_all_earlier_keys_like_the_reference(scheme):
 
 
 @pytest.mark.parametrize("scheme", ["none", "relative"])
-def test_fused_kernel_runs_and_the_blockwise_path_give_the_same_result(scheme, monkeypatch):
+def test_fused_kernel_runs_and_the_blockwise_path_give_the_same_result(scheme):
     """Plain blocks go through torch's fused kernel when it is available; switching it off changes nothing."""
     positions = make_positions(scheme)
     x = inputs()
     fused = values_and_gradients(lambda q, k, v: blockwise(q, k, v, positions, True), x, positions)
-    monkeypatch.setattr(efficient, "USE_FUSED", False)
-    blockwise_only = values_and_gradients(lambda q, k, v: blockwise(q, k, v, positions, True), x, positions)
+    blockwise_only = values_and_gradients(lambda q, k, v: blockwise(q, k, v, positions, True, fused=False), x,
+                                          positions)
     assert efficient.FUSED is not None
     assert_all_close(fused, blockwise_only)
 
@@ -181,9 +181,10 @@ def test_alibi_blocks_too_far_to_matter_are_skipped_and_the_result_stays_exact()
     x = inputs()
     for causal in (False, True):
         expected = values_and_gradients(lambda q, k, v, c=causal: reference(q, k, v, positions, c), x, positions)
-        efficient.trace.skipped_blocks = 0
-        actual = values_and_gradients(lambda q, k, v, c=causal: blockwise(q, k, v, positions, c), x, positions)
-        assert efficient.trace.skipped_blocks > 0
+        trace = efficient.Trace()
+        actual = values_and_gradients(lambda q, k, v, c=causal: blockwise(q, k, v, positions, c, trace=trace), x,
+                                      positions)
+        assert trace.skipped_blocks > 0
         assert_all_close(actual, expected)
 
 
@@ -200,10 +201,11 @@ def test_50k_token_alibi_forward_is_fast_and_never_builds_an_n_by_n_matrix():
         q, k, v = (torch.randn(1, 1, 50_000, 16) for _ in range(3))
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         start = time.perf_counter()
-        out = efficient.blockwise_attention(q, k, v, positions=ALiBiPositions(1), causal=True)
+        trace = efficient.Trace()
+        out = efficient.blockwise_attention(q, k, v, positions=ALiBiPositions(1), causal=True, trace=trace)
         print(json.dumps({"seconds": time.perf_counter() - start, "finite": bool(torch.isfinite(out).all()),
                           "growth_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024,
-                          "largest_block": efficient.trace.largest_score_block}))
+                          "largest_block": trace.largest_score_block}))
     """)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr

@@ -1,0 +1,210 @@
+"""Attention cores: what `MultiHeadAttention` does between its projections, softmax(q k^T / sqrt(d)) v and its
+cheaper relatives, behind one small interface.
+
+The layer projects x to queries, keys and values, splits heads and applies RoPE; the core turns
+(queries, keys, values) into one output per query; the layer merges heads and projects the output. Which core a
+layer uses is decided once, when the layer is built, from `ModelConfig.attention` (see `CORES` in
+`kqv.nn.attention`), so the layer's forward reads the same whatever the core.
+
+The interface (`AttentionCore.attend`):
+    queries (batch, heads, q_time, head_dim), keys and values (batch, heads, k_time, head_dim), already rotated;
+    `positions`, the layer's `AttentionPositions` (for schemes that add a score or value bias);
+    `q_pos` (q_time,) the queries' positions (keys are at 0..k_time-1);
+    `mask` bool broadcastable to (batch, heads, q_time, k_time), True = may attend, or None;
+    `causal`, `dropout` (attention dropout, 0 in eval), `need_weights`.
+    Returns (output (batch, heads, q_time, head_dim), weights (batch, heads, q_time, k_time) or None).
+
+To add a core (say "local"): write a subclass of `AttentionCore` (or of `PaddingOnlyCore` if it takes padding
+masks only and never forms every (query, key) score, like Linformer and BigBird) with a `from_config(config)`
+class method, add one entry to `CORES` in `kqv.nn.attention`, and its name to `AttentionKind` in
+`kqv.nn.config` (tests/test_long_attention_models.py checks the two agree). A core's parameters are saved as
+`...attention.core.*`; a parameter-free core changes no state dict.
+
+This module also holds the two ways full attention is computed densely: `scaled_dot_product_attention`, the
+readable reference, and `fused_attention`, the same through torch's fused kernel.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .blockwise import blockwise_attention
+from .config import Blockwise, ModelConfig
+from .positions import AttentionPositions
+
+PLAIN_BF16_PAIRS = 256 * 256  # up to this many scores, bf16 attention on the CPU is faster as plain matmuls
+BLOCKWISE_MIN_PAIRS = 1 << 21  # below ~1,450 x 1,450 scores the dense matrix is cheap: blockwise only saves memory
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Masks
+
+
+def causal_mask(q_time: int, k_time: int, device: torch.device | None = None) -> Tensor:
+    """(q_time, k_time) bool, True where query i may see key j. Queries are the last q_time of the k_time
+    positions, so with a cache of earlier keys the newest query sees everything before it."""
+    q_pos = torch.arange(k_time - q_time, k_time, device=device)
+    return torch.arange(k_time, device=device)[None, :] <= q_pos[:, None]
+
+
+def padding_mask(attention_mask: Tensor) -> Tensor:
+    """(batch, k_time) with 1 for real tokens -> (batch, 1, 1, k_time) bool, broadcastable over heads and queries."""
+    return attention_mask.bool()[:, None, None, :]
+
+
+def padding_of(mask: Tensor | None, batch: int) -> Tensor | None:
+    """The (batch, k_time) keys-to-keep of a padding mask (batch | 1, 1, 1, k_time); None for any other mask."""
+    if mask is None or mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[2] != 1:
+        return None
+    return mask[:, 0, 0, :].expand(batch, -1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Scaled dot-product attention, plainly and fused
+
+
+def scaled_dot_product_attention(queries: Tensor, keys: Tensor, values: Tensor, *, mask: Tensor | None = None,
+                                 bias: Tensor | None = None, causal: bool = False,
+                                 dropout: float = 0.0) -> tuple[Tensor, Tensor]:
+    """The readable reference: softmax(q k^T / sqrt(d_head) + bias, future and padding = -inf) v.
+
+    queries (batch, heads, q_time, head_dim); keys, values (batch, heads, k_time, head_dim);
+    mask bool broadcastable to (batch, heads, q_time, k_time), True = may attend; `causal` masks the future as
+    `causal_mask` does. Returns (output, weights).
+    """
+    q_time, k_time = queries.shape[2], keys.shape[2]
+    scores = queries @ keys.transpose(-2, -1) / math.sqrt(queries.shape[-1])  # (batch, heads, q_time, k_time)
+    if bias is not None:
+        scores = scores + bias
+    if causal:
+        future = torch.full((q_time, k_time), float("-inf"), dtype=scores.dtype, device=scores.device)
+        scores = scores + future.triu_(k_time - q_time + 1)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = scores.softmax(dim=-1)
+    if mask is not None or bias is not None:
+        weights = weights.nan_to_num(0.0)  # a query with every key masked attends to nothing
+    if dropout > 0:
+        weights = F.dropout(weights, dropout)
+    return weights @ values, weights
+
+
+def fused_attention(queries: Tensor, keys: Tensor, values: Tensor, *, mask: Tensor | None = None,
+                    bias: Tensor | None = None, causal: bool = False, dropout: float = 0.0) -> Tensor:
+    """The same computation through `F.scaled_dot_product_attention` (O(n) memory when mask and bias are None).
+
+    Short bf16 inputs on the CPU take the plain path instead: there torch's flash kernel is 1.9-3.8x slower
+    forward + backward (`python benchmarks/attention_kernels.py`), and the plain path's numerics are eager
+    attention's under autocast (bf16 scores, softmax accumulated in fp32).
+    """
+    if queries.dtype == torch.bfloat16 and queries.device.type == "cpu" \
+            and queries.shape[2] * keys.shape[2] <= PLAIN_BF16_PAIRS:
+        return scaled_dot_product_attention(queries, keys, values, mask=mask, bias=bias, causal=causal,
+                                            dropout=dropout)[0]
+    if bias is not None:
+        attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
+    else:
+        attn_mask = mask
+    return F.scaled_dot_product_attention(queries, keys, values, attn_mask=attn_mask, dropout_p=dropout,
+                                          is_causal=causal)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The interface, and full attention
+
+
+class AttentionCore(nn.Module):
+    """How queries meet keys: the part of multi-head attention that differs between attention kinds.
+
+    See the module docstring for the shapes; subclasses implement `attend` and `from_config`.
+    """
+
+    @classmethod
+    def from_config(cls, config: ModelConfig) -> AttentionCore:
+        raise NotImplementedError
+
+    def attend(self, queries: Tensor, keys: Tensor, values: Tensor, *, positions: AttentionPositions,
+               q_pos: Tensor, mask: Tensor | None, causal: bool, dropout: float,
+               need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        raise NotImplementedError
+
+
+class FullAttention(AttentionCore):
+    """Exact softmax attention over every key, by the cheapest exact kernel for the call:
+
+    * `blockwise_attention` (O(n) memory) where a position bias or padding would make SDPA build a large n x n
+      matrix, as `blockwise` says ("auto": from BLOCKWISE_MIN_PAIRS scores on; "always"; "never");
+    * torch's fused SDPA (`fused_attention`) where nothing it cannot express is asked;
+    * the plain reference (`scaled_dot_product_attention`) when the weights are wanted or a scheme adds a value
+      bias (Shaw et al. 2018), which needs them. `fused=False` takes it always (tests compare the kernels).
+    """
+
+    def __init__(self, blockwise: Blockwise = "auto", fused: bool = True):
+        super().__init__()
+        self.blockwise, self.fused = blockwise, fused
+
+    @classmethod
+    def from_config(cls, config: ModelConfig) -> FullAttention:
+        return cls(config.blockwise)
+
+    def attend(self, queries: Tensor, keys: Tensor, values: Tensor, *, positions: AttentionPositions,
+               q_pos: Tensor, mask: Tensor | None, causal: bool, dropout: float,
+               need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        q_time, k_time = queries.shape[2], keys.shape[2]
+        k_pos = torch.arange(k_time, device=queries.device)
+        key_padding = padding_of(mask, queries.shape[0])  # (batch, k_time), or None when mask is not padding
+        if self.use_blockwise(positions, q_time, k_time, mask, key_padding, causal, dropout, need_weights):
+            return blockwise_attention(queries, keys, values, positions=positions, q_pos=q_pos, k_pos=k_pos,
+                                       causal=causal, key_padding=key_padding), None
+
+        # (heads | 1, q_time, k_time) or (batch, heads, q_time, k_time)
+        bias = positions.score_bias(queries, q_pos, k_pos) if positions.has_score_bias else None
+        fused = self.fused and not need_weights and not positions.has_value_bias
+        # given nothing but causality, SDPA masks the future itself and never builds a (time, time) mask
+        sdpa_causal = fused and causal and mask is None and bias is None and q_time == k_time
+        if causal and not sdpa_causal:
+            future = causal_mask(q_time, k_time, queries.device)
+            mask = future if mask is None else mask & future
+        if fused:
+            return fused_attention(queries, keys, values, mask=mask, bias=bias, causal=sdpa_causal,
+                                   dropout=dropout), None
+        output, weights = scaled_dot_product_attention(queries, keys, values, mask=mask, bias=bias, dropout=dropout)
+        if positions.has_value_bias:
+            output = output + positions.value_bias(weights, q_pos, k_pos)
+        return output, weights
+
+    def use_blockwise(self, positions: AttentionPositions, q_time: int, k_time: int, mask: Tensor | None,
+                      key_padding: Tensor | None, causal: bool, dropout: float, need_weights: bool) -> bool:
+        """Whether to take the exact O(n)-memory path (it has no attention dropout, returns no weights and takes
+        padding masks only). "auto" takes it only where SDPA would otherwise build a large n x n matrix."""
+        if self.blockwise == "never" or need_weights or dropout > 0 or (mask is not None and key_padding is None):
+            return False
+        if self.blockwise == "always":
+            return True
+        sdpa_streams = (mask is None and not positions.has_value_bias and not positions.has_score_bias
+                        and (not causal or q_time == k_time))
+        return not sdpa_streams and q_time * k_time >= BLOCKWISE_MIN_PAIRS
+
+
+class PaddingOnlyCore(AttentionCore):
+    """Base of cores that never score every (query, key) pair (Linformer, BigBird): they take padding masks only,
+    return no weights and have no attention dropout. Subclasses implement
+    `forward(queries, keys, values, *, causal, key_padding)`, key_padding (batch, k_time) bool, True = token."""
+
+    name = "this attention kind"
+
+    def attend(self, queries: Tensor, keys: Tensor, values: Tensor, *, positions: AttentionPositions,
+               q_pos: Tensor, mask: Tensor | None, causal: bool, dropout: float,
+               need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        if need_weights:
+            raise ValueError(f"attention weights exist only for attention='full': {self.name} never scores every "
+                             f"(query, key) pair")
+        key_padding = padding_of(mask, queries.shape[0])
+        if mask is not None and key_padding is None:
+            raise ValueError(f"{self.name} takes padding masks, (batch, 1, 1, k_time), only; got a mask of shape "
+                             f"{tuple(mask.shape)}")
+        return self(queries, keys, values, causal=causal, key_padding=key_padding), None
