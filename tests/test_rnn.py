@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kqv.nn.rnn import RNNConfig, RNNEncoderDecoder, beam_search, greedy_search
+from kqv.nn.rnn import RNNConfig, RNNEncoderDecoder
 
 SCORES = ["dot", "multiplicative", "reduced_rank", "additive"]
 BOS, EOS = 1, 2
@@ -44,17 +44,6 @@ def test_generation_carrying_the_state_equals_rerunning_the_prefix(beam_size):
     cached = model.generate(src, 8, beam_size=beam_size, bos_id=BOS, eos_id=EOS, src_mask=mask)
     uncached = model.generate(src, 8, beam_size=beam_size, bos_id=BOS, eos_id=EOS, src_mask=mask, use_cache=False)
     assert torch.equal(cached, uncached)
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_beam_search_with_beam_size_1_equals_greedy_decoding(seed):
-    torch.manual_seed(seed)
-    model = tiny_model(SCORES[seed])
-    src, mask = padded_batch()
-    greedy = greedy_search(model, src, 10, bos_id=BOS, eos_id=EOS, src_mask=mask)
-    beam = beam_search(model, src, 10, beam_size=1, length_penalty=1.0, bos_id=BOS, eos_id=EOS, src_mask=mask)
-    assert torch.equal(beam[:, :greedy.shape[1]], greedy)
-    assert (beam[:, greedy.shape[1]:] == EOS).all()
 
 
 def sequence_log_prob(model: RNNEncoderDecoder, src: torch.Tensor, ids: list[int]) -> float:

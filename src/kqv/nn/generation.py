@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from .search import search
+
 
 def sample_next(logits: Tensor, *, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
                 generator: torch.Generator | None = None) -> Tensor:
@@ -72,7 +74,7 @@ def generate(model: nn.Module, ids: Tensor, max_new_tokens: int, *, temperature:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Encoder-decoder: greedy and beam search
+# Encoder-decoder: greedy and beam search (kqv.nn.search)
 
 
 def reorder_cache(cache: list, index: Tensor) -> None:
@@ -83,15 +85,38 @@ def reorder_cache(cache: list, index: Tensor) -> None:
                 part.keys, part.values = part.keys.index_select(0, index), part.values.index_select(0, index)
 
 
+class EncoderDecoderStepper:
+    """The `kqv.nn.search.Stepper` of an `EncoderDecoder`: the encoder runs once; each step runs the decoder on the
+    newest tokens with the KV cache (or, with use_cache=False, on the whole prefix; slower, the same result)."""
+
+    def __init__(self, model: nn.Module, src_ids: Tensor, src_mask: Tensor | None, use_cache: bool):
+        self.model, self.src_mask = model, src_mask
+        self.memory = model.encode(src_ids, src_mask)  # (batch, src_time, d_model)
+        self.cache = model.new_cache() if use_cache else None
+        self.prefixes: Tensor | None = None  # every token so far, kept only without a cache
+
+    def step(self, last_ids: Tensor) -> Tensor:
+        ids = last_ids[:, None]
+        if self.cache is None:
+            ids = self.prefixes = ids if self.prefixes is None else torch.cat((self.prefixes, ids), dim=1)
+        logits = self.model.decode(ids, self.memory, self.src_mask, cache=self.cache)[:, -1]  # (rows, vocab)
+        return logits.float().log_softmax(dim=-1)
+
+    def reorder(self, rows: Tensor) -> None:
+        self.memory = self.memory.index_select(0, rows)
+        self.src_mask = None if self.src_mask is None else self.src_mask.index_select(0, rows)
+        self.prefixes = None if self.prefixes is None else self.prefixes.index_select(0, rows)
+        if self.cache is not None:
+            reorder_cache(self.cache, rows)
+
+
 @torch.no_grad()
 def translate(model: nn.Module, src_ids: Tensor, max_new_tokens: int, *, bos_id: int, eos_id: int,
               beam_size: int = 1, length_penalty: float = 1.0, src_mask: Tensor | None = None,
               use_cache: bool = True) -> Tensor:
     """Decode a target for each source in src_ids (batch, src_time): (batch, 1 + up to max_new_tokens) ids that
-    start with bos_id and are padded with eos_id after the end. Beam size 1 is greedy decoding.
-
-    Beam search keeps the `beam_size` best prefixes by total log-probability; a prefix that ends in EOS is kept
-    unchanged, and the winner is chosen by log-probability / length^length_penalty (0: no length penalty).
+    start with bos_id and are padded with eos_id after the end. Beam size 1 is greedy decoding; the beam search
+    and its length penalty are `kqv.nn.search`'s, shared with the LSTM baseline.
     """
     check_generation_options(max_new_tokens, 1.0, None, None)
     if not isinstance(beam_size, int) or beam_size < 1:
@@ -99,38 +124,6 @@ def translate(model: nn.Module, src_ids: Tensor, max_new_tokens: int, *, bos_id:
     config = model.config
     if config.position == "learned" and max_new_tokens > config.max_len:
         raise ValueError(f"max_new_tokens={max_new_tokens} exceeds max_len={config.max_len} of learned positions")
-    batch = src_ids.shape[0]
-    memory = model.encode(src_ids, src_mask)  # (batch, src_time, d_model)
-    # every source is decoded as beam_size rows: (batch * beam_size, ...)
-    memory = memory.repeat_interleave(beam_size, dim=0)
-    src_mask = None if src_mask is None else src_mask.repeat_interleave(beam_size, dim=0)
-    ids = torch.full((batch * beam_size, 1), bos_id, dtype=torch.long, device=src_ids.device)
-    scores = torch.zeros(batch, beam_size, device=src_ids.device)
-    scores[:, 1:] = float("-inf")  # all beams start identical: keep one until they differ
-    finished = torch.zeros(batch * beam_size, dtype=torch.bool, device=src_ids.device)
-    lengths = torch.zeros(batch * beam_size, device=src_ids.device)
-    cache = model.new_cache() if use_cache else None
-
-    for _ in range(max_new_tokens):
-        step_ids = ids[:, -1:] if use_cache else ids
-        logits = model.decode(step_ids, memory, src_mask, cache=cache)[:, -1].float()  # (batch * beams, vocab)
-        log_probs = logits.log_softmax(dim=-1)
-        # a finished prefix can only be continued by EOS, at no cost
-        log_probs[finished] = float("-inf")
-        log_probs[finished, eos_id] = 0.0
-        vocab = log_probs.shape[-1]
-        candidates = (scores.view(-1, 1) + log_probs).view(batch, beam_size * vocab)
-        scores, best = candidates.topk(beam_size, dim=-1)  # (batch, beam_size)
-        rows = (best // vocab + torch.arange(batch, device=ids.device)[:, None] * beam_size).view(-1)
-        tokens = (best % vocab).view(-1, 1)
-        ids = torch.cat((ids.index_select(0, rows), tokens), dim=1)
-        lengths = lengths.index_select(0, rows) + (~finished.index_select(0, rows)).float()
-        finished = finished.index_select(0, rows) | (tokens.view(-1) == eos_id)
-        if cache is not None:
-            reorder_cache(cache, rows)
-        if finished.all():
-            break
-
-    normalised = scores / lengths.view(batch, beam_size).clamp(min=1) ** length_penalty
-    winner = normalised.argmax(dim=-1) + torch.arange(batch, device=ids.device) * beam_size
-    return ids.index_select(0, winner)
+    stepper = EncoderDecoderStepper(model, src_ids, src_mask, use_cache)
+    return search(stepper, src_ids.shape[0], max_new_tokens, bos_id=bos_id, eos_id=eos_id, beam_size=beam_size,
+                  length_penalty=length_penalty, device=src_ids.device)

@@ -30,6 +30,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from .attention import Attention, Score
 from .config import build_dataclass
+from .search import search
 
 State = tuple[Tensor, Tensor]  # LSTM (h, c), each (layers, batch, d_hidden)
 
@@ -185,132 +186,41 @@ class RNNEncoderDecoder(nn.Module):
                  bos_id: int, eos_id: int, src_mask: Tensor | None = None, use_cache: bool = True) -> Tensor:
         """Translate: (batch, time) target ids starting with bos_id, each followed by eos_id once it has ended.
 
-        beam_size 1 is greedy. With a larger beam, finished hypotheses are ranked by their summed log-probability
-        divided by length ** length_penalty (length counts the generated tokens, eos included). `use_cache=False`
-        re-runs the decoder over the whole prefix at every step instead of carrying the LSTM state (slower,
-        the same result; for tests)."""
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-        if not isinstance(beam_size, int) or beam_size < 1:
-            raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
-        if beam_size == 1:
-            return greedy_search(self, src_ids, max_new_tokens, bos_id=bos_id, eos_id=eos_id, src_mask=src_mask,
-                                 use_cache=use_cache)
-        return beam_search(self, src_ids, max_new_tokens, beam_size=beam_size, length_penalty=length_penalty,
-                           bos_id=bos_id, eos_id=eos_id, src_mask=src_mask, use_cache=use_cache)
+        beam_size 1 is greedy; a larger beam is `kqv.nn.search.beam_search`, the Transformer's too, where finished
+        hypotheses are ranked by their summed log-probability divided by length ** length_penalty (length counts
+        the generated tokens, eos included). `use_cache=False` re-runs the decoder over the whole prefix at every
+        step instead of carrying the LSTM state (slower, the same result; for tests)."""
+        memory, state, memory_mask = self.encode(src_ids, src_mask)
+        stepper = RNNStepper(self, memory, state, memory_mask, use_cache)
+        return search(stepper, src_ids.shape[0], max_new_tokens, bos_id=bos_id, eos_id=eos_id, beam_size=beam_size,
+                      length_penalty=length_penalty, device=src_ids.device)
 
 
-class _Stepper:
-    """Next-token log-probabilities for a growing batch of prefixes, with or without carrying the LSTM state."""
+class RNNStepper:
+    """The `kqv.nn.search.Stepper` of the LSTM baseline: next-token log-probabilities for each row, carrying the
+    LSTM state (or, with use_cache=False, re-running the decoder over the whole prefix from the initial state)."""
 
     def __init__(self, model: RNNEncoderDecoder, memory: Tensor, state: State, memory_mask: Tensor | None,
                  use_cache: bool):
         self.model, self.memory, self.memory_mask, self.use_cache = model, memory, memory_mask, use_cache
         self.initial, self.state = state, state
+        self.prefixes: Tensor | None = None  # every token so far, kept only without the state
 
-    def __call__(self, prefixes: Tensor) -> Tensor:
+    def step(self, last_ids: Tensor) -> Tensor:
         if self.use_cache:
-            log_probs, self.state = self.model.step(prefixes[:, -1], self.state, self.memory, self.memory_mask)
+            log_probs, self.state = self.model.step(last_ids, self.state, self.memory, self.memory_mask)
             return log_probs
-        output, _, _ = self.model.decoder(prefixes, self.initial, self.memory, self.memory_mask)
+        ids = last_ids[:, None]
+        self.prefixes = ids if self.prefixes is None else torch.cat((self.prefixes, ids), dim=1)
+        output, _, _ = self.model.decoder(self.prefixes, self.initial, self.memory, self.memory_mask)
         return self.model.lm_head(output[:, -1]).float().log_softmax(dim=-1)
 
     def reorder(self, rows: Tensor) -> None:
-        """Keep the given rows (beam search: the beams that survive, in their new order)."""
-        select = lambda s: (s[0][:, rows], s[1][:, rows])
+        select = lambda s: (s[0][:, rows], s[1][:, rows])  # (layers, rows, d_hidden) each
         self.memory = self.memory[rows]
         self.memory_mask = None if self.memory_mask is None else self.memory_mask[rows]
         self.state, self.initial = select(self.state), select(self.initial)
-
-
-def greedy_search(model: RNNEncoderDecoder, src_ids: Tensor, max_new_tokens: int, *, bos_id: int, eos_id: int,
-                  src_mask: Tensor | None = None, use_cache: bool = True) -> Tensor:
-    """Pick the most likely token at every step; stop when every sequence has emitted eos."""
-    memory, state, memory_mask = model.encode(src_ids, src_mask)
-    stepper = _Stepper(model, memory, state, memory_mask, use_cache)
-    ids = torch.full((src_ids.shape[0], 1), bos_id, dtype=torch.long, device=src_ids.device)
-    finished = torch.zeros(src_ids.shape[0], dtype=torch.bool, device=src_ids.device)
-    for _ in range(max_new_tokens):
-        next_ids = stepper(ids).argmax(dim=-1).masked_fill(finished, eos_id)
-        ids = torch.cat((ids, next_ids[:, None]), dim=1)
-        finished |= next_ids == eos_id
-        if finished.all():
-            break
-    return ids
-
-
-def beam_search(model: RNNEncoderDecoder, src_ids: Tensor, max_new_tokens: int, *, beam_size: int,
-                length_penalty: float, bos_id: int, eos_id: int, src_mask: Tensor | None = None,
-                use_cache: bool = True) -> Tensor:
-    """Keep the `beam_size` best prefixes of every sentence; a prefix that emits eos becomes a finished hypothesis.
-
-    A sentence is done when it has beam_size finished hypotheses and its best live prefix, scored as if it ended
-    now, is no better than the worst of them (the stopping rule of Hugging Face's `generate`), or at
-    max_new_tokens, when its live prefixes count as finished.
-    """
-    batch, k = src_ids.shape[0], beam_size
-    memory, state, memory_mask = model.encode(src_ids, src_mask)
-    stepper = _Stepper(model, memory, state, memory_mask, use_cache)
-    stepper.reorder(torch.arange(batch, device=src_ids.device).repeat_interleave(k))  # (batch * k) rows
-    prefixes = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=src_ids.device)
-    scores = torch.full((batch, k), float("-inf"), device=src_ids.device)
-    scores[:, 0] = 0.0  # all beams start equal: let only the first one expand at step 1
-    finished: list[list[tuple[float, Tensor]]] = [[] for _ in range(batch)]
-    done = [False] * batch
-
-    def normalised(score: float, length: int) -> float:
-        return score / length ** length_penalty
-
-    for step in range(1, max_new_tokens + 1):
-        log_probs = stepper(prefixes)  # (batch * k, vocab)
-        vocab = log_probs.shape[-1]
-        candidates = (scores[:, :, None] + log_probs.view(batch, k, vocab)).view(batch, k * vocab)
-        top_scores, top_index = candidates.topk(2 * k, dim=-1)  # (batch, 2k): enough to refill k live beams
-        rows, new_scores, new_tokens = [], torch.full_like(scores, float("-inf")), []
-        for b in range(batch):
-            kept = 0
-            for score, index in zip(top_scores[b].tolist(), top_index[b].tolist()):
-                beam, token = divmod(index, vocab)
-                if done[b] or score == float("-inf"):
-                    break
-                if token == eos_id:
-                    prefix = torch.cat((prefixes[b * k + beam], prefixes.new_tensor([eos_id])))
-                    finished[b].append((normalised(score, step), prefix))
-                    continue
-                rows.append(b * k + beam)
-                new_tokens.append(token)
-                new_scores[b, kept] = score
-                kept += 1
-                if kept == k:
-                    break
-            while kept < k:  # a finished sentence (or a tiny vocabulary) keeps dummy beams with -inf scores
-                rows.append(b * k)
-                new_tokens.append(eos_id)
-                kept += 1
-            finished[b].sort(key=lambda h: h[0], reverse=True)
-            del finished[b][k:]
-            best_live = new_scores[b, 0].item()
-            if len(finished[b]) == k and normalised(best_live, step) <= finished[b][-1][0]:
-                done[b] = True
-        rows_tensor = torch.tensor(rows, device=src_ids.device)
-        prefixes = torch.cat((prefixes[rows_tensor], prefixes.new_tensor(new_tokens)[:, None]), dim=1)
-        stepper.reorder(rows_tensor)  # the LSTM state follows its beam
-        scores = new_scores
-        if all(done):
-            break
-    results = []
-    for b in range(batch):
-        hypotheses = list(finished[b])
-        if not done[b]:  # ran out of steps: live prefixes compete too
-            length = prefixes.shape[1] - 1
-            hypotheses += [(normalised(scores[b, j].item(), length), prefixes[b * k + j]) for j in range(k)
-                           if scores[b, j] > float("-inf")]
-        results.append(max(hypotheses, key=lambda h: h[0])[1])
-    width = max(len(r) for r in results)
-    out = torch.full((batch, width), eos_id, dtype=torch.long, device=src_ids.device)
-    for b, result in enumerate(results):
-        out[b, :len(result)] = result
-    return out
+        self.prefixes = None if self.prefixes is None else self.prefixes[rows]
 
 
 def _check_ids(ids: Tensor, vocab_size: int, name: str) -> None:
