@@ -31,7 +31,7 @@ import torch
 
 from kqv.cli.main import packaged_config
 from kqv.jobs.mt import load_run_config, prepare_data
-from kqv.train.trainer import read_metrics
+from kqv.train.metrics import read_metrics
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = {"transformer": "quick", "lstm": "lstm"}

@@ -9,7 +9,7 @@ The three models are GPT-2-shaped and as alike as each library allows:
           positions (its default), tanh GELU, tied embeddings
 
 All of them train on the same random token batches with AdamW (lr 3e-4; by default the fused CPU kernel, the
-fastest AdamW on CPU and the one `kqv.train.trainer` uses, the same for every model). Every (model, precision) pair gets its own model
+fastest AdamW on CPU and the one `kqv.train.optimizer` makes, the same for every model). Every (model, precision) pair gets its own model
 and optimizer, built once and warmed up; then the pairs run round-robin, `--steps` timed steps each per round, for
 `--rounds` rounds, with the order rotated every round, so that whatever the machine does meanwhile hits all pairs
 alike. The reported figure is the median over rounds of tokens per second (batch * context / step time), a step
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="kqv,hf,xtrans", help="comma-separated subset of kqv,hf,xtrans")
     parser.add_argument("--optimizer", choices=["default", "foreach", "fused"], default="fused",
                         help="AdamW implementation, the same for every model; fused (one kernel for all parameters) "
-                             "is the fastest on CPU and what kqv.train.trainer uses")
+                             "is the fastest on CPU and what kqv.train.optimizer makes")
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--hf-attn", default="sdpa", help="GPT2 attn_implementation (sdpa or eager)")
     parser.add_argument("--hf-act", default="gelu_pytorch_tanh",

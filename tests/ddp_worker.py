@@ -7,7 +7,8 @@ from pathlib import Path
 import torch
 
 import kqv
-from kqv.train.trainer import TrainConfig, Trainer
+from kqv.train.config import TrainConfig
+from kqv.train.trainer import Trainer
 
 CONFIG = TrainConfig(steps=3, batch_size=4, grad_accum=2, lr=1e-3, warmup_steps=1, precision="fp32",
                      log_every=1, eval_every=3, eval_batches=2)

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from kqv.cli.main import main
-from kqv.train.trainer import MODEL_FILE, Trainer
+from kqv.train.checkpoints import MODEL_FILE
+from kqv.train.trainer import Trainer
 
 TINY = """
 [data]

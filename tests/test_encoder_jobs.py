@@ -10,9 +10,11 @@ import torch
 
 import kqv
 from kqv.cli.main import main
-from kqv.jobs.encoder import Vocabulary, mask_tokens, read_tsv, split_examples
+from kqv.data.masking import mask_tokens
+from kqv.data.tsv import read_tsv, split_examples
+from kqv.data.vocabulary import Vocabulary
 from kqv.data.tokenizers import CharTokenizer
-from kqv.train.trainer import read_metrics
+from kqv.train.metrics import read_metrics
 
 from conftest import tiny_config
 
@@ -260,7 +262,7 @@ def test_mlm_with_a_bpe_tokenizer_trains(tmp_path, corpus):
 
 
 def test_mlm_model_exports_to_a_hugging_face_bert_for_masked_lm(mlm_run):
-    from kqv.jobs.encoder import load_mlm_run
+    from kqv.jobs.mlm import load_mlm_run
     from kqv.interop import to_hf
 
     run = load_mlm_run(mlm_run)

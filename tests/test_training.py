@@ -19,8 +19,13 @@ from safetensors.torch import load_file
 from torch import nn
 
 import kqv
+from kqv.train import checkpoints
 from kqv.train import trainer as training
-from kqv.train.trainer import TrainConfig, Trainer, learning_rate, parameter_groups, read_checkpoint, read_metrics
+from kqv.train.checkpoints import load_weights, read_checkpoint
+from kqv.train.config import TrainConfig, learning_rate
+from kqv.train.metrics import read_metrics
+from kqv.train.optimizer import parameter_groups
+from kqv.train.trainer import Trainer
 
 VOCAB, SEQ = 32, 16
 TINY = kqv.ModelConfig(vocab_size=VOCAB, d_model=32, n_heads=2, n_layers=2, d_ff=64, max_len=32, dropout=0.1)
@@ -154,7 +159,7 @@ def test_failed_checkpoint_write_keeps_the_previous_checkpoint(tmp_path, monkeyp
             raise OSError("disk full")
         real_save(obj, path, *args, **kwargs)
 
-    monkeypatch.setattr(training.torch, "save", disk_full)
+    monkeypatch.setattr(checkpoints.torch, "save", disk_full)
     with pytest.raises(OSError, match="disk full"):
         run.train()
     monkeypatch.undo()
@@ -173,7 +178,7 @@ def test_crash_between_the_checkpoint_renames_resumes_from_the_old_checkpoint(tm
             raise OSError("power cut")
         real_replace(src, dst)
 
-    monkeypatch.setattr(training.os, "replace", power_cut)
+    monkeypatch.setattr(checkpoints.os, "replace", power_cut)
     with pytest.raises(OSError, match="power cut"):
         run.train()
     monkeypatch.undo()
@@ -202,7 +207,7 @@ def test_overwrite_starts_the_run_over(tmp_path):
 def test_tied_weights_survive_a_checkpoint(tmp_path):
     trainer(tmp_path, config(steps=2)).train()
     model = make_model(seed=7)
-    training.load_weights(model, tmp_path)
+    load_weights(model, tmp_path)
     assert model.lm_head.weight is model.decoder.embeddings.tokens.weight
     assert torch.equal(model.lm_head.weight, weights(tmp_path)["decoder.embeddings.tokens.weight"])
 

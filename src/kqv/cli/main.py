@@ -92,13 +92,14 @@ def cmd_eval(args: argparse.Namespace) -> None:
         raise ValueError(f"kqv eval does not know runs of task {task!r} yet")
     from ..data.shakespeare import load_text
     from ..train.evaluation import perplexity
-    from ..jobs.lm import TOKENS_FILE, encode, load_run
+    from ..data.tokenizers import encode_text
+    from ..jobs.lm import TOKENS_FILE, load_run
     from safetensors.torch import load_file
 
     run = load_run(args.run)
     if args.data is not None:
         text = load_text(args.data)
-        ids, n_chars, source = encode(run.tokenizer, text), len(text), args.data
+        ids, n_chars, source = encode_text(run.tokenizer, text), len(text), args.data
     else:
         tokens = load_file(run.run_dir / TOKENS_FILE)
         ids, n_chars, source = tokens["val"], int(tokens["chars"][1]), "the held-out validation split"
@@ -223,11 +224,13 @@ def cmd_attention_mt(args: argparse.Namespace) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The encoder's jobs (kqv.encoder_jobs) and sentence embeddings (kqv.embeddings)
+# The encoder's jobs (kqv.jobs.mlm, kqv.jobs.cls) and sentence embeddings (kqv.jobs.embeddings)
 
 
 def cmd_train_encoder(args: argparse.Namespace) -> None:
-    from ..jobs.encoder import EncoderRunConfig, load_run_config, read_run, train_cls, train_mlm
+    from ..jobs.cls import train_cls
+    from ..jobs.encoder import EncoderRunConfig, load_run_config, read_run
+    from ..jobs.mlm import train_mlm
 
     overrides = flag_overrides(args, {"data.path": args.data, "data.init": getattr(args, "init", None),
                                       "train.steps": args.steps})

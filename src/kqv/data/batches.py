@@ -61,3 +61,8 @@ def iter_eval_batches(
     tail = ids[n_blocks * context :]
     if len(tail) >= 2:
         yield tail[None, :-1], tail[None, 1:]  # (1, remainder)
+
+
+def batch_generator(seed: int, i: int) -> torch.Generator:
+    """The generator of batch i: the same batch for the same i, as the trainer's determinism contract asks."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + i)

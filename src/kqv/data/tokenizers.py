@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+import torch
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
@@ -246,3 +247,23 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
     if kind not in TOKENIZER_KINDS:
         raise ValueError(f"{metadata_path} names unknown tokenizer kind {kind!r}; known: {sorted(TOKENIZER_KINDS)}")
     return TOKENIZER_KINDS[kind]._load(directory, metadata)
+
+
+def encode_text(tokenizer: Tokenizer, text: str, chunk: int = 1 << 20) -> torch.Tensor:
+    """Encode a long text in chunks of lines (bounded memory), as int32 ids."""
+    ids: list[int] = []
+    start = 0
+    while start < len(text):
+        end = text.find("\n", start + chunk)
+        end = len(text) if end < 0 else end + 1
+        ids.extend(tokenizer.encode(text[start:end]))
+        start = end
+    return torch.tensor(ids, dtype=torch.int32)
+
+
+def encode_texts(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
+    """Token ids of many texts; in one batched call when the tokenizer is Hugging Face's (much faster)."""
+    backend = getattr(tokenizer, "tokenizer", None)
+    if backend is not None and hasattr(backend, "encode_batch"):
+        return [encoding.ids for encoding in backend.encode_batch(texts)]
+    return [tokenizer.encode(text) for text in texts]

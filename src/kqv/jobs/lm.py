@@ -17,14 +17,16 @@ from typing import Any, Literal
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..nn.config import ModelConfig, build_dataclass
+from ..data.batches import batch_generator, sample_batch
 from ..data.shakespeare import load_text, split_text
-from ..data.batches import sample_batch
-from ..train.evaluation import perplexity
+from ..data.tokenizers import Tokenizer, encode_text, load_tokenizer, make_tokenizer
+from ..nn.config import ModelConfig, build_dataclass
 from ..nn.models import DecoderLM, count_parameters
+from ..train.checkpoints import load_weights, read_checkpoint
+from ..train.config import TrainConfig
+from ..train.evaluation import perplexity
 from ..train.runs import read_config_values, toml_text
-from ..data.tokenizers import Tokenizer, load_tokenizer, make_tokenizer
-from ..train.trainer import Trainer, TrainConfig, load_weights, read_checkpoint
+from ..train.trainer import Trainer
 
 RUN_CONFIG, TOKENIZER_DIR, TOKENS_FILE = "run.toml", "tokenizer", "tokens.safetensors"
 
@@ -106,24 +108,12 @@ def prepare_data(config: LMRunConfig, run_dir: Path, resume: bool) -> tuple[Toke
     train_text, val_text = split_text(text, config.data.val_fraction)
     tokenizer = make_tokenizer(config.data.tokenizer, text if config.data.tokenizer == "char" else train_text,
                                config.data.vocab_size)
-    tokens = {"train": encode(tokenizer, train_text), "val": encode(tokenizer, val_text),
+    tokens = {"train": encode_text(tokenizer, train_text), "val": encode_text(tokenizer, val_text),
               "chars": torch.tensor([len(train_text), len(val_text)])}
     run_dir.mkdir(parents=True, exist_ok=True)
     tokenizer.save(run_dir / TOKENIZER_DIR)
     save_file(tokens, run_dir / TOKENS_FILE)
     return tokenizer, tokens
-
-
-def encode(tokenizer: Tokenizer, text: str, chunk: int = 1 << 20) -> torch.Tensor:
-    """Encode a long text in chunks of lines (bounded memory), as int32 ids."""
-    ids: list[int] = []
-    start = 0
-    while start < len(text):
-        end = text.find("\n", start + chunk)
-        end = len(text) if end < 0 else end + 1
-        ids.extend(tokenizer.encode(text[start:end]))
-        start = end
-    return torch.tensor(ids, dtype=torch.int32)
 
 
 def train_lm(config: LMRunConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
@@ -142,10 +132,10 @@ def train_lm(config: LMRunConfig, run_dir: str | Path, *, resume: bool = False, 
     batch, context, seed = config.train.batch_size, config.data.context, config.train.seed
 
     def train_batches(i: int):
-        return sample_batch(train_ids, batch, context, torch.Generator().manual_seed(seed * 1_000_003 + i))
+        return sample_batch(train_ids, batch, context, batch_generator(seed, i))
 
     def val_batches(i: int):
-        return sample_batch(val_ids, batch, context, torch.Generator().manual_seed(seed * 1_000_003 - i - 1))
+        return sample_batch(val_ids, batch, context, batch_generator(seed, -i - 1))
 
     def loss_fn(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         inputs, targets = batch

@@ -1,11 +1,11 @@
 """The machine-translation job: parallel corpus -> joint BPE -> encoder-decoder -> trainer -> BLEU and chrF.
 
 The model is the Transformer (`kqv.EncoderDecoder`, `model.kind = "transformer"`) or the recurrent baseline it
-replaced (`kqv.rnn.RNNEncoderDecoder`, `model.kind = "lstm"`); both are trained by the same `Trainer` on the same
+replaced (`kqv.nn.rnn.RNNEncoderDecoder`, `model.kind = "lstm"`); both are trained by the same `Trainer` on the same
 batches with the same tokenizer, so they can be compared.
 
 * Data: the verse-aligned Bible (`data.pair`, default de-en) or a user corpus (`data.path`, TSV or with
-  `data.tgt_path` two aligned files), split by whole chapters / blocks of lines (see `kqv.parallel`).
+  `data.tgt_path` two aligned files), split by whole chapters / blocks of lines (see `kqv.data.bible`).
 * Tokens: one byte-level BPE for both languages (`<pad>`, `<bos>`, `<eos>` first), trained on the training split.
   A source is `ids + <eos>`; the decoder reads `<bos> + ids` and predicts `ids + <eos>` (teacher forcing).
 * Batches: sentences sorted by length and packed so that rows * longest sentence <= `data.max_tokens` on both
@@ -35,16 +35,19 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from ..nn.config import ModelConfig, build_dataclass
-from ..train.runs import read_config_values, toml_text
-from ..nn.models import EncoderDecoder, count_parameters
-from ..data.bible import Pair, load_pairs, parse_pair, split_by_group
-from ..nn.rnn import RNNConfig, RNNEncoderDecoder
+from ..data.bible import load_pairs, parse_pair, split_by_group
+from ..data.padding import lengths_mask, pad_sequences
+from ..data.pairs import Encoded, TokenBatches, encode_pairs, load_splits, read_texts, save_splits, write_texts
 from ..data.tokenizers import Tokenizer, load_tokenizer, make_tokenizer
-from ..train.trainer import TrainConfig, Trainer, load_weights, read_checkpoint
+from ..nn.config import ModelConfig, build_dataclass
+from ..nn.models import EncoderDecoder, count_parameters
+from ..nn.rnn import RNNConfig, RNNEncoderDecoder
+from ..train.checkpoints import load_weights, read_checkpoint
+from ..train.config import TrainConfig
+from ..train.runs import read_config_values, toml_text
+from ..train.trainer import Trainer
 
 RUN_CONFIG, TOKENIZER_DIR, PAIRS_FILE, TEXT_DIR = "run.toml", "tokenizer", "pairs.safetensors", "data"
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
@@ -153,18 +156,7 @@ def load_run_config(path: str | Path, overrides: list[str] = ()) -> MTRunConfig:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Data: tokenizer, encoded splits, batches
-
-
-@dataclass
-class Encoded:
-    """One split as lists of id tensors (int64): sources end in <eos>; targets are the bare sentence ids."""
-
-    src: list[Tensor]
-    tgt: list[Tensor]
-
-    def __len__(self) -> int:
-        return len(self.src)
+# Data: tokenizer, encoded splits
 
 
 @dataclass
@@ -192,7 +184,7 @@ def prepare_data(config: MTRunConfig, run_dir: Path, reuse: bool) -> MTData:
     resumed run, or data copied from another run), else built and saved."""
     if reuse and (run_dir / PAIRS_FILE).exists():
         tokenizer = load_tokenizer(run_dir / TOKENIZER_DIR)
-        return MTData(tokenizer, _load_splits(run_dir / PAIRS_FILE), _read_texts(run_dir / TEXT_DIR))
+        return MTData(tokenizer, load_splits(run_dir / PAIRS_FILE), read_texts(run_dir / TEXT_DIR))
     splits = split_by_group(load_pairs(config.data.pair, config.data.path, config.data.tgt_path),
                             config.data.dev_fraction, config.data.test_fraction)
     corpus = "\n".join(p.src + "\n" + p.tgt for p in splits["train"])
@@ -206,8 +198,8 @@ def prepare_data(config: MTRunConfig, run_dir: Path, reuse: bool) -> MTData:
     texts = {name: ([p.src for p in splits[name]], [p.tgt for p in splits[name]]) for name in ("dev", "test")}
     run_dir.mkdir(parents=True, exist_ok=True)
     tokenizer.save(run_dir / TOKENIZER_DIR)
-    _save_splits(encoded, run_dir / PAIRS_FILE)
-    _write_texts(texts, run_dir / TEXT_DIR)
+    save_splits(encoded, run_dir / PAIRS_FILE)
+    write_texts(texts, run_dir / TEXT_DIR)
     return MTData(tokenizer, encoded, texts, dropped)
 
 
@@ -220,125 +212,6 @@ def copy_data(source: str | Path, run_dir: Path) -> None:
     for name in (TOKENIZER_DIR, TEXT_DIR):
         shutil.copytree(source / name, run_dir / name, dirs_exist_ok=True)
     shutil.copy2(source / PAIRS_FILE, run_dir / PAIRS_FILE)
-
-
-def encode_pairs(tokenizer: Tokenizer, pairs: list[Pair], eos_id: int) -> Encoded:
-    src = [torch.tensor(ids + [eos_id]) for ids in encode_all(tokenizer, [p.src for p in pairs])]
-    tgt = [torch.tensor(ids) for ids in encode_all(tokenizer, [p.tgt for p in pairs])]
-    return Encoded(src, tgt)
-
-
-def encode_all(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
-    """Token ids of many texts; in one batched call when the tokenizer is Hugging Face's (much faster)."""
-    backend = getattr(tokenizer, "tokenizer", None)
-    if backend is not None and hasattr(backend, "encode_batch"):
-        return [encoding.ids for encoding in backend.encode_batch(texts)]
-    return [tokenizer.encode(text) for text in texts]
-
-
-def _save_splits(splits: dict[str, Encoded], path: Path) -> None:
-    tensors = {}
-    for name, split in splits.items():
-        for side in ("src", "tgt"):
-            sequences = getattr(split, side)
-            tensors[f"{name}.{side}"] = torch.cat(sequences).to(torch.int32)
-            tensors[f"{name}.{side}_lengths"] = torch.tensor([len(s) for s in sequences], dtype=torch.int32)
-    save_file(tensors, str(path))
-
-
-def _load_splits(path: Path) -> dict[str, Encoded]:
-    tensors = load_file(str(path))
-    names = sorted({key.split(".")[0] for key in tensors})
-    split = lambda name, side: list(tensors[f"{name}.{side}"].long().split(tensors[f"{name}.{side}_lengths"].tolist()))
-    return {name: Encoded(split(name, "src"), split(name, "tgt")) for name in names}
-
-
-def _write_texts(texts: dict[str, tuple[list[str], list[str]]], directory: Path) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    for name, (sources, references) in texts.items():
-        (directory / f"{name}.src").write_text("".join(s + "\n" for s in sources), encoding="utf-8")
-        (directory / f"{name}.tgt").write_text("".join(t + "\n" for t in references), encoding="utf-8")
-
-
-def _read_texts(directory: Path) -> dict[str, tuple[list[str], list[str]]]:
-    read = lambda path: path.read_text(encoding="utf-8").splitlines()
-    return {name: (read(directory / f"{name}.src"), read(directory / f"{name}.tgt")) for name in ("dev", "test")}
-
-
-class TokenBatches:
-    """Length-bucketed batches under a token budget; `batches(i)` depends only on i (and the seed).
-
-    Each epoch, the sentences are shuffled by a generator seeded with (seed, epoch), stably sorted by (source,
-    target) length, packed greedily into batches of at most `max_rows` rows whose padded size on either side
-    stays within `max_tokens`, and the batches are shuffled. Since the packing only sees the sorted lengths,
-    every epoch has the same number of batches.
-    """
-
-    def __init__(self, data: Encoded, *, max_tokens: int, max_rows: int, seed: int, pad_id: int, bos_id: int,
-                 eos_id: int, shuffle: bool = True):
-        self.data, self.max_tokens, self.max_rows, self.seed, self.shuffle = data, max_tokens, max_rows, seed, shuffle
-        self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
-        self.src_lengths = torch.tensor([len(s) for s in data.src])
-        self.tgt_lengths = torch.tensor([len(t) + 1 for t in data.tgt])  # <bos> + ids, or ids + <eos>
-        self._epoch, self._plan = -1, []
-        self.per_epoch = len(self._epoch_plan(0))
-
-    def __len__(self) -> int:
-        return self.per_epoch
-
-    def _epoch_plan(self, epoch: int) -> list[Tensor]:
-        if epoch != self._epoch:
-            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            order = torch.randperm(len(self.data), generator=generator) if self.shuffle else torch.arange(len(self.data))
-            key = self.src_lengths[order] * 10_000 + self.tgt_lengths[order]
-            order = order[torch.sort(key, stable=True).indices]
-            plan = self._pack(order)
-            if self.shuffle:
-                plan = [plan[j] for j in torch.randperm(len(plan), generator=generator).tolist()]
-            self._epoch, self._plan = epoch, plan
-        return self._plan
-
-    def _pack(self, order: Tensor) -> list[Tensor]:
-        plan, start, longest_src, longest_tgt = [], 0, 0, 0
-        src, tgt = self.src_lengths[order].tolist(), self.tgt_lengths[order].tolist()
-        for j in range(len(order)):
-            new_src, new_tgt, rows = max(longest_src, src[j]), max(longest_tgt, tgt[j]), j - start + 1
-            if rows > 1 and (rows > self.max_rows or rows * max(new_src, new_tgt) > self.max_tokens):
-                plan.append(order[start:j])
-                start, new_src, new_tgt = j, src[j], tgt[j]
-            longest_src, longest_tgt = new_src, new_tgt
-        if start < len(order):
-            plan.append(order[start:])
-        return plan
-
-    def indices(self, i: int) -> Tensor:
-        return self._epoch_plan(i // self.per_epoch)[i % self.per_epoch]
-
-    def __call__(self, i: int) -> dict[str, Tensor]:
-        return self.collate(self.indices(i))
-
-    def collate(self, rows: Tensor) -> dict[str, Tensor]:
-        """{"src", "src_mask", "tgt_in", "targets"}: right-padded; targets use -100 for padding."""
-        rows = rows.tolist()
-        src = [self.data.src[r] for r in rows]
-        tgt = [self.data.tgt[r] for r in rows]
-        src_ids = _pad(src, self.pad_id)
-        bos, eos = torch.tensor([self.bos_id]), torch.tensor([self.eos_id])
-        return {"src": src_ids, "src_mask": _lengths_mask([len(s) for s in src], src_ids.shape[1]),
-                "tgt_in": _pad([torch.cat((bos, t)) for t in tgt], self.pad_id),
-                "targets": _pad([torch.cat((t, eos)) for t in tgt], -100)}
-
-    def real_tokens(self, i: int) -> int:
-        rows = self.indices(i)
-        return int(self.src_lengths[rows].sum() + self.tgt_lengths[rows].sum())
-
-
-def _pad(sequences: list[Tensor], value: int) -> Tensor:
-    return nn.utils.rnn.pad_sequence(sequences, batch_first=True, padding_value=value)
-
-
-def _lengths_mask(lengths: list[int], width: int) -> Tensor:
-    return torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]
 
 
 def mt_loss(model: nn.Module, batch: dict[str, Tensor], label_smoothing: float = 0.0) -> Tensor:
@@ -377,8 +250,8 @@ def translate(model: nn.Module, tokenizer: Tokenizer, sentences: list[str], *, b
     try:
         for start in range(0, len(order), batch_sentences):
             chunk = order[start:start + batch_sentences]
-            src = _pad([sources[j] for j in chunk], pad)
-            src_mask = _lengths_mask([len(sources[j]) for j in chunk], src.shape[1])
+            src = pad_sequences([sources[j] for j in chunk], pad)
+            src_mask = lengths_mask([len(sources[j]) for j in chunk], src.shape[1])
             max_new = int(max_len_a * src.shape[1] + max_len_b)
             if limit is not None:
                 max_new = min(max_new, limit)
@@ -537,7 +410,7 @@ class MTRun:
         return translate(self.model, self.tokenizer, sentences, **{**asdict(self.config.decode), **options})
 
     def test_texts(self) -> tuple[list[str], list[str]]:
-        return _read_texts(self.run_dir / TEXT_DIR)["test"]
+        return read_texts(self.run_dir / TEXT_DIR)["test"]
 
 
 def read_run_config(run_dir: str | Path) -> tuple[MTRunConfig, ModelConfig | RNNConfig]:

@@ -1,0 +1,32 @@
+"""Labelled examples for classification: `text<TAB>label` files and a deterministic train/dev split."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+def read_tsv(path: str | Path) -> list[tuple[str, str]]:
+    """(text, label) pairs of a file of `text<TAB>label` lines; blank lines are skipped."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no TSV file at {path}; give one with --data (lines of text<TAB>label)")
+    examples = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        text, tab, label = line.rpartition("\t")
+        if not tab or not text.strip() or not label.strip():
+            raise ValueError(f"{path}:{number}: expected text<TAB>label, got {line[:60]!r}")
+        examples.append((text.strip(), label.strip()))
+    if len(examples) < 2:
+        raise ValueError(f"{path} has {len(examples)} example(s); a train and a dev split need at least 2")
+    return examples
+
+
+def split_examples(examples: list, dev_fraction: float, seed: int) -> tuple[list, list]:
+    """A deterministic shuffle, then the first `dev_fraction` (at least one example) is the dev set."""
+    order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed)).tolist()
+    n_dev = min(max(1, round(dev_fraction * len(examples))), len(examples) - 1)
+    return [examples[i] for i in order[n_dev:]], [examples[i] for i in order[:n_dev]]

@@ -1,0 +1,109 @@
+"""How to train: the validated `TrainConfig` and the learning-rate schedule it describes."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from ..nn.config import build_dataclass
+
+Schedule = Literal["cosine", "inverse_sqrt", "constant"]
+Precision = Literal["fp32", "bf16"]
+
+
+@dataclass
+class TrainConfig:
+    """How to train: schedule, optimizer, precision and how often to log, evaluate and checkpoint.
+
+    `batch_size` is the number of rows of one micro-batch returned by `train_batches` (the global batch, before
+    it is split across processes); one update sees `batch_size * grad_accum` rows. `schedule`: "cosine" warms up
+    linearly for `warmup_steps` then decays to `min_lr_ratio * lr`; "inverse_sqrt" is Vaswani et al. 2017's
+    d^-0.5 * min(t^-0.5, t * warmup^-1.5) scaled so its peak is `lr` (it ignores `min_lr_ratio`); "constant"
+    warms up and stays at `lr`. `grad_clip=0` disables clipping. Evaluation and checkpoints happen every
+    `eval_every` / `checkpoint_every` updates and always after the last one. `max_minutes > 0` makes the update
+    during which that much training time (evaluation and checkpoints excluded) has passed the last one, for
+    comparisons at equal wall-clock budget; the schedule still follows `steps`.
+    """
+
+    steps: int
+    batch_size: int
+    lr: float = 3e-4
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 100
+    schedule: Schedule = "cosine"
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0
+    grad_accum: int = 1
+    precision: Precision = "bf16"
+    eval_every: int = 100
+    eval_batches: int = 20
+    checkpoint_every: int = 500
+    seed: int = 0
+    log_every: int = 10
+    max_minutes: float = 0.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.betas, list):  # after a JSON round trip
+            self.betas = tuple(self.betas)
+        for name, minimum in (("steps", 1), ("batch_size", 1), ("warmup_steps", 0), ("grad_accum", 1),
+                              ("eval_every", 1), ("eval_batches", 1), ("checkpoint_every", 1), ("seed", 0),
+                              ("log_every", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+            if value < minimum:
+                raise ValueError(f"{name} must be at least {minimum}, got {value}")
+        for name in ("lr", "min_lr_ratio", "weight_decay", "grad_clip", "max_minutes"):
+            _check_float(name, getattr(self, name))
+        if self.max_minutes < 0:
+            raise ValueError(f"max_minutes must be >= 0 (0 = no time limit), got {self.max_minutes}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be positive, got {self.lr}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"min_lr_ratio must be in [0, 1] (the final lr over the peak), got {self.min_lr_ratio}")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be non-negative, got {self.weight_decay}")
+        if self.grad_clip < 0:
+            raise ValueError(f"grad_clip must be non-negative (0 disables clipping), got {self.grad_clip}")
+        if not isinstance(self.betas, tuple) or len(self.betas) != 2:
+            raise ValueError(f"betas must be a pair (beta1, beta2), got {self.betas!r}")
+        for beta in self.betas:
+            _check_float("betas", beta)
+            if not 0 <= beta < 1:
+                raise ValueError(f"betas must lie in [0, 1), got {self.betas}")
+        for name, options in (("schedule", Schedule), ("precision", Precision)):
+            if getattr(self, name) not in options.__args__:
+                raise ValueError(f"{name} must be one of {list(options.__args__)}, got {getattr(self, name)!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "betas": list(self.betas)}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
+        return build_dataclass(cls, values, "TrainConfig")
+
+
+def _check_float(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TypeError(f"{name} must be a finite number, got {type(value).__name__} {value!r}")
+
+
+def learning_rate(config: TrainConfig, step: int) -> float:
+    """The learning rate of update number `step` (1-based: the first update is step 1).
+
+    Warmup rises linearly and reaches `lr` at `step == warmup_steps`; cosine then falls to `min_lr_ratio * lr`
+    exactly at `step == steps`.
+    """
+    peak, warmup = config.lr, config.warmup_steps
+    if config.schedule == "inverse_sqrt":
+        warmup = max(warmup, 1)
+        return peak * min(step / warmup, math.sqrt(warmup / step))
+    if step <= warmup:
+        return peak * step / warmup
+    if config.schedule == "constant":
+        return peak
+    progress = min((step - warmup) / (config.steps - warmup), 1.0)  # (0, 1]
+    floor = config.min_lr_ratio * peak
+    return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
