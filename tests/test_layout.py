@@ -44,4 +44,4 @@ def test_lower_layers_import_nothing_from_the_layers_above(layer):
 
 def test_the_import_checker_sees_relative_and_absolute_imports(tmp_path):
     assert kqv_imports(PACKAGE / "jobs" / "lm.py") >= {"nn", "data", "train"}
-    assert "nn" in kqv_imports(PACKAGE / "interop.py")
+    assert "nn" in kqv_imports(PACKAGE / "interop" / "convert.py")

@@ -1,0 +1,30 @@
+"""Weight conversion between Hugging Face `transformers` models and kqv, both ways, offline.
+
+`from_hf` turns a Hugging Face model into the kqv model with the same outputs and `to_hf` turns it back:
+
+    GPT2LMHeadModel               <->  kqv.DecoderLM       pre-LN decoder, learned positions
+    BertModel                     <->  kqv.Encoder         post-LN encoder, learned positions, embedding norm
+    BertForMaskedLM               <->  kqv.MaskedLM        the same encoder with BERT's prediction head
+    MarianMTModel                 <->  kqv.EncoderDecoder  post-LN, sinusoidal positions, scaled embeddings
+    BartForConditionalGeneration  <->  kqv.EncoderDecoder  post-LN, learned positions, embedding norms
+
+That is how kqv proves its blocks are the architectures of the lecture and not lookalikes. `from_hf` reads a model
+object or a local directory holding `config.json` and `model.safetensors` (never a pickled `pytorch_model.bin`:
+unpickling can run arbitrary code). Nothing is downloaded.
+
+Each architecture is one `Architecture` entry in `ARCHITECTURES`: a config translation each way and a list of
+weight `Rule`s, each turning some checkpoint tensors into some kqv tensors and back. Every checkpoint tensor is
+handed out once, so a weight kqv has no place for is an error, not silently dropped. What kqv does not compute
+with (BERT's pooler and second token type, the two unused rows of BART's position tables) is kept beside the
+converted model in `model.hf_origin`, with the Hugging Face config, so `to_hf(from_hf(m))` gives back `m`'s
+state dict exactly.
+
+`transformers` is imported inside functions only: it is an optional dependency, not one of kqv's.
+"""
+
+from .architectures import ARCHITECTURES
+from .convert import config_from_hf, from_hf, read_hf_directory, to_hf
+from .rules import Architecture, HFOrigin, Rule
+
+__all__ = ["ARCHITECTURES", "Architecture", "HFOrigin", "Rule", "config_from_hf", "from_hf", "read_hf_directory",
+           "to_hf"]

@@ -1,0 +1,258 @@
+"""`from_hf` and `to_hf`: read a checkpoint through an architecture's mapping into a kqv model, and back; the
+look-up of the architecture and the checks that no tensor is lost on the way."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..nn.config import ModelConfig
+from .architectures import ARCHITECTURES
+from .rules import Architecture, HFOrigin, require_kqv
+
+# ---------------------------------------------------------------------------------------------------------------
+# Public interface
+
+
+def from_hf(source: nn.Module | str | Path) -> nn.Module:
+    """A kqv model with the weights of a Hugging Face model, in eval mode.
+
+    `source` is a model object of a class in `ARCHITECTURES` or a local directory written by `save_pretrained`
+    (`config.json` + `model.safetensors`, or sharded safetensors with an index). The kqv model is built in torch's
+    default dtype (float32); weights stored in another dtype are cast to it.
+
+    Its outputs equal the Hugging Face model's: the logits of GPT-2, Marian, BART and BERT's masked-LM head, the
+    last hidden states of `BertModel`. BERT's token types are folded into the position table, which is exact for
+    token_type_ids = 0 (one segment, the default); kqv has no second segment. `model.hf_origin` keeps what kqv does
+    not compute with, for `to_hf`.
+    """
+    if isinstance(source, (str, Path)):
+        hf_config, weights = read_hf_directory(source)
+        class_names = list(getattr(hf_config, "architectures", None) or [])
+    elif isinstance(source, nn.Module) and hasattr(source, "config"):
+        hf_config, weights = source.config, source.state_dict()
+        class_names = [type(source).__name__]
+    else:
+        raise TypeError(f"from_hf takes a Hugging Face model or a directory path, got {type(source).__name__}")
+    arch = architecture(hf_config, class_names)
+    config = arch.config_from_hf(hf_config)
+    mapping = arch.mapping(config, hf_config)
+    checkpoint = Checkpoint(weights, arch.base_prefix)
+    state: dict[str, Tensor] = {}
+    kept: dict[str, Tensor] = {}
+    for rule in mapping.rules:
+        originals = [checkpoint.take(name) for name in rule.hf]
+        state |= dict(zip(rule.kqv, rule.to_kqv(*originals), strict=True))
+        if rule.keep:
+            kept |= dict(zip(rule.hf, originals))
+    for name in mapping.aliases:  # the same tensor as one a rule took (a model object lists tied weights twice)
+        checkpoint.discard(name)
+    for name, expected in mapping.computed.items():
+        if name in checkpoint:
+            check_computed(name, checkpoint.take(name), expected())
+    kept |= checkpoint.take_matching(mapping.unused)
+    checkpoint.check_all_used(arch.ignored)
+    model = arch.kqv_model(config)
+    load_exactly(model, state)
+    model.hf_origin = HFOrigin(arch.hf_class, hf_config.to_dict(), kept)
+    return model.eval()
+
+
+def to_hf(model: nn.Module, architecture_name: str | None = None, **config_options: Any) -> nn.Module:
+    """The Hugging Face model with the weights of a kqv model, in eval mode: the inverse of `from_hf`.
+
+    `architecture_name` picks the Hugging Face class when there is a choice (an `EncoderDecoder` becomes a
+    `MarianMTModel` or a `BartForConditionalGeneration`); by default it is the class the model came from, else the
+    first whose options the config fits. A model made by `from_hf` gets back its whole Hugging Face config and the
+    tensors kqv kept aside, so `to_hf(from_hf(m))` has `m`'s state dict. `config_options` set Hugging Face config
+    fields kqv knows nothing of (e.g. `pad_token_id=0, decoder_start_token_id=1` for a translation model).
+    ValueError names every kqv option the chosen class cannot represent.
+    """
+    import transformers
+
+    arch = export_architecture(model, architecture_name)
+    require_kqv(model.config, arch.hf_class, attention="full")  # Hugging Face's classes have no Linformer/BigBird core
+    origin = getattr(model, "hf_origin", None)
+    from_same_class = isinstance(origin, HFOrigin) and origin.hf_class == arch.hf_class
+    base = dict(origin.config) if from_same_class else {}
+    kept = dict(origin.kept) if from_same_class else {}
+    hf_config = build_hf_config(arch, model.config, base, config_options)
+    mapping = arch.mapping(model.config, hf_config)
+    kqv_state = model.state_dict()
+    state: dict[str, Tensor] = {}
+    for rule in mapping.rules:
+        tensors = [kqv_state[name] for name in rule.kqv]
+        if rule.keep:
+            originals = [kept.get(name) for name in rule.hf]
+            converted = rule.to_hf(*tensors, originals=None if any(t is None for t in originals) else originals)
+        else:
+            converted = rule.to_hf(*tensors)
+        state |= dict(zip(rule.hf, converted, strict=True))
+    check_all_exported(model, kqv_state, {name for rule in mapping.rules for name in rule.kqv}, arch.hf_class)
+    for name, tensor in kept.items():
+        state.setdefault(name, tensor)
+    for name, kqv_name in mapping.fill.items():
+        state.setdefault(name, kqv_state[kqv_name])
+    hf_model = getattr(transformers, arch.hf_class)(hf_config, **arch.hf_options(state))
+    missing, unexpected = hf_model.load_state_dict({arch.hf_name(n): t for n, t in state.items()}, strict=False)
+    not_filled = set(missing) - {arch.hf_name(n) for n in [*mapping.aliases, *mapping.computed]}
+    if unexpected or not_filled:
+        raise RuntimeError(f"kqv.interop's {arch.hf_class} mapping is incomplete: missing {sorted(not_filled)}, "
+                           f"unexpected {sorted(unexpected)}")
+    return hf_model.eval()
+
+
+def config_from_hf(hf_config: Any) -> ModelConfig:
+    """The `ModelConfig` of a Hugging Face config (`GPT2Config`, `BertConfig`, `MarianConfig`, `BartConfig`);
+    ValueError for anything else."""
+    return architecture(hf_config).config_from_hf(hf_config)
+
+
+def read_hf_directory(path: str | Path) -> tuple[Any, dict[str, Tensor]]:
+    """(Hugging Face config, weights by name) from a local model directory; safetensors only, no network."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"{path} is not a Hugging Face model directory: it has no config.json")
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    single, index = path / "model.safetensors", path / "model.safetensors.index.json"
+    if single.is_file():
+        weights = load_file(single)
+    elif index.is_file():
+        weights = {}
+        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+            weights.update(load_file(path / shard))
+    else:
+        pickles = sorted(p.name for p in path.glob("*.bin"))
+        found = f"only {', '.join(pickles)}, which is a pickle" if pickles else "no weights"
+        raise ValueError(
+            f"{path} has {found}; kqv reads model.safetensors only, because unpickling a checkpoint can run "
+            f"arbitrary code. Convert it where you trust the file: "
+            f"AutoModel.from_pretrained(path).save_pretrained(path, safe_serialization=True)"
+        )
+    return AutoConfig.from_pretrained(path, local_files_only=True), weights
+
+
+def supported() -> str:
+    return "; ".join(f"{a.hf_class} (model_type {a.model_type!r}) <-> kqv.{a.kqv_class.__name__}"
+                     for a in ARCHITECTURES.values())
+
+
+def architecture(hf_config: Any, class_names: list[str] | None = None) -> Architecture:
+    """The `ARCHITECTURES` entry for a config (and, when known, the model classes); ValueError if there is none."""
+    model_type = getattr(hf_config, "model_type", None)
+    of_type = [a for a in ARCHITECTURES.values() if a.model_type == model_type]
+    unsupported = [name for name in class_names or []
+                   if name not in ARCHITECTURES or ARCHITECTURES[name].model_type != model_type]
+    if not of_type or unsupported:
+        what = ", ".join(unsupported) if unsupported else f"model_type {model_type!r}"
+        raise ValueError(f"kqv.interop cannot convert {what}; supported architectures: {supported()}")
+    return ARCHITECTURES[class_names[0]] if class_names else of_type[0]
+
+
+def export_architecture(model: nn.Module, name: str | None) -> Architecture:
+    """The Hugging Face class a kqv model becomes: `name`, else the one it came from, else the first that fits."""
+    candidates = [a for a in ARCHITECTURES.values() if type(model) is a.kqv_class]
+    if not candidates:
+        kinds = sorted({a.kqv_class.__name__ for a in ARCHITECTURES.values()})
+        raise ValueError(f"to_hf converts kqv models of the classes {kinds}, not {type(model).__name__}; "
+                         f"supported architectures: {supported()}")
+    if name is not None:
+        if name not in [a.hf_class for a in candidates]:
+            raise ValueError(f"a kqv.{type(model).__name__} cannot become a {name}; it can become "
+                             f"{' or '.join(a.hf_class for a in candidates)}")
+        return ARCHITECTURES[name]
+    origin = getattr(model, "hf_origin", None)
+    candidates.sort(key=lambda a: not (isinstance(origin, HFOrigin) and origin.hf_class == a.hf_class))
+    reasons = []
+    for arch in candidates:
+        try:
+            arch.config_to_hf(model.config, {})
+            return arch
+        except ValueError as error:
+            reasons.append(str(error))
+    raise ValueError("; ".join(reasons))
+
+
+def build_hf_config(arch: Architecture, config: ModelConfig, base: dict[str, Any], options: dict[str, Any]) -> Any:
+    """The Hugging Face config: `base` (the original one, if any), the fields from kqv's config, then `options`."""
+    from transformers import AutoConfig
+
+    values = {**base, **arch.config_to_hf(config, base), **options, "architectures": [arch.hf_class]}
+    for name in ("model_type", "transformers_version"):
+        values.pop(name, None)
+    hf_config = AutoConfig.for_model(arch.model_type, **values)
+    vocab = hf_config.vocab_size
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "forced_eos_token_id"):
+        value = getattr(hf_config, name, None)
+        if name not in base and name not in options and isinstance(value, int) and not 0 <= value < vocab:
+            # a default of the Hugging Face class (GPT-2's 50256) that this vocabulary does not have
+            setattr(hf_config, name, vocab - 1 if name in ("pad_token_id", "decoder_start_token_id") else None)
+    return hf_config
+
+
+class Checkpoint:
+    """Hugging Face weights by name, base-model prefix removed, handed out once each so none is lost unnoticed."""
+
+    def __init__(self, weights: dict[str, Tensor], prefix: str):
+        self.weights = {name.removeprefix(prefix): tensor for name, tensor in weights.items()}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.weights
+
+    def take(self, name: str) -> Tensor:
+        if name not in self.weights:
+            raise ValueError(f"the checkpoint has no weight {name!r}; does it match its config?")
+        tensor = self.weights.pop(name)
+        return tensor.to(torch.get_default_dtype()) if tensor.is_floating_point() else tensor
+
+    def discard(self, name: str) -> None:
+        self.weights.pop(name, None)
+
+    def take_matching(self, patterns: list[str]) -> dict[str, Tensor]:
+        return {name: self.take(name) for name in sorted(self.weights) if any(re.fullmatch(p, name) for p in patterns)}
+
+    def check_all_used(self, ignored: tuple[str, ...]) -> None:
+        left = sorted(n for n in self.weights if not any(re.fullmatch(p, n) for p in ignored))
+        if left:
+            raise ValueError(f"the checkpoint has weights kqv has no place for: {left[:8]}"
+                             f"{' ...' if len(left) > 8 else ''}")
+
+
+def check_computed(name: str, tensor: Tensor, expected: Tensor) -> None:
+    if tensor.shape != expected.shape or not torch.allclose(tensor, expected, atol=1e-3):
+        raise ValueError(f"the checkpoint's {name} is not the fixed table kqv computes (shape {tuple(tensor.shape)}, "
+                         f"expected {tuple(expected.shape)}); kqv cannot represent a changed one")
+
+
+def tied_groups(model: nn.Module) -> dict[str, set[str]]:
+    """For each state-dict name, every name of the same tensor (tied weights appear under several names)."""
+    by_tensor: dict[int, set[str]] = {}
+    names = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        names[name] = by_tensor.setdefault(id(tensor), set())
+        names[name].add(name)
+    return names
+
+
+def load_exactly(model: nn.Module, state: dict[str, Tensor]) -> None:
+    """Load `state` into `model`; every name must be filled, directly or through a weight tied to it."""
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    groups = tied_groups(model)
+    unfilled = [name for name in missing if not groups[name] & state.keys()]
+    if unfilled or unexpected:
+        raise RuntimeError(f"kqv.interop's mapping for {type(model).__name__} is incomplete: unfilled {unfilled}, "
+                           f"unexpected {sorted(unexpected)}")
+
+
+def check_all_exported(model: nn.Module, kqv_state: dict[str, Tensor], exported: set[str], hf_class: str) -> None:
+    groups = tied_groups(model)
+    left = sorted(name for name in kqv_state if not groups[name] & exported)
+    if left:
+        raise ValueError(f"the kqv model has weights {left[:8]} that a {hf_class} has no place for")

@@ -1,0 +1,175 @@
+"""The vocabulary of the weight mapping: `Rule`s that turn checkpoint tensors into kqv tensors and back, the
+`Mapping` of one config, the `Architecture` entry of one Hugging Face class, and the small rules and checks every
+architecture uses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+
+from ..nn.config import ModelConfig
+
+# Hugging Face activation names (`ACT2FN` keys) that kqv computes exactly, up to float rounding.
+HF_ACTIVATIONS = {
+    "gelu": "gelu",  # erf form
+    "gelu_python": "gelu",
+    "gelu_new": "gelu_tanh",  # GPT-2's tanh approximation, written out
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",  # the same tanh approximation with sqrt(2/pi) rounded to 10 digits
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",  # Marian's name for it
+}
+# The name each kqv activation is exported under, unless the model came from a checkpoint that named it otherwise.
+KQV_TO_HF_ACTIVATION = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
+
+
+@dataclass
+class HFOrigin:
+    """What a model made by `from_hf` remembers of its checkpoint, so that `to_hf` can give the checkpoint back.
+
+    `config` is the Hugging Face config as a dict; `kept` holds, by checkpoint name (without the base-model
+    prefix), the tensors kqv does not compute with and the originals of tensors it folded together.
+    """
+
+    hf_class: str
+    config: dict[str, Any]
+    kept: dict[str, Tensor] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The dispatch table
+
+
+@dataclass(frozen=True)
+class Rule:
+    """`to_kqv` makes the kqv tensors named `kqv` from the checkpoint tensors named `hf`; `to_hf` does the reverse.
+
+    A rule whose `to_kqv` loses information (folds two tensors into one, drops rows) `keep`s its checkpoint
+    tensors in `HFOrigin.kept`, and its `to_hf` gets them back as `originals` (None when there are none).
+    """
+
+    kqv: tuple[str, ...]
+    hf: tuple[str, ...]
+    to_kqv: Callable[..., tuple[Tensor, ...]] = lambda *tensors: tensors
+    to_hf: Callable[..., tuple[Tensor, ...]] = lambda *tensors: tensors
+    keep: bool = False
+
+
+@dataclass
+class Mapping:
+    """Every checkpoint tensor of one Hugging Face config, and what kqv makes of it.
+
+    `aliases`: names tied to a tensor a rule reads (dropped on import, tied again by Hugging Face on export).
+    `unused`: regexes of tensors that do not change the outputs (kept on import, restored on export); `fill` names
+    the kqv tensor an unused one is exported as when none was kept. `computed`: tensors that are a function of the
+    config (Marian's sinusoids), checked on import and left to Hugging Face on export.
+    """
+
+    rules: list[Rule]
+    aliases: list[str] = field(default_factory=list)
+    unused: list[str] = field(default_factory=list)
+    fill: dict[str, str] = field(default_factory=dict)
+    computed: dict[str, Callable[[], Tensor]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """How one Hugging Face model class maps onto one kqv model class."""
+
+    hf_class: str
+    model_type: str  # `config.model_type`
+    kqv_class: type[nn.Module]
+    config_from_hf: Callable[[Any], ModelConfig]
+    config_to_hf: Callable[[ModelConfig, dict[str, Any]], dict[str, Any]]  # kqv config, base HF config -> fields
+    mapping: Callable[[ModelConfig, Any], Mapping]  # kqv config, HF config -> weight mapping
+    base_prefix: str  # the base model's prefix in head models' state dicts ("transformer.", "bert.", "model.")
+    prefixed: bool = True  # whether this class stores its base model under base_prefix (BertModel does not)
+    heads: tuple[str, ...] = ()  # checkpoint names outside the base model ("lm_head.", "cls.")
+    ignored: tuple[str, ...] = ()  # regexes of checkpoint buffers that are no weights at all
+    hf_options: Callable[[dict[str, Tensor]], dict[str, Any]] = lambda state: {}  # model class options
+
+    def kqv_model(self, config: ModelConfig) -> nn.Module:
+        return self.kqv_class(config)
+
+    def hf_name(self, name: str) -> str:
+        """The full state-dict name of a checkpoint name (which is without the base-model prefix)."""
+        return self.base_prefix + name if self.prefixed and not name.startswith(self.heads) else name
+
+
+def hf_activation(name: str, option: str) -> str:
+    if name not in HF_ACTIVATIONS:
+        raise ValueError(f"{option}={name!r} is not an activation kqv has; supported: {sorted(HF_ACTIVATIONS)}")
+    return HF_ACTIVATIONS[name]
+
+
+def activation_to_hf(activation: str, base_name: str | None, target: str) -> str:
+    """The Hugging Face name of a kqv activation: the original checkpoint's name if it means the same."""
+    if base_name is not None and HF_ACTIVATIONS.get(base_name) == activation:
+        return base_name
+    if activation not in KQV_TO_HF_ACTIVATION:
+        raise ValueError(f"a kqv model with activation={activation!r} cannot become a {target}, whose feed-forward "
+                         f"network is not gated; it needs one of {sorted(KQV_TO_HF_ACTIVATION)}")
+    return KQV_TO_HF_ACTIVATION[activation]
+
+
+def require(hf_config: Any, architecture_name: str, **expected: Any) -> None:
+    """ValueError naming every option whose value kqv cannot represent (a missing option counts as expected)."""
+    wrong = {k: getattr(hf_config, k) for k, v in expected.items() if getattr(hf_config, k, v) != v}
+    if wrong:
+        need = ", ".join(f"{k}={expected[k]!r}" for k in wrong)
+        raise ValueError(f"kqv cannot represent {architecture_name} with {wrong}; it needs {need}")
+
+
+def require_kqv(config: ModelConfig, target: str, **expected: Any) -> None:
+    """ValueError naming every kqv option that the Hugging Face class `target` cannot represent."""
+    wrong = {k: getattr(config, k) for k, v in expected.items() if getattr(config, k) != v}
+    if wrong:
+        have = ", ".join(f"{k}={v!r}" for k, v in wrong.items())
+        need = ", ".join(f"{k}={expected[k]!r}" for k in wrong)
+        raise ValueError(f"a kqv model with {have} cannot become a {target}, which needs {need}")
+
+
+def dropouts(base: dict[str, Any], config: ModelConfig, *names: str) -> dict[str, float]:
+    """The original checkpoint's dropout rates if there is one, else kqv's one rate for all of them."""
+    return {name: base.get(name, config.dropout) for name in names}
+
+
+# Rules that occur in every architecture
+
+
+def copy(kqv: str, hf: str) -> Rule:
+    return Rule((kqv,), (hf,))
+
+
+def affine(kqv: str, hf: str) -> list[Rule]:
+    """nn.Linear and nn.LayerNorm alike: weight and bias under the same two names."""
+    return [copy(f"{kqv}.weight", f"{hf}.weight"), copy(f"{kqv}.bias", f"{hf}.bias")]
+
+
+def transpose(weight: Tensor) -> tuple[Tensor]:
+    return (weight.T,)
+
+
+def conv1d(kqv: str, hf: str) -> list[Rule]:
+    """GPT-2's Conv1D stores its weight as (in, out), the transpose of nn.Linear's."""
+    return [Rule((f"{kqv}.weight",), (f"{hf}.weight",), transpose, transpose), copy(f"{kqv}.bias", f"{hf}.bias")]
+
+
+def stack(keys: Tensor, values: Tensor) -> tuple[Tensor]:
+    return (torch.cat((keys, values)),)  # keys then values along the output dimension, as to_keys_values has them
+
+
+def unstack(keys_values: Tensor) -> tuple[Tensor, Tensor]:
+    return tuple(keys_values.chunk(2))
+
+
+def attention(kqv: str, queries: str, keys: str, values: str, output: str) -> list[Rule]:
+    """Separate query, key, value and output projections (BERT, Marian, BART) into kqv's q, [k; v] and output."""
+    return [*affine(f"{kqv}.to_queries", queries),
+            *(Rule((f"{kqv}.to_keys_values.{p}",), (f"{keys}.{p}", f"{values}.{p}"), stack, unstack)
+              for p in ("weight", "bias")),
+            *affine(f"{kqv}.to_output", output)]
