@@ -12,6 +12,7 @@
     kqv train cls --data file.tsv [--init runs/mlm]      (classify text<TAB>label lines; dev accuracy)
     kqv embed "some text" ... [--out embeddings.npy]     (all-MiniLM-L6-v2 sentence embeddings)
     kqv similarity "first text" "second text" ...        (their cosine similarities as a table)
+    kqv explore runs/lm [--port 8765] [--open]            (a local web app: every layer and head of any run)
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from importlib import resources
 from pathlib import Path
 
 import torch
+
+from .explore import add_explore_command
 
 
 def packaged_config(name: str, task: str = "lm") -> Path:
@@ -374,6 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
     att.add_argument("--out", default="attention.png")
     att.set_defaults(func=cmd_attention)
     add_embedding_commands(commands)
+    add_explore_command(commands)
     return parser
 
 

@@ -1,0 +1,110 @@
+"""The numbers behind the explorer's views, computed from a model's attention weights and logits.
+
+Everything here takes tensors and returns plain lists and dicts, ready to be sent as JSON: the page draws what it
+is given and computes nothing of its own, so a test can check the page's numbers against the model's.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import Tensor
+
+DECIMALS = 6  # weights and probabilities are sent rounded to 1e-6
+TAG_THRESHOLD = 0.5  # a head is tagged when it puts at least this much weight, on average, on one pattern
+UNIFORM_THRESHOLD = 0.9  # ... or when its entropy is at least this fraction of the largest possible
+
+
+def rounded(tensor: Tensor) -> list:
+    """A tensor as nested lists of floats rounded to DECIMALS places (JSON stays small and exact enough)."""
+    return torch.round(tensor.detach().double(), decimals=DECIMALS).tolist()
+
+
+def stack_layers(weights: Sequence[Tensor]) -> Tensor:
+    """Per-layer weights, each (batch=1, heads, q_time, k_time) or (heads, q_time, k_time) -> (layers, heads, q, k)."""
+    return torch.stack([w[0] if w.dim() == 4 else w for w in weights]).float()
+
+
+def head_statistics(weights: Tensor, self_attention: bool = True) -> list[dict[str, Any]]:
+    """Per head of weights (layers, heads, q_time, k_time), rows summing to 1: what the head tends to do.
+
+    * entropy: -sum_j w_ij log w_ij in nats, averaged over the queries i (0 = each query looks at one token);
+    * max_weight: the largest weight of a row, averaged over queries;
+    and, for self-attention (queries and keys are the same tokens):
+    * distance: sum_j w_ij |i - j|, the mean distance to the attended tokens, averaged over queries;
+    * previous: w_{i,i-1}, the weight on the previous token, averaged over queries i >= 1;
+    * first: w_{i,0}, the weight on the first token, averaged over queries i >= 1 (query 0 of a causal model
+      can only look at token 0);
+    * self: w_ii, the weight on the token itself.
+    `tags` name the patterns a head follows (weight >= TAG_THRESHOLD on it), and "uniform" when its entropy is at
+    least UNIFORM_THRESHOLD of the entropy of spreading evenly over the tokens it can see.
+    """
+    layers, heads, q_time, k_time = weights.shape
+    plogp = torch.where(weights > 0, weights * weights.clamp_min(1e-30).log(), torch.zeros_like(weights))
+    entropy = -plogp.sum(-1)  # (layers, heads, q_time)
+    visible = (weights > 0).sum(-1).clamp_min(1).float()  # keys each query can see (causal: i + 1)
+    spread = torch.where(visible > 1, entropy / visible.log().clamp_min(1e-12), torch.ones_like(entropy))
+    rows = {"entropy": entropy.mean(-1), "max_weight": weights.amax(-1).mean(-1)}
+    several = (visible > 1).float()  # rows where spreading is possible at all
+    uniform = (spread * several).sum(-1) / several.sum(-1) if bool(several.any()) else None
+    if self_attention:
+        positions = torch.arange(q_time, dtype=torch.float32)
+        distance = (positions[:, None] - positions[None, :]).abs()  # (q_time, k_time)
+        rows["distance"] = (weights * distance).sum(-1).mean(-1)
+        diagonal = weights.diagonal(dim1=-2, dim2=-1)  # (layers, heads, time)
+        rows["self"] = diagonal.mean(-1)
+        if q_time > 1:
+            rows["previous"] = weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1)
+            rows["first"] = weights[..., 1:, 0].mean(-1)
+    stats = []
+    for layer in range(layers):
+        for head in range(heads):
+            entry = {"layer": layer, "head": head, **{name: round(float(v[layer, head]), 4) for name, v in rows.items()}}
+            tags = [name for name in ("previous", "first", "self") if entry.get(name, 0.0) >= TAG_THRESHOLD]
+            if uniform is not None and float(uniform[layer, head]) >= UNIFORM_THRESHOLD:
+                tags.append("uniform")
+            stats.append({**entry, "tags": tags})
+    return stats
+
+
+def attention_view(label: str, queries: list[str], keys: list[str], weights: Sequence[Tensor] | None, *,
+                   causal: bool, self_attention: bool = True, note: str | None = None) -> dict[str, Any]:
+    """One kind of attention (self, cross, encoder, decoder) as the page draws it: token labels of both sides, the
+    weights per layer (heads, q_time, k_time), per-head statistics, or `note` saying why there are none."""
+    if weights is None:
+        return {"label": label, "queries": queries, "keys": keys, "causal": causal, "layers": None, "stats": [],
+                "note": note}
+    stacked = stack_layers(weights)  # (layers, heads, q_time, k_time)
+    return {"label": label, "queries": queries, "keys": keys, "causal": causal, "layers": rounded(stacked),
+            "stats": head_statistics(stacked, self_attention), "note": note}
+
+
+def top_tokens(logits: Tensor, decode: Callable[[int], str], k: int) -> list[list[dict[str, Any]]]:
+    """For logits (positions, vocab): the k most probable tokens at every position, [{token, id, p}, ...]."""
+    probs = logits.float().softmax(-1)
+    values, ids = probs.topk(min(k, probs.shape[-1]), dim=-1)
+    return [[{"token": decode(int(i)), "id": int(i), "p": round(float(p), DECIMALS)} for p, i in zip(row_p, row_i)]
+            for row_p, row_i in zip(values, ids)]
+
+
+def check_text(text: Any, name: str = "text") -> str:
+    """The request's text, or a ValueError that says what was wrong with it."""
+    if not isinstance(text, str):
+        raise ValueError(f"{name} must be a string, got {type(text).__name__}")
+    if not text.strip():
+        raise ValueError(f"{name} is empty; type some text to look at")
+    return text
+
+
+def check_length(n_tokens: int, limit: int, what: str = "the input") -> None:
+    if n_tokens > limit:
+        raise ValueError(f"{what} is {n_tokens} tokens long; the explorer draws at most {limit} (every view holds "
+                         f"tokens x tokens numbers per head). Shorten it, or restart with a larger --max-tokens")
+
+
+def check_int(value: Any, name: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{name} must be an integer from {low} to {high}, got {value!r}")
+    return value
+

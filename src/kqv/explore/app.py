@@ -1,0 +1,195 @@
+"""The explorer's web app (Starlette): one page, its scripts, and a JSON API over one run's model.
+
+    GET  /                the page (static/index.html); its script and style from /static/, nothing from elsewhere
+    GET  /api/info        what the run is: task, model config, input limit, the views that apply, sample settings
+    POST /api/analyze     {"text": ..., ("top_k" | "beam" | "target")} -> tokens, attention of every layer and
+                          head by kind, per-head statistics, and the task's predictions
+    POST /api/continue    {"text": ..., ("max_new_tokens", "temperature", "top_k", "top_p", "seed")} -> NDJSON
+                          lines, one per sampled token as it is generated, then {"done": true, "text": ...}
+    POST /api/export      the same body as analyze -> one self-contained HTML file of the views (data inlined)
+
+Every error is JSON, {"error": message}, with a 4xx status for anything the request can fix (a missing run is 404,
+bad input 400, a body that is not JSON 400, an over-long body 413); a bug answers 500 with a message, never a
+traceback. The model is loaded on the first request, so a missing run is an answer, not a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from .export import STATIC, standalone_page
+from .loading import DEFAULT_MAX_TOKENS, load_subject
+from .subjects import Subject
+
+MAX_BODY_BYTES = 1 << 20
+# the page may load only what this app serves: a stray CDN reference fails in the browser, not silently at home
+CONTENT_SECURITY_POLICY = ("default-src 'self'; img-src 'self' data: blob:; style-src 'self'; script-src 'self'; "
+                           "connect-src 'self'")
+log = logging.getLogger("kqv.explore")
+
+
+class RequestError(ValueError):
+    """A request the app refuses before the model sees it, with the HTTP status to answer."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+def status_of(error: Exception) -> int:
+    from ..jobs.embeddings import ModelNotInstalledError
+
+    if isinstance(error, RequestError):
+        return error.status
+    if isinstance(error, (FileNotFoundError, ModelNotInstalledError)):
+        return 404
+    if isinstance(error, (ValueError, TypeError, KeyError)):
+        return 400
+    return 500
+
+
+def error_response(error: Exception) -> JSONResponse:
+    status = status_of(error)
+    message = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
+    if status == 500:
+        log.exception("kqv explore: unexpected error", exc_info=error)
+        message = f"internal error ({type(error).__name__}: {message}); please report it"
+    return JSONResponse({"error": message}, status_code=status)
+
+
+class Explorer:
+    """The app's state: which run, and its model once loaded (loaded on first use, then kept)."""
+
+    def __init__(self, run: str | Path, max_tokens: int = DEFAULT_MAX_TOKENS, subject: Subject | None = None):
+        self.run, self.max_tokens, self._subject = run, max_tokens, subject
+        self._loading = threading.Lock()
+
+    def subject(self) -> Subject:
+        with self._loading:
+            if self._subject is None:
+                self._subject = load_subject(self.run, self.max_tokens)
+            return self._subject
+
+
+async def read_json(request: Request) -> dict[str, Any]:
+    body = await request.body()
+    if len(body) > MAX_BODY_BYTES:
+        raise RequestError(f"the request body is {len(body):,} bytes; at most {MAX_BODY_BYTES:,} are read", 413)
+    try:
+        payload = json.loads(body or b"null")
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise RequestError(f"the request body is not valid JSON ({error}); send an object like "
+                           f'{{"text": "To be, or not to be"}}') from None
+    if not isinstance(payload, dict):
+        raise RequestError(f'the request body must be a JSON object like {{"text": "..."}}, got '
+                           f"{type(payload).__name__}")
+    return payload
+
+
+def endpoint(handler: Callable) -> Callable:
+    """Wrap a handler so that whatever goes wrong becomes a JSON error response."""
+
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except Exception as error:  # noqa: BLE001 -- every error becomes a JSON answer, never a traceback
+            return error_response(error)
+
+    return wrapped
+
+
+def ndjson(lines: Iterator[dict[str, Any]]) -> Iterator[bytes]:
+    """One JSON object per line; an error after the first line (the status is sent by then) is the last line."""
+    try:
+        for line in lines:
+            yield (json.dumps(line) + "\n").encode()
+    except Exception as error:  # noqa: BLE001
+        yield (json.dumps({"error": str(error), "status": status_of(error)}) + "\n").encode()
+
+
+def create_app(run: str | Path, max_tokens: int = DEFAULT_MAX_TOKENS, subject: Subject | None = None) -> Starlette:
+    """The explorer app for `run` (a run directory, or `minilm`); `subject` skips loading (tests)."""
+    explorer = Explorer(run, max_tokens, subject)
+
+    async def index(request: Request) -> Response:
+        return FileResponse(STATIC / "index.html", headers={"Content-Security-Policy": CONTENT_SECURITY_POLICY})
+
+    async def info(request: Request) -> Response:
+        return JSONResponse((await run_in_threadpool(explorer.subject)).info())
+
+    async def analyze(request: Request) -> Response:
+        payload = await read_json(request)
+        subject = await run_in_threadpool(explorer.subject)
+        return JSONResponse(await run_in_threadpool(subject.analyze, payload))
+
+    async def continue_text(request: Request) -> Response:
+        payload = await read_json(request)
+        subject = await run_in_threadpool(explorer.subject)
+        lines = await run_in_threadpool(subject.continuation, payload)  # checks the request before streaming
+        return StreamingResponse(ndjson(lines), media_type="application/x-ndjson")
+
+    async def export(request: Request) -> Response:
+        payload = await read_json(request)
+        subject = await run_in_threadpool(explorer.subject)
+        analysis = await run_in_threadpool(subject.analyze, payload)
+        page = standalone_page(subject.info(), analysis, payload)
+        return Response(page, media_type="text/html",
+                        headers={"Content-Disposition": 'attachment; filename="kqv-attention.html"'})
+
+    async def http_error(request: Request, error: HTTPException) -> Response:
+        return JSONResponse({"error": f"{error.detail}: {request.method} {request.url.path}"},
+                            status_code=error.status_code)
+
+    routes = [Route("/", endpoint(index)), Route("/api/info", endpoint(info)),
+              Route("/api/analyze", endpoint(analyze), methods=["POST"]),
+              Route("/api/continue", endpoint(continue_text), methods=["POST"]),
+              Route("/api/export", endpoint(export), methods=["POST"]),
+              Mount("/static", StaticFiles(directory=STATIC), name="static")]
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def check_port_free(host: str, port: int) -> None:
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            raise ValueError(f"cannot listen on {host}:{port} ({error.strerror}); pick another with --port") from None
+
+
+def serve(run: str | Path, *, host: str = "127.0.0.1", port: int = 8765, open_browser: bool = False,
+          max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
+    """Load the run (errors before anything listens), then serve the explorer until Ctrl-C."""
+    import uvicorn
+
+    if not 0 < port < 65536:
+        raise ValueError(f"--port must be from 1 to 65535, got {port}")
+    subject = load_subject(run, max_tokens)
+    check_port_free(host, port)
+    url = f"http://{'localhost' if host in LOOPBACK else host}:{port}/"
+    if host not in LOOPBACK:
+        print(f"kqv: listening on {host}:{port}, which other machines can reach: anyone who can connect can run "
+              f"this model (there is no login). Leave out --host to listen on this machine only.")
+    print(f"kqv: exploring {run} ({subject.task}) at {url}  (Ctrl-C stops)")
+    if open_browser:
+        import webbrowser
+
+        threading.Timer(1.0, webbrowser.open, (url,)).start()
+    uvicorn.run(create_app(run, max_tokens, subject), host=host, port=port, log_level="warning")

@@ -1,0 +1,44 @@
+"""The explorer's page as one self-contained HTML file: its style, its script and one input's data inlined, so it
+opens from disk without a server (for sharing; `kqv explore RUN --html out.html --text "..."`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+STATIC = Path(__file__).parent / "static"
+STYLE_TAG = '<link rel="stylesheet" href="/static/explore.css">'
+SCRIPT_TAG = '<script src="/static/explore.js"></script>'
+
+
+def inline_safe(text: str) -> str:
+    """Text that can sit inside a <script> or <style> element: no `</` that could close it early."""
+    return text.replace("</", "<\\/")
+
+
+def standalone_page(info: dict[str, Any], analysis: dict[str, Any], request: dict[str, Any]) -> str:
+    """The page with the analysis of one request built in; its script draws the views from the inlined data."""
+    page = (STATIC / "index.html").read_text(encoding="utf-8")
+    if STYLE_TAG not in page or SCRIPT_TAG not in page:
+        raise RuntimeError("static/index.html no longer links explore.css and explore.js as export.py expects")
+    script = (STATIC / "explore.js").read_text(encoding="utf-8")
+    if "</" in script:
+        raise RuntimeError("explore.js contains '</', which would end an inlined <script> early")
+    data = json.dumps({"info": info, "analysis": analysis, "request": request}, separators=(",", ":"))
+    style = (STATIC / "explore.css").read_text(encoding="utf-8")
+    return (page.replace(STYLE_TAG, f"<style>\n{inline_safe(style)}</style>")
+            .replace(SCRIPT_TAG, f'<script id="kqv-data" type="application/json">{inline_safe(data)}</script>\n'
+                                 f"<script>\n{script}</script>"))
+
+
+def write_standalone(subject: Any, text: str, path: str | Path, **options: Any) -> Path:
+    """Analyze `text` with the subject and write the self-contained page to `path`."""
+    request = {"text": text, **options}
+    page = standalone_page(subject.info(), subject.analyze(request), request)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(page, encoding="utf-8")
+    tmp.replace(path)
+    return path

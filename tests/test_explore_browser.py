@@ -1,0 +1,237 @@
+"""The explorer's page in a real headless Chromium (Debian's, driven by Playwright), served by the real app on a
+free port with tiny trained runs. Every request that is not to the app is blocked and recorded, and any console
+error or uncaught exception fails the test: the page must work offline and cleanly."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("uvicorn")
+sync_api = pytest.importorskip("playwright.sync_api")
+import httpx  # noqa: E402
+import torch  # noqa: E402
+import uvicorn  # noqa: E402
+
+from explore_runs import train_run  # noqa: E402
+from kqv.explore.app import create_app  # noqa: E402
+from kqv.jobs.lm import generate_text, load_run  # noqa: E402
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+if not os.path.exists(CHROMIUM):
+    if os.environ.get("CI"):
+        pytest.fail("CI must run the browser tests: install Debian's chromium (.ci/run does)", pytrace=False)
+    pytest.skip("Debian's chromium is not installed (apt-get install -y chromium)", allow_module_level=True)
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+TEXT = "To be, or not"
+
+
+class Server:
+    """uvicorn serving an app on a free loopback port, in a thread, for the duration of a test module."""
+
+    def __init__(self, app):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> Server:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "the explorer did not start"
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("browser")
+    return {"lm": train_run("lm", root), "mt": train_run("mt", root)}
+
+
+@pytest.fixture(scope="module")
+def servers(runs):
+    with Server(create_app(runs["lm"], max_tokens=32)) as lm, Server(create_app(runs["mt"], max_tokens=32)) as mt:
+        yield {"lm": lm, "mt": mt}
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield browser
+        browser.close()
+
+
+class Page:
+    """A fresh page whose requests may only go to `allowed` (others are aborted and recorded), and which records
+    console errors and uncaught exceptions."""
+
+    def __init__(self, browser, allowed: str):
+        self.context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+        self.blocked, self.errors = [], []
+        self.context.route("**/*", self.route(allowed))
+        self.page = self.context.new_page()
+        self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+
+    def route(self, allowed: str):
+        def handle(route):
+            url = route.request.url
+            if url.startswith(allowed):
+                return route.continue_()
+            self.blocked.append(url)
+            return route.abort()
+        return handle
+
+    def close(self, expected_errors: int = 0) -> None:
+        self.context.close()
+        assert not self.blocked, f"the page tried to reach {self.blocked}"
+        assert len(self.errors) == expected_errors, f"console errors: {self.errors}"
+
+
+@pytest.fixture
+def page(browser, servers):
+    opened = []
+
+    def open_page(kind: str = "lm", allowed: str | None = None) -> Page:
+        opened.append(Page(browser, allowed or servers[kind].url))
+        return opened[-1]
+
+    yield open_page
+    for p in opened:
+        p.close(getattr(p, "expected_errors", 0))
+
+
+def api_analysis(server: Server, **body) -> dict:
+    return httpx.post(f"{server.url}/api/analyze", json=body, timeout=30).json()
+
+
+def line_weights(page) -> dict[int, float]:
+    """{key index: weight} of the head view's lines (one head shown)."""
+    return {int(k): float(w) for k, w in page.eval_on_selector_all(
+        "#head-view line.attn", "ls => ls.map(l => [l.dataset.key, l.dataset.weight])")}
+
+
+def analyze_in_page(p: Page, server: Server, text: str, beam: str | None = None) -> None:
+    p.page.goto(server.url + "/")
+    p.page.wait_for_selector("#run:not(:empty)")
+    p.page.fill("#text", text)
+    if beam is not None:
+        p.page.select_option("#beam", label=beam)
+    p.page.click("#analyze")
+    p.page.wait_for_selector("#head-view line.attn", state="attached")
+
+
+def show_only_head(page, head: int) -> None:
+    for other in range(page.eval_on_selector_all("#heads input", "boxes => boxes.length")):
+        page.set_checked(f"#head-{other}", other == head)
+
+
+def test_lm_page_head_view_layers_model_view_continue_and_screenshot(page, servers, runs, tmp_path):
+    p = page("lm")
+    analyze_in_page(p, servers["lm"], TEXT)
+    expected = api_analysis(servers["lm"], text=TEXT)["attention"]["self"]["layers"]
+    show_only_head(p.page, 1)
+    p.page.click('#head-view text.query[data-index="4"]')
+    # token 4 of a causal model attends to tokens 0..4: one line each, with the API's weights for layer 1, head 2
+    assert line_weights(p.page) == dict(enumerate(expected[0][1][4][:5]))
+    assert p.page.eval_on_selector_all("#head-view line.attn", "ls => ls.map(l => +l.getAttribute('stroke-opacity'))"
+                                       ) == expected[0][1][4][:5]
+
+    p.page.select_option("#layer", index=1)
+    p.page.click('#head-view text.query[data-index="6"]')
+    assert line_weights(p.page) == dict(enumerate(expected[1][1][6][:7]))
+
+    p.page.click('#model-view canvas[data-layer="1"][data-head="0"]')
+    assert "layer 2, head 1" in p.page.inner_text("#detail-title")
+    cells = p.page.eval_on_selector_all("#detail rect.weight", "rs => rs.map(r => [+r.dataset.query, "
+                                        "+r.dataset.key, +r.dataset.weight, r.classList.contains('masked')])")
+    assert len(cells) == len(TEXT) ** 2
+    assert all(w == expected[1][0][i][j] and masked == (j > i) for i, j, w, masked in cells)
+
+    p.page.click('#stats th[data-key="previous"]')  # sort by the weight on the previous token, largest first
+    previous = [float(td) for td in p.page.eval_on_selector_all(
+        "#stats tbody tr", "rows => rows.map(r => r.querySelector('td[data-key=previous]').textContent)")]
+    assert previous == sorted(previous, reverse=True) and len(previous) == 4
+
+    p.page.click("#continue")
+    p.page.wait_for_selector('#continuation[data-done="1"]', timeout=20_000)
+    new = p.page.eval_on_selector_all("#continuation span.new", "ss => ss.map(s => s.textContent)")
+    run = load_run(runs["lm"])
+    sample = generate_text(run.model, run.tokenizer, TEXT, 8, temperature=0.8, top_k=5,
+                           generator=torch.Generator().manual_seed(0))
+    assert len(new) == 8 and TEXT + "".join(new) == sample
+
+    shot = tmp_path / "lm.png"
+    p.page.screenshot(path=str(shot), full_page=True)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+
+
+def test_the_view_is_kept_in_the_url(page, servers):
+    p = page("lm")
+    analyze_in_page(p, servers["lm"], TEXT)
+    p.page.select_option("#layer", index=1)
+    p.page.click('#model-view canvas[data-layer="0"][data-head="1"]')
+    p.page.select_option("#palette", value="viridis")
+    url = p.page.url
+    assert "layer=1" in url and "cell=0.1" in url and "palette=viridis" in url
+    fresh = page("lm")
+    fresh.page.goto(url)
+    fresh.page.wait_for_selector("#head-view line.attn", state="attached")
+    assert fresh.page.input_value("#text") == TEXT and fresh.page.input_value("#layer") == "1"
+    assert fresh.page.input_value("#palette") == "viridis"
+    assert "layer 1, head 2" in fresh.page.inner_text("#detail-title")
+
+
+def test_bad_input_shows_the_apis_message(page, servers):
+    p = page("lm")
+    p.page.goto(servers["lm"].url + "/")
+    p.page.wait_for_selector("#run:not(:empty)")
+    p.page.fill("#text", "To be \u2603")
+    p.page.click("#analyze")
+    p.page.wait_for_selector("#error:not([hidden])")
+    assert "not in the vocabulary" in p.page.inner_text("#error")
+    p.expected_errors = 1  # Chromium logs the 400 response itself
+
+
+def test_mt_page_draws_the_cross_attention_of_the_translation(page, servers):
+    p = page("mt")
+    analyze_in_page(p, servers["mt"], "eins zwei drei", beam="1")
+    body = api_analysis(servers["mt"], text="eins zwei drei", beam=1)
+    assert p.page.inner_text("#translation") == body["translation"]
+    assert p.page.input_value("#kind") == "cross"
+    show_only_head(p.page, 0)
+    p.page.click('#head-view text.query[data-index="0"]')
+    cross = body["attention"]["cross"]
+    assert line_weights(p.page) == {j: w for j, w in enumerate(cross["layers"][0][0][0]) if w > 0}
+    assert len(line_weights(p.page)) == len(cross["keys"])  # every source token, no causal mask across languages
+    p.page.select_option("#kind", value="decoder")
+    assert p.page.is_visible("#mask-box")
+
+
+def test_the_saved_html_file_draws_without_a_server(page, servers, tmp_path):
+    path = tmp_path / "saved.html"
+    path.write_bytes(httpx.post(f"{servers['lm'].url}/api/export", json={"text": TEXT}, timeout=30).content)
+    p = page("lm", allowed=path.as_uri())
+    p.page.goto(path.as_uri())
+    p.page.wait_for_selector("#head-view line.attn", state="attached")
+    assert p.page.input_value("#text") == TEXT and not p.page.is_visible("#continue")
+    assert p.page.eval_on_selector_all("#model-view canvas", "cs => cs.length") == 4
+    data = json.loads(path.read_text().split('type="application/json">')[1].split("</script>")[0])
+    assert line_weights(p.page) and max(line_weights(p.page).values()) <= 1.0
+    assert data["analysis"]["tokens"] == list(TEXT)
