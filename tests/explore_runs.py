@@ -38,6 +38,7 @@ CONFIGS = {
     "mlm": MODEL + TRAIN + '\n[data]\ntokenizer = "char"\ncontext = 32\n',
     "cls": MODEL + TRAIN + '\n[data]\ntokenizer = "char"\nmax_tokens = 32\n\n[head]\npooling = "mean"\n',
     "mt": TINY_RUN.replace("{kind}", "transformer").replace("{model}", MODELS["transformer"]),
+    "lstm": TINY_RUN.replace("{kind}", "lstm").replace("{model}", MODELS["lstm"]),
 }
 
 
@@ -56,12 +57,13 @@ def corpus(task: str, directory: Path) -> Path:
     return path
 
 
-def train_run(task: str, directory: Path, steps: int = 4, position: str = "learned") -> Path:
-    """Train a tiny run of `task` (lm, mt, mlm, cls) into directory/task and return its path."""
+def train_run(kind: str, directory: Path, steps: int = 4, position: str = "learned") -> Path:
+    """Train a tiny run of `kind` (lm, mt, lstm, mlm, cls) into directory/kind and return its path."""
     directory.mkdir(parents=True, exist_ok=True)
-    config = directory / f"{task}.toml"
-    config.write_text(CONFIGS[task] if task == "mt" else CONFIGS[task].format(steps=steps, position=position))
-    out = directory / task
+    config = directory / f"{kind}.toml"
+    task = "mt" if kind == "lstm" else kind
+    config.write_text(CONFIGS[kind] if task == "mt" else CONFIGS[kind].format(steps=steps, position=position))
+    out = directory / kind
     code = main(["train", task, "--config", str(config), "--data", str(corpus(task, directory)), "--out", str(out),
                  "--quiet"])
     assert code == 0, f"training the tiny {task} run failed"

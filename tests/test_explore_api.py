@@ -22,7 +22,7 @@ from kqv.jobs.mlm import load_mlm_run  # noqa: E402
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("explore")
-    return {task: train_run(task, root) for task in ("lm", "mt", "mlm", "cls")}
+    return {kind: train_run(kind, root) for kind in ("lm", "mt", "lstm", "mlm", "cls")}
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +125,19 @@ def test_mt_translates_with_the_chosen_beam_and_its_attention_equals_the_models(
     assert len(cross["queries"]) == len(tgt) and cross["queries"][-1] == "<eos>"  # the tokens produced
     assert body["attention"]["decoder"]["causal"] and not body["attention"]["encoder"]["causal"]
     assert "distance" not in cross["stats"][0] and "distance" in body["attention"]["encoder"]["stats"][0]
+
+
+def test_an_lstm_translation_run_shows_its_one_attention_over_the_source(runs, clients):
+    body = analyze(clients["lstm"], text="eins zwei", target="one two")
+    run = load_mt(runs["lstm"])
+    _, bos, eos = (run.tokenizer.token_to_id(t) for t in SPECIAL_TOKENS)
+    src = run.tokenizer.encode("eins zwei") + [eos]
+    expected = run.model.attention_weights(torch.tensor([src]), torch.tensor([[bos] + run.tokenizer.encode("one two")]))
+    assert set(body["attention"]) == {"cross"} and "LSTM" in body["notes"][0]
+    (layer,) = body["attention"]["cross"]["layers"]
+    assert len(layer) == 1  # one head
+    assert_close(layer, expected["cross"][0][0])
+    assert clients["lstm"].get("/api/info").json()["kind"] == "lstm"
 
 
 def test_mlm_predicts_the_masked_positions_with_the_models_probabilities(runs, clients):

@@ -7,9 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
-import threading
-import time
 
 import pytest
 
@@ -17,10 +14,9 @@ pytest.importorskip("uvicorn")
 sync_api = pytest.importorskip("playwright.sync_api")
 import httpx  # noqa: E402
 import torch  # noqa: E402
-import uvicorn  # noqa: E402
 
 from explore_runs import train_run  # noqa: E402
-from kqv.explore.app import create_app  # noqa: E402
+from kqv.explore.app import BackgroundServer as Server, create_app  # noqa: E402
 from kqv.jobs.lm import generate_text, load_run  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -31,30 +27,6 @@ if not os.path.exists(CHROMIUM):
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 TEXT = "To be, or not"
-
-
-class Server:
-    """uvicorn serving an app on a free loopback port, in a thread, for the duration of a test module."""
-
-    def __init__(self, app):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> Server:
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            assert time.monotonic() < deadline and self.thread.is_alive(), "the explorer did not start"
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -235,3 +207,17 @@ def test_the_saved_html_file_draws_without_a_server(page, servers, tmp_path):
     data = json.loads(path.read_text().split('type="application/json">')[1].split("</script>")[0])
     assert line_weights(p.page) and max(line_weights(p.page).values()) <= 1.0
     assert data["analysis"]["tokens"] == list(TEXT)
+
+
+def test_the_views_export_as_svg_and_png(page, servers):
+    p = page("lm")
+    analyze_in_page(p, servers["lm"], TEXT)
+    p.page.click('#model-view canvas[data-layer="0"][data-head="0"]')
+    with p.page.expect_download() as svg_download:
+        p.page.click('[data-export="head-view"][data-format="svg"]')
+    svg = open(svg_download.value.path(), encoding="utf-8").read()
+    assert svg.startswith("<svg") and svg.count('class="attn"') == 2 * len(TEXT)  # both heads, token 12 sees 13
+    with p.page.expect_download() as png_download:
+        p.page.click('[data-export="detail"][data-format="png"]')
+    assert open(png_download.value.path(), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    assert png_download.value.suggested_filename == "kqv-detail.png"

@@ -163,6 +163,41 @@ def create_app(run: str | Path, max_tokens: int = DEFAULT_MAX_TOKENS, subject: S
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
+class BackgroundServer:
+    """An app served by uvicorn in a thread on a free loopback port, as a context manager (tests, screenshots):
+
+        with BackgroundServer(create_app("runs/lm")) as server:
+            ... server.url ...
+    """
+
+    def __init__(self, app: Starlette, start_seconds: float = 20.0):
+        import socket
+
+        import uvicorn
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        self.url, self.start_seconds = f"http://127.0.0.1:{port}", start_seconds
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> BackgroundServer:
+        import time
+
+        self.thread.start()
+        deadline = time.monotonic() + self.start_seconds
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError(f"the explorer did not start on {self.url}")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
 def check_port_free(host: str, port: int) -> None:
     import socket
 
