@@ -22,19 +22,13 @@ import argparse
 import json
 import os
 import platform
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import torch
 
-from kqv.cli.main import packaged_config
-from kqv.jobs.mt import load_run_config, prepare_data
-from kqv.train.metrics import read_metrics
+from kqv.experiments.rnn_vs_transformer import plot_curves, read_runs, side_by_side
 
 RESULTS = Path(__file__).resolve().parent / "results"
-MODELS = {"transformer": "quick", "lstm": "lstm"}
 
 
 def main() -> None:
@@ -55,36 +49,15 @@ def main() -> None:
     overrides = [f"data.pair={json.dumps(args.pair)}", f"train.max_minutes={args.minutes}", "train.steps=1000000",
                  f"train.eval_every={args.eval_every}", f"train.checkpoint_every={args.eval_every}", *args.set]
     if not args.report_only:
-        configs = {kind: load_run_config(packaged_config(name, "mt"), overrides) for kind, name in MODELS.items()}
-        if configs["transformer"].data != configs["lstm"].data:
-            raise SystemExit("the two configs must share their [data] section")
-        started = time.perf_counter()
-        prepare_data(configs["transformer"], out / "data", reuse=True)  # one tokenizer and split for both
-        print(f"prepared the data in {time.perf_counter() - started:.0f} s; training both models for "
-              f"{args.minutes:g} min each, at the same time, {args.threads} thread(s) each", flush=True)
-        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads),
-               "TOKENIZERS_PARALLELISM": "false"}
-        processes = {}
-        for kind, name in MODELS.items():
-            command = [sys.executable, "-m", "kqv.cli.main", "train", "mt", "--config", str(packaged_config(name, "mt")),
-                       "--out", str(out / kind), "--data-from", str(out / "data"), "--overwrite",
-                       "--threads", str(args.threads)] + [a for o in overrides for a in ("--set", o)]
-            log = open(out / f"{kind}.log", "w")  # noqa: SIM115 (closed after the process ends)
-            processes[kind] = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env), log)
-        for kind, (process, log) in processes.items():
-            if process.wait() != 0:
-                raise SystemExit(f"training the {kind} failed; see {out / (kind + '.log')}")
-            log.close()
+        out.mkdir(parents=True, exist_ok=True)
+        print(f"training both models for {args.minutes:g} min each, at the same time, {args.threads} thread(s) each",
+              flush=True)
+        side_by_side(out, overrides, threads=args.threads)
     report(out, Path(args.results), args)
 
 
 def report(out: Path, results: Path, args: argparse.Namespace) -> None:
-    rows, curves = {}, {}
-    for kind in MODELS:
-        summary = json.loads((out / kind / "summary.json").read_text())
-        records = [r for r in read_metrics(out / kind / "metrics.jsonl") if "dev_bleu" in r]
-        curves[kind] = [(r["train_seconds"] / 60, r["dev_bleu"], r["val_loss"]) for r in records]
-        rows[kind] = summary
+    rows, curves = read_runs(out)
     table = ["| model | parameters | training time | updates | training tokens | training FLOPs (est.) | "
              "dev loss | test BLEU | test chrF |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for kind, s in rows.items():
@@ -100,30 +73,9 @@ def report(out: Path, results: Path, args: argparse.Namespace) -> None:
               "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
               "runs": rows, "dev_bleu_curves": curves, "bleu_gap": gap, "table": "\n".join(table)}
     (results / f"{args.name}.json").write_text(json.dumps(record, indent=1) + "\n")
-    plot(curves, results / f"{args.name}.png", args.pair)
+    plot_curves(curves, results / f"{args.name}.png",
+                f"{args.pair} Bible: Transformer vs LSTM with attention, trained side by side, {args.threads} thread(s) each")
     print(f"wrote {results / (args.name + '.json')} and {results / (args.name + '.png')}")
-
-
-def plot(curves: dict[str, list[tuple[float, float, float]]], path: Path, pair: str) -> None:
-    """Dev BLEU and dev loss against training time, one line per model."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(11, 4), dpi=110, layout="tight")
-    FigureCanvasAgg(figure)
-    bleu_axes, loss_axes = figure.subplots(1, 2)
-    for kind, points in curves.items():
-        if points:
-            minutes, bleu, loss = zip(*points)
-            bleu_axes.plot(minutes, bleu, "o-", markersize=3, label=kind)
-            loss_axes.plot(minutes, loss, "o-", markersize=3, label=kind)
-    bleu_axes.set(xlabel="training time (minutes, evaluation excluded)", ylabel="dev BLEU (greedy, 200 verses)")
-    loss_axes.set(xlabel="training time (minutes, evaluation excluded)", ylabel="dev cross-entropy (nats/token)")
-    for axes in (bleu_axes, loss_axes):
-        axes.grid(alpha=0.3)
-        axes.legend()
-    figure.suptitle(f"{pair} Bible: Transformer vs LSTM with attention, trained side by side, 1 thread each")
-    figure.savefig(path)
 
 
 if __name__ == "__main__":

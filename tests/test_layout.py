@@ -11,6 +11,7 @@ ALLOWED = {
     "nn": set(),
     "data": set(),
     "train": {"nn", "data"},
+    "experiments": {"nn", "data", "train", "jobs"},
 }
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from .explore import add_explore_command
+from .experiment import add_experiment_command
 
 
 def packaged_config(name: str, task: str = "lm") -> Path:
@@ -378,6 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
     att.set_defaults(func=cmd_attention)
     add_embedding_commands(commands)
     add_explore_command(commands)
+    add_experiment_command(commands)
     return parser
 
 

@@ -1,0 +1,141 @@
+"""Run an experiment and write what it found: DIR/NAME/results.json, the PNG plots and report.md.
+
+results.json holds the config, the seeds, every measured number (`results`), the table, the checks and the
+verdict derived from them, the plots' file names, the command that produced it, the wall time, library versions
+and the machine (CPU count, torch threads, load average before and after: timings taken on a loaded machine are
+upper bounds).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import shlex
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from . import get
+from .base import Check, Experiment, ExperimentError, Progress, verdict
+from .report import write_report
+
+RESULTS_FILE, REPORT_FILE = "results.json", "report.md"
+LIBRARIES = ("kqv", "torch", "numpy", "scipy", "matplotlib", "tokenizers", "sacrebleu", "tqdm")
+
+
+def run_experiment(name: str, *, quick: bool = False, seeds: int | None = None, out: str | Path = "experiments",
+                   overrides: Sequence[str] = (), threads: int = 1, progress: bool = True) -> dict[str, Any]:
+    """Run experiment `name` and write its results; returns the results.json record.
+
+    `seeds` overrides the config's number of seeds (seeds are 0 .. seeds - 1); `overrides` are `field=value`
+    changes to the config; `threads` is torch's thread count during the run (1 keeps runs comparable on a
+    shared machine)."""
+    experiment = get(name)
+    if seeds is not None:
+        overrides = [*overrides, f"seeds={seeds}"]
+    config = experiment.config(quick, overrides)
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ExperimentError(f"threads must be a positive integer, got {threads!r}")
+    directory = Path(out) / name
+    directory.mkdir(parents=True, exist_ok=True)
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    load_before, started = _load_average(), time.perf_counter()
+    bar = Progress(name, enabled=progress)
+    try:
+        results = experiment.run(config, list(range(config.seeds)), bar)
+    finally:
+        bar.close()
+        torch.set_num_threads(previous_threads)
+    seconds = time.perf_counter() - started
+    return write_results(experiment, config, results, directory, quick=quick, seconds=seconds, threads=threads,
+                         load=(load_before, _load_average()),
+                         command=command_line(name, quick, overrides, out, threads))
+
+
+def write_results(experiment: Experiment, config: Any, results: dict[str, Any], directory: Path, *,
+                  quick: bool, seconds: float, threads: int, load: tuple, command: str) -> dict[str, Any]:
+    """Derive the checks, verdict, table and plots from `results` and write results.json and report.md."""
+    missing = [key for key in experiment.FIELDS if key not in results]
+    if missing:
+        raise RuntimeError(f"experiment {experiment.NAME} measured no {missing}: its run() breaks its contract")
+    checks = experiment.checks(results)
+    columns, rows = experiment.table(results)
+    plots = [Path(p).name for p in experiment.plots(results, directory)]
+    record = {
+        "experiment": experiment.NAME, "claim": experiment.CLAIM, "lecture": experiment.LECTURE,
+        "quick": quick, "command": command,
+        "config": dataclasses.asdict(config), "seeds": list(range(config.seeds)),
+        "method": experiment.method(config), "results": results,
+        "table": {"columns": columns, "rows": rows},
+        "checks": [dataclasses.asdict(c) for c in checks], "verdict": verdict(checks), "plots": plots,
+        "seconds": round(seconds, 1), "versions": library_versions(),
+        "machine": machine(threads, load),
+    }
+    _write_atomically(directory / RESULTS_FILE, json.dumps(record, indent=1, default=_json_default) + "\n")
+    _write_atomically(directory / REPORT_FILE, write_report(record, experiment))
+    return record
+
+
+def checks_from_record(record: dict[str, Any]) -> list[Check]:
+    """The checks an experiment derives from the numbers of a results.json record (for tests and readers)."""
+    return get(record["experiment"]).checks(record["results"])
+
+
+def command_line(name: str, quick: bool, overrides: Sequence[str], out: str | Path, threads: int) -> str:
+    words = ["kqv", "experiment", "run", name] + (["--quick"] if quick else [])
+    for override in overrides:
+        words += ["--seeds", override.partition("=")[2]] if override.startswith("seeds=") else ["--set", override]
+    words += ["--out", str(out)] + (["--threads", str(threads)] if threads != 1 else [])
+    return shlex.join(words)
+
+
+def library_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def machine(threads: int, load: tuple) -> dict[str, Any]:
+    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(), "torch_threads": threads, "load_average_before": load[0],
+            "load_average_after": load[1],
+            "note": "timings are upper bounds when the load average exceeds the number of cpus"}
+
+
+def _load_average() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    raise TypeError(f"results must be JSON-serialisable, got {type(value).__name__}")
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def load_record(directory: str | Path) -> dict[str, Any]:
+    """The results.json of an experiment's output directory."""
+    path = Path(directory) / RESULTS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"no {RESULTS_FILE} in {directory}; run `kqv experiment run NAME --out ...` first")
+    return json.loads(path.read_text(encoding="utf-8"))

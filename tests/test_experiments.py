@@ -1,0 +1,203 @@
+"""`kqv experiment`: the quick set end to end, each experiment's results against its own contract, the surgery
+the experiments do on kqv's models against hand-written references, and bad input."""
+
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+
+import kqv
+from kqv.cli.main import main
+from kqv.experiments import ablations, get, names
+from kqv.experiments.base import Check, ExperimentError, apply_overrides, verdict
+from kqv.experiments.lm import head_statistics
+from kqv.experiments.runner import REPORT_FILE, RESULTS_FILE, checks_from_record
+from kqv.nn.cores import causal_mask
+
+from conftest import tiny_config
+
+
+@pytest.fixture(scope="module")
+def quick_runs(tmp_path_factory):
+    """`kqv experiment run all --quick`, once for the module (the whole quick set: about two minutes)."""
+    out = tmp_path_factory.mktemp("experiments")
+    assert main(["experiment", "run", "all", "--quick", "--out", str(out), "--quiet"]) == 0
+    return out
+
+
+@pytest.mark.parametrize("name", names())
+def test_quick_run_writes_results_plots_and_a_report_whose_verdict_its_numbers_imply(quick_runs, name):
+    experiment = get(name)
+    directory = quick_runs / name
+    record = json.loads((directory / RESULTS_FILE).read_text())
+    assert record["experiment"] == name and record["quick"] is True
+    assert record["config"] == json.loads(json.dumps(dataclasses.asdict(experiment.QUICK)))
+    assert set(experiment.FIELDS) <= set(record["results"]), "results.json lacks fields the experiment declares"
+    assert record["seeds"] == list(range(experiment.QUICK.seeds))
+    assert {"torch", "numpy", "matplotlib", "python"} <= set(record["versions"])
+    assert record["machine"]["cpus"] >= 1 and record["seconds"] > 0
+    assert record["plots"], "an experiment draws at least one plot"
+    for plot in record["plots"]:
+        assert (directory / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    recomputed = checks_from_record(record)
+    assert [dataclasses.asdict(c) for c in recomputed] == record["checks"]
+    assert record["verdict"] == verdict(recomputed)
+    report = (directory / REPORT_FILE).read_text()
+    assert f"# `{name}`: {record['verdict']}" in report
+    assert record["lecture"] in report and all(f"]({plot})" in report for plot in record["plots"])
+    assert record["command"].startswith(f"kqv experiment run {name} --quick")
+
+
+def test_verdict_follows_the_checks():
+    yes, no = Check("a", "t", "1", True), Check("b", "t", "2", False)
+    assert verdict([yes, yes]) == "holds"
+    assert verdict([yes, no]) == "holds in part"
+    assert verdict([no, no]) == "does not hold here"
+    with pytest.raises(ValueError):
+        verdict([])
+
+
+def test_no_causal_mask_verdict_moves_with_the_numbers(quick_runs):
+    """The verdict is computed from the numbers: the same record with numbers on either side of the thresholds."""
+    record = json.loads((quick_runs / "no-causal-mask" / RESULTS_FILE).read_text())
+    results, checks = record["results"], get("no-causal-mask").checks
+    ln_v = results["ln_vocab"]
+    arms, control = results["arms"], results["control"]
+    arms["causal"].update(train_loss=[2.0], val_loss_causal=[2.0])
+    arms["no mask"].update(train_loss=[0.1], val_loss_causal=[4.0])
+    control["causal"]["train_loss"], control["no mask"]["train_loss"] = [ln_v], [0.2]
+    assert verdict(checks(results)) == "holds"
+    arms["no mask"].update(train_loss=[1.9], val_loss_causal=[2.1])
+    control["no mask"]["train_loss"] = [ln_v]
+    assert verdict(checks(results)) == "does not hold here"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The command line: listing and bad input
+
+
+def test_list_names_every_experiment_with_its_claim(capsys):
+    assert main(["experiment", "list"]) == 0
+    out = capsys.readouterr().out
+    for name in names():
+        assert name in out and get(name).CLAIM in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["experiment", "run", "no-such-thing"], "parallelism, scaling, no-causal-mask"),
+    (["experiment", "run", "heads", "--seeds", "0"], "--seeds must be at least 1"),
+    (["experiment", "run", "heads", "--quick", "--set", "steps=-5"], "steps must be positive"),
+    (["experiment", "run", "heads", "--quick", "--set", "d_model=0"], "d_model must be positive"),
+    (["experiment", "run", "heads", "--quick", "--set", "colour=3"], "unknown option 'colour'"),
+    (["experiment", "run", "heads", "--quick", "--set", "steps=many"], "steps must be int"),
+    (["experiment", "run", "all", "--quick", "--set", "steps=-1"], "must be positive"),
+])
+def test_bad_input_is_a_clear_error_with_exit_status_2(argv, message, capsys, tmp_path):
+    assert main(argv + ["--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kqv: error:") and message in err
+    assert not any(tmp_path.iterdir()), "nothing may run before the input is checked"
+
+
+def test_overrides_are_typed_and_validated():
+    config = get("parallelism").FULL
+    changed = apply_overrides(config, ["lengths=[64, 128]", "tokens=256", "threads=1"])
+    assert changed.lengths == (64, 128) and changed.threads == (1,) and changed.tokens == 256
+    with pytest.raises(ExperimentError, match="lengths must be positive"):
+        apply_overrides(config, ["lengths=[64, -128]"])
+    with pytest.raises(ValueError, match="multiple of every length"):
+        apply_overrides(config, ["tokens=100"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The surgery, against references written out by hand
+
+
+def _attention_layer(**changes):
+    config = tiny_config(n_layers=1, position="none", **changes)
+    return config, kqv.MultiHeadAttention(config).eval()
+
+
+def _by_hand(layer, x, queries, keys, scale):
+    """softmax(queries keys^T * scale, causal) (W_V x), per head, then the output projection."""
+    heads, head_dim = layer.n_heads, layer.head_dim
+    split = lambda t: t.view(*t.shape[:2], heads, head_dim).transpose(1, 2)
+    values = layer.to_keys_values(x)[..., -x.shape[-1]:]
+    scores = split(queries) @ split(keys).transpose(-2, -1) * scale
+    scores = scores.masked_fill(~causal_mask(x.shape[1], x.shape[1]), float("-inf"))
+    output = scores.softmax(-1) @ split(values)
+    return layer.to_output(output.transpose(1, 2).reshape(x.shape)), scores.softmax(-1)
+
+
+def test_unscaled_attention_computes_softmax_of_raw_dot_products():
+    config, layer = _attention_layer()
+    x = torch.randn(2, 9, config.d_model)
+    keys = layer.to_keys_values(x)[..., :config.d_model]
+    scaled, _ = _by_hand(layer, x, layer.to_queries(x), keys, config.head_dim**-0.5)
+    torch.testing.assert_close(layer(x, causal=True)[0], scaled)
+    ablations.without_scaling(layer)
+    unscaled, _ = _by_hand(layer, x, layer.to_queries(x), keys, 1.0)
+    torch.testing.assert_close(layer(x, causal=True)[0], unscaled)
+    torch.testing.assert_close(layer(x, causal=True, need_weights=True)[0], unscaled)  # the plain kernel too
+
+
+def test_without_query_key_maps_scores_are_dot_products_of_the_input():
+    config, layer = _attention_layer()
+    ablations.without_query_key_maps(layer)
+    x = torch.randn(2, 9, config.d_model)
+    expected, weights = _by_hand(layer, x, x, x, config.head_dim**-0.5)
+    output, measured = layer(x, causal=True, need_weights=True)
+    torch.testing.assert_close(output, expected)
+    torch.testing.assert_close(measured, weights)
+    assert sum(p.numel() for p in layer.parameters()) == 2 * (config.d_model**2 + config.d_model)
+
+
+def test_peeking_model_sees_the_future_until_switched_off():
+    torch.manual_seed(0)
+    honest = kqv.DecoderLM(tiny_config(n_layers=2)).eval()
+    peeking = ablations.peeking(kqv.DecoderLM(tiny_config(n_layers=2))).eval()
+    peeking.load_state_dict(honest.state_dict())
+    ids = torch.randint(0, 37, (1, 12))
+    changed = ids.clone()
+    changed[0, -1] = (ids[0, -1] + 1) % 37
+    assert not torch.allclose(peeking(ids)[0, :-1], peeking(changed)[0, :-1]), "the past should see the future"
+    ablations.set_peeking(peeking, False)
+    torch.testing.assert_close(peeking(ids), honest(ids))
+    torch.testing.assert_close(peeking(changed)[0, :-1], peeking(ids)[0, :-1])
+
+
+def _zero_sublayers(model):
+    for name, parameter in model.named_parameters():
+        if "to_output" in name or "feed_forward.down" in name:
+            parameter.data.zero_()
+
+
+def test_without_residuals_the_stream_is_the_sublayer_output_alone():
+    torch.manual_seed(0)
+    model = kqv.DecoderLM(tiny_config(position="learned"))
+    _zero_sublayers(model)  # every sublayer now outputs 0: a residual stream keeps the embeddings, no stream is 0
+    ids = torch.randint(0, 37, (2, 7))
+    embedded = model.decoder.embeddings(ids, torch.arange(7))
+    torch.testing.assert_close(model.decoder(ids)[0], model.decoder.final_norm(embedded))
+    ablations.without_residuals(model)
+    torch.testing.assert_close(model.decoder(ids)[0], model.decoder.final_norm(torch.zeros_like(embedded)))
+
+
+def test_without_norms_no_normalisation_is_left():
+    model = ablations.without_norms(kqv.DecoderLM(tiny_config(norm="rmsnorm")))
+    assert not any(isinstance(m, (torch.nn.LayerNorm, torch.nn.RMSNorm)) for m in model.modules())
+    _zero_sublayers(model)
+    ids = torch.randint(0, 37, (2, 7))
+    torch.testing.assert_close(model.decoder(ids)[0], model.decoder.embeddings(ids, torch.arange(7)))
+
+
+def test_head_statistics_of_uniform_causal_attention_match_the_closed_form():
+    time = 6
+    weights = causal_mask(time, time).float()
+    weights = (weights / weights.sum(-1, keepdim=True))[None, None]  # (1, 1, time, time): uniform over the past
+    stats = head_statistics(weights)
+    assert stats["entropy"][0] == pytest.approx(sum(math.log(i + 1) for i in range(time)) / time)
+    assert stats["distance"][0] == pytest.approx(sum(i / 2 for i in range(time)) / time)
+    assert stats["diagonal"][0] == pytest.approx(sum(1 / (i + 1) for i in range(time)) / time)
