@@ -76,6 +76,13 @@ def test_generate_continues_the_prompt(run, capsys):
     assert out.startswith("To be") and len(out.rstrip("\n")) == len("To be") + 5
 
 
+def test_generate_in_bf16_continues_the_prompt(run, capsys):
+    assert main(["generate", str(run), "--prompt", "To be", "--max-new-tokens", "5", "--temperature", "0",
+                 "--dtype", "bf16"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("To be") and len(out.rstrip("\n")) == len("To be") + 5
+
+
 def test_eval_reports_bits_per_character_of_the_validation_split(run, capsys):
     assert main(["eval", str(run), "--json"]) == 0
     result = json.loads(capsys.readouterr().out.splitlines()[-1])

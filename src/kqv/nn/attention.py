@@ -12,7 +12,6 @@ re-exported here.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Callable, Literal
 
 import torch
@@ -115,20 +114,53 @@ class Attention(nn.Module):
 # Multi-head attention
 
 
-@dataclass
 class KVCache:
     """Keys and values one attention layer has already computed, (batch, heads, time, head_dim) each.
 
-    For self-attention they grow by the new tokens at each step; for cross-attention they are the projected
-    encoder memory, computed once.
+    Self-attention appends each step's keys and values in place, into buffers reserved for `capacity` positions
+    (doubled when a step goes past them), so a step copies its own keys and values only, never the whole past;
+    `keys` and `values` are views of the filled part. Cross-attention stores the projected encoder memory once.
     """
 
-    keys: Tensor | None = None
-    values: Tensor | None = None
+    def __init__(self, capacity: int = 0):
+        self.capacity = capacity
+        self.length = 0
+        self._keys: Tensor | None = None  # (batch, heads, reserved time, head_dim)
+        self._values: Tensor | None = None
 
     @property
-    def length(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[2]
+    def keys(self) -> Tensor | None:
+        return None if self._keys is None else self._keys[:, :, :self.length]
+
+    @property
+    def values(self) -> Tensor | None:
+        return None if self._values is None else self._values[:, :, :self.length]
+
+    def append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        """Add the keys and values (batch, heads, new, head_dim) of the newest tokens; return all of them."""
+        end = self.length + keys.shape[2]
+        if self._keys is None or end > self._keys.shape[2]:
+            self._reserve(keys, values, max(end, self.capacity, 2 * self.length))
+        self._keys[:, :, self.length:end] = keys
+        self._values[:, :, self.length:end] = values
+        self.length = end
+        return self.keys, self.values
+
+    def _reserve(self, keys: Tensor, values: Tensor, time: int) -> None:
+        batch, heads = keys.shape[:2]
+        reserved = [new.new_empty(batch, heads, time, new.shape[-1]) for new in (keys, values)]
+        if self.length:
+            reserved[0][:, :, :self.length], reserved[1][:, :, :self.length] = self.keys, self.values
+        self._keys, self._values = reserved
+
+    def store(self, keys: Tensor, values: Tensor) -> None:
+        """Keep keys and values computed once (cross-attention's, of the encoder memory)."""
+        self._keys, self._values, self.length = keys, values, keys.shape[2]
+
+    def select(self, rows: Tensor) -> None:
+        """Keep the batch rows `rows`, in that order (beam search)."""
+        if self._keys is not None:
+            self._keys, self._values = self._keys.index_select(0, rows), self._values.index_select(0, rows)
 
 
 CORES: dict[str, Callable[[ModelConfig], AttentionCore]] = {
@@ -198,11 +230,9 @@ class MultiHeadAttention(nn.Module):
             if memory is None:
                 raise ValueError("cross-attention needs the encoder memory")
             keys, values = self.project_keys_values(memory)
-        else:
-            keys, values = self.project_keys_values(x)
-            keys = self.positions.rotate(keys, positions)
-            if cache is not None and cache.keys is not None:
-                keys, values = torch.cat((cache.keys, keys), dim=2), torch.cat((cache.values, values), dim=2)
-        if cache is not None:
-            cache.keys, cache.values = keys, values
-        return keys, values
+            if cache is not None:
+                cache.store(keys, values)
+            return keys, values
+        keys, values = self.project_keys_values(x)
+        keys = self.positions.rotate(keys, positions)
+        return (keys, values) if cache is None else cache.append(keys, values)

@@ -155,12 +155,15 @@ class FullAttention(AttentionCore):
                q_pos: Tensor, mask: Tensor | None, causal: bool, dropout: float,
                need_weights: bool) -> tuple[Tensor, Tensor | None]:
         q_time, k_time = queries.shape[2], keys.shape[2]
-        k_pos = torch.arange(k_time, device=queries.device)
+        causal = causal and q_time > 1  # one query (decoding a token) is the newest position: it sees every key
         key_padding = padding_of(mask, queries.shape[0])  # (batch, k_time), or None when mask is not padding
         if self.use_blockwise(positions, q_time, k_time, mask, key_padding, causal, dropout, need_weights):
-            return blockwise_attention(queries, keys, values, positions=positions, q_pos=q_pos, k_pos=k_pos,
-                                       causal=causal, key_padding=key_padding), None
+            return blockwise_attention(queries, keys, values, positions=positions, q_pos=q_pos,
+                                       k_pos=torch.arange(k_time, device=queries.device), causal=causal,
+                                       key_padding=key_padding), None
 
+        k_pos = torch.arange(k_time, device=queries.device) if positions.has_score_bias or positions.has_value_bias \
+            else None
         # (heads | 1, q_time, k_time) or (batch, heads, q_time, k_time)
         bias = positions.score_bias(queries, q_pos, k_pos) if positions.has_score_bias else None
         fused = self.fused and not need_weights and not positions.has_value_bias

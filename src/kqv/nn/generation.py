@@ -6,9 +6,12 @@ tokens, so a step costs O(time) instead of re-running the whole prefix.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import Tensor, nn
 
+from .checks import check_ids
 from .search import search
 
 
@@ -42,35 +45,102 @@ def check_generation_options(max_new_tokens: int, temperature: float, top_k: int
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
 
 
+class PromptLayout:
+    """Where the tokens of a batch of prompts sit in one (batch, prompt + max_new_tokens) buffer, made once.
+
+    Prompts of different lengths are left-padded: `attention_mask` (batch, prompt) is 0 on each row's leading
+    padding. Every row then ends at the same column, so each step writes one new column for all rows. `positions`
+    (total,) are buffer columns; `left_padding` (batch,) shifts each row's absolute positions back to 0 at its first
+    real token. Masks are views of one precomputed (batch, total) "is a token" table, never rebuilt per step.
+    """
+
+    def __init__(self, attention_mask: Tensor | None, ids: Tensor, total: int):
+        self.positions = torch.arange(total, device=ids.device)
+        self.left_padding = self.keep = None
+        if attention_mask is None:
+            return
+        check_left_padding(attention_mask, ids)
+        keep = torch.ones(ids.shape[0], total, dtype=torch.bool, device=ids.device)
+        keep[:, :ids.shape[1]] = attention_mask.bool()
+        self.keep, self.left_padding = keep, ids.shape[1] - attention_mask.sum(dim=1)
+
+    def mask(self, start: int, end: int) -> Tensor | None:
+        """The bool mask (batch, 1, end - start, end) of queries start..end-1 over keys 0..end-1: causal, padding
+        keys hidden, and a padding query sees itself (so no row of the softmax is empty). None without padding."""
+        if self.keep is None:
+            return None
+        if end - start == 1:
+            return self.keep[:, None, None, :end]  # the newest token: every real key, no causal mask needed
+        queries = self.positions[start:end, None]
+        keys = self.positions[None, :end]
+        visible = (keys <= queries) & (self.keep[:, None, :end] | (keys == queries))  # (batch, q, k)
+        return visible[:, None]
+
+
+def check_left_padding(attention_mask: Tensor, ids: Tensor) -> None:
+    if not isinstance(attention_mask, Tensor) or tuple(attention_mask.shape) != tuple(ids.shape):
+        shape = tuple(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
+        raise ValueError(f"attention_mask must have the shape of the prompts {tuple(ids.shape)}, got {shape}")
+    keep = attention_mask.long()
+    if not ((keep == 0) | (keep == 1)).all():
+        raise ValueError("attention_mask must contain only 1 (token) and 0 (padding)")
+    if (keep.diff(dim=1) < 0).any() or (keep[:, -1] == 0).any():
+        raise ValueError("generation takes prompts padded on the left (0 0 1 1 1): every row must end with its "
+                     "prompt's last token, where the new tokens follow")
+
+
+def in_dtype(model: nn.Module, dtype: torch.dtype | None) -> nn.Module:
+    """The model itself, or a copy with its weights in `dtype` (for bf16 inference; the model is untouched)."""
+    if dtype is None or all(p.dtype == dtype for p in model.parameters()):
+        return model
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating-point torch.dtype such as torch.bfloat16, got {dtype!r}")
+    return copy.deepcopy(model).to(dtype)
+
+
 @torch.no_grad()
 def generate(model: nn.Module, ids: Tensor, max_new_tokens: int, *, temperature: float = 1.0,
              top_k: int | None = None, top_p: float | None = None, eos_id: int | None = None,
-             use_cache: bool = True, generator: torch.Generator | None = None) -> Tensor:
+             use_cache: bool = True, generator: torch.Generator | None = None, attention_mask: Tensor | None = None,
+             dtype: torch.dtype | None = None) -> Tensor:
     """Continue each prompt in ids (batch, time) by up to max_new_tokens tokens; returns (batch, time + new).
 
-    Prompts in a batch share one length. A sequence that emits `eos_id` is padded with it from then on, and
-    generation stops early once every sequence has.
+    Prompts of different lengths are left-padded, with `attention_mask` (batch, time) 0 on the padding. A sequence
+    that emits `eos_id` is padded with it from then on, and generation stops early once every sequence has.
+    `dtype` (e.g. torch.bfloat16) runs a copy of the model with its weights in that dtype. The new tokens are
+    written into one preallocated buffer, and the cache reserves every position up front.
     """
     check_generation_options(max_new_tokens, temperature, top_k, top_p)
+    check_ids(ids, model.config.vocab_size)
     config = model.config
     if config.position == "learned" and ids.shape[-1] + max_new_tokens - 1 > config.max_len:
         raise ValueError(
             f"prompt of {ids.shape[-1]} tokens + {max_new_tokens} new tokens exceeds max_len={config.max_len} of "
             f"learned positions; ask for at most {config.max_len - ids.shape[-1] + 1} new tokens or shorten the prompt"
         )
-    cache = model.new_cache() if use_cache else None
-    finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
-    logits = model(ids, cache=cache)[:, -1]
+    batch, prompt = ids.shape
+    total = prompt + max_new_tokens
+    layout = PromptLayout(attention_mask, ids, total)
+    model = in_dtype(model, dtype)
+    tokens = ids.new_empty(batch, total)  # (batch, total): the prompts, then one new column per step
+    tokens[:, :prompt] = ids
+    cache = model.new_cache(total) if use_cache else None
+    finished = torch.zeros(batch, dtype=torch.bool, device=ids.device)
+    end = prompt
     for step in range(max_new_tokens):
-        next_ids = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+        start = end - 1 if use_cache and step else 0
+        logits = model.next_token_logits(tokens[:, start:end], cache, positions=layout.positions[start:end],
+                                         attention_mask=layout.mask(start, end), left_padding=layout.left_padding)
+        next_ids = sample_next(logits.float(), temperature=temperature, top_k=top_k, top_p=top_p,
+                               generator=generator)
         if eos_id is not None:
             next_ids = next_ids.masked_fill(finished, eos_id)
             finished |= next_ids == eos_id
-        ids = torch.cat((ids, next_ids[:, None]), dim=1)
-        if step == max_new_tokens - 1 or finished.all():
+        tokens[:, end] = next_ids
+        end += 1
+        if eos_id is not None and finished.all():
             break
-        logits = model(next_ids[:, None] if use_cache else ids, cache=cache)[:, -1]
-    return ids
+    return tokens[:, :end]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -81,18 +151,18 @@ def reorder_cache(cache: list, index: Tensor) -> None:
     """Keep the cached keys and values of the rows `index` (batch * beams,), in that order, in every layer."""
     for layer in cache:
         for part in layer:
-            if part.keys is not None:
-                part.keys, part.values = part.keys.index_select(0, index), part.values.index_select(0, index)
+            part.select(index)
 
 
 class EncoderDecoderStepper:
     """The `kqv.nn.search.Stepper` of an `EncoderDecoder`: the encoder runs once; each step runs the decoder on the
     newest tokens with the KV cache (or, with use_cache=False, on the whole prefix; slower, the same result)."""
 
-    def __init__(self, model: nn.Module, src_ids: Tensor, src_mask: Tensor | None, use_cache: bool):
+    def __init__(self, model: nn.Module, src_ids: Tensor, src_mask: Tensor | None, use_cache: bool,
+                 capacity: int = 0):
         self.model, self.src_mask = model, src_mask
         self.memory = model.encode(src_ids, src_mask)  # (batch, src_time, d_model)
-        self.cache = model.new_cache() if use_cache else None
+        self.cache = model.new_cache(capacity) if use_cache else None
         self.prefixes: Tensor | None = None  # every token so far, kept only without a cache
 
     def step(self, last_ids: Tensor) -> Tensor:
@@ -124,6 +194,6 @@ def translate(model: nn.Module, src_ids: Tensor, max_new_tokens: int, *, bos_id:
     config = model.config
     if config.position == "learned" and max_new_tokens > config.max_len:
         raise ValueError(f"max_new_tokens={max_new_tokens} exceeds max_len={config.max_len} of learned positions")
-    stepper = EncoderDecoderStepper(model, src_ids, src_mask, use_cache)
+    stepper = EncoderDecoderStepper(model, src_ids, src_mask, use_cache, capacity=1 + max_new_tokens)
     return search(stepper, src_ids.shape[0], max_new_tokens, bos_id=bos_id, eos_id=eos_id, beam_size=beam_size,
                   length_penalty=length_penalty, device=src_ids.device)

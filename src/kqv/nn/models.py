@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import KVCache, padding_mask
+from .checks import check_attention_mask, check_ids
 from .config import ModelConfig
 from .generation import generate, translate
 from .embeddings import Embeddings
@@ -69,12 +70,19 @@ class Decoder(nn.Module):
 
     def forward(self, ids: Tensor, memory: Tensor | None = None, *, attention_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, cache: list[tuple[KVCache, KVCache]] | None = None,
-                need_weights: bool = False) -> tuple[Tensor, list[dict]]:
+                need_weights: bool = False, positions: Tensor | None = None,
+                left_padding: Tensor | None = None) -> tuple[Tensor, list[dict]]:
         """ids (batch, time) are the new tokens; with a cache they continue the cached ones.
-        attention_mask (batch, cached + new time) marks real tokens. Returns hidden (batch, time, d_model)."""
-        start = cache[0][0].length if cache else 0
-        positions = torch.arange(start, start + ids.shape[1], device=ids.device)
-        x = self.embeddings(ids, positions)
+        attention_mask, bool, broadcastable to (batch, 1, time, cached + new time), True = may attend.
+        `positions` (time,) are the new tokens' places in the sequence (default: after the cached ones).
+        `left_padding` (batch,) counts the padding tokens before each row's first real one: absolute positions
+        (added to the embeddings) start after them; relative schemes see only distances, which padding does not
+        change. Returns hidden (batch, time, d_model) and the attention weights asked for."""
+        if positions is None:
+            start = cache[0][0].length if cache else 0
+            positions = torch.arange(start, start + ids.shape[1], device=ids.device)
+        own_positions = positions if left_padding is None else (positions - left_padding[:, None]).clamp(min=0)
+        x = self.embeddings(ids, own_positions)
         all_weights = []
         for i, block in enumerate(self.blocks):
             x, weights = block(x, memory, mask=attention_mask, memory_mask=memory_mask, positions=positions,
@@ -82,8 +90,9 @@ class Decoder(nn.Module):
             all_weights.append(weights)
         return self.final_norm(x), all_weights
 
-    def new_cache(self) -> list[tuple[KVCache, KVCache]]:
-        return [(KVCache(), KVCache()) for _ in self.blocks]
+    def new_cache(self, capacity: int = 0) -> list[tuple[KVCache, KVCache]]:
+        """An empty (self-attention, cross-attention) cache per layer, reserving `capacity` positions."""
+        return [(KVCache(capacity), KVCache()) for _ in self.blocks]
 
 
 class DecoderLM(nn.Module):
@@ -109,12 +118,26 @@ class DecoderLM(nn.Module):
         logits = self.lm_head(hidden)
         return logits if targets is None else lm_loss(logits, targets)
 
+    def next_token_logits(self, ids: Tensor, cache: list[tuple[KVCache, KVCache]] | None, *,
+                          positions: Tensor | None = None, attention_mask: Tensor | None = None,
+                          left_padding: Tensor | None = None) -> Tensor:
+        """Logits (batch, vocab) of the token after each row of ids (batch, time), continuing the cache: the step
+        of `kqv.nn.generation.generate`, which checks its inputs once, so this does not. `positions`,
+        `attention_mask` (bool, (batch, 1, time, cached + time)) and `left_padding` as for `Decoder.forward`."""
+        hidden, _ = self.decoder(ids, attention_mask=attention_mask, cache=cache, positions=positions,
+                                 left_padding=left_padding)
+        return self.lm_head(hidden)[:, -1]
+
     def generate(self, ids: Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, eos_id: int | None = None, use_cache: bool = True,
-                 generator: torch.Generator | None = None) -> Tensor:
-        """Continue the prompts ids (batch, time); temperature 0 is greedy. See `kqv.generation.generate`."""
+                 generator: torch.Generator | None = None, attention_mask: Tensor | None = None,
+                 dtype: torch.dtype | None = None) -> Tensor:
+        """Continue the prompts ids (batch, time); temperature 0 is greedy. Prompts of different lengths go
+        left-padded, with attention_mask (batch, time) 0 on the padding; `dtype=torch.bfloat16` runs a bf16 copy
+        of the model. See `kqv.nn.generation.generate`."""
         return generate(self, ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                        eos_id=eos_id, use_cache=use_cache, generator=generator)
+                        eos_id=eos_id, use_cache=use_cache, generator=generator, attention_mask=attention_mask,
+                        dtype=dtype)
 
     def attention_weights(self, ids: Tensor) -> list[Tensor]:
         """Self-attention weights of every layer, each (batch, heads, time, time), for visualisation."""
@@ -122,8 +145,8 @@ class DecoderLM(nn.Module):
         _, weights = self.decoder(ids, need_weights=True)
         return [w["self"] for w in weights]
 
-    def new_cache(self) -> list[tuple[KVCache, KVCache]]:
-        return self.decoder.new_cache()
+    def new_cache(self, capacity: int = 0) -> list[tuple[KVCache, KVCache]]:
+        return self.decoder.new_cache(capacity)
 
 
 class EncoderDecoder(nn.Module):
@@ -179,8 +202,8 @@ class EncoderDecoder(nn.Module):
     def memory_mask(self, src_mask: Tensor | None) -> Tensor | None:
         return None if src_mask is None else padding_mask(src_mask)
 
-    def new_cache(self) -> list[tuple[KVCache, KVCache]]:
-        return self.decoder.new_cache()
+    def new_cache(self, capacity: int = 0) -> list[tuple[KVCache, KVCache]]:
+        return self.decoder.new_cache(capacity)
 
 
 def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
@@ -209,40 +232,3 @@ def count_parameters(model: nn.Module, exclude_embeddings: bool = False) -> int:
             if isinstance(module, nn.Embedding):
                 params.pop(id(module.weight), None)
     return sum(p.numel() for p in params.values())
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Input checks: a clear message at the model's door instead of an IndexError deep inside torch
-
-
-def check_ids(ids: Tensor, vocab_size: int, name: str = "ids") -> None:
-    if not isinstance(ids, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
-    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-        raise TypeError(f"{name} must be an integer tensor (torch.long), got {ids.dtype}")
-    if ids.dim() != 2:
-        hint = f"; add a batch dimension with {name}[None]" if ids.dim() == 1 else ""
-        raise ValueError(f"{name} must have shape (batch, time), got {tuple(ids.shape)}{hint}")
-    if ids.numel() == 0:
-        raise ValueError(f"{name} is empty (shape {tuple(ids.shape)}); give at least one token per sequence")
-    low, high = int(ids.min()), int(ids.max())
-    if low < 0 or high >= vocab_size:
-        bad = low if low < 0 else high
-        raise ValueError(f"{name} contains token id {bad}, outside the vocabulary [0, {vocab_size}); "
-                         f"was the input encoded with the tokenizer this model was built for?")
-
-
-def check_attention_mask(attention_mask: Tensor | None, ids: Tensor, past: int = 0,
-                         name: str = "attention_mask") -> Tensor | None:
-    """Validate a (batch, past + time) mask of 1 = token, 0 = padding; return it as (batch, 1, 1, time) bool."""
-    if attention_mask is None:
-        return None
-    if not isinstance(attention_mask, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(attention_mask).__name__}")
-    expected = (ids.shape[0], past + ids.shape[1])
-    if tuple(attention_mask.shape) != expected:
-        raise ValueError(f"{name} must have shape (batch, time) = {expected} to match the ids, "
-                         f"got {tuple(attention_mask.shape)}")
-    if attention_mask.dtype != torch.bool and not ((attention_mask == 0) | (attention_mask == 1)).all():
-        raise ValueError(f"{name} must contain only 1 (token) and 0 (padding)")
-    return padding_mask(attention_mask)

@@ -36,8 +36,9 @@ class SinusoidalPositions(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, positions: Tensor) -> Tensor:
-        angles = positions.float()[:, None] * self.inv_freq  # (time, d_model / 2)
-        return torch.cat((angles.sin(), angles.cos()), dim=-1)  # (time, d_model)
+        """positions (time,) or (batch, time) -> (time, d_model) or (batch, time, d_model)."""
+        angles = positions.float()[..., None] * self.inv_freq  # (..., time, d_model / 2)
+        return torch.cat((angles.sin(), angles.cos()), dim=-1)  # (..., time, d_model)
 
 
 class LearnedPositions(nn.Module):
@@ -49,7 +50,8 @@ class LearnedPositions(nn.Module):
         self.embedding = nn.Embedding(max_len, d_model)
 
     def forward(self, positions: Tensor) -> Tensor:
-        last = int(positions[-1]) if positions.numel() else -1
+        """positions (time,) or (batch, time) -> (time, d_model) or (batch, time, d_model)."""
+        last = int(positions.max()) if positions.numel() else -1
         if last >= self.max_len:
             raise ValueError(
                 f"input reaches position {last} but learned positions only cover max_len={self.max_len}; "

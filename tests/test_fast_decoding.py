@@ -1,0 +1,101 @@
+"""Token-by-token decoding: an in-place KV cache, left-padded batches of prompts, the bf16 path, and Hugging Face
+GPT-2's greedy tokens on the same weights."""
+
+import warnings
+
+import pytest
+import torch
+
+from kqv import DecoderLM, KVCache
+from kqv.interop import to_hf
+from kqv.nn.generation import in_dtype
+
+from conftest import POSITIONS, tiny_config
+
+
+def test_the_cache_writes_each_step_in_place_into_the_buffer_it_reserved():
+    model = DecoderLM(tiny_config(position="rope")).eval()
+    ids = torch.randint(0, 37, (2, 10))
+    cache = model.new_cache(capacity=10)
+    with torch.no_grad():
+        model(ids[:, :4], cache=cache)
+        buffers = [(layer._keys.data_ptr(), layer._values.data_ptr()) for layer, _ in cache]
+        for t in range(4, 10):
+            model(ids[:, t:t + 1], cache=cache)
+    assert [(layer._keys.data_ptr(), layer._values.data_ptr()) for layer, _ in cache] == buffers
+    assert all(layer.length == 10 and layer._keys.shape[2] == 10 for layer, _ in cache)
+
+
+def test_a_cache_that_outgrows_its_buffer_doubles_it_and_keeps_every_key():
+    cache = KVCache()
+    steps = [torch.randn(2, 3, n, 4) for n in (3, 1, 1, 5, 1)]
+    for keys in steps:
+        all_keys, all_values = cache.append(keys, -keys)
+    expected = torch.cat(steps, dim=2)
+    assert torch.equal(all_keys, expected) and torch.equal(all_values, -expected)
+    # reserved: 3, then 6 (twice the 3 filled), then 10 (what 5 new keys need), then 20 (twice the 10 filled)
+    assert cache.length == 11 and cache._keys.shape[2] == 20
+
+
+@pytest.mark.parametrize("position", POSITIONS)
+def test_a_left_padded_batch_generates_what_each_prompt_generates_alone(position):
+    model = DecoderLM(tiny_config(position=position)).eval()
+    prompts = [torch.randint(0, 37, (n,)) for n in (5, 2, 4)]
+    ids = torch.zeros(3, 5, dtype=torch.long)
+    mask = torch.zeros(3, 5, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, 5 - len(prompt):], mask[row, 5 - len(prompt):] = prompt, 1
+    for use_cache in (True, False):
+        batched = model.generate(ids, 8, temperature=0, attention_mask=mask, use_cache=use_cache)
+        for row, prompt in enumerate(prompts):
+            alone = model.generate(prompt[None], 8, temperature=0)
+            assert torch.equal(batched[row, 5:], alone[0, len(prompt):]), (row, use_cache)
+
+
+@pytest.mark.parametrize("mask,message", [
+    (torch.tensor([[1, 1, 0]]), "padded on the left"),
+    (torch.tensor([[0, 2, 1]]), "only 1 .token. and 0"),
+    (torch.ones(1, 2, dtype=torch.long), "shape of the prompts"),
+])
+def test_a_bad_prompt_mask_is_a_clear_error(mask, message):
+    model = DecoderLM(tiny_config()).eval()
+    with pytest.raises(ValueError, match=message):
+        model.generate(torch.ones(1, 3, dtype=torch.long), 2, attention_mask=mask)
+
+
+def test_the_bf16_path_runs_a_bf16_copy_and_leaves_the_model_as_it_was():
+    model = DecoderLM(tiny_config()).eval()
+    before = {name: p.clone() for name, p in model.state_dict().items()}
+    lowered = in_dtype(model, torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 for p in lowered.parameters())
+    ids = torch.randint(0, 37, (2, 6))
+    with torch.no_grad():
+        expected = model(ids)
+        actual = lowered(ids).float()
+    assert (actual - expected).abs().max() < 0.05 * expected.abs().max()
+    out = model.generate(ids, 5, temperature=0, dtype=torch.bfloat16)
+    assert out.shape == (2, 11) and torch.equal(out[:, :6], ids)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert all(torch.equal(before[name], p) for name, p in model.state_dict().items())
+    with pytest.raises(ValueError, match="floating-point torch.dtype"):
+        model.generate(ids, 2, dtype=torch.int8)
+
+
+def hf_greedy(hf, ids, mask, new):
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        return hf.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                           pad_token_id=0)
+
+
+def test_greedy_tokens_equal_hugging_face_gpt2_on_the_same_weights_with_left_padding():
+    model = DecoderLM(tiny_config(position="learned", activation="gelu_tanh", vocab_size=97, max_len=48)).eval()
+    hf = to_hf(model)
+    ids = torch.randint(1, 97, (3, 6))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = mask[2, :1] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    for prompts, prompt_mask in ((ids[:1], mask[:1]), (ids, mask)):
+        expected = hf_greedy(hf, prompts, prompt_mask, 30)
+        actual = model.generate(prompts, 30, temperature=0, attention_mask=prompt_mask)
+        assert torch.equal(actual, expected)
