@@ -1,0 +1,101 @@
+"""One writer per run directory: an exclusive `flock` on `run_dir/.lock`, held for the whole run.
+
+Training, resuming and overwriting all write into a run directory; two of them at once interleave their metrics
+and delete each other's checkpoints. `hold_run_lock(run_dir)` takes an exclusive advisory lock (`fcntl.flock`)
+on the lock file before anything in the directory is written or deleted, and keeps it until the block ends. The
+kernel releases it when the process exits in any way, `kill -9` included, so a crash never leaves a stale lock;
+the pid written into the file is only there to name the holder in the error a second writer gets.
+
+Readers (`kqv generate`, `kqv eval`, the explorer) never take the lock: checkpoints are swapped in atomically
+(see `write_checkpoint`), so they read a complete one while a run trains.
+
+The lock is re-entrant within a process (a job holds it and the Trainer it builds takes it again), because two
+`flock`s on separate opens of one file conflict even inside one process.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+LOCK_FILE = ".lock"
+
+
+class RunDirectoryBusy(RuntimeError):
+    """Another process is writing into the run directory."""
+
+    def __init__(self, run_dir: Path, holder: str):
+        self.run_dir, self.holder = run_dir, holder
+        super().__init__(f"{run_dir} is in use by another training process ({holder}); wait for it to finish or "
+                         f"stop it, or write this run to another directory")
+
+
+_held: dict[Path, tuple[int, int]] = {}  # resolved run_dir -> (file descriptor, nesting depth)
+
+
+@contextmanager
+def hold_run_lock(run_dir: str | Path) -> Iterator[Path]:
+    """Hold the exclusive writer's lock of `run_dir` (created if missing) for the block; RunDirectoryBusy if
+    another process holds it. Yields the lock file's path."""
+    run_dir = Path(run_dir)
+    key = run_dir.resolve()
+    if key in _held:
+        fd, depth = _held[key]
+        _held[key] = (fd, depth + 1)
+    else:
+        _held[key] = (_acquire(run_dir), 1)
+    try:
+        yield run_dir / LOCK_FILE
+    finally:
+        fd, depth = _held[key]
+        if depth > 1:
+            _held[key] = (fd, depth - 1)
+        else:
+            del _held[key]
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+
+def check_run_lock(run_dir: str | Path) -> None:
+    """Raise RunDirectoryBusy now if another process holds `run_dir`'s lock (a probe: nothing is created)."""
+    run_dir = Path(run_dir)
+    path = run_dir / LOCK_FILE
+    if run_dir.resolve() in _held or not path.exists():
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunDirectoryBusy(run_dir, _holder(path)) from None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _acquire(run_dir: Path) -> int:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise RunDirectoryBusy(run_dir, _holder(path)) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+              .encode(), 0)
+    return fd
+
+
+def _holder(path: Path) -> str:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        text = ""
+    return text or "a process that has not yet written its pid"
