@@ -124,7 +124,11 @@ def test_corrupt_checkpoint_is_reported_not_loaded(run, tmp_path, capsys):
     weights = broken / "checkpoint" / MODEL_FILE
     weights.write_bytes(weights.read_bytes()[:-10] + b"0123456789")
     assert main(["generate", str(broken), "--prompt", "To"]) == 2
-    assert "corrupt" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "corrupt" in err and "`--overwrite` on the command line" in err  # the flag for CLI users ...
+    assert main(["train", "lm", "--out", str(broken), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "corrupt" in err and "--overwrite" in err and "if_exists='overwrite' in Python" in err  # ... and Python's
 
 
 def test_training_into_an_existing_run_refuses_and_keeps_it(run, corpus, capsys):

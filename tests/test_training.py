@@ -164,7 +164,7 @@ def test_failed_checkpoint_write_keeps_the_previous_checkpoint(tmp_path, monkeyp
         run.train()
     monkeypatch.undo()
     assert read_checkpoint(tmp_path).step == 2
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint", "loss.png", "metrics.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "checkpoint", "loss.png", "metrics.jsonl"]
     resume(tmp_path).train()
     assert read_checkpoint(tmp_path).step == 4
 

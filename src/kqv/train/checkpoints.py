@@ -14,14 +14,15 @@ import os
 import random
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_model, save_file, save_model
+from safetensors.torch import load as safetensors_load
+from safetensors.torch import save_file, save_model
 from torch import Tensor, nn
 
 from .config import TrainConfig
@@ -36,13 +37,31 @@ FORMAT = 1
 
 @dataclass
 class Checkpoint:
-    """A verified checkpoint: where it is, the update it was taken after, its config and extra_state."""
+    """A verified checkpoint: where it is, the update it was taken after, its config and extra_state.
+
+    It also holds its files open (`open(name)`), so what is loaded from it is what was verified, even when a
+    training process swaps in a newer checkpoint meanwhile: readers never lock the run directory.
+    """
 
     path: Path
     step: int
     config: TrainConfig
     extra_state: dict[str, Any]
     state: dict[str, Any]  # the whole state.json
+    files: dict[str, BinaryIO] = field(default_factory=dict, repr=False)
+
+    def open(self, name: str) -> BinaryIO:
+        """The verified file `name` of this checkpoint, rewound to its start."""
+        file = self.files[name]
+        file.seek(0)
+        return file
+
+    def close(self) -> None:
+        for file in self.files.values():
+            file.close()
+
+    def __del__(self) -> None:
+        self.close()
 
 
 def write_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any],
@@ -51,7 +70,8 @@ def write_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Opt
 
     The old checkpoint stays until the new one is complete: it is renamed to `checkpoint.old`, the new directory
     is renamed to `checkpoint`, and only then is the old one deleted. A crash between the two renames leaves
-    `checkpoint.old`, which `read_checkpoint` falls back to.
+    `checkpoint.old`, which `read_checkpoint` falls back to. Files are never changed once in place, so a reader
+    that has opened them keeps a consistent checkpoint.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     final, previous = run_dir / CHECKPOINT_DIR, run_dir / PREVIOUS_CHECKPOINT_DIR
@@ -78,34 +98,98 @@ def write_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Opt
     shutil.rmtree(previous, ignore_errors=True)
 
 
+class _Swapped(Exception):
+    """The checkpoint directory was replaced and deleted while being opened: read the new one."""
+
+
 def read_checkpoint(run_dir: str | Path) -> Checkpoint:
-    """Read and verify (SHA-256 of every file) the checkpoint of a run, without loading any tensors."""
+    """Read and verify (SHA-256 of every file) the checkpoint of a run, without loading any tensors.
+
+    Safe while another process trains into `run_dir`: the checkpoint's directory is opened once and every file
+    through it, so all of them come from one checkpoint; if that checkpoint is deleted by a newer one's swap
+    before its files are open, the newer one is read instead.
+    """
     run_dir = Path(run_dir)
+    for _ in range(20):
+        try:
+            return _read_once(run_dir)
+        except _Swapped:
+            continue
+    raise RuntimeError(f"the checkpoint in {run_dir} was replaced 20 times while being read; is a run writing "
+                       f"checkpoints continuously (checkpoint_every=1)? try again")
+
+
+def remedy(path: Path) -> str:
+    """What to do about a broken checkpoint, for command-line and Python users alike."""
+    return (f"restore {path} from a backup, or start the run over: `--overwrite` on the command line, "
+            f"if_exists='overwrite' in Python (either deletes it)")
+
+
+def _read_once(run_dir: Path) -> Checkpoint:
     path = run_dir / CHECKPOINT_DIR
     if not path.exists() and (run_dir / PREVIOUS_CHECKPOINT_DIR).exists():
         path = run_dir / PREVIOUS_CHECKPOINT_DIR  # a swap was interrupted after the old checkpoint moved aside
     state_path = path / STATE_FILE
-    remedy = (f"restore {path} from a backup, or start the run over with if_exists='overwrite' (deletes it)")
-    if not path.exists():
-        raise FileNotFoundError(f"no checkpoint in {run_dir}: {state_path} does not exist; start a fresh run "
-                                f"instead of resuming, or check the run_dir")
-    if not state_path.is_file():
-        raise FileNotFoundError(f"{state_path} is missing, so the checkpoint in {path} is incomplete; {remedy}")
     try:
-        state = json.loads(state_path.read_text())
+        directory = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        if (run_dir / CHECKPOINT_DIR).exists() or (run_dir / PREVIOUS_CHECKPOINT_DIR).exists():
+            raise _Swapped from None
+        raise FileNotFoundError(f"no checkpoint in {run_dir}: {state_path} does not exist; start a fresh run "
+                                f"instead of resuming, or check the run directory") from None
+    files: dict[str, BinaryIO] = {}
+    try:
+        files[STATE_FILE] = _open_in(directory, STATE_FILE, path)
+        state, step, config, extra_state, digests = _parse_state(files[STATE_FILE].read(), path)
+        for name, digest in digests.items():
+            files[name] = _open_in(directory, name, path)
+            if _sha256(files[name]) != digest:
+                raise ValueError(f"{path / name} is corrupt: its SHA-256 differs from the one recorded in "
+                                 f"{state_path}; {remedy(path)}")
+    except BaseException:
+        for file in files.values():
+            file.close()
+        raise
+    finally:
+        os.close(directory)
+    return Checkpoint(path, step, config, extra_state, state, files)
+
+
+def _open_in(directory: int, name: str, path: Path) -> BinaryIO:
+    """Open `name` inside the already opened checkpoint directory."""
+    try:
+        return os.fdopen(os.open(name, os.O_RDONLY, dir_fd=directory), "rb")
+    except FileNotFoundError:
+        if _replaced(directory, path):  # a newer swap moved this checkpoint aside and is deleting it
+            raise _Swapped from None
+        what = "so the checkpoint is incomplete" if name == STATE_FILE else "from the checkpoint"
+        raise FileNotFoundError(f"{path / name} is missing, {what}; {remedy(path)}") from None
+
+
+def _replaced(directory: int, path: Path) -> bool:
+    """Whether the opened checkpoint directory is no longer the run's current checkpoint."""
+    try:
+        current = os.stat(path)
+    except FileNotFoundError:
+        return True
+    opened = os.fstat(directory)
+    if (current.st_dev, current.st_ino) != (opened.st_dev, opened.st_ino):
+        return True
+    return path.name == PREVIOUS_CHECKPOINT_DIR and (path.parent / CHECKPOINT_DIR).exists()
+
+
+def _parse_state(text: bytes, path: Path) -> tuple[dict, int, TrainConfig, dict, dict[str, str]]:
+    try:
+        state = json.loads(text)
         step, config = state["step"], TrainConfig.from_dict(state["config"])
-        files, extra_state = state["files"], state["extra_state"]
+        digests, extra_state = dict(state["files"]), state["extra_state"]
         if state["format"] != FORMAT:
             raise ValueError(f"format {state['format']} is not {FORMAT}")
+        if set(digests) - {MODEL_FILE, OPTIMIZER_FILE, RNG_FILE}:
+            raise ValueError(f"unknown files {sorted(set(digests) - {MODEL_FILE, OPTIMIZER_FILE, RNG_FILE})}")
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as error:
-        raise ValueError(f"{state_path} is corrupt or not a kqv checkpoint ({error}); {remedy}") from None
-    for name, digest in files.items():
-        file = path / name
-        if not file.is_file():
-            raise FileNotFoundError(f"{file} is missing from the checkpoint; {remedy}")
-        if _sha256(file) != digest:
-            raise ValueError(f"{file} is corrupt: its SHA-256 differs from the one recorded in {state_path}; {remedy}")
-    return Checkpoint(path, step, config, extra_state, state)
+        raise ValueError(f"{path / STATE_FILE} is corrupt or not a kqv checkpoint ({error}); {remedy(path)}") from None
+    return state, step, config, extra_state, digests
 
 
 def load_weights(model: nn.Module, checkpoint: str | Path | Checkpoint) -> Checkpoint:
@@ -114,11 +198,21 @@ def load_weights(model: nn.Module, checkpoint: str | Path | Checkpoint) -> Check
         checkpoint = read_checkpoint(checkpoint)
     path = checkpoint.path / MODEL_FILE
     try:
-        load_model(model, str(path), strict=True)
+        _load_state(model, safetensors_load(checkpoint.open(MODEL_FILE).read()))
     except (RuntimeError, SafetensorError) as error:
         raise ValueError(f"{path} does not fit the model ({error}); build the model with the config the run was "
                          f"trained with (saved in extra_state if the training script put it there)") from None
     return checkpoint
+
+
+def _load_state(model: nn.Module, state: dict[str, Tensor]) -> None:
+    """`model.load_state_dict(state)`, where names of tied weights that `save_model` dropped may be missing."""
+    own = model.state_dict()
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    loaded = {own[name].untyped_storage().data_ptr() for name in state if name in own}
+    missing = [name for name in missing if own[name].untyped_storage().data_ptr() not in loaded]
+    if missing or unexpected:
+        raise RuntimeError(f"missing {missing}, unexpected {unexpected}")
 
 
 def run_files(run_dir: Path) -> list[Path]:
@@ -126,11 +220,15 @@ def run_files(run_dir: Path) -> list[Path]:
     return [run_dir / name for name in names if (run_dir / name).exists()]
 
 
-def _sha256(path: Path) -> str:
+def _sha256(source: Path | BinaryIO) -> str:
+    """SHA-256 of a file, given by path or as an open binary file (read from its start)."""
+    if isinstance(source, Path):
+        with open(source, "rb") as file:
+            return _sha256(file)
+    source.seek(0)
     digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for chunk in iter(lambda: file.read(1 << 20), b""):
-            digest.update(chunk)
+    for chunk in iter(lambda: source.read(1 << 20), b""):
+        digest.update(chunk)
     return digest.hexdigest()
 
 

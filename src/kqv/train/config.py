@@ -23,7 +23,8 @@ class TrainConfig:
     warms up and stays at `lr`. `grad_clip=0` disables clipping. Evaluation and checkpoints happen every
     `eval_every` / `checkpoint_every` updates and always after the last one. `max_minutes > 0` makes the update
     during which that much training time (evaluation and checkpoints excluded) has passed the last one, for
-    comparisons at equal wall-clock budget; the schedule still follows `steps`.
+    comparisons at equal wall-clock budget; the schedule still follows `steps`. An update whose loss or gradient
+    is not finite is skipped; `max_bad_steps` of them in a row stop training (`TrainingDiverged`).
     """
 
     steps: int
@@ -43,13 +44,14 @@ class TrainConfig:
     seed: int = 0
     log_every: int = 10
     max_minutes: float = 0.0
+    max_bad_steps: int = 5  # updates in a row skipped for a non-finite loss or gradient before training stops
 
     def __post_init__(self) -> None:
         if isinstance(self.betas, list):  # after a JSON round trip
             self.betas = tuple(self.betas)
         for name, minimum in (("steps", 1), ("batch_size", 1), ("warmup_steps", 0), ("grad_accum", 1),
                               ("eval_every", 1), ("eval_batches", 1), ("checkpoint_every", 1), ("seed", 0),
-                              ("log_every", 1)):
+                              ("log_every", 1), ("max_bad_steps", 1)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")

@@ -8,7 +8,9 @@ The trainer knows nothing about models or data. It is given any `nn.Module` and 
 
 and does the rest: AdamW with weight-decay groups, linear warmup then cosine decay (or inverse-sqrt, or constant),
 gradient clipping and accumulation, bf16 autocast, periodic validation, metrics and a loss plot, atomic
-checkpoints that resume bit-exactly, a checkpoint on Ctrl-C, and multi-process training under torchrun.
+checkpoints that resume bit-exactly (also to more steps than first planned: see `_plan_extension`), a checkpoint
+on Ctrl-C, updates with a non-finite loss or gradient skipped and counted, the run directory locked against a
+second writer (`kqv.train.lock`), and multi-process training under torchrun.
 
 Determinism contract. `train_batches(i)` must return the same batch for the same `i`. Update `s` (0-based) uses
 the micro-batches `s * grad_accum + j` for `j` in `range(grad_accum)`, so a resumed run needs no data-loader
@@ -39,13 +41,13 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file
+from safetensors.torch import load as safetensors_load
 from torch import Tensor, nn
 from tqdm import tqdm
 
@@ -53,6 +55,8 @@ from .checkpoints import (CHECKPOINT_DIR, FORMAT, OPTIMIZER_FILE, RNG_FILE, STAT
                           read_checkpoint, rng_from_json, rng_state, rng_to_json, run_files, seed_everything,
                           set_rng_state, write_atomically, write_checkpoint)
 from .config import TrainConfig, learning_rate
+from .lock import hold_run_lock
+from .nonfinite import TrainingDiverged, check_finite_weights, diverged_message
 from .distributed import Batch, init_distributed, slice_batch
 from .metrics import METRICS_FILE, PLOT_FILE, Window, append_metrics, plot_losses, progress_line, read_metrics
 from .optimizer import make_optimizer
@@ -105,19 +109,37 @@ class Trainer:
         self.train_seconds = 0.0  # time spent in updates: elapsed_s without evaluation and checkpoints
         self._saved_rng: list[dict | None] | None = None  # generator states to restore when training starts
         self._overwrite = False
+        self.bad_steps = 0  # updates skipped because the loss or a gradient was not finite, over the whole run
+        self._bad_streak: list[int] = []  # the steps of the current run of consecutive skipped updates
+        self._last_saved: int | None = None  # the step of the last checkpoint this session wrote or resumed from
+        self.replanned: dict[str, Any] | None = None  # the metrics record of a resume that changed the plan
+        self._lock = ExitStack()  # the run directory's writer lock, held from here until train() returns
+        if self.rank == 0:
+            self._lock.enter_context(hold_run_lock(self.run_dir))
 
-        existing = run_files(self.run_dir)
-        if existing and if_exists == "error":
-            raise FileExistsError(
-                f"{self.run_dir} already holds a run ({', '.join(p.name for p in existing)}); continue it with "
-                f"Trainer.resume(...) or if_exists='resume', start over with if_exists='overwrite' (deletes those "
-                f"files), or choose another run_dir")
-        if existing and if_exists == "resume":
-            self._load(read_checkpoint(self.run_dir))
-        self._overwrite = bool(existing) and if_exists == "overwrite"
+        try:
+            self._open_run(if_exists)
+        except BaseException:
+            self._lock.close()
+            raise
         self.ddp_model = model
         if self.world_size > 1:
             self.ddp_model = nn.parallel.DistributedDataParallel(model)
+
+    def _open_run(self, if_exists: IfExists) -> None:
+        """Refuse, resume or mark for overwriting the run already in run_dir (with its lock held)."""
+        existing = run_files(self.run_dir)
+        if existing and if_exists == "error":
+            raise FileExistsError(
+                f"{self.run_dir} already holds a run ({', '.join(p.name for p in existing)}); continue it "
+                f"(`--resume` on the command line, if_exists='resume' or Trainer.resume(...) in Python), start "
+                f"over (`--overwrite`, if_exists='overwrite'; deletes those files), or choose another directory")
+        if existing and if_exists == "resume":
+            checkpoint = read_checkpoint(self.run_dir)
+            self._load(checkpoint)
+            self._plan_extension(checkpoint)
+            checkpoint.close()
+        self._overwrite = bool(existing) and if_exists == "overwrite"
 
     @classmethod
     def resume(cls, run_dir: str | Path, model: nn.Module, *, train_batches: Callable[[int], Batch],
@@ -134,10 +156,22 @@ class Trainer:
 
     def train(self) -> dict[str, float]:
         """Train until `config.steps` updates are done; returns the metrics of the last step. On Ctrl-C it saves
-        a checkpoint of the last completed update and re-raises KeyboardInterrupt."""
+        a checkpoint of the last completed update and re-raises KeyboardInterrupt. An update whose loss or
+        gradient is not finite is skipped (counted as `bad_steps` in metrics.jsonl); `config.max_bad_steps` of
+        them in a row raise TrainingDiverged. The run directory stays locked against other writers until the
+        end."""
+        with ExitStack() as held:
+            if self.rank == 0:  # again, for a second train(); the lock taken by __init__ is handed over to this block
+                held.enter_context(hold_run_lock(self.run_dir))
+            self._lock.close()
+            return self._train()
+
+    def _train(self) -> dict[str, float]:
         cfg = self.config
         if self.rank == 0:
             self._prepare_run_dir()
+            if self.replanned is not None:
+                append_metrics(self.run_dir / METRICS_FILE, self.replanned)
         self._start_rng()
         self._boundary_rng = rng_state()  # generator state after the last completed update
         self._updating = False
@@ -159,7 +193,11 @@ class Trainer:
                 now = time.perf_counter()
                 self.elapsed_s = now - clock
                 self.train_seconds += now - started
-                window.add(loss, tokens, now - started)
+                if math.isfinite(loss) and math.isfinite(grad_norm):
+                    self._bad_streak = []
+                    window.add(loss, tokens, now - started)
+                else:
+                    self._skipped(loss, grad_norm)
                 last = self.step == cfg.steps or self._out_of_time()
                 result = self._report(lr, grad_norm, window, bar, clock, last) or result
                 if self.step % cfg.checkpoint_every == 0 or last:
@@ -191,9 +229,9 @@ class Trainer:
         """Log (every `log_every` updates) and evaluate (every `eval_every`); one metrics.jsonl record for both."""
         cfg = self.config
         record: dict[str, Any] = {}
-        if self.step % cfg.log_every == 0 or last:
+        if (self.step % cfg.log_every == 0 or last) and window.steps:
             record.update(train_loss=window.mean_loss(), lr=lr, tokens_per_s=window.tokens_per_s(),
-                          grad_norm=grad_norm)
+                          grad_norm=grad_norm, bad_steps=self.bad_steps)
             bar.set_postfix(loss=f"{record['train_loss']:.4f}", lr=f"{lr:.2e}",
                             **({"tok/s": f"{record['tokens_per_s']:,.0f}"} if record["tokens_per_s"] else {}))
             window.reset()
@@ -237,14 +275,31 @@ class Trainer:
             dist.all_reduce(total)
             total /= self.world_size
         mean_loss = total.item()
-        if not math.isfinite(mean_loss):  # the same on every rank, so all stop together
-            raise FloatingPointError(f"the training loss is {mean_loss} at step {self.step + 1}; the last good "
-                                     f"checkpoint is in {self.run_dir}; try a lower lr or more warmup")
-        max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
-        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), max_norm, foreach=True).item()
+        grad_norm = math.nan
+        if math.isfinite(mean_loss):  # the loss and the norm of the synchronised gradient agree on every rank
+            max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
+            grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), max_norm, foreach=True).item()
+        if not math.isfinite(grad_norm):  # skip the update: nothing non-finite reaches the weights
+            self.optimizer.zero_grad(set_to_none=True)
+            return mean_loss, tokens, grad_norm
         self._updating = True  # an interrupt from here until the step counter moves leaves no clean state
         self.optimizer.step()
         return mean_loss, tokens, grad_norm
+
+    def _skipped(self, loss: float, grad_norm: float) -> None:
+        """Count an update skipped for a non-finite loss or gradient; stop after max_bad_steps in a row."""
+        self.bad_steps += 1
+        self._bad_streak.append(self.step)
+        what = f"the loss was {loss}" if not math.isfinite(loss) else f"the gradient norm was {grad_norm}"
+        logger.warning("step %d: %s; the update was skipped (%d in a row, %d in the run)", self.step, what,
+                       len(self._bad_streak), self.bad_steps)
+        if len(self._bad_streak) < self.config.max_bad_steps:
+            return
+        if self.rank == 0:
+            append_metrics(self.run_dir / METRICS_FILE, {"step": self.step, "bad_steps": self.bad_steps,
+                                                         "stopped": "non-finite loss or gradient"})
+        checkpoint = None if self._last_saved is None else (self.run_dir / CHECKPOINT_DIR, self._last_saved)
+        raise TrainingDiverged(diverged_message(self.config, what, self._bad_streak, checkpoint))
 
     def _autocast(self):
         return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.config.precision == "bf16")
@@ -304,13 +359,15 @@ class Trainer:
             self._write([self._boundary_rng])
         if (self.run_dir / METRICS_FILE).exists():
             plot_losses(self.run_dir / METRICS_FILE, self.run_dir / PLOT_FILE)
-        logger.warning("interrupted: saved the checkpoint of step %d in %s; continue with Trainer.resume(...)",
+        logger.warning("interrupted: saved the checkpoint of step %d in %s; continue with `--resume` on the "
+                       "command line or Trainer.resume(...) in Python",
                        self.step, self.run_dir / CHECKPOINT_DIR)
 
     def _write(self, rng_states: list[dict]) -> None:
+        check_finite_weights(self.model, self.config, self.step, self._last_saved)
         state = {"format": FORMAT, "step": self.step, "config": self.config.to_dict(),
                  "extra_state": self.extra_state, "elapsed_s": self.elapsed_s, "train_seconds": self.train_seconds,
-                 "world_size": self.world_size,
+                 "world_size": self.world_size, "bad_steps": self.bad_steps,
                  "rng": [rng_to_json(s) for s in rng_states], "torch_version": torch.__version__}
         write_checkpoint(self.run_dir, self.model, self.optimizer, state,
                          {f"rank{r}": s["torch"] for r, s in enumerate(rng_states)})
@@ -321,13 +378,13 @@ class Trainer:
         path = checkpoint.path / OPTIMIZER_FILE
         configured = [(g["betas"], g["weight_decay"]) for g in self.optimizer.param_groups]
         try:
-            self.optimizer.load_state_dict(torch.load(path, weights_only=True))
+            self.optimizer.load_state_dict(torch.load(checkpoint.open(OPTIMIZER_FILE), weights_only=True))
         except (ValueError, KeyError, RuntimeError) as error:
             raise ValueError(f"{path} does not fit this model's optimizer ({error}); was the model built with the "
                              f"same config as the run in {self.run_dir}?") from None
         for group, (betas, weight_decay) in zip(self.optimizer.param_groups, configured):  # the config may change
             group["betas"], group["weight_decay"] = betas, weight_decay
-        torch_states = load_file(checkpoint.path / RNG_FILE)
+        torch_states = safetensors_load(checkpoint.open(RNG_FILE).read())
         self._saved_rng = [
             {**rng_from_json(s), "torch": torch_states[f"rank{r}"]} if s is not None else None
             for r, s in enumerate(checkpoint.state["rng"])]
@@ -336,6 +393,36 @@ class Trainer:
         self.step, self.elapsed_s = checkpoint.step, float(checkpoint.state.get("elapsed_s", 0.0))
         self.train_seconds = float(checkpoint.state.get("train_seconds", self.elapsed_s))
         self.extra_state = {**checkpoint.extra_state, **self.extra_state}
+        self.bad_steps = int(checkpoint.state.get("bad_steps", 0))
+
+    def _plan_extension(self, checkpoint: Checkpoint) -> None:
+        """Check a resumed run's new plan against the updates already done, and say what resuming means.
+
+        Resuming to `steps` equals having planned `steps` from the start exactly when every update already done
+        had the learning rate the new plan gives it. That holds for "constant" and "inverse_sqrt" (their rate
+        never depends on `steps`), for any schedule while the run is still in its warmup, and whenever `steps`
+        is unchanged. A cosine schedule extended after its warmup is recomputed to the new end: the updates still
+        to come follow the cosine of the new plan, so the rate jumps back up at the resume point, and the result
+        differs from a run planned that long from the start; this is logged and recorded in metrics.jsonl.
+        """
+        saved, step = checkpoint.config, checkpoint.step
+        if self.config.steps < step:
+            raise ValueError(f"the run in {self.run_dir} is already at step {step}, past the {self.config.steps} "
+                             f"steps asked for; to continue it, ask for more than {step} steps")
+        changed = next((t for t in range(1, step + 1) if learning_rate(saved, t) != learning_rate(self.config, t)),
+                       None)
+        self.replanned = None
+        if changed is not None:
+            before, after = learning_rate(saved, step), learning_rate(self.config, step + 1)
+            self.replanned = {"step": step, "schedule_replanned": {
+                "from_steps": saved.steps, "to_steps": self.config.steps, "first_differing_step": changed,
+                "lr_before": before, "lr_after": after}}
+            logger.warning(
+                "resuming at step %d with a new plan (%d -> %d steps, %s schedule): updates %d-%d already used the "
+                "old plan's learning rates, so this run will differ from one planned for %d steps from the start; "
+                "the schedule is recomputed to the new end (lr %.3g at step %d, %.3g at step %d). The constant and "
+                "inverse_sqrt schedules extend exactly.", step, saved.steps, self.config.steps, self.config.schedule,
+                changed, step, self.config.steps, before, step, after, step + 1)
 
     def _start_rng(self) -> None:
         """Seed a fresh run; restore the saved generators of a resumed one (reseed ranks that have none)."""

@@ -1,0 +1,47 @@
+"""The non-finite guard's verdicts: when a run stops because its numbers stopped being finite, and what it says.
+
+The Trainer skips an update whose loss or gradient norm is NaN or infinite (the weights and the optimizer state
+stay as they were), counts it as `bad_steps` in metrics.jsonl, and after `TrainConfig.max_bad_steps` such updates
+in a row raises `TrainingDiverged` with `diverged_message`. Before any checkpoint is written,
+`check_finite_weights` makes sure no non-finite weight (finite gradients can still overflow them) is saved.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .config import TrainConfig
+
+_PRECISION_CAUSES = {
+    "bf16": "bf16 autocast (fp32's exponent range but an 8-bit significand: large logits or attention scores lose "
+            "precision; try precision = \"fp32\" to rule it out)",
+    "fp32": "fp32 itself (a value beyond 3.4e38, e.g. from activations growing without bound)",
+}
+
+
+class TrainingDiverged(RuntimeError):
+    """Training stopped because the loss, the gradients or the weights stopped being finite."""
+
+
+def diverged_message(config: TrainConfig, what: str, steps: list[int], checkpoint: tuple[Path, int] | None) -> str:
+    """Why training stopped after the consecutive skipped updates `steps`, where to resume, and the usual causes."""
+    saved = (f"the last good checkpoint is {checkpoint[0]} (step {checkpoint[1]})" if checkpoint is not None
+             else "no checkpoint was written in this session")
+    return (f"training stopped at step {steps[-1]}: {what}, and the loss or gradient has not been finite for "
+            f"{len(steps)} updates in a row (steps {steps[0]}-{steps[-1]}; none of them changed the weights); "
+            f"{saved}. Usual causes: a learning rate too high (lr = {config.lr:g}, warmup_steps = "
+            f"{config.warmup_steps}: lower lr or lengthen warmup), the range of "
+            f"{_PRECISION_CAUSES[config.precision]}, or bad input data. Resume from the checkpoint after changing "
+            f"the config, or raise train.max_bad_steps (now {config.max_bad_steps}) to skip more.")
+
+
+def check_finite_weights(model: nn.Module, config: TrainConfig, step: int, last_saved: int | None) -> None:
+    """Raise TrainingDiverged instead of letting a checkpoint save NaN or infinite weights."""
+    bad = [name for name, param in model.named_parameters() if not torch.isfinite(param).all()]
+    if bad:
+        raise TrainingDiverged(f"training stopped at step {step}: the weights {bad[:5]} are no longer finite, so no "
+                               f"checkpoint was written (the last good one is step {last_saved}); lower the "
+                               f"learning rate (lr = {config.lr:g}) or use precision = \"fp32\"")

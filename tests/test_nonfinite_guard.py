@@ -1,0 +1,106 @@
+"""A NaN or inf loss or gradient never reaches the weights or a checkpoint: the update is skipped and counted, and
+too many in a row stop the run with a message that names the step, the last good checkpoint and the causes."""
+
+import math
+
+import pytest
+import torch
+
+from kqv.train.checkpoints import read_checkpoint
+from kqv.train.metrics import read_metrics
+from kqv.train.nonfinite import TrainingDiverged
+from kqv.train.trainer import Trainer
+from test_training import config, make_model, token_batches, weights
+
+
+class _InfGradient(torch.autograd.Function):
+    """Identity forward, an infinite gradient backward: a finite loss whose gradient is not."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.full_like(grad, math.inf)
+
+
+def poisoned_loss(bad_batches: set[int], kind: str = "nan"):
+    """The LM loss, except for the micro-batches in `bad_batches`: a NaN loss, or an infinite gradient."""
+    batches = token_batches(4)
+
+    def loss_fn(model, batch):
+        index, (inputs, targets) = batch
+        loss = model(inputs, targets)
+        if index in bad_batches:
+            loss = loss * math.nan if kind == "nan" else _InfGradient.apply(loss)
+        return loss
+
+    return (lambda i: (i, batches(i))), loss_fn
+
+
+def guarded_trainer(run_dir, bad: set[int], kind: str = "nan", **changes) -> Trainer:
+    """A dropout-free run at a constant learning rate, so a skipped update is the only difference."""
+    batches, loss_fn = poisoned_loss(bad, kind)
+    cfg = config(schedule="constant", warmup_steps=0, eval_every=100, **changes)
+    return Trainer(make_model(dropout=0.0), cfg, run_dir, train_batches=batches, loss_fn=loss_fn, quiet=True)
+
+
+@pytest.mark.parametrize("kind", ["nan", "inf-gradient"])
+def test_a_non_finite_step_is_skipped_so_the_weights_are_those_before_it(tmp_path, kind):
+    before = guarded_trainer(tmp_path / "two", bad=set(), steps=2)
+    before.train()
+    poisoned = guarded_trainer(tmp_path / "three", bad={2}, kind=kind, steps=3)  # update 3 uses micro-batch 2
+    poisoned.train()
+    assert poisoned.step == 3 and poisoned.bad_steps == 1
+    two, three = weights(tmp_path / "two"), weights(tmp_path / "three")
+    assert all(torch.equal(two[name], three[name]) for name in two)  # the skipped update changed nothing
+
+
+def test_skipped_steps_are_counted_in_metrics_and_training_goes_on(tmp_path):
+    run = guarded_trainer(tmp_path, bad={1, 3}, steps=6)
+    run.train()
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    logged = [(r["step"], r["bad_steps"]) for r in records if "train_loss" in r]
+    assert logged == [(1, 0), (3, 1), (5, 2), (6, 2)]  # updates 2 and 4 were skipped: no loss to log
+    assert all(math.isfinite(r["train_loss"]) for r in records if "train_loss" in r)
+    assert read_checkpoint(tmp_path).state["bad_steps"] == 2
+    assert all(torch.isfinite(w).all() for w in weights(tmp_path).values())
+
+
+def test_consecutive_bad_steps_stop_the_run_naming_step_checkpoint_and_causes(tmp_path):
+    run = guarded_trainer(tmp_path, bad={4, 5, 6}, steps=10, checkpoint_every=2, max_bad_steps=3)
+    with pytest.raises(TrainingDiverged) as stopped:
+        run.train()
+    message = str(stopped.value)
+    assert "stopped at step 7" in message and "steps 5-7" in message
+    assert f"{tmp_path / 'checkpoint'} (step 6)" in message  # written after two skipped updates: still good
+    assert "learning rate" in message and "bf16" not in message and "fp32 itself" in message
+    assert "max_bad_steps" in message
+    checkpoint = read_checkpoint(tmp_path)
+    assert checkpoint.step == 6  # step 6 was a skipped update: its checkpoint holds step 4's weights
+    assert all(torch.isfinite(w).all() for w in weights(tmp_path).values())
+    assert read_metrics(tmp_path / "metrics.jsonl")[-1]["stopped"] == "non-finite loss or gradient"
+
+
+def test_bf16_runs_name_the_bf16_range_among_the_causes(tmp_path):
+    run = guarded_trainer(tmp_path, bad={0}, steps=3, max_bad_steps=1, precision="bf16")
+    with pytest.raises(TrainingDiverged, match="bf16 autocast") as stopped:
+        run.train()
+    assert "no checkpoint was written" in str(stopped.value)
+
+
+def test_weights_that_overflow_are_never_checkpointed(tmp_path):
+    run = guarded_trainer(tmp_path, bad=set(), steps=2, checkpoint_every=1)
+    run.train()
+    saved = weights(tmp_path)
+    with torch.no_grad():
+        next(run.model.parameters()).fill_(math.inf)
+    with pytest.raises(TrainingDiverged, match="no longer finite"):
+        run.save_checkpoint()
+    assert all(torch.equal(saved[n], w) for n, w in weights(tmp_path).items())
+
+
+def test_max_bad_steps_must_be_at_least_one():
+    with pytest.raises(ValueError, match="max_bad_steps"):
+        config(max_bad_steps=0)
