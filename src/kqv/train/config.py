@@ -7,9 +7,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from ..nn.config import build_dataclass
+from .precision import Precision
 
 Schedule = Literal["cosine", "inverse_sqrt", "constant"]
-Precision = Literal["fp32", "bf16"]
 
 
 @dataclass
@@ -37,7 +37,7 @@ class TrainConfig:
     betas: tuple[float, float] = (0.9, 0.95)
     grad_clip: float = 1.0
     grad_accum: int = 1
-    precision: Precision = "bf16"
+    precision: Precision = "bf16"  # or "fp32", or "auto": bf16 where the CPU has bf16 instructions
     eval_every: int = 100
     eval_batches: int = 20
     checkpoint_every: int = 500

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..data.batches import iter_eval_batches
+from .precision import autocast
 
 
 @torch.no_grad()
@@ -25,7 +26,7 @@ def perplexity(model: nn.Module, ids: Tensor, *, context: int, batch_size: int =
     was_training = model.training
     model.eval()
     total_nats, total_tokens = 0.0, 0
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+    with autocast(precision):
         for inputs, targets in iter_eval_batches(ids, batch_size, context):
             logits = model(inputs)
             total_nats += F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="sum").item()

@@ -60,6 +60,7 @@ from .nonfinite import TrainingDiverged, check_finite_weights, diverged_message
 from .distributed import Batch, init_distributed, slice_batch
 from .metrics import METRICS_FILE, PLOT_FILE, Window, append_metrics, plot_losses, progress_line, read_metrics
 from .optimizer import make_optimizer
+from .precision import autocast, bound_kernel_caches
 
 logger = logging.getLogger(__name__)
 
@@ -73,8 +74,9 @@ class Trainer:
     `loss_fn` over `config.eval_batches` of them. `eval_fn(model)` (optional) returns further metrics (accuracy,
     BLEU, ...); it runs on rank 0 only. Both run under `torch.no_grad()`, `model.eval()` and the training
     precision. `extra_state` is any JSON-serialisable dict saved with every checkpoint (e.g. the model config)
-    and restored by `resume`. `tokens_per_batch` sets the token count of a micro-batch for tokens/s; by default it
-    is the numel of the batch tensor or of the first tensor of a tuple/list/dict.
+    and restored by `resume`. `tokens_per_batch` sets the token count of a micro-batch for tokens/s, as a number or
+    as a function of the micro-batch index (e.g. the real, non-padding tokens of batch i); by default it is the
+    numel of the batch tensor or of the first tensor of a tuple/list/dict.
 
     `if_exists` says what to do when `run_dir` already holds a run: "error" (refuse, the default), "resume"
     (continue its checkpoint with the `config` given here; start fresh if `run_dir` is empty) or "overwrite"
@@ -85,7 +87,8 @@ class Trainer:
                  train_batches: Callable[[int], Batch], loss_fn: Callable[[nn.Module, Batch], Tensor],
                  val_batches: Callable[[int], Batch] | None = None,
                  eval_fn: Callable[[nn.Module], dict[str, float]] | None = None,
-                 extra_state: dict[str, Any] | None = None, tokens_per_batch: int | None = None,
+                 extra_state: dict[str, Any] | None = None,
+                 tokens_per_batch: int | Callable[[int], int] | None = None,
                  if_exists: IfExists = "error", quiet: bool = False):
         if not isinstance(config, TrainConfig):
             raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
@@ -95,6 +98,7 @@ class Trainer:
             json.dumps(extra_state)
         except (TypeError, ValueError) as error:
             raise TypeError(f"extra_state must be JSON-serialisable (it goes into {STATE_FILE}): {error}") from None
+        bound_kernel_caches()  # before the first bf16 kernel is built
         self.model, self.config, self.run_dir = model, config, Path(run_dir)
         self.train_batches, self.loss_fn, self.val_batches, self.eval_fn = train_batches, loss_fn, val_batches, eval_fn
         self.extra_state = dict(extra_state or {})
@@ -261,7 +265,7 @@ class Trainer:
         tokens: int | None = 0
         for j in range(cfg.grad_accum):
             batch = self.train_batches(self.step * cfg.grad_accum + j)
-            count = self.tokens_per_batch or _count_tokens(batch)
+            count = self._tokens(self.step * cfg.grad_accum + j, batch)
             tokens = None if tokens is None or count is None else tokens + count
             local = slice_batch(batch, self.rank, self.world_size, cfg.batch_size)
             defer_sync = self.world_size > 1 and j < cfg.grad_accum - 1
@@ -301,8 +305,13 @@ class Trainer:
         checkpoint = None if self._last_saved is None else (self.run_dir / CHECKPOINT_DIR, self._last_saved)
         raise TrainingDiverged(diverged_message(self.config, what, self._bad_streak, checkpoint))
 
-    def _autocast(self):
-        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.config.precision == "bf16")
+    def _tokens(self, i: int, batch: Batch) -> int | None:
+        if callable(self.tokens_per_batch):
+            return self.tokens_per_batch(i)
+        return self.tokens_per_batch or _count_tokens(batch)
+
+    def _autocast(self) -> torch.autocast:
+        return autocast(self.config.precision)
 
     def evaluate(self) -> dict[str, float]:
         """Validation metrics now: `val_loss` and whatever `eval_fn` returns. Training randomness is untouched."""

@@ -1,0 +1,94 @@
+"""precision = "auto": bf16 autocast exactly where the CPU has bf16 instructions, fp32 elsewhere; and the
+trainer's token count per micro-batch index (real tokens of variable-size batches)."""
+
+import os
+
+import pytest
+import torch
+
+import kqv
+from kqv.train import precision
+from kqv.train.config import TrainConfig
+from kqv.train.metrics import read_metrics
+from kqv.train.trainer import Trainer
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("avx512_bf16, amx, expected", [
+    (False, False, "fp32"), (True, False, "bf16"), (False, True, "bf16"), (True, True, "bf16")])
+def test_auto_is_bf16_exactly_when_the_cpu_has_bf16_instructions(monkeypatch, avx512_bf16, amx, expected):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    assert precision.native_bf16() == (expected == "bf16")
+    assert precision.resolve_precision("auto") == expected
+
+
+@pytest.mark.parametrize("name", ["fp32", "bf16"])
+def test_explicit_precisions_are_kept_whatever_the_cpu(monkeypatch, name):
+    for native in (False, True):
+        monkeypatch.setattr(precision, "native_bf16", lambda: native)
+        assert precision.resolve_precision(name) == name
+
+
+def test_an_unknown_precision_is_a_clear_error():
+    with pytest.raises(ValueError, match="precision must be 'fp32', 'bf16' or 'auto', got 'fp16'"):
+        precision.resolve_precision("fp16")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        TrainConfig(steps=1, batch_size=1, precision="fp16")
+
+
+def tiny_run(tmp_path, name: str, **options) -> tuple[Trainer, list]:
+    torch.manual_seed(0)
+    model = kqv.DecoderLM(kqv.ModelConfig(vocab_size=16, d_model=16, n_heads=2, n_layers=1, d_ff=32, max_len=8))
+    seen = []
+
+    def batch(i):
+        ids = torch.randint(0, 16, (2, 9), generator=torch.Generator().manual_seed(i))
+        return ids[:, :-1], ids[:, 1:]
+
+    def loss_fn(model, batch):
+        seen.append(torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+        return model(*batch)
+
+    config = TrainConfig(steps=3, batch_size=2, grad_accum=2, warmup_steps=1, log_every=1, eval_every=100,
+                         precision=name)
+    return Trainer(model, config, tmp_path, train_batches=batch, loss_fn=loss_fn, quiet=True, **options), seen
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_the_trainer_autocasts_auto_to_what_the_cpu_supports(tmp_path, monkeypatch, native):
+    monkeypatch.setattr(precision, "native_bf16", lambda: native)
+    run, seen = tiny_run(tmp_path, "auto")
+    run.train()
+    assert seen == [native] * 6
+
+
+def test_tokens_per_batch_may_be_a_function_of_the_micro_batch_index(tmp_path):
+    asked = []
+    run, _ = tiny_run(tmp_path, "fp32", tokens_per_batch=lambda i: asked.append(i) or 1000)
+    run.train()
+    assert asked == list(range(6))  # 3 updates of 2 micro-batches each
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert all(r["tokens_per_s"] > 0 for r in records if "tokens_per_s" in r)
+
+
+def test_kernel_caches_are_bounded_unless_the_user_sized_them(monkeypatch):
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    monkeypatch.setenv("LRU_CACHE_CAPACITY", "7")
+    precision.bound_kernel_caches()
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(precision.KERNEL_CACHE_CAPACITY)
+    assert os.environ["LRU_CACHE_CAPACITY"] == "7"
+
+
+def test_creating_a_trainer_bounds_the_kernel_caches(tmp_path, monkeypatch):
+    for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+        monkeypatch.delenv(name, raising=False)
+    tiny_run(tmp_path, "bf16")
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == os.environ["LRU_CACHE_CAPACITY"] == "64"
