@@ -13,14 +13,6 @@ from kqv.train.metrics import read_metrics
 from kqv.train.trainer import Trainer
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.parametrize("avx512_bf16, amx, expected", [
     (False, False, "fp32"), (True, False, "bf16"), (False, True, "bf16"), (True, True, "bf16")])
 def test_auto_is_bf16_exactly_when_the_cpu_has_bf16_instructions(monkeypatch, avx512_bf16, amx, expected):
