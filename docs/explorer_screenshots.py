@@ -64,6 +64,7 @@ def main() -> None:
             page.click("#continue")
             page.wait_for_selector('#continuation[data-done="1"]', timeout=300_000)
         page.mouse.move(0, 0)
+        page.evaluate("window.scrollTo(0, 0)")
         page.screenshot(path=args.out, full_page=args.full_page)
         browser.close()
     if blocked:

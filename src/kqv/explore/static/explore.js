@@ -386,6 +386,7 @@ async function continueText() {
         if (message.error) throw new Error(message.error);
         if (message.done) out.dataset.done = "1";
         else out.append(el("span", {class: "new", "data-id": message.id}, message.token));
+        out.scrollTop = out.scrollHeight;
       }
     }
   } catch (error) {
