@@ -4,6 +4,13 @@ import torch
 import kqv
 
 POSITIONS = ["sinusoidal", "learned", "relative", "rope", "alibi", "none"]
+# Every model variant the property families run over: each position scheme, and each mixture-of-experts
+# feed-forward (kqv.nn.experts). Names are the test ids; values are ModelConfig changes. The mixtures use
+# token-dependent positions: at initialisation sinusoids (+-1) swamp the 0.02-sized token embeddings, so a
+# first-layer router would see nearly the same vector at every position and send every token to one expert.
+VARIANTS = {**{position: dict(position=position) for position in POSITIONS},
+            "switch": dict(ffn="switch", n_experts=2, position="rope"),
+            "moe": dict(ffn="moe", n_experts=3, position="learned")}
 
 
 def tiny_config(**changes) -> kqv.ModelConfig:

@@ -4,7 +4,7 @@ import torch
 from kqv import DecoderLM
 from kqv.nn.generation import sample_next
 
-from conftest import POSITIONS, tiny_config
+from conftest import POSITIONS, VARIANTS, tiny_config
 
 
 def _logits_one_token_at_a_time(model, ids):
@@ -12,9 +12,9 @@ def _logits_one_token_at_a_time(model, ids):
     return torch.cat([model(ids[:, t:t + 1], cache=cache) for t in range(ids.shape[1])], dim=1)
 
 
-@pytest.mark.parametrize("position", POSITIONS)
-def test_cached_logits_equal_uncached_logits(position):
-    model = DecoderLM(tiny_config(position=position)).eval()
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_cached_logits_equal_uncached_logits(variant):
+    model = DecoderLM(tiny_config(**VARIANTS[variant])).eval()
     ids = torch.randint(0, 37, (2, 12))
     torch.testing.assert_close(_logits_one_token_at_a_time(model, ids), model(ids), atol=1e-5, rtol=1e-5)
 
@@ -35,9 +35,9 @@ def test_cache_can_be_filled_by_a_prompt_then_extended():
     torch.testing.assert_close(torch.cat([prefix, rest], 1), model(ids), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("position", POSITIONS)
-def test_greedy_generation_is_the_same_with_and_without_cache(position):
-    model = DecoderLM(tiny_config(position=position)).eval()
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_greedy_generation_is_the_same_with_and_without_cache(variant):
+    model = DecoderLM(tiny_config(**VARIANTS[variant])).eval()
     prompt = torch.randint(0, 37, (3, 4))
     cached = model.generate(prompt, 12, temperature=0, use_cache=True)
     uncached = model.generate(prompt, 12, temperature=0, use_cache=False)

@@ -8,38 +8,38 @@ from hypothesis import strategies as st
 from kqv import DecoderLM, Encoder, EncoderDecoder, count_parameters
 from kqv.nn.layers import FeedForward
 
-from conftest import POSITIONS, tiny_config
+from conftest import POSITIONS, VARIANTS, tiny_config
 
 few = settings(max_examples=8, deadline=None)
 
 
-@pytest.mark.parametrize("position", POSITIONS)
+@pytest.mark.parametrize("variant", VARIANTS)
 @few
 @given(cut=st.integers(1, 9), seed=st.integers(0, 2**16))
-def test_future_tokens_never_change_past_logits(position, cut, seed):
+def test_future_tokens_never_change_past_logits(variant, cut, seed):
     torch.manual_seed(seed)
-    model = DecoderLM(tiny_config(position=position)).eval()
+    model = DecoderLM(tiny_config(**VARIANTS[variant])).eval()
     ids = torch.randint(0, 37, (2, 10))
     changed = ids.clone()
     changed[:, cut:] = torch.randint(0, 37, (2, 10 - cut))
     torch.testing.assert_close(model(ids)[:, :cut], model(changed)[:, :cut])
 
 
-@pytest.mark.parametrize("position", POSITIONS)
+@pytest.mark.parametrize("variant", VARIANTS)
 @few
 @given(cut=st.integers(1, 7), seed=st.integers(0, 2**16))
-def test_future_target_tokens_never_change_past_logits_in_the_encoder_decoder(position, cut, seed):
+def test_future_target_tokens_never_change_past_logits_in_the_encoder_decoder(variant, cut, seed):
     torch.manual_seed(seed)
-    model = EncoderDecoder(tiny_config(position=position)).eval()
+    model = EncoderDecoder(tiny_config(**VARIANTS[variant])).eval()
     src, tgt = torch.randint(0, 37, (2, 6)), torch.randint(0, 37, (2, 8))
     changed = tgt.clone()
     changed[:, cut:] = torch.randint(0, 37, (2, 8 - cut))
     torch.testing.assert_close(model(src, tgt)[:, :cut], model(src, changed)[:, :cut])
 
 
-@pytest.mark.parametrize("position", POSITIONS)
-def test_encoder_sees_the_future_unlike_the_decoder(position):
-    model = Encoder(tiny_config(position=position)).eval()
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_encoder_sees_the_future_unlike_the_decoder(variant):
+    model = Encoder(tiny_config(**VARIANTS[variant])).eval()
     ids = torch.randint(0, 37, (1, 8))
     changed = ids.clone()
     changed[0, -1] = (ids[0, -1] + 1) % 37
@@ -54,25 +54,25 @@ def _pad(ids: torch.Tensor, extra: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.parametrize("norm_first", [True, False])
-@pytest.mark.parametrize("position", POSITIONS)
-def test_padding_never_changes_encoder_outputs(position, norm_first):
-    model = Encoder(tiny_config(position=position, norm_first=norm_first)).eval()
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_padding_never_changes_encoder_outputs(variant, norm_first):
+    model = Encoder(tiny_config(**VARIANTS[variant], norm_first=norm_first)).eval()
     ids = torch.randint(0, 37, (2, 7))
     padded, mask = _pad(ids, 4)
     torch.testing.assert_close(model(padded, mask)[:, :7], model(ids), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("position", POSITIONS)
-def test_padding_never_changes_decoder_lm_logits(position):
-    model = DecoderLM(tiny_config(position=position)).eval()
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_padding_never_changes_decoder_lm_logits(variant):
+    model = DecoderLM(tiny_config(**VARIANTS[variant])).eval()
     ids = torch.randint(0, 37, (2, 7))
     padded, mask = _pad(ids, 3)
     torch.testing.assert_close(model(padded, attention_mask=mask)[:, :7], model(ids), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("position", POSITIONS)
-def test_source_padding_never_changes_translation_logits(position):
-    model = EncoderDecoder(tiny_config(position=position)).eval()
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_source_padding_never_changes_translation_logits(variant):
+    model = EncoderDecoder(tiny_config(**VARIANTS[variant])).eval()
     src, tgt = torch.randint(0, 37, (2, 6)), torch.randint(0, 37, (2, 5))
     padded, mask = _pad(src, 5)
     torch.testing.assert_close(model(padded, tgt, src_mask=mask), model(src, tgt), atol=1e-5, rtol=1e-5)
@@ -100,18 +100,18 @@ def _assert_every_parameter_gets_a_gradient(model: torch.nn.Module, loss: torch.
 
 
 @pytest.mark.parametrize("activation", ["relu", "gelu", "swiglu", "geglu"])
-@pytest.mark.parametrize("position", POSITIONS)
-def test_gradients_reach_every_parameter_of_the_decoder_lm(position, activation):
-    model = DecoderLM(tiny_config(position=position, activation=activation, tie_embeddings=False))
-    ids = torch.randint(0, 37, (2, 8))
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_gradients_reach_every_parameter_of_the_decoder_lm(variant, activation):
+    model = DecoderLM(tiny_config(**VARIANTS[variant], activation=activation, tie_embeddings=False))
+    ids = torch.randint(0, 37, (4, 16))  # enough tokens that every expert of a mixture gets some
     _assert_every_parameter_gets_a_gradient(model, model(ids, ids))
 
 
 @pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
-@pytest.mark.parametrize("position", POSITIONS)
-def test_gradients_reach_every_parameter_of_the_encoder_decoder(position, norm):
-    model = EncoderDecoder(tiny_config(position=position, norm=norm, embed_norm=True, tgt_vocab_size=29))
-    src, tgt = torch.randint(0, 37, (2, 6)), torch.randint(0, 29, (2, 5))
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_gradients_reach_every_parameter_of_the_encoder_decoder(variant, norm):
+    model = EncoderDecoder(tiny_config(**VARIANTS[variant], norm=norm, embed_norm=True, tgt_vocab_size=29))
+    src, tgt = torch.randint(0, 37, (4, 12)), torch.randint(0, 29, (4, 12))
     _assert_every_parameter_gets_a_gradient(model, model(src, tgt, tgt))
 
 

@@ -68,8 +68,9 @@ def trainer(run_dir, cfg, model=None, batches=None, **options) -> Trainer:
                    loss_fn=lm_loss, val_batches=token_batches(cfg.batch_size, offset=10_000), quiet=True, **options)
 
 
-def resume(run_dir, batches=None, cfg=None) -> Trainer:
-    return Trainer.resume(run_dir, make_model(seed=123), train_batches=batches or token_batches(4), loss_fn=lm_loss,
+def resume(run_dir, batches=None, cfg=None, **model_changes) -> Trainer:
+    return Trainer.resume(run_dir, make_model(seed=123, **model_changes), train_batches=batches or token_batches(4),
+                          loss_fn=lm_loss,
                           val_batches=token_batches(4, offset=10_000), config=cfg, quiet=True)
 
 
@@ -97,14 +98,17 @@ def failing_at(index: int, error: BaseException, batches=None):
 # Resume
 
 
+@pytest.mark.parametrize("model_changes", [{}, dict(ffn="switch", n_experts=4, position="rope")],
+                         ids=["dense", "switch"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_resumed_run_repeats_every_loss_of_the_uninterrupted_run(tmp_path, precision):
+def test_resumed_run_repeats_every_loss_of_the_uninterrupted_run(tmp_path, precision, model_changes):
     cfg = config(steps=8, checkpoint_every=4, precision=precision)  # dropout 0.1: generator states matter
-    trainer(tmp_path / "full", cfg).train()
+    trainer(tmp_path / "full", cfg, model=make_model(**model_changes)).train()
     with pytest.raises(RuntimeError, match="crash"):  # dies in update 7, after logging steps 5 and 6
-        trainer(tmp_path / "cut", cfg, batches=failing_at(6, RuntimeError("crash"))).train()
+        trainer(tmp_path / "cut", cfg, model=make_model(**model_changes),
+                batches=failing_at(6, RuntimeError("crash"))).train()
     assert read_checkpoint(tmp_path / "cut").step == 4
-    resume(tmp_path / "cut").train()
+    resume(tmp_path / "cut", **model_changes).train()
     assert [r["step"] for r in curve(tmp_path / "cut")] == list(range(1, 9))
     assert curve(tmp_path / "cut") == curve(tmp_path / "full")
     full, cut = weights(tmp_path / "full"), weights(tmp_path / "cut")

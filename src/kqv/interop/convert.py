@@ -76,7 +76,7 @@ def to_hf(model: nn.Module, architecture_name: str | None = None, **config_optio
     import transformers
 
     arch = export_architecture(model, architecture_name)
-    require_kqv(model.config, arch.hf_class, attention="full")  # Hugging Face's classes have no Linformer/BigBird core
+    require_kqv(model.config, arch.hf_class, attention="full", ffn="dense")  # no sparse cores or experts there
     origin = getattr(model, "hf_origin", None)
     from_same_class = isinstance(origin, HFOrigin) and origin.hf_class == arch.hf_class
     base = dict(origin.config) if from_same_class else {}

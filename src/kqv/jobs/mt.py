@@ -42,6 +42,7 @@ from ..data.padding import lengths_mask, pad_sequences
 from ..data.pairs import Encoded, TokenBatches, encode_pairs, load_splits, read_texts, save_splits, write_texts
 from ..data.tokenizers import Tokenizer, load_tokenizer, make_tokenizer
 from ..nn.config import ModelConfig, build_dataclass
+from ..nn.experts import with_auxiliary_loss
 from ..nn.models import EncoderDecoder, count_parameters
 from ..nn.rnn import RNNConfig, RNNEncoderDecoder
 from ..train.checkpoints import load_weights, read_checkpoint
@@ -215,11 +216,13 @@ def copy_data(source: str | Path, run_dir: Path) -> None:
 
 
 def mt_loss(model: nn.Module, batch: dict[str, Tensor], label_smoothing: float = 0.0) -> Tensor:
-    """Mean cross-entropy of the next target token under teacher forcing (label-smoothed while training)."""
+    """Mean cross-entropy of the next target token under teacher forcing (label-smoothed while training), plus the
+    experts' load-balancing loss while training (`kqv.nn.experts`)."""
     logits = model(batch["src"], batch["tgt_in"], src_mask=batch["src_mask"])  # (batch, tgt_time, vocab)
     smoothing = label_smoothing if model.training else 0.0
-    return F.cross_entropy(logits.flatten(0, 1).float(), batch["targets"].flatten(), ignore_index=-100,
+    loss = F.cross_entropy(logits.flatten(0, 1).float(), batch["targets"].flatten(), ignore_index=-100,
                            label_smoothing=smoothing)
+    return with_auxiliary_loss(model, loss)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"]
 AttentionKind = Literal["full", "linformer", "bigbird"]
 Blockwise = Literal["auto", "always", "never"]
 LinformerSharing = Literal["none", "headwise", "key_value", "layerwise"]
+FeedForwardKind = Literal["dense", "switch", "moe"]
 
 
 @dataclass
@@ -35,6 +36,11 @@ class ModelConfig:
     (Wang et al. 2020) and "bigbird" (Zaheer et al. 2020) are the cheaper approximations of docs/long-inputs.md.
     Cross-attention is always full. `blockwise` decides when full attention runs through `kqv.nn.blockwise`'s exact
     O(n)-memory path: "auto" when a position bias or padding would otherwise build a large n x n matrix.
+
+    `ffn` picks the feed-forward network: "dense" (one per block), or a mixture of `n_experts` experts in every
+    `moe_every`-th block (`kqv.nn.experts`): "switch" sends each token to one expert (Fedus et al. 2021), "moe" to
+    `top_k` (default 2; Shazeer et al. 2017). In training an expert takes at most `capacity_factor` times its even
+    share of a batch (the rest pass through the residual); `aux_loss_coefficient` weighs the load-balancing loss.
     """
 
     vocab_size: int
@@ -68,6 +74,12 @@ class ModelConfig:
     bigbird_global: int = 1  # leading blocks that attend to and are attended by everything
     bigbird_random: int = 2  # random key blocks per query block
     bigbird_seed: int = 0
+    ffn: FeedForwardKind = "dense"
+    n_experts: int = 8
+    top_k: int | None = None  # experts per token: None = 1 for "switch", 2 for "moe"
+    capacity_factor: float = 1.25  # slots per expert in training, as a multiple of an even share of the batch
+    aux_loss_coefficient: float = 0.01  # Switch's alpha: weight of the load-balancing loss
+    moe_every: int = 1  # experts in every k-th block (1: all blocks; 2: every other block, as in Switch)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -92,6 +104,32 @@ class ModelConfig:
         if self.position == "sinusoidal" and self.d_model % 2:
             raise ValueError(f"position='sinusoidal' pairs sines and cosines, so d_model must be even, got {self.d_model}")
         self._check_attention()
+        self._check_experts()
+
+    def _check_experts(self) -> None:
+        for name in ("n_experts", "moe_every"):
+            _check_positive(name, getattr(self, name))
+        if self.top_k is not None:
+            _check_positive("top_k", self.top_k)
+        if not self.capacity_factor > 0:
+            raise ValueError(f"capacity_factor must be positive, got {self.capacity_factor}")
+        if self.aux_loss_coefficient < 0:
+            raise ValueError(f"aux_loss_coefficient must be >= 0, got {self.aux_loss_coefficient}")
+        if self.ffn == "dense":
+            return
+        if self.ffn == "switch" and self.top_k not in (None, 1):
+            raise ValueError(f"ffn='switch' sends each token to one expert, so top_k must be 1 (or unset), got "
+                             f"{self.top_k}; use ffn='moe' for top_k={self.top_k}")
+        if self.ffn == "moe" and self.top_k == 1:
+            raise ValueError("ffn='moe' with top_k=1 is Switch routing: use ffn='switch' (its gate is the router's "
+                             "probability, so the router learns), or top_k >= 2")
+        if self.experts_per_token > self.n_experts:
+            raise ValueError(f"top_k ({self.experts_per_token}) cannot exceed n_experts ({self.n_experts}): each "
+                             f"token goes to top_k different experts")
+        layers = max(self.n_layers, self.encoder_layers, self.decoder_layers)
+        if self.moe_every > layers:
+            raise ValueError(f"moe_every ({self.moe_every}) exceeds the number of layers ({layers}), so no block "
+                             f"would get experts; use a value in 1..{layers}")
 
     def _check_attention(self) -> None:
         for name in ("bigbird_window", "bigbird_global", "bigbird_random"):
@@ -112,6 +150,11 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def experts_per_token(self) -> int:
+        """top_k, or its default: 1 for Switch, 2 for the top-2 mixture."""
+        return self.top_k if self.top_k is not None else (1 if self.ffn == "switch" else 2)
 
     @property
     def encoder_layers(self) -> int:

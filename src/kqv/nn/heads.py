@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ModelConfig
+from .experts import with_auxiliary_loss
 from .layers import ACTIVATIONS, make_norm
 from .models import Encoder, init_weights, lm_loss
 
@@ -86,7 +87,8 @@ class MaskedLM(nn.Module):
         (targets (batch, time): the original token at masked positions, -100 everywhere else).
 
         With targets, the head runs at the masked positions only (about 15% of them): the same loss for a fraction
-        of the cost of projecting every position to the vocabulary.
+        of the cost of projecting every position to the vocabulary. In training the experts' load-balancing loss
+        is added (`kqv.nn.experts`).
         """
         hidden = self.encoder(ids, attention_mask)  # (batch, time, d_model)
         if targets is None:
@@ -94,7 +96,8 @@ class MaskedLM(nn.Module):
         if targets.shape != ids.shape:
             raise ValueError(f"targets must have shape {tuple(ids.shape)} like the ids, got {tuple(targets.shape)}")
         masked = targets != -100
-        return lm_loss(self.head(hidden[masked]), targets[masked])  # (n_masked, vocab) against (n_masked,)
+        loss = lm_loss(self.head(hidden[masked]), targets[masked])  # (n_masked, vocab) against (n_masked,)
+        return with_auxiliary_loss(self, loss)
 
 
 class SequenceClassifier(nn.Module):
@@ -108,11 +111,12 @@ class SequenceClassifier(nn.Module):
         init_weights(self)
 
     def forward(self, ids: Tensor, labels: Tensor | None = None, *, attention_mask: Tensor | None = None) -> Tensor:
-        """ids (batch, time) -> logits (batch, n_classes), or the mean cross-entropy when labels (batch,) are given."""
+        """ids (batch, time) -> logits (batch, n_classes), or the mean cross-entropy when labels (batch,) are given
+        (plus the experts' load-balancing loss in training)."""
         logits = self.head(self.encoder(ids, attention_mask), attention_mask)
         if labels is None:
             return logits
         if labels.shape != logits.shape[:1]:
             raise ValueError(f"labels must have shape ({logits.shape[0]},), one label per sequence, "
                              f"got {tuple(labels.shape)}")
-        return F.cross_entropy(logits.float(), labels)
+        return with_auxiliary_loss(self, F.cross_entropy(logits.float(), labels))

@@ -10,6 +10,8 @@ from torch import Tensor, nn
 
 from .attention import KVCache, MultiHeadAttention
 from .config import ModelConfig
+from .cores import padding_of
+from .experts import MixtureOfExperts
 
 
 def make_norm(config: ModelConfig) -> nn.Module:
@@ -51,6 +53,24 @@ class FeedForward(nn.Module):
         return self.down(self.activation(hidden))
 
 
+def make_feed_forward(config: ModelConfig, layer: int) -> nn.Module:
+    """The feed-forward network of block `layer` (0-based): dense, or a mixture of `FeedForward` experts
+    (`kqv.nn.experts`) in every `moe_every`-th block when `ffn` is "switch" or "moe" (Switch and GShard put one in
+    every other block)."""
+    if config.ffn != "dense" and (layer + 1) % config.moe_every == 0:
+        return MixtureOfExperts(config, lambda: FeedForward(config))
+    return FeedForward(config)
+
+
+def run_feed_forward(module: nn.Module, x: Tensor, mask: Tensor | None) -> Tensor:
+    """A block's feed-forward network on x (batch, time, d_model); only a mixture of experts needs to know which
+    tokens are padding (they take no expert capacity), read from the attention mask when it is a padding mask."""
+    if not isinstance(module, MixtureOfExperts):
+        return module(x)
+    padding = padding_of(mask, x.shape[0])  # (batch, cached + time) or None
+    return module(x, None if padding is None else padding[:, -x.shape[1]:])
+
+
 class Residual(nn.Module):
     """x + sublayer(x), with the norm before the sublayer (pre-LN) or after the sum (post-LN).
 
@@ -80,10 +100,10 @@ class Residual(nn.Module):
 class EncoderBlock(nn.Module):
     """Bidirectional self-attention, then the feed-forward network, each inside a residual connection."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, layer: int = 0):
         super().__init__()
         self.self_attention = MultiHeadAttention(config)
-        self.feed_forward = FeedForward(config)
+        self.feed_forward = make_feed_forward(config, layer)
         self.self_attention_residual = Residual(config)
         self.feed_forward_residual = Residual(config)
 
@@ -92,19 +112,19 @@ class EncoderBlock(nn.Module):
         attended, weights = self.self_attention(self.self_attention_residual.sublayer_input(x), mask=mask,
                                                 need_weights=need_weights)
         x = self.self_attention_residual.add(x, attended)
-        return self.feed_forward_residual(x, self.feed_forward), weights
+        return self.feed_forward_residual(x, lambda h: run_feed_forward(self.feed_forward, h, mask)), weights
 
 
 class DecoderBlock(nn.Module):
     """Masked (causal) self-attention, cross-attention to the encoder memory when there is one, feed-forward."""
 
-    def __init__(self, config: ModelConfig, cross_attention: bool = False):
+    def __init__(self, config: ModelConfig, cross_attention: bool = False, layer: int = 0):
         super().__init__()
         self.self_attention = MultiHeadAttention(config)
         self.self_attention_residual = Residual(config)
         self.cross_attention = MultiHeadAttention(config, cross_attention=True) if cross_attention else None
         self.cross_attention_residual = Residual(config) if cross_attention else None
-        self.feed_forward = FeedForward(config)
+        self.feed_forward = make_feed_forward(config, layer)
         self.feed_forward_residual = Residual(config)
 
     def forward(self, x: Tensor, memory: Tensor | None = None, *, mask: Tensor | None = None,
@@ -123,4 +143,4 @@ class DecoderBlock(nn.Module):
                 self.cross_attention_residual.sublayer_input(x), memory, mask=memory_mask, cache=cross_cache,
                 need_weights=need_weights)
             x = self.cross_attention_residual.add(x, attended)
-        return self.feed_forward_residual(x, self.feed_forward), weights
+        return self.feed_forward_residual(x, lambda h: run_feed_forward(self.feed_forward, h, mask)), weights

@@ -19,6 +19,7 @@ from .checks import check_attention_mask, check_ids
 from .config import ModelConfig
 from .generation import generate, translate
 from .embeddings import Embeddings
+from .experts import with_auxiliary_loss
 from .layers import DecoderBlock, EncoderBlock, make_norm
 from .sparse import share_linformer_projection
 
@@ -30,7 +31,7 @@ class Encoder(nn.Module):
         super().__init__()
         self.config = config
         self.embeddings = Embeddings(config, config.vocab_size, tokens)
-        self.blocks = nn.ModuleList(EncoderBlock(config) for _ in range(config.encoder_layers))
+        self.blocks = nn.ModuleList(EncoderBlock(config, i) for i in range(config.encoder_layers))
         self.final_norm = make_norm(config) if config.norm_first else nn.Identity()
         if config.linformer_sharing == "layerwise":
             share_linformer_projection(self)
@@ -63,7 +64,7 @@ class Decoder(nn.Module):
                  cross_attention: bool = False):
         super().__init__()
         self.embeddings = Embeddings(config, vocab_size, tokens)
-        self.blocks = nn.ModuleList(DecoderBlock(config, cross_attention) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(DecoderBlock(config, cross_attention, i) for i in range(n_layers))
         self.final_norm = make_norm(config) if config.norm_first else nn.Identity()
         if config.linformer_sharing == "layerwise":
             share_linformer_projection(self)
@@ -110,13 +111,14 @@ class DecoderLM(nn.Module):
     def forward(self, ids: Tensor, targets: Tensor | None = None, *, attention_mask: Tensor | None = None,
                 cache: list[tuple[KVCache, KVCache]] | None = None) -> Tensor:
         """ids (batch, time) -> logits (batch, time, vocab), or the mean cross-entropy when targets are given
-        (targets (batch, time); -100 marks positions to ignore)."""
+        (targets (batch, time); -100 marks positions to ignore), plus the experts' load-balancing loss in training
+        (`kqv.nn.experts`)."""
         check_ids(ids, self.config.vocab_size)
         past = cache[0][0].length if cache else 0
         mask = check_attention_mask(attention_mask, ids, past)
         hidden, _ = self.decoder(ids, attention_mask=mask, cache=cache)
         logits = self.lm_head(hidden)
-        return logits if targets is None else lm_loss(logits, targets)
+        return logits if targets is None else with_auxiliary_loss(self, lm_loss(logits, targets))
 
     def next_token_logits(self, ids: Tensor, cache: list[tuple[KVCache, KVCache]] | None, *,
                           positions: Tensor | None = None, attention_mask: Tensor | None = None,
@@ -179,9 +181,10 @@ class EncoderDecoder(nn.Module):
     def forward(self, src_ids: Tensor, tgt_ids: Tensor, targets: Tensor | None = None, *,
                 src_mask: Tensor | None = None, tgt_mask: Tensor | None = None) -> Tensor:
         """src_ids (batch, src_time), tgt_ids (batch, tgt_time) -> logits (batch, tgt_time, tgt_vocab),
-        or the mean cross-entropy when targets are given. src_mask / tgt_mask: 1 = real token, 0 = padding."""
+        or the mean cross-entropy when targets are given (plus the experts' load-balancing loss in training).
+        src_mask / tgt_mask: 1 = real token, 0 = padding."""
         logits = self.decode(tgt_ids, self.encode(src_ids, src_mask), src_mask, tgt_mask=tgt_mask)
-        return logits if targets is None else lm_loss(logits, targets)
+        return logits if targets is None else with_auxiliary_loss(self, lm_loss(logits, targets))
 
     def generate(self, src_ids: Tensor, max_new_tokens: int, *, bos_id: int, eos_id: int, beam_size: int = 1,
                  length_penalty: float = 1.0, src_mask: Tensor | None = None, use_cache: bool = True) -> Tensor:
