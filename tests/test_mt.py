@@ -18,8 +18,8 @@ from kqv.jobs.mt import (
     load_run,
     mt_loss,
     read_run_config,
-    translate,
 )
+from kqv.jobs.translation import translate_sentences
 from kqv.data.tokenizers import make_tokenizer
 
 GERMAN = ["null", "eins", "zwei", "drei", "vier", "fünf", "sechs", "sieben", "acht", "neun"]
@@ -165,7 +165,7 @@ def test_a_source_too_long_for_learned_positions_is_a_clear_error():
     model = EncoderDecoder(ModelConfig(vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2, n_layers=1, d_ff=32,
                                        max_len=8, position="learned"))
     with pytest.raises(ValueError, match="learned positions cover max_len=8"):
-        translate(model, tokenizer, ["eins zwei drei eins zwei drei eins zwei drei"])
+        translate_sentences(model, tokenizer, ["eins zwei drei eins zwei drei eins zwei drei"])
 
 
 def test_an_unknown_language_pair_in_the_config_is_a_clear_error(capsys):
@@ -191,7 +191,7 @@ def test_a_tiny_run_trains_translates_and_scores_through_the_cli(trained_runs, c
         assert 0 <= summary["test_bleu"] <= 100 and len((run_dir / "test.hyp").read_text().splitlines()) > 0
         records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in records if "dev_bleu" in r] == [3, 6]  # BLEU per evaluation
-        assert read_run_config(run_dir)[0].kind == kind
+        assert read_run_config(run_dir).kind == kind
 
         capsys.readouterr()
         assert main(["translate", str(run_dir), "eins zwei drei"]) == 0

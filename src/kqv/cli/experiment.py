@@ -11,6 +11,9 @@ import argparse
 import dataclasses
 import sys
 
+from ..errors import ConfigError
+from .commands import Command
+
 
 def cmd_list(args: argparse.Namespace) -> None:
     from ..experiments import get, names
@@ -28,11 +31,11 @@ def cmd_run(args: argparse.Namespace) -> None:
     overrides = {name: own_overrides(get(name), args.set) if args.name == "all" else args.set for name in chosen}
     unknown = set(args.set) - {o for own in overrides.values() for o in own}
     if unknown:
-        raise ValueError(f"no experiment has the option(s) of {sorted(unknown)}; see each experiment's Config")
+        raise ConfigError(f"no experiment has the option(s) of {sorted(unknown)}; see each experiment's Config")
     for name in chosen:  # every name and config is checked before anything runs
         get(name).config(args.quick, overrides[name])
     if args.seeds is not None and args.seeds < 1:
-        raise ValueError(f"--seeds must be at least 1, got {args.seeds}")
+        raise ConfigError(f"--seeds must be at least 1, got {args.seeds}")
     for name in chosen:
         record = run_experiment(name, quick=args.quick, seeds=args.seeds, out=args.out, overrides=overrides[name],
                                 threads=args.threads, progress=not args.quiet)
@@ -48,19 +51,26 @@ def own_overrides(experiment, overrides: list[str]) -> list[str]:
     return [o for o in overrides if o.partition("=")[0].strip() in fields]
 
 
-def add_experiment_command(commands: argparse._SubParsersAction) -> None:
+class Experiment(Command):
     """`kqv experiment list | run NAME`."""
-    experiment = commands.add_parser("experiment", help="test the lecture's claims: list, or run NAME / all")
-    actions = experiment.add_subparsers(dest="action", required=True)
-    listing = actions.add_parser("list", help="every experiment and the claim it tests")
-    listing.set_defaults(func=cmd_list)
-    run = actions.add_parser("run", help="run one experiment (or all) and write results.json, plots, report.md")
-    run.add_argument("name", help="an experiment name from `kqv experiment list`, or all")
-    run.add_argument("--quick", action="store_true", help="the small size (minutes for all; verdicts may differ)")
-    run.add_argument("--seeds", type=int, help="number of seeds (default: the experiment's)")
-    run.add_argument("--out", default="experiments", help="output directory (default experiments/)")
-    run.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                     help="change a size of the experiment's config, e.g. --set steps=500 (repeatable)")
-    run.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    run.add_argument("--quiet", action="store_true", help="no progress output")
-    run.set_defaults(func=cmd_run)
+
+    name = "experiment"
+    help = "test the lecture's claims: list, or run NAME / all"
+
+    def add_arguments(self, experiment: argparse.ArgumentParser) -> None:
+        actions = experiment.add_subparsers(dest="action", required=True)
+        listing = actions.add_parser("list", help="every experiment and the claim it tests")
+        listing.set_defaults(action_func=cmd_list)
+        run = actions.add_parser("run", help="run one experiment (or all) and write results.json, plots, report.md")
+        run.add_argument("name", help="an experiment name from `kqv experiment list`, or all")
+        run.add_argument("--quick", action="store_true", help="the small size (minutes for all; verdicts may differ)")
+        run.add_argument("--seeds", type=int, help="number of seeds (default: the experiment's)")
+        run.add_argument("--out", default="experiments", help="output directory (default experiments/)")
+        run.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                         help="change a size of the experiment's config, e.g. --set steps=500 (repeatable)")
+        run.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+        run.add_argument("--quiet", action="store_true", help="no progress output")
+        run.set_defaults(action_func=cmd_run)
+
+    def run(self, args: argparse.Namespace) -> None:
+        args.action_func(args)

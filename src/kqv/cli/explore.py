@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from ..errors import ConfigError, MissingResourceError
+from .commands import Command
+
 
 def cmd_explore(args: argparse.Namespace) -> None:
     try:
@@ -13,28 +16,34 @@ def cmd_explore(args: argparse.Namespace) -> None:
         from ..explore.export import write_standalone
         from ..explore.loading import load_subject
     except ImportError as error:
-        raise RuntimeError(f"kqv explore needs the web app's packages ({error.name} is missing): "
+        raise MissingResourceError(f"kqv explore needs the web app's packages ({error.name} is missing): "
                            f"pip install 'kqv[explore]'") from None
     if args.html is None:
         if args.text is not None:
-            raise ValueError("--text goes with --html (the page itself has a text box)")
+            raise ConfigError("--text goes with --html (the page itself has a text box)")
         return serve(args.run, host=args.host, port=args.port, open_browser=args.open, max_tokens=args.max_tokens)
     if args.text is None:
-        raise ValueError("--html writes the views of one input: give it with --text")
+        raise ConfigError("--html writes the views of one input: give it with --text")
     options = {"beam": args.beam} if args.beam is not None else {}
     path = write_standalone(load_subject(args.run, args.max_tokens), args.text, args.html, **options)
     print(f"wrote {path}: open it in a browser (it needs no server)")
 
 
-def add_explore_command(commands: argparse._SubParsersAction) -> None:
-    explore = commands.add_parser("explore", help="look inside a trained model in the browser: every layer and head")
-    explore.add_argument("run", help="a run directory (lm, mt, mlm or cls), or `minilm` (all-MiniLM-L6-v2)")
-    explore.add_argument("--port", type=int, default=8765)
-    explore.add_argument("--host", default="127.0.0.1",
-                         help="address to listen on (default 127.0.0.1: this machine only)")
-    explore.add_argument("--open", action="store_true", help="open the page in the default browser")
-    explore.add_argument("--max-tokens", type=int, default=256, help="longest input drawn, in tokens (default 256)")
-    explore.add_argument("--html", help="write the views of --text to this self-contained HTML file and exit")
-    explore.add_argument("--text", help="with --html: the input (MT: the source sentence)")
-    explore.add_argument("--beam", type=int, help="with --html on an MT run: the beam size of the translation")
-    explore.set_defaults(func=cmd_explore)
+class Explore(Command):
+    name = "explore"
+    help = "look inside a trained model in the browser: every layer and head"
+
+    def add_arguments(self, explore: argparse.ArgumentParser) -> None:
+        explore.add_argument("run", help="a run directory (lm, mt, mlm or cls), or `minilm` (all-MiniLM-L6-v2)")
+        explore.add_argument("--port", type=int, default=8765)
+        explore.add_argument("--host", default="127.0.0.1",
+                             help="address to listen on (default 127.0.0.1: this machine only)")
+        explore.add_argument("--open", action="store_true", help="open the page in the default browser")
+        explore.add_argument("--max-tokens", type=int, default=256,
+                             help="longest input drawn, in tokens (default 256)")
+        explore.add_argument("--html", help="write the views of --text to this self-contained HTML file and exit")
+        explore.add_argument("--text", help="with --html: the input (MT: the source sentence)")
+        explore.add_argument("--beam", type=int, help="with --html on an MT run: the beam size of the translation")
+
+    def run(self, args: argparse.Namespace) -> None:
+        cmd_explore(args)

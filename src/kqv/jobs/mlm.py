@@ -1,55 +1,78 @@
 """The masked-language-model job: pretrain a BERT-style encoder (Devlin et al. 2019).
 
-Masked LM (Devlin et al. 2019). An encoder sees the whole sequence, so it cannot be trained to predict the next
-token; BERT corrupts the input instead and asks for the originals: 15% of the tokens are selected, 80% of those
-become [MASK], 10% a random token, 10% stay as they are (so the model cannot learn that only [MASK] needs
-predicting), and the loss is the cross-entropy at the selected positions only. Training blocks come from the LM
-job's corpora (`kqv.data`: Shakespeare by default). Every evaluation hides 15% of the validation tokens behind
-[MASK] (no random or kept tokens: the model must infer each from its context alone) and reports the accuracy of
-the model there, `masked_accuracy`, next to `unigram_accuracy`, the accuracy of always answering the token most
-frequent among those positions.
+An encoder sees the whole sequence, so it cannot be trained to predict the next token; BERT corrupts the input
+instead and asks for the originals (`kqv.data.masking`), with the loss at the selected positions only. Training
+blocks come from the LM job's corpora (`kqv.data`: Shakespeare by default). Every evaluation hides 15% of the
+validation tokens behind [MASK] (no random or kept tokens: the model must infer each from its context alone) and
+reports the accuracy of the model there, `masked_accuracy`, next to `unigram_accuracy`, the accuracy of always
+answering the token most frequent among those positions.
 
-A run directory holds `run.toml` (with `task = "mlm"`), `tokenizer/`, `tokens.safetensors`, `checkpoint/`,
-`metrics.jsonl`, `loss.png` and `summary.json`.
+A run directory holds `run.toml` (with `task = "mlm"`), `tokenizer/` (with the special tokens' ids),
+`tokens.safetensors`, `checkpoint/`, `metrics.jsonl`, `loss.png` and `summary.json`.
 """
 
 from __future__ import annotations
 
-import json
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import torch
-from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from ..data.batches import batch_generator, sample_batch
 from ..data.masking import mask_tokens
-from ..data.shakespeare import load_text, split_text
-from ..data.tokenizers import encode_text
 from ..data.vocabulary import Vocabulary
+from ..errors import ConfigError
 from ..nn.config import ModelConfig
 from ..nn.heads import MaskedLM
 from ..nn.models import count_parameters
-from ..train.checkpoints import load_weights, read_checkpoint
-from .encoder import TOKENIZER_DIR, TOKENS_FILE, EncoderRunConfig, make_trainer, read_run, write_run_config
+from ..train.runs import TOKENIZER_DIR, RunConfig
+from ..validation import Config
+from .base import Job, TrainedRun
+from .lm import TEXT_DATA_FLAG, prepare_corpus
 
 
-def prepare_mlm_data(config: EncoderRunConfig, run_dir: Path, resume: bool) -> tuple[Vocabulary, dict[str, Tensor]]:
-    """The vocabulary and encoded splits: loaded from the run when resuming, else built and saved."""
-    if resume and (run_dir / TOKENS_FILE).exists():
-        return Vocabulary.load(run_dir / TOKENIZER_DIR), load_file(run_dir / TOKENS_FILE)
-    data = config.data
-    text = load_text(data.path)
-    train_text, val_text = split_text(text, data.val_fraction)
-    vocabulary = Vocabulary.train(data.tokenizer, text if data.tokenizer == "char" else train_text, data.vocab_size)
-    tokens = {"train": encode_text(vocabulary.tokenizer, train_text), "val": encode_text(vocabulary.tokenizer, val_text)}
-    run_dir.mkdir(parents=True, exist_ok=True)
-    vocabulary.save(run_dir / TOKENIZER_DIR)
-    save_file(tokens, run_dir / TOKENS_FILE)
-    return vocabulary, tokens
+@dataclass
+class MLMDataConfig(Config):
+    """The corpus and its blocks, as for the LM job, with a BPE vocabulary that includes BERT's special tokens."""
+
+    section: ClassVar[str] = "data"
+    path: str | None = None  # None: Shakespeare's complete works, as for the LM job
+    tokenizer: Literal["char", "bpe"] = "bpe"
+    vocab_size: int = 2048  # bpe only, special tokens included
+    context: int = 128  # tokens per training block
+    val_fraction: float = 0.1
+
+    def check(self) -> None:
+        if self.context < 2:
+            raise ConfigError(f"data.context must be at least 2, got {self.context}")
+
+
+@dataclass
+class MaskingConfig(Config):
+    """BERT's corruption: the share of tokens selected, and how a selected token is hidden."""
+
+    section: ClassVar[str] = "masking"
+    mask_prob: float = 0.15
+    mask_token_prob: float = 0.8
+    random_token_prob: float = 0.1
+
+    def check(self) -> None:
+        if not 0 < self.mask_prob < 1:
+            raise ConfigError(f"masking.mask_prob must be in (0, 1), got {self.mask_prob}")
+        if self.mask_token_prob < 0 or self.random_token_prob < 0 or self.mask_token_prob + self.random_token_prob > 1:
+            raise ConfigError("masking.mask_token_prob and masking.random_token_prob must be non-negative and add "
+                              f"up to at most 1, got {self.mask_token_prob} and {self.random_token_prob}")
+
+
+@dataclass
+class MLMRunConfig(RunConfig):
+    """The whole job: `model` holds ModelConfig options except vocab_size, which the vocabulary decides."""
+
+    task: ClassVar[str] = "mlm"
+    data: MLMDataConfig = field(default_factory=MLMDataConfig)
+    masking: MaskingConfig = field(default_factory=MaskingConfig)
 
 
 @torch.no_grad()
@@ -66,69 +89,69 @@ def masked_accuracy(model: torch.nn.Module, batches: list[tuple[Tensor, Tensor]]
             "unigram_accuracy": float((answers == most_frequent).float().mean()), "masked_tokens": len(answers)}
 
 
-def train_mlm(config: EncoderRunConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
-              quiet: bool = False) -> dict[str, Any]:
-    """Pretrain a `MaskedLM` as configured; write the run directory and return the summary."""
-    run_dir = Path(run_dir)
-    if resume:
-        read_checkpoint(run_dir)  # a clear error before any work if there is nothing to resume
-    vocabulary, tokens = prepare_mlm_data(config, run_dir, resume and not overwrite)
-    context, seed, batch = config.data.context, config.train.seed, config.train.batch_size
-    model_config = ModelConfig.from_dict({"max_len": context, **config.model, "vocab_size": vocabulary.size})
-    write_run_config(run_dir, config, model_config)
-    torch.manual_seed(seed)
-    model = MaskedLM(model_config)
-    masking = asdict(config.masking)
-    hidden = {**masking, "mask_token_prob": 1.0, "random_token_prob": 0.0}  # evaluation: every selected token hidden
-
-    def blocks(ids: Tensor, generator: torch.Generator) -> Tensor:
-        return sample_batch(ids, batch, context, generator)[0]  # (batch, context): the inputs, not the next tokens
-
-    def train_batches(i: int) -> tuple[Tensor, Tensor]:
-        generator = batch_generator(seed, i)
-        return mask_tokens(blocks(tokens["train"], generator), generator, vocabulary, **masking)
-
-    def val_batches(i: int) -> tuple[Tensor, Tensor]:
-        generator = batch_generator(seed, -i - 1)
-        return mask_tokens(blocks(tokens["val"], generator), generator, vocabulary, **hidden)
-
-    def loss_fn(model: torch.nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
-        inputs, targets = batch
-        return model(inputs, targets)
-
-    evaluation = [val_batches(i) for i in range(config.train.eval_batches)]
-    if not quiet:
-        print(f"kqv: {count_parameters(model):,} parameters, {len(tokens['train']):,} training tokens "
-              f"({config.data.tokenizer} tokenizer, vocabulary {vocabulary.size}), run directory {run_dir}")
-    trainer = make_trainer(model, config, run_dir, resume, overwrite, quiet, train_batches=train_batches,
-                           loss_fn=loss_fn, val_batches=val_batches, tokens_per_batch=batch * context,
-                           eval_fn=lambda model: masked_accuracy(model, evaluation))
-    started = time.perf_counter()
-    final = trainer.train()
-    summary = {"steps": trainer.step, "train_seconds": round(time.perf_counter() - started, 1),
-               "parameters": count_parameters(model), "final_train_loss": final.get("train_loss"),
-               "final_val_loss": final.get("val_loss"), "masked_accuracy": final.get("masked_accuracy"),
-               "unigram_accuracy": final.get("unigram_accuracy"), "masked_tokens": int(final.get("masked_tokens", 0))}
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    if not quiet:
-        print(f"kqv: masked-token accuracy {summary['masked_accuracy']:.1%} on {summary['masked_tokens']:,} "
-              f"hidden validation tokens (always answering the most frequent one: "
-              f"{summary['unigram_accuracy']:.1%}) after {trainer.step} steps in "
-              f"{summary['train_seconds'] / 60:.1f} min")
-    return summary
-
-
 @dataclass
-class MLMRun:
-    model: MaskedLM
-    vocabulary: Vocabulary
-    run_dir: Path
+class MLMRun(TrainedRun):
+    """A trained MLM run; its tokenizer is the encoder's `Vocabulary`."""
+
+    @property
+    def vocabulary(self) -> Vocabulary:
+        return self.tokenizer
 
 
-def load_mlm_run(run_dir: str | Path) -> MLMRun:
-    """A trained MLM run: its model (weights from safetensors) and vocabulary."""
-    run_dir = Path(run_dir)
-    _, model_config = read_run(run_dir, "mlm")
-    model = MaskedLM(model_config)
-    load_weights(model, run_dir)
-    return MLMRun(model.eval(), Vocabulary.load(run_dir / TOKENIZER_DIR), run_dir)
+class MLMJob(Job):
+    name = "mlm"
+    help = "pretrain a BERT-style encoder by masked language modelling (Shakespeare)"
+    config_class = MLMRunConfig
+    run_class = MLMRun
+    train_flags = (TEXT_DATA_FLAG,)
+
+    def make_tokenizer(self, data: MLMDataConfig, text: str) -> Vocabulary:
+        return Vocabulary.train(data.tokenizer, text, data.vocab_size)
+
+    def load_tokenizer(self, run_dir: Path) -> Vocabulary:
+        return Vocabulary.load(run_dir / TOKENIZER_DIR)
+
+    def build_model(self, model_config: ModelConfig, config: RunConfig, values: dict[str, Any]) -> MaskedLM:
+        return MaskedLM(model_config)
+
+    def train(self, config: MLMRunConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
+              quiet: bool = False) -> dict[str, Any]:
+        """Pretrain a `MaskedLM` as configured; write the run directory and return the summary."""
+        run_dir = Path(run_dir)
+        self.check_resumable(run_dir, resume)
+        vocabulary, tokens = prepare_corpus(self, config.data, run_dir, resume and not overwrite)
+        context, seed, batch = config.data.context, config.train.seed, config.train.batch_size
+        model = self.start(config, run_dir, ModelConfig.from_dict({"max_len": context, **config.model,
+                                                                   "vocab_size": vocabulary.size}))
+        masking = config.masking.to_dict()
+        hidden = {**masking, "mask_token_prob": 1.0, "random_token_prob": 0.0}  # evaluation: every selected hidden
+
+        def masked_batch(split: str, i: int, options: dict[str, float]) -> tuple[Tensor, Tensor]:
+            generator = batch_generator(seed, i)
+            blocks = sample_batch(tokens[split], batch, context, generator)[0]  # (batch, context): inputs only
+            return mask_tokens(blocks, generator, vocabulary, **options)
+
+        evaluation = [masked_batch("val", -i - 1, hidden) for i in range(config.train.eval_batches)]
+        if not quiet:
+            print(f"kqv: {count_parameters(model):,} parameters, {len(tokens['train']):,} training tokens "
+                  f"({config.data.tokenizer} tokenizer, vocabulary {vocabulary.size}), run directory {run_dir}")
+        trainer = self.make_trainer(model, config, run_dir, resume=resume, overwrite=overwrite, quiet=quiet,
+                                    train_batches=lambda i: masked_batch("train", i, masking),
+                                    val_batches=lambda i: masked_batch("val", -i - 1, hidden),
+                                    loss_fn=lambda model, batch: model(*batch), tokens_per_batch=batch * context,
+                                    eval_fn=lambda model: masked_accuracy(model, evaluation))
+        result = self.fit(trainer)
+        final = result.final
+        summary = self.summarise(run_dir, result, model, masked_accuracy=final.get("masked_accuracy"),
+                                 unigram_accuracy=final.get("unigram_accuracy"),
+                                 masked_tokens=int(final.get("masked_tokens", 0)))
+        if not quiet:
+            print(f"kqv: masked-token accuracy {summary['masked_accuracy']:.1%} on {summary['masked_tokens']:,} "
+                  f"hidden validation tokens (always answering the most frequent one: "
+                  f"{summary['unigram_accuracy']:.1%}) after {trainer.step} steps in "
+                  f"{result.wall_seconds / 60:.1f} min")
+        return summary
+
+
+JOB = MLMJob()
+load_mlm_run, train_mlm = JOB.load, JOB.train

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..errors import DataError
 from .attention import padding_mask
 
 
@@ -15,13 +16,13 @@ def check_ids(ids: Tensor, vocab_size: int, name: str = "ids") -> None:
         raise TypeError(f"{name} must be an integer tensor (torch.long), got {ids.dtype}")
     if ids.dim() != 2:
         hint = f"; add a batch dimension with {name}[None]" if ids.dim() == 1 else ""
-        raise ValueError(f"{name} must have shape (batch, time), got {tuple(ids.shape)}{hint}")
+        raise DataError(f"{name} must have shape (batch, time), got {tuple(ids.shape)}{hint}")
     if ids.numel() == 0:
-        raise ValueError(f"{name} is empty (shape {tuple(ids.shape)}); give at least one token per sequence")
+        raise DataError(f"{name} is empty (shape {tuple(ids.shape)}); give at least one token per sequence")
     low, high = int(ids.min()), int(ids.max())
     if low < 0 or high >= vocab_size:
         bad = low if low < 0 else high
-        raise ValueError(f"{name} contains token id {bad}, outside the vocabulary [0, {vocab_size}); "
+        raise DataError(f"{name} contains token id {bad}, outside the vocabulary [0, {vocab_size}); "
                          f"was the input encoded with the tokenizer this model was built for?")
 
 
@@ -34,8 +35,8 @@ def check_attention_mask(attention_mask: Tensor | None, ids: Tensor, past: int =
         raise TypeError(f"{name} must be a torch.Tensor, got {type(attention_mask).__name__}")
     expected = (ids.shape[0], past + ids.shape[1])
     if tuple(attention_mask.shape) != expected:
-        raise ValueError(f"{name} must have shape (batch, time) = {expected} to match the ids, "
+        raise DataError(f"{name} must have shape (batch, time) = {expected} to match the ids, "
                          f"got {tuple(attention_mask.shape)}")
     if attention_mask.dtype != torch.bool and not ((attention_mask == 0) | (attention_mask == 1)).all():
-        raise ValueError(f"{name} must contain only 1 (token) and 0 (padding)")
+        raise DataError(f"{name} must contain only 1 (token) and 0 (padding)")
     return padding_mask(attention_mask)

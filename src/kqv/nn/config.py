@@ -6,14 +6,15 @@ activation) is a typed field, checked when the config is made, so a typo fails h
 
 from __future__ import annotations
 
-import dataclasses
 import tomllib
-import typing
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import tomli_w
+
+from ..errors import ConfigError
+from ..validation import Config, check_positive
 
 Position = Literal["sinusoidal", "learned", "relative", "rope", "alibi", "none"]
 Norm = Literal["layernorm", "rmsnorm"]
@@ -25,7 +26,7 @@ FeedForwardKind = Literal["dense", "switch", "moe"]
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(Config):
     """Sizes and choices of a Transformer. Used by `Encoder`, `DecoderLM` and `EncoderDecoder` alike.
 
     `d_ff` is the hidden width of the feed-forward network; gated activations (swiglu, geglu) use two
@@ -81,71 +82,69 @@ class ModelConfig:
     aux_loss_coefficient: float = 0.01  # Switch's alpha: weight of the load-balancing loss
     moe_every: int = 1  # experts in every k-th block (1: all blocks; 2: every other block, as in Switch)
 
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            _check_type(f.name, getattr(self, f.name), _field_types()[f.name])
+    def check(self) -> None:
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len", "max_relative_distance",
                      "linformer_k", "bigbird_block"):
-            _check_positive(name, getattr(self, name))
+            check_positive(name, getattr(self, name))
         for name in ("n_encoder_layers", "n_decoder_layers", "tgt_vocab_size"):
             if getattr(self, name) is not None:
-                _check_positive(name, getattr(self, name))
+                check_positive(name, getattr(self, name))
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.norm_eps <= 0:
-            raise ValueError(f"norm_eps must be positive, got {self.norm_eps}")
+            raise ConfigError(f"norm_eps must be positive, got {self.norm_eps}")
         if self.d_model % self.n_heads:
-            raise ValueError(
+            raise ConfigError(
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}): each head gets "
                 f"d_model / n_heads dimensions; try n_heads in {_divisors(self.d_model)}"
             )
         if self.position == "rope" and self.head_dim % 2:
-            raise ValueError(f"position='rope' rotates pairs of dimensions, so head_dim must be even, got {self.head_dim}")
+            raise ConfigError(f"position='rope' rotates pairs of dimensions, so head_dim must be even, got {self.head_dim}")
         if self.position == "sinusoidal" and self.d_model % 2:
-            raise ValueError(f"position='sinusoidal' pairs sines and cosines, so d_model must be even, got {self.d_model}")
+            raise ConfigError(f"position='sinusoidal' pairs sines and cosines, so d_model must be even, got {self.d_model}")
         self._check_attention()
         self._check_experts()
 
     def _check_experts(self) -> None:
         for name in ("n_experts", "moe_every"):
-            _check_positive(name, getattr(self, name))
+            check_positive(name, getattr(self, name))
         if self.top_k is not None:
-            _check_positive("top_k", self.top_k)
+            check_positive("top_k", self.top_k)
         if not self.capacity_factor > 0:
-            raise ValueError(f"capacity_factor must be positive, got {self.capacity_factor}")
+            raise ConfigError(f"capacity_factor must be positive, got {self.capacity_factor}")
         if self.aux_loss_coefficient < 0:
-            raise ValueError(f"aux_loss_coefficient must be >= 0, got {self.aux_loss_coefficient}")
+            raise ConfigError(f"aux_loss_coefficient must be >= 0, got {self.aux_loss_coefficient}")
         if self.ffn == "dense":
             return
         if self.ffn == "switch" and self.top_k not in (None, 1):
-            raise ValueError(f"ffn='switch' sends each token to one expert, so top_k must be 1 (or unset), got "
-                             f"{self.top_k}; use ffn='moe' for top_k={self.top_k}")
+            raise ConfigError(f"ffn='switch' sends each token to one expert, so top_k must be 1 (or unset), got "
+                              f"{self.top_k}; use ffn='moe' for top_k={self.top_k}")
         if self.ffn == "moe" and self.top_k == 1:
-            raise ValueError("ffn='moe' with top_k=1 is Switch routing: use ffn='switch' (its gate is the router's "
-                             "probability, so the router learns), or top_k >= 2")
+            raise ConfigError("ffn='moe' with top_k=1 is Switch routing: use ffn='switch' (its gate is the router's "
+                              "probability, so the router learns), or top_k >= 2")
         if self.experts_per_token > self.n_experts:
-            raise ValueError(f"top_k ({self.experts_per_token}) cannot exceed n_experts ({self.n_experts}): each "
-                             f"token goes to top_k different experts")
+            raise ConfigError(f"top_k ({self.experts_per_token}) cannot exceed n_experts ({self.n_experts}): each "
+                              f"token goes to top_k different experts")
         layers = max(self.n_layers, self.encoder_layers, self.decoder_layers)
         if self.moe_every > layers:
-            raise ValueError(f"moe_every ({self.moe_every}) exceeds the number of layers ({layers}), so no block "
-                             f"would get experts; use a value in 1..{layers}")
+            raise ConfigError(f"moe_every ({self.moe_every}) exceeds the number of layers ({layers}), so no block "
+                              f"would get experts; use a value in 1..{layers}")
 
     def _check_attention(self) -> None:
         for name in ("bigbird_window", "bigbird_global", "bigbird_random"):
             if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.attention == "full":
             return
         if self.position in ("relative", "alibi"):
-            raise ValueError(
+            raise ConfigError(
                 f"attention={self.attention!r} cannot take position={self.position!r}: it adds a bias to every "
                 f"(query, key) pair, and {self.attention} never scores all pairs. Use position='rope', "
                 f"'sinusoidal', 'learned' or 'none', or attention='full', whose blockwise path handles "
                 f"relative and alibi at any length")
         if self.attention == "linformer" and self.linformer_k > self.max_len:
-            raise ValueError(f"linformer_k ({self.linformer_k}) must be at most max_len ({self.max_len}): "
-                             f"Linformer projects max_len positions down to linformer_k")
+            raise ConfigError(f"linformer_k ({self.linformer_k}) must be at most max_len ({self.max_len}): "
+                              f"Linformer projects max_len positions down to linformer_k")
 
     @property
     def head_dim(self) -> int:
@@ -168,13 +167,6 @@ class ModelConfig:
     def target_vocab_size(self) -> int:
         return self.tgt_vocab_size or self.vocab_size
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> ModelConfig:
-        return build_dataclass(cls, values, "ModelConfig")
-
     def to_toml(self) -> str:
         """TOML text of the config; fields left at None are omitted (TOML has no null)."""
         return tomli_w.dumps({k: v for k, v in self.to_dict().items() if v is not None})
@@ -186,41 +178,6 @@ class ModelConfig:
 
     def replace(self, **changes: Any) -> ModelConfig:
         return self.from_dict({**self.to_dict(), **changes})
-
-
-def build_dataclass(cls: type, values: dict[str, Any], name: str) -> Any:
-    """cls(**values), but an unknown key is a ValueError that lists the valid ones."""
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ValueError(f"unknown {name} option(s) {unknown}; valid options are {sorted(known)}")
-    return cls(**values)
-
-
-def _field_types() -> dict[str, Any]:
-    return typing.get_type_hints(ModelConfig)
-
-
-def _check_type(name: str, value: Any, expected: Any) -> None:
-    """Check `value` against a field annotation: int, float, bool, Literal[...] or `X | None`."""
-    options = typing.get_args(expected)
-    if typing.get_origin(expected) is Literal:
-        if value not in options:
-            raise ValueError(f"{name} must be one of {list(options)}, got {value!r}")
-        return
-    if options:  # Optional[X]
-        if value is None:
-            return
-        expected = next(t for t in options if t is not type(None))
-    if expected is float and isinstance(value, int) and not isinstance(value, bool):
-        return
-    if expected is int and isinstance(value, bool) or not isinstance(value, expected):
-        raise TypeError(f"{name} must be {expected.__name__}, got {type(value).__name__} {value!r}")
-
-
-def _check_positive(name: str, value: int) -> None:
-    if value <= 0:
-        raise ValueError(f"{name} must be positive, got {value}")
 
 
 def _divisors(n: int) -> list[int]:

@@ -11,6 +11,7 @@ import copy
 import torch
 from torch import Tensor, nn
 
+from ..errors import ConfigError, DataError
 from .checks import check_ids
 from .search import search
 
@@ -36,13 +37,13 @@ def sample_next(logits: Tensor, *, temperature: float = 1.0, top_k: int | None =
 
 def check_generation_options(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        raise ConfigError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     if temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+        raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
     if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be at least 1, got {top_k}")
+        raise ConfigError(f"top_k must be at least 1, got {top_k}")
     if top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        raise ConfigError(f"top_p must be in (0, 1], got {top_p}")
 
 
 class PromptLayout:
@@ -114,7 +115,7 @@ def generate(model: nn.Module, ids: Tensor, max_new_tokens: int, *, temperature:
     check_ids(ids, model.config.vocab_size)
     config = model.config
     if config.position == "learned" and ids.shape[-1] + max_new_tokens - 1 > config.max_len:
-        raise ValueError(
+        raise DataError(
             f"prompt of {ids.shape[-1]} tokens + {max_new_tokens} new tokens exceeds max_len={config.max_len} of "
             f"learned positions; ask for at most {config.max_len - ids.shape[-1] + 1} new tokens or shorten the prompt"
         )
@@ -190,10 +191,10 @@ def translate(model: nn.Module, src_ids: Tensor, max_new_tokens: int, *, bos_id:
     """
     check_generation_options(max_new_tokens, 1.0, None, None)
     if not isinstance(beam_size, int) or beam_size < 1:
-        raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
+        raise ConfigError(f"beam_size must be a positive integer, got {beam_size!r}")
     config = model.config
     if config.position == "learned" and max_new_tokens > config.max_len:
-        raise ValueError(f"max_new_tokens={max_new_tokens} exceeds max_len={config.max_len} of learned positions")
+        raise ConfigError(f"max_new_tokens={max_new_tokens} exceeds max_len={config.max_len} of learned positions")
     stepper = EncoderDecoderStepper(model, src_ids, src_mask, use_cache, capacity=1 + max_new_tokens)
     return search(stepper, src_ids.shape[0], max_new_tokens, bos_id=bos_id, eos_id=eos_id, beam_size=beam_size,
                   length_penalty=length_penalty, device=src_ids.device)

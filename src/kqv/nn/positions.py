@@ -19,6 +19,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from ..errors import DataError
 from .config import ModelConfig
 
 
@@ -53,7 +54,7 @@ class LearnedPositions(nn.Module):
         """positions (time,) or (batch, time) -> (time, d_model) or (batch, time, d_model)."""
         last = int(positions.max()) if positions.numel() else -1
         if last >= self.max_len:
-            raise ValueError(
+            raise DataError(
                 f"input reaches position {last} but learned positions only cover max_len={self.max_len}; "
                 f"shorten the input to {self.max_len} tokens, or use position='sinusoidal', 'rope', 'alibi' or "
                 f"'relative', which work at any length"

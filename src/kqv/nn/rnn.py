@@ -19,24 +19,24 @@ src_mask=..., tgt_mask=...)`, `generate(src_ids, max_new_tokens, beam_size=..., 
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from ..errors import DataError
+from ..errors import ConfigError
+from ..validation import Config, check_positive
 from .attention import Attention, Score
-from .config import build_dataclass
 from .search import search
 
 State = tuple[Tensor, Tensor]  # LSTM (h, c), each (layers, batch, d_hidden)
 
 
 @dataclass
-class RNNConfig:
+class RNNConfig(Config):
     """Sizes of the LSTM baseline. The encoder runs d_hidden / 2 units per direction, so its outputs and the
     decoder state both have d_hidden dimensions (which lets the dot-product score compare them)."""
 
@@ -50,30 +50,19 @@ class RNNConfig:
     tie_embeddings: bool = True
     tgt_vocab_size: int | None = None  # None shares the source vocabulary
 
-    def __post_init__(self) -> None:
+    def check(self) -> None:
         for name in ("vocab_size", "d_embed", "d_hidden", "n_layers", "attention_hidden"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if self.tgt_vocab_size is not None and self.tgt_vocab_size <= 0:
-            raise ValueError(f"tgt_vocab_size must be positive, got {self.tgt_vocab_size}")
+            check_positive(name, getattr(self, name))
+        if self.tgt_vocab_size is not None:
+            check_positive("tgt_vocab_size", self.tgt_vocab_size)
         if self.d_hidden % 2:
-            raise ValueError(f"d_hidden must be even (half per encoder direction), got {self.d_hidden}")
-        if self.score not in Score.__args__:
-            raise ValueError(f"score must be one of {list(Score.__args__)}, got {self.score!r}")
+            raise ConfigError(f"d_hidden must be even (half per encoder direction), got {self.d_hidden}")
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
 
     @property
     def target_vocab_size(self) -> int:
         return self.tgt_vocab_size or self.vocab_size
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> RNNConfig:
-        return build_dataclass(cls, values, "RNNConfig")
 
 
 class BiLSTMEncoder(nn.Module):
@@ -228,10 +217,10 @@ def _check_ids(ids: Tensor, vocab_size: int, name: str) -> None:
         raise TypeError(f"{name} must be an integer tensor of token ids, got "
                         f"{ids.dtype if isinstance(ids, Tensor) else type(ids).__name__}")
     if ids.dim() != 2 or ids.numel() == 0:
-        raise ValueError(f"{name} must have shape (batch, time) with time >= 1, got {tuple(ids.shape)}")
+        raise DataError(f"{name} must have shape (batch, time) with time >= 1, got {tuple(ids.shape)}")
     low, high = int(ids.min()), int(ids.max())
     if low < 0 or high >= vocab_size:
-        raise ValueError(f"{name} contains token id {low if low < 0 else high}, outside the vocabulary "
+        raise DataError(f"{name} contains token id {low if low < 0 else high}, outside the vocabulary "
                          f"[0, {vocab_size})")
 
 
@@ -239,11 +228,11 @@ def _check_mask(mask: Tensor | None, ids: Tensor) -> Tensor | None:
     if mask is None:
         return None
     if tuple(mask.shape) != tuple(ids.shape):
-        raise ValueError(f"src_mask must have the shape of src_ids {tuple(ids.shape)}, got {tuple(mask.shape)}")
+        raise DataError(f"src_mask must have the shape of src_ids {tuple(ids.shape)}, got {tuple(mask.shape)}")
     mask = mask.bool()
     lengths = mask.sum(dim=1)
     if (lengths == 0).any():
-        raise ValueError("src_mask marks a source sentence with no tokens; every sentence needs at least one")
+        raise DataError("src_mask marks a source sentence with no tokens; every sentence needs at least one")
     if not (mask == (torch.arange(ids.shape[1], device=ids.device)[None, :] < lengths[:, None])).all():
-        raise ValueError("src_mask must mark padding on the right only (1 1 1 0 0), as the LSTM encoder packs it")
+        raise DataError("src_mask must mark padding on the right only (1 1 1 0 0), as the LSTM encoder packs it")
     return mask

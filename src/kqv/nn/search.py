@@ -21,6 +21,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from ..errors import ConfigError
+
 
 class Stepper(Protocol):
     """What a model gives the search. It starts with one row per sentence."""
@@ -39,9 +41,9 @@ def search(stepper: Stepper, batch: int, max_new_tokens: int, *, bos_id: int, eo
     """Greedy decoding for beam_size 1, else beam search. Returns (batch, 1 + up to max_new_tokens) ids that start
     with bos_id and are padded with eos_id after each sequence's end."""
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        raise ConfigError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     if not isinstance(beam_size, int) or beam_size < 1:
-        raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
+        raise ConfigError(f"beam_size must be a positive integer, got {beam_size!r}")
     if beam_size == 1:
         return greedy_search(stepper, batch, max_new_tokens, bos_id=bos_id, eos_id=eos_id, device=device)
     return beam_search(stepper, batch, max_new_tokens, beam_size=beam_size, length_penalty=length_penalty,

