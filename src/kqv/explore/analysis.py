@@ -11,6 +11,8 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
+from ..errors import DataError
+
 DECIMALS = 6  # weights and probabilities are sent rounded to 1e-6
 TAG_THRESHOLD = 0.5  # a head is tagged when it puts at least this much weight, on average, on one pattern
 UNIFORM_THRESHOLD = 0.9  # ... or when its entropy is at least this fraction of the largest possible
@@ -89,22 +91,22 @@ def top_tokens(logits: Tensor, decode: Callable[[int], str], k: int) -> list[lis
 
 
 def check_text(text: Any, name: str = "text") -> str:
-    """The request's text, or a ValueError that says what was wrong with it."""
+    """The request's text, or a DataError (a ValueError) that says what was wrong with it."""
     if not isinstance(text, str):
-        raise ValueError(f"{name} must be a string, got {type(text).__name__}")
+        raise DataError(f"{name} must be a string, got {type(text).__name__}")
     if not text.strip():
-        raise ValueError(f"{name} is empty; type some text to look at")
+        raise DataError(f"{name} is empty; type some text to look at")
     return text
 
 
 def check_length(n_tokens: int, limit: int, what: str = "the input") -> None:
     if n_tokens > limit:
-        raise ValueError(f"{what} is {n_tokens} tokens long; the explorer draws at most {limit} (every view holds "
+        raise DataError(f"{what} is {n_tokens} tokens long; the explorer draws at most {limit} (every view holds "
                          f"tokens x tokens numbers per head). Shorten it, or restart with a larger --max-tokens")
 
 
 def check_int(value: Any, name: str, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ValueError(f"{name} must be an integer from {low} to {high}, got {value!r}")
+        raise DataError(f"{name} must be an integer from {low} to {high}, got {value!r}")
     return value
 

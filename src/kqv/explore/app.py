@@ -29,6 +29,7 @@ from starlette.responses import FileResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from ..errors import ConfigError
 from .export import STATIC, standalone_page
 from .loading import DEFAULT_MAX_TOKENS, load_subject
 from .subjects import Subject
@@ -206,7 +207,7 @@ def check_port_free(host: str, port: int) -> None:
         try:
             probe.bind((host, port))
         except OSError as error:
-            raise ValueError(f"cannot listen on {host}:{port} ({error.strerror}); pick another with --port") from None
+            raise ConfigError(f"cannot listen on {host}:{port} ({error.strerror}); pick another with --port") from None
 
 
 def serve(run: str | Path, *, host: str = "127.0.0.1", port: int = 8765, open_browser: bool = False,
@@ -215,7 +216,7 @@ def serve(run: str | Path, *, host: str = "127.0.0.1", port: int = 8765, open_br
     import uvicorn
 
     if not 0 < port < 65536:
-        raise ValueError(f"--port must be from 1 to 65535, got {port}")
+        raise ConfigError(f"--port must be from 1 to 65535, got {port}")
     subject = load_subject(run, max_tokens)
     check_port_free(host, port)
     url = f"http://{'localhost' if host in LOOPBACK else host}:{port}/"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
+from ..errors import ConfigError, RunError
 from .subjects import ClassifierSubject, EmbeddingSubject, LMSubject, MLMSubject, MTSubject, Subject
 
 DEFAULT_MAX_TOKENS = 256
@@ -19,7 +20,7 @@ MINILM = "minilm"
 def load_subject(run: str | Path, max_tokens: int = DEFAULT_MAX_TOKENS) -> Subject:
     """The model of `run` ready to explore; inputs longer than `max_tokens` tokens are refused with a message."""
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+        raise ConfigError(f"max_tokens must be a positive integer, got {max_tokens!r}")
     path = Path(run)
     if str(run) == MINILM and not path.exists():
         return _embedding_subject(None, max_tokens)
@@ -34,7 +35,7 @@ def load_subject(run: str | Path, max_tokens: int = DEFAULT_MAX_TOKENS) -> Subje
     task = tomllib.loads((path / "run.toml").read_text()).get("task", "lm")
     loaders = {"lm": _lm_subject, "mt": _mt_subject, "mlm": _mlm_subject, "cls": _classifier_subject}
     if task not in loaders:
-        raise ValueError(f"{run} is a run of task {task!r}, which the explorer does not know; it reads "
+        raise RunError(f"{run} is a run of task {task!r}, which the explorer does not know; it reads "
                          f"{sorted(loaders)} runs")
     return loaders[task](path, max_tokens)
 

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import Tensor, nn
 
+from ..errors import DataError
 from ..nn.generation import check_generation_options, sample_next
 from .analysis import attention_view, check_int, check_length, check_text, top_tokens
 from .sparse_views import Weights, self_attention_weights
@@ -24,7 +25,7 @@ from .sparse_views import Weights, self_attention_weights
 MASK = "[MASK]"
 
 
-class NotApplicable(ValueError):
+class NotApplicable(DataError):
     """The request asks for a view this kind of model does not have (e.g. sampling from a translation model)."""
 
 
@@ -116,11 +117,11 @@ class LMSubject(Subject):
         if config.position == "learned":
             new = min(new, config.max_len - prompt_length + 1)
             if new < 1:
-                raise ValueError(f"the text fills the model's {config.max_len} learned positions; shorten it")
+                raise DataError(f"the text fills the model's {config.max_len} learned positions; shorten it")
         for name in ("temperature", "top_p"):
             if options[name] is not None and (isinstance(options[name], bool)
                                               or not isinstance(options[name], (int, float))):
-                raise ValueError(f"{name} must be a number, got {options[name]!r}")
+                raise DataError(f"{name} must be a number, got {options[name]!r}")
         if options["top_k"] is not None:
             check_int(options["top_k"], "top_k", 1, 1_000_000)
         check_generation_options(new, options["temperature"], options["top_k"], options["top_p"])
@@ -187,7 +188,7 @@ class MTSubject(Subject):
             if target is None:
                 target = self.run.translate([request["text"]], beam_size=beam)[0]
             if not isinstance(target, str):
-                raise ValueError(f"target must be a string (a translation to align), got {type(target).__name__}")
+                raise DataError(f"target must be a string (a translation to align), got {type(target).__name__}")
             tgt_ids = [self.bos_id] + (self.encode(target, "target") if target.strip() else [])
             sparse = getattr(self.model.config, "attention", "full") != "full"
             weights = {} if sparse else self.model.attention_weights(torch.tensor([src_ids]), torch.tensor([tgt_ids]))
