@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """Does cheaper attention still reach far back? A needle-retrieval check in tiny causal models.
 
-Task: a sequence of random filler tokens hides one needle, a marker token followed by a value token (one of 8),
-somewhere in its first quarter; its last quarter holds 16 query tokens, and after each the model must predict the
-value. The answer is only in the needle, hundreds or thousands of tokens back, so a model can solve it only if
-its attention can reach that position (chance is 1/8 = 12.5%).
+Task (`kqv.data.needle`): a sequence of random filler tokens hides one needle, a marker token followed by a value
+token (one of 8), somewhere in its first quarter; its last quarter holds 16 query tokens, and after each the model
+must predict the value. The answer is only in the needle, hundreds or thousands of tokens back, so a model can
+solve it only if its attention can reach that position (chance is 1/8 = 12.5%).
 
 Models: two pre-LN kqv `DecoderBlock`s (d_model 64, 2 heads, sinusoidal positions, kqv's embeddings, norms,
 feed-forward and initialisation) whose self-attention keeps `MultiHeadAttention`'s projections but swaps its core:
@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from kqv.data.needle import QUERIES, VOCAB, needle_batch
 from kqv.nn.attention import MultiHeadAttention
 from kqv.nn.config import ModelConfig
 from kqv.nn.embeddings import Embeddings
@@ -44,30 +45,6 @@ from kqv.nn.models import init_weights
 from kqv.nn.sparse import BigBirdAttention, LinformerAttention
 
 RESULTS = Path(__file__).resolve().parent / "results" / "long_context_quality.json"
-VALUES = 8  # token ids 0..7 are the answers
-MARKER, QUERY = 8, 9
-FILLER = range(10, 64)
-VOCAB = 64
-
-
-QUERIES = 16  # query tokens per sequence, all asking for the same value
-
-
-def needle_batch(batch: int, time: int, generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
-    """ids (batch, time), the query positions (batch, QUERIES) and the answers (batch,): filler, a needle
-    [MARKER, value] in the first quarter, QUERY tokens at distinct places in the last quarter."""
-    ids = torch.randint(FILLER.start, FILLER.stop, (batch, time), generator=generator)
-    answers = torch.randint(0, VALUES, (batch,), generator=generator)
-    where = torch.randint(0, time // 4 - 1, (batch,), generator=generator)
-    rows = torch.arange(batch)
-    ids[rows, where] = MARKER
-    ids[rows, where + 1] = answers
-    last_quarter = torch.rand(batch, time - 3 * time // 4, generator=generator).argsort(-1)[:, :QUERIES]
-    queries = 3 * time // 4 + last_quarter
-    ids[rows[:, None], queries] = QUERY
-    return ids, queries, answers
-
-
 class FullAttention(nn.Module):
     """Exact attention, the baseline."""
 

@@ -73,8 +73,8 @@ def report(out: Path, results: Path, args: argparse.Namespace) -> None:
               "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
               "runs": rows, "dev_bleu_curves": curves, "bleu_gap": gap, "table": "\n".join(table)}
     (results / f"{args.name}.json").write_text(json.dumps(record, indent=1) + "\n")
-    plot_curves(curves, results / f"{args.name}.png",
-                f"{args.pair} Bible: Transformer vs LSTM with attention, trained side by side, {args.threads} thread(s) each")
+    title = f"{args.pair} Bible: Transformer vs LSTM with attention, side by side, {args.threads} thread(s) each"
+    plot_curves(curves, results / f"{args.name}.png", title)
     print(f"wrote {results / (args.name + '.json')} and {results / (args.name + '.png')}")
 
 

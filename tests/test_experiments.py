@@ -201,3 +201,51 @@ def test_head_statistics_of_uniform_causal_attention_match_the_closed_form():
     assert stats["entropy"][0] == pytest.approx(sum(math.log(i + 1) for i in range(time)) / time)
     assert stats["distance"][0] == pytest.approx(sum(i / 2 for i in range(time)) / time)
     assert stats["diagonal"][0] == pytest.approx(sum(1 / (i + 1) for i in range(time)) / time)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Part 2's pieces: the needle task, the power-law fit, the compute frontier, parameter-matched GLU rows
+
+
+def test_needle_batch_hides_the_answer_in_the_first_quarter_and_asks_in_the_last():
+    from kqv.data.needle import MARKER, QUERIES, QUERY, VALUES, needle_batch
+
+    ids, queries, answers = needle_batch(32, 128, torch.Generator().manual_seed(0))
+    assert ids.shape == (32, 128) and queries.shape == (32, QUERIES) and answers.shape == (32,)
+    for row, question, answer in zip(ids, queries, answers):
+        where = int((row == MARKER).nonzero()[0])
+        assert where < 32 and row[where + 1] == answer < VALUES
+        assert (question >= 96).all() and (row[question] == QUERY).all() and len(set(question.tolist())) == QUERIES
+    with pytest.raises(ValueError, match="multiple of 4"):
+        needle_batch(2, 63, torch.Generator())
+
+
+def test_power_law_fit_recovers_a_known_exponent_and_floor():
+    from kqv.experiments.scaling_laws import fit_power_law
+
+    sizes = [2e4, 6e4, 2e5, 6e5, 2e6, 5e6]
+    fit = fit_power_law(sizes, [(3e3 / n) ** 0.3 + 1.5 for n in sizes])
+    assert fit["ok"]
+    assert fit["alpha"] == pytest.approx(0.3, rel=1e-3) and fit["floor"] == pytest.approx(1.5, abs=1e-3)
+    assert max(abs(r) for r in fit["residuals"]) < 1e-6
+
+
+def test_compute_frontier_is_the_lowest_curve_at_each_compute():
+    from kqv.experiments.scaling_laws import frontier
+
+    small = [(1e9, 3.0), (1e10, 2.0), (1e11, 1.9)]  # fast early, then flat
+    large = [(1e10, 3.5), (1e11, 1.5), (1e12, 1.0)]  # slow early, better late
+    edge = dict(frontier([small, large], points=4))  # computes 1e9, 1e10, 1e11, 1e12
+    assert [round(math.log10(c)) for c in edge] == [9, 10, 11, 12]
+    assert list(edge.values()) == pytest.approx([3.0, 2.0, 1.5, 1.0])
+
+
+def test_glu_rows_keep_the_feed_forward_parameter_count():
+    from kqv.experiments.modifications import FULL, arms
+
+    config = FULL
+    counts = {}
+    for name in ("vanilla (ReLU)", "SwiGLU", "GeGLU"):
+        model_config = config.model_config(65, **arms(config)[name].model)
+        counts[name] = sum(p.numel() for p in kqv.FeedForward(model_config).parameters())
+    assert counts["SwiGLU"] == counts["GeGLU"] == pytest.approx(counts["vanilla (ReLU)"], rel=0.01)

@@ -3,6 +3,7 @@
     kqv experiment list
     kqv experiment run NAME [--quick] [--seeds N] [--out DIR] [--set FIELD=VALUE] [--threads T]
     kqv experiment run all [--quick] ...
+    kqv experiment gallery [--dir docs/experiments] [--out docs/experiments.md]
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from pathlib import Path
 
 from ..errors import ConfigError
 from .commands import Command
@@ -51,8 +53,18 @@ def own_overrides(experiment, overrides: list[str]) -> list[str]:
     return [o for o in overrides if o.partition("=")[0].strip() in fields]
 
 
+def cmd_gallery(args: argparse.Namespace) -> None:
+    from ..experiments.gallery import gallery
+
+    page = Path(args.out)
+    text = gallery(args.dir, page)
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text(text, encoding="utf-8")
+    print(f"wrote {page} from the results in {args.dir}")
+
+
 class Experiment(Command):
-    """`kqv experiment list | run NAME`."""
+    """`kqv experiment list | run NAME | gallery`."""
 
     name = "experiment"
     help = "test the lecture's claims: list, or run NAME / all"
@@ -71,6 +83,11 @@ class Experiment(Command):
         run.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
         run.add_argument("--quiet", action="store_true", help="no progress output")
         run.set_defaults(action_func=cmd_run)
+        page = actions.add_parser("gallery", help="one Markdown page of every experiment's results in a directory")
+        page.add_argument("--dir", default="docs/experiments",
+                          help="the runs' --out directory (default docs/experiments)")
+        page.add_argument("--out", default="docs/experiments.md", help="the page to write (default docs/experiments.md)")
+        page.set_defaults(action_func=cmd_gallery)
 
     def run(self, args: argparse.Namespace) -> None:
         args.action_func(args)

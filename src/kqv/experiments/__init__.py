@@ -20,6 +20,12 @@ MODULES = {
     "heads": "heads",
     "depth-without-residuals": "depth_without_residuals",
     "rnn-vs-transformer": "rnn_vs_transformer",
+    # part 2: which variant, and how it scales
+    "position-extrapolation": "position_extrapolation",
+    "norm-placement": "norm_placement",
+    "modifications": "modifications",
+    "scaling-laws": "scaling_laws",
+    "long-attention": "long_attention",
 }
 
 

@@ -137,7 +137,8 @@ def _coerce(name: str, value: Any, expected: Any) -> Any:
         if value not in typing.get_args(expected):
             raise ExperimentError(f"{name} must be one of {list(typing.get_args(expected))}, got {value!r}")
         return value
-    if isinstance(expected, type) and (not isinstance(value, expected) or (expected is int and isinstance(value, bool))):
+    wrong_type = isinstance(expected, type) and not isinstance(value, expected)
+    if wrong_type or (expected is int and isinstance(value, bool)):
         raise ExperimentError(f"{name} must be {expected.__name__}, got {value!r}")
     return value
 

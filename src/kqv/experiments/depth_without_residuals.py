@@ -46,7 +46,7 @@ class Config(LMConfig):
 
 
 FULL = Config(d_model=32, n_heads=4, d_ff=128, batch_size=16, steps=200, eval_every=40)
-QUICK = Config(**{**QUICK_LM, "n_layers": 2, "steps": 60}, depths=(2, 4))
+QUICK = Config(**{**QUICK_LM, "n_layers": 2, "steps": 40, "eval_every": 40}, depths=(2, 3))
 
 
 def method(config: Config) -> str:
@@ -88,8 +88,9 @@ def table(results: dict) -> tuple[list[str], list[list]]:
             arm = arm_name(form, depth)
             r = results["arms"][arm]
             finite = [v for d, v in zip(r["diverged"], r["val_loss"]) if not d]
-            rows.append([depth, form, pm(finite) if finite else "diverged", f"{sum(failed(results, arm))}/{len(r['diverged'])}",
-                         f"{sum(r['diverged'])}/{len(r['diverged'])}"])
+            seeds = len(r["diverged"])
+            rows.append([depth, form, pm(finite) if finite else "diverged", f"{sum(failed(results, arm))}/{seeds}",
+                         f"{sum(r['diverged'])}/{seeds}"])
     rows.append(["", "unigram loss (no context)", round(results["unigram_loss"], 3), "", ""])
     return columns, rows
 
@@ -102,7 +103,8 @@ def checks(results: dict) -> list[Check]:
     return [
         Check("with residuals and LayerNorm every depth trains",
               f"validation loss <= unigram loss - 0.3 = {limit:.3f} at every depth",
-              ", ".join(f"{d} layers: {v:.3f}" for d, v in baseline.items()), all(v <= limit for v in baseline.values())),
+              ", ".join(f"{d} layers: {v:.3f}" for d, v in baseline.items()),
+              all(v <= limit for v in baseline.values())),
         Check(f"without residual connections the {deepest}-layer stack trains far worse",
               "validation loss >= residual + LayerNorm's + 0.2 nats (a diverged run counts as the unigram loss)",
               f"{no_residual:.3f} vs {baseline[deepest]:.3f}", no_residual >= baseline[deepest] + 0.2),

@@ -38,9 +38,10 @@ QUICK = Config(**QUICK_LM, head_counts=(1, 4), blocks=2)
 
 
 def method(config: Config) -> str:
-    return (f"A character-level Shakespeare LM ({config.sizes()}) trained with {', '.join(map(str, config.head_counts))} "
-            f"heads at the same d_model {config.d_model}, on the same batches; per-head attention entropy and mean "
-            f"attended distance on {config.blocks} x {config.batch_size} validation blocks.")
+    counts = ", ".join(map(str, config.head_counts))
+    return (f"A character-level Shakespeare LM ({config.sizes()}) trained with {counts} heads at the same d_model "
+            f"{config.d_model}, on the same batches; per-head attention entropy and mean attended distance on "
+            f"{config.blocks} x {config.batch_size} validation blocks.")
 
 
 def run(config: Config, seeds: list[int], progress: Progress) -> dict:

@@ -89,7 +89,8 @@ class LMConfig:
 
     def sizes(self) -> str:
         return (f"d_model {self.d_model}, {self.n_heads} heads, {self.n_layers} layers, d_ff {self.d_ff}, context "
-                f"{self.context}, {self.position} positions; {self.steps} steps of {self.batch_size} x {self.context} tokens, lr {self.lr:g} "
+                f"{self.context}, {self.position} positions; {self.steps} steps of {self.batch_size} x {self.context} "
+                f"tokens, lr {self.lr:g} "
                 f"(AdamW, {self.warmup_steps} warm-up steps, cosine decay), fp32")
 
 
@@ -218,4 +219,4 @@ def unigram_loss(corpus: Corpus) -> float:
 
 # the sizes of the quick runs that the test suite makes: a few seconds per training run on one core
 QUICK_LM = dict(d_model=32, n_heads=2, n_layers=1, d_ff=64, context=32, batch_size=16, steps=100, warmup_steps=10,
-                eval_every=25, eval_batches=4, seeds=1)
+                eval_every=50, eval_batches=4, seeds=1)

@@ -52,7 +52,8 @@ QUICK = Config(**QUICK_LM, control_steps=60, sample_chars=60)
 def method(config: Config) -> str:
     return (f"A character-level Shakespeare LM ({config.sizes()}) trained with and without its causal mask on the "
             f"same batches; the no-mask model is then evaluated with the mask on ({config.eval_batches} validation "
-            f"blocks) and samples {config.sample_chars} characters after {config.prompt!r} (temperature 0.8, top-k 40). "
+            f"blocks) and samples {config.sample_chars} characters after {config.prompt!r} (temperature 0.8, "
+            f"top-k 40). "
             f"Control: {config.control_steps} steps on uniformly random tokens (V = {config.control_vocab}), seed 0.")
 
 
@@ -78,7 +79,8 @@ def run(config: Config, seeds: list[int], progress: Progress) -> dict:
 
 def table(results: dict) -> tuple[list[str], list[list]]:
     columns = ["model", "training loss (as trained)", "validation loss (as trained)",
-               "validation loss, evaluated causally", f"training loss on random tokens (ln V = {results['ln_vocab']:.3f})"]
+               "validation loss, evaluated causally",
+               f"training loss on random tokens (ln V = {results['ln_vocab']:.3f})"]
     rows = [[arm, pm(r["train_loss"]), pm(r["val_loss"]), pm(r["val_loss_causal"]),
              pm(results["control"][arm]["train_loss"])] for arm, r in results["arms"].items()]
     return columns, rows
@@ -92,7 +94,8 @@ def checks(results: dict) -> list[Check]:
     return [
         Check("without the mask the training loss is much lower", "no-mask training loss <= half the causal one",
               f"no mask {train['no mask']:.3f}, causal {train['causal']:.3f}", train["no mask"] <= train["causal"] / 2),
-        Check("evaluated causally, the no-mask model is much worse", "its causal validation loss >= causal model's + 0.5",
+        Check("evaluated causally, the no-mask model is much worse",
+              "its causal validation loss >= causal model's + 0.5",
               f"no mask {causal['no mask']:.3f}, causal {causal['causal']:.3f}",
               causal["no mask"] >= causal["causal"] + 0.5),
         Check("control: on random tokens only the no-mask model's loss falls",

@@ -51,7 +51,8 @@ def run(config: Config, seeds: list[int], progress: Progress) -> dict:
     corpus = shakespeare()
 
     def diagonal(trained: Trained) -> dict:
-        per_layer = [head_statistics(w)["diagonal"] for w in attention_maps(trained.model, corpus, config, config.blocks)]
+        maps = attention_maps(trained.model, corpus, config, config.blocks)
+        per_layer = [head_statistics(w)["diagonal"] for w in maps]
         return {"diagonal": statistics.fmean(x for layer in per_layer for x in layer), "diagonal_per_head": per_layer}
 
     uniform = statistics.fmean(1 / (i + 1) for i in range(config.context))

@@ -82,7 +82,8 @@ def overrides(config: Config, seed: int, data_path: Path | None) -> list[str]:
     values = [f"data.pair={json.dumps(config.pair)}", f"data.vocab_size={config.vocab_size}",
               f"data.eval_sentences={config.eval_sentences}", f"train.max_minutes={config.minutes}",
               "train.steps=1000000", f"train.eval_every={config.eval_every}",
-              f"train.checkpoint_every={config.eval_every}", f"train.seed={seed}", f"decode.beam_size={config.beam_size}"]
+              f"train.checkpoint_every={config.eval_every}", f"train.seed={seed}",
+              f"decode.beam_size={config.beam_size}"]
     return values + ([f"data.path={json.dumps(str(data_path))}"] if data_path else [])
 
 

@@ -161,7 +161,8 @@ def plots(results: dict, directory: Path) -> list[Path]:
         gradient.plot(dims, [mean_std(_stat(results, arm, d, "grad_norm"))[0] for d in dims], style, label=arm)
     saturation.set(xscale="log", ylim=(0, 1.05), xlabel="d", ylabel="weight",
                    title=f"softmax over {results['keys']} keys")
-    gradient.set(xscale="log", yscale="log", xlabel="d", ylabel="|d softmax / d scores| (Frobenius)", title="gradient through softmax")
+    gradient.set(xscale="log", yscale="log", xlabel="d", ylabel="|d softmax / d scores| (Frobenius)",
+                 title="gradient through softmax")
     for ax in (variance, saturation, gradient):
         ax.legend()
     lm_fig, (train, val) = figure(2)

@@ -1,0 +1,75 @@
+"""The gallery: one Markdown page with every experiment's verdict, table, plots and command, built from the
+results.json files of a directory of runs, so the page and the committed results cannot disagree.
+
+Each experiment's section starts with the hand-written discussion in DIR/NAME/discussion.md when there is one
+(does the run reproduce the lecture's direction, with which numbers, and why not when it does not).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from . import names
+from .report import markdown_table
+from .runner import RESULTS_FILE, load_record
+
+DISCUSSION_FILE = "discussion.md"
+INTRO = """# Experiments: the lecture's claims, tested
+
+Each section below is one `kqv experiment`, run at its full size on this project's 2-core CPU machine: the claim as
+the lecture makes it, the verdict computed from the measured numbers against thresholds fixed in the experiment's
+module before it ran, the table, the plots, and the command that produced them (rerun it to check). The raw numbers,
+config, seeds, library versions and machine are in each `results.json`. `kqv experiment list` names them all;
+`kqv experiment run all --quick` runs small versions of all of them in a few minutes (the test suite does), whose
+verdicts may differ from the full runs'.
+
+The machine was shared with other work while these ran (the load average is in each results.json): times are upper
+bounds; losses, accuracies and BLEU after a fixed number of steps do not depend on the load.
+
+This page is generated from the results by `kqv experiment gallery`; the discussion of each experiment is
+written by hand in `docs/experiments/NAME/discussion.md`.
+"""
+
+
+def anchor(title: str) -> str:
+    """The id GitHub gives a heading: lower case, punctuation other than - and _ dropped, spaces as -."""
+    return "".join(c for c in title.lower() if c.isalnum() or c in "-_ ").replace(" ", "-")
+
+
+def section(directory: Path, page_dir: Path) -> str:
+    """The gallery section of the experiment whose results are in `directory`; links relative to `page_dir`."""
+    record = load_record(directory)
+    link = lambda name: Path(os.path.relpath(directory / name, page_dir)).as_posix()
+    checks = [[c["what"], c["threshold"], c["figure"], "holds" if c["holds"] else "does not hold"]
+              for c in record["checks"]]
+    load = record["machine"].get("load_average_before")
+    parts = [f"## `{record['experiment']}`: {record['verdict']}", f"*{record['claim']}.*",
+             f"**The lecture.** {record['lecture']}"]
+    discussion = directory / DISCUSSION_FILE
+    if discussion.is_file():
+        parts.append(discussion.read_text(encoding="utf-8").strip())
+    parts += [f"**How it was tested.** {record['method']} Seeds: {', '.join(map(str, record['seeds']))}.",
+              f"**Command.** `{record['command']}` ({record['seconds'] / 60:.1f} min, "
+              f"{record['machine']['torch_threads']} torch thread(s), load average {load[0] if load else '?'} on "
+              f"{record['machine']['cpus']} cores). Files: [results.json]({link(RESULTS_FILE)}), "
+              f"[report.md]({link('report.md')}).",
+              markdown_table(record["table"]["columns"], record["table"]["rows"]),
+              *[f"![{name}]({link(name)})" for name in record["plots"]],
+              f"**Verdict: {record['verdict']}.**", markdown_table(
+                  ["check", "threshold (fixed in advance)", "measured", "outcome"], checks)]
+    return "\n\n".join(parts)
+
+
+def gallery(directory: str | Path, page: str | Path) -> str:
+    """The text of the gallery page for the experiments found in `directory` (in the lecture's order)."""
+    directory, page_dir = Path(directory), Path(page).parent
+    found = [name for name in names() if (directory / name / RESULTS_FILE).is_file()]
+    if not found:
+        raise FileNotFoundError(f"no experiment results in {directory}; run "
+                                f"`kqv experiment run NAME --out {directory}` first")
+    contents = []
+    for name in found:
+        title = f"`{name}`: {load_record(directory / name)['verdict']}"
+        contents.append(f"- [{title}](#{anchor(title)})")
+    return "\n\n".join([INTRO.strip(), "\n".join(contents)] + [section(directory / n, page_dir) for n in found]) + "\n"

@@ -1,0 +1,235 @@
+"""`long-attention`: cheaper attention for long inputs, and what it costs in quality.
+
+The lecture: self-attention's cost is quadratic in the sequence length ("what if n >= 50,000?"), which motivates
+approximations that avoid scoring every pair: Linformer (Wang et al. 2020) projects the keys and values of n
+positions down to k; BigBird (Zaheer et al. 2020) lets each block of queries see a window, a few global blocks and a
+few random ones.
+
+How it is tested: the needle task of `benchmarks/long_context_quality.py` (`kqv.data.needle`: a value hidden in the
+first quarter of a random sequence must be recalled in the last quarter, chance 1/8), learned by a tiny kqv
+`DecoderLM` with each attention core (`ModelConfig.attention`), through the same curriculum of lengths with kqv's
+`Trainer`; accuracy on 512 held-out sequences at the end of each stage. Separately, for each core and length, the
+wall time and peak memory (resident set size above the inputs, each measurement in a fresh process) of one forward
+and backward pass of a freshly built model on one sequence. Memory-compressed attention joins when kqv's config
+offers it (`attention="memory_compressed"`).
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..data.needle import QUERIES, VOCAB, needle_batch
+from ..nn.config import ModelConfig
+from ..nn.models import DecoderLM, count_parameters
+from ..train.config import TrainConfig
+from ..train.trainer import Trainer
+from .base import Check, Progress, check_config
+from .plotting import figure, save
+
+NAME = "long-attention"
+CLAIM = "Linformer and BigBird cut the time and memory of long inputs, at a cost in long-range recall"
+LECTURE = ("Self-attention's computation grows quadratically with the sequence length. Much recent work asks: can we "
+           "build models like Transformers without paying the all-pairs self-attention cost? Linformer maps the "
+           "sequence length dimension to a lower-dimensional space for values and keys; BigBird replaces all-pairs "
+           "interactions with a family of other interactions: local windows, looking at everything, random.")
+FIELDS = ("methods", "stages", "accuracy", "measure_lengths", "seconds", "peak_mb", "parameters")
+
+
+def methods() -> tuple[str, ...]:
+    kinds = typing.get_args(typing.get_type_hints(ModelConfig)["attention"])
+    return ("full", "linformer", "bigbird") + (("memory_compressed",) if "memory_compressed" in kinds else ())
+
+
+@dataclass
+class Config:
+    lengths: tuple[int, ...] = (128, 256, 512)  # the curriculum: one model per core trained at each in turn
+    steps: tuple[int, ...] = (250, 100, 60)
+    measure_lengths: tuple[int, ...] = (512, 1024, 2048, 4096)
+    batch_size: int = 16
+    lr: float = 1e-2
+    d_model: int = 64
+    n_layers: int = 2
+    linformer_k: int = 32
+    block: int = 32  # BigBird's block
+    eval_sequences: int = 512
+    seeds: int = 1
+
+    def __post_init__(self) -> None:
+        check_config(self)
+        if len(self.lengths) != len(self.steps):
+            raise ValueError(f"lengths and steps pair up: got {len(self.lengths)} lengths, {len(self.steps)} steps")
+
+    def model_config(self, method: str, max_len: int) -> ModelConfig:
+        return ModelConfig(vocab_size=VOCAB, d_model=self.d_model, n_heads=2, n_layers=self.n_layers,
+                           d_ff=2 * self.d_model, max_len=max_len, dropout=0.0, position="rope", attention=method,
+                           linformer_k=min(self.linformer_k, max_len), bigbird_block=self.block, bigbird_window=1,
+                           bigbird_global=1, bigbird_random=1)
+
+
+FULL = Config()
+QUICK = Config(lengths=(64, 128), steps=(20, 8), measure_lengths=(128,), batch_size=8, d_model=32, n_layers=1,
+               linformer_k=16, block=16, eval_sequences=64)
+
+
+def method(config: Config) -> str:
+    stages = ", then ".join(f"{s} steps at {n}" for n, s in zip(config.lengths, config.steps))
+    return (f"A {config.n_layers}-layer DecoderLM (d_model {config.d_model}, 2 heads, RoPE) per core "
+            f"({', '.join(methods())}; Linformer k = {config.linformer_k}, BigBird blocks of {config.block} with 1 "
+            f"window, 1 global and 1 random block) trained by kqv's Trainer on the needle task: {stages} tokens "
+            f"(batch {config.batch_size}, AdamW, peak lr {config.lr:g} per stage with 10% warm-up and cosine decay, "
+            f"fp32); accuracy on the last query of {config.eval_sequences} held-out sequences after each stage. "
+            f"Time and peak memory: one forward + backward pass on one sequence of "
+            f"{', '.join(map(str, config.measure_lengths))} tokens, median of 2 after a warm-up, in a fresh process.")
+
+
+def needle_loss(model: DecoderLM, batch: tuple) -> torch.Tensor:
+    ids, queries, answers = batch
+    logits = model(ids)[torch.arange(len(ids))[:, None], queries]  # (batch, QUERIES, vocab)
+    return F.cross_entropy(logits.flatten(0, 1), answers.repeat_interleave(QUERIES))
+
+
+def accuracy(model: DecoderLM, length: int, sequences: int, seed: int) -> float:
+    generator = torch.Generator().manual_seed(10_000 + seed)
+    model.eval()
+    with torch.no_grad():
+        ids, queries, answers = needle_batch(sequences, length, generator)
+        predicted = model(ids)[torch.arange(sequences), queries[:, -1]].argmax(-1)
+    model.train()
+    return float((predicted == answers).float().mean())
+
+
+def train_curriculum(config: Config, kind: str, seed: int, progress: Progress) -> tuple[list[float], int]:
+    """Accuracy after each stage of one model of this core; and its parameter count."""
+    torch.manual_seed(seed)
+    model = DecoderLM(config.model_config(kind, max(config.lengths)))
+    found = []
+    for stage, (length, steps) in enumerate(zip(config.lengths, config.steps)):
+        train = TrainConfig(steps=steps, batch_size=config.batch_size, lr=config.lr, warmup_steps=max(1, steps // 10),
+                            precision="fp32", eval_every=steps, checkpoint_every=steps, log_every=steps, seed=seed)
+        batches = lambda i, n=length, s=stage: needle_batch(
+            config.batch_size, n, torch.Generator().manual_seed(seed * 1_000_003 + s * 100_003 + i))
+        with tempfile.TemporaryDirectory(prefix="kqv-long-attention-") as run_dir:
+            Trainer(model, train, run_dir, train_batches=batches, loss_fn=needle_loss, quiet=True).train()
+        found.append(accuracy(model, length, config.eval_sequences, seed))
+        progress.step(f"{kind} n={length}: accuracy {found[-1]:.1%}")
+    return found, count_parameters(model)
+
+
+def measure(kind: str, length: int, config: Config) -> dict[str, float]:
+    """Seconds and peak MB (above the inputs) of forward + backward on one sequence; run in its own process."""
+    model = DecoderLM(config.model_config(kind, length))
+    ids = torch.randint(0, VOCAB, (1, length))
+    model(ids[:, : min(length, 4 * config.block)]).sum().backward()  # warm-up on a short input
+    baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    times = []
+    for _ in range(2):
+        model.zero_grad(set_to_none=True)
+        started = time.perf_counter()
+        model(ids).float().logsumexp(-1).mean().backward()
+        times.append(time.perf_counter() - started)
+    peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - baseline) / 1024
+    return {"seconds": statistics.median(times), "peak_mb": peak}
+
+
+def measure_in_subprocess(kind: str, length: int, config: Config, threads: int) -> dict[str, float]:
+    code = ("import json, sys, torch; from kqv.experiments.long_attention import Config, measure; "
+            f"torch.set_num_threads({threads}); torch.manual_seed(0); "
+            f"values = {{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(sys.argv[1]).items()}}; "
+            f"print(json.dumps(measure({kind!r}, {length}, Config(**values))))")
+    arguments = json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in vars(config).items()})
+    done = subprocess.run([sys.executable, "-c", code, arguments], capture_output=True, text=True, timeout=1800)
+    if done.returncode:
+        raise RuntimeError(f"measuring {kind} at {length} tokens failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run(config: Config, seeds: list[int], progress: Progress) -> dict:
+    kinds = methods()
+    progress.plan(len(kinds) * (len(config.lengths) * len(seeds) + len(config.measure_lengths)))
+    accuracy_found = {kind: [] for kind in kinds}
+    parameters = {}
+    for seed in seeds:
+        for kind in kinds:
+            accuracies, parameters[kind] = train_curriculum(config, kind, seed, progress)
+            accuracy_found[kind].append(accuracies)
+    seconds, peak = {kind: [] for kind in kinds}, {kind: [] for kind in kinds}
+    for kind in kinds:
+        for length in config.measure_lengths:
+            result = measure_in_subprocess(kind, length, config, torch.get_num_threads())
+            seconds[kind].append(result["seconds"])
+            peak[kind].append(result["peak_mb"])
+            progress.step(f"{kind} n={length}: {result['seconds']:.2f} s, {result['peak_mb']:.0f} MB")
+    return {"methods": list(kinds), "stages": [list(x) for x in zip(config.lengths, config.steps)],
+            "accuracy": accuracy_found, "measure_lengths": list(config.measure_lengths), "seconds": seconds,
+            "peak_mb": peak, "parameters": parameters}
+
+
+def mean_accuracy(results: dict, kind: str, stage: int) -> float:
+    return statistics.fmean(run[stage] for run in results["accuracy"][kind])
+
+
+def table(results: dict) -> tuple[list[str], list[list]]:
+    columns = ["attention", "parameters"] + [f"accuracy @ {n} (after {s} steps)" for n, s in results["stages"]]
+    columns += [f"s / MB @ {n}" for n in results["measure_lengths"]]
+    rows = []
+    for kind in results["methods"]:
+        row = [kind, results["parameters"][kind]]
+        row += [f"{mean_accuracy(results, kind, j):.1%}" for j in range(len(results["stages"]))]
+        row += [f"{s:.3f} s / {m:.0f} MB" for s, m in zip(results["seconds"][kind], results["peak_mb"][kind])]
+        rows.append(row)
+    return columns, rows
+
+
+def checks(results: dict) -> list[Check]:
+    last, longest = len(results["stages"]) - 1, results["measure_lengths"][-1]
+    cheaper = [k for k in results["methods"] if k != "full"]
+    full_accuracy = [mean_accuracy(results, "full", j) for j in range(last + 1)]
+    time_ratio = {k: results["seconds"][k][-1] / results["seconds"]["full"][-1] for k in cheaper}
+    memory_ratio = {k: results["peak_mb"][k][-1] / max(results["peak_mb"]["full"][-1], 1.0) for k in cheaper}
+    recall = {k: mean_accuracy(results, k, last) for k in cheaper}
+    trained = results["stages"][last][0]
+    return [
+        Check("full attention learns the long-range lookup", "accuracy >= 50% (chance 12.5%) after every stage",
+              ", ".join(f"{a:.1%}" for a in full_accuracy), all(a >= 0.5 for a in full_accuracy)),
+        Check(f"the cheaper cores are faster than full attention at {longest} tokens",
+              "time < full attention's for every cheaper core",
+              ", ".join(f"{k} {r:.2f}x" for k, r in time_ratio.items()), all(r < 1 for r in time_ratio.values())),
+        Check(f"the cheaper cores use less memory than full attention at {longest} tokens",
+              "peak memory < full attention's for every cheaper core",
+              ", ".join(f"{k} {r:.2f}x" for k, r in memory_ratio.items()), all(r < 1 for r in memory_ratio.values())),
+        Check(f"the cheaper cores recall the needle less well at {trained} tokens",
+              "accuracy at least 10 points below full attention's for every cheaper core",
+              f"full {full_accuracy[-1]:.1%}; " + ", ".join(f"{k} {a:.1%}" for k, a in recall.items()),
+              all(a <= full_accuracy[-1] - 0.1 for a in recall.values())),
+    ]
+
+
+def plots(results: dict, directory: Path) -> list[Path]:
+    fig, (quality, seconds, memory) = figure(3, width=4.6)
+    lengths = [n for n, _ in results["stages"]]
+    for kind in results["methods"]:
+        quality.plot(lengths, [mean_accuracy(results, kind, j) for j in range(len(lengths))], "o-", label=kind)
+        seconds.plot(results["measure_lengths"], results["seconds"][kind], "o-", label=kind)
+        memory.plot(results["measure_lengths"], [max(m, 0.1) for m in results["peak_mb"][kind]], "o-", label=kind)
+    quality.axhline(1 / 8, color="k", linestyle=":", label="chance")
+    quality.set(xscale="log", ylim=(0, 1.05), xlabel="sequence length (curriculum)", ylabel="needle accuracy",
+                title="long-range recall")
+    seconds.set(xscale="log", yscale="log", xlabel="sequence length", ylabel="forward + backward (s)",
+                title="time, one sequence")
+    memory.set(xscale="log", yscale="log", xlabel="sequence length", ylabel="peak memory above inputs (MB)",
+               title="memory, one sequence")
+    for ax in (quality, seconds, memory):
+        ax.legend(fontsize=8)
+    return [save(fig, directory / "long-attention.png")]
