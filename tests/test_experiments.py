@@ -4,6 +4,7 @@ the experiments do on kqv's models against hand-written references, and bad inpu
 import dataclasses
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -249,3 +250,31 @@ def test_glu_rows_keep_the_feed_forward_parameter_count():
         model_config = config.model_config(65, **arms(config)[name].model)
         counts[name] = sum(p.numel() for p in kqv.FeedForward(model_config).parameters())
     assert counts["SwiGLU"] == counts["GeGLU"] == pytest.approx(counts["vanilla (ReLU)"], rel=0.01)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The gallery
+
+
+def test_gallery_shows_every_run_with_its_verdict_table_and_plots(quick_runs, tmp_path):
+    from kqv.experiments.gallery import gallery
+
+    page = gallery(quick_runs, tmp_path / "page.md")
+    for name in names():
+        record = json.loads((quick_runs / name / RESULTS_FILE).read_text())
+        assert f"## `{name}`: {record['verdict']}" in page and record["command"] in page
+        for plot in record["plots"]:
+            assert f"]({os.path.relpath(quick_runs / name / plot, tmp_path)})" in page
+
+
+def test_committed_gallery_agrees_with_the_committed_results():
+    """docs/experiments.md is generated from docs/experiments/*/results.json: regenerate it and compare."""
+    from pathlib import Path
+
+    from kqv.experiments.gallery import gallery
+
+    root = Path(__file__).resolve().parents[1]
+    page = root / "docs" / "experiments.md"
+    assert page.is_file(), "docs/experiments.md is missing: run `kqv experiment gallery`"
+    assert gallery(root / "docs" / "experiments", page) == page.read_text(encoding="utf-8"), (
+        "docs/experiments.md is out of date with docs/experiments/: run `kqv experiment gallery`")

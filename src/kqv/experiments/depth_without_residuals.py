@@ -45,7 +45,7 @@ class Config(LMConfig):
     depths: tuple[int, ...] = (8, 16)
 
 
-FULL = Config(d_model=32, n_heads=4, d_ff=128, batch_size=16, steps=200, eval_every=40)
+FULL = Config(d_model=32, n_heads=4, d_ff=128, context=32, batch_size=16, steps=150, eval_every=50, seeds=2)
 QUICK = Config(**{**QUICK_LM, "n_layers": 2, "steps": 40, "eval_every": 40}, depths=(2, 3))
 
 
