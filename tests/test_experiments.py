@@ -5,6 +5,8 @@ import dataclasses
 import json
 import math
 import os
+import re
+import statistics
 
 import pytest
 import torch
@@ -278,3 +280,63 @@ def test_committed_gallery_agrees_with_the_committed_results():
     assert page.is_file(), "docs/experiments.md is missing: run `kqv experiment gallery`"
     assert gallery(root / "docs" / "experiments", page) == page.read_text(encoding="utf-8"), (
         "docs/experiments.md is out of date with docs/experiments/: run `kqv experiment gallery`")
+
+
+_DECIMAL = re.compile(r"(?<![\w.])[-+]?\d[\d,]*\.\d+(?:e[-+]?\d+)?")
+
+
+def _figures(node, found: set[str]) -> set[str]:
+    """Every way a number of a results.json may be written by hand: each value (and the mean and standard deviation
+    of each list of values) rounded to 0-4 decimals or as 1.4e-06, and every decimal in its text."""
+    def forms(x: float) -> set[str]:
+        return {f"{x:.{d}f}" for d in range(5)} | {f"{x:.1e}", f"{x:,.0f}"}
+
+    if isinstance(node, (int, float)) and not isinstance(node, bool):
+        found |= forms(abs(float(node)))
+    elif isinstance(node, str):
+        found |= {n.lstrip("+-") for n in _DECIMAL.findall(node)}
+    elif isinstance(node, dict):
+        for value in node.values():
+            _figures(value, found)
+    elif isinstance(node, list):
+        values = [v for v in node if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if len(values) > 1:
+            found |= forms(abs(statistics.fmean(values))) | forms(statistics.stdev(values))
+        for value in node:
+            _figures(value, found)
+    return found
+
+
+def _unsupported(text: str, record: dict) -> list[str]:
+    """The decimals of `text` that no number of `record` rounds to."""
+    found = _figures(record, set())
+    return [n for n in _DECIMAL.findall(text) if n.lstrip("+-") not in found and n.lstrip("+-").replace(",", "") not in found]
+
+
+def test_figures_written_by_hand_are_the_committed_results():
+    """Every decimal in a hand-written discussion (docs/experiments/NAME/discussion.md), and in the README's example,
+    is a number of that experiment's committed results.json: a rerun that changes the numbers fails here until the
+    text is updated."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    runs = sorted(path.parent for path in (root / "docs" / "experiments").glob(f"*/{RESULTS_FILE}"))
+    assert runs, "no committed results"
+    for run in runs:
+        discussion = run / "discussion.md"
+        assert discussion.is_file(), f"{run.name} has results but no discussion.md saying what they show"
+        record = json.loads((run / RESULTS_FILE).read_text())
+        text = discussion.read_text()
+        # a discussion may also quote a committed JSON result it links (links are relative to docs/experiments.md)
+        quoted = [json.loads((root / "docs" / link).read_text()) for link in re.findall(r"\]\(([^)]+\.json)\)", text)]
+        assert not _unsupported(text, [record, *quoted]), f"{run.name}: figures not in results.json"
+    readme = (root / "README.md").read_text()
+    example = readme.split("## The lecture's claims, tested", 1)[1].split("\n## ", 1)[0]
+    record = json.loads((root / "docs" / "experiments" / "no-causal-mask" / RESULTS_FILE).read_text())
+    assert _DECIMAL.findall(example) and not _unsupported(example, record)
+
+
+def test_unsupported_figures_are_found():
+    record = {"results": {"loss": [2.0, 2.2]}, "checks": [{"figure": "gap +0.218"}]}
+    assert _unsupported("loss 2.100 ± 0.141, gap +0.218, 2.1", record) == []
+    assert _unsupported("loss 2.150 and 0.3", record) == ["2.150", "0.3"]

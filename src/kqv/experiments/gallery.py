@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from . import names
+from . import get, names
 from .report import markdown_table
 from .runner import RESULTS_FILE, load_record
 
@@ -56,9 +56,16 @@ def section(directory: Path, page_dir: Path) -> str:
               f"[report.md]({link('report.md')}).",
               markdown_table(record["table"]["columns"], record["table"]["rows"]),
               *[f"![{name}]({link(name)})" for name in record["plots"]],
+              *beside_the_paper(record),
               f"**Verdict: {record['verdict']}.**", markdown_table(
                   ["check", "threshold (fixed in advance)", "measured", "outcome"], checks)]
     return "\n\n".join(parts)
+
+
+def beside_the_paper(record: dict) -> list[str]:
+    """The experiment's notes on its results (the published figures it is compared with), when it has them."""
+    notes = getattr(get(record["experiment"]).module, "notes", None)
+    return [notes(record["results"])] if notes is not None else []
 
 
 def gallery(directory: str | Path, page: str | Path) -> str:
