@@ -20,3 +20,28 @@ def test_benchmark_script_imports_and_parses_its_arguments(script):
     result = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "usage:" in result.stdout
+
+
+def test_generation_speed_compares_kqv_and_hugging_face_on_the_same_weights(tmp_path):
+    """The decoding benchmark at a tiny size: every field of its JSON, and kqv's fp32 greedy tokens equal to
+    Hugging Face's (the figures themselves are speeds, for the benchmark to measure, not for a test)."""
+    import json
+
+    output = tmp_path / "generation_speed.json"
+    script = BENCHMARKS[0].parent / "generation_speed.py"
+    result = subprocess.run([sys.executable, str(script), "--quick", "--rounds", "1", "--batches", "1,2",
+                             "--threads", "1", "--output", str(output)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads(output.read_text())
+    assert data["benchmark"] == "generation_speed" and data["quick"] and data["threads"] == 1
+    assert [(row["batch"], row["precision"]) for row in data["rows"]] == [(1, "fp32"), (1, "bf16"), (2, "fp32"),
+                                                                         (2, "bf16")]
+    for row in data["rows"]:
+        assert row["kqv_tokens_per_s"] > 0 and row["hf_tokens_per_s"] > 0
+        assert row["kqv_over_hf"] == pytest.approx(row["kqv_tokens_per_s"] / row["hf_tokens_per_s"])
+        assert len(row["rounds_seconds"]["kqv"]) == len(row["rounds_seconds"]["hf"]) == 1
+        if row["precision"] == "fp32":
+            assert row["kqv_hf_identical"] and row["kqv_hf_agreement"] == 1.0
+        else:
+            assert 0 <= row["kqv_agreement_with_fp32"] <= 1 and 0 <= row["hf_agreement_with_fp32"] <= 1
+    assert "kqv/HF" in result.stdout and "identical" in result.stdout

@@ -8,7 +8,8 @@ import torch
 
 from kqv import DecoderLM, KVCache
 from kqv.interop import to_hf
-from kqv.nn.generation import in_dtype
+from kqv.nn.decoding import DecodeStep
+from kqv.nn.generation import PromptLayout, in_dtype
 
 from conftest import POSITIONS, tiny_config
 
@@ -99,3 +100,46 @@ def test_greedy_tokens_equal_hugging_face_gpt2_on_the_same_weights_with_left_pad
         expected = hf_greedy(hf, prompts, prompt_mask, 30)
         actual = model.generate(prompts, 30, temperature=0, attention_mask=prompt_mask)
         assert torch.equal(actual, expected)
+
+
+LEAN_VARIANTS = {
+    **{position: dict(position=position) for position in ("sinusoidal", "learned", "rope", "none")},
+    "post-LN rmsnorm": dict(norm="rmsnorm", norm_first=False),
+    "swiglu": dict(activation="swiglu", position="rope"),
+}
+
+
+@pytest.mark.parametrize("changes", LEAN_VARIANTS.values(), ids=LEAN_VARIANTS.keys())
+def test_the_lean_decoding_step_gives_the_general_paths_logits_bit_for_bit(changes):
+    model = DecoderLM(tiny_config(**changes)).eval()
+    assert DecodeStep.supports(model)
+    ids = torch.randint(1, 37, (3, 12))
+    mask = torch.ones_like(ids)
+    mask[1, :4] = mask[2, :1] = 0
+    for attention_mask in (None, mask):
+        layout = PromptLayout(None if attention_mask is None else attention_mask[:, :5], ids[:, :5], 12)
+        caches = [model.new_cache(12), model.new_cache(12)]
+        step = DecodeStep(model, caches[1])
+        with torch.no_grad():
+            for cache in caches:
+                model.next_token_logits(ids[:, :5], cache, positions=layout.positions[:5],
+                                        attention_mask=layout.mask(0, 5), left_padding=layout.left_padding)
+            for end in range(6, 12):
+                general = model.next_token_logits(ids[:, end - 1:end], caches[0],
+                                                  positions=layout.positions[end - 1:end],
+                                                  attention_mask=layout.mask(end - 1, end),
+                                                  left_padding=layout.left_padding)
+                lean = step(ids[:, end - 1:end], layout.positions[end - 1:end], layout.mask(end - 1, end),
+                            layout.left_padding)
+                assert torch.equal(lean, general), (end, attention_mask is not None)
+
+
+@pytest.mark.parametrize("changes", [dict(position="alibi"), dict(position="relative"), dict(attention="linformer", linformer_k=16),
+                                     dict(ffn="switch", n_experts=2), dict(blockwise="always")])
+def test_models_the_lean_step_does_not_cover_decode_on_the_general_path(changes):
+    model = DecoderLM(tiny_config(**changes)).eval()
+    assert not DecodeStep.supports(model)
+    assert not DecodeStep.supports(model.train())
+    ids = torch.randint(1, 37, (2, 4))
+    model.eval()
+    assert torch.equal(model.generate(ids, 6, temperature=0), model.generate(ids, 6, temperature=0, use_cache=False))

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from ..errors import ConfigError, DataError
 from .checks import check_ids
+from .decoding import DecodeStep
 from .search import search
 
 
@@ -126,12 +127,18 @@ def generate(model: nn.Module, ids: Tensor, max_new_tokens: int, *, temperature:
     tokens = ids.new_empty(batch, total)  # (batch, total): the prompts, then one new column per step
     tokens[:, :prompt] = ids
     cache = model.new_cache(total) if use_cache else None
+    fast_step = DecodeStep(model, cache) if use_cache and DecodeStep.supports(model) else None
     finished = torch.zeros(batch, dtype=torch.bool, device=ids.device)
     end = prompt
     for step in range(max_new_tokens):
         start = end - 1 if use_cache and step else 0
-        logits = model.next_token_logits(tokens[:, start:end], cache, positions=layout.positions[start:end],
-                                         attention_mask=layout.mask(start, end), left_padding=layout.left_padding)
+        if fast_step is not None and step:
+            logits = fast_step(tokens[:, start:end], layout.positions[start:end], layout.mask(start, end),
+                               layout.left_padding)
+        else:
+            logits = model.next_token_logits(tokens[:, start:end], cache, positions=layout.positions[start:end],
+                                             attention_mask=layout.mask(start, end),
+                                             left_padding=layout.left_padding)
         next_ids = sample_next(logits.float(), temperature=temperature, top_k=top_k, top_p=top_p,
                                generator=generator)
         if eos_id is not None:

@@ -1,0 +1,204 @@
+#!/usr/bin/env python
+"""Greedy decoding speed of kqv's `DecoderLM.generate` against Hugging Face `generate`, on the same weights.
+
+The model is GPT-2-shaped (6 layers, d_model 384, 6 heads, d_ff 1536, vocabulary 8,192: 14M parameters) with
+random weights; `kqv.interop.to_hf` copies the very same weights into a `transformers.GPT2LMHeadModel`
+(SDPA attention, its default), so both libraries compute the same function. Each case (batch size, precision)
+decodes `--new-tokens` tokens greedily after a `--prompt`-token prompt. Rounds are interleaved (kqv, HF, kqv,
+...; the order alternates every round) so that whatever else the machine does hits both alike; the figure is the
+median over rounds of new tokens per second (batch * new tokens / wall time), and the ratio kqv / HF is also
+taken within each round ("paired"), then the median.
+
+Precisions:
+* fp32: both models as they are; kqv's tokens must equal Hugging Face's (reported as `identical`).
+* bf16: both models copied once into bf16 (kqv: `kqv.nn.generation.in_dtype`, what `generate(dtype=torch.bfloat16)`
+  does on every call; HF: `.to(torch.bfloat16)`), so the copy is not timed for either; reported is each
+  one's agreement with the fp32 tokens (the fraction of new tokens equal to fp32 greedy's, position by position).
+  Without native bf16 matmul (AVX512-BF16 or AMX) this path is slow on a CPU; it is measured anyway.
+
+    python benchmarks/generation_speed.py              # full run, writes benchmarks/results/generation_speed.json
+    python benchmarks/generation_speed.py --quick      # tiny model, seconds: a smoke test (writes nothing unless
+                                                       # --output is given)
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from kqv.nn.generation import in_dtype
+
+RESULTS = Path(__file__).resolve().parent / "results" / "generation_speed.json"
+
+
+@dataclass
+class Shape:
+    vocab: int = 8192
+    d_model: int = 384
+    heads: int = 6
+    layers: int = 6
+    d_ff: int = 1536
+    prompt: int = 16
+    new_tokens: int = 256
+
+
+FULL = Shape()
+QUICK = Shape(vocab=97, d_model=32, heads=2, layers=2, d_ff=64, prompt=4, new_tokens=12)
+
+
+def build_models(s: Shape, seed: int) -> tuple[nn.Module, nn.Module]:
+    """kqv's DecoderLM and the Hugging Face GPT2LMHeadModel holding the same (random) weights, both in eval."""
+    from kqv import DecoderLM, ModelConfig
+    from kqv.interop import to_hf
+
+    torch.manual_seed(seed)
+    config = ModelConfig(vocab_size=s.vocab, d_model=s.d_model, n_heads=s.heads, n_layers=s.layers, d_ff=s.d_ff,
+                         max_len=s.prompt + s.new_tokens, position="learned", activation="gelu_tanh",
+                         norm="layernorm", norm_first=True, dropout=0.0, bias=True, tie_embeddings=True)
+    model = DecoderLM(config).eval()
+    with torch.no_grad():  # GPT-2's init leaves biases and norms at 0/1: give them values so a mapping slip shows
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(0.02 * torch.randn_like(p))
+    return model, to_hf(model).eval()
+
+
+def kqv_generate(model: nn.Module, ids: Tensor, new: int) -> Tensor:
+    return model.generate(ids, new, temperature=0)[:, ids.shape[1]:]
+
+
+def hf_generate(model: nn.Module, ids: Tensor, new: int) -> Tensor:
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+                             do_sample=False, pad_token_id=0)
+    return out[:, ids.shape[1]:]
+
+
+def timed(fn) -> tuple[float, Tensor]:
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+def run_case(kqv: nn.Module, hf: nn.Module, ids: Tensor, new: int, precision: str, rounds: int,
+             reference: dict[str, Tensor] | None) -> dict:
+    """Interleaved rounds of kqv and HF generating `new` tokens for `ids`; tokens/s, ratios and token checks."""
+    runners = {"kqv": lambda: kqv_generate(kqv, ids, new), "hf": lambda: hf_generate(hf, ids, new)}
+    outputs = {name: run() for name, run in runners.items()}  # warm-up (and the tokens to check)
+    times: dict[str, list[float]] = {"kqv": [], "hf": []}
+    for r in range(rounds):
+        for name in (("kqv", "hf") if r % 2 == 0 else ("hf", "kqv")):
+            seconds, out = timed(runners[name])
+            if not torch.equal(out, outputs[name]):
+                raise RuntimeError(f"{name} {precision} greedy tokens changed between rounds")
+            times[name].append(seconds)
+    tokens = ids.shape[0] * new
+    row = {"batch": ids.shape[0], "precision": precision, "new_tokens": new,
+           "kqv_tokens_per_s": tokens / statistics.median(times["kqv"]),
+           "hf_tokens_per_s": tokens / statistics.median(times["hf"]),
+           "kqv_over_hf_paired": statistics.median(h / k for k, h in zip(times["kqv"], times["hf"])),
+           "rounds_seconds": times}
+    row["kqv_over_hf"] = row["kqv_tokens_per_s"] / row["hf_tokens_per_s"]
+    row["kqv_hf_identical"] = bool(torch.equal(outputs["kqv"], outputs["hf"]))
+    row["kqv_hf_agreement"] = (outputs["kqv"] == outputs["hf"]).float().mean().item()
+    if reference is not None:  # agreement of the low-precision tokens with fp32 greedy's
+        row["kqv_agreement_with_fp32"] = (outputs["kqv"] == reference["kqv"]).float().mean().item()
+        row["hf_agreement_with_fp32"] = (outputs["hf"] == reference["hf"]).float().mean().item()
+    row["outputs"] = outputs
+    return row
+
+
+def print_table(rows: list[dict]) -> None:
+    header = (f"{'batch':>5s} {'prec':5s} {'kqv tok/s':>10s} {'HF tok/s':>10s} {'kqv/HF':>7s} {'paired':>7s} "
+              f"{'tokens':>22s}")
+    print("\n" + header + "\n" + "-" * len(header))
+    for row in rows:
+        if row["precision"] == "fp32":
+            check = "identical" if row["kqv_hf_identical"] else f"DIFFER ({row['kqv_hf_agreement']:.1%} agree)"
+        else:
+            check = f"vs fp32 {row['kqv_agreement_with_fp32']:.1%} / HF {row['hf_agreement_with_fp32']:.1%}"
+        print(f"{row['batch']:5d} {row['precision']:5s} {row['kqv_tokens_per_s']:10,.1f} "
+              f"{row['hf_tokens_per_s']:10,.1f} {row['kqv_over_hf']:7.2f} {row['kqv_over_hf_paired']:7.2f} "
+              f"{check:>22s}")
+
+
+def versions() -> dict[str, str]:
+    from importlib.metadata import version
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": version("transformers")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny model, few tokens: a smoke test")
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds per case (default 5; quick 2)")
+    parser.add_argument("--batches", default="1,8", help="comma-separated batch sizes (default 1,8)")
+    parser.add_argument("--precision", choices=["fp32", "both"], default="both",
+                        help="fp32 only, or fp32 and bf16 (default)")
+    parser.add_argument("--new-tokens", type=int, default=None, help="new tokens per sequence (default 256)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", type=Path, default=None,
+                        help=f"JSON path (default {RESULTS}; --quick writes nothing unless given)")
+    args = parser.parse_args(argv)
+
+    s = QUICK if args.quick else FULL
+    if args.new_tokens is not None:
+        s.new_tokens = args.new_tokens
+    rounds = args.rounds or (2 if args.quick else 5)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()
+
+    kqv, hf = build_models(s, args.seed)
+    precisions = ["fp32", "bf16"] if args.precision == "both" else ["fp32"]
+    models = {"fp32": (kqv, hf), "bf16": (in_dtype(kqv, torch.bfloat16), copy.deepcopy(hf).to(torch.bfloat16))}
+    load_start = os.getloadavg()
+    print(f"shape {asdict(s)}; {rounds} interleaved rounds per case; threads {torch.get_num_threads()}; "
+          f"load average {load_start[0]:.2f}; torch {torch.__version__}", flush=True)
+    rows = []
+    for batch in [int(b) for b in args.batches.split(",")]:
+        ids = torch.randint(1, s.vocab, (batch, s.prompt), generator=torch.Generator().manual_seed(args.seed + batch))
+        reference = None
+        for precision in precisions:
+            row = run_case(*models[precision], ids, s.new_tokens, precision, rounds, reference)
+            reference = reference or row["outputs"]
+            rows.append(row)
+            print(f"  batch {batch} {precision}: kqv {row['kqv_tokens_per_s']:,.1f} tokens/s, HF "
+                  f"{row['hf_tokens_per_s']:,.1f} (paired ratio {row['kqv_over_hf_paired']:.2f})", flush=True)
+    for row in rows:
+        del row["outputs"]
+    print_table(rows)
+
+    output = args.output if args.output is not None else (None if args.quick else RESULTS)
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        result = {"benchmark": "generation_speed", "shape": asdict(s), "rounds": rounds,
+                  "threads": torch.get_num_threads(), "parameters": sum(p.numel() for p in kqv.parameters()),
+                  "hf_attn_implementation": hf.config._attn_implementation,
+                  "bf16_native": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+                  "load_average_start": load_start, "load_average_end": os.getloadavg(), "quick": args.quick,
+                  "versions": versions(), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "rows": rows}
+        output.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {output}")
+    failed = [r for r in rows if r["precision"] == "fp32" and not r["kqv_hf_identical"]]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

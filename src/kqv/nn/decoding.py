@@ -1,0 +1,126 @@
+"""The decoding step of a `DecoderLM`, lean: one new token per row through every layer, with the KV cache.
+
+Generating a token runs every layer on a single query. For a small model on a CPU the arithmetic of such a step
+is a few matrix-vector products, and the time goes to what surrounds them: module calls, argument checks, views,
+masks and positions rebuilt per token (a 14M-parameter model: ~700 tensor operations per token on the general
+path). `DecodeStep` runs the same computation with ~25 operations per layer: the same torch kernels (`F.linear`,
+`F.layer_norm`, `kqv.nn.cores.fused_attention`, ...) on the same operands in the same order, reading the
+model's own parameters and writing the model's own `KVCache` buffers, so its logits are bit-identical to
+`DecoderLM.next_token_logits` (tests/test_fast_decoding.py compares them) and the general path can take over at
+any step. It covers the models most people decode with: full attention with absolute positions or RoPE, dense
+feed-forward networks; `supports` says whether a model qualifies, and `generate` falls back to the general path
+when it does not (ALiBi or relative positions, sparse cores, mixtures of experts, blockwise="always").
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention import KVCache, MultiHeadAttention
+from .cores import FullAttention, fused_attention
+from .layers import FeedForward
+
+__all__ = ["DecodeStep"]
+
+
+def norm_function(norm: nn.Module):
+    """The functional form of a LayerNorm or RMSNorm module: what its forward calls, without the module call."""
+    if isinstance(norm, nn.LayerNorm):
+        return lambda x: F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+    if isinstance(norm, nn.RMSNorm):
+        return lambda x: F.rms_norm(x, norm.normalized_shape, norm.weight, norm.eps)
+    return norm
+
+
+def linear(layer: nn.Linear):
+    return lambda x: F.linear(x, layer.weight, layer.bias)
+
+
+class LayerStep:
+    """One decoder block's step on x (batch, 1, d_model), bound to its parameters and its self-attention cache."""
+
+    def __init__(self, block: nn.Module, cache: KVCache):
+        attention: MultiHeadAttention = block.self_attention
+        self.cache, self.heads, self.head_dim = cache, attention.n_heads, attention.head_dim
+        self.rotate = attention.positions.rotate  # RoPE; the identity for every other scheme this step takes
+        self.to_queries, self.to_keys_values = linear(attention.to_queries), linear(attention.to_keys_values)
+        self.to_output = linear(attention.to_output)
+        feed_forward: FeedForward = block.feed_forward
+        self.up, self.down, self.activation = linear(feed_forward.up), linear(feed_forward.down), \
+            feed_forward.activation
+        self.gated = feed_forward.gated
+        self.norm_first = block.self_attention_residual.norm_first
+        self.attention_norm = norm_function(block.self_attention_residual.norm)
+        self.feed_forward_norm = norm_function(block.feed_forward_residual.norm)
+
+    def __call__(self, x: Tensor, positions: Tensor, mask: Tensor | None) -> Tensor:
+        h = self.attention_norm(x) if self.norm_first else x
+        x = x + self.to_output(self.attend(h, positions, mask))
+        if not self.norm_first:
+            x = self.attention_norm(x)
+        h = self.feed_forward_norm(x) if self.norm_first else x
+        hidden = self.up(h)  # (batch, 1, d_ff or 2 * d_ff)
+        if self.gated:
+            gate, value = hidden.chunk(2, dim=-1)
+            hidden = self.activation(gate) * value
+        else:
+            hidden = self.activation(hidden)
+        x = x + self.down(hidden)
+        return x if self.norm_first else self.feed_forward_norm(x)
+
+    def attend(self, h: Tensor, positions: Tensor, mask: Tensor | None) -> Tensor:
+        """Multi-head self-attention of the newest token over the cache: (batch, 1, d_model) -> the same."""
+        batch = h.shape[0]
+        queries = self.to_queries(h).view(batch, 1, self.heads, self.head_dim).transpose(1, 2)  # (b, heads, 1, hd)
+        keys, values = self.to_keys_values(h).chunk(2, dim=-1)
+        keys = keys.view(batch, 1, self.heads, self.head_dim).transpose(1, 2)
+        values = values.view(batch, 1, self.heads, self.head_dim).transpose(1, 2)
+        queries, keys = self.rotate(queries, positions), self.rotate(keys, positions)
+        keys, values = self.cache.append(keys, values)  # (batch, heads, cached + 1, head_dim)
+        output = fused_attention(queries, keys, values, mask=mask)  # (batch, heads, 1, head_dim)
+        return output.transpose(1, 2).reshape(batch, 1, self.heads * self.head_dim)
+
+
+class DecodeStep:
+    """`DecoderLM.next_token_logits` for one new token per row, continuing `cache`, with fewer operations.
+
+    Call it with ids (batch, 1), positions (1,) (the token's place in the buffer), the padding mask (batch, 1, 1,
+    cached + 1) or None, and `left_padding` (batch,) or None, as `generate` builds them; it returns the logits
+    (batch, vocab), bit-identical to the general path's.
+    """
+
+    def __init__(self, model: nn.Module, cache: list[tuple[KVCache, KVCache]]):
+        decoder = model.decoder
+        self.embeddings = decoder.embeddings
+        self.layers = [LayerStep(block, self_cache) for block, (self_cache, _) in zip(decoder.blocks, cache)]
+        self.final_norm = norm_function(decoder.final_norm)
+        self.lm_head = linear(model.lm_head)
+
+    @staticmethod
+    def supports(model: nn.Module) -> bool:
+        """Whether every layer is one this step computes exactly: full attention without score or value biases
+        (absolute positions or RoPE), a dense feed-forward network, LayerNorm or RMSNorm, in eval mode."""
+        decoder = getattr(model, "decoder", None)
+        if decoder is None or model.training or not hasattr(model, "lm_head"):
+            return False
+        norms_ok = isinstance(decoder.final_norm, (nn.LayerNorm, nn.RMSNorm, nn.Identity))
+        return norms_ok and all(supported_block(block) for block in decoder.blocks)
+
+    def __call__(self, ids: Tensor, positions: Tensor, mask: Tensor | None,
+                 left_padding: Tensor | None) -> Tensor:
+        own_positions = positions if left_padding is None else (positions - left_padding[:, None]).clamp(min=0)
+        x = self.embeddings(ids, own_positions)  # (batch, 1, d_model)
+        for layer in self.layers:
+            x = layer(x, positions, mask)
+        return self.lm_head(self.final_norm(x))[:, -1]  # (batch, vocab)
+
+
+def supported_block(block: nn.Module) -> bool:
+    attention = block.self_attention
+    return (getattr(block, "cross_attention", None) is None and isinstance(block.feed_forward, FeedForward)
+            and type(attention.core) is FullAttention and attention.core.blockwise != "always"
+            and attention.core.fused and not attention.positions.has_score_bias
+            and not attention.positions.has_value_bias
+            and all(isinstance(residual.norm, (nn.LayerNorm, nn.RMSNorm))
+                    for residual in (block.self_attention_residual, block.feed_forward_residual)))
