@@ -143,3 +143,11 @@ def test_models_the_lean_step_does_not_cover_decode_on_the_general_path(changes)
     ids = torch.randint(1, 37, (2, 4))
     model.eval()
     assert torch.equal(model.generate(ids, 6, temperature=0), model.generate(ids, 6, temperature=0, use_cache=False))
+
+
+def test_generate_returns_an_ordinary_tensor_the_caller_may_change_in_place():
+    model = DecoderLM(tiny_config()).eval()
+    out = model.generate(torch.randint(0, 37, (2, 3)), 4, temperature=0)
+    assert not out.is_inference()
+    out[:, 0] = 1  # an inference-mode tensor would refuse this outside inference mode
+    assert (out[:, 0] == 1).all()

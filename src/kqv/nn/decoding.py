@@ -72,10 +72,9 @@ class LayerStep:
     def attend(self, h: Tensor, positions: Tensor, mask: Tensor | None) -> Tensor:
         """Multi-head self-attention of the newest token over the cache: (batch, 1, d_model) -> the same."""
         batch = h.shape[0]
-        queries = self.to_queries(h).view(batch, 1, self.heads, self.head_dim).transpose(1, 2)  # (b, heads, 1, hd)
-        keys, values = self.to_keys_values(h).chunk(2, dim=-1)
-        keys = keys.view(batch, 1, self.heads, self.head_dim).transpose(1, 2)
-        values = values.view(batch, 1, self.heads, self.head_dim).transpose(1, 2)
+        # one new token: (batch, 1, heads * head_dim) views as (batch, heads, 1, head_dim) without a transpose
+        queries = self.to_queries(h).view(batch, self.heads, 1, self.head_dim)
+        keys, values = self.to_keys_values(h).view(batch, 2, self.heads, 1, self.head_dim).unbind(1)
         queries, keys = self.rotate(queries, positions), self.rotate(keys, positions)
         keys, values = self.cache.append(keys, values)  # (batch, heads, cached + 1, head_dim)
         output = fused_attention(queries, keys, values, mask=mask)  # (batch, heads, 1, head_dim)

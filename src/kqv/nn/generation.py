@@ -124,31 +124,32 @@ def generate(model: nn.Module, ids: Tensor, max_new_tokens: int, *, temperature:
     total = prompt + max_new_tokens
     layout = PromptLayout(attention_mask, ids, total)
     model = in_dtype(model, dtype)
-    tokens = ids.new_empty(batch, total)  # (batch, total): the prompts, then one new column per step
-    tokens[:, :prompt] = ids
-    cache = model.new_cache(total) if use_cache else None
-    fast_step = DecodeStep(model, cache) if use_cache and DecodeStep.supports(model) else None
-    finished = torch.zeros(batch, dtype=torch.bool, device=ids.device)
-    end = prompt
-    for step in range(max_new_tokens):
-        start = end - 1 if use_cache and step else 0
-        if fast_step is not None and step:
-            logits = fast_step(tokens[:, start:end], layout.positions[start:end], layout.mask(start, end),
-                               layout.left_padding)
-        else:
-            logits = model.next_token_logits(tokens[:, start:end], cache, positions=layout.positions[start:end],
-                                             attention_mask=layout.mask(start, end),
-                                             left_padding=layout.left_padding)
-        next_ids = sample_next(logits.float(), temperature=temperature, top_k=top_k, top_p=top_p,
-                               generator=generator)
-        if eos_id is not None:
-            next_ids = next_ids.masked_fill(finished, eos_id)
-            finished |= next_ids == eos_id
-        tokens[:, end] = next_ids
-        end += 1
-        if eos_id is not None and finished.all():
-            break
-    return tokens[:, :end]
+    with torch.inference_mode():  # no autograd bookkeeping at all: ~10% of a small model's decoding step
+        tokens = ids.new_empty(batch, total)  # (batch, total): the prompts, then one new column per step
+        tokens[:, :prompt] = ids
+        cache = model.new_cache(total) if use_cache else None
+        fast_step = DecodeStep(model, cache) if use_cache and DecodeStep.supports(model) else None
+        finished = torch.zeros(batch, dtype=torch.bool, device=ids.device)
+        end = prompt
+        for step in range(max_new_tokens):
+            start = end - 1 if use_cache and step else 0
+            if fast_step is not None and step:
+                logits = fast_step(tokens[:, start:end], layout.positions[start:end], layout.mask(start, end),
+                                   layout.left_padding)
+            else:
+                logits = model.next_token_logits(tokens[:, start:end], cache, positions=layout.positions[start:end],
+                                                 attention_mask=layout.mask(start, end),
+                                                 left_padding=layout.left_padding)
+            next_ids = sample_next(logits.float(), temperature=temperature, top_k=top_k, top_p=top_p,
+                                   generator=generator)
+            if eos_id is not None:
+                next_ids = next_ids.masked_fill(finished, eos_id)
+                finished |= next_ids == eos_id
+            tokens[:, end] = next_ids
+            end += 1
+            if eos_id is not None and finished.all():
+                break
+    return tokens[:, :end].clone()  # a normal tensor again, which callers may change in place
 
 
 # ---------------------------------------------------------------------------------------------------------------
