@@ -134,8 +134,9 @@ def test_the_lean_decoding_step_gives_the_general_paths_logits_bit_for_bit(chang
                 assert torch.equal(lean, general), (end, attention_mask is not None)
 
 
-@pytest.mark.parametrize("changes", [dict(position="alibi"), dict(position="relative"), dict(attention="linformer", linformer_k=16),
-                                     dict(ffn="switch", n_experts=2), dict(blockwise="always")])
+@pytest.mark.parametrize("changes", [dict(position="alibi"), dict(position="relative"),
+                                     dict(attention="linformer", linformer_k=16), dict(ffn="switch", n_experts=2),
+                                     dict(blockwise="always")])
 def test_models_the_lean_step_does_not_cover_decode_on_the_general_path(changes):
     model = DecoderLM(tiny_config(**changes)).eval()
     assert not DecodeStep.supports(model)
