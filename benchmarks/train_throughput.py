@@ -16,6 +16,15 @@ alike. The reported figure is the median over rounds of tokens per second (batch
 being zero_grad + forward + loss + backward + optimizer step. bf16 is `torch.autocast("cpu", torch.bfloat16)`
 around forward and loss, with fp32 weights and optimizer, the usual mixed-precision recipe.
 
+Beside the ratios to peers, each figure is also given as a fraction of the machine's measured matmul peak: the same
+run times a large square `torch.matmul` (`--peak-size`, default 2048) in fp32 and in bf16 before the rounds and
+after them, and keeps the best (the least disturbed by other load). A model's training FLOPs per token are
+6N + 12 L d T (Chowdhery et al. 2022, appendix B; Kaplan et al. 2020): 6N for the forward and backward matmuls of
+N parameters (all of them: the tied token embedding is also the output layer; the position table, 0.7% of N
+here, is only looked up), plus the attention scores and weighted sums, 12 per layer per d_model per context
+position (counted for the full square, as the kernels compute it). Fraction of peak = tokens/s x FLOPs per
+token / peak FLOP/s of the run's precision.
+
 The loss is the model's own where it has one (kqv: `model(ids, targets)`); for the peers it is
 `F.cross_entropy(logits.float(), targets)`, which is what HF's `ForCausalLMLoss` does too. Under CPU autocast
 cross-entropy runs in fp32 anyway, so the `.float()` costs nothing extra there.
@@ -197,6 +206,31 @@ class Run:
             statistics.mean(self.losses[-k:]) < statistics.mean(self.losses[:k])
 
 
+def matmul_peak(dtype: torch.dtype, n: int, repeats: int = 3) -> float:
+    """FLOP/s of the best of `repeats` (n x n) @ (n x n) matmuls in `dtype`, after one warm-up: the machine's
+    practical peak for the threads this run uses."""
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    torch.matmul(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.matmul(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n ** 3 / best
+
+
+def measure_peaks(precisions: list[str], n: int, peaks: dict[str, float] | None = None) -> dict[str, float]:
+    """The best matmul FLOP/s per precision so far (`peaks` from an earlier calibration, if any)."""
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    measured = {p: matmul_peak(dtypes[p], n) for p in precisions}
+    return {p: max(measured[p], (peaks or {}).get(p, 0.0)) for p in precisions}
+
+
+def training_flops_per_token(parameters: int, s: Shape) -> float:
+    """6N + 12 L d T: the forward and backward FLOPs of one token's matmuls (see the module docstring)."""
+    return 6 * parameters + 12 * s.layers * s.d_model * s.context
+
+
 def versions() -> dict[str, str]:
     out = {"python": platform.python_version(), "torch": torch.__version__}
     for module in ("transformers", "x_transformers", "kqv"):
@@ -228,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
                              "function as GPT-2's gelu_new, computed by one fused kernel instead of a Python formula")
     parser.add_argument("--xt-flash", action=argparse.BooleanOptionalAction, default=True,
                         help="x-transformers attn_flash (F.scaled_dot_product_attention)")
+    parser.add_argument("--peak-size", type=int, default=None,
+                        help="side of the square matmuls that measure the machine's peak (default 2048; quick 256)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, default=None, help=f"JSON path (default {RESULTS}; "
                                                                  f"--quick writes nothing unless given)")
@@ -256,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     if load_start[0] > 0.5:
         print(f"note: load average {load_start[0]:.2f} before starting: other processes share the CPU, so expect "
               f"noise; the interleaving spreads it over all models alike", flush=True)
+    peak_size = args.peak_size or (256 if args.quick else 2048)
+    peaks = measure_peaks(precisions, peak_size)
     batches = make_batches(s, 8, args.seed)
     runs = [Run(name, precision, s, args, batches) for precision in precisions for name in names]
     for run in runs:
@@ -272,6 +310,10 @@ def main(argv: list[str] | None = None) -> int:
             line.append(f"{run.name}/{run.precision} {tps:,.0f}")
         print(f"  round {r + 1}/{rounds}: " + ", ".join(line), flush=True)
 
+    peaks = measure_peaks(precisions, peak_size, peaks)
+    print("matmul peak (best of before and after the rounds, n = " + str(peak_size) + "): "
+          + ", ".join(f"{p} {peaks[p] / 1e9:,.1f} GFLOP/s" for p in precisions), flush=True)
+
     # -----------------------------------------------------------------------------------------------------------
     by_key = {(run.name, run.precision): run for run in runs}
     rows = []
@@ -285,17 +327,20 @@ def main(argv: list[str] | None = None) -> int:
                 # the same ratio taken within each round, then the median: robust to slow drifts in machine load
                 paired = statistics.median(a / b for a, b in zip(kqv.round_tokens_per_s, run.round_tokens_per_s))
             tps = run.round_tokens_per_s
+            flops_per_token = training_flops_per_token(run.params, s)
             rows.append({
                 "model": name, "precision": precision, "tokens_per_s": run.median,
                 "tokens_per_s_min": min(tps), "tokens_per_s_max": max(tps), "ms_per_step": 1000 * run.tokens_per_step / run.median,
                 "cpu_s_per_step": statistics.median(run.round_cpu_s_per_step),
                 "parameters": run.params, "kqv_over_peer": ratio, "kqv_over_peer_paired": paired,
-                "rounds_tokens_per_s": tps,
+                "rounds_tokens_per_s": tps, "model_flops_per_token": flops_per_token,
+                "model_flops_per_s": run.median * flops_per_token,
+                "fraction_of_matmul_peak": run.median * flops_per_token / peaks[precision],
                 "first_loss": run.losses[0], "last_loss": run.losses[-1], "loss_decreased": run.loss_decreased(),
             })
 
     header = f"{'model':8s} {'prec':5s} {'tokens/s':>10s} {'(min..max)':>17s} {'ms/step':>8s} {'params':>12s} " \
-             f"{'kqv/peer':>9s} {'paired':>7s}  loss first -> last"
+             f"{'kqv/peer':>9s} {'paired':>7s} {'of peak':>7s}  loss first -> last"
     print("\n" + header + "\n" + "-" * len(header))
     for row in rows:
         ratio = "" if row["kqv_over_peer"] is None else f"{row['kqv_over_peer']:.3f}"
@@ -303,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         spread = f"({row['tokens_per_s_min']:,.0f}..{row['tokens_per_s_max']:,.0f})"
         ok = "" if row["loss_decreased"] else "  LOSS DID NOT DECREASE"
         print(f"{row['model']:8s} {row['precision']:5s} {row['tokens_per_s']:10,.0f} {spread:>17s} "
-              f"{row['ms_per_step']:8.1f} {row['parameters']:12,d} {ratio:>9s} {paired:>7s}  "
+              f"{row['ms_per_step']:8.1f} {row['parameters']:12,d} {ratio:>9s} {paired:>7s} "
+              f"{row['fraction_of_matmul_peak']:7.1%}  "
               f"{row['first_loss']:.3f} -> {row['last_loss']:.3f}{ok}")
 
     summary = {}
@@ -337,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
             "quick": args.quick, "versions": versions(), "machine": platform.processor() or platform.machine(),
             "bf16_native": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
             "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "parameter_spread": spread, "rows": rows, "summary": summary,
+            "parameter_spread": spread, "matmul_peak_size": peak_size, "matmul_peak_flops_per_s": peaks,
+            "rows": rows, "summary": summary,
             "losses": {f"{run.name}/{run.precision}": run.losses for run in runs},
         }
         output.write_text(json.dumps(result, indent=2) + "\n")
