@@ -2,12 +2,15 @@
 
     python docs/explorer_screenshots.py runs/lm --text "ROMEO:\nBut soft, what light" --token 20 --cell 3.2 \
         --continue --out docs/explorer-lm.png
+    python docs/explorer_screenshots.py runs/lm --text "ROMEO:\nBut soft, what light" --sort previous \
+        --element "#overview" --out docs/explorer-lm-model.png
     python docs/explorer_screenshots.py runs/mt --text "Im Anfang war das Wort." --beam 4 --cell 3.1 \
         --out docs/explorer-mt.png
 
 Needs the test extra (playwright) and `apt-get install chromium`. Every request that is not to the app is blocked,
 as in the browser tests. `--cell L.H` opens layer L, head H (1-based) in the detail view; `--token` picks the
-query token of the head view (0-based; default the last).
+query token of the head view (0-based; default the last); `--element CSS` saves only that part of the page
+(`#overview`: the model view and the statistics); `--sort KEY` sorts the statistics by a column (largest first).
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ def main() -> None:
     parser.add_argument("--token", type=int, help="query token of the head view (0-based)")
     parser.add_argument("--cell", help="layer.head to open, 1-based, e.g. 2.3")
     parser.add_argument("--continue", dest="continue_", action="store_true", help="LM: run 'continue' first")
+    parser.add_argument("--sort", help="sort the per-head statistics by this column (entropy, previous, ...)")
+    parser.add_argument("--element", help="CSS selector: save only this part of the page")
     parser.add_argument("--width", type=int, default=1400)
     parser.add_argument("--height", type=int, default=1000)
     parser.add_argument("--full-page", action="store_true")
@@ -63,9 +68,14 @@ def main() -> None:
         if args.continue_:
             page.click("#continue")
             page.wait_for_selector('#continuation[data-done="1"]', timeout=300_000)
+        if args.sort:
+            page.click(f'#stats th[data-key="{args.sort}"]')
         page.mouse.move(0, 0)
         page.evaluate("window.scrollTo(0, 0)")
-        page.screenshot(path=args.out, full_page=args.full_page)
+        if args.element:
+            page.locator(args.element).first.screenshot(path=args.out)
+        else:
+            page.screenshot(path=args.out, full_page=args.full_page)
         browser.close()
     if blocked:
         raise SystemExit(f"the page tried to reach {blocked}")

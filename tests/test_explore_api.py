@@ -154,11 +154,18 @@ def test_mlm_predicts_the_masked_positions_with_the_models_probabilities(runs, c
     assert analyze(clients["mlm"], text="no mast here")["notes"]  # says how to ask for predictions
 
 
-def test_classifier_gives_a_probability_per_label_after_cls(clients):
+def test_classifier_gives_the_models_probability_per_label_after_cls(runs, clients):
+    from kqv.jobs.cls import JOB
+
     body = analyze(clients["cls"], text="the play was good")
     assert body["tokens"][0] == "[CLS]" and len(body["tokens"]) == 1 + len("the play was good")
     assert [c["label"] for c in body["classes"]] == ["neg", "pos"]
-    assert sum(c["p"] for c in body["classes"]) == pytest.approx(1.0, abs=1e-5)
+    run = JOB.load(runs["cls"])
+    ids = torch.tensor([[run.tokenizer.cls_id, *run.tokenizer.encode("the play was good")]])
+    assert body["ids"] == ids[0].tolist()
+    assert_close([c["p"] for c in body["classes"]], run.model(ids)[0].softmax(-1))
+    for layer, weights in zip(body["attention"]["self"]["layers"], run.model.encoder.attention_weights(ids)):
+        assert_close(layer, weights[0])
 
 
 def test_minilm_attention_equals_hugging_faces_bert():
@@ -179,13 +186,17 @@ def test_minilm_attention_equals_hugging_faces_bert():
         torch.testing.assert_close(torch.tensor(layer), weights[0], atol=2e-5, rtol=0)
 
 
-def test_export_is_one_html_file_with_the_analysis_inlined(clients):
-    response = clients["lm"].post("/api/export", json={"text": "To be"})
+@pytest.mark.parametrize("task,body", [("lm", {"text": "To be"}), ("mt", {"text": "eins zwei", "beam": 2}),
+                                       ("lstm", {"text": "eins"}), ("mlm", {"text": "To [MASK]e"}),
+                                       ("cls", {"text": "the play"})])
+def test_export_is_one_html_file_with_the_analysis_inlined(clients, task, body):
+    response = clients[task].post("/api/export", json=body)
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/html")
     page = response.text
     assert '<script id="kqv-data" type="application/json">' in page and "/static/" not in page
     data = json.loads(page.split('<script id="kqv-data" type="application/json">')[1].split("</script>")[0])
-    assert data["analysis"] == analyze(clients["lm"], text="To be") and data["request"] == {"text": "To be"}
+    assert data["analysis"] == analyze(clients[task], **body) and data["request"] == body
+    assert data["info"] == clients[task].get("/api/info").json()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -217,10 +228,19 @@ def test_bad_lm_input_is_refused_with_a_message(clients, body, status, phrases):
 
 @pytest.mark.parametrize("raw,phrase", [(b"{not json", "not valid JSON"), (b'["To be"]', "must be a JSON object"),
                                         (b"\xff\xfe", "not valid JSON"), (b"", "must be a JSON object")])
-def test_malformed_json_is_refused(clients, raw, phrase):
-    for path in ("/api/analyze", "/api/continue", "/api/export"):
-        response = clients["lm"].post(path, content=raw, headers={"content-type": "application/json"})
+@pytest.mark.parametrize("task", ["lm", "mt", "mlm", "cls"])
+def test_malformed_json_is_refused(clients, task, raw, phrase):
+    for path in ("/api/analyze", "/api/export") + (("/api/continue",) if task == "lm" else ()):
+        response = clients[task].post(path, content=raw, headers={"content-type": "application/json"})
         assert_refused(response, 400, phrase)
+
+
+@pytest.mark.parametrize("task", ["lm", "mt", "lstm", "mlm", "cls"])
+@pytest.mark.parametrize("path", ["/api/analyze", "/api/export"])
+def test_empty_and_over_long_text_are_refused_for_every_kind_of_run(clients, task, path):
+    assert_refused(clients[task].post(path, json={"text": " "}), 400, "text is empty")
+    long = " ".join(["eins"] * 40) if task in ("mt", "lstm") else "to be " * 8
+    assert_refused(clients[task].post(path, json={"text": long}), 400, "tokens long", "at most 24", "--max-tokens")
 
 
 def test_an_oversized_body_is_refused(clients):
@@ -250,6 +270,10 @@ def test_a_directory_that_is_not_a_run_is_a_404(tmp_path):
     ("lm", "/api/continue", {"text": "To", "top_p": "x"}, ["top_p must be a number"]),
     ("lm", "/api/continue", {"text": ""}, ["text is empty"]),
     ("cls", "/api/analyze", {"text": "\u2603"}, ["not in the vocabulary"]),
+    ("mlm", "/api/analyze", {"text": "To \u2603"}, ["not in the vocabulary"]),
+    ("mlm", "/api/export", {"text": "To \u2603"}, ["not in the vocabulary"]),
+    ("lm", "/api/continue", {"text": "To \u2603"}, ["not in the vocabulary"]),
+    ("lm", "/api/export", {"text": "To \u2603"}, ["not in the vocabulary"]),
 ])
 def test_requests_a_run_cannot_answer_are_refused(clients, task, path, body, phrases):
     assert_refused(clients[task].post(path, json=body), 400, *phrases)
@@ -263,4 +287,6 @@ def test_unknown_paths_and_methods_answer_json(clients):
 def test_learned_positions_lower_the_limit_to_max_len(runs):
     client = TestClient(create_app(runs["lm"], max_tokens=1000))
     assert client.get("/api/info").json()["max_tokens"] == 32  # the run's context, its learned positions' max_len
-    assert_refused(client.post("/api/analyze", json={"text": "To be, " * 5}), 400, "35 tokens long", "at most 32")
+    assert_refused(client.post("/api/analyze", json={"text": "To be, " * 5}), 400, "35 tokens long", "at most 32",
+                   "learned positions stop at max_len = 32")
+    assert "--max-tokens" not in client.post("/api/analyze", json={"text": "To be, " * 5}).json()["error"]

@@ -76,3 +76,14 @@ def test_html_writes_one_self_contained_file(lm_run, tmp_path, capsys):
 def test_html_options_that_do_not_fit_are_errors(lm_run, tmp_path, served, capsys, argv, message):
     assert main(["explore", str(lm_run), *argv]) == 2
     assert message in capsys.readouterr().err and not served
+
+
+def test_help_describes_every_option_and_the_length_limit(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["explore", "--help"])
+    assert exit_.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for option in ("--port", "--host", "--open", "--max-tokens", "--html", "--text", "--beam"):
+        assert option in text
+    assert "default 8765" in text and "default 127.0.0.1" in text and "warning" in text
+    assert "default 256" in text and "refused with a message" in text and "max_len" in text

@@ -99,10 +99,11 @@ def check_text(text: Any, name: str = "text") -> str:
     return text
 
 
-def check_length(n_tokens: int, limit: int, what: str = "the input") -> None:
+def check_length(n_tokens: int, limit: int, what: str = "the input",
+                 hint: str = "Shorten it, or restart with a larger --max-tokens") -> None:
     if n_tokens > limit:
         raise DataError(f"{what} is {n_tokens} tokens long; the explorer draws at most {limit} (every view holds "
-                         f"tokens x tokens numbers per head). Shorten it, or restart with a larger --max-tokens")
+                        f"tokens x tokens numbers per head). {hint}")
 
 
 def check_int(value: Any, name: str, low: int, high: int) -> int:

@@ -34,8 +34,12 @@ class Subject:
 
     task = "?"
 
-    def __init__(self, name: str, model: nn.Module, limit: int):
+    def __init__(self, name: str, model: nn.Module, limit: int, config: Any = None):
         self.name, self.model, self.limit = name, model.eval(), limit
+        # learned positions have no embedding past max_len: the limit drops to it, and the message says why
+        self.positions_limit = getattr(config, "position", None) == "learned" and config.max_len < limit
+        if self.positions_limit:
+            self.limit = config.max_len
         self.lock = threading.Lock()  # one model call at a time: the server may answer requests from several threads
 
     def info(self) -> dict[str, Any]:
@@ -53,10 +57,10 @@ class Subject:
     def continuation(self, request: dict[str, Any]) -> Iterator[dict[str, Any]]:
         raise NotApplicable(f"continuing a text applies to language models; this is a {self.task} run")
 
-
-def position_limit(config: Any, limit: int) -> int:
-    """The input limit, lowered to max_len for learned positions (there is no embedding past it)."""
-    return min(limit, config.max_len) if getattr(config, "position", None) == "learned" else limit
+    def check_length(self, n_tokens: int, what: str = "the input") -> None:
+        hint = (f"Shorten it: this run's learned positions stop at max_len = {self.limit}" if self.positions_limit
+                else "Shorten it, or restart with a larger --max-tokens")
+        check_length(n_tokens, self.limit, what, hint)
 
 
 def self_view(label: str, tokens: list[str], weights: Weights, causal: bool) -> dict[str, Any]:
@@ -79,7 +83,7 @@ class LMSubject(Subject):
     task = "lm"
 
     def __init__(self, name: str, run: Any, limit: int):
-        super().__init__(name, run.model, position_limit(run.model.config, limit))
+        super().__init__(name, run.model, limit, run.model.config)
         self.tokenizer, self.sample = run.tokenizer, run.config.sample
 
     def info(self) -> dict[str, Any]:
@@ -90,7 +94,7 @@ class LMSubject(Subject):
 
     def encode(self, text: str) -> list[int]:
         ids = self.tokenizer.encode(check_text(text))
-        check_length(len(ids), self.limit)
+        self.check_length(len(ids))
         return ids
 
     @torch.no_grad()
@@ -163,7 +167,7 @@ class MTSubject(Subject):
     task = "mt"
 
     def __init__(self, name: str, run: Any, limit: int, special_tokens: tuple[str, str, str]):
-        super().__init__(name, run.model, position_limit(run.model.config, limit))
+        super().__init__(name, run.model, limit, run.model.config)
         self.run, self.tokenizer = run, run.tokenizer
         self.pad_id, self.bos_id, self.eos_id = (run.tokenizer.token_to_id(t) for t in special_tokens)
         self.specials = dict(zip((self.pad_id, self.bos_id, self.eos_id), special_tokens))
@@ -176,7 +180,7 @@ class MTSubject(Subject):
 
     def encode(self, text: str, what: str) -> list[int]:
         ids = self.tokenizer.encode(" ".join(check_text(text, what).split()))  # as the MT job cleans its corpus
-        check_length(len(ids) + 1, self.limit, f"the {what}")
+        self.check_length(len(ids) + 1, f"the {what}")
         return ids
 
     @torch.no_grad()
@@ -229,7 +233,7 @@ class EncoderSubject(Subject):
     """An encoder's self-attention over one input, plus what its head makes of it (`predictions`)."""
 
     def __init__(self, name: str, model: nn.Module, encoder: nn.Module, limit: int):
-        super().__init__(name, model, position_limit(encoder.config, limit))
+        super().__init__(name, model, limit, encoder.config)
         self.encoder = encoder
 
     def tokenize(self, text: str) -> tuple[list[int], list[str]]:
@@ -241,7 +245,7 @@ class EncoderSubject(Subject):
     @torch.no_grad()
     def analyze(self, request: dict[str, Any]) -> dict[str, Any]:
         ids, tokens = self.tokenize(check_text(request.get("text")))
-        check_length(len(ids), self.limit)
+        self.check_length(len(ids))
         batch = torch.tensor([ids])
         with self.lock:
             weights = self_attention_weights(self.encoder, lambda: self.encoder.attention_weights(batch),

@@ -13,7 +13,7 @@ const PALETTES = {  // perceptually uniform ramps, low -> high; cividis is desig
 const ROW = 18;  // pixels per token in the head view and the heat map
 const $ = (id) => document.getElementById(id);
 const state = {info: null, analysis: null, request: {}, kind: null, layer: 0, heads: null, average: false,
-  token: null, cell: null, palette: "cividis", mask: true, sort: {key: null, descending: true}, offline: false};
+  token: null, cell: null, palette: "cividis", mask: true, scale: true, sort: {key: null, descending: true}, offline: false};
 
 // ---------------------------------------------------------------------------------------------------------------
 // small helpers
@@ -31,14 +31,16 @@ function shown(token) {  // whitespace made visible
   return t.length > 24 ? t.slice(0, 23) + "\u2026" : (t || "\u2205");
 }
 
-function colour(weight) {
+function colour(weight, peak = 1) {  // peak: the weight drawn brightest (1, or the map's largest when scaled)
   const stops = PALETTES[state.palette] || PALETTES.cividis;
-  const x = Math.min(1, Math.max(0, weight)) * (stops.length - 1), i = Math.min(Math.floor(x), stops.length - 2);
+  const scaled = Math.min(1, Math.max(0, weight / (peak > 0 ? peak : 1)));
+  const x = scaled * (stops.length - 1), i = Math.min(Math.floor(x), stops.length - 2);
   const a = parseInt(stops[i].slice(1), 16), b = parseInt(stops[i + 1].slice(1), 16), f = x - i;
   const mix = (shift) => Math.round(((a >> shift) & 255) * (1 - f) + ((b >> shift) & 255) * f);
   return [mix(16), mix(8), mix(0)];
 }
 const rgb = (c) => `rgb(${c[0]},${c[1]},${c[2]})`;
+const largest = (rows) => (state.scale ? Math.max(...rows.map((row) => Math.max(...row))) : 1);
 const headColour = (h) => HEAD_COLOURS[h % HEAD_COLOURS.length];
 const labelWidth = (tokens) => 12 + 7.5 * Math.max(...tokens.map((t) => shown(t).length));
 
@@ -78,7 +80,7 @@ function saveHash() {
   if (state.average) p.set("average", "1");
   if (state.token !== null) p.set("token", state.token);
   if (state.cell) p.set("cell", `${state.cell.layer}.${state.cell.head}`);
-  p.set("palette", state.palette); if (!state.mask) p.set("mask", "0");
+  p.set("palette", state.palette); if (!state.mask) p.set("mask", "0"); if (!state.scale) p.set("scale", "0");
   if (!state.offline) history.replaceState(null, "", "#" + p.toString());
 }
 
@@ -105,6 +107,7 @@ function applySaved(saved) {  // view settings from the URL, where they fit the 
   }
   if (PALETTES[saved.palette]) state.palette = saved.palette;
   state.mask = saved.mask !== "0";
+  state.scale = saved.scale !== "0";
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -144,6 +147,7 @@ function buildControls() {
   $("average").checked = state.average;
   $("palette").value = state.palette;
   $("mask-overlay").checked = state.mask;
+  $("scale").checked = state.scale;
   $("mask-box").hidden = !v.causal;
   $("view-note").hidden = !v.note;
   $("view-note").textContent = v.note || "";
@@ -199,8 +203,9 @@ function selectToken(i) {
 function paint(canvas, rows) {
   canvas.width = rows[0].length; canvas.height = rows.length;
   const context = canvas.getContext("2d"), image = context.createImageData(canvas.width, canvas.height);
+  const peak = largest(rows);
   rows.forEach((row, i) => row.forEach((w, j) => {
-    const c = colour(w), k = 4 * (i * canvas.width + j);
+    const c = colour(w, peak), k = 4 * (i * canvas.width + j);
     image.data[k] = c[0]; image.data[k + 1] = c[1]; image.data[k + 2] = c[2]; image.data[k + 3] = 255;
   }));
   context.putImageData(image, 0, 0);
@@ -235,6 +240,7 @@ function drawDetail() {
   const v = view(), root = $("detail");
   root.replaceChildren();
   $("cell-info").textContent = "";
+  $("scale-info").textContent = "";
   if (!v.layers || !state.cell) {
     $("detail-title").textContent = v.layers ? "Click a cell of the model view (or a row of the statistics)." : "";
     return;
@@ -252,10 +258,12 @@ function drawDetail() {
   defs.append(hatch); root.append(defs);
   const cells = svg("g", {transform: `translate(${left},${top})`});
   const future = (i, j) => v.causal && j > i + (v.keys.length - v.queries.length);
+  const peak = largest(rows);
+  $("scale-info").textContent = `colours from 0 to ${peak.toFixed(3)}`;
   rows.forEach((row, i) => row.forEach((w, j) => {
     const masked = state.mask && future(i, j);
     cells.append(svg("rect", {x: j * cell, y: i * cell, width: cell, height: cell, class: "weight" +
-      (masked ? " masked" : ""), fill: masked ? "url(#masked)" : rgb(colour(w)), "data-query": i, "data-key": j,
+      (masked ? " masked" : ""), fill: masked ? "url(#masked)" : rgb(colour(w, peak)), "data-query": i, "data-key": j,
       "data-weight": w}));
   }));
   cells.addEventListener("mousemove", (event) => {
@@ -469,6 +477,7 @@ function listen() {
   $("average").addEventListener("change", () => { state.average = $("average").checked; draw(); });
   $("palette").addEventListener("change", () => { state.palette = $("palette").value; draw(); });
   $("mask-overlay").addEventListener("change", () => { state.mask = $("mask-overlay").checked; draw(); });
+  $("scale").addEventListener("change", () => { state.scale = $("scale").checked; draw(); });
   $("continue").addEventListener("click", continueText);
   $("save-html").addEventListener("click", saveHtml);
   for (const button of document.querySelectorAll("[data-export]")) {
