@@ -18,9 +18,12 @@ from .positions import input_positions
 
 
 class Embeddings(nn.Module):
-    """Token embedding, plus absolute positions when the config uses them, then optional norm and dropout."""
+    """Token embedding, plus absolute positions when the config uses them, then optional norm and dropout.
 
-    def __init__(self, config: ModelConfig, vocab_size: int, tokens: nn.Embedding | None = None):
+    `tokens` is the token table to use (shared with another model part), by default a new `nn.Embedding`; any
+    module that maps the input to (batch, time, d_model) vectors works, e.g. a ViT's `PatchEmbedding`."""
+
+    def __init__(self, config: ModelConfig, vocab_size: int, tokens: nn.Module | None = None):
         super().__init__()
         self.vocab_size = vocab_size
         self.tokens = tokens if tokens is not None else nn.Embedding(vocab_size, config.d_model)

@@ -27,7 +27,7 @@ from .sparse import share_linformer_projection
 class Encoder(nn.Module):
     """A stack of bidirectional encoder blocks: every token attends to every (non-padding) token."""
 
-    def __init__(self, config: ModelConfig, tokens: nn.Embedding | None = None):
+    def __init__(self, config: ModelConfig, tokens: nn.Module | None = None):
         super().__init__()
         self.config = config
         self.embeddings = Embeddings(config, config.vocab_size, tokens)
@@ -49,7 +49,10 @@ class Encoder(nn.Module):
     def run(self, ids: Tensor, attention_mask: Tensor | None, need_weights: bool = False) -> tuple[Tensor, list]:
         check_ids(ids, self.embeddings.vocab_size)
         mask = check_attention_mask(attention_mask, ids)
-        x = self.embeddings(ids, torch.arange(ids.shape[1], device=ids.device))
+        return self.encode(self.embeddings(ids, torch.arange(ids.shape[1], device=ids.device)), mask, need_weights)
+
+    def encode(self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False) -> tuple[Tensor, list]:
+        """The blocks over embedded inputs x (batch, time, d_model) -> (hidden states, weights of every layer)."""
         all_weights = []
         for block in self.blocks:
             x, weights = block(x, mask, need_weights)
