@@ -1,10 +1,13 @@
 """The Vision Transformer (kqv.nn.vision): patches, the [CLS] classifier, its baselines and their input checks."""
 
+import json
+
 import pytest
 import torch
 
 from kqv import ModelConfig
 from kqv.nn.experts import routing_metrics
+from kqv.data.digits import split_indices
 from kqv.nn.vision import ConvClassifier, MLPClassifier, PatchEmbedding, ViT, extract_patches
 
 from conftest import tiny_config
@@ -133,3 +136,60 @@ def test_baselines_classify_and_check_images_like_the_vit(baseline):
 def test_labels_of_the_wrong_shape_are_named():
     with pytest.raises(ValueError, match=r"labels must have shape \(4,\), one class per image"):
         ViT(vit_config(), (1, 8, 8), 2, 10)(torch.rand(4, 1, 8, 8), torch.zeros(4, 1, dtype=torch.long))
+
+
+def test_embedded_images_equal_hugging_face_vit_embeddings_with_the_same_weights():
+    transformers = pytest.importorskip("transformers")
+    hf_config = transformers.ViTConfig(image_size=8, patch_size=2, num_channels=1, hidden_size=16,
+                                       num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                                       hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    hf = transformers.models.vit.modeling_vit.ViTEmbeddings(hf_config).eval()
+    torch.nn.init.normal_(hf.cls_token)
+    torch.nn.init.normal_(hf.position_embeddings)
+    model = ViT(vit_config(d_model=16, dropout=0.0, embed_norm=False), (1, 8, 8), 2, 10).eval()
+    with torch.no_grad():
+        model.patches.to_vectors.weight.copy_(hf.patch_embeddings.projection.weight.flatten(1))
+        model.patches.to_vectors.bias.copy_(hf.patch_embeddings.projection.bias)
+        model.patches.cls.copy_(hf.cls_token)
+        model.embeddings.positions.embedding.weight.copy_(hf.position_embeddings[0])
+    images = torch.randn(3, 1, 8, 8)
+    ours = model.embeddings(images, torch.arange(17))
+    torch.testing.assert_close(ours, hf(images), atol=1e-5, rtol=1e-5)
+
+
+def test_kqv_train_vit_writes_a_run_whose_eval_prints_its_test_accuracy(tmp_path, capsys):
+    from kqv.cli import main
+    from kqv.jobs import load_run
+
+    run = tmp_path / "vit"
+    main(["train", "vit", "--out", str(run), "--steps", "30", "--quiet", "--baseline", "conv",
+          "--set", "model.d_model=32", "--set", "model.n_layers=1", "--set", "train.eval_every=15"])
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 30 and summary["baseline"] == "conv" and summary["test_images"] == 270
+    assert 0.0 <= summary["test_accuracy"] <= 1.0 and 0.0 <= summary["baseline_test_accuracy"] <= 1.0
+    assert isinstance(load_run(run).model, ViT)
+    capsys.readouterr()
+    main(["eval", str(run), "--json"])
+    line, result = capsys.readouterr().out.strip().splitlines()
+    assert json.loads(result)["test_accuracy"] == pytest.approx(summary["test_accuracy"])
+    assert f"test accuracy {summary['test_accuracy']:.2%} on 270 held-out digits" in line
+    main(["attention", str(run), "--out", str(tmp_path / "cls.png"), "--images", "2"])
+    assert (tmp_path / "cls.png").stat().st_size > 0
+
+
+def test_the_split_is_disjoint_and_covers_every_digit():
+    parts = split_indices(100, 0.2, 0.1, seed=3)
+    together = torch.cat(list(parts.values()))
+    assert sorted(together.tolist()) == list(range(100))
+    assert [len(parts[k]) for k in ("test", "val", "train")] == [10, 20, 70]
+    with pytest.raises(ValueError, match="leave some training data"):
+        split_indices(100, 0.5, 0.5, seed=0)
+
+
+def test_a_vit_config_without_training_images_is_a_clear_error(tmp_path):
+    from kqv.errors import ConfigError
+    from kqv.jobs import get_job
+
+    job = get_job("vit")
+    with pytest.raises(ConfigError, match=r"must be in \(0, 1\) and leave some training images"):
+        job.load_config("configs/vit-quick.toml", ["data.val_fraction=0.6", "data.test_fraction=0.5"])

@@ -29,6 +29,31 @@ def plot_attention_grid(weights: Sequence[Tensor], query_tokens: Sequence[str], 
             ax.set_yticks(range(len(query_tokens)), labels=query_tokens, fontsize=6)
     fig.suptitle(title)
     fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def plot_cls_attention(images: Tensor, maps: Tensor, labels: Sequence[int], predicted: Sequence[int],
+                       path: str | Path) -> Path:
+    """A ViT's [CLS] attention: one row per image (the image, then its map over the patch grid for each layer).
+    images (n, height, width); maps (layers, n, grid_h, grid_w)."""
+    layers, n = maps.shape[:2]
+    fig, axes = plt.subplots(n, 1 + layers, figsize=(1.8 * (1 + layers), 1.9 * n), squeeze=False)
+    for row in range(n):
+        axes[row][0].imshow(images[row].float().cpu().numpy(), cmap="gray_r")
+        axes[row][0].set_title(f"label {labels[row]}, predicted {predicted[row]}", fontsize=7)
+        for layer in range(layers):
+            axes[row][1 + layer].imshow(maps[layer, row].float().cpu().numpy(), cmap="viridis")
+            axes[row][1 + layer].set_title(f"layer {layer + 1}", fontsize=7)
+    for ax in axes.flat:
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.suptitle("[CLS] attention over the patches (heads averaged)", fontsize=9)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def save_figure(fig: plt.Figure, path: str | Path) -> Path:
+    """Write the figure as a PNG (creating its directory) and close it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -1,0 +1,184 @@
+"""The Vision Transformer job: a `ViT` learns scikit-learn's 8x8 handwritten digits (`kqv train vit`).
+
+The 1,797 images are split once, by a seeded shuffle, into test, validation and training parts; pixels are
+standardised with the training part's mean and deviation. The ViT trains with the shared Trainer (validation loss
+and accuracy every `eval_every` updates); then, unless `data.baseline = "none"`, a baseline without attention
+(`mlp` or `conv`, from `kqv.nn.vision`) trains for the same number of updates on the same batches with the same
+optimizer, and both test accuracies go into summary.json: honest numbers, no augmentation. `kqv eval RUN` prints
+the test accuracy; `kqv attention RUN` draws [CLS]'s attention over the patches of a few test images.
+A run directory holds `run.toml` (task = "vit", the image shape and pixel statistics), `checkpoint/`,
+`metrics.jsonl`, `loss.png` and `summary.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import torch
+from torch import Tensor, nn
+
+from ..data.batches import batch_generator
+from ..data.digits import DIGITS_CLASSES, DIGITS_SHAPE, load_digits_images, split_indices, standardise
+from ..errors import ConfigError
+from ..nn.config import ModelConfig
+from ..nn.models import count_parameters
+from ..nn.vision import ConvClassifier, MLPClassifier, ViT
+from ..train.runs import RunConfig
+from ..validation import Config
+from .base import Flag, Job, RunCommand, TrainedRun, report
+
+BASELINES = {"mlp": MLPClassifier, "conv": ConvClassifier}
+
+
+@dataclass
+class VitDataConfig(Config):
+    """The patches, the held-out shares of the digits, and the baseline trained beside the ViT."""
+
+    section: ClassVar[str] = "data"
+    patch_size: int = 2
+    val_fraction: float = 0.15
+    test_fraction: float = 0.15
+    baseline: Literal["mlp", "conv", "none"] = "mlp"
+
+    def check(self) -> None:
+        if not (0 < self.val_fraction < 1 and 0 < self.test_fraction < 1
+                and self.val_fraction + self.test_fraction < 1):
+            raise ConfigError(f"data.val_fraction ({self.val_fraction}) and data.test_fraction "
+                              f"({self.test_fraction}) must be in (0, 1) and leave some training images")
+
+
+@dataclass
+class VitRunConfig(RunConfig):
+    """The whole job: `model` holds ModelConfig options (vocab_size is unused by a ViT)."""
+
+    task: ClassVar[str] = "vit"
+    run_tables: ClassVar[tuple[str, ...]] = ("images",)
+    data: VitDataConfig = field(default_factory=VitDataConfig)
+
+
+@dataclass
+class Digits:
+    """The standardised digits of one run, split: images (n, 1, 8, 8) and labels (n,) per part."""
+
+    images: dict[str, Tensor]
+    labels: dict[str, Tensor]
+    mean: float
+    std: float
+
+    @classmethod
+    def load(cls, data: VitDataConfig, seed: int, stats: tuple[float, float] | None = None) -> Digits:
+        images, labels = load_digits_images()
+        parts = split_indices(len(labels), data.val_fraction, data.test_fraction, seed)
+        mean, std = stats or (float(images[parts["train"]].mean()), float(images[parts["train"]].std()))
+        return cls({k: standardise(images[i], mean, std) for k, i in parts.items()},
+                   {k: labels[i] for k, i in parts.items()}, mean, std)
+
+    def batch(self, part: str, batch_size: int, seed: int, i: int) -> tuple[Tensor, Tensor]:
+        rows = torch.randint(len(self.labels[part]), (batch_size,), generator=batch_generator(seed, i))
+        return self.images[part][rows], self.labels[part][rows]
+
+    @torch.no_grad()
+    def accuracy(self, model: nn.Module, part: str) -> float:
+        was_training = model.training
+        model.eval()
+        predicted = torch.cat([model(chunk).argmax(-1) for chunk in self.images[part].split(256)])
+        model.train(was_training)
+        return float((predicted == self.labels[part]).float().mean())
+
+
+def train_baseline(name: str, config: VitRunConfig, digits: Digits) -> dict[str, Any]:
+    """The baseline trained on the ViT's batches for as many updates, with AdamW at the same learning rate."""
+    torch.manual_seed(config.train.seed)
+    model, train = BASELINES[name](DIGITS_SHAPE, DIGITS_CLASSES), config.train
+    optimizer = torch.optim.AdamW(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
+    for i in range(train.steps):
+        loss = model(*digits.batch("train", train.batch_size, train.seed, i))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return {"baseline": name, "baseline_parameters": count_parameters(model),
+            "baseline_test_accuracy": digits.accuracy(model, "test")}
+
+
+class VitJob(Job):
+    name = "vit"
+    help = "train a Vision Transformer on scikit-learn's 8x8 handwritten digits, beside a baseline"
+    config_class = VitRunConfig
+    train_flags = (Flag("--baseline", "the baseline trained beside the ViT: mlp, conv or none", "data.baseline"),)
+    commands = {
+        "eval": RunCommand("accuracy on the held-out test images", "evaluate", (
+            Flag("--json", "also print the result as JSON", options={"action": "store_true"}),)),
+        "attention": RunCommand("draw the attention of [CLS] over the patches of test images", "attention", (
+            Flag("--out", "the PNG file to write", options={"default": "attention.png"}),
+            Flag("--images", "how many test images", options={"type": int, "default": 4}))),
+    }
+
+    def build_model(self, model_config: ModelConfig, config: VitRunConfig, values: dict[str, Any]) -> ViT:
+        images = values["images"]
+        return ViT(model_config, tuple(images["shape"]), config.data.patch_size, images["classes"])
+
+    def load_tokenizer(self, run_dir: Path) -> None:
+        return None  # images need none
+
+    def train(self, config: VitRunConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
+              quiet: bool = False) -> dict[str, Any]:
+        """Train a ViT (and its baseline) on the digits; write the run directory and return the summary."""
+        run_dir, seed, batch_size = Path(run_dir), config.train.seed, config.train.batch_size
+        self.check_resumable(run_dir, resume)
+        digits = Digits.load(config.data, seed)
+        n_tokens = 1 + (8 // config.data.patch_size) ** 2
+        model_config = ModelConfig.from_dict({"max_len": n_tokens, **config.model, "vocab_size": 1})
+        run_dir.mkdir(parents=True, exist_ok=True)
+        model = self.start(config, run_dir, model_config, images={
+            "shape": list(DIGITS_SHAPE), "classes": DIGITS_CLASSES, "mean": digits.mean, "std": digits.std})
+        if not quiet:
+            print(f"kqv: ViT of {count_parameters(model):,} parameters, {n_tokens - 1} patches of "
+                  f"{config.data.patch_size}x{config.data.patch_size} + [CLS], "
+                  f"{len(digits.labels['train'])} training images, run directory {run_dir}")
+        result = self.fit(self.make_trainer(
+            model, config, run_dir, resume=resume, overwrite=overwrite, quiet=quiet,
+            train_batches=lambda i: digits.batch("train", batch_size, seed, i),
+            val_batches=lambda i: digits.batch("val", batch_size, seed, -i - 1),
+            loss_fn=lambda model, batch: model(*batch),
+            eval_fn=lambda model: {"val_accuracy": digits.accuracy(model, "val")}))
+        baseline = {} if config.data.baseline == "none" else train_baseline(config.data.baseline, config, digits)
+        summary = self.summarise(run_dir, result, model, test_images=len(digits.labels["test"]),
+                                 test_accuracy=digits.accuracy(model, "test"), **baseline)
+        if not quiet:
+            against = (f" ({baseline['baseline']} baseline, same steps: {baseline['baseline_test_accuracy']:.1%})"
+                       if baseline else "")
+            print(f"kqv: ViT test accuracy {summary['test_accuracy']:.1%} on {summary['test_images']} images"
+                  f"{against} after {summary['steps']} steps in {result.wall_seconds / 60:.1f} min")
+        return summary
+
+    # -- commands on a trained run ---------------------------------------------------------------------------
+
+    def test_digits(self, run: TrainedRun) -> Digits:
+        return Digits.load(run.config.data, run.config.train.seed, (run.values["images"]["mean"],
+                                                                     run.values["images"]["std"]))
+
+    def evaluate(self, run: TrainedRun, args: argparse.Namespace) -> None:
+        digits = self.test_digits(run)
+        result = {"test_accuracy": digits.accuracy(run.model, "test"), "test_images": len(digits.labels["test"])}
+        report(f"{run.run_dir}: test accuracy {result['test_accuracy']:.2%} on {result['test_images']} held-out "
+               f"digits", result, args.json)
+
+    def attention(self, run: TrainedRun, args: argparse.Namespace) -> None:
+        from ..explore.plots import plot_cls_attention
+
+        if args.images < 1:
+            raise ConfigError(f"--images must be at least 1, got {args.images}")
+        digits = self.test_digits(run)
+        images, labels = digits.images["test"][:args.images], digits.labels["test"][:args.images]
+        with torch.no_grad():
+            maps = run.model.cls_attention(images).mean(dim=2)  # (layers, images, grid_h, grid_w), heads averaged
+            predicted = run.model(images).argmax(-1)
+        path = plot_cls_attention(images[:, 0], maps, labels.tolist(), predicted.tolist(), args.out)
+        print(f"wrote {path}: [CLS] attention over {maps.shape[-2]}x{maps.shape[-1]} patches, {maps.shape[0]} "
+              f"layers (heads averaged), {len(images)} test images")
+
+
+JOB = VitJob()
