@@ -13,6 +13,10 @@ One head, head_dim 64, batch 1, fp32, for n = 1k ... 64k, every method causal un
 * linformer         `LinformerAttention`, k = 256, the published non-causal form.
 * linformer_causal  the cumulative causal variant, k = 256.
 * bigbird           `BigBirdAttention`, 64-token blocks, 1 window block each side, 1 global, 2 random.
+* local             `LocalAttention` (Liu et al. 2018), 256-token blocks: O(n * 256).
+* memory_compressed `MemoryCompressedAttention` (Liu et al. 2018), compression 3, causal (compressed earlier
+                    blocks + the query's own block), queries in chunks of 512: O(n^2 / 3) time, and memory
+                    bounded by a chunk's scores forward (training keeps every chunk's n / 3 scores per query).
 
 Each (method, n) runs in a fresh subprocess, so its peak memory is its own: the worker allocates its inputs and
 parameters, warms up on a short input, then reads its peak resident set size (getrusage ru_maxrss) as the
@@ -42,7 +46,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "attention_scaling.json"
 PLOT = ROOT / "docs" / "attention_scaling.png"
 LENGTHS = [1024, 2048, 4096, 8192, 16384, 32768, 65536]
-METHODS = ["reference", "sdpa", "blockwise_relative", "blockwise_alibi", "linformer", "linformer_causal", "bigbird"]
+METHODS = ["reference", "sdpa", "blockwise_relative", "blockwise_alibi", "linformer", "linformer_causal", "bigbird",
+           "local", "memory_compressed"]
 HEAD_DIM = 64
 REFERENCE_BYTES_PER_SCORE = {"forward": 13, "train": 25}  # bool mask + fp32 copies of scores alive at the peak
 
@@ -67,6 +72,7 @@ def build(method: str, n: int):
 
     from kqv.nn.attention import causal_mask, scaled_dot_product_attention
     from kqv.nn.blockwise import blockwise_attention
+    from kqv.nn.dmca import LocalAttention, MemoryCompressedAttention
     from kqv.nn.positions import ALiBiPositions, RelativePositions
     from kqv.nn.sparse import BigBirdAttention, LinformerAttention
 
@@ -84,6 +90,11 @@ def build(method: str, n: int):
     if method == "bigbird":
         module = BigBirdAttention(block=64, window=1, global_blocks=1, random_blocks=2)
         return lambda q, k, v: module(q, k, v, causal=True), []
+    if method == "local":
+        return lambda q, k, v: LocalAttention(256)(q, k, v, causal=True), []
+    if method == "memory_compressed":
+        module = MemoryCompressedAttention(HEAD_DIM, 3)
+        return lambda q, k, v: module(q, k, v, causal=True), list(module.parameters())
     raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
 
 

@@ -10,7 +10,11 @@ POSITIONS = ["sinusoidal", "learned", "relative", "rope", "alibi", "none"]
 # first-layer router would see nearly the same vector at every position and send every token to one expert.
 VARIANTS = {**{position: dict(position=position) for position in POSITIONS},
             "switch": dict(ffn="switch", n_experts=2, position="rope"),
-            "moe": dict(ffn="moe", n_experts=3, position="learned")}
+            "moe": dict(ffn="moe", n_experts=3, position="learned"),
+            "local": dict(attention="local", local_block=4, position="rope"),
+            "memory_compressed": dict(attention="memory_compressed", compression=3, position="learned"),
+            "dmca": dict(layer_pattern="local,memory_compressed", local_block=8, compression=2,
+                         position="sinusoidal")}
 
 
 def tiny_config(**changes) -> kqv.ModelConfig:

@@ -57,7 +57,7 @@ def test_sparse_attention_with_a_pair_bias_position_is_a_clear_error(attention, 
 
 
 @pytest.mark.parametrize("changes, message", [
-    (dict(attention="sparse"), r"attention must be one of \['full', 'linformer', 'bigbird'\]"),
+    (dict(attention="sparse"), r"attention must be one of \['full', 'linformer', 'bigbird', 'local', 'memory_compressed'\]"),
     (dict(blockwise="yes"), r"blockwise must be one of \['auto', 'always', 'never'\]"),
     (dict(attention="linformer", linformer_k=65), r"linformer_k \(65\) must be at most max_len \(64\)"),
     (dict(linformer_k=0), "linformer_k must be positive"),

@@ -21,6 +21,7 @@ from .config import ModelConfig
 from .cores import (AttentionCore, FullAttention, causal_mask, fused_attention, padding_mask, padding_of,
                     scaled_dot_product_attention)
 from .positions import AttentionPositions, attention_positions
+from .dmca import LocalAttention, MemoryCompressedAttention
 from .sparse import BigBirdAttention, LinformerAttention
 
 Score = Literal["dot", "multiplicative", "reduced_rank", "additive"]
@@ -167,6 +168,8 @@ CORES: dict[str, Callable[[ModelConfig], AttentionCore]] = {
     "full": FullAttention.from_config,
     "linformer": LinformerAttention.from_config,  # Wang et al. 2020
     "bigbird": BigBirdAttention.from_config,  # Zaheer et al. 2020
+    "local": LocalAttention.from_config,  # Liu et al. 2018
+    "memory_compressed": MemoryCompressedAttention.from_config,  # Liu et al. 2018
 }
 
 
@@ -175,11 +178,11 @@ class MultiHeadAttention(nn.Module):
 
     Self-attention when `memory` is None; cross-attention (queries from x, keys and values from `memory`)
     otherwise. Heads are a batch axis: (batch, time, d_model) -> (batch, heads, time, head_dim). Self-attention
-    uses the core `config.attention` names and the config's position scheme; cross-attention is always full
+    uses the core `config.attention` (or `config.layer_pattern`'s slot for block `layer`) names and the config's position scheme; cross-attention is always full
     attention without positions, since the two sequences share none.
     """
 
-    def __init__(self, config: ModelConfig, cross_attention: bool = False):
+    def __init__(self, config: ModelConfig, cross_attention: bool = False, layer: int = 0):
         super().__init__()
         self.n_heads, self.head_dim = config.n_heads, config.head_dim
         self.dropout = config.dropout
@@ -188,7 +191,8 @@ class MultiHeadAttention(nn.Module):
         self.to_keys_values = nn.Linear(config.d_model, 2 * config.d_model, bias=config.bias)
         self.to_output = nn.Linear(config.d_model, config.d_model, bias=config.bias)
         self.positions = AttentionPositions() if cross_attention else attention_positions(config)
-        self.core = FullAttention.from_config(config) if cross_attention else CORES[config.attention](config)
+        # the core of block `layer`: config.attention, or its slot of config.layer_pattern
+        self.core = FullAttention.from_config(config) if cross_attention else CORES[config.attention_of(layer)](config)
 
     def split_heads(self, x: Tensor) -> Tensor:
         batch, time, _ = x.shape

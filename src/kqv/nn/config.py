@@ -19,7 +19,7 @@ from ..validation import Config, check_positive
 Position = Literal["sinusoidal", "learned", "relative", "rope", "alibi", "none"]
 Norm = Literal["layernorm", "rmsnorm"]
 Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"]
-AttentionKind = Literal["full", "linformer", "bigbird"]
+AttentionKind = Literal["full", "linformer", "bigbird", "local", "memory_compressed"]
 Blockwise = Literal["auto", "always", "never"]
 LinformerSharing = Literal["none", "headwise", "key_value", "layerwise"]
 FeedForwardKind = Literal["dense", "switch", "moe"]
@@ -34,7 +34,10 @@ class ModelConfig(Config):
     `norm_first=True` is pre-LN (GPT-2 and later); `False` is post-LN as in Vaswani et al. 2017 and BERT.
 
     `attention` picks the self-attention core: "full" is exact softmax attention over every key; "linformer"
-    (Wang et al. 2020) and "bigbird" (Zaheer et al. 2020) are the cheaper approximations of docs/long-inputs.md.
+    (Wang et al. 2020) and "bigbird" (Zaheer et al. 2020) are the cheaper approximations of docs/long-inputs.md;
+    "local" (blocks of `local_block` tokens) and "memory_compressed" (keys and values shortened `compression`-fold)
+    are the two layers of Liu et al. 2018's Transformer-DMCA (`kqv.nn.dmca`). `layer_pattern`, a comma-separated
+    list of attention kinds, overrides `attention` per layer, cycling: "local,memory_compressed" is DMCA's.
     Cross-attention is always full. `blockwise` decides when full attention runs through `kqv.nn.blockwise`'s exact
     O(n)-memory path: "auto" when a position bias or padding would otherwise build a large n x n matrix.
 
@@ -75,6 +78,9 @@ class ModelConfig(Config):
     bigbird_global: int = 1  # leading blocks that attend to and are attended by everything
     bigbird_random: int = 2  # random key blocks per query block
     bigbird_seed: int = 0
+    local_block: int = 64  # tokens per block of local attention (must divide max_len)
+    compression: int = 3  # memory-compressed attention: kernel and stride of the key/value compression
+    layer_pattern: str | None = None  # e.g. "local,memory_compressed": attention kinds cycled over the layers
     ffn: FeedForwardKind = "dense"
     n_experts: int = 8
     top_k: int | None = None  # experts per token: None = 1 for "switch", 2 for "moe"
@@ -134,15 +140,43 @@ class ModelConfig(Config):
         for name in ("bigbird_window", "bigbird_global", "bigbird_random"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.attention == "full":
-            return
+        check_positive("local_block", self.local_block)
+        if self.compression < 2:
+            raise ConfigError(f"compression must be at least 2 (3 in Liu et al. 2018): it is how many keys become "
+                              f"one, got {self.compression}")
+        kinds = set(self.layer_attention_kinds())
+        if "local" in kinds and self.max_len % self.local_block:
+            fits = _divisors(self.max_len)
+            raise ConfigError(f"local_block ({self.local_block}) must divide max_len ({self.max_len}) so that a "
+                              f"full-length input is whole blocks; choose one of {fits} or change max_len")
+        for kind in sorted(kinds - {"full"}):
+            self._check_sparse_attention(kind)
+
+    def layer_attention_kinds(self) -> list[str]:
+        """The attention kind of each distinct slot of `layer_pattern` (or [attention])."""
+        if self.layer_pattern is None:
+            return [self.attention]
+        kinds = [kind.strip() for kind in self.layer_pattern.split(",")]
+        valid = list(AttentionKind.__args__)
+        unknown = [kind for kind in kinds if kind not in valid]
+        if unknown or not kinds:
+            raise ConfigError(f"layer_pattern {self.layer_pattern!r} has unknown attention kind(s) {unknown}: give "
+                              f"a comma-separated list of {valid}, e.g. 'local,memory_compressed'")
+        return kinds
+
+    def attention_of(self, layer: int) -> str:
+        """The self-attention kind of block `layer` (0-based): `layer_pattern` cycled, or `attention`."""
+        kinds = self.layer_attention_kinds()
+        return kinds[layer % len(kinds)]
+
+    def _check_sparse_attention(self, kind: str) -> None:
         if self.position in ("relative", "alibi"):
             raise ConfigError(
-                f"attention={self.attention!r} cannot take position={self.position!r}: it adds a bias to every "
-                f"(query, key) pair, and {self.attention} never scores all pairs. Use position='rope', "
+                f"attention={kind!r} cannot take position={self.position!r}: it adds a bias to every "
+                f"(query, key) pair, and {kind} never scores all pairs. Use position='rope', "
                 f"'sinusoidal', 'learned' or 'none', or attention='full', whose blockwise path handles "
                 f"relative and alibi at any length")
-        if self.attention == "linformer" and self.linformer_k > self.max_len:
+        if kind == "linformer" and self.linformer_k > self.max_len:
             raise ConfigError(f"linformer_k ({self.linformer_k}) must be at most max_len ({self.max_len}): "
                               f"Linformer projects max_len positions down to linformer_k")
 

@@ -102,7 +102,7 @@ class EncoderBlock(nn.Module):
 
     def __init__(self, config: ModelConfig, layer: int = 0):
         super().__init__()
-        self.self_attention = MultiHeadAttention(config)
+        self.self_attention = MultiHeadAttention(config, layer=layer)
         self.feed_forward = make_feed_forward(config, layer)
         self.self_attention_residual = Residual(config)
         self.feed_forward_residual = Residual(config)
@@ -120,7 +120,7 @@ class DecoderBlock(nn.Module):
 
     def __init__(self, config: ModelConfig, cross_attention: bool = False, layer: int = 0):
         super().__init__()
-        self.self_attention = MultiHeadAttention(config)
+        self.self_attention = MultiHeadAttention(config, layer=layer)
         self.self_attention_residual = Residual(config)
         self.cross_attention = MultiHeadAttention(config, cross_attention=True) if cross_attention else None
         self.cross_attention_residual = Residual(config) if cross_attention else None
