@@ -15,6 +15,9 @@ Precisions:
   does on every call; HF: `.to(torch.bfloat16)`), so the copy is not timed for either; reported is each
   one's agreement with the fp32 tokens (the fraction of new tokens equal to fp32 greedy's, position by position).
   Without native bf16 matmul (AVX512-BF16 or AMX) this path is slow on a CPU; it is measured anyway.
+* int8: kqv's `generate(dtype=torch.qint8)` path (every `nn.Linear` quantised by torch's dynamic quantisation,
+  copied once, untimed) against HF in fp32: GPT-2's projections are `Conv1D` modules, which torch's dynamic
+  quantisation does not cover, so HF has no int8 counterpart here (`hf_precision` says so in the JSON).
 
     python benchmarks/generation_speed.py              # full run, writes benchmarks/results/generation_speed.json
     python benchmarks/generation_speed.py --quick      # tiny model, seconds: a smoke test (writes nothing unless
@@ -106,6 +109,7 @@ def run_case(kqv: nn.Module, hf: nn.Module, ids: Tensor, new: int, precision: st
             times[name].append(seconds)
     tokens = ids.shape[0] * new
     row = {"batch": ids.shape[0], "precision": precision, "new_tokens": new,
+           "hf_precision": "fp32" if precision == "int8" else precision,
            "kqv_tokens_per_s": tokens / statistics.median(times["kqv"]),
            "hf_tokens_per_s": tokens / statistics.median(times["hf"]),
            "kqv_over_hf_paired": statistics.median(h / k for k, h in zip(times["kqv"], times["hf"])),
@@ -127,6 +131,8 @@ def print_table(rows: list[dict]) -> None:
     for row in rows:
         if row["precision"] == "fp32":
             check = "identical" if row["kqv_hf_identical"] else f"DIFFER ({row['kqv_hf_agreement']:.1%} agree)"
+        elif row["hf_precision"] == "fp32":
+            check = f"vs fp32 {row['kqv_agreement_with_fp32']:.1%} (HF in fp32)"
         else:
             check = f"vs fp32 {row['kqv_agreement_with_fp32']:.1%} / HF {row['hf_agreement_with_fp32']:.1%}"
         print(f"{row['batch']:5d} {row['precision']:5s} {row['kqv_tokens_per_s']:10,.1f} "
@@ -145,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny model, few tokens: a smoke test")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds per case (default 5; quick 2)")
     parser.add_argument("--batches", default="1,8", help="comma-separated batch sizes (default 1,8)")
-    parser.add_argument("--precision", choices=["fp32", "both"], default="both",
-                        help="fp32 only, or fp32 and bf16 (default)")
+    parser.add_argument("--precision", choices=["fp32", "all"], default="all",
+                        help="fp32 only, or fp32, bf16 and int8 (default)")
     parser.add_argument("--new-tokens", type=int, default=None, help="new tokens per sequence (default 256)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     parser.add_argument("--seed", type=int, default=0)
@@ -166,8 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.set_verbosity_error()
 
     kqv, hf = build_models(s, args.seed)
-    precisions = ["fp32", "bf16"] if args.precision == "both" else ["fp32"]
-    models = {"fp32": (kqv, hf), "bf16": (in_dtype(kqv, torch.bfloat16), copy.deepcopy(hf).to(torch.bfloat16))}
+    precisions = ["fp32", "bf16", "int8"] if args.precision == "all" else ["fp32"]
+    models = {"fp32": (kqv, hf), "bf16": (in_dtype(kqv, torch.bfloat16), copy.deepcopy(hf).to(torch.bfloat16)),
+              "int8": (in_dtype(kqv, torch.qint8), hf)}
     load_start = os.getloadavg()
     print(f"shape {asdict(s)}; {rounds} interleaved rounds per case; threads {torch.get_num_threads()}; "
           f"load average {load_start[0]:.2f}; torch {torch.__version__}", flush=True)

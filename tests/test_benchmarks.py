@@ -34,8 +34,9 @@ def test_generation_speed_compares_kqv_and_hugging_face_on_the_same_weights(tmp_
     assert result.returncode == 0, result.stdout + result.stderr
     data = json.loads(output.read_text())
     assert data["benchmark"] == "generation_speed" and data["quick"] and data["threads"] == 1
-    assert [(row["batch"], row["precision"]) for row in data["rows"]] == [(1, "fp32"), (1, "bf16"), (2, "fp32"),
-                                                                         (2, "bf16")]
+    assert [(row["batch"], row["precision"], row["hf_precision"]) for row in data["rows"]] == [
+        (batch, precision, hf_precision) for batch in (1, 2)
+        for precision, hf_precision in (("fp32", "fp32"), ("bf16", "bf16"), ("int8", "fp32"))]
     for row in data["rows"]:
         assert row["kqv_tokens_per_s"] > 0 and row["hf_tokens_per_s"] > 0
         assert row["kqv_over_hf"] == pytest.approx(row["kqv_tokens_per_s"] / row["hf_tokens_per_s"])

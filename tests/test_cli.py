@@ -76,9 +76,10 @@ def test_generate_continues_the_prompt(run, capsys):
     assert out.startswith("To be") and len(out.rstrip("\n")) == len("To be") + 5
 
 
-def test_generate_in_bf16_continues_the_prompt(run, capsys):
+@pytest.mark.parametrize("dtype", ["bf16", "int8"])
+def test_generate_in_lower_precision_continues_the_prompt(run, capsys, dtype):
     assert main(["generate", str(run), "--prompt", "To be", "--max-new-tokens", "5", "--temperature", "0",
-                 "--dtype", "bf16"]) == 0
+                 "--dtype", dtype]) == 0
     out = capsys.readouterr().out
     assert out.startswith("To be") and len(out.rstrip("\n")) == len("To be") + 5
 

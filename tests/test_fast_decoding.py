@@ -111,7 +111,10 @@ LEAN_VARIANTS = {
 
 @pytest.mark.parametrize("changes", LEAN_VARIANTS.values(), ids=LEAN_VARIANTS.keys())
 def test_the_lean_decoding_step_gives_the_general_paths_logits_bit_for_bit(changes):
-    model = DecoderLM(tiny_config(**changes)).eval()
+    assert_lean_step_is_the_general_path(DecoderLM(tiny_config(**changes)).eval())
+
+
+def assert_lean_step_is_the_general_path(model):
     assert DecodeStep.supports(model)
     ids = torch.randint(1, 37, (3, 12))
     mask = torch.ones_like(ids)
@@ -152,3 +155,19 @@ def test_generate_returns_an_ordinary_tensor_the_caller_may_change_in_place():
     assert not out.is_inference()
     out[:, 0] = 1  # an inference-mode tensor would refuse this outside inference mode
     assert (out[:, 0] == 1).all()
+
+
+def test_the_int8_path_quantises_a_copys_linear_layers_and_stays_close_to_fp32():
+    model = DecoderLM(tiny_config(position="rope")).eval()
+    before = {name: p.clone() for name, p in model.state_dict().items()}
+    quantised = in_dtype(model, torch.qint8)
+    assert not any(isinstance(m, torch.nn.Linear) for m in quantised.modules())  # every projection is int8
+    ids = torch.randint(0, 37, (2, 6))
+    with torch.no_grad():
+        expected, actual = model(ids), quantised(ids)
+    assert (actual - expected).abs().max() < 0.1 * expected.abs().max()
+    assert DecodeStep.supports(quantised)
+    out = model.generate(ids, 5, temperature=0, dtype=torch.qint8)
+    assert out.shape == (2, 11) and torch.equal(out[:, :6], ids)
+    assert_lean_step_is_the_general_path(quantised)
+    assert all(torch.equal(before[name], p) for name, p in model.state_dict().items())

@@ -33,7 +33,10 @@ def norm_function(norm: nn.Module):
     return norm
 
 
-def linear(layer: nn.Linear):
+def linear(layer: nn.Module):
+    """The functional form of an nn.Linear; any other projection (an int8 one from `in_dtype`) is called as is."""
+    if type(layer) is not nn.Linear:
+        return layer
     return lambda x: F.linear(x, layer.weight, layer.bias)
 
 
