@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+TRAINED_LM = Path(__file__).resolve().parent / "data" / "runs-0.1" / "lm"
 BENCHMARKS = sorted((Path(__file__).resolve().parent.parent / "benchmarks").glob("*.py"))
 
 
@@ -30,7 +31,8 @@ def test_generation_speed_compares_kqv_and_hugging_face_on_the_same_weights(tmp_
     output = tmp_path / "generation_speed.json"
     script = BENCHMARKS[0].parent / "generation_speed.py"
     result = subprocess.run([sys.executable, str(script), "--quick", "--rounds", "1", "--batches", "1,2",
-                             "--threads", "1", "--output", str(output)], capture_output=True, text=True, timeout=300)
+                             "--threads", "1", "--output", str(output), "--run", str(TRAINED_LM)],
+                            capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     data = json.loads(output.read_text())
     assert data["benchmark"] == "generation_speed" and data["quick"] and data["threads"] == 1
@@ -46,3 +48,8 @@ def test_generation_speed_compares_kqv_and_hugging_face_on_the_same_weights(tmp_
         else:
             assert 0 <= row["kqv_agreement_with_fp32"] <= 1 and 0 <= row["hf_agreement_with_fp32"] <= 1
     assert "kqv/HF" in result.stdout and "identical" in result.stdout
+    trained = data["trained"]  # a (tiny) trained LM's low-precision greedy tokens against its fp32 ones
+    assert trained["prompts"] == 8 and trained["parameters"] > 0
+    for precision in ("bf16", "int8"):
+        assert 0 <= trained[precision]["agreement_with_fp32"] <= 1
+        assert 0 <= trained[precision]["identical_continuations"] <= 8
