@@ -295,3 +295,22 @@ def test_routing_record_is_what_the_layer_used():
     layer(torch.randn(1, 5, 32))
     assert isinstance(layer.stats, Routing) and layer.stats.experts.shape == (5, 2)
     assert (layer.stats.experts[:, 0] != layer.stats.experts[:, 1]).all()
+
+
+def test_the_trainer_logs_the_routing_of_every_expert_layer(tmp_path):
+    from kqv.train.config import TrainConfig
+    from kqv.train.metrics import read_metrics
+    from kqv.train.trainer import Trainer
+
+    model = DecoderLM(tiny_config(ffn="switch", n_experts=2))
+    config = TrainConfig(steps=4, batch_size=2, warmup_steps=1, precision="fp32", log_every=2, eval_every=4,
+                         checkpoint_every=4)
+    ids = torch.randint(0, 37, (2, 12))
+    Trainer(model, config, tmp_path, train_batches=lambda i: (ids, ids), loss_fn=lambda m, b: m(*b),
+            quiet=True).train()
+    logged = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "train_loss" in r]
+    assert [r["step"] for r in logged] == [2, 4]
+    for record in logged:
+        assert len(record["expert_load"]) == 2  # one per layer, each a split of the batch's tokens
+        assert all(math.isclose(sum(load), 1.0, abs_tol=1e-4) for load in record["expert_load"])
+        assert 0.0 <= record["dropped_fraction"] <= 1.0 and record["aux_loss"] > 0

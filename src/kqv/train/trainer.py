@@ -26,7 +26,9 @@ function is the same for one or N processes and the result equals one process up
 receives the wrapped model and must call it (its `forward`) for gradients to be synchronised. Only rank 0
 writes files and shows progress.
 
-Files in `run_dir`: `metrics.jsonl` (one JSON object per log or evaluation step), `loss.png`, and
+Files in `run_dir`: `metrics.jsonl` (one JSON object per log or evaluation step; with mixture-of-experts layers a
+log record also holds `aux_loss`, `dropped_fraction` and each layer's `expert_load` of the last training batch),
+`loss.png`, and
 `checkpoint/` holding `model.safetensors`, `optimizer.pt` (loaded with `weights_only=True`), `rng.safetensors`
 (torch generator state of every rank) and `state.json` (step, config, generator states of `random` and numpy,
 `extra_state`, SHA-256 of the other files).
@@ -52,6 +54,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from ..errors import ConfigError, RunError
+from ..nn.experts import routing_metrics
 from .checkpoints import (CHECKPOINT_DIR, FORMAT, OPTIMIZER_FILE, RNG_FILE, STATE_FILE, Checkpoint, load_weights,
                           read_checkpoint, rng_from_json, rng_state, rng_to_json, run_files, seed_everything,
                           set_rng_state, write_atomically, write_checkpoint)
@@ -237,6 +240,7 @@ class Trainer:
         if (self.step % cfg.log_every == 0 or last) and window.steps:
             record.update(train_loss=window.mean_loss(), lr=lr, tokens_per_s=window.tokens_per_s(),
                           grad_norm=grad_norm, bad_steps=self.bad_steps)
+            record.update(routing_metrics(self.model))  # experts: aux loss, dropped fraction, per-expert load
             bar.set_postfix(loss=f"{record['train_loss']:.4f}", lr=f"{lr:.2e}",
                             **({"tok/s": f"{record['tokens_per_s']:,.0f}"} if record["tokens_per_s"] else {}))
             window.reset()

@@ -1,0 +1,119 @@
+#!/usr/bin/env python
+"""A Transformer-DMCA-style long-context result on Shakespeare (character level), after Liu et al. 2018's table
+(Transformer-D L=4000: 2.22 -> DMCA L=11000: 2.05 -> DMCA + MoE: 1.93 test perplexity on WikiSum).
+
+Four arms of the lm job (`kqv.jobs.lm`), the same small decoder (d_model 128, 4 layers, 4 heads, RoPE), the same
+number of updates and the same tokens per update (batch x context = 2,048), fp32:
+
+* full          full attention at context 128 (batch 16): the context it can afford;
+* full+switch   the same with a Switch feed-forward (4 experts) in every other block;
+* dmca          layer_pattern "local,memory_compressed" at a 4x longer context, 512 (batch 4): local blocks of
+                64 tokens, keys and values compressed 3-fold;
+* dmca+switch   the same with the Switch feed-forward.
+
+Reported per arm: validation loss (nats/character) and perplexity on 200,000 held-out characters, each model
+scored at its own context (the lm job's `kqv.train.evaluation.perplexity`: every token once, in non-overlapping
+blocks of its context, so a token has on average half the context before it),
+update throughput (tokens/s: load-dependent on a shared machine) and peak resident memory (each arm runs in its
+own process). Loss after a fixed number of updates does not depend on load.
+
+    OMP_NUM_THREADS=1 python benchmarks/dmca_lm.py                 # 4 arms x 600 updates, ~4 minutes an arm
+    OMP_NUM_THREADS=1 python benchmarks/dmca_lm.py --steps 30     # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import resources
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "dmca_lm.json"
+TOKENS_PER_UPDATE = 2048
+SEED_TABLE = {"Transformer-D, L=4000": 2.22, "Transformer-DMCA, L=11000": 2.05, "Transformer-DMCA + MoE-256": 1.93}
+ARMS = {
+    "full": dict(context=128, model={}),
+    "full+switch": dict(context=128, model={"ffn": "switch", "n_experts": 4, "moe_every": 2}),
+    "dmca": dict(context=512, model={"layer_pattern": "local,memory_compressed", "local_block": 64,
+                                     "compression": 3}),
+    "dmca+switch": dict(context=512, model={"layer_pattern": "local,memory_compressed", "local_block": 64,
+                                            "compression": 3, "ffn": "switch", "n_experts": 4, "moe_every": 2}),
+}
+
+
+def overrides(arm: str, steps: int) -> list[str]:
+    spec = ARMS[arm]
+    model = {"d_model": 128, "n_heads": 4, "n_layers": 4, "d_ff": 512, "dropout": 0.0, "position": "rope",
+             **spec["model"]}
+    values = {f"model.{k}": v for k, v in model.items()}
+    values.update({"data.context": spec["context"], "train.batch_size": TOKENS_PER_UPDATE // spec["context"],
+                   "train.steps": steps, "train.warmup_steps": max(1, steps // 10), "train.lr": 2e-3,
+                   "train.precision": "fp32", "train.eval_every": steps, "train.eval_batches": 4,
+                   "train.checkpoint_every": steps, "train.log_every": max(1, steps // 5),
+                   "sample.count": 1, "sample.max_new_tokens": 20})
+    return [f"{k}={json.dumps(v)}" for k, v in values.items()]
+
+
+def worker(arm: str, steps: int) -> dict:
+    """Train one arm in a temporary run directory and score it; runs in its own process."""
+    import torch
+
+    from kqv.jobs.lm import JOB
+
+    torch.manual_seed(0)
+    config = JOB.load_config(Path(str(resources.files("kqv") / "configs" / "lm-quick.toml")), overrides(arm, steps))
+    with tempfile.TemporaryDirectory() as run_dir:
+        summary = JOB.train(config, run_dir, quiet=True)
+    val = summary["val"]
+    return {"arm": arm, "context": config.data.context, "batch_size": config.train.batch_size, "steps": steps,
+            "parameters": summary["parameters"], "val_loss": val["loss"], "val_perplexity": val["perplexity"],
+            "val_tokens": val["tokens"], "train_seconds": summary["train_seconds"],
+            "tokens_per_s": steps * TOKENS_PER_UPDATE / max(summary["train_seconds"], 1e-9),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def print_table(results: list[dict]) -> None:
+    print(f"\n{'arm':<14}{'context':>8}{'val loss':>10}{'ppl':>8}{'tok/s':>9}{'peak MB':>9}")
+    for r in results:
+        print(f"{r['arm']:<14}{r['context']:>8}{r['val_loss']:>10.4f}{r['val_perplexity']:>8.3f}"
+              f"{r['tokens_per_s']:>9.0f}{r['peak_rss_mb']:>9.0f}")
+    print("\nLiu et al. 2018 (WikiSum, test perplexity): " +
+          ", ".join(f"{name} {value}" for name, value in SEED_TABLE.items()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.steps)))
+        return
+    results, start = [], time.perf_counter()
+    for arm in args.arms:
+        done = subprocess.run([sys.executable, __file__, "--worker", arm, "--steps", str(args.steps)], capture_output=True, text=True, check=False)
+        if done.returncode:
+            raise SystemExit(f"arm {arm} failed:\n{done.stderr[-3000:]}")
+        results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        print(f"{arm}: val loss {results[-1]['val_loss']:.4f} ({time.perf_counter() - start:.0f} s)", flush=True)
+    print_table(results)
+    report = {"command": "OMP_NUM_THREADS=1 python benchmarks/dmca_lm.py " + " ".join(sys.argv[1:]),
+              "setup": {"tokens_per_update": TOKENS_PER_UPDATE, "precision": "fp32", "d_model": 128, "n_layers": 4,
+                        "corpus": "Shakespeare, character level (kqv.data.shakespeare)",
+                        "note": "tokens/s on a shared (loaded) machine: an upper bound on time, not a speed claim"},
+              "seed_table": SEED_TABLE, "results": results}
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
