@@ -340,3 +340,16 @@ def test_unsupported_figures_are_found():
     record = {"results": {"loss": [2.0, 2.2]}, "checks": [{"figure": "gap +0.218"}]}
     assert _unsupported("loss 2.100 ± 0.141, gap +0.218, 2.1", record) == []
     assert _unsupported("loss 2.150 and 0.3", record) == ["2.150", "0.3"]
+
+
+def test_long_attention_memory_check_needs_a_measured_full_attention_peak():
+    """A peak that rounds to nothing cannot show that a cheaper core saves memory: the check fails, never passes."""
+    from kqv.experiments import long_attention
+
+    results = {"methods": ["full", "linformer"], "stages": [[128, 10]], "measure_lengths": [4096],
+               "accuracy": {"full": [[1.0]], "linformer": [[0.2]]}, "seconds": {"full": [1.0], "linformer": [0.5]},
+               "peak_mb": {"full": [0.0], "linformer": [0.0]}}
+    memory = lambda: next(c for c in long_attention.checks(results) if "memory" in c.what)
+    assert not memory().holds
+    results["peak_mb"] = {"full": [60.0], "linformer": [20.0]}
+    assert memory().holds and "0.33x" in memory().figure

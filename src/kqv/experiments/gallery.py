@@ -79,4 +79,9 @@ def gallery(directory: str | Path, page: str | Path) -> str:
     for name in found:
         title = f"`{name}`: {load_record(directory / name)['verdict']}"
         contents.append(f"- [{title}](#{anchor(title)})")
+    out = Path(os.path.relpath(directory, page_dir.parent)).as_posix()  # as typed from the page's parent directory
+    missing = [f"`{name}` (`kqv experiment run {name} --out {out}`)" for name in names()
+               if name not in found]
+    if missing:
+        contents.append(f"- Not yet run at full size here: {', '.join(missing)}.")
     return "\n\n".join([INTRO.strip(), "\n".join(contents)] + [section(directory / n, page_dir) for n in found]) + "\n"
