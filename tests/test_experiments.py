@@ -243,6 +243,17 @@ def test_compute_frontier_is_the_lowest_curve_at_each_compute():
     assert list(edge.values()) == pytest.approx([3.0, 2.0, 1.5, 1.0])
 
 
+def test_compute_frontier_keeps_a_finished_curve_s_final_loss():
+    """A small model that finished at less compute still bounds the frontier beyond its end: more compute can
+    always buy the same loss, so the frontier never rises."""
+    from kqv.experiments.scaling_laws import frontier
+
+    small = [(1e9, 3.0), (1e10, 2.0)]
+    large = [(1e9, 3.5), (1e10, 3.0), (1e11, 2.5), (1e12, 1.5)]
+    edge = dict(frontier([small, large], points=4))
+    assert list(edge.values()) == pytest.approx([3.0, 2.0, 2.0, 1.5])
+
+
 def test_glu_rows_keep_the_feed_forward_parameter_count():
     from kqv.experiments.modifications import FULL, arms
 

@@ -93,13 +93,14 @@ def fit_power_law(x: list[float], loss: list[float]) -> dict:
 
 def frontier(curves: list[list[tuple[float, float]]], points: int = 12) -> list[tuple[float, float]]:
     """The lowest loss any curve [(compute, loss)] reaches at each of `points` log-spaced computes (log-linear
-    interpolation within each curve's own range)."""
+    interpolation within each curve's own range). A curve that ended at less compute counts with its final loss:
+    that budget could have trained it, so the frontier never rises with compute."""
     low = min(c[0][0] for c in curves)
     high = max(c[-1][0] for c in curves)
     found = []
     for compute in np.geomspace(low, high, points):
         values = [float(np.interp(np.log(compute), np.log([p[0] for p in c]), [p[1] for p in c]))
-                  for c in curves if c[0][0] <= compute <= c[-1][0]]
+                  for c in curves if c[0][0] <= compute]  # np.interp holds the last value
         if values:
             found.append((float(compute), min(values)))
     return found
