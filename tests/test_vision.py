@@ -167,6 +167,7 @@ def test_kqv_train_vit_writes_a_run_whose_eval_prints_its_test_accuracy(tmp_path
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 30 and summary["baseline"] == "conv" and summary["test_images"] == 270
     assert 0.0 <= summary["test_accuracy"] <= 1.0 and 0.0 <= summary["baseline_test_accuracy"] <= 1.0
+    assert 0.0 <= summary["baseline_test_accuracy_same_steps"] <= 1.0 and summary["baseline_steps"] >= 1
     assert isinstance(load_run(run).model, ViT)
     capsys.readouterr()
     main(["eval", str(run), "--json"])
@@ -193,3 +194,20 @@ def test_a_vit_config_without_training_images_is_a_clear_error(tmp_path):
     job = get_job("vit")
     with pytest.raises(ConfigError, match=r"must be in \(0, 1\) and leave some training images"):
         job.load_config("configs/vit-quick.toml", ["data.val_fraction=0.6", "data.test_fraction=0.5"])
+
+
+@pytest.mark.parametrize("seconds, updates", [(5.5, 6), (1.5, 2)])
+def test_the_baseline_trains_for_the_vit_s_time_and_reports_the_same_steps_too(monkeypatch, seconds, updates):
+    """On a clock where every update takes one second, a budget of 5.5 s buys 6 updates (more than the ViT's 3) and
+    1.5 s buys 2 (fewer: training goes on to the ViT's 3 for the same-steps accuracy)."""
+    import itertools
+
+    from kqv.jobs import vit
+
+    config = vit.VitRunConfig.from_dict({"train": {"steps": 3, "batch_size": 8}})
+    digits = vit.Digits.load(config.data, seed=0)
+    clock = itertools.count()
+    monkeypatch.setattr(vit.time, "perf_counter", lambda: float(next(clock)))
+    result = vit.train_baseline("mlp", config, digits, seconds)
+    assert result["baseline_steps"] == updates and result["baseline_seconds"] == float(updates)
+    assert 0.0 <= result["baseline_test_accuracy"] <= 1.0 and 0.0 <= result["baseline_test_accuracy_same_steps"] <= 1.0
