@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load as load_file_bytes
 
 from kqv.train.checkpoints import MODEL_FILE, load_weights, read_checkpoint
 from kqv.train.lock import RunDirectoryBusy, check_run_lock, hold_run_lock
@@ -117,3 +118,89 @@ def test_a_reader_during_training_always_sees_a_complete_checkpoint(tmp_path):
     finally:
         process.kill()
         process.wait()
+
+
+REWRITE_FOREVER = textwrap.dedent("""
+    import sys, torch
+    from pathlib import Path
+    from kqv.train.checkpoints import FORMAT, write_checkpoint
+    from kqv.train.config import TrainConfig
+    torch.set_num_threads(1)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    config = TrainConfig(steps=1, batch_size=1).to_dict()
+    print("writing", flush=True)
+    for i in range(1, 1_000_000):  # checkpoint i: every weight, the optimizer's lr and the rng tensor equal i
+        with torch.no_grad():
+            for p in model.parameters():
+                p.fill_(i)
+        optimizer.param_groups[0]["lr"] = float(i)
+        state = {"format": FORMAT, "step": i, "config": config, "extra_state": {}}
+        write_checkpoint(Path(sys.argv[1]), model, optimizer, state, {"rank0": torch.full((4,), i)})
+""")
+
+
+def test_checkpoints_rewritten_in_a_loop_are_never_read_torn(tmp_path):
+    """A writer process swaps in checkpoint after checkpoint as fast as it can; a reader loading them all the
+    while gets, every time, files whose SHA-256 (computed here) matches the one recorded in state.json, and all
+    of them from one checkpoint (weights, optimizer and generator state all carry the same step), or a clean
+    retry (read_checkpoint's own, or its error asking to try again)."""
+    process = start(REWRITE_FOREVER, str(tmp_path / "run"))
+    loads, retries, steps = 0, 0, set()
+    try:
+        assert process.stdout.readline().strip() == "writing"
+        while not (tmp_path / "run" / "checkpoint").exists():
+            time.sleep(0.01)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                checkpoint = read_checkpoint(tmp_path / "run")
+            except RuntimeError as error:  # replaced 20 times while being read: try again, as it says
+                assert "try again" in str(error)
+                retries += 1
+                continue
+            for name, digest in checkpoint.state["files"].items():
+                assert hashlib.sha256(checkpoint.open(name).read()).hexdigest() == digest
+            load_weights(model, checkpoint)
+            step = checkpoint.step
+            assert all(torch.equal(p, torch.full_like(p, step)) for p in model.parameters())
+            optimizer = torch.load(checkpoint.open("optimizer.pt"), weights_only=True)
+            assert optimizer["param_groups"][0]["lr"] == step
+            assert torch.equal(load_file_bytes(checkpoint.open("rng.safetensors").read())["rank0"],
+                               torch.full((4,), step))
+            checkpoint.close()
+            loads, steps = loads + 1, steps | {step}
+        assert process.poll() is None, "the writer died"
+    finally:
+        process.kill()
+        process.wait()
+    assert loads >= 20 and len(steps) >= 10, f"{loads} loads ({retries} retries) saw only steps {sorted(steps)}"
+
+
+@pytest.mark.parametrize("flag", ["--overwrite", "--resume"])
+def test_kqv_train_under_a_running_writer_is_refused_before_it_writes_anything(tmp_path, capsys, flag):
+    """The job holds the lock from its first write (run.toml, tokenizer, data come before the Trainer): a second
+    `kqv train` gets `kqv: error:` naming the holder, exit status 2, and the run directory is untouched."""
+    from kqv.cli.main import main
+
+    run = tmp_path / "run"
+    trainer(run, config(steps=2)).train()
+    (run / "run.toml").write_text("task = 'lm'\n")  # what the job would rewrite first
+    (run / "tokens.safetensors").write_bytes(b"the running writer's data")
+    before = snapshot(run)
+    process = start(HOLD, str(run))
+    try:
+        assert process.stdout.readline().strip() == "locked"
+        text = tmp_path / "text.txt"
+        text.write_text("to be, or not to be, that is the question\n" * 50)
+        status = main(["train", "lm", "--config", "quick", "--data", str(text), "--out", str(run), "--quiet",
+                       "--set", "train.steps=3", flag])
+    finally:
+        process.kill()
+        process.wait()
+    error = capsys.readouterr().err
+    assert status == 2 and error.startswith("kqv: error: ") and f"pid {process.pid} " in error
+    assert "Traceback" not in error
+    after = snapshot(run)
+    assert {k: v for k, v in after.items() if k != ".lock"} == {k: v for k, v in before.items() if k != ".lock"}

@@ -15,6 +15,7 @@ change anywhere else:
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import pkgutil
@@ -30,7 +31,8 @@ from ..data.tokenizers import load_tokenizer
 from ..errors import ConfigError
 from ..nn.config import ModelConfig
 from ..nn.models import count_parameters
-from ..train.checkpoints import load_weights, read_checkpoint
+from ..train.checkpoints import has_checkpoint, load_weights, read_checkpoint
+from ..train.lock import hold_run_lock
 from ..train.runs import (TOKENIZER_DIR, RunConfig, read_config_values, read_run, run_task, write_run_config,
                           write_summary)
 from ..train.trainer import Trainer
@@ -100,6 +102,8 @@ class Job:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        if "train" in cls.__dict__:
+            cls.train = _holding_run_lock(cls.__dict__["train"])
         if "name" in cls.__dict__:
             _REGISTRY[cls.name] = cls()
 
@@ -162,10 +166,14 @@ class Job:
         return summary
 
     @staticmethod
-    def check_resumable(run_dir: Path, resume: bool) -> None:
-        """A clear error before any work when there is nothing to resume."""
-        if resume:
-            read_checkpoint(run_dir)
+    def check_resumable(run_dir: Path, resume: bool) -> bool:
+        """Whether there is a checkpoint to resume (then the run's tokenizer and data are complete: they are written
+        before the first checkpoint). A corrupt checkpoint is a clear error before any work; with none yet (a run
+        stopped before its first checkpoint) resuming trains from step 0, as the Trainer then says."""
+        if resume and has_checkpoint(run_dir):
+            read_checkpoint(run_dir).close()
+            return True
+        return False
 
     # -- using a trained run ---------------------------------------------------------------------------------
 
@@ -198,6 +206,19 @@ def report(line: str, result: dict[str, Any], as_json: bool) -> None:
     print(line)
     if as_json:
         print(json.dumps(result))
+
+
+def _holding_run_lock(train: Any) -> Any:
+    """A job's `train`, holding the run directory's writer lock (`kqv.train.lock`) for its whole body: run.toml,
+    the tokenizer and the encoded data are written before the Trainer exists, and a second writer must not
+    replace them under a running one."""
+
+    @functools.wraps(train)
+    def locked(self: Job, config: RunConfig, run_dir: str | Path, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        with hold_run_lock(run_dir):
+            return train(self, config, run_dir, *args, **kwargs)
+
+    return locked
 
 
 _REGISTRY: dict[str, Job] = {}

@@ -9,6 +9,7 @@ is exact and quick), `checkpoint/`, `metrics.jsonl`, `loss.png`, `samples.txt` a
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -66,6 +67,9 @@ class LMRunConfig(RunConfig):
     data: DataConfig = field(default_factory=DataConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
 
+    def check(self) -> None:
+        self.model_config(vocab_size=1)  # a bad [model] option fails here, before the run directory is touched
+
     def model_config(self, vocab_size: int) -> ModelConfig:
         return ModelConfig.from_dict({"max_len": self.data.context, **self.model, "vocab_size": vocab_size})
 
@@ -83,7 +87,8 @@ def prepare_corpus(job: Job, data: Any, run_dir: Path, reuse: bool) -> tuple[Any
               "chars": torch.tensor([len(train_text), len(val_text)])}
     run_dir.mkdir(parents=True, exist_ok=True)
     tokenizer.save(run_dir / TOKENIZER_DIR)
-    save_file(tokens, run_dir / TOKENS_FILE)
+    save_file(tokens, run_dir / (TOKENS_FILE + ".tmp"))  # then renamed: present means complete, tokenizer too
+    os.replace(run_dir / (TOKENS_FILE + ".tmp"), run_dir / TOKENS_FILE)
     return tokenizer, tokens
 
 
@@ -148,8 +153,8 @@ class LMJob(Job):
               quiet: bool = False) -> dict[str, Any]:
         """Train a DecoderLM as configured, write samples and a summary into run_dir, and return the summary."""
         run_dir = Path(run_dir)
-        self.check_resumable(run_dir, resume)
-        tokenizer, tokens = prepare_corpus(self, config.data, run_dir, resume and not overwrite)
+        reuse = self.check_resumable(run_dir, resume) and not overwrite
+        tokenizer, tokens = prepare_corpus(self, config.data, run_dir, reuse)
         model = self.start(config, run_dir, config.model_config(tokenizer.vocab_size))
         train_ids, val_ids = tokens["train"], tokens["val"]
         batch, context, seed = config.train.batch_size, config.data.context, config.train.seed

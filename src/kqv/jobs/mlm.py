@@ -118,8 +118,8 @@ class MLMJob(Job):
               quiet: bool = False) -> dict[str, Any]:
         """Pretrain a `MaskedLM` as configured; write the run directory and return the summary."""
         run_dir = Path(run_dir)
-        self.check_resumable(run_dir, resume)
-        vocabulary, tokens = prepare_corpus(self, config.data, run_dir, resume and not overwrite)
+        reuse = self.check_resumable(run_dir, resume) and not overwrite
+        vocabulary, tokens = prepare_corpus(self, config.data, run_dir, reuse)
         context, seed, batch = config.data.context, config.train.seed, config.train.batch_size
         model = self.start(config, run_dir, ModelConfig.from_dict({"max_len": context, **config.model,
                                                                    "vocab_size": vocabulary.size}))

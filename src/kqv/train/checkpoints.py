@@ -99,6 +99,11 @@ def write_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Opt
     shutil.rmtree(previous, ignore_errors=True)
 
 
+def has_checkpoint(run_dir: str | Path) -> bool:
+    """Whether `run_dir` holds a checkpoint (maybe only as `checkpoint.old`, after a swap cut short by a crash)."""
+    return any((Path(run_dir) / name).is_dir() for name in (CHECKPOINT_DIR, PREVIOUS_CHECKPOINT_DIR))
+
+
 class _Swapped(Exception):
     """The checkpoint directory was replaced and deleted while being opened: read the new one."""
 

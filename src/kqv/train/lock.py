@@ -23,11 +23,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..errors import KqvError
+
 LOCK_FILE = ".lock"
 
 
-class RunDirectoryBusy(RuntimeError):
-    """Another process is writing into the run directory."""
+class RunDirectoryBusy(KqvError, RuntimeError):
+    """Another process is writing into the run directory (the command line prints it as `kqv: error: ...`)."""
 
     def __init__(self, run_dir: Path, holder: str):
         self.run_dir, self.holder = run_dir, holder

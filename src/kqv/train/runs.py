@@ -31,6 +31,7 @@ import tomli_w
 
 from ..errors import ConfigError, RunError
 from ..validation import Config, build
+from .checkpoints import write_atomically
 from .config import TrainConfig
 
 RUN_CONFIG, TOKENIZER_DIR, SUMMARY_FILE = "run.toml", "tokenizer", "summary.json"
@@ -149,11 +150,11 @@ def run_task(values: dict[str, Any]) -> str:
 
 def write_run_config(run_dir: Path, values: dict[str, Any]) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / RUN_CONFIG).write_text(toml_text(values))
+    write_atomically(run_dir / RUN_CONFIG, toml_text(values).encode())  # a resume rewrites it: never torn
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
-    (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=1) + "\n")
+    write_atomically(run_dir / SUMMARY_FILE, (json.dumps(summary, indent=1) + "\n").encode())
 
 
 def read_summary(run_dir: str | Path) -> dict[str, Any]:

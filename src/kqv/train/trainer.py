@@ -55,9 +55,9 @@ from tqdm import tqdm
 
 from ..errors import ConfigError, RunError
 from ..nn.experts import routing_metrics
-from .checkpoints import (CHECKPOINT_DIR, FORMAT, OPTIMIZER_FILE, RNG_FILE, STATE_FILE, Checkpoint, load_weights,
-                          read_checkpoint, rng_from_json, rng_state, rng_to_json, run_files, seed_everything,
-                          set_rng_state, write_atomically, write_checkpoint)
+from .checkpoints import (CHECKPOINT_DIR, FORMAT, OPTIMIZER_FILE, RNG_FILE, STATE_FILE, Checkpoint,
+                          has_checkpoint, load_weights, read_checkpoint, rng_from_json, rng_state, rng_to_json,
+                          run_files, seed_everything, set_rng_state, write_atomically, write_checkpoint)
 from .config import TrainConfig, learning_rate
 from .lock import hold_run_lock
 from .nonfinite import TrainingDiverged, check_finite_weights, diverged_message
@@ -142,7 +142,10 @@ class Trainer:
                 f"{self.run_dir} already holds a run ({', '.join(p.name for p in existing)}); continue it "
                 f"(`--resume` on the command line, if_exists='resume' or Trainer.resume(...) in Python), start "
                 f"over (`--overwrite`, if_exists='overwrite'; deletes those files), or choose another directory")
-        if existing and if_exists == "resume":
+        if existing and if_exists == "resume" and not has_checkpoint(self.run_dir):
+            logger.warning("nothing to resume in %s: the run stopped before its first checkpoint; training from "
+                           "step 0", self.run_dir)  # its metrics records are dropped when training starts
+        elif existing and if_exists == "resume":
             checkpoint = read_checkpoint(self.run_dir)
             self._load(checkpoint)
             self._plan_extension(checkpoint)
