@@ -25,6 +25,13 @@ Precisions:
     python benchmarks/generation_speed.py --run runs/lm  # also: agreement of bf16 and int8 greedy tokens with
                                                          # fp32's on a trained LM (e.g. `kqv train lm --config quick`)
 
+The floor: an exact fp32 decoder must at least read every weight once per token through the same matrix-vector
+products. In the fp32 cases a third runner, `floor`, times kqv's own `nn.Linear` layers alone (each layer's
+`F.linear` on a stored input, in model order, once per new token: ~56 MB of weights, nothing else), interleaved
+with the other two. `floor_over_hf` (floor tokens/s over HF's, median of per-round ratios) is the largest kqv/HF
+ratio any decoder built on these kernels could reach on this machine at this load; `kqv_over_floor` (kqv
+tokens/s over the floor's, at most 1) says how close kqv's whole step comes to it.
+
 Random weights give nearly flat logits, so the agreement figures above say little about a real model; `--run DIR`
 adds, for a trained run, the fraction of greedy tokens each low-precision path shares with fp32 (position by
 position, after each of `TRAINED_PROMPTS`), and how many continuations are identical throughout.
@@ -45,6 +52,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from kqv.nn.generation import in_dtype
@@ -95,6 +103,20 @@ def hf_generate(model: nn.Module, ids: Tensor, new: int) -> Tensor:
     return out[:, ids.shape[1]:]
 
 
+def matvec_floor(model: nn.Module, batch: int, new: int):
+    """A runner doing only the model's matrix-vector products for `new` tokens: every `nn.Linear` once per token,
+    on a fixed (batch, 1, in_features) input, with torch's kernel (the one both libraries' steps call)."""
+    layers = [m for m in model.modules() if type(m) is nn.Linear]
+    inputs = [torch.randn(batch, 1, m.in_features) for m in layers]
+
+    def run() -> None:
+        with torch.inference_mode():
+            for _ in range(new):
+                for layer, x in zip(layers, inputs):
+                    F.linear(x, layer.weight, layer.bias)
+    return run
+
+
 def timed(fn) -> tuple[float, Tensor]:
     start = time.perf_counter()
     out = fn()
@@ -105,12 +127,14 @@ def run_case(kqv: nn.Module, hf: nn.Module, ids: Tensor, new: int, precision: st
              reference: dict[str, Tensor] | None) -> dict:
     """Interleaved rounds of kqv and HF generating `new` tokens for `ids`; tokens/s, ratios and token checks."""
     runners = {"kqv": lambda: kqv_generate(kqv, ids, new), "hf": lambda: hf_generate(hf, ids, new)}
+    if precision == "fp32":
+        runners["floor"] = matvec_floor(kqv, ids.shape[0], new)
     outputs = {name: run() for name, run in runners.items()}  # warm-up (and the tokens to check)
-    times: dict[str, list[float]] = {"kqv": [], "hf": []}
+    times: dict[str, list[float]] = {name: [] for name in runners}
     for r in range(rounds):
-        for name in (("kqv", "hf") if r % 2 == 0 else ("hf", "kqv")):
+        for name in (list(runners) if r % 2 == 0 else list(runners)[::-1]):
             seconds, out = timed(runners[name])
-            if not torch.equal(out, outputs[name]):
+            if name != "floor" and not torch.equal(out, outputs[name]):
                 raise RuntimeError(f"{name} {precision} greedy tokens changed between rounds")
             times[name].append(seconds)
     tokens = ids.shape[0] * new
@@ -121,6 +145,10 @@ def run_case(kqv: nn.Module, hf: nn.Module, ids: Tensor, new: int, precision: st
            "kqv_over_hf_paired": statistics.median(h / k for k, h in zip(times["kqv"], times["hf"])),
            "rounds_seconds": times}
     row["kqv_over_hf"] = row["kqv_tokens_per_s"] / row["hf_tokens_per_s"]
+    if "floor" in times:  # the exact fp32 floor: the matrix-vector products alone
+        row["floor_tokens_per_s"] = tokens / statistics.median(times["floor"])
+        row["floor_over_hf"] = statistics.median(h / f for h, f in zip(times["hf"], times["floor"]))
+        row["kqv_over_floor"] = statistics.median(f / k for k, f in zip(times["kqv"], times["floor"]))
     row["kqv_hf_identical"] = bool(torch.equal(outputs["kqv"], outputs["hf"]))
     row["kqv_hf_agreement"] = (outputs["kqv"] == outputs["hf"]).float().mean().item()
     if reference is not None:  # agreement of the low-precision tokens with fp32 greedy's
@@ -183,7 +211,7 @@ def trained_agreement(run_dir: Path, new_tokens: int) -> dict:
 
 def print_table(rows: list[dict]) -> None:
     header = (f"{'batch':>5s} {'prec':5s} {'kqv tok/s':>10s} {'HF tok/s':>10s} {'kqv/HF':>7s} {'paired':>7s} "
-              f"{'tokens':>22s}")
+              f"{'floor tok/s':>11s} {'floor/HF':>8s} {'kqv/floor':>9s} {'tokens':>22s}")
     print("\n" + header + "\n" + "-" * len(header))
     for row in rows:
         if row["precision"] == "fp32":
@@ -194,7 +222,8 @@ def print_table(rows: list[dict]) -> None:
             check = f"vs fp32 {row['kqv_agreement_with_fp32']:.1%} / HF {row['hf_agreement_with_fp32']:.1%}"
         print(f"{row['batch']:5d} {row['precision']:5s} {row['kqv_tokens_per_s']:10,.1f} "
               f"{row['hf_tokens_per_s']:10,.1f} {row['kqv_over_hf']:7.2f} {row['kqv_over_hf_paired']:7.2f} "
-              f"{check:>22s}")
+              + (f"{row['floor_tokens_per_s']:11,.1f} {row['floor_over_hf']:8.2f} {row['kqv_over_floor']:9.2f} "
+                 if "floor_over_hf" in row else f"{'':11s} {'':8s} {'':9s} ") + f"{check:>22s}")
 
 
 def versions() -> dict[str, str]:

@@ -45,9 +45,15 @@ def test_generation_speed_compares_kqv_and_hugging_face_on_the_same_weights(tmp_
         assert len(row["rounds_seconds"]["kqv"]) == len(row["rounds_seconds"]["hf"]) == 1
         if row["precision"] == "fp32":
             assert row["kqv_hf_identical"] and row["kqv_hf_agreement"] == 1.0
+            # the matrix-vector floor, timed in the same rounds
+            assert len(row["rounds_seconds"]["floor"]) == 1 and row["floor_tokens_per_s"] > 0
+            seconds = {name: times[0] for name, times in row["rounds_seconds"].items()}
+            assert row["floor_over_hf"] == pytest.approx(seconds["hf"] / seconds["floor"])
+            assert row["kqv_over_floor"] == pytest.approx(seconds["floor"] / seconds["kqv"])
         else:
+            assert "floor_tokens_per_s" not in row
             assert 0 <= row["kqv_agreement_with_fp32"] <= 1 and 0 <= row["hf_agreement_with_fp32"] <= 1
-    assert "kqv/HF" in result.stdout and "identical" in result.stdout
+    assert "kqv/HF" in result.stdout and "floor/HF" in result.stdout and "identical" in result.stdout
     trained = data["trained"]  # a (tiny) trained LM's low-precision greedy tokens against its fp32 ones
     assert trained["prompts"] == 8 and trained["parameters"] > 0
     for precision in ("bf16", "int8"):

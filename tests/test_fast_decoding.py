@@ -8,7 +8,7 @@ import torch
 
 from kqv import DecoderLM, KVCache
 from kqv.interop import to_hf
-from kqv.nn.decoding import DecodeStep
+from kqv.nn.decoding import DecodeStep, fused_linear
 from kqv.nn.generation import PromptLayout, in_dtype
 
 from conftest import POSITIONS, tiny_config
@@ -114,15 +114,41 @@ def test_the_lean_decoding_step_gives_the_general_paths_logits_bit_for_bit(chang
     assert_lean_step_is_the_general_path(DecoderLM(tiny_config(**changes)).eval())
 
 
-def assert_lean_step_is_the_general_path(model):
+@pytest.mark.parametrize("changes", LEAN_VARIANTS.values(), ids=LEAN_VARIANTS.keys())
+def test_at_batch_one_the_stacked_query_key_value_projection_keeps_the_logits_bit_for_bit(changes):
+    model = DecoderLM(tiny_config(**changes)).eval()
+    step = DecodeStep(model, model.new_cache(4), batch=1)
+    assert all(layer.to_queries_keys_values is not None for layer in step.layers)
+    assert_lean_step_is_the_general_path(model, batch=1)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("width,out", [(384, (384, 768)), (64, (64, 128)), (384, (1536, 384))])
+def test_stacked_projections_equal_the_separate_ones_bit_for_bit_on_one_row(width, out, threads):
+    layers = [torch.nn.Linear(width, n) for n in out]
+    x = torch.randn(1, 1, width)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.no_grad():
+            stacked = fused_linear(*layers)(x).split(out, dim=-1)
+            separate = [layer(x) for layer in layers]
+    finally:
+        torch.set_num_threads(previous)
+    assert all(torch.equal(a, b) for a, b in zip(stacked, separate))
+    assert fused_linear(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4, bias=False)) is None
+
+
+def assert_lean_step_is_the_general_path(model, batch=3):
     assert DecodeStep.supports(model)
     ids = torch.randint(1, 37, (3, 12))
     mask = torch.ones_like(ids)
     mask[1, :4] = mask[2, :1] = 0
-    for attention_mask in (None, mask):
+    for attention_mask in (None, mask[:batch]) if batch > 1 else (None,):
+        ids = ids[:batch]
         layout = PromptLayout(None if attention_mask is None else attention_mask[:, :5], ids[:, :5], 12)
         caches = [model.new_cache(12), model.new_cache(12)]
-        step = DecodeStep(model, caches[1])
+        step = DecodeStep(model, caches[1], batch=batch)
         with torch.no_grad():
             for cache in caches:
                 model.next_token_logits(ids[:, :5], cache, positions=layout.positions[:5],

@@ -14,11 +14,13 @@ when it does not (ALiBi or relative positions, sparse cores, mixtures of experts
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import KVCache, MultiHeadAttention
 from .cores import FullAttention, fused_attention
+from .positions import AttentionPositions
 from .layers import FeedForward
 
 __all__ = ["DecodeStep"]
@@ -40,14 +42,33 @@ def linear(layer: nn.Module):
     return lambda x: F.linear(x, layer.weight, layer.bias)
 
 
+def fused_linear(*layers: nn.Module):
+    """One `F.linear` on the layers' weights stacked by rows, or None when they are not all plain nn.Linear layers
+    of one dtype with and without bias alike.
+
+    For one input row the product is a matrix-vector product, and torch's CPU BLAS (MKL's gemv) computes each
+    output as the same dot product whatever other rows the matrix has: the stacked projection is bit-identical to
+    the separate ones (tests/test_fast_decoding.py checks it). For several rows gemm's blocking may depend on the
+    matrix width and move the last bits, so `DecodeStep` stacks only for batch 1."""
+    if any(type(layer) is not nn.Linear for layer in layers) \
+            or len({(layer.weight.dtype, layer.bias is None) for layer in layers}) != 1:
+        return None
+    weight = torch.cat([layer.weight for layer in layers])  # (sum of out_features, in_features)
+    bias = None if layers[0].bias is None else torch.cat([layer.bias for layer in layers])
+    return lambda x: F.linear(x, weight, bias)
+
+
 class LayerStep:
     """One decoder block's step on x (batch, 1, d_model), bound to its parameters and its self-attention cache."""
 
-    def __init__(self, block: nn.Module, cache: KVCache):
+    def __init__(self, block: nn.Module, cache: KVCache, fuse: bool = False):
         attention: MultiHeadAttention = block.self_attention
         self.cache, self.heads, self.head_dim = cache, attention.n_heads, attention.head_dim
         self.rotate = attention.positions.rotate  # RoPE; the identity for every other scheme this step takes
+        self.rotates = type(attention.positions).rotate is not AttentionPositions.rotate
         self.to_queries, self.to_keys_values = linear(attention.to_queries), linear(attention.to_keys_values)
+        # queries, keys and values by one matrix-vector product (batch 1 only: see fused_linear)
+        self.to_queries_keys_values = fused_linear(attention.to_queries, attention.to_keys_values) if fuse else None
         self.to_output = linear(attention.to_output)
         feed_forward: FeedForward = block.feed_forward
         self.up, self.down, self.activation = linear(feed_forward.up), linear(feed_forward.down), \
@@ -59,7 +80,7 @@ class LayerStep:
 
     def __call__(self, x: Tensor, positions: Tensor, mask: Tensor | None) -> Tensor:
         h = self.attention_norm(x) if self.norm_first else x
-        x = x + self.to_output(self.attend(h, positions, mask))
+        x = x.add_(self.to_output(self.attend(h, positions, mask)))  # x is this step's own tensor: add in place
         if not self.norm_first:
             x = self.attention_norm(x)
         h = self.feed_forward_norm(x) if self.norm_first else x
@@ -69,33 +90,41 @@ class LayerStep:
             hidden = self.activation(gate) * value
         else:
             hidden = self.activation(hidden)
-        x = x + self.down(hidden)
+        x = x.add_(self.down(hidden))
         return x if self.norm_first else self.feed_forward_norm(x)
 
     def attend(self, h: Tensor, positions: Tensor, mask: Tensor | None) -> Tensor:
         """Multi-head self-attention of the newest token over the cache: (batch, 1, d_model) -> the same."""
         batch = h.shape[0]
         # one new token: (batch, 1, heads * head_dim) views as (batch, heads, 1, head_dim) without a transpose
-        queries = self.to_queries(h).view(batch, self.heads, 1, self.head_dim)
-        keys, values = self.to_keys_values(h).view(batch, 2, self.heads, 1, self.head_dim).unbind(1)
-        queries, keys = self.rotate(queries, positions), self.rotate(keys, positions)
+        if self.to_queries_keys_values is not None:
+            queries, keys, values = self.to_queries_keys_values(h).view(batch, 3, self.heads, 1,
+                                                                        self.head_dim).unbind(1)
+        else:
+            queries = self.to_queries(h).view(batch, self.heads, 1, self.head_dim)
+            keys, values = self.to_keys_values(h).view(batch, 2, self.heads, 1, self.head_dim).unbind(1)
+        if self.rotates:
+            queries, keys = self.rotate(queries, positions), self.rotate(keys, positions)
         keys, values = self.cache.append(keys, values)  # (batch, heads, cached + 1, head_dim)
         output = fused_attention(queries, keys, values, mask=mask)  # (batch, heads, 1, head_dim)
-        return output.transpose(1, 2).reshape(batch, 1, self.heads * self.head_dim)
+        # with one query, (batch, heads, 1, head_dim) is laid out as (batch, 1, heads, head_dim): no transpose
+        return output.reshape(batch, 1, self.heads * self.head_dim)
 
 
 class DecodeStep:
     """`DecoderLM.next_token_logits` for one new token per row, continuing `cache`, with fewer operations.
 
-    Call it with ids (batch, 1), positions (1,) (the token's place in the buffer), the padding mask (batch, 1, 1,
+    `batch` is the number of rows it will be called with, when known: at batch 1 each layer computes queries, keys
+    and values by one stacked projection (`fused_linear`). Call it with ids (batch, 1), positions (1,) (the token's place in the buffer), the padding mask (batch, 1, 1,
     cached + 1) or None, and `left_padding` (batch,) or None, as `generate` builds them; it returns the logits
     (batch, vocab), bit-identical to the general path's.
     """
 
-    def __init__(self, model: nn.Module, cache: list[tuple[KVCache, KVCache]]):
+    def __init__(self, model: nn.Module, cache: list[tuple[KVCache, KVCache]], batch: int | None = None):
         decoder = model.decoder
         self.embeddings = decoder.embeddings
-        self.layers = [LayerStep(block, self_cache) for block, (self_cache, _) in zip(decoder.blocks, cache)]
+        self.layers = [LayerStep(block, self_cache, fuse=batch == 1)
+                       for block, (self_cache, _) in zip(decoder.blocks, cache)]
         self.final_norm = norm_function(decoder.final_norm)
         self.lm_head = linear(model.lm_head)
 

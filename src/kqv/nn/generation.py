@@ -138,7 +138,7 @@ def generate(model: nn.Module, ids: Tensor, max_new_tokens: int, *, temperature:
         tokens = ids.new_empty(batch, total)  # (batch, total): the prompts, then one new column per step
         tokens[:, :prompt] = ids
         cache = model.new_cache(total) if use_cache else None
-        fast_step = DecodeStep(model, cache) if use_cache and DecodeStep.supports(model) else None
+        fast_step = DecodeStep(model, cache, batch) if use_cache and DecodeStep.supports(model) else None
         finished = torch.zeros(batch, dtype=torch.bool, device=ids.device)
         end = prompt
         for step in range(max_new_tokens):
