@@ -25,7 +25,7 @@ from ..nn.config import ModelConfig
 from ..nn.models import DecoderLM, check_ids, count_parameters
 from ..train.evaluation import perplexity
 from ..train.runs import SAMPLES_FILE, TOKENIZER_DIR, TOKENS_FILE, RunConfig
-from ..validation import Config
+from ..validation import Config, check_at_least
 from .base import Flag, Job, RunCommand, TrainedRun, report
 
 
@@ -58,6 +58,14 @@ class SampleConfig(Config):
     temperature: float = 0.8
     top_k: int | None = 40
 
+    def check(self) -> None:  # here, not after training: a bad [sample] would waste the whole run
+        for name in ("count", "max_new_tokens", *(("top_k",) if self.top_k is not None else ())):
+            check_at_least(self.qualified(name), getattr(self, name), 1)
+        if self.temperature < 0:
+            raise ConfigError(f"sample.temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not self.prompt:
+            raise ConfigError("sample.prompt is empty; give at least one character, e.g. \"ROMEO:\\n\"")
+
 
 @dataclass
 class LMRunConfig(RunConfig):
@@ -68,7 +76,11 @@ class LMRunConfig(RunConfig):
     sample: SampleConfig = field(default_factory=SampleConfig)
 
     def check(self) -> None:
-        self.model_config(vocab_size=1)  # a bad [model] option fails here, before the run directory is touched
+        model = self.model_config(vocab_size=1)  # a bad [model] option fails here, before anything is written
+        if model.position == "learned" and model.max_len < self.data.context:
+            raise ConfigError(f"model.max_len ({model.max_len}) is shorter than data.context ({self.data.context}), "
+                              f"which learned positions cannot cover; raise max_len or drop it (it defaults to the "
+                              f"context)")
 
     def model_config(self, vocab_size: int) -> ModelConfig:
         return ModelConfig.from_dict({"max_len": self.data.context, **self.model, "vocab_size": vocab_size})
