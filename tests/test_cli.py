@@ -1,6 +1,7 @@
 """The command line end to end on a tiny corpus: train, resume, generate, eval, attention, and its errors."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -126,10 +127,10 @@ def test_corrupt_checkpoint_is_reported_not_loaded(run, tmp_path, capsys):
     weights.write_bytes(weights.read_bytes()[:-10] + b"0123456789")
     assert main(["generate", str(broken), "--prompt", "To"]) == 2
     err = capsys.readouterr().err
-    assert "corrupt" in err and "`--overwrite` on the command line" in err  # the flag for CLI users ...
+    assert "corrupt" in err and "`--overwrite`" in err  # the flag (tests/test_error_wording.py: Python's words)
     assert main(["train", "lm", "--out", str(broken), "--resume"]) == 2
     err = capsys.readouterr().err
-    assert "corrupt" in err and "--overwrite" in err and "if_exists='overwrite' in Python" in err  # ... and Python's
+    assert "corrupt" in err and "`--overwrite`" in err
 
 
 def test_training_into_an_existing_run_refuses_and_keeps_it(run, corpus, capsys):
@@ -175,3 +176,28 @@ def test_unknown_config_option_is_named(tmp_path, corpus, capsys):
 def test_missing_data_file_is_reported(tmp_path, capsys):
     assert main(["train", "lm", "--data", str(tmp_path / "none.txt"), "--out", str(tmp_path / "r")]) == 2
     assert "none.txt" in capsys.readouterr().err
+
+
+def _high_water_mark_mb() -> float:
+    """The kernel's peak resident set size of this process (VmHWM in /proc/self/status, kB), in MB."""
+    line = next(line for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+    return int(line.split()[1]) * 1024 / 1e6
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads Linux's /proc")
+def test_summary_reports_the_peak_resident_memory(tmp_path, corpus):
+    """summary.json's peak_rss_mb lies between the kernel's high-water mark before the job and after it (within
+    2 MB: the kernel batches its per-thread RSS counts); a 200 MB array held through the job shows in it."""
+    import torch
+
+    from kqv.train.runs import read_summary
+
+    config = tmp_path / "tiny.toml"
+    config.write_text(TINY.format(position="rope"))
+    ballast = torch.ones(50_000_000)  # 200 MB, touched
+    before = _high_water_mark_mb()
+    assert main(["train", "lm", "--config", str(config), "--data", str(corpus), "--out", str(tmp_path / "run"),
+                 "--quiet"]) == 0
+    after = _high_water_mark_mb()
+    peak = read_summary(tmp_path / "run")["peak_rss_mb"]
+    assert before - 2 <= peak <= after + 2 and peak > ballast.numel() * 4 / 1e6

@@ -7,6 +7,12 @@ and exits with status 2; any other exception is a bug in kqv and shows its trace
 
 from __future__ import annotations
 
+import contextvars
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+_INTERFACE: contextvars.ContextVar[str] = contextvars.ContextVar("kqv_interface", default="python")
+
 
 class KqvError(Exception):
     """An expected error whose message says what was wrong and what to do."""
@@ -31,3 +37,22 @@ class RunError(KqvError, ValueError):
 class MissingResourceError(KqvError, RuntimeError):
     """Something kqv needs is not installed and cannot be fetched (a corpus, pretrained weights); the message says
     how to get it."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Messages in the words of the interface: a command-line user is told about flags, a Python user about arguments.
+
+
+@contextmanager
+def command_line() -> Iterator[None]:
+    """Within the block, messages are for a command-line user (`kqv.cli.main` runs every command inside it)."""
+    token = _INTERFACE.set("cli")
+    try:
+        yield
+    finally:
+        _INTERFACE.reset(token)
+
+
+def spoken(cli: str, python: str) -> str:
+    """`cli` (e.g. "`--overwrite`") inside `command_line()`, else `python` (e.g. "if_exists='overwrite'")."""
+    return cli if _INTERFACE.get() == "cli" else python

@@ -25,7 +25,7 @@ from functools import partial
 from importlib import resources
 from pathlib import Path
 
-from ..errors import ConfigError, KqvError, RunError
+from ..errors import ConfigError, KqvError, RunError, command_line
 from ..jobs.base import Flag, Job, RunCommand, all_jobs, get_job
 from ..train.runs import read_run, run_task
 from .commands import all_commands
@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     exit with status 2; anything else is a bug and shows its traceback."""
     args = build_parser().parse_args(argv)
     try:
-        status = args.func(args)
+        with command_line():  # error messages name flags, not Python arguments
+            status = args.func(args)
     except (KqvError, FileNotFoundError, FileExistsError) as error:
         print(f"kqv: error: {error}", file=sys.stderr)
         return 2

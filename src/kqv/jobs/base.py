@@ -19,6 +19,7 @@ import functools
 import importlib
 import json
 import pkgutil
+import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,11 +156,13 @@ class Job:
 
         `train_seconds` is the time spent in updates (evaluation and checkpoints excluded) summed over every
         session of the run, resumes included; `wall_seconds` is the wall-clock time of this session's training,
-        evaluation included.
+        evaluation included. `peak_rss_mb` is the process's peak resident memory so far (`peak_rss_mb()`): the
+        job's own when it runs in a process of its own, as under `kqv train`.
         """
         trainer = result.trainer
         summary = {"steps": trainer.step, "train_seconds": round(trainer.train_seconds, 1),
-                   "wall_seconds": round(result.wall_seconds, 1), "parameters": count_parameters(model),
+                   "wall_seconds": round(result.wall_seconds, 1), "peak_rss_mb": round(peak_rss_mb(), 1),
+                   "parameters": count_parameters(model),
                    "final_train_loss": result.final.get("train_loss"), "final_val_loss": result.final.get("val_loss"),
                    **figures}
         write_summary(run_dir, summary)
@@ -199,6 +202,11 @@ class Job:
         from ..explore.plots import plot_attention_grid
 
         return plot_attention_grid(weights, rows, columns, out, title=title)
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set size in MB (10^6 bytes): `getrusage`'s ru_maxrss, in KiB on Linux."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6
 
 
 def report(line: str, result: dict[str, Any], as_json: bool) -> None:

@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 from ..data.batches import batch_generator, sample_batch
 from ..data.shakespeare import load_text, split_text
 from ..data.tokenizers import Tokenizer, encode_text, make_tokenizer
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, spoken
 from ..nn.config import ModelConfig
 from ..nn.models import DecoderLM, check_ids, count_parameters
 from ..train.evaluation import perplexity
@@ -115,7 +115,8 @@ def write_samples(model: DecoderLM, tokenizer: Tokenizer, sample: SampleConfig, 
 def generate_text(model: DecoderLM, tokenizer: Tokenizer, prompt: str, max_new_tokens: int, **options: Any) -> str:
     """The prompt and its continuation, as text."""
     if not prompt:
-        raise DataError("the prompt is empty; give at least one character (e.g. --prompt 'ROMEO:')")
+        example = spoken("--prompt 'ROMEO:'", "prompt='ROMEO:'")
+        raise DataError(f"the prompt is empty; give at least one character (e.g. {example})")
     ids = torch.tensor([tokenizer.encode(prompt)])
     config = model.config
     if config.position == "learned":

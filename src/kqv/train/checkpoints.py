@@ -25,7 +25,7 @@ from safetensors.torch import load as safetensors_load
 from safetensors.torch import save_file, save_model
 from torch import Tensor, nn
 
-from ..errors import RunError
+from ..errors import RunError, spoken
 from .config import TrainConfig
 from .metrics import METRICS_FILE, PLOT_FILE
 
@@ -126,9 +126,9 @@ def read_checkpoint(run_dir: str | Path) -> Checkpoint:
 
 
 def remedy(path: Path) -> str:
-    """What to do about a broken checkpoint, for command-line and Python users alike."""
-    return (f"restore {path} from a backup, or start the run over: `--overwrite` on the command line, "
-            f"if_exists='overwrite' in Python (either deletes it)")
+    """What to do about a broken checkpoint, in the words of the interface the user called (`spoken`)."""
+    return (f"restore {path} from a backup, or start the run over with "
+            f"{spoken('`--overwrite`', 'if_exists=' + repr('overwrite'))} (which deletes it)")
 
 
 def _read_once(run_dir: Path) -> Checkpoint:

@@ -13,7 +13,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..errors import KqvError, spoken
 from .config import TrainConfig
+from .precision import resolve_precision
 
 _PRECISION_CAUSES = {
     "bf16": "bf16 autocast (fp32's exponent range but an 8-bit significand: large logits or attention scores lose "
@@ -22,7 +24,7 @@ _PRECISION_CAUSES = {
 }
 
 
-class TrainingDiverged(RuntimeError):
+class TrainingDiverged(KqvError, RuntimeError):
     """Training stopped because the loss, the gradients or the weights stopped being finite."""
 
 
@@ -34,8 +36,9 @@ def diverged_message(config: TrainConfig, what: str, steps: list[int], checkpoin
             f"{len(steps)} updates in a row (steps {steps[0]}-{steps[-1]}; none of them changed the weights); "
             f"{saved}. Usual causes: a learning rate too high (lr = {config.lr:g}, warmup_steps = "
             f"{config.warmup_steps}: lower lr or lengthen warmup), the range of "
-            f"{_PRECISION_CAUSES[config.precision]}, or bad input data. Resume from the checkpoint after changing "
-            f"the config, or raise train.max_bad_steps (now {config.max_bad_steps}) to skip more.")
+            f"{_PRECISION_CAUSES[resolve_precision(config.precision)]}, or bad input data. Resume from the checkpoint "
+            f"({spoken('`--resume`', 'if_exists=' + repr('resume'))}) after changing the config, or raise "
+            f"train.max_bad_steps (now {config.max_bad_steps}) to skip more.")
 
 
 def check_finite_weights(model: nn.Module, config: TrainConfig, step: int, last_saved: int | None) -> None:

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 import tomli_w
 
-from ..errors import ConfigError, RunError
+from ..errors import ConfigError, RunError, spoken
 from ..validation import Config, build
 from .checkpoints import write_atomically
 from .config import TrainConfig
@@ -129,8 +129,8 @@ def read_run(run_dir: str | Path, task: str | None = None) -> dict[str, Any]:
     """The run.toml of a run directory (of `task`, if given), with errors that say what is missing."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise FileNotFoundError(f"no run directory at {run_dir}; train one with `kqv train {task or 'lm'} --out "
-                                f"{run_dir}`")
+        how = spoken(f"`kqv train {task or 'lm'} --out {run_dir}`", f"the {task or 'lm'} job's train(config, run_dir)")
+        raise FileNotFoundError(f"no run directory at {run_dir}; train one with {how}")
     path = run_dir / RUN_CONFIG
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir} is not a kqv run: {path} is missing")

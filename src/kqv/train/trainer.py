@@ -53,7 +53,7 @@ from safetensors.torch import load as safetensors_load
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from ..errors import ConfigError, RunError
+from ..errors import ConfigError, RunError, spoken
 from ..nn.experts import routing_metrics
 from .checkpoints import (CHECKPOINT_DIR, FORMAT, OPTIMIZER_FILE, RNG_FILE, STATE_FILE, Checkpoint,
                           has_checkpoint, load_weights, read_checkpoint, rng_from_json, rng_state, rng_to_json,
@@ -138,10 +138,11 @@ class Trainer:
         """Refuse, resume or mark for overwriting the run already in run_dir (with its lock held)."""
         existing = run_files(self.run_dir)
         if existing and if_exists == "error":
+            resume = spoken("`--resume`", "if_exists='resume' or Trainer.resume(...)")
+            overwrite = spoken("`--overwrite`", "if_exists='overwrite'")
             raise FileExistsError(
-                f"{self.run_dir} already holds a run ({', '.join(p.name for p in existing)}); continue it "
-                f"(`--resume` on the command line, if_exists='resume' or Trainer.resume(...) in Python), start "
-                f"over (`--overwrite`, if_exists='overwrite'; deletes those files), or choose another directory")
+                f"{self.run_dir} already holds a run ({', '.join(p.name for p in existing)}); continue it with "
+                f"{resume}, start over with {overwrite} (deletes those files), or choose another directory")
         if existing and if_exists == "resume" and not has_checkpoint(self.run_dir):
             logger.warning("nothing to resume in %s: the run stopped before its first checkpoint; training from "
                            "step 0", self.run_dir)  # its metrics records are dropped when training starts
@@ -376,9 +377,8 @@ class Trainer:
             self._write([self._boundary_rng])
         if (self.run_dir / METRICS_FILE).exists():
             plot_losses(self.run_dir / METRICS_FILE, self.run_dir / PLOT_FILE)
-        logger.warning("interrupted: saved the checkpoint of step %d in %s; continue with `--resume` on the "
-                       "command line or Trainer.resume(...) in Python",
-                       self.step, self.run_dir / CHECKPOINT_DIR)
+        logger.warning("interrupted: saved the checkpoint of step %d in %s; continue with %s", self.step,
+                       self.run_dir / CHECKPOINT_DIR, spoken("`--resume`", "Trainer.resume(...)"))
 
     def _write(self, rng_states: list[dict]) -> None:
         check_finite_weights(self.model, self.config, self.step, self._last_saved)
