@@ -20,6 +20,8 @@ Precisions:
   quantisation does not cover, so HF has no int8 counterpart here (`hf_precision` says so in the JSON).
 
     python benchmarks/generation_speed.py              # full run, writes benchmarks/results/generation_speed.json
+    python benchmarks/generation_speed.py --threads 1,2 --precision fp32 --batches 1  # fp32 at batch 1, at 1
+                                                       # and at 2 threads (each thread count in turn)
     python benchmarks/generation_speed.py --quick      # tiny model, seconds: a smoke test (writes nothing unless
                                                        # --output is given)
     python benchmarks/generation_speed.py --run runs/lm  # also: agreement of bf16 and int8 greedy tokens with
@@ -209,8 +211,50 @@ def trained_agreement(run_dir: Path, new_tokens: int) -> dict:
     return result
 
 
+def measure(models: dict, precisions: list[str], s: Shape, batches: list[int], threads: list[int | None],
+            rounds: int, seed: int) -> list[dict]:
+    """Every (threads, batch, precision) case in turn; each row says its thread count."""
+    rows = []
+    for count in threads:
+        if count:
+            torch.set_num_threads(count)
+        for batch in batches:
+            ids = torch.randint(1, s.vocab, (batch, s.prompt), generator=torch.Generator().manual_seed(seed + batch))
+            reference = None
+            for precision in precisions:
+                row = {"threads": torch.get_num_threads(),
+                       **run_case(*models[precision], ids, s.new_tokens, precision, rounds, reference)}
+                reference = reference or row["outputs"]
+                rows.append(row)
+                print(f"  threads {row['threads']} batch {batch} {precision}: kqv {row['kqv_tokens_per_s']:,.1f} "
+                      f"tokens/s, HF {row['hf_tokens_per_s']:,.1f} (paired ratio {row['kqv_over_hf_paired']:.2f})",
+                      flush=True)
+    return rows
+
+
+def profile_step(kqv: nn.Module, hf: nn.Module, s: Shape, top: int = 8) -> dict[str, list]:
+    """Where each library's time goes at batch 1 in fp32: torch.profiler over one `generate`, the `top` operators
+    by self CPU time as [name, share of the total]. Matrix-vector products are aten::addmm / aten::mm."""
+    from torch.profiler import ProfilerActivity, profile
+
+    ids = torch.randint(1, s.vocab, (1, s.prompt), generator=torch.Generator().manual_seed(1))
+    shares = {}
+    for name, run in (("kqv", lambda: kqv_generate(kqv, ids, s.new_tokens)),
+                      ("hf", lambda: hf_generate(hf, ids, s.new_tokens))):
+        run()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            run()
+        events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+        total = sum(e.self_cpu_time_total for e in events)
+        shares[name] = [[e.key, e.self_cpu_time_total / total] for e in events[:top]]
+        print(f"\n{name} profile (batch 1, fp32, share of self CPU time): " +
+              ", ".join(f"{key} {share:.1%}" for key, share in shares[name]))
+    return shares
+
+
 def print_table(rows: list[dict]) -> None:
-    header = (f"{'batch':>5s} {'prec':5s} {'kqv tok/s':>10s} {'HF tok/s':>10s} {'kqv/HF':>7s} {'paired':>7s} "
+    header = (f"{'thr':>3s} {'batch':>5s} {'prec':5s} {'kqv tok/s':>10s} {'HF tok/s':>10s} {'kqv/HF':>7s} "
+              f"{'paired':>7s} "
               f"{'floor tok/s':>11s} {'floor/HF':>8s} {'kqv/floor':>9s} {'tokens':>22s}")
     print("\n" + header + "\n" + "-" * len(header))
     for row in rows:
@@ -220,7 +264,7 @@ def print_table(rows: list[dict]) -> None:
             check = f"vs fp32 {row['kqv_agreement_with_fp32']:.1%} (HF in fp32)"
         else:
             check = f"vs fp32 {row['kqv_agreement_with_fp32']:.1%} / HF {row['hf_agreement_with_fp32']:.1%}"
-        print(f"{row['batch']:5d} {row['precision']:5s} {row['kqv_tokens_per_s']:10,.1f} "
+        print(f"{row['threads']:3d} {row['batch']:5d} {row['precision']:5s} {row['kqv_tokens_per_s']:10,.1f} "
               f"{row['hf_tokens_per_s']:10,.1f} {row['kqv_over_hf']:7.2f} {row['kqv_over_hf_paired']:7.2f} "
               + (f"{row['floor_tokens_per_s']:11,.1f} {row['floor_over_hf']:8.2f} {row['kqv_over_floor']:9.2f} "
                  if "floor_over_hf" in row else f"{'':11s} {'':8s} {'':9s} ") + f"{check:>22s}")
@@ -240,9 +284,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", choices=["fp32", "all"], default="all",
                         help="fp32 only, or fp32, bf16 and int8 (default)")
     parser.add_argument("--new-tokens", type=int, default=None, help="new tokens per sequence (default 256)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
+    parser.add_argument("--threads", default=None,
+                        help="comma-separated torch thread counts, each measured in turn, e.g. 1,2 (default: "
+                             "torch's own choice)")
     parser.add_argument("--run", type=Path, default=None,
                         help="a trained LM run directory: also report bf16/int8 token agreement with fp32 on it")
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile one batch-1 fp32 generate of each library (top operators)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, default=None,
                         help=f"JSON path (default {RESULTS}; --quick writes nothing unless given)")
@@ -252,8 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.new_tokens is not None:
         s.new_tokens = args.new_tokens
     rounds = args.rounds or (2 if args.quick else 5)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    threads = [int(t) for t in args.threads.split(",")] if args.threads else [None]
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from transformers.utils import logging as hf_logging
@@ -264,21 +311,14 @@ def main(argv: list[str] | None = None) -> int:
     models = {"fp32": (kqv, hf), "bf16": (in_dtype(kqv, torch.bfloat16), copy.deepcopy(hf).to(torch.bfloat16)),
               "int8": (in_dtype(kqv, torch.qint8), hf)}
     load_start = os.getloadavg()
-    print(f"shape {asdict(s)}; {rounds} interleaved rounds per case; threads {torch.get_num_threads()}; "
+    print(f"shape {asdict(s)}; {rounds} interleaved rounds per case; threads "
+          f"{args.threads or torch.get_num_threads()}; "
           f"load average {load_start[0]:.2f}; torch {torch.__version__}", flush=True)
-    rows = []
-    for batch in [int(b) for b in args.batches.split(",")]:
-        ids = torch.randint(1, s.vocab, (batch, s.prompt), generator=torch.Generator().manual_seed(args.seed + batch))
-        reference = None
-        for precision in precisions:
-            row = run_case(*models[precision], ids, s.new_tokens, precision, rounds, reference)
-            reference = reference or row["outputs"]
-            rows.append(row)
-            print(f"  batch {batch} {precision}: kqv {row['kqv_tokens_per_s']:,.1f} tokens/s, HF "
-                  f"{row['hf_tokens_per_s']:,.1f} (paired ratio {row['kqv_over_hf_paired']:.2f})", flush=True)
+    rows = measure(models, precisions, s, [int(b) for b in args.batches.split(",")], threads, rounds, args.seed)
     for row in rows:
         del row["outputs"]
     print_table(rows)
+    profiles = profile_step(kqv, hf, s) if args.profile else None
     trained = None
     if args.run is not None:
         trained = trained_agreement(args.run, s.new_tokens)
@@ -292,12 +332,13 @@ def main(argv: list[str] | None = None) -> int:
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
         result = {"benchmark": "generation_speed", "shape": asdict(s), "rounds": rounds,
-                  "threads": torch.get_num_threads(), "parameters": sum(p.numel() for p in kqv.parameters()),
+                  "threads": sorted({row["threads"] for row in rows}),
+                  "parameters": sum(p.numel() for p in kqv.parameters()),
                   "hf_attn_implementation": hf.config._attn_implementation,
                   "bf16_native": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
                   "load_average_start": load_start, "load_average_end": os.getloadavg(), "quick": args.quick,
                   "versions": versions(), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "rows": rows,
-                  "trained": trained}
+                  "trained": trained, "profile": profiles}
         output.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {output}")
     failed = [r for r in rows if r["precision"] == "fp32" and not r["kqv_hf_identical"]]

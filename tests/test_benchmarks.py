@@ -31,15 +31,16 @@ def test_generation_speed_compares_kqv_and_hugging_face_on_the_same_weights(tmp_
     output = tmp_path / "generation_speed.json"
     script = BENCHMARKS[0].parent / "generation_speed.py"
     result = subprocess.run([sys.executable, str(script), "--quick", "--rounds", "1", "--batches", "1,2",
-                             "--threads", "1", "--output", str(output), "--run", str(TRAINED_LM)],
+                             "--threads", "1", "--output", str(output), "--run", str(TRAINED_LM), "--profile"],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     data = json.loads(output.read_text())
-    assert data["benchmark"] == "generation_speed" and data["quick"] and data["threads"] == 1
+    assert data["benchmark"] == "generation_speed" and data["quick"] and data["threads"] == [1]
     assert [(row["batch"], row["precision"], row["hf_precision"]) for row in data["rows"]] == [
         (batch, precision, hf_precision) for batch in (1, 2)
         for precision, hf_precision in (("fp32", "fp32"), ("bf16", "bf16"), ("int8", "fp32"))]
     for row in data["rows"]:
+        assert row["threads"] == 1
         assert row["kqv_tokens_per_s"] > 0 and row["hf_tokens_per_s"] > 0
         assert row["kqv_over_hf"] == pytest.approx(row["kqv_tokens_per_s"] / row["hf_tokens_per_s"])
         assert len(row["rounds_seconds"]["kqv"]) == len(row["rounds_seconds"]["hf"]) == 1
@@ -54,6 +55,9 @@ def test_generation_speed_compares_kqv_and_hugging_face_on_the_same_weights(tmp_
             assert "floor_tokens_per_s" not in row
             assert 0 <= row["kqv_agreement_with_fp32"] <= 1 and 0 <= row["hf_agreement_with_fp32"] <= 1
     assert "kqv/HF" in result.stdout and "floor/HF" in result.stdout and "identical" in result.stdout
+    for library in ("kqv", "hf"):  # the batch-1 profile: top operators and their shares of the time
+        shares = [share for _, share in data["profile"][library]]
+        assert len(shares) == 8 and all(0 < share <= 1 for share in shares) and shares == sorted(shares)[::-1]
     trained = data["trained"]  # a (tiny) trained LM's low-precision greedy tokens against its fp32 ones
     assert trained["prompts"] == 8 and trained["parameters"] > 0
     for precision in ("bf16", "int8"):
