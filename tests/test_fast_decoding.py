@@ -137,6 +137,7 @@ def test_stacked_projections_equal_the_separate_ones_bit_for_bit_on_one_row(widt
         torch.set_num_threads(previous)
     assert all(torch.equal(a, b) for a, b in zip(stacked, separate))
     assert fused_linear(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4, bias=False)) is None
+    assert fused_linear(torch.nn.Linear(4, 4).bfloat16(), torch.nn.Linear(4, 4).bfloat16()) is None  # fp32 only
 
 
 def assert_lean_step_is_the_general_path(model, batch=3):

@@ -43,15 +43,16 @@ def linear(layer: nn.Module):
 
 
 def fused_linear(*layers: nn.Module):
-    """One `F.linear` on the layers' weights stacked by rows, or None when they are not all plain nn.Linear layers
-    of one dtype with and without bias alike.
+    """One `F.linear` on the layers' weights stacked by rows, or None when they are not all plain fp32 nn.Linear
+    layers, with and without bias alike.
 
     For one input row the product is a matrix-vector product, and torch's CPU BLAS (MKL's gemv) computes each
     output as the same dot product whatever other rows the matrix has: the stacked projection is bit-identical to
     the separate ones (tests/test_fast_decoding.py checks it). For several rows gemm's blocking may depend on the
     matrix width and move the last bits, so `DecodeStep` stacks only for batch 1."""
     if any(type(layer) is not nn.Linear for layer in layers) \
-            or len({(layer.weight.dtype, layer.bias is None) for layer in layers}) != 1:
+            or any(layer.weight.dtype != torch.float32 for layer in layers) \
+            or len({layer.bias is None for layer in layers}) != 1:
         return None
     weight = torch.cat([layer.weight for layer in layers])  # (sum of out_features, in_features)
     bias = None if layers[0].bias is None else torch.cat([layer.bias for layer in layers])
