@@ -194,3 +194,14 @@ def test_overrides_that_are_not_section_key_value_are_one_error_line(existing_ru
 @pytest.mark.parametrize("section, key, value", OUT_OF_RANGE, ids=lambda v: str(v))
 def test_every_out_of_range_value_is_refused_before_anything_is_written(existing_run, section, key, value):
     check_refused(existing_run, [f"--set={section}.{key}={toml_value(value)}"], existing_run[1], ["--overwrite"])
+
+
+@pytest.mark.parametrize("job, option", [("lm", "model.d_model=33"), ("mt", "model.d_model=33"),
+                                         ("mt", "model.nope=1"), ("lm", "model.position=\"learned\"")])
+def test_a_bad_model_option_is_refused_before_the_run_directory_exists(tmp_path, job, option):
+    """[model] is checked when the config is read (with a stand-in vocabulary size), not after the data is
+    prepared into the run directory (the MT job took 30 s and left its data there first)."""
+    extra = ["--set", "model.max_len=8"] if "learned" in option else []
+    status, stderr = kqv(["train", job, "--out", str(tmp_path / "run"), "--set", option, *extra])
+    assert status == 2 and stderr.startswith("kqv: error: "), stderr
+    assert not (tmp_path / "run").exists()

@@ -76,7 +76,7 @@ class LMRunConfig(RunConfig):
     sample: SampleConfig = field(default_factory=SampleConfig)
 
     def check(self) -> None:
-        model = self.model_config(vocab_size=1)  # a bad [model] option fails here, before anything is written
+        model = self.model_config(vocab_size=1)
         if model.position == "learned" and model.max_len < self.data.context:
             raise ConfigError(f"model.max_len ({model.max_len}) is shorter than data.context ({self.data.context}), "
                               f"which learned positions cannot cover; raise max_len or drop it (it defaults to the "

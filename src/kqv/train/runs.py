@@ -55,6 +55,12 @@ class RunConfig(Config):
     train_options: ClassVar[tuple[str, ...]] = ()
     run_tables: ClassVar[tuple[str, ...]] = ()  # tables the job adds to run.toml beyond its config (cls: labels)
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        model_config = getattr(self, "model_config", None)  # a job's [model] -> model config, given a vocabulary
+        if callable(model_config):
+            model_config(vocab_size=8)  # a bad [model] option fails when the config is read, before any work
+
     @classmethod
     def sections(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls) if f.name not in cls.train_options]
