@@ -52,3 +52,67 @@ def test_lower_layers_import_nothing_from_the_layers_above(layer):
 def test_the_import_checker_sees_relative_and_absolute_imports(tmp_path):
     assert kqv_imports(PACKAGE / "jobs" / "lm.py") >= {"nn", "data", "train"}
     assert "nn" in kqv_imports(PACKAGE / "interop" / "convert.py")
+
+
+# -- sizes: a reader can hold a module, and a function, in their head ----------------------------------------------
+
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 60  # body lines, the docstring excluded
+# functions that read better whole: {"kqv.module:Class.function": why}. Keep it short; split before adding here.
+LONG_FUNCTIONS_ALLOWED: dict[str, str] = {}
+
+
+def body_lines(function: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Lines from the first statement after the docstring to the end of the function."""
+    body = function.body[1:] if ast.get_docstring(function) else function.body
+    return body[-1].end_lineno - body[0].lineno + 1 if body else 0
+
+
+def functions(path: Path, package: Path = PACKAGE) -> dict[str, int]:
+    """Every function and method of a module (nested ones too), by qualified name, with its body lines."""
+    module = ".".join(path.relative_to(package.parent).with_suffix("").parts)
+    found = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found[f"{module}:{prefix}{child.name}"] = body_lines(child)
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                visit(child, f"{prefix}{child.name}.")
+
+    visit(ast.parse(path.read_text()), "")
+    return found
+
+
+MODULES = sorted(PACKAGE.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_module_is_over_500_lines(path):
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_MODULE_LINES, f"{path.relative_to(PACKAGE)} has {lines} lines: split it by idea"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_function_is_over_60_lines_unless_it_reads_better_whole(path):
+    long = {name: n for name, n in functions(path).items()
+            if n > MAX_FUNCTION_LINES and name not in LONG_FUNCTIONS_ALLOWED}
+    assert not long, f"functions over {MAX_FUNCTION_LINES} body lines: {long}: split them, or say in " \
+                     f"LONG_FUNCTIONS_ALLOWED why they read better whole"
+
+
+def test_the_allow_list_names_only_long_functions_that_exist():
+    every = {name: n for path in MODULES for name, n in functions(path).items()}
+    stale = {name: every.get(name) for name in LONG_FUNCTIONS_ALLOWED
+             if every.get(name, 0) <= MAX_FUNCTION_LINES}
+    assert not stale, f"allow-listed functions that no longer exist or are no longer long: {stale}"
+
+
+def test_the_size_checker_counts_body_lines_of_nested_functions_and_methods(tmp_path):
+    text = ('def outer():\n    """Doc."""\n    def inner():\n' + "        x = 1\n" * 70 + "    return inner\n\n"
+            "class A:\n    def method(self):\n        return 1\n")
+    path = tmp_path / "kqv" / "probe.py"
+    path.parent.mkdir()
+    path.write_text(text)
+    assert functions(path, tmp_path / "kqv") == {"kqv.probe:outer": 72, "kqv.probe:outer.inner": 70,
+                                                 "kqv.probe:A.method": 1}
