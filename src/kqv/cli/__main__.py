@@ -1,3 +1,5 @@
+"""`python -m kqv.cli`: the `kqv` command."""
+
 from .main import main
 
 raise SystemExit(main())

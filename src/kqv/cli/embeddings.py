@@ -13,6 +13,8 @@ MODEL_HELP = "a local sentence-transformers directory (default: the installed gt
 
 
 class Embed(Command):
+    """`kqv embed TEXT...`: sentence embeddings of each text, printed as JSON or saved to a file."""
+
     name = "embed"
     help = "sentence embeddings (all-MiniLM-L6-v2), printed as JSON or saved"
 
@@ -40,6 +42,8 @@ class Embed(Command):
 
 
 class Similarity(Command):
+    """`kqv similarity TEXT...`: the cosine similarity of every pair of texts' embeddings, as a table."""
+
     name = "similarity"
     help = "cosine similarity of every pair of texts, as a table"
 

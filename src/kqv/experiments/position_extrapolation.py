@@ -48,6 +48,8 @@ PAPER = {
 
 @dataclass
 class Config(LMConfig):
+    """The sizes of the `position-extrapolation` experiment (`FULL` and `QUICK` below), checked by `check_config`."""
+
     eval_lengths: tuple[int, ...] = (64, 128, 256, 512, 1024)
     eval_windows: int = 16  # windows of every evaluation length
     tail: int = 32  # the last tokens of each window, scored for the sliding-window figure

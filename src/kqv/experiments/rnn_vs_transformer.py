@@ -58,6 +58,8 @@ SIZES = {  # model overrides on top of the packaged configs: "benchmark" keeps t
 
 @dataclass
 class Config:
+    """The sizes of the `rnn-vs-transformer` experiment (`FULL` and `QUICK` below), checked by `check_config`."""
+
     minutes: float = 3.0  # training time of each model (evaluation excluded)
     pair: str = "de-en"
     verses: int = 0  # 0: every verse; else an evenly spaced subset of this many

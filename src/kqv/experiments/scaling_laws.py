@@ -40,6 +40,8 @@ PAPER = {"source": "Kaplan et al. 2020, 'Scaling Laws for Neural Language Models
 
 @dataclass
 class Config(LMConfig):
+    """The sizes of the `scaling-laws` experiment (`FULL` and `QUICK` below), checked by `check_config`."""
+
     widths: tuple[int, ...] = (32, 48, 64, 128, 192, 256)
     depths: tuple[int, ...] = (2, 3, 4, 3, 4, 6)
     head_dim: int = 16

@@ -42,7 +42,7 @@ def from_hf(source: nn.Module | str | Path) -> nn.Module:
     arch = architecture(hf_config, class_names)
     config = arch.config_from_hf(hf_config)
     mapping = arch.mapping(config, hf_config)
-    checkpoint = Checkpoint(weights, arch.base_prefix)
+    checkpoint = HFWeights(weights, arch.base_prefix)
     state: dict[str, Tensor] = {}
     kept: dict[str, Tensor] = {}
     for rule in mapping.rules:
@@ -197,7 +197,7 @@ def build_hf_config(arch: Architecture, config: ModelConfig, base: dict[str, Any
     return hf_config
 
 
-class Checkpoint:
+class HFWeights:
     """Hugging Face weights by name, base-model prefix removed, handed out once each so none is lost unnoticed."""
 
     def __init__(self, weights: dict[str, Tensor], prefix: str):

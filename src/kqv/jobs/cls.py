@@ -110,6 +110,8 @@ class LabelledBatches:
 
 
 class ClsJob(Job):
+    """`kqv train cls`: an encoder with a classification head on labelled text, from scratch or an mlm run's encoder."""
+
     name = "cls"
     help = "train a sequence classifier on a TSV file of text<TAB>label lines"
     config_class = ClsRunConfig

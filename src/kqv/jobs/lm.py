@@ -132,6 +132,8 @@ TEXT_DATA_FLAG = Flag("--data", "a text file or directory of .txt files instead 
 
 
 class LMJob(Job):
+    """`kqv train lm`: a decoder-only language model; `kqv generate|eval|attention` on its runs."""
+
     name = "lm"
     help = "train a GPT-style language model (default: Shakespeare, quick config)"
     config_class = LMRunConfig

@@ -99,6 +99,8 @@ class MLMRun(TrainedRun):
 
 
 class MLMJob(Job):
+    """`kqv train mlm`: masked-language-model pretraining of an encoder."""
+
     name = "mlm"
     help = "pretrain a BERT-style encoder by masked language modelling (Shakespeare)"
     config_class = MLMRunConfig

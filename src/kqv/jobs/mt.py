@@ -140,6 +140,8 @@ def build_model(config: ModelConfig | RNNConfig) -> nn.Module:
 
 @dataclass
 class MTData:
+    """A translation corpus ready to train on: the joint tokenizer, the encoded splits, the held-out texts."""
+
     tokenizer: Tokenizer
     splits: dict[str, Encoded]
     texts: dict[str, tuple[list[str], list[str]]]  # dev and test: (sources, references)
@@ -223,6 +225,8 @@ BEAM_FLAGS = (Flag("--beam", "beam size (default: the run's decode.beam_size)", 
 
 
 class MTJob(Job):
+    """`kqv train mt`: a Transformer (or LSTM) translation model; `kqv translate|eval|attention` on its runs."""
+
     name = "mt"
     help = "train a translation model (default: German -> English Bible, quick config)"
     config_class = MTRunConfig

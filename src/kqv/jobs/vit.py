@@ -117,6 +117,8 @@ def train_baseline(name: str, config: VitRunConfig, digits: Digits, seconds: flo
 
 
 class VitJob(Job):
+    """`kqv train vit`: a Vision Transformer on 8x8 digits, trained beside a baseline."""
+
     name = "vit"
     help = "train a Vision Transformer on scikit-learn's 8x8 handwritten digits, beside a baseline"
     config_class = VitRunConfig

@@ -1,0 +1,1 @@
+"""Training: the one `Trainer`, its `TrainConfig`, run directories, checkpoints, metrics, precision, torchrun."""
