@@ -6,8 +6,8 @@ constraints.txt always names a set of versions the suite has been run with:
     python .ci/update_constraints.py            # rewrites constraints.txt at the repository root
     python .ci/update_constraints.py --check    # exit 1 if constraints.txt differs from this environment
 
-The closure follows the requirements of kqv and of its `test` and `embed` extras (the `bench` extra's
-x-transformers is left free: benchmarks are not part of the suite), evaluating environment markers for this
+The closure follows the requirements of kqv and of its `test`, `embed` and `bench` extras (the benchmarks'
+peers are pinned too, so a ratio measured later compares the same versions), evaluating environment markers for this
 interpreter. torch keeps the project's pin, torch==2.13.0 (the CPU build's local label `+cpu` is dropped).
 """
 
@@ -22,7 +22,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
-EXTRAS = ("test", "embed")
+EXTRAS = ("test", "embed", "bench")
 HEADER = """\
 # Exact versions of everything kqv and its test extra install, as the whole suite was last run with.
 # Used by the README's install commands (pip install -c constraints.txt ...) and .ci/run.

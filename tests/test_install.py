@@ -25,7 +25,8 @@ def pinned() -> dict[str, Version]:
 def test_every_direct_dependency_is_pinned_within_the_range_pyproject_allows():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
-    requirements = [Requirement(r) for r in project["dependencies"] + extras["test"] + extras["embed"]]
+    requirements = [Requirement(r) for r in
+                    project["dependencies"] + extras["test"] + extras["embed"] + extras["bench"]]
     pins = pinned()
     for requirement in requirements:
         name = canonicalize_name(requirement.name)
