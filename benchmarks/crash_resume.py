@@ -82,10 +82,13 @@ def prepare(work: Path, steps: int, checkpoint_every: int) -> list[str]:
 
 
 def launch(arguments: list[str]) -> subprocess.Popen:
-    """`kqv ARGUMENTS` in a new process (one thread: its arithmetic is then the same in every process)."""
+    """`kqv ARGUMENTS` in a new process (one thread: its arithmetic is then the same in every process). Ctrl-C is
+    restored to its default in the child: a shell starts background jobs (`cmd &`, nohup, some CI runners) with
+    SIGINT ignored, which the child would inherit, and Python then never raises KeyboardInterrupt."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
     return subprocess.Popen([sys.executable, "-m", "kqv.cli", *arguments], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def draw_moments(count: int, rng: random.Random) -> list[dict]:
