@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from kqv.nn.positions import (ALiBiPositions, LearnedPositions, RelativePositions, RotaryPositions, SinusoidalPositions,
-                           alibi_slopes)
+from kqv.nn.positions import (ALiBiPositions, AttentionPositions, LearnedPositions, RelativePositions,
+                           RotaryPositions, SinusoidalPositions, alibi_slopes)
 
 
 def test_sinusoidal_matches_the_paper_formula_with_sines_then_cosines():
@@ -86,3 +86,11 @@ def test_shaw_distances_beyond_k_share_one_embedding():
     rel = RelativePositions(head_dim=4, max_distance=2)
     index = rel.distance_index(torch.arange(6), torch.arange(6))
     assert index[0, 5] == index[0, 3] == 4 and index[5, 0] == index[3, 0] == 0 and index[2, 2] == 2
+
+
+@pytest.mark.parametrize("scheme", [AttentionPositions(), RelativePositions(8, 4), RotaryPositions(8), ALiBiPositions(2)])
+def test_a_scheme_declares_rotates_exactly_when_it_rotates(scheme):
+    """The lean decoding step skips `rotate` unless the scheme declares `rotates`: the flag must match what the
+    method does (queries it leaves unchanged at positions 3 and 5 mean it does not rotate)."""
+    x = torch.randn(1, 1, 2, 8)
+    assert scheme.rotates == (not torch.equal(scheme.rotate(x, torch.tensor([3, 5])), x))

@@ -9,13 +9,12 @@ is exact and quick), `checkpoint/`, `metrics.jsonl`, `loss.png`, `samples.txt` a
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
 from ..data.batches import batch_generator, sample_batch
 from ..data.shakespeare import load_text, split_text
@@ -24,6 +23,7 @@ from ..errors import ConfigError, DataError, spoken
 from ..nn.config import ModelConfig
 from ..nn.models import DecoderLM, check_ids, count_parameters
 from ..train.evaluation import perplexity
+from ..train.checkpoints import write_atomically
 from ..train.runs import SAMPLES_FILE, TOKENIZER_DIR, TOKENS_FILE, RunConfig
 from ..validation import Config, check_at_least
 from .base import Flag, Job, RunCommand, TrainedRun, report
@@ -99,8 +99,7 @@ def prepare_corpus(job: Job, data: Any, run_dir: Path, reuse: bool) -> tuple[Any
               "chars": torch.tensor([len(train_text), len(val_text)])}
     run_dir.mkdir(parents=True, exist_ok=True)
     tokenizer.save(run_dir / TOKENIZER_DIR)
-    save_file(tokens, run_dir / (TOKENS_FILE + ".tmp"))  # then renamed: present means complete, tokenizer too
-    os.replace(run_dir / (TOKENS_FILE + ".tmp"), run_dir / TOKENS_FILE)
+    write_atomically(run_dir / TOKENS_FILE, save(tokens))  # present means complete, tokenizer too
     return tokenizer, tokens
 
 

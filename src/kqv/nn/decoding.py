@@ -20,7 +20,6 @@ from torch import Tensor, nn
 
 from .attention import KVCache, MultiHeadAttention
 from .cores import FullAttention, fused_attention
-from .positions import AttentionPositions
 from .layers import FeedForward
 
 __all__ = ["DecodeStep"]
@@ -66,7 +65,7 @@ class LayerStep:
         attention: MultiHeadAttention = block.self_attention
         self.cache, self.heads, self.head_dim = cache, attention.n_heads, attention.head_dim
         self.rotate = attention.positions.rotate  # RoPE; the identity for every other scheme this step takes
-        self.rotates = type(attention.positions).rotate is not AttentionPositions.rotate
+        self.rotates = attention.positions.rotates
         self.to_queries, self.to_keys_values = linear(attention.to_queries), linear(attention.to_keys_values)
         # queries, keys and values by one matrix-vector product (batch 1 only: see fused_linear)
         self.to_queries_keys_values = fused_linear(attention.to_queries, attention.to_keys_values) if fuse else None
@@ -116,9 +115,9 @@ class DecodeStep:
     """`DecoderLM.next_token_logits` for one new token per row, continuing `cache`, with fewer operations.
 
     `batch` is the number of rows it will be called with, when known: at batch 1 each layer computes queries, keys
-    and values by one stacked projection (`fused_linear`). Call it with ids (batch, 1), positions (1,) (the token's place in the buffer), the padding mask (batch, 1, 1,
-    cached + 1) or None, and `left_padding` (batch,) or None, as `generate` builds them; it returns the logits
-    (batch, vocab), bit-identical to the general path's.
+    and values by one stacked projection (`fused_linear`). Call it with ids (batch, 1), positions (1,) (the
+    token's place in the buffer), the padding mask (batch, 1, 1, cached + 1) or None, and `left_padding` (batch,)
+    or None, as `generate` builds them; it returns the logits (batch, vocab), bit-identical to the general path's.
     """
 
     def __init__(self, model: nn.Module, cache: list[tuple[KVCache, KVCache]], batch: int | None = None):

@@ -77,11 +77,13 @@ class AttentionPositions(nn.Module):
     Positions are 1-D LongTensors: `q_pos` (q_time,) for the queries, `k_pos` (k_time,) for the keys.
     A scheme declares what it does, so attention chooses its kernel without calling it to find out: a subclass
     that overrides `score_bias` sets `has_score_bias = True`, one that overrides `value_bias` sets
-    `has_value_bias = True` (attention ignores the method otherwise).
+    `has_value_bias = True`, one that overrides `rotate` sets `rotates = True` (attention ignores the method
+    otherwise).
     """
 
     has_score_bias = False  # True when score_bias adds a term to the scores (torch's SDPA then needs it dense)
     has_value_bias = False  # True when value_bias needs the attention weights, which fused kernels don't expose
+    rotates = False  # True when rotate transforms queries and keys (RoPE)
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
         """Transform queries or keys (batch, heads, time, head_dim) by their positions (RoPE)."""
@@ -135,6 +137,8 @@ class RelativePositions(AttentionPositions):
 class RotaryPositions(AttentionPositions):
     """RoPE (Su et al. 2021): rotate each pair of query/key dimensions by an angle proportional to position,
     so q_i . k_j depends on i - j only. Uses the half-split pairing of GPT-NeoX and LLaMA."""
+
+    rotates = True
 
     def __init__(self, head_dim: int, base: float = 10000.0):
         super().__init__()
