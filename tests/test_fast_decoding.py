@@ -106,6 +106,8 @@ LEAN_VARIANTS = {
     **{position: dict(position=position) for position in ("sinusoidal", "learned", "rope", "none")},
     "post-LN rmsnorm": dict(norm="rmsnorm", norm_first=False),
     "swiglu": dict(activation="swiglu", position="rope"),
+    "scaled embeddings": dict(scale_embeddings=True, position="learned"),
+    "embedding norm": dict(embed_norm=True, position="sinusoidal"),  # the Embeddings module's own forward
 }
 
 
@@ -126,7 +128,7 @@ def test_at_batch_one_the_stacked_query_key_value_projection_keeps_the_logits_bi
 @pytest.mark.parametrize("width,out", [(384, (384, 768)), (64, (64, 128)), (384, (1536, 384))])
 def test_stacked_projections_equal_the_separate_ones_bit_for_bit_on_one_row(width, out, threads):
     layers = [torch.nn.Linear(width, n) for n in out]
-    x = torch.randn(1, 1, width)
+    x = torch.randn(1, width)  # one row, as DecodeStep feeds its projections
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

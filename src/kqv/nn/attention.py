@@ -131,21 +131,23 @@ class KVCache:
 
     @property
     def keys(self) -> Tensor | None:
-        return None if self._keys is None else self._keys[:, :, :self.length]
+        return None if self._keys is None else self._keys.narrow(2, 0, self.length)
 
     @property
     def values(self) -> Tensor | None:
-        return None if self._values is None else self._values[:, :, :self.length]
+        return None if self._values is None else self._values.narrow(2, 0, self.length)
 
     def append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """Add the keys and values (batch, heads, new, head_dim) of the newest tokens; return all of them."""
-        end = self.length + keys.shape[2]
+        new = keys.shape[2]
+        end = self.length + new
         if self._keys is None or end > self._keys.shape[2]:
             self._reserve(keys, values, max(end, self.capacity, 2 * self.length))
-        self._keys[:, :, self.length:end] = keys
-        self._values[:, :, self.length:end] = values
+        # narrow, not [:, :, a:b]: one view op instead of Python indexing, a few microseconds per token and layer
+        self._keys.narrow(2, self.length, new).copy_(keys)
+        self._values.narrow(2, self.length, new).copy_(values)
         self.length = end
-        return self.keys, self.values
+        return self._keys.narrow(2, 0, end), self._values.narrow(2, 0, end)
 
     def _reserve(self, keys: Tensor, values: Tensor, time: int) -> None:
         batch, heads = keys.shape[:2]

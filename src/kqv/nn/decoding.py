@@ -21,24 +21,57 @@ from torch import Tensor, nn
 from .attention import KVCache, MultiHeadAttention
 from .cores import FullAttention, fused_attention
 from .layers import FeedForward
+from .positions import LearnedPositions
 
 __all__ = ["DecodeStep"]
 
 
 def norm_function(norm: nn.Module):
-    """The functional form of a LayerNorm or RMSNorm module: what its forward calls, without the module call."""
+    """The functional form of a LayerNorm or RMSNorm module: the kernel its forward calls, without the module call
+    (torch.layer_norm is what F.layer_norm calls after its Python-level checks)."""
     if isinstance(norm, nn.LayerNorm):
-        return lambda x: F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+        return lambda x: torch.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
     if isinstance(norm, nn.RMSNorm):
-        return lambda x: F.rms_norm(x, norm.normalized_shape, norm.weight, norm.eps)
+        return lambda x: torch.rms_norm(x, norm.normalized_shape, norm.weight, norm.eps)
     return norm
+
+
+def embed_function(embeddings: nn.Module):
+    """The functional form of `Embeddings` in eval mode, from token ids (batch,) at positions (batch,) or (1,) to
+    rows (batch, d_model): the same lookups and additions without five module calls, the learned table's length
+    check (`generate` checks the length once, up front) and the multiplication by a scale of 1 (exact either way).
+    Inputs it does not cover (another token module, an embedding norm) go through the module itself."""
+    tokens, positions, scale = embeddings.tokens, embeddings.positions, embeddings.scale
+    if type(tokens) is not nn.Embedding or embeddings.norm is not None:
+        return lambda ids, at: embeddings(ids[:, None], at[..., None]).squeeze(1)
+    table = tokens.weight
+
+    def embed(ids: Tensor, at: Tensor) -> Tensor:
+        x = F.embedding(ids, table)  # (batch, d_model)
+        if scale != 1.0:
+            x = x * scale
+        if type(positions) is LearnedPositions:
+            return x + F.embedding(at, positions.embedding.weight)
+        return x if positions is None else x + positions(at).to(x.dtype)
+    return embed
 
 
 def linear(layer: nn.Module):
     """The functional form of an nn.Linear; any other projection (an int8 one from `in_dtype`) is called as is."""
     if type(layer) is not nn.Linear:
         return layer
-    return lambda x: F.linear(x, layer.weight, layer.bias)
+    return matrix_product(layer.weight, layer.bias)
+
+
+def matrix_product(weight: Tensor, bias: Tensor | None):
+    """x (rows, in) -> x weight^T + bias, as `F.linear` computes it on rows: for fp32 its kernel is addmm (mm
+    without a bias) on the transposed weight, called here directly, a dispatch and a transpose fewer per call."""
+    if weight.dtype != torch.float32:
+        return lambda x: F.linear(x, weight, bias)
+    transposed = weight.t()  # (in, out), a view
+    if bias is None:
+        return lambda x: torch.mm(x, transposed)
+    return lambda x: torch.addmm(bias, x, transposed)
 
 
 def fused_linear(*layers: nn.Module):
@@ -55,11 +88,13 @@ def fused_linear(*layers: nn.Module):
         return None
     weight = torch.cat([layer.weight for layer in layers])  # (sum of out_features, in_features)
     bias = None if layers[0].bias is None else torch.cat([layer.bias for layer in layers])
-    return lambda x: F.linear(x, weight, bias)
+    return matrix_product(weight, bias)
 
 
 class LayerStep:
-    """One decoder block's step on x (batch, 1, d_model), bound to its parameters and its self-attention cache."""
+    """One decoder block's step on x (batch, d_model), one row per sequence, bound to its parameters and its
+    self-attention cache. Rows rather than (batch, 1, d_model) spare `F.linear` the reshapes around its matrix
+    product, which is the same kernel on the same numbers either way."""
 
     def __init__(self, block: nn.Module, cache: KVCache, fuse: bool = False):
         attention: MultiHeadAttention = block.self_attention
@@ -84,7 +119,7 @@ class LayerStep:
         if not self.norm_first:
             x = self.attention_norm(x)
         h = self.feed_forward_norm(x) if self.norm_first else x
-        hidden = self.up(h)  # (batch, 1, d_ff or 2 * d_ff)
+        hidden = self.up(h)  # (batch, d_ff or 2 * d_ff)
         if self.gated:
             gate, value = hidden.chunk(2, dim=-1)
             hidden = self.activation(gate) * value
@@ -94,9 +129,9 @@ class LayerStep:
         return x if self.norm_first else self.feed_forward_norm(x)
 
     def attend(self, h: Tensor, positions: Tensor, mask: Tensor | None) -> Tensor:
-        """Multi-head self-attention of the newest token over the cache: (batch, 1, d_model) -> the same."""
+        """Multi-head self-attention of the newest token over the cache: (batch, d_model) -> the same."""
         batch = h.shape[0]
-        # one new token: (batch, 1, heads * head_dim) views as (batch, heads, 1, head_dim) without a transpose
+        # one new token: (batch, heads * head_dim) views as (batch, heads, 1, head_dim) without a transpose
         if self.to_queries_keys_values is not None:
             queries, keys, values = self.to_queries_keys_values(h).view(batch, 3, self.heads, 1,
                                                                         self.head_dim).unbind(1)
@@ -108,7 +143,7 @@ class LayerStep:
         keys, values = self.cache.append(keys, values)  # (batch, heads, cached + 1, head_dim)
         output = fused_attention(queries, keys, values, mask=mask)  # (batch, heads, 1, head_dim)
         # with one query, (batch, heads, 1, head_dim) is laid out as (batch, 1, heads, head_dim): no transpose
-        return output.reshape(batch, 1, self.heads * self.head_dim)
+        return output.reshape(batch, self.heads * self.head_dim)
 
 
 class DecodeStep:
@@ -122,7 +157,7 @@ class DecodeStep:
 
     def __init__(self, model: nn.Module, cache: list[tuple[KVCache, KVCache]], batch: int | None = None):
         decoder = model.decoder
-        self.embeddings = decoder.embeddings
+        self.embeddings = embed_function(decoder.embeddings)
         self.layers = [LayerStep(block, self_cache, fuse=batch == 1)
                        for block, (self_cache, _) in zip(decoder.blocks, cache)]
         self.final_norm = norm_function(decoder.final_norm)
@@ -140,11 +175,11 @@ class DecodeStep:
 
     def __call__(self, ids: Tensor, positions: Tensor, mask: Tensor | None,
                  left_padding: Tensor | None) -> Tensor:
-        own_positions = positions if left_padding is None else (positions - left_padding[:, None]).clamp(min=0)
-        x = self.embeddings(ids, own_positions)  # (batch, 1, d_model)
+        own_positions = positions if left_padding is None else (positions - left_padding).clamp(min=0)
+        x = self.embeddings(ids[:, 0], own_positions)  # (batch, d_model)
         for layer in self.layers:
             x = layer(x, positions, mask)
-        return self.lm_head(self.final_norm(x))[:, -1]  # (batch, vocab)
+        return self.lm_head(self.final_norm(x))  # (batch, vocab)
 
 
 def supported_block(block: nn.Module) -> bool:

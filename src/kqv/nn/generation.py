@@ -144,8 +144,8 @@ def generate(model: nn.Module, ids: Tensor, max_new_tokens: int, *, temperature:
         for step in range(max_new_tokens):
             start = end - 1 if use_cache and step else 0
             if fast_step is not None and step:
-                logits = fast_step(tokens[:, start:end], layout.positions[start:end], layout.mask(start, end),
-                                   layout.left_padding)
+                logits = fast_step(tokens.narrow(1, start, 1), layout.positions.narrow(0, start, 1),
+                                   layout.mask(start, end), layout.left_padding)
             else:
                 logits = model.next_token_logits(tokens[:, start:end], cache, positions=layout.positions[start:end],
                                                  attention_mask=layout.mask(start, end),
@@ -155,7 +155,7 @@ def generate(model: nn.Module, ids: Tensor, max_new_tokens: int, *, temperature:
             if eos_id is not None:
                 next_ids = next_ids.masked_fill(finished, eos_id)
                 finished |= next_ids == eos_id
-            tokens[:, end] = next_ids
+            tokens.select(1, end).copy_(next_ids)  # tokens[:, end] = next_ids, without Python indexing
             end += 1
             if eos_id is not None and finished.all():
                 break
