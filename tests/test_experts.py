@@ -92,7 +92,9 @@ def test_a_tokens_output_depends_only_on_its_own_routing(ffn, training):
     changed[1:, :3] = torch.randn(2, 3, 32)
     before = layer(x)
     assert layer.stats.dropped_fraction() == 0
-    torch.testing.assert_close(layer(changed)[0, :3], before[0, :3], rtol=0, atol=0)
+    # equal up to rounding: the experts' matrix products run on different sets of rows, and BLAS may block them
+    # differently (last-bit differences on some CPUs, e.g. AMD Zen 4); a leak between tokens would be ~1e-2
+    torch.testing.assert_close(layer(changed)[0, :3], before[0, :3], rtol=1e-5, atol=1e-6)
 
 
 def test_routing_uses_every_expert_and_changes_with_the_token():
