@@ -147,7 +147,7 @@ class KVCache:
         self._keys.narrow(2, self.length, new).copy_(keys)
         self._values.narrow(2, self.length, new).copy_(values)
         self.length = end
-        return self._keys.narrow(2, 0, end), self._values.narrow(2, 0, end)
+        return self.keys, self.values
 
     def _reserve(self, keys: Tensor, values: Tensor, time: int) -> None:
         batch, heads = keys.shape[:2]
