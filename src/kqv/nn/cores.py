@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from .blockwise import blockwise_attention
 from .config import Blockwise, ModelConfig
+from .dropout import dropout as apply_dropout
 from .positions import AttentionPositions
 
 PLAIN_BF16_PAIRS = 256 * 256  # up to this many scores, bf16 attention on the CPU is faster as plain matmuls
@@ -89,7 +90,7 @@ def scaled_dot_product_attention(queries: Tensor, keys: Tensor, values: Tensor, 
     if mask is not None or bias is not None:
         weights = weights.nan_to_num(0.0)  # a query with every key masked attends to nothing
     if dropout > 0:
-        weights = F.dropout(weights, dropout)
+        weights = apply_dropout(weights, dropout)
     return weights @ values, weights
 
 

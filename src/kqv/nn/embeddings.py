@@ -13,6 +13,7 @@ import math
 from torch import Tensor, nn
 
 from .config import ModelConfig
+from .dropout import Dropout
 from .layers import make_norm
 from .positions import input_positions
 
@@ -30,7 +31,7 @@ class Embeddings(nn.Module):
         self.positions = input_positions(config)
         self.scale = math.sqrt(config.d_model) if config.scale_embeddings else 1.0
         self.norm = make_norm(config) if config.embed_norm else None
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def forward(self, ids: Tensor, positions: Tensor) -> Tensor:
         x = self.tokens(ids) * self.scale  # (batch, time, d_model)

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ModelConfig
+from .dropout import Dropout
 from .experts import with_auxiliary_loss
 from .layers import ACTIVATIONS, make_norm
 from .models import Encoder, init_weights, lm_loss
@@ -62,7 +63,7 @@ class ClassificationHead(nn.Module):
         if not isinstance(n_classes, int) or n_classes < 2:
             raise ValueError(f"n_classes must be an integer of at least 2, got {n_classes!r}")
         self.pooling = pooling
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.to_classes = nn.Linear(config.d_model, n_classes)
 
     def forward(self, hidden: Tensor, attention_mask: Tensor | None = None) -> Tensor:

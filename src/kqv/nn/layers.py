@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from .attention import KVCache, MultiHeadAttention
 from .config import ModelConfig
+from .dropout import Dropout
 from .cores import padding_of
 from .experts import MixtureOfExperts
 
@@ -82,7 +83,7 @@ class Residual(nn.Module):
         super().__init__()
         self.norm = make_norm(config)
         self.norm_first = config.norm_first
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def sublayer_input(self, x: Tensor) -> Tensor:
         """What the sublayer reads: the normed stream (pre-LN) or the stream itself (post-LN)."""

@@ -30,6 +30,7 @@ from ..errors import DataError
 from ..errors import ConfigError
 from ..validation import Config, check_positive
 from .attention import Attention, Score
+from .dropout import Dropout
 from .search import search
 
 State = tuple[Tensor, Tensor]  # LSTM (h, c), each (layers, batch, d_hidden)
@@ -75,7 +76,7 @@ class BiLSTMEncoder(nn.Module):
                             bidirectional=True, dropout=config.dropout if config.n_layers > 1 else 0.0)
         self.to_h = nn.Linear(config.d_hidden, config.d_hidden)  # W_h [h_fwd; h_bwd]
         self.to_c = nn.Linear(config.d_hidden, config.d_hidden)  # W_c [c_fwd; c_bwd]
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def forward(self, src_ids: Tensor, src_mask: Tensor | None) -> tuple[Tensor, State]:
         x = self.dropout(self.tokens(src_ids))  # (batch, src_time, d_embed)
@@ -102,7 +103,7 @@ class AttentionLSTMDecoder(nn.Module):
                             dropout=config.dropout if config.n_layers > 1 else 0.0)
         self.attention = Attention(config.d_hidden, config.d_hidden, config.score, hidden=config.attention_hidden)
         self.combine = nn.Linear(2 * config.d_hidden, config.d_embed, bias=False)  # W [a_t; s_t]
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def forward(self, tgt_ids: Tensor, state: State, memory: Tensor,
                 memory_mask: Tensor | None) -> tuple[Tensor, State, Tensor]:

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ModelConfig
+from .dropout import Dropout
 from .experts import with_auxiliary_loss
 from .heads import ClassificationHead
 from .models import Encoder, init_weights
@@ -139,7 +140,7 @@ class MLPClassifier(nn.Module):
         self.image_shape = tuple(image_shape)
         channels, height, width = image_shape
         self.layers = nn.Sequential(nn.Flatten(), nn.Linear(channels * height * width, hidden), nn.GELU(),
-                                    nn.Dropout(dropout), nn.Linear(hidden, hidden), nn.GELU(), nn.Dropout(dropout),
+                                    Dropout(dropout), nn.Linear(hidden, hidden), nn.GELU(), Dropout(dropout),
                                     nn.Linear(hidden, n_classes))
 
     def forward(self, images: Tensor, labels: Tensor | None = None) -> Tensor:
@@ -160,7 +161,7 @@ class ConvClassifier(nn.Module):
             nn.Conv2d(in_channels, channels, 3, padding=1), nn.ReLU(),
             nn.Conv2d(channels, 2 * channels, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
             nn.Flatten(), nn.Linear(2 * channels * (height // 2) * (width // 2), hidden), nn.ReLU(),
-            nn.Dropout(dropout), nn.Linear(hidden, n_classes))
+            Dropout(dropout), nn.Linear(hidden, n_classes))
 
     def forward(self, images: Tensor, labels: Tensor | None = None) -> Tensor:
         check_images(images, self.image_shape)
