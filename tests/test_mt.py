@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kqv import ModelConfig
+from kqv import EncoderDecoder, ModelConfig, RNNConfig, RNNEncoderDecoder
 from kqv.cli.main import main
 from kqv.jobs.mt import (
     Encoded,
@@ -132,18 +132,20 @@ def test_a_batch_is_teacher_forcing_with_right_padding_and_masks():
     assert batch["targets"].tolist() == [[10, 2, -100], [8, 9, 2]]
 
 
-def test_label_smoothing_applies_in_training_and_validation_loss_is_plain_cross_entropy():
-    model = torch.nn.Module()
-    logits = torch.randn(2, 3, 11)
-    model.forward = lambda src, tgt, src_mask=None: logits  # a stand-in for any encoder-decoder
-    batch = {"src": torch.zeros(2, 2, dtype=torch.long), "src_mask": torch.ones(2, 2), "tgt_in": None,
-             "targets": torch.tensor([[1, 2, -100], [3, 4, 5]])}
-    plain = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["targets"].flatten(), ignore_index=-100)
+@pytest.mark.parametrize("kind", ["transformer", "lstm"])
+def test_label_smoothing_applies_in_training_and_validation_loss_is_plain_cross_entropy(kind):
+    torch.manual_seed(0)
+    model = EncoderDecoder(ModelConfig(vocab_size=11, d_model=16, n_heads=2, n_layers=1, d_ff=32, dropout=0.0)) \
+        if kind == "transformer" else RNNEncoderDecoder(RNNConfig(vocab_size=11, d_embed=8, d_hidden=16, dropout=0.0))
+    batch = {"src": torch.tensor([[4, 5, 6], [7, 8, 0]]), "src_mask": torch.tensor([[1, 1, 1], [1, 1, 0]]),
+             "tgt_in": torch.tensor([[1, 2, 3], [1, 9, 10]]), "targets": torch.tensor([[2, 3, -100], [9, 10, 5]])}
+    logits = model(batch["src"], batch["tgt_in"], src_mask=batch["src_mask"]).flatten(0, 1)
+    targets = batch["targets"].flatten()
+    plain = torch.nn.functional.cross_entropy(logits, targets, ignore_index=-100)
+    smoothed = torch.nn.functional.cross_entropy(logits, targets, ignore_index=-100, label_smoothing=0.1)
     model.eval()
     torch.testing.assert_close(mt_loss(model, batch, label_smoothing=0.1), plain)
     model.train()
-    smoothed = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["targets"].flatten(), ignore_index=-100,
-                                                 label_smoothing=0.1)
     torch.testing.assert_close(mt_loss(model, batch, label_smoothing=0.1), smoothed)
     assert not torch.isclose(smoothed, plain)
 
@@ -160,7 +162,6 @@ def test_an_empty_source_sentence_is_a_clear_error(trained_runs):
 
 def test_a_source_too_long_for_learned_positions_is_a_clear_error():
     tokenizer = make_tokenizer("bpe", "eins zwei drei " * 50, 300, ("<pad>", "<bos>", "<eos>"))
-    from kqv import EncoderDecoder
 
     model = EncoderDecoder(ModelConfig(vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2, n_layers=1, d_ff=32,
                                        max_len=8, position="learned"))

@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..data.bible import load_pairs, parse_pair, split_by_group
@@ -42,7 +41,6 @@ from ..data.pairs import Encoded, TokenBatches, encode_pairs, load_splits, read_
 from ..data.tokenizers import Tokenizer, load_tokenizer, make_tokenizer
 from ..errors import ConfigError, DataError
 from ..nn.config import ModelConfig
-from ..nn.experts import with_auxiliary_loss
 from ..nn.models import EncoderDecoder, count_parameters
 from ..nn.rnn import RNNConfig, RNNEncoderDecoder
 from ..train.flops import training_flops_per_token
@@ -198,11 +196,9 @@ def copy_data(source: str | Path, run_dir: Path) -> None:
 def mt_loss(model: nn.Module, batch: dict[str, Tensor], label_smoothing: float = 0.0) -> Tensor:
     """Mean cross-entropy of the next target token under teacher forcing (label-smoothed while training), plus the
     experts' load-balancing loss while training (`kqv.nn.experts`)."""
-    logits = model(batch["src"], batch["tgt_in"], src_mask=batch["src_mask"])  # (batch, tgt_time, vocab)
     smoothing = label_smoothing if model.training else 0.0
-    loss = F.cross_entropy(logits.flatten(0, 1).float(), batch["targets"].flatten(), ignore_index=-100,
-                           label_smoothing=smoothing)
-    return with_auxiliary_loss(model, loss)
+    return model(batch["src"], batch["tgt_in"], batch["targets"], src_mask=batch["src_mask"],
+                 label_smoothing=smoothing)
 
 
 # ---------------------------------------------------------------------------------------------------------------

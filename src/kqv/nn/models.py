@@ -21,6 +21,7 @@ from .generation import generate, translate
 from .embeddings import Embeddings
 from .experts import with_auxiliary_loss
 from .layers import DecoderBlock, EncoderBlock, make_norm
+from .losses import linear_cross_entropy
 from .sparse import share_linformer_projection
 
 
@@ -120,8 +121,9 @@ class DecoderLM(nn.Module):
         past = cache[0][0].length if cache else 0
         mask = check_attention_mask(attention_mask, ids, past)
         hidden, _ = self.decoder(ids, attention_mask=mask, cache=cache)
-        logits = self.lm_head(hidden)
-        return logits if targets is None else with_auxiliary_loss(self, lm_loss(logits, targets))
+        if targets is None:
+            return self.lm_head(hidden)
+        return with_auxiliary_loss(self, linear_cross_entropy(hidden, self.lm_head, check_targets(targets, ids)))
 
     def next_token_logits(self, ids: Tensor, cache: list[tuple[KVCache, KVCache]] | None, *,
                           positions: Tensor | None = None, attention_mask: Tensor | None = None,
@@ -174,20 +176,31 @@ class EncoderDecoder(nn.Module):
     def decode(self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor | None = None, *,
                tgt_mask: Tensor | None = None, cache: list[tuple[KVCache, KVCache]] | None = None) -> Tensor:
         """Logits (batch, tgt_time, tgt_vocab) for the target tokens, given the encoder memory."""
+        return self.lm_head(self.decode_hidden(tgt_ids, memory, src_mask, tgt_mask=tgt_mask, cache=cache))
+
+    def decode_hidden(self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor | None = None, *,
+                      tgt_mask: Tensor | None = None, cache: list[tuple[KVCache, KVCache]] | None = None) -> Tensor:
+        """The decoder's last hidden states (batch, tgt_time, d_model), before the output projection."""
         check_ids(tgt_ids, self.config.target_vocab_size, "tgt_ids")
         past = cache[0][0].length if cache else 0
         mask = check_attention_mask(tgt_mask, tgt_ids, past, "tgt_mask")
         hidden, _ = self.decoder(tgt_ids, memory, attention_mask=mask, memory_mask=self.memory_mask(src_mask),
                                  cache=cache)
-        return self.lm_head(hidden)
+        return hidden
 
     def forward(self, src_ids: Tensor, tgt_ids: Tensor, targets: Tensor | None = None, *,
-                src_mask: Tensor | None = None, tgt_mask: Tensor | None = None) -> Tensor:
+                src_mask: Tensor | None = None, tgt_mask: Tensor | None = None,
+                label_smoothing: float = 0.0) -> Tensor:
         """src_ids (batch, src_time), tgt_ids (batch, tgt_time) -> logits (batch, tgt_time, tgt_vocab),
-        or the mean cross-entropy when targets are given (plus the experts' load-balancing loss in training).
-        src_mask / tgt_mask: 1 = real token, 0 = padding."""
-        logits = self.decode(tgt_ids, self.encode(src_ids, src_mask), src_mask, tgt_mask=tgt_mask)
-        return logits if targets is None else with_auxiliary_loss(self, lm_loss(logits, targets))
+        or the mean cross-entropy when targets are given (label-smoothed by `label_smoothing`, plus the experts'
+        load-balancing loss in training). src_mask / tgt_mask: 1 = real token, 0 = padding."""
+        memory = self.encode(src_ids, src_mask)
+        if targets is None:
+            return self.decode(tgt_ids, memory, src_mask, tgt_mask=tgt_mask)
+        hidden = self.decode_hidden(tgt_ids, memory, src_mask, tgt_mask=tgt_mask)
+        loss = linear_cross_entropy(hidden, self.lm_head, check_targets(targets, tgt_ids),
+                                    label_smoothing=label_smoothing)
+        return with_auxiliary_loss(self, loss)
 
     def generate(self, src_ids: Tensor, max_new_tokens: int, *, bos_id: int, eos_id: int, beam_size: int = 1,
                  length_penalty: float = 1.0, src_mask: Tensor | None = None, use_cache: bool = True) -> Tensor:
@@ -210,6 +223,13 @@ class EncoderDecoder(nn.Module):
 
     def new_cache(self, capacity: int = 0) -> list[tuple[KVCache, KVCache]]:
         return self.decoder.new_cache(capacity)
+
+
+def check_targets(targets: Tensor, ids: Tensor) -> Tensor:
+    """targets, after checking they have the ids' shape (batch, time): one target per position."""
+    if targets.shape != ids.shape:
+        raise ValueError(f"targets must have shape {tuple(ids.shape)} like the ids, got {tuple(targets.shape)}")
+    return targets
 
 
 def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:

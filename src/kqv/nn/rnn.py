@@ -22,7 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
@@ -31,6 +30,7 @@ from ..errors import ConfigError
 from ..validation import Config, check_positive
 from .attention import Attention, Score
 from .dropout import Dropout
+from .losses import linear_cross_entropy
 from .search import search
 
 State = tuple[Tensor, Tensor]  # LSTM (h, c), each (layers, batch, d_hidden)
@@ -145,16 +145,18 @@ class RNNEncoderDecoder(nn.Module):
         return memory, state, None if src_mask is None else src_mask[:, None, :]
 
     def forward(self, src_ids: Tensor, tgt_ids: Tensor, targets: Tensor | None = None, *,
-                src_mask: Tensor | None = None, tgt_mask: Tensor | None = None) -> Tensor:
+                src_mask: Tensor | None = None, tgt_mask: Tensor | None = None,
+                label_smoothing: float = 0.0) -> Tensor:
         """src_ids (batch, src_time), tgt_ids (batch, tgt_time) -> logits (batch, tgt_time, tgt_vocab), or the mean
-        cross-entropy when targets are given (-100 = ignore)."""
+        cross-entropy when targets are given (-100 = ignore; label-smoothed by `label_smoothing`)."""
         memory, state, memory_mask = self.encode(src_ids, src_mask)
         _check_ids(tgt_ids, self.config.target_vocab_size, "tgt_ids")
         output, _, _ = self.decoder(tgt_ids, state, memory, memory_mask)
-        logits = self.lm_head(output)
         if targets is None:
-            return logits
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+            return self.lm_head(output)
+        if targets.shape != tgt_ids.shape:
+            raise ValueError(f"targets must have shape {tuple(tgt_ids.shape)} like tgt_ids, got {tuple(targets.shape)}")
+        return linear_cross_entropy(output, self.lm_head, targets, label_smoothing=label_smoothing)
 
     def attention_weights(self, src_ids: Tensor, tgt_ids: Tensor, src_mask: Tensor | None = None) -> dict[str, list]:
         """{"cross": [weights (batch, 1 head, tgt_time, src_time)]}: the source-target alignment, as for

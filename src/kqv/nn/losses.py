@@ -1,0 +1,89 @@
+"""The output layer and its cross-entropy in one pass over blocks of rows.
+
+Projecting every position to the vocabulary makes a (tokens, vocab) logits matrix: 1,800 target tokens and a
+vocabulary of 8,000 are 58 MB in fp32, and `F.cross_entropy` then reads and writes it about ten times (softmax,
+its gradient, the label-smoothing terms, the casts). On a CPU with little memory bandwidth that took a fifth of a
+translation step. `linear_cross_entropy` gives the same loss and gradients, a block of rows at a time: each
+block's logits stay in the cache, and the gradients of the hidden states and the weights are formed while the
+block is there (when they will be needed), so the backward pass only scales them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+BLOCK_LOGITS = 1 << 20  # logits per block: 4 MB in fp32, well inside a CPU's last-level cache
+
+
+def linear_cross_entropy(hidden: Tensor, head: nn.Linear, targets: Tensor, *, label_smoothing: float = 0.0,
+                         ignore_index: int = -100) -> Tensor:
+    """Mean cross-entropy of `head(hidden)` against `targets`, as
+    `F.cross_entropy(head(hidden).flatten(0, -2).float(), targets.flatten(), ...)` computes it (under bf16
+    autocast too: bf16 products, fp32 softmax), without the whole logits matrix.
+
+    hidden (..., d_model); targets (...) class ids, `ignore_index` where there is no target.
+    """
+    if targets.shape != hidden.shape[:-1]:
+        raise ValueError(f"targets must have shape {tuple(hidden.shape[:-1])}, got {tuple(targets.shape)}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing must be between 0 and 1, got {label_smoothing}")
+    dtype = torch.get_autocast_dtype("cpu") if hidden.device.type == "cpu" and torch.is_autocast_enabled("cpu") \
+        else hidden.dtype
+    return _LinearCrossEntropy.apply(hidden.flatten(0, -2), head.weight, head.bias, targets.flatten(),
+                                     label_smoothing, ignore_index, dtype)
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """The loss in forward, with its gradients when any input needs them; backward scales those gradients."""
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, smoothing: float,
+                ignore_index: int, dtype: torch.dtype) -> Tensor:
+        wants_grad = any(ctx.needs_input_grad[:3])
+        with torch.autocast(hidden.device.type, enabled=False):
+            loss, grads = _blocks(hidden, weight, bias, targets, smoothing, ignore_index, dtype, wants_grad)
+        ctx.save_for_backward(*grads)
+        ctx.has_bias = bias is not None
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor):
+        grad_hidden, grad_weight, *grad_bias = ctx.saved_tensors
+        scaled = [g * grad_loss for g in (grad_hidden, grad_weight, *grad_bias)]
+        return scaled[0], scaled[1], scaled[2] if ctx.has_bias else None, None, None, None, None
+
+
+def _blocks(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, smoothing: float,
+            ignore_index: int, dtype: torch.dtype, wants_grad: bool) -> tuple[Tensor, list[Tensor]]:
+    """The mean loss and, when `wants_grad`, its gradients for hidden (tokens, d_model), weight (vocab, d_model)
+    and bias (vocab), computed block by block."""
+    tokens, vocab = hidden.shape[0], weight.shape[0]
+    counted = targets != ignore_index  # (tokens,)
+    count = counted.sum()  # with nothing counted the loss is nan, as F.cross_entropy's mean is
+    w, b = weight.to(dtype), None if bias is None else bias.to(dtype)
+    total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    grads = [torch.empty_like(hidden), torch.zeros_like(weight)] + ([] if bias is None else [torch.zeros_like(bias)])
+    rows = max(1, BLOCK_LOGITS // vocab)
+    for start in range(0, tokens, rows):
+        block = slice(start, start + rows)
+        h, t, keep = hidden[block].to(dtype), targets[block], counted[block]
+        logits = (h @ w.t() if b is None else torch.addmm(b, h, w.t())).float()  # (rows, vocab)
+        picked = logits.gather(1, t.clamp(min=0).unsqueeze(1)).squeeze(1)  # (rows,)
+        mean = logits.mean(dim=-1)
+        top = logits.amax(dim=-1, keepdim=True)
+        exps = logits.sub_(top).exp_()  # in place: the logits are not needed again
+        sums = exps.sum(dim=-1)
+        log_norm = top.squeeze(1) + sums.log()  # log of the softmax's denominator
+        losses = (1 - smoothing) * (log_norm - picked) + smoothing * (log_norm - mean)
+        total += losses.masked_fill(~keep, 0.0).sum()
+        if wants_grad:  # d loss / d logits = softmax - (1 - smoothing) * one_hot - smoothing / vocab
+            grad = exps.div_(sums.unsqueeze(1)).sub_(smoothing / vocab)
+            grad.scatter_add_(1, t.clamp(min=0).unsqueeze(1), torch.full_like(picked, smoothing - 1).unsqueeze(1))
+            grad.mul_(keep.unsqueeze(1) / count.clamp(min=1))
+            grad_logits = grad.to(dtype)
+            grads[0][block] = grad_logits @ w
+            grads[1] += grad_logits.t() @ h
+            if b is not None:
+                grads[2] += grad.sum(dim=0)
+    return total / count, grads if wants_grad else []
