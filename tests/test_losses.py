@@ -67,11 +67,15 @@ def test_the_incoming_gradient_scales_the_gradients():
         torch.testing.assert_close(three, 3 * one)
 
 
-def test_without_gradients_it_only_computes_the_loss():
+def test_without_gradients_it_only_computes_the_loss(monkeypatch):
     head, hidden, targets = problem(bias=True)
+    asked = []
+    blocks = losses._blocks
+    monkeypatch.setattr(losses, "_blocks", lambda *args: asked.append(args[-1]) or blocks(*args))
     with torch.no_grad():
         loss = linear_cross_entropy(hidden, head, targets)
     assert not loss.requires_grad
+    assert asked == [False]  # no gradients formed under no_grad (validation)
     torch.testing.assert_close(loss, reference(head, hidden, targets, 0.0).detach())
 
 

@@ -26,13 +26,14 @@ def linear_cross_entropy(hidden: Tensor, head: nn.Linear, targets: Tensor, *, la
     hidden (..., d_model); targets (...) class ids, `ignore_index` where there is no target.
     """
     if targets.shape != hidden.shape[:-1]:
-        raise ValueError(f"targets must have shape {tuple(hidden.shape[:-1])}, got {tuple(targets.shape)}")
+        raise ValueError(f"targets must have shape {tuple(hidden.shape[:-1])}, one per position, got "
+                         f"{tuple(targets.shape)}")
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"label_smoothing must be between 0 and 1, got {label_smoothing}")
     dtype = torch.get_autocast_dtype("cpu") if hidden.device.type == "cpu" and torch.is_autocast_enabled("cpu") \
         else hidden.dtype
     return _LinearCrossEntropy.apply(hidden.flatten(0, -2), head.weight, head.bias, targets.flatten(),
-                                     label_smoothing, ignore_index, dtype)
+                                     label_smoothing, ignore_index, dtype, torch.is_grad_enabled())
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -40,8 +41,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, smoothing: float,
-                ignore_index: int, dtype: torch.dtype) -> Tensor:
-        wants_grad = any(ctx.needs_input_grad[:3])
+                ignore_index: int, dtype: torch.dtype, grad_enabled: bool) -> Tensor:
+        wants_grad = grad_enabled and any(ctx.needs_input_grad[:3])  # not under no_grad, e.g. validation
         with torch.autocast(hidden.device.type, enabled=False):
             loss, grads = _blocks(hidden, weight, bias, targets, smoothing, ignore_index, dtype, wants_grad)
         ctx.save_for_backward(*grads)
@@ -52,7 +53,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss: Tensor):
         grad_hidden, grad_weight, *grad_bias = ctx.saved_tensors
         scaled = [g * grad_loss for g in (grad_hidden, grad_weight, *grad_bias)]
-        return scaled[0], scaled[1], scaled[2] if ctx.has_bias else None, None, None, None, None
+        return scaled[0], scaled[1], scaled[2] if ctx.has_bias else None, None, None, None, None, None
 
 
 def _blocks(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, smoothing: float,

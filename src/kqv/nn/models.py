@@ -123,7 +123,7 @@ class DecoderLM(nn.Module):
         hidden, _ = self.decoder(ids, attention_mask=mask, cache=cache)
         if targets is None:
             return self.lm_head(hidden)
-        return with_auxiliary_loss(self, linear_cross_entropy(hidden, self.lm_head, check_targets(targets, ids)))
+        return with_auxiliary_loss(self, linear_cross_entropy(hidden, self.lm_head, targets))
 
     def next_token_logits(self, ids: Tensor, cache: list[tuple[KVCache, KVCache]] | None, *,
                           positions: Tensor | None = None, attention_mask: Tensor | None = None,
@@ -198,8 +198,7 @@ class EncoderDecoder(nn.Module):
         if targets is None:
             return self.decode(tgt_ids, memory, src_mask, tgt_mask=tgt_mask)
         hidden = self.decode_hidden(tgt_ids, memory, src_mask, tgt_mask=tgt_mask)
-        loss = linear_cross_entropy(hidden, self.lm_head, check_targets(targets, tgt_ids),
-                                    label_smoothing=label_smoothing)
+        loss = linear_cross_entropy(hidden, self.lm_head, targets, label_smoothing=label_smoothing)
         return with_auxiliary_loss(self, loss)
 
     def generate(self, src_ids: Tensor, max_new_tokens: int, *, bos_id: int, eos_id: int, beam_size: int = 1,
@@ -223,13 +222,6 @@ class EncoderDecoder(nn.Module):
 
     def new_cache(self, capacity: int = 0) -> list[tuple[KVCache, KVCache]]:
         return self.decoder.new_cache(capacity)
-
-
-def check_targets(targets: Tensor, ids: Tensor) -> Tensor:
-    """targets, after checking they have the ids' shape (batch, time): one target per position."""
-    if targets.shape != ids.shape:
-        raise ValueError(f"targets must have shape {tuple(ids.shape)} like the ids, got {tuple(targets.shape)}")
-    return targets
 
 
 def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:

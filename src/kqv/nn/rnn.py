@@ -154,8 +154,6 @@ class RNNEncoderDecoder(nn.Module):
         output, _, _ = self.decoder(tgt_ids, state, memory, memory_mask)
         if targets is None:
             return self.lm_head(output)
-        if targets.shape != tgt_ids.shape:
-            raise ValueError(f"targets must have shape {tuple(tgt_ids.shape)} like tgt_ids, got {tuple(targets.shape)}")
         return linear_cross_entropy(output, self.lm_head, targets, label_smoothing=label_smoothing)
 
     def attention_weights(self, src_ids: Tensor, tgt_ids: Tensor, src_mask: Tensor | None = None) -> dict[str, list]:
