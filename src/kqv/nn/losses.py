@@ -2,8 +2,8 @@
 
 Projecting every position to the vocabulary makes a (tokens, vocab) logits matrix: 1,800 target tokens and a
 vocabulary of 8,000 are 58 MB in fp32, and `F.cross_entropy` then reads and writes it about ten times (softmax,
-its gradient, the label-smoothing terms, the casts). On a CPU with little memory bandwidth that took a quarter of
-a bf16 translation step (`python benchmarks/step_kernels.py` times both ways). `linear_cross_entropy` gives the
+its gradient, the label-smoothing terms, the casts), which is slow on a CPU with little memory bandwidth
+(`python benchmarks/step_kernels.py` times both ways). `linear_cross_entropy` gives the
 same loss and gradients a block of rows at a time: each block's logits stay in the cache, and the gradients of
 the hidden states and the weights are formed while the block is there (when they will be needed), so the
 backward pass only scales them.
