@@ -63,15 +63,17 @@ def _blocks(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor
     tokens, vocab = hidden.shape[0], weight.shape[0]
     counted = targets != ignore_index  # (tokens,)
     count = counted.sum()  # with nothing counted the loss is nan, as F.cross_entropy's mean is
+    index = targets.clamp(min=0).unsqueeze(1)  # (tokens, 1): where each row's target is (any class if ignored)
+    row_weights = (counted / count.clamp(min=1)).unsqueeze(1)  # (tokens, 1): 1 / count, 0 for ignored rows
     w, b = weight.to(dtype), None if bias is None else bias.to(dtype)
     total = torch.zeros((), dtype=torch.float32, device=hidden.device)
     grads = [torch.empty_like(hidden), torch.zeros_like(weight)] + ([] if bias is None else [torch.zeros_like(bias)])
     rows = max(1, BLOCK_LOGITS // vocab)
     for start in range(0, tokens, rows):
         block = slice(start, start + rows)
-        h, t, keep = hidden[block].to(dtype), targets[block], counted[block]
+        h, at, keep = hidden[block].to(dtype), index[block], counted[block]
         logits = (h @ w.t() if b is None else torch.addmm(b, h, w.t())).float()  # (rows, vocab)
-        picked = logits.gather(1, t.clamp(min=0).unsqueeze(1)).squeeze(1)  # (rows,)
+        picked = logits.gather(1, at).squeeze(1)  # (rows,)
         mean = logits.mean(dim=-1)
         top = logits.amax(dim=-1, keepdim=True)
         exps = logits.sub_(top).exp_()  # in place: the logits are not needed again
@@ -81,8 +83,8 @@ def _blocks(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor
         total += losses.masked_fill(~keep, 0.0).sum()
         if wants_grad:  # d loss / d logits = softmax - (1 - smoothing) * one_hot - smoothing / vocab
             grad = exps.div_(sums.unsqueeze(1)).sub_(smoothing / vocab)
-            grad.scatter_add_(1, t.clamp(min=0).unsqueeze(1), torch.full_like(picked, smoothing - 1).unsqueeze(1))
-            grad.mul_(keep.unsqueeze(1) / count.clamp(min=1))
+            grad.scatter_add_(1, at, torch.full_like(picked, smoothing - 1).unsqueeze(1))
+            grad.mul_(row_weights[block])
             grad_logits = grad.to(dtype)
             grads[0][block] = grad_logits @ w
             grads[1] += grad_logits.t() @ h
