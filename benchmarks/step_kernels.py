@@ -37,15 +37,13 @@ ROOT = Path(__file__).resolve().parent
 TOKENS, D_MODEL, D_FF, VOCAB = 1800, 256, 1024, 8000
 
 
-def median_ms(fn: Callable[[], object], rounds: int, inner: int = 5) -> list[float]:
+def mean_ms(fn: Callable[[], object], inner: int = 5) -> float:
+    """Milliseconds per call of fn, averaged over `inner` calls after one untimed call."""
     fn()
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        times.append((time.perf_counter() - start) / inner * 1e3)
-    return times
+    start = time.perf_counter()
+    for _ in range(inner):
+        fn()
+    return (time.perf_counter() - start) / inner * 1e3
 
 
 def dropout_pairs(dtype: torch.dtype) -> dict[str, tuple[Callable, Callable]]:
@@ -89,8 +87,8 @@ def main() -> None:
         for name, (theirs, ours) in pairs.items():
             torch_times, kqv_times = [], []
             for _ in range(args.rounds):  # interleaved, so drift slows both alike
-                torch_times += median_ms(theirs, 1)
-                kqv_times += median_ms(ours, 1)
+                torch_times.append(mean_ms(theirs))
+                kqv_times.append(mean_ms(ours))
             torch_ms, kqv_ms = statistics.median(torch_times), statistics.median(kqv_times)
             rows.append({"kernel": name, "precision": precision, "torch_ms": round(torch_ms, 2),
                          "kqv_ms": round(kqv_ms, 2), "torch_over_kqv": round(torch_ms / kqv_ms, 2)})
