@@ -27,12 +27,12 @@ Precisions:
     python benchmarks/generation_speed.py --run runs/lm  # also: agreement of bf16 and int8 greedy tokens with
                                                          # fp32's on a trained LM (e.g. `kqv train lm --config quick`)
 
-The floor: an exact fp32 decoder must at least read every weight once per token through the same matrix-vector
-products. In the fp32 cases a third runner, `floor`, times kqv's own `nn.Linear` layers alone (each layer's
-`F.linear` on a stored input, in model order, once per new token: ~56 MB of weights, nothing else), interleaved
-with the other two. `floor_over_hf` (floor tokens/s over HF's, median of per-round ratios) is the largest kqv/HF
-ratio any decoder built on these kernels could reach on this machine at this load; `kqv_over_floor` (kqv
-tokens/s over the floor's, at most 1) says how close kqv's whole step comes to it.
+The floor: at batch 1 an exact fp32 decoder must at least read every weight once per token. In the fp32 cases a
+third runner, `floor`, does only that: a sum over each of kqv's linear layers' weights (~56 MB), once per new token,
+on torch's threads, interleaved with the other two; a reduction streams memory at about the machine's read
+bandwidth. `floor_over_hf` (floor tokens/s over HF's, median of per-round ratios) bounds the kqv/HF ratio any
+exact decoder could reach on this machine at this load; `kqv_over_floor` (kqv tokens/s over the floor's, at most
+1) says how close kqv's whole step comes to it. `weights_gb_per_s` is the floor's read rate.
 
 Random weights give nearly flat logits, so the agreement figures above say little about a real model; `--run DIR`
 adds, for a trained run, the fraction of greedy tokens each low-precision path shares with fp32 (position by
@@ -54,7 +54,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from kqv.nn.generation import in_dtype
@@ -105,17 +104,16 @@ def hf_generate(model: nn.Module, ids: Tensor, new: int) -> Tensor:
     return out[:, ids.shape[1]:]
 
 
-def matvec_floor(model: nn.Module, batch: int, new: int):
-    """A runner doing only the model's matrix-vector products for `new` tokens: every `nn.Linear` once per token,
-    on a fixed (batch, 1, in_features) input, with torch's kernel (the one both libraries' steps call)."""
-    layers = [m for m in model.modules() if type(m) is nn.Linear]
-    inputs = [torch.randn(batch, 1, m.in_features) for m in layers]
+def weight_read_floor(model: nn.Module, new: int):
+    """A runner doing only what an exact decoder cannot avoid at batch 1: reading every `nn.Linear` weight once
+    per token (a sum over each, in model order), nothing else."""
+    weights = [m.weight for m in model.modules() if type(m) is nn.Linear]
 
     def run() -> None:
         with torch.inference_mode():
             for _ in range(new):
-                for layer, x in zip(layers, inputs):
-                    F.linear(x, layer.weight, layer.bias)
+                for weight in weights:
+                    weight.sum()
     return run
 
 
@@ -130,7 +128,7 @@ def run_case(kqv: nn.Module, hf: nn.Module, ids: Tensor, new: int, precision: st
     """Interleaved rounds of kqv and HF generating `new` tokens for `ids`; tokens/s, ratios and token checks."""
     runners = {"kqv": lambda: kqv_generate(kqv, ids, new), "hf": lambda: hf_generate(hf, ids, new)}
     if precision == "fp32":
-        runners["floor"] = matvec_floor(kqv, ids.shape[0], new)
+        runners["floor"] = weight_read_floor(kqv, new)
     outputs = {name: run() for name, run in runners.items()}  # warm-up (and the tokens to check)
     times: dict[str, list[float]] = {name: [] for name in runners}
     for r in range(rounds):
@@ -147,8 +145,10 @@ def run_case(kqv: nn.Module, hf: nn.Module, ids: Tensor, new: int, precision: st
            "kqv_over_hf_paired": statistics.median(h / k for k, h in zip(times["kqv"], times["hf"])),
            "rounds_seconds": times}
     row["kqv_over_hf"] = row["kqv_tokens_per_s"] / row["hf_tokens_per_s"]
-    if "floor" in times:  # the exact fp32 floor: the matrix-vector products alone
+    if "floor" in times:  # the exact fp32 floor: every weight read once per token
         row["floor_tokens_per_s"] = tokens / statistics.median(times["floor"])
+        weight_bytes = sum(m.weight.numel() * 4 for m in kqv.modules() if type(m) is nn.Linear)
+        row["weights_gb_per_s"] = new * weight_bytes / statistics.median(times["floor"]) / 1e9
         row["floor_over_hf"] = statistics.median(h / f for h, f in zip(times["hf"], times["floor"]))
         row["kqv_over_floor"] = statistics.median(f / k for k, f in zip(times["kqv"], times["floor"]))
     row["kqv_hf_identical"] = bool(torch.equal(outputs["kqv"], outputs["hf"]))
@@ -255,7 +255,7 @@ def profile_step(kqv: nn.Module, hf: nn.Module, s: Shape, top: int = 8) -> dict[
 def print_table(rows: list[dict]) -> None:
     header = (f"{'thr':>3s} {'batch':>5s} {'prec':5s} {'kqv tok/s':>10s} {'HF tok/s':>10s} {'kqv/HF':>7s} "
               f"{'paired':>7s} "
-              f"{'floor tok/s':>11s} {'floor/HF':>8s} {'kqv/floor':>9s} {'tokens':>22s}")
+              f"{'floor tok/s':>11s} {'GB/s':>5s} {'floor/HF':>8s} {'kqv/floor':>9s} {'tokens':>22s}")
     print("\n" + header + "\n" + "-" * len(header))
     for row in rows:
         if row["precision"] == "fp32":
@@ -266,8 +266,9 @@ def print_table(rows: list[dict]) -> None:
             check = f"vs fp32 {row['kqv_agreement_with_fp32']:.1%} / HF {row['hf_agreement_with_fp32']:.1%}"
         print(f"{row['threads']:3d} {row['batch']:5d} {row['precision']:5s} {row['kqv_tokens_per_s']:10,.1f} "
               f"{row['hf_tokens_per_s']:10,.1f} {row['kqv_over_hf']:7.2f} {row['kqv_over_hf_paired']:7.2f} "
-              + (f"{row['floor_tokens_per_s']:11,.1f} {row['floor_over_hf']:8.2f} {row['kqv_over_floor']:9.2f} "
-                 if "floor_over_hf" in row else f"{'':11s} {'':8s} {'':9s} ") + f"{check:>22s}")
+              + (f"{row['floor_tokens_per_s']:11,.1f} {row['weights_gb_per_s']:5.1f} {row['floor_over_hf']:8.2f} "
+                 f"{row['kqv_over_floor']:9.2f} " if "floor_over_hf" in row else f"{'':11s} {'':5s} {'':8s} {'':9s} ")
+              + f"{check:>22s}")
 
 
 def versions() -> dict[str, str]:

@@ -8,7 +8,7 @@ import torch
 
 from kqv import DecoderLM, KVCache
 from kqv.interop import to_hf
-from kqv.nn.decoding import DecodeStep, fused_linear
+from kqv.nn.decoding import DecodeStep, fused_linear, linear
 from kqv.nn.generation import PromptLayout, in_dtype
 
 from conftest import POSITIONS, tiny_config
@@ -117,16 +117,19 @@ def test_the_lean_decoding_step_gives_the_general_paths_logits_bit_for_bit(chang
 
 
 @pytest.mark.parametrize("changes", LEAN_VARIANTS.values(), ids=LEAN_VARIANTS.keys())
-def test_at_batch_one_the_stacked_query_key_value_projection_keeps_the_logits_bit_for_bit(changes):
+def test_at_batch_one_the_transposed_weights_move_only_the_last_bits_and_no_greedy_token(changes):
     model = DecoderLM(tiny_config(**changes)).eval()
     step = DecodeStep(model, model.new_cache(4), batch=1)
     assert all(layer.to_queries_keys_values is not None for layer in step.layers)
-    assert_lean_step_is_the_general_path(model, batch=1)
+    assert_lean_step_is_the_general_path(model, batch=1, exact=False)
+    ids = torch.randint(1, 37, (1, 5))
+    assert torch.equal(model.generate(ids, 40, temperature=0), model.generate(ids, 40, temperature=0,
+                                                                              use_cache=False))
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("width,out", [(384, (384, 768)), (64, (64, 128)), (384, (1536, 384))])
-def test_stacked_projections_equal_the_separate_ones_bit_for_bit_on_one_row(width, out, threads):
+def test_stacked_one_row_projections_equal_the_separate_ones_bit_for_bit(width, out, threads):
     layers = [torch.nn.Linear(width, n) for n in out]
     x = torch.randn(1, width)  # one row, as DecodeStep feeds its projections
     previous = torch.get_num_threads()
@@ -134,15 +137,18 @@ def test_stacked_projections_equal_the_separate_ones_bit_for_bit_on_one_row(widt
     try:
         with torch.no_grad():
             stacked = fused_linear(*layers)(x).split(out, dim=-1)
-            separate = [layer(x) for layer in layers]
+            separate = [linear(layer, one_row=True)(x) for layer in layers]
+            reference = [layer(x) for layer in layers]
     finally:
         torch.set_num_threads(previous)
     assert all(torch.equal(a, b) for a, b in zip(stacked, separate))
+    for a, b in zip(stacked, reference):  # the (in, out) copy sums in another order than F.linear
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     assert fused_linear(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4, bias=False)) is None
     assert fused_linear(torch.nn.Linear(4, 4).bfloat16(), torch.nn.Linear(4, 4).bfloat16()) is None  # fp32 only
 
 
-def assert_lean_step_is_the_general_path(model, batch=3):
+def assert_lean_step_is_the_general_path(model, batch=3, exact=True):
     assert DecodeStep.supports(model)
     ids = torch.randint(1, 37, (3, 12))
     mask = torch.ones_like(ids)
@@ -163,7 +169,10 @@ def assert_lean_step_is_the_general_path(model, batch=3):
                                                   left_padding=layout.left_padding)
                 lean = step(ids[:, end - 1:end], layout.positions[end - 1:end], layout.mask(end - 1, end),
                             layout.left_padding)
-                assert torch.equal(lean, general), (end, attention_mask is not None)
+                if exact:
+                    assert torch.equal(lean, general), (end, attention_mask is not None)
+                else:
+                    torch.testing.assert_close(lean, general, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("changes", [dict(position="alibi"), dict(position="relative"),

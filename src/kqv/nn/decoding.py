@@ -56,39 +56,75 @@ def embed_function(embeddings: nn.Module):
     return embed
 
 
-def linear(layer: nn.Module):
+def linear(layer: nn.Module, one_row: bool = False):
     """The functional form of an nn.Linear; any other projection (an int8 one from `in_dtype`) is called as is."""
     if type(layer) is not nn.Linear:
         return layer
-    return matrix_product(layer.weight, layer.bias)
+    return matrix_product(layer.weight, layer.bias, one_row)
 
 
-def matrix_product(weight: Tensor, bias: Tensor | None):
-    """x (rows, in) -> x weight^T + bias, as `F.linear` computes it on rows: for fp32 its kernel is addmm (mm
-    without a bias) on the transposed weight, called here directly, a dispatch and a transpose fewer per call."""
+def matrix_product(weight: Tensor, bias: Tensor | None, one_row: bool = False):
+    """x (rows, in) -> x weight^T + bias.
+
+    For several rows this is what `F.linear` computes in fp32 (addmm, or mm without a bias, on the transposed
+    weight), called directly: a dispatch and a transpose fewer per call, and the same numbers. For one row
+    (`one_row`) it is a matrix-vector product, bound by reading the weight: see `one_row_product`."""
     if weight.dtype != torch.float32:
         return lambda x: F.linear(x, weight, bias)
+    if one_row:
+        return one_row_product(weight, bias, parts=torch.get_num_threads())
     transposed = weight.t()  # (in, out), a view
     if bias is None:
         return lambda x: torch.mm(x, transposed)
     return lambda x: torch.addmm(bias, x, transposed)
 
 
-def fused_linear(*layers: nn.Module):
-    """One `F.linear` on the layers' weights stacked by rows, or None when they are not all plain fp32 nn.Linear
-    layers, with and without bias alike.
+def one_row_product(weight: Tensor, bias: Tensor | None, parts: int):
+    """x (1, in) -> x weight^T + bias, read as fast as this CPU's BLAS reads a matrix for one row.
 
-    For one input row the product is a matrix-vector product, and torch's CPU BLAS (MKL's gemv) computes each
-    output as the same dot product whatever other rows the matrix has: the stacked projection is bit-identical to
-    the separate ones (tests/test_fast_decoding.py checks it). For several rows gemm's blocking may depend on the
-    matrix width and move the last bits, so `DecodeStep` stacks only for batch 1."""
+    Two things decide that speed, both measured on 2-core Zen 4 and Xeon machines (`python
+    benchmarks/generation_speed.py` shows their effect on the whole step):
+    * The layout. A matrix at least as wide as it is deep streams about twice as fast as an (in, out) matrix than
+      as the (out, in) rows `nn.Linear` keeps; a deeper one (the feed-forward network's down projection) the
+      other way round. Such matrices get an (in, out) copy, made once here.
+    * Threads. BLAS computes a matrix-vector product on one thread, so the weight is cut into `parts` column
+      blocks (parts, in, out / parts), one per thread, multiplied by one batched product (`torch.baddbmm`, which
+      torch runs across its threads) whose result is already laid out as the row (1, out).
+    Each output is still one dot product summed in the same order whatever the blocks, so the result does not
+    depend on `parts`; the (in, out) copy sums in another order than `F.linear`, so the logits move from the
+    general path's in the last bits (about 1e-6), not the greedy tokens (tests/test_fast_decoding.py checks
+    both)."""
+    out_features, in_features = weight.shape
+    if parts < 2 or out_features % parts:
+        parts = 1
+    width = out_features // parts
+    if out_features >= in_features:  # (parts, in, width): a copy in the fast layout
+        blocks = weight.t().reshape(in_features, parts, width).transpose(0, 1).contiguous()
+    else:  # (parts, in, width): views of the (out, in) rows, F.linear's own layout
+        blocks = weight.view(parts, width, in_features).transpose(1, 2)
+    if parts == 1:
+        matrix = blocks[0]
+        return (lambda x: torch.mm(x, matrix)) if bias is None else (lambda x: torch.addmm(bias, x, matrix))
+    if bias is None:
+        return lambda x: torch.bmm(x.expand(parts, 1, in_features), blocks).view(1, out_features)
+    bias = bias.view(parts, 1, width)
+    return lambda x: torch.baddbmm(bias, x.expand(parts, 1, in_features), blocks).view(1, out_features)
+
+
+def fused_linear(*layers: nn.Module):
+    """One product for the given layers, on their weights stacked by rows, or None when they are not all plain
+    fp32 nn.Linear layers, with and without bias alike; for one input row (`DecodeStep` stacks only at batch 1).
+
+    For one row each output is its own dot product whatever other outputs the matrix has, so the stacked
+    projection is bit-identical to the separate ones (tests/test_fast_decoding.py checks it); for several rows
+    gemm's blocking may depend on the matrix width and move the last bits."""
     if any(type(layer) is not nn.Linear for layer in layers) \
             or any(layer.weight.dtype != torch.float32 for layer in layers) \
             or len({layer.bias is None for layer in layers}) != 1:
         return None
     weight = torch.cat([layer.weight for layer in layers])  # (sum of out_features, in_features)
     bias = None if layers[0].bias is None else torch.cat([layer.bias for layer in layers])
-    return matrix_product(weight, bias)
+    return matrix_product(weight, bias, one_row=True)
 
 
 class LayerStep:
@@ -96,18 +132,21 @@ class LayerStep:
     self-attention cache. Rows rather than (batch, 1, d_model) spare `F.linear` the reshapes around its matrix
     product, which is the same kernel on the same numbers either way."""
 
-    def __init__(self, block: nn.Module, cache: KVCache, fuse: bool = False):
+    def __init__(self, block: nn.Module, cache: KVCache, one_row: bool = False):
         attention: MultiHeadAttention = block.self_attention
         self.cache, self.heads, self.head_dim = cache, attention.n_heads, attention.head_dim
         self.rotate = attention.positions.rotate  # RoPE; the identity for every other scheme this step takes
         self.rotates = attention.positions.rotates
-        self.to_queries, self.to_keys_values = linear(attention.to_queries), linear(attention.to_keys_values)
         # queries, keys and values by one matrix-vector product (batch 1 only: see fused_linear)
-        self.to_queries_keys_values = fused_linear(attention.to_queries, attention.to_keys_values) if fuse else None
-        self.to_output = linear(attention.to_output)
+        self.to_queries_keys_values = fused_linear(attention.to_queries, attention.to_keys_values) \
+            if one_row else None
+        if self.to_queries_keys_values is None:
+            self.to_queries = linear(attention.to_queries, one_row)
+            self.to_keys_values = linear(attention.to_keys_values, one_row)
+        self.to_output = linear(attention.to_output, one_row)
         feed_forward: FeedForward = block.feed_forward
-        self.up, self.down, self.activation = linear(feed_forward.up), linear(feed_forward.down), \
-            feed_forward.activation
+        self.up, self.down = linear(feed_forward.up, one_row), linear(feed_forward.down, one_row)
+        self.activation = feed_forward.activation
         self.gated = feed_forward.gated
         self.norm_first = block.self_attention_residual.norm_first
         self.attention_norm = norm_function(block.self_attention_residual.norm)
@@ -158,10 +197,11 @@ class DecodeStep:
     def __init__(self, model: nn.Module, cache: list[tuple[KVCache, KVCache]], batch: int | None = None):
         decoder = model.decoder
         self.embeddings = embed_function(decoder.embeddings)
-        self.layers = [LayerStep(block, self_cache, fuse=batch == 1)
+        one_row = batch == 1
+        self.layers = [LayerStep(block, self_cache, one_row)
                        for block, (self_cache, _) in zip(decoder.blocks, cache)]
         self.final_norm = norm_function(decoder.final_norm)
-        self.lm_head = linear(model.lm_head)
+        self.lm_head = linear(model.lm_head, one_row)
 
     @staticmethod
     def supports(model: nn.Module) -> bool:
