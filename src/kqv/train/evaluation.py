@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..data.batches import iter_eval_batches
@@ -28,8 +27,8 @@ def perplexity(model: nn.Module, ids: Tensor, *, context: int, batch_size: int =
     total_nats, total_tokens = 0.0, 0
     with autocast(precision):
         for inputs, targets in iter_eval_batches(ids, batch_size, context):
-            logits = model(inputs)
-            total_nats += F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="sum").item()
+            mean_loss = model(inputs, targets)  # the model's own loss path, without the (tokens, vocab) logits
+            total_nats += mean_loss.item() * targets.numel()
             total_tokens += targets.numel()
     model.train(was_training)
     loss = total_nats / total_tokens
