@@ -35,8 +35,9 @@ exact decoder could reach on this machine at this load; `kqv_over_floor` (kqv to
 1) says how close kqv's whole step comes to it. `weights_gb_per_s` is the floor's read rate.
 
 Random weights give nearly flat logits, so the agreement figures above say little about a real model; `--run DIR`
-adds, for a trained run, the fraction of greedy tokens each low-precision path shares with fp32 (position by
-position, after each of `TRAINED_PROMPTS`), and how many continuations are identical throughout.
+adds, for a trained run, the fraction of greedy tokens each low-precision path (and fp32 through `generate`'s
+general path, without `DecodeStep`) shares with fp32 (position by position, after each of `TRAINED_PROMPTS`), and
+how many continuations are identical throughout.
 """
 
 from __future__ import annotations
@@ -185,16 +186,30 @@ def _encodes(tokenizer, text: str) -> bool:
         return False
 
 
+def general_path(model: nn.Module) -> nn.Module:
+    """The model, to be decoded with `generate`'s general path: DecodeStep switched off for its calls."""
+    from unittest import mock
+
+    from kqv.nn.decoding import DecodeStep
+
+    class GeneralPath:
+        def generate(self, *args, **kwargs):
+            with mock.patch.object(DecodeStep, "supports", staticmethod(lambda _: False)):
+                return model.generate(*args, **kwargs)
+    return GeneralPath()
+
+
 def trained_agreement(run_dir: Path, new_tokens: int) -> dict:
-    """Greedy continuations of TRAINED_PROMPTS by a trained LM in fp32, bf16 and int8: each low-precision path's
-    token agreement with fp32 and the number of continuations identical to fp32's."""
+    """Greedy continuations of TRAINED_PROMPTS by a trained LM in fp32, bf16 and int8, and in fp32 by `generate`'s
+    general path (without DecodeStep, whose batch-1 products sum in another order): each other path's token
+    agreement with fp32 and the number of continuations identical to fp32's."""
     from kqv.jobs.base import load_run
 
     run = load_run(run_dir)
     model = run.model.eval()
     outputs: dict[str, list[Tensor]] = {}
-    for precision, dtype in (("fp32", None), ("bf16", torch.bfloat16), ("int8", torch.qint8)):
-        lowered = in_dtype(model, dtype)
+    for precision, lowered in (("fp32", model), ("fp32 general path", general_path(model)),
+                               ("bf16", in_dtype(model, torch.bfloat16)), ("int8", in_dtype(model, torch.qint8))):
         outputs[precision] = []
         for prompt in TRAINED_PROMPTS:
             ids = torch.tensor([encode_known(run.tokenizer, prompt)])
@@ -203,7 +218,7 @@ def trained_agreement(run_dir: Path, new_tokens: int) -> dict:
             outputs[precision].append(lowered.generate(ids, new, temperature=0)[0, ids.shape[1]:])
     result = {"run": str(run_dir), "prompts": len(TRAINED_PROMPTS),
               "parameters": sum(p.numel() for p in model.parameters())}
-    for precision in ("bf16", "int8"):
+    for precision in ("fp32 general path", "bf16", "int8"):
         pairs = list(zip(outputs[precision], outputs["fp32"]))
         result[precision] = {
             "agreement_with_fp32": sum(int((a == b).sum()) for a, b in pairs) / sum(b.numel() for _, b in pairs),
@@ -327,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{trained['prompts']} prompts: " + "; ".join(
                   f"{p} agrees with fp32 on {trained[p]['agreement_with_fp32']:.1%} "
                   f"({trained[p]['identical_continuations']}/{trained['prompts']} continuations identical)"
-                  for p in ("bf16", "int8")))
+                  for p in ("fp32 general path", "bf16", "int8")))
 
     output = args.output if args.output is not None else (None if args.quick else RESULTS)
     if output is not None:

@@ -46,8 +46,9 @@ def test_generation_speed_compares_kqv_and_hugging_face_on_the_same_weights(tmp_
         assert len(row["rounds_seconds"]["kqv"]) == len(row["rounds_seconds"]["hf"]) == 1
         if row["precision"] == "fp32":
             assert row["kqv_hf_identical"] and row["kqv_hf_agreement"] == 1.0
-            # the matrix-vector floor, timed in the same rounds
+            # the floor (every weight read once per token), timed in the same rounds
             assert len(row["rounds_seconds"]["floor"]) == 1 and row["floor_tokens_per_s"] > 0
+            assert row["weights_gb_per_s"] > 0
             seconds = {name: times[0] for name, times in row["rounds_seconds"].items()}
             assert row["floor_over_hf"] == pytest.approx(seconds["hf"] / seconds["floor"])
             assert row["kqv_over_floor"] == pytest.approx(seconds["floor"] / seconds["kqv"])
@@ -60,6 +61,7 @@ def test_generation_speed_compares_kqv_and_hugging_face_on_the_same_weights(tmp_
         assert len(shares) == 8 and all(0 < share <= 1 for share in shares) and shares == sorted(shares)[::-1]
     trained = data["trained"]  # a (tiny) trained LM's low-precision greedy tokens against its fp32 ones
     assert trained["prompts"] == 8 and trained["parameters"] > 0
+    assert trained["fp32 general path"]["identical_continuations"] == 8  # the lean step's tokens, on a real model
     for precision in ("bf16", "int8"):
         assert 0 <= trained[precision]["agreement_with_fp32"] <= 1
         assert 0 <= trained[precision]["identical_continuations"] <= 8

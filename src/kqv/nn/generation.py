@@ -138,7 +138,8 @@ def generate(model: nn.Module, ids: Tensor, max_new_tokens: int, *, temperature:
         tokens = ids.new_empty(batch, total)  # (batch, total): the prompts, then one new column per step
         tokens[:, :prompt] = ids
         cache = model.new_cache(total) if use_cache else None
-        fast_step = DecodeStep(model, cache, batch) if use_cache and DecodeStep.supports(model) else None
+        lean = use_cache and max_new_tokens > 1 and DecodeStep.supports(model)  # the prompt's step is the general one
+        fast_step = DecodeStep(model, cache, batch) if lean else None
         finished = torch.zeros(batch, dtype=torch.bool, device=ids.device)
         end = prompt
         for step in range(max_new_tokens):
