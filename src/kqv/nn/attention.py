@@ -131,10 +131,12 @@ class KVCache:
 
     @property
     def keys(self) -> Tensor | None:
+        """The cached keys (batch, heads, length, head_dim): a view of the reserved buffer, or None if empty."""
         return None if self._keys is None else self._keys.narrow(2, 0, self.length)
 
     @property
     def values(self) -> Tensor | None:
+        """The cached values (batch, heads, length, head_dim): a view of the reserved buffer, or None if empty."""
         return None if self._values is None else self._values.narrow(2, 0, self.length)
 
     def append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
@@ -197,14 +199,17 @@ class MultiHeadAttention(nn.Module):
         self.core = FullAttention.from_config(config) if cross_attention else CORES[config.attention_of(layer)](config)
 
     def split_heads(self, x: Tensor) -> Tensor:
+        """(batch, time, d_model) -> (batch, heads, time, head_dim): heads become a batch axis, a view."""
         batch, time, _ = x.shape
         return x.view(batch, time, self.n_heads, self.head_dim).transpose(1, 2)  # (batch, heads, time, head_dim)
 
     def merge_heads(self, x: Tensor) -> Tensor:
+        """(batch, heads, time, head_dim) -> (batch, time, d_model): the heads' outputs side by side."""
         batch, _, time, _ = x.shape
         return x.transpose(1, 2).reshape(batch, time, self.n_heads * self.head_dim)  # (batch, time, d_model)
 
     def project_keys_values(self, source: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values of source (batch, time, d_model), one projection for both, split into heads."""
         keys, values = self.to_keys_values(source).chunk(2, dim=-1)
         return self.split_heads(keys), self.split_heads(values)
 

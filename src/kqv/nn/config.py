@@ -89,6 +89,7 @@ class ModelConfig(Config):
     moe_every: int = 1  # experts in every k-th block (1: all blocks; 2: every other block, as in Switch)
 
     def check(self) -> None:
+        """Raise ConfigError naming the first field that is out of range or inconsistent with another."""
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len", "max_relative_distance",
                      "linformer_k", "bigbird_block"):
             check_positive(name, getattr(self, name))
@@ -182,6 +183,7 @@ class ModelConfig(Config):
 
     @property
     def head_dim(self) -> int:
+        """d_model / n_heads: each head's share of the model width."""
         return self.d_model // self.n_heads
 
     @property
@@ -191,14 +193,17 @@ class ModelConfig(Config):
 
     @property
     def encoder_layers(self) -> int:
+        """n_encoder_layers, or n_layers when it is not set."""
         return self.n_encoder_layers or self.n_layers
 
     @property
     def decoder_layers(self) -> int:
+        """n_decoder_layers, or n_layers when it is not set."""
         return self.n_decoder_layers or self.n_layers
 
     @property
     def target_vocab_size(self) -> int:
+        """tgt_vocab_size, or vocab_size when source and target share one vocabulary."""
         return self.tgt_vocab_size or self.vocab_size
 
     def to_toml(self) -> str:
@@ -207,10 +212,12 @@ class ModelConfig(Config):
 
     @classmethod
     def from_toml(cls, text_or_path: str | Path) -> ModelConfig:
+        """A checked config from TOML text, or from the file at a Path."""
         text = Path(text_or_path).read_text() if isinstance(text_or_path, Path) else text_or_path
         return cls.from_dict(tomllib.loads(text))
 
     def replace(self, **changes: Any) -> ModelConfig:
+        """A checked copy with some fields changed."""
         return self.from_dict({**self.to_dict(), **changes})
 
 

@@ -48,6 +48,7 @@ class Encoder(nn.Module):
         return self.run(ids, attention_mask, need_weights=True)[1]
 
     def run(self, ids: Tensor, attention_mask: Tensor | None, need_weights: bool = False) -> tuple[Tensor, list]:
+        """Checked ids (batch, time) and padding mask -> (hidden states, weights of every layer if asked)."""
         check_ids(ids, self.embeddings.vocab_size)
         mask = check_attention_mask(attention_mask, ids)
         return self.encode(self.embeddings(ids, torch.arange(ids.shape[1], device=ids.device)), mask, need_weights)
@@ -153,6 +154,7 @@ class DecoderLM(nn.Module):
         return [w["self"] for w in weights]
 
     def new_cache(self, capacity: int = 0) -> list[tuple[KVCache, KVCache]]:
+        """An empty KV cache per layer (self-attention, cross-attention), reserving `capacity` positions."""
         return self.decoder.new_cache(capacity)
 
 
@@ -171,6 +173,7 @@ class EncoderDecoder(nn.Module):
             self.lm_head.weight = self.decoder.embeddings.tokens.weight
 
     def encode(self, src_ids: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        """The encoder's states (batch, src_time, d_model) of the source, which every decoding step attends to."""
         return self.encoder(src_ids, src_mask)
 
     def decode(self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor | None = None, *,
@@ -218,9 +221,11 @@ class EncoderDecoder(nn.Module):
                 "cross": [w["cross"] for w in weights]}
 
     def memory_mask(self, src_mask: Tensor | None) -> Tensor | None:
+        """The cross-attention mask (batch, 1, 1, src_time) hiding the source's padding, from src_mask."""
         return None if src_mask is None else padding_mask(src_mask)
 
     def new_cache(self, capacity: int = 0) -> list[tuple[KVCache, KVCache]]:
+        """An empty KV cache per decoder layer (self-attention, cross-attention), reserving `capacity` positions."""
         return self.decoder.new_cache(capacity)
 
 

@@ -121,11 +121,13 @@ class RelativePositions(AttentionPositions):
         return (k_pos[None, :] - q_pos[:, None]).clamp(-k, k) + k
 
     def score_bias(self, queries: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """Shaw et al.'s key term: q_i . a_(j - i) for every query and key, added to the scores before softmax."""
         per_distance = queries @ self.keys.T * self.scale  # (batch, heads, q_time, 2k+1)
         index = self.distance_index(q_pos, k_pos).expand(*queries.shape[:2], -1, -1)
         return per_distance.gather(-1, index)  # (batch, heads, q_time, k_time)
 
     def value_bias(self, weights: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        """Shaw et al.'s value term: sum_j weight_ij * b_(j - i), added to the attention output (None without it)."""
         if self.values is None:
             return None
         index = self.distance_index(q_pos, k_pos).expand_as(weights)
@@ -146,6 +148,7 @@ class RotaryPositions(AttentionPositions):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
+        """Queries or keys x (..., time, head_dim) rotated by the angles of their positions (time,)."""
         angles = positions.float()[:, None] * self.inv_freq  # (time, head_dim / 2)
         cos, sin = angles.cos().repeat(1, 2).to(x.dtype), angles.sin().repeat(1, 2).to(x.dtype)
         first, second = x.chunk(2, dim=-1)
@@ -162,6 +165,7 @@ class ALiBiPositions(AttentionPositions):
         self.register_buffer("slopes", alibi_slopes(n_heads)[:, None, None], persistent=False)  # (heads, 1, 1)
 
     def score_bias(self, queries: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """-slope_h * |i - j| for every head, query and key, added to the scores before softmax."""
         distance = (k_pos[None, :] - q_pos[:, None]).abs().to(queries.dtype)  # (q_time, k_time)
         return -self.slopes.to(queries.dtype) * distance  # (heads, q_time, k_time)
 
