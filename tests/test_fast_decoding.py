@@ -8,7 +8,7 @@ import torch
 
 from kqv import DecoderLM, KVCache
 from kqv.interop import to_hf
-from kqv.nn.decoding import DecodeStep, fused_linear, linear
+from kqv.nn.decoding import DecodeStep, fused_linear, linear, one_row_product
 from kqv.nn.generation import PromptLayout, in_dtype
 
 from conftest import POSITIONS, tiny_config
@@ -146,6 +146,18 @@ def test_stacked_one_row_projections_equal_the_separate_ones_bit_for_bit(width, 
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     assert fused_linear(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4, bias=False)) is None
     assert fused_linear(torch.nn.Linear(4, 4).bfloat16(), torch.nn.Linear(4, 4).bfloat16()) is None  # fp32 only
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("out,width", [(1152, 384), (384, 384), (384, 1536), (96, 32)])  # wide, square, deep
+def test_one_row_products_do_not_depend_on_how_many_blocks_the_threads_take(out, width, bias):
+    layer = torch.nn.Linear(width, out, bias=bias)
+    x = torch.randn(1, width)
+    with torch.no_grad():
+        products = [one_row_product(layer.weight, layer.bias, parts)(x) for parts in (1, 2, 3, 4, 5)]
+        reference = layer(x)
+    assert all(torch.equal(product, products[0]) for product in products)  # 5 parts do not divide: one block
+    torch.testing.assert_close(products[0], reference, rtol=1e-5, atol=1e-5)
 
 
 def assert_lean_step_is_the_general_path(model, batch=3, exact=True):
