@@ -9,9 +9,10 @@ model's own parameters and writing the model's own `KVCache` buffers, so for sev
 bit-identical to `DecoderLM.next_token_logits` and the general path can take over at any step. For one row the
 matrix-vector products, which are then nearly all of the time, read their weights in the layout and on the
 threads that stream them fastest (`one_row_product`); their sums run in another order, so the logits move in the
-last bits, not the greedy tokens (tests/test_fast_decoding.py compares both cases). It covers the models most people decode with: full attention with absolute positions or RoPE, dense
-feed-forward networks; `supports` says whether a model qualifies, and `generate` falls back to the general path
-when it does not (ALiBi or relative positions, sparse cores, mixtures of experts, blockwise="always").
+last bits, not the greedy tokens (tests/test_fast_decoding.py compares both cases). It covers the models most
+people decode with: full attention with absolute positions or RoPE, dense feed-forward networks; `supports` says
+whether a model qualifies, and `generate` falls back to the general path when it does not (ALiBi or relative
+positions, sparse cores, mixtures of experts, blockwise="always").
 """
 
 from __future__ import annotations
@@ -82,16 +83,16 @@ def matrix_product(weight: Tensor, bias: Tensor | None, one_row: bool = False):
 
 
 def one_row_product(weight: Tensor, bias: Tensor | None, parts: int):
-    """x (1, in) -> x weight^T + bias, read as fast as this CPU's BLAS reads a matrix for one row.
+    """x (1, in) -> x weight^T + bias, with the weight read as fast as this CPU's BLAS reads one.
 
-    Two things decide that speed, both measured on 2-core Zen 4 and Xeon machines (`python
-    benchmarks/generation_speed.py` shows their effect on the whole step):
-    * The layout. A matrix at least as wide as it is deep streams about twice as fast as an (in, out) matrix than
-      as the (out, in) rows `nn.Linear` keeps; a deeper one (the feed-forward network's down projection) the
-      other way round. Such matrices get an (in, out) copy, made once here.
-    * Threads. BLAS computes a matrix-vector product on one thread, so the weight is cut into `parts` column
+    Two things decide that speed (measured on a 2-core Zen 4; `python benchmarks/generation_speed.py` shows their
+    effect on the whole step):
+    * The layout. For a matrix at least as wide as it is deep, MKL streams an (in, out) copy about twice as fast
+      as the (out, in) rows `nn.Linear` keeps; for a deeper one (the feed-forward network's down projection) the
+      rows are the faster. Wide matrices get an (in, out) copy, made once here.
+    * Threads. MKL's matrix-vector product ran on one thread there, so the weight is cut into `parts` column
       blocks (parts, in, out / parts), one per thread, multiplied by one batched product (`torch.baddbmm`, which
-      torch runs across its threads) whose result is already laid out as the row (1, out).
+      torch spreads over its threads) whose result is already laid out as the row (1, out).
     Each output is still one dot product summed in the same order whatever the blocks, so the result does not
     depend on `parts`; the (in, out) copy sums in another order than `F.linear`, so the logits move from the
     general path's in the last bits (about 1e-6), not the greedy tokens (tests/test_fast_decoding.py checks
@@ -195,7 +196,7 @@ class DecodeStep:
     each layer computes queries, keys and values by one stacked projection (`fused_linear`). Call it with ids
     (batch, 1), positions (1,) (the token's place in the buffer), the padding mask (batch, 1, 1, cached + 1) or
     None, and `left_padding` (batch,) or None, as `generate` builds them; it returns the logits (batch, vocab),
-    bit-identical to the general path's for several rows and within about 1e-6 of them for one.
+    bit-identical to the general path's for several rows and within about 1e-5 of them for one.
     """
 
     def __init__(self, model: nn.Module, cache: list[tuple[KVCache, KVCache]], batch: int | None = None):
