@@ -186,8 +186,8 @@ def _encodes(tokenizer, text: str) -> bool:
         return False
 
 
-def general_path(model: nn.Module) -> nn.Module:
-    """The model, to be decoded with `generate`'s general path: DecodeStep switched off for its calls."""
+def general_path(model: nn.Module):
+    """An object whose `generate` is the model's with `DecodeStep` switched off: `generate`'s general path."""
     from unittest import mock
 
     from kqv.nn.decoding import DecodeStep
