@@ -85,9 +85,9 @@ def matrix_product(weight: Tensor, bias: Tensor | None, one_row: bool = False):
 def one_row_product(weight: Tensor, bias: Tensor | None, parts: int):
     """x (1, in) -> x weight^T + bias, with the weight read as fast as this CPU's BLAS reads one.
 
-    Two things decide that speed (measured on a 2-core Zen 4; `python benchmarks/generation_speed.py` shows their
-    effect on the whole step):
-    * The layout. For a matrix at least as wide as it is deep, MKL streams an (in, out) copy about twice as fast
+    Two things decide that speed (measured on a 2-core Zen 4: `python benchmarks/one_row_products.py` times the
+    products, `python benchmarks/generation_speed.py` the whole step):
+    * The layout. For a matrix at least as wide as it is deep, MKL streams an (in, out) copy up to twice as fast
       as the (out, in) rows `nn.Linear` keeps; for a deeper one (the feed-forward network's down projection) the
       rows are the faster. Wide matrices get an (in, out) copy, made once here.
     * Threads. MKL's matrix-vector product ran on one thread there, so the weight is cut into `parts` column
