@@ -105,10 +105,15 @@ def hf_generate(model: nn.Module, ids: Tensor, new: int) -> Tensor:
     return out[:, ids.shape[1]:]
 
 
+def linear_weights(model: nn.Module) -> list[Tensor]:
+    """The weight of every `nn.Linear` of the model, in the order a token meets them."""
+    return [m.weight for m in model.modules() if type(m) is nn.Linear]
+
+
 def weight_read_floor(model: nn.Module, new: int):
     """A runner doing only what an exact decoder cannot avoid at batch 1: reading every `nn.Linear` weight once
     per token (a sum over each, in model order), nothing else."""
-    weights = [m.weight for m in model.modules() if type(m) is nn.Linear]
+    weights = linear_weights(model)
 
     def run() -> None:
         with torch.inference_mode():
@@ -148,7 +153,7 @@ def run_case(kqv: nn.Module, hf: nn.Module, ids: Tensor, new: int, precision: st
     row["kqv_over_hf"] = row["kqv_tokens_per_s"] / row["hf_tokens_per_s"]
     if "floor" in times:  # the exact fp32 floor: every weight read once per token
         row["floor_tokens_per_s"] = tokens / statistics.median(times["floor"])
-        weight_bytes = sum(m.weight.numel() * 4 for m in kqv.modules() if type(m) is nn.Linear)
+        weight_bytes = sum(weight.numel() * weight.element_size() for weight in linear_weights(kqv))
         row["weights_gb_per_s"] = new * weight_bytes / statistics.median(times["floor"]) / 1e9
         row["floor_over_hf"] = statistics.median(h / f for h, f in zip(times["hf"], times["floor"]))
         row["kqv_over_floor"] = statistics.median(f / k for k, f in zip(times["kqv"], times["floor"]))

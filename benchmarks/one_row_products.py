@@ -12,7 +12,8 @@ products read the weights. This prints, at each thread count, in GB/s of weights
 
 The weights are those of `benchmarks/generation_speed.py`'s model (6 layers of query-key-value, output, up and down
 projections at d_model 384, d_ff 1536, and the 8,192 x 384 output layer: 56 MB), in model order, so no product
-finds its weight in the cache. Each figure is the median of `--rounds` timed passes, the kinds interleaved.
+finds its weight in the cache. (The query and key-value projections are two layers there, stacked into one at
+batch 1 by `DecodeStep`: the bytes are the same.) Each figure is the median of `--rounds` timed passes, the kinds interleaved.
 
     python benchmarks/one_row_products.py            # threads 1 and 2, writes results/one_row_products.json
 """
@@ -32,17 +33,18 @@ import torch.nn.functional as F
 from kqv.nn.decoding import one_row_product
 
 RESULTS = Path(__file__).resolve().parent / "results" / "one_row_products.json"
-D_MODEL, D_FF, LAYERS, VOCAB = 384, 1536, 6, 8192
 
 
-def model_weights() -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(weight (out, in), bias) of every linear layer of the benchmark model, in the order a token meets them."""
-    shapes = [(3 * D_MODEL, D_MODEL), (D_MODEL, D_MODEL), (D_FF, D_MODEL), (D_MODEL, D_FF)] * LAYERS
-    shapes.append((VOCAB, D_MODEL))
-    return [(torch.randn(out, width) / width ** 0.5, torch.randn(out)) for out, width in shapes]
+def model_weights() -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """(weight (out, in), bias) of every linear layer of generation_speed.py's model, in the order a token meets
+    them."""
+    from generation_speed import FULL, build_models  # this script's directory is on sys.path
+
+    model, _ = build_models(FULL, seed=0)
+    return [(m.weight.detach(), m.bias) for m in model.modules() if type(m) is torch.nn.Linear]
 
 
-def runners(weights: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, Callable[[], object]]:
+def runners(weights: list[tuple[torch.Tensor, torch.Tensor | None]]) -> dict[str, Callable[[], object]]:
     rows = [torch.randn(1, weight.shape[1]) for weight, _ in weights]
     copies = [(weight.t().contiguous(), bias) for weight, bias in weights]
     products = [one_row_product(weight, bias, parts=torch.get_num_threads()) for weight, bias in weights]
@@ -50,7 +52,8 @@ def runners(weights: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, Calla
     return {
         "memory": lambda: stream.sum(),
         "F.linear": lambda: [F.linear(x, w, b) for x, (w, b) in zip(rows, weights)],
-        "(in, out) copy": lambda: [torch.addmm(b, x, w) for x, (w, b) in zip(rows, copies)],
+        "(in, out) copy": lambda: [torch.mm(x, w) if b is None else torch.addmm(b, x, w)
+                                   for x, (w, b) in zip(rows, copies)],
         "kqv one-row": lambda: [product(x) for x, product in zip(rows, products)],
     }
 
