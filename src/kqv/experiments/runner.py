@@ -74,7 +74,7 @@ def write_results(experiment: Experiment, config: Any, results: dict[str, Any], 
         "method": experiment.method(config), "results": results,
         "table": {"columns": columns, "rows": rows},
         "checks": [dataclasses.asdict(c) for c in checks], "verdict": verdict(checks), "plots": plots,
-        "seconds": round(seconds, 1), "versions": library_versions(),
+        "seconds": round(seconds, 3), "versions": library_versions(),
         "machine": machine(threads, load),
     }
     _write_atomically(directory / RESULTS_FILE, json.dumps(record, indent=1, default=_json_default) + "\n")
