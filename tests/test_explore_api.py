@@ -352,6 +352,7 @@ def test_a_vit_run_shows_its_attention_over_cls_and_the_patches_of_a_test_image(
 
 @pytest.mark.parametrize("body,phrases", [({"text": "a cat"}, ["reads images, not text", "0 to 269"]),
                                           ({"image": 270}, ["image must be an integer from 0 to 269"]),
-                                          ({"image": "three"}, ["0 to 269"]), ({"image": 2.5}, ["image must be an integer"]), ({}, ["number of a held-out test image"])])
+                                          ({"image": "three"}, ["0 to 269"]), ({"image": 2.5}, ["image must be an integer"]),
+                                          ({}, ["number of a held-out test image"])])
 def test_a_vit_run_refuses_what_is_not_one_of_its_test_images(vit_run, body, phrases):
     assert_refused(TestClient(create_app(vit_run)).post("/api/analyze", json=body), 400, *phrases)

@@ -6,8 +6,8 @@ self-attention), the encoders (`MLMSubject`, `ClassifierSubject`, `EmbeddingSubj
 what the head predicts) and `VitSubject` (a Vision Transformer: attention over [CLS] and the patches of a test
 image, and its class probabilities). Each opens itself with `load(path, limit)` (a run through its job's own
 loader, `kqv.jobs.load_run`) and answers `info()` and `analyze(request)` with plain dicts; `LMSubject` also
-streams a continuation. `kqv.explore.loading.SUBJECTS` names the class of each job. Requests are the page's JSON bodies: every field is checked here and a bad one is a ValueError whose
-message says what to send instead.
+streams a continuation. `kqv.explore.loading.SUBJECTS` names the class of each job. Requests are the page's JSON
+bodies: every field is checked here and a bad one is a ValueError whose message says what to send instead.
 """
 
 from __future__ import annotations
