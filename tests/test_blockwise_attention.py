@@ -130,6 +130,50 @@ def test_any_position_scheme_works_through_the_generic_route_with_parameter_grad
     assert_all_close(actual, expected)
 
 
+class SteeperALiBi(ALiBiPositions):
+    """ALiBi with three times the slopes: it keeps ALiBi's score_bias, so the closed form (which reads the slopes)
+    computes it."""
+
+    def __init__(self, n_heads):
+        super().__init__(n_heads)
+        self.slopes = self.slopes * 3
+
+
+class SquaredALiBi(ALiBiPositions):
+    """A penalty growing with the squared distance: it overrides score_bias, which ALiBi's closed form ignores."""
+
+    def score_bias(self, queries, q_pos, k_pos):
+        return -self.slopes.to(queries.dtype) * (k_pos[None, :] - q_pos[:, None]).to(queries.dtype) ** 2 / 8
+
+
+class DoubledRelativeValues(RelativePositions):
+    """Shaw's relative positions with the value term doubled: it overrides value_bias."""
+
+    def value_bias(self, weights, q_pos, k_pos):
+        return 2 * super().value_bias(weights, q_pos, k_pos)
+
+
+@pytest.mark.parametrize("positions,route", [
+    (SteeperALiBi(HEADS), efficient.bias.ALiBiBias), (SquaredALiBi(HEADS), efficient.bias.BlockBias),
+    (DoubledRelativeValues(HEAD_DIM, max_distance=4), efficient.bias.BlockBias)], ids=lambda x: type(x).__name__)
+def test_a_subclass_takes_the_closed_form_only_when_it_keeps_the_methods_the_closed_form_computes(positions, route):
+    """The route is chosen by the methods a closed form relies on, not by the exact type; either way the result
+    (values and gradients) is the dense reference's, which calls the subclass's own methods."""
+    assert type(efficient.bias.block_bias(positions, BATCH, HEADS, torch.float32)) is route
+    x = inputs()
+    keep = key_padding(BATCH, TIME)
+    expected = values_and_gradients(lambda q, k, v: reference(q, k, v, positions, True, keep), x, positions)
+    actual = values_and_gradients(lambda q, k, v: blockwise(q, k, v, positions, True, keep), x, positions)
+    assert_all_close(actual, expected)
+
+
+@pytest.mark.parametrize("name,route", [("none", "NoBias"), ("rope", "NoBias"), ("alibi", "ALiBiBias"),
+                                        ("relative", "RelativeBias"), ("relative_keys_only", "RelativeBias")])
+def test_kqvs_own_schemes_take_the_routes_they_always_took(name, route):
+    assert type(efficient.bias.block_bias(make_positions(name), BATCH, HEADS, torch.float32)).__name__ == route
+    assert type(efficient.bias.block_bias(LearnedSlopes(), BATCH, HEADS, torch.float32)) is efficient.bias.BlockBias
+
+
 @pytest.mark.parametrize("scheme", ["alibi", "relative"])
 def test_cached_queries_attend_to_all_earlier_keys_like_the_reference(scheme):
     positions = make_positions(scheme)

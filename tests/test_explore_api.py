@@ -290,3 +290,69 @@ def test_learned_positions_lower_the_limit_to_max_len(runs):
     assert_refused(client.post("/api/analyze", json={"text": "To be, " * 5}), 400, "35 tokens long", "at most 32",
                    "learned positions stop at max_len = 32")
     assert "--max-tokens" not in client.post("/api/analyze", json={"text": "To be, " * 5}).json()["error"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The explorer's subjects are the jobs' runs
+
+
+def test_every_job_has_an_explorer_subject_or_says_why_not():
+    from kqv.explore.loading import MINILM, NOT_EXPLORABLE, SUBJECTS
+    from kqv.jobs import all_jobs
+
+    jobs = set(all_jobs())
+    assert jobs <= set(SUBJECTS) | set(NOT_EXPLORABLE), f"jobs the explorer neither shows nor explains: " \
+        f"{sorted(jobs - set(SUBJECTS) - set(NOT_EXPLORABLE))}"
+    assert not set(SUBJECTS) & set(NOT_EXPLORABLE) and set(SUBJECTS) - {MINILM} <= jobs  # no stale entry
+    assert all(isinstance(why, str) and why.strip() for why in NOT_EXPLORABLE.values())
+    assert all(SUBJECTS[name].task == name for name in jobs & set(SUBJECTS))
+
+
+def test_a_run_of_a_task_the_explorer_does_not_show_is_refused_with_the_tasks_it_reads(tmp_path):
+    (tmp_path / "run.toml").write_text('task = "sorting"\n')
+    assert_refused(TestClient(create_app(tmp_path)).get("/api/info"), 400, "'sorting'", "does not show", "'vit'")
+
+
+@pytest.fixture(scope="module")
+def vit_run(tmp_path_factory):
+    from kqv.cli.main import main
+
+    out = tmp_path_factory.mktemp("explore-vit") / "vit"
+    assert main(["train", "vit", "--out", str(out), "--steps", "3", "--quiet", "--baseline", "none",
+                 "--set", "model.d_model=16", "--set", "model.n_heads=2", "--set", "model.n_layers=2",
+                 "--set", "train.eval_every=3"]) == 0
+    return out
+
+
+def test_a_vit_run_shows_its_attention_over_cls_and_the_patches_of_a_test_image(vit_run):
+    from kqv.jobs import load_run
+
+    client = TestClient(create_app(vit_run))
+    info = client.get("/api/info").json()
+    assert info["task"] == "vit" and "classes" in info["views"] and info["grid"] == [4, 4]
+    assert info["images"] == 270 and info["max_tokens"] == 17
+    body = analyze(client, text="3")
+    assert body == analyze(client, image=3)
+    patches = ["[CLS]"] + [f"p{i}" for i in range(16)]
+    view = body["attention"]["self"]
+    assert body["tokens"] == view["queries"] == view["keys"] == patches and not view["causal"]
+    run = load_run(vit_run)
+    digits = run.job.test_digits(run)
+    image = digits.images["test"][3:4]
+    assert body["label"] == int(digits.labels["test"][3]) and body["pixels"] == image[0].tolist()
+    with torch.no_grad():
+        expected = run.model.attention_weights(image)
+        probs = run.model(image)[0].softmax(-1)
+    assert len(view["layers"]) == len(expected) == 2
+    for layer, weights in zip(view["layers"], expected):
+        assert_close(layer, weights[0])  # (heads, 17, 17)
+    assert [c["label"] for c in body["classes"]] == [str(d) for d in range(10)]
+    assert_close([c["p"] for c in body["classes"]], probs)
+
+
+@pytest.mark.parametrize("body,phrases", [({"text": "a cat"}, ["reads images, not text", "0 to 269"]),
+                                          ({"image": 270}, ["image must be an integer from 0 to 269"]),
+                                          ({"image": "three"}, ["0 to 269"]), ({"image": 2.5}, ["image must be an integer"]),
+                                          ({}, ["number of a held-out test image"])])
+def test_a_vit_run_refuses_what_is_not_one_of_its_test_images(vit_run, body, phrases):
+    assert_refused(TestClient(create_app(vit_run)).post("/api/analyze", json=body), 400, *phrases)

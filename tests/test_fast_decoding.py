@@ -8,8 +8,11 @@ import torch
 
 from kqv import DecoderLM, KVCache
 from kqv.interop import to_hf
-from kqv.nn.decoding import DecodeStep, fused_linear, linear, one_row_product
+from kqv.nn.cores import FullAttention
+from kqv.nn.decoding import LEAN_SUBLAYERS, DecodeStep, declared_sublayers, fused_linear, linear, one_row_product
 from kqv.nn.generation import PromptLayout, in_dtype
+from kqv.nn.layers import DecoderBlock, Sublayer
+from kqv.nn.positions import LearnedPositions
 
 from conftest import POSITIONS, tiny_config
 
@@ -221,3 +224,136 @@ def test_the_int8_path_quantises_a_copys_linear_layers_and_stays_close_to_fp32()
     assert out.shape == (2, 11) and torch.equal(out[:, :6], ids)
     assert_lean_step_is_the_general_path(quantised)
     assert all(torch.equal(before[name], p) for name, p in model.state_dict().items())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Fast paths by capability: a subclass that overrides what the lean step computes in its stead is called as a
+# module, or sends the model to the general path; one that keeps it keeps the fast path.
+
+
+class DoubledLinear(torch.nn.Linear):
+    def forward(self, x):
+        return 2 * super().forward(x)
+
+
+class ShiftedEmbedding(torch.nn.Embedding):
+    def forward(self, ids):
+        return super().forward(ids) + 0.5
+
+
+class ScaledLearnedPositions(LearnedPositions):
+    def forward(self, positions):
+        return 3 * super().forward(positions)
+
+
+class HalvedLayerNorm(torch.nn.LayerNorm):
+    def forward(self, x):
+        return super().forward(x) / 2
+
+
+class HotterAttention(FullAttention):
+    """Full attention at twice the temperature: it overrides attend."""
+
+    def attend(self, queries, keys, values, **options):
+        return super().attend(queries / 2, keys, values, **options)
+
+
+class ParallelBlock(DecoderBlock):
+    """GPT-J's block: attention and the feed-forward network both read x, and both add to it. It declares so."""
+
+    SUBLAYERS = (Sublayer("parallel causal self-attention and feed-forward", "self_attention",
+                          "self_attention_residual"),)
+
+    def forward(self, x, memory=None, *, mask=None, memory_mask=None, positions=None, cache=None,
+                need_weights=False):
+        attended, weights = self.self_attention(self.self_attention_residual.sublayer_input(x), mask=mask,
+                                                causal=True, positions=positions,
+                                                cache=None if cache is None else cache[0], need_weights=need_weights)
+        return x + attended + self.feed_forward(self.feed_forward_residual.sublayer_input(x)), {"self": weights}
+
+
+class UndeclaredParallelBlock(DecoderBlock):
+    """The same forward in a class that forgot to declare it: it inherits DecoderBlock's declaration, which is
+    about another forward."""
+
+    forward = ParallelBlock.forward
+
+
+class SwappedDeclarationBlock(DecoderBlock):
+    """DecoderBlock's forward under a copy of its declaration in a subclass that also copies the forward."""
+
+    forward = DecoderBlock.forward
+
+
+def with_class(model, path, cls):
+    """The model with the module at `path` (dotted) turned into an instance of cls, its weights kept."""
+    model.get_submodule(path).__class__ = cls
+    return model
+
+
+SUBCLASSED = {  # (ModelConfig changes, module path, subclass)
+    "lm_head": (dict(position="rope"), "lm_head", DoubledLinear),
+    "attention projection": (dict(position="rope"), "decoder.blocks.0.self_attention.to_keys_values", DoubledLinear),
+    "feed-forward projection": (dict(activation="swiglu"), "decoder.blocks.1.feed_forward.up", DoubledLinear),
+    "token embedding": (dict(position="sinusoidal"), "decoder.embeddings.tokens", ShiftedEmbedding),
+    "learned positions": (dict(position="learned"), "decoder.embeddings.positions", ScaledLearnedPositions),
+    "residual norm": (dict(norm_first=False), "decoder.blocks.0.feed_forward_residual.norm", HalvedLayerNorm),
+    "final norm": (dict(position="rope"), "decoder.final_norm", HalvedLayerNorm),
+}
+
+
+@pytest.mark.parametrize("changes,path,cls", SUBCLASSED.values(), ids=SUBCLASSED.keys())
+def test_a_module_that_overrides_its_forward_is_called_as_a_module_by_the_lean_step(changes, path, cls):
+    model = DecoderLM(tiny_config(**changes)).eval()
+    ids = torch.randint(1, 37, (2, 6))
+    with torch.no_grad():
+        before = model(ids)
+        assert not torch.equal(with_class(model, path, cls)(ids), before)  # the override changes the numbers
+    assert_lean_step_is_the_general_path(model)  # batch 3, bit for bit: the step calls the subclass's forward
+    assert_lean_step_is_the_general_path(model, batch=1, exact=False)
+
+
+def test_subclasses_that_keep_the_forward_keep_the_fast_path():
+    class TaggedLinear(torch.nn.Linear):
+        pass
+
+    layer = TaggedLinear(8, 8)
+    assert linear(layer) is not layer and fused_linear(layer, TaggedLinear(8, 4)) is not None
+    assert linear(DoubledLinear(8, 8)) is not None and isinstance(linear(DoubledLinear(8, 8)), DoubledLinear)
+    assert fused_linear(DoubledLinear(8, 8), torch.nn.Linear(8, 8)) is None
+
+
+BLOCK_VARIANTS = {  # (module path, subclass): what the lean step must not compute in the block's stead
+    "full attention that overrides attend": ("decoder.blocks.1.self_attention.core", HotterAttention),
+    "a block declaring other steps": ("decoder.blocks.0", ParallelBlock),
+    "a block overriding forward without declaring": ("decoder.blocks.0", UndeclaredParallelBlock),
+}
+
+
+@pytest.mark.parametrize("path,cls", BLOCK_VARIANTS.values(), ids=BLOCK_VARIANTS.keys())
+def test_a_block_the_lean_step_does_not_implement_decodes_on_the_general_path(path, cls):
+    model = DecoderLM(tiny_config(position="rope")).eval()
+    ids = torch.randint(1, 37, (3, 5))
+    with torch.no_grad():
+        before = model(ids)
+        assert DecodeStep.supports(model)
+        assert not torch.equal(with_class(model, path, cls)(ids), before)
+    assert not DecodeStep.supports(model)
+    for rows in (ids, ids[:1]):
+        assert torch.equal(model.generate(rows, 8, temperature=0),
+                           model.generate(rows, 8, temperature=0, use_cache=False))
+
+
+def test_a_subclass_of_the_block_that_keeps_its_steps_keeps_the_lean_step():
+    model = with_class(DecoderLM(tiny_config(position="rope")).eval(), "decoder.blocks.0", SwappedDeclarationBlock)
+    assert declared_sublayers(model.decoder.blocks[0]) is None  # it overrides forward and declares nothing
+    assert not DecodeStep.supports(model)
+    SwappedDeclarationBlock.SUBLAYERS = DecoderBlock.SUBLAYERS  # now it declares its forward's steps
+    try:
+        assert declared_sublayers(model.decoder.blocks[0]) == LEAN_SUBLAYERS and DecodeStep.supports(model)
+        assert_lean_step_is_the_general_path(model)
+    finally:
+        del SwappedDeclarationBlock.SUBLAYERS
+    assert declared_sublayers(DecoderLM(tiny_config()).decoder.blocks[0]) == LEAN_SUBLAYERS
+    assert [s.kind for s in declared_sublayers(DecoderBlock(tiny_config(), cross_attention=True))] == [
+        "causal self-attention", "cross-attention", "feed-forward"]

@@ -227,4 +227,6 @@ def test_sparse_core_with_a_mask_that_is_not_padding_is_a_clear_error():
 
 
 def test_every_attention_kind_the_config_accepts_has_a_core_and_no_core_is_unreachable():
-    assert set(kqv.nn.attention.CORES) == set(typing.get_args(kqv.nn.config.AttentionKind))
+    assert list(kqv.nn.attention.CORES) == list(typing.get_args(kqv.nn.config.AttentionKind))
+    for name, build in kqv.nn.attention.CORES.items():
+        assert isinstance(build(tiny_config(attention=name, max_len=256)), kqv.nn.cores.AttentionCore), name

@@ -1,10 +1,15 @@
 import math
+import typing
 
 import pytest
 import torch
 
-from kqv.nn.positions import (ALiBiPositions, AttentionPositions, LearnedPositions, RelativePositions,
-                           RotaryPositions, SinusoidalPositions, alibi_slopes)
+from kqv.nn.config import Position
+from kqv.nn.positions import (POSITION_SCHEMES, ALiBiPositions, AttentionPositions, LearnedPositions,
+                              RelativePositions, RotaryPositions, SinusoidalPositions, alibi_slopes,
+                              attention_positions, input_positions)
+
+from conftest import POSITIONS, tiny_config
 
 
 def test_sinusoidal_matches_the_paper_formula_with_sines_then_cosines():
@@ -94,3 +99,28 @@ def test_a_scheme_declares_rotates_exactly_when_it_rotates(scheme):
     method does (queries it leaves unchanged at positions 3 and 5 mean it does not rotate)."""
     x = torch.randn(1, 1, 2, 8)
     assert scheme.rotates == (not torch.equal(scheme.rotate(x, torch.tensor([3, 5])), x))
+
+
+def test_the_position_registry_names_exactly_the_schemes_the_config_accepts():
+    """`POSITION_SCHEMES` and the `Position` Literal list the same names (and the property families all of them)."""
+    assert list(POSITION_SCHEMES) == list(typing.get_args(Position))
+    assert set(POSITIONS) == set(POSITION_SCHEMES)
+
+
+@pytest.mark.parametrize("position,absolute,in_attention", [
+    ("sinusoidal", SinusoidalPositions, AttentionPositions), ("learned", LearnedPositions, AttentionPositions),
+    ("relative", None, RelativePositions), ("rope", None, RotaryPositions), ("alibi", None, ALiBiPositions),
+    ("none", None, AttentionPositions)])
+def test_the_two_constructors_build_each_scheme_where_it_acts(position, absolute, in_attention):
+    """An absolute scheme is added to the embeddings and leaves attention a no-op; an in-attention one is the
+    reverse; "none" is neither. Each is built with the config's sizes."""
+    config = tiny_config(position=position)
+    added = input_positions(config)
+    assert (added is None) if absolute is None else type(added) is absolute
+    assert type(attention_positions(config)) is in_attention
+    if position == "learned":
+        assert added.embedding.weight.shape == (config.max_len, config.d_model)
+    if position == "alibi":
+        assert torch.equal(attention_positions(config).slopes.flatten(), alibi_slopes(config.n_heads))
+    if position == "relative":
+        assert attention_positions(config).keys.shape == (2 * config.max_relative_distance + 1, config.head_dim)

@@ -1,20 +1,34 @@
 """The one place the explorer loads a model: a run directory of any kqv job, or the MiniLM embedding model.
 
-`load_subject(run)` reads the run's task from its run.toml and builds the matching `Subject` with the job's own
-loader (weights from safetensors, no code executed). `minilm` (or a sentence-transformers directory) is the
-pretrained all-MiniLM-L6-v2 that `kqv embed` runs.
+`SUBJECTS` names the explorer's class for the runs of each job (`kqv.jobs.all_jobs()`), plus `minilm`;
+`load_subject(run)` reads the run's task from its run.toml and opens its `Subject`, which loads the run with the
+job's own loader (`kqv.jobs.load_run`: weights from safetensors, no code executed). `minilm` (or a
+sentence-transformers directory) is the pretrained all-MiniLM-L6-v2 that `kqv embed` runs. A job whose runs the
+explorer does not show is listed in `NOT_EXPLORABLE`, with why (tests/test_explore_api.py checks that every job is
+in one of the two).
 """
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
 from ..errors import ConfigError, RunError
-from .subjects import ClassifierSubject, EmbeddingSubject, LMSubject, MLMSubject, MTSubject, Subject
+from ..train.runs import read_run, run_task
+from .subjects import (ClassifierSubject, EmbeddingSubject, LMSubject, MLMSubject, MTSubject, Subject,
+                       VitSubject)
 
 DEFAULT_MAX_TOKENS = 256
 MINILM = "minilm"
+
+SUBJECTS: dict[str, type[Subject]] = {
+    "lm": LMSubject,
+    "mt": MTSubject,
+    "mlm": MLMSubject,
+    "cls": ClassifierSubject,
+    "vit": VitSubject,
+    MINILM: EmbeddingSubject,  # not a job: the installed sentence-transformers model
+}
+NOT_EXPLORABLE: dict[str, str] = {}  # job name -> why the explorer does not show its runs
 
 
 def load_subject(run: str | Path, max_tokens: int = DEFAULT_MAX_TOKENS) -> Subject:
@@ -23,50 +37,19 @@ def load_subject(run: str | Path, max_tokens: int = DEFAULT_MAX_TOKENS) -> Subje
         raise ConfigError(f"max_tokens must be a positive integer, got {max_tokens!r}")
     path = Path(run)
     if str(run) == MINILM and not path.exists():
-        return _embedding_subject(None, max_tokens)
+        return SUBJECTS[MINILM].load(None, max_tokens)
     if not path.is_dir():
         raise FileNotFoundError(f"no run directory at {run}; train one (e.g. `kqv train lm --out {run}`), or give "
                                 f"`{MINILM}` for the installed all-MiniLM-L6-v2")
     if not (path / "run.toml").is_file():
         if (path / "tokenizer.json").is_file() and (path / "config.json").is_file():
-            return _embedding_subject(path, max_tokens)
+            return SUBJECTS[MINILM].load(path, max_tokens)
         raise FileNotFoundError(f"{run} is not a kqv run (run.toml is missing) nor a sentence-transformers "
                                 f"directory (tokenizer.json and config.json)")
-    task = tomllib.loads((path / "run.toml").read_text()).get("task", "lm")
-    loaders = {"lm": _lm_subject, "mt": _mt_subject, "mlm": _mlm_subject, "cls": _classifier_subject}
-    if task not in loaders:
-        raise RunError(f"{run} is a run of task {task!r}, which the explorer does not know; it reads "
-                         f"{sorted(loaders)} runs")
-    return loaders[task](path, max_tokens)
-
-
-def _lm_subject(path: Path, max_tokens: int) -> Subject:
-    from ..jobs.lm import load_run
-
-    return LMSubject(str(path), load_run(path), max_tokens)
-
-
-def _mt_subject(path: Path, max_tokens: int) -> Subject:
-    from ..jobs.mt import SPECIAL_TOKENS, load_run
-
-    return MTSubject(str(path), load_run(path), max_tokens, SPECIAL_TOKENS)
-
-
-def _mlm_subject(path: Path, max_tokens: int) -> Subject:
-    from ..jobs.mlm import load_mlm_run
-
-    run = load_mlm_run(path)
-    return MLMSubject(str(path), run.model, run.vocabulary, max_tokens)
-
-
-def _classifier_subject(path: Path, max_tokens: int) -> Subject:
-    from ..jobs.cls import JOB
-
-    run = JOB.load(path)
-    return ClassifierSubject(str(path), run.model, run.tokenizer, run.labels, max_tokens)
-
-
-def _embedding_subject(path: Path | None, max_tokens: int) -> Subject:
-    from ..jobs.embeddings import SentenceEncoder
-
-    return EmbeddingSubject(str(path) if path else MINILM, SentenceEncoder.load(path), max_tokens)
+    task = run_task(read_run(path))
+    if task not in SUBJECTS or task == MINILM:
+        why = f" ({NOT_EXPLORABLE[task]})" if task in NOT_EXPLORABLE else ""
+        runs = sorted(name for name in SUBJECTS if name != MINILM)
+        raise RunError(f"{run} is a run of task {task!r}, which the explorer does not show{why}; it reads {runs} "
+                       f"runs")
+    return SUBJECTS[task].load(path, max_tokens)

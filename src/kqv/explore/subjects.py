@@ -2,16 +2,19 @@
 
 One class per kind of model: `LMSubject` (a `DecoderLM`: causal self-attention, next-token predictions and
 sampling), `MTSubject` (an encoder-decoder: translation, cross-attention alignment, encoder and decoder
-self-attention) and the encoders (`MLMSubject`, `ClassifierSubject`, `EmbeddingSubject`: self-attention plus
-what the head predicts). Each answers `info()` and `analyze(request)` with plain dicts; `LMSubject` also streams a
-continuation. Requests are the page's JSON bodies: every field is checked here and a bad one is a ValueError whose
-message says what to send instead.
+self-attention), the encoders (`MLMSubject`, `ClassifierSubject`, `EmbeddingSubject`: self-attention plus
+what the head predicts) and `VitSubject` (a Vision Transformer: attention over [CLS] and the patches of a test
+image, and its class probabilities). Each opens itself with `load(path, limit)` (a run through its job's own
+loader, `kqv.jobs.load_run`) and answers `info()` and `analyze(request)` with plain dicts; `LMSubject` also
+streams a continuation. `kqv.explore.loading.SUBJECTS` names the class of each job. Requests are the page's JSON
+bodies: every field is checked here and a bad one is a ValueError whose message says what to send instead.
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
@@ -41,6 +44,18 @@ class Subject:
         if self.positions_limit:
             self.limit = config.max_len
         self.lock = threading.Lock()  # one model call at a time: the server may answer requests from several threads
+
+    @classmethod
+    def load(cls, path: Path, limit: int) -> Subject:
+        """The subject of the run directory `path`, loaded by the job that wrote it (weights from safetensors)."""
+        from ..jobs import load_run
+
+        return cls.from_run(load_run(path), limit)
+
+    @classmethod
+    def from_run(cls, run: Any, limit: int) -> Subject:
+        """The subject of a loaded run (a `kqv.jobs.TrainedRun` of its job)."""
+        raise NotImplementedError
 
     def info(self) -> dict[str, Any]:
         config = self.model.config
@@ -85,6 +100,10 @@ class LMSubject(Subject):
     def __init__(self, name: str, run: Any, limit: int):
         super().__init__(name, run.model, limit, run.model.config)
         self.tokenizer, self.sample = run.tokenizer, run.config.sample
+
+    @classmethod
+    def from_run(cls, run: Any, limit: int) -> LMSubject:
+        return cls(str(run.run_dir), run, limit)
 
     def info(self) -> dict[str, Any]:
         return {**super().info(), "sample": asdict(self.sample)}
@@ -171,6 +190,12 @@ class MTSubject(Subject):
         self.run, self.tokenizer = run, run.tokenizer
         self.pad_id, self.bos_id, self.eos_id = (run.tokenizer.token_to_id(t) for t in special_tokens)
         self.specials = dict(zip((self.pad_id, self.bos_id, self.eos_id), special_tokens))
+
+    @classmethod
+    def from_run(cls, run: Any, limit: int) -> MTSubject:
+        from ..jobs.mt import SPECIAL_TOKENS
+
+        return cls(str(run.run_dir), run, limit, SPECIAL_TOKENS)
 
     def info(self) -> dict[str, Any]:
         return {**super().info(), "kind": self.run.config.kind, "decode": asdict(self.run.config.decode)}
@@ -265,6 +290,10 @@ class MLMSubject(EncoderSubject):
         self.vocabulary = vocabulary
         self.specials = {i: token for token, i in vocabulary.specials.items()}
 
+    @classmethod
+    def from_run(cls, run: Any, limit: int) -> MLMSubject:
+        return cls(str(run.run_dir), run.model, run.vocabulary, limit)
+
     def info(self) -> dict[str, Any]:
         return {**super().info(), "mask_token": MASK}
 
@@ -297,6 +326,10 @@ class ClassifierSubject(EncoderSubject):
         self.vocabulary, self.labels = vocabulary, labels
         self.specials = {i: token for token, i in vocabulary.specials.items()}
 
+    @classmethod
+    def from_run(cls, run: Any, limit: int) -> ClassifierSubject:
+        return cls(str(run.run_dir), run.model, run.tokenizer, run.labels, limit)
+
     def info(self) -> dict[str, Any]:
         return {**super().info(), "labels": self.labels}
 
@@ -322,6 +355,13 @@ class EmbeddingSubject(EncoderSubject):
                          min(limit, sentence_encoder.max_seq_length))
         self.sentence_encoder = sentence_encoder
 
+    @classmethod
+    def load(cls, path: Path | None, limit: int) -> EmbeddingSubject:
+        """all-MiniLM-L6-v2 as installed (path None), or the sentence-transformers directory `path`."""
+        from ..jobs.embeddings import SentenceEncoder
+
+        return cls(str(path) if path else "minilm", SentenceEncoder.load(path), limit)
+
     def tokenize(self, text: str) -> tuple[list[int], list[str]]:
         tokenizer = self.sentence_encoder.tokenizer
         tokenizer.no_truncation()  # the length check says when a text is too long, rather than cutting it
@@ -330,3 +370,58 @@ class EmbeddingSubject(EncoderSubject):
         finally:
             tokenizer.enable_truncation(self.sentence_encoder.max_seq_length)
         return encoding.ids, encoding.tokens
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Images
+
+
+class VitSubject(Subject):
+    """A Vision Transformer run: one of its held-out test digits, chosen by number (`image`, or the page's text),
+    read as [CLS] and the patches p0, p1, ... row by row; bidirectional self-attention over them, and the
+    probability of every class."""
+
+    task = "vit"
+
+    def __init__(self, name: str, run: Any, limit: int):
+        super().__init__(name, run.model, limit, run.model.config)
+        digits = run.job.test_digits(run)
+        self.images, self.labels = digits.images["test"], digits.labels["test"]  # (n, channels, h, w), (n,)
+        self.tokens = ["[CLS]", *(f"p{i}" for i in range(self.model.patches.n_patches))]
+
+    @classmethod
+    def from_run(cls, run: Any, limit: int) -> VitSubject:
+        return cls(str(run.run_dir), run, limit)
+
+    def info(self) -> dict[str, Any]:
+        return {**super().info(), "images": len(self.labels), "grid": list(self.model.patches.grid),
+                "patch_size": self.model.patches.patch_size}
+
+    def views(self) -> list[str]:
+        return [*super().views(), "classes"]
+
+    def image_number(self, request: dict[str, Any]) -> int:
+        """The test image a request asks for: `image`, or its text holding the number."""
+        last = len(self.labels) - 1
+        value = request.get("image", request.get("text"))
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value)
+        if isinstance(value, str) or value is None:
+            raise DataError(f"a ViT run reads images, not text: give the number of a held-out test image, 0 to "
+                            f"{last} (as the text, or as \"image\"), got {value!r}")
+        return check_int(value, "image", 0, last)
+
+    @torch.no_grad()
+    def analyze(self, request: dict[str, Any]) -> dict[str, Any]:
+        number = self.image_number(request)
+        image = self.images[number:number + 1]  # (1, channels, height, width)
+        self.check_length(len(self.tokens), "the image's [CLS] and patches")
+        with self.lock:
+            weights = self_attention_weights(self.model, lambda: self.model.attention_weights(image),
+                                             lambda: self.model(image))
+            probs = self.model(image)[0].float().softmax(-1)
+        view = self_view("self-attention over [CLS] and the patches (bidirectional)", self.tokens, weights,
+                         causal=False)
+        return {"task": self.task, "image": number, "label": int(self.labels[number]), "tokens": self.tokens,
+                "pixels": image[0].tolist(), "attention": {"self": view},
+                "classes": [{"label": str(c), "p": round(float(p), 6)} for c, p in enumerate(probs)]}

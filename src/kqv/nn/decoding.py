@@ -13,6 +13,12 @@ last bits, not the greedy tokens (tests/test_fast_decoding.py compares both case
 people decode with: full attention with absolute positions or RoPE, dense feed-forward networks; `supports` says
 whether a model qualifies, and `generate` falls back to the general path when it does not (ALiBi or relative
 positions, sparse cores, mixtures of experts, blockwise="always").
+
+What the step computes in place of a module's forward it takes only from a module that keeps that forward
+(`kqv.nn.capability.keeps`): a subclass of nn.Linear, nn.Embedding, LayerNorm, `LearnedPositions` or `Embeddings`
+that overrides it is called as a module, and a model whose blocks or attention cores do is decoded on the general
+path. A block's steps are read from its declaration (`DecoderBlock.SUBLAYERS`, `kqv.nn.layers.Sublayer`), which
+must be exactly the ones `LayerStep` computes (`LEAN_SUBLAYERS`). All of it is decided once, when the step is built.
 """
 
 from __future__ import annotations
@@ -22,8 +28,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import KVCache, MultiHeadAttention
+from .capability import keeps
 from .cores import FullAttention, fused_attention
-from .layers import FeedForward
+from .embeddings import Embeddings
+from .layers import FeedForward, Residual, Sublayer
 from .positions import LearnedPositions
 
 __all__ = ["DecodeStep"]
@@ -32,9 +40,9 @@ __all__ = ["DecodeStep"]
 def norm_function(norm: nn.Module):
     """The functional form of a LayerNorm or RMSNorm module: the kernel its forward calls, without the module call
     (torch.layer_norm is what F.layer_norm calls after its Python-level checks)."""
-    if isinstance(norm, nn.LayerNorm):
+    if keeps(norm, nn.LayerNorm, "forward"):
         return lambda x: torch.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
-    if isinstance(norm, nn.RMSNorm):
+    if keeps(norm, nn.RMSNorm, "forward"):
         return lambda x: torch.rms_norm(x, norm.normalized_shape, norm.weight, norm.eps)
     return norm
 
@@ -43,25 +51,29 @@ def embed_function(embeddings: nn.Module):
     """The functional form of `Embeddings` in eval mode, from token ids (batch,) at positions (batch,) or (1,) to
     rows (batch, d_model): the same lookups and additions without five module calls, the learned table's length
     check (`generate` checks the length once, up front) and the multiplication by a scale of 1 (exact either way).
-    Inputs it does not cover (another token module, an embedding norm) go through the module itself."""
+    Inputs it does not cover (another token module, an embedding norm, a forward of their own) go through the
+    module itself."""
     tokens, positions, scale = embeddings.tokens, embeddings.positions, embeddings.scale
-    if type(tokens) is not nn.Embedding or embeddings.norm is not None:
+    plain_tokens = keeps(tokens, nn.Embedding, "forward") and tokens.max_norm is None  # max_norm renorms rows
+    if not (keeps(embeddings, Embeddings, "forward") and plain_tokens) or embeddings.norm is not None:
         return lambda ids, at: embeddings(ids[:, None], at[..., None]).squeeze(1)
     table = tokens.weight
+    learned = keeps(positions, LearnedPositions, "forward")
 
     def embed(ids: Tensor, at: Tensor) -> Tensor:
         x = F.embedding(ids, table)  # (batch, d_model)
         if scale != 1.0:
             x = x * scale
-        if type(positions) is LearnedPositions:
+        if learned:
             return x + F.embedding(at, positions.embedding.weight)
         return x if positions is None else x + positions(at).to(x.dtype)
     return embed
 
 
 def linear(layer: nn.Module, one_row: bool = False):
-    """The functional form of an nn.Linear; any other projection (an int8 one from `in_dtype`) is called as is."""
-    if type(layer) is not nn.Linear:
+    """The functional form of an nn.Linear; any other projection (an int8 one from `in_dtype`, a subclass with a
+    forward of its own) is called as is."""
+    if not keeps(layer, nn.Linear, "forward"):
         return layer
     return matrix_product(layer.weight, layer.bias, one_row)
 
@@ -121,7 +133,7 @@ def fused_linear(*layers: nn.Module):
     For one row each output is its own dot product whatever other outputs the matrix has, so the stacked
     projection is bit-identical to the separate ones (tests/test_fast_decoding.py checks it); for several rows
     gemm's blocking may depend on the matrix width and move the last bits."""
-    if any(type(layer) is not nn.Linear for layer in layers) \
+    if not all(keeps(layer, nn.Linear, "forward") for layer in layers) \
             or any(layer.weight.dtype != torch.float32 for layer in layers) \
             or len({layer.bias is None for layer in layers}) != 1:
         return None
@@ -130,13 +142,23 @@ def fused_linear(*layers: nn.Module):
     return matrix_product(weight, bias, one_row=True)
 
 
+# The steps of a block `LayerStep` computes, in its order: a block declaring anything else is decoded on the
+# general path (`mirrors`).
+LEAN_SUBLAYERS = (Sublayer("causal self-attention", "self_attention", "self_attention_residual"),
+                  Sublayer("feed-forward", "feed_forward", "feed_forward_residual"))
+
+
 class LayerStep:
     """One decoder block's step on x (batch, d_model), one row per sequence, bound to its parameters and its
     self-attention cache. Rows rather than (batch, 1, d_model) spare `F.linear` the reshapes around its matrix
-    product, which is the same kernel on the same numbers either way."""
+    product, which is the same kernel on the same numbers either way. The block's pieces are those its declaration
+    names (`LEAN_SUBLAYERS`, which `mirrors` checked)."""
 
     def __init__(self, block: nn.Module, cache: KVCache, one_row: bool = False):
-        attention: MultiHeadAttention = block.self_attention
+        attending, feeding = LEAN_SUBLAYERS
+        attention: MultiHeadAttention = getattr(block, attending.module)
+        attention_residual: Residual = getattr(block, attending.residual)
+        feed_forward_residual: Residual = getattr(block, feeding.residual)
         self.cache, self.heads, self.head_dim = cache, attention.n_heads, attention.head_dim
         self.rotate = attention.positions.rotate  # RoPE; the identity for every other scheme this step takes
         self.rotates = attention.positions.rotates
@@ -147,13 +169,13 @@ class LayerStep:
             self.to_queries = linear(attention.to_queries, one_row)
             self.to_keys_values = linear(attention.to_keys_values, one_row)
         self.to_output = linear(attention.to_output, one_row)
-        feed_forward: FeedForward = block.feed_forward
+        feed_forward: FeedForward = getattr(block, feeding.module)
         self.up, self.down = linear(feed_forward.up, one_row), linear(feed_forward.down, one_row)
         self.activation = feed_forward.activation
         self.gated = feed_forward.gated
-        self.norm_first = block.self_attention_residual.norm_first
-        self.attention_norm = norm_function(block.self_attention_residual.norm)
-        self.feed_forward_norm = norm_function(block.feed_forward_residual.norm)
+        self.norm_first = attention_residual.norm_first
+        self.attention_norm = norm_function(attention_residual.norm)
+        self.feed_forward_norm = norm_function(feed_forward_residual.norm)
 
     def __call__(self, x: Tensor, positions: Tensor, mask: Tensor | None) -> Tensor:
         h = self.attention_norm(x) if self.norm_first else x
@@ -210,8 +232,9 @@ class DecodeStep:
 
     @staticmethod
     def supports(model: nn.Module) -> bool:
-        """Whether every layer is one this step computes exactly: full attention without score or value biases
-        (absolute positions or RoPE), a dense feed-forward network, LayerNorm or RMSNorm, in eval mode."""
+        """Whether every layer is one this step computes exactly: a block declaring causal self-attention then the
+        feed-forward network (`LEAN_SUBLAYERS`), full attention without score or value biases (absolute positions
+        or RoPE), a dense feed-forward network, LayerNorm or RMSNorm, in eval mode."""
         decoder = getattr(model, "decoder", None)
         if decoder is None or model.training or not hasattr(model, "lm_head"):
             return False
@@ -228,10 +251,36 @@ class DecodeStep:
 
 
 def supported_block(block: nn.Module) -> bool:
-    attention = block.self_attention
-    return (getattr(block, "cross_attention", None) is None and isinstance(block.feed_forward, FeedForward)
-            and type(attention.core) is FullAttention and attention.core.blockwise != "always"
-            and attention.core.fused and not attention.positions.has_score_bias
-            and not attention.positions.has_value_bias
+    """Whether `LayerStep` computes `block` exactly: the block mirrors it, its attention is full attention on the
+    fused kernel without score or value biases, and its norms are LayerNorm or RMSNorm."""
+    if not mirrors(block):
+        return False
+    attention, core = block.self_attention, block.self_attention.core
+    return (keeps(core, FullAttention, "attend", "use_blockwise") and core.blockwise != "always" and core.fused
+            and not attention.positions.has_score_bias and not attention.positions.has_value_bias
             and all(isinstance(residual.norm, (nn.LayerNorm, nn.RMSNorm))
                     for residual in (block.self_attention_residual, block.feed_forward_residual)))
+
+
+def mirrors(block: nn.Module) -> bool:
+    """Whether `block` performs the steps `LayerStep` computes, with the pieces it computes them for: it declares
+    exactly `LEAN_SUBLAYERS`, its forward is the one the declaration is about, and the attention, the
+    feed-forward network and the residual connections keep the methods `LayerStep` computes in their stead."""
+    if declared_sublayers(block) != LEAN_SUBLAYERS:
+        return False
+    attending, feeding = LEAN_SUBLAYERS
+    return (keeps(getattr(block, attending.module), MultiHeadAttention, "forward", "keys_values",
+                  "project_keys_values")
+            and keeps(getattr(block, feeding.module), FeedForward, "forward")
+            and all(keeps(getattr(block, step.residual), Residual, "forward", "sublayer_input", "add")
+                    for step in LEAN_SUBLAYERS))
+
+
+def declared_sublayers(block: nn.Module) -> tuple[Sublayer, ...] | None:
+    """The steps `block`'s forward performs, in order, as its class declares them in `SUBLAYERS` (a sub-layer the
+    block was built without left out); None when it declares none, or when its forward is not the one its
+    declaration is about (a subclass that overrides forward without declaring its own steps)."""
+    owner = lambda name: next((c for c in type(block).__mro__ if name in c.__dict__), None)
+    if owner("SUBLAYERS") is None or owner("forward") is not owner("SUBLAYERS"):
+        return None
+    return tuple(step for step in block.SUBLAYERS if getattr(block, step.module, None) is not None)

@@ -3,7 +3,8 @@ encoder and decoder blocks built from them."""
 
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, ClassVar
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -98,8 +99,23 @@ class Residual(nn.Module):
         return self.add(x, sublayer(self.sublayer_input(x)))
 
 
+@dataclass(frozen=True)
+class Sublayer:
+    """One step of a block's forward, as the block declares it: the sub-layer `module` (an attribute of the block)
+    computing `kind` inside the `Residual` `residual` (its norm placement and dropout). Code that computes a block
+    without calling its forward (the lean decoding step, `kqv.nn.decoding`) checks the declaration first."""
+
+    kind: str  # "causal self-attention", "bidirectional self-attention", "cross-attention" or "feed-forward"
+    module: str
+    residual: str
+
+
 class EncoderBlock(nn.Module):
     """Bidirectional self-attention, then the feed-forward network, each inside a residual connection."""
+
+    SUBLAYERS: ClassVar[tuple[Sublayer, ...]] = (
+        Sublayer("bidirectional self-attention", "self_attention", "self_attention_residual"),
+        Sublayer("feed-forward", "feed_forward", "feed_forward_residual"))
 
     def __init__(self, config: ModelConfig, layer: int = 0):
         super().__init__()
@@ -118,6 +134,11 @@ class EncoderBlock(nn.Module):
 
 class DecoderBlock(nn.Module):
     """Masked (causal) self-attention, cross-attention to the encoder memory when there is one, feed-forward."""
+
+    SUBLAYERS: ClassVar[tuple[Sublayer, ...]] = (
+        Sublayer("causal self-attention", "self_attention", "self_attention_residual"),
+        Sublayer("cross-attention", "cross_attention", "cross_attention_residual"),
+        Sublayer("feed-forward", "feed_forward", "feed_forward_residual"))
 
     def __init__(self, config: ModelConfig, cross_attention: bool = False, layer: int = 0):
         super().__init__()

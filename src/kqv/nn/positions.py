@@ -10,6 +10,8 @@ Two families, used at two places in the model:
 
 Every in-attention scheme is a function of (query positions, key positions) only, so attention can be computed a
 block of keys at a time without ever building an n x n table of anything.
+
+`POSITION_SCHEMES` names every scheme (`ModelConfig.position`); each class builds itself with `from_config`.
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ class SinusoidalPositions(nn.Module):
         inv_freq = torch.exp(torch.arange(0, d_model, 2).float() * (-math.log(10000.0) / d_model))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
+    @classmethod
+    def from_config(cls, config: ModelConfig) -> SinusoidalPositions:
+        return cls(config.d_model)
+
     def forward(self, positions: Tensor) -> Tensor:
         """positions (time,) or (batch, time) -> (time, d_model) or (batch, time, d_model)."""
         angles = positions.float()[..., None] * self.inv_freq  # (..., time, d_model / 2)
@@ -50,6 +56,10 @@ class LearnedPositions(nn.Module):
         self.max_len = max_len
         self.embedding = nn.Embedding(max_len, d_model)
 
+    @classmethod
+    def from_config(cls, config: ModelConfig) -> LearnedPositions:
+        return cls(config.max_len, config.d_model)
+
     def forward(self, positions: Tensor) -> Tensor:
         """positions (time,) or (batch, time) -> (time, d_model) or (batch, time, d_model)."""
         last = int(positions.max()) if positions.numel() else -1
@@ -60,15 +70,6 @@ class LearnedPositions(nn.Module):
                 f"'relative', which work at any length"
             )
         return self.embedding(positions)
-
-
-def input_positions(config: ModelConfig) -> nn.Module | None:
-    """The absolute position module added to token embeddings, or None for in-attention schemes."""
-    if config.position == "sinusoidal":
-        return SinusoidalPositions(config.d_model)
-    if config.position == "learned":
-        return LearnedPositions(config.max_len, config.d_model)
-    return None
 
 
 class AttentionPositions(nn.Module):
@@ -84,6 +85,10 @@ class AttentionPositions(nn.Module):
     has_score_bias = False  # True when score_bias adds a term to the scores (torch's SDPA then needs it dense)
     has_value_bias = False  # True when value_bias needs the attention weights, which fused kernels don't expose
     rotates = False  # True when rotate transforms queries and keys (RoPE)
+
+    @classmethod
+    def from_config(cls, config: ModelConfig) -> AttentionPositions:
+        return cls()
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
         """Transform queries or keys (batch, heads, time, head_dim) by their positions (RoPE)."""
@@ -114,6 +119,10 @@ class RelativePositions(AttentionPositions):
         self.keys = nn.Parameter(torch.randn(2 * max_distance + 1, head_dim) * head_dim**-0.5)
         self.values = nn.Parameter(torch.randn(2 * max_distance + 1, head_dim) * head_dim**-0.5) if values else None
         self.has_value_bias = values
+
+    @classmethod
+    def from_config(cls, config: ModelConfig) -> RelativePositions:
+        return cls(config.head_dim, config.max_relative_distance, config.relative_values)
 
     def distance_index(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """(q_time, k_time) index into the 2k+1 embeddings: clip(j - i, -k, k) + k."""
@@ -147,6 +156,10 @@ class RotaryPositions(AttentionPositions):
         inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2).float() / head_dim)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
+    @classmethod
+    def from_config(cls, config: ModelConfig) -> RotaryPositions:
+        return cls(config.head_dim)
+
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
         """Queries or keys x (..., time, head_dim) rotated by the angles of their positions (time,)."""
         angles = positions.float()[:, None] * self.inv_freq  # (time, head_dim / 2)
@@ -163,6 +176,10 @@ class ALiBiPositions(AttentionPositions):
     def __init__(self, n_heads: int):
         super().__init__()
         self.register_buffer("slopes", alibi_slopes(n_heads)[:, None, None], persistent=False)  # (heads, 1, 1)
+
+    @classmethod
+    def from_config(cls, config: ModelConfig) -> ALiBiPositions:
+        return cls(config.n_heads)
 
     def score_bias(self, queries: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """-slope_h * |i - j| for every head, query and key, added to the scores before softmax."""
@@ -181,12 +198,31 @@ def alibi_slopes(n_heads: int) -> Tensor:
     return torch.tensor(slopes)
 
 
+# Every scheme by its `ModelConfig.position` name (tests/test_positions.py checks the names are `Position`'s): an
+# absolute scheme is an nn.Module added to the token embeddings, an in-attention one an `AttentionPositions`;
+# "none" is the in-attention scheme that does nothing. Each builds itself with `from_config(config)`.
+POSITION_SCHEMES: dict[str, type[nn.Module]] = {
+    "sinusoidal": SinusoidalPositions,  # Vaswani et al. 2017
+    "learned": LearnedPositions,
+    "relative": RelativePositions,  # Shaw et al. 2018
+    "rope": RotaryPositions,  # Su et al. 2021
+    "alibi": ALiBiPositions,  # Press et al. 2022
+    "none": AttentionPositions,
+}
+
+
+def is_absolute(scheme: type[nn.Module]) -> bool:
+    """Whether a scheme of `POSITION_SCHEMES` is added to the token embeddings (rather than acting in attention)."""
+    return not issubclass(scheme, AttentionPositions)
+
+
+def input_positions(config: ModelConfig) -> nn.Module | None:
+    """The absolute position module added to token embeddings, or None for in-attention schemes."""
+    scheme = POSITION_SCHEMES[config.position]
+    return scheme.from_config(config) if is_absolute(scheme) else None
+
+
 def attention_positions(config: ModelConfig) -> AttentionPositions:
     """The in-attention position scheme of one attention layer (a no-op for absolute or no positions)."""
-    if config.position == "relative":
-        return RelativePositions(config.head_dim, config.max_relative_distance, config.relative_values)
-    if config.position == "rope":
-        return RotaryPositions(config.head_dim)
-    if config.position == "alibi":
-        return ALiBiPositions(config.n_heads)
-    return AttentionPositions()
+    scheme = POSITION_SCHEMES[config.position]
+    return AttentionPositions() if is_absolute(scheme) else scheme.from_config(config)

@@ -466,7 +466,8 @@ function describe(info) {
   $("beam-box").hidden = info.task !== "mt";
   if (info.decode) $("beam").value = `${info.decode.beam_size}`;
   $("text-label").textContent = info.task === "mt" ? "Source sentence" :
-    info.task === "mlm" ? `Text (write ${info.mask_token} where a token should be guessed)` : "Text";
+    info.task === "mlm" ? `Text (write ${info.mask_token} where a token should be guessed)` :
+    info.task === "vit" ? `Test image number (0 to ${info.images - 1})` : "Text";
 }
 
 function listen() {

@@ -1,12 +1,17 @@
 """How a position scheme enters one block of blockwise attention: `BlockBias` evaluates any `AttentionPositions`
 one block at a time through autograd; `ALiBiBias` and `RelativeBias` do the same for ALiBi and Shaw's relative
-positions in closed form, as a column, a row or a full block of bias (see the package docstring)."""
+positions in closed form, as a column, a row or a full block of bias (see the package docstring). A closed form
+declares the scheme and the methods of it that it computes (`scheme`, `relies_on`); `block_bias` takes it for any
+instance of the scheme that keeps those methods (`kqv.nn.capability.keeps`), and the generic route otherwise."""
 
 from __future__ import annotations
 
 import torch
+from typing import ClassVar
+
 from torch import Tensor
 
+from ..capability import keeps
 from ..positions import ALiBiPositions, AttentionPositions, RelativePositions
 from .blocks import Block, Plain
 
@@ -131,6 +136,8 @@ class ALiBiBias(NoBias):
     """
 
     plain = BlockBias.plain  # a column term: not plain
+    scheme: ClassVar[type] = ALiBiPositions  # computes its score_bias (and no value_bias), reading its slopes
+    relies_on: ClassVar[tuple[str, ...]] = ("score_bias", "value_bias")
 
     def __init__(self, positions: ALiBiPositions, batch: int, heads: int, dtype: torch.dtype):
         super().__init__()
@@ -163,7 +170,10 @@ class RelativeBias(BlockBias):
     rescaled like the output (a far block adds its row sums to the end bucket). Gradients go back the same ways.
     """
 
-    def __init__(self, positions: RelativePositions, batch: int, heads: int):
+    scheme: ClassVar[type] = RelativePositions  # computes its two biases from its tables keys, values
+    relies_on: ClassVar[tuple[str, ...]] = ("score_bias", "value_bias", "distance_index")
+
+    def __init__(self, positions: RelativePositions, batch: int, heads: int, dtype: torch.dtype | None = None):
         super().__init__(positions, batch, heads)
         self.k, self.scale = positions.max_distance, positions.scale
         self.key_table, self.value_table = positions.keys, positions.values
@@ -258,17 +268,18 @@ class RelativeBias(BlockBias):
             grads[1] += (per_distance.transpose(1, 2) @ grad_out).sum(0)  # d a^V (2k+1, head_dim)
 
 
+CLOSED_FORMS: tuple[type[BlockBias], ...] = (ALiBiBias, RelativeBias)
+
+
 def block_bias(positions: AttentionPositions | None, batch: int, heads: int, dtype: torch.dtype) -> BlockBias:
-    """The fastest exact way to evaluate `positions` one block at a time. Subclasses of the known schemes take the
-    generic route, since they may change the bias."""
-    if positions is None or type(positions) is AttentionPositions:
-        return NoBias()
-    if type(positions) is ALiBiPositions:
-        return ALiBiBias(positions, batch, heads, dtype)
-    if type(positions) is RelativePositions:
-        return RelativeBias(positions, batch, heads)
-    if not positions.has_score_bias and not positions.has_value_bias:
-        return NoBias()  # e.g. RoPE
+    """The fastest exact way to evaluate `positions` one block at a time: nothing for a scheme without biases, a
+    closed form for a scheme that keeps the methods it computes, the generic route (which calls the methods) for
+    anything else, a subclass that changes the bias included."""
+    if positions is None or not (positions.has_score_bias or positions.has_value_bias):
+        return NoBias()  # no positions, absolute positions, RoPE
+    for closed_form in CLOSED_FORMS:
+        if keeps(positions, closed_form.scheme, *closed_form.relies_on):
+            return closed_form(positions, batch, heads, dtype)
     return BlockBias(positions, batch, heads)
 
 
