@@ -184,7 +184,7 @@ def alibi_slopes(n_heads: int) -> Tensor:
 def attention_positions(config: ModelConfig) -> AttentionPositions:
     """The in-attention position scheme of one attention layer (a no-op for absolute or no positions)."""
     if config.position == "relative":
-        return RelativePositions(config.head_dim, config.max_relative_distance, config.relative_values)
+        return RelativePositions(config.head_dim, config.relative.max_distance, config.relative.values)
     if config.position == "rope":
         return RotaryPositions(config.head_dim)
     if config.position == "alibi":

@@ -109,16 +109,22 @@ def read_config_values(path: str | Path, overrides: list[str] = (), examples: st
 
 
 def apply_override(values: dict[str, Any], override: str) -> None:
-    """Set `section.key=value` in values; the value is TOML (`200`, `"rope"`, `true`) or a bare string."""
+    """Set `section.key=value` in values; the value is TOML (`200`, `"rope"`, `true`) or a bare string. A key of a
+    sub-table takes one more dot: `model.linformer.k=128`."""
     key, sep, raw = override.partition("=")
-    section, dot, name = key.strip().partition(".")
-    if not sep or not dot or not name:
+    section, *path = key.strip().split(".")
+    if not sep or not path or not all(path):
         raise ConfigError(f"override {override!r} must look like section.key=value, e.g. train.steps=200")
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw  # a bare string such as data.path=input.txt
-    values.setdefault(section, {})[name] = value
+    table = values.setdefault(section, {})
+    for name in path[:-1]:
+        table = table.setdefault(name, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"override {override!r}: {section}.{name} is not a table of options")
+    table[path[-1]] = value
 
 
 def toml_text(values: dict[str, Any]) -> str:
