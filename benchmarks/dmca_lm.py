@@ -44,7 +44,8 @@ ARMS = {
     "dmca": dict(context=512, model={"layer_pattern": "local,memory_compressed", "local.block": 64,
                                      "memory_compressed.compression": 3}),
     "dmca+switch": dict(context=512, model={"layer_pattern": "local,memory_compressed", "local.block": 64,
-                                            "memory_compressed.compression": 3, "ffn": "switch", "experts.count": 4, "experts.every": 2}),
+                                            "memory_compressed.compression": 3, "ffn": "switch", "experts.count": 4,
+                                            "experts.every": 2}),
 }
 
 

@@ -6,7 +6,15 @@ import pytest
 import tomli_w
 import torch
 
-from kqv import DecoderLM, Encoder, EncoderDecoder, MaskedLM, ModelConfig, RNNConfig, SequenceClassifier
+from kqv import (
+    DecoderLM,
+    Encoder,
+    EncoderDecoder,
+    MaskedLM,
+    ModelConfig,
+    RNNConfig,
+    SequenceClassifier,
+)
 from kqv.cli.main import packaged_config
 from kqv.errors import ConfigError
 from kqv.jobs import get_job
@@ -15,7 +23,7 @@ from kqv.nn.config import OLD_NAMES, BigBirdConfig, ExpertsConfig, LinformerConf
 from kqv.nn.rnn import RNNEncoderDecoder
 from kqv.nn.vision import ViT
 
-BASE = dict(vocab_size=37, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_len=64)
+BASE = {"vocab_size": 37, "d_model": 32, "n_heads": 4, "n_layers": 2, "d_ff": 64, "max_len": 64}
 
 # Each kind in the flat form of kqv before the sub-tables, and the same config written nested.
 KINDS = {

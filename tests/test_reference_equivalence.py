@@ -27,7 +27,7 @@ ATOL = 1e-5
 
 def small_config(**changes) -> kqv.ModelConfig:
     base = dict(vocab_size=61, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_len=32, dropout=0.0,
-                relative=dict(max_distance=4))
+                relative={"max_distance": 4})
     return kqv.ModelConfig(**base).replace(**changes)
 
 
@@ -323,8 +323,8 @@ def expected_sdpa_calls(kind: str, position: str, extra: dict) -> int:
 @torch.no_grad()
 def test_relative_value_embeddings_change_the_output():
     torch.manual_seed(0)
-    with_values = build("Encoder", small_config(position="relative", relative=dict(values=True)))
-    without_values = small_config(position="relative", relative=dict(values=False))
+    with_values = build("Encoder", small_config(position="relative", relative={"values": True}))
+    without_values = small_config(position="relative", relative={"values": False})
     stripped = kqv.Encoder(without_values)
     stripped.load_state_dict({k: v for k, v in with_values.state_dict().items() if not k.endswith("positions.values")})
     stripped.eval()

@@ -8,9 +8,10 @@ alternates them per layer ("local,memory_compressed" is DMCA's pattern).
   each query attends within its own block only; in the decoder, to the keys of its block at or before it. Memory
   and time O(n B) instead of O(n^2). One block covering the whole sequence is exactly full attention.
 * `MemoryCompressedAttention`: keys and values are shortened by a strided convolution with kernel = stride =
-  `memory_compressed.compression` (3 in the paper) along the sequence: each block of c consecutive keys (c * head_dim numbers)
-  becomes one key by a learned linear map shared by the heads (the same for values, with its own map), so every
-  query scores n / c keys: O(n^2 / c). A sequence whose length is not a multiple of c gets zero keys at the end.
+  `memory_compressed.compression` (3 in the paper) along the sequence: each block of c consecutive keys
+  (c * head_dim numbers) becomes one key by a learned linear map shared by the heads (the same for values, with
+  its own map), so every query scores n / c keys: O(n^2 / c). A sequence whose length is not a multiple of c gets
+  zero keys at the end.
   In the encoder a query sees every compressed block (the paper's layer).
 
   Causal (the decoder): a compressed key mixes c positions, so a query may only see the blocks that lie wholly

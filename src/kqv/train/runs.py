@@ -1,8 +1,9 @@
 """Run configs and run directories: the format every job reads and writes, defined once.
 
 A run config is a TOML file: [model] (a ModelConfig, whose vocab_size the tokenizer decides; a kind's options in
-its sub-table such as [model.linformer]), [train] (TrainConfig) and the job's own sections ([data], [sample], [decode], ...), with `section.key=value`
-overrides from the command line. A job's run config is a `RunConfig` subclass whose fields are those sections.
+its sub-table such as [model.linformer]), [train] (TrainConfig) and the job's own sections ([data], [sample],
+[decode], ...), with `section.key=value` (or `model.linformer.k=128`) overrides from the command line. A job's
+run config is a `RunConfig` subclass whose fields are those sections.
 
 A run directory (`kqv train NAME --out DIR`) holds:
 
