@@ -48,6 +48,8 @@ class RunConfig(Config):
 
     A job's model default that depends on another section (the LM's max_len is its data.context) comes from
     `model_defaults`, applied once when the [model] table is read: an option given in the table wins.
+    `model_options` names the options the [model] table gave (the CLS job takes only a given dropout when it
+    fine-tunes an MLM run's model).
     """
 
     train: TrainConfig
