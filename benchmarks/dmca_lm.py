@@ -40,11 +40,12 @@ SEED_TABLE = {"Transformer-D, L=4000": 2.22216, "Transformer-DMCA, no MoE, L=110
               "Transformer-DMCA, MoE-128, L=11000": 1.92871, "Transformer-DMCA, MoE-256, L=7500": 1.90325}
 ARMS = {
     "full": dict(context=128, model={}),
-    "full+switch": dict(context=128, model={"ffn": "switch", "n_experts": 4, "moe_every": 2}),
-    "dmca": dict(context=512, model={"layer_pattern": "local,memory_compressed", "local_block": 64,
-                                     "compression": 3}),
-    "dmca+switch": dict(context=512, model={"layer_pattern": "local,memory_compressed", "local_block": 64,
-                                            "compression": 3, "ffn": "switch", "n_experts": 4, "moe_every": 2}),
+    "full+switch": dict(context=128, model={"ffn": "switch", "experts.count": 4, "experts.every": 2}),
+    "dmca": dict(context=512, model={"layer_pattern": "local,memory_compressed", "local.block": 64,
+                                     "memory_compressed.compression": 3}),
+    "dmca+switch": dict(context=512, model={"layer_pattern": "local,memory_compressed", "local.block": 64,
+                                            "memory_compressed.compression": 3, "ffn": "switch", "experts.count": 4,
+                                            "experts.every": 2}),
 }
 
 

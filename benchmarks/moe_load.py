@@ -33,7 +33,7 @@ def train(steps: int, coefficient: float) -> list[dict]:
     from kqv.train.metrics import read_metrics
 
     values = {"model.d_model": 128, "model.n_layers": 4, "model.d_ff": 512, "model.ffn": "switch",
-              "model.n_experts": N_EXPERTS, "model.aux_loss_coefficient": coefficient, "data.context": 128,
+              "model.experts.count": N_EXPERTS, "model.experts.aux_loss_coefficient": coefficient, "data.context": 128,
               "train.batch_size": 16, "train.steps": steps, "train.warmup_steps": max(1, steps // 10),
               "train.precision": "fp32", "train.log_every": max(1, steps // 30), "train.eval_every": steps,
               "train.eval_batches": 4, "train.checkpoint_every": steps, "sample.count": 1,

@@ -44,7 +44,7 @@ class Setting:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
         self.batches = TokenBatches(data.splits["train"], max_tokens=max_tokens, max_rows=config.train.batch_size,
                                     seed=0, pad_id=data.pad_id, bos_id=data.bos_id, eos_id=data.eos_id)
-        self.label_smoothing, self.next, self.rates = config.label_smoothing, 0, []
+        self.label_smoothing, self.next, self.rates = config.train.label_smoothing, 0, []
 
     def step(self) -> int:
         batch = self.batches(self.next)

@@ -33,7 +33,7 @@ def test_local_attention_with_one_block_is_full_attention(causal):
 
 def test_a_local_lm_with_one_block_equals_the_full_lm_with_the_same_weights():
     full = DecoderLM(tiny_config(position="rope")).eval()
-    local = DecoderLM(tiny_config(position="rope", attention="local", local_block=64)).eval()
+    local = DecoderLM(tiny_config(position="rope", attention="local", local={"block": 64})).eval()
     local.load_state_dict(full.state_dict())  # local attention has no parameters of its own
     ids = torch.randint(0, 37, (2, 30))
     torch.testing.assert_close(local(ids), full(ids), atol=1e-5, rtol=1e-5)
@@ -116,7 +116,7 @@ def test_the_newest_queries_against_a_cache_equal_their_rows_of_the_whole_sequen
 
 
 def test_layer_pattern_cycles_the_attention_kinds_over_the_layers():
-    model = Encoder(tiny_config(n_layers=5, layer_pattern="local, memory_compressed", local_block=8))
+    model = Encoder(tiny_config(n_layers=5, layer_pattern="local, memory_compressed", local={"block": 8}))
     kinds = [type(block.self_attention.core).__name__ for block in model.blocks]
     assert kinds == ["LocalAttention", "MemoryCompressedAttention"] * 2 + ["LocalAttention"]
 
@@ -127,11 +127,12 @@ def test_layer_pattern_cycles_the_attention_kinds_over_the_layers():
     (dict(layer_pattern="local,compressed"), r"layer_pattern 'local,compressed' has unknown attention kind\(s\) "
                                              r"\['compressed'\].*\['full', 'linformer', 'bigbird', 'local', "
                                              r"'memory_compressed'\]"),
-    (dict(attention="memory_compressed", compression=1), "compression must be at least 2"),
-    (dict(attention="local", local_block=5), r"local_block \(5\) must divide max_len \(64\).*\[1, 2, 4, 8, 16"),
-    (dict(layer_pattern="full,local", local_block=48), r"local_block \(48\) must divide max_len"),
+    (dict(attention="memory_compressed", memory_compressed={"compression": 1}),
+     "model.memory_compressed.compression must be at least 2"),
+    (dict(attention="local", local={"block": 5}), r"local.block \(5\) must divide max_len \(64\).*\[1, 2, 4, 8, 16"),
+    (dict(layer_pattern="full,local", local={"block": 48}), r"local.block \(48\) must divide max_len"),
     (dict(attention="local", position="alibi"), "attention='local' cannot take position='alibi'"),
-    (dict(local_block=0), "local_block must be positive"),
+    (dict(local={"block": 0}), "model.local.block must be positive"),
 ])
 def test_bad_dmca_options_are_clear_errors_at_config_time(changes, message):
     with pytest.raises(ValueError, match=message):

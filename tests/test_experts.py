@@ -42,7 +42,7 @@ def dense_state_as_experts(dense_state: dict, n_experts: int) -> dict:
 
 @pytest.mark.parametrize("training", [False, True])
 def test_one_switch_expert_equals_the_dense_feed_forward(training):
-    config = tiny_config(ffn="switch", n_experts=1)
+    config = tiny_config(ffn="switch", experts={"count": 1})
     dense, layer = FeedForward(config), moe_layer(config)
     copy_into_experts(layer, dense)
     layer.train(training)
@@ -52,7 +52,7 @@ def test_one_switch_expert_equals_the_dense_feed_forward(training):
 
 
 def test_top_2_of_identical_experts_equals_the_dense_feed_forward():
-    config = tiny_config(ffn="moe", n_experts=3)
+    config = tiny_config(ffn="moe", experts={"count": 3})
     dense, layer = FeedForward(config), moe_layer(config)
     copy_into_experts(layer, dense)
     x = torch.randn(2, 6, config.d_model)
@@ -62,7 +62,7 @@ def test_top_2_of_identical_experts_equals_the_dense_feed_forward():
 @pytest.mark.parametrize("model_class", [DecoderLM, Encoder, EncoderDecoder])
 def test_a_one_expert_switch_model_is_the_dense_model_and_its_training_loss_adds_the_coefficient(model_class):
     dense = model_class(tiny_config()).eval()
-    switch = model_class(tiny_config(ffn="switch", n_experts=1, aux_loss_coefficient=0.25))
+    switch = model_class(tiny_config(ffn="switch", experts={"count": 1, "aux_loss_coefficient": 0.25}))
     missing, unexpected = switch.load_state_dict(dense_state_as_experts(dense.state_dict(), 1), strict=False)
     assert unexpected == [] and all(name.endswith("router.weight") for name in missing)
     switch.eval()
@@ -85,7 +85,7 @@ def test_a_one_expert_switch_model_is_the_dense_model_and_its_training_loss_adds
 @pytest.mark.parametrize("ffn, training", [("switch", False), ("moe", False), ("switch", True), ("moe", True)])
 def test_a_tokens_output_depends_only_on_its_own_routing(ffn, training):
     # in training, a capacity large enough that nothing is dropped
-    layer = moe_layer(tiny_config(ffn=ffn, n_experts=4, capacity_factor=100.0)).train(training)
+    layer = moe_layer(tiny_config(ffn=ffn, experts={"count": 4, "capacity_factor": 100.0})).train(training)
     x = torch.randn(3, 7, 32)
     changed = x.clone()
     changed[:, 3:] = torch.randn(3, 4, 32)  # every other token of the batch, in every row
@@ -98,7 +98,7 @@ def test_a_tokens_output_depends_only_on_its_own_routing(ffn, training):
 
 
 def test_routing_uses_every_expert_and_changes_with_the_token():
-    layer = moe_layer(tiny_config(ffn="switch", n_experts=4)).eval()
+    layer = moe_layer(tiny_config(ffn="switch", experts={"count": 4})).eval()
     layer(torch.randn(4, 16, 32))
     assert (layer.stats.load() > 0).all()
 
@@ -135,7 +135,7 @@ def test_a_uniform_router_scores_exactly_the_coefficient():
 
 def test_the_layer_computes_the_closed_form_from_its_router():
     """Router = identity on log-probabilities, so the layer's softmax reproduces the hand-built table."""
-    config = tiny_config(d_model=4, n_heads=1, ffn="switch", n_experts=4, aux_loss_coefficient=0.5)
+    config = tiny_config(d_model=4, n_heads=1, ffn="switch", experts={"count": 4, "aux_loss_coefficient": 0.5})
     layer = moe_layer(config).eval()
     with torch.no_grad():
         layer.router.weight.copy_(torch.eye(4))
@@ -149,7 +149,7 @@ def test_the_layer_computes_the_closed_form_from_its_router():
 
 
 def test_the_aux_loss_trains_the_router():
-    layer = moe_layer(tiny_config(ffn="switch", n_experts=4))
+    layer = moe_layer(tiny_config(ffn="switch", experts={"count": 4}))
     layer(torch.randn(2, 8, 32))
     layer.stats.aux_loss.backward()
     assert layer.router.weight.grad.abs().sum() > 0
@@ -170,7 +170,7 @@ def all_to_expert_zero(layer: MixtureOfExperts) -> torch.Tensor:
 
 
 def test_over_capacity_tokens_pass_through_the_residual_unchanged_and_are_counted():
-    config = tiny_config(ffn="switch", n_experts=2, capacity_factor=1.0)
+    config = tiny_config(ffn="switch", experts={"count": 2, "capacity_factor": 1.0})
     layer = moe_layer(config).train()
     x = all_to_expert_zero(layer)
     output = layer(x)  # 8 tokens, capacity ceil(1.0 * 8 / 2) = 4 slots at expert 0, none used at expert 1
@@ -185,12 +185,12 @@ def test_over_capacity_tokens_pass_through_the_residual_unchanged_and_are_counte
 
 
 def test_eval_mode_has_no_capacity_limit():
-    layer = moe_layer(tiny_config(ffn="switch", n_experts=2, capacity_factor=1.0)).eval()
+    layer = moe_layer(tiny_config(ffn="switch", experts={"count": 2, "capacity_factor": 1.0})).eval()
     assert (layer(all_to_expert_zero(layer)) != 0).all() and layer.stats.dropped_fraction() == 0
 
 
 def test_a_token_keeps_its_second_choice_when_its_first_is_full():
-    layer = moe_layer(tiny_config(ffn="moe", n_experts=3, capacity_factor=0.75)).train()
+    layer = moe_layer(tiny_config(ffn="moe", experts={"count": 3, "capacity_factor": 0.75})).train()
     x = all_to_expert_zero(layer)  # first choice 0 for every token
     with torch.no_grad():  # second choice 1 at positions 0-1, 2 at positions 2-3
         layer.router.weight[1, 1], layer.router.weight[2, 1] = 5.0, -5.0
@@ -203,7 +203,7 @@ def test_a_token_keeps_its_second_choice_when_its_first_is_full():
 
 @pytest.mark.parametrize("ffn", ["switch", "moe"])
 def test_capacity_never_lets_a_future_token_change_a_past_logit(ffn):
-    model = DecoderLM(tiny_config(ffn=ffn, n_experts=3, capacity_factor=0.5)).train()  # dropout 0
+    model = DecoderLM(tiny_config(ffn=ffn, experts={"count": 3, "capacity_factor": 0.5})).train()  # dropout 0
     ids = torch.randint(0, 37, (3, 10))
     changed = ids.clone()
     changed[:, 6:] = torch.randint(0, 37, (3, 4))
@@ -213,7 +213,7 @@ def test_capacity_never_lets_a_future_token_change_a_past_logit(ffn):
 
 
 def test_padding_takes_no_capacity():
-    model = Encoder(tiny_config(ffn="switch", n_experts=2, capacity_factor=0.75)).train()
+    model = Encoder(tiny_config(ffn="switch", experts={"count": 2, "capacity_factor": 0.75})).train()
     ids = torch.randint(0, 37, (2, 7))
     padded = torch.cat([ids, torch.randint(0, 37, (2, 5))], dim=1)
     mask = torch.cat([torch.ones(2, 7), torch.zeros(2, 5)], dim=1).long()
@@ -228,7 +228,7 @@ def test_padding_takes_no_capacity():
 
 
 def test_the_router_runs_in_float32_under_bf16_autocast():
-    layer = moe_layer(tiny_config(ffn="moe", n_experts=4)).eval()
+    layer = moe_layer(tiny_config(ffn="moe", experts={"count": 4})).eval()
     x = torch.randn(2, 8, 32)
     reference = layer(x)
     experts = layer.stats.experts.clone()
@@ -239,13 +239,13 @@ def test_the_router_runs_in_float32_under_bf16_autocast():
 
 
 def test_a_bf16_switch_model_generates():
-    model = DecoderLM(tiny_config(ffn="switch", n_experts=4)).eval()
+    model = DecoderLM(tiny_config(ffn="switch", experts={"count": 4})).eval()
     out = model.generate(torch.randint(0, 37, (2, 3)), 6, temperature=0, dtype=torch.bfloat16)
     assert out.shape == (2, 9) and ((0 <= out) & (out < 37)).all()
 
 
 def test_routing_metrics_cover_every_expert_layer():
-    model = EncoderDecoder(tiny_config(ffn="switch", n_experts=4, moe_every=2)).train()
+    model = EncoderDecoder(tiny_config(ffn="switch", experts={"count": 4, "every": 2})).train()
     model(torch.randint(0, 37, (2, 6)), torch.randint(0, 37, (2, 5)))
     metrics = routing_metrics(model)
     assert len(metrics["expert_load"]) == 2  # layer 2 of the encoder and of the decoder
@@ -255,14 +255,14 @@ def test_routing_metrics_cover_every_expert_layer():
 
 
 def test_moe_every_puts_experts_in_every_kth_block():
-    model = DecoderLM(tiny_config(ffn="switch", n_layers=4, moe_every=2))
+    model = DecoderLM(tiny_config(ffn="switch", n_layers=4, experts={"every": 2}))
     kinds = [type(block.feed_forward).__name__ for block in model.decoder.blocks]
     assert kinds == ["FeedForward", "MixtureOfExperts", "FeedForward", "MixtureOfExperts"]
 
 
 def test_experts_share_no_parameters_and_the_count_grows_with_them():
     from kqv import count_parameters
-    dense, switch = DecoderLM(tiny_config()), DecoderLM(tiny_config(ffn="switch", n_experts=4))
+    dense, switch = DecoderLM(tiny_config()), DecoderLM(tiny_config(ffn="switch", experts={"count": 4}))
     feed_forward = 32 * 64 + 64 + 64 * 32 + 32
     assert count_parameters(switch) - count_parameters(dense) == 2 * (3 * feed_forward + 4 * 32)
 
@@ -273,14 +273,14 @@ def test_experts_share_no_parameters_and_the_count_grows_with_them():
 
 @pytest.mark.parametrize("changes, message", [
     (dict(ffn="experts"), r"ffn must be one of \['dense', 'switch', 'moe'\], got 'experts'"),
-    (dict(ffn="moe", n_experts=2, top_k=3), r"top_k \(3\) cannot exceed n_experts \(2\)"),
-    (dict(ffn="moe", n_experts=1), r"top_k \(2\) cannot exceed n_experts \(1\)"),
-    (dict(ffn="switch", top_k=2), "ffn='switch' sends each token to one expert.*use ffn='moe'"),
-    (dict(ffn="moe", top_k=1), "use ffn='switch'"),
-    (dict(ffn="switch", capacity_factor=0.0), "capacity_factor must be positive"),
-    (dict(ffn="switch", n_experts=0), "n_experts must be positive"),
-    (dict(ffn="switch", aux_loss_coefficient=-1.0), "aux_loss_coefficient must be >= 0"),
-    (dict(ffn="switch", moe_every=3), r"moe_every \(3\) exceeds the number of layers \(2\)"),
+    (dict(ffn="moe", experts={"count": 2, "top_k": 3}), r"experts.top_k \(3\) cannot exceed experts.count \(2\)"),
+    (dict(ffn="moe", experts={"count": 1}), r"experts.top_k \(2\) cannot exceed experts.count \(1\)"),
+    (dict(ffn="switch", experts={"top_k": 2}), "ffn='switch' sends each token to one expert.*use ffn='moe'"),
+    (dict(ffn="moe", experts={"top_k": 1}), "use ffn='switch'"),
+    (dict(ffn="switch", experts={"capacity_factor": 0.0}), "model.experts.capacity_factor must be positive"),
+    (dict(ffn="switch", experts={"count": 0}), "model.experts.count must be positive"),
+    (dict(ffn="switch", experts={"aux_loss_coefficient": -1.0}), "model.experts.aux_loss_coefficient must be >= 0"),
+    (dict(ffn="switch", experts={"every": 3}), r"experts.every \(3\) exceeds the number of layers \(2\)"),
 ])
 def test_bad_expert_options_are_clear_errors(changes, message):
     with pytest.raises(ValueError, match=message):
@@ -288,12 +288,13 @@ def test_bad_expert_options_are_clear_errors(changes, message):
 
 
 def test_expert_options_round_trip_through_toml():
-    config = tiny_config(ffn="moe", n_experts=4, top_k=2, capacity_factor=2.0, aux_loss_coefficient=0.02)
+    config = tiny_config(ffn="moe", experts={"count": 4, "top_k": 2, "capacity_factor": 2.0,
+                                             "aux_loss_coefficient": 0.02})
     assert ModelConfig.from_toml(config.to_toml()) == config
 
 
 def test_routing_record_is_what_the_layer_used():
-    layer = moe_layer(tiny_config(ffn="moe", n_experts=4)).eval()
+    layer = moe_layer(tiny_config(ffn="moe", experts={"count": 4})).eval()
     layer(torch.randn(1, 5, 32))
     assert isinstance(layer.stats, Routing) and layer.stats.experts.shape == (5, 2)
     assert (layer.stats.experts[:, 0] != layer.stats.experts[:, 1]).all()
@@ -304,7 +305,7 @@ def test_the_trainer_logs_the_routing_of_every_expert_layer(tmp_path):
     from kqv.train.metrics import read_metrics
     from kqv.train.trainer import Trainer
 
-    model = DecoderLM(tiny_config(ffn="switch", n_experts=2))
+    model = DecoderLM(tiny_config(ffn="switch", experts={"count": 2}))
     config = TrainConfig(steps=4, batch_size=2, warmup_steps=1, precision="fp32", log_every=2, eval_every=4,
                          checkpoint_every=4)
     ids = torch.randint(0, 37, (2, 12))

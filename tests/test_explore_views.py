@@ -74,7 +74,7 @@ def core_calls(model: torch.nn.Module, run) -> list[tuple]:
     return calls
 
 
-BIGBIRD = dict(attention="bigbird", bigbird_block=4, bigbird_window=1, bigbird_global=1, bigbird_random=1,
+BIGBIRD = dict(attention="bigbird", bigbird={"block": 4, "window": 1, "global_blocks": 1, "random_blocks": 1},
                position="rope")
 
 
@@ -92,7 +92,7 @@ def test_rebuilt_bigbird_weights_reproduce_the_cores_output_and_zero_outside_its
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_rebuilt_linformer_weights_reproduce_the_cores_output(causal):
-    config = tiny_config(attention="linformer", linformer_k=8, linformer_sharing="none", position="rope")
+    config = tiny_config(attention="linformer", linformer={"k": 8, "sharing": "none"}, position="rope")
     model = (DecoderLM if causal else Encoder)(config).eval()
     ids = torch.randint(0, 37, (1, 11))
     for core, args, kwargs, output in core_calls(model, lambda: model(ids)):
@@ -127,7 +127,7 @@ def test_a_bigbird_lm_shows_its_sparse_pattern():
 
 
 def test_a_linformer_model_attends_to_slots_and_says_so():
-    body = lm_subject(attention="linformer", linformer_k=8, position="rope").analyze({"text": "abc def"})
+    body = lm_subject(attention="linformer", linformer={"k": 8}, position="rope").analyze({"text": "abc def"})
     view = body["attention"]["self"]
     assert view["keys"] == [f"slot {j}" for j in range(1, 9)] and "Linformer" in view["note"]
     assert not view["causal"] and "distance" not in view["stats"][0]

@@ -191,7 +191,8 @@ def assert_lean_step_is_the_general_path(model, batch=3, exact=True):
 
 
 @pytest.mark.parametrize("changes", [dict(position="alibi"), dict(position="relative"),
-                                     dict(attention="linformer", linformer_k=16), dict(ffn="switch", n_experts=2),
+                                     dict(attention="linformer", linformer={"k": 16}),
+                                     dict(ffn="switch", experts={"count": 2}),
                                      dict(blockwise="always")])
 def test_models_the_lean_step_does_not_cover_decode_on_the_general_path(changes):
     model = DecoderLM(tiny_config(**changes)).eval()

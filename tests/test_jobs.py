@@ -67,7 +67,7 @@ def toy_job():
             run_dir = Path(run_dir)
             self.check_resumable(run_dir, resume)
             length = config.toy.length
-            model = self.start(config, run_dir, ModelConfig.from_dict({**config.model, "vocab_size": length}))
+            model = self.start(config, run_dir, config.model.replace(vocab_size=length))
             counting = torch.arange(length).repeat(config.train.batch_size, 1)  # (batch, length)
             result = self.fit(self.make_trainer(model, config, run_dir, resume=resume, overwrite=overwrite,
                                                 quiet=quiet, train_batches=lambda i: counting,

@@ -59,11 +59,11 @@ def test_sparse_attention_with_a_pair_bias_position_is_a_clear_error(attention, 
 @pytest.mark.parametrize("changes, message", [
     (dict(attention="sparse"), r"attention must be one of \['full', 'linformer', 'bigbird', 'local', 'memory_compressed'\]"),
     (dict(blockwise="yes"), r"blockwise must be one of \['auto', 'always', 'never'\]"),
-    (dict(attention="linformer", linformer_k=65), r"linformer_k \(65\) must be at most max_len \(64\)"),
-    (dict(linformer_k=0), "linformer_k must be positive"),
-    (dict(bigbird_block=0), "bigbird_block must be positive"),
-    (dict(bigbird_window=-1), "bigbird_window must be >= 0"),
-    (dict(linformer_sharing="all"), "linformer_sharing must be one of"),
+    (dict(attention="linformer", linformer={"k": 65}), r"linformer.k \(65\) must be at most max_len \(64\)"),
+    (dict(linformer={"k": 0}), "model.linformer.k must be positive"),
+    (dict(bigbird={"block": 0}), "model.bigbird.block must be positive"),
+    (dict(bigbird={"window": -1}), "model.bigbird.window must be >= 0"),
+    (dict(linformer={"sharing": "all"}), "model.linformer.sharing must be one of"),
 ])
 def test_bad_long_attention_options_are_clear_errors(changes, message):
     with pytest.raises(ValueError, match=message):
@@ -71,7 +71,7 @@ def test_bad_long_attention_options_are_clear_errors(changes, message):
 
 
 def test_long_attention_options_round_trip_through_toml():
-    config = tiny_config(attention="bigbird", bigbird_block=8, bigbird_random=1, blockwise="never")
+    config = tiny_config(attention="bigbird", bigbird={"block": 8, "random_blocks": 1}, blockwise="never")
     assert ModelConfig.from_toml(config.to_toml()) == config
 
 
@@ -83,8 +83,8 @@ def test_long_attention_options_round_trip_through_toml():
 @pytest.mark.parametrize("model_class", [Encoder, DecoderLM, EncoderDecoder])
 def test_bigbird_whose_window_covers_every_block_is_full_attention(model_class, position):
     full = model_class(tiny_config(position=position)).eval()
-    bigbird = copy_of(model_class, tiny_config(position=position, attention="bigbird", bigbird_block=8,
-                                               bigbird_window=TIME // 8, bigbird_random=0), full)
+    bigbird = copy_of(model_class, tiny_config(position=position, attention="bigbird",
+                                               bigbird={"block": 8, "window": TIME // 8, "random_blocks": 0}), full)
     ids = torch.randint(0, 37, (2, TIME))
     mask = padded_mask() if model_class is not DecoderLM else None
     with torch.no_grad():
@@ -96,7 +96,7 @@ def test_bigbird_whose_window_covers_every_block_is_full_attention(model_class, 
 
 def test_bigbird_with_a_small_window_is_not_full_attention():
     full = Encoder(tiny_config()).eval()
-    bigbird = copy_of(Encoder, tiny_config(attention="bigbird", bigbird_block=4, bigbird_random=0), full)
+    bigbird = copy_of(Encoder, tiny_config(attention="bigbird", bigbird={"block": 4, "random_blocks": 0}), full)
     ids = torch.randint(0, 37, (2, TIME))
     with torch.no_grad():
         assert (full(ids) - bigbird(ids)).abs().max() > 1e-3
@@ -106,8 +106,8 @@ def test_bigbird_with_a_small_window_is_not_full_attention():
 def test_linformer_with_identity_projections_is_full_attention_in_the_encoder(position):
     config = tiny_config(position=position, max_len=TIME)
     full = Encoder(config).eval()
-    linformer = copy_of(Encoder, config.replace(attention="linformer", linformer_k=TIME,
-                                                linformer_sharing="none"), full)
+    linformer = copy_of(Encoder, config.replace(attention="linformer", linformer={"k": TIME, "sharing": "none"}),
+                      full)
     with torch.no_grad():
         for module in linformer.modules():
             if isinstance(module, LinformerAttention):
@@ -128,7 +128,8 @@ def test_every_self_attention_gets_the_chosen_core_and_cross_attention_stays_ful
 
 @pytest.mark.parametrize("attention", ["linformer", "bigbird"])
 def test_sparse_decoder_lm_future_tokens_never_change_past_logits(attention):
-    model = DecoderLM(tiny_config(attention=attention, position="rope", linformer_k=16, bigbird_block=8)).eval()
+    model = DecoderLM(tiny_config(attention=attention, position="rope", linformer={"k": 16},
+                                  bigbird={"block": 8})).eval()
     ids = torch.randint(0, 37, (2, TIME))
     changed = ids.clone()
     changed[:, 25:] = torch.randint(0, 37, (2, TIME - 25))
@@ -139,7 +140,8 @@ def test_sparse_decoder_lm_future_tokens_never_change_past_logits(attention):
 
 @pytest.mark.parametrize("attention", ["linformer", "bigbird"])
 def test_sparse_decoder_lm_cached_logits_equal_uncached(attention):
-    model = DecoderLM(tiny_config(attention=attention, position="rope", linformer_k=16, bigbird_block=8)).eval()
+    model = DecoderLM(tiny_config(attention=attention, position="rope", linformer={"k": 16},
+                                  bigbird={"block": 8})).eval()
     ids = torch.randint(0, 37, (2, 30))
     with torch.no_grad():
         cache = model.new_cache()
@@ -152,13 +154,13 @@ def test_sparse_decoder_lm_cached_logits_equal_uncached(attention):
 
 
 def test_layerwise_linformer_has_one_projection_that_survives_a_checkpoint(tmp_path):
-    config = tiny_config(attention="linformer", linformer_k=16, linformer_sharing="layerwise")
+    config = tiny_config(attention="linformer", linformer={"k": 16, "sharing": "layerwise"})
     model = Encoder(config)
     projections = {id(m.projection) for m in model.modules() if isinstance(m, LinformerAttention)}
     assert len(projections) == 1
-    headwise = Encoder(config.replace(linformer_sharing="headwise"))
+    headwise = Encoder(config.replace(linformer={"sharing": "headwise"}))
     assert sum(p.numel() for p in headwise.parameters()) - sum(p.numel() for p in model.parameters()) \
-        == (2 * config.n_layers - 1) * config.max_len * config.linformer_k
+        == (2 * config.n_layers - 1) * config.max_len * config.linformer.k
     save_model(model, str(tmp_path / "model.safetensors"))
     loaded = Encoder(config)
     load_model(loaded, str(tmp_path / "model.safetensors"))
@@ -173,7 +175,7 @@ def test_attention_maps_of_a_sparse_model_are_a_clear_error():
 
 
 def test_linformer_input_longer_than_max_len_is_a_clear_error():
-    model = Encoder(tiny_config(attention="linformer", position="rope", linformer_k=16))
+    model = Encoder(tiny_config(attention="linformer", position="rope", linformer={"k": 16}))
     with pytest.raises(ValueError, match="Linformer projects at most max_len=64 positions, got 70"):
         model(torch.randint(0, 37, (1, 70)))
 

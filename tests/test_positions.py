@@ -123,4 +123,4 @@ def test_the_two_constructors_build_each_scheme_where_it_acts(position, absolute
     if position == "alibi":
         assert torch.equal(attention_positions(config).slopes.flatten(), alibi_slopes(config.n_heads))
     if position == "relative":
-        assert attention_positions(config).keys.shape == (2 * config.max_relative_distance + 1, config.head_dim)
+        assert attention_positions(config).keys.shape == (2 * config.relative.max_distance + 1, config.head_dim)

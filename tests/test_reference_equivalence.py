@@ -27,8 +27,8 @@ ATOL = 1e-5
 
 def small_config(**changes) -> kqv.ModelConfig:
     base = dict(vocab_size=61, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_len=32, dropout=0.0,
-                max_relative_distance=4)
-    return kqv.ModelConfig(**{**base, **changes})
+                relative={"max_distance": 4})
+    return kqv.ModelConfig(**base).replace(**changes)
 
 
 def randomize_(module: nn.Module) -> nn.Module:
@@ -291,7 +291,7 @@ class CountSDPA:
         return self.sdpa(*args, **kwargs)
 
 
-PATH_CASES = [(p, {}) for p in POSITIONS] + [("relative", {"relative_values": False})]
+PATH_CASES = [(p, {}) for p in POSITIONS] + [("relative", {"relative": {"values": False}})]
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["no_padding", "padding"])
@@ -316,15 +316,15 @@ def expected_sdpa_calls(kind: str, position: str, extra: dict) -> int:
     """One per attention layer, except that self-attention with relative value embeddings needs the weights and
     falls back to the plain path; cross-attention has no positions and always fuses."""
     self_layers, cross_layers = {"DecoderLM": (2, 0), "Encoder": (2, 0), "EncoderDecoder": (4, 2)}[kind]
-    self_fuses = not (position == "relative" and extra.get("relative_values", True))
+    self_fuses = not (position == "relative" and extra.get("relative", {}).get("values", True))
     return self_layers * self_fuses + cross_layers
 
 
 @torch.no_grad()
 def test_relative_value_embeddings_change_the_output():
     torch.manual_seed(0)
-    with_values = build("Encoder", small_config(position="relative", relative_values=True))
-    without_values = small_config(position="relative", relative_values=False)
+    with_values = build("Encoder", small_config(position="relative", relative={"values": True}))
+    without_values = small_config(position="relative", relative={"values": False})
     stripped = kqv.Encoder(without_values)
     stripped.load_state_dict({k: v for k, v in with_values.state_dict().items() if not k.endswith("positions.values")})
     stripped.eval()

@@ -98,7 +98,7 @@ def failing_at(index: int, error: BaseException, batches=None):
 # Resume
 
 
-@pytest.mark.parametrize("model_changes", [{}, dict(ffn="switch", n_experts=4, position="rope")],
+@pytest.mark.parametrize("model_changes", [{}, dict(ffn="switch", experts={"count": 4}, position="rope")],
                          ids=["dense", "switch"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_resumed_run_repeats_every_loss_of_the_uninterrupted_run(tmp_path, precision, model_changes):

@@ -96,7 +96,7 @@ def test_the_class_is_read_from_the_cls_vector_only():
 
 @pytest.mark.parametrize("ffn", ["dense", "switch"])
 def test_gradients_reach_every_parameter_of_the_vit(ffn):
-    model = ViT(vit_config(ffn=ffn, n_experts=2), (1, 8, 8), 2, 10)
+    model = ViT(vit_config(ffn=ffn, experts={"count": 2}), (1, 8, 8), 2, 10)
     for layer in model.modules():  # at initialisation nearly every token goes to one expert: spread the routes
         if hasattr(layer, "router"):
             torch.nn.init.normal_(layer.router.weight, std=1.0)

@@ -75,8 +75,8 @@ class Config:
     def model_config(self, method: str, max_len: int) -> ModelConfig:
         return ModelConfig(vocab_size=VOCAB, d_model=self.d_model, n_heads=2, n_layers=self.n_layers,
                            d_ff=2 * self.d_model, max_len=max_len, dropout=0.0, position="rope", attention=method,
-                           linformer_k=min(self.linformer_k, max_len), bigbird_block=self.block, bigbird_window=1,
-                           bigbird_global=1, bigbird_random=1)
+                           linformer={"k": min(self.linformer_k, max_len)},
+                           bigbird={"block": self.block, "window": 1, "global_blocks": 1, "random_blocks": 1})
 
 
 FULL = Config()

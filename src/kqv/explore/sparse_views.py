@@ -56,12 +56,14 @@ def self_attention_weights(model: nn.Module, full: Callable[[], list[Tensor]], r
         for hook in hooks:
             hook.remove()
     if kind == "bigbird":
-        block = model.config.bigbird_block
+        bigbird = model.config.bigbird
+        block = bigbird.block
         note = (f"BigBird scores only the pairs of its block pattern ({block}-token blocks: a window of "
-                f"{model.config.bigbird_window} block(s) each side, {model.config.bigbird_global} global and "
-                f"{model.config.bigbird_random} random block(s)); the zeros are the pairs it never scores")
+                f"{bigbird.window} block(s) each side, {bigbird.global_blocks} global and "
+                f"{bigbird.random_blocks} random block(s)); the zeros are the pairs it never scores")
         return Weights([bigbird_weights(core, *args, **kwargs) for core, args, kwargs in calls], note)
-    note = (f"Linformer attends to {model.config.linformer_k} learned mixtures of the tokens (E^T K), not to the tokens themselves: each "
+    note = (f"Linformer attends to {model.config.linformer.k} learned mixtures of the tokens (E^T K), not to the "
+            f"tokens themselves: each "
             f"column is one mixture (slot), so the views show queries x slots; distances and previous-token "
             f"weights do not apply")
     layers = [linformer_weights(core, *args, **kwargs) for core, args, kwargs in calls]

@@ -61,12 +61,16 @@ class HeadConfig(Config):
 
 @dataclass
 class ClsRunConfig(RunConfig):
-    """The whole job: `model` holds ModelConfig options except vocab_size (only dropout when fine-tuning)."""
+    """The whole job: `model` is the ModelConfig (its vocab_size decided by the vocabulary; max_len defaults to
+    data.max_tokens); when fine-tuning an MLM run only its dropout is used, if given."""
 
     task: ClassVar[str] = "cls"
     run_tables: ClassVar[tuple[str, ...]] = ("labels",)
     data: ClsDataConfig = field(default_factory=ClsDataConfig)
     head: HeadConfig = field(default_factory=HeadConfig)
+
+    def model_defaults(self) -> dict[str, Any]:
+        return {"max_len": self.data.max_tokens}
 
 
 @dataclass
@@ -170,14 +174,14 @@ class ClsJob(Job):
                     examples: list[Example], train: list[Example]) -> tuple[Vocabulary, ModelConfig]:
         """The vocabulary and model config: the MLM run's, the resumed run's, or new ones."""
         if pretrained is not None:
-            dropout = {k: v for k, v in config.model.items() if k == "dropout"}
+            dropout = {"dropout": config.model.dropout} if "dropout" in config.model_options else {}
             return pretrained.tokenizer, pretrained.model.config.replace(**dropout)
         if resume and (run_dir / TOKENIZER_DIR).exists():
             return self.load_tokenizer(run_dir), self.model_config_of_run(read_run(run_dir, self.name))
         data = config.data
         texts = [text for text, _ in (examples if data.tokenizer == "char" else train)]  # chars: all, or dev fails
         vocabulary = Vocabulary.train(data.tokenizer, "\n".join(texts), data.vocab_size)
-        model_config = ModelConfig.from_dict({"max_len": data.max_tokens, **config.model, "vocab_size": vocabulary.size})
+        model_config = config.model.replace(vocab_size=vocabulary.size)
         return vocabulary, model_config
 
 

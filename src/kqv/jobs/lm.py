@@ -69,21 +69,25 @@ class SampleConfig(Config):
 
 @dataclass
 class LMRunConfig(RunConfig):
-    """The whole job: `model` holds ModelConfig options except vocab_size, which the tokenizer decides."""
+    """The whole job: `model` is the ModelConfig (its vocab_size decided by the tokenizer; max_len defaults to
+    data.context)."""
 
     task: ClassVar[str] = "lm"
     data: DataConfig = field(default_factory=DataConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
 
+    def model_defaults(self) -> dict[str, Any]:
+        return {"max_len": self.data.context}
+
     def check(self) -> None:
-        model = self.model_config(vocab_size=1)
+        model = self.model
         if model.position == "learned" and model.max_len < self.data.context:
             raise ConfigError(f"model.max_len ({model.max_len}) is shorter than data.context ({self.data.context}), "
                               f"which learned positions cannot cover; raise max_len or drop it (it defaults to the "
                               f"context)")
 
     def model_config(self, vocab_size: int) -> ModelConfig:
-        return ModelConfig.from_dict({"max_len": self.data.context, **self.model, "vocab_size": vocab_size})
+        return self.model.replace(vocab_size=vocab_size)
 
 
 def prepare_corpus(job: Job, data: Any, run_dir: Path, reuse: bool) -> tuple[Any, dict[str, torch.Tensor]]:

@@ -68,11 +68,15 @@ class MaskingConfig(Config):
 
 @dataclass
 class MLMRunConfig(RunConfig):
-    """The whole job: `model` holds ModelConfig options except vocab_size, which the vocabulary decides."""
+    """The whole job: `model` is the ModelConfig (its vocab_size decided by the vocabulary; max_len defaults to
+    data.context)."""
 
     task: ClassVar[str] = "mlm"
     data: MLMDataConfig = field(default_factory=MLMDataConfig)
     masking: MaskingConfig = field(default_factory=MaskingConfig)
+
+    def model_defaults(self) -> dict[str, Any]:
+        return {"max_len": self.data.context}
 
 
 @torch.no_grad()
@@ -123,8 +127,7 @@ class MLMJob(Job):
         reuse = self.check_resumable(run_dir, resume) and not overwrite
         vocabulary, tokens = prepare_corpus(self, config.data, run_dir, reuse)
         context, seed, batch = config.data.context, config.train.seed, config.train.batch_size
-        model = self.start(config, run_dir, ModelConfig.from_dict({"max_len": context, **config.model,
-                                                                   "vocab_size": vocabulary.size}))
+        model = self.start(config, run_dir, config.model.replace(vocab_size=vocabulary.size))
         masking = config.masking.to_dict()
         hidden = {**masking, "mask_token_prob": 1.0, "random_token_prob": 0.0}  # evaluation: every selected hidden
 

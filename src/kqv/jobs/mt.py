@@ -26,6 +26,7 @@ A run directory holds `run.toml` (with `task = "mt"`), `tokenizer/`, `pairs.safe
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shutil
 import sys
 import time
@@ -44,8 +45,9 @@ from ..nn.config import ModelConfig
 from ..nn.models import EncoderDecoder, count_parameters
 from ..nn.rnn import RNNConfig, RNNEncoderDecoder
 from ..train.flops import training_flops_per_token
+from ..train.config import TrainConfig
 from ..train.runs import PAIRS_FILE, TEST_HYPOTHESES_FILE, TEXT_DIR, TOKENIZER_DIR, RunConfig
-from ..validation import Config, check_at_least
+from ..validation import Config, check_at_least, check_value
 from .base import Flag, Job, RunCommand, TrainedRun, report
 from .lm import JSON_FLAG, OUT_PNG_FLAG
 from .translation import SPECIAL_TOKENS, corpus_scores, spread, translate_sentences
@@ -98,31 +100,53 @@ class DecodeConfig(Config):
 
 
 @dataclass
-class MTRunConfig(RunConfig):
-    """The whole job. `model` holds `kind` ("transformer" or "lstm") and that model's options except the
-    vocabulary size, which the tokenizer decides; `train` is a TrainConfig plus `label_smoothing`."""
+class MTTrainConfig(TrainConfig):
+    """The trainer's options, plus the loss's label smoothing (Vaswani et al. 2017 use 0.1; training only)."""
 
-    task: ClassVar[str] = "mt"
-    train_options: ClassVar[tuple[str, ...]] = ("label_smoothing",)
-    data: MTDataConfig = field(default_factory=MTDataConfig)
-    decode: DecodeConfig = field(default_factory=DecodeConfig)
     label_smoothing: float = 0.1
 
     def check(self) -> None:
-        if self.kind not in ModelKind.__args__:
-            raise ConfigError(f"model.kind must be 'transformer' or 'lstm', got {self.kind!r}")
+        super().check()
         if not 0 <= self.label_smoothing < 1:
             raise ConfigError(f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
 
+
+@dataclass
+class MTRunConfig(RunConfig):
+    """The whole job. `model` is the Transformer's ModelConfig or the LSTM baseline's RNNConfig, as the [model]
+    table's `kind` ("transformer" or "lstm") says; its vocabulary size is the tokenizer's, and max_len defaults to
+    data.max_len."""
+
+    task: ClassVar[str] = "mt"
+    train: MTTrainConfig
+    model: ModelConfig | RNNConfig = field(default_factory=ModelConfig)
+    data: MTDataConfig = field(default_factory=MTDataConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    def read_model(self, model: Any) -> ModelConfig | RNNConfig:
+        if not isinstance(model, dict):
+            return check_value("model", model, ModelConfig | RNNConfig)
+        options = {k: v for k, v in model.items() if k != "kind"}
+        kind = model.get("kind", "transformer")
+        if kind not in ModelKind.__args__:
+            raise ConfigError(f"model.kind must be 'transformer' or 'lstm', got {kind!r}")
+        if kind == "lstm":
+            return RNNConfig.from_dict(options)
+        return ModelConfig.from_dict({**self.model_defaults(), **options})
+
+    def model_defaults(self) -> dict[str, Any]:
+        return {"max_len": self.data.max_len}  # the Transformer's
+
     @property
     def kind(self) -> ModelKind:
-        return self.model.get("kind", "transformer")
+        return "lstm" if isinstance(self.model, RNNConfig) else "transformer"
 
     def model_config(self, vocab_size: int) -> ModelConfig | RNNConfig:
-        options = {k: v for k, v in self.model.items() if k != "kind"}
-        if self.kind == "lstm":
-            return RNNConfig.from_dict({**options, "vocab_size": vocab_size})
-        return ModelConfig.from_dict({"max_len": self.data.max_len, **options, "vocab_size": vocab_size})
+        return dataclasses.replace(self.model, vocab_size=vocab_size)
+
+    def to_dict(self) -> dict[str, Any]:
+        values = super().to_dict()
+        return {**values, "model": {"kind": self.kind, **values["model"]}}
 
     def run_values(self, model: dict[str, Any], **extra: Any) -> dict[str, Any]:
         return super().run_values({"kind": self.kind, **model}, **extra)
@@ -286,7 +310,7 @@ class MTJob(Job):
                   f"{data.tokenizer.vocab_size}; {len(train_batches)} batches per epoch; run directory {run_dir}")
         trainer = self.make_trainer(model, config, run_dir, resume=resume, overwrite=overwrite, quiet=quiet,
                                     train_batches=train_batches, extra_state={"task": "mt"},
-                                    loss_fn=lambda m, b: mt_loss(m, b, config.label_smoothing),
+                                    loss_fn=lambda m, b: mt_loss(m, b, config.train.label_smoothing),
                                     eval_fn=DevEvaluation(config, data, options, lambda: trainer.extra_state))
         result = self.fit(trainer)
         tokens = sum(train_batches.real_tokens(i) for i in range(trainer.step * config.train.grad_accum))

@@ -54,11 +54,20 @@ class VitDataConfig(Config):
 
 @dataclass
 class VitRunConfig(RunConfig):
-    """The whole job: `model` holds ModelConfig options (vocab_size is unused by a ViT)."""
+    """The whole job: `model` is the ModelConfig (vocab_size is unused by a ViT; max_len defaults to the number
+    of patches + [CLS])."""
 
     task: ClassVar[str] = "vit"
     run_tables: ClassVar[tuple[str, ...]] = ("images",)
     data: VitDataConfig = field(default_factory=VitDataConfig)
+
+    @property
+    def n_tokens(self) -> int:
+        """The patches of an 8x8 digit, plus [CLS]."""
+        return 1 + (DIGITS_SHAPE[-1] // self.data.patch_size) ** 2
+
+    def model_defaults(self) -> dict[str, Any]:
+        return {"max_len": self.n_tokens}
 
 
 @dataclass
@@ -144,8 +153,8 @@ class VitJob(Job):
         run_dir, seed, batch_size = Path(run_dir), config.train.seed, config.train.batch_size
         self.check_resumable(run_dir, resume)
         digits = Digits.load(config.data, seed)
-        n_tokens = 1 + (8 // config.data.patch_size) ** 2
-        model_config = ModelConfig.from_dict({"max_len": n_tokens, **config.model, "vocab_size": 1})
+        n_tokens = config.n_tokens
+        model_config = config.model.replace(vocab_size=1)
         run_dir.mkdir(parents=True, exist_ok=True)
         model = self.start(config, run_dir, model_config, images={
             "shape": list(DIGITS_SHAPE), "classes": DIGITS_CLASSES, "mean": digits.mean, "std": digits.std})

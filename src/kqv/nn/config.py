@@ -7,14 +7,14 @@ activation) is a typed field, checked when the config is made, so a typo fails h
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import tomli_w
 
 from ..errors import ConfigError
-from ..validation import Config, check_positive
+from ..validation import Config, build, check_positive
 
 Position = Literal["sinusoidal", "learned", "relative", "rope", "alibi", "none"]
 Norm = Literal["layernorm", "rmsnorm"]
@@ -23,6 +23,125 @@ AttentionKind = Literal["full", "linformer", "bigbird", "local", "memory_compres
 Blockwise = Literal["auto", "always", "never"]
 LinformerSharing = Literal["none", "headwise", "key_value", "layerwise"]
 FeedForwardKind = Literal["dense", "switch", "moe"]
+
+
+@dataclass
+class RelativeConfig(Config):
+    """Shaw et al. 2018's relative positions (`position = "relative"`): a learned embedding per clipped distance."""
+
+    section: ClassVar[str] = "model.relative"
+    max_distance: int = 16  # clip relative distances to [-max_distance, max_distance]
+    values: bool = True  # add relative embeddings on the value side too
+
+    def check(self) -> None:
+        check_positive(self.qualified("max_distance"), self.max_distance)
+
+
+@dataclass
+class LinformerConfig(Config):
+    """Linformer (Wang et al. 2020, `attention = "linformer"`): keys and values projected from max_len to k rows."""
+
+    section: ClassVar[str] = "model.linformer"
+    k: int = 256  # the projected length (at most max_len)
+    sharing: LinformerSharing = "headwise"  # which projections the heads, keys/values, layers share
+
+    def check(self) -> None:
+        check_positive(self.qualified("k"), self.k)
+
+
+@dataclass
+class BigBirdConfig(Config):
+    """BigBird (Zaheer et al. 2020, `attention = "bigbird"`): blocks attend to a window, global and random blocks."""
+
+    section: ClassVar[str] = "model.bigbird"
+    block: int = 64  # tokens per block
+    window: int = 1  # neighbouring blocks on each side
+    global_blocks: int = 1  # leading blocks that attend to and are attended by everything
+    random_blocks: int = 2  # random key blocks per query block
+    seed: int = 0  # of the random blocks
+
+    def check(self) -> None:
+        check_positive(self.qualified("block"), self.block)
+        for name in ("window", "global_blocks", "random_blocks"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{self.qualified(name)} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass
+class LocalConfig(Config):
+    """Local attention of Liu et al. 2018's Transformer-DMCA (`attention = "local"`): attention within blocks."""
+
+    section: ClassVar[str] = "model.local"
+    block: int = 64  # tokens per block (must divide max_len)
+
+    def check(self) -> None:
+        check_positive(self.qualified("block"), self.block)
+
+
+@dataclass
+class CompressionConfig(Config):
+    """Memory-compressed attention of Liu et al. 2018 (`attention = "memory_compressed"`): keys and values
+    shortened by a strided convolution."""
+
+    section: ClassVar[str] = "model.memory_compressed"
+    compression: int = 3  # kernel and stride of the key/value compression: how many keys become one
+
+    def check(self) -> None:
+        if self.compression < 2:
+            raise ConfigError(f"{self.qualified('compression')} must be at least 2 (3 in Liu et al. 2018): it is "
+                              f"how many keys become one, got {self.compression}")
+
+
+@dataclass
+class ExpertsConfig(Config):
+    """A mixture of experts in place of the feed-forward network (`ffn = "switch"`: Fedus et al. 2021;
+    `ffn = "moe"`: Shazeer et al. 2017; `kqv.nn.experts`)."""
+
+    section: ClassVar[str] = "model.experts"
+    count: int = 8  # experts per mixture
+    top_k: int | None = None  # experts per token: None = 1 for "switch", 2 for "moe"
+    capacity_factor: float = 1.25  # slots per expert in training, as a multiple of an even share of the batch
+    aux_loss_coefficient: float = 0.01  # Switch's alpha: weight of the load-balancing loss
+    every: int = 1  # experts in every k-th block (1: all blocks; 2: every other block, as in Switch)
+
+    def check(self) -> None:
+        for name in ("count", "every", *(("top_k",) if self.top_k is not None else ())):
+            check_positive(self.qualified(name), getattr(self, name))
+        if not self.capacity_factor > 0:
+            raise ConfigError(f"{self.qualified('capacity_factor')} must be positive, got {self.capacity_factor}")
+        if self.aux_loss_coefficient < 0:
+            raise ConfigError(f"{self.qualified('aux_loss_coefficient')} must be >= 0, got "
+                              f"{self.aux_loss_coefficient}")
+
+
+# The flat option names of kqv before the sub-tables, and where each lives now: run.toml files and user configs
+# written with them load unchanged (`ModelConfig.from_dict`).
+OLD_NAMES = {
+    "max_relative_distance": ("relative", "max_distance"), "relative_values": ("relative", "values"),
+    "linformer_k": ("linformer", "k"), "linformer_sharing": ("linformer", "sharing"),
+    "bigbird_block": ("bigbird", "block"), "bigbird_window": ("bigbird", "window"),
+    "bigbird_global": ("bigbird", "global_blocks"), "bigbird_random": ("bigbird", "random_blocks"),
+    "bigbird_seed": ("bigbird", "seed"), "local_block": ("local", "block"),
+    "compression": ("memory_compressed", "compression"), "n_experts": ("experts", "count"),
+    "top_k": ("experts", "top_k"), "capacity_factor": ("experts", "capacity_factor"),
+    "aux_loss_coefficient": ("experts", "aux_loss_coefficient"), "moe_every": ("experts", "every"),
+}
+
+
+def nest_old_names(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` with every old flat option (`linformer_k`) moved into its sub-table (`linformer.k`)."""
+    values = dict(values)
+    for old in [name for name in values if name in OLD_NAMES]:
+        table, name = OLD_NAMES[old]
+        given = values.get(table, {})
+        given = given.to_dict() if isinstance(given, Config) else dict(given) if isinstance(given, dict) else given
+        if not isinstance(given, dict):
+            continue  # a malformed sub-table: the validator reports it
+        if name in given:
+            raise ConfigError(f"model option {old} is the old name of {table}.{name}, and both are given: keep "
+                              f"{table}.{name} ([model.{table}] {name} = ...) and remove {old}")
+        values[table] = {**given, name: values.pop(old)}
+    return values
 
 
 @dataclass
@@ -35,19 +154,25 @@ class ModelConfig(Config):
 
     `attention` picks the self-attention core: "full" is exact softmax attention over every key; "linformer"
     (Wang et al. 2020) and "bigbird" (Zaheer et al. 2020) are the cheaper approximations of docs/long-inputs.md;
-    "local" (blocks of `local_block` tokens) and "memory_compressed" (keys and values shortened `compression`-fold)
+    "local" (blocks of `local.block` tokens) and "memory_compressed" (keys and values shortened
+    `memory_compressed.compression`-fold)
     are the two layers of Liu et al. 2018's Transformer-DMCA (`kqv.nn.dmca`). `layer_pattern`, a comma-separated
     list of attention kinds, overrides `attention` per layer, cycling: "local,memory_compressed" is DMCA's.
     Cross-attention is always full. `blockwise` decides when full attention runs through `kqv.nn.blockwise`'s exact
     O(n)-memory path: "auto" when a position bias or padding would otherwise build a large n x n matrix.
 
-    `ffn` picks the feed-forward network: "dense" (one per block), or a mixture of `n_experts` experts in every
-    `moe_every`-th block (`kqv.nn.experts`): "switch" sends each token to one expert (Fedus et al. 2021), "moe" to
-    `top_k` (default 2; Shazeer et al. 2017). In training an expert takes at most `capacity_factor` times its even
-    share of a batch (the rest pass through the residual); `aux_loss_coefficient` weighs the load-balancing loss.
+    `ffn` picks the feed-forward network: "dense" (one per block), or a mixture of `experts.count` experts in every
+    `experts.every`-th block (`kqv.nn.experts`): "switch" sends each token to one expert (Fedus et al. 2021), "moe"
+    to `experts.top_k` (default 2; Shazeer et al. 2017). In training an expert takes at most
+    `experts.capacity_factor` times its even share of a batch (the rest pass through the residual);
+    `experts.aux_loss_coefficient` weighs the load-balancing loss.
+
+    The options of one kind live in its sub-config (a sub-table in TOML: `[model.linformer] k = 128`): `relative`,
+    `linformer`, `bigbird`, `local`, `memory_compressed` and `experts`; `to_dict` writes those of the kinds in use.
+    `vocab_size` None means "decided by the tokenizer": a job sets it, and a model cannot be built without it.
     """
 
-    vocab_size: int
+    vocab_size: int | None = None
     d_model: int = 256
     n_heads: int = 4
     n_layers: int = 4
@@ -64,36 +189,25 @@ class ModelConfig(Config):
     output_bias: bool = False  # a bias on the output projection to the vocabulary (Marian and BART have one)
     scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model), as Vaswani et al. do
     embed_norm: bool = False  # a norm right after the embeddings, as BERT does
-    max_relative_distance: int = 16  # Shaw et al. 2018: clip relative distances to [-k, k]
-    relative_values: bool = True  # Shaw et al. 2018: add relative embeddings on the value side too
+    relative: RelativeConfig = field(default_factory=RelativeConfig)
     n_encoder_layers: int | None = None  # encoder-decoder only; defaults to n_layers
     n_decoder_layers: int | None = None  # encoder-decoder only; defaults to n_layers
     tgt_vocab_size: int | None = None  # encoder-decoder only; None shares the source vocabulary
     attention: AttentionKind = "full"
     blockwise: Blockwise = "auto"  # exact O(n)-memory attention for attention="full" (no attention dropout)
-    linformer_k: int = 256  # Linformer's projected length (at most max_len)
-    linformer_sharing: LinformerSharing = "headwise"  # which projections the heads, keys/values, layers share
-    bigbird_block: int = 64  # tokens per block
-    bigbird_window: int = 1  # neighbouring blocks on each side
-    bigbird_global: int = 1  # leading blocks that attend to and are attended by everything
-    bigbird_random: int = 2  # random key blocks per query block
-    bigbird_seed: int = 0
-    local_block: int = 64  # tokens per block of local attention (must divide max_len)
-    compression: int = 3  # memory-compressed attention: kernel and stride of the key/value compression
+    linformer: LinformerConfig = field(default_factory=LinformerConfig)
+    bigbird: BigBirdConfig = field(default_factory=BigBirdConfig)
+    local: LocalConfig = field(default_factory=LocalConfig)
+    memory_compressed: CompressionConfig = field(default_factory=CompressionConfig)
     layer_pattern: str | None = None  # e.g. "local,memory_compressed": attention kinds cycled over the layers
     ffn: FeedForwardKind = "dense"
-    n_experts: int = 8
-    top_k: int | None = None  # experts per token: None = 1 for "switch", 2 for "moe"
-    capacity_factor: float = 1.25  # slots per expert in training, as a multiple of an even share of the batch
-    aux_loss_coefficient: float = 0.01  # Switch's alpha: weight of the load-balancing loss
-    moe_every: int = 1  # experts in every k-th block (1: all blocks; 2: every other block, as in Switch)
+    experts: ExpertsConfig = field(default_factory=ExpertsConfig)
 
     def check(self) -> None:
         """Raise ConfigError naming the first field that is out of range or inconsistent with another."""
-        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len", "max_relative_distance",
-                     "linformer_k", "bigbird_block"):
+        for name in ("d_model", "n_heads", "n_layers", "d_ff", "max_len"):
             check_positive(name, getattr(self, name))
-        for name in ("n_encoder_layers", "n_decoder_layers", "tgt_vocab_size"):
+        for name in ("vocab_size", "n_encoder_layers", "n_decoder_layers", "tgt_vocab_size"):
             if getattr(self, name) is not None:
                 check_positive(name, getattr(self, name))
         if not 0.0 <= self.dropout < 1.0:
@@ -113,42 +227,28 @@ class ModelConfig(Config):
         self._check_experts()
 
     def _check_experts(self) -> None:
-        for name in ("n_experts", "moe_every"):
-            check_positive(name, getattr(self, name))
-        if self.top_k is not None:
-            check_positive("top_k", self.top_k)
-        if not self.capacity_factor > 0:
-            raise ConfigError(f"capacity_factor must be positive, got {self.capacity_factor}")
-        if self.aux_loss_coefficient < 0:
-            raise ConfigError(f"aux_loss_coefficient must be >= 0, got {self.aux_loss_coefficient}")
+        experts = self.experts
         if self.ffn == "dense":
             return
-        if self.ffn == "switch" and self.top_k not in (None, 1):
-            raise ConfigError(f"ffn='switch' sends each token to one expert, so top_k must be 1 (or unset), got "
-                              f"{self.top_k}; use ffn='moe' for top_k={self.top_k}")
-        if self.ffn == "moe" and self.top_k == 1:
-            raise ConfigError("ffn='moe' with top_k=1 is Switch routing: use ffn='switch' (its gate is the router's "
-                              "probability, so the router learns), or top_k >= 2")
-        if self.experts_per_token > self.n_experts:
-            raise ConfigError(f"top_k ({self.experts_per_token}) cannot exceed n_experts ({self.n_experts}): each "
-                              f"token goes to top_k different experts")
+        if self.ffn == "switch" and experts.top_k not in (None, 1):
+            raise ConfigError(f"ffn='switch' sends each token to one expert, so experts.top_k must be 1 (or unset), "
+                              f"got {experts.top_k}; use ffn='moe' for top_k={experts.top_k}")
+        if self.ffn == "moe" and experts.top_k == 1:
+            raise ConfigError("ffn='moe' with experts.top_k=1 is Switch routing: use ffn='switch' (its gate is the "
+                              "router's probability, so the router learns), or top_k >= 2")
+        if self.experts_per_token > experts.count:
+            raise ConfigError(f"experts.top_k ({self.experts_per_token}) cannot exceed experts.count "
+                              f"({experts.count}): each token goes to top_k different experts")
         layers = max(self.n_layers, self.encoder_layers, self.decoder_layers)
-        if self.moe_every > layers:
-            raise ConfigError(f"moe_every ({self.moe_every}) exceeds the number of layers ({layers}), so no block "
+        if experts.every > layers:
+            raise ConfigError(f"experts.every ({experts.every}) exceeds the number of layers ({layers}), so no block "
                               f"would get experts; use a value in 1..{layers}")
 
     def _check_attention(self) -> None:
-        for name in ("bigbird_window", "bigbird_global", "bigbird_random"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        check_positive("local_block", self.local_block)
-        if self.compression < 2:
-            raise ConfigError(f"compression must be at least 2 (3 in Liu et al. 2018): it is how many keys become "
-                              f"one, got {self.compression}")
         kinds = set(self.layer_attention_kinds())
-        if "local" in kinds and self.max_len % self.local_block:
+        if "local" in kinds and self.max_len % self.local.block:
             fits = _divisors(self.max_len)
-            raise ConfigError(f"local_block ({self.local_block}) must divide max_len ({self.max_len}) so that a "
+            raise ConfigError(f"local.block ({self.local.block}) must divide max_len ({self.max_len}) so that a "
                               f"full-length input is whole blocks; choose one of {fits} or change max_len")
         for kind in sorted(kinds - {"full"}):
             self._check_sparse_attention(kind)
@@ -177,9 +277,9 @@ class ModelConfig(Config):
                 f"(query, key) pair, and {kind} never scores all pairs. Use position='rope', "
                 f"'sinusoidal', 'learned' or 'none', or attention='full', whose blockwise path handles "
                 f"relative and alibi at any length")
-        if kind == "linformer" and self.linformer_k > self.max_len:
-            raise ConfigError(f"linformer_k ({self.linformer_k}) must be at most max_len ({self.max_len}): "
-                              f"Linformer projects max_len positions down to linformer_k")
+        if kind == "linformer" and self.linformer.k > self.max_len:
+            raise ConfigError(f"linformer.k ({self.linformer.k}) must be at most max_len ({self.max_len}): "
+                              f"Linformer projects max_len positions down to linformer.k")
 
     @property
     def head_dim(self) -> int:
@@ -188,8 +288,9 @@ class ModelConfig(Config):
 
     @property
     def experts_per_token(self) -> int:
-        """top_k, or its default: 1 for Switch, 2 for the top-2 mixture."""
-        return self.top_k if self.top_k is not None else (1 if self.ffn == "switch" else 2)
+        """experts.top_k, or its default: 1 for Switch, 2 for the top-2 mixture."""
+        top_k = self.experts.top_k
+        return top_k if top_k is not None else (1 if self.ffn == "switch" else 2)
 
     @property
     def encoder_layers(self) -> int:
@@ -206,9 +307,30 @@ class ModelConfig(Config):
         """tgt_vocab_size, or vocab_size when source and target share one vocabulary."""
         return self.tgt_vocab_size or self.vocab_size
 
+    def uses(self, sub_config: str) -> bool:
+        """Whether the sub-config of that name matters to this model (its kind is in use)."""
+        if sub_config == "relative":
+            return self.position == "relative"
+        if sub_config == "experts":
+            return self.ffn != "dense"
+        return sub_config in self.layer_attention_kinds()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as plain values, with the sub-tables of the kinds in use (and of others only where they
+        differ from their defaults, so that `from_dict(to_dict())` gives this config back exactly)."""
+        values = super().to_dict()
+        unused = [name for name in SUB_CONFIGS
+                  if not self.uses(name) and getattr(self, name) == type(getattr(self, name))()]
+        return {k: v for k, v in values.items() if k not in unused}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> ModelConfig:
+        """A checked config from a [model] table; old flat options (`linformer_k`) are read into their sub-tables."""
+        return build(cls, nest_old_names(values))
+
     def to_toml(self) -> str:
         """TOML text of the config; fields left at None are omitted (TOML has no null)."""
-        return tomli_w.dumps({k: v for k, v in self.to_dict().items() if v is not None})
+        return tomli_w.dumps(_without_none(self.to_dict()))
 
     @classmethod
     def from_toml(cls, text_or_path: str | Path) -> ModelConfig:
@@ -217,8 +339,29 @@ class ModelConfig(Config):
         return cls.from_dict(tomllib.loads(text))
 
     def replace(self, **changes: Any) -> ModelConfig:
-        """A checked copy with some fields changed."""
-        return self.from_dict({**self.to_dict(), **changes})
+        """A checked copy with some fields changed; a sub-config's changes are a table of its options
+        (`replace(linformer={"k": 64})` keeps the other Linformer options)."""
+        values = Config.to_dict(self)
+        for name, value in nest_old_names(changes).items():
+            merge = name in SUB_CONFIGS and isinstance(value, dict)
+            values[name] = {**values[name], **value} if merge else value
+        return self.from_dict(values)
+
+
+def require_vocabulary(vocab_size: int | None) -> int:
+    """vocab_size, which a model needs: ConfigError while it is None (left to a tokenizer that has not decided)."""
+    if vocab_size is None:
+        raise ConfigError("the model config's vocab_size is None (to be decided by the tokenizer), and a model "
+                          "cannot be built without it: set it first, e.g. config.replace(vocab_size=tokenizer."
+                          "vocab_size)")
+    return vocab_size
+
+
+SUB_CONFIGS = ("relative", "linformer", "bigbird", "local", "memory_compressed", "experts")
+
+
+def _without_none(values: dict[str, Any]) -> dict[str, Any]:
+    return {k: _without_none(v) if isinstance(v, dict) else v for k, v in values.items() if v is not None}
 
 
 def _divisors(n: int) -> list[int]:

@@ -4,13 +4,14 @@
 Both are attention cores (`kqv.nn.cores.PaddingOnlyCore`, see its interface); `ModelConfig.layer_pattern`
 alternates them per layer ("local,memory_compressed" is DMCA's pattern).
 
-* `LocalAttention`: the sequence is cut into blocks of `local_block` tokens (by index: 0..B-1, B..2B-1, ...) and
+* `LocalAttention`: the sequence is cut into blocks of `local.block` tokens (by index: 0..B-1, B..2B-1, ...) and
   each query attends within its own block only; in the decoder, to the keys of its block at or before it. Memory
   and time O(n B) instead of O(n^2). One block covering the whole sequence is exactly full attention.
 * `MemoryCompressedAttention`: keys and values are shortened by a strided convolution with kernel = stride =
-  `compression` (3 in the paper) along the sequence: each block of c consecutive keys (c * head_dim numbers)
-  becomes one key by a learned linear map shared by the heads (the same for values, with its own map), so every
-  query scores n / c keys: O(n^2 / c). A sequence whose length is not a multiple of c gets zero keys at the end.
+  `memory_compressed.compression` (3 in the paper) along the sequence: each block of c consecutive keys
+  (c * head_dim numbers) becomes one key by a learned linear map shared by the heads (the same for values, with
+  its own map), so every query scores n / c keys: O(n^2 / c). A sequence whose length is not a multiple of c gets
+  zero keys at the end.
   In the encoder a query sees every compressed block (the paper's layer).
 
   Causal (the decoder): a compressed key mixes c positions, so a query may only see the blocks that lie wholly
@@ -68,7 +69,7 @@ class LocalAttention(PaddingOnlyCore):
 
     @classmethod
     def from_config(cls, config: ModelConfig) -> LocalAttention:
-        return cls(config.local_block)
+        return cls(config.local.block)
 
     def forward(self, queries: Tensor, keys: Tensor, values: Tensor, *, causal: bool = False,
                 key_padding: Tensor | None = None) -> Tensor:
@@ -100,7 +101,7 @@ class MemoryCompressedAttention(PaddingOnlyCore):
 
     @classmethod
     def from_config(cls, config: ModelConfig) -> MemoryCompressedAttention:
-        return cls(config.head_dim, config.compression)
+        return cls(config.head_dim, config.memory_compressed.compression)
 
     def compress(self, keys: Tensor, values: Tensor, key_padding: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         """(batch, heads, k_time, head_dim) each -> compressed keys and values (batch, heads, m, head_dim), m =

@@ -12,7 +12,7 @@ import math
 
 from torch import Tensor, nn
 
-from .config import ModelConfig
+from .config import ModelConfig, require_vocabulary
 from .dropout import Dropout
 from .layers import make_norm
 from .positions import input_positions
@@ -24,8 +24,10 @@ class Embeddings(nn.Module):
     `tokens` is the token table to use (shared with another model part), by default a new `nn.Embedding`; any
     module that maps the input to (batch, time, d_model) vectors works, e.g. a ViT's `PatchEmbedding`."""
 
-    def __init__(self, config: ModelConfig, vocab_size: int, tokens: nn.Module | None = None):
+    def __init__(self, config: ModelConfig, vocab_size: int | None, tokens: nn.Module | None = None):
         super().__init__()
+        if tokens is None:
+            require_vocabulary(vocab_size)
         self.vocab_size = vocab_size
         self.tokens = tokens if tokens is not None else nn.Embedding(vocab_size, config.d_model)
         self.positions = input_positions(config)

@@ -104,10 +104,10 @@ class MixtureOfExperts(nn.Module):
     def __init__(self, config: ModelConfig, make_expert: Callable[[], nn.Module]):
         super().__init__()
         self.top_k = config.experts_per_token
-        self.capacity_factor = config.capacity_factor
-        self.coefficient = config.aux_loss_coefficient
-        self.router = nn.Linear(config.d_model, config.n_experts, bias=False)
-        self.experts = nn.ModuleList(make_expert() for _ in range(config.n_experts))
+        self.capacity_factor = config.experts.capacity_factor
+        self.coefficient = config.experts.aux_loss_coefficient
+        self.router = nn.Linear(config.d_model, config.experts.count, bias=False)
+        self.experts = nn.ModuleList(make_expert() for _ in range(config.experts.count))
         self.stats: Routing | None = None
 
     @property

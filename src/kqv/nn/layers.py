@@ -57,9 +57,9 @@ class FeedForward(nn.Module):
 
 def make_feed_forward(config: ModelConfig, layer: int) -> nn.Module:
     """The feed-forward network of block `layer` (0-based): dense, or a mixture of `FeedForward` experts
-    (`kqv.nn.experts`) in every `moe_every`-th block when `ffn` is "switch" or "moe" (Switch and GShard put one in
+    (`kqv.nn.experts`) in every `experts.every`-th block when `ffn` is "switch" or "moe" (Switch and GShard put one in
     every other block)."""
-    if config.ffn != "dense" and (layer + 1) % config.moe_every == 0:
+    if config.ffn != "dense" and (layer + 1) % config.experts.every == 0:
         return MixtureOfExperts(config, lambda: FeedForward(config))
     return FeedForward(config)
 

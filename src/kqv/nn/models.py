@@ -34,7 +34,7 @@ class Encoder(nn.Module):
         self.embeddings = Embeddings(config, config.vocab_size, tokens)
         self.blocks = nn.ModuleList(EncoderBlock(config, i) for i in range(config.encoder_layers))
         self.final_norm = make_norm(config) if config.norm_first else nn.Identity()
-        if config.linformer_sharing == "layerwise":
+        if config.linformer.sharing == "layerwise":
             share_linformer_projection(self)
         init_weights(self)
 
@@ -71,7 +71,7 @@ class Decoder(nn.Module):
         self.embeddings = Embeddings(config, vocab_size, tokens)
         self.blocks = nn.ModuleList(DecoderBlock(config, cross_attention, i) for i in range(n_layers))
         self.final_norm = make_norm(config) if config.norm_first else nn.Identity()
-        if config.linformer_sharing == "layerwise":
+        if config.linformer.sharing == "layerwise":
             share_linformer_projection(self)
 
     def forward(self, ids: Tensor, memory: Tensor | None = None, *, attention_mask: Tensor | None = None,

@@ -122,7 +122,7 @@ class RelativePositions(AttentionPositions):
 
     @classmethod
     def from_config(cls, config: ModelConfig) -> RelativePositions:
-        return cls(config.head_dim, config.max_relative_distance, config.relative_values)
+        return cls(config.head_dim, config.relative.max_distance, config.relative.values)
 
     def distance_index(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """(q_time, k_time) index into the 2k+1 embeddings: clip(j - i, -k, k) + k."""

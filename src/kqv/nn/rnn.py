@@ -29,6 +29,7 @@ from ..errors import DataError
 from ..errors import ConfigError
 from ..validation import Config, check_positive
 from .attention import Attention, Score
+from .config import require_vocabulary
 from .dropout import Dropout
 from .losses import linear_cross_entropy
 from .search import search
@@ -41,7 +42,7 @@ class RNNConfig(Config):
     """Sizes of the LSTM baseline. The encoder runs d_hidden / 2 units per direction, so its outputs and the
     decoder state both have d_hidden dimensions (which lets the dot-product score compare them)."""
 
-    vocab_size: int
+    vocab_size: int | None = None  # None: decided by the tokenizer (set it before building a model)
     d_embed: int = 256
     d_hidden: int = 512
     n_layers: int = 2
@@ -52,10 +53,11 @@ class RNNConfig(Config):
     tgt_vocab_size: int | None = None  # None shares the source vocabulary
 
     def check(self) -> None:
-        for name in ("vocab_size", "d_embed", "d_hidden", "n_layers", "attention_hidden"):
+        for name in ("d_embed", "d_hidden", "n_layers", "attention_hidden"):
             check_positive(name, getattr(self, name))
-        if self.tgt_vocab_size is not None:
-            check_positive("tgt_vocab_size", self.tgt_vocab_size)
+        for name in ("vocab_size", "tgt_vocab_size"):
+            if getattr(self, name) is not None:
+                check_positive(name, getattr(self, name))
         if self.d_hidden % 2:
             raise ConfigError(f"d_hidden must be even (half per encoder direction), got {self.d_hidden}")
         if not 0.0 <= self.dropout < 1.0:
@@ -125,7 +127,7 @@ class RNNEncoderDecoder(nn.Module):
     def __init__(self, config: RNNConfig):
         super().__init__()
         self.config = config
-        src_tokens = nn.Embedding(config.vocab_size, config.d_embed)
+        src_tokens = nn.Embedding(require_vocabulary(config.vocab_size), config.d_embed)
         tgt_tokens = src_tokens if config.tgt_vocab_size is None else nn.Embedding(config.tgt_vocab_size, config.d_embed)
         self.encoder = BiLSTMEncoder(config, src_tokens)
         self.decoder = AttentionLSTMDecoder(config, tgt_tokens)

@@ -77,8 +77,8 @@ class LinformerAttention(PaddingOnlyCore):
 
     @classmethod
     def from_config(cls, config: ModelConfig) -> LinformerAttention:
-        return cls(config.max_len, config.linformer_k, config.n_heads, shared_heads=config.linformer_sharing != "none",
-                   share_kv=config.linformer_sharing in ("key_value", "layerwise"))
+        return cls(config.max_len, config.linformer.k, config.n_heads, shared_heads=config.linformer.sharing != "none",
+                   share_kv=config.linformer.sharing in ("key_value", "layerwise"))
 
     def forward(self, queries: Tensor, keys: Tensor, values: Tensor, *, causal: bool = False,
                 key_padding: Tensor | None = None) -> Tensor:
@@ -193,8 +193,8 @@ class BigBirdAttention(PaddingOnlyCore):
 
     @classmethod
     def from_config(cls, config: ModelConfig) -> BigBirdAttention:
-        return cls(config.bigbird_block, config.bigbird_window, config.bigbird_global, config.bigbird_random,
-                   config.bigbird_seed)
+        bigbird = config.bigbird
+        return cls(bigbird.block, bigbird.window, bigbird.global_blocks, bigbird.random_blocks, bigbird.seed)
 
     def layout(self, n_blocks: int, causal: bool) -> tuple[tuple[int, ...], ...]:
         return bigbird_layout(n_blocks, self.window, self.global_blocks, self.random_blocks, causal, self.seed)

@@ -8,6 +8,7 @@ their state is part of a checkpoint, so that a resumed run continues dropout exa
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -187,15 +188,21 @@ def _replaced(directory: int, path: Path) -> bool:
 def _parse_state(text: bytes, path: Path) -> tuple[dict, int, TrainConfig, dict, dict[str, str]]:
     try:
         state = json.loads(text)
-        step, config = state["step"], TrainConfig.from_dict(state["config"])
+        step, config = state["step"], TrainConfig.from_dict(_trainer_options(state["config"]))
         digests, extra_state = dict(state["files"]), state["extra_state"]
         if state["format"] != FORMAT:
             raise ValueError(f"format {state['format']} is not {FORMAT}")
         if set(digests) - {MODEL_FILE, OPTIMIZER_FILE, RNG_FILE}:
             raise ValueError(f"unknown files {sorted(set(digests) - {MODEL_FILE, OPTIMIZER_FILE, RNG_FILE})}")
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as error:
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as error:
         raise RunError(f"{path / STATE_FILE} is corrupt or not a kqv checkpoint ({error}); {remedy(path)}") from None
     return state, step, config, extra_state, digests
+
+
+def _trainer_options(saved: dict[str, Any]) -> dict[str, Any]:
+    """The TrainConfig options of a saved [train] table, without a job's own (a TrainConfig subclass's, such as the
+    MT job's label_smoothing), which are not the trainer's."""
+    return {k: v for k, v in saved.items() if k in {f.name for f in dataclasses.fields(TrainConfig)}}
 
 
 def load_weights(model: nn.Module, checkpoint: str | Path | Checkpoint) -> Checkpoint:

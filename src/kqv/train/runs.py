@@ -1,8 +1,9 @@
 """Run configs and run directories: the format every job reads and writes, defined once.
 
-A run config is a TOML file: [model] (ModelConfig options, except vocab_size, which the tokenizer decides),
-[train] (TrainConfig) and the job's own sections ([data], [sample], [decode], ...), with `section.key=value`
-overrides from the command line. A job's run config is a `RunConfig` subclass whose fields are those sections.
+A run config is a TOML file: [model] (a ModelConfig, whose vocab_size the tokenizer decides; a kind's options in
+its sub-table such as [model.linformer]), [train] (TrainConfig) and the job's own sections ([data], [sample],
+[decode], ...), with `section.key=value` (or `model.linformer.k=128`) overrides from the command line. A job's
+run config is a `RunConfig` subclass whose fields are those sections.
 
 A run directory (`kqv train NAME --out DIR`) holds:
 
@@ -30,7 +31,8 @@ from typing import Any, ClassVar
 import tomli_w
 
 from ..errors import ConfigError, RunError, spoken
-from ..validation import Config, build
+from ..nn.config import ModelConfig
+from ..validation import Config, build, check_fields, check_value
 from .checkpoints import write_atomically
 from .config import TrainConfig
 
@@ -41,29 +43,42 @@ SAMPLES_FILE, TEST_HYPOTHESES_FILE = "samples.txt", "test.hyp"
 
 @dataclass
 class RunConfig(Config):
-    """A whole run config: `model` holds ModelConfig options (a table: the job makes the ModelConfig once the
-    vocabulary is known), `train` the TrainConfig, and each further field is one of the job's sections.
+    """A whole run config: `model` the ModelConfig (its vocab_size None until the job's tokenizer decides it),
+    `train` the TrainConfig, and each further field is one of the job's sections.
 
-    `train_options` names fields that live in the [train] table of the TOML file although TrainConfig does not
-    know them (e.g. the MT job's `label_smoothing`).
+    A job's model default that depends on another section (the LM's max_len is its data.context) comes from
+    `model_defaults`, applied once when the [model] table is read: an option given in the table wins.
+    `model_options` names the options the [model] table gave (the CLS job takes only a given dropout when it
+    fine-tunes an MLM run's model).
     """
 
     train: TrainConfig
-    model: dict[str, Any] = field(default_factory=dict)
+    model: ModelConfig = field(default_factory=ModelConfig)
 
     task: ClassVar[str] = ""
-    train_options: ClassVar[tuple[str, ...]] = ()
     run_tables: ClassVar[tuple[str, ...]] = ()  # tables the job adds to run.toml beyond its config (cls: labels)
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        model_config = getattr(self, "model_config", None)  # a job's [model] -> model config, given a vocabulary
-        if callable(model_config):
-            model_config(vocab_size=8)  # a bad [model] option fails when the config is read, before any work
+        given = self.model
+        self.model = ModelConfig()  # the other sections first: the model's defaults may depend on them
+        check_fields(self)
+        self.model_options = frozenset(given if isinstance(given, dict) else ())  # the options the table gave
+        self.model = self.read_model(given)
+        self.check()  # a bad [model] option fails here, when the config is read, before any work
+
+    def model_defaults(self) -> dict[str, Any]:
+        """Model options whose default depends on the job's other sections (none by default)."""
+        return {}
+
+    def read_model(self, model: Any) -> Any:
+        """The model config of a [model] table, over `model_defaults` (old flat names read into their sub-tables)."""
+        if isinstance(model, dict):
+            return ModelConfig.from_dict({**self.model_defaults(), **model})
+        return check_value("model", model, ModelConfig)
 
     @classmethod
     def sections(cls) -> list[str]:
-        return [f.name for f in dataclasses.fields(cls) if f.name not in cls.train_options]
+        return [f.name for f in dataclasses.fields(cls)]
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> Any:
@@ -74,14 +89,7 @@ class RunConfig(Config):
                               f"{', '.join(f'[{name}]' for name in cls.sections())}")
         if not isinstance(values.get("train"), dict):
             raise ConfigError("the run config needs a [train] section with at least steps and batch_size")
-        train = dict(values["train"])
-        options = {name: train.pop(name) for name in cls.train_options if name in train}
-        return build(cls, {**values, "train": train, **options}, f"{cls.task} run config")
-
-    def to_dict(self) -> dict[str, Any]:
-        values = super().to_dict()
-        values["train"].update({name: values.pop(name) for name in self.train_options})
-        return values
+        return build(cls, values, f"{cls.task} run config")
 
     @classmethod
     def from_run(cls, values: dict[str, Any]) -> Any:
@@ -109,16 +117,22 @@ def read_config_values(path: str | Path, overrides: list[str] = (), examples: st
 
 
 def apply_override(values: dict[str, Any], override: str) -> None:
-    """Set `section.key=value` in values; the value is TOML (`200`, `"rope"`, `true`) or a bare string."""
+    """Set `section.key=value` in values; the value is TOML (`200`, `"rope"`, `true`) or a bare string. A key of a
+    sub-table takes one more dot: `model.linformer.k=128`."""
     key, sep, raw = override.partition("=")
-    section, dot, name = key.strip().partition(".")
-    if not sep or not dot or not name:
+    section, *path = key.strip().split(".")
+    if not sep or not path or not all(path):
         raise ConfigError(f"override {override!r} must look like section.key=value, e.g. train.steps=200")
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw  # a bare string such as data.path=input.txt
-    values.setdefault(section, {})[name] = value
+    table = values.setdefault(section, {})
+    for name in path[:-1]:
+        table = table.setdefault(name, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"override {override!r}: {section}.{name} is not a table of options")
+    table[path[-1]] = value
 
 
 def toml_text(values: dict[str, Any]) -> str:
