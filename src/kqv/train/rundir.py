@@ -27,7 +27,7 @@ from ..errors import spoken
 from .checkpoints import CHECKPOINT_DIR, Checkpoint, has_checkpoint, read_checkpoint, run_files, write_atomically
 from .lock import hold_run_lock
 from .metrics import METRICS_FILE, PLOT_FILE, read_metrics
-from .runs import RUN_CONFIG, SUMMARY_FILE, TOKENIZER_DIR
+from .runs import TOKENIZER_DIR
 
 logger = logging.getLogger(__name__)
 
@@ -114,16 +114,8 @@ class RunDirectory:
         return self.path / CHECKPOINT_DIR
 
     @property
-    def config_file(self) -> Path:
-        return self.path / RUN_CONFIG
-
-    @property
     def tokenizer_dir(self) -> Path:
         return self.path / TOKENIZER_DIR
-
-    @property
-    def summary_file(self) -> Path:
-        return self.path / SUMMARY_FILE
 
     # -- training starts -------------------------------------------------------------------------------------
 

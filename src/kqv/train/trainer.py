@@ -158,20 +158,27 @@ class Trainer:
         gradient is not finite is skipped (counted as `bad_steps` in metrics.jsonl); `config.max_bad_steps` of
         them in a row raise TrainingDiverged. A run directory the trainer opened itself (it was given a path)
         stays locked against other writers until train() returns."""
-        with self._owned:
-            if self.rank == 0:  # the earlier run's files go (overwrite) and records after the checkpoint too
-                self.run.prepare(self.step)
-                if self.replanned is not None:
-                    append_metrics(self.run.metrics_file, self.replanned)
+        with self._owned:  # a run directory the trainer opened itself is released at the end
+            self._prepare_run_dir()
             self._start_rng()
-            self._boundary_rng, self._updating = rng_state(), False
-            self._last_saved = self.step if self._saved_rng is not None else None
             try:
                 return self._loop()
             finally:
-                if self._owns_process_group:
-                    dist.destroy_process_group()
-                    self._owns_process_group = False
+                self._leave_process_group()
+
+    def _prepare_run_dir(self) -> None:
+        """Rank 0, before its first write: the earlier run's files go (overwrite), and so do the metrics records
+        after the checkpoint; a resume that changed the plan says so in metrics.jsonl."""
+        if self.rank != 0:
+            return
+        self.run.prepare(self.step)
+        if self.replanned is not None:
+            append_metrics(self.run.metrics_file, self.replanned)
+
+    def _leave_process_group(self) -> None:
+        if self._owns_process_group:
+            dist.destroy_process_group()
+            self._owns_process_group = False
 
     def _loop(self) -> dict[str, float]:
         """Updates from `self.step` to the end of the plan (or of the time budget), logging, evaluating and
@@ -434,7 +441,8 @@ class Trainer:
                 changed, step, self.config.steps, before, step, after, step + 1)
 
     def _start_rng(self) -> None:
-        """Seed a fresh run; restore the saved generators of a resumed one (reseed ranks that have none)."""
+        """Seed a fresh run; restore the saved generators of a resumed one (reseed ranks that have none). This is
+        the first update boundary: what a Ctrl-C before the first update saves."""
         seed = self.config.seed + self.rank
         if self._saved_rng is None:
             seed_everything(seed)
@@ -444,6 +452,8 @@ class Trainer:
             logger.warning("rank %d has no saved generator state (the checkpoint came from an interrupt or another "
                            "number of processes); reseeding, so dropout differs from an uninterrupted run", self.rank)
             seed_everything(seed + 1_000_003 * self.step)
+        self._boundary_rng, self._updating = rng_state(), False
+        self._last_saved = self.step if self._saved_rng is not None else None
 
 
 def _count_tokens(batch: Batch) -> int | None:
