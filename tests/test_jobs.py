@@ -64,15 +64,13 @@ def toy_job():
             return None
 
         def train(self, config, run_dir, *, resume=False, overwrite=False, quiet=False, note=None):
-            run_dir = Path(run_dir)
-            self.check_resumable(run_dir, resume)
-            length = config.toy.length
-            model = self.start(config, run_dir, config.model.replace(vocab_size=length))
-            counting = torch.arange(length).repeat(config.train.batch_size, 1)  # (batch, length)
-            result = self.fit(self.make_trainer(model, config, run_dir, resume=resume, overwrite=overwrite,
-                                                quiet=quiet, train_batches=lambda i: counting,
-                                                loss_fn=lambda m, ids: m(ids[:, :-1], ids[:, 1:])))
-            return self.summarise(run_dir, result, model, note=note)
+            with self.open_run(run_dir, resume=resume, overwrite=overwrite) as run:
+                length = config.toy.length
+                model = self.start(config, run, config.model.replace(vocab_size=length))
+                counting = torch.arange(length).repeat(config.train.batch_size, 1)  # (batch, length)
+                result = self.fit(self.make_trainer(model, config, run, quiet=quiet, train_batches=lambda i: counting,
+                                                    loss_fn=lambda m, ids: m(ids[:, :-1], ids[:, 1:])))
+                return self.summarise(run.path, result, model, note=note)
 
         def count(self, run: TrainedRun, args: argparse.Namespace) -> None:
             for _ in range(args.times):

@@ -11,6 +11,9 @@ import torch
 
 from kqv import EncoderDecoder, ModelConfig, RNNConfig, RNNEncoderDecoder
 from kqv.cli.main import main
+from kqv.train.checkpoints import read_checkpoint
+from kqv.train.metrics import read_metrics
+from kqv.train.runs import read_summary
 from kqv.jobs.mt import (
     Encoded,
     MTRunConfig,
@@ -226,10 +229,17 @@ def test_an_interrupted_run_resumed_from_its_checkpoint_ends_with_the_same_weigh
     common = ["train", "mt", "--config", str(config), "--data", str(corpus), "--quiet"]
     assert main([*common, "--out", str(straight), "--steps", "6"]) == 0
     assert main([*common, "--out", str(resumed), "--steps", "3"]) == 0
+    first = read_checkpoint(resumed).extra_state
     assert main([*common, "--out", str(resumed), "--steps", "6", "--resume"]) == 0
     weights = [load_file(str(run / "checkpoint" / "model.safetensors")) for run in (straight, resumed)]
     assert weights[0].keys() == weights[1].keys()
     assert all(torch.equal(weights[0][name], weights[1][name]) for name in weights[0])
+    # the dev evaluation's time is kept in the checkpoint's extra_state and adds up across the resume
+    final = read_checkpoint(resumed).extra_state
+    assert first["task"] == final["task"] == "mt" and 0 < first["eval_seconds"] < final["eval_seconds"]
+    last = read_metrics(resumed / "metrics.jsonl")[-1]
+    assert last["step"] == 6 and last["eval_seconds"] == final["eval_seconds"]
+    assert read_summary(resumed)["eval_seconds"] == round(final["eval_seconds"], 1)
 
 
 @pytest.mark.parametrize("name", ["quick", "lstm"])

@@ -15,7 +15,9 @@ import torch
 from safetensors.torch import load as load_file_bytes
 
 from kqv.train.checkpoints import MODEL_FILE, load_weights, read_checkpoint
+from kqv.train import rundir
 from kqv.train.lock import RunDirectoryBusy, check_run_lock, hold_run_lock
+from kqv.train.rundir import RunDirectory
 from test_training import config, make_model, trainer
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -72,16 +74,37 @@ def test_kill_9_of_the_holder_leaves_no_stale_lock(tmp_path, holder):
         assert lock_file.read_text().startswith(f"pid {os.getpid()} ")
 
 
-def test_the_lock_is_reentrant_within_a_process_and_released_after_training(tmp_path):
-    with hold_run_lock(tmp_path / "run"):
-        run = trainer(tmp_path / "run", config(steps=2))  # the job holds the lock and builds its trainer
-        run.train()
+def test_the_lock_is_not_reentrant_and_is_released_after_training(tmp_path):
+    """A run directory opened once holds the lock for its trainer; a second writer in the same process is refused
+    like one in another process (plain flock), and the lock is free once the block ends."""
+    with RunDirectory.open(tmp_path / "run") as run:
+        with pytest.raises(RunDirectoryBusy, match=f"pid {os.getpid()} "):
+            trainer(tmp_path / "run", config(steps=2))  # a trainer given the path opens it itself: refused
+        trainer(run, config(steps=2)).train()  # the trainer given the opened directory takes no lock
+        with pytest.raises(RunDirectoryBusy):
+            check_run_lock(tmp_path / "run")
     process = start(HOLD, str(tmp_path / "run"))  # now free for another process
     try:
         assert process.stdout.readline().strip() == "locked"
     finally:
         process.kill()
         process.wait()
+
+
+def test_kqv_train_takes_the_lock_once_per_training(tmp_path, monkeypatch):
+    """The job opens the run directory once and its Trainer uses it: one lock for the whole training."""
+    from kqv.cli.main import main
+
+    taken = []
+    real = rundir.hold_run_lock
+    monkeypatch.setattr(rundir, "hold_run_lock", lambda path: taken.append(path) or real(path))
+    text = tmp_path / "text.txt"
+    text.write_text("ROMEO: to be, or not to be, that is the question\n" * 50)  # the sample's prompt: ROMEO:
+    for flag in ([], ["--resume"], ["--overwrite"]):
+        taken.clear()
+        assert main(["train", "lm", "--config", "quick", "--data", str(text), "--out", str(tmp_path / "run"),
+                     "--quiet", "--set", "train.steps=2", "--set", "model.n_layers=1", *flag]) == 0
+        assert taken == [tmp_path / "run"], flag
 
 
 TRAIN_FOREVER = textwrap.dedent("""

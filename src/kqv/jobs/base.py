@@ -15,13 +15,13 @@ change anywhere else:
 from __future__ import annotations
 
 import argparse
-import functools
 import importlib
 import json
 import pkgutil
 import resource
 import time
 from dataclasses import dataclass, field
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -32,10 +32,10 @@ from ..data.tokenizers import load_tokenizer
 from ..errors import ConfigError
 from ..nn.config import ModelConfig
 from ..nn.models import count_parameters
-from ..train.checkpoints import has_checkpoint, load_weights, read_checkpoint
-from ..train.lock import hold_run_lock
+from ..train.checkpoints import load_weights
 from ..train.runs import (TOKENIZER_DIR, RunConfig, read_config_values, read_run, run_task, write_run_config,
                           write_summary)
+from ..train.rundir import RunDirectory
 from ..train.trainer import Trainer
 
 
@@ -103,8 +103,6 @@ class Job:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "train" in cls.__dict__:
-            cls.train = _holding_run_lock(cls.__dict__["train"])
         if "name" in cls.__dict__:
             _REGISTRY[cls.name] = cls()
 
@@ -124,25 +122,39 @@ class Job:
     def train(self, config: RunConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
               quiet: bool = False, **options: Any) -> dict[str, Any]:
         """Train as configured into run_dir (continue its checkpoint with `resume`, replace it with `overwrite`);
-        write the run directory and return the summary. `options` are the job's flags without a config key."""
+        write the run directory and return the summary. `options` are the job's flags without a config key.
+
+        A job's `train` opens the run directory first (`open_run`) and writes everything through it: run.toml,
+        the tokenizer and the encoded data come before the Trainer, and a second writer must not replace them
+        under a running one."""
         raise NotImplementedError
+
+    @staticmethod
+    def open_run(run_dir: str | Path, *, resume: bool, overwrite: bool) -> AbstractContextManager[RunDirectory]:
+        """The run directory of one training, locked and inspected (`RunDirectory.open`): `resume` continues
+        its checkpoint, `overwrite` replaces its run, neither refuses one that is there."""
+        if resume and overwrite:
+            raise ConfigError("resume and overwrite exclude each other: continue the run in the directory, or "
+                              "replace it, not both")
+        return RunDirectory.open(run_dir, "resume" if resume else ("overwrite" if overwrite else "error"))
 
     def build_model(self, model_config: Any, config: RunConfig, values: dict[str, Any]) -> nn.Module:
         """The job's model for a model config (`values`: the run.toml being written or read)."""
         raise NotImplementedError
 
-    def start(self, config: RunConfig, run_dir: Path, model_config: Any, **extra: Any) -> nn.Module:
-        """Write run.toml (with `extra` tables) and build the freshly seeded model."""
+    def start(self, config: RunConfig, run: RunDirectory, model_config: Any, **extra: Any) -> nn.Module:
+        """Write run.toml (with `extra` tables; rank 0 only under torchrun) and build the freshly seeded model."""
         values = config.run_values(model_config.to_dict(), **extra)
-        write_run_config(run_dir, values)
+        if run.writes:
+            write_run_config(run.path, values)
         torch.manual_seed(config.train.seed)
         return self.build_model(model_config, config, values)
 
-    def make_trainer(self, model: nn.Module, config: RunConfig, run_dir: Path, *, resume: bool, overwrite: bool,
-                     quiet: bool, **trainer_options: Any) -> Trainer:
-        """The shared Trainer for `model` (`trainer_options`: train_batches, loss_fn, val_batches, eval_fn, ...)."""
-        return Trainer(model, config.train, run_dir, quiet=quiet, **trainer_options,
-                       if_exists="resume" if resume else ("overwrite" if overwrite else "error"))
+    def make_trainer(self, model: nn.Module, config: RunConfig, run: RunDirectory, *, quiet: bool,
+                     **trainer_options: Any) -> Trainer:
+        """The shared Trainer for `model` in the opened run directory (`trainer_options`: train_batches, loss_fn,
+        val_batches, eval_fn, ...). It resumes `run.checkpoint` when there is one."""
+        return Trainer(model, config.train, run, quiet=quiet, **trainer_options)
 
     @staticmethod
     def fit(trainer: Trainer) -> TrainingResult:
@@ -167,16 +179,6 @@ class Job:
                    **figures}
         write_summary(run_dir, summary)
         return summary
-
-    @staticmethod
-    def check_resumable(run_dir: Path, resume: bool) -> bool:
-        """Whether there is a checkpoint to resume (then the run's tokenizer and data are complete: they are written
-        before the first checkpoint). A corrupt checkpoint is a clear error before any work; with none yet (a run
-        stopped before its first checkpoint) resuming trains from step 0, as the Trainer then says."""
-        if resume and has_checkpoint(run_dir):
-            read_checkpoint(run_dir).close()
-            return True
-        return False
 
     # -- using a trained run ---------------------------------------------------------------------------------
 
@@ -214,19 +216,6 @@ def report(line: str, result: dict[str, Any], as_json: bool) -> None:
     print(line)
     if as_json:
         print(json.dumps(result))
-
-
-def _holding_run_lock(train: Any) -> Any:
-    """A job's `train`, holding the run directory's writer lock (`kqv.train.lock`) for its whole body: run.toml,
-    the tokenizer and the encoded data are written before the Trainer exists, and a second writer must not
-    replace them under a running one."""
-
-    @functools.wraps(train)
-    def locked(self: Job, config: RunConfig, run_dir: str | Path, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        with hold_run_lock(run_dir):
-            return train(self, config, run_dir, *args, **kwargs)
-
-    return locked
 
 
 _REGISTRY: dict[str, Job] = {}

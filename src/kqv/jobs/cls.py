@@ -131,44 +131,48 @@ class ClsJob(Job):
     def train(self, config: ClsRunConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
               quiet: bool = False) -> dict[str, Any]:
         """Fine-tune (or train from scratch) a `SequenceClassifier` on a TSV file; return the summary."""
-        run_dir, data = Path(run_dir), config.data
-        if data.path is None:
-            raise ConfigError("kqv train cls needs a TSV file of text<TAB>label lines: pass --data file.tsv")
-        self.check_resumable(run_dir, resume)
-        examples = read_tsv(data.path)
-        train, dev = split_examples(examples, data.dev_fraction, config.train.seed)
-        labels = sorted({label for _, label in examples})
-        if len(labels) < 2:
-            raise DataError(f"{data.path} has only the label {labels}; classification needs at least two")
-        pretrained = MLMJob().load(data.init) if data.init else None
-        vocabulary, model_config = self._vocabulary(config, run_dir, resume, pretrained, examples, train)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        vocabulary.save(run_dir / TOKENIZER_DIR)
-        model = self.start(config, run_dir, model_config, labels={"names": labels})
-        if pretrained is not None:
-            model.encoder.load_state_dict(pretrained.model.encoder.state_dict())
-        learned = model_config.position == "learned"
-        max_tokens = min(data.max_tokens, model_config.max_len) if learned else data.max_tokens
-        train_set, dev_set = (LabelledBatches(part, vocabulary, labels, max_tokens, config.train.batch_size)
-                              for part in (train, dev))
-        majority = Counter(train_set.targets.tolist()).most_common(1)[0][0]
-        if not quiet:
-            start = "the encoder of " + str(data.init) if pretrained is not None else "scratch"
-            print(f"kqv: {count_parameters(model):,} parameters from {start}, {len(train)} training and {len(dev)} "
-                  f"dev examples, {len(labels)} labels, run directory {run_dir}")
-        result = self.fit(self.make_trainer(
-            model, config, run_dir, resume=resume, overwrite=overwrite, quiet=quiet,
-            train_batches=lambda i: train_set.random(config.train.seed, i), val_batches=dev_set.cyclic,
-            loss_fn=lambda model, batch: model(batch[0], batch[2], attention_mask=batch[1]),
-            eval_fn=lambda model: dev_set.accuracy(model, majority)))
-        summary = self.summarise(run_dir, result, model, train_examples=len(train), dev_examples=len(dev),
-                                 labels=labels, dev_accuracy=result.final.get("dev_accuracy"),
-                                 majority_accuracy=result.final.get("majority_accuracy"))
-        if not quiet:
-            print(f"kqv: dev accuracy {summary['dev_accuracy']:.1%} on {len(dev)} examples (majority class: "
-                  f"{summary['majority_accuracy']:.1%}) after {summary['steps']} steps in "
-                  f"{result.wall_seconds / 60:.1f} min")
-        return summary
+        with self.open_run(run_dir, resume=resume, overwrite=overwrite) as run:
+            data = config.data
+            if data.path is None:
+                raise ConfigError("kqv train cls needs a TSV file of text<TAB>label lines: pass --data file.tsv")
+            examples = read_tsv(data.path)
+            train, dev = split_examples(examples, data.dev_fraction, config.train.seed)
+            labels = sorted({label for _, label in examples})
+            if len(labels) < 2:
+                raise DataError(f"{data.path} has only the label {labels}; classification needs at least two")
+            pretrained = MLMJob().load(data.init) if data.init else None
+            vocabulary, model_config = self._vocabulary(config, run.path, resume, pretrained, examples, train)
+            if run.writes:
+                run.path.mkdir(parents=True, exist_ok=True)
+                vocabulary.save(run.tokenizer_dir)
+            model = self.start(config, run, model_config, labels={"names": labels})
+            if pretrained is not None:
+                model.encoder.load_state_dict(pretrained.model.encoder.state_dict())
+            learned = model_config.position == "learned"
+            max_tokens = min(data.max_tokens, model_config.max_len) if learned else data.max_tokens
+            train_set, dev_set = (LabelledBatches(part, vocabulary, labels, max_tokens, config.train.batch_size)
+                                  for part in (train, dev))
+            majority = Counter(train_set.targets.tolist()).most_common(1)[0][0]
+            quiet = quiet or not run.writes  # under torchrun rank 0 speaks for every process
+            if not quiet:
+                start = "the encoder of " + str(data.init) if pretrained is not None else "scratch"
+                print(f"kqv: {count_parameters(model):,} parameters from {start}, {len(train)} training and "
+                      f"{len(dev)} dev examples, {len(labels)} labels, run directory {run.path}")
+            result = self.fit(self.make_trainer(
+                model, config, run, quiet=quiet,
+                train_batches=lambda i: train_set.random(config.train.seed, i), val_batches=dev_set.cyclic,
+                loss_fn=lambda model, batch: model(batch[0], batch[2], attention_mask=batch[1]),
+                eval_fn=lambda model: dev_set.accuracy(model, majority)))
+            if not run.writes:
+                return {}  # under torchrun rank 0 alone writes the run's summary
+            summary = self.summarise(run.path, result, model, train_examples=len(train), dev_examples=len(dev),
+                                     labels=labels, dev_accuracy=result.final.get("dev_accuracy"),
+                                     majority_accuracy=result.final.get("majority_accuracy"))
+            if not quiet:
+                print(f"kqv: dev accuracy {summary['dev_accuracy']:.1%} on {len(dev)} examples (majority class: "
+                      f"{summary['majority_accuracy']:.1%}) after {summary['steps']} steps in "
+                      f"{result.wall_seconds / 60:.1f} min")
+            return summary
 
     def _vocabulary(self, config: ClsRunConfig, run_dir: Path, resume: bool, pretrained: TrainedRun | None,
                     examples: list[Example], train: list[Example]) -> tuple[Vocabulary, ModelConfig]:

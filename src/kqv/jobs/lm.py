@@ -24,7 +24,8 @@ from ..nn.config import ModelConfig
 from ..nn.models import DecoderLM, check_ids, count_parameters
 from ..train.evaluation import perplexity
 from ..train.checkpoints import write_atomically
-from ..train.runs import SAMPLES_FILE, TOKENIZER_DIR, TOKENS_FILE, RunConfig
+from ..train.rundir import RunDirectory
+from ..train.runs import SAMPLES_FILE, TOKENS_FILE, RunConfig
 from ..validation import Config, check_at_least
 from .base import Flag, Job, RunCommand, TrainedRun, report
 
@@ -90,20 +91,21 @@ class LMRunConfig(RunConfig):
         return self.model.replace(vocab_size=vocab_size)
 
 
-def prepare_corpus(job: Job, data: Any, run_dir: Path, reuse: bool) -> tuple[Any, dict[str, torch.Tensor]]:
+def prepare_corpus(job: Job, data: Any, run: RunDirectory) -> tuple[Any, dict[str, torch.Tensor]]:
     """The tokenizer and encoded splits of a text corpus (`data`: a [data] section with path, tokenizer and
-    val_fraction): loaded from the run when `reuse` and they are there, else built with the job's
-    `make_tokenizer` and saved. The LM and MLM jobs share it."""
-    if reuse and (run_dir / TOKENS_FILE).exists():
-        return job.load_tokenizer(run_dir), load_file(run_dir / TOKENS_FILE)
+    val_fraction): loaded from the run when it resumes a checkpoint (they were written before it), else built
+    with the job's `make_tokenizer` and saved (by rank 0 alone under torchrun). The LM and MLM jobs share it."""
+    if run.resuming and (run.path / TOKENS_FILE).exists():
+        return job.load_tokenizer(run.path), load_file(run.path / TOKENS_FILE)
     text = load_text(data.path)
     train_text, val_text = split_text(text, data.val_fraction)
     tokenizer = job.make_tokenizer(data, text if data.tokenizer == "char" else train_text)
     tokens = {"train": encode_text(tokenizer, train_text), "val": encode_text(tokenizer, val_text),
               "chars": torch.tensor([len(train_text), len(val_text)])}
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(run_dir / TOKENIZER_DIR)
-    write_atomically(run_dir / TOKENS_FILE, save(tokens))  # present means complete, tokenizer too
+    if run.writes:
+        run.path.mkdir(parents=True, exist_ok=True)
+        tokenizer.save(run.tokenizer_dir)
+        write_atomically(run.path / TOKENS_FILE, save(tokens))  # present means complete, tokenizer too
     return tokenizer, tokens
 
 
@@ -170,29 +172,32 @@ class LMJob(Job):
     def train(self, config: LMRunConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
               quiet: bool = False) -> dict[str, Any]:
         """Train a DecoderLM as configured, write samples and a summary into run_dir, and return the summary."""
-        run_dir = Path(run_dir)
-        reuse = self.check_resumable(run_dir, resume) and not overwrite
-        tokenizer, tokens = prepare_corpus(self, config.data, run_dir, reuse)
-        model = self.start(config, run_dir, config.model_config(tokenizer.vocab_size))
-        train_ids, val_ids = tokens["train"], tokens["val"]
-        batch, context, seed = config.train.batch_size, config.data.context, config.train.seed
+        with self.open_run(run_dir, resume=resume, overwrite=overwrite) as run:
+            tokenizer, tokens = prepare_corpus(self, config.data, run)
+            model = self.start(config, run, config.model_config(tokenizer.vocab_size))
+            train_ids, val_ids = tokens["train"], tokens["val"]
+            batch, context, seed = config.train.batch_size, config.data.context, config.train.seed
 
-        def train_batches(i: int) -> tuple[torch.Tensor, torch.Tensor]:
-            return sample_batch(train_ids, batch, context, batch_generator(seed, i))
+            def train_batches(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+                return sample_batch(train_ids, batch, context, batch_generator(seed, i))
 
-        def val_batches(i: int) -> tuple[torch.Tensor, torch.Tensor]:
-            return sample_batch(val_ids, batch, context, batch_generator(seed, -i - 1))
+            def val_batches(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+                return sample_batch(val_ids, batch, context, batch_generator(seed, -i - 1))
 
-        if not quiet:
-            print(f"kqv: {count_parameters(model):,} parameters, {len(train_ids):,} training tokens "
-                  f"({config.data.tokenizer} tokenizer, vocabulary {tokenizer.vocab_size}), run directory {run_dir}")
-        result = self.fit(self.make_trainer(model, config, run_dir, resume=resume, overwrite=overwrite, quiet=quiet,
-                                            train_batches=train_batches, loss_fn=lambda model, batch: model(*batch),
-                                            val_batches=val_batches, tokens_per_batch=batch * context))
-        val = perplexity(model, val_ids, context=context, n_chars=int(tokens["chars"][1]),
-                         precision=config.train.precision, max_tokens=200_000)
-        samples = write_samples(model, tokenizer, config.sample, run_dir / SAMPLES_FILE)
-        summary = self.summarise(run_dir, result, model, val=val)
+            quiet = quiet or not run.writes  # under torchrun rank 0 speaks for every process
+            if not quiet:
+                print(f"kqv: {count_parameters(model):,} parameters, {len(train_ids):,} training tokens "
+                      f"({config.data.tokenizer} tokenizer, vocabulary {tokenizer.vocab_size}), run directory "
+                      f"{run.path}")
+            result = self.fit(self.make_trainer(model, config, run, quiet=quiet, train_batches=train_batches,
+                                                loss_fn=lambda model, batch: model(*batch), val_batches=val_batches,
+                                                tokens_per_batch=batch * context))
+            if not run.writes:
+                return {}  # under torchrun rank 0 alone evaluates and writes the run's outputs
+            val = perplexity(model, val_ids, context=context, n_chars=int(tokens["chars"][1]),
+                             precision=config.train.precision, max_tokens=200_000)
+            samples = write_samples(model, tokenizer, config.sample, run.path / SAMPLES_FILE)
+            summary = self.summarise(run.path, result, model, val=val)
         if not quiet:
             print(f"kqv: validation loss {val['loss']:.3f} nats/token ({val.get('bits_per_char', float('nan')):.3f} "
                   f"bits/char) after {summary['steps']} steps in {result.wall_seconds / 60:.1f} min\n"

@@ -123,39 +123,42 @@ class MLMJob(Job):
     def train(self, config: MLMRunConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
               quiet: bool = False) -> dict[str, Any]:
         """Pretrain a `MaskedLM` as configured; write the run directory and return the summary."""
-        run_dir = Path(run_dir)
-        reuse = self.check_resumable(run_dir, resume) and not overwrite
-        vocabulary, tokens = prepare_corpus(self, config.data, run_dir, reuse)
-        context, seed, batch = config.data.context, config.train.seed, config.train.batch_size
-        model = self.start(config, run_dir, config.model.replace(vocab_size=vocabulary.size))
-        masking = config.masking.to_dict()
-        hidden = {**masking, "mask_token_prob": 1.0, "random_token_prob": 0.0}  # evaluation: every selected hidden
+        with self.open_run(run_dir, resume=resume, overwrite=overwrite) as run:
+            vocabulary, tokens = prepare_corpus(self, config.data, run)
+            context, seed, batch = config.data.context, config.train.seed, config.train.batch_size
+            model = self.start(config, run, config.model.replace(vocab_size=vocabulary.size))
+            masking = config.masking.to_dict()
+            hidden = {**masking, "mask_token_prob": 1.0, "random_token_prob": 0.0}  # evaluation: every selected hidden
 
-        def masked_batch(split: str, i: int, options: dict[str, float]) -> tuple[Tensor, Tensor]:
-            generator = batch_generator(seed, i)
-            blocks = sample_batch(tokens[split], batch, context, generator)[0]  # (batch, context): inputs only
-            return mask_tokens(blocks, generator, vocabulary, **options)
+            def masked_batch(split: str, i: int, options: dict[str, float]) -> tuple[Tensor, Tensor]:
+                generator = batch_generator(seed, i)
+                blocks = sample_batch(tokens[split], batch, context, generator)[0]  # (batch, context): inputs only
+                return mask_tokens(blocks, generator, vocabulary, **options)
 
-        evaluation = [masked_batch("val", -i - 1, hidden) for i in range(config.train.eval_batches)]
-        if not quiet:
-            print(f"kqv: {count_parameters(model):,} parameters, {len(tokens['train']):,} training tokens "
-                  f"({config.data.tokenizer} tokenizer, vocabulary {vocabulary.size}), run directory {run_dir}")
-        trainer = self.make_trainer(model, config, run_dir, resume=resume, overwrite=overwrite, quiet=quiet,
-                                    train_batches=lambda i: masked_batch("train", i, masking),
-                                    val_batches=lambda i: masked_batch("val", -i - 1, hidden),
-                                    loss_fn=lambda model, batch: model(*batch), tokens_per_batch=batch * context,
-                                    eval_fn=lambda model: masked_accuracy(model, evaluation))
-        result = self.fit(trainer)
-        final = result.final
-        summary = self.summarise(run_dir, result, model, masked_accuracy=final.get("masked_accuracy"),
-                                 unigram_accuracy=final.get("unigram_accuracy"),
-                                 masked_tokens=int(final.get("masked_tokens", 0)))
-        if not quiet:
-            print(f"kqv: masked-token accuracy {summary['masked_accuracy']:.1%} on {summary['masked_tokens']:,} "
-                  f"hidden validation tokens (always answering the most frequent one: "
-                  f"{summary['unigram_accuracy']:.1%}) after {trainer.step} steps in "
-                  f"{result.wall_seconds / 60:.1f} min")
-        return summary
+            evaluation = [masked_batch("val", -i - 1, hidden) for i in range(config.train.eval_batches)]
+            quiet = quiet or not run.writes  # under torchrun rank 0 speaks for every process
+            if not quiet:
+                print(f"kqv: {count_parameters(model):,} parameters, {len(tokens['train']):,} training tokens "
+                      f"({config.data.tokenizer} tokenizer, vocabulary {vocabulary.size}), run directory "
+                      f"{run.path}")
+            trainer = self.make_trainer(model, config, run, quiet=quiet,
+                                        train_batches=lambda i: masked_batch("train", i, masking),
+                                        val_batches=lambda i: masked_batch("val", -i - 1, hidden),
+                                        loss_fn=lambda model, batch: model(*batch), tokens_per_batch=batch * context,
+                                        eval_fn=lambda model: masked_accuracy(model, evaluation))
+            result = self.fit(trainer)
+            if not run.writes:
+                return {}  # under torchrun rank 0 alone writes the run's summary
+            final = result.final
+            summary = self.summarise(run.path, result, model, masked_accuracy=final.get("masked_accuracy"),
+                                     unigram_accuracy=final.get("unigram_accuracy"),
+                                     masked_tokens=int(final.get("masked_tokens", 0)))
+            if not quiet:
+                print(f"kqv: masked-token accuracy {summary['masked_accuracy']:.1%} on {summary['masked_tokens']:,} "
+                      f"hidden validation tokens (always answering the most frequent one: "
+                      f"{summary['unigram_accuracy']:.1%}) after {trainer.step} steps in "
+                      f"{result.wall_seconds / 60:.1f} min")
+            return summary
 
 
 JOB = MLMJob()

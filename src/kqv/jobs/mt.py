@@ -182,9 +182,10 @@ class MTData:
         return self.tokenizer.token_to_id("<eos>")
 
 
-def prepare_data(config: MTRunConfig, run_dir: Path, reuse: bool) -> MTData:
+def prepare_data(config: MTRunConfig, run_dir: Path, reuse: bool, write: bool = True) -> MTData:
     """Tokenizer, encoded splits and held-out texts: loaded from run_dir when `reuse` and they are there (a
-    resumed run, or data copied from another run), else built and saved."""
+    resumed run, or data copied from another run), else built and saved there (unless `write` is False: a
+    torchrun rank other than 0)."""
     if reuse and (run_dir / PAIRS_FILE).exists():
         tokenizer = load_tokenizer(run_dir / TOKENIZER_DIR)
         return MTData(tokenizer, load_splits(run_dir / PAIRS_FILE), read_texts(run_dir / TEXT_DIR))
@@ -199,10 +200,11 @@ def prepare_data(config: MTRunConfig, run_dir: Path, reuse: bool) -> MTData:
     dropped = len(encoded["train"]) - len(keep)
     encoded["train"] = Encoded([encoded["train"].src[i] for i in keep], [encoded["train"].tgt[i] for i in keep])
     texts = {name: ([p.src for p in splits[name]], [p.tgt for p in splits[name]]) for name in ("dev", "test")}
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(run_dir / TOKENIZER_DIR)
-    save_splits(encoded, run_dir / PAIRS_FILE)
-    write_texts(texts, run_dir / TEXT_DIR)
+    if write:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tokenizer.save(run_dir / TOKENIZER_DIR)
+        save_splits(encoded, run_dir / PAIRS_FILE)
+        write_texts(texts, run_dir / TEXT_DIR)
     return MTData(tokenizer, encoded, texts, dropped)
 
 
@@ -290,42 +292,45 @@ class MTJob(Job):
         `data_from` is another MT run (or a directory written by `prepare_data`) whose tokenizer and encoded
         splits this run uses, e.g. to train the LSTM baseline on exactly the Transformer's data. `threads` sets
         torch's number of threads."""
-        run_dir = Path(run_dir)
-        if threads is not None:
-            torch.set_num_threads(threads)
-        self.check_resumable(run_dir, resume)
-        if data_from is not None and not resume:
-            copy_data(data_from, run_dir)
-        data = prepare_data(config, run_dir, reuse=(resume and not overwrite) or data_from is not None)
-        model = self.start(config, run_dir, config.model_config(data.tokenizer.vocab_size))
-        options = {"max_tokens": config.data.max_tokens, "max_rows": config.train.batch_size, "pad_id": data.pad_id,
-                   "bos_id": data.bos_id, "eos_id": data.eos_id}
-        train_batches = TokenBatches(data.splits["train"], seed=config.train.seed, **options)
-        sample = [train_batches(i) for i in range(3)]
-        flops_per_token = training_flops_per_token(model, sample, mt_loss, sum(real_tokens(b) for b in sample))
-        if not quiet:
-            print(f"kqv: {config.kind} with {count_parameters(model):,} parameters; {len(data.splits['train']):,} "
-                  f"training pairs ({data.dropped} longer than {config.data.max_len} tokens left out), "
-                  f"{len(data.splits['dev'])} dev, {len(data.splits['test'])} test; joint BPE vocabulary "
-                  f"{data.tokenizer.vocab_size}; {len(train_batches)} batches per epoch; run directory {run_dir}")
-        trainer = self.make_trainer(model, config, run_dir, resume=resume, overwrite=overwrite, quiet=quiet,
-                                    train_batches=train_batches, extra_state={"task": "mt"},
-                                    loss_fn=lambda m, b: mt_loss(m, b, config.train.label_smoothing),
-                                    eval_fn=DevEvaluation(config, data, options, lambda: trainer.extra_state))
-        result = self.fit(trainer)
-        tokens = sum(train_batches.real_tokens(i) for i in range(trainer.step * config.train.grad_accum))
-        test = self._translate_test_split(model, config, data, run_dir)
-        summary = self.summarise(run_dir, result, model, kind=config.kind, train_tokens=tokens,
-                                 pair=config.data.pair if config.data.path is None else config.data.path,
-                                 eval_seconds=round(trainer.extra_state.get("eval_seconds", 0.0), 1),
-                                 threads=torch.get_num_threads(), train_flops=flops_per_token * tokens,
-                                 dev_bleu=result.final.get("dev_bleu"), dev_chrf=result.final.get("dev_chrf"),
-                                 beam_size=config.decode.beam_size, **test)
-        if not quiet:
-            print(f"kqv: test BLEU {test['test_bleu']:.2f}, chrF {test['test_chrf']:.2f} (beam "
-                  f"{config.decode.beam_size}, {test['test_sentences']} sentences) after {trainer.step} steps, "
-                  f"{trainer.train_seconds / 60:.1f} min of training")
-        return summary
+        with self.open_run(run_dir, resume=resume, overwrite=overwrite) as run:
+            if threads is not None:
+                torch.set_num_threads(threads)
+            if data_from is not None and not resume and run.writes:
+                copy_data(data_from, run.path)
+            data = prepare_data(config, run.path, reuse=resume or data_from is not None, write=run.writes)
+            model = self.start(config, run, config.model_config(data.tokenizer.vocab_size))
+            options = {"max_tokens": config.data.max_tokens, "max_rows": config.train.batch_size,
+                       "pad_id": data.pad_id, "bos_id": data.bos_id, "eos_id": data.eos_id}
+            train_batches = TokenBatches(data.splits["train"], seed=config.train.seed, **options)
+            sample = [train_batches(i) for i in range(3)]
+            flops_per_token = training_flops_per_token(model, sample, mt_loss, sum(real_tokens(b) for b in sample))
+            quiet = quiet or not run.writes  # under torchrun rank 0 speaks for every process
+            if not quiet:
+                print(f"kqv: {config.kind} with {count_parameters(model):,} parameters; "
+                      f"{len(data.splits['train']):,} training pairs ({data.dropped} longer than "
+                      f"{config.data.max_len} tokens left out), {len(data.splits['dev'])} dev, "
+                      f"{len(data.splits['test'])} test; joint BPE vocabulary {data.tokenizer.vocab_size}; "
+                      f"{len(train_batches)} batches per epoch; run directory {run.path}")
+            state = {"task": "mt"}  # the checkpoints' extra_state: the dev evaluation adds its time to it
+            trainer = self.make_trainer(model, config, run, quiet=quiet, train_batches=train_batches,
+                                        extra_state=state, loss_fn=lambda m, b: mt_loss(m, b, config.train.label_smoothing),
+                                        eval_fn=DevEvaluation(config, data, options, state))
+            result = self.fit(trainer)
+            if not run.writes:
+                return {}  # under torchrun rank 0 alone translates the test split and writes the summary
+            tokens = sum(train_batches.real_tokens(i) for i in range(trainer.step * config.train.grad_accum))
+            test = self._translate_test_split(model, config, data, run.path)
+            summary = self.summarise(run.path, result, model, kind=config.kind, train_tokens=tokens,
+                                     pair=config.data.pair if config.data.path is None else config.data.path,
+                                     eval_seconds=round(state.get("eval_seconds", 0.0), 1),
+                                     threads=torch.get_num_threads(), train_flops=flops_per_token * tokens,
+                                     dev_bleu=result.final.get("dev_bleu"), dev_chrf=result.final.get("dev_chrf"),
+                                     beam_size=config.decode.beam_size, **test)
+            if not quiet:
+                print(f"kqv: test BLEU {test['test_bleu']:.2f}, chrF {test['test_chrf']:.2f} (beam "
+                      f"{config.decode.beam_size}, {test['test_sentences']} sentences) after {trainer.step} steps, "
+                      f"{trainer.train_seconds / 60:.1f} min of training")
+            return summary
 
     @staticmethod
     def _translate_test_split(model: nn.Module, config: MTRunConfig, data: MTData, run_dir: Path) -> dict[str, Any]:
@@ -393,9 +398,11 @@ class MTJob(Job):
 
 class DevEvaluation:
     """The evaluation during training: loss, greedy BLEU and chrF on `data.eval_sentences` dev sentences spread
-    over the dev split, and the evaluation time so far (kept in the trainer's extra_state, so across resumes)."""
+    over the dev split, and the evaluation time so far, kept as `eval_seconds` in `extra_state`: the dict the
+    Trainer saves with every checkpoint and restores a resumed run's entries into, so the time adds up across
+    resumes."""
 
-    def __init__(self, config: MTRunConfig, data: MTData, options: dict[str, int], extra_state: Any):
+    def __init__(self, config: MTRunConfig, data: MTData, options: dict[str, int], extra_state: dict[str, Any]):
         dev = data.splits["dev"]
         self.chosen = spread(list(range(len(dev))), config.data.eval_sentences)
         self.batches = TokenBatches(Encoded([dev.src[j] for j in self.chosen], [dev.tgt[j] for j in self.chosen]),
@@ -411,10 +418,9 @@ class DevEvaluation:
                                          max_len_a=self.decode.max_len_a, max_len_b=self.decode.max_len_b,
                                          batch_sentences=self.decode.batch_sentences)
         scores = corpus_scores(hypotheses, self.references)
-        state = self.extra_state()
-        state["eval_seconds"] = state.get("eval_seconds", 0.0) + time.perf_counter() - started
-        return {"val_loss": val_loss, "dev_bleu": scores["bleu"], "dev_chrf": scores["chrf"],
-                "eval_seconds": state["eval_seconds"]}
+        spent = self.extra_state.get("eval_seconds", 0.0) + time.perf_counter() - started
+        self.extra_state["eval_seconds"] = spent
+        return {"val_loss": val_loss, "dev_bleu": scores["bleu"], "dev_chrf": scores["chrf"], "eval_seconds": spent}
 
 
 def real_tokens(batch: dict[str, Tensor]) -> int:

@@ -150,28 +150,30 @@ class VitJob(Job):
     def train(self, config: VitRunConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
               quiet: bool = False) -> dict[str, Any]:
         """Train a ViT (and its baseline) on the digits; write the run directory and return the summary."""
-        run_dir, seed, batch_size = Path(run_dir), config.train.seed, config.train.batch_size
-        self.check_resumable(run_dir, resume)
-        digits = Digits.load(config.data, seed)
-        n_tokens = config.n_tokens
-        model_config = config.model.replace(vocab_size=1)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        model = self.start(config, run_dir, model_config, images={
-            "shape": list(DIGITS_SHAPE), "classes": DIGITS_CLASSES, "mean": digits.mean, "std": digits.std})
-        if not quiet:
-            print(f"kqv: ViT of {count_parameters(model):,} parameters, {n_tokens - 1} patches of "
-                  f"{config.data.patch_size}x{config.data.patch_size} + [CLS], "
-                  f"{len(digits.labels['train'])} training images, run directory {run_dir}")
-        result = self.fit(self.make_trainer(
-            model, config, run_dir, resume=resume, overwrite=overwrite, quiet=quiet,
-            train_batches=lambda i: digits.batch("train", batch_size, seed, i),
-            val_batches=lambda i: digits.batch("val", batch_size, seed, -i - 1),
-            loss_fn=lambda model, batch: model(*batch),
-            eval_fn=lambda model: {"val_accuracy": digits.accuracy(model, "val")}))
-        baseline = {} if config.data.baseline == "none" else train_baseline(
-            config.data.baseline, config, digits, result.trainer.train_seconds)
-        summary = self.summarise(run_dir, result, model, test_images=len(digits.labels["test"]),
-                                 test_accuracy=digits.accuracy(model, "test"), **baseline)
+        with self.open_run(run_dir, resume=resume, overwrite=overwrite) as run:
+            seed, batch_size = config.train.seed, config.train.batch_size
+            digits = Digits.load(config.data, seed)
+            n_tokens = config.n_tokens
+            model_config = config.model.replace(vocab_size=1)
+            model = self.start(config, run, model_config, images={
+                "shape": list(DIGITS_SHAPE), "classes": DIGITS_CLASSES, "mean": digits.mean, "std": digits.std})
+            quiet = quiet or not run.writes  # under torchrun rank 0 speaks for every process
+            if not quiet:
+                print(f"kqv: ViT of {count_parameters(model):,} parameters, {n_tokens - 1} patches of "
+                      f"{config.data.patch_size}x{config.data.patch_size} + [CLS], "
+                      f"{len(digits.labels['train'])} training images, run directory {run.path}")
+            result = self.fit(self.make_trainer(
+                model, config, run, quiet=quiet,
+                train_batches=lambda i: digits.batch("train", batch_size, seed, i),
+                val_batches=lambda i: digits.batch("val", batch_size, seed, -i - 1),
+                loss_fn=lambda model, batch: model(*batch),
+                eval_fn=lambda model: {"val_accuracy": digits.accuracy(model, "val")}))
+            if not run.writes:
+                return {}  # under torchrun rank 0 alone trains the baseline and writes the run's summary
+            baseline = {} if config.data.baseline == "none" else train_baseline(
+                config.data.baseline, config, digits, result.trainer.train_seconds)
+            summary = self.summarise(run.path, result, model, test_images=len(digits.labels["test"]),
+                                     test_accuracy=digits.accuracy(model, "test"), **baseline)
         if not quiet:
             against = (f" ({baseline['baseline']} baseline: {baseline['baseline_test_accuracy']:.1%} in the same "
                        f"time, {baseline['baseline_steps']} steps; {baseline['baseline_test_accuracy_same_steps']:.1%} "

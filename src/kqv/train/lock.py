@@ -9,8 +9,9 @@ the pid written into the file is only there to name the holder in the error a se
 Readers (`kqv generate`, `kqv eval`, the explorer) never take the lock: checkpoints are swapped in atomically
 (see `write_checkpoint`), so they read a complete one while a run trains.
 
-The lock is re-entrant within a process (a job holds it and the Trainer it builds takes it again), because two
-`flock`s on separate opens of one file conflict even inside one process.
+It is taken once per training, by `RunDirectory.open` (kqv.train.rundir) on rank 0. It is not re-entrant: two
+`flock`s on separate opens of one file conflict even inside one process, so a second writer in the same process
+is refused like one in another process.
 """
 
 from __future__ import annotations
@@ -37,37 +38,24 @@ class RunDirectoryBusy(KqvError, RuntimeError):
                          f"stop it, or write this run to another directory")
 
 
-_held: dict[Path, tuple[int, int]] = {}  # resolved run_dir -> (file descriptor, nesting depth)
-
-
 @contextmanager
 def hold_run_lock(run_dir: str | Path) -> Iterator[Path]:
     """Hold the exclusive writer's lock of `run_dir` (created if missing) for the block; RunDirectoryBusy if
-    another process holds it. Yields the lock file's path."""
+    another process, or another holder in this one, has it. Yields the lock file's path."""
     run_dir = Path(run_dir)
-    key = run_dir.resolve()
-    if key in _held:
-        fd, depth = _held[key]
-        _held[key] = (fd, depth + 1)
-    else:
-        _held[key] = (_acquire(run_dir), 1)
+    fd = _acquire(run_dir)
     try:
         yield run_dir / LOCK_FILE
     finally:
-        fd, depth = _held[key]
-        if depth > 1:
-            _held[key] = (fd, depth - 1)
-        else:
-            del _held[key]
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 def check_run_lock(run_dir: str | Path) -> None:
     """Raise RunDirectoryBusy now if another process holds `run_dir`'s lock (a probe: nothing is created)."""
     run_dir = Path(run_dir)
     path = run_dir / LOCK_FILE
-    if run_dir.resolve() in _held or not path.exists():
+    if not path.exists():
         return
     fd = os.open(path, os.O_RDONLY)
     try:

@@ -10,7 +10,7 @@ and does the rest: AdamW with weight-decay groups, linear warmup then cosine dec
 gradient clipping and accumulation, bf16 autocast, periodic validation, metrics and a loss plot, atomic
 checkpoints that resume bit-exactly (also to more steps than first planned: see `_plan_extension`), a checkpoint
 on Ctrl-C, updates with a non-finite loss or gradient skipped and counted, the run directory locked against a
-second writer (`kqv.train.lock`), and multi-process training under torchrun.
+second writer (`kqv.train.rundir`), and multi-process training under torchrun.
 
 Determinism contract. `train_batches(i)` must return the same batch for the same `i`. Update `s` (0-based) uses
 the micro-batches `s * grad_accum + j` for `j` in `range(grad_accum)`, so a resumed run needs no data-loader
@@ -39,13 +39,12 @@ from __future__ import annotations
 import json
 import logging
 import math
-import shutil
 import sys
 import time
 from collections.abc import Callable
 from contextlib import ExitStack, nullcontext
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -55,20 +54,17 @@ from tqdm import tqdm
 
 from ..errors import ConfigError, RunError, spoken
 from ..nn.experts import routing_metrics
-from .checkpoints import (CHECKPOINT_DIR, FORMAT, OPTIMIZER_FILE, RNG_FILE, STATE_FILE, Checkpoint,
-                          has_checkpoint, load_weights, read_checkpoint, rng_from_json, rng_state, rng_to_json,
-                          run_files, seed_everything, set_rng_state, write_atomically, write_checkpoint)
+from .checkpoints import (FORMAT, OPTIMIZER_FILE, RNG_FILE, STATE_FILE, Checkpoint, load_weights, read_checkpoint,
+                          rng_from_json, rng_state, rng_to_json, seed_everything, set_rng_state, write_checkpoint)
 from .config import TrainConfig, learning_rate
-from .lock import hold_run_lock
 from .nonfinite import TrainingDiverged, check_finite_weights, diverged_message
 from .distributed import Batch, init_distributed, slice_batch
-from .metrics import METRICS_FILE, PLOT_FILE, Window, append_metrics, plot_losses, progress_line, read_metrics
+from .metrics import Window, append_metrics, plot_losses, progress_line
 from .optimizer import make_optimizer
 from .precision import autocast, bound_kernel_caches
+from .rundir import IfExists, RunDirectory
 
 logger = logging.getLogger(__name__)
-
-IfExists = Literal["error", "resume", "overwrite"]
 
 
 class Trainer:
@@ -82,12 +78,15 @@ class Trainer:
     as a function of the micro-batch index (e.g. the real, non-padding tokens of batch i); by default it is the
     numel of the batch tensor or of the first tensor of a tuple/list/dict.
 
-    `if_exists` says what to do when `run_dir` already holds a run: "error" (refuse, the default), "resume"
-    (continue its checkpoint with the `config` given here; start fresh if `run_dir` is empty) or "overwrite"
-    (delete the run's files when training starts).
+    `run_dir` is a `RunDirectory` its caller opened (a job does, to write its data under the same lock), or a
+    path: then the trainer opens it itself (`RunDirectory.open`, holding the writer's lock until train()
+    returns), and `if_exists` says what to do when it already holds a run: "error" (refuse, the default),
+    "resume" (continue its checkpoint with the `config` given here; start fresh if `run_dir` is empty) or
+    "overwrite" (delete the run's files when training starts). `extra_state` is kept as this very dict (a resumed
+    run's saved entries are added to it), so whoever made it can update it while training, e.g. an `eval_fn`.
     """
 
-    def __init__(self, model: nn.Module, config: TrainConfig, run_dir: str | Path, *,
+    def __init__(self, model: nn.Module, config: TrainConfig, run_dir: RunDirectory | str | Path, *,
                  train_batches: Callable[[int], Batch], loss_fn: Callable[[nn.Module, Batch], Tensor],
                  val_batches: Callable[[int], Batch] | None = None,
                  eval_fn: Callable[[nn.Module], dict[str, float]] | None = None,
@@ -103,55 +102,41 @@ class Trainer:
         except (TypeError, ValueError) as error:
             raise TypeError(f"extra_state must be JSON-serialisable (it goes into {STATE_FILE}): {error}") from None
         bound_kernel_caches()  # before the first bf16 kernel is built
-        self.model, self.config, self.run_dir = model, config, Path(run_dir)
+        self.model, self.config = model, config
         self.train_batches, self.loss_fn, self.val_batches, self.eval_fn = train_batches, loss_fn, val_batches, eval_fn
-        self.extra_state = dict(extra_state or {})
+        self.extra_state = extra_state if extra_state is not None else {}  # this very dict: its owner may update it
         self.tokens_per_batch, self.quiet = tokens_per_batch, quiet
         self.rank, self.world_size, self._owns_process_group = init_distributed()
         if config.batch_size % self.world_size:
             raise ConfigError(f"batch_size ({config.batch_size}) must be divisible by the number of processes "
                              f"({self.world_size}): every process takes an equal slice of each batch")
         self.optimizer = make_optimizer(model, config)
+        # Progress, saved in every checkpoint and restored by a resume.
         self.step = 0  # updates done
         self.elapsed_s = 0.0
         self.train_seconds = 0.0  # time spent in updates: elapsed_s without evaluation and checkpoints
-        self._saved_rng: list[dict | None] | None = None  # generator states to restore when training starts
-        self._overwrite = False
         self.bad_steps = 0  # updates skipped because the loss or a gradient was not finite, over the whole run
+        self.replanned: dict[str, Any] | None = None  # the metrics record of a resume that changed the plan
+        # The loop's state: generators and where an interrupt may save.
+        self._saved_rng: list[dict | None] | None = None  # generator states of a resumed run, per rank
+        self._boundary_rng: dict[str, Any] | None = None  # generator state after the last completed update
+        self._updating = False  # inside optimizer.step(): an interrupt now leaves no clean state to save
         self._bad_streak: list[int] = []  # the steps of the current run of consecutive skipped updates
         self._last_saved: int | None = None  # the step of the last checkpoint this session wrote or resumed from
-        self.replanned: dict[str, Any] | None = None  # the metrics record of a resume that changed the plan
-        self._lock = ExitStack()  # the run directory's writer lock, held from here until train() returns
-        if self.rank == 0:
-            self._lock.enter_context(hold_run_lock(self.run_dir))
-
+        # The run directory: the job's, or one this trainer opens itself (given a path) and closes after train().
+        self._owned = ExitStack()
+        self.run = run_dir if isinstance(run_dir, RunDirectory) else self._owned.enter_context(
+            RunDirectory.open(run_dir, if_exists, rank=self.rank))
+        self.run_dir = self.run.path
         try:
-            self._open_run(if_exists)
-        except BaseException:
-            self._lock.close()
+            if self.run.checkpoint is not None:
+                self._resume(self.run.checkpoint)
+        except BaseException:  # e.g. the checkpoint does not fit the model: release what this trainer opened
+            self._owned.close()
             raise
         self.ddp_model = model
         if self.world_size > 1:
             self.ddp_model = nn.parallel.DistributedDataParallel(model)
-
-    def _open_run(self, if_exists: IfExists) -> None:
-        """Refuse, resume or mark for overwriting the run already in run_dir (with its lock held)."""
-        existing = run_files(self.run_dir)
-        if existing and if_exists == "error":
-            resume = spoken("`--resume`", "if_exists='resume' or Trainer.resume(...)")
-            overwrite = spoken("`--overwrite`", "if_exists='overwrite'")
-            raise FileExistsError(
-                f"{self.run_dir} already holds a run ({', '.join(p.name for p in existing)}); continue it with "
-                f"{resume}, start over with {overwrite} (deletes those files), or choose another directory")
-        if existing and if_exists == "resume" and not has_checkpoint(self.run_dir):
-            logger.warning("nothing to resume in %s: the run stopped before its first checkpoint; training from "
-                           "step 0", self.run_dir)  # its metrics records are dropped when training starts
-        elif existing and if_exists == "resume":
-            checkpoint = read_checkpoint(self.run_dir)
-            self._load(checkpoint)
-            self._plan_extension(checkpoint)
-            checkpoint.close()
-        self._overwrite = bool(existing) and if_exists == "overwrite"
 
     @classmethod
     def resume(cls, run_dir: str | Path, model: nn.Module, *, train_batches: Callable[[int], Batch],
@@ -161,6 +146,7 @@ class Trainer:
         more steps). `extra_state` is restored from the checkpoint unless given. Raises FileNotFoundError when
         there is no checkpoint and ValueError when it is corrupt."""
         saved = read_checkpoint(run_dir)
+        saved.close()
         return cls(model, config or saved.config, run_dir, train_batches=train_batches, loss_fn=loss_fn,
                    if_exists="resume", **options)
 
@@ -170,24 +156,34 @@ class Trainer:
         """Train until `config.steps` updates are done; returns the metrics of the last step. On Ctrl-C it saves
         a checkpoint of the last completed update and re-raises KeyboardInterrupt. An update whose loss or
         gradient is not finite is skipped (counted as `bad_steps` in metrics.jsonl); `config.max_bad_steps` of
-        them in a row raise TrainingDiverged. The run directory stays locked against other writers until the
-        end."""
-        with ExitStack() as held:
-            if self.rank == 0:  # again, for a second train(); the lock taken by __init__ is handed over to this block
-                held.enter_context(hold_run_lock(self.run_dir))
-            self._lock.close()
-            return self._train()
-
-    def _train(self) -> dict[str, float]:
-        cfg = self.config
-        if self.rank == 0:
+        them in a row raise TrainingDiverged. A run directory the trainer opened itself (it was given a path)
+        stays locked against other writers until train() returns."""
+        with self._owned:  # a run directory the trainer opened itself is released at the end
             self._prepare_run_dir()
-            if self.replanned is not None:
-                append_metrics(self.run_dir / METRICS_FILE, self.replanned)
-        self._start_rng()
-        self._boundary_rng = rng_state()  # generator state after the last completed update
-        self._updating = False
-        self._last_saved = self.step if self._saved_rng is not None else None
+            self._start_rng()
+            try:
+                return self._loop()
+            finally:
+                self._leave_process_group()
+
+    def _prepare_run_dir(self) -> None:
+        """Rank 0, before its first write: the earlier run's files go (overwrite), and so do the metrics records
+        after the checkpoint; a resume that changed the plan says so in metrics.jsonl."""
+        if self.rank != 0:
+            return
+        self.run.prepare(self.step)
+        if self.replanned is not None:
+            append_metrics(self.run.metrics_file, self.replanned)
+
+    def _leave_process_group(self) -> None:
+        if self._owns_process_group:
+            dist.destroy_process_group()
+            self._owns_process_group = False
+
+    def _loop(self) -> dict[str, float]:
+        """Updates from `self.step` to the end of the plan (or of the time budget), logging, evaluating and
+        checkpointing on the way."""
+        cfg = self.config
         self.ddp_model.train()
         bar = tqdm(total=cfg.steps, initial=self.step, unit="step", dynamic_ncols=True,
                    disable=self.quiet or self.rank != 0 or not sys.stderr.isatty())
@@ -200,8 +196,7 @@ class Trainer:
                 lr = learning_rate(cfg, self.step + 1)
                 loss, tokens, grad_norm = self._update(lr)
                 self.step += 1
-                self._boundary_rng = rng_state()
-                self._updating = False
+                self._boundary_rng, self._updating = rng_state(), False
                 now = time.perf_counter()
                 self.elapsed_s = now - clock
                 self.train_seconds += now - started
@@ -222,9 +217,6 @@ class Trainer:
             raise
         finally:
             bar.close()
-            if self._owns_process_group:
-                dist.destroy_process_group()
-                self._owns_process_group = False
         return result
 
     def _out_of_time(self) -> bool:
@@ -257,9 +249,9 @@ class Trainer:
         record = {"step": self.step, **record, "train_seconds": self.train_seconds,
                   "elapsed_s": time.perf_counter() - clock}
         if self.rank == 0:
-            append_metrics(self.run_dir / METRICS_FILE, record)
+            append_metrics(self.run.metrics_file, record)
             if evaluated or last:
-                plot_losses(self.run_dir / METRICS_FILE, self.run_dir / PLOT_FILE)
+                plot_losses(self.run.metrics_file, self.run.plot_file)
             if evaluated and not self.quiet:
                 tqdm.write(progress_line(self.step, cfg.steps, record))
         return record
@@ -309,9 +301,9 @@ class Trainer:
         if len(self._bad_streak) < self.config.max_bad_steps:
             return
         if self.rank == 0:
-            append_metrics(self.run_dir / METRICS_FILE, {"step": self.step, "bad_steps": self.bad_steps,
+            append_metrics(self.run.metrics_file, {"step": self.step, "bad_steps": self.bad_steps,
                                                          "stopped": "non-finite loss or gradient"})
-        checkpoint = None if self._last_saved is None else (self.run_dir / CHECKPOINT_DIR, self._last_saved)
+        checkpoint = None if self._last_saved is None else (self.run.checkpoint_dir, self._last_saved)
         raise TrainingDiverged(diverged_message(self.config, what, self._bad_streak, checkpoint))
 
     def _tokens(self, i: int, batch: Batch) -> int | None:
@@ -375,10 +367,10 @@ class Trainer:
             # Other ranks are somewhere else, so no collective: their generator states are not saved.
             self.elapsed_s = time.perf_counter() - clock
             self._write([self._boundary_rng])
-        if (self.run_dir / METRICS_FILE).exists():
-            plot_losses(self.run_dir / METRICS_FILE, self.run_dir / PLOT_FILE)
+        if (self.run.metrics_file).exists():
+            plot_losses(self.run.metrics_file, self.run.plot_file)
         logger.warning("interrupted: saved the checkpoint of step %d in %s; continue with %s", self.step,
-                       self.run_dir / CHECKPOINT_DIR, spoken("`--resume`", "Trainer.resume(...)"))
+                       self.run.checkpoint_dir, spoken("`--resume`", "Trainer.resume(...)"))
 
     def _write(self, rng_states: list[dict]) -> None:
         check_finite_weights(self.model, self.config, self.step, self._last_saved)
@@ -389,6 +381,11 @@ class Trainer:
         write_checkpoint(self.run_dir, self.model, self.optimizer, state,
                          {f"rank{r}": s["torch"] for r, s in enumerate(rng_states)})
         self._last_saved = self.step
+
+    def _resume(self, checkpoint: Checkpoint) -> None:
+        """Continue `checkpoint`: its weights, optimizer, generators and progress, checked against the new plan."""
+        self._load(checkpoint)
+        self._plan_extension(checkpoint)
 
     def _load(self, checkpoint: Checkpoint) -> None:
         load_weights(self.model, checkpoint)
@@ -409,7 +406,9 @@ class Trainer:
             self._saved_rng = []  # generator states belong to ranks that no longer exist
         self.step, self.elapsed_s = checkpoint.step, float(checkpoint.state.get("elapsed_s", 0.0))
         self.train_seconds = float(checkpoint.state.get("train_seconds", self.elapsed_s))
-        self.extra_state = {**checkpoint.extra_state, **self.extra_state}
+        given = dict(self.extra_state)
+        self.extra_state.update(checkpoint.extra_state)
+        self.extra_state.update(given)  # what was given wins
         self.bad_steps = int(checkpoint.state.get("bad_steps", 0))
 
     def _plan_extension(self, checkpoint: Checkpoint) -> None:
@@ -442,7 +441,8 @@ class Trainer:
                 changed, step, self.config.steps, before, step, after, step + 1)
 
     def _start_rng(self) -> None:
-        """Seed a fresh run; restore the saved generators of a resumed one (reseed ranks that have none)."""
+        """Seed a fresh run; restore the saved generators of a resumed one (reseed ranks that have none). This is
+        the first update boundary: what a Ctrl-C before the first update saves."""
         seed = self.config.seed + self.rank
         if self._saved_rng is None:
             seed_everything(seed)
@@ -452,17 +452,8 @@ class Trainer:
             logger.warning("rank %d has no saved generator state (the checkpoint came from an interrupt or another "
                            "number of processes); reseeding, so dropout differs from an uninterrupted run", self.rank)
             seed_everything(seed + 1_000_003 * self.step)
-
-    def _prepare_run_dir(self) -> None:
-        if self._overwrite:
-            for path in run_files(self.run_dir):
-                shutil.rmtree(path) if path.is_dir() else path.unlink()
-            self._overwrite = False
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        metrics = self.run_dir / METRICS_FILE
-        if metrics.exists():  # drop records of steps after the checkpoint: they are about to be redone
-            kept = [r for r in read_metrics(metrics) if r["step"] <= self.step]
-            write_atomically(metrics, "".join(json.dumps(r) + "\n" for r in kept).encode())
+        self._boundary_rng, self._updating = rng_state(), False
+        self._last_saved = self.step if self._saved_rng is not None else None
 
 
 def _count_tokens(batch: Batch) -> int | None:

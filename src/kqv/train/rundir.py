@@ -1,0 +1,143 @@
+"""The one owner of a run directory during a training: its writer's lock, what it already holds, and its files.
+
+`RunDirectory.open(path, if_exists, rank=...)` is entered once per training, by the job (`Job.open_run`) or, for
+a `Trainer` given a plain path, by the Trainer itself. Entering it
+
+1. takes the writer's lock (`kqv.train.lock`) on rank 0, the only process that writes; other torchrun ranks read;
+2. looks once at the files of an earlier run (`run_files`) and decides: refuse (`if_exists="error"`), resume
+   (read and verify the checkpoint once: `checkpoint`, `step`) or overwrite (the files are deleted by `prepare`,
+   when training starts, so a run refused or failing before that leaves them in place);
+
+and leaving it closes the checkpoint and releases the lock. The Trainer neither locks nor decides: it loads
+`checkpoint` when there is one and calls `prepare(step)` on rank 0 before its first write.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Literal
+
+from ..errors import spoken
+from .checkpoints import CHECKPOINT_DIR, Checkpoint, has_checkpoint, read_checkpoint, run_files, write_atomically
+from .lock import hold_run_lock
+from .metrics import METRICS_FILE, PLOT_FILE, read_metrics
+from .runs import TOKENIZER_DIR
+
+logger = logging.getLogger(__name__)
+
+IfExists = Literal["error", "resume", "overwrite"]
+
+
+def process_rank() -> int:
+    """This process's rank under torchrun (its RANK variable when WORLD_SIZE > 1), else 0."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 0
+    return int(os.environ.get("RANK", "0"))
+
+
+class RunDirectory:
+    """A run directory opened for one training; build it with `RunDirectory.open`, not directly.
+
+    `checkpoint` is the verified checkpoint to resume from (None for a fresh run, or a resumed run that stopped
+    before its first checkpoint), `step` the update it was taken after (0 without one). `writes` is whether this
+    process writes files (rank 0).
+    """
+
+    def __init__(self, path: Path, if_exists: IfExists, rank: int, existing: list[Path],
+                 checkpoint: Checkpoint | None):
+        self.path, self.if_exists, self.rank = path, if_exists, rank
+        self.existing = existing  # the earlier run's files found when opening
+        self.checkpoint = checkpoint
+        self._overwrite_pending = bool(existing) and if_exists == "overwrite"
+
+    @classmethod
+    @contextmanager
+    def open(cls, path: str | Path, if_exists: IfExists = "error", *, rank: int | None = None
+             ) -> Iterator[RunDirectory]:
+        """The run directory at `path`, locked (rank 0) and inspected, for the block; see the module docstring.
+        Raises RunDirectoryBusy when another process writes into it and FileExistsError when it holds a run
+        and `if_exists` is "error"."""
+        if if_exists not in IfExists.__args__:
+            raise ValueError(f"if_exists must be one of {list(IfExists.__args__)}, got {if_exists!r}")
+        path, rank = Path(path), process_rank() if rank is None else rank
+        with ExitStack() as stack:
+            if rank == 0:
+                stack.enter_context(hold_run_lock(path))
+            existing = run_files(path)
+            _refuse(path, existing, if_exists)
+            checkpoint = None
+            if existing and if_exists == "resume":
+                checkpoint = read_checkpoint(path) if has_checkpoint(path) else None
+                if checkpoint is None:  # its metrics records are dropped by prepare()
+                    logger.warning("nothing to resume in %s: the run stopped before its first checkpoint; training "
+                                   "from step 0", path)
+                else:
+                    stack.callback(checkpoint.close)
+            yield cls(path, if_exists, rank, existing, checkpoint)
+
+    # -- what the opening found ------------------------------------------------------------------------------
+
+    @property
+    def resuming(self) -> bool:
+        """Whether training continues a checkpoint (then the run's tokenizer and data are complete: they are
+        written before the first checkpoint)."""
+        return self.checkpoint is not None
+
+    @property
+    def step(self) -> int:
+        """The update the resumed checkpoint was taken after; 0 for a fresh run."""
+        return self.checkpoint.step if self.checkpoint is not None else 0
+
+    @property
+    def writes(self) -> bool:
+        """Whether this process writes the run's files: rank 0 only, under torchrun."""
+        return self.rank == 0
+
+    # -- its files -------------------------------------------------------------------------------------------
+
+    @property
+    def metrics_file(self) -> Path:
+        return self.path / METRICS_FILE
+
+    @property
+    def plot_file(self) -> Path:
+        return self.path / PLOT_FILE
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.path / CHECKPOINT_DIR
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return self.path / TOKENIZER_DIR
+
+    # -- training starts -------------------------------------------------------------------------------------
+
+    def prepare(self, step: int) -> None:
+        """Make the directory ready for training from `step` (rank 0, when training starts): delete the earlier
+        run's files when overwriting, and drop metrics records of steps after `step`: they are about to be
+        redone."""
+        if self._overwrite_pending:
+            for path in run_files(self.path):
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+            self._overwrite_pending = False
+        self.path.mkdir(parents=True, exist_ok=True)
+        if self.metrics_file.exists():
+            kept = [r for r in read_metrics(self.metrics_file) if r["step"] <= step]
+            write_atomically(self.metrics_file, "".join(json.dumps(r) + "\n" for r in kept).encode())
+
+
+def _refuse(path: Path, existing: list[Path], if_exists: IfExists) -> None:
+    """FileExistsError when `path` holds a run and neither resuming nor overwriting was asked for."""
+    if existing and if_exists == "error":
+        resume = spoken("`--resume`", "if_exists='resume' or Trainer.resume(...)")
+        overwrite = spoken("`--overwrite`", "if_exists='overwrite'")
+        raise FileExistsError(
+            f"{path} already holds a run ({', '.join(p.name for p in existing)}); continue it with "
+            f"{resume}, start over with {overwrite} (deletes those files), or choose another directory")

@@ -1,0 +1,74 @@
+"""`kqv train` under torchrun: every rank runs the job, rank 0 alone locks and writes the run directory, and the
+run equals one process up to float rounding (tests/test_training.py checks the same for a bare Trainer)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kqv.cli.main import main
+from kqv.train.checkpoints import read_checkpoint
+from kqv.train.metrics import read_metrics
+from kqv.train.runs import read_summary
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+TINY_LM = """
+[data]
+tokenizer = "char"
+context = 16
+val_fraction = 0.2
+
+[model]
+d_model = 32
+n_heads = 2
+n_layers = 1
+d_ff = 64
+dropout = 0.0
+
+[train]
+steps = 3
+batch_size = 4
+lr = 1e-3
+warmup_steps = 1
+precision = "fp32"
+log_every = 1
+eval_every = 3
+eval_batches = 2
+checkpoint_every = 3
+
+[sample]
+prompt = "ROMEO:"
+count = 1
+max_new_tokens = 8
+"""
+
+
+def test_kqv_train_under_torchrun_with_two_processes_matches_one_process(tmp_path, capsys):
+    config, text = tmp_path / "tiny.toml", tmp_path / "t.txt"
+    config.write_text(TINY_LM)
+    text.write_text("ROMEO: to be, or not to be, that is the question; whether 'tis nobler in the mind\n" * 40)
+    common = ["train", "lm", "--config", str(config), "--data", str(text), "--quiet"]
+    assert main([*common, "--out", str(tmp_path / "one")]) == 0
+
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    env.update(PYTHONPATH=SRC, OMP_NUM_THREADS="1")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               "-m", "kqv.cli", *common, "--out", str(tmp_path / "ddp")]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "in use by another training process" not in done.stderr
+
+    ddp = tmp_path / "ddp"
+    assert {"run.toml", "tokenizer", "tokens.safetensors", "checkpoint", "metrics.jsonl", "samples.txt",
+            "summary.json"} <= {p.name for p in ddp.iterdir()}
+    assert read_checkpoint(ddp).step == 3 and read_checkpoint(ddp).state["world_size"] == 2
+    assert read_summary(ddp)["steps"] == 3
+    one, two = read_metrics(tmp_path / "one" / "metrics.jsonl"), read_metrics(ddp / "metrics.jsonl")
+    assert [r["step"] for r in two] == [1, 2, 3]  # rank 0 alone wrote the metrics
+    for key in ("train_loss", "val_loss"):
+        logged = [(a[key], b[key]) for a, b in zip(one, two) if key in a]
+        assert logged and all(key in b for b in two if key in one[b["step"] - 1])
+        assert [b for _, b in logged] == pytest.approx([a for a, _ in logged], abs=1e-5, rel=0)
