@@ -21,10 +21,10 @@ their ranges, each with a 400 that names the field and its valid range, before a
 from __future__ import annotations
 
 import math
+import re
 import socket
 from dataclasses import dataclass
-from typing import Any
-from urllib.parse import SplitResult, urlsplit
+from typing import Any, NamedTuple
 
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -32,6 +32,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 EVERY_INTERFACE = ("0.0.0.0", "::", "")
 DEFAULT_PORTS = {"http": 80, "https": 443}
+# a Host header, RFC 9110: a name or IPv4 address, or an IPv6 address in brackets, then an optional port
+AUTHORITY = re.compile(r"(?:\[(?P<v6>[0-9a-f:.]+)\]|(?P<name>[a-z0-9._-]+))(?::(?P<port>[0-9]{1,5}))?", re.IGNORECASE)
+
+
+class Authority(NamedTuple):
+    hostname: str  # lower case, an IPv6 address without its brackets
+    port: int | None
 
 
 def own_names(host: str) -> frozenset[str]:
@@ -42,26 +49,21 @@ def own_names(host: str) -> frozenset[str]:
     return frozenset(names)
 
 
-def authority(value: str, scheme: str = "http") -> SplitResult | None:
-    """A Host header (`name[:port]`, `[v6]:port`) parsed, or None when it is not one."""
-    if not value or any(c in value for c in "@/\\?# "):
+def authority(value: str) -> Authority | None:
+    """A Host header (`name`, `name:port`, `[v6]:port`) parsed, or None when it is not one."""
+    match = AUTHORITY.fullmatch(value)
+    if match is None:
         return None
-    try:
-        parsed = urlsplit(f"{scheme}://{value}")
-        parsed.port  # noqa: B018 -- raises ValueError for a port that is not a number in range
-    except ValueError:
-        return None
-    return parsed if parsed.hostname else None
+    return Authority((match["v6"] or match["name"]).lower(), int(match["port"]) if match["port"] else None)
 
 
-def same_origin(origin: str, scheme: str, host: SplitResult) -> bool:
-    """Whether an Origin header names the origin the request was sent to (scheme, host, port)."""
-    try:
-        parsed = urlsplit(origin)
-        port = parsed.port or DEFAULT_PORTS.get(parsed.scheme)
-    except ValueError:
-        return False
-    return (parsed.scheme, parsed.hostname, port) == (scheme, host.hostname, host.port or DEFAULT_PORTS.get(scheme))
+def same_origin(origin: str, scheme: str, host: Authority) -> bool:
+    """Whether an Origin header (`scheme://host[:port]`) names the origin the request was sent to."""
+    origin_scheme, _, rest = origin.partition("://")
+    parsed = authority(rest)
+    default = DEFAULT_PORTS.get(scheme)
+    return (parsed is not None and origin_scheme.lower() == scheme and parsed.hostname == host.hostname
+            and (parsed.port or default) == (host.port or default))
 
 
 class FrontDoor:
@@ -81,7 +83,7 @@ class FrontDoor:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         scheme, server = scope.get("scheme", "http"), scope.get("server") or ("", None)
         url = self.url(scheme, server[1])
-        host = authority(headers.get("host", ""), scheme)
+        host = authority(headers.get("host", ""))
         if host is None or host.hostname not in self.names | {str(server[0]).lower()}:
             return 421, (f"this explorer does not answer to the host {headers.get('host', '(none)')!r} (a page of "
                          f"another site may be trying to reach it); open it at {url}")
@@ -127,8 +129,8 @@ class Number:
         if self.text:
             return self.text
         kind = "an integer" if self.integer else "a number"
-        span = f"greater than {self.low:g} and at most {self.high:g}" if self.above_low else \
-            f"from {self.low:g} to {self.high:g}"
+        low, high = (f"{bound}" if isinstance(bound, int) else f"{bound:g}" for bound in (self.low, self.high))
+        span = f"greater than {low} and at most {high}" if self.above_low else f"from {low} to {high}"
         return f"{kind} {span}" + (" (or 0)" if self.zero else "")
 
 
