@@ -13,13 +13,13 @@ import torch
 
 pytest.importorskip("starlette")
 pytest.importorskip("httpx")
-from starlette.testclient import TestClient  # noqa: E402
+from explore_runs import train_run
+from starlette.testclient import TestClient
+from test_training import config, make_model, token_batches
 
-from explore_runs import train_run  # noqa: E402
-from kqv.explore.app import MAX_BODY_BYTES, create_app  # noqa: E402
-from kqv.train.metrics import append_metrics, plot_losses, read_metrics  # noqa: E402
-from kqv.train.trainer import Trainer  # noqa: E402
-from test_training import config, make_model, token_batches  # noqa: E402
+from kqv.explore.app import MAX_BODY_BYTES, create_app
+from kqv.train.metrics import append_metrics, plot_losses, read_metrics
+from kqv.train.trainer import Trainer
 
 
 def strict(text: str):
@@ -222,7 +222,8 @@ def test_every_answer_parses_as_strict_json(lm):
     assert r.status_code == 200 and lines[-1]["done"] and lines[-1]["options"]["temperature"] == 1e-3
 
 
-def test_non_finite_model_outputs_are_sent_as_null(runs):
+def test_non_finite_model_outputs_are_sent_as_null(runs, tmp_path):
+    from kqv.explore.export import write_standalone
     from kqv.explore.loading import load_subject
 
     subject = load_subject(runs["lm"], 24)
@@ -234,8 +235,11 @@ def test_non_finite_model_outputs_are_sent_as_null(runs):
     assert response.status_code == 200, response.text
     body = strict(response.text)
     assert all(entry["p"] is None for row in body["next_tokens"] for entry in row)
-    page = client.post("/api/export", json={"text": "To be"}).text
-    strict(page.split('<script id="kqv-data" type="application/json">')[1].split("</script>")[0])
+    inlined = lambda page: page.split('<script id="kqv-data" type="application/json">')[1].split("</script>")[0]
+    assert strict(inlined(client.post("/api/export", json={"text": "To be", "top_k": 2}).text))["analysis"] == body
+    saved = write_standalone(subject, "To be", tmp_path / "diverged.html")  # kqv explore RUN --html FILE
+    assert all(entry["p"] is None for row in strict(inlined(saved.read_text()))["analysis"]["next_tokens"]
+               for entry in row)
 
 
 # ---------------------------------------------------------------------------------------------------------------

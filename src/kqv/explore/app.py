@@ -36,9 +36,16 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ..errors import ConfigError
-from ..train.metrics import finite, strict_json
+from ..train.metrics import strict_json
 from .export import STATIC, standalone_page
-from .guard import ANALYZE_NUMBERS, CONTINUE_NUMBERS, LOOPBACK, FrontDoor, Number, check_numbers
+from .guard import (
+    ANALYZE_NUMBERS,
+    CONTINUE_NUMBERS,
+    LOOPBACK,
+    FrontDoor,
+    Number,
+    check_numbers,
+)
 from .loading import DEFAULT_MAX_TOKENS, load_subject
 from .subjects import Subject
 
@@ -177,7 +184,7 @@ def create_app(run: str | Path, max_tokens: int = DEFAULT_MAX_TOKENS, subject: S
         payload = await read_json(request, ANALYZE_NUMBERS)
         subject = await run_in_threadpool(explorer.subject)
         analysis = await run_in_threadpool(subject.analyze, payload)
-        page = standalone_page(finite(subject.info()), finite(analysis), payload)
+        page = standalone_page(subject.info(), analysis, payload)
         return Response(page, media_type="text/html",
                         headers={"Content-Disposition": 'attachment; filename="kqv-attention.html"'})
 
