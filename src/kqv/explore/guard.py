@@ -37,6 +37,8 @@ AUTHORITY = re.compile(r"(?:\[(?P<v6>[0-9a-f:.]+)\]|(?P<name>[a-z0-9._-]+))(?::(
 
 
 class Authority(NamedTuple):
+    """The host and port a request was sent to, from its Host header (or an Origin's)."""
+
     hostname: str  # lower case, an IPv6 address without its brackets
     port: int | None
 
