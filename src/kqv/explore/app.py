@@ -11,6 +11,11 @@
 Every error is JSON, {"error": message}, with a 4xx status for anything the request can fix (a missing run is 404,
 bad input 400, a body that is not JSON 400, an over-long body 413); a bug answers 500 with a message, never a
 traceback. The model is loaded on the first request, so a missing run is an answer, not a crash.
+
+Before any of that, the front door (kqv.explore.guard) answers only the explorer's own host names (421 for any
+other, against DNS rebinding) and its own page (403 for a cross-site request); a body is read only up to
+MAX_BODY_BYTES, and its numbers are checked (finite, in range) before a model runs. Every answer is strict JSON:
+a NaN or infinite number a model produces (e.g. the weights of a diverged run) is sent as null.
 """
 
 from __future__ import annotations
@@ -24,13 +29,23 @@ from typing import Any, Callable, Iterator
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ..errors import ConfigError
+from ..train.metrics import strict_json
 from .export import STATIC, standalone_page
+from .guard import (
+    ANALYZE_NUMBERS,
+    CONTINUE_NUMBERS,
+    LOOPBACK,
+    FrontDoor,
+    Number,
+    check_numbers,
+)
 from .loading import DEFAULT_MAX_TOKENS, load_subject
 from .subjects import Subject
 
@@ -39,6 +54,13 @@ MAX_BODY_BYTES = 1 << 20
 CONTENT_SECURITY_POLICY = ("default-src 'self'; img-src 'self' data: blob:; style-src 'self'; script-src 'self'; "
                            "connect-src 'self'")
 log = logging.getLogger("kqv.explore")
+
+
+class StrictJSONResponse(JSONResponse):
+    """Starlette's JSONResponse (which raises on NaN) with a non-finite number sent as null instead."""
+
+    def render(self, content: Any) -> bytes:
+        return strict_json(content, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
 class RequestError(ValueError):
@@ -67,7 +89,7 @@ def error_response(error: Exception) -> JSONResponse:
     if status == 500:
         log.exception("kqv explore: unexpected error", exc_info=error)
         message = f"internal error ({type(error).__name__}: {message}); please report it"
-    return JSONResponse({"error": message}, status_code=status)
+    return StrictJSONResponse({"error": message}, status_code=status)
 
 
 class Explorer:
@@ -84,18 +106,33 @@ class Explorer:
             return self._subject
 
 
-async def read_json(request: Request) -> dict[str, Any]:
-    body = await request.body()
-    if len(body) > MAX_BODY_BYTES:
-        raise RequestError(f"the request body is {len(body):,} bytes; at most {MAX_BODY_BYTES:,} are read", 413)
+async def read_body(request: Request) -> bytes:
+    """The body, read chunk by chunk and refused (413) as soon as it passes MAX_BODY_BYTES: the rest is never read."""
+    too_long = f"the request body is over {MAX_BODY_BYTES:,} bytes; at most {MAX_BODY_BYTES:,} are read"
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise RequestError(f"{too_long} (Content-Length: {int(declared):,})", 413)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise RequestError(too_long, 413)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_json(request: Request, numbers: dict[str, Number]) -> dict[str, Any]:
+    """The body as a JSON object whose numbers are all finite and the endpoint's options (`numbers`) in range."""
+    body = await read_body(request)
     try:
         payload = json.loads(body or b"null")
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+    except (ValueError, UnicodeDecodeError) as error:  # JSONDecodeError, or an integer of over 4,300 digits
         raise RequestError(f"the request body is not valid JSON ({error}); send an object like "
                            f'{{"text": "To be, or not to be"}}') from None
     if not isinstance(payload, dict):
         raise RequestError(f'the request body must be a JSON object like {{"text": "..."}}, got '
                            f"{type(payload).__name__}")
+    check_numbers(payload, numbers)
     return payload
 
 
@@ -115,34 +152,36 @@ def ndjson(lines: Iterator[dict[str, Any]]) -> Iterator[bytes]:
     """One JSON object per line; an error after the first line (the status is sent by then) is the last line."""
     try:
         for line in lines:
-            yield (json.dumps(line) + "\n").encode()
+            yield (strict_json(line) + "\n").encode()
     except Exception as error:  # noqa: BLE001
-        yield (json.dumps({"error": str(error), "status": status_of(error)}) + "\n").encode()
+        yield (strict_json({"error": str(error), "status": status_of(error)}) + "\n").encode()
 
 
-def create_app(run: str | Path, max_tokens: int = DEFAULT_MAX_TOKENS, subject: Subject | None = None) -> Starlette:
-    """The explorer app for `run` (a run directory, or `minilm`); `subject` skips loading (tests)."""
+def create_app(run: str | Path, max_tokens: int = DEFAULT_MAX_TOKENS, subject: Subject | None = None, *,
+               host: str = "127.0.0.1") -> Starlette:
+    """The explorer app for `run` (a run directory, or `minilm`); `subject` skips loading (tests). It answers the
+    loopback names and `host`, the address it listens on (kqv.explore.guard)."""
     explorer = Explorer(run, max_tokens, subject)
 
     async def index(request: Request) -> Response:
         return FileResponse(STATIC / "index.html", headers={"Content-Security-Policy": CONTENT_SECURITY_POLICY})
 
     async def info(request: Request) -> Response:
-        return JSONResponse((await run_in_threadpool(explorer.subject)).info())
+        return StrictJSONResponse((await run_in_threadpool(explorer.subject)).info())
 
     async def analyze(request: Request) -> Response:
-        payload = await read_json(request)
+        payload = await read_json(request, ANALYZE_NUMBERS)
         subject = await run_in_threadpool(explorer.subject)
-        return JSONResponse(await run_in_threadpool(subject.analyze, payload))
+        return StrictJSONResponse(await run_in_threadpool(subject.analyze, payload))
 
     async def continue_text(request: Request) -> Response:
-        payload = await read_json(request)
+        payload = await read_json(request, CONTINUE_NUMBERS)
         subject = await run_in_threadpool(explorer.subject)
         lines = await run_in_threadpool(subject.continuation, payload)  # checks the request before streaming
         return StreamingResponse(ndjson(lines), media_type="application/x-ndjson")
 
     async def export(request: Request) -> Response:
-        payload = await read_json(request)
+        payload = await read_json(request, ANALYZE_NUMBERS)
         subject = await run_in_threadpool(explorer.subject)
         analysis = await run_in_threadpool(subject.analyze, payload)
         page = standalone_page(subject.info(), analysis, payload)
@@ -150,7 +189,7 @@ def create_app(run: str | Path, max_tokens: int = DEFAULT_MAX_TOKENS, subject: S
                         headers={"Content-Disposition": 'attachment; filename="kqv-attention.html"'})
 
     async def http_error(request: Request, error: HTTPException) -> Response:
-        return JSONResponse({"error": f"{error.detail}: {request.method} {request.url.path}"},
+        return StrictJSONResponse({"error": f"{error.detail}: {request.method} {request.url.path}"},
                             status_code=error.status_code)
 
     routes = [Route("/", endpoint(index)), Route("/api/info", endpoint(info)),
@@ -158,10 +197,8 @@ def create_app(run: str | Path, max_tokens: int = DEFAULT_MAX_TOKENS, subject: S
               Route("/api/continue", endpoint(continue_text), methods=["POST"]),
               Route("/api/export", endpoint(export), methods=["POST"]),
               Mount("/static", StaticFiles(directory=STATIC), name="static")]
-    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
-
-
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error},
+                     middleware=[Middleware(FrontDoor, host=host)])
 
 
 class BackgroundServer:
@@ -228,4 +265,4 @@ def serve(run: str | Path, *, host: str = "127.0.0.1", port: int = 8765, open_br
         import webbrowser
 
         threading.Timer(1.0, webbrowser.open, (url,)).start()
-    uvicorn.run(create_app(run, max_tokens, subject), host=host, port=port, log_level="warning")
+    uvicorn.run(create_app(run, max_tokens, subject, host=host), host=host, port=port, log_level="warning")

@@ -3,9 +3,10 @@ opens from disk without a server (for sharing; `kqv explore RUN --html out.html 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
+
+from ..train.metrics import strict_json
 
 STATIC = Path(__file__).parent / "static"
 STYLE_TAG = '<link rel="stylesheet" href="/static/explore.css">'
@@ -25,7 +26,8 @@ def standalone_page(info: dict[str, Any], analysis: dict[str, Any], request: dic
     script = (STATIC / "explore.js").read_text(encoding="utf-8")
     if "</" in script:
         raise RuntimeError("explore.js contains '</', which would end an inlined <script> early")
-    data = json.dumps({"info": info, "analysis": analysis, "request": request}, separators=(",", ":"))
+    # strict JSON (a diverged run's NaN probabilities as null): the page's JSON.parse refuses NaN
+    data = strict_json({"info": info, "analysis": analysis, "request": request}, separators=(",", ":"))
     style = (STATIC / "explore.css").read_text(encoding="utf-8")
     return (page.replace(STYLE_TAG, f"<style>\n{inline_safe(style)}</style>")
             .replace(SCRIPT_TAG, f'<script id="kqv-data" type="application/json">{inline_safe(data)}</script>\n'

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -10,13 +11,36 @@ from typing import Any
 METRICS_FILE, PLOT_FILE = "metrics.jsonl", "loss.png"
 
 
+def finite(value: Any) -> Any:
+    """`value` (JSON-like: dicts, lists, numbers) with every NaN or infinite float replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(item) for item in value]
+    return value
+
+
+def strict_json(value: Any, **options: Any) -> str:
+    """JSON text that any parser reads: a NaN or infinite float, which JSON has no number for, is written as null
+    (Python's json would write the bare NaN / Infinity that JavaScript's JSON.parse and jq refuse)."""
+    try:
+        return json.dumps(value, allow_nan=False, **options)
+    except ValueError:  # the rare non-finite value: only then is the whole value walked
+        return json.dumps(finite(value), allow_nan=False, **options)
+
+
 def append_metrics(path: Path, record: dict[str, Any]) -> None:
+    """Append one record as a line of strict JSON: a non-finite loss (a diverged evaluation) is written as null."""
     with open(path, "a") as file:
-        file.write(json.dumps(record) + "\n")
+        file.write(strict_json(record) + "\n")
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a metrics.jsonl, skipping a line left incomplete by a crash."""
+    """The records of a metrics.jsonl, skipping a line left incomplete by a crash. A value written as null (not
+    finite) reads as None, which readers skip as they skip an absent value (`r.get("val_loss") is not None`);
+    files from before null was written, with bare NaN, still read (as float nan)."""
     records = []
     for line in Path(path).read_text().splitlines():
         try:
