@@ -14,7 +14,6 @@ and leaving it closes the checkpoint and releases the lock. The Trainer neither 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -26,7 +25,7 @@ from typing import Literal
 from ..errors import spoken
 from .checkpoints import CHECKPOINT_DIR, Checkpoint, has_checkpoint, read_checkpoint, run_files, write_atomically
 from .lock import hold_run_lock
-from .metrics import METRICS_FILE, PLOT_FILE, read_metrics
+from .metrics import METRICS_FILE, PLOT_FILE, read_metrics, strict_json
 from .runs import TOKENIZER_DIR
 
 logger = logging.getLogger(__name__)
@@ -130,7 +129,7 @@ class RunDirectory:
         self.path.mkdir(parents=True, exist_ok=True)
         if self.metrics_file.exists():
             kept = [r for r in read_metrics(self.metrics_file) if r["step"] <= step]
-            write_atomically(self.metrics_file, "".join(json.dumps(r) + "\n" for r in kept).encode())
+            write_atomically(self.metrics_file, "".join(strict_json(r) + "\n" for r in kept).encode())
 
 
 def _refuse(path: Path, existing: list[Path], if_exists: IfExists) -> None:
