@@ -48,7 +48,7 @@ PAPER = {
 
 @dataclass
 class Config(LMConfig):
-    """The sizes of the `position-extrapolation` experiment (`FULL` and `QUICK` below), checked by `check_config`."""
+    """The sizes of the `position-extrapolation` experiment (`FULL` and `QUICK` below), validated when made."""
 
     eval_lengths: tuple[int, ...] = (64, 128, 256, 512, 1024)
     eval_windows: int = 16  # windows of every evaluation length

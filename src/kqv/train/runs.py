@@ -114,11 +114,17 @@ def apply_override(values: dict[str, Any], override: str) -> None:
     section, dot, name = key.strip().partition(".")
     if not sep or not dot or not name:
         raise ConfigError(f"override {override!r} must look like section.key=value, e.g. train.steps=200")
+    values.setdefault(section, {})[name] = override_value(raw)
+
+
+def override_value(raw: str) -> Any:
+    """The value of a command-line override: TOML (`200`, `0.5`, `[64, 128]`, `"rope"`, `true`), else the bare
+    string (`data.path=input.txt`). Run configs (`--set section.key=value`) and experiments (`--set field=value`)
+    both read their values here."""
     try:
-        value = tomllib.loads(f"v = {raw}")["v"]
+        return tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
-        value = raw  # a bare string such as data.path=input.txt
-    values.setdefault(section, {})[name] = value
+        return raw
 
 
 def toml_text(values: dict[str, Any]) -> str:
