@@ -58,6 +58,8 @@ def test_a_module_whose_parts_do_not_fit_the_contract_is_refused():
         Experiment.of(_module_like(heads, QUICK=norm_placement.QUICK))
     with pytest.raises(ExperimentError, match="table must be functions"):
         Experiment.of(_module_like(heads, table="a table"))
+    with pytest.raises(ExperimentError, match="FIELDS must be a tuple of result keys"):
+        Experiment.of(_module_like(heads, FIELDS="arms"))
     with pytest.raises(ExperimentError, match="deriving from ExperimentConfig"):
         Experiment.of(_module_like(heads, Config=dict))
 

@@ -96,6 +96,8 @@ class Experiment:
             raise ExperimentError(f"experiment module {module.__name__} lacks {', '.join(missing)}: every experiment "
                                   f"module declares {', '.join(CONTRACT)} (see kqv.experiments.base)")
         parts = {field: getattr(module, part) for part, field in CONTRACT.items()}
+        if not isinstance(parts["fields"], (tuple, list)) or not all(isinstance(k, str) for k in parts["fields"]):
+            raise ExperimentError(f"experiment module {module.__name__}: FIELDS must be a tuple of result keys")
         parts["fields"] = tuple(parts["fields"])
         experiment = cls(**parts, module=module.__name__, notes=getattr(module, "notes", None))
         experiment._check_parts()
@@ -108,11 +110,10 @@ class Experiment:
         for size in ("full", "quick"):
             if not isinstance(getattr(self, size), self.config_class):
                 raise ExperimentError(f"{where}: {size.upper()} must be a {self.module}.Config")
-        callables = ("run", "table", "checks", "plots", "method")
-        not_callable = [part for part in callables if not callable(getattr(self, part))]
-        if not_callable or not all(isinstance(key, str) for key in self.fields):
-            raise ExperimentError(f"{where}: {', '.join(not_callable) or 'FIELDS'} must be "
-                                  f"{'functions' if not_callable else 'a tuple of result keys'}")
+        not_callable = [part for part in ("run", "table", "checks", "plots", "method")
+                        if not callable(getattr(self, part))]
+        if not_callable:
+            raise ExperimentError(f"{where}: {', '.join(not_callable)} must be functions")
 
     def config(self, quick: bool = False, overrides: Sequence[str] = ()) -> Any:
         """The FULL or QUICK config with `field=value` overrides applied and validated."""
