@@ -1,6 +1,7 @@
 """The experiment registry against the package's modules, the contract checked when a module is registered,
 `--set` overrides read and validated as run-config overrides are, and a diverging arm scored, not fatal."""
 
+import dataclasses
 import json
 import math
 import pkgutil
@@ -131,3 +132,22 @@ def test_a_diverging_arm_is_reported_and_scored_while_the_experiment_goes_on(tmp
     assert record["verdict"] == "holds in part"
     saved = json.loads((tmp_path / RESULTS_FILE).read_text())
     assert saved["results"]["arms"][norm_placement.arm_name("pre-LN", False, 1e6)]["diverged"] == [True]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# LMConfig -> ModelConfig, TrainConfig
+
+
+def test_lm_config_builds_the_model_and_train_configs_its_fields_declare():
+    from kqv import ModelConfig
+    from kqv.experiments.lm import MODEL_FIELDS, TRAIN_FIELDS, LMConfig
+    from kqv.train.config import TrainConfig
+
+    assert {f.name for f in dataclasses.fields(LMConfig)} == {*MODEL_FIELDS, *TRAIN_FIELDS, "seeds"}
+    setup = LMConfig(d_model=48, n_heads=3, n_layers=5, d_ff=96, context=24, position="alibi", batch_size=7, steps=90,
+                     lr=2e-3, warmup_steps=9, eval_every=45, eval_batches=3)
+    assert setup.model_config(65, n_layers=2) == ModelConfig(vocab_size=65, d_model=48, n_heads=3, n_layers=2, d_ff=96,
+                                                             max_len=24, position="alibi", dropout=0.0)
+    assert setup.train_config(4, lr=0.5) == TrainConfig(steps=90, batch_size=7, lr=0.5, warmup_steps=9,
+                                                        precision="fp32", eval_every=45, eval_batches=3,
+                                                        checkpoint_every=90, log_every=9, seed=4)
