@@ -31,7 +31,7 @@ from typing import Literal
 from ..data.bible import load_pairs
 from ..jobs.mt import load_run_config, prepare_data, spread
 from ..train.metrics import read_metrics
-from .base import Check, ExperimentConfig, ExperimentError, Progress, mean_std, pm
+from .base import Check, ExperimentConfig, Progress, mean_std, pm
 from .plotting import figure, save
 
 NAME = "rnn-vs-transformer"
