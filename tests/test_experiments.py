@@ -14,7 +14,7 @@ import torch
 import kqv
 from kqv.cli.main import main
 from kqv.experiments import ablations, get, names
-from kqv.experiments.base import Check, ExperimentError, apply_overrides, verdict
+from kqv.experiments.base import Check, ExperimentError, verdict, with_overrides
 from kqv.experiments.lm import head_statistics
 from kqv.experiments.runner import REPORT_FILE, RESULTS_FILE, checks_from_record
 from kqv.nn.cores import causal_mask
@@ -36,9 +36,9 @@ def test_quick_run_writes_results_plots_and_a_report_whose_verdict_its_numbers_i
     directory = quick_runs / name
     record = json.loads((directory / RESULTS_FILE).read_text())
     assert record["experiment"] == name and record["quick"] is True
-    assert record["config"] == json.loads(json.dumps(dataclasses.asdict(experiment.QUICK)))
-    assert set(experiment.FIELDS) <= set(record["results"]), "results.json lacks fields the experiment declares"
-    assert record["seeds"] == list(range(experiment.QUICK.seeds))
+    assert record["config"] == json.loads(json.dumps(dataclasses.asdict(experiment.quick)))
+    assert set(experiment.fields) <= set(record["results"]), "results.json lacks fields the experiment declares"
+    assert record["seeds"] == list(range(experiment.quick.seeds))
     assert {"torch", "numpy", "matplotlib", "python"} <= set(record["versions"])
     assert record["machine"]["cpus"] >= 1 and record["seconds"] > 0
     assert record["plots"], "an experiment draws at least one plot"
@@ -85,7 +85,7 @@ def test_list_names_every_experiment_with_its_claim(capsys):
     assert main(["experiment", "list"]) == 0
     out = capsys.readouterr().out
     for name in names():
-        assert name in out and get(name).CLAIM in out
+        assert name in out and get(name).claim in out
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -105,13 +105,13 @@ def test_bad_input_is_a_clear_error_with_exit_status_2(argv, message, capsys, tm
 
 
 def test_overrides_are_typed_and_validated():
-    config = get("parallelism").FULL
-    changed = apply_overrides(config, ["lengths=[64, 128]", "tokens=256", "threads=1"])
+    config = get("parallelism").full
+    changed = with_overrides(config, ["lengths=[64, 128]", "tokens=256", "threads=1"])
     assert changed.lengths == (64, 128) and changed.threads == (1,) and changed.tokens == 256
     with pytest.raises(ExperimentError, match="lengths must be positive"):
-        apply_overrides(config, ["lengths=[64, -128]"])
+        with_overrides(config, ["lengths=[64, -128]"])
     with pytest.raises(ValueError, match="multiple of every length"):
-        apply_overrides(config, ["tokens=100"])
+        with_overrides(config, ["tokens=100"])
 
 
 # ---------------------------------------------------------------------------------------------------------------

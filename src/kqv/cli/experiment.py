@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ def cmd_list(args: argparse.Namespace) -> None:
 
     width = max(map(len, names()))
     for name in names():
-        print(f"{name:<{width}}  {get(name).CLAIM}")
+        print(f"{name:<{width}}  {get(name).claim}")
 
 
 def cmd_run(args: argparse.Namespace) -> None:
@@ -49,8 +48,7 @@ def cmd_run(args: argparse.Namespace) -> None:
 
 def own_overrides(experiment, overrides: list[str]) -> list[str]:
     """The `field=value` overrides whose field the experiment's config has (for `run all`)."""
-    fields = {f.name for f in dataclasses.fields(experiment.FULL)}
-    return [o for o in overrides if o.partition("=")[0].strip() in fields]
+    return [o for o in overrides if o.partition("=")[0].strip() in experiment.options()]
 
 
 def cmd_gallery(args: argparse.Namespace) -> None:

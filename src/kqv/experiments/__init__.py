@@ -1,41 +1,46 @@
 """The lecture's argument as experiments: each module tests one claim and says whether it holds here.
 
 `kqv experiment list` names them; `kqv experiment run NAME [--quick]` runs one (see `kqv.experiments.runner`).
-The contract every experiment module follows is in `kqv.experiments.base`.
+The contract every experiment module follows is in `kqv.experiments.base`; `EXPERIMENTS` below is the registry:
+a new experiment is a module of this package with an entry there.
 """
 
 from __future__ import annotations
 
-import importlib
-
+from . import (depth_without_residuals, heads, long_attention, modifications, no_causal_mask, no_positions,
+               no_query_key_maps, norm_placement, parallelism, position_extrapolation, rnn_vs_transformer, scaling,
+               scaling_laws)
 from .base import Experiment, ExperimentError
 
-# command-line name -> module, in the order of the lecture's argument
-MODULES = {
-    "parallelism": "parallelism",
-    "scaling": "scaling",
-    "no-causal-mask": "no_causal_mask",
-    "no-positions": "no_positions",
-    "no-query-key-maps": "no_query_key_maps",
-    "heads": "heads",
-    "depth-without-residuals": "depth_without_residuals",
-    "rnn-vs-transformer": "rnn_vs_transformer",
+# command-line name -> experiment, in the order of the lecture's argument; each module's parts are checked here
+EXPERIMENTS: dict[str, Experiment] = {
+    "parallelism": Experiment.of(parallelism),
+    "scaling": Experiment.of(scaling),
+    "no-causal-mask": Experiment.of(no_causal_mask),
+    "no-positions": Experiment.of(no_positions),
+    "no-query-key-maps": Experiment.of(no_query_key_maps),
+    "heads": Experiment.of(heads),
+    "depth-without-residuals": Experiment.of(depth_without_residuals),
+    "rnn-vs-transformer": Experiment.of(rnn_vs_transformer),
     # part 2: which variant, and how it scales
-    "position-extrapolation": "position_extrapolation",
-    "norm-placement": "norm_placement",
-    "modifications": "modifications",
-    "scaling-laws": "scaling_laws",
-    "long-attention": "long_attention",
+    "position-extrapolation": Experiment.of(position_extrapolation),
+    "norm-placement": Experiment.of(norm_placement),
+    "modifications": Experiment.of(modifications),
+    "scaling-laws": Experiment.of(scaling_laws),
+    "long-attention": Experiment.of(long_attention),
 }
+
+# the modules of this package that are not experiments (tests check that every other module is registered)
+SUPPORT_MODULES = ("ablations", "base", "gallery", "lm", "plotting", "report", "runner")
 
 
 def names() -> list[str]:
-    return list(MODULES)
+    return list(EXPERIMENTS)
 
 
 def get(name: str) -> Experiment:
     """The experiment called `name`; an unknown name is an ExperimentError that lists the known ones."""
-    if name not in MODULES:
-        raise ExperimentError(f"unknown experiment {name!r}; the experiments are: {', '.join(MODULES)} "
+    if name not in EXPERIMENTS:
+        raise ExperimentError(f"unknown experiment {name!r}; the experiments are: {', '.join(EXPERIMENTS)} "
                               f"(see `kqv experiment list`)")
-    return Experiment(importlib.import_module(f"{__name__}.{MODULES[name]}"))
+    return EXPERIMENTS[name]

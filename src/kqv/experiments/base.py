@@ -5,11 +5,16 @@ Every experiment is one module of `kqv.experiments` holding:
 * a docstring that states the claim as the lecture makes it, and how the module tests it;
 * `NAME` (the command-line name), `CLAIM` (one line for `kqv experiment list`), `LECTURE` (the claim in the
   lecture's words, for the report) and `FIELDS` (the keys every results dict of the experiment has);
-* `Config`, a dataclass of sizes validated by `check_config`, and two instances: `FULL` and `QUICK`;
+* `Config`, a dataclass of sizes deriving from `ExperimentConfig` (so `kqv.validation` checks it: every field
+  against its annotation, every size positive), and two instances: `FULL` and `QUICK`;
 * `run(config, seeds, progress) -> dict`: trains and measures, returns every measured number (JSON-able);
 * `table(results) -> (columns, rows)`: the results table; `checks(results) -> list[Check]`: the verdict's
   parts, each with the threshold written in the module before anything ran; `plots(results, directory)`:
-  PNG files; `method(config) -> str`: how the claim was tested, in words, with the sizes used.
+  PNG files; `method(config) -> str`: how the claim was tested, in words, with the sizes used;
+* optionally `notes(results) -> str`: the results beside published figures, for the report and the gallery.
+
+`Experiment.of(module)` collects these parts into an `Experiment` and fails at once, naming the module and the
+missing parts, when one is not there; the registry `kqv.experiments.EXPERIMENTS` holds one per module.
 
 The verdict is never written by hand: `verdict(checks)` derives it from the checks, which derive from the
 numbers, so the test suite can recompute it from results.json alone.
@@ -18,19 +23,20 @@ numbers, so the test suite can recompute it from results.json alone.
 from __future__ import annotations
 
 import dataclasses
-import math
 import statistics
 import sys
 import time
-import tomllib
 import typing
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
-from typing import Any, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 from tqdm import tqdm
 
 from ..errors import ConfigError
+from ..train.runs import override_value
+from ..validation import Config, field_types
 
 
 class ExperimentError(ConfigError):
@@ -62,85 +68,114 @@ def verdict(checks: Sequence[Check]) -> str:
 
 @dataclass(frozen=True)
 class Experiment:
-    """An experiment module seen through its contract (see the module docstring of `kqv.experiments.base`)."""
+    """An experiment: the parts its module declares (see the module docstring of `kqv.experiments.base`).
 
-    module: ModuleType
+    Made by `Experiment.of(module)`, which checks that the module declares every part of the contract, so a
+    module that lacks one fails when the registry (`kqv.experiments.EXPERIMENTS`) is imported, not when used."""
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.module, name)
+    name: str
+    claim: str
+    lecture: str
+    fields: tuple[str, ...]
+    config_class: type[ExperimentConfig]
+    full: ExperimentConfig
+    quick: ExperimentConfig
+    run: Callable[[Any, list[int], Progress], dict]
+    table: Callable[[dict], tuple[list[str], list[list]]]
+    checks: Callable[[dict], list[Check]]
+    plots: Callable[[dict, Path], list]
+    method: Callable[[Any], str]
+    module: str  # the module's dotted name (the report points readers to its source)
+    notes: Callable[[dict], str] | None = None  # optional: the results beside published figures
 
-    @property
-    def description(self) -> str:
-        return (self.module.__doc__ or "").strip()
+    @classmethod
+    def of(cls, module: ModuleType) -> Experiment:
+        """The experiment `module` declares; an ExperimentError naming the module and every missing part if not."""
+        missing = [part for part in CONTRACT if not hasattr(module, part)]
+        if missing:
+            raise ExperimentError(f"experiment module {module.__name__} lacks {', '.join(missing)}: every experiment "
+                                  f"module declares {', '.join(CONTRACT)} (see kqv.experiments.base)")
+        parts = {field: getattr(module, part) for part, field in CONTRACT.items()}
+        if not isinstance(parts["fields"], (tuple, list)) or not all(isinstance(k, str) for k in parts["fields"]):
+            raise ExperimentError(f"experiment module {module.__name__}: FIELDS must be a tuple of result keys")
+        parts["fields"] = tuple(parts["fields"])
+        experiment = cls(**parts, module=module.__name__, notes=getattr(module, "notes", None))
+        experiment._check_parts()
+        return experiment
+
+    def _check_parts(self) -> None:
+        where = f"experiment module {self.module}"
+        if not (isinstance(self.config_class, type) and issubclass(self.config_class, ExperimentConfig)):
+            raise ExperimentError(f"{where}: Config must be a dataclass deriving from ExperimentConfig")
+        for size in ("full", "quick"):
+            if not isinstance(getattr(self, size), self.config_class):
+                raise ExperimentError(f"{where}: {size.upper()} must be a {self.module}.Config")
+        not_callable = [part for part in ("run", "table", "checks", "plots", "method")
+                        if not callable(getattr(self, part))]
+        if not_callable:
+            raise ExperimentError(f"{where}: {', '.join(not_callable)} must be functions")
 
     def config(self, quick: bool = False, overrides: Sequence[str] = ()) -> Any:
         """The FULL or QUICK config with `field=value` overrides applied and validated."""
-        return apply_overrides(self.QUICK if quick else self.FULL, overrides)
+        return with_overrides(self.quick if quick else self.full, overrides, self.name)
+
+    def options(self) -> list[str]:
+        """The names of the config's fields: what `--set FIELD=VALUE` can change."""
+        return [f.name for f in dataclasses.fields(self.config_class)]
+
+
+# module attribute -> Experiment field: the parts every experiment module declares (`notes` is optional)
+CONTRACT = {"NAME": "name", "CLAIM": "claim", "LECTURE": "lecture", "FIELDS": "fields", "Config": "config_class",
+            "FULL": "full", "QUICK": "quick", "run": "run", "table": "table", "checks": "checks", "plots": "plots",
+            "method": "method"}
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Configs: sizes are positive, overrides are typed
 
 
-def check_config(config: Any) -> None:
-    """Every int (or int in a tuple) must be >= 1 and every float finite and > 0: sizes, steps, rates, seeds.
+@dataclass
+class ExperimentConfig(Config):
+    """Base of every experiment's `Config`: fields checked against their annotations by `kqv.validation`, and
+    every size positive: each int (or int in a tuple) >= 1 and each float > 0 (sizes, steps, rates, seeds), a
+    tuple lists at least one value. A field named in the class's `ZERO_ALLOWED` may be 0."""
 
-    Call it from a config's `__post_init__`. A field whose name is in the config's `ZERO_ALLOWED` may be 0.
-    """
-    zero_allowed = getattr(config, "ZERO_ALLOWED", ())
-    for field in dataclasses.fields(config):
-        value = getattr(config, field.name)
-        values = value if isinstance(value, tuple) else (value,)
-        if not values:
-            raise ExperimentError(f"{field.name} must list at least one value")
-        for item in values:
-            if isinstance(item, bool) or isinstance(item, str):
-                continue
-            if not isinstance(item, (int, float)) or not math.isfinite(item):
-                raise ExperimentError(f"{field.name} must be a finite number, got {item!r}")
-            zero_ok = field.name in zero_allowed
-            if item < 0 or (item == 0 and not zero_ok):
-                raise ExperimentError(f"{field.name} must be {'>= 0' if zero_ok else 'positive'}, got {item!r} "
-                                      f"(in {type(config).__name__})")
+    ZERO_ALLOWED: ClassVar[tuple[str, ...]] = ()
+
+    def check(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            values = value if isinstance(value, tuple) else (value,)
+            if not values:
+                raise ExperimentError(f"{field.name} must list at least one value")
+            zero_ok = field.name in self.ZERO_ALLOWED
+            for item in values:
+                number = isinstance(item, (int, float)) and not isinstance(item, bool)
+                if number and (item < 0 or item == 0 and not zero_ok):
+                    raise ExperimentError(f"{field.name} must be {'>= 0' if zero_ok else 'positive'}, got {item!r} "
+                                          f"(in {type(self).__module__.rpartition('.')[2]}.{type(self).__name__})")
 
 
-def apply_overrides(config: Any, overrides: Sequence[str]) -> Any:
-    """A copy of `config` with `field=value` overrides (TOML values: `200`, `0.5`, `[64, 128]`, `"rope"`)."""
+def with_overrides(config: ExperimentConfig, overrides: Sequence[str], experiment: str = "") -> Any:
+    """A copy of `config` with `field=value` overrides, validated as any config is (`kqv.validation`).
+
+    Values are read as the run configs' overrides are (`kqv.train.runs.override_value`: TOML, else a bare string);
+    a single value given to a list field is a list of one."""
     changes: dict[str, Any] = {}
-    hints = typing.get_type_hints(type(config))
+    hints = {name: hint for name, hint in field_types(type(config)).items()
+             if name in {f.name for f in dataclasses.fields(config)}}
     for override in overrides:
         name, sep, raw = override.partition("=")
         name = name.strip()
         if not sep or not name:
             raise ExperimentError(f"--set {override!r} must look like field=value, e.g. --set steps=200")
         if name not in hints:
-            experiment = type(config).__module__.rpartition(".")[2]
-            raise ExperimentError(f"unknown option {name!r} for {experiment}; its options are "
-                                  f"{sorted(f.name for f in dataclasses.fields(config))}")
-        try:
-            value = tomllib.loads(f"v = {raw}")["v"]
-        except tomllib.TOMLDecodeError:
-            value = raw
-        changes[name] = _coerce(name, value, hints[name])
+            raise ExperimentError(f"unknown option {name!r} for {experiment or type(config).__module__}; its options "
+                                  f"are {sorted(f.name for f in dataclasses.fields(config))}")
+        value = override_value(raw)
+        listed = typing.get_origin(hints[name]) is tuple and not isinstance(value, list)
+        changes[name] = [value] if listed else value
     return dataclasses.replace(config, **changes)
-
-
-def _coerce(name: str, value: Any, expected: Any) -> Any:
-    origin = typing.get_origin(expected)
-    if origin is tuple:
-        item_type = typing.get_args(expected)[0]
-        items = value if isinstance(value, list) else [value]
-        return tuple(_coerce(name, item, item_type) for item in items)
-    if expected is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if origin is typing.Literal:
-        if value not in typing.get_args(expected):
-            raise ExperimentError(f"{name} must be one of {list(typing.get_args(expected))}, got {value!r}")
-        return value
-    wrong_type = isinstance(expected, type) and not isinstance(value, expected)
-    if wrong_type or (expected is int and isinstance(value, bool)):
-        raise ExperimentError(f"{name} must be {expected.__name__}, got {value!r}")
-    return value
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ FAIL_MARGIN = 0.1  # a run within this many nats of the unigram loss has learned
 
 @dataclass
 class Config(LMConfig):
-    """The sizes of the `depth-without-residuals` experiment (`FULL` and `QUICK` below), checked by `check_config`."""
+    """The sizes of the `depth-without-residuals` experiment (`FULL` and `QUICK` below), validated when made."""
 
     depths: tuple[int, ...] = (8, 16)
 

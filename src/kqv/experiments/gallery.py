@@ -64,7 +64,7 @@ def section(directory: Path, page_dir: Path) -> str:
 
 def beside_the_paper(record: dict) -> list[str]:
     """The experiment's notes on its results (the published figures it is compared with), when it has them."""
-    notes = getattr(get(record["experiment"]).module, "notes", None)
+    notes = get(record["experiment"]).notes
     return [notes(record["results"])] if notes is not None else []
 
 

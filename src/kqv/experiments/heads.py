@@ -29,7 +29,7 @@ FIELDS = ("heads", "arms")
 
 @dataclass
 class Config(LMConfig):
-    """The sizes of the `heads` experiment (`FULL` and `QUICK` below), checked by `check_config`."""
+    """The sizes of the `heads` experiment (`FULL` and `QUICK` below), validated when made."""
 
     head_counts: tuple[int, ...] = (1, 2, 4, 8)
     blocks: int = 4  # validation blocks the attention is measured on

@@ -23,8 +23,9 @@ from ..nn.config import ModelConfig, Position
 from ..nn.models import DecoderLM, count_parameters
 from ..train.config import TrainConfig
 from ..train.metrics import METRICS_FILE, read_metrics
+from ..train.nonfinite import TrainingDiverged
 from ..train.trainer import Trainer
-from .base import Progress, check_config
+from .base import ExperimentConfig, Progress
 
 VAL_SEED = 1_000_000_007  # validation blocks are drawn from this seed, whatever the training seed
 
@@ -56,8 +57,12 @@ def random_tokens(vocab_size: int, length: int, seed: int = 0) -> Corpus:
 
 
 @dataclass
-class LMConfig:
-    """Sizes of the small LM and its training; experiments subclass it to add their own fields."""
+class LMConfig(ExperimentConfig):
+    """Sizes of the small LM and its training; experiments subclass it to add their own fields.
+
+    `MODEL_FIELDS` and `TRAIN_FIELDS` below say which field sets which field of the ModelConfig and TrainConfig
+    every arm is built from; the rest of those configs is fixed for every experiment (`MODEL_FIXED`,
+    `TRAIN_FIXED`) or follows from the fields (`train_config`)."""
 
     d_model: int = 64
     n_heads: int = 4
@@ -73,25 +78,33 @@ class LMConfig:
     eval_batches: int = 8
     seeds: int = 3
 
-    def __post_init__(self) -> None:
-        check_config(self)
-
     def model_config(self, vocab_size: int, **changes: Any) -> ModelConfig:
-        values = dict(vocab_size=vocab_size, d_model=self.d_model, n_heads=self.n_heads, n_layers=self.n_layers,
-                      d_ff=self.d_ff, max_len=self.context, position=self.position, dropout=0.0)
-        return ModelConfig(**{**values, **changes})
+        """The arm's ModelConfig: the mapped fields, the fixed ones, then the arm's `changes`."""
+        values = {target: getattr(self, name) for name, target in MODEL_FIELDS.items()}
+        return ModelConfig(**{"vocab_size": vocab_size, **values, **MODEL_FIXED, **changes})
 
     def train_config(self, seed: int, **changes: Any) -> TrainConfig:
-        values = dict(steps=self.steps, batch_size=self.batch_size, lr=self.lr, warmup_steps=self.warmup_steps,
-                      precision="fp32", eval_every=self.eval_every, eval_batches=self.eval_batches,
-                      checkpoint_every=self.steps, log_every=max(1, self.eval_every // 5), seed=seed)
-        return TrainConfig(**{**values, **changes})
+        """The arm's TrainConfig: the mapped fields, the fixed ones, one checkpoint at the end, a train-loss
+        record five times per evaluation, then the arm's `changes`."""
+        values = {target: getattr(self, name) for name, target in TRAIN_FIELDS.items()}
+        derived = {"checkpoint_every": self.steps, "log_every": max(1, self.eval_every // 5), "seed": seed}
+        return TrainConfig(**{**values, **TRAIN_FIXED, **derived, **changes})
 
     def sizes(self) -> str:
         return (f"d_model {self.d_model}, {self.n_heads} heads, {self.n_layers} layers, d_ff {self.d_ff}, context "
                 f"{self.context}, {self.position} positions; {self.steps} steps of {self.batch_size} x {self.context} "
                 f"tokens, lr {self.lr:g} "
                 f"(AdamW, {self.warmup_steps} warm-up steps, cosine decay), fp32")
+
+
+# LMConfig field -> the ModelConfig / TrainConfig field it sets
+MODEL_FIELDS = {"d_model": "d_model", "n_heads": "n_heads", "n_layers": "n_layers", "d_ff": "d_ff",
+                "context": "max_len", "position": "position"}
+TRAIN_FIELDS = {"steps": "steps", "batch_size": "batch_size", "lr": "lr", "warmup_steps": "warmup_steps",
+                "eval_every": "eval_every", "eval_batches": "eval_batches"}
+# the same in every experiment: no dropout (short runs, and arms compared on the same batches), fp32
+MODEL_FIXED: dict[str, Any] = {"dropout": 0.0}
+TRAIN_FIXED: dict[str, Any] = {"precision": "fp32"}
 
 
 @dataclass
@@ -133,7 +146,8 @@ def train_lm(setup: LMConfig, seed: int, *, build: Callable[[ModelConfig], nn.Mo
              train_changes: dict[str, Any] | None = None) -> Trained:
     """Build `build(model_config)` with torch seeded by `seed`, train it, and return its curves.
 
-    A run whose loss becomes non-finite stops there and comes back with `diverged=True`."""
+    A run that diverges (the Trainer stops it with TrainingDiverged after `max_bad_steps` non-finite updates in a
+    row) comes back with `diverged=True` and the curves up to there, for the experiment to score."""
     corpus = corpus or shakespeare()
     torch.manual_seed(seed)
     model = build(setup.model_config(corpus.vocab_size, **(model_changes or {})))
@@ -146,7 +160,7 @@ def train_lm(setup: LMConfig, seed: int, *, build: Callable[[ModelConfig], nn.Mo
         diverged = False
         try:
             trainer.train()
-        except FloatingPointError:
+        except TrainingDiverged:
             diverged = True
         records = read_metrics(f"{run_dir}/{METRICS_FILE}") if trainer.step else []
     curve = lambda key: [(r["step"], r[key]) for r in records if r.get(key) is not None]

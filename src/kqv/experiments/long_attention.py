@@ -34,7 +34,7 @@ from ..nn.config import ModelConfig
 from ..nn.models import DecoderLM, count_parameters
 from ..train.config import TrainConfig
 from ..train.trainer import Trainer
-from .base import Check, Progress, check_config
+from .base import Check, ExperimentConfig, ExperimentError, Progress
 from .plotting import figure, save
 
 NAME = "long-attention"
@@ -52,8 +52,8 @@ def methods() -> tuple[str, ...]:
 
 
 @dataclass
-class Config:
-    """The sizes of the `long-attention` experiment (`FULL` and `QUICK` below), checked by `check_config`."""
+class Config(ExperimentConfig):
+    """The sizes of the `long-attention` experiment (`FULL` and `QUICK` below), validated when made."""
 
     lengths: tuple[int, ...] = (128, 256, 512)  # the curriculum: one model per core trained at each in turn
     steps: tuple[int, ...] = (250, 100, 60)
@@ -67,10 +67,11 @@ class Config:
     eval_sequences: int = 512
     seeds: int = 1
 
-    def __post_init__(self) -> None:
-        check_config(self)
+    def check(self) -> None:
+        super().check()
         if len(self.lengths) != len(self.steps):
-            raise ValueError(f"lengths and steps pair up: got {len(self.lengths)} lengths, {len(self.steps)} steps")
+            raise ExperimentError(f"lengths and steps pair up: got {len(self.lengths)} lengths, "
+                                  f"{len(self.steps)} steps")
 
     def model_config(self, method: str, max_len: int) -> ModelConfig:
         return ModelConfig(vocab_size=VOCAB, d_model=self.d_model, n_heads=2, n_layers=self.n_layers,

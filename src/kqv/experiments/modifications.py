@@ -47,7 +47,7 @@ def switch_available() -> bool:
 
 @dataclass
 class Config(LMConfig):
-    """The sizes of the `modifications` experiment (`FULL` and `QUICK` below), checked by `check_config`."""
+    """The sizes of the `modifications` experiment (`FULL` and `QUICK` below), validated when made."""
 
     pass
 

@@ -39,7 +39,7 @@ ARMS = {"causal": Arm(), "no mask": Arm(lambda config: peeking(DecoderLM(config)
 
 @dataclass
 class Config(LMConfig):
-    """The sizes of the `no-causal-mask` experiment (`FULL` and `QUICK` below), checked by `check_config`."""
+    """The sizes of the `no-causal-mask` experiment (`FULL` and `QUICK` below), validated when made."""
 
     control_steps: int = 150  # training steps on random tokens
     control_vocab: int = 64

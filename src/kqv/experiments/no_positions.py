@@ -39,7 +39,7 @@ MODELS = {"Encoder, no positions": ("encoder", "none"), "Encoder, learned positi
 
 @dataclass
 class Config(LMConfig):
-    """The sizes of the `no-positions` experiment (`FULL` and `QUICK` below), checked by `check_config`."""
+    """The sizes of the `no-positions` experiment (`FULL` and `QUICK` below), validated when made."""
 
     permutations: int = 20  # random permutations per seed for the equivariance test
 

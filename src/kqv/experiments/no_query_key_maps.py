@@ -33,7 +33,7 @@ ARMS = {"learned W_Q, W_K": Arm(), "x . x (no W_Q, W_K)": Arm(lambda config: wit
 
 @dataclass
 class Config(LMConfig):
-    """The sizes of the `no-query-key-maps` experiment (`FULL` and `QUICK` below), checked by `check_config`."""
+    """The sizes of the `no-query-key-maps` experiment (`FULL` and `QUICK` below), validated when made."""
 
     blocks: int = 4  # validation blocks the attention is measured on
 

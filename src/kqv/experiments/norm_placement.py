@@ -36,7 +36,7 @@ PAPER = ("Xiong et al. 2020, IWSLT14 De-En (BLEU curves of the paper's figures, 
 
 @dataclass
 class Config(LMConfig):
-    """The sizes of the `norm-placement` experiment (`FULL` and `QUICK` below), checked by `check_config`."""
+    """The sizes of the `norm-placement` experiment (`FULL` and `QUICK` below), validated when made."""
 
     lrs: tuple[float, ...] = (1e-3, 3e-3, 1e-2)
 

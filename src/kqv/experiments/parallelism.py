@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from ..nn.attention import MultiHeadAttention
 from ..nn.config import ModelConfig
-from .base import Check, Progress, check_config, pm
+from .base import Check, ExperimentConfig, ExperimentError, Progress, pm
 from .plotting import figure, save
 
 NAME = "parallelism"
@@ -40,8 +40,8 @@ FIELDS = ("lengths", "tokens", "threads", "lstm_ms", "attention_ms", "sequential
 
 
 @dataclass
-class Config:
-    """The sizes of the `parallelism` experiment (`FULL` and `QUICK` below), checked by `check_config`."""
+class Config(ExperimentConfig):
+    """The sizes of the `parallelism` experiment (`FULL` and `QUICK` below), validated when made."""
 
     d_model: int = 256
     n_heads: int = 4
@@ -51,10 +51,10 @@ class Config:
     threads: tuple[int, ...] = (1, 2)
     seeds: int = 3
 
-    def __post_init__(self) -> None:
-        check_config(self)
+    def check(self) -> None:
+        super().check()
         if any(self.tokens % n for n in self.lengths):
-            raise ValueError(f"tokens ({self.tokens}) must be a multiple of every length {list(self.lengths)}")
+            raise ExperimentError(f"tokens ({self.tokens}) must be a multiple of every length {list(self.lengths)}")
 
 
 FULL = Config()

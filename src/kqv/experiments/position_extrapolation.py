@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..errors import DataError
 from .base import Check, Progress, mean_std, pm
 from .lm import QUICK_LM, Arm, Corpus, LMConfig, Trained, shakespeare, train_arms
 from .plotting import figure, save
@@ -48,7 +49,7 @@ PAPER = {
 
 @dataclass
 class Config(LMConfig):
-    """The sizes of the `position-extrapolation` experiment (`FULL` and `QUICK` below), checked by `check_config`."""
+    """The sizes of the `position-extrapolation` experiment (`FULL` and `QUICK` below), validated when made."""
 
     eval_lengths: tuple[int, ...] = (64, 128, 256, 512, 1024)
     eval_windows: int = 16  # windows of every evaluation length
@@ -90,7 +91,7 @@ def run(config: Config, seeds: list[int], progress: Progress) -> dict:
         for length in config.eval_lengths:
             try:
                 results[str(length)] = window_losses(trained.model, corpus, length, config.eval_windows, config.tail)
-            except ValueError as error:  # learned positions past max_len: kqv's clear error
+            except DataError as error:  # learned positions past max_len: kqv's clear error
                 results[str(length)] = {"cannot": str(error).split(";")[0]}
         return {"eval": results}
 

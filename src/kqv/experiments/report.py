@@ -40,12 +40,11 @@ def write_report(record: dict[str, Any], experiment: Experiment) -> str:
         "## Results", markdown_table(record["table"]["columns"], record["table"]["rows"]),
         *[f"![{name}]({name})" for name in record["plots"]],
     ]
-    notes = getattr(experiment.module, "notes", None)
-    if notes is not None:
-        parts.append(notes(record["results"]))
+    if experiment.notes is not None:
+        parts.append(experiment.notes(record["results"]))
     parts += [f"## Verdict: {record['verdict']}",
               "Each check's threshold was written in the experiment module "
-              f"(`kqv/experiments/{experiment.module.__name__.rpartition('.')[2]}.py`) before it ran; the verdict "
+              f"(`kqv/experiments/{experiment.module.rpartition('.')[2]}.py`) before it ran; the verdict "
               "is 'holds' when every check holds, 'does not hold here' when none does, 'holds in part' otherwise.",
               markdown_table(["check", "threshold (fixed in advance)", "measured", "outcome"], checks)]
     return "\n\n".join(parts) + "\n"

@@ -31,7 +31,7 @@ from typing import Literal
 from ..data.bible import load_pairs
 from ..jobs.mt import load_run_config, prepare_data, spread
 from ..train.metrics import read_metrics
-from .base import Check, Progress, check_config, mean_std, pm
+from .base import Check, ExperimentConfig, Progress, mean_std, pm
 from .plotting import figure, save
 
 NAME = "rnn-vs-transformer"
@@ -57,8 +57,8 @@ SIZES = {  # model overrides on top of the packaged configs: "benchmark" keeps t
 
 
 @dataclass
-class Config:
-    """The sizes of the `rnn-vs-transformer` experiment (`FULL` and `QUICK` below), checked by `check_config`."""
+class Config(ExperimentConfig):
+    """The sizes of the `rnn-vs-transformer` experiment (`FULL` and `QUICK` below), validated when made."""
 
     minutes: float = 3.0  # training time of each model (evaluation excluded)
     pair: str = "de-en"
@@ -70,9 +70,6 @@ class Config:
     sizes: Literal["benchmark", "small", "tiny"] = "small"
     seeds: int = 1
     ZERO_ALLOWED = ("verses",)
-
-    def __post_init__(self) -> None:
-        check_config(self)
 
 
 FULL = Config(minutes=4.0, vocab_size=4000, eval_every=50, eval_sentences=100)

@@ -61,14 +61,14 @@ def run_experiment(name: str, *, quick: bool = False, seeds: int | None = None, 
 def write_results(experiment: Experiment, config: Any, results: dict[str, Any], directory: Path, *,
                   quick: bool, seconds: float, threads: int, load: tuple, command: str) -> dict[str, Any]:
     """Derive the checks, verdict, table and plots from `results` and write results.json and report.md."""
-    missing = [key for key in experiment.FIELDS if key not in results]
+    missing = [key for key in experiment.fields if key not in results]
     if missing:
-        raise RuntimeError(f"experiment {experiment.NAME} measured no {missing}: its run() breaks its contract")
+        raise RuntimeError(f"experiment {experiment.name} measured no {missing}: its run() breaks its contract")
     checks = experiment.checks(results)
     columns, rows = experiment.table(results)
     plots = [Path(p).name for p in experiment.plots(results, directory)]
     record = {
-        "experiment": experiment.NAME, "claim": experiment.CLAIM, "lecture": experiment.LECTURE,
+        "experiment": experiment.name, "claim": experiment.claim, "lecture": experiment.lecture,
         "quick": quick, "command": command,
         "config": dataclasses.asdict(config), "seeds": list(range(config.seeds)),
         "method": experiment.method(config), "results": results,

@@ -40,7 +40,7 @@ ARMS = {"scaled": Arm(), "unscaled": Arm(lambda config: without_scaling(DecoderL
 
 @dataclass
 class Config(LMConfig):
-    """The sizes of the `scaling` experiment (`FULL` and `QUICK` below), checked by `check_config`."""
+    """The sizes of the `scaling` experiment (`FULL` and `QUICK` below), validated when made."""
 
     dims: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024)
     samples: int = 20_000  # random (q, k) pairs per dimension for the variance

@@ -24,7 +24,7 @@ import numpy as np
 from scipy import optimize, stats
 
 from ..nn.models import count_parameters
-from .base import Check, Progress, check_config
+from .base import Check, ExperimentError, Progress
 from .lm import Arm, LMConfig, train_arms
 from .plotting import figure, save
 
@@ -40,18 +40,20 @@ PAPER = {"source": "Kaplan et al. 2020, 'Scaling Laws for Neural Language Models
 
 @dataclass
 class Config(LMConfig):
-    """The sizes of the `scaling-laws` experiment (`FULL` and `QUICK` below), checked by `check_config`."""
+    """The sizes of the `scaling-laws` experiment (`FULL` and `QUICK` below), validated when made."""
 
     widths: tuple[int, ...] = (32, 48, 64, 128, 192, 256)
     depths: tuple[int, ...] = (2, 3, 4, 3, 4, 6)
     head_dim: int = 16
 
-    def __post_init__(self) -> None:
-        check_config(self)
+    def check(self) -> None:
+        super().check()
         if len(self.widths) != len(self.depths):
-            raise ValueError(f"widths and depths pair up: got {len(self.widths)} widths and {len(self.depths)} depths")
+            raise ExperimentError(f"widths and depths pair up: got {len(self.widths)} widths and "
+                                  f"{len(self.depths)} depths")
         if any(w % self.head_dim for w in self.widths):
-            raise ValueError(f"every width must be a multiple of head_dim ({self.head_dim}), got {list(self.widths)}")
+            raise ExperimentError(f"every width must be a multiple of head_dim ({self.head_dim}), got "
+                                  f"{list(self.widths)}")
 
 
 FULL = Config(context=64, batch_size=32, steps=450, warmup_steps=45, eval_every=50, eval_batches=8, seeds=1)

@@ -123,16 +123,22 @@ def apply_override(values: dict[str, Any], override: str) -> None:
     section, *path = key.strip().split(".")
     if not sep or not path or not all(path):
         raise ConfigError(f"override {override!r} must look like section.key=value, e.g. train.steps=200")
-    try:
-        value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw  # a bare string such as data.path=input.txt
     table = values.setdefault(section, {})
     for name in path[:-1]:
         table = table.setdefault(name, {})
         if not isinstance(table, dict):
             raise ConfigError(f"override {override!r}: {section}.{name} is not a table of options")
-    table[path[-1]] = value
+    table[path[-1]] = override_value(raw)
+
+
+def override_value(raw: str) -> Any:
+    """The value of a command-line override: TOML (`200`, `0.5`, `[64, 128]`, `"rope"`, `true`), else the bare
+    string (`data.path=input.txt`). Run configs (`--set section.key=value`) and experiments (`--set field=value`)
+    both read their values here."""
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
 
 
 def toml_text(values: dict[str, Any]) -> str:
