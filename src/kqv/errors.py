@@ -30,8 +30,24 @@ class DataError(KqvError, ValueError):
     """Input data cannot be used: a corpus, a TSV file, a prompt, a sentence, token ids."""
 
 
+class DataTypeError(DataError, TypeError):
+    """Input data of the wrong type: token ids that are not an integer tensor, images that are not floats, ..."""
+
+
+class UnknownTokenError(DataError, KeyError):
+    """A token that the tokenizer's vocabulary does not have (a KeyError too, as a dict lookup would raise)."""
+
+    def __str__(self) -> str:  # KeyError's own str() would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
 class RunError(KqvError, ValueError):
     """A run directory cannot be used: incomplete, corrupt, written by another job, or not a kqv run."""
+
+
+class ConversionError(KqvError, ValueError):
+    """A model that kqv.interop cannot convert: an architecture or option with no kqv (or Hugging Face) counterpart,
+    or a checkpoint whose weights do not match its config."""
 
 
 class MissingResourceError(KqvError, RuntimeError):

@@ -6,13 +6,13 @@ from typing import Iterator
 
 import torch
 
-from ..errors import DataError
+from ..errors import ConfigError, DataError
 
 
 def _check_ids(ids: torch.Tensor) -> None:
     """Require a 1-D tensor of integer token ids."""
     if ids.dim() != 1 or ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-        raise ValueError(f"ids must be a 1-D integer tensor, got shape {tuple(ids.shape)} and dtype {ids.dtype}")
+        raise DataError(f"ids must be a 1-D integer tensor, got shape {tuple(ids.shape)} and dtype {ids.dtype}")
 
 
 def sample_batch(
@@ -26,7 +26,7 @@ def sample_batch(
     """
     _check_ids(ids)
     if batch_size < 1 or context < 1:
-        raise ValueError(f"batch_size and context must be positive, got {batch_size} and {context}")
+        raise ConfigError(f"batch_size and context must be positive, got {batch_size} and {context}")
     if len(ids) < context + 1:
         raise DataError(
             f"The data has {len(ids)} tokens, but a block of context {context} needs at least "
@@ -50,7 +50,7 @@ def iter_eval_batches(
     """
     _check_ids(ids)
     if batch_size < 1 or context < 1:
-        raise ValueError(f"batch_size and context must be positive, got {batch_size} and {context}")
+        raise ConfigError(f"batch_size and context must be positive, got {batch_size} and {context}")
     if len(ids) < 2:
         raise DataError(f"Evaluation needs at least 2 tokens (one input, one target), got {len(ids)}")
     ids = ids.long()

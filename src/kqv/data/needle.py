@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..errors import ConfigError
+
 VALUES = 8  # token ids 0..7 are the answers
 MARKER, QUERY = 8, 9
 FILLER = range(10, 64)
@@ -22,7 +24,7 @@ def needle_batch(batch: int, time: int, generator: torch.Generator) -> tuple[Ten
     """ids (batch, time), the query positions (batch, QUERIES) and the answers (batch,): filler, a needle
     [MARKER, value] in the first quarter, QUERY tokens at distinct places in the last quarter."""
     if time < 4 * QUERIES or time % 4:
-        raise ValueError(f"needle sequences need a length that is a multiple of 4 and at least {4 * QUERIES}, "
+        raise ConfigError(f"needle sequences need a length that is a multiple of 4 and at least {4 * QUERIES}, "
                          f"got {time}")
     ids = torch.randint(FILLER.start, FILLER.stop, (batch, time), generator=generator)
     answers = torch.randint(0, VALUES, (batch,), generator=generator)

@@ -254,7 +254,7 @@ def split_text(text: str, val_fraction: float = 0.1, n_chunks: int = 20) -> tupl
     if not 0.0 < val_fraction <= 0.5:
         raise ConfigError(f"val_fraction must be in (0, 0.5], got {val_fraction}")
     if n_chunks < 1:
-        raise ValueError(f"n_chunks must be at least 1, got {n_chunks}")
+        raise ConfigError(f"n_chunks must be at least 1, got {n_chunks}")
     spans = _val_spans(len(text), val_fraction, n_chunks)
     if not spans:
         raise DataError(f"A text of {len(text)} characters is too short to hold out {val_fraction:.0%} of it")

@@ -20,7 +20,7 @@ import torch
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from ..errors import ConfigError, DataError, RunError
+from ..errors import ConfigError, DataError, RunError, UnknownTokenError
 
 TOKENIZER_FILE = "tokenizer.json"
 METADATA_FILE = "kqv_tokenizer.json"
@@ -79,9 +79,9 @@ class CharTokenizer(Tokenizer):
 
     def __init__(self, chars: Sequence[str]) -> None:
         if not chars:
-            raise ValueError("A character tokenizer needs at least one character")
+            raise DataError("A character tokenizer needs at least one character")
         if len(set(chars)) != len(chars) or any(len(c) != 1 for c in chars):
-            raise ValueError("The vocabulary must be distinct single characters")
+            raise DataError("The vocabulary must be distinct single characters")
         self.chars = list(chars)
         self._ids = {char: i for i, char in enumerate(self.chars)}
 
@@ -115,7 +115,7 @@ class CharTokenizer(Tokenizer):
 
     def token_to_id(self, token: str) -> int:
         if token not in self._ids:
-            raise KeyError(f"{token!r} is not in this character tokenizer's vocabulary")
+            raise UnknownTokenError(f"{token!r} is not in this character tokenizer's vocabulary")
         return self._ids[token]
 
     def _save_vocabulary(self, directory: Path) -> dict[str, Any]:
@@ -183,7 +183,7 @@ class BPETokenizer(Tokenizer):
     def token_to_id(self, token: str) -> int:
         token_id = self.tokenizer.token_to_id(token)
         if token_id is None:
-            raise KeyError(f"{token!r} is not a token of this BPE tokenizer (special tokens: {self.special_tokens})")
+            raise UnknownTokenError(f"{token!r} is not a token of this BPE tokenizer (special tokens: {self.special_tokens})")
         return token_id
 
     def _save_vocabulary(self, directory: Path) -> dict[str, Any]:
@@ -210,9 +210,9 @@ def _check_special_tokens(special_tokens: Sequence[str]) -> list[str]:
     """Require distinct, non-empty special tokens."""
     special_tokens = list(special_tokens)
     if any(not isinstance(token, str) or not token for token in special_tokens):
-        raise ValueError(f"Special tokens must be non-empty strings, got {special_tokens}")
+        raise ConfigError(f"Special tokens must be non-empty strings, got {special_tokens}")
     if len(set(special_tokens)) != len(special_tokens):
-        raise ValueError(f"Special tokens must be distinct, got {special_tokens}")
+        raise ConfigError(f"Special tokens must be distinct, got {special_tokens}")
     return special_tokens
 
 
@@ -229,7 +229,7 @@ def make_tokenizer(
     """
     if kind == "char":
         if special_tokens:
-            raise ValueError("The 'char' tokenizer has no special tokens; use kind='bpe' for them")
+            raise ConfigError("The 'char' tokenizer has no special tokens; use kind='bpe' for them")
         return CharTokenizer.train(text)
     if kind == "bpe":
         if vocab_size is None:

@@ -59,7 +59,7 @@ class Check:
 def verdict(checks: Sequence[Check]) -> str:
     """'holds' when every check holds, 'does not hold here' when none does, 'holds in part' otherwise."""
     if not checks:
-        raise ValueError("a verdict needs at least one check")
+        raise ExperimentError("a verdict needs at least one check")
     passed = sum(check.holds for check in checks)
     if passed == len(checks):
         return "holds"

@@ -31,7 +31,7 @@ from typing import Literal
 from ..data.bible import load_pairs
 from ..jobs.mt import load_run_config, prepare_data, spread
 from ..train.metrics import read_metrics
-from .base import Check, ExperimentConfig, Progress, mean_std, pm
+from .base import Check, ExperimentConfig, ExperimentError, Progress, mean_std, pm
 from .plotting import figure, save
 
 NAME = "rnn-vs-transformer"
@@ -110,7 +110,7 @@ def side_by_side(out: Path, common: list[str], per_model: dict[str, list[str]] |
     configs = {kind: load_run_config(packaged_mt_config(name), common + per_model.get(kind, []))
                for kind, name in MODELS.items()}
     if configs["transformer"].data != configs["lstm"].data:
-        raise ValueError("the two MT configs must share their [data] section")
+        raise ExperimentError("the two MT configs must share their [data] section")
     prepare_data(configs["transformer"], out / "data", reuse=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
            "TOKENIZERS_PARALLELISM": "false"}

@@ -29,6 +29,8 @@ from typing import Any, NamedTuple
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ..errors import DataError
+
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 EVERY_INTERFACE = ("0.0.0.0", "::", "")
 DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -165,9 +167,9 @@ def check_numbers(payload: dict[str, Any], numbers: dict[str, Number]) -> None:
         name, value = found
         shown = "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
         valid = numbers[name].describe() if name in numbers else "a finite number"
-        raise ValueError(f"{name} is {shown}, which is not a JSON number (nor is one too large for a float, such "
+        raise DataError(f"{name} is {shown}, which is not a JSON number (nor is one too large for a float, such "
                          f"as 1e400): {name} must be {valid}")
     for name, number in numbers.items():
         value = payload.get(name)
         if value is not None and not number.allows(value):
-            raise ValueError(f"{name} must be {number.describe()}, got {value!r}")
+            raise DataError(f"{name} must be {number.describe()}, got {value!r}")

@@ -8,6 +8,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
+from ..errors import ConversionError
 from ..nn.config import ModelConfig
 from ..nn.heads import MaskedLM
 from ..nn.models import DecoderLM, Encoder, EncoderDecoder
@@ -85,7 +86,7 @@ def gpt2_mapping(config: ModelConfig, hf_config: Any) -> Mapping:
 def bert_config(c: Any) -> ModelConfig:
     require(c, "BERT", position_embedding_type="absolute", is_decoder=False, add_cross_attention=False)
     if c.type_vocab_size < 1:
-        raise ValueError(f"kqv folds BERT's token type 0 into its positions, so it needs type_vocab_size >= 1, "
+        raise ConversionError(f"kqv folds BERT's token type 0 into its positions, so it needs type_vocab_size >= 1, "
                          f"got {c.type_vocab_size}")
     return ModelConfig(
         vocab_size=c.vocab_size, d_model=c.hidden_size, n_heads=c.num_attention_heads,
@@ -178,7 +179,7 @@ def seq2seq_config(c: Any, name: str) -> ModelConfig:
     for encoder_option, decoder_option in (("encoder_attention_heads", "decoder_attention_heads"),
                                            ("encoder_ffn_dim", "decoder_ffn_dim")):
         if getattr(c, encoder_option) != getattr(c, decoder_option):
-            raise ValueError(f"kqv cannot represent {name} with {encoder_option}={getattr(c, encoder_option)} and "
+            raise ConversionError(f"kqv cannot represent {name} with {encoder_option}={getattr(c, encoder_option)} and "
                              f"{decoder_option}={getattr(c, decoder_option)}: kqv's encoder and decoder share one "
                              f"{'n_heads' if 'heads' in encoder_option else 'd_ff'}")
     shared = c.share_encoder_decoder_embeddings if marian else True
@@ -221,7 +222,7 @@ def seq2seq_config_to_hf(c: ModelConfig, base: dict[str, Any], target: str) -> d
             not separate or base.get("share_encoder_decoder_embeddings", False))
         values |= {"decoder_vocab_size": c.target_vocab_size, "share_encoder_decoder_embeddings": share}
     elif separate and (c.tie_embeddings or c.tgt_vocab_size != c.vocab_size):
-        raise ValueError(f"a kqv model with tgt_vocab_size={c.tgt_vocab_size} and tie_embeddings="
+        raise ConversionError(f"a kqv model with tgt_vocab_size={c.tgt_vocab_size} and tie_embeddings="
                          f"{c.tie_embeddings} cannot become a {target}, which has one vocabulary and ties encoder, "
                          f"decoder and output embeddings all or none (tgt_vocab_size=None, or tie_embeddings=False)")
     return values

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..errors import ConfigTypeError, ConversionError
 from ..nn.config import ModelConfig
 from .architectures import ARCHITECTURES
 from .rules import Architecture, HFOrigin, require_kqv
@@ -38,7 +39,7 @@ def from_hf(source: nn.Module | str | Path) -> nn.Module:
         hf_config, weights = source.config, source.state_dict()
         class_names = [type(source).__name__]
     else:
-        raise TypeError(f"from_hf takes a Hugging Face model or a directory path, got {type(source).__name__}")
+        raise ConfigTypeError(f"from_hf takes a Hugging Face model or a directory path, got {type(source).__name__}")
     arch = architecture(hf_config, class_names)
     config = arch.config_from_hf(hf_config)
     mapping = arch.mapping(config, hf_config)
@@ -117,7 +118,7 @@ def read_hf_directory(path: str | Path) -> tuple[Any, dict[str, Tensor]]:
     """(Hugging Face config, weights by name) from a local model directory; safetensors only, no network."""
     path = Path(path)
     if not (path / "config.json").is_file():
-        raise ValueError(f"{path} is not a Hugging Face model directory: it has no config.json")
+        raise ConversionError(f"{path} is not a Hugging Face model directory: it has no config.json")
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
@@ -131,7 +132,7 @@ def read_hf_directory(path: str | Path) -> tuple[Any, dict[str, Tensor]]:
     else:
         pickles = sorted(p.name for p in path.glob("*.bin"))
         found = f"only {', '.join(pickles)}, which is a pickle" if pickles else "no weights"
-        raise ValueError(
+        raise ConversionError(
             f"{path} has {found}; kqv reads model.safetensors only, because unpickling a checkpoint can run "
             f"arbitrary code. Convert it where you trust the file: "
             f"AutoModel.from_pretrained(path).save_pretrained(path, safe_serialization=True)"
@@ -152,7 +153,7 @@ def architecture(hf_config: Any, class_names: list[str] | None = None) -> Archit
                    if name not in ARCHITECTURES or ARCHITECTURES[name].model_type != model_type]
     if not of_type or unsupported:
         what = ", ".join(unsupported) if unsupported else f"model_type {model_type!r}"
-        raise ValueError(f"kqv.interop cannot convert {what}; supported architectures: {supported()}")
+        raise ConversionError(f"kqv.interop cannot convert {what}; supported architectures: {supported()}")
     return ARCHITECTURES[class_names[0]] if class_names else of_type[0]
 
 
@@ -161,11 +162,11 @@ def export_architecture(model: nn.Module, name: str | None) -> Architecture:
     candidates = [a for a in ARCHITECTURES.values() if type(model) is a.kqv_class]
     if not candidates:
         kinds = sorted({a.kqv_class.__name__ for a in ARCHITECTURES.values()})
-        raise ValueError(f"to_hf converts kqv models of the classes {kinds}, not {type(model).__name__}; "
+        raise ConversionError(f"to_hf converts kqv models of the classes {kinds}, not {type(model).__name__}; "
                          f"supported architectures: {supported()}")
     if name is not None:
         if name not in [a.hf_class for a in candidates]:
-            raise ValueError(f"a kqv.{type(model).__name__} cannot become a {name}; it can become "
+            raise ConversionError(f"a kqv.{type(model).__name__} cannot become a {name}; it can become "
                              f"{' or '.join(a.hf_class for a in candidates)}")
         return ARCHITECTURES[name]
     origin = getattr(model, "hf_origin", None)
@@ -177,7 +178,7 @@ def export_architecture(model: nn.Module, name: str | None) -> Architecture:
             return arch
         except ValueError as error:
             reasons.append(str(error))
-    raise ValueError("; ".join(reasons))
+    raise ConversionError("; ".join(reasons))
 
 
 def build_hf_config(arch: Architecture, config: ModelConfig, base: dict[str, Any], options: dict[str, Any]) -> Any:
@@ -208,7 +209,7 @@ class HFWeights:
 
     def take(self, name: str) -> Tensor:
         if name not in self.weights:
-            raise ValueError(f"the checkpoint has no weight {name!r}; does it match its config?")
+            raise ConversionError(f"the checkpoint has no weight {name!r}; does it match its config?")
         tensor = self.weights.pop(name)
         return tensor.to(torch.get_default_dtype()) if tensor.is_floating_point() else tensor
 
@@ -221,13 +222,13 @@ class HFWeights:
     def check_all_used(self, ignored: tuple[str, ...]) -> None:
         left = sorted(n for n in self.weights if not any(re.fullmatch(p, n) for p in ignored))
         if left:
-            raise ValueError(f"the checkpoint has weights kqv has no place for: {left[:8]}"
+            raise ConversionError(f"the checkpoint has weights kqv has no place for: {left[:8]}"
                              f"{' ...' if len(left) > 8 else ''}")
 
 
 def check_computed(name: str, tensor: Tensor, expected: Tensor) -> None:
     if tensor.shape != expected.shape or not torch.allclose(tensor, expected, atol=1e-3):
-        raise ValueError(f"the checkpoint's {name} is not the fixed table kqv computes (shape {tuple(tensor.shape)}, "
+        raise ConversionError(f"the checkpoint's {name} is not the fixed table kqv computes (shape {tuple(tensor.shape)}, "
                          f"expected {tuple(expected.shape)}); kqv cannot represent a changed one")
 
 
@@ -255,4 +256,4 @@ def check_all_exported(model: nn.Module, kqv_state: dict[str, Tensor], exported:
     groups = tied_groups(model)
     left = sorted(name for name in kqv_state if not groups[name] & exported)
     if left:
-        raise ValueError(f"the kqv model has weights {left[:8]} that a {hf_class} has no place for")
+        raise ConversionError(f"the kqv model has weights {left[:8]} that a {hf_class} has no place for")

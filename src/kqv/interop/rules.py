@@ -10,6 +10,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
+from ..errors import ConversionError
 from ..nn.config import ModelConfig
 
 # Hugging Face activation names (`ACT2FN` keys) that kqv computes exactly, up to float rounding.
@@ -102,7 +103,7 @@ class Architecture:
 
 def hf_activation(name: str, option: str) -> str:
     if name not in HF_ACTIVATIONS:
-        raise ValueError(f"{option}={name!r} is not an activation kqv has; supported: {sorted(HF_ACTIVATIONS)}")
+        raise ConversionError(f"{option}={name!r} is not an activation kqv has; supported: {sorted(HF_ACTIVATIONS)}")
     return HF_ACTIVATIONS[name]
 
 
@@ -111,7 +112,7 @@ def activation_to_hf(activation: str, base_name: str | None, target: str) -> str
     if base_name is not None and HF_ACTIVATIONS.get(base_name) == activation:
         return base_name
     if activation not in KQV_TO_HF_ACTIVATION:
-        raise ValueError(f"a kqv model with activation={activation!r} cannot become a {target}, whose feed-forward "
+        raise ConversionError(f"a kqv model with activation={activation!r} cannot become a {target}, whose feed-forward "
                          f"network is not gated; it needs one of {sorted(KQV_TO_HF_ACTIVATION)}")
     return KQV_TO_HF_ACTIVATION[activation]
 
@@ -121,7 +122,7 @@ def require(hf_config: Any, architecture_name: str, **expected: Any) -> None:
     wrong = {k: getattr(hf_config, k) for k, v in expected.items() if getattr(hf_config, k, v) != v}
     if wrong:
         need = ", ".join(f"{k}={expected[k]!r}" for k in wrong)
-        raise ValueError(f"kqv cannot represent {architecture_name} with {wrong}; it needs {need}")
+        raise ConversionError(f"kqv cannot represent {architecture_name} with {wrong}; it needs {need}")
 
 
 def require_kqv(config: ModelConfig, target: str, **expected: Any) -> None:
@@ -130,7 +131,7 @@ def require_kqv(config: ModelConfig, target: str, **expected: Any) -> None:
     if wrong:
         have = ", ".join(f"{k}={v!r}" for k, v in wrong.items())
         need = ", ".join(f"{k}={expected[k]!r}" for k in wrong)
-        raise ValueError(f"a kqv model with {have} cannot become a {target}, which needs {need}")
+        raise ConversionError(f"a kqv model with {have} cannot become a {target}, which needs {need}")
 
 
 def dropouts(base: dict[str, Any], config: ModelConfig, *names: str) -> dict[str, float]:

@@ -17,6 +17,7 @@ from typing import Callable, Literal
 import torch
 from torch import Tensor, nn
 
+from ..errors import ConfigError, DataError
 from .config import ModelConfig
 from .cores import (AttentionCore, FullAttention, causal_mask, fused_attention, padding_mask, padding_of,
                     scaled_dot_product_attention)
@@ -90,7 +91,7 @@ class Attention(nn.Module):
         key_dim = key_dim or query_dim
         if score == "dot":
             if query_dim != key_dim:
-                raise ValueError(f"dot-product scores need query_dim == key_dim, got {query_dim} and {key_dim}; "
+                raise ConfigError(f"dot-product scores need query_dim == key_dim, got {query_dim} and {key_dim}; "
                                  f"use score='multiplicative' for different sizes")
             self.score = DotScore()
         elif score == "multiplicative":
@@ -100,7 +101,7 @@ class Attention(nn.Module):
         elif score == "additive":
             self.score = AdditiveScore(query_dim, key_dim, hidden or query_dim)
         else:
-            raise ValueError(f"unknown score {score!r}; choose one of 'dot', 'multiplicative', 'reduced_rank', "
+            raise ConfigError(f"unknown score {score!r}; choose one of 'dot', 'multiplicative', 'reduced_rank', "
                              f"'additive'")
 
     def forward(self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -239,7 +240,7 @@ class MultiHeadAttention(nn.Module):
             if cache is not None and cache.keys is not None:
                 return cache.keys, cache.values
             if memory is None:
-                raise ValueError("cross-attention needs the encoder memory")
+                raise DataError("cross-attention needs the encoder memory")
             keys, values = self.project_keys_values(memory)
             if cache is not None:
                 cache.store(keys, values)

@@ -5,15 +5,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..errors import DataError
+from ..errors import DataError, DataTypeError
 from .attention import padding_mask
 
 
 def check_ids(ids: Tensor, vocab_size: int, name: str = "ids") -> None:
     if not isinstance(ids, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
+        raise DataTypeError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
     if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-        raise TypeError(f"{name} must be an integer tensor (torch.long), got {ids.dtype}")
+        raise DataTypeError(f"{name} must be an integer tensor (torch.long), got {ids.dtype}")
     if ids.dim() != 2:
         hint = f"; add a batch dimension with {name}[None]" if ids.dim() == 1 else ""
         raise DataError(f"{name} must have shape (batch, time), got {tuple(ids.shape)}{hint}")
@@ -32,7 +32,7 @@ def check_attention_mask(attention_mask: Tensor | None, ids: Tensor, past: int =
     if attention_mask is None:
         return None
     if not isinstance(attention_mask, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(attention_mask).__name__}")
+        raise DataTypeError(f"{name} must be a torch.Tensor, got {type(attention_mask).__name__}")
     expected = (ids.shape[0], past + ids.shape[1])
     if tuple(attention_mask.shape) != expected:
         raise DataError(f"{name} must have shape (batch, time) = {expected} to match the ids, "

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import ConfigError, DataError
 from .blockwise import blockwise_attention
 from .config import Blockwise, ModelConfig
 from .dropout import dropout as apply_dropout
@@ -205,10 +206,10 @@ class PaddingOnlyCore(AttentionCore):
                q_pos: Tensor, mask: Tensor | None, causal: bool, dropout: float,
                need_weights: bool) -> tuple[Tensor, Tensor | None]:
         if need_weights:
-            raise ValueError(f"attention weights exist only for attention='full': {self.name} never scores every "
+            raise ConfigError(f"attention weights exist only for attention='full': {self.name} never scores every "
                              f"(query, key) pair")
         key_padding = padding_of(mask, queries.shape[0])
         if mask is not None and key_padding is None:
-            raise ValueError(f"{self.name} takes padding masks, (batch, 1, 1, k_time), only; got a mask of shape "
+            raise DataError(f"{self.name} takes padding masks, (batch, 1, 1, k_time), only; got a mask of shape "
                              f"{tuple(mask.shape)}")
         return self(queries, keys, values, causal=causal, key_padding=key_padding), None

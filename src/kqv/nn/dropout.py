@@ -14,13 +14,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import ConfigError
+
 _LEVELS = 1 << 16  # a 16-bit draw per element: p is rounded to a multiple of 2^-16
 
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     """Zero each element of x with probability p and scale the rest by 1 / (1 - p) (identity unless training)."""
     if not 0.0 <= p <= 1.0:
-        raise ValueError(f"dropout probability must be between 0 and 1, got {p}")
+        raise ConfigError(f"dropout probability must be between 0 and 1, got {p}")
     if not training or p == 0.0:
         return x
     if x.device.type != "cpu" or p == 1.0 or not x.is_floating_point():

@@ -83,12 +83,12 @@ class PromptLayout:
 def check_left_padding(attention_mask: Tensor, ids: Tensor) -> None:
     if not isinstance(attention_mask, Tensor) or tuple(attention_mask.shape) != tuple(ids.shape):
         shape = tuple(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
-        raise ValueError(f"attention_mask must have the shape of the prompts {tuple(ids.shape)}, got {shape}")
+        raise DataError(f"attention_mask must have the shape of the prompts {tuple(ids.shape)}, got {shape}")
     keep = attention_mask.long()
     if not ((keep == 0) | (keep == 1)).all():
-        raise ValueError("attention_mask must contain only 1 (token) and 0 (padding)")
+        raise DataError("attention_mask must contain only 1 (token) and 0 (padding)")
     if (keep.diff(dim=1) < 0).any() or (keep[:, -1] == 0).any():
-        raise ValueError("generation takes prompts padded on the left (0 0 1 1 1): every row must end with its "
+        raise DataError("generation takes prompts padded on the left (0 0 1 1 1): every row must end with its "
                      "prompt's last token, where the new tokens follow")
 
 
@@ -104,7 +104,7 @@ def in_dtype(model: nn.Module, dtype: torch.dtype | None) -> nn.Module:
     if dtype is None or all(p.dtype == dtype for p in model.parameters()):
         return model
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating-point torch.dtype such as torch.bfloat16, or torch.qint8, "
+        raise ConfigError(f"dtype must be a floating-point torch.dtype such as torch.bfloat16, or torch.qint8, "
                          f"got {dtype!r}")
     return copy.deepcopy(model).to(dtype)
 

@@ -20,6 +20,7 @@ from typing import Literal
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import ConfigError, DataError
 from .config import ModelConfig
 from .dropout import Dropout
 from .experts import with_auxiliary_loss
@@ -59,9 +60,9 @@ class ClassificationHead(nn.Module):
     def __init__(self, config: ModelConfig, n_classes: int, pooling: Pooling = "first"):
         super().__init__()
         if pooling not in ("first", "mean"):
-            raise ValueError(f"pooling must be 'first' (BERT's [CLS] token) or 'mean', got {pooling!r}")
+            raise ConfigError(f"pooling must be 'first' (BERT's [CLS] token) or 'mean', got {pooling!r}")
         if not isinstance(n_classes, int) or n_classes < 2:
-            raise ValueError(f"n_classes must be an integer of at least 2, got {n_classes!r}")
+            raise ConfigError(f"n_classes must be an integer of at least 2, got {n_classes!r}")
         self.pooling = pooling
         self.dropout = Dropout(config.dropout)
         self.to_classes = nn.Linear(config.d_model, n_classes)
@@ -95,7 +96,7 @@ class MaskedLM(nn.Module):
         if targets is None:
             return self.head(hidden)
         if targets.shape != ids.shape:
-            raise ValueError(f"targets must have shape {tuple(ids.shape)} like the ids, got {tuple(targets.shape)}")
+            raise DataError(f"targets must have shape {tuple(ids.shape)} like the ids, got {tuple(targets.shape)}")
         masked = targets != -100
         loss = lm_loss(self.head(hidden[masked]), targets[masked])  # (n_masked, vocab) against (n_masked,)
         return with_auxiliary_loss(self, loss)
@@ -118,6 +119,6 @@ class SequenceClassifier(nn.Module):
         if labels is None:
             return logits
         if labels.shape != logits.shape[:1]:
-            raise ValueError(f"labels must have shape ({logits.shape[0]},), one label per sequence, "
+            raise DataError(f"labels must have shape ({logits.shape[0]},), one label per sequence, "
                              f"got {tuple(labels.shape)}")
         return with_auxiliary_loss(self, F.cross_entropy(logits.float(), labels))

@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..errors import ConfigError, DataError
+
 BLOCK_LOGITS = 1 << 20  # logits per block: 4 MB in fp32, well inside a CPU's last-level cache
 
 
@@ -26,10 +28,10 @@ def linear_cross_entropy(hidden: Tensor, head: nn.Linear, targets: Tensor, *, la
     hidden (..., d_model); targets (...) class ids, `ignore_index` where there is no target.
     """
     if targets.shape != hidden.shape[:-1]:
-        raise ValueError(f"targets must have shape {tuple(hidden.shape[:-1])}, one per position, got "
+        raise DataError(f"targets must have shape {tuple(hidden.shape[:-1])}, one per position, got "
                          f"{tuple(targets.shape)}")
     if not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"label_smoothing must be between 0 and 1, got {label_smoothing}")
+        raise ConfigError(f"label_smoothing must be between 0 and 1, got {label_smoothing}")
     dtype = torch.get_autocast_dtype("cpu") if hidden.device.type == "cpu" and torch.is_autocast_enabled("cpu") \
         else hidden.dtype
     return _LinearCrossEntropy.apply(hidden.flatten(0, -2), head.weight, head.bias, targets.flatten(),

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import DataError
 from .attention import KVCache, padding_mask
 from .checks import check_attention_mask, check_ids
 from .config import ModelConfig
@@ -232,7 +233,7 @@ class EncoderDecoder(nn.Module):
 def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
     """Mean cross-entropy of next-token predictions; targets of -100 are ignored (padding)."""
     if targets.shape != logits.shape[:-1]:
-        raise ValueError(f"targets must have shape {tuple(logits.shape[:-1])} like the ids, got {tuple(targets.shape)}")
+        raise DataError(f"targets must have shape {tuple(logits.shape[:-1])} like the ids, got {tuple(targets.shape)}")
     return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten(), ignore_index=-100)
 
 

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from ..errors import DataError
+from ..errors import DataError, DataTypeError
 from ..errors import ConfigError
 from ..validation import Config, check_positive
 from .attention import Attention, Score
@@ -217,7 +217,7 @@ class RNNStepper:
 
 def _check_ids(ids: Tensor, vocab_size: int, name: str) -> None:
     if not isinstance(ids, Tensor) or ids.dtype.is_floating_point or ids.dtype == torch.bool:
-        raise TypeError(f"{name} must be an integer tensor of token ids, got "
+        raise DataTypeError(f"{name} must be an integer tensor of token ids, got "
                         f"{ids.dtype if isinstance(ids, Tensor) else type(ids).__name__}")
     if ids.dim() != 2 or ids.numel() == 0:
         raise DataError(f"{name} must have shape (batch, time) with time >= 1, got {tuple(ids.shape)}")

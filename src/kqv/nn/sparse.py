@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import ConfigError, DataError
 from .config import ModelConfig
 from .cores import PaddingOnlyCore
 
@@ -49,7 +50,7 @@ class LinformerProjection(nn.Module):
     def forward(self, time: int) -> tuple[Tensor, Tensor]:
         """(E, F) for an input of `time` positions, each (heads | 1, time, k)."""
         if time > self.max_len:
-            raise ValueError(f"Linformer projects at most max_len={self.max_len} positions, got {time}; "
+            raise DataError(f"Linformer projects at most max_len={self.max_len} positions, got {time}; "
                              f"build it with a larger max_len or use BigBird or blockwise attention")
         keys = self.keys[:, :time]
         return keys, keys if self.values is None else self.values[:, :time]
@@ -186,7 +187,7 @@ class BigBirdAttention(PaddingOnlyCore):
                  seed: int = 0):
         super().__init__()
         if block <= 0 or window < 0 or global_blocks < 0 or random_blocks < 0:
-            raise ValueError(f"BigBird needs block > 0 and window, global_blocks, random_blocks >= 0, got "
+            raise ConfigError(f"BigBird needs block > 0 and window, global_blocks, random_blocks >= 0, got "
                              f"{(block, window, global_blocks, random_blocks)}")
         self.block, self.window, self.global_blocks, self.random_blocks, self.seed = (
             block, window, global_blocks, random_blocks, seed)
@@ -204,7 +205,7 @@ class BigBirdAttention(PaddingOnlyCore):
         batch, _, q_time, head_dim = queries.shape
         time = keys.shape[2]
         if q_time > time or (q_time < time and not causal):
-            raise ValueError(f"BigBird is self-attention over one sequence: got {q_time} queries and {time} keys "
+            raise DataError(f"BigBird is self-attention over one sequence: got {q_time} queries and {time} keys "
                              f"(fewer queries than keys only when causal, for decoding with a cache)")
         b = self.block
         n_blocks = -(-time // b)

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import ConfigError, DataError, DataTypeError
 from .config import ModelConfig
 from .dropout import Dropout
 from .experts import with_auxiliary_loss
@@ -30,27 +31,27 @@ ImageShape = tuple[int, int, int]  # (channels, height, width)
 def check_image_shape(image_shape: ImageShape, patch_size: int) -> None:
     """A clear error unless the image is (channels, height, width) of positive sizes that patches tile exactly."""
     if len(image_shape) != 3 or not all(isinstance(n, int) and n > 0 for n in image_shape):
-        raise ValueError(f"image_shape must be (channels, height, width) of positive integers, got {image_shape!r}")
+        raise ConfigError(f"image_shape must be (channels, height, width) of positive integers, got {image_shape!r}")
     if not isinstance(patch_size, int) or patch_size < 1:
-        raise ValueError(f"patch_size must be a positive integer, got {patch_size!r}")
+        raise ConfigError(f"patch_size must be a positive integer, got {patch_size!r}")
     _, height, width = image_shape
     if height % patch_size or width % patch_size:
         fits = [p for p in range(1, min(height, width) + 1) if height % p == 0 and width % p == 0]
-        raise ValueError(f"patch_size {patch_size} does not tile a {height}x{width} image; choose one of {fits}")
+        raise ConfigError(f"patch_size {patch_size} does not tile a {height}x{width} image; choose one of {fits}")
 
 
 def check_images(images: Tensor, image_shape: ImageShape) -> None:
     """A clear error unless `images` is a float tensor (batch, channels, height, width) of the expected shape."""
     if not isinstance(images, Tensor):
-        raise TypeError(f"images must be a torch.Tensor, got {type(images).__name__}")
+        raise DataTypeError(f"images must be a torch.Tensor, got {type(images).__name__}")
     if not images.dtype.is_floating_point:
-        raise TypeError(f"images must hold floating-point pixel values, got {images.dtype}; convert them, e.g. "
+        raise DataTypeError(f"images must hold floating-point pixel values, got {images.dtype}; convert them, e.g. "
                         f"images.float() / 255")
     expected = "(batch, channels, height, width) = (batch, {}, {}, {})".format(*image_shape)
     if images.dim() != 4 or tuple(images.shape[1:]) != tuple(image_shape) or images.shape[0] == 0:
         missing_channel = images.dim() == 3 and image_shape[0] == 1 and tuple(images.shape[1:]) == image_shape[1:]
         hint = "; add the channel dimension with images[:, None]" if missing_channel else ""
-        raise ValueError(f"images must have shape {expected}, got {tuple(images.shape)}{hint}")
+        raise DataError(f"images must have shape {expected}, got {tuple(images.shape)}{hint}")
 
 
 def extract_patches(images: Tensor, patch_size: int) -> Tensor:
@@ -101,7 +102,7 @@ class ViT(Encoder):
     def __init__(self, config: ModelConfig, image_shape: ImageShape, patch_size: int, n_classes: int):
         patches = PatchEmbedding(image_shape, patch_size, config.d_model)
         if config.position == "learned" and patches.n_patches + 1 > config.max_len:
-            raise ValueError(f"a {image_shape[1]}x{image_shape[2]} image in {patch_size}x{patch_size} patches is "
+            raise ConfigError(f"a {image_shape[1]}x{image_shape[2]} image in {patch_size}x{patch_size} patches is "
                              f"{patches.n_patches} patches + [CLS], more than max_len={config.max_len} learned "
                              f"positions; raise max_len to {patches.n_patches + 1} or enlarge the patches")
         super().__init__(config, tokens=patches)
@@ -120,7 +121,7 @@ class ViT(Encoder):
     def run(self, images: Tensor, attention_mask: Tensor | None = None,
             need_weights: bool = False) -> tuple[Tensor, list]:
         if attention_mask is not None:
-            raise ValueError("a ViT reads whole images: there is no padding, so no attention_mask")
+            raise DataError("a ViT reads whole images: there is no padding, so no attention_mask")
         positions = torch.arange(1 + self.patches.n_patches, device=self.patches.cls.device)
         return self.encode(self.embeddings(images, positions), None, need_weights)
 
@@ -173,5 +174,5 @@ def classify(logits: Tensor, labels: Tensor | None) -> Tensor:
     if labels is None:
         return logits
     if labels.shape != logits.shape[:1]:
-        raise ValueError(f"labels must have shape ({logits.shape[0]},), one class per image, got {tuple(labels.shape)}")
+        raise DataError(f"labels must have shape ({logits.shape[0]},), one class per image, got {tuple(labels.shape)}")
     return F.cross_entropy(logits.float(), labels)

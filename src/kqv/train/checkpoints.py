@@ -191,9 +191,9 @@ def _parse_state(text: bytes, path: Path) -> tuple[dict, int, TrainConfig, dict,
         step, config = state["step"], TrainConfig.from_dict(_trainer_options(state["config"]))
         digests, extra_state = dict(state["files"]), state["extra_state"]
         if state["format"] != FORMAT:
-            raise ValueError(f"format {state['format']} is not {FORMAT}")
+            raise RunError(f"format {state['format']} is not {FORMAT}")
         if set(digests) - {MODEL_FILE, OPTIMIZER_FILE, RNG_FILE}:
-            raise ValueError(f"unknown files {sorted(set(digests) - {MODEL_FILE, OPTIMIZER_FILE, RNG_FILE})}")
+            raise RunError(f"unknown files {sorted(set(digests) - {MODEL_FILE, OPTIMIZER_FILE, RNG_FILE})}")
     except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as error:
         raise RunError(f"{path / STATE_FILE} is corrupt or not a kqv checkpoint ({error}); {remedy(path)}") from None
     return state, step, config, extra_state, digests

@@ -8,6 +8,8 @@ from typing import Any
 import torch.distributed as dist
 from torch import Tensor
 
+from ..errors import DataError
+
 Batch = Any
 
 
@@ -27,7 +29,7 @@ def slice_batch(batch: Batch, rank: int, world_size: int, batch_size: int) -> Ba
         return batch
     if isinstance(batch, Tensor):
         if batch.dim() == 0 or batch.shape[0] != batch_size:
-            raise ValueError(f"under torchrun every tensor in a batch is split along dim 0, which must be "
+            raise DataError(f"under torchrun every tensor in a batch is split along dim 0, which must be "
                              f"batch_size={batch_size}; got a tensor of shape {tuple(batch.shape)}")
         rows = batch_size // world_size
         return batch[rank * rows:(rank + 1) * rows]

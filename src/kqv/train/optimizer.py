@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import ConfigError
 from .config import TrainConfig
 
 
@@ -37,7 +38,7 @@ def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
     """AdamW over `parameter_groups`; the fused CPU kernel when possible (about 4x faster than foreach)."""
     groups = [g for g in parameter_groups(model, config.weight_decay) if g["params"]]
     if not groups:
-        raise ValueError("the model has no trainable parameters")
+        raise ConfigError("the model has no trainable parameters")
     fused = all(p.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16)
                 for g in groups for p in g["params"])
     return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, fused=fused or None)

@@ -19,6 +19,8 @@ import os
 
 import torch
 
+from ..errors import ConfigError
+
 Precision = Literal["fp32", "bf16", "auto"]
 KERNEL_CACHE_CAPACITY = 64  # a bf16 step of the quick MT Transformer builds 45 kernels (ONEDNN_VERBOSE=2)
 
@@ -34,7 +36,7 @@ def resolve_precision(precision: Precision) -> Literal["fp32", "bf16"]:
     if precision == "auto":
         return "bf16" if native_bf16() else "fp32"
     if precision not in ("fp32", "bf16"):
-        raise ValueError(f"precision must be 'fp32', 'bf16' or 'auto', got {precision!r}")
+        raise ConfigError(f"precision must be 'fp32', 'bf16' or 'auto', got {precision!r}")
     return precision
 
 

@@ -22,7 +22,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Literal
 
-from ..errors import spoken
+from ..errors import ConfigError, spoken
 from .checkpoints import CHECKPOINT_DIR, Checkpoint, has_checkpoint, read_checkpoint, run_files, write_atomically
 from .lock import hold_run_lock
 from .metrics import METRICS_FILE, PLOT_FILE, read_metrics, strict_json
@@ -63,7 +63,7 @@ class RunDirectory:
         Raises RunDirectoryBusy when another process writes into it and FileExistsError when it holds a run
         and `if_exists` is "error"."""
         if if_exists not in IfExists.__args__:
-            raise ValueError(f"if_exists must be one of {list(IfExists.__args__)}, got {if_exists!r}")
+            raise ConfigError(f"if_exists must be one of {list(IfExists.__args__)}, got {if_exists!r}")
         path, rank = Path(path), process_rank() if rank is None else rank
         with ExitStack() as stack:
             if rank == 0:

@@ -52,7 +52,7 @@ from safetensors.torch import load as safetensors_load
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from ..errors import ConfigError, RunError, spoken
+from ..errors import ConfigError, ConfigTypeError, RunError, spoken
 from ..nn.experts import routing_metrics
 from .checkpoints import (FORMAT, OPTIMIZER_FILE, RNG_FILE, STATE_FILE, Checkpoint, load_weights, read_checkpoint,
                           rng_from_json, rng_state, rng_to_json, seed_everything, set_rng_state, write_checkpoint)
@@ -94,13 +94,13 @@ class Trainer:
                  tokens_per_batch: int | Callable[[int], int] | None = None,
                  if_exists: IfExists = "error", quiet: bool = False):
         if not isinstance(config, TrainConfig):
-            raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+            raise ConfigTypeError(f"config must be a TrainConfig, got {type(config).__name__}")
         if if_exists not in IfExists.__args__:
-            raise ValueError(f"if_exists must be one of {list(IfExists.__args__)}, got {if_exists!r}")
+            raise ConfigError(f"if_exists must be one of {list(IfExists.__args__)}, got {if_exists!r}")
         try:
             json.dumps(extra_state)
         except (TypeError, ValueError) as error:
-            raise TypeError(f"extra_state must be JSON-serialisable (it goes into {STATE_FILE}): {error}") from None
+            raise ConfigTypeError(f"extra_state must be JSON-serialisable (it goes into {STATE_FILE}): {error}") from None
         bound_kernel_caches()  # before the first bf16 kernel is built
         self.model, self.config = model, config
         self.train_batches, self.loss_fn, self.val_batches, self.eval_fn = train_batches, loss_fn, val_batches, eval_fn
@@ -328,7 +328,7 @@ class Trainer:
                         try:
                             metrics[name] = float(value)
                         except (TypeError, ValueError):
-                            raise TypeError(f"eval_fn must return numbers, got {name}={value!r}") from None
+                            raise ConfigTypeError(f"eval_fn must return numbers, got {name}={value!r}") from None
         finally:
             self.ddp_model.train()
             set_rng_state(rng)
@@ -423,7 +423,7 @@ class Trainer:
         """
         saved, step = checkpoint.config, checkpoint.step
         if self.config.steps < step:
-            raise ValueError(f"the run in {self.run_dir} is already at step {step}, past the {self.config.steps} "
+            raise ConfigError(f"the run in {self.run_dir} is already at step {step}, past the {self.config.steps} "
                              f"steps asked for; to continue it, ask for more than {step} steps")
         changed = next((t for t in range(1, step + 1) if learning_rate(saved, t) != learning_rate(self.config, t)),
                        None)
@@ -467,5 +467,5 @@ def _count_tokens(batch: Batch) -> int | None:
 def _check_loss(loss: Any) -> Tensor:
     if not isinstance(loss, Tensor) or loss.numel() != 1:
         shape = tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__
-        raise TypeError(f"loss_fn must return a scalar tensor (the mean loss of the batch), got {shape}")
+        raise ConfigTypeError(f"loss_fn must return a scalar tensor (the mean loss of the batch), got {shape}")
     return loss.reshape(())

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from ...errors import ConfigError, DataError
 from ..positions import AttentionPositions
 from .bias import BlockBias, block_bias
 from .blocks import Block, Norms, Plan, Run, Trace, Workspace, block_scores, block_weights, finite
@@ -40,10 +41,10 @@ def blockwise_attention(queries: Tensor, keys: Tensor, values: Tensor, *, positi
     batch, heads, q_time, head_dim = queries.shape
     k_time = keys.shape[2]
     if keys.shape != (batch, heads, k_time, head_dim) or values.shape[:3] != keys.shape[:3]:
-        raise ValueError(f"queries {tuple(queries.shape)}, keys {tuple(keys.shape)} and values "
+        raise DataError(f"queries {tuple(queries.shape)}, keys {tuple(keys.shape)} and values "
                          f"{tuple(values.shape)} must be (batch, heads, time, head_dim) with matching sizes")
     if key_padding is not None and tuple(key_padding.shape) != (batch, k_time):
-        raise ValueError(f"key_padding must have shape (batch, k_time) = {(batch, k_time)}, "
+        raise DataError(f"key_padding must have shape (batch, k_time) = {(batch, k_time)}, "
                          f"got {tuple(key_padding.shape)}")
     if q_time == 0 or k_time == 0:
         return queries.new_zeros(batch, heads, q_time, values.shape[-1])
@@ -79,7 +80,7 @@ def block_sizes(block_size: int | tuple[int, int] | None, batch_heads: int, q_ti
     else:
         q_block, k_block = block_size
     if q_block <= 0 or k_block <= 0:
-        raise ValueError(f"block sizes must be positive, got {(q_block, k_block)}")
+        raise ConfigError(f"block sizes must be positive, got {(q_block, k_block)}")
     return min(q_block, q_time), min(k_block, k_time)
 
 
