@@ -94,7 +94,8 @@ class TrainedRun:
 
         able = [name for name, job in JOBS.items()
                 if getattr(job.run_class, operation) is not getattr(TrainedRun, operation)]
-        return RunError(f"{self.run_dir} is {self.job.title} run; {operation} works on {' and '.join(able)} runs")
+        jobs = " and ".join([", ".join(able[:-1]), able[-1]] if len(able) > 1 else able)
+        return RunError(f"{self.run_dir} is {self.job.title} run; {operation} works on {jobs} runs")
 
 
 @dataclass
