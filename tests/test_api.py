@@ -146,3 +146,19 @@ def test_bad_arguments_are_kqv_errors_named_for_python(lm_dir, mt_dir, tmp_path)
         kqv.train("vision")
     with pytest.raises(ConfigError, match="with resume=True and no config the run's own run.toml is used"):
         kqv.train("lm", out=lm_dir, resume=True, steps=8)
+
+
+def test_score_is_the_log_probability_the_model_s_loss_implies(mt_dir):
+    run = kqv.load(mt_dir)
+    sources = ["eins zwei", "drei"]
+    translations = run.translate(sources)
+    scores = run.score(sources, [*translations[:1], "three four"])
+    pad, bos, eos = (run.tokenizer.token_to_id(t) for t in ("<pad>", "<bos>", "<eos>"))
+    for source, target, score in zip(sources, [translations[0], "three four"], scores):
+        src = torch.tensor([run.tokenizer.encode(source) + [eos]])
+        ids = run.tokenizer.encode(target)
+        with torch.no_grad():  # the model's mean cross-entropy, through its own loss path
+            loss = run.model(src, torch.tensor([[bos] + ids]), torch.tensor([ids + [eos]])).item()
+        assert score < 0 and score == pytest.approx(-loss * (len(ids) + 1), rel=1e-4)
+    with pytest.raises(kqv.errors.DataError, match="2 sources for 1 translations"):
+        run.score(sources, ["one"])

@@ -6,7 +6,10 @@
     run.generate("ROMEO:", max_new_tokens=100, temperature=0)     # ["ROMEO: ..."]
     run.evaluate()                                                # LMEvaluation(loss=..., perplexity=..., ...)
     run.attention("To be, or not to be")                          # AttentionMaps: weights, row and column tokens
-    kqv.load("runs/mt").translate(["Im Anfang war das Wort"])     # ["In the beginning was the Word"]
+    mt = kqv.load("runs/mt")
+    mt.translate(["Im Anfang war das Wort"])                      # ["In the beginning was the Word"]
+    mt.evaluate(beam_size=4)                                      # MTEvaluation(bleu=..., chrf=..., ...)
+    mt.score(["Im Anfang war das Wort"], ["In the beginning was the Word"])  # [log P(translation | source)]
 
 This layer sits above the jobs (which train and hold the operations of each kind of run: `LMRun`, `MTRun`,
 `VitRun`) and below the command line, which parses flags, calls these, and prints what they return. A run whose

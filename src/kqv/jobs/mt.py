@@ -239,6 +239,21 @@ class MTRun(TrainedRun):
         decode = {**self.config.decode.to_dict(), **{k: v for k, v in chosen.items() if v is not None}}
         return translate_sentences(self.model, self.tokenizer, sentences, **decode)
 
+    @torch.no_grad()
+    def score(self, sources: list[str], translations: list[str]) -> list[float]:
+        """log P(translation | source) under the model, in nats, for each pair (the translation's tokens and its
+        <eos>, as in training): how likely the model finds a translation, its own or a given one."""
+        if len(sources) != len(translations):
+            raise DataError(f"{len(sources)} sources for {len(translations)} translations")
+        _, bos, eos = (self.tokenizer.token_to_id(t) for t in SPECIAL_TOKENS)
+        scores = []
+        for source, translation in zip(sources, translations):
+            src = torch.tensor([self.tokenizer.encode(" ".join(source.split())) + [eos]])  # (1, src_time)
+            tgt = torch.tensor([[bos] + self.tokenizer.encode(" ".join(translation.split())) + [eos]])
+            log_probs = self.model(src, tgt[:, :-1]).log_softmax(-1)  # (1, tgt_time, vocab)
+            scores.append(log_probs[0].gather(1, tgt[0, 1:, None]).sum().item())
+        return scores
+
     def evaluate(self, src: str | Path | None = None, ref: str | Path | None = None, *, beam_size: int | None = None,
                  length_penalty: float | None = None, max_sentences: int | None = None) -> MTEvaluation:
         """BLEU and chrF of the translations of `src` (a file, one sentence per line) against `ref` (aligned with
