@@ -50,6 +50,7 @@ def printed(capsys, argv: list[str]) -> str:
 def test_generate_returns_the_texts_kqv_generate_prints(lm_dir, capsys):
     run = kqv.load(lm_dir)
     assert isinstance(run, LMRun) and not run.model.training
+    assert repr(run) == f"LMRun({str(lm_dir)!r}, task='lm', {kqv.count_parameters(run.model):,} parameters)"
     (greedy,) = run.generate("To be", max_new_tokens=5, temperature=0)
     assert greedy.startswith("To be") and len(greedy) == len("To be") + 5
     assert printed(capsys, ["generate", str(lm_dir), "--prompt", "To be", "--max-new-tokens", "5",

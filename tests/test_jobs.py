@@ -48,7 +48,7 @@ class ToyRunConfig(RunConfig):
     toy: ToySection = field(default_factory=ToySection)
 
 
-@dataclass
+@dataclass(repr=False)
 class ToyRun(TrainedRun):
     """The toy job's operation on a trained run, in plain Python."""
 

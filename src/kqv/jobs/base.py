@@ -70,6 +70,10 @@ class TrainedRun:
     run_dir: Path
     values: dict[str, Any] = field(default_factory=dict)
 
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({str(self.run_dir)!r}, task={self.job.name!r}, "
+                f"{count_parameters(self.model):,} parameters)")
+
     # The operations a job may offer on its runs; each run class overrides those its job has (see kqv.api).
 
     def generate(self, *args: Any, **options: Any) -> Any:

@@ -69,7 +69,7 @@ class ClsRunConfig(RunConfig):
     head: HeadConfig = field(default_factory=HeadConfig)
 
 
-@dataclass
+@dataclass(repr=False)  # TrainedRun.__repr__: the model is too long to print
 class ClsRun(TrainedRun):
     """A trained classifier; `labels[i]` is the name of class i."""
 

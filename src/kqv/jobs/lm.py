@@ -145,7 +145,7 @@ class LMEvaluation:
         return figures if self.bits_per_char is None else {**figures, "bits_per_char": self.bits_per_char}
 
 
-@dataclass
+@dataclass(repr=False)  # TrainedRun.__repr__: the model is too long to print
 class LMRun(TrainedRun):
     """A trained language model: continue prompts, score text, and show its self-attention."""
 

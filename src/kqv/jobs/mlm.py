@@ -89,7 +89,7 @@ def masked_accuracy(model: torch.nn.Module, batches: list[tuple[Tensor, Tensor]]
             "unigram_accuracy": float((answers == most_frequent).float().mean()), "masked_tokens": len(answers)}
 
 
-@dataclass
+@dataclass(repr=False)  # TrainedRun.__repr__: the model is too long to print
 class MLMRun(TrainedRun):
     """A trained MLM run; its tokenizer is the encoder's `Vocabulary`."""
 

@@ -224,7 +224,7 @@ class MTEvaluation:
                 "seconds": round(self.seconds, 1)}
 
 
-@dataclass
+@dataclass(repr=False)  # TrainedRun.__repr__: the model is too long to print
 class MTRun(TrainedRun):
     """A trained translation run: translate sentences with its decoding settings, score them, show the alignment."""
 

@@ -141,7 +141,7 @@ class ClsAttention:
         return f"ClsAttention({layers} layers over {height}x{width} patches of {images} images)"
 
 
-@dataclass
+@dataclass(repr=False)  # TrainedRun.__repr__: the model is too long to print
 class VitRun(TrainedRun):
     """A trained Vision Transformer: its test accuracy, and where [CLS] looks."""
 
