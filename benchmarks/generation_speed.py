@@ -208,7 +208,7 @@ def trained_agreement(run_dir: Path, new_tokens: int) -> dict:
     """Greedy continuations of TRAINED_PROMPTS by a trained LM in fp32, bf16 and int8, and in fp32 by `generate`'s
     general path (without DecodeStep, whose batch-1 products sum in another order): each other path's token
     agreement with fp32 and the number of continuations identical to fp32's."""
-    from kqv.jobs.base import load_run
+    from kqv.jobs import load_run
 
     run = load_run(run_dir)
     model = run.model.eval()

@@ -46,7 +46,8 @@ def test_every_module_of_the_package_map_is_on_the_page():
 
 
 @pytest.mark.parametrize("registry", ["CORES", "AttentionKind", "Position", "POSITIONS", "VARIANTS", "EXPERIMENTS",
-                                      "get_job", "load_run", "all_jobs", "input_positions",
+                                      "get_job", "load_run", "all_jobs", "JOBS", "COMMANDS", "TRAIN_FLAGS",
+                                      "RUN_COMMANDS", "input_positions",
                                       "attention_positions", "has_score_bias", "has_value_bias", "PaddingOnlyCore"])
 def test_the_registries_the_guides_name_exist(registry):
     sources = [*(ROOT / "src" / "kqv").rglob("*.py"), ROOT / "tests" / "conftest.py"]

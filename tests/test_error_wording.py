@@ -7,7 +7,7 @@ import pytest
 
 from kqv.cli.main import main
 from kqv.errors import RunError
-from kqv.jobs.base import load_run
+from kqv.jobs import load_run
 from kqv.train.checkpoints import MODEL_FILE
 from test_cli import TINY
 from test_training import config, trainer

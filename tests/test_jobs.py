@@ -1,4 +1,5 @@
-"""The job contract (kqv.jobs.base): a job registers itself, and the command line serves it without changes."""
+"""The job contract (kqv.jobs.base) and the registries: a job is one entry in `kqv.jobs.JOBS` (its flags and
+commands one entry each in the command line's), and `kqv train` and `kqv COMMAND RUN` serve it."""
 
 import argparse
 from dataclasses import dataclass, field
@@ -9,8 +10,11 @@ import pytest
 import torch
 
 from kqv import DecoderLM, ModelConfig
-from kqv.cli.main import build_parser, main
-from kqv.jobs import Flag, Job, RunCommand, TrainedRun, all_jobs, base, get_job, load_run
+from kqv.cli import flags
+from kqv.cli.commands import JobCommand, RunCommand
+from kqv.cli.flags import Flag
+from kqv.cli.main import COMMANDS, build_parser, main
+from kqv.jobs import JOBS, Job, TrainedRun, all_jobs, get_job, load_run
 from kqv.train.runs import RunConfig, read_summary
 from kqv.validation import Config
 
@@ -44,40 +48,55 @@ class ToyRunConfig(RunConfig):
     toy: ToySection = field(default_factory=ToySection)
 
 
+@dataclass(repr=False)
+class ToyRun(TrainedRun):
+    """The toy job's operation on a trained run, in plain Python."""
+
+    def guess(self) -> int:
+        """The model's guess of the token after 0."""
+        return int(self.model(torch.tensor([[0]]))[0, -1].argmax())
+
+
+class ToyJob(Job):
+    name = "toy"
+    help = "count to `toy.length`"
+    config_class = ToyRunConfig
+    run_class = ToyRun
+
+    def build_model(self, model_config: ModelConfig, config: RunConfig, values: dict[str, Any]) -> DecoderLM:
+        return DecoderLM(model_config)
+
+    def load_tokenizer(self, run_dir: Path) -> None:
+        return None
+
+    def train(self, config, run_dir, *, resume=False, overwrite=False, quiet=False, note=None):
+        with self.open_run(run_dir, resume=resume, overwrite=overwrite) as run:
+            length = config.toy.length
+            model = self.start(config, run, config.model.replace(vocab_size=length))
+            counting = torch.arange(length).repeat(config.train.batch_size, 1)  # (batch, length)
+            result = self.fit(self.make_trainer(model, config, run, quiet=quiet, train_batches=lambda i: counting,
+                                                loss_fn=lambda m, ids: m(ids[:, :-1], ids[:, 1:])))
+            return self.summarise(run.path, result, model, note=note)
+
+
+def print_count(run: ToyRun, args: argparse.Namespace) -> None:
+    """`kqv count RUN --times N`: the command line's side, which calls the run and prints."""
+    for _ in range(args.times):
+        print(run.guess())
+
+
 @pytest.fixture
-def toy_job():
-    """A job defined outside kqv, in a test: a language model of counting sequences, with a command of its own."""
-
-    class ToyJob(Job):
-        name = "toy"
-        help = "count to `toy.length`"
-        config_class = ToyRunConfig
-        train_flags = (Flag("--length", "how far to count", "toy.length", {"type": int}),
-                       Flag("--note", "written into the summary"))
-        commands = {"count": RunCommand("print the model's guess after 0", "count",
-                                        (Flag("--times", "how often", options={"type": int, "default": 1}),))}
-
-        def build_model(self, model_config: ModelConfig, config: RunConfig, values: dict[str, Any]) -> DecoderLM:
-            return DecoderLM(model_config)
-
-        def load_tokenizer(self, run_dir: Path) -> None:
-            return None
-
-        def train(self, config, run_dir, *, resume=False, overwrite=False, quiet=False, note=None):
-            with self.open_run(run_dir, resume=resume, overwrite=overwrite) as run:
-                length = config.toy.length
-                model = self.start(config, run, config.model.replace(vocab_size=length))
-                counting = torch.arange(length).repeat(config.train.batch_size, 1)  # (batch, length)
-                result = self.fit(self.make_trainer(model, config, run, quiet=quiet, train_batches=lambda i: counting,
-                                                    loss_fn=lambda m, ids: m(ids[:, :-1], ids[:, 1:])))
-                return self.summarise(run.path, result, model, note=note)
-
-        def count(self, run: TrainedRun, args: argparse.Namespace) -> None:
-            for _ in range(args.times):
-                print(int(run.model(torch.tensor([[0]]))[0, -1].argmax()))
-
-    yield all_jobs()["toy"]
-    del base._REGISTRY["toy"]
+def toy_job(monkeypatch):
+    """A job defined outside kqv, in a test: a language model of counting sequences, with a command of its own.
+    Adding it is one entry in each registry: the job, its training flags, and its command."""
+    job = ToyJob()
+    monkeypatch.setitem(JOBS, "toy", job)
+    monkeypatch.setitem(flags.TRAIN_FLAGS, "toy", (Flag("--length", "how far to count", "toy.length", {"type": int}),
+                                                   Flag("--note", "written into the summary")))
+    monkeypatch.setitem(COMMANDS, "count", RunCommand({"toy": JobCommand(
+        "print the model's guess after 0", print_count, (Flag("--times", "how often", options={"type": int,
+                                                                                              "default": 1}),))}))
+    return job
 
 
 def test_a_new_job_trains_and_answers_its_commands_through_the_unchanged_cli(toy_job, tmp_path, capsys):
@@ -89,6 +108,7 @@ def test_a_new_job_trains_and_answers_its_commands_through_the_unchanged_cli(toy
     summary = read_summary(out)
     assert summary["steps"] == 2 and summary["note"] == "hi"
     assert load_run(out).job is toy_job and load_run(out).config.toy.length == 5  # --length set toy.length
+    assert isinstance(load_run(out), ToyRun) and load_run(out).guess() in range(5)
     capsys.readouterr()
     assert main(["count", str(out), "--times", "2"]) == 0
     assert len(capsys.readouterr().out.split()) == 2
@@ -103,15 +123,23 @@ def test_a_command_on_a_run_of_another_job_names_the_jobs_that_have_it(toy_job, 
     assert "kqv translate works on runs of ['mt']" in capsys.readouterr().err
 
 
-def test_the_shipped_jobs_are_registered_with_their_commands():
+def test_each_job_is_registered_under_its_config_s_task():
     jobs = all_jobs()
-    assert {"lm", "mt", "mlm", "cls"} <= set(jobs)
-    assert set(jobs["lm"].commands) == {"generate", "eval", "attention"}
-    assert set(jobs["mt"].commands) == {"translate", "eval", "attention"}
-    for job in jobs.values():
-        assert job is get_job(job.name) and job.config_class.task == job.name
-        for command in job.commands.values():
-            assert callable(getattr(job, command.method))
+    assert set(jobs) == {"cls", "lm", "mlm", "mt", "vit"}
+    for name, job in jobs.items():
+        assert job is get_job(name) is JOBS[name] and job.name == name and job.config_class.task == name
+        assert issubclass(job.run_class, TrainedRun)
+    assert set(flags.TRAIN_FLAGS) <= set(JOBS)
+
+
+def test_every_command_of_the_parser_is_in_the_registry_and_serves_registered_jobs():
+    parser = build_parser()
+    assert list(parser._subparsers._group_actions[0].choices) == list(COMMANDS)
+    runs = {name: command for name, command in COMMANDS.items() if isinstance(command, RunCommand)}
+    assert {name: set(command.by_job) for name, command in runs.items()} == {
+        "generate": {"lm"}, "eval": {"lm", "mt", "vit"}, "attention": {"lm", "mt", "vit"}, "translate": {"mt"}}
+    for command in runs.values():
+        assert set(command.by_job) <= set(JOBS)
 
 
 def test_every_command_and_flag_of_the_cli_is_still_there():
@@ -122,12 +150,12 @@ def test_every_command_and_flag_of_the_cli_is_still_there():
     expected = {"lm": {"--data"}, "mt": {"--pair", "--data", "--tgt-data", "--data-from", "--model", "--threads"},
                 "mlm": {"--data"}, "cls": {"--data", "--init"}}
     train = commands["train"]._subparsers._group_actions[0].choices
-    for job, flags in expected.items():
-        assert shared | flags <= set(train[job]._option_string_actions)
+    for job, job_flags in expected.items():
+        assert shared | job_flags <= set(train[job]._option_string_actions)
     runs = {"generate": {"--prompt", "--max-new-tokens", "--temperature", "--top-k", "--top-p", "--count", "--seed",
                          "--no-cache"},
             "eval": {"--data", "--max-tokens", "--json", "--src", "--ref", "--beam", "--length-penalty",
                      "--max-sentences"},
             "attention": {"--text", "--src", "--tgt", "--out"}, "translate": {"--file", "--beam", "--length-penalty"}}
-    for name, flags in runs.items():
-        assert flags <= set(commands[name]._option_string_actions)
+    for name, run_flags in runs.items():
+        assert run_flags <= set(commands[name]._option_string_actions)

@@ -15,6 +15,9 @@ ALLOWED = {
     "data": BASE,
     "train": BASE | {"nn", "data"},
     "experiments": BASE | {"nn", "data", "train", "jobs"},
+    "jobs": BASE | {"nn", "data", "train", "interop"},  # not explore (drawing) nor cli (flags, printing)
+    "api": BASE | {"nn", "data", "train", "interop", "jobs"},
+    "cli": BASE | {"nn", "data", "train", "interop", "jobs", "api", "explore", "experiments"},
 }
 
 
@@ -47,6 +50,28 @@ def test_lower_layers_import_nothing_from_the_layers_above(layer):
         imported = kqv_imports(path) - {layer}
         assert imported <= ALLOWED[layer], (
             f"{path.relative_to(PACKAGE)} imports {sorted(imported - ALLOWED[layer])} from above its layer")
+
+
+def imports_module(path: Path, name: str) -> bool:
+    """Whether a module imports `name` (a top-level module, e.g. argparse) anywhere in it."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import) and any(alias.name.split(".")[0] == name for alias in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == name:
+            return True
+    return False
+
+
+def test_only_the_command_line_parses_arguments():
+    parsing = {str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py") if imports_module(path, "argparse")}
+    assert parsing and all(path.startswith("cli/") for path in parsing), sorted(parsing)
+
+
+def test_the_argparse_checker_sees_both_forms_of_import(tmp_path):
+    for source, expected in (("import argparse\n", True), ("from argparse import Namespace\n", True),
+                             ("import argparser\n", False), ("x = 'argparse'\n", False)):
+        (tmp_path / "m.py").write_text(source)
+        assert imports_module(tmp_path / "m.py", "argparse") is expected, source
 
 
 def test_the_import_checker_sees_relative_and_absolute_imports(tmp_path):

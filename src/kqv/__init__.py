@@ -1,4 +1,8 @@
-"""kqv: the Transformer of CS224N's "Self-Attention and Transformers", readable, tested and fast on a CPU."""
+"""kqv: the Transformer of CS224N's "Self-Attention and Transformers", readable, tested and fast on a CPU.
+
+The model's parts are exported here; so is the application layer (`kqv.api`): `kqv.train("lm")`,
+`kqv.load("runs/lm").generate("ROMEO:")`, `kqv.embed([...])`, `kqv.similarity([...])`.
+"""
 
 from .nn.attention import Attention, KVCache, MultiHeadAttention, causal_mask, scaled_dot_product_attention
 from .nn.config import ModelConfig
@@ -6,11 +10,13 @@ from .nn.heads import ClassificationHead, MaskedLM, MaskedLMHead, SequenceClassi
 from .nn.layers import DecoderBlock, EncoderBlock, FeedForward
 from .nn.models import DecoderLM, Encoder, EncoderDecoder, count_parameters
 from .nn.rnn import RNNConfig, RNNEncoderDecoder
+from .api import embed, load, similarity, train  # noqa: E402 -- the application layer, above the model
 
 __all__ = [
     "Attention", "ClassificationHead", "DecoderBlock", "DecoderLM", "Encoder", "EncoderBlock", "EncoderDecoder",
     "FeedForward", "KVCache", "MaskedLM", "MaskedLMHead", "ModelConfig", "MultiHeadAttention", "SequenceClassifier",
     "causal_mask", "count_parameters", "scaled_dot_product_attention",
     "RNNConfig", "RNNEncoderDecoder",
+    "embed", "load", "similarity", "train",
 ]
 __version__ = "0.1.0"

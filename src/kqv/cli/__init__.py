@@ -1,5 +1,5 @@
-"""The `kqv` command line."""
+"""The `kqv` command line: it parses flags, calls `kqv.api` (and the methods of a loaded run), and prints."""
 
-from .main import build_parser, main, packaged_config
+from .main import COMMANDS, build_parser, main, packaged_config
 
-__all__ = ["build_parser", "main", "packaged_config"]
+__all__ = ["COMMANDS", "build_parser", "main", "packaged_config"]

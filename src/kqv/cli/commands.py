@@ -1,28 +1,30 @@
-"""Top-level commands that are not about one job's runs (`kqv embed`, `kqv similarity`, ...), and their registry.
+"""What a `kqv` command is: its help, its arguments, and what it does with them. `kqv.cli.main.COMMANDS` is the one
+registry of them, by name.
 
-A command is a `Command` subclass with a `name`, defined in any module of the `kqv.cli` package: `kqv --help`
-lists it and `kqv NAME ...` runs it, with no change to `kqv.cli.main`. (Training and the commands on a run —
-`kqv train NAME`, `kqv eval RUN`, ... — come from the jobs instead: see `kqv.jobs.base`.)
+Three kinds: `Train` (`kqv train NAME`, one subcommand per job in `kqv.jobs.JOBS`), `RunCommand` (`kqv eval RUN`,
+answered by the job that wrote RUN), and the top-level commands that are not about a run (`kqv embed`, ...).
+Each parses flags, calls `kqv.api` (or a run's methods), and prints what comes back.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import pkgutil
-from typing import ClassVar
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .. import api
+from ..errors import RunError
+from ..jobs import all_jobs, get_job
+from ..jobs.base import TrainedRun
+from ..train.runs import read_run, run_task
+from .flags import SHARED_TRAIN_FLAGS, TRAIN_FLAGS, Flag
 
 
 class Command:
     """`kqv NAME ...`: its help, its arguments and what it does."""
 
-    name: ClassVar[str]
-    help: ClassVar[str]
-
-    def __init_subclass__(cls, **kwargs) -> None:
-        super().__init_subclass__(**kwargs)
-        if "name" in cls.__dict__:
-            _REGISTRY[cls.name] = cls()
+    help: str = ""
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         """Declare the command's arguments."""
@@ -32,13 +34,79 @@ class Command:
         raise NotImplementedError
 
 
-_REGISTRY: dict[str, Command] = {}
+class Train(Command):
+    """`kqv train NAME [--config C] [--out DIR] [--steps N] [--set S.K=V] [--resume | --overwrite] [--quiet]` plus
+    the job's own flags (`TRAIN_FLAGS[NAME]`): `kqv.api.train` with those values."""
+
+    help = "train a model"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        tasks = parser.add_subparsers(dest="task", required=True)
+        for job in all_jobs().values():
+            job_parser = tasks.add_parser(job.name, help=job.help)
+            shipped = api.shipped_configs(job.name)
+            job_parser.add_argument("--config", help=f"{', '.join(shipped) or 'quick'} (default: quick), or a path "
+                                                     f"to a TOML run config")
+            job_parser.add_argument("--out", default=f"runs/{job.name}",
+                                    help=f"run directory (default runs/{job.name})")
+            for flag in (*TRAIN_FLAGS.get(job.name, ()), *SHARED_TRAIN_FLAGS):
+                flag.add_to(job_parser)
+
+    def run(self, args: argparse.Namespace) -> None:
+        """Flags with a config key become overrides (after --set's), the others the job's keyword options."""
+        own = TRAIN_FLAGS.get(args.task, ())
+        overrides = list(args.set) + [f"{flag.key}={json.dumps(getattr(args, flag.dest))}"
+                                      for flag in (*own, *SHARED_TRAIN_FLAGS)
+                                      if flag.key is not None and getattr(args, flag.dest) is not None]
+        options = {flag.dest: getattr(args, flag.dest) for flag in own if flag.key is None}
+        api.train(args.task, args.config, out=args.out, overrides=overrides, resume=args.resume,
+                  overwrite=args.overwrite, quiet=args.quiet, **options)
 
 
-def all_commands() -> dict[str, Command]:
-    """Every command defined in a module of `kqv.cli` (each module is imported to find them)."""
-    package = importlib.import_module(__package__)
-    for module in pkgutil.iter_modules(package.__path__):
-        if module.name not in ("main", "__main__"):
-            importlib.import_module(f"{__package__}.{module.name}")
-    return dict(_REGISTRY)
+@dataclass(frozen=True)
+class JobCommand:
+    """What a command on a run does for one job's runs: its help, its flags, and `run(trained_run, args)`, which
+    calls the run's methods and prints their results."""
+
+    help: str
+    run: Callable[[TrainedRun, argparse.Namespace], Any]
+    flags: tuple[Flag, ...] = ()
+
+
+class RunCommand(Command):
+    """`kqv NAME RUN [flags]`: answered by the job that wrote RUN (its run.toml's task), for the jobs in `by_job`."""
+
+    def __init__(self, by_job: dict[str, JobCommand]):
+        self.by_job = dict(sorted(by_job.items()))
+
+    @property
+    def help(self) -> str:
+        if len(self.by_job) == 1:
+            return next(iter(self.by_job.values())).help
+        return "; ".join(f"{job.upper()}: {command.help}" for job, command in self.by_job.items())
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """RUN, then every job's flags once; a flag only some jobs have says whose it is."""
+        parser.add_argument("run", help="a run directory")
+        seen: set[str] = set()
+        for command in self.by_job.values():
+            for flag in command.flags:
+                if flag.name not in seen:
+                    seen.add(flag.name)
+                    owners = [job.upper() for job, c in self.by_job.items()
+                              if any(f.name == flag.name for f in c.flags)]
+                    flag.add_to(parser, f"{'/'.join(owners)}: {flag.help}" if len(owners) < len(self.by_job) else None)
+
+    def run(self, args: argparse.Namespace) -> Any:
+        job = get_job(run_task(read_run(args.run)))
+        if job.name not in self.by_job:
+            raise RunError(f"{args.run} is a run of task {job.name!r}; kqv {args.command} works on runs of "
+                           f"{sorted(self.by_job)}")
+        return self.by_job[job.name].run(job.load(args.run), args)
+
+
+def report(line: str, result: dict[str, Any], as_json: bool) -> None:
+    """Print an evaluation's one-line report, then (for `--json`) the result as one JSON line."""
+    print(line)
+    if as_json:
+        print(json.dumps(result))

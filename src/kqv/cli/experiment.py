@@ -64,7 +64,6 @@ def cmd_gallery(args: argparse.Namespace) -> None:
 class Experiment(Command):
     """`kqv experiment list | run NAME | gallery`."""
 
-    name = "experiment"
     help = "test the lecture's claims: list, or run NAME / all"
 
     def add_arguments(self, experiment: argparse.ArgumentParser) -> None:

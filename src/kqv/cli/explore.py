@@ -32,7 +32,6 @@ def cmd_explore(args: argparse.Namespace) -> None:
 class Explore(Command):
     """`kqv explore RUN`: serve the attention explorer for one run, or write one input's page as HTML."""
 
-    name = "explore"
     help = "look inside a trained model in the browser: every layer and head"
 
     def add_arguments(self, explore: argparse.ArgumentParser) -> None:

@@ -1,11 +1,40 @@
 """The jobs: each module trains one kind of model end to end and knows how to use its runs.
 
 `lm` (a GPT-style language model), `mt` (translation: the Transformer or its LSTM baseline), `mlm` (masked-LM
-pretraining of an encoder), `cls` (text classification), and `embeddings` (sentence embeddings from pretrained
-MiniLM, not a training job). Every job implements the contract in `kqv.jobs.base` and registers itself by being
-defined in a module of this package; `get_job(name)` and `load_run(run_dir)` find them.
+pretraining of an encoder), `cls` (text classification), `vit` (a Vision Transformer on 8x8 digits), and
+`embeddings` (sentence embeddings from pretrained MiniLM, not a training job). Every job implements the contract
+in `kqv.jobs.base`; `JOBS` below is the one registry of them (a new job is one more entry), and `get_job(name)`
+and `load_run(run_dir)` find them.
 """
 
-from .base import Flag, Job, RunCommand, TrainedRun, all_jobs, get_job, load_run
+from __future__ import annotations
 
-__all__ = ["Flag", "Job", "RunCommand", "TrainedRun", "all_jobs", "get_job", "load_run"]
+from pathlib import Path
+
+from ..errors import ConfigError
+from ..train.runs import read_run, run_task
+from . import cls, lm, mlm, mt, vit
+from .base import Job, TrainedRun
+
+# Every job, by the name `kqv train NAME`, configs/NAME-*.toml and run.toml's `task` use (its config's task).
+JOBS: dict[str, Job] = {"cls": cls.JOB, "lm": lm.JOB, "mlm": mlm.JOB, "mt": mt.JOB, "vit": vit.JOB}
+
+
+def all_jobs() -> dict[str, Job]:
+    """Every job, by name (a copy of `JOBS`, sorted)."""
+    return dict(sorted(JOBS.items()))
+
+
+def get_job(name: str) -> Job:
+    """The job called `name`, or a ConfigError naming the jobs there are."""
+    if name not in JOBS:
+        raise ConfigError(f"kqv has no job {name!r}; the jobs are {sorted(JOBS)}")
+    return JOBS[name]
+
+
+def load_run(run_dir: str | Path) -> TrainedRun:
+    """Any run directory, loaded by the job that wrote it (the `task` of its run.toml) as that job's run class."""
+    return get_job(run_task(read_run(run_dir))).load(run_dir)
+
+
+__all__ = ["JOBS", "Job", "TrainedRun", "all_jobs", "get_job", "load_run"]

@@ -1,23 +1,15 @@
-"""The job contract: what every job (lm, mt, mlm, cls, ...) implements, and the one registry of jobs.
+"""The job contract: what every job (lm, mt, mlm, cls, vit) implements, and what a trained run offers.
 
-A job is a `Job` subclass with a `name`; defining it in a module of `kqv.jobs` registers it, and then, with no
-change anywhere else:
-
-* `kqv train NAME [--config C] [--out DIR] [--steps N] [--set S.K=V] [--resume | --overwrite] [--quiet]` plus the
-  job's `train_flags` reads `configs/NAME-C.toml` into the job's `config_class` and calls `Job.train`;
-* `kqv eval|generate|translate|attention|... RUN` reads the `task` of RUN's run.toml, loads the run with
-  `Job.load`, and calls the method its `commands` entry names;
-* `load_run(RUN)` gives any run directory's model, tokenizer and config.
+A job is a `Job` subclass: it trains (`Job.train`), builds its model, and loads its runs (`Job.load`) as its
+`run_class`, a `TrainedRun` whose methods are the job's operations in plain Python (`LMRun.generate`,
+`MTRun.translate`, ...), returning values and printing nothing. The one registry of jobs is `kqv.jobs.JOBS`;
+the command line (`kqv.cli`) parses flags and prints what these operations return.
 
 `docs/architecture.md` shows a new job step by step.
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib
-import json
-import pkgutil
 import resource
 import time
 from dataclasses import dataclass, field
@@ -29,45 +21,42 @@ import torch
 from torch import nn
 
 from ..data.tokenizers import load_tokenizer
-from ..errors import ConfigError
+from ..errors import ConfigError, RunError
 from ..nn.config import ModelConfig
 from ..nn.models import count_parameters
 from ..train.checkpoints import load_weights
-from ..train.runs import (TOKENIZER_DIR, RunConfig, read_config_values, read_run, run_task, write_run_config,
+from ..train.runs import (TOKENIZER_DIR, RunConfig, read_config_values, read_run, write_run_config,
                           write_summary)
 from ..train.rundir import RunDirectory
 from ..train.trainer import Trainer
 
 
 @dataclass(frozen=True)
-class Flag:
-    """A command-line flag of a job: its argparse options and, for `kqv train`, the config value it sets.
+class AttentionMaps:
+    """The attention weights of one input, with a label for each row (query) and column (key) token.
 
-    With `key` ("data.path") the flag is a shortcut for `--set data.path=VALUE`; without, its value reaches
-    `Job.train` as the keyword argument of its name (`--data-from` -> `data_from=`).
+    `weights[layer]` is (1, heads, rows, columns); `kind` is "self" (a text over itself) or "cross" (target rows
+    over source columns); `translation` is the target a translation run attended with.
     """
 
-    name: str
-    help: str
-    key: str | None = None
-    options: dict[str, Any] = field(default_factory=dict)  # further argparse keywords: type, choices, default, ...
+    weights: list[torch.Tensor]
+    rows: list[str]
+    columns: list[str]
+    kind: str = "self"
+    translation: str | None = None
 
     @property
-    def dest(self) -> str:
-        return self.name.lstrip("-").replace("-", "_")
+    def layers(self) -> int:
+        return len(self.weights)
 
-    def add_to(self, parser: argparse.ArgumentParser, help: str | None = None) -> None:
-        parser.add_argument(self.name, help=help or self.help, **self.options)
+    @property
+    def heads(self) -> int:
+        return self.weights[0].shape[1]
 
-
-@dataclass(frozen=True)
-class RunCommand:
-    """`kqv COMMAND RUN [flags]` for the runs of a job: its help, its flags, and the `Job` method that runs it,
-    called as `method(run: TrainedRun, args: argparse.Namespace)`."""
-
-    help: str
-    method: str
-    flags: tuple[Flag, ...] = ()
+    def __repr__(self) -> str:
+        extra = f", translation={self.translation!r}" if self.translation is not None else ""
+        return (f"AttentionMaps({self.kind}, {self.layers} layers x {self.heads} heads, {len(self.rows)} rows x "
+                f"{len(self.columns)} columns{extra})")
 
 
 @dataclass
@@ -80,6 +69,37 @@ class TrainedRun:
     tokenizer: Any
     run_dir: Path
     values: dict[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({str(self.run_dir)!r}, task={self.job.name!r}, "
+                f"{count_parameters(self.model):,} parameters)")
+
+    # The operations a job may offer on its runs; each run class overrides those its job has (see kqv.api).
+
+    def generate(self, *args: Any, **options: Any) -> Any:
+        """Continue a prompt (language-model runs: `LMRun.generate`)."""
+        raise self.not_offered("generate")
+
+    def evaluate(self, *args: Any, **options: Any) -> Any:
+        """Score the model on held-out data (`LMRun.evaluate`, `MTRun.evaluate`, `VitRun.evaluate`)."""
+        raise self.not_offered("evaluate")
+
+    def translate(self, *args: Any, **options: Any) -> Any:
+        """Translate sentences (translation runs: `MTRun.translate`)."""
+        raise self.not_offered("translate")
+
+    def attention(self, *args: Any, **options: Any) -> Any:
+        """The attention weights of one input (`LMRun.attention`, `MTRun.attention`, `VitRun.attention`)."""
+        raise self.not_offered("attention")
+
+    def not_offered(self, operation: str) -> RunError:
+        """The error for an operation this run's job does not have, naming the jobs that have it."""
+        from . import JOBS  # the registry imports every job module, this one included
+
+        able = [name for name, job in JOBS.items()
+                if getattr(job.run_class, operation) is not getattr(TrainedRun, operation)]
+        jobs = " and ".join([", ".join(able[:-1]), able[-1]] if len(able) > 1 else able)
+        return RunError(f"{self.run_dir} is {self.job.title} run; {operation} works on {jobs} runs")
 
 
 @dataclass
@@ -94,17 +114,17 @@ class TrainingResult:
 class Job:
     """The contract of a job. Subclasses set the class attributes and implement `train` and `build_model`."""
 
-    name: ClassVar[str]  # `kqv train NAME`, configs/NAME-*.toml, `task = NAME` in run.toml
+    name: ClassVar[str]  # its key in kqv.jobs.JOBS, configs/NAME-*.toml, `task = NAME` in run.toml
     help: ClassVar[str]
     config_class: ClassVar[type[RunConfig]]
-    run_class: ClassVar[type[TrainedRun]] = TrainedRun
-    train_flags: ClassVar[tuple[Flag, ...]] = ()  # besides the shared ones (--config, --out, --steps, ...)
-    commands: ClassVar[dict[str, RunCommand]] = {}  # what `kqv COMMAND RUN` does for this job's runs
+    run_class: ClassVar[type[TrainedRun]] = TrainedRun  # its methods are what the job offers on a trained run
+    noun: ClassVar[str | None] = None  # what its runs are called in messages ("translation"; default: the name)
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if "name" in cls.__dict__:
-            _REGISTRY[cls.name] = cls()
+    @property
+    def title(self) -> str:
+        """How messages name the job's runs: "a translation" (run), "an lm" (run)."""
+        noun = self.noun or self.name
+        return f"{'an' if noun[0] in 'aeiou' else 'a'} {noun}"
 
     # -- configs ---------------------------------------------------------------------------------------------
 
@@ -198,44 +218,9 @@ class Job:
     def load_tokenizer(self, run_dir: Path) -> Any:
         return load_tokenizer(run_dir / TOKENIZER_DIR)
 
-    @staticmethod
-    def draw_attention(weights: list, rows: list[str], columns: list[str], out: str | Path, title: str) -> Path:
-        """A PNG of attention maps, one panel per layer and head (matplotlib is imported only when drawing)."""
-        from ..explore.plots import plot_attention_grid
-
-        return plot_attention_grid(weights, rows, columns, out, title=title)
-
 
 def peak_rss_mb() -> float:
     """This process's peak resident set size in MB (10^6 bytes): `getrusage`'s ru_maxrss, in KiB on Linux."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6
 
 
-def report(line: str, result: dict[str, Any], as_json: bool) -> None:
-    """Print an evaluation's one-line report, then (for `--json`) the result as one JSON line."""
-    print(line)
-    if as_json:
-        print(json.dumps(result))
-
-
-_REGISTRY: dict[str, Job] = {}
-
-
-def all_jobs() -> dict[str, Job]:
-    """Every job, by name: each module of `kqv.jobs` is imported, and each `Job` subclass in it registered."""
-    package = importlib.import_module(__package__)
-    for module in pkgutil.iter_modules(package.__path__):
-        importlib.import_module(f"{__package__}.{module.name}")
-    return dict(sorted(_REGISTRY.items()))
-
-
-def get_job(name: str) -> Job:
-    jobs = all_jobs()
-    if name not in jobs:
-        raise ConfigError(f"kqv has no job {name!r}; the jobs are {sorted(jobs)}")
-    return jobs[name]
-
-
-def load_run(run_dir: str | Path) -> TrainedRun:
-    """Any run directory, loaded by the job that wrote it (the `task` of its run.toml)."""
-    return get_job(run_task(read_run(run_dir))).load(run_dir)

@@ -26,7 +26,7 @@ from ..nn.heads import SequenceClassifier
 from ..nn.models import count_parameters
 from ..train.runs import TOKENIZER_DIR, RunConfig, read_run
 from ..validation import Config
-from .base import Flag, Job, TrainedRun
+from .base import Job, TrainedRun
 from .mlm import MLMJob
 
 Example = tuple[str, str]  # (text, label)
@@ -73,7 +73,7 @@ class ClsRunConfig(RunConfig):
         return {"max_len": self.data.max_tokens}
 
 
-@dataclass
+@dataclass(repr=False)  # TrainedRun.__repr__: the model is too long to print
 class ClsRun(TrainedRun):
     """A trained classifier; `labels[i]` is the name of class i."""
 
@@ -120,8 +120,7 @@ class ClsJob(Job):
     help = "train a sequence classifier on a TSV file of text<TAB>label lines"
     config_class = ClsRunConfig
     run_class = ClsRun
-    train_flags = (Flag("--data", "the TSV file of text<TAB>label lines (required)", "data.path"),
-                   Flag("--init", "an MLM run directory whose encoder and tokenizer to fine-tune", "data.init"))
+    noun = "classification"
     load_tokenizer = MLMJob.load_tokenizer
 
     def build_model(self, model_config: ModelConfig, config: ClsRunConfig,

@@ -24,7 +24,7 @@ import torch
 from tokenizers import Tokenizer
 from torch import Tensor
 
-from ..errors import DataError, MissingResourceError
+from ..errors import ConfigTypeError, DataError, MissingResourceError
 from ..nn.heads import mean_pool
 from ..nn.models import Encoder
 
@@ -54,7 +54,7 @@ class SentenceEncoder:
 
     def __init__(self, encoder: Encoder, tokenizer: Tokenizer, max_seq_length: int = 256, normalize: bool = True):
         if not isinstance(encoder, Encoder):
-            raise TypeError(f"a SentenceEncoder needs a kqv.Encoder (a BertModel checkpoint), got "
+            raise ConfigTypeError(f"a SentenceEncoder needs a kqv.Encoder (a BertModel checkpoint), got "
                             f"{type(encoder).__name__}")
         self.encoder = encoder.eval()
         self.max_seq_length = min(max_seq_length, encoder.config.max_len)

@@ -8,7 +8,6 @@ is exact and quick), `checkpoint/`, `metrics.jsonl`, `loss.png`, `samples.txt` a
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -27,7 +26,7 @@ from ..train.checkpoints import write_atomically
 from ..train.rundir import RunDirectory
 from ..train.runs import SAMPLES_FILE, TOKENS_FILE, RunConfig
 from ..validation import Config, check_at_least
-from .base import Flag, Job, RunCommand, TrainedRun, report
+from .base import AttentionMaps, Job, TrainedRun
 
 
 @dataclass
@@ -131,9 +130,67 @@ def generate_text(model: DecoderLM, tokenizer: Tokenizer, prompt: str, max_new_t
 
 
 GENERATION_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "int8": torch.qint8}
-JSON_FLAG = Flag("--json", "also print the result as JSON", options={"action": "store_true"})
-OUT_PNG_FLAG = Flag("--out", "the PNG file to write", options={"default": "attention.png"})
-TEXT_DATA_FLAG = Flag("--data", "a text file or directory of .txt files instead of Shakespeare", "data.path")
+
+
+@dataclass(frozen=True)
+class LMEvaluation:
+    """What `LMRun.evaluate` measured on `source`: mean loss (nats per next token), its perplexity exp(loss), bits
+    per token and per character (None when the characters are unknown), over `tokens` scored tokens."""
+
+    source: str
+    loss: float
+    perplexity: float
+    bits_per_token: float
+    tokens: int
+    bits_per_char: float | None = None
+
+    def to_dict(self) -> dict[str, float]:
+        """The figures as `kqv.train.evaluation.perplexity` gives them (what `kqv eval --json` prints)."""
+        figures = {"loss": self.loss, "perplexity": self.perplexity, "bits_per_token": self.bits_per_token,
+                   "tokens": self.tokens}
+        return figures if self.bits_per_char is None else {**figures, "bits_per_char": self.bits_per_char}
+
+
+@dataclass(repr=False)  # TrainedRun.__repr__: the model is too long to print
+class LMRun(TrainedRun):
+    """A trained language model: continue prompts, score text, and show its self-attention."""
+
+    def generate(self, prompt: str, *, max_new_tokens: int = 300, temperature: float = 0.8, top_k: int | None = None,
+                 top_p: float | None = None, count: int = 1, seed: int = 0, use_cache: bool = True,
+                 dtype: str = "fp32") -> list[str]:
+        """`count` continuations of `prompt` (each with the prompt), sampled one after another from one generator
+        seeded with `seed`. `temperature=0` is greedy; `dtype` "bf16" or "int8" generates in lower precision."""
+        if dtype not in GENERATION_DTYPES:
+            raise ConfigError(f"{spoken('--dtype', 'dtype')} must be one of {sorted(GENERATION_DTYPES)}, got {dtype!r}")
+        check_at_least(spoken("--count", "count"), count, 1)
+        generator = torch.Generator().manual_seed(seed)
+        return [generate_text(self.model, self.tokenizer, prompt, max_new_tokens, temperature=temperature,
+                              top_k=top_k, top_p=top_p, use_cache=use_cache, generator=generator,
+                              dtype=GENERATION_DTYPES[dtype]) for _ in range(count)]
+
+    def evaluate(self, data: str | Path | None = None, *, max_tokens: int | None = None) -> LMEvaluation:
+        """Loss, perplexity and bits per character on a text file or directory (`data`), by default on the run's
+        held-out validation split; `max_tokens` scores only a prefix of that many tokens."""
+        if data is not None:
+            text = load_text(data)
+            ids, n_chars, source = encode_text(self.tokenizer, text), len(text), str(data)
+        else:
+            tokens = load_file(self.run_dir / TOKENS_FILE)
+            ids, n_chars, source = tokens["val"], int(tokens["chars"][1]), "the held-out validation split"
+        result = perplexity(self.model, ids, context=self.config.data.context, n_chars=n_chars, max_tokens=max_tokens)
+        return LMEvaluation(source, **result)
+
+    def attention(self, text: str) -> AttentionMaps:
+        """The self-attention weights of every layer and head over `text`, rows and columns labelled by token."""
+        ids = self.tokenizer.encode(text)
+        if not ids:
+            raise DataError(f"{spoken('--text', 'text')} is empty; give the text whose attention to draw")
+        ids_tensor = torch.tensor([ids])  # (1, tokens)
+        check_ids(ids_tensor, self.model.config.vocab_size)
+        with torch.no_grad():
+            weights = self.model.attention_weights(ids_tensor)  # per layer (1, heads, tokens, tokens)
+        tokens = [self.tokenizer.decode([i]) for i in ids]
+        return AttentionMaps(weights, tokens, tokens)
 
 
 class LMJob(Job):
@@ -142,26 +199,8 @@ class LMJob(Job):
     name = "lm"
     help = "train a GPT-style language model (default: Shakespeare, quick config)"
     config_class = LMRunConfig
-    train_flags = (TEXT_DATA_FLAG,)
-    commands = {
-        "generate": RunCommand("continue a prompt with a trained LM", "generate", (
-            Flag("--prompt", "the text to continue", options={"required": True}),
-            Flag("--max-new-tokens", "tokens to generate", options={"type": int, "default": 300}),
-            Flag("--temperature", "0 = greedy", options={"type": float, "default": 0.8}),
-            Flag("--top-k", "sample among the k most likely tokens", options={"type": int}),
-            Flag("--top-p", "sample among the most likely tokens of total probability p", options={"type": float}),
-            Flag("--count", "how many continuations", options={"type": int, "default": 1}),
-            Flag("--seed", "seed of the sampling generator", options={"type": int, "default": 0}),
-            Flag("--no-cache", "recompute the whole prefix each step", options={"action": "store_true"}),
-            Flag("--dtype", "weights' precision while generating: bf16 reads half the bytes per token, int8 (torch's "
-                            "dynamic quantisation of the linear layers) a quarter (default fp32)",
-                 options={"choices": sorted(GENERATION_DTYPES), "default": "fp32"}))),
-        "eval": RunCommand("perplexity and bits per character", "evaluate", (
-            Flag("--data", "a text file to score instead of the held-out split"),
-            Flag("--max-tokens", "score only this many tokens", options={"type": int}), JSON_FLAG)),
-        "attention": RunCommand("draw the self-attention maps of every layer and head", "attention", (
-            Flag("--text", "the text whose self-attention to draw"), OUT_PNG_FLAG)),
-    }
+    run_class = LMRun
+    noun = "language-model"
 
     def make_tokenizer(self, data: DataConfig, text: str) -> Tokenizer:
         return make_tokenizer(data.tokenizer, text, data.vocab_size)
@@ -203,43 +242,6 @@ class LMJob(Job):
                   f"bits/char) after {summary['steps']} steps in {result.wall_seconds / 60:.1f} min\n"
                   f"--- sample ---\n{samples[0]}\n--- end of sample ---")
         return summary
-
-    # -- commands on a trained run ---------------------------------------------------------------------------
-
-    def generate(self, run: TrainedRun, args: argparse.Namespace) -> None:
-        generator = torch.Generator().manual_seed(args.seed)
-        for i in range(args.count):
-            text = generate_text(run.model, run.tokenizer, args.prompt, args.max_new_tokens,
-                                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                 use_cache=not args.no_cache, generator=generator,
-                                 dtype=GENERATION_DTYPES[args.dtype])
-            print(text if args.count == 1 else f"--- sample {i + 1} ---\n{text}")
-
-    def evaluate(self, run: TrainedRun, args: argparse.Namespace) -> None:
-        if args.data is not None:
-            text = load_text(args.data)
-            ids, n_chars, source = encode_text(run.tokenizer, text), len(text), args.data
-        else:
-            tokens = load_file(run.run_dir / TOKENS_FILE)
-            ids, n_chars, source = tokens["val"], int(tokens["chars"][1]), "the held-out validation split"
-        result = perplexity(run.model, ids, context=run.config.data.context, n_chars=n_chars,
-                            max_tokens=args.max_tokens)
-        report(f"{source}: {result['tokens']:,} tokens, loss {result['loss']:.4f} nats/token, perplexity "
-               f"{result['perplexity']:.3f}, {result['bits_per_char']:.4f} bits/char", result, args.json)
-
-    def attention(self, run: TrainedRun, args: argparse.Namespace) -> None:
-        if args.text is None:
-            raise ConfigError("kqv attention on a language model needs --text")
-        ids = run.tokenizer.encode(args.text)
-        if not ids:
-            raise DataError("--text is empty; give the text whose attention to draw")
-        ids_tensor = torch.tensor([ids])
-        check_ids(ids_tensor, run.model.config.vocab_size)
-        with torch.no_grad():
-            weights = run.model.attention_weights(ids_tensor)
-        tokens = [run.tokenizer.decode([i]) for i in ids]
-        path = self.draw_attention(weights, tokens, tokens, args.out, f"{run.run_dir}: self-attention")
-        print(f"wrote {path}: {len(weights)} layers x {weights[0].shape[1]} heads over {len(ids)} tokens")
 
 
 JOB = LMJob()

