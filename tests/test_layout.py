@@ -6,19 +6,19 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "kqv"
-# each layer and the layers it may import (besides itself and the standard library / third parties)
-BASE = {"errors", "validation"}  # the bottom: kqv's exceptions and the config validator, importable by everyone
-ALLOWED = {
-    "errors": set(),
-    "validation": {"errors"},
-    "nn": BASE,
-    "data": BASE,
-    "train": BASE | {"nn", "data"},
-    "experiments": BASE | {"nn", "data", "train", "jobs"},
-    "jobs": BASE | {"nn", "data", "train", "interop"},  # not explore (drawing) nor cli (flags, printing)
-    "api": BASE | {"nn", "data", "train", "interop", "jobs"},
-    "cli": BASE | {"nn", "data", "train", "interop", "jobs", "api", "explore", "experiments"},
-}
+ARCHITECTURE = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
+
+
+def documented_layers(text: str) -> dict[str, set[str]]:
+    """The table under "## Layers" in docs/architecture.md: each layer and the layers it may import (besides itself
+    and the standard library / third parties)."""
+    section = text.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1:3] for line in section.splitlines() if line.startswith("| `")]
+    return {layer.strip().strip("`"): {name.strip().strip("`") for name in allowed.split(",")} - {"nothing"}
+            for layer, allowed in rows}
+
+
+ALLOWED = documented_layers(ARCHITECTURE.read_text())
 
 
 def kqv_imports(path: Path) -> set[str]:
@@ -72,6 +72,20 @@ def test_the_argparse_checker_sees_both_forms_of_import(tmp_path):
                              ("import argparser\n", False), ("x = 'argparse'\n", False)):
         (tmp_path / "m.py").write_text(source)
         assert imports_module(tmp_path / "m.py", "argparse") is expected, source
+
+
+def test_every_package_and_top_level_module_has_its_layer():
+    layers = {path.stem if path.is_file() else path.name for path in PACKAGE.iterdir()
+              if (path.is_file() and path.suffix == ".py") or (path / "__init__.py").is_file()}
+    assert layers == set(ALLOWED), f"give each its allowed imports in ALLOWED (and docs/architecture.md): " \
+                                   f"{sorted(layers ^ set(ALLOWED))}"
+
+
+def test_the_layer_table_is_read_from_the_doc():
+    assert ALLOWED["errors"] == set() and ALLOWED["validation"] == {"errors"}
+    assert "explore" not in ALLOWED["jobs"] and "cli" not in ALLOWED["jobs"] and "cli" not in ALLOWED["explore"]
+    assert documented_layers("x\n## Layers\n| layer | may import |\n|---|---|\n| `a` | nothing |\n"
+                             "| `b` | `a`, `c` |\n## Next\n| `z` | `a` |\n") == {"a": set(), "b": {"a", "c"}}
 
 
 def test_the_import_checker_sees_relative_and_absolute_imports(tmp_path):

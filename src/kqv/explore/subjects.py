@@ -385,7 +385,7 @@ class VitSubject(Subject):
 
     def __init__(self, name: str, run: Any, limit: int):
         super().__init__(name, run.model, limit, run.model.config)
-        digits = run.job.test_digits(run)
+        digits = run.test_digits()
         self.images, self.labels = digits.images["test"], digits.labels["test"]  # (n, channels, h, w), (n,)
         self.tokens = ["[CLS]", *(f"p{i}" for i in range(self.model.patches.n_patches))]
 
