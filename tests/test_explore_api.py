@@ -337,7 +337,7 @@ def test_a_vit_run_shows_its_attention_over_cls_and_the_patches_of_a_test_image(
     view = body["attention"]["self"]
     assert body["tokens"] == view["queries"] == view["keys"] == patches and not view["causal"]
     run = load_run(vit_run)
-    digits = run.job.test_digits(run)
+    digits = run.test_digits()
     image = digits.images["test"][3:4]
     assert body["label"] == int(digits.labels["test"][3]) and body["pixels"] == image[0].tolist()
     with torch.no_grad():
