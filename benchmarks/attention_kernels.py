@@ -61,14 +61,35 @@ def main() -> None:
                 for name, kernel in (("sdpa", sdpa), ("matmul", matmul)):
                     times[name].append(seconds(kernel, inputs, grad))
             ms = {name: 1000 * statistics.median(t) for name, t in times.items()}
-            rows.append({"batch": batch, "heads": heads, "time": time_, "dtype": str(dtype).removeprefix("torch."),
-                         "sdpa_ms": ms["sdpa"], "matmul_ms": ms["matmul"], "sdpa_over_matmul": ms["sdpa"] / ms["matmul"]})
-            print(f"{str((batch, heads, time_)):>28} {rows[-1]['dtype']:>9} {ms['sdpa']:8.1f} {ms['matmul']:10.1f} "
-                  f"{rows[-1]['sdpa_over_matmul']:12.2f}")
+            rows.append(
+                {
+                    "batch": batch,
+                    "heads": heads,
+                    "time": time_,
+                    "dtype": str(dtype).removeprefix("torch."),
+                    "sdpa_ms": ms["sdpa"],
+                    "matmul_ms": ms["matmul"],
+                    "sdpa_over_matmul": ms["sdpa"] / ms["matmul"],
+                }
+            )
+            print(
+                f"{str((batch, heads, time_)):>28} {rows[-1]['dtype']:>9} {ms['sdpa']:8.1f} {ms['matmul']:10.1f} "
+                f"{rows[-1]['sdpa_over_matmul']:12.2f}"
+            )
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps({"command": "python benchmarks/attention_kernels.py", "head_dim": HEAD_DIM,
-                                       "threads": torch.get_num_threads(), "torch": torch.__version__,
-                                       "rows": rows}, indent=1) + "\n")
+    args.output.write_text(
+        json.dumps(
+            {
+                "command": "python benchmarks/attention_kernels.py",
+                "head_dim": HEAD_DIM,
+                "threads": torch.get_num_threads(),
+                "torch": torch.__version__,
+                "rows": rows,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     print(f"wrote {args.output}")
 
 

@@ -46,8 +46,17 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "attention_scaling.json"
 PLOT = ROOT / "docs" / "attention_scaling.png"
 LENGTHS = [1024, 2048, 4096, 8192, 16384, 32768, 65536]
-METHODS = ["reference", "sdpa", "blockwise_relative", "blockwise_alibi", "linformer", "linformer_causal", "bigbird",
-           "local", "memory_compressed"]
+METHODS = [
+    "reference",
+    "sdpa",
+    "blockwise_relative",
+    "blockwise_alibi",
+    "linformer",
+    "linformer_causal",
+    "bigbird",
+    "local",
+    "memory_compressed",
+]
 HEAD_DIM = 64
 REFERENCE_BYTES_PER_SCORE = {"forward": 13, "train": 25}  # bool mask + fp32 copies of scores alive at the peak
 
@@ -82,8 +91,10 @@ def build(method: str, n: int):
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), []
     if method.startswith("blockwise"):
         positions = RelativePositions(HEAD_DIM, 16) if method == "blockwise_relative" else ALiBiPositions(1)
-        return (lambda q, k, v: blockwise_attention(q, k, v, positions=positions, causal=True),
-                list(positions.parameters()))
+        return (
+            lambda q, k, v: blockwise_attention(q, k, v, positions=positions, causal=True),
+            list(positions.parameters()),
+        )
     if method.startswith("linformer"):
         module = LinformerAttention(max_len=n, k=256)
         return lambda q, k, v: module(q, k, v, causal=method == "linformer_causal"), list(module.parameters())
@@ -149,8 +160,14 @@ def run_case(method: str, n: int, args: argparse.Namespace) -> dict:
         command += ["--threads", str(args.threads)]
     start = time.perf_counter()
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, check=False,
-                              env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=args.timeout,
+            check=False,
+            env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        )
     except subprocess.TimeoutExpired:
         return {"method": method, "n": n, "status": f"timeout after {args.timeout} s"}
     if done.returncode != 0:
@@ -163,8 +180,10 @@ def run_case(method: str, n: int, args: argparse.Namespace) -> dict:
 def cell(result: dict) -> str:
     if result["status"] != "ok":
         return "exceeds budget" if result["status"].startswith("exceeds") else result["status"].split()[0]
-    return (f"{result['forward_s']:.2f}/{result['train_s']:.2f}s "
-            f"{result['forward_peak_mb']:.0f}/{result['train_peak_mb']:.0f}MB")
+    return (
+        f"{result['forward_s']:.2f}/{result['train_s']:.2f}s "
+        f"{result['forward_peak_mb']:.0f}/{result['train_peak_mb']:.0f}MB"
+    )
 
 
 def print_table(results: list[dict], methods: list[str], lengths: list[int]) -> None:
@@ -178,8 +197,9 @@ def print_table(results: list[dict], methods: list[str], lengths: list[int]) -> 
     print(f"{'n':>7} " + "".join(f"{m:>20}" for m in methods))
     for n in lengths:
         row = [by_key.get((m, n), {}) for m in methods]
-        print(f"{n:>7} " + "".join(f"{r['train_cpu_s']:>20.2f}" if r.get("status") == "ok" else f"{'-':>20}"
-                                   for r in row))
+        print(
+            f"{n:>7} " + "".join(f"{r['train_cpu_s']:>20.2f}" if r.get("status") == "ok" else f"{'-':>20}" for r in row)
+        )
 
 
 def plot(results: list[dict], methods: list[str], path: Path) -> None:
@@ -244,10 +264,19 @@ def main() -> None:
 
     report = {
         "command": "python benchmarks/attention_scaling.py " + " ".join(sys.argv[1:]),
-        "setup": {"heads": 1, "head_dim": HEAD_DIM, "batch": 1, "dtype": "float32", "causal": "all but linformer",
-                  "budget_gb": args.budget_gb, "threads": args.threads or torch.get_num_threads(),
-                  "torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
-                  "cores": os.cpu_count(), "total_s": time.perf_counter() - start},
+        "setup": {
+            "heads": 1,
+            "head_dim": HEAD_DIM,
+            "batch": 1,
+            "dtype": "float32",
+            "causal": "all but linformer",
+            "budget_gb": args.budget_gb,
+            "threads": args.threads or torch.get_num_threads(),
+            "torch": torch.__version__,
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "total_s": time.perf_counter() - start,
+        },
         "results": results,
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -86,9 +86,14 @@ def launch(arguments: list[str]) -> subprocess.Popen:
     restored to its default in the child: a shell starts background jobs (`cmd &`, nohup, some CI runners) with
     SIGINT ignored, which the child would inherit, and Python then never raises KeyboardInterrupt."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
-    return subprocess.Popen([sys.executable, "-m", "kqv.cli", *arguments], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    return subprocess.Popen(
+        [sys.executable, "-m", "kqv.cli", *arguments],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
 
 
 def draw_moments(count: int, rng: random.Random) -> list[dict]:
@@ -101,8 +106,13 @@ def draw_moments(count: int, rng: random.Random) -> list[dict]:
         if kind == "time":
             moments.append({"kind": "time", "after_s": round(rng.uniform(0.0, 3.0), 3)})
         else:
-            moments.append({"kind": kind, "write": rng.randint(1, 8), "delay_ms": round(rng.uniform(0, 30), 1)
-                            if kind == "write" else 0.0})
+            moments.append(
+                {
+                    "kind": kind,
+                    "write": rng.randint(1, 8),
+                    "delay_ms": round(rng.uniform(0, 30), 1) if kind == "write" else 0.0,
+                }
+            )
     return moments
 
 
@@ -184,12 +194,21 @@ def stopped_run(base: list[str], run_dir: Path, moments: list[dict], stop: signa
             rows[-1]["recovered"] = status in expected
         if status not in expected:
             when = f"after {signal_.name}" if landed else "on its own"
-            raise RuntimeError(f"exit status {status} ({when}): {error}"
-                               + ("" if landed or moment is None else "; if it finished, give it more --steps"))
+            raise RuntimeError(
+                f"exit status {status} ({when}): {error}"
+                + ("" if landed or moment is None else "; if it finished, give it more --steps")
+            )
         if moment is None:
             return rows
-        rows.append({**moment, "signal": signal_.name, "on_disk": on_disk(run_dir), "exit_status": status,
-                     "checkpoint_step": verified_step(run_dir)})
+        rows.append(
+            {
+                **moment,
+                "signal": signal_.name,
+                "on_disk": on_disk(run_dir),
+                "exit_status": status,
+                "checkpoint_step": verified_step(run_dir),
+            }
+        )
     return rows
 
 
@@ -199,12 +218,14 @@ def same_final_state(run_dir: Path, reference: Path) -> dict[str, bool]:
     from safetensors.torch import load_file
 
     weights, expected = (load_file(d / "checkpoint" / "model.safetensors") for d in (run_dir, reference))
-    optimizer, expected_optimizer = (torch.load(d / "checkpoint" / "optimizer.pt", weights_only=True)
-                                     for d in (run_dir, reference))
-    return {"weights": weights.keys() == expected.keys() and all(torch.equal(weights[k], expected[k])
-                                                                 for k in weights),
-            "optimizer": _equal(optimizer, expected_optimizer),
-            "steps": _step(run_dir) == _step(reference)}
+    optimizer, expected_optimizer = (
+        torch.load(d / "checkpoint" / "optimizer.pt", weights_only=True) for d in (run_dir, reference)
+    )
+    return {
+        "weights": weights.keys() == expected.keys() and all(torch.equal(weights[k], expected[k]) for k in weights),
+        "optimizer": _equal(optimizer, expected_optimizer),
+        "steps": _step(run_dir) == _step(reference),
+    }
 
 
 def _step(run_dir: Path) -> int:
@@ -234,15 +255,23 @@ def finish_reference(process: subprocess.Popen) -> None:
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"{'#':>3} {'signal':<8} {'moment':<26} {'on disk when stopped':<44} {'exit':>5} {'ckpt step':>9} "
-          f"{'resumed':>7}")
+    print(
+        f"{'#':>3} {'signal':<8} {'moment':<26} {'on disk when stopped':<44} {'exit':>5} {'ckpt step':>9} "
+        f"{'resumed':>7}"
+    )
     for i, row in enumerate(rows, 1):
-        moment = (f"{row['after_s']:.3f} s after start" if row["kind"] == "time" else
-                  f"write {row['write']} + {row['delay_ms']} ms" if row["kind"] == "write" else
-                  f"swap after write {row['write']}")
+        moment = (
+            f"{row['after_s']:.3f} s after start"
+            if row["kind"] == "time"
+            else f"write {row['write']} + {row['delay_ms']} ms"
+            if row["kind"] == "write"
+            else f"swap after write {row['write']}"
+        )
         step = "none" if row["checkpoint_step"] is None else row["checkpoint_step"]
-        print(f"{i:>3} {row['signal']:<8} {moment:<26} {row['on_disk'][:44]:<44} {row['exit_status']:>5} "
-              f"{step!s:>9} {'yes' if row['recovered'] else 'NO':>7}")
+        print(
+            f"{i:>3} {row['signal']:<8} {moment:<26} {row['on_disk'][:44]:<44} {row['exit_status']:>5} "
+            f"{step!s:>9} {'yes' if row['recovered'] else 'NO':>7}"
+        )
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -266,19 +295,31 @@ def main(argv: list[str] | None = None) -> dict:
         for name, stop, count in (("kill", signal.SIGKILL, args.kills), ("interrupt", signal.SIGINT, args.interrupts)):
             if count:
                 rows = stopped_run(base, work / name, draw_moments(count, rng), stop)
-                results[name] = {"rows": rows, "recovered": sum(r["recovered"] for r in rows), "stops": len(rows),
-                                 "identical": same_final_state(work / name, work / "reference")}
-    summary = {"benchmark": "crash_resume", "steps": args.steps, "checkpoint_every": args.checkpoint_every,
-               "seed": args.seed, "reference_seconds": round(reference_seconds, 1), "loaded_machine_timing": True,
-               "command": "OMP_NUM_THREADS=1 python benchmarks/crash_resume.py " + " ".join(argv or sys.argv[1:]),
-               **results}
+                results[name] = {
+                    "rows": rows,
+                    "recovered": sum(r["recovered"] for r in rows),
+                    "stops": len(rows),
+                    "identical": same_final_state(work / name, work / "reference"),
+                }
+    summary = {
+        "benchmark": "crash_resume",
+        "steps": args.steps,
+        "checkpoint_every": args.checkpoint_every,
+        "seed": args.seed,
+        "reference_seconds": round(reference_seconds, 1),
+        "loaded_machine_timing": True,
+        "command": "OMP_NUM_THREADS=1 python benchmarks/crash_resume.py " + " ".join(argv or sys.argv[1:]),
+        **results,
+    }
     for name, result in results.items():
         print(f"\n{name}: {result['stops']} stops with {result['rows'][0]['signal']}")
         print_table(result["rows"])
         identical = result["identical"]
-        print(f"{name}: {result['recovered']}/{result['stops']} recovered; final weights bit-identical to the "
-              f"uninterrupted run: {'yes' if identical['weights'] else 'NO'}; optimizer state: "
-              f"{'yes' if identical['optimizer'] else 'NO'}")
+        print(
+            f"{name}: {result['recovered']}/{result['stops']} recovered; final weights bit-identical to the "
+            f"uninterrupted run: {'yes' if identical['weights'] else 'NO'}; optimizer state: "
+            f"{'yes' if identical['optimizer'] else 'NO'}"
+        )
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(summary, indent=1) + "\n")
     print(f"wrote {args.output}")

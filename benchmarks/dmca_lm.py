@@ -36,29 +36,61 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "dmca_lm.json"
 TOKENS_PER_UPDATE = 2048
-SEED_TABLE = {"Transformer-D, L=4000": 2.22216, "Transformer-DMCA, no MoE, L=11000": 2.05159,
-              "Transformer-DMCA, MoE-128, L=11000": 1.92871, "Transformer-DMCA, MoE-256, L=7500": 1.90325}
+SEED_TABLE = {
+    "Transformer-D, L=4000": 2.22216,
+    "Transformer-DMCA, no MoE, L=11000": 2.05159,
+    "Transformer-DMCA, MoE-128, L=11000": 1.92871,
+    "Transformer-DMCA, MoE-256, L=7500": 1.90325,
+}
 ARMS = {
     "full": dict(context=128, model={}),
     "full+switch": dict(context=128, model={"ffn": "switch", "experts.count": 4, "experts.every": 2}),
-    "dmca": dict(context=512, model={"layer_pattern": "local,memory_compressed", "local.block": 64,
-                                     "memory_compressed.compression": 3}),
-    "dmca+switch": dict(context=512, model={"layer_pattern": "local,memory_compressed", "local.block": 64,
-                                            "memory_compressed.compression": 3, "ffn": "switch", "experts.count": 4,
-                                            "experts.every": 2}),
+    "dmca": dict(
+        context=512,
+        model={"layer_pattern": "local,memory_compressed", "local.block": 64, "memory_compressed.compression": 3},
+    ),
+    "dmca+switch": dict(
+        context=512,
+        model={
+            "layer_pattern": "local,memory_compressed",
+            "local.block": 64,
+            "memory_compressed.compression": 3,
+            "ffn": "switch",
+            "experts.count": 4,
+            "experts.every": 2,
+        },
+    ),
 }
 
 
 def overrides(arm: str, steps: int) -> list[str]:
     spec = ARMS[arm]
-    model = {"d_model": 128, "n_heads": 4, "n_layers": 4, "d_ff": 512, "dropout": 0.0, "position": "rope",
-             **spec["model"]}
+    model = {
+        "d_model": 128,
+        "n_heads": 4,
+        "n_layers": 4,
+        "d_ff": 512,
+        "dropout": 0.0,
+        "position": "rope",
+        **spec["model"],
+    }
     values = {f"model.{k}": v for k, v in model.items()}
-    values.update({"data.context": spec["context"], "train.batch_size": TOKENS_PER_UPDATE // spec["context"],
-                   "train.steps": steps, "train.warmup_steps": max(1, steps // 10), "train.lr": 2e-3,
-                   "train.precision": "fp32", "train.eval_every": steps, "train.eval_batches": 4,
-                   "train.checkpoint_every": steps, "train.log_every": max(1, steps // 5),
-                   "sample.count": 1, "sample.max_new_tokens": 20})
+    values.update(
+        {
+            "data.context": spec["context"],
+            "train.batch_size": TOKENS_PER_UPDATE // spec["context"],
+            "train.steps": steps,
+            "train.warmup_steps": max(1, steps // 10),
+            "train.lr": 2e-3,
+            "train.precision": "fp32",
+            "train.eval_every": steps,
+            "train.eval_batches": 4,
+            "train.checkpoint_every": steps,
+            "train.log_every": max(1, steps // 5),
+            "sample.count": 1,
+            "sample.max_new_tokens": 20,
+        }
+    )
     return [f"{k}={json.dumps(v)}" for k, v in values.items()]
 
 
@@ -73,20 +105,32 @@ def worker(arm: str, steps: int) -> dict:
     with tempfile.TemporaryDirectory() as run_dir:
         summary = JOB.train(config, run_dir, quiet=True)
     val = summary["val"]
-    return {"arm": arm, "context": config.data.context, "batch_size": config.train.batch_size, "steps": steps,
-            "parameters": summary["parameters"], "val_loss": val["loss"], "val_perplexity": val["perplexity"],
-            "val_tokens": val["tokens"], "train_seconds": summary["train_seconds"],
-            "tokens_per_s": steps * TOKENS_PER_UPDATE / max(summary["train_seconds"], 1e-9),
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {
+        "arm": arm,
+        "context": config.data.context,
+        "batch_size": config.train.batch_size,
+        "steps": steps,
+        "parameters": summary["parameters"],
+        "val_loss": val["loss"],
+        "val_perplexity": val["perplexity"],
+        "val_tokens": val["tokens"],
+        "train_seconds": summary["train_seconds"],
+        "tokens_per_s": steps * TOKENS_PER_UPDATE / max(summary["train_seconds"], 1e-9),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
 
 
 def print_table(results: list[dict]) -> None:
     print(f"\n{'arm':<14}{'context':>8}{'val loss':>10}{'ppl':>8}{'tok/s':>9}{'peak MB':>9}")
     for r in results:
-        print(f"{r['arm']:<14}{r['context']:>8}{r['val_loss']:>10.4f}{r['val_perplexity']:>8.3f}"
-              f"{r['tokens_per_s']:>9.0f}{r['peak_rss_mb']:>9.0f}")
-    print("\nLiu et al. 2018 (WikiSum, test perplexity): " +
-          ", ".join(f"{name} {value}" for name, value in SEED_TABLE.items()))
+        print(
+            f"{r['arm']:<14}{r['context']:>8}{r['val_loss']:>10.4f}{r['val_perplexity']:>8.3f}"
+            f"{r['tokens_per_s']:>9.0f}{r['peak_rss_mb']:>9.0f}"
+        )
+    print(
+        "\nLiu et al. 2018 (WikiSum, test perplexity): "
+        + ", ".join(f"{name} {value}" for name, value in SEED_TABLE.items())
+    )
 
 
 def main() -> None:
@@ -101,17 +145,30 @@ def main() -> None:
         return
     results, start = [], time.perf_counter()
     for arm in args.arms:
-        done = subprocess.run([sys.executable, __file__, "--worker", arm, "--steps", str(args.steps)], capture_output=True, text=True, check=False)
+        done = subprocess.run(
+            [sys.executable, __file__, "--worker", arm, "--steps", str(args.steps)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if done.returncode:
             raise SystemExit(f"arm {arm} failed:\n{done.stderr[-3000:]}")
         results.append(json.loads(done.stdout.strip().splitlines()[-1]))
         print(f"{arm}: val loss {results[-1]['val_loss']:.4f} ({time.perf_counter() - start:.0f} s)", flush=True)
     print_table(results)
-    report = {"command": "OMP_NUM_THREADS=1 python benchmarks/dmca_lm.py " + " ".join(sys.argv[1:]),
-              "setup": {"tokens_per_update": TOKENS_PER_UPDATE, "precision": "fp32", "d_model": 128, "n_layers": 4,
-                        "corpus": "Shakespeare, character level (kqv.data.shakespeare)",
-                        "note": "tokens/s on a shared (loaded) machine: an upper bound on time, not a speed claim"},
-              "seed_table": SEED_TABLE, "results": results}
+    report = {
+        "command": "OMP_NUM_THREADS=1 python benchmarks/dmca_lm.py " + " ".join(sys.argv[1:]),
+        "setup": {
+            "tokens_per_update": TOKENS_PER_UPDATE,
+            "precision": "fp32",
+            "d_model": 128,
+            "n_layers": 4,
+            "corpus": "Shakespeare, character level (kqv.data.shakespeare)",
+            "note": "tokens/s on a shared (loaded) machine: an upper bound on time, not a speed claim",
+        },
+        "seed_table": SEED_TABLE,
+        "results": results,
+    }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.output}")

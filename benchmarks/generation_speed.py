@@ -83,9 +83,21 @@ def build_models(s: Shape, seed: int) -> tuple[nn.Module, nn.Module]:
     from kqv.interop import to_hf
 
     torch.manual_seed(seed)
-    config = ModelConfig(vocab_size=s.vocab, d_model=s.d_model, n_heads=s.heads, n_layers=s.layers, d_ff=s.d_ff,
-                         max_len=s.prompt + s.new_tokens, position="learned", activation="gelu_tanh",
-                         norm="layernorm", norm_first=True, dropout=0.0, bias=True, tie_embeddings=True)
+    config = ModelConfig(
+        vocab_size=s.vocab,
+        d_model=s.d_model,
+        n_heads=s.heads,
+        n_layers=s.layers,
+        d_ff=s.d_ff,
+        max_len=s.prompt + s.new_tokens,
+        position="learned",
+        activation="gelu_tanh",
+        norm="layernorm",
+        norm_first=True,
+        dropout=0.0,
+        bias=True,
+        tie_embeddings=True,
+    )
     model = DecoderLM(config).eval()
     with torch.no_grad():  # GPT-2's init leaves biases and norms at 0/1: give them values so a mapping slip shows
         for name, p in model.named_parameters():
@@ -95,14 +107,20 @@ def build_models(s: Shape, seed: int) -> tuple[nn.Module, nn.Module]:
 
 
 def kqv_generate(model: nn.Module, ids: Tensor, new: int) -> Tensor:
-    return model.generate(ids, new, temperature=0)[:, ids.shape[1]:]
+    return model.generate(ids, new, temperature=0)[:, ids.shape[1] :]
 
 
 def hf_generate(model: nn.Module, ids: Tensor, new: int) -> Tensor:
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
-                             do_sample=False, pad_token_id=0)
-    return out[:, ids.shape[1]:]
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    return out[:, ids.shape[1] :]
 
 
 def linear_weights(model: nn.Module) -> list[Tensor]:
@@ -120,6 +138,7 @@ def weight_read_floor(model: nn.Module, new: int):
             for _ in range(new):
                 for weight in weights:
                     weight.sum()
+
     return run
 
 
@@ -129,8 +148,15 @@ def timed(fn) -> tuple[float, Tensor]:
     return time.perf_counter() - start, out
 
 
-def run_case(kqv: nn.Module, hf: nn.Module, ids: Tensor, new: int, precision: str, rounds: int,
-             reference: dict[str, Tensor] | None) -> dict:
+def run_case(
+    kqv: nn.Module,
+    hf: nn.Module,
+    ids: Tensor,
+    new: int,
+    precision: str,
+    rounds: int,
+    reference: dict[str, Tensor] | None,
+) -> dict:
     """Interleaved rounds of kqv and HF generating `new` tokens for `ids`; tokens/s, ratios and token checks."""
     runners = {"kqv": lambda: kqv_generate(kqv, ids, new), "hf": lambda: hf_generate(hf, ids, new)}
     if precision == "fp32":
@@ -138,18 +164,22 @@ def run_case(kqv: nn.Module, hf: nn.Module, ids: Tensor, new: int, precision: st
     outputs = {name: run() for name, run in runners.items()}  # warm-up (and the tokens to check)
     times: dict[str, list[float]] = {name: [] for name in runners}
     for r in range(rounds):
-        for name in (list(runners) if r % 2 == 0 else list(runners)[::-1]):
+        for name in list(runners) if r % 2 == 0 else list(runners)[::-1]:
             seconds, out = timed(runners[name])
             if name != "floor" and not torch.equal(out, outputs[name]):
                 raise RuntimeError(f"{name} {precision} greedy tokens changed between rounds")
             times[name].append(seconds)
     tokens = ids.shape[0] * new
-    row = {"batch": ids.shape[0], "precision": precision, "new_tokens": new,
-           "hf_precision": "fp32" if precision == "int8" else precision,
-           "kqv_tokens_per_s": tokens / statistics.median(times["kqv"]),
-           "hf_tokens_per_s": tokens / statistics.median(times["hf"]),
-           "kqv_over_hf_paired": statistics.median(h / k for k, h in zip(times["kqv"], times["hf"])),
-           "rounds_seconds": times}
+    row = {
+        "batch": ids.shape[0],
+        "precision": precision,
+        "new_tokens": new,
+        "hf_precision": "fp32" if precision == "int8" else precision,
+        "kqv_tokens_per_s": tokens / statistics.median(times["kqv"]),
+        "hf_tokens_per_s": tokens / statistics.median(times["hf"]),
+        "kqv_over_hf_paired": statistics.median(h / k for k, h in zip(times["kqv"], times["hf"])),
+        "rounds_seconds": times,
+    }
     row["kqv_over_hf"] = row["kqv_tokens_per_s"] / row["hf_tokens_per_s"]
     if "floor" in times:  # the exact fp32 floor: every weight read once per token
         row["floor_tokens_per_s"] = tokens / statistics.median(times["floor"])
@@ -166,8 +196,16 @@ def run_case(kqv: nn.Module, hf: nn.Module, ids: Tensor, new: int, precision: st
     return row
 
 
-TRAINED_PROMPTS = ["ROMEO:\n", "To be, or not to be", "KING HENRY:\nOnce more unto the breach", "First Citizen:\n",
-                   "O, what a noble mind", "JULIET:\nWherefore art thou", "The quality of mercy", "Now is the winter"]
+TRAINED_PROMPTS = [
+    "ROMEO:\n",
+    "To be, or not to be",
+    "KING HENRY:\nOnce more unto the breach",
+    "First Citizen:\n",
+    "O, what a noble mind",
+    "JULIET:\nWherefore art thou",
+    "The quality of mercy",
+    "Now is the winter",
+]
 
 
 def encode_known(tokenizer, prompt: str) -> list[int]:
@@ -201,6 +239,7 @@ def general_path(model: nn.Module):
         def generate(self, *args, **kwargs):
             with mock.patch.object(DecodeStep, "supports", staticmethod(lambda _: False)):
                 return model.generate(*args, **kwargs)
+
     return GeneralPath()
 
 
@@ -213,26 +252,38 @@ def trained_agreement(run_dir: Path, new_tokens: int) -> dict:
     run = load_run(run_dir)
     model = run.model.eval()
     outputs: dict[str, list[Tensor]] = {}
-    for precision, lowered in (("fp32", model), ("fp32 general path", general_path(model)),
-                               ("bf16", in_dtype(model, torch.bfloat16)), ("int8", in_dtype(model, torch.qint8))):
+    for precision, lowered in (
+        ("fp32", model),
+        ("fp32 general path", general_path(model)),
+        ("bf16", in_dtype(model, torch.bfloat16)),
+        ("int8", in_dtype(model, torch.qint8)),
+    ):
         outputs[precision] = []
         for prompt in TRAINED_PROMPTS:
             ids = torch.tensor([encode_known(run.tokenizer, prompt)])
-            new = min(new_tokens, model.config.max_len - ids.shape[1] + 1) \
-                if model.config.position == "learned" else new_tokens
-            outputs[precision].append(lowered.generate(ids, new, temperature=0)[0, ids.shape[1]:])
-    result = {"run": str(run_dir), "prompts": len(TRAINED_PROMPTS),
-              "parameters": sum(p.numel() for p in model.parameters())}
+            new = (
+                min(new_tokens, model.config.max_len - ids.shape[1] + 1)
+                if model.config.position == "learned"
+                else new_tokens
+            )
+            outputs[precision].append(lowered.generate(ids, new, temperature=0)[0, ids.shape[1] :])
+    result = {
+        "run": str(run_dir),
+        "prompts": len(TRAINED_PROMPTS),
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
     for precision in ("fp32 general path", "bf16", "int8"):
         pairs = list(zip(outputs[precision], outputs["fp32"]))
         result[precision] = {
             "agreement_with_fp32": sum(int((a == b).sum()) for a, b in pairs) / sum(b.numel() for _, b in pairs),
-            "identical_continuations": sum(bool(torch.equal(a, b)) for a, b in pairs)}
+            "identical_continuations": sum(bool(torch.equal(a, b)) for a, b in pairs),
+        }
     return result
 
 
-def measure(models: dict, precisions: list[str], s: Shape, batches: list[int], threads: list[int | None],
-            rounds: int, seed: int) -> list[dict]:
+def measure(
+    models: dict, precisions: list[str], s: Shape, batches: list[int], threads: list[int | None], rounds: int, seed: int
+) -> list[dict]:
     """Every (threads, batch, precision) case in turn; each row says its thread count."""
     rows = []
     for count in threads:
@@ -242,13 +293,17 @@ def measure(models: dict, precisions: list[str], s: Shape, batches: list[int], t
             ids = torch.randint(1, s.vocab, (batch, s.prompt), generator=torch.Generator().manual_seed(seed + batch))
             reference = None
             for precision in precisions:
-                row = {"threads": torch.get_num_threads(),
-                       **run_case(*models[precision], ids, s.new_tokens, precision, rounds, reference)}
+                row = {
+                    "threads": torch.get_num_threads(),
+                    **run_case(*models[precision], ids, s.new_tokens, precision, rounds, reference),
+                }
                 reference = reference or row["outputs"]
                 rows.append(row)
-                print(f"  threads {row['threads']} batch {batch} {precision}: kqv {row['kqv_tokens_per_s']:,.1f} "
-                      f"tokens/s, HF {row['hf_tokens_per_s']:,.1f} (paired ratio {row['kqv_over_hf_paired']:.2f})",
-                      flush=True)
+                print(
+                    f"  threads {row['threads']} batch {batch} {precision}: kqv {row['kqv_tokens_per_s']:,.1f} "
+                    f"tokens/s, HF {row['hf_tokens_per_s']:,.1f} (paired ratio {row['kqv_over_hf_paired']:.2f})",
+                    flush=True,
+                )
     return rows
 
 
@@ -259,23 +314,29 @@ def profile_step(kqv: nn.Module, hf: nn.Module, s: Shape, top: int = 8) -> dict[
 
     ids = torch.randint(1, s.vocab, (1, s.prompt), generator=torch.Generator().manual_seed(1))
     shares = {}
-    for name, run in (("kqv", lambda: kqv_generate(kqv, ids, s.new_tokens)),
-                      ("hf", lambda: hf_generate(hf, ids, s.new_tokens))):
+    for name, run in (
+        ("kqv", lambda: kqv_generate(kqv, ids, s.new_tokens)),
+        ("hf", lambda: hf_generate(hf, ids, s.new_tokens)),
+    ):
         run()
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             run()
         events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
         total = sum(e.self_cpu_time_total for e in events)
         shares[name] = [[e.key, e.self_cpu_time_total / total] for e in events[:top]]
-        print(f"\n{name} profile (batch 1, fp32, share of self CPU time): " +
-              ", ".join(f"{key} {share:.1%}" for key, share in shares[name]))
+        print(
+            f"\n{name} profile (batch 1, fp32, share of self CPU time): "
+            + ", ".join(f"{key} {share:.1%}" for key, share in shares[name])
+        )
     return shares
 
 
 def print_table(rows: list[dict]) -> None:
-    header = (f"{'thr':>3s} {'batch':>5s} {'prec':5s} {'kqv tok/s':>10s} {'HF tok/s':>10s} {'kqv/HF':>7s} "
-              f"{'paired':>7s} "
-              f"{'floor tok/s':>11s} {'GB/s':>5s} {'floor/HF':>8s} {'kqv/floor':>9s} {'tokens':>22s}")
+    header = (
+        f"{'thr':>3s} {'batch':>5s} {'prec':5s} {'kqv tok/s':>10s} {'HF tok/s':>10s} {'kqv/HF':>7s} "
+        f"{'paired':>7s} "
+        f"{'floor tok/s':>11s} {'GB/s':>5s} {'floor/HF':>8s} {'kqv/floor':>9s} {'tokens':>22s}"
+    )
     print("\n" + header + "\n" + "-" * len(header))
     for row in rows:
         if row["precision"] == "fp32":
@@ -284,11 +345,17 @@ def print_table(rows: list[dict]) -> None:
             check = f"vs fp32 {row['kqv_agreement_with_fp32']:.1%} (HF in fp32)"
         else:
             check = f"vs fp32 {row['kqv_agreement_with_fp32']:.1%} / HF {row['hf_agreement_with_fp32']:.1%}"
-        print(f"{row['threads']:3d} {row['batch']:5d} {row['precision']:5s} {row['kqv_tokens_per_s']:10,.1f} "
-              f"{row['hf_tokens_per_s']:10,.1f} {row['kqv_over_hf']:7.2f} {row['kqv_over_hf_paired']:7.2f} "
-              + (f"{row['floor_tokens_per_s']:11,.1f} {row['weights_gb_per_s']:5.1f} {row['floor_over_hf']:8.2f} "
-                 f"{row['kqv_over_floor']:9.2f} " if "floor_over_hf" in row else f"{'':11s} {'':5s} {'':8s} {'':9s} ")
-              + f"{check:>22s}")
+        print(
+            f"{row['threads']:3d} {row['batch']:5d} {row['precision']:5s} {row['kqv_tokens_per_s']:10,.1f} "
+            f"{row['hf_tokens_per_s']:10,.1f} {row['kqv_over_hf']:7.2f} {row['kqv_over_hf_paired']:7.2f} "
+            + (
+                f"{row['floor_tokens_per_s']:11,.1f} {row['weights_gb_per_s']:5.1f} {row['floor_over_hf']:8.2f} "
+                f"{row['kqv_over_floor']:9.2f} "
+                if "floor_over_hf" in row
+                else f"{'':11s} {'':5s} {'':8s} {'':9s} "
+            )
+            + f"{check:>22s}"
+        )
 
 
 def versions() -> dict[str, str]:
@@ -302,19 +369,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny model, few tokens: a smoke test")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds per case (default 5; quick 2)")
     parser.add_argument("--batches", default="1,8", help="comma-separated batch sizes (default 1,8)")
-    parser.add_argument("--precision", choices=["fp32", "all"], default="all",
-                        help="fp32 only, or fp32, bf16 and int8 (default)")
+    parser.add_argument(
+        "--precision", choices=["fp32", "all"], default="all", help="fp32 only, or fp32, bf16 and int8 (default)"
+    )
     parser.add_argument("--new-tokens", type=int, default=None, help="new tokens per sequence (default 256)")
-    parser.add_argument("--threads", default=None,
-                        help="comma-separated torch thread counts, each measured in turn, e.g. 1,2 (default: "
-                             "torch's own choice)")
-    parser.add_argument("--run", type=Path, default=None,
-                        help="a trained LM run directory: also report bf16/int8 token agreement with fp32 on it")
-    parser.add_argument("--profile", action="store_true",
-                        help="also profile one batch-1 fp32 generate of each library (top operators)")
+    parser.add_argument(
+        "--threads",
+        default=None,
+        help="comma-separated torch thread counts, each measured in turn, e.g. 1,2 (default: torch's own choice)",
+    )
+    parser.add_argument(
+        "--run",
+        type=Path,
+        default=None,
+        help="a trained LM run directory: also report bf16/int8 token agreement with fp32 on it",
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="also profile one batch-1 fp32 generate of each library (top operators)"
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", type=Path, default=None,
-                        help=f"JSON path (default {RESULTS}; --quick writes nothing unless given)")
+    parser.add_argument(
+        "--output", type=Path, default=None, help=f"JSON path (default {RESULTS}; --quick writes nothing unless given)"
+    )
     args = parser.parse_args(argv)
 
     s = QUICK if args.quick else FULL
@@ -325,16 +401,23 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from transformers.utils import logging as hf_logging
+
     hf_logging.set_verbosity_error()
 
     kqv, hf = build_models(s, args.seed)
     precisions = ["fp32", "bf16", "int8"] if args.precision == "all" else ["fp32"]
-    models = {"fp32": (kqv, hf), "bf16": (in_dtype(kqv, torch.bfloat16), copy.deepcopy(hf).to(torch.bfloat16)),
-              "int8": (in_dtype(kqv, torch.qint8), hf)}
+    models = {
+        "fp32": (kqv, hf),
+        "bf16": (in_dtype(kqv, torch.bfloat16), copy.deepcopy(hf).to(torch.bfloat16)),
+        "int8": (in_dtype(kqv, torch.qint8), hf),
+    }
     load_start = os.getloadavg()
-    print(f"shape {asdict(s)}; {rounds} interleaved rounds per case; threads "
-          f"{args.threads or torch.get_num_threads()}; "
-          f"load average {load_start[0]:.2f}; torch {torch.__version__}", flush=True)
+    print(
+        f"shape {asdict(s)}; {rounds} interleaved rounds per case; threads "
+        f"{args.threads or torch.get_num_threads()}; "
+        f"load average {load_start[0]:.2f}; torch {torch.__version__}",
+        flush=True,
+    )
     rows = measure(models, precisions, s, [int(b) for b in args.batches.split(",")], threads, rounds, args.seed)
     for row in rows:
         del row["outputs"]
@@ -343,23 +426,36 @@ def main(argv: list[str] | None = None) -> int:
     trained = None
     if args.run is not None:
         trained = trained_agreement(args.run, s.new_tokens)
-        print(f"\ntrained LM {args.run} ({trained['parameters']:,} parameters), greedy tokens after "
-              f"{trained['prompts']} prompts: " + "; ".join(
-                  f"{p} agrees with fp32 on {trained[p]['agreement_with_fp32']:.1%} "
-                  f"({trained[p]['identical_continuations']}/{trained['prompts']} continuations identical)"
-                  for p in ("fp32 general path", "bf16", "int8")))
+        print(
+            f"\ntrained LM {args.run} ({trained['parameters']:,} parameters), greedy tokens after "
+            f"{trained['prompts']} prompts: "
+            + "; ".join(
+                f"{p} agrees with fp32 on {trained[p]['agreement_with_fp32']:.1%} "
+                f"({trained[p]['identical_continuations']}/{trained['prompts']} continuations identical)"
+                for p in ("fp32 general path", "bf16", "int8")
+            )
+        )
 
     output = args.output if args.output is not None else (None if args.quick else RESULTS)
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
-        result = {"benchmark": "generation_speed", "shape": asdict(s), "rounds": rounds,
-                  "threads": sorted({row["threads"] for row in rows}),
-                  "parameters": sum(p.numel() for p in kqv.parameters()),
-                  "hf_attn_implementation": hf.config._attn_implementation,
-                  "bf16_native": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
-                  "load_average_start": load_start, "load_average_end": os.getloadavg(), "quick": args.quick,
-                  "versions": versions(), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "rows": rows,
-                  "trained": trained, "profile": profiles}
+        result = {
+            "benchmark": "generation_speed",
+            "shape": asdict(s),
+            "rounds": rounds,
+            "threads": sorted({row["threads"] for row in rows}),
+            "parameters": sum(p.numel() for p in kqv.parameters()),
+            "hf_attn_implementation": hf.config._attn_implementation,
+            "bf16_native": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+            "load_average_start": load_start,
+            "load_average_end": os.getloadavg(),
+            "quick": args.quick,
+            "versions": versions(),
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "rows": rows,
+            "trained": trained,
+            "profile": profiles,
+        }
         output.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {output}")
     failed = [r for r in rows if r["precision"] == "fp32" and not r["kqv_hf_identical"]]

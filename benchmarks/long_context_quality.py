@@ -45,6 +45,8 @@ from kqv.nn.models import init_weights
 from kqv.nn.sparse import BigBirdAttention, LinformerAttention
 
 RESULTS = Path(__file__).resolve().parent / "results" / "long_context_quality.json"
+
+
 class FullAttention(nn.Module):
     """Exact attention, the baseline."""
 
@@ -90,8 +92,8 @@ class TinyLM(nn.Module):
 
 CORES = {
     "full": lambda time: FullAttention,
-    "linformer": lambda time: (lambda: LinformerAttention(max_len=time, k=32, chunk=256)),
-    "bigbird": lambda time: (lambda: BigBirdAttention(block=32, window=1, global_blocks=1, random_blocks=1)),
+    "linformer": lambda time: lambda: LinformerAttention(max_len=time, k=32, chunk=256),
+    "bigbird": lambda time: lambda: BigBirdAttention(block=32, window=1, global_blocks=1, random_blocks=1),
 }
 
 
@@ -112,8 +114,16 @@ def run(method: str, stages: list[tuple[int, int]], batch: int, seed: int, lr: f
     """Train one model through the stages (length, steps), scoring it at each stage's length when it ends."""
     torch.manual_seed(seed)
     longest = max(length for length, _ in stages)
-    config = ModelConfig(vocab_size=VOCAB, d_model=64, n_heads=2, n_layers=2, d_ff=128, max_len=longest,
-                         dropout=0.0, position="sinusoidal")
+    config = ModelConfig(
+        vocab_size=VOCAB,
+        d_model=64,
+        n_heads=2,
+        n_layers=2,
+        d_ff=128,
+        max_len=longest,
+        dropout=0.0,
+        position="sinusoidal",
+    )
     model = TinyLM(config, CORES[method](longest))
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     train_data = torch.Generator().manual_seed(seed)
@@ -132,19 +142,34 @@ def run(method: str, stages: list[tuple[int, int]], batch: int, seed: int, lr: f
             optimizer.step()
             schedule.step()
             losses.append(loss.item())
-        results.append({"method": method, "time": length, "steps": steps, "batch": batch,
-                        "train_s": time.perf_counter() - start, "train_cpu_s": time.process_time() - start_cpu,
-                        "final_loss": sum(losses[-10:]) / len(losses[-10:]),
-                        "accuracy": evaluate(model, length, seed)})
-        print(f"{method:>10} n={length:>5}: accuracy {results[-1]['accuracy']:.1%}, final loss "
-              f"{results[-1]['final_loss']:.3f}, {results[-1]['train_s']:.0f} s", flush=True)
+        results.append(
+            {
+                "method": method,
+                "time": length,
+                "steps": steps,
+                "batch": batch,
+                "train_s": time.perf_counter() - start,
+                "train_cpu_s": time.process_time() - start_cpu,
+                "final_loss": sum(losses[-10:]) / len(losses[-10:]),
+                "accuracy": evaluate(model, length, seed),
+            }
+        )
+        print(
+            f"{method:>10} n={length:>5}: accuracy {results[-1]['accuracy']:.1%}, final loss "
+            f"{results[-1]['final_loss']:.3f}, {results[-1]['train_s']:.0f} s",
+            flush=True,
+        )
     return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--stages", nargs="+", default=["128:250", "512:100", "1024:50"],
-                        help="length:steps, trained in order on one model per method")
+    parser.add_argument(
+        "--stages",
+        nargs="+",
+        default=["128:250", "512:100", "1024:50"],
+        help="length:steps, trained in order on one model per method",
+    )
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--seed", type=int, default=0)
@@ -163,8 +188,12 @@ def main() -> None:
         row = {r["method"]: r for r in results if r["time"] == length}
         print(f"{length:>6} {steps:>6} " + "".join(f"{row[m]['accuracy']:>12.1%}" for m in CORES))
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    report = {"command": "python benchmarks/long_context_quality.py " + " ".join(sys.argv[1:]),
-              "threads": torch.get_num_threads(), "total_s": time.perf_counter() - start, "results": results}
+    report = {
+        "command": "python benchmarks/long_context_quality.py " + " ".join(sys.argv[1:]),
+        "threads": torch.get_num_threads(),
+        "total_s": time.perf_counter() - start,
+        "results": results,
+    }
     args.output.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.output} in {time.perf_counter() - start:.0f} s")
 

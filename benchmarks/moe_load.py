@@ -32,14 +32,29 @@ def train(steps: int, coefficient: float) -> list[dict]:
     from kqv.jobs.lm import JOB
     from kqv.train.metrics import read_metrics
 
-    values = {"model.d_model": 128, "model.n_layers": 4, "model.d_ff": 512, "model.ffn": "switch",
-              "model.experts.count": N_EXPERTS, "model.experts.aux_loss_coefficient": coefficient, "data.context": 128,
-              "train.batch_size": 16, "train.steps": steps, "train.warmup_steps": max(1, steps // 10),
-              "train.precision": "fp32", "train.log_every": max(1, steps // 30), "train.eval_every": steps,
-              "train.eval_batches": 4, "train.checkpoint_every": steps, "sample.count": 1,
-              "sample.max_new_tokens": 20}
-    config = JOB.load_config(Path(str(resources.files("kqv") / "configs" / "lm-quick.toml")),
-                             [f"{k}={json.dumps(v)}" for k, v in values.items()])
+    values = {
+        "model.d_model": 128,
+        "model.n_layers": 4,
+        "model.d_ff": 512,
+        "model.ffn": "switch",
+        "model.experts.count": N_EXPERTS,
+        "model.experts.aux_loss_coefficient": coefficient,
+        "data.context": 128,
+        "train.batch_size": 16,
+        "train.steps": steps,
+        "train.warmup_steps": max(1, steps // 10),
+        "train.precision": "fp32",
+        "train.log_every": max(1, steps // 30),
+        "train.eval_every": steps,
+        "train.eval_batches": 4,
+        "train.checkpoint_every": steps,
+        "sample.count": 1,
+        "sample.max_new_tokens": 20,
+    }
+    config = JOB.load_config(
+        Path(str(resources.files("kqv") / "configs" / "lm-quick.toml")),
+        [f"{k}={json.dumps(v)}" for k, v in values.items()],
+    )
     with tempfile.TemporaryDirectory() as run_dir:
         JOB.train(config, run_dir, quiet=True)
         return [r for r in read_metrics(Path(run_dir) / "metrics.jsonl") if "expert_load" in r]
@@ -85,9 +100,13 @@ def main() -> None:
     for r in shown + ([] if shown[-1] is records[-1] else records[-1:]):
         spread = "  ".join(f"{max(load):.2f}/{min(load):.2f}" for load in r["expert_load"])
         print(f"{r['step']:>7}  {r['dropped_fraction']:>8.3f}  {r['aux_loss']:>9.4f}  {spread}")
-    report = {"command": "OMP_NUM_THREADS=1 python benchmarks/moe_load.py " + " ".join(sys.argv[1:]),
-              "n_experts": N_EXPERTS, "records": [{k: r[k] for k in ("step", "expert_load", "dropped_fraction",
-                                                                       "aux_loss", "train_loss")} for r in records]}
+    report = {
+        "command": "OMP_NUM_THREADS=1 python benchmarks/moe_load.py " + " ".join(sys.argv[1:]),
+        "n_experts": N_EXPERTS,
+        "records": [
+            {k: r[k] for k in ("step", "expert_load", "dropped_fraction", "aux_loss", "train_loss")} for r in records
+        ],
+    }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.output} and {args.plot}")

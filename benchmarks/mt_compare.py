@@ -39,39 +39,67 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=40, help="evaluate every N updates (default 40)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per model (default 1)")
     parser.add_argument("--results", default=str(RESULTS), help="where to write the JSON and PNG")
-    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                        help="a config override for both models, e.g. --set data.max_tokens=1000 (repeatable)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="a config override for both models, e.g. --set data.max_tokens=1000 (repeatable)",
+    )
     parser.add_argument("--name", default="mt_compare", help="file name of the JSON and PNG (default mt_compare)")
     parser.add_argument("--report-only", action="store_true", help="only re-read finished runs and report")
     args = parser.parse_args()
     out = Path(args.out)
 
-    overrides = [f"data.pair={json.dumps(args.pair)}", f"train.max_minutes={args.minutes}", "train.steps=1000000",
-                 f"train.eval_every={args.eval_every}", f"train.checkpoint_every={args.eval_every}", *args.set]
+    overrides = [
+        f"data.pair={json.dumps(args.pair)}",
+        f"train.max_minutes={args.minutes}",
+        "train.steps=1000000",
+        f"train.eval_every={args.eval_every}",
+        f"train.checkpoint_every={args.eval_every}",
+        *args.set,
+    ]
     if not args.report_only:
         out.mkdir(parents=True, exist_ok=True)
-        print(f"training both models for {args.minutes:g} min each, at the same time, {args.threads} thread(s) each",
-              flush=True)
+        print(
+            f"training both models for {args.minutes:g} min each, at the same time, {args.threads} thread(s) each",
+            flush=True,
+        )
         side_by_side(out, overrides, threads=args.threads)
     report(out, Path(args.results), args)
 
 
 def report(out: Path, results: Path, args: argparse.Namespace) -> None:
     rows, curves = read_runs(out)
-    table = ["| model | parameters | training time | updates | training tokens | training FLOPs (est.) | "
-             "dev loss | test BLEU | test chrF |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    table = [
+        "| model | parameters | training time | updates | training tokens | training FLOPs (est.) | "
+        "dev loss | test BLEU | test chrF |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for kind, s in rows.items():
-        table.append(f"| {kind} | {s['parameters'] / 1e6:.1f}M | {s['train_seconds'] / 60:.1f} min | {s['steps']:,} | "
-                     f"{s['train_tokens'] / 1e6:.2f}M | {s['train_flops']:.2e} | {s['final_val_loss']:.3f} | "
-                     f"{s['test_bleu']:.2f} | {s['test_chrf']:.2f} |")
+        table.append(
+            f"| {kind} | {s['parameters'] / 1e6:.1f}M | {s['train_seconds'] / 60:.1f} min | {s['steps']:,} | "
+            f"{s['train_tokens'] / 1e6:.2f}M | {s['train_flops']:.2e} | {s['final_val_loss']:.3f} | "
+            f"{s['test_bleu']:.2f} | {s['test_chrf']:.2f} |"
+        )
     gap = rows["transformer"]["test_bleu"] - rows["lstm"]["test_bleu"]
     print("\n".join(table))
-    print(f"\nTransformer - LSTM: {gap:+.2f} test BLEU (beam {rows['transformer']['beam_size']}, "
-          f"{rows['transformer']['test_sentences']} test verses)")
+    print(
+        f"\nTransformer - LSTM: {gap:+.2f} test BLEU (beam {rows['transformer']['beam_size']}, "
+        f"{rows['transformer']['test_sentences']} test verses)"
+    )
     results.mkdir(parents=True, exist_ok=True)
-    record = {"minutes": args.minutes, "pair": args.pair, "threads_per_model": args.threads, "overrides": args.set,
-              "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
-              "runs": rows, "dev_bleu_curves": curves, "bleu_gap": gap, "table": "\n".join(table)}
+    record = {
+        "minutes": args.minutes,
+        "pair": args.pair,
+        "threads_per_model": args.threads,
+        "overrides": args.set,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
+        "runs": rows,
+        "dev_bleu_curves": curves,
+        "bleu_gap": gap,
+        "table": "\n".join(table),
+    }
     (results / f"{args.name}.json").write_text(json.dumps(record, indent=1) + "\n")
     title = f"{args.pair} Bible: Transformer vs LSTM with attention, side by side, {args.threads} thread(s) each"
     plot_curves(curves, results / f"{args.name}.png", title)

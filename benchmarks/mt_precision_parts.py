@@ -41,9 +41,11 @@ STEPS = (500, 600, 700, 800)
 
 def fp32_linear(layer: torch.nn.Linear) -> None:
     """Make `layer` compute in fp32 under autocast, forward and backward."""
+
     def forward(self, x):
         with torch.autocast("cpu", enabled=False):
             return F.linear(x.float(), self.weight, self.bias)
+
     layer.forward = types.MethodType(forward, layer)
 
 
@@ -55,6 +57,7 @@ def linears_in_fp32(module_class: type, names: tuple[str, ...]) -> None:
         build(self, *args, **kwargs)
         for name in names:
             fp32_linear(getattr(self, name))
+
     module_class.__init__ = init
 
 
@@ -68,6 +71,7 @@ def attention_core_in_fp32() -> None:
             return attend(queries, keys, values, **options)
         with torch.autocast("cpu", enabled=False):
             return attend(queries.float(), keys.float(), values.float(), **options).to(torch.bfloat16)
+
     cores.fused_attention = fp32_attention
 
 
@@ -78,6 +82,7 @@ def output_layer_in_fp32() -> None:
 
     def fp32_apply(hidden, weight, bias, targets, smoothing, ignore_index, dtype, grad_enabled):
         return apply(hidden, weight, bias, targets, smoothing, ignore_index, torch.float32, grad_enabled)
+
     losses._LinearCrossEntropy.apply = fp32_apply
 
 
@@ -104,17 +109,27 @@ def table(run_dirs: list[Path], output: Path) -> dict:
         records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
         losses = {r["step"]: r["train_loss"] for r in records if "train_loss" in r}
         precision = tomllib.loads((run / "run.toml").read_text())["train"]["precision"]  # "auto": bf16 where native
-        rows[run.name] = {"train_loss": {step: losses.get(step) for step in STEPS},
-                          "val_loss": next((r["val_loss"] for r in reversed(records) if "val_loss" in r), None),
-                          "precision": precision}
+        rows[run.name] = {
+            "train_loss": {step: losses.get(step) for step in STEPS},
+            "val_loss": next((r["val_loss"] for r in reversed(records) if "val_loss" in r), None),
+            "precision": precision,
+        }
     print(f"{'run':24s} {'precision':9s} " + " ".join(f"{'loss@' + str(s):>9s}" for s in STEPS))
     for name, row in rows.items():
-        print(f"{name:24s} {row['precision']:9s} " + " ".join(
-            f"{row['train_loss'][s]:9.3f}" if row["train_loss"][s] is not None else f"{'-':>9s}" for s in STEPS))
-    result = {"benchmark": "mt_precision_parts", "steps": list(STEPS), "runs": rows,
-              "command": "python benchmarks/mt_precision_parts.py run PART --config quick --threads 1 --steps 800 "
-                         "--set train.precision=bf16 --set train.max_minutes=0 --set train.eval_every=800 "
-                         "--set train.checkpoint_every=800 --out runs/parts/PART (two at a time)"}
+        print(
+            f"{name:24s} {row['precision']:9s} "
+            + " ".join(
+                f"{row['train_loss'][s]:9.3f}" if row["train_loss"][s] is not None else f"{'-':>9s}" for s in STEPS
+            )
+        )
+    result = {
+        "benchmark": "mt_precision_parts",
+        "steps": list(STEPS),
+        "runs": rows,
+        "command": "python benchmarks/mt_precision_parts.py run PART --config quick --threads 1 --steps 800 "
+        "--set train.precision=bf16 --set train.max_minutes=0 --set train.eval_every=800 "
+        "--set train.checkpoint_every=800 --out runs/parts/PART (two at a time)",
+    }
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {output}")

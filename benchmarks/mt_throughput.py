@@ -29,8 +29,15 @@ from kqv.train.precision import autocast, native_bf16, resolve_precision
 
 ROOT = Path(__file__).resolve().parent
 CONFIG = ROOT.parent / "src" / "kqv" / "configs" / "mt-quick.toml"
-TINY = ["model.d_model=64", "model.n_heads=2", "model.n_layers=1", "model.n_encoder_layers=1",
-        "model.n_decoder_layers=1", "model.d_ff=128", "data.vocab_size=1000"]
+TINY = [
+    "model.d_model=64",
+    "model.n_heads=2",
+    "model.n_layers=1",
+    "model.n_encoder_layers=1",
+    "model.n_decoder_layers=1",
+    "model.d_ff=128",
+    "data.vocab_size=1000",
+]
 
 
 class Setting:
@@ -42,8 +49,15 @@ class Setting:
         self.name, self.precision, self.max_tokens = f"{precision}, max_tokens {max_tokens}", precision, max_tokens
         self.model = build_model(config.model_config(data.tokenizer.vocab_size)).train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
-        self.batches = TokenBatches(data.splits["train"], max_tokens=max_tokens, max_rows=config.train.batch_size,
-                                    seed=0, pad_id=data.pad_id, bos_id=data.bos_id, eos_id=data.eos_id)
+        self.batches = TokenBatches(
+            data.splits["train"],
+            max_tokens=max_tokens,
+            max_rows=config.train.batch_size,
+            seed=0,
+            pad_id=data.pad_id,
+            bos_id=data.bos_id,
+            eos_id=data.eos_id,
+        )
         self.label_smoothing, self.next, self.rates = config.train.label_smoothing, 0, []
 
     def step(self) -> int:
@@ -87,27 +101,53 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         data = prepare_data(load_run_config(str(CONFIG), overrides), Path(scratch), reuse=False)
     budgets = args.max_tokens
-    settings = [Setting("fp32", budgets[0], data, overrides), Setting("bf16", budgets[0], data, overrides),
-                *(Setting("fp32", b, data, overrides) for b in budgets[1:])]
+    settings = [
+        Setting("fp32", budgets[0], data, overrides),
+        Setting("bf16", budgets[0], data, overrides),
+        *(Setting("fp32", b, data, overrides) for b in budgets[1:]),
+    ]
     for s in settings:  # warm-up: oneDNN builds its kernels on the first shapes it sees
         s.step()
     for _ in range(rounds):
         for s in settings:
             s.timed(tokens)
     base = statistics.median(settings[0].rates)
-    rows = [{"setting": s.name, "precision": s.precision, "max_tokens": s.max_tokens,
-             "tokens_per_s": round(statistics.median(s.rates), 1), "ratio": round(statistics.median(s.rates) / base, 3),
-             "rounds": [round(r, 1) for r in s.rates], "padding": round(s.padding(), 4)} for s in settings]
-    print(f"MT training throughput (median of {rounds} interleaved rounds, {args.threads} thread(s); "
-          f"native bf16: {native_bf16()}, precision 'auto' resolves to {resolve_precision('auto')})")
+    rows = [
+        {
+            "setting": s.name,
+            "precision": s.precision,
+            "max_tokens": s.max_tokens,
+            "tokens_per_s": round(statistics.median(s.rates), 1),
+            "ratio": round(statistics.median(s.rates) / base, 3),
+            "rounds": [round(r, 1) for r in s.rates],
+            "padding": round(s.padding(), 4),
+        }
+        for s in settings
+    ]
+    print(
+        f"MT training throughput (median of {rounds} interleaved rounds, {args.threads} thread(s); "
+        f"native bf16: {native_bf16()}, precision 'auto' resolves to {resolve_precision('auto')})"
+    )
     print("| setting | real tokens/s | vs fp32 2000 | padding |\n| --- | ---: | ---: | ---: |")
     for r in rows:
         print(f"| {r['setting']} | {r['tokens_per_s']:,.0f} | {r['ratio']:.2f}x | {r['padding']:.1%} |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"rows": rows, "threads": args.threads, "rounds": rounds, "quick": args.quick,
-                                    "native_bf16": native_bf16(), "auto": resolve_precision("auto"),
-                                    "cpu": platform.processor() or platform.machine(),
-                                    "torch": torch.__version__}, indent=2) + "\n")
+    args.out.write_text(
+        json.dumps(
+            {
+                "rows": rows,
+                "threads": args.threads,
+                "rounds": rounds,
+                "quick": args.quick,
+                "native_bf16": native_bf16(),
+                "auto": resolve_precision("auto"),
+                "cpu": platform.processor() or platform.machine(),
+                "torch": torch.__version__,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"wrote {args.out}")
     return 0
 

@@ -13,7 +13,8 @@ products read the weights. This prints, at each thread count, in GB/s of weights
 The weights are those of `benchmarks/generation_speed.py`'s model (6 layers of query-key-value, output, up and down
 projections at d_model 384, d_ff 1536, and the 8,192 x 384 output layer: 56 MB), in model order, so no product
 finds its weight in the cache. (The query and key-value projections are two layers there, stacked into one at
-batch 1 by `DecodeStep`: the bytes are the same.) Each figure is the median of `--rounds` timed passes, the kinds interleaved.
+batch 1 by `DecodeStep`: the bytes are the same.) Each figure is the median of `--rounds` timed passes, the kinds
+interleaved.
 
     python benchmarks/one_row_products.py            # threads 1 and 2, writes results/one_row_products.json
 """
@@ -52,8 +53,9 @@ def runners(weights: list[tuple[torch.Tensor, torch.Tensor | None]]) -> dict[str
     return {
         "memory": lambda: stream.sum(),
         "F.linear": lambda: [F.linear(x, w, b) for x, (w, b) in zip(rows, weights)],
-        "(in, out) copy": lambda: [torch.mm(x, w) if b is None else torch.addmm(b, x, w)
-                                   for x, (w, b) in zip(rows, copies)],
+        "(in, out) copy": lambda: [
+            torch.mm(x, w) if b is None else torch.addmm(b, x, w) for x, (w, b) in zip(rows, copies)
+        ],
         "kqv one-row": lambda: [product(x) for x, product in zip(rows, products)],
     }
 
@@ -85,13 +87,25 @@ def main(argv: list[str] | None = None) -> int:
     rows = {}
     for threads in [int(t) for t in args.threads.split(",")]:
         rows[threads] = measure(threads, args.rounds)
-        print(f"threads {threads}: " + ", ".join(f"{name} {rate:.1f} GB/s" for name, rate in rows[threads].items()),
-              flush=True)
+        print(
+            f"threads {threads}: " + ", ".join(f"{name} {rate:.1f} GB/s" for name, rate in rows[threads].items()),
+            flush=True,
+        )
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps({"benchmark": "one_row_products", "unit": "GB/s of weights read",
-                                       "rounds": args.rounds, "torch": torch.__version__,
-                                       "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "rows": rows},
-                                      indent=2) + "\n")
+    args.output.write_text(
+        json.dumps(
+            {
+                "benchmark": "one_row_products",
+                "unit": "GB/s of weights read",
+                "rounds": args.rounds,
+                "torch": torch.__version__,
+                "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "rows": rows,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"wrote {args.output}")
     return 0
 

@@ -22,8 +22,8 @@ import json
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -48,8 +48,10 @@ def mean_ms(fn: Callable[[], object], inner: int = 5) -> float:
 
 def dropout_pairs(dtype: torch.dtype) -> dict[str, tuple[Callable, Callable]]:
     pairs = {}
-    for name, shape in (("residual branch (tokens, d_model)", (TOKENS, D_MODEL)),
-                        ("feed-forward (tokens, d_ff)", (TOKENS, D_FF))):
+    for name, shape in (
+        ("residual branch (tokens, d_model)", (TOKENS, D_MODEL)),
+        ("feed-forward (tokens, d_ff)", (TOKENS, D_FF)),
+    ):
         x = torch.randn(shape, dtype=dtype)
         pairs[f"dropout {name}"] = (lambda x=x: F.dropout(x, 0.1, True), lambda x=x: dropout(x, 0.1, True))
     return pairs
@@ -64,8 +66,11 @@ def loss_pair(precision: str) -> tuple[Callable, Callable]:
     def run(fused: bool) -> None:
         hidden.grad, head.weight.grad = None, None
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-            loss = linear_cross_entropy(hidden, head, targets, label_smoothing=0.1) if fused else \
-                F.cross_entropy(head(hidden).float(), targets, label_smoothing=0.1)
+            loss = (
+                linear_cross_entropy(hidden, head, targets, label_smoothing=0.1)
+                if fused
+                else F.cross_entropy(head(hidden).float(), targets, label_smoothing=0.1)
+            )
         loss.backward()
 
     return (lambda: run(False)), (lambda: run(True))
@@ -90,14 +95,31 @@ def main() -> None:
                 torch_times.append(mean_ms(theirs))
                 kqv_times.append(mean_ms(ours))
             torch_ms, kqv_ms = statistics.median(torch_times), statistics.median(kqv_times)
-            rows.append({"kernel": name, "precision": precision, "torch_ms": round(torch_ms, 2),
-                         "kqv_ms": round(kqv_ms, 2), "torch_over_kqv": round(torch_ms / kqv_ms, 2)})
-            print(f"{name:58s} {precision:5s} torch {torch_ms:8.2f} ms   kqv {kqv_ms:8.2f} ms   "
-                  f"torch/kqv {torch_ms / kqv_ms:5.2f}", flush=True)
-    result = {"machine": {"processor": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
-                          "torch": torch.__version__, "native_bf16": native_bf16()},
-              "shapes": {"tokens": TOKENS, "d_model": D_MODEL, "d_ff": D_FF, "vocab": VOCAB},
-              "rounds": args.rounds, "rows": rows}
+            rows.append(
+                {
+                    "kernel": name,
+                    "precision": precision,
+                    "torch_ms": round(torch_ms, 2),
+                    "kqv_ms": round(kqv_ms, 2),
+                    "torch_over_kqv": round(torch_ms / kqv_ms, 2),
+                }
+            )
+            print(
+                f"{name:58s} {precision:5s} torch {torch_ms:8.2f} ms   kqv {kqv_ms:8.2f} ms   "
+                f"torch/kqv {torch_ms / kqv_ms:5.2f}",
+                flush=True,
+            )
+    result = {
+        "machine": {
+            "processor": platform.processor() or platform.machine(),
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "native_bf16": native_bf16(),
+        },
+        "shapes": {"tokens": TOKENS, "d_model": D_MODEL, "d_ff": D_FF, "vocab": VOCAB},
+        "rounds": args.rounds,
+        "rows": rows,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")

@@ -9,12 +9,13 @@ The three models are GPT-2-shaped and as alike as each library allows:
           positions (its default), tanh GELU, tied embeddings
 
 All of them train on the same random token batches with AdamW (lr 3e-4; by default the fused CPU kernel, the
-fastest AdamW on CPU and the one `kqv.train.optimizer` makes, the same for every model). Every (model, precision) pair gets its own model
-and optimizer, built once and warmed up; then the pairs run round-robin, `--steps` timed steps each per round, for
-`--rounds` rounds, with the order rotated every round, so that whatever the machine does meanwhile hits all pairs
-alike. The reported figure is the median over rounds of tokens per second (batch * context / step time), a step
-being zero_grad + forward + loss + backward + optimizer step. bf16 is `torch.autocast("cpu", torch.bfloat16)`
-around forward and loss, with fp32 weights and optimizer, the usual mixed-precision recipe.
+fastest AdamW on CPU and the one `kqv.train.optimizer` makes, the same for every model). Every (model, precision)
+pair gets its own model and optimizer, built once and warmed up; then the pairs run round-robin, `--steps` timed
+steps each per round, for `--rounds` rounds, with the order rotated every round, so that whatever the machine does
+meanwhile hits all pairs alike. The reported figure is the median over rounds of tokens per second (batch *
+context / step time), a step being zero_grad + forward + loss + backward + optimizer step. bf16 is
+`torch.autocast("cpu", torch.bfloat16)` around forward and loss, with fp32 weights and optimizer, the usual
+mixed-precision recipe.
 
 Beside the ratios to peers, each figure is also given as a fraction of the machine's measured matmul peak: the same
 run times a large square `torch.matmul` (`--peak-size`, default 2048) in fp32 and in bf16 before the rounds and
@@ -46,9 +47,9 @@ import statistics
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -85,24 +86,50 @@ def logits_loss(logits: Tensor, targets: Tensor) -> Tensor:
 def build_kqv(s: Shape, args: argparse.Namespace) -> tuple[nn.Module, LossFn]:
     from kqv import DecoderLM, ModelConfig
 
-    config = ModelConfig(vocab_size=s.vocab, d_model=s.d_model, n_heads=s.heads, n_layers=s.layers, d_ff=s.d_ff,
-                         max_len=s.context, position="learned", activation="gelu_tanh", norm="layernorm",
-                         norm_first=True, dropout=0.0, bias=True, tie_embeddings=True)
+    config = ModelConfig(
+        vocab_size=s.vocab,
+        d_model=s.d_model,
+        n_heads=s.heads,
+        n_layers=s.layers,
+        d_ff=s.d_ff,
+        max_len=s.context,
+        position="learned",
+        activation="gelu_tanh",
+        norm="layernorm",
+        norm_first=True,
+        dropout=0.0,
+        bias=True,
+        tie_embeddings=True,
+    )
     return DecoderLM(config), lambda model, ids, targets: model(ids, targets)
 
 
 def build_hf(s: Shape, args: argparse.Namespace) -> tuple[nn.Module, LossFn]:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = GPT2Config(vocab_size=s.vocab, n_positions=s.context, n_embd=s.d_model, n_layer=s.layers,
-                        n_head=s.heads, n_inner=s.d_ff, activation_function=args.hf_act, resid_pdrop=0.0,
-                        embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-5, tie_word_embeddings=True,
-                        bos_token_id=0, eos_token_id=0, use_cache=False)
+    config = GPT2Config(
+        vocab_size=s.vocab,
+        n_positions=s.context,
+        n_embd=s.d_model,
+        n_layer=s.layers,
+        n_head=s.heads,
+        n_inner=s.d_ff,
+        activation_function=args.hf_act,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        layer_norm_epsilon=1e-5,
+        tie_word_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=0,
+        use_cache=False,
+    )
     config._attn_implementation = args.hf_attn
     model = GPT2LMHeadModel(config)
     if model.config._attn_implementation != args.hf_attn:
-        raise RuntimeError(f"GPT2 ignored attn_implementation={args.hf_attn!r}, got "
-                           f"{model.config._attn_implementation!r}")
+        raise RuntimeError(
+            f"GPT2 ignored attn_implementation={args.hf_attn!r}, got {model.config._attn_implementation!r}"
+        )
     return model, lambda model, ids, targets: logits_loss(model(input_ids=ids, use_cache=False).logits, targets)
 
 
@@ -110,10 +137,19 @@ def build_xtrans(s: Shape, args: argparse.Namespace) -> tuple[nn.Module, LossFn]
     from x_transformers import Decoder, TransformerWrapper
 
     model = TransformerWrapper(
-        num_tokens=s.vocab, max_seq_len=s.context, tie_embedding=True, use_abs_pos_emb=True,
-        attn_layers=Decoder(dim=s.d_model, depth=s.layers, heads=s.heads, attn_dim_head=s.d_model // s.heads,
-                            ff_mult=s.d_ff / s.d_model, ff_custom_activation=nn.GELU(approximate="tanh"),
-                            attn_flash=args.xt_flash),
+        num_tokens=s.vocab,
+        max_seq_len=s.context,
+        tie_embedding=True,
+        use_abs_pos_emb=True,
+        attn_layers=Decoder(
+            dim=s.d_model,
+            depth=s.layers,
+            heads=s.heads,
+            attn_dim_head=s.d_model // s.heads,
+            ff_mult=s.d_ff / s.d_model,
+            ff_custom_activation=nn.GELU(approximate="tanh"),
+            attn_flash=args.xt_flash,
+        ),
     )
     return model, lambda model, ids, targets: logits_loss(model(ids), targets)
 
@@ -135,7 +171,7 @@ def count_parameters(model: nn.Module) -> int:
 def make_batches(s: Shape, n: int, seed: int) -> list[tuple[Tensor, Tensor]]:
     g = torch.Generator().manual_seed(seed)
     ranks = torch.arange(1, s.vocab + 1, dtype=torch.float64)
-    probs = (1.0 / ranks ** 1.1)[torch.randperm(s.vocab, generator=g)]
+    probs = (1.0 / ranks**1.1)[torch.randperm(s.vocab, generator=g)]
     batches = []
     for _ in range(n):
         tokens = torch.multinomial(probs, s.batch * (s.context + 1), replacement=True, generator=g)
@@ -151,14 +187,17 @@ def make_batches(s: Shape, n: int, seed: int) -> list[tuple[Tensor, Tensor]]:
 class Run:
     """One (model, precision) pair: its own model and optimizer, a step counter and the losses so far."""
 
-    def __init__(self, name: str, precision: str, s: Shape, args: argparse.Namespace,
-                 batches: list[tuple[Tensor, Tensor]]):
+    def __init__(
+        self, name: str, precision: str, s: Shape, args: argparse.Namespace, batches: list[tuple[Tensor, Tensor]]
+    ):
         self.name, self.precision, self.batches = name, precision, batches
         torch.manual_seed(args.seed)
         self.model, self.loss_fn = BUILDERS[name](s, args)
         self.model.train()
         self.params = count_parameters(self.model)
-        opt_kwargs = {"foreach": True} if args.optimizer == "foreach" else {"fused": True} if args.optimizer == "fused" else {}
+        opt_kwargs = (
+            {"foreach": True} if args.optimizer == "foreach" else {"fused": True} if args.optimizer == "fused" else {}
+        )
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=args.lr, **opt_kwargs)
         self.tokens_per_step = s.batch * s.context
         self.step_count = 0
@@ -202,8 +241,9 @@ class Run:
 
     def loss_decreased(self) -> bool:
         k = max(1, min(3, len(self.losses) // 4))
-        return all(math.isfinite(x) for x in self.losses) and \
-            statistics.mean(self.losses[-k:]) < statistics.mean(self.losses[:k])
+        return all(math.isfinite(x) for x in self.losses) and statistics.mean(self.losses[-k:]) < statistics.mean(
+            self.losses[:k]
+        )
 
 
 def matmul_peak(dtype: torch.dtype, n: int, repeats: int = 3) -> float:
@@ -216,7 +256,7 @@ def matmul_peak(dtype: torch.dtype, n: int, repeats: int = 3) -> float:
         start = time.perf_counter()
         torch.matmul(a, b)
         best = min(best, time.perf_counter() - start)
-    return 2 * n ** 3 / best
+    return 2 * n**3 / best
 
 
 def measure_peaks(precisions: list[str], n: int, peaks: dict[str, float] | None = None) -> dict[str, float]:
@@ -236,6 +276,7 @@ def versions() -> dict[str, str]:
     for module in ("transformers", "x_transformers", "kqv"):
         try:
             from importlib.metadata import version
+
             out[module] = version(module.replace("_", "-"))
         except Exception:  # noqa: BLE001 - reporting only
             out[module] = "?"
@@ -252,21 +293,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     parser.add_argument("--precision", choices=["fp32", "bf16", "both"], default="both")
     parser.add_argument("--models", default="kqv,hf,xtrans", help="comma-separated subset of kqv,hf,xtrans")
-    parser.add_argument("--optimizer", choices=["default", "foreach", "fused"], default="fused",
-                        help="AdamW implementation, the same for every model; fused (one kernel for all parameters) "
-                             "is the fastest on CPU and what kqv.train.optimizer makes")
+    parser.add_argument(
+        "--optimizer",
+        choices=["default", "foreach", "fused"],
+        default="fused",
+        help="AdamW implementation, the same for every model; fused (one kernel for all parameters) "
+        "is the fastest on CPU and what kqv.train.optimizer makes",
+    )
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--hf-attn", default="sdpa", help="GPT2 attn_implementation (sdpa or eager)")
-    parser.add_argument("--hf-act", default="gelu_pytorch_tanh",
-                        help="GPT2 activation_function: gelu_pytorch_tanh (F.gelu(approximate='tanh')) is the same "
-                             "function as GPT-2's gelu_new, computed by one fused kernel instead of a Python formula")
-    parser.add_argument("--xt-flash", action=argparse.BooleanOptionalAction, default=True,
-                        help="x-transformers attn_flash (F.scaled_dot_product_attention)")
-    parser.add_argument("--peak-size", type=int, default=None,
-                        help="side of the square matmuls that measure the machine's peak (default 2048; quick 256)")
+    parser.add_argument(
+        "--hf-act",
+        default="gelu_pytorch_tanh",
+        help="GPT2 activation_function: gelu_pytorch_tanh (F.gelu(approximate='tanh')) is the same "
+        "function as GPT-2's gelu_new, computed by one fused kernel instead of a Python formula",
+    )
+    parser.add_argument(
+        "--xt-flash",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="x-transformers attn_flash (F.scaled_dot_product_attention)",
+    )
+    parser.add_argument(
+        "--peak-size",
+        type=int,
+        default=None,
+        help="side of the square matmuls that measure the machine's peak (default 2048; quick 256)",
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", type=Path, default=None, help=f"JSON path (default {RESULTS}; "
-                                                                 f"--quick writes nothing unless given)")
+    parser.add_argument(
+        "--output", type=Path, default=None, help=f"JSON path (default {RESULTS}; --quick writes nothing unless given)"
+    )
     args = parser.parse_args(argv)
 
     s = QUICK if args.quick else FULL
@@ -285,13 +342,18 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-    print(f"shape {asdict(s)}; {rounds} rounds x {steps} timed steps (+{args.round_warmup} untimed per round, "
-          f"+{warmup} warm-up); threads {torch.get_num_threads()}; AdamW {args.optimizer}; torch {torch.__version__}",
-          flush=True)
+    print(
+        f"shape {asdict(s)}; {rounds} rounds x {steps} timed steps (+{args.round_warmup} untimed per round, "
+        f"+{warmup} warm-up); threads {torch.get_num_threads()}; AdamW {args.optimizer}; torch {torch.__version__}",
+        flush=True,
+    )
     load_start = os.getloadavg()
     if load_start[0] > 0.5:
-        print(f"note: load average {load_start[0]:.2f} before starting: other processes share the CPU, so expect "
-              f"noise; the interleaving spreads it over all models alike", flush=True)
+        print(
+            f"note: load average {load_start[0]:.2f} before starting: other processes share the CPU, so expect "
+            f"noise; the interleaving spreads it over all models alike",
+            flush=True,
+        )
     peak_size = args.peak_size or (256 if args.quick else 2048)
     peaks = measure_peaks(precisions, peak_size)
     batches = make_batches(s, 8, args.seed)
@@ -299,11 +361,14 @@ def main(argv: list[str] | None = None) -> int:
     for run in runs:
         for _ in range(warmup):
             run.step()
-        print(f"  built and warmed up {run.name:7s} {run.precision}: {run.params:,} parameters, "
-              f"loss {run.losses[0]:.3f} -> {run.losses[-1]:.3f}", flush=True)
+        print(
+            f"  built and warmed up {run.name:7s} {run.precision}: {run.params:,} parameters, "
+            f"loss {run.losses[0]:.3f} -> {run.losses[-1]:.3f}",
+            flush=True,
+        )
 
     for r in range(rounds):
-        order = runs[r % len(runs):] + runs[:r % len(runs)]
+        order = runs[r % len(runs) :] + runs[: r % len(runs)]
         line = []
         for run in order:
             tps = run.timed(steps, args.round_warmup)
@@ -311,8 +376,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  round {r + 1}/{rounds}: " + ", ".join(line), flush=True)
 
     peaks = measure_peaks(precisions, peak_size, peaks)
-    print("matmul peak (best of before and after the rounds, n = " + str(peak_size) + "): "
-          + ", ".join(f"{p} {peaks[p] / 1e9:,.1f} GFLOP/s" for p in precisions), flush=True)
+    print(
+        "matmul peak (best of before and after the rounds, n = "
+        + str(peak_size)
+        + "): "
+        + ", ".join(f"{p} {peaks[p] / 1e9:,.1f} GFLOP/s" for p in precisions),
+        flush=True,
+    )
 
     # -----------------------------------------------------------------------------------------------------------
     by_key = {(run.name, run.precision): run for run in runs}
@@ -328,29 +398,44 @@ def main(argv: list[str] | None = None) -> int:
                 paired = statistics.median(a / b for a, b in zip(kqv.round_tokens_per_s, run.round_tokens_per_s))
             tps = run.round_tokens_per_s
             flops_per_token = training_flops_per_token(run.params, s)
-            rows.append({
-                "model": name, "precision": precision, "tokens_per_s": run.median,
-                "tokens_per_s_min": min(tps), "tokens_per_s_max": max(tps), "ms_per_step": 1000 * run.tokens_per_step / run.median,
-                "cpu_s_per_step": statistics.median(run.round_cpu_s_per_step),
-                "parameters": run.params, "kqv_over_peer": ratio, "kqv_over_peer_paired": paired,
-                "rounds_tokens_per_s": tps, "model_flops_per_token": flops_per_token,
-                "model_flops_per_s": run.median * flops_per_token,
-                "fraction_of_matmul_peak": run.median * flops_per_token / peaks[precision],
-                "first_loss": run.losses[0], "last_loss": run.losses[-1], "loss_decreased": run.loss_decreased(),
-            })
+            rows.append(
+                {
+                    "model": name,
+                    "precision": precision,
+                    "tokens_per_s": run.median,
+                    "tokens_per_s_min": min(tps),
+                    "tokens_per_s_max": max(tps),
+                    "ms_per_step": 1000 * run.tokens_per_step / run.median,
+                    "cpu_s_per_step": statistics.median(run.round_cpu_s_per_step),
+                    "parameters": run.params,
+                    "kqv_over_peer": ratio,
+                    "kqv_over_peer_paired": paired,
+                    "rounds_tokens_per_s": tps,
+                    "model_flops_per_token": flops_per_token,
+                    "model_flops_per_s": run.median * flops_per_token,
+                    "fraction_of_matmul_peak": run.median * flops_per_token / peaks[precision],
+                    "first_loss": run.losses[0],
+                    "last_loss": run.losses[-1],
+                    "loss_decreased": run.loss_decreased(),
+                }
+            )
 
-    header = f"{'model':8s} {'prec':5s} {'tokens/s':>10s} {'(min..max)':>17s} {'ms/step':>8s} {'params':>12s} " \
-             f"{'kqv/peer':>9s} {'paired':>7s} {'of peak':>7s}  loss first -> last"
+    header = (
+        f"{'model':8s} {'prec':5s} {'tokens/s':>10s} {'(min..max)':>17s} {'ms/step':>8s} {'params':>12s} "
+        f"{'kqv/peer':>9s} {'paired':>7s} {'of peak':>7s}  loss first -> last"
+    )
     print("\n" + header + "\n" + "-" * len(header))
     for row in rows:
         ratio = "" if row["kqv_over_peer"] is None else f"{row['kqv_over_peer']:.3f}"
         paired = "" if row["kqv_over_peer_paired"] is None else f"{row['kqv_over_peer_paired']:.3f}"
         spread = f"({row['tokens_per_s_min']:,.0f}..{row['tokens_per_s_max']:,.0f})"
         ok = "" if row["loss_decreased"] else "  LOSS DID NOT DECREASE"
-        print(f"{row['model']:8s} {row['precision']:5s} {row['tokens_per_s']:10,.0f} {spread:>17s} "
-              f"{row['ms_per_step']:8.1f} {row['parameters']:12,d} {ratio:>9s} {paired:>7s} "
-              f"{row['fraction_of_matmul_peak']:7.1%}  "
-              f"{row['first_loss']:.3f} -> {row['last_loss']:.3f}{ok}")
+        print(
+            f"{row['model']:8s} {row['precision']:5s} {row['tokens_per_s']:10,.0f} {spread:>17s} "
+            f"{row['ms_per_step']:8.1f} {row['parameters']:12,d} {ratio:>9s} {paired:>7s} "
+            f"{row['fraction_of_matmul_peak']:7.1%}  "
+            f"{row['first_loss']:.3f} -> {row['last_loss']:.3f}{ok}"
+        )
 
     summary = {}
     for precision in precisions:
@@ -358,12 +443,16 @@ def main(argv: list[str] | None = None) -> int:
         kqv = next((r for r in rows if r["precision"] == precision and r["model"] == "kqv"), None)
         if peers and kqv:
             best = max(peers, key=lambda r: r["tokens_per_s"])
-            summary[precision] = {"fastest_peer": best["model"],
-                                  "kqv_over_fastest_peer": kqv["tokens_per_s"] / best["tokens_per_s"],
-                                  "kqv_over_fastest_peer_paired": best["kqv_over_peer_paired"]}
-            print(f"{precision}: kqv / fastest peer ({best['model']}) = "
-                  f"{summary[precision]['kqv_over_fastest_peer']:.3f} (ratio of medians), "
-                  f"{best['kqv_over_peer_paired']:.3f} (median of per-round ratios)")
+            summary[precision] = {
+                "fastest_peer": best["model"],
+                "kqv_over_fastest_peer": kqv["tokens_per_s"] / best["tokens_per_s"],
+                "kqv_over_fastest_peer_paired": best["kqv_over_peer_paired"],
+            }
+            print(
+                f"{precision}: kqv / fastest peer ({best['model']}) = "
+                f"{summary[precision]['kqv_over_fastest_peer']:.3f} (ratio of medians), "
+                f"{best['kqv_over_peer_paired']:.3f} (median of per-round ratios)"
+            )
 
     param_counts = {r["model"]: r["parameters"] for r in rows}
     spread = (max(param_counts.values()) - min(param_counts.values())) / max(param_counts.values())
@@ -376,15 +465,30 @@ def main(argv: list[str] | None = None) -> int:
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
         result = {
-            "benchmark": "train_throughput", "shape": asdict(s), "steps": steps, "rounds": rounds, "warmup": warmup,
-            "round_warmup": args.round_warmup, "threads": torch.get_num_threads(), "optimizer": args.optimizer,
-            "lr": args.lr, "hf_attn_implementation": args.hf_attn, "hf_activation": args.hf_act,
-            "xtrans_attn_flash": args.xt_flash, "load_average_start": load_start, "load_average_end": os.getloadavg(),
-            "quick": args.quick, "versions": versions(), "machine": platform.processor() or platform.machine(),
+            "benchmark": "train_throughput",
+            "shape": asdict(s),
+            "steps": steps,
+            "rounds": rounds,
+            "warmup": warmup,
+            "round_warmup": args.round_warmup,
+            "threads": torch.get_num_threads(),
+            "optimizer": args.optimizer,
+            "lr": args.lr,
+            "hf_attn_implementation": args.hf_attn,
+            "hf_activation": args.hf_act,
+            "xtrans_attn_flash": args.xt_flash,
+            "load_average_start": load_start,
+            "load_average_end": os.getloadavg(),
+            "quick": args.quick,
+            "versions": versions(),
+            "machine": platform.processor() or platform.machine(),
             "bf16_native": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
             "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "parameter_spread": spread, "matmul_peak_size": peak_size, "matmul_peak_flops_per_s": peaks,
-            "rows": rows, "summary": summary,
+            "parameter_spread": spread,
+            "matmul_peak_size": peak_size,
+            "matmul_peak_flops_per_s": peaks,
+            "rows": rows,
+            "summary": summary,
             "losses": {f"{run.name}/{run.precision}": run.losses for run in runs},
         }
         output.write_text(json.dumps(result, indent=2) + "\n")

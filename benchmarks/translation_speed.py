@@ -13,7 +13,7 @@ and the timing compares the decoders, not their stopping rules. The runs alterna
 `--rounds` rounds; the figure is the median over rounds of sentences per second. We also report whether the two
 produced the same translations (they should, up to ties, as their weights and algorithm agree).
 
-    python benchmarks/translation_speed.py                 # prints a table, writes benchmarks/results/translation_speed.json
+    python benchmarks/translation_speed.py            # prints a table, writes benchmarks/results/translation_speed.json
     python benchmarks/translation_speed.py --quick         # a smoke test
 """
 
@@ -36,18 +36,35 @@ PAD, BOS, EOS = 0, 1, 2
 def marian(vocab: int, d_model: int, layers: int, heads: int, d_ff: int):
     from transformers import MarianConfig, MarianMTModel
 
-    config = MarianConfig(vocab_size=vocab, decoder_vocab_size=vocab, d_model=d_model, encoder_layers=layers,
-                          decoder_layers=layers, encoder_attention_heads=heads, decoder_attention_heads=heads,
-                          encoder_ffn_dim=d_ff, decoder_ffn_dim=d_ff, activation_function="relu",
-                          max_position_embeddings=512, pad_token_id=PAD, eos_token_id=EOS,
-                          decoder_start_token_id=BOS, forced_eos_token_id=None, scale_embedding=True,
-                          share_encoder_decoder_embeddings=True, dropout=0.0, attention_dropout=0.0,
-                          activation_dropout=0.0)
+    config = MarianConfig(
+        vocab_size=vocab,
+        decoder_vocab_size=vocab,
+        d_model=d_model,
+        encoder_layers=layers,
+        decoder_layers=layers,
+        encoder_attention_heads=heads,
+        decoder_attention_heads=heads,
+        encoder_ffn_dim=d_ff,
+        decoder_ffn_dim=d_ff,
+        activation_function="relu",
+        max_position_embeddings=512,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        decoder_start_token_id=BOS,
+        forced_eos_token_id=None,
+        scale_embedding=True,
+        share_encoder_decoder_embeddings=True,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+    )
     torch.manual_seed(0)
     return MarianMTModel(config).eval()
 
 
-def source_batches(count: int, batch: int, vocab: int, run: Path | None) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], str]:
+def source_batches(
+    count: int, batch: int, vocab: int, run: Path | None
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], str]:
     """Right-padded (ids, mask) batches: Bible test verses from a prepared MT run, else random ids."""
     if run is not None and (run / "tokenizer").is_dir():
         from kqv.data.tokenizers import load_tokenizer
@@ -60,12 +77,13 @@ def source_batches(count: int, batch: int, vocab: int, run: Path | None) -> tupl
     else:
         generator = torch.Generator().manual_seed(0)
         lengths = torch.randint(8, 48, (count,), generator=generator)
-        sequences = [torch.cat((torch.randint(3, vocab, (int(n),), generator=generator), torch.tensor([EOS])))
-                     for n in lengths]
+        sequences = [
+            torch.cat((torch.randint(3, vocab, (int(n),), generator=generator), torch.tensor([EOS]))) for n in lengths
+        ]
         source = f"{count} random sequences of 9-48 tokens"
     batches = []
     for start in range(0, len(sequences), batch):
-        chunk = sequences[start:start + batch]
+        chunk = sequences[start : start + batch]
         ids = torch.nn.utils.rnn.pad_sequence(chunk, batch_first=True, padding_value=PAD)
         mask = (torch.arange(ids.shape[1])[None, :] < torch.tensor([len(s) for s in chunk])[:, None]).long()
         batches.append((ids, mask))
@@ -99,17 +117,28 @@ def main() -> None:
     def run_kqv() -> list[list[int]]:
         out = []
         for ids, mask in batches:
-            out += kqv.generate(ids, args.max_new_tokens, beam_size=args.beam, length_penalty=1.0, bos_id=BOS,
-                                eos_id=EOS, src_mask=mask).tolist()
+            out += kqv.generate(
+                ids, args.max_new_tokens, beam_size=args.beam, length_penalty=1.0, bos_id=BOS, eos_id=EOS, src_mask=mask
+            ).tolist()
         return out
 
     def run_hf() -> list[list[int]]:
         out = []
         for ids, mask in batches:
-            out += hf.generate(input_ids=ids, attention_mask=mask, num_beams=args.beam, length_penalty=1.0,
-                               max_new_tokens=args.max_new_tokens, min_new_tokens=0, do_sample=False,
-                               early_stopping=False, decoder_start_token_id=BOS, eos_token_id=EOS,
-                               pad_token_id=EOS, bad_words_ids=None).tolist()
+            out += hf.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                num_beams=args.beam,
+                length_penalty=1.0,
+                max_new_tokens=args.max_new_tokens,
+                min_new_tokens=0,
+                do_sample=False,
+                early_stopping=False,
+                decoder_start_token_id=BOS,
+                eos_token_id=EOS,
+                pad_token_id=EOS,
+                bad_words_ids=None,
+            ).tolist()
         return out
 
     runners = {"kqv EncoderDecoder.generate": run_kqv, "HF MarianMTModel.generate": run_hf}
@@ -119,29 +148,44 @@ def main() -> None:
         for name, runner in runners.items():  # warm-up, and the translations to compare
             outputs[name] = runner()
         for round_ in range(args.rounds):
-            for name in (list(runners) if round_ % 2 == 0 else list(reversed(runners))):
+            for name in list(runners) if round_ % 2 == 0 else list(reversed(runners)):
                 started = time.perf_counter()
                 runners[name]()
                 timings[name].append(time.perf_counter() - started)
 
     def strip(row: list[int]) -> list[int]:
         row = row[1:]
-        return row[:row.index(EOS)] if EOS in row else row
+        return row[: row.index(EOS)] if EOS in row else row
 
     same = sum(strip(a) == strip(b) for a, b in zip(*outputs.values()))
-    rows = {name: {"sentences_per_s": sentences / statistics.median(t), "seconds": statistics.median(t),
-                   "rounds": t} for name, t in timings.items()}
-    print(f"beam {args.beam}, {args.max_new_tokens} new tokens at most, batches of {args.batch}, {source}, "
-          f"{args.threads} thread(s); {count_parameters(kqv) / 1e6:.1f}M parameters each\n")
+    rows = {
+        name: {"sentences_per_s": sentences / statistics.median(t), "seconds": statistics.median(t), "rounds": t}
+        for name, t in timings.items()
+    }
+    print(
+        f"beam {args.beam}, {args.max_new_tokens} new tokens at most, batches of {args.batch}, {source}, "
+        f"{args.threads} thread(s); {count_parameters(kqv) / 1e6:.1f}M parameters each\n"
+    )
     print("| decoder | sentences/s | seconds for all |\n| --- | ---: | ---: |")
     for name, row in rows.items():
         print(f"| {name} | {row['sentences_per_s']:.2f} | {row['seconds']:.2f} |")
-    ratio = rows["kqv EncoderDecoder.generate"]["sentences_per_s"] / rows["HF MarianMTModel.generate"]["sentences_per_s"]
+    ratio = (
+        rows["kqv EncoderDecoder.generate"]["sentences_per_s"] / rows["HF MarianMTModel.generate"]["sentences_per_s"]
+    )
     print(f"\nkqv / HF speed: {ratio:.2f}x; identical translations: {same}/{sentences}")
-    record = {"beam": args.beam, "max_new_tokens": args.max_new_tokens, "batch": args.batch, "source": source,
-              "threads": args.threads, "parameters": count_parameters(kqv), "results": rows, "kqv_over_hf": ratio,
-              "identical_translations": same, "sentences": sentences,
-              "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__}}
+    record = {
+        "beam": args.beam,
+        "max_new_tokens": args.max_new_tokens,
+        "batch": args.batch,
+        "source": source,
+        "threads": args.threads,
+        "parameters": count_parameters(kqv),
+        "results": rows,
+        "kqv_over_hf": ratio,
+        "identical_translations": same,
+        "sentences": sentences,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
+    }
     if not args.quick:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(record, indent=1) + "\n")

@@ -25,8 +25,16 @@ sys.path.insert(0, str(SRC))
 
 from kqv.explore.app import BackgroundServer, create_app  # noqa: E402
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def main() -> None:
@@ -47,12 +55,19 @@ def main() -> None:
     from playwright.sync_api import sync_playwright
 
     with BackgroundServer(create_app(args.run, max_tokens=256)) as server, sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=shutil.which("chromium") or "/usr/bin/chromium",
-                                             args=FLAGS)
+        browser = playwright.chromium.launch(
+            executable_path=shutil.which("chromium") or "/usr/bin/chromium", args=FLAGS
+        )
         page = browser.new_page(viewport={"width": args.width, "height": args.height})
         blocked = []
-        page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(server.url)
-                   else (blocked.append(route.request.url), route.abort()))
+        page.route(
+            "**/*",
+            lambda route: (
+                route.continue_()
+                if route.request.url.startswith(server.url)
+                else (blocked.append(route.request.url), route.abort())
+            ),
+        )
         page.goto(server.url + "/")
         page.wait_for_selector("#run:not(:empty)")
         page.fill("#text", args.text.replace("\\n", "\n"))

@@ -8,20 +8,26 @@ POSITIONS = ["sinusoidal", "learned", "relative", "rope", "alibi", "none"]
 # feed-forward (kqv.nn.experts). Names are the test ids; values are ModelConfig changes. The mixtures use
 # token-dependent positions: at initialisation sinusoids (+-1) swamp the 0.02-sized token embeddings, so a
 # first-layer router would see nearly the same vector at every position and send every token to one expert.
-VARIANTS = {**{position: dict(position=position) for position in POSITIONS},
-            "switch": dict(ffn="switch", experts={"count": 2}, position="rope"),
-            "moe": dict(ffn="moe", experts={"count": 3}, position="learned"),
-            "local": dict(attention="local", local={"block": 4}, position="rope"),
-            "memory_compressed": dict(attention="memory_compressed", memory_compressed={"compression": 3},
-                                      position="learned"),
-            "dmca": dict(layer_pattern="local,memory_compressed", local={"block": 8},
-                         memory_compressed={"compression": 2}, position="sinusoidal")}
+VARIANTS = {
+    **{position: dict(position=position) for position in POSITIONS},
+    "switch": dict(ffn="switch", experts={"count": 2}, position="rope"),
+    "moe": dict(ffn="moe", experts={"count": 3}, position="learned"),
+    "local": dict(attention="local", local={"block": 4}, position="rope"),
+    "memory_compressed": dict(attention="memory_compressed", memory_compressed={"compression": 3}, position="learned"),
+    "dmca": dict(
+        layer_pattern="local,memory_compressed",
+        local={"block": 8},
+        memory_compressed={"compression": 2},
+        position="sinusoidal",
+    ),
+}
 
 
 def tiny_config(**changes) -> kqv.ModelConfig:
     """A model small enough for property tests to run in milliseconds."""
-    values = dict(vocab_size=37, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_len=64, dropout=0.0,
-                  relative={"max_distance": 4})
+    values = dict(
+        vocab_size=37, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_len=64, dropout=0.0, relative={"max_distance": 4}
+    )
     return kqv.ModelConfig(**{**values, **changes})
 
 

@@ -10,8 +10,17 @@ import kqv
 from kqv.train.config import TrainConfig
 from kqv.train.trainer import Trainer
 
-CONFIG = TrainConfig(steps=3, batch_size=4, grad_accum=2, lr=1e-3, warmup_steps=1, precision="fp32",
-                     log_every=1, eval_every=3, eval_batches=2)
+CONFIG = TrainConfig(
+    steps=3,
+    batch_size=4,
+    grad_accum=2,
+    lr=1e-3,
+    warmup_steps=1,
+    precision="fp32",
+    log_every=1,
+    eval_every=3,
+    eval_batches=2,
+)
 
 
 def batches(i: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -22,10 +31,18 @@ def batches(i: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def run(run_dir: Path) -> dict:
     torch.manual_seed(0)
-    model = kqv.DecoderLM(kqv.ModelConfig(vocab_size=32, d_model=32, n_heads=2, n_layers=2, d_ff=64, max_len=32,
-                                          dropout=0.0))
-    trainer = Trainer(model, CONFIG, run_dir, train_batches=batches, loss_fn=lambda m, b: m(*b),
-                      val_batches=lambda i: batches(10_000 + i), quiet=True)
+    model = kqv.DecoderLM(
+        kqv.ModelConfig(vocab_size=32, d_model=32, n_heads=2, n_layers=2, d_ff=64, max_len=32, dropout=0.0)
+    )
+    trainer = Trainer(
+        model,
+        CONFIG,
+        run_dir,
+        train_batches=batches,
+        loss_fn=lambda m, b: m(*b),
+        val_batches=lambda i: batches(10_000 + i),
+        quiet=True,
+    )
     return trainer.train()
 
 

@@ -34,7 +34,7 @@ position = "{position}"
 
 CONFIGS = {
     "lm": MODEL + TRAIN + '\n[data]\ntokenizer = "char"\ncontext = 32\n'
-          '\n[sample]\nprompt = "To"\ncount = 1\nmax_new_tokens = 8\ntemperature = 0.8\ntop_k = 5\n',
+    '\n[sample]\nprompt = "To"\ncount = 1\nmax_new_tokens = 8\ntemperature = 0.8\ntop_k = 5\n',
     "mlm": MODEL + TRAIN + '\n[data]\ntokenizer = "char"\ncontext = 32\n',
     "cls": MODEL + TRAIN + '\n[data]\ntokenizer = "char"\nmax_tokens = 32\n\n[head]\npooling = "mean"\n',
     "mt": TINY_RUN.replace("{kind}", "transformer").replace("{model}", MODELS["transformer"]),
@@ -48,8 +48,7 @@ def corpus(task: str, directory: Path) -> Path:
         path, text = directory / "numbers.tsv", "".join(f"{s}\t{t}\n" for s, t in number_corpus())
     elif task == "cls":
         words = {"pos": ["good", "great"], "neg": ["bad", "dull"]}
-        lines = [f"the play was {words[label][i % 2]}\t{label}" for i in range(40)
-                 for label in ("pos", "neg")]
+        lines = [f"the play was {words[label][i % 2]}\t{label}" for i in range(40) for label in ("pos", "neg")]
         path, text = directory / "reviews.tsv", "\n".join(lines) + "\n"
     else:
         path, text = directory / "shakespeare.txt", SHAKESPEARE
@@ -64,7 +63,8 @@ def train_run(kind: str, directory: Path, steps: int = 4, position: str = "learn
     task = "mt" if kind == "lstm" else kind
     config.write_text(CONFIGS[kind] if task == "mt" else CONFIGS[kind].format(steps=steps, position=position))
     out = directory / kind
-    code = main(["train", task, "--config", str(config), "--data", str(corpus(task, directory)), "--out", str(out),
-                 "--quiet"])
+    code = main(
+        ["train", task, "--config", str(config), "--data", str(corpus(task, directory)), "--out", str(out), "--quiet"]
+    )
     assert code == 0, f"training the tiny {task} run failed"
     return out

@@ -23,8 +23,9 @@ def lm_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("api_lm")
     (root / "tiny.txt").write_text("To be, or not to be, that is the question.\n" * 40)
     (root / "tiny.toml").write_text(TINY.format(position="learned"))
-    summary = kqv.train("lm", root / "tiny.toml", out=root / "run", overrides=[f"data.path={root / 'tiny.txt'}"],
-                        quiet=True)
+    summary = kqv.train(
+        "lm", root / "tiny.toml", out=root / "run", overrides=[f"data.path={root / 'tiny.txt'}"], quiet=True
+    )
     assert summary["steps"] == 6
     return root / "run"
 
@@ -35,8 +36,9 @@ def mt_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("api_mt")
     (root / "numbers.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in number_corpus()), encoding="utf-8")
     (root / "tiny.toml").write_text(TINY_RUN.format(kind="transformer", model=MODELS["transformer"]))
-    summary = kqv.train("mt", root / "tiny.toml", out=root / "run", overrides=[f"data.path={root / 'numbers.tsv'}"],
-                        steps=4, quiet=True)
+    summary = kqv.train(
+        "mt", root / "tiny.toml", out=root / "run", overrides=[f"data.path={root / 'numbers.tsv'}"], steps=4, quiet=True
+    )
     assert summary["steps"] == 4  # `steps` sets train.steps
     return root / "run"
 
@@ -53,11 +55,14 @@ def test_generate_returns_the_texts_kqv_generate_prints(lm_dir, capsys):
     assert repr(run) == f"LMRun({str(lm_dir)!r}, task='lm', {kqv.count_parameters(run.model):,} parameters)"
     (greedy,) = run.generate("To be", max_new_tokens=5, temperature=0)
     assert greedy.startswith("To be") and len(greedy) == len("To be") + 5
-    assert printed(capsys, ["generate", str(lm_dir), "--prompt", "To be", "--max-new-tokens", "5",
-                            "--temperature", "0"]) == greedy + "\n"
+    assert (
+        printed(capsys, ["generate", str(lm_dir), "--prompt", "To be", "--max-new-tokens", "5", "--temperature", "0"])
+        == greedy + "\n"
+    )
     samples = run.generate("To", max_new_tokens=6, count=2, seed=3)
-    assert printed(capsys, ["generate", str(lm_dir), "--prompt", "To", "--max-new-tokens", "6", "--count", "2",
-                            "--seed", "3"]) == "".join(f"--- sample {i} ---\n{t}\n" for i, t in enumerate(samples, 1))
+    assert printed(
+        capsys, ["generate", str(lm_dir), "--prompt", "To", "--max-new-tokens", "6", "--count", "2", "--seed", "3"]
+    ) == "".join(f"--- sample {i} ---\n{t}\n" for i, t in enumerate(samples, 1))
 
 
 def test_evaluate_returns_the_figures_kqv_eval_prints_and_they_match_a_direct_computation(lm_dir, capsys):
@@ -66,8 +71,10 @@ def test_evaluate_returns_the_figures_kqv_eval_prints_and_they_match_a_direct_co
     assert isinstance(result, LMEvaluation) and result.source == "the held-out validation split"
     report, as_json = printed(capsys, ["eval", str(lm_dir), "--max-tokens", "32", "--json"]).splitlines()
     assert json.loads(as_json) == result.to_dict()
-    assert report == (f"the held-out validation split: {result.tokens:,} tokens, loss {result.loss:.4f} nats/token, "
-                      f"perplexity {result.perplexity:.3f}, {result.bits_per_char:.4f} bits/char")
+    assert report == (
+        f"the held-out validation split: {result.tokens:,} tokens, loss {result.loss:.4f} nats/token, "
+        f"perplexity {result.perplexity:.3f}, {result.bits_per_char:.4f} bits/char"
+    )
     ids = load_file(lm_dir / "tokens.safetensors")["val"].long()
     blocks = ids[:33]  # 32 scored tokens: two blocks of the run's context (16)
     inputs, targets = blocks[:-1].view(2, 16), blocks[1:].view(2, 16)
@@ -88,7 +95,8 @@ def test_attention_returns_causal_weights_with_their_tokens(lm_dir, capsys, tmp_
     assert "1 layers x 2 heads" in repr(maps)
     out = tmp_path / "a.png"
     assert printed(capsys, ["attention", str(lm_dir), "--text", "To be", "--out", str(out)]) == (
-        f"wrote {out}: 1 layers x 2 heads over 5 tokens\n")
+        f"wrote {out}: 1 layers x 2 heads over 5 tokens\n"
+    )
 
 
 def test_translate_and_evaluate_return_what_kqv_translate_and_eval_print(mt_dir, capsys):
@@ -105,8 +113,9 @@ def test_translate_and_evaluate_return_what_kqv_translate_and_eval_print(mt_dir,
     hypotheses = run.translate(sources, beam_size=1)
     assert result.bleu == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score)
     assert result.chrf == pytest.approx(sacrebleu.corpus_chrf(hypotheses, [references]).score)
-    report, as_json = printed(capsys, ["eval", str(mt_dir), "--max-sentences", "10", "--beam", "1",
-                                       "--json"]).splitlines()
+    report, as_json = printed(
+        capsys, ["eval", str(mt_dir), "--max-sentences", "10", "--beam", "1", "--json"]
+    ).splitlines()
     figures = json.loads(as_json)
     assert figures.pop("seconds") >= 0 and figures == {k: v for k, v in result.to_dict().items() if k != "seconds"}
     assert report.startswith(f"the held-out test split: 10 sentences, BLEU {result.bleu:.2f}, chrF {result.chrf:.2f}")
@@ -124,7 +133,8 @@ def test_the_cross_attention_of_a_translation_run(mt_dir, capsys, tmp_path):
     out = tmp_path / "a.png"
     assert printed(capsys, ["attention", str(mt_dir), "--src", "eins zwei", "--out", str(out)]).startswith(
         f"translation: {maps.translation}\nwrote {out}: 1 layers x 2 heads, {len(maps.rows)} target x "
-        f"{len(maps.columns)} source tokens")
+        f"{len(maps.columns)} source tokens"
+    )
 
 
 def test_an_operation_the_run_s_job_does_not_offer_is_a_clear_error(lm_dir, mt_dir):

@@ -38,21 +38,44 @@ def test_every_module_of_the_package_map_is_on_the_page():
     registered = {experiment.module.rpartition(".")[2] for experiment in EXPERIMENTS.values()}
     named = set(named_paths())
     package = ROOT / "src" / "kqv"
-    modules = [str(p.relative_to(ROOT / "src")) for p in sorted(package.rglob("*.py"))
-               if p.name not in ("__init__.py", "__main__.py")
-               and not (p.parent.name == "experiments" and p.stem in registered)]
+    modules = [
+        str(p.relative_to(ROOT / "src"))
+        for p in sorted(package.rglob("*.py"))
+        if p.name not in ("__init__.py", "__main__.py")
+        and not (p.parent.name == "experiments" and p.stem in registered)
+    ]
     missing = [m for m in modules if m not in named]
     assert not missing, f"modules missing from docs/architecture.md's package map: {missing}"
 
 
-@pytest.mark.parametrize("registry", ["CORES", "AttentionKind", "Position", "POSITIONS", "VARIANTS", "EXPERIMENTS",
-                                      "get_job", "load_run", "all_jobs", "JOBS", "COMMANDS", "TRAIN_FLAGS",
-                                      "RUN_COMMANDS", "input_positions",
-                                      "attention_positions", "has_score_bias", "has_value_bias", "PaddingOnlyCore"])
+@pytest.mark.parametrize(
+    "registry",
+    [
+        "CORES",
+        "AttentionKind",
+        "Position",
+        "POSITIONS",
+        "VARIANTS",
+        "EXPERIMENTS",
+        "get_job",
+        "load_run",
+        "all_jobs",
+        "JOBS",
+        "COMMANDS",
+        "TRAIN_FLAGS",
+        "RUN_COMMANDS",
+        "input_positions",
+        "attention_positions",
+        "has_score_bias",
+        "has_value_bias",
+        "PaddingOnlyCore",
+    ],
+)
 def test_the_registries_the_guides_name_exist(registry):
     sources = [*(ROOT / "src" / "kqv").rglob("*.py"), ROOT / "tests" / "conftest.py"]
     assert any(re.search(rf"\b{registry}\b\s*[:=(]|(?:class|def) {registry}\b", p.read_text()) for p in sources), (
-        f"docs/architecture.md names {registry}, which nothing in kqv or tests/conftest.py defines")
+        f"docs/architecture.md names {registry}, which nothing in kqv or tests/conftest.py defines"
+    )
     assert f"`{registry}" in PAGE.read_text()
 
 

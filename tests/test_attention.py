@@ -3,10 +3,9 @@ import math
 import pytest
 import torch
 
+from conftest import tiny_config
 from kqv import Attention, DecoderLM, MultiHeadAttention, causal_mask, scaled_dot_product_attention
 from kqv.nn.attention import fused_attention
-
-from conftest import tiny_config
 
 
 def test_causal_mask_lets_each_query_see_only_itself_and_the_past():
@@ -63,8 +62,7 @@ def test_additive_score_is_v_tanh_of_projected_sum():
 def test_masked_keys_get_zero_weight_for_every_score():
     mask = torch.tensor([[True, True, False, False]])[:, None, :]
     for score in ["dot", "multiplicative", "reduced_rank", "additive"]:
-        out, weights = Attention(4, score=score)(torch.randn(1, 2, 4), torch.randn(1, 4, 4), torch.randn(1, 4, 3),
-                                                 mask)
+        out, weights = Attention(4, score=score)(torch.randn(1, 2, 4), torch.randn(1, 4, 4), torch.randn(1, 4, 3), mask)
         assert torch.all(weights[..., 2:] == 0)
         torch.testing.assert_close(weights.sum(-1), torch.ones(1, 2))
 
@@ -158,8 +156,9 @@ def test_plain_causal_flag_equals_torch_sdpa_with_a_causal_mask(q_time):
     keep = torch.ones(2, 1, 1, 12, dtype=torch.bool)
     keep[0, ..., -4:] = False
     for mask in (None, keep):
-        expected = F.scaled_dot_product_attention(queries, keys, values, attn_mask=causal_mask(q_time, 12) & (
-            True if mask is None else mask))
+        expected = F.scaled_dot_product_attention(
+            queries, keys, values, attn_mask=causal_mask(q_time, 12) & (True if mask is None else mask)
+        )
         actual, _ = scaled_dot_product_attention(queries, keys, values, mask=mask, causal=True)
         torch.testing.assert_close(actual, expected, atol=1e-6, rtol=1e-5)
 

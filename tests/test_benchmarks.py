@@ -12,8 +12,13 @@ BENCHMARKS = sorted((Path(__file__).resolve().parent.parent / "benchmarks").glob
 
 
 def test_there_are_benchmarks():
-    assert {p.stem for p in BENCHMARKS} >= {"train_throughput", "attention_scaling", "mt_compare",
-                                             "translation_speed", "long_context_quality"}
+    assert {p.stem for p in BENCHMARKS} >= {
+        "train_throughput",
+        "attention_scaling",
+        "mt_compare",
+        "translation_speed",
+        "long_context_quality",
+    }
 
 
 @pytest.mark.parametrize("script", BENCHMARKS, ids=lambda p: p.stem)
@@ -30,15 +35,35 @@ def test_generation_speed_compares_kqv_and_hugging_face_on_the_same_weights(tmp_
 
     output = tmp_path / "generation_speed.json"
     script = BENCHMARKS[0].parent / "generation_speed.py"
-    result = subprocess.run([sys.executable, str(script), "--quick", "--rounds", "1", "--batches", "1,2",
-                             "--threads", "1", "--output", str(output), "--run", str(TRAINED_LM), "--profile"],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--quick",
+            "--rounds",
+            "1",
+            "--batches",
+            "1,2",
+            "--threads",
+            "1",
+            "--output",
+            str(output),
+            "--run",
+            str(TRAINED_LM),
+            "--profile",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     data = json.loads(output.read_text())
     assert data["benchmark"] == "generation_speed" and data["quick"] and data["threads"] == [1]
     assert [(row["batch"], row["precision"], row["hf_precision"]) for row in data["rows"]] == [
-        (batch, precision, hf_precision) for batch in (1, 2)
-        for precision, hf_precision in (("fp32", "fp32"), ("bf16", "bf16"), ("int8", "fp32"))]
+        (batch, precision, hf_precision)
+        for batch in (1, 2)
+        for precision, hf_precision in (("fp32", "fp32"), ("bf16", "bf16"), ("int8", "fp32"))
+    ]
     for row in data["rows"]:
         assert row["threads"] == 1
         assert row["kqv_tokens_per_s"] > 0 and row["hf_tokens_per_s"] > 0

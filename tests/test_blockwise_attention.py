@@ -9,12 +9,7 @@ import torch
 from kqv.nn import blockwise as efficient
 from kqv.nn.attention import causal_mask, scaled_dot_product_attention
 from kqv.nn.blockwise import blockwise_attention
-from kqv.nn.positions import (
-    ALiBiPositions,
-    AttentionPositions,
-    RelativePositions,
-    RotaryPositions,
-)
+from kqv.nn.positions import ALiBiPositions, AttentionPositions, RelativePositions, RotaryPositions
 
 BATCH, HEADS, TIME, HEAD_DIM = 2, 2, 40, 8
 BLOCKS = (16, 8)  # several query and key blocks, the last ones partial, and key blocks far outside Shaw's window
@@ -33,7 +28,7 @@ def make_positions(name: str) -> AttentionPositions:
 def key_padding(batch: int, time: int) -> torch.Tensor:
     """Right padding of different lengths, and a hole: every query still sees key 0."""
     keep = torch.ones(batch, time, dtype=torch.bool)
-    keep[0, time - 9:] = False
+    keep[0, time - 9 :] = False
     keep[1, 5:12] = False
     return keep
 
@@ -46,8 +41,9 @@ def reference(queries, keys, values, positions, causal=False, keep=None):
     mask = causal_mask(q_time, k_time) if causal else None
     if keep is not None:
         mask = keep[:, None, None, :] if mask is None else mask & keep[:, None, None, :]
-    output, weights = scaled_dot_product_attention(queries, keys, values, mask=mask,
-                                                   bias=positions.score_bias(queries, q_pos, k_pos))
+    output, weights = scaled_dot_product_attention(
+        queries, keys, values, mask=mask, bias=positions.score_bias(queries, q_pos, k_pos)
+    )
     extra = positions.value_bias(weights, q_pos, k_pos)
     return output if extra is None else output + extra
 
@@ -56,15 +52,27 @@ def blockwise(queries, keys, values, positions, causal=False, keep=None, block_s
     q_time, k_time = queries.shape[2], keys.shape[2]
     q_pos, k_pos = torch.arange(k_time - q_time, k_time), torch.arange(k_time)
     queries, keys = positions.rotate(queries, q_pos), positions.rotate(keys, k_pos)
-    return blockwise_attention(queries, keys, values, positions=positions, q_pos=q_pos, k_pos=k_pos, causal=causal,
-                               key_padding=keep, block_size=block_size, fused=fused, trace=trace)
+    return blockwise_attention(
+        queries,
+        keys,
+        values,
+        positions=positions,
+        q_pos=q_pos,
+        k_pos=k_pos,
+        causal=causal,
+        key_padding=keep,
+        block_size=block_size,
+        fused=fused,
+        trace=trace,
+    )
 
 
 def values_and_gradients(attend, inputs, positions):
     output = attend(*inputs)
     parameters = [p for p in positions.parameters() if p.requires_grad]
-    grads = torch.autograd.grad((output * torch.linspace(-1, 1, output.numel()).view_as(output)).sum(),
-                                [*inputs, *parameters])
+    grads = torch.autograd.grad(
+        (output * torch.linspace(-1, 1, output.numel()).view_as(output)).sum(), [*inputs, *parameters]
+    )
     return [output.detach(), *grads]
 
 
@@ -95,8 +103,9 @@ def test_blockwise_result_does_not_depend_on_block_size(block_size):
     positions = make_positions("relative")
     x = inputs()
     expected = values_and_gradients(lambda q, k, v: reference(q, k, v, positions, True), x, positions)
-    actual = values_and_gradients(lambda q, k, v: blockwise(q, k, v, positions, True, block_size=block_size), x,
-                                  positions)
+    actual = values_and_gradients(
+        lambda q, k, v: blockwise(q, k, v, positions, True, block_size=block_size), x, positions
+    )
     assert_all_close(actual, expected)
 
 
@@ -116,8 +125,9 @@ class LearnedSlopes(AttentionPositions):
 
     def value_bias(self, weights, q_pos, k_pos):
         past = (k_pos[None, :] <= q_pos[:, None]).to(weights.dtype)
-        return (weights * past).sum(-1, keepdim=True) * self.offsets[0] + \
-            (weights * (1 - past)).sum(-1, keepdim=True) * self.offsets[1]
+        return (weights * past).sum(-1, keepdim=True) * self.offsets[0] + (weights * (1 - past)).sum(
+            -1, keepdim=True
+        ) * self.offsets[1]
 
 
 def test_any_position_scheme_works_through_the_generic_route_with_parameter_gradients():
@@ -153,9 +163,15 @@ class DoubledRelativeValues(RelativePositions):
         return 2 * super().value_bias(weights, q_pos, k_pos)
 
 
-@pytest.mark.parametrize("positions,route", [
-    (SteeperALiBi(HEADS), efficient.bias.ALiBiBias), (SquaredALiBi(HEADS), efficient.bias.BlockBias),
-    (DoubledRelativeValues(HEAD_DIM, max_distance=4), efficient.bias.BlockBias)], ids=lambda x: type(x).__name__)
+@pytest.mark.parametrize(
+    "positions,route",
+    [
+        (SteeperALiBi(HEADS), efficient.bias.ALiBiBias),
+        (SquaredALiBi(HEADS), efficient.bias.BlockBias),
+        (DoubledRelativeValues(HEAD_DIM, max_distance=4), efficient.bias.BlockBias),
+    ],
+    ids=lambda x: type(x).__name__,
+)
 def test_a_subclass_takes_the_closed_form_only_when_it_keeps_the_methods_the_closed_form_computes(positions, route):
     """The route is chosen by the methods a closed form relies on, not by the exact type; either way the result
     (values and gradients) is the dense reference's, which calls the subclass's own methods."""
@@ -167,8 +183,16 @@ def test_a_subclass_takes_the_closed_form_only_when_it_keeps_the_methods_the_clo
     assert_all_close(actual, expected)
 
 
-@pytest.mark.parametrize("name,route", [("none", "NoBias"), ("rope", "NoBias"), ("alibi", "ALiBiBias"),
-                                        ("relative", "RelativeBias"), ("relative_keys_only", "RelativeBias")])
+@pytest.mark.parametrize(
+    "name,route",
+    [
+        ("none", "NoBias"),
+        ("rope", "NoBias"),
+        ("alibi", "ALiBiBias"),
+        ("relative", "RelativeBias"),
+        ("relative_keys_only", "RelativeBias"),
+    ],
+)
 def test_kqvs_own_schemes_take_the_routes_they_always_took(name, route):
     assert type(efficient.bias.block_bias(make_positions(name), BATCH, HEADS, torch.float32)).__name__ == route
     assert type(efficient.bias.block_bias(LearnedSlopes(), BATCH, HEADS, torch.float32)) is efficient.bias.BlockBias
@@ -189,8 +213,9 @@ def test_fused_kernel_runs_and_the_blockwise_path_give_the_same_result(scheme):
     positions = make_positions(scheme)
     x = inputs()
     fused = values_and_gradients(lambda q, k, v: blockwise(q, k, v, positions, True), x, positions)
-    blockwise_only = values_and_gradients(lambda q, k, v: blockwise(q, k, v, positions, True, fused=False), x,
-                                          positions)
+    blockwise_only = values_and_gradients(
+        lambda q, k, v: blockwise(q, k, v, positions, True, fused=False), x, positions
+    )
     assert efficient.FUSED is not None
     assert_all_close(fused, blockwise_only)
 
@@ -226,8 +251,9 @@ def test_alibi_blocks_too_far_to_matter_are_skipped_and_the_result_stays_exact()
     for causal in (False, True):
         expected = values_and_gradients(lambda q, k, v, c=causal: reference(q, k, v, positions, c), x, positions)
         trace = efficient.Trace()
-        actual = values_and_gradients(lambda q, k, v, c=causal: blockwise(q, k, v, positions, c, trace=trace), x,
-                                      positions)
+        actual = values_and_gradients(
+            lambda q, k, v, c=causal, trace=trace: blockwise(q, k, v, positions, c, trace=trace), x, positions
+        )
         assert trace.skipped_blocks > 0
         assert_all_close(actual, expected)
 

@@ -58,8 +58,16 @@ def run(tmp_path_factory, corpus):
 
 
 def test_training_writes_the_whole_run_directory(run):
-    for name in ["run.toml", "tokenizer", "tokens.safetensors", "checkpoint", "metrics.jsonl", "loss.png",
-                 "samples.txt", "summary.json"]:
+    for name in [
+        "run.toml",
+        "tokenizer",
+        "tokens.safetensors",
+        "checkpoint",
+        "metrics.jsonl",
+        "loss.png",
+        "samples.txt",
+        "summary.json",
+    ]:
         assert (run / name).exists(), name
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 6 and summary["val"]["bits_per_char"] > 0
@@ -79,8 +87,12 @@ def test_generate_continues_the_prompt(run, capsys):
 
 @pytest.mark.parametrize("dtype", ["bf16", "int8"])
 def test_generate_in_lower_precision_continues_the_prompt(run, capsys, dtype):
-    assert main(["generate", str(run), "--prompt", "To be", "--max-new-tokens", "5", "--temperature", "0",
-                 "--dtype", dtype]) == 0
+    assert (
+        main(
+            ["generate", str(run), "--prompt", "To be", "--max-new-tokens", "5", "--temperature", "0", "--dtype", dtype]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert out.startswith("To be") and len(out.rstrip("\n")) == len("To be") + 5
 
@@ -135,8 +147,10 @@ def test_corrupt_checkpoint_is_reported_not_loaded(run, tmp_path, capsys):
 
 def test_training_into_an_existing_run_refuses_and_keeps_it(run, corpus, capsys):
     before = (run / "checkpoint" / MODEL_FILE).read_bytes()
-    assert main(["train", "lm", "--config", str(run / "run.toml"), "--data", str(corpus), "--out", str(run),
-                 "--quiet"]) == 2
+    assert (
+        main(["train", "lm", "--config", str(run / "run.toml"), "--data", str(corpus), "--out", str(run), "--quiet"])
+        == 2
+    )
     assert "already holds a run" in capsys.readouterr().err
     assert (run / "checkpoint" / MODEL_FILE).read_bytes() == before
 
@@ -196,8 +210,10 @@ def test_summary_reports_the_peak_resident_memory(tmp_path, corpus):
     config.write_text(TINY.format(position="rope"))
     ballast = torch.ones(50_000_000)  # 200 MB, touched
     before = _high_water_mark_mb()
-    assert main(["train", "lm", "--config", str(config), "--data", str(corpus), "--out", str(tmp_path / "run"),
-                 "--quiet"]) == 0
+    assert (
+        main(["train", "lm", "--config", str(config), "--data", str(corpus), "--out", str(tmp_path / "run"), "--quiet"])
+        == 0
+    )
     after = _high_water_mark_mb()
     peak = read_summary(tmp_path / "run")["peak_rss_mb"]
     assert before - 2 <= peak <= after + 2 and peak > ballast.numel() * 4 / 1e6

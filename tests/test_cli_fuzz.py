@@ -17,36 +17,102 @@ from kqv.cli.main import main
 from test_cli import TINY
 
 # The fields of the tiny config, by what they hold: every mutation below makes the config invalid by construction.
-INTS = {"train": ["steps", "batch_size", "warmup_steps", "grad_accum", "eval_every", "eval_batches",
-                  "checkpoint_every", "seed", "log_every", "max_bad_steps"],
-        "model": ["d_model", "n_heads", "n_layers", "d_ff", "max_len"], "data": ["context", "vocab_size"],
-        "sample": ["count", "max_new_tokens", "top_k"]}
-FLOATS = {"train": ["lr", "min_lr_ratio", "weight_decay", "grad_clip", "max_minutes"],
-          "model": ["dropout", "norm_eps"], "data": ["val_fraction"], "sample": ["temperature"]}
-CHOICES = {"train": ["schedule", "precision"], "model": ["position", "norm", "activation", "attention"],
-           "data": ["tokenizer"]}
+INTS = {
+    "train": [
+        "steps",
+        "batch_size",
+        "warmup_steps",
+        "grad_accum",
+        "eval_every",
+        "eval_batches",
+        "checkpoint_every",
+        "seed",
+        "log_every",
+        "max_bad_steps",
+    ],
+    "model": ["d_model", "n_heads", "n_layers", "d_ff", "max_len"],
+    "data": ["context", "vocab_size"],
+    "sample": ["count", "max_new_tokens", "top_k"],
+}
+FLOATS = {
+    "train": ["lr", "min_lr_ratio", "weight_decay", "grad_clip", "max_minutes"],
+    "model": ["dropout", "norm_eps"],
+    "data": ["val_fraction"],
+    "sample": ["temperature"],
+}
+CHOICES = {
+    "train": ["schedule", "precision"],
+    "model": ["position", "norm", "activation", "attention"],
+    "data": ["tokenizer"],
+}
 BOOLS = {"model": ["norm_first", "bias", "tie_embeddings"]}
 # (section, key, a value out of its range)
-OUT_OF_RANGE = [("train", "steps", 0), ("train", "batch_size", -3), ("train", "lr", 0.0), ("train", "lr", -1e-3),
-                ("train", "min_lr_ratio", 1.5), ("train", "warmup_steps", -1), ("train", "grad_accum", 0),
-                ("train", "eval_every", 0), ("train", "eval_batches", 0), ("train", "checkpoint_every", 0),
-                ("train", "seed", -1), ("train", "log_every", 0), ("train", "max_minutes", -1.0),
-                ("train", "max_bad_steps", 0), ("train", "weight_decay", -0.1), ("train", "grad_clip", -1.0),
-                ("train", "betas", [0.9, 1.0]), ("train", "betas", [0.9]), ("data", "context", 1),
-                ("data", "val_fraction", 0.0), ("data", "val_fraction", 0.9), ("model", "d_model", 0),
-                ("model", "d_model", 17), ("model", "n_heads", 0), ("model", "n_layers", -2), ("model", "d_ff", 0),
-                ("model", "dropout", 1.0), ("model", "dropout", -0.5), ("model", "norm_eps", 0.0),
-                ("sample", "count", 0), ("sample", "max_new_tokens", -5), ("sample", "temperature", -0.1),
-                ("sample", "top_k", 0), ("sample", "prompt", "")]
+OUT_OF_RANGE = [
+    ("train", "steps", 0),
+    ("train", "batch_size", -3),
+    ("train", "lr", 0.0),
+    ("train", "lr", -1e-3),
+    ("train", "min_lr_ratio", 1.5),
+    ("train", "warmup_steps", -1),
+    ("train", "grad_accum", 0),
+    ("train", "eval_every", 0),
+    ("train", "eval_batches", 0),
+    ("train", "checkpoint_every", 0),
+    ("train", "seed", -1),
+    ("train", "log_every", 0),
+    ("train", "max_minutes", -1.0),
+    ("train", "max_bad_steps", 0),
+    ("train", "weight_decay", -0.1),
+    ("train", "grad_clip", -1.0),
+    ("train", "betas", [0.9, 1.0]),
+    ("train", "betas", [0.9]),
+    ("data", "context", 1),
+    ("data", "val_fraction", 0.0),
+    ("data", "val_fraction", 0.9),
+    ("model", "d_model", 0),
+    ("model", "d_model", 17),
+    ("model", "n_heads", 0),
+    ("model", "n_layers", -2),
+    ("model", "d_ff", 0),
+    ("model", "dropout", 1.0),
+    ("model", "dropout", -0.5),
+    ("model", "norm_eps", 0.0),
+    ("sample", "count", 0),
+    ("sample", "max_new_tokens", -5),
+    ("sample", "temperature", -0.1),
+    ("sample", "top_k", 0),
+    ("sample", "prompt", ""),
+]
 SECTIONS = ["train", "model", "data", "sample"]
-BROKEN_TOML = ["[train", "x = ", "= 1", "[[", "key = 'unterminated", "[train]\n", "a = 1\na = 2", "[sample]\nx = 1\n",
-               "v = [1, 2", "v = {a = 1", "\x00", "v = 1979-05-27T25:00:00", "[data]\ncontext = 3\n"]
+BROKEN_TOML = [
+    "[train",
+    "x = ",
+    "= 1",
+    "[[",
+    "key = 'unterminated",
+    "[train]\n",
+    "a = 1\na = 2",
+    "[sample]\nx = 1\n",
+    "v = [1, 2",
+    "v = {a = 1",
+    "\x00",
+    "v = 1979-05-27T25:00:00",
+    "[data]\ncontext = 3\n",
+]
 
-scalars = st.one_of(st.integers(-10**6, 10**6), st.floats(allow_nan=False, allow_infinity=False),
-                    st.text(max_size=10).filter(lambda s: s.lower() != "none"), st.booleans())
-values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                       st.dictionaries(st.text(min_size=1, max_size=5), inner,
-                                                                       max_size=3)), max_leaves=6)
+scalars = st.one_of(
+    st.integers(-(10**6), 10**6),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=10).filter(lambda s: s.lower() != "none"),
+    st.booleans(),
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(min_size=1, max_size=5), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
 tables = st.dictionaries(st.text(min_size=1, max_size=5), values, max_size=3)
 
 
@@ -70,13 +136,25 @@ def mutations(draw) -> tuple[str, str, object]:
     if kind == "table":  # a table (or an array of them) where a single value belongs
         section, key = draw(_field({s: INTS.get(s, []) + FLOATS.get(s, []) + CHOICES.get(s, []) for s in SECTIONS}))
         return section, key, draw(st.one_of(tables, st.lists(tables, min_size=1, max_size=2)))
-    return draw(st.one_of(
-        st.tuples(*_pair(INTS), st.one_of(st.text(max_size=8).filter(lambda s: s.lower() != "none"), st.booleans(),
-                                          st.floats(), st.lists(scalars, max_size=2))),  # 2.0 is no int either
-        st.tuples(*_pair(FLOATS), st.one_of(st.text(max_size=8), st.booleans(), st.lists(scalars, max_size=2))),
-        st.tuples(*_pair(CHOICES), st.one_of(st.integers(), st.floats(allow_nan=False), st.booleans(),
-                                             st.lists(scalars, max_size=2))),
-        st.tuples(*_pair(BOOLS), st.one_of(st.integers(), st.text(max_size=8), st.lists(scalars, max_size=2)))))
+    return draw(
+        st.one_of(
+            st.tuples(
+                *_pair(INTS),
+                st.one_of(
+                    st.text(max_size=8).filter(lambda s: s.lower() != "none"),
+                    st.booleans(),
+                    st.floats(),
+                    st.lists(scalars, max_size=2),
+                ),
+            ),  # 2.0 is no int either
+            st.tuples(*_pair(FLOATS), st.one_of(st.text(max_size=8), st.booleans(), st.lists(scalars, max_size=2))),
+            st.tuples(
+                *_pair(CHOICES),
+                st.one_of(st.integers(), st.floats(allow_nan=False), st.booleans(), st.lists(scalars, max_size=2)),
+            ),
+            st.tuples(*_pair(BOOLS), st.one_of(st.integers(), st.text(max_size=8), st.lists(scalars, max_size=2))),
+        )
+    )
 
 
 def _pair(groups: dict[str, list[str]]) -> tuple[st.SearchStrategy[str], st.SearchStrategy[str]]:
@@ -98,16 +176,24 @@ def _known(section: str) -> set[str]:
 def toml_value(value: object) -> str:
     """`value` as TOML after `key = ` (what `--set section.key=` takes): tables and arrays inline."""
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{tomli_w.dumps({k: 0}).rpartition('=')[0].strip()} = {toml_value(v)}"
-                               for k, v in value.items()) + "}"
+        return (
+            "{"
+            + ", ".join(
+                f"{tomli_w.dumps({k: 0}).rpartition('=')[0].strip()} = {toml_value(v)}" for k, v in value.items()
+            )
+            + "}"
+        )
     if isinstance(value, list):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
     return tomli_w.dumps({"v": value}).partition("=")[2].strip()
 
 
 def snapshot(run: Path) -> dict[str, str]:
-    return {str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(run.rglob("*"))
-            if p.is_file() and p.name != ".lock"}
+    return {
+        str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(run.rglob("*"))
+        if p.is_file() and p.name != ".lock"
+    }
 
 
 @pytest.fixture(scope="module")
@@ -137,16 +223,21 @@ def kqv(argv: list[str]) -> tuple[int, str]:
 def check_refused(existing_run, extra: list[str], config: Path, mode: list[str]) -> None:
     root, _, corpus, run = existing_run
     before = snapshot(run)
-    status, stderr = kqv(["train", "lm", "--config", str(config), "--data", str(corpus), "--out", str(run),
-                          "--quiet", *extra, *mode])
+    status, stderr = kqv(
+        ["train", "lm", "--config", str(config), "--data", str(corpus), "--out", str(run), "--quiet", *extra, *mode]
+    )
     assert status == 2, stderr
     assert stderr.startswith("kqv: error: ") and stderr.count("\n") == 1, stderr
     assert snapshot(run) == before
 
 
 MODES = st.sampled_from([[], ["--resume"], ["--overwrite"]])
-FUZZ = settings(max_examples=60, deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 @FUZZ
@@ -175,8 +266,11 @@ def test_a_bad_run_toml_is_one_error_line_and_changes_nothing(existing_run, muta
 
 
 @FUZZ
-@given(fragment=st.one_of(st.sampled_from(BROKEN_TOML), st.text(min_size=1, max_size=20).map(lambda t: "[" + t)),
-       where=st.floats(0, 1), mode=MODES)
+@given(
+    fragment=st.one_of(st.sampled_from(BROKEN_TOML), st.text(min_size=1, max_size=20).map(lambda t: "[" + t)),
+    where=st.floats(0, 1),
+    mode=MODES,
+)
 def test_broken_toml_syntax_is_one_error_line_and_changes_nothing(existing_run, fragment, where, mode):
     root, config, _, _ = existing_run
     lines = config.read_text().splitlines()
@@ -196,8 +290,15 @@ def test_every_out_of_range_value_is_refused_before_anything_is_written(existing
     check_refused(existing_run, [f"--set={section}.{key}={toml_value(value)}"], existing_run[1], ["--overwrite"])
 
 
-@pytest.mark.parametrize("job, option", [("lm", "model.d_model=33"), ("mt", "model.d_model=33"),
-                                         ("mt", "model.nope=1"), ("lm", "model.position=\"learned\"")])
+@pytest.mark.parametrize(
+    "job, option",
+    [
+        ("lm", "model.d_model=33"),
+        ("mt", "model.d_model=33"),
+        ("mt", "model.nope=1"),
+        ("lm", 'model.position="learned"'),
+    ],
+)
 def test_a_bad_model_option_is_refused_before_the_run_directory_exists(tmp_path, job, option):
     """[model] is checked when the config is read (with a stand-in vocabulary size), not after the data is
     prepared into the run directory (the MT job took 30 s and left its data there first)."""

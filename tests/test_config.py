@@ -43,8 +43,17 @@ def test_unknown_option_names_are_listed():
 
 
 def test_config_round_trips_through_dict_and_toml():
-    config = ModelConfig(vocab_size=99, d_model=48, n_heads=6, position="alibi", norm="rmsnorm", norm_first=False,
-                         activation="swiglu", tgt_vocab_size=77, dropout=0.25)
+    config = ModelConfig(
+        vocab_size=99,
+        d_model=48,
+        n_heads=6,
+        position="alibi",
+        norm="rmsnorm",
+        norm_first=False,
+        activation="swiglu",
+        tgt_vocab_size=77,
+        dropout=0.25,
+    )
     assert ModelConfig.from_dict(config.to_dict()) == config
     assert ModelConfig.from_toml(config.to_toml()) == config
     assert 'position = "alibi"' in config.to_toml()

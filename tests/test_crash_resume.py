@@ -10,9 +10,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "crash_resume.py"
-STOPS = [{"kind": "write", "write": 2, "delay_ms": 4.0, "signal": "SIGKILL"},  # inside or just after a write
-         {"kind": "swap", "write": 1, "delay_ms": 0.0, "signal": "SIGKILL"},  # between a swap's two renames
-         {"kind": "write", "write": 1, "delay_ms": 2.0, "signal": "SIGINT"}]  # Ctrl-C
+STOPS = [
+    {"kind": "write", "write": 2, "delay_ms": 4.0, "signal": "SIGKILL"},  # inside or just after a write
+    {"kind": "swap", "write": 1, "delay_ms": 0.0, "signal": "SIGKILL"},  # between a swap's two renames
+    {"kind": "write", "write": 1, "delay_ms": 2.0, "signal": "SIGINT"},
+]  # Ctrl-C
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +45,11 @@ def test_every_stop_leaves_a_verified_checkpoint_and_the_resume_goes_on(stopped)
 
 def test_killed_and_interrupted_run_ends_bit_identical_to_the_uninterrupted_one(stopped):
     crash, work, _ = stopped
-    assert crash.same_final_state(work / "stopped", work / "reference") == {"weights": True, "optimizer": True,
-                                                                             "steps": True}
+    assert crash.same_final_state(work / "stopped", work / "reference") == {
+        "weights": True,
+        "optimizer": True,
+        "steps": True,
+    }
 
 
 def test_the_comparison_sees_a_single_changed_bit(stopped, tmp_path):

@@ -9,11 +9,10 @@ cut across block edges, the layer pattern and the config errors.
 import pytest
 import torch
 
+from conftest import tiny_config
 from kqv.nn.cores import scaled_dot_product_attention
 from kqv.nn.dmca import LocalAttention, MemoryCompressedAttention
 from kqv.nn.models import DecoderLM, Encoder
-
-from conftest import tiny_config
 
 
 def qkv(batch=2, heads=3, time=11, head_dim=4, q_time=None):
@@ -89,8 +88,9 @@ def test_memory_compressed_attention_over_several_query_chunks(monkeypatch):
     monkeypatch.setattr("kqv.nn.dmca.QUERY_CHUNK", 6)  # two query blocks of 3 per chunk
     core = MemoryCompressedAttention(4, 3)
     q, k, v = qkv(time=20)
-    torch.testing.assert_close(core(q, k, v, causal=True), reference_memory_compressed(core, q, k, v, True),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        core(q, k, v, causal=True), reference_memory_compressed(core, q, k, v, True), atol=1e-5, rtol=1e-5
+    )
 
 
 @pytest.mark.parametrize("core", [LocalAttention(4), MemoryCompressedAttention(4, 3)], ids=["local", "compressed"])
@@ -121,19 +121,33 @@ def test_layer_pattern_cycles_the_attention_kinds_over_the_layers():
     assert kinds == ["LocalAttention", "MemoryCompressedAttention"] * 2 + ["LocalAttention"]
 
 
-@pytest.mark.parametrize("changes, message", [
-    (dict(attention="compressed"), r"attention must be one of \['full', 'linformer', 'bigbird', 'local', "
-                                   r"'memory_compressed'\]"),
-    (dict(layer_pattern="local,compressed"), r"layer_pattern 'local,compressed' has unknown attention kind\(s\) "
-                                             r"\['compressed'\].*\['full', 'linformer', 'bigbird', 'local', "
-                                             r"'memory_compressed'\]"),
-    (dict(attention="memory_compressed", memory_compressed={"compression": 1}),
-     "model.memory_compressed.compression must be at least 2"),
-    (dict(attention="local", local={"block": 5}), r"local.block \(5\) must divide max_len \(64\).*\[1, 2, 4, 8, 16"),
-    (dict(layer_pattern="full,local", local={"block": 48}), r"local.block \(48\) must divide max_len"),
-    (dict(attention="local", position="alibi"), "attention='local' cannot take position='alibi'"),
-    (dict(local={"block": 0}), "model.local.block must be positive"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (
+            dict(attention="compressed"),
+            r"attention must be one of \['full', 'linformer', 'bigbird', 'local', "
+            r"'memory_compressed'\]",
+        ),
+        (
+            dict(layer_pattern="local,compressed"),
+            r"layer_pattern 'local,compressed' has unknown attention kind\(s\) "
+            r"\['compressed'\].*\['full', 'linformer', 'bigbird', 'local', "
+            r"'memory_compressed'\]",
+        ),
+        (
+            dict(attention="memory_compressed", memory_compressed={"compression": 1}),
+            "model.memory_compressed.compression must be at least 2",
+        ),
+        (
+            dict(attention="local", local={"block": 5}),
+            r"local.block \(5\) must divide max_len \(64\).*\[1, 2, 4, 8, 16",
+        ),
+        (dict(layer_pattern="full,local", local={"block": 48}), r"local.block \(48\) must divide max_len"),
+        (dict(attention="local", position="alibi"), "attention='local' cannot take position='alibi'"),
+        (dict(local={"block": 0}), "model.local.block must be positive"),
+    ],
+)
 def test_bad_dmca_options_are_clear_errors_at_config_time(changes, message):
     with pytest.raises(ValueError, match=message):
         tiny_config(**changes)

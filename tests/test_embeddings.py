@@ -80,8 +80,12 @@ def test_every_paraphrase_pair_scores_above_every_unrelated_pair(encoder):
     similarity = embeddings @ embeddings.T
     pair_of = {i: i ^ 1 for i in range(2 * len(PARAPHRASES))}  # sentence 2k pairs with 2k + 1
     paraphrase = [similarity[i, pair_of[i]].item() for i in pair_of]
-    unrelated = [similarity[i, j].item() for i in range(len(SENTENCES)) for j in range(len(SENTENCES))
-                 if i != j and pair_of.get(i) != j]
+    unrelated = [
+        similarity[i, j].item()
+        for i in range(len(SENTENCES))
+        for j in range(len(SENTENCES))
+        if i != j and pair_of.get(i) != j
+    ]
     assert min(paraphrase) > max(unrelated)
     assert min(paraphrase) > 0.5 and max(unrelated) < 0.5
 

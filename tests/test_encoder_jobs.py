@@ -9,22 +9,23 @@ import pytest
 import torch
 
 import kqv
+from conftest import tiny_config
 from kqv.cli.main import main
 from kqv.data.masking import mask_tokens
+from kqv.data.tokenizers import CharTokenizer
 from kqv.data.tsv import read_tsv, split_examples
 from kqv.data.vocabulary import Vocabulary
-from kqv.data.tokenizers import CharTokenizer
 from kqv.train.metrics import read_metrics
-
-from conftest import tiny_config
 
 # ---------------------------------------------------------------------------------------------------------------
 # Masking (Devlin et al. 2019): 15% of the tokens selected; of those 80% [MASK], 10% random, 10% unchanged
 
 
 def char_vocabulary() -> Vocabulary:
-    return Vocabulary(CharTokenizer([chr(ord("a") + i) for i in range(26)] + list(" .,;")), {
-        "[PAD]": 30, "[CLS]": 31, "[SEP]": 32, "[MASK]": 33})
+    return Vocabulary(
+        CharTokenizer([chr(ord("a") + i) for i in range(26)] + list(" .,;")),
+        {"[PAD]": 30, "[CLS]": 31, "[SEP]": 32, "[MASK]": 33},
+    )
 
 
 def test_special_tokens_of_a_char_vocabulary_follow_its_characters():
@@ -99,8 +100,9 @@ def test_masking_is_a_function_of_the_generator_seed():
 
 def test_evaluation_masking_hides_every_selected_token():
     vocabulary, ids = char_vocabulary(), torch.randint(0, 30, (50, 100))
-    inputs, targets = mask_tokens(ids, torch.Generator().manual_seed(0), vocabulary, mask_token_prob=1.0,
-                                  random_token_prob=0.0)
+    inputs, targets = mask_tokens(
+        ids, torch.Generator().manual_seed(0), vocabulary, mask_token_prob=1.0, random_token_prob=0.0
+    )
     selected = targets != -100
     assert (inputs[selected] == vocabulary.mask_id).all() and torch.equal(inputs[~selected], ids[~selected])
 
@@ -162,7 +164,9 @@ norm_first = false
 embed_norm = true
 """
 
-TINY_MLM = TINY_MODEL + """
+TINY_MLM = (
+    TINY_MODEL
+    + """
 [data]
 tokenizer = "{tokenizer}"
 vocab_size = 300
@@ -179,8 +183,11 @@ checkpoint_every = 60
 log_every = 5
 precision = "fp32"
 """
+)
 
-TINY_CLS = TINY_MODEL + """
+TINY_CLS = (
+    TINY_MODEL
+    + """
 [data]
 tokenizer = "char"
 max_tokens = 24
@@ -199,6 +206,7 @@ checkpoint_every = 40
 log_every = 5
 precision = "fp32"
 """
+)
 
 
 @pytest.fixture(scope="module")
@@ -213,8 +221,10 @@ def mlm_run(tmp_path_factory, corpus):
     root = tmp_path_factory.mktemp("mlm")
     (root / "tiny.toml").write_text(TINY_MLM.format(tokenizer="char"))
     out = root / "run"
-    assert main(["train", "mlm", "--config", str(root / "tiny.toml"), "--data", str(corpus), "--out", str(out),
-                 "--quiet"]) == 0
+    assert (
+        main(["train", "mlm", "--config", str(root / "tiny.toml"), "--data", str(corpus), "--out", str(out), "--quiet"])
+        == 0
+    )
     return out
 
 
@@ -255,15 +265,31 @@ def test_mlm_run_reports_masked_accuracy_and_the_unigram_baseline_at_every_evalu
 
 def test_mlm_with_a_bpe_tokenizer_trains(tmp_path, corpus):
     (tmp_path / "tiny.toml").write_text(TINY_MLM.format(tokenizer="bpe"))
-    assert main(["train", "mlm", "--config", str(tmp_path / "tiny.toml"), "--data", str(corpus), "--steps", "20",
-                 "--out", str(tmp_path / "run"), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "mlm",
+                "--config",
+                str(tmp_path / "tiny.toml"),
+                "--data",
+                str(corpus),
+                "--steps",
+                "20",
+                "--out",
+                str(tmp_path / "run"),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     assert json.loads((tmp_path / "run" / "tokenizer" / "specials.json").read_text())["[MASK]"] == 3
     assert losses(tmp_path / "run")[-1] < losses(tmp_path / "run")[0]
 
 
 def test_mlm_model_exports_to_a_hugging_face_bert_for_masked_lm(mlm_run):
-    from kqv.jobs.mlm import load_mlm_run
     from kqv.interop import to_hf
+    from kqv.jobs.mlm import load_mlm_run
 
     run = load_mlm_run(mlm_run)
     ids = torch.randint(0, run.vocabulary.size, (2, 20))
@@ -274,8 +300,12 @@ def test_mlm_model_exports_to_a_hugging_face_bert_for_masked_lm(mlm_run):
 def test_classifier_run_records_its_task_labels_and_dev_accuracy_and_its_loss_falls(tmp_path, tsv):
     (tmp_path / "tiny.toml").write_text(TINY_CLS)
     out = tmp_path / "run"
-    assert main(["train", "cls", "--config", str(tmp_path / "tiny.toml"), "--data", str(tsv), "--out", str(out),
-                 "--quiet"]) == 0
+    assert (
+        main(
+            ["train", "cls", "--config", str(tmp_path / "tiny.toml"), "--data", str(tsv), "--out", str(out), "--quiet"]
+        )
+        == 0
+    )
     run_config = tomllib.loads((out / "run.toml").read_text())
     assert run_config["task"] == "cls" and run_config["labels"]["names"] == ["neg", "pos"]
     train_losses = losses(out)
@@ -290,8 +320,26 @@ def test_classifier_fine_tunes_the_encoder_of_an_mlm_run(tmp_path, mlm_run, corp
     tsv.write_text("".join(f"{'to be, or not' if i % 2 else 'that is the question'}\t{i % 2}\n" for i in range(40)))
     (tmp_path / "tiny.toml").write_text(TINY_CLS)
     out = tmp_path / "run"
-    assert main(["train", "cls", "--config", str(tmp_path / "tiny.toml"), "--data", str(tsv), "--init",
-                 str(mlm_run), "--steps", "10", "--out", str(out), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "cls",
+                "--config",
+                str(tmp_path / "tiny.toml"),
+                "--data",
+                str(tsv),
+                "--init",
+                str(mlm_run),
+                "--steps",
+                "10",
+                "--out",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     mlm_model = tomllib.loads((mlm_run / "run.toml").read_text())["model"]
     assert tomllib.loads((out / "run.toml").read_text())["model"] == mlm_model
     assert (out / "tokenizer" / "specials.json").read_text() == (mlm_run / "tokenizer" / "specials.json").read_text()

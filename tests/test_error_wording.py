@@ -23,8 +23,10 @@ def setup(tmp_path_factory):
     corpus.write_text("To be, or not to be, that is the question.\n" * 40)
     (root / "tiny.toml").write_text(TINY.format(position="rope"))
     run = root / "run"
-    assert main(["train", "lm", "--config", str(root / "tiny.toml"), "--data", str(corpus), "--out", str(run),
-                 "--quiet"]) == 0
+    assert (
+        main(["train", "lm", "--config", str(root / "tiny.toml"), "--data", str(corpus), "--out", str(run), "--quiet"])
+        == 0
+    )
     broken = root / "broken"
     shutil.copytree(run, broken)
     weights = broken / "checkpoint" / MODEL_FILE
@@ -59,8 +61,10 @@ def test_a_corrupt_checkpoint_names_the_flag_or_the_argument(setup, capsys):
 
 def test_a_run_in_the_way_names_the_flags_or_the_arguments(setup, capsys, tmp_path):
     root, corpus, run, _ = setup
-    message = cli_error(capsys, ["train", "lm", "--config", str(root / "tiny.toml"), "--data", str(corpus),
-                                 "--out", str(run), "--quiet"])
+    message = cli_error(
+        capsys,
+        ["train", "lm", "--config", str(root / "tiny.toml"), "--data", str(corpus), "--out", str(run), "--quiet"],
+    )
     speaks_cli(message, "`--resume`", "`--overwrite`")
     trainer(tmp_path / "run", config(steps=1)).train()
     with pytest.raises(FileExistsError) as error:
@@ -78,8 +82,25 @@ def test_a_missing_run_names_the_command_or_the_function(capsys, tmp_path):
 def test_a_diverging_run_is_an_error_line_naming_resume_in_the_interfaces_words(setup, capsys, tmp_path):
     """A loss that is never finite stops the run: on the command line an error line (not a traceback)."""
     root, corpus, _, _ = setup
-    message = cli_error(capsys, ["train", "lm", "--config", str(root / "tiny.toml"), "--data", str(corpus),
-                                 "--out", str(tmp_path / "run"), "--quiet", "--set", "train.lr=1e38",
-                                 "--set", "train.grad_clip=0", "--set", "train.max_bad_steps=1"])
+    message = cli_error(
+        capsys,
+        [
+            "train",
+            "lm",
+            "--config",
+            str(root / "tiny.toml"),
+            "--data",
+            str(corpus),
+            "--out",
+            str(tmp_path / "run"),
+            "--quiet",
+            "--set",
+            "train.lr=1e38",
+            "--set",
+            "train.grad_clip=0",
+            "--set",
+            "train.max_bad_steps=1",
+        ],
+    )
     assert "training stopped" in message
     assert not any(word in message for word in PYTHON_WORDS), message

@@ -79,16 +79,19 @@ def test_override_values_are_read_as_run_config_overrides_are():
     assert heads.QUICK.head_counts == (1, 4), "overrides make a copy"
 
 
-@pytest.mark.parametrize("override, message", [
-    ("position=sideways", "position must be one of ['sinusoidal', 'learned'"),
-    ("steps=1.5", "steps must be int"),
-    ("lr=fast", "lr must be a finite number"),
-    ("head_counts=[4, 0]", "head_counts must be positive, got 0"),
-    ("head_counts=[]", "head_counts must list at least one value"),
-    ("colour=3", "unknown option 'colour' for heads; its options are ['batch_size', 'blocks', 'context'"),
-    ("section=3", "unknown option 'section'"),
-    ("steps", "must look like field=value"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("position=sideways", "position must be one of ['sinusoidal', 'learned'"),
+        ("steps=1.5", "steps must be int"),
+        ("lr=fast", "lr must be a finite number"),
+        ("head_counts=[4, 0]", "head_counts must be positive, got 0"),
+        ("head_counts=[]", "head_counts must list at least one value"),
+        ("colour=3", "unknown option 'colour' for heads; its options are ['batch_size', 'blocks', 'context'"),
+        ("section=3", "unknown option 'section'"),
+        ("steps", "must look like field=value"),
+    ],
+)
 def test_a_bad_override_names_the_field_and_what_it_may_be(override, message):
     with pytest.raises(ConfigError) as error:
         get("heads").config(quick=True, overrides=[override])
@@ -109,8 +112,9 @@ def test_a_diverging_arm_is_reported_and_scored_while_the_experiment_goes_on(tmp
     """norm-placement at lr 1e-2 and at lr 1e6: every lr-1e6 run's loss turns non-finite at once, the Trainer stops
     it (TrainingDiverged), and the experiment records it as diverged, counts it as a failed run at the unigram
     loss, and goes on to train and score the other arms."""
-    config = norm_placement.Config(**{**QUICK_LM, "n_layers": 1, "steps": 40, "warmup_steps": 4, "eval_every": 40},
-                                   lrs=(1e-2, 1e6))
+    config = norm_placement.Config(
+        **{**QUICK_LM, "n_layers": 1, "steps": 40, "warmup_steps": 4, "eval_every": 40}, lrs=(1e-2, 1e6)
+    )
     results = norm_placement.run(config, [0], Progress("norm-placement", enabled=False))
     unigram = results["unigram_loss"]
     for placement in ("post-LN", "pre-LN"):
@@ -122,8 +126,17 @@ def test_a_diverging_arm_is_reported_and_scored_while_the_experiment_goes_on(tmp
             assert tame["diverged"] == [False] and tame["val_loss"][0] < unigram - norm_placement.FAIL_MARGIN
             assert tame["val_curves"][0][-1][0] == config.steps
             assert norm_placement.outcome(results, norm_placement.arm_name(placement, warmup, 1e6)) == (unigram, 1)
-    record = write_results(get("norm-placement"), config, results, tmp_path, quick=True, seconds=1.0, threads=1,
-                           load=(None, None), command="kqv experiment run norm-placement --quick")
+    record = write_results(
+        get("norm-placement"),
+        config,
+        results,
+        tmp_path,
+        quick=True,
+        seconds=1.0,
+        threads=1,
+        load=(None, None),
+        command="kqv experiment run norm-placement --quick",
+    )
     assert [row[-1] for row in record["table"]["rows"]] == ["diverged (failed 1/1)"] * 4
     post_ln_fails, pre_ln_trains = record["checks"]
     assert post_ln_fails["holds"] and "failed 1" in post_ln_fails["figure"]  # the diverged run is the evidence
@@ -143,10 +156,32 @@ def test_lm_config_builds_the_model_and_train_configs_its_fields_declare():
     from kqv.train.config import TrainConfig
 
     assert {f.name for f in dataclasses.fields(LMConfig)} == {*MODEL_FIELDS, *TRAIN_FIELDS, "seeds"}
-    setup = LMConfig(d_model=48, n_heads=3, n_layers=5, d_ff=96, context=24, position="alibi", batch_size=7, steps=90,
-                     lr=2e-3, warmup_steps=9, eval_every=45, eval_batches=3)
-    assert setup.model_config(65, n_layers=2) == ModelConfig(vocab_size=65, d_model=48, n_heads=3, n_layers=2, d_ff=96,
-                                                             max_len=24, position="alibi", dropout=0.0)
-    assert setup.train_config(4, lr=0.5) == TrainConfig(steps=90, batch_size=7, lr=0.5, warmup_steps=9,
-                                                        precision="fp32", eval_every=45, eval_batches=3,
-                                                        checkpoint_every=90, log_every=9, seed=4)
+    setup = LMConfig(
+        d_model=48,
+        n_heads=3,
+        n_layers=5,
+        d_ff=96,
+        context=24,
+        position="alibi",
+        batch_size=7,
+        steps=90,
+        lr=2e-3,
+        warmup_steps=9,
+        eval_every=45,
+        eval_batches=3,
+    )
+    assert setup.model_config(65, n_layers=2) == ModelConfig(
+        vocab_size=65, d_model=48, n_heads=3, n_layers=2, d_ff=96, max_len=24, position="alibi", dropout=0.0
+    )
+    assert setup.train_config(4, lr=0.5) == TrainConfig(
+        steps=90,
+        batch_size=7,
+        lr=0.5,
+        warmup_steps=9,
+        precision="fp32",
+        eval_every=45,
+        eval_batches=3,
+        checkpoint_every=90,
+        log_every=9,
+        seed=4,
+    )

@@ -12,14 +12,13 @@ import pytest
 import torch
 
 import kqv
+from conftest import tiny_config
 from kqv.cli.main import main
 from kqv.experiments import ablations, get, names
 from kqv.experiments.base import Check, ExperimentError, verdict, with_overrides
 from kqv.experiments.lm import head_statistics
 from kqv.experiments.runner import REPORT_FILE, RESULTS_FILE, checks_from_record
 from kqv.nn.cores import causal_mask
-
-from conftest import tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -88,15 +87,18 @@ def test_list_names_every_experiment_with_its_claim(capsys):
         assert name in out and get(name).claim in out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["experiment", "run", "no-such-thing"], "parallelism, scaling, no-causal-mask"),
-    (["experiment", "run", "heads", "--seeds", "0"], "--seeds must be at least 1"),
-    (["experiment", "run", "heads", "--quick", "--set", "steps=-5"], "steps must be positive"),
-    (["experiment", "run", "heads", "--quick", "--set", "d_model=0"], "d_model must be positive"),
-    (["experiment", "run", "heads", "--quick", "--set", "colour=3"], "unknown option 'colour'"),
-    (["experiment", "run", "heads", "--quick", "--set", "steps=many"], "steps must be int"),
-    (["experiment", "run", "all", "--quick", "--set", "steps=-1"], "must be positive"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["experiment", "run", "no-such-thing"], "parallelism, scaling, no-causal-mask"),
+        (["experiment", "run", "heads", "--seeds", "0"], "--seeds must be at least 1"),
+        (["experiment", "run", "heads", "--quick", "--set", "steps=-5"], "steps must be positive"),
+        (["experiment", "run", "heads", "--quick", "--set", "d_model=0"], "d_model must be positive"),
+        (["experiment", "run", "heads", "--quick", "--set", "colour=3"], "unknown option 'colour'"),
+        (["experiment", "run", "heads", "--quick", "--set", "steps=many"], "steps must be int"),
+        (["experiment", "run", "all", "--quick", "--set", "steps=-1"], "must be positive"),
+    ],
+)
 def test_bad_input_is_a_clear_error_with_exit_status_2(argv, message, capsys, tmp_path):
     assert main(argv + ["--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
@@ -127,7 +129,7 @@ def _by_hand(layer, x, queries, keys, scale):
     """softmax(queries keys^T * scale, causal) (W_V x), per head, then the output projection."""
     heads, head_dim = layer.n_heads, layer.head_dim
     split = lambda t: t.view(*t.shape[:2], heads, head_dim).transpose(1, 2)
-    values = layer.to_keys_values(x)[..., -x.shape[-1]:]
+    values = layer.to_keys_values(x)[..., -x.shape[-1] :]
     scores = split(queries) @ split(keys).transpose(-2, -1) * scale
     scores = scores.masked_fill(~causal_mask(x.shape[1], x.shape[1]), float("-inf"))
     output = scores.softmax(-1) @ split(values)
@@ -137,7 +139,7 @@ def _by_hand(layer, x, queries, keys, scale):
 def test_unscaled_attention_computes_softmax_of_raw_dot_products():
     config, layer = _attention_layer()
     x = torch.randn(2, 9, config.d_model)
-    keys = layer.to_keys_values(x)[..., :config.d_model]
+    keys = layer.to_keys_values(x)[..., : config.d_model]
     scaled, _ = _by_hand(layer, x, layer.to_queries(x), keys, config.head_dim**-0.5)
     torch.testing.assert_close(layer(x, causal=True)[0], scaled)
     ablations.without_scaling(layer)
@@ -290,7 +292,8 @@ def test_committed_gallery_agrees_with_the_committed_results():
     page = root / "docs" / "experiments.md"
     assert page.is_file(), "docs/experiments.md is missing: run `kqv experiment gallery`"
     assert gallery(root / "docs" / "experiments", page) == page.read_text(encoding="utf-8"), (
-        "docs/experiments.md is out of date with docs/experiments/: run `kqv experiment gallery`")
+        "docs/experiments.md is out of date with docs/experiments/: run `kqv experiment gallery`"
+    )
 
 
 _DECIMAL = re.compile(r"(?<![\w.])[-+]?\d[\d,]*\.\d+(?:e[-+]?\d+)?")
@@ -299,6 +302,7 @@ _DECIMAL = re.compile(r"(?<![\w.])[-+]?\d[\d,]*\.\d+(?:e[-+]?\d+)?")
 def _figures(node, found: set[str]) -> set[str]:
     """Every way a number of a results.json may be written by hand: each value (and the mean and standard deviation
     of each list of values) rounded to 0-4 decimals or as 1.4e-06, and every decimal in its text."""
+
     def forms(x: float) -> set[str]:
         return {f"{x:.{d}f}" for d in range(5)} | {f"{x:.1e}", f"{x:,.0f}"}
 
@@ -321,7 +325,11 @@ def _figures(node, found: set[str]) -> set[str]:
 def _unsupported(text: str, record: dict) -> list[str]:
     """The decimals of `text` that no number of `record` rounds to."""
     found = _figures(record, set())
-    return [n for n in _DECIMAL.findall(text) if n.lstrip("+-") not in found and n.lstrip("+-").replace(",", "") not in found]
+    return [
+        n
+        for n in _DECIMAL.findall(text)
+        if n.lstrip("+-") not in found and n.lstrip("+-").replace(",", "") not in found
+    ]
 
 
 def test_figures_written_by_hand_are_the_committed_results():
@@ -357,9 +365,14 @@ def test_long_attention_memory_check_needs_a_measured_full_attention_peak():
     """A peak that rounds to nothing cannot show that a cheaper core saves memory: the check fails, never passes."""
     from kqv.experiments import long_attention
 
-    results = {"methods": ["full", "linformer"], "stages": [[128, 10]], "measure_lengths": [4096],
-               "accuracy": {"full": [[1.0]], "linformer": [[0.2]]}, "seconds": {"full": [1.0], "linformer": [0.5]},
-               "peak_mb": {"full": [0.0], "linformer": [0.0]}}
+    results = {
+        "methods": ["full", "linformer"],
+        "stages": [[128, 10]],
+        "measure_lengths": [4096],
+        "accuracy": {"full": [[1.0]], "linformer": [[0.2]]},
+        "seconds": {"full": [1.0], "linformer": [0.5]},
+        "peak_mb": {"full": [0.0], "linformer": [0.0]},
+    }
     memory = lambda: next(c for c in long_attention.checks(results) if "memory" in c.what)
     assert not memory().holds
     results["peak_mb"] = {"full": [60.0], "linformer": [20.0]}

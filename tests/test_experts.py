@@ -7,11 +7,10 @@ import math
 import pytest
 import torch
 
+from conftest import tiny_config
 from kqv import DecoderLM, Encoder, EncoderDecoder, ModelConfig
 from kqv.nn.experts import MixtureOfExperts, Routing, auxiliary_loss, load_balancing_loss, routing_metrics
 from kqv.nn.layers import FeedForward, Residual
-
-from conftest import tiny_config
 
 
 def moe_layer(config: ModelConfig) -> MixtureOfExperts:
@@ -122,15 +121,17 @@ def test_top_2_aux_loss_counts_both_choices():
     probs = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.6, 0.3]])
     experts = torch.tensor([[0, 1], [1, 2]])
     # f = (1/4, 2/4, 1/4), P = (0.3, 0.45, 0.25): 3 * (0.075 + 0.225 + 0.0625) = 1.0875
-    torch.testing.assert_close(load_balancing_loss(probs, experts, torch.ones(2, dtype=torch.bool)),
-                               torch.tensor(1.0875))
+    torch.testing.assert_close(
+        load_balancing_loss(probs, experts, torch.ones(2, dtype=torch.bool)), torch.tensor(1.0875)
+    )
 
 
 def test_a_uniform_router_scores_exactly_the_coefficient():
     probs = torch.full((4, 4), 0.25)
     experts = torch.tensor([[0], [1], [2], [3]])
-    torch.testing.assert_close(load_balancing_loss(probs, experts, torch.ones(4, dtype=torch.bool), 0.01),
-                               torch.tensor(0.01))
+    torch.testing.assert_close(
+        load_balancing_loss(probs, experts, torch.ones(4, dtype=torch.bool), 0.01), torch.tensor(0.01)
+    )
 
 
 def test_the_layer_computes_the_closed_form_from_its_router():
@@ -262,6 +263,7 @@ def test_moe_every_puts_experts_in_every_kth_block():
 
 def test_experts_share_no_parameters_and_the_count_grows_with_them():
     from kqv import count_parameters
+
     dense, switch = DecoderLM(tiny_config()), DecoderLM(tiny_config(ffn="switch", experts={"count": 4}))
     feed_forward = 32 * 64 + 64 + 64 * 32 + 32
     assert count_parameters(switch) - count_parameters(dense) == 2 * (3 * feed_forward + 4 * 32)
@@ -271,25 +273,29 @@ def test_experts_share_no_parameters_and_the_count_grows_with_them():
 # Config errors
 
 
-@pytest.mark.parametrize("changes, message", [
-    (dict(ffn="experts"), r"ffn must be one of \['dense', 'switch', 'moe'\], got 'experts'"),
-    (dict(ffn="moe", experts={"count": 2, "top_k": 3}), r"experts.top_k \(3\) cannot exceed experts.count \(2\)"),
-    (dict(ffn="moe", experts={"count": 1}), r"experts.top_k \(2\) cannot exceed experts.count \(1\)"),
-    (dict(ffn="switch", experts={"top_k": 2}), "ffn='switch' sends each token to one expert.*use ffn='moe'"),
-    (dict(ffn="moe", experts={"top_k": 1}), "use ffn='switch'"),
-    (dict(ffn="switch", experts={"capacity_factor": 0.0}), "model.experts.capacity_factor must be positive"),
-    (dict(ffn="switch", experts={"count": 0}), "model.experts.count must be positive"),
-    (dict(ffn="switch", experts={"aux_loss_coefficient": -1.0}), "model.experts.aux_loss_coefficient must be >= 0"),
-    (dict(ffn="switch", experts={"every": 3}), r"experts.every \(3\) exceeds the number of layers \(2\)"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(ffn="experts"), r"ffn must be one of \['dense', 'switch', 'moe'\], got 'experts'"),
+        (dict(ffn="moe", experts={"count": 2, "top_k": 3}), r"experts.top_k \(3\) cannot exceed experts.count \(2\)"),
+        (dict(ffn="moe", experts={"count": 1}), r"experts.top_k \(2\) cannot exceed experts.count \(1\)"),
+        (dict(ffn="switch", experts={"top_k": 2}), "ffn='switch' sends each token to one expert.*use ffn='moe'"),
+        (dict(ffn="moe", experts={"top_k": 1}), "use ffn='switch'"),
+        (dict(ffn="switch", experts={"capacity_factor": 0.0}), "model.experts.capacity_factor must be positive"),
+        (dict(ffn="switch", experts={"count": 0}), "model.experts.count must be positive"),
+        (dict(ffn="switch", experts={"aux_loss_coefficient": -1.0}), "model.experts.aux_loss_coefficient must be >= 0"),
+        (dict(ffn="switch", experts={"every": 3}), r"experts.every \(3\) exceeds the number of layers \(2\)"),
+    ],
+)
 def test_bad_expert_options_are_clear_errors(changes, message):
     with pytest.raises(ValueError, match=message):
         tiny_config(**changes)
 
 
 def test_expert_options_round_trip_through_toml():
-    config = tiny_config(ffn="moe", experts={"count": 4, "top_k": 2, "capacity_factor": 2.0,
-                                             "aux_loss_coefficient": 0.02})
+    config = tiny_config(
+        ffn="moe", experts={"count": 4, "top_k": 2, "capacity_factor": 2.0, "aux_loss_coefficient": 0.02}
+    )
     assert ModelConfig.from_toml(config.to_toml()) == config
 
 
@@ -306,11 +312,11 @@ def test_the_trainer_logs_the_routing_of_every_expert_layer(tmp_path):
     from kqv.train.trainer import Trainer
 
     model = DecoderLM(tiny_config(ffn="switch", experts={"count": 2}))
-    config = TrainConfig(steps=4, batch_size=2, warmup_steps=1, precision="fp32", log_every=2, eval_every=4,
-                         checkpoint_every=4)
+    config = TrainConfig(
+        steps=4, batch_size=2, warmup_steps=1, precision="fp32", log_every=2, eval_every=4, checkpoint_every=4
+    )
     ids = torch.randint(0, 37, (2, 12))
-    Trainer(model, config, tmp_path, train_batches=lambda i: (ids, ids), loss_fn=lambda m, b: m(*b),
-            quiet=True).train()
+    Trainer(model, config, tmp_path, train_batches=lambda i: (ids, ids), loss_fn=lambda m, b: m(*b), quiet=True).train()
     logged = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "train_loss" in r]
     assert [r["step"] for r in logged] == [2, 4]
     for record in logged:

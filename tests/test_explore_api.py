@@ -14,9 +14,11 @@ from starlette.testclient import TestClient  # noqa: E402
 
 from explore_runs import train_run  # noqa: E402
 from kqv.explore.app import create_app  # noqa: E402
-from kqv.jobs.lm import generate_text, load_run as load_lm  # noqa: E402
-from kqv.jobs.mt import SPECIAL_TOKENS, load_run as load_mt  # noqa: E402
+from kqv.jobs.lm import generate_text  # noqa: E402
+from kqv.jobs.lm import load_run as load_lm
 from kqv.jobs.mlm import load_mlm_run  # noqa: E402
+from kqv.jobs.mt import SPECIAL_TOKENS  # noqa: E402
+from kqv.jobs.mt import load_run as load_mt
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +46,9 @@ def assert_close(page_numbers, tensor):
 # Every endpoint, every kind of run
 
 
-@pytest.mark.parametrize("task,views", [("lm", {"next", "continue"}), ("mt", {"translation"}), ("mlm", {"masked"}),
-                                        ("cls", {"classes"})])
+@pytest.mark.parametrize(
+    "task,views", [("lm", {"next", "continue"}), ("mt", {"translation"}), ("mlm", {"masked"}), ("cls", {"classes"})]
+)
 def test_info_names_the_task_its_views_and_the_input_limit(clients, task, views):
     info = clients[task].get("/api/info").json()
     assert info["task"] == task and info["max_tokens"] == 24
@@ -94,14 +97,16 @@ def test_lm_continue_streams_one_line_per_token_and_samples_as_generate_does(run
     assert done["done"] and done["options"]["temperature"] == 0.8 and done["options"]["top_k"] == 5
     assert len(tokens) == 8  # the run's [sample] max_new_tokens
     run = load_lm(runs["lm"])
-    expected = generate_text(run.model, run.tokenizer, "To be", 8, temperature=0.8, top_k=5,
-                             generator=torch.Generator().manual_seed(3))
+    expected = generate_text(
+        run.model, run.tokenizer, "To be", 8, temperature=0.8, top_k=5, generator=torch.Generator().manual_seed(3)
+    )
     assert done["text"] == expected == "To be" + "".join(t["token"] for t in tokens)
 
 
 def test_lm_continue_respects_the_requests_overrides(clients):
-    with clients["lm"].stream("POST", "/api/continue", json={"text": "To", "max_new_tokens": 3,
-                                                             "temperature": 0}) as response:
+    with clients["lm"].stream(
+        "POST", "/api/continue", json={"text": "To", "max_new_tokens": 3, "temperature": 0}
+    ) as response:
         lines = [json.loads(line) for line in response.iter_lines() if line]
     assert len(lines) == 4 and lines[-1]["options"]["temperature"] == 0
 
@@ -148,8 +153,9 @@ def test_mlm_predicts_the_masked_positions_with_the_models_probabilities(runs, c
     assert [m["position"] for m in body["masked"]] == [10]
     probs = run.model(torch.tensor([ids]))[0, 10].softmax(-1)
     assert_close([t["p"] for t in body["masked"][0]["top"]], probs.topk(5).values)
-    for layer, weights in zip(body["attention"]["self"]["layers"], run.model.encoder.attention_weights(
-            torch.tensor([ids]))):
+    for layer, weights in zip(
+        body["attention"]["self"]["layers"], run.model.encoder.attention_weights(torch.tensor([ids]))
+    ):
         assert_close(layer, weights[0])
     assert analyze(clients["mlm"], text="no mast here")["notes"]  # says how to ask for predictions
 
@@ -177,8 +183,9 @@ def test_minilm_attention_equals_hugging_faces_bert():
     assert client.get("/api/info").json()["task"] == "embedding"
     body = analyze(client, text="The cat sat on the mat.")
     assert body["tokens"][0] == "[CLS]" and body["tokens"][-1] == "[SEP]"
-    reference = transformers.BertModel.from_pretrained(minilm_directory(), local_files_only=True,
-                                                       attn_implementation="eager").eval()
+    reference = transformers.BertModel.from_pretrained(
+        minilm_directory(), local_files_only=True, attn_implementation="eager"
+    ).eval()
     with torch.no_grad():
         attentions = reference(torch.tensor([body["ids"]]), output_attentions=True).attentions
     assert len(body["attention"]["self"]["layers"]) == len(attentions) == 6
@@ -186,9 +193,16 @@ def test_minilm_attention_equals_hugging_faces_bert():
         torch.testing.assert_close(torch.tensor(layer), weights[0], atol=2e-5, rtol=0)
 
 
-@pytest.mark.parametrize("task,body", [("lm", {"text": "To be"}), ("mt", {"text": "eins zwei", "beam": 2}),
-                                       ("lstm", {"text": "eins"}), ("mlm", {"text": "To [MASK]e"}),
-                                       ("cls", {"text": "the play"})])
+@pytest.mark.parametrize(
+    "task,body",
+    [
+        ("lm", {"text": "To be"}),
+        ("mt", {"text": "eins zwei", "beam": 2}),
+        ("lstm", {"text": "eins"}),
+        ("mlm", {"text": "To [MASK]e"}),
+        ("cls", {"text": "the play"}),
+    ],
+)
 def test_export_is_one_html_file_with_the_analysis_inlined(clients, task, body):
     response = clients[task].post("/api/export", json=body)
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/html")
@@ -212,22 +226,32 @@ def assert_refused(response, status, *phrases):
         assert phrase in message, message
 
 
-@pytest.mark.parametrize("body,status,phrases", [
-    ({"text": ""}, 400, ["text is empty"]),
-    ({"text": "   \n"}, 400, ["text is empty"]),
-    ({}, 400, ["must be a string"]),
-    ({"text": 42}, 400, ["must be a string, got int"]),
-    ({"text": "To be, or not to be, that is the question"}, 400, ["41 tokens long", "at most 24", "--max-tokens"]),
-    ({"text": "To be \u2603"}, 400, ["'\u2603'", "not in the vocabulary"]),
-    ({"text": "To", "top_k": 0}, 400, ["top_k must be an integer from 1 to 50"]),
-    ({"text": "To", "top_k": "5"}, 400, ["top_k must be an integer"]),
-])
+@pytest.mark.parametrize(
+    "body,status,phrases",
+    [
+        ({"text": ""}, 400, ["text is empty"]),
+        ({"text": "   \n"}, 400, ["text is empty"]),
+        ({}, 400, ["must be a string"]),
+        ({"text": 42}, 400, ["must be a string, got int"]),
+        ({"text": "To be, or not to be, that is the question"}, 400, ["41 tokens long", "at most 24", "--max-tokens"]),
+        ({"text": "To be \u2603"}, 400, ["'\u2603'", "not in the vocabulary"]),
+        ({"text": "To", "top_k": 0}, 400, ["top_k must be an integer from 1 to 50"]),
+        ({"text": "To", "top_k": "5"}, 400, ["top_k must be an integer"]),
+    ],
+)
 def test_bad_lm_input_is_refused_with_a_message(clients, body, status, phrases):
     assert_refused(clients["lm"].post("/api/analyze", json=body), status, *phrases)
 
 
-@pytest.mark.parametrize("raw,phrase", [(b"{not json", "not valid JSON"), (b'["To be"]', "must be a JSON object"),
-                                        (b"\xff\xfe", "not valid JSON"), (b"", "must be a JSON object")])
+@pytest.mark.parametrize(
+    "raw,phrase",
+    [
+        (b"{not json", "not valid JSON"),
+        (b'["To be"]', "must be a JSON object"),
+        (b"\xff\xfe", "not valid JSON"),
+        (b"", "must be a JSON object"),
+    ],
+)
 @pytest.mark.parametrize("task", ["lm", "mt", "mlm", "cls"])
 def test_malformed_json_is_refused(clients, task, raw, phrase):
     for path in ("/api/analyze", "/api/export") + (("/api/continue",) if task == "lm" else ()):
@@ -259,22 +283,25 @@ def test_a_directory_that_is_not_a_run_is_a_404(tmp_path):
     assert_refused(TestClient(create_app(tmp_path)).get("/api/info"), 404, "not a kqv run")
 
 
-@pytest.mark.parametrize("task,path,body,phrases", [
-    ("mt", "/api/continue", {"text": "eins"}, ["applies to language models"]),
-    ("mlm", "/api/continue", {"text": "To"}, ["applies to language models"]),
-    ("mt", "/api/analyze", {"text": "eins", "beam": 0}, ["beam must be an integer from 1 to 16"]),
-    ("mt", "/api/analyze", {"text": "eins", "target": 7}, ["target must be a string"]),
-    ("mt", "/api/analyze", {"text": " ".join(["eins"] * 40)}, ["at most 24"]),
-    ("lm", "/api/continue", {"text": "To", "temperature": -1}, ["temperature must be >= 0"]),
-    ("lm", "/api/continue", {"text": "To", "max_new_tokens": 0}, ["max_new_tokens must be an integer"]),
-    ("lm", "/api/continue", {"text": "To", "top_p": "x"}, ["top_p must be a number"]),
-    ("lm", "/api/continue", {"text": ""}, ["text is empty"]),
-    ("cls", "/api/analyze", {"text": "\u2603"}, ["not in the vocabulary"]),
-    ("mlm", "/api/analyze", {"text": "To \u2603"}, ["not in the vocabulary"]),
-    ("mlm", "/api/export", {"text": "To \u2603"}, ["not in the vocabulary"]),
-    ("lm", "/api/continue", {"text": "To \u2603"}, ["not in the vocabulary"]),
-    ("lm", "/api/export", {"text": "To \u2603"}, ["not in the vocabulary"]),
-])
+@pytest.mark.parametrize(
+    "task,path,body,phrases",
+    [
+        ("mt", "/api/continue", {"text": "eins"}, ["applies to language models"]),
+        ("mlm", "/api/continue", {"text": "To"}, ["applies to language models"]),
+        ("mt", "/api/analyze", {"text": "eins", "beam": 0}, ["beam must be an integer from 1 to 16"]),
+        ("mt", "/api/analyze", {"text": "eins", "target": 7}, ["target must be a string"]),
+        ("mt", "/api/analyze", {"text": " ".join(["eins"] * 40)}, ["at most 24"]),
+        ("lm", "/api/continue", {"text": "To", "temperature": -1}, ["temperature must be >= 0"]),
+        ("lm", "/api/continue", {"text": "To", "max_new_tokens": 0}, ["max_new_tokens must be an integer"]),
+        ("lm", "/api/continue", {"text": "To", "top_p": "x"}, ["top_p must be a number"]),
+        ("lm", "/api/continue", {"text": ""}, ["text is empty"]),
+        ("cls", "/api/analyze", {"text": "\u2603"}, ["not in the vocabulary"]),
+        ("mlm", "/api/analyze", {"text": "To \u2603"}, ["not in the vocabulary"]),
+        ("mlm", "/api/export", {"text": "To \u2603"}, ["not in the vocabulary"]),
+        ("lm", "/api/continue", {"text": "To \u2603"}, ["not in the vocabulary"]),
+        ("lm", "/api/export", {"text": "To \u2603"}, ["not in the vocabulary"]),
+    ],
+)
 def test_requests_a_run_cannot_answer_are_refused(clients, task, path, body, phrases):
     assert_refused(clients[task].post(path, json=body), 400, *phrases)
 
@@ -287,8 +314,13 @@ def test_unknown_paths_and_methods_answer_json(clients):
 def test_learned_positions_lower_the_limit_to_max_len(runs):
     client = TestClient(create_app(runs["lm"], max_tokens=1000))
     assert client.get("/api/info").json()["max_tokens"] == 32  # the run's context, its learned positions' max_len
-    assert_refused(client.post("/api/analyze", json={"text": "To be, " * 5}), 400, "35 tokens long", "at most 32",
-                   "learned positions stop at max_len = 32")
+    assert_refused(
+        client.post("/api/analyze", json={"text": "To be, " * 5}),
+        400,
+        "35 tokens long",
+        "at most 32",
+        "learned positions stop at max_len = 32",
+    )
     assert "--max-tokens" not in client.post("/api/analyze", json={"text": "To be, " * 5}).json()["error"]
 
 
@@ -301,8 +333,9 @@ def test_every_job_has_an_explorer_subject_or_says_why_not():
     from kqv.jobs import all_jobs
 
     jobs = set(all_jobs())
-    assert jobs <= set(SUBJECTS) | set(NOT_EXPLORABLE), f"jobs the explorer neither shows nor explains: " \
-        f"{sorted(jobs - set(SUBJECTS) - set(NOT_EXPLORABLE))}"
+    assert jobs <= set(SUBJECTS) | set(NOT_EXPLORABLE), (
+        f"jobs the explorer neither shows nor explains: {sorted(jobs - set(SUBJECTS) - set(NOT_EXPLORABLE))}"
+    )
     assert not set(SUBJECTS) & set(NOT_EXPLORABLE) and set(SUBJECTS) - {MINILM} <= jobs  # no stale entry
     assert all(isinstance(why, str) and why.strip() for why in NOT_EXPLORABLE.values())
     assert all(SUBJECTS[name].task == name for name in jobs & set(SUBJECTS))
@@ -318,9 +351,30 @@ def vit_run(tmp_path_factory):
     from kqv.cli.main import main
 
     out = tmp_path_factory.mktemp("explore-vit") / "vit"
-    assert main(["train", "vit", "--out", str(out), "--steps", "3", "--quiet", "--baseline", "none",
-                 "--set", "model.d_model=16", "--set", "model.n_heads=2", "--set", "model.n_layers=2",
-                 "--set", "train.eval_every=3"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "vit",
+                "--out",
+                str(out),
+                "--steps",
+                "3",
+                "--quiet",
+                "--baseline",
+                "none",
+                "--set",
+                "model.d_model=16",
+                "--set",
+                "model.n_heads=2",
+                "--set",
+                "model.n_layers=2",
+                "--set",
+                "train.eval_every=3",
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -350,9 +404,15 @@ def test_a_vit_run_shows_its_attention_over_cls_and_the_patches_of_a_test_image(
     assert_close([c["p"] for c in body["classes"]], probs)
 
 
-@pytest.mark.parametrize("body,phrases", [({"text": "a cat"}, ["reads images, not text", "0 to 269"]),
-                                          ({"image": 270}, ["image must be an integer from 0 to 269"]),
-                                          ({"image": "three"}, ["0 to 269"]), ({"image": 2.5}, ["image must be an integer"]),
-                                          ({}, ["number of a held-out test image"])])
+@pytest.mark.parametrize(
+    "body,phrases",
+    [
+        ({"text": "a cat"}, ["reads images, not text", "0 to 269"]),
+        ({"image": 270}, ["image must be an integer from 0 to 269"]),
+        ({"image": "three"}, ["0 to 269"]),
+        ({"image": 2.5}, ["image must be an integer"]),
+        ({}, ["number of a held-out test image"]),
+    ],
+)
 def test_a_vit_run_refuses_what_is_not_one_of_its_test_images(vit_run, body, phrases):
     assert_refused(TestClient(create_app(vit_run)).post("/api/analyze", json=body), 400, *phrases)

@@ -39,11 +39,20 @@ import httpx  # noqa: E402
 import torch  # noqa: E402
 
 from explore_runs import train_run  # noqa: E402
-from kqv.explore.app import BackgroundServer as Server, create_app  # noqa: E402
+from kqv.explore.app import BackgroundServer as Server  # noqa: E402
+from kqv.explore.app import create_app  # noqa: E402
 from kqv.jobs.lm import generate_text, load_run  # noqa: E402
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 TEXT = "To be, or not"
 
 
@@ -86,6 +95,7 @@ class Page:
                 return route.continue_()
             self.blocked.append(url)
             return route.abort()
+
         return handle
 
     def close(self, expected_errors: int = 0) -> None:
@@ -113,8 +123,12 @@ def api_analysis(server: Server, **body) -> dict:
 
 def line_weights(page) -> dict[int, float]:
     """{key index: weight} of the head view's lines (one head shown)."""
-    return {int(k): float(w) for k, w in page.eval_on_selector_all(
-        "#head-view line.attn", "ls => ls.map(l => [l.dataset.key, l.dataset.weight])")}
+    return {
+        int(k): float(w)
+        for k, w in page.eval_on_selector_all(
+            "#head-view line.attn", "ls => ls.map(l => [l.dataset.key, l.dataset.weight])"
+        )
+    }
 
 
 def analyze_in_page(p: Page, server: Server, text: str, beam: str | None = None) -> None:
@@ -140,37 +154,48 @@ def test_lm_page_head_view_layers_model_view_continue_and_screenshot(page, serve
     p.page.click('#head-view text.query[data-index="4"]')
     # token 4 of a causal model attends to tokens 0..4: one line each, with the API's weights for layer 1, head 2
     assert line_weights(p.page) == dict(enumerate(expected[0][1][4][:5]))
-    assert p.page.eval_on_selector_all("#head-view line.attn", "ls => ls.map(l => +l.getAttribute('stroke-opacity'))"
-                                       ) == expected[0][1][4][:5]
+    assert (
+        p.page.eval_on_selector_all("#head-view line.attn", "ls => ls.map(l => +l.getAttribute('stroke-opacity'))")
+        == expected[0][1][4][:5]
+    )
 
     run = load_run(runs["lm"])
     weights = run.model.attention_weights(torch.tensor([run.tokenizer.encode(TEXT)]))  # the model's own numbers
-    torch.testing.assert_close(torch.tensor([w for _, w in sorted(line_weights(p.page).items())]), weights[0][0, 1, 4, :5],
-                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        torch.tensor([w for _, w in sorted(line_weights(p.page).items())]), weights[0][0, 1, 4, :5], atol=1e-6, rtol=0
+    )
 
     p.page.select_option("#layer", index=1)
     p.page.click('#head-view text.query[data-index="6"]')
     assert line_weights(p.page) == dict(enumerate(expected[1][1][6][:7]))
-    torch.testing.assert_close(torch.tensor([w for _, w in sorted(line_weights(p.page).items())]), weights[1][0, 1, 6, :7],
-                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        torch.tensor([w for _, w in sorted(line_weights(p.page).items())]), weights[1][0, 1, 6, :7], atol=1e-6, rtol=0
+    )
 
     p.page.click('#model-view canvas[data-layer="1"][data-head="0"]')
     assert "layer 2, head 1" in p.page.inner_text("#detail-title")
-    cells = p.page.eval_on_selector_all("#detail rect.weight", "rs => rs.map(r => [+r.dataset.query, "
-                                        "+r.dataset.key, +r.dataset.weight, r.classList.contains('masked')])")
+    cells = p.page.eval_on_selector_all(
+        "#detail rect.weight",
+        "rs => rs.map(r => [+r.dataset.query, +r.dataset.key, +r.dataset.weight, r.classList.contains('masked')])",
+    )
     assert len(cells) == len(TEXT) ** 2
     assert all(w == expected[1][0][i][j] and masked == (j > i) for i, j, w, masked in cells)
 
     p.page.click('#stats th[data-key="previous"]')  # sort by the weight on the previous token, largest first
-    previous = [float(td) for td in p.page.eval_on_selector_all(
-        "#stats tbody tr", "rows => rows.map(r => r.querySelector('td[data-key=previous]').textContent)")]
+    previous = [
+        float(td)
+        for td in p.page.eval_on_selector_all(
+            "#stats tbody tr", "rows => rows.map(r => r.querySelector('td[data-key=previous]').textContent)"
+        )
+    ]
     assert previous == sorted(previous, reverse=True) and len(previous) == 4
 
     p.page.click("#continue")
     p.page.wait_for_selector('#continuation[data-done="1"]', timeout=20_000)
     new = p.page.eval_on_selector_all("#continuation span.new", "ss => ss.map(s => s.textContent)")
-    sample = generate_text(run.model, run.tokenizer, TEXT, 8, temperature=0.8, top_k=5,
-                           generator=torch.Generator().manual_seed(0))
+    sample = generate_text(
+        run.model, run.tokenizer, TEXT, 8, temperature=0.8, top_k=5, generator=torch.Generator().manual_seed(0)
+    )
     assert len(new) == 8 and TEXT + "".join(new) == sample
 
     shot = tmp_path / "lm.png"

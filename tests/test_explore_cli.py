@@ -70,9 +70,14 @@ def test_html_writes_one_self_contained_file(lm_run, tmp_path, capsys):
     assert f"wrote {out}" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv,message", [(["--html", "x.html"], "give it with --text"),
-                                          (["--text", "To be"], "--text goes with --html"),
-                                          (["--html", "x.html", "--text", ""], "text is empty")])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--html", "x.html"], "give it with --text"),
+        (["--text", "To be"], "--text goes with --html"),
+        (["--html", "x.html", "--text", ""], "text is empty"),
+    ],
+)
 def test_html_options_that_do_not_fit_are_errors(lm_run, tmp_path, served, capsys, argv, message):
     assert main(["explore", str(lm_run), *argv]) == 2
     assert message in capsys.readouterr().err and not served

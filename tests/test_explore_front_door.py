@@ -13,19 +13,21 @@ import torch
 
 pytest.importorskip("starlette")
 pytest.importorskip("httpx")
-from explore_runs import train_run
 from starlette.testclient import TestClient
-from test_training import config, make_model, token_batches
 
+from explore_runs import train_run
 from kqv.explore.app import MAX_BODY_BYTES, create_app
 from kqv.train.metrics import append_metrics, plot_losses, read_metrics
 from kqv.train.trainer import Trainer
+from test_training import config, make_model, token_batches
 
 
 def strict(text: str):
     """json.loads that refuses NaN, Infinity and -Infinity, as JavaScript's JSON.parse does."""
+
     def refuse(constant):
         raise ValueError(f"{constant} is not JSON")
+
     return json.loads(text, parse_constant=refuse)
 
 
@@ -52,16 +54,26 @@ def assert_refused(response, status, *phrases):
 # Host and Origin
 
 
-@pytest.mark.parametrize("host", ["evil.example.com", "evil.example.com:8765", "localhost.evil.example.com",
-                                  "127.0.0.1.nip.io:8765", "user@localhost", ""])
+@pytest.mark.parametrize(
+    "host",
+    [
+        "evil.example.com",
+        "evil.example.com:8765",
+        "localhost.evil.example.com",
+        "127.0.0.1.nip.io:8765",
+        "user@localhost",
+        "",
+    ],
+)
 def test_a_foreign_host_is_refused_with_where_to_open_the_page(lm, host):
     response = lm.get("/api/info", headers={"host": host})
     assert_refused(response, 421, f"{host!r}" if host else "", "open it at http://localhost:8765/")
     assert_refused(lm.post("/api/analyze", json={"text": "To be"}, headers={"host": host}), 421)
 
 
-@pytest.mark.parametrize("host", ["localhost", "localhost:8765", "127.0.0.1", "127.0.0.1:8765", "[::1]:8765",
-                                  "[::1]", "LocalHost:9000"])
+@pytest.mark.parametrize(
+    "host", ["localhost", "localhost:8765", "127.0.0.1", "127.0.0.1:8765", "[::1]:8765", "[::1]", "LocalHost:9000"]
+)
 def test_loopback_names_are_answered_with_or_without_a_port_and_no_other(lm, host):
     response = lm.post("/api/analyze", json={"text": "To be"}, headers={"host": host})
     assert response.status_code == 200 and strict(response.text)["tokens"] == list("To be")
@@ -75,12 +87,22 @@ def test_the_host_given_to_listen_on_is_answered_and_others_are_not(runs):
     assert client.get("/api/info").status_code == 200
     assert client.get("/api/info", headers={"host": "explorer.lan:8765"}).status_code == 200
     assert client.get("/api/info", headers={"host": "localhost"}).status_code == 200
-    assert_refused(client.get("/api/info", headers={"host": "evil.example.com"}), 421,
-                   "open it at http://explorer.lan/")
+    assert_refused(
+        client.get("/api/info", headers={"host": "evil.example.com"}), 421, "open it at http://explorer.lan/"
+    )
 
 
-@pytest.mark.parametrize("origin", ["https://evil.example.com", "http://evil.example.com:8765", "null",
-                                    "http://localhost:3000", "https://localhost:8765", "http://127.0.0.1:8765"])
+@pytest.mark.parametrize(
+    "origin",
+    [
+        "https://evil.example.com",
+        "http://evil.example.com:8765",
+        "null",
+        "http://localhost:3000",
+        "https://localhost:8765",
+        "http://127.0.0.1:8765",
+    ],
+)
 def test_a_cross_site_post_is_refused_before_any_work(tmp_path, origin):
     client = TestClient(create_app(tmp_path / "nowhere"), base_url="http://localhost:8765")
     for path in ("/api/continue", "/api/analyze", "/api/export"):  # past the front door, these would be 404s
@@ -99,8 +121,11 @@ def test_a_cross_site_request_without_origin_is_refused_by_sec_fetch_site(lm):
 
 
 def test_a_same_origin_request_is_answered(lm):
-    for origin, host in (("http://localhost:8765", "localhost:8765"), ("http://127.0.0.1:9000", "127.0.0.1:9000"),
-                         ("http://[::1]:8765", "[::1]:8765")):
+    for origin, host in (
+        ("http://localhost:8765", "localhost:8765"),
+        ("http://127.0.0.1:9000", "127.0.0.1:9000"),
+        ("http://[::1]:8765", "[::1]:8765"),
+    ):
         headers = {"origin": origin, "host": host, "sec-fetch-site": "same-origin"}
         response = lm.post("/api/analyze", json={"text": "To be"}, headers=headers)
         assert response.status_code == 200, response.text
@@ -114,16 +139,26 @@ def test_a_same_origin_request_is_answered(lm):
 
 def call_app(app, headers: dict[str, str], chunks):
     """Send one POST /api/analyze to the ASGI app, its body from `chunks` as it asks for it: (status, body)."""
-    scope = {"type": "http", "http_version": "1.1", "method": "POST", "scheme": "http", "path": "/api/analyze",
-             "raw_path": b"/api/analyze", "root_path": "", "query_string": b"", "client": ("127.0.0.1", 5000),
-             "server": ("127.0.0.1", 8765),
-             "headers": [(k.encode(), v.encode()) for k, v in {"host": "localhost:8765", **headers}.items()]}
+    scope = {
+        "type": "http",
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/api/analyze",
+        "raw_path": b"/api/analyze",
+        "root_path": "",
+        "query_string": b"",
+        "client": ("127.0.0.1", 5000),
+        "server": ("127.0.0.1", 8765),
+        "headers": [(k.encode(), v.encode()) for k, v in {"host": "localhost:8765", **headers}.items()],
+    }
     sent = []
 
     async def receive():
         chunk = next(chunks, None)
-        return {"type": "http.disconnect"} if chunk is None else {"type": "http.request", "body": chunk,
-                                                                   "more_body": True}
+        return (
+            {"type": "http.disconnect"} if chunk is None else {"type": "http.request", "body": chunk, "more_body": True}
+        )
 
     async def send(message):
         sent.append(message)
@@ -160,12 +195,18 @@ def test_a_content_length_over_the_limit_is_refused_before_reading(tmp_path):
 # Numbers
 
 
-@pytest.mark.parametrize("literal,shown", [("NaN", "NaN"), ("Infinity", "Infinity"), ("-Infinity", "-Infinity"),
-                                           ("1e400", "Infinity")])
-@pytest.mark.parametrize("field,valid", [("temperature", ">= 0 (0 = greedy, else from 0.001 to 100)"),
-                                         ("top_p", "greater than 0 and at most 1"),
-                                         ("top_k", "an integer from 1 to 1000000"),
-                                         ("seed", "an integer from 0 to 2147483647")])
+@pytest.mark.parametrize(
+    "literal,shown", [("NaN", "NaN"), ("Infinity", "Infinity"), ("-Infinity", "-Infinity"), ("1e400", "Infinity")]
+)
+@pytest.mark.parametrize(
+    "field,valid",
+    [
+        ("temperature", ">= 0 (0 = greedy, else from 0.001 to 100)"),
+        ("top_p", "greater than 0 and at most 1"),
+        ("top_k", "an integer from 1 to 1000000"),
+        ("seed", "an integer from 0 to 2147483647"),
+    ],
+)
 def test_numbers_json_does_not_have_are_refused_before_continue_streams(lm, literal, shown, field, valid):
     raw = f'{{"text": "To be", "{field}": {literal}}}'.encode()
     response = lm.post("/api/continue", content=raw, headers={"content-type": "application/json"})
@@ -173,30 +214,39 @@ def test_numbers_json_does_not_have_are_refused_before_continue_streams(lm, lite
 
 
 @pytest.mark.parametrize("literal", ["NaN", "Infinity", "1e400"])
-@pytest.mark.parametrize("path,field,valid", [("/api/analyze", "top_k", "an integer from 1 to 50"),
-                                              ("/api/export", "top_k", "an integer from 1 to 50"),
-                                              ("/api/analyze", "note", "a finite number")])
+@pytest.mark.parametrize(
+    "path,field,valid",
+    [
+        ("/api/analyze", "top_k", "an integer from 1 to 50"),
+        ("/api/export", "top_k", "an integer from 1 to 50"),
+        ("/api/analyze", "note", "a finite number"),
+    ],
+)
 def test_numbers_json_does_not_have_are_refused_by_analyze_and_export(lm, literal, path, field, valid):
     raw = f'{{"text": "To be", "{field}": {literal}}}'.encode()
     response = lm.post(path, content=raw, headers={"content-type": "application/json"})
     assert_refused(response, 400, f"{field} is", "not a JSON number", valid)
 
 
-@pytest.mark.parametrize("body,phrase", [
-    ({"temperature": 1e-300}, "temperature must be >= 0 (0 = greedy, else from 0.001 to 100), got 1e-300"),
-    ({"temperature": 1e6}, "temperature must be >= 0 (0 = greedy, else from 0.001 to 100), got 1000000.0"),
-    ({"temperature": True}, "temperature must be >= 0"),
-    ({"top_p": 0}, "top_p must be a number greater than 0 and at most 1, got 0"),
-    ({"top_p": 1.5}, "top_p must be a number greater than 0 and at most 1, got 1.5"),
-])
+@pytest.mark.parametrize(
+    "body,phrase",
+    [
+        ({"temperature": 1e-300}, "temperature must be >= 0 (0 = greedy, else from 0.001 to 100), got 1e-300"),
+        ({"temperature": 1e6}, "temperature must be >= 0 (0 = greedy, else from 0.001 to 100), got 1000000.0"),
+        ({"temperature": True}, "temperature must be >= 0"),
+        ({"top_p": 0}, "top_p must be a number greater than 0 and at most 1, got 0"),
+        ({"top_p": 1.5}, "top_p must be a number greater than 0 and at most 1, got 1.5"),
+    ],
+)
 def test_out_of_range_sampling_options_are_refused_before_continue_streams(lm, body, phrase):
     assert_refused(lm.post("/api/continue", json={"text": "To be", **body}), 400, phrase)
 
 
 def test_an_out_of_range_beam_is_refused_naming_its_range(runs):
     client = TestClient(create_app(runs["mt"], max_tokens=24), base_url="http://localhost")
-    assert_refused(client.post("/api/analyze", json={"text": "eins", "beam": 10**6}), 400,
-                   "beam must be an integer from 1 to 16")
+    assert_refused(
+        client.post("/api/analyze", json={"text": "eins", "beam": 10**6}), 400, "beam must be an integer from 1 to 16"
+    )
     raw = b'{"text": "eins", "beam": NaN}'
     assert_refused(client.post("/api/analyze", content=raw), 400, "beam is NaN", "an integer from 1 to 16")
 
@@ -211,10 +261,14 @@ def test_an_integer_too_long_to_read_is_a_400(lm):
 
 
 def test_every_answer_parses_as_strict_json(lm):
-    answers = [lm.get("/api/info"), lm.post("/api/analyze", json={"text": "To be", "top_k": 3}),
-               lm.post("/api/analyze", json={"text": ""}), lm.get("/api/nothing"),
-               lm.post("/api/continue", content=b'{"text": "To", "temperature": NaN}'),
-               lm.get("/", headers={"host": "evil.example.com"})]
+    answers = [
+        lm.get("/api/info"),
+        lm.post("/api/analyze", json={"text": "To be", "top_k": 3}),
+        lm.post("/api/analyze", json={"text": ""}),
+        lm.get("/api/nothing"),
+        lm.post("/api/continue", content=b'{"text": "To", "temperature": NaN}'),
+        lm.get("/", headers={"host": "evil.example.com"}),
+    ]
     for response in answers:
         assert isinstance(strict(response.text), dict)
     with lm.stream("POST", "/api/continue", json={"text": "To be", "temperature": 1e-3, "max_new_tokens": 4}) as r:
@@ -238,8 +292,9 @@ def test_non_finite_model_outputs_are_sent_as_null(runs, tmp_path):
     inlined = lambda page: page.split('<script id="kqv-data" type="application/json">')[1].split("</script>")[0]
     assert strict(inlined(client.post("/api/export", json={"text": "To be", "top_k": 2}).text))["analysis"] == body
     saved = write_standalone(subject, "To be", tmp_path / "diverged.html")  # kqv explore RUN --html FILE
-    assert all(entry["p"] is None for row in strict(inlined(saved.read_text()))["analysis"]["next_tokens"]
-               for entry in row)
+    assert all(
+        entry["p"] is None for row in strict(inlined(saved.read_text()))["analysis"]["next_tokens"] for entry in row
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -250,8 +305,15 @@ def test_metrics_of_a_run_whose_validation_loss_is_not_finite_parse_strictly(tmp
     def loss_fn(model, batch):  # finite in training, infinite in evaluation (a validation set that overflows)
         return model(*batch) * (1.0 if model.training else math.inf)
 
-    Trainer(make_model(), config(steps=3, eval_every=3), tmp_path, train_batches=token_batches(4), loss_fn=loss_fn,
-            val_batches=token_batches(4, offset=10_000), quiet=True).train()
+    Trainer(
+        make_model(),
+        config(steps=3, eval_every=3),
+        tmp_path,
+        train_batches=token_batches(4),
+        loss_fn=loss_fn,
+        val_batches=token_batches(4, offset=10_000),
+        quiet=True,
+    ).train()
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     records = [strict(line) for line in lines]
     assert records[-1]["step"] == 3 and records[-1]["val_loss"] is None

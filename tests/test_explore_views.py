@@ -15,8 +15,8 @@ from kqv.explore.analysis import head_statistics
 from kqv.explore.sparse_views import bigbird_weights, linformer_weights
 from kqv.explore.subjects import LMSubject, MLMSubject
 from kqv.jobs.lm import SampleConfig
-from kqv.nn.models import DecoderLM, Encoder
 from kqv.nn.heads import MaskedLM
+from kqv.nn.models import DecoderLM, Encoder
 from kqv.nn.sparse import BigBirdAttention, LinformerAttention, bigbird_mask
 
 T = 6
@@ -64,8 +64,10 @@ def core_calls(model: torch.nn.Module, run) -> list[tuple]:
     """(core, args, kwargs, output) of every sparse core call while run() runs the model."""
     calls = []
     cores = [m for m in model.modules() if isinstance(m, (BigBirdAttention, LinformerAttention))]
-    hooks = [core.register_forward_hook(lambda m, a, k, out: calls.append((m, a, k, out)), with_kwargs=True)
-             for core in cores]
+    hooks = [
+        core.register_forward_hook(lambda m, a, k, out: calls.append((m, a, k, out)), with_kwargs=True)
+        for core in cores
+    ]
     with torch.no_grad():
         run()
     for hook in hooks:
@@ -74,8 +76,9 @@ def core_calls(model: torch.nn.Module, run) -> list[tuple]:
     return calls
 
 
-BIGBIRD = dict(attention="bigbird", bigbird={"block": 4, "window": 1, "global_blocks": 1, "random_blocks": 1},
-               position="rope")
+BIGBIRD = dict(
+    attention="bigbird", bigbird={"block": 4, "window": 1, "global_blocks": 1, "random_blocks": 1}, position="rope"
+)
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -136,8 +139,12 @@ def test_a_linformer_model_attends_to_slots_and_says_so():
 
 def test_an_encoder_subject_with_full_attention_has_no_note():
     tokenizer = CharTokenizer.train("abc ")
-    vocabulary = SimpleNamespace(tokenizer=tokenizer, specials={"[MASK]": 4, "[PAD]": 5, "[CLS]": 6, "[SEP]": 7},
-                                 mask_id=4, encode=tokenizer.encode)
+    vocabulary = SimpleNamespace(
+        tokenizer=tokenizer,
+        specials={"[MASK]": 4, "[PAD]": 5, "[CLS]": 6, "[SEP]": 7},
+        mask_id=4,
+        encode=tokenizer.encode,
+    )
     subject = MLMSubject("tiny", MaskedLM(tiny_config(vocab_size=8)), vocabulary, limit=64)
     body = subject.analyze({"text": "ab[MASK]c"})
     assert body["tokens"] == ["a", "b", "[MASK]", "c"] and body["attention"]["self"]["note"] is None

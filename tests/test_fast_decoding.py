@@ -6,6 +6,7 @@ import warnings
 import pytest
 import torch
 
+from conftest import POSITIONS, tiny_config
 from kqv import DecoderLM, KVCache
 from kqv.interop import to_hf
 from kqv.nn.cores import FullAttention
@@ -13,8 +14,6 @@ from kqv.nn.decoding import LEAN_SUBLAYERS, DecodeStep, declared_sublayers, fuse
 from kqv.nn.generation import PromptLayout, in_dtype
 from kqv.nn.layers import DecoderBlock, Sublayer
 from kqv.nn.positions import LearnedPositions
-
-from conftest import POSITIONS, tiny_config
 
 
 def test_the_cache_writes_each_step_in_place_into_the_buffer_it_reserved():
@@ -25,7 +24,7 @@ def test_the_cache_writes_each_step_in_place_into_the_buffer_it_reserved():
         model(ids[:, :4], cache=cache)
         buffers = [(layer._keys.data_ptr(), layer._values.data_ptr()) for layer, _ in cache]
         for t in range(4, 10):
-            model(ids[:, t:t + 1], cache=cache)
+            model(ids[:, t : t + 1], cache=cache)
     assert [(layer._keys.data_ptr(), layer._values.data_ptr()) for layer, _ in cache] == buffers
     assert all(layer.length == 10 and layer._keys.shape[2] == 10 for layer, _ in cache)
 
@@ -48,19 +47,22 @@ def test_a_left_padded_batch_generates_what_each_prompt_generates_alone(position
     ids = torch.zeros(3, 5, dtype=torch.long)
     mask = torch.zeros(3, 5, dtype=torch.long)
     for row, prompt in enumerate(prompts):
-        ids[row, 5 - len(prompt):], mask[row, 5 - len(prompt):] = prompt, 1
+        ids[row, 5 - len(prompt) :], mask[row, 5 - len(prompt) :] = prompt, 1
     for use_cache in (True, False):
         batched = model.generate(ids, 8, temperature=0, attention_mask=mask, use_cache=use_cache)
         for row, prompt in enumerate(prompts):
             alone = model.generate(prompt[None], 8, temperature=0)
-            assert torch.equal(batched[row, 5:], alone[0, len(prompt):]), (row, use_cache)
+            assert torch.equal(batched[row, 5:], alone[0, len(prompt) :]), (row, use_cache)
 
 
-@pytest.mark.parametrize("mask,message", [
-    (torch.tensor([[1, 1, 0]]), "padded on the left"),
-    (torch.tensor([[0, 2, 1]]), "only 1 .token. and 0"),
-    (torch.ones(1, 2, dtype=torch.long), "shape of the prompts"),
-])
+@pytest.mark.parametrize(
+    "mask,message",
+    [
+        (torch.tensor([[1, 1, 0]]), "padded on the left"),
+        (torch.tensor([[0, 2, 1]]), "only 1 .token. and 0"),
+        (torch.ones(1, 2, dtype=torch.long), "shape of the prompts"),
+    ],
+)
 def test_a_bad_prompt_mask_is_a_clear_error(mask, message):
     model = DecoderLM(tiny_config()).eval()
     with pytest.raises(ValueError, match=message):
@@ -88,8 +90,9 @@ def test_the_bf16_path_runs_a_bf16_copy_and_leaves_the_model_as_it_was():
 def hf_greedy(hf, ids, mask, new):
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        return hf.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                           pad_token_id=0)
+        return hf.generate(
+            ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0
+        )
 
 
 def test_greedy_tokens_equal_hugging_face_gpt2_on_the_same_weights_with_left_padding():
@@ -126,8 +129,7 @@ def test_at_batch_one_the_transposed_weights_move_only_the_last_bits_and_no_gree
     assert all(layer.to_queries_keys_values is not None for layer in step.layers)
     assert_lean_step_is_the_general_path(model, batch=1, exact=False)
     ids = torch.randint(1, 37, (1, 5))
-    assert torch.equal(model.generate(ids, 40, temperature=0), model.generate(ids, 40, temperature=0,
-                                                                              use_cache=False))
+    assert torch.equal(model.generate(ids, 40, temperature=0), model.generate(ids, 40, temperature=0, use_cache=False))
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -175,25 +177,43 @@ def assert_lean_step_is_the_general_path(model, batch=3, exact=True):
         step = DecodeStep(model, caches[1], batch=batch)
         with torch.no_grad():
             for cache in caches:
-                model.next_token_logits(ids[:, :5], cache, positions=layout.positions[:5],
-                                        attention_mask=layout.mask(0, 5), left_padding=layout.left_padding)
+                model.next_token_logits(
+                    ids[:, :5],
+                    cache,
+                    positions=layout.positions[:5],
+                    attention_mask=layout.mask(0, 5),
+                    left_padding=layout.left_padding,
+                )
             for end in range(6, 12):
-                general = model.next_token_logits(ids[:, end - 1:end], caches[0],
-                                                  positions=layout.positions[end - 1:end],
-                                                  attention_mask=layout.mask(end - 1, end),
-                                                  left_padding=layout.left_padding)
-                lean = step(ids[:, end - 1:end], layout.positions[end - 1:end], layout.mask(end - 1, end),
-                            layout.left_padding)
+                general = model.next_token_logits(
+                    ids[:, end - 1 : end],
+                    caches[0],
+                    positions=layout.positions[end - 1 : end],
+                    attention_mask=layout.mask(end - 1, end),
+                    left_padding=layout.left_padding,
+                )
+                lean = step(
+                    ids[:, end - 1 : end],
+                    layout.positions[end - 1 : end],
+                    layout.mask(end - 1, end),
+                    layout.left_padding,
+                )
                 if exact:
                     assert torch.equal(lean, general), (end, attention_mask is not None)
                 else:
                     torch.testing.assert_close(lean, general, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("changes", [dict(position="alibi"), dict(position="relative"),
-                                     dict(attention="linformer", linformer={"k": 16}),
-                                     dict(ffn="switch", experts={"count": 2}),
-                                     dict(blockwise="always")])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        dict(position="alibi"),
+        dict(position="relative"),
+        dict(attention="linformer", linformer={"k": 16}),
+        dict(ffn="switch", experts={"count": 2}),
+        dict(blockwise="always"),
+    ],
+)
 def test_models_the_lean_step_does_not_cover_decode_on_the_general_path(changes):
     model = DecoderLM(tiny_config(**changes)).eval()
     assert not DecodeStep.supports(model)
@@ -262,14 +282,19 @@ class HotterAttention(FullAttention):
 class ParallelBlock(DecoderBlock):
     """GPT-J's block: attention and the feed-forward network both read x, and both add to it. It declares so."""
 
-    SUBLAYERS = (Sublayer("parallel causal self-attention and feed-forward", "self_attention",
-                          "self_attention_residual"),)
+    SUBLAYERS = (
+        Sublayer("parallel causal self-attention and feed-forward", "self_attention", "self_attention_residual"),
+    )
 
-    def forward(self, x, memory=None, *, mask=None, memory_mask=None, positions=None, cache=None,
-                need_weights=False):
-        attended, weights = self.self_attention(self.self_attention_residual.sublayer_input(x), mask=mask,
-                                                causal=True, positions=positions,
-                                                cache=None if cache is None else cache[0], need_weights=need_weights)
+    def forward(self, x, memory=None, *, mask=None, memory_mask=None, positions=None, cache=None, need_weights=False):
+        attended, weights = self.self_attention(
+            self.self_attention_residual.sublayer_input(x),
+            mask=mask,
+            causal=True,
+            positions=positions,
+            cache=None if cache is None else cache[0],
+            need_weights=need_weights,
+        )
         return x + attended + self.feed_forward(self.feed_forward_residual.sublayer_input(x)), {"self": weights}
 
 
@@ -341,8 +366,9 @@ def test_a_block_the_lean_step_does_not_implement_decodes_on_the_general_path(pa
         assert not torch.equal(with_class(model, path, cls)(ids), before)
     assert not DecodeStep.supports(model)
     for rows in (ids, ids[:1]):
-        assert torch.equal(model.generate(rows, 8, temperature=0),
-                           model.generate(rows, 8, temperature=0, use_cache=False))
+        assert torch.equal(
+            model.generate(rows, 8, temperature=0), model.generate(rows, 8, temperature=0, use_cache=False)
+        )
 
 
 def test_a_subclass_of_the_block_that_keeps_its_steps_keeps_the_lean_step():
@@ -357,4 +383,7 @@ def test_a_subclass_of_the_block_that_keeps_its_steps_keeps_the_lean_step():
         del SwappedDeclarationBlock.SUBLAYERS
     assert declared_sublayers(DecoderLM(tiny_config()).decoder.blocks[0]) == LEAN_SUBLAYERS
     assert [s.kind for s in declared_sublayers(DecoderBlock(tiny_config(), cross_attention=True))] == [
-        "causal self-attention", "cross-attention", "feed-forward"]
+        "causal self-attention",
+        "cross-attention",
+        "feed-forward",
+    ]

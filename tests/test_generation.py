@@ -1,15 +1,14 @@
 import pytest
 import torch
 
+from conftest import POSITIONS, VARIANTS, tiny_config
 from kqv import DecoderLM
 from kqv.nn.generation import sample_next
-
-from conftest import POSITIONS, VARIANTS, tiny_config
 
 
 def _logits_one_token_at_a_time(model, ids):
     cache = model.new_cache()
-    return torch.cat([model(ids[:, t:t + 1], cache=cache) for t in range(ids.shape[1])], dim=1)
+    return torch.cat([model(ids[:, t : t + 1], cache=cache) for t in range(ids.shape[1])], dim=1)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -99,12 +98,15 @@ def test_sampling_is_reproducible_with_a_generator():
     assert torch.equal(first, second)
 
 
-@pytest.mark.parametrize("options,message", [
-    (dict(max_new_tokens=0), "max_new_tokens must be a positive integer"),
-    (dict(max_new_tokens=3, temperature=-1.0), "temperature must be >= 0"),
-    (dict(max_new_tokens=3, top_k=0), "top_k must be at least 1"),
-    (dict(max_new_tokens=3, top_p=1.5), r"top_p must be in \(0, 1\]"),
-])
+@pytest.mark.parametrize(
+    "options,message",
+    [
+        (dict(max_new_tokens=0), "max_new_tokens must be a positive integer"),
+        (dict(max_new_tokens=3, temperature=-1.0), "temperature must be >= 0"),
+        (dict(max_new_tokens=3, top_k=0), "top_k must be at least 1"),
+        (dict(max_new_tokens=3, top_p=1.5), r"top_p must be in \(0, 1\]"),
+    ],
+)
 def test_bad_generation_options_are_named(options, message):
     model = DecoderLM(tiny_config())
     with pytest.raises(ValueError, match=message):

@@ -25,15 +25,19 @@ def pinned() -> dict[str, Version]:
 def test_every_direct_dependency_is_pinned_within_the_range_pyproject_allows():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
-    requirements = [Requirement(r) for r in
-                    project["dependencies"] + extras["test"] + extras["embed"] + extras["bench"]]
+    requirements = [
+        Requirement(r) for r in project["dependencies"] + extras["test"] + extras["embed"] + extras["bench"]
+    ]
     pins = pinned()
     for requirement in requirements:
         name = canonicalize_name(requirement.name)
-        assert name in pins, (f"{requirement.name} is a dependency but not pinned in constraints.txt: install it, "
-                              f"run the suite, then `python .ci/update_constraints.py`")
-        assert requirement.specifier.contains(pins[name], prereleases=True), \
+        assert name in pins, (
+            f"{requirement.name} is a dependency but not pinned in constraints.txt: install it, "
+            f"run the suite, then `python .ci/update_constraints.py`"
+        )
+        assert requirement.specifier.contains(pins[name], prereleases=True), (
             f"constraints.txt pins {name}=={pins[name]}, outside pyproject's {requirement}"
+        )
     assert pins["torch"] == Version("2.13.0")
 
 
@@ -43,8 +47,12 @@ def readme_command(marker: str) -> str:
 
 
 def test_readme_commands_and_ci_install_through_the_constraints():
-    main_job, tests = readme_command("# the main job: train a character-level GPT on Shakespeare's complete works, "
-                                     "then sample from it"), readme_command("# the tests")
+    main_job, tests = (
+        readme_command(
+            "# the main job: train a character-level GPT on Shakespeare's complete works, then sample from it"
+        ),
+        readme_command("# the tests"),
+    )
     for command in (main_job, tests):
         assert command.startswith("python -m pip install ") and " -c constraints.txt " in command
     ci = (ROOT / ".ci" / "run").read_text().splitlines()

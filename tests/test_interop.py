@@ -18,16 +18,41 @@ from kqv.interop import config_from_hf, from_hf
 def gpt2_config(**changes):
     from transformers import GPT2Config
 
-    return GPT2Config(**{**dict(n_layer=2, n_embd=64, n_head=4, vocab_size=97, n_positions=32, bos_token_id=0,
-                                eos_token_id=0, attn_implementation="eager"), **changes})
+    return GPT2Config(
+        **{
+            **dict(
+                n_layer=2,
+                n_embd=64,
+                n_head=4,
+                vocab_size=97,
+                n_positions=32,
+                bos_token_id=0,
+                eos_token_id=0,
+                attn_implementation="eager",
+            ),
+            **changes,
+        }
+    )
 
 
 def bert_config(**changes):
     from transformers import BertConfig
 
-    return BertConfig(**{**dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
-                                vocab_size=97, max_position_embeddings=32, pad_token_id=0,
-                                attn_implementation="eager"), **changes})
+    return BertConfig(
+        **{
+            **dict(
+                num_hidden_layers=2,
+                hidden_size=64,
+                num_attention_heads=4,
+                intermediate_size=128,
+                vocab_size=97,
+                max_position_embeddings=32,
+                pad_token_id=0,
+                attn_implementation="eager",
+            ),
+            **changes,
+        }
+    )
 
 
 def hf_gpt2(**changes):
@@ -49,15 +74,30 @@ def hf_bert(**changes):
 def test_gpt2_config_becomes_a_pre_ln_learned_position_decoder_config():
     config = config_from_hf(gpt2_config(layer_norm_epsilon=1e-6, n_inner=100))
     assert config == kqv.ModelConfig(
-        vocab_size=97, d_model=64, n_heads=4, n_layers=2, d_ff=100, max_len=32, dropout=0.0, position="learned",
-        norm="layernorm", norm_first=True, norm_eps=1e-6, activation="gelu_tanh", bias=True, tie_embeddings=True,
-        embed_norm=False, scale_embeddings=False,
+        vocab_size=97,
+        d_model=64,
+        n_heads=4,
+        n_layers=2,
+        d_ff=100,
+        max_len=32,
+        dropout=0.0,
+        position="learned",
+        norm="layernorm",
+        norm_first=True,
+        norm_eps=1e-6,
+        activation="gelu_tanh",
+        bias=True,
+        tie_embeddings=True,
+        embed_norm=False,
+        scale_embeddings=False,
     )
     assert config_from_hf(gpt2_config()).d_ff == 4 * 64  # n_inner=None means 4 * n_embd
 
 
-@pytest.mark.parametrize("hf_name,kqv_name", [("gelu_new", "gelu_tanh"), ("gelu_pytorch_tanh", "gelu_tanh"),
-                                              ("gelu", "gelu"), ("relu", "relu")])
+@pytest.mark.parametrize(
+    "hf_name,kqv_name",
+    [("gelu_new", "gelu_tanh"), ("gelu_pytorch_tanh", "gelu_tanh"), ("gelu", "gelu"), ("relu", "relu")],
+)
 def test_hugging_face_activation_names_map_to_kqv_activations(hf_name, kqv_name):
     assert config_from_hf(gpt2_config(activation_function=hf_name)).activation == kqv_name
     assert config_from_hf(bert_config(hidden_act=hf_name)).activation == kqv_name
@@ -83,8 +123,10 @@ def test_unsupported_activation_is_refused_with_the_supported_names():
         config_from_hf(bert_config(hidden_act="mish"))
 
 
-@pytest.mark.parametrize("option,value", [("scale_attn_by_inverse_layer_idx", True), ("scale_attn_weights", False),
-                                          ("add_cross_attention", True)])
+@pytest.mark.parametrize(
+    "option,value",
+    [("scale_attn_by_inverse_layer_idx", True), ("scale_attn_weights", False), ("add_cross_attention", True)],
+)
 def test_gpt2_options_kqv_cannot_represent_are_refused(option, value):
     with pytest.raises(ValueError, match=f"kqv cannot represent GPT-2.*{option}"):
         config_from_hf(gpt2_config(**{option: value}))
@@ -100,8 +142,10 @@ def test_bert_with_relative_position_embeddings_is_refused():
 def test_unsupported_architecture_is_refused_with_the_list_of_supported_ones():
     from transformers import BertForSequenceClassification, T5Config
 
-    for bad in (lambda: config_from_hf(T5Config(num_layers=1, d_model=8, num_heads=2, d_kv=4, d_ff=8)),
-                lambda: from_hf(BertForSequenceClassification(bert_config()))):
+    for bad in (
+        lambda: config_from_hf(T5Config(num_layers=1, d_model=8, num_heads=2, d_kv=4, d_ff=8)),
+        lambda: from_hf(BertForSequenceClassification(bert_config())),
+    ):
         with pytest.raises(ValueError) as error:
             bad()
         message = str(error.value)
@@ -231,10 +275,15 @@ def test_kqv_interop_imports_transformers_only_inside_functions():
     trees = [ast.parse(path.read_text()) for path in Path(kqv.interop.__file__).parent.glob("*.py")]
     top_level = [node for tree in trees for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
     names = [alias.name for node in top_level for alias in node.names] + [
-        node.module for node in top_level if isinstance(node, ast.ImportFrom) and node.module]
+        node.module for node in top_level if isinstance(node, ast.ImportFrom) and node.module
+    ]
     assert not [name for name in names if name.split(".")[0] == "transformers"]
-    inside = [node for tree in trees for node in ast.walk(tree)
-              if isinstance(node, ast.ImportFrom) and node.module == "transformers"]
+    inside = [
+        node
+        for tree in trees
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == "transformers"
+    ]
     assert inside  # it is used, lazily
 
 
@@ -247,19 +296,48 @@ def test_kqv_interop_imports_transformers_only_inside_functions():
 def marian_config(**changes):
     from transformers import MarianConfig
 
-    return MarianConfig(**{**dict(vocab_size=97, d_model=64, encoder_layers=2, decoder_layers=3,
-                                  encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
-                                  decoder_ffn_dim=128, max_position_embeddings=32, pad_token_id=96,
-                                  decoder_start_token_id=96, eos_token_id=0, activation_function="swish",
-                                  scale_embedding=True), **changes})
+    return MarianConfig(
+        **{
+            **dict(
+                vocab_size=97,
+                d_model=64,
+                encoder_layers=2,
+                decoder_layers=3,
+                encoder_attention_heads=4,
+                decoder_attention_heads=4,
+                encoder_ffn_dim=128,
+                decoder_ffn_dim=128,
+                max_position_embeddings=32,
+                pad_token_id=96,
+                decoder_start_token_id=96,
+                eos_token_id=0,
+                activation_function="swish",
+                scale_embedding=True,
+            ),
+            **changes,
+        }
+    )
 
 
 def bart_config(**changes):
     from transformers import BartConfig
 
-    return BartConfig(**{**dict(vocab_size=97, d_model=64, encoder_layers=3, decoder_layers=2,
-                                encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
-                                decoder_ffn_dim=128, max_position_embeddings=32), **changes})
+    return BartConfig(
+        **{
+            **dict(
+                vocab_size=97,
+                d_model=64,
+                encoder_layers=3,
+                decoder_layers=2,
+                encoder_attention_heads=4,
+                decoder_attention_heads=4,
+                encoder_ffn_dim=128,
+                decoder_ffn_dim=128,
+                max_position_embeddings=32,
+            ),
+            **changes,
+        }
+    )
 
 
 def randomized(model):
@@ -276,8 +354,13 @@ def randomized(model):
 def hf_model(kind: str, **changes):
     import transformers
 
-    config = {"GPT2LMHeadModel": gpt2_config, "BertModel": bert_config, "BertForMaskedLM": bert_config,
-              "MarianMTModel": marian_config, "BartForConditionalGeneration": bart_config}[kind](**changes)
+    config = {
+        "GPT2LMHeadModel": gpt2_config,
+        "BertModel": bert_config,
+        "BertForMaskedLM": bert_config,
+        "MarianMTModel": marian_config,
+        "BartForConditionalGeneration": bart_config,
+    }[kind](**changes)
     return randomized(getattr(transformers, kind)(config))
 
 
@@ -289,15 +372,26 @@ CASES = {
     "bert_mlm": ("BertForMaskedLM", {}),
     "bert_mlm_untied": ("BertForMaskedLM", {"tie_word_embeddings": False}),
     "marian": ("MarianMTModel", {}),
-    "marian_separate_vocabularies": ("MarianMTModel", {"share_encoder_decoder_embeddings": False,
-                                                       "decoder_vocab_size": 53, "pad_token_id": 52,
-                                                       "decoder_start_token_id": 52}),
+    "marian_separate_vocabularies": (
+        "MarianMTModel",
+        {
+            "share_encoder_decoder_embeddings": False,
+            "decoder_vocab_size": 53,
+            "pad_token_id": 52,
+            "decoder_start_token_id": 52,
+        },
+    ),
     "marian_untied": ("MarianMTModel", {"tie_word_embeddings": False}),
     "bart": ("BartForConditionalGeneration", {}),
     "bart_untied_scaled": ("BartForConditionalGeneration", {"tie_word_embeddings": False, "scale_embedding": True}),
 }
-KQV_CLASSES = {"GPT2LMHeadModel": kqv.DecoderLM, "BertModel": kqv.Encoder, "BertForMaskedLM": kqv.MaskedLM,
-               "MarianMTModel": kqv.EncoderDecoder, "BartForConditionalGeneration": kqv.EncoderDecoder}
+KQV_CLASSES = {
+    "GPT2LMHeadModel": kqv.DecoderLM,
+    "BertModel": kqv.Encoder,
+    "BertForMaskedLM": kqv.MaskedLM,
+    "MarianMTModel": kqv.EncoderDecoder,
+    "BartForConditionalGeneration": kqv.EncoderDecoder,
+}
 
 
 def inputs(kind: str, hf, padded: bool):
@@ -366,9 +460,17 @@ def test_seq2seq_and_masked_lm_directories_load_with_the_same_logits(case, tmp_p
 def test_marian_config_becomes_a_post_ln_sinusoidal_encoder_decoder_config():
     config = config_from_hf(marian_config())
     assert (config.position, config.norm_first, config.scale_embeddings, config.embed_norm) == (
-        "sinusoidal", False, True, False)
+        "sinusoidal",
+        False,
+        True,
+        False,
+    )
     assert (config.activation, config.output_bias, config.tgt_vocab_size, config.tie_embeddings) == (
-        "silu", True, None, True)
+        "silu",
+        True,
+        None,
+        True,
+    )
     assert (config.encoder_layers, config.decoder_layers, config.d_ff, config.max_len) == (2, 3, 128, 32)
     separate = config_from_hf(marian_config(share_encoder_decoder_embeddings=False, decoder_vocab_size=53))
     assert separate.tgt_vocab_size == 53
@@ -377,7 +479,11 @@ def test_marian_config_becomes_a_post_ln_sinusoidal_encoder_decoder_config():
 def test_bart_config_becomes_a_post_ln_learned_position_encoder_decoder_with_embedding_norms():
     config = config_from_hf(bart_config())
     assert (config.position, config.norm_first, config.scale_embeddings, config.embed_norm) == (
-        "learned", False, False, True)
+        "learned",
+        False,
+        False,
+        True,
+    )
     assert (config.activation, config.output_bias, config.max_len, config.norm_eps) == ("gelu", True, 32, 1e-5)
 
 
@@ -415,8 +521,14 @@ def exportable(kind: str, **changes) -> torch.nn.Module:
         "DecoderLM": dict(position="learned", norm_first=True, activation="gelu_tanh"),
         "Encoder": dict(position="learned", norm_first=False, embed_norm=True, activation="gelu"),
         "MaskedLM": dict(position="learned", norm_first=False, embed_norm=True, activation="gelu"),
-        "Marian": dict(position="sinusoidal", norm_first=False, scale_embeddings=True, output_bias=True,
-                       activation="silu", n_decoder_layers=3),
+        "Marian": dict(
+            position="sinusoidal",
+            norm_first=False,
+            scale_embeddings=True,
+            output_bias=True,
+            activation="silu",
+            n_decoder_layers=3,
+        ),
         "BART": dict(position="learned", norm_first=False, embed_norm=True, output_bias=True, activation="gelu"),
     }
     cls = {"Marian": kqv.EncoderDecoder, "BART": kqv.EncoderDecoder}.get(kind) or getattr(kqv, kind)
@@ -424,9 +536,16 @@ def exportable(kind: str, **changes) -> torch.nn.Module:
     return randomized(model)
 
 
-@pytest.mark.parametrize("kind,hf_class", [("DecoderLM", "GPT2LMHeadModel"), ("Encoder", "BertModel"),
-                                           ("MaskedLM", "BertForMaskedLM"), ("Marian", "MarianMTModel"),
-                                           ("BART", "BartForConditionalGeneration")])
+@pytest.mark.parametrize(
+    "kind,hf_class",
+    [
+        ("DecoderLM", "GPT2LMHeadModel"),
+        ("Encoder", "BertModel"),
+        ("MaskedLM", "BertForMaskedLM"),
+        ("Marian", "MarianMTModel"),
+        ("BART", "BartForConditionalGeneration"),
+    ],
+)
 @torch.no_grad()
 def test_a_kqv_trained_model_exports_with_the_same_outputs(kind, hf_class):
     torch.manual_seed(0)
@@ -454,8 +573,9 @@ def test_a_bert_changed_after_import_exports_its_changed_positions():
 
 
 def test_to_hf_names_every_option_the_target_cannot_represent():
-    with pytest.raises(ValueError, match="position='rope'.*cannot become a GPT2LMHeadModel, which needs "
-                                         "position='learned'"):
+    with pytest.raises(
+        ValueError, match="position='rope'.*cannot become a GPT2LMHeadModel, which needs position='learned'"
+    ):
         kqv.interop.to_hf(exportable("DecoderLM", position="rope"))
     with pytest.raises(ValueError, match="activation='swiglu' cannot become a BertModel"):
         kqv.interop.to_hf(exportable("Encoder", activation="swiglu"))

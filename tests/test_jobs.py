@@ -74,8 +74,16 @@ class ToyJob(Job):
             length = config.toy.length
             model = self.start(config, run, config.model.replace(vocab_size=length))
             counting = torch.arange(length).repeat(config.train.batch_size, 1)  # (batch, length)
-            result = self.fit(self.make_trainer(model, config, run, quiet=quiet, train_batches=lambda i: counting,
-                                                loss_fn=lambda m, ids: m(ids[:, :-1], ids[:, 1:])))
+            result = self.fit(
+                self.make_trainer(
+                    model,
+                    config,
+                    run,
+                    quiet=quiet,
+                    train_batches=lambda i: counting,
+                    loss_fn=lambda m, ids: m(ids[:, :-1], ids[:, 1:]),
+                )
+            )
             return self.summarise(run.path, result, model, note=note)
 
 
@@ -91,11 +99,24 @@ def toy_job(monkeypatch):
     Adding it is one entry in each registry: the job, its training flags, and its command."""
     job = ToyJob()
     monkeypatch.setitem(JOBS, "toy", job)
-    monkeypatch.setitem(flags.TRAIN_FLAGS, "toy", (Flag("--length", "how far to count", "toy.length", {"type": int}),
-                                                   Flag("--note", "written into the summary")))
-    monkeypatch.setitem(COMMANDS, "count", RunCommand({"toy": JobCommand(
-        "print the model's guess after 0", print_count, (Flag("--times", "how often", options={"type": int,
-                                                                                              "default": 1}),))}))
+    monkeypatch.setitem(
+        flags.TRAIN_FLAGS,
+        "toy",
+        (Flag("--length", "how far to count", "toy.length", {"type": int}), Flag("--note", "written into the summary")),
+    )
+    monkeypatch.setitem(
+        COMMANDS,
+        "count",
+        RunCommand(
+            {
+                "toy": JobCommand(
+                    "print the model's guess after 0",
+                    print_count,
+                    (Flag("--times", "how often", options={"type": int, "default": 1}),),
+                )
+            }
+        ),
+    )
     return job
 
 
@@ -103,8 +124,10 @@ def test_a_new_job_trains_and_answers_its_commands_through_the_unchanged_cli(toy
     config = tmp_path / "toy.toml"
     config.write_text(TOY_CONFIG)
     out = tmp_path / "run"
-    assert main(["train", "toy", "--config", str(config), "--out", str(out), "--length", "5", "--note", "hi",
-                 "--quiet"]) == 0
+    assert (
+        main(["train", "toy", "--config", str(config), "--out", str(out), "--length", "5", "--note", "hi", "--quiet"])
+        == 0
+    )
     summary = read_summary(out)
     assert summary["steps"] == 2 and summary["note"] == "hi"
     assert load_run(out).job is toy_job and load_run(out).config.toy.length == 5  # --length set toy.length
@@ -137,7 +160,11 @@ def test_every_command_of_the_parser_is_in_the_registry_and_serves_registered_jo
     assert list(parser._subparsers._group_actions[0].choices) == list(COMMANDS)
     runs = {name: command for name, command in COMMANDS.items() if isinstance(command, RunCommand)}
     assert {name: set(command.by_job) for name, command in runs.items()} == {
-        "generate": {"lm"}, "eval": {"lm", "mt", "vit"}, "attention": {"lm", "mt", "vit"}, "translate": {"mt"}}
+        "generate": {"lm"},
+        "eval": {"lm", "mt", "vit"},
+        "attention": {"lm", "mt", "vit"},
+        "translate": {"mt"},
+    }
     for command in runs.values():
         assert set(command.by_job) <= set(JOBS)
 
@@ -147,15 +174,29 @@ def test_every_command_and_flag_of_the_cli_is_still_there():
     commands = parser._subparsers._group_actions[0].choices
     assert {"train", "generate", "eval", "attention", "translate", "embed", "similarity"} <= set(commands)
     shared = {"--config", "--out", "--steps", "--set", "--resume", "--overwrite", "--quiet"}
-    expected = {"lm": {"--data"}, "mt": {"--pair", "--data", "--tgt-data", "--data-from", "--model", "--threads"},
-                "mlm": {"--data"}, "cls": {"--data", "--init"}}
+    expected = {
+        "lm": {"--data"},
+        "mt": {"--pair", "--data", "--tgt-data", "--data-from", "--model", "--threads"},
+        "mlm": {"--data"},
+        "cls": {"--data", "--init"},
+    }
     train = commands["train"]._subparsers._group_actions[0].choices
     for job, job_flags in expected.items():
         assert shared | job_flags <= set(train[job]._option_string_actions)
-    runs = {"generate": {"--prompt", "--max-new-tokens", "--temperature", "--top-k", "--top-p", "--count", "--seed",
-                         "--no-cache"},
-            "eval": {"--data", "--max-tokens", "--json", "--src", "--ref", "--beam", "--length-penalty",
-                     "--max-sentences"},
-            "attention": {"--text", "--src", "--tgt", "--out"}, "translate": {"--file", "--beam", "--length-penalty"}}
+    runs = {
+        "generate": {
+            "--prompt",
+            "--max-new-tokens",
+            "--temperature",
+            "--top-k",
+            "--top-p",
+            "--count",
+            "--seed",
+            "--no-cache",
+        },
+        "eval": {"--data", "--max-tokens", "--json", "--src", "--ref", "--beam", "--length-penalty", "--max-sentences"},
+        "attention": {"--text", "--src", "--tgt", "--out"},
+        "translate": {"--file", "--beam", "--length-penalty"},
+    }
     for name, run_flags in runs.items():
         assert run_flags <= set(commands[name]._option_string_actions)

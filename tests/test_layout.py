@@ -14,8 +14,10 @@ def documented_layers(text: str) -> dict[str, set[str]]:
     and the standard library / third parties)."""
     section = text.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
     rows = [line.split("|")[1:3] for line in section.splitlines() if line.startswith("| `")]
-    return {layer.strip().strip("`"): {name.strip().strip("`") for name in allowed.split(",")} - {"nothing"}
-            for layer, allowed in rows}
+    return {
+        layer.strip().strip("`"): {name.strip().strip("`") for name in allowed.split(",")} - {"nothing"}
+        for layer, allowed in rows
+    }
 
 
 ALLOWED = documented_layers(ARCHITECTURE.read_text())
@@ -36,8 +38,11 @@ def kqv_imports(path: Path) -> set[str]:
             elif node.module and node.module.startswith("kqv."):
                 found.add(node.module.split(".")[1])
         elif isinstance(node, ast.Import):
-            found.update(alias.name.split(".")[1] for alias in node.names
-                         if alias.name.startswith("kqv.") and alias.name.count("."))
+            found.update(
+                alias.name.split(".")[1]
+                for alias in node.names
+                if alias.name.startswith("kqv.") and alias.name.count(".")
+            )
     return found
 
 
@@ -49,7 +54,8 @@ def test_lower_layers_import_nothing_from_the_layers_above(layer):
     for path in paths:
         imported = kqv_imports(path) - {layer}
         assert imported <= ALLOWED[layer], (
-            f"{path.relative_to(PACKAGE)} imports {sorted(imported - ALLOWED[layer])} from above its layer")
+            f"{path.relative_to(PACKAGE)} imports {sorted(imported - ALLOWED[layer])} from above its layer"
+        )
 
 
 def imports_module(path: Path, name: str) -> bool:
@@ -68,24 +74,34 @@ def test_only_the_command_line_parses_arguments():
 
 
 def test_the_argparse_checker_sees_both_forms_of_import(tmp_path):
-    for source, expected in (("import argparse\n", True), ("from argparse import Namespace\n", True),
-                             ("import argparser\n", False), ("x = 'argparse'\n", False)):
+    for source, expected in (
+        ("import argparse\n", True),
+        ("from argparse import Namespace\n", True),
+        ("import argparser\n", False),
+        ("x = 'argparse'\n", False),
+    ):
         (tmp_path / "m.py").write_text(source)
         assert imports_module(tmp_path / "m.py", "argparse") is expected, source
 
 
 def test_every_package_and_top_level_module_has_its_layer():
-    layers = {path.stem if path.is_file() else path.name for path in PACKAGE.iterdir()
-              if (path.is_file() and path.suffix == ".py") or (path / "__init__.py").is_file()}
-    assert layers == set(ALLOWED), f"give each its allowed imports in ALLOWED (and docs/architecture.md): " \
-                                   f"{sorted(layers ^ set(ALLOWED))}"
+    layers = {
+        path.stem if path.is_file() else path.name
+        for path in PACKAGE.iterdir()
+        if (path.is_file() and path.suffix == ".py") or (path / "__init__.py").is_file()
+    }
+    assert layers == set(ALLOWED), (
+        f"give each its allowed imports in ALLOWED (and docs/architecture.md): {sorted(layers ^ set(ALLOWED))}"
+    )
 
 
 def test_the_layer_table_is_read_from_the_doc():
     assert ALLOWED["errors"] == set() and ALLOWED["validation"] == {"errors"}
     assert "explore" not in ALLOWED["jobs"] and "cli" not in ALLOWED["jobs"] and "cli" not in ALLOWED["explore"]
-    assert documented_layers("x\n## Layers\n| layer | may import |\n|---|---|\n| `a` | nothing |\n"
-                             "| `b` | `a`, `c` |\n## Next\n| `z` | `a` |\n") == {"a": set(), "b": {"a", "c"}}
+    assert documented_layers(
+        "x\n## Layers\n| layer | may import |\n|---|---|\n| `a` | nothing |\n"
+        "| `b` | `a`, `c` |\n## Next\n| `z` | `a` |\n"
+    ) == {"a": set(), "b": {"a", "c"}}
 
 
 def test_the_import_checker_sees_relative_and_absolute_imports(tmp_path):
@@ -134,24 +150,31 @@ def test_no_module_is_over_500_lines(path):
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_no_function_is_over_60_lines_unless_it_reads_better_whole(path):
-    long = {name: n for name, n in functions(path).items()
-            if n > MAX_FUNCTION_LINES and name not in LONG_FUNCTIONS_ALLOWED}
-    assert not long, f"functions over {MAX_FUNCTION_LINES} body lines: {long}: split them, or say in " \
-                     f"LONG_FUNCTIONS_ALLOWED why they read better whole"
+    long = {
+        name: n for name, n in functions(path).items() if n > MAX_FUNCTION_LINES and name not in LONG_FUNCTIONS_ALLOWED
+    }
+    assert not long, (
+        f"functions over {MAX_FUNCTION_LINES} body lines: {long}: split them, or say in "
+        f"LONG_FUNCTIONS_ALLOWED why they read better whole"
+    )
 
 
 def test_the_allow_list_names_only_long_functions_that_exist():
     every = {name: n for path in MODULES for name, n in functions(path).items()}
-    stale = {name: every.get(name) for name in LONG_FUNCTIONS_ALLOWED
-             if every.get(name, 0) <= MAX_FUNCTION_LINES}
+    stale = {name: every.get(name) for name in LONG_FUNCTIONS_ALLOWED if every.get(name, 0) <= MAX_FUNCTION_LINES}
     assert not stale, f"allow-listed functions that no longer exist or are no longer long: {stale}"
 
 
 def test_the_size_checker_counts_body_lines_of_nested_functions_and_methods(tmp_path):
-    text = ('def outer():\n    """Doc."""\n    def inner():\n' + "        x = 1\n" * 70 + "    return inner\n\n"
-            "class A:\n    def method(self):\n        return 1\n")
+    text = (
+        'def outer():\n    """Doc."""\n    def inner():\n' + "        x = 1\n" * 70 + "    return inner\n\n"
+        "class A:\n    def method(self):\n        return 1\n"
+    )
     path = tmp_path / "kqv" / "probe.py"
     path.parent.mkdir()
     path.write_text(text)
-    assert functions(path, tmp_path / "kqv") == {"kqv.probe:outer": 72, "kqv.probe:outer.inner": 70,
-                                                 "kqv.probe:A.method": 1}
+    assert functions(path, tmp_path / "kqv") == {
+        "kqv.probe:outer": 72,
+        "kqv.probe:outer.inner": 70,
+        "kqv.probe:A.method": 1,
+    }

@@ -13,19 +13,18 @@ from safetensors.torch import load_model, save_model
 
 import kqv.nn.attention
 import kqv.nn.cores
-from kqv import ModelConfig
-from kqv.nn.models import DecoderLM, Encoder, EncoderDecoder
-from kqv.nn.cores import FullAttention
-from kqv.nn.sparse import BigBirdAttention, LinformerAttention
-
 from conftest import tiny_config
+from kqv import ModelConfig
+from kqv.nn.cores import FullAttention
+from kqv.nn.models import DecoderLM, Encoder, EncoderDecoder
+from kqv.nn.sparse import BigBirdAttention, LinformerAttention
 
 TIME = 40
 
 
 def padded_mask(batch=2, time=TIME):
     mask = torch.ones(batch, time, dtype=torch.long)
-    mask[0, time - 7:] = 0
+    mask[0, time - 7 :] = 0
     return mask
 
 
@@ -56,15 +55,21 @@ def test_sparse_attention_with_a_pair_bias_position_is_a_clear_error(attention, 
         tiny_config(attention=attention, position=position)
 
 
-@pytest.mark.parametrize("changes, message", [
-    (dict(attention="sparse"), r"attention must be one of \['full', 'linformer', 'bigbird', 'local', 'memory_compressed'\]"),
-    (dict(blockwise="yes"), r"blockwise must be one of \['auto', 'always', 'never'\]"),
-    (dict(attention="linformer", linformer={"k": 65}), r"linformer.k \(65\) must be at most max_len \(64\)"),
-    (dict(linformer={"k": 0}), "model.linformer.k must be positive"),
-    (dict(bigbird={"block": 0}), "model.bigbird.block must be positive"),
-    (dict(bigbird={"window": -1}), "model.bigbird.window must be >= 0"),
-    (dict(linformer={"sharing": "all"}), "model.linformer.sharing must be one of"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (
+            dict(attention="sparse"),
+            r"attention must be one of \['full', 'linformer', 'bigbird', 'local', 'memory_compressed'\]",
+        ),
+        (dict(blockwise="yes"), r"blockwise must be one of \['auto', 'always', 'never'\]"),
+        (dict(attention="linformer", linformer={"k": 65}), r"linformer.k \(65\) must be at most max_len \(64\)"),
+        (dict(linformer={"k": 0}), "model.linformer.k must be positive"),
+        (dict(bigbird={"block": 0}), "model.bigbird.block must be positive"),
+        (dict(bigbird={"window": -1}), "model.bigbird.window must be >= 0"),
+        (dict(linformer={"sharing": "all"}), "model.linformer.sharing must be one of"),
+    ],
+)
 def test_bad_long_attention_options_are_clear_errors(changes, message):
     with pytest.raises(ValueError, match=message):
         tiny_config(**changes)
@@ -83,8 +88,13 @@ def test_long_attention_options_round_trip_through_toml():
 @pytest.mark.parametrize("model_class", [Encoder, DecoderLM, EncoderDecoder])
 def test_bigbird_whose_window_covers_every_block_is_full_attention(model_class, position):
     full = model_class(tiny_config(position=position)).eval()
-    bigbird = copy_of(model_class, tiny_config(position=position, attention="bigbird",
-                                               bigbird={"block": 8, "window": TIME // 8, "random_blocks": 0}), full)
+    bigbird = copy_of(
+        model_class,
+        tiny_config(
+            position=position, attention="bigbird", bigbird={"block": 8, "window": TIME // 8, "random_blocks": 0}
+        ),
+        full,
+    )
     ids = torch.randint(0, 37, (2, TIME))
     mask = padded_mask() if model_class is not DecoderLM else None
     with torch.no_grad():
@@ -106,8 +116,7 @@ def test_bigbird_with_a_small_window_is_not_full_attention():
 def test_linformer_with_identity_projections_is_full_attention_in_the_encoder(position):
     config = tiny_config(position=position, max_len=TIME)
     full = Encoder(config).eval()
-    linformer = copy_of(Encoder, config.replace(attention="linformer", linformer={"k": TIME, "sharing": "none"}),
-                      full)
+    linformer = copy_of(Encoder, config.replace(attention="linformer", linformer={"k": TIME, "sharing": "none"}), full)
     with torch.no_grad():
         for module in linformer.modules():
             if isinstance(module, LinformerAttention):
@@ -119,8 +128,9 @@ def test_linformer_with_identity_projections_is_full_attention_in_the_encoder(po
 
 def test_every_self_attention_gets_the_chosen_core_and_cross_attention_stays_full():
     model = EncoderDecoder(tiny_config(attention="bigbird"))
-    cores = [(name, type(m.core)) for name, m in model.named_modules()
-             if isinstance(m, kqv.nn.attention.MultiHeadAttention)]
+    cores = [
+        (name, type(m.core)) for name, m in model.named_modules() if isinstance(m, kqv.nn.attention.MultiHeadAttention)
+    ]
     assert all(core is BigBirdAttention for name, core in cores if "self_attention" in name)
     assert all(core is FullAttention for name, core in cores if "cross_attention" in name)
     assert len(cores) == 3 * 2  # 2 encoder self, 2 decoder self, 2 cross
@@ -128,8 +138,9 @@ def test_every_self_attention_gets_the_chosen_core_and_cross_attention_stays_ful
 
 @pytest.mark.parametrize("attention", ["linformer", "bigbird"])
 def test_sparse_decoder_lm_future_tokens_never_change_past_logits(attention):
-    model = DecoderLM(tiny_config(attention=attention, position="rope", linformer={"k": 16},
-                                  bigbird={"block": 8})).eval()
+    model = DecoderLM(
+        tiny_config(attention=attention, position="rope", linformer={"k": 16}, bigbird={"block": 8})
+    ).eval()
     ids = torch.randint(0, 37, (2, TIME))
     changed = ids.clone()
     changed[:, 25:] = torch.randint(0, 37, (2, TIME - 25))
@@ -140,17 +151,21 @@ def test_sparse_decoder_lm_future_tokens_never_change_past_logits(attention):
 
 @pytest.mark.parametrize("attention", ["linformer", "bigbird"])
 def test_sparse_decoder_lm_cached_logits_equal_uncached(attention):
-    model = DecoderLM(tiny_config(attention=attention, position="rope", linformer={"k": 16},
-                                  bigbird={"block": 8})).eval()
+    model = DecoderLM(
+        tiny_config(attention=attention, position="rope", linformer={"k": 16}, bigbird={"block": 8})
+    ).eval()
     ids = torch.randint(0, 37, (2, 30))
     with torch.no_grad():
         cache = model.new_cache()
-        stepwise = torch.cat([model(ids[:, :10], cache=cache)] +
-                             [model(ids[:, t:t + 1], cache=cache) for t in range(10, 30)], dim=1)
+        stepwise = torch.cat(
+            [model(ids[:, :10], cache=cache)] + [model(ids[:, t : t + 1], cache=cache) for t in range(10, 30)], dim=1
+        )
         torch.testing.assert_close(stepwise, model(ids), atol=1e-5, rtol=1e-5)
         prompt = ids[:, :5]
-        assert torch.equal(model.generate(prompt, 10, temperature=0, use_cache=True),
-                           model.generate(prompt, 10, temperature=0, use_cache=False))
+        assert torch.equal(
+            model.generate(prompt, 10, temperature=0, use_cache=True),
+            model.generate(prompt, 10, temperature=0, use_cache=False),
+        )
 
 
 def test_layerwise_linformer_has_one_projection_that_survives_a_checkpoint(tmp_path):
@@ -159,8 +174,10 @@ def test_layerwise_linformer_has_one_projection_that_survives_a_checkpoint(tmp_p
     projections = {id(m.projection) for m in model.modules() if isinstance(m, LinformerAttention)}
     assert len(projections) == 1
     headwise = Encoder(config.replace(linformer={"sharing": "headwise"}))
-    assert sum(p.numel() for p in headwise.parameters()) - sum(p.numel() for p in model.parameters()) \
+    assert (
+        sum(p.numel() for p in headwise.parameters()) - sum(p.numel() for p in model.parameters())
         == (2 * config.n_layers - 1) * config.max_len * config.linformer.k
+    )
     save_model(model, str(tmp_path / "model.safetensors"))
     loaded = Encoder(config)
     load_model(loaded, str(tmp_path / "model.safetensors"))
@@ -202,10 +219,11 @@ def test_blockwise_path_equals_dense_path_in_values_and_gradients(model_class, p
         torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("position, time, takes_blockwise", [
-    ("relative", 2048, True), ("alibi", 2048, True), ("relative", 64, False), ("rope", 2048, False)])
-def test_auto_takes_the_blockwise_path_only_where_sdpa_would_build_n_by_n(monkeypatch, position, time,
-                                                                          takes_blockwise):
+@pytest.mark.parametrize(
+    "position, time, takes_blockwise",
+    [("relative", 2048, True), ("alibi", 2048, True), ("relative", 64, False), ("rope", 2048, False)],
+)
+def test_auto_takes_the_blockwise_path_only_where_sdpa_would_build_n_by_n(monkeypatch, position, time, takes_blockwise):
     calls = []
     real = kqv.nn.cores.blockwise_attention
     monkeypatch.setattr(kqv.nn.cores, "blockwise_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -224,7 +242,9 @@ def test_auto_keeps_the_dense_path_while_attention_dropout_is_on(monkeypatch):
 def test_sparse_core_with_a_mask_that_is_not_padding_is_a_clear_error():
     attention = kqv.nn.attention.MultiHeadAttention(tiny_config(attention="bigbird"))
     x = torch.randn(2, 10, 32)
-    with pytest.raises(ValueError, match=r"padding masks, \(batch, 1, 1, k_time\), only; got a mask of shape \(10, 10\)"):
+    with pytest.raises(
+        ValueError, match=r"padding masks, \(batch, 1, 1, k_time\), only; got a mask of shape \(10, 10\)"
+    ):
         attention(x, mask=torch.ones(10, 10, dtype=torch.bool))
 
 

@@ -29,8 +29,9 @@ def loss_and_grads(fn, head, hidden):
 
 
 def reference(head, hidden, targets, smoothing):
-    return F.cross_entropy(head(hidden).flatten(0, -2).float(), targets.flatten(), ignore_index=-100,
-                           label_smoothing=smoothing)
+    return F.cross_entropy(
+        head(hidden).flatten(0, -2).float(), targets.flatten(), ignore_index=-100, label_smoothing=smoothing
+    )
 
 
 @pytest.mark.parametrize("block", [53, 530, 1 << 20])  # one row per block, ten rows, everything at once

@@ -5,10 +5,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import POSITIONS, VARIANTS, tiny_config
 from kqv import DecoderLM, Encoder, EncoderDecoder, count_parameters
 from kqv.nn.layers import FeedForward
-
-from conftest import POSITIONS, VARIANTS, tiny_config
 
 few = settings(max_examples=8, deadline=None)
 

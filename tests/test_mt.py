@@ -1,4 +1,5 @@
-"""Specification of the machine-translation job (kqv.jobs.mt) and its commands: batches, loss, translation, a whole run."""
+"""Specification of the machine-translation job (kqv.jobs.mt) and its commands: batches, loss, translation, a whole
+run."""
 
 from __future__ import annotations
 
@@ -11,19 +12,12 @@ import torch
 
 from kqv import EncoderDecoder, ModelConfig, RNNConfig, RNNEncoderDecoder
 from kqv.cli.main import main
+from kqv.data.tokenizers import make_tokenizer
+from kqv.jobs.mt import Encoded, MTRunConfig, TokenBatches, load_run, mt_loss, read_run_config
+from kqv.jobs.translation import translate_sentences
 from kqv.train.checkpoints import read_checkpoint
 from kqv.train.metrics import read_metrics
 from kqv.train.runs import read_summary
-from kqv.jobs.mt import (
-    Encoded,
-    MTRunConfig,
-    TokenBatches,
-    load_run,
-    mt_loss,
-    read_run_config,
-)
-from kqv.jobs.translation import translate_sentences
-from kqv.data.tokenizers import make_tokenizer
 
 GERMAN = ["null", "eins", "zwei", "drei", "vier", "fünf", "sechs", "sieben", "acht", "neun"]
 ENGLISH = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
@@ -58,8 +52,10 @@ beam_size = 2
 max_len_a = 1.0
 max_len_b = 2
 """
-MODELS = {"transformer": "d_model = 32\nn_heads = 2\nn_layers = 1\nd_ff = 64\nposition = \"learned\"",
-          "lstm": "d_embed = 16\nd_hidden = 32\nn_layers = 1\nscore = \"additive\"\nattention_hidden = 8"}
+MODELS = {
+    "transformer": 'd_model = 32\nn_heads = 2\nn_layers = 1\nd_ff = 64\nposition = "learned"',
+    "lstm": 'd_embed = 16\nd_hidden = 32\nn_layers = 1\nscore = "additive"\nattention_hidden = 8',
+}
 
 
 def number_corpus(lines: int = 1200) -> list[tuple[str, str]]:
@@ -138,10 +134,17 @@ def test_a_batch_is_teacher_forcing_with_right_padding_and_masks():
 @pytest.mark.parametrize("kind", ["transformer", "lstm"])
 def test_label_smoothing_applies_in_training_and_validation_loss_is_plain_cross_entropy(kind):
     torch.manual_seed(0)
-    model = EncoderDecoder(ModelConfig(vocab_size=11, d_model=16, n_heads=2, n_layers=1, d_ff=32, dropout=0.0)) \
-        if kind == "transformer" else RNNEncoderDecoder(RNNConfig(vocab_size=11, d_embed=8, d_hidden=16, dropout=0.0))
-    batch = {"src": torch.tensor([[4, 5, 6], [7, 8, 0]]), "src_mask": torch.tensor([[1, 1, 1], [1, 1, 0]]),
-             "tgt_in": torch.tensor([[1, 2, 3], [1, 9, 10]]), "targets": torch.tensor([[2, 3, -100], [9, 10, 5]])}
+    model = (
+        EncoderDecoder(ModelConfig(vocab_size=11, d_model=16, n_heads=2, n_layers=1, d_ff=32, dropout=0.0))
+        if kind == "transformer"
+        else RNNEncoderDecoder(RNNConfig(vocab_size=11, d_embed=8, d_hidden=16, dropout=0.0))
+    )
+    batch = {
+        "src": torch.tensor([[4, 5, 6], [7, 8, 0]]),
+        "src_mask": torch.tensor([[1, 1, 1], [1, 1, 0]]),
+        "tgt_in": torch.tensor([[1, 2, 3], [1, 9, 10]]),
+        "targets": torch.tensor([[2, 3, -100], [9, 10, 5]]),
+    }
     logits = model(batch["src"], batch["tgt_in"], src_mask=batch["src_mask"]).flatten(0, 1)
     targets = batch["targets"].flatten()
     plain = torch.nn.functional.cross_entropy(logits, targets, ignore_index=-100)
@@ -166,8 +169,11 @@ def test_an_empty_source_sentence_is_a_clear_error(trained_runs):
 def test_a_source_too_long_for_learned_positions_is_a_clear_error():
     tokenizer = make_tokenizer("bpe", "eins zwei drei " * 50, 300, ("<pad>", "<bos>", "<eos>"))
 
-    model = EncoderDecoder(ModelConfig(vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2, n_layers=1, d_ff=32,
-                                       max_len=8, position="learned"))
+    model = EncoderDecoder(
+        ModelConfig(
+            vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2, n_layers=1, d_ff=32, max_len=8, position="learned"
+        )
+    )
     with pytest.raises(ValueError, match="learned positions cover max_len=8"):
         translate_sentences(model, tokenizer, ["eins zwei drei eins zwei drei eins zwei drei"])
 

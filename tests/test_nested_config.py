@@ -6,15 +6,7 @@ import pytest
 import tomli_w
 import torch
 
-from kqv import (
-    DecoderLM,
-    Encoder,
-    EncoderDecoder,
-    MaskedLM,
-    ModelConfig,
-    RNNConfig,
-    SequenceClassifier,
-)
+from kqv import DecoderLM, Encoder, EncoderDecoder, MaskedLM, ModelConfig, RNNConfig, SequenceClassifier
 from kqv.cli.main import packaged_config
 from kqv.errors import ConfigError
 from kqv.jobs import get_job
@@ -27,24 +19,41 @@ BASE = {"vocab_size": 37, "d_model": 32, "n_heads": 4, "n_layers": 2, "d_ff": 64
 
 # Each kind in the flat form of kqv before the sub-tables, and the same config written nested.
 KINDS = {
-    "relative": ({"position": "relative", "max_relative_distance": 4, "relative_values": False},
-                 {"position": "relative", "relative": {"max_distance": 4, "values": False}}),
-    "linformer": ({"attention": "linformer", "linformer_k": 16, "linformer_sharing": "layerwise"},
-                  {"attention": "linformer", "linformer": {"k": 16, "sharing": "layerwise"}}),
-    "bigbird": ({"attention": "bigbird", "bigbird_block": 8, "bigbird_window": 2, "bigbird_global": 0,
-                 "bigbird_random": 1, "bigbird_seed": 5},
-                {"attention": "bigbird", "bigbird": {"block": 8, "window": 2, "global_blocks": 0, "random_blocks": 1,
-                                                     "seed": 5}}),
+    "relative": (
+        {"position": "relative", "max_relative_distance": 4, "relative_values": False},
+        {"position": "relative", "relative": {"max_distance": 4, "values": False}},
+    ),
+    "linformer": (
+        {"attention": "linformer", "linformer_k": 16, "linformer_sharing": "layerwise"},
+        {"attention": "linformer", "linformer": {"k": 16, "sharing": "layerwise"}},
+    ),
+    "bigbird": (
+        {
+            "attention": "bigbird",
+            "bigbird_block": 8,
+            "bigbird_window": 2,
+            "bigbird_global": 0,
+            "bigbird_random": 1,
+            "bigbird_seed": 5,
+        },
+        {
+            "attention": "bigbird",
+            "bigbird": {"block": 8, "window": 2, "global_blocks": 0, "random_blocks": 1, "seed": 5},
+        },
+    ),
     "local": ({"attention": "local", "local_block": 16}, {"attention": "local", "local": {"block": 16}}),
-    "memory_compressed": ({"attention": "memory_compressed", "compression": 4},
-                          {"attention": "memory_compressed", "memory_compressed": {"compression": 4}}),
-    "dmca": ({"layer_pattern": "local,memory_compressed", "local_block": 8, "compression": 2},
-             {"layer_pattern": "local,memory_compressed", "local": {"block": 8},
-              "memory_compressed": {"compression": 2}}),
-    "switch": ({"ffn": "switch", "n_experts": 4, "capacity_factor": 2.0, "aux_loss_coefficient": 0.1,
-                "moe_every": 2},
-               {"ffn": "switch", "experts": {"count": 4, "capacity_factor": 2.0, "aux_loss_coefficient": 0.1,
-                                             "every": 2}}),
+    "memory_compressed": (
+        {"attention": "memory_compressed", "compression": 4},
+        {"attention": "memory_compressed", "memory_compressed": {"compression": 4}},
+    ),
+    "dmca": (
+        {"layer_pattern": "local,memory_compressed", "local_block": 8, "compression": 2},
+        {"layer_pattern": "local,memory_compressed", "local": {"block": 8}, "memory_compressed": {"compression": 2}},
+    ),
+    "switch": (
+        {"ffn": "switch", "n_experts": 4, "capacity_factor": 2.0, "aux_loss_coefficient": 0.1, "moe_every": 2},
+        {"ffn": "switch", "experts": {"count": 4, "capacity_factor": 2.0, "aux_loss_coefficient": 0.1, "every": 2}},
+    ),
     "moe": ({"ffn": "moe", "n_experts": 3, "top_k": 3}, {"ffn": "moe", "experts": {"count": 3, "top_k": 3}}),
 }
 
@@ -76,13 +85,21 @@ def test_an_old_flat_run_toml_of_each_kind_loads_unchanged(kind, tmp_path):
     assert config.model == ModelConfig.from_dict({**BASE, **nested, "vocab_size": None})
 
 
-@pytest.mark.parametrize("flat, nested", [("linformer_k", {"linformer": {"k": 8}}),
-                                          ("n_experts", {"experts": {"count": 2}}),
-                                          ("max_relative_distance", {"relative": {"max_distance": 2}})])
+@pytest.mark.parametrize(
+    "flat, nested",
+    [
+        ("linformer_k", {"linformer": {"k": 8}}),
+        ("n_experts", {"experts": {"count": 2}}),
+        ("max_relative_distance", {"relative": {"max_distance": 2}}),
+    ],
+)
 def test_a_flat_option_with_its_nested_twin_is_an_error_saying_which_to_keep(flat, nested):
     table, name = OLD_NAMES[flat]
-    with pytest.raises(ConfigError, match=fr"{flat} is the old name of {table}\.{name}.*keep {table}\.{name}.*"
-                                          fr"remove {flat}"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"{flat} is the old name of {table}\.{name}.*keep {table}\.{name}.*"
+        rf"remove {flat}",
+    ):
         ModelConfig.from_dict({**BASE, flat: 4, **nested})
 
 
@@ -93,14 +110,17 @@ def test_every_old_name_points_at_a_field_of_its_sub_config():
         assert not hasattr(config, old)
 
 
-@pytest.mark.parametrize("override, message", [
-    ("model.linformer.k=0", "model.linformer.k must be positive"),
-    ("model.bigbird.window=-1", "model.bigbird.window must be >= 0"),
-    ("model.experts.capacity_factor=0.0", "model.experts.capacity_factor must be positive"),
-    ("model.memory_compressed.compression=1", "model.memory_compressed.compression must be at least 2"),
-    ("model.linformer.kk=3", r"unknown \[linformer\] option\(s\) \['kk'\]; valid options are \['k', 'sharing'\]"),
-    ("model.n_heads=3", r"d_model \(256\) must be divisible by n_heads \(3\)"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("model.linformer.k=0", "model.linformer.k must be positive"),
+        ("model.bigbird.window=-1", "model.bigbird.window must be >= 0"),
+        ("model.experts.capacity_factor=0.0", "model.experts.capacity_factor must be positive"),
+        ("model.memory_compressed.compression=1", "model.memory_compressed.compression must be at least 2"),
+        ("model.linformer.kk=3", r"unknown \[linformer\] option\(s\) \['kk'\]; valid options are \['k', 'sharing'\]"),
+        ("model.n_heads=3", r"d_model \(256\) must be divisible by n_heads \(3\)"),
+    ],
+)
 def test_a_bad_model_option_fails_when_the_run_config_is_read(override, message):
     with pytest.raises(ConfigError, match=message):
         get_job("lm").load_config(packaged_config("quick"), [override])
@@ -108,8 +128,9 @@ def test_a_bad_model_option_fails_when_the_run_config_is_read(override, message)
 
 def test_run_config_model_is_a_model_config_with_the_job_defaults_from_other_sections():
     job = get_job("lm")
-    config = job.load_config(packaged_config("quick"), ["data.context=96", "model.attention=linformer",
-                                                        "model.linformer.k=48"])
+    config = job.load_config(
+        packaged_config("quick"), ["data.context=96", "model.attention=linformer", "model.linformer.k=48"]
+    )
     assert isinstance(config.model, ModelConfig)
     assert config.model.vocab_size is None  # the tokenizer decides it
     assert config.model.max_len == 96  # the LM's max_len defaults to data.context
@@ -153,8 +174,11 @@ def test_replace_changes_one_option_of_a_sub_config_and_keeps_the_others():
     assert config.replace(bigbird=BigBirdConfig()).bigbird == BigBirdConfig()
 
 
-@pytest.mark.parametrize("build", [DecoderLM, Encoder, EncoderDecoder, MaskedLM, lambda c: SequenceClassifier(c, 2)],
-                         ids=["DecoderLM", "Encoder", "EncoderDecoder", "MaskedLM", "SequenceClassifier"])
+@pytest.mark.parametrize(
+    "build",
+    [DecoderLM, Encoder, EncoderDecoder, MaskedLM, lambda c: SequenceClassifier(c, 2)],
+    ids=["DecoderLM", "Encoder", "EncoderDecoder", "MaskedLM", "SequenceClassifier"],
+)
 def test_models_refuse_a_config_whose_vocab_size_is_undecided(build):
     with pytest.raises(ConfigError, match=r"vocab_size is None.*replace\(vocab_size="):
         build(ModelConfig(**{**BASE, "vocab_size": None}))

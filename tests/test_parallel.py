@@ -7,20 +7,15 @@ from pathlib import Path
 import pytest
 
 from kqv.data import bible as parallel
-from kqv.data.bible import (
-    Pair,
-    bible_dir,
-    bible_pairs,
-    clean_verse,
-    parse_pair,
-    read_parallel,
-    split_by_group,
-)
+from kqv.data.bible import Pair, bible_dir, bible_pairs, clean_verse, parse_pair, read_parallel, split_by_group
 
 
 def synthetic_pairs(chapters: int = 400, verses: int = 12) -> list[Pair]:
-    return [Pair(f"quelle {c} {v}", f"source {c} {v}", f"{c // 50 + 1}.{c}", f"{c // 50 + 1}.{c}.{v}")
-            for c in range(chapters) for v in range(verses)]
+    return [
+        Pair(f"quelle {c} {v}", f"source {c} {v}", f"{c // 50 + 1}.{c}", f"{c // 50 + 1}.{c}.{v}")
+        for c in range(chapters)
+        for v in range(verses)
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -28,7 +23,9 @@ def synthetic_pairs(chapters: int = 400, verses: int = 12) -> list[Pair]:
 
 
 def test_cleaning_turns_the_web_backtick_into_an_apostrophe():
-    assert clean_verse("God`s Spirit said, `You shall not eat of it.`") == "God's Spirit said, 'You shall not eat of it.'"
+    assert (
+        clean_verse("God`s Spirit said, `You shall not eat of it.`") == "God's Spirit said, 'You shall not eat of it.'"
+    )
 
 
 def test_cleaning_keeps_translator_supplied_words_but_drops_their_brackets():
@@ -37,8 +34,10 @@ def test_cleaning_keeps_translator_supplied_words_but_drops_their_brackets():
 
 
 def test_cleaning_drops_inline_verse_numbers_dividers_and_extra_whitespace():
-    assert clean_verse("(9:1) Au chef des chantres. (9:2) Je louerai  l'Éternel") == \
-        "Au chef des chantres. Je louerai l'Éternel"
+    assert (
+        clean_verse("(9:1) Au chef des chantres. (9:2) Je louerai  l'Éternel")
+        == "Au chef des chantres. Je louerai l'Éternel"
+    )
     assert clean_verse("wird ihn glücklich preisen. * * *") == "wird ihn glücklich preisen."
     assert clean_verse("  a \t b\n c ") == "a b c"
 

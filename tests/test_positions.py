@@ -4,12 +4,20 @@ import typing
 import pytest
 import torch
 
-from kqv.nn.config import Position
-from kqv.nn.positions import (POSITION_SCHEMES, ALiBiPositions, AttentionPositions, LearnedPositions,
-                              RelativePositions, RotaryPositions, SinusoidalPositions, alibi_slopes,
-                              attention_positions, input_positions)
-
 from conftest import POSITIONS, tiny_config
+from kqv.nn.config import Position
+from kqv.nn.positions import (
+    POSITION_SCHEMES,
+    ALiBiPositions,
+    AttentionPositions,
+    LearnedPositions,
+    RelativePositions,
+    RotaryPositions,
+    SinusoidalPositions,
+    alibi_slopes,
+    attention_positions,
+    input_positions,
+)
 
 
 def test_sinusoidal_matches_the_paper_formula_with_sines_then_cosines():
@@ -55,12 +63,12 @@ def test_rope_preserves_vector_norms():
 def test_alibi_slopes_are_the_papers_geometric_sequence():
     torch.testing.assert_close(alibi_slopes(8), torch.tensor([2.0 ** -(h + 1) for h in range(8)]))
     # non-power-of-two: the 4 slopes of 4 heads, then every other slope of 8 heads
-    torch.testing.assert_close(alibi_slopes(6), torch.tensor([2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8, 2 ** -1, 2 ** -3]))
+    torch.testing.assert_close(alibi_slopes(6), torch.tensor([2**-2, 2**-4, 2**-6, 2**-8, 2**-1, 2**-3]))
 
 
 def test_alibi_bias_is_minus_slope_times_distance():
     bias = ALiBiPositions(2).score_bias(torch.zeros(1, 2, 3, 4), torch.arange(3), torch.arange(3))
-    torch.testing.assert_close(bias[1], -(2.0 ** -8) * torch.tensor([[0.0, 1, 2], [1, 0, 1], [2, 1, 0]]))
+    torch.testing.assert_close(bias[1], -(2.0**-8) * torch.tensor([[0.0, 1, 2], [1, 0, 1], [2, 1, 0]]))
 
 
 def _explicit_shaw_tables(rel: RelativePositions, n: int):
@@ -93,7 +101,9 @@ def test_shaw_distances_beyond_k_share_one_embedding():
     assert index[0, 5] == index[0, 3] == 4 and index[5, 0] == index[3, 0] == 0 and index[2, 2] == 2
 
 
-@pytest.mark.parametrize("scheme", [AttentionPositions(), RelativePositions(8, 4), RotaryPositions(8), ALiBiPositions(2)])
+@pytest.mark.parametrize(
+    "scheme", [AttentionPositions(), RelativePositions(8, 4), RotaryPositions(8), ALiBiPositions(2)]
+)
 def test_a_scheme_declares_rotates_exactly_when_it_rotates(scheme):
     """The lean decoding step skips `rotate` unless the scheme declares `rotates`: the flag must match what the
     method does (queries it leaves unchanged at positions 3 and 5 mean it does not rotate)."""
@@ -107,10 +117,17 @@ def test_the_position_registry_names_exactly_the_schemes_the_config_accepts():
     assert set(POSITIONS) == set(POSITION_SCHEMES)
 
 
-@pytest.mark.parametrize("position,absolute,in_attention", [
-    ("sinusoidal", SinusoidalPositions, AttentionPositions), ("learned", LearnedPositions, AttentionPositions),
-    ("relative", None, RelativePositions), ("rope", None, RotaryPositions), ("alibi", None, ALiBiPositions),
-    ("none", None, AttentionPositions)])
+@pytest.mark.parametrize(
+    "position,absolute,in_attention",
+    [
+        ("sinusoidal", SinusoidalPositions, AttentionPositions),
+        ("learned", LearnedPositions, AttentionPositions),
+        ("relative", None, RelativePositions),
+        ("rope", None, RotaryPositions),
+        ("alibi", None, ALiBiPositions),
+        ("none", None, AttentionPositions),
+    ],
+)
 def test_the_two_constructors_build_each_scheme_where_it_acts(position, absolute, in_attention):
     """An absolute scheme is added to the embeddings and leaves attention a no-op; an in-attention one is the
     reverse; "none" is neither. Each is built with the config's sizes."""

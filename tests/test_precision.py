@@ -13,8 +13,10 @@ from kqv.train.metrics import read_metrics
 from kqv.train.trainer import Trainer
 
 
-@pytest.mark.parametrize("avx512_bf16, amx, expected", [
-    (False, False, "fp32"), (True, False, "bf16"), (False, True, "bf16"), (True, True, "bf16")])
+@pytest.mark.parametrize(
+    "avx512_bf16, amx, expected",
+    [(False, False, "fp32"), (True, False, "bf16"), (False, True, "bf16"), (True, True, "bf16")],
+)
 def test_auto_is_bf16_exactly_when_the_cpu_has_bf16_instructions(monkeypatch, avx512_bf16, amx, expected):
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
@@ -25,7 +27,7 @@ def test_auto_is_bf16_exactly_when_the_cpu_has_bf16_instructions(monkeypatch, av
 @pytest.mark.parametrize("name", ["fp32", "bf16"])
 def test_explicit_precisions_are_kept_whatever_the_cpu(monkeypatch, name):
     for native in (False, True):
-        monkeypatch.setattr(precision, "native_bf16", lambda: native)
+        monkeypatch.setattr(precision, "native_bf16", lambda native=native: native)
         assert precision.resolve_precision(name) == name
 
 
@@ -49,8 +51,9 @@ def tiny_run(tmp_path, name: str, **options) -> tuple[Trainer, list]:
         seen.append(torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
         return model(*batch)
 
-    config = TrainConfig(steps=3, batch_size=2, grad_accum=2, warmup_steps=1, log_every=1, eval_every=100,
-                         precision=name)
+    config = TrainConfig(
+        steps=3, batch_size=2, grad_accum=2, warmup_steps=1, log_every=1, eval_every=100, precision=name
+    )
     return Trainer(model, config, tmp_path, train_batches=batch, loss_fn=loss_fn, quiet=True, **options), seen
 
 

@@ -16,18 +16,18 @@ import torch.nn.functional as F
 from torch import nn
 
 import kqv
+from conftest import POSITIONS
+from kqv.interop import from_hf
 from kqv.nn.attention import padding_mask
 from kqv.nn.cores import FullAttention
-from kqv.interop import from_hf
-
-from conftest import POSITIONS
 
 ATOL = 1e-5
 
 
 def small_config(**changes) -> kqv.ModelConfig:
-    base = dict(vocab_size=61, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_len=32, dropout=0.0,
-                relative={"max_distance": 4})
+    base = dict(
+        vocab_size=61, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_len=32, dropout=0.0, relative={"max_distance": 4}
+    )
     return kqv.ModelConfig(**base).replace(**changes)
 
 
@@ -63,7 +63,7 @@ def real_tokens(batch: int, time: int) -> torch.Tensor:
     """(batch, time) 1 = token, 0 = padding: row 0 full, row 1 right-padded, row 2 left-padded (when present)."""
     mask = torch.ones(batch, time, dtype=torch.long)
     if batch > 1:
-        mask[1, time - 3:] = 0
+        mask[1, time - 3 :] = 0
     if batch > 2:
         mask[2, :2] = 0
     return mask
@@ -153,8 +153,17 @@ def test_cross_attention_equals_torch_with_memory_as_keys_and_values():
 
 def encoder_block_pair(norm_first: bool) -> tuple[nn.TransformerEncoderLayer, kqv.EncoderBlock]:
     config = small_config(position="none", activation="relu", norm="layernorm", norm_first=norm_first)
-    ref = randomize_(nn.TransformerEncoderLayer(config.d_model, config.n_heads, config.d_ff, dropout=0.0,
-                                                activation="relu", batch_first=True, norm_first=norm_first))
+    ref = randomize_(
+        nn.TransformerEncoderLayer(
+            config.d_model,
+            config.n_heads,
+            config.d_ff,
+            dropout=0.0,
+            activation="relu",
+            batch_first=True,
+            norm_first=norm_first,
+        )
+    )
     ours = kqv.EncoderBlock(config).eval()
     copy_attention(ref.self_attn, ours.self_attention)
     with torch.no_grad():
@@ -187,17 +196,34 @@ def test_encoder_block_equals_torch_transformer_encoder_layer(norm_first, padded
 def hf_gpt2(activation: str = "gelu_new", tie: bool = True):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=97, n_positions=32, activation_function=activation,
-                        tie_word_embeddings=tie, bos_token_id=0, eos_token_id=0, attn_implementation="eager")
+    config = GPT2Config(
+        n_layer=2,
+        n_embd=64,
+        n_head=4,
+        vocab_size=97,
+        n_positions=32,
+        activation_function=activation,
+        tie_word_embeddings=tie,
+        bos_token_id=0,
+        eos_token_id=0,
+        attn_implementation="eager",
+    )
     return randomize_(GPT2LMHeadModel(config))
 
 
 def hf_bert(head: str = "BertModel"):
     import transformers
 
-    config = transformers.BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
-                                     intermediate_size=128, vocab_size=97, max_position_embeddings=32,
-                                     pad_token_id=0, attn_implementation="eager")
+    config = transformers.BertConfig(
+        num_hidden_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        intermediate_size=128,
+        vocab_size=97,
+        max_position_embeddings=32,
+        pad_token_id=0,
+        attn_implementation="eager",
+    )
     return randomize_(getattr(transformers, head)(config))
 
 
@@ -296,8 +322,9 @@ PATH_CASES = [(p, {}) for p in POSITIONS] + [("relative", {"relative": {"values"
 
 @pytest.mark.parametrize("padded", [False, True], ids=["no_padding", "padding"])
 @pytest.mark.parametrize("kind", ["DecoderLM", "Encoder", "EncoderDecoder"])
-@pytest.mark.parametrize("position,extra", PATH_CASES,
-                         ids=[p + ("_no_relative_values" if e else "") for p, e in PATH_CASES])
+@pytest.mark.parametrize(
+    "position,extra", PATH_CASES, ids=[p + ("_no_relative_values" if e else "") for p, e in PATH_CASES]
+)
 @torch.no_grad()
 def test_plain_attention_path_equals_sdpa_path(position, extra, kind, padded, monkeypatch):
     torch.manual_seed(0)

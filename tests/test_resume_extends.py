@@ -37,11 +37,21 @@ def test_a_cosine_run_extended_after_warmup_is_recomputed_to_the_new_end_and_say
     records = read_metrics(tmp_path / "extended" / "metrics.jsonl")
     replanned = [r for r in records if "schedule_replanned" in r]
     old, new = config(steps=4, schedule="cosine", warmup_steps=2), config(steps=8, schedule="cosine", warmup_steps=2)
-    assert replanned == [{"step": 4, "schedule_replanned": {
-        "from_steps": 4, "to_steps": 8, "first_differing_step": 3, "lr_before": learning_rate(old, 4),
-        "lr_after": learning_rate(new, 5)}}]
-    assert [r["lr"] for r in records if r.get("step", 0) > 4 and "lr" in r] == [learning_rate(new, t) for t in
-                                                                                range(5, 9)]
+    assert replanned == [
+        {
+            "step": 4,
+            "schedule_replanned": {
+                "from_steps": 4,
+                "to_steps": 8,
+                "first_differing_step": 3,
+                "lr_before": learning_rate(old, 4),
+                "lr_after": learning_rate(new, 5),
+            },
+        }
+    ]
+    assert [r["lr"] for r in records if r.get("step", 0) > 4 and "lr" in r] == [
+        learning_rate(new, t) for t in range(5, 9)
+    ]
     assert "will differ from one planned for 8 steps" in caplog.text
 
 

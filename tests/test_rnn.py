@@ -12,8 +12,15 @@ BOS, EOS = 1, 2
 
 
 def tiny_model(score: str = "multiplicative", **changes) -> RNNEncoderDecoder:
-    values = {"vocab_size": 23, "d_embed": 12, "d_hidden": 16, "n_layers": 2, "score": score, "attention_hidden": 8,
-              "dropout": 0.0}
+    values = {
+        "vocab_size": 23,
+        "d_embed": 12,
+        "d_hidden": 16,
+        "n_layers": 2,
+        "score": score,
+        "attention_hidden": 8,
+        "dropout": 0.0,
+    }
     return RNNEncoderDecoder(RNNConfig(**{**values, **changes})).eval()
 
 
@@ -72,7 +79,7 @@ def test_generated_translations_start_with_bos_and_are_padded_with_eos_after_the
         assert (out[:, 0] == BOS).all() and out.shape[1] <= 13
         for row in out.tolist():
             if EOS in row:
-                assert set(row[row.index(EOS):]) == {EOS}
+                assert set(row[row.index(EOS) :]) == {EOS}
 
 
 @pytest.mark.parametrize("score", SCORES)
@@ -82,8 +89,8 @@ def test_source_padding_never_changes_the_logits_of_a_sentence(score):
     tgt = torch.randint(3, 23, (3, 5))
     batched = model(src, tgt, src_mask=mask)
     for row, length in enumerate(mask.sum(dim=1).tolist()):
-        alone = model(src[row:row + 1, :length], tgt[row:row + 1])
-        torch.testing.assert_close(batched[row:row + 1], alone, atol=1e-5, rtol=1e-5)
+        alone = model(src[row : row + 1, :length], tgt[row : row + 1])
+        torch.testing.assert_close(batched[row : row + 1], alone, atol=1e-5, rtol=1e-5)
 
 
 def test_translation_of_a_padded_batch_equals_translating_each_sentence_alone():
@@ -91,8 +98,8 @@ def test_translation_of_a_padded_batch_equals_translating_each_sentence_alone():
     src, mask = padded_batch()
     batched = model.generate(src, 8, beam_size=3, bos_id=BOS, eos_id=EOS, src_mask=mask)
     for row, length in enumerate(mask.sum(dim=1).tolist()):
-        alone = model.generate(src[row:row + 1, :length], 8, beam_size=3, bos_id=BOS, eos_id=EOS)[0]
-        assert batched[row, :len(alone)].tolist() == alone.tolist()
+        alone = model.generate(src[row : row + 1, :length], 8, beam_size=3, bos_id=BOS, eos_id=EOS)[0]
+        assert batched[row, : len(alone)].tolist() == alone.tolist()
 
 
 def test_with_targets_the_model_returns_the_mean_cross_entropy_ignoring_minus_100():

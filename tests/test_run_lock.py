@@ -14,15 +14,17 @@ import pytest
 import torch
 from safetensors.torch import load as load_file_bytes
 
-from kqv.train.checkpoints import MODEL_FILE, load_weights, read_checkpoint
 from kqv.train import rundir
+from kqv.train.checkpoints import MODEL_FILE, load_weights, read_checkpoint
 from kqv.train.lock import RunDirectoryBusy, check_run_lock, hold_run_lock
 from kqv.train.rundir import RunDirectory
 from test_training import config, make_model, trainer
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
-HOLD = "from kqv.train.lock import hold_run_lock; import sys, time\n" \
-       "with hold_run_lock(sys.argv[1]):\n    print('locked', flush=True); time.sleep(120)\n"
+HOLD = (
+    "from kqv.train.lock import hold_run_lock; import sys, time\n"
+    "with hold_run_lock(sys.argv[1]):\n    print('locked', flush=True); time.sleep(120)\n"
+)
 
 
 def start(script: str, *args: str) -> subprocess.Popen:
@@ -102,8 +104,27 @@ def test_kqv_train_takes_the_lock_once_per_training(tmp_path, monkeypatch):
     text.write_text("ROMEO: to be, or not to be, that is the question\n" * 50)  # the sample's prompt: ROMEO:
     for flag in ([], ["--resume"], ["--overwrite"]):
         taken.clear()
-        assert main(["train", "lm", "--config", "quick", "--data", str(text), "--out", str(tmp_path / "run"),
-                     "--quiet", "--set", "train.steps=2", "--set", "model.n_layers=1", *flag]) == 0
+        assert (
+            main(
+                [
+                    "train",
+                    "lm",
+                    "--config",
+                    "quick",
+                    "--data",
+                    str(text),
+                    "--out",
+                    str(tmp_path / "run"),
+                    "--quiet",
+                    "--set",
+                    "train.steps=2",
+                    "--set",
+                    "model.n_layers=1",
+                    *flag,
+                ]
+            )
+            == 0
+        )
         assert taken == [tmp_path / "run"], flag
 
 
@@ -190,8 +211,9 @@ def test_checkpoints_rewritten_in_a_loop_are_never_read_torn(tmp_path):
             assert all(torch.equal(p, torch.full_like(p, step)) for p in model.parameters())
             optimizer = torch.load(checkpoint.open("optimizer.pt"), weights_only=True)
             assert optimizer["param_groups"][0]["lr"] == step
-            assert torch.equal(load_file_bytes(checkpoint.open("rng.safetensors").read())["rank0"],
-                               torch.full((4,), step))
+            assert torch.equal(
+                load_file_bytes(checkpoint.open("rng.safetensors").read())["rank0"], torch.full((4,), step)
+            )
             checkpoint.close()
             loads, steps = loads + 1, steps | {step}
         assert process.poll() is None, "the writer died"
@@ -217,8 +239,22 @@ def test_kqv_train_under_a_running_writer_is_refused_before_it_writes_anything(t
         assert process.stdout.readline().strip() == "locked"
         text = tmp_path / "text.txt"
         text.write_text("to be, or not to be, that is the question\n" * 50)
-        status = main(["train", "lm", "--config", "quick", "--data", str(text), "--out", str(run), "--quiet",
-                       "--set", "train.steps=3", flag])
+        status = main(
+            [
+                "train",
+                "lm",
+                "--config",
+                "quick",
+                "--data",
+                str(text),
+                "--out",
+                str(run),
+                "--quiet",
+                "--set",
+                "train.steps=3",
+                flag,
+            ]
+        )
     finally:
         process.kill()
         process.wait()

@@ -9,12 +9,11 @@ import itertools
 import pytest
 import torch
 
+from conftest import tiny_config
 from kqv import EncoderDecoder
 from kqv.nn.generation import EncoderDecoderStepper
 from kqv.nn.rnn import RNNConfig, RNNEncoderDecoder, RNNStepper
 from kqv.nn.search import beam_search, greedy_search, search
-
-from conftest import tiny_config
 
 BOS, EOS = 0, 1
 
@@ -51,14 +50,18 @@ def log_prob(tables: torch.Tensor, sentence: int, tokens: tuple[int, ...]) -> fl
 def best_by_enumeration(tables: torch.Tensor, sentence: int, length_penalty: float) -> tuple[int, ...]:
     """Among every sequence that ends in EOS or reaches the last step, the best log-probability / length^penalty."""
     steps, vocab = tables.shape[1], tables.shape[2]
-    candidates = [s for n in range(1, steps + 1) for s in itertools.product(range(1, vocab), repeat=n)
-                  if EOS not in s[:-1] and (n == steps or s[-1] == EOS)]
+    candidates = [
+        s
+        for n in range(1, steps + 1)
+        for s in itertools.product(range(1, vocab), repeat=n)
+        if EOS not in s[:-1] and (n == steps or s[-1] == EOS)
+    ]
     return max(candidates, key=lambda s: log_prob(tables, sentence, s) / len(s) ** length_penalty)
 
 
 def generated(row: torch.Tensor) -> tuple[int, ...]:
     tokens = row[1:].tolist()
-    return tuple(tokens[:tokens.index(EOS) + 1] if EOS in tokens else tokens)
+    return tuple(tokens[: tokens.index(EOS) + 1] if EOS in tokens else tokens)
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -66,8 +69,8 @@ def test_beam_size_one_is_greedy_decoding(seed):
     tables = random_tables(3, 6, 5, seed)
     greedy = greedy_search(TableStepper(tables), 3, 6, bos_id=BOS, eos_id=EOS)
     beam = beam_search(TableStepper(tables), 3, 6, beam_size=1, length_penalty=1.0, bos_id=BOS, eos_id=EOS)
-    assert torch.equal(beam[:, :greedy.shape[1]], greedy)
-    assert (beam[:, greedy.shape[1]:] == EOS).all()
+    assert torch.equal(beam[:, : greedy.shape[1]], greedy)
+    assert (beam[:, greedy.shape[1] :] == EOS).all()
 
 
 @pytest.mark.parametrize("length_penalty", [0.0, 1.0])
@@ -77,8 +80,7 @@ def test_an_exhaustive_beam_finds_the_best_sequence(seed, length_penalty):
     27 sequences, all of them in a beam of 27."""
     tables = random_tables(2, 3, 4, seed)
     tables[:, :, :, BOS] = float("-inf")
-    out = beam_search(TableStepper(tables), 2, 3, beam_size=27, length_penalty=length_penalty, bos_id=BOS,
-                      eos_id=EOS)
+    out = beam_search(TableStepper(tables), 2, 3, beam_size=27, length_penalty=length_penalty, bos_id=BOS, eos_id=EOS)
     for sentence in range(2):
         assert generated(out[sentence]) == best_by_enumeration(tables, sentence, length_penalty)
 
@@ -102,13 +104,14 @@ def test_every_sentence_is_searched_as_if_alone_and_padded_with_eos_after_its_en
     tables = random_tables(4, 7, 6, seed=11)
     together = beam_search(TableStepper(tables), 4, 7, beam_size=3, length_penalty=1.0, bos_id=BOS, eos_id=EOS)
     for sentence in range(4):
-        alone = beam_search(TableStepper(tables[sentence:sentence + 1]), 1, 7, beam_size=3, length_penalty=1.0,
-                            bos_id=BOS, eos_id=EOS)
-        assert torch.equal(together[sentence, :alone.shape[1]], alone[0])
-        assert (together[sentence, alone.shape[1]:] == EOS).all()
+        alone = beam_search(
+            TableStepper(tables[sentence : sentence + 1]), 1, 7, beam_size=3, length_penalty=1.0, bos_id=BOS, eos_id=EOS
+        )
+        assert torch.equal(together[sentence, : alone.shape[1]], alone[0])
+        assert (together[sentence, alone.shape[1] :] == EOS).all()
         row = together[sentence, 1:].tolist()
         if EOS in row:
-            assert set(row[row.index(EOS):]) == {EOS}
+            assert set(row[row.index(EOS) :]) == {EOS}
 
 
 def test_bad_search_options_are_named():
@@ -137,5 +140,5 @@ def test_both_models_beam_size_one_is_their_greedy_decoding(seed):
     for stepper in model_steppers(seed):
         greedy = greedy_search(stepper(), 3, 10, bos_id=1, eos_id=2)
         beam = beam_search(stepper(), 3, 10, beam_size=1, length_penalty=1.0, bos_id=1, eos_id=2)
-        assert torch.equal(beam[:, :greedy.shape[1]], greedy)
-        assert (beam[:, greedy.shape[1]:] == 2).all()
+        assert torch.equal(beam[:, : greedy.shape[1]], greedy)
+        assert (beam[:, greedy.shape[1] :] == 2).all()

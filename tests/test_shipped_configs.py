@@ -21,7 +21,8 @@ def test_the_repository_configs_are_the_packaged_ones():
     assert repo == packaged
     for name in repo:
         assert (REPO_CONFIGS / name).read_text(encoding="utf-8") == (PACKAGED / name).read_text(encoding="utf-8"), (
-            f"configs/{name} differs from src/kqv/configs/{name}; the CLI reads the packaged copy")
+            f"configs/{name} differs from src/kqv/configs/{name}; the CLI reads the packaged copy"
+        )
 
 
 @pytest.mark.parametrize("name", ["quick", "lstm"])

@@ -22,7 +22,7 @@ def inputs(time=TIME, requires_grad=False):
 
 def key_padding(time=TIME):
     keep = torch.ones(BATCH, time, dtype=torch.bool)
-    keep[0, time - 30:] = False
+    keep[0, time - 30 :] = False
     keep[1, 3:9] = False
     return keep
 
@@ -45,11 +45,14 @@ def test_bigbird_equals_dense_attention_with_its_mask_in_values_and_gradients(sh
     if keep is not None:
         mask = mask & keep[:, None, None, :]
     expected, _ = scaled_dot_product_attention(q, k, v, mask=mask)
-    actual = BigBirdAttention(block, window, global_blocks, random_blocks, seed=3)(q, k, v, causal=causal,
-                                                                                   key_padding=keep)
+    actual = BigBirdAttention(block, window, global_blocks, random_blocks, seed=3)(
+        q, k, v, causal=causal, key_padding=keep
+    )
     weights = torch.randn_like(expected)
-    for a, e in zip([actual, *torch.autograd.grad((actual * weights).sum(), (q, k, v))],
-                    [expected, *torch.autograd.grad((expected * weights).sum(), (q, k, v))]):
+    for a, e in zip(
+        [actual, *torch.autograd.grad((actual * weights).sum(), (q, k, v))],
+        [expected, *torch.autograd.grad((expected * weights).sum(), (q, k, v))],
+    ):
         torch.testing.assert_close(a, e, atol=1e-5, rtol=1e-5)
 
 
@@ -93,8 +96,9 @@ def test_bigbird_never_builds_an_n_by_n_matrix(monkeypatch):
         return softmax(self, *args, **kwargs)
 
     monkeypatch.setattr(torch.Tensor, "softmax", recording_softmax)
-    BigBirdAttention(block=64, window=1, global_blocks=1, random_blocks=2)(*(torch.randn(1, 1, 4096, 8)
-                                                                             for _ in range(3)))
+    BigBirdAttention(block=64, window=1, global_blocks=1, random_blocks=2)(
+        *(torch.randn(1, 1, 4096, 8) for _ in range(3))
+    )
     assert sizes and max(sizes) <= 4096 * 6 * 64
     assert sum(sizes) < 4096 * 4096 // 5
 
@@ -110,9 +114,9 @@ def linformer_by_definition(q, k, v, e, f, causal):
         return scores.softmax(-1) @ (f.transpose(1, 2) @ v)
     rows = []
     for i in range(q.shape[2]):
-        keys = e[:, :i + 1].transpose(1, 2) @ k[:, :, :i + 1]
-        scores = q[:, :, i:i + 1] @ keys.transpose(-2, -1) / math.sqrt(q.shape[-1])
-        rows.append(scores.softmax(-1) @ (f[:, :i + 1].transpose(1, 2) @ v[:, :, :i + 1]))
+        keys = e[:, : i + 1].transpose(1, 2) @ k[:, :, : i + 1]
+        scores = q[:, :, i : i + 1] @ keys.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        rows.append(scores.softmax(-1) @ (f[:, : i + 1].transpose(1, 2) @ v[:, :, : i + 1]))
     return torch.cat(rows, dim=2)
 
 
@@ -122,8 +126,9 @@ def test_linformer_is_attention_over_projected_keys_and_values(causal):
     q, k, v = inputs()
     e, f = attention.projection(TIME)  # a shorter input uses the first TIME rows of E and F
     assert e.shape == (HEADS, TIME, 12) and not torch.equal(e, f)
-    torch.testing.assert_close(attention(q, k, v, causal=causal), linformer_by_definition(q, k, v, e, f, causal),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        attention(q, k, v, causal=causal), linformer_by_definition(q, k, v, e, f, causal), atol=1e-5, rtol=1e-5
+    )
 
 
 def test_linformer_causal_future_tokens_never_change_past_outputs():
@@ -179,12 +184,18 @@ def test_linformer_padding_keys_and_values_do_not_change_outputs(causal):
     k2, v2 = k.clone(), v.clone()
     k2[~keep[:, None, :].expand(-1, HEADS, -1)] = 50.0
     v2[~keep[:, None, :].expand(-1, HEADS, -1)] = -50.0
-    torch.testing.assert_close(attention(q, k2, v2, causal=causal, key_padding=keep),
-                               attention(q, k, v, causal=causal, key_padding=keep))
+    torch.testing.assert_close(
+        attention(q, k2, v2, causal=causal, key_padding=keep), attention(q, k, v, causal=causal, key_padding=keep)
+    )
 
 
-@pytest.mark.parametrize("module", [LinformerAttention(max_len=TIME, k=16, chunk=32),
-                                    BigBirdAttention(block=16, window=1, global_blocks=2, random_blocks=2)])
+@pytest.mark.parametrize(
+    "module",
+    [
+        LinformerAttention(max_len=TIME, k=16, chunk=32),
+        BigBirdAttention(block=16, window=1, global_blocks=2, random_blocks=2),
+    ],
+)
 def test_decoding_with_a_cache_gives_the_rows_of_the_full_causal_pass(module):
     """Queries for only the last positions (keys and values of the whole sequence, as a KV cache holds them)
     give exactly the last rows of the full causal computation, so generation matches training."""

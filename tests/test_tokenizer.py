@@ -10,13 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kqv.data.tokenizers import (
-    BPETokenizer,
-    CharTokenizer,
-    Tokenizer,
-    load_tokenizer,
-    make_tokenizer,
-)
+from kqv.data.tokenizers import BPETokenizer, CharTokenizer, Tokenizer, load_tokenizer, make_tokenizer
 
 SAMPLE = (
     "To be, or not to be, that is the question:\n"
@@ -163,9 +157,7 @@ def test_bpe_rejects_duplicate_or_empty_special_tokens(specials: list[str]) -> N
 
 
 @pytest.mark.parametrize("kind", ["char", "bpe"])
-def test_saved_tokenizer_loads_identically(
-    kind: str, char: CharTokenizer, bpe: BPETokenizer, tmp_path: Path
-) -> None:
+def test_saved_tokenizer_loads_identically(kind: str, char: CharTokenizer, bpe: BPETokenizer, tmp_path: Path) -> None:
     tokenizer: Tokenizer = {"char": char, "bpe": bpe}[kind]
     tokenizer.save(tmp_path / "tok")
     loaded = load_tokenizer(tmp_path / "tok")

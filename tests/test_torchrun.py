@@ -55,15 +55,33 @@ def test_kqv_train_under_torchrun_with_two_processes_matches_one_process(tmp_pat
 
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     env.update(PYTHONPATH=SRC, OMP_NUM_THREADS="1")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               "-m", "kqv.cli", *common, "--out", str(tmp_path / "ddp")]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "kqv.cli",
+        *common,
+        "--out",
+        str(tmp_path / "ddp"),
+    ]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "in use by another training process" not in done.stderr
 
     ddp = tmp_path / "ddp"
-    assert {"run.toml", "tokenizer", "tokens.safetensors", "checkpoint", "metrics.jsonl", "samples.txt",
-            "summary.json"} <= {p.name for p in ddp.iterdir()}
+    assert {
+        "run.toml",
+        "tokenizer",
+        "tokens.safetensors",
+        "checkpoint",
+        "metrics.jsonl",
+        "samples.txt",
+        "summary.json",
+    } <= {p.name for p in ddp.iterdir()}
     assert read_checkpoint(ddp).step == 3 and read_checkpoint(ddp).state["world_size"] == 2
     assert read_summary(ddp)["steps"] == 3
     one, two = read_metrics(tmp_path / "one" / "metrics.jsonl"), read_metrics(ddp / "metrics.jsonl")

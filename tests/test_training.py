@@ -47,9 +47,11 @@ def make_model(dropout: float = 0.1, seed: int = 0, **changes) -> kqv.DecoderLM:
 
 def token_batches(batch_size: int, offset: int = 0):
     """Random tokens, the same for the same index: (inputs, next-token targets), each (batch_size, SEQ)."""
+
     def batch(i: int):
         ids = torch.randint(0, VOCAB, (batch_size, SEQ + 1), generator=torch.Generator().manual_seed(offset + i))
         return ids[:, :-1], ids[:, 1:]
+
     return batch
 
 
@@ -58,20 +60,43 @@ def lm_loss(model, batch):
 
 
 def config(**changes) -> TrainConfig:
-    defaults = dict(steps=6, batch_size=4, lr=1e-2, warmup_steps=2, log_every=1, eval_every=3, eval_batches=2,
-                    checkpoint_every=100, precision="fp32")
+    defaults = dict(
+        steps=6,
+        batch_size=4,
+        lr=1e-2,
+        warmup_steps=2,
+        log_every=1,
+        eval_every=3,
+        eval_batches=2,
+        checkpoint_every=100,
+        precision="fp32",
+    )
     return TrainConfig(**{**defaults, **changes})
 
 
 def trainer(run_dir, cfg, model=None, batches=None, **options) -> Trainer:
-    return Trainer(model or make_model(), cfg, run_dir, train_batches=batches or token_batches(cfg.batch_size),
-                   loss_fn=lm_loss, val_batches=token_batches(cfg.batch_size, offset=10_000), quiet=True, **options)
+    return Trainer(
+        model or make_model(),
+        cfg,
+        run_dir,
+        train_batches=batches or token_batches(cfg.batch_size),
+        loss_fn=lm_loss,
+        val_batches=token_batches(cfg.batch_size, offset=10_000),
+        quiet=True,
+        **options,
+    )
 
 
 def resume(run_dir, batches=None, cfg=None, **model_changes) -> Trainer:
-    return Trainer.resume(run_dir, make_model(seed=123, **model_changes), train_batches=batches or token_batches(4),
-                          loss_fn=lm_loss,
-                          val_batches=token_batches(4, offset=10_000), config=cfg, quiet=True)
+    return Trainer.resume(
+        run_dir,
+        make_model(seed=123, **model_changes),
+        train_batches=batches or token_batches(4),
+        loss_fn=lm_loss,
+        val_batches=token_batches(4, offset=10_000),
+        config=cfg,
+        quiet=True,
+    )
 
 
 def curve(run_dir) -> list[dict]:
@@ -91,6 +116,7 @@ def failing_at(index: int, error: BaseException, batches=None):
         if i == index:
             raise error
         return batches(i)
+
     return batch
 
 
@@ -98,15 +124,17 @@ def failing_at(index: int, error: BaseException, batches=None):
 # Resume
 
 
-@pytest.mark.parametrize("model_changes", [{}, dict(ffn="switch", experts={"count": 4}, position="rope")],
-                         ids=["dense", "switch"])
+@pytest.mark.parametrize(
+    "model_changes", [{}, dict(ffn="switch", experts={"count": 4}, position="rope")], ids=["dense", "switch"]
+)
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_resumed_run_repeats_every_loss_of_the_uninterrupted_run(tmp_path, precision, model_changes):
     cfg = config(steps=8, checkpoint_every=4, precision=precision)  # dropout 0.1: generator states matter
     trainer(tmp_path / "full", cfg, model=make_model(**model_changes)).train()
     with pytest.raises(RuntimeError, match="crash"):  # dies in update 7, after logging steps 5 and 6
-        trainer(tmp_path / "cut", cfg, model=make_model(**model_changes),
-                batches=failing_at(6, RuntimeError("crash"))).train()
+        trainer(
+            tmp_path / "cut", cfg, model=make_model(**model_changes), batches=failing_at(6, RuntimeError("crash"))
+        ).train()
     assert read_checkpoint(tmp_path / "cut").step == 4
     resume(tmp_path / "cut", **model_changes).train()
     assert [r["step"] for r in curve(tmp_path / "cut")] == list(range(1, 9))
@@ -304,10 +332,22 @@ def test_gradient_accumulation_equals_one_large_batch(tmp_path):
 
     # lr 1e-3: Adam divides by sqrt(v), so a rounding-level difference in a near-zero gradient can move a weight
     # by up to lr; the sums differ only in their order of addition.
-    Trainer(make_model(dropout=0.0), config(batch_size=2, grad_accum=4, lr=1e-3), tmp_path / "accum",
-            train_batches=micro, loss_fn=lm_loss, quiet=True).train()
-    Trainer(make_model(dropout=0.0), config(batch_size=8, lr=1e-3), tmp_path / "large", train_batches=large,
-            loss_fn=lm_loss, quiet=True).train()
+    Trainer(
+        make_model(dropout=0.0),
+        config(batch_size=2, grad_accum=4, lr=1e-3),
+        tmp_path / "accum",
+        train_batches=micro,
+        loss_fn=lm_loss,
+        quiet=True,
+    ).train()
+    Trainer(
+        make_model(dropout=0.0),
+        config(batch_size=8, lr=1e-3),
+        tmp_path / "large",
+        train_batches=large,
+        loss_fn=lm_loss,
+        quiet=True,
+    ).train()
     accum, big = read_metrics(tmp_path / "accum" / "metrics.jsonl"), read_metrics(tmp_path / "large" / "metrics.jsonl")
     assert [r["train_loss"] for r in accum] == pytest.approx([r["train_loss"] for r in big], rel=1e-6, abs=0)
     accum_w, big_w = weights(tmp_path / "accum"), weights(tmp_path / "large")
@@ -321,8 +361,9 @@ def test_loss_falls_on_a_learnable_sequence(tmp_path):
         return ids[:, :-1], ids[:, 1:]
 
     cfg = config(steps=30, batch_size=8, precision="bf16", eval_every=100)
-    result = Trainer(make_model(dropout=0.0, position="learned"), cfg, tmp_path, train_batches=repeating,
-                     loss_fn=lm_loss, quiet=True).train()
+    result = Trainer(
+        make_model(dropout=0.0, position="learned"), cfg, tmp_path, train_batches=repeating, loss_fn=lm_loss, quiet=True
+    ).train()
     first = read_metrics(tmp_path / "metrics.jsonl")[0]["train_loss"]
     assert result["train_loss"] < 0.5 * first
 
@@ -339,8 +380,15 @@ def test_evaluation_runs_without_gradients_in_eval_mode_then_returns_to_training
         return {"answer": 42}
 
     model = make_model()
-    result = Trainer(model, config(steps=4, eval_every=2), tmp_path, train_batches=token_batches(4),
-                     loss_fn=lm_loss, eval_fn=eval_fn, quiet=True).train()
+    result = Trainer(
+        model,
+        config(steps=4, eval_every=2),
+        tmp_path,
+        train_batches=token_batches(4),
+        loss_fn=lm_loss,
+        eval_fn=eval_fn,
+        quiet=True,
+    ).train()
     assert seen == [(False, False), (False, False)]
     assert model.training and result["answer"] == 42.0
 
@@ -350,10 +398,16 @@ def test_evaluation_drawing_random_numbers_does_not_change_training(tmp_path):
         return {"sample": torch.rand(()).item() + random.random()}  # e.g. sampling text to show progress
 
     cfg = config(steps=4, eval_every=1)  # dropout 0.1 draws from the same generator during training
-    Trainer(make_model(), cfg, tmp_path / "plain", train_batches=token_batches(4), loss_fn=lm_loss,
-            quiet=True).train()
-    Trainer(make_model(), cfg, tmp_path / "sampled", train_batches=token_batches(4), loss_fn=lm_loss,
-            eval_fn=sampling_eval, quiet=True).train()
+    Trainer(make_model(), cfg, tmp_path / "plain", train_batches=token_batches(4), loss_fn=lm_loss, quiet=True).train()
+    Trainer(
+        make_model(),
+        cfg,
+        tmp_path / "sampled",
+        train_batches=token_batches(4),
+        loss_fn=lm_loss,
+        eval_fn=sampling_eval,
+        quiet=True,
+    ).train()
     plain, sampled = curve(tmp_path / "plain"), curve(tmp_path / "sampled")
     assert [r["train_loss"] for r in sampled] == [r["train_loss"] for r in plain]
 
@@ -366,8 +420,9 @@ def test_bf16_runs_the_forward_in_bfloat16_and_keeps_weights_and_adam_state_in_f
         return model(*batch)
 
     model = make_model()
-    run = Trainer(model, config(steps=2, precision="bf16"), tmp_path, train_batches=token_batches(4),
-                  loss_fn=loss_fn, quiet=True)
+    run = Trainer(
+        model, config(steps=2, precision="bf16"), tmp_path, train_batches=token_batches(4), loss_fn=loss_fn, quiet=True
+    )
     run.train()
     assert seen == [(True, torch.bfloat16)] * 2
     assert {p.dtype for p in model.parameters()} == {torch.float32}
@@ -395,16 +450,19 @@ def test_state_json_keeps_the_config_and_extra_state(tmp_path):
     assert resume(tmp_path).extra_state == {"model": TINY.to_dict()}
 
 
-@pytest.mark.parametrize("changes, message", [
-    (dict(steps=0), "steps must be at least 1"),
-    (dict(lr=-1.0), "lr must be positive"),
-    (dict(min_lr_ratio=1.5), "min_lr_ratio"),
-    (dict(schedule="linear"), "schedule must be one of"),
-    (dict(precision="fp16"), "precision must be one of"),
-    (dict(betas=(0.9, 1.0)), "betas"),
-    (dict(grad_accum=0), "grad_accum must be at least 1"),
-    (dict(max_minutes=-1.0), "max_minutes must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(steps=0), "steps must be at least 1"),
+        (dict(lr=-1.0), "lr must be positive"),
+        (dict(min_lr_ratio=1.5), "min_lr_ratio"),
+        (dict(schedule="linear"), "schedule must be one of"),
+        (dict(precision="fp16"), "precision must be one of"),
+        (dict(betas=(0.9, 1.0)), "betas"),
+        (dict(grad_accum=0), "grad_accum must be at least 1"),
+        (dict(max_minutes=-1.0), "max_minutes must be >= 0"),
+    ],
+)
 def test_train_config_rejects_invalid_values_with_a_clear_message(changes, message):
     with pytest.raises(ValueError, match=message):
         TrainConfig(**{"steps": 10, "batch_size": 2, **changes})
@@ -438,8 +496,14 @@ def test_train_config_round_trips_through_json():
 
 
 def test_loss_fn_must_return_a_scalar(tmp_path):
-    run = Trainer(make_model(), config(), tmp_path, train_batches=token_batches(4),
-                  loss_fn=lambda model, batch: model(batch[0]), quiet=True)
+    run = Trainer(
+        make_model(),
+        config(),
+        tmp_path,
+        train_batches=token_batches(4),
+        loss_fn=lambda model, batch: model(batch[0]),
+        quiet=True,
+    )
     with pytest.raises(TypeError, match="scalar"):
         run.train()
 
@@ -462,8 +526,19 @@ def test_two_process_torchrun_matches_one_process(tmp_path):
     worker.run(tmp_path / "one")
 
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-               "--master_port", str(_free_port()), str(worker_path), str(tmp_path / "two")]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(_free_port()),
+        str(worker_path),
+        str(tmp_path / "two"),
+    ]
     done = subprocess.run(command, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-4000:]
 

@@ -5,9 +5,8 @@ import itertools
 import pytest
 import torch
 
-from kqv import EncoderDecoder
-
 from conftest import POSITIONS, tiny_config
+from kqv import EncoderDecoder
 
 BOS, EOS = 1, 2
 
@@ -40,8 +39,9 @@ def test_cached_decoding_equals_uncached(position, beam_size):
     model = EncoderDecoder(tiny_config(position=position)).eval()
     src = torch.randint(3, 37, (2, 6))
     options = dict(bos_id=BOS, eos_id=EOS, beam_size=beam_size)
-    assert torch.equal(model.generate(src, 9, use_cache=True, **options),
-                       model.generate(src, 9, use_cache=False, **options))
+    assert torch.equal(
+        model.generate(src, 9, use_cache=True, **options), model.generate(src, 9, use_cache=False, **options)
+    )
 
 
 def test_exhaustive_beam_finds_the_most_likely_sequence():
@@ -55,8 +55,12 @@ def test_exhaustive_beam_finds_the_most_likely_sequence():
         logp = model(src, tgt[:, :-1]).log_softmax(-1)[0]
         return sum(float(logp[i, t]) for i, t in enumerate(sequence))
 
-    candidates = [s for n in (1, 2, 3) for s in itertools.product(range(4), repeat=n)
-                  if EOS not in s[:-1] and (len(s) == 3 or s[-1] == EOS)]
+    candidates = [
+        s
+        for n in (1, 2, 3)
+        for s in itertools.product(range(4), repeat=n)
+        if EOS not in s[:-1] and (len(s) == 3 or s[-1] == EOS)
+    ]
     best = max(candidates, key=log_prob)
     found = [t for t in out[0, 1:].tolist()]
     found = found[: found.index(EOS) + 1] if EOS in found else found
@@ -85,7 +89,7 @@ def test_output_starts_with_bos_and_is_padded_with_eos_after_the_end():
     assert torch.all(out[:, 0] == BOS)
     for row in out[:, 1:].tolist():
         if EOS in row:
-            assert all(t == EOS for t in row[row.index(EOS):])
+            assert all(t == EOS for t in row[row.index(EOS) :])
 
 
 @pytest.mark.parametrize("beam_size", [1, 3])
@@ -103,8 +107,8 @@ def test_a_batch_translates_each_source_as_if_alone():
     src = torch.randint(3, 37, (3, 6))
     together = model.generate(src, 7, bos_id=BOS, eos_id=EOS, beam_size=4)
     for i in range(3):
-        alone = model.generate(src[i:i + 1], 7, bos_id=BOS, eos_id=EOS, beam_size=4)
-        assert torch.equal(together[i, :alone.shape[1]], alone[0])
+        alone = model.generate(src[i : i + 1], 7, bos_id=BOS, eos_id=EOS, beam_size=4)
+        assert torch.equal(together[i, : alone.shape[1]], alone[0])
 
 
 def test_bad_beam_size_is_named():

@@ -10,13 +10,13 @@ import torch
 from kqv import DecoderLM, ModelConfig
 from kqv.cli.main import main
 from kqv.data.tokenizers import make_tokenizer
-from kqv.errors import (ConfigError, ConversionError, DataError, DataTypeError, KqvError, UnknownTokenError)
+from kqv.errors import ConfigError, ConversionError, DataError, DataTypeError, KqvError, UnknownTokenError
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "kqv"
 BUILT_INS = {"ValueError", "TypeError", "KeyError", "IndexError", "LookupError", "AttributeError"}
 # raises of a built-in that are right where they are: {"path:function": why}
 ALLOWED = {
-    "experiments/runner.py:_json_default": "json.dumps's `default` hook must raise TypeError for what it cannot encode",
+    "experiments/runner.py:_json_default": "json.dumps's `default` hook must raise TypeError for what it cannot encode"
 }
 
 
@@ -27,8 +27,12 @@ def bare_raises() -> list[str]:
         tree = ast.parse(path.read_text())
         for function in [node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]:
             for node in ast.walk(function):
-                if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) \
-                        and isinstance(node.exc.func, ast.Name) and node.exc.func.id in BUILT_INS:
+                if (
+                    isinstance(node, ast.Raise)
+                    and isinstance(node.exc, ast.Call)
+                    and isinstance(node.exc.func, ast.Name)
+                    and node.exc.func.id in BUILT_INS
+                ):
                     where = f"{path.relative_to(PACKAGE)}:{function.name}"
                     if where not in ALLOWED:
                         found.append(f"{where} (line {node.lineno}) raises {node.exc.func.id}")
@@ -47,12 +51,17 @@ def test_the_checker_finds_a_bare_raise(tmp_path, monkeypatch):
     assert bare_raises() == ["probe.py:f (line 3) raises ValueError"]
 
 
-@pytest.mark.parametrize("call, error", [
-    (lambda: DecoderLM(ModelConfig(vocab_size=10, d_model=8, n_heads=2, n_layers=1, d_ff=16))(torch.zeros(1, 3)),
-     DataTypeError),
-    (lambda: make_tokenizer("char", "abc").token_to_id("z"), UnknownTokenError),
-    (lambda: make_tokenizer("char", "abc", special_tokens=["<s>"]), ConfigError),
-])
+@pytest.mark.parametrize(
+    "call, error",
+    [
+        (
+            lambda: DecoderLM(ModelConfig(vocab_size=10, d_model=8, n_heads=2, n_layers=1, d_ff=16))(torch.zeros(1, 3)),
+            DataTypeError,
+        ),
+        (lambda: make_tokenizer("char", "abc").token_to_id("z"), UnknownTokenError),
+        (lambda: make_tokenizer("char", "abc", special_tokens=["<s>"]), ConfigError),
+    ],
+)
 def test_errors_from_deep_inside_are_kqv_errors_and_still_their_built_in_kind(call, error):
     with pytest.raises(error) as raised:
         call()

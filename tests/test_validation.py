@@ -20,8 +20,19 @@ from kqv.train.config import TrainConfig
 from kqv.validation import Config, build, field_types
 
 REQUIRED = {ModelConfig: {"vocab_size": 10}, RNNConfig: {"vocab_size": 10}, TrainConfig: {"steps": 1, "batch_size": 1}}
-CONFIGS = [ModelConfig, RNNConfig, TrainConfig, DataConfig, SampleConfig, MLMDataConfig, MaskingConfig,
-           ClsDataConfig, HeadConfig, MTDataConfig, DecodeConfig]
+CONFIGS = [
+    ModelConfig,
+    RNNConfig,
+    TrainConfig,
+    DataConfig,
+    SampleConfig,
+    MLMDataConfig,
+    MaskingConfig,
+    ClsDataConfig,
+    HeadConfig,
+    MTDataConfig,
+    DecodeConfig,
+]
 
 
 def wrong_value(annotation):
@@ -61,9 +72,20 @@ def test_set_model_position_none_configures_a_model_without_positions():
 def test_set_model_position_none_trains_through_the_cli(tmp_path):
     corpus = tmp_path / "text.txt"
     corpus.write_text("to be or not to be, that is the question\n" * 40)
-    sets = ["model.position=none", "model.d_model=16", "model.n_heads=2", "model.n_layers=1", "model.d_ff=32",
-            "data.context=16", "train.batch_size=2", "train.warmup_steps=1", "sample.count=1",
-            "sample.max_new_tokens=4", "sample.prompt=to", "train.precision=\"fp32\""]
+    sets = [
+        "model.position=none",
+        "model.d_model=16",
+        "model.n_heads=2",
+        "model.n_layers=1",
+        "model.d_ff=32",
+        "data.context=16",
+        "train.batch_size=2",
+        "train.warmup_steps=1",
+        "sample.count=1",
+        "sample.max_new_tokens=4",
+        "sample.prompt=to",
+        'train.precision="fp32"',
+    ]
     args = ["train", "lm", "--data", str(corpus), "--steps", "2", "--out", str(tmp_path / "run"), "--quiet"]
     assert main(args + [f"--set={s}" for s in sets]) == 0
     assert 'position = "none"' in (tmp_path / "run" / "run.toml").read_text()

@@ -5,12 +5,11 @@ import json
 import pytest
 import torch
 
-from kqv import ModelConfig
-from kqv.nn.experts import routing_metrics
-from kqv.data.digits import split_indices
-from kqv.nn.vision import ConvClassifier, MLPClassifier, PatchEmbedding, ViT, extract_patches
-
 from conftest import tiny_config
+from kqv import ModelConfig
+from kqv.data.digits import split_indices
+from kqv.nn.experts import routing_metrics
+from kqv.nn.vision import ConvClassifier, MLPClassifier, PatchEmbedding, ViT, extract_patches
 
 
 def vit_config(**changes) -> ModelConfig:
@@ -46,8 +45,9 @@ def test_projected_patches_equal_a_convolution_with_kernel_and_stride_of_a_patch
 @pytest.mark.parametrize("shape", [(4, 8, 8), (4, 3, 8, 8), (4, 1, 7, 8), (0, 1, 8, 8), (4, 1, 8, 8, 1)])
 def test_a_bad_image_shape_is_a_clear_error_naming_the_expected_shape(shape):
     model = ViT(vit_config(), (1, 8, 8), 2, 10)
-    message = r"images must have shape \(batch, channels, height, width\) = \(batch, 1, 8, 8\), got " + \
-        str(shape).replace("(", r"\(").replace(")", r"\)")
+    message = r"images must have shape \(batch, channels, height, width\) = \(batch, 1, 8, 8\), got " + str(
+        shape
+    ).replace("(", r"\(").replace(")", r"\)")
     with pytest.raises(ValueError, match=message):
         model(torch.rand(shape))
 
@@ -62,11 +62,14 @@ def test_integer_pixels_are_a_type_error_with_the_conversion():
         ViT(vit_config(), (1, 8, 8), 2, 10)(torch.zeros(2, 1, 8, 8, dtype=torch.uint8))
 
 
-@pytest.mark.parametrize("image_shape, patch_size, message", [
-    ((1, 8, 8), 3, r"patch_size 3 does not tile a 8x8 image; choose one of \[1, 2, 4, 8\]"),
-    ((8, 8), 2, r"image_shape must be \(channels, height, width\)"),
-    ((1, 8, 8), 0, "patch_size must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "image_shape, patch_size, message",
+    [
+        ((1, 8, 8), 3, r"patch_size 3 does not tile a 8x8 image; choose one of \[1, 2, 4, 8\]"),
+        ((8, 8), 2, r"image_shape must be \(channels, height, width\)"),
+        ((1, 8, 8), 0, "patch_size must be a positive integer"),
+    ],
+)
 def test_bad_image_options_are_clear_errors(image_shape, patch_size, message):
     with pytest.raises(ValueError, match=message):
         ViT(vit_config(), image_shape, patch_size, 10)
@@ -107,8 +110,11 @@ def test_gradients_reach_every_parameter_of_the_vit(ffn):
     last = model.blocks[-1].feed_forward
     if ffn == "switch":
         cls_experts = set(last.stats.experts.view(17, 8)[0].tolist())  # tokens are (position, image)-ordered
-        missing -= {f"blocks.1.feed_forward.experts.{i}.{name}" for i in set(range(2)) - cls_experts
-                    for name in ("up.weight", "up.bias", "down.weight", "down.bias")}
+        missing -= {
+            f"blocks.1.feed_forward.experts.{i}.{name}"
+            for i in set(range(2)) - cls_experts
+            for name in ("up.weight", "up.bias", "down.weight", "down.bias")
+        }
         assert routing_metrics(model)["aux_loss"] > 0
     assert not missing, f"no gradient reached {missing}"
 
@@ -140,9 +146,17 @@ def test_labels_of_the_wrong_shape_are_named():
 
 def test_embedded_images_equal_hugging_face_vit_embeddings_with_the_same_weights():
     transformers = pytest.importorskip("transformers")
-    hf_config = transformers.ViTConfig(image_size=8, patch_size=2, num_channels=1, hidden_size=16,
-                                       num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
-                                       hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    hf_config = transformers.ViTConfig(
+        image_size=8,
+        patch_size=2,
+        num_channels=1,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     hf = transformers.models.vit.modeling_vit.ViTEmbeddings(hf_config).eval()
     torch.nn.init.normal_(hf.cls_token)
     torch.nn.init.normal_(hf.position_embeddings)
@@ -162,8 +176,25 @@ def test_kqv_train_vit_writes_a_run_whose_eval_prints_its_test_accuracy(tmp_path
     from kqv.jobs import load_run
 
     run = tmp_path / "vit"
-    main(["train", "vit", "--out", str(run), "--steps", "30", "--quiet", "--baseline", "conv",
-          "--set", "model.d_model=32", "--set", "model.n_layers=1", "--set", "train.eval_every=15"])
+    main(
+        [
+            "train",
+            "vit",
+            "--out",
+            str(run),
+            "--steps",
+            "30",
+            "--quiet",
+            "--baseline",
+            "conv",
+            "--set",
+            "model.d_model=32",
+            "--set",
+            "model.n_layers=1",
+            "--set",
+            "train.eval_every=15",
+        ]
+    )
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 30 and summary["baseline"] == "conv" and summary["test_images"] == 270
     assert 0.0 <= summary["test_accuracy"] <= 1.0 and 0.0 <= summary["baseline_test_accuracy"] <= 1.0

@@ -4,19 +4,37 @@ The model's parts are exported here; so is the application layer (`kqv.api`): `k
 `kqv.load("runs/lm").generate("ROMEO:")`, `kqv.embed([...])`, `kqv.similarity([...])`.
 """
 
+from .api import embed, load, similarity, train  # noqa: E402 -- the application layer, above the model
 from .nn.attention import Attention, KVCache, MultiHeadAttention, causal_mask, scaled_dot_product_attention
 from .nn.config import ModelConfig
 from .nn.heads import ClassificationHead, MaskedLM, MaskedLMHead, SequenceClassifier
 from .nn.layers import DecoderBlock, EncoderBlock, FeedForward
 from .nn.models import DecoderLM, Encoder, EncoderDecoder, count_parameters
 from .nn.rnn import RNNConfig, RNNEncoderDecoder
-from .api import embed, load, similarity, train  # noqa: E402 -- the application layer, above the model
 
 __all__ = [
-    "Attention", "ClassificationHead", "DecoderBlock", "DecoderLM", "Encoder", "EncoderBlock", "EncoderDecoder",
-    "FeedForward", "KVCache", "MaskedLM", "MaskedLMHead", "ModelConfig", "MultiHeadAttention", "SequenceClassifier",
-    "causal_mask", "count_parameters", "scaled_dot_product_attention",
-    "RNNConfig", "RNNEncoderDecoder",
-    "embed", "load", "similarity", "train",
+    "Attention",
+    "ClassificationHead",
+    "DecoderBlock",
+    "DecoderLM",
+    "Encoder",
+    "EncoderBlock",
+    "EncoderDecoder",
+    "FeedForward",
+    "KVCache",
+    "MaskedLM",
+    "MaskedLMHead",
+    "ModelConfig",
+    "MultiHeadAttention",
+    "SequenceClassifier",
+    "causal_mask",
+    "count_parameters",
+    "scaled_dot_product_attention",
+    "RNNConfig",
+    "RNNEncoderDecoder",
+    "embed",
+    "load",
+    "similarity",
+    "train",
 ]
 __version__ = "0.1.0"

@@ -19,10 +19,11 @@ job does not offer an operation says so (`load("runs/mt").generate(...)` raises 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from torch import Tensor
 
@@ -40,9 +41,18 @@ def load(path: str | Path) -> TrainedRun:
     return load_run(path)
 
 
-def train(job: str, config: str | Path | RunConfig | None = None, *, out: str | Path | None = None,
-          steps: int | None = None, overrides: Sequence[str] = (), resume: bool = False, overwrite: bool = False,
-          quiet: bool = False, **job_options: Any) -> dict[str, Any]:
+def train(
+    job: str,
+    config: str | Path | RunConfig | None = None,
+    *,
+    out: str | Path | None = None,
+    steps: int | None = None,
+    overrides: Sequence[str] = (),
+    resume: bool = False,
+    overwrite: bool = False,
+    quiet: bool = False,
+    **job_options: Any,
+) -> dict[str, Any]:
     """Train job `job` ("lm", "mt", ...) into `out` (default runs/JOB) and return its summary.
 
     `config` is a shipped config's name ("quick", the default), a TOML path or a RunConfig; with `resume` and no
@@ -57,8 +67,10 @@ def train(job: str, config: str | Path | RunConfig | None = None, *, out: str | 
             raise ConfigError("overrides go with a config name or path; change the RunConfig object itself instead")
     elif resume and config is None:
         if overrides:
-            raise ConfigError(f"with {spoken('--resume and no --config', 'resume=True and no config')} the run's "
-                              f"own run.toml is used; pass {spoken('--config', 'config')} to change it")
+            raise ConfigError(
+                f"with {spoken('--resume and no --config', 'resume=True and no config')} the run's "
+                f"own run.toml is used; pass {spoken('--config', 'config')} to change it"
+            )
         config = chosen.read_config(out)
     else:
         config = chosen.load_config(packaged_config(config or "quick", chosen.name), overrides)
@@ -77,8 +89,11 @@ def packaged_config(name: str | Path, task: str = "lm") -> Path:
 
 def shipped_configs(task: str) -> list[str]:
     """The names of the configs kqv ships for a job (configs/{task}-NAME.toml), `quick` first."""
-    names = [p.name.removeprefix(f"{task}-").removesuffix(".toml") for p in (resources.files("kqv") / "configs")
-             .iterdir() if p.name.startswith(f"{task}-") and p.name.endswith(".toml")]
+    names = [
+        p.name.removeprefix(f"{task}-").removesuffix(".toml")
+        for p in (resources.files("kqv") / "configs").iterdir()
+        if p.name.startswith(f"{task}-") and p.name.endswith(".toml")
+    ]
     return sorted(names, key=lambda name: (name != "quick", name))
 
 
@@ -117,6 +132,21 @@ def similarity(texts: Sequence[str], *, model: str | Path | None = None) -> Simi
     return Similarities(texts, SentenceEncoder.load(model).similarity(texts))
 
 
-__all__ = ["AttentionMaps", "ClsAttention", "LMEvaluation", "LMRun", "MTEvaluation", "MTRun", "Similarities",
-           "TrainedRun", "VitEvaluation", "VitRun", "embed", "load", "packaged_config", "shipped_configs",
-           "similarity", "train"]
+__all__ = [
+    "AttentionMaps",
+    "ClsAttention",
+    "LMEvaluation",
+    "LMRun",
+    "MTEvaluation",
+    "MTRun",
+    "Similarities",
+    "TrainedRun",
+    "VitEvaluation",
+    "VitRun",
+    "embed",
+    "load",
+    "packaged_config",
+    "shipped_configs",
+    "similarity",
+    "train",
+]

@@ -92,18 +92,26 @@ def check_value(name: str, value: Any, annotation: Any) -> Any:
         if value is None and type(None) in options:
             return None
         alternatives = [t for t in options if t is not type(None)]
-        return check_value(name, value, alternatives[0]) if len(alternatives) == 1 else _any_of(name, value, alternatives)
+        return (
+            check_value(name, value, alternatives[0]) if len(alternatives) == 1 else _any_of(name, value, alternatives)
+        )
     if origin is tuple:
         return _check_tuple(name, value, options)
     if origin in (list, dict):
         return _check_container(name, value, origin, options)
     if dataclasses.is_dataclass(annotation):
-        return build(annotation, value, f"[{name}]") if isinstance(value, dict) else _check_instance(name, value, annotation)
+        return (
+            build(annotation, value, f"[{name}]")
+            if isinstance(value, dict)
+            else _check_instance(name, value, annotation)
+        )
     return _check_scalar(name, value, annotation)
 
 
 def allows_none(annotation: Any) -> bool:
-    return typing.get_origin(annotation) in (typing.Union, types.UnionType) and type(None) in typing.get_args(annotation)
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType) and type(None) in typing.get_args(
+        annotation
+    )
 
 
 @functools.cache
@@ -144,8 +152,9 @@ def _check_tuple(name: str, value: Any, options: tuple) -> tuple:
 
 def _check_container(name: str, value: Any, origin: type, options: tuple) -> Any:
     if not isinstance(value, origin):
-        raise ConfigTypeError(f"{name} must be a {'table' if origin is dict else 'list'}, got "
-                              f"{type(value).__name__} {value!r}")
+        raise ConfigTypeError(
+            f"{name} must be a {'table' if origin is dict else 'list'}, got {type(value).__name__} {value!r}"
+        )
     if origin is list and options:
         return [check_value(f"{name}[{i}]", item, options[0]) for i, item in enumerate(value)]
     if origin is dict and options:
@@ -155,8 +164,9 @@ def _check_container(name: str, value: Any, origin: type, options: tuple) -> Any
 
 def _check_instance(name: str, value: Any, expected: type) -> Any:
     if not isinstance(value, expected):
-        raise ConfigTypeError(f"{name} must be a {expected.__name__} or a table of its options, got "
-                              f"{type(value).__name__}")
+        raise ConfigTypeError(
+            f"{name} must be a {expected.__name__} or a table of its options, got {type(value).__name__}"
+        )
     return value
 
 

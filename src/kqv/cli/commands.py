@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from .. import api
 from ..errors import RunError
@@ -45,22 +46,34 @@ class Train(Command):
         for job in all_jobs().values():
             job_parser = tasks.add_parser(job.name, help=job.help)
             shipped = api.shipped_configs(job.name)
-            job_parser.add_argument("--config", help=f"{', '.join(shipped) or 'quick'} (default: quick), or a path "
-                                                     f"to a TOML run config")
-            job_parser.add_argument("--out", default=f"runs/{job.name}",
-                                    help=f"run directory (default runs/{job.name})")
+            job_parser.add_argument(
+                "--config", help=f"{', '.join(shipped) or 'quick'} (default: quick), or a path to a TOML run config"
+            )
+            job_parser.add_argument(
+                "--out", default=f"runs/{job.name}", help=f"run directory (default runs/{job.name})"
+            )
             for flag in (*TRAIN_FLAGS.get(job.name, ()), *SHARED_TRAIN_FLAGS):
                 flag.add_to(job_parser)
 
     def run(self, args: argparse.Namespace) -> None:
         """Flags with a config key become overrides (after --set's), the others the job's keyword options."""
         own = TRAIN_FLAGS.get(args.task, ())
-        overrides = list(args.set) + [f"{flag.key}={json.dumps(getattr(args, flag.dest))}"
-                                      for flag in (*own, *SHARED_TRAIN_FLAGS)
-                                      if flag.key is not None and getattr(args, flag.dest) is not None]
+        overrides = list(args.set) + [
+            f"{flag.key}={json.dumps(getattr(args, flag.dest))}"
+            for flag in (*own, *SHARED_TRAIN_FLAGS)
+            if flag.key is not None and getattr(args, flag.dest) is not None
+        ]
         options = {flag.dest: getattr(args, flag.dest) for flag in own if flag.key is None}
-        api.train(args.task, args.config, out=args.out, overrides=overrides, resume=args.resume,
-                  overwrite=args.overwrite, quiet=args.quiet, **options)
+        api.train(
+            args.task,
+            args.config,
+            out=args.out,
+            overrides=overrides,
+            resume=args.resume,
+            overwrite=args.overwrite,
+            quiet=args.quiet,
+            **options,
+        )
 
 
 @dataclass(frozen=True)
@@ -93,15 +106,17 @@ class RunCommand(Command):
             for flag in command.flags:
                 if flag.name not in seen:
                     seen.add(flag.name)
-                    owners = [job.upper() for job, c in self.by_job.items()
-                              if any(f.name == flag.name for f in c.flags)]
+                    owners = [
+                        job.upper() for job, c in self.by_job.items() if any(f.name == flag.name for f in c.flags)
+                    ]
                     flag.add_to(parser, f"{'/'.join(owners)}: {flag.help}" if len(owners) < len(self.by_job) else None)
 
     def run(self, args: argparse.Namespace) -> Any:
         job = get_job(run_task(read_run(args.run)))
         if job.name not in self.by_job:
-            raise RunError(f"{args.run} is a run of task {job.name!r}; kqv {args.command} works on runs of "
-                           f"{sorted(self.by_job)}")
+            raise RunError(
+                f"{args.run} is a run of task {job.name!r}; kqv {args.command} works on runs of {sorted(self.by_job)}"
+            )
         return self.by_job[job.name].run(job.load(args.run), args)
 
 

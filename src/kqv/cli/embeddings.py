@@ -34,8 +34,9 @@ class Embed(Command):
         path = Path(args.out)
         np.save(path, embeddings.numpy())
         path = path if path.suffix == ".npy" else path.with_name(path.name + ".npy")  # np.save adds the suffix
-        print(f"wrote {path}: {embeddings.shape[0]} embeddings of {embeddings.shape[1]} dimensions (float32, "
-              f"unit length)")
+        print(
+            f"wrote {path}: {embeddings.shape[0]} embeddings of {embeddings.shape[1]} dimensions (float32, unit length)"
+        )
 
 
 class Similarity(Command):

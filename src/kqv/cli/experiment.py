@@ -1,9 +1,9 @@
 """`kqv experiment`: list the lecture's claims, and test them.
 
-    kqv experiment list
-    kqv experiment run NAME [--quick] [--seeds N] [--out DIR] [--set FIELD=VALUE] [--threads T]
-    kqv experiment run all [--quick] ...
-    kqv experiment gallery [--dir docs/experiments] [--out docs/experiments.md]
+kqv experiment list
+kqv experiment run NAME [--quick] [--seeds N] [--out DIR] [--set FIELD=VALUE] [--threads T]
+kqv experiment run all [--quick] ...
+kqv experiment gallery [--dir docs/experiments] [--out docs/experiments.md]
 """
 
 from __future__ import annotations
@@ -38,8 +38,15 @@ def cmd_run(args: argparse.Namespace) -> None:
     if args.seeds is not None and args.seeds < 1:
         raise ConfigError(f"--seeds must be at least 1, got {args.seeds}")
     for name in chosen:
-        record = run_experiment(name, quick=args.quick, seeds=args.seeds, out=args.out, overrides=overrides[name],
-                                threads=args.threads, progress=not args.quiet)
+        record = run_experiment(
+            name,
+            quick=args.quick,
+            seeds=args.seeds,
+            out=args.out,
+            overrides=overrides[name],
+            threads=args.threads,
+            progress=not args.quiet,
+        )
         print(f"{name}: {record['verdict']} ({record['seconds'] / 60:.1f} min) -> {args.out}/{name}/report.md")
         for check in record["checks"]:
             print(f"  [{'holds' if check['holds'] else 'does not hold'}] {check['what']}: {check['figure']}")
@@ -75,15 +82,23 @@ class Experiment(Command):
         run.add_argument("--quick", action="store_true", help="the small size (minutes for all; verdicts may differ)")
         run.add_argument("--seeds", type=int, help="number of seeds (default: the experiment's)")
         run.add_argument("--out", default="experiments", help="output directory (default experiments/)")
-        run.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                         help="change a size of the experiment's config, e.g. --set steps=500 (repeatable)")
+        run.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="FIELD=VALUE",
+            help="change a size of the experiment's config, e.g. --set steps=500 (repeatable)",
+        )
         run.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
         run.add_argument("--quiet", action="store_true", help="no progress output")
         run.set_defaults(action_func=cmd_run)
         page = actions.add_parser("gallery", help="one Markdown page of every experiment's results in a directory")
-        page.add_argument("--dir", default="docs/experiments",
-                          help="the runs' --out directory (default docs/experiments)")
-        page.add_argument("--out", default="docs/experiments.md", help="the page to write (default docs/experiments.md)")
+        page.add_argument(
+            "--dir", default="docs/experiments", help="the runs' --out directory (default docs/experiments)"
+        )
+        page.add_argument(
+            "--out", default="docs/experiments.md", help="the page to write (default docs/experiments.md)"
+        )
         page.set_defaults(action_func=cmd_gallery)
 
     def run(self, args: argparse.Namespace) -> None:

@@ -16,8 +16,9 @@ def cmd_explore(args: argparse.Namespace) -> None:
         from ..explore.export import write_standalone
         from ..explore.loading import load_subject
     except ImportError as error:
-        raise MissingResourceError(f"kqv explore needs the web app's packages ({error.name} is missing): "
-                           f"pip install 'kqv[explore]'") from None
+        raise MissingResourceError(
+            f"kqv explore needs the web app's packages ({error.name} is missing): pip install 'kqv[explore]'"
+        ) from None
     if args.html is None:
         if args.text is not None:
             raise ConfigError("--text goes with --html (the page itself has a text box)")
@@ -39,20 +40,30 @@ class Explore(Command):
             "Serve a local web page over RUN's model: type text and see every layer and head (head view, model "
             "view, per-head statistics; next tokens and 'continue' for a language model; the translation and its "
             "cross-attention for a translation model). Offline: the app serves every script itself. "
-            "Or, with --html and --text, write those views for one input to one file that needs no server.")
-        explore.epilog = ("examples: kqv explore runs/lm --open  |  kqv explore runs/mt --port 8000  |  "
-                          "kqv explore runs/lm --html attention.html --text 'To be, or not to be'  "
-                          "(see docs/explorer.md)")
+            "Or, with --html and --text, write those views for one input to one file that needs no server."
+        )
+        explore.epilog = (
+            "examples: kqv explore runs/lm --open  |  kqv explore runs/mt --port 8000  |  "
+            "kqv explore runs/lm --html attention.html --text 'To be, or not to be'  "
+            "(see docs/explorer.md)"
+        )
         explore.add_argument("run", help="a run directory (lm, mt, mlm or cls), or `minilm` (all-MiniLM-L6-v2)")
         explore.add_argument("--port", type=int, default=8765, help="port to serve on (default 8765)")
-        explore.add_argument("--host", default="127.0.0.1",
-                             help="address to listen on (default 127.0.0.1: this machine only; any other address "
-                                  "is announced with a warning, since anyone who can connect can run the model)")
+        explore.add_argument(
+            "--host",
+            default="127.0.0.1",
+            help="address to listen on (default 127.0.0.1: this machine only; any other address "
+            "is announced with a warning, since anyone who can connect can run the model)",
+        )
         explore.add_argument("--open", action="store_true", help="open the page in the default browser")
-        explore.add_argument("--max-tokens", type=int, default=256,
-                             help="the input length limit, in tokens (default 256; a run with learned positions "
-                                  "allows at most its max_len): longer inputs are refused with a message, since "
-                                  "every view holds tokens x tokens weights per head")
+        explore.add_argument(
+            "--max-tokens",
+            type=int,
+            default=256,
+            help="the input length limit, in tokens (default 256; a run with learned positions "
+            "allows at most its max_len): longer inputs are refused with a message, since "
+            "every view holds tokens x tokens weights per head",
+        )
         explore.add_argument("--html", help="write the views of --text to this self-contained HTML file and exit")
         explore.add_argument("--text", help="with --html: the input (MT: the source sentence)")
         explore.add_argument("--beam", type=int, help="with --html on an MT run: the beam size of the translation")

@@ -34,29 +34,38 @@ class Flag:
 # The flags of `kqv train NAME` that every job has, and each job's own.
 SHARED_TRAIN_FLAGS = (
     Flag("--steps", "number of optimizer updates", "train.steps", {"type": int}),
-    Flag("--set", "override a config value, e.g. --set model.d_model=128 (repeatable)",
-         options={"action": "append", "default": [], "metavar": "SECTION.KEY=VALUE"}),
+    Flag(
+        "--set",
+        "override a config value, e.g. --set model.d_model=128 (repeatable)",
+        options={"action": "append", "default": [], "metavar": "SECTION.KEY=VALUE"},
+    ),
     Flag("--resume", "continue the run in --out from its checkpoint", options={"action": "store_true"}),
     Flag("--overwrite", "replace the run in --out", options={"action": "store_true"}),
     Flag("--quiet", "print nothing but errors", options={"action": "store_true"}),
 )
 TEXT_DATA_FLAG = Flag("--data", "a text file or directory of .txt files instead of Shakespeare", "data.path")
 TRAIN_FLAGS: dict[str, tuple[Flag, ...]] = {
-    "cls": (Flag("--data", "the TSV file of text<TAB>label lines (required)", "data.path"),
-            Flag("--init", "an MLM run directory whose encoder and tokenizer to fine-tune", "data.init")),
+    "cls": (
+        Flag("--data", "the TSV file of text<TAB>label lines (required)", "data.path"),
+        Flag("--init", "an MLM run directory whose encoder and tokenizer to fine-tune", "data.init"),
+    ),
     "lm": (TEXT_DATA_FLAG,),
     "mlm": (TEXT_DATA_FLAG,),
-    "mt": (Flag("--pair", "Bible language pair: de-en (default), fr-en, en-de, en-fr", "data.pair"),
-           Flag("--data", "your own corpus: a TSV file (source<TAB>target), or the source side", "data.path"),
-           Flag("--tgt-data", "the target side, aligned line by line with --data", "data.tgt_path"),
-           Flag("--data-from", "reuse the tokenizer and data splits of another MT run"),
-           Flag("--model", "override model.kind", "model.kind", {"choices": list(ModelKind.__args__)}),
-           Flag("--threads", "torch threads (default: torch's choice)", options={"type": int})),
+    "mt": (
+        Flag("--pair", "Bible language pair: de-en (default), fr-en, en-de, en-fr", "data.pair"),
+        Flag("--data", "your own corpus: a TSV file (source<TAB>target), or the source side", "data.path"),
+        Flag("--tgt-data", "the target side, aligned line by line with --data", "data.tgt_path"),
+        Flag("--data-from", "reuse the tokenizer and data splits of another MT run"),
+        Flag("--model", "override model.kind", "model.kind", {"choices": list(ModelKind.__args__)}),
+        Flag("--threads", "torch threads (default: torch's choice)", options={"type": int}),
+    ),
     "vit": (Flag("--baseline", "the baseline trained beside the ViT: mlp, conv or none", "data.baseline"),),
 }
 
 # Flags several commands on runs share.
 JSON_FLAG = Flag("--json", "also print the result as JSON", options={"action": "store_true"})
 OUT_PNG_FLAG = Flag("--out", "the PNG file to write", options={"default": "attention.png"})
-BEAM_FLAGS = (Flag("--beam", "beam size (default: the run's decode.beam_size)", options={"type": int}),
-              Flag("--length-penalty", "length penalty of beam search", options={"type": float}))
+BEAM_FLAGS = (
+    Flag("--beam", "beam size (default: the run's decode.beam_size)", options={"type": int}),
+    Flag("--length-penalty", "length penalty of beam search", options={"type": float}),
+)

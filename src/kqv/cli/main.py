@@ -1,19 +1,19 @@
 """The `kqv` command: train, generate, evaluate and look inside models.
 
-    kqv train lm [--config quick] [--out runs/lm] [--data text.txt] [--set train.steps=200]
-    kqv generate runs/lm --prompt "ROMEO:"
-    kqv eval runs/lm [--data other.txt]
-    kqv attention runs/lm --text "To be, or not to be" --out attention.png
-    kqv train mt [--config quick|lstm] [--out runs/mt] [--pair de-en] [--data pairs.tsv]
-    kqv translate runs/mt "Im Anfang war das Wort"      (or one sentence per line on stdin / --file)
-    kqv eval runs/mt [--beam 4]                          (BLEU and chrF on the test split)
-    kqv attention runs/mt --src "Im Anfang war das Wort" --out alignment.png
-    kqv train mlm [--config quick] [--out runs/mlm]      (masked-LM pretraining of an encoder on Shakespeare)
-    kqv train cls --data file.tsv [--init runs/mlm]      (classify text<TAB>label lines; dev accuracy)
-    kqv embed "some text" ... [--out embeddings.npy]     (all-MiniLM-L6-v2 sentence embeddings)
-    kqv similarity "first text" "second text" ...        (their cosine similarities as a table)
-    kqv explore runs/lm [--port 8765] [--open]            (a local web app: every layer and head of any run)
-    kqv experiment list | run NAME [--quick]             (test the lecture's claims)
+kqv train lm [--config quick] [--out runs/lm] [--data text.txt] [--set train.steps=200]
+kqv generate runs/lm --prompt "ROMEO:"
+kqv eval runs/lm [--data other.txt]
+kqv attention runs/lm --text "To be, or not to be" --out attention.png
+kqv train mt [--config quick|lstm] [--out runs/mt] [--pair de-en] [--data pairs.tsv]
+kqv translate runs/mt "Im Anfang war das Wort"      (or one sentence per line on stdin / --file)
+kqv eval runs/mt [--beam 4]                          (BLEU and chrF on the test split)
+kqv attention runs/mt --src "Im Anfang war das Wort" --out alignment.png
+kqv train mlm [--config quick] [--out runs/mlm]      (masked-LM pretraining of an encoder on Shakespeare)
+kqv train cls --data file.tsv [--init runs/mlm]      (classify text<TAB>label lines; dev accuracy)
+kqv embed "some text" ... [--out embeddings.npy]     (all-MiniLM-L6-v2 sentence embeddings)
+kqv similarity "first text" "second text" ...        (their cosine similarities as a table)
+kqv explore runs/lm [--port 8765] [--open]            (a local web app: every layer and head of any run)
+kqv experiment list | run NAME [--quick]             (test the lecture's claims)
 """
 
 from __future__ import annotations

@@ -18,17 +18,29 @@ from .flags import BEAM_FLAGS, JSON_FLAG, OUT_PNG_FLAG, Flag
 
 
 def lm_generate(run: LMRun, args: argparse.Namespace) -> None:
-    texts = run.generate(args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                         top_k=args.top_k, top_p=args.top_p, count=args.count, seed=args.seed,
-                         use_cache=not args.no_cache, dtype=args.dtype)
+    texts = run.generate(
+        args.prompt,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        count=args.count,
+        seed=args.seed,
+        use_cache=not args.no_cache,
+        dtype=args.dtype,
+    )
     for i, text in enumerate(texts):
         print(text if args.count == 1 else f"--- sample {i + 1} ---\n{text}")
 
 
 def lm_evaluate(run: LMRun, args: argparse.Namespace) -> None:
     result = run.evaluate(args.data, max_tokens=args.max_tokens)
-    report(f"{result.source}: {result.tokens:,} tokens, loss {result.loss:.4f} nats/token, perplexity "
-           f"{result.perplexity:.3f}, {result.bits_per_char:.4f} bits/char", result.to_dict(), args.json)
+    report(
+        f"{result.source}: {result.tokens:,} tokens, loss {result.loss:.4f} nats/token, perplexity "
+        f"{result.perplexity:.3f}, {result.bits_per_char:.4f} bits/char",
+        result.to_dict(),
+        args.json,
+    )
 
 
 def lm_attention(run: LMRun, args: argparse.Namespace) -> None:
@@ -59,23 +71,37 @@ def mt_translate(run: MTRun, args: argparse.Namespace) -> None:
 
 
 def mt_evaluate(run: MTRun, args: argparse.Namespace) -> None:
-    result = run.evaluate(args.src, args.ref, beam_size=args.beam, length_penalty=args.length_penalty,
-                          max_sentences=args.max_sentences)
-    report(f"{result.source}: {result.sentences} sentences, BLEU {result.bleu:.2f}, chrF {result.chrf:.2f} "
-           f"(beam {result.beam_size}, {result.sentences_per_second:.1f} sentences/s)", result.to_dict(), args.json)
+    result = run.evaluate(
+        args.src, args.ref, beam_size=args.beam, length_penalty=args.length_penalty, max_sentences=args.max_sentences
+    )
+    report(
+        f"{result.source}: {result.sentences} sentences, BLEU {result.bleu:.2f}, chrF {result.chrf:.2f} "
+        f"(beam {result.beam_size}, {result.sentences_per_second:.1f} sentences/s)",
+        result.to_dict(),
+        args.json,
+    )
 
 
 def mt_attention(run: MTRun, args: argparse.Namespace) -> None:
     from ..explore.plots import plot_attention_grid
 
     if args.src is None:
-        raise ConfigError("kqv attention on a translation run needs --src (and optionally --tgt; by default the "
-                          "model's own translation)")
+        raise ConfigError(
+            "kqv attention on a translation run needs --src (and optionally --tgt; by default the "
+            "model's own translation)"
+        )
     maps = run.attention(args.src, args.tgt)
-    path = plot_attention_grid(maps.weights, maps.rows, maps.columns, args.out,
-                               title=f"{run.run_dir}: cross-attention (rows: target, columns: source)")
-    print(f"translation: {maps.translation}\nwrote {path}: {maps.layers} layers x {maps.heads} heads, "
-          f"{len(maps.rows)} target x {len(maps.columns)} source tokens")
+    path = plot_attention_grid(
+        maps.weights,
+        maps.rows,
+        maps.columns,
+        args.out,
+        title=f"{run.run_dir}: cross-attention (rows: target, columns: source)",
+    )
+    print(
+        f"translation: {maps.translation}\nwrote {path}: {maps.layers} layers x {maps.heads} heads, "
+        f"{len(maps.rows)} target x {len(maps.columns)} source tokens"
+    )
 
 
 # -- vision runs ---------------------------------------------------------------------------------------------------
@@ -83,8 +109,11 @@ def mt_attention(run: MTRun, args: argparse.Namespace) -> None:
 
 def vit_evaluate(run: VitRun, args: argparse.Namespace) -> None:
     result = run.evaluate()
-    report(f"{run.run_dir}: test accuracy {result.test_accuracy:.2%} on {result.test_images} held-out digits",
-           result.to_dict(), args.json)
+    report(
+        f"{run.run_dir}: test accuracy {result.test_accuracy:.2%} on {result.test_images} held-out digits",
+        result.to_dict(),
+        args.json,
+    )
 
 
 def vit_attention(run: VitRun, args: argparse.Namespace) -> None:
@@ -93,44 +122,104 @@ def vit_attention(run: VitRun, args: argparse.Namespace) -> None:
     shown = run.attention(args.images)
     path = plot_cls_attention(shown.images, shown.maps, shown.labels, shown.predicted, args.out)
     layers, images, height, width = shown.maps.shape
-    print(f"wrote {path}: [CLS] attention over {height}x{width} patches, {layers} layers (heads averaged), "
-          f"{images} test images")
+    print(
+        f"wrote {path}: [CLS] attention over {height}x{width} patches, {layers} layers (heads averaged), "
+        f"{images} test images"
+    )
 
 
 # -- the commands, by name -----------------------------------------------------------------------------------------
 
 RUN_COMMANDS = {
-    "generate": RunCommand({"lm": JobCommand("continue a prompt with a trained LM", lm_generate, (
-        Flag("--prompt", "the text to continue", options={"required": True}),
-        Flag("--max-new-tokens", "tokens to generate", options={"type": int, "default": 300}),
-        Flag("--temperature", "0 = greedy", options={"type": float, "default": 0.8}),
-        Flag("--top-k", "sample among the k most likely tokens", options={"type": int}),
-        Flag("--top-p", "sample among the most likely tokens of total probability p", options={"type": float}),
-        Flag("--count", "how many continuations", options={"type": int, "default": 1}),
-        Flag("--seed", "seed of the sampling generator", options={"type": int, "default": 0}),
-        Flag("--no-cache", "recompute the whole prefix each step", options={"action": "store_true"}),
-        Flag("--dtype", "weights' precision while generating: bf16 reads half the bytes per token, int8 (torch's "
+    "generate": RunCommand(
+        {
+            "lm": JobCommand(
+                "continue a prompt with a trained LM",
+                lm_generate,
+                (
+                    Flag("--prompt", "the text to continue", options={"required": True}),
+                    Flag("--max-new-tokens", "tokens to generate", options={"type": int, "default": 300}),
+                    Flag("--temperature", "0 = greedy", options={"type": float, "default": 0.8}),
+                    Flag("--top-k", "sample among the k most likely tokens", options={"type": int}),
+                    Flag(
+                        "--top-p", "sample among the most likely tokens of total probability p", options={"type": float}
+                    ),
+                    Flag("--count", "how many continuations", options={"type": int, "default": 1}),
+                    Flag("--seed", "seed of the sampling generator", options={"type": int, "default": 0}),
+                    Flag("--no-cache", "recompute the whole prefix each step", options={"action": "store_true"}),
+                    Flag(
+                        "--dtype",
+                        "weights' precision while generating: bf16 reads half the bytes per token, int8 (torch's "
                         "dynamic quantisation of the linear layers) a quarter (default fp32)",
-             options={"choices": sorted(GENERATION_DTYPES), "default": "fp32"})))}),
-    "eval": RunCommand({
-        "lm": JobCommand("perplexity and bits per character", lm_evaluate, (
-            Flag("--data", "a text file to score instead of the held-out split"),
-            Flag("--max-tokens", "score only this many tokens", options={"type": int}), JSON_FLAG)),
-        "mt": JobCommand("BLEU and chrF", mt_evaluate, (
-            Flag("--src", "source sentences to translate and score (default: the test split)"),
-            Flag("--ref", "reference translations aligned with --src"), *BEAM_FLAGS,
-            Flag("--max-sentences", "score only the first N sentences", options={"type": int}), JSON_FLAG)),
-        "vit": JobCommand("accuracy on the held-out test images", vit_evaluate, (JSON_FLAG,))}),
-    "attention": RunCommand({
-        "lm": JobCommand("draw the self-attention maps of every layer and head", lm_attention, (
-            Flag("--text", "the text whose self-attention to draw"), OUT_PNG_FLAG)),
-        "mt": JobCommand("draw the cross-attention of a translation", mt_attention, (
-            Flag("--src", "the source sentence"), Flag("--tgt", "its translation (default: the model's own)"),
-            OUT_PNG_FLAG)),
-        "vit": JobCommand("draw the attention of [CLS] over the patches of test images", vit_attention, (
-            OUT_PNG_FLAG, Flag("--images", "how many test images", options={"type": int, "default": 4})))}),
-    "translate": RunCommand({"mt": JobCommand("translate text with a trained MT run", mt_translate, (
-        Flag("text", "the sentence to translate (default: one per line from --file or stdin)",
-             options={"nargs": "?"}),
-        Flag("--file", "a file with one sentence per line ('-' = stdin)"), *BEAM_FLAGS))}),
+                        options={"choices": sorted(GENERATION_DTYPES), "default": "fp32"},
+                    ),
+                ),
+            )
+        }
+    ),
+    "eval": RunCommand(
+        {
+            "lm": JobCommand(
+                "perplexity and bits per character",
+                lm_evaluate,
+                (
+                    Flag("--data", "a text file to score instead of the held-out split"),
+                    Flag("--max-tokens", "score only this many tokens", options={"type": int}),
+                    JSON_FLAG,
+                ),
+            ),
+            "mt": JobCommand(
+                "BLEU and chrF",
+                mt_evaluate,
+                (
+                    Flag("--src", "source sentences to translate and score (default: the test split)"),
+                    Flag("--ref", "reference translations aligned with --src"),
+                    *BEAM_FLAGS,
+                    Flag("--max-sentences", "score only the first N sentences", options={"type": int}),
+                    JSON_FLAG,
+                ),
+            ),
+            "vit": JobCommand("accuracy on the held-out test images", vit_evaluate, (JSON_FLAG,)),
+        }
+    ),
+    "attention": RunCommand(
+        {
+            "lm": JobCommand(
+                "draw the self-attention maps of every layer and head",
+                lm_attention,
+                (Flag("--text", "the text whose self-attention to draw"), OUT_PNG_FLAG),
+            ),
+            "mt": JobCommand(
+                "draw the cross-attention of a translation",
+                mt_attention,
+                (
+                    Flag("--src", "the source sentence"),
+                    Flag("--tgt", "its translation (default: the model's own)"),
+                    OUT_PNG_FLAG,
+                ),
+            ),
+            "vit": JobCommand(
+                "draw the attention of [CLS] over the patches of test images",
+                vit_attention,
+                (OUT_PNG_FLAG, Flag("--images", "how many test images", options={"type": int, "default": 4})),
+            ),
+        }
+    ),
+    "translate": RunCommand(
+        {
+            "mt": JobCommand(
+                "translate text with a trained MT run",
+                mt_translate,
+                (
+                    Flag(
+                        "text",
+                        "the sentence to translate (default: one per line from --file or stdin)",
+                        options={"nargs": "?"},
+                    ),
+                    Flag("--file", "a file with one sentence per line ('-' = stdin)"),
+                    *BEAM_FLAGS,
+                ),
+            )
+        }
+    ),
 }

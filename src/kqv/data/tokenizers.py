@@ -183,7 +183,9 @@ class BPETokenizer(Tokenizer):
     def token_to_id(self, token: str) -> int:
         token_id = self.tokenizer.token_to_id(token)
         if token_id is None:
-            raise UnknownTokenError(f"{token!r} is not a token of this BPE tokenizer (special tokens: {self.special_tokens})")
+            raise UnknownTokenError(
+                f"{token!r} is not a token of this BPE tokenizer (special tokens: {self.special_tokens})"
+            )
         return token_id
 
     def _save_vocabulary(self, directory: Path) -> dict[str, Any]:

@@ -7,9 +7,21 @@ a new experiment is a module of this package with an entry there.
 
 from __future__ import annotations
 
-from . import (depth_without_residuals, heads, long_attention, modifications, no_causal_mask, no_positions,
-               no_query_key_maps, norm_placement, parallelism, position_extrapolation, rnn_vs_transformer, scaling,
-               scaling_laws)
+from . import (
+    depth_without_residuals,
+    heads,
+    long_attention,
+    modifications,
+    no_causal_mask,
+    no_positions,
+    no_query_key_maps,
+    norm_placement,
+    parallelism,
+    position_extrapolation,
+    rnn_vs_transformer,
+    scaling,
+    scaling_laws,
+)
 from .base import Experiment, ExperimentError
 
 # command-line name -> experiment, in the order of the lecture's argument; each module's parts are checked here
@@ -41,6 +53,7 @@ def names() -> list[str]:
 def get(name: str) -> Experiment:
     """The experiment called `name`; an unknown name is an ExperimentError that lists the known ones."""
     if name not in EXPERIMENTS:
-        raise ExperimentError(f"unknown experiment {name!r}; the experiments are: {', '.join(EXPERIMENTS)} "
-                              f"(see `kqv experiment list`)")
+        raise ExperimentError(
+            f"unknown experiment {name!r}; the experiments are: {', '.join(EXPERIMENTS)} (see `kqv experiment list`)"
+        )
     return EXPERIMENTS[name]

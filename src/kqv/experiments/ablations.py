@@ -13,7 +13,7 @@ a comparison differ by exactly one idea:
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -54,8 +54,9 @@ class PeekingAttention(FullAttention):
 
     peek = True
 
-    def attend(self, queries: Tensor, keys: Tensor, values: Tensor, *, causal: bool,
-               **options) -> tuple[Tensor, Tensor | None]:
+    def attend(
+        self, queries: Tensor, keys: Tensor, values: Tensor, *, causal: bool, **options
+    ) -> tuple[Tensor, Tensor | None]:
         return super().attend(queries, keys, values, causal=causal and not self.peek, **options)
 
 

@@ -27,10 +27,11 @@ import statistics
 import sys
 import time
 import typing
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, ClassVar
 
 from tqdm import tqdm
 
@@ -93,8 +94,10 @@ class Experiment:
         """The experiment `module` declares; an ExperimentError naming the module and every missing part if not."""
         missing = [part for part in CONTRACT if not hasattr(module, part)]
         if missing:
-            raise ExperimentError(f"experiment module {module.__name__} lacks {', '.join(missing)}: every experiment "
-                                  f"module declares {', '.join(CONTRACT)} (see kqv.experiments.base)")
+            raise ExperimentError(
+                f"experiment module {module.__name__} lacks {', '.join(missing)}: every experiment "
+                f"module declares {', '.join(CONTRACT)} (see kqv.experiments.base)"
+            )
         parts = {field: getattr(module, part) for part, field in CONTRACT.items()}
         if not isinstance(parts["fields"], (tuple, list)) or not all(isinstance(k, str) for k in parts["fields"]):
             raise ExperimentError(f"experiment module {module.__name__}: FIELDS must be a tuple of result keys")
@@ -110,8 +113,9 @@ class Experiment:
         for size in ("full", "quick"):
             if not isinstance(getattr(self, size), self.config_class):
                 raise ExperimentError(f"{where}: {size.upper()} must be a {self.module}.Config")
-        not_callable = [part for part in ("run", "table", "checks", "plots", "method")
-                        if not callable(getattr(self, part))]
+        not_callable = [
+            part for part in ("run", "table", "checks", "plots", "method") if not callable(getattr(self, part))
+        ]
         if not_callable:
             raise ExperimentError(f"{where}: {', '.join(not_callable)} must be functions")
 
@@ -125,9 +129,20 @@ class Experiment:
 
 
 # module attribute -> Experiment field: the parts every experiment module declares (`notes` is optional)
-CONTRACT = {"NAME": "name", "CLAIM": "claim", "LECTURE": "lecture", "FIELDS": "fields", "Config": "config_class",
-            "FULL": "full", "QUICK": "quick", "run": "run", "table": "table", "checks": "checks", "plots": "plots",
-            "method": "method"}
+CONTRACT = {
+    "NAME": "name",
+    "CLAIM": "claim",
+    "LECTURE": "lecture",
+    "FIELDS": "fields",
+    "Config": "config_class",
+    "FULL": "full",
+    "QUICK": "quick",
+    "run": "run",
+    "table": "table",
+    "checks": "checks",
+    "plots": "plots",
+    "method": "method",
+}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -152,8 +167,10 @@ class ExperimentConfig(Config):
             for item in values:
                 number = isinstance(item, (int, float)) and not isinstance(item, bool)
                 if number and (item < 0 or item == 0 and not zero_ok):
-                    raise ExperimentError(f"{field.name} must be {'>= 0' if zero_ok else 'positive'}, got {item!r} "
-                                          f"(in {type(self).__module__.rpartition('.')[2]}.{type(self).__name__})")
+                    raise ExperimentError(
+                        f"{field.name} must be {'>= 0' if zero_ok else 'positive'}, got {item!r} "
+                        f"(in {type(self).__module__.rpartition('.')[2]}.{type(self).__name__})"
+                    )
 
 
 def with_overrides(config: ExperimentConfig, overrides: Sequence[str], experiment: str = "") -> Any:
@@ -162,16 +179,21 @@ def with_overrides(config: ExperimentConfig, overrides: Sequence[str], experimen
     Values are read as the run configs' overrides are (`kqv.train.runs.override_value`: TOML, else a bare string);
     a single value given to a list field is a list of one."""
     changes: dict[str, Any] = {}
-    hints = {name: hint for name, hint in field_types(type(config)).items()
-             if name in {f.name for f in dataclasses.fields(config)}}
+    hints = {
+        name: hint
+        for name, hint in field_types(type(config)).items()
+        if name in {f.name for f in dataclasses.fields(config)}
+    }
     for override in overrides:
         name, sep, raw = override.partition("=")
         name = name.strip()
         if not sep or not name:
             raise ExperimentError(f"--set {override!r} must look like field=value, e.g. --set steps=200")
         if name not in hints:
-            raise ExperimentError(f"unknown option {name!r} for {experiment or type(config).__module__}; its options "
-                                  f"are {sorted(f.name for f in dataclasses.fields(config))}")
+            raise ExperimentError(
+                f"unknown option {name!r} for {experiment or type(config).__module__}; its options "
+                f"are {sorted(f.name for f in dataclasses.fields(config))}"
+            )
         value = override_value(raw)
         listed = typing.get_origin(hints[name]) is tuple and not isinstance(value, list)
         changes[name] = [value] if listed else value
@@ -204,8 +226,9 @@ class Progress:
     def __init__(self, name: str, enabled: bool = True):
         self.name, self.enabled, self.done, self.total = name, enabled, 0, 0
         self.started = time.perf_counter()
-        self.bar = tqdm(desc=name, unit="run", dynamic_ncols=True, file=sys.stderr,
-                        disable=not enabled or not sys.stderr.isatty())
+        self.bar = tqdm(
+            desc=name, unit="run", dynamic_ncols=True, file=sys.stderr, disable=not enabled or not sys.stderr.isatty()
+        )
 
     def plan(self, total: int) -> None:
         """Announce how many units (training runs, timings) the experiment will do."""
@@ -220,9 +243,11 @@ class Progress:
         self.bar.set_postfix_str(label)
         if self.enabled and self.bar.disable:
             elapsed = time.perf_counter() - self.started
-            print(f"kqv: {self.name} {self.done}/{self.total or '?'} {label} ({elapsed:.0f} s)", file=sys.stderr,
-                  flush=True)
+            print(
+                f"kqv: {self.name} {self.done}/{self.total or '?'} {label} ({elapsed:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def close(self) -> None:
         self.bar.close()
-

@@ -25,11 +25,13 @@ from .plotting import curves, figure, save
 
 NAME = "depth-without-residuals"
 CLAIM = "deep stacks without residual connections (or without LayerNorm) train far worse or not at all"
-LECTURE = ("Residual connections are a trick to help models train better: instead of X_i = Layer(X_{i-1}), let "
-           "X_i = X_{i-1} + Layer(X_{i-1}), so we only have to learn the residual from the previous layer; the "
-           "gradient is great through the residual connection. Layer normalization is a trick to help models train "
-           "faster: it cuts down on uninformative variation in hidden vector values by normalizing to unit mean and "
-           "standard deviation within each layer.")
+LECTURE = (
+    "Residual connections are a trick to help models train better: instead of X_i = Layer(X_{i-1}), let "
+    "X_i = X_{i-1} + Layer(X_{i-1}), so we only have to learn the residual from the previous layer; the "
+    "gradient is great through the residual connection. Layer normalization is a trick to help models train "
+    "faster: it cuts down on uninformative variation in hidden vector values by normalizing to unit mean and "
+    "standard deviation within each layer."
+)
 FIELDS = ("depths", "arms", "unigram_loss")
 FORMS = {
     "residual + LayerNorm": DecoderLM,
@@ -52,9 +54,11 @@ QUICK = Config(**{**QUICK_LM, "n_layers": 2, "steps": 40, "eval_every": 40}, dep
 
 
 def method(config: Config) -> str:
-    return (f"A character-level Shakespeare LM ({config.sizes().replace(f'{config.n_layers} layers', 'L layers')}) "
-            f"at depths L = {', '.join(map(str, config.depths))}, each trained as built (pre-LN), without residual "
-            f"connections, without LayerNorm, and without both, on the same batches.")
+    return (
+        f"A character-level Shakespeare LM ({config.sizes().replace(f'{config.n_layers} layers', 'L layers')}) "
+        f"at depths L = {', '.join(map(str, config.depths))}, each trained as built (pre-LN), without residual "
+        f"connections, without LayerNorm, and without both, on the same batches."
+    )
 
 
 def arm_name(form: str, depth: int) -> str:
@@ -63,11 +67,17 @@ def arm_name(form: str, depth: int) -> str:
 
 def run(config: Config, seeds: list[int], progress: Progress) -> dict:
     progress.plan(len(FORMS) * len(config.depths) * len(seeds))
-    arms = {arm_name(form, depth): Arm(build, model={"n_layers": depth})
-            for depth in config.depths for form, build in FORMS.items()}
+    arms = {
+        arm_name(form, depth): Arm(build, model={"n_layers": depth})
+        for depth in config.depths
+        for form, build in FORMS.items()
+    }
     corpus = shakespeare()
-    return {"depths": list(config.depths), "unigram_loss": unigram_loss(corpus),
-            "arms": train_arms(config, seeds, arms, progress, corpus=corpus)}
+    return {
+        "depths": list(config.depths),
+        "unigram_loss": unigram_loss(corpus),
+        "arms": train_arms(config, seeds, arms, progress, corpus=corpus),
+    }
 
 
 def failed(results: dict, arm: str) -> list[bool]:
@@ -91,8 +101,15 @@ def table(results: dict) -> tuple[list[str], list[list]]:
             r = results["arms"][arm]
             finite = [v for d, v in zip(r["diverged"], r["val_loss"]) if not d]
             seeds = len(r["diverged"])
-            rows.append([depth, form, pm(finite) if finite else "diverged", f"{sum(failed(results, arm))}/{seeds}",
-                         f"{sum(r['diverged'])}/{seeds}"])
+            rows.append(
+                [
+                    depth,
+                    form,
+                    pm(finite) if finite else "diverged",
+                    f"{sum(failed(results, arm))}/{seeds}",
+                    f"{sum(r['diverged'])}/{seeds}",
+                ]
+            )
     rows.append(["", "unigram loss (no context)", round(results["unigram_loss"], 3), "", ""])
     return columns, rows
 
@@ -103,16 +120,24 @@ def checks(results: dict) -> list[Check]:
     no_residual = _loss(results, arm_name("no residual", deepest))
     no_norm = _loss(results, arm_name("no LayerNorm", deepest))
     return [
-        Check("with residuals and LayerNorm every depth trains",
-              f"validation loss <= unigram loss - 0.3 = {limit:.3f} at every depth",
-              ", ".join(f"{d} layers: {v:.3f}" for d, v in baseline.items()),
-              all(v <= limit for v in baseline.values())),
-        Check(f"without residual connections the {deepest}-layer stack trains far worse",
-              "validation loss >= residual + LayerNorm's + 0.2 nats (a diverged run counts as the unigram loss)",
-              f"{no_residual:.3f} vs {baseline[deepest]:.3f}", no_residual >= baseline[deepest] + 0.2),
-        Check(f"without LayerNorm the {deepest}-layer stack trains worse",
-              "validation loss >= residual + LayerNorm's + 0.05 nats (a diverged run counts as the unigram loss)",
-              f"{no_norm:.3f} vs {baseline[deepest]:.3f}", no_norm >= baseline[deepest] + 0.05),
+        Check(
+            "with residuals and LayerNorm every depth trains",
+            f"validation loss <= unigram loss - 0.3 = {limit:.3f} at every depth",
+            ", ".join(f"{d} layers: {v:.3f}" for d, v in baseline.items()),
+            all(v <= limit for v in baseline.values()),
+        ),
+        Check(
+            f"without residual connections the {deepest}-layer stack trains far worse",
+            "validation loss >= residual + LayerNorm's + 0.2 nats (a diverged run counts as the unigram loss)",
+            f"{no_residual:.3f} vs {baseline[deepest]:.3f}",
+            no_residual >= baseline[deepest] + 0.2,
+        ),
+        Check(
+            f"without LayerNorm the {deepest}-layer stack trains worse",
+            "validation loss >= residual + LayerNorm's + 0.05 nats (a diverged run counts as the unigram loss)",
+            f"{no_norm:.3f} vs {baseline[deepest]:.3f}",
+            no_norm >= baseline[deepest] + 0.05,
+        ),
     ]
 
 

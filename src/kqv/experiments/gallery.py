@@ -41,24 +41,30 @@ def section(directory: Path, page_dir: Path) -> str:
     """The gallery section of the experiment whose results are in `directory`; links relative to `page_dir`."""
     record = load_record(directory)
     link = lambda name: Path(os.path.relpath(directory / name, page_dir)).as_posix()
-    checks = [[c["what"], c["threshold"], c["figure"], "holds" if c["holds"] else "does not hold"]
-              for c in record["checks"]]
+    checks = [
+        [c["what"], c["threshold"], c["figure"], "holds" if c["holds"] else "does not hold"] for c in record["checks"]
+    ]
     load = record["machine"].get("load_average_before")
-    parts = [f"## `{record['experiment']}`: {record['verdict']}", f"*{record['claim']}.*",
-             f"**The lecture.** {record['lecture']}"]
+    parts = [
+        f"## `{record['experiment']}`: {record['verdict']}",
+        f"*{record['claim']}.*",
+        f"**The lecture.** {record['lecture']}",
+    ]
     discussion = directory / DISCUSSION_FILE
     if discussion.is_file():
         parts.append(discussion.read_text(encoding="utf-8").strip())
-    parts += [f"**How it was tested.** {record['method']} Seeds: {', '.join(map(str, record['seeds']))}.",
-              f"**Command.** `{record['command']}` ({record['seconds'] / 60:.1f} min, "
-              f"{record['machine']['torch_threads']} torch thread(s), load average {load[0] if load else '?'} on "
-              f"{record['machine']['cpus']} cores). Files: [results.json]({link(RESULTS_FILE)}), "
-              f"[report.md]({link('report.md')}).",
-              markdown_table(record["table"]["columns"], record["table"]["rows"]),
-              *[f"![{name}]({link(name)})" for name in record["plots"]],
-              *beside_the_paper(record),
-              f"**Verdict: {record['verdict']}.**", markdown_table(
-                  ["check", "threshold (fixed in advance)", "measured", "outcome"], checks)]
+    parts += [
+        f"**How it was tested.** {record['method']} Seeds: {', '.join(map(str, record['seeds']))}.",
+        f"**Command.** `{record['command']}` ({record['seconds'] / 60:.1f} min, "
+        f"{record['machine']['torch_threads']} torch thread(s), load average {load[0] if load else '?'} on "
+        f"{record['machine']['cpus']} cores). Files: [results.json]({link(RESULTS_FILE)}), "
+        f"[report.md]({link('report.md')}).",
+        markdown_table(record["table"]["columns"], record["table"]["rows"]),
+        *[f"![{name}]({link(name)})" for name in record["plots"]],
+        *beside_the_paper(record),
+        f"**Verdict: {record['verdict']}.**",
+        markdown_table(["check", "threshold (fixed in advance)", "measured", "outcome"], checks),
+    ]
     return "\n\n".join(parts)
 
 
@@ -73,15 +79,15 @@ def gallery(directory: str | Path, page: str | Path) -> str:
     directory, page_dir = Path(directory), Path(page).parent
     found = [name for name in names() if (directory / name / RESULTS_FILE).is_file()]
     if not found:
-        raise FileNotFoundError(f"no experiment results in {directory}; run "
-                                f"`kqv experiment run NAME --out {directory}` first")
+        raise FileNotFoundError(
+            f"no experiment results in {directory}; run `kqv experiment run NAME --out {directory}` first"
+        )
     contents = []
     for name in found:
         title = f"`{name}`: {load_record(directory / name)['verdict']}"
         contents.append(f"- [{title}](#{anchor(title)})")
     out = Path(os.path.relpath(directory, page_dir.parent)).as_posix()  # as typed from the page's parent directory
-    missing = [f"`{name}` (`kqv experiment run {name} --out {out}`)" for name in names()
-               if name not in found]
+    missing = [f"`{name}` (`kqv experiment run {name} --out {out}`)" for name in names() if name not in found]
     if missing:
         contents.append(f"- Not yet run at full size here: {', '.join(missing)}.")
     return "\n\n".join([INTRO.strip(), "\n".join(contents)] + [section(directory / n, page_dir) for n in found]) + "\n"

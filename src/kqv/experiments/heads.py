@@ -21,9 +21,11 @@ from .plotting import curves, figure, save
 
 NAME = "heads"
 CLAIM = "several heads at the same width attend in different ways (entropy, distance) and model text at least as well"
-LECTURE = ("For word i, self-attention looks where x_i^T Q^T K x_j is high, but maybe we want to focus on different j "
-           "for different reasons. Multi-head attention defines multiple attention heads through multiple Q, K, V "
-           "matrices; each head looks at different things, at the same computational cost as one head.")
+LECTURE = (
+    "For word i, self-attention looks where x_i^T Q^T K x_j is high, but maybe we want to focus on different j "
+    "for different reasons. Multi-head attention defines multiple attention heads through multiple Q, K, V "
+    "matrices; each head looks at different things, at the same computational cost as one head."
+)
 FIELDS = ("heads", "arms")
 
 
@@ -41,9 +43,11 @@ QUICK = Config(**QUICK_LM, head_counts=(1, 4), blocks=2)
 
 def method(config: Config) -> str:
     counts = ", ".join(map(str, config.head_counts))
-    return (f"A character-level Shakespeare LM ({config.sizes()}) trained with {counts} heads at the same d_model "
-            f"{config.d_model}, on the same batches; per-head attention entropy and mean attended distance on "
-            f"{config.blocks} x {config.batch_size} validation blocks.")
+    return (
+        f"A character-level Shakespeare LM ({config.sizes()}) trained with {counts} heads at the same d_model "
+        f"{config.d_model}, on the same batches; per-head attention entropy and mean attended distance on "
+        f"{config.blocks} x {config.batch_size} validation blocks."
+    )
 
 
 def run(config: Config, seeds: list[int], progress: Progress) -> dict:
@@ -55,8 +59,10 @@ def run(config: Config, seeds: list[int], progress: Progress) -> dict:
         stats = [head_statistics(w) for w in attention_maps(trained.model, corpus, config, config.blocks)]
         return {"entropy": [s["entropy"] for s in stats], "distance": [s["distance"] for s in stats]}
 
-    return {"heads": list(config.head_counts), "arms": train_arms(config, seeds, arms, progress, corpus=corpus,
-                                                                  measure=per_head)}
+    return {
+        "heads": list(config.head_counts),
+        "arms": train_arms(config, seeds, arms, progress, corpus=corpus, measure=per_head),
+    }
 
 
 def spread(per_layer: list[list[float]]) -> float:
@@ -65,15 +71,30 @@ def spread(per_layer: list[list[float]]) -> float:
 
 
 def table(results: dict) -> tuple[list[str], list[list]]:
-    columns = ["heads", "parameters", "validation loss", "mean head entropy (nats)",
-               "within-layer range of head entropy", "mean attended distance (tokens)",
-               "within-layer range of head distance"]
+    columns = [
+        "heads",
+        "parameters",
+        "validation loss",
+        "mean head entropy (nats)",
+        "within-layer range of head entropy",
+        "mean attended distance (tokens)",
+        "within-layer range of head distance",
+    ]
     rows = []
     for arm, r in results["arms"].items():
         entropy = [sum(map(sum, e)) / sum(map(len, e)) for e in r["entropy"]]
         distance = [sum(map(sum, d)) / sum(map(len, d)) for d in r["distance"]]
-        rows.append([arm, r["parameters"], pm(r["val_loss"]), pm(entropy, 2), pm([spread(e) for e in r["entropy"]], 2),
-                     pm(distance, 1), pm([spread(d) for d in r["distance"]], 1)])
+        rows.append(
+            [
+                arm,
+                r["parameters"],
+                pm(r["val_loss"]),
+                pm(entropy, 2),
+                pm([spread(e) for e in r["entropy"]], 2),
+                pm(distance, 1),
+                pm([spread(d) for d in r["distance"]], 1),
+            ]
+        )
     return columns, rows
 
 
@@ -86,13 +107,18 @@ def checks(results: dict) -> list[Check]:
     distance_range = mean_std([spread(d) for d in most["distance"]])[0]
     entropy_range = mean_std([spread(e) for e in most["entropy"]])[0]
     return [
-        Check(f"the heads of the {names[-1]} model attend differently",
-              "within some layer, head entropies differ by >= 0.5 nats or mean distances by >= 2 tokens",
-              f"entropy range {entropy_range:.2f} nats, distance range {distance_range:.1f} tokens",
-              entropy_range >= 0.5 or distance_range >= 2.0),
-        Check("several heads model the text at least as well as one head of the same width",
-              "the best multi-head validation loss <= the one-head loss",
-              f"{names[best]} {loss[best]:.3f}, {names[0]} {loss[0]:.3f}", loss[best] <= loss[0]),
+        Check(
+            f"the heads of the {names[-1]} model attend differently",
+            "within some layer, head entropies differ by >= 0.5 nats or mean distances by >= 2 tokens",
+            f"entropy range {entropy_range:.2f} nats, distance range {distance_range:.1f} tokens",
+            entropy_range >= 0.5 or distance_range >= 2.0,
+        ),
+        Check(
+            "several heads model the text at least as well as one head of the same width",
+            "the best multi-head validation loss <= the one-head loss",
+            f"{names[best]} {loss[best]:.3f}, {names[0]} {loss[0]:.3f}",
+            loss[best] <= loss[0],
+        ),
     ]
 
 
@@ -102,8 +128,9 @@ def plots(results: dict, directory: Path) -> list[Path]:
         entropy = [x for layer in r["entropy"][0] for x in layer]  # seed 0, every layer and head
         distance = [x for layer in r["distance"][0] for x in layer]
         scatter.scatter(distance, entropy, label=arm, alpha=0.8)
-    scatter.set(xlabel="mean attended distance (tokens)", ylabel="attention entropy (nats)",
-                title="one point per head (seed 0)")
+    scatter.set(
+        xlabel="mean attended distance (tokens)", ylabel="attention entropy (nats)", title="one point per head (seed 0)"
+    )
     scatter.legend()
     curves(lm, {arm: r["val_curves"] for arm, r in results["arms"].items()}, marker="o")
     lm.set(title="LM validation loss")

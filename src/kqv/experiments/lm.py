@@ -10,8 +10,9 @@ from __future__ import annotations
 import functools
 import math
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -91,17 +92,31 @@ class LMConfig(ExperimentConfig):
         return TrainConfig(**{**values, **TRAIN_FIXED, **derived, **changes})
 
     def sizes(self) -> str:
-        return (f"d_model {self.d_model}, {self.n_heads} heads, {self.n_layers} layers, d_ff {self.d_ff}, context "
-                f"{self.context}, {self.position} positions; {self.steps} steps of {self.batch_size} x {self.context} "
-                f"tokens, lr {self.lr:g} "
-                f"(AdamW, {self.warmup_steps} warm-up steps, cosine decay), fp32")
+        return (
+            f"d_model {self.d_model}, {self.n_heads} heads, {self.n_layers} layers, d_ff {self.d_ff}, context "
+            f"{self.context}, {self.position} positions; {self.steps} steps of {self.batch_size} x {self.context} "
+            f"tokens, lr {self.lr:g} "
+            f"(AdamW, {self.warmup_steps} warm-up steps, cosine decay), fp32"
+        )
 
 
 # LMConfig field -> the ModelConfig / TrainConfig field it sets
-MODEL_FIELDS = {"d_model": "d_model", "n_heads": "n_heads", "n_layers": "n_layers", "d_ff": "d_ff",
-                "context": "max_len", "position": "position"}
-TRAIN_FIELDS = {"steps": "steps", "batch_size": "batch_size", "lr": "lr", "warmup_steps": "warmup_steps",
-                "eval_every": "eval_every", "eval_batches": "eval_batches"}
+MODEL_FIELDS = {
+    "d_model": "d_model",
+    "n_heads": "n_heads",
+    "n_layers": "n_layers",
+    "d_ff": "d_ff",
+    "context": "max_len",
+    "position": "position",
+}
+TRAIN_FIELDS = {
+    "steps": "steps",
+    "batch_size": "batch_size",
+    "lr": "lr",
+    "warmup_steps": "warmup_steps",
+    "eval_every": "eval_every",
+    "eval_batches": "eval_batches",
+}
 # the same in every experiment: no dropout (short runs, and arms compared on the same batches), fp32
 MODEL_FIXED: dict[str, Any] = {"dropout": 0.0}
 TRAIN_FIXED: dict[str, Any] = {"precision": "fp32"}
@@ -141,9 +156,15 @@ def validation_loss(model: nn.Module, corpus: Corpus, setup: LMConfig) -> float:
     return sum(losses) / len(losses)
 
 
-def train_lm(setup: LMConfig, seed: int, *, build: Callable[[ModelConfig], nn.Module] = DecoderLM,
-             corpus: Corpus | None = None, model_changes: dict[str, Any] | None = None,
-             train_changes: dict[str, Any] | None = None) -> Trained:
+def train_lm(
+    setup: LMConfig,
+    seed: int,
+    *,
+    build: Callable[[ModelConfig], nn.Module] = DecoderLM,
+    corpus: Corpus | None = None,
+    model_changes: dict[str, Any] | None = None,
+    train_changes: dict[str, Any] | None = None,
+) -> Trained:
     """Build `build(model_config)` with torch seeded by `seed`, train it, and return its curves.
 
     A run that diverges (the Trainer stops it with TrainingDiverged after `max_bad_steps` non-finite updates in a
@@ -153,10 +174,16 @@ def train_lm(setup: LMConfig, seed: int, *, build: Callable[[ModelConfig], nn.Mo
     model = build(setup.model_config(corpus.vocab_size, **(model_changes or {})))
     config = setup.train_config(seed, **(train_changes or {}))
     with tempfile.TemporaryDirectory(prefix="kqv-experiment-") as run_dir:
-        trainer = Trainer(model, config, run_dir, train_batches=lambda i: lm_batch(corpus.train, setup, seed, i),
-                          loss_fn=lambda m, batch: m(*batch),
-                          val_batches=lambda i: lm_batch(corpus.val, setup, VAL_SEED, i),
-                          tokens_per_batch=setup.batch_size * setup.context, quiet=True)
+        trainer = Trainer(
+            model,
+            config,
+            run_dir,
+            train_batches=lambda i: lm_batch(corpus.train, setup, seed, i),
+            loss_fn=lambda m, batch: m(*batch),
+            val_batches=lambda i: lm_batch(corpus.val, setup, VAL_SEED, i),
+            tokens_per_batch=setup.batch_size * setup.context,
+            quiet=True,
+        )
         diverged = False
         try:
             trainer.train()
@@ -176,9 +203,15 @@ class Arm:
     train: dict[str, Any] = field(default_factory=dict)
 
 
-def train_arms(setup: LMConfig, seeds: list[int], arms: dict[str, Arm], progress: Progress, *,
-               corpus: Corpus | None = None, measure: Callable[[Trained], dict[str, Any]] | None = None
-               ) -> dict[str, dict[str, Any]]:
+def train_arms(
+    setup: LMConfig,
+    seeds: list[int],
+    arms: dict[str, Arm],
+    progress: Progress,
+    *,
+    corpus: Corpus | None = None,
+    measure: Callable[[Trained], dict[str, Any]] | None = None,
+) -> dict[str, dict[str, Any]]:
     """Train every arm on every seed (seed-major, so a cut-short run still has every arm of the first seeds).
 
     Returns per arm: lists over seeds of `val_loss`, `train_loss`, `train_curves`, `val_curves`, `diverged` and of
@@ -187,11 +220,17 @@ def train_arms(setup: LMConfig, seeds: list[int], arms: dict[str, Arm], progress
     results: dict[str, dict[str, Any]] = {name: {} for name in arms}
     for seed in seeds:
         for name, arm in arms.items():
-            trained = train_lm(setup, seed, build=arm.build, corpus=corpus, model_changes=arm.model,
-                               train_changes=arm.train)
-            values = {"val_loss": trained.val_loss, "train_loss": trained.train_loss,
-                      "train_curves": trained.train_curve, "val_curves": trained.val_curve,
-                      "diverged": trained.diverged, **(measure(trained) if measure else {})}
+            trained = train_lm(
+                setup, seed, build=arm.build, corpus=corpus, model_changes=arm.model, train_changes=arm.train
+            )
+            values = {
+                "val_loss": trained.val_loss,
+                "train_loss": trained.train_loss,
+                "train_curves": trained.train_curve,
+                "val_curves": trained.val_curve,
+                "diverged": trained.diverged,
+                **(measure(trained) if measure else {}),
+            }
             for key, value in values.items():
                 results[name].setdefault(key, []).append(value)
             results[name]["parameters"] = count_parameters(trained.model)
@@ -219,8 +258,11 @@ def head_statistics(weights: Tensor) -> dict[str, list[float]]:
     entropy = -(weights * weights.clamp_min(1e-12).log()).sum(-1)  # (batch, heads, time)
     attended = (weights * distance).sum(-1)  # (batch, heads, time)
     diagonal = weights.diagonal(dim1=-2, dim2=-1)  # (batch, heads, time)
-    return {"entropy": entropy.mean((0, 2)).tolist(), "distance": attended.mean((0, 2)).tolist(),
-            "diagonal": diagonal.mean((0, 2)).tolist()}
+    return {
+        "entropy": entropy.mean((0, 2)).tolist(),
+        "distance": attended.mean((0, 2)).tolist(),
+        "diagonal": diagonal.mean((0, 2)).tolist(),
+    }
 
 
 def unigram_loss(corpus: Corpus) -> float:
@@ -232,5 +274,16 @@ def unigram_loss(corpus: Corpus) -> float:
 
 
 # the sizes of the quick runs that the test suite makes: a few seconds per training run on one core
-QUICK_LM = dict(d_model=32, n_heads=2, n_layers=1, d_ff=64, context=32, batch_size=16, steps=100, warmup_steps=10,
-                eval_every=50, eval_batches=4, seeds=1)
+QUICK_LM = dict(
+    d_model=32,
+    n_heads=2,
+    n_layers=1,
+    d_ff=64,
+    context=32,
+    batch_size=16,
+    steps=100,
+    warmup_steps=10,
+    eval_every=50,
+    eval_batches=4,
+    seeds=1,
+)

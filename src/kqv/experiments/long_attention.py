@@ -39,10 +39,12 @@ from .plotting import figure, save
 
 NAME = "long-attention"
 CLAIM = "Linformer and BigBird cut the time and memory of long inputs, at a cost in long-range recall"
-LECTURE = ("Self-attention's computation grows quadratically with the sequence length. Much recent work asks: can we "
-           "build models like Transformers without paying the all-pairs self-attention cost? Linformer maps the "
-           "sequence length dimension to a lower-dimensional space for values and keys; BigBird replaces all-pairs "
-           "interactions with a family of other interactions: local windows, looking at everything, random.")
+LECTURE = (
+    "Self-attention's computation grows quadratically with the sequence length. Much recent work asks: can we "
+    "build models like Transformers without paying the all-pairs self-attention cost? Linformer maps the "
+    "sequence length dimension to a lower-dimensional space for values and keys; BigBird replaces all-pairs "
+    "interactions with a family of other interactions: local windows, looking at everything, random."
+)
 FIELDS = ("methods", "stages", "accuracy", "measure_lengths", "seconds", "peak_mb", "parameters")
 
 
@@ -70,30 +72,51 @@ class Config(ExperimentConfig):
     def check(self) -> None:
         super().check()
         if len(self.lengths) != len(self.steps):
-            raise ExperimentError(f"lengths and steps pair up: got {len(self.lengths)} lengths, "
-                                  f"{len(self.steps)} steps")
+            raise ExperimentError(
+                f"lengths and steps pair up: got {len(self.lengths)} lengths, {len(self.steps)} steps"
+            )
 
     def model_config(self, method: str, max_len: int) -> ModelConfig:
-        return ModelConfig(vocab_size=VOCAB, d_model=self.d_model, n_heads=2, n_layers=self.n_layers,
-                           d_ff=2 * self.d_model, max_len=max_len, dropout=0.0, position="rope", attention=method,
-                           linformer={"k": min(self.linformer_k, max_len)},
-                           bigbird={"block": self.block, "window": 1, "global_blocks": 1, "random_blocks": 1})
+        return ModelConfig(
+            vocab_size=VOCAB,
+            d_model=self.d_model,
+            n_heads=2,
+            n_layers=self.n_layers,
+            d_ff=2 * self.d_model,
+            max_len=max_len,
+            dropout=0.0,
+            position="rope",
+            attention=method,
+            linformer={"k": min(self.linformer_k, max_len)},
+            bigbird={"block": self.block, "window": 1, "global_blocks": 1, "random_blocks": 1},
+        )
 
 
 FULL = Config()
-QUICK = Config(lengths=(64, 128), steps=(20, 8), measure_lengths=(128,), batch_size=8, d_model=32, n_layers=1,
-               linformer_k=16, block=16, eval_sequences=64)
+QUICK = Config(
+    lengths=(64, 128),
+    steps=(20, 8),
+    measure_lengths=(128,),
+    batch_size=8,
+    d_model=32,
+    n_layers=1,
+    linformer_k=16,
+    block=16,
+    eval_sequences=64,
+)
 
 
 def method(config: Config) -> str:
     stages = ", then ".join(f"{s} steps at {n}" for n, s in zip(config.lengths, config.steps))
-    return (f"A {config.n_layers}-layer DecoderLM (d_model {config.d_model}, 2 heads, RoPE) per core "
-            f"({', '.join(methods())}; Linformer k = {config.linformer_k}, BigBird blocks of {config.block} with 1 "
-            f"window, 1 global and 1 random block) trained by kqv's Trainer on the needle task: {stages} tokens "
-            f"(batch {config.batch_size}, AdamW, peak lr {config.lr:g} per stage with 10% warm-up and cosine decay, "
-            f"fp32); accuracy on the last query of {config.eval_sequences} held-out sequences after each stage. "
-            f"Time and peak memory: one forward + backward pass on one sequence of "
-            f"{', '.join(map(str, config.measure_lengths))} tokens, median of 2 after a warm-up, in a fresh process.")
+    return (
+        f"A {config.n_layers}-layer DecoderLM (d_model {config.d_model}, 2 heads, RoPE) per core "
+        f"({', '.join(methods())}; Linformer k = {config.linformer_k}, BigBird blocks of {config.block} with 1 "
+        f"window, 1 global and 1 random block) trained by kqv's Trainer on the needle task: {stages} tokens "
+        f"(batch {config.batch_size}, AdamW, peak lr {config.lr:g} per stage with 10% warm-up and cosine decay, "
+        f"fp32); accuracy on the last query of {config.eval_sequences} held-out sequences after each stage. "
+        f"Time and peak memory: one forward + backward pass on one sequence of "
+        f"{', '.join(map(str, config.measure_lengths))} tokens, median of 2 after a warm-up, in a fresh process."
+    )
 
 
 def needle_loss(model: DecoderLM, batch: tuple) -> torch.Tensor:
@@ -118,10 +141,20 @@ def train_curriculum(config: Config, kind: str, seed: int, progress: Progress) -
     model = DecoderLM(config.model_config(kind, max(config.lengths)))
     found = []
     for stage, (length, steps) in enumerate(zip(config.lengths, config.steps)):
-        train = TrainConfig(steps=steps, batch_size=config.batch_size, lr=config.lr, warmup_steps=max(1, steps // 10),
-                            precision="fp32", eval_every=steps, checkpoint_every=steps, log_every=steps, seed=seed)
+        train = TrainConfig(
+            steps=steps,
+            batch_size=config.batch_size,
+            lr=config.lr,
+            warmup_steps=max(1, steps // 10),
+            precision="fp32",
+            eval_every=steps,
+            checkpoint_every=steps,
+            log_every=steps,
+            seed=seed,
+        )
         batches = lambda i, n=length, s=stage: needle_batch(
-            config.batch_size, n, torch.Generator().manual_seed(seed * 1_000_003 + s * 100_003 + i))
+            config.batch_size, n, torch.Generator().manual_seed(seed * 1_000_003 + s * 100_003 + i)
+        )
         with tempfile.TemporaryDirectory(prefix="kqv-long-attention-") as run_dir:
             Trainer(model, train, run_dir, train_batches=batches, loss_fn=needle_loss, quiet=True).train()
         found.append(accuracy(model, length, config.eval_sequences, seed))
@@ -158,10 +191,12 @@ def measure(kind: str, length: int, config: Config) -> dict[str, float]:
 
 
 def measure_in_subprocess(kind: str, length: int, config: Config, threads: int) -> dict[str, float]:
-    code = ("import json, sys, torch; from kqv.experiments.long_attention import Config, measure; "
-            f"torch.set_num_threads({threads}); torch.manual_seed(0); "
-            f"values = {{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(sys.argv[1]).items()}}; "
-            f"print(json.dumps(measure({kind!r}, {length}, Config(**values))))")
+    code = (
+        "import json, sys, torch; from kqv.experiments.long_attention import Config, measure; "
+        f"torch.set_num_threads({threads}); torch.manual_seed(0); "
+        f"values = {{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(sys.argv[1]).items()}}; "
+        f"print(json.dumps(measure({kind!r}, {length}, Config(**values))))"
+    )
     arguments = json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in vars(config).items()})
     done = subprocess.run([sys.executable, "-c", code, arguments], capture_output=True, text=True, timeout=1800)
     if done.returncode:
@@ -185,9 +220,15 @@ def run(config: Config, seeds: list[int], progress: Progress) -> dict:
             seconds[kind].append(result["seconds"])
             peak[kind].append(result["peak_mb"])
             progress.step(f"{kind} n={length}: {result['seconds']:.2f} s, {result['peak_mb']:.0f} MB")
-    return {"methods": list(kinds), "stages": [list(x) for x in zip(config.lengths, config.steps)],
-            "accuracy": accuracy_found, "measure_lengths": list(config.measure_lengths), "seconds": seconds,
-            "peak_mb": peak, "parameters": parameters}
+    return {
+        "methods": list(kinds),
+        "stages": [list(x) for x in zip(config.lengths, config.steps)],
+        "accuracy": accuracy_found,
+        "measure_lengths": list(config.measure_lengths),
+        "seconds": seconds,
+        "peak_mb": peak,
+        "parameters": parameters,
+    }
 
 
 def mean_accuracy(results: dict, kind: str, stage: int) -> float:
@@ -216,18 +257,30 @@ def checks(results: dict) -> list[Check]:
     recall = {k: mean_accuracy(results, k, last) for k in cheaper}
     trained = results["stages"][last][0]
     return [
-        Check("full attention learns the long-range lookup", "accuracy >= 50% (chance 12.5%) after every stage",
-              ", ".join(f"{a:.1%}" for a in full_accuracy), all(a >= 0.5 for a in full_accuracy)),
-        Check(f"the cheaper cores are faster than full attention at {longest} tokens",
-              "time < full attention's for every cheaper core",
-              ", ".join(f"{k} {r:.2f}x" for k, r in time_ratio.items()), all(r < 1 for r in time_ratio.values())),
-        Check(f"the cheaper cores use less memory than full attention at {longest} tokens",
-              "peak memory < full attention's for every cheaper core",
-              ", ".join(f"{k} {r:.2f}x" for k, r in memory_ratio.items()), all(r < 1 for r in memory_ratio.values())),
-        Check(f"the cheaper cores recall the needle less well at {trained} tokens",
-              "accuracy at least 10 points below full attention's for every cheaper core",
-              f"full {full_accuracy[-1]:.1%}; " + ", ".join(f"{k} {a:.1%}" for k, a in recall.items()),
-              all(a <= full_accuracy[-1] - 0.1 for a in recall.values())),
+        Check(
+            "full attention learns the long-range lookup",
+            "accuracy >= 50% (chance 12.5%) after every stage",
+            ", ".join(f"{a:.1%}" for a in full_accuracy),
+            all(a >= 0.5 for a in full_accuracy),
+        ),
+        Check(
+            f"the cheaper cores are faster than full attention at {longest} tokens",
+            "time < full attention's for every cheaper core",
+            ", ".join(f"{k} {r:.2f}x" for k, r in time_ratio.items()),
+            all(r < 1 for r in time_ratio.values()),
+        ),
+        Check(
+            f"the cheaper cores use less memory than full attention at {longest} tokens",
+            "peak memory < full attention's for every cheaper core",
+            ", ".join(f"{k} {r:.2f}x" for k, r in memory_ratio.items()),
+            all(r < 1 for r in memory_ratio.values()),
+        ),
+        Check(
+            f"the cheaper cores recall the needle less well at {trained} tokens",
+            "accuracy at least 10 points below full attention's for every cheaper core",
+            f"full {full_accuracy[-1]:.1%}; " + ", ".join(f"{k} {a:.1%}" for k, a in recall.items()),
+            all(a <= full_accuracy[-1] - 0.1 for a in recall.values()),
+        ),
     ]
 
 
@@ -239,12 +292,27 @@ def plots(results: dict, directory: Path) -> list[Path]:
         seconds.plot(results["measure_lengths"], results["seconds"][kind], "o-", label=kind)
         memory.plot(results["measure_lengths"], [max(m, 0.1) for m in results["peak_mb"][kind]], "o-", label=kind)
     quality.axhline(1 / 8, color="k", linestyle=":", label="chance")
-    quality.set(xscale="log", ylim=(0, 1.05), xlabel="sequence length (curriculum)", ylabel="needle accuracy",
-                title="long-range recall")
-    seconds.set(xscale="log", yscale="log", xlabel="sequence length", ylabel="forward + backward (s)",
-                title="time, one sequence")
-    memory.set(xscale="log", yscale="log", xlabel="sequence length", ylabel="peak memory above inputs (MB)",
-               title="memory, one sequence")
+    quality.set(
+        xscale="log",
+        ylim=(0, 1.05),
+        xlabel="sequence length (curriculum)",
+        ylabel="needle accuracy",
+        title="long-range recall",
+    )
+    seconds.set(
+        xscale="log",
+        yscale="log",
+        xlabel="sequence length",
+        ylabel="forward + backward (s)",
+        title="time, one sequence",
+    )
+    memory.set(
+        xscale="log",
+        yscale="log",
+        xlabel="sequence length",
+        ylabel="peak memory above inputs (MB)",
+        title="memory, one sequence",
+    )
     for ax in (quality, seconds, memory):
         ax.legend(fontsize=8)
     return [save(fig, directory / "long-attention.png")]

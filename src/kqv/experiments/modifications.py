@@ -27,16 +27,26 @@ from .plotting import figure, save
 
 NAME = "modifications"
 CLAIM = "of single modifications to the vanilla block, GLU feed-forwards help most, as Narang et al. 2021 found"
-LECTURE = ("Do Transformer modifications transfer? Narang et al. 2021 re-implemented dozens of them in one code base: "
-           "most did not improve on the vanilla Transformer; the ones that did (e.g. GLU variants, RMSNorm) were "
-           "mostly small changes.")
+LECTURE = (
+    "Do Transformer modifications transfer? Narang et al. 2021 re-implemented dozens of them in one code base: "
+    "most did not improve on the vanilla Transformer; the ones that did (e.g. GLU variants, RMSNorm) were "
+    "mostly small changes."
+)
 FIELDS = ("arms", "paper", "switch_available")
 # Narang et al. 2021, Table 1: (early loss at 65k steps, mean over 5 runs; final loss at 524k steps), T5-base on C4
-PAPER = {"vanilla (ReLU)": (2.182, 1.838), "GELU": (2.179, 1.838), "SwiGLU": (2.127, 1.789),
-         "GeGLU": (2.130, 1.792), "RMSNorm": (2.167, 1.821), "untied embeddings": (2.195, 1.834),
-         "Switch MoE": (2.135, 1.758)}
-PAPER_SOURCE = ("Narang et al. 2021, Table 1 (T5-base-sized encoder-decoder on C4; early loss at 65k steps, mean of 5 "
-                "runs; final loss at 524k steps); post-LN is not a row of that table")
+PAPER = {
+    "vanilla (ReLU)": (2.182, 1.838),
+    "GELU": (2.179, 1.838),
+    "SwiGLU": (2.127, 1.789),
+    "GeGLU": (2.130, 1.792),
+    "RMSNorm": (2.167, 1.821),
+    "untied embeddings": (2.195, 1.834),
+    "Switch MoE": (2.135, 1.758),
+}
+PAPER_SOURCE = (
+    "Narang et al. 2021, Table 1 (T5-base-sized encoder-decoder on C4; early loss at 65k steps, mean of 5 "
+    "runs; final loss at 524k steps); post-LN is not a row of that table"
+)
 
 
 def switch_available() -> bool:
@@ -58,10 +68,15 @@ QUICK = Config(**{**QUICK_LM, "steps": 30, "eval_every": 30})
 
 def arms(config: Config) -> dict[str, Arm]:
     glu_d_ff = round(2 * config.d_ff / 3)
-    found = {"vanilla (ReLU)": {}, "GELU": {"activation": "gelu"},
-             "SwiGLU": {"activation": "swiglu", "d_ff": glu_d_ff}, "GeGLU": {"activation": "geglu", "d_ff": glu_d_ff},
-             "RMSNorm": {"norm": "rmsnorm"}, "post-LN": {"norm_first": False},
-             "untied embeddings": {"tie_embeddings": False}}
+    found = {
+        "vanilla (ReLU)": {},
+        "GELU": {"activation": "gelu"},
+        "SwiGLU": {"activation": "swiglu", "d_ff": glu_d_ff},
+        "GeGLU": {"activation": "geglu", "d_ff": glu_d_ff},
+        "RMSNorm": {"norm": "rmsnorm"},
+        "post-LN": {"norm_first": False},
+        "untied embeddings": {"tie_embeddings": False},
+    }
     if switch_available():
         found["Switch MoE"] = {"ffn": "switch"}
     return {name: Arm(model={"activation": "relu", **changes}) for name, changes in found.items()}
@@ -69,16 +84,22 @@ def arms(config: Config) -> dict[str, Arm]:
 
 def method(config: Config) -> str:
     moe = "a Switch MoE row" if switch_available() else "no MoE row (kqv's ModelConfig has no ffn='switch' yet)"
-    return (f"A character-level Shakespeare LM ({config.sizes()}) as the vanilla block (ReLU, LayerNorm, pre-LN, tied "
-            f"embeddings) and with one change each: {', '.join(list(arms(config))[1:])}; GLU variants use d_ff "
-            f"{round(2 * config.d_ff / 3)}; {moe}. Ranked by mean validation loss over the seeds.")
+    return (
+        f"A character-level Shakespeare LM ({config.sizes()}) as the vanilla block (ReLU, LayerNorm, pre-LN, tied "
+        f"embeddings) and with one change each: {', '.join(list(arms(config))[1:])}; GLU variants use d_ff "
+        f"{round(2 * config.d_ff / 3)}; {moe}. Ranked by mean validation loss over the seeds."
+    )
 
 
 def run(config: Config, seeds: list[int], progress: Progress) -> dict:
     chosen = arms(config)
     progress.plan(len(chosen) * len(seeds))
-    return {"arms": train_arms(config, seeds, chosen, progress), "paper": {k: list(v) for k, v in PAPER.items()},
-            "paper_source": PAPER_SOURCE, "switch_available": "Switch MoE" in chosen}
+    return {
+        "arms": train_arms(config, seeds, chosen, progress),
+        "paper": {k: list(v) for k, v in PAPER.items()},
+        "paper_source": PAPER_SOURCE,
+        "switch_available": "Switch MoE" in chosen,
+    }
 
 
 def ranking(results: dict) -> list[str]:
@@ -100,8 +121,17 @@ def table(results: dict) -> tuple[list[str], list[list]]:
     for rank, arm in enumerate(ranking(results), 1):
         r, paper = results["arms"][arm], results["paper"].get(arm)
         loss = mean_std(r["val_loss"])[0]
-        rows.append([rank, arm, r["parameters"], pm(r["val_loss"]), f"{loss - vanilla:+.3f}",
-                     paper[0] if paper else "not in Table 1", paper[1] if paper else ""])
+        rows.append(
+            [
+                rank,
+                arm,
+                r["parameters"],
+                pm(r["val_loss"]),
+                f"{loss - vanilla:+.3f}",
+                paper[0] if paper else "not in Table 1",
+                paper[1] if paper else "",
+            ]
+        )
     return columns, rows
 
 
@@ -109,18 +139,28 @@ def checks(results: dict) -> list[Check]:
     loss = {arm: mean_std(r["val_loss"])[0] for arm, r in results["arms"].items()}
     rho, common = rank_agreement(results)
     return [
-        Check("GLU feed-forwards beat the vanilla ReLU block (Narang et al.: SwiGLU 1.789, GeGLU 1.792 vs 1.838)",
-              "SwiGLU and GeGLU both have a lower mean validation loss than vanilla",
-              f"SwiGLU {loss['SwiGLU']:.3f}, GeGLU {loss['GeGLU']:.3f}, vanilla {loss['vanilla (ReLU)']:.3f}",
-              loss["SwiGLU"] < loss["vanilla (ReLU)"] and loss["GeGLU"] < loss["vanilla (ReLU)"]),
-        Check(f"the ranking agrees with the paper's on the {len(common)} rows both have",
-              "Spearman rank correlation with the paper's final losses >= 0.5", f"rho = {rho:+.2f}", rho >= 0.5),
+        Check(
+            "GLU feed-forwards beat the vanilla ReLU block (Narang et al.: SwiGLU 1.789, GeGLU 1.792 vs 1.838)",
+            "SwiGLU and GeGLU both have a lower mean validation loss than vanilla",
+            f"SwiGLU {loss['SwiGLU']:.3f}, GeGLU {loss['GeGLU']:.3f}, vanilla {loss['vanilla (ReLU)']:.3f}",
+            loss["SwiGLU"] < loss["vanilla (ReLU)"] and loss["GeGLU"] < loss["vanilla (ReLU)"],
+        ),
+        Check(
+            f"the ranking agrees with the paper's on the {len(common)} rows both have",
+            "Spearman rank correlation with the paper's final losses >= 0.5",
+            f"rho = {rho:+.2f}",
+            rho >= 0.5,
+        ),
     ]
 
 
 def notes(results: dict) -> str:
-    moe = ("" if results["switch_available"] else " The Switch mixture-of-experts row is left out: kqv's ModelConfig "
-           "does not offer ffn='switch' in this version.")
+    moe = (
+        ""
+        if results["switch_available"]
+        else " The Switch mixture-of-experts row is left out: kqv's ModelConfig "
+        "does not offer ffn='switch' in this version."
+    )
     return f"**Beside the paper.** Paper figures: {results['paper_source']}.{moe}"
 
 
@@ -132,8 +172,11 @@ def plots(results: dict, directory: Path) -> list[Path]:
     ours.set_yticks(range(len(order)), order)
     ours.invert_yaxis()
     low = min(m - s for m, s in means)
-    ours.set(xlim=(low - 0.05, max(m + s for m, s in means) + 0.02), xlabel="validation loss (mean ± std)",
-             title="this run (best first)")
+    ours.set(
+        xlim=(low - 0.05, max(m + s for m, s in means) + 0.02),
+        xlabel="validation loss (mean ± std)",
+        title="this run (best first)",
+    )
     shared = [a for a in order if a in results["paper"]]
     paper.barh(range(len(shared)), [results["paper"][a][1] for a in shared], color="tab:orange")
     paper.set_yticks(range(len(shared)), shared)

@@ -31,8 +31,10 @@ from .plotting import curves, figure, save
 
 NAME = "no-causal-mask"
 CLAIM = "a decoder trained without its causal mask reaches a far lower training loss, yet fails when evaluated causally"
-LECTURE = ("To use self-attention in decoders, we need to ensure we can't peek at the future. To enable "
-           "parallelization, we mask out attention to future words by setting attention scores to -infinity.")
+LECTURE = (
+    "To use self-attention in decoders, we need to ensure we can't peek at the future. To enable "
+    "parallelization, we mask out attention to future words by setting attention scores to -infinity."
+)
 FIELDS = ("arms", "control", "ln_vocab")
 ARMS = {"causal": Arm(), "no mask": Arm(lambda config: peeking(DecoderLM(config)))}
 
@@ -52,11 +54,13 @@ QUICK = Config(**QUICK_LM, control_steps=60, sample_chars=60)
 
 
 def method(config: Config) -> str:
-    return (f"A character-level Shakespeare LM ({config.sizes()}) trained with and without its causal mask on the "
-            f"same batches; the no-mask model is then evaluated with the mask on ({config.eval_batches} validation "
-            f"blocks) and samples {config.sample_chars} characters after {config.prompt!r} (temperature 0.8, "
-            f"top-k 40). "
-            f"Control: {config.control_steps} steps on uniformly random tokens (V = {config.control_vocab}), seed 0.")
+    return (
+        f"A character-level Shakespeare LM ({config.sizes()}) trained with and without its causal mask on the "
+        f"same batches; the no-mask model is then evaluated with the mask on ({config.eval_batches} validation "
+        f"blocks) and samples {config.sample_chars} characters after {config.prompt!r} (temperature 0.8, "
+        f"top-k 40). "
+        f"Control: {config.control_steps} steps on uniformly random tokens (V = {config.control_vocab}), seed 0."
+    )
 
 
 def run(config: Config, seeds: list[int], progress: Progress) -> dict:
@@ -67,24 +71,49 @@ def run(config: Config, seeds: list[int], progress: Progress) -> dict:
         """The validation loss with the causal mask on, and a sample (generation sees no future either)."""
         set_peeking(trained.model, False)
         trained.model.eval()
-        sample = generate_text(trained.model, corpus.tokenizer, config.prompt, config.sample_chars, temperature=0.8,
-                               top_k=40, generator=torch.Generator().manual_seed(0))
+        sample = generate_text(
+            trained.model,
+            corpus.tokenizer,
+            config.prompt,
+            config.sample_chars,
+            temperature=0.8,
+            top_k=40,
+            generator=torch.Generator().manual_seed(0),
+        )
         return {"val_loss_causal": validation_loss(trained.model, corpus, config), "samples": sample}
 
     arms = train_arms(config, seeds, ARMS, progress, corpus=corpus, measure=honestly)
-    control = train_arms(config, seeds[:1], {arm: Arm(spec.build, train={"steps": config.control_steps,
-                                                                          "checkpoint_every": config.control_steps})
-                                             for arm, spec in ARMS.items()},
-                         progress, corpus=random_tokens(config.control_vocab, 200_000))
+    control = train_arms(
+        config,
+        seeds[:1],
+        {
+            arm: Arm(spec.build, train={"steps": config.control_steps, "checkpoint_every": config.control_steps})
+            for arm, spec in ARMS.items()
+        },
+        progress,
+        corpus=random_tokens(config.control_vocab, 200_000),
+    )
     return {"arms": arms, "control": control, "ln_vocab": math.log(config.control_vocab)}
 
 
 def table(results: dict) -> tuple[list[str], list[list]]:
-    columns = ["model", "training loss (as trained)", "validation loss (as trained)",
-               "validation loss, evaluated causally",
-               f"training loss on random tokens (ln V = {results['ln_vocab']:.3f})"]
-    rows = [[arm, pm(r["train_loss"]), pm(r["val_loss"]), pm(r["val_loss_causal"]),
-             pm(results["control"][arm]["train_loss"])] for arm, r in results["arms"].items()]
+    columns = [
+        "model",
+        "training loss (as trained)",
+        "validation loss (as trained)",
+        "validation loss, evaluated causally",
+        f"training loss on random tokens (ln V = {results['ln_vocab']:.3f})",
+    ]
+    rows = [
+        [
+            arm,
+            pm(r["train_loss"]),
+            pm(r["val_loss"]),
+            pm(r["val_loss_causal"]),
+            pm(results["control"][arm]["train_loss"]),
+        ]
+        for arm, r in results["arms"].items()
+    ]
     return columns, rows
 
 
@@ -94,23 +123,33 @@ def checks(results: dict) -> list[Check]:
     causal = {arm: mean_std(arms[arm]["val_loss_causal"])[0] for arm in arms}
     control = {arm: mean_std(results["control"][arm]["train_loss"])[0] for arm in arms}
     return [
-        Check("without the mask the training loss is much lower", "no-mask training loss <= half the causal one",
-              f"no mask {train['no mask']:.3f}, causal {train['causal']:.3f}", train["no mask"] <= train["causal"] / 2),
-        Check("evaluated causally, the no-mask model is much worse",
-              "its causal validation loss >= causal model's + 0.5",
-              f"no mask {causal['no mask']:.3f}, causal {causal['causal']:.3f}",
-              causal["no mask"] >= causal["causal"] + 0.5),
-        Check("control: on random tokens only the no-mask model's loss falls",
-              "causal >= 0.95 ln V and no mask <= 0.5 ln V",
-              f"causal {control['causal']:.3f}, no mask {control['no mask']:.3f}, ln V {ln_v:.3f}",
-              control["causal"] >= 0.95 * ln_v and control["no mask"] <= 0.5 * ln_v),
+        Check(
+            "without the mask the training loss is much lower",
+            "no-mask training loss <= half the causal one",
+            f"no mask {train['no mask']:.3f}, causal {train['causal']:.3f}",
+            train["no mask"] <= train["causal"] / 2,
+        ),
+        Check(
+            "evaluated causally, the no-mask model is much worse",
+            "its causal validation loss >= causal model's + 0.5",
+            f"no mask {causal['no mask']:.3f}, causal {causal['causal']:.3f}",
+            causal["no mask"] >= causal["causal"] + 0.5,
+        ),
+        Check(
+            "control: on random tokens only the no-mask model's loss falls",
+            "causal >= 0.95 ln V and no mask <= 0.5 ln V",
+            f"causal {control['causal']:.3f}, no mask {control['no mask']:.3f}, ln V {ln_v:.3f}",
+            control["causal"] >= 0.95 * ln_v and control["no mask"] <= 0.5 * ln_v,
+        ),
     ]
 
 
 def notes(results: dict) -> str:
     shown = [f"{arm}:\n\n```\n{json.dumps(r['samples'][0])}\n```" for arm, r in results["arms"].items()]
-    return "Samples (seed 0, the same prompt and sampling generator; as JSON strings, newlines as \\n):\n\n" + \
-        "\n\n".join(shown)
+    return (
+        "Samples (seed 0, the same prompt and sampling generator; as JSON strings, newlines as \\n):\n\n"
+        + "\n\n".join(shown)
+    )
 
 
 def plots(results: dict, directory: Path) -> list[Path]:

@@ -28,13 +28,21 @@ from .plotting import curves, figure, save
 
 NAME = "no-positions"
 CLAIM = "without positions an encoder is permutation-equivariant (a bag of words) and an LM trains worse"
-LECTURE = ("Self-attention doesn't build in order information; we need to encode the order of the sentence in our "
-           "keys, queries, and values. Without it, self-attention is an operation on sets.")
+LECTURE = (
+    "Self-attention doesn't build in order information; we need to encode the order of the sentence in our "
+    "keys, queries, and values. Without it, self-attention is an operation on sets."
+)
 FIELDS = ("equivariance", "arms")
-ARMS = {"none": Arm(model={"position": "none"}), "learned": Arm(model={"position": "learned"}),
-        "rope": Arm(model={"position": "rope"})}
-MODELS = {"Encoder, no positions": ("encoder", "none"), "Encoder, learned positions": ("encoder", "learned"),
-          "DecoderLM, no positions (causal)": ("decoder", "none")}
+ARMS = {
+    "none": Arm(model={"position": "none"}),
+    "learned": Arm(model={"position": "learned"}),
+    "rope": Arm(model={"position": "rope"}),
+}
+MODELS = {
+    "Encoder, no positions": ("encoder", "none"),
+    "Encoder, learned positions": ("encoder", "learned"),
+    "DecoderLM, no positions (causal)": ("decoder", "none"),
+}
 
 
 @dataclass
@@ -49,10 +57,12 @@ QUICK = Config(**QUICK_LM, permutations=5)
 
 
 def method(config: Config) -> str:
-    return (f"(1) For randomly initialised models (d_model {config.d_model}, {config.n_layers} layers, eval mode), "
-            f"the largest |f(P x) - P f(x)| over {config.permutations} random permutations P of {config.context} "
-            f"random tokens (fp32); (2) a character-level Shakespeare LM ({config.sizes()}) trained with no, learned "
-            f"and RoPE positions on the same batches.")
+    return (
+        f"(1) For randomly initialised models (d_model {config.d_model}, {config.n_layers} layers, eval mode), "
+        f"the largest |f(P x) - P f(x)| over {config.permutations} random permutations P of {config.context} "
+        f"random tokens (fp32); (2) a character-level Shakespeare LM ({config.sizes()}) trained with no, learned "
+        f"and RoPE positions on the same batches."
+    )
 
 
 def equivariance_error(kind: str, position: str, config: Config, seed: int) -> float:
@@ -94,13 +104,18 @@ def checks(results: dict) -> list[Check]:
     best = min(("learned", "rope"), key=loss.get)
     gap = loss["none"] - loss[best]
     return [
-        Check("an encoder without positions permutes its output exactly as its input",
-              "max error <= 1e-4 without positions and >= 1e-2 with learned positions",
-              f"{errors['Encoder, no positions']:.1e} without, {errors['Encoder, learned positions']:.1e} with",
-              errors["Encoder, no positions"] <= 1e-4 and errors["Encoder, learned positions"] >= 1e-2),
-        Check("an LM without positions is worse than one with them",
-              "validation loss without positions >= the better positional LM's + 0.02 nats",
-              f"none {loss['none']:.3f}, {best} {loss[best]:.3f}: gap {gap:+.3f}", gap >= 0.02),
+        Check(
+            "an encoder without positions permutes its output exactly as its input",
+            "max error <= 1e-4 without positions and >= 1e-2 with learned positions",
+            f"{errors['Encoder, no positions']:.1e} without, {errors['Encoder, learned positions']:.1e} with",
+            errors["Encoder, no positions"] <= 1e-4 and errors["Encoder, learned positions"] >= 1e-2,
+        ),
+        Check(
+            "an LM without positions is worse than one with them",
+            "validation loss without positions >= the better positional LM's + 0.02 nats",
+            f"none {loss['none']:.3f}, {best} {loss[best]:.3f}: gap {gap:+.3f}",
+            gap >= 0.02,
+        ),
     ]
 
 

@@ -25,8 +25,10 @@ from .plotting import curves, figure, save
 
 NAME = "no-query-key-maps"
 CLAIM = "attention from x.x^T (no W_Q, W_K) puts most of its weight on each token itself"
-LECTURE = ("Without the query and key matrices, x_i^T x_j is largest for j = i: each word mostly attends to itself. "
-           "The learned Q and K let the model attend to other words (x_i^T Q^T K x_j is a low-rank bilinear form).")
+LECTURE = (
+    "Without the query and key matrices, x_i^T x_j is largest for j = i: each word mostly attends to itself. "
+    "The learned Q and K let the model attend to other words (x_i^T Q^T K x_j is a low-rank bilinear form)."
+)
 FIELDS = ("arms", "uniform_diagonal")
 ARMS = {"learned W_Q, W_K": Arm(), "x . x (no W_Q, W_K)": Arm(lambda config: without_query_key_maps(DecoderLM(config)))}
 
@@ -43,9 +45,11 @@ QUICK = Config(**QUICK_LM, blocks=2)
 
 
 def method(config: Config) -> str:
-    return (f"A character-level Shakespeare LM ({config.sizes()}) trained with learned query and key maps and with "
-            f"scores from the normed input x . x^T / sqrt(d_k), on the same batches; the attention weights of every "
-            f"layer and head measured on {config.blocks} x {config.batch_size} validation blocks.")
+    return (
+        f"A character-level Shakespeare LM ({config.sizes()}) trained with learned query and key maps and with "
+        f"scores from the normed input x . x^T / sqrt(d_k), on the same batches; the attention weights of every "
+        f"layer and head measured on {config.blocks} x {config.batch_size} validation blocks."
+    )
 
 
 def run(config: Config, seeds: list[int], progress: Progress) -> dict:
@@ -58,8 +62,10 @@ def run(config: Config, seeds: list[int], progress: Progress) -> dict:
         return {"diagonal": statistics.fmean(x for layer in per_layer for x in layer), "diagonal_per_head": per_layer}
 
     uniform = statistics.fmean(1 / (i + 1) for i in range(config.context))
-    return {"arms": train_arms(config, seeds, ARMS, progress, corpus=corpus, measure=diagonal),
-            "uniform_diagonal": uniform}
+    return {
+        "arms": train_arms(config, seeds, ARMS, progress, corpus=corpus, measure=diagonal),
+        "uniform_diagonal": uniform,
+    }
 
 
 def table(results: dict) -> tuple[list[str], list[list]]:
@@ -74,12 +80,24 @@ def checks(results: dict) -> list[Check]:
     diagonal = {"learned": mean_std(learned["diagonal"])[0], "plain": mean_std(plain["diagonal"])[0]}
     gap = mean_std(plain["val_loss"])[0] - mean_std(learned["val_loss"])[0]
     return [
-        Check("without W_Q, W_K most attention goes to the token itself", "mean diagonal weight >= 0.5",
-              f"{diagonal['plain']:.3f}", diagonal["plain"] >= 0.5),
-        Check("learned maps look elsewhere", "diagonal weight without maps >= 2x the diagonal weight with them",
-              f"{diagonal['plain']:.3f} vs {diagonal['learned']:.3f}", diagonal["plain"] >= 2 * diagonal["learned"]),
-        Check("the LM without the maps is worse", "validation loss >= the learned maps' + 0.02 nats",
-              f"{pm(plain['val_loss'])} vs {pm(learned['val_loss'])}: gap {gap:+.3f}", gap >= 0.02),
+        Check(
+            "without W_Q, W_K most attention goes to the token itself",
+            "mean diagonal weight >= 0.5",
+            f"{diagonal['plain']:.3f}",
+            diagonal["plain"] >= 0.5,
+        ),
+        Check(
+            "learned maps look elsewhere",
+            "diagonal weight without maps >= 2x the diagonal weight with them",
+            f"{diagonal['plain']:.3f} vs {diagonal['learned']:.3f}",
+            diagonal["plain"] >= 2 * diagonal["learned"],
+        ),
+        Check(
+            "the LM without the maps is worse",
+            "validation loss >= the learned maps' + 0.02 nats",
+            f"{pm(plain['val_loss'])} vs {pm(learned['val_loss'])}: gap {gap:+.3f}",
+            gap >= 0.02,
+        ),
     ]
 
 

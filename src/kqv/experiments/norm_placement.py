@@ -24,14 +24,18 @@ from .plotting import figure, save
 
 NAME = "norm-placement"
 CLAIM = "post-LN without warm-up trains badly or diverges at higher learning rates; pre-LN trains without warm-up"
-LECTURE = ("Post-LN puts layer normalization after each residual addition, as the original Transformer does; "
-           "pre-LN puts it before each sublayer, inside the residual branch, and is easier to train.")
+LECTURE = (
+    "Post-LN puts layer normalization after each residual addition, as the original Transformer does; "
+    "pre-LN puts it before each sublayer, inside the residual branch, and is easier to train."
+)
 FIELDS = ("lrs", "warmup_steps", "arms", "unigram_loss", "paper")
 FAIL_MARGIN = 0.1
-PAPER = ("Xiong et al. 2020, IWSLT14 De-En (BLEU curves of the paper's figures, read off by a secondary source: "
-         "approximate): post-LN with Adam and no warm-up reaches about 8.45 BLEU against about 34 with 4,000 warm-up "
-         "steps; with 500 warm-up steps 31.16 BLEU at lr 5e-4 but 2.77 at lr 1e-3; pre-LN without warm-up reaches "
-         "about 34 BLEU in fewer epochs. On BERT pre-training post-LN diverged at lr 3e-4.")
+PAPER = (
+    "Xiong et al. 2020, IWSLT14 De-En (BLEU curves of the paper's figures, read off by a secondary source: "
+    "approximate): post-LN with Adam and no warm-up reaches about 8.45 BLEU against about 34 with 4,000 warm-up "
+    "steps; with 500 warm-up steps 31.16 BLEU at lr 5e-4 but 2.77 at lr 1e-3; pre-LN without warm-up reaches "
+    "about 34 BLEU in fewer epochs. On BERT pre-training post-LN diverged at lr 3e-4."
+)
 
 
 @dataclass
@@ -46,9 +50,11 @@ QUICK = Config(**{**QUICK_LM, "n_layers": 2, "steps": 30, "warmup_steps": 10, "e
 
 
 def method(config: Config) -> str:
-    return (f"A character-level Shakespeare LM ({config.sizes().replace(f'lr {config.lr:g} (AdamW, ', '(AdamW, ')}) "
-            f"as post-LN and pre-LN, with {config.warmup_steps} linear warm-up steps and with none, at peak learning "
-            f"rates {', '.join(f'{lr:g}' for lr in config.lrs)} (cosine decay after the peak in both cases).")
+    return (
+        f"A character-level Shakespeare LM ({config.sizes().replace(f'lr {config.lr:g} (AdamW, ', '(AdamW, ')}) "
+        f"as post-LN and pre-LN, with {config.warmup_steps} linear warm-up steps and with none, at peak learning "
+        f"rates {', '.join(f'{lr:g}' for lr in config.lrs)} (cosine decay after the peak in both cases)."
+    )
 
 
 def arm_name(placement: str, warmup: bool, lr: float) -> str:
@@ -57,12 +63,21 @@ def arm_name(placement: str, warmup: bool, lr: float) -> str:
 
 def run(config: Config, seeds: list[int], progress: Progress) -> dict:
     progress.plan(4 * len(config.lrs) * len(seeds))
-    arms = {arm_name(placement, warmup, lr): Arm(model={"norm_first": placement == "pre-LN"},
-                                                 train={"lr": lr, "warmup_steps": config.warmup_steps if warmup else 0})
-            for placement, warmup, lr in itertools.product(("post-LN", "pre-LN"), (True, False), config.lrs)}
+    arms = {
+        arm_name(placement, warmup, lr): Arm(
+            model={"norm_first": placement == "pre-LN"},
+            train={"lr": lr, "warmup_steps": config.warmup_steps if warmup else 0},
+        )
+        for placement, warmup, lr in itertools.product(("post-LN", "pre-LN"), (True, False), config.lrs)
+    }
     corpus = shakespeare()
-    return {"lrs": list(config.lrs), "warmup_steps": config.warmup_steps, "unigram_loss": unigram_loss(corpus),
-            "paper": PAPER, "arms": train_arms(config, seeds, arms, progress, corpus=corpus)}
+    return {
+        "lrs": list(config.lrs),
+        "warmup_steps": config.warmup_steps,
+        "unigram_loss": unigram_loss(corpus),
+        "paper": PAPER,
+        "arms": train_arms(config, seeds, arms, progress, corpus=corpus),
+    }
 
 
 def outcome(results: dict, arm: str) -> tuple[float, int]:
@@ -96,14 +111,18 @@ def checks(results: dict) -> list[Check]:
     pre_warm = {lr: outcome(results, arm_name("pre-LN", True, lr)) for lr in results["lrs"]}
     worst_gap = max(pre_cold[lr][0] - pre_warm[lr][0] for lr in results["lrs"])
     return [
-        Check(f"post-LN without warm-up fails or trains clearly worse at the highest lr ({top:g})",
-              "it fails on some seed, or its validation loss >= with warm-up + 0.1 nats",
-              f"no warm-up {post_cold[0]:.3f} (failed {post_cold[1]}), warm-up {post_warm[0]:.3f}",
-              post_cold[1] > 0 or post_cold[0] >= post_warm[0] + 0.1),
-        Check("pre-LN trains without warm-up at every lr",
-              "no failed run without warm-up, and no lr where it is worse than with warm-up by >= 0.1 nats",
-              f"failed runs {sum(f for _, f in pre_cold.values())}; largest gap to warm-up {worst_gap:+.3f}",
-              all(f == 0 for _, f in pre_cold.values()) and worst_gap < 0.1),
+        Check(
+            f"post-LN without warm-up fails or trains clearly worse at the highest lr ({top:g})",
+            "it fails on some seed, or its validation loss >= with warm-up + 0.1 nats",
+            f"no warm-up {post_cold[0]:.3f} (failed {post_cold[1]}), warm-up {post_warm[0]:.3f}",
+            post_cold[1] > 0 or post_cold[0] >= post_warm[0] + 0.1,
+        ),
+        Check(
+            "pre-LN trains without warm-up at every lr",
+            "no failed run without warm-up, and no lr where it is worse than with warm-up by >= 0.1 nats",
+            f"failed runs {sum(f for _, f in pre_cold.values())}; largest gap to warm-up {worst_gap:+.3f}",
+            all(f == 0 for _, f in pre_cold.values()) and worst_gap < 0.1,
+        ),
     ]
 
 
@@ -115,10 +134,18 @@ def plots(results: dict, directory: Path) -> list[Path]:
     fig, (loss_ax,) = figure(1, width=6.5)
     for placement, warmup in itertools.product(("post-LN", "pre-LN"), (True, False)):
         losses = [outcome(results, arm_name(placement, warmup, lr))[0] for lr in results["lrs"]]
-        loss_ax.plot(results["lrs"], losses, "o-" if placement == "pre-LN" else "s--",
-                     label=f"{placement}, {'warm-up' if warmup else 'no warm-up'}")
+        loss_ax.plot(
+            results["lrs"],
+            losses,
+            "o-" if placement == "pre-LN" else "s--",
+            label=f"{placement}, {'warm-up' if warmup else 'no warm-up'}",
+        )
     loss_ax.axhline(results["unigram_loss"], color="k", linestyle=":", label="unigram loss (learned nothing)")
-    loss_ax.set(xscale="log", xlabel="peak learning rate", ylabel="validation loss (diverged = unigram)",
-                title="final validation loss")
+    loss_ax.set(
+        xscale="log",
+        xlabel="peak learning rate",
+        ylabel="validation loss (diverged = unigram)",
+        title="final validation loss",
+    )
     loss_ax.legend()
     return [save(fig, directory / "norm-placement.png")]

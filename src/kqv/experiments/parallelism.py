@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import Tensor, nn
@@ -33,9 +33,11 @@ from .plotting import figure, save
 
 NAME = "parallelism"
 CLAIM = "an LSTM needs n sequential steps, self-attention 1: at fixed tokens per batch the LSTM slows as n grows"
-LECTURE = ("Recurrent models have O(sequence length) unparallelizable operations: future hidden states can't be "
-           "computed before past hidden states have been computed, which inhibits training on very large datasets. "
-           "Self-attention's number of unparallelizable operations does not increase with sequence length.")
+LECTURE = (
+    "Recurrent models have O(sequence length) unparallelizable operations: future hidden states can't be "
+    "computed before past hidden states have been computed, which inhibits training on very large datasets. "
+    "Self-attention's number of unparallelizable operations does not increase with sequence length."
+)
 FIELDS = ("lengths", "tokens", "threads", "lstm_ms", "attention_ms", "sequential_steps")
 
 
@@ -62,15 +64,20 @@ QUICK = Config(d_model=32, n_heads=2, lengths=(16, 64, 256), tokens=256, repeats
 
 
 def method(config: Config) -> str:
-    return (f"One forward + backward pass of an LSTM layer and of a causal self-attention layer, both of width "
-            f"{config.d_model} ({config.n_heads} heads), fp32, at lengths {', '.join(map(str, config.lengths))} with "
-            f"{config.tokens:,} tokens per batch; median of {config.repeats} timed passes after one warm-up, per "
-            f"seed (random inputs), at {' and '.join(map(str, config.threads))} torch thread(s).")
+    return (
+        f"One forward + backward pass of an LSTM layer and of a causal self-attention layer, both of width "
+        f"{config.d_model} ({config.n_heads} heads), fp32, at lengths {', '.join(map(str, config.lengths))} with "
+        f"{config.tokens:,} tokens per batch; median of {config.repeats} timed passes after one warm-up, per "
+        f"seed (random inputs), at {' and '.join(map(str, config.threads))} torch thread(s)."
+    )
 
 
 def layers(config: Config) -> dict[str, nn.Module]:
-    attention = MultiHeadAttention(ModelConfig(vocab_size=1, d_model=config.d_model, n_heads=config.n_heads,
-                                               max_len=max(config.lengths), dropout=0.0))
+    attention = MultiHeadAttention(
+        ModelConfig(
+            vocab_size=1, d_model=config.d_model, n_heads=config.n_heads, max_len=max(config.lengths), dropout=0.0
+        )
+    )
     return {"lstm": nn.LSTM(config.d_model, config.d_model, batch_first=True), "attention": attention}
 
 
@@ -113,9 +120,14 @@ def run(config: Config, seeds: list[int], progress: Progress) -> dict:
                         progress.step(f"{threads} thread(s) n={length} {name} {ms:.0f} ms")
     finally:
         torch.set_num_threads(previous)
-    return {"lengths": list(config.lengths), "tokens": config.tokens, "threads": list(config.threads),
-            "lstm_ms": timings["lstm"], "attention_ms": timings["attention"],
-            "sequential_steps": {"lstm": list(config.lengths), "attention": [1] * len(config.lengths)}}
+    return {
+        "lengths": list(config.lengths),
+        "tokens": config.tokens,
+        "threads": list(config.threads),
+        "lstm_ms": timings["lstm"],
+        "attention_ms": timings["attention"],
+        "sequential_steps": {"lstm": list(config.lengths), "attention": [1] * len(config.lengths)},
+    }
 
 
 def _mean(values: list[float]) -> float:
@@ -144,24 +156,33 @@ def checks(results: dict) -> list[Check]:
     growth = lstm[-1] / lstm[0]
     short = [j for j, n in enumerate(lengths) if n <= 512]
     found = [
-        Check(f"at fixed tokens per batch the LSTM slows down as its sequential steps grow ({one} thread)",
-              "LSTM time at the longest length >= 2x its time at the shortest",
-              f"{lstm[-1]:.1f} ms at n={lengths[-1]} vs {lstm[0]:.1f} ms at n={lengths[0]}: {growth:.2f}x",
-              growth >= 2.0),
-        Check(f"self-attention is faster than the LSTM at training lengths (n <= 512, {one} thread)",
-              "attention time < LSTM time at every measured n <= 512",
-              ", ".join(f"n={lengths[j]}: {lstm[j] / attention[j]:.2f}x" for j in short) + " (LSTM / attention)",
-              bool(short) and all(attention[j] < lstm[j] for j in short)),
+        Check(
+            f"at fixed tokens per batch the LSTM slows down as its sequential steps grow ({one} thread)",
+            "LSTM time at the longest length >= 2x its time at the shortest",
+            f"{lstm[-1]:.1f} ms at n={lengths[-1]} vs {lstm[0]:.1f} ms at n={lengths[0]}: {growth:.2f}x",
+            growth >= 2.0,
+        ),
+        Check(
+            f"self-attention is faster than the LSTM at training lengths (n <= 512, {one} thread)",
+            "attention time < LSTM time at every measured n <= 512",
+            ", ".join(f"n={lengths[j]}: {lstm[j] / attention[j]:.2f}x" for j in short) + " (LSTM / attention)",
+            bool(short) and all(attention[j] < lstm[j] for j in short),
+        ),
     ]
     if len(results["threads"]) > 1:
         more = str(max(results["threads"]))
-        speedup = {name: _mean(results[f"{name}_ms"][one][-1]) / _mean(results[f"{name}_ms"][more][-1])
-                   for name in ("lstm", "attention")}
-        found.append(Check(
-            f"a second core helps attention more than the LSTM at the longest length (n={lengths[-1]})",
-            f"attention's speed-up from {one} to {more} threads > the LSTM's",
-            f"attention {speedup['attention']:.2f}x, LSTM {speedup['lstm']:.2f}x",
-            speedup["attention"] > speedup["lstm"]))
+        speedup = {
+            name: _mean(results[f"{name}_ms"][one][-1]) / _mean(results[f"{name}_ms"][more][-1])
+            for name in ("lstm", "attention")
+        }
+        found.append(
+            Check(
+                f"a second core helps attention more than the LSTM at the longest length (n={lengths[-1]})",
+                f"attention's speed-up from {one} to {more} threads > the LSTM's",
+                f"attention {speedup['attention']:.2f}x, LSTM {speedup['lstm']:.2f}x",
+                speedup["attention"] > speedup["lstm"],
+            )
+        )
     return found
 
 
@@ -172,14 +193,31 @@ def plots(results: dict, directory: Path) -> list[Path]:
             values = results[f"{name}_ms"][threads]
             means = [_mean(v) for v in values]
             stds = [statistics.stdev(v) if len(v) > 1 else 0.0 for v in values]
-            times.errorbar(results["lengths"], means, yerr=stds, marker=marker, capsize=3,
-                           linestyle="-" if threads == "1" else "--", label=f"{name}, {threads} thread(s)")
-    times.set(xscale="log", yscale="log", xlabel="sequence length n (tokens per batch fixed)",
-              ylabel="forward + backward (ms)", title=f"{results['tokens']:,} tokens per batch")
+            times.errorbar(
+                results["lengths"],
+                means,
+                yerr=stds,
+                marker=marker,
+                capsize=3,
+                linestyle="-" if threads == "1" else "--",
+                label=f"{name}, {threads} thread(s)",
+            )
+    times.set(
+        xscale="log",
+        yscale="log",
+        xlabel="sequence length n (tokens per batch fixed)",
+        ylabel="forward + backward (ms)",
+        title=f"{results['tokens']:,} tokens per batch",
+    )
     times.legend()
     for name, marker in (("lstm", "o"), ("attention", "s")):
         steps.plot(results["lengths"], results["sequential_steps"][name], marker=marker, label=name)
-    steps.set(xscale="log", yscale="log", xlabel="sequence length n", ylabel="sequential steps per layer",
-              title="operations that must wait for the previous one")
+    steps.set(
+        xscale="log",
+        yscale="log",
+        xlabel="sequence length n",
+        ylabel="sequential steps per layer",
+        title="operations that must wait for the previous one",
+    )
     steps.legend()
     return [save(fig, directory / "parallelism.png")]

@@ -29,21 +29,27 @@ from .plotting import figure, save
 
 NAME = "position-extrapolation"
 CLAIM = "trained at 128 tokens, sinusoidal and learned positions fail on longer inputs while ALiBi stays flat"
-LECTURE = ("Learned absolute position embeddings definitely can't extrapolate to indices outside 1, ..., n. "
-           "Sinusoidal position representations: periodicity indicates that maybe absolute position isn't as "
-           "important, and maybe they can extrapolate to longer sequences as periods restart; but not really.")
+LECTURE = (
+    "Learned absolute position embeddings definitely can't extrapolate to indices outside 1, ..., n. "
+    "Sinusoidal position representations: periodicity indicates that maybe absolute position isn't as "
+    "important, and maybe they can extrapolate to longer sequences as periods restart; but not really."
+)
 FIELDS = ("train_length", "eval_lengths", "arms", "paper")
 SCHEMES = ("sinusoidal", "learned", "relative", "rope", "alibi")
 # Press et al. 2022 (ALiBi), WikiText-103, 16 layers, d = 1024: validation perplexity
 PAPER = {
-    "source": ("Press et al. 2022, 'Train Short, Test Long' (ICLR 2022), WikiText-103, 16 layers, d = 1,024: "
-               "Figure 1 (perplexity against evaluation length for L = 512 and 1,024; exact values in the "
-               "appendix tables)"),
+    "source": (
+        "Press et al. 2022, 'Train Short, Test Long' (ICLR 2022), WikiText-103, 16 layers, d = 1,024: "
+        "Figure 1 (perplexity against evaluation length for L = 512 and 1,024; exact values in the "
+        "appendix tables)"
+    ),
     "alibi_trained_512": {"512": 19.73, "3072": 18.40},
     "sinusoidal_trained_3072": {"3072": 18.67},
-    "shape": ("sinusoidal trained at L = 512 improves only up to about L + 20 tokens and degrades after L + 50; "
-              "rotary improves up to about L + 200; the T5 bias to L + 600-800; ALiBi keeps improving up to 3,072 "
-              "(6x its training length); learned absolute positions have no embedding past L"),
+    "shape": (
+        "sinusoidal trained at L = 512 improves only up to about L + 20 tokens and degrades after L + 50; "
+        "rotary improves up to about L + 200; the T5 bias to L + 600-800; ALiBi keeps improving up to 3,072 "
+        "(6x its training length); learned absolute positions have no embedding past L"
+    ),
 }
 
 
@@ -58,16 +64,19 @@ class Config(LMConfig):
 
 
 FULL = Config(context=128, batch_size=16, steps=400, eval_every=100)
-QUICK = Config(**{**QUICK_LM, "context": 32, "steps": 30, "eval_every": 30}, eval_lengths=(16, 32, 64, 128),
-               eval_windows=4, tail=8)
+QUICK = Config(
+    **{**QUICK_LM, "context": 32, "steps": 30, "eval_every": 30}, eval_lengths=(16, 32, 64, 128), eval_windows=4, tail=8
+)
 
 
 def method(config: Config) -> str:
-    return (f"A character-level Shakespeare LM ({config.sizes()}, token embeddings scaled by sqrt(d_model): "
-            f"{config.scale_embeddings}) trained with {', '.join(SCHEMES)} positions on the same batches; "
-            f"evaluated on {config.eval_windows} consecutive validation windows of each length "
-            f"{', '.join(map(str, config.eval_lengths))}: perplexity over every token, and over the last {config.tail} "
-            f"tokens of each window. Shaw relative positions clip distances at 16, kqv's default.")
+    return (
+        f"A character-level Shakespeare LM ({config.sizes()}, token embeddings scaled by sqrt(d_model): "
+        f"{config.scale_embeddings}) trained with {', '.join(SCHEMES)} positions on the same batches; "
+        f"evaluated on {config.eval_windows} consecutive validation windows of each length "
+        f"{', '.join(map(str, config.eval_lengths))}: perplexity over every token, and over the last {config.tail} "
+        f"tokens of each window. Shaw relative positions clip distances at 16, kqv's default."
+    )
 
 
 def window_losses(model: torch.nn.Module, corpus: Corpus, length: int, windows: int, tail: int) -> dict[str, float]:
@@ -95,8 +104,12 @@ def run(config: Config, seeds: list[int], progress: Progress) -> dict:
                 results[str(length)] = {"cannot": str(error).split(";")[0]}
         return {"eval": results}
 
-    return {"train_length": config.context, "eval_lengths": list(config.eval_lengths), "paper": PAPER,
-            "arms": train_arms(config, seeds, arms, progress, corpus=corpus, measure=extrapolate)}
+    return {
+        "train_length": config.context,
+        "eval_lengths": list(config.eval_lengths),
+        "paper": PAPER,
+        "arms": train_arms(config, seeds, arms, progress, corpus=corpus, measure=extrapolate),
+    }
 
 
 def perplexities(results: dict, scheme: str, length: int, kind: str = "all") -> list[float] | None:
@@ -126,31 +139,51 @@ def checks(results: dict) -> list[Check]:
     learned_cannot = [n for n in results["eval_lengths"] if n > train and at("learned", n) is None]
     best = min(growth, key=lambda s: at(s, longest))
     return [
-        Check(f"sinusoidal positions degrade past the training length ({train})",
-              f"perplexity at {longest} >= 1.2 x perplexity at {train}", f"{growth['sinusoidal']:.2f}x",
-              growth["sinusoidal"] >= 1.2),
-        Check("ALiBi stays flat", f"perplexity at {longest} <= 1.05 x perplexity at {train}",
-              f"{growth['alibi']:.2f}x", growth["alibi"] <= 1.05),
-        Check("learned positions cannot run past max_len", f"a clear error at every length > {train}",
-              f"'cannot' at {learned_cannot}", learned_cannot == [n for n in results["eval_lengths"] if n > train]),
-        Check("ALiBi extrapolates best (as in Press et al.)", f"ALiBi has the lowest perplexity at {longest}",
-              f"lowest: {best} ({at(best, longest):.2f}); ALiBi {at('alibi', longest):.2f}", best == "alibi"),
+        Check(
+            f"sinusoidal positions degrade past the training length ({train})",
+            f"perplexity at {longest} >= 1.2 x perplexity at {train}",
+            f"{growth['sinusoidal']:.2f}x",
+            growth["sinusoidal"] >= 1.2,
+        ),
+        Check(
+            "ALiBi stays flat",
+            f"perplexity at {longest} <= 1.05 x perplexity at {train}",
+            f"{growth['alibi']:.2f}x",
+            growth["alibi"] <= 1.05,
+        ),
+        Check(
+            "learned positions cannot run past max_len",
+            f"a clear error at every length > {train}",
+            f"'cannot' at {learned_cannot}",
+            learned_cannot == [n for n in results["eval_lengths"] if n > train],
+        ),
+        Check(
+            "ALiBi extrapolates best (as in Press et al.)",
+            f"ALiBi has the lowest perplexity at {longest}",
+            f"lowest: {best} ({at(best, longest):.2f}); ALiBi {at('alibi', longest):.2f}",
+            best == "alibi",
+        ),
     ]
 
 
 def notes(results: dict) -> str:
     paper = results["paper"]
-    return (f"**Beside the paper.** {paper['source']}: {paper['shape']}. ALiBi trained at 512 tokens: perplexity "
-            f"{paper['alibi_trained_512']['512']} at 512 and {paper['alibi_trained_512']['3072']} at 3,072 evaluation "
-            f"tokens, better than sinusoidal trained at 3,072 ({paper['sinusoidal_trained_3072']['3072']}).")
+    return (
+        f"**Beside the paper.** {paper['source']}: {paper['shape']}. ALiBi trained at 512 tokens: perplexity "
+        f"{paper['alibi_trained_512']['512']} at 512 and {paper['alibi_trained_512']['3072']} at 3,072 evaluation "
+        f"tokens, better than sinusoidal trained at 3,072 ({paper['sinusoidal_trained_3072']['3072']})."
+    )
 
 
 def plots(results: dict, directory: Path) -> list[Path]:
     fig, axes = figure(2)
     for ax, kind, title in zip(axes, ("all", "tail"), ("every token of each window", "last tokens of each window")):
         for scheme in SCHEMES:
-            points = [(n, mean_std(v)[0]) for n in results["eval_lengths"]
-                      if (v := perplexities(results, scheme, n, kind)) is not None]
+            points = [
+                (n, mean_std(v)[0])
+                for n in results["eval_lengths"]
+                if (v := perplexities(results, scheme, n, kind)) is not None
+            ]
             ax.plot(*zip(*points), "o-", label=scheme)
         ax.axvline(results["train_length"], color="k", linestyle=":", label="training length")
         ax.set(xscale="log", yscale="log", xlabel="evaluation length (tokens)", ylabel="perplexity", title=title)

@@ -36,21 +36,35 @@ from .plotting import figure, save
 
 NAME = "rnn-vs-transformer"
 CLAIM = "at equal wall-clock training time the Transformer reaches a higher BLEU than the LSTM with attention"
-LECTURE = ("Recurrent models lack parallelizability: training is slow. The Transformer removes recurrence, which "
-           "makes it faster to train, and it achieved better BLEU scores on machine translation than the recurrent "
-           "state of the art at a fraction of the training cost.")
+LECTURE = (
+    "Recurrent models lack parallelizability: training is slow. The Transformer removes recurrence, which "
+    "makes it faster to train, and it achieved better BLEU scores on machine translation than the recurrent "
+    "state of the art at a fraction of the training cost."
+)
 FIELDS = ("minutes", "pair", "runs", "curves")
 MODELS = {"transformer": "quick", "lstm": "lstm"}  # the packaged MT configs each model trains with
 SIZES = {  # model overrides on top of the packaged configs: "benchmark" keeps theirs
     "benchmark": {"transformer": [], "lstm": []},
     "small": {  # trains hundreds of updates in minutes on a loaded 2-core machine
-        "transformer": ["model.d_model=128", "model.n_heads=4", "model.n_layers=2", "model.n_encoder_layers=2",
-                        "model.n_decoder_layers=2", "model.d_ff=512"],
+        "transformer": [
+            "model.d_model=128",
+            "model.n_heads=4",
+            "model.n_layers=2",
+            "model.n_encoder_layers=2",
+            "model.n_decoder_layers=2",
+            "model.d_ff=512",
+        ],
         "lstm": ["model.d_embed=128", "model.d_hidden=256", "model.n_layers=1"],
     },
     "tiny": {  # the quick size: trains for seconds
-        "transformer": ["model.d_model=64", "model.n_heads=2", "model.n_layers=1", "model.n_encoder_layers=1",
-                        "model.n_decoder_layers=1", "model.d_ff=128"],
+        "transformer": [
+            "model.d_model=64",
+            "model.n_heads=2",
+            "model.n_layers=1",
+            "model.n_encoder_layers=1",
+            "model.n_decoder_layers=1",
+            "model.d_ff=128",
+        ],
         "lstm": ["model.d_embed=64", "model.d_hidden=128", "model.n_layers=1"],
     },
 }
@@ -78,23 +92,33 @@ QUICK = Config(minutes=0.1, verses=3000, vocab_size=600, eval_every=10, eval_sen
 
 def method(config: Config) -> str:
     data = "every verse" if not config.verses else f"{config.verses:,} evenly spaced verses"
-    changes = "; ".join(f"{kind}: " + ", ".join(o.removeprefix("model.") for o in options)
-                        for kind, options in SIZES[config.sizes].items())
+    changes = "; ".join(
+        f"{kind}: " + ", ".join(o.removeprefix("model.") for o in options)
+        for kind, options in SIZES[config.sizes].items()
+    )
     sizes = "as in the packaged configs" if config.sizes == "benchmark" else f"{config.sizes} ({changes})"
-    return (f"The Transformer and the LSTM with attention of `kqv train mt` (configs mt-quick.toml and mt-lstm.toml), "
-            f"models {sizes}, trained side by side on "
-            f"the {config.pair} Bible ({data}, joint BPE of {config.vocab_size}) for {config.minutes:g} min of "
-            f"training each, one torch thread each; dev BLEU (greedy, {config.eval_sentences} verses) every "
-            f"{config.eval_every} updates; test BLEU with beam {config.beam_size}.")
+    return (
+        f"The Transformer and the LSTM with attention of `kqv train mt` (configs mt-quick.toml and mt-lstm.toml), "
+        f"models {sizes}, trained side by side on "
+        f"the {config.pair} Bible ({data}, joint BPE of {config.vocab_size}) for {config.minutes:g} min of "
+        f"training each, one torch thread each; dev BLEU (greedy, {config.eval_sentences} verses) every "
+        f"{config.eval_every} updates; test BLEU with beam {config.beam_size}."
+    )
 
 
 def overrides(config: Config, seed: int, data_path: Path | None) -> list[str]:
     """The `--set` overrides both models train with."""
-    values = [f"data.pair={json.dumps(config.pair)}", f"data.vocab_size={config.vocab_size}",
-              f"data.eval_sentences={config.eval_sentences}", f"train.max_minutes={config.minutes}",
-              "train.steps=1000000", f"train.eval_every={config.eval_every}",
-              f"train.checkpoint_every={config.eval_every}", f"train.seed={seed}",
-              f"decode.beam_size={config.beam_size}"]
+    values = [
+        f"data.pair={json.dumps(config.pair)}",
+        f"data.vocab_size={config.vocab_size}",
+        f"data.eval_sentences={config.eval_sentences}",
+        f"train.max_minutes={config.minutes}",
+        "train.steps=1000000",
+        f"train.eval_every={config.eval_every}",
+        f"train.checkpoint_every={config.eval_every}",
+        f"train.seed={seed}",
+        f"decode.beam_size={config.beam_size}",
+    ]
     return values + ([f"data.path={json.dumps(str(data_path))}"] if data_path else [])
 
 
@@ -102,23 +126,44 @@ def packaged_mt_config(name: str) -> Path:
     return Path(str(resources.files("kqv") / "configs" / f"mt-{name}.toml"))
 
 
-def side_by_side(out: Path, common: list[str], per_model: dict[str, list[str]] | None = None, threads: int = 1,
-                 quiet: bool = False) -> None:
+def side_by_side(
+    out: Path, common: list[str], per_model: dict[str, list[str]] | None = None, threads: int = 1, quiet: bool = False
+) -> None:
     """Prepare one tokenizer and split in out/data, then train the Transformer and the LSTM at the same time in two
     processes with `threads` torch threads each (logs in out/KIND.log, runs in out/KIND/)."""
     per_model = per_model or {}
-    configs = {kind: load_run_config(packaged_mt_config(name), common + per_model.get(kind, []))
-               for kind, name in MODELS.items()}
+    configs = {
+        kind: load_run_config(packaged_mt_config(name), common + per_model.get(kind, []))
+        for kind, name in MODELS.items()
+    }
     if configs["transformer"].data != configs["lstm"].data:
         raise ExperimentError("the two MT configs must share their [data] section")
     prepare_data(configs["transformer"], out / "data", reuse=True)
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-           "TOKENIZERS_PARALLELISM": "false"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     processes = {}
     for kind, name in MODELS.items():
-        command = [sys.executable, "-m", "kqv.cli.main", "train", "mt", "--config", str(packaged_mt_config(name)),
-                   "--out", str(out / kind), "--data-from", str(out / "data"), "--overwrite", "--threads",
-                   str(threads), *(["--quiet"] if quiet else [])]
+        command = [
+            sys.executable,
+            "-m",
+            "kqv.cli.main",
+            "train",
+            "mt",
+            "--config",
+            str(packaged_mt_config(name)),
+            "--out",
+            str(out / kind),
+            "--data-from",
+            str(out / "data"),
+            "--overwrite",
+            "--threads",
+            str(threads),
+            *(["--quiet"] if quiet else []),
+        ]
         command += [a for o in common + per_model.get(kind, []) for a in ("--set", o)]
         log = open(out / f"{kind}.log", "w")  # noqa: SIM115 (closed after the process ends)
         processes[kind] = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env), log)
@@ -165,14 +210,35 @@ def run(config: Config, seeds: list[int], progress: Progress) -> dict:
 
 
 def table(results: dict) -> tuple[list[str], list[list]]:
-    columns = ["model", "parameters", "training time (min)", "updates", "training tokens", "training FLOPs (est.)",
-               "dev loss", "dev BLEU (greedy)", "test BLEU", "test chrF"]
+    columns = [
+        "model",
+        "parameters",
+        "training time (min)",
+        "updates",
+        "training tokens",
+        "training FLOPs (est.)",
+        "dev loss",
+        "dev BLEU (greedy)",
+        "test BLEU",
+        "test chrF",
+    ]
     rows = []
     for kind, runs in results["runs"].items():
-        get = lambda key: [r[key] for r in runs]
-        rows.append([kind, runs[0]["parameters"], pm([s / 60 for s in get("train_seconds")], 1), pm(get("steps"), 0),
-                     pm(get("train_tokens"), 0), f"{mean_std(get('train_flops'))[0]:.2e}", pm(get("final_val_loss")),
-                     pm(get("dev_bleu"), 2), pm(get("test_bleu"), 2), pm(get("test_chrf"), 2)])
+        get = lambda key, runs=runs: [r[key] for r in runs]
+        rows.append(
+            [
+                kind,
+                runs[0]["parameters"],
+                pm([s / 60 for s in get("train_seconds")], 1),
+                pm(get("steps"), 0),
+                pm(get("train_tokens"), 0),
+                f"{mean_std(get('train_flops'))[0]:.2e}",
+                pm(get("final_val_loss")),
+                pm(get("dev_bleu"), 2),
+                pm(get("test_bleu"), 2),
+                pm(get("test_chrf"), 2),
+            ]
+        )
     return columns, rows
 
 
@@ -181,13 +247,18 @@ def checks(results: dict) -> list[Check]:
     bleu = {k: mean_std([r["test_bleu"] for r in v])[0] for k, v in results["runs"].items()}
     loss = {k: mean_std([r["final_val_loss"] for r in v])[0] for k, v in results["runs"].items()}
     return [
-        Check(f"after {results['minutes']:g} min of training each, the Transformer translates better",
-              "Transformer test BLEU >= LSTM test BLEU + 0.5",
-              f"Transformer {bleu['transformer']:.2f}, LSTM {bleu['lstm']:.2f} ({len(transformer)} seed(s))",
-              bleu["transformer"] >= bleu["lstm"] + 0.5),
-        Check("... and predicts the dev set better", "Transformer dev loss < LSTM dev loss",
-              f"Transformer {loss['transformer']:.3f}, LSTM {loss['lstm']:.3f} ({len(lstm)} seed(s))",
-              loss["transformer"] < loss["lstm"]),
+        Check(
+            f"after {results['minutes']:g} min of training each, the Transformer translates better",
+            "Transformer test BLEU >= LSTM test BLEU + 0.5",
+            f"Transformer {bleu['transformer']:.2f}, LSTM {bleu['lstm']:.2f} ({len(transformer)} seed(s))",
+            bleu["transformer"] >= bleu["lstm"] + 0.5,
+        ),
+        Check(
+            "... and predicts the dev set better",
+            "Transformer dev loss < LSTM dev loss",
+            f"Transformer {loss['transformer']:.3f}, LSTM {loss['lstm']:.3f} ({len(lstm)} seed(s))",
+            loss["transformer"] < loss["lstm"],
+        ),
     ]
 
 
@@ -209,5 +280,10 @@ def plot_curves(curves: dict[str, list[tuple[float, float, float]]], path: Path,
 
 def plots(results: dict, directory: Path) -> list[Path]:
     seed0 = {kind: curves[0] for kind, curves in results["curves"].items()}
-    return [plot_curves(seed0, directory / "rnn-vs-transformer.png",
-                        f"{results['pair']} Bible: Transformer vs LSTM, trained side by side, 1 thread each (seed 0)")]
+    return [
+        plot_curves(
+            seed0,
+            directory / "rnn-vs-transformer.png",
+            f"{results['pair']} Bible: Transformer vs LSTM, trained side by side, 1 thread each (seed 0)",
+        )
+    ]

@@ -14,9 +14,10 @@ import os
 import platform
 import shlex
 import time
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -28,8 +29,16 @@ RESULTS_FILE, REPORT_FILE = "results.json", "report.md"
 LIBRARIES = ("kqv", "torch", "numpy", "scipy", "matplotlib", "tokenizers", "sacrebleu", "tqdm")
 
 
-def run_experiment(name: str, *, quick: bool = False, seeds: int | None = None, out: str | Path = "experiments",
-                   overrides: Sequence[str] = (), threads: int = 1, progress: bool = True) -> dict[str, Any]:
+def run_experiment(
+    name: str,
+    *,
+    quick: bool = False,
+    seeds: int | None = None,
+    out: str | Path = "experiments",
+    overrides: Sequence[str] = (),
+    threads: int = 1,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Run experiment `name` and write its results; returns the results.json record.
 
     `seeds` overrides the config's number of seeds (seeds are 0 .. seeds - 1); `overrides` are `field=value`
@@ -53,13 +62,31 @@ def run_experiment(name: str, *, quick: bool = False, seeds: int | None = None, 
         bar.close()
         torch.set_num_threads(previous_threads)
     seconds = time.perf_counter() - started
-    return write_results(experiment, config, results, directory, quick=quick, seconds=seconds, threads=threads,
-                         load=(load_before, _load_average()),
-                         command=command_line(name, quick, overrides, out, threads))
+    return write_results(
+        experiment,
+        config,
+        results,
+        directory,
+        quick=quick,
+        seconds=seconds,
+        threads=threads,
+        load=(load_before, _load_average()),
+        command=command_line(name, quick, overrides, out, threads),
+    )
 
 
-def write_results(experiment: Experiment, config: Any, results: dict[str, Any], directory: Path, *,
-                  quick: bool, seconds: float, threads: int, load: tuple, command: str) -> dict[str, Any]:
+def write_results(
+    experiment: Experiment,
+    config: Any,
+    results: dict[str, Any],
+    directory: Path,
+    *,
+    quick: bool,
+    seconds: float,
+    threads: int,
+    load: tuple,
+    command: str,
+) -> dict[str, Any]:
     """Derive the checks, verdict, table and plots from `results` and write results.json and report.md."""
     missing = [key for key in experiment.fields if key not in results]
     if missing:
@@ -68,13 +95,21 @@ def write_results(experiment: Experiment, config: Any, results: dict[str, Any], 
     columns, rows = experiment.table(results)
     plots = [Path(p).name for p in experiment.plots(results, directory)]
     record = {
-        "experiment": experiment.name, "claim": experiment.claim, "lecture": experiment.lecture,
-        "quick": quick, "command": command,
-        "config": dataclasses.asdict(config), "seeds": list(range(config.seeds)),
-        "method": experiment.method(config), "results": results,
+        "experiment": experiment.name,
+        "claim": experiment.claim,
+        "lecture": experiment.lecture,
+        "quick": quick,
+        "command": command,
+        "config": dataclasses.asdict(config),
+        "seeds": list(range(config.seeds)),
+        "method": experiment.method(config),
+        "results": results,
         "table": {"columns": columns, "rows": rows},
-        "checks": [dataclasses.asdict(c) for c in checks], "verdict": verdict(checks), "plots": plots,
-        "seconds": round(seconds, 3), "versions": library_versions(),
+        "checks": [dataclasses.asdict(c) for c in checks],
+        "verdict": verdict(checks),
+        "plots": plots,
+        "seconds": round(seconds, 3),
+        "versions": library_versions(),
         "machine": machine(threads, load),
     }
     _write_atomically(directory / RESULTS_FILE, json.dumps(record, indent=1, default=_json_default) + "\n")
@@ -106,10 +141,15 @@ def library_versions() -> dict[str, str]:
 
 
 def machine(threads: int, load: tuple) -> dict[str, Any]:
-    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "torch_threads": threads, "load_average_before": load[0],
-            "load_average_after": load[1],
-            "note": "timings are upper bounds when the load average exceeds the number of cpus"}
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "torch_threads": threads,
+        "load_average_before": load[0],
+        "load_average_after": load[1],
+        "note": "timings are upper bounds when the load average exceeds the number of cpus",
+    }
 
 
 def _load_average() -> list[float] | None:

@@ -30,10 +30,12 @@ from .plotting import curves, figure, save
 
 NAME = "scaling"
 CLAIM = "without 1/sqrt(d_k), q.k grows with d, softmax saturates and its gradients vanish"
-LECTURE = ("When dimensionality d becomes large, dot products between vectors tend to become large. Because of this, "
-           "inputs to the softmax function can be large, making the gradients small. Scaled dot-product attention "
-           "divides the attention scores by sqrt(d/h) to stop the scores from becoming large just as a function of "
-           "d/h.")
+LECTURE = (
+    "When dimensionality d becomes large, dot products between vectors tend to become large. Because of this, "
+    "inputs to the softmax function can be large, making the gradients small. Scaled dot-product attention "
+    "divides the attention scores by sqrt(d/h) to stop the scores from becoming large just as a function of "
+    "d/h."
+)
 FIELDS = ("dims", "variance", "softmax", "lm")
 ARMS = {"scaled": Arm(), "unscaled": Arm(lambda config: without_scaling(DecoderLM(config)))}
 
@@ -53,12 +55,14 @@ QUICK = Config(**{**QUICK_LM, "n_heads": 1}, dims=(16, 64, 256), samples=2000, q
 
 
 def method(config: Config) -> str:
-    return (f"(1) var(q . k) over {config.samples:,} pairs of N(0, I) vectors for d = "
-            f"{', '.join(map(str, config.dims))}; (2) for {config.queries} random queries against {config.keys} random "
-            f"keys per d, the softmax of q . k and of q . k / sqrt(d): entropy, largest weight, and the gradient "
-            f"norm (Frobenius norm of the softmax's Jacobian d weights / d scores); (3) a character-level "
-            f"Shakespeare LM ({config.sizes()}; head dimension {config.d_model // config.n_heads}) trained with and "
-            f"without the factor, on the same batches.")
+    return (
+        f"(1) var(q . k) over {config.samples:,} pairs of N(0, I) vectors for d = "
+        f"{', '.join(map(str, config.dims))}; (2) for {config.queries} random queries against {config.keys} random "
+        f"keys per d, the softmax of q . k and of q . k / sqrt(d): entropy, largest weight, and the gradient "
+        f"norm (Frobenius norm of the softmax's Jacobian d weights / d scores); (3) a character-level "
+        f"Shakespeare LM ({config.sizes()}; head dimension {config.d_model // config.n_heads}) trained with and "
+        f"without the factor, on the same batches."
+    )
 
 
 def score_variance(d: int, samples: int, generator: torch.Generator) -> float:
@@ -78,8 +82,11 @@ def softmax_statistics(d: int, config: Config, scaled: bool, generator: torch.Ge
     squares = (weights**2).sum(-1)
     jacobian_norm = (squares - 2 * (weights**3).sum(-1) + squares**2).clamp_min(0).sqrt()
     entropy = -(weights * weights.clamp_min(1e-300).log()).sum(-1)
-    return {"entropy": float(entropy.mean()), "max_weight": float(weights.max(-1).values.mean()),
-            "grad_norm": float(jacobian_norm.mean())}
+    return {
+        "entropy": float(entropy.mean()),
+        "max_weight": float(weights.max(-1).values.mean()),
+        "grad_norm": float(jacobian_norm.mean()),
+    }
 
 
 def run(config: Config, seeds: list[int], progress: Progress) -> dict:
@@ -109,18 +116,43 @@ def _stat(results: dict, arm: str, d: int, name: str) -> list[float]:
 
 
 def table(results: dict) -> tuple[list[str], list[list]]:
-    columns = ["d", "var(q.k)", "var / d", "entropy scaled", "entropy unscaled", "max weight scaled",
-               "max weight unscaled", "grad norm scaled", "grad norm unscaled"]
+    columns = [
+        "d",
+        "var(q.k)",
+        "var / d",
+        "entropy scaled",
+        "entropy unscaled",
+        "max weight scaled",
+        "max weight unscaled",
+        "grad norm scaled",
+        "grad norm unscaled",
+    ]
     rows = []
     for d in results["dims"]:
         var = results["variance"][str(d)]
-        rows.append([d, pm(var, 1), round(mean_std(var)[0] / d, 3)]
-                    + [pm(_stat(results, arm, d, name), 3) for name in ("entropy", "max_weight", "grad_norm")
-                       for arm in ("scaled", "unscaled")])
+        rows.append(
+            [d, pm(var, 1), round(mean_std(var)[0] / d, 3)]
+            + [
+                pm(_stat(results, arm, d, name), 3)
+                for name in ("entropy", "max_weight", "grad_norm")
+                for arm in ("scaled", "unscaled")
+            ]
+        )
     for arm in ("scaled", "unscaled"):
         lm = results["lm"][arm]
-        rows.append([f"LM {arm}", "", "", f"trained attention entropy {pm(lm['attention_entropy'], 3)}", "", "", "",
-                     f"val loss {pm(lm['val_loss'])}", ""])
+        rows.append(
+            [
+                f"LM {arm}",
+                "",
+                "",
+                f"trained attention entropy {pm(lm['attention_entropy'], 3)}",
+                "",
+                "",
+                "",
+                f"val loss {pm(lm['val_loss'])}",
+                "",
+            ]
+        )
     return columns, rows
 
 
@@ -133,20 +165,30 @@ def checks(results: dict) -> list[Check]:
     differences = [u - s for s, u in zip(scaled, unscaled)]
     gap = mean_std(differences)[0]
     return [
-        Check("var(q . k) grows in proportion to d", "var / d within [0.9, 1.1] at every d",
-              ", ".join(f"{d}: {r:.3f}" for d, r in zip(dims, ratios)), all(0.9 <= r <= 1.1 for r in ratios)),
-        Check(f"without the factor the softmax saturates at d = {largest}",
-              "mean largest weight >= 0.9 unscaled and <= 0.5 scaled",
-              f"unscaled {top['unscaled']:.3f}, scaled {top['scaled']:.3f}",
-              top["unscaled"] >= 0.9 and top["scaled"] <= 0.5),
-        Check(f"without the factor the gradient through the softmax vanishes at d = {largest}",
-              "unscaled gradient norm <= 1/10 of the scaled one",
-              f"unscaled {grad['unscaled']:.4f}, scaled {grad['scaled']:.4f}",
-              grad["unscaled"] <= grad["scaled"] / 10),
-        Check("the LM trains worse without the factor",
-              "unscaled validation loss exceeds scaled by >= 0.02 nats on average, and on every seed",
-              f"scaled {pm(scaled)}, unscaled {pm(unscaled)}; difference {gap:+.3f}",
-              gap >= 0.02 and all(x > 0 for x in differences)),
+        Check(
+            "var(q . k) grows in proportion to d",
+            "var / d within [0.9, 1.1] at every d",
+            ", ".join(f"{d}: {r:.3f}" for d, r in zip(dims, ratios)),
+            all(0.9 <= r <= 1.1 for r in ratios),
+        ),
+        Check(
+            f"without the factor the softmax saturates at d = {largest}",
+            "mean largest weight >= 0.9 unscaled and <= 0.5 scaled",
+            f"unscaled {top['unscaled']:.3f}, scaled {top['scaled']:.3f}",
+            top["unscaled"] >= 0.9 and top["scaled"] <= 0.5,
+        ),
+        Check(
+            f"without the factor the gradient through the softmax vanishes at d = {largest}",
+            "unscaled gradient norm <= 1/10 of the scaled one",
+            f"unscaled {grad['unscaled']:.4f}, scaled {grad['scaled']:.4f}",
+            grad["unscaled"] <= grad["scaled"] / 10,
+        ),
+        Check(
+            "the LM trains worse without the factor",
+            "unscaled validation loss exceeds scaled by >= 0.02 nats on average, and on every seed",
+            f"scaled {pm(scaled)}, unscaled {pm(unscaled)}; difference {gap:+.3f}",
+            gap >= 0.02 and all(x > 0 for x in differences),
+        ),
     ]
 
 
@@ -158,13 +200,23 @@ def plots(results: dict, directory: Path) -> list[Path]:
     variance.plot(dims, dims, "k--", label="d")
     variance.set(xscale="log", yscale="log", xlabel="d", ylabel="variance", title="q . k for N(0, I) vectors")
     for arm, style in (("scaled", "o-"), ("unscaled", "s--")):
-        saturation.plot(dims, [mean_std(_stat(results, arm, d, "max_weight"))[0] for d in dims], style,
-                        label=f"largest weight, {arm}")
+        saturation.plot(
+            dims,
+            [mean_std(_stat(results, arm, d, "max_weight"))[0] for d in dims],
+            style,
+            label=f"largest weight, {arm}",
+        )
         gradient.plot(dims, [mean_std(_stat(results, arm, d, "grad_norm"))[0] for d in dims], style, label=arm)
-    saturation.set(xscale="log", ylim=(0, 1.05), xlabel="d", ylabel="weight",
-                   title=f"softmax over {results['keys']} keys")
-    gradient.set(xscale="log", yscale="log", xlabel="d", ylabel="|d softmax / d scores| (Frobenius)",
-                 title="gradient through softmax")
+    saturation.set(
+        xscale="log", ylim=(0, 1.05), xlabel="d", ylabel="weight", title=f"softmax over {results['keys']} keys"
+    )
+    gradient.set(
+        xscale="log",
+        yscale="log",
+        xlabel="d",
+        ylabel="|d softmax / d scores| (Frobenius)",
+        title="gradient through softmax",
+    )
     for ax in (variance, saturation, gradient):
         ax.legend()
     lm_fig, (train, val) = figure(2)

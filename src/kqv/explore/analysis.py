@@ -6,7 +6,8 @@ is given and computes nothing of its own, so a test can check the page's numbers
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -62,7 +63,11 @@ def head_statistics(weights: Tensor, self_attention: bool = True) -> list[dict[s
     stats = []
     for layer in range(layers):
         for head in range(heads):
-            entry = {"layer": layer, "head": head, **{name: round(float(v[layer, head]), 4) for name, v in rows.items()}}
+            entry = {
+                "layer": layer,
+                "head": head,
+                **{name: round(float(v[layer, head]), 4) for name, v in rows.items()},
+            }
             tags = [name for name in ("previous", "first", "self") if entry.get(name, 0.0) >= TAG_THRESHOLD]
             if uniform is not None and float(uniform[layer, head]) >= UNIFORM_THRESHOLD:
                 tags.append("uniform")
@@ -70,24 +75,48 @@ def head_statistics(weights: Tensor, self_attention: bool = True) -> list[dict[s
     return stats
 
 
-def attention_view(label: str, queries: list[str], keys: list[str], weights: Sequence[Tensor] | None, *,
-                   causal: bool, self_attention: bool = True, note: str | None = None) -> dict[str, Any]:
+def attention_view(
+    label: str,
+    queries: list[str],
+    keys: list[str],
+    weights: Sequence[Tensor] | None,
+    *,
+    causal: bool,
+    self_attention: bool = True,
+    note: str | None = None,
+) -> dict[str, Any]:
     """One kind of attention (self, cross, encoder, decoder) as the page draws it: token labels of both sides, the
     weights per layer (heads, q_time, k_time), per-head statistics, or `note` saying why there are none."""
     if weights is None:
-        return {"label": label, "queries": queries, "keys": keys, "causal": causal, "layers": None, "stats": [],
-                "note": note}
+        return {
+            "label": label,
+            "queries": queries,
+            "keys": keys,
+            "causal": causal,
+            "layers": None,
+            "stats": [],
+            "note": note,
+        }
     stacked = stack_layers(weights)  # (layers, heads, q_time, k_time)
-    return {"label": label, "queries": queries, "keys": keys, "causal": causal, "layers": rounded(stacked),
-            "stats": head_statistics(stacked, self_attention), "note": note}
+    return {
+        "label": label,
+        "queries": queries,
+        "keys": keys,
+        "causal": causal,
+        "layers": rounded(stacked),
+        "stats": head_statistics(stacked, self_attention),
+        "note": note,
+    }
 
 
 def top_tokens(logits: Tensor, decode: Callable[[int], str], k: int) -> list[list[dict[str, Any]]]:
     """For logits (positions, vocab): the k most probable tokens at every position, [{token, id, p}, ...]."""
     probs = logits.float().softmax(-1)
     values, ids = probs.topk(min(k, probs.shape[-1]), dim=-1)
-    return [[{"token": decode(int(i)), "id": int(i), "p": round(float(p), DECIMALS)} for p, i in zip(row_p, row_i)]
-            for row_p, row_i in zip(values, ids)]
+    return [
+        [{"token": decode(int(i)), "id": int(i), "p": round(float(p), DECIMALS)} for p, i in zip(row_p, row_i)]
+        for row_p, row_i in zip(values, ids)
+    ]
 
 
 def check_text(text: Any, name: str = "text") -> str:
@@ -99,15 +128,17 @@ def check_text(text: Any, name: str = "text") -> str:
     return text
 
 
-def check_length(n_tokens: int, limit: int, what: str = "the input",
-                 hint: str = "Shorten it, or restart with a larger --max-tokens") -> None:
+def check_length(
+    n_tokens: int, limit: int, what: str = "the input", hint: str = "Shorten it, or restart with a larger --max-tokens"
+) -> None:
     if n_tokens > limit:
-        raise DataError(f"{what} is {n_tokens} tokens long; the explorer draws at most {limit} (every view holds "
-                        f"tokens x tokens numbers per head). {hint}")
+        raise DataError(
+            f"{what} is {n_tokens} tokens long; the explorer draws at most {limit} (every view holds "
+            f"tokens x tokens numbers per head). {hint}"
+        )
 
 
 def check_int(value: Any, name: str, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise DataError(f"{name} must be an integer from {low} to {high}, got {value!r}")
     return value
-

@@ -23,8 +23,9 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -38,21 +39,15 @@ from starlette.staticfiles import StaticFiles
 from ..errors import ConfigError
 from ..train.metrics import strict_json
 from .export import STATIC, standalone_page
-from .guard import (
-    ANALYZE_NUMBERS,
-    CONTINUE_NUMBERS,
-    LOOPBACK,
-    FrontDoor,
-    Number,
-    check_numbers,
-)
+from .guard import ANALYZE_NUMBERS, CONTINUE_NUMBERS, LOOPBACK, FrontDoor, Number, check_numbers
 from .loading import DEFAULT_MAX_TOKENS, load_subject
 from .subjects import Subject
 
 MAX_BODY_BYTES = 1 << 20
 # the page may load only what this app serves: a stray CDN reference fails in the browser, not silently at home
-CONTENT_SECURITY_POLICY = ("default-src 'self'; img-src 'self' data: blob:; style-src 'self'; script-src 'self'; "
-                           "connect-src 'self'")
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; img-src 'self' data: blob:; style-src 'self'; script-src 'self'; connect-src 'self'"
+)
 log = logging.getLogger("kqv.explore")
 
 
@@ -127,11 +122,13 @@ async def read_json(request: Request, numbers: dict[str, Number]) -> dict[str, A
     try:
         payload = json.loads(body or b"null")
     except (ValueError, UnicodeDecodeError) as error:  # JSONDecodeError, or an integer of over 4,300 digits
-        raise RequestError(f"the request body is not valid JSON ({error}); send an object like "
-                           f'{{"text": "To be, or not to be"}}') from None
+        raise RequestError(
+            f'the request body is not valid JSON ({error}); send an object like {{"text": "To be, or not to be"}}'
+        ) from None
     if not isinstance(payload, dict):
-        raise RequestError(f'the request body must be a JSON object like {{"text": "..."}}, got '
-                           f"{type(payload).__name__}")
+        raise RequestError(
+            f'the request body must be a JSON object like {{"text": "..."}}, got {type(payload).__name__}'
+        )
     check_numbers(payload, numbers)
     return payload
 
@@ -157,8 +154,9 @@ def ndjson(lines: Iterator[dict[str, Any]]) -> Iterator[bytes]:
         yield (strict_json({"error": str(error), "status": status_of(error)}) + "\n").encode()
 
 
-def create_app(run: str | Path, max_tokens: int = DEFAULT_MAX_TOKENS, subject: Subject | None = None, *,
-               host: str = "127.0.0.1") -> Starlette:
+def create_app(
+    run: str | Path, max_tokens: int = DEFAULT_MAX_TOKENS, subject: Subject | None = None, *, host: str = "127.0.0.1"
+) -> Starlette:
     """The explorer app for `run` (a run directory, or `minilm`); `subject` skips loading (tests). It answers the
     loopback names and `host`, the address it listens on (kqv.explore.guard)."""
     explorer = Explorer(run, max_tokens, subject)
@@ -185,27 +183,33 @@ def create_app(run: str | Path, max_tokens: int = DEFAULT_MAX_TOKENS, subject: S
         subject = await run_in_threadpool(explorer.subject)
         analysis = await run_in_threadpool(subject.analyze, payload)
         page = standalone_page(subject.info(), analysis, payload)
-        return Response(page, media_type="text/html",
-                        headers={"Content-Disposition": 'attachment; filename="kqv-attention.html"'})
+        return Response(
+            page, media_type="text/html", headers={"Content-Disposition": 'attachment; filename="kqv-attention.html"'}
+        )
 
     async def http_error(request: Request, error: HTTPException) -> Response:
-        return StrictJSONResponse({"error": f"{error.detail}: {request.method} {request.url.path}"},
-                            status_code=error.status_code)
+        return StrictJSONResponse(
+            {"error": f"{error.detail}: {request.method} {request.url.path}"}, status_code=error.status_code
+        )
 
-    routes = [Route("/", endpoint(index)), Route("/api/info", endpoint(info)),
-              Route("/api/analyze", endpoint(analyze), methods=["POST"]),
-              Route("/api/continue", endpoint(continue_text), methods=["POST"]),
-              Route("/api/export", endpoint(export), methods=["POST"]),
-              Mount("/static", StaticFiles(directory=STATIC), name="static")]
-    return Starlette(routes=routes, exception_handlers={HTTPException: http_error},
-                     middleware=[Middleware(FrontDoor, host=host)])
+    routes = [
+        Route("/", endpoint(index)),
+        Route("/api/info", endpoint(info)),
+        Route("/api/analyze", endpoint(analyze), methods=["POST"]),
+        Route("/api/continue", endpoint(continue_text), methods=["POST"]),
+        Route("/api/export", endpoint(export), methods=["POST"]),
+        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+    ]
+    return Starlette(
+        routes=routes, exception_handlers={HTTPException: http_error}, middleware=[Middleware(FrontDoor, host=host)]
+    )
 
 
 class BackgroundServer:
     """An app served by uvicorn in a thread on a free loopback port, as a context manager (tests, screenshots):
 
-        with BackgroundServer(create_app("runs/lm")) as server:
-            ... server.url ...
+    with BackgroundServer(create_app("runs/lm")) as server:
+        ... server.url ...
     """
 
     def __init__(self, app: Starlette, start_seconds: float = 20.0):
@@ -247,8 +251,14 @@ def check_port_free(host: str, port: int) -> None:
             raise ConfigError(f"cannot listen on {host}:{port} ({error.strerror}); pick another with --port") from None
 
 
-def serve(run: str | Path, *, host: str = "127.0.0.1", port: int = 8765, open_browser: bool = False,
-          max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
+def serve(
+    run: str | Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    open_browser: bool = False,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+) -> None:
     """Load the run (errors before anything listens), then serve the explorer until Ctrl-C."""
     import uvicorn
 
@@ -258,8 +268,10 @@ def serve(run: str | Path, *, host: str = "127.0.0.1", port: int = 8765, open_br
     check_port_free(host, port)
     url = f"http://{'localhost' if host in LOOPBACK else host}:{port}/"
     if host not in LOOPBACK:
-        print(f"kqv: listening on {host}:{port}, which other machines can reach: anyone who can connect can run "
-              f"this model (there is no login). Leave out --host to listen on this machine only.")
+        print(
+            f"kqv: listening on {host}:{port}, which other machines can reach: anyone who can connect can run "
+            f"this model (there is no login). Leave out --host to listen on this machine only."
+        )
     print(f"kqv: exploring {run} ({subject.task}) at {url}  (Ctrl-C stops)")
     if open_browser:
         import webbrowser

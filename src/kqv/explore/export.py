@@ -29,9 +29,10 @@ def standalone_page(info: dict[str, Any], analysis: dict[str, Any], request: dic
     # strict JSON (a diverged run's NaN probabilities as null): the page's JSON.parse refuses NaN
     data = strict_json({"info": info, "analysis": analysis, "request": request}, separators=(",", ":"))
     style = (STATIC / "explore.css").read_text(encoding="utf-8")
-    return (page.replace(STYLE_TAG, f"<style>\n{inline_safe(style)}</style>")
-            .replace(SCRIPT_TAG, f'<script id="kqv-data" type="application/json">{inline_safe(data)}</script>\n'
-                                 f"<script>\n{script}</script>"))
+    return page.replace(STYLE_TAG, f"<style>\n{inline_safe(style)}</style>").replace(
+        SCRIPT_TAG,
+        f'<script id="kqv-data" type="application/json">{inline_safe(data)}</script>\n<script>\n{script}</script>',
+    )
 
 
 def write_standalone(subject: Any, text: str, path: str | Path, **options: Any) -> Path:

@@ -66,8 +66,12 @@ def same_origin(origin: str, scheme: str, host: Authority) -> bool:
     origin_scheme, _, rest = origin.partition("://")
     parsed = authority(rest)
     default = DEFAULT_PORTS.get(scheme)
-    return (parsed is not None and origin_scheme.lower() == scheme and parsed.hostname == host.hostname
-            and (parsed.port or default) == (host.port or default))
+    return (
+        parsed is not None
+        and origin_scheme.lower() == scheme
+        and parsed.hostname == host.hostname
+        and (parsed.port or default) == (host.port or default)
+    )
 
 
 class FrontDoor:
@@ -89,12 +93,15 @@ class FrontDoor:
         url = self.url(scheme, server[1])
         host = authority(headers.get("host", ""))
         if host is None or host.hostname not in self.names | {str(server[0]).lower()}:
-            return 421, (f"this explorer does not answer to the host {headers.get('host', '(none)')!r} (a page of "
-                         f"another site may be trying to reach it); open it at {url}")
+            return 421, (
+                f"this explorer does not answer to the host {headers.get('host', '(none)')!r} (a page of "
+                f"another site may be trying to reach it); open it at {url}"
+            )
         origin = headers.get("origin")
         if origin is not None and not same_origin(origin, scheme, host):
-            return 403, (f"refused a request from the page {origin!r}: only the explorer's own page may use it; "
-                         f"open it at {url}")
+            return 403, (
+                f"refused a request from the page {origin!r}: only the explorer's own page may use it; open it at {url}"
+            )
         site, mode = headers.get("sec-fetch-site"), headers.get("sec-fetch-mode")
         navigation = scope["method"] == "GET" and mode == "navigate"  # a link to the page from elsewhere
         if site not in (None, "same-origin", "none") and not navigation:
@@ -142,10 +149,13 @@ class Number:
 # also kept at least 0.001 (logits / temperature stays finite in float32) and at most 100 (sampling is about
 # uniform long before that)
 ANALYZE_NUMBERS = {"top_k": Number(True, 1, 50), "beam": Number(True, 1, 16)}
-CONTINUE_NUMBERS = {"max_new_tokens": Number(True, 1, 2000), "temperature": Number(False, 0.001, 100, zero=True,
-                                                         text=">= 0 (0 = greedy, else from 0.001 to 100)"),
-                    "top_k": Number(True, 1, 1_000_000), "top_p": Number(False, 0, 1, above_low=True),
-                    "seed": Number(True, 0, 2**31 - 1)}
+CONTINUE_NUMBERS = {
+    "max_new_tokens": Number(True, 1, 2000),
+    "temperature": Number(False, 0.001, 100, zero=True, text=">= 0 (0 = greedy, else from 0.001 to 100)"),
+    "top_k": Number(True, 1, 1_000_000),
+    "top_p": Number(False, 0, 1, above_low=True),
+    "seed": Number(True, 0, 2**31 - 1),
+}
 
 
 def non_finite(value: Any, name: str) -> tuple[str, float] | None:
@@ -167,8 +177,10 @@ def check_numbers(payload: dict[str, Any], numbers: dict[str, Number]) -> None:
         name, value = found
         shown = "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
         valid = numbers[name].describe() if name in numbers else "a finite number"
-        raise DataError(f"{name} is {shown}, which is not a JSON number (nor is one too large for a float, such "
-                         f"as 1e400): {name} must be {valid}")
+        raise DataError(
+            f"{name} is {shown}, which is not a JSON number (nor is one too large for a float, such "
+            f"as 1e400): {name} must be {valid}"
+        )
     for name, number in numbers.items():
         value = payload.get(name)
         if value is not None and not number.allows(value):

@@ -14,8 +14,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, RunError
 from ..train.runs import read_run, run_task
-from .subjects import (ClassifierSubject, EmbeddingSubject, LMSubject, MLMSubject, MTSubject, Subject,
-                       VitSubject)
+from .subjects import ClassifierSubject, EmbeddingSubject, LMSubject, MLMSubject, MTSubject, Subject, VitSubject
 
 DEFAULT_MAX_TOKENS = 256
 MINILM = "minilm"
@@ -39,17 +38,20 @@ def load_subject(run: str | Path, max_tokens: int = DEFAULT_MAX_TOKENS) -> Subje
     if str(run) == MINILM and not path.exists():
         return SUBJECTS[MINILM].load(None, max_tokens)
     if not path.is_dir():
-        raise FileNotFoundError(f"no run directory at {run}; train one (e.g. `kqv train lm --out {run}`), or give "
-                                f"`{MINILM}` for the installed all-MiniLM-L6-v2")
+        raise FileNotFoundError(
+            f"no run directory at {run}; train one (e.g. `kqv train lm --out {run}`), or give "
+            f"`{MINILM}` for the installed all-MiniLM-L6-v2"
+        )
     if not (path / "run.toml").is_file():
         if (path / "tokenizer.json").is_file() and (path / "config.json").is_file():
             return SUBJECTS[MINILM].load(path, max_tokens)
-        raise FileNotFoundError(f"{run} is not a kqv run (run.toml is missing) nor a sentence-transformers "
-                                f"directory (tokenizer.json and config.json)")
+        raise FileNotFoundError(
+            f"{run} is not a kqv run (run.toml is missing) nor a sentence-transformers "
+            f"directory (tokenizer.json and config.json)"
+        )
     task = run_task(read_run(path))
     if task not in SUBJECTS or task == MINILM:
         why = f" ({NOT_EXPLORABLE[task]})" if task in NOT_EXPLORABLE else ""
         runs = sorted(name for name in SUBJECTS if name != MINILM)
-        raise RunError(f"{run} is a run of task {task!r}, which the explorer does not show{why}; it reads {runs} "
-                       f"runs")
+        raise RunError(f"{run} is a run of task {task!r}, which the explorer does not show{why}; it reads {runs} runs")
     return SUBJECTS[task].load(path, max_tokens)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import matplotlib
 
@@ -12,8 +12,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 from torch import Tensor  # noqa: E402
 
 
-def plot_attention_grid(weights: Sequence[Tensor], query_tokens: Sequence[str], key_tokens: Sequence[str],
-                        path: str | Path, title: str = "attention") -> Path:
+def plot_attention_grid(
+    weights: Sequence[Tensor],
+    query_tokens: Sequence[str],
+    key_tokens: Sequence[str],
+    path: str | Path,
+    title: str = "attention",
+) -> Path:
     """Write a PNG with one heat map per (layer, head). weights: per layer (heads, q_time, k_time), or with a
     leading batch axis of 1. Rows are queries (who looks), columns keys (who is looked at)."""
     maps = [w[0] if w.dim() == 4 else w for w in weights]
@@ -32,8 +37,9 @@ def plot_attention_grid(weights: Sequence[Tensor], query_tokens: Sequence[str], 
     return save_figure(fig, path)
 
 
-def plot_cls_attention(images: Tensor, maps: Tensor, labels: Sequence[int], predicted: Sequence[int],
-                       path: str | Path) -> Path:
+def plot_cls_attention(
+    images: Tensor, maps: Tensor, labels: Sequence[int], predicted: Sequence[int], path: str | Path
+) -> Path:
     """A ViT's [CLS] attention: one row per image (the image, then its map over the patch grid for each layer).
     images (n, height, width); maps (layers, n, grid_h, grid_w)."""
     layers, n = maps.shape[:2]

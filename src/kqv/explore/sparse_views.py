@@ -17,8 +17,9 @@ The tests check the rebuilt weights against the cores' own outputs: weights @ va
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -48,8 +49,10 @@ def self_attention_weights(model: nn.Module, full: Callable[[], list[Tensor]], r
         return Weights(full())
     cores = [m for m in model.modules() if isinstance(m, (BigBirdAttention, LinformerAttention))]
     calls: list[tuple[nn.Module, tuple, dict]] = []
-    hooks = [core.register_forward_hook(lambda m, args, kwargs, out: calls.append((m, args, kwargs)),
-                                        with_kwargs=True) for core in cores]
+    hooks = [
+        core.register_forward_hook(lambda m, args, kwargs, out: calls.append((m, args, kwargs)), with_kwargs=True)
+        for core in cores
+    ]
     try:
         run()
     finally:
@@ -58,32 +61,50 @@ def self_attention_weights(model: nn.Module, full: Callable[[], list[Tensor]], r
     if kind == "bigbird":
         bigbird = model.config.bigbird
         block = bigbird.block
-        note = (f"BigBird scores only the pairs of its block pattern ({block}-token blocks: a window of "
-                f"{bigbird.window} block(s) each side, {bigbird.global_blocks} global and "
-                f"{bigbird.random_blocks} random block(s)); the zeros are the pairs it never scores")
+        note = (
+            f"BigBird scores only the pairs of its block pattern ({block}-token blocks: a window of "
+            f"{bigbird.window} block(s) each side, {bigbird.global_blocks} global and "
+            f"{bigbird.random_blocks} random block(s)); the zeros are the pairs it never scores"
+        )
         return Weights([bigbird_weights(core, *args, **kwargs) for core, args, kwargs in calls], note)
-    note = (f"Linformer attends to {model.config.linformer.k} learned mixtures of the tokens (E^T K), not to the "
-            f"tokens themselves: each "
-            f"column is one mixture (slot), so the views show queries x slots; distances and previous-token "
-            f"weights do not apply")
+    note = (
+        f"Linformer attends to {model.config.linformer.k} learned mixtures of the tokens (E^T K), not to the "
+        f"tokens themselves: each "
+        f"column is one mixture (slot), so the views show queries x slots; distances and previous-token "
+        f"weights do not apply"
+    )
     layers = [linformer_weights(core, *args, **kwargs) for core, args, kwargs in calls]
     return Weights(layers, note, [f"slot {j + 1}" for j in range(layers[0].shape[-1])])
 
 
-def bigbird_weights(core: BigBirdAttention, queries: Tensor, keys: Tensor, values: Tensor, *, causal: bool = False,
-                    key_padding: Tensor | None = None) -> Tensor:
+def bigbird_weights(
+    core: BigBirdAttention,
+    queries: Tensor,
+    keys: Tensor,
+    values: Tensor,
+    *,
+    causal: bool = False,
+    key_padding: Tensor | None = None,
+) -> Tensor:
     """(batch, heads, time, time): softmax over the pairs BigBird scores, 0 for the others."""
     time = keys.shape[2]
     allowed = bigbird_mask(time, core.block, core.window, core.global_blocks, core.random_blocks, causal, core.seed)
-    allowed = allowed[-queries.shape[2]:]  # with a cache, the queries are the last positions
+    allowed = allowed[-queries.shape[2] :]  # with a cache, the queries are the last positions
     if key_padding is not None:
         allowed = allowed & key_padding.bool()[:, None, None, :]
     scores = queries.float() @ keys.float().transpose(-2, -1) / math.sqrt(queries.shape[-1])  # (batch, heads, q, k)
     return scores.masked_fill(~allowed, float("-inf")).softmax(-1).nan_to_num(0.0)
 
 
-def linformer_weights(core: LinformerAttention, queries: Tensor, keys: Tensor, values: Tensor, *,
-                      causal: bool = False, key_padding: Tensor | None = None) -> Tensor:
+def linformer_weights(
+    core: LinformerAttention,
+    queries: Tensor,
+    keys: Tensor,
+    values: Tensor,
+    *,
+    causal: bool = False,
+    key_padding: Tensor | None = None,
+) -> Tensor:
     """(batch, heads, q_time, k): each query's softmax over the k compressed keys it scores."""
     if key_padding is not None:
         keys = keys * key_padding[:, None, :, None].to(keys.dtype)
@@ -92,6 +113,5 @@ def linformer_weights(core: LinformerAttention, queries: Tensor, keys: Tensor, v
     if not causal:
         return (queries @ (e.transpose(1, 2) @ keys).transpose(-2, -1) * scale).softmax(-1)
     # query i scores the summaries of keys 0..i: prefix sums of E[j]^T k_j, (batch, heads, time, k, head_dim)
-    summaries = (e[None, :, :, :, None] * keys[:, :, :, None, :]).cumsum(2)[:, :, -queries.shape[2]:]
+    summaries = (e[None, :, :, :, None] * keys[:, :, :, None, :]).cumsum(2)[:, :, -queries.shape[2] :]
     return (torch.einsum("bhqd,bhqkd->bhqk", queries, summaries) * scale).softmax(-1)
-

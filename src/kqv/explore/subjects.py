@@ -13,9 +13,10 @@ bodies: every field is checked here and a bad one is a ValueError whose message 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -60,8 +61,14 @@ class Subject:
     def info(self) -> dict[str, Any]:
         config = self.model.config
         described = {k: v for k, v in asdict(config).items() if isinstance(v, (int, float, str, bool))}
-        return {"task": self.task, "name": self.name, "model": type(self.model).__name__, "config": described,
-                "max_tokens": self.limit, "views": self.views()}
+        return {
+            "task": self.task,
+            "name": self.name,
+            "model": type(self.model).__name__,
+            "config": described,
+            "max_tokens": self.limit,
+            "views": self.views(),
+        }
 
     def views(self) -> list[str]:
         return ["head", "model", "stats"]
@@ -73,18 +80,31 @@ class Subject:
         raise NotApplicable(f"continuing a text applies to language models; this is a {self.task} run")
 
     def check_length(self, n_tokens: int, what: str = "the input") -> None:
-        hint = (f"Shorten it: this run's learned positions stop at max_len = {self.limit}" if self.positions_limit
-                else "Shorten it, or restart with a larger --max-tokens")
+        hint = (
+            f"Shorten it: this run's learned positions stop at max_len = {self.limit}"
+            if self.positions_limit
+            else "Shorten it, or restart with a larger --max-tokens"
+        )
         check_length(n_tokens, self.limit, what, hint)
 
 
 def self_view(label: str, tokens: list[str], weights: Weights, causal: bool) -> dict[str, Any]:
     """The self-attention view of one input; over Linformer's slots rather than tokens when that is what it has."""
-    return attention_view(label, tokens, weights.keys or tokens, weights.layers, causal=causal and weights.over_tokens,
-                          self_attention=weights.over_tokens, note=weights.note)
+    return attention_view(
+        label,
+        tokens,
+        weights.keys or tokens,
+        weights.layers,
+        causal=causal and weights.over_tokens,
+        self_attention=weights.over_tokens,
+        note=weights.note,
+    )
 
 
-def token_labels(decode: Callable[[list[int]], str], ids: list[int], specials: dict[int, str] = {}) -> list[str]:
+def token_labels(
+    decode: Callable[[list[int]], str], ids: list[int], specials: dict[int, str] | None = None
+) -> list[str]:
+    specials = specials or {}
     return [specials[i] if i in specials else decode([i]) for i in ids]
 
 
@@ -124,26 +144,34 @@ class LMSubject(Subject):
         batch = torch.tensor([ids])
         with self.lock:
             logits = self.model(batch)[0]  # (time, vocab)
-            weights = self_attention_weights(self.model, lambda: self.model.attention_weights(batch),
-                                             lambda: self.model(batch))
-        return {"task": self.task, "tokens": tokens, "ids": ids,
-                "attention": {"self": self_view("self-attention", tokens, weights, causal=True)},
-                "next_tokens": top_tokens(logits, lambda i: self.tokenizer.decode([i]), k)}
+            weights = self_attention_weights(
+                self.model, lambda: self.model.attention_weights(batch), lambda: self.model(batch)
+            )
+        return {
+            "task": self.task,
+            "tokens": tokens,
+            "ids": ids,
+            "attention": {"self": self_view("self-attention", tokens, weights, causal=True)},
+            "next_tokens": top_tokens(logits, lambda i: self.tokenizer.decode([i]), k),
+        }
 
     def sampling_options(self, request: dict[str, Any], prompt_length: int) -> dict[str, Any]:
         """The run's [sample] settings, with the request's overrides, checked."""
-        options = {"temperature": request.get("temperature", self.sample.temperature),
-                   "top_k": request.get("top_k", self.sample.top_k), "top_p": request.get("top_p")}
-        new = check_int(request.get("max_new_tokens", min(self.sample.max_new_tokens, 200)), "max_new_tokens", 1,
-                        2000)
+        options = {
+            "temperature": request.get("temperature", self.sample.temperature),
+            "top_k": request.get("top_k", self.sample.top_k),
+            "top_p": request.get("top_p"),
+        }
+        new = check_int(request.get("max_new_tokens", min(self.sample.max_new_tokens, 200)), "max_new_tokens", 1, 2000)
         config = self.model.config
         if config.position == "learned":
             new = min(new, config.max_len - prompt_length + 1)
             if new < 1:
                 raise DataError(f"the text fills the model's {config.max_len} learned positions; shorten it")
         for name in ("temperature", "top_p"):
-            if options[name] is not None and (isinstance(options[name], bool)
-                                              or not isinstance(options[name], (int, float))):
+            if options[name] is not None and (
+                isinstance(options[name], bool) or not isinstance(options[name], (int, float))
+            ):
                 raise DataError(f"{name} must be a number, got {options[name]!r}")
         if options["top_k"] is not None:
             check_int(options["top_k"], "top_k", 1, 1_000_000)
@@ -223,28 +251,44 @@ class MTSubject(Subject):
             weights = {} if sparse else self.model.attention_weights(torch.tensor([src_ids]), torch.tensor([tgt_ids]))
         labels = lambda ids: token_labels(self.tokenizer.decode, ids, self.specials)
         source, decoder_in = labels(src_ids), labels(tgt_ids)
-        return {"task": self.task, "translation": target, "beam": beam, "source_tokens": source,
-                "target_tokens": decoder_in, "attention": self.attention_views(source, decoder_in, weights),
-                "notes": self.notes(weights, sparse)}
+        return {
+            "task": self.task,
+            "translation": target,
+            "beam": beam,
+            "source_tokens": source,
+            "target_tokens": decoder_in,
+            "attention": self.attention_views(source, decoder_in, weights),
+            "notes": self.notes(weights, sparse),
+        }
 
     @staticmethod
     def attention_views(source: list[str], decoder_in: list[str], weights: dict[str, list[Tensor]]) -> dict[str, Any]:
         produced = decoder_in[1:] + ["<eos>"]  # row i of the decoder reads token i and produces token i + 1
         views = {}
         if "cross" in weights:
-            views["cross"] = attention_view("cross-attention (rows: the target token produced, columns: source)",
-                                            produced, source, weights["cross"], causal=False, self_attention=False)
+            views["cross"] = attention_view(
+                "cross-attention (rows: the target token produced, columns: source)",
+                produced,
+                source,
+                weights["cross"],
+                causal=False,
+                self_attention=False,
+            )
         if "encoder" in weights:
-            views["encoder"] = attention_view("encoder self-attention", source, source, weights["encoder"],
-                                              causal=False)
-            views["decoder"] = attention_view("decoder self-attention (causal)", decoder_in, decoder_in,
-                                              weights["decoder"], causal=True)
+            views["encoder"] = attention_view(
+                "encoder self-attention", source, source, weights["encoder"], causal=False
+            )
+            views["decoder"] = attention_view(
+                "decoder self-attention (causal)", decoder_in, decoder_in, weights["decoder"], causal=True
+            )
         return views
 
     def notes(self, weights: dict[str, list[Tensor]], sparse: bool) -> list[str]:
         if sparse:
-            return [f"this model's self-attention is {self.model.config.attention}, which forms no attention weights; "
-                    f"the explorer draws sparse patterns for language models and encoders only"]
+            return [
+                f"this model's self-attention is {self.model.config.attention}, which forms no attention weights; "
+                f"the explorer draws sparse patterns for language models and encoders only"
+            ]
         if "encoder" not in weights:
             return ["an LSTM has no self-attention: its attention over the source (one head) is the cross-attention"]
         return []
@@ -273,8 +317,9 @@ class EncoderSubject(Subject):
         self.check_length(len(ids))
         batch = torch.tensor([ids])
         with self.lock:
-            weights = self_attention_weights(self.encoder, lambda: self.encoder.attention_weights(batch),
-                                             lambda: self.encoder(batch))
+            weights = self_attention_weights(
+                self.encoder, lambda: self.encoder.attention_weights(batch), lambda: self.encoder(batch)
+            )
             extra = self.predictions(batch, ids)
         view = self_view("self-attention (bidirectional)", tokens, weights, causal=False)
         return {"task": self.task, "tokens": tokens, "ids": ids, "attention": {"self": view}, **extra}
@@ -309,8 +354,10 @@ class MLMSubject(EncoderSubject):
     def predictions(self, batch: Tensor, ids: list[int]) -> dict[str, Any]:
         masked = [i for i, token in enumerate(ids) if token == self.vocabulary.mask_id]
         if not masked:
-            return {"masked": [], "notes": [f"write {MASK} where a token should be predicted, e.g. 'To be, or not "
-                                            f"to {MASK}{MASK}'"]}
+            return {
+                "masked": [],
+                "notes": [f"write {MASK} where a token should be predicted, e.g. 'To be, or not to {MASK}{MASK}'"],
+            }
         logits = self.model(batch)[0, masked]  # (masks, vocab)
         decode = lambda i: self.specials.get(i) or self.vocabulary.tokenizer.decode([i])
         return {"masked": [{"position": p, "top": row} for p, row in zip(masked, top_tokens(logits, decode, 5))]}
@@ -351,8 +398,9 @@ class EmbeddingSubject(EncoderSubject):
     task = "embedding"
 
     def __init__(self, name: str, sentence_encoder: Any, limit: int):
-        super().__init__(name, sentence_encoder.encoder, sentence_encoder.encoder,
-                         min(limit, sentence_encoder.max_seq_length))
+        super().__init__(
+            name, sentence_encoder.encoder, sentence_encoder.encoder, min(limit, sentence_encoder.max_seq_length)
+        )
         self.sentence_encoder = sentence_encoder
 
     @classmethod
@@ -394,8 +442,12 @@ class VitSubject(Subject):
         return cls(str(run.run_dir), run, limit)
 
     def info(self) -> dict[str, Any]:
-        return {**super().info(), "images": len(self.labels), "grid": list(self.model.patches.grid),
-                "patch_size": self.model.patches.patch_size}
+        return {
+            **super().info(),
+            "images": len(self.labels),
+            "grid": list(self.model.patches.grid),
+            "patch_size": self.model.patches.patch_size,
+        }
 
     def views(self) -> list[str]:
         return [*super().views(), "classes"]
@@ -407,21 +459,31 @@ class VitSubject(Subject):
         if isinstance(value, str) and value.strip().isdigit():
             value = int(value)
         if isinstance(value, str) or value is None:
-            raise DataError(f"a ViT run reads images, not text: give the number of a held-out test image, 0 to "
-                            f"{last} (as the text, or as \"image\"), got {value!r}")
+            raise DataError(
+                f"a ViT run reads images, not text: give the number of a held-out test image, 0 to "
+                f'{last} (as the text, or as "image"), got {value!r}'
+            )
         return check_int(value, "image", 0, last)
 
     @torch.no_grad()
     def analyze(self, request: dict[str, Any]) -> dict[str, Any]:
         number = self.image_number(request)
-        image = self.images[number:number + 1]  # (1, channels, height, width)
+        image = self.images[number : number + 1]  # (1, channels, height, width)
         self.check_length(len(self.tokens), "the image's [CLS] and patches")
         with self.lock:
-            weights = self_attention_weights(self.model, lambda: self.model.attention_weights(image),
-                                             lambda: self.model(image))
+            weights = self_attention_weights(
+                self.model, lambda: self.model.attention_weights(image), lambda: self.model(image)
+            )
             probs = self.model(image)[0].float().softmax(-1)
-        view = self_view("self-attention over [CLS] and the patches (bidirectional)", self.tokens, weights,
-                         causal=False)
-        return {"task": self.task, "image": number, "label": int(self.labels[number]), "tokens": self.tokens,
-                "pixels": image[0].tolist(), "attention": {"self": view},
-                "classes": [{"label": str(c), "p": round(float(p), 6)} for c, p in enumerate(probs)]}
+        view = self_view(
+            "self-attention over [CLS] and the patches (bidirectional)", self.tokens, weights, causal=False
+        )
+        return {
+            "task": self.task,
+            "image": number,
+            "label": int(self.labels[number]),
+            "tokens": self.tokens,
+            "pixels": image[0].tolist(),
+            "attention": {"self": view},
+            "classes": [{"label": str(c), "p": round(float(p), 6)} for c, p in enumerate(probs)],
+        }

@@ -26,5 +26,13 @@ from .architectures import ARCHITECTURES
 from .convert import config_from_hf, from_hf, read_hf_directory, to_hf
 from .rules import Architecture, HFOrigin, Rule
 
-__all__ = ["ARCHITECTURES", "Architecture", "HFOrigin", "Rule", "config_from_hf", "from_hf", "read_hf_directory",
-           "to_hf"]
+__all__ = [
+    "ARCHITECTURES",
+    "Architecture",
+    "HFOrigin",
+    "Rule",
+    "config_from_hf",
+    "from_hf",
+    "read_hf_directory",
+    "to_hf",
+]

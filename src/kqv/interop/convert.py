@@ -103,8 +103,10 @@ def to_hf(model: nn.Module, architecture_name: str | None = None, **config_optio
     missing, unexpected = hf_model.load_state_dict({arch.hf_name(n): t for n, t in state.items()}, strict=False)
     not_filled = set(missing) - {arch.hf_name(n) for n in [*mapping.aliases, *mapping.computed]}
     if unexpected or not_filled:
-        raise RuntimeError(f"kqv.interop's {arch.hf_class} mapping is incomplete: missing {sorted(not_filled)}, "
-                           f"unexpected {sorted(unexpected)}")
+        raise RuntimeError(
+            f"kqv.interop's {arch.hf_class} mapping is incomplete: missing {sorted(not_filled)}, "
+            f"unexpected {sorted(unexpected)}"
+        )
     return hf_model.eval()
 
 
@@ -141,16 +143,18 @@ def read_hf_directory(path: str | Path) -> tuple[Any, dict[str, Tensor]]:
 
 
 def supported() -> str:
-    return "; ".join(f"{a.hf_class} (model_type {a.model_type!r}) <-> kqv.{a.kqv_class.__name__}"
-                     for a in ARCHITECTURES.values())
+    return "; ".join(
+        f"{a.hf_class} (model_type {a.model_type!r}) <-> kqv.{a.kqv_class.__name__}" for a in ARCHITECTURES.values()
+    )
 
 
 def architecture(hf_config: Any, class_names: list[str] | None = None) -> Architecture:
     """The `ARCHITECTURES` entry for a config (and, when known, the model classes); ValueError if there is none."""
     model_type = getattr(hf_config, "model_type", None)
     of_type = [a for a in ARCHITECTURES.values() if a.model_type == model_type]
-    unsupported = [name for name in class_names or []
-                   if name not in ARCHITECTURES or ARCHITECTURES[name].model_type != model_type]
+    unsupported = [
+        name for name in class_names or [] if name not in ARCHITECTURES or ARCHITECTURES[name].model_type != model_type
+    ]
     if not of_type or unsupported:
         what = ", ".join(unsupported) if unsupported else f"model_type {model_type!r}"
         raise ConversionError(f"kqv.interop cannot convert {what}; supported architectures: {supported()}")
@@ -162,12 +166,16 @@ def export_architecture(model: nn.Module, name: str | None) -> Architecture:
     candidates = [a for a in ARCHITECTURES.values() if type(model) is a.kqv_class]
     if not candidates:
         kinds = sorted({a.kqv_class.__name__ for a in ARCHITECTURES.values()})
-        raise ConversionError(f"to_hf converts kqv models of the classes {kinds}, not {type(model).__name__}; "
-                         f"supported architectures: {supported()}")
+        raise ConversionError(
+            f"to_hf converts kqv models of the classes {kinds}, not {type(model).__name__}; "
+            f"supported architectures: {supported()}"
+        )
     if name is not None:
         if name not in [a.hf_class for a in candidates]:
-            raise ConversionError(f"a kqv.{type(model).__name__} cannot become a {name}; it can become "
-                             f"{' or '.join(a.hf_class for a in candidates)}")
+            raise ConversionError(
+                f"a kqv.{type(model).__name__} cannot become a {name}; it can become "
+                f"{' or '.join(a.hf_class for a in candidates)}"
+            )
         return ARCHITECTURES[name]
     origin = getattr(model, "hf_origin", None)
     candidates.sort(key=lambda a: not (isinstance(origin, HFOrigin) and origin.hf_class == a.hf_class))
@@ -222,14 +230,17 @@ class HFWeights:
     def check_all_used(self, ignored: tuple[str, ...]) -> None:
         left = sorted(n for n in self.weights if not any(re.fullmatch(p, n) for p in ignored))
         if left:
-            raise ConversionError(f"the checkpoint has weights kqv has no place for: {left[:8]}"
-                             f"{' ...' if len(left) > 8 else ''}")
+            raise ConversionError(
+                f"the checkpoint has weights kqv has no place for: {left[:8]}{' ...' if len(left) > 8 else ''}"
+            )
 
 
 def check_computed(name: str, tensor: Tensor, expected: Tensor) -> None:
     if tensor.shape != expected.shape or not torch.allclose(tensor, expected, atol=1e-3):
-        raise ConversionError(f"the checkpoint's {name} is not the fixed table kqv computes (shape {tuple(tensor.shape)}, "
-                         f"expected {tuple(expected.shape)}); kqv cannot represent a changed one")
+        raise ConversionError(
+            f"the checkpoint's {name} is not the fixed table kqv computes (shape {tuple(tensor.shape)}, "
+            f"expected {tuple(expected.shape)}); kqv cannot represent a changed one"
+        )
 
 
 def tied_groups(model: nn.Module) -> dict[str, set[str]]:
@@ -248,8 +259,10 @@ def load_exactly(model: nn.Module, state: dict[str, Tensor]) -> None:
     groups = tied_groups(model)
     unfilled = [name for name in missing if not groups[name] & state.keys()]
     if unfilled or unexpected:
-        raise RuntimeError(f"kqv.interop's mapping for {type(model).__name__} is incomplete: unfilled {unfilled}, "
-                           f"unexpected {sorted(unexpected)}")
+        raise RuntimeError(
+            f"kqv.interop's mapping for {type(model).__name__} is incomplete: unfilled {unfilled}, "
+            f"unexpected {sorted(unexpected)}"
+        )
 
 
 def check_all_exported(model: nn.Module, kqv_state: dict[str, Tensor], exported: set[str], hf_class: str) -> None:

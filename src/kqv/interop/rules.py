@@ -4,8 +4,9 @@ architecture uses."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -112,8 +113,10 @@ def activation_to_hf(activation: str, base_name: str | None, target: str) -> str
     if base_name is not None and HF_ACTIVATIONS.get(base_name) == activation:
         return base_name
     if activation not in KQV_TO_HF_ACTIVATION:
-        raise ConversionError(f"a kqv model with activation={activation!r} cannot become a {target}, whose feed-forward "
-                         f"network is not gated; it needs one of {sorted(KQV_TO_HF_ACTIVATION)}")
+        raise ConversionError(
+            f"a kqv model with activation={activation!r} cannot become a {target}, whose feed-forward "
+            f"network is not gated; it needs one of {sorted(KQV_TO_HF_ACTIVATION)}"
+        )
     return KQV_TO_HF_ACTIVATION[activation]
 
 
@@ -170,7 +173,11 @@ def unstack(keys_values: Tensor) -> tuple[Tensor, Tensor]:
 
 def attention(kqv: str, queries: str, keys: str, values: str, output: str) -> list[Rule]:
     """Separate query, key, value and output projections (BERT, Marian, BART) into kqv's q, [k; v] and output."""
-    return [*affine(f"{kqv}.to_queries", queries),
-            *(Rule((f"{kqv}.to_keys_values.{p}",), (f"{keys}.{p}", f"{values}.{p}"), stack, unstack)
-              for p in ("weight", "bias")),
-            *affine(f"{kqv}.to_output", output)]
+    return [
+        *affine(f"{kqv}.to_queries", queries),
+        *(
+            Rule((f"{kqv}.to_keys_values.{p}",), (f"{keys}.{p}", f"{values}.{p}"), stack, unstack)
+            for p in ("weight", "bias")
+        ),
+        *affine(f"{kqv}.to_output", output),
+    ]

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import resource
 import time
-from dataclasses import dataclass, field
 from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -25,9 +25,8 @@ from ..errors import ConfigError, RunError
 from ..nn.config import ModelConfig
 from ..nn.models import count_parameters
 from ..train.checkpoints import load_weights
-from ..train.runs import (TOKENIZER_DIR, RunConfig, read_config_values, read_run, write_run_config,
-                          write_summary)
 from ..train.rundir import RunDirectory
+from ..train.runs import TOKENIZER_DIR, RunConfig, read_config_values, read_run, write_run_config, write_summary
 from ..train.trainer import Trainer
 
 
@@ -55,8 +54,10 @@ class AttentionMaps:
 
     def __repr__(self) -> str:
         extra = f", translation={self.translation!r}" if self.translation is not None else ""
-        return (f"AttentionMaps({self.kind}, {self.layers} layers x {self.heads} heads, {len(self.rows)} rows x "
-                f"{len(self.columns)} columns{extra})")
+        return (
+            f"AttentionMaps({self.kind}, {self.layers} layers x {self.heads} heads, {len(self.rows)} rows x "
+            f"{len(self.columns)} columns{extra})"
+        )
 
 
 @dataclass
@@ -71,8 +72,10 @@ class TrainedRun:
     values: dict[str, Any] = field(default_factory=dict)
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}({str(self.run_dir)!r}, task={self.job.name!r}, "
-                f"{count_parameters(self.model):,} parameters)")
+        return (
+            f"{type(self).__name__}({str(self.run_dir)!r}, task={self.job.name!r}, "
+            f"{count_parameters(self.model):,} parameters)"
+        )
 
     # The operations a job may offer on its runs; each run class overrides those its job has (see kqv.api).
 
@@ -96,8 +99,11 @@ class TrainedRun:
         """The error for an operation this run's job does not have, naming the jobs that have it."""
         from . import JOBS  # the registry imports every job module, this one included
 
-        able = [name for name, job in JOBS.items()
-                if getattr(job.run_class, operation) is not getattr(TrainedRun, operation)]
+        able = [
+            name
+            for name, job in JOBS.items()
+            if getattr(job.run_class, operation) is not getattr(TrainedRun, operation)
+        ]
         jobs = " and ".join([", ".join(able[:-1]), able[-1]] if len(able) > 1 else able)
         return RunError(f"{self.run_dir} is {self.job.title} run; {operation} works on {jobs} runs")
 
@@ -139,8 +145,16 @@ class Job:
 
     # -- training --------------------------------------------------------------------------------------------
 
-    def train(self, config: RunConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
-              quiet: bool = False, **options: Any) -> dict[str, Any]:
+    def train(
+        self,
+        config: RunConfig,
+        run_dir: str | Path,
+        *,
+        resume: bool = False,
+        overwrite: bool = False,
+        quiet: bool = False,
+        **options: Any,
+    ) -> dict[str, Any]:
         """Train as configured into run_dir (continue its checkpoint with `resume`, replace it with `overwrite`);
         write the run directory and return the summary. `options` are the job's flags without a config key.
 
@@ -154,8 +168,9 @@ class Job:
         """The run directory of one training, locked and inspected (`RunDirectory.open`): `resume` continues
         its checkpoint, `overwrite` replaces its run, neither refuses one that is there."""
         if resume and overwrite:
-            raise ConfigError("resume and overwrite exclude each other: continue the run in the directory, or "
-                              "replace it, not both")
+            raise ConfigError(
+                "resume and overwrite exclude each other: continue the run in the directory, or replace it, not both"
+            )
         return RunDirectory.open(run_dir, "resume" if resume else ("overwrite" if overwrite else "error"))
 
     def build_model(self, model_config: Any, config: RunConfig, values: dict[str, Any]) -> nn.Module:
@@ -170,8 +185,9 @@ class Job:
         torch.manual_seed(config.train.seed)
         return self.build_model(model_config, config, values)
 
-    def make_trainer(self, model: nn.Module, config: RunConfig, run: RunDirectory, *, quiet: bool,
-                     **trainer_options: Any) -> Trainer:
+    def make_trainer(
+        self, model: nn.Module, config: RunConfig, run: RunDirectory, *, quiet: bool, **trainer_options: Any
+    ) -> Trainer:
         """The shared Trainer for `model` in the opened run directory (`trainer_options`: train_batches, loss_fn,
         val_batches, eval_fn, ...). It resumes `run.checkpoint` when there is one."""
         return Trainer(model, config.train, run, quiet=quiet, **trainer_options)
@@ -192,11 +208,16 @@ class Job:
         job's own when it runs in a process of its own, as under `kqv train`.
         """
         trainer = result.trainer
-        summary = {"steps": trainer.step, "train_seconds": round(trainer.train_seconds, 1),
-                   "wall_seconds": round(result.wall_seconds, 1), "peak_rss_mb": round(peak_rss_mb(), 1),
-                   "parameters": count_parameters(model),
-                   "final_train_loss": result.final.get("train_loss"), "final_val_loss": result.final.get("val_loss"),
-                   **figures}
+        summary = {
+            "steps": trainer.step,
+            "train_seconds": round(trainer.train_seconds, 1),
+            "wall_seconds": round(result.wall_seconds, 1),
+            "peak_rss_mb": round(peak_rss_mb(), 1),
+            "parameters": count_parameters(model),
+            "final_train_loss": result.final.get("train_loss"),
+            "final_val_loss": result.final.get("val_loss"),
+            **figures,
+        }
         write_summary(run_dir, summary)
         return summary
 
@@ -222,5 +243,3 @@ class Job:
 def peak_rss_mb() -> float:
     """This process's peak resident set size in MB (10^6 bytes): `getrusage`'s ru_maxrss, in KiB on Linux."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6
-
-

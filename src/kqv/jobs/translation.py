@@ -18,9 +18,17 @@ SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
 
 
 @torch.no_grad()
-def translate_sentences(model: nn.Module, tokenizer: Tokenizer, sentences: list[str], *, beam_size: int = 4,
-              length_penalty: float = 1.0, max_len_a: float = 1.5, max_len_b: int = 10,
-              batch_sentences: int = 64) -> list[str]:
+def translate_sentences(
+    model: nn.Module,
+    tokenizer: Tokenizer,
+    sentences: list[str],
+    *,
+    beam_size: int = 4,
+    length_penalty: float = 1.0,
+    max_len_a: float = 1.5,
+    max_len_b: int = 10,
+    batch_sentences: int = 64,
+) -> list[str]:
     """Translate sentences, text in and text out (batched by length, output in input order): each is encoded as
     `ids + <eos>`, decoded by the model's beam search, and cut at its first <eos>. Empty sentences and, for learned
     positions, sources longer than the model's max_len raise DataError."""
@@ -33,25 +41,34 @@ def translate_sentences(model: nn.Module, tokenizer: Tokenizer, sentences: list[
     limit = _position_limit(model)
     for number, ids in enumerate(sources, 1):
         if limit is not None and len(ids) > limit:
-            raise DataError(f"source sentence {number} has {len(ids)} tokens but this model's learned positions "
-                             f"cover max_len={limit}; shorten or split the sentence")
+            raise DataError(
+                f"source sentence {number} has {len(ids)} tokens but this model's learned positions "
+                f"cover max_len={limit}; shorten or split the sentence"
+            )
     was_training = model.training
     model.eval()
     order = sorted(range(len(sources)), key=lambda j: len(sources[j]))
     results: list[str] = [""] * len(sources)
     try:
         for start in range(0, len(order), batch_sentences):
-            chunk = order[start:start + batch_sentences]
+            chunk = order[start : start + batch_sentences]
             src = pad_sequences([sources[j] for j in chunk], pad)
             src_mask = lengths_mask([len(sources[j]) for j in chunk], src.shape[1])
             max_new = int(max_len_a * src.shape[1] + max_len_b)
             if limit is not None:
                 max_new = min(max_new, limit)
-            out = model.generate(src, max_new, beam_size=beam_size, length_penalty=length_penalty, bos_id=bos,
-                                 eos_id=eos, src_mask=src_mask)
+            out = model.generate(
+                src,
+                max_new,
+                beam_size=beam_size,
+                length_penalty=length_penalty,
+                bos_id=bos,
+                eos_id=eos,
+                src_mask=src_mask,
+            )
             for j, row in zip(chunk, out.tolist()):
                 row = row[1:]
-                results[j] = tokenizer.decode(row[:row.index(eos)] if eos in row else row).strip()
+                results[j] = tokenizer.decode(row[: row.index(eos)] if eos in row else row).strip()
     finally:
         model.train(was_training)
     return results
@@ -68,8 +85,10 @@ def corpus_scores(hypotheses: list[str], references: list[str]) -> dict[str, flo
 
     if len(hypotheses) != len(references):
         raise DataError(f"{len(hypotheses)} translations for {len(references)} references")
-    return {"bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score,
-            "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score}
+    return {
+        "bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score,
+        "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score,
+    }
 
 
 def spread(items: list, count: int) -> list:

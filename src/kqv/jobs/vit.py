@@ -45,10 +45,13 @@ class VitDataConfig(Config):
     baseline: Literal["mlp", "conv", "none"] = "mlp"
 
     def check(self) -> None:
-        if not (0 < self.val_fraction < 1 and 0 < self.test_fraction < 1
-                and self.val_fraction + self.test_fraction < 1):
-            raise ConfigError(f"data.val_fraction ({self.val_fraction}) and data.test_fraction "
-                              f"({self.test_fraction}) must be in (0, 1) and leave some training images")
+        if not (
+            0 < self.val_fraction < 1 and 0 < self.test_fraction < 1 and self.val_fraction + self.test_fraction < 1
+        ):
+            raise ConfigError(
+                f"data.val_fraction ({self.val_fraction}) and data.test_fraction "
+                f"({self.test_fraction}) must be in (0, 1) and leave some training images"
+            )
 
 
 @dataclass
@@ -83,8 +86,12 @@ class Digits:
         images, labels = load_digits_images()
         parts = split_indices(len(labels), data.val_fraction, data.test_fraction, seed)
         mean, std = stats or (float(images[parts["train"]].mean()), float(images[parts["train"]].std()))
-        return cls({k: standardise(images[i], mean, std) for k, i in parts.items()},
-                   {k: labels[i] for k, i in parts.items()}, mean, std)
+        return cls(
+            {k: standardise(images[i], mean, std) for k, i in parts.items()},
+            {k: labels[i] for k, i in parts.items()},
+            mean,
+            std,
+        )
 
     def batch(self, part: str, batch_size: int, seed: int, i: int) -> tuple[Tensor, Tensor]:
         rows = torch.randint(len(self.labels[part]), (batch_size,), generator=batch_generator(seed, i))
@@ -119,8 +126,11 @@ def train_baseline(name: str, config: VitRunConfig, digits: Digits, seconds: flo
         if step == train.steps:
             result["baseline_test_accuracy_same_steps"] = digits.accuracy(model, "test")
         if spent >= seconds and "baseline_steps" not in result:
-            result.update(baseline_steps=step, baseline_seconds=round(spent, 1),
-                          baseline_test_accuracy=digits.accuracy(model, "test"))
+            result.update(
+                baseline_steps=step,
+                baseline_seconds=round(spent, 1),
+                baseline_test_accuracy=digits.accuracy(model, "test"),
+            )
     return result
 
 
@@ -155,8 +165,9 @@ class VitRun(TrainedRun):
     """A trained Vision Transformer: its test accuracy, and where [CLS] looks."""
 
     def test_digits(self) -> Digits:
-        return Digits.load(self.config.data, self.config.train.seed, (self.values["images"]["mean"],
-                                                                      self.values["images"]["std"]))
+        return Digits.load(
+            self.config.data, self.config.train.seed, (self.values["images"]["mean"], self.values["images"]["std"])
+        )
 
     def evaluate(self) -> VitEvaluation:
         """The accuracy on the held-out test digits (the same split as in training)."""
@@ -190,39 +201,73 @@ class VitJob(Job):
     def load_tokenizer(self, run_dir: Path) -> None:
         return None  # images need none
 
-    def train(self, config: VitRunConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
-              quiet: bool = False) -> dict[str, Any]:
+    def train(
+        self,
+        config: VitRunConfig,
+        run_dir: str | Path,
+        *,
+        resume: bool = False,
+        overwrite: bool = False,
+        quiet: bool = False,
+    ) -> dict[str, Any]:
         """Train a ViT (and its baseline) on the digits; write the run directory and return the summary."""
         with self.open_run(run_dir, resume=resume, overwrite=overwrite) as run:
             seed, batch_size = config.train.seed, config.train.batch_size
             digits = Digits.load(config.data, seed)
             n_tokens = config.n_tokens
             model_config = config.model.replace(vocab_size=1)
-            model = self.start(config, run, model_config, images={
-                "shape": list(DIGITS_SHAPE), "classes": DIGITS_CLASSES, "mean": digits.mean, "std": digits.std})
+            model = self.start(
+                config,
+                run,
+                model_config,
+                images={"shape": list(DIGITS_SHAPE), "classes": DIGITS_CLASSES, "mean": digits.mean, "std": digits.std},
+            )
             quiet = quiet or not run.writes  # under torchrun rank 0 speaks for every process
             if not quiet:
-                print(f"kqv: ViT of {count_parameters(model):,} parameters, {n_tokens - 1} patches of "
-                      f"{config.data.patch_size}x{config.data.patch_size} + [CLS], "
-                      f"{len(digits.labels['train'])} training images, run directory {run.path}")
-            result = self.fit(self.make_trainer(
-                model, config, run, quiet=quiet,
-                train_batches=lambda i: digits.batch("train", batch_size, seed, i),
-                val_batches=lambda i: digits.batch("val", batch_size, seed, -i - 1),
-                loss_fn=lambda model, batch: model(*batch),
-                eval_fn=lambda model: {"val_accuracy": digits.accuracy(model, "val")}))
+                print(
+                    f"kqv: ViT of {count_parameters(model):,} parameters, {n_tokens - 1} patches of "
+                    f"{config.data.patch_size}x{config.data.patch_size} + [CLS], "
+                    f"{len(digits.labels['train'])} training images, run directory {run.path}"
+                )
+            result = self.fit(
+                self.make_trainer(
+                    model,
+                    config,
+                    run,
+                    quiet=quiet,
+                    train_batches=lambda i: digits.batch("train", batch_size, seed, i),
+                    val_batches=lambda i: digits.batch("val", batch_size, seed, -i - 1),
+                    loss_fn=lambda model, batch: model(*batch),
+                    eval_fn=lambda model: {"val_accuracy": digits.accuracy(model, "val")},
+                )
+            )
             if not run.writes:
                 return {}  # under torchrun rank 0 alone trains the baseline and writes the run's summary
-            baseline = {} if config.data.baseline == "none" else train_baseline(
-                config.data.baseline, config, digits, result.trainer.train_seconds)
-            summary = self.summarise(run.path, result, model, test_images=len(digits.labels["test"]),
-                                     test_accuracy=digits.accuracy(model, "test"), **baseline)
+            baseline = (
+                {}
+                if config.data.baseline == "none"
+                else train_baseline(config.data.baseline, config, digits, result.trainer.train_seconds)
+            )
+            summary = self.summarise(
+                run.path,
+                result,
+                model,
+                test_images=len(digits.labels["test"]),
+                test_accuracy=digits.accuracy(model, "test"),
+                **baseline,
+            )
         if not quiet:
-            against = (f" ({baseline['baseline']} baseline: {baseline['baseline_test_accuracy']:.1%} in the same "
-                       f"time, {baseline['baseline_steps']} steps; {baseline['baseline_test_accuracy_same_steps']:.1%} "
-                       f"after the same steps)" if baseline else "")
-            print(f"kqv: ViT test accuracy {summary['test_accuracy']:.1%} on {summary['test_images']} images"
-                  f"{against} after {summary['steps']} steps in {result.wall_seconds / 60:.1f} min")
+            against = (
+                f" ({baseline['baseline']} baseline: {baseline['baseline_test_accuracy']:.1%} in the same "
+                f"time, {baseline['baseline_steps']} steps; {baseline['baseline_test_accuracy_same_steps']:.1%} "
+                f"after the same steps)"
+                if baseline
+                else ""
+            )
+            print(
+                f"kqv: ViT test accuracy {summary['test_accuracy']:.1%} on {summary['test_images']} images"
+                f"{against} after {summary['steps']} steps in {result.wall_seconds / 60:.1f} min"
+            )
         return summary
 
 

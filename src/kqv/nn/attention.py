@@ -12,22 +12,39 @@ re-exported here.
 from __future__ import annotations
 
 import math
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
 from ..errors import ConfigError, DataError
 from .config import ModelConfig
-from .cores import (AttentionCore, FullAttention, causal_mask, fused_attention, padding_mask, padding_of,
-                    scaled_dot_product_attention)
-from .positions import AttentionPositions, attention_positions
+from .cores import (
+    AttentionCore,
+    FullAttention,
+    causal_mask,
+    fused_attention,
+    padding_mask,
+    padding_of,
+    scaled_dot_product_attention,
+)
 from .dmca import LocalAttention, MemoryCompressedAttention
+from .positions import AttentionPositions, attention_positions
 from .sparse import BigBirdAttention, LinformerAttention
 
 Score = Literal["dot", "multiplicative", "reduced_rank", "additive"]
-__all__ = ["Attention", "CORES", "KVCache", "MultiHeadAttention", "causal_mask", "fused_attention", "padding_mask",
-           "padding_of", "scaled_dot_product_attention"]
+__all__ = [
+    "Attention",
+    "CORES",
+    "KVCache",
+    "MultiHeadAttention",
+    "causal_mask",
+    "fused_attention",
+    "padding_mask",
+    "padding_of",
+    "scaled_dot_product_attention",
+]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -85,14 +102,23 @@ class Attention(nn.Module):
     mask broadcastable to (batch, q_time, k_time), True where a key may be attended.
     """
 
-    def __init__(self, query_dim: int, key_dim: int | None = None, score: Score = "dot", *,
-                 rank: int | None = None, hidden: int | None = None):
+    def __init__(
+        self,
+        query_dim: int,
+        key_dim: int | None = None,
+        score: Score = "dot",
+        *,
+        rank: int | None = None,
+        hidden: int | None = None,
+    ):
         super().__init__()
         key_dim = key_dim or query_dim
         if score == "dot":
             if query_dim != key_dim:
-                raise ConfigError(f"dot-product scores need query_dim == key_dim, got {query_dim} and {key_dim}; "
-                                 f"use score='multiplicative' for different sizes")
+                raise ConfigError(
+                    f"dot-product scores need query_dim == key_dim, got {query_dim} and {key_dim}; "
+                    f"use score='multiplicative' for different sizes"
+                )
             self.score = DotScore()
         elif score == "multiplicative":
             self.score = MultiplicativeScore(query_dim, key_dim)
@@ -101,8 +127,9 @@ class Attention(nn.Module):
         elif score == "additive":
             self.score = AdditiveScore(query_dim, key_dim, hidden or query_dim)
         else:
-            raise ConfigError(f"unknown score {score!r}; choose one of 'dot', 'multiplicative', 'reduced_rank', "
-                             f"'additive'")
+            raise ConfigError(
+                f"unknown score {score!r}; choose one of 'dot', 'multiplicative', 'reduced_rank', 'additive'"
+            )
 
     def forward(self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         scores = self.score(query, keys)  # (batch, q_time, k_time)
@@ -156,7 +183,7 @@ class KVCache:
         batch, heads = keys.shape[:2]
         reserved = [new.new_empty(batch, heads, time, new.shape[-1]) for new in (keys, values)]
         if self.length:
-            reserved[0][:, :, :self.length], reserved[1][:, :, :self.length] = self.keys, self.values
+            reserved[0][:, :, : self.length], reserved[1][:, :, : self.length] = self.keys, self.values
         self._keys, self._values = reserved
 
     def store(self, keys: Tensor, values: Tensor) -> None:
@@ -183,8 +210,8 @@ class MultiHeadAttention(nn.Module):
 
     Self-attention when `memory` is None; cross-attention (queries from x, keys and values from `memory`)
     otherwise. Heads are a batch axis: (batch, time, d_model) -> (batch, heads, time, head_dim). Self-attention
-    uses the core `config.attention` (or `config.layer_pattern`'s slot for block `layer`) names and the config's position scheme; cross-attention is always full
-    attention without positions, since the two sequences share none.
+    uses the core `config.attention` (or `config.layer_pattern`'s slot for block `layer`) names and the config's
+    position scheme; cross-attention is always full attention without positions, since the two sequences share none.
     """
 
     def __init__(self, config: ModelConfig, cross_attention: bool = False, layer: int = 0):
@@ -214,9 +241,17 @@ class MultiHeadAttention(nn.Module):
         keys, values = self.to_keys_values(source).chunk(2, dim=-1)
         return self.split_heads(keys), self.split_heads(values)
 
-    def forward(self, x: Tensor, memory: Tensor | None = None, *, mask: Tensor | None = None, causal: bool = False,
-                positions: Tensor | None = None, cache: KVCache | None = None,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        mask: Tensor | None = None,
+        causal: bool = False,
+        positions: Tensor | None = None,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
         """x (batch, q_time, d_model); memory (batch, k_time, d_model) for cross-attention.
 
         `positions` (q_time,) are the absolute positions of x's tokens (default 0..q_time-1, or after the cache).
@@ -228,13 +263,22 @@ class MultiHeadAttention(nn.Module):
             positions = torch.arange(start, start + x.shape[1], device=x.device)
         queries = self.positions.rotate(self.split_heads(self.to_queries(x)), positions)  # (batch, heads, q, hd)
         keys, values = self.keys_values(x, memory, positions, cache)  # (batch, heads, k_time, head_dim)
-        output, weights = self.core.attend(queries, keys, values, positions=self.positions, q_pos=positions,
-                                           mask=mask, causal=causal, dropout=self.dropout if self.training else 0.0,
-                                           need_weights=need_weights)
+        output, weights = self.core.attend(
+            queries,
+            keys,
+            values,
+            positions=self.positions,
+            q_pos=positions,
+            mask=mask,
+            causal=causal,
+            dropout=self.dropout if self.training else 0.0,
+            need_weights=need_weights,
+        )
         return self.to_output(self.merge_heads(output)), weights
 
-    def keys_values(self, x: Tensor, memory: Tensor | None, positions: Tensor,
-                    cache: KVCache | None) -> tuple[Tensor, Tensor]:
+    def keys_values(
+        self, x: Tensor, memory: Tensor | None, positions: Tensor, cache: KVCache | None
+    ) -> tuple[Tensor, Tensor]:
         """Keys and values for this step: from memory (cross) or x (self), reusing and extending the cache."""
         if self.cross_attention:
             if cache is not None and cache.keys is not None:

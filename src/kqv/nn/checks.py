@@ -22,12 +22,15 @@ def check_ids(ids: Tensor, vocab_size: int, name: str = "ids") -> None:
     low, high = int(ids.min()), int(ids.max())
     if low < 0 or high >= vocab_size:
         bad = low if low < 0 else high
-        raise DataError(f"{name} contains token id {bad}, outside the vocabulary [0, {vocab_size}); "
-                         f"was the input encoded with the tokenizer this model was built for?")
+        raise DataError(
+            f"{name} contains token id {bad}, outside the vocabulary [0, {vocab_size}); "
+            f"was the input encoded with the tokenizer this model was built for?"
+        )
 
 
-def check_attention_mask(attention_mask: Tensor | None, ids: Tensor, past: int = 0,
-                         name: str = "attention_mask") -> Tensor | None:
+def check_attention_mask(
+    attention_mask: Tensor | None, ids: Tensor, past: int = 0, name: str = "attention_mask"
+) -> Tensor | None:
     """Validate a (batch, past + time) mask of 1 = token, 0 = padding; return it as (batch, 1, 1, time) bool."""
     if attention_mask is None:
         return None
@@ -35,8 +38,9 @@ def check_attention_mask(attention_mask: Tensor | None, ids: Tensor, past: int =
         raise DataTypeError(f"{name} must be a torch.Tensor, got {type(attention_mask).__name__}")
     expected = (ids.shape[0], past + ids.shape[1])
     if tuple(attention_mask.shape) != expected:
-        raise DataError(f"{name} must have shape (batch, time) = {expected} to match the ids, "
-                         f"got {tuple(attention_mask.shape)}")
+        raise DataError(
+            f"{name} must have shape (batch, time) = {expected} to match the ids, got {tuple(attention_mask.shape)}"
+        )
     if attention_mask.dtype != torch.bool and not ((attention_mask == 0) | (attention_mask == 1)).all():
         raise DataError(f"{name} must contain only 1 (token) and 0 (padding)")
     return padding_mask(attention_mask)

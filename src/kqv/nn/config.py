@@ -88,8 +88,10 @@ class CompressionConfig(Config):
 
     def check(self) -> None:
         if self.compression < 2:
-            raise ConfigError(f"{self.qualified('compression')} must be at least 2 (3 in Liu et al. 2018): it is "
-                              f"how many keys become one, got {self.compression}")
+            raise ConfigError(
+                f"{self.qualified('compression')} must be at least 2 (3 in Liu et al. 2018): it is "
+                f"how many keys become one, got {self.compression}"
+            )
 
 
 @dataclass
@@ -110,21 +112,28 @@ class ExpertsConfig(Config):
         if not self.capacity_factor > 0:
             raise ConfigError(f"{self.qualified('capacity_factor')} must be positive, got {self.capacity_factor}")
         if self.aux_loss_coefficient < 0:
-            raise ConfigError(f"{self.qualified('aux_loss_coefficient')} must be >= 0, got "
-                              f"{self.aux_loss_coefficient}")
+            raise ConfigError(f"{self.qualified('aux_loss_coefficient')} must be >= 0, got {self.aux_loss_coefficient}")
 
 
 # The flat option names of kqv before the sub-tables, and where each lives now: run.toml files and user configs
 # written with them load unchanged (`ModelConfig.from_dict`).
 OLD_NAMES = {
-    "max_relative_distance": ("relative", "max_distance"), "relative_values": ("relative", "values"),
-    "linformer_k": ("linformer", "k"), "linformer_sharing": ("linformer", "sharing"),
-    "bigbird_block": ("bigbird", "block"), "bigbird_window": ("bigbird", "window"),
-    "bigbird_global": ("bigbird", "global_blocks"), "bigbird_random": ("bigbird", "random_blocks"),
-    "bigbird_seed": ("bigbird", "seed"), "local_block": ("local", "block"),
-    "compression": ("memory_compressed", "compression"), "n_experts": ("experts", "count"),
-    "top_k": ("experts", "top_k"), "capacity_factor": ("experts", "capacity_factor"),
-    "aux_loss_coefficient": ("experts", "aux_loss_coefficient"), "moe_every": ("experts", "every"),
+    "max_relative_distance": ("relative", "max_distance"),
+    "relative_values": ("relative", "values"),
+    "linformer_k": ("linformer", "k"),
+    "linformer_sharing": ("linformer", "sharing"),
+    "bigbird_block": ("bigbird", "block"),
+    "bigbird_window": ("bigbird", "window"),
+    "bigbird_global": ("bigbird", "global_blocks"),
+    "bigbird_random": ("bigbird", "random_blocks"),
+    "bigbird_seed": ("bigbird", "seed"),
+    "local_block": ("local", "block"),
+    "compression": ("memory_compressed", "compression"),
+    "n_experts": ("experts", "count"),
+    "top_k": ("experts", "top_k"),
+    "capacity_factor": ("experts", "capacity_factor"),
+    "aux_loss_coefficient": ("experts", "aux_loss_coefficient"),
+    "moe_every": ("experts", "every"),
 }
 
 
@@ -138,8 +147,10 @@ def nest_old_names(values: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(given, dict):
             continue  # a malformed sub-table: the validator reports it
         if name in given:
-            raise ConfigError(f"model option {old} is the old name of {table}.{name}, and both are given: keep "
-                              f"{table}.{name} ([model.{table}] {name} = ...) and remove {old}")
+            raise ConfigError(
+                f"model option {old} is the old name of {table}.{name}, and both are given: keep "
+                f"{table}.{name} ([model.{table}] {name} = ...) and remove {old}"
+            )
         values[table] = {**given, name: values.pop(old)}
     return values
 
@@ -220,9 +231,13 @@ class ModelConfig(Config):
                 f"d_model / n_heads dimensions; try n_heads in {_divisors(self.d_model)}"
             )
         if self.position == "rope" and self.head_dim % 2:
-            raise ConfigError(f"position='rope' rotates pairs of dimensions, so head_dim must be even, got {self.head_dim}")
+            raise ConfigError(
+                f"position='rope' rotates pairs of dimensions, so head_dim must be even, got {self.head_dim}"
+            )
         if self.position == "sinusoidal" and self.d_model % 2:
-            raise ConfigError(f"position='sinusoidal' pairs sines and cosines, so d_model must be even, got {self.d_model}")
+            raise ConfigError(
+                f"position='sinusoidal' pairs sines and cosines, so d_model must be even, got {self.d_model}"
+            )
         self._check_attention()
         self._check_experts()
 
@@ -231,25 +246,35 @@ class ModelConfig(Config):
         if self.ffn == "dense":
             return
         if self.ffn == "switch" and experts.top_k not in (None, 1):
-            raise ConfigError(f"ffn='switch' sends each token to one expert, so experts.top_k must be 1 (or unset), "
-                              f"got {experts.top_k}; use ffn='moe' for top_k={experts.top_k}")
+            raise ConfigError(
+                f"ffn='switch' sends each token to one expert, so experts.top_k must be 1 (or unset), "
+                f"got {experts.top_k}; use ffn='moe' for top_k={experts.top_k}"
+            )
         if self.ffn == "moe" and experts.top_k == 1:
-            raise ConfigError("ffn='moe' with experts.top_k=1 is Switch routing: use ffn='switch' (its gate is the "
-                              "router's probability, so the router learns), or top_k >= 2")
+            raise ConfigError(
+                "ffn='moe' with experts.top_k=1 is Switch routing: use ffn='switch' (its gate is the "
+                "router's probability, so the router learns), or top_k >= 2"
+            )
         if self.experts_per_token > experts.count:
-            raise ConfigError(f"experts.top_k ({self.experts_per_token}) cannot exceed experts.count "
-                              f"({experts.count}): each token goes to top_k different experts")
+            raise ConfigError(
+                f"experts.top_k ({self.experts_per_token}) cannot exceed experts.count "
+                f"({experts.count}): each token goes to top_k different experts"
+            )
         layers = max(self.n_layers, self.encoder_layers, self.decoder_layers)
         if experts.every > layers:
-            raise ConfigError(f"experts.every ({experts.every}) exceeds the number of layers ({layers}), so no block "
-                              f"would get experts; use a value in 1..{layers}")
+            raise ConfigError(
+                f"experts.every ({experts.every}) exceeds the number of layers ({layers}), so no block "
+                f"would get experts; use a value in 1..{layers}"
+            )
 
     def _check_attention(self) -> None:
         kinds = set(self.layer_attention_kinds())
         if "local" in kinds and self.max_len % self.local.block:
             fits = _divisors(self.max_len)
-            raise ConfigError(f"local.block ({self.local.block}) must divide max_len ({self.max_len}) so that a "
-                              f"full-length input is whole blocks; choose one of {fits} or change max_len")
+            raise ConfigError(
+                f"local.block ({self.local.block}) must divide max_len ({self.max_len}) so that a "
+                f"full-length input is whole blocks; choose one of {fits} or change max_len"
+            )
         for kind in sorted(kinds - {"full"}):
             self._check_sparse_attention(kind)
 
@@ -261,8 +286,10 @@ class ModelConfig(Config):
         valid = list(AttentionKind.__args__)
         unknown = [kind for kind in kinds if kind not in valid]
         if unknown or not kinds:
-            raise ConfigError(f"layer_pattern {self.layer_pattern!r} has unknown attention kind(s) {unknown}: give "
-                              f"a comma-separated list of {valid}, e.g. 'local,memory_compressed'")
+            raise ConfigError(
+                f"layer_pattern {self.layer_pattern!r} has unknown attention kind(s) {unknown}: give "
+                f"a comma-separated list of {valid}, e.g. 'local,memory_compressed'"
+            )
         return kinds
 
     def attention_of(self, layer: int) -> str:
@@ -276,10 +303,13 @@ class ModelConfig(Config):
                 f"attention={kind!r} cannot take position={self.position!r}: it adds a bias to every "
                 f"(query, key) pair, and {kind} never scores all pairs. Use position='rope', "
                 f"'sinusoidal', 'learned' or 'none', or attention='full', whose blockwise path handles "
-                f"relative and alibi at any length")
+                f"relative and alibi at any length"
+            )
         if kind == "linformer" and self.linformer.k > self.max_len:
-            raise ConfigError(f"linformer.k ({self.linformer.k}) must be at most max_len ({self.max_len}): "
-                              f"Linformer projects max_len positions down to linformer.k")
+            raise ConfigError(
+                f"linformer.k ({self.linformer.k}) must be at most max_len ({self.max_len}): "
+                f"Linformer projects max_len positions down to linformer.k"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -319,8 +349,9 @@ class ModelConfig(Config):
         """The fields as plain values, with the sub-tables of the kinds in use (and of others only where they
         differ from their defaults, so that `from_dict(to_dict())` gives this config back exactly)."""
         values = super().to_dict()
-        unused = [name for name in SUB_CONFIGS
-                  if not self.uses(name) and getattr(self, name) == type(getattr(self, name))()]
+        unused = [
+            name for name in SUB_CONFIGS if not self.uses(name) and getattr(self, name) == type(getattr(self, name))()
+        ]
         return {k: v for k, v in values.items() if k not in unused}
 
     @classmethod
@@ -351,9 +382,11 @@ class ModelConfig(Config):
 def require_vocabulary(vocab_size: int | None) -> int:
     """vocab_size, which a model needs: ConfigError while it is None (left to a tokenizer that has not decided)."""
     if vocab_size is None:
-        raise ConfigError("the model config's vocab_size is None (to be decided by the tokenizer), and a model "
-                          "cannot be built without it: set it first, e.g. config.replace(vocab_size=tokenizer."
-                          "vocab_size)")
+        raise ConfigError(
+            "the model config's vocab_size is None (to be decided by the tokenizer), and a model "
+            "cannot be built without it: set it first, e.g. config.replace(vocab_size=tokenizer."
+            "vocab_size)"
+        )
     return vocab_size
 
 

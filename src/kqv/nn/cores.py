@@ -69,9 +69,16 @@ def padding_of(mask: Tensor | None, batch: int) -> Tensor | None:
 # Scaled dot-product attention, plainly and fused
 
 
-def scaled_dot_product_attention(queries: Tensor, keys: Tensor, values: Tensor, *, mask: Tensor | None = None,
-                                 bias: Tensor | None = None, causal: bool = False,
-                                 dropout: float = 0.0) -> tuple[Tensor, Tensor]:
+def scaled_dot_product_attention(
+    queries: Tensor,
+    keys: Tensor,
+    values: Tensor,
+    *,
+    mask: Tensor | None = None,
+    bias: Tensor | None = None,
+    causal: bool = False,
+    dropout: float = 0.0,
+) -> tuple[Tensor, Tensor]:
     """The readable reference: softmax(q k^T / sqrt(d_head) + bias, future and padding = -inf) v.
 
     queries (batch, heads, q_time, head_dim); keys, values (batch, heads, k_time, head_dim);
@@ -95,24 +102,37 @@ def scaled_dot_product_attention(queries: Tensor, keys: Tensor, values: Tensor, 
     return weights @ values, weights
 
 
-def fused_attention(queries: Tensor, keys: Tensor, values: Tensor, *, mask: Tensor | None = None,
-                    bias: Tensor | None = None, causal: bool = False, dropout: float = 0.0) -> Tensor:
+def fused_attention(
+    queries: Tensor,
+    keys: Tensor,
+    values: Tensor,
+    *,
+    mask: Tensor | None = None,
+    bias: Tensor | None = None,
+    causal: bool = False,
+    dropout: float = 0.0,
+) -> Tensor:
     """The same computation through `F.scaled_dot_product_attention` (O(n) memory when mask and bias are None).
 
     Short bf16 inputs on the CPU take the plain path instead: there torch's flash kernel is 1.9-3.8x slower
     forward + backward (`python benchmarks/attention_kernels.py`), and the plain path's numerics are eager
     attention's under autocast (bf16 scores, softmax accumulated in fp32).
     """
-    if queries.dtype == torch.bfloat16 and queries.device.type == "cpu" \
-            and queries.shape[2] * keys.shape[2] <= PLAIN_BF16_PAIRS:
-        return scaled_dot_product_attention(queries, keys, values, mask=mask, bias=bias, causal=causal,
-                                            dropout=dropout)[0]
+    if (
+        queries.dtype == torch.bfloat16
+        and queries.device.type == "cpu"
+        and queries.shape[2] * keys.shape[2] <= PLAIN_BF16_PAIRS
+    ):
+        return scaled_dot_product_attention(
+            queries, keys, values, mask=mask, bias=bias, causal=causal, dropout=dropout
+        )[0]
     if bias is not None:
         attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
     else:
         attn_mask = mask
-    return F.scaled_dot_product_attention(queries, keys, values, attn_mask=attn_mask, dropout_p=dropout,
-                                          is_causal=causal)
+    return F.scaled_dot_product_attention(
+        queries, keys, values, attn_mask=attn_mask, dropout_p=dropout, is_causal=causal
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -129,9 +149,19 @@ class AttentionCore(nn.Module):
     def from_config(cls, config: ModelConfig) -> AttentionCore:
         raise NotImplementedError
 
-    def attend(self, queries: Tensor, keys: Tensor, values: Tensor, *, positions: AttentionPositions,
-               q_pos: Tensor, mask: Tensor | None, causal: bool, dropout: float,
-               need_weights: bool) -> tuple[Tensor, Tensor | None]:
+    def attend(
+        self,
+        queries: Tensor,
+        keys: Tensor,
+        values: Tensor,
+        *,
+        positions: AttentionPositions,
+        q_pos: Tensor,
+        mask: Tensor | None,
+        causal: bool,
+        dropout: float,
+        need_weights: bool,
+    ) -> tuple[Tensor, Tensor | None]:
         raise NotImplementedError
 
 
@@ -153,19 +183,39 @@ class FullAttention(AttentionCore):
     def from_config(cls, config: ModelConfig) -> FullAttention:
         return cls(config.blockwise)
 
-    def attend(self, queries: Tensor, keys: Tensor, values: Tensor, *, positions: AttentionPositions,
-               q_pos: Tensor, mask: Tensor | None, causal: bool, dropout: float,
-               need_weights: bool) -> tuple[Tensor, Tensor | None]:
+    def attend(
+        self,
+        queries: Tensor,
+        keys: Tensor,
+        values: Tensor,
+        *,
+        positions: AttentionPositions,
+        q_pos: Tensor,
+        mask: Tensor | None,
+        causal: bool,
+        dropout: float,
+        need_weights: bool,
+    ) -> tuple[Tensor, Tensor | None]:
         q_time, k_time = queries.shape[2], keys.shape[2]
         causal = causal and q_time > 1  # one query (decoding a token) is the newest position: it sees every key
         key_padding = padding_of(mask, queries.shape[0])  # (batch, k_time), or None when mask is not padding
         if self.use_blockwise(positions, q_time, k_time, mask, key_padding, causal, dropout, need_weights):
-            return blockwise_attention(queries, keys, values, positions=positions, q_pos=q_pos,
-                                       k_pos=torch.arange(k_time, device=queries.device), causal=causal,
-                                       key_padding=key_padding), None
+            return blockwise_attention(
+                queries,
+                keys,
+                values,
+                positions=positions,
+                q_pos=q_pos,
+                k_pos=torch.arange(k_time, device=queries.device),
+                causal=causal,
+                key_padding=key_padding,
+            ), None
 
-        k_pos = torch.arange(k_time, device=queries.device) if positions.has_score_bias or positions.has_value_bias \
+        k_pos = (
+            torch.arange(k_time, device=queries.device)
+            if positions.has_score_bias or positions.has_value_bias
             else None
+        )
         # (heads | 1, q_time, k_time) or (batch, heads, q_time, k_time)
         bias = positions.score_bias(queries, q_pos, k_pos) if positions.has_score_bias else None
         fused = self.fused and not need_weights and not positions.has_value_bias
@@ -175,23 +225,37 @@ class FullAttention(AttentionCore):
             future = causal_mask(q_time, k_time, queries.device)
             mask = future if mask is None else mask & future
         if fused:
-            return fused_attention(queries, keys, values, mask=mask, bias=bias, causal=sdpa_causal,
-                                   dropout=dropout), None
+            return fused_attention(
+                queries, keys, values, mask=mask, bias=bias, causal=sdpa_causal, dropout=dropout
+            ), None
         output, weights = scaled_dot_product_attention(queries, keys, values, mask=mask, bias=bias, dropout=dropout)
         if positions.has_value_bias:
             output = output + positions.value_bias(weights, q_pos, k_pos)
         return output, weights
 
-    def use_blockwise(self, positions: AttentionPositions, q_time: int, k_time: int, mask: Tensor | None,
-                      key_padding: Tensor | None, causal: bool, dropout: float, need_weights: bool) -> bool:
+    def use_blockwise(
+        self,
+        positions: AttentionPositions,
+        q_time: int,
+        k_time: int,
+        mask: Tensor | None,
+        key_padding: Tensor | None,
+        causal: bool,
+        dropout: float,
+        need_weights: bool,
+    ) -> bool:
         """Whether to take the exact O(n)-memory path (it has no attention dropout, returns no weights and takes
         padding masks only). "auto" takes it only where SDPA would otherwise build a large n x n matrix."""
         if self.blockwise == "never" or need_weights or dropout > 0 or (mask is not None and key_padding is None):
             return False
         if self.blockwise == "always":
             return True
-        sdpa_streams = (mask is None and not positions.has_value_bias and not positions.has_score_bias
-                        and (not causal or q_time == k_time))
+        sdpa_streams = (
+            mask is None
+            and not positions.has_value_bias
+            and not positions.has_score_bias
+            and (not causal or q_time == k_time)
+        )
         return not sdpa_streams and q_time * k_time >= BLOCKWISE_MIN_PAIRS
 
 
@@ -202,14 +266,26 @@ class PaddingOnlyCore(AttentionCore):
 
     name = "this attention kind"
 
-    def attend(self, queries: Tensor, keys: Tensor, values: Tensor, *, positions: AttentionPositions,
-               q_pos: Tensor, mask: Tensor | None, causal: bool, dropout: float,
-               need_weights: bool) -> tuple[Tensor, Tensor | None]:
+    def attend(
+        self,
+        queries: Tensor,
+        keys: Tensor,
+        values: Tensor,
+        *,
+        positions: AttentionPositions,
+        q_pos: Tensor,
+        mask: Tensor | None,
+        causal: bool,
+        dropout: float,
+        need_weights: bool,
+    ) -> tuple[Tensor, Tensor | None]:
         if need_weights:
-            raise ConfigError(f"attention weights exist only for attention='full': {self.name} never scores every "
-                             f"(query, key) pair")
+            raise ConfigError(
+                f"attention weights exist only for attention='full': {self.name} never scores every (query, key) pair"
+            )
         key_padding = padding_of(mask, queries.shape[0])
         if mask is not None and key_padding is None:
-            raise DataError(f"{self.name} takes padding masks, (batch, 1, 1, k_time), only; got a mask of shape "
-                             f"{tuple(mask.shape)}")
+            raise DataError(
+                f"{self.name} takes padding masks, (batch, 1, 1, k_time), only; got a mask of shape {tuple(mask.shape)}"
+            )
         return self(queries, keys, values, causal=causal, key_padding=key_padding), None

@@ -67,6 +67,7 @@ def embed_function(embeddings: nn.Module):
         if learned:
             return x + F.embedding(at, positions.embedding.weight)
         return x if positions is None else x + positions(at).to(x.dtype)
+
     return embed
 
 
@@ -133,9 +134,11 @@ def fused_linear(*layers: nn.Module):
     For one row each output is its own dot product whatever other outputs the matrix has, so the stacked
     projection is bit-identical to the separate ones (tests/test_fast_decoding.py checks it); for several rows
     gemm's blocking may depend on the matrix width and move the last bits."""
-    if not all(keeps(layer, nn.Linear, "forward") for layer in layers) \
-            or any(layer.weight.dtype != torch.float32 for layer in layers) \
-            or len({layer.bias is None for layer in layers}) != 1:
+    if (
+        not all(keeps(layer, nn.Linear, "forward") for layer in layers)
+        or any(layer.weight.dtype != torch.float32 for layer in layers)
+        or len({layer.bias is None for layer in layers}) != 1
+    ):
         return None
     weight = torch.cat([layer.weight for layer in layers])  # (sum of out_features, in_features)
     bias = None if layers[0].bias is None else torch.cat([layer.bias for layer in layers])
@@ -144,8 +147,10 @@ def fused_linear(*layers: nn.Module):
 
 # The steps of a block `LayerStep` computes, in its order: a block declaring anything else is decoded on the
 # general path (`mirrors`).
-LEAN_SUBLAYERS = (Sublayer("causal self-attention", "self_attention", "self_attention_residual"),
-                  Sublayer("feed-forward", "feed_forward", "feed_forward_residual"))
+LEAN_SUBLAYERS = (
+    Sublayer("causal self-attention", "self_attention", "self_attention_residual"),
+    Sublayer("feed-forward", "feed_forward", "feed_forward_residual"),
+)
 
 
 class LayerStep:
@@ -163,8 +168,7 @@ class LayerStep:
         self.rotate = attention.positions.rotate  # RoPE; the identity for every other scheme this step takes
         self.rotates = attention.positions.rotates
         # queries, keys and values by one matrix-vector product (batch 1 only: see fused_linear)
-        self.to_queries_keys_values = fused_linear(attention.to_queries, attention.to_keys_values) \
-            if one_row else None
+        self.to_queries_keys_values = fused_linear(attention.to_queries, attention.to_keys_values) if one_row else None
         if self.to_queries_keys_values is None:
             self.to_queries = linear(attention.to_queries, one_row)
             self.to_keys_values = linear(attention.to_keys_values, one_row)
@@ -197,8 +201,9 @@ class LayerStep:
         batch = h.shape[0]
         # one new token: (batch, heads * head_dim) views as (batch, heads, 1, head_dim) without a transpose
         if self.to_queries_keys_values is not None:
-            queries, keys, values = self.to_queries_keys_values(h).view(batch, 3, self.heads, 1,
-                                                                        self.head_dim).unbind(1)
+            queries, keys, values = (
+                self.to_queries_keys_values(h).view(batch, 3, self.heads, 1, self.head_dim).unbind(1)
+            )
         else:
             queries = self.to_queries(h).view(batch, self.heads, 1, self.head_dim)
             keys, values = self.to_keys_values(h).view(batch, 2, self.heads, 1, self.head_dim).unbind(1)
@@ -225,8 +230,7 @@ class DecodeStep:
         decoder = model.decoder
         self.embeddings = embed_function(decoder.embeddings)
         one_row = batch == 1
-        self.layers = [LayerStep(block, self_cache, one_row)
-                       for block, (self_cache, _) in zip(decoder.blocks, cache)]
+        self.layers = [LayerStep(block, self_cache, one_row) for block, (self_cache, _) in zip(decoder.blocks, cache)]
         self.final_norm = norm_function(decoder.final_norm)
         self.lm_head = linear(model.lm_head, one_row)
 
@@ -241,8 +245,7 @@ class DecodeStep:
         norms_ok = isinstance(decoder.final_norm, (nn.LayerNorm, nn.RMSNorm, nn.Identity))
         return norms_ok and all(supported_block(block) for block in decoder.blocks)
 
-    def __call__(self, ids: Tensor, positions: Tensor, mask: Tensor | None,
-                 left_padding: Tensor | None) -> Tensor:
+    def __call__(self, ids: Tensor, positions: Tensor, mask: Tensor | None, left_padding: Tensor | None) -> Tensor:
         own_positions = positions if left_padding is None else (positions - left_padding).clamp(min=0)
         x = self.embeddings(ids[:, 0], own_positions)  # (batch, d_model)
         for layer in self.layers:
@@ -256,10 +259,17 @@ def supported_block(block: nn.Module) -> bool:
     if not mirrors(block):
         return False
     attention, core = block.self_attention, block.self_attention.core
-    return (keeps(core, FullAttention, "attend", "use_blockwise") and core.blockwise != "always" and core.fused
-            and not attention.positions.has_score_bias and not attention.positions.has_value_bias
-            and all(isinstance(residual.norm, (nn.LayerNorm, nn.RMSNorm))
-                    for residual in (block.self_attention_residual, block.feed_forward_residual)))
+    return (
+        keeps(core, FullAttention, "attend", "use_blockwise")
+        and core.blockwise != "always"
+        and core.fused
+        and not attention.positions.has_score_bias
+        and not attention.positions.has_value_bias
+        and all(
+            isinstance(residual.norm, (nn.LayerNorm, nn.RMSNorm))
+            for residual in (block.self_attention_residual, block.feed_forward_residual)
+        )
+    )
 
 
 def mirrors(block: nn.Module) -> bool:
@@ -269,11 +279,14 @@ def mirrors(block: nn.Module) -> bool:
     if declared_sublayers(block) != LEAN_SUBLAYERS:
         return False
     attending, feeding = LEAN_SUBLAYERS
-    return (keeps(getattr(block, attending.module), MultiHeadAttention, "forward", "keys_values",
-                  "project_keys_values")
-            and keeps(getattr(block, feeding.module), FeedForward, "forward")
-            and all(keeps(getattr(block, step.residual), Residual, "forward", "sublayer_input", "add")
-                    for step in LEAN_SUBLAYERS))
+    return (
+        keeps(getattr(block, attending.module), MultiHeadAttention, "forward", "keys_values", "project_keys_values")
+        and keeps(getattr(block, feeding.module), FeedForward, "forward")
+        and all(
+            keeps(getattr(block, step.residual), Residual, "forward", "sublayer_input", "add")
+            for step in LEAN_SUBLAYERS
+        )
+    )
 
 
 def declared_sublayers(block: nn.Module) -> tuple[Sublayer, ...] | None:

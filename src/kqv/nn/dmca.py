@@ -49,11 +49,12 @@ def aligned_blocks(x: Tensor, start: int, block: int) -> Tensor:
     return x.unflatten(2, (x.shape[2] // block, block))
 
 
-def block_key_mask(key_padding: Tensor | None, batch: int, k_time: int, start: int, block: int,
-                   device: torch.device) -> Tensor:
+def block_key_mask(
+    key_padding: Tensor | None, batch: int, k_time: int, start: int, block: int, device: torch.device
+) -> Tensor:
     """Which keys of the aligned blocks from `start` on are real: (batch, 1, n_blocks, 1, block) bool."""
     keep = torch.ones(batch, k_time, dtype=torch.bool, device=device) if key_padding is None else key_padding
-    keep = keep[:, start - start % block:]
+    keep = keep[:, start - start % block :]
     keep = F.pad(keep, (0, -keep.shape[1] % block))  # (batch, n_blocks * block)
     return keep.view(batch, 1, -1, 1, block)
 
@@ -71,8 +72,9 @@ class LocalAttention(PaddingOnlyCore):
     def from_config(cls, config: ModelConfig) -> LocalAttention:
         return cls(config.local.block)
 
-    def forward(self, queries: Tensor, keys: Tensor, values: Tensor, *, causal: bool = False,
-                key_padding: Tensor | None = None) -> Tensor:
+    def forward(
+        self, queries: Tensor, keys: Tensor, values: Tensor, *, causal: bool = False, key_padding: Tensor | None = None
+    ) -> Tensor:
         batch, _, q_time, _ = queries.shape
         k_time, block = keys.shape[2], self.block
         start = k_time - q_time  # queries are the last q_time positions (all, or the new ones after a cache)
@@ -84,7 +86,7 @@ class LocalAttention(PaddingOnlyCore):
             mask = mask & torch.ones(block, block, dtype=torch.bool, device=queries.device).tril_()
         output, _ = scaled_dot_product_attention(q, k, v, mask=mask)  # (batch, heads, n_blocks, block, head_dim)
         offset = start % block
-        return output.flatten(2, 3)[:, :, offset:offset + q_time]
+        return output.flatten(2, 3)[:, :, offset : offset + q_time]
 
 
 class MemoryCompressedAttention(PaddingOnlyCore):
@@ -114,8 +116,9 @@ class MemoryCompressedAttention(PaddingOnlyCore):
         real = block_key_mask(key_padding, batch, k_time, 0, self.compression, keys.device).any(-1)  # (b, 1, m, 1)
         return self.compress_keys(blocks_of(keys)), self.compress_values(blocks_of(values)), real.transpose(2, 3)
 
-    def forward(self, queries: Tensor, keys: Tensor, values: Tensor, *, causal: bool = False,
-                key_padding: Tensor | None = None) -> Tensor:
+    def forward(
+        self, queries: Tensor, keys: Tensor, values: Tensor, *, causal: bool = False, key_padding: Tensor | None = None
+    ) -> Tensor:
         compressed_keys, compressed_values, real = self.compress(keys, values, key_padding)
         if not causal:
             return scaled_dot_product_attention(queries, compressed_keys, compressed_values, mask=real)[0]
@@ -127,15 +130,33 @@ class MemoryCompressedAttention(PaddingOnlyCore):
         own = block_key_mask(key_padding, queries.shape[0], k_time, start, c, queries.device)  # (b, 1, nb, 1, c)
         own = own & torch.ones(c, c, dtype=torch.bool, device=queries.device).tril_()
         chunk = max(1, QUERY_CHUNK // c)  # query blocks per chunk
-        outputs = [self.causal_chunk(q[:, :, i:i + chunk], k[:, :, i:i + chunk], v[:, :, i:i + chunk],
-                                     own[:, :, i:i + chunk], compressed_keys, compressed_values, real,
-                                     first // c + i)
-                   for i in range(0, q.shape[2], chunk)]
+        outputs = [
+            self.causal_chunk(
+                q[:, :, i : i + chunk],
+                k[:, :, i : i + chunk],
+                v[:, :, i : i + chunk],
+                own[:, :, i : i + chunk],
+                compressed_keys,
+                compressed_values,
+                real,
+                first // c + i,
+            )
+            for i in range(0, q.shape[2], chunk)
+        ]
         offset = start % c
-        return torch.cat(outputs, dim=2).flatten(2, 3)[:, :, offset:offset + q_time]
+        return torch.cat(outputs, dim=2).flatten(2, 3)[:, :, offset : offset + q_time]
 
-    def causal_chunk(self, q: Tensor, k: Tensor, v: Tensor, own: Tensor, compressed_keys: Tensor,
-                     compressed_values: Tensor, real: Tensor, first_block: int) -> Tensor:
+    def causal_chunk(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        own: Tensor,
+        compressed_keys: Tensor,
+        compressed_values: Tensor,
+        real: Tensor,
+        first_block: int,
+    ) -> Tensor:
         """One chunk of query blocks q (batch, heads, n, c, head_dim), the first being block `first_block`: one
         softmax over the compressed blocks before each query's block and the raw keys k of its own block."""
         batch, heads, n, c, head_dim = q.shape
@@ -143,7 +164,7 @@ class MemoryCompressedAttention(PaddingOnlyCore):
         m = compressed_keys.shape[2]
         block_of_query = torch.arange(first_block, first_block + n, device=q.device)  # (n,)
         earlier = torch.arange(m, device=q.device)[None, :] < block_of_query[:, None]  # (n, m)
-        earlier = (earlier[None, None, :, None, :] & real[..., None, :])  # (batch | 1, 1, n, 1, m)
+        earlier = earlier[None, None, :, None, :] & real[..., None, :]  # (batch | 1, 1, n, 1, m)
         far = torch.einsum("bhncd,bhmd->bhncm", q, compressed_keys) * scale  # (batch, heads, n, c, m)
         near = q @ k.transpose(-2, -1) * scale  # (batch, heads, n, c, c)
         scores = torch.cat([far.masked_fill(~earlier, float("-inf")), near.masked_fill(~own, float("-inf"))], -1)

@@ -34,8 +34,9 @@ them for the trainer's log.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -135,8 +136,11 @@ class MixtureOfExperts(nn.Module):
     def forward(self, x: Tensor, token_mask: Tensor | None = None) -> Tensor:
         batch, time, d_model = x.shape
         tokens = x.transpose(0, 1).reshape(time * batch, d_model)  # (time * batch, d_model): position-major order
-        real = (torch.ones(batch, time, dtype=torch.bool, device=x.device) if token_mask is None
-                else token_mask.bool()).transpose(0, 1).reshape(-1)  # (time * batch,)
+        real = (
+            (torch.ones(batch, time, dtype=torch.bool, device=x.device) if token_mask is None else token_mask.bool())
+            .transpose(0, 1)
+            .reshape(-1)
+        )  # (time * batch,)
         self.stats = routing = self.route(tokens, real)
         output = torch.zeros_like(tokens)
         for index, expert in enumerate(self.experts):
@@ -170,6 +174,8 @@ def routing_metrics(model: nn.Module) -> dict[str, Any]:
     stats = [layer.stats for layer in expert_layers(model) if layer.stats is not None]
     if not stats:
         return {}
-    return {"aux_loss": float(sum(s.aux_loss.detach() for s in stats)),
-            "dropped_fraction": float(sum(s.dropped_fraction() for s in stats)) / len(stats),
-            "expert_load": [[round(float(f), 5) for f in s.load()] for s in stats]}
+    return {
+        "aux_loss": float(sum(s.aux_loss.detach() for s in stats)),
+        "dropped_fraction": float(sum(s.dropped_fraction() for s in stats)) / len(stats),
+        "expert_load": [[round(float(f), 5) for f in s.load()] for s in stats],
+    }

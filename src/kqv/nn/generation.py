@@ -18,8 +18,14 @@ from .decoding import DecodeStep
 from .search import search
 
 
-def sample_next(logits: Tensor, *, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-                generator: torch.Generator | None = None) -> Tensor:
+def sample_next(
+    logits: Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
     """Pick the next token from logits (batch, vocab): greedy at temperature 0, else sample from the softmax of
     logits / temperature restricted to the k most likely tokens and/or the smallest set with probability >= p."""
     if temperature == 0:
@@ -64,7 +70,7 @@ class PromptLayout:
             return
         check_left_padding(attention_mask, ids)
         keep = torch.ones(ids.shape[0], total, dtype=torch.bool, device=ids.device)
-        keep[:, :ids.shape[1]] = attention_mask.bool()
+        keep[:, : ids.shape[1]] = attention_mask.bool()
         self.keep, self.left_padding = keep, ids.shape[1] - attention_mask.sum(dim=1)
 
     def mask(self, start: int, end: int) -> Tensor | None:
@@ -88,8 +94,10 @@ def check_left_padding(attention_mask: Tensor, ids: Tensor) -> None:
     if not ((keep == 0) | (keep == 1)).all():
         raise DataError("attention_mask must contain only 1 (token) and 0 (padding)")
     if (keep.diff(dim=1) < 0).any() or (keep[:, -1] == 0).any():
-        raise DataError("generation takes prompts padded on the left (0 0 1 1 1): every row must end with its "
-                     "prompt's last token, where the new tokens follow")
+        raise DataError(
+            "generation takes prompts padded on the left (0 0 1 1 1): every row must end with its "
+            "prompt's last token, where the new tokens follow"
+        )
 
 
 def in_dtype(model: nn.Module, dtype: torch.dtype | None) -> nn.Module:
@@ -104,16 +112,27 @@ def in_dtype(model: nn.Module, dtype: torch.dtype | None) -> nn.Module:
     if dtype is None or all(p.dtype == dtype for p in model.parameters()):
         return model
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ConfigError(f"dtype must be a floating-point torch.dtype such as torch.bfloat16, or torch.qint8, "
-                         f"got {dtype!r}")
+        raise ConfigError(
+            f"dtype must be a floating-point torch.dtype such as torch.bfloat16, or torch.qint8, got {dtype!r}"
+        )
     return copy.deepcopy(model).to(dtype)
 
 
 @torch.no_grad()
-def generate(model: nn.Module, ids: Tensor, max_new_tokens: int, *, temperature: float = 1.0,
-             top_k: int | None = None, top_p: float | None = None, eos_id: int | None = None,
-             use_cache: bool = True, generator: torch.Generator | None = None, attention_mask: Tensor | None = None,
-             dtype: torch.dtype | None = None) -> Tensor:
+def generate(
+    model: nn.Module,
+    ids: Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_id: int | None = None,
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+    attention_mask: Tensor | None = None,
+    dtype: torch.dtype | None = None,
+) -> Tensor:
     """Continue each prompt in ids (batch, time) by up to max_new_tokens tokens; returns (batch, time + new).
 
     Prompts of different lengths are left-padded, with `attention_mask` (batch, time) 0 on the padding. A sequence
@@ -145,14 +164,23 @@ def generate(model: nn.Module, ids: Tensor, max_new_tokens: int, *, temperature:
         for step in range(max_new_tokens):
             start = end - 1 if use_cache and step else 0
             if fast_step is not None and step:
-                logits = fast_step(tokens.narrow(1, start, 1), layout.positions.narrow(0, start, 1),
-                                   layout.mask(start, end), layout.left_padding)
+                logits = fast_step(
+                    tokens.narrow(1, start, 1),
+                    layout.positions.narrow(0, start, 1),
+                    layout.mask(start, end),
+                    layout.left_padding,
+                )
             else:
-                logits = model.next_token_logits(tokens[:, start:end], cache, positions=layout.positions[start:end],
-                                                 attention_mask=layout.mask(start, end),
-                                                 left_padding=layout.left_padding)
-            next_ids = sample_next(logits.float(), temperature=temperature, top_k=top_k, top_p=top_p,
-                                   generator=generator)
+                logits = model.next_token_logits(
+                    tokens[:, start:end],
+                    cache,
+                    positions=layout.positions[start:end],
+                    attention_mask=layout.mask(start, end),
+                    left_padding=layout.left_padding,
+                )
+            next_ids = sample_next(
+                logits.float(), temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
+            )
             if eos_id is not None:
                 next_ids = next_ids.masked_fill(finished, eos_id)
                 finished |= next_ids == eos_id
@@ -178,8 +206,7 @@ class EncoderDecoderStepper:
     """The `kqv.nn.search.Stepper` of an `EncoderDecoder`: the encoder runs once; each step runs the decoder on the
     newest tokens with the KV cache (or, with use_cache=False, on the whole prefix; slower, the same result)."""
 
-    def __init__(self, model: nn.Module, src_ids: Tensor, src_mask: Tensor | None, use_cache: bool,
-                 capacity: int = 0):
+    def __init__(self, model: nn.Module, src_ids: Tensor, src_mask: Tensor | None, use_cache: bool, capacity: int = 0):
         self.model, self.src_mask = model, src_mask
         self.memory = model.encode(src_ids, src_mask)  # (batch, src_time, d_model)
         self.cache = model.new_cache(capacity) if use_cache else None
@@ -201,9 +228,18 @@ class EncoderDecoderStepper:
 
 
 @torch.no_grad()
-def translate(model: nn.Module, src_ids: Tensor, max_new_tokens: int, *, bos_id: int, eos_id: int,
-              beam_size: int = 1, length_penalty: float = 1.0, src_mask: Tensor | None = None,
-              use_cache: bool = True) -> Tensor:
+def translate(
+    model: nn.Module,
+    src_ids: Tensor,
+    max_new_tokens: int,
+    *,
+    bos_id: int,
+    eos_id: int,
+    beam_size: int = 1,
+    length_penalty: float = 1.0,
+    src_mask: Tensor | None = None,
+    use_cache: bool = True,
+) -> Tensor:
     """Decode a target for each source in src_ids (batch, src_time): (batch, 1 + up to max_new_tokens) ids that
     start with bos_id and are padded with eos_id after the end. Beam size 1 is greedy decoding; the beam search
     and its length penalty are `kqv.nn.search`'s, shared with the LSTM baseline.
@@ -215,5 +251,13 @@ def translate(model: nn.Module, src_ids: Tensor, max_new_tokens: int, *, bos_id:
     if config.position == "learned" and max_new_tokens > config.max_len:
         raise ConfigError(f"max_new_tokens={max_new_tokens} exceeds max_len={config.max_len} of learned positions")
     stepper = EncoderDecoderStepper(model, src_ids, src_mask, use_cache, capacity=1 + max_new_tokens)
-    return search(stepper, src_ids.shape[0], max_new_tokens, bos_id=bos_id, eos_id=eos_id, beam_size=beam_size,
-                  length_penalty=length_penalty, device=src_ids.device)
+    return search(
+        stepper,
+        src_ids.shape[0],
+        max_new_tokens,
+        bos_id=bos_id,
+        eos_id=eos_id,
+        beam_size=beam_size,
+        length_penalty=length_penalty,
+        device=src_ids.device,
+    )

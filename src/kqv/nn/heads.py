@@ -119,6 +119,7 @@ class SequenceClassifier(nn.Module):
         if labels is None:
             return logits
         if labels.shape != logits.shape[:1]:
-            raise DataError(f"labels must have shape ({logits.shape[0]},), one label per sequence, "
-                             f"got {tuple(labels.shape)}")
+            raise DataError(
+                f"labels must have shape ({logits.shape[0]},), one label per sequence, got {tuple(labels.shape)}"
+            )
         return with_auxiliary_loss(self, F.cross_entropy(logits.float(), labels))

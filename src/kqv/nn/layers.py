@@ -3,16 +3,17 @@ encoder and decoder blocks built from them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import KVCache, MultiHeadAttention
 from .config import ModelConfig
-from .dropout import Dropout
 from .cores import padding_of
+from .dropout import Dropout
 from .experts import MixtureOfExperts
 
 
@@ -70,7 +71,7 @@ def run_feed_forward(module: nn.Module, x: Tensor, mask: Tensor | None) -> Tenso
     if not isinstance(module, MixtureOfExperts):
         return module(x)
     padding = padding_of(mask, x.shape[0])  # (batch, cached + time) or None
-    return module(x, None if padding is None else padding[:, -x.shape[1]:])
+    return module(x, None if padding is None else padding[:, -x.shape[1] :])
 
 
 class Residual(nn.Module):
@@ -115,7 +116,8 @@ class EncoderBlock(nn.Module):
 
     SUBLAYERS: ClassVar[tuple[Sublayer, ...]] = (
         Sublayer("bidirectional self-attention", "self_attention", "self_attention_residual"),
-        Sublayer("feed-forward", "feed_forward", "feed_forward_residual"))
+        Sublayer("feed-forward", "feed_forward", "feed_forward_residual"),
+    )
 
     def __init__(self, config: ModelConfig, layer: int = 0):
         super().__init__()
@@ -124,10 +126,13 @@ class EncoderBlock(nn.Module):
         self.self_attention_residual = Residual(config)
         self.feed_forward_residual = Residual(config)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
         """x (batch, time, d_model) -> (the same shape, self-attention weights if asked for, else None)."""
-        attended, weights = self.self_attention(self.self_attention_residual.sublayer_input(x), mask=mask,
-                                                need_weights=need_weights)
+        attended, weights = self.self_attention(
+            self.self_attention_residual.sublayer_input(x), mask=mask, need_weights=need_weights
+        )
         x = self.self_attention_residual.add(x, attended)
         return self.feed_forward_residual(x, lambda h: run_feed_forward(self.feed_forward, h, mask)), weights
 
@@ -138,7 +143,8 @@ class DecoderBlock(nn.Module):
     SUBLAYERS: ClassVar[tuple[Sublayer, ...]] = (
         Sublayer("causal self-attention", "self_attention", "self_attention_residual"),
         Sublayer("cross-attention", "cross_attention", "cross_attention_residual"),
-        Sublayer("feed-forward", "feed_forward", "feed_forward_residual"))
+        Sublayer("feed-forward", "feed_forward", "feed_forward_residual"),
+    )
 
     def __init__(self, config: ModelConfig, cross_attention: bool = False, layer: int = 0):
         super().__init__()
@@ -149,20 +155,36 @@ class DecoderBlock(nn.Module):
         self.feed_forward = make_feed_forward(config, layer)
         self.feed_forward_residual = Residual(config)
 
-    def forward(self, x: Tensor, memory: Tensor | None = None, *, mask: Tensor | None = None,
-                memory_mask: Tensor | None = None, positions: Tensor | None = None,
-                cache: tuple[KVCache, KVCache] | None = None,
-                need_weights: bool = False) -> tuple[Tensor, dict[str, Tensor | None]]:
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        mask: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        positions: Tensor | None = None,
+        cache: tuple[KVCache, KVCache] | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, dict[str, Tensor | None]]:
         """x (batch, time, d_model); memory (batch, src_time, d_model); `cache` = (self, cross) caches."""
         self_cache, cross_cache = cache if cache is not None else (None, None)
         weights: dict[str, Tensor | None] = {}
         attended, weights["self"] = self.self_attention(
-            self.self_attention_residual.sublayer_input(x), mask=mask, causal=True, positions=positions,
-            cache=self_cache, need_weights=need_weights)
+            self.self_attention_residual.sublayer_input(x),
+            mask=mask,
+            causal=True,
+            positions=positions,
+            cache=self_cache,
+            need_weights=need_weights,
+        )
         x = self.self_attention_residual.add(x, attended)
         if self.cross_attention is not None:
             attended, weights["cross"] = self.cross_attention(
-                self.cross_attention_residual.sublayer_input(x), memory, mask=memory_mask, cache=cross_cache,
-                need_weights=need_weights)
+                self.cross_attention_residual.sublayer_input(x),
+                memory,
+                mask=memory_mask,
+                cache=cross_cache,
+                need_weights=need_weights,
+            )
             x = self.cross_attention_residual.add(x, attended)
         return self.feed_forward_residual(x, lambda h: run_feed_forward(self.feed_forward, h, mask)), weights

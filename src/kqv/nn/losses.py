@@ -19,8 +19,9 @@ from ..errors import ConfigError, DataError
 BLOCK_LOGITS = 1 << 20  # logits per block: 4 MB in fp32, well inside a CPU's last-level cache
 
 
-def linear_cross_entropy(hidden: Tensor, head: nn.Linear, targets: Tensor, *, label_smoothing: float = 0.0,
-                         ignore_index: int = -100) -> Tensor:
+def linear_cross_entropy(
+    hidden: Tensor, head: nn.Linear, targets: Tensor, *, label_smoothing: float = 0.0, ignore_index: int = -100
+) -> Tensor:
     """Mean cross-entropy of `head(hidden)` against `targets`, as
     `F.cross_entropy(head(hidden).flatten(0, -2).float(), targets.flatten(), ...)` computes it (under bf16
     autocast too: bf16 products, fp32 softmax), without the whole logits matrix.
@@ -28,22 +29,43 @@ def linear_cross_entropy(hidden: Tensor, head: nn.Linear, targets: Tensor, *, la
     hidden (..., d_model); targets (...) class ids, `ignore_index` where there is no target.
     """
     if targets.shape != hidden.shape[:-1]:
-        raise DataError(f"targets must have shape {tuple(hidden.shape[:-1])}, one per position, got "
-                         f"{tuple(targets.shape)}")
+        raise DataError(
+            f"targets must have shape {tuple(hidden.shape[:-1])}, one per position, got {tuple(targets.shape)}"
+        )
     if not 0.0 <= label_smoothing <= 1.0:
         raise ConfigError(f"label_smoothing must be between 0 and 1, got {label_smoothing}")
-    dtype = torch.get_autocast_dtype("cpu") if hidden.device.type == "cpu" and torch.is_autocast_enabled("cpu") \
+    dtype = (
+        torch.get_autocast_dtype("cpu")
+        if hidden.device.type == "cpu" and torch.is_autocast_enabled("cpu")
         else hidden.dtype
-    return _LinearCrossEntropy.apply(hidden.flatten(0, -2), head.weight, head.bias, targets.flatten(),
-                                     label_smoothing, ignore_index, dtype, torch.is_grad_enabled())
+    )
+    return _LinearCrossEntropy.apply(
+        hidden.flatten(0, -2),
+        head.weight,
+        head.bias,
+        targets.flatten(),
+        label_smoothing,
+        ignore_index,
+        dtype,
+        torch.is_grad_enabled(),
+    )
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
     """The loss in forward, with its gradients when any input needs them; backward scales those gradients."""
 
     @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, smoothing: float,
-                ignore_index: int, dtype: torch.dtype, grad_enabled: bool) -> Tensor:
+    def forward(
+        ctx,
+        hidden: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        targets: Tensor,
+        smoothing: float,
+        ignore_index: int,
+        dtype: torch.dtype,
+        grad_enabled: bool,
+    ) -> Tensor:
         wants_grad = grad_enabled and any(ctx.needs_input_grad[:3])  # not under no_grad, e.g. validation
         with torch.autocast(hidden.device.type, enabled=False):
             loss, grads = _blocks(hidden, weight, bias, targets, smoothing, ignore_index, dtype, wants_grad)
@@ -58,8 +80,16 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return scaled[0], scaled[1], scaled[2] if ctx.has_bias else None, None, None, None, None, None
 
 
-def _blocks(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, smoothing: float,
-            ignore_index: int, dtype: torch.dtype, wants_grad: bool) -> tuple[Tensor, list[Tensor]]:
+def _blocks(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    targets: Tensor,
+    smoothing: float,
+    ignore_index: int,
+    dtype: torch.dtype,
+    wants_grad: bool,
+) -> tuple[Tensor, list[Tensor]]:
     """The mean loss and, when `wants_grad`, its gradients for hidden (tokens, d_model), weight (vocab, d_model)
     and bias (vocab), computed block by block."""
     tokens, vocab = hidden.shape[0], weight.shape[0]

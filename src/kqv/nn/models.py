@@ -18,9 +18,9 @@ from ..errors import DataError
 from .attention import KVCache, padding_mask
 from .checks import check_attention_mask, check_ids
 from .config import ModelConfig
-from .generation import generate, translate
 from .embeddings import Embeddings
 from .experts import with_auxiliary_loss
+from .generation import generate, translate
 from .layers import DecoderBlock, EncoderBlock, make_norm
 from .losses import linear_cross_entropy
 from .sparse import share_linformer_projection
@@ -66,8 +66,14 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
     """A stack of decoder blocks (causal self-attention; cross-attention too when part of an encoder-decoder)."""
 
-    def __init__(self, config: ModelConfig, n_layers: int, vocab_size: int, tokens: nn.Embedding | None = None,
-                 cross_attention: bool = False):
+    def __init__(
+        self,
+        config: ModelConfig,
+        n_layers: int,
+        vocab_size: int,
+        tokens: nn.Embedding | None = None,
+        cross_attention: bool = False,
+    ):
         super().__init__()
         self.embeddings = Embeddings(config, vocab_size, tokens)
         self.blocks = nn.ModuleList(DecoderBlock(config, cross_attention, i) for i in range(n_layers))
@@ -75,10 +81,18 @@ class Decoder(nn.Module):
         if config.linformer.sharing == "layerwise":
             share_linformer_projection(self)
 
-    def forward(self, ids: Tensor, memory: Tensor | None = None, *, attention_mask: Tensor | None = None,
-                memory_mask: Tensor | None = None, cache: list[tuple[KVCache, KVCache]] | None = None,
-                need_weights: bool = False, positions: Tensor | None = None,
-                left_padding: Tensor | None = None) -> tuple[Tensor, list[dict]]:
+    def forward(
+        self,
+        ids: Tensor,
+        memory: Tensor | None = None,
+        *,
+        attention_mask: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        cache: list[tuple[KVCache, KVCache]] | None = None,
+        need_weights: bool = False,
+        positions: Tensor | None = None,
+        left_padding: Tensor | None = None,
+    ) -> tuple[Tensor, list[dict]]:
         """ids (batch, time) are the new tokens; with a cache they continue the cached ones.
         attention_mask, bool, broadcastable to (batch, 1, time, cached + new time), True = may attend.
         `positions` (time,) are the new tokens' places in the sequence (default: after the cached ones).
@@ -92,8 +106,15 @@ class Decoder(nn.Module):
         x = self.embeddings(ids, own_positions)
         all_weights = []
         for i, block in enumerate(self.blocks):
-            x, weights = block(x, memory, mask=attention_mask, memory_mask=memory_mask, positions=positions,
-                               cache=cache[i] if cache else None, need_weights=need_weights)
+            x, weights = block(
+                x,
+                memory,
+                mask=attention_mask,
+                memory_mask=memory_mask,
+                positions=positions,
+                cache=cache[i] if cache else None,
+                need_weights=need_weights,
+            )
             all_weights.append(weights)
         return self.final_norm(x), all_weights
 
@@ -114,8 +135,14 @@ class DecoderLM(nn.Module):
         if config.tie_embeddings:
             self.lm_head.weight = self.decoder.embeddings.tokens.weight
 
-    def forward(self, ids: Tensor, targets: Tensor | None = None, *, attention_mask: Tensor | None = None,
-                cache: list[tuple[KVCache, KVCache]] | None = None) -> Tensor:
+    def forward(
+        self,
+        ids: Tensor,
+        targets: Tensor | None = None,
+        *,
+        attention_mask: Tensor | None = None,
+        cache: list[tuple[KVCache, KVCache]] | None = None,
+    ) -> Tensor:
         """ids (batch, time) -> logits (batch, time, vocab), or the mean cross-entropy when targets are given
         (targets (batch, time); -100 marks positions to ignore), plus the experts' load-balancing loss in training
         (`kqv.nn.experts`)."""
@@ -127,26 +154,53 @@ class DecoderLM(nn.Module):
             return self.lm_head(hidden)
         return with_auxiliary_loss(self, linear_cross_entropy(hidden, self.lm_head, targets))
 
-    def next_token_logits(self, ids: Tensor, cache: list[tuple[KVCache, KVCache]] | None, *,
-                          positions: Tensor | None = None, attention_mask: Tensor | None = None,
-                          left_padding: Tensor | None = None) -> Tensor:
+    def next_token_logits(
+        self,
+        ids: Tensor,
+        cache: list[tuple[KVCache, KVCache]] | None,
+        *,
+        positions: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        left_padding: Tensor | None = None,
+    ) -> Tensor:
         """Logits (batch, vocab) of the token after each row of ids (batch, time), continuing the cache: the step
         of `kqv.nn.generation.generate`, which checks its inputs once, so this does not. `positions`,
         `attention_mask` (bool, (batch, 1, time, cached + time)) and `left_padding` as for `Decoder.forward`."""
-        hidden, _ = self.decoder(ids, attention_mask=attention_mask, cache=cache, positions=positions,
-                                 left_padding=left_padding)
+        hidden, _ = self.decoder(
+            ids, attention_mask=attention_mask, cache=cache, positions=positions, left_padding=left_padding
+        )
         return self.lm_head(hidden)[:, -1]
 
-    def generate(self, ids: Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
-                 top_p: float | None = None, eos_id: int | None = None, use_cache: bool = True,
-                 generator: torch.Generator | None = None, attention_mask: Tensor | None = None,
-                 dtype: torch.dtype | None = None) -> Tensor:
+    def generate(
+        self,
+        ids: Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_id: int | None = None,
+        use_cache: bool = True,
+        generator: torch.Generator | None = None,
+        attention_mask: Tensor | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> Tensor:
         """Continue the prompts ids (batch, time); temperature 0 is greedy. Prompts of different lengths go
         left-padded, with attention_mask (batch, time) 0 on the padding; `dtype=torch.bfloat16` runs a bf16 copy
         of the model. See `kqv.nn.generation.generate`."""
-        return generate(self, ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                        eos_id=eos_id, use_cache=use_cache, generator=generator, attention_mask=attention_mask,
-                        dtype=dtype)
+        return generate(
+            self,
+            ids,
+            max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            eos_id=eos_id,
+            use_cache=use_cache,
+            generator=generator,
+            attention_mask=attention_mask,
+            dtype=dtype,
+        )
 
     def attention_weights(self, ids: Tensor) -> list[Tensor]:
         """Self-attention weights of every layer, each (batch, heads, time, time), for visualisation."""
@@ -177,24 +231,46 @@ class EncoderDecoder(nn.Module):
         """The encoder's states (batch, src_time, d_model) of the source, which every decoding step attends to."""
         return self.encoder(src_ids, src_mask)
 
-    def decode(self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor | None = None, *,
-               tgt_mask: Tensor | None = None, cache: list[tuple[KVCache, KVCache]] | None = None) -> Tensor:
+    def decode(
+        self,
+        tgt_ids: Tensor,
+        memory: Tensor,
+        src_mask: Tensor | None = None,
+        *,
+        tgt_mask: Tensor | None = None,
+        cache: list[tuple[KVCache, KVCache]] | None = None,
+    ) -> Tensor:
         """Logits (batch, tgt_time, tgt_vocab) for the target tokens, given the encoder memory."""
         return self.lm_head(self.decode_hidden(tgt_ids, memory, src_mask, tgt_mask=tgt_mask, cache=cache))
 
-    def decode_hidden(self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor | None = None, *,
-                      tgt_mask: Tensor | None = None, cache: list[tuple[KVCache, KVCache]] | None = None) -> Tensor:
+    def decode_hidden(
+        self,
+        tgt_ids: Tensor,
+        memory: Tensor,
+        src_mask: Tensor | None = None,
+        *,
+        tgt_mask: Tensor | None = None,
+        cache: list[tuple[KVCache, KVCache]] | None = None,
+    ) -> Tensor:
         """The decoder's last hidden states (batch, tgt_time, d_model), before the output projection."""
         check_ids(tgt_ids, self.config.target_vocab_size, "tgt_ids")
         past = cache[0][0].length if cache else 0
         mask = check_attention_mask(tgt_mask, tgt_ids, past, "tgt_mask")
-        hidden, _ = self.decoder(tgt_ids, memory, attention_mask=mask, memory_mask=self.memory_mask(src_mask),
-                                 cache=cache)
+        hidden, _ = self.decoder(
+            tgt_ids, memory, attention_mask=mask, memory_mask=self.memory_mask(src_mask), cache=cache
+        )
         return hidden
 
-    def forward(self, src_ids: Tensor, tgt_ids: Tensor, targets: Tensor | None = None, *,
-                src_mask: Tensor | None = None, tgt_mask: Tensor | None = None,
-                label_smoothing: float = 0.0) -> Tensor:
+    def forward(
+        self,
+        src_ids: Tensor,
+        tgt_ids: Tensor,
+        targets: Tensor | None = None,
+        *,
+        src_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None,
+        label_smoothing: float = 0.0,
+    ) -> Tensor:
         """src_ids (batch, src_time), tgt_ids (batch, tgt_time) -> logits (batch, tgt_time, tgt_vocab),
         or the mean cross-entropy when targets are given (label-smoothed by `label_smoothing`, plus the experts'
         load-balancing loss in training). src_mask / tgt_mask: 1 = real token, 0 = padding."""
@@ -205,12 +281,31 @@ class EncoderDecoder(nn.Module):
         loss = linear_cross_entropy(hidden, self.lm_head, targets, label_smoothing=label_smoothing)
         return with_auxiliary_loss(self, loss)
 
-    def generate(self, src_ids: Tensor, max_new_tokens: int, *, bos_id: int, eos_id: int, beam_size: int = 1,
-                 length_penalty: float = 1.0, src_mask: Tensor | None = None, use_cache: bool = True) -> Tensor:
+    def generate(
+        self,
+        src_ids: Tensor,
+        max_new_tokens: int,
+        *,
+        bos_id: int,
+        eos_id: int,
+        beam_size: int = 1,
+        length_penalty: float = 1.0,
+        src_mask: Tensor | None = None,
+        use_cache: bool = True,
+    ) -> Tensor:
         """Translate: target ids (batch, 1 + new) starting with bos_id, greedy (beam_size 1) or by beam search.
         See `kqv.generation.translate`."""
-        return translate(self, src_ids, max_new_tokens, bos_id=bos_id, eos_id=eos_id, beam_size=beam_size,
-                         length_penalty=length_penalty, src_mask=src_mask, use_cache=use_cache)
+        return translate(
+            self,
+            src_ids,
+            max_new_tokens,
+            bos_id=bos_id,
+            eos_id=eos_id,
+            beam_size=beam_size,
+            length_penalty=length_penalty,
+            src_mask=src_mask,
+            use_cache=use_cache,
+        )
 
     def attention_weights(self, src_ids: Tensor, tgt_ids: Tensor, src_mask: Tensor | None = None) -> dict[str, list]:
         """Attention weights by kind ('encoder', 'decoder', 'cross'), each a list over layers of
@@ -218,8 +313,11 @@ class EncoderDecoder(nn.Module):
         memory, encoder_weights = self.encoder.run(src_ids, src_mask, need_weights=True)
         check_ids(tgt_ids, self.config.target_vocab_size, "tgt_ids")
         _, weights = self.decoder(tgt_ids, memory, memory_mask=self.memory_mask(src_mask), need_weights=True)
-        return {"encoder": encoder_weights, "decoder": [w["self"] for w in weights],
-                "cross": [w["cross"] for w in weights]}
+        return {
+            "encoder": encoder_weights,
+            "decoder": [w["self"] for w in weights],
+            "cross": [w["cross"] for w in weights],
+        }
 
     def memory_mask(self, src_mask: Tensor | None) -> Tensor | None:
         """The cross-attention mask (batch, 1, 1, src_time) hiding the source's padding, from src_mask."""

@@ -25,8 +25,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from ..errors import DataError, DataTypeError
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError, DataTypeError
 from ..validation import Config, check_positive
 from .attention import Attention, Score
 from .config import require_vocabulary
@@ -74,8 +73,14 @@ class BiLSTMEncoder(nn.Module):
     def __init__(self, config: RNNConfig, tokens: nn.Embedding):
         super().__init__()
         self.tokens = tokens
-        self.lstm = nn.LSTM(config.d_embed, config.d_hidden // 2, config.n_layers, batch_first=True,
-                            bidirectional=True, dropout=config.dropout if config.n_layers > 1 else 0.0)
+        self.lstm = nn.LSTM(
+            config.d_embed,
+            config.d_hidden // 2,
+            config.n_layers,
+            batch_first=True,
+            bidirectional=True,
+            dropout=config.dropout if config.n_layers > 1 else 0.0,
+        )
         self.to_h = nn.Linear(config.d_hidden, config.d_hidden)  # W_h [h_fwd; h_bwd]
         self.to_c = nn.Linear(config.d_hidden, config.d_hidden)  # W_c [c_fwd; c_bwd]
         self.dropout = Dropout(config.dropout)
@@ -101,14 +106,20 @@ class AttentionLSTMDecoder(nn.Module):
     def __init__(self, config: RNNConfig, tokens: nn.Embedding):
         super().__init__()
         self.tokens = tokens
-        self.lstm = nn.LSTM(config.d_embed, config.d_hidden, config.n_layers, batch_first=True,
-                            dropout=config.dropout if config.n_layers > 1 else 0.0)
+        self.lstm = nn.LSTM(
+            config.d_embed,
+            config.d_hidden,
+            config.n_layers,
+            batch_first=True,
+            dropout=config.dropout if config.n_layers > 1 else 0.0,
+        )
         self.attention = Attention(config.d_hidden, config.d_hidden, config.score, hidden=config.attention_hidden)
         self.combine = nn.Linear(2 * config.d_hidden, config.d_embed, bias=False)  # W [a_t; s_t]
         self.dropout = Dropout(config.dropout)
 
-    def forward(self, tgt_ids: Tensor, state: State, memory: Tensor,
-                memory_mask: Tensor | None) -> tuple[Tensor, State, Tensor]:
+    def forward(
+        self, tgt_ids: Tensor, state: State, memory: Tensor, memory_mask: Tensor | None
+    ) -> tuple[Tensor, State, Tensor]:
         x = self.dropout(self.tokens(tgt_ids))  # (batch, tgt_time, d_embed)
         queries, state = self.lstm(x, state)  # (batch, tgt_time, d_hidden)
         context, weights = self.attention(queries, memory, memory, memory_mask)  # (batch, tgt_time, d_hidden)
@@ -128,7 +139,9 @@ class RNNEncoderDecoder(nn.Module):
         super().__init__()
         self.config = config
         src_tokens = nn.Embedding(require_vocabulary(config.vocab_size), config.d_embed)
-        tgt_tokens = src_tokens if config.tgt_vocab_size is None else nn.Embedding(config.tgt_vocab_size, config.d_embed)
+        tgt_tokens = (
+            src_tokens if config.tgt_vocab_size is None else nn.Embedding(config.tgt_vocab_size, config.d_embed)
+        )
         self.encoder = BiLSTMEncoder(config, src_tokens)
         self.decoder = AttentionLSTMDecoder(config, tgt_tokens)
         self.lm_head = nn.Linear(config.d_embed, config.target_vocab_size, bias=False)
@@ -146,9 +159,16 @@ class RNNEncoderDecoder(nn.Module):
         memory, state = self.encoder(src_ids, src_mask)
         return memory, state, None if src_mask is None else src_mask[:, None, :]
 
-    def forward(self, src_ids: Tensor, tgt_ids: Tensor, targets: Tensor | None = None, *,
-                src_mask: Tensor | None = None, tgt_mask: Tensor | None = None,
-                label_smoothing: float = 0.0) -> Tensor:
+    def forward(
+        self,
+        src_ids: Tensor,
+        tgt_ids: Tensor,
+        targets: Tensor | None = None,
+        *,
+        src_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None,
+        label_smoothing: float = 0.0,
+    ) -> Tensor:
         """src_ids (batch, src_time), tgt_ids (batch, tgt_time) -> logits (batch, tgt_time, tgt_vocab), or the mean
         cross-entropy when targets are given (-100 = ignore; label-smoothed by `label_smoothing`)."""
         memory, state, memory_mask = self.encode(src_ids, src_mask)
@@ -174,8 +194,18 @@ class RNNEncoderDecoder(nn.Module):
         return self.lm_head(output[:, 0]).float().log_softmax(dim=-1), state
 
     @torch.no_grad()
-    def generate(self, src_ids: Tensor, max_new_tokens: int, *, beam_size: int = 1, length_penalty: float = 1.0,
-                 bos_id: int, eos_id: int, src_mask: Tensor | None = None, use_cache: bool = True) -> Tensor:
+    def generate(
+        self,
+        src_ids: Tensor,
+        max_new_tokens: int,
+        *,
+        beam_size: int = 1,
+        length_penalty: float = 1.0,
+        bos_id: int,
+        eos_id: int,
+        src_mask: Tensor | None = None,
+        use_cache: bool = True,
+    ) -> Tensor:
         """Translate: (batch, time) target ids starting with bos_id, each followed by eos_id once it has ended.
 
         beam_size 1 is greedy; a larger beam is `kqv.nn.search.beam_search`, the Transformer's too, where finished
@@ -184,16 +214,25 @@ class RNNEncoderDecoder(nn.Module):
         step instead of carrying the LSTM state (slower, the same result; for tests)."""
         memory, state, memory_mask = self.encode(src_ids, src_mask)
         stepper = RNNStepper(self, memory, state, memory_mask, use_cache)
-        return search(stepper, src_ids.shape[0], max_new_tokens, bos_id=bos_id, eos_id=eos_id, beam_size=beam_size,
-                      length_penalty=length_penalty, device=src_ids.device)
+        return search(
+            stepper,
+            src_ids.shape[0],
+            max_new_tokens,
+            bos_id=bos_id,
+            eos_id=eos_id,
+            beam_size=beam_size,
+            length_penalty=length_penalty,
+            device=src_ids.device,
+        )
 
 
 class RNNStepper:
     """The `kqv.nn.search.Stepper` of the LSTM baseline: next-token log-probabilities for each row, carrying the
     LSTM state (or, with use_cache=False, re-running the decoder over the whole prefix from the initial state)."""
 
-    def __init__(self, model: RNNEncoderDecoder, memory: Tensor, state: State, memory_mask: Tensor | None,
-                 use_cache: bool):
+    def __init__(
+        self, model: RNNEncoderDecoder, memory: Tensor, state: State, memory_mask: Tensor | None, use_cache: bool
+    ):
         self.model, self.memory, self.memory_mask, self.use_cache = model, memory, memory_mask, use_cache
         self.initial, self.state = state, state
         self.prefixes: Tensor | None = None  # every token so far, kept only without the state
@@ -217,14 +256,17 @@ class RNNStepper:
 
 def _check_ids(ids: Tensor, vocab_size: int, name: str) -> None:
     if not isinstance(ids, Tensor) or ids.dtype.is_floating_point or ids.dtype == torch.bool:
-        raise DataTypeError(f"{name} must be an integer tensor of token ids, got "
-                        f"{ids.dtype if isinstance(ids, Tensor) else type(ids).__name__}")
+        raise DataTypeError(
+            f"{name} must be an integer tensor of token ids, got "
+            f"{ids.dtype if isinstance(ids, Tensor) else type(ids).__name__}"
+        )
     if ids.dim() != 2 or ids.numel() == 0:
         raise DataError(f"{name} must have shape (batch, time) with time >= 1, got {tuple(ids.shape)}")
     low, high = int(ids.min()), int(ids.max())
     if low < 0 or high >= vocab_size:
-        raise DataError(f"{name} contains token id {low if low < 0 else high}, outside the vocabulary "
-                         f"[0, {vocab_size})")
+        raise DataError(
+            f"{name} contains token id {low if low < 0 else high}, outside the vocabulary [0, {vocab_size})"
+        )
 
 
 def _check_mask(mask: Tensor | None, ids: Tensor) -> Tensor | None:

@@ -36,8 +36,17 @@ class Stepper(Protocol):
         ...
 
 
-def search(stepper: Stepper, batch: int, max_new_tokens: int, *, bos_id: int, eos_id: int, beam_size: int = 1,
-           length_penalty: float = 1.0, device: torch.device | None = None) -> Tensor:
+def search(
+    stepper: Stepper,
+    batch: int,
+    max_new_tokens: int,
+    *,
+    bos_id: int,
+    eos_id: int,
+    beam_size: int = 1,
+    length_penalty: float = 1.0,
+    device: torch.device | None = None,
+) -> Tensor:
     """Greedy decoding for beam_size 1, else beam search. Returns (batch, 1 + up to max_new_tokens) ids that start
     with bos_id and are padded with eos_id after each sequence's end."""
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -46,12 +55,21 @@ def search(stepper: Stepper, batch: int, max_new_tokens: int, *, bos_id: int, eo
         raise ConfigError(f"beam_size must be a positive integer, got {beam_size!r}")
     if beam_size == 1:
         return greedy_search(stepper, batch, max_new_tokens, bos_id=bos_id, eos_id=eos_id, device=device)
-    return beam_search(stepper, batch, max_new_tokens, beam_size=beam_size, length_penalty=length_penalty,
-                       bos_id=bos_id, eos_id=eos_id, device=device)
+    return beam_search(
+        stepper,
+        batch,
+        max_new_tokens,
+        beam_size=beam_size,
+        length_penalty=length_penalty,
+        bos_id=bos_id,
+        eos_id=eos_id,
+        device=device,
+    )
 
 
-def greedy_search(stepper: Stepper, batch: int, max_new_tokens: int, *, bos_id: int, eos_id: int,
-                  device: torch.device | None = None) -> Tensor:
+def greedy_search(
+    stepper: Stepper, batch: int, max_new_tokens: int, *, bos_id: int, eos_id: int, device: torch.device | None = None
+) -> Tensor:
     """Take the most likely token at every step; a row that has emitted EOS repeats it; stop when all have."""
     ids = torch.full((batch, 1), bos_id, dtype=torch.long, device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
@@ -68,8 +86,15 @@ class Hypotheses:
     """The `beam` best finished sequences of every sentence, best first: normalised scores (batch, beam), -inf for
     an empty slot, and their ids (batch, beam, 1 + max_new_tokens), padded with EOS."""
 
-    def __init__(self, batch: int, beam: int, max_new_tokens: int, eos_id: int, length_penalty: float,
-                 device: torch.device | None):
+    def __init__(
+        self,
+        batch: int,
+        beam: int,
+        max_new_tokens: int,
+        eos_id: int,
+        length_penalty: float,
+        device: torch.device | None,
+    ):
         self.beam, self.eos_id, self.length_penalty = beam, eos_id, length_penalty
         self.scores = torch.full((batch, beam), float("-inf"), device=device)
         self.ids = torch.full((batch, beam, 1 + max_new_tokens), eos_id, dtype=torch.long, device=device)
@@ -80,9 +105,10 @@ class Hypotheses:
     def add(self, sequences: Tensor, scores: Tensor, keep: Tensor) -> None:
         """Offer sequences (batch, n, time) with summed log-probabilities (batch, n) where `keep` (batch, n)."""
         offered = self.normalise(scores, sequences.shape[-1] - 1).masked_fill(~keep, float("-inf"))
-        padded = torch.full((*sequences.shape[:2], self.ids.shape[-1]), self.eos_id, dtype=torch.long,
-                            device=sequences.device)
-        padded[:, :, :sequences.shape[-1]] = sequences
+        padded = torch.full(
+            (*sequences.shape[:2], self.ids.shape[-1]), self.eos_id, dtype=torch.long, device=sequences.device
+        )
+        padded[:, :, : sequences.shape[-1]] = sequences
         self.scores, best = torch.cat((self.scores, offered), dim=1).topk(self.beam, dim=1)  # (batch, beam)
         ids = torch.cat((self.ids, padded), dim=1)
         self.ids = ids.gather(1, best[:, :, None].expand(-1, -1, ids.shape[-1]))
@@ -94,11 +120,20 @@ class Hypotheses:
         """(batch, time) the best sequence of every sentence, trimmed to the longest of them."""
         ids = self.ids[:, 0]
         lengths = ((ids != self.eos_id).cumsum(1) == torch.arange(1, ids.shape[1] + 1, device=ids.device)).sum(1)
-        return ids[:, :int((lengths + 1).clamp(max=ids.shape[1]).max())]
+        return ids[:, : int((lengths + 1).clamp(max=ids.shape[1]).max())]
 
 
-def beam_search(stepper: Stepper, batch: int, max_new_tokens: int, *, beam_size: int, length_penalty: float,
-                bos_id: int, eos_id: int, device: torch.device | None = None) -> Tensor:
+def beam_search(
+    stepper: Stepper,
+    batch: int,
+    max_new_tokens: int,
+    *,
+    beam_size: int,
+    length_penalty: float,
+    bos_id: int,
+    eos_id: int,
+    device: torch.device | None = None,
+) -> Tensor:
     """Keep the `beam_size` best prefixes of every sentence (see the module docstring for the rules)."""
     k = beam_size
     stepper.reorder(torch.arange(batch, device=device).repeat_interleave(k))  # (batch * k) rows

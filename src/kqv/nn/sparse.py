@@ -26,7 +26,6 @@ from ..errors import ConfigError, DataError
 from .config import ModelConfig
 from .cores import PaddingOnlyCore
 
-
 # ---------------------------------------------------------------------------------------------------------------
 # Linformer
 
@@ -50,8 +49,10 @@ class LinformerProjection(nn.Module):
     def forward(self, time: int) -> tuple[Tensor, Tensor]:
         """(E, F) for an input of `time` positions, each (heads | 1, time, k)."""
         if time > self.max_len:
-            raise DataError(f"Linformer projects at most max_len={self.max_len} positions, got {time}; "
-                             f"build it with a larger max_len or use BigBird or blockwise attention")
+            raise DataError(
+                f"Linformer projects at most max_len={self.max_len} positions, got {time}; "
+                f"build it with a larger max_len or use BigBird or blockwise attention"
+            )
         keys = self.keys[:, :time]
         return keys, keys if self.values is None else self.values[:, :time]
 
@@ -70,19 +71,33 @@ class LinformerAttention(PaddingOnlyCore):
 
     name = "Linformer"
 
-    def __init__(self, max_len: int, k: int, heads: int = 1, shared_heads: bool = True, share_kv: bool = False,
-                 projection: LinformerProjection | None = None, chunk: int = 256):
+    def __init__(
+        self,
+        max_len: int,
+        k: int,
+        heads: int = 1,
+        shared_heads: bool = True,
+        share_kv: bool = False,
+        projection: LinformerProjection | None = None,
+        chunk: int = 256,
+    ):
         super().__init__()
         self.projection = projection or LinformerProjection(max_len, k, heads, shared_heads, share_kv)
         self.chunk = chunk
 
     @classmethod
     def from_config(cls, config: ModelConfig) -> LinformerAttention:
-        return cls(config.max_len, config.linformer.k, config.n_heads, shared_heads=config.linformer.sharing != "none",
-                   share_kv=config.linformer.sharing in ("key_value", "layerwise"))
+        return cls(
+            config.max_len,
+            config.linformer.k,
+            config.n_heads,
+            shared_heads=config.linformer.sharing != "none",
+            share_kv=config.linformer.sharing in ("key_value", "layerwise"),
+        )
 
-    def forward(self, queries: Tensor, keys: Tensor, values: Tensor, *, causal: bool = False,
-                key_padding: Tensor | None = None) -> Tensor:
+    def forward(
+        self, queries: Tensor, keys: Tensor, values: Tensor, *, causal: bool = False, key_padding: Tensor | None = None
+    ) -> Tensor:
         if key_padding is not None:
             keep = key_padding[:, None, :, None].to(keys.dtype)  # (batch, 1, k_time, 1)
             keys, values = keys * keep, values * keep
@@ -107,8 +122,13 @@ class LinformerAttention(PaddingOnlyCore):
         sizes = [min(self.chunk, k_time - start) for start in starts]
         q_sizes = [max(0, min(size, start + size - (k_time - q_time))) for start, size in zip(starts, sizes)]
         outputs = []
-        for q, k, v, e_c, f_c in zip(queries.split(q_sizes, dim=2), keys.split(sizes, dim=2),
-                                     values.split(sizes, dim=2), e.split(sizes, dim=1), f.split(sizes, dim=1)):
+        for q, k, v, e_c, f_c in zip(
+            queries.split(q_sizes, dim=2),
+            keys.split(sizes, dim=2),
+            values.split(sizes, dim=2),
+            e.split(sizes, dim=1),
+            f.split(sizes, dim=1),
+        ):
             if q.shape[2]:  # the chunk's last q.shape[2] positions are queries
                 past = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device)
                 past = past.tril_(k.shape[2] - q.shape[2])
@@ -134,8 +154,9 @@ def share_linformer_projection(model: nn.Module) -> None:
 
 
 @lru_cache(maxsize=64)
-def bigbird_layout(n_blocks: int, window: int, global_blocks: int, random_blocks: int, causal: bool,
-                   seed: int) -> tuple[tuple[int, ...], ...]:
+def bigbird_layout(
+    n_blocks: int, window: int, global_blocks: int, random_blocks: int, causal: bool, seed: int
+) -> tuple[tuple[int, ...], ...]:
     """For each query block, the sorted key blocks it attends to.
 
     Global blocks (the first `global_blocks`) attend to every block and every block attends to them; every other
@@ -157,8 +178,9 @@ def bigbird_layout(n_blocks: int, window: int, global_blocks: int, random_blocks
     return tuple(layout)
 
 
-def bigbird_mask(time: int, block: int, window: int, global_blocks: int, random_blocks: int, causal: bool = False,
-                 seed: int = 0) -> Tensor:
+def bigbird_mask(
+    time: int, block: int, window: int, global_blocks: int, random_blocks: int, causal: bool = False, seed: int = 0
+) -> Tensor:
     """(time, time) bool, True where query i may attend to key j: the dense equivalent of `BigBirdAttention`
     (including the causal mask when `causal`). For tests and for small inputs: it is n x n."""
     n_blocks = -(-time // block)
@@ -183,14 +205,20 @@ class BigBirdAttention(PaddingOnlyCore):
 
     name = "BigBird"
 
-    def __init__(self, block: int = 64, window: int = 1, global_blocks: int = 1, random_blocks: int = 2,
-                 seed: int = 0):
+    def __init__(self, block: int = 64, window: int = 1, global_blocks: int = 1, random_blocks: int = 2, seed: int = 0):
         super().__init__()
         if block <= 0 or window < 0 or global_blocks < 0 or random_blocks < 0:
-            raise ConfigError(f"BigBird needs block > 0 and window, global_blocks, random_blocks >= 0, got "
-                             f"{(block, window, global_blocks, random_blocks)}")
+            raise ConfigError(
+                f"BigBird needs block > 0 and window, global_blocks, random_blocks >= 0, got "
+                f"{(block, window, global_blocks, random_blocks)}"
+            )
         self.block, self.window, self.global_blocks, self.random_blocks, self.seed = (
-            block, window, global_blocks, random_blocks, seed)
+            block,
+            window,
+            global_blocks,
+            random_blocks,
+            seed,
+        )
 
     @classmethod
     def from_config(cls, config: ModelConfig) -> BigBirdAttention:
@@ -200,20 +228,26 @@ class BigBirdAttention(PaddingOnlyCore):
     def layout(self, n_blocks: int, causal: bool) -> tuple[tuple[int, ...], ...]:
         return bigbird_layout(n_blocks, self.window, self.global_blocks, self.random_blocks, causal, self.seed)
 
-    def forward(self, queries: Tensor, keys: Tensor, values: Tensor, *, causal: bool = False,
-                key_padding: Tensor | None = None) -> Tensor:
+    def forward(
+        self, queries: Tensor, keys: Tensor, values: Tensor, *, causal: bool = False, key_padding: Tensor | None = None
+    ) -> Tensor:
         batch, _, q_time, head_dim = queries.shape
         time = keys.shape[2]
         if q_time > time or (q_time < time and not causal):
-            raise DataError(f"BigBird is self-attention over one sequence: got {q_time} queries and {time} keys "
-                             f"(fewer queries than keys only when causal, for decoding with a cache)")
+            raise DataError(
+                f"BigBird is self-attention over one sequence: got {q_time} queries and {time} keys "
+                f"(fewer queries than keys only when causal, for decoding with a cache)"
+            )
         b = self.block
         n_blocks = -(-time // b)
         padded = n_blocks * b
         first = (time - q_time) // b  # the first block holding a query
         before = time - q_time - first * b  # positions of that block before the first query
-        keep = torch.ones(batch, time, dtype=torch.bool, device=queries.device) if key_padding is None \
+        keep = (
+            torch.ones(batch, time, dtype=torch.bool, device=queries.device)
+            if key_padding is None
             else key_padding.bool()
+        )
         keep = F.pad(keep, (0, padded - time + b))  # (batch, padded + b): a last all-masked block for empty slots
         k, v = (F.pad(x, (0, 0, 0, padded - time + b)) for x in (keys, values))
         q = F.pad(queries, (0, 0, before, padded - time))  # blocks first .. n_blocks - 1
@@ -230,11 +264,19 @@ class BigBirdAttention(PaddingOnlyCore):
             outputs.append(_masked_attention(scores / math.sqrt(head_dim), allowed, v[:, :, :padded]))
         start = max(first, n_global)
         if n_blocks > start:
-            outputs.append(self.sparse_rows(q[:, :, (start - first) * b:], k, v, keep, layout[start:], start, causal))
-        return torch.cat(outputs, dim=2)[:, :, before:before + q_time]
+            outputs.append(self.sparse_rows(q[:, :, (start - first) * b :], k, v, keep, layout[start:], start, causal))
+        return torch.cat(outputs, dim=2)[:, :, before : before + q_time]
 
-    def sparse_rows(self, q: Tensor, k: Tensor, v: Tensor, keep: Tensor, layout: tuple[tuple[int, ...], ...],
-                    first: int, causal: bool) -> Tensor:
+    def sparse_rows(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        keep: Tensor,
+        layout: tuple[tuple[int, ...], ...],
+        first: int,
+        causal: bool,
+    ) -> Tensor:
         """Query blocks first, first+1, ... (q starts at block `first`) each against its gathered key blocks."""
         head_dim = q.shape[-1]
         b, n_rows = self.block, len(layout)
@@ -242,7 +284,7 @@ class BigBirdAttention(PaddingOnlyCore):
         slots = max(len(row) for row in layout)
         index = torch.tensor([row + (empty,) * (slots - len(row)) for row in layout], device=q.device)  # (rows, slots)
         key_pos = (index[:, :, None] * b + torch.arange(b, device=q.device)).flatten(1)  # (rows, slots * b)
-        queries = q[:, :, :n_rows * b].unflatten(2, (n_rows, b))  # (batch, heads, rows, b, head_dim)
+        queries = q[:, :, : n_rows * b].unflatten(2, (n_rows, b))  # (batch, heads, rows, b, head_dim)
         gathered_keys = k[:, :, key_pos]  # (batch, heads, rows, slots * b, head_dim)
         gathered_values = v[:, :, key_pos]
         scores = queries @ gathered_keys.transpose(-2, -1) / math.sqrt(head_dim)  # (batch, heads, rows, b, slots*b)

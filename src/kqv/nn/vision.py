@@ -45,8 +45,9 @@ def check_images(images: Tensor, image_shape: ImageShape) -> None:
     if not isinstance(images, Tensor):
         raise DataTypeError(f"images must be a torch.Tensor, got {type(images).__name__}")
     if not images.dtype.is_floating_point:
-        raise DataTypeError(f"images must hold floating-point pixel values, got {images.dtype}; convert them, e.g. "
-                        f"images.float() / 255")
+        raise DataTypeError(
+            f"images must hold floating-point pixel values, got {images.dtype}; convert them, e.g. images.float() / 255"
+        )
     expected = "(batch, channels, height, width) = (batch, {}, {}, {})".format(*image_shape)
     if images.dim() != 4 or tuple(images.shape[1:]) != tuple(image_shape) or images.shape[0] == 0:
         missing_channel = images.dim() == 3 and image_shape[0] == 1 and tuple(images.shape[1:]) == image_shape[1:]
@@ -76,7 +77,7 @@ class PatchEmbedding(nn.Module):
         self.image_shape, self.patch_size = tuple(image_shape), patch_size
         channels, height, width = image_shape
         self.grid = (height // patch_size, width // patch_size)  # patches per column and per row
-        self.to_vectors = nn.Linear(channels * patch_size ** 2, d_model)
+        self.to_vectors = nn.Linear(channels * patch_size**2, d_model)
         self.cls = nn.Parameter(torch.randn(1, 1, d_model) * 0.02)
 
     @property
@@ -102,9 +103,11 @@ class ViT(Encoder):
     def __init__(self, config: ModelConfig, image_shape: ImageShape, patch_size: int, n_classes: int):
         patches = PatchEmbedding(image_shape, patch_size, config.d_model)
         if config.position == "learned" and patches.n_patches + 1 > config.max_len:
-            raise ConfigError(f"a {image_shape[1]}x{image_shape[2]} image in {patch_size}x{patch_size} patches is "
-                             f"{patches.n_patches} patches + [CLS], more than max_len={config.max_len} learned "
-                             f"positions; raise max_len to {patches.n_patches + 1} or enlarge the patches")
+            raise ConfigError(
+                f"a {image_shape[1]}x{image_shape[2]} image in {patch_size}x{patch_size} patches is "
+                f"{patches.n_patches} patches + [CLS], more than max_len={config.max_len} learned "
+                f"positions; raise max_len to {patches.n_patches + 1} or enlarge the patches"
+            )
         super().__init__(config, tokens=patches)
         self.head = ClassificationHead(config, n_classes, "first")
         init_weights(self)
@@ -118,8 +121,9 @@ class ViT(Encoder):
         logits = self.head(hidden)  # (batch, n_classes), from the [CLS] vector
         return logits if labels is None else with_auxiliary_loss(self, classify(logits, labels))
 
-    def run(self, images: Tensor, attention_mask: Tensor | None = None,
-            need_weights: bool = False) -> tuple[Tensor, list]:
+    def run(
+        self, images: Tensor, attention_mask: Tensor | None = None, need_weights: bool = False
+    ) -> tuple[Tensor, list]:
         if attention_mask is not None:
             raise DataError("a ViT reads whole images: there is no padding, so no attention_mask")
         positions = torch.arange(1 + self.patches.n_patches, device=self.patches.cls.device)
@@ -140,9 +144,16 @@ class MLPClassifier(nn.Module):
         check_image_shape(image_shape, 1)
         self.image_shape = tuple(image_shape)
         channels, height, width = image_shape
-        self.layers = nn.Sequential(nn.Flatten(), nn.Linear(channels * height * width, hidden), nn.GELU(),
-                                    Dropout(dropout), nn.Linear(hidden, hidden), nn.GELU(), Dropout(dropout),
-                                    nn.Linear(hidden, n_classes))
+        self.layers = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(channels * height * width, hidden),
+            nn.GELU(),
+            Dropout(dropout),
+            nn.Linear(hidden, hidden),
+            nn.GELU(),
+            Dropout(dropout),
+            nn.Linear(hidden, n_classes),
+        )
 
     def forward(self, images: Tensor, labels: Tensor | None = None) -> Tensor:
         check_images(images, self.image_shape)
@@ -152,17 +163,25 @@ class MLPClassifier(nn.Module):
 class ConvClassifier(nn.Module):
     """A small convolutional baseline: two 3x3 convolutions (same padding, ReLU), 2x2 max-pooling, a hidden layer."""
 
-    def __init__(self, image_shape: ImageShape, n_classes: int, channels: int = 32, hidden: int = 128,
-                 dropout: float = 0.1):
+    def __init__(
+        self, image_shape: ImageShape, n_classes: int, channels: int = 32, hidden: int = 128, dropout: float = 0.1
+    ):
         super().__init__()
         check_image_shape(image_shape, 2)
         self.image_shape = tuple(image_shape)
         in_channels, height, width = image_shape
         self.layers = nn.Sequential(
-            nn.Conv2d(in_channels, channels, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(channels, 2 * channels, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Flatten(), nn.Linear(2 * channels * (height // 2) * (width // 2), hidden), nn.ReLU(),
-            Dropout(dropout), nn.Linear(hidden, n_classes))
+            nn.Conv2d(in_channels, channels, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(channels, 2 * channels, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(2 * channels * (height // 2) * (width // 2), hidden),
+            nn.ReLU(),
+            Dropout(dropout),
+            nn.Linear(hidden, n_classes),
+        )
 
     def forward(self, images: Tensor, labels: Tensor | None = None) -> Tensor:
         check_images(images, self.image_shape)

@@ -66,8 +66,9 @@ class Checkpoint:
         self.close()
 
 
-def write_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any],
-                     tensors: dict[str, Tensor]) -> None:
+def write_checkpoint(
+    run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any], tensors: dict[str, Tensor]
+) -> None:
     """Write a checkpoint into a temporary directory, then swap it in for `run_dir/checkpoint`.
 
     The old checkpoint stays until the new one is complete: it is renamed to `checkpoint.old`, the new directory
@@ -122,14 +123,18 @@ def read_checkpoint(run_dir: str | Path) -> Checkpoint:
             return _read_once(run_dir)
         except _Swapped:
             continue
-    raise RuntimeError(f"the checkpoint in {run_dir} was replaced 20 times while being read; is a run writing "
-                       f"checkpoints continuously (checkpoint_every=1)? try again")
+    raise RuntimeError(
+        f"the checkpoint in {run_dir} was replaced 20 times while being read; is a run writing "
+        f"checkpoints continuously (checkpoint_every=1)? try again"
+    )
 
 
 def remedy(path: Path) -> str:
     """What to do about a broken checkpoint, in the words of the interface the user called (`spoken`)."""
-    return (f"restore {path} from a backup, or start the run over with "
-            f"{spoken('`--overwrite`', 'if_exists=' + repr('overwrite'))} (which deletes it)")
+    return (
+        f"restore {path} from a backup, or start the run over with "
+        f"{spoken('`--overwrite`', 'if_exists=' + repr('overwrite'))} (which deletes it)"
+    )
 
 
 def _read_once(run_dir: Path) -> Checkpoint:
@@ -142,8 +147,10 @@ def _read_once(run_dir: Path) -> Checkpoint:
     except FileNotFoundError:
         if (run_dir / CHECKPOINT_DIR).exists() or (run_dir / PREVIOUS_CHECKPOINT_DIR).exists():
             raise _Swapped from None
-        raise FileNotFoundError(f"no checkpoint in {run_dir}: {state_path} does not exist; start a fresh run "
-                                f"instead of resuming, or check the run directory") from None
+        raise FileNotFoundError(
+            f"no checkpoint in {run_dir}: {state_path} does not exist; start a fresh run "
+            f"instead of resuming, or check the run directory"
+        ) from None
     files: dict[str, BinaryIO] = {}
     try:
         files[STATE_FILE] = _open_in(directory, STATE_FILE, path)
@@ -151,8 +158,10 @@ def _read_once(run_dir: Path) -> Checkpoint:
         for name, digest in digests.items():
             files[name] = _open_in(directory, name, path)
             if _sha256(files[name]) != digest:
-                raise RunError(f"{path / name} is corrupt: its SHA-256 differs from the one recorded in "
-                                 f"{state_path}; {remedy(path)}")
+                raise RunError(
+                    f"{path / name} is corrupt: its SHA-256 differs from the one recorded in "
+                    f"{state_path}; {remedy(path)}"
+                )
     except BaseException:
         for file in files.values():
             file.close()
@@ -213,8 +222,10 @@ def load_weights(model: nn.Module, checkpoint: str | Path | Checkpoint) -> Check
     try:
         _load_state(model, safetensors_load(checkpoint.open(MODEL_FILE).read()))
     except (RuntimeError, SafetensorError) as error:
-        raise RunError(f"{path} does not fit the model ({error}); build the model with the config the run was "
-                         f"trained with (saved in extra_state if the training script put it there)") from None
+        raise RunError(
+            f"{path} does not fit the model ({error}); build the model with the config the run was "
+            f"trained with (saved in extra_state if the training script put it there)"
+        ) from None
     return checkpoint
 
 
@@ -283,8 +294,10 @@ def rng_to_json(state: dict[str, Any], torch_as_bytes: bool = False) -> dict[str
     """JSON form of the `random` and numpy states (the torch state is a tensor, saved in rng.safetensors)."""
     version, internal, gauss = state["python"]
     name, keys, position, has_gauss, cached = state["numpy"]
-    out = {"python": [version, list(internal), gauss],
-           "numpy": [name, keys.tolist(), int(position), int(has_gauss), float(cached)]}
+    out = {
+        "python": [version, list(internal), gauss],
+        "numpy": [name, keys.tolist(), int(position), int(has_gauss), float(cached)],
+    }
     if torch_as_bytes:
         out["torch"] = state["torch"].numpy().tobytes()
     return out
@@ -293,8 +306,10 @@ def rng_to_json(state: dict[str, Any], torch_as_bytes: bool = False) -> dict[str
 def rng_from_json(state: dict[str, Any]) -> dict[str, Any]:
     version, internal, gauss = state["python"]
     name, keys, position, has_gauss, cached = state["numpy"]
-    out = {"python": (version, tuple(internal), gauss),
-           "numpy": (name, np.array(keys, dtype=np.uint32), position, has_gauss, cached)}
+    out = {
+        "python": (version, tuple(internal), gauss),
+        "numpy": (name, np.array(keys, dtype=np.uint32), position, has_gauss, cached),
+    }
     if "torch" in state:
         out["torch"] = torch.frombuffer(bytearray(state["torch"]), dtype=torch.uint8)
     return out

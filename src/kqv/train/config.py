@@ -48,9 +48,18 @@ class TrainConfig(Config):
     max_bad_steps: int = 5  # updates in a row skipped for a non-finite loss or gradient before training stops
 
     def check(self) -> None:
-        for name, minimum in (("steps", 1), ("batch_size", 1), ("warmup_steps", 0), ("grad_accum", 1),
-                              ("eval_every", 1), ("eval_batches", 1), ("checkpoint_every", 1), ("seed", 0),
-                              ("log_every", 1), ("max_bad_steps", 1)):
+        for name, minimum in (
+            ("steps", 1),
+            ("batch_size", 1),
+            ("warmup_steps", 0),
+            ("grad_accum", 1),
+            ("eval_every", 1),
+            ("eval_batches", 1),
+            ("checkpoint_every", 1),
+            ("seed", 0),
+            ("log_every", 1),
+            ("max_bad_steps", 1),
+        ):
             check_at_least(name, getattr(self, name), minimum)
         if self.max_minutes < 0:
             raise ConfigError(f"max_minutes must be >= 0 (0 = no time limit), got {self.max_minutes}")

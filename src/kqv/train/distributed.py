@@ -29,10 +29,12 @@ def slice_batch(batch: Batch, rank: int, world_size: int, batch_size: int) -> Ba
         return batch
     if isinstance(batch, Tensor):
         if batch.dim() == 0 or batch.shape[0] != batch_size:
-            raise DataError(f"under torchrun every tensor in a batch is split along dim 0, which must be "
-                             f"batch_size={batch_size}; got a tensor of shape {tuple(batch.shape)}")
+            raise DataError(
+                f"under torchrun every tensor in a batch is split along dim 0, which must be "
+                f"batch_size={batch_size}; got a tensor of shape {tuple(batch.shape)}"
+            )
         rows = batch_size // world_size
-        return batch[rank * rows:(rank + 1) * rows]
+        return batch[rank * rows : (rank + 1) * rows]
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
         return type(batch)(*(slice_batch(x, rank, world_size, batch_size) for x in batch))
     if isinstance(batch, (tuple, list)):

@@ -12,8 +12,16 @@ from .precision import autocast
 
 
 @torch.no_grad()
-def perplexity(model: nn.Module, ids: Tensor, *, context: int, batch_size: int = 16, n_chars: int | None = None,
-               precision: str = "fp32", max_tokens: int | None = None) -> dict[str, float]:
+def perplexity(
+    model: nn.Module,
+    ids: Tensor,
+    *,
+    context: int,
+    batch_size: int = 16,
+    n_chars: int | None = None,
+    precision: str = "fp32",
+    max_tokens: int | None = None,
+) -> dict[str, float]:
     """Score every next token of `ids` (1-D) once, in non-overlapping blocks of `context` tokens.
 
     Returns the mean loss in nats per token, the perplexity exp(loss), bits per token, and, given the number of

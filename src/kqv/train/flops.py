@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 
-def training_flops_per_token(model: nn.Module, batches: list[Any], loss_fn: Callable[[nn.Module, Any], Tensor],
-                             tokens: int) -> float:
+def training_flops_per_token(
+    model: nn.Module, batches: list[Any], loss_fn: Callable[[nn.Module, Any], Tensor], tokens: int
+) -> float:
     """Floating-point operations of one forward and backward pass of `loss_fn` per token, measured on `batches`
     (which hold `tokens` real, non-padding tokens) with torch's FlopCounterMode (matrix products and attention).
     FlopCounterMode does not see inside `nn.LSTM`, so its gate products are added by hand: 2 * 4 * hidden *

@@ -34,8 +34,10 @@ class RunDirectoryBusy(KqvError, RuntimeError):
 
     def __init__(self, run_dir: Path, holder: str):
         self.run_dir, self.holder = run_dir, holder
-        super().__init__(f"{run_dir} is in use by another training process ({holder}); wait for it to finish or "
-                         f"stop it, or write this run to another directory")
+        super().__init__(
+            f"{run_dir} is in use by another training process ({holder}); wait for it to finish or "
+            f"stop it, or write this run to another directory"
+        )
 
 
 @contextmanager
@@ -78,8 +80,9 @@ def _acquire(run_dir: Path) -> int:
         os.close(fd)
         raise RunDirectoryBusy(run_dir, _holder(path)) from None
     os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
-              .encode(), 0)
+    os.pwrite(
+        fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0
+    )
     return fd
 
 

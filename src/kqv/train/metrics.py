@@ -102,10 +102,15 @@ class Window:
 def progress_line(step: int, steps: int, record: dict[str, Any]) -> str:
     """One line per evaluation, e.g. `step  200/1200  train 1.912  val 1.987  41,250 tok/s  1.2 min`."""
     parts = [f"step {step:>{len(str(steps))}}/{steps}"]
-    parts += [f"{name.removesuffix('_loss')} {record[name]:.3f}" for name in ("train_loss", "val_loss") if name in record]
+    parts += [
+        f"{name.removesuffix('_loss')} {record[name]:.3f}" for name in ("train_loss", "val_loss") if name in record
+    ]
     shown_otherwise = ("train_loss", "val_loss", "lr", "tokens_per_s", "grad_norm", "train_seconds", "elapsed_s")
-    parts += [f"{name} {value:.4g}" for name, value in record.items()
-              if isinstance(value, float) and name not in shown_otherwise]
+    parts += [
+        f"{name} {value:.4g}"
+        for name, value in record.items()
+        if isinstance(value, float) and name not in shown_otherwise
+    ]
     if record.get("tokens_per_s"):
         parts.append(f"{record['tokens_per_s']:,.0f} tok/s")
     return "  ".join(parts + [f"{record['elapsed_s'] / 60:.1f} min"])

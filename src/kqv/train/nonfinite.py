@@ -19,7 +19,7 @@ from .precision import resolve_precision
 
 _PRECISION_CAUSES = {
     "bf16": "bf16 autocast (fp32's exponent range but an 8-bit significand: large logits or attention scores lose "
-            "precision; try precision = \"fp32\" to rule it out)",
+    'precision; try precision = "fp32" to rule it out)',
     "fp32": "fp32 itself (a value beyond 3.4e38, e.g. from activations growing without bound)",
 }
 
@@ -30,21 +30,28 @@ class TrainingDiverged(KqvError, RuntimeError):
 
 def diverged_message(config: TrainConfig, what: str, steps: list[int], checkpoint: tuple[Path, int] | None) -> str:
     """Why training stopped after the consecutive skipped updates `steps`, where to resume, and the usual causes."""
-    saved = (f"the last good checkpoint is {checkpoint[0]} (step {checkpoint[1]})" if checkpoint is not None
-             else "no checkpoint was written in this session")
-    return (f"training stopped at step {steps[-1]}: {what}, and the loss or gradient has not been finite for "
-            f"{len(steps)} updates in a row (steps {steps[0]}-{steps[-1]}; none of them changed the weights); "
-            f"{saved}. Usual causes: a learning rate too high (lr = {config.lr:g}, warmup_steps = "
-            f"{config.warmup_steps}: lower lr or lengthen warmup), the range of "
-            f"{_PRECISION_CAUSES[resolve_precision(config.precision)]}, or bad input data. Resume from the checkpoint "
-            f"({spoken('`--resume`', 'if_exists=' + repr('resume'))}) after changing the config, or raise "
-            f"train.max_bad_steps (now {config.max_bad_steps}) to skip more.")
+    saved = (
+        f"the last good checkpoint is {checkpoint[0]} (step {checkpoint[1]})"
+        if checkpoint is not None
+        else "no checkpoint was written in this session"
+    )
+    return (
+        f"training stopped at step {steps[-1]}: {what}, and the loss or gradient has not been finite for "
+        f"{len(steps)} updates in a row (steps {steps[0]}-{steps[-1]}; none of them changed the weights); "
+        f"{saved}. Usual causes: a learning rate too high (lr = {config.lr:g}, warmup_steps = "
+        f"{config.warmup_steps}: lower lr or lengthen warmup), the range of "
+        f"{_PRECISION_CAUSES[resolve_precision(config.precision)]}, or bad input data. Resume from the checkpoint "
+        f"({spoken('`--resume`', 'if_exists=' + repr('resume'))}) after changing the config, or raise "
+        f"train.max_bad_steps (now {config.max_bad_steps}) to skip more."
+    )
 
 
 def check_finite_weights(model: nn.Module, config: TrainConfig, step: int, last_saved: int | None) -> None:
     """Raise TrainingDiverged instead of letting a checkpoint save NaN or infinite weights."""
     bad = [name for name, param in model.named_parameters() if not torch.isfinite(param).all()]
     if bad:
-        raise TrainingDiverged(f"training stopped at step {step}: the weights {bad[:5]} are no longer finite, so no "
-                               f"checkpoint was written (the last good one is step {last_saved}); lower the "
-                               f"learning rate (lr = {config.lr:g}) or use precision = \"fp32\"")
+        raise TrainingDiverged(
+            f"training stopped at step {step}: the weights {bad[:5]} are no longer finite, so no "
+            f"checkpoint was written (the last good one is step {last_saved}); lower the "
+            f'learning rate (lr = {config.lr:g}) or use precision = "fp32"'
+        )

@@ -39,6 +39,7 @@ def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
     groups = [g for g in parameter_groups(model, config.weight_decay) if g["params"]]
     if not groups:
         raise ConfigError("the model has no trainable parameters")
-    fused = all(p.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-                for g in groups for p in g["params"])
+    fused = all(
+        p.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16) for g in groups for p in g["params"]
+    )
     return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, fused=fused or None)

@@ -13,9 +13,8 @@ resident for a 7.6M-parameter model. `bound_kernel_caches` caps them before the 
 
 from __future__ import annotations
 
-from typing import Literal
-
 import os
+from typing import Literal
 
 import torch
 

@@ -48,8 +48,7 @@ class RunDirectory:
     process writes files (rank 0).
     """
 
-    def __init__(self, path: Path, if_exists: IfExists, rank: int, existing: list[Path],
-                 checkpoint: Checkpoint | None):
+    def __init__(self, path: Path, if_exists: IfExists, rank: int, existing: list[Path], checkpoint: Checkpoint | None):
         self.path, self.if_exists, self.rank = path, if_exists, rank
         self.existing = existing  # the earlier run's files found when opening
         self.checkpoint = checkpoint
@@ -57,8 +56,9 @@ class RunDirectory:
 
     @classmethod
     @contextmanager
-    def open(cls, path: str | Path, if_exists: IfExists = "error", *, rank: int | None = None
-             ) -> Iterator[RunDirectory]:
+    def open(
+        cls, path: str | Path, if_exists: IfExists = "error", *, rank: int | None = None
+    ) -> Iterator[RunDirectory]:
         """The run directory at `path`, locked (rank 0) and inspected, for the block; see the module docstring.
         Raises RunDirectoryBusy when another process writes into it and FileExistsError when it holds a run
         and `if_exists` is "error"."""
@@ -74,8 +74,10 @@ class RunDirectory:
             if existing and if_exists == "resume":
                 checkpoint = read_checkpoint(path) if has_checkpoint(path) else None
                 if checkpoint is None:  # its metrics records are dropped by prepare()
-                    logger.warning("nothing to resume in %s: the run stopped before its first checkpoint; training "
-                                   "from step 0", path)
+                    logger.warning(
+                        "nothing to resume in %s: the run stopped before its first checkpoint; training from step 0",
+                        path,
+                    )
                 else:
                     stack.callback(checkpoint.close)
             yield cls(path, if_exists, rank, existing, checkpoint)
@@ -139,4 +141,5 @@ def _refuse(path: Path, existing: list[Path], if_exists: IfExists) -> None:
         overwrite = spoken("`--overwrite`", "if_exists='overwrite'")
         raise FileExistsError(
             f"{path} already holds a run ({', '.join(p.name for p in existing)}); continue it with "
-            f"{resume}, start over with {overwrite} (deletes those files), or choose another directory")
+            f"{resume}, start over with {overwrite} (deletes those files), or choose another directory"
+        )

@@ -85,8 +85,10 @@ class RunConfig(Config):
         values = {k: v for k, v in values.items() if k not in ("task", *cls.run_tables)}
         unknown = sorted(set(values) - set(cls.sections()))
         if unknown:
-            raise ConfigError(f"unknown section(s) {unknown} in the {cls.task} run config; use "
-                              f"{', '.join(f'[{name}]' for name in cls.sections())}")
+            raise ConfigError(
+                f"unknown section(s) {unknown} in the {cls.task} run config; use "
+                f"{', '.join(f'[{name}]' for name in cls.sections())}"
+            )
         if not isinstance(values.get("train"), dict):
             raise ConfigError("the run config needs a [train] section with at least steps and batch_size")
         return build(cls, values, f"{cls.task} run config")
@@ -147,8 +149,11 @@ def toml_text(values: dict[str, Any]) -> str:
 
 
 def _toml_ready(values: dict[str, Any]) -> dict[str, Any]:
-    return {k: _toml_ready(v) if isinstance(v, dict) else list(v) if isinstance(v, tuple) else v
-            for k, v in values.items() if v is not None}
+    return {
+        k: _toml_ready(v) if isinstance(v, dict) else list(v) if isinstance(v, tuple) else v
+        for k, v in values.items()
+        if v is not None
+    }
 
 
 def read_run(run_dir: str | Path, task: str | None = None) -> dict[str, Any]:

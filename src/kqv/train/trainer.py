@@ -54,12 +54,25 @@ from tqdm import tqdm
 
 from ..errors import ConfigError, ConfigTypeError, RunError, spoken
 from ..nn.experts import routing_metrics
-from .checkpoints import (FORMAT, OPTIMIZER_FILE, RNG_FILE, STATE_FILE, Checkpoint, load_weights, read_checkpoint,
-                          rng_from_json, rng_state, rng_to_json, seed_everything, set_rng_state, write_checkpoint)
+from .checkpoints import (
+    FORMAT,
+    OPTIMIZER_FILE,
+    RNG_FILE,
+    STATE_FILE,
+    Checkpoint,
+    load_weights,
+    read_checkpoint,
+    rng_from_json,
+    rng_state,
+    rng_to_json,
+    seed_everything,
+    set_rng_state,
+    write_checkpoint,
+)
 from .config import TrainConfig, learning_rate
-from .nonfinite import TrainingDiverged, check_finite_weights, diverged_message
 from .distributed import Batch, init_distributed, slice_batch
 from .metrics import Window, append_metrics, plot_losses, progress_line
+from .nonfinite import TrainingDiverged, check_finite_weights, diverged_message
 from .optimizer import make_optimizer
 from .precision import autocast, bound_kernel_caches
 from .rundir import IfExists, RunDirectory
@@ -86,13 +99,21 @@ class Trainer:
     run's saved entries are added to it), so whoever made it can update it while training, e.g. an `eval_fn`.
     """
 
-    def __init__(self, model: nn.Module, config: TrainConfig, run_dir: RunDirectory | str | Path, *,
-                 train_batches: Callable[[int], Batch], loss_fn: Callable[[nn.Module, Batch], Tensor],
-                 val_batches: Callable[[int], Batch] | None = None,
-                 eval_fn: Callable[[nn.Module], dict[str, float]] | None = None,
-                 extra_state: dict[str, Any] | None = None,
-                 tokens_per_batch: int | Callable[[int], int] | None = None,
-                 if_exists: IfExists = "error", quiet: bool = False):
+    def __init__(
+        self,
+        model: nn.Module,
+        config: TrainConfig,
+        run_dir: RunDirectory | str | Path,
+        *,
+        train_batches: Callable[[int], Batch],
+        loss_fn: Callable[[nn.Module, Batch], Tensor],
+        val_batches: Callable[[int], Batch] | None = None,
+        eval_fn: Callable[[nn.Module], dict[str, float]] | None = None,
+        extra_state: dict[str, Any] | None = None,
+        tokens_per_batch: int | Callable[[int], int] | None = None,
+        if_exists: IfExists = "error",
+        quiet: bool = False,
+    ):
         if not isinstance(config, TrainConfig):
             raise ConfigTypeError(f"config must be a TrainConfig, got {type(config).__name__}")
         if if_exists not in IfExists.__args__:
@@ -100,7 +121,9 @@ class Trainer:
         try:
             json.dumps(extra_state)
         except (TypeError, ValueError) as error:
-            raise ConfigTypeError(f"extra_state must be JSON-serialisable (it goes into {STATE_FILE}): {error}") from None
+            raise ConfigTypeError(
+                f"extra_state must be JSON-serialisable (it goes into {STATE_FILE}): {error}"
+            ) from None
         bound_kernel_caches()  # before the first bf16 kernel is built
         self.model, self.config = model, config
         self.train_batches, self.loss_fn, self.val_batches, self.eval_fn = train_batches, loss_fn, val_batches, eval_fn
@@ -108,8 +131,10 @@ class Trainer:
         self.tokens_per_batch, self.quiet = tokens_per_batch, quiet
         self.rank, self.world_size, self._owns_process_group = init_distributed()
         if config.batch_size % self.world_size:
-            raise ConfigError(f"batch_size ({config.batch_size}) must be divisible by the number of processes "
-                             f"({self.world_size}): every process takes an equal slice of each batch")
+            raise ConfigError(
+                f"batch_size ({config.batch_size}) must be divisible by the number of processes "
+                f"({self.world_size}): every process takes an equal slice of each batch"
+            )
         self.optimizer = make_optimizer(model, config)
         # Progress, saved in every checkpoint and restored by a resume.
         self.step = 0  # updates done
@@ -125,8 +150,11 @@ class Trainer:
         self._last_saved: int | None = None  # the step of the last checkpoint this session wrote or resumed from
         # The run directory: the job's, or one this trainer opens itself (given a path) and closes after train().
         self._owned = ExitStack()
-        self.run = run_dir if isinstance(run_dir, RunDirectory) else self._owned.enter_context(
-            RunDirectory.open(run_dir, if_exists, rank=self.rank))
+        self.run = (
+            run_dir
+            if isinstance(run_dir, RunDirectory)
+            else self._owned.enter_context(RunDirectory.open(run_dir, if_exists, rank=self.rank))
+        )
         self.run_dir = self.run.path
         try:
             if self.run.checkpoint is not None:
@@ -139,16 +167,30 @@ class Trainer:
             self.ddp_model = nn.parallel.DistributedDataParallel(model)
 
     @classmethod
-    def resume(cls, run_dir: str | Path, model: nn.Module, *, train_batches: Callable[[int], Batch],
-               loss_fn: Callable[[nn.Module, Batch], Tensor], config: TrainConfig | None = None,
-               **options: Any) -> Trainer:
+    def resume(
+        cls,
+        run_dir: str | Path,
+        model: nn.Module,
+        *,
+        train_batches: Callable[[int], Batch],
+        loss_fn: Callable[[nn.Module, Batch], Tensor],
+        config: TrainConfig | None = None,
+        **options: Any,
+    ) -> Trainer:
         """Continue the run saved in `run_dir`. `config=None` uses the saved config; pass one to change it (e.g.
         more steps). `extra_state` is restored from the checkpoint unless given. Raises FileNotFoundError when
         there is no checkpoint and ValueError when it is corrupt."""
         saved = read_checkpoint(run_dir)
         saved.close()
-        return cls(model, config or saved.config, run_dir, train_batches=train_batches, loss_fn=loss_fn,
-                   if_exists="resume", **options)
+        return cls(
+            model,
+            config or saved.config,
+            run_dir,
+            train_batches=train_batches,
+            loss_fn=loss_fn,
+            if_exists="resume",
+            **options,
+        )
 
     # -- the loop ------------------------------------------------------------------------------------------------
 
@@ -185,8 +227,13 @@ class Trainer:
         checkpointing on the way."""
         cfg = self.config
         self.ddp_model.train()
-        bar = tqdm(total=cfg.steps, initial=self.step, unit="step", dynamic_ncols=True,
-                   disable=self.quiet or self.rank != 0 or not sys.stderr.isatty())
+        bar = tqdm(
+            total=cfg.steps,
+            initial=self.step,
+            unit="step",
+            dynamic_ncols=True,
+            disable=self.quiet or self.rank != 0 or not sys.stderr.isatty(),
+        )
         window = Window()
         clock = time.perf_counter() - self.elapsed_s
         result: dict[str, float] = {"step": self.step}
@@ -228,17 +275,24 @@ class Trainer:
             dist.broadcast(done, src=0)
         return bool(done)
 
-    def _report(self, lr: float, grad_norm: float, window: Window, bar: tqdm, clock: float,
-                last: bool) -> dict | None:
+    def _report(self, lr: float, grad_norm: float, window: Window, bar: tqdm, clock: float, last: bool) -> dict | None:
         """Log (every `log_every` updates) and evaluate (every `eval_every`); one metrics.jsonl record for both."""
         cfg = self.config
         record: dict[str, Any] = {}
         if (self.step % cfg.log_every == 0 or last) and window.steps:
-            record.update(train_loss=window.mean_loss(), lr=lr, tokens_per_s=window.tokens_per_s(),
-                          grad_norm=grad_norm, bad_steps=self.bad_steps)
+            record.update(
+                train_loss=window.mean_loss(),
+                lr=lr,
+                tokens_per_s=window.tokens_per_s(),
+                grad_norm=grad_norm,
+                bad_steps=self.bad_steps,
+            )
             record.update(routing_metrics(self.model))  # experts: aux loss, dropped fraction, per-expert load
-            bar.set_postfix(loss=f"{record['train_loss']:.4f}", lr=f"{lr:.2e}",
-                            **({"tok/s": f"{record['tokens_per_s']:,.0f}"} if record["tokens_per_s"] else {}))
+            bar.set_postfix(
+                loss=f"{record['train_loss']:.4f}",
+                lr=f"{lr:.2e}",
+                **({"tok/s": f"{record['tokens_per_s']:,.0f}"} if record["tokens_per_s"] else {}),
+            )
             window.reset()
         can_evaluate = self.val_batches is not None or self.eval_fn is not None
         evaluated = can_evaluate and (self.step % cfg.eval_every == 0 or last)
@@ -246,8 +300,12 @@ class Trainer:
             record.update(self.evaluate())
         if not record:
             return None
-        record = {"step": self.step, **record, "train_seconds": self.train_seconds,
-                  "elapsed_s": time.perf_counter() - clock}
+        record = {
+            "step": self.step,
+            **record,
+            "train_seconds": self.train_seconds,
+            "elapsed_s": time.perf_counter() - clock,
+        }
         if self.rank == 0:
             append_metrics(self.run.metrics_file, record)
             if evaluated or last:
@@ -296,13 +354,20 @@ class Trainer:
         self.bad_steps += 1
         self._bad_streak.append(self.step)
         what = f"the loss was {loss}" if not math.isfinite(loss) else f"the gradient norm was {grad_norm}"
-        logger.warning("step %d: %s; the update was skipped (%d in a row, %d in the run)", self.step, what,
-                       len(self._bad_streak), self.bad_steps)
+        logger.warning(
+            "step %d: %s; the update was skipped (%d in a row, %d in the run)",
+            self.step,
+            what,
+            len(self._bad_streak),
+            self.bad_steps,
+        )
         if len(self._bad_streak) < self.config.max_bad_steps:
             return
         if self.rank == 0:
-            append_metrics(self.run.metrics_file, {"step": self.step, "bad_steps": self.bad_steps,
-                                                         "stopped": "non-finite loss or gradient"})
+            append_metrics(
+                self.run.metrics_file,
+                {"step": self.step, "bad_steps": self.bad_steps, "stopped": "non-finite loss or gradient"},
+            )
         checkpoint = None if self._last_saved is None else (self.run.checkpoint_dir, self._last_saved)
         raise TrainingDiverged(diverged_message(self.config, what, self._bad_streak, checkpoint))
 
@@ -369,17 +434,30 @@ class Trainer:
             self._write([self._boundary_rng])
         if (self.run.metrics_file).exists():
             plot_losses(self.run.metrics_file, self.run.plot_file)
-        logger.warning("interrupted: saved the checkpoint of step %d in %s; continue with %s", self.step,
-                       self.run.checkpoint_dir, spoken("`--resume`", "Trainer.resume(...)"))
+        logger.warning(
+            "interrupted: saved the checkpoint of step %d in %s; continue with %s",
+            self.step,
+            self.run.checkpoint_dir,
+            spoken("`--resume`", "Trainer.resume(...)"),
+        )
 
     def _write(self, rng_states: list[dict]) -> None:
         check_finite_weights(self.model, self.config, self.step, self._last_saved)
-        state = {"format": FORMAT, "step": self.step, "config": self.config.to_dict(),
-                 "extra_state": self.extra_state, "elapsed_s": self.elapsed_s, "train_seconds": self.train_seconds,
-                 "world_size": self.world_size, "bad_steps": self.bad_steps,
-                 "rng": [rng_to_json(s) for s in rng_states], "torch_version": torch.__version__}
-        write_checkpoint(self.run_dir, self.model, self.optimizer, state,
-                         {f"rank{r}": s["torch"] for r, s in enumerate(rng_states)})
+        state = {
+            "format": FORMAT,
+            "step": self.step,
+            "config": self.config.to_dict(),
+            "extra_state": self.extra_state,
+            "elapsed_s": self.elapsed_s,
+            "train_seconds": self.train_seconds,
+            "world_size": self.world_size,
+            "bad_steps": self.bad_steps,
+            "rng": [rng_to_json(s) for s in rng_states],
+            "torch_version": torch.__version__,
+        }
+        write_checkpoint(
+            self.run_dir, self.model, self.optimizer, state, {f"rank{r}": s["torch"] for r, s in enumerate(rng_states)}
+        )
         self._last_saved = self.step
 
     def _resume(self, checkpoint: Checkpoint) -> None:
@@ -394,14 +472,17 @@ class Trainer:
         try:
             self.optimizer.load_state_dict(torch.load(checkpoint.open(OPTIMIZER_FILE), weights_only=True))
         except (ValueError, KeyError, RuntimeError) as error:
-            raise RunError(f"{path} does not fit this model's optimizer ({error}); was the model built with the "
-                             f"same config as the run in {self.run_dir}?") from None
+            raise RunError(
+                f"{path} does not fit this model's optimizer ({error}); was the model built with the "
+                f"same config as the run in {self.run_dir}?"
+            ) from None
         for group, (betas, weight_decay) in zip(self.optimizer.param_groups, configured):  # the config may change
             group["betas"], group["weight_decay"] = betas, weight_decay
         torch_states = safetensors_load(checkpoint.open(RNG_FILE).read())
         self._saved_rng = [
             {**rng_from_json(s), "torch": torch_states[f"rank{r}"]} if s is not None else None
-            for r, s in enumerate(checkpoint.state["rng"])]
+            for r, s in enumerate(checkpoint.state["rng"])
+        ]
         if checkpoint.state.get("world_size") != self.world_size:
             self._saved_rng = []  # generator states belong to ranks that no longer exist
         self.step, self.elapsed_s = checkpoint.step, float(checkpoint.state.get("elapsed_s", 0.0))
@@ -423,22 +504,43 @@ class Trainer:
         """
         saved, step = checkpoint.config, checkpoint.step
         if self.config.steps < step:
-            raise ConfigError(f"the run in {self.run_dir} is already at step {step}, past the {self.config.steps} "
-                             f"steps asked for; to continue it, ask for more than {step} steps")
-        changed = next((t for t in range(1, step + 1) if learning_rate(saved, t) != learning_rate(self.config, t)),
-                       None)
+            raise ConfigError(
+                f"the run in {self.run_dir} is already at step {step}, past the {self.config.steps} "
+                f"steps asked for; to continue it, ask for more than {step} steps"
+            )
+        changed = next(
+            (t for t in range(1, step + 1) if learning_rate(saved, t) != learning_rate(self.config, t)), None
+        )
         self.replanned = None
         if changed is not None:
             before, after = learning_rate(saved, step), learning_rate(self.config, step + 1)
-            self.replanned = {"step": step, "schedule_replanned": {
-                "from_steps": saved.steps, "to_steps": self.config.steps, "first_differing_step": changed,
-                "lr_before": before, "lr_after": after}}
+            self.replanned = {
+                "step": step,
+                "schedule_replanned": {
+                    "from_steps": saved.steps,
+                    "to_steps": self.config.steps,
+                    "first_differing_step": changed,
+                    "lr_before": before,
+                    "lr_after": after,
+                },
+            }
             logger.warning(
                 "resuming at step %d with a new plan (%d -> %d steps, %s schedule): updates %d-%d already used the "
                 "old plan's learning rates, so this run will differ from one planned for %d steps from the start; "
                 "the schedule is recomputed to the new end (lr %.3g at step %d, %.3g at step %d). The constant and "
-                "inverse_sqrt schedules extend exactly.", step, saved.steps, self.config.steps, self.config.schedule,
-                changed, step, self.config.steps, before, step, after, step + 1)
+                "inverse_sqrt schedules extend exactly.",
+                step,
+                saved.steps,
+                self.config.steps,
+                self.config.schedule,
+                changed,
+                step,
+                self.config.steps,
+                before,
+                step,
+                after,
+                step + 1,
+            )
 
     def _start_rng(self) -> None:
         """Seed a fresh run; restore the saved generators of a resumed one (reseed ranks that have none). This is
@@ -449,8 +551,11 @@ class Trainer:
         elif self.rank < len(self._saved_rng) and self._saved_rng[self.rank] is not None:
             set_rng_state(self._saved_rng[self.rank])
         else:
-            logger.warning("rank %d has no saved generator state (the checkpoint came from an interrupt or another "
-                           "number of processes); reseeding, so dropout differs from an uninterrupted run", self.rank)
+            logger.warning(
+                "rank %d has no saved generator state (the checkpoint came from an interrupt or another "
+                "number of processes); reseeding, so dropout differs from an uninterrupted run",
+                self.rank,
+            )
             seed_everything(seed + 1_000_003 * self.step)
         self._boundary_rng, self._updating = rng_state(), False
         self._last_saved = self.step if self._saved_rng is not None else None

@@ -6,9 +6,9 @@ instance of the scheme that keeps those methods (`kqv.nn.capability.keeps`), and
 
 from __future__ import annotations
 
-import torch
 from typing import ClassVar
 
+import torch
 from torch import Tensor
 
 from ..capability import keeps
@@ -74,8 +74,9 @@ class BlockBias:
     def value_grad_state(self, saved: Tensor | None, grad_out: Tensor, qb: Block) -> object:
         return grad_out
 
-    def add_value_grad(self, grad_weights: Tensor, state: object, weights: Tensor, qb: Block, kb: Block,
-                       grads: list[Tensor]) -> Tensor | None:
+    def add_value_grad(
+        self, grad_weights: Tensor, state: object, weights: Tensor, qb: Block, kb: Block, grads: list[Tensor]
+    ) -> Tensor | None:
         """Add d loss / d weights through the value side to `grad_weights` (or return it as a row term) and the
         gradients of the scheme's parameters to `grads`; `weights` are normalised."""
         weights = weights.detach().requires_grad_()
@@ -89,22 +90,32 @@ class BlockBias:
     def new_score_grad_state(self, queries: Tensor) -> object:
         return None
 
-    def score_grad(self, state: object, grad_state: object, grad_scores: Tensor, qb: Block, kb: Block,
-                   grad_queries: Tensor, grads: list[Tensor]) -> None:
+    def score_grad(
+        self,
+        state: object,
+        grad_state: object,
+        grad_scores: Tensor,
+        qb: Block,
+        kb: Block,
+        grad_queries: Tensor,
+        grads: list[Tensor],
+    ) -> None:
         """Given d loss / d scores of one block, add the gradients of the queries and of the parameters."""
         queries = state.detach().requires_grad_()
         with torch.enable_grad():
             bias = self.positions.score_bias(self.split(queries), qb.pos, kb.pos)
         if bias is None or not bias.requires_grad:
             return
-        found = torch.autograd.grad(bias, (queries, *self.parameters), self.split(grad_scores).sum_to_size(bias.shape),
-                                    allow_unused=True)
+        found = torch.autograd.grad(
+            bias, (queries, *self.parameters), self.split(grad_scores).sum_to_size(bias.shape), allow_unused=True
+        )
         if found[0] is not None:
             grad_queries += found[0]
         _add_all(grads, found[1:])
 
-    def finish_query_block(self, grad_state: object, queries: Tensor, grad_queries: Tensor,
-                           grads: list[Tensor]) -> None:
+    def finish_query_block(
+        self, grad_state: object, queries: Tensor, grad_queries: Tensor, grads: list[Tensor]
+    ) -> None:
         """Turn what score_grad gathered over a query block's key blocks into query and parameter gradients."""
 
     def finish(self, saved: Tensor | None, grad_out: Tensor, grads: list[Tensor]) -> None:
@@ -197,7 +208,7 @@ class RelativeBias(BlockBias):
             index = buffer[:size].view(len(qb.pos), len(kb.pos))
             torch.sub(kb.pos[None, :], qb.pos[:, None], out=index).clamp_(-self.k, self.k).add_(self.k)
             self._index = ((qb.start, kb.start), buffer)
-        return self._index[1][:len(qb.pos) * len(kb.pos)].view(1, len(qb.pos), len(kb.pos)).expand(batch_heads, -1, -1)
+        return self._index[1][: len(qb.pos) * len(kb.pos)].view(1, len(qb.pos), len(kb.pos)).expand(batch_heads, -1, -1)
 
     def query_state(self, queries: Tensor, qb: Block) -> Tensor:
         self._index = None if self._index is None else ((-1, -1), self._index[1])
@@ -206,7 +217,7 @@ class RelativeBias(BlockBias):
     def add_scores(self, scores: Tensor, per_distance: Tensor, qb: Block, kb: Block) -> Tensor | None:
         side = self.side(qb, kb)
         if side is not None:
-            return per_distance[..., side:side + 1]
+            return per_distance[..., side : side + 1]
         scores += per_distance.gather(-1, self.index(qb, kb, scores.shape[0]))
         return None
 
@@ -215,7 +226,7 @@ class RelativeBias(BlockBias):
         if side is None:
             return None
         value = None if self.value_table is None else self.value_table[side]
-        return Plain(per_distance[..., side:side + 1], value, side)
+        return Plain(per_distance[..., side : side + 1], value, side)
 
     def row_grad(self, grad_per_distance: Tensor, grad_row: Tensor, plain: Plain) -> None:
         grad_per_distance[..., plain.bucket] += grad_row[..., 0]
@@ -228,7 +239,7 @@ class RelativeBias(BlockBias):
     def accumulate_values(self, per_distance: Tensor, weights: Tensor, row_sum: Tensor, qb: Block, kb: Block) -> None:
         side = self.side(qb, kb)
         if side is not None:
-            per_distance[..., side:side + 1] += row_sum
+            per_distance[..., side : side + 1] += row_sum
         else:
             per_distance.scatter_add_(-1, self.index(qb, kb, weights.shape[0]), weights)
 
@@ -238,27 +249,37 @@ class RelativeBias(BlockBias):
     def value_grad_state(self, saved: Tensor | None, grad_out: Tensor, qb: Block) -> Tensor:
         return grad_out @ self.value_table.T  # (batch_heads, q_block, 2k+1): dO . a^V for every distance
 
-    def add_value_grad(self, grad_weights: Tensor, per_distance: Tensor, weights: Tensor, qb: Block, kb: Block,
-                       grads: list[Tensor]) -> Tensor | None:
+    def add_value_grad(
+        self, grad_weights: Tensor, per_distance: Tensor, weights: Tensor, qb: Block, kb: Block, grads: list[Tensor]
+    ) -> Tensor | None:
         side = self.side(qb, kb)
         if side is not None:
-            return per_distance[..., side:side + 1]
+            return per_distance[..., side : side + 1]
         grad_weights += per_distance.gather(-1, self.index(qb, kb, weights.shape[0]))
         return None
 
     def new_score_grad_state(self, queries: Tensor) -> Tensor:
         return queries.new_zeros(*queries.shape[:2], 2 * self.k + 1)
 
-    def score_grad(self, state: Tensor, grad_per_distance: Tensor, grad_scores: Tensor, qb: Block, kb: Block,
-                   grad_queries: Tensor, grads: list[Tensor]) -> None:
+    def score_grad(
+        self,
+        state: Tensor,
+        grad_per_distance: Tensor,
+        grad_scores: Tensor,
+        qb: Block,
+        kb: Block,
+        grad_queries: Tensor,
+        grads: list[Tensor],
+    ) -> None:
         side = self.side(qb, kb)
         if side is not None:
             self.row_grad(grad_per_distance, grad_scores.sum(-1, keepdim=True), Plain(bucket=side))
         else:
             grad_per_distance.scatter_add_(-1, self.index(qb, kb, grad_scores.shape[0]), grad_scores)
 
-    def finish_query_block(self, grad_per_distance: Tensor, queries: Tensor, grad_queries: Tensor,
-                           grads: list[Tensor]) -> None:
+    def finish_query_block(
+        self, grad_per_distance: Tensor, queries: Tensor, grad_queries: Tensor, grads: list[Tensor]
+    ) -> None:
         grad_per_distance = grad_per_distance * self.scale
         grad_queries += grad_per_distance @ self.key_table
         grads[0] += (grad_per_distance.transpose(1, 2) @ queries).sum(0)  # d a^K (2k+1, head_dim)

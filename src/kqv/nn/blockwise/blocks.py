@@ -40,8 +40,10 @@ class Block:
 
 def blocks_of(pos: Tensor, size: int) -> list[Block]:
     values = pos.tolist()
-    return [Block(i, s, min(s + size, len(values)), pos[s:s + size], min(values[s:s + size]),
-                  max(values[s:s + size])) for i, s in enumerate(range(0, len(values), size))]
+    return [
+        Block(i, s, min(s + size, len(values)), pos[s : s + size], min(values[s : s + size]), max(values[s : s + size]))
+        for i, s in enumerate(range(0, len(values), size))
+    ]
 
 
 @dataclass
@@ -71,8 +73,19 @@ class Plan:
     """Which key blocks each query block visits, and the masks: causal (on the blocks that cross the diagonal)
     and padding (a column of -inf before the softmax, and of 0 after it, so masked weights are exactly 0)."""
 
-    def __init__(self, q_pos: Tensor, k_pos: Tensor, q_block: int, k_block: int, causal: bool,
-                 key_padding: Tensor | None, heads: int, dtype: torch.dtype, fused: bool, trace: Trace):
+    def __init__(
+        self,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        q_block: int,
+        k_block: int,
+        causal: bool,
+        key_padding: Tensor | None,
+        heads: int,
+        dtype: torch.dtype,
+        fused: bool,
+        trace: Trace,
+    ):
         self.causal, self.fused, self.trace = causal, fused, trace
         self.offset = len(k_pos) - len(q_pos)  # query i is at index i + offset among the keys
         self.q_blocks, self.k_blocks = blocks_of(q_pos, q_block), blocks_of(k_pos, k_block)
@@ -89,8 +102,11 @@ class Plan:
         keys c <= queries r + diagonal within the block."""
         first_query = qb.start + self.offset
         if self.causal:
-            blocks = [(kb, first_query - kb.start if kb.end - 1 > first_query else None)
-                      for kb in self.k_blocks if kb.start <= qb.end - 1 + self.offset]
+            blocks = [
+                (kb, first_query - kb.start if kb.end - 1 > first_query else None)
+                for kb in self.k_blocks
+                if kb.start <= qb.end - 1 + self.offset
+            ]
         else:
             blocks = [(kb, None) for kb in self.k_blocks]
         middle = first_query + (qb.end - qb.start) / 2
@@ -120,7 +136,8 @@ class Plan:
         if key not in self._causal_bias:
             future = torch.ones(rows, cols, dtype=torch.bool, device=like.device).triu_(diagonal + 1)
             self._causal_bias[key] = torch.zeros(rows, cols, dtype=like.dtype, device=like.device).masked_fill_(
-                future, float("-inf"))
+                future, float("-inf")
+            )
         return self._causal_bias[key]
 
 
@@ -132,7 +149,7 @@ class Workspace:
         trace.largest_score_block = max(trace.largest_score_block, size)
 
     def get(self, which: int, *shape: int) -> Tensor:
-        return self.buffers[which][:math.prod(shape)].view(shape)
+        return self.buffers[which][: math.prod(shape)].view(shape)
 
 
 def block_weights(scores: Tensor, shift: Tensor, plan: Plan, kb: Block, diagonal: int | None) -> Tensor:
@@ -144,18 +161,27 @@ def block_weights(scores: Tensor, shift: Tensor, plan: Plan, kb: Block, diagonal
     if diagonal is not None:
         weights.tril_(diagonal)
     if plan.keep is not None:
-        weights.mul_(plan.keep[:, :, kb.start:kb.end])
+        weights.mul_(plan.keep[:, :, kb.start : kb.end])
     return weights
 
 
-def block_scores(queries: Tensor, keys: Tensor, out: Tensor, bias: BlockBias, state: object, plan: Plan, qb: Block,
-            kb: Block, diagonal: int | None) -> Tensor | None:
+def block_scores(
+    queries: Tensor,
+    keys: Tensor,
+    out: Tensor,
+    bias: BlockBias,
+    state: object,
+    plan: Plan,
+    qb: Block,
+    kb: Block,
+    diagonal: int | None,
+) -> Tensor | None:
     """Fill `out` (batch_heads, q_block, k_block) with the scores of one block, masked with -inf; `queries` are
     already scaled by 1 / sqrt(head_dim). Returns the position scheme's row term, which is not added."""
     torch.bmm(queries, keys.transpose(1, 2), out=out)
     row = bias.add_scores(out, state, qb, kb)
     if plan.padding is not None:
-        out += plan.padding[:, :, kb.start:kb.end]
+        out += plan.padding[:, :, kb.start : kb.end]
     if diagonal is not None:
         out += plan.causal_bias(out.shape[1], out.shape[2], diagonal, out)
     return row
@@ -173,7 +199,7 @@ class Norms:
     def __init__(self, queries: Tensor, keys: Tensor, plan: Plan, scale: float):
         self.trace = plan.trace
         self.queries = queries.norm(dim=-1, keepdim=True) * scale  # (batch_heads, q_time, 1)
-        self.keys = torch.stack([keys[:, kb.start:kb.end].norm(dim=-1).amax(-1) for kb in plan.k_blocks], -1)
+        self.keys = torch.stack([keys[:, kb.start : kb.end].norm(dim=-1).amax(-1) for kb in plan.k_blocks], -1)
 
     def negligible(self, bias: BlockBias, qb: Block, kb: Block, reference: Tensor) -> bool:
         """True when every weight of the block is below e^EXP_FLOOR times `reference` (the running maximum in the
@@ -181,7 +207,7 @@ class Norms:
         bound = bias.bias_bound(qb, kb)
         if bound is None or reference.dtype not in EXP_FLOOR:
             return False
-        largest = self.queries[:, qb.start:qb.end] * self.keys[:, kb.index, None, None] + bound
+        largest = self.queries[:, qb.start : qb.end] * self.keys[:, kb.index, None, None] + bound
         skip = bool((largest - reference).amax() < EXP_FLOOR[reference.dtype])
         self.trace.skipped_blocks += skip
         return skip
