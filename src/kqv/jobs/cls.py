@@ -116,6 +116,18 @@ class LabelledBatches:
         }
 
 
+def read_examples(data: ClsDataConfig, seed: int) -> tuple[list[Example], list[Example], list[Example], list[str]]:
+    """The TSV file's examples, their train and dev split, and the sorted labels (at least two)."""
+    if data.path is None:
+        raise ConfigError("kqv train cls needs a TSV file of text<TAB>label lines: pass --data file.tsv")
+    examples = read_tsv(data.path)
+    train, dev = split_examples(examples, data.dev_fraction, seed)
+    labels = sorted({label for _, label in examples})
+    if len(labels) < 2:
+        raise DataError(f"{data.path} has only the label {labels}; classification needs at least two")
+    return examples, train, dev, labels
+
+
 class ClsJob(Job):
     """`kqv train cls`: an encoder with a classification head on labelled text, from scratch or an mlm run's encoder."""
 
@@ -143,13 +155,7 @@ class ClsJob(Job):
         """Fine-tune (or train from scratch) a `SequenceClassifier` on a TSV file; return the summary."""
         with self.open_run(run_dir, resume=resume, overwrite=overwrite) as run:
             data = config.data
-            if data.path is None:
-                raise ConfigError("kqv train cls needs a TSV file of text<TAB>label lines: pass --data file.tsv")
-            examples = read_tsv(data.path)
-            train, dev = split_examples(examples, data.dev_fraction, config.train.seed)
-            labels = sorted({label for _, label in examples})
-            if len(labels) < 2:
-                raise DataError(f"{data.path} has only the label {labels}; classification needs at least two")
+            examples, train, dev, labels = read_examples(data, config.train.seed)
             pretrained = MLMJob().load(data.init) if data.init else None
             vocabulary, model_config = self._vocabulary(config, run.path, resume, pretrained, examples, train)
             if run.writes:

@@ -44,10 +44,10 @@ from ..nn.models import EncoderDecoder, count_parameters
 from ..nn.rnn import RNNConfig, RNNEncoderDecoder
 from ..train.config import TrainConfig
 from ..train.flops import training_flops_per_token
-from ..train.runs import PAIRS_FILE, TEST_HYPOTHESES_FILE, TEXT_DIR, TOKENIZER_DIR, RunConfig
+from ..train.runs import PAIRS_FILE, TEXT_DIR, TOKENIZER_DIR, RunConfig
 from ..validation import Config, check_at_least, check_value
 from .base import AttentionMaps, Job, TrainedRun
-from .translation import SPECIAL_TOKENS, corpus_scores, spread, translate_sentences
+from .translation import SPECIAL_TOKENS, corpus_scores, spread, translate_sentences, translate_test_split
 
 ModelKind = Literal["transformer", "lstm"]
 
@@ -399,13 +399,7 @@ class MTJob(Job):
             flops_per_token = training_flops_per_token(model, sample, mt_loss, sum(real_tokens(b) for b in sample))
             quiet = quiet or not run.writes  # under torchrun rank 0 speaks for every process
             if not quiet:
-                print(
-                    f"kqv: {config.kind} with {count_parameters(model):,} parameters; "
-                    f"{len(data.splits['train']):,} training pairs ({data.dropped} longer than "
-                    f"{config.data.max_len} tokens left out), {len(data.splits['dev'])} dev, "
-                    f"{len(data.splits['test'])} test; joint BPE vocabulary {data.tokenizer.vocab_size}; "
-                    f"{len(train_batches)} batches per epoch; run directory {run.path}"
-                )
+                print(describe(config, model, data, len(train_batches), run.path))
             state = {"task": "mt"}  # the checkpoints' extra_state: the dev evaluation adds its time to it
             trainer = self.make_trainer(
                 model,
@@ -421,7 +415,7 @@ class MTJob(Job):
             if not run.writes:
                 return {}  # under torchrun rank 0 alone translates the test split and writes the summary
             tokens = sum(train_batches.real_tokens(i) for i in range(trainer.step * config.train.grad_accum))
-            test = self._translate_test_split(model, config, data, run.path)
+            test = translate_test_split(model, data.tokenizer, *data.texts["test"], config.decode.to_dict(), run.path)
             summary = self.summarise(
                 run.path,
                 result,
@@ -444,21 +438,6 @@ class MTJob(Job):
                     f"{trainer.train_seconds / 60:.1f} min of training"
                 )
             return summary
-
-    @staticmethod
-    def _translate_test_split(model: nn.Module, config: MTRunConfig, data: MTData, run_dir: Path) -> dict[str, Any]:
-        """Translate the whole test split with beam search, write test.hyp, and score it."""
-        started = time.perf_counter()
-        sources, references = data.texts["test"]
-        hypotheses = translate_sentences(model, data.tokenizer, sources, **config.decode.to_dict())
-        (run_dir / TEST_HYPOTHESES_FILE).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
-        scores = corpus_scores(hypotheses, references)
-        return {
-            "test_bleu": scores["bleu"],
-            "test_chrf": scores["chrf"],
-            "test_sentences": len(sources),
-            "test_translate_seconds": round(time.perf_counter() - started, 1),
-        }
 
 
 class DevEvaluation:
@@ -497,6 +476,16 @@ class DevEvaluation:
         spent = self.extra_state.get("eval_seconds", 0.0) + time.perf_counter() - started
         self.extra_state["eval_seconds"] = spent
         return {"val_loss": val_loss, "dev_bleu": scores["bleu"], "dev_chrf": scores["chrf"], "eval_seconds": spent}
+
+
+def describe(config: MTRunConfig, model: nn.Module, data: MTData, batches: int, run_dir: Path) -> str:
+    """The line `kqv train mt` prints before training: the model, the data and the run directory."""
+    return (
+        f"kqv: {config.kind} with {count_parameters(model):,} parameters; {len(data.splits['train']):,} training "
+        f"pairs ({data.dropped} longer than {config.data.max_len} tokens left out), {len(data.splits['dev'])} dev, "
+        f"{len(data.splits['test'])} test; joint BPE vocabulary {data.tokenizer.vocab_size}; {batches} batches "
+        f"per epoch; run directory {run_dir}"
+    )
 
 
 def real_tokens(batch: dict[str, Tensor]) -> int:

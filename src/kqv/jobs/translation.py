@@ -6,6 +6,10 @@ and `kqv eval` on its runs. The special tokens are the MT tokenizer's: `<pad>`, 
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -13,6 +17,7 @@ from ..data.padding import lengths_mask, pad_sequences
 from ..data.tokenizers import Tokenizer
 from ..errors import DataError
 from ..nn.config import ModelConfig
+from ..train.runs import TEST_HYPOTHESES_FILE
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
 
@@ -96,3 +101,20 @@ def spread(items: list, count: int) -> list:
     if count >= len(items):
         return list(items)
     return [items[int(j * len(items) / count)] for j in range(count)]
+
+
+def translate_test_split(
+    model: nn.Module, tokenizer: Tokenizer, sources: list[str], references: list[str], decode: dict, path: Path
+) -> dict[str, Any]:
+    """Translate a test split with beam search (`decode`: the run's [decode] options), write the translations to
+    `path` (test.hyp), one a line, and score them."""
+    started = time.perf_counter()
+    hypotheses = translate_sentences(model, tokenizer, sources, **decode)
+    (path / TEST_HYPOTHESES_FILE).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+    scores = corpus_scores(hypotheses, references)
+    return {
+        "test_bleu": scores["bleu"],
+        "test_chrf": scores["chrf"],
+        "test_sentences": len(sources),
+        "test_translate_seconds": round(time.perf_counter() - started, 1),
+    }

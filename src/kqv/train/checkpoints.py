@@ -313,3 +313,30 @@ def rng_from_json(state: dict[str, Any]) -> dict[str, Any]:
     if "torch" in state:
         out["torch"] = torch.frombuffer(bytearray(state["torch"]), dtype=torch.uint8)
     return out
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, checkpoint: Checkpoint, run_dir: Path) -> None:
+    """Load the optimizer state of `checkpoint` (`weights_only=True`: no code runs), keeping the betas and weight
+    decay the optimizer was configured with (a resumed run may change them)."""
+    configured = [(g["betas"], g["weight_decay"]) for g in optimizer.param_groups]
+    try:
+        optimizer.load_state_dict(torch.load(checkpoint.open(OPTIMIZER_FILE), weights_only=True))
+    except (ValueError, KeyError, RuntimeError) as error:
+        raise RunError(
+            f"{checkpoint.path / OPTIMIZER_FILE} does not fit this model's optimizer ({error}); was the model built "
+            f"with the same config as the run in {run_dir}?"
+        ) from None
+    for group, (betas, weight_decay) in zip(optimizer.param_groups, configured):
+        group["betas"], group["weight_decay"] = betas, weight_decay
+
+
+def saved_rng_states(checkpoint: Checkpoint, world_size: int) -> list[dict | None]:
+    """The generator states of every rank saved in `checkpoint` (None for a rank whose state was not saved); none
+    at all when the checkpoint came from another number of processes, whose ranks no longer exist."""
+    if checkpoint.state.get("world_size") != world_size:
+        return []
+    torch_states = safetensors_load(checkpoint.open(RNG_FILE).read())
+    return [
+        {**rng_from_json(s), "torch": torch_states[f"rank{r}"]} if s is not None else None
+        for r, s in enumerate(checkpoint.state["rng"])
+    ]

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from ..errors import ConfigError
 from ..validation import Config, check_at_least, check_positive
 from .precision import Precision
+
+logger = logging.getLogger(__name__)
 
 Schedule = Literal["cosine", "inverse_sqrt", "constant"]
 
@@ -91,3 +94,29 @@ def learning_rate(config: TrainConfig, step: int) -> float:
     progress = min((step - warmup) / (config.steps - warmup), 1.0)  # (0, 1]
     floor = config.min_lr_ratio * peak
     return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def replan(saved: TrainConfig, config: TrainConfig, step: int) -> dict[str, Any] | None:
+    """What resuming a run saved at `step` with `saved`'s plan under `config` means: None when it equals having
+    planned `config` from the start, else the metrics record that says where the plans part (also logged).
+
+    Resuming to `steps` equals having planned `steps` from the start exactly when every update already done had the
+    learning rate the new plan gives it. That holds for "constant" and "inverse_sqrt" (their rate never depends on
+    `steps`), for any schedule while the run is still in its warmup, and whenever `steps` is unchanged. A cosine
+    schedule extended after its warmup is recomputed to the new end: the updates still to come follow the cosine of
+    the new plan, so the rate jumps back up at the resume point, and the result differs from a run planned that long
+    from the start.
+    """
+    changed = next((t for t in range(1, step + 1) if learning_rate(saved, t) != learning_rate(config, t)), None)
+    if changed is None:
+        return None
+    before, after = learning_rate(saved, step), learning_rate(config, step + 1)
+    logger.warning(
+        "resuming at step %d with a new plan (%d -> %d steps, %s schedule): updates %d-%d already used the "
+        "old plan's learning rates, so this run will differ from one planned for %d steps from the start; "
+        "the schedule is recomputed to the new end (lr %.3g at step %d, %.3g at step %d). The constant and "
+        "inverse_sqrt schedules extend exactly.",
+        step, saved.steps, config.steps, config.schedule, changed, step, config.steps, before, step, after, step + 1,
+    )  # fmt: skip
+    replanned = {"from_steps": saved.steps, "to_steps": config.steps, "first_differing_step": changed}
+    return {"step": step, "schedule_replanned": {**replanned, "lr_before": before, "lr_after": after}}

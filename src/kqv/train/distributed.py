@@ -42,3 +42,13 @@ def slice_batch(batch: Batch, rank: int, world_size: int, batch_size: int) -> Ba
     if isinstance(batch, dict):
         return {k: slice_batch(v, rank, world_size, batch_size) for k, v in batch.items()}
     return batch
+
+
+def batch_tokens(batch: Batch) -> int | None:
+    """The token count of a batch for tokens/s: the numel of the batch tensor, or of the first tensor of a
+    tuple/list/dict; None for anything else."""
+    if isinstance(batch, dict):
+        batch = next(iter(batch.values()), None)
+    if isinstance(batch, (tuple, list)) and batch:
+        batch = batch[0]
+    return batch.numel() if isinstance(batch, Tensor) else None

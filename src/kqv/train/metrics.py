@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Any
+
+from tqdm import tqdm
 
 METRICS_FILE, PLOT_FILE = "metrics.jsonl", "loss.png"
 
@@ -114,3 +117,10 @@ def progress_line(step: int, steps: int, record: dict[str, Any]) -> str:
     if record.get("tokens_per_s"):
         parts.append(f"{record['tokens_per_s']:,.0f} tok/s")
     return "  ".join(parts + [f"{record['elapsed_s'] / 60:.1f} min"])
+
+
+def progress_bar(total: int, initial: int, shown: bool) -> tqdm:
+    """The training progress bar (steps): shown only when asked and standard error is a terminal."""
+    return tqdm(
+        total=total, initial=initial, unit="step", dynamic_ncols=True, disable=not shown or not sys.stderr.isatty()
+    )

@@ -8,9 +8,9 @@ The trainer knows nothing about models or data. It is given any `nn.Module` and 
 
 and does the rest: AdamW with weight-decay groups, linear warmup then cosine decay (or inverse-sqrt, or constant),
 gradient clipping and accumulation, bf16 autocast, periodic validation, metrics and a loss plot, atomic
-checkpoints that resume bit-exactly (also to more steps than first planned: see `_plan_extension`), a checkpoint
-on Ctrl-C, updates with a non-finite loss or gradient skipped and counted, the run directory locked against a
-second writer (`kqv.train.rundir`), and multi-process training under torchrun.
+checkpoints that resume bit-exactly (also to more steps than first planned: see `kqv.train.config.replan`), a
+checkpoint on Ctrl-C, updates with a non-finite loss or gradient skipped and counted, the run directory locked
+against a second writer (`kqv.train.rundir`), and multi-process training under torchrun.
 
 Determinism contract. `train_batches(i)` must return the same batch for the same `i`. Update `s` (0-based) uses
 the micro-batches `s * grad_accum + j` for `j` in `range(grad_accum)`, so a resumed run needs no data-loader
@@ -28,10 +28,7 @@ writes files and shows progress.
 
 Files in `run_dir`: `metrics.jsonl` (one JSON object per log or evaluation step; with mixture-of-experts layers a
 log record also holds `aux_loss`, `dropped_fraction` and each layer's `expert_load` of the last training batch),
-`loss.png`, and
-`checkpoint/` holding `model.safetensors`, `optimizer.pt` (loaded with `weights_only=True`), `rng.safetensors`
-(torch generator state of every rank) and `state.json` (step, config, generator states of `random` and numpy,
-`extra_state`, SHA-256 of the other files).
+`loss.png`, and `checkpoint/` (`kqv.train.checkpoints`).
 """
 
 from __future__ import annotations
@@ -39,7 +36,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import sys
 import time
 from collections.abc import Callable
 from contextlib import ExitStack, nullcontext
@@ -48,30 +44,29 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import load as safetensors_load
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from ..errors import ConfigError, ConfigTypeError, RunError, spoken
+from ..errors import ConfigError, ConfigTypeError, spoken
 from ..nn.experts import routing_metrics
 from .checkpoints import (
     FORMAT,
-    OPTIMIZER_FILE,
-    RNG_FILE,
     STATE_FILE,
     Checkpoint,
+    load_optimizer_state,
     load_weights,
     read_checkpoint,
     rng_from_json,
     rng_state,
     rng_to_json,
+    saved_rng_states,
     seed_everything,
     set_rng_state,
     write_checkpoint,
 )
-from .config import TrainConfig, learning_rate
-from .distributed import Batch, init_distributed, slice_batch
-from .metrics import Window, append_metrics, plot_losses, progress_line
+from .config import TrainConfig, learning_rate, replan
+from .distributed import Batch, batch_tokens, init_distributed, slice_batch
+from .metrics import Window, append_metrics, plot_losses, progress_bar, progress_line
 from .nonfinite import TrainingDiverged, check_finite_weights, diverged_message
 from .optimizer import make_optimizer
 from .precision import autocast, bound_kernel_caches
@@ -227,13 +222,7 @@ class Trainer:
         checkpointing on the way."""
         cfg = self.config
         self.ddp_model.train()
-        bar = tqdm(
-            total=cfg.steps,
-            initial=self.step,
-            unit="step",
-            dynamic_ncols=True,
-            disable=self.quiet or self.rank != 0 or not sys.stderr.isatty(),
-        )
+        bar = progress_bar(cfg.steps, self.step, shown=not self.quiet and self.rank == 0)
         window = Window()
         clock = time.perf_counter() - self.elapsed_s
         result: dict[str, float] = {"step": self.step}
@@ -374,7 +363,7 @@ class Trainer:
     def _tokens(self, i: int, batch: Batch) -> int | None:
         if callable(self.tokens_per_batch):
             return self.tokens_per_batch(i)
-        return self.tokens_per_batch or _count_tokens(batch)
+        return self.tokens_per_batch or batch_tokens(batch)
 
     def _autocast(self) -> torch.autocast:
         return autocast(self.config.precision)
@@ -463,84 +452,23 @@ class Trainer:
     def _resume(self, checkpoint: Checkpoint) -> None:
         """Continue `checkpoint`: its weights, optimizer, generators and progress, checked against the new plan."""
         self._load(checkpoint)
-        self._plan_extension(checkpoint)
+        if self.config.steps < checkpoint.step:
+            raise ConfigError(
+                f"the run in {self.run_dir} is already at step {checkpoint.step}, past the {self.config.steps} "
+                f"steps asked for; to continue it, ask for more than {checkpoint.step} steps"
+            )
+        self.replanned = replan(checkpoint.config, self.config, checkpoint.step)
 
     def _load(self, checkpoint: Checkpoint) -> None:
         load_weights(self.model, checkpoint)
-        path = checkpoint.path / OPTIMIZER_FILE
-        configured = [(g["betas"], g["weight_decay"]) for g in self.optimizer.param_groups]
-        try:
-            self.optimizer.load_state_dict(torch.load(checkpoint.open(OPTIMIZER_FILE), weights_only=True))
-        except (ValueError, KeyError, RuntimeError) as error:
-            raise RunError(
-                f"{path} does not fit this model's optimizer ({error}); was the model built with the "
-                f"same config as the run in {self.run_dir}?"
-            ) from None
-        for group, (betas, weight_decay) in zip(self.optimizer.param_groups, configured):  # the config may change
-            group["betas"], group["weight_decay"] = betas, weight_decay
-        torch_states = safetensors_load(checkpoint.open(RNG_FILE).read())
-        self._saved_rng = [
-            {**rng_from_json(s), "torch": torch_states[f"rank{r}"]} if s is not None else None
-            for r, s in enumerate(checkpoint.state["rng"])
-        ]
-        if checkpoint.state.get("world_size") != self.world_size:
-            self._saved_rng = []  # generator states belong to ranks that no longer exist
+        load_optimizer_state(self.optimizer, checkpoint, self.run_dir)
+        self._saved_rng = saved_rng_states(checkpoint, self.world_size)
         self.step, self.elapsed_s = checkpoint.step, float(checkpoint.state.get("elapsed_s", 0.0))
         self.train_seconds = float(checkpoint.state.get("train_seconds", self.elapsed_s))
         given = dict(self.extra_state)
         self.extra_state.update(checkpoint.extra_state)
         self.extra_state.update(given)  # what was given wins
         self.bad_steps = int(checkpoint.state.get("bad_steps", 0))
-
-    def _plan_extension(self, checkpoint: Checkpoint) -> None:
-        """Check a resumed run's new plan against the updates already done, and say what resuming means.
-
-        Resuming to `steps` equals having planned `steps` from the start exactly when every update already done
-        had the learning rate the new plan gives it. That holds for "constant" and "inverse_sqrt" (their rate
-        never depends on `steps`), for any schedule while the run is still in its warmup, and whenever `steps`
-        is unchanged. A cosine schedule extended after its warmup is recomputed to the new end: the updates still
-        to come follow the cosine of the new plan, so the rate jumps back up at the resume point, and the result
-        differs from a run planned that long from the start; this is logged and recorded in metrics.jsonl.
-        """
-        saved, step = checkpoint.config, checkpoint.step
-        if self.config.steps < step:
-            raise ConfigError(
-                f"the run in {self.run_dir} is already at step {step}, past the {self.config.steps} "
-                f"steps asked for; to continue it, ask for more than {step} steps"
-            )
-        changed = next(
-            (t for t in range(1, step + 1) if learning_rate(saved, t) != learning_rate(self.config, t)), None
-        )
-        self.replanned = None
-        if changed is not None:
-            before, after = learning_rate(saved, step), learning_rate(self.config, step + 1)
-            self.replanned = {
-                "step": step,
-                "schedule_replanned": {
-                    "from_steps": saved.steps,
-                    "to_steps": self.config.steps,
-                    "first_differing_step": changed,
-                    "lr_before": before,
-                    "lr_after": after,
-                },
-            }
-            logger.warning(
-                "resuming at step %d with a new plan (%d -> %d steps, %s schedule): updates %d-%d already used the "
-                "old plan's learning rates, so this run will differ from one planned for %d steps from the start; "
-                "the schedule is recomputed to the new end (lr %.3g at step %d, %.3g at step %d). The constant and "
-                "inverse_sqrt schedules extend exactly.",
-                step,
-                saved.steps,
-                self.config.steps,
-                self.config.schedule,
-                changed,
-                step,
-                self.config.steps,
-                before,
-                step,
-                after,
-                step + 1,
-            )
 
     def _start_rng(self) -> None:
         """Seed a fresh run; restore the saved generators of a resumed one (reseed ranks that have none). This is
@@ -559,14 +487,6 @@ class Trainer:
             seed_everything(seed + 1_000_003 * self.step)
         self._boundary_rng, self._updating = rng_state(), False
         self._last_saved = self.step if self._saved_rng is not None else None
-
-
-def _count_tokens(batch: Batch) -> int | None:
-    if isinstance(batch, dict):
-        batch = next(iter(batch.values()), None)
-    if isinstance(batch, (tuple, list)) and batch:
-        batch = batch[0]
-    return batch.numel() if isinstance(batch, Tensor) else None
 
 
 def _check_loss(loss: Any) -> Tensor:
