@@ -14,7 +14,7 @@ The interface (`AttentionCore.attend`):
     `causal`, `dropout` (attention dropout, 0 in eval), `need_weights`.
     Returns (output (batch, heads, q_time, head_dim), weights (batch, heads, q_time, k_time) or None).
 
-To add a core (say "local"): write a subclass of `AttentionCore` (or of `PaddingOnlyCore` if it takes padding
+To add a core: write a subclass of `AttentionCore` (or of `PaddingOnlyCore` if it takes padding
 masks only and never forms every (query, key) score, like Linformer and BigBird) with a `from_config(config)`
 class method, add one entry to `CORES` in `kqv.nn.attention`, and its name to `AttentionKind` in
 `kqv.nn.config` (tests/test_long_attention_models.py checks the two agree). A core's parameters are saved as

@@ -294,7 +294,7 @@ class EncoderDecoder(nn.Module):
         use_cache: bool = True,
     ) -> Tensor:
         """Translate: target ids (batch, 1 + new) starting with bos_id, greedy (beam_size 1) or by beam search.
-        See `kqv.generation.translate`."""
+        See `kqv.nn.generation.translate`."""
         return translate(
             self,
             src_ids,

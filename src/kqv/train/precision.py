@@ -1,9 +1,9 @@
 """Which precision to train and evaluate in: bf16 autocast only where the CPU multiplies bf16 natively.
 
-On CPUs with AVX512-BF16 or AMX instructions, oneDNN's bf16 matrix products are 2-4.5x faster than fp32. On CPUs
-without them (AVX-512 alone, AVX2) oneDNN emulates bf16 by converting to fp32, and the same products are 2-4x
-*slower* than MKL's fp32 ones: `kqv train mt --config quick` ran 3.2x slower per step in bf16 than in fp32 on
-such a machine. `precision = "auto"` picks bf16 where it pays and fp32 elsewhere.
+On CPUs with AVX512-BF16 or AMX instructions, oneDNN's bf16 matrix products are faster than fp32; on CPUs
+without them (AVX-512 alone, AVX2) oneDNN emulates bf16 by converting to fp32, and the same products are slower
+than MKL's fp32 ones (README "Speed" gives the measured figures on both kinds, from
+`python benchmarks/train_throughput.py`). `precision = "auto"` picks bf16 where it pays and fp32 elsewhere.
 
 bf16 products go through oneDNN, which compiles a kernel for every matrix shape and keeps it in two caches of
 1,024 entries each (oneDNN's primitive cache and PyTorch's ideep cache), several MB per entry with its scratch
