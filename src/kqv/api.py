@@ -32,13 +32,15 @@ from .jobs import get_job, load_run
 from .jobs.base import AttentionMaps, TrainedRun
 from .jobs.lm import LMEvaluation, LMRun
 from .jobs.mt import MTEvaluation, MTRun
+from .jobs.pretrained import PretrainedRun, is_hf_directory
 from .jobs.vit import ClsAttention, VitEvaluation, VitRun
 from .train.runs import RunConfig
 
 
-def load(path: str | Path) -> TrainedRun:
-    """Any kqv run directory, loaded by the job that wrote it (its run.toml's `task`), model in eval mode."""
-    return load_run(path)
+def load(path: str | Path) -> TrainedRun | PretrainedRun:
+    """Any kqv run directory, loaded by the job that wrote it (its run.toml's `task`), model in eval mode; or a
+    Hugging Face model directory saved with its tokenizer (GPT-2, BERT), converted offline (`PretrainedRun`)."""
+    return PretrainedRun.load(path) if is_hf_directory(path) else load_run(path)
 
 
 def train(

@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Literal
 
 import torch
 from safetensors.torch import load_file, save
+from torch import nn
 
 from ..data.batches import batch_generator, sample_batch
 from ..data.shakespeare import load_text, split_text
@@ -144,6 +145,20 @@ def generate_text(model: DecoderLM, tokenizer: Tokenizer, prompt: str, max_new_t
     return tokenizer.decode(model.generate(ids, max_new_tokens, **options)[0].tolist())
 
 
+def self_attention(model: nn.Module, tokenizer: Tokenizer, text: str) -> AttentionMaps:
+    """The self-attention weights of every layer and head of a `DecoderLM` or an `Encoder` over `text`, rows and
+    columns labelled by token."""
+    ids = tokenizer.encode(text)
+    if not ids:
+        raise DataError(f"{spoken('--text', 'text')} is empty; give the text whose attention to draw")
+    ids_tensor = torch.tensor([ids])  # (1, tokens)
+    check_ids(ids_tensor, model.config.vocab_size)
+    with torch.no_grad():
+        weights = model.attention_weights(ids_tensor)  # per layer (1, heads, tokens, tokens)
+    tokens = [tokenizer.decode([i]) for i in ids]
+    return AttentionMaps(weights, tokens, tokens)
+
+
 GENERATION_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "int8": torch.qint8}
 
 
@@ -223,15 +238,7 @@ class LMRun(TrainedRun):
 
     def attention(self, text: str) -> AttentionMaps:
         """The self-attention weights of every layer and head over `text`, rows and columns labelled by token."""
-        ids = self.tokenizer.encode(text)
-        if not ids:
-            raise DataError(f"{spoken('--text', 'text')} is empty; give the text whose attention to draw")
-        ids_tensor = torch.tensor([ids])  # (1, tokens)
-        check_ids(ids_tensor, self.model.config.vocab_size)
-        with torch.no_grad():
-            weights = self.model.attention_weights(ids_tensor)  # per layer (1, heads, tokens, tokens)
-        tokens = [self.tokenizer.decode([i]) for i in ids]
-        return AttentionMaps(weights, tokens, tokens)
+        return self_attention(self.model, self.tokenizer, text)
 
 
 class LMJob(Job):
