@@ -270,3 +270,31 @@ def test_the_views_export_as_svg_and_png(page, servers):
         p.page.click('[data-export="detail"][data-format="png"]')
     assert open(png_download.value.path(), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     assert png_download.value.suggested_filename == "kqv-detail.png"
+
+
+@pytest.fixture(scope="module")
+def vit_server(tmp_path_factory):
+    from kqv.cli.main import main
+
+    out = tmp_path_factory.mktemp("browser-vit") / "vit"
+    overrides = ["model.d_model=16", "model.n_heads=2", "model.n_layers=2", "train.eval_every=3"]
+    args = ["train", "vit", "--out", str(out), "--steps", "3", "--quiet", "--baseline", "none"]
+    assert main(args + [item for o in overrides for item in ("--set", o)]) == 0
+    with Server(create_app(out)) as server:
+        yield server
+
+
+def test_a_vit_run_opens_with_its_attention_over_the_patches_and_its_class_probabilities(browser, vit_server, tmp_path):
+    p = Page(browser, vit_server.url)
+    analyze_in_page(p, vit_server, "3")
+    body = api_analysis(vit_server, text="3")
+    queries = p.page.eval_on_selector_all("#head-view text.query", "ts => ts.map(t => t.textContent)")
+    assert queries == body["tokens"] == ["[CLS]"] + [f"p{i}" for i in range(16)]
+    show_only_head(p.page, 0)
+    p.page.click('#head-view text.query[data-index="0"]')
+    expected = body["attention"]["self"]["layers"][0][0][0]
+    assert line_weights(p.page) == {j: w for j, w in enumerate(expected) if w > 0}  # [CLS] sees every patch
+    assert p.page.is_visible("#classes-box")
+    assert p.page.eval_on_selector_all("#classes *", "es => es.length") > 0
+    p.page.screenshot(path=str(tmp_path / "vit.png"), full_page=True)
+    p.close()
