@@ -132,7 +132,7 @@ def test_ctrl_c_during_an_overwrite_right_after_the_tokenizer_leaves_the_previou
 ):
     config, _, out = files
     other = tmp_path / "other.txt"
-    other.write_text("Quite different letters: jumping foxes, lazy dogs, quick brown zebras!\n" * 30)
+    other.write_text("To quite different letters: jumping foxes, lazy dogs, quick brown zebras!\n" * 30)
     before = snapshot(out)
     save = Tokenizer.save
 

@@ -178,12 +178,13 @@ class Job:
     @staticmethod
     def open_run(run_dir: str | Path, *, resume: bool, overwrite: bool) -> AbstractContextManager[RunDirectory]:
         """The run directory of one training, locked and inspected (`RunDirectory.open`): `resume` continues
-        its checkpoint, `overwrite` replaces its run, neither refuses one that is there."""
+        its checkpoint, `overwrite` replaces its run, neither refuses one that is there. An overwrite is written
+        beside the run it replaces and swapped in by `make_trainer`, once everything before training is done."""
         if resume and overwrite:
             raise ConfigError(
                 "resume and overwrite exclude each other: continue the run in the directory, or replace it, not both"
             )
-        return RunDirectory.open(run_dir, "resume" if resume else ("overwrite" if overwrite else "error"))
+        return RunDirectory.open(run_dir, "resume" if resume else ("overwrite" if overwrite else "error"), stage=True)
 
     def build_model(self, model_config: Any, config: RunConfig, values: dict[str, Any]) -> nn.Module:
         """The job's model for a model config (`values`: the run.toml being written or read)."""
@@ -227,7 +228,10 @@ class Job:
         self, model: nn.Module, config: RunConfig, run: RunDirectory, *, quiet: bool, **trainer_options: Any
     ) -> Trainer:
         """The shared Trainer for `model` in the opened run directory (`trainer_options`: train_batches, loss_fn,
-        val_batches, eval_fn, ...). It resumes `run.checkpoint` when there is one."""
+        val_batches, eval_fn, ...). It resumes `run.checkpoint` when there is one. The run's preparation is done:
+        an overwrite built beside the run it replaces is swapped in now (`RunDirectory.commit`)."""
+        if run.writes:
+            run.commit()
         return Trainer(model, config.train, run, quiet=quiet, **trainer_options)
 
     @staticmethod
