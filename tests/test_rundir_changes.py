@@ -11,6 +11,8 @@ import pytest
 import kqv
 from kqv.cli.main import main
 from kqv.data.tokenizers import Tokenizer
+from kqv.train.lock import RunDirectoryBusy, check_run_lock
+from kqv.train.rundir import RunDirectory
 
 TINY = """
 [data]
@@ -181,3 +183,53 @@ def test_a_context_whose_batch_cannot_fit_in_memory_is_a_clear_error(files, caps
     error = capsys.readouterr().err
     assert "memory" in error and "GB" in error and "data.context" in error
     assert snapshot(out) == before
+
+
+# -- the overwrite's stage, its swap and its leftovers ----------------------------------------------------------
+
+
+def test_an_overwrite_swapped_in_is_locked_and_keeps_the_user_s_own_files(files):
+    _, _, out = files
+    (out / "notes.md").write_text("my notes")
+    with RunDirectory.open(out, "overwrite", rank=0, stage=True) as run:
+        assert run.path == out.with_name("R.kqv-new") and (out / "run.toml").exists()
+        (run.path / "run.toml").write_text("task = 'lm'\n")
+        run.commit()
+        assert run.path == out and (out / "run.toml").read_text() == "task = 'lm'\n"
+        assert not (out / "checkpoint").exists() and (out / "notes.md").read_text() == "my notes"
+        with pytest.raises(RunDirectoryBusy):
+            check_run_lock(out)  # the new run is held like the one it replaced
+    assert [p.name for p in out.parent.iterdir() if p.name.startswith("R")] == ["R"]
+
+
+def test_an_overwrite_refused_before_its_swap_leaves_no_stage(files):
+    _, _, out = files
+    before = snapshot(out)
+    with pytest.raises(RuntimeError), RunDirectory.open(out, "overwrite", rank=0, stage=True) as run:
+        (run.path / "tokenizer").mkdir()
+        raise RuntimeError("refused")
+    assert snapshot(out) == before and not out.with_name("R.kqv-new").exists()
+
+
+def test_a_run_caught_between_the_two_renames_of_a_swap_is_restored(files):
+    _, _, out = files
+    before = snapshot(out)
+    out.rename(out.with_name("R.kqv-old"))  # the swap's first rename, then a kill -9
+    out.with_name("R.kqv-new").mkdir()
+    (out.with_name("R.kqv-new") / "run.toml").write_text("task = 'lm'\n")
+    assert usable(out) is False
+    with RunDirectory.open(out, "resume", rank=0) as run:
+        assert run.step == 10
+    assert snapshot(out) == before and usable(out)
+    assert [p.name for p in out.parent.iterdir() if p.name.startswith("R")] == ["R"]
+
+
+def test_the_leftover_of_a_swap_not_yet_cleaned_up_is_removed_by_the_next_opening(files):
+    _, _, out = files
+    old = out.with_name("R.kqv-old")
+    old.mkdir()
+    (old / "run.toml").write_text("task = 'lm'\n")
+    (old / "notes.md").write_text("my notes")
+    with RunDirectory.open(out, "resume", rank=0):
+        pass
+    assert not old.exists() and (out / "notes.md").read_text() == "my notes"

@@ -23,10 +23,18 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import ConfigError, spoken
-from .checkpoints import CHECKPOINT_DIR, Checkpoint, has_checkpoint, read_checkpoint, run_files, write_atomically
+from .checkpoints import (
+    CHECKPOINT_DIR,
+    PREVIOUS_CHECKPOINT_DIR,
+    Checkpoint,
+    has_checkpoint,
+    read_checkpoint,
+    run_files,
+    write_atomically,
+)
 from .lock import LOCK_FILE, hold_run_lock
 from .metrics import METRICS_FILE, PLOT_FILE, read_metrics, strict_json
-from .runs import TOKENIZER_DIR
+from .runs import RUN_FORMAT, TOKENIZER_DIR
 
 logger = logging.getLogger(__name__)
 
@@ -148,6 +156,7 @@ class RunDirectory:
         os.rename(self.final, old)
         os.rename(self.path, self.final)
         self.path, self.final, self._overwrite_pending = self.final, None, False
+        carry_foreign_files(old, self.path)
         shutil.rmtree(old, ignore_errors=True)
 
     # -- training starts -------------------------------------------------------------------------------------
@@ -168,6 +177,7 @@ class RunDirectory:
 
 
 STAGED, REPLACED = ".kqv-new", ".kqv-old"  # suffixes of an overwrite's stage and of the run it replaces
+RUN_FORMAT = {*RUN_FORMAT, CHECKPOINT_DIR, PREVIOUS_CHECKPOINT_DIR, METRICS_FILE, PLOT_FILE, LOCK_FILE}
 
 
 def sibling(path: Path, suffix: str) -> Path:
@@ -190,10 +200,20 @@ def recover_swap(path: Path) -> None:
 def remove_leftovers(path: Path) -> None:
     """Delete what an interrupted overwrite of `path` left beside it (its stage, or the replaced run a swap had
     not yet deleted); under the run's lock, so no overwrite of it is under way."""
+    if sibling(path, REPLACED).is_dir() and path.is_dir():
+        carry_foreign_files(sibling(path, REPLACED), path)
     for leftover in (sibling(path, STAGED), sibling(path, REPLACED)):
         if leftover.is_dir():
             shutil.rmtree(leftover, ignore_errors=True)
             logger.info("removed %s, left by an interrupted overwrite of %s", leftover, path)
+
+
+def carry_foreign_files(old: Path, new: Path) -> None:
+    """Move what the user put into a replaced run directory (anything kqv does not write: `RUN_FORMAT`) into the
+    run that replaced it: an overwrite replaces the run, not the user's notes beside it."""
+    for entry in old.iterdir():
+        if entry.name not in RUN_FORMAT and not (new / entry.name).exists():
+            os.rename(entry, new / entry.name)
 
 
 def _refuse(path: Path, existing: list[Path], if_exists: IfExists) -> None:

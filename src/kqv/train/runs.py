@@ -40,6 +40,17 @@ from .config import TrainConfig
 RUN_CONFIG, TOKENIZER_DIR, SUMMARY_FILE = "run.toml", "tokenizer", "summary.json"
 TOKENS_FILE, PAIRS_FILE, TEXT_DIR = "tokens.safetensors", "pairs.safetensors", "data"
 SAMPLES_FILE, TEST_HYPOTHESES_FILE = "samples.txt", "test.hyp"
+# the names of the files a job writes into a run directory (kqv.train.rundir adds the trainer's)
+RUN_FORMAT = {
+    RUN_CONFIG,
+    TOKENIZER_DIR,
+    SUMMARY_FILE,
+    TOKENS_FILE,
+    PAIRS_FILE,
+    TEXT_DIR,
+    SAMPLES_FILE,
+    TEST_HYPOTHESES_FILE,
+}
 
 
 @dataclass
