@@ -85,7 +85,7 @@ def check_prompt(encode: Callable[[str], Any], prompt: str, name: str = "sample.
     try:
         ids = encode(prompt)
     except (KqvError, KeyError, ValueError) as error:
-        ids, reason = None, f": {error}"
+        ids, reason = None, f" ({str(error).rstrip('.')})"
     else:
         reason = ""
     if not ids:

@@ -78,7 +78,9 @@ class RunDirectory:
         with ExitStack() as stack:
             if rank == 0:
                 recover_swap(path)
+                created = not path.exists()
                 stack.enter_context(hold_run_lock(path))
+                stack.callback(remove_if_unused, path, created)  # while the lock is held
                 remove_leftovers(path)
             existing = run_files(path)
             _refuse(path, existing, if_exists)
@@ -206,6 +208,17 @@ def remove_leftovers(path: Path) -> None:
         if leftover.is_dir():
             shutil.rmtree(leftover, ignore_errors=True)
             logger.info("removed %s, left by an interrupted overwrite of %s", leftover, path)
+
+
+def remove_if_unused(path: Path, created: bool) -> None:
+    """Remove the directory this opening created when nothing but its lock file was written into it (the
+    training was refused or interrupted before its first file): a refusal leaves no trace."""
+    if created and path.is_dir() and [p.name for p in path.iterdir()] == [LOCK_FILE]:
+        (path / LOCK_FILE).unlink(missing_ok=True)
+        try:
+            path.rmdir()
+        except OSError:  # another process wrote into it meanwhile
+            pass
 
 
 def carry_foreign_files(old: Path, new: Path) -> None:
