@@ -3,13 +3,18 @@
 `RunDirectory.open(path, if_exists, rank=...)` is entered once per training, by the job (`Job.open_run`) or, for
 a `Trainer` given a plain path, by the Trainer itself. Entering it
 
-1. takes the writer's lock (`kqv.train.lock`) on rank 0, the only process that writes; other torchrun ranks read;
+1. takes the writer's lock (`kqv.train.lock`) on rank 0, the only process that writes; other torchrun ranks read
+   (first putting back a run an interrupted overwrite left between its two renames, and then removing what such
+   an overwrite left beside the run: `recover_swap`, `remove_leftovers`);
 2. looks once at the files of an earlier run (`run_files`) and decides: refuse (`if_exists="error"`), resume
-   (read and verify the checkpoint once: `checkpoint`, `step`) or overwrite (the files are deleted by `prepare`,
-   when training starts, so a run refused or failing before that leaves them in place);
+   (read and verify the checkpoint once: `checkpoint`, `step`) or overwrite. A job's overwrite (`stage=True`) is
+   built in `RUN.kqv-new/` beside the run and swapped in by renames (`commit`) once its preparation is done, so
+   an interrupt or refusal at any moment before leaves the previous run whole; a Trainer's own overwrite deletes
+   the files in `prepare`, when training starts, so a run refused or failing before that leaves them in place;
 
-and leaving it closes the checkpoint and releases the lock. The Trainer neither locks nor decides: it loads
-`checkpoint` when there is one and calls `prepare(step)` on rank 0 before its first write.
+and leaving it closes the checkpoint and releases the lock (removing the directory it created when nothing was
+written into it). The Trainer neither locks nor decides: it loads `checkpoint` when there is one and calls
+`prepare(step)` on rank 0 before its first write.
 """
 
 from __future__ import annotations
