@@ -204,7 +204,9 @@ class Job:
         """ConfigError, before anything is written, when the run.toml `values` a resume would write cannot continue
         `run`'s checkpoint: another model (its weights would not fit), other data (the run's tokenizer and
         encoded data stay), or fewer steps than already done."""
-        saved, given = comparable(read_run(run.path, self.name)), comparable(values)
+        run_toml = read_run(run.path, self.name)  # read into a config and written back: defaults compare equal
+        saved_values = self.config_class.from_run(run_toml).run_values(self.model_config_of_run(run_toml).to_dict())
+        saved, given = comparable(saved_values), comparable(values)
         fixed = [
             (f"{section}.{key}", was, now, why)
             for section, why in FIXED_SECTIONS.items()
