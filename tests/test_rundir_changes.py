@@ -233,3 +233,11 @@ def test_the_leftover_of_a_swap_not_yet_cleaned_up_is_removed_by_the_next_openin
     with RunDirectory.open(out, "resume", rank=0):
         pass
     assert not old.exists() and (out / "notes.md").read_text() == "my notes"
+
+
+def test_an_overwrite_names_the_run_it_replaces_not_its_stage(files, capsys):
+    config, corpus, out = files
+    capsys.readouterr()
+    assert main(["train", "lm", "--config", str(config), "--data", str(corpus), "--out", str(out), "--overwrite"]) == 0
+    printed = capsys.readouterr().out
+    assert f"run directory {out}\n" in printed and "kqv-new" not in printed

@@ -299,7 +299,7 @@ class LMJob(Job):
                 print(
                     f"kqv: {count_parameters(model):,} parameters, {len(train_ids):,} training tokens "
                     f"({config.data.tokenizer} tokenizer, vocabulary {tokenizer.vocab_size}), run directory "
-                    f"{run.path}"
+                    f"{run.destination}"
                 )
             result = self.fit(
                 self.make_trainer(

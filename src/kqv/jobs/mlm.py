@@ -166,7 +166,7 @@ class MLMJob(Job):
                 print(
                     f"kqv: {count_parameters(model):,} parameters, {len(tokens['train']):,} training tokens "
                     f"({config.data.tokenizer} tokenizer, vocabulary {vocabulary.size}), run directory "
-                    f"{run.path}"
+                    f"{run.destination}"
                 )
             trainer = self.make_trainer(
                 model,

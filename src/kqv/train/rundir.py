@@ -118,6 +118,12 @@ class RunDirectory:
         return self.checkpoint.step if self.checkpoint is not None else 0
 
     @property
+    def destination(self) -> Path:
+        """Where the run is: `path`, or for a staged overwrite not yet committed the run it will replace (what
+        messages name)."""
+        return self.final if self.final is not None else self.path
+
+    @property
     def writes(self) -> bool:
         """Whether this process writes the run's files: rank 0 only, under torchrun."""
         return self.rank == 0
