@@ -155,8 +155,8 @@ def test_bad_arguments_are_kqv_errors_named_for_python(lm_dir, mt_dir, tmp_path)
         kqv.load(mt_dir).translate("eins", beam_size=0)
     with pytest.raises(ConfigError, match="no job 'vision'"):
         kqv.train("vision")
-    with pytest.raises(ConfigError, match="with resume=True and no config the run's own run.toml is used"):
-        kqv.train("lm", out=lm_dir, resume=True, steps=8)
+    with pytest.raises(ConfigError, match=r"a resumed run cannot change model.d_model .*overwrite=True"):
+        kqv.train("lm", out=lm_dir, resume=True, steps=8, overrides=["model.d_model=1024"])
 
 
 def test_score_is_the_log_probability_the_model_s_loss_implies(mt_dir):

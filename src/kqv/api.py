@@ -27,7 +27,7 @@ from typing import Any
 
 from torch import Tensor
 
-from .errors import ConfigError, DataError, spoken
+from .errors import ConfigError, DataError
 from .jobs import get_job, load_run
 from .jobs.base import AttentionMaps, TrainedRun
 from .jobs.lm import LMEvaluation, LMRun
@@ -58,8 +58,9 @@ def train(
     """Train job `job` ("lm", "mt", ...) into `out` (default runs/JOB) and return its summary.
 
     `config` is a shipped config's name ("quick", the default), a TOML path or a RunConfig; with `resume` and no
-    config the run's own run.toml is used. `overrides` are "section.key=value" strings (as `kqv train --set`), and
-    `steps` sets train.steps; `job_options` are the job's own training options (mt: data_from=, threads=).
+    config the run's own run.toml is used, `steps` and `overrides` applied to it (`resume=True, steps=2000` extends
+    a run; [model] and [data] cannot change mid-run). `overrides` are "section.key=value" strings (as `kqv train
+    --set`), and `steps` sets train.steps; `job_options` are the job's own training options (mt: data_from=, threads=).
     """
     chosen = get_job(job)
     out = Path(out) if out is not None else Path("runs") / chosen.name
@@ -68,12 +69,7 @@ def train(
         if overrides:
             raise ConfigError("overrides go with a config name or path; change the RunConfig object itself instead")
     elif resume and config is None:
-        if overrides:
-            raise ConfigError(
-                f"with {spoken('--resume and no --config', 'resume=True and no config')} the run's "
-                f"own run.toml is used; pass {spoken('--config', 'config')} to change it"
-            )
-        config = chosen.read_config(out)
+        config = chosen.read_config(out, overrides)
     else:
         config = chosen.load_config(packaged_config(config or "quick", chosen.name), overrides)
     return chosen.train(config, out, resume=resume, overwrite=overwrite, quiet=quiet, **job_options)

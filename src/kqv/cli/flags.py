@@ -39,7 +39,11 @@ SHARED_TRAIN_FLAGS = (
         "override a config value, e.g. --set model.d_model=128 (repeatable)",
         options={"action": "append", "default": [], "metavar": "SECTION.KEY=VALUE"},
     ),
-    Flag("--resume", "continue the run in --out from its checkpoint", options={"action": "store_true"}),
+    Flag(
+        "--resume",
+        "continue the run in --out from its checkpoint; without --config, --steps and --set change its own run.toml",
+        options={"action": "store_true"},
+    ),
     Flag("--overwrite", "replace the run in --out", options={"action": "store_true"}),
     Flag("--quiet", "print nothing but errors", options={"action": "store_true"}),
 )

@@ -21,12 +21,23 @@ import torch
 from torch import nn
 
 from ..data.tokenizers import load_tokenizer
-from ..errors import ConfigError, RunError
+from ..errors import ConfigError, RunError, spoken
 from ..nn.config import ModelConfig
 from ..nn.models import count_parameters
 from ..train.checkpoints import load_weights
 from ..train.rundir import RunDirectory
-from ..train.runs import TOKENIZER_DIR, RunConfig, read_config_values, read_run, write_run_config, write_summary
+from ..train.runs import (
+    FIXED_SECTIONS,
+    TOKENIZER_DIR,
+    RunConfig,
+    comparable,
+    differences,
+    read_config_values,
+    read_run,
+    resumed_values,
+    write_run_config,
+    write_summary,
+)
 from ..train.trainer import Trainer
 
 
@@ -139,9 +150,10 @@ class Job:
         values = read_config_values(path, overrides, f"configs/{self.name}-*.toml")
         return self.config_class.from_dict(values)
 
-    def read_config(self, run_dir: str | Path) -> Any:
-        """The run config a run was trained with, from its run.toml (to resume it as it was)."""
-        return self.config_class.from_run(read_run(run_dir, self.name))
+    def read_config(self, run_dir: str | Path, overrides: list[str] = ()) -> Any:
+        """The run config a run was trained with, from its run.toml, to resume it: as it was, or with
+        `section.key=value` overrides of what may change mid-run (`kqv.train.runs.resumed_values`)."""
+        return self.config_class.from_run(resumed_values(read_run(run_dir, self.name), list(overrides)))
 
     # -- training --------------------------------------------------------------------------------------------
 
@@ -166,12 +178,13 @@ class Job:
     @staticmethod
     def open_run(run_dir: str | Path, *, resume: bool, overwrite: bool) -> AbstractContextManager[RunDirectory]:
         """The run directory of one training, locked and inspected (`RunDirectory.open`): `resume` continues
-        its checkpoint, `overwrite` replaces its run, neither refuses one that is there."""
+        its checkpoint, `overwrite` replaces its run, neither refuses one that is there. An overwrite is written
+        beside the run it replaces and swapped in by `make_trainer`, once everything before training is done."""
         if resume and overwrite:
             raise ConfigError(
                 "resume and overwrite exclude each other: continue the run in the directory, or replace it, not both"
             )
-        return RunDirectory.open(run_dir, "resume" if resume else ("overwrite" if overwrite else "error"))
+        return RunDirectory.open(run_dir, "resume" if resume else ("overwrite" if overwrite else "error"), stage=True)
 
     def build_model(self, model_config: Any, config: RunConfig, values: dict[str, Any]) -> nn.Module:
         """The job's model for a model config (`values`: the run.toml being written or read)."""
@@ -180,16 +193,47 @@ class Job:
     def start(self, config: RunConfig, run: RunDirectory, model_config: Any, **extra: Any) -> nn.Module:
         """Write run.toml (with `extra` tables; rank 0 only under torchrun) and build the freshly seeded model."""
         values = config.run_values(model_config.to_dict(), **extra)
+        if run.resuming:
+            self.check_resume(run, values)
         if run.writes:
             write_run_config(run.path, values)
         torch.manual_seed(config.train.seed)
         return self.build_model(model_config, config, values)
 
+    def check_resume(self, run: RunDirectory, values: dict[str, Any]) -> None:
+        """ConfigError, before anything is written, when the run.toml `values` a resume would write cannot continue
+        `run`'s checkpoint: another model (its weights would not fit), other data (the run's tokenizer and
+        encoded data stay), or fewer steps than already done."""
+        run_toml = read_run(run.path, self.name)  # read into a config and written back: defaults compare equal
+        saved_values = self.config_class.from_run(run_toml).run_values(self.model_config_of_run(run_toml).to_dict())
+        saved, given = comparable(saved_values), comparable(values)
+        fixed = [
+            (f"{section}.{key}", was, now, why)
+            for section, why in FIXED_SECTIONS.items()
+            for key, was, now in differences(saved.get(section, {}), given.get(section, {}))
+        ]
+        if fixed:
+            raise ConfigError(
+                f"{run.path} cannot be resumed with this config: "
+                + "; ".join(f"{name} is {was!r} in the run, {now!r} here ({why})" for name, was, now, why in fixed)
+                + f"; resume with the run's own config ({spoken('--resume without --config', 'no config')}) or "
+                f"train a new run ({spoken('--overwrite', 'overwrite=True')} or another directory)"
+            )
+        steps = values["train"]["steps"]
+        if steps < run.step:
+            raise ConfigError(
+                f"the run in {run.path} is already at step {run.step}, past the {steps} steps asked for; to continue "
+                f"it, ask for more than {run.step} steps ({spoken('--steps', 'steps=')})"
+            )
+
     def make_trainer(
         self, model: nn.Module, config: RunConfig, run: RunDirectory, *, quiet: bool, **trainer_options: Any
     ) -> Trainer:
         """The shared Trainer for `model` in the opened run directory (`trainer_options`: train_batches, loss_fn,
-        val_batches, eval_fn, ...). It resumes `run.checkpoint` when there is one."""
+        val_batches, eval_fn, ...). It resumes `run.checkpoint` when there is one. The run's preparation is done:
+        an overwrite built beside the run it replaces is swapped in now (`RunDirectory.commit`)."""
+        if run.writes:
+            run.commit()
         return Trainer(model, config.train, run, quiet=quiet, **trainer_options)
 
     @staticmethod

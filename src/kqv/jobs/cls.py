@@ -175,7 +175,7 @@ class ClsJob(Job):
                 start = "the encoder of " + str(data.init) if pretrained is not None else "scratch"
                 print(
                     f"kqv: {count_parameters(model):,} parameters from {start}, {len(train)} training and "
-                    f"{len(dev)} dev examples, {len(labels)} labels, run directory {run.path}"
+                    f"{len(dev)} dev examples, {len(labels)} labels, run directory {run.destination}"
                 )
             result = self.fit(
                 self.make_trainer(

@@ -8,6 +8,7 @@ is exact and quick), `checkpoint/`, `metrics.jsonl`, `loss.png`, `samples.txt` a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -24,6 +25,7 @@ from ..nn.config import ModelConfig
 from ..nn.models import DecoderLM, check_ids, count_parameters
 from ..train.checkpoints import write_atomically
 from ..train.evaluation import perplexity
+from ..train.preflight import check_memory, check_prompt, check_splits
 from ..train.rundir import RunDirectory
 from ..train.runs import SAMPLES_FILE, TOKENS_FILE, RunConfig
 from ..validation import Config, check_at_least
@@ -93,12 +95,18 @@ class LMRunConfig(RunConfig):
         return self.model.replace(vocab_size=vocab_size)
 
 
-def prepare_corpus(job: Job, data: Any, run: RunDirectory) -> tuple[Any, dict[str, torch.Tensor]]:
+def prepare_corpus(
+    job: Job, data: Any, run: RunDirectory, check: Callable[[Any, dict[str, torch.Tensor]], None] | None = None
+) -> tuple[Any, dict[str, torch.Tensor]]:
     """The tokenizer and encoded splits of a text corpus (`data`: a [data] section with path, tokenizer and
     val_fraction): loaded from the run when it resumes a checkpoint (they were written before it), else built
-    with the job's `make_tokenizer` and saved (by rank 0 alone under torchrun). The LM and MLM jobs share it."""
+    with the job's `make_tokenizer` and saved (by rank 0 alone under torchrun). `check(tokenizer, tokens)` is
+    called before anything is saved: a run it refuses leaves no file behind. The LM and MLM jobs share it."""
     if run.resuming and (run.path / TOKENS_FILE).exists():
-        return job.load_tokenizer(run.path), load_file(run.path / TOKENS_FILE)
+        tokenizer, tokens = job.load_tokenizer(run.path), load_file(run.path / TOKENS_FILE)
+        if check is not None:
+            check(tokenizer, tokens)
+        return tokenizer, tokens
     text = load_text(data.path)
     train_text, val_text = split_text(text, data.val_fraction)
     tokenizer = job.make_tokenizer(data, text if data.tokenizer == "char" else train_text)
@@ -107,11 +115,26 @@ def prepare_corpus(job: Job, data: Any, run: RunDirectory) -> tuple[Any, dict[st
         "val": encode_text(tokenizer, val_text),
         "chars": torch.tensor([len(train_text), len(val_text)]),
     }
+    if check is not None:
+        check(tokenizer, tokens)
     if run.writes:
         run.path.mkdir(parents=True, exist_ok=True)
         tokenizer.save(run.tokenizer_dir)
         write_atomically(run.path / TOKENS_FILE, save(tokens))  # present means complete, tokenizer too
     return tokenizer, tokens
+
+
+def check_lm_run(config: LMRunConfig) -> Callable[[Tokenizer, dict[str, torch.Tensor]], None]:
+    """What an LM training checks once its tokenizer and data exist, before it writes anything: the memory of
+    one batch, a block of context + 1 tokens in each split, and the sample prompt (`kqv.train.preflight`)."""
+
+    def check(tokenizer: Tokenizer, tokens: dict[str, torch.Tensor]) -> None:
+        context = config.data.context
+        check_memory(config.model, config.train.batch_size, context, tokenizer.vocab_size)
+        check_splits({"train": tokens["train"], "val": tokens["val"]}, context)
+        check_prompt(tokenizer.encode, config.sample.prompt)
+
+    return check
 
 
 def write_samples(model: DecoderLM, tokenizer: Tokenizer, sample: SampleConfig, path: Path) -> list[str]:
@@ -267,7 +290,7 @@ class LMJob(Job):
     ) -> dict[str, Any]:
         """Train a DecoderLM as configured, write samples and a summary into run_dir, and return the summary."""
         with self.open_run(run_dir, resume=resume, overwrite=overwrite) as run:
-            tokenizer, tokens = prepare_corpus(self, config.data, run)
+            tokenizer, tokens = prepare_corpus(self, config.data, run, check_lm_run(config))
             model = self.start(config, run, config.model_config(tokenizer.vocab_size))
             train_ids, val_ids = tokens["train"], tokens["val"]
             batch, context, seed = config.train.batch_size, config.data.context, config.train.seed
@@ -283,7 +306,7 @@ class LMJob(Job):
                 print(
                     f"kqv: {count_parameters(model):,} parameters, {len(train_ids):,} training tokens "
                     f"({config.data.tokenizer} tokenizer, vocabulary {tokenizer.vocab_size}), run directory "
-                    f"{run.path}"
+                    f"{run.destination}"
                 )
             result = self.fit(
                 self.make_trainer(

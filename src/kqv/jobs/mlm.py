@@ -13,6 +13,7 @@ A run directory holds `run.toml` (with `task = "mlm"`), `tokenizer/` (with the s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -27,6 +28,7 @@ from ..errors import ConfigError
 from ..nn.config import ModelConfig
 from ..nn.heads import MaskedLM
 from ..nn.models import count_parameters
+from ..train.preflight import check_memory, check_splits
 from ..train.runs import TOKENIZER_DIR, RunConfig
 from ..validation import Config
 from .base import Job, TrainedRun
@@ -107,6 +109,17 @@ class MLMRun(TrainedRun):
         return self.tokenizer
 
 
+def check_mlm_run(config: MLMRunConfig) -> Callable[[Any, dict[str, Tensor]], None]:
+    """What an MLM training checks once its vocabulary and data exist, before it writes anything: the memory of
+    one batch and a block of context + 1 tokens in each split (`kqv.train.preflight`)."""
+
+    def check(vocabulary: Any, tokens: dict[str, Tensor]) -> None:
+        check_memory(config.model, config.train.batch_size, config.data.context, vocabulary.size)
+        check_splits({"train": tokens["train"], "val": tokens["val"]}, config.data.context)
+
+    return check
+
+
 class MLMJob(Job):
     """`kqv train mlm`: masked-language-model pretraining of an encoder."""
 
@@ -136,7 +149,7 @@ class MLMJob(Job):
     ) -> dict[str, Any]:
         """Pretrain a `MaskedLM` as configured; write the run directory and return the summary."""
         with self.open_run(run_dir, resume=resume, overwrite=overwrite) as run:
-            vocabulary, tokens = prepare_corpus(self, config.data, run)
+            vocabulary, tokens = prepare_corpus(self, config.data, run, check_mlm_run(config))
             context, seed, batch = config.data.context, config.train.seed, config.train.batch_size
             model = self.start(config, run, config.model.replace(vocab_size=vocabulary.size))
             masking = config.masking.to_dict()
@@ -153,7 +166,7 @@ class MLMJob(Job):
                 print(
                     f"kqv: {count_parameters(model):,} parameters, {len(tokens['train']):,} training tokens "
                     f"({config.data.tokenizer} tokenizer, vocabulary {vocabulary.size}), run directory "
-                    f"{run.path}"
+                    f"{run.destination}"
                 )
             trainer = self.make_trainer(
                 model,

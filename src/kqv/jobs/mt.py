@@ -399,7 +399,7 @@ class MTJob(Job):
             flops_per_token = training_flops_per_token(model, sample, mt_loss, sum(real_tokens(b) for b in sample))
             quiet = quiet or not run.writes  # under torchrun rank 0 speaks for every process
             if not quiet:
-                print(describe(config, model, data, len(train_batches), run.path))
+                print(describe(config, model, data, len(train_batches), run.destination))
             state = {"task": "mt"}  # the checkpoints' extra_state: the dev evaluation adds its time to it
             trainer = self.make_trainer(
                 model,

@@ -227,7 +227,7 @@ class VitJob(Job):
                 print(
                     f"kqv: ViT of {count_parameters(model):,} parameters, {n_tokens - 1} patches of "
                     f"{config.data.patch_size}x{config.data.patch_size} + [CLS], "
-                    f"{len(digits.labels['train'])} training images, run directory {run.path}"
+                    f"{len(digits.labels['train'])} training images, run directory {run.destination}"
                 )
             result = self.fit(
                 self.make_trainer(

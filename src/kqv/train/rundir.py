@@ -3,13 +3,18 @@
 `RunDirectory.open(path, if_exists, rank=...)` is entered once per training, by the job (`Job.open_run`) or, for
 a `Trainer` given a plain path, by the Trainer itself. Entering it
 
-1. takes the writer's lock (`kqv.train.lock`) on rank 0, the only process that writes; other torchrun ranks read;
+1. takes the writer's lock (`kqv.train.lock`) on rank 0, the only process that writes; other torchrun ranks read
+   (first putting back a run an interrupted overwrite left between its two renames, and then removing what such
+   an overwrite left beside the run: `recover_swap`, `remove_leftovers`);
 2. looks once at the files of an earlier run (`run_files`) and decides: refuse (`if_exists="error"`), resume
-   (read and verify the checkpoint once: `checkpoint`, `step`) or overwrite (the files are deleted by `prepare`,
-   when training starts, so a run refused or failing before that leaves them in place);
+   (read and verify the checkpoint once: `checkpoint`, `step`) or overwrite. A job's overwrite (`stage=True`) is
+   built in `RUN.kqv-new/` beside the run and swapped in by renames (`commit`) once its preparation is done, so
+   an interrupt or refusal at any moment before leaves the previous run whole; a Trainer's own overwrite deletes
+   the files in `prepare`, when training starts, so a run refused or failing before that leaves them in place;
 
-and leaving it closes the checkpoint and releases the lock. The Trainer neither locks nor decides: it loads
-`checkpoint` when there is one and calls `prepare(step)` on rank 0 before its first write.
+and leaving it closes the checkpoint and releases the lock (removing the directory it created when nothing was
+written into it). The Trainer neither locks nor decides: it loads `checkpoint` when there is one and calls
+`prepare(step)` on rank 0 before its first write.
 """
 
 from __future__ import annotations
@@ -23,10 +28,18 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import ConfigError, spoken
-from .checkpoints import CHECKPOINT_DIR, Checkpoint, has_checkpoint, read_checkpoint, run_files, write_atomically
-from .lock import hold_run_lock
+from .checkpoints import (
+    CHECKPOINT_DIR,
+    PREVIOUS_CHECKPOINT_DIR,
+    Checkpoint,
+    has_checkpoint,
+    read_checkpoint,
+    run_files,
+    write_atomically,
+)
+from .lock import LOCK_FILE, hold_run_lock
 from .metrics import METRICS_FILE, PLOT_FILE, read_metrics, strict_json
-from .runs import TOKENIZER_DIR
+from .runs import RUN_FORMAT, TOKENIZER_DIR
 
 logger = logging.getLogger(__name__)
 
@@ -53,21 +66,27 @@ class RunDirectory:
         self.existing = existing  # the earlier run's files found when opening
         self.checkpoint = checkpoint
         self._overwrite_pending = bool(existing) and if_exists == "overwrite"
+        self.final: Path | None = None  # where a staged overwrite goes when committed (`path` is its stage until)
 
     @classmethod
     @contextmanager
     def open(
-        cls, path: str | Path, if_exists: IfExists = "error", *, rank: int | None = None
+        cls, path: str | Path, if_exists: IfExists = "error", *, rank: int | None = None, stage: bool = False
     ) -> Iterator[RunDirectory]:
         """The run directory at `path`, locked (rank 0) and inspected, for the block; see the module docstring.
         Raises RunDirectoryBusy when another process writes into it and FileExistsError when it holds a run
-        and `if_exists` is "error"."""
+        and `if_exists` is "error". With `stage`, an overwrite of a run is built beside it and swapped in by
+        `commit` (see `stage_overwrite`)."""
         if if_exists not in IfExists.__args__:
             raise ConfigError(f"if_exists must be one of {list(IfExists.__args__)}, got {if_exists!r}")
         path, rank = Path(path), process_rank() if rank is None else rank
         with ExitStack() as stack:
             if rank == 0:
+                recover_swap(path)
+                created = not path.exists()
                 stack.enter_context(hold_run_lock(path))
+                stack.callback(remove_if_unused, path, created)  # while the lock is held
+                remove_leftovers(path)
             existing = run_files(path)
             _refuse(path, existing, if_exists)
             checkpoint = None
@@ -80,7 +99,10 @@ class RunDirectory:
                     )
                 else:
                     stack.callback(checkpoint.close)
-            yield cls(path, if_exists, rank, existing, checkpoint)
+            run = cls(path, if_exists, rank, existing, checkpoint)
+            if stage and run._overwrite_pending and rank == 0:
+                run.stage_overwrite(stack)
+            yield run
 
     # -- what the opening found ------------------------------------------------------------------------------
 
@@ -94,6 +116,12 @@ class RunDirectory:
     def step(self) -> int:
         """The update the resumed checkpoint was taken after; 0 for a fresh run."""
         return self.checkpoint.step if self.checkpoint is not None else 0
+
+    @property
+    def destination(self) -> Path:
+        """Where the run is: `path`, or for a staged overwrite not yet committed the run it will replace (what
+        messages name)."""
+        return self.final if self.final is not None else self.path
 
     @property
     def writes(self) -> bool:
@@ -118,12 +146,39 @@ class RunDirectory:
     def tokenizer_dir(self) -> Path:
         return self.path / TOKENIZER_DIR
 
+    # -- an overwrite, built beside the run it replaces ------------------------------------------------------
+
+    def stage_overwrite(self, stack: ExitStack) -> None:
+        """Write this overwrite into `RUN.kqv-new/` beside the run (removed when the block ends uncommitted): until
+        `commit`, an interrupt or a refusal at any moment leaves the previous run whole. The stage's lock file is
+        a hard link to the run's, whose lock this process holds: once swapped in, the new run is locked too."""
+        staged = sibling(self.path, STAGED)
+        shutil.rmtree(staged, ignore_errors=True)
+        stack.callback(shutil.rmtree, staged, ignore_errors=True)  # a no-op once committed: it was renamed
+        staged.mkdir()
+        os.link(self.path / LOCK_FILE, staged / LOCK_FILE)
+        self.final, self.path = self.path, staged
+
+    def commit(self) -> None:
+        """Swap a staged overwrite in, by renames (the run moves to `RUN.kqv-old/`, the stage to `RUN`, then the
+        old run is deleted): called when the new run's preparation is done (`Job.make_trainer`: tokenizer, data
+        and run.toml written, model built), before training writes anything. A no-op for any other opening."""
+        if self.final is None:
+            return
+        old = sibling(self.final, REPLACED)
+        os.rename(self.final, old)
+        os.rename(self.path, self.final)
+        self.path, self.final, self._overwrite_pending = self.final, None, False
+        carry_foreign_files(old, self.path)
+        shutil.rmtree(old, ignore_errors=True)
+
     # -- training starts -------------------------------------------------------------------------------------
 
     def prepare(self, step: int) -> None:
-        """Make the directory ready for training from `step` (rank 0, when training starts): delete the earlier
-        run's files when overwriting, and drop metrics records of steps after `step`: they are about to be
-        redone."""
+        """Make the directory ready for training from `step` (rank 0, when training starts): swap a staged
+        overwrite in, else delete the earlier run's files when overwriting, and drop metrics records of steps
+        after `step`: they are about to be redone."""
+        self.commit()
         if self._overwrite_pending:
             for path in run_files(self.path):
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
@@ -132,6 +187,57 @@ class RunDirectory:
         if self.metrics_file.exists():
             kept = [r for r in read_metrics(self.metrics_file) if r["step"] <= step]
             write_atomically(self.metrics_file, "".join(strict_json(r) + "\n" for r in kept).encode())
+
+
+STAGED, REPLACED = ".kqv-new", ".kqv-old"  # suffixes of an overwrite's stage and of the run it replaces
+RUN_FORMAT = {*RUN_FORMAT, CHECKPOINT_DIR, PREVIOUS_CHECKPOINT_DIR, METRICS_FILE, PLOT_FILE, LOCK_FILE}
+
+
+def sibling(path: Path, suffix: str) -> Path:
+    """`RUN.kqv-new` beside `RUN`: in the same parent directory, so that renames between them are atomic."""
+    return path.with_name(path.name + suffix)
+
+
+def recover_swap(path: Path) -> None:
+    """Undo an overwrite interrupted between its two renames (`RUN` missing, `RUN.kqv-old` there): the previous
+    run goes back in place. Runs before the lock is taken, which would create `RUN`."""
+    old = sibling(path, REPLACED)
+    if old.is_dir() and not path.exists():
+        try:
+            os.rename(old, path)
+            logger.warning("restored %s from an overwrite interrupted while swapping runs", path)
+        except OSError:  # another process restored it first
+            pass
+
+
+def remove_leftovers(path: Path) -> None:
+    """Delete what an interrupted overwrite of `path` left beside it (its stage, or the replaced run a swap had
+    not yet deleted); under the run's lock, so no overwrite of it is under way."""
+    if sibling(path, REPLACED).is_dir() and path.is_dir():
+        carry_foreign_files(sibling(path, REPLACED), path)
+    for leftover in (sibling(path, STAGED), sibling(path, REPLACED)):
+        if leftover.is_dir():
+            shutil.rmtree(leftover, ignore_errors=True)
+            logger.info("removed %s, left by an interrupted overwrite of %s", leftover, path)
+
+
+def remove_if_unused(path: Path, created: bool) -> None:
+    """Remove the directory this opening created when nothing but its lock file was written into it (the
+    training was refused or interrupted before its first file): a refusal leaves no trace."""
+    if created and path.is_dir() and [p.name for p in path.iterdir()] == [LOCK_FILE]:
+        (path / LOCK_FILE).unlink(missing_ok=True)
+        try:
+            path.rmdir()
+        except OSError:  # another process wrote into it meanwhile
+            pass
+
+
+def carry_foreign_files(old: Path, new: Path) -> None:
+    """Move what the user put into a replaced run directory (anything kqv does not write: `RUN_FORMAT`) into the
+    run that replaced it: an overwrite replaces the run, not the user's notes beside it."""
+    for entry in old.iterdir():
+        if entry.name not in RUN_FORMAT and not (new / entry.name).exists():
+            os.rename(entry, new / entry.name)
 
 
 def _refuse(path: Path, existing: list[Path], if_exists: IfExists) -> None:

@@ -21,6 +21,7 @@ Runs written before kqv had subpackages use the same files and load unchanged.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import tomllib
@@ -39,6 +40,17 @@ from .config import TrainConfig
 RUN_CONFIG, TOKENIZER_DIR, SUMMARY_FILE = "run.toml", "tokenizer", "summary.json"
 TOKENS_FILE, PAIRS_FILE, TEXT_DIR = "tokens.safetensors", "pairs.safetensors", "data"
 SAMPLES_FILE, TEST_HYPOTHESES_FILE = "samples.txt", "test.hyp"
+# the names of the files a job writes into a run directory (kqv.train.rundir adds the trainer's)
+RUN_FORMAT = {
+    RUN_CONFIG,
+    TOKENIZER_DIR,
+    SUMMARY_FILE,
+    TOKENS_FILE,
+    PAIRS_FILE,
+    TEXT_DIR,
+    SAMPLES_FILE,
+    TEST_HYPOTHESES_FILE,
+}
 
 
 @dataclass
@@ -133,6 +145,49 @@ def apply_override(values: dict[str, Any], override: str) -> None:
     table[path[-1]] = override_value(raw)
 
 
+FIXED_SECTIONS = {
+    "model": "the model's shape is that of its checkpoint's weights",
+    "data": "the tokenizer and data were written when the run started and every step so far used them",
+}
+
+
+def resumed_values(values: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """A run's run.toml `values` with `section.key=value` overrides applied, to continue it (`kqv train NAME --out
+    RUN --resume --steps N`): ConfigError, naming the fields and why, for an override of what cannot change
+    mid-run (`FIXED_SECTIONS`: [model] and [data]). Setting a field to the value it has is no change."""
+    changed = copy.deepcopy(values)
+    for override in overrides:
+        apply_override(changed, override)
+    fixed = [
+        (f"{section}.{key}", was, now, why)
+        for section, why in FIXED_SECTIONS.items()
+        for key, was, now in differences(values.get(section, {}), changed.get(section, {}))
+    ]
+    if fixed:
+        raise ConfigError(
+            "a resumed run cannot change "
+            + "; ".join(f"{name} ({was!r} -> {now!r}): {why}" for name, was, now, why in fixed)
+            + spoken(
+                "; resume without these --set values, or train a new run with --overwrite or another --out",
+                "; resume without these overrides, or train a new run with overwrite=True or another out",
+            )
+        )
+    return changed
+
+
+def differences(was: dict[str, Any], now: dict[str, Any], prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """(dotted key, value in `was`, value in `now`) for every key whose value differs (None: absent), sub-tables
+    compared key by key."""
+    found = []
+    for key in sorted(set(was) | set(now)):
+        a, b = was.get(key), now.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            found += differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            found.append((f"{prefix}{key}", a, b))
+    return found
+
+
 def override_value(raw: str) -> Any:
     """The value of a command-line override: TOML (`200`, `0.5`, `[64, 128]`, `"rope"`, `true`), else the bare
     string (`data.path=input.txt`). Run configs (`--set section.key=value`) and experiments (`--set field=value`)
@@ -146,6 +201,11 @@ def override_value(raw: str) -> Any:
 def toml_text(values: dict[str, Any]) -> str:
     """TOML of a run config: None values dropped (TOML has no null), tuples written as lists."""
     return tomli_w.dumps(_toml_ready(values))
+
+
+def comparable(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` as run.toml would hold them (None dropped, tuples as lists): what a resume compares."""
+    return tomllib.loads(toml_text(values))
 
 
 def _toml_ready(values: dict[str, Any]) -> dict[str, Any]:

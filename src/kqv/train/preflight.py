@@ -1,0 +1,96 @@
+"""Checks a training passes before the first byte of its run directory is written: what would otherwise fail
+only after the work (or after `--overwrite` deleted the previous run).
+
+`check_memory` compares a rough upper bound of the memory one batch needs with the memory of the machine;
+`check_splits` that every split of the encoded data holds at least one block of `context + 1` tokens;
+`check_prompt` that the tokenizer can encode the prompt sampled at the end of training. Each raises a
+`kqv.errors.KqvError` that names the setting to change.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError, DataError, KqvError, spoken
+from ..nn.config import ModelConfig
+
+FLOAT_BYTES = 4  # fp32: the widest dtype training keeps activations in
+TRAINING_BYTES_PER_PARAMETER = 16  # fp32 weight, gradient and AdamW's two moments
+
+
+def available_memory() -> tuple[int, str]:
+    """(bytes, what they are) of the memory a batch is held in: the GPU's when training runs on one (CUDA), else
+    the machine's physical memory (psutil's total when installed, else `os.sysconf`)."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).total_memory, "the GPU's memory"
+    try:
+        import psutil
+
+        return psutil.virtual_memory().total, "this machine's physical memory"
+    except ImportError:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine's physical memory"
+
+
+def batch_memory(model: ModelConfig, batch: int, context: int, vocab: int) -> dict[str, int]:
+    """A rough upper bound, in bytes by part, of the memory training on one (batch, context) batch needs in fp32:
+
+    * `scores`: one layer's (batch, heads, context, context) attention scores, for full attention (what a
+      non-fused kernel builds; the other kinds never build the whole matrix);
+    * `activations`: what every layer keeps for the backward pass, about 12 d_model + 2 d_ff floats per token;
+    * `logits`: the (batch, context, vocab) logits, their softmax and gradient;
+    * `parameters`: weights, gradients and AdamW's two moments (16 bytes per parameter).
+    """
+    tokens, d = batch * context, model.d_model
+    parameters = model.n_layers * (4 * d * d + 2 * d * model.d_ff) + vocab * d + model.max_len * d
+    return {
+        "scores": batch * model.n_heads * context * context * FLOAT_BYTES if model.attention == "full" else 0,
+        "activations": model.n_layers * tokens * (12 * d + 2 * model.d_ff) * FLOAT_BYTES,
+        "logits": 3 * tokens * vocab * FLOAT_BYTES,
+        "parameters": TRAINING_BYTES_PER_PARAMETER * parameters,
+    }
+
+
+def check_memory(model: ModelConfig, batch: int, context: int, vocab: int) -> None:
+    """ConfigError when the memory one batch needs (`batch_memory`) exceeds the memory there is."""
+    parts = batch_memory(model, batch, context, vocab)
+    needed, (available, where) = sum(parts.values()), available_memory()
+    if needed > available:
+        detail = ", ".join(f"{name} {size / 1e9:.1f} GB" for name, size in parts.items() if size)
+        raise ConfigError(
+            f"one batch of train.batch_size={batch} blocks of data.context={context} tokens needs about "
+            f"{needed / 1e9:.1f} GB of memory ({detail}; a rough upper bound), more than {where} "
+            f"({available / 1e9:.1f} GB); lower data.context or train.batch_size (and raise train.grad_accum to "
+            f"keep the batch), or model.d_model"
+        )
+
+
+def check_splits(splits: Mapping[str, torch.Tensor], context: int) -> None:
+    """DataError when a split of encoded token ids is shorter than one block of `context + 1` tokens (the inputs
+    and their next-token targets): its first batch, or its first evaluation, would fail."""
+    for name, ids in splits.items():
+        if len(ids) < context + 1:
+            what = "training split" if name == "train" else "validation split" if name == "val" else f"{name} split"
+            raise DataError(
+                f"the {what} has {len(ids)} tokens, fewer than data.context + 1 = {context + 1} (one block and its "
+                f"shifted targets); use more text, a larger data.val_fraction, or a shorter data.context"
+            )
+
+
+def check_prompt(encode: Callable[[str], Any], prompt: str, name: str = "sample.prompt") -> None:
+    """ConfigError when the tokenizer (`encode`) cannot encode the prompt sampled after training."""
+    try:
+        ids = encode(prompt)
+    except (KqvError, KeyError, ValueError) as error:
+        ids, reason = None, f" ({str(error).rstrip('.')})"
+    else:
+        reason = ""
+    if not ids:
+        how = spoken(f'--set {name}="..."', f"the config's {name}")
+        raise ConfigError(
+            f"{name} {prompt!r} cannot be encoded by this run's tokenizer{reason or ' (it gives no tokens)'}; "
+            f"set {how} to text made of the corpus's characters, e.g. its first words"
+        )
