@@ -2,8 +2,12 @@
 
 The Trainer skips an update whose loss or gradient norm is NaN or infinite (the weights and the optimizer state
 stay as they were), counts it as `bad_steps` in metrics.jsonl, and after `TrainConfig.max_bad_steps` such updates
-in a row raises `TrainingDiverged` with `diverged_message`. Before any checkpoint is written,
-`check_finite_weights` makes sure no non-finite weight (finite gradients can still overflow them) is saved.
+in a row raises `TrainingDiverged` with `diverged_message`. A checkpoint is written only from a state that passed
+the guard: never while updates are being skipped (the weights then are the ones whose loss or gradient was not
+finite, e.g. after an update at a far too high learning rate; the last good checkpoint stays), and never with a
+non-finite weight (`check_finite_weights`: finite gradients can still overflow them). A finite loss however large
+is not treated as bad: no threshold fits every loss, and skipping on one would change the numbers of runs that
+recover by themselves.
 """
 
 from __future__ import annotations
@@ -30,11 +34,14 @@ class TrainingDiverged(KqvError, RuntimeError):
 
 def diverged_message(config: TrainConfig, what: str, steps: list[int], checkpoint: tuple[Path, int] | None) -> str:
     """Why training stopped after the consecutive skipped updates `steps`, where to resume, and the usual causes."""
-    saved = (
-        f"the last good checkpoint is {checkpoint[0]} (step {checkpoint[1]})"
-        if checkpoint is not None
-        else "no checkpoint was written in this session"
-    )
+    saved = "no checkpoint was written in this session"
+    if checkpoint is not None:
+        saved = (
+            f"the last good checkpoint is {checkpoint[0]} (step {checkpoint[1]}, the last one before the skipped "
+            f"updates began; none is written while updates are skipped)"
+        )
+        if checkpoint[1] == steps[0] - 1:  # its weights gave the first non-finite loss: maybe they are the cause
+            saved += " -- it holds the weights of the update just before them, which may be what broke"
     return (
         f"training stopped at step {steps[-1]}: {what}, and the loss or gradient has not been finite for "
         f"{len(steps)} updates in a row (steps {steps[0]}-{steps[-1]}; none of them changed the weights); "

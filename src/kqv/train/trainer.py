@@ -244,7 +244,7 @@ class Trainer:
                 last = self.step == cfg.steps or self._out_of_time()
                 result = self._report(lr, grad_norm, window, bar, clock, last) or result
                 if self.step % cfg.checkpoint_every == 0 or last:
-                    self.save_checkpoint()
+                    self._checkpoint_if_good()
                 bar.update(1)
                 if last:
                     break
@@ -411,11 +411,27 @@ class Trainer:
         if self.rank == 0:
             self._write(states)
 
+    def _checkpoint_if_good(self) -> None:
+        """Save a checkpoint that is due, unless the guard is skipping updates: the weights then are the ones
+        whose loss or gradient stopped being finite, and the last good checkpoint must stay until a newer one is."""
+        if not self._bad_streak:
+            self.save_checkpoint()
+            return
+        logger.warning(
+            "step %d: no checkpoint written while updates are being skipped (%d in a row); kept %s",
+            self.step,
+            len(self._bad_streak),
+            "no checkpoint" if self._last_saved is None else f"the one of step {self._last_saved}",
+        )
+
     def _save_after_interrupt(self, clock: float) -> None:
         if self.rank != 0:
             return
         if self._updating:
             logger.warning("interrupted during an optimizer update; kept the last checkpoint in %s", self.run_dir)
+            return
+        if self._bad_streak:
+            logger.warning("interrupted while updates were being skipped; kept the last good checkpoint")
             return
         if self._last_saved != self.step:
             # Other ranks are somewhere else, so no collective: their generator states are not saved.
