@@ -12,6 +12,8 @@ recover by themselves.
 
 from __future__ import annotations
 
+import logging
+import math
 from pathlib import Path
 
 import torch
@@ -26,6 +28,9 @@ _PRECISION_CAUSES = {
     'precision; try precision = "fp32" to rule it out)',
     "fp32": "fp32 itself (a value beyond 3.4e38, e.g. from activations growing without bound)",
 }
+
+
+logger = logging.getLogger("kqv.train.trainer")  # the trainer's voice
 
 
 class TrainingDiverged(KqvError, RuntimeError):
@@ -62,3 +67,18 @@ def check_finite_weights(model: nn.Module, config: TrainConfig, step: int, last_
             f"checkpoint was written (the last good one is step {last_saved}); lower the "
             f'learning rate (lr = {config.lr:g}) or use precision = "fp32"'
         )
+
+
+def warn_skipped(step: int, loss: float, grad_norm: float, streak: int, total: int) -> str:
+    """Log a skipped update; returns what was not finite, in words."""
+    what = f"the loss was {loss}" if not math.isfinite(loss) else f"the gradient norm was {grad_norm}"
+    logger.warning("step %d: %s; the update was skipped (%d in a row, %d in the run)", step, what, streak, total)
+    return what
+
+
+def warn_withheld(step: int, streak: int, last_saved: int | None) -> None:
+    """Log a checkpoint that was due but not written because updates are being skipped."""
+    kept = "no checkpoint" if last_saved is None else f"the one of step {last_saved}"
+    logger.warning(
+        "step %d: no checkpoint written while updates are being skipped (%d in a row); kept %s", step, streak, kept
+    )
