@@ -8,9 +8,9 @@ The trainer knows nothing about models or data. It is given any `nn.Module` and 
 
 and does the rest: AdamW with weight-decay groups, linear warmup then cosine decay (or inverse-sqrt, or constant),
 gradient clipping and accumulation, bf16 autocast, periodic validation, metrics and a loss plot, atomic
-checkpoints that resume bit-exactly (also to more steps than first planned: see `kqv.train.config.replan`), a
-checkpoint on Ctrl-C, updates with a non-finite loss or gradient skipped and counted, the run directory locked
-against a second writer (`kqv.train.rundir`), and multi-process training under torchrun.
+checkpoints that resume bit-exactly (also to more steps than planned: `kqv.train.config.replan`), a checkpoint
+on Ctrl-C or SIGTERM (`kqv.signals`), updates with a non-finite loss or gradient skipped and counted
+(`kqv.train.nonfinite`), the run directory locked against a second writer (`kqv.train.rundir`), torchrun.
 
 Determinism contract. `train_batches(i)` must return the same batch for the same `i`. Update `s` (0-based) uses
 the micro-batches `s * grad_accum + j` for `j` in `range(grad_accum)`, so a resumed run needs no data-loader
@@ -68,7 +68,7 @@ from .checkpoints import (
 from .config import TrainConfig, learning_rate, replan
 from .distributed import Batch, batch_tokens, init_distributed, slice_batch
 from .metrics import Window, append_metrics, plot_losses, progress_bar, progress_line
-from .nonfinite import TrainingDiverged, check_finite_weights, diverged_message, warn_skipped, warn_withheld
+from .nonfinite import TrainingDiverged, check_finite_weights, check_loss, diverged_message, warn_skipped, warn_withheld
 from .optimizer import make_optimizer
 from .precision import autocast, bound_kernel_caches
 from .rundir import IfExists, RunDirectory
@@ -296,7 +296,7 @@ class Trainer:
         if self.rank == 0:
             append_metrics(self.run.metrics_file, record)
             if evaluated or last:
-                plot_losses(self.run.metrics_file, self.run.plot_file)
+                self._plot()
             if evaluated and not self.quiet:
                 tqdm.write(progress_line(self.step, cfg.steps, record))
         return record
@@ -318,7 +318,7 @@ class Trainer:
             defer_sync = self.world_size > 1 and j < cfg.grad_accum - 1
             with self.ddp_model.no_sync() if defer_sync else nullcontext():
                 with self._autocast():
-                    loss = _check_loss(self.loss_fn(self.ddp_model, local))
+                    loss = check_loss(self.loss_fn(self.ddp_model, local))
                 (loss / cfg.grad_accum).backward()
             total += loss.detach().float()
         total /= cfg.grad_accum
@@ -386,7 +386,7 @@ class Trainer:
         total = torch.zeros(())
         for i in range(self.config.eval_batches):
             local = slice_batch(self.val_batches(i), self.rank, self.world_size, self.config.batch_size)
-            total += _check_loss(self.loss_fn(self.model, local)).float()
+            total += check_loss(self.loss_fn(self.model, local)).float()
         if self.world_size > 1:
             dist.all_reduce(total)
             total /= self.world_size
@@ -423,14 +423,20 @@ class Trainer:
             # Other ranks are somewhere else, so no collective: their generator states are not saved.
             self.elapsed_s = time.perf_counter() - clock
             self._write([self._boundary_rng])
-        if (self.run.metrics_file).exists():
-            plot_losses(self.run.metrics_file, self.run.plot_file)
+        if self.run.metrics_file.exists():
+            self._plot()
         logger.warning(
             "interrupted: saved the checkpoint of step %d in %s; continue with %s",
             self.step,
             self.run.checkpoint_dir,
             spoken("`--resume`", "Trainer.resume(...)"),
         )
+
+    def _plot(self) -> None:
+        """Redraw loss.png. A signal waits: one inside the lazy import of matplotlib would leave it half-loaded,
+        and the plot after the interrupt would then fail."""
+        with deferred():
+            plot_losses(self.run.metrics_file, self.run.plot_file)
 
     def _write(self, rng_states: list[dict]) -> None:
         """Write the checkpoint of `self.step`; Ctrl-C or SIGTERM meanwhile waits until it is complete."""
@@ -490,10 +496,3 @@ class Trainer:
             seed_everything(seed + 1_000_003 * self.step)
         self._boundary_rng = rng_state()
         self._last_saved = self.step if self._saved_rng is not None else None
-
-
-def _check_loss(loss: Any) -> Tensor:
-    if not isinstance(loss, Tensor) or loss.numel() != 1:
-        shape = tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__
-        raise ConfigTypeError(f"loss_fn must return a scalar tensor (the mean loss of the batch), got {shape}")
-    return loss.reshape(())
