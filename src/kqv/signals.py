@@ -54,7 +54,8 @@ def is_command() -> bool:
 
 
 def _exit_at_once(signum: int, frame: FrameType | None) -> None:
-    os.write(2, f"kqv: {_NAMES[signal.Signals(signum)]} while starting\n".encode())
+    """Before the command runs (and again after it returned): nothing to save, so end the process now."""
+    os.write(2, f"kqv: {_NAMES[signal.Signals(signum)]}\n".encode())
     os._exit(128 + signum)  # nothing is written yet: no state to save, no exception an import could swallow
 
 
