@@ -1,4 +1,4 @@
-"""A run stopped by `kill -9` or Ctrl-C at any moment (checkpoint writes included) and resumed with `--resume`
+"""A run stopped by `kill -9`, Ctrl-C or SIGTERM at any moment (checkpoint writes included) and resumed with `--resume`
 ends bit-identical to the same run left alone: benchmarks/crash_resume.py at a tiny size, a few stops."""
 
 import importlib.util
@@ -13,8 +13,9 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "crash_resume.py"
 STOPS = [
     {"kind": "write", "write": 2, "delay_ms": 4.0, "signal": "SIGKILL"},  # inside or just after a write
     {"kind": "swap", "write": 1, "delay_ms": 0.0, "signal": "SIGKILL"},  # between a swap's two renames
-    {"kind": "write", "write": 1, "delay_ms": 2.0, "signal": "SIGINT"},
-]  # Ctrl-C
+    {"kind": "write", "write": 1, "delay_ms": 2.0, "signal": "SIGINT"},  # Ctrl-C
+    {"kind": "write", "write": 2, "delay_ms": 3.0, "signal": "SIGTERM"},  # timeout, kill, a cluster scheduler
+]
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,7 @@ def stopped(crash, tmp_path_factory):
 def test_every_stop_leaves_a_verified_checkpoint_and_the_resume_goes_on(stopped):
     _, _, rows = stopped
     assert [(row["signal"], row["recovered"]) for row in rows] == [(stop["signal"], True) for stop in STOPS]
-    assert [row["exit_status"] for row in rows] == [-9, -9, 130]  # 130: kqv's status after Ctrl-C
+    assert [row["exit_status"] for row in rows] == [-9, -9, 130, 143]  # kqv's statuses after Ctrl-C and SIGTERM
     assert all(row["checkpoint_step"] is None or 0 < row["checkpoint_step"] < 40 for row in rows)
 
 

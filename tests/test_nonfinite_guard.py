@@ -53,8 +53,9 @@ def test_a_non_finite_step_is_skipped_so_the_weights_are_those_before_it(tmp_pat
     poisoned = guarded_trainer(tmp_path / "three", bad={2}, kind=kind, steps=3)  # update 3 uses micro-batch 2
     poisoned.train()
     assert poisoned.step == 3 and poisoned.bad_steps == 1
-    two, three = weights(tmp_path / "two"), weights(tmp_path / "three")
+    two, three = weights(tmp_path / "two"), poisoned.model.state_dict()
     assert all(torch.equal(two[name], three[name]) for name in two)  # the skipped update changed nothing
+    assert not (tmp_path / "three" / "checkpoint").exists()  # due while updates were skipped: not written
 
 
 def test_skipped_steps_are_counted_in_metrics_and_training_goes_on(tmp_path):
@@ -74,11 +75,12 @@ def test_consecutive_bad_steps_stop_the_run_naming_step_checkpoint_and_causes(tm
         run.train()
     message = str(stopped.value)
     assert "stopped at step 7" in message and "steps 5-7" in message
-    assert f"{tmp_path / 'checkpoint'} (step 6)" in message  # written after two skipped updates: still good
+    # step 6's checkpoint was due during the skipped updates 5 and 6: not written, step 4's is the last good one
+    assert f"{tmp_path / 'checkpoint'} (step 4, the last one before the skipped updates began" in message
     assert "learning rate" in message and "bf16" not in message and "fp32 itself" in message
     assert "max_bad_steps" in message
     checkpoint = read_checkpoint(tmp_path)
-    assert checkpoint.step == 6  # step 6 was a skipped update: its checkpoint holds step 4's weights
+    assert checkpoint.step == 4
     assert all(torch.isfinite(w).all() for w in weights(tmp_path).values())
     assert read_metrics(tmp_path / "metrics.jsonl")[-1]["stopped"] == "non-finite loss or gradient"
 
@@ -104,3 +106,69 @@ def test_weights_that_overflow_are_never_checkpointed(tmp_path):
 def test_max_bad_steps_must_be_at_least_one():
     with pytest.raises(ValueError, match="max_bad_steps"):
         config(max_bad_steps=0)
+
+
+def test_an_interrupt_while_updates_are_skipped_keeps_the_last_good_checkpoint(tmp_path):
+    batches, loss_fn = poisoned_loss({2, 3})
+    cfg = config(schedule="constant", warmup_steps=0, eval_every=100, steps=10, checkpoint_every=2)
+
+    def interrupted(i):
+        if i == 4:  # update 5, after the skipped updates 3 and 4
+            raise KeyboardInterrupt
+        return batches(i)
+
+    run = Trainer(make_model(dropout=0.0), cfg, tmp_path, train_batches=interrupted, loss_fn=loss_fn, quiet=True)
+    with pytest.raises(KeyboardInterrupt):
+        run.train()
+    assert run.step == 4 and read_checkpoint(tmp_path).step == 2
+
+
+LM_CONFIG = """
+[data]
+tokenizer = "char"
+context = 16
+[model]
+d_model = 16
+n_heads = 2
+n_layers = 1
+d_ff = 32
+dropout = 0.0
+[train]
+batch_size = 4
+warmup_steps = 2
+eval_every = 100
+checkpoint_every = 5
+log_every = 1
+precision = "fp32"
+[sample]
+prompt = "To"
+count = 1
+max_new_tokens = 8
+"""
+
+
+def test_a_learning_rate_blow_up_keeps_the_good_checkpoint_and_the_model_still_generates(tmp_path, capsys):
+    """Issue 25, item 1: lr 1e10 makes update 11 finite but ruinous (weights ~1e10) and every later loss NaN; the
+    checkpoint due at step 15 is not written, the stop names step 10's, and that one loads and generates."""
+    from kqv.api import load
+    from kqv.cli import main
+
+    (tmp_path / "run.toml").write_text(LM_CONFIG)
+    (tmp_path / "tiny.txt").write_text("To be, or not to be, that is the question.\n" * 40)
+    out = tmp_path / "R2"
+    common = ["train", "lm", "--config", str(tmp_path / "run.toml"), "--data", str(tmp_path / "tiny.txt"), "--quiet"]
+    constant = ["--set", 'train.schedule="constant"', "--out", str(out)]
+    assert main([*common, *constant, "--steps", "10"]) == 0
+    good = weights(out)
+    assert main([*common, *constant, "--resume", "--steps", "40", "--set", "train.lr=1e10"]) == 2
+    error = capsys.readouterr().err
+    assert "stopped at step 16" in error and "steps 12-16" in error
+    assert f"{out / 'checkpoint'} (step 10, the last one before the skipped updates began" in error
+    assert read_checkpoint(out).step == 10
+    assert all(torch.equal(good[name], w) for name, w in weights(out).items())  # the good one, untouched
+    run = load(out)
+    logits = run.model(torch.tensor([[1, 2, 3]]))
+    assert torch.isfinite(logits).all()
+    assert main(["generate", str(out), "--prompt", "To"]) == 0
+    assert main([*common, *constant, "--resume", "--steps", "20", "--set", "train.lr=1e-3"]) == 0
+    assert read_checkpoint(out).step == 20 and all(torch.isfinite(w).all() for w in weights(out).values())

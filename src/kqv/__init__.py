@@ -4,7 +4,12 @@ The model's parts are exported here; so is the application layer (`kqv.api`): `k
 `kqv.load("runs/lm").generate("ROMEO:")`, `kqv.embed([...])`, `kqv.similarity([...])`.
 """
 
-from .api import embed, load, similarity, train  # noqa: E402 -- the application layer, above the model
+# ruff: noqa: E402 -- guard_startup() must run before the heavy imports below
+from .signals import guard_startup
+
+guard_startup()  # the `kqv` command: Ctrl-C or SIGTERM while torch and the rest load ends it at once (130/143)
+
+from .api import embed, load, similarity, train  # the application layer, above the model
 from .nn.attention import Attention, KVCache, MultiHeadAttention, causal_mask, scaled_dot_product_attention
 from .nn.config import ModelConfig
 from .nn.heads import ClassificationHead, MaskedLM, MaskedLMHead, SequenceClassifier

@@ -27,6 +27,7 @@ from safetensors.torch import save_file, save_model
 from torch import Tensor, nn
 
 from ..errors import RunError, spoken
+from ..signals import deferred
 from .config import TrainConfig
 from .metrics import METRICS_FILE, PLOT_FILE
 
@@ -74,8 +75,16 @@ def write_checkpoint(
     The old checkpoint stays until the new one is complete: it is renamed to `checkpoint.old`, the new directory
     is renamed to `checkpoint`, and only then is the old one deleted. A crash between the two renames leaves
     `checkpoint.old`, which `read_checkpoint` falls back to. Files are never changed once in place, so a reader
-    that has opened them keeps a consistent checkpoint.
+    that has opened them keeps a consistent checkpoint. Ctrl-C or SIGTERM during the write waits until it is done
+    (`kqv.signals.deferred`), so a second one while the first one's checkpoint is saved cannot cut it short.
     """
+    with deferred():
+        _write_checkpoint(run_dir, model, optimizer, state, tensors)
+
+
+def _write_checkpoint(
+    run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any], tensors: dict[str, Tensor]
+) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     final, previous = run_dir / CHECKPOINT_DIR, run_dir / PREVIOUS_CHECKPOINT_DIR
     for stale in run_dir.glob(_TMP_PREFIX + "*"):

@@ -2,18 +2,24 @@
 
 The Trainer skips an update whose loss or gradient norm is NaN or infinite (the weights and the optimizer state
 stay as they were), counts it as `bad_steps` in metrics.jsonl, and after `TrainConfig.max_bad_steps` such updates
-in a row raises `TrainingDiverged` with `diverged_message`. Before any checkpoint is written,
-`check_finite_weights` makes sure no non-finite weight (finite gradients can still overflow them) is saved.
+in a row raises `TrainingDiverged` with `diverged_message`. A checkpoint is written only from a state that passed
+the guard: never while updates are being skipped (the weights then are the ones whose loss or gradient was not
+finite, e.g. after an update at a far too high learning rate; the last good checkpoint stays), and never with a
+non-finite weight (`check_finite_weights`: finite gradients can still overflow them). A finite loss however large
+is not treated as bad: no threshold fits every loss, and skipping on one would change the numbers of runs that
+recover by themselves.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from pathlib import Path
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
-from ..errors import KqvError, spoken
+from ..errors import ConfigTypeError, KqvError, spoken
 from .config import TrainConfig
 from .precision import resolve_precision
 
@@ -24,17 +30,23 @@ _PRECISION_CAUSES = {
 }
 
 
+logger = logging.getLogger("kqv.train.trainer")  # the trainer's voice
+
+
 class TrainingDiverged(KqvError, RuntimeError):
     """Training stopped because the loss, the gradients or the weights stopped being finite."""
 
 
 def diverged_message(config: TrainConfig, what: str, steps: list[int], checkpoint: tuple[Path, int] | None) -> str:
     """Why training stopped after the consecutive skipped updates `steps`, where to resume, and the usual causes."""
-    saved = (
-        f"the last good checkpoint is {checkpoint[0]} (step {checkpoint[1]})"
-        if checkpoint is not None
-        else "no checkpoint was written in this session"
-    )
+    saved = "no checkpoint was written in this session"
+    if checkpoint is not None:
+        saved = (
+            f"the last good checkpoint is {checkpoint[0]} (step {checkpoint[1]}, the last one before the skipped "
+            f"updates began; none is written while updates are skipped)"
+        )
+        if checkpoint[1] == steps[0] - 1:  # its weights gave the first non-finite loss: maybe they are the cause
+            saved += " -- it holds the weights of the update just before them, which may be what broke"
     return (
         f"training stopped at step {steps[-1]}: {what}, and the loss or gradient has not been finite for "
         f"{len(steps)} updates in a row (steps {steps[0]}-{steps[-1]}; none of them changed the weights); "
@@ -55,3 +67,26 @@ def check_finite_weights(model: nn.Module, config: TrainConfig, step: int, last_
             f"checkpoint was written (the last good one is step {last_saved}); lower the "
             f'learning rate (lr = {config.lr:g}) or use precision = "fp32"'
         )
+
+
+def warn_skipped(step: int, loss: float, grad_norm: float, streak: int, total: int) -> str:
+    """Log a skipped update; returns what was not finite, in words."""
+    what = f"the loss was {loss}" if not math.isfinite(loss) else f"the gradient norm was {grad_norm}"
+    logger.warning("step %d: %s; the update was skipped (%d in a row, %d in the run)", step, what, streak, total)
+    return what
+
+
+def warn_withheld(step: int, streak: int, last_saved: int | None) -> None:
+    """Log a checkpoint that was due but not written because updates are being skipped."""
+    kept = "no checkpoint" if last_saved is None else f"the one of step {last_saved}"
+    logger.warning(
+        "step %d: no checkpoint written while updates are being skipped (%d in a row); kept %s", step, streak, kept
+    )
+
+
+def check_loss(loss: object) -> Tensor:
+    """The scalar a `loss_fn` returned, shaped (); a ConfigTypeError for anything else."""
+    if not isinstance(loss, Tensor) or loss.numel() != 1:
+        shape = tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__
+        raise ConfigTypeError(f"loss_fn must return a scalar tensor (the mean loss of the batch), got {shape}")
+    return loss.reshape(())

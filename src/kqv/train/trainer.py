@@ -8,9 +8,9 @@ The trainer knows nothing about models or data. It is given any `nn.Module` and 
 
 and does the rest: AdamW with weight-decay groups, linear warmup then cosine decay (or inverse-sqrt, or constant),
 gradient clipping and accumulation, bf16 autocast, periodic validation, metrics and a loss plot, atomic
-checkpoints that resume bit-exactly (also to more steps than first planned: see `kqv.train.config.replan`), a
-checkpoint on Ctrl-C, updates with a non-finite loss or gradient skipped and counted, the run directory locked
-against a second writer (`kqv.train.rundir`), and multi-process training under torchrun.
+checkpoints that resume bit-exactly (also to more steps than planned: `kqv.train.config.replan`), a checkpoint
+on Ctrl-C or SIGTERM (`kqv.signals`), updates with a non-finite loss or gradient skipped and counted
+(`kqv.train.nonfinite`), the run directory locked against a second writer (`kqv.train.rundir`), torchrun.
 
 Determinism contract. `train_batches(i)` must return the same batch for the same `i`. Update `s` (0-based) uses
 the micro-batches `s * grad_accum + j` for `j` in `range(grad_accum)`, so a resumed run needs no data-loader
@@ -49,6 +49,7 @@ from tqdm import tqdm
 
 from ..errors import ConfigError, ConfigTypeError, spoken
 from ..nn.experts import routing_metrics
+from ..signals import deferred
 from .checkpoints import (
     FORMAT,
     STATE_FILE,
@@ -67,7 +68,7 @@ from .checkpoints import (
 from .config import TrainConfig, learning_rate, replan
 from .distributed import Batch, batch_tokens, init_distributed, slice_batch
 from .metrics import Window, append_metrics, plot_losses, progress_bar, progress_line
-from .nonfinite import TrainingDiverged, check_finite_weights, diverged_message
+from .nonfinite import TrainingDiverged, check_finite_weights, check_loss, diverged_message, warn_skipped, warn_withheld
 from .optimizer import make_optimizer
 from .precision import autocast, bound_kernel_caches
 from .rundir import IfExists, RunDirectory
@@ -140,7 +141,6 @@ class Trainer:
         # The loop's state: generators and where an interrupt may save.
         self._saved_rng: list[dict | None] | None = None  # generator states of a resumed run, per rank
         self._boundary_rng: dict[str, Any] | None = None  # generator state after the last completed update
-        self._updating = False  # inside optimizer.step(): an interrupt now leaves no clean state to save
         self._bad_streak: list[int] = []  # the steps of the current run of consecutive skipped updates
         self._last_saved: int | None = None  # the step of the last checkpoint this session wrote or resumed from
         # The run directory: the job's, or one this trainer opens itself (given a path) and closes after train().
@@ -230,9 +230,7 @@ class Trainer:
             while self.step < cfg.steps:
                 started = time.perf_counter()
                 lr = learning_rate(cfg, self.step + 1)
-                loss, tokens, grad_norm = self._update(lr)
-                self.step += 1
-                self._boundary_rng, self._updating = rng_state(), False
+                loss, tokens, grad_norm = self._update(lr)  # self.step moved on
                 now = time.perf_counter()
                 self.elapsed_s = now - clock
                 self.train_seconds += now - started
@@ -244,7 +242,7 @@ class Trainer:
                 last = self.step == cfg.steps or self._out_of_time()
                 result = self._report(lr, grad_norm, window, bar, clock, last) or result
                 if self.step % cfg.checkpoint_every == 0 or last:
-                    self.save_checkpoint()
+                    self._checkpoint_if_good()
                 bar.update(1)
                 if last:
                     break
@@ -298,13 +296,14 @@ class Trainer:
         if self.rank == 0:
             append_metrics(self.run.metrics_file, record)
             if evaluated or last:
-                plot_losses(self.run.metrics_file, self.run.plot_file)
+                self._plot()
             if evaluated and not self.quiet:
                 tqdm.write(progress_line(self.step, cfg.steps, record))
         return record
 
     def _update(self, lr: float) -> tuple[float, int | None, float]:
-        """One optimizer update over `grad_accum` micro-batches; returns (mean loss, tokens, gradient norm)."""
+        """One optimizer update over `grad_accum` micro-batches (skipped when its gradient is not finite), then
+        the step counter moves on; returns (mean loss, tokens, gradient norm)."""
         cfg = self.config
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -319,7 +318,7 @@ class Trainer:
             defer_sync = self.world_size > 1 and j < cfg.grad_accum - 1
             with self.ddp_model.no_sync() if defer_sync else nullcontext():
                 with self._autocast():
-                    loss = _check_loss(self.loss_fn(self.ddp_model, local))
+                    loss = check_loss(self.loss_fn(self.ddp_model, local))
                 (loss / cfg.grad_accum).backward()
             total += loss.detach().float()
         total /= cfg.grad_accum
@@ -331,25 +330,20 @@ class Trainer:
         if math.isfinite(mean_loss):  # the loss and the norm of the synchronised gradient agree on every rank
             max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
             grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), max_norm, foreach=True).item()
-        if not math.isfinite(grad_norm):  # skip the update: nothing non-finite reaches the weights
-            self.optimizer.zero_grad(set_to_none=True)
-            return mean_loss, tokens, grad_norm
-        self._updating = True  # an interrupt from here until the step counter moves leaves no clean state
-        self.optimizer.step()
+        with deferred():  # a signal waits for the update and the counter: an interrupt saves a completed step
+            if math.isfinite(grad_norm):
+                self.optimizer.step()
+            else:  # skip the update: nothing non-finite reaches the weights
+                self.optimizer.zero_grad(set_to_none=True)
+            self.step += 1
+            self._boundary_rng = rng_state()
         return mean_loss, tokens, grad_norm
 
     def _skipped(self, loss: float, grad_norm: float) -> None:
         """Count an update skipped for a non-finite loss or gradient; stop after max_bad_steps in a row."""
         self.bad_steps += 1
         self._bad_streak.append(self.step)
-        what = f"the loss was {loss}" if not math.isfinite(loss) else f"the gradient norm was {grad_norm}"
-        logger.warning(
-            "step %d: %s; the update was skipped (%d in a row, %d in the run)",
-            self.step,
-            what,
-            len(self._bad_streak),
-            self.bad_steps,
-        )
+        what = warn_skipped(self.step, loss, grad_norm, len(self._bad_streak), self.bad_steps)
         if len(self._bad_streak) < self.config.max_bad_steps:
             return
         if self.rank == 0:
@@ -392,7 +386,7 @@ class Trainer:
         total = torch.zeros(())
         for i in range(self.config.eval_batches):
             local = slice_batch(self.val_batches(i), self.rank, self.world_size, self.config.batch_size)
-            total += _check_loss(self.loss_fn(self.model, local)).float()
+            total += check_loss(self.loss_fn(self.model, local)).float()
         if self.world_size > 1:
             dist.all_reduce(total)
             total /= self.world_size
@@ -411,18 +405,26 @@ class Trainer:
         if self.rank == 0:
             self._write(states)
 
+    def _checkpoint_if_good(self) -> None:
+        """Save a checkpoint that is due, unless the guard is skipping updates: the weights then are the ones
+        whose loss or gradient stopped being finite, and the last good checkpoint must stay until a newer one is."""
+        if not self._bad_streak:
+            self.save_checkpoint()
+        else:
+            warn_withheld(self.step, len(self._bad_streak), self._last_saved)
+
     def _save_after_interrupt(self, clock: float) -> None:
         if self.rank != 0:
             return
-        if self._updating:
-            logger.warning("interrupted during an optimizer update; kept the last checkpoint in %s", self.run_dir)
+        if self._bad_streak:
+            logger.warning("interrupted while updates were being skipped; kept the last good checkpoint")
             return
         if self._last_saved != self.step:
             # Other ranks are somewhere else, so no collective: their generator states are not saved.
             self.elapsed_s = time.perf_counter() - clock
             self._write([self._boundary_rng])
-        if (self.run.metrics_file).exists():
-            plot_losses(self.run.metrics_file, self.run.plot_file)
+        if self.run.metrics_file.exists():
+            self._plot()
         logger.warning(
             "interrupted: saved the checkpoint of step %d in %s; continue with %s",
             self.step,
@@ -430,24 +432,31 @@ class Trainer:
             spoken("`--resume`", "Trainer.resume(...)"),
         )
 
+    def _plot(self) -> None:
+        """Redraw loss.png. A signal waits: one inside the lazy import of matplotlib would leave it half-loaded,
+        and the plot after the interrupt would then fail."""
+        with deferred():
+            plot_losses(self.run.metrics_file, self.run.plot_file)
+
     def _write(self, rng_states: list[dict]) -> None:
-        check_finite_weights(self.model, self.config, self.step, self._last_saved)
-        state = {
-            "format": FORMAT,
-            "step": self.step,
-            "config": self.config.to_dict(),
-            "extra_state": self.extra_state,
-            "elapsed_s": self.elapsed_s,
-            "train_seconds": self.train_seconds,
-            "world_size": self.world_size,
-            "bad_steps": self.bad_steps,
-            "rng": [rng_to_json(s) for s in rng_states],
-            "torch_version": torch.__version__,
-        }
-        write_checkpoint(
-            self.run_dir, self.model, self.optimizer, state, {f"rank{r}": s["torch"] for r, s in enumerate(rng_states)}
-        )
-        self._last_saved = self.step
+        """Write the checkpoint of `self.step`; Ctrl-C or SIGTERM meanwhile waits until it is complete."""
+        with deferred():
+            check_finite_weights(self.model, self.config, self.step, self._last_saved)
+            state = {
+                "format": FORMAT,
+                "step": self.step,
+                "config": self.config.to_dict(),
+                "extra_state": self.extra_state,
+                "elapsed_s": self.elapsed_s,
+                "train_seconds": self.train_seconds,
+                "world_size": self.world_size,
+                "bad_steps": self.bad_steps,
+                "rng": [rng_to_json(s) for s in rng_states],
+                "torch_version": torch.__version__,
+            }
+            tensors = {f"rank{r}": s["torch"] for r, s in enumerate(rng_states)}
+            write_checkpoint(self.run_dir, self.model, self.optimizer, state, tensors)
+            self._last_saved = self.step
 
     def _resume(self, checkpoint: Checkpoint) -> None:
         """Continue `checkpoint`: its weights, optimizer, generators and progress, checked against the new plan."""
@@ -485,12 +494,5 @@ class Trainer:
                 self.rank,
             )
             seed_everything(seed + 1_000_003 * self.step)
-        self._boundary_rng, self._updating = rng_state(), False
+        self._boundary_rng = rng_state()
         self._last_saved = self.step if self._saved_rng is not None else None
-
-
-def _check_loss(loss: Any) -> Tensor:
-    if not isinstance(loss, Tensor) or loss.numel() != 1:
-        shape = tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__
-        raise ConfigTypeError(f"loss_fn must return a scalar tensor (the mean loss of the batch), got {shape}")
-    return loss.reshape(())
