@@ -8,25 +8,28 @@ is exact and quick), `checkpoint/`, `metrics.jsonl`, `loss.png`, `samples.txt` a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import torch
-from safetensors.torch import load_file, save
+from safetensors import SafetensorError
+from safetensors.torch import load, save
 
 from ..data.batches import batch_generator, sample_batch
 from ..data.shakespeare import load_text, split_text
 from ..data.tokenizers import Tokenizer, encode_text, make_tokenizer
-from ..errors import ConfigError, DataError, spoken
+from ..errors import ConfigError, DataError, RunError, spoken
 from ..nn.config import ModelConfig
 from ..nn.models import DecoderLM, check_ids, count_parameters
 from ..train.checkpoints import write_atomically
 from ..train.evaluation import perplexity
+from ..train.manifest import read_verified, verify
 from ..train.rundir import RunDirectory
-from ..train.runs import SAMPLES_FILE, TOKENS_FILE, RunConfig
+from ..train.runs import SAMPLES_FILE, TOKENIZER_DIR, TOKENS_FILE, RunConfig
 from ..validation import Config, check_at_least
-from .base import AttentionMaps, Job, TrainedRun
+from .base import AttentionMaps, Job, TrainedRun, check_text
 
 
 @dataclass
@@ -97,7 +100,8 @@ def prepare_corpus(job: Job, data: Any, run: RunDirectory) -> tuple[Any, dict[st
     val_fraction): loaded from the run when it resumes a checkpoint (they were written before it), else built
     with the job's `make_tokenizer` and saved (by rank 0 alone under torchrun). The LM and MLM jobs share it."""
     if run.resuming and (run.path / TOKENS_FILE).exists():
-        return job.load_tokenizer(run.path), load_file(run.path / TOKENS_FILE)
+        verify(run.path, TOKENIZER_DIR)
+        return job.load_tokenizer(run.path), load_tokens(run.path)
     text = load_text(data.path)
     train_text, val_text = split_text(text, data.val_fraction)
     tokenizer = job.make_tokenizer(data, text if data.tokenizer == "char" else train_text)
@@ -111,6 +115,21 @@ def prepare_corpus(job: Job, data: Any, run: RunDirectory) -> tuple[Any, dict[st
         tokenizer.save(run.tokenizer_dir)
         write_atomically(run.path / TOKENS_FILE, save(tokens))  # present means complete, tokenizer too
     return tokenizer, tokens
+
+
+def load_tokens(run_dir: Path) -> dict[str, torch.Tensor]:
+    """The encoded splits of a run (tokens.safetensors), verified against its SHA256SUMS."""
+    path = run_dir / TOKENS_FILE
+    try:
+        tokens = load(read_verified(run_dir, TOKENS_FILE))
+        if not {"train", "val", "chars"} <= set(tokens):
+            raise ValueError(f"it holds {sorted(tokens)}, not train, val and chars")
+    except (SafetensorError, ValueError) as error:
+        raise RunError(
+            f"{path} is corrupt ({error}); restore it from a backup, or train the run again with "
+            f"{spoken('`--overwrite`', 'if_exists=' + repr('overwrite'))}"
+        ) from None
+    return tokens
 
 
 def write_samples(model: DecoderLM, tokenizer: Tokenizer, sample: SampleConfig, path: Path) -> list[str]:
@@ -144,6 +163,40 @@ def generate_text(model: DecoderLM, tokenizer: Tokenizer, prompt: str, max_new_t
     return tokenizer.decode(model.generate(ids, max_new_tokens, **options)[0].tolist())
 
 
+MAX_NEW_TOKENS = 100_000  # the tokens (and the attention cache) are allocated for the whole length up front
+
+
+def check_generation(max_new_tokens: int, temperature: float, capped: bool = False) -> None:
+    """Refuse what `LMRun.generate` cannot do: a temperature that is not a finite number >= 0, and more new tokens
+    than `MAX_NEW_TOKENS` (a run with learned positions is further capped at its max_len, silently, as before)."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature):
+        raise ConfigError(f"{spoken('--temperature', 'temperature')} must be a finite number >= 0, got {temperature}")
+    if temperature < 0:
+        raise ConfigError(f"{spoken('--temperature', 'temperature')} must be >= 0 (0 = greedy), got {temperature}")
+    name = spoken("--max-new-tokens", "max_new_tokens")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        raise ConfigError(f"{name} must be an integer, got {max_new_tokens!r}")
+    check_at_least(name, max_new_tokens, 1)
+    if max_new_tokens > MAX_NEW_TOKENS and not capped:
+        raise ConfigError(
+            f"{name} is at most {MAX_NEW_TOKENS:,} (the tokens and attention cache are allocated up front), got "
+            f"{max_new_tokens:,}; to go on, generate again with the output as the prompt"
+        )
+
+
+def seeded_generator(seed: int) -> torch.Generator:
+    """A torch generator seeded with `seed`; a seed torch cannot take (not an integer in [-2**63, 2**64)) is a
+    ConfigError."""
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ConfigError(f"{spoken('--seed', 'seed')} must be an integer, got {seed!r}")
+    try:
+        return torch.Generator().manual_seed(seed)
+    except (RuntimeError, ValueError, OverflowError):
+        raise ConfigError(
+            f"{spoken('--seed', 'seed')} must be an integer from -2**63 to 2**64 - 1, got {seed}"
+        ) from None
+
+
 GENERATION_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "int8": torch.qint8}
 
 
@@ -170,6 +223,9 @@ class LMEvaluation:
         return figures if self.bits_per_char is None else {**figures, "bits_per_char": self.bits_per_char}
 
 
+ATTENTION_MAX_TOKENS = 256  # as the explorer's default input limit
+
+
 @dataclass(repr=False)  # TrainedRun.__repr__: the model is too long to print
 class LMRun(TrainedRun):
     """A trained language model: continue prompts, score text, and show its self-attention."""
@@ -192,7 +248,9 @@ class LMRun(TrainedRun):
         if dtype not in GENERATION_DTYPES:
             raise ConfigError(f"{spoken('--dtype', 'dtype')} must be one of {sorted(GENERATION_DTYPES)}, got {dtype!r}")
         check_at_least(spoken("--count", "count"), count, 1)
-        generator = torch.Generator().manual_seed(seed)
+        check_text(spoken("--prompt", "prompt"), prompt)
+        check_generation(max_new_tokens, temperature, capped=self.model.config.position == "learned")
+        generator = seeded_generator(seed)
         return [
             generate_text(
                 self.model,
@@ -211,21 +269,32 @@ class LMRun(TrainedRun):
 
     def evaluate(self, data: str | Path | None = None, *, max_tokens: int | None = None) -> LMEvaluation:
         """Loss, perplexity and bits per character on a text file or directory (`data`), by default on the run's
-        held-out validation split; `max_tokens` scores only a prefix of that many tokens."""
+        held-out validation split; `max_tokens` scores only a prefix of that many tokens (at least 2)."""
+        if max_tokens is not None:
+            check_at_least(spoken("--max-tokens", "max_tokens"), max_tokens, 2)
         if data is not None:
             text = load_text(data)
             ids, n_chars, source = encode_text(self.tokenizer, text), len(text), str(data)
         else:
-            tokens = load_file(self.run_dir / TOKENS_FILE)
+            tokens = load_tokens(self.run_dir)
             ids, n_chars, source = tokens["val"], int(tokens["chars"][1]), "the held-out validation split"
         result = perplexity(self.model, ids, context=self.config.data.context, n_chars=n_chars, max_tokens=max_tokens)
         return LMEvaluation(source, **result)
 
-    def attention(self, text: str) -> AttentionMaps:
-        """The self-attention weights of every layer and head over `text`, rows and columns labelled by token."""
+    def attention(self, text: str, *, max_tokens: int = ATTENTION_MAX_TOKENS) -> AttentionMaps:
+        """The self-attention weights of every layer and head over `text`, rows and columns labelled by token.
+        A text of more than `max_tokens` tokens is refused: the maps hold tokens x tokens weights per head."""
+        check_text(spoken("--text", "text"), text)
+        check_at_least(spoken("--max-tokens", "max_tokens"), max_tokens, 1)
         ids = self.tokenizer.encode(text)
         if not ids:
             raise DataError(f"{spoken('--text', 'text')} is empty; give the text whose attention to draw")
+        if len(ids) > max_tokens:
+            raise DataError(
+                f"{spoken('--text', 'text')} is {len(ids):,} tokens, more than {spoken('--max-tokens', 'max_tokens')}"
+                f"={max_tokens} (the maps hold tokens x tokens weights for each of {self.model.config.n_layers} "
+                f"layers x {self.model.config.n_heads} heads); shorten the text, or raise the limit"
+            )
         ids_tensor = torch.tensor([ids])  # (1, tokens)
         check_ids(ids_tensor, self.model.config.vocab_size)
         with torch.no_grad():

@@ -44,9 +44,10 @@ from ..nn.models import EncoderDecoder, count_parameters
 from ..nn.rnn import RNNConfig, RNNEncoderDecoder
 from ..train.config import TrainConfig
 from ..train.flops import training_flops_per_token
+from ..train.manifest import DATA_FILES, verify
 from ..train.runs import PAIRS_FILE, TEXT_DIR, TOKENIZER_DIR, RunConfig
 from ..validation import Config, check_at_least, check_value
-from .base import AttentionMaps, Job, TrainedRun
+from .base import AttentionMaps, Job, TrainedRun, check_text
 from .translation import SPECIAL_TOKENS, corpus_scores, spread, translate_sentences, translate_test_split
 
 ModelKind = Literal["transformer", "lstm"]
@@ -186,6 +187,7 @@ def prepare_data(config: MTRunConfig, run_dir: Path, reuse: bool, write: bool = 
     resumed run, or data copied from another run), else built and saved there (unless `write` is False: a
     torchrun rank other than 0)."""
     if reuse and (run_dir / PAIRS_FILE).exists():
+        verify(run_dir, *DATA_FILES)
         tokenizer = load_tokenizer(run_dir / TOKENIZER_DIR)
         return MTData(tokenizer, load_splits(run_dir / PAIRS_FILE), read_texts(run_dir / TEXT_DIR))
     splits = split_by_group(
@@ -277,6 +279,8 @@ class MTRun(TrainedRun):
         """The translation of each sentence (one string is one sentence), by beam search with the run's `[decode]`
         settings; `beam_size`, `length_penalty` and `options` (max_len_a, max_len_b, batch_sentences) replace them."""
         sentences = [sentences] if isinstance(sentences, str) else list(sentences)
+        for sentence in sentences:
+            check_text(spoken("the text to translate", "each sentence"), sentence)
         if beam_size is not None:
             check_at_least(spoken("--beam", "beam_size"), beam_size, 1)
         chosen = {"beam_size": beam_size, "length_penalty": length_penalty, **options}
@@ -321,6 +325,7 @@ class MTRun(TrainedRun):
         else:
             (sources, references), label = self.test_texts(), "the held-out test split"
         if max_sentences is not None:
+            check_at_least(spoken("--max-sentences", "max_sentences"), max_sentences, 1)
             sources, references = sources[:max_sentences], references[:max_sentences]
         beam_size = beam_size if beam_size is not None else self.config.decode.beam_size
         started = time.perf_counter()
@@ -332,6 +337,9 @@ class MTRun(TrainedRun):
     def attention(self, src: str, tgt: str | None = None) -> AttentionMaps:
         """The cross-attention of every layer and head while the decoder reads `tgt` (default: the model's own
         translation of `src`): rows are target tokens (<bos> first), columns source tokens (<eos> last)."""
+        check_text(spoken("--src", "src"), src)
+        if tgt is not None:
+            check_text(spoken("--tgt", "tgt"), tgt)
         target = tgt if tgt is not None else self.translate([src])[0]
         _, bos, eos = (self.tokenizer.token_to_id(t) for t in SPECIAL_TOKENS)
         src_ids = self.tokenizer.encode(" ".join(src.split())) + [eos]
@@ -342,6 +350,7 @@ class MTRun(TrainedRun):
         return AttentionMaps(weights, rows, columns, kind="cross", translation=target)
 
     def test_texts(self) -> tuple[list[str], list[str]]:
+        verify(self.run_dir, TEXT_DIR)
         return read_texts(self.run_dir / TEXT_DIR)["test"]
 
 
