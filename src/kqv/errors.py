@@ -74,7 +74,8 @@ def describe_os_error(error: OSError) -> str:
     the system said, and what to do about it (`OS_REMEDIES`)."""
     if error.errno is None or error.strerror is None:
         return str(error)
-    where = f"{error.filename}: " if error.filename is not None else ""
+    path = error.filename2 if error.filename2 is not None else error.filename  # a rename's: its destination
+    where = f"{path}: " if path is not None else ""
     remedy = OS_REMEDIES.get(error.errno)
     return f"{where}{error.strerror}" + (f"; {remedy}" if remedy else "")
 

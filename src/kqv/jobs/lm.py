@@ -99,8 +99,9 @@ def prepare_corpus(job: Job, data: Any, run: RunDirectory) -> tuple[Any, dict[st
     """The tokenizer and encoded splits of a text corpus (`data`: a [data] section with path, tokenizer and
     val_fraction): loaded from the run when it resumes a checkpoint (they were written before it), else built
     with the job's `make_tokenizer` and saved (by rank 0 alone under torchrun). The LM and MLM jobs share it."""
+    if run.resuming:
+        verify(run.path, TOKENIZER_DIR, TOKENS_FILE)  # a recorded file that is missing is an error, not a rebuild
     if run.resuming and (run.path / TOKENS_FILE).exists():
-        verify(run.path, TOKENIZER_DIR)
         return job.load_tokenizer(run.path), load_tokens(run.path)
     text = load_text(data.path)
     train_text, val_text = split_text(text, data.val_fraction)
@@ -124,6 +125,8 @@ def load_tokens(run_dir: Path) -> dict[str, torch.Tensor]:
         tokens = load(read_verified(run_dir, TOKENS_FILE))
         if not {"train", "val", "chars"} <= set(tokens):
             raise ValueError(f"it holds {sorted(tokens)}, not train, val and chars")
+    except RunError:
+        raise
     except (SafetensorError, ValueError) as error:
         raise RunError(
             f"{path} is corrupt ({error}); restore it from a backup, or train the run again with "

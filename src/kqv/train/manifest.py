@@ -2,10 +2,11 @@
 is read back, so that a damaged tokenizer or encoded corpus is reported as such instead of failing deep inside
 a loader (or, worse, loading silently different data).
 
-The checkpoint's files carry their own SHA-256 in `checkpoint/state.json` (kqv.train.checkpoints); run.toml is
-checked by parsing it. This manifest covers the rest of what is read back: `tokenizer/`, `tokens.safetensors`,
-`pairs.safetensors` and `data/`. It is in `sha256sum`'s format, so `cd RUN && sha256sum -c SHA256SUMS` checks
-a run by hand too. A run written before the manifest existed has none, and loads unchecked, as it always did.
+The checkpoint's files carry their own SHA-256 in `checkpoint/state.json` (kqv.train.checkpoints). This manifest
+covers run.toml (a truncated one may still parse) and the rest of what is read back: `tokenizer/`,
+`tokens.safetensors`, `pairs.safetensors` and `data/`. It is in `sha256sum`'s format, so
+`cd RUN && sha256sum -c SHA256SUMS` checks a run by hand too. A run written before the manifest existed has none,
+and loads unchecked, as it always did.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from ..errors import RunError, spoken
 from .checkpoints import write_atomically
-from .runs import PAIRS_FILE, TEXT_DIR, TOKENIZER_DIR, TOKENS_FILE
+from .runs import PAIRS_FILE, RUN_CONFIG, TEXT_DIR, TOKENIZER_DIR, TOKENS_FILE
 
 MANIFEST_FILE = "SHA256SUMS"
 DATA_FILES = (TOKENIZER_DIR, TOKENS_FILE, PAIRS_FILE, TEXT_DIR)  # what a run reads back besides its checkpoint
@@ -34,10 +35,12 @@ def recorded_files(run_dir: Path, names: tuple[str, ...]) -> list[str]:
 
 
 def record(run_dir: Path, names: tuple[str, ...] = DATA_FILES, *, keep: bool = False) -> None:
-    """Write the SHA-256 of the data files `names` of `run_dir` into its manifest (when training starts, after
-    the data are prepared). With `keep` (a resumed run, whose data were read back verified) a file already
-    recorded keeps its digest: a damaged file is never re-blessed."""
+    """Write the SHA-256 of run.toml and the data files `names` of `run_dir` into its manifest (when training
+    starts: run.toml just written, the data prepared). With `keep` (a resumed run, whose data were read back
+    verified) a data file already recorded keeps its digest: a damaged file is never re-blessed."""
     digests = read_manifest(run_dir) if keep else {}
+    digests.pop(RUN_CONFIG, None)  # rewritten by every start, a resumed one too
+    names = (RUN_CONFIG, *names)
     for name in recorded_files(run_dir, names):
         digests.setdefault(name, sha256(run_dir / name))
     text = "".join(f"{digest}  {name}\n" for name, digest in sorted(digests.items()))

@@ -197,6 +197,9 @@ def read_run(run_dir: str | Path, task: str | None = None) -> dict[str, Any]:
     path = run_dir / RUN_CONFIG
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir} is not a kqv run: {path} is missing")
+    from .manifest import verify  # it imports this module's file names
+
+    verify(run_dir, RUN_CONFIG)  # against SHA256SUMS: a truncated run.toml may still parse
     values = read_toml(path, RunError, "restore it from a backup or train the run again", "corrupt")
     if task is not None and run_task(values) != task:
         raise RunError(f"{run_dir} is a run of task {run_task(values)!r}, not {task!r}")
