@@ -14,7 +14,7 @@ from kqv.cli.main import main
 from test_cli import TINY
 
 DAMAGES = ("truncate", "corrupt", "delete", "directory")
-COMMANDS = ("generate", "eval", "attention", "resume")
+COMMANDS = ("generate", "eval", "attention", "resume", "resume-own")  # resume-own: with the run's own run.toml
 # The files each command reads: damaging one of them must be an error, never a silent success.
 CHECKPOINT = {f"checkpoint/{name}" for name in ("model.safetensors", "optimizer.pt", "rng.safetensors", "state.json")}
 MODEL = {"run.toml", "tokenizer/kqv_tokenizer.json", "tokenizer/tokenizer.json", *CHECKPOINT}
@@ -22,7 +22,8 @@ NEEDED = {
     "generate": MODEL,
     "attention": MODEL,
     "eval": MODEL | {"tokens.safetensors"},
-    "resume": MODEL | {"tokens.safetensors"},
+    "resume": (MODEL - {"run.toml"}) | {"tokens.safetensors"},  # --config given: run.toml is written, not read
+    "resume-own": MODEL | {"tokens.safetensors"},
 }
 
 
@@ -71,6 +72,7 @@ def command(name: str, run: Path, flags: list[str]) -> list[str]:
         "eval": ["eval", str(run), "--max-tokens", "200"],
         "attention": ["attention", str(run), "--text", "To be", "--out", str(run.parent / "attention.png")],
         "resume": ["train", "lm", *flags, "--out", str(run), "--resume", "--quiet", "--steps", "7"],
+        "resume-own": ["train", "lm", "--out", str(run), "--resume", "--quiet"],
     }[name]
 
 
@@ -93,9 +95,9 @@ def check(trained, tmp_path, name: str, how: str, operation: str) -> None:
         assert "Traceback" not in stderr and "weights_only=False" not in stderr, stderr
     if name in NEEDED[operation]:
         assert status == 2, f"{operation} worked with {name} damaged ({how})"
-    if operation == "resume" and status == 0 and before is not None:
-        assert metrics_steps(run)[: len([s for s in before if s <= 6])] == [s for s in before if s <= 6]
-        assert metrics_steps(run)[-1] == 7  # continued from step 6, not from 0
+    if operation.startswith("resume") and status == 0 and before is not None:
+        assert metrics_steps(run)[: len(before)] == before  # continued from step 6, not from 0
+        assert metrics_steps(run)[-1] == (7 if operation == "resume" else 6)
 
 
 FILES = [
