@@ -48,7 +48,7 @@ from ..train.manifest import DATA_FILES, verify
 from ..train.runs import PAIRS_FILE, TEXT_DIR, TOKENIZER_DIR, RunConfig
 from ..validation import Config, check_at_least, check_value
 from .base import AttentionMaps, Job, TrainedRun, check_text
-from .translation import SPECIAL_TOKENS, corpus_scores, spread, translate_sentences, translate_test_split
+from .translation import SPECIAL_TOKENS, MTEvaluation, corpus_scores, spread, translate_sentences, translate_test_split
 
 ModelKind = Literal["transformer", "lstm"]
 
@@ -237,33 +237,6 @@ def mt_loss(model: nn.Module, batch: dict[str, Tensor], label_smoothing: float =
 # The job
 
 
-@dataclass(frozen=True)
-class MTEvaluation:
-    """What `MTRun.evaluate` measured on `source`: corpus BLEU and chrF of `sentences` translations decoded with
-    beam size `beam_size`, which took `seconds`."""
-
-    source: str
-    bleu: float
-    chrf: float
-    sentences: int
-    beam_size: int
-    seconds: float
-
-    @property
-    def sentences_per_second(self) -> float:
-        return self.sentences / self.seconds
-
-    def to_dict(self) -> dict[str, float]:
-        """The figures as `kqv eval --json` prints them (seconds to one decimal)."""
-        return {
-            "bleu": self.bleu,
-            "chrf": self.chrf,
-            "sentences": self.sentences,
-            "beam_size": self.beam_size,
-            "seconds": round(self.seconds, 1),
-        }
-
-
 @dataclass(repr=False)  # TrainedRun.__repr__: the model is too long to print
 class MTRun(TrainedRun):
     """A trained translation run: translate sentences with its decoding settings, score them, show the alignment."""
@@ -279,8 +252,6 @@ class MTRun(TrainedRun):
         """The translation of each sentence (one string is one sentence), by beam search with the run's `[decode]`
         settings; `beam_size`, `length_penalty` and `options` (max_len_a, max_len_b, batch_sentences) replace them."""
         sentences = [sentences] if isinstance(sentences, str) else list(sentences)
-        for sentence in sentences:
-            check_text(spoken("the text to translate", "each sentence"), sentence)
         if beam_size is not None:
             check_at_least(spoken("--beam", "beam_size"), beam_size, 1)
         chosen = {"beam_size": beam_size, "length_penalty": length_penalty, **options}
@@ -337,9 +308,8 @@ class MTRun(TrainedRun):
     def attention(self, src: str, tgt: str | None = None) -> AttentionMaps:
         """The cross-attention of every layer and head while the decoder reads `tgt` (default: the model's own
         translation of `src`): rows are target tokens (<bos> first), columns source tokens (<eos> last)."""
-        check_text(spoken("--src", "src"), src)
-        if tgt is not None:
-            check_text(spoken("--tgt", "tgt"), tgt)
+        for name, text in ((spoken("--src", "src"), src), (spoken("--tgt", "tgt"), "" if tgt is None else tgt)):
+            check_text(name, text)
         target = tgt if tgt is not None else self.translate([src])[0]
         _, bos, eos = (self.tokenizer.token_to_id(t) for t in SPECIAL_TOKENS)
         src_ids = self.tokenizer.encode(" ".join(src.split())) + [eos]
