@@ -15,6 +15,7 @@ A run directory (`kqv train NAME --out DIR`) holds:
     metrics.jsonl       one record per log or evaluation step, and loss.png (kqv.train.metrics)
     samples.txt         generated text (lm); test.hyp: the test translations (mt)
     summary.json        the final figures of the run
+    SHA256SUMS          the checksums of run.toml and the data files, verified when read back (kqv.train.manifest)
 
 Runs written before kqv had subpackages use the same files and load unchanged.
 """
