@@ -121,17 +121,17 @@ def prepare_corpus(job: Job, data: Any, run: RunDirectory) -> tuple[Any, dict[st
 def load_tokens(run_dir: Path) -> dict[str, torch.Tensor]:
     """The encoded splits of a run (tokens.safetensors), verified against its SHA256SUMS."""
     path = run_dir / TOKENS_FILE
+    overwrite = spoken("`--overwrite`", "if_exists=" + repr("overwrite"))
     try:
         tokens = load(read_verified(run_dir, TOKENS_FILE))
-        if not {"train", "val", "chars"} <= set(tokens):
-            raise ValueError(f"it holds {sorted(tokens)}, not train, val and chars")
-    except RunError:
-        raise
-    except (SafetensorError, ValueError) as error:
+    except SafetensorError as error:
         raise RunError(
-            f"{path} is corrupt ({error}); restore it from a backup, or train the run again with "
-            f"{spoken('`--overwrite`', 'if_exists=' + repr('overwrite'))}"
+            f"{path} is corrupt ({error}); restore it from a backup, or train the run again with {overwrite}"
         ) from None
+    if not {"train", "val"} <= set(tokens):
+        raise RunError(
+            f"{path} holds {sorted(tokens)}, not the train and val splits; train the run again with {overwrite}"
+        )
     return tokens
 
 
