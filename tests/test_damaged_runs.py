@@ -158,3 +158,40 @@ def test_a_tampered_optimizer_state_never_suggests_running_its_code(trained, tmp
     status, stderr = kqv(command("resume", run, flags))
     assert status == 2 and stderr.count("\n") == 1, stderr
     assert "weights_only" not in stderr and "damaged or not kqv's" in stderr and "--overwrite" in stderr, stderr
+
+
+@pytest.fixture(scope="module")
+def translation_run(tmp_path_factory) -> Path:
+    from explore_runs import train_run
+
+    return train_run("mt", tmp_path_factory.mktemp("damaged-mt"))
+
+
+MT_FILES = ["pairs.safetensors", "data/test.src", "data/test.tgt", "tokenizer/tokenizer.json", "run.toml"]
+
+
+def test_the_translation_run_records_its_data_files(translation_run):
+    recorded = {line.split("  ", 1)[1] for line in (translation_run / "SHA256SUMS").read_text().splitlines()}
+    assert set(MT_FILES) <= recorded
+
+
+@pytest.mark.parametrize("operation", ["translate", "eval", "resume-own"])
+@pytest.mark.parametrize("how", ["corrupt", "delete"])
+@pytest.mark.parametrize("name", MT_FILES)
+def test_a_damaged_translation_run_is_one_error_line_or_not_needed(translation_run, tmp_path, name, how, operation):
+    run = tmp_path / "run"
+    shutil.copytree(translation_run, run)
+    damage(run / name, how)
+    argv = {
+        "translate": ["translate", str(run), "eins zwei"],
+        "eval": ["eval", str(run), "--max-sentences", "2"],
+        "resume-own": ["train", "mt", "--out", str(run), "--resume", "--quiet"],
+    }[operation]
+    status, stderr = kqv(argv)
+    assert status in (0, 2) and "Traceback" not in stderr, stderr
+    if status == 2:
+        assert stderr.startswith("kqv: error: ") and stderr.count("\n") == 1, stderr
+    needed = {"run.toml", "tokenizer/tokenizer.json"}
+    needed |= {"data/test.src", "data/test.tgt"} if operation == "eval" else set()
+    needed |= set(MT_FILES) if operation == "resume-own" else set()
+    assert (status == 2) == (name in needed), stderr

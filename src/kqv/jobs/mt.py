@@ -44,7 +44,7 @@ from ..nn.models import EncoderDecoder, count_parameters
 from ..nn.rnn import RNNConfig, RNNEncoderDecoder
 from ..train.config import TrainConfig
 from ..train.flops import training_flops_per_token
-from ..train.manifest import DATA_FILES, verify
+from ..train.manifest import DATA_FILES, MANIFEST_FILE, verify
 from ..train.runs import PAIRS_FILE, TEXT_DIR, TOKENIZER_DIR, RunConfig
 from ..validation import Config, check_at_least, check_value
 from .base import AttentionMaps, Job, TrainedRun, check_text
@@ -186,8 +186,9 @@ def prepare_data(config: MTRunConfig, run_dir: Path, reuse: bool, write: bool = 
     """Tokenizer, encoded splits and held-out texts: loaded from run_dir when `reuse` and they are there (a
     resumed run, or data copied from another run), else built and saved there (unless `write` is False: a
     torchrun rank other than 0)."""
+    if reuse:
+        verify(run_dir, *DATA_FILES)  # a recorded file that is missing is an error, not a rebuild
     if reuse and (run_dir / PAIRS_FILE).exists():
-        verify(run_dir, *DATA_FILES)
         tokenizer = load_tokenizer(run_dir / TOKENIZER_DIR)
         return MTData(tokenizer, load_splits(run_dir / PAIRS_FILE), read_texts(run_dir / TEXT_DIR))
     splits = split_by_group(
@@ -220,7 +221,9 @@ def copy_data(source: str | Path, run_dir: Path) -> None:
     source = Path(source)
     if not (source / PAIRS_FILE).is_file():
         raise FileNotFoundError(f"{source} holds no prepared MT data ({PAIRS_FILE} is missing)")
+    verify(source, *DATA_FILES)  # against its SHA256SUMS; this run's own is written anew when training starts
     run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / MANIFEST_FILE).unlink(missing_ok=True)
     for name in (TOKENIZER_DIR, TEXT_DIR):
         shutil.copytree(source / name, run_dir / name, dirs_exist_ok=True)
     shutil.copy2(source / PAIRS_FILE, run_dir / PAIRS_FILE)
