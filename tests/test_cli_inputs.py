@@ -199,3 +199,19 @@ def test_a_full_disk_while_checkpointing_is_one_error_line_and_keeps_the_checkpo
     refused([*argv, "--quiet", "--steps", "9"], "No space left on device", "free some space")
     assert (run / "checkpoint" / "state.json").read_bytes() == state
     assert json.loads(state)["step"] == 6 and not list(run.glob(".checkpoint-tmp-*"))
+
+
+@pytest.mark.parametrize(
+    "name, command",
+    [
+        ("tokenizer/kqv_tokenizer.json", ["generate", "--prompt", "To"]),
+        ("tokenizer/tokenizer.json", ["generate", "--prompt", "To"]),
+        ("tokens.safetensors", ["eval"]),
+    ],
+)
+def test_a_damaged_file_of_a_run_without_checksums_is_still_one_error_line(runs, tmp_path, name, command):
+    """A run written before SHA256SUMS existed loads unchecked; a damaged file is still named, not a traceback."""
+    run = copy_run(runs["bpe"], tmp_path)
+    (run / "SHA256SUMS").unlink()
+    (run / name).write_bytes((run / name).read_bytes()[:40])
+    refused([command[0], str(run), *command[1:]], name.split("/")[0], "train the run again")

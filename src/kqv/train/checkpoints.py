@@ -181,16 +181,12 @@ def _open_in(directory: int, name: str, path: Path) -> BinaryIO:
     """Open `name` inside the already opened checkpoint directory."""
     try:
         file = os.fdopen(os.open(name, os.O_RDONLY, dir_fd=directory), "rb")
-    except IsADirectoryError:
-        raise RunError(
-            f"{path / name} is a directory, not a file, so the checkpoint is damaged; {remedy(path)}"
-        ) from None
     except FileNotFoundError:
         if _replaced(directory, path):  # a newer swap moved this checkpoint aside and is deleting it
             raise _Swapped from None
         what = "so the checkpoint is incomplete" if name == STATE_FILE else "from the checkpoint"
         raise FileNotFoundError(f"{path / name} is missing, {what}; {remedy(path)}") from None
-    if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+    if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):  # a directory opens read-only without an error
         file.close()
         raise RunError(f"{path / name} is not a regular file, so the checkpoint is damaged; {remedy(path)}")
     return file
