@@ -62,7 +62,14 @@ def mt_translate(run: MTRun, args: argparse.Namespace) -> None:
     if args.text is not None:
         sentences = [args.text]
     else:
-        source = Path(args.file).read_text(encoding="utf-8") if args.file not in (None, "-") else sys.stdin.read()
+        try:  # bytes that are not UTF-8 become surrogate escapes, which translate() names with their line
+            source = (
+                Path(args.file).read_text(encoding="utf-8", errors="surrogateescape")
+                if args.file not in (None, "-")
+                else sys.stdin.read()
+            )
+        except UnicodeDecodeError as error:
+            raise DataError(f"the standard input is not UTF-8 text ({error}); give the sentences in UTF-8") from None
         sentences = [line for line in source.splitlines() if line.strip()]
         if not sentences:
             raise DataError("nothing to translate: the input has no non-empty lines")

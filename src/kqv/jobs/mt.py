@@ -229,6 +229,14 @@ def copy_data(source: str | Path, run_dir: Path) -> None:
     shutil.copy2(source / PAIRS_FILE, run_dir / PAIRS_FILE)
 
 
+def read_lines(path: str | Path) -> list[str]:
+    """The lines of a UTF-8 text file (sentences to translate, or their references)."""
+    try:
+        return Path(path).read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as error:
+        raise DataError(f"{path} is not UTF-8 text ({error}); save it as UTF-8") from None
+
+
 def mt_loss(model: nn.Module, batch: dict[str, Tensor], label_smoothing: float = 0.0) -> Tensor:
     """Mean cross-entropy of the next target token under teacher forcing (label-smoothed while training), plus the
     experts' load-balancing loss while training (`kqv.nn.experts`)."""
@@ -293,8 +301,7 @@ class MTRun(TrainedRun):
                 f"score the run's test split"
             )
         if src is not None:
-            sources = Path(src).read_text(encoding="utf-8").splitlines()
-            references = Path(ref).read_text(encoding="utf-8").splitlines()
+            sources, references = (read_lines(path) for path in (src, ref))
             label = str(src)
         else:
             (sources, references), label = self.test_texts(), "the held-out test split"
