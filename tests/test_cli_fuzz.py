@@ -306,3 +306,31 @@ def test_a_bad_model_option_is_refused_before_the_run_directory_exists(tmp_path,
     status, stderr = kqv(["train", job, "--out", str(tmp_path / "run"), "--set", option, *extra])
     assert status == 2 and stderr.startswith("kqv: error: "), stderr
     assert not (tmp_path / "run").exists()
+
+
+ENCODINGS = ["utf-8", "utf-8-sig", "utf-16", "utf-16-le", "utf-16-be", "utf-32", "latin-1", "cp1252"]
+
+
+@FUZZ
+@given(
+    data=st.one_of(
+        st.binary(max_size=200),
+        st.tuples(st.sampled_from(ENCODINGS), st.text(max_size=80)).map(
+            lambda pair: pair[1].encode(pair[0], errors="replace")
+        ),
+        st.tuples(st.binary(max_size=8), st.binary(max_size=8), st.floats(0, 1)),
+    ),
+    mode=MODES,
+)
+def test_random_config_bytes_are_one_error_line_and_change_nothing(existing_run, data, mode):
+    """A config file of random bytes, text in any encoding (UTF-16 with its byte-order mark, Latin-1, ...), or the
+    tiny config with random bytes spliced in: one error line, the run untouched."""
+    root, config, _, _ = existing_run
+    if isinstance(data, tuple):  # the tiny config, with bytes spliced into it
+        head, tail, where = data
+        text = config.read_bytes()
+        at = round(where * len(text))
+        data = text[:at] + head + b"\xff" + tail + text[at:]  # 0xFF: never UTF-8, so never a valid config
+    bad = root / "bytes.toml"
+    bad.write_bytes(data)
+    check_refused(existing_run, [], bad, mode)

@@ -8,6 +8,7 @@ and exits with status 2; any other exception is a bug in kqv and shows its trace
 from __future__ import annotations
 
 import contextvars
+import errno
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -53,6 +54,30 @@ class ConversionError(KqvError, ValueError):
 class MissingResourceError(KqvError, RuntimeError):
     """Something kqv needs is not installed and cannot be fetched (a corpus, pretrained weights); the message says
     how to get it."""
+
+
+# What to do about an operating-system error: the file system said no (full, read-only, not a directory, ...).
+OS_REMEDIES = {
+    errno.ENOSPC: "the disk is full: free some space and run the command again",
+    errno.EDQUOT: "the disk quota is used up: free some space and run the command again",
+    errno.EACCES: "check its permissions, or choose another path",
+    errno.EPERM: "check its permissions, or choose another path",
+    errno.EROFS: "the file system is read-only: choose another path",
+    errno.ENOTDIR: "a part of the path is a file, not a directory: choose another path",
+    errno.EISDIR: "it is a directory: give the path of a file (or remove the directory)",
+    errno.ENAMETOOLONG: "choose a shorter path",
+}
+
+
+def describe_os_error(error: OSError) -> str:
+    """One line for an OSError: kqv's own message (a FileNotFoundError that says what to train), or the file, what
+    the system said, and what to do about it (`OS_REMEDIES`)."""
+    if error.errno is None or error.strerror is None:
+        return str(error)
+    path = error.filename2 if error.filename2 is not None else error.filename  # a rename's: its destination
+    where = f"{path}: " if path is not None else ""
+    remedy = OS_REMEDIES.get(error.errno)
+    return f"{where}{error.strerror}" + (f"; {remedy}" if remedy else "")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ..errors import ConfigError, MissingResourceError
 from .commands import Command
@@ -25,6 +26,8 @@ def cmd_explore(args: argparse.Namespace) -> None:
         return serve(args.run, host=args.host, port=args.port, open_browser=args.open, max_tokens=args.max_tokens)
     if args.text is None:
         raise ConfigError("--html writes the views of one input: give it with --text")
+    if Path(args.html).is_dir():
+        raise ConfigError(f"--html {args.html} is a directory; give the path of the HTML file to write")
     options = {"beam": args.beam} if args.beam is not None else {}
     path = write_standalone(load_subject(args.run, args.max_tokens), args.text, args.html, **options)
     print(f"wrote {path}: open it in a browser (it needs no server)")

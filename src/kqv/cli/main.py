@@ -22,7 +22,7 @@ import argparse
 import sys
 
 from ..api import packaged_config  # noqa: F401 -- kqv.cli.main.packaged_config, as before
-from ..errors import KqvError, command_line
+from ..errors import KqvError, command_line, describe_os_error
 from ..signals import exit_status, interruptible, message
 from .commands import Command, Train
 from .embeddings import Embed, Similarity
@@ -51,16 +51,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line. Expected errors (kqv's own, a missing file, a run in the way) print one line and
-    exit with status 2; anything else is a bug and shows its traceback. Ctrl-C and SIGTERM (`kqv.signals`) end
-    it with status 130 and 143, after what they interrupted has saved its work (training: a checkpoint)."""
+    """Run the command line. Expected errors (kqv's own, the file system's: a missing file, a full disk) print one
+    line and exit with status 2; anything else is a bug and shows its traceback. Ctrl-C and SIGTERM (`kqv.signals`)
+    end it with status 130 and 143, after what they interrupted has saved its work (training: a checkpoint)."""
     try:
         with interruptible():
             args = build_parser().parse_args(argv)
             with command_line():  # error messages name flags, not Python arguments
                 status = args.func(args)
-    except (KqvError, FileNotFoundError, FileExistsError) as error:
-        print(f"kqv: error: {error}", file=sys.stderr)
+    except (KqvError, OSError) as error:  # OSError: a missing file, a full disk, a read-only directory, ...
+        print(f"kqv: error: {describe_os_error(error) if isinstance(error, OSError) else error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM as kqv.signals.Terminated
         print(message(interrupt), file=sys.stderr)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..errors import ConfigError, DataError
-from ..jobs.lm import GENERATION_DTYPES, LMRun
+from ..jobs.lm import ATTENTION_MAX_TOKENS, GENERATION_DTYPES, LMRun
 from ..jobs.mt import MTRun
 from ..jobs.vit import VitRun
 from .commands import JobCommand, RunCommand, report
@@ -48,7 +48,7 @@ def lm_attention(run: LMRun, args: argparse.Namespace) -> None:
 
     if args.text is None:
         raise ConfigError("kqv attention on a language model needs --text")
-    maps = run.attention(args.text)
+    maps = run.attention(args.text, max_tokens=args.max_tokens)
     path = plot_attention_grid(maps.weights, maps.rows, maps.columns, args.out, title=f"{run.run_dir}: self-attention")
     print(f"wrote {path}: {maps.layers} layers x {maps.heads} heads over {len(maps.rows)} tokens")
 
@@ -62,7 +62,14 @@ def mt_translate(run: MTRun, args: argparse.Namespace) -> None:
     if args.text is not None:
         sentences = [args.text]
     else:
-        source = Path(args.file).read_text(encoding="utf-8") if args.file not in (None, "-") else sys.stdin.read()
+        try:  # bytes that are not UTF-8 become surrogate escapes, which translate() names with their line
+            source = (
+                Path(args.file).read_text(encoding="utf-8", errors="surrogateescape")
+                if args.file not in (None, "-")
+                else sys.stdin.read()
+            )
+        except UnicodeDecodeError as error:
+            raise DataError(f"the standard input is not UTF-8 text ({error}); give the sentences in UTF-8") from None
         sentences = [line for line in source.splitlines() if line.strip()]
         if not sentences:
             raise DataError("nothing to translate: the input has no non-empty lines")
@@ -187,7 +194,16 @@ RUN_COMMANDS = {
             "lm": JobCommand(
                 "draw the self-attention maps of every layer and head",
                 lm_attention,
-                (Flag("--text", "the text whose self-attention to draw"), OUT_PNG_FLAG),
+                (
+                    Flag("--text", "the text whose self-attention to draw"),
+                    OUT_PNG_FLAG,
+                    Flag(
+                        "--max-tokens",
+                        f"the longest text drawn, in tokens (default {ATTENTION_MAX_TOKENS}): the maps hold tokens x "
+                        "tokens weights per head",
+                        options={"type": int, "default": ATTENTION_MAX_TOKENS},
+                    ),
+                ),
             ),
             "mt": JobCommand(
                 "draw the cross-attention of a translation",

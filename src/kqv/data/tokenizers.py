@@ -20,7 +20,7 @@ import torch
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from ..errors import ConfigError, DataError, RunError, UnknownTokenError
+from ..errors import ConfigError, DataError, KqvError, RunError, UnknownTokenError
 
 TOKENIZER_FILE = "tokenizer.json"
 METADATA_FILE = "kqv_tokenizer.json"
@@ -246,11 +246,24 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
     metadata_path = directory / METADATA_FILE
     if not metadata_path.is_file():
         raise FileNotFoundError(f"No saved kqv tokenizer in {directory}: {METADATA_FILE} is missing")
-    metadata = json.loads(metadata_path.read_text(encoding="utf-8"))
-    kind = metadata.get("kind")
+    try:
+        metadata = json.loads(metadata_path.read_text(encoding="utf-8"))
+        kind = metadata.get("kind")
+    except (ValueError, AttributeError) as error:  # not JSON, not UTF-8, not an object
+        raise RunError(f"{metadata_path} is corrupt ({error}); {_remedy(directory)}") from None
     if kind not in TOKENIZER_KINDS:
         raise RunError(f"{metadata_path} names unknown tokenizer kind {kind!r}; known: {sorted(TOKENIZER_KINDS)}")
-    return TOKENIZER_KINDS[kind]._load(directory, metadata)
+    try:
+        return TOKENIZER_KINDS[kind]._load(directory, metadata)
+    except (OSError, KqvError):
+        raise
+    except Exception as error:  # the Hugging Face tokenizers library raises plain Exceptions for a damaged file
+        raise RunError(f"the tokenizer in {directory} is damaged ({error}); {_remedy(directory)}") from None
+
+
+def _remedy(directory: Path) -> str:
+    """What to do about a damaged saved tokenizer: it belongs to a run (kqv's) or was saved by hand."""
+    return f"restore {directory} from a backup, or train the run again (its tokenizer is made from the data)"
 
 
 def encode_text(tokenizer: Tokenizer, text: str, chunk: int = 1 << 20) -> torch.Tensor:

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from ..errors import DataError
+from ..jobs.base import check_text as check_unicode
 
 DECIMALS = 6  # weights and probabilities are sent rounded to 1e-6
 TAG_THRESHOLD = 0.5  # a head is tagged when it puts at least this much weight, on average, on one pattern
@@ -123,6 +124,7 @@ def check_text(text: Any, name: str = "text") -> str:
     """The request's text, or a DataError (a ValueError) that says what was wrong with it."""
     if not isinstance(text, str):
         raise DataError(f"{name} must be a string, got {type(text).__name__}")
+    check_unicode(name, text)  # no lone surrogates: from non-UTF-8 bytes on a command line, or "\udcff" in JSON
     if not text.strip():
         raise DataError(f"{name} is empty; type some text to look at")
     return text

@@ -21,10 +21,11 @@ import torch
 from torch import nn
 
 from ..data.tokenizers import load_tokenizer
-from ..errors import ConfigError, RunError, spoken
+from ..errors import ConfigError, DataError, DataTypeError, RunError, spoken
 from ..nn.config import ModelConfig
 from ..nn.models import count_parameters
 from ..train.checkpoints import load_weights
+from ..train.manifest import record, verify
 from ..train.rundir import RunDirectory
 from ..train.runs import (
     FIXED_SECTIONS,
@@ -69,6 +70,24 @@ class AttentionMaps:
             f"AttentionMaps({self.kind}, {self.layers} layers x {self.heads} heads, {len(self.rows)} rows x "
             f"{len(self.columns)} columns{extra})"
         )
+
+
+def check_text(name: str, text: Any) -> None:
+    """Require `text` (an operation's input, `name` in the interface's words) to be a string of Unicode text.
+
+    Bytes that are not UTF-8 on the command line reach Python as lone surrogates ("surrogate escapes"), which no
+    tokenizer can encode: refuse them here, naming the first such byte."""
+    if not isinstance(text, str):
+        raise DataTypeError(f"{name} must be a string, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        char = ord(text[error.start])
+        what = f"byte {char - 0xDC00:#04x}" if 0xDC80 <= char <= 0xDCFF else f"the lone surrogate {char:#06x}"
+        raise DataError(
+            f"{name} is not UTF-8 text: {what} at character {error.start}; give the text in UTF-8 (check the "
+            f"encoding of your terminal or file)"
+        ) from None
 
 
 @dataclass
@@ -197,6 +216,7 @@ class Job:
             self.check_resume(run, values)
         if run.writes:
             write_run_config(run.path, values)
+            record(run.path, keep=run.resuming)  # the checksums of the data just prepared (or read back verified)
         torch.manual_seed(config.train.seed)
         return self.build_model(model_config, config, values)
 
@@ -274,6 +294,7 @@ class Job:
         config = self.config_class.from_run(values)
         model = self.build_model(self.model_config_of_run(values), config, values)
         load_weights(model, run_dir)
+        verify(run_dir, TOKENIZER_DIR)  # against the run's SHA256SUMS
         return self.run_class(self, config, model.eval(), self.load_tokenizer(run_dir), run_dir, values)
 
     def model_config_of_run(self, values: dict[str, Any]) -> Any:

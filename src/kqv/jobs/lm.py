@@ -8,28 +8,31 @@ is exact and quick), `checkpoint/`, `metrics.jsonl`, `loss.png`, `samples.txt` a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import torch
-from safetensors.torch import load_file, save
+from safetensors import SafetensorError
+from safetensors.torch import load, save
 from torch import nn
 
 from ..data.batches import batch_generator, sample_batch
 from ..data.shakespeare import load_text, split_text
 from ..data.tokenizers import Tokenizer, encode_text, make_tokenizer
-from ..errors import ConfigError, DataError, spoken
+from ..errors import ConfigError, DataError, RunError, spoken
 from ..nn.config import ModelConfig
 from ..nn.models import DecoderLM, check_ids, count_parameters
 from ..train.checkpoints import write_atomically
 from ..train.evaluation import perplexity
+from ..train.manifest import read_verified, verify
 from ..train.preflight import check_memory, check_prompt, check_splits
 from ..train.rundir import RunDirectory
-from ..train.runs import SAMPLES_FILE, TOKENS_FILE, RunConfig
+from ..train.runs import SAMPLES_FILE, TOKENIZER_DIR, TOKENS_FILE, RunConfig
 from ..validation import Config, check_at_least
-from .base import AttentionMaps, Job, TrainedRun
+from .base import AttentionMaps, Job, TrainedRun, check_text
 
 
 @dataclass
@@ -102,8 +105,10 @@ def prepare_corpus(
     val_fraction): loaded from the run when it resumes a checkpoint (they were written before it), else built
     with the job's `make_tokenizer` and saved (by rank 0 alone under torchrun). `check(tokenizer, tokens)` is
     called before anything is saved: a run it refuses leaves no file behind. The LM and MLM jobs share it."""
+    if run.resuming:
+        verify(run.path, TOKENIZER_DIR, TOKENS_FILE)  # a recorded file that is missing is an error, not a rebuild
     if run.resuming and (run.path / TOKENS_FILE).exists():
-        tokenizer, tokens = job.load_tokenizer(run.path), load_file(run.path / TOKENS_FILE)
+        tokenizer, tokens = job.load_tokenizer(run.path), load_tokens(run.path)
         if check is not None:
             check(tokenizer, tokens)
         return tokenizer, tokens
@@ -137,6 +142,23 @@ def check_lm_run(config: LMRunConfig) -> Callable[[Tokenizer, dict[str, torch.Te
     return check
 
 
+def load_tokens(run_dir: Path) -> dict[str, torch.Tensor]:
+    """The encoded splits of a run (tokens.safetensors), verified against its SHA256SUMS."""
+    path = run_dir / TOKENS_FILE
+    overwrite = spoken("`--overwrite`", "if_exists=" + repr("overwrite"))
+    try:
+        tokens = load(read_verified(run_dir, TOKENS_FILE))
+    except SafetensorError as error:
+        raise RunError(
+            f"{path} is corrupt ({error}); restore it from a backup, or train the run again with {overwrite}"
+        ) from None
+    if not {"train", "val"} <= set(tokens):
+        raise RunError(
+            f"{path} holds {sorted(tokens)}, not the train and val splits; train the run again with {overwrite}"
+        )
+    return tokens
+
+
 def write_samples(model: DecoderLM, tokenizer: Tokenizer, sample: SampleConfig, path: Path) -> list[str]:
     generator = torch.Generator().manual_seed(0)
     texts = [
@@ -168,18 +190,66 @@ def generate_text(model: DecoderLM, tokenizer: Tokenizer, prompt: str, max_new_t
     return tokenizer.decode(model.generate(ids, max_new_tokens, **options)[0].tolist())
 
 
-def self_attention(model: nn.Module, tokenizer: Tokenizer, text: str) -> AttentionMaps:
+ATTENTION_MAX_TOKENS = 256  # as the explorer's default input limit
+
+
+def self_attention(
+    model: nn.Module, tokenizer: Tokenizer, text: str, max_tokens: int = ATTENTION_MAX_TOKENS
+) -> AttentionMaps:
     """The self-attention weights of every layer and head of a `DecoderLM` or an `Encoder` over `text`, rows and
-    columns labelled by token."""
+    columns labelled by token. A text of more than `max_tokens` tokens is refused: the maps hold tokens x tokens
+    weights per head."""
+    check_text(spoken("--text", "text"), text)
+    check_at_least(spoken("--max-tokens", "max_tokens"), max_tokens, 1)
     ids = tokenizer.encode(text)
     if not ids:
         raise DataError(f"{spoken('--text', 'text')} is empty; give the text whose attention to draw")
+    if len(ids) > max_tokens:
+        raise DataError(
+            f"{spoken('--text', 'text')} is {len(ids):,} tokens, more than {spoken('--max-tokens', 'max_tokens')}"
+            f"={max_tokens} (the maps hold tokens x tokens weights for each of {model.config.n_layers} "
+            f"layers x {model.config.n_heads} heads); shorten the text, or raise the limit"
+        )
     ids_tensor = torch.tensor([ids])  # (1, tokens)
     check_ids(ids_tensor, model.config.vocab_size)
     with torch.no_grad():
         weights = model.attention_weights(ids_tensor)  # per layer (1, heads, tokens, tokens)
     tokens = [tokenizer.decode([i]) for i in ids]
     return AttentionMaps(weights, tokens, tokens)
+
+
+MAX_NEW_TOKENS = 100_000  # the tokens (and the attention cache) are allocated for the whole length up front
+
+
+def check_generation(max_new_tokens: int, temperature: float, capped: bool = False) -> None:
+    """Refuse what `LMRun.generate` cannot do: a temperature that is not a finite number >= 0, and more new tokens
+    than `MAX_NEW_TOKENS` (a run with learned positions is further capped at its max_len, silently, as before)."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature):
+        raise ConfigError(f"{spoken('--temperature', 'temperature')} must be a finite number >= 0, got {temperature}")
+    if temperature < 0:
+        raise ConfigError(f"{spoken('--temperature', 'temperature')} must be >= 0 (0 = greedy), got {temperature}")
+    name = spoken("--max-new-tokens", "max_new_tokens")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        raise ConfigError(f"{name} must be an integer, got {max_new_tokens!r}")
+    check_at_least(name, max_new_tokens, 1)
+    if max_new_tokens > MAX_NEW_TOKENS and not capped:
+        raise ConfigError(
+            f"{name} is at most {MAX_NEW_TOKENS:,} (the tokens and attention cache are allocated up front), got "
+            f"{max_new_tokens:,}; to go on, generate again with the output as the prompt"
+        )
+
+
+def seeded_generator(seed: int) -> torch.Generator:
+    """A torch generator seeded with `seed`; a seed torch cannot take (not an integer in [-2**63, 2**64)) is a
+    ConfigError."""
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ConfigError(f"{spoken('--seed', 'seed')} must be an integer, got {seed!r}")
+    try:
+        return torch.Generator().manual_seed(seed)
+    except (RuntimeError, ValueError, OverflowError):
+        raise ConfigError(
+            f"{spoken('--seed', 'seed')} must be an integer from -2**63 to 2**64 - 1, got {seed}"
+        ) from None
 
 
 GENERATION_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "int8": torch.qint8}
@@ -230,7 +300,9 @@ class LMRun(TrainedRun):
         if dtype not in GENERATION_DTYPES:
             raise ConfigError(f"{spoken('--dtype', 'dtype')} must be one of {sorted(GENERATION_DTYPES)}, got {dtype!r}")
         check_at_least(spoken("--count", "count"), count, 1)
-        generator = torch.Generator().manual_seed(seed)
+        check_text(spoken("--prompt", "prompt"), prompt)
+        check_generation(max_new_tokens, temperature, capped=self.model.config.position == "learned")
+        generator = seeded_generator(seed)
         return [
             generate_text(
                 self.model,
@@ -249,19 +321,22 @@ class LMRun(TrainedRun):
 
     def evaluate(self, data: str | Path | None = None, *, max_tokens: int | None = None) -> LMEvaluation:
         """Loss, perplexity and bits per character on a text file or directory (`data`), by default on the run's
-        held-out validation split; `max_tokens` scores only a prefix of that many tokens."""
+        held-out validation split; `max_tokens` scores only a prefix of that many tokens (at least 2)."""
+        if max_tokens is not None:
+            check_at_least(spoken("--max-tokens", "max_tokens"), max_tokens, 2)
         if data is not None:
             text = load_text(data)
             ids, n_chars, source = encode_text(self.tokenizer, text), len(text), str(data)
         else:
-            tokens = load_file(self.run_dir / TOKENS_FILE)
+            tokens = load_tokens(self.run_dir)
             ids, n_chars, source = tokens["val"], int(tokens["chars"][1]), "the held-out validation split"
         result = perplexity(self.model, ids, context=self.config.data.context, n_chars=n_chars, max_tokens=max_tokens)
         return LMEvaluation(source, **result)
 
-    def attention(self, text: str) -> AttentionMaps:
-        """The self-attention weights of every layer and head over `text`, rows and columns labelled by token."""
-        return self_attention(self.model, self.tokenizer, text)
+    def attention(self, text: str, *, max_tokens: int = ATTENTION_MAX_TOKENS) -> AttentionMaps:
+        """The self-attention weights of every layer and head over `text`, rows and columns labelled by token.
+        A text of more than `max_tokens` tokens is refused: the maps hold tokens x tokens weights per head."""
+        return self_attention(self.model, self.tokenizer, text, max_tokens)
 
 
 class LMJob(Job):

@@ -44,10 +44,11 @@ from ..nn.models import EncoderDecoder, count_parameters
 from ..nn.rnn import RNNConfig, RNNEncoderDecoder
 from ..train.config import TrainConfig
 from ..train.flops import training_flops_per_token
+from ..train.manifest import DATA_FILES, MANIFEST_FILE, verify
 from ..train.runs import PAIRS_FILE, TEXT_DIR, TOKENIZER_DIR, RunConfig
 from ..validation import Config, check_at_least, check_value
-from .base import AttentionMaps, Job, TrainedRun
-from .translation import SPECIAL_TOKENS, corpus_scores, spread, translate_sentences, translate_test_split
+from .base import AttentionMaps, Job, TrainedRun, check_text
+from .translation import SPECIAL_TOKENS, MTEvaluation, corpus_scores, spread, translate_sentences, translate_test_split
 
 ModelKind = Literal["transformer", "lstm"]
 
@@ -185,6 +186,8 @@ def prepare_data(config: MTRunConfig, run_dir: Path, reuse: bool, write: bool = 
     """Tokenizer, encoded splits and held-out texts: loaded from run_dir when `reuse` and they are there (a
     resumed run, or data copied from another run), else built and saved there (unless `write` is False: a
     torchrun rank other than 0)."""
+    if reuse:
+        verify(run_dir, *DATA_FILES)  # a recorded file that is missing is an error, not a rebuild
     if reuse and (run_dir / PAIRS_FILE).exists():
         tokenizer = load_tokenizer(run_dir / TOKENIZER_DIR)
         return MTData(tokenizer, load_splits(run_dir / PAIRS_FILE), read_texts(run_dir / TEXT_DIR))
@@ -218,10 +221,20 @@ def copy_data(source: str | Path, run_dir: Path) -> None:
     source = Path(source)
     if not (source / PAIRS_FILE).is_file():
         raise FileNotFoundError(f"{source} holds no prepared MT data ({PAIRS_FILE} is missing)")
+    verify(source, *DATA_FILES)  # against its SHA256SUMS; this run's own is written anew when training starts
     run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / MANIFEST_FILE).unlink(missing_ok=True)
     for name in (TOKENIZER_DIR, TEXT_DIR):
         shutil.copytree(source / name, run_dir / name, dirs_exist_ok=True)
     shutil.copy2(source / PAIRS_FILE, run_dir / PAIRS_FILE)
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """The lines of a UTF-8 text file (sentences to translate, or their references)."""
+    try:
+        return Path(path).read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as error:
+        raise DataError(f"{path} is not UTF-8 text ({error}); save it as UTF-8") from None
 
 
 def mt_loss(model: nn.Module, batch: dict[str, Tensor], label_smoothing: float = 0.0) -> Tensor:
@@ -233,33 +246,6 @@ def mt_loss(model: nn.Module, batch: dict[str, Tensor], label_smoothing: float =
 
 # ---------------------------------------------------------------------------------------------------------------
 # The job
-
-
-@dataclass(frozen=True)
-class MTEvaluation:
-    """What `MTRun.evaluate` measured on `source`: corpus BLEU and chrF of `sentences` translations decoded with
-    beam size `beam_size`, which took `seconds`."""
-
-    source: str
-    bleu: float
-    chrf: float
-    sentences: int
-    beam_size: int
-    seconds: float
-
-    @property
-    def sentences_per_second(self) -> float:
-        return self.sentences / self.seconds
-
-    def to_dict(self) -> dict[str, float]:
-        """The figures as `kqv eval --json` prints them (seconds to one decimal)."""
-        return {
-            "bleu": self.bleu,
-            "chrf": self.chrf,
-            "sentences": self.sentences,
-            "beam_size": self.beam_size,
-            "seconds": round(self.seconds, 1),
-        }
 
 
 @dataclass(repr=False)  # TrainedRun.__repr__: the model is too long to print
@@ -315,12 +301,12 @@ class MTRun(TrainedRun):
                 f"score the run's test split"
             )
         if src is not None:
-            sources = Path(src).read_text(encoding="utf-8").splitlines()
-            references = Path(ref).read_text(encoding="utf-8").splitlines()
+            sources, references = (read_lines(path) for path in (src, ref))
             label = str(src)
         else:
             (sources, references), label = self.test_texts(), "the held-out test split"
         if max_sentences is not None:
+            check_at_least(spoken("--max-sentences", "max_sentences"), max_sentences, 1)
             sources, references = sources[:max_sentences], references[:max_sentences]
         beam_size = beam_size if beam_size is not None else self.config.decode.beam_size
         started = time.perf_counter()
@@ -332,6 +318,8 @@ class MTRun(TrainedRun):
     def attention(self, src: str, tgt: str | None = None) -> AttentionMaps:
         """The cross-attention of every layer and head while the decoder reads `tgt` (default: the model's own
         translation of `src`): rows are target tokens (<bos> first), columns source tokens (<eos> last)."""
+        for name, text in ((spoken("--src", "src"), src), (spoken("--tgt", "tgt"), "" if tgt is None else tgt)):
+            check_text(name, text)
         target = tgt if tgt is not None else self.translate([src])[0]
         _, bos, eos = (self.tokenizer.token_to_id(t) for t in SPECIAL_TOKENS)
         src_ids = self.tokenizer.encode(" ".join(src.split())) + [eos]
@@ -342,6 +330,7 @@ class MTRun(TrainedRun):
         return AttentionMaps(weights, rows, columns, kind="cross", translation=target)
 
     def test_texts(self) -> tuple[list[str], list[str]]:
+        verify(self.run_dir, TEXT_DIR)
         return read_texts(self.run_dir / TEXT_DIR)["test"]
 
 

@@ -6,7 +6,9 @@ and `kqv eval` on its runs. The special tokens are the MT tokenizer's: `<pad>`, 
 
 from __future__ import annotations
 
+import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +17,55 @@ from torch import nn
 
 from ..data.padding import lengths_mask, pad_sequences
 from ..data.tokenizers import Tokenizer
-from ..errors import DataError
+from ..errors import ConfigError, DataError, spoken
 from ..nn.config import ModelConfig
 from ..train.runs import TEST_HYPOTHESES_FILE
+from .base import check_text
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
+MAX_LENGTH_PENALTY = 10.0  # scores are divided by length**penalty: beyond this a float overflows for long outputs
+MAX_BEAM = 64  # beams x sentences x vocabulary scores at every step: wider is slow and no better
+
+
+def check_decoding(beam_size: int, length_penalty: float) -> None:
+    """Refuse a beam size that is not an integer from 1 to `MAX_BEAM`, and a length penalty that is not a number
+    from 0 (none) to `MAX_LENGTH_PENALTY` (GNMT used 0.6 to 1)."""
+    beam = spoken("--beam", "beam_size")
+    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or not 1 <= beam_size <= MAX_BEAM:
+        raise ConfigError(f"{beam} must be an integer from 1 to {MAX_BEAM}, got {beam_size!r}")
+    name = spoken("--length-penalty", "length_penalty")
+    finite = not isinstance(length_penalty, bool) and isinstance(length_penalty, (int, float))
+    if not (finite and math.isfinite(length_penalty) and 0 <= length_penalty <= MAX_LENGTH_PENALTY):
+        raise ConfigError(
+            f"{name} must be a number from 0 (no penalty) to {MAX_LENGTH_PENALTY:g}, got {length_penalty!r}"
+        )
+
+
+@dataclass(frozen=True)
+class MTEvaluation:
+    """What `MTRun.evaluate` measured on `source`: corpus BLEU and chrF of `sentences` translations decoded with
+    beam size `beam_size`, which took `seconds`."""
+
+    source: str
+    bleu: float
+    chrf: float
+    sentences: int
+    beam_size: int
+    seconds: float
+
+    @property
+    def sentences_per_second(self) -> float:
+        return self.sentences / self.seconds
+
+    def to_dict(self) -> dict[str, float]:
+        """The figures as `kqv eval --json` prints them (seconds to one decimal)."""
+        return {
+            "bleu": self.bleu,
+            "chrf": self.chrf,
+            "sentences": self.sentences,
+            "beam_size": self.beam_size,
+            "seconds": round(self.seconds, 1),
+        }
 
 
 @torch.no_grad()
@@ -37,9 +83,11 @@ def translate_sentences(
     """Translate sentences, text in and text out (batched by length, output in input order): each is encoded as
     `ids + <eos>`, decoded by the model's beam search, and cut at its first <eos>. Empty sentences and, for learned
     positions, sources longer than the model's max_len raise DataError."""
+    check_decoding(beam_size, length_penalty)
     pad, bos, eos = (tokenizer.token_to_id(t) for t in SPECIAL_TOKENS)
     sources = []
     for number, sentence in enumerate(sentences, 1):
+        check_text(f"source sentence {number}", sentence)
         if not sentence.strip():
             raise DataError(f"source sentence {number} is empty; give text to translate")
         sources.append(torch.tensor(tokenizer.encode(" ".join(sentence.split())) + [eos]))

@@ -12,8 +12,10 @@ import dataclasses
 import hashlib
 import json
 import os
+import pickle
 import random
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,8 +113,10 @@ def _write_checkpoint(
 
 
 def has_checkpoint(run_dir: str | Path) -> bool:
-    """Whether `run_dir` holds a checkpoint (maybe only as `checkpoint.old`, after a swap cut short by a crash)."""
-    return any((Path(run_dir) / name).is_dir() for name in (CHECKPOINT_DIR, PREVIOUS_CHECKPOINT_DIR))
+    """Whether `run_dir` holds a checkpoint (maybe only as `checkpoint.old`, after a swap cut short by a crash).
+    Anything by those names counts, a file too: reading it then says it is damaged, rather than a resume
+    silently starting over."""
+    return any(os.path.lexists(Path(run_dir) / name) for name in (CHECKPOINT_DIR, PREVIOUS_CHECKPOINT_DIR))
 
 
 class _Swapped(Exception):
@@ -153,6 +157,8 @@ def _read_once(run_dir: Path) -> Checkpoint:
     state_path = path / STATE_FILE
     try:
         directory = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except NotADirectoryError:
+        raise RunError(f"{path} is not a directory, so the run has no usable checkpoint; {remedy(path)}") from None
     except FileNotFoundError:
         if (run_dir / CHECKPOINT_DIR).exists() or (run_dir / PREVIOUS_CHECKPOINT_DIR).exists():
             raise _Swapped from None
@@ -183,12 +189,16 @@ def _read_once(run_dir: Path) -> Checkpoint:
 def _open_in(directory: int, name: str, path: Path) -> BinaryIO:
     """Open `name` inside the already opened checkpoint directory."""
     try:
-        return os.fdopen(os.open(name, os.O_RDONLY, dir_fd=directory), "rb")
+        file = os.fdopen(os.open(name, os.O_RDONLY, dir_fd=directory), "rb")
     except FileNotFoundError:
         if _replaced(directory, path):  # a newer swap moved this checkpoint aside and is deleting it
             raise _Swapped from None
         what = "so the checkpoint is incomplete" if name == STATE_FILE else "from the checkpoint"
         raise FileNotFoundError(f"{path / name} is missing, {what}; {remedy(path)}") from None
+    if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):  # a directory opens read-only without an error
+        file.close()
+        raise RunError(f"{path / name} is not a regular file, so the checkpoint is damaged; {remedy(path)}")
+    return file
 
 
 def _replaced(directory: int, path: Path) -> bool:
@@ -330,7 +340,13 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, checkpoint: Checkpoin
     configured = [(g["betas"], g["weight_decay"]) for g in optimizer.param_groups]
     try:
         optimizer.load_state_dict(torch.load(checkpoint.open(OPTIMIZER_FILE), weights_only=True))
-    except (ValueError, KeyError, RuntimeError) as error:
+    except pickle.UnpicklingError:  # its message would suggest weights_only=False: running the file's code
+        raise RunError(
+            f"{checkpoint.path / OPTIMIZER_FILE} is damaged or not kqv's: it holds more than tensors and numbers, "
+            f"and kqv never runs code from a checkpoint. Do not load it by other means unless you trust its "
+            f"source; {remedy(checkpoint.path)}"
+        ) from None
+    except (ValueError, KeyError, RuntimeError, EOFError) as error:
         raise RunError(
             f"{checkpoint.path / OPTIMIZER_FILE} does not fit this model's optimizer ({error}); was the model built "
             f"with the same config as the run in {run_dir}?"

@@ -40,7 +40,12 @@ def perplexity(
             total_tokens += targets.numel()
     model.train(was_training)
     loss = total_nats / total_tokens
-    result = {"loss": loss, "perplexity": math.exp(loss), "bits_per_token": loss / math.log(2), "tokens": total_tokens}
+    result = {
+        "loss": loss,
+        "perplexity": math.exp(loss) if loss < 709 else math.inf,  # exp overflows a float past 709.78
+        "bits_per_token": loss / math.log(2),
+        "tokens": total_tokens,
+    }
     if n_chars:
         result["bits_per_char"] = total_nats / math.log(2) / n_chars
     return result

@@ -45,10 +45,10 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     finite) reads as None, which readers skip as they skip an absent value (`r.get("val_loss") is not None`);
     files from before null was written, with bare NaN, still read (as float nan)."""
     records = []
-    for line in Path(path).read_text().splitlines():
+    for line in Path(path).read_bytes().splitlines():
         try:
             records.append(json.loads(line))
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, UnicodeDecodeError):  # a line cut short by a crash, or damaged
             continue
     return [r for r in records if isinstance(r, dict) and "step" in r]
 

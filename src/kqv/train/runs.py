@@ -15,12 +15,14 @@ A run directory (`kqv train NAME --out DIR`) holds:
     metrics.jsonl       one record per log or evaluation step, and loss.png (kqv.train.metrics)
     samples.txt         generated text (lm); test.hyp: the test translations (mt)
     summary.json        the final figures of the run
+    SHA256SUMS          the checksums of run.toml and the data files, verified when read back (kqv.train.manifest)
 
 Runs written before kqv had subpackages use the same files and load unchanged.
 """
 
 from __future__ import annotations
 
+import codecs
 import copy
 import dataclasses
 import json
@@ -31,7 +33,7 @@ from typing import Any, ClassVar
 
 import tomli_w
 
-from ..errors import ConfigError, RunError, spoken
+from ..errors import ConfigError, KqvError, RunError, spoken
 from ..nn.config import ModelConfig
 from ..validation import Config, build, check_fields, check_value
 from .checkpoints import write_atomically
@@ -121,13 +123,44 @@ def read_config_values(path: str | Path, overrides: list[str] = (), examples: st
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no config file at {path}; see {examples} for examples")
-    try:
-        values = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"{path} is not valid TOML: {error}") from None
+    values = read_toml(path, ConfigError, f"save it as UTF-8 TOML (see {examples} for examples)")
     for override in overrides:
         apply_override(values, override)
     return values
+
+
+BOMS = {
+    codecs.BOM_UTF32_LE: "UTF-32",
+    codecs.BOM_UTF32_BE: "UTF-32",
+    codecs.BOM_UTF16_LE: "UTF-16",
+    codecs.BOM_UTF16_BE: "UTF-16",
+}  # UTF-32 first: its little-endian mark starts with UTF-16's
+
+
+def read_toml(path: Path, error: type[KqvError], remedy: str, damage: str = "not valid TOML") -> dict[str, Any]:
+    """The tables of the TOML file at `path`, the one reader of every TOML file kqv reads (configs, run.toml).
+
+    TOML is UTF-8 (its spec says so): a UTF-8 byte-order mark is skipped, as editors on Windows write one; a file
+    in UTF-16 or UTF-32 (a byte-order mark says which) or in any other encoding, or with broken syntax, raises
+    `error` naming the file and what was wrong, then `remedy`. An unreadable file (permissions, a directory)
+    raises its OSError.
+    """
+    data = path.read_bytes()
+    encoding = next((name for bom, name in BOMS.items() if data.startswith(bom)), None)
+    if encoding is not None:
+        raise error(f"{path} is {damage}: it is {encoding} text, and TOML is UTF-8; {remedy}")
+    try:
+        text = data.removeprefix(codecs.BOM_UTF8).decode("utf-8")
+    except UnicodeDecodeError as decode:
+        line = data[: decode.start].count(b"\n") + 1
+        raise error(
+            f"{path} is {damage}: byte {data[decode.start]:#04x} on line {line} is not UTF-8, and TOML is UTF-8; "
+            f"{remedy}"
+        ) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as decode:
+        raise error(f"{path} is {damage}: {decode}; {remedy}") from None
 
 
 def apply_override(values: dict[str, Any], override: str) -> None:
@@ -225,10 +258,10 @@ def read_run(run_dir: str | Path, task: str | None = None) -> dict[str, Any]:
     path = run_dir / RUN_CONFIG
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir} is not a kqv run: {path} is missing")
-    try:
-        values = tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
-        raise RunError(f"{path} is corrupt ({error}); restore it from a backup or train the run again") from None
+    from .manifest import verify  # it imports this module's file names
+
+    verify(run_dir, RUN_CONFIG)  # against SHA256SUMS: a truncated run.toml may still parse
+    values = read_toml(path, RunError, "restore it from a backup or train the run again", "corrupt")
     if task is not None and run_task(values) != task:
         raise RunError(f"{run_dir} is a run of task {run_task(values)!r}, not {task!r}")
     return values
