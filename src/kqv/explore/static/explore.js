@@ -77,7 +77,7 @@ const latest = (kind, ticket) => pending[kind] === ticket;
 // keyboard use: a node that acts on click also acts on Enter and Space, and keeps the focus across the redraw
 function activate(node, key, action) {
   node.setAttribute("tabindex", "0");
-  node.setAttribute("role", "button");
+  if (node.tagName !== "TH" && node.tagName !== "TR") node.setAttribute("role", "button");  // tables keep theirs
   node.dataset.focus = key;
   node.addEventListener("click", action);
   node.addEventListener("keydown", (event) => {
