@@ -70,9 +70,9 @@ def main() -> None:
         )
         page.goto(server.url + "/")
         page.wait_for_selector("#run:not(:empty)")
-        page.fill("#text", args.text.replace("\\n", "\n"))
         if args.beam:
             page.select_option("#beam", label=args.beam)
+        page.fill("#text", args.text.replace("\\n", "\n"))  # after the beam, whose change analyses at once
         page.click("#analyze")
         page.wait_for_selector("#head-view line.attn", state="attached", timeout=120_000)
         if args.token is not None:

@@ -329,14 +329,14 @@ def test_learned_positions_lower_the_limit_to_max_len(runs):
 
 
 def test_every_job_has_an_explorer_subject_or_says_why_not():
-    from kqv.explore.loading import MINILM, NOT_EXPLORABLE, SUBJECTS
+    from kqv.explore.loading import NOT_EXPLORABLE, NOT_JOBS, SUBJECTS
     from kqv.jobs import all_jobs
 
     jobs = set(all_jobs())
     assert jobs <= set(SUBJECTS) | set(NOT_EXPLORABLE), (
         f"jobs the explorer neither shows nor explains: {sorted(jobs - set(SUBJECTS) - set(NOT_EXPLORABLE))}"
     )
-    assert not set(SUBJECTS) & set(NOT_EXPLORABLE) and set(SUBJECTS) - {MINILM} <= jobs  # no stale entry
+    assert not set(SUBJECTS) & set(NOT_EXPLORABLE) and set(SUBJECTS) - set(NOT_JOBS) <= jobs  # no stale entry
     assert all(isinstance(why, str) and why.strip() for why in NOT_EXPLORABLE.values())
     assert all(SUBJECTS[name].task == name for name in jobs & set(SUBJECTS))
 

@@ -134,9 +134,9 @@ def line_weights(page) -> dict[int, float]:
 def analyze_in_page(p: Page, server: Server, text: str, beam: str | None = None) -> None:
     p.page.goto(server.url + "/")
     p.page.wait_for_selector("#run:not(:empty)")
-    p.page.fill("#text", text)
     if beam is not None:
         p.page.select_option("#beam", label=beam)
+    p.page.fill("#text", text)  # after the beam: a beam change with text in the box analyses at once
     p.page.click("#analyze")
     p.page.wait_for_selector("#head-view line.attn", state="attached")
 

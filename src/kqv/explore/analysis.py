@@ -144,3 +144,43 @@ def check_int(value: Any, name: str, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise DataError(f"{name} must be an integer from {low} to {high}, got {value!r}")
     return value
+
+
+def byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet, character -> byte: printable bytes stand for themselves, the others (space,
+    control bytes, 127-160, 173) for 256 + n (so a space is 'Ġ'), as `tokenizers.pre_tokenizers.ByteLevel` maps them."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for byte in range(256):
+        if byte in kept:
+            chars[chr(byte)] = byte
+        else:
+            chars[chr(256 + extra)] = byte
+            extra += 1
+    return chars
+
+
+BYTE_LEVEL = byte_level_alphabet()
+
+
+def readable_piece(decode: Callable[[list[int]], str], piece: Callable[[int], str | None], i: int) -> str:
+    """Token `i` as text; a byte-level piece that is not whole UTF-8 (a lone byte of a multi-byte character, which
+    decodes to U+FFFD) is shown by its bytes instead, the undecodable ones as <0xE2>."""
+    text = decode([i])
+    name = piece(i) if "\ufffd" in text else None
+    if not name or any(c not in BYTE_LEVEL for c in name):
+        return text
+    raw = bytes(BYTE_LEVEL[c] for c in name)
+    out, start = [], 0
+    while start < len(raw):
+        for end in range(min(len(raw), start + 4), start, -1):  # the longest whole character from here
+            try:
+                out.append(raw[start:end].decode("utf-8"))
+                break
+            except UnicodeDecodeError:
+                continue
+        else:
+            out.append(f"<0x{raw[start]:02X}>")
+            end = start + 1
+        start = end
+    return "".join(out)

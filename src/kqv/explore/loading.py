@@ -3,7 +3,9 @@
 `SUBJECTS` names the explorer's class for the runs of each job (`kqv.jobs.all_jobs()`), plus `minilm`;
 `load_subject(run)` reads the run's task from its run.toml and opens its `Subject`, which loads the run with the
 job's own loader (`kqv.jobs.load_run`: weights from safetensors, no code executed). `minilm` (or a
-sentence-transformers directory) is the pretrained all-MiniLM-L6-v2 that `kqv embed` runs. A job whose runs the
+sentence-transformers directory) is the pretrained all-MiniLM-L6-v2 that `kqv embed` runs; `hf` is any other
+Hugging Face directory (`kqv.jobs.pretrained.is_hf_directory`: a GPT-2 shown like an LM run, a BERT like an encoder
+run, kqv.explore.pretrained). A job whose runs the
 explorer does not show is listed in `NOT_EXPLORABLE`, with why (tests/test_explore_api.py checks that every job is
 in one of the two).
 """
@@ -13,11 +15,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ConfigError, RunError
+from ..jobs.pretrained import is_hf_directory
 from ..train.runs import read_run, run_task
+from .pretrained import PretrainedSubject, is_sentence_transformers
 from .subjects import ClassifierSubject, EmbeddingSubject, LMSubject, MLMSubject, MTSubject, Subject, VitSubject
 
 DEFAULT_MAX_TOKENS = 256
 MINILM = "minilm"
+HF = "hf"
 
 SUBJECTS: dict[str, type[Subject]] = {
     "lm": LMSubject,
@@ -26,7 +31,9 @@ SUBJECTS: dict[str, type[Subject]] = {
     "cls": ClassifierSubject,
     "vit": VitSubject,
     MINILM: EmbeddingSubject,  # not a job: the installed sentence-transformers model
+    HF: PretrainedSubject,  # not a job: a Hugging Face GPT-2 or BERT directory saved with its tokenizer
 }
+NOT_JOBS = (MINILM, HF)
 NOT_EXPLORABLE: dict[str, str] = {}  # job name -> why the explorer does not show its runs
 
 
@@ -42,16 +49,18 @@ def load_subject(run: str | Path, max_tokens: int = DEFAULT_MAX_TOKENS) -> Subje
             f"no run directory at {run}; train one (e.g. `kqv train lm --out {run}`), or give "
             f"`{MINILM}` for the installed all-MiniLM-L6-v2"
         )
-    if not (path / "run.toml").is_file():
-        if (path / "tokenizer.json").is_file() and (path / "config.json").is_file():
+    if is_hf_directory(path):
+        if is_sentence_transformers(path):
             return SUBJECTS[MINILM].load(path, max_tokens)
+        return SUBJECTS[HF].load(path, max_tokens)
+    if not (path / "run.toml").is_file():
         raise FileNotFoundError(
-            f"{run} is not a kqv run (run.toml is missing) nor a sentence-transformers "
-            f"directory (tokenizer.json and config.json)"
+            f"{run} is not a kqv run (run.toml is missing) nor a Hugging Face model directory (config.json, "
+            f"with its tokenizer.json)"
         )
     task = run_task(read_run(path))
-    if task not in SUBJECTS or task == MINILM:
+    if task not in SUBJECTS or task in NOT_JOBS:
         why = f" ({NOT_EXPLORABLE[task]})" if task in NOT_EXPLORABLE else ""
-        runs = sorted(name for name in SUBJECTS if name != MINILM)
+        runs = sorted(name for name in SUBJECTS if name not in NOT_JOBS)
         raise RunError(f"{run} is a run of task {task!r}, which the explorer does not show{why}; it reads {runs} runs")
     return SUBJECTS[task].load(path, max_tokens)

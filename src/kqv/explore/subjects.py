@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from ..errors import DataError
 from ..nn.generation import check_generation_options, sample_next
-from .analysis import attention_view, check_int, check_length, check_text, top_tokens
+from .analysis import attention_view, check_int, check_length, check_text, readable_piece, top_tokens
 from .sparse_views import Weights, self_attention_weights
 
 MASK = "[MASK]"
@@ -140,7 +140,7 @@ class LMSubject(Subject):
     def analyze(self, request: dict[str, Any]) -> dict[str, Any]:
         ids = self.encode(request.get("text"))
         k = check_int(request.get("top_k", 5), "top_k", 1, 50)
-        tokens = token_labels(self.tokenizer.decode, ids)
+        tokens = [self.label(i) for i in ids]
         batch = torch.tensor([ids])
         with self.lock:
             logits = self.model(batch)[0]  # (time, vocab)
@@ -152,8 +152,13 @@ class LMSubject(Subject):
             "tokens": tokens,
             "ids": ids,
             "attention": {"self": self_view("self-attention", tokens, weights, causal=True)},
-            "next_tokens": top_tokens(logits, lambda i: self.tokenizer.decode([i]), k),
+            "next_tokens": top_tokens(logits, self.label, k),
         }
+
+    def label(self, i: int) -> str:
+        """Token `i` readable: a byte-level BPE's lone byte as <0xE2> rather than U+FFFD (analysis.readable_piece)."""
+        hf = getattr(self.tokenizer, "tokenizer", None)  # a BPETokenizer's Hugging Face tokenizer
+        return readable_piece(self.tokenizer.decode, hf.id_to_token if hf else lambda i: None, i)
 
     def sampling_options(self, request: dict[str, Any], prompt_length: int) -> dict[str, Any]:
         """The run's [sample] settings, with the request's overrides, checked."""

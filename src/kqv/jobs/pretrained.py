@@ -50,8 +50,11 @@ class PretrainedRun:
                 f"{path} has no {HF_TOKENIZER_FILE}: save the tokenizer beside the model "
                 f"(tokenizer.save_pretrained('{path}') with a fast tokenizer) so that kqv can read text"
             )
-        hf_class = (json.loads((path / "config.json").read_text()).get("architectures") or ["?"])[0]
-        tokenizer = BPETokenizer(HFTokenizer.from_file(str(path / HF_TOKENIZER_FILE)))
+        try:  # the tokenizers library raises a bare Exception on a file it cannot read
+            hf_class = (json.loads((path / "config.json").read_text()).get("architectures") or ["?"])[0]
+            tokenizer = BPETokenizer(HFTokenizer.from_file(str(path / HF_TOKENIZER_FILE)))
+        except Exception as error:  # noqa: BLE001
+            raise ConversionError(f"kqv cannot read {path}'s config.json and {HF_TOKENIZER_FILE}: {error}") from None
         return cls(from_hf(path).eval(), tokenizer, path, hf_class)
 
     def __repr__(self) -> str:

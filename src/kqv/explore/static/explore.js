@@ -11,6 +11,7 @@ const PALETTES = {  // perceptually uniform ramps, low -> high; cividis is desig
   greys: ["#ffffff", "#000000"],
 };
 const ROW = 18;  // pixels per token in the head view and the heat map
+const HEADING = 20;  // pixels above the head view's two columns, for their headings
 const $ = (id) => document.getElementById(id);
 const state = {info: null, analysis: null, request: {}, kind: null, layer: 0, heads: null, average: false,
   token: null, cell: null, palette: "cividis", mask: true, scale: true, sort: {key: null, descending: true}, offline: false};
@@ -49,10 +50,10 @@ function showError(message) {
   $("error").textContent = message || "";
 }
 
-async function api(path, body) {
+async function api(path, body, signal) {
   const options = body === undefined ? {} : {method: "POST", headers: {"Content-Type": "application/json"},
     body: JSON.stringify(body)};
-  const response = await fetch(path, options);
+  const response = await fetch(path, {...options, signal});
   if (!response.ok) {
     let message = `${response.status} ${response.statusText}`;
     try { message = (await response.json()).error || message; } catch (e) { /* not JSON */ }
@@ -61,8 +62,38 @@ async function api(path, body) {
   return response;
 }
 
+// Every reply is tied to the request that asked for it: a new request of a kind ("analyze", "continue") aborts the
+// one before it, and a reply is drawn only while its request is still the latest of its kind. So the controls, the
+// URL and the views always show the last request, whatever order the replies come back in.
+const pending = {};  // kind -> the AbortController of its latest request
+
+function begin(kind) {
+  if (pending[kind]) pending[kind].abort();
+  pending[kind] = new AbortController();
+  return pending[kind];
+}
+const latest = (kind, ticket) => pending[kind] === ticket;
+
+// keyboard use: a node that acts on click also acts on Enter and Space, and keeps the focus across the redraw
+function activate(node, key, action) {
+  node.setAttribute("tabindex", "0");
+  if (node.tagName !== "TH" && node.tagName !== "TR") node.setAttribute("role", "button");  // tables keep theirs
+  node.dataset.focus = key;
+  node.addEventListener("click", action);
+  node.addEventListener("keydown", (event) => {
+    if (event.key !== "Enter" && event.key !== " ") return;
+    event.preventDefault();
+    action();
+    refocus(key);
+  });
+}
+function refocus(key) {
+  const again = document.querySelector(`[data-focus="${key}"]`);
+  if (again) again.focus();
+}
+
 // ---------------------------------------------------------------------------------------------------------------
-// the current view: which kind of attention, layer, heads; kept in the URL
+// the current view: which kind of attention, layer, heads; kept in the URL, which is read back as untrusted input
 
 function view() { return state.analysis.attention[state.kind]; }
 
@@ -76,6 +107,11 @@ function saveHash() {
   const p = new URLSearchParams();
   if (state.request.text) p.set("text", state.request.text);
   if (state.request.beam) p.set("beam", state.request.beam);
+  if (state.request.top_k) p.set("k", state.request.top_k);
+  if (!state.analysis) {  // a refused input: no view to keep
+    if (!state.offline) history.replaceState(null, "", "#" + p.toString());
+    return;
+  }
   p.set("kind", state.kind); p.set("layer", state.layer); p.set("heads", [...state.heads].join(","));
   if (state.average) p.set("average", "1");
   if (state.token !== null) p.set("token", state.token);
@@ -90,20 +126,30 @@ function readHash() {
   return saved;
 }
 
-function applySaved(saved) {  // view settings from the URL, where they fit the analysis
+// a position from the URL: digits only (no sign, no decimals, no exponent) and below `size`, else null (dropped)
+function index(value, size) {
+  return typeof value === "string" && /^(0|[1-9][0-9]{0,5})$/.test(value) && +value < size ? +value : null;
+}
+
+function chooseOption(select, value) {  // a <select>'s value from the URL, only when it is one of its options
+  if ([...select.options].some((option) => option.value === value)) select.value = value;
+}
+
+function applySaved(saved) {  // view settings from the URL, each checked against the analysis; the rest dropped
   const kinds = Object.keys(state.analysis.attention);
-  if (kinds.includes(saved.kind)) state.kind = saved.kind;
+  if (kinds.includes(saved.kind) && saved.kind !== state.kind) { state.kind = saved.kind; resetView(); }
   const v = view(), layers = v.layers ? v.layers.length : 0, heads = v.layers ? v.layers[0].length : 0;
-  if (saved.layer !== undefined && +saved.layer < layers) state.layer = +saved.layer;
+  const layer = index(saved.layer, layers), token = index(saved.token, v.queries.length);
+  if (layer !== null) state.layer = layer;
+  if (token !== null) state.token = token;
   if (saved.heads !== undefined) {
-    const chosen = saved.heads.split(",").filter((h) => h !== "" && +h < heads).map(Number);
+    const chosen = saved.heads.split(",").map((h) => index(h, heads)).filter((h) => h !== null);
     if (chosen.length) state.heads = new Set(chosen);
   }
   state.average = saved.average === "1";
-  if (saved.token !== undefined && +saved.token < v.queries.length) state.token = +saved.token;
-  if (saved.cell) {
-    const [l, h] = saved.cell.split(".").map(Number);
-    if (l < layers && h < heads) state.cell = {layer: l, head: h};
+  const cell = /^([0-9]+)\.([0-9]+)$/.exec(saved.cell || "");
+  if (cell && index(cell[1], layers) !== null && index(cell[2], heads) !== null) {
+    state.cell = {layer: +cell[1], head: +cell[2]};
   }
   if (PALETTES[saved.palette]) state.palette = saved.palette;
   state.mask = saved.mask !== "0";
@@ -161,11 +207,13 @@ function drawHeadView() {
   root.replaceChildren();
   if (!v.layers) return;
   const left = labelWidth(v.queries), gap = 180, right = left + gap;
-  const height = ROW * Math.max(v.queries.length, v.keys.length) + ROW;
+  const height = HEADING + ROW * Math.max(v.queries.length, v.keys.length) + ROW;
   root.setAttribute("width", right + labelWidth(v.keys) + 10);
   root.setAttribute("height", height);
   root.append(svg("rect", {width: "100%", height: "100%", fill: "#ffffff"}));
-  const y = (i) => ROW * (i + 1) - 4;
+  root.append(svg("text", {x: left - 6, y: HEADING - 6, "text-anchor": "end", class: "heading", fill: "#555555"},
+    "queries"), svg("text", {x: right + 6, y: HEADING - 6, class: "heading", fill: "#555555"}, "keys"));
+  const y = (i) => HEADING + ROW * (i + 1) - 4;
   const lines = svg("g");
   const heads = state.average ? ["avg"] : [...state.heads].sort((a, b) => a - b);
   for (const head of heads) {
@@ -182,9 +230,17 @@ function drawHeadView() {
   root.append(lines);
   v.queries.forEach((t, i) => {
     const text = svg("text", {x: left - 6, y: y(i), "text-anchor": "end", class: "query" +
-      (i === state.token ? " selected" : ""), "data-index": i, fill: "#1a1a1a"}, shown(t));
+      (i === state.token ? " selected" : ""), "data-index": i, fill: "#1a1a1a", "aria-label": `query ${i + 1}: ${t}`},
+      shown(t));
     text.addEventListener("mouseenter", () => selectToken(i));
-    text.addEventListener("click", () => selectToken(i));
+    activate(text, `query-${i}`, () => selectToken(i));
+    text.addEventListener("keydown", (event) => {  // the arrows move the chosen token
+      const step = {ArrowDown: 1, ArrowUp: -1}[event.key];
+      if (!step || !v.queries[i + step]) return;
+      event.preventDefault();
+      selectToken(i + step);
+      refocus(`query-${i + step}`);
+    });
     root.append(text);
   });
   v.keys.forEach((t, j) => root.append(svg("text", {x: right + 6, y: y(j), class: "key", "data-index": j,
@@ -194,7 +250,15 @@ function drawHeadView() {
 function selectToken(i) {
   if (i === state.token) return;
   state.token = i;
-  drawHeadView(); drawNext(); saveHash();
+  drawHeadView(); drawNext(); saveHash(); showChosenToken();
+}
+
+function showChosenToken() {  // the chosen token scrolled into the head view's box (nothing moves if it is in view)
+  const chosen = $("head-view").querySelector("text.query.selected"), box = $("head-view").parentElement;
+  if (!chosen || box.hidden) return;
+  const top = chosen.getBBox().y - ROW, bottom = chosen.getBBox().y + 2 * ROW;
+  if (top < box.scrollTop) box.scrollTop = top;
+  else if (bottom > box.scrollTop + box.clientHeight) box.scrollTop = bottom - box.clientHeight;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -224,8 +288,8 @@ function drawModelView() {
     layer.forEach((rows, h) => {
       const open = state.cell && state.cell.layer === l && state.cell.head === h;
       const canvas = paint(el("canvas", {class: "cell" + (open ? " open" : ""), "data-layer": l, "data-head": h,
-        title: `layer ${l + 1}, head ${h + 1}`}), rows);
-      canvas.addEventListener("click", () => openCell(l, h));
+        title: `layer ${l + 1}, head ${h + 1}`, "aria-label": `open layer ${l + 1}, head ${h + 1}`}), rows);
+      activate(canvas, `cell-${l}-${h}`, () => openCell(l, h));
       grid.append(canvas);
     });
   });
@@ -241,7 +305,8 @@ function drawDetail() {
   root.replaceChildren();
   $("cell-info").textContent = "";
   $("scale-info").textContent = "";
-  if (!v.layers || !state.cell) {
+  if (!v.layers || !state.cell) {  // no map: the panel shrinks back rather than keep the last one's size
+    root.setAttribute("width", 0); root.setAttribute("height", 0);
     $("detail-title").textContent = v.layers ? "Click a cell of the model view (or a row of the statistics)." : "";
     return;
   }
@@ -298,7 +363,7 @@ function drawStats() {
     const sorted = state.sort.key === key;
     const th = el("th", {"data-key": key, class: sorted ? "sorted" + (state.sort.descending ? "" : " ascending") : ""},
       title);
-    th.addEventListener("click", () => {
+    activate(th, `sort-${key}`, () => {
       state.sort = {key, descending: sorted ? !state.sort.descending : true};
       drawStats();
     });
@@ -323,7 +388,8 @@ function drawStats() {
           s[key].toFixed(3)));
       }
     }
-    tr.addEventListener("click", () => openCell(s.layer, s.head));
+    tr.setAttribute("aria-label", `open layer ${s.layer + 1}, head ${s.head + 1}`);
+    activate(tr, `row-${s.layer}-${s.head}`, () => openCell(s.layer, s.head));
     body.append(tr);
   }
   table.append(el("thead", {}, null), body);
@@ -352,6 +418,7 @@ function drawNext() {
   $("next-after").textContent = shown(a.tokens[state.token]);
   bars($("next"), a.next_tokens[state.token], (item) => shown(item.token));
   $("continue").hidden = state.offline;
+  $("top-k-box").hidden = state.offline;
   const s = state.info.sample || {};
   $("continue-settings").textContent = state.offline ? "" :
     `samples with the run's settings: temperature ${s.temperature}, top-k ${s.top_k}`;
@@ -375,21 +442,23 @@ function drawPredictions() {
 }
 
 async function continueText() {
-  const out = $("continuation"), text = state.request.text;
+  const ticket = begin("continue"), out = $("continuation"), text = state.request.text;
   out.replaceChildren(el("span", {}, text));
-  $("continue").disabled = true;
+  delete out.dataset.done; delete out.dataset.stopped;
+  $("continue").disabled = true; $("stop").hidden = false;
   showError("");
   try {
-    const response = await api("/api/continue", {text});
+    const response = await api("/api/continue", {text}, ticket.signal);
     const reader = response.body.getReader(), decoder = new TextDecoder();
     let buffer = "";
     for (;;) {
       const {done, value} = await reader.read();
-      if (done) break;
+      if (done || !latest("continue", ticket)) break;
       buffer += decoder.decode(value, {stream: true});
       const lines = buffer.split("\n");
       buffer = lines.pop();
       for (const line of lines.filter((l) => l.trim())) {
+        if (!latest("continue", ticket)) return;
         const message = JSON.parse(line);
         if (message.error) throw new Error(message.error);
         if (message.done) out.dataset.done = "1";
@@ -398,16 +467,37 @@ async function continueText() {
       }
     }
   } catch (error) {
-    showError(error.message);
+    if (!latest("continue", ticket)) return;  // a new analysis replaced it: nothing of it is shown
+    if (error.name === "AbortError") out.dataset.stopped = "1";  // the Stop button
+    else showError(error.message);
   } finally {
-    $("continue").disabled = false;
+    if (latest("continue", ticket)) endContinue();
   }
+}
+
+function endContinue() {
+  pending.continue = null;
+  $("continue").disabled = false; $("stop").hidden = true;
+}
+
+function stopContinue() {
+  if (pending.continue) pending.continue.abort();
+}
+
+function dropContinuation() {  // a new analysis: the old continuation (finished or streaming) no longer applies
+  const running = pending.continue;
+  endContinue();
+  if (running) running.abort();
+  $("continuation").replaceChildren();
+  delete $("continuation").dataset.done; delete $("continuation").dataset.stopped;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
 // drawing, analysing, exporting
 
 function draw() {
+  if (state.request.beam) chooseOption($("beam"), `${state.request.beam}`);  // the controls show the last request
+  if (state.request.top_k) chooseOption($("top-k"), `${state.request.top_k}`);
   buildControls();
   drawHeadView(); drawModelView(); drawDetail(); drawStats(); drawNext(); drawPredictions();
   $("notes").replaceChildren(...(state.analysis.notes || []).map((n) => el("li", {}, n)));
@@ -415,20 +505,41 @@ function draw() {
   saveHash();
 }
 
+function clearResult() {  // a refused input: the views of the previous one no longer match the text box
+  state.analysis = null;
+  $("result").hidden = true;
+  for (const id of ["head-view", "model-view", "detail", "stats", "next", "masked", "classes", "notes"]) {
+    $(id).replaceChildren();
+  }
+  $("detail").setAttribute("width", 0); $("detail").setAttribute("height", 0);
+  $("translation").textContent = "";
+}
+
 async function analyze(saved = {}) {
   const text = $("text").value, request = {text};
   if (state.info.task === "mt") request.beam = +$("beam").value;
+  if (state.info.views.includes("next")) request.top_k = +$("top-k").value;
+  const ticket = begin("analyze");
+  dropContinuation();
   $("status").textContent = "analysing\u2026";
   showError("");
   try {
-    const analysis = await (await api("/api/analyze", request)).json();
+    const analysis = await (await api("/api/analyze", request, ticket.signal)).json();
+    if (!latest("analyze", ticket)) return;
     state.analysis = analysis; state.request = request;
-    resetView(); applySaved(saved); draw();
-    $("status").textContent = "";
+    resetView(); applySaved(saved); draw(); showChosenToken();
   } catch (error) {
-    $("status").textContent = "";
+    if (!latest("analyze", ticket)) return;  // superseded: the newer request owns the page
+    state.request = request;
+    clearResult(); saveHash();
     showError(error.message);
+  } finally {
+    if (latest("analyze", ticket)) { pending.analyze = null; $("status").textContent = ""; }
   }
+}
+
+function reanalyze() {  // a setting that the server computes (beam, top-k) changed: ask again, keeping the view
+  if ($("text").value.trim()) analyze(state.analysis ? readHash() : {});
 }
 
 function download(blob, name) {
@@ -464,7 +575,7 @@ function describe(info) {
     `${c.n_heads || 1} heads, d_model ${c.d_model || c.d_hidden}, attention ${c.attention || "additive"}`;
   $("limit").textContent = `at most ${info.max_tokens} tokens`;
   $("beam-box").hidden = info.task !== "mt";
-  if (info.decode) $("beam").value = `${info.decode.beam_size}`;
+  if (info.decode) chooseOption($("beam"), `${info.decode.beam_size}`);
   $("text-label").textContent = info.task === "mt" ? "Source sentence" :
     info.task === "mlm" ? `Text (write ${info.mask_token} where a token should be guessed)` :
     info.task === "vit" ? `Test image number (0 to ${info.images - 1})` : "Text";
@@ -480,6 +591,9 @@ function listen() {
   $("mask-overlay").addEventListener("change", () => { state.mask = $("mask-overlay").checked; draw(); });
   $("scale").addEventListener("change", () => { state.scale = $("scale").checked; draw(); });
   $("continue").addEventListener("click", continueText);
+  $("stop").addEventListener("click", stopContinue);
+  $("beam").addEventListener("change", reanalyze);
+  $("top-k").addEventListener("change", reanalyze);
   $("save-html").addEventListener("click", saveHtml);
   for (const button of document.querySelectorAll("[data-export]")) {
     button.addEventListener("click", () => exportFigure(button.dataset.export, button.dataset.format));
@@ -506,7 +620,8 @@ async function start() {
   }
   describe(state.info);
   const saved = readHash();
-  if (saved.beam) $("beam").value = saved.beam;
+  chooseOption($("beam"), saved.beam);
+  chooseOption($("top-k"), saved.k);
   if (saved.text) { $("text").value = saved.text; await analyze(saved); }
 }
 
