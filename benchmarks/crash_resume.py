@@ -195,7 +195,8 @@ def stopped_run(base: list[str], run_dir: Path, moments: list[dict], stop: signa
             process.send_signal(signal_)
         status = process.wait()
         error = process.stderr.read().strip()
-        ok = status in (_expected(signal_) if landed else {0})
+        early = landed and status not in _expected(signal_) and in_python_start_up(error)
+        ok = status in (_expected(signal_) if landed else {0}) or early
         if rows:
             rows[-1]["recovered"] = rows[-1]["recovered"] and ok
             if not ok:
@@ -212,10 +213,19 @@ def stopped_run(base: list[str], run_dir: Path, moments: list[dict], stop: signa
                 "exit_status": status,
                 "checkpoint_step": verified_step(run_dir),
                 "recovered": ok,
+                **({"in_python_start_up": True} if early else {}),
                 **({} if ok else {"error": error[-400:] or "(no message)"}),
             }
         )
     return rows
+
+
+def in_python_start_up(stderr: str) -> bool:
+    """Whether a Ctrl-C landed while the interpreter itself was starting, before any kqv code ran: Python's own
+    handler then raises KeyboardInterrupt inside site-packages' start-up files (a `.pth` importing certifi, say),
+    exit status 1 with Python's traceback. No code of kqv's can run earlier, so this counts as the stop landing
+    before kqv's first line; the run directory is checked all the same."""
+    return stderr.rstrip().endswith("KeyboardInterrupt") and "kqv" not in stderr
 
 
 def _expected(stop: signal.Signals) -> set[int]:
