@@ -62,10 +62,10 @@ class Explore(Command):
         explore.add_argument(
             "--max-tokens",
             type=int,
-            default=256,
-            help="the input length limit, in tokens (default 256; a run with learned positions "
-            "allows at most its max_len): longer inputs are refused with a message, since "
-            "every view holds tokens x tokens weights per head",
+            default=None,
+            help="the input length limit, in tokens (default: the model's context, its max_len, at most 1024; "
+            "a run with learned positions allows at most its max_len): longer inputs are refused with a "
+            "message, since every view holds tokens x tokens weights per head",
         )
         explore.add_argument("--html", help="write the views of --text to this self-contained HTML file and exit")
         explore.add_argument("--text", help="with --html: the input (MT: the source sentence)")

@@ -140,6 +140,36 @@ def check_length(
         )
 
 
+# the explorer's input limit when none is given: the model's context, but no more than this many tokens, since the
+# reply holds tokens x tokens weights for every layer and head (1,024 tokens: a million per map)
+DRAWN_MAX_TOKENS = 1024
+
+
+def input_limit(limit: int | None, config: Any) -> tuple[int, bool]:
+    """The longest input the explorer draws, and whether it is the model's own context (its max_len) that sets it.
+
+    `limit` None: the model's context (its config's max_len), at most DRAWN_MAX_TOKENS. A given `limit` is kept,
+    except past the max_len of learned positions, which have no embedding beyond it."""
+    context = getattr(config, "max_len", None)
+    if limit is None:
+        if context is None:
+            return DRAWN_MAX_TOKENS, False
+        return min(context, DRAWN_MAX_TOKENS), context <= DRAWN_MAX_TOKENS
+    if getattr(config, "position", None) == "learned" and context < limit:
+        return context, True
+    return limit, False
+
+
+def limit_hint(limit: int, by_context: bool, config: Any) -> str:
+    """What to do about an input over `limit` tokens: shorten it, or (when the explorer's own limit, not the
+    model's context, refused it) restart with a larger --max-tokens."""
+    if not by_context:
+        return "Shorten it, or restart with a larger --max-tokens"
+    if getattr(config, "position", None) == "learned":
+        return f"Shorten it: this run's learned positions stop at max_len = {limit}"
+    return f"Shorten it: this model's context is max_len = {limit}"
+
+
 def check_int(value: Any, name: str, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise DataError(f"{name} must be an integer from {low} to {high}, got {value!r}")

@@ -10,7 +10,8 @@
 
 Every error is JSON, {"error": message}, with a 4xx status for anything the request can fix (a missing run is 404,
 bad input 400, a body that is not JSON 400, an over-long body 413); a bug answers 500 with a message, never a
-traceback. The model is loaded on the first request, so a missing run is an answer, not a crash.
+traceback. Replies are gzip-compressed for a client that accepts it (the NDJSON stream flushed line by line).
+The model is loaded on the first request, so a missing run is an answer, not a crash.
 
 Before any of that, the front door (kqv.explore.guard) answers only the explorer's own host names (421 for any
 other, against DNS rebinding) and its own page (403 for a cross-site request); a body is read only up to
@@ -31,6 +32,7 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.gzip import GZipMiddleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
@@ -44,6 +46,7 @@ from .loading import DEFAULT_MAX_TOKENS, load_subject
 from .subjects import Subject
 
 MAX_BODY_BYTES = 1 << 20
+GZIP_LEVEL = 1  # replies gzip-compressed when accepted: level 1 already makes the weights' JSON 5-10x smaller, fast
 # the page may load only what this app serves: a stray CDN reference fails in the browser, not silently at home
 CONTENT_SECURITY_POLICY = (
     "default-src 'self'; img-src 'self' data: blob:; style-src 'self'; script-src 'self'; connect-src 'self'"
@@ -90,7 +93,7 @@ def error_response(error: Exception) -> JSONResponse:
 class Explorer:
     """The app's state: which run, and its model once loaded (loaded on first use, then kept)."""
 
-    def __init__(self, run: str | Path, max_tokens: int = DEFAULT_MAX_TOKENS, subject: Subject | None = None):
+    def __init__(self, run: str | Path, max_tokens: int | None = DEFAULT_MAX_TOKENS, subject: Subject | None = None):
         self.run, self.max_tokens, self._subject = run, max_tokens, subject
         self._loading = threading.Lock()
 
@@ -155,7 +158,11 @@ def ndjson(lines: Iterator[dict[str, Any]]) -> Iterator[bytes]:
 
 
 def create_app(
-    run: str | Path, max_tokens: int = DEFAULT_MAX_TOKENS, subject: Subject | None = None, *, host: str = "127.0.0.1"
+    run: str | Path,
+    max_tokens: int | None = DEFAULT_MAX_TOKENS,
+    subject: Subject | None = None,
+    *,
+    host: str = "127.0.0.1",
 ) -> Starlette:
     """The explorer app for `run` (a run directory, or `minilm`); `subject` skips loading (tests). It answers the
     loopback names and `host`, the address it listens on (kqv.explore.guard)."""
@@ -200,9 +207,13 @@ def create_app(
         Route("/api/export", endpoint(export), methods=["POST"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
-    return Starlette(
-        routes=routes, exception_handlers={HTTPException: http_error}, middleware=[Middleware(FrontDoor, host=host)]
-    )
+    # the front door first (outermost): a refused request is answered before anything else runs; then gzip
+    # (a 1,024-token analysis is tens of MB of JSON; a stream is flushed line by line, so it still streams)
+    middleware = [
+        Middleware(FrontDoor, host=host),
+        Middleware(GZipMiddleware, minimum_size=1024, compresslevel=GZIP_LEVEL),
+    ]
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error}, middleware=middleware)
 
 
 class BackgroundServer:
@@ -257,7 +268,7 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8765,
     open_browser: bool = False,
-    max_tokens: int = DEFAULT_MAX_TOKENS,
+    max_tokens: int | None = DEFAULT_MAX_TOKENS,
 ) -> None:
     """Load the run (errors before anything listens), then serve the explorer until Ctrl-C."""
     import uvicorn

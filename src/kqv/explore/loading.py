@@ -20,7 +20,7 @@ from ..train.runs import read_run, run_task
 from .pretrained import PretrainedSubject, is_sentence_transformers
 from .subjects import ClassifierSubject, EmbeddingSubject, LMSubject, MLMSubject, MTSubject, Subject, VitSubject
 
-DEFAULT_MAX_TOKENS = 256
+DEFAULT_MAX_TOKENS = None  # the model's context, at most analysis.DRAWN_MAX_TOKENS
 MINILM = "minilm"
 HF = "hf"
 
@@ -37,9 +37,10 @@ NOT_JOBS = (MINILM, HF)
 NOT_EXPLORABLE: dict[str, str] = {}  # job name -> why the explorer does not show its runs
 
 
-def load_subject(run: str | Path, max_tokens: int = DEFAULT_MAX_TOKENS) -> Subject:
-    """The model of `run` ready to explore; inputs longer than `max_tokens` tokens are refused with a message."""
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+def load_subject(run: str | Path, max_tokens: int | None = DEFAULT_MAX_TOKENS) -> Subject:
+    """The model of `run` ready to explore; inputs longer than `max_tokens` tokens (None: the model's context,
+    at most 1,024) are refused with a message."""
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
         raise ConfigError(f"max_tokens must be a positive integer, got {max_tokens!r}")
     path = Path(run)
     if str(run) == MINILM and not path.exists():
