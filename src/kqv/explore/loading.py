@@ -5,7 +5,7 @@
 job's own loader (`kqv.jobs.load_run`: weights from safetensors, no code executed). `minilm` (or a
 sentence-transformers directory) is the pretrained all-MiniLM-L6-v2 that `kqv embed` runs; `hf` is any other
 Hugging Face directory (`kqv.jobs.pretrained.is_hf_directory`: a GPT-2 shown like an LM run, a BERT like an encoder
-run, kqv.explore.pretrained). A job whose runs the
+run, a Marian or BART like an MT run, kqv.explore.pretrained). A job whose runs the
 explorer does not show is listed in `NOT_EXPLORABLE`, with why (tests/test_explore_api.py checks that every job is
 in one of the two).
 """
@@ -31,7 +31,7 @@ SUBJECTS: dict[str, type[Subject]] = {
     "cls": ClassifierSubject,
     "vit": VitSubject,
     MINILM: EmbeddingSubject,  # not a job: the installed sentence-transformers model
-    HF: PretrainedSubject,  # not a job: a Hugging Face GPT-2 or BERT directory saved with its tokenizer
+    HF: PretrainedSubject,  # not a job: a Hugging Face GPT-2, BERT, Marian or BART directory with its tokenizer
 }
 NOT_JOBS = (MINILM, HF)
 NOT_EXPLORABLE: dict[str, str] = {}  # job name -> why the explorer does not show its runs
