@@ -6,7 +6,8 @@
                           head by kind, per-head statistics, and the task's predictions
     POST /api/continue    {"text": ..., ("max_new_tokens", "temperature", "top_k", "top_p", "seed")} -> NDJSON
                           lines, one per sampled token as it is generated, then {"done": true, "text": ...}
-    POST /api/export      the same body as analyze -> one self-contained HTML file of the views (data inlined)
+    POST /api/export      the same body as analyze, and "view" (the page's view settings) -> one self-contained HTML
+                          file of the views (data inlined) that opens on that view
 
 Every error is JSON, {"error": message}, with a 4xx status for anything the request can fix (a missing run is 404,
 bad input 400, a body that is not JSON 400, an over-long body 413); a bug answers 500 with a message, never a
@@ -46,6 +47,7 @@ from .loading import DEFAULT_MAX_TOKENS, load_subject
 from .subjects import Subject
 
 MAX_BODY_BYTES = 1 << 20
+MAX_VIEW_CHARS = 4096
 GZIP_LEVEL = 1  # replies gzip-compressed when accepted: level 1 already makes the weights' JSON 5-10x smaller, fast
 # the page may load only what this app serves: a stray CDN reference fails in the browser, not silently at home
 CONTENT_SECURITY_POLICY = (
@@ -187,9 +189,14 @@ def create_app(
 
     async def export(request: Request) -> Response:
         payload = await read_json(request, ANALYZE_NUMBERS)
+        view = payload.pop("view", "")  # what the page shows: the file opens on it
+        if not isinstance(view, str) or len(view) > MAX_VIEW_CHARS:
+            raise RequestError(
+                f"view must be the page's view settings, a string of at most {MAX_VIEW_CHARS} characters"
+            )
         subject = await run_in_threadpool(explorer.subject)
         analysis = await run_in_threadpool(subject.analyze, payload)
-        page = standalone_page(subject.info(), analysis, payload)
+        page = standalone_page(subject.info(), analysis, payload, view)
         return Response(
             page, media_type="text/html", headers={"Content-Disposition": 'attachment; filename="kqv-attention.html"'}
         )

@@ -40,12 +40,17 @@ class PretrainedSubject(Subject):
     task = "hf"
 
     @classmethod
-    def load(cls, path: Path, limit: int) -> Subject:
+    def load(cls, path: Path, limit: int | None) -> Subject:
         from ..jobs.pretrained import PretrainedRun
+
+        return cls.from_run(PretrainedRun.load(path), limit)
+
+    @classmethod
+    def from_run(cls, run: Any, limit: int | None) -> Subject:
+        """The subject of a loaded `kqv.jobs.pretrained.PretrainedRun`, by the kind of model it holds."""
         from ..nn.heads import MaskedLM
         from ..nn.models import DecoderLM, Encoder, EncoderDecoder
 
-        run = PretrainedRun.load(path)
         if isinstance(run.model, DecoderLM):
             return PretrainedLMSubject(run, limit)
         if isinstance(run.model, (MaskedLM, Encoder)):
@@ -53,7 +58,7 @@ class PretrainedSubject(Subject):
         if isinstance(run.model, EncoderDecoder):
             return PretrainedMTSubject(run, limit)
         raise ConversionError(
-            f"{path} holds a {run.hf_class} ({type(run.model).__name__} in kqv); the explorer shows GPT-2 "
+            f"{run.path} holds a {run.hf_class} ({type(run.model).__name__} in kqv); the explorer shows GPT-2 "
             f"(decoder), BERT (encoder), Marian and BART (encoder-decoder) directories"
         )
 

@@ -117,16 +117,18 @@ function saveHash() {
   if (state.request.text) p.set("text", state.request.text);
   if (state.request.beam) p.set("beam", state.request.beam);
   if (state.request.top_k) p.set("k", state.request.top_k);
-  if (!state.analysis) {  // a refused input: no view to keep
-    if (!state.offline) history.replaceState(null, "", "#" + p.toString());
-    return;
-  }
+  if (state.analysis) for (const [key, value] of viewSettings()) p.set(key, value);  // a refused input has none
+  if (!state.offline) history.replaceState(null, "", "#" + p.toString());
+}
+
+function viewSettings() {  // what is shown of the analysis, as the URL keeps it (and a saved HTML file)
+  const p = new URLSearchParams();
   p.set("kind", state.kind); p.set("layer", state.layer); p.set("heads", [...state.heads].join(","));
   if (state.average) p.set("average", "1");
   if (state.token !== null) p.set("token", state.token);
   if (state.cell) p.set("cell", `${state.cell.layer}.${state.cell.head}`);
   p.set("palette", state.palette); if (!state.mask) p.set("mask", "0"); if (!state.scale) p.set("scale", "0");
-  if (!state.offline) history.replaceState(null, "", "#" + p.toString());
+  return p;
 }
 
 function readHash() {
@@ -641,7 +643,7 @@ function download(blob, name) {
 }
 
 function exportFigure(id, format) {
-  const node = $(id), source = new XMLSerializer().serializeToString(node);
+  const node = figure(id), source = new XMLSerializer().serializeToString(node);
   const blob = new Blob([source], {type: "image/svg+xml"});
   if (format === "svg") return download(blob, `kqv-${id}.svg`);
   const image = new Image(), url = URL.createObjectURL(blob);
@@ -654,9 +656,56 @@ function exportFigure(id, format) {
   image.src = url;
 }
 
+const TITLE = 26, LEGEND = 40;  // pixels above an exported figure for its title, and below it for its legend
+
+function figure(id) {  // a view as a file: its title above, its colour legend below, the view itself between
+  const node = $(id), width = Math.max(+node.getAttribute("width"), 360), height = +node.getAttribute("height");
+  const out = svg("svg", {xmlns: SVGNS, width, height: TITLE + height + LEGEND, "font-family": "sans-serif"});
+  out.append(svg("rect", {width: "100%", height: "100%", fill: "#ffffff"}),
+    svg("text", {x: 8, y: 18, "font-size": 14, "font-weight": "bold", fill: "#1a1a1a", class: "title"},
+      figureTitle(id)));
+  const body = node.cloneNode(true);
+  body.removeAttribute("id"); body.setAttribute("y", TITLE);
+  const legend = svg("g", {class: "legend", transform: `translate(8,${TITLE + height + 10})`});
+  legend.append(...(id === "detail" ? colourLegend() : headLegend()));
+  out.append(body, legend);
+  return out;
+}
+
+function figureTitle(id) {
+  const v = view(), run = state.info ? `${state.info.task} ${state.info.name}` : "kqv";
+  if (id === "detail" && state.cell) {
+    return `${run}: ${v.label}, layer ${state.cell.layer + 1}, head ${state.cell.head + 1}`;
+  }
+  const heads = state.average ? "average of the heads" : `heads ${[...state.heads].map((h) => h + 1).join(", ")}`;
+  return `${run}: ${v.label}, layer ${state.layer + 1}, ${heads}, query ${shown(v.queries[state.token] || "")}`;
+}
+
+function colourLegend() {  // the palette from 0 to the weight drawn brightest, as a gradient bar with its ends named
+  const stops = PALETTES[state.palette] || PALETTES.cividis, gradient = svg("linearGradient", {id: "legend-ramp"});
+  stops.forEach((c, k) => gradient.append(svg("stop", {offset: k / (stops.length - 1), "stop-color": c})));
+  const peak = state.cell ? largest(headWeights(state.cell.layer, state.cell.head)) : 1, defs = svg("defs");
+  defs.append(gradient);
+  const masked = view().causal && state.mask ? "; masked (future) tokens light grey or hatched" : "";
+  return [defs, svg("rect", {width: 200, height: 12, fill: "url(#legend-ramp)", stroke: "#888888"}),
+    svg("text", {x: 0, y: 26, "font-size": 11, fill: "#1a1a1a"}, "0"),
+    svg("text", {x: 200, y: 26, "font-size": 11, "text-anchor": "end", fill: "#1a1a1a"}, peak.toFixed(3)),
+    svg("text", {x: 210, y: 11, "font-size": 11, fill: "#1a1a1a"}, `attention weight${masked}`)];
+}
+
+function headLegend() {  // one swatch per head drawn; a line's opacity is its weight
+  const heads = state.average ? ["avg"] : [...state.heads].sort((a, b) => a - b), items = [];
+  heads.forEach((h, k) => items.push(svg("rect", {x: 70 * k, y: 0, width: 12, height: 12,
+    fill: h === "avg" ? "#20324f" : headColour(h)}), svg("text", {x: 70 * k + 16, y: 11, "font-size": 11,
+    fill: "#1a1a1a"}, h === "avg" ? "average" : `head ${h + 1}`)));
+  items.push(svg("text", {x: 0, y: 28, "font-size": 11, fill: "#1a1a1a"}, "line opacity = attention weight"));
+  return items;
+}
+
 async function saveHtml() {
   try {
-    download(await (await api("/api/export", state.request)).blob(), "kqv-attention.html");
+    const body = {...state.request, view: viewSettings().toString()};  // the file opens on what is shown now
+    download(await (await api("/api/export", body)).blob(), "kqv-attention.html");
   } catch (error) { showError(error.message); }
 }
 
@@ -701,7 +750,7 @@ async function start() {
     describe(data.info);
     $("text").value = data.request.text; $("text").readOnly = true;
     for (const id of ["analyze", "save-html", "beam-box"]) $(id).hidden = true;
-    resetView(); draw();
+    resetView(); applySaved(Object.fromEntries(new URLSearchParams(data.view || ""))); draw();
     return;
   }
   try {
