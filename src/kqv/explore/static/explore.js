@@ -214,6 +214,7 @@ function buildControls() {
 // head view: tokens on both sides, lines from the selected query token to every key it attends to
 
 const headY = (i) => HEADING + ROW * (i + 1) - 4;  // the baseline of token i in the head view
+const headLeft = (v) => Math.max(labelWidth(v.queries), 64);  // wide enough for the heading "queries"
 
 const headDrawn = {analysis: null, kind: null};  // whose tokens the head view shows: kept while they stay the same
 
@@ -225,9 +226,9 @@ function drawHeadView() {
   root.replaceChildren();
   Object.assign(headDrawn, {analysis: state.analysis, kind: state.kind});
   if (!v.layers) return;
-  const left = labelWidth(v.queries), gap = 180, right = left + gap;
+  const left = headLeft(v), gap = 180, right = left + gap;
   const height = HEADING + ROW * Math.max(v.queries.length, v.keys.length) + ROW;
-  root.setAttribute("width", right + labelWidth(v.keys) + 10);
+  root.setAttribute("width", right + Math.max(labelWidth(v.keys), 40) + 10);
   root.setAttribute("height", height);
   root.append(svg("rect", {width: "100%", height: "100%", fill: "#ffffff"}));
   root.append(svg("text", {x: left - 6, y: HEADING - 6, "text-anchor": "end", class: "heading", fill: "#555555"},
@@ -267,7 +268,7 @@ function chooseByPointer(queries, v) {
 function drawHeadLines(left, right) {  // the chosen token's lines to every key, and which token is chosen
   const root = $("head-view"), lines = $("head-lines");
   if (!lines) return;
-  left = left ?? labelWidth(view().queries); right = right ?? left + 180;
+  left = left ?? headLeft(view()); right = right ?? left + 180;
   lines.replaceChildren();
   const heads = state.average ? ["avg"] : [...state.heads].sort((a, b) => a - b);
   for (const head of heads) {
@@ -379,7 +380,8 @@ function drawDetail() {
   const {layer, head} = state.cell, rows = headWeights(layer, head), n = v.queries.length * v.keys.length;
   $("detail-title").textContent = `${v.label}: layer ${layer + 1}, head ${head + 1} (rows: queries, columns: keys)`;
   const bitmap = n > SVG_CELLS, longest = Math.max(v.queries.length, v.keys.length);
-  const cell = bitmap ? Math.max(1, Math.min(ROW, 768 / longest)) : Math.max(6, Math.min(ROW, 640 / rows[0].length));
+  // a bitmap fits 720 pixels (1,024 tokens: 0.7 pixel a cell, the pointer's tooltip names the cell exactly)
+  const cell = bitmap ? Math.min(ROW, 720 / longest) : Math.max(6, Math.min(ROW, 640 / rows[0].length));
   const step = Math.ceil(11 / cell);  // every step-th token is labelled: labels never overlap
   const left = labelWidth(v.queries), top = labelWidth(v.keys);
   root.setAttribute("width", left + cell * v.keys.length + 4);
@@ -391,7 +393,8 @@ function drawDetail() {
     (step > 1 ? `; every ${step === 2 ? "other" : step + "th"} token labelled, point at a cell for its tokens` : "");
   const cells = (bitmap ? bitmapCells : svgCells)(rows, cell, (i, j) => state.mask && future(i, j), peak, root);
   cells.setAttribute("transform", `translate(${left},${top})`);
-  pointAt(cells, cell, [rows.length, rows[0].length], (i, j) => `${shown(v.queries[i])} \u2192 ${shown(v.keys[j])}: ` +
+  pointAt(cells, cell, [rows.length, rows[0].length], (i, j) => (step > 1 ? `query ${i + 1} ` : "") +
+    `${shown(v.queries[i])} \u2192 ` + (step > 1 ? `key ${j + 1} ` : "") + `${shown(v.keys[j])}: ` +
     (future(i, j) ? "masked (a future token)" : `weight ${rows[i][j].toFixed(4)}`));
   root.append(cells);
   const font = Math.min(12, Math.max(cell, 10));
@@ -419,10 +422,10 @@ function svgCells(rows, cell, masked, peak, root) {  // one <rect> per weight, w
   return cells;
 }
 
-function bitmapCells(rows, cell, masked) {  // the weights as one image, a pixel each, scaled up without smoothing
+function bitmapCells(rows, cell, masked) {  // the weights as one image, a pixel each, scaled (up: without smoothing)
   const canvas = paint(el("canvas"), rows, masked), cells = svg("g");
   cells.append(svg("image", {class: "weights", href: canvas.toDataURL(), width: cell * rows[0].length,
-    height: cell * rows.length, preserveAspectRatio: "none", "image-rendering": "pixelated",
+    height: cell * rows.length, preserveAspectRatio: "none", "image-rendering": cell >= 1 ? "pixelated" : "auto",
     "data-rows": rows.length, "data-columns": rows[0].length}));
   return cells;
 }
@@ -659,7 +662,7 @@ function exportFigure(id, format) {
 const TITLE = 26, LEGEND = 40;  // pixels above an exported figure for its title, and below it for its legend
 
 function figure(id) {  // a view as a file: its title above, its colour legend below, the view itself between
-  const node = $(id), width = Math.max(+node.getAttribute("width"), 360), height = +node.getAttribute("height");
+  const node = $(id), width = Math.max(+node.getAttribute("width"), 560), height = +node.getAttribute("height");
   const out = svg("svg", {xmlns: SVGNS, width, height: TITLE + height + LEGEND, "font-family": "sans-serif"});
   out.append(svg("rect", {width: "100%", height: "100%", fill: "#ffffff"}),
     svg("text", {x: 8, y: 18, "font-size": 14, "font-weight": "bold", fill: "#1a1a1a", class: "title"},
@@ -673,7 +676,7 @@ function figure(id) {  // a view as a file: its title above, its colour legend b
 }
 
 function figureTitle(id) {
-  const v = view(), run = state.info ? `${state.info.task} ${state.info.name}` : "kqv";
+  const v = view(), run = state.info ? `${state.info.name.split(/[\\/]/).pop()} (${state.info.task})` : "kqv";
   if (id === "detail" && state.cell) {
     return `${run}: ${v.label}, layer ${state.cell.layer + 1}, head ${state.cell.head + 1}`;
   }
@@ -686,7 +689,8 @@ function colourLegend() {  // the palette from 0 to the weight drawn brightest, 
   stops.forEach((c, k) => gradient.append(svg("stop", {offset: k / (stops.length - 1), "stop-color": c})));
   const peak = state.cell ? largest(headWeights(state.cell.layer, state.cell.head)) : 1, defs = svg("defs");
   defs.append(gradient);
-  const masked = view().causal && state.mask ? "; masked (future) tokens light grey or hatched" : "";
+  const grey = $("detail").querySelector("image.weights") ? "light grey" : "hatched";
+  const masked = view().causal && state.mask ? `; masked (future) tokens ${grey}` : "";
   return [defs, svg("rect", {width: 200, height: 12, fill: "url(#legend-ramp)", stroke: "#888888"}),
     svg("text", {x: 0, y: 26, "font-size": 11, fill: "#1a1a1a"}, "0"),
     svg("text", {x: 200, y: 26, "font-size": 11, "text-anchor": "end", fill: "#1a1a1a"}, peak.toFixed(3)),
