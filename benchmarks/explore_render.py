@@ -6,7 +6,8 @@ byte-level BPE tokenizer trained here; nothing downloaded) is served by the real
 Playwright as tests/test_explore_browser.py drives it, analyses a 1,024-token text, then changes each control in
 turn. A change is timed in the page from the event to the second animation frame after it (the handler has run,
 and the browser has laid out and painted the result), `--rounds` times; the table shows the median and the
-largest. Also measured: the analysis reply (bytes as sent with gzip, and without) and the first drawing.
+largest. Also measured: the analysis reply (bytes and seconds, with gzip and without, the weights as the API's
+lists and as the millionths the page asks for) and the first drawing.
 The target is under 0.5 s per change (issue 29).
 
     python benchmarks/explore_render.py                  # 2 layers x 4 heads; writes results/explore_render.json
@@ -75,14 +76,15 @@ def reply_sizes(url: str, text: str) -> dict[str, float]:
 
     sizes = {}
     httpx.get(f"{url}/api/info", timeout=300)  # the model loads on the first request: not timed
-    for encoding in ("gzip", "identity"):
-        start = time.perf_counter()
-        with httpx.stream(
-            "POST", f"{url}/api/analyze", json={"text": text}, headers={"Accept-Encoding": encoding}, timeout=300
-        ) as response:
-            sent = sum(len(chunk) for chunk in response.iter_raw())
-        sizes[f"{encoding}_bytes"] = sent
-        sizes[f"{encoding}_seconds"] = round(time.perf_counter() - start, 3)
+    for weights in ("lists", "micros"):  # the API's default, and what the page asks for
+        for encoding in ("gzip", "identity"):
+            start = time.perf_counter()
+            body = {"text": text, "weights": weights}
+            headers = {"Accept-Encoding": encoding}
+            with httpx.stream("POST", f"{url}/api/analyze", json=body, headers=headers, timeout=300) as response:
+                sent = sum(len(chunk) for chunk in response.iter_raw())
+            sizes[f"{weights}_{encoding}_bytes"] = sent
+            sizes[f"{weights}_{encoding}_seconds"] = round(time.perf_counter() - start, 3)
     return sizes
 
 
@@ -130,9 +132,15 @@ def main() -> None:
             sizes = reply_sizes(server.url, text)
             result = measure(server.url, text, args.rounds, args.chromium)
     print(
-        f"{TOKENS} tokens, {args.layers} layers x {args.heads} heads; reply {sizes['gzip_bytes'] / 1e6:.1f} MB "
-        f"gzip ({sizes['identity_bytes'] / 1e6:.1f} MB plain); first drawing {result['first_draw_seconds']:.2f} s"
+        f"{TOKENS} tokens, {args.layers} layers x {args.heads} heads; "
+        f"first drawing {result['first_draw_seconds']:.2f} s"
     )
+    for weights in ("lists", "micros"):
+        print(
+            f"reply, weights as {weights}: {sizes[f'{weights}_gzip_bytes'] / 1e6:.1f} MB gzip in "
+            f"{sizes[f'{weights}_gzip_seconds']:.2f} s, {sizes[f'{weights}_identity_bytes'] / 1e6:.1f} MB plain in "
+            f"{sizes[f'{weights}_identity_seconds']:.2f} s"
+        )
     print(f"{'control change':26} {'median s':>9} {'max s':>7}")
     for name, times in result["changes"].items():
         print(f"{name:26} {statistics.median(times):9.3f} {max(times):7.3f}")

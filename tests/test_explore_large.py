@@ -123,3 +123,18 @@ def test_a_1024_token_input_draws_as_bitmaps_with_thinned_labels_and_no_console_
         assert p.page.inner_text("#tip").endswith(f"weight {weights[i][j]:.4f}")
         p.page.select_option("#layer", index=0)  # a control change redraws without errors
         p.close()
+
+
+def test_weights_in_millionths_decode_to_exactly_the_lists_numbers(client, gpt2):
+    import base64
+
+    import numpy as np
+
+    text = gpt2[1][:300]
+    lists = client.post("/api/analyze", json={"text": text}).json()["attention"]["self"]["layers"]
+    packed = client.post("/api/analyze", json={"text": text, "weights": "micros"}).json()["attention"]["self"]["layers"]
+    assert packed["encoding"] == "micros" and packed["shape"] == list(np.shape(lists))
+    millionths = np.frombuffer(base64.b64decode(packed["data"]), dtype="<u4").reshape(packed["shape"])
+    assert (millionths / 1e6).tolist() == lists  # the very same floats, as the page decodes them
+    refused = client.post("/api/analyze", json={"text": text, "weights": "floats"})
+    assert refused.status_code == 400 and "weights must be one of ['lists', 'micros']" in refused.json()["error"]

@@ -2,8 +2,8 @@
 
     GET  /                the page (static/index.html); its script and style from /static/, nothing from elsewhere
     GET  /api/info        what the run is: task, model config, input limit, the views that apply, sample settings
-    POST /api/analyze     {"text": ..., ("top_k" | "beam" | "target")} -> tokens, attention of every layer and
-                          head by kind, per-head statistics, and the task's predictions
+    POST /api/analyze     {"text": ..., ("top_k" | "beam" | "target"), ("weights": "micros")} -> tokens, attention
+                          of every layer and head by kind, per-head statistics, and the task's predictions
     POST /api/continue    {"text": ..., ("max_new_tokens", "temperature", "top_k", "top_p", "seed")} -> NDJSON
                           lines, one per sampled token as it is generated, then {"done": true, "text": ...}
     POST /api/export      the same body as analyze, and "view" (the page's view settings) -> one self-contained HTML
@@ -41,6 +41,7 @@ from starlette.staticfiles import StaticFiles
 
 from ..errors import ConfigError
 from ..train.metrics import strict_json
+from .analysis import weights_as
 from .export import STATIC, standalone_page
 from .guard import ANALYZE_NUMBERS, CONTINUE_NUMBERS, LOOPBACK, FrontDoor, Number, check_numbers
 from .loading import DEFAULT_MAX_TOKENS, load_subject
@@ -159,6 +160,12 @@ def ndjson(lines: Iterator[dict[str, Any]]) -> Iterator[bytes]:
         yield (strict_json({"error": str(error), "status": status_of(error)}) + "\n").encode()
 
 
+def analyzed(subject: Subject, payload: dict[str, Any]) -> dict[str, Any]:
+    """The subject's analysis of the request, its weights sent as the request's "weights" asks (analysis.WIRE)."""
+    with weights_as(payload.pop("weights", "lists")):
+        return subject.analyze(payload)
+
+
 def create_app(
     run: str | Path,
     max_tokens: int | None = DEFAULT_MAX_TOKENS,
@@ -179,7 +186,7 @@ def create_app(
     async def analyze(request: Request) -> Response:
         payload = await read_json(request, ANALYZE_NUMBERS)
         subject = await run_in_threadpool(explorer.subject)
-        return StrictJSONResponse(await run_in_threadpool(subject.analyze, payload))
+        return StrictJSONResponse(await run_in_threadpool(analyzed, subject, payload))
 
     async def continue_text(request: Request) -> Response:
         payload = await read_json(request, CONTINUE_NUMBERS)
@@ -195,7 +202,7 @@ def create_app(
                 f"view must be the page's view settings, a string of at most {MAX_VIEW_CHARS} characters"
             )
         subject = await run_in_threadpool(explorer.subject)
-        analysis = await run_in_threadpool(subject.analyze, payload)
+        analysis = await run_in_threadpool(analyzed, subject, payload)
         page = standalone_page(subject.info(), analysis, payload, view)
         return Response(
             page, media_type="text/html", headers={"Content-Disposition": 'attachment; filename="kqv-attention.html"'}

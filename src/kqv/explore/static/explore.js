@@ -50,7 +50,12 @@ function ramp() {
   }
   return ramps[state.palette];
 }
-const largest = (rows) => (state.scale ? Math.max(...rows.map((row) => Math.max(...row))) : 1);
+function largest(rows) {  // the weight drawn brightest: the map's largest when colours are scaled, else 1
+  if (!state.scale) return 1;
+  let peak = 0;
+  for (const row of rows) for (let j = 0; j < row.length; j++) if (row[j] > peak) peak = row[j];
+  return peak;
+}
 const headColour = (h) => HEAD_COLOURS[h % HEAD_COLOURS.length];
 const labelWidth = (tokens) => 12 + 7.5 * Math.max(...tokens.map((t) => shown(t).length));
 
@@ -69,6 +74,29 @@ async function api(path, body, signal) {
     throw new Error(message);
   }
   return response;
+}
+
+// The weights come as millionths (uint32, base64; the API's "weights": "micros"): decoded here to the numbers the
+// API's lists hold (k / 1e6 is the double nearest the 6-decimal value), as [layer][head][query] rows of one array
+function unpack(analysis) {
+  for (const v of Object.values(analysis.attention || {})) {
+    if (!v.layers || Array.isArray(v.layers)) continue;
+    const [layers, heads, queries, keys] = v.layers.shape, text = atob(v.layers.data);
+    const bytes = new Uint8Array(text.length);
+    for (let k = 0; k < text.length; k++) bytes[k] = text.charCodeAt(k);
+    const millionths = new DataView(bytes.buffer), weights = new Float64Array(bytes.length / 4);
+    for (let k = 0; k < weights.length; k++) {
+      const m = millionths.getUint32(4 * k, true);
+      weights[k] = m === 0xFFFFFFFF ? 0 : m / 1e6;  // a weight that was not finite (the lists send null) as 0
+    }
+    const row = (l, h, i) => {
+      const start = ((l * heads + h) * queries + i) * keys;
+      return weights.subarray(start, start + keys);
+    };
+    v.layers = [...Array(layers).keys()].map((l) => [...Array(heads).keys()].map((h) =>
+      [...Array(queries).keys()].map((i) => row(l, h, i))));
+  }
+  return analysis;
 }
 
 // Every reply is tied to the request that asked for it: a new request of a kind ("analyze", "continue") aborts the
@@ -621,7 +649,7 @@ async function analyze(saved = {}) {
   $("status").textContent = "analysing\u2026";
   showError("");
   try {
-    const analysis = await (await api("/api/analyze", request, ticket.signal)).json();
+    const analysis = unpack(await (await api("/api/analyze", {...request, weights: "micros"}, ticket.signal)).json());
     if (!latest("analyze", ticket)) return;
     state.analysis = analysis; state.request = request;
     resetView(); applySaved(saved); draw(); showChosenToken();
@@ -708,7 +736,7 @@ function headLegend() {  // one swatch per head drawn; a line's opacity is its w
 
 async function saveHtml() {
   try {
-    const body = {...state.request, view: viewSettings().toString()};  // the file opens on what is shown now
+    const body = {...state.request, view: viewSettings().toString(), weights: "micros"};  // opens on this view
     download(await (await api("/api/export", body)).blob(), "kqv-attention.html");
   } catch (error) { showError(error.message); }
 }
@@ -750,6 +778,7 @@ async function start() {
   const inlined = $("kqv-data");
   if (inlined) {  // a saved HTML file: draw the inlined analysis, no server to ask
     const data = JSON.parse(inlined.textContent);
+    unpack(data.analysis);
     Object.assign(state, {info: data.info, analysis: data.analysis, request: data.request, offline: true});
     describe(data.info);
     $("text").value = data.request.text; $("text").readOnly = true;
