@@ -50,7 +50,11 @@ class Explore(Command):
             "kqv explore runs/lm --html attention.html --text 'To be, or not to be'  "
             "(see docs/explorer.md)"
         )
-        explore.add_argument("run", help="a run directory (lm, mt, mlm or cls), or `minilm` (all-MiniLM-L6-v2)")
+        explore.add_argument(
+            "run",
+            help="a run directory (lm, mt, mlm, cls or vit), `minilm` (all-MiniLM-L6-v2), or a Hugging Face "
+            "GPT-2, BERT, Marian or BART directory saved with its tokenizer.json",
+        )
         explore.add_argument("--port", type=int, default=8765, help="port to serve on (default 8765)")
         explore.add_argument(
             "--host",
