@@ -98,3 +98,23 @@ def test_a_seq2seq_directory_refuses_a_source_past_its_positions_and_answers_a_b
     assert response.status_code == 400 and "max_len = 64" in response.json()["error"]
     beamed = client.post("/api/analyze", json={"text": SOURCE, "beam": 4}).json()
     assert beamed["beam"] == 4 and isinstance(beamed["translation"], str)
+
+
+def test_a_bart_directory_draws_its_translation_page_in_chromium(dirs):
+    """The page of a BART directory in Debian's Chromium: the cross-attention over the source and its </s>, the
+    three kinds of attention to choose from, no request elsewhere and no console error."""
+    shared = pytest.importorskip("test_explore_browser")
+    with shared.sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=shared.CHROMIUM, args=shared.FLAGS)
+        with shared.Server(create_app(dirs["bart"])) as server:
+            p = shared.Page(browser, server.url)
+            shared.analyze_in_page(p, server, SOURCE, beam="1")
+            body = shared.api_analysis(server, text=SOURCE, beam=1)
+            assert p.page.input_value("#kind") == "cross"
+            keys = p.page.eval_on_selector_all("#head-view text.key", "ts => ts.map(t => t.textContent)")
+            assert len(keys) == len(body["source_tokens"]) and keys[-1] == "</s>"
+            kinds = p.page.eval_on_selector_all("#kind option", "os => os.map(o => o.value)")
+            assert sorted(kinds) == ["cross", "decoder", "encoder"]
+            assert p.page.inner_text("#translation") == body["translation"]
+            p.close()
+        browser.close()
