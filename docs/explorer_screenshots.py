@@ -7,10 +7,20 @@
     python docs/explorer_screenshots.py runs/mt --text "Im Anfang war das Wort." --beam 4 --cell 3.1 \
         --out docs/explorer-mt.png
 
+    python docs/explorer_screenshots.py runs/lm --text-file passage.txt --cell 2.1 --point 700.690 \
+        --element "#detail-box" --out docs/explorer-large.png
+    python docs/explorer_screenshots.py runs/lm --text "ROMEO:\nBut soft, what light" --cell 2.3 \
+        --export detail --out docs/explorer-export.png
+    python docs/explorer_screenshots.py runs/lm --text "ROMEO:\nBut soft, what light" --notebook \
+        --out docs/explorer-notebook.png
+
 Needs the test extra (playwright) and `apt-get install chromium`. Every request that is not to the app is blocked,
 as in the browser tests. `--cell L.H` opens layer L, head H (1-based) in the detail view; `--token` picks the
 query token of the head view (0-based; default the last); `--element CSS` saves only that part of the page
-(`#overview`: the model view and the statistics); `--sort KEY` sorts the statistics by a column (largest first).
+(`#overview`: the model view and the statistics); `--sort KEY` sorts the statistics by a column (largest first);
+`--point Q.K` leaves the pointer on the detail map's cell (query Q, key K; 0-based), so that its tooltip shows;
+`--export detail|head-view` saves the page's own PNG export of that view (with its title and colour legend)
+instead of a screenshot; `--notebook` shows the page as `kqv.explore.show` puts it in a notebook cell (an iframe).
 """
 
 from __future__ import annotations
@@ -40,7 +50,9 @@ FLAGS = [
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run")
-    parser.add_argument("--text", required=True, help="the input; \\n stands for a line break")
+    text = parser.add_mutually_exclusive_group(required=True)
+    text.add_argument("--text", help="the input; \\n stands for a line break")
+    text.add_argument("--text-file", help="the input, read from this file (UTF-8)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--beam", help="MT: beam size")
     parser.add_argument("--token", type=int, help="query token of the head view (0-based)")
@@ -51,10 +63,17 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=1400)
     parser.add_argument("--height", type=int, default=1000)
     parser.add_argument("--full-page", action="store_true")
+    parser.add_argument("--max-tokens", type=int, help="the input limit (default: the model's context)")
+    parser.add_argument("--point", help="query.key (0-based): leave the pointer on that cell of the detail map")
+    parser.add_argument("--export", choices=["detail", "head-view"], help="save the page's PNG export of a view")
+    parser.add_argument("--notebook", action="store_true", help="the page as kqv.explore.show shows it inline")
     args = parser.parse_args()
+    text = Path(args.text_file).read_text(encoding="utf-8") if args.text_file else args.text.replace("\\n", "\n")
+    if args.notebook:
+        return notebook_screenshot(args, text)
     from playwright.sync_api import sync_playwright
 
-    with BackgroundServer(create_app(args.run, max_tokens=256)) as server, sync_playwright() as playwright:
+    with BackgroundServer(create_app(args.run, args.max_tokens)) as server, sync_playwright() as playwright:
         browser = playwright.chromium.launch(
             executable_path=shutil.which("chromium") or "/usr/bin/chromium", args=FLAGS
         )
@@ -72,7 +91,7 @@ def main() -> None:
         page.wait_for_selector("#run:not(:empty)")
         if args.beam:
             page.select_option("#beam", label=args.beam)
-        page.fill("#text", args.text.replace("\\n", "\n"))  # after the beam, whose change analyses at once
+        page.fill("#text", text)  # after the beam, whose change analyses at once
         page.click("#analyze")
         page.wait_for_selector("#head-view line.attn", state="attached", timeout=120_000)
         if args.token is not None:
@@ -87,13 +106,61 @@ def main() -> None:
             page.click(f'#stats th[data-key="{args.sort}"]')
         page.mouse.move(0, 0)
         page.evaluate("window.scrollTo(0, 0)")
-        if args.element:
+        if args.point:
+            point_at(page, *(int(x) for x in args.point.split(".")))
+        if args.export:
+            with page.expect_download() as download:
+                page.click(f'[data-export="{args.export}"][data-format="png"]')
+            download.value.save_as(args.out)
+        elif args.element:
             page.locator(args.element).first.screenshot(path=args.out)
         else:
             page.screenshot(path=args.out, full_page=args.full_page)
         browser.close()
     if blocked:
         raise SystemExit(f"the page tried to reach {blocked}")
+    print(f"wrote {args.out}")
+
+
+def point_at(page, query: int, key: int) -> None:
+    """Scroll the detail map into view and rest the pointer on cell (query, key), where its tooltip appears."""
+    page.eval_on_selector("#detail-box", "box => box.scrollIntoView()")
+    page.evaluate("window.scrollBy(0, -8)")
+    cells = page.locator("#detail image.weights, #detail g rect.weight").first.bounding_box()
+    rows = page.eval_on_selector_all("#head-view text.query", "ts => ts.length")
+    columns = page.eval_on_selector_all("#head-view text.key", "ts => ts.length")
+    image = page.query_selector("#detail image.weights")
+    width = image.bounding_box()["width"] if image else cells["width"] * columns
+    height = image.bounding_box()["height"] if image else cells["height"] * rows
+    page.mouse.move(cells["x"] + (key + 0.5) * width / columns, cells["y"] + (query + 0.5) * height / rows)
+
+
+def notebook_screenshot(args: argparse.Namespace, text: str) -> None:
+    """The page as `kqv.explore.show` displays it in a notebook cell: its `_repr_html_` (an iframe) in a page."""
+    import tempfile
+
+    from playwright.sync_api import sync_playwright
+
+    import kqv.explore
+
+    view = "cell={}.{}".format(*(int(x) - 1 for x in args.cell.split("."))) if args.cell else ""
+    shown = kqv.explore.show(args.run, text, view=view, height=args.height - 120, max_tokens=args.max_tokens)
+    cell = (
+        '<!doctype html><html><body style="font: 14px sans-serif; margin: 16px">'
+        '<pre style="background: #f5f5f5; padding: 8px">In [1]: import kqv.explore\n'
+        f"        kqv.explore.show({str(args.run)!r}, {text[:40]!r})</pre>{shown._repr_html_()}</body></html>"
+    )
+    with tempfile.TemporaryDirectory() as tmp, sync_playwright() as playwright:
+        host = Path(tmp) / "notebook.html"
+        host.write_text(cell, encoding="utf-8")
+        browser = playwright.chromium.launch(
+            executable_path=shutil.which("chromium") or "/usr/bin/chromium", args=FLAGS
+        )
+        page = browser.new_page(viewport={"width": args.width, "height": args.height})
+        page.goto(host.as_uri())
+        page.frame_locator("iframe.kqv-explore").locator("#head-view line.attn").first.wait_for(state="attached")
+        page.screenshot(path=args.out)
+        browser.close()
     print(f"wrote {args.out}")
 
 

@@ -91,4 +91,5 @@ def test_help_describes_every_option_and_the_length_limit(capsys):
     for option in ("--port", "--host", "--open", "--max-tokens", "--html", "--text", "--beam"):
         assert option in text
     assert "default 8765" in text and "default 127.0.0.1" in text and "warning" in text
-    assert "default 256" in text and "refused with a message" in text and "max_len" in text
+    assert "default: the model's context" in text and "at most 1024" in text  # was 256 before issue 29
+    assert "refused with a message" in text and "max_len" in text

@@ -50,7 +50,11 @@ class Explore(Command):
             "kqv explore runs/lm --html attention.html --text 'To be, or not to be'  "
             "(see docs/explorer.md)"
         )
-        explore.add_argument("run", help="a run directory (lm, mt, mlm or cls), or `minilm` (all-MiniLM-L6-v2)")
+        explore.add_argument(
+            "run",
+            help="a run directory (lm, mt, mlm, cls or vit), `minilm` (all-MiniLM-L6-v2), or a Hugging Face "
+            "GPT-2, BERT, Marian or BART directory saved with its tokenizer.json",
+        )
         explore.add_argument("--port", type=int, default=8765, help="port to serve on (default 8765)")
         explore.add_argument(
             "--host",
@@ -62,10 +66,10 @@ class Explore(Command):
         explore.add_argument(
             "--max-tokens",
             type=int,
-            default=256,
-            help="the input length limit, in tokens (default 256; a run with learned positions "
-            "allows at most its max_len): longer inputs are refused with a message, since "
-            "every view holds tokens x tokens weights per head",
+            default=None,
+            help="the input length limit, in tokens (default: the model's context, its max_len, at most 1024; "
+            "a run with learned positions allows at most its max_len): longer inputs are refused with a "
+            "message, since every view holds tokens x tokens weights per head",
         )
         explore.add_argument("--html", help="write the views of --text to this self-contained HTML file and exit")
         explore.add_argument("--text", help="with --html: the input (MT: the source sentence)")

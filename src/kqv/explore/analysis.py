@@ -6,7 +6,10 @@ is given and computes nothing of its own, so a test can check the page's numbers
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import base64
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -23,6 +26,37 @@ UNIFORM_THRESHOLD = 0.9  # ... or when its entropy is at least this fraction of 
 def rounded(tensor: Tensor) -> list:
     """A tensor as nested lists of floats rounded to DECIMALS places (JSON stays small and exact enough)."""
     return torch.round(tensor.detach().double(), decimals=DECIMALS).tolist()
+
+
+# How the weights travel: as nested lists of numbers ("lists", the API's default), or, when the page asks for it
+# ("micros"), as the same numbers in millionths, little-endian uint32, base64: at 1,024 tokens the lists are 54 MB
+# of JSON that take seconds to write and parse; the millionths are decoded by the page to the very same numbers
+# (k / 1e6 is the double nearest the 6-decimal value, as JSON's parse of it). Set per request by the app
+# (`weights_as`), read by attention_view: the subjects need not know.
+WIRE: ContextVar[str] = ContextVar("kqv_explore_wire", default="lists")
+WIRE_FORMATS = ("lists", "micros")
+NOT_FINITE = 0xFFFFFFFF  # a NaN or infinite weight in millionths (the lists send null)
+
+
+@contextmanager
+def weights_as(wire: str) -> Iterator[None]:
+    """Within the block, attention_view sends weights as `wire` ("lists" or "micros")."""
+    if wire not in WIRE_FORMATS:
+        raise DataError(f"weights must be one of {list(WIRE_FORMATS)}, got {wire!r}")
+    token = WIRE.set(wire)
+    try:
+        yield
+    finally:
+        WIRE.reset(token)
+
+
+def micros(tensor: Tensor) -> dict[str, Any]:
+    """Weights (layers, heads, q_time, k_time) in [0, 1] as {"encoding": "micros", "shape", "data"}: the weights in
+    millionths as little-endian uint32, base64 (non-finite ones as NOT_FINITE)."""
+    scaled = torch.round(tensor.detach().double() * 10**DECIMALS)
+    finite = torch.isfinite(scaled)
+    values = torch.where(finite, scaled, torch.full_like(scaled, NOT_FINITE)).to(torch.int64).numpy().astype("<u4")
+    return {"encoding": "micros", "shape": list(tensor.shape), "data": base64.b64encode(values.tobytes()).decode()}
 
 
 def stack_layers(weights: Sequence[Tensor]) -> Tensor:
@@ -104,7 +138,7 @@ def attention_view(
         "queries": queries,
         "keys": keys,
         "causal": causal,
-        "layers": rounded(stacked),
+        "layers": micros(stacked) if WIRE.get() == "micros" else rounded(stacked),
         "stats": head_statistics(stacked, self_attention),
         "note": note,
     }
@@ -138,6 +172,36 @@ def check_length(
             f"{what} is {n_tokens} tokens long; the explorer draws at most {limit} (every view holds "
             f"tokens x tokens numbers per head). {hint}"
         )
+
+
+# the explorer's input limit when none is given: the model's context, but no more than this many tokens, since the
+# reply holds tokens x tokens weights for every layer and head (1,024 tokens: a million per map)
+DRAWN_MAX_TOKENS = 1024
+
+
+def input_limit(limit: int | None, config: Any) -> tuple[int, bool]:
+    """The longest input the explorer draws, and whether it is the model's own context (its max_len) that sets it.
+
+    `limit` None: the model's context (its config's max_len), at most DRAWN_MAX_TOKENS. A given `limit` is kept,
+    except past the max_len of learned positions, which have no embedding beyond it."""
+    context = getattr(config, "max_len", None)
+    if limit is None:
+        if context is None:
+            return DRAWN_MAX_TOKENS, False
+        return min(context, DRAWN_MAX_TOKENS), context <= DRAWN_MAX_TOKENS
+    if getattr(config, "position", None) == "learned" and context < limit:
+        return context, True
+    return limit, False
+
+
+def limit_hint(limit: int, by_context: bool, config: Any) -> str:
+    """What to do about an input over `limit` tokens: shorten it, or (when the explorer's own limit, not the
+    model's context, refused it) restart with a larger --max-tokens."""
+    if not by_context:
+        return "Shorten it, or restart with a larger --max-tokens"
+    if getattr(config, "position", None) == "learned":
+        return f"Shorten it: this run's learned positions stop at max_len = {limit}"
+    return f"Shorten it: this model's context is max_len = {limit}"
 
 
 def check_int(value: Any, name: str, low: int, high: int) -> int:

@@ -2,15 +2,17 @@
 
     GET  /                the page (static/index.html); its script and style from /static/, nothing from elsewhere
     GET  /api/info        what the run is: task, model config, input limit, the views that apply, sample settings
-    POST /api/analyze     {"text": ..., ("top_k" | "beam" | "target")} -> tokens, attention of every layer and
-                          head by kind, per-head statistics, and the task's predictions
+    POST /api/analyze     {"text": ..., ("top_k" | "beam" | "target"), ("weights": "micros")} -> tokens, attention
+                          of every layer and head by kind, per-head statistics, and the task's predictions
     POST /api/continue    {"text": ..., ("max_new_tokens", "temperature", "top_k", "top_p", "seed")} -> NDJSON
                           lines, one per sampled token as it is generated, then {"done": true, "text": ...}
-    POST /api/export      the same body as analyze -> one self-contained HTML file of the views (data inlined)
+    POST /api/export      the same body as analyze, and "view" (the page's view settings) -> one self-contained HTML
+                          file of the views (data inlined) that opens on that view
 
 Every error is JSON, {"error": message}, with a 4xx status for anything the request can fix (a missing run is 404,
 bad input 400, a body that is not JSON 400, an over-long body 413); a bug answers 500 with a message, never a
-traceback. The model is loaded on the first request, so a missing run is an answer, not a crash.
+traceback. Replies are gzip-compressed for a client that accepts it (the NDJSON stream flushed line by line).
+The model is loaded on the first request, so a missing run is an answer, not a crash.
 
 Before any of that, the front door (kqv.explore.guard) answers only the explorer's own host names (421 for any
 other, against DNS rebinding) and its own page (403 for a cross-site request); a body is read only up to
@@ -31,6 +33,7 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.gzip import GZipMiddleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
@@ -38,12 +41,15 @@ from starlette.staticfiles import StaticFiles
 
 from ..errors import ConfigError
 from ..train.metrics import strict_json
+from .analysis import weights_as
 from .export import STATIC, standalone_page
 from .guard import ANALYZE_NUMBERS, CONTINUE_NUMBERS, LOOPBACK, FrontDoor, Number, check_numbers
 from .loading import DEFAULT_MAX_TOKENS, load_subject
 from .subjects import Subject
 
 MAX_BODY_BYTES = 1 << 20
+MAX_VIEW_CHARS = 4096
+GZIP_LEVEL = 1  # replies gzip-compressed when accepted: level 1 already makes the weights' JSON 5-10x smaller, fast
 # the page may load only what this app serves: a stray CDN reference fails in the browser, not silently at home
 CONTENT_SECURITY_POLICY = (
     "default-src 'self'; img-src 'self' data: blob:; style-src 'self'; script-src 'self'; connect-src 'self'"
@@ -90,7 +96,7 @@ def error_response(error: Exception) -> JSONResponse:
 class Explorer:
     """The app's state: which run, and its model once loaded (loaded on first use, then kept)."""
 
-    def __init__(self, run: str | Path, max_tokens: int = DEFAULT_MAX_TOKENS, subject: Subject | None = None):
+    def __init__(self, run: str | Path, max_tokens: int | None = DEFAULT_MAX_TOKENS, subject: Subject | None = None):
         self.run, self.max_tokens, self._subject = run, max_tokens, subject
         self._loading = threading.Lock()
 
@@ -154,8 +160,18 @@ def ndjson(lines: Iterator[dict[str, Any]]) -> Iterator[bytes]:
         yield (strict_json({"error": str(error), "status": status_of(error)}) + "\n").encode()
 
 
+def analyzed(subject: Subject, payload: dict[str, Any]) -> dict[str, Any]:
+    """The subject's analysis of the request, its weights sent as the request's "weights" asks (analysis.WIRE)."""
+    with weights_as(payload.pop("weights", "lists")):
+        return subject.analyze(payload)
+
+
 def create_app(
-    run: str | Path, max_tokens: int = DEFAULT_MAX_TOKENS, subject: Subject | None = None, *, host: str = "127.0.0.1"
+    run: str | Path,
+    max_tokens: int | None = DEFAULT_MAX_TOKENS,
+    subject: Subject | None = None,
+    *,
+    host: str = "127.0.0.1",
 ) -> Starlette:
     """The explorer app for `run` (a run directory, or `minilm`); `subject` skips loading (tests). It answers the
     loopback names and `host`, the address it listens on (kqv.explore.guard)."""
@@ -170,7 +186,7 @@ def create_app(
     async def analyze(request: Request) -> Response:
         payload = await read_json(request, ANALYZE_NUMBERS)
         subject = await run_in_threadpool(explorer.subject)
-        return StrictJSONResponse(await run_in_threadpool(subject.analyze, payload))
+        return StrictJSONResponse(await run_in_threadpool(analyzed, subject, payload))
 
     async def continue_text(request: Request) -> Response:
         payload = await read_json(request, CONTINUE_NUMBERS)
@@ -180,9 +196,14 @@ def create_app(
 
     async def export(request: Request) -> Response:
         payload = await read_json(request, ANALYZE_NUMBERS)
+        view = payload.pop("view", "")  # what the page shows: the file opens on it
+        if not isinstance(view, str) or len(view) > MAX_VIEW_CHARS:
+            raise RequestError(
+                f"view must be the page's view settings, a string of at most {MAX_VIEW_CHARS} characters"
+            )
         subject = await run_in_threadpool(explorer.subject)
-        analysis = await run_in_threadpool(subject.analyze, payload)
-        page = standalone_page(subject.info(), analysis, payload)
+        analysis = await run_in_threadpool(analyzed, subject, payload)
+        page = standalone_page(subject.info(), analysis, payload, view)
         return Response(
             page, media_type="text/html", headers={"Content-Disposition": 'attachment; filename="kqv-attention.html"'}
         )
@@ -200,9 +221,13 @@ def create_app(
         Route("/api/export", endpoint(export), methods=["POST"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
-    return Starlette(
-        routes=routes, exception_handlers={HTTPException: http_error}, middleware=[Middleware(FrontDoor, host=host)]
-    )
+    # the front door first (outermost): a refused request is answered before anything else runs; then gzip
+    # (a 1,024-token analysis is tens of MB of JSON; a stream is flushed line by line, so it still streams)
+    middleware = [
+        Middleware(FrontDoor, host=host),
+        Middleware(GZipMiddleware, minimum_size=1024, compresslevel=GZIP_LEVEL),
+    ]
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error}, middleware=middleware)
 
 
 class BackgroundServer:
@@ -257,7 +282,7 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8765,
     open_browser: bool = False,
-    max_tokens: int = DEFAULT_MAX_TOKENS,
+    max_tokens: int | None = DEFAULT_MAX_TOKENS,
 ) -> None:
     """Load the run (errors before anything listens), then serve the explorer until Ctrl-C."""
     import uvicorn

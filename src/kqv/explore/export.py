@@ -18,8 +18,9 @@ def inline_safe(text: str) -> str:
     return text.replace("</", "<\\/")
 
 
-def standalone_page(info: dict[str, Any], analysis: dict[str, Any], request: dict[str, Any]) -> str:
-    """The page with the analysis of one request built in; its script draws the views from the inlined data."""
+def standalone_page(info: dict[str, Any], analysis: dict[str, Any], request: dict[str, Any], view: str = "") -> str:
+    """The page with the analysis of one request built in; its script draws the views from the inlined data, as
+    `view` sets them (the page's URL settings, e.g. "layer=1&cell=1.0&palette=viridis"; each checked by the page)."""
     page = (STATIC / "index.html").read_text(encoding="utf-8")
     if STYLE_TAG not in page or SCRIPT_TAG not in page:
         raise RuntimeError("static/index.html no longer links explore.css and explore.js as export.py expects")
@@ -27,7 +28,7 @@ def standalone_page(info: dict[str, Any], analysis: dict[str, Any], request: dic
     if "</" in script:
         raise RuntimeError("explore.js contains '</', which would end an inlined <script> early")
     # strict JSON (a diverged run's NaN probabilities as null): the page's JSON.parse refuses NaN
-    data = strict_json({"info": info, "analysis": analysis, "request": request}, separators=(",", ":"))
+    data = strict_json({"info": info, "analysis": analysis, "request": request, "view": view}, separators=(",", ":"))
     style = (STATIC / "explore.css").read_text(encoding="utf-8")
     return page.replace(STYLE_TAG, f"<style>\n{inline_safe(style)}</style>").replace(
         SCRIPT_TAG,
@@ -35,10 +36,10 @@ def standalone_page(info: dict[str, Any], analysis: dict[str, Any], request: dic
     )
 
 
-def write_standalone(subject: Any, text: str, path: str | Path, **options: Any) -> Path:
-    """Analyze `text` with the subject and write the self-contained page to `path`."""
+def write_standalone(subject: Any, text: str, path: str | Path, view: str = "", **options: Any) -> Path:
+    """Analyze `text` with the subject and write the self-contained page to `path` (`view`: standalone_page's)."""
     request = {"text": text, **options}
-    page = standalone_page(subject.info(), subject.analyze(request), request)
+    page = standalone_page(subject.info(), subject.analyze(request), request, view)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")

@@ -5,7 +5,7 @@
 job's own loader (`kqv.jobs.load_run`: weights from safetensors, no code executed). `minilm` (or a
 sentence-transformers directory) is the pretrained all-MiniLM-L6-v2 that `kqv embed` runs; `hf` is any other
 Hugging Face directory (`kqv.jobs.pretrained.is_hf_directory`: a GPT-2 shown like an LM run, a BERT like an encoder
-run, kqv.explore.pretrained). A job whose runs the
+run, a Marian or BART like an MT run, kqv.explore.pretrained). A job whose runs the
 explorer does not show is listed in `NOT_EXPLORABLE`, with why (tests/test_explore_api.py checks that every job is
 in one of the two).
 """
@@ -20,7 +20,7 @@ from ..train.runs import read_run, run_task
 from .pretrained import PretrainedSubject, is_sentence_transformers
 from .subjects import ClassifierSubject, EmbeddingSubject, LMSubject, MLMSubject, MTSubject, Subject, VitSubject
 
-DEFAULT_MAX_TOKENS = 256
+DEFAULT_MAX_TOKENS = None  # the model's context, at most analysis.DRAWN_MAX_TOKENS
 MINILM = "minilm"
 HF = "hf"
 
@@ -31,15 +31,16 @@ SUBJECTS: dict[str, type[Subject]] = {
     "cls": ClassifierSubject,
     "vit": VitSubject,
     MINILM: EmbeddingSubject,  # not a job: the installed sentence-transformers model
-    HF: PretrainedSubject,  # not a job: a Hugging Face GPT-2 or BERT directory saved with its tokenizer
+    HF: PretrainedSubject,  # not a job: a Hugging Face GPT-2, BERT, Marian or BART directory with its tokenizer
 }
 NOT_JOBS = (MINILM, HF)
 NOT_EXPLORABLE: dict[str, str] = {}  # job name -> why the explorer does not show its runs
 
 
-def load_subject(run: str | Path, max_tokens: int = DEFAULT_MAX_TOKENS) -> Subject:
-    """The model of `run` ready to explore; inputs longer than `max_tokens` tokens are refused with a message."""
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+def load_subject(run: str | Path, max_tokens: int | None = DEFAULT_MAX_TOKENS) -> Subject:
+    """The model of `run` ready to explore; inputs longer than `max_tokens` tokens (None: the model's context,
+    at most 1,024) are refused with a message."""
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
         raise ConfigError(f"max_tokens must be a positive integer, got {max_tokens!r}")
     path = Path(run)
     if str(run) == MINILM and not path.exists():

@@ -1,24 +1,29 @@
-"""A Hugging Face model directory in the explorer: a GPT-2 shown like an LM run, a BERT like an encoder run.
+"""A Hugging Face model directory in the explorer: a GPT-2 shown like an LM run, a BERT like an encoder run, a
+Marian or BART translation model like an MT run.
 
 `PretrainedSubject.load(path, limit)` opens the directory with `kqv.jobs.pretrained.PretrainedRun` (the model
 converted offline by `kqv.interop.from_hf`, the tokenizer read from its tokenizer.json) and returns the subject of
 the kind of model it holds: `PretrainedLMSubject` (a `DecoderLM`: attention views, next-token probabilities and
 continuing the text, sampled with kqv's default [sample] settings) or `PretrainedEncoderSubject` (a BERT encoder:
 bidirectional self-attention, plus the guesses at each [MASK] when the directory holds a masked-LM head and its
-tokenizer has a [MASK] token). A directory kqv cannot convert is a `ConversionError` that says why.
+tokenizer has a [MASK] token) or `PretrainedMTSubject` (an `EncoderDecoder` from Marian or BART: its translation
+by kqv's own beam search, with the directory's decoder start and end-of-sentence ids, and the cross-, encoder and
+decoder attention). A directory kqv cannot convert is a `ConversionError` that says why.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from ..errors import ConversionError
 from .analysis import readable_piece, top_tokens
-from .subjects import MASK, EncoderSubject, LMSubject, Subject
+from .subjects import MASK, EncoderSubject, LMSubject, MTSubject, Subject
 
 # the files that make a directory a sentence-transformers model (shown as MiniLM is) rather than a plain one
 SENTENCE_TRANSFORMERS_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
@@ -35,19 +40,26 @@ class PretrainedSubject(Subject):
     task = "hf"
 
     @classmethod
-    def load(cls, path: Path, limit: int) -> Subject:
+    def load(cls, path: Path, limit: int | None) -> Subject:
         from ..jobs.pretrained import PretrainedRun
-        from ..nn.heads import MaskedLM
-        from ..nn.models import DecoderLM, Encoder
 
-        run = PretrainedRun.load(path)
+        return cls.from_run(PretrainedRun.load(path), limit)
+
+    @classmethod
+    def from_run(cls, run: Any, limit: int | None) -> Subject:
+        """The subject of a loaded `kqv.jobs.pretrained.PretrainedRun`, by the kind of model it holds."""
+        from ..nn.heads import MaskedLM
+        from ..nn.models import DecoderLM, Encoder, EncoderDecoder
+
         if isinstance(run.model, DecoderLM):
             return PretrainedLMSubject(run, limit)
         if isinstance(run.model, (MaskedLM, Encoder)):
             return PretrainedEncoderSubject(run, limit)
+        if isinstance(run.model, EncoderDecoder):
+            return PretrainedMTSubject(run, limit)
         raise ConversionError(
-            f"{path} holds a {run.hf_class} ({type(run.model).__name__} in kqv); the explorer shows GPT-2 "
-            f"(decoder) and BERT (encoder) directories"
+            f"{run.path} holds a {run.hf_class} ({type(run.model).__name__} in kqv); the explorer shows GPT-2 "
+            f"(decoder), BERT (encoder), Marian and BART (encoder-decoder) directories"
         )
 
 
@@ -102,3 +114,99 @@ class PretrainedEncoderSubject(EncoderSubject):
         logits = self.head(batch)[0, masked]  # (masks, vocab)
         rows = top_tokens(logits, lambda i: self.tokenizer.decode([i]), 5)
         return {"masked": [{"position": p, "top": row} for p, row in zip(masked, rows)]}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Marian and BART
+
+
+class Seq2SeqTokenizer:
+    """A Marian or BART directory's tokenizer.json as MTSubject reads a tokenizer: `encode` gives a text's ids as
+    the tokenizer's post-processor makes them (BART's leading <s>) but without the end of sentence, which the
+    subject adds to the source; `decode` drops the special tokens."""
+
+    def __init__(self, tokenizer: Any, eos_id: int):
+        self.tokenizer, self.eos_id = tokenizer, eos_id
+        # the model's last translations, text -> its ids: decoding byte-level pieces and encoding the text again is
+        # not always the identity (a lone byte decodes to U+FFFD), so a translation is aligned by its own ids
+        self.produced: dict[str, list[int]] = {}
+
+    def encode(self, text: str) -> list[int]:
+        if text in self.produced:
+            return self.produced[text]
+        ids = self.tokenizer.encode(text).ids
+        return ids[:-1] if ids and ids[-1] == self.eos_id else ids
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of `ids` without special tokens; one id alone (a token's label) as itself, <s> included."""
+        ids = list(ids)
+        if len(ids) == 1:
+            whole = lambda i: self.tokenizer.decode(i, skip_special_tokens=False)  # noqa: E731
+            return readable_piece(whole, self.tokenizer.id_to_token, ids[0])
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def token_to_id(self, token: str) -> int:
+        return self.tokenizer.token_to_id(token)
+
+
+class Seq2SeqRun:
+    """A converted Marian or BART model as an MT run for MTSubject: `translate` decodes with kqv's beam search
+    (`kqv.nn.generation.translate`) from the directory's decoder_start_token_id to its eos_token_id, at most
+    max_len_a * source length + max_len_b new tokens ([decode] defaults of the MT job)."""
+
+    def __init__(self, run: Any, ids: dict[str, int]):
+        from ..jobs.mt import DecodeConfig
+
+        self.model, self.path = run.model, run.path
+        self.start_id, self.eos_id = ids["decoder_start_token_id"], ids["eos_token_id"]
+        self.tokenizer = Seq2SeqTokenizer(run.tokenizer.tokenizer, self.eos_id)
+        self.config = SimpleNamespace(kind="transformer", decode=DecodeConfig())
+
+    @torch.no_grad()
+    def translate(self, sentences: list[str], beam_size: int = 1) -> list[str]:
+        from ..nn.generation import translate
+
+        decode, config = self.config.decode, self.model.config
+        translations = []
+        for sentence in sentences:
+            src = self.tokenizer.encode(" ".join(sentence.split())) + [self.eos_id]
+            new = int(decode.max_len_a * len(src) + decode.max_len_b)
+            if config.position == "learned":
+                new = min(new, config.max_len - 1)
+            out = translate(
+                self.model, torch.tensor([src]), new, bos_id=self.start_id, eos_id=self.eos_id, beam_size=beam_size
+            )[0, 1:].tolist()  # after the decoder's start token
+            out = out[: out.index(self.eos_id)] if self.eos_id in out else out
+            translations.append(self.tokenizer.decode(out))
+            self.tokenizer.produced = {" ".join(translations[-1].split()): out}  # MTSubject aligns this text next
+        return translations
+
+
+def special_ids(path: Path) -> dict[str, int]:
+    """The pad, decoder start and end-of-sentence ids of a Marian or BART directory's config.json."""
+    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    names = ("pad_token_id", "decoder_start_token_id", "eos_token_id")
+    missing = [name for name in names if not isinstance(config.get(name), int)]
+    if missing:
+        raise ConversionError(f"{path}/config.json has no {', '.join(missing)}: kqv needs them to translate")
+    return {name: config[name] for name in names}
+
+
+class PretrainedMTSubject(MTSubject):
+    """A Marian or BART directory, shown as an MT run is: the translation (kqv's beam search over the converted
+    model), the cross-attention alignment and the encoder's and decoder's self-attention."""
+
+    def __init__(self, run: Any, limit: int):
+        ids = special_ids(run.path)
+        hf = run.tokenizer.tokenizer
+        names = tuple(hf.id_to_token(ids[name]) for name in ("pad_token_id", "decoder_start_token_id", "eos_token_id"))
+        if None in names:
+            raise ConversionError(
+                f"{run.path}/tokenizer.json has no token for the pad, decoder start or end ids of its config.json "
+                f"({ids}); save the tokenizer that was trained with the model"
+            )
+        super().__init__(str(run.path), Seq2SeqRun(run, ids), limit, names)
+        self.hf_class = run.hf_class
+
+    def info(self) -> dict[str, Any]:
+        return {**super().info(), "hf_class": self.hf_class}

@@ -23,7 +23,16 @@ from torch import Tensor, nn
 
 from ..errors import DataError
 from ..nn.generation import check_generation_options, sample_next
-from .analysis import attention_view, check_int, check_length, check_text, readable_piece, top_tokens
+from .analysis import (
+    attention_view,
+    check_int,
+    check_length,
+    check_text,
+    input_limit,
+    limit_hint,
+    readable_piece,
+    top_tokens,
+)
 from .sparse_views import Weights, self_attention_weights
 
 MASK = "[MASK]"
@@ -34,16 +43,16 @@ class NotApplicable(DataError):
 
 
 class Subject:
-    """A loaded model and what the page may ask of it. `limit` is the longest input, in tokens, it will draw."""
+    """A loaded model and what the page may ask of it. `limit` is the longest input, in tokens, it will draw
+    (None: the model's context, kqv.explore.subjects.input_limit)."""
 
     task = "?"
 
-    def __init__(self, name: str, model: nn.Module, limit: int, config: Any = None):
-        self.name, self.model, self.limit = name, model.eval(), limit
-        # learned positions have no embedding past max_len: the limit drops to it, and the message says why
-        self.positions_limit = getattr(config, "position", None) == "learned" and config.max_len < limit
-        if self.positions_limit:
-            self.limit = config.max_len
+    def __init__(self, name: str, model: nn.Module, limit: int | None, config: Any = None):
+        self.name, self.model = name, model.eval()
+        # the model's context sets the limit (e.g. learned positions have no embedding past max_len): the message
+        # says so, rather than suggesting a larger --max-tokens
+        self.limit, self.positions_limit = input_limit(limit, config)
         self.lock = threading.Lock()  # one model call at a time: the server may answer requests from several threads
 
     @classmethod
@@ -80,12 +89,7 @@ class Subject:
         raise NotApplicable(f"continuing a text applies to language models; this is a {self.task} run")
 
     def check_length(self, n_tokens: int, what: str = "the input") -> None:
-        hint = (
-            f"Shorten it: this run's learned positions stop at max_len = {self.limit}"
-            if self.positions_limit
-            else "Shorten it, or restart with a larger --max-tokens"
-        )
-        check_length(n_tokens, self.limit, what, hint)
+        check_length(n_tokens, self.limit, what, limit_hint(self.limit, self.positions_limit, self.model.config))
 
 
 def self_view(label: str, tokens: list[str], weights: Weights, causal: bool) -> dict[str, Any]:
@@ -403,9 +407,8 @@ class EmbeddingSubject(EncoderSubject):
     task = "embedding"
 
     def __init__(self, name: str, sentence_encoder: Any, limit: int):
-        super().__init__(
-            name, sentence_encoder.encoder, sentence_encoder.encoder, min(limit, sentence_encoder.max_seq_length)
-        )
+        longest = sentence_encoder.max_seq_length
+        super().__init__(name, sentence_encoder.encoder, sentence_encoder.encoder, min(limit or longest, longest))
         self.sentence_encoder = sentence_encoder
 
     @classmethod

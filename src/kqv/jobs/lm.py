@@ -190,7 +190,7 @@ def generate_text(model: DecoderLM, tokenizer: Tokenizer, prompt: str, max_new_t
     return tokenizer.decode(model.generate(ids, max_new_tokens, **options)[0].tolist())
 
 
-ATTENTION_MAX_TOKENS = 256  # as the explorer's default input limit
+ATTENTION_MAX_TOKENS = 256  # `kqv attention`: one PNG panel per head (the explorer takes the model's context)
 
 
 def self_attention(

@@ -41,7 +41,21 @@ function colour(weight, peak = 1) {  // peak: the weight drawn brightest (1, or 
   return [mix(16), mix(8), mix(0)];
 }
 const rgb = (c) => `rgb(${c[0]},${c[1]},${c[2]})`;
-const largest = (rows) => (state.scale ? Math.max(...rows.map((row) => Math.max(...row))) : 1);
+const ramps = {};  // palette -> 256 colours (r, g, b) from low to high: a bitmap is painted by table look-up
+function ramp() {
+  if (!ramps[state.palette]) {
+    const table = new Uint8ClampedArray(3 * 256);
+    for (let k = 0; k < 256; k++) table.set(colour(k / 255), 3 * k);
+    ramps[state.palette] = table;
+  }
+  return ramps[state.palette];
+}
+function largest(rows) {  // the weight drawn brightest: the map's largest when colours are scaled, else 1
+  if (!state.scale) return 1;
+  let peak = 0;
+  for (const row of rows) for (let j = 0; j < row.length; j++) if (row[j] > peak) peak = row[j];
+  return peak;
+}
 const headColour = (h) => HEAD_COLOURS[h % HEAD_COLOURS.length];
 const labelWidth = (tokens) => 12 + 7.5 * Math.max(...tokens.map((t) => shown(t).length));
 
@@ -60,6 +74,29 @@ async function api(path, body, signal) {
     throw new Error(message);
   }
   return response;
+}
+
+// The weights come as millionths (uint32, base64; the API's "weights": "micros"): decoded here to the numbers the
+// API's lists hold (k / 1e6 is the double nearest the 6-decimal value), as [layer][head][query] rows of one array
+function unpack(analysis) {
+  for (const v of Object.values(analysis.attention || {})) {
+    if (!v.layers || Array.isArray(v.layers)) continue;
+    const [layers, heads, queries, keys] = v.layers.shape, text = atob(v.layers.data);
+    const bytes = new Uint8Array(text.length);
+    for (let k = 0; k < text.length; k++) bytes[k] = text.charCodeAt(k);
+    const millionths = new DataView(bytes.buffer), weights = new Float64Array(bytes.length / 4);
+    for (let k = 0; k < weights.length; k++) {
+      const m = millionths.getUint32(4 * k, true);
+      weights[k] = m === 0xFFFFFFFF ? 0 : m / 1e6;  // a weight that was not finite (the lists send null) as 0
+    }
+    const row = (l, h, i) => {
+      const start = ((l * heads + h) * queries + i) * keys;
+      return weights.subarray(start, start + keys);
+    };
+    v.layers = [...Array(layers).keys()].map((l) => [...Array(heads).keys()].map((h) =>
+      [...Array(queries).keys()].map((i) => row(l, h, i))));
+  }
+  return analysis;
 }
 
 // Every reply is tied to the request that asked for it: a new request of a kind ("analyze", "continue") aborts the
@@ -108,16 +145,18 @@ function saveHash() {
   if (state.request.text) p.set("text", state.request.text);
   if (state.request.beam) p.set("beam", state.request.beam);
   if (state.request.top_k) p.set("k", state.request.top_k);
-  if (!state.analysis) {  // a refused input: no view to keep
-    if (!state.offline) history.replaceState(null, "", "#" + p.toString());
-    return;
-  }
+  if (state.analysis) for (const [key, value] of viewSettings()) p.set(key, value);  // a refused input has none
+  if (!state.offline) history.replaceState(null, "", "#" + p.toString());
+}
+
+function viewSettings() {  // what is shown of the analysis, as the URL keeps it (and a saved HTML file)
+  const p = new URLSearchParams();
   p.set("kind", state.kind); p.set("layer", state.layer); p.set("heads", [...state.heads].join(","));
   if (state.average) p.set("average", "1");
   if (state.token !== null) p.set("token", state.token);
   if (state.cell) p.set("cell", `${state.cell.layer}.${state.cell.head}`);
   p.set("palette", state.palette); if (!state.mask) p.set("mask", "0"); if (!state.scale) p.set("scale", "0");
-  if (!state.offline) history.replaceState(null, "", "#" + p.toString());
+  return p;
 }
 
 function readHash() {
@@ -182,7 +221,7 @@ function buildControls() {
     box.checked = state.heads.has(h);
     box.addEventListener("change", () => {
       box.checked ? state.heads.add(h) : state.heads.delete(h);
-      drawHeadView(); saveHash();
+      drawHeadLines(); saveHash();
     });
     const swatch = el("span", {class: "swatch"});
     swatch.style.background = headColour(h);
@@ -202,55 +241,89 @@ function buildControls() {
 // ---------------------------------------------------------------------------------------------------------------
 // head view: tokens on both sides, lines from the selected query token to every key it attends to
 
+const headY = (i) => HEADING + ROW * (i + 1) - 4;  // the baseline of token i in the head view
+const headLeft = (v) => Math.max(labelWidth(v.queries), 64);  // wide enough for the heading "queries"
+
+const headDrawn = {analysis: null, kind: null};  // whose tokens the head view shows: kept while they stay the same
+
 function drawHeadView() {
   const v = view(), root = $("head-view");
+  if (headDrawn.analysis === state.analysis && headDrawn.kind === state.kind && root.childElementCount) {
+    return drawHeadLines();  // the same tokens (another layer, head or palette): only the lines change
+  }
   root.replaceChildren();
+  Object.assign(headDrawn, {analysis: state.analysis, kind: state.kind});
   if (!v.layers) return;
-  const left = labelWidth(v.queries), gap = 180, right = left + gap;
+  const left = headLeft(v), gap = 180, right = left + gap;
   const height = HEADING + ROW * Math.max(v.queries.length, v.keys.length) + ROW;
-  root.setAttribute("width", right + labelWidth(v.keys) + 10);
+  root.setAttribute("width", right + Math.max(labelWidth(v.keys), 40) + 10);
   root.setAttribute("height", height);
   root.append(svg("rect", {width: "100%", height: "100%", fill: "#ffffff"}));
   root.append(svg("text", {x: left - 6, y: HEADING - 6, "text-anchor": "end", class: "heading", fill: "#555555"},
     "queries"), svg("text", {x: right + 6, y: HEADING - 6, class: "heading", fill: "#555555"}, "keys"));
-  const y = (i) => HEADING + ROW * (i + 1) - 4;
-  const lines = svg("g");
+  root.append(svg("g", {id: "head-lines"}));
+  const queries = svg("g", {class: "queries"});
+  v.queries.forEach((t, i) => queries.append(svg("text", {x: left - 6, y: headY(i), "text-anchor": "end",
+    class: "query", "data-index": i, fill: "#1a1a1a", "aria-label": `query ${i + 1}: ${t}`, tabindex: 0,
+    role: "button", "data-focus": `query-${i}`}, shown(t))));
+  chooseByPointer(queries, v);
+  root.append(queries);
+  const keys = svg("g", {class: "keys"});
+  v.keys.forEach((t, j) => keys.append(svg("text", {x: right + 6, y: headY(j), class: "key", "data-index": j,
+    fill: "#1a1a1a"}, shown(t))));
+  root.append(keys);
+  drawHeadLines(left, right);
+}
+
+// one listener per column, not per token (1,024 tokens): pointing, clicking, Enter/Space, and the arrows
+function chooseByPointer(queries, v) {
+  const index = (event) => (event.target.dataset && event.target.dataset.index !== undefined ?
+    +event.target.dataset.index : null);
+  queries.addEventListener("mouseover", (event) => { if (index(event) !== null) selectToken(index(event)); });
+  queries.addEventListener("click", (event) => { if (index(event) !== null) selectToken(index(event)); });
+  queries.addEventListener("keydown", (event) => {
+    const i = index(event);
+    if (i === null) return;
+    const next = event.key === "Enter" || event.key === " " ? i : i + ({ArrowDown: 1, ArrowUp: -1}[event.key] || 0);
+    if (next === i && event.key !== "Enter" && event.key !== " ") return;
+    if (!v.queries[next]) return;
+    event.preventDefault();
+    selectToken(next);
+    refocus(`query-${next}`);
+  });
+}
+
+function drawHeadLines(left, right) {  // the chosen token's lines to every key, and which token is chosen
+  const root = $("head-view"), lines = $("head-lines");
+  if (!lines) return;
+  left = left ?? headLeft(view()); right = right ?? left + 180;
+  lines.replaceChildren();
   const heads = state.average ? ["avg"] : [...state.heads].sort((a, b) => a - b);
   for (const head of heads) {
-    const row = headWeights(state.layer, head)[state.token];
-    row.forEach((w, j) => {
+    headRow(state.layer, head, state.token).forEach((w, j) => {
       if (w <= 0) return;  // masked or never scored: no line
-      const line = svg("line", {class: "attn", x1: left, y1: y(state.token) - 4, x2: right, y2: y(j) - 4,
+      const line = svg("line", {class: "attn", x1: left, y1: headY(state.token) - 4, x2: right, y2: headY(j) - 4,
         stroke: head === "avg" ? "#20324f" : headColour(head), "stroke-width": 2.5, "stroke-opacity": w,
         "data-head": head, "data-query": state.token, "data-key": j, "data-weight": w});
       if (head !== "avg" && head >= HEAD_COLOURS.length) line.setAttribute("stroke-dasharray", "6 3");
       lines.append(line);
     });
   }
-  root.append(lines);
-  v.queries.forEach((t, i) => {
-    const text = svg("text", {x: left - 6, y: y(i), "text-anchor": "end", class: "query" +
-      (i === state.token ? " selected" : ""), "data-index": i, fill: "#1a1a1a", "aria-label": `query ${i + 1}: ${t}`},
-      shown(t));
-    text.addEventListener("mouseenter", () => selectToken(i));
-    activate(text, `query-${i}`, () => selectToken(i));
-    text.addEventListener("keydown", (event) => {  // the arrows move the chosen token
-      const step = {ArrowDown: 1, ArrowUp: -1}[event.key];
-      if (!step || !v.queries[i + step]) return;
-      event.preventDefault();
-      selectToken(i + step);
-      refocus(`query-${i + step}`);
-    });
-    root.append(text);
-  });
-  v.keys.forEach((t, j) => root.append(svg("text", {x: right + 6, y: y(j), class: "key", "data-index": j,
-    fill: "#1a1a1a"}, shown(t))));
+  for (const chosen of root.querySelectorAll("text.query.selected")) chosen.classList.remove("selected");
+  const chosen = root.querySelector(`text.query[data-index="${state.token}"]`);
+  if (chosen) chosen.classList.add("selected");
+}
+
+function headRow(layer, head, i) {  // one query's weights: a head's, or the mean over the heads ("avg")
+  const heads = view().layers[layer];
+  if (head !== "avg") return heads[head][i];
+  return heads[0][i].map((_, j) => heads.reduce((s, h) => s + h[i][j], 0) / heads.length);
 }
 
 function selectToken(i) {
   if (i === state.token) return;
   state.token = i;
-  drawHeadView(); drawNext(); saveHash(); showChosenToken();
+  drawHeadLines(); drawNext(); saveHash(); showChosenToken();
 }
 
 function showChosenToken() {  // the chosen token scrolled into the head view's box (nothing moves if it is in view)
@@ -264,21 +337,40 @@ function showChosenToken() {  // the chosen token scrolled into the head view's 
 // ---------------------------------------------------------------------------------------------------------------
 // model view: every layer x head as a small heat map; the detail view: one of them, large
 
-function paint(canvas, rows) {
-  canvas.width = rows[0].length; canvas.height = rows.length;
-  const context = canvas.getContext("2d"), image = context.createImageData(canvas.width, canvas.height);
-  const peak = largest(rows);
-  rows.forEach((row, i) => row.forEach((w, j) => {
-    const c = colour(w, peak), k = 4 * (i * canvas.width + j);
-    image.data[k] = c[0]; image.data[k + 1] = c[1]; image.data[k + 2] = c[2]; image.data[k + 3] = 255;
-  }));
+function paint(canvas, rows, masked = null) {  // one pixel per weight; masked(i, j): drawn light grey
+  const height = rows.length, width = rows[0].length, table = ramp(), peak = largest(rows);
+  canvas.width = width; canvas.height = height;
+  const context = canvas.getContext("2d"), image = context.createImageData(width, height), data = image.data;
+  const scale = 255 / (peak > 0 ? peak : 1);
+  for (let i = 0; i < height; i++) {
+    const row = rows[i];
+    for (let j = 0, k = 4 * i * width; j < width; j++, k += 4) {
+      if (masked && masked(i, j)) {
+        data[k] = data[k + 1] = data[k + 2] = 236;
+      } else {
+        const c = 3 * Math.min(255, Math.max(0, Math.round(row[j] * scale)));
+        data[k] = table[c]; data[k + 1] = table[c + 1]; data[k + 2] = table[c + 2];
+      }
+      data[k + 3] = 255;
+    }
+  }
   context.putImageData(image, 0, 0);
   return canvas;
 }
 
+const modelDrawn = {analysis: null, key: null};  // what the model view's maps show: redrawn only when it changes
+
 function drawModelView() {
-  const v = view(), grid = $("model-view");
+  const v = view(), grid = $("model-view"), key = [state.kind, state.palette, state.scale].join();
+  if (modelDrawn.analysis === state.analysis && modelDrawn.key === key && grid.childElementCount) {
+    for (const canvas of grid.querySelectorAll("canvas")) {  // the same maps: only the open one changes
+      canvas.classList.toggle("open", !!state.cell && state.cell.layer === +canvas.dataset.layer &&
+        state.cell.head === +canvas.dataset.head);
+    }
+    return;
+  }
   grid.replaceChildren();
+  Object.assign(modelDrawn, {analysis: state.analysis, key});
   if (!v.layers) return;
   const heads = v.layers[0].length;
   grid.style.gridTemplateColumns = `4em repeat(${heads}, 76px)`;
@@ -300,9 +392,12 @@ function openCell(layer, head) {
   drawModelView(); drawDetail(); drawStats(); saveHash();
 }
 
+const SVG_CELLS = 4096;  // a detail map of up to this many weights is SVG cells (64 x 64); a larger one, one bitmap
+
 function drawDetail() {
   const v = view(), root = $("detail");
   root.replaceChildren();
+  if ($("tip")) $("tip").hidden = true;
   $("cell-info").textContent = "";
   $("scale-info").textContent = "";
   if (!v.layers || !state.cell) {  // no map: the panel shrinks back rather than keep the last one's size
@@ -310,40 +405,70 @@ function drawDetail() {
     $("detail-title").textContent = v.layers ? "Click a cell of the model view (or a row of the statistics)." : "";
     return;
   }
-  const {layer, head} = state.cell, rows = headWeights(layer, head);
+  const {layer, head} = state.cell, rows = headWeights(layer, head), n = v.queries.length * v.keys.length;
   $("detail-title").textContent = `${v.label}: layer ${layer + 1}, head ${head + 1} (rows: queries, columns: keys)`;
-  const left = labelWidth(v.queries), top = labelWidth(v.keys), cell = Math.max(6, Math.min(ROW, 640 / rows[0].length));
+  const bitmap = n > SVG_CELLS, longest = Math.max(v.queries.length, v.keys.length);
+  // a bitmap fits 720 pixels (1,024 tokens: 0.7 pixel a cell, the pointer's tooltip names the cell exactly)
+  const cell = bitmap ? Math.min(ROW, 720 / longest) : Math.max(6, Math.min(ROW, 640 / rows[0].length));
+  const step = Math.ceil(11 / cell);  // every step-th token is labelled: labels never overlap
+  const left = labelWidth(v.queries), top = labelWidth(v.keys);
   root.setAttribute("width", left + cell * v.keys.length + 4);
   root.setAttribute("height", top + cell * v.queries.length + 4);
   root.append(svg("rect", {width: "100%", height: "100%", fill: "#ffffff"}));
+  const future = (i, j) => v.causal && j > i + (v.keys.length - v.queries.length);
+  const peak = largest(rows);
+  $("scale-info").textContent = `colours from 0 to ${peak.toFixed(3)}` +
+    (step > 1 ? `; every ${step === 2 ? "other" : step + "th"} token labelled, point at a cell for its tokens` : "");
+  const cells = (bitmap ? bitmapCells : svgCells)(rows, cell, (i, j) => state.mask && future(i, j), peak, root);
+  cells.setAttribute("transform", `translate(${left},${top})`);
+  pointAt(cells, cell, [rows.length, rows[0].length], (i, j) => (step > 1 ? `query ${i + 1} ` : "") +
+    `${shown(v.queries[i])} \u2192 ` + (step > 1 ? `key ${j + 1} ` : "") + `${shown(v.keys[j])}: ` +
+    (future(i, j) ? "masked (a future token)" : `weight ${rows[i][j].toFixed(4)}`));
+  root.append(cells);
+  const font = Math.min(12, Math.max(cell, 10));
+  const labels = svg("g", {class: "labels"});
+  v.queries.forEach((t, i) => i % step || labels.append(svg("text", {x: left - 4, y: top + i * cell + font * 0.8,
+    "text-anchor": "end", "font-size": font, fill: "#1a1a1a"}, shown(t))));
+  v.keys.forEach((t, j) => j % step || labels.append(svg("text", {x: 0, y: 0, "font-size": font, fill: "#1a1a1a",
+    transform: `translate(${left + j * cell + font * 0.8},${top - 4}) rotate(-90)`}, shown(t))));
+  root.append(labels);
+}
+
+function svgCells(rows, cell, masked, peak, root) {  // one <rect> per weight, with its numbers as data attributes
   const defs = svg("defs"), hatch = svg("pattern", {id: "masked", width: 4, height: 4,
     patternUnits: "userSpaceOnUse", patternTransform: "rotate(45)"});
   hatch.append(svg("rect", {width: 4, height: 4, fill: "#f2f2f2"}), svg("line", {x1: 0, y1: 0, x2: 0, y2: 4,
     stroke: "#b0b0b0", "stroke-width": 1.5}));
   defs.append(hatch); root.append(defs);
-  const cells = svg("g", {transform: `translate(${left},${top})`});
-  const future = (i, j) => v.causal && j > i + (v.keys.length - v.queries.length);
-  const peak = largest(rows);
-  $("scale-info").textContent = `colours from 0 to ${peak.toFixed(3)}`;
+  const cells = svg("g");
   rows.forEach((row, i) => row.forEach((w, j) => {
-    const masked = state.mask && future(i, j);
+    const hidden = masked(i, j);
     cells.append(svg("rect", {x: j * cell, y: i * cell, width: cell, height: cell, class: "weight" +
-      (masked ? " masked" : ""), fill: masked ? "url(#masked)" : rgb(colour(w, peak)), "data-query": i, "data-key": j,
+      (hidden ? " masked" : ""), fill: hidden ? "url(#masked)" : rgb(colour(w, peak)), "data-query": i, "data-key": j,
       "data-weight": w}));
   }));
+  return cells;
+}
+
+function bitmapCells(rows, cell, masked) {  // the weights as one image, a pixel each, scaled (up: without smoothing)
+  const canvas = paint(el("canvas"), rows, masked), cells = svg("g");
+  cells.append(svg("image", {class: "weights", href: canvas.toDataURL(), width: cell * rows[0].length,
+    height: cell * rows.length, preserveAspectRatio: "none", "image-rendering": cell >= 1 ? "pixelated" : "auto",
+    "data-rows": rows.length, "data-columns": rows[0].length}));
+  return cells;
+}
+
+function pointAt(cells, cell, [rows, columns], describe) {  // the cell under the pointer, described beside it
+  const tip = $("tip") || document.body.appendChild(el("div", {id: "tip", role: "tooltip", hidden: ""}));
   cells.addEventListener("mousemove", (event) => {
-    const t = event.target;
-    if (!t.dataset || t.dataset.weight === undefined) return;
-    const i = +t.dataset.query, j = +t.dataset.key;
-    $("cell-info").textContent = `${shown(v.queries[i])} \u2192 ${shown(v.keys[j])}: ` +
-      (future(i, j) ? "masked (a future token)" : `weight ${(+t.dataset.weight).toFixed(4)}`);
+    const box = cells.getBoundingClientRect();
+    const i = Math.floor((event.clientY - box.top) / cell), j = Math.floor((event.clientX - box.left) / cell);
+    if (i < 0 || j < 0 || i >= rows || j >= columns) return;
+    $("cell-info").textContent = tip.textContent = describe(i, j);
+    Object.assign(tip.style, {left: `${event.pageX + 14}px`, top: `${event.pageY + 14}px`});
+    tip.hidden = false;
   });
-  root.append(cells);
-  const font = Math.min(12, cell);
-  v.queries.forEach((t, i) => root.append(svg("text", {x: left - 4, y: top + (i + 0.8) * cell, "text-anchor": "end",
-    "font-size": font, fill: "#1a1a1a"}, shown(t))));
-  v.keys.forEach((t, j) => root.append(svg("text", {x: 0, y: 0, "font-size": font, fill: "#1a1a1a",
-    transform: `translate(${left + (j + 0.8) * cell},${top - 4}) rotate(-90)`}, shown(t))));
+  cells.addEventListener("mouseleave", () => { tip.hidden = true; });
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -524,7 +649,7 @@ async function analyze(saved = {}) {
   $("status").textContent = "analysing\u2026";
   showError("");
   try {
-    const analysis = await (await api("/api/analyze", request, ticket.signal)).json();
+    const analysis = unpack(await (await api("/api/analyze", {...request, weights: "micros"}, ticket.signal)).json());
     if (!latest("analyze", ticket)) return;
     state.analysis = analysis; state.request = request;
     resetView(); applySaved(saved); draw(); showChosenToken();
@@ -549,7 +674,7 @@ function download(blob, name) {
 }
 
 function exportFigure(id, format) {
-  const node = $(id), source = new XMLSerializer().serializeToString(node);
+  const node = figure(id), source = new XMLSerializer().serializeToString(node);
   const blob = new Blob([source], {type: "image/svg+xml"});
   if (format === "svg") return download(blob, `kqv-${id}.svg`);
   const image = new Image(), url = URL.createObjectURL(blob);
@@ -562,9 +687,57 @@ function exportFigure(id, format) {
   image.src = url;
 }
 
+const TITLE = 26, LEGEND = 40;  // pixels above an exported figure for its title, and below it for its legend
+
+function figure(id) {  // a view as a file: its title above, its colour legend below, the view itself between
+  const node = $(id), width = Math.max(+node.getAttribute("width"), 560), height = +node.getAttribute("height");
+  const out = svg("svg", {xmlns: SVGNS, width, height: TITLE + height + LEGEND, "font-family": "sans-serif"});
+  out.append(svg("rect", {width: "100%", height: "100%", fill: "#ffffff"}),
+    svg("text", {x: 8, y: 18, "font-size": 14, "font-weight": "bold", fill: "#1a1a1a", class: "title"},
+      figureTitle(id)));
+  const body = node.cloneNode(true);
+  body.removeAttribute("id"); body.setAttribute("y", TITLE);
+  const legend = svg("g", {class: "legend", transform: `translate(8,${TITLE + height + 10})`});
+  legend.append(...(id === "detail" ? colourLegend() : headLegend()));
+  out.append(body, legend);
+  return out;
+}
+
+function figureTitle(id) {
+  const v = view(), run = state.info ? `${state.info.name.split(/[\\/]/).pop()} (${state.info.task})` : "kqv";
+  if (id === "detail" && state.cell) {
+    return `${run}: ${v.label}, layer ${state.cell.layer + 1}, head ${state.cell.head + 1}`;
+  }
+  const heads = state.average ? "average of the heads" : `heads ${[...state.heads].map((h) => h + 1).join(", ")}`;
+  return `${run}: ${v.label}, layer ${state.layer + 1}, ${heads}, query ${shown(v.queries[state.token] || "")}`;
+}
+
+function colourLegend() {  // the palette from 0 to the weight drawn brightest, as a gradient bar with its ends named
+  const stops = PALETTES[state.palette] || PALETTES.cividis, gradient = svg("linearGradient", {id: "legend-ramp"});
+  stops.forEach((c, k) => gradient.append(svg("stop", {offset: k / (stops.length - 1), "stop-color": c})));
+  const peak = state.cell ? largest(headWeights(state.cell.layer, state.cell.head)) : 1, defs = svg("defs");
+  defs.append(gradient);
+  const grey = $("detail").querySelector("image.weights") ? "light grey" : "hatched";
+  const masked = view().causal && state.mask ? `; masked (future) tokens ${grey}` : "";
+  return [defs, svg("rect", {width: 200, height: 12, fill: "url(#legend-ramp)", stroke: "#888888"}),
+    svg("text", {x: 0, y: 26, "font-size": 11, fill: "#1a1a1a"}, "0"),
+    svg("text", {x: 200, y: 26, "font-size": 11, "text-anchor": "end", fill: "#1a1a1a"}, peak.toFixed(3)),
+    svg("text", {x: 210, y: 11, "font-size": 11, fill: "#1a1a1a"}, `attention weight${masked}`)];
+}
+
+function headLegend() {  // one swatch per head drawn; a line's opacity is its weight
+  const heads = state.average ? ["avg"] : [...state.heads].sort((a, b) => a - b), items = [];
+  heads.forEach((h, k) => items.push(svg("rect", {x: 70 * k, y: 0, width: 12, height: 12,
+    fill: h === "avg" ? "#20324f" : headColour(h)}), svg("text", {x: 70 * k + 16, y: 11, "font-size": 11,
+    fill: "#1a1a1a"}, h === "avg" ? "average" : `head ${h + 1}`)));
+  items.push(svg("text", {x: 0, y: 28, "font-size": 11, fill: "#1a1a1a"}, "line opacity = attention weight"));
+  return items;
+}
+
 async function saveHtml() {
   try {
-    download(await (await api("/api/export", state.request)).blob(), "kqv-attention.html");
+    const body = {...state.request, view: viewSettings().toString(), weights: "micros"};  // opens on this view
+    download(await (await api("/api/export", body)).blob(), "kqv-attention.html");
   } catch (error) { showError(error.message); }
 }
 
@@ -605,11 +778,12 @@ async function start() {
   const inlined = $("kqv-data");
   if (inlined) {  // a saved HTML file: draw the inlined analysis, no server to ask
     const data = JSON.parse(inlined.textContent);
+    unpack(data.analysis);
     Object.assign(state, {info: data.info, analysis: data.analysis, request: data.request, offline: true});
     describe(data.info);
     $("text").value = data.request.text; $("text").readOnly = true;
     for (const id of ["analyze", "save-html", "beam-box"]) $(id).hidden = true;
-    resetView(); draw();
+    resetView(); applySaved(Object.fromEntries(new URLSearchParams(data.view || ""))); draw();
     return;
   }
   try {
