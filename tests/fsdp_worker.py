@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 import kqv
 from kqv.train.config import TrainConfig
@@ -43,6 +44,15 @@ def model() -> kqv.DecoderLM:
     )
 
 
+def inspect(model: torch.nn.Module) -> dict[str, float]:
+    """The eval_fn: what rank 0 evaluates is a plain model (no sharded DTensor) in eval mode, with these weights."""
+    return {
+        "plain_model": float(not any(isinstance(p, DTensor) for p in model.parameters())),
+        "eval_mode": float(not model.training),
+        "weight_sum": sum(p.double().sum().item() for p in model.parameters()),
+    }
+
+
 def train(run_dir: Path, steps: int, parallel: str = "ddp", resume: bool = False) -> kqv.DecoderLM:
     """Train (or resume) the tiny run in `run_dir` to `steps` updates; returns the caller's model afterwards."""
     net = model()
@@ -53,6 +63,7 @@ def train(run_dir: Path, steps: int, parallel: str = "ddp", resume: bool = False
         train_batches=batches,
         loss_fn=lambda m, b: m(*b),
         val_batches=lambda i: batches(10_000 + i),
+        eval_fn=inspect,
         if_exists="resume" if resume else "error",
         quiet=True,
     )

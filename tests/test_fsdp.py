@@ -42,7 +42,10 @@ def torchrun(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     env.update(PYTHONPATH=SRC, OMP_NUM_THREADS="1")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    except subprocess.TimeoutExpired as stuck:  # say where the processes were
+        pytest.fail(f"torchrun timed out; its output so far:\n{(stuck.stderr or b'')[-4000:]!r}")
     assert done.returncode == 0, done.stderr[-4000:]
     return done
 
@@ -82,6 +85,14 @@ def test_two_process_fsdp_gives_the_loss_curve_and_weights_of_one_process(runs):
         logged = [(a[key], b[key]) for a, b in zip(one, two) if key in a]
         assert logged and [b for _, b in logged] == pytest.approx([a for a, _ in logged], abs=TOLERANCE, rel=0)
     assert max_difference(weights(runs / "one-6"), weights(runs / "fsdp-6")) < TOLERANCE
+
+
+def test_rank_0_evaluates_a_plain_model_holding_the_sharded_runs_weights(runs):
+    one, two = read_metrics(runs / "one-6" / "metrics.jsonl"), read_metrics(runs / "fsdp-6" / "metrics.jsonl")
+    evaluated = [(a, b) for a, b in zip(one, two) if "weight_sum" in a]
+    assert [b["step"] for _, b in evaluated] == [3, 6]
+    assert all(b["plain_model"] == 1.0 and b["eval_mode"] == 1.0 for _, b in evaluated)
+    assert [b["weight_sum"] for _, b in evaluated] == pytest.approx([a["weight_sum"] for a, _ in evaluated], abs=1e-3)
 
 
 def test_an_fsdp_checkpoint_is_the_one_process_single_file_format(runs):

@@ -52,9 +52,11 @@ def shard(model: nn.Module) -> nn.Module:
 
 
 def unshard_into(model: nn.Module, sharded: nn.Module) -> None:
-    """Copy the weights of `sharded` (all-gathered, on every rank) into the plain `model` it was copied from."""
+    """Copy the weights of `sharded` (all-gathered, on every rank) into the plain `model` it was copied from, and
+    its training or evaluation mode: after training, or for an evaluation that runs on rank 0 alone."""
     with torch.no_grad():
         model.load_state_dict(get_model_state_dict(sharded, options=WHOLE))
+    model.train(sharded.training)
 
 
 def gather_state(sharded: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Tensor], dict[str, Any]]:

@@ -51,6 +51,7 @@ from tqdm import tqdm
 from ..errors import ConfigError, ConfigTypeError, spoken
 from ..nn.experts import routing_metrics
 from ..signals import deferred
+from . import distributed
 from .checkpoints import (
     FORMAT,
     STATE_FILE,
@@ -69,7 +70,7 @@ from .checkpoints import (
     write_checkpoint,
 )
 from .config import TrainConfig, learning_rate, replan
-from .distributed import Batch, batch_tokens, gradient_sync, init_distributed, process_mean, rank0_says, slice_batch
+from .distributed import Batch, batch_tokens, init_distributed, slice_batch
 from .metrics import Window, append_metrics, plot_losses, progress_bar, progress_line
 from .nonfinite import TrainingDiverged, check_finite_weights, check_loss, diverged_message, warn_skipped, warn_withheld
 from .optimizer import make_optimizer
@@ -135,8 +136,7 @@ class Trainer:
                 f"batch_size ({config.batch_size}) must be divisible by the number of processes "
                 f"({self.world_size}): every process takes an equal slice of each batch"
             )
-        self.sharded = config.parallel == "fsdp" and self.world_size > 1
-        self.home = model  # the caller's model; a sharded run copies its trained weights into it at the end
+        self.home, self.sharded = model, config.parallel == "fsdp" and self.world_size > 1  # home: the caller's model
         self.model = shard(model) if self.sharded else model
         self.optimizer = make_optimizer(self.model, config)
         # Progress, saved in every checkpoint and restored by a resume.
@@ -206,10 +206,7 @@ class Trainer:
             self._prepare_run_dir()
             self._start_rng()
             try:
-                result = self._loop()
-                if self.sharded:  # every rank, as after one process: the caller's model holds the trained weights
-                    unshard_into(self.home, self.model)
-                return result
+                return self._loop()
             finally:
                 self._leave_process_group()
 
@@ -261,12 +258,14 @@ class Trainer:
             raise
         finally:
             bar.close()
+        if self.sharded:  # every rank, as after one process: the caller's model holds the trained weights
+            unshard_into(self.home, self.model)
         return result
 
     def _out_of_time(self) -> bool:
         """Whether `max_minutes` of training time have passed; rank 0's clock decides for every process."""
         limit = self.config.max_minutes
-        return limit > 0 and rank0_says(self.train_seconds >= limit * 60, self.world_size)
+        return limit > 0 and distributed.rank0_says(self.train_seconds >= limit * 60, self.world_size)
 
     def _report(self, lr: float, grad_norm: float, window: Window, bar: tqdm, clock: float, last: bool) -> dict | None:
         """Log (every `log_every` updates) and evaluate (every `eval_every`); one metrics.jsonl record for both."""
@@ -321,17 +320,16 @@ class Trainer:
             count = self._tokens(self.step * cfg.grad_accum + j, batch)
             tokens = None if tokens is None or count is None else tokens + count
             local = slice_batch(batch, self.rank, self.world_size, cfg.batch_size)
-            with gradient_sync(self.ddp_model, j == cfg.grad_accum - 1):
+            with distributed.gradient_sync(self.ddp_model, j == cfg.grad_accum - 1):
                 with self._autocast():
                     loss = check_loss(self.loss_fn(self.ddp_model, local))
                 (loss / cfg.grad_accum).backward()
             total += loss.detach().float()
-        mean_loss = process_mean(total / cfg.grad_accum, self.world_size).item()
+        mean_loss = distributed.process_mean(total / cfg.grad_accum, self.world_size).item()
         grad_norm = math.nan
         if math.isfinite(mean_loss):  # the loss and the norm of the synchronised gradient agree on every rank
             max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
-            norm = nn.utils.clip_grad_norm_(self.model.parameters(), max_norm, foreach=True)
-            grad_norm = (norm.full_tensor() if self.sharded else norm).item()  # FSDP: a DTensor of the shards
+            grad_norm = distributed.clip_gradients(self.model, max_norm)
         with deferred():  # a signal waits for the update and the counter: an interrupt saves a completed step
             if math.isfinite(grad_norm):
                 self.optimizer.step()
@@ -372,8 +370,10 @@ class Trainer:
             with torch.no_grad(), self._autocast():
                 if self.val_batches is not None:
                     metrics["val_loss"] = self._val_loss()
-                if self.eval_fn is not None and (self.rank == 0 or self.sharded):  # a shard needs every rank
-                    for name, value in self.eval_fn(self.model).items():
+                if self.eval_fn is not None and self.sharded:  # all ranks gather, rank 0 evaluates a plain model
+                    unshard_into(self.home, self.model)
+                if self.eval_fn is not None and self.rank == 0:
+                    for name, value in self.eval_fn(self.home).items():
                         try:
                             metrics[name] = float(value)
                         except (TypeError, ValueError):
@@ -388,7 +388,7 @@ class Trainer:
         for i in range(self.config.eval_batches):
             local = slice_batch(self.val_batches(i), self.rank, self.world_size, self.config.batch_size)
             total += check_loss(self.loss_fn(self.model, local)).float()
-        return process_mean(total, self.world_size).item() / self.config.eval_batches
+        return distributed.process_mean(total, self.world_size).item() / self.config.eval_batches
 
     # -- checkpoints ---------------------------------------------------------------------------------------------
 
