@@ -36,11 +36,11 @@ def batches(i: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids[:, :-1], ids[:, 1:]
 
 
-def model() -> kqv.DecoderLM:
-    """A 2-block decoder with tied input and output embeddings (the default)."""
+def model(**changes) -> kqv.DecoderLM:
+    """A 2-block decoder with tied input and output embeddings (the default), with `changes` to its config."""
     torch.manual_seed(0)
     return kqv.DecoderLM(
-        kqv.ModelConfig(vocab_size=32, d_model=32, n_heads=2, n_layers=2, d_ff=64, max_len=32, dropout=0.0)
+        kqv.ModelConfig(vocab_size=32, d_model=32, n_heads=2, n_layers=2, d_ff=64, max_len=32, dropout=0.0, **changes)
     )
 
 
@@ -53,9 +53,9 @@ def inspect(model: torch.nn.Module) -> dict[str, float]:
     }
 
 
-def train(run_dir: Path, steps: int, parallel: str = "ddp", resume: bool = False) -> kqv.DecoderLM:
+def train(run_dir: Path, steps: int, parallel: str = "ddp", resume: bool = False, **changes) -> kqv.DecoderLM:
     """Train (or resume) the tiny run in `run_dir` to `steps` updates; returns the caller's model afterwards."""
-    net = model()
+    net = model(**changes)
     trainer = Trainer(
         net,
         replace(CONFIG, steps=steps, parallel=parallel),
@@ -72,7 +72,8 @@ def train(run_dir: Path, steps: int, parallel: str = "ddp", resume: bool = False
 
 
 def main(out: Path) -> None:
-    """The FSDP runs: 6 steps straight; 3 steps, then resumed to 6; a one-process run's 3 steps resumed to 6."""
+    """The FSDP runs: 6 steps straight; 3 steps, then resumed to 6; a one-process run's 3 steps resumed to 6.
+    Then a mixture-of-experts model under DDP."""
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     trained = train(out / "fsdp-6", 6, "fsdp")
@@ -84,6 +85,7 @@ def main(out: Path) -> None:
     dist.barrier()
     train(out / "fsdp-3-6", 6, "fsdp", resume=True)
     train(out / "one-3", 6, "fsdp", resume=True)
+    train(out / "ddp-switch", 3, "ddp", ffn="switch", experts={"count": 4})  # experts a process may leave unused
     dist.destroy_process_group()
 
 

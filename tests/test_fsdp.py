@@ -4,6 +4,7 @@ once per update, and the CLI trains under torchrun with either kind of paralleli
 few (one for the Trainer runs, one per parallelism for the CLI): each costs seconds."""
 
 import importlib.util
+import math
 import os
 import shutil
 import subprocess
@@ -23,6 +24,7 @@ from kqv.train.checkpoints import read_checkpoint
 from kqv.train.config import TrainConfig
 from kqv.train.distributed import backend_for, gradient_sync, rank_device
 from kqv.train.metrics import read_metrics
+from kqv.train.sharding import shard
 from kqv.train.trainer import Trainer
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -154,6 +156,17 @@ def test_two_micro_batches_of_b_rows_equal_one_batch_of_2b_rows(tmp_path):
         return inputs[rows], targets[rows]
 
     assert max_difference(train(4, 1, worker.batches), train(2, 2, half)) < 1e-6
+
+
+def test_a_mixture_of_experts_model_trains_under_two_process_ddp(runs):
+    assert read_checkpoint(runs / "ddp-switch").step == 3
+    losses = [r["train_loss"] for r in read_metrics(runs / "ddp-switch" / "metrics.jsonl")]
+    assert len(losses) == 3 and all(math.isfinite(loss) for loss in losses)
+
+
+def test_fsdp_refuses_mixture_of_experts_layers_with_a_clear_error():
+    with pytest.raises(ConfigError, match='mixture-of-experts.*train.parallel = "ddp"'):
+        shard(load_worker().model(ffn="switch", experts={"count": 2}))
 
 
 @pytest.fixture

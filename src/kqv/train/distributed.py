@@ -15,6 +15,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from ..errors import DataError
+from ..nn.experts import expert_layers
 
 Batch = Any
 
@@ -50,6 +51,13 @@ def init_distributed(model: nn.Module | None = None) -> tuple[int, int, bool]:
 def model_device(model: nn.Module) -> torch.device:
     """The device of the model's first parameter (the CPU for a model without parameters)."""
     return next((p.device for p in model.parameters()), torch.device("cpu"))
+
+
+def data_parallel(model: nn.Module) -> nn.parallel.DistributedDataParallel:
+    """`model` wrapped in DistributedDataParallel. With mixture-of-experts layers an expert may get no tokens on
+    one process and some on another, so DDP looks for parameters a forward pass left unused (which it reduces as
+    zeros) instead of waiting for their gradients."""
+    return nn.parallel.DistributedDataParallel(model, find_unused_parameters=bool(expert_layers(model)))
 
 
 @contextmanager

@@ -30,6 +30,8 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
+from ..errors import ConfigError
+from ..nn.experts import expert_layers
 from ..nn.layers import DecoderBlock, EncoderBlock
 from .checkpoints import Checkpoint, load_optimizer_state, load_weights
 from .distributed import model_device
@@ -42,6 +44,11 @@ def shard(model: nn.Module) -> nn.Module:
     """A copy of `model` sharded across the processes: `fully_shard` on every encoder and decoder block, then on
     the whole model (embeddings, final norm and output layer, tied weights included). `model` itself keeps its
     plain tensors; `unshard_into` gives it the trained weights at the end."""
+    if expert_layers(model):
+        raise ConfigError(
+            'train.parallel = "fsdp" cannot shard mixture-of-experts layers yet: an expert that gets no tokens on '
+            'one process has no gradient to reduce there; use train.parallel = "ddp" for this model'
+        )
     sharded = copy.deepcopy(model)
     mesh = init_device_mesh(model_device(model).type, (dist.get_world_size(),))
     blocks = [m for m in sharded.modules() if isinstance(m, (EncoderBlock, DecoderBlock))]

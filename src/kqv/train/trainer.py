@@ -166,7 +166,7 @@ class Trainer:
             raise
         self.ddp_model = self.model
         if self.world_size > 1 and not self.sharded:
-            self.ddp_model = nn.parallel.DistributedDataParallel(model)
+            self.ddp_model = distributed.data_parallel(model)
 
     @classmethod
     def resume(
