@@ -1,11 +1,13 @@
 """The benchmark scripts still run against the current library: each parses its arguments and imports what it
 needs (an import the library renamed fails here, not in the middle of an hour-long measurement)."""
 
+import math
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 TRAINED_LM = Path(__file__).resolve().parent / "data" / "runs-0.1" / "lm"
 BENCHMARKS = sorted((Path(__file__).resolve().parent.parent / "benchmarks").glob("*.py"))
@@ -90,3 +92,38 @@ def test_generation_speed_compares_kqv_and_hugging_face_on_the_same_weights(tmp_
     for precision in ("bf16", "int8"):
         assert 0 <= trained[precision]["agreement_with_fp32"] <= 1
         assert 0 <= trained[precision]["identical_continuations"] <= 8
+
+
+def test_gpu_train_runs_every_model_at_a_tiny_size_on_the_cpu(tmp_path):
+    """The GPU training benchmark's `--tiny` smoke test: every model with and without torch.compile, its JSON
+    fields, MFU computed from the peak measured in the same run, and kqv's GPT-2 config (read through kqv.interop)
+    giving exactly Hugging Face GPT-2's parameter count. The figures themselves are for a GPU to measure."""
+    import json
+
+    output = tmp_path / "gpu_train.json"
+    script = BENCHMARKS[0].parent / "gpu_train.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--tiny", "--output", str(output)], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads(output.read_text())
+    assert data["benchmark"] == "gpu_train" and data["tiny"] and data["device"] == "cpu" and data["peak_flops"] > 0
+    rows = {(row["model"], row["compiled"]): row for row in data["rows"]}
+    assert set(rows) == {(model, compiled) for model in ("kqv", "hf", "xtrans") for compiled in (False, True)}
+    for row in rows.values():
+        assert row["tokens_per_s"] > 0 and row["flops_per_token"] > 0
+        assert row["mfu"] == pytest.approx(row["tokens_per_s"] * row["flops_per_token"] / data["peak_flops"])
+        assert all(math.isfinite(row[key]) for key in ("first_loss", "last_loss"))
+    assert rows[("kqv", False)]["parameters"] == rows[("hf", False)]["parameters"]
+    assert "MFU" in result.stdout and "compiled" in result.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
+def test_gpu_train_refuses_clearly_without_cuda(tmp_path):
+    script = BENCHMARKS[0].parent / "gpu_train.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--output", str(tmp_path / "out.json")], capture_output=True, text=True
+    )
+    assert result.returncode == 2
+    assert "CUDA GPU" in result.stderr and "--tiny" in result.stderr
+    assert not (tmp_path / "out.json").exists()

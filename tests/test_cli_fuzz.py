@@ -41,7 +41,7 @@ FLOATS = {
     "sample": ["temperature"],
 }
 CHOICES = {
-    "train": ["schedule", "precision"],
+    "train": ["schedule", "precision", "parallel"],
     "model": ["position", "norm", "activation", "attention"],
     "data": ["tokenizer"],
 }

@@ -17,12 +17,14 @@ import random
 import shutil
 import stat
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from safetensors import SafetensorError
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import save_file, save_model
@@ -69,8 +71,12 @@ class Checkpoint:
         self.close()
 
 
+Weights = nn.Module | dict[str, Tensor]  # a model, or its state dict (e.g. gathered from shards)
+OptimizerState = torch.optim.Optimizer | dict[str, Any]  # an optimizer, or its state dict
+
+
 def write_checkpoint(
-    run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any], tensors: dict[str, Tensor]
+    run_dir: Path, model: Weights, optimizer: OptimizerState, state: dict[str, Any], tensors: dict[str, Tensor]
 ) -> None:
     """Write a checkpoint into a temporary directory, then swap it in for `run_dir/checkpoint`.
 
@@ -85,7 +91,7 @@ def write_checkpoint(
 
 
 def _write_checkpoint(
-    run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any], tensors: dict[str, Tensor]
+    run_dir: Path, model: Weights, optimizer: OptimizerState, state: dict[str, Any], tensors: dict[str, Tensor]
 ) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     final, previous = run_dir / CHECKPOINT_DIR, run_dir / PREVIOUS_CHECKPOINT_DIR
@@ -93,8 +99,8 @@ def _write_checkpoint(
         shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=_TMP_PREFIX, dir=run_dir))
     try:
-        save_model(model, str(tmp / MODEL_FILE))  # drops the duplicate names of tied weights
-        torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+        save_model(model if isinstance(model, nn.Module) else _StateDict(model), str(tmp / MODEL_FILE))
+        torch.save(optimizer if isinstance(optimizer, dict) else optimizer.state_dict(), tmp / OPTIMIZER_FILE)
         save_file(tensors, str(tmp / RNG_FILE))
         state = {**state, "files": {name: _sha256(tmp / name) for name in (MODEL_FILE, OPTIMIZER_FILE, RNG_FILE)}}
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
@@ -110,6 +116,16 @@ def _write_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     shutil.rmtree(previous, ignore_errors=True)
+
+
+class _StateDict:
+    """What `save_model` reads of a module, for a state dict: it drops the duplicate names of tied weights."""
+
+    def __init__(self, tensors: dict[str, Tensor]):
+        self.tensors = tensors
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return dict(self.tensors)
 
 
 def has_checkpoint(run_dir: str | Path) -> bool:
@@ -233,13 +249,17 @@ def _trainer_options(saved: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in saved.items() if k in {f.name for f in dataclasses.fields(TrainConfig)}}
 
 
-def load_weights(model: nn.Module, checkpoint: str | Path | Checkpoint) -> Checkpoint:
-    """Load the weights of a checkpoint (or of the run in a run_dir) into `model`, e.g. for evaluation."""
+def load_weights(
+    model: nn.Module, checkpoint: str | Path | Checkpoint, load: Callable[[dict[str, Tensor]], None] | None = None
+) -> Checkpoint:
+    """Load the weights of a checkpoint (or of the run in a run_dir) into `model`, e.g. for evaluation; `load`
+    sets them (into a sharded model, say) instead of `model.load_state_dict`."""
     if not isinstance(checkpoint, Checkpoint):
         checkpoint = read_checkpoint(checkpoint)
     path = checkpoint.path / MODEL_FILE
     try:
-        _load_state(model, safetensors_load(checkpoint.open(MODEL_FILE).read()))
+        weights = safetensors_load(checkpoint.open(MODEL_FILE).read())
+        (load or (lambda state: _load_state(model, state)))(weights)
     except (RuntimeError, SafetensorError) as error:
         raise RunError(
             f"{path} does not fit the model ({error}); build the model with the config the run was "
@@ -334,19 +354,35 @@ def rng_from_json(state: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load_optimizer_state(optimizer: torch.optim.Optimizer, checkpoint: Checkpoint, run_dir: Path) -> None:
+def all_rng_states(world_size: int) -> list[dict[str, Any]]:
+    """The generator states of every rank, on every rank (a collective under torchrun: every rank must call it)."""
+    rng = rng_state()
+    if world_size == 1:
+        return [rng]
+    states: list[Any] = [None] * world_size
+    dist.all_gather_object(states, rng_to_json(rng, torch_as_bytes=True))
+    return [rng_from_json(s) for s in states]
+
+
+def load_optimizer_state(
+    optimizer: torch.optim.Optimizer,
+    checkpoint: Checkpoint,
+    run_dir: Path,
+    load: Callable[[dict[str, Any]], None] | None = None,
+) -> None:
     """Load the optimizer state of `checkpoint` (`weights_only=True`: no code runs), keeping the betas and weight
-    decay the optimizer was configured with (a resumed run may change them)."""
+    decay the optimizer was configured with (a resumed run may change them); `load` sets the state (into a
+    sharded model's optimizer, say) instead of `optimizer.load_state_dict`."""
     configured = [(g["betas"], g["weight_decay"]) for g in optimizer.param_groups]
     try:
-        optimizer.load_state_dict(torch.load(checkpoint.open(OPTIMIZER_FILE), weights_only=True))
+        (load or optimizer.load_state_dict)(torch.load(checkpoint.open(OPTIMIZER_FILE), weights_only=True))
     except pickle.UnpicklingError:  # its message would suggest weights_only=False: running the file's code
         raise RunError(
             f"{checkpoint.path / OPTIMIZER_FILE} is damaged or not kqv's: it holds more than tensors and numbers, "
             f"and kqv never runs code from a checkpoint. Do not load it by other means unless you trust its "
             f"source; {remedy(checkpoint.path)}"
         ) from None
-    except (ValueError, KeyError, RuntimeError, EOFError) as error:
+    except (ValueError, KeyError, IndexError, RuntimeError, EOFError) as error:
         raise RunError(
             f"{checkpoint.path / OPTIMIZER_FILE} does not fit this model's optimizer ({error}); was the model built "
             f"with the same config as the run in {run_dir}?"

@@ -14,6 +14,7 @@ from .precision import Precision
 logger = logging.getLogger(__name__)
 
 Schedule = Literal["cosine", "inverse_sqrt", "constant"]
+Parallel = Literal["ddp", "fsdp"]  # how processes under torchrun share the model: replicated, or sharded
 
 
 @dataclass
@@ -28,7 +29,9 @@ class TrainConfig(Config):
     `eval_every` / `checkpoint_every` updates and always after the last one. `max_minutes > 0` makes the update
     during which that much training time (evaluation and checkpoints excluded) has passed the last one, for
     comparisons at equal wall-clock budget; the schedule still follows `steps`. An update whose loss or gradient
-    is not finite is skipped; `max_bad_steps` of them in a row stop training (`TrainingDiverged`).
+    is not finite is skipped; `max_bad_steps` of them in a row stop training (`TrainingDiverged`). Under torchrun,
+    `parallel` says how the processes share the work: "ddp" (each holds the whole model) or "fsdp" (each holds a
+    shard of the weights, gradients and optimizer state); one process ignores it.
     """
 
     steps: int
@@ -49,6 +52,7 @@ class TrainConfig(Config):
     log_every: int = 10
     max_minutes: float = 0.0
     max_bad_steps: int = 5  # updates in a row skipped for a non-finite loss or gradient before training stops
+    parallel: Parallel = "ddp"  # under torchrun: "ddp" replicates the model, "fsdp" shards it (kqv.train.sharding)
 
     def check(self) -> None:
         for name, minimum in (

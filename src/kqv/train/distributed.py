@@ -1,26 +1,102 @@
-"""Multi-process training under torchrun: joining the process group, and each rank's slice of a batch."""
+"""Multi-process training under torchrun: joining the process group, wrapping the model for data parallelism
+(DDP) or sharding it (FSDP2, `kqv.train.sharding`), gradient synchronisation, and each rank's slice of a batch."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+import torch
 import torch.distributed as dist
-from torch import Tensor
+from torch import Tensor, nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 from ..errors import DataError
+from ..nn.experts import expert_layers
 
 Batch = Any
 
 
-def init_distributed() -> tuple[int, int, bool]:
-    """(rank, world size, whether we created the process group); joins a gloo group under torchrun."""
+def backend_for(device: torch.device) -> str:
+    """The process-group backend for a model on `device`: gloo on the CPU; on CUDA, NCCL for CUDA tensors
+    (gradients, FSDP's all-gathers) and gloo for the trainer's CPU scalars and objects (losses, generator
+    states), the `device:backend` form torch accepts for a group that serves both."""
+    return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+
+
+def rank_device(device: torch.device) -> torch.device:
+    """The device this process trains on: under torchrun every process takes its own GPU (cuda:LOCAL_RANK)."""
+    if device.type != "cuda" or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return device
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def init_distributed(model: nn.Module | None = None) -> tuple[int, int, bool]:
+    """(rank, world size, whether we created the process group); under torchrun joins a group whose backend
+    suits the device of `model` (`backend_for`; the CPU's when not given)."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return 0, 1, False
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size(), False
-    dist.init_process_group("gloo")
+    device = model_device(model) if model is not None else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(rank_device(device))
+    dist.init_process_group(backend_for(device))
     return dist.get_rank(), dist.get_world_size(), True
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of the model's first parameter (the CPU for a model without parameters)."""
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
+
+
+def data_parallel(model: nn.Module) -> nn.parallel.DistributedDataParallel:
+    """`model` wrapped in DistributedDataParallel. With mixture-of-experts layers an expert may get no tokens on
+    one process and some on another, so DDP looks for parameters a forward pass left unused (which it reduces as
+    zeros) instead of waiting for their gradients."""
+    return nn.parallel.DistributedDataParallel(model, find_unused_parameters=bool(expert_layers(model)))
+
+
+@contextmanager
+def gradient_sync(model: nn.Module, sync: bool) -> Iterator[None]:
+    """Backward passes inside synchronise gradients across processes only when `sync`: with gradient
+    accumulation every micro-batch but the last accumulates locally (DDP's `no_sync`, FSDP2's
+    `set_requires_gradient_sync(False)`), and the last one's backward reduces the sum once."""
+    if isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(sync)
+        yield
+    elif isinstance(model, nn.parallel.DistributedDataParallel) and not sync:
+        with model.no_sync():
+            yield
+    else:
+        yield
+
+
+def clip_gradients(model: nn.Module, max_norm: float) -> float:
+    """Scale the gradients of `model` to a total norm of at most `max_norm`; returns the norm before (of the whole
+    gradient also when the model is sharded: FSDP's norm is a DTensor over the shards)."""
+    norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=True)
+    return (norm.full_tensor() if isinstance(norm, DTensor) else norm).item()
+
+
+def process_mean(value: Tensor, world_size: int) -> Tensor:
+    """The mean of `value` over the processes (in place; every rank must call it); `value` in one process."""
+    if world_size > 1:
+        dist.all_reduce(value)
+        value /= world_size
+    return value
+
+
+def rank0_says(flag: bool, world_size: int) -> bool:
+    """Rank 0's `flag` on every rank (every rank must call it), so that all stop at the same update."""
+    if world_size == 1:
+        return flag
+    decided = torch.tensor(float(flag))
+    dist.broadcast(decided, src=0)
+    return bool(decided)
 
 
 def slice_batch(batch: Batch, rank: int, world_size: int, batch_size: int) -> Batch:

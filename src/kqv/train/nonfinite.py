@@ -58,9 +58,13 @@ def diverged_message(config: TrainConfig, what: str, steps: list[int], checkpoin
     )
 
 
-def check_finite_weights(model: nn.Module, config: TrainConfig, step: int, last_saved: int | None) -> None:
-    """Raise TrainingDiverged instead of letting a checkpoint save NaN or infinite weights."""
-    bad = [name for name, param in model.named_parameters() if not torch.isfinite(param).all()]
+def check_finite_weights(
+    model: nn.Module | dict[str, Tensor], config: TrainConfig, step: int, last_saved: int | None
+) -> None:
+    """Raise TrainingDiverged instead of letting a checkpoint save NaN or infinite weights (of a model, or of a
+    state dict gathered from shards)."""
+    named = model.items() if isinstance(model, dict) else model.named_parameters()
+    bad = [name for name, param in named if param.is_floating_point() and not torch.isfinite(param).all()]
     if bad:
         raise TrainingDiverged(
             f"training stopped at step {step}: the weights {bad[:5]} are no longer finite, so no "

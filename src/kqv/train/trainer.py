@@ -19,7 +19,8 @@ the start of a fresh run and saved in every checkpoint, so dropout continues exa
 saved-and-restored generator state, so how often you evaluate never changes the training run.
 
 Multi-process training. Launch the same script with `torchrun --nproc_per_node N script.py`. When WORLD_SIZE > 1
-the trainer joins a gloo process group and wraps the model in DistributedDataParallel. Every rank calls
+the trainer joins a process group (gloo; NCCL for CUDA tensors) and wraps the model in DistributedDataParallel,
+or with `parallel="fsdp"` trains a sharded copy of it (`kqv.train.sharding`; same checkpoint files). Every rank calls
 `train_batches(i)` and gets the same global batch of `batch_size` rows; rank r keeps rows
 `[r * batch_size / N, (r + 1) * batch_size / N)` of every tensor in it (non-tensor items are shared), so the batch
 function is the same for one or N processes and the result equals one process up to float rounding. `loss_fn`
@@ -38,7 +39,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from contextlib import ExitStack, nullcontext
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -50,14 +51,17 @@ from tqdm import tqdm
 from ..errors import ConfigError, ConfigTypeError, spoken
 from ..nn.experts import routing_metrics
 from ..signals import deferred
+from . import distributed
 from .checkpoints import (
     FORMAT,
     STATE_FILE,
     Checkpoint,
+    OptimizerState,
+    Weights,
+    all_rng_states,
     load_optimizer_state,
     load_weights,
     read_checkpoint,
-    rng_from_json,
     rng_state,
     rng_to_json,
     saved_rng_states,
@@ -72,6 +76,7 @@ from .nonfinite import TrainingDiverged, check_finite_weights, check_loss, diver
 from .optimizer import make_optimizer
 from .precision import autocast, bound_kernel_caches
 from .rundir import IfExists, RunDirectory
+from .sharding import gather_state, load_checkpoint, shard, unshard_into
 
 logger = logging.getLogger(__name__)
 
@@ -121,17 +126,19 @@ class Trainer:
                 f"extra_state must be JSON-serialisable (it goes into {STATE_FILE}): {error}"
             ) from None
         bound_kernel_caches()  # before the first bf16 kernel is built
-        self.model, self.config = model, config
+        self.config = config
         self.train_batches, self.loss_fn, self.val_batches, self.eval_fn = train_batches, loss_fn, val_batches, eval_fn
         self.extra_state = extra_state if extra_state is not None else {}  # this very dict: its owner may update it
         self.tokens_per_batch, self.quiet = tokens_per_batch, quiet
-        self.rank, self.world_size, self._owns_process_group = init_distributed()
+        self.rank, self.world_size, self._owns_process_group = init_distributed(model)
         if config.batch_size % self.world_size:
             raise ConfigError(
                 f"batch_size ({config.batch_size}) must be divisible by the number of processes "
                 f"({self.world_size}): every process takes an equal slice of each batch"
             )
-        self.optimizer = make_optimizer(model, config)
+        self.home, self.sharded = model, config.parallel == "fsdp" and self.world_size > 1  # home: the caller's model
+        self.model = shard(model) if self.sharded else model
+        self.optimizer = make_optimizer(self.model, config)
         # Progress, saved in every checkpoint and restored by a resume.
         self.step = 0  # updates done
         self.elapsed_s = 0.0
@@ -157,9 +164,9 @@ class Trainer:
         except BaseException:  # e.g. the checkpoint does not fit the model: release what this trainer opened
             self._owned.close()
             raise
-        self.ddp_model = model
-        if self.world_size > 1:
-            self.ddp_model = nn.parallel.DistributedDataParallel(model)
+        self.ddp_model = self.model
+        if self.world_size > 1 and not self.sharded:
+            self.ddp_model = distributed.data_parallel(model)
 
     @classmethod
     def resume(
@@ -251,16 +258,14 @@ class Trainer:
             raise
         finally:
             bar.close()
+        if self.sharded:  # every rank, as after one process: the caller's model holds the trained weights
+            unshard_into(self.home, self.model)
         return result
 
     def _out_of_time(self) -> bool:
         """Whether `max_minutes` of training time have passed; rank 0's clock decides for every process."""
-        if self.config.max_minutes <= 0:
-            return False
-        done = torch.tensor(float(self.train_seconds >= self.config.max_minutes * 60))
-        if self.world_size > 1:
-            dist.broadcast(done, src=0)
-        return bool(done)
+        limit = self.config.max_minutes
+        return limit > 0 and distributed.rank0_says(self.train_seconds >= limit * 60, self.world_size)
 
     def _report(self, lr: float, grad_norm: float, window: Window, bar: tqdm, clock: float, last: bool) -> dict | None:
         """Log (every `log_every` updates) and evaluate (every `eval_every`); one metrics.jsonl record for both."""
@@ -315,21 +320,16 @@ class Trainer:
             count = self._tokens(self.step * cfg.grad_accum + j, batch)
             tokens = None if tokens is None or count is None else tokens + count
             local = slice_batch(batch, self.rank, self.world_size, cfg.batch_size)
-            defer_sync = self.world_size > 1 and j < cfg.grad_accum - 1
-            with self.ddp_model.no_sync() if defer_sync else nullcontext():
+            with distributed.gradient_sync(self.ddp_model, j == cfg.grad_accum - 1):
                 with self._autocast():
                     loss = check_loss(self.loss_fn(self.ddp_model, local))
                 (loss / cfg.grad_accum).backward()
             total += loss.detach().float()
-        total /= cfg.grad_accum
-        if self.world_size > 1:
-            dist.all_reduce(total)
-            total /= self.world_size
-        mean_loss = total.item()
+        mean_loss = distributed.process_mean(total / cfg.grad_accum, self.world_size).item()
         grad_norm = math.nan
         if math.isfinite(mean_loss):  # the loss and the norm of the synchronised gradient agree on every rank
             max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
-            grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), max_norm, foreach=True).item()
+            grad_norm = distributed.clip_gradients(self.model, max_norm)
         with deferred():  # a signal waits for the update and the counter: an interrupt saves a completed step
             if math.isfinite(grad_norm):
                 self.optimizer.step()
@@ -355,9 +355,8 @@ class Trainer:
         raise TrainingDiverged(diverged_message(self.config, what, self._bad_streak, checkpoint))
 
     def _tokens(self, i: int, batch: Batch) -> int | None:
-        if callable(self.tokens_per_batch):
-            return self.tokens_per_batch(i)
-        return self.tokens_per_batch or batch_tokens(batch)
+        given = self.tokens_per_batch
+        return given(i) if callable(given) else given or batch_tokens(batch)
 
     def _autocast(self) -> torch.autocast:
         return autocast(self.config.precision)
@@ -371,8 +370,10 @@ class Trainer:
             with torch.no_grad(), self._autocast():
                 if self.val_batches is not None:
                     metrics["val_loss"] = self._val_loss()
+                if self.eval_fn is not None and self.sharded:  # all ranks gather, rank 0 evaluates a plain model
+                    unshard_into(self.home, self.model)
                 if self.eval_fn is not None and self.rank == 0:
-                    for name, value in self.eval_fn(self.model).items():
+                    for name, value in self.eval_fn(self.home).items():
                         try:
                             metrics[name] = float(value)
                         except (TypeError, ValueError):
@@ -387,23 +388,16 @@ class Trainer:
         for i in range(self.config.eval_batches):
             local = slice_batch(self.val_batches(i), self.rank, self.world_size, self.config.batch_size)
             total += check_loss(self.loss_fn(self.model, local)).float()
-        if self.world_size > 1:
-            dist.all_reduce(total)
-            total /= self.world_size
-        return total.item() / self.config.eval_batches
+        return distributed.process_mean(total, self.world_size).item() / self.config.eval_batches
 
     # -- checkpoints ---------------------------------------------------------------------------------------------
 
     def save_checkpoint(self) -> None:
         """Save the state after the last completed update (every rank must call this under torchrun)."""
-        rng = rng_state()
-        states = [rng]
-        if self.world_size > 1:
-            states = [None] * self.world_size
-            dist.all_gather_object(states, rng_to_json(rng, torch_as_bytes=True))
-            states = [rng_from_json(s) for s in states]
+        states = all_rng_states(self.world_size)
+        weights, optimizer = gather_state(self.model, self.optimizer) if self.sharded else (self.model, self.optimizer)
         if self.rank == 0:
-            self._write(states)
+            self._write(states, weights, optimizer)
 
     def _checkpoint_if_good(self) -> None:
         """Save a checkpoint that is due, unless the guard is skipping updates: the weights then are the ones
@@ -419,10 +413,15 @@ class Trainer:
         if self._bad_streak:
             logger.warning("interrupted while updates were being skipped; kept the last good checkpoint")
             return
+        if self.sharded and self._last_saved != self.step:  # shards are gathered by every rank together
+            logger.warning(
+                "interrupted: a sharded run saves with all processes; the step %s checkpoint stands", self._last_saved
+            )
+            return
         if self._last_saved != self.step:
             # Other ranks are somewhere else, so no collective: their generator states are not saved.
             self.elapsed_s = time.perf_counter() - clock
-            self._write([self._boundary_rng])
+            self._write([self._boundary_rng], self.model, self.optimizer)
         if self.run.metrics_file.exists():
             self._plot()
         logger.warning(
@@ -438,10 +437,10 @@ class Trainer:
         with deferred():
             plot_losses(self.run.metrics_file, self.run.plot_file)
 
-    def _write(self, rng_states: list[dict]) -> None:
+    def _write(self, rng_states: list[dict], weights: Weights, optimizer: OptimizerState) -> None:
         """Write the checkpoint of `self.step`; Ctrl-C or SIGTERM meanwhile waits until it is complete."""
         with deferred():
-            check_finite_weights(self.model, self.config, self.step, self._last_saved)
+            check_finite_weights(weights, self.config, self.step, self._last_saved)
             state = {
                 "format": FORMAT,
                 "step": self.step,
@@ -455,7 +454,7 @@ class Trainer:
                 "torch_version": torch.__version__,
             }
             tensors = {f"rank{r}": s["torch"] for r, s in enumerate(rng_states)}
-            write_checkpoint(self.run_dir, self.model, self.optimizer, state, tensors)
+            write_checkpoint(self.run_dir, weights, optimizer, state, tensors)
             self._last_saved = self.step
 
     def _resume(self, checkpoint: Checkpoint) -> None:
@@ -469,8 +468,11 @@ class Trainer:
         self.replanned = replan(checkpoint.config, self.config, checkpoint.step)
 
     def _load(self, checkpoint: Checkpoint) -> None:
-        load_weights(self.model, checkpoint)
-        load_optimizer_state(self.optimizer, checkpoint, self.run_dir)
+        if self.sharded:
+            load_checkpoint(self.model, self.optimizer, checkpoint, self.run_dir)
+        else:
+            load_weights(self.model, checkpoint)
+            load_optimizer_state(self.optimizer, checkpoint, self.run_dir)
         self._saved_rng = saved_rng_states(checkpoint, self.world_size)
         self.step, self.elapsed_s = checkpoint.step, float(checkpoint.state.get("elapsed_s", 0.0))
         self.train_seconds = float(checkpoint.state.get("train_seconds", self.elapsed_s))

@@ -1,0 +1,267 @@
+#!/usr/bin/env python
+"""Training throughput on one CUDA GPU at GPT-2 small: kqv against Hugging Face GPT-2 and x-transformers, with and
+without torch.compile, in tokens/s and model FLOPs utilisation (MFU).
+
+The three models are GPT-2 small (124M parameters: 12 layers, d_model 768, 12 heads, d_ff 3072, vocabulary 50257,
+context 1024, tied embeddings, pre-LN, learned positions, tanh GELU), built with random weights:
+
+* kqv     `DecoderLM(config_from_hf(GPT2Config(...)))`: kqv's own config read from the Hugging Face one through
+          `kqv.interop` (the mapping that converts GPT-2 checkpoints), so the architecture is GPT-2's by construction
+* hf      `transformers.GPT2LMHeadModel(GPT2Config(...))`, `attn_implementation="sdpa"`
+* xtrans  `x_transformers.TransformerWrapper(..., attn_layers=Decoder(..., attn_flash=True))` at the same shape
+          (the builders of `train_throughput.py`, the CPU benchmark)
+
+Each (model, compiled or not) pair gets its own model and fused AdamW (lr 3e-4), is warmed up (which also compiles),
+then the pairs run round-robin, `--steps` timed steps each per round for `--rounds` rounds, the order rotated every
+round. A step is zero_grad + forward + loss + backward + optimizer step under `torch.autocast("cuda", bf16)` with
+fp32 weights and optimizer; the GPU is synchronised around every timed stretch. The figure is the median over
+rounds of tokens/s (batch x context / step time).
+
+MFU = tokens/s x training FLOPs per token / peak FLOP/s, where FLOPs per token = 6N + 12 L d T (Chowdhery et al.
+2022, appendix B: 6N for the matmuls of N parameters forward and backward, the tied output layer included, plus the
+attention scores and weighted sums, counted for the full square), and the peak is measured in the same run: the
+best of several large square bf16 matmuls (`--peak-size`, default 8192), before and after the rounds.
+
+It refuses to run without CUDA. `--tiny` runs everything at a tiny size on the CPU in fp32 (the peak in fp32, and
+torch.compile with the "eager" backend, which traces the models as compile does without generating kernels): a
+smoke test of the script, not a measurement.
+
+    python benchmarks/gpu_train.py                  # on a CUDA GPU: writes benchmarks/results/gpu_train.json
+    python benchmarks/gpu_train.py --tiny --output /tmp/gpu_train.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from train_throughput import Shape, build_hf, build_xtrans, count_parameters, training_flops_per_token, versions
+
+RESULTS = Path(__file__).resolve().parent / "results" / "gpu_train.json"
+GPT2_SMALL = Shape(vocab=50257, d_model=768, heads=12, layers=12, d_ff=3072, context=1024, batch=8)
+TINY = Shape(vocab=256, d_model=32, heads=2, layers=2, d_ff=64, context=32, batch=2)
+
+
+def build_kqv(s: Shape, args: argparse.Namespace):
+    """kqv's DecoderLM with the config `kqv.interop` reads from the GPT-2 config of the same shape."""
+    from transformers import GPT2Config
+
+    from kqv import DecoderLM
+    from kqv.interop.convert import config_from_hf
+
+    hf = GPT2Config(
+        vocab_size=s.vocab,
+        n_positions=s.context,
+        n_embd=s.d_model,
+        n_layer=s.layers,
+        n_head=s.heads,
+        n_inner=s.d_ff,
+        activation_function=args.hf_act,
+        layer_norm_epsilon=1e-5,
+        tie_word_embeddings=True,
+    )
+    return DecoderLM(config_from_hf(hf)), lambda model, ids, targets: model(ids, targets)
+
+
+BUILDERS = {"kqv": build_kqv, "hf": build_hf, "xtrans": build_xtrans}
+
+
+class Run:
+    """One (model, compiled or not) pair: its model, optimizer, step time per round and losses."""
+
+    def __init__(self, name: str, compiled: bool, s: Shape, args: argparse.Namespace, batches: list):
+        self.name, self.compiled, self.batches, self.device = name, compiled, batches, args.device
+        torch.manual_seed(args.seed)
+        model, self.loss_fn = BUILDERS[name](s, args)
+        self.model = model.to(args.device).train()
+        self.params = count_parameters(self.model)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=args.lr, fused=True)
+        if compiled:
+            self.model = torch.compile(self.model, backend=args.compile_backend)
+        self.tokens_per_step = s.batch * s.context
+        self.steps, self.losses, self.tokens_per_s = 0, [], []
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}{' compiled' if self.compiled else ''}"
+
+    def autocast(self):
+        if self.device == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()  # --tiny: fp32 on the CPU
+
+    def step(self) -> Tensor:
+        ids, targets = self.batches[self.steps % len(self.batches)]
+        self.optimizer.zero_grad(set_to_none=True)
+        with self.autocast():
+            loss = self.loss_fn(self.model, ids, targets)
+        loss.backward()
+        self.optimizer.step()
+        self.steps += 1
+        return loss.detach()
+
+    def timed(self, steps: int) -> float:
+        """Tokens/s over `steps` steps, the GPU synchronised before and after."""
+        self.step()  # one untimed step per round
+        synchronize(self.device)
+        start = time.perf_counter()
+        losses = [self.step() for _ in range(steps)]
+        synchronize(self.device)
+        elapsed = time.perf_counter() - start
+        self.losses += [loss.item() for loss in losses]
+        self.tokens_per_s.append(steps * self.tokens_per_step / elapsed)
+        return self.tokens_per_s[-1]
+
+
+def synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def matmul_peak(device: str, dtype: torch.dtype, n: int, repeats: int = 10) -> float:
+    """FLOP/s of the best of `repeats` (n x n) @ (n x n) matmuls: the device's practical peak in `dtype`."""
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    torch.matmul(a, b)
+    synchronize(device)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.matmul(a, b)
+        synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
+def make_batches(s: Shape, device: str, seed: int, n: int = 4) -> list[tuple[Tensor, Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    tokens = [torch.randint(0, s.vocab, (s.batch, s.context + 1), generator=g) for _ in range(n)]
+    return [(t[:, :-1].contiguous().to(device), t[:, 1:].contiguous().to(device)) for t in tokens]
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tiny", action="store_true", help="a tiny size on the CPU in fp32: a smoke test")
+    parser.add_argument("--models", default="kqv,hf,xtrans", help="comma-separated subset of kqv,hf,xtrans")
+    parser.add_argument("--compile", choices=["both", "no", "yes"], default="both", help="torch.compile or not")
+    parser.add_argument("--batch", type=int, default=None, help="rows per step (default 8; 1024 tokens each)")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps per model per round (default 10)")
+    parser.add_argument("--rounds", type=int, default=None, help="round-robin rounds (default 5)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed steps per model first, compiling (3)")
+    parser.add_argument("--peak-size", type=int, default=None, help="side of the peak's square matmuls (8192)")
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", type=Path, default=None, help=f"JSON (default {RESULTS}; --tiny: only if given)")
+    args = parser.parse_args(argv)
+    args.names = [n.strip() for n in args.models.split(",") if n.strip()]
+    if sorted(set(args.names) - set(BUILDERS)):
+        parser.error(f"unknown model(s) {sorted(set(args.names) - set(BUILDERS))}; choose from {sorted(BUILDERS)}")
+    args.device = "cpu" if args.tiny else "cuda"
+    args.warmup = args.warmup if args.warmup is not None else (1 if args.tiny else 3)
+    args.compile_backend = "eager" if args.tiny else "inductor"
+    args.hf_attn, args.hf_act, args.xt_flash = "sdpa", "gelu_pytorch_tanh", True  # train_throughput's builders
+    return args
+
+
+def measure(args: argparse.Namespace, s: Shape) -> tuple[list[Run], float]:
+    """Build, warm up and time every pair round-robin; returns the runs and the best matmul peak."""
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    peak_size = args.peak_size or (128 if args.tiny else 8192)
+    peak = matmul_peak(args.device, dtype, peak_size)
+    batches = make_batches(s, args.device, args.seed)
+    compiles = {"both": [False, True], "no": [False], "yes": [True]}[args.compile]
+    runs = [Run(name, compiled, s, args, batches) for compiled in compiles for name in args.names]
+    for run in runs:
+        started = time.perf_counter()
+        for _ in range(args.warmup):
+            run.step()
+        synchronize(args.device)
+        print(f"  {run.label:16s} {run.params:,} parameters, warm-up {time.perf_counter() - started:.1f} s", flush=True)
+    rounds, steps = args.rounds or (1 if args.tiny else 5), args.steps or (2 if args.tiny else 10)
+    for r in range(rounds):
+        order = runs[r % len(runs) :] + runs[: r % len(runs)]
+        line = [f"{run.label} {run.timed(steps):,.0f}" for run in order]
+        print(f"  round {r + 1}/{rounds} tokens/s: " + ", ".join(line), flush=True)
+    return runs, max(peak, matmul_peak(args.device, dtype, peak_size))
+
+
+def report(args: argparse.Namespace, s: Shape, runs: list[Run], peak: float) -> dict:
+    """The table (printed) and the JSON record."""
+    rows = []
+    for run in runs:
+        tokens_per_s = statistics.median(run.tokens_per_s)
+        flops = training_flops_per_token(run.params, s)
+        rows.append(
+            {
+                "model": run.name,
+                "compiled": run.compiled,
+                "parameters": run.params,
+                "tokens_per_s": tokens_per_s,
+                "rounds_tokens_per_s": run.tokens_per_s,
+                "flops_per_token": flops,
+                "mfu": tokens_per_s * flops / peak,
+                "first_loss": run.losses[0],
+                "last_loss": run.losses[-1],
+            }
+        )
+    print(f"\n{'model':16s} {'parameters':>12s} {'tokens/s':>12s} {'MFU':>7s}")
+    for row in rows:
+        label = row["model"] + (" compiled" if row["compiled"] else "")
+        print(f"{label:16s} {row['parameters']:>12,} {row['tokens_per_s']:>12,.0f} {row['mfu']:>7.1%}")
+    device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    print(
+        f"peak ({'bf16' if args.device == 'cuda' else 'fp32'} matmul, measured): {peak / 1e12:,.1f} TFLOP/s on {device}"
+    )
+    return {
+        "benchmark": "gpu_train",
+        "tiny": args.tiny,
+        "device": device,
+        "precision": "bf16 autocast" if args.device == "cuda" else "fp32",
+        "shape": asdict(s),
+        "peak_flops": peak,
+        "compile_backend": args.compile_backend,
+        "rows": rows,
+        "versions": versions(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if not args.tiny and not torch.cuda.is_available():
+        print(
+            "gpu_train.py measures training on a CUDA GPU, and torch sees none here (torch.cuda.is_available() is "
+            f"False; torch {torch.__version__}). Run it on a machine with an NVIDIA GPU and a CUDA build of torch, "
+            "or pass --tiny for a CPU smoke test of the script.",
+            file=sys.stderr,
+        )
+        return 2
+    warnings.filterwarnings("ignore")
+    torch._logging.set_logs(dynamo=logging.ERROR)  # graph-break notes: the figures say what compile gained
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    s = TINY if args.tiny else GPT2_SMALL
+    if args.batch:
+        s = Shape(**{**asdict(s), "batch": args.batch})
+    print(f"shape {asdict(s)} on {args.device}; torch {torch.__version__}", flush=True)
+    runs, peak = measure(args, s)
+    record = report(args, s, runs, peak)
+    output = args.output or (None if args.tiny else RESULTS)
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(record, indent=1) + "\n")
+        print(f"wrote {output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

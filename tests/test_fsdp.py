@@ -1,0 +1,279 @@
+"""Several processes with `train.parallel`: FSDP2 over gloo on 2 CPU processes equals one process up to rounding,
+its checkpoints are the one-process files (so runs resume across world sizes), gradient accumulation reduces
+once per update, and the CLI trains under torchrun with either kind of parallelism. The torchrun launches are
+few (one for the Trainer runs, one per parallelism for the CLI): each costs seconds."""
+
+import importlib.util
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from kqv.cli.main import main
+from kqv.errors import ConfigError
+from kqv.train.checkpoints import read_checkpoint
+from kqv.train.config import TrainConfig
+from kqv.train.distributed import backend_for, gradient_sync, rank_device
+from kqv.train.metrics import read_metrics
+from kqv.train.sharding import shard
+from kqv.train.trainer import Trainer
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+WORKER = Path(__file__).with_name("fsdp_worker.py")
+TOLERANCE = 1e-5  # float rounding: 2 processes sum their gradients in another order
+
+
+def load_worker():
+    spec = importlib.util.spec_from_file_location("fsdp_worker", WORKER)
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    return worker
+
+
+def torchrun(*args: str) -> subprocess.CompletedProcess:
+    """Run `args` under torchrun with 2 CPU processes; fails the test with the processes' stderr if it fails."""
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    env.update(PYTHONPATH=SRC, OMP_NUM_THREADS="1")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    except subprocess.TimeoutExpired as stuck:  # say where the processes were
+        pytest.fail(f"torchrun timed out; its output so far:\n{(stuck.stderr or b'')[-4000:]!r}")
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(run_dir / "checkpoint" / "model.safetensors")
+
+
+def optimizer_state(run_dir: Path) -> dict:
+    return torch.load(run_dir / "checkpoint" / "optimizer.pt", weights_only=True)
+
+
+def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max((a[name] - b[name]).abs().max().item() for name in a)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    """One-process references (6 steps; 3 steps, to resume under FSDP), then the worker's FSDP runs under torchrun,
+    then a one-process resume of a 3-step FSDP checkpoint."""
+    out = tmp_path_factory.mktemp("fsdp")
+    worker = load_worker()
+    worker.train(out / "one-6", 6)
+    worker.train(out / "one-3", 3)
+    shutil.copytree(out / "one-3", out / "one-3-kept")
+    torchrun(str(WORKER), str(out))
+    worker.train(out / "fsdp-3", 6, resume=True)  # FSDP's 3 steps on 2 processes, continued in 1
+    return out
+
+
+def test_two_process_fsdp_gives_the_loss_curve_and_weights_of_one_process(runs):
+    one, two = read_metrics(runs / "one-6" / "metrics.jsonl"), read_metrics(runs / "fsdp-6" / "metrics.jsonl")
+    assert [r["step"] for r in two] == [r["step"] for r in one] == [1, 2, 3, 4, 5, 6]
+    for key in ("train_loss", "val_loss", "grad_norm"):
+        assert [key in r for r in two] == [key in r for r in one]
+        logged = [(a[key], b[key]) for a, b in zip(one, two) if key in a]
+        assert logged and [b for _, b in logged] == pytest.approx([a for a, _ in logged], abs=TOLERANCE, rel=0)
+    assert max_difference(weights(runs / "one-6"), weights(runs / "fsdp-6")) < TOLERANCE
+
+
+def test_rank_0_evaluates_a_plain_model_holding_the_sharded_runs_weights(runs):
+    one, two = read_metrics(runs / "one-6" / "metrics.jsonl"), read_metrics(runs / "fsdp-6" / "metrics.jsonl")
+    evaluated = [(a, b) for a, b in zip(one, two) if "weight_sum" in a]
+    assert [b["step"] for _, b in evaluated] == [3, 6]
+    assert all(b["plain_model"] == 1.0 and b["eval_mode"] == 1.0 for _, b in evaluated)
+    assert [b["weight_sum"] for _, b in evaluated] == pytest.approx([a["weight_sum"] for a, _ in evaluated], abs=1e-3)
+
+
+def test_an_fsdp_checkpoint_is_the_one_process_single_file_format(runs):
+    one, two = runs / "one-6" / "checkpoint", runs / "fsdp-6" / "checkpoint"
+    assert sorted(p.name for p in two.iterdir()) == sorted(p.name for p in one.iterdir())
+    assert {k: v.shape for k, v in weights(runs / "fsdp-6").items()} == {
+        k: v.shape for k, v in weights(runs / "one-6").items()
+    }
+    a, b = optimizer_state(runs / "one-6"), optimizer_state(runs / "fsdp-6")
+    assert b["param_groups"] == a["param_groups"] and b["state"].keys() == a["state"].keys()
+    for i, state in a["state"].items():
+        assert max_difference(state, b["state"][i]) < TOLERANCE
+    assert read_checkpoint(runs / "fsdp-6").state["world_size"] == 2
+
+
+def test_the_callers_model_holds_the_trained_weights_after_a_sharded_run(runs):
+    trained = torch.load(runs / "fsdp-6-model.pt", weights_only=True)
+    saved = weights(runs / "fsdp-6")
+    assert all(torch.equal(trained[name], saved[name]) for name in saved)
+    assert torch.equal(trained["lm_head.weight"], trained["decoder.embeddings.tokens.weight"])  # still tied
+
+
+def test_fsdp_resumes_exactly_on_the_same_number_of_processes(runs):
+    straight, resumed = runs / "fsdp-6", runs / "fsdp-3-6"
+
+    def curve(run_dir: Path) -> list[tuple]:
+        return [(r["step"], r["train_loss"], r["grad_norm"]) for r in read_metrics(run_dir / "metrics.jsonl")]
+
+    assert curve(resumed) == curve(straight)
+    a, b = weights(straight), weights(resumed)
+    assert all(torch.equal(a[name], b[name]) for name in a)
+    sa, sb = optimizer_state(straight)["state"], optimizer_state(resumed)["state"]
+    assert all(torch.equal(sa[i][k], sb[i][k]) for i in sa for k in sa[i])
+
+
+def test_an_fsdp_checkpoint_resumes_in_one_process(runs):
+    assert read_checkpoint(runs / "fsdp-3").step == 6
+    assert max_difference(weights(runs / "one-6"), weights(runs / "fsdp-3")) < TOLERANCE
+
+
+def test_a_one_process_checkpoint_resumes_under_two_process_fsdp(runs):
+    assert read_checkpoint(runs / "one-3-kept").step == 3 and read_checkpoint(runs / "one-3").step == 6
+    assert read_checkpoint(runs / "one-3").state["world_size"] == 2
+    assert max_difference(weights(runs / "one-6"), weights(runs / "one-3")) < TOLERANCE
+
+
+def test_two_micro_batches_of_b_rows_equal_one_batch_of_2b_rows(tmp_path):
+    worker = load_worker()
+
+    def train(batch_size: int, grad_accum: int, batches) -> dict[str, torch.Tensor]:
+        config = TrainConfig(steps=3, batch_size=batch_size, grad_accum=grad_accum, lr=3e-3, precision="fp32")
+        run_dir = tmp_path / f"{batch_size}x{grad_accum}"
+        Trainer(worker.model(), config, run_dir, train_batches=batches, loss_fn=lambda m, b: m(*b), quiet=True).train()
+        return weights(run_dir)
+
+    def half(i: int) -> tuple[torch.Tensor, torch.Tensor]:  # micro-batch i: half of the whole batch i // 2
+        inputs, targets = worker.batches(i // 2)
+        rows = slice(0, 2) if i % 2 == 0 else slice(2, 4)
+        return inputs[rows], targets[rows]
+
+    assert max_difference(train(4, 1, worker.batches), train(2, 2, half)) < 1e-6
+
+
+def test_a_mixture_of_experts_model_trains_under_two_process_ddp(runs):
+    assert read_checkpoint(runs / "ddp-switch").step == 3
+    losses = [r["train_loss"] for r in read_metrics(runs / "ddp-switch" / "metrics.jsonl")]
+    assert len(losses) == 3 and all(math.isfinite(loss) for loss in losses)
+
+
+def test_fsdp_refuses_mixture_of_experts_layers_with_a_clear_error():
+    with pytest.raises(ConfigError, match='mixture-of-experts.*train.parallel = "ddp"'):
+        shard(load_worker().model(ffn="switch", experts={"count": 2}))
+
+
+@pytest.fixture
+def one_process_group():
+    """A gloo process group of one process, for wrapping a model as a torchrun rank would."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_fsdp_reduces_gradients_only_after_the_last_micro_batch(one_process_group):
+    worker = load_worker()
+    reference, sharded = worker.model(), worker.model()
+    for block in sharded.decoder.blocks:
+        fully_shard(block, mesh=init_device_mesh("cpu", (1,)))
+    fully_shard(sharded, mesh=init_device_mesh("cpu", (1,)))
+    for i, last in ((0, False), (1, True)):
+        reference(*worker.batches(i)).backward()
+        with gradient_sync(sharded, last):
+            sharded(*worker.batches(i)).backward()
+        reduced = [p.grad for p in sharded.parameters()]
+        assert all(g is not None for g in reduced) if last else all(g is None for g in reduced)
+    expected = dict(reference.named_parameters())
+    for name, param in sharded.named_parameters():  # the sum of both micro-batches' gradients
+        torch.testing.assert_close(param.grad.full_tensor(), expected[name].grad, atol=1e-6, rtol=1e-5)
+
+
+def test_ddp_skips_the_gradient_all_reduce_except_after_the_last_micro_batch(one_process_group):
+    ddp = torch.nn.parallel.DistributedDataParallel(load_worker().model())
+    with gradient_sync(ddp, False):
+        assert not ddp.require_backward_grad_sync
+    with gradient_sync(ddp, True):
+        assert ddp.require_backward_grad_sync
+
+
+def test_the_backend_follows_the_device():
+    assert backend_for(torch.device("cpu")) == "gloo"
+    assert backend_for(torch.device("cuda", 0)) == "cpu:gloo,cuda:nccl"  # NCCL for CUDA tensors
+
+
+def test_each_torchrun_process_takes_its_own_gpu(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert rank_device(torch.device("cuda")) == torch.device("cuda", 1)
+    assert rank_device(torch.device("cpu")) == torch.device("cpu")
+
+
+def test_parallel_must_be_ddp_or_fsdp():
+    assert TrainConfig(steps=1, batch_size=2).parallel == "ddp"
+    with pytest.raises(ConfigError, match=r"parallel must be one of \['ddp', 'fsdp'\]"):
+        TrainConfig(steps=1, batch_size=2, parallel="zero")
+
+
+TINY_LM = """
+[data]
+tokenizer = "char"
+context = 16
+val_fraction = 0.2
+
+[model]
+d_model = 32
+n_heads = 2
+n_layers = 2
+d_ff = 64
+dropout = 0.0
+
+[train]
+steps = 3
+batch_size = 4
+grad_accum = 2
+lr = 1e-3
+warmup_steps = 1
+precision = "fp32"
+log_every = 1
+eval_every = 3
+eval_batches = 2
+checkpoint_every = 3
+
+[sample]
+prompt = "ROMEO:"
+count = 1
+max_new_tokens = 8
+"""
+
+
+@pytest.fixture(scope="module")
+def cli_one_process(tmp_path_factory) -> tuple[Path, list[str]]:
+    """The tiny LM trained by `kqv train lm` in this process, and the arguments that trained it."""
+    tmp = tmp_path_factory.mktemp("cli")
+    config, text = tmp / "tiny.toml", tmp / "t.txt"
+    config.write_text(TINY_LM)
+    text.write_text("ROMEO: to be, or not to be, that is the question; whether 'tis nobler in the mind\n" * 40)
+    common = ["train", "lm", "--config", str(config), "--data", str(text), "--quiet"]
+    assert main([*common, "--out", str(tmp / "one")]) == 0
+    return tmp, common
+
+
+@pytest.mark.parametrize("parallel", ["fsdp", "ddp"])
+def test_kqv_train_under_torchrun_with_either_parallelism_matches_one_process(cli_one_process, parallel):
+    tmp, common = cli_one_process
+    out = tmp / parallel
+    done = torchrun("-m", "kqv.cli", *common, "--out", str(out), "--set", f'train.parallel="{parallel}"')
+    assert "in use by another training process" not in done.stderr
+    assert read_checkpoint(out).state["world_size"] == 2 and read_checkpoint(out).config.parallel == parallel
+    assert (out / "samples.txt").read_text().startswith("ROMEO:")  # rank 0 samples from the trained model
+    one, two = read_metrics(tmp / "one" / "metrics.jsonl"), read_metrics(out / "metrics.jsonl")
+    for key in ("train_loss", "val_loss"):
+        logged = [(a[key], b[key]) for a, b in zip(one, two) if key in a]
+        assert logged and [b for _, b in logged] == pytest.approx([a for a, _ in logged], abs=TOLERANCE, rel=0)
+    assert max_difference(weights(tmp / "one"), weights(out)) < TOLERANCE
