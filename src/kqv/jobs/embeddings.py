@@ -25,6 +25,7 @@ from tokenizers import Tokenizer
 from torch import Tensor
 
 from ..errors import ConfigTypeError, DataError, MissingResourceError
+from ..nn.devices import Accelerator, on_device_of
 from ..nn.heads import mean_pool
 from ..nn.models import Encoder
 
@@ -71,8 +72,10 @@ class SentenceEncoder:
         )  # to the longest text of the batch, not a fixed length
 
     @classmethod
-    def load(cls, directory: str | Path | None = None) -> SentenceEncoder:
-        """The sentence-transformers model in `directory` (default: all-MiniLM-L6-v2 from its PyPI package)."""
+    def load(cls, directory: str | Path | None = None, device: str = "auto") -> SentenceEncoder:
+        """The sentence-transformers model in `directory` (default: all-MiniLM-L6-v2 from its PyPI package), run on
+        `device` (`kqv.nn.devices.Accelerator.resolve`)."""
+        device = Accelerator.resolve(device).device
         from ..interop import from_hf
 
         directory = Path(directory) if directory is not None else minilm_directory()
@@ -87,7 +90,7 @@ class SentenceEncoder:
             raise DataError(f"{directory} pools with {modes}; kqv embeds with mean pooling only")
         modules = read_json(directory / "modules.json") or []
         normalize = any(m.get("type", "").endswith("Normalize") for m in modules) if modules else True
-        encoder = from_hf(directory)
+        encoder = from_hf(directory).to(device)
         tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
         return cls(encoder, tokenizer, settings.get("max_seq_length", encoder.config.max_len), normalize)
 
@@ -106,9 +109,9 @@ class SentenceEncoder:
             raise DataError("give at least one text to embed")
         rows = []
         for start in range(0, len(texts), batch_size):
-            ids, attention_mask = self.tokenize(texts[start : start + batch_size])
+            ids, attention_mask = on_device_of(self.encoder, self.tokenize(texts[start : start + batch_size]))
             pooled = mean_pool(self.encoder(ids, attention_mask), attention_mask)  # (batch, d_model)
-            rows.append(torch.nn.functional.normalize(pooled, dim=-1) if self.normalize else pooled)
+            rows.append((torch.nn.functional.normalize(pooled, dim=-1) if self.normalize else pooled).cpu())
         return torch.cat(rows)
 
     def similarity(self, texts: Sequence[str]) -> Tensor:

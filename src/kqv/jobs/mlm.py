@@ -26,6 +26,7 @@ from ..data.masking import mask_tokens
 from ..data.vocabulary import Vocabulary
 from ..errors import ConfigError
 from ..nn.config import ModelConfig
+from ..nn.devices import on_device_of
 from ..nn.heads import MaskedLM
 from ..nn.models import count_parameters
 from ..train.preflight import check_memory, check_splits
@@ -88,10 +89,11 @@ def masked_accuracy(model: torch.nn.Module, batches: list[tuple[Tensor, Tensor]]
     """Accuracy at the masked positions, and that of always answering the most frequent token there."""
     correct, answers = 0, []
     for inputs, targets in batches:
+        inputs, targets = on_device_of(model, (inputs, targets))
         masked = targets != -100
         correct += int((model(inputs).argmax(dim=-1)[masked] == targets[masked]).sum())
         answers.append(targets[masked])
-    answers = torch.cat(answers)
+    answers = torch.cat(answers).cpu()
     most_frequent = int(answers.mode().values)
     return {
         "masked_accuracy": correct / len(answers),

@@ -48,6 +48,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from ..errors import ConfigError, ConfigTypeError, spoken
+from ..nn.devices import Accelerator
 from ..nn.experts import routing_metrics
 from ..signals import deferred
 from .checkpoints import (
@@ -70,7 +71,7 @@ from .distributed import Batch, batch_tokens, init_distributed, slice_batch
 from .metrics import Window, append_metrics, plot_losses, progress_bar, progress_line
 from .nonfinite import TrainingDiverged, check_finite_weights, check_loss, diverged_message, warn_skipped, warn_withheld
 from .optimizer import make_optimizer
-from .precision import autocast, bound_kernel_caches
+from .precision import MixedPrecision, bound_kernel_caches
 from .rundir import IfExists, RunDirectory
 
 logger = logging.getLogger(__name__)
@@ -121,7 +122,9 @@ class Trainer:
                 f"extra_state must be JSON-serialisable (it goes into {STATE_FILE}): {error}"
             ) from None
         bound_kernel_caches()  # before the first bf16 kernel is built
-        self.model, self.config = model, config
+        self.device = Accelerator.resolve(config.device)  # the one per-device choice: kernels, autocast, scaler
+        self.precision = MixedPrecision(self.device, config.precision, config.tf32)
+        self.model, self.config = model.to(self.device.device), config
         self.train_batches, self.loss_fn, self.val_batches, self.eval_fn = train_batches, loss_fn, val_batches, eval_fn
         self.extra_state = extra_state if extra_state is not None else {}  # this very dict: its owner may update it
         self.tokens_per_batch, self.quiet = tokens_per_batch, quiet
@@ -234,7 +237,7 @@ class Trainer:
                 now = time.perf_counter()
                 self.elapsed_s = now - clock
                 self.train_seconds += now - started
-                if math.isfinite(loss) and math.isfinite(grad_norm):
+                if math.isfinite(loss) and (math.isfinite(grad_norm) or self.precision.overflowed):
                     self._bad_streak = []
                     window.add(loss, tokens, now - started)
                 else:
@@ -308,18 +311,18 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
-        total = torch.zeros(())
+        total = torch.zeros((), device=self.device.device)
         tokens: int | None = 0
         for j in range(cfg.grad_accum):
             batch = self.train_batches(self.step * cfg.grad_accum + j)
             count = self._tokens(self.step * cfg.grad_accum + j, batch)
             tokens = None if tokens is None or count is None else tokens + count
-            local = slice_batch(batch, self.rank, self.world_size, cfg.batch_size)
+            local = self.device.batch(slice_batch(batch, self.rank, self.world_size, cfg.batch_size))
             defer_sync = self.world_size > 1 and j < cfg.grad_accum - 1
             with self.ddp_model.no_sync() if defer_sync else nullcontext():
                 with self._autocast():
                     loss = check_loss(self.loss_fn(self.ddp_model, local))
-                (loss / cfg.grad_accum).backward()
+                self.precision.backward(loss / cfg.grad_accum)
             total += loss.detach().float()
         total /= cfg.grad_accum
         if self.world_size > 1:
@@ -329,12 +332,10 @@ class Trainer:
         grad_norm = math.nan
         if math.isfinite(mean_loss):  # the loss and the norm of the synchronised gradient agree on every rank
             max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
-            grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), max_norm, foreach=True).item()
+            grad_norm = self.precision.clip(self.optimizer, self.model.parameters(), max_norm)
         with deferred():  # a signal waits for the update and the counter: an interrupt saves a completed step
-            if math.isfinite(grad_norm):
-                self.optimizer.step()
-            else:  # skip the update: nothing non-finite reaches the weights
-                self.optimizer.zero_grad(set_to_none=True)
+            # a non-finite gradient skips the update: nothing non-finite reaches the weights
+            self.precision.step(self.optimizer, grad_norm, unscaled=math.isfinite(mean_loss))
             self.step += 1
             self._boundary_rng = rng_state()
         return mean_loss, tokens, grad_norm
@@ -355,12 +356,11 @@ class Trainer:
         raise TrainingDiverged(diverged_message(self.config, what, self._bad_streak, checkpoint))
 
     def _tokens(self, i: int, batch: Batch) -> int | None:
-        if callable(self.tokens_per_batch):
-            return self.tokens_per_batch(i)
-        return self.tokens_per_batch or batch_tokens(batch)
+        count = self.tokens_per_batch
+        return count(i) if callable(count) else count or batch_tokens(batch)
 
     def _autocast(self) -> torch.autocast:
-        return autocast(self.config.precision)
+        return self.precision.autocast()
 
     def evaluate(self) -> dict[str, float]:
         """Validation metrics now: `val_loss` and whatever `eval_fn` returns. Training randomness is untouched."""
@@ -383,10 +383,10 @@ class Trainer:
         return metrics
 
     def _val_loss(self) -> float:
-        total = torch.zeros(())
+        total = torch.zeros((), device=self.device.device)
         for i in range(self.config.eval_batches):
             local = slice_batch(self.val_batches(i), self.rank, self.world_size, self.config.batch_size)
-            total += check_loss(self.loss_fn(self.model, local)).float()
+            total += check_loss(self.loss_fn(self.model, self.device.batch(local))).float()
         if self.world_size > 1:
             dist.all_reduce(total)
             total /= self.world_size
@@ -451,6 +451,7 @@ class Trainer:
                 "train_seconds": self.train_seconds,
                 "world_size": self.world_size,
                 "bad_steps": self.bad_steps,
+                "grad_scaler": self.precision.state_dict(),
                 "rng": [rng_to_json(s) for s in rng_states],
                 "torch_version": torch.__version__,
             }
@@ -478,6 +479,7 @@ class Trainer:
         self.extra_state.update(checkpoint.extra_state)
         self.extra_state.update(given)  # what was given wins
         self.bad_steps = int(checkpoint.state.get("bad_steps", 0))
+        self.precision.load_state_dict(checkpoint.state.get("grad_scaler"))
 
     def _start_rng(self) -> None:
         """Seed a fresh run; restore the saved generators of a resumed one (reseed ranks that have none). This is
