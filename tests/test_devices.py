@@ -7,7 +7,9 @@ creates without `device=` (`torch.arange(n)`, `torch.zeros(...)`, ...) would lan
 a GPU; under the guard it lands on `meta` and is named. The tests marked `cuda` run only where CUDA is.
 """
 
-from contextlib import contextmanager
+import math
+import warnings
+from contextlib import contextmanager, nullcontext
 
 import pytest
 import torch
@@ -15,11 +17,21 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+import kqv
 from conftest import POSITIONS, VARIANTS, tiny_config
+from kqv.cli.main import main
+from kqv.errors import ConfigError
+from kqv.nn import devices
+from kqv.nn.devices import CPU_KERNELS, TORCH_KERNELS, Accelerator
 from kqv.nn.heads import MaskedLM, SequenceClassifier
 from kqv.nn.models import DecoderLM, Encoder, EncoderDecoder
 from kqv.nn.rnn import RNNConfig, RNNEncoderDecoder
 from kqv.nn.vision import ViT
+from kqv.train.checkpoints import read_checkpoint
+from kqv.train.config import TrainConfig
+from kqv.train.precision import MixedPrecision
+from kqv.train.runs import read_run
+from kqv.train.trainer import Trainer
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -215,3 +227,228 @@ def test_the_heads_and_the_vit_stay_on_the_device():
         classifier(ids, labels, attention_mask=mask).backward()
         vit(images, image_labels).backward()
         vit.cls_attention(images)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The one per-device choice
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(devices, "mps_available", lambda: False)
+
+
+@pytest.fixture
+def one_gpu(monkeypatch):
+    """A machine that says it has one CUDA GPU (nothing runs on it: the choice logic only)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+
+
+def test_auto_is_the_cpu_without_a_gpu_and_cpu_keeps_its_own_kernels(no_gpu):
+    chosen = Accelerator.resolve("auto")
+    assert chosen.device == torch.device("cpu") and chosen.kernels == CPU_KERNELS
+    assert Accelerator.resolve(None) == Accelerator.resolve("cpu") == chosen
+
+
+def test_auto_prefers_cuda_then_mps(monkeypatch, one_gpu):
+    assert Accelerator.resolve("auto").device == torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(devices, "mps_available", lambda: True)
+    assert Accelerator.resolve("auto").device == torch.device("mps")
+
+
+@pytest.mark.parametrize("name", ["cuda", "cuda:0", "cuda:1"])
+def test_an_absent_cuda_device_is_a_clear_error(no_gpu, name):
+    with pytest.raises(ConfigError, match=rf"device '{name}' asked for, but this torch .*available: cpu.*CUDA build"):
+        Accelerator.resolve(name)
+
+
+def test_a_gpu_index_past_the_last_gpu_is_a_clear_error(one_gpu):
+    assert Accelerator.resolve("cuda:0").device == torch.device("cuda:0")
+    with pytest.raises(ConfigError, match=r"device 'cuda:1' asked for, but this machine has 1 CUDA GPU \(available"):
+        Accelerator.resolve("cuda:1")
+
+
+def test_an_absent_mps_device_and_an_unknown_name_are_clear_errors(no_gpu):
+    with pytest.raises(ConfigError, match="device 'mps' .* not available here .*available: cpu"):
+        Accelerator.resolve("mps")
+    for name in ("gpu", "cuda:x", "CPU", 0):
+        with pytest.raises(ConfigError, match="device must be auto, cpu, cuda, cuda:N or mps"):
+            Accelerator.resolve(name)
+    with pytest.raises(ConfigError, match="device must be"):
+        TrainConfig(steps=1, batch_size=1, device="gpu")
+
+
+@pytest.mark.parametrize("bf16, expected", [(True, "bf16"), (False, "fp16")])
+def test_cuda_autocasts_bf16_where_the_gpu_has_it_else_fp16_with_a_gradient_scaler(
+    monkeypatch, one_gpu, bf16, expected
+):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: bf16)
+    gpu = Accelerator.resolve("cuda")
+    assert gpu.kernels == TORCH_KERNELS
+    assert gpu.precision("auto") == expected and gpu.precision("fp32") == "fp32"
+    scaler = gpu.grad_scaler("auto")
+    assert (scaler is not None) == (expected == "fp16")
+    assert gpu.grad_scaler("bf16") is None and gpu.grad_scaler("fp32") is None
+    assert isinstance(gpu.grad_scaler("fp16"), torch.amp.GradScaler)
+    with warnings.catch_warnings():  # torch may warn that it disables a CUDA autocast on a machine without CUDA
+        warnings.simplefilter("ignore")
+        autocast = gpu.autocast("auto")
+    assert (
+        autocast.device == "cuda" and autocast.fast_dtype == {"bf16": torch.bfloat16, "fp16": torch.float16}[expected]
+    )
+    assert isinstance(gpu.autocast("fp32"), nullcontext)
+
+
+def test_apple_silicon_trains_in_fp32_unless_fp16_is_asked_for():
+    mps = Accelerator(torch.device("mps"))
+    assert mps.precision("auto") == "fp32" and mps.precision("fp16") == "fp16" and mps.grad_scaler("auto") is None
+    assert mps.kernels == TORCH_KERNELS
+
+
+def test_the_cpu_keeps_its_precision_and_never_takes_fp16(monkeypatch):
+    cpu = Accelerator.resolve("cpu")
+    for native, expected in ((True, "bf16"), (False, "fp32")):
+        monkeypatch.setattr(devices, "native_bf16", lambda native=native: native)
+        assert cpu.precision("auto") == expected and cpu.grad_scaler("auto") is None
+    with pytest.raises(ConfigError, match="precision 'fp16' is for GPUs"):
+        cpu.precision("fp16")
+
+
+def test_tf32_is_set_on_cuda_only(monkeypatch):
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        Accelerator.resolve("cpu").use_tf32(not before[0])
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
+        for enabled in (True, False):
+            Accelerator(torch.device("cuda")).use_tf32(enabled)
+            assert torch.backends.cuda.matmul.allow_tf32 is enabled and torch.backends.cudnn.allow_tf32 is enabled
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+def test_a_cpu_batch_is_left_untouched_and_other_devices_get_every_tensor():
+    batch = {"ids": torch.ones(2, 3), "rest": (torch.zeros(1), 7)}
+    assert Accelerator.resolve("cpu").batch(batch) is batch
+    moved = Accelerator(torch.device("meta")).batch(batch)
+    assert moved["ids"].device.type == moved["rest"][0].device.type == "meta" and moved["rest"][1] == 7
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Commands, checkpoints and fp16's loss scaler
+
+
+def test_the_commands_refuse_an_absent_device_with_what_to_do(no_gpu, tmp_path, capsys):
+    assert (
+        main(["train", "lm", "--data", str(tmp_path / "none.txt"), "--out", str(tmp_path / "r"), "--device", "cuda"])
+        == 2
+    )
+    error = capsys.readouterr().err
+    assert "device 'cuda' asked for" in error and "--device cpu" in error and "pip install torch" in error
+    assert not (tmp_path / "r").exists()
+    assert main(["similarity", "a", "b", "--device", "cuda:2"]) == 2
+    assert "device 'cuda:2' asked for" in capsys.readouterr().err
+
+
+def tiny_lm_trainer(run_dir, steps=4, times=1.0, **changes):
+    """A tiny LM's Trainer on fixed batches (resuming what is in run_dir); `times` multiplies its loss."""
+    torch.manual_seed(0)
+    model = DecoderLM(tiny_config(vocab_size=16, d_model=16, n_heads=2, n_layers=1, d_ff=32, max_len=8, dropout=0.1))
+
+    def batch(i):
+        ids = torch.randint(0, 16, (2, 9), generator=torch.Generator().manual_seed(i))
+        return ids[:, :-1], ids[:, 1:]
+
+    values = dict(steps=steps, batch_size=2, warmup_steps=1, schedule="constant", log_every=1, checkpoint_every=2)
+    config = TrainConfig(**{**values, "precision": "fp32", **changes})
+    loss_fn = lambda m, b: m(*b) * times  # noqa: E731
+    return Trainer(model, config, run_dir, train_batches=batch, loss_fn=loss_fn, quiet=True, if_exists="resume")
+
+
+def test_an_optimizer_state_written_on_a_gpu_resumes_on_the_cpu(tmp_path, monkeypatch):
+    """optimizer.pt records where its tensors lived; one written on a GPU must load where there is none."""
+    whole = tiny_lm_trainer(tmp_path / "whole")
+    whole.train()
+    with monkeypatch.context() as patch:  # tag every tensor torch.save writes as a CUDA tensor, as on a GPU
+        patch.setattr(torch.serialization, "location_tag", lambda storage: "cuda:0")
+        tiny_lm_trainer(tmp_path / "half", steps=2).train()
+    with pytest.raises(RuntimeError, match="CUDA"):  # what loading it without map_location does here
+        torch.load(tmp_path / "half" / "checkpoint" / "optimizer.pt", weights_only=True)
+    resumed = tiny_lm_trainer(tmp_path / "half", steps=4)
+    assert resumed.step == 2
+    resumed.train()
+    for a, b in zip(whole.model.parameters(), resumed.model.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_a_run_loads_on_the_device_asked_for(tmp_path):
+    from test_cli import TINY
+
+    corpus = tmp_path / "tiny.txt"
+    corpus.write_text("To be, or not to be, that is the question.\n" * 40)
+    (tmp_path / "tiny.toml").write_text(TINY.format(position="rope"))
+    out = tmp_path / "lm"
+    assert (
+        main(
+            [
+                "train",
+                "lm",
+                "--config",
+                str(tmp_path / "tiny.toml"),
+                "--data",
+                str(corpus),
+                "--out",
+                str(out),
+                "--quiet",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
+    run = kqv.load(out, device="cpu")
+    assert {p.device.type for p in run.model.parameters()} == {"cpu"}
+    assert run.generate("To", max_new_tokens=4, temperature=0) == kqv.load(out).generate(
+        "To", max_new_tokens=4, temperature=0
+    )
+    assert read_run(out)["train"]["device"] == "cpu"
+
+
+def test_fp16_overflow_skips_are_the_scalers_not_a_diverging_run_and_resume_exactly(tmp_path, monkeypatch):
+    """A loss scale far too large makes every gradient infinite until the scaler has halved it enough: those
+    skipped updates must not stop the run (max_bad_steps=2), and the scale is saved and restored."""
+    start = 2.0**127  # any gradient above 2 times this overflows fp32, as fp16 overflows on a GPU
+    monkeypatch.setattr(Accelerator, "grad_scaler", lambda self, asked: torch.amp.GradScaler("cpu", init_scale=start))
+    options = dict(times=64.0, max_bad_steps=2, lr=1e-2)
+    initial = [p.detach().clone() for p in tiny_lm_trainer(tmp_path / "fresh", steps=1, **options).model.parameters()]
+    whole = tiny_lm_trainer(tmp_path / "whole", steps=12, **options)
+    whole.train()
+    scale = whole.precision.scaler.get_scale()
+    assert whole.bad_steps == 0 and scale < start / 4  # it skipped and halved, and nothing counted as bad
+    assert not all(torch.equal(a, b) for a, b in zip(initial, whole.model.parameters()))  # then it updated
+    saved = read_checkpoint(tmp_path / "whole").state["grad_scaler"]
+    assert saved["scale"] == scale
+    half = tiny_lm_trainer(tmp_path / "half", steps=4, **options)
+    half.train()
+    resumed = tiny_lm_trainer(tmp_path / "half", steps=12, **options)
+    assert resumed.precision.scaler.get_scale() == half.precision.scaler.get_scale()
+    resumed.train()
+    assert resumed.precision.scaler.get_scale() == scale
+    for a, b in zip(whole.model.parameters(), resumed.model.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_overflow_at_a_scale_of_one_is_counted_by_the_guard():
+    model = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    precision = MixedPrecision(Accelerator.resolve("cpu"), "fp32")
+    for scale, counted in ((2.0**20, False), (1.0, True)):
+        precision.scaler = torch.amp.GradScaler("cpu", init_scale=scale)
+        before = [p.detach().clone() for p in model.parameters()]
+        precision.backward(model(torch.full((1, 2), 3e38)).sum() * 10)  # overflows whatever the scale
+        norm = precision.clip(optimizer, model.parameters(), 1.0)
+        precision.step(optimizer, norm, unscaled=True)
+        assert not math.isfinite(norm) and precision.overflowed is not counted
+        assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # no update either way

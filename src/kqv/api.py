@@ -35,6 +35,7 @@ from .jobs.lm import LMEvaluation, LMRun
 from .jobs.mt import MTEvaluation, MTRun
 from .jobs.pretrained import PretrainedRun, is_hf_directory
 from .jobs.vit import ClsAttention, VitEvaluation, VitRun
+from .nn.devices import Accelerator
 from .train.runs import RunConfig
 
 
@@ -83,6 +84,7 @@ def train(
         config = chosen.read_config(out, overrides)
     else:
         config = chosen.load_config(packaged_config(config or "quick", chosen.name), overrides)
+    Accelerator.resolve(config.train.device)  # a device this machine lacks is refused before anything is written
     return chosen.train(config, out, resume=resume, overwrite=overwrite, quiet=quiet, **job_options)
 
 

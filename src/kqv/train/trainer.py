@@ -60,6 +60,7 @@ from .checkpoints import (
     read_checkpoint,
     rng_from_json,
     rng_state,
+    rng_tensors,
     rng_to_json,
     saved_rng_states,
     seed_everything,
@@ -455,8 +456,7 @@ class Trainer:
                 "rng": [rng_to_json(s) for s in rng_states],
                 "torch_version": torch.__version__,
             }
-            tensors = {f"rank{r}": s["torch"] for r, s in enumerate(rng_states)}
-            write_checkpoint(self.run_dir, self.model, self.optimizer, state, tensors)
+            write_checkpoint(self.run_dir, self.model, self.optimizer, state, rng_tensors(rng_states))
             self._last_saved = self.step
 
     def _resume(self, checkpoint: Checkpoint) -> None:
