@@ -452,3 +452,88 @@ def test_overflow_at_a_scale_of_one_is_counted_by_the_guard():
         precision.step(optimizer, norm, unscaled=True)
         assert not math.isfinite(norm) and precision.overflowed is not counted
         assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # no update either way
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# On a CUDA GPU (skipped without one): `python -m pytest tests/test_devices.py` on a machine that has one
+
+
+@contextmanager
+def exact_fp32():
+    """fp32 products without TF32 (a Trainer turns TF32 on, as train.tf32 says)."""
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+@cuda
+@pytest.mark.parametrize("precision", ["auto", "fp16", "fp32"])
+def test_a_tiny_lm_trains_on_cuda_and_resumes_on_the_cpu(tmp_path, precision):
+    trainer = tiny_lm_trainer(tmp_path, steps=4, device="cuda", precision=precision)
+    assert trainer.device.type == "cuda" and next(trainer.model.parameters()).is_cuda
+    assert (trainer.precision.scaler is not None) == (Accelerator.resolve("cuda").precision(precision) == "fp16")
+    final = trainer.train()
+    assert math.isfinite(final["train_loss"]) and trainer.bad_steps == 0
+    saved = read_checkpoint(tmp_path).state
+    assert (saved["grad_scaler"] is not None) == (trainer.precision.scaler is not None)
+    on_cpu = tiny_lm_trainer(tmp_path, steps=6, device="cpu", precision="fp32")
+    assert on_cpu.step == 4 and next(on_cpu.model.parameters()).device.type == "cpu"
+    assert math.isfinite(on_cpu.train()["train_loss"])
+
+
+@cuda
+def test_fp16_on_cuda_resumes_with_its_loss_scale(tmp_path):
+    tiny_lm_trainer(tmp_path, steps=3, device="cuda", precision="fp16").train()
+    scale = read_checkpoint(tmp_path).state["grad_scaler"]["scale"]
+    resumed = tiny_lm_trainer(tmp_path, steps=5, device="cuda", precision="fp16")
+    assert resumed.precision.scaler.get_scale() == scale
+
+
+@cuda
+@pytest.mark.parametrize("position", POSITIONS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_on_cuda_matches_the_reference_core(position, causal):
+    config = tiny_config(position=position, blockwise="never")
+    model = (DecoderLM if causal else Encoder)(config).eval().cuda()
+    ids, mask = _ids().cuda(), _padding().cuda()
+    reference = (DecoderLM if causal else Encoder)(config).eval().cuda()
+    reference.load_state_dict(model.state_dict())
+    for module in reference.modules():
+        if hasattr(module, "fused"):
+            module.fused = False  # the plain softmax(q k^T / sqrt(d)) v of kqv.nn.cores
+    with torch.no_grad(), exact_fp32():
+        fast, plain = (m(ids) if causal else m(ids, mask) for m in (model, reference))
+    torch.testing.assert_close(fast, plain, atol=1e-5, rtol=1e-4)
+
+
+@cuda
+def test_a_cpu_run_generates_the_same_greedy_tokens_on_cuda(tmp_path):
+    from test_cli import TINY
+
+    corpus = tmp_path / "tiny.txt"
+    corpus.write_text("To be, or not to be, that is the question.\n" * 40)
+    (tmp_path / "tiny.toml").write_text(TINY.format(position="rope"))
+    out = tmp_path / "lm"
+    command = ["train", "lm", "--config", str(tmp_path / "tiny.toml"), "--data", str(corpus), "--out", str(out)]
+    assert main([*command, "--quiet", "--device", "cpu"]) == 0
+    with exact_fp32():
+        on_gpu = kqv.load(out, device="cuda")
+        assert next(on_gpu.model.parameters()).is_cuda
+        greedy = {"max_new_tokens": 12, "temperature": 0}
+        assert on_gpu.generate("To", **greedy) == kqv.load(out, device="cpu").generate("To", **greedy)
+    on_gpu.generate("To", max_new_tokens=8, count=2, seed=1)  # sampling draws from a CUDA generator
+    assert math.isfinite(on_gpu.evaluate().loss) and on_gpu.attention("To be").weights[0].device.type == "cpu"
+
+
+@cuda
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_translation_and_beam_search_run_on_cuda(beam_size):
+    model = EncoderDecoder(tiny_config(position="relative")).eval()
+    src, mask = _ids(2, 9), _padding(2, 9)
+    with torch.no_grad(), exact_fp32():
+        on_cpu = model.generate(src, 6, bos_id=1, eos_id=2, beam_size=beam_size, src_mask=mask)
+        on_gpu = model.cuda().generate(src.cuda(), 6, bos_id=1, eos_id=2, beam_size=beam_size, src_mask=mask.cuda())
+    assert torch.equal(on_gpu.cpu(), on_cpu)
