@@ -26,7 +26,7 @@ from ..train.config import TrainConfig
 from ..train.metrics import METRICS_FILE, read_metrics
 from ..train.nonfinite import TrainingDiverged
 from ..train.trainer import Trainer
-from .base import ExperimentConfig, Progress
+from .base import TRAINING_DEVICE, ExperimentConfig, Progress
 
 VAL_SEED = 1_000_000_007  # validation blocks are drawn from this seed, whatever the training seed
 
@@ -89,6 +89,7 @@ class LMConfig(ExperimentConfig):
         record five times per evaluation, then the arm's `changes`."""
         values = {target: getattr(self, name) for name, target in TRAIN_FIELDS.items()}
         derived = {"checkpoint_every": self.steps, "log_every": max(1, self.eval_every // 5), "seed": seed}
+        derived["device"] = TRAINING_DEVICE.get()
         return TrainConfig(**{**values, **TRAIN_FIXED, **derived, **changes})
 
     def sizes(self) -> str:
@@ -189,6 +190,7 @@ def train_lm(
             trainer.train()
         except TrainingDiverged:
             diverged = True
+        model.cpu()  # trained where TRAINING_DEVICE says, measured on the CPU
         records = read_metrics(f"{run_dir}/{METRICS_FILE}") if trainer.step else []
     curve = lambda key: [(r["step"], r[key]) for r in records if r.get(key) is not None]
     return Trained(model, curve("train_loss"), curve("val_loss"), trainer.train_seconds, diverged)

@@ -288,10 +288,10 @@ class Job:
 
     # -- using a trained run ---------------------------------------------------------------------------------
 
-    def load(self, run_dir: str | Path, device: str = "auto") -> Any:
+    def load(self, run_dir: str | Path, device: str = "cpu") -> Any:
         """A trained run for generation or evaluation (weights from safetensors, no code executed), its model on
         `device` ("auto": a CUDA GPU, then Apple silicon, then the CPU; `kqv.nn.devices.Accelerator.resolve`)
-        whatever device it was trained on."""
+        whatever device it was trained on. The default is the CPU here; `kqv.load` and the commands choose "auto"."""
         run_dir, device = Path(run_dir), Accelerator.resolve(device)
         values = read_run(run_dir, self.name)
         config = self.config_class.from_run(values)

@@ -72,7 +72,7 @@ class SentenceEncoder:
         )  # to the longest text of the batch, not a fixed length
 
     @classmethod
-    def load(cls, directory: str | Path | None = None, device: str = "auto") -> SentenceEncoder:
+    def load(cls, directory: str | Path | None = None, device: str = "cpu") -> SentenceEncoder:
         """The sentence-transformers model in `directory` (default: all-MiniLM-L6-v2 from its PyPI package), run on
         `device` (`kqv.nn.devices.Accelerator.resolve`)."""
         device = Accelerator.resolve(device).device

@@ -44,7 +44,7 @@ class PretrainedRun:
     hf_class: str
 
     @classmethod
-    def load(cls, path: str | Path, device: str = "auto") -> PretrainedRun:
+    def load(cls, path: str | Path, device: str = "cpu") -> PretrainedRun:
         """The Hugging Face directory `path`, converted, its model on `device` (`Accelerator.resolve`)."""
         path, device = Path(path), Accelerator.resolve(device).device
         if not (path / HF_TOKENIZER_FILE).is_file():
