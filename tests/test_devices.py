@@ -21,6 +21,7 @@ import kqv
 from conftest import POSITIONS, VARIANTS, tiny_config
 from kqv.cli.main import main
 from kqv.errors import ConfigError
+from kqv.explore.loading import load_subject
 from kqv.nn import devices
 from kqv.nn.devices import CPU_KERNELS, TORCH_KERNELS, Accelerator
 from kqv.nn.heads import MaskedLM, SequenceClassifier
@@ -414,6 +415,13 @@ def test_a_run_loads_on_the_device_asked_for(tmp_path):
         "To", max_new_tokens=4, temperature=0
     )
     assert read_run(out)["train"]["device"] == "cpu"
+    subject = load_subject(out, device="cpu")
+    with created_on_its_device():  # what the run's operations and the explorer make is made on the model's device
+        run.generate("To", max_new_tokens=4, count=2, top_k=3)
+        run.attention("To be")
+        run.evaluate(max_tokens=40)
+        subject.analyze({"text": "To be"})
+        list(subject.continuation({"text": "To", "max_new_tokens": 3}))
 
 
 def test_fp16_overflow_skips_are_the_scalers_not_a_diverging_run_and_resume_exactly(tmp_path, monkeypatch):

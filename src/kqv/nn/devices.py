@@ -78,6 +78,11 @@ def available_devices() -> list[str]:
     return ["cpu", *gpus, *(["mps"] if mps_available() else [])]
 
 
+def auto_device() -> str:
+    """What "auto" stands for here: a CUDA GPU, then Apple silicon, then the CPU."""
+    return "cuda" if torch.cuda.is_available() else "mps" if mps_available() else "cpu"
+
+
 def check_device_name(name: Any) -> str:
     """`name` if it is a device kqv knows how to ask for (not whether this machine has it); ConfigError if not."""
     if not isinstance(name, str) or not _DEVICE.fullmatch(name):
@@ -102,7 +107,7 @@ class Accelerator:
             name = str(name)
         name = check_device_name("auto" if name is None else name)
         if name == "auto":
-            name = "cuda" if torch.cuda.is_available() else "mps" if mps_available() else "cpu"
+            name = auto_device()
         if name.startswith("cuda"):
             check_cuda(name)
         if name == "mps" and not mps_available():
