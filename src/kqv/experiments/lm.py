@@ -89,7 +89,6 @@ class LMConfig(ExperimentConfig):
         record five times per evaluation, then the arm's `changes`."""
         values = {target: getattr(self, name) for name, target in TRAIN_FIELDS.items()}
         derived = {"checkpoint_every": self.steps, "log_every": max(1, self.eval_every // 5), "seed": seed}
-        derived["device"] = TRAINING_DEVICE.get()
         return TrainConfig(**{**values, **TRAIN_FIXED, **derived, **changes})
 
     def sizes(self) -> str:
@@ -173,7 +172,7 @@ def train_lm(
     corpus = corpus or shakespeare()
     torch.manual_seed(seed)
     model = build(setup.model_config(corpus.vocab_size, **(model_changes or {})))
-    config = setup.train_config(seed, **(train_changes or {}))
+    config = setup.train_config(seed, **{"device": TRAINING_DEVICE.get(), **(train_changes or {})})
     with tempfile.TemporaryDirectory(prefix="kqv-experiment-") as run_dir:
         trainer = Trainer(
             model,
