@@ -26,6 +26,8 @@ Precisions:
                                                        # --output is given)
     python benchmarks/generation_speed.py --run runs/lm  # also: agreement of bf16 and int8 greedy tokens with
                                                          # fp32's on a trained LM (e.g. `kqv train lm --config quick`)
+    python benchmarks/generation_speed.py --device cuda  # on a CUDA GPU (fp32 and bf16; int8 is CPU-only), writes
+                                                         # benchmarks/results/generation_speed_cuda.json
 
 The floor: at batch 1 an exact fp32 decoder must at least read every weight once per token. In the fp32 cases a
 third runner, `floor`, does only that: a sum over each of kqv's linear layers' weights (~56 MB), once per new token,
@@ -57,6 +59,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from kqv.nn.devices import Accelerator, model_device
 from kqv.nn.generation import in_dtype
 
 RESULTS = Path(__file__).resolve().parent / "results" / "generation_speed.json"
@@ -145,6 +148,8 @@ def weight_read_floor(model: nn.Module, new: int):
 def timed(fn) -> tuple[float, Tensor]:
     start = time.perf_counter()
     out = fn()
+    if torch.cuda.is_initialized():  # a GPU runs asynchronously: the time is that of its last kernel
+        torch.cuda.synchronize()
     return time.perf_counter() - start, out
 
 
@@ -282,7 +287,14 @@ def trained_agreement(run_dir: Path, new_tokens: int) -> dict:
 
 
 def measure(
-    models: dict, precisions: list[str], s: Shape, batches: list[int], threads: list[int | None], rounds: int, seed: int
+    models: dict,
+    precisions: list[str],
+    s: Shape,
+    batches: list[int],
+    threads: list[int | None],
+    rounds: int,
+    seed: int,
+    device: torch.device | str = "cpu",
 ) -> list[dict]:
     """Every (threads, batch, precision) case in turn; each row says its thread count."""
     rows = []
@@ -291,6 +303,7 @@ def measure(
             torch.set_num_threads(count)
         for batch in batches:
             ids = torch.randint(1, s.vocab, (batch, s.prompt), generator=torch.Generator().manual_seed(seed + batch))
+            ids = ids.to(device)  # the same prompts on every device
             reference = None
             for precision in precisions:
                 row = {
@@ -313,6 +326,7 @@ def profile_step(kqv: nn.Module, hf: nn.Module, s: Shape, top: int = 8) -> dict[
     from torch.profiler import ProfilerActivity, profile
 
     ids = torch.randint(1, s.vocab, (1, s.prompt), generator=torch.Generator().manual_seed(1))
+    ids = ids.to(model_device(kqv))
     shares = {}
     for name, run in (
         ("kqv", lambda: kqv_generate(kqv, ids, s.new_tokens)),
@@ -358,6 +372,11 @@ def print_table(rows: list[dict]) -> None:
         )
 
 
+def device_name(device: torch.device) -> str:
+    """The accelerator in words: its name for a CUDA GPU."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
+
+
 def versions() -> dict[str, str]:
     from importlib.metadata import version
 
@@ -389,6 +408,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu (default), cuda, cuda:N or mps: where both libraries decode (int8 is CPU-only: skipped elsewhere)",
+    )
+    parser.add_argument(
         "--output", type=Path, default=None, help=f"JSON path (default {RESULTS}; --quick writes nothing unless given)"
     )
     args = parser.parse_args(argv)
@@ -404,21 +428,26 @@ def main(argv: list[str] | None = None) -> int:
 
     hf_logging.set_verbosity_error()
 
-    kqv, hf = build_models(s, args.seed)
+    device = Accelerator.resolve(args.device).device
+    kqv, hf = (model.to(device) for model in build_models(s, args.seed))
     precisions = ["fp32", "bf16", "int8"] if args.precision == "all" else ["fp32"]
+    if device.type != "cpu":
+        precisions = [p for p in precisions if p != "int8"]  # torch's dynamic quantisation runs on the CPU only
     models = {
         "fp32": (kqv, hf),
         "bf16": (in_dtype(kqv, torch.bfloat16), copy.deepcopy(hf).to(torch.bfloat16)),
-        "int8": (in_dtype(kqv, torch.qint8), hf),
+        **({"int8": (in_dtype(kqv, torch.qint8), hf)} if "int8" in precisions else {}),
     }
     load_start = os.getloadavg()
     print(
         f"shape {asdict(s)}; {rounds} interleaved rounds per case; threads "
         f"{args.threads or torch.get_num_threads()}; "
-        f"load average {load_start[0]:.2f}; torch {torch.__version__}",
+        f"load average {load_start[0]:.2f}; torch {torch.__version__}"
+        + (f"; device {device_name(device)}" if device.type != "cpu" else ""),
         flush=True,
     )
-    rows = measure(models, precisions, s, [int(b) for b in args.batches.split(",")], threads, rounds, args.seed)
+    batches = [int(b) for b in args.batches.split(",")]
+    rows = measure(models, precisions, s, batches, threads, rounds, args.seed, device)
     for row in rows:
         del row["outputs"]
     print_table(rows)
@@ -436,7 +465,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
 
-    output = args.output if args.output is not None else (None if args.quick else RESULTS)
+    default = RESULTS if device.type == "cpu" else RESULTS.with_name(f"generation_speed_{device.type}.json")
+    output = args.output if args.output is not None else (None if args.quick else default)
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
         result = {
@@ -455,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
             "rows": rows,
             "trained": trained,
             "profile": profiles,
+            **({"device": device_name(device)} if device.type != "cpu" else {}),
         }
         output.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {output}")

@@ -2,6 +2,7 @@ import pytest
 import torch
 
 import kqv
+from kqv.nn import devices
 
 POSITIONS = ["sinusoidal", "learned", "relative", "rope", "alibi", "none"]
 # Every model variant the property families run over: each position scheme, and each mixture-of-experts
@@ -34,6 +35,14 @@ def tiny_config(**changes) -> kqv.ModelConfig:
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _auto_is_the_cpu(request, monkeypatch):
+    """device "auto" is the CPU in the suite, GPU or not: its tests compare with figures computed on the CPU.
+    tests/test_devices.py chooses its devices itself (its CUDA tests run where CUDA is)."""
+    if request.module.__name__ != "test_devices":
+        monkeypatch.setattr(devices, "auto_device", lambda: "cpu")
 
 
 @pytest.fixture(autouse=True, scope="session")

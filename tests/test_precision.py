@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import kqv
+from kqv.nn import devices
 from kqv.train import precision
 from kqv.train.config import TrainConfig
 from kqv.train.metrics import read_metrics
@@ -27,15 +28,22 @@ def test_auto_is_bf16_exactly_when_the_cpu_has_bf16_instructions(monkeypatch, av
 @pytest.mark.parametrize("name", ["fp32", "bf16"])
 def test_explicit_precisions_are_kept_whatever_the_cpu(monkeypatch, name):
     for native in (False, True):
-        monkeypatch.setattr(precision, "native_bf16", lambda native=native: native)
+        monkeypatch.setattr(devices, "native_bf16", lambda native=native: native)
         assert precision.resolve_precision(name) == name
 
 
 def test_an_unknown_precision_is_a_clear_error():
-    with pytest.raises(ValueError, match="precision must be 'fp32', 'bf16' or 'auto', got 'fp16'"):
-        precision.resolve_precision("fp16")
+    with pytest.raises(ValueError, match="precision must be 'fp32', 'bf16', 'fp16' or 'auto', got 'fp8'"):
+        precision.resolve_precision("fp8")
     with pytest.raises(ValueError, match="precision must be one of"):
-        TrainConfig(steps=1, batch_size=1, precision="fp16")
+        TrainConfig(steps=1, batch_size=1, precision="fp8")
+
+
+def test_fp16_on_the_cpu_is_a_clear_error():
+    with pytest.raises(ValueError, match="precision 'fp16' is for GPUs"):
+        precision.resolve_precision("fp16")
+    with pytest.raises(ValueError, match="precision 'fp16' is for GPUs"):
+        TrainConfig(steps=1, batch_size=1, precision="fp16", device="cpu")
 
 
 def tiny_run(tmp_path, name: str, **options) -> tuple[Trainer, list]:
@@ -59,7 +67,7 @@ def tiny_run(tmp_path, name: str, **options) -> tuple[Trainer, list]:
 
 @pytest.mark.parametrize("native", [False, True])
 def test_the_trainer_autocasts_auto_to_what_the_cpu_supports(tmp_path, monkeypatch, native):
-    monkeypatch.setattr(precision, "native_bf16", lambda: native)
+    monkeypatch.setattr(devices, "native_bf16", lambda: native)
     run, seen = tiny_run(tmp_path, "auto")
     run.train()
     assert seen == [native] * 6

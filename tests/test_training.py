@@ -457,7 +457,7 @@ def test_state_json_keeps_the_config_and_extra_state(tmp_path):
         (dict(lr=-1.0), "lr must be positive"),
         (dict(min_lr_ratio=1.5), "min_lr_ratio"),
         (dict(schedule="linear"), "schedule must be one of"),
-        (dict(precision="fp16"), "precision must be one of"),
+        (dict(precision="fp8"), "precision must be one of"),
         (dict(betas=(0.9, 1.0)), "betas"),
         (dict(grad_accum=0), "grad_accum must be at least 1"),
         (dict(max_minutes=-1.0), "max_minutes must be >= 0"),

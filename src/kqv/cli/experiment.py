@@ -1,7 +1,7 @@
 """`kqv experiment`: list the lecture's claims, and test them.
 
 kqv experiment list
-kqv experiment run NAME [--quick] [--seeds N] [--out DIR] [--set FIELD=VALUE] [--threads T]
+kqv experiment run NAME [--quick] [--seeds N] [--out DIR] [--set FIELD=VALUE] [--threads T] [--device D]
 kqv experiment run all [--quick] ...
 kqv experiment gallery [--dir docs/experiments] [--out docs/experiments.md]
 """
@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from .commands import Command
+from .flags import DEVICE_HELP
 
 
 def cmd_list(args: argparse.Namespace) -> None:
@@ -46,6 +47,7 @@ def cmd_run(args: argparse.Namespace) -> None:
             overrides=overrides[name],
             threads=args.threads,
             progress=not args.quiet,
+            device=args.device,
         )
         print(f"{name}: {record['verdict']} ({record['seconds'] / 60:.1f} min) -> {args.out}/{name}/report.md")
         for check in record["checks"]:
@@ -90,6 +92,12 @@ class Experiment(Command):
             help="change a size of the experiment's config, e.g. --set steps=500 (repeatable)",
         )
         run.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+        run.add_argument(
+            "--device",
+            default="cpu",
+            help=f"where the models train: {DEVICE_HELP.partition(': ')[2]} (default cpu, where every figure in "
+            "docs/experiments was measured); what is measured after training runs on the CPU",
+        )
         run.add_argument("--quiet", action="store_true", help="no progress output")
         run.set_defaults(action_func=cmd_run)
         page = actions.add_parser("gallery", help="one Markdown page of every experiment's results in a directory")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, MissingResourceError
 from .commands import Command
+from .flags import DEVICE_FLAG
 
 
 def cmd_explore(args: argparse.Namespace) -> None:
@@ -23,13 +24,15 @@ def cmd_explore(args: argparse.Namespace) -> None:
     if args.html is None:
         if args.text is not None:
             raise ConfigError("--text goes with --html (the page itself has a text box)")
-        return serve(args.run, host=args.host, port=args.port, open_browser=args.open, max_tokens=args.max_tokens)
+        options = {"open_browser": args.open, "max_tokens": args.max_tokens, "device": args.device}
+        return serve(args.run, host=args.host, port=args.port, **options)
     if args.text is None:
         raise ConfigError("--html writes the views of one input: give it with --text")
     if Path(args.html).is_dir():
         raise ConfigError(f"--html {args.html} is a directory; give the path of the HTML file to write")
     options = {"beam": args.beam} if args.beam is not None else {}
-    path = write_standalone(load_subject(args.run, args.max_tokens), args.text, args.html, **options)
+    subject = load_subject(args.run, args.max_tokens, args.device)
+    path = write_standalone(subject, args.text, args.html, **options)
     print(f"wrote {path}: open it in a browser (it needs no server)")
 
 
@@ -74,6 +77,7 @@ class Explore(Command):
         explore.add_argument("--html", help="write the views of --text to this self-contained HTML file and exit")
         explore.add_argument("--text", help="with --html: the input (MT: the source sentence)")
         explore.add_argument("--beam", type=int, help="with --html on an MT run: the beam size of the translation")
+        DEVICE_FLAG.add_to(explore)
 
     def run(self, args: argparse.Namespace) -> None:
         cmd_explore(args)

@@ -31,9 +31,14 @@ class Flag:
         parser.add_argument(self.name, help=help or self.help, **self.options)
 
 
+DEVICE_HELP = "where the model runs: auto (a CUDA GPU, then Apple silicon, then the CPU), cpu, cuda, cuda:N or mps"
+# --device on every command that runs a model but `kqv train` (whose --device sets train.device)
+DEVICE_FLAG = Flag("--device", f"{DEVICE_HELP} (default auto)", options={"default": "auto"})
+
 # The flags of `kqv train NAME` that every job has, and each job's own.
 SHARED_TRAIN_FLAGS = (
     Flag("--steps", "number of optimizer updates", "train.steps", {"type": int}),
+    Flag("--device", f"{DEVICE_HELP} (default: the config's train.device, auto)", "train.device"),
     Flag(
         "--set",
         "override a config value, e.g. --set model.d_model=128 (repeatable)",

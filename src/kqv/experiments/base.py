@@ -22,6 +22,7 @@ numbers, so the test suite can recompute it from results.json alone.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import statistics
 import sys
@@ -38,6 +39,11 @@ from tqdm import tqdm
 from ..errors import ConfigError
 from ..train.runs import override_value
 from ..validation import Config, field_types
+
+# Where the experiments' models train (`kqv experiment run --device`, `run_experiment(device=...)`): the CPU unless
+# asked, which every figure in docs/experiments was measured on. Whatever the device, a trained model comes back to
+# the CPU (`kqv.experiments.lm.train_lm`), so what the experiments measure after training runs there.
+TRAINING_DEVICE: contextvars.ContextVar[str] = contextvars.ContextVar("TRAINING_DEVICE", default="cpu")
 
 
 class ExperimentError(ConfigError):

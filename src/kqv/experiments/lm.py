@@ -26,7 +26,7 @@ from ..train.config import TrainConfig
 from ..train.metrics import METRICS_FILE, read_metrics
 from ..train.nonfinite import TrainingDiverged
 from ..train.trainer import Trainer
-from .base import ExperimentConfig, Progress
+from .base import TRAINING_DEVICE, ExperimentConfig, Progress
 
 VAL_SEED = 1_000_000_007  # validation blocks are drawn from this seed, whatever the training seed
 
@@ -172,7 +172,7 @@ def train_lm(
     corpus = corpus or shakespeare()
     torch.manual_seed(seed)
     model = build(setup.model_config(corpus.vocab_size, **(model_changes or {})))
-    config = setup.train_config(seed, **(train_changes or {}))
+    config = setup.train_config(seed, **{"device": TRAINING_DEVICE.get(), **(train_changes or {})})
     with tempfile.TemporaryDirectory(prefix="kqv-experiment-") as run_dir:
         trainer = Trainer(
             model,
@@ -189,6 +189,7 @@ def train_lm(
             trainer.train()
         except TrainingDiverged:
             diverged = True
+        model.cpu()  # trained where TRAINING_DEVICE says, measured on the CPU
         records = read_metrics(f"{run_dir}/{METRICS_FILE}") if trainer.step else []
     curve = lambda key: [(r["step"], r[key]) for r in records if r.get(key) is not None]
     return Trained(model, curve("train_loss"), curve("val_loss"), trainer.train_seconds, diverged)

@@ -34,7 +34,7 @@ from ..nn.config import ModelConfig
 from ..nn.models import DecoderLM, count_parameters
 from ..train.config import TrainConfig
 from ..train.trainer import Trainer
-from .base import Check, ExperimentConfig, ExperimentError, Progress
+from .base import TRAINING_DEVICE, Check, ExperimentConfig, ExperimentError, Progress
 from .plotting import figure, save
 
 NAME = "long-attention"
@@ -151,12 +151,14 @@ def train_curriculum(config: Config, kind: str, seed: int, progress: Progress) -
             checkpoint_every=steps,
             log_every=steps,
             seed=seed,
+            device=TRAINING_DEVICE.get(),
         )
         batches = lambda i, n=length, s=stage: needle_batch(
             config.batch_size, n, torch.Generator().manual_seed(seed * 1_000_003 + s * 100_003 + i)
         )
         with tempfile.TemporaryDirectory(prefix="kqv-long-attention-") as run_dir:
             Trainer(model, train, run_dir, train_batches=batches, loss_fn=needle_loss, quiet=True).train()
+        model.cpu()  # trained where TRAINING_DEVICE says, measured on the CPU
         found.append(accuracy(model, length, config.eval_sequences, seed))
         progress.step(f"{kind} n={length}: accuracy {found[-1]:.1%}")
     return found, count_parameters(model)

@@ -11,8 +11,9 @@ How it is tested: the wall time of one forward and backward pass of an LSTM laye
 (kqv's `MultiHeadAttention`), at sequence lengths from 64 to 4,096 with a fixed number of tokens per batch
 (batch = tokens / length). The LSTM's work is the same at every length; only how much of it is sequential
 changes. Attention's work grows with the length (n^2 d), so at long lengths it can lose on a CPU: the experiment
-shows where. With two threads it also shows which layer a second core helps. Timings depend on the machine's
-load: results.json records the load average, and figures taken on a loaded machine are upper bounds.
+shows where (`--device cuda` times both layers on a GPU, the parallel hardware the claim is about). With two
+threads it also shows which layer a second core helps. Timings depend on the machine's load: results.json
+records the load average, and figures taken on a loaded machine are upper bounds.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from torch import Tensor, nn
 
 from ..nn.attention import MultiHeadAttention
 from ..nn.config import ModelConfig
-from .base import Check, ExperimentConfig, ExperimentError, Progress, pm
+from .base import TRAINING_DEVICE, Check, ExperimentConfig, ExperimentError, Progress, pm
 from .plotting import figure, save
 
 NAME = "parallelism"
@@ -95,6 +96,8 @@ def time_pass(forward: Callable[[Tensor], Tensor], x: Tensor, repeats: int) -> f
         x.grad = None
         started = time.perf_counter()
         forward(x).square().mean().backward()
+        if x.is_cuda:  # a GPU runs asynchronously: wait for the pass's last kernel
+            torch.cuda.synchronize(x.device)
         if i:
             times.append((time.perf_counter() - started) * 1000)
     return statistics.median(times)
@@ -103,6 +106,7 @@ def time_pass(forward: Callable[[Tensor], Tensor], x: Tensor, repeats: int) -> f
 def run(config: Config, seeds: list[int], progress: Progress) -> dict:
     progress.plan(len(config.threads) * len(config.lengths) * 2 * len(seeds))
     timings = {"lstm": {}, "attention": {}}
+    device = torch.device(TRAINING_DEVICE.get())  # `kqv experiment run parallelism --device cuda`: on a GPU
     previous = torch.get_num_threads()
     try:
         for threads in config.threads:
@@ -111,9 +115,9 @@ def run(config: Config, seeds: list[int], progress: Progress) -> dict:
                 timings[name][str(threads)] = [[] for _ in config.lengths]
             for seed in seeds:
                 torch.manual_seed(seed)
-                built = layers(config)
+                built = {name: layer.to(device) for name, layer in layers(config).items()}
                 for j, length in enumerate(config.lengths):
-                    x = torch.randn(config.tokens // length, length, config.d_model, requires_grad=True)
+                    x = torch.randn(config.tokens // length, length, config.d_model, requires_grad=True, device=device)
                     for name, layer in built.items():
                         ms = time_pass(passes(name, layer), x, config.repeats)
                         timings[name][str(threads)][j].append(ms)

@@ -31,7 +31,7 @@ from typing import Literal
 from ..data.bible import load_pairs
 from ..jobs.mt import load_run_config, prepare_data, spread
 from ..train.metrics import read_metrics
-from .base import Check, ExperimentConfig, ExperimentError, Progress, mean_std, pm
+from .base import TRAINING_DEVICE, Check, ExperimentConfig, ExperimentError, Progress, mean_std, pm
 from .plotting import figure, save
 
 NAME = "rnn-vs-transformer"
@@ -162,6 +162,8 @@ def side_by_side(
             "--overwrite",
             "--threads",
             str(threads),
+            "--device",
+            TRAINING_DEVICE.get(),
             *(["--quiet"] if quiet else []),
         ]
         command += [a for o in common + per_model.get(kind, []) for a in ("--set", o)]

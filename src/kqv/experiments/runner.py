@@ -21,8 +21,9 @@ from typing import Any
 
 import torch
 
+from ..nn.devices import Accelerator
 from . import get
-from .base import Check, Experiment, ExperimentError, Progress, verdict
+from .base import TRAINING_DEVICE, Check, Experiment, ExperimentError, Progress, verdict
 from .report import write_report
 
 RESULTS_FILE, REPORT_FILE = "results.json", "report.md"
@@ -38,22 +39,25 @@ def run_experiment(
     overrides: Sequence[str] = (),
     threads: int = 1,
     progress: bool = True,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     """Run experiment `name` and write its results; returns the results.json record.
 
     `seeds` overrides the config's number of seeds (seeds are 0 .. seeds - 1); `overrides` are `field=value`
     changes to the config; `threads` is torch's thread count during the run (1 keeps runs comparable on a
-    shared machine)."""
+    shared machine); `device` is where its models train (`TRAINING_DEVICE`; the CPU by default)."""
     experiment = get(name)
     if seeds is not None:
         overrides = [*overrides, f"seeds={seeds}"]
     config = experiment.config(quick, overrides)
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ExperimentError(f"threads must be a positive integer, got {threads!r}")
+    Accelerator.resolve(device)  # a device this machine lacks is refused before anything runs
     directory = Path(out) / name
     directory.mkdir(parents=True, exist_ok=True)
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
+    training_device = TRAINING_DEVICE.set(device)
     load_before, started = _load_average(), time.perf_counter()
     bar = Progress(name, enabled=progress)
     try:
@@ -61,6 +65,7 @@ def run_experiment(
     finally:
         bar.close()
         torch.set_num_threads(previous_threads)
+        TRAINING_DEVICE.reset(training_device)
     seconds = time.perf_counter() - started
     return write_results(
         experiment,
@@ -71,7 +76,7 @@ def run_experiment(
         seconds=seconds,
         threads=threads,
         load=(load_before, _load_average()),
-        command=command_line(name, quick, overrides, out, threads),
+        command=command_line(name, quick, overrides, out, threads, device),
     )
 
 
@@ -122,11 +127,14 @@ def checks_from_record(record: dict[str, Any]) -> list[Check]:
     return get(record["experiment"]).checks(record["results"])
 
 
-def command_line(name: str, quick: bool, overrides: Sequence[str], out: str | Path, threads: int) -> str:
+def command_line(
+    name: str, quick: bool, overrides: Sequence[str], out: str | Path, threads: int, device: str = "cpu"
+) -> str:
     words = ["kqv", "experiment", "run", name] + (["--quick"] if quick else [])
     for override in overrides:
         words += ["--seeds", override.partition("=")[2]] if override.startswith("seeds=") else ["--set", override]
     words += ["--out", str(out)] + (["--threads", str(threads)] if threads != 1 else [])
+    words += ["--device", device] if device != "cpu" else []
     return shlex.join(words)
 
 

@@ -87,7 +87,7 @@ def head_statistics(weights: Tensor, self_attention: bool = True) -> list[dict[s
     several = (visible > 1).float()  # rows where spreading is possible at all
     uniform = (spread * several).sum(-1) / several.sum(-1) if bool(several.any()) else None
     if self_attention:
-        positions = torch.arange(q_time, dtype=torch.float32)
+        positions = torch.arange(q_time, dtype=torch.float32, device=weights.device)
         distance = (positions[:, None] - positions[None, :]).abs()  # (q_time, k_time)
         rows["distance"] = (weights * distance).sum(-1).mean(-1)
         diagonal = weights.diagonal(dim1=-2, dim2=-1)  # (layers, heads, time)

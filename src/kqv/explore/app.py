@@ -283,13 +283,14 @@ def serve(
     port: int = 8765,
     open_browser: bool = False,
     max_tokens: int | None = DEFAULT_MAX_TOKENS,
+    device: str = "cpu",
 ) -> None:
-    """Load the run (errors before anything listens), then serve the explorer until Ctrl-C."""
+    """Load the run, its model on `device` (errors before anything listens), then serve the explorer until Ctrl-C."""
     import uvicorn
 
     if not 0 < port < 65536:
         raise ConfigError(f"--port must be from 1 to 65535, got {port}")
-    subject = load_subject(run, max_tokens)
+    subject = load_subject(run, max_tokens, device)
     check_port_free(host, port)
     url = f"http://{'localhost' if host in LOOPBACK else host}:{port}/"
     if host not in LOOPBACK:

@@ -37,14 +37,14 @@ NOT_JOBS = (MINILM, HF)
 NOT_EXPLORABLE: dict[str, str] = {}  # job name -> why the explorer does not show its runs
 
 
-def load_subject(run: str | Path, max_tokens: int | None = DEFAULT_MAX_TOKENS) -> Subject:
-    """The model of `run` ready to explore; inputs longer than `max_tokens` tokens (None: the model's context,
-    at most 1,024) are refused with a message."""
+def load_subject(run: str | Path, max_tokens: int | None = DEFAULT_MAX_TOKENS, device: str = "cpu") -> Subject:
+    """The model of `run` ready to explore, on `device`; inputs longer than `max_tokens` tokens (None: the model's
+    context, at most 1,024) are refused with a message."""
     if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
         raise ConfigError(f"max_tokens must be a positive integer, got {max_tokens!r}")
     path = Path(run)
     if str(run) == MINILM and not path.exists():
-        return SUBJECTS[MINILM].load(None, max_tokens)
+        return SUBJECTS[MINILM].load(None, max_tokens, device)
     if not path.is_dir():
         raise FileNotFoundError(
             f"no run directory at {run}; train one (e.g. `kqv train lm --out {run}`), or give "
@@ -52,8 +52,8 @@ def load_subject(run: str | Path, max_tokens: int | None = DEFAULT_MAX_TOKENS) -
         )
     if is_hf_directory(path):
         if is_sentence_transformers(path):
-            return SUBJECTS[MINILM].load(path, max_tokens)
-        return SUBJECTS[HF].load(path, max_tokens)
+            return SUBJECTS[MINILM].load(path, max_tokens, device)
+        return SUBJECTS[HF].load(path, max_tokens, device)
     if not (path / "run.toml").is_file():
         raise FileNotFoundError(
             f"{run} is not a kqv run (run.toml is missing) nor a Hugging Face model directory (config.json, "
@@ -64,4 +64,4 @@ def load_subject(run: str | Path, max_tokens: int | None = DEFAULT_MAX_TOKENS) -
         why = f" ({NOT_EXPLORABLE[task]})" if task in NOT_EXPLORABLE else ""
         runs = sorted(name for name in SUBJECTS if name not in NOT_JOBS)
         raise RunError(f"{run} is a run of task {task!r}, which the explorer does not show{why}; it reads {runs} runs")
-    return SUBJECTS[task].load(path, max_tokens)
+    return SUBJECTS[task].load(path, max_tokens, device)

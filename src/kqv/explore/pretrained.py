@@ -40,10 +40,10 @@ class PretrainedSubject(Subject):
     task = "hf"
 
     @classmethod
-    def load(cls, path: Path, limit: int | None) -> Subject:
+    def load(cls, path: Path, limit: int | None, device: str = "cpu") -> Subject:
         from ..jobs.pretrained import PretrainedRun
 
-        return cls.from_run(PretrainedRun.load(path), limit)
+        return cls.from_run(PretrainedRun.load(path, device), limit)
 
     @classmethod
     def from_run(cls, run: Any, limit: int | None) -> Subject:

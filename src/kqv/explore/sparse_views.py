@@ -46,7 +46,7 @@ def self_attention_weights(model: nn.Module, full: Callable[[], list[Tensor]], r
     weights rebuilt from what each core received while `run()` ran the model on the same input."""
     kind = getattr(model.config, "attention", "full")
     if kind == "full":
-        return Weights(full())
+        return Weights([w.cpu() for w in full()])  # the views read them on the CPU, wherever the model runs
     cores = [m for m in model.modules() if isinstance(m, (BigBirdAttention, LinformerAttention))]
     calls: list[tuple[nn.Module, tuple, dict]] = []
     hooks = [
@@ -66,14 +66,14 @@ def self_attention_weights(model: nn.Module, full: Callable[[], list[Tensor]], r
             f"{bigbird.window} block(s) each side, {bigbird.global_blocks} global and "
             f"{bigbird.random_blocks} random block(s)); the zeros are the pairs it never scores"
         )
-        return Weights([bigbird_weights(core, *args, **kwargs) for core, args, kwargs in calls], note)
+        return Weights([bigbird_weights(core, *args, **kwargs).cpu() for core, args, kwargs in calls], note)
     note = (
         f"Linformer attends to {model.config.linformer.k} learned mixtures of the tokens (E^T K), not to the "
         f"tokens themselves: each "
         f"column is one mixture (slot), so the views show queries x slots; distances and previous-token "
         f"weights do not apply"
     )
-    layers = [linformer_weights(core, *args, **kwargs) for core, args, kwargs in calls]
+    layers = [linformer_weights(core, *args, **kwargs).cpu() for core, args, kwargs in calls]
     return Weights(layers, note, [f"slot {j + 1}" for j in range(layers[0].shape[-1])])
 
 
@@ -89,7 +89,7 @@ def bigbird_weights(
     """(batch, heads, time, time): softmax over the pairs BigBird scores, 0 for the others."""
     time = keys.shape[2]
     allowed = bigbird_mask(time, core.block, core.window, core.global_blocks, core.random_blocks, causal, core.seed)
-    allowed = allowed[-queries.shape[2] :]  # with a cache, the queries are the last positions
+    allowed = allowed[-queries.shape[2] :].to(queries.device)  # with a cache, the queries are the last positions
     if key_padding is not None:
         allowed = allowed & key_padding.bool()[:, None, None, :]
     scores = queries.float() @ keys.float().transpose(-2, -1) / math.sqrt(queries.shape[-1])  # (batch, heads, q, k)

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import DataError
+from ..nn.devices import model_device
 from ..nn.generation import check_generation_options, sample_next
 from .analysis import (
     attention_view,
@@ -56,11 +57,15 @@ class Subject:
         self.lock = threading.Lock()  # one model call at a time: the server may answer requests from several threads
 
     @classmethod
-    def load(cls, path: Path, limit: int) -> Subject:
-        """The subject of the run directory `path`, loaded by the job that wrote it (weights from safetensors)."""
+    def load(cls, path: Path, limit: int, device: str = "cpu") -> Subject:
+        """The subject of the run directory `path`, loaded by its job (weights from safetensors) onto `device`."""
         from ..jobs import load_run
 
-        return cls.from_run(load_run(path), limit)
+        return cls.from_run(load_run(path, device), limit)
+
+    def ids(self, *rows: list[int]) -> Tensor:
+        """Token ids (len(rows), time) where the model is (what the views read comes back to the CPU)."""
+        return torch.tensor(rows, device=model_device(self.model))
 
     @classmethod
     def from_run(cls, run: Any, limit: int) -> Subject:
@@ -145,7 +150,7 @@ class LMSubject(Subject):
         ids = self.encode(request.get("text"))
         k = check_int(request.get("top_k", 5), "top_k", 1, 50)
         tokens = [self.label(i) for i in ids]
-        batch = torch.tensor([ids])
+        batch = self.ids(ids)
         with self.lock:
             logits = self.model(batch)[0]  # (time, vocab)
             weights = self_attention_weights(
@@ -193,7 +198,7 @@ class LMSubject(Subject):
         ids = self.encode(request.get("text"))
         options = self.sampling_options(request, len(ids))
         seed = check_int(request.get("seed", 0), "seed", 0, 2**31 - 1)
-        return self._stream(ids, options, torch.Generator().manual_seed(seed))
+        return self._stream(ids, options, torch.Generator(model_device(self.model)).manual_seed(seed))
 
     def _stream(self, ids: list[int], options: dict[str, Any], generator: torch.Generator) -> Iterator[dict]:
         sample = {k: options[k] for k in ("temperature", "top_k", "top_p")}
@@ -201,7 +206,7 @@ class LMSubject(Subject):
         with torch.no_grad():
             with self.lock:
                 cache = self.model.new_cache()
-                logits = self.model(torch.tensor([ids]), cache=cache)[:, -1]  # (1, vocab)
+                logits = self.model(self.ids(ids), cache=cache)[:, -1]  # (1, vocab)
             for step in range(options["max_new_tokens"]):
                 next_id = sample_next(logits, generator=generator, **sample)  # (1,)
                 new_ids.append(int(next_id))
@@ -257,7 +262,8 @@ class MTSubject(Subject):
                 raise DataError(f"target must be a string (a translation to align), got {type(target).__name__}")
             tgt_ids = [self.bos_id] + (self.encode(target, "target") if target.strip() else [])
             sparse = getattr(self.model.config, "attention", "full") != "full"
-            weights = {} if sparse else self.model.attention_weights(torch.tensor([src_ids]), torch.tensor([tgt_ids]))
+            weights = {} if sparse else self.model.attention_weights(self.ids(src_ids), self.ids(tgt_ids))
+            weights = {part: [w.cpu() for w in layers] for part, layers in weights.items()}
         labels = lambda ids: token_labels(self.tokenizer.decode, ids, self.specials)
         source, decoder_in = labels(src_ids), labels(tgt_ids)
         return {
@@ -324,7 +330,7 @@ class EncoderSubject(Subject):
     def analyze(self, request: dict[str, Any]) -> dict[str, Any]:
         ids, tokens = self.tokenize(check_text(request.get("text")))
         self.check_length(len(ids))
-        batch = torch.tensor([ids])
+        batch = self.ids(ids)
         with self.lock:
             weights = self_attention_weights(
                 self.encoder, lambda: self.encoder.attention_weights(batch), lambda: self.encoder(batch)
@@ -412,11 +418,11 @@ class EmbeddingSubject(EncoderSubject):
         self.sentence_encoder = sentence_encoder
 
     @classmethod
-    def load(cls, path: Path | None, limit: int) -> EmbeddingSubject:
+    def load(cls, path: Path | None, limit: int, device: str = "cpu") -> EmbeddingSubject:
         """all-MiniLM-L6-v2 as installed (path None), or the sentence-transformers directory `path`."""
         from ..jobs.embeddings import SentenceEncoder
 
-        return cls(str(path) if path else "minilm", SentenceEncoder.load(path), limit)
+        return cls(str(path) if path else "minilm", SentenceEncoder.load(path).to(device), limit)
 
     def tokenize(self, text: str) -> tuple[list[int], list[str]]:
         tokenizer = self.sentence_encoder.tokenizer
@@ -476,7 +482,7 @@ class VitSubject(Subject):
     @torch.no_grad()
     def analyze(self, request: dict[str, Any]) -> dict[str, Any]:
         number = self.image_number(request)
-        image = self.images[number : number + 1]  # (1, channels, height, width)
+        image = self.images[number : number + 1].to(model_device(self.model))  # (1, channels, height, width)
         self.check_length(len(self.tokens), "the image's [CLS] and patches")
         with self.lock:
             weights = self_attention_weights(

@@ -32,9 +32,10 @@ def get_job(name: str) -> Job:
     return JOBS[name]
 
 
-def load_run(run_dir: str | Path) -> TrainedRun:
-    """Any run directory, loaded by the job that wrote it (the `task` of its run.toml) as that job's run class."""
-    return get_job(run_task(read_run(run_dir))).load(run_dir)
+def load_run(run_dir: str | Path, device: str = "cpu") -> TrainedRun:
+    """Any run directory, loaded by the job that wrote it (the `task` of its run.toml) as that job's run class, its
+    model on `device`."""
+    return get_job(run_task(read_run(run_dir))).load(run_dir, device)
 
 
 __all__ = ["JOBS", "Job", "TrainedRun", "all_jobs", "get_job", "load_run"]

@@ -23,6 +23,7 @@ from torch import nn
 from ..data.tokenizers import load_tokenizer
 from ..errors import ConfigError, DataError, DataTypeError, RunError, spoken
 from ..nn.config import ModelConfig
+from ..nn.devices import Accelerator
 from ..nn.models import count_parameters
 from ..train.checkpoints import load_weights
 from ..train.manifest import record, verify
@@ -287,15 +288,18 @@ class Job:
 
     # -- using a trained run ---------------------------------------------------------------------------------
 
-    def load(self, run_dir: str | Path) -> Any:
-        """A trained run for generation or evaluation (weights from safetensors, no code executed)."""
-        run_dir = Path(run_dir)
+    def load(self, run_dir: str | Path, device: str = "cpu") -> Any:
+        """A trained run for generation or evaluation (weights from safetensors, no code executed), its model on
+        `device` ("auto": a CUDA GPU, then Apple silicon, then the CPU; `kqv.nn.devices.Accelerator.resolve`)
+        whatever device it was trained on. The default is the CPU here; `kqv.load` and the commands choose "auto"."""
+        run_dir, device = Path(run_dir), Accelerator.resolve(device)
         values = read_run(run_dir, self.name)
         config = self.config_class.from_run(values)
         model = self.build_model(self.model_config_of_run(values), config, values)
-        load_weights(model, run_dir)
+        load_weights(model, run_dir)  # safetensors hold no device: CPU tensors, then moved
         verify(run_dir, TOKENIZER_DIR)  # against the run's SHA256SUMS
-        return self.run_class(self, config, model.eval(), self.load_tokenizer(run_dir), run_dir, values)
+        model = model.eval().to(device.device)
+        return self.run_class(self, config, model, self.load_tokenizer(run_dir), run_dir, values)
 
     def model_config_of_run(self, values: dict[str, Any]) -> Any:
         """The exact model config a run trained, from its run.toml."""

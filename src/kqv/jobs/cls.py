@@ -22,6 +22,7 @@ from ..data.tsv import read_tsv, split_examples
 from ..data.vocabulary import Vocabulary
 from ..errors import ConfigError, DataError
 from ..nn.config import ModelConfig
+from ..nn.devices import on_device_of
 from ..nn.heads import SequenceClassifier
 from ..nn.models import count_parameters
 from ..train.runs import TOKENIZER_DIR, RunConfig, read_run
@@ -108,7 +109,8 @@ class LabelledBatches:
     def accuracy(self, model: torch.nn.Module, majority: int) -> dict[str, float]:
         correct = 0
         for start in range(0, len(self.ids), self.batch_size):
-            ids, attention_mask, targets = self.take(list(range(start, min(start + self.batch_size, len(self.ids)))))
+            rows = list(range(start, min(start + self.batch_size, len(self.ids))))
+            ids, attention_mask, targets = on_device_of(model, self.take(rows))
             correct += int((model(ids, attention_mask=attention_mask).argmax(dim=-1) == targets).sum())
         return {
             "dev_accuracy": correct / len(self.ids),

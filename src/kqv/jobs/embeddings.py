@@ -25,6 +25,7 @@ from tokenizers import Tokenizer
 from torch import Tensor
 
 from ..errors import ConfigTypeError, DataError, MissingResourceError
+from ..nn.devices import Accelerator, on_device_of
 from ..nn.heads import mean_pool
 from ..nn.models import Encoder
 
@@ -91,6 +92,11 @@ class SentenceEncoder:
         tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
         return cls(encoder, tokenizer, settings.get("max_seq_length", encoder.config.max_len), normalize)
 
+    def to(self, device: str | Accelerator) -> SentenceEncoder:
+        """This encoder, run on `device` from now on ("auto", "cpu", "cuda", ...: `kqv.nn.devices.Accelerator`)."""
+        self.encoder.to(Accelerator.resolve(device).device)
+        return self
+
     def tokenize(self, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
         """(ids, attention_mask), each (batch, longest), for texts stripped of surrounding whitespace."""
         encodings = self.tokenizer.encode_batch([str(text).strip() for text in texts])
@@ -106,9 +112,9 @@ class SentenceEncoder:
             raise DataError("give at least one text to embed")
         rows = []
         for start in range(0, len(texts), batch_size):
-            ids, attention_mask = self.tokenize(texts[start : start + batch_size])
+            ids, attention_mask = on_device_of(self.encoder, self.tokenize(texts[start : start + batch_size]))
             pooled = mean_pool(self.encoder(ids, attention_mask), attention_mask)  # (batch, d_model)
-            rows.append(torch.nn.functional.normalize(pooled, dim=-1) if self.normalize else pooled)
+            rows.append((torch.nn.functional.normalize(pooled, dim=-1) if self.normalize else pooled).cpu())
         return torch.cat(rows)
 
     def similarity(self, texts: Sequence[str]) -> Tensor:

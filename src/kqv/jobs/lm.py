@@ -24,6 +24,7 @@ from ..data.shakespeare import load_text, split_text
 from ..data.tokenizers import Tokenizer, encode_text, make_tokenizer
 from ..errors import ConfigError, DataError, RunError, spoken
 from ..nn.config import ModelConfig
+from ..nn.devices import model_device
 from ..nn.models import DecoderLM, check_ids, count_parameters
 from ..train.checkpoints import write_atomically
 from ..train.evaluation import perplexity
@@ -135,7 +136,7 @@ def check_lm_run(config: LMRunConfig) -> Callable[[Tokenizer, dict[str, torch.Te
 
     def check(tokenizer: Tokenizer, tokens: dict[str, torch.Tensor]) -> None:
         context = config.data.context
-        check_memory(config.model, config.train.batch_size, context, tokenizer.vocab_size)
+        check_memory(config.model, config.train.batch_size, context, tokenizer.vocab_size, config.train.device)
         check_splits({"train": tokens["train"], "val": tokens["val"]}, context)
         check_prompt(tokenizer.encode, config.sample.prompt)
 
@@ -160,7 +161,7 @@ def load_tokens(run_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def write_samples(model: DecoderLM, tokenizer: Tokenizer, sample: SampleConfig, path: Path) -> list[str]:
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator(model_device(model)).manual_seed(0)
     texts = [
         generate_text(
             model,
@@ -182,7 +183,7 @@ def generate_text(model: DecoderLM, tokenizer: Tokenizer, prompt: str, max_new_t
     if not prompt:
         example = spoken("--prompt 'ROMEO:'", "prompt='ROMEO:'")
         raise DataError(f"the prompt is empty; give at least one character (e.g. {example})")
-    ids = torch.tensor([tokenizer.encode(prompt)])
+    ids = torch.tensor([tokenizer.encode(prompt)], device=model_device(model))
     config = model.config
     if config.position == "learned":
         max_new_tokens = min(max_new_tokens, config.max_len - ids.shape[1] + 1)
@@ -210,10 +211,10 @@ def self_attention(
             f"={max_tokens} (the maps hold tokens x tokens weights for each of {model.config.n_layers} "
             f"layers x {model.config.n_heads} heads); shorten the text, or raise the limit"
         )
-    ids_tensor = torch.tensor([ids])  # (1, tokens)
+    ids_tensor = torch.tensor([ids], device=model_device(model))  # (1, tokens)
     check_ids(ids_tensor, model.config.vocab_size)
     with torch.no_grad():
-        weights = model.attention_weights(ids_tensor)  # per layer (1, heads, tokens, tokens)
+        weights = [w.cpu() for w in model.attention_weights(ids_tensor)]  # per layer (1, heads, tokens, tokens)
     tokens = [tokenizer.decode([i]) for i in ids]
     return AttentionMaps(weights, tokens, tokens)
 
@@ -239,13 +240,13 @@ def check_generation(max_new_tokens: int, temperature: float, capped: bool = Fal
         )
 
 
-def seeded_generator(seed: int) -> torch.Generator:
-    """A torch generator seeded with `seed`; a seed torch cannot take (not an integer in [-2**63, 2**64)) is a
-    ConfigError."""
+def seeded_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """A torch generator on `device` seeded with `seed`; a seed torch cannot take (not an integer in
+    [-2**63, 2**64)) is a ConfigError."""
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ConfigError(f"{spoken('--seed', 'seed')} must be an integer, got {seed!r}")
     try:
-        return torch.Generator().manual_seed(seed)
+        return torch.Generator(device).manual_seed(seed)
     except (RuntimeError, ValueError, OverflowError):
         raise ConfigError(
             f"{spoken('--seed', 'seed')} must be an integer from -2**63 to 2**64 - 1, got {seed}"
@@ -302,7 +303,7 @@ class LMRun(TrainedRun):
         check_at_least(spoken("--count", "count"), count, 1)
         check_text(spoken("--prompt", "prompt"), prompt)
         check_generation(max_new_tokens, temperature, capped=self.model.config.position == "learned")
-        generator = seeded_generator(seed)
+        generator = seeded_generator(seed, model_device(self.model))
         return [
             generate_text(
                 self.model,

@@ -26,6 +26,7 @@ from ..data.masking import mask_tokens
 from ..data.vocabulary import Vocabulary
 from ..errors import ConfigError
 from ..nn.config import ModelConfig
+from ..nn.devices import on_device_of
 from ..nn.heads import MaskedLM
 from ..nn.models import count_parameters
 from ..train.preflight import check_memory, check_splits
@@ -88,10 +89,11 @@ def masked_accuracy(model: torch.nn.Module, batches: list[tuple[Tensor, Tensor]]
     """Accuracy at the masked positions, and that of always answering the most frequent token there."""
     correct, answers = 0, []
     for inputs, targets in batches:
+        inputs, targets = on_device_of(model, (inputs, targets))
         masked = targets != -100
         correct += int((model(inputs).argmax(dim=-1)[masked] == targets[masked]).sum())
         answers.append(targets[masked])
-    answers = torch.cat(answers)
+    answers = torch.cat(answers).cpu()
     most_frequent = int(answers.mode().values)
     return {
         "masked_accuracy": correct / len(answers),
@@ -114,7 +116,7 @@ def check_mlm_run(config: MLMRunConfig) -> Callable[[Any, dict[str, Tensor]], No
     one batch and a block of context + 1 tokens in each split (`kqv.train.preflight`)."""
 
     def check(vocabulary: Any, tokens: dict[str, Tensor]) -> None:
-        check_memory(config.model, config.train.batch_size, config.data.context, vocabulary.size)
+        check_memory(config.model, config.train.batch_size, config.data.context, vocabulary.size, config.train.device)
         check_splits({"train": tokens["train"], "val": tokens["val"]}, config.data.context)
 
     return check

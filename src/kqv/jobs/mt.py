@@ -40,6 +40,7 @@ from ..data.pairs import Encoded, TokenBatches, encode_pairs, load_splits, read_
 from ..data.tokenizers import Tokenizer, load_tokenizer, make_tokenizer
 from ..errors import ConfigError, DataError, spoken
 from ..nn.config import ModelConfig
+from ..nn.devices import model_device, on_device_of
 from ..nn.models import EncoderDecoder, count_parameters
 from ..nn.rnn import RNNConfig, RNNEncoderDecoder
 from ..train.config import TrainConfig
@@ -276,10 +277,10 @@ class MTRun(TrainedRun):
         if len(sources) != len(translations):
             raise DataError(f"{len(sources)} sources for {len(translations)} translations")
         _, bos, eos = (self.tokenizer.token_to_id(t) for t in SPECIAL_TOKENS)
-        scores = []
+        scores, device = [], model_device(self.model)
         for source, translation in zip(sources, translations):
-            src = torch.tensor([self.tokenizer.encode(" ".join(source.split())) + [eos]])  # (1, src_time)
-            tgt = torch.tensor([[bos] + self.tokenizer.encode(" ".join(translation.split())) + [eos]])
+            src = torch.tensor([self.tokenizer.encode(" ".join(source.split())) + [eos]], device=device)  # (1, src)
+            tgt = torch.tensor([[bos] + self.tokenizer.encode(" ".join(translation.split())) + [eos]], device=device)
             log_probs = self.model(src, tgt[:, :-1]).log_softmax(-1)  # (1, tgt_time, vocab)
             scores.append(log_probs[0].gather(1, tgt[0, 1:, None]).sum().item())
         return scores
@@ -325,7 +326,8 @@ class MTRun(TrainedRun):
         src_ids = self.tokenizer.encode(" ".join(src.split())) + [eos]
         tgt_ids = [bos] + self.tokenizer.encode(" ".join(target.split()))
         with torch.no_grad():  # per layer (1, heads, target tokens, source tokens)
-            weights = self.model.attention_weights(torch.tensor([src_ids]), torch.tensor([tgt_ids]))["cross"]
+            ids = (torch.tensor([x], device=model_device(self.model)) for x in (src_ids, tgt_ids))
+            weights = [w.cpu() for w in self.model.attention_weights(*ids)["cross"]]
         rows, columns = ([self.tokenizer.decode([i]) for i in ids] for ids in (tgt_ids, src_ids))
         return AttentionMaps(weights, rows, columns, kind="cross", translation=target)
 
@@ -450,7 +452,8 @@ class DevEvaluation:
     def __call__(self, model: nn.Module) -> dict[str, float]:
         started = time.perf_counter()
         val_loss = sum(
-            mt_loss(model, self.batches(i)).item() * len(self.batches.indices(i)) for i in range(len(self.batches))
+            mt_loss(model, on_device_of(model, self.batches(i))).item() * len(self.batches.indices(i))
+            for i in range(len(self.batches))
         ) / len(self.chosen)
         hypotheses = translate_sentences(
             model,

@@ -19,6 +19,7 @@ from torch import nn
 from ..data.tokenizers import BPETokenizer
 from ..errors import ConversionError, RunError
 from ..interop import from_hf
+from ..nn.devices import Accelerator, model_device
 from ..nn.heads import MaskedLM
 from ..nn.models import DecoderLM, Encoder
 from .base import AttentionMaps
@@ -43,8 +44,9 @@ class PretrainedRun:
     hf_class: str
 
     @classmethod
-    def load(cls, path: str | Path) -> PretrainedRun:
-        path = Path(path)
+    def load(cls, path: str | Path, device: str = "cpu") -> PretrainedRun:
+        """The Hugging Face directory `path`, converted, its model on `device` (`Accelerator.resolve`)."""
+        path, device = Path(path), Accelerator.resolve(device).device
         if not (path / HF_TOKENIZER_FILE).is_file():
             raise ConversionError(
                 f"{path} has no {HF_TOKENIZER_FILE}: save the tokenizer beside the model "
@@ -55,7 +57,7 @@ class PretrainedRun:
             tokenizer = BPETokenizer(HFTokenizer.from_file(str(path / HF_TOKENIZER_FILE)))
         except Exception as error:  # noqa: BLE001
             raise ConversionError(f"kqv cannot read {path}'s config.json and {HF_TOKENIZER_FILE}: {error}") from None
-        return cls(from_hf(path).eval(), tokenizer, path, hf_class)
+        return cls(from_hf(path).eval().to(device), tokenizer, path, hf_class)
 
     def __repr__(self) -> str:
         return f"PretrainedRun({str(self.path)!r}, {self.hf_class}, {type(self.model).__name__})"
@@ -74,7 +76,7 @@ class PretrainedRun:
         """`count` continuations of `prompt` (each with the prompt), as `LMRun.generate` makes them."""
         if not isinstance(self.model, DecoderLM):
             raise self.not_offered("generate", "GPT-2 directories")
-        generator = torch.Generator().manual_seed(seed)
+        generator = torch.Generator(model_device(self.model)).manual_seed(seed)
         options = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "generator": generator}
         return [generate_text(self.model, self.tokenizer, prompt, max_new_tokens, **options) for _ in range(count)]
 

@@ -19,6 +19,7 @@ from ..data.padding import lengths_mask, pad_sequences
 from ..data.tokenizers import Tokenizer
 from ..errors import ConfigError, DataError, spoken
 from ..nn.config import ModelConfig
+from ..nn.devices import model_device
 from ..train.runs import TEST_HYPOTHESES_FILE
 from .base import check_text
 
@@ -105,8 +106,8 @@ def translate_sentences(
     try:
         for start in range(0, len(order), batch_sentences):
             chunk = order[start : start + batch_sentences]
-            src = pad_sequences([sources[j] for j in chunk], pad)
-            src_mask = lengths_mask([len(sources[j]) for j in chunk], src.shape[1])
+            src = pad_sequences([sources[j] for j in chunk], pad).to(model_device(model))
+            src_mask = lengths_mask([len(sources[j]) for j in chunk], src.shape[1]).to(src.device)
             max_new = int(max_len_a * src.shape[1] + max_len_b)
             if limit is not None:
                 max_new = min(max_new, limit)

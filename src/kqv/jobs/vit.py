@@ -25,6 +25,7 @@ from ..data.batches import batch_generator
 from ..data.digits import DIGITS_CLASSES, DIGITS_SHAPE, load_digits_images, split_indices, standardise
 from ..errors import ConfigError, spoken
 from ..nn.config import ModelConfig
+from ..nn.devices import on_device_of
 from ..nn.models import count_parameters
 from ..nn.vision import ConvClassifier, MLPClassifier, ViT
 from ..train.runs import RunConfig
@@ -101,7 +102,9 @@ class Digits:
     def accuracy(self, model: nn.Module, part: str) -> float:
         was_training = model.training
         model.eval()
-        predicted = torch.cat([model(chunk).argmax(-1) for chunk in self.images[part].split(256)])
+        predicted = torch.cat(
+            [model(on_device_of(model, chunk)).argmax(-1).cpu() for chunk in self.images[part].split(256)]
+        )
         model.train(was_training)
         return float((predicted == self.labels[part]).float().mean())
 
@@ -180,8 +183,9 @@ class VitRun(TrainedRun):
         digits = self.test_digits()
         pixels, labels = digits.images["test"][:images], digits.labels["test"][:images]  # (images, 1, h, w)
         with torch.no_grad():
-            maps = self.model.cls_attention(pixels).mean(dim=2)  # (layers, images, grid_h, grid_w), heads averaged
-            predicted = self.model(pixels).argmax(-1)
+            on_model = on_device_of(self.model, pixels)
+            maps = self.model.cls_attention(on_model).mean(dim=2).cpu()  # (layers, images, grid_h, grid_w), heads mean
+            predicted = self.model(on_model).argmax(-1)
         return ClsAttention(maps, pixels[:, 0], labels.tolist(), predicted.tolist())
 
 

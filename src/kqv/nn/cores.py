@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from ..errors import ConfigError, DataError
 from .blockwise import blockwise_attention
 from .config import Blockwise, ModelConfig
+from .devices import kernels
 from .dropout import dropout as apply_dropout
 from .positions import AttentionPositions
 
@@ -120,7 +121,7 @@ def fused_attention(
     """
     if (
         queries.dtype == torch.bfloat16
-        and queries.device.type == "cpu"
+        and kernels(queries.device).plain_bf16_attention
         and queries.shape[2] * keys.shape[2] <= PLAIN_BF16_PAIRS
     ):
         return scaled_dot_product_attention(

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from .attention import KVCache, MultiHeadAttention
 from .capability import keeps
 from .cores import FullAttention, fused_attention
+from .devices import kernels, model_device
 from .embeddings import Embeddings
 from .layers import FeedForward, Residual, Sublayer
 from .positions import LearnedPositions
@@ -229,7 +230,7 @@ class DecodeStep:
     def __init__(self, model: nn.Module, cache: list[tuple[KVCache, KVCache]], batch: int | None = None):
         decoder = model.decoder
         self.embeddings = embed_function(decoder.embeddings)
-        one_row = batch == 1
+        one_row = batch == 1 and kernels(model_device(model)).one_row_products
         self.layers = [LayerStep(block, self_cache, one_row) for block, (self_cache, _) in zip(decoder.blocks, cache)]
         self.final_norm = norm_function(decoder.final_norm)
         self.lm_head = linear(model.lm_head, one_row)

@@ -34,11 +34,8 @@ def linear_cross_entropy(
         )
     if not 0.0 <= label_smoothing <= 1.0:
         raise ConfigError(f"label_smoothing must be between 0 and 1, got {label_smoothing}")
-    dtype = (
-        torch.get_autocast_dtype("cpu")
-        if hidden.device.type == "cpu" and torch.is_autocast_enabled("cpu")
-        else hidden.dtype
-    )
+    device = hidden.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
     return _LinearCrossEntropy.apply(
         hidden.flatten(0, -2),
         head.weight,

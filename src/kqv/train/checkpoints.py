@@ -313,6 +313,9 @@ def write_atomically(path: Path, data: bytes) -> None:
 # Random generators
 
 
+TORCH_RNGS = (("torch", ""), ("cuda", ".cuda"))  # state key, suffix of its rng.safetensors name
+
+
 def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
     random.seed(seed)
@@ -320,13 +323,27 @@ def seed_everything(seed: int) -> None:
 
 
 def rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    """The generators' states: torch's CPU one, the current CUDA GPU's once CUDA is in use (dropout on a GPU draws
+    from it), `random`'s and numpy's."""
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    if torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():  # a run resumed on the CPU has no use for it
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def rng_tensors(states: list[dict[str, Any]]) -> dict[str, Tensor]:
+    """The torch generator states of every rank, as rng.safetensors holds them: `rank{r}`, and `rank{r}.cuda`."""
+    tensors = {f"rank{r}": s["torch"] for r, s in enumerate(states)}
+    tensors.update({f"rank{r}.cuda": s["cuda"] for r, s in enumerate(states) if "cuda" in s})
+    return tensors
 
 
 def rng_to_json(state: dict[str, Any], torch_as_bytes: bool = False) -> dict[str, Any]:
@@ -372,10 +389,13 @@ def load_optimizer_state(
 ) -> None:
     """Load the optimizer state of `checkpoint` (`weights_only=True`: no code runs), keeping the betas and weight
     decay the optimizer was configured with (a resumed run may change them); `load` sets the state (into a
-    sharded model's optimizer, say) instead of `optimizer.load_state_dict`."""
+    sharded model's optimizer, say) instead of `optimizer.load_state_dict`. The state is read onto the CPU
+    whatever device wrote it, and `load_state_dict` moves it to the device of the parameters it belongs to: a run
+    trained on a GPU resumes on the CPU and the other way round."""
     configured = [(g["betas"], g["weight_decay"]) for g in optimizer.param_groups]
     try:
-        (load or optimizer.load_state_dict)(torch.load(checkpoint.open(OPTIMIZER_FILE), weights_only=True))
+        state = torch.load(checkpoint.open(OPTIMIZER_FILE), map_location="cpu", weights_only=True)
+        (load or optimizer.load_state_dict)(state)
     except pickle.UnpicklingError:  # its message would suggest weights_only=False: running the file's code
         raise RunError(
             f"{checkpoint.path / OPTIMIZER_FILE} is damaged or not kqv's: it holds more than tensors and numbers, "
@@ -398,6 +418,11 @@ def saved_rng_states(checkpoint: Checkpoint, world_size: int) -> list[dict | Non
         return []
     torch_states = safetensors_load(checkpoint.open(RNG_FILE).read())
     return [
-        {**rng_from_json(s), "torch": torch_states[f"rank{r}"]} if s is not None else None
+        {
+            **rng_from_json(s),
+            **{key: torch_states[f"rank{r}{name}"] for key, name in TORCH_RNGS if f"rank{r}{name}" in torch_states},
+        }
+        if s is not None
+        else None
         for r, s in enumerate(checkpoint.state["rng"])
     ]

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..errors import ConfigError
+from ..nn.devices import check_device_name
 from ..validation import Config, check_at_least, check_positive
 from .precision import Precision
 
@@ -31,7 +32,10 @@ class TrainConfig(Config):
     comparisons at equal wall-clock budget; the schedule still follows `steps`. An update whose loss or gradient
     is not finite is skipped; `max_bad_steps` of them in a row stop training (`TrainingDiverged`). Under torchrun,
     `parallel` says how the processes share the work: "ddp" (each holds the whole model) or "fsdp" (each holds a
-    shard of the weights, gradients and optimizer state); one process ignores it.
+    shard of the weights, gradients and optimizer state); one process ignores it. `device` is where the model
+    trains (`kqv.nn.devices.Accelerator`: a device this machine lacks is a ConfigError when training starts);
+    `tf32` lets a CUDA GPU run the products autocast leaves in fp32 on TF32 tensor cores, as nanoGPT and Lightning
+    do (10-bit significands, within fp32's range; about 8x the fp32 throughput).
     """
 
     steps: int
@@ -44,7 +48,9 @@ class TrainConfig(Config):
     betas: tuple[float, float] = (0.9, 0.95)
     grad_clip: float = 1.0
     grad_accum: int = 1
-    precision: Precision = "bf16"  # or "fp32", or "auto": bf16 where the CPU has bf16 instructions
+    precision: Precision = "bf16"  # or "fp32", "fp16" (GPUs), or "auto": see kqv.nn.devices.Accelerator.precision
+    device: str = "auto"  # "cpu", "cuda", "cuda:N", "mps", or "auto": a CUDA GPU, then Apple silicon, then the CPU
+    tf32: bool = True  # fp32 matrix products on TF32 tensor cores (CUDA GPUs from Ampere on; nothing elsewhere)
     eval_every: int = 100
     eval_batches: int = 20
     checkpoint_every: int = 500
@@ -68,6 +74,9 @@ class TrainConfig(Config):
             ("max_bad_steps", 1),
         ):
             check_at_least(name, getattr(self, name), minimum)
+        check_device_name(self.device)
+        if self.precision == "fp16" and self.device == "cpu":
+            raise ConfigError("precision 'fp16' is for GPUs; on the CPU use 'bf16', 'fp32' or 'auto'")
         if self.max_minutes < 0:
             raise ConfigError(f"max_minutes must be >= 0 (0 = no time limit), got {self.max_minutes}")
         check_positive("lr", self.lr)

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from ..data.batches import iter_eval_batches
+from ..nn.devices import Accelerator, model_device
 from .precision import autocast
 
 
@@ -26,6 +27,7 @@ def perplexity(
 
     Returns the mean loss in nats per token, the perplexity exp(loss), bits per token, and, given the number of
     characters the ids encode, bits per character (comparable across tokenizers). `max_tokens` scores a prefix.
+    It runs on the model's device, in `precision` as it stands there.
     """
     if max_tokens is not None and len(ids) > max_tokens + 1:
         n_chars = None if n_chars is None else round(n_chars * max_tokens / (len(ids) - 1))
@@ -33,7 +35,9 @@ def perplexity(
     was_training = model.training
     model.eval()
     total_nats, total_tokens = 0.0, 0
-    with autocast(precision):
+    device = Accelerator(model_device(model))
+    ids = ids.to(device.device)  # the batches are cut where the ids are
+    with autocast(precision, device):
         for inputs, targets in iter_eval_batches(ids, batch_size, context):
             mean_loss = model(inputs, targets)  # the model's own loss path, without the (tokens, vocab) logits
             total_nats += mean_loss.item() * targets.numel()

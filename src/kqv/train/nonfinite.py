@@ -20,12 +20,15 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import ConfigTypeError, KqvError, spoken
+from ..nn.devices import Accelerator
 from .config import TrainConfig
 from .precision import resolve_precision
 
 _PRECISION_CAUSES = {
     "bf16": "bf16 autocast (fp32's exponent range but an 8-bit significand: large logits or attention scores lose "
     'precision; try precision = "fp32" to rule it out)',
+    "fp16": "fp16 autocast (its largest value is 65504: activations or scores beyond it overflow even with the "
+    'gradient scaler; try precision = "bf16" where the GPU has it, or "fp32")',
     "fp32": "fp32 itself (a value beyond 3.4e38, e.g. from activations growing without bound)",
 }
 
@@ -40,6 +43,7 @@ class TrainingDiverged(KqvError, RuntimeError):
 def diverged_message(config: TrainConfig, what: str, steps: list[int], checkpoint: tuple[Path, int] | None) -> str:
     """Why training stopped after the consecutive skipped updates `steps`, where to resume, and the usual causes."""
     saved = "no checkpoint was written in this session"
+    precision = resolve_precision(config.precision, Accelerator.resolve(config.device))
     if checkpoint is not None:
         saved = (
             f"the last good checkpoint is {checkpoint[0]} (step {checkpoint[1]}, the last one before the skipped "
@@ -52,7 +56,7 @@ def diverged_message(config: TrainConfig, what: str, steps: list[int], checkpoin
         f"{len(steps)} updates in a row (steps {steps[0]}-{steps[-1]}; none of them changed the weights); "
         f"{saved}. Usual causes: a learning rate too high (lr = {config.lr:g}, warmup_steps = "
         f"{config.warmup_steps}: lower lr or lengthen warmup), the range of "
-        f"{_PRECISION_CAUSES[resolve_precision(config.precision)]}, or bad input data. Resume from the checkpoint "
+        f"{_PRECISION_CAUSES[precision]}, or bad input data. Resume from the checkpoint "
         f"({spoken('`--resume`', 'if_exists=' + repr('resume'))}) after changing the config, or raise "
         f"train.max_bad_steps (now {config.max_bad_steps}) to skip more."
     )

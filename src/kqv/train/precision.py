@@ -3,7 +3,8 @@
 On CPUs with AVX512-BF16 or AMX instructions, oneDNN's bf16 matrix products are faster than fp32; on CPUs
 without them (AVX-512 alone, AVX2) oneDNN emulates bf16 by converting to fp32, and the same products are slower
 than MKL's fp32 ones (README "Speed" gives the measured figures on both kinds, from
-`python benchmarks/train_throughput.py`). `precision = "auto"` picks bf16 where it pays and fp32 elsewhere.
+`python benchmarks/train_throughput.py`). `precision = "auto"` picks bf16 where it pays and fp32 elsewhere (on
+other devices `kqv.nn.devices.Accelerator` decides).
 
 bf16 products go through oneDNN, which compiles a kernel for every matrix shape and keeps it in two caches of
 1,024 entries each (oneDNN's primitive cache and PyTorch's ideep cache), several MB per entry with its scratch
@@ -13,35 +14,37 @@ resident for a 7.6M-parameter model. `bound_kernel_caches` caps them before the 
 
 from __future__ import annotations
 
+import math
 import os
-from typing import Literal
 
 import torch
 
-from ..errors import ConfigError
+from ..nn.devices import Accelerator, Precision, Resolved, native_bf16
+from .distributed import clip_gradients
 
-Precision = Literal["fp32", "bf16", "auto"]
+__all__ = [
+    "KERNEL_CACHE_CAPACITY",
+    "MixedPrecision",
+    "Precision",
+    "autocast",
+    "bound_kernel_caches",
+    "native_bf16",
+    "resolve_precision",
+]
+
 KERNEL_CACHE_CAPACITY = 64  # a bf16 step of the quick MT Transformer builds 45 kernels (ONEDNN_VERBOSE=2)
+CPU = Accelerator(torch.device("cpu"))
 
 
-def native_bf16() -> bool:
-    """Whether this CPU has bf16 matrix instructions (AVX512-BF16 or AMX tiles)."""
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+def resolve_precision(precision: Precision, device: Accelerator = CPU) -> Resolved:
+    """The precision `precision` stands for on `device` (`Accelerator.precision`): on the CPU "auto" is bf16 with
+    native bf16 support, else fp32."""
+    return device.precision(precision)
 
 
-def resolve_precision(precision: Precision) -> Literal["fp32", "bf16"]:
-    """The precision `precision` stands for on this machine: "auto" is bf16 with native bf16 support, else fp32."""
-    if precision == "auto":
-        return "bf16" if native_bf16() else "fp32"
-    if precision not in ("fp32", "bf16"):
-        raise ConfigError(f"precision must be 'fp32', 'bf16' or 'auto', got {precision!r}")
-    return precision
-
-
-def autocast(precision: Precision) -> torch.autocast:
-    """bf16 autocast on the CPU when `precision` resolves to bf16; a disabled autocast (fp32) otherwise."""
-    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=resolve_precision(precision) == "bf16")
+def autocast(precision: Precision, device: Accelerator = CPU) -> torch.autocast:
+    """Autocast to what `precision` resolves to on `device` (the CPU: bf16 autocast, or a disabled one for fp32)."""
+    return device.autocast(precision)
 
 
 def bound_kernel_caches(capacity: int = KERNEL_CACHE_CAPACITY) -> None:
@@ -50,3 +53,55 @@ def bound_kernel_caches(capacity: int = KERNEL_CACHE_CAPACITY) -> None:
     it when it is created); afterwards it changes nothing."""
     for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
         os.environ.setdefault(name, str(capacity))
+
+
+class MixedPrecision:
+    """The training precision on one device: TF32 products as asked (`Accelerator.use_tf32`), the autocast of every
+    forward pass, and the gradient side of an update: fp16's loss scaler (`torch.amp.GradScaler`), or nothing at all
+    in every other precision (the CPU's path is the plain one: backward, clip, step).
+
+    With fp16 the loss is multiplied by a scale before backward so that small gradients survive fp16's range, and
+    the gradients are divided by it before clipping. A scale too large overflows: the gradients come back
+    infinite, the scaler halves the scale and the update is skipped. Such a skip is the scaler at work, not the
+    run diverging (`overflowed`): the non-finite guard does not count it while the scale is above 1; at or below
+    1 the gradients overflow unscaled, and the guard counts the skip as it counts any other.
+    """
+
+    def __init__(self, device: Accelerator = CPU, precision: Precision = "fp32", tf32: bool = True):
+        device.use_tf32(tf32)
+        self.device, self.precision = device, precision
+        self.scaler = device.grad_scaler(precision)
+        self.overflowed = False  # whether the last update was skipped by the scaler, not by the guard
+
+    def autocast(self) -> torch.autocast:
+        return self.device.autocast(self.precision)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+
+    def clip(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, max_norm: float) -> float:
+        """Unscale the gradients (fp16) and clip them to `max_norm`; returns their norm before clipping (of the
+        whole gradient, also when the model is sharded: `distributed.clip_gradients`)."""
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+        return clip_gradients(model, max_norm)
+
+    def step(self, optimizer: torch.optim.Optimizer, grad_norm: float, unscaled: bool) -> None:
+        """Apply the update when `grad_norm` is finite, else drop the gradients; `unscaled`: `clip` ran."""
+        self.overflowed = False
+        if self.scaler is None:
+            optimizer.step() if math.isfinite(grad_norm) else optimizer.zero_grad(set_to_none=True)
+            return
+        if unscaled:
+            self.overflowed = not math.isfinite(grad_norm) and self.scaler.get_scale() > 1.0
+            self.scaler.step(optimizer)  # skipped by the scaler itself when the gradients are not finite
+            self.scaler.update()
+        if not math.isfinite(grad_norm):
+            optimizer.zero_grad(set_to_none=True)
+
+    def state_dict(self) -> dict | None:
+        return None if self.scaler is None else self.scaler.state_dict()
+
+    def load_state_dict(self, state: dict | None) -> None:
+        if self.scaler is not None and state:
+            self.scaler.load_state_dict(state)

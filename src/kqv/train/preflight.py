@@ -17,16 +17,19 @@ import torch
 
 from ..errors import ConfigError, DataError, KqvError, spoken
 from ..nn.config import ModelConfig
+from ..nn.devices import Accelerator
 
 FLOAT_BYTES = 4  # fp32: the widest dtype training keeps activations in
 TRAINING_BYTES_PER_PARAMETER = 16  # fp32 weight, gradient and AdamW's two moments
 
 
-def available_memory() -> tuple[int, str]:
-    """(bytes, what they are) of the memory a batch is held in: the GPU's when training runs on one (CUDA), else
-    the machine's physical memory (psutil's total when installed, else `os.sysconf`)."""
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_properties(0).total_memory, "the GPU's memory"
+def available_memory(device: str = "auto") -> tuple[int, str]:
+    """(bytes, what they are) of the memory a batch is held in: the GPU's when training runs on one (CUDA,
+    `device` as `train.device` says), else the machine's physical memory (psutil's total when installed, else
+    `os.sysconf`)."""
+    chosen = Accelerator.resolve(device).device
+    if chosen.type == "cuda":
+        return torch.cuda.get_device_properties(chosen).total_memory, "the GPU's memory"
     try:
         import psutil
 
@@ -54,10 +57,10 @@ def batch_memory(model: ModelConfig, batch: int, context: int, vocab: int) -> di
     }
 
 
-def check_memory(model: ModelConfig, batch: int, context: int, vocab: int) -> None:
-    """ConfigError when the memory one batch needs (`batch_memory`) exceeds the memory there is."""
+def check_memory(model: ModelConfig, batch: int, context: int, vocab: int, device: str = "auto") -> None:
+    """ConfigError when the memory one batch needs (`batch_memory`) exceeds the memory there is on `device`."""
     parts = batch_memory(model, batch, context, vocab)
-    needed, (available, where) = sum(parts.values()), available_memory()
+    needed, (available, where) = sum(parts.values()), available_memory(device)
     if needed > available:
         detail = ", ".join(f"{name} {size / 1e9:.1f} GB" for name, size in parts.items() if size)
         raise ConfigError(

@@ -49,6 +49,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from ..errors import ConfigError, ConfigTypeError, spoken
+from ..nn.devices import Accelerator
 from ..nn.experts import routing_metrics
 from ..signals import deferred
 from . import distributed
@@ -63,6 +64,7 @@ from .checkpoints import (
     load_weights,
     read_checkpoint,
     rng_state,
+    rng_tensors,
     rng_to_json,
     saved_rng_states,
     seed_everything,
@@ -74,7 +76,7 @@ from .distributed import Batch, batch_tokens, init_distributed, slice_batch
 from .metrics import Window, append_metrics, plot_losses, progress_bar, progress_line
 from .nonfinite import TrainingDiverged, check_finite_weights, check_loss, diverged_message, warn_skipped, warn_withheld
 from .optimizer import make_optimizer
-from .precision import autocast, bound_kernel_caches
+from .precision import MixedPrecision, bound_kernel_caches
 from .rundir import IfExists, RunDirectory
 from .sharding import gather_state, load_checkpoint, shard, unshard_into
 
@@ -126,7 +128,10 @@ class Trainer:
                 f"extra_state must be JSON-serialisable (it goes into {STATE_FILE}): {error}"
             ) from None
         bound_kernel_caches()  # before the first bf16 kernel is built
-        self.config = config
+        device = distributed.rank_device(Accelerator.resolve(config.device).device)  # torchrun: cuda:LOCAL_RANK
+        self.device = Accelerator.resolve(device)  # the one per-device choice: kernels, autocast, scaler
+        self.precision = MixedPrecision(self.device, config.precision, config.tf32)
+        model, self.config = model.to(self.device.device), config
         self.train_batches, self.loss_fn, self.val_batches, self.eval_fn = train_batches, loss_fn, val_batches, eval_fn
         self.extra_state = extra_state if extra_state is not None else {}  # this very dict: its owner may update it
         self.tokens_per_batch, self.quiet = tokens_per_batch, quiet
@@ -179,9 +184,8 @@ class Trainer:
         config: TrainConfig | None = None,
         **options: Any,
     ) -> Trainer:
-        """Continue the run saved in `run_dir`. `config=None` uses the saved config; pass one to change it (e.g.
-        more steps). `extra_state` is restored from the checkpoint unless given. Raises FileNotFoundError when
-        there is no checkpoint and ValueError when it is corrupt."""
+        """Continue the run saved in `run_dir` with the saved config, or with `config` to change it (more steps,
+        say); `extra_state` is restored from the checkpoint unless given. A missing or damaged one is a RunError."""
         saved = read_checkpoint(run_dir)
         saved.close()
         return cls(
@@ -197,11 +201,9 @@ class Trainer:
     # -- the loop ------------------------------------------------------------------------------------------------
 
     def train(self) -> dict[str, float]:
-        """Train until `config.steps` updates are done; returns the metrics of the last step. On Ctrl-C it saves
-        a checkpoint of the last completed update and re-raises KeyboardInterrupt. An update whose loss or
-        gradient is not finite is skipped (counted as `bad_steps` in metrics.jsonl); `config.max_bad_steps` of
-        them in a row raise TrainingDiverged. A run directory the trainer opened itself (it was given a path)
-        stays locked against other writers until train() returns."""
+        """Train until `config.steps` updates are done; returns the metrics of the last step. On Ctrl-C or SIGTERM
+        it saves the last completed update and re-raises. A non-finite update is skipped (`bad_steps`);
+        `config.max_bad_steps` in a row raise TrainingDiverged. The run directory it opened stays locked until then."""
         with self._owned:  # a run directory the trainer opened itself is released at the end
             self._prepare_run_dir()
             self._start_rng()
@@ -241,7 +243,7 @@ class Trainer:
                 now = time.perf_counter()
                 self.elapsed_s = now - clock
                 self.train_seconds += now - started
-                if math.isfinite(loss) and math.isfinite(grad_norm):
+                if math.isfinite(loss) and (math.isfinite(grad_norm) or self.precision.overflowed):
                     self._bad_streak = []
                     window.add(loss, tokens, now - started)
                 else:
@@ -313,28 +315,26 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
-        total = torch.zeros(())
+        total = torch.zeros((), device=self.device.device)
         tokens: int | None = 0
         for j in range(cfg.grad_accum):
             batch = self.train_batches(self.step * cfg.grad_accum + j)
             count = self._tokens(self.step * cfg.grad_accum + j, batch)
             tokens = None if tokens is None or count is None else tokens + count
-            local = slice_batch(batch, self.rank, self.world_size, cfg.batch_size)
+            local = self.device.batch(slice_batch(batch, self.rank, self.world_size, cfg.batch_size))
             with distributed.gradient_sync(self.ddp_model, j == cfg.grad_accum - 1):
                 with self._autocast():
                     loss = check_loss(self.loss_fn(self.ddp_model, local))
-                (loss / cfg.grad_accum).backward()
+                self.precision.backward(loss / cfg.grad_accum)
             total += loss.detach().float()
         mean_loss = distributed.process_mean(total / cfg.grad_accum, self.world_size).item()
         grad_norm = math.nan
         if math.isfinite(mean_loss):  # the loss and the norm of the synchronised gradient agree on every rank
             max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
-            grad_norm = distributed.clip_gradients(self.model, max_norm)
+            grad_norm = self.precision.clip(self.optimizer, self.model, max_norm)
         with deferred():  # a signal waits for the update and the counter: an interrupt saves a completed step
-            if math.isfinite(grad_norm):
-                self.optimizer.step()
-            else:  # skip the update: nothing non-finite reaches the weights
-                self.optimizer.zero_grad(set_to_none=True)
+            # a non-finite gradient skips the update: nothing non-finite reaches the weights
+            self.precision.step(self.optimizer, grad_norm, unscaled=math.isfinite(mean_loss))
             self.step += 1
             self._boundary_rng = rng_state()
         return mean_loss, tokens, grad_norm
@@ -359,7 +359,7 @@ class Trainer:
         return given(i) if callable(given) else given or batch_tokens(batch)
 
     def _autocast(self) -> torch.autocast:
-        return autocast(self.config.precision)
+        return self.precision.autocast()
 
     def evaluate(self) -> dict[str, float]:
         """Validation metrics now: `val_loss` and whatever `eval_fn` returns. Training randomness is untouched."""
@@ -384,10 +384,10 @@ class Trainer:
         return metrics
 
     def _val_loss(self) -> float:
-        total = torch.zeros(())
+        total = torch.zeros((), device=self.device.device)
         for i in range(self.config.eval_batches):
             local = slice_batch(self.val_batches(i), self.rank, self.world_size, self.config.batch_size)
-            total += check_loss(self.loss_fn(self.model, local)).float()
+            total += check_loss(self.loss_fn(self.model, self.device.batch(local))).float()
         return distributed.process_mean(total, self.world_size).item() / self.config.eval_batches
 
     # -- checkpoints ---------------------------------------------------------------------------------------------
@@ -414,10 +414,7 @@ class Trainer:
             logger.warning("interrupted while updates were being skipped; kept the last good checkpoint")
             return
         if self.sharded and self._last_saved != self.step:  # shards are gathered by every rank together
-            logger.warning(
-                "interrupted: a sharded run saves with all processes; the step %s checkpoint stands", self._last_saved
-            )
-            return
+            return logger.warning("interrupted: a sharded run saves with all ranks; step %s stands", self._last_saved)
         if self._last_saved != self.step:
             # Other ranks are somewhere else, so no collective: their generator states are not saved.
             self.elapsed_s = time.perf_counter() - clock
@@ -450,11 +447,11 @@ class Trainer:
                 "train_seconds": self.train_seconds,
                 "world_size": self.world_size,
                 "bad_steps": self.bad_steps,
+                "grad_scaler": self.precision.state_dict(),
                 "rng": [rng_to_json(s) for s in rng_states],
                 "torch_version": torch.__version__,
             }
-            tensors = {f"rank{r}": s["torch"] for r, s in enumerate(rng_states)}
-            write_checkpoint(self.run_dir, weights, optimizer, state, tensors)
+            write_checkpoint(self.run_dir, weights, optimizer, state, rng_tensors(rng_states))
             self._last_saved = self.step
 
     def _resume(self, checkpoint: Checkpoint) -> None:
@@ -480,6 +477,7 @@ class Trainer:
         self.extra_state.update(checkpoint.extra_state)
         self.extra_state.update(given)  # what was given wins
         self.bad_steps = int(checkpoint.state.get("bad_steps", 0))
+        self.precision.load_state_dict(checkpoint.state.get("grad_scaler"))
 
     def _start_rng(self) -> None:
         """Seed a fresh run; restore the saved generators of a resumed one (reseed ranks that have none). This is

@@ -11,6 +11,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from ...errors import ConfigError, DataError
+from ..devices import kernels
 from ..positions import AttentionPositions
 from .bias import BlockBias, block_bias
 from .blocks import Block, Norms, Plan, Run, Trace, Workspace, block_scores, block_weights, finite
@@ -71,7 +72,7 @@ def blockwise_attention(
         fused
         and FUSED is not None
         and key_padding is None
-        and queries.device.type == "cpu"
+        and kernels(queries.device).fused_cpu_blocks
         and queries.dtype in (torch.float32, torch.float64)
         and type(bias).plain is not BlockBias.plain
     )

@@ -1,0 +1,216 @@
+"""Where a model runs, chosen once: `Accelerator`, the device with its autocast precision and its kernels.
+
+Every device-specific choice lives here, not as `if device == ...` ladders through the model:
+
+* `Accelerator.resolve("auto" | "cpu" | "cuda" | "cuda:N" | "mps")` picks the device ("auto": a CUDA GPU, then
+  Apple silicon, then the CPU), and refuses a device this machine lacks with a `ConfigError` saying what is
+  there and what to do;
+* `Accelerator.precision("auto" | "fp32" | "bf16" | "fp16")` is what a precision stands for on that device: on the
+  CPU bf16 where it has bf16 instructions, else fp32 (unchanged: `native_bf16`); on a CUDA GPU bf16 where it
+  computes bf16 natively (Ampere and later), else fp16, whose narrow range needs `torch.amp.GradScaler`
+  (`Accelerator.grad_scaler`); on Apple silicon fp32 (fp16 only when asked: no measurement here showed it pays);
+* `kernels(device)` is which kernels tensors on a device take. The CPU's own (dropout masks from 64-bit draws,
+  plain-matmul bf16 attention for short inputs, torch's CPU flash kernel inside blockwise attention, the
+  one-row decoding products) exist because torch's defaults are slow on CPUs; elsewhere torch's own kernels
+  are the fast ones (`F.scaled_dot_product_attention` picks flash or memory-efficient attention on a GPU).
+"""
+
+from __future__ import annotations
+
+import re
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from ..errors import ConfigError, spoken
+
+Precision = Literal["fp32", "bf16", "fp16", "auto"]
+Resolved = Literal["fp32", "bf16", "fp16"]
+DEVICE_NAMES = "auto, cpu, cuda, cuda:N or mps"
+_DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+CUDA_INSTALL = "pip install torch --index-url https://download.pytorch.org/whl/cu128, then pip install -e ."
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """Which kernels the tensors of one kind of device take (see the module docstring)."""
+
+    cheap_dropout: bool  # dropout masks from 64-bit draws (`kqv.nn.dropout`), not torch's bernoulli_
+    plain_bf16_attention: bool  # short bf16 attention as plain matmuls, not torch's fused kernel
+    fused_cpu_blocks: bool  # blocks of blockwise attention through torch's CPU flash kernel
+    one_row_products: bool  # batch-1 decoding's matrix-vector products split over threads
+
+
+CPU_KERNELS = Kernels(cheap_dropout=True, plain_bf16_attention=True, fused_cpu_blocks=True, one_row_products=True)
+TORCH_KERNELS = Kernels(False, False, False, False)
+
+
+def kernels(device: torch.device) -> Kernels:
+    """The kernels of tensors on `device`: the CPU's own on the CPU, torch's own everywhere else."""
+    return CPU_KERNELS if device.type == "cpu" else TORCH_KERNELS
+
+
+def native_bf16() -> bool:
+    """Whether this CPU has bf16 matrix instructions (AVX512-BF16 or AMX tiles)."""
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+
+
+def cuda_native_bf16() -> bool:
+    """Whether the current CUDA GPU computes bf16 natively (compute capability 8.0 and later), not emulated."""
+    try:
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    except TypeError:  # an older torch without the argument
+        return torch.cuda.is_bf16_supported()
+
+
+def mps_available() -> bool:
+    backend = getattr(torch.backends, "mps", None)
+    return backend is not None and backend.is_available()
+
+
+def available_devices() -> list[str]:
+    """The devices this machine offers, in words for messages: "cpu", "cuda:0", ..., "mps"."""
+    gpus = [f"cuda:{i}" for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    return ["cpu", *gpus, *(["mps"] if mps_available() else [])]
+
+
+def auto_device() -> str:
+    """What "auto" stands for here: a CUDA GPU, then Apple silicon, then the CPU."""
+    return "cuda" if torch.cuda.is_available() else "mps" if mps_available() else "cpu"
+
+
+def check_device_name(name: Any) -> str:
+    """`name` if it is a device kqv knows how to ask for (not whether this machine has it); ConfigError if not."""
+    if not isinstance(name, str) or not _DEVICE.fullmatch(name):
+        raise ConfigError(f"device must be {DEVICE_NAMES}, got {name!r}")
+    return name
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """One device and what runs on it: resolve it once (`Accelerator.resolve`), then ask it for the autocast of a
+    precision, the gradient scaler fp16 needs, and the kernels (`kernels`)."""
+
+    device: torch.device
+
+    @classmethod
+    def resolve(cls, name: str | torch.device | Accelerator | None = "auto") -> Accelerator:
+        """The device `name` stands for on this machine ("auto": cuda, then mps, then cpu); ConfigError when it
+        asks for a device this machine lacks."""
+        if isinstance(name, Accelerator):
+            return name
+        if isinstance(name, torch.device):
+            name = str(name)
+        name = check_device_name("auto" if name is None else name)
+        if name == "auto":
+            name = auto_device()
+        if name.startswith("cuda"):
+            check_cuda(name)
+        if name == "mps" and not mps_available():
+            raise ConfigError(
+                f"device 'mps' (Apple silicon) is not available here (available: {', '.join(available_devices())}); "
+                f"it needs a Mac with Apple silicon and macOS 12.3 or later; use {_cpu_instead()}"
+            )
+        return cls(torch.device(name))
+
+    @property
+    def type(self) -> str:
+        return self.device.type
+
+    @property
+    def kernels(self) -> Kernels:
+        return kernels(self.device)
+
+    def precision(self, asked: Precision) -> Resolved:
+        """What `asked` stands for on this device (see the module docstring); ConfigError for fp16 on the CPU."""
+        if asked not in ("fp32", "bf16", "fp16", "auto"):
+            raise ConfigError(f"precision must be 'fp32', 'bf16', 'fp16' or 'auto', got {asked!r}")
+        if asked == "fp16" and self.type == "cpu":
+            raise ConfigError(
+                "precision 'fp16' is for GPUs (autocast with a gradient scaler); on the CPU use 'bf16', 'fp32' "
+                "or 'auto'"
+            )
+        if asked != "auto":
+            return asked
+        if self.type == "cuda":
+            return "bf16" if cuda_native_bf16() else "fp16"
+        if self.type == "cpu":
+            return "bf16" if native_bf16() else "fp32"
+        return "fp32"
+
+    def autocast(self, asked: Precision) -> torch.autocast | nullcontext:
+        """Autocast to the precision `asked` resolves to here; a disabled one (fp32) otherwise."""
+        resolved = self.precision(asked)
+        if self.type == "cpu":  # as before: a disabled CPU autocast for fp32
+            return torch.autocast("cpu", dtype=torch.bfloat16, enabled=resolved == "bf16")
+        if resolved == "fp32":
+            return nullcontext()
+        return torch.autocast(self.type, dtype=AUTOCAST_DTYPES[resolved])
+
+    def grad_scaler(self, asked: Precision) -> torch.amp.GradScaler | None:
+        """The loss scaler fp16 training needs (its 5-bit exponent underflows small gradients); None otherwise."""
+        if self.precision(asked) != "fp16":
+            return None
+        return torch.amp.GradScaler(self.type)
+
+    def use_tf32(self, enabled: bool) -> None:
+        """Let fp32 matrix products on a CUDA GPU use TF32 tensor cores (10-bit significand, about 8x the fp32
+        throughput on Ampere and later) or not. Nothing changes on other devices: the CPU's setting would
+        switch oneDNN to reduced-precision products."""
+        if self.type != "cuda":
+            return
+        torch.backends.cuda.matmul.allow_tf32 = enabled
+        torch.backends.cudnn.allow_tf32 = enabled
+
+    def batch(self, batch: Any) -> Any:
+        """A training batch on this device; on the CPU the batch itself, untouched (no per-step cost there)."""
+        return batch if self.type == "cpu" else self.put(batch)
+
+    def put(self, batch: Any) -> Any:
+        """`batch` (a tensor, or a tuple/list/dict of them, anything else kept) on this device."""
+        if isinstance(batch, torch.Tensor):
+            return batch.to(self.device, non_blocking=True)
+        if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+            return type(batch)(*(self.put(x) for x in batch))
+        if isinstance(batch, (tuple, list)):
+            return type(batch)(self.put(x) for x in batch)
+        if isinstance(batch, dict):
+            return {k: self.put(v) for k, v in batch.items()}
+        return batch
+
+
+def check_cuda(name: str) -> None:
+    """ConfigError unless the CUDA device `name` ("cuda" or "cuda:N") exists here."""
+    if not torch.cuda.is_available():
+        built = "was built without CUDA" if torch.version.cuda is None else "finds no usable CUDA GPU (driver?)"
+        raise ConfigError(
+            f"device {name!r} asked for, but this torch ({torch.__version__}) {built}; available: "
+            f"{', '.join(available_devices())}. Install a CUDA build of torch ({CUDA_INSTALL}) on a machine with "
+            f"an NVIDIA GPU, or use {_cpu_instead()}"
+        )
+    index = int(name.partition(":")[2] or 0)
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise ConfigError(
+            f"device {name!r} asked for, but this machine has {count} CUDA GPU{'s' * (count != 1)} "
+            f"(available: {', '.join(available_devices())})"
+        )
+
+
+def _cpu_instead() -> str:
+    return spoken("--device cpu", "device='cpu'")
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device of a model's parameters (the CPU for a model without any)."""
+    parameter = next(model.parameters(), None)
+    return parameter.device if parameter is not None else torch.device("cpu")
+
+
+def on_device_of(model: torch.nn.Module, batch: Any) -> Any:
+    """`batch` (a tensor, or a tuple/list/dict of them) where `model` is; untouched when that is the CPU."""
+    return Accelerator(model_device(model)).batch(batch)
