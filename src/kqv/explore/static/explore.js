@@ -251,6 +251,7 @@ function selectToken(i) {
   if (i === state.token) return;
   state.token = i;
   drawHeadView(); drawNext(); saveHash(); showChosenToken();
+  window.intervene?.drawn();  // intervene.js: the neuron view follows the chosen token
 }
 
 function showChosenToken() {  // the chosen token scrolled into the head view's box (nothing moves if it is in view)
@@ -298,6 +299,7 @@ function drawModelView() {
 function openCell(layer, head) {
   state.cell = {layer, head};
   drawModelView(); drawDetail(); drawStats(); saveHash();
+  window.intervene?.drawn();  // intervene.js: look closer at the opened head
 }
 
 function drawDetail() {
@@ -503,6 +505,7 @@ function draw() {
   $("notes").replaceChildren(...(state.analysis.notes || []).map((n) => el("li", {}, n)));
   $("result").hidden = false;
   saveHash();
+  window.intervene?.drawn();  // intervene.js: its views follow the analysis
 }
 
 function clearResult() {  // a refused input: the views of the previous one no longer match the text box
@@ -513,6 +516,7 @@ function clearResult() {  // a refused input: the views of the previous one no l
   }
   $("detail").setAttribute("width", 0); $("detail").setAttribute("height", 0);
   $("translation").textContent = "";
+  window.intervene?.cleared();  // intervene.js: its views no longer match the text either
 }
 
 async function analyze(saved = {}) {
