@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import test_explore_browser as shared
+from kqv.explore.interventions import neuron_view
 from test_explore_browser import Page, Server, create_app
 from test_explore_interventions import TEXT, ids_of, lm_subject, mlm_subject, reference
 
@@ -77,12 +78,16 @@ def test_the_neuron_view_draws_the_servers_numbers_for_the_chosen_head_and_token
     for j, (_score, weight, masked) in enumerate(rows):
         assert masked == (j > 4)
         assert weight == pytest.approx(float(weights[j]), abs=1e-5)
-    products = p.page.eval_on_selector_all(
-        "#neuron .neuron-row[data-key='2'] rect.product", "rs => rs.map(r => +r.dataset.value)"
-    )
-    assert len(products) == subjects["lm"].model.config.head_dim and sum(products) == pytest.approx(
-        rows[2][0], abs=1e-4
-    )
+    # the products drawn are the server's: point at key 3's product in dimension 2 and read its numbers
+    served = neuron_view(subjects["lm"], {"text": TEXT, "layer": 1, "head": 2, "token": 4})
+    p.page.locator("#neuron image.products").scroll_into_view_if_needed()
+    box = p.page.locator("#neuron image.products").bounding_box()
+    head_dim = subjects["lm"].model.config.head_dim
+    p.page.mouse.move(box["x"] + 1.5 * box["width"] / head_dim, box["y"] + 2.5 * box["height"] / len(rows))
+    info = p.page.text_content("#neuron-info")
+    assert f"key 3 (c), dimension 2: q = {served['query'][1]:.4f}, k = {served['keys'][2][1]:.4f}" in info
+    assert f"q \u00d7 k = {served['products'][2][1]:.4f}" in info
+    assert [row[0] for row in rows] == pytest.approx(served["scores"], abs=1e-6)
     p.page.screenshot(path=str(tmp_path / "neuron.png"), full_page=True)
     p.page.select_option("#iv-head", "0")
     wait_until(p, lambda page: "head 1," in neuron_label(page), "the neuron view of head 1")

@@ -142,19 +142,30 @@ def check_layer_head(target: Target, request: dict[str, Any]) -> tuple[int, int]
 # The neuron view
 
 
+class Recorded(Exception):
+    """Raised by the hook that records a layer's keys, to stop the forward pass there."""
+
+
 def neuron_numbers(
     attention: MultiHeadAttention, run: Callable[[], Any], head: int, query: int, causal: bool
 ) -> dict[str, Tensor]:
     """One query's numbers in one head of `attention`, recorded while `run()` runs the model on one input:
     query (head_dim,), keys and products (time, head_dim), scores, bias, scaled and weights (time,)."""
     seen: dict[str, Tensor] = {}
+
+    def keys_seen(module: nn.Module, args: tuple, out: Tensor) -> None:
+        seen["kv"] = out.detach()
+        raise Recorded  # the layer's queries came first: the layers after it need not run
+
     hooks = [
         attention.to_queries.register_forward_hook(lambda m, args, out: seen.__setitem__("q", out.detach())),
-        attention.to_keys_values.register_forward_hook(lambda m, args, out: seen.__setitem__("kv", out.detach())),
+        attention.to_keys_values.register_forward_hook(keys_seen),
     ]
     try:
         with torch.no_grad():
             run()
+    except Recorded:
+        pass
     finally:
         for hook in hooks:
             hook.remove()

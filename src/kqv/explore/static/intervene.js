@@ -36,6 +36,7 @@ const intervene = (() => {
           position bias where the model adds one) and its softmax, the attention weight. Blue negative, red positive.
         </figcaption>
         <div class="scroll"><svg id="neuron" xmlns="http://www.w3.org/2000/svg"></svg></div>
+        <p id="neuron-info" class="muted">Point at a key or product for its numbers.</p>
       </figure>
       <div id="replace-box">
         <h3>Replace a token</h3>
@@ -64,6 +65,7 @@ const intervene = (() => {
     $("result").append(section);
     $("iv-layer").addEventListener("change", () => { ours.layer = +$("iv-layer").value; headOptions(); neuronSoon(); });
     $("iv-head").addEventListener("change", () => { ours.head = +$("iv-head").value; neuronSoon(); });
+    $("neuron").addEventListener("mousemove", pointNeuron);
     $("replace").addEventListener("click", replace);
     $("replacement").addEventListener("keydown", (e) => { if (e.key === "Enter") replace(); });
     $("ablate").addEventListener("click", () => ablate(false));
@@ -167,26 +169,36 @@ const intervene = (() => {
     }, 120);
   }
 
-  function diverging(value, peak) {  // blue (negative) - white - red (positive), |value| / peak
+  function diverging(value, peak) {  // [r, g, b, 255]: blue (negative) - white - red (positive), by |value| / peak
     const f = Math.min(1, Math.abs(value) / (peak || 1)), far = value < 0 ? [33, 102, 172] : [178, 24, 43];
-    return `rgb(${far.map((c) => Math.round(255 + (c - 255) * f)).join(",")})`;
+    return [...far.map((c) => Math.round(255 + (c - 255) * f)), 255];
   }
-  const peakOf = (rows) => Math.max(1e-12, ...rows.flat().map(Math.abs));
+  function peakOf(rows, magnitude = Math.abs) {  // the largest |value| (no spread: a 1,024 x 1,024 map is too long)
+    let peak = 1e-12;
+    for (const row of rows) for (const value of row) peak = Math.max(peak, magnitude(value));
+    return peak;
+  }
 
-  function cells(group, values, x, y, width, peak, kind) {
-    values.forEach((value, d) => {
-      const cell = svg("rect", {x: x + d * width, y, width, height: CELL - 4, class: kind,
-        fill: diverging(value, peak), "data-value": value});
-      cell.append(svg("title", {}, `${kind} dimension ${d + 1}: ${value.toFixed(4)}`));
-      group.append(cell);
-    });
+  function raster(rows, rgba) {  // a canvas with one pixel per number, coloured by rgba(value) -> [r, g, b, a]
+    const canvas = el("canvas", {width: rows[0].length, height: rows.length});
+    const context = canvas.getContext("2d"), image = context.createImageData(canvas.width, canvas.height);
+    rows.forEach((row, i) => row.forEach((value, j) => image.data.set(rgba(value), 4 * (i * canvas.width + j))));
+    context.putImageData(image, 0, 0);
+    return canvas;
+  }
+
+  function block(rows, x, y, width, peak, kind) {  // vectors, one per row, as one image: fast at 1,024 tokens
+    return svg("image", {href: raster(rows, (v) => diverging(v, peak)).toDataURL(), x, y, class: kind,
+      width: rows[0].length * width, height: rows.length * CELL, preserveAspectRatio: "none"});
   }
 
   function drawNeuron(n) {
     const root = $("neuron"), hd = n.head_dim, width = Math.max(3, Math.min(10, 240 / hd));
-    const left = Math.max(40, labelWidth(n.tokens)), block = hd * width, gap = 24;
-    const xKeys = left, xProducts = xKeys + Math.max(block, 40) + gap, xScore = xProducts + Math.max(block, 50) + gap;
+    const left = Math.max(40, labelWidth(n.tokens)), gap = 24;
+    const xKeys = left, xProducts = xKeys + Math.max(hd * width, 40) + gap;
+    const xScore = xProducts + Math.max(hd * width, 50) + gap;
     const top = 3 * CELL, vectors = peakOf([n.query, ...n.keys]), products = peakOf(n.products);
+    ours.neuron = {n, xKeys, xProducts, width, top};
     root.replaceChildren();
     root.setAttribute("width", xScore + 330);
     root.setAttribute("height", top + CELL * n.tokens.length + 8);
@@ -199,26 +211,37 @@ const intervene = (() => {
     heading(xScore, "q\u00b7k");
     heading(xScore + 70, n.has_bias ? "scaled + bias" : "scaled");
     heading(xScore + 170, "softmax");
-    const query = svg("g", {class: "query-vector"});
-    cells(query, n.query, xKeys, CELL + 2, width, vectors, "query");
-    root.append(query, svg("text", {x: left - 6, y: CELL * 1.8, "text-anchor": "end", class: "selected"}, "q"));
-    n.tokens.forEach((token, j) => {
-      const y = top + j * CELL, allowed = n.allowed[j];
-      const row = svg("g", {class: "neuron-row" + (allowed ? "" : " masked"), "data-key": j,
-        "data-score": n.scores[j], "data-scaled": n.scaled[j], "data-weight": allowed ? n.weights[j] : 0});
-      row.append(svg("text", {x: left - 6, y: y + CELL * 0.7, "text-anchor": "end",
-        class: j === n.token ? "selected" : ""}, shown(token)));
-      cells(row, n.keys[j], xKeys, y, width, vectors, "key");
-      cells(row, n.products[j], xProducts, y, width, products, "product");
-      row.append(svg("text", {x: xScore, y: y + CELL * 0.7}, n.scores[j].toFixed(3)),
-        svg("text", {x: xScore + 70, y: y + CELL * 0.7}, allowed ? n.scaled[j].toFixed(3) : "masked"));
-      if (allowed) {
-        row.append(svg("rect", {x: xScore + 170, y: y + 2, height: CELL - 6, width: 100 * n.weights[j],
-          fill: "#0072b2", class: "weight-bar"}), svg("text", {x: xScore + 276, y: y + CELL * 0.7},
-          n.weights[j].toFixed(3)));
-      }
-      root.append(row);
-    });
+    root.append(block([n.query], xKeys, CELL + 2, width, vectors, "query"),
+      svg("text", {x: left - 6, y: CELL * 1.8, "text-anchor": "end", class: "selected"}, "q"),
+      block(n.keys, xKeys, top, width, vectors, "keys"), block(n.products, xProducts, top, width, products, "products"));
+    n.tokens.forEach((token, j) => root.append(neuronRow(n, token, j, top + j * CELL, left, xScore)));
+  }
+
+  function neuronRow(n, token, j, y, left, xScore) {  // one key's label, score, scaled score and weight
+    const allowed = n.allowed[j], text = (x, value) => svg("text", {x, y: y + CELL * 0.7}, value);
+    const row = svg("g", {class: "neuron-row" + (allowed ? "" : " masked"), "data-key": j,
+      "data-score": n.scores[j], "data-scaled": n.scaled[j], "data-weight": allowed ? n.weights[j] : 0});
+    row.append(svg("text", {x: left - 6, y: y + CELL * 0.7, "text-anchor": "end",
+      class: j === n.token ? "selected" : ""}, shown(token)));
+    if (!allowed) row.append(svg("rect", {x: left, y, width: xScore - left, height: CELL, class: "veil"}));
+    row.append(text(xScore, n.scores[j].toFixed(3)), text(xScore + 70, allowed ? n.scaled[j].toFixed(3) : "masked"));
+    if (allowed) {
+      row.append(svg("rect", {x: xScore + 170, y: y + 2, height: CELL - 6, width: 100 * n.weights[j],
+        fill: "#0072b2", class: "weight-bar"}), text(xScore + 276, n.weights[j].toFixed(3)));
+    }
+    return row;
+  }
+
+  function pointNeuron(event) {  // the numbers under the mouse: one dimension of a key and of its product
+    if (!ours.neuron) return;
+    const {n, xKeys, xProducts, width, top} = ours.neuron, box = $("neuron").getBoundingClientRect();
+    const x = event.clientX - box.left, j = Math.floor((event.clientY - box.top - top) / CELL);
+    const inKeys = x >= xKeys && x < xKeys + n.head_dim * width, inProducts = x >= xProducts &&
+      x < xProducts + n.head_dim * width;
+    if (j < 0 || j >= n.tokens.length || !(inKeys || inProducts)) return;
+    const d = Math.floor((x - (inKeys ? xKeys : xProducts)) / width);
+    $("neuron-info").textContent = `key ${j + 1} (${shown(n.tokens[j])}), dimension ${d + 1}: ` +
+      `q = ${n.query[d].toFixed(4)}, k = ${n.keys[j][d].toFixed(4)}, q \u00d7 k = ${n.products[j][d].toFixed(4)}`;
   }
 
   // -------------------------------------------------------------------------------------------------------------
@@ -232,29 +255,23 @@ const intervene = (() => {
     if (reply) drawReplacement(reply);
   }
 
-  function heatMap(title, rows, tokens, paint) {  // one (queries x keys) map as a canvas, scaled up
-    const figure = el("figure", {class: "replace-map"}), canvas = el("canvas", {width: rows.length,
-      height: rows.length, "aria-label": title, "data-map": title.split(" ")[0]});
-    const context = canvas.getContext("2d"), image = context.createImageData(rows.length, rows.length);
-    rows.forEach((row, i) => row.forEach((w, j) => {
-      const c = paint(w).match(/[0-9]+/g).map(Number), k = 4 * (i * rows.length + j);
-      image.data.set([...c, 255], k);
-    }));
-    context.putImageData(image, 0, 0);
+  function heatMap(title, rows, rgba) {  // one (queries x keys) map as a canvas, scaled up
+    const figure = el("figure", {class: "replace-map"}), canvas = raster(rows, rgba);
+    canvas.setAttribute("aria-label", title);
     canvas.style.width = canvas.style.height = `${Math.max(120, Math.min(320, 12 * rows.length))}px`;
     figure.append(el("figcaption", {}, title), canvas);
     return figure;
   }
 
   function drawReplacement(r) {
-    const peak = Math.max(...r.before.flat(), ...r.after.flat(), 1e-12), change = peakOf(r.difference || [[0]]);
-    const scale = (w) => `rgb(${RAMP[0].map((c, i) => Math.round(c + (RAMP[1][i] - c) * Math.max(0, w) / peak))})`;
+    const peak = Math.max(peakOf(r.before || [[0]]), peakOf(r.after || [[0]])), change = peakOf(r.difference || [[0]]);
+    const scale = (w) => [...RAMP[0].map((c, i) => Math.round(c + (RAMP[1][i] - c) * Math.max(0, w) / peak)), 255];
     const where = `layer ${r.layer + 1}, head ${r.head + 1}`;
     $("replace-maps").replaceChildren(...(r.before ? [
-      heatMap(`before: \u201c${shown(r.tokens[r.position])}\u201d (${where})`, r.before, r.tokens, scale),
-      heatMap(`after: \u201c${shown(r.edited_tokens[r.position])}\u201d`, r.after, r.edited_tokens, scale),
+      heatMap(`before: \u201c${shown(r.tokens[r.position])}\u201d (${where})`, r.before, scale),
+      heatMap(`after: \u201c${shown(r.edited_tokens[r.position])}\u201d`, r.after, scale),
       heatMap(`difference (after \u2212 before; blue less, red more, up to ${change.toFixed(3)})`, r.difference,
-        r.tokens, (w) => diverging(w, change)),
+        (w) => diverging(w, change)),
     ] : [el("p", {class: "note"}, r.note)]));
     $("replace-predicts").textContent = r.predicts ? `Predictions: ${r.predicts}, before and after` : "";
     const table = $("replace-predictions");
