@@ -1,8 +1,9 @@
 """Look closer and intervene (kqv.explore.interventions), every number against an independent computation: the
 neuron view's products sum to the scores and its softmax is the model's own attention weights; a replaced token's
 views are a forward pass on the edited ids; a head switched off is a copy of the model with that head's columns of
-the output projection zeroed (zero ablation) or folded into its bias (mean ablation). And the front door refuses
-bad numbers on the new endpoints."""
+the output projection zeroed (zero ablation) or folded into its bias (mean ablation); on Hugging Face GPT-2 and BERT
+directories, the same against Hugging Face's own models. And the front door refuses bad numbers on the new
+endpoints."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import test_explore_pretrained as pretrained
 from conftest import tiny_config
 from kqv.data.tokenizers import CharTokenizer
 from kqv.data.vocabulary import Vocabulary
@@ -315,3 +317,74 @@ def test_the_new_endpoints_refuse_other_sites():
         assert local.post(path, json={"text": TEXT}, headers={"host": "evil.example.com"}).status_code == 421
         response = local.post(path, json={"text": TEXT}, headers={"Origin": "http://evil.example.com"})
         assert response.status_code == 403 and "only the explorer's own page" in response.json()["error"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Hugging Face directories, against Hugging Face's own models
+
+
+# the Hugging Face tests' fixtures, used here by name: a BPE tokenizer and GPT-2, BERT and BERT masked-LM directories
+# saved from random-initialised transformers models
+tokenizer, dirs = pretrained.tokenizer, pretrained.dirs
+
+
+def test_a_gpt2_directorys_ablation_equals_hugging_faces_gpt2_with_the_heads_projection_rows_zeroed(tokenizer, dirs):
+    from transformers import GPT2LMHeadModel
+
+    from kqv.explore.loading import load_subject
+
+    subject = load_subject(dirs["gpt2"])
+    text = "whether 'tis nobler in the mind"
+    answer = ablate_heads(subject, {"text": text, "heads": [[0, 1], [1, 0]]})
+    ids = torch.tensor([tokenizer.encode(text)])
+
+    def hf_loss(heads) -> float:
+        model = GPT2LMHeadModel.from_pretrained(dirs["gpt2"]).eval()
+        for layer, head in heads:
+            projection = model.transformer.h[layer].attn.c_proj  # a Conv1D: weight (in, out)
+            width = model.config.n_embd // model.config.n_head
+            projection.weight.data[head * width : (head + 1) * width] = 0.0
+        return float(model(ids, labels=ids).loss)
+
+    assert answer["loss"] == pytest.approx(hf_loss([]), abs=1e-5)
+    for row in answer["heads"]:
+        assert row["loss"] == pytest.approx(hf_loss([(row["layer"], row["head"])]), abs=1e-5)
+    assert answer["chosen"]["loss"] == pytest.approx(hf_loss([(0, 1), (1, 0)]), abs=1e-5)
+
+
+def test_a_gpt2_directorys_neuron_view_and_replacement_match_hugging_face(tokenizer, dirs):
+    from transformers import GPT2LMHeadModel
+
+    from kqv.explore.loading import load_subject
+
+    subject, text = load_subject(dirs["gpt2"]), "whether 'tis nobler in the mind"
+    ids = tokenizer.encode(text)
+    model = GPT2LMHeadModel.from_pretrained(dirs["gpt2"], attn_implementation="eager").eval()
+    attentions = model(torch.tensor([ids]), output_attentions=True).attentions
+    view = neuron_view(subject, {"text": text, "layer": 1, "head": 1, "token": 4})
+    torch.testing.assert_close(torch.tensor(view["weights"]), attentions[1][0, 1, 4], atol=2e-6, rtol=0)
+    piece = tokenizer.encode(" the")
+    assert len(piece) == 1  # a byte-level piece with its space, one token
+    answer = replace_token(subject, {"text": text, "position": 2, "replacement": " the"})
+    edited = [*ids]
+    edited[2] = piece[0]
+    after = model(torch.tensor([edited])).logits[0, -1].softmax(-1)
+    for row in answer["predictions"]:
+        assert row["after"] == pytest.approx(float(after[row["id"]]), abs=2e-6)
+
+
+def test_a_bert_masked_lm_directorys_masked_token_equals_hugging_faces_guess(tokenizer, dirs):
+    from transformers import BertForMaskedLM
+
+    from kqv.explore.loading import load_subject
+
+    subject, text = load_subject(dirs["bert-mlm"]), "whether 'tis nobler in the mind"
+    answer = replace_token(subject, {"text": text, "position": 3})
+    ids = tokenizer.encode(text)
+    edited = [*ids]
+    edited[3] = tokenizer.token_to_id("[MASK]")
+    assert answer["edited_tokens"][3] == "[MASK]" and answer["predicts"] == "the token at position 4"
+    model = BertForMaskedLM.from_pretrained(dirs["bert-mlm"]).eval()
+    after = model(torch.tensor([edited])).logits[0, 3].softmax(-1)
+    for row in answer["predictions"]:
+        assert row["after"] == pytest.approx(float(after[row["id"]]), abs=2e-6)
