@@ -21,9 +21,9 @@ from kqv.data.tokenizers import CharTokenizer
 from kqv.data.vocabulary import Vocabulary
 from kqv.errors import DataError
 from kqv.explore.interventions import ablate_heads, neuron_view, replace_token, self_attention_layers
-from kqv.explore.subjects import LMSubject, MLMSubject, NotApplicable
+from kqv.explore.subjects import ClassifierSubject, LMSubject, MLMSubject, NotApplicable
 from kqv.jobs.lm import SampleConfig
-from kqv.nn.heads import MaskedLM
+from kqv.nn.heads import MaskedLM, SequenceClassifier
 from kqv.nn.models import DecoderLM
 
 TEXT = "abc bad cafe"
@@ -131,6 +131,23 @@ def test_masking_a_token_in_an_encoder_equals_a_forward_pass_with_the_mask_there
         assert row["before"] == pytest.approx(float(before[row["id"]]), abs=1e-6)
     weights = subject.encoder.attention_weights(torch.tensor([edited]))[0][0, 1]
     torch.testing.assert_close(torch.tensor(answer["after"]), weights, atol=1e-6, rtol=0)
+
+
+def test_replacing_a_token_in_a_classifier_compares_its_class_probabilities():
+    vocabulary = Vocabulary.train("char", "abcdefghij ", 0)
+    model = SequenceClassifier(tiny_config(vocab_size=vocabulary.size), n_classes=3, pooling="mean").eval()
+    subject = ClassifierSubject("tiny", model, vocabulary, ["neg", "neutral", "pos"], limit=64)
+    answer = replace_token(subject, {"text": TEXT, "position": 1, "replacement": "j"})
+    ids, _ = subject.tokenize(TEXT)  # [CLS] + the text
+    edited = [*ids]
+    edited[1] = vocabulary.encode("j")[0]
+    assert answer["tokens"][0] == "[CLS]" and answer["edited_tokens"][1] == "j"
+    before, after = (model(torch.tensor([i]))[0].softmax(-1) for i in (ids, edited))
+    assert answer["predicts"] == "the class probabilities"
+    assert {row["token"] for row in answer["predictions"]} == {"neg", "neutral", "pos"}
+    for row in answer["predictions"]:
+        assert row["before"] == pytest.approx(float(before[row["id"]]), abs=1e-6)
+        assert row["after"] == pytest.approx(float(after[row["id"]]), abs=1e-6)
 
 
 @pytest.mark.parametrize(

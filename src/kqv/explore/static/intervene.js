@@ -119,7 +119,7 @@ const intervene = (() => {
     $("iv-layer").value = ours.layer;
     headOptions();
     $("replace-position").replaceChildren(...tokens.map((t, i) => el("option", {value: i}, `${i + 1}: ${shown(t)}`)));
-    $("replacement").placeholder = ours.available.mask_token || "one token, e.g. \u2423the";
+    $("replacement").placeholder = ours.available.mask_token || "one token";
     for (const id of ["neuron", "replace-maps", "replace-predictions", "ablation", "ablate-next"]) $(id).replaceChildren();
     for (const id of ["replace-predicts", "replace-heads", "ablate-summary"]) $(id).textContent = "";
     $("ablate-chosen").disabled = true;
