@@ -11,6 +11,7 @@ import torch
 import test_explore_browser as shared
 from kqv.explore.interventions import neuron_view
 from test_explore_browser import Page, Server, create_app
+from test_explore_browser_state import Held
 from test_explore_interventions import TEXT, ids_of, lm_subject, mlm_subject, reference
 
 browser = shared.browser  # the shared module's Chromium, used here by name
@@ -165,3 +166,26 @@ def test_a_new_text_clears_the_old_results_and_a_refused_one_hides_the_section(o
     p.page.wait_for_selector("#intervene:not([hidden])")
     assert p.page.locator("#ablation tbody tr").count() == 0
     wait_until(p, lambda page: page.locator("#neuron .neuron-row").count() == 7, "the new text's neuron view")
+
+
+def test_a_late_reply_is_never_drawn_over_a_newer_request(opened):
+    p = opened("lm")
+    wait_until(p, lambda page: "query 12" in neuron_label(page), "the first neuron view")
+    held = Held(p, "/api/neuron")
+    p.page.click("#head-view text.query[data-index='2']")
+    held.wait(p)
+    p.page.click("#head-view text.query[data-index='6']")
+    held.wait(p, 2)
+    held.release()  # both go on: the reply for token 3, if any, arrives after its request was replaced
+    wait_until(p, lambda page: "query 7" in neuron_label(page), "the neuron view of the newer request")
+    p.page.wait_for_timeout(300)
+    assert "query 7" in neuron_label(p.page)
+    replies = Held(p, "/api/replace")
+    p.page.click("#replace")  # the LM has no mask token: this one would be refused, but it is held
+    replies.wait(p)
+    p.page.fill("#text", "bad cab")
+    p.page.click("#analyze")
+    wait_until(p, lambda page: page.locator("#neuron .neuron-row").count() == 7, "the new text's neuron view")
+    replies.release()
+    p.page.wait_for_timeout(300)
+    assert p.page.is_hidden("#iv-error") and p.page.locator("#replace-predictions tr").count() == 0
