@@ -51,14 +51,14 @@ INTERVENE_NUMBERS = {
 
 
 @dataclass
-class Target:
-    """What an intervention runs on: the module holding the self-attention layers (`root`, whose
-    `attention_weights(ids)` gives their weights), the input's ids, and how to read the subject's predictions."""
+class Reader:
+    """How the interventions read a subject: the module holding its self-attention layers (`root`, whose
+    `attention_weights(ids)` gives their weights), how to encode a text and label its tokens, and its predictions."""
 
     subject: Subject
     root: nn.Module
-    ids: list[int]
     causal: bool
+    encode: Callable[[str], list[int]]  # a checked text -> its ids, as the subject's analysis reads it
     predict: Callable[[Tensor], Tensor] | None  # ids (1, time) -> logits: (1, time, vocab) or (1, classes)
     label: Callable[[int], str]  # a token id, readable
     mask_id: int | None
@@ -77,62 +77,63 @@ def self_attention_layers(root: nn.Module) -> list[MultiHeadAttention]:
     return [m for m in root.modules() if isinstance(m, MultiHeadAttention) and not m.cross_attention]
 
 
-def target_of(subject: Subject, text: Any) -> Target:
-    """The Target of a subject's text, or NotApplicable for the kinds of model the interventions do not cover."""
-    text = check_text(text)
+def reader_of(subject: Subject) -> Reader:
+    """The Reader of a subject, or NotApplicable for the kinds of model the interventions do not cover."""
     if isinstance(subject, LMSubject):
-        ids = subject.encode(text)
-        return Target(subject, subject.model, ids, True, subject.model, subject.label, None, subject.tokenizer.encode)
+        model, tokenizer = subject.model, subject.tokenizer
+        return Reader(subject, model, True, subject.encode, model, subject.label, None, tokenizer.encode)
     if isinstance(subject, (MLMSubject, ClassifierSubject)):
         vocabulary = subject.vocabulary
         label = lambda i: subject.specials.get(i) or vocabulary.tokenizer.decode([i])
-        return encoder_target(subject, text, subject.model, label, vocabulary.mask_id, vocabulary.encode)
+        return encoder_reader(subject, subject.model, label, vocabulary.mask_id, vocabulary.encode)
     if isinstance(subject, PretrainedEncoderSubject):
         hf = subject.tokenizer.tokenizer
         piece = lambda i: MASK if i == subject.mask_id else readable_piece(subject.tokenizer.decode, hf.id_to_token, i)
         plain = lambda s: hf.encode(s, add_special_tokens=False).ids
-        mask_id = hf.token_to_id(MASK)
-        return encoder_target(subject, text, subject.head, piece, mask_id, plain)
+        return encoder_reader(subject, subject.head, piece, hf.token_to_id(MASK), plain)
     if isinstance(subject, EmbeddingSubject):
         hf = subject.sentence_encoder.tokenizer
         plain = lambda s: hf.encode(s, add_special_tokens=False).ids
-        return encoder_target(subject, text, None, hf.id_to_token, hf.token_to_id(MASK), plain)
+        return encoder_reader(subject, None, hf.id_to_token, hf.token_to_id(MASK), plain)
     raise NotApplicable(
         f"the neuron view, replacing a token and switching heads off apply to language models and encoders; "
         f"this is a {subject.task} run"
     )
 
 
-def encoder_target(subject: Any, text: str, predict: Any, label: Any, mask_id: int | None, pieces: Any) -> Target:
-    ids, _ = subject.tokenize(text)
-    subject.check_length(len(ids))
-    return Target(subject, subject.encoder, ids, False, predict, label, mask_id, pieces)
+def encoder_reader(subject: Any, predict: Any, label: Any, mask_id: int | None, pieces: Any) -> Reader:
+    def encode(text: str) -> list[int]:
+        ids, _ = subject.tokenize(text)
+        subject.check_length(len(ids))
+        return ids
+
+    return Reader(subject, subject.encoder, False, encode, predict, label, mask_id, pieces)
+
+
+def target_of(subject: Subject, text: Any) -> tuple[Reader, list[int]]:
+    """The subject's reader and the ids of the request's text (checked: a string, not empty, not too long)."""
+    reader = reader_of(subject)
+    return reader, reader.encode(check_text(text))
 
 
 def available(subject: Subject) -> dict[str, Any]:
     """Which interventions the subject has (the page shows only those), and why not where it has none."""
     try:
-        target_of(subject, "a")
+        reader = reader_of(subject)
     except NotApplicable as error:
-        return {"neuron": False, "replace": False, "ablate": False, "note": str(error)}
-    except DataError:
-        pass  # the probe text itself (e.g. too long for a one-position model): the kinds still apply
-    full = all(isinstance(layer.core, FullAttention) for layer in self_attention_layers(target_root(subject)))
+        return {"neuron": False, "replace": False, "ablate": False, "mask_token": None, "note": str(error)}
+    full = all(isinstance(layer.core, FullAttention) for layer in reader.layers)
     return {
         "neuron": full,
         "replace": True,
         "ablate": isinstance(subject, LMSubject),
-        "mask_token": MASK if not isinstance(subject, LMSubject) else None,
+        "mask_token": MASK if reader.mask_id is not None else None,
         "note": None if full else "the neuron view needs full attention (this model's cores form no scores)",
     }
 
 
-def target_root(subject: Subject) -> nn.Module:
-    return subject.model if isinstance(subject, LMSubject) else subject.encoder
-
-
-def check_layer_head(target: Target, request: dict[str, Any]) -> tuple[int, int]:
-    layers = target.layers
+def check_layer_head(reader: Reader, request: dict[str, Any]) -> tuple[int, int]:
+    layers = reader.layers
     layer = check_int(request.get("layer", 0), "layer", 0, len(layers) - 1)
     head = check_int(request.get("head", 0), "head", 0, layers[layer].n_heads - 1)
     return layer, head
@@ -189,21 +190,21 @@ def neuron_numbers(
 
 def neuron_view(subject: Subject, request: dict[str, Any]) -> dict[str, Any]:
     """The neuron view of request's layer, head and query token (`token`, default the last) over its text."""
-    target = target_of(subject, request.get("text"))
-    layer, head = check_layer_head(target, request)
-    attention = target.layers[layer]
+    reader, ids = target_of(subject, request.get("text"))
+    layer, head = check_layer_head(reader, request)
+    attention = reader.layers[layer]
     if not isinstance(attention.core, FullAttention):
         raise NotApplicable(f"layer {layer + 1}'s attention core forms no scores: the neuron view needs full attention")
-    query = check_int(request.get("token", len(target.ids) - 1), "token", 0, len(target.ids) - 1)
-    batch = torch.tensor([target.ids])
+    query = check_int(request.get("token", len(ids) - 1), "token", 0, len(ids) - 1)
+    batch = torch.tensor([ids])
     with subject.lock:
-        numbers = neuron_numbers(attention, lambda: target.root(batch), head, query, target.causal)
+        numbers = neuron_numbers(attention, lambda: reader.root(batch), head, query, reader.causal)
     return {
-        "tokens": target.tokens(target.ids),
+        "tokens": reader.tokens(ids),
         "layer": layer,
         "head": head,
         "token": query,
-        "causal": target.causal,
+        "causal": reader.causal,
         "head_dim": attention.head_dim,
         "has_bias": bool(attention.positions.has_score_bias),
         **{name: rounded(numbers[name]) for name in ("query", "keys", "products", "scores", "bias", "scaled")},
@@ -216,20 +217,20 @@ def neuron_view(subject: Subject, request: dict[str, Any]) -> dict[str, Any]:
 # Replacing a token
 
 
-def replacement_id(target: Target, replacement: Any) -> int:
+def replacement_id(reader: Reader, replacement: Any) -> int:
     """The id a request's `replacement` names: the mask token (None, or "[MASK]") in an encoder, else the one
     token the typed text is."""
     if replacement is None or replacement == MASK:
-        if target.mask_id is None:
+        if reader.mask_id is None:
             raise DataError(
                 "this model has no mask token: type the token to put in its place as replacement (e.g. ' the')"
             )
-        return target.mask_id
+        return reader.mask_id
     if not isinstance(replacement, str) or not replacement:
         raise DataError(f"replacement must be a non-empty string (one token), got {replacement!r}")
-    ids = target.pieces(replacement)
+    ids = reader.pieces(replacement)
     if len(ids) != 1:
-        pieces = [target.label(i) for i in ids]
+        pieces = [reader.label(i) for i in ids]
         raise DataError(
             f"replacement {replacement!r} is {len(ids)} tokens {pieces}, not one: type a single token (the view "
             f"compares the same positions before and after)"
@@ -260,49 +261,49 @@ def compared(before: Tensor, after: Tensor, label: Callable[[int], str], k: int)
     return sorted(rows, key=lambda row: -row["before"])
 
 
-def predictions(target: Target, batch: Tensor, position: int) -> tuple[str, Tensor, Callable[[int], str]] | None:
+def predictions(reader: Reader, batch: Tensor, position: int) -> tuple[str, Tensor, Callable[[int], str]] | None:
     """What the subject predicts on batch (1, time): (what, logits (n,), label of each outcome), or None."""
-    if target.predict is None:
+    if reader.predict is None:
         return None
-    logits = target.predict(batch)[0]
-    if isinstance(target.subject, LMSubject):
-        return "the next token after the text", logits[-1], target.label
-    if isinstance(target.subject, ClassifierSubject):
-        return "the class probabilities", logits, lambda i: target.subject.labels[i]
-    return f"the token at position {position + 1}", logits[position], target.label
+    logits = reader.predict(batch)[0]
+    if isinstance(reader.subject, LMSubject):
+        return "the next token after the text", logits[-1], reader.label
+    if isinstance(reader.subject, ClassifierSubject):
+        return "the class probabilities", logits, lambda i: reader.subject.labels[i]
+    return f"the token at position {position + 1}", logits[position], reader.label
 
 
 def replace_token(subject: Subject, request: dict[str, Any]) -> dict[str, Any]:
     """The request's text with the token at `position` replaced by `replacement` (default [MASK] in an encoder):
     both inputs' tokens, the chosen head's attention before, after and its change, every head's change, and the
     predictions before and after (top `top_k` of each)."""
-    target = target_of(subject, request.get("text"))
-    layer, head = check_layer_head(target, request)
-    position = check_int(request.get("position", len(target.ids) - 1), "position", 0, len(target.ids) - 1)
+    reader, ids = target_of(subject, request.get("text"))
+    layer, head = check_layer_head(reader, request)
+    position = check_int(request.get("position", len(ids) - 1), "position", 0, len(ids) - 1)
     k = check_int(request.get("top_k", 5), "top_k", 1, 50)
-    edited = [*target.ids]
-    edited[position] = replacement_id(target, request.get("replacement"))
-    before, after = torch.tensor([target.ids]), torch.tensor([edited])
-    full = all(isinstance(layer.core, FullAttention) for layer in target.layers)
+    edited = [*ids]
+    edited[position] = replacement_id(reader, request.get("replacement"))
+    before, after = torch.tensor([ids]), torch.tensor([edited])
+    full = all(isinstance(layer.core, FullAttention) for layer in reader.layers)
     answer: dict[str, Any] = {
-        "tokens": target.tokens(target.ids),
-        "edited_tokens": target.tokens(edited),
+        "tokens": reader.tokens(ids),
+        "edited_tokens": reader.tokens(edited),
         "position": position,
         "layer": layer,
         "head": head,
-        "causal": target.causal,
+        "causal": reader.causal,
     }
     with subject.lock, torch.no_grad():
         if full:
             weights = [
-                torch.stack([w[0] for w in target.root.attention_weights(ids)]).float() for ids in (before, after)
+                torch.stack([w[0] for w in reader.root.attention_weights(batch)]).float() for batch in (before, after)
             ]
             answer["before"], answer["after"] = (rounded(w[layer, head]) for w in weights)
             answer["difference"] = rounded(weights[1][layer, head] - weights[0][layer, head])
             answer["change"] = attention_change(*weights)
         else:
             answer["note"] = "this model's attention cores form no weights: only the predictions are compared"
-        old, new = predictions(target, before, position), predictions(target, after, position)
+        old, new = predictions(reader, before, position), predictions(reader, after, position)
     if old is not None:
         answer["predicts"] = old[0]
         answer["predictions"] = compared(old[1], new[1], old[2], k)
@@ -402,14 +403,14 @@ def ablate_heads(subject: Subject, request: dict[str, Any]) -> dict[str, Any]:
     """Zero or mean ablation (`mode`) of every head alone, as a table; with `heads`, of those together too."""
     if not isinstance(subject, LMSubject):
         raise NotApplicable(f"switching heads off measures a language model's loss; this is a {subject.task} run")
-    target = target_of(subject, request.get("text"))
-    if len(target.ids) < 2:
+    reader, ids = target_of(subject, request.get("text"))
+    if len(ids) < 2:
         raise DataError("the text is one token long: the loss of a text needs at least two tokens")
     mode = request.get("mode", "zero")
     if mode not in MODES:
         raise DataError(f"mode must be one of {list(MODES)}, got {mode!r}")
     k = check_int(request.get("top_k", 5), "top_k", 1, 50)
-    layers, model, batch = target.layers, subject.model, torch.tensor([target.ids])
+    layers, model, batch = reader.layers, subject.model, torch.tensor([ids])
     chosen = check_heads(request["heads"], layers) if request.get("heads") is not None else None
     with subject.lock, torch.no_grad():
         clean = model(batch)[0]  # (time, vocab)
@@ -424,16 +425,16 @@ def ablate_heads(subject: Subject, request: dict[str, Any]) -> dict[str, Any]:
     pairs = [(n, h) for n, a in enumerate(layers) for h in range(a.n_heads)]
     answer = {
         "mode": mode,
-        "tokens": target.tokens(target.ids),
+        "tokens": reader.tokens(ids),
         "loss": round(loss, LOSS_DECIMALS),
-        "next": top_tokens(clean[-1:], target.label, k)[0],
-        "heads": [summary(row, loss, target.label, layer=n, head=h) for (n, h), row in zip(pairs, table)],
+        "next": top_tokens(clean[-1:], reader.label, k)[0],
+        "heads": [summary(row, loss, reader.label, layer=n, head=h) for (n, h), row in zip(pairs, table)],
     }
     if together is not None:
         answer["chosen"] = {
             "heads": [list(pair) for pair in chosen],
-            **summary(together, loss, target.label),
-            "next": compared(clean[-1], together["logits"], target.label, k),
+            **summary(together, loss, reader.label),
+            "next": compared(clean[-1], together["logits"], reader.label, k),
         }
     return answer
 
