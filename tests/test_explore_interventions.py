@@ -336,6 +336,23 @@ def test_the_new_endpoints_refuse_other_sites():
         assert response.status_code == 403 and "only the explorer's own page" in response.json()["error"]
 
 
+def test_models_without_interventions_say_so_and_a_saved_page_leaves_them_out():
+    from kqv.explore.export import standalone_page
+    from kqv.explore.interventions import available
+    from kqv.explore.subjects import Subject
+
+    other = Subject("translation", torch.nn.Linear(2, 2), limit=8)
+    other.task = "mt"
+    answer = available(other)
+    assert not (answer["neuron"] or answer["replace"] or answer["ablate"]) and "this is a mt run" in answer["note"]
+    encoder = available(mlm_subject())
+    assert encoder["neuron"] and encoder["replace"] and not encoder["ablate"] and encoder["mask_token"] == "[MASK]"
+    assert not available(lm_subject(attention="linformer", linformer={"k": 8}))["neuron"]
+    subject = lm_subject()
+    page = standalone_page(subject.info(), subject.analyze({"text": TEXT}), {"text": TEXT})
+    assert "intervene.js" not in page and "intervene.css" not in page and "<script>" in page
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Hugging Face directories, against Hugging Face's own models
 
