@@ -7,12 +7,6 @@
     POST /api/continue    {"text": ..., ("max_new_tokens", "temperature", "top_k", "top_p", "seed")} -> NDJSON
                           lines, one per sampled token as it is generated, then {"done": true, "text": ...}
     POST /api/export      the same body as analyze -> one self-contained HTML file of the views (data inlined)
-    GET  /api/interventions    which of the next three the model has (kqv.explore.interventions)
-    POST /api/neuron      {"text", "layer", "head", "token"} -> query, keys, products, scores and weights of one query
-    POST /api/replace     {"text", "position", "replacement", "layer", "head"} -> attention and predictions, before
-                          and after
-    POST /api/ablate      {"text", "mode": "zero" | "mean", "heads": [[layer, head], ...]} -> loss and next-token
-                          effect of every head switched off alone, and of the chosen heads together
 
 Every error is JSON, {"error": message}, with a 4xx status for anything the request can fix (a missing run is 404,
 bad input 400, a body that is not JSON 400, an over-long body 413); a bug answers 500 with a message, never a
@@ -22,6 +16,15 @@ Before any of that, the front door (kqv.explore.guard) answers only the explorer
 other, against DNS rebinding) and its own page (403 for a cross-site request); a body is read only up to
 MAX_BODY_BYTES, and its numbers are checked (finite, in range) before a model runs. Every answer is strict JSON:
 a NaN or infinite number a model produces (e.g. the weights of a diverged run) is sent as null.
+
+Look closer and intervene (kqv.explore.interventions), behind the same front door:
+
+    GET  /api/interventions    which of the next three the model has
+    POST /api/neuron      {"text", "layer", "head", "token"} -> query, keys, products, scores and weights of one query
+    POST /api/replace     {"text", "position", "replacement", "layer", "head"} -> attention and predictions, before
+                          and after
+    POST /api/ablate      {"text", "mode": "zero" | "mean", "heads": [[layer, head], ...]} -> loss and next-token
+                          effect of every head switched off alone, and of the chosen heads together
 """
 
 from __future__ import annotations
@@ -44,9 +47,9 @@ from starlette.staticfiles import StaticFiles
 
 from ..errors import ConfigError
 from ..train.metrics import strict_json
-from . import interventions as intervening
 from .export import STATIC, standalone_page
 from .guard import ANALYZE_NUMBERS, CONTINUE_NUMBERS, LOOPBACK, FrontDoor, Number, check_numbers
+from .interventions import INTERVENE_NUMBERS, ablate_heads, available, neuron_view, replace_token
 from .loading import DEFAULT_MAX_TOKENS, load_subject
 from .subjects import Subject
 
@@ -196,11 +199,11 @@ def create_app(
 
     # look closer and intervene (kqv.explore.interventions): the neuron view, replacing a token, heads switched off
     async def interventions(request: Request) -> Response:
-        return StrictJSONResponse(intervening.available(await run_in_threadpool(explorer.subject)))
+        return StrictJSONResponse(available(await run_in_threadpool(explorer.subject)))
 
     def intervention(compute: Callable) -> Callable:
         async def handler(request: Request) -> Response:
-            payload = await read_json(request, intervening.INTERVENE_NUMBERS)
+            payload = await read_json(request, INTERVENE_NUMBERS)
             subject = await run_in_threadpool(explorer.subject)
             return StrictJSONResponse(await run_in_threadpool(compute, subject, payload))
 
@@ -218,9 +221,9 @@ def create_app(
         Route("/api/continue", endpoint(continue_text), methods=["POST"]),
         Route("/api/export", endpoint(export), methods=["POST"]),
         Route("/api/interventions", endpoint(interventions)),
-        Route("/api/neuron", endpoint(intervention(intervening.neuron_view)), methods=["POST"]),
-        Route("/api/replace", endpoint(intervention(intervening.replace_token)), methods=["POST"]),
-        Route("/api/ablate", endpoint(intervention(intervening.ablate_heads)), methods=["POST"]),
+        Route("/api/neuron", endpoint(intervention(neuron_view)), methods=["POST"]),
+        Route("/api/replace", endpoint(intervention(replace_token)), methods=["POST"]),
+        Route("/api/ablate", endpoint(intervention(ablate_heads)), methods=["POST"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     return Starlette(

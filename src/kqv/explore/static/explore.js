@@ -251,7 +251,6 @@ function selectToken(i) {
   if (i === state.token) return;
   state.token = i;
   drawHeadView(); drawNext(); saveHash(); showChosenToken();
-  window.intervene?.drawn();  // intervene.js: the neuron view follows the chosen token
 }
 
 function showChosenToken() {  // the chosen token scrolled into the head view's box (nothing moves if it is in view)

@@ -1,8 +1,8 @@
 // kqv explore, "Look closer and intervene": the neuron view of one head, a token replaced, heads switched off.
 // Draws the numbers of /api/neuron, /api/replace and /api/ablate (kqv.explore.interventions) and computes none of
 // its own. Loaded after explore.js, whose helpers ($, el, svg, api, begin, latest, shown, activate) and `state` it
-// uses; explore.js calls intervene.drawn() when the views are drawn or a token or head is chosen, and
-// intervene.cleared() when a refused input clears them. Not part of a saved HTML file: it needs the model.
+// uses; explore.js calls intervene.drawn() when the views are drawn or a head is opened, and intervene.cleared()
+// when a refused input clears them; a token chosen in the head view is seen through its events. Not part of a saved HTML file: it needs the model.
 "use strict";
 
 const intervene = (() => {
@@ -375,6 +375,9 @@ const intervene = (() => {
 
   async function start() {
     if ($("kqv-data")) return;  // a saved HTML file: no model to ask
+    for (const type of ["mouseover", "click", "keydown"]) {  // a token chosen in the head view: look at it here
+      $("head-view").addEventListener(type, () => setTimeout(drawn));
+    }
     try {
       ours.available = await (await api("/api/interventions")).json();
     } catch (error) {
