@@ -112,7 +112,8 @@ const intervene = (() => {
     const layers = layersOfView(), tokens = state.analysis.tokens;
     for (const kind of KINDS) if (pending[kind]) { pending[kind].abort(); pending[kind] = null; }  // old text
     $("iv-status").textContent = "";
-    ours.analysis = state.analysis; ours.ablation = null; ours.chosen = new Set(); ours.neuronKey = null;
+    ours.analysis = state.analysis; ours.ablation = null; ours.token = null; ours.neuronKey = null;
+    ours.chosen = new Set();
     ours.layer = state.cell ? state.cell.layer : state.layer;
     ours.head = state.cell ? state.cell.head : Math.min(...state.heads);
     $("iv-layer").replaceChildren(...layers.map((_, l) => el("option", {value: l}, `${l + 1}`)));
@@ -142,7 +143,8 @@ const intervene = (() => {
     $("replace-box").hidden = !a.replace;
     $("ablate-box").hidden = !a.ablate;
     $("iv-token").textContent = shown(state.analysis.tokens[state.token]);
-    if (document.activeElement !== $("replace-position")) $("replace-position").value = state.token;
+    if (state.token !== ours.token) $("replace-position").value = state.token;  // a new token chosen: offer it
+    ours.token = state.token;
     neuronSoon();
   }
 
