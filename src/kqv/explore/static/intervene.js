@@ -2,7 +2,8 @@
 // Draws the numbers of /api/neuron, /api/replace and /api/ablate (kqv.explore.interventions) and computes none of
 // its own. Loaded after explore.js, whose helpers ($, el, svg, api, begin, latest, shown, activate) and `state` it
 // uses; explore.js calls intervene.drawn() when the views are drawn or a head is opened, and intervene.cleared()
-// when a refused input clears them; a token chosen in the head view is seen through its events. Not part of a saved HTML file: it needs the model.
+// when a refused input clears them; a token chosen in the head view is seen through its events. Not part of a
+// saved HTML file: it needs the model.
 "use strict";
 
 const intervene = (() => {
@@ -121,7 +122,9 @@ const intervene = (() => {
     headOptions();
     $("replace-position").replaceChildren(...tokens.map((t, i) => el("option", {value: i}, `${i + 1}: ${shown(t)}`)));
     $("replacement").placeholder = ours.available.mask_token || "one token";
-    for (const id of ["neuron", "replace-maps", "replace-predictions", "ablation", "ablate-next"]) $(id).replaceChildren();
+    for (const id of ["neuron", "replace-maps", "replace-predictions", "ablation", "ablate-next"]) {
+      $(id).replaceChildren();
+    }
     for (const id of ["replace-predicts", "replace-heads", "ablate-summary"]) $(id).textContent = "";
     $("ablate-chosen").disabled = true;
     problem("");
@@ -215,7 +218,8 @@ const intervene = (() => {
     heading(xScore + 170, "softmax");
     root.append(block([n.query], xKeys, CELL + 2, width, vectors, "query"),
       svg("text", {x: left - 6, y: CELL * 1.8, "text-anchor": "end", class: "selected"}, "q"),
-      block(n.keys, xKeys, top, width, vectors, "keys"), block(n.products, xProducts, top, width, products, "products"));
+      block(n.keys, xKeys, top, width, vectors, "keys"),
+      block(n.products, xProducts, top, width, products, "products"));
     n.tokens.forEach((token, j) => root.append(neuronRow(n, token, j, top + j * CELL, left, xScore)));
   }
 
