@@ -164,6 +164,29 @@ def ndjson(lines: Iterator[dict[str, Any]]) -> Iterator[bytes]:
         yield (strict_json({"error": str(error), "status": status_of(error)}) + "\n").encode()
 
 
+def intervention_routes(explorer: Explorer) -> list[Route]:
+    """Look closer and intervene (kqv.explore.interventions): the neuron view, replacing a token, heads switched
+    off; each request checked as analyze's are (JSON object, numbers finite and in range) before the model runs."""
+
+    async def interventions(request: Request) -> Response:
+        return StrictJSONResponse(available(await run_in_threadpool(explorer.subject)))
+
+    def intervention(compute: Callable) -> Callable:
+        async def handler(request: Request) -> Response:
+            payload = await read_json(request, INTERVENE_NUMBERS)
+            subject = await run_in_threadpool(explorer.subject)
+            return StrictJSONResponse(await run_in_threadpool(compute, subject, payload))
+
+        return endpoint(handler)
+
+    return [
+        Route("/api/interventions", endpoint(interventions)),
+        Route("/api/neuron", intervention(neuron_view), methods=["POST"]),
+        Route("/api/replace", intervention(replace_token), methods=["POST"]),
+        Route("/api/ablate", intervention(ablate_heads), methods=["POST"]),
+    ]
+
+
 def create_app(
     run: str | Path, max_tokens: int = DEFAULT_MAX_TOKENS, subject: Subject | None = None, *, host: str = "127.0.0.1"
 ) -> Starlette:
@@ -197,18 +220,6 @@ def create_app(
             page, media_type="text/html", headers={"Content-Disposition": 'attachment; filename="kqv-attention.html"'}
         )
 
-    # look closer and intervene (kqv.explore.interventions): the neuron view, replacing a token, heads switched off
-    async def interventions(request: Request) -> Response:
-        return StrictJSONResponse(available(await run_in_threadpool(explorer.subject)))
-
-    def intervention(compute: Callable) -> Callable:
-        async def handler(request: Request) -> Response:
-            payload = await read_json(request, INTERVENE_NUMBERS)
-            subject = await run_in_threadpool(explorer.subject)
-            return StrictJSONResponse(await run_in_threadpool(compute, subject, payload))
-
-        return handler
-
     async def http_error(request: Request, error: HTTPException) -> Response:
         return StrictJSONResponse(
             {"error": f"{error.detail}: {request.method} {request.url.path}"}, status_code=error.status_code
@@ -220,10 +231,7 @@ def create_app(
         Route("/api/analyze", endpoint(analyze), methods=["POST"]),
         Route("/api/continue", endpoint(continue_text), methods=["POST"]),
         Route("/api/export", endpoint(export), methods=["POST"]),
-        Route("/api/interventions", endpoint(interventions)),
-        Route("/api/neuron", endpoint(intervention(neuron_view)), methods=["POST"]),
-        Route("/api/replace", endpoint(intervention(replace_token)), methods=["POST"]),
-        Route("/api/ablate", endpoint(intervention(ablate_heads)), methods=["POST"]),
+        *intervention_routes(explorer),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     return Starlette(

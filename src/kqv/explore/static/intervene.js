@@ -13,6 +13,7 @@ const intervene = (() => {
   const RAMP = [[255, 255, 255], [0, 114, 178]];  // weights: white (0) to blue (the largest shown)
   const labelWidth = (tokens) => 12 + 7.5 * Math.max(...tokens.map((t) => shown(t).length));
   const KINDS = ["neuron", "replace", "ablate"];
+  const NEURON_OPEN_TOKENS = 256;  // the neuron view starts open up to this many tokens
   // a number to read: 4 decimals, or 3 significant digits when smaller than that shows
   const fmt = (x, sign = false) => (sign && x > 0 ? "+" : "") +
     (x !== 0 && Math.abs(x) < 5e-4 ? x.toExponential(2) : x.toFixed(4));
@@ -31,14 +32,14 @@ const intervene = (() => {
         <span id="iv-status" role="status"></span>
       </div>
       <div id="iv-error" role="alert" hidden></div>
-      <figure id="neuron-box">
-        <figcaption>Neuron view: the query vector q of the chosen token, each key vector k and their elementwise
+      <details id="neuron-box" open><summary><h3>Neuron view</h3></summary><figure>
+        <figcaption>The query vector q of the chosen token, each key vector k and their elementwise
           products q \u00d7 k, whose sum is the score q\u00b7k; the scaled score (/\u221a(head dim), plus the
           position bias where the model adds one) and its softmax, the attention weight. Blue negative, red positive.
         </figcaption>
         <div class="scroll"><svg id="neuron" xmlns="http://www.w3.org/2000/svg"></svg></div>
         <p id="neuron-info" class="muted">Point at a key or product for its numbers.</p>
-      </figure>
+      </figure></details>
       <div id="replace-box">
         <h3>Replace a token</h3>
         <div class="row">
@@ -67,6 +68,7 @@ const intervene = (() => {
     $("iv-layer").addEventListener("change", () => { ours.layer = +$("iv-layer").value; headOptions(); neuronSoon(); });
     $("iv-head").addEventListener("change", () => { ours.head = +$("iv-head").value; neuronSoon(); });
     $("neuron").addEventListener("mousemove", pointNeuron);
+    $("neuron-box").addEventListener("toggle", () => { ours.neuronKey = null; neuronSoon(); });
     $("replace").addEventListener("click", replace);
     $("replacement").addEventListener("keydown", (e) => { if (e.key === "Enter") replace(); });
     $("ablate").addEventListener("click", () => ablate(false));
@@ -121,6 +123,8 @@ const intervene = (() => {
     $("iv-layer").value = ours.layer;
     headOptions();
     $("replace-position").replaceChildren(...tokens.map((t, i) => el("option", {value: i}, `${i + 1}: ${shown(t)}`)));
+    // a long text's neuron view is tall (a row per token): it opens when asked for
+    $("neuron-box").open = tokens.length <= NEURON_OPEN_TOKENS;
     $("replacement").placeholder = ours.available.mask_token || "one token";
     for (const id of ["neuron", "replace-maps", "replace-predictions", "ablation", "ablate-next"]) {
       $(id).replaceChildren();
@@ -162,7 +166,7 @@ const intervene = (() => {
   // the neuron view
 
   function neuronSoon() {  // hovering over tokens moves the query quickly: ask once it rests for a moment
-    if (!ours.available || !ours.available.neuron) return;
+    if (!ours.available || !ours.available.neuron || !$("neuron-box").open) return;  // closed: nothing to draw
     const body = {text: state.request.text, layer: ours.layer, head: ours.head, token: state.token};
     const key = JSON.stringify(body);
     if (key === ours.neuronKey) return;
