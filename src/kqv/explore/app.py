@@ -164,29 +164,6 @@ def ndjson(lines: Iterator[dict[str, Any]]) -> Iterator[bytes]:
         yield (strict_json({"error": str(error), "status": status_of(error)}) + "\n").encode()
 
 
-def intervention_routes(explorer: Explorer) -> list[Route]:
-    """Look closer and intervene (kqv.explore.interventions): the neuron view, replacing a token, heads switched
-    off; each request checked as analyze's are (JSON object, numbers finite and in range) before the model runs."""
-
-    async def interventions(request: Request) -> Response:
-        return StrictJSONResponse(available(await run_in_threadpool(explorer.subject)))
-
-    def intervention(compute: Callable) -> Callable:
-        async def handler(request: Request) -> Response:
-            payload = await read_json(request, INTERVENE_NUMBERS)
-            subject = await run_in_threadpool(explorer.subject)
-            return StrictJSONResponse(await run_in_threadpool(compute, subject, payload))
-
-        return endpoint(handler)
-
-    return [
-        Route("/api/interventions", endpoint(interventions)),
-        Route("/api/neuron", intervention(neuron_view), methods=["POST"]),
-        Route("/api/replace", intervention(replace_token), methods=["POST"]),
-        Route("/api/ablate", intervention(ablate_heads), methods=["POST"]),
-    ]
-
-
 def create_app(
     run: str | Path, max_tokens: int = DEFAULT_MAX_TOKENS, subject: Subject | None = None, *, host: str = "127.0.0.1"
 ) -> Starlette:
@@ -237,6 +214,29 @@ def create_app(
     return Starlette(
         routes=routes, exception_handlers={HTTPException: http_error}, middleware=[Middleware(FrontDoor, host=host)]
     )
+
+
+def intervention_routes(explorer: Explorer) -> list[Route]:
+    """Look closer and intervene (kqv.explore.interventions): the neuron view, replacing a token, heads switched
+    off; each request checked as analyze's are (JSON object, numbers finite and in range) before the model runs."""
+
+    async def interventions(request: Request) -> Response:
+        return StrictJSONResponse(available(await run_in_threadpool(explorer.subject)))
+
+    def intervention(compute: Callable) -> Callable:
+        async def handler(request: Request) -> Response:
+            payload = await read_json(request, INTERVENE_NUMBERS)
+            subject = await run_in_threadpool(explorer.subject)
+            return StrictJSONResponse(await run_in_threadpool(compute, subject, payload))
+
+        return endpoint(handler)
+
+    return [
+        Route("/api/interventions", endpoint(interventions)),
+        Route("/api/neuron", intervention(neuron_view), methods=["POST"]),
+        Route("/api/replace", intervention(replace_token), methods=["POST"]),
+        Route("/api/ablate", intervention(ablate_heads), methods=["POST"]),
+    ]
 
 
 class BackgroundServer:
