@@ -189,3 +189,23 @@ def test_a_late_reply_is_never_drawn_over_a_newer_request(opened):
     replies.release()
     p.page.wait_for_timeout(300)
     assert p.page.is_hidden("#iv-error") and p.page.locator("#replace-predictions tr").count() == 0
+
+
+def test_a_long_texts_neuron_view_opens_when_asked(browser):
+    subject = lm_subject(max_len=320)
+    subject.limit = 300
+    with Server(create_app("tiny-long", subject=subject)) as server:
+        p = Page(browser, server.url)
+        asked = []
+        p.page.on("request", lambda request: "/api/neuron" in request.url and asked.append(request.url))
+        p.page.goto(server.url + "/")
+        p.page.wait_for_selector("#run:not(:empty)")
+        p.page.fill("#text", (TEXT + " ") * 22)  # 286 characters, one token each
+        p.page.click("#analyze")
+        p.page.wait_for_selector("#intervene:not([hidden])")
+        p.page.wait_for_timeout(300)
+        assert not asked and p.page.locator("#neuron .neuron-row").count() == 0  # closed: nothing asked or drawn
+        p.page.click("#neuron-box summary")
+        wait_until(p, lambda page: page.locator("#neuron .neuron-row").count() == 286, "the opened neuron view")
+        assert len(asked) == 1
+        p.close()
