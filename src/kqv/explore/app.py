@@ -18,6 +18,15 @@ Before any of that, the front door (kqv.explore.guard) answers only the explorer
 other, against DNS rebinding) and its own page (403 for a cross-site request); a body is read only up to
 MAX_BODY_BYTES, and its numbers are checked (finite, in range) before a model runs. Every answer is strict JSON:
 a NaN or infinite number a model produces (e.g. the weights of a diverged run) is sent as null.
+
+Look closer and intervene (kqv.explore.interventions), behind the same front door:
+
+    GET  /api/interventions    which of the next three the model has
+    POST /api/neuron      {"text", "layer", "head", "token"} -> query, keys, products, scores and weights of one query
+    POST /api/replace     {"text", "position", "replacement", "layer", "head"} -> attention and predictions, before
+                          and after
+    POST /api/ablate      {"text", "mode": "zero" | "mean", "heads": [[layer, head], ...]} -> loss and next-token
+                          effect of every head switched off alone, and of the chosen heads together
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ from ..train.metrics import strict_json
 from .analysis import weights_as
 from .export import STATIC, standalone_page
 from .guard import ANALYZE_NUMBERS, CONTINUE_NUMBERS, LOOPBACK, FrontDoor, Number, check_numbers
+from .interventions import INTERVENE_NUMBERS, ablate_heads, available, neuron_view, replace_token
 from .loading import DEFAULT_MAX_TOKENS, load_subject
 from .subjects import Subject
 
@@ -219,6 +229,7 @@ def create_app(
         Route("/api/analyze", endpoint(analyze), methods=["POST"]),
         Route("/api/continue", endpoint(continue_text), methods=["POST"]),
         Route("/api/export", endpoint(export), methods=["POST"]),
+        *intervention_routes(explorer),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     # the front door first (outermost): a refused request is answered before anything else runs; then gzip
@@ -228,6 +239,29 @@ def create_app(
         Middleware(GZipMiddleware, minimum_size=1024, compresslevel=GZIP_LEVEL),
     ]
     return Starlette(routes=routes, exception_handlers={HTTPException: http_error}, middleware=middleware)
+
+
+def intervention_routes(explorer: Explorer) -> list[Route]:
+    """Look closer and intervene (kqv.explore.interventions): the neuron view, replacing a token, heads switched
+    off; each request checked as analyze's are (JSON object, numbers finite and in range) before the model runs."""
+
+    async def interventions(request: Request) -> Response:
+        return StrictJSONResponse(available(await run_in_threadpool(explorer.subject)))
+
+    def intervention(compute: Callable) -> Callable:
+        async def handler(request: Request) -> Response:
+            payload = await read_json(request, INTERVENE_NUMBERS)
+            subject = await run_in_threadpool(explorer.subject)
+            return StrictJSONResponse(await run_in_threadpool(compute, subject, payload))
+
+        return endpoint(handler)
+
+    return [
+        Route("/api/interventions", endpoint(interventions)),
+        Route("/api/neuron", intervention(neuron_view), methods=["POST"]),
+        Route("/api/replace", intervention(replace_token), methods=["POST"]),
+        Route("/api/ablate", intervention(ablate_heads), methods=["POST"]),
+    ]
 
 
 class BackgroundServer:

@@ -11,6 +11,8 @@ from ..train.metrics import strict_json
 STATIC = Path(__file__).parent / "static"
 STYLE_TAG = '<link rel="stylesheet" href="/static/explore.css">'
 SCRIPT_TAG = '<script src="/static/explore.js"></script>'
+# the interventions ask the model (intervene.js): a saved file leaves them out
+SERVED_ONLY = ('<link rel="stylesheet" href="/static/intervene.css">', '<script src="/static/intervene.js"></script>')
 
 
 def inline_safe(text: str) -> str:
@@ -30,6 +32,8 @@ def standalone_page(info: dict[str, Any], analysis: dict[str, Any], request: dic
     # strict JSON (a diverged run's NaN probabilities as null): the page's JSON.parse refuses NaN
     data = strict_json({"info": info, "analysis": analysis, "request": request, "view": view}, separators=(",", ":"))
     style = (STATIC / "explore.css").read_text(encoding="utf-8")
+    for tag in SERVED_ONLY:
+        page = page.replace(tag + "\n", "")
     return page.replace(STYLE_TAG, f"<style>\n{inline_safe(style)}</style>").replace(
         SCRIPT_TAG,
         f'<script id="kqv-data" type="application/json">{inline_safe(data)}</script>\n<script>\n{script}</script>',

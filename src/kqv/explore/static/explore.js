@@ -390,6 +390,7 @@ function drawModelView() {
 function openCell(layer, head) {
   state.cell = {layer, head};
   drawModelView(); drawDetail(); drawStats(); saveHash();
+  window.intervene?.drawn();  // intervene.js: look closer at the opened head
 }
 
 const SVG_CELLS = 4096;  // a detail map of up to this many weights is SVG cells (64 x 64); a larger one, one bitmap
@@ -628,6 +629,7 @@ function draw() {
   $("notes").replaceChildren(...(state.analysis.notes || []).map((n) => el("li", {}, n)));
   $("result").hidden = false;
   saveHash();
+  window.intervene?.drawn();  // intervene.js: its views follow the analysis
 }
 
 function clearResult() {  // a refused input: the views of the previous one no longer match the text box
@@ -638,6 +640,7 @@ function clearResult() {  // a refused input: the views of the previous one no l
   }
   $("detail").setAttribute("width", 0); $("detail").setAttribute("height", 0);
   $("translation").textContent = "";
+  window.intervene?.cleared();  // intervene.js: its views no longer match the text either
 }
 
 async function analyze(saved = {}) {
