@@ -18,7 +18,8 @@ from ..errors import ConfigError, RunError
 from ..jobs.pretrained import is_hf_directory
 from ..train.runs import read_run, run_task
 from .pretrained import PretrainedSubject, is_sentence_transformers
-from .subjects import ClassifierSubject, EmbeddingSubject, LMSubject, MLMSubject, MTSubject, Subject, VitSubject
+from .subjects import ClassifierSubject, EmbeddingSubject, LMSubject, MLMSubject, MTSubject, Subject
+from .vision import VitSubject
 
 DEFAULT_MAX_TOKENS = None  # the model's context, at most analysis.DRAWN_MAX_TOKENS
 MINILM = "minilm"
