@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -29,7 +29,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from ..errors import ConfigError
-from .metrics import append_metrics, format_duration
+from .metrics import FIRST_UPDATES, append_metrics, format_duration
 
 if TYPE_CHECKING:
     from .config import TrainConfig
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-SKIPPED_UPDATES = 3  # not timed: the first calls of a session build kernels and caches
+SKIPPED_UPDATES = FIRST_UPDATES  # not timed: the first calls of a session build kernels and caches
 TIMED_UPDATES = 20  # timed to measure the seconds an update takes
 MARGIN = 0.03  # of the budget, kept free for what the measurement missed (load, logging)
 
@@ -150,7 +150,7 @@ class Planner:
         steps = torch.tensor(plan.steps if plan else 0)
         if trainer.world_size > 1:
             dist.broadcast(steps, src=0)
-        trainer.config = trainer.config.replace(steps=int(steps))
+        trainer.config = replace(trainer.config, steps=int(steps))
         trainer.plan = asdict(plan) if plan else {"steps": int(steps)}
         trainer.save_checkpoint()  # the plan, recorded at once
         if plan is not None:
@@ -216,7 +216,7 @@ def resumed_plan(config: TrainConfig, plan: dict[str, Any] | None, step: int) ->
         return config, None
     same_budget = config.budget_minutes == plan.get("budget_minutes")
     if same_budget and config.steps in (plan["steps"], plan.get("upper_bound")):
-        return config.replace(steps=plan["steps"]), plan
+        return replace(config, steps=plan["steps"]), plan
     if budgeted(config) and not same_budget:
         raise ConfigError(
             f"this run was planned for a {plan.get('budget_minutes'):g}-minute budget ({plan['steps']} updates); a "

@@ -1,4 +1,6 @@
-"""Metrics of a run: `metrics.jsonl` (one JSON record per log or evaluation step), the loss plot, progress lines."""
+"""Metrics of a run: `metrics.jsonl` (one JSON record per log or evaluation step), the loss plot, progress lines.
+
+Progress lines and the bar show the time left; without a terminal a line comes at least every 30 s (`Progress`)."""
 
 from __future__ import annotations
 
@@ -156,6 +158,7 @@ def progress_bar(total: int, initial: int, shown: bool) -> Bar:
 
 
 LINE_EVERY_S = 30.0  # without a terminal, a progress line at least this often
+FIRST_UPDATES = 3  # a session's first updates build kernels and caches (compilation, oneDNN): slower, not paced
 
 
 class Progress:
@@ -168,10 +171,16 @@ class Progress:
         self.started = self.last_line = self.previous = clock()
         self.lines = speaks and bar.disable  # time-based lines stand in for the bar
         self.left: float | None = None
+        self.warm: tuple[float, int] | None = None  # (time, step) after the session's FIRST_UPDATES
 
     def step_seconds(self, step: int) -> float | None:
-        """This session's seconds per update so far, evaluations and checkpoints included."""
-        return (self.clock() - self.started) / (step - self.start_step) if step > self.start_step else None
+        """This session's seconds per update, evaluations and checkpoints included: after its FIRST_UPDATES once
+        there are more, else from its start (None before its first update)."""
+        now = self.clock()
+        if self.warm is None and step >= self.start_step + FIRST_UPDATES:
+            self.warm = (now, step)
+        since, start = self.warm if self.warm is not None and step > self.warm[1] else (self.started, self.start_step)
+        return (now - since) / (step - start) if step > start else None
 
     def tick(self, step: int, steps: int, record: dict[str, Any], elapsed_s: float, left: float | None) -> None:
         """After an update: show `left`; write a line (`record`: the last log record) when one is due."""
