@@ -188,10 +188,14 @@ def test_max_minutes_wins_over_a_budget(tmp_path):
     assert run.step == 30 and run.config.steps == 200 and run.plan is None
 
 
-def test_a_cosine_budget_needs_a_warmup_to_plan_in():
-    with pytest.raises(ConfigError, match=f"warmup_steps >= {SKIPPED_UPDATES + 1}"):
-        budget_config(warmup_steps=SKIPPED_UPDATES)
-    budget_config(warmup_steps=0, schedule="inverse_sqrt")  # its rates never depend on steps
+def test_a_cosine_warmup_too_short_to_plan_in_trains_the_fixed_steps_and_says_so(tmp_path, caplog):
+    """The plan must come inside a cosine warmup; one with no update to time leaves the budget unused."""
+    run = budget_trainer(tmp_path / "cosine", budget_config(steps=40, warmup_steps=SKIPPED_UPDATES), FakeMachine(9.0))
+    run.train()
+    assert run.step == 40 and run.plan is None and "budget_minutes is not used" in caplog.text
+    inverse_sqrt = budget_config(warmup_steps=0, schedule="inverse_sqrt")  # its rates never depend on steps
+    budget_trainer(tmp_path / "inverse_sqrt", inverse_sqrt, FakeMachine(1.5)).train()
+    assert plan_of(tmp_path / "inverse_sqrt")["limited_by"] == "budget"
     with pytest.raises(ConfigError, match="budget_minutes must be >= 0"):
         budget_config(budget_minutes=-1)
 

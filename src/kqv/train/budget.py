@@ -48,17 +48,17 @@ def check_budget(config: TrainConfig) -> None:
         raise ConfigError(
             f"budget_minutes must be >= 0 (0 = train exactly `steps` updates), got {config.budget_minutes}"
         )
-    if config.budget_minutes > 0 and config.schedule == "cosine" and config.warmup_steps <= SKIPPED_UPDATES:
-        raise ConfigError(
-            f"budget_minutes with the cosine schedule needs warmup_steps >= {SKIPPED_UPDATES + 1}, got "
-            f"{config.warmup_steps}: the plan is fixed inside the warmup, whose learning rates do not depend on the "
-            f"number of updates; raise warmup_steps, or train a fixed number of steps (budget_minutes = 0)"
-        )
+
+
+def too_short_a_warmup(config: TrainConfig) -> bool:
+    """Whether a cosine schedule's warmup leaves no update to time before the plan must be fixed."""
+    return config.schedule == "cosine" and config.warmup_steps <= SKIPPED_UPDATES
 
 
 def budgeted(config: TrainConfig) -> bool:
-    """Whether `config` plans its updates to a budget: `max_minutes` (a cap at equal training time) wins."""
-    return config.budget_minutes > 0 and config.max_minutes <= 0
+    """Whether `config` plans its updates to a budget. `max_minutes` (a cap at equal training time) wins, and so
+    does a cosine warmup too short to plan in: both train the fixed `steps` (`Planner.for_session` says so)."""
+    return config.budget_minutes > 0 and config.max_minutes <= 0 and not too_short_a_warmup(config)
 
 
 @dataclass
@@ -122,6 +122,15 @@ class Planner:
     @classmethod
     def for_session(cls, config: TrainConfig, start: int, plan: dict | None, afterwards: float) -> Planner | None:
         """A planner for a session that starts at update `start`, or None when nothing is to be planned."""
+        if config.budget_minutes > 0 and not budgeted(config) and plan is None:
+            why = "train.max_minutes is set" if config.max_minutes > 0 else "the cosine warmup is too short to plan in"
+            logger.warning(
+                "train.budget_minutes is not used (%s: at least %d warmup updates are timed before the plan); "
+                "training up to train.steps = %d updates",
+                why,
+                SKIPPED_UPDATES + 1,
+                config.steps,
+            )
         if not budgeted(config) or plan is not None:
             return None
         planner = cls(config, start, afterwards)
