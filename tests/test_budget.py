@@ -1,8 +1,10 @@
 """Training planned to a time budget (`kqv.train.budget`), on fake machines: a clock that moves only when the model
 works, so the plan, the schedule's end and the progress lines are exact, with no sleeping and no timed assertion."""
 
+import io
 import json
 import re
+import sys
 from dataclasses import replace
 
 import pytest
@@ -12,7 +14,7 @@ from kqv.errors import ConfigError
 from kqv.train.budget import SKIPPED_UPDATES, TIMED_UPDATES, events, fit_steps, predicted_seconds
 from kqv.train.checkpoints import read_checkpoint
 from kqv.train.config import TrainConfig
-from kqv.train.metrics import LINE_EVERY_S, Progress, format_duration, progress_line, read_metrics
+from kqv.train.metrics import LINE_EVERY_S, Progress, format_duration, progress_bar, progress_line, read_metrics
 from kqv.train.trainer import Trainer
 from test_training import failing_at, make_model, token_batches, weights
 
@@ -260,3 +262,17 @@ def test_every_progress_line_and_the_bar_show_the_time_left():
     assert progress_line(20, 100, {"train_loss": 1.5, "elapsed_s": 90.0}, 252.0).endswith("1.5 min  left 4 min 12 s")
     assert progress_line(0, 100, {"elapsed_s": 0.0}).endswith("left ?")
     assert [format_duration(s) for s in (45, 252, 3900)] == ["45 s", "4 min 12 s", "1 h 05 min"]
+
+
+def test_on_a_terminal_the_bar_shows_the_time_left(monkeypatch):
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    bar = progress_bar(100, 0, shown=True)
+    bar.left_s = 252.0
+    bar.update(1)
+    bar.refresh()
+    bar.close()
+    assert "1/100" in sys.stderr.getvalue() and "left 4 min 12 s" in sys.stderr.getvalue()

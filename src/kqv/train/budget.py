@@ -123,14 +123,12 @@ class Planner:
     def for_session(cls, config: TrainConfig, start: int, plan: dict | None, afterwards: float) -> Planner | None:
         """A planner for a session that starts at update `start`, or None when nothing is to be planned."""
         if config.budget_minutes > 0 and not budgeted(config) and plan is None:
-            why = "train.max_minutes is set" if config.max_minutes > 0 else "the cosine warmup is too short to plan in"
-            logger.warning(
-                "train.budget_minutes is not used (%s: at least %d warmup updates are timed before the plan); "
-                "training up to train.steps = %d updates",
-                why,
-                SKIPPED_UPDATES + 1,
-                config.steps,
+            why = (
+                "train.max_minutes, a cap at equal training time, is set"
+                if config.max_minutes > 0
+                else f"a cosine plan is fixed inside the warmup, and {config.warmup_steps} updates leave none to time"
             )
+            logger.warning("train.budget_minutes is not used (%s); training up to train.steps = %d", why, config.steps)
         if not budgeted(config) or plan is not None:
             return None
         planner = cls(config, start, afterwards)
