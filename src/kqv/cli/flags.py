@@ -33,12 +33,7 @@ class Flag:
 
 # The flags of `kqv train NAME` that every job has, and each job's own.
 SHARED_TRAIN_FLAGS = (
-    Flag(
-        "--steps",
-        "number of optimizer updates (with train.budget_minutes, as the quick configs have: at most this many)",
-        "train.steps",
-        {"type": int},
-    ),
+    Flag("--steps", "number of optimizer updates", "train.steps", {"type": int}),
     Flag(
         "--set",
         "override a config value, e.g. --set model.d_model=128 (repeatable)",
