@@ -12,7 +12,8 @@ checkpoint (state.json "plan"); from then on the run is an ordinary run of that 
 Why the updates before the plan agree with any plan: warmup is fixed in updates (`warmup_steps`), and for the
 cosine schedule, the one whose rates depend on `steps`, the plan is fixed at the latest at the end of the warmup,
 whose rates do not (`learning_rate`). So a budgeted run equals, bit for bit, the run of a fixed `steps` equal to its
-plan, and a resume replays the recorded plan instead of measuring again (`resumed_plan`). A run whose `steps` end
+plan, and a resume replays the recorded plan instead of measuring again (`resumed_plan`; a run stopped before its
+plan measures in its next session, its time so far counted against the budget). A run whose `steps` end
 before the plan would be fixed never plans: it is the fixed-steps run. `steps` is the upper bound; for runs that
 must be the same on every machine, set `budget_minutes = 0`.
 """
