@@ -80,6 +80,7 @@ def overrides(arm: str, steps: int) -> list[str]:
             "data.context": spec["context"],
             "train.batch_size": TOKENS_PER_UPDATE // spec["context"],
             "train.steps": steps,
+            "train.budget_minutes": 0,  # exactly these steps (the quick config plans to a budget)
             "train.warmup_steps": max(1, steps // 10),
             "train.lr": 2e-3,
             "train.precision": "fp32",

@@ -42,6 +42,7 @@ def train(steps: int, coefficient: float) -> list[dict]:
         "data.context": 128,
         "train.batch_size": 16,
         "train.steps": steps,
+        "train.budget_minutes": 0,  # exactly these steps (the quick config plans to a budget)
         "train.warmup_steps": max(1, steps // 10),
         "train.precision": "fp32",
         "train.log_every": max(1, steps // 30),

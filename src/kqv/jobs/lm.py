@@ -394,6 +394,7 @@ class LMJob(Job):
                     loss_fn=lambda model, batch: model(*batch),
                     val_batches=val_batches,
                     tokens_per_batch=batch * context,
+                    afterwards=scoring_cost(config, len(val_ids)),
                 )
             )
             if not run.writes:
@@ -404,7 +405,7 @@ class LMJob(Job):
                 context=context,
                 n_chars=int(tokens["chars"][1]),
                 precision=config.train.precision,
-                max_tokens=200_000,
+                max_tokens=SCORED_TOKENS,
             )
             samples = write_samples(model, tokenizer, config.sample, run.path / SAMPLES_FILE)
             summary = self.summarise(run.path, result, model, val=val)
@@ -415,6 +416,16 @@ class LMJob(Job):
                 f"--- sample ---\n{samples[0]}\n--- end of sample ---"
             )
         return summary
+
+
+SCORED_TOKENS = 200_000  # the validation tokens the job's final perplexity scores
+
+
+def scoring_cost(config: LMRunConfig, val_tokens: int) -> float:
+    """The job's work after training in evaluations, for a budget's plan: the perplexity of up to 200,000 validation
+    tokens (in smaller batches, counted twice) and the samples (counted as two evaluations)."""
+    evaluated = config.train.eval_batches * config.train.batch_size * config.data.context
+    return 2 * min(val_tokens, SCORED_TOKENS) / evaluated + 2
 
 
 JOB = LMJob()

@@ -401,6 +401,7 @@ class MTJob(Job):
                 extra_state=state,
                 loss_fn=lambda m, b: mt_loss(m, b, config.train.label_smoothing),
                 eval_fn=DevEvaluation(config, data, options, state),
+                afterwards=test_cost(config, len(data.texts["test"][0])),
             )
             result = self.fit(trainer)
             if not run.writes:
@@ -478,6 +479,12 @@ def describe(config: MTRunConfig, model: nn.Module, data: MTData, batches: int, 
         f"{len(data.splits['test'])} test; joint BPE vocabulary {data.tokenizer.vocab_size}; {batches} batches "
         f"per epoch; run directory {run_dir}"
     )
+
+
+def test_cost(config: MTRunConfig, test_sentences: int) -> float:
+    """The test translation after training in dev evaluations, for a budget's plan: beam k costs about k / 2 greedy
+    decodings a verse (conservative: 722 test verses at beam 4 took 31 s on the Zen 4, docs/translation.md)."""
+    return test_sentences / config.data.eval_sentences * max(1.0, config.decode.beam_size / 2)
 
 
 def real_tokens(batch: dict[str, Tensor]) -> int:

@@ -109,24 +109,26 @@ class Digits:
         return float((predicted == self.labels[part]).float().mean())
 
 
-def train_baseline(name: str, config: VitRunConfig, digits: Digits, seconds: float) -> dict[str, Any]:
+def train_baseline(
+    name: str, config: VitRunConfig, digits: Digits, seconds: float, steps: int | None = None
+) -> dict[str, Any]:
     """The baseline on the ViT's batches (in the same order, continued past its last one), with AdamW at the same
     learning rate, for the ViT's training time (`seconds`, updates only); its test accuracy after as many updates as
-    the ViT is recorded too. Equal time is the fair budget (a baseline's update is cheaper); equal updates is the
-    one that does not depend on the machine's load."""
+    the ViT (`steps`: as many as its budget planned; default `train.steps`) is recorded too. Equal time is the fair
+    budget (a baseline's update is cheaper); equal updates is the one that does not depend on the machine's load."""
     torch.manual_seed(config.train.seed)
     model, train = BASELINES[name](DIGITS_SHAPE, DIGITS_CLASSES), config.train
     optimizer = torch.optim.AdamW(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
     result: dict[str, Any] = {"baseline": name, "baseline_parameters": count_parameters(model)}
-    step, spent = 0, 0.0
-    while step < train.steps or spent < seconds:
+    step, spent, steps = 0, 0.0, train.steps if steps is None else steps
+    while step < steps or spent < seconds:
         started = time.perf_counter()
         loss = model(*digits.batch("train", train.batch_size, train.seed, step))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         spent, step = spent + time.perf_counter() - started, step + 1
-        if step == train.steps:
+        if step == steps:
             result["baseline_test_accuracy_same_steps"] = digits.accuracy(model, "test")
         if spent >= seconds and "baseline_steps" not in result:
             result.update(
@@ -250,7 +252,9 @@ class VitJob(Job):
             baseline = (
                 {}
                 if config.data.baseline == "none"
-                else train_baseline(config.data.baseline, config, digits, result.trainer.train_seconds)
+                else train_baseline(
+                    config.data.baseline, config, digits, result.trainer.train_seconds, result.trainer.step
+                )
             )
             summary = self.summarise(
                 run.path,

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from ..errors import ConfigError
 from ..nn.devices import check_device_name
 from ..validation import Config, check_at_least, check_positive
+from .budget import check_budget
 from .precision import Precision
 
 logger = logging.getLogger(__name__)
@@ -29,13 +30,17 @@ class TrainConfig(Config):
     warms up and stays at `lr`. `grad_clip=0` disables clipping. Evaluation and checkpoints happen every
     `eval_every` / `checkpoint_every` updates and always after the last one. `max_minutes > 0` makes the update
     during which that much training time (evaluation and checkpoints excluded) has passed the last one, for
-    comparisons at equal wall-clock budget; the schedule still follows `steps`. An update whose loss or gradient
-    is not finite is skipped; `max_bad_steps` of them in a row stop training (`TrainingDiverged`). Under torchrun,
-    `parallel` says how the processes share the work: "ddp" (each holds the whole model) or "fsdp" (each holds a
-    shard of the weights, gradients and optimizer state); one process ignores it. `device` is where the model
-    trains (`kqv.nn.devices.Accelerator`: a device this machine lacks is a ConfigError when training starts);
-    `tf32` lets a CUDA GPU run the products autocast leaves in fp32 on TF32 tensor cores, as nanoGPT and Lightning
-    do (10-bit significands, within fp32's range; about 8x the fp32 throughput).
+    comparisons at equal wall-clock budget; the schedule still follows `steps`. `budget_minutes > 0` plans the run
+    to that much wall-clock, evaluations, checkpoints and the job's work after training included: the run times its
+    first updates (inside the warmup) and fixes how many updates fit, at most `steps`, then runs its whole schedule
+    to that plan (`kqv.train.budget`); with `max_minutes` also set, `max_minutes` wins and nothing is planned. An
+    update whose loss or gradient is not finite is skipped; `max_bad_steps` of them in a row stop training
+    (`TrainingDiverged`). Under torchrun, `parallel` says how the processes share the work: "ddp" (each holds the
+    whole model) or "fsdp" (each holds a shard of the weights, gradients and optimizer state); one process ignores
+    it. `device` is where the model trains (`kqv.nn.devices.Accelerator`: a device this machine lacks is a
+    ConfigError when training starts); `tf32` lets a CUDA GPU run the products autocast leaves in fp32 on TF32
+    tensor cores, as nanoGPT and Lightning do (10-bit significands, within fp32's range; about 8x the fp32
+    throughput).
     """
 
     steps: int
@@ -57,6 +62,7 @@ class TrainConfig(Config):
     seed: int = 0
     log_every: int = 10
     max_minutes: float = 0.0
+    budget_minutes: float = 0.0  # plan the number of updates (at most `steps`) to this wall-clock (kqv.train.budget)
     max_bad_steps: int = 5  # updates in a row skipped for a non-finite loss or gradient before training stops
     parallel: Parallel = "ddp"  # under torchrun: "ddp" replicates the model, "fsdp" shards it (kqv.train.sharding)
 
@@ -79,6 +85,7 @@ class TrainConfig(Config):
             raise ConfigError("precision 'fp16' is for GPUs; on the CPU use 'bf16', 'fp32' or 'auto'")
         if self.max_minutes < 0:
             raise ConfigError(f"max_minutes must be >= 0 (0 = no time limit), got {self.max_minutes}")
+        check_budget(self)
         check_positive("lr", self.lr)
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError(f"min_lr_ratio must be in [0, 1] (the final lr over the peak), got {self.min_lr_ratio}")

@@ -1,4 +1,6 @@
-"""Metrics of a run: `metrics.jsonl` (one JSON record per log or evaluation step), the loss plot, progress lines."""
+"""Metrics of a run: `metrics.jsonl` (one JSON record per log or evaluation step), the loss plot, progress lines.
+
+Progress lines and the bar show the time left; without a terminal a line comes at least every 30 s (`Progress`)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import json
 import math
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -102,8 +105,19 @@ class Window:
         return None if self.tokens is None else self.tokens / self.seconds
 
 
-def progress_line(step: int, steps: int, record: dict[str, Any]) -> str:
-    """One line per evaluation, e.g. `step  200/1200  train 1.912  val 1.987  41,250 tok/s  1.2 min`."""
+def format_duration(seconds: float) -> str:
+    """A duration as a person reads it: `45 s`, `4 min 12 s`, `1 h 05 min`."""
+    seconds = max(round(seconds), 0)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+def progress_line(step: int, steps: int, record: dict[str, Any], left: float | None = None) -> str:
+    """One progress line, e.g. `step  200/1200  train 1.912  val 1.987  41,250 tok/s  1.2 min  left 6 min 02 s`
+    (`left`: the estimated seconds of training still to come; `left ?` before the first estimate)."""
     parts = [f"step {step:>{len(str(steps))}}/{steps}"]
     parts += [
         f"{name.removesuffix('_loss')} {record[name]:.3f}" for name in ("train_loss", "val_loss") if name in record
@@ -116,11 +130,68 @@ def progress_line(step: int, steps: int, record: dict[str, Any]) -> str:
     ]
     if record.get("tokens_per_s"):
         parts.append(f"{record['tokens_per_s']:,.0f} tok/s")
-    return "  ".join(parts + [f"{record['elapsed_s'] / 60:.1f} min"])
+    parts += [f"{record['elapsed_s'] / 60:.1f} min", f"left {'?' if left is None else format_duration(left)}"]
+    return "  ".join(parts)
 
 
-def progress_bar(total: int, initial: int, shown: bool) -> tqdm:
+class Bar(tqdm):
+    """tqdm's bar with kqv's estimate of the time left (`left_s`, evaluations and budgets considered) in place of
+    tqdm's own, which knows only the step rate and a total that a budget may not have fixed yet."""
+
+    left_s: float | None = None
+
+    @property
+    def format_dict(self) -> dict[str, Any]:
+        return {**super().format_dict, "left": "?" if self.left_s is None else format_duration(self.left_s)}
+
+
+def progress_bar(total: int, initial: int, shown: bool) -> Bar:
     """The training progress bar (steps): shown only when asked and standard error is a terminal."""
-    return tqdm(
-        total=total, initial=initial, unit="step", dynamic_ncols=True, disable=not shown or not sys.stderr.isatty()
+    return Bar(
+        total=total,
+        initial=initial,
+        unit="step",
+        dynamic_ncols=True,
+        disable=not shown or not sys.stderr.isatty(),
+        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, left {left}, {rate_fmt}{postfix}]",
     )
+
+
+LINE_EVERY_S = 30.0  # without a terminal, a progress line at least this often
+FIRST_UPDATES = 3  # a session's first updates build kernels and caches (compilation, oneDNN): slower, not paced
+
+
+class Progress:
+    """Progress a person can read: the time left in the bar and on every line, and, where no bar is shown (standard
+    error not a terminal: a log file, CI, nohup) but the run is not quiet, a line at least every `LINE_EVERY_S`
+    seconds (the next update is assumed to take as long as the last iteration, so the line comes before the limit)."""
+
+    def __init__(self, bar: Bar, clock: Callable[[], float], step: int, speaks: bool):
+        self.bar, self.clock, self.start_step = bar, clock, step
+        self.started = self.last_line = self.previous = clock()
+        self.lines = speaks and bar.disable  # time-based lines stand in for the bar
+        self.left: float | None = None
+        self.warm: tuple[float, int] | None = None  # (time, step) after the session's FIRST_UPDATES
+
+    def step_seconds(self, step: int) -> float | None:
+        """This session's seconds per update, evaluations and checkpoints included: after its FIRST_UPDATES once
+        there are more, else from its start (None before its first update)."""
+        now = self.clock()
+        if self.warm is None and step >= self.start_step + FIRST_UPDATES:
+            self.warm = (now, step)
+        since, start = self.warm if self.warm is not None and step > self.warm[1] else (self.started, self.start_step)
+        return (now - since) / (step - start) if step > start else None
+
+    def tick(self, step: int, steps: int, record: dict[str, Any], elapsed_s: float, left: float | None) -> None:
+        """After an update: show `left`; write a line (`record`: the last log record) when one is due."""
+        now = self.clock()
+        iteration, self.previous = now - self.previous, now
+        self.left = self.bar.left_s = left
+        if self.lines and now - self.last_line + iteration >= LINE_EVERY_S:
+            shown = {k: record[k] for k in ("train_loss", "tokens_per_s") if record.get(k) is not None}
+            self.write(progress_line(step, steps, {**shown, "elapsed_s": elapsed_s}, left))
+
+    def write(self, line: str) -> None:
+        """Write a progress line (beside the bar, if there is one)."""
+        tqdm.write(line)
+        self.last_line = self.clock()

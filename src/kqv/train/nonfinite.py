@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -22,7 +23,11 @@ from torch import Tensor, nn
 from ..errors import ConfigTypeError, KqvError, spoken
 from ..nn.devices import Accelerator
 from .config import TrainConfig
+from .metrics import append_metrics
 from .precision import resolve_precision
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
 
 _PRECISION_CAUSES = {
     "bf16": "bf16 autocast (fp32's exponent range but an 8-bit significand: large logits or attention scores lose "
@@ -82,6 +87,22 @@ def warn_skipped(step: int, loss: float, grad_norm: float, streak: int, total: i
     what = f"the loss was {loss}" if not math.isfinite(loss) else f"the gradient norm was {grad_norm}"
     logger.warning("step %d: %s; the update was skipped (%d in a row, %d in the run)", step, what, streak, total)
     return what
+
+
+def count_skipped(trainer: Trainer, loss: float, grad_norm: float) -> None:
+    """Count an update the trainer skipped for a non-finite loss or gradient; stop after max_bad_steps in a row."""
+    trainer.bad_steps += 1
+    trainer._bad_streak.append(trainer.step)
+    what = warn_skipped(trainer.step, loss, grad_norm, len(trainer._bad_streak), trainer.bad_steps)
+    if len(trainer._bad_streak) < trainer.config.max_bad_steps:
+        return
+    if trainer.rank == 0:
+        append_metrics(
+            trainer.run.metrics_file,
+            {"step": trainer.step, "bad_steps": trainer.bad_steps, "stopped": "non-finite loss or gradient"},
+        )
+    checkpoint = None if trainer._last_saved is None else (trainer.run.checkpoint_dir, trainer._last_saved)
+    raise TrainingDiverged(diverged_message(trainer.config, what, trainer._bad_streak, checkpoint))
 
 
 def warn_withheld(step: int, streak: int, last_saved: int | None) -> None:

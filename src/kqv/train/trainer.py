@@ -53,6 +53,7 @@ from ..nn.devices import Accelerator
 from ..nn.experts import routing_metrics
 from ..signals import deferred
 from . import distributed
+from .budget import Planner, resumed_plan, show_progress
 from .checkpoints import (
     FORMAT,
     STATE_FILE,
@@ -73,8 +74,8 @@ from .checkpoints import (
 )
 from .config import TrainConfig, learning_rate, replan
 from .distributed import Batch, batch_tokens, init_distributed, slice_batch
-from .metrics import Window, append_metrics, plot_losses, progress_bar, progress_line
-from .nonfinite import TrainingDiverged, check_finite_weights, check_loss, diverged_message, warn_skipped, warn_withheld
+from .metrics import Progress, Window, append_metrics, plot_losses, progress_bar, progress_line
+from .nonfinite import check_finite_weights, check_loss, count_skipped, warn_withheld
 from .optimizer import make_optimizer
 from .precision import MixedPrecision, bound_kernel_caches
 from .rundir import IfExists, RunDirectory
@@ -100,6 +101,9 @@ class Trainer:
     "resume" (continue its checkpoint with the `config` given here; start fresh if `run_dir` is empty) or
     "overwrite" (delete the run's files when training starts). `extra_state` is kept as this very dict (a resumed
     run's saved entries are added to it), so whoever made it can update it while training, e.g. an `eval_fn`.
+
+    `afterwards`: the job's work after training (final test, samples) in evaluations, reserved by a budget's plan
+    (`kqv.train.budget`). `clock` (default `time.perf_counter`) times budgets, progress and metrics.
     """
 
     def __init__(
@@ -116,6 +120,8 @@ class Trainer:
         tokens_per_batch: int | Callable[[int], int] | None = None,
         if_exists: IfExists = "error",
         quiet: bool = False,
+        afterwards: float = 0.0,
+        clock: Callable[[], float] | None = None,
     ):
         if not isinstance(config, TrainConfig):
             raise ConfigTypeError(f"config must be a TrainConfig, got {type(config).__name__}")
@@ -135,6 +141,7 @@ class Trainer:
         self.train_batches, self.loss_fn, self.val_batches, self.eval_fn = train_batches, loss_fn, val_batches, eval_fn
         self.extra_state = extra_state if extra_state is not None else {}  # this very dict: its owner may update it
         self.tokens_per_batch, self.quiet = tokens_per_batch, quiet
+        self.afterwards, self.clock = afterwards, clock or time.perf_counter
         self.rank, self.world_size, self._owns_process_group = init_distributed(model)
         if config.batch_size % self.world_size:
             raise ConfigError(
@@ -150,6 +157,7 @@ class Trainer:
         self.train_seconds = 0.0  # time spent in updates: elapsed_s without evaluation and checkpoints
         self.bad_steps = 0  # updates skipped because the loss or a gradient was not finite, over the whole run
         self.replanned: dict[str, Any] | None = None  # the metrics record of a resume that changed the plan
+        self.plan: dict[str, Any] | None = None  # a budgeted run's plan, once fixed (kqv.train.budget)
         # The loop's state: generators and where an interrupt may save.
         self._saved_rng: list[dict | None] | None = None  # generator states of a resumed run, per rank
         self._boundary_rng: dict[str, Any] | None = None  # generator state after the last completed update
@@ -232,27 +240,32 @@ class Trainer:
         cfg = self.config
         self.ddp_model.train()
         bar = progress_bar(cfg.steps, self.step, shown=not self.quiet and self.rank == 0)
+        self._progress = Progress(bar, self.clock, self.step, speaks=not self.quiet and self.rank == 0)
+        planner = Planner.for_session(cfg, self.step, self.plan, self.afterwards)
         window = Window()
-        clock = time.perf_counter() - self.elapsed_s
+        clock = self.clock() - self.elapsed_s
         result: dict[str, float] = {"step": self.step}
         try:
             while self.step < cfg.steps:
-                started = time.perf_counter()
+                started = self.clock()
                 lr = learning_rate(cfg, self.step + 1)
                 loss, tokens, grad_norm = self._update(lr)  # self.step moved on
-                now = time.perf_counter()
+                now = self.clock()
                 self.elapsed_s = now - clock
                 self.train_seconds += now - started
                 if math.isfinite(loss) and (math.isfinite(grad_norm) or self.precision.overflowed):
                     self._bad_streak = []
                     window.add(loss, tokens, now - started)
                 else:
-                    self._skipped(loss, grad_norm)
+                    count_skipped(self, loss, grad_norm)
+                if planner is not None and planner.timed(self.step, now - started):
+                    cfg, planner = planner.fix(self, clock, bar), None
                 last = self.step == cfg.steps or self._out_of_time()
                 result = self._report(lr, grad_norm, window, bar, clock, last) or result
                 if self.step % cfg.checkpoint_every == 0 or last:
                     self._checkpoint_if_good()
                 bar.update(1)
+                show_progress(self, result, clock)
                 if last:
                     break
         except KeyboardInterrupt:
@@ -294,18 +307,13 @@ class Trainer:
             record.update(self.evaluate())
         if not record:
             return None
-        record = {
-            "step": self.step,
-            **record,
-            "train_seconds": self.train_seconds,
-            "elapsed_s": time.perf_counter() - clock,
-        }
+        record = {"step": self.step, **record, "train_seconds": self.train_seconds, "elapsed_s": self.clock() - clock}
         if self.rank == 0:
             append_metrics(self.run.metrics_file, record)
             if evaluated or last:
                 self._plot()
             if evaluated and not self.quiet:
-                tqdm.write(progress_line(self.step, cfg.steps, record))
+                self._progress.write(progress_line(self.step, cfg.steps, record, self._progress.left))
         return record
 
     def _update(self, lr: float) -> tuple[float, int | None, float]:
@@ -338,21 +346,6 @@ class Trainer:
             self.step += 1
             self._boundary_rng = rng_state()
         return mean_loss, tokens, grad_norm
-
-    def _skipped(self, loss: float, grad_norm: float) -> None:
-        """Count an update skipped for a non-finite loss or gradient; stop after max_bad_steps in a row."""
-        self.bad_steps += 1
-        self._bad_streak.append(self.step)
-        what = warn_skipped(self.step, loss, grad_norm, len(self._bad_streak), self.bad_steps)
-        if len(self._bad_streak) < self.config.max_bad_steps:
-            return
-        if self.rank == 0:
-            append_metrics(
-                self.run.metrics_file,
-                {"step": self.step, "bad_steps": self.bad_steps, "stopped": "non-finite loss or gradient"},
-            )
-        checkpoint = None if self._last_saved is None else (self.run.checkpoint_dir, self._last_saved)
-        raise TrainingDiverged(diverged_message(self.config, what, self._bad_streak, checkpoint))
 
     def _tokens(self, i: int, batch: Batch) -> int | None:
         given = self.tokens_per_batch
@@ -417,7 +410,7 @@ class Trainer:
             return logger.warning("interrupted: a sharded run saves with all ranks; step %s stands", self._last_saved)
         if self._last_saved != self.step:
             # Other ranks are somewhere else, so no collective: their generator states are not saved.
-            self.elapsed_s = time.perf_counter() - clock
+            self.elapsed_s = self.clock() - clock
             self._write([self._boundary_rng], self.model, self.optimizer)
         if self.run.metrics_file.exists():
             self._plot()
@@ -448,6 +441,7 @@ class Trainer:
                 "world_size": self.world_size,
                 "bad_steps": self.bad_steps,
                 "grad_scaler": self.precision.state_dict(),
+                "plan": self.plan,
                 "rng": [rng_to_json(s) for s in rng_states],
                 "torch_version": torch.__version__,
             }
@@ -457,6 +451,7 @@ class Trainer:
     def _resume(self, checkpoint: Checkpoint) -> None:
         """Continue `checkpoint`: its weights, optimizer, generators and progress, checked against the new plan."""
         self._load(checkpoint)
+        self.config, self.plan = resumed_plan(self.config, checkpoint.state.get("plan"), checkpoint.step)
         if self.config.steps < checkpoint.step:
             raise ConfigError(
                 f"the run in {self.run_dir} is already at step {checkpoint.step}, past the {self.config.steps} "

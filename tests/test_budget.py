@@ -1,0 +1,278 @@
+"""Training planned to a time budget (`kqv.train.budget`), on fake machines: a clock that moves only when the model
+works, so the plan, the schedule's end and the progress lines are exact, with no sleeping and no timed assertion."""
+
+import io
+import json
+import re
+import sys
+from dataclasses import replace
+
+import pytest
+import torch
+
+from kqv.errors import ConfigError
+from kqv.train.budget import SKIPPED_UPDATES, TIMED_UPDATES, events, fit_steps, predicted_seconds
+from kqv.train.checkpoints import read_checkpoint
+from kqv.train.config import TrainConfig
+from kqv.train.metrics import LINE_EVERY_S, Progress, format_duration, progress_bar, progress_line, read_metrics
+from kqv.train.trainer import Trainer
+from test_training import failing_at, make_model, token_batches, weights
+
+
+class FakeMachine:
+    """The trainer's clock. Time passes only in `loss`: `batch_s` per training micro-batch (the first
+    `SKIPPED_UPDATES` cost `first_s` more: kernels being built), a third of it per validation batch."""
+
+    def __init__(self, batch_s: float, first_s: float = 0.0):
+        self.now, self.batch_s, self.first_s, self.calls = 0.0, batch_s, first_s, 0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def loss(self, model, batch):
+        if model.training:
+            self.calls += 1
+            self.now += self.batch_s + (self.first_s if self.calls <= SKIPPED_UPDATES else 0.0)
+        else:
+            self.now += self.batch_s / 3
+        return model(*batch)
+
+
+def budget_config(**changes) -> TrainConfig:
+    defaults = dict(
+        steps=10_000,  # the upper bound: the budget decides
+        budget_minutes=1.0,
+        batch_size=4,
+        lr=1e-2,
+        min_lr_ratio=0.1,
+        warmup_steps=12,
+        eval_every=20,
+        eval_batches=2,
+        checkpoint_every=50,
+        log_every=5,
+        precision="fp32",
+    )
+    return TrainConfig(**{**defaults, **changes})
+
+
+def budget_trainer(run_dir, cfg, machine, batches=None, quiet=True, afterwards=0.0, resume=False) -> Trainer:
+    return Trainer(
+        make_model(seed=123 if resume else 0),
+        cfg,
+        run_dir,
+        train_batches=batches or token_batches(cfg.batch_size),
+        loss_fn=machine.loss,
+        val_batches=token_batches(cfg.batch_size, offset=10_000),
+        quiet=quiet,
+        afterwards=afterwards,
+        clock=machine,
+        if_exists="resume" if resume else "error",
+    )
+
+
+def plan_of(run_dir) -> dict:
+    (record,) = [r for r in read_metrics(run_dir / "metrics.jsonl") if "plan" in r]
+    return record["plan"]
+
+
+# -- a budgeted run completes its schedule within its budget -----------------------------------------------------
+
+
+@pytest.mark.parametrize("batch_s", [0.15, 1.5], ids=["fast machine", "slow machine"])
+def test_a_budgeted_run_ends_its_schedule_within_its_budget(tmp_path, batch_s):
+    machine = FakeMachine(batch_s, first_s=4 * batch_s)
+    cfg = budget_config()
+    run = budget_trainer(tmp_path, cfg, machine, afterwards=3)
+    final = run.train()
+    for _ in range(3):  # the job's work after training, which the plan reserved
+        run.evaluate()
+    plan = plan_of(tmp_path)
+    assert plan["limited_by"] == "budget" and plan["steps"] == run.step == final["step"] < cfg.steps
+    assert final["lr"] == pytest.approx(cfg.min_lr_ratio * cfg.lr, rel=1e-12)  # the cosine reached its end
+    assert 0.9 * 60 <= machine.now <= 60  # within the budget, and most of it used
+    assert plan["predicted_s"] == pytest.approx(machine.now, abs=1e-6)  # the fake machine keeps its pace exactly
+
+
+def test_the_slow_machine_plans_fewer_updates_than_the_fast_one(tmp_path):
+    steps = {}
+    for name, batch_s in (("fast", 0.15), ("slow", 1.5)):
+        budget_trainer(tmp_path / name, budget_config(), FakeMachine(batch_s)).train()
+        steps[name] = plan_of(tmp_path / name)["steps"]
+    assert steps["slow"] < steps["fast"] / 5
+
+
+def test_the_plan_is_fixed_inside_the_warmup_from_the_updates_after_the_skipped_ones(tmp_path):
+    """The updates before the plan had the rates of any plan: it is fixed at the latest at the warmup's end."""
+    machine = FakeMachine(
+        1.0, first_s=30.0
+    )  # the skipped updates are slow; had they been timed, the plan would be short
+    budget_trainer(tmp_path / "short", budget_config(warmup_steps=12, budget_minutes=3), machine).train()
+    plan = plan_of(tmp_path / "short")
+    assert plan["planned_at"] == 12 and plan["update_s"] == 1.0
+    budget_trainer(tmp_path / "long", budget_config(warmup_steps=100), FakeMachine(1.0)).train()
+    assert plan_of(tmp_path / "long")["planned_at"] == SKIPPED_UPDATES + TIMED_UPDATES
+
+
+def test_the_plan_is_recorded_in_metrics_and_in_the_checkpoint(tmp_path):
+    budget_trainer(tmp_path, budget_config(), FakeMachine(1.5)).train()
+    plan = plan_of(tmp_path)
+    state = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
+    assert state["plan"] == plan
+    assert read_checkpoint(tmp_path).config.steps == plan["steps"] == read_checkpoint(tmp_path).step
+    assert plan["upper_bound"] == 10_000 and plan["budget_minutes"] == 1.0
+    record = next(r for r in read_metrics(tmp_path / "metrics.jsonl") if "plan" in r)
+    assert record["step"] == plan["planned_at"] and "val_loss" in record  # the timed evaluation is kept
+
+
+# -- resume replays the plan ---------------------------------------------------------------------------------------
+
+
+def test_a_budgeted_run_interrupted_and_resumed_equals_the_uninterrupted_run(tmp_path):
+    cfg = budget_config(steps=5_000, warmup_steps=8, eval_every=10, checkpoint_every=10, log_every=1)
+    budget_trainer(tmp_path / "whole", cfg, FakeMachine(1.5)).train()
+    planned = plan_of(tmp_path / "whole")["steps"]
+    with pytest.raises(KeyboardInterrupt):  # after the plan, between two checkpoints
+        budget_trainer(tmp_path / "cut", cfg, FakeMachine(1.5), batches=failing_at(24, KeyboardInterrupt())).train()
+    assert read_checkpoint(tmp_path / "cut").step == 24 and planned > 24
+    faster = FakeMachine(0.01)  # the resumed session runs elsewhere: the recorded plan, not a new one, decides
+    resumed = budget_trainer(tmp_path / "cut", cfg, faster, resume=True)
+    resumed.train()
+    assert resumed.step == planned and read_checkpoint(tmp_path / "cut").step == planned
+    cut, whole = weights(tmp_path / "cut"), weights(tmp_path / "whole")
+    assert all(torch.equal(cut[name], whole[name]) for name in whole)
+    losses = {
+        name: {r["step"]: r["train_loss"] for r in read_metrics(tmp_path / name / "metrics.jsonl") if "train_loss" in r}
+        for name in ("cut", "whole")
+    }
+    assert losses["cut"] == losses["whole"]
+
+
+def test_a_resume_with_another_budget_is_refused_and_one_with_other_steps_trains_to_them(tmp_path):
+    cfg = budget_config(steps=5_000, warmup_steps=8)
+    budget_trainer(tmp_path, cfg, FakeMachine(1.5)).train()
+    planned = plan_of(tmp_path)["steps"]
+    with pytest.raises(ConfigError, match="planned for a 1-minute budget.*budget_minutes=0"):
+        budget_trainer(tmp_path, replace(cfg, budget_minutes=2.0), FakeMachine(1.5), resume=True)
+    extended = budget_trainer(tmp_path, replace(cfg, steps=planned + 5), FakeMachine(1.5), resume=True)
+    extended.train()
+    assert extended.step == planned + 5 and read_checkpoint(tmp_path).state["plan"]["steps"] == planned + 5
+
+
+# -- steps and budget together ------------------------------------------------------------------------------------
+
+
+def test_where_the_steps_fit_the_budget_the_run_is_the_fixed_steps_run_bit_for_bit(tmp_path):
+    """`steps` is the upper bound: a machine fast enough trains exactly `steps` updates, the same numbers as without
+    a budget (the timed evaluation and checkpoint change nothing)."""
+    cfg = budget_config(steps=40, warmup_steps=30, eval_every=10)
+    budget_trainer(tmp_path / "budget", cfg, FakeMachine(0.1)).train()
+    budget_trainer(tmp_path / "fixed", replace(cfg, budget_minutes=0.0), FakeMachine(0.1)).train()
+    plan = plan_of(tmp_path / "budget")
+    assert plan["steps"] == 40 and plan["limited_by"] == "steps"
+    budget, fixed = weights(tmp_path / "budget"), weights(tmp_path / "fixed")
+    assert all(torch.equal(budget[name], fixed[name]) for name in fixed)
+    assert not [r for r in read_metrics(tmp_path / "fixed" / "metrics.jsonl") if "plan" in r]
+
+
+def test_a_run_that_ends_before_its_plan_would_be_fixed_plans_nothing(tmp_path):
+    budget_trainer(
+        tmp_path, budget_config(steps=SKIPPED_UPDATES + TIMED_UPDATES, warmup_steps=100), FakeMachine(1.0)
+    ).train()
+    assert not [r for r in read_metrics(tmp_path / "metrics.jsonl") if "plan" in r]
+    assert read_checkpoint(tmp_path).state["plan"] is None
+
+
+def test_max_minutes_wins_over_a_budget(tmp_path):
+    """A cap at equal training time (comparisons) is not planned: the run stops at the cap, its schedule unchanged."""
+    cfg = budget_config(steps=200, max_minutes=0.5, schedule="inverse_sqrt")
+    run = budget_trainer(tmp_path, cfg, FakeMachine(1.0))
+    run.train()
+    assert run.step == 30 and run.config.steps == 200 and run.plan is None
+
+
+def test_a_cosine_warmup_too_short_to_plan_in_trains_the_fixed_steps_and_says_so(tmp_path, caplog):
+    """The plan must come inside a cosine warmup; one with no update to time leaves the budget unused."""
+    run = budget_trainer(tmp_path / "cosine", budget_config(steps=40, warmup_steps=SKIPPED_UPDATES), FakeMachine(9.0))
+    run.train()
+    assert run.step == 40 and run.plan is None and "budget_minutes is not used" in caplog.text
+    inverse_sqrt = budget_config(warmup_steps=0, schedule="inverse_sqrt")  # its rates never depend on steps
+    budget_trainer(tmp_path / "inverse_sqrt", inverse_sqrt, FakeMachine(1.5)).train()
+    assert plan_of(tmp_path / "inverse_sqrt")["limited_by"] == "budget"
+    with pytest.raises(ConfigError, match="budget_minutes must be >= 0"):
+        budget_config(budget_minutes=-1)
+
+
+# -- the plan's arithmetic, against a step-by-step simulation --------------------------------------------------
+
+
+def simulated_seconds(cfg: TrainConfig, done: int, steps: int, update_s: float, eval_s: float, ckpt_s: float):
+    """The trainer's loop, walked: each update, then an evaluation and a checkpoint when due (always after the last)."""
+    seconds = 0.0
+    for step in range(done + 1, steps + 1):
+        seconds += update_s
+        seconds += eval_s if step % cfg.eval_every == 0 or step == steps else 0.0
+        seconds += ckpt_s if step % cfg.checkpoint_every == 0 or step == steps else 0.0
+    return seconds
+
+
+@pytest.mark.parametrize("done", [0, 7, 20])
+@pytest.mark.parametrize("steps", [21, 40, 57, 100])
+def test_the_predicted_time_is_the_loops_time(done, steps):
+    cfg = budget_config(eval_every=10, checkpoint_every=25)
+    expected = simulated_seconds(cfg, done, steps, 0.5, 3.0, 1.25)
+    assert predicted_seconds(cfg, done, steps, 0.5, 3.0, 1.25) == pytest.approx(expected)
+    assert events(done, steps, 10) == sum(1 for s in range(done + 1, steps + 1) if s % 10 == 0 or s == steps)
+
+
+@pytest.mark.parametrize("available", [30.0, 47.5, 80.0, 500.0])
+def test_the_plan_is_the_most_updates_that_fit(available):
+    cfg = budget_config(steps=300, warmup_steps=12, eval_every=10, checkpoint_every=25)
+    steps, limited_by = fit_steps(cfg, 20, available, 0.5, 3.0, 1.25)
+    fitting = [n for n in range(21, 301) if simulated_seconds(cfg, 20, n, 0.5, 3.0, 1.25) <= available]
+    assert steps == max(fitting) and limited_by == ("steps" if steps == 300 else "budget")
+
+
+def test_a_budget_too_short_for_the_warmup_still_plans_a_complete_schedule():
+    cfg = budget_config(steps=300, warmup_steps=12)
+    assert fit_steps(cfg, 10, 1.0, 0.5, 3.0, 1.25) == (13, "minimum")  # one update past the warmup: the cosine's end
+
+
+# -- progress a person can read ----------------------------------------------------------------------------------
+
+
+def test_without_a_terminal_a_progress_line_with_the_time_left_comes_at_least_every_30_seconds(tmp_path, monkeypatch):
+    machine, lines = FakeMachine(1.5, first_s=6.0), []
+    write = Progress.write
+    monkeypatch.setattr(Progress, "write", lambda self, line: (lines.append((machine.now, line)), write(self, line)))
+    cfg = budget_config(budget_minutes=3, eval_every=40, log_every=10)
+    run = budget_trainer(tmp_path, cfg, machine, quiet=False)  # under pytest standard error is not a terminal
+    run.train()
+    times = [0.0] + [t for t, _ in lines]
+    assert len(lines) >= 180 / LINE_EVERY_S
+    assert max(b - a for a, b in zip(times, times[1:])) <= LINE_EVERY_S
+    assert machine.now - times[-1] <= LINE_EVERY_S
+    for t, line in lines[1:]:  # the first may come before any estimate
+        left = re.search(r"left (?:(\d+) min )?(\d+) s$", line)
+        assert left, line
+        seconds = 60 * int(left[1] or 0) + int(left[2])
+        assert abs(seconds - (run.elapsed_s - t)) <= 0.1 * 180, line  # a usable estimate of the training left
+
+
+def test_every_progress_line_and_the_bar_show_the_time_left():
+    assert progress_line(20, 100, {"train_loss": 1.5, "elapsed_s": 90.0}, 252.0).endswith("1.5 min  left 4 min 12 s")
+    assert progress_line(0, 100, {"elapsed_s": 0.0}).endswith("left ?")
+    assert [format_duration(s) for s in (45, 252, 3900)] == ["45 s", "4 min 12 s", "1 h 05 min"]
+
+
+def test_on_a_terminal_the_bar_shows_the_time_left(monkeypatch):
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    bar = progress_bar(100, 0, shown=True)
+    bar.left_s = 252.0
+    bar.update(1)
+    bar.refresh()
+    bar.close()
+    assert "1/100" in sys.stderr.getvalue() and "left 4 min 12 s" in sys.stderr.getvalue()
