@@ -18,6 +18,7 @@ from . import (
     norm_placement,
     parallelism,
     position_extrapolation,
+    quadratic_cost,
     rnn_vs_transformer,
     scaling,
     scaling_laws,
@@ -40,6 +41,8 @@ EXPERIMENTS: dict[str, Experiment] = {
     "modifications": Experiment.of(modifications),
     "scaling-laws": Experiment.of(scaling_laws),
     "long-attention": Experiment.of(long_attention),
+    # part 3: the lecture's own claims, measured directly
+    "quadratic-cost": Experiment.of(quadratic_cost),
 }
 
 # the modules of this package that are not experiments (tests check that every other module is registered)
