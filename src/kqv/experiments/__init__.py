@@ -12,6 +12,7 @@ from . import (
     heads,
     long_attention,
     modifications,
+    multihead_cost,
     no_causal_mask,
     no_positions,
     no_query_key_maps,
@@ -43,6 +44,7 @@ EXPERIMENTS: dict[str, Experiment] = {
     "long-attention": Experiment.of(long_attention),
     # part 3: the lecture's own claims, measured directly
     "quadratic-cost": Experiment.of(quadratic_cost),
+    "multihead-cost": Experiment.of(multihead_cost),
 }
 
 # the modules of this package that are not experiments (tests check that every other module is registered)
