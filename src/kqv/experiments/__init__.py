@@ -22,6 +22,7 @@ from . import (
     quadratic_cost,
     rnn_vs_transformer,
     scaling,
+    scaling_head_dim,
     scaling_laws,
 )
 from .base import Experiment, ExperimentError
@@ -45,6 +46,7 @@ EXPERIMENTS: dict[str, Experiment] = {
     # part 3: the lecture's own claims, measured directly
     "quadratic-cost": Experiment.of(quadratic_cost),
     "multihead-cost": Experiment.of(multihead_cost),
+    "scaling-head-dim": Experiment.of(scaling_head_dim),
 }
 
 # the modules of this package that are not experiments (tests check that every other module is registered)
