@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from . import (
     depth_without_residuals,
+    ffn_needed,
     heads,
     long_attention,
     modifications,
@@ -20,6 +21,7 @@ from . import (
     parallelism,
     position_extrapolation,
     quadratic_cost,
+    rnn_interaction_distance,
     rnn_vs_transformer,
     scaling,
     scaling_head_dim,
@@ -45,6 +47,8 @@ EXPERIMENTS: dict[str, Experiment] = {
     "long-attention": Experiment.of(long_attention),
     # part 3: the lecture's own claims, measured directly
     "quadratic-cost": Experiment.of(quadratic_cost),
+    "rnn-interaction-distance": Experiment.of(rnn_interaction_distance),
+    "ffn-needed": Experiment.of(ffn_needed),
     "multihead-cost": Experiment.of(multihead_cost),
     "scaling-head-dim": Experiment.of(scaling_head_dim),
 }
