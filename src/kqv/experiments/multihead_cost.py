@@ -214,4 +214,7 @@ def plots(results: dict, directory: Path) -> list[Path]:
         title="plain kernel: memory and FLOPs",
     )
     memory.legend(fontsize=7)
+    for ax in (times, memory):
+        ax.set_xticks(heads, [str(h) for h in heads])
+        ax.set_xticks([], minor=True)
     return [save(fig, directory / "multihead-cost.png")]

@@ -265,5 +265,7 @@ def plots(results: dict, directory: Path) -> list[Path]:
         title="gradient of sum(g * output)",
     )
     for ax in (variance, saturation, gradient):
+        ax.set_xticks(dims, [str(d) for d in dims])
+        ax.set_xticks([], minor=True)
         ax.legend(fontsize=7)
     return [save(fig, directory / "scaling-head-dim.png")]
