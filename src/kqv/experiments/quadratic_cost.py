@@ -337,21 +337,26 @@ def checks(results: dict) -> list[Check]:
     return found
 
 
+# one colour and marker per part; one line style per d
+LOOK = {
+    "attention core": {"color": "C0", "marker": "o"},
+    "attention layer": {"color": "C1", "marker": "s"},
+    "attention layer (fused SDPA)": {"color": "C2", "marker": "v"},
+    "feed-forward": {"color": "C3", "marker": "^"},
+}
+
+
 def plots(results: dict, directory: Path) -> list[Path]:
     fig, (times, memory) = figure(2)
     lengths = results["lengths"]
     for d, style in zip(results["dims"], ("-", "--", ":", "-.")):
-        for part, marker in zip(PARTS, "os^"):
+        for part in PARTS:
             times.plot(
-                lengths,
-                _mean_curve(results["ms"][str(d)][part]),
-                marker=marker,
-                linestyle=style,
-                label=f"{part}, d={d}",
+                lengths, _mean_curve(results["ms"][str(d)][part]), linestyle=style, label=f"{part}, d={d}", **LOOK[part]
             )
-        for part, marker in zip(MEMORY, "osv^"):
+        for part in MEMORY:
             values = [b / 2**20 for b in results["saved_bytes"][str(d)][part]]
-            memory.plot(lengths, values, marker=marker, linestyle=style, label=f"{part}, d={d}")
+            memory.plot(lengths, values, linestyle=style, label=f"{part}, d={d}", **LOOK[part])
         times.axvline(d, color="grey", linestyle=style, linewidth=0.8)
         memory.axvline(d, color="grey", linestyle=style, linewidth=0.8)
     times.set(
@@ -368,6 +373,8 @@ def plots(results: dict, directory: Path) -> list[Path]:
         ylabel="MB saved for backward",
         title="memory kept for the backward pass",
     )
-    times.legend(fontsize=7)
-    memory.legend(fontsize=7)
+    for ax in (times, memory):
+        ax.set_xticks(lengths, [str(n) for n in lengths])
+        ax.set_xticks([], minor=True)
+        ax.legend(fontsize=7)
     return [save(fig, directory / "quadratic-cost.png")]
