@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kqv.experiments import ffn_needed, multihead_cost, quadratic_cost, rnn_interaction_distance, scaling_head_dim
-from kqv.experiments.base import verdict
+from kqv.experiments.base import ExperimentError, verdict
 from kqv.experiments.lm import QUICK_LM
 from kqv.nn.models import DecoderLM, count_parameters
 
@@ -253,6 +253,8 @@ def test_attention_only_model_has_the_parameters_of_the_full_one_and_convex_outp
     for layer in ffn_needed.record_layers(bare, ids):
         assert layer["outside_box"] <= 1e-5 and layer["sum_error"] <= 1e-5 and 0 < layer["spread"] < 1
     assert [layer.core for layer in ffn_needed.self_attention_layers(bare)] == cores, "cores swapped back"
+    with pytest.raises(ExperimentError, match="needs pre-LN blocks"):
+        ffn_needed.without_feed_forward(DecoderLM(config.model_config(65, norm_first=False)))
 
 
 def test_ffn_needed_checks_follow_constructed_numbers():

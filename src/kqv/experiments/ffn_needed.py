@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from ..nn.cores import FullAttention
 from ..nn.models import DecoderLM
 from .ablations import self_attention_layers
-from .base import Check, Progress, mean_std, pm
+from .base import Check, ExperimentError, Progress, mean_std, pm
 from .lm import QUICK_LM, VAL_SEED, Arm, LMConfig, Trained, lm_batch, shakespeare, train_arms, unigram_loss
 from .plotting import curves, figure, save
 
@@ -79,7 +79,10 @@ def without_feed_forward(model: nn.Module) -> nn.Module:
     for block in model.modules():
         if hasattr(block, "feed_forward") and hasattr(block, "feed_forward_residual"):
             if not block.feed_forward_residual.norm_first:
-                raise ValueError("without_feed_forward needs pre-LN blocks (post-LN norms the stream itself)")
+                raise ExperimentError(
+                    "without_feed_forward needs pre-LN blocks (norm_first=True): a post-LN block norms the stream "
+                    "itself after the FFN, so removing the FFN would change more than the FFN"
+                )
             block.feed_forward = NoFeedForward()
             block.feed_forward_residual.norm = nn.Identity()
     return model
