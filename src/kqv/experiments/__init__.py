@@ -9,17 +9,22 @@ from __future__ import annotations
 
 from . import (
     depth_without_residuals,
+    ffn_needed,
     heads,
     long_attention,
     modifications,
+    multihead_cost,
     no_causal_mask,
     no_positions,
     no_query_key_maps,
     norm_placement,
     parallelism,
     position_extrapolation,
+    quadratic_cost,
+    rnn_interaction_distance,
     rnn_vs_transformer,
     scaling,
+    scaling_head_dim,
     scaling_laws,
 )
 from .base import Experiment, ExperimentError
@@ -40,6 +45,12 @@ EXPERIMENTS: dict[str, Experiment] = {
     "modifications": Experiment.of(modifications),
     "scaling-laws": Experiment.of(scaling_laws),
     "long-attention": Experiment.of(long_attention),
+    # part 3: the lecture's own claims, measured directly
+    "quadratic-cost": Experiment.of(quadratic_cost),
+    "rnn-interaction-distance": Experiment.of(rnn_interaction_distance),
+    "ffn-needed": Experiment.of(ffn_needed),
+    "multihead-cost": Experiment.of(multihead_cost),
+    "scaling-head-dim": Experiment.of(scaling_head_dim),
 }
 
 # the modules of this package that are not experiments (tests check that every other module is registered)
