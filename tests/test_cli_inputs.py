@@ -215,3 +215,21 @@ def test_a_damaged_file_of_a_run_without_checksums_is_still_one_error_line(runs,
     (run / "SHA256SUMS").unlink()
     (run / name).write_bytes((run / name).read_bytes()[:40])
     refused([command[0], str(run), *command[1:]], name.split("/")[0], "train the run again")
+
+
+def test_a_sample_count_too_large_to_finish_is_refused_before_training():
+    from kqv.jobs.lm import MAX_COUNT, SampleConfig
+
+    with pytest.raises(ConfigError, match="sample.count is at most"):
+        SampleConfig(count=MAX_COUNT + 1).check()
+    with pytest.raises(ConfigError, match="sample.max_new_tokens is at most"):
+        SampleConfig(max_new_tokens=10**12).check()
+    SampleConfig(count=MAX_COUNT).check()  # the limit itself is allowed
+
+
+def test_sampling_from_non_finite_probabilities_is_a_clear_error_not_torch_s():
+    from kqv.nn.generation import sample_next
+
+    with pytest.raises(DataError, match="not finite"):
+        sample_next(torch.tensor([[float("nan"), 1.0, 2.0]]))
+    assert sample_next(torch.tensor([[float("nan"), 1.0, 2.0]]), temperature=0).shape == (1,)  # greedy still answers

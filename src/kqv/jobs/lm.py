@@ -68,6 +68,9 @@ class SampleConfig(Config):
     def check(self) -> None:  # here, not after training: a bad [sample] would waste the whole run
         for name in ("count", "max_new_tokens", *(("top_k",) if self.top_k is not None else ())):
             check_at_least(self.qualified(name), getattr(self, name), 1)
+        check_count(self.qualified("count"), self.count)
+        if self.max_new_tokens > MAX_NEW_TOKENS:
+            raise ConfigError(f"sample.max_new_tokens is at most {MAX_NEW_TOKENS:,}, got {self.max_new_tokens:,}")
         if self.temperature < 0:
             raise ConfigError(f"sample.temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not self.prompt:
@@ -220,6 +223,13 @@ def self_attention(
 
 
 MAX_NEW_TOKENS = 100_000  # the tokens (and the attention cache) are allocated for the whole length up front
+MAX_COUNT = 10_000  # continuations are sampled one after another: more would run for days
+
+
+def check_count(name: str, count: int) -> None:
+    """Refuse more continuations than `MAX_COUNT` (a count past it is a typo, not a plan)."""
+    if count > MAX_COUNT:
+        raise ConfigError(f"{name} is at most {MAX_COUNT:,} continuations, got {count:,}")
 
 
 def check_generation(max_new_tokens: int, temperature: float, capped: bool = False) -> None:
@@ -301,6 +311,7 @@ class LMRun(TrainedRun):
         if dtype not in GENERATION_DTYPES:
             raise ConfigError(f"{spoken('--dtype', 'dtype')} must be one of {sorted(GENERATION_DTYPES)}, got {dtype!r}")
         check_at_least(spoken("--count", "count"), count, 1)
+        check_count(spoken("--count", "count"), count)
         check_text(spoken("--prompt", "prompt"), prompt)
         check_generation(max_new_tokens, temperature, capped=self.model.config.position == "learned")
         generator = seeded_generator(seed, model_device(self.model))

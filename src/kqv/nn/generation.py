@@ -40,7 +40,16 @@ def sample_next(
         drop_sorted = mass_before >= top_p  # the tokens before this one already hold probability p
         logits = logits.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), float("-inf"))
     probs = logits.softmax(dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    try:
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    except RuntimeError:  # checked only on failure: a check before every token would cost a sync on a GPU
+        if torch.isfinite(probs).all():
+            raise
+        raise DataError(
+            "the model's next-token probabilities are not finite (nan or inf): its weights have diverged or "
+            "overflow on this input; train it again with a lower train.lr, resume from an earlier checkpoint, or "
+            "generate greedily (temperature 0) to see what it does"
+        ) from None
 
 
 def check_generation_options(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
