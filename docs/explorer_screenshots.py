@@ -14,12 +14,12 @@
     python docs/explorer_screenshots.py runs/lm --text "ROMEO:\nBut soft, what light" --notebook \
         --out docs/explorer-notebook.png
 
-    python docs/explorer_screenshots.py runs/lm --text "ROMEO:\nBut soft, what light" --cell 2.3 --token 22 \
-        --neuron --element "#neuron-box" --out docs/explorer-neuron.png
-    python docs/explorer_screenshots.py runs/lm --text "ROMEO:\nBut soft, what light" --cell 2.3 \
-        --replace 22:n --element "#replace-box" --out docs/explorer-replace.png
+    python docs/explorer_screenshots.py runs/lm --text "ROMEO:\nBut soft, what light" --cell 1.2 --token 24 \
+        --neuron --neuron-point 23.10 --element "#neuron-box" --width 1100 --out docs/explorer-neuron.png
+    python docs/explorer_screenshots.py runs/lm --text "ROMEO:\nBut soft, what light" --cell 1.2 \
+        --replace 26:e --element "#replace-box" --width 1200 --out docs/explorer-replace.png
     python docs/explorer_screenshots.py runs/lm --text "ROMEO:\nBut soft, what light" --ablate zero \
-        --ablate-sort delta --ablate-heads 1.1,1.2 --element "#ablate-box" --out docs/explorer-ablate.png
+        --ablate-sort delta --ablate-heads 1.3,1.4 --element "#ablate-box" --width 1000 --out docs/explorer-ablate.png
 
 Needs the test extra (playwright) and `apt-get install chromium`. Every request that is not to the app is blocked,
 as in the browser tests. `--cell L.H` opens layer L, head H (1-based) in the detail view; `--token` picks the
