@@ -14,6 +14,13 @@
     python docs/explorer_screenshots.py runs/lm --text "ROMEO:\nBut soft, what light" --notebook \
         --out docs/explorer-notebook.png
 
+    python docs/explorer_screenshots.py runs/lm --text "ROMEO:\nBut soft, what light" --cell 1.2 --token 24 \
+        --neuron --neuron-point 23.10 --element "#neuron-box" --width 1100 --out docs/explorer-neuron.png
+    python docs/explorer_screenshots.py runs/lm --text "ROMEO:\nBut soft, what light" --cell 1.2 \
+        --replace 26:e --element "#replace-box" --width 1200 --out docs/explorer-replace.png
+    python docs/explorer_screenshots.py runs/lm --text "ROMEO:\nBut soft, what light" --ablate zero \
+        --ablate-sort delta --ablate-heads 1.3,1.4 --element "#ablate-box" --width 1000 --out docs/explorer-ablate.png
+
 Needs the test extra (playwright) and `apt-get install chromium`. Every request that is not to the app is blocked,
 as in the browser tests. `--cell L.H` opens layer L, head H (1-based) in the detail view; `--token` picks the
 query token of the head view (0-based; default the last); `--element CSS` saves only that part of the page
@@ -21,6 +28,12 @@ query token of the head view (0-based; default the last); `--element CSS` saves 
 `--point Q.K` leaves the pointer on the detail map's cell (query Q, key K; 0-based), so that its tooltip shows;
 `--export detail|head-view` saves the page's own PNG export of that view (with its title and colour legend)
 instead of a screenshot; `--notebook` shows the page as `kqv.explore.show` puts it in a notebook cell (an iframe).
+The "Look closer and intervene" panels (after `--cell` and `--token`, which choose their head and query):
+`--neuron` waits for the neuron view of that head and query (`--neuron-point K.D` rests the pointer on key K's
+product in dimension D, 0-based, so the line under it gives the numbers); `--replace POS:TOKEN` replaces token POS
+(0-based) by TOKEN (`POS:` alone: the encoder's [MASK]); `--ablate zero|mean` switches each head off in turn,
+`--ablate-sort KEY` sorts the table (largest first) and `--ablate-heads L.H,L.H` (1-based) switches those heads
+off together. Crop to a panel with `--element`: `#neuron-box`, `#replace-box`, `#ablate-box`.
 """
 
 from __future__ import annotations
@@ -67,6 +80,12 @@ def main() -> None:
     parser.add_argument("--point", help="query.key (0-based): leave the pointer on that cell of the detail map")
     parser.add_argument("--export", choices=["detail", "head-view"], help="save the page's PNG export of a view")
     parser.add_argument("--notebook", action="store_true", help="the page as kqv.explore.show shows it inline")
+    parser.add_argument("--neuron", action="store_true", help="wait for the neuron view of the head and token")
+    parser.add_argument("--neuron-point", help="key.dimension (0-based): rest the pointer on that product")
+    parser.add_argument("--replace", help="position:token (0-based; 'position:' for [MASK]): replace a token")
+    parser.add_argument("--ablate", choices=["zero", "mean"], help="switch each head off in turn")
+    parser.add_argument("--ablate-sort", help="sort the ablation table by this column (loss, delta, kl, ...)")
+    parser.add_argument("--ablate-heads", help="layer.head,... (1-based): switch these heads off together")
     args = parser.parse_args()
     text = Path(args.text_file).read_text(encoding="utf-8") if args.text_file else args.text.replace("\\n", "\n")
     if args.notebook:
@@ -104,10 +123,13 @@ def main() -> None:
             page.wait_for_selector('#continuation[data-done="1"]', timeout=300_000)
         if args.sort:
             page.click(f'#stats th[data-key="{args.sort}"]')
+        intervene(page, args)
         page.mouse.move(0, 0)
         page.evaluate("window.scrollTo(0, 0)")
         if args.point:
             point_at(page, *(int(x) for x in args.point.split(".")))
+        if args.neuron_point:
+            point_at_product(page, *(int(x) for x in args.neuron_point.split(".")))
         if args.export:
             with page.expect_download() as download:
                 page.click(f'[data-export="{args.export}"][data-format="png"]')
@@ -133,6 +155,54 @@ def point_at(page, query: int, key: int) -> None:
     width = image.bounding_box()["width"] if image else cells["width"] * columns
     height = image.bounding_box()["height"] if image else cells["height"] * rows
     page.mouse.move(cells["x"] + (key + 0.5) * width / columns, cells["y"] + (query + 0.5) * height / rows)
+
+
+def intervene(page, args: argparse.Namespace) -> None:
+    """Drive the "Look closer and intervene" panels: wait for the neuron view, replace a token, ablate heads."""
+    if args.neuron or args.neuron_point:
+        layer = page.eval_on_selector("#iv-layer", "s => +s.value + 1")
+        head = page.eval_on_selector("#iv-head", "s => +s.value + 1")
+        query = page.eval_on_selector_all("#head-view text.query", "ts => ts.length") - 1
+        query = query if args.token is None else args.token
+        label = f"neuron view of layer {layer}, head {head}, query {query + 1} "
+        page.wait_for_selector(f'#neuron[aria-label^="{label}"] g.neuron-row', state="attached", timeout=120_000)
+    if args.replace:
+        position, replacement = args.replace.split(":", 1)
+        page.select_option("#replace-position", value=position)
+        page.fill("#replacement", replacement)
+        page.click("#replace")
+        page.wait_for_selector("#replace-predictions tbody tr", timeout=120_000)
+    if args.ablate:
+        page.select_option("#ablate-mode", value=args.ablate)
+        page.click("#ablate")
+        page.wait_for_selector("#ablation tbody tr", timeout=300_000)
+        if args.ablate_sort:
+            page.click(f'#ablation th[data-key="{args.ablate_sort}"]')
+        for pair in args.ablate_heads.split(",") if args.ablate_heads else []:
+            layer, head = (int(x) - 1 for x in pair.split("."))
+            page.check(f'#ablation tr[data-layer="{layer}"][data-head="{head}"] input[type="checkbox"]')
+        if args.ablate_heads:
+            page.click("#ablate-chosen")
+            page.wait_for_selector("#ablate-next caption", timeout=300_000)
+
+
+def point_at_product(page, key: int, dimension: int) -> None:
+    """Rest the pointer on key `key`'s product in `dimension` of the neuron view, whose numbers show below it.
+
+    The view's column width depends on the head's size, which the page does not expose: step the pointer along the
+    key's row, a pixel at a time, until the line under the view names that dimension.
+    """
+    page.eval_on_selector("#neuron-box", "box => box.scrollIntoView()")
+    products = page.locator("#neuron image.products").bounding_box()
+    rows = page.eval_on_selector_all("#neuron g.neuron-row", "rows => rows.length")
+    y = products["y"] + (key + 0.5) * products["height"] / rows
+    wanted = f"key {key + 1} "
+    for x in range(int(products["width"])):
+        page.mouse.move(products["x"] + x + 0.5, y)
+        info = page.inner_text("#neuron-info")
+        if info.startswith(wanted) and f", dimension {dimension + 1}:" in info:
+            return
+    raise SystemExit(f"the neuron view has no dimension {dimension} (0-based) for key {key}")
 
 
 def notebook_screenshot(args: argparse.Namespace, text: str) -> None:
