@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from . import get, names
-from .report import markdown_table
+from .report import VERDICT_RULE, check_rows, headline, markdown_table, provenance_line
 from .runner import RESULTS_FILE, load_record
 
 DISCUSSION_FILE = "discussion.md"
@@ -27,9 +27,17 @@ verdicts may differ from the full runs'.
 The machine was shared with other work while these ran (the load average is in each results.json): times are upper
 bounds; losses, accuracies and BLEU after a fixed number of steps do not depend on the load.
 
+Each check is decided from the per-seed numbers: where arms share seeds, by the 95% Student-t interval of the
+paired differences (or, for timings, of the repeats), against a threshold fixed in advance; {rule}. Each
+results.json records the commit and the hash of the code that produced it (`code`); the test suite reports results
+whose code has changed since.
+
 This page is generated from the results by `kqv experiment gallery`; the discussion of each experiment is
 written by hand in `docs/experiments/NAME/discussion.md`.
 """
+
+
+INTRO = INTRO.replace("{rule}", VERDICT_RULE)
 
 
 def anchor(title: str) -> str:
@@ -41,12 +49,9 @@ def section(directory: Path, page_dir: Path) -> str:
     """The gallery section of the experiment whose results are in `directory`; links relative to `page_dir`."""
     record = load_record(directory)
     link = lambda name: Path(os.path.relpath(directory / name, page_dir)).as_posix()
-    checks = [
-        [c["what"], c["threshold"], c["figure"], "holds" if c["holds"] else "does not hold"] for c in record["checks"]
-    ]
     load = record["machine"].get("load_average_before")
     parts = [
-        f"## `{record['experiment']}`: {record['verdict']}",
+        f"## `{record['experiment']}`: {headline(record)}",
         f"*{record['claim']}.*",
         f"**The lecture.** {record['lecture']}",
     ]
@@ -59,11 +64,12 @@ def section(directory: Path, page_dir: Path) -> str:
         f"{record['machine']['torch_threads']} torch thread(s), load average {load[0] if load else '?'} on "
         f"{record['machine']['cpus']} cores). Files: [results.json]({link(RESULTS_FILE)}), "
         f"[report.md]({link('report.md')}).",
+        provenance_line(record),
         markdown_table(record["table"]["columns"], record["table"]["rows"]),
         *[f"![{name}]({link(name)})" for name in record["plots"]],
         *beside_the_paper(record),
-        f"**Verdict: {record['verdict']}.**",
-        markdown_table(["check", "threshold (fixed in advance)", "measured", "outcome"], checks),
+        f"**Verdict: {headline(record)}.**",
+        markdown_table(["check", "threshold (fixed in advance)", "measured", "outcome"], check_rows(record)),
     ]
     return "\n\n".join(parts)
 
@@ -84,7 +90,7 @@ def gallery(directory: str | Path, page: str | Path) -> str:
         )
     contents = []
     for name in found:
-        title = f"`{name}`: {load_record(directory / name)['verdict']}"
+        title = f"`{name}`: {headline(load_record(directory / name))}"
         contents.append(f"- [{title}](#{anchor(title)})")
     out = Path(os.path.relpath(directory, page_dir.parent)).as_posix()  # as typed from the page's parent directory
     missing = [f"`{name}` (`kqv experiment run {name} --out {out}`)" for name in names() if name not in found]
