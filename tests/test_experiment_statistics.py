@@ -144,4 +144,6 @@ def test_committed_results_were_made_by_todays_code():
             assert "results from commit" in code.get("recorded", ""), f"{name}: say where its results came from"
             unhashed.append(name)
     if unhashed:
-        warnings.warn(f"results made before code hashes were kept (rerun to record one): {', '.join(unhashed)}", stacklevel=1)
+        warnings.warn(
+            f"results made before code hashes were kept (rerun to record one): {', '.join(unhashed)}", stacklevel=1
+        )
