@@ -26,7 +26,7 @@ import torch
 
 from . import get
 from .base import Check, Experiment, ExperimentError, Progress, verdict
-from .provenance import code_hash, provenance
+from .provenance import code_hash, git_state, provenance
 from .report import write_report
 
 RESULTS_FILE, REPORT_FILE = "results.json", "report.md"
@@ -142,6 +142,10 @@ def rejudge(directory: str | Path, *, plots: bool = False) -> dict[str, Any]:
         verdict=verdict(checks),
     )
     record.setdefault("smoke_test", SMOKE_TEST if record["quick"] else None)
+    record["rejudged"] = {
+        "at_commit": git_state()["commit"],
+        "note": "table, checks and verdict recomputed from the stored numbers with the checks of this commit",
+    }
     if plots:
         record["plots"] = [Path(p).name for p in experiment.plots(record["results"], directory)]
     _write_atomically(directory / RESULTS_FILE, json.dumps(record, indent=1, default=_json_default) + "\n")
