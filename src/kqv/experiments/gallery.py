@@ -21,16 +21,19 @@ Each section below is one `kqv experiment`, run at its full size on this project
 the lecture makes it, the verdict computed from the measured numbers against thresholds fixed in the experiment's
 module before it ran, the table, the plots, and the command that produced them (rerun it to check). The raw numbers,
 config, seeds, library versions and machine are in each `results.json`. `kqv experiment list` names them all;
-`kqv experiment run all --quick` runs small versions of all of them in a few minutes (the test suite does), whose
-verdicts may differ from the full runs'.
+`kqv experiment run all --quick` runs small versions of all of them in a few minutes (the test suite does): a smoke
+test of the code, labelled so wherever it writes, not a test of the claims.
 
 The machine was shared with other work while these ran (the load average is in each results.json): times are upper
 bounds; losses, accuracies and BLEU after a fixed number of steps do not depend on the load.
 
 Each check is decided from the per-seed numbers: where arms share seeds, by the 95% Student-t interval of the
-paired differences (or, for timings, of the repeats), against a threshold fixed in advance; {rule}. Each
-results.json records the commit and the hash of the code that produced it (`code`); the test suite reports results
-whose code has changed since.
+paired differences (or, for timings, of the repeats), against a threshold fixed in advance; {rule}. (The
+thresholds are those written before the first runs; the intervals were added later, and the committed results
+were re-judged from their stored numbers with them, without a rerun: `rejudged` in each results.json.) A
+results.json made since provenance was kept records the commit, the machine and the hash of the code that produced
+it (`code`), and the test suite fails when that code changes; older ones name the commit their results came from,
+and the test suite lists them as due for a rerun.
 
 This page is generated from the results by `kqv experiment gallery`; the discussion of each experiment is
 written by hand in `docs/experiments/NAME/discussion.md`.
