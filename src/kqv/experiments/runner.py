@@ -170,8 +170,23 @@ def expected_minutes(name: str, quick: bool) -> float:
         return 30.0
 
 
-# minutes each --quick run took on this project's 2-core machine (only weights the progress of `run all --quick`)
-QUICK_MINUTES = {}
+# minutes each --quick run took on this project's 2-core machine, shared (measured 2026-11-24; they only weight the
+# progress of `run all --quick`; an experiment not listed counts as 0.3)
+QUICK_MINUTES = {
+    "parallelism": 0.01,
+    "scaling": 0.30,
+    "no-causal-mask": 0.22,
+    "no-positions": 0.07,
+    "no-query-key-maps": 0.04,
+    "heads": 0.04,
+    "depth-without-residuals": 0.11,
+    "rnn-vs-transformer": 0.71,
+    "position-extrapolation": 0.05,
+    "norm-placement": 0.06,
+    "modifications": 0.06,
+    "scaling-laws": 0.08,
+    "long-attention": 0.46,
+}
 
 
 def command_line(name: str, quick: bool, overrides: Sequence[str], out: str | Path, threads: int) -> str:

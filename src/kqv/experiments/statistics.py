@@ -15,8 +15,9 @@ The whole API, for an experiment's `checks(results)`:
   infinite interval, so one seed never decides anything).
 * `paired_difference(a, b)`: the interval of mean(a_i - b_i) for arms measured on the same seeds (paired t).
 * `paired_ratio(a, b)`: the geometric mean of a_i / b_i with its interval, for timings on the same seeds.
-* `ratio_interval(a, b)`: the interval of mean(a) / mean(b) for unpaired repeats (timings): Welch's t on the
-  logarithms, back-transformed, so "A is 2x slower than B" is decided by repeats, not by one number.
+* `ratio_interval(a, b)`: the ratio of the geometric means of two unpaired sets of repeats (timings) with its
+  interval: Welch's t on the logarithms, back-transformed, so "A is 2x slower than B" is decided by repeats, not
+  by one number.
 * `decide(interval, threshold, above=True)` -> HOLDS when the whole interval lies beyond the threshold in the
   claimed direction, FAILS when it lies wholly on the other side, INCONCLUSIVE when it straddles the threshold.
 * `interval_check(...)`: a `base.Check` with that outcome; `failed_arm` (a sanity check: an arm that did not
@@ -84,9 +85,10 @@ def paired_difference(a: Sequence[float], b: Sequence[float]) -> Interval:
 
 
 def ratio_interval(a: Sequence[float], b: Sequence[float]) -> Interval:
-    """mean(a) / mean(b) with a 95% interval from Welch's t on log values (repeats of two timings, unpaired)."""
+    """The ratio of the geometric means of a and b with a 95% interval from Welch's t on the log values (repeats
+    of two timings, unpaired: a slow first pass weighs less than in a ratio of arithmetic means)."""
     la, lb = [math.log(x) for x in a], [math.log(x) for x in b]
-    ratio = statistics.fmean(a) / statistics.fmean(b)
+    ratio = math.exp(statistics.fmean(la) - statistics.fmean(lb))  # of geometric means, the interval's centre
     if len(la) < 2 or len(lb) < 2:
         return Interval(ratio, 0.0, math.inf, min(len(la), len(lb)), ratio=True)
     va, vb = statistics.variance(la) / len(la), statistics.variance(lb) / len(lb)
