@@ -28,6 +28,7 @@ The whole API, for an experiment's `checks(results)`:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Sequence
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 
 from scipy import stats
 
-from .base import FAILS, HOLDS, INCONCLUSIVE, Check
+from .base import FAILS, HOLDS, INCONCLUSIVE, Check, ExperimentError
 
 LEVEL = 0.95  # every interval of the experiments is a 95% interval
 
@@ -49,13 +50,15 @@ class Interval:
     high: float
     n: int
     ratio: bool = False  # a ratio prints as 1.62x [1.41x, 1.86x]
+    signed: bool = False  # a difference prints its sign: +0.022 [-0.011, +0.055]
 
     def text(self, digits: int = 3) -> str:
-        """'+0.022 [-0.011, +0.055] (n=3)', or '1.62x [1.41x, 1.86x] (n=5)' for a ratio."""
+        """'+0.022 [-0.011, +0.055] (n=3)' for a difference, '0.444 [0.411, 0.477] (n=3)' for a mean, or
+        '1.62x [1.41x, 1.86x] (n=5)' for a ratio."""
         if self.ratio:
             form = lambda x: f"{x:.{digits - 1}f}x"
         else:
-            form = lambda x: f"{x:+.{digits}f}"
+            form = lambda x: f"{x:{'+' if self.signed else ''}.{digits}f}"
         return f"{form(self.mean)} [{form(self.low)}, {form(self.high)}] (n={self.n})"
 
 
@@ -69,7 +72,7 @@ def mean_interval(values: Sequence[float]) -> Interval:
     score them first (e.g. at the unigram loss)."""
     values = [float(v) for v in values]
     if not values or any(math.isnan(v) for v in values):
-        raise ValueError(f"an interval needs finite values, got {values}")
+        raise ExperimentError(f"an interval needs finite values, got {values}")
     mean = statistics.fmean(values)
     if len(values) == 1:
         return Interval(mean, -math.inf, math.inf, 1)
@@ -80,8 +83,8 @@ def mean_interval(values: Sequence[float]) -> Interval:
 def paired_difference(a: Sequence[float], b: Sequence[float]) -> Interval:
     """mean(a_i - b_i) with its 95% interval, for two arms run on the same seeds (a_i and b_i share seed i)."""
     if len(a) != len(b):
-        raise ValueError(f"paired arms share seeds: {len(a)} values against {len(b)}")
-    return mean_interval([x - y for x, y in zip(a, b)])
+        raise ExperimentError(f"paired arms share seeds: {len(a)} values against {len(b)}")
+    return dataclasses.replace(mean_interval([x - y for x, y in zip(a, b)]), signed=True)
 
 
 def ratio_interval(a: Sequence[float], b: Sequence[float]) -> Interval:
@@ -103,7 +106,7 @@ def paired_ratio(a: Sequence[float], b: Sequence[float]) -> Interval:
     """The geometric mean of a_i / b_i with its 95% interval (paired t on the log ratios): for timings of two
     arms measured on the same seeds, "A takes 1.6x as long as B"."""
     if len(a) != len(b):
-        raise ValueError(f"paired arms share seeds: {len(a)} values against {len(b)}")
+        raise ExperimentError(f"paired arms share seeds: {len(a)} values against {len(b)}")
     logs = mean_interval([math.log(x / y) for x, y in zip(a, b)])
     return Interval(math.exp(logs.mean), math.exp(logs.low), math.exp(logs.high), logs.n, ratio=True)
 
