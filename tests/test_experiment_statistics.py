@@ -147,3 +147,25 @@ def test_committed_results_were_made_by_todays_code():
         warnings.warn(
             f"results made before code hashes were kept (rerun to record one): {', '.join(unhashed)}", stacklevel=1
         )
+
+
+def test_rejudge_recomputes_a_stored_verdict_from_its_numbers_without_changing_them(tmp_path, capsys):
+    """`kqv experiment rejudge`: a stored run whose verdict was written by older checks is judged again by
+    today's, from the same numbers."""
+    import shutil
+
+    from kqv.cli.main import main
+    from kqv.experiments.runner import checks_from_record
+
+    shutil.copytree(ROOT / "docs" / "experiments" / "scaling", tmp_path / "scaling")
+    path = tmp_path / "scaling" / RESULTS_FILE
+    stale = json.loads(path.read_text())
+    stale["verdict"], stale["checks"] = "holds", []  # as an older harness might have judged it
+    path.write_text(json.dumps(stale))
+    assert main(["experiment", "rejudge", "all", "--dir", str(tmp_path)]) == 0
+    record = json.loads(path.read_text())
+    assert record["results"] == stale["results"], "re-judging never changes a measured number"
+    assert record["verdict"] == verdict(checks_from_record(record)) == "holds in part"
+    assert "scaling: holds in part" in capsys.readouterr().out
+    assert "## Verdict: holds in part" in (tmp_path / "scaling" / "report.md").read_text()
+    assert main(["experiment", "rejudge", "all", "--dir", str(tmp_path / "empty")]) == 2

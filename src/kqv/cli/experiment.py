@@ -4,6 +4,7 @@ kqv experiment list
 kqv experiment run NAME [--quick] [--seeds N] [--out DIR] [--set FIELD=VALUE] [--threads T]
 kqv experiment run all [--quick] ...
 kqv experiment gallery [--dir docs/experiments] [--out docs/experiments.md]
+kqv experiment rejudge NAME|all [--dir docs/experiments]   (recompute verdicts from stored numbers, no rerun)
 """
 
 from __future__ import annotations
@@ -83,8 +84,24 @@ def cmd_gallery(args: argparse.Namespace) -> None:
     print(f"wrote {page} from the results in {args.dir}")
 
 
+def cmd_rejudge(args: argparse.Namespace) -> None:
+    from ..experiments import get, names
+    from ..experiments.runner import RESULTS_FILE, rejudge
+
+    chosen = (
+        [n for n in names() if (Path(args.dir) / n / RESULTS_FILE).is_file()] if args.name == "all" else [args.name]
+    )
+    if args.name != "all":
+        get(args.name)  # an unknown name is a clear error
+    if not chosen:
+        raise ConfigError(f"no experiment results in {args.dir}; run `kqv experiment run NAME --out {args.dir}` first")
+    for name in chosen:
+        record = rejudge(Path(args.dir) / name)
+        print(f"{name}: {record['verdict']} (re-judged from {args.dir}/{name}/{RESULTS_FILE})")
+
+
 class Experiment(Command):
-    """`kqv experiment list | run NAME | gallery`."""
+    """`kqv experiment list | run NAME | gallery | rejudge NAME`."""
 
     help = "test the lecture's claims: list, or run NAME / all"
 
@@ -119,6 +136,14 @@ class Experiment(Command):
             "--out", default="docs/experiments.md", help="the page to write (default docs/experiments.md)"
         )
         page.set_defaults(action_func=cmd_gallery)
+        again = actions.add_parser(
+            "rejudge", help="recompute the table, checks and verdict of stored runs from their numbers (no rerun)"
+        )
+        again.add_argument("name", help="an experiment name, or all (every run found in --dir)")
+        again.add_argument(
+            "--dir", default="docs/experiments", help="the runs' --out directory (default docs/experiments)"
+        )
+        again.set_defaults(action_func=cmd_rejudge)
 
     def run(self, args: argparse.Namespace) -> None:
         args.action_func(args)
