@@ -143,6 +143,7 @@ def train_curriculum(config: Config, kind: str, seed: int, progress: Progress) -
     model = DecoderLM(config.model_config(kind, max(config.lengths)))
     found = []
     for stage, (length, steps) in enumerate(zip(config.lengths, config.steps)):
+        progress.start(f"{kind} n={length}, {steps} steps")
         train = TrainConfig(
             steps=steps,
             batch_size=config.batch_size,

@@ -200,6 +200,7 @@ def run(config: Config, seeds: list[int], progress: Progress) -> dict:
         for seed in seeds:
             out = Path(tmp) / f"seed{seed}"
             out.mkdir()
+            progress.start(f"seed {seed}: Transformer and LSTM, {config.minutes:g} min each")
             side_by_side(out, overrides(config, seed, data_path), SIZES[config.sizes], quiet=True)
             summaries, seed_curves = read_runs(out)
             for kind in MODELS:
