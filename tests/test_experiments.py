@@ -47,7 +47,7 @@ def test_quick_run_writes_results_plots_and_a_report_whose_verdict_its_numbers_i
     assert [dataclasses.asdict(c) for c in recomputed] == record["checks"]
     assert record["verdict"] == verdict(recomputed)
     report = (directory / REPORT_FILE).read_text()
-    assert f"# `{name}`: {record['verdict']}" in report
+    assert f"# `{name}`: smoke test, not a test of the claim (checks at quick size: {record['verdict']})" in report
     assert record["lecture"] in report and all(f"]({plot})" in report for plot in record["plots"])
     assert record["command"].startswith(f"kqv experiment run {name} --quick")
 
@@ -67,11 +67,11 @@ def test_no_causal_mask_verdict_moves_with_the_numbers(quick_runs):
     results, checks = record["results"], get("no-causal-mask").checks
     ln_v = results["ln_vocab"]
     arms, control = results["arms"], results["control"]
-    arms["causal"].update(train_loss=[2.0], val_loss_causal=[2.0])
-    arms["no mask"].update(train_loss=[0.1], val_loss_causal=[4.0])
+    arms["causal"].update(train_loss=[2.0, 2.1, 1.9], val_loss_causal=[2.0, 2.1, 1.9])  # three seeds: decided
+    arms["no mask"].update(train_loss=[0.1, 0.12, 0.09], val_loss_causal=[4.0, 4.1, 3.95])
     control["causal"]["train_loss"], control["no mask"]["train_loss"] = [ln_v], [0.2]
     assert verdict(checks(results)) == "holds"
-    arms["no mask"].update(train_loss=[1.9], val_loss_causal=[2.1])
+    arms["no mask"].update(train_loss=[1.9, 2.0, 1.85], val_loss_causal=[2.1, 2.2, 2.0])
     control["no mask"]["train_loss"] = [ln_v]
     assert verdict(checks(results)) == "does not hold here"
 
@@ -277,7 +277,8 @@ def test_gallery_shows_every_run_with_its_verdict_table_and_plots(quick_runs, tm
     page = gallery(quick_runs, tmp_path / "page.md")
     for name in names():
         record = json.loads((quick_runs / name / RESULTS_FILE).read_text())
-        assert f"## `{name}`: {record['verdict']}" in page and record["command"] in page
+        heading = f"## `{name}`: smoke test, not a test of the claim (checks at quick size: {record['verdict']})"
+        assert heading in page and record["command"] in page
         for plot in record["plots"]:
             assert f"]({os.path.relpath(quick_runs / name / plot, tmp_path)})" in page
 

@@ -4,6 +4,7 @@ kqv experiment list
 kqv experiment run NAME [--quick] [--seeds N] [--out DIR] [--set FIELD=VALUE] [--threads T] [--device D]
 kqv experiment run all [--quick] ...
 kqv experiment gallery [--dir docs/experiments] [--out docs/experiments.md]
+kqv experiment rejudge NAME|all [--dir docs/experiments]   (recompute verdicts from stored numbers, no rerun)
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def cmd_list(args: argparse.Namespace) -> None:
 
 def cmd_run(args: argparse.Namespace) -> None:
     from ..experiments import get, names
-    from ..experiments.runner import run_experiment
+    from ..experiments.runner import SMOKE_TEST, expected_minutes, run_experiment
 
     chosen = names() if args.name == "all" else [args.name]
     overrides = {name: own_overrides(get(name), args.set) if args.name == "all" else args.set for name in chosen}
@@ -38,7 +39,10 @@ def cmd_run(args: argparse.Namespace) -> None:
         get(name).config(args.quick, overrides[name])
     if args.seeds is not None and args.seeds < 1:
         raise ConfigError(f"--seeds must be at least 1, got {args.seeds}")
-    for name in chosen:
+    if args.quick:
+        print(f"kqv: {SMOKE_TEST}", flush=True)
+    work = [expected_minutes(name, args.quick) for name in chosen]
+    for k, name in enumerate(chosen):
         record = run_experiment(
             name,
             quick=args.quick,
@@ -48,11 +52,23 @@ def cmd_run(args: argparse.Namespace) -> None:
             threads=args.threads,
             progress=not args.quiet,
             device=args.device,
+            position=(k + 1, len(chosen)),
+            share=(sum(work[:k]) / sum(work), work[k] / sum(work)),
         )
-        print(f"{name}: {record['verdict']} ({record['seconds'] / 60:.1f} min) -> {args.out}/{name}/report.md")
-        for check in record["checks"]:
-            print(f"  [{'holds' if check['holds'] else 'does not hold'}] {check['what']}: {check['figure']}")
+        print(summary(record, k + 1, len(chosen), args.out))
         sys.stdout.flush()
+
+
+def summary(record: dict, k: int, n: int, out: str) -> str:
+    """The lines printed after an experiment: its place in the run, its verdict (labelled as a smoke test's when
+    it was a quick run) and each check's outcome."""
+    name, minutes = record["experiment"], record["seconds"] / 60
+    verdict = f"smoke test only, checks read: {record['verdict']}" if record["quick"] else record["verdict"]
+    lines = [f"[{k}/{n}] {name}: {verdict} ({minutes:.1f} min) -> {out}/{name}/report.md"]
+    lines += [
+        f"  [{check.get('outcome', check['holds'])}] {check['what']}: {check['figure']}" for check in record["checks"]
+    ]
+    return "\n".join(lines)
 
 
 def own_overrides(experiment, overrides: list[str]) -> list[str]:
@@ -70,8 +86,24 @@ def cmd_gallery(args: argparse.Namespace) -> None:
     print(f"wrote {page} from the results in {args.dir}")
 
 
+def cmd_rejudge(args: argparse.Namespace) -> None:
+    from ..experiments import get, names
+    from ..experiments.runner import RESULTS_FILE, rejudge
+
+    chosen = (
+        [n for n in names() if (Path(args.dir) / n / RESULTS_FILE).is_file()] if args.name == "all" else [args.name]
+    )
+    if args.name != "all":
+        get(args.name)  # an unknown name is a clear error
+    if not chosen:
+        raise ConfigError(f"no experiment results in {args.dir}; run `kqv experiment run NAME --out {args.dir}` first")
+    for name in chosen:
+        record = rejudge(Path(args.dir) / name)
+        print(f"{name}: {record['verdict']} (re-judged from {args.dir}/{name}/{RESULTS_FILE})")
+
+
 class Experiment(Command):
-    """`kqv experiment list | run NAME | gallery`."""
+    """`kqv experiment list | run NAME | gallery | rejudge NAME`."""
 
     help = "test the lecture's claims: list, or run NAME / all"
 
@@ -81,7 +113,11 @@ class Experiment(Command):
         listing.set_defaults(action_func=cmd_list)
         run = actions.add_parser("run", help="run one experiment (or all) and write results.json, plots, report.md")
         run.add_argument("name", help="an experiment name from `kqv experiment list`, or all")
-        run.add_argument("--quick", action="store_true", help="the small size (minutes for all; verdicts may differ)")
+        run.add_argument(
+            "--quick",
+            action="store_true",
+            help="the small size: a smoke test of the code (minutes for all), not a test of the claims",
+        )
         run.add_argument("--seeds", type=int, help="number of seeds (default: the experiment's)")
         run.add_argument("--out", default="experiments", help="output directory (default experiments/)")
         run.add_argument(
@@ -108,6 +144,14 @@ class Experiment(Command):
             "--out", default="docs/experiments.md", help="the page to write (default docs/experiments.md)"
         )
         page.set_defaults(action_func=cmd_gallery)
+        again = actions.add_parser(
+            "rejudge", help="recompute the table, checks and verdict of stored runs from their numbers (no rerun)"
+        )
+        again.add_argument("name", help="an experiment name, or all (every run found in --dir)")
+        again.add_argument(
+            "--dir", default="docs/experiments", help="the runs' --out directory (default docs/experiments)"
+        )
+        again.set_defaults(action_func=cmd_rejudge)
 
     def run(self, args: argparse.Namespace) -> None:
         args.action_func(args)

@@ -50,27 +50,42 @@ class ExperimentError(ConfigError):
     """Bad input to an experiment: an unknown name, a size that is not positive, an unknown option."""
 
 
+# the outcome of one check: decided either way, or not decided by the data (`kqv.experiments.statistics`)
+HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
+OUTCOMES = (HOLDS, FAILS, INCONCLUSIVE)
+
+
 @dataclass
 class Check:
-    """One part of a verdict: what is checked, the threshold fixed in advance, the measured figure, the outcome."""
+    """One part of a verdict: what is checked, the threshold fixed in advance, the measured figure, the outcome.
+
+    `Check(what, threshold, figure, holds)` is decided by a yes/no comparison; a check decided by an interval
+    passes its outcome (`kqv.experiments.statistics.interval_check`), and `holds` follows from it."""
 
     what: str
     threshold: str
     figure: str
     holds: bool
+    outcome: str = ""  # HOLDS, FAILS or INCONCLUSIVE; '' means: from `holds`
 
     def __post_init__(self) -> None:
-        self.holds = bool(self.holds)
+        if not self.outcome:
+            self.outcome = HOLDS if self.holds else FAILS
+        if self.outcome not in OUTCOMES:
+            raise ExperimentError(f"a check's outcome is one of {OUTCOMES}, got {self.outcome!r}")
+        self.holds = self.outcome == HOLDS
 
 
 def verdict(checks: Sequence[Check]) -> str:
-    """'holds' when every check holds, 'does not hold here' when none does, 'holds in part' otherwise."""
+    """'holds' when every check holds; 'does not hold here' when none holds and some fails; 'holds in part' when
+    some hold and some fail; 'inconclusive' when no check fails but some could not be decided (an interval that
+    straddles its threshold, or an arm that did not learn): an undecided part never reads as 'holds'."""
     if not checks:
         raise ExperimentError("a verdict needs at least one check")
-    passed = sum(check.holds for check in checks)
-    if passed == len(checks):
-        return "holds"
-    return "does not hold here" if passed == 0 else "holds in part"
+    outcomes = [check.outcome for check in checks]
+    if FAILS not in outcomes:
+        return "inconclusive" if INCONCLUSIVE in outcomes else "holds"
+    return "holds in part" if HOLDS in outcomes else "does not hold here"
 
 
 @dataclass(frozen=True)
@@ -227,14 +242,38 @@ def pm(values: Sequence[float], digits: int = 3) -> str:
 
 
 class Progress:
-    """Progress of one experiment: a tqdm bar on a terminal, else one line per finished unit on stderr."""
+    """Progress of one experiment: a tqdm bar on a terminal, else one line per unit on stderr.
 
-    def __init__(self, name: str, enabled: bool = True):
+    An experiment calls `plan(total)` once, then for each unit (a training run, a timing) `start(label)` (optional:
+    names the unit now running) and `step(label)` when it is done. Within `kqv experiment run all`, `position`
+    is (k, n), this experiment's place in the run, and `share` is (work done before it, its own work), as
+    fractions of the whole run's expected work, so the line reads '[3/13 22%] scaling 4/9 ...'."""
+
+    def __init__(
+        self,
+        name: str,
+        enabled: bool = True,
+        position: tuple[int, int] | None = None,
+        share: tuple[float, float] = (0.0, 1.0),
+    ):
         self.name, self.enabled, self.done, self.total = name, enabled, 0, 0
+        self.position, self.share = position, share
         self.started = time.perf_counter()
         self.bar = tqdm(
-            desc=name, unit="run", dynamic_ncols=True, file=sys.stderr, disable=not enabled or not sys.stderr.isatty()
+            desc=self.prefix() + name,
+            unit="run",
+            dynamic_ncols=True,
+            file=sys.stderr,
+            disable=not enabled or not sys.stderr.isatty(),
         )
+
+    def prefix(self) -> str:
+        """'[k/n p%] ' within a run of several experiments (p: the whole run's work done), else ''."""
+        if self.position is None:
+            return ""
+        fraction = self.done / self.total if self.total else 0.0
+        overall = self.share[0] + self.share[1] * min(fraction, 1.0)
+        return f"[{self.position[0]}/{self.position[1]} {overall:.0%}] "
 
     def plan(self, total: int) -> None:
         """Announce how many units (training runs, timings) the experiment will do."""
@@ -242,15 +281,23 @@ class Progress:
         self.bar.total = total
         self.bar.refresh()
 
+    def start(self, label: str) -> None:
+        """Unit `label` starts now (shown beside the bar, or as one line)."""
+        self._show(f"running {label}")
+
     def step(self, label: str) -> None:
         """One unit is finished."""
         self.done += 1
         self.bar.update(1)
+        self._show(label)
+
+    def _show(self, label: str) -> None:
+        self.bar.set_description_str(self.prefix() + self.name, refresh=False)
         self.bar.set_postfix_str(label)
         if self.enabled and self.bar.disable:
             elapsed = time.perf_counter() - self.started
             print(
-                f"kqv: {self.name} {self.done}/{self.total or '?'} {label} ({elapsed:.0f} s)",
+                f"kqv: {self.prefix()}{self.name} {self.done}/{self.total or '?'} {label} ({elapsed:.0f} s)",
                 file=sys.stderr,
                 flush=True,
             )

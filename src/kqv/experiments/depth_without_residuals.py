@@ -22,6 +22,7 @@ from .ablations import without_norms, without_residuals
 from .base import Check, Progress, mean_std, pm
 from .lm import QUICK_LM, Arm, LMConfig, shakespeare, train_arms, unigram_loss
 from .plotting import curves, figure, save
+from .statistics import interval_check, paired_difference
 
 NAME = "depth-without-residuals"
 CLAIM = "deep stacks without residual connections (or without LayerNorm) train far worse or not at all"
@@ -86,10 +87,15 @@ def failed(results: dict, arm: str) -> list[bool]:
     return [diverged or not loss < limit for diverged, loss in zip(r["diverged"], r["val_loss"])]
 
 
-def _loss(results: dict, arm: str) -> float:
-    """Mean validation loss over seeds; a diverged run counts as the unigram loss (it learned nothing)."""
+def _losses(results: dict, arm: str) -> list[float]:
+    """Validation loss per seed; a diverged run counts as the unigram loss (it learned nothing)."""
     r = results["arms"][arm]
-    return mean_std([results["unigram_loss"] if d else v for d, v in zip(r["diverged"], r["val_loss"])])[0]
+    return [results["unigram_loss"] if d else v for d, v in zip(r["diverged"], r["val_loss"])]
+
+
+def _loss(results: dict, arm: str) -> float:
+    """Mean validation loss over seeds, a diverged run counting as the unigram loss."""
+    return mean_std(_losses(results, arm))[0]
 
 
 def table(results: dict) -> tuple[list[str], list[list]]:
@@ -119,6 +125,7 @@ def checks(results: dict) -> list[Check]:
     baseline = {d: _loss(results, arm_name("residual + LayerNorm", d)) for d in results["depths"]}
     no_residual = _loss(results, arm_name("no residual", deepest))
     no_norm = _loss(results, arm_name("no LayerNorm", deepest))
+    reference = _losses(results, arm_name("residual + LayerNorm", deepest))
     return [
         Check(
             "with residuals and LayerNorm every depth trains",
@@ -126,17 +133,21 @@ def checks(results: dict) -> list[Check]:
             ", ".join(f"{d} layers: {v:.3f}" for d, v in baseline.items()),
             all(v <= limit for v in baseline.values()),
         ),
-        Check(
+        interval_check(
             f"without residual connections the {deepest}-layer stack trains far worse",
-            "validation loss >= residual + LayerNorm's + 0.2 nats (a diverged run counts as the unigram loss)",
-            f"{no_residual:.3f} vs {baseline[deepest]:.3f}",
-            no_residual >= baseline[deepest] + 0.2,
+            "validation loss - residual + LayerNorm's > 0.2 nats (paired by seed, 95% interval; a diverged run "
+            "counts as the unigram loss)",
+            paired_difference(_losses(results, arm_name("no residual", deepest)), reference),
+            0.2,
+            detail=f"{no_residual:.3f} vs {baseline[deepest]:.3f}",
         ),
-        Check(
+        interval_check(
             f"without LayerNorm the {deepest}-layer stack trains worse",
-            "validation loss >= residual + LayerNorm's + 0.05 nats (a diverged run counts as the unigram loss)",
-            f"{no_norm:.3f} vs {baseline[deepest]:.3f}",
-            no_norm >= baseline[deepest] + 0.05,
+            "validation loss - residual + LayerNorm's > 0.05 nats (paired by seed, 95% interval; a diverged run "
+            "counts as the unigram loss)",
+            paired_difference(_losses(results, arm_name("no LayerNorm", deepest)), reference),
+            0.05,
+            detail=f"{no_norm:.3f} vs {baseline[deepest]:.3f}",
         ),
     ]
 

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from . import get, names
-from .report import markdown_table
+from .report import VERDICT_RULE, check_rows, headline, markdown_table, provenance_line
 from .runner import RESULTS_FILE, load_record
 
 DISCUSSION_FILE = "discussion.md"
@@ -21,15 +21,26 @@ Each section below is one `kqv experiment`, run at its full size on this project
 the lecture makes it, the verdict computed from the measured numbers against thresholds fixed in the experiment's
 module before it ran, the table, the plots, and the command that produced them (rerun it to check). The raw numbers,
 config, seeds, library versions and machine are in each `results.json`. `kqv experiment list` names them all;
-`kqv experiment run all --quick` runs small versions of all of them in a few minutes (the test suite does), whose
-verdicts may differ from the full runs'.
+`kqv experiment run all --quick` runs small versions of all of them in a few minutes (the test suite does): a smoke
+test of the code, labelled so wherever it writes, not a test of the claims.
 
 The machine was shared with other work while these ran (the load average is in each results.json): times are upper
 bounds; losses, accuracies and BLEU after a fixed number of steps do not depend on the load.
 
+Each check is decided from the per-seed numbers: where arms share seeds, by the 95% Student-t interval of the
+paired differences (or, for timings, of the repeats), against a threshold fixed in advance; {rule}. (The
+thresholds are those written before the first runs; the intervals were added later, and the committed results
+were re-judged from their stored numbers with them, without a rerun: `rejudged` in each results.json.) A
+results.json made since provenance was kept records the commit, the machine and the hash of the code that produced
+it (`code`), and the test suite fails when that code changes; older ones name the commit their results came from,
+and the test suite lists them as due for a rerun.
+
 This page is generated from the results by `kqv experiment gallery`; the discussion of each experiment is
 written by hand in `docs/experiments/NAME/discussion.md`.
 """
+
+
+INTRO = INTRO.replace("{rule}", VERDICT_RULE)
 
 
 def anchor(title: str) -> str:
@@ -41,12 +52,9 @@ def section(directory: Path, page_dir: Path) -> str:
     """The gallery section of the experiment whose results are in `directory`; links relative to `page_dir`."""
     record = load_record(directory)
     link = lambda name: Path(os.path.relpath(directory / name, page_dir)).as_posix()
-    checks = [
-        [c["what"], c["threshold"], c["figure"], "holds" if c["holds"] else "does not hold"] for c in record["checks"]
-    ]
     load = record["machine"].get("load_average_before")
     parts = [
-        f"## `{record['experiment']}`: {record['verdict']}",
+        f"## `{record['experiment']}`: {headline(record)}",
         f"*{record['claim']}.*",
         f"**The lecture.** {record['lecture']}",
     ]
@@ -59,11 +67,12 @@ def section(directory: Path, page_dir: Path) -> str:
         f"{record['machine']['torch_threads']} torch thread(s), load average {load[0] if load else '?'} on "
         f"{record['machine']['cpus']} cores). Files: [results.json]({link(RESULTS_FILE)}), "
         f"[report.md]({link('report.md')}).",
+        provenance_line(record),
         markdown_table(record["table"]["columns"], record["table"]["rows"]),
         *[f"![{name}]({link(name)})" for name in record["plots"]],
         *beside_the_paper(record),
-        f"**Verdict: {record['verdict']}.**",
-        markdown_table(["check", "threshold (fixed in advance)", "measured", "outcome"], checks),
+        f"**Verdict: {headline(record)}.**",
+        markdown_table(["check", "threshold (fixed in advance)", "measured", "outcome"], check_rows(record)),
     ]
     return "\n\n".join(parts)
 
@@ -84,7 +93,7 @@ def gallery(directory: str | Path, page: str | Path) -> str:
         )
     contents = []
     for name in found:
-        title = f"`{name}`: {load_record(directory / name)['verdict']}"
+        title = f"`{name}`: {headline(load_record(directory / name))}"
         contents.append(f"- [{title}](#{anchor(title)})")
     out = Path(os.path.relpath(directory, page_dir.parent)).as_posix()  # as typed from the page's parent directory
     missing = [f"`{name}` (`kqv experiment run {name} --out {out}`)" for name in names() if name not in found]

@@ -221,6 +221,7 @@ def train_arms(
     results: dict[str, dict[str, Any]] = {name: {} for name in arms}
     for seed in seeds:
         for name, arm in arms.items():
+            progress.start(f"{name} seed {seed}")
             trained = train_lm(
                 setup, seed, build=arm.build, corpus=corpus, model_changes=arm.model, train_changes=arm.train
             )

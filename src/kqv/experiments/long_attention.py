@@ -34,8 +34,9 @@ from ..nn.config import ModelConfig
 from ..nn.models import DecoderLM, count_parameters
 from ..train.config import TrainConfig
 from ..train.trainer import Trainer
-from .base import TRAINING_DEVICE, Check, ExperimentConfig, ExperimentError, Progress
+from .base import FAILS, HOLDS, INCONCLUSIVE, TRAINING_DEVICE, Check, ExperimentConfig, ExperimentError, Progress
 from .plotting import figure, save
+from .statistics import decide, ratio_interval
 
 NAME = "long-attention"
 CLAIM = "Linformer and BigBird cut the time and memory of long inputs, at a cost in long-range recall"
@@ -67,6 +68,7 @@ class Config(ExperimentConfig):
     linformer_k: int = 32
     block: int = 32  # BigBird's block
     eval_sequences: int = 512
+    timing_repeats: int = 5  # timed passes per core and length: the time check is decided by their interval
     seeds: int = 1
 
     def check(self) -> None:
@@ -141,6 +143,7 @@ def train_curriculum(config: Config, kind: str, seed: int, progress: Progress) -
     model = DecoderLM(config.model_config(kind, max(config.lengths)))
     found = []
     for stage, (length, steps) in enumerate(zip(config.lengths, config.steps)):
+        progress.start(f"{kind} n={length}, {steps} steps")
         train = TrainConfig(
             steps=steps,
             batch_size=config.batch_size,
@@ -183,13 +186,13 @@ def measure(kind: str, length: int, config: Config) -> dict[str, float]:
     baseline = _status_kb("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current resident size
     times = []
-    for _ in range(2):
+    for _ in range(config.timing_repeats):
         model.zero_grad(set_to_none=True)
         started = time.perf_counter()
         model(ids).float().logsumexp(-1).mean().backward()
         times.append(time.perf_counter() - started)
     peak = (_status_kb("VmHWM") - baseline) / 1024
-    return {"seconds": statistics.median(times), "peak_mb": peak}
+    return {"seconds": statistics.median(times), "times": times, "peak_mb": peak}
 
 
 def measure_in_subprocess(kind: str, length: int, config: Config, threads: int) -> dict[str, float]:
@@ -215,11 +218,13 @@ def run(config: Config, seeds: list[int], progress: Progress) -> dict:
         for kind in kinds:
             accuracies, parameters[kind] = train_curriculum(config, kind, seed, progress)
             accuracy_found[kind].append(accuracies)
-    seconds, peak = {kind: [] for kind in kinds}, {kind: [] for kind in kinds}
+    seconds, peak, times = ({kind: [] for kind in kinds} for _ in range(3))
     for kind in kinds:
         for length in config.measure_lengths:
+            progress.start(f"timing {kind} n={length}")
             result = measure_in_subprocess(kind, length, config, torch.get_num_threads())
             seconds[kind].append(result["seconds"])
+            times[kind].append(result["times"])
             peak[kind].append(result["peak_mb"])
             progress.step(f"{kind} n={length}: {result['seconds']:.2f} s, {result['peak_mb']:.0f} MB")
     return {
@@ -228,6 +233,7 @@ def run(config: Config, seeds: list[int], progress: Progress) -> dict:
         "accuracy": accuracy_found,
         "measure_lengths": list(config.measure_lengths),
         "seconds": seconds,
+        "times": times,  # every timed pass: kind -> per measured length, timing_repeats seconds
         "peak_mb": peak,
         "parameters": parameters,
     }
@@ -249,15 +255,44 @@ def table(results: dict) -> tuple[list[str], list[list]]:
     return columns, rows
 
 
+CHANCE = 1 / 8  # the needle's answer is one of 8 values
+RERUN = "needs rerun (`kqv experiment run long-attention --out docs/experiments`): no repeated timings stored"
+
+
+def learned(results: dict, kind: str) -> bool:
+    """Whether `kind` learned the lookup at all: accuracy at the last stage above twice chance. A core below it
+    outputs (nearly) one constant class, its recall the frequency of one answer: a failed arm, not a measurement."""
+    return mean_accuracy(results, kind, len(results["stages"]) - 1) > 2 * CHANCE
+
+
+def timing_check(results: dict, cheaper: list[str], longest: int) -> Check:
+    """The cheaper cores' time over full attention's at the longest length, decided by the repeats' intervals."""
+    what, threshold = (
+        f"the cheaper cores are faster than full attention at {longest} tokens",
+        "time / full attention's < 1 for every cheaper core (95% interval over the timed repeats)",
+    )
+    if "times" not in results:
+        point = {k: results["seconds"][k][-1] / results["seconds"]["full"][-1] for k in cheaper}
+        figure = ", ".join(f"{k} {r:.2f}x" for k, r in point.items()) + f" (one median each); {RERUN}"
+        return Check(what, threshold, figure, False, INCONCLUSIVE)
+    ratios = {k: ratio_interval(results["times"][k][-1], results["times"]["full"][-1]) for k in cheaper}
+    outcomes = {decide(r, 1.0, above=False) for r in ratios.values()}
+    outcome = FAILS if FAILS in outcomes else INCONCLUSIVE if INCONCLUSIVE in outcomes else HOLDS
+    return Check(what, threshold, ", ".join(f"{k} {r.text(3)}" for k, r in ratios.items()), False, outcome)
+
+
 def checks(results: dict) -> list[Check]:
     last, longest = len(results["stages"]) - 1, results["measure_lengths"][-1]
     cheaper = [k for k in results["methods"] if k != "full"]
     full_accuracy = [mean_accuracy(results, "full", j) for j in range(last + 1)]
-    time_ratio = {k: results["seconds"][k][-1] / results["seconds"]["full"][-1] for k in cheaper}
     full_peak = results["peak_mb"]["full"][-1]  # below 1 MB the measurement cannot rank the cores
     memory_ratio = {k: results["peak_mb"][k][-1] / full_peak if full_peak >= 1 else float("inf") for k in cheaper}
     recall = {k: mean_accuracy(results, k, last) for k in cheaper}
     trained = results["stages"][last][0]
+    constant = [k for k in cheaper if not learned(results, k)]
+    recall_figure = f"full {full_accuracy[-1]:.1%}; " + ", ".join(f"{k} {a:.1%}" for k, a in recall.items())
+    if constant:
+        recall_figure += f"; did not learn (accuracy <= {2 * CHANCE:.0%}, one constant class): {', '.join(constant)}"
     return [
         Check(
             "full attention learns the long-range lookup",
@@ -265,12 +300,7 @@ def checks(results: dict) -> list[Check]:
             ", ".join(f"{a:.1%}" for a in full_accuracy),
             all(a >= 0.5 for a in full_accuracy),
         ),
-        Check(
-            f"the cheaper cores are faster than full attention at {longest} tokens",
-            "time < full attention's for every cheaper core",
-            ", ".join(f"{k} {r:.2f}x" for k, r in time_ratio.items()),
-            all(r < 1 for r in time_ratio.values()),
-        ),
+        timing_check(results, cheaper, longest),
         Check(
             f"the cheaper cores use less memory than full attention at {longest} tokens",
             "peak memory < full attention's for every cheaper core",
@@ -279,11 +309,26 @@ def checks(results: dict) -> list[Check]:
         ),
         Check(
             f"the cheaper cores recall the needle less well at {trained} tokens",
-            "accuracy at least 10 points below full attention's for every cheaper core",
-            f"full {full_accuracy[-1]:.1%}; " + ", ".join(f"{k} {a:.1%}" for k, a in recall.items()),
-            all(a <= full_accuracy[-1] - 0.1 for a in recall.values()),
+            "accuracy at least 10 points below full attention's for every cheaper core; inconclusive when a core "
+            "did not learn the task at all",
+            recall_figure,
+            False,
+            INCONCLUSIVE
+            if constant
+            else HOLDS
+            if all(a <= full_accuracy[-1] - 0.1 for a in recall.values())
+            else FAILS,
         ),
     ]
+
+
+def notes(results: dict) -> str:
+    return (
+        "**Beside the papers.** kqv's Linformer is causal (keys and values are projected over the past only, so it "
+        "can be a decoder), unlike the published Linformer (Wang et al. 2020), which projects the whole sequence "
+        "and is an encoder: its figures here are not the paper's model's. A core whose recall equals the frequency "
+        "of one answer outputs one constant class: it failed to learn, which says nothing about how well it recalls."
+    )
 
 
 def plots(results: dict, directory: Path) -> list[Path]:

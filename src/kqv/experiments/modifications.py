@@ -21,9 +21,10 @@ from pathlib import Path
 from scipy import stats
 
 from ..nn.config import ModelConfig
-from .base import Check, Progress, mean_std, pm
+from .base import FAILS, HOLDS, INCONCLUSIVE, Check, Progress, mean_std, pm
 from .lm import QUICK_LM, Arm, LMConfig, train_arms
 from .plotting import figure, save
+from .statistics import decide, paired_difference
 
 NAME = "modifications"
 CLAIM = "of single modifications to the vanilla block, GLU feed-forwards help most, as Narang et al. 2021 found"
@@ -136,14 +137,19 @@ def table(results: dict) -> tuple[list[str], list[list]]:
 
 
 def checks(results: dict) -> list[Check]:
-    loss = {arm: mean_std(r["val_loss"])[0] for arm, r in results["arms"].items()}
+    arms = results["arms"]
+    loss = {arm: mean_std(r["val_loss"])[0] for arm, r in arms.items()}
+    gains = {glu: paired_difference(arms["vanilla (ReLU)"]["val_loss"], arms[glu]["val_loss"]) for glu in GLUS}
+    outcomes = {decide(gain, 0.0) for gain in gains.values()}
     rho, common = rank_agreement(results)
     return [
         Check(
             "GLU feed-forwards beat the vanilla ReLU block (Narang et al.: SwiGLU 1.789, GeGLU 1.792 vs 1.838)",
-            "SwiGLU and GeGLU both have a lower mean validation loss than vanilla",
-            f"SwiGLU {loss['SwiGLU']:.3f}, GeGLU {loss['GeGLU']:.3f}, vanilla {loss['vanilla (ReLU)']:.3f}",
-            loss["SwiGLU"] < loss["vanilla (ReLU)"] and loss["GeGLU"] < loss["vanilla (ReLU)"],
+            "vanilla - GLU validation loss > 0 for both SwiGLU and GeGLU (paired by seed, 95% interval)",
+            f"SwiGLU {loss['SwiGLU']:.3f}, GeGLU {loss['GeGLU']:.3f}, vanilla {loss['vanilla (ReLU)']:.3f}; gain "
+            + ", ".join(f"{glu} {gain.text()}" for glu, gain in gains.items()),
+            False,
+            FAILS if FAILS in outcomes else INCONCLUSIVE if INCONCLUSIVE in outcomes else HOLDS,
         ),
         Check(
             f"the ranking agrees with the paper's on the {len(common)} rows both have",
@@ -152,6 +158,9 @@ def checks(results: dict) -> list[Check]:
             rho >= 0.5,
         ),
     ]
+
+
+GLUS = ("SwiGLU", "GeGLU")
 
 
 def notes(results: dict) -> str:

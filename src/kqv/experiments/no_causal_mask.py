@@ -28,6 +28,7 @@ from .ablations import peeking, set_peeking
 from .base import Check, Progress, mean_std, pm
 from .lm import QUICK_LM, Arm, LMConfig, Trained, random_tokens, shakespeare, train_arms, validation_loss
 from .plotting import curves, figure, save
+from .statistics import interval_check, paired_difference, paired_ratio
 
 NAME = "no-causal-mask"
 CLAIM = "a decoder trained without its causal mask reaches a far lower training loss, yet fails when evaluated causally"
@@ -123,17 +124,20 @@ def checks(results: dict) -> list[Check]:
     causal = {arm: mean_std(arms[arm]["val_loss_causal"])[0] for arm in arms}
     control = {arm: mean_std(results["control"][arm]["train_loss"])[0] for arm in arms}
     return [
-        Check(
+        interval_check(
             "without the mask the training loss is much lower",
-            "no-mask training loss <= half the causal one",
-            f"no mask {train['no mask']:.3f}, causal {train['causal']:.3f}",
-            train["no mask"] <= train["causal"] / 2,
+            "no-mask training loss / the causal one < 1/2 (per seed, 95% interval)",
+            paired_ratio(arms["no mask"]["train_loss"], arms["causal"]["train_loss"]),
+            0.5,
+            above=False,
+            detail=f"no mask {train['no mask']:.3f}, causal {train['causal']:.3f}",
         ),
-        Check(
+        interval_check(
             "evaluated causally, the no-mask model is much worse",
-            "its causal validation loss >= causal model's + 0.5",
-            f"no mask {causal['no mask']:.3f}, causal {causal['causal']:.3f}",
-            causal["no mask"] >= causal["causal"] + 0.5,
+            "its causal validation loss - the causal model's > 0.5 (per seed, 95% interval)",
+            paired_difference(arms["no mask"]["val_loss_causal"], arms["causal"]["val_loss_causal"]),
+            0.5,
+            detail=f"no mask {causal['no mask']:.3f}, causal {causal['causal']:.3f}",
         ),
         Check(
             "control: on random tokens only the no-mask model's loss falls",

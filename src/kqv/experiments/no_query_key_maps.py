@@ -22,6 +22,7 @@ from .ablations import without_query_key_maps
 from .base import Check, Progress, mean_std, pm
 from .lm import QUICK_LM, Arm, LMConfig, Trained, attention_maps, head_statistics, shakespeare, train_arms
 from .plotting import curves, figure, save
+from .statistics import interval_check, mean_interval, paired_difference, paired_ratio
 
 NAME = "no-query-key-maps"
 CLAIM = "attention from x.x^T (no W_Q, W_K) puts most of its weight on each token itself"
@@ -78,25 +79,26 @@ def table(results: dict) -> tuple[list[str], list[list]]:
 def checks(results: dict) -> list[Check]:
     learned, plain = (results["arms"][arm] for arm in ARMS)
     diagonal = {"learned": mean_std(learned["diagonal"])[0], "plain": mean_std(plain["diagonal"])[0]}
-    gap = mean_std(plain["val_loss"])[0] - mean_std(learned["val_loss"])[0]
     return [
-        Check(
+        interval_check(
             "without W_Q, W_K most attention goes to the token itself",
-            "mean diagonal weight >= 0.5",
-            f"{diagonal['plain']:.3f}",
-            diagonal["plain"] >= 0.5,
+            "mean diagonal weight > 0.5 (95% interval over seeds)",
+            mean_interval(plain["diagonal"]),
+            0.5,
         ),
-        Check(
+        interval_check(
             "learned maps look elsewhere",
-            "diagonal weight without maps >= 2x the diagonal weight with them",
-            f"{diagonal['plain']:.3f} vs {diagonal['learned']:.3f}",
-            diagonal["plain"] >= 2 * diagonal["learned"],
+            "diagonal weight without maps / with them > 2 (per seed, 95% interval)",
+            paired_ratio(plain["diagonal"], learned["diagonal"]),
+            2.0,
+            detail=f"{diagonal['plain']:.3f} vs {diagonal['learned']:.3f}",
         ),
-        Check(
+        interval_check(
             "the LM without the maps is worse",
-            "validation loss >= the learned maps' + 0.02 nats",
-            f"{pm(plain['val_loss'])} vs {pm(learned['val_loss'])}: gap {gap:+.3f}",
-            gap >= 0.02,
+            "validation loss - the learned maps' > 0.02 nats (paired by seed, 95% interval)",
+            paired_difference(plain["val_loss"], learned["val_loss"]),
+            0.02,
+            detail=f"{pm(plain['val_loss'])} vs {pm(learned['val_loss'])}",
         ),
     ]
 

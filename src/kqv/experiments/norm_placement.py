@@ -18,9 +18,10 @@ import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
-from .base import Check, Progress, mean_std, pm
+from .base import FAILS, HOLDS, INCONCLUSIVE, Check, Progress, mean_std, pm
 from .lm import QUICK_LM, Arm, LMConfig, shakespeare, train_arms, unigram_loss
 from .plotting import figure, save
+from .statistics import decide, interval_check, paired_difference
 
 NAME = "norm-placement"
 CLAIM = "post-LN without warm-up trains badly or diverges at higher learning rates; pre-LN trains without warm-up"
@@ -80,11 +81,16 @@ def run(config: Config, seeds: list[int], progress: Progress) -> dict:
     }
 
 
+def scored(results: dict, arm: str) -> list[float]:
+    """The arm's validation loss per seed, a diverged run counting as the unigram loss."""
+    r, unigram = results["arms"][arm], results["unigram_loss"]
+    return [unigram if diverged else loss for diverged, loss in zip(r["diverged"], r["val_loss"])]
+
+
 def outcome(results: dict, arm: str) -> tuple[float, int]:
     """(mean validation loss, a diverged run counting as the unigram loss; number of failed seeds)."""
-    r, unigram = results["arms"][arm], results["unigram_loss"]
-    losses = [unigram if diverged else loss for diverged, loss in zip(r["diverged"], r["val_loss"])]
-    return mean_std(losses)[0], sum(loss >= unigram - FAIL_MARGIN for loss in losses)
+    losses = scored(results, arm)
+    return mean_std(losses)[0], sum(loss >= results["unigram_loss"] - FAIL_MARGIN for loss in losses)
 
 
 def table(results: dict) -> tuple[list[str], list[list]]:
@@ -104,24 +110,32 @@ def table(results: dict) -> tuple[list[str], list[list]]:
 
 
 def checks(results: dict) -> list[Check]:
-    top = results["lrs"][-1]
-    post_cold = outcome(results, arm_name("post-LN", False, top))
-    post_warm = outcome(results, arm_name("post-LN", True, top))
-    pre_cold = {lr: outcome(results, arm_name("pre-LN", False, lr)) for lr in results["lrs"]}
-    pre_warm = {lr: outcome(results, arm_name("pre-LN", True, lr)) for lr in results["lrs"]}
-    worst_gap = max(pre_cold[lr][0] - pre_warm[lr][0] for lr in results["lrs"])
+    top, lrs = results["lrs"][-1], results["lrs"]
+    post = {warm: outcome(results, arm_name("post-LN", warm, top)) for warm in (False, True)}
+    post_gap = paired_difference(*(scored(results, arm_name("post-LN", warm, top)) for warm in (False, True)))
+    pre_failed = sum(outcome(results, arm_name("pre-LN", False, lr))[1] for lr in lrs)
+    pre_gaps = {
+        lr: paired_difference(*(scored(results, arm_name("pre-LN", warm, lr)) for warm in (False, True))) for lr in lrs
+    }
+    pre = [decide(gap, FAIL_MARGIN, above=False) for gap in pre_gaps.values()]
+    worst = max(pre_gaps.values(), key=lambda gap: gap.mean)
     return [
-        Check(
-            f"post-LN without warm-up fails or trains clearly worse at the highest lr ({top:g})",
-            "it fails on some seed, or its validation loss >= with warm-up + 0.1 nats",
-            f"no warm-up {post_cold[0]:.3f} (failed {post_cold[1]}), warm-up {post_warm[0]:.3f}",
-            post_cold[1] > 0 or post_cold[0] >= post_warm[0] + 0.1,
+        interval_check(
+            f"post-LN without warm-up trains clearly worse than with warm-up at the highest lr ({top:g})",
+            "no warm-up - warm-up validation loss > 0.1 nats, per seed (a failed run scored at the unigram loss; "
+            "95% interval)",
+            post_gap,
+            FAIL_MARGIN,
+            detail=f"no warm-up {post[False][0]:.3f} (failed {post[False][1]}), warm-up {post[True][0]:.3f} "
+            f"(failed {post[True][1]})",
         ),
         Check(
             "pre-LN trains without warm-up at every lr",
-            "no failed run without warm-up, and no lr where it is worse than with warm-up by >= 0.1 nats",
-            f"failed runs {sum(f for _, f in pre_cold.values())}; largest gap to warm-up {worst_gap:+.3f}",
-            all(f == 0 for _, f in pre_cold.values()) and worst_gap < 0.1,
+            "no failed run without warm-up, and at every lr no warm-up - warm-up validation loss < 0.1 nats "
+            "(per seed, 95% interval)",
+            f"failed runs {pre_failed}; largest gap to warm-up {worst.text()}",
+            False,
+            FAILS if pre_failed or FAILS in pre else INCONCLUSIVE if INCONCLUSIVE in pre else HOLDS,
         ),
     ]
 

@@ -29,8 +29,9 @@ from torch import Tensor, nn
 
 from ..nn.attention import MultiHeadAttention
 from ..nn.config import ModelConfig
-from .base import TRAINING_DEVICE, Check, ExperimentConfig, ExperimentError, Progress, pm
+from .base import FAILS, HOLDS, INCONCLUSIVE, TRAINING_DEVICE, Check, ExperimentConfig, ExperimentError, Progress, pm
 from .plotting import figure, save
+from .statistics import interval_check, paired_ratio
 
 NAME = "parallelism"
 CLAIM = "an LSTM needs n sequential steps, self-attention 1: at fixed tokens per batch the LSTM slows as n grows"
@@ -139,7 +140,7 @@ def _mean(values: list[float]) -> float:
 
 
 def table(results: dict) -> tuple[list[str], list[list]]:
-    columns = ["length n", "batch", "sequential steps LSTM / attention"]
+    columns = ["length n", "batch", "sequential steps LSTM / attention (by construction)"]
     for threads in map(str, results["threads"]):
         columns += [f"LSTM ms ({threads} thr.)", f"attention ms ({threads} thr.)", f"LSTM / attention ({threads} thr.)"]
     rows = []
@@ -152,39 +153,47 @@ def table(results: dict) -> tuple[list[str], list[list]]:
     return columns, rows
 
 
+def _all(checks: list[Check]) -> str:
+    """The outcome of several interval decisions that must all hold."""
+    outcomes = {c.outcome for c in checks}
+    return FAILS if FAILS in outcomes else INCONCLUSIVE if INCONCLUSIVE in outcomes else HOLDS
+
+
 def checks(results: dict) -> list[Check]:
     one = str(min(results["threads"]))
     lengths = results["lengths"]
-    lstm = [_mean(t) for t in results["lstm_ms"][one]]
-    attention = [_mean(t) for t in results["attention_ms"][one]]
-    growth = lstm[-1] / lstm[0]
+    lstm, attention = results["lstm_ms"][one], results["attention_ms"][one]
     short = [j for j, n in enumerate(lengths) if n <= 512]
+    faster = {j: paired_ratio(lstm[j], attention[j]) for j in short}
     found = [
-        Check(
+        interval_check(
             f"at fixed tokens per batch the LSTM slows down as its sequential steps grow ({one} thread)",
-            "LSTM time at the longest length >= 2x its time at the shortest",
-            f"{lstm[-1]:.1f} ms at n={lengths[-1]} vs {lstm[0]:.1f} ms at n={lengths[0]}: {growth:.2f}x",
-            growth >= 2.0,
+            "LSTM time at the longest length / at the shortest > 2 (per seed, 95% interval)",
+            paired_ratio(lstm[-1], lstm[0]),
+            2.0,
+            detail=f"{_mean(lstm[-1]):.1f} ms at n={lengths[-1]} vs {_mean(lstm[0]):.1f} ms at n={lengths[0]}",
         ),
         Check(
             f"self-attention is faster than the LSTM at training lengths (n <= 512, {one} thread)",
-            "attention time < LSTM time at every measured n <= 512",
-            ", ".join(f"n={lengths[j]}: {lstm[j] / attention[j]:.2f}x" for j in short) + " (LSTM / attention)",
-            bool(short) and all(attention[j] < lstm[j] for j in short),
+            "LSTM / attention time > 1 at every measured n <= 512 (per seed, 95% interval)",
+            ", ".join(f"n={lengths[j]}: {r.text(3)}" for j, r in faster.items()) + " (LSTM / attention)",
+            False,
+            _all([interval_check("", "", r, 1.0) for r in faster.values()]) if short else FAILS,
         ),
     ]
     if len(results["threads"]) > 1:
         more = str(max(results["threads"]))
         speedup = {
-            name: _mean(results[f"{name}_ms"][one][-1]) / _mean(results[f"{name}_ms"][more][-1])
+            name: [a / b for a, b in zip(results[f"{name}_ms"][one][-1], results[f"{name}_ms"][more][-1])]
             for name in ("lstm", "attention")
         }
         found.append(
-            Check(
+            interval_check(
                 f"a second core helps attention more than the LSTM at the longest length (n={lengths[-1]})",
-                f"attention's speed-up from {one} to {more} threads > the LSTM's",
-                f"attention {speedup['attention']:.2f}x, LSTM {speedup['lstm']:.2f}x",
-                speedup["attention"] > speedup["lstm"],
+                f"attention's speed-up from {one} to {more} threads / the LSTM's > 1 (per seed, 95% interval)",
+                paired_ratio(speedup["attention"], speedup["lstm"]),
+                1.0,
+                detail=f"attention {_mean(speedup['attention']):.2f}x, LSTM {_mean(speedup['lstm']):.2f}x",
             )
         )
     return found
@@ -214,14 +223,14 @@ def plots(results: dict, directory: Path) -> list[Path]:
         title=f"{results['tokens']:,} tokens per batch",
     )
     times.legend()
-    for name, marker in (("lstm", "o"), ("attention", "s")):
-        steps.plot(results["lengths"], results["sequential_steps"][name], marker=marker, label=name)
+    for name, marker in (("lstm", "o"), ("attention", "s")):  # counted from the algorithms, not measured
+        steps.plot(results["lengths"], results["sequential_steps"][name], marker=marker, linestyle=":", label=name)
     steps.set(
         xscale="log",
         yscale="log",
         xlabel="sequence length n",
-        ylabel="sequential steps per layer",
-        title="operations that must wait for the previous one",
+        ylabel="sequential steps per layer (by construction)",
+        title="by construction, not measured: n for the LSTM, 1 for attention",
     )
     steps.legend()
     return [save(fig, directory / "parallelism.png")]

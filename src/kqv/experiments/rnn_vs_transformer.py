@@ -33,6 +33,7 @@ from ..jobs.mt import load_run_config, prepare_data, spread
 from ..train.metrics import read_metrics
 from .base import TRAINING_DEVICE, Check, ExperimentConfig, ExperimentError, Progress, mean_std, pm
 from .plotting import figure, save
+from .statistics import interval_check, paired_difference
 
 NAME = "rnn-vs-transformer"
 CLAIM = "at equal wall-clock training time the Transformer reaches a higher BLEU than the LSTM with attention"
@@ -201,6 +202,7 @@ def run(config: Config, seeds: list[int], progress: Progress) -> dict:
         for seed in seeds:
             out = Path(tmp) / f"seed{seed}"
             out.mkdir()
+            progress.start(f"seed {seed}: Transformer and LSTM, {config.minutes:g} min each")
             side_by_side(out, overrides(config, seed, data_path), SIZES[config.sizes], quiet=True)
             summaries, seed_curves = read_runs(out)
             for kind in MODELS:
@@ -244,22 +246,30 @@ def table(results: dict) -> tuple[list[str], list[list]]:
     return columns, rows
 
 
+BLEU_FLOOR = 1.0  # a model whose test BLEU is below this has not learned to translate: its comparison is no test
+
+
 def checks(results: dict) -> list[Check]:
-    transformer, lstm = results["runs"]["transformer"], results["runs"]["lstm"]
-    bleu = {k: mean_std([r["test_bleu"] for r in v])[0] for k, v in results["runs"].items()}
-    loss = {k: mean_std([r["final_val_loss"] for r in v])[0] for k, v in results["runs"].items()}
+    runs = results["runs"]
+    bleu = {k: [r["test_bleu"] for r in v] for k, v in runs.items()}
+    loss = {k: [r["final_val_loss"] for r in v] for k, v in runs.items()}
+    silent = [k for k, v in bleu.items() if mean_std(v)[0] < BLEU_FLOOR]
     return [
-        Check(
+        interval_check(
             f"after {results['minutes']:g} min of training each, the Transformer translates better",
-            "Transformer test BLEU >= LSTM test BLEU + 0.5",
-            f"Transformer {bleu['transformer']:.2f}, LSTM {bleu['lstm']:.2f} ({len(transformer)} seed(s))",
-            bleu["transformer"] >= bleu["lstm"] + 0.5,
+            f"Transformer - LSTM test BLEU > 0.5 (paired by seed, 95% interval); both above BLEU {BLEU_FLOOR}",
+            paired_difference(bleu["transformer"], bleu["lstm"]),
+            0.5,
+            failed_arm=f"did not learn to translate (BLEU < {BLEU_FLOOR}): {', '.join(silent)}" if silent else None,
+            detail=f"Transformer {pm(bleu['transformer'], 2)}, LSTM {pm(bleu['lstm'], 2)}",
         ),
-        Check(
+        interval_check(
             "... and predicts the dev set better",
-            "Transformer dev loss < LSTM dev loss",
-            f"Transformer {loss['transformer']:.3f}, LSTM {loss['lstm']:.3f} ({len(lstm)} seed(s))",
-            loss["transformer"] < loss["lstm"],
+            "Transformer - LSTM dev loss < 0 (paired by seed, 95% interval)",
+            paired_difference(loss["transformer"], loss["lstm"]),
+            0.0,
+            above=False,
+            detail=f"Transformer {pm(loss['transformer'])}, LSTM {pm(loss['lstm'])}",
         ),
     ]
 

@@ -1,9 +1,12 @@
 """Run an experiment and write what it found: DIR/NAME/results.json, the PNG plots and report.md.
 
-results.json holds the config, the seeds, every measured number (`results`), the table, the checks and the
-verdict derived from them, the plots' file names, the command that produced it, the wall time, library versions
+results.json holds the config, the seeds, every measured number (`results`, per seed), the table, the checks and
+the verdict derived from them, the plots' file names, the command that produced it, the wall time, library versions
 and the machine (CPU count, torch threads, load average before and after: timings taken on a loaded machine are
-upper bounds).
+upper bounds), and its provenance (`kqv.experiments.provenance`): the git commit and whether the tree was dirty,
+torch, the CPU model and flags, and `code`, the hash of the modules the experiment ran, which the test suite
+compares with today's code. A `--quick` run is a smoke test of the code, not a test of the claim: its record
+says so in `smoke_test`, and its report and summary line say so first.
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ import torch
 from ..nn.devices import Accelerator
 from . import get
 from .base import TRAINING_DEVICE, Check, Experiment, ExperimentError, Progress, verdict
+from .provenance import code_hash, git_state, provenance
 from .report import write_report
 
 RESULTS_FILE, REPORT_FILE = "results.json", "report.md"
+SMOKE_TEST = "smoke test (--quick): checks the code runs end to end; not a test of the claim"
 LIBRARIES = ("kqv", "torch", "numpy", "scipy", "matplotlib", "tokenizers", "sacrebleu", "tqdm")
 
 
@@ -40,12 +45,15 @@ def run_experiment(
     threads: int = 1,
     progress: bool = True,
     device: str = "cpu",
+    position: tuple[int, int] | None = None,
+    share: tuple[float, float] = (0.0, 1.0),
 ) -> dict[str, Any]:
     """Run experiment `name` and write its results; returns the results.json record.
 
     `seeds` overrides the config's number of seeds (seeds are 0 .. seeds - 1); `overrides` are `field=value`
     changes to the config; `threads` is torch's thread count during the run (1 keeps runs comparable on a
-    shared machine); `device` is where its models train (`TRAINING_DEVICE`; the CPU by default)."""
+    shared machine); `device` is where its models train (`TRAINING_DEVICE`; the CPU by default); `position` and
+    `share` place it within a run of several (see `base.Progress`)."""
     experiment = get(name)
     if seeds is not None:
         overrides = [*overrides, f"seeds={seeds}"]
@@ -59,7 +67,7 @@ def run_experiment(
     torch.set_num_threads(threads)
     training_device = TRAINING_DEVICE.set(device)
     load_before, started = _load_average(), time.perf_counter()
-    bar = Progress(name, enabled=progress)
+    bar = Progress(name, enabled=progress, position=position, share=share)
     try:
         results = experiment.run(config, list(range(config.seeds)), bar)
     finally:
@@ -104,6 +112,7 @@ def write_results(
         "claim": experiment.claim,
         "lecture": experiment.lecture,
         "quick": quick,
+        "smoke_test": SMOKE_TEST if quick else None,
         "command": command,
         "config": dataclasses.asdict(config),
         "seeds": list(range(config.seeds)),
@@ -116,7 +125,35 @@ def write_results(
         "seconds": round(seconds, 3),
         "versions": library_versions(),
         "machine": machine(threads, load),
+        "provenance": provenance(),
+        "code": {**code_hash(experiment.module), "recorded": "when it ran"},
     }
+    _write_atomically(directory / RESULTS_FILE, json.dumps(record, indent=1, default=_json_default) + "\n")
+    _write_atomically(directory / REPORT_FILE, write_report(record, experiment))
+    return record
+
+
+def rejudge(directory: str | Path, *, plots: bool = False) -> dict[str, Any]:
+    """Recompute the table, checks and verdict of a stored run from its per-seed numbers (no rerun) with today's
+    checks, and rewrite its results.json and report.md (and its plots when `plots`). For fixing how a verdict
+    is reached; measured numbers never change here."""
+    directory = Path(directory)
+    record = load_record(directory)
+    experiment = get(record["experiment"])
+    checks = experiment.checks(record["results"])
+    columns, rows = experiment.table(record["results"])
+    record.update(
+        table={"columns": columns, "rows": rows},
+        checks=[dataclasses.asdict(c) for c in checks],
+        verdict=verdict(checks),
+    )
+    record.setdefault("smoke_test", SMOKE_TEST if record["quick"] else None)
+    record["rejudged"] = {
+        "at_commit": git_state()["commit"],
+        "note": "table, checks and verdict recomputed from the stored numbers with the checks of this commit",
+    }
+    if plots:
+        record["plots"] = [Path(p).name for p in experiment.plots(record["results"], directory)]
     _write_atomically(directory / RESULTS_FILE, json.dumps(record, indent=1, default=_json_default) + "\n")
     _write_atomically(directory / REPORT_FILE, write_report(record, experiment))
     return record
@@ -125,6 +162,37 @@ def write_results(
 def checks_from_record(record: dict[str, Any]) -> list[Check]:
     """The checks an experiment derives from the numbers of a results.json record (for tests and readers)."""
     return get(record["experiment"]).checks(record["results"])
+
+
+def expected_minutes(name: str, quick: bool) -> float:
+    """The minutes experiment `name` is expected to take here, to weight a run of several's progress: the quick
+    run's from `QUICK_MINUTES`, the full run's from its committed results.json when the source tree has it."""
+    if quick:
+        return QUICK_MINUTES.get(name, 0.3)
+    committed = Path(__file__).resolve().parents[3] / "docs" / "experiments" / name / RESULTS_FILE
+    try:
+        return json.loads(committed.read_text(encoding="utf-8"))["seconds"] / 60
+    except (OSError, ValueError, KeyError):
+        return 30.0
+
+
+# minutes each --quick run took on this project's 2-core machine, shared (measured 2026-11-24; they only weight the
+# progress of `run all --quick`; an experiment not listed counts as 0.3)
+QUICK_MINUTES = {
+    "parallelism": 0.01,
+    "scaling": 0.30,
+    "no-causal-mask": 0.22,
+    "no-positions": 0.07,
+    "no-query-key-maps": 0.04,
+    "heads": 0.04,
+    "depth-without-residuals": 0.11,
+    "rnn-vs-transformer": 0.71,
+    "position-extrapolation": 0.05,
+    "norm-placement": 0.06,
+    "modifications": 0.06,
+    "scaling-laws": 0.08,
+    "long-attention": 0.46,
+}
 
 
 def command_line(

@@ -24,9 +24,10 @@ import torch
 
 from ..nn.models import DecoderLM
 from .ablations import without_scaling
-from .base import Check, Progress, mean_std, pm
+from .base import FAILS, HOLDS, INCONCLUSIVE, Check, Progress, mean_std, pm
 from .lm import QUICK_LM, Arm, LMConfig, Trained, attention_maps, head_statistics, shakespeare, train_arms
 from .plotting import curves, figure, save
+from .statistics import interval_check, mean_interval, paired_difference, paired_ratio
 
 NAME = "scaling"
 CLAIM = "without 1/sqrt(d_k), q.k grows with d, softmax saturates and its gradients vanish"
@@ -159,11 +160,10 @@ def table(results: dict) -> tuple[list[str], list[list]]:
 def checks(results: dict) -> list[Check]:
     dims, largest = results["dims"], results["dims"][-1]
     ratios = [mean_std(results["variance"][str(d)])[0] / d for d in dims]
-    top = {arm: mean_std(_stat(results, arm, largest, "max_weight"))[0] for arm in ("scaled", "unscaled")}
-    grad = {arm: mean_std(_stat(results, arm, largest, "grad_norm"))[0] for arm in ("scaled", "unscaled")}
+    top = {arm: _stat(results, arm, largest, "max_weight") for arm in ("scaled", "unscaled")}
+    grad = {arm: _stat(results, arm, largest, "grad_norm") for arm in ("scaled", "unscaled")}
     scaled, unscaled = (results["lm"][arm]["val_loss"] for arm in ("scaled", "unscaled"))
-    differences = [u - s for s, u in zip(scaled, unscaled)]
-    gap = mean_std(differences)[0]
+    diverged = [arm for arm in ("scaled", "unscaled") if any(results["lm"][arm]["diverged"])]
     return [
         Check(
             "var(q . k) grows in proportion to d",
@@ -171,25 +171,36 @@ def checks(results: dict) -> list[Check]:
             ", ".join(f"{d}: {r:.3f}" for d, r in zip(dims, ratios)),
             all(0.9 <= r <= 1.1 for r in ratios),
         ),
-        Check(
+        _both(
             f"without the factor the softmax saturates at d = {largest}",
-            "mean largest weight >= 0.9 unscaled and <= 0.5 scaled",
-            f"unscaled {top['unscaled']:.3f}, scaled {top['scaled']:.3f}",
-            top["unscaled"] >= 0.9 and top["scaled"] <= 0.5,
+            "mean largest weight > 0.9 unscaled and < 0.5 scaled (95% intervals over seeds)",
+            interval_check("", "", mean_interval(top["unscaled"]), 0.9),
+            interval_check("", "", mean_interval(top["scaled"]), 0.5, above=False),
         ),
-        Check(
+        interval_check(
             f"without the factor the gradient through the softmax vanishes at d = {largest}",
-            "unscaled gradient norm <= 1/10 of the scaled one",
-            f"unscaled {grad['unscaled']:.4f}, scaled {grad['scaled']:.4f}",
-            grad["unscaled"] <= grad["scaled"] / 10,
+            "unscaled gradient norm / scaled one < 1/10 (per seed, 95% interval)",
+            paired_ratio(grad["unscaled"], grad["scaled"]),
+            0.1,
+            above=False,
+            detail=f"unscaled {pm(grad['unscaled'], 4)}, scaled {pm(grad['scaled'], 4)}",
         ),
-        Check(
+        interval_check(
             "the LM trains worse without the factor",
-            "unscaled validation loss exceeds scaled by >= 0.02 nats on average, and on every seed",
-            f"scaled {pm(scaled)}, unscaled {pm(unscaled)}; difference {gap:+.3f}",
-            gap >= 0.02 and all(x > 0 for x in differences),
+            "unscaled - scaled validation loss > 0.02 nats (paired by seed, 95% interval)",
+            paired_difference(unscaled, scaled),
+            0.02,
+            failed_arm=f"diverged: {', '.join(diverged)}" if diverged else None,
+            detail=f"scaled {pm(scaled)}, unscaled {pm(unscaled)}",
         ),
     ]
+
+
+def _both(what: str, threshold: str, first: Check, second: Check) -> Check:
+    """One check made of two interval checks that must both hold (it fails when either fails)."""
+    outcomes = {first.outcome, second.outcome}
+    outcome = FAILS if FAILS in outcomes else INCONCLUSIVE if INCONCLUSIVE in outcomes else HOLDS
+    return Check(what, threshold, f"unscaled {first.figure}, scaled {second.figure}", False, outcome)
 
 
 def plots(results: dict, directory: Path) -> list[Path]:

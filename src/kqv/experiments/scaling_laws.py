@@ -24,9 +24,10 @@ import numpy as np
 from scipy import optimize, stats
 
 from ..nn.models import count_parameters
-from .base import Check, ExperimentError, Progress
+from .base import FAILS, HOLDS, INCONCLUSIVE, Check, ExperimentError, Progress
 from .lm import Arm, LMConfig, train_arms
 from .plotting import figure, save
+from .statistics import Interval, decide, t_quantile
 
 NAME = "scaling-laws"
 CLAIM = "validation loss falls as a power law in non-embedding parameters, L(N) = (N_c/N)^alpha_N + L_inf"
@@ -247,22 +248,35 @@ def checks(results: dict) -> list[Check]:
             Check("the power law fits", "curve_fit converges with finite errors", fit.get("error", "?"), False)
         ]
     worst = max(abs(r) for r in fit["residuals"])
-    found += [
-        Check(
-            "a power law with an irreducible term fits the points",
-            "alpha_N > 2 standard errors above 0 and every |residual| <= 0.05 nats",
-            f"alpha_N = {fit['alpha']:.3f} ± {fit['alpha_error']:.3f}; largest |residual| {worst:.3f}",
-            fit["alpha"] > 2 * fit["alpha_error"] and worst <= 0.05,
-        ),
+    alpha = alpha_interval(fit)
+    fits = Check(
+        "a power law with an irreducible term fits the points",
+        "alpha_N > 0 (95% interval, t with points - 3 df) and every |residual| <= 0.05 nats",
+        f"alpha_N = {alpha.text()}; largest |residual| {worst:.3f}",
+        False,
+        FAILS if worst > 0.05 else decide(alpha, 0.0),
+    )
+    low, high = paper["alpha_n"] / 3, paper["alpha_n"] * 3
+    within = decide(alpha, low) == HOLDS and decide(alpha, high, above=False) == HOLDS
+    outside = alpha.high < low or alpha.low > high
+    size = (HOLDS if within else FAILS if outside else INCONCLUSIVE) if fits.holds else INCONCLUSIVE
+    return found + [
+        fits,
         Check(
             f"alpha_N is of the size Kaplan et al. found ({paper['alpha_n']})",
-            f"alpha_N within a factor 3 of {paper['alpha_n']} (between {paper['alpha_n'] / 3:.3f} and "
-            f"{paper['alpha_n'] * 3:.3f})",
-            f"alpha_N = {fit['alpha']:.3f}",
-            paper["alpha_n"] / 3 <= fit["alpha"] <= paper["alpha_n"] * 3,
+            f"alpha_N's 95% interval within a factor 3 of {paper['alpha_n']} (between {low:.3f} and {high:.3f}); "
+            "decided only when the fit check holds",
+            f"alpha_N = {alpha.text()}" + ("" if fits.holds else "; inconclusive: the fit check does not hold"),
+            False,
+            size,
         ),
     ]
-    return found
+
+
+def alpha_interval(fit: dict) -> Interval:
+    """alpha_N with its 95% interval: the fit's standard error times Student's t with (points - 3) df."""
+    half = t_quantile(len(fit["x"]) - 3) * fit["alpha_error"]
+    return Interval(fit["alpha"], fit["alpha"] - half, fit["alpha"] + half, len(fit["x"]))
 
 
 def notes(results: dict) -> str:

@@ -1,0 +1,121 @@
+"""Where a result came from: the git commit (and whether the tree was dirty), torch, the machine, the load, and a
+hash of the code that produced the numbers, so that stale results are found, not trusted.
+
+The code an experiment ran (`code_files`): its own module and every kqv module it imports, followed through
+kqv's own imports (`kqv.nn`, `kqv.train`, `kqv.data`, `kqv.jobs`, `kqv.experiments.lm` ...), found by reading
+the import statements (`ast`), not by hand. Left out: the modules that only present or judge the numbers
+(`PRESENTATION`: the verdict logic, report, plots, runner): a change there changes no measured number, and the
+verdicts are recomputed from results.json by the test suite anyway. tests/test_experiment_statistics.py fails
+when a committed experiment's code hash (`code.hash`, recorded when it ran) differs from today's code.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # src/kqv
+PRESENTATION = {
+    "kqv.experiments",
+    "kqv.experiments.base",
+    "kqv.experiments.statistics",
+    "kqv.experiments.provenance",
+    "kqv.experiments.plotting",
+    "kqv.experiments.report",
+    "kqv.experiments.runner",
+    "kqv.experiments.gallery",
+}
+# the CPU features that decide which kernels torch can use (present ones are listed)
+CPU_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "sse4_2", "asimd", "sve")
+
+
+def _module_file(name: str) -> Path | None:
+    """The source file of kqv module `name` (a package's __init__.py), None outside kqv."""
+    if name != "kqv" and not name.startswith("kqv."):
+        return None
+    path = PACKAGE_ROOT.joinpath(*name.split(".")[1:])
+    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """The kqv modules that module `name` (at `path`) imports, by reading its import statements."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            module = ".".join(part for part in (base, node.module or "") if part)
+            found.add(module)
+            found |= {f"{module}.{alias.name}" for alias in node.names}  # `from . import lm` names a module
+    return {m for m in found if _module_file(m) is not None}
+
+
+def code_files(module: str) -> list[Path]:
+    """The source files experiment module `module` ran: itself and the kqv modules it imports, transitively,
+    less the `PRESENTATION` modules; sorted, relative to src/."""
+    seen, todo = set(), [module]
+    while todo:
+        name = todo.pop()
+        if name in seen or (name in PRESENTATION and name != module):
+            continue
+        seen.add(name)
+        todo += sorted(_imports(name, _module_file(name)))
+    return sorted(_module_file(name).relative_to(PACKAGE_ROOT.parent) for name in seen)
+
+
+def code_hash(module: str) -> dict[str, Any]:
+    """{'hash': sha256 over the paths and bytes of `code_files(module)`, 'files': their paths}."""
+    digest = hashlib.sha256()
+    files = code_files(module)
+    for path in files:
+        digest.update(path.as_posix().encode() + b"\0" + (PACKAGE_ROOT.parent / path).read_bytes() + b"\0")
+    return {"hash": digest.hexdigest(), "files": [p.as_posix() for p in files]}
+
+
+def git_state() -> dict[str, Any]:
+    """The commit of the source tree and whether it had uncommitted changes (None where git cannot tell)."""
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(
+                ["git", *args], cwd=PACKAGE_ROOT, capture_output=True, text=True, timeout=20, check=True
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip()
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no", "--", str(PACKAGE_ROOT))
+    return {"commit": commit, "dirty": None if status is None else bool(status)}
+
+
+def cpu() -> dict[str, Any]:
+    """The CPU's model name, the kernel-relevant flags it has, and the number of cores."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() in ("flags", "Features"):
+                flags = set(value.split())
+    except OSError:
+        pass
+    return {"model": model, "flags": [f for f in CPU_FLAGS if f in flags], "cores": os.cpu_count()}
+
+
+def provenance() -> dict[str, Any]:
+    """Git state, torch version and build, and the CPU, for results.json."""
+    return {"git": git_state(), "torch": torch.__version__, "cpu": cpu()}
