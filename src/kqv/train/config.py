@@ -35,7 +35,10 @@ class TrainConfig(Config):
     shard of the weights, gradients and optimizer state); one process ignores it. `device` is where the model
     trains (`kqv.nn.devices.Accelerator`: a device this machine lacks is a ConfigError when training starts);
     `tf32` lets a CUDA GPU run the products autocast leaves in fp32 on TF32 tensor cores, as nanoGPT and Lightning
-    do (10-bit significands, within fp32's range; about 8x the fp32 throughput).
+    do (10-bit significands, within fp32's range; about 8x the fp32 throughput). `compile` runs forward and
+    backward through `torch.compile` (`kqv.train.compiling`: the whole model, or each block under FSDP): the
+    first steps pay for compiling, later ones run fused kernels, which pays on GPUs; on the CPU measure first.
+    Checkpoints are the same files either way.
     """
 
     steps: int
@@ -58,6 +61,7 @@ class TrainConfig(Config):
     log_every: int = 10
     max_minutes: float = 0.0
     max_bad_steps: int = 5  # updates in a row skipped for a non-finite loss or gradient before training stops
+    compile: bool = False  # forward and backward through torch.compile (kqv.train.compiling)
     parallel: Parallel = "ddp"  # under torchrun: "ddp" replicates the model, "fsdp" shards it (kqv.train.sharding)
 
     def check(self) -> None:
