@@ -9,6 +9,7 @@ takes about a minute per graph on this machine's two shared cores.
 import json
 import warnings
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import torch
@@ -217,3 +218,16 @@ def test_the_bigbird_and_local_masks_are_the_dense_masks_of_their_cores(time, ca
     block = torch.arange(time) // 4
     expected = block[:, None] == block[None, :]
     assert torch.equal(local[0, 0], expected & torch.ones(time, time, dtype=torch.bool).tril() if causal else expected)
+
+
+def test_compiled_ddp_and_fsdp_runs_on_two_processes_equal_one_uncompiled_process(tmp_path, quick_compile):
+    from test_fsdp import TOLERANCE, load_worker, max_difference, torchrun, weights
+
+    load_worker().train(tmp_path / "one", 6)
+    torchrun(str(Path(__file__).with_name("compile_worker.py")), str(tmp_path))
+    for parallel in ("ddp", "fsdp"):
+        saved = read_checkpoint(tmp_path / parallel)
+        saved.close()
+        assert saved.config.compile and saved.config.parallel == parallel
+        assert _losses(tmp_path / parallel) == pytest.approx(_losses(tmp_path / "one"), abs=TOLERANCE)
+        assert max_difference(weights(tmp_path / parallel), weights(tmp_path / "one")) < TOLERANCE
