@@ -66,7 +66,7 @@ def _kernel(device: torch.device) -> Callable:
     if device.type != "cuda":
         return flex_attention
     if _compiled is None:
-        _compiled = torch.compile(flex_attention, dynamic=False)
+        _compiled = torch.compile(flex_attention)  # new lengths recompile once, then as dynamic shapes
     return _compiled
 
 
