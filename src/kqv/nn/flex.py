@@ -55,8 +55,11 @@ def attend(
     batch, _, q_time, _ = queries.shape
     block_mask = None
     if mask_mod is not None:
-        rows = batch if per_row else None
-        block_mask = create_block_mask(mask_mod, rows, None, q_time, keys.shape[2], device=queries.device)
+        rows, on_gpu = batch if per_row else None, queries.device.type == "cuda"
+        # compiled on a GPU, the block mask is built block by block, never as a dense (q_time, k_time) tensor
+        block_mask = create_block_mask(
+            mask_mod, rows, None, q_time, keys.shape[2], device=queries.device, _compile=on_gpu
+        )
     return _kernel(queries.device)(queries, keys, values, score_mod=score_mod, block_mask=block_mask)
 
 
