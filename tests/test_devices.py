@@ -23,7 +23,7 @@ from kqv.cli.main import main
 from kqv.errors import ConfigError
 from kqv.explore.loading import load_subject
 from kqv.nn import devices
-from kqv.nn.devices import CPU_KERNELS, TORCH_KERNELS, Accelerator
+from kqv.nn.devices import CPU_KERNELS, CUDA_KERNELS, TORCH_KERNELS, Accelerator
 from kqv.nn.heads import MaskedLM, SequenceClassifier
 from kqv.nn.models import DecoderLM, Encoder, EncoderDecoder
 from kqv.nn.rnn import RNNConfig, RNNEncoderDecoder
@@ -288,7 +288,7 @@ def test_cuda_autocasts_bf16_where_the_gpu_has_it_else_fp16_with_a_gradient_scal
 ):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: bf16)
     gpu = Accelerator.resolve("cuda")
-    assert gpu.kernels == TORCH_KERNELS
+    assert gpu.kernels == CUDA_KERNELS
     assert gpu.precision("auto") == expected and gpu.precision("fp32") == "fp32"
     scaler = gpu.grad_scaler("auto")
     assert (scaler is not None) == (expected == "fp16")

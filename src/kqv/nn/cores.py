@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import ConfigError, DataError
+from . import flex
 from .blockwise import blockwise_attention
 from .config import Blockwise, ModelConfig
 from .devices import kernels
@@ -171,6 +172,8 @@ class FullAttention(AttentionCore):
 
     * `blockwise_attention` (O(n) memory) where a position bias or padding would make SDPA build a large n x n
       matrix, as `blockwise` says ("auto": from BLOCKWISE_MIN_PAIRS scores on; "always"; "never");
+    * on a CUDA GPU, flex_attention (`kqv.nn.flex`) for a score bias (ALiBi, Shaw's relative keys) over a whole
+      sequence without dropout: fused and O(n) memory where SDPA would take the bias as a dense n x n matrix;
     * torch's fused SDPA (`fused_attention`) where nothing it cannot express is asked;
     * the plain reference (`scaled_dot_product_attention`) when the weights are wanted or a scheme adds a value
       bias (Shaw et al. 2018), which needs them. `fused=False` takes it always (tests compare the kernels).
@@ -200,6 +203,16 @@ class FullAttention(AttentionCore):
         q_time, k_time = queries.shape[2], keys.shape[2]
         causal = causal and q_time > 1  # one query (decoding a token) is the newest position: it sees every key
         key_padding = padding_of(mask, queries.shape[0])  # (batch, k_time), or None when mask is not padding
+        if self.use_flex(queries, keys, positions, mask, key_padding, dropout, need_weights):
+            score_mod = positions.score_mod(queries, q_pos)
+            return flex.attend(
+                queries,
+                keys,
+                values,
+                score_mod=score_mod,
+                mask_mod=flex.combined(None, causal, key_padding),
+                per_row=key_padding is not None,
+            ), None
         if self.use_blockwise(positions, q_time, k_time, mask, key_padding, causal, dropout, need_weights):
             return blockwise_attention(
                 queries,
@@ -233,6 +246,20 @@ class FullAttention(AttentionCore):
         if positions.has_value_bias:
             output = output + positions.value_bias(weights, q_pos, k_pos)
         return output, weights
+
+    def use_flex(
+        self,
+        queries: Tensor,
+        keys: Tensor,
+        positions: AttentionPositions,
+        mask: Tensor | None,
+        key_padding: Tensor | None,
+        dropout: float,
+        need_weights: bool,
+    ) -> bool:
+        """Whether a score bias goes through flex_attention (`kqv.nn.flex`: on CUDA, exact); SDPA takes the rest."""
+        exact = positions.has_score_bias and not positions.has_value_bias and (mask is None or key_padding is not None)
+        return self.fused and exact and flex.applies(queries, keys, dropout, need_weights)
 
     def use_blockwise(
         self,
@@ -289,4 +316,17 @@ class PaddingOnlyCore(AttentionCore):
             raise DataError(
                 f"{self.name} takes padding masks, (batch, 1, 1, k_time), only; got a mask of shape {tuple(mask.shape)}"
             )
+        mask_mod = (
+            self.flex_mask(keys.shape[2], causal, queries.device)
+            if flex.applies(queries, keys, dropout, need_weights)
+            else None
+        )
+        if mask_mod is not None:  # on CUDA: the same mask through flex_attention, wholly masked blocks skipped
+            mask_mod = flex.combined(mask_mod, causal, key_padding)
+            return flex.attend(queries, keys, values, mask_mod=mask_mod, per_row=key_padding is not None), None
         return self(queries, keys, values, causal=causal, key_padding=key_padding), None
+
+    def flex_mask(self, time: int, causal: bool, device: torch.device) -> flex.MaskMod | None:
+        """The core as a mask over full attention of `time` positions (before the causal mask and padding) on
+        `device`, for `kqv.nn.flex`; None where it is not one (it compresses or projects the keys)."""
+        return None

@@ -12,7 +12,8 @@ Every device-specific choice lives here, not as `if device == ...` ladders throu
 * `kernels(device)` is which kernels tensors on a device take. The CPU's own (dropout masks from 64-bit draws,
   plain-matmul bf16 attention for short inputs, torch's CPU flash kernel inside blockwise attention, the
   one-row decoding products) exist because torch's defaults are slow on CPUs; elsewhere torch's own kernels
-  are the fast ones (`F.scaled_dot_product_attention` picks flash or memory-efficient attention on a GPU).
+  are the fast ones (`F.scaled_dot_product_attention` picks flash or memory-efficient attention on a GPU, and
+  on CUDA the score biases and masked cores SDPA cannot take go through flex_attention: `kqv.nn.flex`).
 """
 
 from __future__ import annotations
@@ -42,15 +43,20 @@ class Kernels:
     plain_bf16_attention: bool  # short bf16 attention as plain matmuls, not torch's fused kernel
     fused_cpu_blocks: bool  # blocks of blockwise attention through torch's CPU flash kernel
     one_row_products: bool  # batch-1 decoding's matrix-vector products split over threads
+    flex_attention: bool = False  # score biases and masked cores through torch's flex_attention (kqv.nn.flex)
 
 
 CPU_KERNELS = Kernels(cheap_dropout=True, plain_bf16_attention=True, fused_cpu_blocks=True, one_row_products=True)
 TORCH_KERNELS = Kernels(False, False, False, False)
+CUDA_KERNELS = Kernels(False, False, False, False, flex_attention=True)  # flex_attention compiles to Triton
 
 
 def kernels(device: torch.device) -> Kernels:
-    """The kernels of tensors on `device`: the CPU's own on the CPU, torch's own everywhere else."""
-    return CPU_KERNELS if device.type == "cpu" else TORCH_KERNELS
+    """The kernels of tensors on `device`: the CPU's own on the CPU, torch's own everywhere else, with
+    flex_attention on CUDA GPUs (the one device where torch compiles it to a fused kernel)."""
+    if device.type == "cpu":
+        return CPU_KERNELS
+    return CUDA_KERNELS if device.type == "cuda" else TORCH_KERNELS
 
 
 def native_bf16() -> bool:

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import flex
 from .config import ModelConfig
 from .cores import PaddingOnlyCore, scaled_dot_product_attention
 
@@ -72,6 +73,9 @@ class LocalAttention(PaddingOnlyCore):
     def from_config(cls, config: ModelConfig) -> LocalAttention:
         return cls(config.local.block)
 
+    def flex_mask(self, time: int, causal: bool, device: torch.device) -> flex.MaskMod:
+        return flex.local_mask(self.block)
+
     def forward(
         self, queries: Tensor, keys: Tensor, values: Tensor, *, causal: bool = False, key_padding: Tensor | None = None
     ) -> Tensor:
@@ -90,7 +94,9 @@ class LocalAttention(PaddingOnlyCore):
 
 
 class MemoryCompressedAttention(PaddingOnlyCore):
-    """Attention over keys and values compressed `compression`-fold (Liu et al. 2018); see the module docstring."""
+    """Attention over keys and values compressed `compression`-fold (Liu et al. 2018); see the module docstring.
+    It stays this core on every device: its keys are a learned convolution, not a mask over full attention, so
+    flex_attention (`kqv.nn.flex`) cannot take it as it is."""
 
     name = "memory-compressed attention"
 

@@ -17,6 +17,7 @@ block of keys at a time without ever building an n x n table of anything.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -102,6 +103,10 @@ class AttentionPositions(nn.Module):
         """A term added to the attention output given the weights (batch, heads, q_time, k_time), or None."""
         return None
 
+    def score_mod(self, queries: Tensor, q_pos: Tensor) -> Callable | None:
+        """`score_bias` as flex_attention's score_mod(score, b, h, q_idx, kv_idx) (keys at 0..k_time-1), or None."""
+        return None
+
 
 class RelativePositions(AttentionPositions):
     """Shaw et al. 2018: learned embeddings of the clipped distance j - i in [-k, k], shared across heads.
@@ -134,6 +139,16 @@ class RelativePositions(AttentionPositions):
         per_distance = queries @ self.keys.T * self.scale  # (batch, heads, q_time, 2k+1)
         index = self.distance_index(q_pos, k_pos).expand(*queries.shape[:2], -1, -1)
         return per_distance.gather(-1, index)  # (batch, heads, q_time, k_time)
+
+    def score_mod(self, queries: Tensor, q_pos: Tensor) -> Callable:
+        """The key term as flex_attention's score_mod: q_i . a_(j - i) for each distance, then gathered per score."""
+        per_distance = queries @ self.keys.T * self.scale  # (batch, heads, q_time, 2k+1)
+        k = self.max_distance
+
+        def relative(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return score + per_distance[b, h, q_idx, (kv_idx - q_pos[q_idx]).clamp(-k, k) + k]
+
+        return relative
 
     def value_bias(self, weights: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
         """Shaw et al.'s value term: sum_j weight_ij * b_(j - i), added to the attention output (None without it)."""
@@ -185,6 +200,15 @@ class ALiBiPositions(AttentionPositions):
         """-slope_h * |i - j| for every head, query and key, added to the scores before softmax."""
         distance = (k_pos[None, :] - q_pos[:, None]).abs().to(queries.dtype)  # (q_time, k_time)
         return -self.slopes.to(queries.dtype) * distance  # (heads, q_time, k_time)
+
+    def score_mod(self, queries: Tensor, q_pos: Tensor) -> Callable:
+        """The penalty as flex_attention's score_mod: score - slope_h * |i - j|."""
+        slopes = self.slopes.flatten().to(queries.dtype)  # (heads,)
+
+        def alibi(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return score - slopes[h] * (kv_idx - q_pos[q_idx]).abs().to(queries.dtype)
+
+        return alibi
 
 
 def alibi_slopes(n_heads: int) -> Tensor:

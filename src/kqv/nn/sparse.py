@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import ConfigError, DataError
+from . import flex
 from .config import ModelConfig
 from .cores import PaddingOnlyCore
 
@@ -185,13 +186,18 @@ def bigbird_mask(
     (including the causal mask when `causal`). For tests and for small inputs: it is n x n."""
     n_blocks = -(-time // block)
     layout = bigbird_layout(n_blocks, window, global_blocks, random_blocks, causal, seed)
-    blocks = torch.zeros(n_blocks, n_blocks, dtype=torch.bool)
-    for i, row in enumerate(layout):
-        blocks[i, list(row)] = True
-    mask = blocks.repeat_interleave(block, 0).repeat_interleave(block, 1)[:time, :time]
+    mask = layout_table(layout).repeat_interleave(block, 0).repeat_interleave(block, 1)[:time, :time]
     if causal:
         mask &= torch.ones(time, time, dtype=torch.bool).tril_()
     return mask
+
+
+def layout_table(layout: tuple[tuple[int, ...], ...], device: torch.device | None = None) -> Tensor:
+    """(n_blocks, n_blocks) bool, True where query block i attends to key block j in `layout`."""
+    table = torch.zeros(len(layout), len(layout), dtype=torch.bool)
+    for i, row in enumerate(layout):
+        table[i, list(row)] = True
+    return table.to(device)
 
 
 class BigBirdAttention(PaddingOnlyCore):
@@ -227,6 +233,11 @@ class BigBirdAttention(PaddingOnlyCore):
 
     def layout(self, n_blocks: int, causal: bool) -> tuple[tuple[int, ...], ...]:
         return bigbird_layout(n_blocks, self.window, self.global_blocks, self.random_blocks, causal, self.seed)
+
+    def flex_mask(self, time: int, causal: bool, device: torch.device) -> flex.MaskMod:
+        """The block layout as a mask; on the device of the queries."""
+        layout = self.layout(-(-time // self.block), causal)
+        return flex.block_layout_mask(layout_table(layout, device), self.block)
 
     def forward(
         self, queries: Tensor, keys: Tensor, values: Tensor, *, causal: bool = False, key_padding: Tensor | None = None

@@ -41,6 +41,10 @@ class TrainConfig(Config):
     ConfigError when training starts); `tf32` lets a CUDA GPU run the products autocast leaves in fp32 on TF32
     tensor cores, as nanoGPT and Lightning do (10-bit significands, within fp32's range; about 8x the fp32
     throughput).
+    `compile` runs forward and backward through `torch.compile` (`kqv.train.compiling`: the whole model, or each
+    block under FSDP): the first steps pay for compiling (80 s for a tiny model on 2 CPU cores), later ones run
+    fused kernels, which pays on GPUs. Checkpoints are the same files either way; with dropout, inductor draws its
+    own random numbers, so a compiled run follows the same distribution as an uncompiled one, not the same masks.
     """
 
     steps: int
@@ -64,6 +68,7 @@ class TrainConfig(Config):
     max_minutes: float = 0.0
     budget_minutes: float = 0.0  # plan the number of updates (at most `steps`) to this wall-clock (kqv.train.budget)
     max_bad_steps: int = 5  # updates in a row skipped for a non-finite loss or gradient before training stops
+    compile: bool = False  # forward and backward through torch.compile (kqv.train.compiling)
     parallel: Parallel = "ddp"  # under torchrun: "ddp" replicates the model, "fsdp" shards it (kqv.train.sharding)
 
     def check(self) -> None:

@@ -65,6 +65,7 @@ def gradient_sync(model: nn.Module, sync: bool) -> Iterator[None]:
     """Backward passes inside synchronise gradients across processes only when `sync`: with gradient
     accumulation every micro-batch but the last accumulates locally (DDP's `no_sync`, FSDP2's
     `set_requires_gradient_sync(False)`), and the last one's backward reduces the sum once."""
+    model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper of a DDP model
     if isinstance(model, FSDPModule):
         model.set_requires_gradient_sync(sync)
         yield

@@ -72,6 +72,7 @@ from .checkpoints import (
     set_rng_state,
     write_checkpoint,
 )
+from .compiling import training_module
 from .config import TrainConfig, learning_rate, replan
 from .distributed import Batch, batch_tokens, init_distributed, slice_batch
 from .metrics import Progress, Window, append_metrics, plot_losses, progress_bar, progress_line
@@ -177,9 +178,8 @@ class Trainer:
         except BaseException:  # e.g. the checkpoint does not fit the model: release what this trainer opened
             self._owned.close()
             raise
-        self.ddp_model = self.model
-        if self.world_size > 1 and not self.sharded:
-            self.ddp_model = distributed.data_parallel(model)
+        # forward and backward: in DDP under several processes, compiled with train.compile (kqv.train.compiling)
+        self.ddp_model = training_module(self.model, self.world_size, self.sharded, config.compile)
 
     @classmethod
     def resume(

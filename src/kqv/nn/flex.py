@@ -1,0 +1,116 @@
+"""flex_attention on CUDA GPUs: the attention that torch's fused SDPA cannot take, as one fused kernel.
+
+`torch.nn.attention.flex_attention` (Dong et al. 2024, "Flex Attention") computes softmax(q k^T / sqrt(d)) v
+with two hooks: a `score_mod(score, b, h, q_idx, kv_idx)` that changes each scaled score, and a block mask built
+from a `mask_mod(b, h, q_idx, kv_idx)` that says which keys a query may see (blocks of 128 x 128 scores that are
+wholly masked are skipped, so local and BigBird attention cost what they attend). Compiled, it is one Triton
+kernel with O(n) memory, forward and backward. The score biases and masks it is given here are exactly those of
+today's cores (tests/test_kernels.py compares them):
+
+* ALiBi: score - slope_h |i - j| (`ALiBiPositions.score_mod`); Shaw et al.'s relative keys without relative values:
+  score + (q_i . a_clip(j - i)) / sqrt(d), the per-distance products gathered (`RelativePositions.score_mod`);
+* the causal mask, padding, local attention's blocks and BigBird's block layout (`*_mask` below).
+
+Where it does not apply, today's cores run: the CPU and Apple silicon (`kernels(device).flex_attention` is for
+CUDA only, so CPU speed is unchanged), attention dropout (flex has none), attention weights asked for, Shaw's
+relative values (they need the weights), decoding with a KV cache (one new query per step: nothing to skip), and
+memory-compressed attention, whose keys are a learned convolution of the keys and whose causal form mixes
+compressed and raw keys in one softmax (a rewrite, not a mask: kept as it is). Linformer never forms the scores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+from torch.nn.attention.flex_attention import and_masks, create_block_mask, flex_attention
+
+from .devices import kernels
+
+ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+_compiled: Callable | None = None  # flex_attention compiled once (its Triton kernel), on first use on a GPU
+
+
+def applies(queries: Tensor, keys: Tensor, dropout: float, need_weights: bool) -> bool:
+    """Whether this call goes through flex_attention: on a device whose kernels include it, without dropout or
+    weights, over a whole sequence (queries and keys at the same positions: training, a prompt, an encoder)."""
+    same = queries.shape[2] == keys.shape[2]
+    return kernels(queries.device).flex_attention and dropout == 0 and not need_weights and same
+
+
+def attend(
+    queries: Tensor,
+    keys: Tensor,
+    values: Tensor,
+    *,
+    score_mod: ScoreMod | None = None,
+    mask_mod: MaskMod | None = None,
+    per_row: bool = False,
+) -> Tensor:
+    """softmax(q k^T / sqrt(d) changed by `score_mod`, keys `mask_mod` hides = -inf) v, (batch, heads, q_time,
+    head_dim); a query that may see no key gets zeros, as today's cores give. `per_row`: the mask differs between
+    batch rows (padding)."""
+    batch, _, q_time, _ = queries.shape
+    block_mask = None
+    if mask_mod is not None:
+        rows, on_gpu = batch if per_row else None, queries.device.type == "cuda"
+        # compiled on a GPU, the block mask is built block by block, never as a dense (q_time, k_time) tensor
+        block_mask = create_block_mask(
+            mask_mod, rows, None, q_time, keys.shape[2], device=queries.device, _compile=on_gpu
+        )
+    return _kernel(queries.device)(queries, keys, values, score_mod=score_mod, block_mask=block_mask)
+
+
+def _kernel(device: torch.device) -> Callable:
+    """flex_attention compiled on a GPU (uncompiled it materialises every score); as it is elsewhere (tests)."""
+    global _compiled
+    if device.type != "cuda":
+        return flex_attention
+    if _compiled is None:
+        _compiled = torch.compile(flex_attention)  # new lengths recompile once, then as dynamic shapes
+    return _compiled
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Masks: which keys (kv_idx) query q_idx may see. Queries and keys are at the same positions 0..time-1.
+
+
+def causal(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+    return kv_idx <= q_idx
+
+
+def padding(key_padding: Tensor) -> MaskMod:
+    """Keys that are real tokens, key_padding (batch, k_time) bool, True = token."""
+
+    def real(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return key_padding[b, kv_idx]
+
+    return real
+
+
+def local_mask(block: int) -> MaskMod:
+    """Liu et al. 2018's local attention: a query sees the keys of its own block of `block` positions."""
+
+    def same_block(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return q_idx // block == kv_idx // block
+
+    return same_block
+
+
+def block_layout_mask(layout: Tensor, block: int) -> MaskMod:
+    """BigBird's blocks: query block i sees key block j where layout (n_blocks, n_blocks) bool says so."""
+
+    def chosen(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return layout[q_idx // block, kv_idx // block]
+
+    return chosen
+
+
+def combined(mask_mod: MaskMod | None, is_causal: bool, key_padding: Tensor | None) -> MaskMod | None:
+    """`mask_mod` (or none) and the causal mask and padding where asked, as one mask; None when nothing masks."""
+    parts = [m for m in (mask_mod, causal if is_causal else None) if m is not None]
+    if key_padding is not None:
+        parts.append(padding(key_padding))
+    return None if not parts else parts[0] if len(parts) == 1 else and_masks(*parts)
