@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kqv.experiments import ffn_needed, multihead_cost, quadratic_cost, rnn_interaction_distance, scaling_head_dim
-from kqv.experiments.base import ExperimentError, verdict
+from kqv.experiments.base import INCONCLUSIVE, ExperimentError, verdict
 from kqv.experiments.lm import QUICK_LM
 from kqv.nn.models import DecoderLM, count_parameters
 
@@ -91,6 +91,11 @@ def test_quadratic_cost_checks_follow_constructed_numbers():
     assert crossings["64"][0] == pytest.approx(128.0) and crossings["128"][0] == pytest.approx(256.0)
     assert verdict(quadratic_cost.checks(results)) == "holds"
     quadratic_cost.table(results)  # renders
+    noisy = {p: [1.5, 2.5, 2.0] if p == "attention core" else [0.7, 1.3, 1.0] for p in quadratic_cost.PARTS}
+    results["exponents"] = {str(d): {**exponents[str(d)], **noisy} for d in dims}  # intervals over the bands' edges
+    results["crossover"] = {str(d): [1.0 * d, 1.1 * d, 0.9 * d] for d in dims}
+    assert [c.outcome for c in quadratic_cost.checks(results)][:2] == [INCONCLUSIVE, INCONCLUSIVE]
+    assert verdict(quadratic_cost.checks(results)) == "inconclusive"
     results["crossover"] = {str(d): [None, None] for d in dims}
     results["exponents"] = {
         str(d): {k: [3.0] * 2 if k in quadratic_cost.PARTS else 3.0 for k in exponents["64"]} for d in dims
@@ -119,6 +124,8 @@ def test_multihead_checks_follow_constructed_numbers():
         "ratio": {kernel: ratio(1.1) for kernel in multihead_cost.KERNELS},
     }
     assert verdict(multihead_cost.checks(results)) == "holds"
+    results["ratio"] = {kernel: {"128": {"1": [1.0] * 3, "4": [0.9, 1.6, 1.2]}} for kernel in multihead_cost.KERNELS}
+    assert verdict(multihead_cost.checks(results)) == "inconclusive", "seeds that straddle 1.25 decide nothing"
     results["ratio"] = {kernel: ratio(1.5) for kernel in multihead_cost.KERNELS}
     results["flops"]["128"]["4"] = 150
     assert verdict(multihead_cost.checks(results)) == "does not hold here"
@@ -143,7 +150,7 @@ def test_score_variance_is_the_head_dimension_and_the_scaled_arm_is_kqv_s_attent
 
 def test_scaling_head_dim_checks_follow_constructed_numbers():
     dims = [16, 256]
-    per_d = lambda f: {str(d): [f(d)] for d in dims}
+    per_d = lambda f: {str(d): [f(d)] * 3 for d in dims}  # three seeds
     arm = lambda top, grad: {
         "max_weight": per_d(top),
         "entropy": per_d(lambda d: 1.0),
@@ -161,6 +168,13 @@ def test_scaling_head_dim_checks_follow_constructed_numbers():
     assert verdict(scaling_head_dim.checks(results)) == "holds"
     results["arms"]["unscaled"] = arm(lambda d: 0.95, lambda d: 2.0)
     assert verdict(scaling_head_dim.checks(results)) == "holds in part"
+    results["arms"]["unscaled"]["score_grad"] = {str(d): [0.3, 0.7, 0.5] for d in dims}  # straddles 0.5
+    results["arms"]["unscaled"]["query_weight_grad"] = results["arms"]["unscaled"]["score_grad"]
+    assert [c.outcome for c in scaling_head_dim.checks(results)][-2:] == [INCONCLUSIVE, INCONCLUSIVE]
+    assert verdict(scaling_head_dim.checks(results)) == "inconclusive"
+    results["arms"]["unscaled"] = arm(lambda d: 0.95, lambda d: 0.1)
+    results["q_variance"] = {str(d): [0.8, 1.2, 1.0] for d in dims}
+    assert verdict(scaling_head_dim.checks(results)) == "inconclusive", "an interval over a band's edge"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -193,32 +207,38 @@ def test_at_initialisation_the_lstm_gradient_decays_with_distance_and_attention_
 
 
 def test_rnn_interaction_distance_checks_follow_constructed_numbers():
-    """Steps to learn per model, per k, per seed (None: never within the run)."""
+    """Steps to learn per model, per k, per seed (None: never within the run, counted at the step budget)."""
     results = {
         "models": list(rnn_interaction_distance.MODELS),
         "distances": [8, 128],
         "eval_every": 50,
-        "final_accuracy": {name: {"8": [0.95, 0.95], "128": [0.95, 0.2]} for name in rnn_interaction_distance.MODELS},
+        "steps": 1500,
+        "final_accuracy": {
+            name: {"8": [0.95] * 3, "128": [0.95, 0.2, 0.95]} for name in rnn_interaction_distance.MODELS
+        },
         "learnt": {
-            "LSTM": {"8": [100, 150], "128": [400, None]},
-            "self-attention": {"8": [100, 100], "128": [150, 200]},
+            "LSTM": {"8": [100, 100, 100], "128": [None, None, 1000]},
+            "self-attention": {"8": [100, 100, 100], "128": [100, 150, 100]},
         },
         "gradient_distances": [1, 128],
-        "gradient": {"LSTM": [[1.0, 1e-6]] * 2, "self-attention": [[1.0, 0.9]] * 2},
+        "gradient": {"LSTM": [[1.0, 1e-6]] * 3, "self-attention": [[1.0, 0.9]] * 3},
         "parameters": {"LSTM": 1, "self-attention": 1},
     }
     assert rnn_interaction_distance.steps_to_learn([0.1, 0.5, 0.93], 50) == 150
     assert rnn_interaction_distance.steps_to_learn([0.1, 0.5], 50) is None
     assert verdict(rnn_interaction_distance.checks(results)) == "holds"
     rnn_interaction_distance.table(results)
+    results["learnt"]["self-attention"]["128"] = [100, 300, 150]  # -100, +50, -50 against the bar: undecided
+    assert [c.outcome for c in rnn_interaction_distance.checks(results)] == [INCONCLUSIVE, "holds", "holds"]
     results["learnt"] = {
-        "LSTM": {"8": [100, 100], "128": [150, 100]},
-        "self-attention": {"8": [100, 100], "128": [400, None]},
+        "LSTM": {"8": [100, 100, 100], "128": [100, 100, 100]},
+        "self-attention": {"8": [100, 100, 100], "128": [None, None, None]},
     }
-    results["gradient"] = {"LSTM": [[1.0, 0.9]] * 2, "self-attention": [[1.0, 1e-6]] * 2}
+    results["gradient"] = {"LSTM": [[1.0, 0.9]] * 3, "self-attention": [[1.0, 1e-6]] * 3}
     assert verdict(rnn_interaction_distance.checks(results)) == "does not hold here"
-    results["learnt"] = {name: {"8": [None, None], "128": [None, None]} for name in rnn_interaction_distance.MODELS}
-    assert not any(check.holds for check in rnn_interaction_distance.checks(results)[:2]), "nothing learnt"
+    results["learnt"] = {name: {"8": [None] * 3, "128": [None] * 3} for name in rnn_interaction_distance.MODELS}
+    outcomes = [check.outcome for check in rnn_interaction_distance.checks(results)[:2]]
+    assert outcomes == [INCONCLUSIVE, INCONCLUSIVE], "a model that learnt not even the near needle decides nothing"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -266,6 +286,17 @@ def test_ffn_needed_checks_follow_constructed_numbers():
         "unigram_loss": 3.3,
     }
     assert verdict(ffn_needed.checks(results)) == "holds"
+    results["arms"][ffn_needed.WITHOUT] = arm([2.1, 2.25], 1010)  # gaps +0.1 and +0.15: 2 seeds decide nothing
+    assert verdict(ffn_needed.checks(results)) == "inconclusive"
+    results["arms"][ffn_needed.WITHOUT] = arm([2.2, 2.3], 1010)
+    results["unigram_loss"] = 2.4  # neither arm 0.3 nats below character frequencies: a failed arm
+    assert (
+        ffn_needed.checks(results)[-1].outcome == INCONCLUSIVE
+        and "did not learn" in ffn_needed.checks(results)[-1].figure
+    )
+    results["unigram_loss"] = 3.3
+    results["arms"][ffn_needed.WITHOUT] = arm([1.9, 2.0], 1010)  # better without FFNs on both seeds
+    assert ffn_needed.checks(results)[-1].outcome == "does not hold"
     results["arms"][ffn_needed.WITHOUT] = arm([2.0, 2.05], 2000)
     results["arms"][ffn_needed.WITH]["layers"] = [[{**layer, "outside_box": 0.1}]] * 2
     assert verdict(ffn_needed.checks(results)) == "does not hold here"

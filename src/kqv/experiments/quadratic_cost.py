@@ -34,8 +34,9 @@ from ..nn.attention import MultiHeadAttention
 from ..nn.config import ModelConfig
 from ..nn.cores import FullAttention, scaled_dot_product_attention
 from ..nn.layers import FeedForward
-from .base import Check, ExperimentConfig, Progress, mean_std, pm
+from .base import INCONCLUSIVE, Check, ExperimentConfig, Progress, mean_std, pm
 from .plotting import figure, save
+from .statistics import Interval, all_of, decide_within, mean_interval, paired_ratio
 
 NAME = "quadratic-cost"
 CLAIM = "self-attention's time and memory grow as n^2 d, the FFN's as n d^2: attention dominates once n passes ~d"
@@ -280,58 +281,74 @@ def _within(value: float | None, band: tuple[float, float]) -> bool:
     return value is not None and band[0] <= value <= band[1]
 
 
-def _exponents(results: dict, part: str) -> dict[int, float]:
-    return {d: mean_std(results["exponents"][str(d)][part])[0] for d in results["dims"]}
+def _band_check(what: str, threshold: str, intervals: dict[int, Interval], band: tuple[float, float]) -> Check:
+    """One check over the widths: every d's interval inside `band` (decided per d, then `all_of`)."""
+    return Check(
+        what,
+        threshold,
+        "; ".join(f"d={d}: {interval.text(2)}" for d, interval in intervals.items()),
+        False,
+        all_of([decide_within(interval, *band) for interval in intervals.values()]),
+    )
 
 
 def checks(results: dict) -> list[Check]:
     dims = results["dims"]
-    core, ffn = _exponents(results, "attention core"), _exponents(results, "feed-forward")
+    exponents = lambda part: {d: mean_interval(results["exponents"][str(d)][part]) for d in dims}
     memory = {part: {d: results["exponents"][str(d)][f"memory {part}"] for d in dims} for part in MEMORY}
     cross = {d: results["crossover"][str(d)] for d in dims}
     per_d = lambda values, digits=2: ", ".join(f"d={d}: {v:.{digits}f}" for d, v in values.items())
+    missing = [d for d in dims if None in cross[d]]
+    crossing = (
+        Check(
+            "the attention layer overtakes the FFN near n ~ d",
+            f"crossover n / d within {list(CROSSOVER)} at every d (95% interval over seeds)",
+            "no crossover within the measured lengths on some seeds at d = " + ", ".join(map(str, missing)),
+            False,
+            INCONCLUSIVE,
+        )
+        if missing
+        else _band_check(
+            "the attention layer overtakes the FFN near n ~ d",
+            f"crossover n / d within {list(CROSSOVER)} at every d (95% interval over seeds); FLOPs cross at 2 d",
+            {d: mean_interval([c / d for c in cross[d]]) for d in dims},
+            CROSSOVER,
+        )
+    )
     found = [
-        Check(
+        _band_check(
             "the attention core's time grows as n^2",
-            f"mean exponent of n within {list(QUADRATIC)} at every d",
-            per_d(core),
-            all(_within(e, QUADRATIC) for e in core.values()),
+            f"exponent of n within {list(QUADRATIC)} at every d (95% interval over seeds)",
+            exponents("attention core"),
+            QUADRATIC,
         ),
-        Check(
+        _band_check(
             "the feed-forward network's time grows as n",
-            f"mean exponent of n within {list(LINEAR)} at every d",
-            per_d(ffn),
-            all(_within(e, LINEAR) for e in ffn.values()),
+            f"exponent of n within {list(LINEAR)} at every d (95% interval over seeds)",
+            exponents("feed-forward"),
+            LINEAR,
         ),
         Check(
             "the memory the plain attention core keeps for backward grows as n^2, the FFN's as n",
-            f"exponents within {list(QUADRATIC_MEMORY)} and {list(LINEAR_MEMORY)} at every d",
+            f"exponents within {list(QUADRATIC_MEMORY)} and {list(LINEAR_MEMORY)} at every d (counted bytes, the "
+            "same on every seed: an exact check, no interval)",
             f"attention core {per_d(memory['attention core'])}; FFN {per_d(memory['feed-forward'])}",
             all(_within(e, QUADRATIC_MEMORY) for e in memory["attention core"].values())
             and all(_within(e, LINEAR_MEMORY) for e in memory["feed-forward"].values()),
         ),
-        Check(
-            "the attention layer overtakes the FFN near n ~ d",
-            f"crossover n / d within {list(CROSSOVER)} on every seed at every d",
-            "; ".join(
-                f"d={d}: "
-                + ", ".join(_round(c) for c in cross[d])
-                + f" (FLOPs: {_round(results['flop_crossover'][str(d)])})"
-                for d in dims
-            ),
-            all(c is not None and _within(c / d, CROSSOVER) for d in dims for c in cross[d]),
-        ),
+        crossing,
     ]
-    if len(dims) > 1:
+    if len(dims) > 1 and not missing:
         small, large = min(dims), max(dims)
-        means = {d: mean_std([c for c in cross[d] if c is not None] or [math.nan])[0] for d in (small, large)}
-        moved = means[large] / means[small] / (large / small)
+        moved = paired_ratio(cross[large], [c * large / small for c in cross[small]])
         found.append(
             Check(
                 "the crossover moves in proportion to d",
-                f"(crossover at d={large} / at d={small}) / {large / small:g} within {list(MOVES)}",
-                f"{means[large]:.0f} / {means[small]:.0f}: {moved:.2f}",
-                _within(moved, MOVES),
+                f"(crossover at d={large} / at d={small}) / {large / small:g} within {list(MOVES)} (per seed, 95% "
+                "interval)",
+                f"{mean_std(cross[large])[0]:.0f} / {mean_std(cross[small])[0]:.0f}; per seed {moved.text()}",
+                False,
+                decide_within(moved, *MOVES),
             )
         )
     return found

@@ -27,6 +27,7 @@ from ..nn.config import ModelConfig
 from ..nn.models import Encoder, count_parameters
 from .base import Check, ExperimentConfig, Progress, mean_std
 from .plotting import figure, mean_band, save
+from .statistics import all_of, decide, interval_check, mean_interval, paired_difference, paired_ratio
 
 NAME = "rnn-interaction-distance"
 CLAIM = "an LSTM needs more training the farther the needle and its gradient vanishes with the distance; attention not"
@@ -281,41 +282,51 @@ def table(results: dict) -> tuple[list[str], list[list]]:
 
 # thresholds, fixed before the experiment ran
 AT_ONCE = 1.5  # attention: the largest k is learnt within 1.5x the steps of the smallest (+ one evaluation)
-LATER = 2.0  # LSTM: the largest k takes at least 2x the steps of the smallest (never counts as later)
+LATER = 2.0  # LSTM: the largest k takes at least 2x the steps of the smallest (never: the step budget)
 DECAYS, KEEPS = 0.01, 0.5  # gradient at the longest / shortest distance at initialisation: LSTM <=, attention >=
 
 
-def _at_once(near: int | None, far: int | None, eval_every: int) -> bool:
-    return near is not None and far is not None and far <= AT_ONCE * near + eval_every
-
-
-def _later(near: int | None, far: int | None) -> bool:
-    return near is not None and (far is None or far >= LATER * near)
+def _counted(values: list[int | None], budget: int) -> list[float]:
+    """Steps to learn per seed, a run that never learnt counted at the step budget: a lower bound on its steps."""
+    return [float(budget if v is None else v) for v in values]
 
 
 def checks(results: dict) -> list[Check]:
     every, near, far = results["eval_every"], str(min(results["distances"])), str(max(results["distances"]))
+    budget = results["steps"]
     steps = {name: (results["learnt"][name][near], results["learnt"][name][far]) for name in MODELS}
-    ratio = {name: mean_std(_ratios(results, name))[0] for name in MODELS}
     shown = lambda name: f"k={near}: {_steps(steps[name][0])}; k={far}: {_steps(steps[name][1])}"
+    unlearnt = lambda name: f"{name} never learnt k={near} on some seed" if None in steps[name][0] else None
+    near_steps, far_steps = ({n: _counted(steps[n][i], budget) for n in MODELS} for i in (0, 1))
+    ratios = {name: mean_interval(_ratios(results, name)) for name in MODELS}
+    gradient = [decide(ratios["LSTM"], DECAYS, above=False), decide(ratios["self-attention"], KEEPS)]
     return [
-        Check(
+        interval_check(
             "self-attention learns a far needle as fast as a near one",
-            f"on every seed, k={far} reaches {LEARNT} within {AT_ONCE}x the steps of k={near} + {every}",
-            shown("self-attention"),
-            all(_at_once(n, f, every) for n, f in zip(*steps["self-attention"])),
+            f"steps at k={far} - ({AT_ONCE} x steps at k={near} + {every}) < 0 (paired by seed, 95% interval; "
+            f"never learnt counts as the {budget}-step budget)",
+            paired_difference(far_steps["self-attention"], [AT_ONCE * n + every for n in near_steps["self-attention"]]),
+            0.0,
+            above=False,
+            failed_arm=unlearnt("self-attention"),
+            detail=shown("self-attention"),
         ),
-        Check(
+        interval_check(
             "the LSTM needs more training the farther the needle",
-            f"on every seed, k={near} reaches {LEARNT} and k={far} takes >= {LATER}x its steps (or never does)",
-            shown("LSTM"),
-            all(_later(n, f) for n, f in zip(*steps["LSTM"])),
+            f"steps at k={far} / at k={near} > {LATER} (per seed, 95% interval; never learnt counts as the "
+            f"{budget}-step budget, a lower bound)",
+            paired_ratio(far_steps["LSTM"], near_steps["LSTM"]),
+            LATER,
+            failed_arm=unlearnt("LSTM"),
+            detail=shown("LSTM"),
         ),
         Check(
             "at initialisation the LSTM's gradient to the needle decays with the distance, attention's does not",
-            f"gradient at k={results['gradient_distances'][-1]} / at k=1: LSTM <= {DECAYS}, attention >= {KEEPS}",
-            f"LSTM {ratio['LSTM']:.2e}, attention {ratio['self-attention']:.3f}",
-            ratio["LSTM"] <= DECAYS and ratio["self-attention"] >= KEEPS,
+            f"gradient at k={results['gradient_distances'][-1]} / at k=1: LSTM < {DECAYS}, attention > {KEEPS} "
+            "(95% intervals over seeds)",
+            f"LSTM {ratios['LSTM'].text()}, attention {ratios['self-attention'].text()}",
+            False,
+            all_of(gradient),
         ),
     ]
 

@@ -26,6 +26,7 @@ from ..nn.attention import MultiHeadAttention
 from ..nn.config import ModelConfig
 from .base import Check, ExperimentConfig, ExperimentError, Progress, mean_std, pm
 from .plotting import figure, save
+from .statistics import all_of, decide, decide_within, interval_check, mean_interval, paired_ratio
 
 NAME = "scaling-head-dim"
 CLAIM = "at initialisation var(q.k) = d_k; unscaled, the softmax saturates and passes less gradient as d_k grows"
@@ -180,59 +181,67 @@ SAME = 1e-9  # the scaled arm against kqv's own forward pass (fp64), max |differ
 def checks(results: dict) -> list[Check]:
     dims = results["head_dims"]
     small, large = dims[0], dims[-1]
-    variance = {key: {d: mean_std(results[key][str(d)])[0] for d in dims} for key in ("q_variance", "k_variance")}
-    ratio = {d: mean_std(results["score_variance"][str(d)])[0] / d for d in dims}
-    top = {arm: {d: _mean(results, arm, "max_weight", d) for d in dims} for arm in ARMS}
-    gradient = {
-        name: {arm: _mean(results, arm, name, large) for arm in ARMS} for name in ("score_grad", "query_weight_grad")
-    }
+    per_d = lambda key: {d: mean_interval(results[key][str(d)]) for d in dims}
+    variance = {key: per_d(key) for key in ("q_variance", "k_variance")}
+    ratio = {d: mean_interval([v / d for v in results["score_variance"][str(d)]]) for d in dims}
+    seeds = lambda arm, name, d: results["arms"][arm][name][str(d)]
+    top = {arm: mean_interval(seeds(arm, "max_weight", large)) for arm in ARMS}
+    steady = paired_ratio(seeds("scaled", "max_weight", large), seeds("scaled", "max_weight", small))
     difference = max(max(v) for v in results["kqv_difference"].values())
-    steady = top["scaled"][large] / top["scaled"][small]
-    listed = lambda values, digits=3: ", ".join(f"{d}: {v:.{digits}f}" for d, v in values.items())
+    listed = lambda values: "; ".join(f"{d}: {v.text()}" for d, v in values.items())
     return [
         Check(
             "the scaled arm is kqv's own attention",
-            f"max |output - MultiHeadAttention output| <= {SAME:g}",
+            f"max |output - MultiHeadAttention output| <= {SAME:g} (an identity, fp64: an exact check, no interval)",
             f"{difference:.1e}",
             difference <= SAME,
         ),
         Check(
             "q and k have unit-variance components at initialisation",
-            f"var(q) and var(k) within {list(UNIT)} at every d_k",
+            f"var(q) and var(k) within {list(UNIT)} at every d_k (95% intervals over seeds)",
             f"var(q) {listed(variance['q_variance'])}; var(k) {listed(variance['k_variance'])}",
-            all(UNIT[0] <= v <= UNIT[1] for values in variance.values() for v in values.values()),
+            False,
+            all_of([decide_within(v, *UNIT) for values in variance.values() for v in values.values()]),
         ),
         Check(
             "var(q . k) grows in proportion to d_k",
-            f"var(q . k) / d_k within {list(PROPORTIONAL)} at every d_k",
+            f"var(q . k) / d_k within {list(PROPORTIONAL)} at every d_k (95% interval over seeds)",
             listed(ratio),
-            all(PROPORTIONAL[0] <= r <= PROPORTIONAL[1] for r in ratio.values()),
+            False,
+            all_of([decide_within(r, *PROPORTIONAL) for r in ratio.values()]),
         ),
         Check(
             f"unscaled, the softmax saturates at d_k = {large}; scaled, it does not change with d_k",
-            f"largest weight unscaled >= {SATURATED}, scaled <= {SPREAD}; scaled at {large} / at {small} within "
-            f"{list(STEADY)}",
-            f"unscaled {listed(top['unscaled'])}; scaled {listed(top['scaled'])}; ratio {steady:.3f}",
-            top["unscaled"][large] >= SATURATED and top["scaled"][large] <= SPREAD and STEADY[0] <= steady <= STEADY[1],
+            f"largest weight unscaled > {SATURATED}, scaled < {SPREAD}; scaled at {large} / at {small} within "
+            f"{list(STEADY)} (95% intervals over seeds, the ratio per seed)",
+            f"unscaled {top['unscaled'].text()}; scaled {top['scaled'].text()}; ratio {steady.text()}",
+            False,
+            all_of(
+                [
+                    decide(top["unscaled"], SATURATED),
+                    decide(top["scaled"], SPREAD, above=False),
+                    decide_within(steady, *STEADY),
+                ]
+            ),
         ),
-        Check(
-            f"unscaled, less gradient reaches the scores at d_k = {large}",
-            f"unscaled / scaled gradient norm at the softmax input <= {VANISH}",
-            _ratio(gradient["score_grad"]),
-            gradient["score_grad"]["unscaled"] <= VANISH * gradient["score_grad"]["scaled"],
+        _vanishes(
+            results, "score_grad", f"unscaled, less gradient reaches the scores at d_k = {large}", "softmax input"
         ),
-        Check(
-            f"unscaled, less gradient reaches W_Q at d_k = {large}",
-            f"unscaled / scaled gradient norm of W_Q <= {VANISH}",
-            _ratio(gradient["query_weight_grad"]),
-            gradient["query_weight_grad"]["unscaled"] <= VANISH * gradient["query_weight_grad"]["scaled"],
-        ),
+        _vanishes(results, "query_weight_grad", f"unscaled, less gradient reaches W_Q at d_k = {large}", "W_Q"),
     ]
 
 
-def _ratio(values: dict[str, float]) -> str:
-    return (
-        f"unscaled {values['unscaled']:.4g}, scaled {values['scaled']:.4g}: {values['unscaled'] / values['scaled']:.3f}"
+def _vanishes(results: dict, name: str, what: str, where: str) -> Check:
+    """Unscaled / scaled gradient norm at the largest d_k, per seed (same weights and inputs), below VANISH."""
+    d = str(results["head_dims"][-1])
+    unscaled, scaled = (results["arms"][arm][name][d] for arm in ("unscaled", "scaled"))
+    return interval_check(
+        what,
+        f"unscaled / scaled gradient norm at the {where} < {VANISH} (per seed, 95% interval)",
+        paired_ratio(unscaled, scaled),
+        VANISH,
+        above=False,
+        detail=f"unscaled {pm(unscaled, 4)}, scaled {pm(scaled, 4)}",
     )
 
 

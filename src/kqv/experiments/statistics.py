@@ -20,6 +20,10 @@ The whole API, for an experiment's `checks(results)`:
   by one number.
 * `decide(interval, threshold, above=True)` -> HOLDS when the whole interval lies beyond the threshold in the
   claimed direction, FAILS when it lies wholly on the other side, INCONCLUSIVE when it straddles the threshold.
+* `decide_within(interval, low, high)` -> HOLDS when the whole interval lies inside [low, high], FAILS when it
+  lies wholly outside, INCONCLUSIVE when it overlaps an edge (a band such as "an exponent between 1.7 and 2.3").
+* `all_of(outcomes)`: the outcome of several decisions that must all hold (FAILS if one fails, else
+  INCONCLUSIVE if one is undecided, else HOLDS).
 * `interval_check(...)`: a `base.Check` with that outcome; `failed_arm` (a sanity check: an arm that did not
   learn, e.g. BLEU at 0 or loss at the unigram entropy) makes it INCONCLUSIVE whatever the interval says.
 
@@ -119,6 +123,20 @@ def decide(interval: Interval, threshold: float, above: bool = True) -> str:
     if low > bar:
         return HOLDS
     return FAILS if high < bar else INCONCLUSIVE
+
+
+def decide_within(interval: Interval, low: float, high: float) -> str:
+    """HOLDS when the whole interval lies inside the band [low, high], FAILS when it lies wholly outside it,
+    INCONCLUSIVE when it overlaps an edge of the band."""
+    if interval.low > low and interval.high < high:
+        return HOLDS
+    return FAILS if interval.high < low or interval.low > high else INCONCLUSIVE
+
+
+def all_of(outcomes: Sequence[str]) -> str:
+    """The outcome of several decisions that must all hold: FAILS if any fails, else INCONCLUSIVE if any is
+    undecided, else HOLDS."""
+    return FAILS if FAILS in outcomes else INCONCLUSIVE if INCONCLUSIVE in outcomes else HOLDS
 
 
 def interval_check(
