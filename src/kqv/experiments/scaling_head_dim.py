@@ -225,9 +225,12 @@ def checks(results: dict) -> list[Check]:
             ),
         ),
         _vanishes(
-            results, "score_grad", f"unscaled, less gradient reaches the scores at d_k = {large}", "softmax input"
+            results,
+            "score_grad",
+            f"unscaled, less gradient reaches the scores at d_k = {large}",
+            "at the softmax input",
         ),
-        _vanishes(results, "query_weight_grad", f"unscaled, less gradient reaches W_Q at d_k = {large}", "W_Q"),
+        _vanishes(results, "query_weight_grad", f"unscaled, less gradient reaches W_Q at d_k = {large}", "of W_Q"),
     ]
 
 
@@ -237,7 +240,7 @@ def _vanishes(results: dict, name: str, what: str, where: str) -> Check:
     unscaled, scaled = (results["arms"][arm][name][d] for arm in ("unscaled", "scaled"))
     return interval_check(
         what,
-        f"unscaled / scaled gradient norm at the {where} < {VANISH} (per seed, 95% interval)",
+        f"unscaled / scaled gradient norm {where} < {VANISH} (per seed, 95% interval)",
         paired_ratio(unscaled, scaled),
         VANISH,
         above=False,
