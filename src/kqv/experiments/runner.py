@@ -192,6 +192,12 @@ QUICK_MINUTES = {
     "modifications": 0.06,
     "scaling-laws": 0.08,
     "long-attention": 0.46,
+    # the lecture's own claims, measured 2026-11-24 on the idle machine (each 2 s or less; 0.01 is the floor here)
+    "quadratic-cost": 0.01,
+    "rnn-interaction-distance": 0.01,
+    "ffn-needed": 0.03,
+    "multihead-cost": 0.01,
+    "scaling-head-dim": 0.01,
 }
 
 
