@@ -230,7 +230,9 @@ class Trainer:
             append_metrics(self.run.metrics_file, self.replanned)
 
     def _leave_process_group(self) -> None:
+        """DDP's reducer lets go of the group first, so that it goes now, after `distributed.settle`."""
         if self._owns_process_group:
+            self.ddp_model = self.model
             dist.destroy_process_group()
             self._owns_process_group = False
 
@@ -275,6 +277,7 @@ class Trainer:
             bar.close()
         if self.sharded:  # every rank, as after one process: the caller's model holds the trained weights
             unshard_into(self.home, self.model)
+        distributed.settle(self.world_size)
         return result
 
     def _out_of_time(self) -> bool:
