@@ -410,7 +410,8 @@ class Trainer:
             logger.warning("interrupted while updates were being skipped; kept the last good checkpoint")
             return
         if self.sharded and self._last_saved != self.step:  # shards are gathered by every rank together
-            return logger.warning("interrupted: a sharded run saves with all ranks; step %s stands", self._last_saved)
+            logger.warning("interrupted: a sharded run saves with all ranks; step %s stands", self._last_saved)
+            return
         if self._last_saved != self.step:
             # Other ranks are somewhere else, so no collective: their generator states are not saved.
             self.elapsed_s = self.clock() - clock
