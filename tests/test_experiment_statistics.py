@@ -124,6 +124,18 @@ def test_code_files_follow_the_imports_of_the_experiment_module():
     assert provenance()["cpu"]["cores"] >= 1
 
 
+def test_the_code_hash_follows_what_code_does_not_how_it_is_written():
+    """A docstring, a comment or reformatting leaves results current; a changed line of code makes them stale."""
+    from kqv.experiments.provenance import _normalised
+
+    original = 'def f(x):\n    """Doubles."""\n    return x * 2\n'
+    reworded = 'def f(x):  # a comment\n    """Twice x, said differently."""\n\n    return (x *\n            2)\n'
+    changed = 'def f(x):\n    """Doubles."""\n    return x * 3\n'
+    assert _normalised(original) == _normalised(reworded)
+    assert _normalised(original) != _normalised(changed)
+    assert _normalised('"""Only a docstring."""\n') == _normalised("pass\n")
+
+
 def test_committed_results_were_made_by_todays_code():
     """A committed results.json that recorded the hash of the code it ran must match today's code: change the
     model, trainer or experiment and its results are stale until rerun. Results from before hashes were kept

@@ -7,6 +7,9 @@ the import statements (`ast`), not by hand. Left out: the modules that only pres
 (`PRESENTATION`: the verdict logic, report, plots, runner): a change there changes no measured number, and the
 verdicts are recomputed from results.json by the test suite anyway. tests/test_experiment_statistics.py fails
 when a committed experiment's code hash (`code.hash`, recorded when it ran) differs from today's code.
+
+The hash is over what the code does, not how it is written (`_normalised`): each file's syntax tree without its
+docstrings, so a comment, a docstring or reformatting does not make results stale; a changed line of code does.
 """
 
 from __future__ import annotations
@@ -75,12 +78,29 @@ def code_files(module: str) -> list[Path]:
     return sorted(_module_file(name).relative_to(PACKAGE_ROOT.parent) for name in seen)
 
 
+def _normalised(source: str) -> str:
+    """The syntax tree of `source` without docstrings or positions: what the code does, not how it is laid out."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body:
+            first = body[0]
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
+                node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
+
+
 def code_hash(module: str) -> dict[str, Any]:
-    """{'hash': sha256 over the paths and bytes of `code_files(module)`, 'files': their paths}."""
+    """{'hash': sha256 over the paths and normalised code of `code_files(module)`, 'files': their paths}."""
     digest = hashlib.sha256()
     files = code_files(module)
     for path in files:
-        digest.update(path.as_posix().encode() + b"\0" + (PACKAGE_ROOT.parent / path).read_bytes() + b"\0")
+        code = _normalised((PACKAGE_ROOT.parent / path).read_text(encoding="utf-8"))
+        digest.update(path.as_posix().encode() + b"\0" + code.encode() + b"\0")
     return {"hash": digest.hexdigest(), "files": [p.as_posix() for p in files]}
 
 
