@@ -247,7 +247,7 @@ class Progress:
     An experiment calls `plan(total)` once, then for each unit (a training run, a timing) `start(label)` (optional:
     names the unit now running) and `step(label)` when it is done. Within `kqv experiment run all`, `position`
     is (k, n), this experiment's place in the run, and `share` is (work done before it, its own work), as
-    fractions of the whole run's expected work, so the line reads '[3/13 22%] scaling 4/9 ...'."""
+    fractions of the whole run's expected work, so the line reads '[3/18 22%] scaling 4/9 ...'."""
 
     def __init__(
         self,
