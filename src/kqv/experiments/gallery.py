@@ -24,16 +24,17 @@ config, seeds, library versions and machine are in each `results.json`. `kqv exp
 `kqv experiment run all --quick` runs small versions of all of them in a few minutes (the test suite does): a smoke
 test of the code, labelled so wherever it writes, not a test of the claims.
 
-The machine was shared with other work while these ran (the load average is in each results.json): times are upper
-bounds; losses, accuracies and BLEU after a fixed number of steps do not depend on the load.
+The experiments that time something (quadratic-cost, multihead-cost, parallelism, long-attention, and
+rnn-vs-transformer, whose models train for a fixed time) ran one at a time on the otherwise idle machine. The
+others ran two at a time, one torch thread each: that changes how long they took (the load average before each
+run is in its results.json), not their losses, accuracies or BLEU after a fixed number of steps.
 
 Each check is decided from the per-seed numbers: where arms share seeds, by the 95% Student-t interval of the
 paired differences (or, for timings, of the repeats), against a threshold fixed in advance; {rule}. (The
-thresholds are those written before the first runs; the intervals were added later, and the committed results
-were re-judged from their stored numbers with them, without a rerun: `rejudged` in each results.json.) A
-results.json made since provenance was kept records the commit, the machine and the hash of the code that produced
-it (`code`), and the test suite fails when that code changes; older ones name the commit their results came from,
-and the test suite lists them as due for a rerun.
+thresholds are those written before the first runs; the intervals were added later, and every experiment was run
+again with them.) Each results.json records the commit, the machine and the hash of the code that produced it
+(`code`: the experiment's module and the kqv modules it imports, as syntax trees without docstrings, so a comment
+does not count as a change), and the test suite fails when that code changes until the experiment is rerun.
 
 This page is generated from the results by `kqv experiment gallery`; the discussion of each experiment is
 written by hand in `docs/experiments/NAME/discussion.md`.
