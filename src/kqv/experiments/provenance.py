@@ -80,17 +80,10 @@ def code_files(module: str) -> list[Path]:
 
 def _normalised(source: str) -> str:
     """The syntax tree of `source` without docstrings or positions: what the code does, not how it is laid out."""
-    tree = ast.parse(source)
+    tree, documented = ast.parse(source), (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
     for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body:
-            first = body[0]
-            if (
-                isinstance(first, ast.Expr)
-                and isinstance(first.value, ast.Constant)
-                and isinstance(first.value.value, str)
-            ):
-                node.body = body[1:] or [ast.Pass()]
+        if isinstance(node, documented) and ast.get_docstring(node, clean=False) is not None:
+            node.body = node.body[1:] or [ast.Pass()]
     return ast.dump(tree)
 
 
