@@ -60,16 +60,9 @@ from .checkpoints import (
     Checkpoint,
     OptimizerState,
     Weights,
-    all_rng_states,
     load_optimizer_state,
     load_weights,
     read_checkpoint,
-    rng_state,
-    rng_tensors,
-    rng_to_json,
-    saved_rng_states,
-    seed_everything,
-    set_rng_state,
     write_checkpoint,
 )
 from .compiling import training_module
@@ -79,6 +72,7 @@ from .metrics import Progress, Window, append_metrics, plot_losses, progress_bar
 from .nonfinite import check_finite_weights, check_loss, count_skipped, warn_withheld
 from .optimizer import make_optimizer
 from .precision import MixedPrecision, bound_kernel_caches
+from .rng import all_rng_states, rng_state, rng_tensors, rng_to_json, saved_rng_states, seed_everything, set_rng_state
 from .rundir import IfExists, RunDirectory
 from .sharding import gather_state, load_checkpoint, shard, unshard_into
 

@@ -1,0 +1,101 @@
+"""The random generators of a training run: seeding them, their state (torch's CPU and CUDA ones, `random`'s
+and numpy's), gathered from every rank, and their form in a checkpoint (torch's states as tensors in
+`rng.safetensors`, the others as JSON in `state.json`). Saving them is what makes a resumed run draw the same
+dropout masks as an uninterrupted one."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from safetensors.torch import load as safetensors_load
+from torch import Tensor
+
+from .checkpoints import RNG_FILE, Checkpoint
+
+TORCH_RNGS = (("torch", ""), ("cuda", ".cuda"))  # state key, suffix of its rng.safetensors name
+
+
+def seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+
+
+def rng_state() -> dict[str, Any]:
+    """The generators' states: torch's CPU one, the current CUDA GPU's once CUDA is in use (dropout on a GPU draws
+    from it), `random`'s and numpy's."""
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    if torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():  # a run resumed on the CPU has no use for it
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def rng_tensors(states: list[dict[str, Any]]) -> dict[str, Tensor]:
+    """The torch generator states of every rank, as rng.safetensors holds them: `rank{r}`, and `rank{r}.cuda`."""
+    tensors = {f"rank{r}": s["torch"] for r, s in enumerate(states)}
+    tensors.update({f"rank{r}.cuda": s["cuda"] for r, s in enumerate(states) if "cuda" in s})
+    return tensors
+
+
+def rng_to_json(state: dict[str, Any], torch_as_bytes: bool = False) -> dict[str, Any]:
+    """JSON form of the `random` and numpy states (the torch state is a tensor, saved in rng.safetensors)."""
+    version, internal, gauss = state["python"]
+    name, keys, position, has_gauss, cached = state["numpy"]
+    out = {
+        "python": [version, list(internal), gauss],
+        "numpy": [name, keys.tolist(), int(position), int(has_gauss), float(cached)],
+    }
+    if torch_as_bytes:
+        out["torch"] = state["torch"].numpy().tobytes()
+    return out
+
+
+def rng_from_json(state: dict[str, Any]) -> dict[str, Any]:
+    version, internal, gauss = state["python"]
+    name, keys, position, has_gauss, cached = state["numpy"]
+    out = {
+        "python": (version, tuple(internal), gauss),
+        "numpy": (name, np.array(keys, dtype=np.uint32), position, has_gauss, cached),
+    }
+    if "torch" in state:
+        out["torch"] = torch.frombuffer(bytearray(state["torch"]), dtype=torch.uint8)
+    return out
+
+
+def all_rng_states(world_size: int) -> list[dict[str, Any]]:
+    """The generator states of every rank, on every rank (a collective under torchrun: every rank must call it)."""
+    rng = rng_state()
+    if world_size == 1:
+        return [rng]
+    states: list[Any] = [None] * world_size
+    dist.all_gather_object(states, rng_to_json(rng, torch_as_bytes=True))
+    return [rng_from_json(s) for s in states]
+
+
+def saved_rng_states(checkpoint: Checkpoint, world_size: int) -> list[dict | None]:
+    """The generator states of every rank saved in `checkpoint` (None for a rank whose state was not saved); none
+    at all when the checkpoint came from another number of processes, whose ranks no longer exist."""
+    if checkpoint.state.get("world_size") != world_size:
+        return []
+    torch_states = safetensors_load(checkpoint.open(RNG_FILE).read())
+    return [
+        {
+            **rng_from_json(s),
+            **{key: torch_states[f"rank{r}{name}"] for key, name in TORCH_RNGS if f"rank{r}{name}" in torch_states},
+        }
+        if s is not None
+        else None
+        for r, s in enumerate(checkpoint.state["rng"])
+    ]
