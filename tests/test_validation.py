@@ -156,3 +156,21 @@ def test_the_cli_reports_kqv_errors_in_one_line_and_lets_bugs_show_their_traceba
 def test_get_job_names_the_jobs_there_are():
     with pytest.raises(ConfigError, match=r"no job 'vision'; the jobs are \['cls', 'lm', 'mlm', 'mt'"):
         get_job("vision")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2**63 - 1])
+def test_check_seed_takes_every_non_negative_int64(seed):
+    from kqv.validation import check_seed
+
+    assert check_seed("seed", seed) == seed
+    import torch
+
+    torch.Generator().manual_seed(seed)  # what it lets through, torch takes
+
+
+@pytest.mark.parametrize("seed", [-1, 2**63, 2**70, True, 1.0, "3"])
+def test_check_seed_refuses_what_torch_cannot_take_in_one_line(seed):
+    from kqv.validation import check_seed
+
+    with pytest.raises(ConfigError, match=r"^train.seed must be an integer from 0 to 2\*\*63 - 1, got .*$"):
+        check_seed("train.seed", seed)

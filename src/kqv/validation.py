@@ -130,6 +130,20 @@ def check_positive(name: str, value: float) -> None:
         raise ConfigError(f"{name} must be positive, got {value}")
 
 
+SEED_LIMIT = 2**63  # torch.manual_seed takes [-2**63, 2**64); kqv's seeds are the non-negative int64s
+
+
+def check_seed(name: str, seed: Any) -> int:
+    """`seed` if it is an integer from 0 to 2**63 - 1 (what every torch generator and an int64 take), else a
+    one-line ConfigError naming `name`: a larger one would end in torch's overflow traceback, after files were
+    written. Training seeds (`train.seed`) and generation seeds (`--seed`) share it."""
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ConfigTypeError(f"{name} must be an integer from 0 to 2**63 - 1, got {type(seed).__name__} {seed!r}")
+    if not 0 <= seed < SEED_LIMIT:
+        raise ConfigError(f"{name} must be an integer from 0 to 2**63 - 1, got {seed}")
+    return seed
+
+
 def _check_scalar(name: str, value: Any, expected: type) -> Any:
     if expected is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):

@@ -32,7 +32,7 @@ from ..train.manifest import read_verified, verify
 from ..train.preflight import check_memory, check_prompt, check_splits
 from ..train.rundir import RunDirectory
 from ..train.runs import SAMPLES_FILE, TOKENIZER_DIR, TOKENS_FILE, RunConfig
-from ..validation import Config, check_at_least
+from ..validation import Config, check_at_least, check_seed
 from .base import AttentionMaps, Job, TrainedRun, check_text
 
 
@@ -251,16 +251,8 @@ def check_generation(max_new_tokens: int, temperature: float, capped: bool = Fal
 
 
 def seeded_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
-    """A torch generator on `device` seeded with `seed`; a seed torch cannot take (not an integer in
-    [-2**63, 2**64)) is a ConfigError."""
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ConfigError(f"{spoken('--seed', 'seed')} must be an integer, got {seed!r}")
-    try:
-        return torch.Generator(device).manual_seed(seed)
-    except (RuntimeError, ValueError, OverflowError):
-        raise ConfigError(
-            f"{spoken('--seed', 'seed')} must be an integer from -2**63 to 2**64 - 1, got {seed}"
-        ) from None
+    """A torch generator on `device` seeded with `seed`, an integer from 0 to 2**63 - 1 (`check_seed`)."""
+    return torch.Generator(device).manual_seed(check_seed(spoken("--seed", "seed"), seed))
 
 
 GENERATION_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "int8": torch.qint8}
