@@ -59,6 +59,7 @@ OUT_OF_RANGE = [
     ("train", "eval_batches", 0),
     ("train", "checkpoint_every", 0),
     ("train", "seed", -1),
+    ("train", "seed", 2**63),
     ("train", "log_every", 0),
     ("train", "max_minutes", -1.0),
     ("train", "max_bad_steps", 0),

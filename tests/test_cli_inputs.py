@@ -155,6 +155,39 @@ def test_out_through_a_regular_file_is_one_error_line(runs, tmp_path):
     refused(["train", "lm", "--config", config, "--out", str(tmp_path / "afile" / "sub")], "Not a directory")
 
 
+@pytest.mark.parametrize("how", ["set", "toml"])
+@pytest.mark.parametrize("seed", [2**63, 2**70, -1])
+def test_a_seed_torch_cannot_take_is_refused_before_anything_is_written(runs, tmp_path, how, seed):
+    """Issue 35: train.seed >= 2**63 was a traceback from torch after run.toml, tokenizer/ and the data were written."""
+    config, out = tmp_path / "config.toml", tmp_path / "run"
+    text = TINY.format(position="rope")
+    config.write_text(text.replace("[train]\n", f"[train]\nseed = {seed}\n") if how == "toml" else text)
+    argv = ["train", "lm", "--config", str(config), "--data", str(runs["corpus"]), "--out", str(out), "--quiet"]
+    refused([*argv, *(["--set", f"train.seed={seed}"] if how == "set" else [])], "seed", str(seed), "2**63 - 1")
+    assert not out.exists()
+
+
+def test_resuming_a_run_whose_seed_torch_cannot_take_is_refused_and_changes_nothing(runs, tmp_path):
+    """What today's kqv left of such a run (run.toml, SHA256SUMS, tokenizer/, tokens.safetensors) stays as it is."""
+    from kqv.train.manifest import record
+
+    run = copy_run(runs["rope"], tmp_path)
+    (run / "run.toml").write_text((run / "run.toml").read_text().replace("seed = 0", f"seed = {2**63}"))
+    record(run, keep=True)
+    before = {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+    argv = ["train", "lm", "--data", str(runs["corpus"]), "--out", str(run), "--resume", "--steps", "9", "--quiet"]
+    refused(argv, "seed", str(2**63), "2**63 - 1")
+    assert {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()} == before
+
+
+def test_the_largest_seed_trains(runs, tmp_path):
+    """2**63 - 1 is allowed: the batch generators, seeded from it, wrap it into torch's range."""
+    config = runs["root"] / "rope.toml"
+    argv = ["train", "lm", "--config", str(config), "--data", str(runs["corpus"]), "--out", str(tmp_path / "run")]
+    assert kqv([*argv, "--quiet", "--steps", "2", "--set", f"train.seed={2**63 - 1}"]) == (0, "")
+    assert read_run(tmp_path / "run")["train"]["seed"] == 2**63 - 1
+
+
 def test_explore_html_onto_a_directory_is_one_error_line(runs, tmp_path):
     refused(["explore", str(runs["rope"]), "--html", str(tmp_path), "--text", "To be"], "--html", "directory")
 

@@ -64,5 +64,8 @@ def iter_eval_batches(ids: torch.Tensor, batch_size: int, context: int) -> Itera
 
 
 def batch_generator(seed: int, i: int) -> torch.Generator:
-    """The generator of batch i: the same batch for the same i, as the trainer's determinism contract asks."""
-    return torch.Generator().manual_seed(seed * 1_000_003 + i)
+    """The generator of batch i: the same batch for the same i, as the trainer's determinism contract asks. A
+    large seed (up to 2**63 - 1, `kqv.validation.check_seed`) is wrapped into torch's seed range; a seed torch
+    takes as it is stays, so every batch of an existing run stays the same."""
+    mixed = seed * 1_000_003 + i
+    return torch.Generator().manual_seed(mixed if -(2**63) <= mixed < 2**64 else mixed % 2**64)

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from ..errors import ConfigError
 from ..nn.devices import check_device_name
-from ..validation import Config, check_at_least, check_positive
+from ..validation import Config, check_at_least, check_positive, check_seed
 from .budget import check_budget
 from .precision import Precision
 
@@ -80,11 +80,11 @@ class TrainConfig(Config):
             ("eval_every", 1),
             ("eval_batches", 1),
             ("checkpoint_every", 1),
-            ("seed", 0),
             ("log_every", 1),
             ("max_bad_steps", 1),
         ):
             check_at_least(name, getattr(self, name), minimum)
+        check_seed("seed", self.seed)
         check_device_name(self.device)
         if self.precision == "fp16" and self.device == "cpu":
             raise ConfigError("precision 'fp16' is for GPUs; on the CPU use 'bf16', 'fp32' or 'auto'")
