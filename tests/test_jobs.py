@@ -15,6 +15,7 @@ from kqv.cli.commands import JobCommand, RunCommand
 from kqv.cli.flags import Flag
 from kqv.cli.main import COMMANDS, build_parser, main
 from kqv.jobs import JOBS, Job, TrainedRun, all_jobs, get_job, load_run
+from kqv.jobs.base import Outcome
 from kqv.train.runs import RunConfig, read_summary
 from kqv.validation import Config
 
@@ -69,22 +70,20 @@ class ToyJob(Job):
     def load_tokenizer(self, run_dir: Path) -> None:
         return None
 
-    def train(self, config, run_dir, *, resume=False, overwrite=False, quiet=False, note=None):
-        with self.open_run(run_dir, resume=resume, overwrite=overwrite) as run:
-            length = config.toy.length
-            model = self.start(config, run, config.model.replace(vocab_size=length))
-            counting = torch.arange(length).repeat(config.train.batch_size, 1)  # (batch, length)
-            result = self.fit(
-                self.make_trainer(
-                    model,
-                    config,
-                    run,
-                    quiet=quiet,
-                    train_batches=lambda i: counting,
-                    loss_fn=lambda m, ids: m(ids[:, :-1], ids[:, 1:]),
-                )
-            )
-            return self.summarise(run.path, result, model, note=note)
+    def make_corpus(self, training, *, note=None):
+        training.notes["note"] = note
+        return torch.arange(training.config.toy.length).repeat(training.config.train.batch_size, 1)  # (batch, length)
+
+    def make_model(self, training):
+        return self.start(
+            training.config, training.run, training.config.model.replace(vocab_size=training.config.toy.length)
+        )
+
+    def make_batches(self, training):
+        return {"train_batches": lambda i: training.data, "loss_fn": lambda m, ids: m(ids[:, :-1], ids[:, 1:])}
+
+    def outcome(self, training):
+        return Outcome({"note": training.notes["note"]})
 
 
 def print_count(run: ToyRun, args: argparse.Namespace) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -36,6 +36,7 @@ from .jobs.mt import MTEvaluation, MTRun
 from .jobs.pretrained import PretrainedRun, is_hf_directory
 from .jobs.vit import ClsAttention, VitEvaluation, VitRun
 from .nn.devices import Accelerator
+from .train.events import Event
 from .train.runs import RunConfig
 
 
@@ -58,6 +59,7 @@ def train(
     overwrite: bool = False,
     quiet: bool = False,
     device: str | None = None,
+    on_event: Callable[[Event], Any] | None = None,
     **job_options: Any,
 ) -> dict[str, Any]:
     """Train job `job` ("lm", "mt", ...) into `out` (default runs/JOB) and return its summary.
@@ -67,6 +69,9 @@ def train(
     a run; [model] and [data] cannot change mid-run). `overrides` are "section.key=value" strings (as `kqv train
     --set`), `steps` sets train.steps and `device` train.device ("auto", "cpu", "cuda", "cuda:N", "mps"; a resumed
     run may change it); `job_options` are the job's own training options (mt: data_from=, threads=).
+
+    `on_event` receives the training's events in order (`kqv.train.events`: Plan, Progress, Evaluation, Sample,
+    Summary, Message) instead of their being shown; without it they are shown unless `quiet`.
     """
     chosen = get_job(job)
     out = Path(out) if out is not None else Path("runs") / chosen.name
@@ -85,7 +90,7 @@ def train(
     else:
         config = chosen.load_config(packaged_config(config or "quick", chosen.name), overrides)
     Accelerator.resolve(config.train.device)  # a device this machine lacks is refused before anything is written
-    return chosen.train(config, out, resume=resume, overwrite=overwrite, quiet=quiet, **job_options)
+    return chosen.train(config, out, resume=resume, overwrite=overwrite, quiet=quiet, on_event=on_event, **job_options)
 
 
 def packaged_config(name: str | Path, task: str = "lm") -> Path:

@@ -1,6 +1,7 @@
 """The job contract: what every job (lm, mt, mlm, cls, vit) implements, and what a trained run offers.
 
-A job is a `Job` subclass: it trains (`Job.train`), builds its model, and loads its runs (`Job.load`) as its
+A job is a `Job` subclass: it trains through the one lifecycle, `Job.train`, by supplying its corpus, model,
+batches and outcome (hooks); it builds its model and loads its runs (`Job.load`) as its
 `run_class`, a `TrainedRun` whose methods are the job's operations in plain Python (`LMRun.generate`,
 `MTRun.translate`, ...), returning values and printing nothing. The one registry of jobs is `kqv.jobs.JOBS`;
 the command line (`kqv.cli`) parses flags and prints what these operations return.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import resource
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +28,9 @@ from ..nn.config import ModelConfig
 from ..nn.devices import Accelerator
 from ..nn.models import count_parameters
 from ..train.checkpoints import load_weights
+from ..train.events import Event, Plan, Sample, Summary
 from ..train.manifest import record, verify
+from ..train.reporter import Reporter
 from ..train.rundir import RunDirectory
 from ..train.runs import (
     FIXED_SECTIONS,
@@ -148,8 +152,33 @@ class TrainingResult:
     wall_seconds: float
 
 
+@dataclass
+class Training:
+    """One training as `Job.train` builds it, step by step: the config and opened run directory, then what the
+    job's hooks make (its `data`, `model`, the Trainer's `options`), then the Trainer's `result`. `notes` holds what
+    a job's hooks hand each other besides (the MT job's FLOPs per token, say)."""
+
+    config: Any
+    run: RunDirectory
+    data: Any = None
+    model: nn.Module | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    result: TrainingResult | None = None
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a job measured after training: `figures` for summary.json, and `samples` (texts) to show."""
+
+    figures: dict[str, Any] = field(default_factory=dict)
+    samples: list[str] = field(default_factory=list)
+
+
 class Job:
-    """The contract of a job. Subclasses set the class attributes and implement `train` and `build_model`."""
+    """The contract of a job. Subclasses set the class attributes and implement `build_model` and the hooks of
+    the one lifecycle, `train`: `make_corpus`, `make_model`, `make_batches`, and as they need `describe`, `outcome`
+    and `conclusion`."""
 
     name: ClassVar[str]  # its key in kqv.jobs.JOBS, configs/NAME-*.toml, `task = NAME` in run.toml
     help: ClassVar[str]
@@ -185,15 +214,64 @@ class Job:
         resume: bool = False,
         overwrite: bool = False,
         quiet: bool = False,
+        on_event: Callable[[Event], Any] | None = None,
         **options: Any,
     ) -> dict[str, Any]:
         """Train as configured into run_dir (continue its checkpoint with `resume`, replace it with `overwrite`);
         write the run directory and return the summary. `options` are the job's flags without a config key.
 
-        A job's `train` opens the run directory first (`open_run`) and writes everything through it: run.toml,
-        the tokenizer and the encoded data come before the Trainer, and a second writer must not replace them
-        under a running one."""
+        The one lifecycle of every job: open the run directory (`open_run`: everything is written through it, and
+        a second writer must not replace run.toml, the tokenizer or the data under a running one), then the job's
+        hooks make the corpus, the model and the batches, the Trainer trains, and the job's `outcome` is written
+        into summary.json. Nothing is printed: the events (`kqv.train.events`) go to a `Reporter`, which shows
+        them unless `quiet`; `on_event` receives every one instead (then nothing is shown)."""
+        with self.open_run(run_dir, resume=resume, overwrite=overwrite) as run:
+            speaks = run.writes  # under torchrun rank 0 speaks for every process
+            report = Reporter(quiet or on_event is not None or not speaks, on_event if speaks else None)
+            training = Training(config, run)
+            training.data = self.make_corpus(training, **options)
+            training.model = self.make_model(training)
+            training.options = self.make_batches(training)
+            report(Plan(self.describe(training), count_parameters(training.model), config.train.steps, run.destination))
+            trainer = self.make_trainer(training.model, config, run, quiet=report.quiet, **training.options)
+            training.result = self.fit(trainer)
+            if not run.writes:
+                return {}  # under torchrun rank 0 alone evaluates and writes the run's outputs
+            outcome = self.outcome(training)
+            summary = self.summarise(run.path, training.result, training.model, **outcome.figures)
+        for text in outcome.samples:
+            report(Sample(text))
+        report(Summary(summary, self.conclusion(training, summary)))
+        return summary
+
+    # The hooks of the lifecycle: what each job supplies.
+
+    def make_corpus(self, training: Training, **options: Any) -> Any:
+        """The job's data, read or built and written into `training.run` (rank 0 alone writes under torchrun);
+        `options`: the job's training options without a config key."""
         raise NotImplementedError
+
+    def make_model(self, training: Training) -> nn.Module:
+        """The freshly seeded model for `training.data`: `start` (run.toml, then `build_model`), and whatever the
+        job sets in it before training (pretrained weights)."""
+        raise NotImplementedError
+
+    def make_batches(self, training: Training) -> dict[str, Any]:
+        """The Trainer's options for this training: train_batches and loss_fn, and any of val_batches, eval_fn,
+        tokens_per_batch, extra_state, afterwards (`kqv.train.trainer.Trainer`)."""
+        raise NotImplementedError
+
+    def describe(self, training: Training) -> str:
+        """The line said before training: the model, the data and the run directory."""
+        return f"{count_parameters(training.model):,} parameters, run directory {training.run.destination}"
+
+    def outcome(self, training: Training) -> Outcome:
+        """After training (rank 0): what the job measures and writes besides the Trainer's figures."""
+        return Outcome()
+
+    def conclusion(self, training: Training, summary: dict[str, Any]) -> str:
+        """The line said after training, reading out `summary`."""
+        return f"{summary['steps']} steps in {training.result.wall_seconds / 60:.1f} min"
 
     @staticmethod
     def open_run(run_dir: str | Path, *, resume: bool, overwrite: bool) -> AbstractContextManager[RunDirectory]:

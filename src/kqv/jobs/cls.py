@@ -27,7 +27,7 @@ from ..nn.heads import SequenceClassifier
 from ..nn.models import count_parameters
 from ..train.runs import TOKENIZER_DIR, RunConfig, read_run
 from ..validation import Config
-from .base import Job, TrainedRun
+from .base import Job, Outcome, TrainedRun, Training
 from .mlm import MLMJob
 
 Example = tuple[str, str]  # (text, label)
@@ -130,6 +130,19 @@ def read_examples(data: ClsDataConfig, seed: int) -> tuple[list[Example], list[E
     return examples, train, dev, labels
 
 
+@dataclass
+class ClsData:
+    """A classification training's data: the train and dev examples, the labels, the vocabulary and model config,
+    and the MLM run whose encoder it starts from (None: from scratch)."""
+
+    train: list[Example]
+    dev: list[Example]
+    labels: list[str]
+    vocabulary: Vocabulary
+    model_config: ModelConfig
+    pretrained: TrainedRun | None
+
+
 class ClsJob(Job):
     """`kqv train cls`: an encoder with a classification head on labelled text, from scratch or an mlm run's encoder."""
 
@@ -145,71 +158,71 @@ class ClsJob(Job):
     ) -> SequenceClassifier:
         return SequenceClassifier(model_config, len(values["labels"]["names"]), config.head.pooling)
 
-    def train(
-        self,
-        config: ClsRunConfig,
-        run_dir: str | Path,
-        *,
-        resume: bool = False,
-        overwrite: bool = False,
-        quiet: bool = False,
-    ) -> dict[str, Any]:
-        """Fine-tune (or train from scratch) a `SequenceClassifier` on a TSV file; return the summary."""
-        with self.open_run(run_dir, resume=resume, overwrite=overwrite) as run:
-            data = config.data
-            examples, train, dev, labels = read_examples(data, config.train.seed)
-            pretrained = MLMJob().load(data.init) if data.init else None
-            vocabulary, model_config = self._vocabulary(config, run.path, resume, pretrained, examples, train)
-            if run.writes:
-                run.path.mkdir(parents=True, exist_ok=True)
-                vocabulary.save(run.tokenizer_dir)
-            model = self.start(config, run, model_config, labels={"names": labels})
-            if pretrained is not None:
-                model.encoder.load_state_dict(pretrained.model.encoder.state_dict())
-            learned = model_config.position == "learned"
-            max_tokens = min(data.max_tokens, model_config.max_len) if learned else data.max_tokens
-            train_set, dev_set = (
-                LabelledBatches(part, vocabulary, labels, max_tokens, config.train.batch_size) for part in (train, dev)
-            )
-            majority = Counter(train_set.targets.tolist()).most_common(1)[0][0]
-            quiet = quiet or not run.writes  # under torchrun rank 0 speaks for every process
-            if not quiet:
-                start = "the encoder of " + str(data.init) if pretrained is not None else "scratch"
-                print(
-                    f"kqv: {count_parameters(model):,} parameters from {start}, {len(train)} training and "
-                    f"{len(dev)} dev examples, {len(labels)} labels, run directory {run.destination}"
-                )
-            result = self.fit(
-                self.make_trainer(
-                    model,
-                    config,
-                    run,
-                    quiet=quiet,
-                    train_batches=lambda i: train_set.random(config.train.seed, i),
-                    val_batches=dev_set.cyclic,
-                    loss_fn=lambda model, batch: model(batch[0], batch[2], attention_mask=batch[1]),
-                    eval_fn=lambda model: dev_set.accuracy(model, majority),
-                )
-            )
-            if not run.writes:
-                return {}  # under torchrun rank 0 alone writes the run's summary
-            summary = self.summarise(
-                run.path,
-                result,
-                model,
-                train_examples=len(train),
-                dev_examples=len(dev),
-                labels=labels,
-                dev_accuracy=result.final.get("dev_accuracy"),
-                majority_accuracy=result.final.get("majority_accuracy"),
-            )
-            if not quiet:
-                print(
-                    f"kqv: dev accuracy {summary['dev_accuracy']:.1%} on {len(dev)} examples (majority class: "
-                    f"{summary['majority_accuracy']:.1%}) after {summary['steps']} steps in "
-                    f"{result.wall_seconds / 60:.1f} min"
-                )
-            return summary
+    def make_corpus(self, training: Training) -> ClsData:
+        """The examples, their split and labels, and the vocabulary and model config: a pretrained MLM run's (with
+        `data.init`), a resumed run's, or new ones; the vocabulary is saved into the run."""
+        config, run = training.config, training.run
+        examples, train, dev, labels = read_examples(config.data, config.train.seed)
+        pretrained = MLMJob().load(config.data.init) if config.data.init else None
+        resume = run.if_exists == "resume"
+        vocabulary, model_config = self._vocabulary(config, run.path, resume, pretrained, examples, train)
+        if run.writes:
+            run.path.mkdir(parents=True, exist_ok=True)
+            vocabulary.save(run.tokenizer_dir)
+        return ClsData(train, dev, labels, vocabulary, model_config, pretrained)
+
+    def make_model(self, training: Training) -> SequenceClassifier:
+        """A classifier, its encoder the pretrained MLM run's when there is one."""
+        data = training.data
+        model = self.start(training.config, training.run, data.model_config, labels={"names": data.labels})
+        if data.pretrained is not None:
+            model.encoder.load_state_dict(data.pretrained.model.encoder.state_dict())
+        return model
+
+    def make_batches(self, training: Training) -> dict[str, Any]:
+        """Random training batches; the dev set in turn for the loss, and whole for the accuracy (beside always
+        answering the majority class of the training examples)."""
+        config, data = training.config, training.data
+        learned = data.model_config.position == "learned"
+        max_tokens = min(config.data.max_tokens, data.model_config.max_len) if learned else config.data.max_tokens
+        train_set, dev_set = (
+            LabelledBatches(part, data.vocabulary, data.labels, max_tokens, config.train.batch_size)
+            for part in (data.train, data.dev)
+        )
+        majority = Counter(train_set.targets.tolist()).most_common(1)[0][0]
+        return {
+            "train_batches": lambda i: train_set.random(config.train.seed, i),
+            "val_batches": dev_set.cyclic,
+            "loss_fn": lambda model, batch: model(batch[0], batch[2], attention_mask=batch[1]),
+            "eval_fn": lambda model: dev_set.accuracy(model, majority),
+        }
+
+    def describe(self, training: Training) -> str:
+        data = training.data
+        start = f"the encoder of {training.config.data.init}" if data.pretrained is not None else "scratch"
+        return (
+            f"{count_parameters(training.model):,} parameters from {start}, {len(data.train)} training and "
+            f"{len(data.dev)} dev examples, {len(data.labels)} labels, run directory {training.run.destination}"
+        )
+
+    def outcome(self, training: Training) -> Outcome:
+        data, final = training.data, training.result.final
+        return Outcome(
+            {
+                "train_examples": len(data.train),
+                "dev_examples": len(data.dev),
+                "labels": data.labels,
+                "dev_accuracy": final.get("dev_accuracy"),
+                "majority_accuracy": final.get("majority_accuracy"),
+            }
+        )
+
+    def conclusion(self, training: Training, summary: dict[str, Any]) -> str:
+        return (
+            f"dev accuracy {summary['dev_accuracy']:.1%} on {summary['dev_examples']} examples (majority class: "
+            f"{summary['majority_accuracy']:.1%}) after {summary['steps']} steps in "
+            f"{training.result.wall_seconds / 60:.1f} min"
+        )
 
     def _vocabulary(
         self,

@@ -33,7 +33,7 @@ from ..train.preflight import check_memory, check_prompt, check_splits
 from ..train.rundir import RunDirectory
 from ..train.runs import SAMPLES_FILE, TOKENIZER_DIR, TOKENS_FILE, RunConfig
 from ..validation import Config, check_at_least, check_seed
-from .base import AttentionMaps, Job, TrainedRun, check_text
+from .base import AttentionMaps, Job, Outcome, TrainedRun, Training, check_text
 
 
 @dataclass
@@ -358,67 +358,66 @@ class LMJob(Job):
     def build_model(self, model_config: ModelConfig, config: RunConfig, values: dict[str, Any]) -> DecoderLM:
         return DecoderLM(model_config)
 
-    def train(
-        self,
-        config: LMRunConfig,
-        run_dir: str | Path,
-        *,
-        resume: bool = False,
-        overwrite: bool = False,
-        quiet: bool = False,
-    ) -> dict[str, Any]:
-        """Train a DecoderLM as configured, write samples and a summary into run_dir, and return the summary."""
-        with self.open_run(run_dir, resume=resume, overwrite=overwrite) as run:
-            tokenizer, tokens = prepare_corpus(self, config.data, run, check_lm_run(config))
-            model = self.start(config, run, config.model_config(tokenizer.vocab_size))
-            train_ids, val_ids = tokens["train"], tokens["val"]
-            batch, context, seed = config.train.batch_size, config.data.context, config.train.seed
+    def make_corpus(self, training: Training) -> tuple[Tokenizer, dict[str, torch.Tensor]]:
+        """The tokenizer and the encoded train and validation splits (`prepare_corpus`)."""
+        return prepare_corpus(self, training.config.data, training.run, check_lm_run(training.config))
 
-            def train_batches(i: int) -> tuple[torch.Tensor, torch.Tensor]:
-                return sample_batch(train_ids, batch, context, batch_generator(seed, i))
+    def make_model(self, training: Training) -> DecoderLM:
+        tokenizer, _ = training.data
+        return self.start(training.config, training.run, training.config.model_config(tokenizer.vocab_size))
 
-            def val_batches(i: int) -> tuple[torch.Tensor, torch.Tensor]:
-                return sample_batch(val_ids, batch, context, batch_generator(seed, -i - 1))
+    def make_batches(self, training: Training) -> dict[str, Any]:
+        """Random blocks of the train split for each update, and of the validation split for each evaluation."""
+        config, (_, tokens) = training.config, training.data
+        train_ids, val_ids = tokens["train"], tokens["val"]
+        batch, context, seed = config.train.batch_size, config.data.context, config.train.seed
 
-            quiet = quiet or not run.writes  # under torchrun rank 0 speaks for every process
-            if not quiet:
-                print(
-                    f"kqv: {count_parameters(model):,} parameters, {len(train_ids):,} training tokens "
-                    f"({config.data.tokenizer} tokenizer, vocabulary {tokenizer.vocab_size}), run directory "
-                    f"{run.destination}"
-                )
-            result = self.fit(
-                self.make_trainer(
-                    model,
-                    config,
-                    run,
-                    quiet=quiet,
-                    train_batches=train_batches,
-                    loss_fn=lambda model, batch: model(*batch),
-                    val_batches=val_batches,
-                    tokens_per_batch=batch * context,
-                    afterwards=scoring_cost(config, len(val_ids)),
-                )
-            )
-            if not run.writes:
-                return {}  # under torchrun rank 0 alone evaluates and writes the run's outputs
-            val = perplexity(
-                model,
-                val_ids,
-                context=context,
-                n_chars=int(tokens["chars"][1]),
-                precision=config.train.precision,
-                max_tokens=SCORED_TOKENS,
-            )
-            samples = write_samples(model, tokenizer, config.sample, run.path / SAMPLES_FILE)
-            summary = self.summarise(run.path, result, model, val=val)
-        if not quiet:
-            print(
-                f"kqv: validation loss {val['loss']:.3f} nats/token ({val.get('bits_per_char', float('nan')):.3f} "
-                f"bits/char) after {summary['steps']} steps in {result.wall_seconds / 60:.1f} min\n"
-                f"--- sample ---\n{samples[0]}\n--- end of sample ---"
-            )
-        return summary
+        def train_batches(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return sample_batch(train_ids, batch, context, batch_generator(seed, i))
+
+        def val_batches(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return sample_batch(val_ids, batch, context, batch_generator(seed, -i - 1))
+
+        return {
+            "train_batches": train_batches,
+            "loss_fn": lambda model, batch: model(*batch),
+            "val_batches": val_batches,
+            "tokens_per_batch": batch * context,
+            "afterwards": scoring_cost(config, len(val_ids)),
+        }
+
+    def describe(self, training: Training) -> str:
+        return describe_corpus(training, training.data[0].vocab_size)
+
+    def outcome(self, training: Training) -> Outcome:
+        """The perplexity of (up to `SCORED_TOKENS` of) the validation split, and the samples (samples.txt)."""
+        config, model, (tokenizer, tokens) = training.config, training.model, training.data
+        val = perplexity(
+            model,
+            tokens["val"],
+            context=config.data.context,
+            n_chars=int(tokens["chars"][1]),
+            precision=config.train.precision,
+            max_tokens=SCORED_TOKENS,
+        )
+        samples = write_samples(model, tokenizer, config.sample, training.run.path / SAMPLES_FILE)
+        return Outcome({"val": val}, samples[:1])
+
+    def conclusion(self, training: Training, summary: dict[str, Any]) -> str:
+        val = summary["val"]
+        return (
+            f"validation loss {val['loss']:.3f} nats/token ({val.get('bits_per_char', float('nan')):.3f} bits/char) "
+            f"after {summary['steps']} steps in {training.result.wall_seconds / 60:.1f} min"
+        )
+
+
+def describe_corpus(training: Training, vocabulary: int) -> str:
+    """The line before training a model on a text corpus (LM and MLM jobs), with its `vocabulary` size."""
+    config, (_, tokens) = training.config, training.data
+    return (
+        f"{count_parameters(training.model):,} parameters, {len(tokens['train']):,} training tokens "
+        f"({config.data.tokenizer} tokenizer, vocabulary {vocabulary}), run directory {training.run.destination}"
+    )
 
 
 SCORED_TOKENS = 200_000  # the validation tokens the job's final perplexity scores

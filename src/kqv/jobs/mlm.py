@@ -28,12 +28,11 @@ from ..errors import ConfigError
 from ..nn.config import ModelConfig
 from ..nn.devices import on_device_of
 from ..nn.heads import MaskedLM
-from ..nn.models import count_parameters
 from ..train.preflight import check_memory, check_splits
 from ..train.runs import TOKENIZER_DIR, RunConfig
 from ..validation import Config
-from .base import Job, TrainedRun
-from .lm import prepare_corpus
+from .base import Job, Outcome, TrainedRun, Training
+from .lm import describe_corpus, prepare_corpus
 
 
 @dataclass
@@ -140,67 +139,55 @@ class MLMJob(Job):
     def build_model(self, model_config: ModelConfig, config: RunConfig, values: dict[str, Any]) -> MaskedLM:
         return MaskedLM(model_config)
 
-    def train(
-        self,
-        config: MLMRunConfig,
-        run_dir: str | Path,
-        *,
-        resume: bool = False,
-        overwrite: bool = False,
-        quiet: bool = False,
-    ) -> dict[str, Any]:
-        """Pretrain a `MaskedLM` as configured; write the run directory and return the summary."""
-        with self.open_run(run_dir, resume=resume, overwrite=overwrite) as run:
-            vocabulary, tokens = prepare_corpus(self, config.data, run, check_mlm_run(config))
-            context, seed, batch = config.data.context, config.train.seed, config.train.batch_size
-            model = self.start(config, run, config.model.replace(vocab_size=vocabulary.size))
-            masking = config.masking.to_dict()
-            hidden = {**masking, "mask_token_prob": 1.0, "random_token_prob": 0.0}  # evaluation: every selected hidden
+    def make_corpus(self, training: Training) -> tuple[Vocabulary, dict[str, Tensor]]:
+        """The vocabulary and the encoded train and validation splits (`kqv.jobs.lm.prepare_corpus`)."""
+        return prepare_corpus(self, training.config.data, training.run, check_mlm_run(training.config))
 
-            def masked_batch(split: str, i: int, options: dict[str, float]) -> tuple[Tensor, Tensor]:
-                generator = batch_generator(seed, i)
-                blocks = sample_batch(tokens[split], batch, context, generator)[0]  # (batch, context): inputs only
-                return mask_tokens(blocks, generator, vocabulary, **options)
+    def make_model(self, training: Training) -> MaskedLM:
+        vocabulary, _ = training.data
+        return self.start(training.config, training.run, training.config.model.replace(vocab_size=vocabulary.size))
 
-            evaluation = [masked_batch("val", -i - 1, hidden) for i in range(config.train.eval_batches)]
-            quiet = quiet or not run.writes  # under torchrun rank 0 speaks for every process
-            if not quiet:
-                print(
-                    f"kqv: {count_parameters(model):,} parameters, {len(tokens['train']):,} training tokens "
-                    f"({config.data.tokenizer} tokenizer, vocabulary {vocabulary.size}), run directory "
-                    f"{run.destination}"
-                )
-            trainer = self.make_trainer(
-                model,
-                config,
-                run,
-                quiet=quiet,
-                train_batches=lambda i: masked_batch("train", i, masking),
-                val_batches=lambda i: masked_batch("val", -i - 1, hidden),
-                loss_fn=lambda model, batch: model(*batch),
-                tokens_per_batch=batch * context,
-                eval_fn=lambda model: masked_accuracy(model, evaluation),
-            )
-            result = self.fit(trainer)
-            if not run.writes:
-                return {}  # under torchrun rank 0 alone writes the run's summary
-            final = result.final
-            summary = self.summarise(
-                run.path,
-                result,
-                model,
-                masked_accuracy=final.get("masked_accuracy"),
-                unigram_accuracy=final.get("unigram_accuracy"),
-                masked_tokens=int(final.get("masked_tokens", 0)),
-            )
-            if not quiet:
-                print(
-                    f"kqv: masked-token accuracy {summary['masked_accuracy']:.1%} on {summary['masked_tokens']:,} "
-                    f"hidden validation tokens (always answering the most frequent one: "
-                    f"{summary['unigram_accuracy']:.1%}) after {trainer.step} steps in "
-                    f"{result.wall_seconds / 60:.1f} min"
-                )
-            return summary
+    def make_batches(self, training: Training) -> dict[str, Any]:
+        """Random blocks corrupted by BERT's masking for each update; for evaluation, blocks of the validation split
+        with every selected token hidden, and the masked-token accuracy over `train.eval_batches` of them."""
+        config, (vocabulary, tokens) = training.config, training.data
+        context, seed, batch = config.data.context, config.train.seed, config.train.batch_size
+        masking = config.masking.to_dict()
+        hidden = {**masking, "mask_token_prob": 1.0, "random_token_prob": 0.0}  # evaluation: every selected hidden
+
+        def masked_batch(split: str, i: int, options: dict[str, float]) -> tuple[Tensor, Tensor]:
+            generator = batch_generator(seed, i)
+            blocks = sample_batch(tokens[split], batch, context, generator)[0]  # (batch, context): inputs only
+            return mask_tokens(blocks, generator, vocabulary, **options)
+
+        evaluation = [masked_batch("val", -i - 1, hidden) for i in range(config.train.eval_batches)]
+        return {
+            "train_batches": lambda i: masked_batch("train", i, masking),
+            "val_batches": lambda i: masked_batch("val", -i - 1, hidden),
+            "loss_fn": lambda model, batch: model(*batch),
+            "tokens_per_batch": batch * context,
+            "eval_fn": lambda model: masked_accuracy(model, evaluation),
+        }
+
+    def describe(self, training: Training) -> str:
+        return describe_corpus(training, training.data[0].size)
+
+    def outcome(self, training: Training) -> Outcome:
+        final = training.result.final
+        return Outcome(
+            {
+                "masked_accuracy": final.get("masked_accuracy"),
+                "unigram_accuracy": final.get("unigram_accuracy"),
+                "masked_tokens": int(final.get("masked_tokens", 0)),
+            }
+        )
+
+    def conclusion(self, training: Training, summary: dict[str, Any]) -> str:
+        return (
+            f"masked-token accuracy {summary['masked_accuracy']:.1%} on {summary['masked_tokens']:,} hidden "
+            f"validation tokens (always answering the most frequent one: {summary['unigram_accuracy']:.1%}) after "
+            f"{summary['steps']} steps in {training.result.wall_seconds / 60:.1f} min"
+        )
 
 
 JOB = MLMJob()

@@ -48,7 +48,7 @@ from ..train.flops import training_flops_per_token
 from ..train.manifest import DATA_FILES, MANIFEST_FILE, verify
 from ..train.runs import PAIRS_FILE, TEXT_DIR, TOKENIZER_DIR, RunConfig
 from ..validation import Config, check_at_least, check_value
-from .base import AttentionMaps, Job, TrainedRun, check_text
+from .base import AttentionMaps, Job, Outcome, TrainedRun, Training, check_text
 from .translation import SPECIAL_TOKENS, MTEvaluation, corpus_scores, spread, translate_sentences, translate_test_split
 
 ModelKind = Literal["transformer", "lstm"]
@@ -355,81 +355,88 @@ class MTJob(Job):
         kind = model_values.pop("kind", "transformer")
         return RNNConfig.from_dict(model_values) if kind == "lstm" else ModelConfig.from_dict(model_values)
 
-    def train(
-        self,
-        config: MTRunConfig,
-        run_dir: str | Path,
-        *,
-        resume: bool = False,
-        overwrite: bool = False,
-        quiet: bool = False,
-        data_from: str | Path | None = None,
-        threads: int | None = None,
-    ) -> dict[str, Any]:
-        """Train the configured model, translate the test split, write summary.json and return the summary.
+    def make_corpus(
+        self, training: Training, *, data_from: str | Path | None = None, threads: int | None = None
+    ) -> MTData:
+        """The tokenizer, encoded splits and held-out texts (`prepare_data`). `data_from` is another MT run (or a
+        directory written by `prepare_data`) whose tokenizer and encoded splits this run uses, e.g. to train the
+        LSTM baseline on exactly the Transformer's data. `threads` sets torch's number of threads."""
+        config, run = training.config, training.run
+        resume = run.if_exists == "resume"
+        if threads is not None:
+            torch.set_num_threads(threads)
+        if data_from is not None and not resume and run.writes:
+            copy_data(data_from, run.path)
+        return prepare_data(config, run.path, reuse=resume or data_from is not None, write=run.writes)
 
-        `data_from` is another MT run (or a directory written by `prepare_data`) whose tokenizer and encoded
-        splits this run uses, e.g. to train the LSTM baseline on exactly the Transformer's data. `threads` sets
-        torch's number of threads."""
-        with self.open_run(run_dir, resume=resume, overwrite=overwrite) as run:
-            if threads is not None:
-                torch.set_num_threads(threads)
-            if data_from is not None and not resume and run.writes:
-                copy_data(data_from, run.path)
-            data = prepare_data(config, run.path, reuse=resume or data_from is not None, write=run.writes)
-            model = self.start(config, run, config.model_config(data.tokenizer.vocab_size))
-            options = {
-                "max_tokens": config.data.max_tokens,
-                "max_rows": config.train.batch_size,
-                "pad_id": data.pad_id,
-                "bos_id": data.bos_id,
-                "eos_id": data.eos_id,
-            }
-            train_batches = TokenBatches(data.splits["train"], seed=config.train.seed, **options)
-            sample = [train_batches(i) for i in range(3)]
-            flops_per_token = training_flops_per_token(model, sample, mt_loss, sum(real_tokens(b) for b in sample))
-            quiet = quiet or not run.writes  # under torchrun rank 0 speaks for every process
-            if not quiet:
-                print(describe(config, model, data, len(train_batches), run.destination))
-            state = {"task": "mt"}  # the checkpoints' extra_state: the dev evaluation adds its time to it
-            trainer = self.make_trainer(
-                model,
-                config,
-                run,
-                quiet=quiet,
-                train_batches=train_batches,
-                extra_state=state,
-                loss_fn=lambda m, b: mt_loss(m, b, config.train.label_smoothing),
-                eval_fn=DevEvaluation(config, data, options, state),
-                afterwards=test_cost(config, len(data.texts["test"][0])),
-            )
-            result = self.fit(trainer)
-            if not run.writes:
-                return {}  # under torchrun rank 0 alone translates the test split and writes the summary
-            tokens = sum(train_batches.real_tokens(i) for i in range(trainer.step * config.train.grad_accum))
-            test = translate_test_split(model, data.tokenizer, *data.texts["test"], config.decode.to_dict(), run.path)
-            summary = self.summarise(
-                run.path,
-                result,
-                model,
-                kind=config.kind,
-                train_tokens=tokens,
-                pair=config.data.pair if config.data.path is None else config.data.path,
-                eval_seconds=round(state.get("eval_seconds", 0.0), 1),
-                threads=torch.get_num_threads(),
-                train_flops=flops_per_token * tokens,
-                dev_bleu=result.final.get("dev_bleu"),
-                dev_chrf=result.final.get("dev_chrf"),
-                beam_size=config.decode.beam_size,
+    def make_model(self, training: Training) -> nn.Module:
+        vocab_size = training.data.tokenizer.vocab_size
+        return self.start(training.config, training.run, training.config.model_config(vocab_size))
+
+    def make_batches(self, training: Training) -> dict[str, Any]:
+        """Token-budget batches of the training pairs, the label-smoothed loss and the dev evaluation (its time kept
+        in the checkpoints' extra_state); the model's FLOPs per token, measured on three batches, go to `notes`."""
+        config, data, model = training.config, training.data, training.model
+        options = {
+            "max_tokens": config.data.max_tokens,
+            "max_rows": config.train.batch_size,
+            "pad_id": data.pad_id,
+            "bos_id": data.bos_id,
+            "eos_id": data.eos_id,
+        }
+        train_batches = TokenBatches(data.splits["train"], seed=config.train.seed, **options)
+        sample = [train_batches(i) for i in range(3)]
+        training.notes["flops_per_token"] = training_flops_per_token(
+            model, sample, mt_loss, sum(real_tokens(b) for b in sample)
+        )
+        state = {"task": "mt"}  # the checkpoints' extra_state: the dev evaluation adds its time to it
+        return {
+            "train_batches": train_batches,
+            "extra_state": state,
+            "loss_fn": lambda m, b: mt_loss(m, b, config.train.label_smoothing),
+            "eval_fn": DevEvaluation(config, data, options, state),
+            "afterwards": test_cost(config, len(data.texts["test"][0])),
+        }
+
+    def describe(self, training: Training) -> str:
+        config, data, splits = training.config, training.data, training.data.splits
+        return (
+            f"{config.kind} with {count_parameters(training.model):,} parameters; {len(splits['train']):,} training "
+            f"pairs ({data.dropped} longer than {config.data.max_len} tokens left out), {len(splits['dev'])} dev, "
+            f"{len(splits['test'])} test; joint BPE vocabulary {data.tokenizer.vocab_size}; "
+            f"{len(training.options['train_batches'])} batches per epoch; run directory {training.run.destination}"
+        )
+
+    def outcome(self, training: Training) -> Outcome:
+        """The test split translated with beam search and scored (BLEU, chrF), with the training's figures: its
+        real tokens, FLOPs, evaluation time and threads."""
+        config, data, result = training.config, training.data, training.result
+        train_batches, state = training.options["train_batches"], training.options["extra_state"]
+        tokens = sum(train_batches.real_tokens(i) for i in range(result.trainer.step * config.train.grad_accum))
+        test = translate_test_split(
+            training.model, data.tokenizer, *data.texts["test"], config.decode.to_dict(), training.run.path
+        )
+        return Outcome(
+            {
+                "kind": config.kind,
+                "train_tokens": tokens,
+                "pair": config.data.pair if config.data.path is None else config.data.path,
+                "eval_seconds": round(state.get("eval_seconds", 0.0), 1),
+                "threads": torch.get_num_threads(),
+                "train_flops": training.notes["flops_per_token"] * tokens,
+                "dev_bleu": result.final.get("dev_bleu"),
+                "dev_chrf": result.final.get("dev_chrf"),
+                "beam_size": config.decode.beam_size,
                 **test,
-            )
-            if not quiet:
-                print(
-                    f"kqv: test BLEU {test['test_bleu']:.2f}, chrF {test['test_chrf']:.2f} (beam "
-                    f"{config.decode.beam_size}, {test['test_sentences']} sentences) after {trainer.step} steps, "
-                    f"{trainer.train_seconds / 60:.1f} min of training"
-                )
-            return summary
+            }
+        )
+
+    def conclusion(self, training: Training, summary: dict[str, Any]) -> str:
+        return (
+            f"test BLEU {summary['test_bleu']:.2f}, chrF {summary['test_chrf']:.2f} (beam {summary['beam_size']}, "
+            f"{summary['test_sentences']} sentences) after {summary['steps']} steps, "
+            f"{training.result.trainer.train_seconds / 60:.1f} min of training"
+        )
 
 
 class DevEvaluation:
@@ -469,16 +476,6 @@ class DevEvaluation:
         spent = self.extra_state.get("eval_seconds", 0.0) + time.perf_counter() - started
         self.extra_state["eval_seconds"] = spent
         return {"val_loss": val_loss, "dev_bleu": scores["bleu"], "dev_chrf": scores["chrf"], "eval_seconds": spent}
-
-
-def describe(config: MTRunConfig, model: nn.Module, data: MTData, batches: int, run_dir: Path) -> str:
-    """The line `kqv train mt` prints before training: the model, the data and the run directory."""
-    return (
-        f"kqv: {config.kind} with {count_parameters(model):,} parameters; {len(data.splits['train']):,} training "
-        f"pairs ({data.dropped} longer than {config.data.max_len} tokens left out), {len(data.splits['dev'])} dev, "
-        f"{len(data.splits['test'])} test; joint BPE vocabulary {data.tokenizer.vocab_size}; {batches} batches "
-        f"per epoch; run directory {run_dir}"
-    )
 
 
 def test_cost(config: MTRunConfig, test_sentences: int) -> float:

@@ -30,7 +30,7 @@ from ..nn.models import count_parameters
 from ..nn.vision import ConvClassifier, MLPClassifier, ViT
 from ..train.runs import RunConfig
 from ..validation import Config, check_at_least
-from .base import Job, TrainedRun
+from .base import Job, Outcome, TrainedRun, Training
 
 BASELINES = {"mlp": MLPClassifier, "conv": ConvClassifier}
 
@@ -207,76 +207,61 @@ class VitJob(Job):
     def load_tokenizer(self, run_dir: Path) -> None:
         return None  # images need none
 
-    def train(
-        self,
-        config: VitRunConfig,
-        run_dir: str | Path,
-        *,
-        resume: bool = False,
-        overwrite: bool = False,
-        quiet: bool = False,
-    ) -> dict[str, Any]:
-        """Train a ViT (and its baseline) on the digits; write the run directory and return the summary."""
-        with self.open_run(run_dir, resume=resume, overwrite=overwrite) as run:
-            seed, batch_size = config.train.seed, config.train.batch_size
-            digits = Digits.load(config.data, seed)
-            n_tokens = config.n_tokens
-            model_config = config.model.replace(vocab_size=1)
-            model = self.start(
-                config,
-                run,
-                model_config,
-                images={"shape": list(DIGITS_SHAPE), "classes": DIGITS_CLASSES, "mean": digits.mean, "std": digits.std},
-            )
-            quiet = quiet or not run.writes  # under torchrun rank 0 speaks for every process
-            if not quiet:
-                print(
-                    f"kqv: ViT of {count_parameters(model):,} parameters, {n_tokens - 1} patches of "
-                    f"{config.data.patch_size}x{config.data.patch_size} + [CLS], "
-                    f"{len(digits.labels['train'])} training images, run directory {run.destination}"
-                )
-            result = self.fit(
-                self.make_trainer(
-                    model,
-                    config,
-                    run,
-                    quiet=quiet,
-                    train_batches=lambda i: digits.batch("train", batch_size, seed, i),
-                    val_batches=lambda i: digits.batch("val", batch_size, seed, -i - 1),
-                    loss_fn=lambda model, batch: model(*batch),
-                    eval_fn=lambda model: {"val_accuracy": digits.accuracy(model, "val")},
-                )
-            )
-            if not run.writes:
-                return {}  # under torchrun rank 0 alone trains the baseline and writes the run's summary
-            baseline = (
-                {}
-                if config.data.baseline == "none"
-                else train_baseline(
-                    config.data.baseline, config, digits, result.trainer.train_seconds, result.trainer.step
-                )
-            )
-            summary = self.summarise(
-                run.path,
-                result,
-                model,
-                test_images=len(digits.labels["test"]),
-                test_accuracy=digits.accuracy(model, "test"),
+    def make_corpus(self, training: Training) -> Digits:
+        """The digits, split and standardised."""
+        return Digits.load(training.config.data, training.config.train.seed)
+
+    def make_model(self, training: Training) -> nn.Module:
+        digits = training.data
+        images = {"shape": list(DIGITS_SHAPE), "classes": DIGITS_CLASSES, "mean": digits.mean, "std": digits.std}
+        return self.start(training.config, training.run, training.config.model.replace(vocab_size=1), images=images)
+
+    def make_batches(self, training: Training) -> dict[str, Any]:
+        """Random batches of the training and validation images; the validation accuracy at each evaluation."""
+        digits, seed, batch_size = training.data, training.config.train.seed, training.config.train.batch_size
+        return {
+            "train_batches": lambda i: digits.batch("train", batch_size, seed, i),
+            "val_batches": lambda i: digits.batch("val", batch_size, seed, -i - 1),
+            "loss_fn": lambda model, batch: model(*batch),
+            "eval_fn": lambda model: {"val_accuracy": digits.accuracy(model, "val")},
+        }
+
+    def describe(self, training: Training) -> str:
+        config = training.config
+        return (
+            f"ViT of {count_parameters(training.model):,} parameters, {config.n_tokens - 1} patches of "
+            f"{config.data.patch_size}x{config.data.patch_size} + [CLS], {len(training.data.labels['train'])} "
+            f"training images, run directory {training.run.destination}"
+        )
+
+    def outcome(self, training: Training) -> Outcome:
+        """The test accuracy, and the baseline's (`train_baseline`) for the ViT's training time and updates."""
+        config, digits, trainer = training.config, training.data, training.result.trainer
+        baseline = (
+            {}
+            if config.data.baseline == "none"
+            else train_baseline(config.data.baseline, config, digits, trainer.train_seconds, trainer.step)
+        )
+        return Outcome(
+            {
+                "test_images": len(digits.labels["test"]),
+                "test_accuracy": digits.accuracy(training.model, "test"),
                 **baseline,
-            )
-        if not quiet:
-            against = (
-                f" ({baseline['baseline']} baseline: {baseline['baseline_test_accuracy']:.1%} in the same "
-                f"time, {baseline['baseline_steps']} steps; {baseline['baseline_test_accuracy_same_steps']:.1%} "
-                f"after the same steps)"
-                if baseline
-                else ""
-            )
-            print(
-                f"kqv: ViT test accuracy {summary['test_accuracy']:.1%} on {summary['test_images']} images"
-                f"{against} after {summary['steps']} steps in {result.wall_seconds / 60:.1f} min"
-            )
-        return summary
+            }
+        )
+
+    def conclusion(self, training: Training, summary: dict[str, Any]) -> str:
+        against = (
+            f" ({summary['baseline']} baseline: {summary['baseline_test_accuracy']:.1%} in the same time, "
+            f"{summary['baseline_steps']} steps; {summary['baseline_test_accuracy_same_steps']:.1%} after the same "
+            f"steps)"
+            if "baseline" in summary
+            else ""
+        )
+        return (
+            f"ViT test accuracy {summary['test_accuracy']:.1%} on {summary['test_images']} images{against} after "
+            f"{summary['steps']} steps in {training.result.wall_seconds / 60:.1f} min"
+        )
 
 
 JOB = VitJob()
