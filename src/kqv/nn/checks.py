@@ -1,15 +1,32 @@
-"""Input checks: a clear message at the model's door instead of an IndexError deep inside torch."""
+"""Input checks: a clear message at the model's door instead of an IndexError deep inside torch.
+
+Where a check runs decides what it costs. Reading a tensor's values on the host (`.tolist()`, `bool(t)`) waits
+for a GPU to finish everything queued, so the model's forward pass checks only what it can see without reading
+values, and reads none on the training path:
+
+* `check_id_tensor`: type, dtype and shape of the ids, in every forward (free);
+* `check_ids`: that and the values (every id in the vocabulary; one read): where ids are made, on the host
+  before the copy to the device (the batch makers of `kqv.data`, `kqv.nn.generation`, the explorer and the
+  API's paths), never inside a training step;
+* `lookup_tokens`: the embedding lookup itself is the value check of a direct call: an id outside the table
+  makes torch raise IndexError on the CPU, which becomes the same DataError as `check_ids`' (nothing is read
+  unless the lookup failed). On a GPU an out-of-range id is a device-side assert: check values with `check_ids`
+  before the copy;
+* `check_attention_mask`: the shape always; the values (only 0 and 1) only for a mask that is not bool, so the
+  batch makers hand bool masks and a training step reads nothing.
+"""
 
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..errors import DataError, DataTypeError
 from .attention import padding_mask
 
 
-def check_ids(ids: Tensor, vocab_size: int, name: str = "ids") -> None:
+def check_id_tensor(ids: Tensor, name: str = "ids") -> None:
+    """Type, dtype and shape of a (batch, time) tensor of token ids: no value is read (no host sync)."""
     if not isinstance(ids, Tensor):
         raise DataTypeError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
     if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
@@ -19,7 +36,19 @@ def check_ids(ids: Tensor, vocab_size: int, name: str = "ids") -> None:
         raise DataError(f"{name} must have shape (batch, time), got {tuple(ids.shape)}{hint}")
     if ids.numel() == 0:
         raise DataError(f"{name} is empty (shape {tuple(ids.shape)}); give at least one token per sequence")
-    low, high = torch.stack(torch.aminmax(ids)).tolist()  # one host sync per forward, not two (on a GPU)
+
+
+def check_ids(ids: Tensor, vocab_size: int, name: str = "ids") -> None:
+    """`check_id_tensor` and every id in [0, vocab_size): one host read, for ids on the host or outside a step."""
+    check_id_tensor(ids, name)
+    check_id_values(ids, vocab_size, name)
+
+
+def check_id_values(ids: Tensor, vocab_size: int, name: str = "ids") -> None:
+    """DataError naming the first id outside [0, vocab_size), for ids of any shape (one host read)."""
+    if ids.numel() == 0:
+        return
+    low, high = torch.stack(torch.aminmax(ids)).tolist()  # one read, not two
     if low < 0 or high >= vocab_size:
         bad = low if low < 0 else high
         raise DataError(
@@ -28,10 +57,22 @@ def check_ids(ids: Tensor, vocab_size: int, name: str = "ids") -> None:
         )
 
 
+def lookup_tokens(table: nn.Module, ids: Tensor, vocab_size: int | None, name: str = "ids") -> Tensor:
+    """`table(ids)`, with torch's IndexError for an id outside the table turned into `check_ids`' DataError."""
+    try:
+        return table(ids)
+    except IndexError:
+        if vocab_size is None:
+            raise
+        check_id_values(ids, vocab_size, name)
+        raise
+
+
 def check_attention_mask(
     attention_mask: Tensor | None, ids: Tensor, past: int = 0, name: str = "attention_mask"
 ) -> Tensor | None:
-    """Validate a (batch, past + time) mask of 1 = token, 0 = padding; return it as (batch, 1, 1, time) bool."""
+    """Validate a (batch, past + time) mask of 1 = token, 0 = padding; return it as (batch, 1, 1, time) bool.
+    The values of a bool mask need no check (and none is read); any other dtype's are read once."""
     if attention_mask is None:
         return None
     if not isinstance(attention_mask, Tensor):

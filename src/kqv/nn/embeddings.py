@@ -12,6 +12,7 @@ import math
 
 from torch import Tensor, nn
 
+from .checks import lookup_tokens
 from .config import ModelConfig, require_vocabulary
 from .dropout import Dropout
 from .layers import make_norm
@@ -22,10 +23,12 @@ class Embeddings(nn.Module):
     """Token embedding, plus absolute positions when the config uses them, then optional norm and dropout.
 
     `tokens` is the token table to use (shared with another model part), by default a new `nn.Embedding`; any
-    module that maps the input to (batch, time, d_model) vectors works, e.g. a ViT's `PatchEmbedding`."""
+    module that maps the input to (batch, time, d_model) vectors works, e.g. a ViT's `PatchEmbedding`. `name` is
+    what an error about out-of-range ids calls them (`kqv.nn.checks.lookup_tokens`)."""
 
-    def __init__(self, config: ModelConfig, vocab_size: int | None, tokens: nn.Module | None = None):
+    def __init__(self, config: ModelConfig, vocab_size: int | None, tokens: nn.Module | None = None, name: str = "ids"):
         super().__init__()
+        self.name = name
         if tokens is None:
             require_vocabulary(vocab_size)
         self.vocab_size = vocab_size
@@ -36,7 +39,7 @@ class Embeddings(nn.Module):
         self.dropout = Dropout(config.dropout)
 
     def forward(self, ids: Tensor, positions: Tensor) -> Tensor:
-        x = self.tokens(ids) * self.scale  # (batch, time, d_model)
+        x = lookup_tokens(self.tokens, ids, self.vocab_size, self.name) * self.scale  # (batch, time, d_model)
         if self.positions is not None:
             x = x + self.positions(positions).to(x.dtype)
         if self.norm is not None:

@@ -67,32 +67,47 @@ class Routing:
         return (real & ~self.kept).sum() / real.sum().clamp(min=1)
 
 
+def choices(experts: Tensor, real: Tensor, n_experts: int) -> Tensor:
+    """(tokens, top_k, n_experts) long: one-hot of each real token's chosen experts, zero for padding. Built by
+    comparison rather than `F.one_hot`, which reads its input's range back to the host."""
+    return ((experts[..., None] == torch.arange(n_experts, device=experts.device)) & real[:, None, None]).long()
+
+
 def expert_fractions(experts: Tensor, real: Tensor, n_experts: int) -> Tensor:
     """f: (n_experts,) the share of the real tokens' (token, choice) assignments that go to each expert."""
-    counts = F.one_hot(experts[real], n_experts).flatten(0, -2).sum(0).float()  # (n_experts,)
+    counts = choices(experts, real, n_experts).flatten(0, -2).sum(0).float()  # (n_experts,)
     return counts / counts.sum().clamp(min=1)
 
 
 def load_balancing_loss(probs: Tensor, experts: Tensor, real: Tensor, coefficient: float = 1.0) -> Tensor:
     """Switch's auxiliary loss `coefficient * N * sum_i f_i P_i` over the real tokens (see the module docstring).
 
-    probs (tokens, N) router probabilities; experts (tokens, top_k) chosen experts; real (tokens,) bool."""
+    probs (tokens, N) router probabilities; experts (tokens, top_k) chosen experts; real (tokens,) bool. Padding
+    is weighted out, not selected out: no shape depends on the data, so nothing is read back to the host."""
     n_experts = probs.shape[-1]
     fractions = expert_fractions(experts, real, n_experts)  # f, no gradient (argmax)
-    mean_probs = probs[real].mean(0) if real.any() else probs.new_zeros(n_experts)  # P, differentiable
+    weights = real.to(probs.dtype)[:, None]  # (tokens, 1)
+    mean_probs = (probs * weights).sum(0) / weights.sum().clamp(min=1)  # P, differentiable; 0 without real tokens
     return coefficient * n_experts * (fractions * mean_probs).sum()
 
 
-def within_capacity(experts: Tensor, real: Tensor, n_experts: int, capacity: int | None) -> Tensor:
+def expert_slots(experts: Tensor, real: Tensor, n_experts: int) -> Tensor:
+    """(tokens, top_k) long: each assignment's slot in its expert, the number of real assignments to the same
+    expert before it in (token, choice) order (padding's values are meaningless: it takes no slot)."""
+    one_hot = choices(experts, real, n_experts)  # (tokens, top_k, n_experts)
+    before = one_hot.flatten(0, 1).cumsum(0).view_as(one_hot) - 1  # assignments up to this one, per expert
+    return (before * one_hot).sum(-1)
+
+
+def within_capacity(experts: Tensor, real: Tensor, n_experts: int, capacity: float | Tensor | None) -> Tensor:
     """(tokens, top_k) bool: which assignments get a slot, filled in token order then choice order.
 
-    Padding (real False) takes no slot and is never kept. capacity None means no limit."""
+    Padding (real False) takes no slot and is never kept. `capacity` (slots per expert, a number or a 0-d tensor:
+    ceil is not needed, slot < ceil(c) exactly when slot < c) None means no limit."""
     keep = real[:, None].expand_as(experts)
     if capacity is None:
         return keep
-    one_hot = F.one_hot(experts, n_experts) * keep[..., None]  # (tokens, top_k, n_experts)
-    slot = one_hot.flatten(0, 1).cumsum(0).view_as(one_hot) - 1  # assignments before this one, per expert
-    return keep & ((slot * one_hot).sum(-1) < capacity)
+    return keep & (expert_slots(experts, real, n_experts) < capacity)
 
 
 class MixtureOfExperts(nn.Module):
@@ -100,6 +115,12 @@ class MixtureOfExperts(nn.Module):
     `make_expert()` (the blocks pass `FeedForward`'s constructor, so an expert is one position-wise network).
 
     x (batch, time, d_model) -> (batch, time, d_model); `token_mask` (batch, time) bool marks real tokens.
+
+    In training (`dispatch`) every expert gets a fixed number of slots, an upper bound of its capacity known from
+    the batch's shape, so no size depends on the routing and a training step reads nothing back to the host
+    (the capacity itself, from the count of real tokens, stays a tensor). In eval mode nothing is dropped and
+    each expert runs on exactly the rows routed to it (`gather`: sizes read from the routing, once per expert),
+    which costs top_k feed-forward networks per token rather than an expert's full share of slots.
     """
 
     def __init__(self, config: ModelConfig, make_expert: Callable[[], nn.Module]):
@@ -115,11 +136,17 @@ class MixtureOfExperts(nn.Module):
     def n_experts(self) -> int:
         return len(self.experts)
 
-    def capacity(self, tokens: int) -> int | None:
-        """Slots per expert: capacity_factor times an even share of the assignments; no limit in eval mode."""
+    def capacity(self, tokens: int | Tensor) -> float | Tensor | None:
+        """Slots per expert: capacity_factor times an even share of the assignments (to be rounded up); no limit
+        in eval mode. `tokens` may be a tensor (the count of real tokens), and the capacity is one then too."""
         if not self.training:
             return None
-        return math.ceil(self.capacity_factor * tokens * self.top_k / self.n_experts)
+        return self.capacity_factor * tokens * self.top_k / self.n_experts
+
+    def slot_bound(self, tokens: int) -> int:
+        """Slots each expert gets in `dispatch`: its capacity were every one of `tokens` real (an expert never
+        takes more than `tokens` assignments: a token's top_k experts differ)."""
+        return min(tokens, math.ceil(self.capacity(tokens)))
 
     def route(self, tokens: Tensor, real: Tensor) -> Routing:
         """tokens (n, d_model) -> their routing, in float32 whatever the model's precision."""
@@ -129,7 +156,7 @@ class MixtureOfExperts(nn.Module):
         top_logits, experts = logits.topk(self.top_k, dim=-1)  # (n, top_k)
         # Switch gates by the chosen expert's probability; top-k renormalises over the chosen experts
         gates = probs.gather(-1, experts) if self.top_k == 1 else top_logits.softmax(dim=-1)
-        kept = within_capacity(experts, real, self.n_experts, self.capacity(int(real.sum())))
+        kept = within_capacity(experts, real, self.n_experts, self.capacity(real.sum()))
         aux_loss = load_balancing_loss(probs, experts, real, self.coefficient)
         return Routing(experts, gates, kept, probs, real, aux_loss)
 
@@ -142,13 +169,33 @@ class MixtureOfExperts(nn.Module):
             .reshape(-1)
         )  # (time * batch,)
         self.stats = routing = self.route(tokens, real)
+        output = self.dispatch(tokens, routing) if self.training else self.gather(tokens, routing)
+        return output.view(time, batch, d_model).transpose(0, 1)  # (batch, time, d_model)
+
+    def dispatch(self, tokens: Tensor, routing: Routing) -> Tensor:
+        """Training: each kept assignment to its expert's slot in fixed-size buffers, every expert over its
+        buffer, the outputs gathered back and weighted by the gates. Shapes depend on the batch's shape only."""
+        n, d_model = tokens.shape
+        bound = self.slot_bound(n)
+        slots = expert_slots(routing.experts, routing.real, self.n_experts)  # (n, top_k)
+        spare = self.n_experts * bound  # the one row dropped assignments (and padding) go to, never read
+        index = torch.where(routing.kept, routing.experts * bound + slots, spare).flatten()  # (n * top_k,)
+        chosen = tokens[:, None].expand(-1, self.top_k, -1).reshape(-1, d_model)  # (n * top_k, d_model)
+        buffers = tokens.new_zeros(spare + 1, d_model).index_add(0, index, chosen)[:spare]
+        buffers = buffers.view(self.n_experts, bound, d_model)
+        outputs = torch.cat([expert(buffers[e]) for e, expert in enumerate(self.experts)])  # (spare, d_model)
+        outputs = torch.cat([outputs, outputs.new_zeros(1, d_model)])[index].view(n, self.top_k, d_model)
+        weights = (routing.gates * routing.kept)[..., None]  # (n, top_k, 1): 0 for dropped assignments
+        return (outputs * weights).sum(1).to(tokens.dtype)
+
+    def gather(self, tokens: Tensor, routing: Routing) -> Tensor:
+        """Eval: each expert over exactly the rows routed to it (nothing is dropped, no slot is computed empty)."""
         output = torch.zeros_like(tokens)
         for index, expert in enumerate(self.experts):
             rows, choice = ((routing.experts == index) & routing.kept).nonzero(as_tuple=True)
-            if rows.numel():
-                weighted = expert(tokens[rows]) * routing.gates[rows, choice, None]  # (assigned, d_model)
-                output.index_add_(0, rows, weighted.to(output.dtype))
-        return output.view(time, batch, d_model).transpose(0, 1)  # (batch, time, d_model)
+            weighted = expert(tokens[rows]) * routing.gates[rows, choice, None]  # (assigned, d_model)
+            output.index_add_(0, rows, weighted.to(output.dtype))
+        return output
 
 
 def expert_layers(model: nn.Module) -> list[MixtureOfExperts]:

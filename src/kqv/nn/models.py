@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from ..errors import DataError
 from .attention import KVCache, padding_mask
-from .checks import check_attention_mask, check_ids
+from .checks import check_attention_mask, check_id_tensor, check_ids
 from .config import ModelConfig
 from .embeddings import Embeddings
 from .experts import with_auxiliary_loss
@@ -50,7 +50,8 @@ class Encoder(nn.Module):
 
     def run(self, ids: Tensor, attention_mask: Tensor | None, need_weights: bool = False) -> tuple[Tensor, list]:
         """Checked ids (batch, time) and padding mask -> (hidden states, weights of every layer if asked)."""
-        check_ids(ids, self.embeddings.vocab_size)
+        # a forward pass reads no value (the lookup checks the ids); the weights, asked for outside training, do
+        check_ids(ids, self.embeddings.vocab_size) if need_weights else check_id_tensor(ids)
         mask = check_attention_mask(attention_mask, ids)
         return self.encode(self.embeddings(ids, torch.arange(ids.shape[1], device=ids.device)), mask, need_weights)
 
@@ -75,7 +76,7 @@ class Decoder(nn.Module):
         cross_attention: bool = False,
     ):
         super().__init__()
-        self.embeddings = Embeddings(config, vocab_size, tokens)
+        self.embeddings = Embeddings(config, vocab_size, tokens, "tgt_ids" if cross_attention else "ids")
         self.blocks = nn.ModuleList(DecoderBlock(config, cross_attention, i) for i in range(n_layers))
         self.final_norm = make_norm(config) if config.norm_first else nn.Identity()
         if config.linformer.sharing == "layerwise":
@@ -146,7 +147,7 @@ class DecoderLM(nn.Module):
         """ids (batch, time) -> logits (batch, time, vocab), or the mean cross-entropy when targets are given
         (targets (batch, time); -100 marks positions to ignore), plus the experts' load-balancing loss in training
         (`kqv.nn.experts`)."""
-        check_ids(ids, self.config.vocab_size)
+        check_id_tensor(ids)  # the values: by the embedding lookup (`kqv.nn.checks`), with no host read
         past = cache[0][0].length if cache else 0
         mask = check_attention_mask(attention_mask, ids, past)
         hidden, _ = self.decoder(ids, attention_mask=mask, cache=cache)
@@ -253,7 +254,7 @@ class EncoderDecoder(nn.Module):
         cache: list[tuple[KVCache, KVCache]] | None = None,
     ) -> Tensor:
         """The decoder's last hidden states (batch, tgt_time, d_model), before the output projection."""
-        check_ids(tgt_ids, self.config.target_vocab_size, "tgt_ids")
+        check_id_tensor(tgt_ids, "tgt_ids")
         past = cache[0][0].length if cache else 0
         mask = check_attention_mask(tgt_mask, tgt_ids, past, "tgt_mask")
         hidden, _ = self.decoder(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import NoReturn
 
 import torch
 from torch import Tensor, nn
@@ -62,15 +63,25 @@ class LearnedPositions(nn.Module):
         return cls(config.max_len, config.d_model)
 
     def forward(self, positions: Tensor) -> Tensor:
-        """positions (time,) or (batch, time) -> (time, d_model) or (batch, time, d_model)."""
-        last = int(positions.max()) if positions.numel() else -1
-        if last >= self.max_len:
-            raise DataError(
-                f"input reaches position {last} but learned positions only cover max_len={self.max_len}; "
-                f"shorten the input to {self.max_len} tokens, or use position='sinusoidal', 'rope', 'alibi' or "
-                f"'relative', which work at any length"
-            )
-        return self.embedding(positions)
+        """positions (time,) or (batch, time) -> (time, d_model) or (batch, time, d_model).
+
+        Checked by shape, reading no value (no host sync in a training step): more positions than `max_len` is a
+        DataError; a position past the table otherwise (a continuation beyond max_len) is torch's IndexError on
+        the CPU, turned into the same DataError (`kqv.nn.generation` checks prompt + new tokens up front)."""
+        if positions.shape[-1] > self.max_len:
+            self._refuse(positions)
+        try:
+            return self.embedding(positions)
+        except IndexError:
+            self._refuse(positions)
+
+    def _refuse(self, positions: Tensor) -> NoReturn:
+        last = int(positions.max())  # only on the way to an error
+        raise DataError(
+            f"input reaches position {last} but learned positions only cover max_len={self.max_len}; "
+            f"shorten the input to {self.max_len} tokens, or use position='sinusoidal', 'rope', 'alibi' or "
+            f"'relative', which work at any length"
+        )
 
 
 class AttentionPositions(nn.Module):

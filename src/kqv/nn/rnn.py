@@ -28,6 +28,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from ..errors import ConfigError, DataError, DataTypeError
 from ..validation import Config, check_positive
 from .attention import Attention, Score
+from .checks import lookup_tokens
 from .config import require_vocabulary
 from .dropout import Dropout
 from .losses import linear_cross_entropy
@@ -86,11 +87,11 @@ class BiLSTMEncoder(nn.Module):
         self.dropout = Dropout(config.dropout)
 
     def forward(self, src_ids: Tensor, src_mask: Tensor | None) -> tuple[Tensor, State]:
-        x = self.dropout(self.tokens(src_ids))  # (batch, src_time, d_embed)
+        x = self.dropout(lookup_tokens(self.tokens, src_ids, self.tokens.num_embeddings, "src_ids"))
         if src_mask is None:
             outputs, (h, c) = self.lstm(x)
         else:  # packing skips the padding, so the backward direction starts at each sequence's last real token
-            lengths = src_mask.sum(dim=1).cpu()
+            lengths = source_lengths(src_mask)
             packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
             outputs, (h, c) = self.lstm(packed)
             outputs, _ = pad_packed_sequence(outputs, batch_first=True, total_length=src_ids.shape[1])
@@ -120,7 +121,7 @@ class AttentionLSTMDecoder(nn.Module):
     def forward(
         self, tgt_ids: Tensor, state: State, memory: Tensor, memory_mask: Tensor | None
     ) -> tuple[Tensor, State, Tensor]:
-        x = self.dropout(self.tokens(tgt_ids))  # (batch, tgt_time, d_embed)
+        x = self.dropout(lookup_tokens(self.tokens, tgt_ids, self.tokens.num_embeddings, "tgt_ids"))
         queries, state = self.lstm(x, state)  # (batch, tgt_time, d_hidden)
         context, weights = self.attention(queries, memory, memory, memory_mask)  # (batch, tgt_time, d_hidden)
         output = torch.tanh(self.combine(torch.cat((context, queries), dim=-1)))  # (batch, tgt_time, d_embed)
@@ -255,6 +256,7 @@ class RNNStepper:
 
 
 def _check_ids(ids: Tensor, vocab_size: int, name: str) -> None:
+    """Type and shape; the values are checked by the embedding lookup (`kqv.nn.checks.lookup_tokens`)."""
     if not isinstance(ids, Tensor) or ids.dtype.is_floating_point or ids.dtype == torch.bool:
         raise DataTypeError(
             f"{name} must be an integer tensor of token ids, got "
@@ -262,11 +264,6 @@ def _check_ids(ids: Tensor, vocab_size: int, name: str) -> None:
         )
     if ids.dim() != 2 or ids.numel() == 0:
         raise DataError(f"{name} must have shape (batch, time) with time >= 1, got {tuple(ids.shape)}")
-    low, high = int(ids.min()), int(ids.max())
-    if low < 0 or high >= vocab_size:
-        raise DataError(
-            f"{name} contains token id {low if low < 0 else high}, outside the vocabulary [0, {vocab_size})"
-        )
 
 
 def _check_mask(mask: Tensor | None, ids: Tensor) -> Tensor | None:
@@ -274,10 +271,18 @@ def _check_mask(mask: Tensor | None, ids: Tensor) -> Tensor | None:
         return None
     if tuple(mask.shape) != tuple(ids.shape):
         raise DataError(f"src_mask must have the shape of src_ids {tuple(ids.shape)}, got {tuple(mask.shape)}")
-    mask = mask.bool()
+    return mask.bool()
+
+
+def source_lengths(mask: Tensor) -> Tensor:
+    """The real tokens of each row of a right-padded source mask (batch, src_time), on the CPU, as packing needs
+    them: the one host read of the LSTM's forward (cuDNN takes the lengths on the host), which also carries the
+    checks of the mask (every row non-empty, padding on the right only)."""
     lengths = mask.sum(dim=1)
-    if (lengths == 0).any():
+    right_padded = (mask == (torch.arange(mask.shape[1], device=mask.device)[None, :] < lengths[:, None])).all(1)
+    lengths, right_padded = torch.stack((lengths, right_padded.long())).tolist()  # the one read
+    if 0 in lengths:
         raise DataError("src_mask marks a source sentence with no tokens; every sentence needs at least one")
-    if not (mask == (torch.arange(ids.shape[1], device=ids.device)[None, :] < lengths[:, None])).all():
+    if not all(right_padded):
         raise DataError("src_mask must mark padding on the right only (1 1 1 0 0), as the LSTM encoder packs it")
-    return mask
+    return torch.tensor(lengths)
