@@ -188,6 +188,28 @@ def test_the_largest_seed_trains(runs, tmp_path):
     assert read_run(tmp_path / "run")["train"]["seed"] == 2**63 - 1
 
 
+@pytest.mark.parametrize("out", ["/", "", ".", ".."])
+@pytest.mark.parametrize("mode", [[], ["--resume"], ["--overwrite"]])
+def test_an_out_that_names_no_directory_is_one_error_line(runs, tmp_path, monkeypatch, out, mode):
+    """Issue 35: `--out /` (or "", ".") was `ValueError: PosixPath('/') has an empty name`; nothing is written."""
+    monkeypatch.chdir(tmp_path)
+    config = str(runs["root"] / "rope.toml")
+    argv = ["train", "lm", "--config", config, "--data", str(runs["corpus"]), "--out", out, "--quiet", *mode]
+    refused(argv, "--out", "name a directory", repr(out) if out else "an empty path")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("out", ["/", "", "."])
+def test_a_trainer_given_a_run_directory_without_a_name_refuses_it(tmp_path, monkeypatch, out):
+    from kqv.train.rundir import RunDirectory
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="the run directory must name a directory of its own"):
+        with RunDirectory.open(out):
+            pass
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_explore_html_onto_a_directory_is_one_error_line(runs, tmp_path):
     refused(["explore", str(runs["rope"]), "--html", str(tmp_path), "--text", "To be"], "--html", "directory")
 

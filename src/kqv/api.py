@@ -37,6 +37,7 @@ from .jobs.pretrained import PretrainedRun, is_hf_directory
 from .jobs.vit import ClsAttention, VitEvaluation, VitRun
 from .nn.devices import Accelerator
 from .train.events import Event
+from .train.rundir import named_run_path
 from .train.runs import RunConfig
 
 
@@ -74,7 +75,7 @@ def train(
     Summary, Message) instead of their being shown; without it they are shown unless `quiet`.
     """
     chosen = get_job(job)
-    out = Path(out) if out is not None else Path("runs") / chosen.name
+    out = named_run_path(out) if out is not None else Path("runs") / chosen.name
     sets = {"steps": steps, "device": device}
     if isinstance(config, RunConfig) and device is not None:  # a config object is changed itself
         config, sets["device"] = (

@@ -79,7 +79,7 @@ class RunDirectory:
         `commit` (see `stage_overwrite`)."""
         if if_exists not in IfExists.__args__:
             raise ConfigError(f"if_exists must be one of {list(IfExists.__args__)}, got {if_exists!r}")
-        path, rank = Path(path), process_rank() if rank is None else rank
+        path, rank = named_run_path(path), process_rank() if rank is None else rank
         with ExitStack() as stack:
             if rank == 0:
                 recover_swap(path)
@@ -196,6 +196,19 @@ RUN_FORMAT = {*RUN_FORMAT, CHECKPOINT_DIR, PREVIOUS_CHECKPOINT_DIR, METRICS_FILE
 def sibling(path: Path, suffix: str) -> Path:
     """`RUN.kqv-new` beside `RUN`: in the same parent directory, so that renames between them are atomic."""
     return path.with_name(path.name + suffix)
+
+
+def named_run_path(path: str | Path) -> Path:
+    """`path` as a Path, if its last part names the run (`runs/lm`); `/`, `.`, `..` or an empty path is a
+    ConfigError: a run directory has a name, which an overwrite's stage beside it (`RUN.kqv-new`) extends."""
+    named = Path(path)
+    if named.name in ("", ".", ".."):
+        given = repr(str(path)) if str(path) else "an empty path"
+        raise ConfigError(
+            f"{spoken('--out', 'the run directory')} must name a directory of its own for the run, such as runs/lm, "
+            f"not {given}"
+        )
+    return named
 
 
 def recover_swap(path: Path) -> None:
