@@ -23,7 +23,8 @@ from ..data.tokenizers import Tokenizer, encode_text, make_tokenizer
 from ..nn.config import ModelConfig, Position
 from ..nn.models import DecoderLM, count_parameters
 from ..train.config import TrainConfig
-from ..train.metrics import METRICS_FILE, read_metrics
+from ..train.files import METRICS_FILE
+from ..train.metrics import read_metrics
 from ..train.nonfinite import TrainingDiverged
 from ..train.trainer import Trainer
 from .base import TRAINING_DEVICE, ExperimentConfig, Progress

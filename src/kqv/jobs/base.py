@@ -29,12 +29,12 @@ from ..nn.devices import Accelerator
 from ..nn.models import count_parameters
 from ..train.checkpoints import load_weights
 from ..train.events import Event, Plan, Sample, Summary
+from ..train.files import TOKENIZER_DIR
 from ..train.manifest import record, verify
 from ..train.reporter import Reporter
 from ..train.rundir import RunDirectory
 from ..train.runs import (
     FIXED_SECTIONS,
-    TOKENIZER_DIR,
     RunConfig,
     comparable,
     differences,

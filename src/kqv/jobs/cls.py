@@ -25,7 +25,8 @@ from ..nn.config import ModelConfig
 from ..nn.devices import on_device_of
 from ..nn.heads import SequenceClassifier
 from ..nn.models import count_parameters
-from ..train.runs import TOKENIZER_DIR, RunConfig, read_run
+from ..train.files import TOKENIZER_DIR
+from ..train.runs import RunConfig, read_run
 from ..validation import Config
 from .base import Job, Outcome, TrainedRun, Training
 from .mlm import MLMJob

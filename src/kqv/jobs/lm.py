@@ -26,12 +26,12 @@ from ..errors import ConfigError, DataError, RunError, spoken
 from ..nn.config import ModelConfig
 from ..nn.devices import model_device
 from ..nn.models import DecoderLM, check_ids, count_parameters
-from ..train.checkpoints import write_atomically
 from ..train.evaluation import perplexity
+from ..train.files import SAMPLES_FILE, TOKENIZER_DIR, TOKENS_FILE, write_atomically
 from ..train.manifest import read_verified, verify
 from ..train.preflight import check_memory, check_prompt, check_splits
 from ..train.rundir import RunDirectory
-from ..train.runs import SAMPLES_FILE, TOKENIZER_DIR, TOKENS_FILE, RunConfig
+from ..train.runs import RunConfig
 from ..validation import Config, check_at_least, check_seed
 from .base import AttentionMaps, Job, Outcome, TrainedRun, Training, check_text
 

@@ -28,8 +28,9 @@ from ..errors import ConfigError
 from ..nn.config import ModelConfig
 from ..nn.devices import on_device_of
 from ..nn.heads import MaskedLM
+from ..train.files import TOKENIZER_DIR
 from ..train.preflight import check_memory, check_splits
-from ..train.runs import TOKENIZER_DIR, RunConfig
+from ..train.runs import RunConfig
 from ..validation import Config
 from .base import Job, Outcome, TrainedRun, Training
 from .lm import describe_corpus, prepare_corpus

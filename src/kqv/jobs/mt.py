@@ -44,9 +44,10 @@ from ..nn.devices import model_device, on_device_of
 from ..nn.models import EncoderDecoder, count_parameters
 from ..nn.rnn import RNNConfig, RNNEncoderDecoder
 from ..train.config import TrainConfig
+from ..train.files import PAIRS_FILE, TEXT_DIR, TOKENIZER_DIR
 from ..train.flops import training_flops_per_token
 from ..train.manifest import DATA_FILES, MANIFEST_FILE, verify
-from ..train.runs import PAIRS_FILE, TEXT_DIR, TOKENIZER_DIR, RunConfig
+from ..train.runs import RunConfig
 from ..validation import Config, check_at_least, check_value
 from .base import AttentionMaps, Job, Outcome, TrainedRun, Training, check_text
 from .translation import SPECIAL_TOKENS, MTEvaluation, corpus_scores, spread, translate_sentences, translate_test_split

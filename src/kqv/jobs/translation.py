@@ -20,7 +20,7 @@ from ..data.tokenizers import Tokenizer
 from ..errors import ConfigError, DataError, spoken
 from ..nn.config import ModelConfig
 from ..nn.devices import model_device
-from ..train.runs import TEST_HYPOTHESES_FILE
+from ..train.files import TEST_HYPOTHESES_FILE
 from .base import check_text
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")

@@ -9,7 +9,6 @@ by `kqv.train.rng`.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import pickle
@@ -30,11 +29,17 @@ from torch import Tensor, nn
 from ..errors import RunError, spoken
 from ..signals import deferred
 from .config import TrainConfig
-from .metrics import METRICS_FILE, PLOT_FILE
+from .files import (
+    CHECKPOINT_DIR,
+    MODEL_FILE,
+    OPTIMIZER_FILE,
+    PREVIOUS_CHECKPOINT_DIR,
+    RNG_FILE,
+    STATE_FILE,
+    fsync,
+    sha256,
+)
 
-CHECKPOINT_DIR = "checkpoint"
-PREVIOUS_CHECKPOINT_DIR = "checkpoint.old"  # exists only between the two renames of a checkpoint swap
-MODEL_FILE, OPTIMIZER_FILE, RNG_FILE, STATE_FILE = "model.safetensors", "optimizer.pt", "rng.safetensors", "state.json"
 _TMP_PREFIX = ".checkpoint-tmp-"
 FORMAT = 1
 
@@ -99,16 +104,16 @@ def _write_checkpoint(
         save_model(model if isinstance(model, nn.Module) else _StateDict(model), str(tmp / MODEL_FILE))
         torch.save(optimizer if isinstance(optimizer, dict) else optimizer.state_dict(), tmp / OPTIMIZER_FILE)
         save_file(tensors, str(tmp / RNG_FILE))
-        state = {**state, "files": {name: _sha256(tmp / name) for name in (MODEL_FILE, OPTIMIZER_FILE, RNG_FILE)}}
+        state = {**state, "files": {name: sha256(tmp / name) for name in (MODEL_FILE, OPTIMIZER_FILE, RNG_FILE)}}
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
         for name in (MODEL_FILE, OPTIMIZER_FILE, RNG_FILE, STATE_FILE):
-            _fsync(tmp / name)
+            fsync(tmp / name)
         if final.exists():
             if previous.exists():  # a leftover from an earlier, completed swap
                 shutil.rmtree(previous)
             os.replace(final, previous)
         os.replace(tmp, final)
-        _fsync(run_dir)
+        fsync(run_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -185,7 +190,7 @@ def _read_once(run_dir: Path) -> Checkpoint:
         state, step, config, extra_state, digests = _parse_state(files[STATE_FILE].read(), path)
         for name, digest in digests.items():
             files[name] = _open_in(directory, name, path)
-            if _sha256(files[name]) != digest:
+            if sha256(files[name]) != digest:
                 raise RunError(
                     f"{path / name} is corrupt: its SHA-256 differs from the one recorded in "
                     f"{state_path}; {remedy(path)}"
@@ -273,37 +278,6 @@ def _load_state(model: nn.Module, state: dict[str, Tensor]) -> None:
     missing = [name for name in missing if own[name].untyped_storage().data_ptr() not in loaded]
     if missing or unexpected:
         raise RuntimeError(f"missing {missing}, unexpected {unexpected}")
-
-
-def run_files(run_dir: Path) -> list[Path]:
-    names = (CHECKPOINT_DIR, PREVIOUS_CHECKPOINT_DIR, METRICS_FILE, PLOT_FILE)
-    return [run_dir / name for name in names if (run_dir / name).exists()]
-
-
-def _sha256(source: Path | BinaryIO) -> str:
-    """SHA-256 of a file, given by path or as an open binary file (read from its start)."""
-    if isinstance(source, Path):
-        with open(source, "rb") as file:
-            return _sha256(file)
-    source.seek(0)
-    digest = hashlib.sha256()
-    for chunk in iter(lambda: source.read(1 << 20), b""):
-        digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def load_optimizer_state(

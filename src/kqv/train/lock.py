@@ -25,8 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import KqvError
-
-LOCK_FILE = ".lock"
+from .files import LOCK_FILE
 
 
 class RunDirectoryBusy(KqvError, RuntimeError):

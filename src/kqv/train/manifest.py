@@ -11,14 +11,11 @@ and loads unchecked, as it always did.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 from ..errors import RunError, spoken
-from .checkpoints import write_atomically
-from .runs import PAIRS_FILE, RUN_CONFIG, TEXT_DIR, TOKENIZER_DIR, TOKENS_FILE
+from .files import MANIFEST_FILE, PAIRS_FILE, RUN_CONFIG, TEXT_DIR, TOKENIZER_DIR, TOKENS_FILE, sha256, write_atomically
 
-MANIFEST_FILE = "SHA256SUMS"
 DATA_FILES = (TOKENIZER_DIR, TOKENS_FILE, PAIRS_FILE, TEXT_DIR)  # what a run reads back besides its checkpoint
 
 
@@ -88,14 +85,6 @@ def read_verified(run_dir: Path, name: str) -> bytes:
         what = "is missing" if not path.exists() else "is not a file"
         raise RunError(f"{path} {what}, so the run is incomplete; {_remedy(run_dir)}")
     return path.read_bytes()
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for chunk in iter(lambda: file.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _remedy(run_dir: Path) -> str:

@@ -14,8 +14,6 @@ from typing import Any
 
 from tqdm import tqdm
 
-METRICS_FILE, PLOT_FILE = "metrics.jsonl", "loss.png"
-
 
 def finite(value: Any) -> Any:
     """`value` (JSON-like: dicts, lists, numbers) with every NaN or infinite float replaced by None."""

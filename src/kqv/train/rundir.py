@@ -28,18 +28,19 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import ConfigError, spoken
-from .checkpoints import (
+from .checkpoints import Checkpoint, has_checkpoint, read_checkpoint
+from .files import (
     CHECKPOINT_DIR,
-    PREVIOUS_CHECKPOINT_DIR,
-    Checkpoint,
-    has_checkpoint,
-    read_checkpoint,
+    LOCK_FILE,
+    METRICS_FILE,
+    PLOT_FILE,
+    RUN_FORMAT,
+    TOKENIZER_DIR,
     run_files,
     write_atomically,
 )
-from .lock import LOCK_FILE, hold_run_lock
-from .metrics import METRICS_FILE, PLOT_FILE, read_metrics, strict_json
-from .runs import RUN_FORMAT, TOKENIZER_DIR
+from .lock import hold_run_lock
+from .metrics import read_metrics, strict_json
 
 logger = logging.getLogger(__name__)
 
@@ -190,7 +191,6 @@ class RunDirectory:
 
 
 STAGED, REPLACED = ".kqv-new", ".kqv-old"  # suffixes of an overwrite's stage and of the run it replaces
-RUN_FORMAT = {*RUN_FORMAT, CHECKPOINT_DIR, PREVIOUS_CHECKPOINT_DIR, METRICS_FILE, PLOT_FILE, LOCK_FILE}
 
 
 def sibling(path: Path, suffix: str) -> Path:

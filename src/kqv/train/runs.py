@@ -36,23 +36,9 @@ import tomli_w
 from ..errors import ConfigError, KqvError, RunError, spoken
 from ..nn.config import ModelConfig
 from ..validation import Config, build, check_fields, check_value
-from .checkpoints import write_atomically
 from .config import TrainConfig
-
-RUN_CONFIG, TOKENIZER_DIR, SUMMARY_FILE = "run.toml", "tokenizer", "summary.json"
-TOKENS_FILE, PAIRS_FILE, TEXT_DIR = "tokens.safetensors", "pairs.safetensors", "data"
-SAMPLES_FILE, TEST_HYPOTHESES_FILE = "samples.txt", "test.hyp"
-# the names of the files a job writes into a run directory (kqv.train.rundir adds the trainer's)
-RUN_FORMAT = {
-    RUN_CONFIG,
-    TOKENIZER_DIR,
-    SUMMARY_FILE,
-    TOKENS_FILE,
-    PAIRS_FILE,
-    TEXT_DIR,
-    SAMPLES_FILE,
-    TEST_HYPOTHESES_FILE,
-}
+from .files import RUN_CONFIG, SUMMARY_FILE, write_atomically
+from .manifest import verify
 
 
 @dataclass
@@ -258,8 +244,6 @@ def read_run(run_dir: str | Path, task: str | None = None) -> dict[str, Any]:
     path = run_dir / RUN_CONFIG
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir} is not a kqv run: {path} is missing")
-    from .manifest import verify  # it imports this module's file names
-
     verify(run_dir, RUN_CONFIG)  # against SHA256SUMS: a truncated run.toml may still parse
     values = read_toml(path, RunError, "restore it from a backup or train the run again", "corrupt")
     if task is not None and run_task(values) != task:
