@@ -14,7 +14,8 @@ import torch.distributed as dist
 from safetensors.torch import load as safetensors_load
 from torch import Tensor
 
-from .checkpoints import RNG_FILE, Checkpoint
+from .checkpoints import Checkpoint
+from .files import RNG_FILE
 
 TORCH_RNGS = (("torch", ""), ("cuda", ".cuda"))  # state key, suffix of its rng.safetensors name
 
