@@ -1,0 +1,215 @@
+"""Writes every table of measurements on the site from the JSON the benchmarks and jobs wrote.
+
+A table lives in a page between two markers, `<!-- table: NAME -->` and `<!-- /table -->`; this script replaces
+what is between them with the table `TABLES[NAME]` builds from its JSON files, each row with the machine it ran on,
+the date (from the JSON's own timestamp) and the command that wrote it. Prose explains the tables; it does not
+restate them. `tests/test_doc_tables.py` fails when a page's table differs from what this script writes.
+
+    python docs/gen_tables.py            # rewrite the tables in docs/*.md
+    python docs/gen_tables.py --check    # exit 1, naming the tables, when a page is out of date
+
+The JSON does not record the machine's kind or the command line, so `SOURCES` below says them for each file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+DOCS = ROOT / "docs"
+MARKER = re.compile(r"(<!-- table: ([\w-]+) -->\n)(.*?)(<!-- /table -->)", re.S)
+
+
+@dataclass(frozen=True)
+class Source:
+    """One JSON file of measurements: where it ran and the command that wrote it."""
+
+    file: str
+    machine: str
+    command: str
+
+    def load(self) -> dict:
+        return json.loads((ROOT / self.file).read_text(encoding="utf-8"))
+
+
+TRAIN_THROUGHPUT = [
+    Source(
+        "benchmarks/results/train_throughput_epyc.json",
+        "AMD EPYC Zen 4, native bf16, 2 cores",
+        "python benchmarks/train_throughput.py --rounds 7 --output benchmarks/results/train_throughput_epyc.json",
+    ),
+    Source(
+        "benchmarks/results/train_throughput.json",
+        "Intel Xeon, AVX512F without bf16, 2 cores (before the block-wise loss)",
+        "python benchmarks/train_throughput.py --rounds 7",
+    ),
+    Source(
+        "benchmarks/results/train_throughput_zen5.json",
+        "AMD EPYC Zen 5, native bf16, 2 cores",
+        "python benchmarks/train_throughput.py --rounds 7 --output benchmarks/results/train_throughput_zen5.json",
+    ),
+    Source(
+        "benchmarks/results/train_throughput_zen5_before_devices.json",
+        "AMD EPYC Zen 5, native bf16, 2 cores: the code of commit 4ad9405, before CUDA devices",
+        "PYTHONPATH=its/src python benchmarks/train_throughput.py --rounds 7 "
+        "--output benchmarks/results/train_throughput_zen5_before_devices.json",
+    ),
+]
+
+GENERATION_SPEED = [
+    Source(
+        "benchmarks/results/generation_speed_epyc.json",
+        "AMD EPYC Zen 4, native bf16",
+        "python benchmarks/generation_speed.py --threads 1,2 --rounds 7 "
+        "--output benchmarks/results/generation_speed_epyc.json",
+    ),
+    Source(
+        "benchmarks/results/generation_speed_zen5.json",
+        "AMD EPYC Zen 5, native bf16",
+        "python benchmarks/generation_speed.py --threads 1,2 --rounds 7 "
+        "--output benchmarks/results/generation_speed_zen5.json",
+    ),
+    Source(
+        "benchmarks/results/generation_speed_zen5_batch1_after.json",
+        "AMD EPYC Zen 5, native bf16: the same code, rerun after the before-devices code",
+        "python benchmarks/generation_speed.py --threads 1,2 --rounds 7 --batches 1 --precision fp32 "
+        "--output benchmarks/results/generation_speed_zen5_batch1_after.json",
+    ),
+    Source(
+        "benchmarks/results/generation_speed_threads_epyc.json",
+        "AMD EPYC Zen 4, native bf16: before the one-row products",
+        "python benchmarks/generation_speed.py --threads 1,2 --rounds 7 "
+        "--output benchmarks/results/generation_speed_threads_epyc.json",
+    ),
+    Source(
+        "benchmarks/results/generation_speed_threads.json",
+        "Intel Xeon without native bf16: before the one-row products",
+        "python benchmarks/generation_speed.py --threads 1,2 --rounds 10 "
+        "--output benchmarks/results/generation_speed_threads.json",
+    ),
+]
+
+PEERS = {"hf": "Hugging Face", "xtrans": "x-transformers"}
+
+
+def day(record: dict) -> str:
+    return record["timestamp"][:10]
+
+
+def markdown(header: list[str], rows: list[list[str]], right: int) -> str:
+    """A Markdown table; the columns from `right` on are numbers, aligned right."""
+    align = ["---"] * right + ["---:"] * (len(header) - right)
+    lines = [header, align, *rows]
+    return "".join("| " + " | ".join(cells) + " |\n" for cells in lines)
+
+
+def train_throughput_table() -> str:
+    """Training tokens/s of kqv and its peers on a GPT-2-shaped model, per machine and precision."""
+    rows = []
+    for source in TRAIN_THROUGHPUT:
+        record = source.load()
+        for precision in ("fp32", "bf16"):
+            by_model = {row["model"]: row for row in record["rows"] if row["precision"] == precision}
+            kqv, summary = by_model["kqv"], record["summary"][precision]
+            peak = record["matmul_peak_flops_per_s"][precision] / 1e9
+            rows.append(
+                [
+                    source.machine,
+                    day(record),
+                    f"`{source.command}`",
+                    "fp32" if precision == "fp32" else "bf16 autocast",
+                    f"{kqv['tokens_per_s']:,.0f}",
+                    *(f"{by_model[peer]['tokens_per_s']:,.0f}" for peer in PEERS),
+                    f"{summary['kqv_over_fastest_peer']:.2f}; {summary['kqv_over_fastest_peer_paired']:.2f}",
+                    f"{kqv['fraction_of_matmul_peak']:.1%} of {peak:,.3g} GFLOP/s",
+                ]
+            )
+    header = ["machine", "date", "command", "precision", "kqv tokens/s", *PEERS.values()]
+    header += ["kqv / fastest peer (ratio of medians; median of per-round ratios)", "kqv, fraction of the matmul peak"]
+    return markdown(header, rows, right=4)
+
+
+def generation_speed_table() -> str:
+    """Greedy decoding tokens/s of kqv and Hugging Face `generate`, per machine, threads and batch size."""
+    rows = []
+    for source in GENERATION_SPEED:
+        record = source.load()
+        found = {(row["threads"], row["batch"], row["precision"]): row for row in record["rows"]}
+        for threads, batch, precision in sorted(found):
+            if precision != "fp32":
+                continue
+            fp32, bf16, int8 = (found.get((threads, batch, p)) for p in ("fp32", "bf16", "int8"))
+            rows.append(
+                [
+                    source.machine,
+                    day(record),
+                    f"`{source.command}`",
+                    str(threads),
+                    str(batch),
+                    f"{fp32['kqv_tokens_per_s']:,.1f}",
+                    f"{fp32['hf_tokens_per_s']:,.1f}",
+                    f"**{fp32['kqv_over_hf_paired']:.2f}**",
+                    "yes" if fp32["kqv_hf_identical"] else f"{fp32['kqv_hf_agreement']:.1%} agree",
+                    "" if bf16 is None else f"{bf16['kqv_over_hf_paired']:.2f} ({bf16['kqv_tokens_per_s']:,.1f})",
+                    "" if int8 is None else f"{int8['kqv_tokens_per_s']:,.1f} ({int8['kqv_over_hf_paired']:.2f})",
+                ]
+            )
+    header = ["machine", "date", "command", "threads", "batch", "fp32 kqv tokens/s", "fp32 HF tokens/s"]
+    header += ["**fp32 kqv / HF**", "tokens identical to HF's", "bf16 kqv / HF, both bf16 (kqv tokens/s)"]
+    header += ["int8 kqv tokens/s (kqv / HF fp32)"]
+    return markdown(header, rows, right=3)
+
+
+TABLES: dict[str, Callable[[], str]] = {
+    "train-throughput": train_throughput_table,
+    "generation-speed": generation_speed_table,
+}
+
+
+def pages() -> list[Path]:
+    return sorted(DOCS.glob("*.md"))
+
+
+def regenerate(text: str) -> str:
+    """`text` with every marked table rewritten; an unknown table name is an error."""
+
+    def table(match: re.Match) -> str:
+        name = match[2]
+        if name not in TABLES:
+            raise SystemExit(f"unknown table {name!r}: known are {sorted(TABLES)}")
+        return match[1] + TABLES[name]() + match[4]
+
+    return MARKER.sub(table, text)
+
+
+def stale() -> list[str]:
+    """The pages whose tables differ from what this script writes."""
+    return [str(page.relative_to(ROOT)) for page in pages() if regenerate(page.read_text()) != page.read_text()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="only report pages whose tables are out of date")
+    args = parser.parse_args(argv)
+    if args.check:
+        out_of_date = stale()
+        for page in out_of_date:
+            print(f"{page}: a table differs from its JSON; run `python docs/gen_tables.py`")
+        return 1 if out_of_date else 0
+    for page in pages():
+        text = page.read_text()
+        if (new := regenerate(text)) != text:
+            page.write_text(new)
+            print(f"rewrote {page.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""Every table of measurements on the site is written from the JSON its command wrote: a page whose table differs
+from what `docs/gen_tables.py` builds fails here (edit the JSON's source or rerun the command, never the table)."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def gen_tables():
+    spec = importlib.util.spec_from_file_location("gen_tables", ROOT / "docs" / "gen_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gen_tables"] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_page_table_is_what_the_script_writes_from_the_json():
+    assert gen_tables().stale() == [], "a table differs from its JSON: run `python docs/gen_tables.py`"
+
+
+@pytest.mark.parametrize("name", ["train-throughput", "generation-speed"])
+def test_each_table_is_on_a_page_and_every_row_names_machine_date_and_command(name):
+    tables = gen_tables()
+    pages = [page for page in tables.pages() if f"<!-- table: {name} -->" in page.read_text()]
+    assert pages, f"no page holds the table {name}"
+    rows = tables.TABLES[name]().splitlines()[2:]
+    assert rows and all("| 2026-" in row and ("`python " in row or "`PYTHONPATH=" in row) for row in rows)
+
+
+def test_a_changed_figure_is_found():
+    tables = gen_tables()
+    page = next(page for page in tables.pages() if "<!-- table: train-throughput -->" in page.read_text())
+    text = page.read_text()
+    first_row = text.split("<!-- table: train-throughput -->\n", 1)[1].splitlines()[2]
+    edited = text.replace(first_row, first_row.replace("| 1,", "| 9,", 1))
+    assert edited != text and tables.regenerate(edited) == text
