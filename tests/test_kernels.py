@@ -137,7 +137,8 @@ def _forward_backward(model, causal, ids, mask):
 def test_flex_attention_gives_todays_cores_outputs(case, causal, flex_here):
     """Forward only: torch has no CPU backward for flex_attention (the CUDA test below checks gradients)."""
     use, calls = flex_here
-    model = (DecoderLM if causal else Encoder)(tiny_config(**FLEX_CASES[case])).eval()  # dropout 0: flex has none
+    # head_dim 16, the smallest flex takes (`flex.head_dim_fits`); dropout 0: flex has none
+    model = (DecoderLM if causal else Encoder)(tiny_config(d_model=64, **FLEX_CASES[case])).eval()
     ids, mask = _ids(2, 13), _padding(2, 13)  # 13: blocks of 4 with a short last one; padding in row 0
     run = (lambda: model(ids)) if causal else (lambda: model(ids, mask))
     use(False)
@@ -156,13 +157,42 @@ def test_flex_attention_leaves_what_it_cannot_take_exactly_to_todays_cores(flex_
     use(True)
     ids = _ids(2, 13)
     with torch.no_grad():
-        DecoderLM(tiny_config(position="relative"))(ids)  # Shaw's relative values need the weights
-        DecoderLM(tiny_config(attention="memory_compressed", memory_compressed={"compression": 3}))(ids)
-        DecoderLM(tiny_config(position="rope"))(ids)  # no bias: SDPA (flash / memory-efficient on a GPU)
-        DecoderLM(tiny_config(position="alibi", dropout=0.1)).train()(ids)  # attention dropout
-        decoder = DecoderLM(tiny_config(attention="local", local={"block": 4})).eval()
+        DecoderLM(tiny_config(d_model=64, position="relative"))(ids)  # Shaw's relative values need the weights
+        DecoderLM(tiny_config(d_model=64, attention="memory_compressed", memory_compressed={"compression": 3}))(ids)
+        DecoderLM(tiny_config(d_model=64, position="rope"))(ids)  # no bias: SDPA (flash / memory-efficient on a GPU)
+        DecoderLM(tiny_config(d_model=64, position="alibi", dropout=0.1)).train()(ids)  # attention dropout
+        DecoderLM(tiny_config(position="alibi"))(ids)  # head_dim 8: below the smallest block flex's kernel takes
+        DecoderLM(tiny_config(d_model=96, n_heads=4, position="alibi"))(ids)  # head_dim 24: not a power of two
+        decoder = DecoderLM(tiny_config(d_model=64, attention="local", local={"block": 4})).eval()
         decoder.generate(ids[:1, :5], 3, temperature=0)  # decoding with a cache: only the prompt takes it
     assert len(calls) == tiny_config().n_layers
+
+
+def test_flex_takes_heads_its_kernel_can():
+    assert [d for d in (4, 8, 12, 16, 24, 32, 48, 64, 128) if flex.head_dim_fits(d)] == [16, 32, 64, 128]
+
+
+def test_block_masks_of_a_shape_are_built_once(flex_here, monkeypatch):
+    """Causal, local and BigBird block masks depend on the shape alone: the second forward builds none; padding's
+    differ with every batch and are built for each."""
+    use, _ = flex_here
+    use(True)
+    built = []
+    create = flex.create_block_mask
+    monkeypatch.setattr(flex, "create_block_mask", lambda *a, **k: built.append(a[3:5]) or create(*a, **k))
+    monkeypatch.setattr(flex, "_block_masks", type(flex._block_masks)())
+    ids, mask = _ids(2, 13), _padding(2, 13)
+    with torch.no_grad():
+        for case in ("alibi", "local", "bigbird"):
+            model = DecoderLM(tiny_config(d_model=64, **FLEX_CASES[case])).eval()
+            model(ids)
+            first = len(built)
+            model(ids)
+            assert len(built) == first and first >= 1, case
+        encoder = Encoder(tiny_config(d_model=64, **FLEX_CASES["alibi"])).eval()
+        before = len(built)
+        encoder(ids, mask), encoder(ids, mask)
+    assert len(built) == before + 2 * tiny_config().n_layers
 
 
 def test_only_cuda_takes_flex_attention():

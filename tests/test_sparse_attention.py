@@ -3,6 +3,8 @@ import math
 import pytest
 import torch
 
+from conftest import tiny_config
+from kqv import DecoderLM
 from kqv.nn.attention import scaled_dot_product_attention
 from kqv.nn.sparse import (
     BigBirdAttention,
@@ -10,6 +12,7 @@ from kqv.nn.sparse import (
     LinformerProjection,
     bigbird_layout,
     bigbird_mask,
+    gather_index,
     share_linformer_projection,
 )
 
@@ -211,3 +214,14 @@ def test_sparse_attention_takes_and_returns_multihead_shapes(module):
     q, k, v = inputs()
     for causal in (False, True):
         assert module(q, k, v, causal=causal).shape == (BATCH, HEADS, TIME, HEAD_DIM)
+
+
+def test_bigbird_builds_its_layout_once_per_length_not_every_forward():
+    """The layout and its gather index are copied to the device once per length (`gather_index`), not per call."""
+    model = DecoderLM(tiny_config(attention="bigbird", bigbird={"block": 4})).eval()
+    ids = torch.randint(0, 37, (2, 16))
+    gather_index.cache_clear()
+    with torch.no_grad():
+        first = model(ids)
+        torch.testing.assert_close(model(ids), first)
+    assert gather_index.cache_info().misses == 1 and gather_index.cache_info().hits >= 3

@@ -78,3 +78,15 @@ def test_the_counter_sees_every_kind_of_read():
     with SyncCounter() as none:
         (x * 2).sum().backward()
     assert none.count == 0, none.report()
+
+
+@pytest.mark.parametrize("kind", ["learned", "moe"])
+def test_the_training_forward_compiles_as_one_graph(kind):
+    """`train.compile` without graph breaks: `fullgraph=True` raises at the first break (a host read, a
+    data-dependent branch or shape); Dynamo's "eager" backend keeps it fast, as the capture is what is checked."""
+    torch._dynamo.reset()
+    model = DecoderLM(tiny_config(**KINDS[kind])).train()
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    loss = compiled(IDS, IDS)
+    loss.backward()
+    torch.testing.assert_close(loss, model(IDS, IDS))

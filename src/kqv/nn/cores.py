@@ -212,6 +212,7 @@ class FullAttention(AttentionCore):
                 score_mod=score_mod,
                 mask_mod=flex.combined(None, causal, key_padding),
                 per_row=key_padding is not None,
+                mask_key="causal",
             ), None
         if self.use_blockwise(positions, q_time, k_time, mask, key_padding, causal, dropout, need_weights):
             return blockwise_attention(
@@ -323,10 +324,17 @@ class PaddingOnlyCore(AttentionCore):
         )
         if mask_mod is not None:  # on CUDA: the same mask through flex_attention, wholly masked blocks skipped
             mask_mod = flex.combined(mask_mod, causal, key_padding)
-            return flex.attend(queries, keys, values, mask_mod=mask_mod, per_row=key_padding is not None), None
+            key = (self.flex_key(), causal)  # the mask depends on the core's options and the shape alone
+            return flex.attend(
+                queries, keys, values, mask_mod=mask_mod, per_row=key_padding is not None, mask_key=key
+            ), None
         return self(queries, keys, values, causal=causal, key_padding=key_padding), None
 
     def flex_mask(self, time: int, causal: bool, device: torch.device) -> flex.MaskMod | None:
         """The core as a mask over full attention of `time` positions (before the causal mask and padding) on
         `device`, for `kqv.nn.flex`; None where it is not one (it compresses or projects the keys)."""
         return None
+
+    def flex_key(self) -> tuple:
+        """What `flex_mask` depends on besides the shape: the core's kind and its options (`vars`)."""
+        return (type(self).__name__, *sorted((k, v) for k, v in vars(self).items() if isinstance(v, (int, float))))

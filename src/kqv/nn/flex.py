@@ -16,11 +16,17 @@ CUDA only, so CPU speed is unchanged), attention dropout (flex has none), attent
 relative values (they need the weights), decoding with a KV cache (one new query per step: nothing to skip), and
 memory-compressed attention, whose keys are a learned convolution of the keys and whose causal form mixes
 compressed and raw keys in one softmax (a rewrite, not a mask: kept as it is). Linformer never forms the scores.
+Nor does it take a head dimension its Triton kernel cannot: below 16 (the smallest `tl.dot`) or not a power of two
+(torch 2.5 refuses those, later versions pad them to one): `head_dim_fits`.
+
+A block mask that depends on the shape alone (causal, local blocks, BigBird's layout; not padding, which changes
+with every batch) is built once per (mask, shape, device) and kept (`block_mask`), not rebuilt every forward.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 
 import torch
 from torch import Tensor
@@ -31,13 +37,23 @@ from .devices import kernels
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 _compiled: Callable | None = None  # flex_attention compiled once (its Triton kernel), on first use on a GPU
+MIN_HEAD_DIM = 16  # Triton's smallest matrix-product block (tl.dot needs K >= 16)
+BLOCK_MASKS = 32  # block masks kept, the least recently used dropped first
+_block_masks: OrderedDict[Hashable, object] = OrderedDict()
+
+
+def head_dim_fits(head_dim: int) -> bool:
+    """Whether flex_attention's kernel takes heads of `head_dim`: a power of two, at least `MIN_HEAD_DIM`."""
+    return head_dim >= MIN_HEAD_DIM and head_dim & (head_dim - 1) == 0
 
 
 def applies(queries: Tensor, keys: Tensor, dropout: float, need_weights: bool) -> bool:
     """Whether this call goes through flex_attention: on a device whose kernels include it, without dropout or
-    weights, over a whole sequence (queries and keys at the same positions: training, a prompt, an encoder)."""
+    weights, over a whole sequence (queries and keys at the same positions: training, a prompt, an encoder), with
+    heads its kernel takes (`head_dim_fits`; elsewhere today's cores run, as on the CPU)."""
     same = queries.shape[2] == keys.shape[2]
-    return kernels(queries.device).flex_attention and dropout == 0 and not need_weights and same
+    fits = head_dim_fits(queries.shape[-1])
+    return kernels(queries.device).flex_attention and dropout == 0 and not need_weights and same and fits
 
 
 def attend(
@@ -48,19 +64,37 @@ def attend(
     score_mod: ScoreMod | None = None,
     mask_mod: MaskMod | None = None,
     per_row: bool = False,
+    mask_key: Hashable | None = None,
 ) -> Tensor:
     """softmax(q k^T / sqrt(d) changed by `score_mod`, keys `mask_mod` hides = -inf) v, (batch, heads, q_time,
     head_dim); a query that may see no key gets zeros, as today's cores give. `per_row`: the mask differs between
-    batch rows (padding)."""
-    batch, _, q_time, _ = queries.shape
+    batch rows (padding). `mask_key` names a mask that depends on the shape alone, so that its block mask is
+    built once (`block_mask`)."""
     block_mask = None
     if mask_mod is not None:
-        rows, on_gpu = batch if per_row else None, queries.device.type == "cuda"
-        # compiled on a GPU, the block mask is built block by block, never as a dense (q_time, k_time) tensor
-        block_mask = create_block_mask(
-            mask_mod, rows, None, q_time, keys.shape[2], device=queries.device, _compile=on_gpu
-        )
+        rows = queries.shape[0] if per_row else None
+        key = None if per_row else mask_key  # padding changes with every batch: never kept
+        block_mask = _block_mask(mask_mod, key, rows, queries.shape[2], keys.shape[2], queries.device)
     return _kernel(queries.device)(queries, keys, values, score_mod=score_mod, block_mask=block_mask)
+
+
+def _block_mask(
+    mask_mod: MaskMod, key: Hashable | None, rows: int | None, q_time: int, k_time: int, device: torch.device
+) -> object:
+    """flex's BlockMask of `mask_mod`: built anew without a `key`, else once per (key, shape, device) and kept."""
+    # compiled on a GPU, the block mask is built block by block, never as a dense (q_time, k_time) tensor
+    build = lambda: create_block_mask(
+        mask_mod, rows, None, q_time, k_time, device=device, _compile=device.type == "cuda"
+    )
+    if key is None:
+        return build()
+    key = (key, q_time, k_time, str(device))
+    if key not in _block_masks:
+        _block_masks[key] = build()
+        while len(_block_masks) > BLOCK_MASKS:
+            _block_masks.popitem(last=False)
+    _block_masks.move_to_end(key)
+    return _block_masks[key]
 
 
 def _kernel(device: torch.device) -> Callable:

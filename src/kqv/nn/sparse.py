@@ -155,6 +155,7 @@ def share_linformer_projection(model: nn.Module) -> None:
 
 
 @lru_cache(maxsize=64)
+@lru_cache(maxsize=64)  # the same few lengths every step: drawn once each
 def bigbird_layout(
     n_blocks: int, window: int, global_blocks: int, random_blocks: int, causal: bool, seed: int
 ) -> tuple[tuple[int, ...], ...]:
@@ -192,8 +193,10 @@ def bigbird_mask(
     return mask
 
 
+@lru_cache(maxsize=64)
 def layout_table(layout: tuple[tuple[int, ...], ...], device: torch.device | None = None) -> Tensor:
-    """(n_blocks, n_blocks) bool, True where query block i attends to key block j in `layout`."""
+    """(n_blocks, n_blocks) bool, True where query block i attends to key block j in `layout`: built and copied
+    to `device` once per layout and device, not every forward (callers never write into it)."""
     table = torch.zeros(len(layout), len(layout), dtype=torch.bool)
     for i, row in enumerate(layout):
         table[i, list(row)] = True
@@ -292,8 +295,7 @@ class BigBirdAttention(PaddingOnlyCore):
         head_dim = q.shape[-1]
         b, n_rows = self.block, len(layout)
         empty = k.shape[2] // b - 1  # index of the all-masked block that pads short rows
-        slots = max(len(row) for row in layout)
-        index = torch.tensor([row + (empty,) * (slots - len(row)) for row in layout], device=q.device)  # (rows, slots)
+        index = gather_index(layout, empty, q.device)  # (rows, slots)
         key_pos = (index[:, :, None] * b + torch.arange(b, device=q.device)).flatten(1)  # (rows, slots * b)
         queries = q[:, :, : n_rows * b].unflatten(2, (n_rows, b))  # (batch, heads, rows, b, head_dim)
         gathered_keys = k[:, :, key_pos]  # (batch, heads, rows, slots * b, head_dim)
@@ -305,6 +307,14 @@ class BigBirdAttention(PaddingOnlyCore):
             allowed = allowed & (key_pos[:, None, :] <= q_pos[:, :, None])  # (rows, b, slots * b)
         output = _masked_attention(scores, allowed, gathered_values)  # (batch, heads, rows, b, head_dim)
         return output.flatten(2, 3)
+
+
+@lru_cache(maxsize=64)
+def gather_index(layout: tuple[tuple[int, ...], ...], empty: int, device: torch.device) -> Tensor:
+    """(rows, slots) the key blocks of each query block of `layout`, short rows padded with the all-masked block
+    `empty`: built and copied to `device` once per layout, not every forward (callers never write into it)."""
+    slots = max(len(row) for row in layout)
+    return torch.tensor([row + (empty,) * (slots - len(row)) for row in layout], device=device)
 
 
 def _masked_attention(scores: Tensor, allowed: Tensor, values: Tensor) -> Tensor:
