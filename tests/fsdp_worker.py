@@ -2,6 +2,8 @@
 one process group, to keep the suite quick), and called in-process (`train`) for the one-process references.
 Usage: python fsdp_worker.py OUT_DIR, where OUT_DIR/one-3 holds a 3-step one-process run to resume under FSDP."""
 
+import contextlib
+import json
 import shutil
 import sys
 from dataclasses import replace
@@ -13,6 +15,7 @@ from torch.distributed.tensor import DTensor
 
 import kqv
 from kqv.train.config import TrainConfig
+from kqv.train.sharding import local_bytes
 from kqv.train.trainer import Trainer
 
 CONFIG = TrainConfig(
@@ -53,22 +56,38 @@ def inspect(model: torch.nn.Module) -> dict[str, float]:
     }
 
 
-def train(run_dir: Path, steps: int, parallel: str = "ddp", resume: bool = False, **changes) -> kqv.DecoderLM:
-    """Train (or resume) the tiny run in `run_dir` to `steps` updates; returns the caller's model afterwards."""
-    net = model(**changes)
+def train(
+    run_dir: Path, steps: int, parallel: str = "ddp", resume: bool = False, given: str = "model", **changes
+) -> kqv.DecoderLM:
+    """Train (or resume) the tiny run in `run_dir` to `steps` updates; returns the caller's model afterwards. On
+    ranks other than 0 the trainer is `given` the "model", a "meta" model, or the "factory" that builds it; the
+    largest parameter bytes this process held in the updates (its shards, the caller's model) go to a JSON file."""
+    meta = given != "model" and dist.is_initialized() and dist.get_rank() > 0
+    with torch.device("meta") if meta else contextlib.nullcontext():
+        net = model(**changes)
+    held = {"shards": 0, "callers_model": 0}
+
+    def loss_fn(m: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        if m.training:  # between updates; an evaluation's forward keeps the root module's weights gathered
+            held["shards"] = max(held["shards"], local_bytes(m))
+            held["callers_model"] = max(held["callers_model"], local_bytes(trainer.home))
+        return m(*batch)
+
     trainer = Trainer(
-        net,
+        net if given != "factory" or dist.get_rank() == 0 else lambda: model(**changes),
         replace(CONFIG, steps=steps, parallel=parallel),
         run_dir,
         train_batches=batches,
-        loss_fn=lambda m, b: m(*b),
+        loss_fn=loss_fn,
         val_batches=lambda i: batches(10_000 + i),
         eval_fn=inspect,
         if_exists="resume" if resume else "error",
         quiet=True,
     )
     trainer.train()
-    return net
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    (run_dir.parent / f"{run_dir.name}-held-rank{rank}.json").write_text(json.dumps(held))
+    return trainer.home
 
 
 def main(out: Path) -> None:
@@ -76,10 +95,10 @@ def main(out: Path) -> None:
     Then a mixture-of-experts model under DDP."""
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    trained = train(out / "fsdp-6", 6, "fsdp")
+    trained = train(out / "fsdp-6", 6, "fsdp", given="factory")
     if rank == 0:  # the caller's model after a sharded run, to compare with the checkpoint
         torch.save(trained.state_dict(), out / "fsdp-6-model.pt")
-    train(out / "fsdp-3-6", 3, "fsdp")
+    train(out / "fsdp-3-6", 3, "fsdp", given="meta")
     if rank == 0:
         shutil.copytree(out / "fsdp-3-6", out / "fsdp-3")  # kept at step 3, for a one-process resume
     dist.barrier()

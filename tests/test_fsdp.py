@@ -4,6 +4,7 @@ once per update, and the CLI trains under torchrun with either kind of paralleli
 few (one for the Trainer runs, one per parallelism for the CLI): each costs seconds."""
 
 import importlib.util
+import json
 import math
 import os
 import shutil
@@ -19,12 +20,12 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from kqv.cli.main import main
-from kqv.errors import ConfigError
+from kqv.errors import ConfigError, ConfigTypeError
 from kqv.train.checkpoints import read_checkpoint
 from kqv.train.config import TrainConfig
 from kqv.train.distributed import backend_for, gradient_sync, rank_device
 from kqv.train.metrics import read_metrics
-from kqv.train.sharding import shard
+from kqv.train.sharding import local_bytes, plain_on_rank0, shard
 from kqv.train.trainer import Trainer
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -87,6 +88,19 @@ def test_two_process_fsdp_gives_the_loss_curve_and_weights_of_one_process(runs):
         logged = [(a[key], b[key]) for a, b in zip(one, two) if key in a]
         assert logged and [b for _, b in logged] == pytest.approx([a for a, _ in logged], abs=TOLERANCE, rel=0)
     assert max_difference(weights(runs / "one-6"), weights(runs / "fsdp-6")) < TOLERANCE
+
+
+def held(runs: Path, name: str, rank: int) -> dict[str, int]:
+    """The most parameter bytes a worker process held in the updates of run `name`: its shards, the caller's model."""
+    return json.loads((runs / f"{name}-held-rank{rank}.json").read_text())
+
+
+@pytest.mark.parametrize("run", ["fsdp-6", "fsdp-3-6"])
+def test_each_of_two_fsdp_processes_holds_half_the_weights_and_no_whole_model(runs, run):
+    whole = held(runs, "one-6", 0)["shards"]  # one process: the whole model
+    for rank in (0, 1):
+        assert held(runs, run, rank)["shards"] == pytest.approx(whole / 2, rel=0.01)
+        assert held(runs, run, rank)["callers_model"] == 0  # released to the meta device while training
 
 
 def test_rank_0_evaluates_a_plain_model_holding_the_sharded_runs_weights(runs):
@@ -164,9 +178,49 @@ def test_a_mixture_of_experts_model_trains_under_two_process_ddp(runs):
     assert len(losses) == 3 and all(math.isfinite(loss) for loss in losses)
 
 
+def test_a_model_on_the_meta_device_is_refused_outside_fsdp(tmp_path):
+    worker = load_worker()
+    with torch.device("meta"):
+        meta = worker.model()
+    config = TrainConfig(steps=1, batch_size=4, precision="fp32")
+    with pytest.raises(ConfigError, match="meta device.*only ranks other than 0"):
+        Trainer(meta, config, tmp_path / "run", train_batches=worker.batches, loss_fn=lambda m, b: m(*b))
+    with pytest.raises(ConfigTypeError, match="must return an nn.Module, got int"):
+        Trainer(lambda: 3, config, tmp_path / "run", train_batches=worker.batches, loss_fn=lambda m, b: m(*b))
+
+
+def test_a_factory_builds_the_model_in_one_process(tmp_path):
+    worker = load_worker()
+    config = TrainConfig(steps=2, batch_size=4, precision="fp32", log_every=1)
+    for name, given in (("built", worker.model()), ("factory", worker.model)):
+        Trainer(given, config, tmp_path / name, train_batches=worker.batches, loss_fn=lambda m, b: m(*b)).train()
+    assert max_difference(weights(tmp_path / "built"), weights(tmp_path / "factory")) == 0
+
+
+def test_sharding_releases_the_callers_model_and_gathering_fills_it_with_ties_kept(one_process_group):
+    worker = load_worker()
+    model, reference = worker.model(), worker.model()
+    sharded = shard(model, torch.device("cpu"))
+    assert all(p.is_meta for p in model.parameters())
+    assert model.lm_head.weight is model.decoder.embeddings.tokens.weight
+    assert local_bytes(model) == 0 and local_bytes(sharded) == local_bytes(reference)  # one process: all of it
+    with plain_on_rank0(model, sharded, torch.device("cpu"), needed=True):
+        assert model.lm_head.weight is model.decoder.embeddings.tokens.weight
+        assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), reference.state_dict().values()))
+        assert all(not t.is_meta for t in [*model.parameters(), *model.buffers()])
+    assert all(p.is_meta for p in model.parameters())
+
+
+def test_fsdp_refuses_a_rank_0_model_on_the_meta_device(one_process_group):
+    with torch.device("meta"):
+        meta = load_worker().model()
+    with pytest.raises(ConfigError, match="rank 0's model holds the initial weights"):
+        shard(meta, torch.device("cpu"))
+
+
 def test_fsdp_refuses_mixture_of_experts_layers_with_a_clear_error():
     with pytest.raises(ConfigError, match='mixture-of-experts.*train.parallel = "ddp"'):
-        shard(load_worker().model(ffn="switch", experts={"count": 2}))
+        shard(load_worker().model(ffn="switch", experts={"count": 2}), torch.device("cpu"))
 
 
 @pytest.fixture

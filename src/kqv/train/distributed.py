@@ -34,23 +34,18 @@ def rank_device(device: torch.device) -> torch.device:
     return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
 
 
-def init_distributed(model: nn.Module | None = None) -> tuple[int, int, bool]:
+def init_distributed(device: torch.device | None = None) -> tuple[int, int, bool]:
     """(rank, world size, whether we created the process group); under torchrun joins a group whose backend
-    suits the device of `model` (`backend_for`; the CPU's when not given)."""
+    suits `device`, where this process trains (`backend_for`; the CPU's when not given)."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return 0, 1, False
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size(), False
-    device = model_device(model) if model is not None else torch.device("cpu")
+    device = device or torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(rank_device(device))
     dist.init_process_group(backend_for(device))
     return dist.get_rank(), dist.get_world_size(), True
-
-
-def model_device(model: nn.Module) -> torch.device:
-    """The device of the model's first parameter (the CPU for a model without parameters)."""
-    return next((p.device for p in model.parameters()), torch.device("cpu"))
 
 
 def data_parallel(model: nn.Module) -> nn.parallel.DistributedDataParallel:

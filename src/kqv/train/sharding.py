@@ -1,10 +1,29 @@
-"""Fully sharded data parallelism (FSDP2) for the trainer: a model sharded one block at a time, and its
-checkpoints gathered into, and loaded from, the files one process writes.
+"""Fully sharded data parallelism (FSDP2) for the trainer: a model sharded one block at a time, each process
+materialising only its shard, and its checkpoints gathered into, and loaded from, the files one process writes.
 
 With `train.parallel = "fsdp"` under torchrun, each of N processes keeps 1/N of every parameter, gradient and
 optimizer state (Zhao et al. 2023, "PyTorch FSDP"); a block's parameters are all-gathered just before its
 forward and backward and freed after, so a model whose training state does not fit one device trains on several.
 The gradient is the same mean over the processes' slices as DDP's, so the run equals one process up to rounding.
+
+How the shards come to be (`shard`), so that no process holds the whole model beyond its start-up:
+
+1. the model's skeleton, on the meta device (no memory), is sharded (`fully_shard`), then `to_empty` gives each
+   process storage for its shard alone, on its device;
+2. the initial weights are rank 0's model's: rank 0 builds the model as one process would (the same seed, so the
+   same weights and the same loss curve), and they are broadcast one tensor at a time, each process keeping its
+   slice (`set_model_state_dict(broadcast_from_rank0=True)`); buffers too, as a non-persistent one (RoPE's
+   frequencies, ALiBi's slopes) is in no state dict and is garbage after `to_empty`;
+3. the caller's model is released to the meta device on every rank (its tensors freed, tied weights kept tied).
+
+So a job may hand the trainer, on ranks other than 0, a model built on the meta device (`with
+torch.device("meta"): build()`) or a function that builds the model, which the trainer calls on the meta device
+there (`build_model`): only rank 0 then ever holds the whole model, in its host memory, before training starts.
+
+The caller's model is plain again on rank 0 only, and only while it is needed (`gather_to_rank0`): for an
+`eval_fn` (materialised on the training device, filled one parameter at a time from the shards, released after)
+and after training (it then keeps the trained weights). On other ranks it stays on the meta device. The
+validation loss runs on the sharded model, on every rank.
 
 Checkpoints stay single-file whatever the number of processes: `gather_state` collects the whole weights and
 optimizer state on rank 0 (on the CPU), numbered as one process's `Optimizer.state_dict` numbers them, and the
@@ -14,7 +33,10 @@ FSDP, DDP or one process, on any number of processes.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import itertools
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -28,42 +50,142 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ConfigTypeError
 from ..nn.experts import expert_layers
 from ..nn.layers import DecoderBlock, EncoderBlock
 from .checkpoints import Checkpoint, load_optimizer_state, load_weights
-from .distributed import model_device
+from .distributed import rank0_says
 
 GATHERED = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on rank 0's CPU only
 WHOLE = StateDictOptions(full_state_dict=True)  # whole tensors, on every rank
+FROM_RANK0 = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)  # rank 0's whole tensors, sliced
 
 
-def shard(model: nn.Module) -> nn.Module:
-    """A copy of `model` sharded across the processes: `fully_shard` on every encoder and decoder block, then on
-    the whole model (embeddings, final norm and output layer, tied weights included). `model` itself keeps its
-    plain tensors; `unshard_into` gives it the trained weights at the end."""
+def build_model(model: nn.Module | Callable[[], nn.Module], sharded: bool, rank: int) -> nn.Module:
+    """The model the trainer was given, or built by the function it was given: under FSDP, on the meta device on
+    every rank but 0 (their weights come from rank 0's). A model on the meta device can only be sharded."""
+    if not isinstance(model, nn.Module):
+        with torch.device("meta") if sharded and rank > 0 else contextlib.nullcontext():
+            model = model()
+        if not isinstance(model, nn.Module):
+            raise ConfigTypeError(f"the model function must return an nn.Module, got {type(model).__name__}")
+    if not sharded and on_meta(model):
+        raise ConfigError(
+            "the model is on the meta device, so it has no weights to train; only ranks other than 0 of a "
+            'train.parallel = "fsdp" run may pass one (their weights come from rank 0)'
+        )
+    return model
+
+
+def on_meta(model: nn.Module) -> bool:
+    return any(t.is_meta for t in itertools.chain(model.parameters(), model.buffers()))
+
+
+def shard(model: nn.Module, device: torch.device) -> nn.Module:
+    """A copy of `model` sharded across the processes, each holding its shard alone on `device`, with rank 0's
+    weights and buffers: `fully_shard` on every encoder and decoder block, then on the whole model (embeddings,
+    final norm and output layer, tied weights included). `model` is released to the meta device on every rank;
+    `gather_to_rank0` fills it again. Every rank must call this."""
     if expert_layers(model):
         raise ConfigError(
             'train.parallel = "fsdp" cannot shard mixture-of-experts layers yet: an expert that gets no tokens on '
             'one process has no gradient to reduce there; use train.parallel = "ddp" for this model'
         )
-    sharded = copy.deepcopy(model)
-    mesh = init_device_mesh(model_device(model).type, (dist.get_world_size(),))
-    blocks = [m for m in sharded.modules() if isinstance(m, (EncoderBlock, DecoderBlock))]
-    for block in blocks:
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    if not rank0_says(not on_meta(model), world_size):  # every rank stops, not rank 0 alone
+        raise ConfigError(
+            'under train.parallel = "fsdp" rank 0\'s model holds the initial weights, so it cannot be on the meta '
+            "device; only other ranks may build theirs there"
+        )
+    weights = model.state_dict() if rank == 0 else {}  # rank 0's tensors stay alive until they are broadcast
+    buffers = dict(model.named_buffers()) if rank == 0 else {}
+    replace_tensors(model, lambda t: torch.empty_like(t, device="meta"))
+    sharded = copy.deepcopy(model)  # the skeleton: nothing to copy
+    mesh = init_device_mesh(device.type, (world_size,))
+    for block in (m for m in sharded.modules() if isinstance(m, (EncoderBlock, DecoderBlock))):
         fully_shard(block, mesh=mesh)
     fully_shard(sharded, mesh=mesh)
+    sharded.to_empty(device=device)
+    set_model_state_dict(sharded, weights, options=FROM_RANK0)
+    with torch.no_grad():
+        for name, buffer in sharded.named_buffers():
+            if rank == 0:
+                buffer.copy_(buffers[name])
+            dist.broadcast(buffer, src=0)
     return sharded
 
 
-def unshard_into(model: nn.Module, sharded: nn.Module) -> None:
-    """Copy the weights of `sharded` (all-gathered, on every rank) into the plain `model` it was copied from, and
-    its training or evaluation mode: after training, or for an evaluation that runs on rank 0 alone."""
+def replace_tensors(model: nn.Module, make: Callable[[Tensor], Tensor]) -> None:
+    """Replace every parameter and buffer of `model` by `make(it)`, a tied one once (so it stays tied): moving a
+    model to or from the meta device with `Module.to` or `to_empty` would untie tied weights."""
+    made: dict[int, Tensor] = {}
+    for module in model.modules():
+        for tensors in (module._parameters, module._buffers):
+            for name, tensor in tensors.items():
+                if tensor is None:
+                    continue
+                if id(tensor) not in made:
+                    new = make(tensor.detach())
+                    made[id(tensor)] = (
+                        nn.Parameter(new, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else new
+                    )
+                tensors[name] = made[id(tensor)]
+
+
+def gather_to_rank0(model: nn.Module, sharded: nn.Module, device: torch.device) -> None:
+    """Fill the plain `model` (released by `shard`) on rank 0, on `device`, with the weights of `sharded`, one
+    parameter at a time (each all-gathered, then dropped), and give it the training or evaluation mode of
+    `sharded`; other ranks take part in the gathers and keep theirs on the meta device. Every rank must call it."""
+    rank0 = dist.get_rank() == 0
+    if rank0:
+        replace_tensors(model, lambda t: torch.empty_like(t, device=device))
+        model.train(sharded.training)
+    params, buffers = dict(model.named_parameters()), dict(model.named_buffers())
     with torch.no_grad():
-        model.load_state_dict(get_model_state_dict(sharded, options=WHOLE))
-    model.train(sharded.training)
+        for name, param in sharded.named_parameters():
+            whole = param.full_tensor() if isinstance(param, DTensor) else param
+            if rank0:
+                params[name].copy_(whole)
+        for name, buffer in sharded.named_buffers():
+            if rank0:
+                buffers[name].copy_(buffer)
+
+
+def reshard(model: nn.Module) -> None:
+    """Free every all-gathered weight of a sharded `model` (a no-op for another): FSDP frees a block's after its
+    forward, but keeps the root module's gathered for the backward, which an evaluation never runs."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
+def release(model: nn.Module) -> None:
+    """Free the tensors of the plain `model` again (to the meta device), after `gather_to_rank0`."""
+    replace_tensors(model, lambda t: torch.empty_like(t, device="meta"))
+
+
+@contextlib.contextmanager
+def plain_on_rank0(model: nn.Module, sharded: nn.Module, device: torch.device, needed: bool) -> Iterator[None]:
+    """Inside, when `needed`, rank 0's plain `model` holds the weights of `sharded` (`gather_to_rank0`); after, it
+    is released again. Every rank must enter it."""
+    if not needed:
+        yield
+        return
+    gather_to_rank0(model, sharded, device)
+    try:
+        yield
+    finally:
+        release(model)
+
+
+def local_bytes(model: nn.Module) -> int:
+    """The bytes of parameters this process holds: its shards of a sharded model, nothing on the meta device."""
+    params = {id(p): p for p in model.parameters()}.values()
+    local = (p.to_local() if isinstance(p, DTensor) else p for p in params)
+    return sum(t.numel() * t.element_size() for t in local if not t.is_meta)
 
 
 def gather_state(sharded: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Tensor], dict[str, Any]]:

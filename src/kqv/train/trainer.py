@@ -20,7 +20,8 @@ saved-and-restored generator state, so how often you evaluate never changes the 
 
 Multi-process training. Launch the same script with `torchrun --nproc_per_node N script.py`. When WORLD_SIZE > 1
 the trainer joins a process group (gloo; NCCL for CUDA tensors) and wraps the model in DistributedDataParallel,
-or with `parallel="fsdp"` trains a sharded copy of it (`kqv.train.sharding`; same checkpoint files). Every rank calls
+or with `parallel="fsdp"` trains a sharded copy of it, each rank holding only its shard (`kqv.train.sharding`: ranks
+other than 0 may pass a model on the meta device, or a function that builds it; same checkpoint files). Every rank calls
 `train_batches(i)` and gets the same global batch of `batch_size` rows; rank r keeps rows
 `[r * batch_size / N, (r + 1) * batch_size / N)` of every tensor in it (non-tensor items are shared), so the batch
 function is the same for one or N processes and the result equals one process up to float rounding. `loss_fn`
@@ -74,13 +75,14 @@ from .optimizer import make_optimizer
 from .precision import MixedPrecision, bound_kernel_caches
 from .rng import all_rng_states, rng_state, rng_tensors, rng_to_json, saved_rng_states, seed_everything, set_rng_state
 from .rundir import IfExists, RunDirectory
-from .sharding import gather_state, load_checkpoint, shard, unshard_into
+from .sharding import build_model, gather_state, gather_to_rank0, load_checkpoint, plain_on_rank0, reshard, shard
 
 logger = logging.getLogger(__name__)
 
 
 class Trainer:
-    """Trains `model` on `train_batches` by minimising `loss_fn`; see the module docstring for the contracts.
+    """Trains `model` (an `nn.Module`, or a function without arguments that builds it) on `train_batches` by
+    minimising `loss_fn`; see the module docstring for the contracts.
 
     `val_batches(i)` (optional) gives validation batches; every evaluation reports `val_loss`, the mean of
     `loss_fn` over `config.eval_batches` of them. `eval_fn(model)` (optional) returns further metrics (accuracy,
@@ -132,19 +134,20 @@ class Trainer:
         device = distributed.rank_device(Accelerator.resolve(config.device).device)  # torchrun: cuda:LOCAL_RANK
         self.device = Accelerator.resolve(device)  # the one per-device choice: kernels, autocast, scaler
         self.precision = MixedPrecision(self.device, config.precision, config.tf32)
-        model, self.config = model.to(self.device.device), config
+        self.config = config
         self.train_batches, self.loss_fn, self.val_batches, self.eval_fn = train_batches, loss_fn, val_batches, eval_fn
         self.extra_state = extra_state if extra_state is not None else {}  # this very dict: its owner may update it
         self.tokens_per_batch, self.quiet = tokens_per_batch, quiet
         self.afterwards, self.clock = afterwards, clock or time.perf_counter
-        self.rank, self.world_size, self._owns_process_group = init_distributed(model)
+        self.rank, self.world_size, self._owns_process_group = init_distributed(self.device.device)
         if config.batch_size % self.world_size:
             raise ConfigError(
                 f"batch_size ({config.batch_size}) must be divisible by the number of processes "
                 f"({self.world_size}): every process takes an equal slice of each batch"
             )
-        self.home, self.sharded = model, config.parallel == "fsdp" and self.world_size > 1  # home: the caller's model
-        self.model = shard(model) if self.sharded else model
+        self.sharded = config.parallel == "fsdp" and self.world_size > 1
+        self.home = build_model(model, self.sharded, self.rank)  # the caller's model: under FSDP, released by shard
+        self.model = shard(self.home, self.device.device) if self.sharded else self.home.to(self.device.device)
         self.optimizer = make_optimizer(self.model, config)
         # Progress, saved in every checkpoint and restored by a resume.
         self.step = 0  # updates done
@@ -269,8 +272,8 @@ class Trainer:
             raise
         finally:
             bar.close()
-        if self.sharded:  # every rank, as after one process: the caller's model holds the trained weights
-            unshard_into(self.home, self.model)
+        if self.sharded:  # the caller's model holds the trained weights, on rank 0 (kqv.train.sharding)
+            gather_to_rank0(self.home, self.model, self.device.device)
         distributed.settle(self.world_size)
         return result
 
@@ -360,10 +363,9 @@ class Trainer:
             with torch.no_grad(), self._autocast():
                 if self.val_batches is not None:
                     metrics["val_loss"] = self._val_loss()
-                if self.eval_fn is not None and self.sharded:  # all ranks gather, rank 0 evaluates a plain model
-                    unshard_into(self.home, self.model)
-                if self.eval_fn is not None and self.rank == 0:
-                    for name, value in self.eval_fn(self.home).items():
+                # under FSDP rank 0's plain model is filled from the shards for eval_fn, and released after
+                with plain_on_rank0(self.home, self.model, self.device.device, self.sharded and bool(self.eval_fn)):
+                    for name, value in self.eval_fn(self.home).items() if self.eval_fn and self.rank == 0 else ():
                         try:
                             metrics[name] = float(value)
                         except (TypeError, ValueError):
@@ -378,6 +380,7 @@ class Trainer:
         for i in range(self.config.eval_batches):
             local = slice_batch(self.val_batches(i), self.rank, self.world_size, self.config.batch_size)
             total += check_loss(self.loss_fn(self.model, self.device.batch(local))).float()
+        reshard(self.model)  # FSDP keeps the root's weights gathered after a forward without a backward
         return distributed.process_mean(total, self.world_size).item() / self.config.eval_batches
 
     # -- checkpoints ---------------------------------------------------------------------------------------------
