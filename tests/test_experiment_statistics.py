@@ -2,6 +2,7 @@
 does not hold, a collapsed arm is inconclusive), the smoke-test label and the k/n counter of a quick run, and the
 provenance of results: fields present, and committed results whose code has changed since they ran."""
 
+import dataclasses
 import json
 import math
 import re
@@ -177,7 +178,202 @@ def test_rejudge_recomputes_a_stored_verdict_from_its_numbers_without_changing_t
     assert main(["experiment", "rejudge", "all", "--dir", str(tmp_path)]) == 0
     record = json.loads(path.read_text())
     assert record["results"] == stale["results"], "re-judging never changes a measured number"
+    kept = set(stale) - {"table", "checks", "verdict", "rejudged"}
+    assert {key: record[key] for key in kept} == {key: stale[key] for key in kept}, "only the judgement is rewritten"
     assert record["verdict"] == verdict(checks_from_record(record)) == "holds in part"
     assert "scaling: holds in part" in capsys.readouterr().out
     assert "## Verdict: holds in part" in (tmp_path / "scaling" / "report.md").read_text()
     assert main(["experiment", "rejudge", "all", "--dir", str(tmp_path / "empty")]) == 2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The intervals as numbers, and how many seeds would decide an undecided check
+
+INTERVAL_TEXT = re.compile(r"(?<![\w.+\-\[])[+-]?\d+(?:\.\d+)?x? \[[^\[\]]+\] \(n=\d+\)")
+
+
+def _reference_n(gap: float, sd: float) -> int:
+    """The fewest n whose 95% t interval around `gap` (sd / sqrt(n) its standard error) lies above 0: scipy's own
+    interval, n by n."""
+    n = 2
+    while stats.t.interval(0.95, n - 1, loc=gap, scale=sd / math.sqrt(n))[0] <= 0:
+        n += 1
+    return n
+
+
+def _sample(mean: float, sd: float, n: int) -> list[float]:
+    """n values with exactly this mean and sample standard deviation."""
+    z = [i - (n - 1) / 2 for i in range(n)]
+    scale = sd / stats.tstd(z)
+    return [mean + scale * v for v in z]
+
+
+@pytest.mark.parametrize("gap, sd", [(1.0, 1.0), (0.0095, 0.0252), (2.287, 3.257), (0.5, 0.01), (0.3, 2.0)])
+def test_seeds_needed_is_the_fewest_whose_t_interval_clears_the_threshold(gap, sd):
+    from kqv.experiments.statistics import units_to_clear
+
+    assert units_to_clear(gap, sd) == _reference_n(gap, sd)
+    assert units_to_clear(1.0, 1.0) == 7  # t(5) / sqrt(6) = 1.05 > 1 > t(6) / sqrt(7) = 0.92
+    assert units_to_clear(-gap, sd) is None and units_to_clear(0.0, sd) is None and units_to_clear(gap, None) is None
+
+
+def test_an_undecided_check_says_how_many_seeds_would_decide_it_which_way():
+    """From 3 seeds of mean 0.05 and sd 0.04 against 0.02: at the n it names, values of the same mean and spread
+    give an interval that clears 0.02, and at n - 1 they do not; a mean below the threshold cannot clear it."""
+    from kqv.experiments.statistics import judge, units_to_clear
+
+    def checks(results):
+        gap = mean_interval(results["gap"])
+        return [interval_check("better", "> 0.02", gap, 0.02, detail="arms 2.10 and 2.05")]
+
+    (check,) = judge(checks, {"gap": _sample(0.05, 0.04, 3)})
+    assert check.outcome == INCONCLUSIVE
+    n = check.to_decide["n"]
+    assert check.to_decide == {"n": n, "now": 3, "as": HOLDS, "reason": ""} and n == _reference_n(0.03, 0.04)
+    assert decide(mean_interval(_sample(0.05, 0.04, n)), 0.02) == HOLDS
+    assert decide(mean_interval(_sample(0.05, 0.04, n - 1)), 0.02) == INCONCLUSIVE
+    (entry,) = check.intervals
+    assert entry["shown"] in check.figure and entry["n"] == 3 and entry["sd"] == pytest.approx(0.04)
+    assert entry["judged"] == [
+        {
+            "threshold": 0.02,
+            "claimed": "above",
+            "outcome": INCONCLUSIVE,
+            "to_decide": {"n": n, "as": HOLDS, "reason": ""},
+        }
+    ]
+    (below,) = judge(checks, {"gap": _sample(0.015, 0.01, 3)})
+    assert below.outcome == INCONCLUSIVE and below.to_decide["reason"].startswith("cannot clear")
+    assert below.to_decide["as"] == FAILS and below.to_decide["n"] == units_to_clear(0.005, 0.01)
+    collapsed = lambda results: [interval_check("b", "> 0.02", mean_interval(results), 0.02, failed_arm="BLEU 0")]
+    (dead,) = judge(collapsed, _sample(0.05, 0.04, 3))
+    assert dead.to_decide["n"] is None and "BLEU 0" in dead.to_decide["reason"], "seeds do not revive an arm"
+    assert dead.intervals[0]["judged"][0]["failed_arm"] == "BLEU 0"
+
+
+def test_judge_finds_each_decision_s_check_even_when_figures_share_an_interval_or_hide_one():
+    """The shapes the experiments use: one interval judged by two checks against different bars (scaling-laws'
+    alpha), several gaps against one bar of which the figure shows the worst (norm-placement), a band, a ratio."""
+    from kqv.experiments.statistics import decide_within, judge
+
+    def checks(results):
+        alpha = mean_interval(results["alpha"])
+        fits = Check("fits", "> 0", f"alpha {alpha.text()}", False, decide(alpha, 0.0))
+        gaps = [paired_difference(a, b) for a, b in results["pairs"]]
+        small = [decide(gap, 0.1, above=False) for gap in gaps]
+        worst = max(gaps, key=lambda gap: gap.mean)
+        size = [decide(alpha, 0.1), decide(alpha, 0.2, above=False)]
+        ratio = paired_ratio(results["slow"], results["fast"])
+        return [
+            fits,
+            Check("sized", "0.1 < alpha < 0.2", f"alpha {alpha.text()}", False, FAILS if FAILS in size else HOLDS),
+            Check("small", "< 0.1", f"worst {worst.text(2)}", False, FAILS if FAILS in small else HOLDS),
+            Check("band", "[1.5, 2.5]", f"{ratio.text()}", False, decide_within(ratio, 1.5, 2.5)),
+        ]
+
+    results = {
+        "alpha": [0.12, 0.15, 0.18],
+        "pairs": [([1.0, 1.1, 0.9], [1.0, 1.05, 0.92]), ([1.3, 1.4, 1.2], [1.0, 1.0, 1.0])],
+        "slow": [2.0, 2.1, 1.9],
+        "fast": [1.0, 1.0, 1.0],
+    }
+    fits, sized, small, band = judge(checks, results)
+    assert [j["threshold"] for e in fits.intervals for j in e["judged"]] == [0.0]
+    assert [(j["threshold"], j["claimed"]) for e in sized.intervals for j in e["judged"]] == [
+        (0.1, "above"),
+        (0.2, "below"),
+    ]
+    assert [e["shown"] is not None for e in small.intervals] == [True, False], "the hidden gap is kept, unshown"
+    assert small.intervals[0]["estimate"] == pytest.approx(0.3) and small.intervals[0]["digits"] == 2
+    assert band.intervals[0]["judged"] == [{"band": [1.5, 2.5], "claimed": "within", "outcome": HOLDS}]
+    assert band.intervals[0]["ratio"] and band.intervals[0]["sd"] > 0
+
+
+def _committed_records():
+    for name in names():
+        path = ROOT / "docs" / "experiments" / name / RESULTS_FILE
+        if path.is_file():
+            yield json.loads(path.read_text())
+
+
+def test_every_committed_check_stores_its_intervals_as_numbers_that_agree_with_its_figure():
+    """Each interval a committed figure shows is stored as numbers that print as that text, each decision on it
+    decides again to the stored outcome, and each inconclusive check says what would decide it."""
+    from kqv.experiments.statistics import decide_within, interval_from
+
+    records = list(_committed_records())
+    assert records, "no committed results"
+    for record in records:
+        for check in record["checks"]:
+            where = f"{record['experiment']}: {check['what']}"
+            shown = [e for e in check["intervals"] if e["shown"] is not None]
+            assert [e["shown"] for e in shown] == INTERVAL_TEXT.findall(check["figure"]), where
+            for entry in check["intervals"]:
+                interval = interval_from(entry)
+                assert entry["low"] <= entry["estimate"] <= entry["high"], where
+                if entry["shown"] is not None:
+                    assert interval.text(entry["digits"]) == entry["shown"], where
+                for judged in entry["judged"]:
+                    again = (
+                        decide_within(interval, *judged["band"])
+                        if judged["claimed"] == "within"
+                        else decide(interval, judged["threshold"], above=judged["claimed"] == "above")
+                    )
+                    assert again == judged["outcome"], where
+            assert (check["to_decide"] is not None) == (check["outcome"] == INCONCLUSIVE), where
+
+
+def test_committed_checks_are_what_today_s_judging_makes_of_their_numbers():
+    from kqv.experiments.runner import checks_from_record
+
+    for record in _committed_records():
+        recomputed = json.loads(json.dumps([dataclasses.asdict(c) for c in checks_from_record(record)]))
+        assert recomputed == record["checks"], (
+            f"{record['experiment']}: run `kqv experiment rejudge {record['experiment']} --dir docs/experiments`"
+        )
+
+
+def test_the_gallery_and_reports_give_the_seeds_and_command_that_would_decide_each_inconclusive_check(tmp_path):
+    from kqv.experiments.gallery import gallery
+
+    page = gallery(ROOT / "docs" / "experiments", tmp_path / "experiments.md")
+    undecided = 0
+    for record in _committed_records():
+        report = (ROOT / "docs" / "experiments" / record["experiment"] / "report.md").read_text()
+        for check in record["checks"]:
+            if check["outcome"] != INCONCLUSIVE:
+                continue
+            undecided += 1
+            plan = check["to_decide"]
+            if plan["n"] is None:
+                line = re.escape(f"- *{check['what']}*: {plan['reason']}")
+            else:
+                assert plan["now"] == record["config"]["seeds"], "every committed undecided interval is over seeds"
+                gpu = record["seconds"] * plan["n"] / plan["now"] > 3600  # over an hour on its CPU: a GPU
+                command = f"kqv experiment run {record['experiment']} --seeds {plan['n']} --out docs/experiments"
+                said = f"{plan['n']} seeds (now {plan['now']}) would decide that it {plan['as']}"
+                line = re.escape(f"{said}: `{command}{' --device cuda' if gpu else ''}` (about ")
+                line += r"\d+\.\d h on the 2-core CPU it ran on; so on a GPU\)" if gpu else r"\d+ min on the 2-core CPU"
+            assert re.search(line, page) and re.search(line, report), f"{record['experiment']}: {check['what']}"
+    assert undecided >= 5
+
+
+def test_a_deciding_run_of_timed_repeats_sets_the_repeats_and_keeps_the_other_options():
+    from kqv.experiments.report import deciding_runs
+
+    plan = {"n": 40, "now": 5, "as": HOLDS, "reason": ""}
+    check = {"what": "faster", "holds": False, "outcome": INCONCLUSIVE, "to_decide": plan}
+    record = {
+        "experiment": "long-attention",
+        "command": "kqv experiment run long-attention --quick --set timing_repeats=5 --out runs",
+        "config": {"seeds": 1, "timing_repeats": 5},
+        "seconds": 600.0,
+        "machine": {"cpus": 2},
+        "checks": [check, {**check, "outcome": HOLDS}],
+    }
+    (line,) = deciding_runs(record)
+    command = "kqv experiment run long-attention --quick --set timing_repeats=40 --out runs --device cuda"
+    assert f"40 repeats (timing_repeats) (now 5) would decide that it holds: `{command}`" in line
+    assert "about 1.3 h on the 2-core CPU it ran on; so on a GPU" in line
+    record["config"]["timing_repeats"] = 7
+    assert "counts neither the seeds nor the repeats" in deciding_runs(record)[0]

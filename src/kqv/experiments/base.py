@@ -55,18 +55,35 @@ HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
 OUTCOMES = (HOLDS, FAILS, INCONCLUSIVE)
 
 
+# While `kqv.experiments.statistics.judge` runs an experiment's `checks`, the intervals made, the decisions taken
+# and the checks built, in order: how the numbers behind each figure string are found without the experiment
+# module passing them (its code, and so its code hash, stays as it is). None outside `judge`.
+JUDGING: contextvars.ContextVar[list | None] = contextvars.ContextVar("JUDGING", default=None)
+
+
+def note(kind: str, item: Any) -> None:
+    """Log `item` ('interval', 'decision' or 'check') for `statistics.judge`, when it is listening."""
+    log = JUDGING.get()
+    if log is not None:
+        log.append((kind, item))
+
+
 @dataclass
 class Check:
     """One part of a verdict: what is checked, the threshold fixed in advance, the measured figure, the outcome.
 
     `Check(what, threshold, figure, holds)` is decided by a yes/no comparison; a check decided by an interval
-    passes its outcome (`kqv.experiments.statistics.interval_check`), and `holds` follows from it."""
+    passes its outcome (`kqv.experiments.statistics.interval_check`), and `holds` follows from it.
+    `statistics.judge` fills `intervals` (each interval behind the figure as numbers, with the threshold or band
+    it was judged against) and, for an inconclusive check, `to_decide` (how many seeds would decide it)."""
 
     what: str
     threshold: str
     figure: str
     holds: bool
     outcome: str = ""  # HOLDS, FAILS or INCONCLUSIVE; '' means: from `holds`
+    intervals: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    to_decide: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.outcome:
@@ -74,6 +91,7 @@ class Check:
         if self.outcome not in OUTCOMES:
             raise ExperimentError(f"a check's outcome is one of {OUTCOMES}, got {self.outcome!r}")
         self.holds = self.outcome == HOLDS
+        note("check", self)
 
 
 def verdict(checks: Sequence[Check]) -> str:

@@ -11,7 +11,15 @@ import os
 from pathlib import Path
 
 from . import get, names
-from .report import VERDICT_RULE, check_rows, headline, markdown_table, provenance_line
+from .report import (
+    GPU_AFTER_SECONDS,
+    VERDICT_RULE,
+    check_rows,
+    deciding_section,
+    headline,
+    markdown_table,
+    provenance_line,
+)
 from .runner import RESULTS_FILE, load_record
 
 DISCUSSION_FILE = "discussion.md"
@@ -36,12 +44,22 @@ again with them.) Each results.json records the commit, the machine and the hash
 (`code`: the experiment's module and the kqv modules it imports, as syntax trees without docstrings, so a comment
 does not count as a change), and the test suite fails when that code changes until the experiment is rerun.
 
+Each check in a results.json also holds the intervals behind its figure as numbers (`intervals`: estimate, low,
+high, n, the spread per seed, and the threshold or band each was judged against with the claimed side), and an
+inconclusive check what would decide it (`to_decide`). Under "What would decide the inconclusive checks", each
+experiment gives for each such check the fewest seeds (or timed repeats) whose 95% interval would clear its
+threshold if the estimate and its spread over seeds stayed as measured (the standard sample-size calculation, with
+the Student-t interval the check uses), and the command that would run them; a run estimated at over {hours} h on
+the 2-core CPU (the record's time, scaled by that number) is marked for a GPU. Where the estimate lies on the wrong
+side of the threshold, no number of seeds makes the check hold: it says so, and names the run that would show
+that it does not.
+
 This page is generated from the results by `kqv experiment gallery`; the discussion of each experiment is
 written by hand in `docs/experiments/NAME/discussion.md`.
 """
 
 
-INTRO = INTRO.replace("{rule}", VERDICT_RULE)
+INTRO = INTRO.replace("{rule}", VERDICT_RULE).replace("{hours}", f"{GPU_AFTER_SECONDS / 3600:g}")
 
 
 def anchor(title: str) -> str:
@@ -74,6 +92,7 @@ def section(directory: Path, page_dir: Path) -> str:
         *beside_the_paper(record),
         f"**Verdict: {headline(record)}.**",
         markdown_table(["check", "threshold (fixed in advance)", "measured", "outcome"], check_rows(record)),
+        *deciding_section(record, rule=False),  # the rule is said once, in the introduction
     ]
     return "\n\n".join(parts)
 

@@ -1,7 +1,9 @@
-"""report.md of an experiment: the claim, how it was tested, the table, the plots and the computed verdict."""
+"""report.md of an experiment: the claim, how it was tested, the table, the plots and the computed verdict, and
+for each inconclusive check how many seeds would decide it, with the command that would run them."""
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from typing import Any
 
@@ -60,6 +62,85 @@ def provenance_line(record: dict[str, Any]) -> str:
     return f"**Code.** {code.get('recorded', 'not recorded (results from before provenance was kept)')}."
 
 
+# a run estimated to take longer than this on the machine the record was made on is suggested for a GPU
+GPU_AFTER_SECONDS = 3600
+DECIDING_RULE = (
+    "For each inconclusive check: the fewest seeds (or timed repeats) whose 95% interval would clear its threshold "
+    "if the estimate and its spread over seeds stayed as measured (the same Student-t interval the check uses), "
+    "and the command that would run them. The time is this record's, scaled by that number; a run estimated at "
+    f"over {GPU_AFTER_SECONDS // 3600} hour on the CPU it ran on is marked for a GPU."
+)
+
+
+def deciding_runs(record: dict[str, Any]) -> list[str]:
+    """One Markdown bullet for each inconclusive check of a record: how many seeds (or repeats) would decide it and
+    the command that would run them (on a GPU when the record's CPU would need over `GPU_AFTER_SECONDS`), or why
+    more seeds would not."""
+    lines = []
+    for check in record["checks"]:
+        if outcome(check) != "inconclusive":
+            continue
+        plan = check.get("to_decide")
+        if plan is None:
+            said = f"not computed: `kqv experiment rejudge {record['experiment']}` computes it"
+        elif plan["n"] is None:
+            said = plan["reason"]
+        else:
+            said = _deciding_run(record, plan)
+        lines.append(f"- *{check['what']}*: {said}")
+    return lines
+
+
+def _deciding_run(record: dict[str, Any], plan: dict[str, Any]) -> str:
+    """'N seeds would decide it ...: `command` (about T on C cores[: on a GPU])' for a check's `to_decide`."""
+    n, now, config = plan["n"], plan["now"], record["config"]
+    if now == config.get("seeds"):
+        unit, option = "seeds", ["--seeds", str(n)]
+    else:
+        field = next((k for k, v in config.items() if "repeat" in k and v == now), None)
+        if field is None:
+            return f"n={n} (now {now}) would decide it, but n counts neither the seeds nor the repeats of its config"
+        unit, option = f"repeats ({field})", ["--set", f"{field}={n}"]
+    seconds = record["seconds"] * n / now
+    gpu = seconds > GPU_AFTER_SECONDS
+    command = _with_option(record["command"], option + (["--device", "cuda"] if gpu else []))
+    way = "holds" if plan["as"] == "holds" else "does not hold"
+    said = f"{plan['reason']}. " if plan["reason"] else ""
+    cores = record["machine"].get("cpus", "?")
+    return (
+        f"{said}{n} {unit} (now {now}) would decide that it {way}: `{command}` (about {_duration(seconds)} on "
+        f"the {cores}-core CPU it ran on" + ("; so on a GPU)" if gpu else ")")
+    )
+
+
+def _with_option(command: str, option: list[str]) -> str:
+    """`command` with `option` (['--seeds', N], ['--set', 'field=N'], or with ['--device', D] after) set: an
+    earlier value of the same option (or field) replaced."""
+    words = shlex.split(command)
+    for flag, value in zip(option[::2], option[1::2]):
+        at = _option_at(words, flag, value)
+        if at is not None:
+            words[at + 1] = value
+        elif flag == "--device":  # where `runner.command_line` writes it: last
+            words += [flag, value]
+        else:  # after `kqv experiment run NAME [--quick]`
+            end = 5 if words[4:5] == ["--quick"] else 4
+            words[end:end] = [flag, value]
+    return shlex.join(words)
+
+
+def _option_at(words: list[str], flag: str, value: str) -> int | None:
+    """Where `words` already give `flag` (for --set, the same field as `value`), or None."""
+    for k in range(len(words) - 1):
+        if words[k] == flag and (flag != "--set" or words[k + 1].partition("=")[0] == value.partition("=")[0]):
+            return k
+    return None
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= GPU_AFTER_SECONDS else f"{max(1, round(seconds / 60))} min"
+
+
 def write_report(record: dict[str, Any], experiment: Experiment) -> str:
     """The text of report.md for a results.json record."""
     machine = record["machine"]
@@ -85,5 +166,15 @@ def write_report(record: dict[str, Any], experiment: Experiment) -> str:
         "Each check's threshold was written in the experiment module "
         f"(`kqv/experiments/{experiment.module.rpartition('.')[2]}.py`) before it ran; {VERDICT_RULE}.",
         markdown_table(["check", "threshold (fixed in advance)", "measured", "outcome"], check_rows(record)),
+        *deciding_section(record),
     ]
     return "\n\n".join(parts) + "\n"
+
+
+def deciding_section(record: dict[str, Any], rule: bool = True) -> list[str]:
+    """'What would decide the inconclusive checks' (with `DECIDING_RULE` when `rule`) and its bullets
+    (`deciding_runs`), or nothing when no check is inconclusive."""
+    lines = deciding_runs(record)
+    if not lines:
+        return []
+    return [f"**What would decide the inconclusive checks.**{f' {DECIDING_RULE}' if rule else ''}", "\n".join(lines)]

@@ -1,12 +1,13 @@
 """Run an experiment and write what it found: DIR/NAME/results.json, the PNG plots and report.md.
 
 results.json holds the config, the seeds, every measured number (`results`, per seed), the table, the checks and
-the verdict derived from them, the plots' file names, the command that produced it, the wall time, library versions
-and the machine (CPU count, torch threads, load average before and after: timings taken on a loaded machine are
-upper bounds), and its provenance (`kqv.experiments.provenance`): the git commit and whether the tree was dirty,
-torch, the CPU model and flags, and `code`, the hash of the modules the experiment ran, which the test suite
-compares with today's code. A `--quick` run is a smoke test of the code, not a test of the claim: its record
-says so in `smoke_test`, and its report and summary line say so first.
+the verdict derived from them (each check with the intervals behind its figure as numbers, and for an inconclusive
+one how many seeds would decide it: `statistics.judge`), the plots' file names, the command that produced it, the
+wall time, library versions and the machine (CPU count, torch threads, load average before and after: timings
+taken on a loaded machine are upper bounds), and its provenance (`kqv.experiments.provenance`): the git commit and
+whether the tree was dirty, torch, the CPU model and flags, and `code`, the hash of the modules the experiment ran,
+which the test suite compares with today's code. A `--quick` run is a smoke test of the code, not a test of the
+claim: its record says so in `smoke_test`, and its report and summary line say so first.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from . import get
 from .base import TRAINING_DEVICE, Check, Experiment, ExperimentError, Progress, verdict
 from .provenance import code_hash, git_state, provenance
 from .report import write_report
+from .statistics import judge
 
 RESULTS_FILE, REPORT_FILE = "results.json", "report.md"
 SMOKE_TEST = "smoke test (--quick): checks the code runs end to end; not a test of the claim"
@@ -104,7 +106,7 @@ def write_results(
     missing = [key for key in experiment.fields if key not in results]
     if missing:
         raise RuntimeError(f"experiment {experiment.name} measured no {missing}: its run() breaks its contract")
-    checks = experiment.checks(results)
+    checks = judge(experiment.checks, results)
     columns, rows = experiment.table(results)
     plots = [Path(p).name for p in experiment.plots(results, directory)]
     record = {
@@ -136,11 +138,12 @@ def write_results(
 def rejudge(directory: str | Path, *, plots: bool = False) -> dict[str, Any]:
     """Recompute the table, checks and verdict of a stored run from its per-seed numbers (no rerun) with today's
     checks, and rewrite its results.json and report.md (and its plots when `plots`). For fixing how a verdict
-    is reached; measured numbers never change here."""
+    is reached or presented (the checks' intervals and `to_decide`); measured numbers never change here: only
+    `table`, `checks`, `verdict`, `rejudged` (and `plots`, `smoke_test` when absent) are written."""
     directory = Path(directory)
     record = load_record(directory)
     experiment = get(record["experiment"])
-    checks = experiment.checks(record["results"])
+    checks = judge(experiment.checks, record["results"])
     columns, rows = experiment.table(record["results"])
     record.update(
         table={"columns": columns, "rows": rows},
@@ -160,8 +163,9 @@ def rejudge(directory: str | Path, *, plots: bool = False) -> dict[str, Any]:
 
 
 def checks_from_record(record: dict[str, Any]) -> list[Check]:
-    """The checks an experiment derives from the numbers of a results.json record (for tests and readers)."""
-    return get(record["experiment"]).checks(record["results"])
+    """The checks an experiment derives from the numbers of a results.json record, with the intervals behind them
+    (`statistics.judge`; for tests and readers)."""
+    return judge(get(record["experiment"]).checks, record["results"])
 
 
 def expected_minutes(name: str, quick: bool) -> float:
