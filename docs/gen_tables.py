@@ -2,8 +2,9 @@
 
 A table lives in a page between two markers, `<!-- table: NAME -->` and `<!-- /table -->`; this script replaces
 what is between them with the table `TABLES[NAME]` builds from its JSON files, each row with the machine it ran on,
-the date (from the JSON's own timestamp) and the command that wrote it. Prose explains the tables; it does not
-restate them. `tests/test_doc_tables.py` fails when a page's table differs from what this script writes.
+the date (from the JSON's own timestamp) and the number of its run in the list of commands under the table. Prose
+explains the tables; it does not restate them. `tests/test_doc_tables.py` fails when a page's table differs from
+what this script writes.
 
     python docs/gen_tables.py            # rewrite the tables in docs/*.md
     python docs/gen_tables.py --check    # exit 1, naming the tables, when a page is out of date
@@ -32,7 +33,8 @@ class Source:
     """One JSON file of measurements: where it ran and the command that wrote it."""
 
     file: str
-    machine: str
+    machine: str  # short, for the table's rows
+    detail: str  # the machine in full and what ran, for the list of commands under the table
     command: str
 
     def load(self) -> dict:
@@ -42,21 +44,25 @@ class Source:
 TRAIN_THROUGHPUT = [
     Source(
         "benchmarks/results/train_throughput_epyc.json",
+        "Zen 4",
         "AMD EPYC Zen 4, native bf16, 2 cores",
         "python benchmarks/train_throughput.py --rounds 7 --output benchmarks/results/train_throughput_epyc.json",
     ),
     Source(
         "benchmarks/results/train_throughput.json",
-        "Intel Xeon, AVX512F without bf16, 2 cores (before the block-wise loss)",
+        "Xeon",
+        "Intel Xeon, AVX512F without bf16, 2 cores, before the block-wise loss",
         "python benchmarks/train_throughput.py --rounds 7",
     ),
     Source(
         "benchmarks/results/train_throughput_zen5.json",
+        "Zen 5",
         "AMD EPYC Zen 5, native bf16, 2 cores",
         "python benchmarks/train_throughput.py --rounds 7 --output benchmarks/results/train_throughput_zen5.json",
     ),
     Source(
         "benchmarks/results/train_throughput_zen5_before_devices.json",
+        "Zen 5, before devices",
         "AMD EPYC Zen 5, native bf16, 2 cores: the code of commit 4ad9405, before CUDA devices",
         "PYTHONPATH=its/src python benchmarks/train_throughput.py --rounds 7 "
         "--output benchmarks/results/train_throughput_zen5_before_devices.json",
@@ -66,31 +72,36 @@ TRAIN_THROUGHPUT = [
 GENERATION_SPEED = [
     Source(
         "benchmarks/results/generation_speed_epyc.json",
-        "AMD EPYC Zen 4, native bf16",
+        "Zen 4",
+        "AMD EPYC Zen 4, native bf16, 2 cores",
         "python benchmarks/generation_speed.py --threads 1,2 --rounds 7 "
         "--output benchmarks/results/generation_speed_epyc.json",
     ),
     Source(
         "benchmarks/results/generation_speed_zen5.json",
-        "AMD EPYC Zen 5, native bf16",
+        "Zen 5",
+        "AMD EPYC Zen 5, native bf16, 2 cores",
         "python benchmarks/generation_speed.py --threads 1,2 --rounds 7 "
         "--output benchmarks/results/generation_speed_zen5.json",
     ),
     Source(
         "benchmarks/results/generation_speed_zen5_batch1_after.json",
-        "AMD EPYC Zen 5, native bf16: the same code, rerun after the before-devices code",
+        "Zen 5, rerun",
+        "AMD EPYC Zen 5, native bf16, 2 cores: the same code, rerun right after the before-devices code",
         "python benchmarks/generation_speed.py --threads 1,2 --rounds 7 --batches 1 --precision fp32 "
         "--output benchmarks/results/generation_speed_zen5_batch1_after.json",
     ),
     Source(
         "benchmarks/results/generation_speed_threads_epyc.json",
-        "AMD EPYC Zen 4, native bf16: before the one-row products",
+        "Zen 4, before one-row products",
+        "AMD EPYC Zen 4, native bf16, 2 cores: the code before the one-row products",
         "python benchmarks/generation_speed.py --threads 1,2 --rounds 7 "
         "--output benchmarks/results/generation_speed_threads_epyc.json",
     ),
     Source(
         "benchmarks/results/generation_speed_threads.json",
-        "Intel Xeon without native bf16: before the one-row products",
+        "Xeon, before one-row products",
+        "Intel Xeon without native bf16, 2 cores: the code before the one-row products",
         "python benchmarks/generation_speed.py --threads 1,2 --rounds 10 "
         "--output benchmarks/results/generation_speed_threads.json",
     ),
@@ -103,11 +114,21 @@ def day(record: dict) -> str:
     return record["timestamp"][:10]
 
 
-def markdown(header: list[str], rows: list[list[str]], right: int) -> str:
-    """A Markdown table; the columns from `right` on are numbers, aligned right."""
+def markdown(header: list[str], rows: list[list[str]], right: int, sources: list[Source]) -> str:
+    """A Markdown table whose first three columns are the machine, the date and the number of the source, the
+    columns from `right` on numbers (aligned right), followed by the numbered list of the sources' commands."""
     align = ["---"] * right + ["---:"] * (len(header) - right)
-    lines = [header, align, *rows]
-    return "".join("| " + " | ".join(cells) + " |\n" for cells in lines)
+    lines = [["machine", "date", "run", *header], ["---", "---", "---", *align], *rows]
+    table = "".join("| " + " | ".join(cells) + " |\n" for cells in lines)
+    listed = "".join(
+        f"{number}. {source.detail}, {day(source.load())}: `{source.command}` (`{source.file}`)\n"
+        for number, source in enumerate(sources, 1)
+    )
+    return f"{table}\nRuns:\n\n{listed}"
+
+
+def first_columns(source: Source, sources: list[Source]) -> list[str]:
+    return [source.machine, day(source.load()), str(sources.index(source) + 1)]
 
 
 def train_throughput_table() -> str:
@@ -121,9 +142,7 @@ def train_throughput_table() -> str:
             peak = record["matmul_peak_flops_per_s"][precision] / 1e9
             rows.append(
                 [
-                    source.machine,
-                    day(record),
-                    f"`{source.command}`",
+                    *first_columns(source, TRAIN_THROUGHPUT),
                     "fp32" if precision == "fp32" else "bf16 autocast",
                     f"{kqv['tokens_per_s']:,.0f}",
                     *(f"{by_model[peer]['tokens_per_s']:,.0f}" for peer in PEERS),
@@ -131,9 +150,9 @@ def train_throughput_table() -> str:
                     f"{kqv['fraction_of_matmul_peak']:.1%} of {peak:,.3g} GFLOP/s",
                 ]
             )
-    header = ["machine", "date", "command", "precision", "kqv tokens/s", *PEERS.values()]
+    header = ["precision", "kqv tokens/s", *PEERS.values()]
     header += ["kqv / fastest peer (ratio of medians; median of per-round ratios)", "kqv, fraction of the matmul peak"]
-    return markdown(header, rows, right=4)
+    return markdown(header, rows, right=1, sources=TRAIN_THROUGHPUT)
 
 
 def generation_speed_table() -> str:
@@ -148,9 +167,7 @@ def generation_speed_table() -> str:
             fp32, bf16, int8 = (found.get((threads, batch, p)) for p in ("fp32", "bf16", "int8"))
             rows.append(
                 [
-                    source.machine,
-                    day(record),
-                    f"`{source.command}`",
+                    *first_columns(source, GENERATION_SPEED),
                     str(threads),
                     str(batch),
                     f"{fp32['kqv_tokens_per_s']:,.1f}",
@@ -161,10 +178,10 @@ def generation_speed_table() -> str:
                     "" if int8 is None else f"{int8['kqv_tokens_per_s']:,.1f} ({int8['kqv_over_hf_paired']:.2f})",
                 ]
             )
-    header = ["machine", "date", "command", "threads", "batch", "fp32 kqv tokens/s", "fp32 HF tokens/s"]
+    header = ["threads", "batch", "fp32 kqv tokens/s", "fp32 HF tokens/s"]
     header += ["**fp32 kqv / HF**", "tokens identical to HF's", "bf16 kqv / HF, both bf16 (kqv tokens/s)"]
     header += ["int8 kqv tokens/s (kqv / HF fp32)"]
-    return markdown(header, rows, right=3)
+    return markdown(header, rows, right=0, sources=GENERATION_SPEED)
 
 
 TABLES: dict[str, Callable[[], str]] = {

@@ -2,6 +2,7 @@
 from what `docs/gen_tables.py` builds fails here (edit the JSON's source or rerun the command, never the table)."""
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -27,8 +28,12 @@ def test_each_table_is_on_a_page_and_every_row_names_machine_date_and_command(na
     tables = gen_tables()
     pages = [page for page in tables.pages() if f"<!-- table: {name} -->" in page.read_text()]
     assert pages, f"no page holds the table {name}"
-    rows = tables.TABLES[name]().splitlines()[2:]
-    assert rows and all("| 2026-" in row and ("`python " in row or "`PYTHONPATH=" in row) for row in rows)
+    table, runs = tables.TABLES[name]().split("\nRuns:\n\n")
+    rows, commands = table.splitlines()[2:], runs.splitlines()
+    assert rows and all(re.match(r"\| [^|]+ \| 2026-\d\d-\d\d \| \d+ \|", row) for row in rows)
+    numbers = {int(row.split("|")[3]) for row in rows}
+    assert numbers == set(range(1, len(commands) + 1))
+    assert all(re.match(r"\d+\. .+, 2026-\d\d-\d\d: `(PYTHONPATH=\S+ )?python benchmarks/", c) for c in commands)
 
 
 def test_a_changed_figure_is_found():
