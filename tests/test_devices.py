@@ -318,16 +318,40 @@ def test_the_cpu_keeps_its_precision_and_never_takes_fp16(monkeypatch):
         cpu.precision("fp16")
 
 
-def test_tf32_is_set_on_cuda_only(monkeypatch):
-    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    try:
-        Accelerator.resolve("cpu").use_tf32(not before[0])
-        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
-        for enabled in (True, False):
-            Accelerator(torch.device("cuda")).use_tf32(enabled)
-            assert torch.backends.cuda.matmul.allow_tf32 is enabled and torch.backends.cudnn.allow_tf32 is enabled
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+def _tf32_settings() -> list:
+    return [getattr(owner, name) for owner, name, _, _ in devices.tf32_switches()]
+
+
+def test_tf32_is_set_on_cuda_only_and_restored_after_the_block():
+    before = _tf32_settings()
+    with Accelerator.resolve("cpu").tf32(True):
+        assert _tf32_settings() == before
+    for enabled in (True, False):
+        with Accelerator(torch.device("cuda")).tf32(enabled):
+            assert _tf32_settings() == [on if enabled else off for _, _, on, off in devices.tf32_switches()]
+        assert _tf32_settings() == before
+
+
+def test_tf32_goes_through_torchs_fp32_precision_where_torch_has_it():
+    if not hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        pytest.skip(f"torch {torch.__version__} has only the legacy allow_tf32 flags")
+    assert [(owner, name) for owner, name, _, _ in devices.tf32_switches()] == [
+        (torch.backends.cuda.matmul, "fp32_precision"),
+        (torch.backends.cudnn.conv, "fp32_precision"),
+    ]
+
+
+def test_a_training_step_sets_tf32_and_leaves_it_as_it_was():
+    precision = MixedPrecision(Accelerator(torch.device("cuda")), "fp32", tf32=True)
+    before = _tf32_settings()
+    seen = []
+    with precision.autocast():
+        seen.append(_tf32_settings())
+    model = nn.Linear(2, 1)
+    model.register_full_backward_hook(lambda *_: seen.append(_tf32_settings()))
+    precision.backward(model(torch.ones(1, 2, requires_grad=True)).sum())
+    tf32 = [on for _, _, on, _ in devices.tf32_switches()]
+    assert seen == [tf32, tf32] and _tf32_settings() == before
 
 
 def test_a_cpu_batch_is_left_untouched_and_other_devices_get_every_tensor():
@@ -468,13 +492,9 @@ def test_overflow_at_a_scale_of_one_is_counted_by_the_guard():
 
 @contextmanager
 def exact_fp32():
-    """fp32 products without TF32 (a Trainer turns TF32 on, as train.tf32 says)."""
-    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    try:
+    """fp32 products without TF32 (a Trainer's steps use TF32, as train.tf32 says)."""
+    with devices.tf32_products(False):
         yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
 
 
 @cuda
@@ -545,3 +565,22 @@ def test_translation_and_beam_search_run_on_cuda(beam_size):
         on_cpu = model.generate(src, 6, bos_id=1, eos_id=2, beam_size=beam_size, src_mask=mask)
         on_gpu = model.cuda().generate(src.cuda(), 6, bos_id=1, eos_id=2, beam_size=beam_size, src_mask=mask.cuda())
     assert torch.equal(on_gpu.cpu(), on_cpu)
+
+
+def test_host_batches_bound_for_a_gpu_are_pinned_first(monkeypatch):
+    """A `non_blocking` copy from pageable memory is synchronous: host tensors go through pinned memory."""
+    pinned, copied = [], []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t: pinned.append(t) or t)
+    monkeypatch.setattr(torch.Tensor, "to", lambda t, device, non_blocking=False: copied.append(non_blocking) or t)
+    ids = torch.ones(2, 3, dtype=torch.long)
+    Accelerator(torch.device("cuda")).put({"ids": ids, "rest": (torch.zeros(1), 7)})
+    assert len(pinned) == 2 and pinned[0] is ids and copied == [True, True]
+    pinned.clear()
+    Accelerator(torch.device("mps")).put(ids)
+    assert not pinned
+
+
+@cuda
+def test_a_batch_reaches_the_gpu_through_pinned_memory():
+    batch = Accelerator.resolve("cuda").put({"ids": torch.arange(6).view(2, 3)})
+    assert batch["ids"].is_cuda and torch.equal(batch["ids"].cpu(), torch.arange(6).view(2, 3))

@@ -19,7 +19,8 @@ Every device-specific choice lives here, not as `if device == ...` ladders throu
 from __future__ import annotations
 
 import re
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -163,23 +164,27 @@ class Accelerator:
             return None
         return torch.amp.GradScaler(self.type)
 
-    def use_tf32(self, enabled: bool) -> None:
-        """Let fp32 matrix products on a CUDA GPU use TF32 tensor cores (10-bit significand, about 8x the fp32
-        throughput on Ampere and later) or not. Nothing changes on other devices: the CPU's setting would
-        switch oneDNN to reduced-precision products."""
-        if self.type != "cuda":
-            return
-        torch.backends.cuda.matmul.allow_tf32 = enabled
-        torch.backends.cudnn.allow_tf32 = enabled
+    def tf32(self, enabled: bool) -> AbstractContextManager:
+        """Inside the block, let fp32 matrix products and convolutions on a CUDA GPU use TF32 tensor cores (10-bit
+        significand, about 8x the fp32 throughput on Ampere and later) or not; after it, the setting is what it was
+        (torch's is process-wide, and a library that trains must not leave it changed). Nothing changes on other
+        devices: the CPU's setting would switch oneDNN to reduced-precision products."""
+        return tf32_products(enabled) if self.type == "cuda" else nullcontext()
 
     def batch(self, batch: Any) -> Any:
         """A training batch on this device; on the CPU the batch itself, untouched (no per-step cost there)."""
         return batch if self.type == "cpu" else self.put(batch)
 
+    def staged(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A host tensor bound for a CUDA GPU in page-locked (pinned) memory, so that the `non_blocking` copy is
+        asynchronous (from pageable memory CUDA copies through a staging buffer, synchronously); anything else as
+        it is."""
+        return tensor.pin_memory() if _pins(self, tensor) else tensor
+
     def put(self, batch: Any) -> Any:
         """`batch` (a tensor, or a tuple/list/dict of them, anything else kept) on this device."""
         if isinstance(batch, torch.Tensor):
-            return batch.to(self.device, non_blocking=True)
+            return self.staged(batch).to(self.device, non_blocking=True)
         if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
             return type(batch)(*(self.put(x) for x in batch))
         if isinstance(batch, (tuple, list)):
@@ -187,6 +192,35 @@ class Accelerator:
         if isinstance(batch, dict):
             return {k: self.put(v) for k, v in batch.items()}
         return batch
+
+
+def tf32_switches() -> list[tuple[Any, str, Any, Any]]:
+    """(object, attribute, TF32 value, exact-fp32 value) of torch's TF32 settings: `fp32_precision` of cuBLAS's
+    products and cuDNN's convolutions where torch has it (2.9 and later; mixing it with the legacy `allow_tf32`
+    flags is an error there), the legacy flags before."""
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        return [(torch.backends.cuda.matmul, "fp32_precision", "tf32", "ieee")] + [
+            (torch.backends.cudnn.conv, "fp32_precision", "tf32", "ieee")
+        ]
+    return [(torch.backends.cuda.matmul, "allow_tf32", True, False), (torch.backends.cudnn, "allow_tf32", True, False)]
+
+
+@contextmanager
+def tf32_products(enabled: bool) -> Iterator[None]:
+    """TF32 (`enabled`) or exact fp32 products inside the block, torch's previous settings restored after it."""
+    switches = tf32_switches()
+    before = [getattr(owner, name) for owner, name, _, _ in switches]
+    for owner, name, on, off in switches:
+        setattr(owner, name, on if enabled else off)
+    try:
+        yield
+    finally:
+        for (owner, name, _, _), value in zip(switches, before):
+            setattr(owner, name, value)
+
+
+def _pins(accelerator: Accelerator, tensor: torch.Tensor) -> bool:
+    return accelerator.type == "cuda" and tensor.device.type == "cpu" and not tensor.is_pinned()
 
 
 def check_cuda(name: str) -> None:

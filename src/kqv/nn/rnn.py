@@ -285,4 +285,4 @@ def source_lengths(mask: Tensor) -> Tensor:
         raise DataError("src_mask marks a source sentence with no tokens; every sentence needs at least one")
     if not all(right_padded):
         raise DataError("src_mask must mark padding on the right only (1 1 1 0 0), as the LSTM encoder packs it")
-    return torch.tensor(lengths)
+    return torch.tensor(lengths, device="cpu")  # where pack_padded_sequence takes them

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+from contextlib import ExitStack
 
 import torch
 
@@ -56,9 +57,11 @@ def bound_kernel_caches(capacity: int = KERNEL_CACHE_CAPACITY) -> None:
 
 
 class MixedPrecision:
-    """The training precision on one device: TF32 products as asked (`Accelerator.use_tf32`), the autocast of every
-    forward pass, and the gradient side of an update: fp16's loss scaler (`torch.amp.GradScaler`), or nothing at all
-    in every other precision (the CPU's path is the plain one: backward, clip, step).
+    """The training precision on one device: TF32 products as asked (`Accelerator.tf32`: set around every forward
+    and backward pass, torch's setting restored after each, so a run leaves the process as it found it), the
+    autocast of every forward pass, and the gradient side of an update: fp16's loss scaler
+    (`torch.amp.GradScaler`), or nothing at all in every other precision (the CPU's path is the plain one:
+    backward, clip, step).
 
     With fp16 the loss is multiplied by a scale before backward so that small gradients survive fp16's range, and
     the gradients are divided by it before clipping. A scale too large overflows: the gradients come back
@@ -68,16 +71,20 @@ class MixedPrecision:
     """
 
     def __init__(self, device: Accelerator = CPU, precision: Precision = "fp32", tf32: bool = True):
-        device.use_tf32(tf32)
-        self.device, self.precision = device, precision
+        self.device, self.precision, self.tf32 = device, precision, tf32
         self.scaler = device.grad_scaler(precision)
         self.overflowed = False  # whether the last update was skipped by the scaler, not by the guard
 
-    def autocast(self) -> torch.autocast:
-        return self.device.autocast(self.precision)
+    def autocast(self) -> ExitStack:
+        """The context of a forward pass: TF32 as asked and autocast to the precision."""
+        context = ExitStack()
+        context.enter_context(self.device.tf32(self.tf32))
+        context.enter_context(self.device.autocast(self.precision))
+        return context
 
     def backward(self, loss: torch.Tensor) -> None:
-        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+        with self.device.tf32(self.tf32):
+            (loss if self.scaler is None else self.scaler.scale(loss)).backward()
 
     def clip(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, max_norm: float) -> float:
         """Unscale the gradients (fp16) and clip them to `max_norm`; returns their norm before clipping (of the
