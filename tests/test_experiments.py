@@ -106,6 +106,40 @@ def test_bad_input_is_a_clear_error_with_exit_status_2(argv, message, capsys, tm
     assert not any(tmp_path.iterdir()), "nothing may run before the input is checked"
 
 
+def test_the_command_prints_what_the_python_actions_return(tmp_path, capsys):
+    """`kqv experiment run/list` only parse and print: `kqv.experiments.actions` runs the same experiment to the
+    same record, and its summary is the printed text."""
+    from kqv.experiments.actions import claims, planned_runs, run_experiments, summary
+
+    assert main(["experiment", "run", "parallelism", "--quick", "--out", str(tmp_path / "cli"), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    ((position, record),) = list(run_experiments("parallelism", quick=True, out=tmp_path / "py", progress=False))
+    cli = json.loads((tmp_path / "cli" / "parallelism" / RESULTS_FILE).read_text())
+    same = ("experiment", "quick", "config", "seeds")  # the timings differ, the run does not
+    assert position == (1, 1) and json.loads(json.dumps({k: record[k] for k in same})) == {k: cli[k] for k in same}
+    assert [c["what"] for c in record["checks"]] == [c["what"] for c in cli["checks"]]
+    assert summary(cli, (1, 1), tmp_path / "cli") in printed
+    assert printed.startswith("kqv: smoke test (--quick)")
+    assert [name for name, _ in claims()] == names()
+    assert main(["experiment", "list"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].split()[0] == names()[0]
+    plan = planned_runs("all", True, ["repeats=2"], None)  # with `all`, each experiment takes the options it has
+    assert list(plan) == names() and plan["parallelism"] == ["repeats=2"] and plan["heads"] == []
+
+
+def test_a_bad_experiment_option_is_refused_by_python_before_anything_runs(tmp_path):
+    from kqv.errors import ConfigError
+    from kqv.experiments.actions import rejudge_runs, run_experiments
+
+    with pytest.raises(ConfigError, match="seeds must be at least 1"):
+        run_experiments("heads", quick=True, seeds=0, out=tmp_path)
+    with pytest.raises(ConfigError, match=r"no experiment has the option\(s\) of \['colour=3'\]"):
+        run_experiments("all", quick=True, overrides=["colour=3"], out=tmp_path)
+    with pytest.raises(ConfigError, match="no experiment results in"):
+        rejudge_runs("all", tmp_path)
+    assert not any(tmp_path.iterdir())
+
+
 def test_overrides_are_typed_and_validated():
     config = get("parallelism").full
     changed = with_overrides(config, ["lengths=[64, 128]", "tokens=256", "threads=1"])

@@ -5,100 +5,59 @@ kqv experiment run NAME [--quick] [--seeds N] [--out DIR] [--set FIELD=VALUE] [-
 kqv experiment run all [--quick] ...
 kqv experiment gallery [--dir docs/experiments] [--out docs/experiments.md]
 kqv experiment rejudge NAME|all [--dir docs/experiments]   (recompute verdicts from stored numbers, no rerun)
+
+Each action parses its flags, calls `kqv.experiments.actions` and prints what comes back.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-from ..errors import ConfigError
 from .commands import Command
 from .flags import DEVICE_HELP
 
 
 def cmd_list(args: argparse.Namespace) -> None:
-    from ..experiments import get, names
+    from ..experiments.actions import claims
 
-    width = max(map(len, names()))
-    for name in names():
-        print(f"{name:<{width}}  {get(name).claim}")
+    listed = claims()
+    width = max(len(name) for name, _ in listed)
+    for name, claim in listed:
+        print(f"{name:<{width}}  {claim}")
 
 
 def cmd_run(args: argparse.Namespace) -> None:
-    from ..experiments import get, names
-    from ..experiments.runner import SMOKE_TEST, expected_minutes, run_experiment
+    from ..experiments.actions import run_experiments, summary
+    from ..experiments.runner import SMOKE_TEST
 
-    chosen = names() if args.name == "all" else [args.name]
-    overrides = {name: own_overrides(get(name), args.set) if args.name == "all" else args.set for name in chosen}
-    unknown = set(args.set) - {o for own in overrides.values() for o in own}
-    if unknown:
-        raise ConfigError(f"no experiment has the option(s) of {sorted(unknown)}; see each experiment's Config")
-    for name in chosen:  # every name and config is checked before anything runs
-        get(name).config(args.quick, overrides[name])
-    if args.seeds is not None and args.seeds < 1:
-        raise ConfigError(f"--seeds must be at least 1, got {args.seeds}")
+    records = run_experiments(  # every name and option is checked here, before anything runs
+        args.name,
+        quick=args.quick,
+        seeds=args.seeds,
+        out=args.out,
+        overrides=args.set,
+        threads=args.threads,
+        progress=not args.quiet,
+        device=args.device,
+    )
     if args.quick:
         print(f"kqv: {SMOKE_TEST}", flush=True)
-    work = [expected_minutes(name, args.quick) for name in chosen]
-    for k, name in enumerate(chosen):
-        record = run_experiment(
-            name,
-            quick=args.quick,
-            seeds=args.seeds,
-            out=args.out,
-            overrides=overrides[name],
-            threads=args.threads,
-            progress=not args.quiet,
-            device=args.device,
-            position=(k + 1, len(chosen)),
-            share=(sum(work[:k]) / sum(work), work[k] / sum(work)),
-        )
-        print(summary(record, k + 1, len(chosen), args.out))
-        sys.stdout.flush()
-
-
-def summary(record: dict, k: int, n: int, out: str) -> str:
-    """The lines printed after an experiment: its place in the run, its verdict (labelled as a smoke test's when
-    it was a quick run) and each check's outcome."""
-    name, minutes = record["experiment"], record["seconds"] / 60
-    verdict = f"smoke test only, checks read: {record['verdict']}" if record["quick"] else record["verdict"]
-    lines = [f"[{k}/{n}] {name}: {verdict} ({minutes:.1f} min) -> {out}/{name}/report.md"]
-    lines += [
-        f"  [{check.get('outcome', check['holds'])}] {check['what']}: {check['figure']}" for check in record["checks"]
-    ]
-    return "\n".join(lines)
-
-
-def own_overrides(experiment, overrides: list[str]) -> list[str]:
-    """The `field=value` overrides whose field the experiment's config has (for `run all`)."""
-    return [o for o in overrides if o.partition("=")[0].strip() in experiment.options()]
+    for position, record in records:
+        print(summary(record, position, args.out), flush=True)
 
 
 def cmd_gallery(args: argparse.Namespace) -> None:
-    from ..experiments.gallery import gallery
+    from ..experiments.actions import write_gallery
 
-    page = Path(args.out)
-    text = gallery(args.dir, page)
-    page.parent.mkdir(parents=True, exist_ok=True)
-    page.write_text(text, encoding="utf-8")
+    page = write_gallery(args.dir, args.out)
     print(f"wrote {page} from the results in {args.dir}")
 
 
 def cmd_rejudge(args: argparse.Namespace) -> None:
-    from ..experiments import get, names
-    from ..experiments.runner import RESULTS_FILE, rejudge
+    from ..experiments.actions import rejudge_runs
+    from ..experiments.runner import RESULTS_FILE
 
-    chosen = (
-        [n for n in names() if (Path(args.dir) / n / RESULTS_FILE).is_file()] if args.name == "all" else [args.name]
-    )
-    if args.name != "all":
-        get(args.name)  # an unknown name is a clear error
-    if not chosen:
-        raise ConfigError(f"no experiment results in {args.dir}; run `kqv experiment run NAME --out {args.dir}` first")
-    for name in chosen:
-        record = rejudge(Path(args.dir) / name)
+    for name, record in rejudge_runs(args.name, args.dir):
         print(f"{name}: {record['verdict']} (re-judged from {args.dir}/{name}/{RESULTS_FILE})")
 
 

@@ -54,7 +54,18 @@ EXPERIMENTS: dict[str, Experiment] = {
 }
 
 # the modules of this package that are not experiments (tests check that every other module is registered)
-SUPPORT_MODULES = ("ablations", "base", "gallery", "lm", "plotting", "provenance", "report", "runner", "statistics")
+SUPPORT_MODULES = (
+    "ablations",
+    "actions",
+    "base",
+    "gallery",
+    "lm",
+    "plotting",
+    "provenance",
+    "report",
+    "runner",
+    "statistics",
+)
 
 
 def names() -> list[str]:

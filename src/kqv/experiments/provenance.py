@@ -34,6 +34,7 @@ PRESENTATION = {
     "kqv.experiments.report",
     "kqv.experiments.runner",
     "kqv.experiments.gallery",
+    "kqv.experiments.actions",
 }
 # the CPU features that decide which kernels torch can use (present ones are listed)
 CPU_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "sse4_2", "asimd", "sve")
