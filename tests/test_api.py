@@ -145,7 +145,7 @@ def test_an_operation_the_run_s_job_does_not_offer_is_a_clear_error(lm_dir, mt_d
 
 
 def test_bad_arguments_are_kqv_errors_named_for_python(lm_dir, mt_dir, tmp_path):
-    with pytest.raises(ConfigError, match="count must be at least 1"):
+    with pytest.raises(ConfigError, match="count must be an integer from 1 to 10,000, got 0"):
         kqv.load(lm_dir).generate("To", count=0)
     with pytest.raises(ConfigError, match=r"dtype must be one of \['bf16', 'fp32', 'int8'\]"):
         kqv.load(lm_dir).generate("To", dtype="fp16")

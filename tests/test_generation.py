@@ -101,10 +101,10 @@ def test_sampling_is_reproducible_with_a_generator():
 @pytest.mark.parametrize(
     "options,message",
     [
-        (dict(max_new_tokens=0), "max_new_tokens must be a positive integer"),
-        (dict(max_new_tokens=3, temperature=-1.0), "temperature must be >= 0"),
-        (dict(max_new_tokens=3, top_k=0), "top_k must be at least 1"),
-        (dict(max_new_tokens=3, top_p=1.5), r"top_p must be in \(0, 1\]"),
+        (dict(max_new_tokens=0), "max_new_tokens must be an integer from 1 to 100,000, got 0"),
+        (dict(max_new_tokens=3, temperature=-1.0), r"temperature must be 0 \(greedy\) or a number from 0.001"),
+        (dict(max_new_tokens=3, top_k=0), "top_k must be an integer of at least 1, got 0"),
+        (dict(max_new_tokens=3, top_p=1.5), "top_p must be a number greater than 0 and at most 1, got 1.5"),
     ],
 )
 def test_bad_generation_options_are_named(options, message):

@@ -12,6 +12,7 @@ guard_startup()  # the `kqv` command: Ctrl-C or SIGTERM while torch and the rest
 from .api import embed, load, similarity, train  # the application layer, above the model
 from .nn.attention import Attention, KVCache, MultiHeadAttention, causal_mask, scaled_dot_product_attention
 from .nn.config import ModelConfig
+from .nn.generation import GenerationConfig
 from .nn.heads import ClassificationHead, MaskedLM, MaskedLMHead, SequenceClassifier
 from .nn.layers import DecoderBlock, EncoderBlock, FeedForward
 from .nn.models import DecoderLM, Encoder, EncoderDecoder, count_parameters
@@ -26,6 +27,7 @@ __all__ = [
     "EncoderBlock",
     "EncoderDecoder",
     "FeedForward",
+    "GenerationConfig",
     "KVCache",
     "MaskedLM",
     "MaskedLMHead",

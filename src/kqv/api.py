@@ -4,6 +4,8 @@
     kqv.train("lm", "quick", out="runs/lm", steps=200)           # the summary, as in summary.json
     run = kqv.load("runs/lm")                                     # an LMRun (MTRun for a translation run, ...)
     run.generate("ROMEO:", max_new_tokens=100, temperature=0)     # ["ROMEO: ..."]
+    run.generate("ROMEO:", kqv.GenerationConfig(top_p=0.9, count=3))  # the same options as one checked config
+    kqv.load("gpt2-dir").generate("Hello")                         # a Hugging Face directory, converted offline
     run.evaluate()                                                # LMEvaluation(loss=..., perplexity=..., ...)
     run.attention("To be, or not to be")                          # AttentionMaps: weights, row and column tokens
     mt = kqv.load("runs/mt")
@@ -36,6 +38,7 @@ from .jobs.mt import MTEvaluation, MTRun
 from .jobs.pretrained import PretrainedRun, is_hf_directory
 from .jobs.vit import ClsAttention, VitEvaluation, VitRun
 from .nn.devices import Accelerator
+from .nn.generation import GenerationConfig
 from .train.events import Event
 from .train.rundir import named_run_path
 from .train.runs import RunConfig
@@ -155,6 +158,7 @@ def similarity(texts: Sequence[str], *, model: str | Path | None = None, device:
 __all__ = [
     "AttentionMaps",
     "ClsAttention",
+    "GenerationConfig",
     "LMEvaluation",
     "LMRun",
     "MTEvaluation",

@@ -18,6 +18,7 @@ from .. import api
 from ..errors import RunError
 from ..jobs import all_jobs, get_job
 from ..jobs.base import TrainedRun
+from ..jobs.pretrained import PretrainedRun, is_hf_directory
 from ..train.runs import read_run, run_task
 from .flags import DEVICE_FLAG, SHARED_TRAIN_FLAGS, TRAIN_FLAGS, Flag
 
@@ -82,12 +83,13 @@ class JobCommand:
     calls the run's methods and prints their results."""
 
     help: str
-    run: Callable[[TrainedRun, argparse.Namespace], Any]
+    run: Callable[[TrainedRun | PretrainedRun, argparse.Namespace], Any]
     flags: tuple[Flag, ...] = ()
 
 
 class RunCommand(Command):
-    """`kqv NAME RUN [flags]`: answered by the job that wrote RUN (its run.toml's task), for the jobs in `by_job`."""
+    """`kqv NAME RUN [flags]`: RUN loaded by `kqv.api.load`, answered by the entry of the job that wrote it (its
+    run.toml's task; "lm" for a Hugging Face directory), for the jobs in `by_job`."""
 
     def __init__(self, by_job: dict[str, JobCommand]):
         self.by_job = dict(sorted(by_job.items()))
@@ -100,7 +102,7 @@ class RunCommand(Command):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         """RUN, then every job's flags once; a flag only some jobs have says whose it is."""
-        parser.add_argument("run", help="a run directory")
+        parser.add_argument("run", help="a run directory, or a Hugging Face model directory (as kqv.load takes)")
         DEVICE_FLAG.add_to(parser)
         seen: set[str] = set()
         for command in self.by_job.values():
@@ -113,12 +115,14 @@ class RunCommand(Command):
                     flag.add_to(parser, f"{'/'.join(owners)}: {flag.help}" if len(owners) < len(self.by_job) else None)
 
     def run(self, args: argparse.Namespace) -> Any:
-        job = get_job(run_task(read_run(args.run)))
-        if job.name not in self.by_job:
-            raise RunError(
-                f"{args.run} is a run of task {job.name!r}; kqv {args.command} works on runs of {sorted(self.by_job)}"
-            )
-        return self.by_job[job.name].run(job.load(args.run, args.device), args)
+        """Load RUN as `kqv.load` does (a kqv run, or a Hugging Face directory, whose operations are an LM run's)
+        and hand it to the entry of its job; a run of a job without one is refused before its model is read."""
+        hf = is_hf_directory(args.run)
+        kind = "lm" if hf else get_job(run_task(read_run(args.run))).name
+        if kind not in self.by_job:
+            what = "a Hugging Face model directory" if hf else f"a run of task {kind!r}"
+            raise RunError(f"{args.run} is {what}; kqv {args.command} works on runs of {sorted(self.by_job)}")
+        return self.by_job[kind].run(api.load(args.run, device=args.device), args)
 
 
 def report(line: str, result: dict[str, Any], as_json: bool) -> None:

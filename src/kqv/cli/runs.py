@@ -1,5 +1,6 @@
 """The commands on a trained run (`kqv generate|eval|attention|translate RUN`): per job, its flags and a function
-that calls the run's methods (`LMRun.generate`, `MTRun.evaluate`, ...) and prints what they return."""
+that calls the run's methods (`LMRun.generate`, `MTRun.evaluate`, ...) and prints what they return. A Hugging Face
+directory (`kqv.jobs.pretrained.PretrainedRun`) offers the operations of an LM run and takes the "lm" entries."""
 
 from __future__ import annotations
 
@@ -8,32 +9,27 @@ import sys
 from pathlib import Path
 
 from ..errors import ConfigError, DataError
-from ..jobs.lm import ATTENTION_MAX_TOKENS, GENERATION_DTYPES, LMRun
+from ..jobs.lm import ATTENTION_MAX_TOKENS, LMRun
 from ..jobs.mt import MTRun
+from ..jobs.pretrained import PretrainedRun
 from ..jobs.vit import VitRun
+from ..nn.generation import GENERATION_DTYPES
 from .commands import JobCommand, RunCommand, report
 from .flags import BEAM_FLAGS, JSON_FLAG, OUT_PNG_FLAG, Flag
 
-# -- language-model runs -------------------------------------------------------------------------------------------
+# -- language-model runs (and Hugging Face directories, whose operations are an LM run's) ----------------------
+
+GENERATION_FLAGS = ("max_new_tokens", "temperature", "top_k", "top_p", "count", "seed", "dtype")  # GenerationConfig
 
 
-def lm_generate(run: LMRun, args: argparse.Namespace) -> None:
-    texts = run.generate(
-        args.prompt,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        count=args.count,
-        seed=args.seed,
-        use_cache=not args.no_cache,
-        dtype=args.dtype,
-    )
+def lm_generate(run: LMRun | PretrainedRun, args: argparse.Namespace) -> None:
+    options = {name: getattr(args, name) for name in GENERATION_FLAGS}  # checked as one GenerationConfig
+    texts = run.generate(args.prompt, use_cache=not args.no_cache, **options)
     for i, text in enumerate(texts):
         print(text if args.count == 1 else f"--- sample {i + 1} ---\n{text}")
 
 
-def lm_evaluate(run: LMRun, args: argparse.Namespace) -> None:
+def lm_evaluate(run: LMRun | PretrainedRun, args: argparse.Namespace) -> None:
     result = run.evaluate(args.data, max_tokens=args.max_tokens)
     report(
         f"{result.source}: {result.tokens:,} tokens, loss {result.loss:.4f} nats/token, perplexity "
@@ -43,7 +39,7 @@ def lm_evaluate(run: LMRun, args: argparse.Namespace) -> None:
     )
 
 
-def lm_attention(run: LMRun, args: argparse.Namespace) -> None:
+def lm_attention(run: LMRun | PretrainedRun, args: argparse.Namespace) -> None:
     from ..explore.plots import plot_attention_grid  # matplotlib only when drawing
 
     if args.text is None:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -52,10 +52,10 @@ from ..errors import ConfigError
 from ..train.metrics import strict_json
 from .analysis import weights_as
 from .export import STATIC, standalone_page
-from .guard import ANALYZE_NUMBERS, CONTINUE_NUMBERS, LOOPBACK, FrontDoor, Number, check_numbers
+from .guard import ANALYZE_NUMBERS, LOOPBACK, FrontDoor, Number, check_numbers
 from .interventions import INTERVENE_NUMBERS, ablate_heads, available, neuron_view, replace_token
 from .loading import DEFAULT_MAX_TOKENS, load_subject
-from .subjects import Subject
+from .subjects import ServedGeneration, Subject
 
 MAX_BODY_BYTES = 1 << 20
 MAX_VIEW_CHARS = 4096
@@ -132,8 +132,9 @@ async def read_body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-async def read_json(request: Request, numbers: dict[str, Number]) -> dict[str, Any]:
-    """The body as a JSON object whose numbers are all finite and the endpoint's options (`numbers`) in range."""
+async def read_json(request: Request, numbers: dict[str, Number], ranges: Mapping[str, str] = {}) -> dict[str, Any]:
+    """The body as a JSON object whose numbers are all finite and the endpoint's options (`numbers`) in range
+    (`ranges`: how messages state the valid values of options checked later, `check_numbers`)."""
     body = await read_body(request)
     try:
         payload = json.loads(body or b"null")
@@ -145,7 +146,7 @@ async def read_json(request: Request, numbers: dict[str, Number]) -> dict[str, A
         raise RequestError(
             f'the request body must be a JSON object like {{"text": "..."}}, got {type(payload).__name__}'
         )
-    check_numbers(payload, numbers)
+    check_numbers(payload, numbers, ranges)
     return payload
 
 
@@ -199,7 +200,7 @@ def create_app(
         return StrictJSONResponse(await run_in_threadpool(analyzed, subject, payload))
 
     async def continue_text(request: Request) -> Response:
-        payload = await read_json(request, CONTINUE_NUMBERS)
+        payload = await read_json(request, {}, ServedGeneration.ranges())
         subject = await run_in_threadpool(explorer.subject)
         lines = await run_in_threadpool(subject.continuation, payload)  # checks the request before streaming
         return StreamingResponse(ndjson(lines), media_type="application/x-ndjson")

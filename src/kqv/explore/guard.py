@@ -14,8 +14,9 @@ refuses both before any work is done:
   browser's `Sec-Fetch-Site` must be same-origin, except for opening the page itself from a link. Else a 403.
 
 `check_numbers` refuses what JSON has no number for (NaN and Infinity, which Python's json reads, and 1e400,
-which it reads as inf) anywhere in a request, and the options of the analyze and continue endpoints outside
-their ranges, each with a 400 that names the field and its valid range, before a model runs.
+which it reads as inf) anywhere in a request, and the options of the analyze endpoints outside their ranges,
+each with a 400 that names the field and its valid range, before a model runs (the continue endpoint's options
+are kqv's generation options, which the subject checks as one config before the first token).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import math
 import re
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -145,17 +147,9 @@ class Number:
         return f"{kind} {span}" + (" (or 0)" if self.zero else "")
 
 
-# the options each endpoint reads, as the subjects check them (kqv.explore.subjects); a positive temperature is
-# also kept at least 0.001 (logits / temperature stays finite in float32) and at most 100 (sampling is about
-# uniform long before that)
+# the options the analyze endpoints read, as the subjects check them (kqv.explore.subjects); /api/continue's are
+# kqv's generation options, checked by the subject as one `ServedGeneration` (kqv.nn.generation.GenerationConfig)
 ANALYZE_NUMBERS = {"top_k": Number(True, 1, 50), "beam": Number(True, 1, 16)}
-CONTINUE_NUMBERS = {
-    "max_new_tokens": Number(True, 1, 2000),
-    "temperature": Number(False, 0.001, 100, zero=True, text=">= 0 (0 = greedy, else from 0.001 to 100)"),
-    "top_k": Number(True, 1, 1_000_000),
-    "top_p": Number(False, 0, 1, above_low=True),
-    "seed": Number(True, 0, 2**31 - 1),
-}
 
 
 def non_finite(value: Any, name: str) -> tuple[str, float] | None:
@@ -170,13 +164,15 @@ def non_finite(value: Any, name: str) -> tuple[str, float] | None:
     return None
 
 
-def check_numbers(payload: dict[str, Any], numbers: dict[str, Number]) -> None:
-    """Refuse (ValueError, a 400) a non-finite number anywhere in the request, and an option out of its range."""
+def check_numbers(payload: dict[str, Any], numbers: dict[str, Number], ranges: Mapping[str, str] = {}) -> None:
+    """Refuse (DataError, a 400) a non-finite number anywhere in the request, and an option of `numbers` out of its
+    range. `ranges` states the valid values of options checked elsewhere (the generation options), for the
+    message about a non-finite one."""
     found = non_finite(payload, "")
     if found:
         name, value = found
         shown = "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
-        valid = numbers[name].describe() if name in numbers else "a finite number"
+        valid = numbers[name].describe() if name in numbers else ranges.get(name, "a finite number")
         raise DataError(
             f"{name} is {shown}, which is not a JSON number (nor is one too large for a float, such "
             f"as 1e400): {name} must be {valid}"

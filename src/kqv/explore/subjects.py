@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from ..errors import DataError
 from ..nn.devices import model_device
-from ..nn.generation import check_generation_options, sample_next
+from ..nn.generation import GenerationConfig, GenerationLimits, sample_next
 from .analysis import (
     attention_view,
     check_int,
@@ -37,6 +37,14 @@ from .analysis import (
 from .sparse_views import Weights, self_attention_weights
 
 MASK = "[MASK]"
+
+
+@dataclass(frozen=True)
+class ServedGeneration(GenerationConfig):
+    """kqv's generation options as the explorer takes them from a page: the same config and checks, within a
+    server's limits (one continuation of at most 2,000 tokens a request, streamed as it is sampled)."""
+
+    limits: ClassVar[GenerationLimits] = GenerationLimits(max_new_tokens=2000, count=1)
 
 
 class NotApplicable(DataError):
@@ -170,34 +178,28 @@ class LMSubject(Subject):
         return readable_piece(self.tokenizer.decode, hf.id_to_token if hf else lambda i: None, i)
 
     def sampling_options(self, request: dict[str, Any], prompt_length: int) -> dict[str, Any]:
-        """The run's [sample] settings, with the request's overrides, checked."""
-        options = {
-            "temperature": request.get("temperature", self.sample.temperature),
-            "top_k": request.get("top_k", self.sample.top_k),
-            "top_p": request.get("top_p"),
-        }
-        new = check_int(request.get("max_new_tokens", min(self.sample.max_new_tokens, 200)), "max_new_tokens", 1, 2000)
-        config = self.model.config
+        """The run's [sample] settings with the request's overrides, checked as one `ServedGeneration` (kqv's
+        `GenerationConfig` within the explorer's limits); on learned positions no more new tokens than fit."""
+        chosen = ServedGeneration(
+            max_new_tokens=request.get("max_new_tokens", min(self.sample.max_new_tokens, 200)),
+            temperature=request.get("temperature", self.sample.temperature),
+            top_k=request.get("top_k", self.sample.top_k),
+            top_p=request.get("top_p"),
+            seed=request.get("seed", 0),
+        )
+        new, config = chosen.max_new_tokens, self.model.config
         if config.position == "learned":
             new = min(new, config.max_len - prompt_length + 1)
             if new < 1:
                 raise DataError(f"the text fills the model's {config.max_len} learned positions; shorten it")
-        for name in ("temperature", "top_p"):
-            if options[name] is not None and (
-                isinstance(options[name], bool) or not isinstance(options[name], (int, float))
-            ):
-                raise DataError(f"{name} must be a number, got {options[name]!r}")
-        if options["top_k"] is not None:
-            check_int(options["top_k"], "top_k", 1, 1_000_000)
-        check_generation_options(new, options["temperature"], options["top_k"], options["top_p"])
-        return {**options, "max_new_tokens": new}
+        return {**chosen.sampling, "max_new_tokens": new, "seed": chosen.seed}
 
     def continuation(self, request: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """Sample a continuation with the run's settings, one {"token", "id"} at a time as each is generated, then
         {"done": true, "text": prompt + continuation, "options": ...}. Checks happen before the first token."""
         ids = self.encode(request.get("text"))
         options = self.sampling_options(request, len(ids))
-        seed = check_int(request.get("seed", 0), "seed", 0, 2**31 - 1)
+        seed = options.pop("seed")
         return self._stream(ids, options, torch.Generator(model_device(self.model)).manual_seed(seed))
 
     def _stream(self, ids: list[int], options: dict[str, Any], generator: torch.Generator) -> Iterator[dict]:

@@ -8,7 +8,6 @@ is exact and quick), `checkpoint/`, `metrics.jsonl`, `loss.png`, `samples.txt` a
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from ..data.tokenizers import Tokenizer, encode_text, make_tokenizer
 from ..errors import ConfigError, DataError, RunError, spoken
 from ..nn.config import ModelConfig
 from ..nn.devices import model_device
+from ..nn.generation import GenerationConfig, check_generation
 from ..nn.models import DecoderLM, check_ids, count_parameters
 from ..train.evaluation import perplexity
 from ..train.files import SAMPLES_FILE, TOKENIZER_DIR, TOKENS_FILE, write_atomically
@@ -32,7 +32,7 @@ from ..train.manifest import read_verified, verify
 from ..train.preflight import check_memory, check_prompt, check_splits
 from ..train.rundir import RunDirectory
 from ..train.runs import RunConfig
-from ..validation import Config, check_at_least, check_seed
+from ..validation import Config, check_at_least
 from .base import AttentionMaps, Job, Outcome, TrainedRun, Training, check_text
 
 
@@ -66,13 +66,7 @@ class SampleConfig(Config):
     top_k: int | None = 40
 
     def check(self) -> None:  # here, not after training: a bad [sample] would waste the whole run
-        for name in ("count", "max_new_tokens", *(("top_k",) if self.top_k is not None else ())):
-            check_at_least(self.qualified(name), getattr(self, name), 1)
-        check_count(self.qualified("count"), self.count)
-        if self.max_new_tokens > MAX_NEW_TOKENS:
-            raise ConfigError(f"sample.max_new_tokens is at most {MAX_NEW_TOKENS:,}, got {self.max_new_tokens:,}")
-        if self.temperature < 0:
-            raise ConfigError(f"sample.temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        check_generation(self.__dict__, self.qualified)  # the ranges `kqv generate` takes (GenerationConfig)
         if not self.prompt:
             raise ConfigError('sample.prompt is empty; give at least one character, e.g. "ROMEO:\\n"')
 
@@ -181,6 +175,28 @@ def write_samples(model: DecoderLM, tokenizer: Tokenizer, sample: SampleConfig, 
     return texts
 
 
+def generation_config(model: DecoderLM, config: GenerationConfig | None, options: dict[str, Any]) -> GenerationConfig:
+    """`config` (default: GenerationConfig's defaults) with `options` changed, checked. On learned positions a
+    `max_new_tokens` past the limit is first lowered to it: `generate_text` caps it at the model's max_len anyway."""
+    values = {**(config or GenerationConfig()).to_dict(), **options}
+    new, limit = values.get("max_new_tokens"), GenerationConfig.limits.max_new_tokens
+    if model.config.position == "learned" and type(new) is int and new > limit:
+        values["max_new_tokens"] = limit
+    return GenerationConfig.from_dict(values)
+
+
+def continuations(model: DecoderLM, tokenizer: Tokenizer, prompt: str, config: GenerationConfig) -> list[str]:
+    """`config.count` continuations of `prompt` (each with the prompt), sampled one after another from one
+    generator seeded with `config.seed`: what `LMRun.generate` and a GPT-2 directory's `generate` return."""
+    check_text(spoken("--prompt", "prompt"), prompt)
+    generator = torch.Generator(model_device(model)).manual_seed(config.seed)
+    options = {**config.sampling, "use_cache": config.use_cache, "dtype": config.torch_dtype}
+    return [
+        generate_text(model, tokenizer, prompt, config.max_new_tokens, generator=generator, **options)
+        for _ in range(config.count)
+    ]
+
+
 def generate_text(model: DecoderLM, tokenizer: Tokenizer, prompt: str, max_new_tokens: int, **options: Any) -> str:
     """The prompt and its continuation, as text."""
     if not prompt:
@@ -222,42 +238,6 @@ def self_attention(
     return AttentionMaps(weights, tokens, tokens)
 
 
-MAX_NEW_TOKENS = 100_000  # the tokens (and the attention cache) are allocated for the whole length up front
-MAX_COUNT = 10_000  # continuations are sampled one after another: more would run for days
-
-
-def check_count(name: str, count: int) -> None:
-    """Refuse more continuations than `MAX_COUNT` (a count past it is a typo, not a plan)."""
-    if count > MAX_COUNT:
-        raise ConfigError(f"{name} is at most {MAX_COUNT:,} continuations, got {count:,}")
-
-
-def check_generation(max_new_tokens: int, temperature: float, capped: bool = False) -> None:
-    """Refuse what `LMRun.generate` cannot do: a temperature that is not a finite number >= 0, and more new tokens
-    than `MAX_NEW_TOKENS` (a run with learned positions is further capped at its max_len, silently, as before)."""
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature):
-        raise ConfigError(f"{spoken('--temperature', 'temperature')} must be a finite number >= 0, got {temperature}")
-    if temperature < 0:
-        raise ConfigError(f"{spoken('--temperature', 'temperature')} must be >= 0 (0 = greedy), got {temperature}")
-    name = spoken("--max-new-tokens", "max_new_tokens")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
-        raise ConfigError(f"{name} must be an integer, got {max_new_tokens!r}")
-    check_at_least(name, max_new_tokens, 1)
-    if max_new_tokens > MAX_NEW_TOKENS and not capped:
-        raise ConfigError(
-            f"{name} is at most {MAX_NEW_TOKENS:,} (the tokens and attention cache are allocated up front), got "
-            f"{max_new_tokens:,}; to go on, generate again with the output as the prompt"
-        )
-
-
-def seeded_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
-    """A torch generator on `device` seeded with `seed`, an integer from 0 to 2**63 - 1 (`check_seed`)."""
-    return torch.Generator(device).manual_seed(check_seed(spoken("--seed", "seed"), seed))
-
-
-GENERATION_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "int8": torch.qint8}
-
-
 @dataclass(frozen=True)
 class LMEvaluation:
     """What `LMRun.evaluate` measured on `source`: mean loss (nats per next token), its perplexity exp(loss), bits
@@ -281,59 +261,41 @@ class LMEvaluation:
         return figures if self.bits_per_char is None else {**figures, "bits_per_char": self.bits_per_char}
 
 
+def check_max_tokens(max_tokens: int | None) -> None:
+    if max_tokens is not None:
+        check_at_least(spoken("--max-tokens", "max_tokens"), max_tokens, 2)
+
+
+def evaluate_text(
+    model: DecoderLM, tokenizer: Tokenizer, data: str | Path, context: int, max_tokens: int | None = None
+) -> LMEvaluation:
+    """Loss, perplexity and bits per character of `model` on a text file or directory `data`, scored in blocks of
+    `context` tokens (`max_tokens`: only a prefix of that many tokens): `LMRun.evaluate` and a GPT-2 directory's."""
+    check_max_tokens(max_tokens)
+    text = load_text(data)
+    ids = encode_text(tokenizer, text)
+    return LMEvaluation(str(data), **perplexity(model, ids, context=context, n_chars=len(text), max_tokens=max_tokens))
+
+
 @dataclass(repr=False)  # TrainedRun.__repr__: the model is too long to print
 class LMRun(TrainedRun):
     """A trained language model: continue prompts, score text, and show its self-attention."""
 
-    def generate(
-        self,
-        prompt: str,
-        *,
-        max_new_tokens: int = 300,
-        temperature: float = 0.8,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        count: int = 1,
-        seed: int = 0,
-        use_cache: bool = True,
-        dtype: str = "fp32",
-    ) -> list[str]:
+    def generate(self, prompt: str, config: GenerationConfig | None = None, **options: Any) -> list[str]:
         """`count` continuations of `prompt` (each with the prompt), sampled one after another from one generator
-        seeded with `seed`. `temperature=0` is greedy; `dtype` "bf16" or "int8" generates in lower precision."""
-        if dtype not in GENERATION_DTYPES:
-            raise ConfigError(f"{spoken('--dtype', 'dtype')} must be one of {sorted(GENERATION_DTYPES)}, got {dtype!r}")
-        check_at_least(spoken("--count", "count"), count, 1)
-        check_count(spoken("--count", "count"), count)
-        check_text(spoken("--prompt", "prompt"), prompt)
-        check_generation(max_new_tokens, temperature, capped=self.model.config.position == "learned")
-        generator = seeded_generator(seed, model_device(self.model))
-        return [
-            generate_text(
-                self.model,
-                self.tokenizer,
-                prompt,
-                max_new_tokens,
-                temperature=temperature,
-                top_k=top_k,
-                top_p=top_p,
-                use_cache=use_cache,
-                generator=generator,
-                dtype=GENERATION_DTYPES[dtype],
-            )
-            for _ in range(count)
-        ]
+        seeded with `seed`: the options of `config` (a `GenerationConfig`; default its defaults) with `options`
+        (max_new_tokens=300, temperature=0.8, top_k, top_p, count=1, seed=0, use_cache=True, dtype="fp32")
+        changed. `temperature=0` is greedy; `dtype` "bf16" or "int8" generates in lower precision."""
+        return continuations(self.model, self.tokenizer, prompt, generation_config(self.model, config, options))
 
     def evaluate(self, data: str | Path | None = None, *, max_tokens: int | None = None) -> LMEvaluation:
         """Loss, perplexity and bits per character on a text file or directory (`data`), by default on the run's
         held-out validation split; `max_tokens` scores only a prefix of that many tokens (at least 2)."""
-        if max_tokens is not None:
-            check_at_least(spoken("--max-tokens", "max_tokens"), max_tokens, 2)
         if data is not None:
-            text = load_text(data)
-            ids, n_chars, source = encode_text(self.tokenizer, text), len(text), str(data)
-        else:
-            tokens = load_tokens(self.run_dir)
-            ids, n_chars, source = tokens["val"], int(tokens["chars"][1]), "the held-out validation split"
+            return evaluate_text(self.model, self.tokenizer, data, self.config.data.context, max_tokens)
+        check_max_tokens(max_tokens)
+        tokens = load_tokens(self.run_dir)
+        ids, n_chars, source = tokens["val"], int(tokens["chars"][1]), "the held-out validation split"
         result = perplexity(self.model, ids, context=self.config.data.context, n_chars=n_chars, max_tokens=max_tokens)
         return LMEvaluation(source, **result)
 

@@ -1,9 +1,10 @@
 """A Hugging Face checkpoint directory used like a run: `kqv.load(DIR)` converts the model offline
 (`kqv.interop.from_hf`, safetensors only) and reads the tokenizer saved beside it (`tokenizer.json`).
 
-A GPT-2 directory continues prompts (`generate`) and shows its self-attention (`attention`); a BERT directory
-shows its self-attention. The numbers are kqv's own model's, which equal the Hugging Face model's
-(`tests/test_interop.py`); nothing is downloaded.
+A GPT-2 directory continues prompts (`generate`), scores text (`evaluate`) and shows its self-attention
+(`attention`), with the options and checks of a kqv LM run (`LMRun`); a BERT directory shows its self-attention.
+`kqv generate|eval|attention DIR` reach these through `kqv.load`, as Python does. The numbers are kqv's own
+model's, which equal the Hugging Face model's (`tests/test_interop.py`); nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -11,19 +12,20 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-import torch
 from tokenizers import Tokenizer as HFTokenizer
 from torch import nn
 
 from ..data.tokenizers import BPETokenizer
-from ..errors import ConversionError, RunError
+from ..errors import ConfigError, ConversionError, RunError, spoken
 from ..interop import from_hf
-from ..nn.devices import Accelerator, model_device
+from ..nn.devices import Accelerator
+from ..nn.generation import GenerationConfig
 from ..nn.heads import MaskedLM
 from ..nn.models import DecoderLM, Encoder
 from .base import AttentionMaps
-from .lm import generate_text, self_attention
+from .lm import ATTENTION_MAX_TOKENS, LMEvaluation, continuations, evaluate_text, generation_config, self_attention
 
 HF_TOKENIZER_FILE = "tokenizer.json"
 
@@ -62,33 +64,37 @@ class PretrainedRun:
     def __repr__(self) -> str:
         return f"PretrainedRun({str(self.path)!r}, {self.hf_class}, {type(self.model).__name__})"
 
-    def generate(
-        self,
-        prompt: str,
-        *,
-        max_new_tokens: int = 50,
-        temperature: float = 0.8,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        count: int = 1,
-        seed: int = 0,
-    ) -> list[str]:
-        """`count` continuations of `prompt` (each with the prompt), as `LMRun.generate` makes them."""
+    @property
+    def run_dir(self) -> Path:
+        """The directory, named as a run's is (what the commands print)."""
+        return self.path
+
+    def generate(self, prompt: str, config: GenerationConfig | None = None, **options: Any) -> list[str]:
+        """`count` continuations of `prompt` (each with the prompt), as `LMRun.generate` makes them, with the same
+        options (a `GenerationConfig` and/or its fields as keywords)."""
         if not isinstance(self.model, DecoderLM):
             raise self.not_offered("generate", "GPT-2 directories")
-        generator = torch.Generator(model_device(self.model)).manual_seed(seed)
-        options = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "generator": generator}
-        return [generate_text(self.model, self.tokenizer, prompt, max_new_tokens, **options) for _ in range(count)]
+        return continuations(self.model, self.tokenizer, prompt, generation_config(self.model, config, options))
 
-    def attention(self, text: str) -> AttentionMaps:
-        """The self-attention weights of every layer and head over `text`, rows and columns labelled by token."""
+    def attention(self, text: str, *, max_tokens: int = ATTENTION_MAX_TOKENS) -> AttentionMaps:
+        """The self-attention weights of every layer and head over `text`, rows and columns labelled by token (a
+        text of more than `max_tokens` tokens is refused, as `LMRun.attention` does)."""
         model = self.model.encoder if isinstance(self.model, MaskedLM) else self.model
         if not isinstance(model, (DecoderLM, Encoder)):
             raise self.not_offered("attention", "GPT-2 and BERT directories")
-        return self_attention(model, self.tokenizer, text)
+        return self_attention(model, self.tokenizer, text, max_tokens)
 
-    def evaluate(self, *args: object, **options: object) -> None:
-        raise self.not_offered("evaluate", "kqv runs")
+    def evaluate(self, data: str | Path | None = None, *, max_tokens: int | None = None) -> LMEvaluation:
+        """A GPT-2's loss, perplexity and bits per character on a text file or directory `data` (a directory has
+        no held-out split of its own), in blocks of its context, as `LMRun.evaluate` scores text."""
+        if not isinstance(self.model, DecoderLM):
+            raise self.not_offered("evaluate", "GPT-2 directories and kqv runs")
+        if data is None:
+            raise ConfigError(
+                f"{self.path} is a Hugging Face directory, with no held-out text of its own: give the text to score "
+                f"({spoken('--data FILE', 'data=PATH')})"
+            )
+        return evaluate_text(self.model, self.tokenizer, data, self.model.config.max_len, max_tokens)
 
     def translate(self, *args: object, **options: object) -> None:
         raise self.not_offered("translate", "kqv translation runs")

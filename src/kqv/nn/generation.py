@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import copy
 import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
 
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, spoken
+from ..validation import Config, check_seed
 from .checks import check_ids
 from .decoding import DecodeStep
 from .search import search
@@ -52,15 +56,102 @@ def sample_next(
         ) from None
 
 
-def check_generation_options(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ConfigError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-    if temperature < 0:
-        raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise ConfigError(f"top_k must be at least 1, got {top_k}")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise ConfigError(f"top_p must be in (0, 1], got {top_p}")
+# -- the options of a generation: one config, checked once, for the API, the command line and the explorer -----
+
+GENERATION_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "int8": torch.qint8}  # --dtype: the weights' precision
+
+
+@dataclass(frozen=True)
+class GenerationLimits:
+    """The most one generation may ask for. The defaults bound what `kqv generate` and `LMRun.generate` take; a
+    server (the explorer) sets tighter ones on the same `GenerationConfig` (`kqv.explore.subjects.ServedGeneration`)."""
+
+    max_new_tokens: int = 100_000  # the tokens (and the attention cache) are allocated for the whole length up front
+    count: int = 10_000  # continuations are sampled one after another: more would run for days
+
+
+@dataclass(frozen=True)
+class GenerationConfig(Config):
+    """How to continue a prompt: `count` continuations of up to `max_new_tokens` tokens each, sampled one after
+    another from one generator seeded with `seed`, at `temperature` (0 = greedy) among the `top_k` most likely
+    tokens and/or the smallest set of probability `top_p`; `use_cache` reuses the keys and values of earlier
+    tokens (the KV cache), `dtype` "bf16" or "int8" runs lower-precision weights. Made, it is valid: every option
+    is checked against its type and `GENERATION_RANGES` within the class's `limits`, with a one-line ConfigError
+    that names the option as the caller wrote it (`--max-new-tokens` on the command line, `max_new_tokens` in
+    Python and in the explorer's requests)."""
+
+    max_new_tokens: int = 300
+    temperature: float = 0.8
+    top_k: int | None = None
+    top_p: float | None = None
+    count: int = 1
+    seed: int = 0
+    use_cache: bool = True
+    dtype: Literal["bf16", "fp32", "int8"] = "fp32"
+
+    limits: ClassVar[GenerationLimits] = GenerationLimits()
+
+    def qualified(self, name: str) -> str:
+        return option_name(name)
+
+    def check(self) -> None:
+        check_generation(self.__dict__, self.qualified, self.limits)
+
+    @classmethod
+    def ranges(cls) -> dict[str, str]:
+        """How messages state each option's valid values, within this class's limits."""
+        return generation_ranges(cls.limits)
+
+    @property
+    def sampling(self) -> dict[str, Any]:
+        """The options `sample_next` takes."""
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
+
+    @property
+    def torch_dtype(self) -> torch.dtype | None:
+        """The dtype `generate` runs the weights in (None: as they are)."""
+        return GENERATION_DTYPES[self.dtype]
+
+
+def option_name(name: str) -> str:
+    """A generation option as the caller spells it: `--max-new-tokens` on the command line, else `max_new_tokens`."""
+    return spoken(f"--{name.replace('_', '-')}", name)
+
+
+def generation_ranges(limits: GenerationLimits) -> dict[str, str]:
+    """The valid values of each checked generation option, as messages state them."""
+    return {
+        "max_new_tokens": f"an integer from 1 to {limits.max_new_tokens:,}",
+        "temperature": "0 (greedy) or a number from 0.001 to 100",  # logits / temperature stays finite in float32
+        "top_k": "an integer of at least 1",
+        "top_p": "a number greater than 0 and at most 1",
+        "count": f"an integer from 1 to {limits.count:,}",
+        "seed": "an integer from 0 to 2**63 - 1",
+    }
+
+
+def check_generation(
+    values: Mapping[str, Any], name: Callable[[str], str] = option_name, limits: GenerationLimits = GenerationLimits()
+) -> None:
+    """Refuse (ConfigError) a generation option in `values` outside its range (`generation_ranges`); the types are
+    checked already (by `GenerationConfig`'s annotations, or a [sample] section's). `name(option)` is how the
+    message names it. The one check of generation options: `GenerationConfig` and the LM job's [sample] use it."""
+    ranges = generation_ranges(limits)
+    valid = {
+        "max_new_tokens": lambda n: 1 <= n <= limits.max_new_tokens,
+        "temperature": lambda t: t == 0 or 0.001 <= t <= 100,
+        "top_k": lambda k: k is None or k >= 1,
+        "top_p": lambda p: p is None or 0 < p <= 1,
+        "count": lambda n: 1 <= n <= limits.count,
+    }
+    for option, fits in valid.items():
+        if option in values and not fits(values[option]):
+            hint = ""
+            if option == "max_new_tokens" and values[option] > limits.max_new_tokens:
+                hint = "; to go on, generate again with the output as the prompt"
+            raise ConfigError(f"{name(option)} must be {ranges[option]}, got {values[option]!r}{hint}")
+    if "seed" in values:
+        check_seed(name("seed"), values["seed"])
 
 
 class PromptLayout:
@@ -150,7 +241,7 @@ def generate(
     weights (`in_dtype`). The new tokens are
     written into one preallocated buffer, and the cache reserves every position up front.
     """
-    check_generation_options(max_new_tokens, temperature, top_k, top_p)
+    GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)  # checked
     check_ids(ids, model.config.vocab_size)
     config = model.config
     if config.position == "learned" and ids.shape[-1] + max_new_tokens - 1 > config.max_len:
@@ -253,7 +344,7 @@ def translate(
     start with bos_id and are padded with eos_id after the end. Beam size 1 is greedy decoding; the beam search
     and its length penalty are `kqv.nn.search`'s, shared with the LSTM baseline.
     """
-    check_generation_options(max_new_tokens, 1.0, None, None)
+    GenerationConfig(max_new_tokens=max_new_tokens)  # checked
     if not isinstance(beam_size, int) or beam_size < 1:
         raise ConfigError(f"beam_size must be a positive integer, got {beam_size!r}")
     config = model.config
