@@ -14,7 +14,8 @@ from kqv.errors import ConfigError
 from kqv.train.budget import SKIPPED_UPDATES, TIMED_UPDATES, events, fit_steps, predicted_seconds
 from kqv.train.checkpoints import read_checkpoint
 from kqv.train.config import TrainConfig
-from kqv.train.metrics import LINE_EVERY_S, Progress, format_duration, progress_bar, progress_line, read_metrics
+from kqv.train.metrics import format_duration, progress_bar, progress_line, read_metrics
+from kqv.train.reporter import LINE_EVERY_S, Reporter
 from kqv.train.trainer import Trainer
 from test_training import failing_at, make_model, token_batches, weights
 
@@ -242,8 +243,14 @@ def test_a_budget_too_short_for_the_warmup_still_plans_a_complete_schedule():
 
 def test_without_a_terminal_a_progress_line_with_the_time_left_comes_at_least_every_30_seconds(tmp_path, monkeypatch):
     machine, lines = FakeMachine(1.5, first_s=6.0), []
-    write = Progress.write
-    monkeypatch.setattr(Progress, "write", lambda self, line: (lines.append((machine.now, line)), write(self, line)))
+    write = Reporter.write
+
+    def progress(self, line):  # the progress lines, not the plan's
+        if line.startswith("step"):
+            lines.append((machine.now, line))
+        write(self, line)
+
+    monkeypatch.setattr(Reporter, "write", progress)
     cfg = budget_config(budget_minutes=3, eval_every=40, log_every=10)
     run = budget_trainer(tmp_path, cfg, machine, quiet=False)  # under pytest standard error is not a terminal
     run.train()

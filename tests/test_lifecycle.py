@@ -1,7 +1,9 @@
 """One lifecycle: every job trains through `Job.train` of the base class, says what happens as events, and prints
 nothing itself; one `Reporter` shows the events (progress lines without a terminal) or hands them to a callback."""
 
+import io
 import re
+import sys
 
 import pytest
 
@@ -44,6 +46,22 @@ def test_a_callback_receives_the_events_of_a_tiny_lm_run_in_order(tiny_lm, capsy
     assert events[0].steps == 6 and events[0].parameters > 0 and "run directory" in events[0].text
     assert events[-1].figures == summary and "validation loss" in events[-1].text
     assert kinds.index(Sample) == len(kinds) - 2 and events[-2].text.startswith("To")
+    progress = [e for e in events if isinstance(e, Progress)]
+    assert [e.step for e in progress] == [1, 2, 3, 4, 5, 6] and all(e.steps == 6 for e in progress)
+    assert all(e.train_loss is not None and e.elapsed_s > 0 for e in progress)  # log_every = 1
+    evaluations = [e for e in events if isinstance(e, Evaluation)]
+    assert [e.step for e in evaluations] == [3, 6] and all("val_loss" in e.metrics for e in evaluations)
+    order = [k.__name__ for k in kinds if k is not Message]  # an evaluation comes before its update's progress
+    assert order == [
+        "Plan",
+        *["Progress"] * 2,
+        "Evaluation",
+        *["Progress"] * 3,
+        "Evaluation",
+        "Progress",
+        "Sample",
+        "Summary",
+    ]
     assert capsys.readouterr().out == ""  # given a callback, nothing is shown
 
 
@@ -83,3 +101,19 @@ def test_a_reporter_logs_warnings_even_when_quiet_and_hands_every_event_to_its_c
     assert received == events
     assert "the budget is too short" in caplog.text and "planned" not in caplog.text
     assert capsys.readouterr().out == ""
+
+
+def test_on_a_terminal_the_reporter_draws_the_bar_with_the_time_left_and_the_last_loss(monkeypatch, capsys):
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    report = Reporter()
+    for step in (1, 2):
+        report(Progress(step, 100, 40.0 * step, left_s=252.0, train_loss=1.25, lr=1e-3))
+    report.bar.refresh()
+    report(Summary({}, "done"))
+    assert "2/100" in sys.stderr.getvalue() and "left 4 min 12 s" in sys.stderr.getvalue()
+    assert "loss=1.2500" in sys.stderr.getvalue()
+    assert capsys.readouterr().out == "kqv: done\n"  # on a terminal the bar stands in for the progress lines

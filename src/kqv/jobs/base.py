@@ -233,7 +233,7 @@ class Job:
             training.model = self.make_model(training)
             training.options = self.make_batches(training)
             report(Plan(self.describe(training), count_parameters(training.model), config.train.steps, run.destination))
-            trainer = self.make_trainer(training.model, config, run, quiet=report.quiet, **training.options)
+            trainer = self.make_trainer(training.model, config, run, reporter=report, **training.options)
             training.result = self.fit(trainer)
             if not run.writes:
                 return {}  # under torchrun rank 0 alone evaluates and writes the run's outputs
@@ -326,14 +326,15 @@ class Job:
             )
 
     def make_trainer(
-        self, model: nn.Module, config: RunConfig, run: RunDirectory, *, quiet: bool, **trainer_options: Any
+        self, model: nn.Module, config: RunConfig, run: RunDirectory, *, reporter: Reporter, **trainer_options: Any
     ) -> Trainer:
         """The shared Trainer for `model` in the opened run directory (`trainer_options`: train_batches, loss_fn,
-        val_batches, eval_fn, ...). It resumes `run.checkpoint` when there is one. The run's preparation is done:
-        an overwrite built beside the run it replaces is swapped in now (`RunDirectory.commit`)."""
+        val_batches, eval_fn, ...), its events going to `reporter`. It resumes `run.checkpoint` when there is one.
+        The run's preparation is done: an overwrite built beside the run it replaces is swapped in now
+        (`RunDirectory.commit`)."""
         if run.writes:
             run.commit()
-        return Trainer(model, config.train, run, quiet=quiet, **trainer_options)
+        return Trainer(model, config.train, run, reporter=reporter, **trainer_options)
 
     @staticmethod
     def fit(trainer: Trainer) -> TrainingResult:

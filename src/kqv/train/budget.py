@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from tqdm import tqdm
 
 from ..errors import ConfigError
+from .events import Message
 from .metrics import FIRST_UPDATES, append_metrics, format_duration
 
 if TYPE_CHECKING:
@@ -141,10 +141,10 @@ class Planner:
             self.seconds.append(seconds)
         return step == self.plan_step
 
-    def fix(self, trainer: Trainer, origin: float, bar: tqdm) -> TrainConfig:
-        """Time one evaluation and one checkpoint, fix the plan and set it on `trainer`: its config's steps (also
-        the bar's total), its `plan` (rank 0's; the others receive only the steps), recorded in a second checkpoint
-        and in metrics.jsonl. Returns the planned config. `origin`: the clock's reading at the run's start."""
+    def fix(self, trainer: Trainer, origin: float) -> TrainConfig:
+        """Time one evaluation and one checkpoint, fix the plan and set it on `trainer`: its config's steps, its
+        `plan` (rank 0's; the others receive only the steps), recorded in a second checkpoint and in metrics.jsonl,
+        and said to its reporter. Returns the planned config. `origin`: the clock's reading at the run's start."""
         started = trainer.clock()
         metrics = trainer.evaluate() if trainer.val_batches is not None or trainer.eval_fn is not None else {}
         if trainer.rank == 0 and trainer.run.metrics_file.exists():
@@ -164,8 +164,7 @@ class Planner:
         if plan is not None:
             record = {"step": trainer.step, **metrics, "plan": trainer.plan, "train_seconds": trainer.train_seconds}
             append_metrics(trainer.run.metrics_file, {**record, "elapsed_s": trainer.clock() - origin})
-            announce(plan, trainer.quiet)
-        bar.total = trainer.config.steps
+            trainer.report(announcement(plan))
         return trainer.config
 
     def plan(self, done: int, elapsed_s: float, eval_s: float, ckpt_s: float) -> Plan:
@@ -192,21 +191,20 @@ class Planner:
         )
 
 
-def announce(plan: Plan, quiet: bool) -> None:
-    """Say what was planned (a warning when the budget cannot hold the shortest complete schedule)."""
+def announcement(plan: Plan) -> Message:
+    """What was planned (a warning when the budget cannot hold the shortest complete schedule)."""
     text = (
         f"planned {plan.steps} updates (at most {plan.upper_bound}) for the {plan.budget_minutes:g}-minute budget: "
         f"{plan.update_s:.3g} s per update, {plan.evaluation_s:.3g} s per evaluation, "
         f"{format_duration(plan.reserved_s)} after training; about {format_duration(plan.predicted_s)} in all"
     )
     if plan.limited_by == "minimum":
-        logger.warning(
-            "%s. The budget is too short for this machine: even the shortest complete schedule overruns it; raise "
-            "train.budget_minutes or lower train.warmup_steps",
-            text,
+        return Message(
+            f"{text}. The budget is too short for this machine: even the shortest complete schedule overruns it; "
+            f"raise train.budget_minutes or lower train.warmup_steps",
+            warning=True,
         )
-    elif not quiet:
-        tqdm.write(f"kqv: {text}")
+    return Message(text)
 
 
 def resumed_plan(config: TrainConfig, plan: dict[str, Any] | None, step: int) -> tuple[TrainConfig, dict | None]:
@@ -246,12 +244,3 @@ def time_left(config: TrainConfig, planned: bool, step: int, elapsed_s: float, t
     if limits:
         left = min(limits) if left is None else min(left, *limits)
     return None if left is None else max(left, 0.0)
-
-
-def show_progress(trainer: Trainer, record: dict[str, Any], origin: float) -> None:
-    """After an update: the time left in the bar, and the progress line that is due without a terminal (`record`:
-    the last log record; `origin`: the clock's reading at the run's start)."""
-    progress, elapsed = trainer._progress, trainer.clock() - origin
-    step_s = progress.step_seconds(trainer.step)
-    left = time_left(trainer.config, trainer.plan is not None, trainer.step, elapsed, trainer.train_seconds, step_s)
-    progress.tick(trainer.step, trainer.config.steps, record, elapsed, left)

@@ -1,6 +1,6 @@
 """Metrics of a run: `metrics.jsonl` (one JSON record per log or evaluation step), the loss plot, progress lines.
 
-Progress lines and the bar show the time left; without a terminal a line comes at least every 30 s (`Progress`)."""
+Progress lines and the bar show the time left (`Pace`); `kqv.train.reporter` decides when they are shown."""
 
 from __future__ import annotations
 
@@ -155,20 +155,14 @@ def progress_bar(total: int, initial: int, shown: bool) -> Bar:
     )
 
 
-LINE_EVERY_S = 30.0  # without a terminal, a progress line at least this often
 FIRST_UPDATES = 3  # a session's first updates build kernels and caches (compilation, oneDNN): slower, not paced
 
 
-class Progress:
-    """Progress a person can read: the time left in the bar and on every line, and, where no bar is shown (standard
-    error not a terminal: a log file, CI, nohup) but the run is not quiet, a line at least every `LINE_EVERY_S`
-    seconds (the next update is assumed to take as long as the last iteration, so the line comes before the limit)."""
+class Pace:
+    """A session's pace, for the time left that the bar and every progress line show (`kqv.train.reporter`)."""
 
-    def __init__(self, bar: Bar, clock: Callable[[], float], step: int, speaks: bool):
-        self.bar, self.clock, self.start_step = bar, clock, step
-        self.started = self.last_line = self.previous = clock()
-        self.lines = speaks and bar.disable  # time-based lines stand in for the bar
-        self.left: float | None = None
+    def __init__(self, clock: Callable[[], float], step: int):
+        self.clock, self.start_step, self.started = clock, step, clock()
         self.warm: tuple[float, int] | None = None  # (time, step) after the session's FIRST_UPDATES
 
     def step_seconds(self, step: int) -> float | None:
@@ -179,17 +173,3 @@ class Progress:
             self.warm = (now, step)
         since, start = self.warm if self.warm is not None and step > self.warm[1] else (self.started, self.start_step)
         return (now - since) / (step - start) if step > start else None
-
-    def tick(self, step: int, steps: int, record: dict[str, Any], elapsed_s: float, left: float | None) -> None:
-        """After an update: show `left`; write a line (`record`: the last log record) when one is due."""
-        now = self.clock()
-        iteration, self.previous = now - self.previous, now
-        self.left = self.bar.left_s = left
-        if self.lines and now - self.last_line + iteration >= LINE_EVERY_S:
-            shown = {k: record[k] for k in ("train_loss", "tokens_per_s") if record.get(k) is not None}
-            self.write(progress_line(step, steps, {**shown, "elapsed_s": elapsed_s}, left))
-
-    def write(self, line: str) -> None:
-        """Write a progress line (beside the bar, if there is one)."""
-        tqdm.write(line)
-        self.last_line = self.clock()

@@ -47,14 +47,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from tqdm import tqdm
 
 from ..errors import ConfigError, ConfigTypeError, spoken
 from ..nn.devices import Accelerator
 from ..nn.experts import routing_metrics
 from ..signals import deferred
 from . import distributed
-from .budget import Planner, resumed_plan, show_progress
+from .budget import Planner, resumed_plan, time_left
 from .checkpoints import (
     FORMAT,
     STATE_FILE,
@@ -69,10 +68,12 @@ from .checkpoints import (
 from .compiling import training_module
 from .config import TrainConfig, learning_rate, replan
 from .distributed import Batch, batch_tokens, init_distributed, slice_batch
-from .metrics import Progress, Window, append_metrics, plot_losses, progress_bar, progress_line
+from .events import Evaluation, Progress
+from .metrics import Pace, Window, append_metrics, plot_losses
 from .nonfinite import check_finite_weights, check_loss, count_skipped, warn_withheld
 from .optimizer import make_optimizer
 from .precision import MixedPrecision, bound_kernel_caches
+from .reporter import Reporter
 from .rng import all_rng_states, rng_state, rng_tensors, rng_to_json, saved_rng_states, seed_everything, set_rng_state
 from .rundir import IfExists, RunDirectory
 from .sharding import build_model, gather_state, gather_to_rank0, load_checkpoint, plain_on_rank0, reshard, shard
@@ -100,7 +101,9 @@ class Trainer:
     run's saved entries are added to it), so whoever made it can update it while training, e.g. an `eval_fn`.
 
     `afterwards`: the job's work after training (final test, samples) in evaluations, reserved by a budget's plan
-    (`kqv.train.budget`). `clock` (default `time.perf_counter`) times budgets, progress and metrics.
+    (`kqv.train.budget`). `clock` (default `time.perf_counter`) times budgets, progress and metrics. The trainer
+    prints nothing: its progress and evaluations are events for `reporter` (`kqv.train.reporter`; by default one
+    that shows them unless `quiet`).
     """
 
     def __init__(
@@ -119,6 +122,7 @@ class Trainer:
         quiet: bool = False,
         afterwards: float = 0.0,
         clock: Callable[[], float] | None = None,
+        reporter: Reporter | None = None,
     ):
         if not isinstance(config, TrainConfig):
             raise ConfigTypeError(f"config must be a TrainConfig, got {type(config).__name__}")
@@ -137,9 +141,10 @@ class Trainer:
         self.config = config
         self.train_batches, self.loss_fn, self.val_batches, self.eval_fn = train_batches, loss_fn, val_batches, eval_fn
         self.extra_state = extra_state if extra_state is not None else {}  # this very dict: its owner may update it
-        self.tokens_per_batch, self.quiet = tokens_per_batch, quiet
+        self.tokens_per_batch = tokens_per_batch
         self.afterwards, self.clock = afterwards, clock or time.perf_counter
         self.rank, self.world_size, self._owns_process_group = init_distributed(self.device.device)
+        self.report = reporter or Reporter(quiet or self.rank != 0)  # rank 0 speaks for every process
         if config.batch_size % self.world_size:
             raise ConfigError(
                 f"batch_size ({config.batch_size}) must be divisible by the number of processes "
@@ -238,8 +243,7 @@ class Trainer:
         checkpointing on the way."""
         cfg = self.config
         self.ddp_model.train()
-        bar = progress_bar(cfg.steps, self.step, shown=not self.quiet and self.rank == 0)
-        self._progress = Progress(bar, self.clock, self.step, speaks=not self.quiet and self.rank == 0)
+        self._pace, self._left = Pace(self.clock, self.step), None
         planner = Planner.for_session(cfg, self.step, self.plan, self.afterwards)
         window = Window()
         clock = self.clock() - self.elapsed_s
@@ -258,20 +262,19 @@ class Trainer:
                 else:
                     count_skipped(self, loss, grad_norm)
                 if planner is not None and planner.timed(self.step, now - started):
-                    cfg, planner = planner.fix(self, clock, bar), None
+                    cfg, planner = planner.fix(self, clock), None
                 last = self.step == cfg.steps or self._out_of_time()
-                result = self._report(lr, grad_norm, window, bar, clock, last) or result
+                result = self._report(lr, grad_norm, window, clock, last) or result
                 if self.step % cfg.checkpoint_every == 0 or last:
                     self._checkpoint_if_good()
-                bar.update(1)
-                show_progress(self, result, clock)
+                self.report(self._progress(result, clock))
                 if last:
                     break
         except KeyboardInterrupt:
             self._save_after_interrupt(clock)
             raise
         finally:
-            bar.close()
+            self.report.close()
         if self.sharded:  # the caller's model holds the trained weights, on rank 0 (kqv.train.sharding)
             gather_to_rank0(self.home, self.model, self.device.device)
         distributed.settle(self.world_size)
@@ -282,7 +285,16 @@ class Trainer:
         limit = self.config.max_minutes
         return limit > 0 and distributed.rank0_says(self.train_seconds >= limit * 60, self.world_size)
 
-    def _report(self, lr: float, grad_norm: float, window: Window, bar: tqdm, clock: float, last: bool) -> dict | None:
+    def _progress(self, record: dict[str, Any], origin: float) -> Progress:
+        """The event after an update, with the time left at this session's pace (`record`: the last log record;
+        `origin`: the clock's reading at the run's start)."""
+        elapsed = self.clock() - origin
+        step_s = self._pace.step_seconds(self.step)
+        self._left = time_left(self.config, self.plan is not None, self.step, elapsed, self.train_seconds, step_s)
+        figures = {key: record.get(key) for key in ("train_loss", "lr", "tokens_per_s")}
+        return Progress(self.step, self.config.steps, elapsed, self._left, **figures)
+
+    def _report(self, lr: float, grad_norm: float, window: Window, clock: float, last: bool) -> dict | None:
         """Log (every `log_every` updates) and evaluate (every `eval_every`); one metrics.jsonl record for both."""
         cfg = self.config
         record: dict[str, Any] = {}
@@ -295,11 +307,6 @@ class Trainer:
                 bad_steps=self.bad_steps,
             )
             record.update(routing_metrics(self.model))  # experts: aux loss, dropped fraction, per-expert load
-            bar.set_postfix(
-                loss=f"{record['train_loss']:.4f}",
-                lr=f"{lr:.2e}",
-                **({"tok/s": f"{record['tokens_per_s']:,.0f}"} if record["tokens_per_s"] else {}),
-            )
             window.reset()
         can_evaluate = self.val_batches is not None or self.eval_fn is not None
         evaluated = can_evaluate and (self.step % cfg.eval_every == 0 or last)
@@ -312,8 +319,8 @@ class Trainer:
             append_metrics(self.run.metrics_file, record)
             if evaluated or last:
                 self._plot()
-            if evaluated and not self.quiet:
-                self._progress.write(progress_line(self.step, cfg.steps, record, self._progress.left))
+            if evaluated:
+                self.report(Evaluation(self.step, cfg.steps, record, self._left))
         return record
 
     def _update(self, lr: float) -> tuple[float, int | None, float]:
