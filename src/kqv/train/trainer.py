@@ -101,9 +101,8 @@ class Trainer:
     run's saved entries are added to it), so whoever made it can update it while training, e.g. an `eval_fn`.
 
     `afterwards`: the job's work after training (final test, samples) in evaluations, reserved by a budget's plan
-    (`kqv.train.budget`). `clock` (default `time.perf_counter`) times budgets, progress and metrics. The trainer
-    prints nothing: its progress and evaluations are events for `reporter` (`kqv.train.reporter`; by default one
-    that shows them unless `quiet`).
+    (`kqv.train.budget`). `clock` (default `time.perf_counter`) times budgets, progress and metrics. It prints
+    nothing: its progress and evaluations are events for `reporter` (default: one that shows them unless `quiet`).
     """
 
     def __init__(
@@ -288,8 +287,7 @@ class Trainer:
     def _progress(self, record: dict[str, Any], origin: float) -> Progress:
         """The event after an update, with the time left at this session's pace (`record`: the last log record;
         `origin`: the clock's reading at the run's start)."""
-        elapsed = self.clock() - origin
-        step_s = self._pace.step_seconds(self.step)
+        elapsed, step_s = self.clock() - origin, self._pace.step_seconds(self.step)
         self._left = time_left(self.config, self.plan is not None, self.step, elapsed, self.train_seconds, step_s)
         figures = {key: record.get(key) for key in ("train_loss", "lr", "tokens_per_s")}
         return Progress(self.step, self.config.steps, elapsed, self._left, **figures)
