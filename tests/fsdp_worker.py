@@ -42,9 +42,8 @@ def batches(i: int) -> tuple[torch.Tensor, torch.Tensor]:
 def model(**changes) -> kqv.DecoderLM:
     """A 2-block decoder with tied input and output embeddings (the default), with `changes` to its config."""
     torch.manual_seed(0)
-    return kqv.DecoderLM(
-        kqv.ModelConfig(vocab_size=32, d_model=32, n_heads=2, n_layers=2, d_ff=64, max_len=32, dropout=0.0, **changes)
-    )
+    sizes = dict(vocab_size=32, d_model=32, n_heads=2, n_layers=2, d_ff=64, max_len=32, dropout=0.0)
+    return kqv.DecoderLM(kqv.ModelConfig(**{**sizes, **changes}))
 
 
 def inspect(model: torch.nn.Module) -> dict[str, float]:

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from kqv.cli.main import main
 from kqv.train.checkpoints import read_checkpoint
@@ -90,3 +92,33 @@ def test_kqv_train_under_torchrun_with_two_processes_matches_one_process(tmp_pat
         logged = [(a[key], b[key]) for a, b in zip(one, two) if key in a]
         assert logged and all(key in b for b in two if key in one[b["step"] - 1])
         assert [b for _, b in logged] == pytest.approx([a for a, _ in logged], abs=1e-5, rel=0)
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_a_two_process_run_with_dropout_resumes_bit_exactly_in_new_processes(resumed_runs, parallel):
+    straight, resumed = resumed_runs / f"{parallel}-6", resumed_runs / f"{parallel}-3-6"
+    assert read_checkpoint(resumed).step == 6 and read_checkpoint(resumed).state["world_size"] == 2
+    assert len(read_checkpoint(resumed).state["rng"]) == 2  # both ranks' generators, CUDA's too where in use
+    assert curve(resumed) == curve(straight)
+    a, b = (load_file(r / "checkpoint" / "model.safetensors") for r in (straight, resumed))
+    assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
+    sa, sb = (torch.load(r / "checkpoint" / "optimizer.pt", weights_only=True)["state"] for r in (straight, resumed))
+    assert all(torch.equal(sa[i][k], sb[i][k]) for i in sa for k in sa[i])
+
+
+def curve(run_dir: Path) -> list[tuple]:
+    """Every metrics record's step, training loss, gradient norm and validation loss."""
+    records = read_metrics(run_dir / "metrics.jsonl")
+    return [(r["step"], r.get("train_loss"), r.get("grad_norm"), r.get("val_loss")) for r in records]
+
+
+@pytest.fixture(scope="module")
+def resumed_runs(tmp_path_factory) -> Path:
+    """resume_worker's runs: DDP and FSDP with dropout, 6 updates straight, and 3 resumed to 6 by a new torchrun."""
+    from test_fsdp import torchrun
+
+    out = tmp_path_factory.mktemp("resume")
+    worker = str(Path(__file__).with_name("resume_worker.py"))
+    torchrun(worker, str(out), "first")
+    torchrun(worker, str(out), "second")
+    return out

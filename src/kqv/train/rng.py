@@ -51,7 +51,8 @@ def rng_tensors(states: list[dict[str, Any]]) -> dict[str, Tensor]:
 
 
 def rng_to_json(state: dict[str, Any], torch_as_bytes: bool = False) -> dict[str, Any]:
-    """JSON form of the `random` and numpy states (the torch state is a tensor, saved in rng.safetensors)."""
+    """JSON form of the `random` and numpy states (torch's are tensors, saved in rng.safetensors); with
+    `torch_as_bytes`, torch's CPU and CUDA states too, as bytes (to send them to rank 0)."""
     version, internal, gauss = state["python"]
     name, keys, position, has_gauss, cached = state["numpy"]
     out = {
@@ -59,7 +60,7 @@ def rng_to_json(state: dict[str, Any], torch_as_bytes: bool = False) -> dict[str
         "numpy": [name, keys.tolist(), int(position), int(has_gauss), float(cached)],
     }
     if torch_as_bytes:
-        out["torch"] = state["torch"].numpy().tobytes()
+        out.update({key: state[key].numpy().tobytes() for key, _ in TORCH_RNGS if key in state})
     return out
 
 
@@ -70,13 +71,15 @@ def rng_from_json(state: dict[str, Any]) -> dict[str, Any]:
         "python": (version, tuple(internal), gauss),
         "numpy": (name, np.array(keys, dtype=np.uint32), position, has_gauss, cached),
     }
-    if "torch" in state:
-        out["torch"] = torch.frombuffer(bytearray(state["torch"]), dtype=torch.uint8)
+    for key, _ in TORCH_RNGS:
+        if key in state:
+            out[key] = torch.frombuffer(bytearray(state[key]), dtype=torch.uint8)
     return out
 
 
 def all_rng_states(world_size: int) -> list[dict[str, Any]]:
-    """The generator states of every rank, on every rank (a collective under torchrun: every rank must call it)."""
+    """The generator states of every rank, CPU and CUDA, on every rank (a collective under torchrun: every rank
+    must call it)."""
     rng = rng_state()
     if world_size == 1:
         return [rng]
