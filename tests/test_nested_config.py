@@ -71,6 +71,30 @@ def test_old_flat_options_load_to_the_nested_config(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_old_flat_keyword_names_of_model_config_work_with_a_deprecation_warning(kind):
+    """Issue 35: `kqv.ModelConfig(ffn="switch", n_experts=4)`, Python written for the previous release, was a
+    TypeError; it is translated as a [model] table is (`from_dict`, one table: OLD_NAMES), and warned about."""
+    flat, nested = KINDS[kind]
+    with pytest.warns(DeprecationWarning, match="deprecated") as warned:
+        config = ModelConfig(**BASE, **flat)
+    old = [name for name in flat if name in OLD_NAMES]
+    message = str(warned[0].message)
+    assert all(f"{name}= is now {OLD_NAMES[name][0]}=" in message for name in old), message
+    assert warned[0].filename == __file__  # it points at the caller's line
+    assert config == ModelConfig.from_dict({**BASE, **flat}) == ModelConfig(**BASE, **nested)
+    with pytest.warns(DeprecationWarning, match="ModelConfig.replace"):
+        assert ModelConfig(**BASE).replace(**flat) == config
+
+
+def test_an_old_keyword_name_beside_its_new_spelling_is_a_config_error_naming_both():
+    with (
+        pytest.warns(DeprecationWarning),
+        pytest.raises(ConfigError, match="n_experts is the old name of experts.count"),
+    ):
+        ModelConfig(**BASE, ffn="switch", n_experts=4, experts={"count": 2})
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_an_old_flat_run_toml_of_each_kind_loads_unchanged(kind, tmp_path):
     """A run.toml of the flat form (as kqv wrote before the sub-tables) gives the config of the nested form."""
     flat, nested = KINDS[kind]
@@ -170,7 +194,8 @@ def test_to_dict_writes_the_sub_tables_of_the_kinds_in_use():
 def test_replace_changes_one_option_of_a_sub_config_and_keeps_the_others():
     config = ModelConfig(**BASE, attention="bigbird", bigbird={"block": 8, "seed": 3})
     assert config.replace(bigbird={"window": 2}).bigbird == BigBirdConfig(block=8, window=2, seed=3)
-    assert config.replace(bigbird_window=2) == config.replace(bigbird={"window": 2})
+    with pytest.warns(DeprecationWarning, match="bigbird_window= is now bigbird="):
+        assert config.replace(bigbird_window=2) == config.replace(bigbird={"window": 2})
     assert config.replace(bigbird=BigBirdConfig()).bigbird == BigBirdConfig()
 
 

@@ -6,7 +6,9 @@ activation) is a typed field, checked when the config is made, so a typo fails h
 
 from __future__ import annotations
 
+import functools
 import tomllib
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -153,6 +155,22 @@ def nest_old_names(values: dict[str, Any]) -> dict[str, Any]:
             )
         values[table] = {**given, name: values.pop(old)}
     return values
+
+
+def old_keywords(options: dict[str, Any], call: str) -> dict[str, Any]:
+    """Keyword arguments of `call` (e.g. "ModelConfig") with old flat names (`n_experts=4`) read into their
+    sub-tables as `nest_old_names` reads a [model] table's (`experts={"count": 4}`), and a DeprecationWarning that
+    names the new spelling: Python code written for the release before the sub-tables keeps working."""
+    old = [name for name in options if name in OLD_NAMES]
+    if old:
+        spelled = ", ".join(f"{name}= is now {OLD_NAMES[name][0]}={{{OLD_NAMES[name][1]!r}: ...}}" for name in old)
+        warnings.warn(
+            f"{call}: the flat option names of the previous release are deprecated ({spelled}); they are "
+            f"translated for now",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+    return nest_old_names(options)
 
 
 @dataclass
@@ -373,7 +391,7 @@ class ModelConfig(Config):
         """A checked copy with some fields changed; a sub-config's changes are a table of its options
         (`replace(linformer={"k": 64})` keeps the other Linformer options)."""
         values = Config.to_dict(self)
-        for name, value in nest_old_names(changes).items():
+        for name, value in old_keywords(changes, "ModelConfig.replace").items():
             merge = name in SUB_CONFIGS and isinstance(value, dict)
             values[name] = {**values[name], **value} if merge else value
         return self.from_dict(values)
@@ -391,6 +409,19 @@ def require_vocabulary(vocab_size: int | None) -> int:
 
 
 SUB_CONFIGS = ("relative", "linformer", "bigbird", "local", "memory_compressed", "experts")
+
+
+def _taking_old_names(init: Any) -> Any:
+    """ModelConfig's dataclass-made `__init__`, also taking the old flat keyword names (`old_keywords`)."""
+
+    @functools.wraps(init)
+    def __init__(self: ModelConfig, *args: Any, **options: Any) -> None:
+        init(self, *args, **old_keywords(options, "ModelConfig"))
+
+    return __init__
+
+
+ModelConfig.__init__ = _taking_old_names(ModelConfig.__init__)  # the dataclass decorator writes __init__ itself
 
 
 def _without_none(values: dict[str, Any]) -> dict[str, Any]:
