@@ -95,6 +95,10 @@ def test_a_quick_run_is_labelled_a_smoke_test_everywhere_and_counts_k_of_n(tmp_p
     assert "kqv: [1/1 100%] no-causal-mask" in captured.err
     record = json.loads((out / "no-causal-mask" / RESULTS_FILE).read_text())
     assert record["quick"] is True and record["smoke_test"] == SMOKE_TEST
+    undecided = [c["what"] for c in record["checks"] if c["outcome"] == INCONCLUSIVE]
+    assert undecided, "one seed decides no interval"
+    assert all(f"  to decide *{what}*: " in captured.out for what in undecided)
+    assert "one value gives no spread to project from: run at least 2" in captured.out
     report = (out / "no-causal-mask" / "report.md").read_text()
     assert report.startswith("# `no-causal-mask`: smoke test, not a test of the claim") and SMOKE_TEST in report
     assert {"commit", "dirty"} <= set(record["provenance"]["git"]) and record["provenance"]["torch"]

@@ -18,6 +18,7 @@ from ..errors import ConfigError, spoken
 from . import get, names
 from .base import Experiment
 from .gallery import gallery
+from .report import deciding_runs
 from .runner import RESULTS_FILE, expected_minutes, rejudge, run_experiment
 
 ALL = "all"  # the name that stands for every experiment, in the lecture's order
@@ -97,13 +98,14 @@ def _run_planned(
 
 def summary(record: dict[str, Any], position: tuple[int, int], out: str | Path) -> str:
     """The lines printed after an experiment: its place in the run, its verdict (labelled as a smoke test's when
-    it was a quick run) and each check's outcome."""
+    it was a quick run), each check's outcome, and what would decide each inconclusive one (`report.deciding_runs`)."""
     name, minutes = record["experiment"], record["seconds"] / 60
     verdict = f"smoke test only, checks read: {record['verdict']}" if record["quick"] else record["verdict"]
     lines = [f"[{position[0]}/{position[1]}] {name}: {verdict} ({minutes:.1f} min) -> {out}/{name}/report.md"]
     lines += [
         f"  [{check.get('outcome', check['holds'])}] {check['what']}: {check['figure']}" for check in record["checks"]
     ]
+    lines += [f"  to decide {line.removeprefix('- ')}" for line in deciding_runs(record)]
     return "\n".join(lines)
 
 
