@@ -151,7 +151,7 @@ def train_throughput_table() -> str:
                 ]
             )
     header = ["precision", "kqv tokens/s", *PEERS.values()]
-    header += ["kqv / fastest peer (ratio of medians; median of per-round ratios)", "kqv, fraction of the matmul peak"]
+    header += ["kqv / fastest peer", "kqv, of the matmul peak"]
     return markdown(header, rows, right=1, sources=TRAIN_THROUGHPUT)
 
 
@@ -179,12 +179,39 @@ def generation_speed_table() -> str:
                 ]
             )
     header = ["threads", "batch", "fp32 kqv tokens/s", "fp32 HF tokens/s"]
-    header += ["**fp32 kqv / HF**", "tokens identical to HF's", "bf16 kqv / HF, both bf16 (kqv tokens/s)"]
-    header += ["int8 kqv tokens/s (kqv / HF fp32)"]
+    header += ["**fp32 kqv / HF**", "same tokens", "bf16 kqv / HF (tokens/s)", "int8 tokens/s (/ HF fp32)"]
     return markdown(header, rows, right=0, sources=GENERATION_SPEED)
 
 
+def lm_quick_job_table() -> str:
+    """The main job (`kqv train lm --config quick`) by machine kind: time in all, speed, memory and loss."""
+    record = json.loads((RESULTS / "lm_quick_job.json").read_text(encoding="utf-8"))
+    header = ["machine", "date", 'precision (`"auto"`)', "updates", "wall-clock in all", "median tokens/s"]
+    header += ["peak memory (`peak_rss_mb`)", "validation loss (nats/char)", "command"]
+    rows = []
+    for run in record["runs"]:
+        minutes, seconds = divmod(run["wall_seconds"], 60)
+        bits = "" if run["bits_per_char"] is None else f" ({run['bits_per_char']:.2f} bits/char)"
+        rows.append(
+            [
+                run["machine"],
+                run["timestamp"][:10],
+                run["precision"],
+                f"{run['updates']:,}",
+                f"{minutes} min {seconds:02d} s",
+                f"{run['median_tokens_per_s']:,}",
+                f"{run['peak_rss_mb']:,} MB",
+                f"**{run['val_loss']:.3f}**{bits}",
+                f"`{run['command']}`",
+            ]
+        )
+    align = ["---"] * 3 + ["---:"] * 5 + ["---"]
+    table = "".join("| " + " | ".join(cells) + " |\n" for cells in [header, align, *rows])
+    return f"{table}\nFrom `benchmarks/results/lm_quick_job.json`: {record['source']}.\n"
+
+
 TABLES: dict[str, Callable[[], str]] = {
+    "lm-quick-job": lm_quick_job_table,
     "train-throughput": train_throughput_table,
     "generation-speed": generation_speed_table,
 }

@@ -31,6 +31,7 @@ SHOTS = [
     ("getting-started/", "getting-started.png", 1100),
     ("performance/", "performance.png", 1300),
     ("lecture/", "lecture-notebook.png", 1500),
+    ("lecture/#look-at-its-attention", "lecture-notebook-attention.png", 1100),
     ("api/", "api.png", 1100),
 ]
 
@@ -51,7 +52,7 @@ def serve(site: Path) -> http.server.ThreadingHTTPServer:
     return server
 
 
-def shoot(site: Path, out: Path, width: int = 1280) -> list[str]:
+def shoot(site: Path, out: Path, width: int = 1600) -> list[str]:
     """Save each page of SHOTS under `out`; returns the outside requests that were blocked."""
     server = serve(site)
     base = f"http://127.0.0.1:{server.server_address[1]}/"

@@ -23,6 +23,12 @@ def test_every_page_table_is_what_the_script_writes_from_the_json():
     assert gen_tables().stale() == [], "a table differs from its JSON: run `python docs/gen_tables.py`"
 
 
+def test_every_table_the_script_knows_is_on_a_page():
+    tables = gen_tables()
+    text = "".join(page.read_text() for page in tables.pages())
+    assert all(f"<!-- table: {name} -->" in text for name in tables.TABLES)
+
+
 @pytest.mark.parametrize("name", ["train-throughput", "generation-speed"])
 def test_each_table_is_on_a_page_and_every_row_names_machine_date_and_command(name):
     tables = gen_tables()
