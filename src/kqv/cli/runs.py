@@ -166,7 +166,10 @@ RUN_COMMANDS = {
                 "perplexity and bits per character",
                 lm_evaluate,
                 (
-                    Flag("--data", "a text file to score instead of the held-out split"),
+                    Flag(
+                        "--data",
+                        "a text file to score instead of the held-out split (a Hugging Face directory needs one)",
+                    ),
                     Flag("--max-tokens", "score only this many tokens", options={"type": int}),
                     JSON_FLAG,
                 ),
