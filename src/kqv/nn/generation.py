@@ -76,9 +76,9 @@ class GenerationConfig(Config):
     another from one generator seeded with `seed`, at `temperature` (0 = greedy) among the `top_k` most likely
     tokens and/or the smallest set of probability `top_p`; `use_cache` reuses the keys and values of earlier
     tokens (the KV cache), `dtype` "bf16" or "int8" runs lower-precision weights. Made, it is valid: every option
-    is checked against its type and `GENERATION_RANGES` within the class's `limits`, with a one-line ConfigError
-    that names the option as the caller wrote it (`--max-new-tokens` on the command line, `max_new_tokens` in
-    Python and in the explorer's requests)."""
+    is checked against its type and its range (`generation_ranges`) within the class's `limits`, and a bad one is
+    a one-line ConfigError that names it as the caller wrote it (`--max-new-tokens` on the command line,
+    `max_new_tokens` in Python and in the explorer's requests)."""
 
     max_new_tokens: int = 300
     temperature: float = 0.8
