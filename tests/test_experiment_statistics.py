@@ -6,7 +6,6 @@ import dataclasses
 import json
 import math
 import re
-import warnings
 from pathlib import Path
 
 import pytest
@@ -141,29 +140,58 @@ def test_the_code_hash_follows_what_code_does_not_how_it_is_written():
     assert _normalised('"""Only a docstring."""\n') == _normalised("pass\n")
 
 
-def test_committed_results_were_made_by_todays_code():
-    """A committed results.json that recorded the hash of the code it ran must match today's code: change the
-    model, trainer or experiment and its results are stale until rerun. Results from before hashes were kept
-    say so (`code.recorded`), with the commit they came from, and are listed here as a warning: failing on them
-    would fail every checkout until hours of reruns are done."""
-    unhashed = []
-    for name in names():
-        path = ROOT / "docs" / "experiments" / name / RESULTS_FILE
-        if not path.is_file():
-            continue
-        record = json.loads(path.read_text())
-        code = record.get("code") or {}
-        if code.get("hash"):
-            assert code["hash"] == code_hash(get(name).module)["hash"], (
-                f"{name}: its code changed since docs/experiments/{name}/results.json was made: rerun "
-                f"`kqv experiment run {name} --out docs/experiments`"
-            )
-        else:  # made before hashes were kept: listed, and due for a rerun
-            unhashed.append(f"{name} ({code.get('recorded', 'no provenance')})")
-    if unhashed:
-        warnings.warn(
-            f"results made before code hashes were kept (rerun to record one): {', '.join(unhashed)}", stacklevel=1
-        )
+def test_a_fingerprint_keeps_the_numbers_two_runs_agree_on_and_never_a_timing():
+    from kqv.experiments.reproduction import fingerprint, numbers
+
+    first = {"arms": {"a": {"val_loss": [2.5, 2.25], "seconds": [1.0]}}, "ms": [3.0], "steps": 7, "ok": True}
+    second = {"arms": {"a": {"val_loss": [2.5, 2.3], "seconds": [1.0]}}, "ms": [3.0], "steps": 7, "ok": True}
+    assert dict(numbers(first)) == {"/arms/a/val_loss[0]": 2.5, "/arms/a/val_loss[1]": 2.25, "/steps": 7.0}
+    assert fingerprint(first, second) == {"/arms/a/val_loss[0]": 2.5, "/steps": 7.0}
+    assert fingerprint({"x": float("nan")}, {"x": float("nan")}) == {}
+
+
+def test_a_changed_code_hash_stands_only_when_the_quick_run_reproduces_its_fingerprint():
+    """The rule `test_committed_results_describe_todays_code` (tests/test_experiments.py) applies to every
+    committed result: same hash, or a fingerprint that today's quick run reproduces within RTOL."""
+    from kqv.experiments.reproduction import RTOL, standing
+
+    quick = {"arms": {"a": {"val_loss": [2.5, 2.25]}}, "steps": 7}
+    fingerprinted = {"/arms/a/val_loss[0]": 2.5, "/steps": 7.0}
+    record = {"code": {"hash": "old", "quick": {"numbers": fingerprinted}}}
+    assert standing(record, "old", None) is None, "the code that made it"
+    assert standing(record, "new", quick) is None, "changed code that computes the same numbers"
+    nudged = {"arms": {"a": {"val_loss": [2.5 * (1 + RTOL / 10), 2.25]}}, "steps": 7}
+    assert standing(record, "new", nudged) is None, "other CPUs round fp32 differently"
+    moved = {"arms": {"a": {"val_loss": [2.6, 2.25]}}, "steps": 7}
+    assert "differs from its fingerprint in 1 numbers: /arms/a/val_loss[0]: 2.6 (was 2.5)" in standing(
+        record, "new", moved
+    )
+    assert "missing" in standing(record, "new", {"arms": {"a": {"val_loss": [2.5]}}})
+    assert "no quick-size fingerprint" in standing({"code": {"hash": "old"}}, "new", quick)
+    assert "no quick-size fingerprint" in standing({"code": {"hash": "old", "quick": {"numbers": {}}}}, "new", quick)
+
+
+def test_a_fingerprint_is_refused_for_a_run_whose_code_changed_and_stored_for_one_whose_did_not(tmp_path):
+    """`kqv experiment fingerprint`: only the code that made a run may vouch for its numbers."""
+    import shutil
+
+    from kqv.cli.main import main
+
+    shutil.copytree(ROOT / "docs" / "experiments" / "scaling-head-dim", tmp_path / "scaling-head-dim")
+    path = tmp_path / "scaling-head-dim" / RESULTS_FILE
+    record = json.loads(path.read_text())
+    record["code"] = {"hash": "made by other code"}
+    path.write_text(json.dumps(record))
+    assert main(["experiment", "fingerprint", "scaling-head-dim", "--dir", str(tmp_path)]) != 0
+    assert json.loads(path.read_text())["code"] == {"hash": "made by other code"}, "nothing written"
+    record["code"] = code_hash(get("scaling-head-dim").module)
+    path.write_text(json.dumps(record))
+    assert main(["experiment", "fingerprint", "scaling-head-dim", "--dir", str(tmp_path)]) == 0
+    stored = json.loads(path.read_text())
+    assert stored["results"] == record["results"], "a fingerprint never changes a measured number"
+    numbers = stored["code"]["quick"]["numbers"]
+    assert numbers and all(math.isfinite(v) for v in numbers.values())
+    assert not any("seconds" in key or "/ms" in key for key in numbers)
 
 
 def test_rejudge_recomputes_a_stored_verdict_from_its_numbers_without_changing_them(tmp_path, capsys):

@@ -7,6 +7,7 @@ import math
 import os
 import re
 import statistics
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +20,8 @@ from kqv.experiments.base import Check, ExperimentError, verdict, with_overrides
 from kqv.experiments.lm import head_statistics
 from kqv.experiments.runner import REPORT_FILE, RESULTS_FILE, checks_from_record
 from kqv.nn.cores import causal_mask
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +53,27 @@ def test_quick_run_writes_results_plots_and_a_report_whose_verdict_its_numbers_i
     assert f"# `{name}`: smoke test, not a test of the claim (checks at quick size: {record['verdict']})" in report
     assert record["lecture"] in report and all(f"]({plot})" in report for plot in record["plots"])
     assert record["command"].startswith(f"kqv experiment run {name} --quick")
+
+
+@pytest.mark.parametrize("name", names())
+def test_committed_results_describe_todays_code(quick_runs, name):
+    """A committed results.json must describe today's code: made by code with today's hash, or by code whose
+    quick-size fingerprint today's quick run reproduces (kqv.experiments.reproduction). Change what the model,
+    trainer or experiment computes and its result is stale until rerun; move code without changing a number and
+    it stands. Every committed result carries a hash and a fingerprint."""
+    from kqv.experiments.provenance import code_hash
+    from kqv.experiments.reproduction import standing
+
+    committed = ROOT / "docs" / "experiments" / name / RESULTS_FILE
+    assert committed.is_file(), f"{name} has no committed results: `kqv experiment run {name} --out docs/experiments`"
+    record = json.loads(committed.read_text())
+    assert record["code"].get("hash") and record["code"].get("quick", {}).get("numbers"), (
+        f"{name}: its results.json has no code hash or quick fingerprint: rerun "
+        f"`kqv experiment run {name} --out docs/experiments`"
+    )
+    quick = json.loads((quick_runs / name / RESULTS_FILE).read_text())["results"]
+    stale = standing(record, code_hash(get(name).module)["hash"], quick)
+    assert stale is None, f"{name}: {stale}; rerun `kqv experiment run {name} --out docs/experiments`"
 
 
 def test_verdict_follows_the_checks():

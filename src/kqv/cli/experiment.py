@@ -5,6 +5,7 @@ kqv experiment run NAME [--quick] [--seeds N] [--out DIR] [--set FIELD=VALUE] [-
 kqv experiment run all [--quick] ...
 kqv experiment gallery [--dir docs/experiments] [--out docs/experiments.md]
 kqv experiment rejudge NAME|all [--dir docs/experiments]   (recompute verdicts from stored numbers, no rerun)
+kqv experiment fingerprint NAME|all [--dir docs/experiments]   (store the quick-size numbers of a stored run's code)
 
 Each action parses its flags, calls `kqv.experiments.actions` and prints what comes back.
 """
@@ -61,6 +62,13 @@ def cmd_rejudge(args: argparse.Namespace) -> None:
         print(f"{name}: {record['verdict']} (re-judged from {args.dir}/{name}/{RESULTS_FILE})")
 
 
+def cmd_fingerprint(args: argparse.Namespace) -> None:
+    from ..experiments.actions import fingerprint_runs
+
+    for name, record in fingerprint_runs(args.name, args.dir):
+        print(f"{name}: {len(record['code']['quick']['numbers'])} reproducible quick-size numbers stored")
+
+
 class Experiment(Command):
     """`kqv experiment list | run NAME | gallery | rejudge NAME`."""
 
@@ -111,6 +119,16 @@ class Experiment(Command):
             "--dir", default="docs/experiments", help="the runs' --out directory (default docs/experiments)"
         )
         again.set_defaults(action_func=cmd_rejudge)
+        vouch = actions.add_parser(
+            "fingerprint",
+            help="store in stored runs the quick-size numbers their code reproduces (so a refactor that computes the "
+            "same numbers keeps them; refused when the code changed since they ran)",
+        )
+        vouch.add_argument("name", help="an experiment name, or all (every run found in --dir)")
+        vouch.add_argument(
+            "--dir", default="docs/experiments", help="the runs' --out directory (default docs/experiments)"
+        )
+        vouch.set_defaults(action_func=cmd_fingerprint)
 
     def run(self, args: argparse.Namespace) -> None:
         args.action_func(args)

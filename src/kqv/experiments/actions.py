@@ -19,6 +19,7 @@ from . import get, names
 from .base import Experiment
 from .gallery import gallery
 from .report import deciding_runs
+from .reproduction import add_fingerprint
 from .runner import RESULTS_FILE, expected_minutes, rejudge, run_experiment
 
 ALL = "all"  # the name that stands for every experiment, in the lecture's order
@@ -118,9 +119,9 @@ def write_gallery(directory: str | Path, page: str | Path) -> Path:
     return page
 
 
-def rejudge_runs(name: str, directory: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Re-judge the stored run of experiment `name` (`all`: every run found) in `directory` from its numbers
-    (`runner.rejudge`); yield (name, record) for each. An unknown name, or no runs at all, is refused first."""
+def stored_runs(name: str, directory: str | Path) -> list[str]:
+    """The experiments with a stored run in `directory`: `name`, or (`all`) every one found there. An unknown
+    name, or no runs at all, is refused."""
     directory = Path(directory)
     if name != ALL:
         get(name)  # an unknown name is a clear error
@@ -129,4 +130,19 @@ def rejudge_runs(name: str, directory: str | Path) -> Iterator[tuple[str, dict[s
         raise ConfigError(
             f"no experiment results in {directory}; run `kqv experiment run NAME --out {directory}` first"
         )
-    return ((n, rejudge(directory / n)) for n in chosen)
+    return chosen
+
+
+def rejudge_runs(name: str, directory: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Re-judge the stored run of experiment `name` (`all`: every run found) in `directory` from its numbers
+    (`runner.rejudge`); yield (name, record) for each. An unknown name, or no runs at all, is refused first."""
+    chosen = stored_runs(name, directory)
+    return ((n, rejudge(Path(directory) / n)) for n in chosen)
+
+
+def fingerprint_runs(name: str, directory: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Store in the stored run of `name` (`all`: every run found) in `directory` its quick-size fingerprint, made
+    by today's code, which must be the code that made the run (`reproduction.add_fingerprint`); yield (name,
+    record) for each."""
+    chosen = stored_runs(name, directory)
+    return ((n, add_fingerprint(Path(directory) / n)) for n in chosen)

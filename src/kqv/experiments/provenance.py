@@ -35,6 +35,7 @@ PRESENTATION = {
     "kqv.experiments.runner",
     "kqv.experiments.gallery",
     "kqv.experiments.actions",
+    "kqv.experiments.reproduction",
 }
 # the CPU features that decide which kernels torch can use (present ones are listed)
 CPU_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "sse4_2", "asimd", "sve")

@@ -30,6 +30,7 @@ from . import get
 from .base import TRAINING_DEVICE, Check, Experiment, ExperimentError, Progress, verdict
 from .provenance import code_hash, git_state, provenance
 from .report import write_report
+from .reproduction import RTOL, quick_fingerprint
 from .statistics import judge
 
 RESULTS_FILE, REPORT_FILE = "results.json", "report.md"
@@ -77,6 +78,8 @@ def run_experiment(
         torch.set_num_threads(previous_threads)
         TRAINING_DEVICE.reset(training_device)
     seconds = time.perf_counter() - started
+    # a full run vouches for its numbers with its quick size's (kqv.experiments.reproduction), taken after its timing
+    quick_numbers = None if quick else quick_fingerprint(name)
     return write_results(
         experiment,
         config,
@@ -87,6 +90,7 @@ def run_experiment(
         threads=threads,
         load=(load_before, _load_average()),
         command=command_line(name, quick, overrides, out, threads, device),
+        fingerprint=quick_numbers,
     )
 
 
@@ -101,8 +105,10 @@ def write_results(
     threads: int,
     load: tuple,
     command: str,
+    fingerprint: dict[str, float] | None = None,
 ) -> dict[str, Any]:
-    """Derive the checks, verdict, table and plots from `results` and write results.json and report.md."""
+    """Derive the checks, verdict, table and plots from `results` and write results.json and report.md;
+    `fingerprint`: the quick size's reproducible numbers, made by the same code (`reproduction`)."""
     missing = [key for key in experiment.fields if key not in results]
     if missing:
         raise RuntimeError(f"experiment {experiment.name} measured no {missing}: its run() breaks its contract")
@@ -128,10 +134,13 @@ def write_results(
         "versions": library_versions(),
         "machine": machine(threads, load),
         "provenance": provenance(),
-        "code": {**code_hash(experiment.module), "recorded": "when it ran"},
+        "code": {
+            **code_hash(experiment.module),
+            "recorded": "when it ran",
+            **({"quick": {"numbers": fingerprint, "rtol": RTOL}} if fingerprint is not None else {}),
+        },
     }
-    _write_atomically(directory / RESULTS_FILE, json.dumps(record, indent=1, default=_json_default) + "\n")
-    _write_atomically(directory / REPORT_FILE, write_report(record, experiment))
+    write_record(directory, record)
     return record
 
 
@@ -157,8 +166,7 @@ def rejudge(directory: str | Path, *, plots: bool = False) -> dict[str, Any]:
     }
     if plots:
         record["plots"] = [Path(p).name for p in experiment.plots(record["results"], directory)]
-    _write_atomically(directory / RESULTS_FILE, json.dumps(record, indent=1, default=_json_default) + "\n")
-    _write_atomically(directory / REPORT_FILE, write_report(record, experiment))
+    write_record(directory, record)
     return record
 
 
@@ -251,6 +259,12 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value.tolist()
     raise TypeError(f"results must be JSON-serialisable, got {type(value).__name__}")
+
+
+def write_record(directory: Path, record: dict[str, Any]) -> None:
+    """Write a record's results.json and the report.md drawn from it."""
+    _write_atomically(directory / RESULTS_FILE, json.dumps(record, indent=1, default=_json_default) + "\n")
+    _write_atomically(directory / REPORT_FILE, write_report(record, get(record["experiment"])))
 
 
 def _write_atomically(path: Path, text: str) -> None:
