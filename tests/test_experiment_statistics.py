@@ -150,6 +150,15 @@ def test_a_fingerprint_keeps_the_numbers_two_runs_agree_on_and_never_a_timing():
     assert fingerprint({"x": float("nan")}, {"x": float("nan")}) == {}
 
 
+def test_a_wall_clock_budgeted_experiment_fingerprints_only_what_is_fixed_before_training():
+    """Two budgeted runs on a loaded machine once agreed on 6 updates by chance, and a third made 7."""
+    from kqv.experiments.reproduction import before_training
+
+    found = {"/runs/lstm[0]/steps": 6.0, "/runs/lstm[0]/parameters": 270080.0, "/runs/lstm[0]/test_bleu": 0.03}
+    assert before_training("rnn-vs-transformer", found) == {"/runs/lstm[0]/parameters": 270080.0}
+    assert before_training("heads", found) == found
+
+
 def test_a_changed_code_hash_stands_only_when_the_quick_run_reproduces_its_fingerprint():
     """The rule `test_committed_results_describe_todays_code` (tests/test_experiments.py) applies to every
     committed result: same hash, or a fingerprint that today's quick run reproduces within RTOL."""
