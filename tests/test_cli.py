@@ -4,8 +4,10 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from kqv.cli.main import main
+from kqv.nn import generation
 from kqv.train.checkpoints import MODEL_FILE
 from kqv.train.trainer import Trainer
 
@@ -95,6 +97,15 @@ def test_generate_in_lower_precision_continues_the_prompt(run, capsys, dtype):
     )
     out = capsys.readouterr().out
     assert out.startswith("To be") and len(out.rstrip("\n")) == len("To be") + 5
+
+
+def test_int8_generation_on_a_gpu_is_one_clear_line_not_a_traceback(run, capsys, monkeypatch):
+    """device auto is a GPU where there is one; torch's dynamic quantisation has CPU kernels only."""
+    monkeypatch.setattr(generation, "model_device", lambda model: torch.device("cuda", 0))
+    command = ["generate", str(run), "--prompt", "To be", "--max-new-tokens", "5", "--dtype", "int8"]
+    assert main(command) != 0
+    err = capsys.readouterr().err.strip()
+    assert "int8 generation runs on the CPU only" in err and "--device cpu" in err and "Traceback" not in err
 
 
 def test_eval_reports_bits_per_character_of_the_validation_split(run, capsys):

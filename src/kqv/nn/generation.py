@@ -19,6 +19,7 @@ from ..errors import ConfigError, DataError, spoken
 from ..validation import Config, check_seed
 from .checks import check_ids
 from .decoding import DecodeStep
+from .devices import model_device
 from .search import search
 
 
@@ -204,8 +205,16 @@ def in_dtype(model: nn.Module, dtype: torch.dtype | None) -> nn.Module:
     """The model itself, or a copy for inference with lower-precision weights (the model is untouched):
     a floating-point dtype such as torch.bfloat16 casts every weight; torch.qint8 quantises the weights of every
     `nn.Linear` to int8 (torch's dynamic quantisation: int8 matmuls, activations quantised per call; embeddings,
-    norms and attention stay fp32), which reads a quarter of the bytes of fp32 per token."""
+    norms and attention stay fp32), which reads a quarter of the bytes of fp32 per token. torch's dynamic
+    quantisation runs on the CPU only: int8 for a model on another device is a ConfigError saying what to use."""
     if dtype == torch.qint8:
+        device = model_device(model)
+        if device.type != "cpu":
+            raise ConfigError(
+                f"int8 generation runs on the CPU only (torch's dynamic quantisation has no {device.type} kernels), "
+                f"and this model is on {device}: use {spoken('--device cpu', 'a model on the CPU')} for int8, or "
+                f"{spoken('--dtype bf16', 'dtype=torch.bfloat16')} on the GPU"
+            )
         with warnings.catch_warnings():  # torch.ao's quantisation is deprecated upstream, and pinned here
             warnings.simplefilter("ignore")
             return torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {nn.Linear}, dtype=torch.qint8)
