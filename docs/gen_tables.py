@@ -107,6 +107,29 @@ GENERATION_SPEED = [
     ),
 ]
 
+# attention_scaling.json records no date: the day of the commit that added it
+ATTENTION_SCALING = {
+    "one thread": (
+        Source(
+            "benchmarks/results/attention_scaling.json",
+            "2 cores",
+            "a 2-core x86_64 machine shared with other jobs, one thread",
+            "python benchmarks/attention_scaling.py --threads 1",
+        ),
+        "2026-11-22",
+    ),
+    "two threads": (
+        Source(
+            "benchmarks/results/attention_scaling-2threads.json",
+            "2 cores",
+            "the same 2-core machine, idle, two threads",
+            "python benchmarks/attention_scaling.py --methods sdpa blockwise_relative blockwise_alibi "
+            "--output benchmarks/results/attention_scaling-2threads.json --plot docs/attention_scaling-2threads.png",
+        ),
+        "2026-11-22",
+    ),
+}
+
 PEERS = {"hf": "Hugging Face", "xtrans": "x-transformers"}
 
 
@@ -210,7 +233,30 @@ def lm_quick_job_table() -> str:
     return f"{table}\nFrom `benchmarks/results/lm_quick_job.json`: {record['source']}.\n"
 
 
+def scaling_table(run: str, cell: Callable[[dict], str]) -> str:
+    """Attention cores against sequence length n (one row per n, one column per method), from one run of
+    benchmarks/attention_scaling.py, with that run's machine, date and command under the table."""
+    source, date = ATTENTION_SCALING[run]
+    results = source.load()["results"]
+    methods = list(dict.fromkeys(result["method"] for result in results))
+    found = {(result["method"], result["n"]): result for result in results}
+    lengths = sorted({result["n"] for result in results})
+    rows = [
+        [f"{n:,}", *(cell(found[m, n]) if found[m, n]["status"] == "ok" else found[m, n]["status"] for m in methods)]
+        for n in lengths
+    ]
+    align = ["---:"] * (len(methods) + 1)
+    table = "".join("| " + " | ".join(cells) + " |\n" for cells in [["n", *methods], align, *rows])
+    return f"{table}\nRun: {source.detail}, {date}: `{source.command}` (`{source.file}`)\n"
+
+
 TABLES: dict[str, Callable[[], str]] = {
+    "attention-scaling-train-cpu": lambda: scaling_table("one thread", lambda r: f"{r['train_cpu_s']:.2f}"),
+    "attention-scaling-forward-cpu": lambda: scaling_table("one thread", lambda r: f"{r['forward_cpu_s']:.2f}"),
+    "attention-scaling-memory": lambda: scaling_table(
+        "one thread", lambda r: f"{r['forward_peak_mb']:.0f} / {r['train_peak_mb']:.0f}"
+    ),
+    "attention-scaling-2threads-train-wall": lambda: scaling_table("two threads", lambda r: f"{r['train_s']:.2f}"),
     "lm-quick-job": lm_quick_job_table,
     "train-throughput": train_throughput_table,
     "generation-speed": generation_speed_table,

@@ -42,6 +42,12 @@ def test_each_table_is_on_a_page_and_every_row_names_machine_date_and_command(na
     assert all(re.match(r"\d+\. .+, 2026-\d\d-\d\d: `(PYTHONPATH=\S+ )?python benchmarks/", c) for c in commands)
 
 
+@pytest.mark.parametrize("name", ["attention-scaling-train-cpu", "attention-scaling-2threads-train-wall"])
+def test_a_table_of_one_run_names_its_machine_date_and_command_under_it(name):
+    table = gen_tables().TABLES[name]()
+    assert re.search(r"\nRun: .+, 2026-\d\d-\d\d: `python benchmarks/\S+\.py[^`]*` \(`benchmarks/results/", table)
+
+
 def test_a_changed_figure_is_found():
     tables = gen_tables()
     page = next(page for page in tables.pages() if "<!-- table: train-throughput -->" in page.read_text())
