@@ -118,3 +118,25 @@ def test_a_bart_directory_draws_its_translation_page_in_chromium(dirs):
             assert p.page.inner_text("#translation") == body["translation"]
             p.close()
         browser.close()
+
+
+@pytest.mark.parametrize("name, start_id", [("marian", 1), ("bart", 2)])
+def test_kqv_load_and_kqv_translate_give_a_seq2seq_directorys_translation(dirs, tokenizer, name, start_id, capsys):
+    """The explorer's translation is the directory's own (`PretrainedRun.translate`): Hugging Face's greedy choice
+    at beam 1, and `kqv translate DIR` prints what `kqv.load(DIR).translate` returns."""
+    import kqv
+    from kqv.cli.main import main
+
+    run = kqv.load(dirs[name], device="cpu")
+    src_ids = tokenizer.encode(SOURCE) + [2]
+    steps = int(1.5 * len(src_ids) + 10)
+    expected = hf_greedy(dirs[name], src_ids, start_id, 2, steps if name == "marian" else min(steps, 63))
+    greedy = tokenizer.tokenizer.decode([i for i in expected[1:] if i != 2], skip_special_tokens=True)
+    assert run.translate(SOURCE, beam_size=1) == [greedy]
+    capsys.readouterr()
+    assert main(["translate", str(dirs[name]), SOURCE, "--beam", "1"]) == 0
+    assert capsys.readouterr().out == greedy + "\n"
+    beamed = run.translate([SOURCE, "to be"])  # the MT job's [decode] default: beam 4
+    assert len(beamed) == 2 and all(isinstance(text, str) for text in beamed)
+    assert main(["translate", str(dirs[name]), SOURCE, "--beam", "0"]) == 2
+    assert "--beam must be at least 1" in capsys.readouterr().err

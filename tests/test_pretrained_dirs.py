@@ -152,7 +152,7 @@ def test_kqv_attention_on_a_directory_draws_kqv_loads_maps(kind, gpt2_dir, bert_
 @pytest.mark.parametrize(
     "argv, words",
     [
-        (["translate", "{gpt2}", "hello"], ["Hugging Face model directory", "kqv translate works on runs of ['mt']"]),
+        (["translate", "{gpt2}", "hello"], ["GPT2LMHeadModel directory; translate works on Marian and BART"]),
         (["generate", "{bert}", "--prompt", "hi"], ["BertModel directory; generate works on GPT-2 directories"]),
         (["eval", "{bert}", "--data", "{gpt2}/config.json"], ["BertModel directory; evaluate works on GPT-2"]),
         (["generate", "{gpt2}", "--prompt", "hi", "--seed", str(2**63)], ["--seed must be an integer from 0 to 2**63"]),

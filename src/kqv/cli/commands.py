@@ -87,9 +87,12 @@ class JobCommand:
     flags: tuple[Flag, ...] = ()
 
 
+HF_ENTRIES = ("lm", "mt")  # the job entries whose operations a Hugging Face directory's PretrainedRun offers
+
+
 class RunCommand(Command):
     """`kqv NAME RUN [flags]`: RUN loaded by `kqv.api.load`, answered by the entry of the job that wrote it (its
-    run.toml's task; "lm" for a Hugging Face directory), for the jobs in `by_job`."""
+    run.toml's task; `HF_ENTRIES` for a Hugging Face directory), for the jobs in `by_job`."""
 
     def __init__(self, by_job: dict[str, JobCommand]):
         self.by_job = dict(sorted(by_job.items()))
@@ -115,10 +118,13 @@ class RunCommand(Command):
                     flag.add_to(parser, f"{'/'.join(owners)}: {flag.help}" if len(owners) < len(self.by_job) else None)
 
     def run(self, args: argparse.Namespace) -> Any:
-        """Load RUN as `kqv.load` does (a kqv run, or a Hugging Face directory, whose operations are an LM run's)
-        and hand it to the entry of its job; a run of a job without one is refused before its model is read."""
+        """Load RUN as `kqv.load` does and hand it to the entry of its job; a run of a job without one is refused
+        before its model is read. A Hugging Face directory (`PretrainedRun`) takes the LM entry where there is one
+        (generate, eval, attention) and else the MT entry (translate); it says itself what its model lacks."""
         hf = is_hf_directory(args.run)
-        kind = "lm" if hf else get_job(run_task(read_run(args.run))).name
+        kind = (
+            next((k for k in HF_ENTRIES if k in self.by_job), "") if hf else get_job(run_task(read_run(args.run))).name
+        )
         if kind not in self.by_job:
             what = "a Hugging Face model directory" if hf else f"a run of task {kind!r}"
             raise RunError(f"{args.run} is {what}; kqv {args.command} works on runs of {sorted(self.by_job)}")

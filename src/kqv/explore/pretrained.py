@@ -13,15 +13,14 @@ decoder attention). A directory kqv cannot convert is a `ConversionError` that s
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from ..errors import ConversionError
+from ..jobs.pretrained import special_ids
 from .analysis import readable_piece, top_tokens
 from .subjects import MASK, EncoderSubject, LMSubject, MTSubject, Subject
 
@@ -150,46 +149,25 @@ class Seq2SeqTokenizer:
 
 
 class Seq2SeqRun:
-    """A converted Marian or BART model as an MT run for MTSubject: `translate` decodes with kqv's beam search
-    (`kqv.nn.generation.translate`) from the directory's decoder_start_token_id to its eos_token_id, at most
-    max_len_a * source length + max_len_b new tokens ([decode] defaults of the MT job)."""
+    """A converted Marian or BART model as an MT run for MTSubject: `translate` is the directory's own
+    (`kqv.jobs.pretrained.PretrainedRun.translate_ids`: kqv's beam search from its decoder_start_token_id to its
+    eos_token_id, at most max_len_a * source length + max_len_b new tokens, [decode] defaults of the MT job)."""
 
     def __init__(self, run: Any, ids: dict[str, int]):
         from ..jobs.mt import DecodeConfig
 
-        self.model, self.path = run.model, run.path
+        self.run, self.model, self.path = run, run.model, run.path
         self.start_id, self.eos_id = ids["decoder_start_token_id"], ids["eos_token_id"]
         self.tokenizer = Seq2SeqTokenizer(run.tokenizer.tokenizer, self.eos_id)
         self.config = SimpleNamespace(kind="transformer", decode=DecodeConfig())
 
-    @torch.no_grad()
     def translate(self, sentences: list[str], beam_size: int = 1) -> list[str]:
-        from ..nn.generation import translate
-
-        decode, config = self.config.decode, self.model.config
+        """`PretrainedRun.translate`'s ids, decoded by this tokenizer, which aligns the last one by its ids."""
         translations = []
-        for sentence in sentences:
-            src = self.tokenizer.encode(" ".join(sentence.split())) + [self.eos_id]
-            new = int(decode.max_len_a * len(src) + decode.max_len_b)
-            if config.position == "learned":
-                new = min(new, config.max_len - 1)
-            out = translate(
-                self.model, torch.tensor([src]), new, bos_id=self.start_id, eos_id=self.eos_id, beam_size=beam_size
-            )[0, 1:].tolist()  # after the decoder's start token
-            out = out[: out.index(self.eos_id)] if self.eos_id in out else out
+        for out in self.run.translate_ids([" ".join(sentence.split()) for sentence in sentences], beam_size):
             translations.append(self.tokenizer.decode(out))
             self.tokenizer.produced = {" ".join(translations[-1].split()): out}  # MTSubject aligns this text next
         return translations
-
-
-def special_ids(path: Path) -> dict[str, int]:
-    """The pad, decoder start and end-of-sentence ids of a Marian or BART directory's config.json."""
-    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    names = ("pad_token_id", "decoder_start_token_id", "eos_token_id")
-    missing = [name for name in names if not isinstance(config.get(name), int)]
-    if missing:
-        raise ConversionError(f"{path}/config.json has no {', '.join(missing)}: kqv needs them to translate")
-    return {name: config[name] for name in names}
 
 
 class PretrainedMTSubject(MTSubject):

@@ -2,7 +2,8 @@
 (`kqv.interop.from_hf`, safetensors only) and reads the tokenizer saved beside it (`tokenizer.json`).
 
 A GPT-2 directory continues prompts (`generate`), scores text (`evaluate`) and shows its self-attention
-(`attention`), with the options and checks of a kqv LM run (`LMRun`); a BERT directory shows its self-attention.
+(`attention`), with the options and checks of a kqv LM run (`LMRun`); a BERT directory shows its self-attention;
+a Marian or BART directory translates (`translate`, kqv's beam search from its config's special ids).
 `kqv generate|eval|attention DIR` reach these through `kqv.load`, as Python does. The numbers are kqv's own
 model's, which equal the Hugging Face model's (`tests/test_interop.py`); nothing is downloaded.
 """
@@ -10,22 +11,26 @@ model's, which equal the Hugging Face model's (`tests/test_interop.py`); nothing
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from tokenizers import Tokenizer as HFTokenizer
 from torch import nn
 
 from ..data.tokenizers import BPETokenizer
 from ..errors import ConfigError, ConversionError, RunError, spoken
 from ..interop import from_hf
-from ..nn.devices import Accelerator
-from ..nn.generation import GenerationConfig
+from ..nn.devices import Accelerator, model_device
+from ..nn.generation import GenerationConfig, translate
 from ..nn.heads import MaskedLM
-from ..nn.models import DecoderLM, Encoder
-from .base import AttentionMaps
+from ..nn.models import DecoderLM, Encoder, EncoderDecoder
+from ..validation import check_at_least
+from .base import AttentionMaps, check_text
 from .lm import ATTENTION_MAX_TOKENS, LMEvaluation, continuations, evaluate_text, generation_config, self_attention
+from .mt import DecodeConfig
 
 HF_TOKENIZER_FILE = "tokenizer.json"
 
@@ -96,8 +101,53 @@ class PretrainedRun:
             )
         return evaluate_text(self.model, self.tokenizer, data, self.model.config.max_len, max_tokens)
 
-    def translate(self, *args: object, **options: object) -> None:
-        raise self.not_offered("translate", "kqv translation runs")
+    def translate(
+        self, sentences: str | Sequence[str], *, beam_size: int | None = None, length_penalty: float | None = None
+    ) -> list[str]:
+        """A Marian or BART directory's translation of each sentence (one string is one sentence): kqv's beam search
+        from the config's decoder start id to its end-of-sentence id, with the MT job's `[decode]` defaults (beam 4,
+        at most 1.5 x source + 10 new tokens) unless `beam_size` or `length_penalty` replace them."""
+        sentences = [sentences] if isinstance(sentences, str) else list(sentences)
+        decode, chosen = self.tokenizer.tokenizer.decode, self.translate_ids(sentences, beam_size, length_penalty)
+        return [decode(ids, skip_special_tokens=True) for ids in chosen]
+
+    @torch.no_grad()
+    def translate_ids(
+        self, sentences: Sequence[str], beam_size: int | None = None, length_penalty: float | None = None
+    ) -> list[list[int]]:
+        """The target ids of each sentence's translation (`translate`), without the start and end tokens."""
+        if not isinstance(self.model, EncoderDecoder):
+            raise self.not_offered("translate", "Marian and BART directories")
+        if beam_size is not None:
+            check_at_least(spoken("--beam", "beam_size"), beam_size, 1)
+        ids, config = special_ids(self.path), self.model.config
+        start_id, eos_id, decode = ids["decoder_start_token_id"], ids["eos_token_id"], DecodeConfig()
+        options = {
+            "beam_size": decode.beam_size if beam_size is None else beam_size,
+            "length_penalty": decode.length_penalty if length_penalty is None else length_penalty,
+        }
+        translations = []
+        for sentence in sentences:
+            check_text(spoken("the text", "sentences"), sentence)
+            src = self.tokenizer.tokenizer.encode(" ".join(sentence.split())).ids
+            src = (src[:-1] if src and src[-1] == eos_id else src) + [eos_id]  # the source, then one </s>
+            new = int(decode.max_len_a * len(src) + decode.max_len_b)
+            if config.position == "learned":
+                new = min(new, config.max_len - 1)
+            src_ids = torch.tensor([src], device=model_device(self.model))
+            out = translate(self.model, src_ids, new, bos_id=start_id, eos_id=eos_id, **options)[0, 1:].tolist()
+            translations.append(out[: out.index(eos_id)] if eos_id in out else out)  # after the start token
+        return translations
 
     def not_offered(self, operation: str, where: str) -> RunError:
         return RunError(f"{self.path} is a Hugging Face {self.hf_class} directory; {operation} works on {where}")
+
+
+def special_ids(path: Path) -> dict[str, int]:
+    """The pad, decoder start and end-of-sentence ids of a Marian or BART directory's config.json."""
+    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    names = ("pad_token_id", "decoder_start_token_id", "eos_token_id")
+    missing = [name for name in names if not isinstance(config.get(name), int)]
+    if missing:
+        raise ConversionError(f"{path}/config.json has no {', '.join(missing)}: kqv needs them to translate")
+    return {name: config[name] for name in names}
