@@ -130,6 +130,14 @@ ATTENTION_SCALING = {
     ),
 }
 
+MT_COMPARE = Source(
+    "benchmarks/results/mt_compare-60min.json",
+    "2 cores",
+    "this project's 2-core x86_64 machine, nothing else running, one thread per model",
+    "python benchmarks/mt_compare.py --minutes 60 --eval-every 200",
+)
+MT_COMPARE_DATE = "2026-11-22"  # the JSON records no date: the day of the commit that added it
+
 PEERS = {"hf": "Hugging Face", "xtrans": "x-transformers"}
 
 
@@ -250,7 +258,39 @@ def scaling_table(run: str, cell: Callable[[dict], str]) -> str:
     return f"{table}\nRun: {source.detail}, {date}: `{source.command}` (`{source.file}`)\n"
 
 
+def mt_compare_table() -> str:
+    """The Transformer against the LSTM with attention, trained for the same wall-clock time on de-en."""
+    record = MT_COMPARE.load()
+    names = {"transformer": "Transformer", "lstm": "LSTM + attention"}
+    best = {key: min(run[key] for run in record["runs"].values()) for key in ("final_val_loss",)}
+    best |= {key: max(run[key] for run in record["runs"].values()) for key in ("test_bleu", "test_chrf")}
+    bold = lambda key, value, text: f"**{text}**" if value == best[key] else text
+    rows = [
+        [
+            MT_COMPARE.machine,
+            MT_COMPARE_DATE,
+            "1",
+            names[kind],
+            f"{run['parameters'] / 1e6:.1f}M",
+            f"{run['train_seconds'] / 60:.1f} min",
+            f"{run['steps']:,}",
+            f"{run['train_tokens'] / 1e6:.2f}M",
+            f"{run['train_flops']:.2e}",
+            bold("final_val_loss", run["final_val_loss"], f"{run['final_val_loss']:.3f}"),
+            bold("test_bleu", run["test_bleu"], f"{run['test_bleu']:.2f}"),
+            bold("test_chrf", run["test_chrf"], f"{run['test_chrf']:.2f}"),
+        ]
+        for kind, run in record["runs"].items()
+    ]
+    header = ["model", "parameters", "training time", "updates", "training tokens", "training FLOPs (est.)"]
+    header += ["dev loss", "test BLEU", "test chrF"]
+    table = markdown(header, rows, right=1, sources=[])
+    run = f"1. {MT_COMPARE.detail}, {MT_COMPARE_DATE}: `{MT_COMPARE.command}` (`{MT_COMPARE.file}`)\n"
+    return table + run
+
+
 TABLES: dict[str, Callable[[], str]] = {
+    "mt-compare-60min": mt_compare_table,
     "attention-scaling-train-cpu": lambda: scaling_table("one thread", lambda r: f"{r['train_cpu_s']:.2f}"),
     "attention-scaling-forward-cpu": lambda: scaling_table("one thread", lambda r: f"{r['forward_cpu_s']:.2f}"),
     "attention-scaling-memory": lambda: scaling_table(
