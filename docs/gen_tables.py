@@ -138,6 +138,14 @@ MT_COMPARE = Source(
 )
 MT_COMPARE_DATE = "2026-11-22"  # the JSON records no date: the day of the commit that added it
 
+TRANSLATION_SPEED = Source(
+    "benchmarks/results/translation_speed.json",
+    "2 cores, shared",
+    "this project's 2-core x86_64 machine, shared with other benchmarks, one thread",
+    "python benchmarks/translation_speed.py",
+)
+TRANSLATION_SPEED_DATE = "2026-11-22"  # the JSON records no date: the day of the commit that added it
+
 PEERS = {"hf": "Hugging Face", "xtrans": "x-transformers"}
 
 
@@ -289,7 +297,33 @@ def mt_compare_table() -> str:
     return table + run
 
 
+def translation_speed_table() -> str:
+    """kqv's beam search against Hugging Face Marian's on the same weights and verses."""
+    record = TRANSLATION_SPEED.load()
+    names = {"kqv EncoderDecoder.generate": "kqv `EncoderDecoder.generate`"}
+    names["HF MarianMTModel.generate"] = "HF `MarianMTModel.generate(num_beams=4)`"
+    rows = [
+        [
+            TRANSLATION_SPEED.machine,
+            TRANSLATION_SPEED_DATE,
+            "1",
+            names[name],
+            f"{result['sentences_per_s']:.2f}",
+            f"{result['seconds']:.1f}",
+            " / ".join(f"{seconds:.1f}" for seconds in result["rounds"]),
+            f"{record['identical_translations']} of {record['sentences']}" if name.startswith("kqv") else "",
+        ]
+        for name, result in record["results"].items()
+    ]
+    header = ["decoder", f"sentences/s (beam {record['beam']})", f"seconds for {record['sentences']} verses"]
+    header += ["each round, s", "translations identical to HF's"]
+    table = markdown(header, rows, right=1, sources=[])
+    run = f"1. {TRANSLATION_SPEED.detail}, {TRANSLATION_SPEED_DATE}: `{TRANSLATION_SPEED.command}` "
+    return table + run + f"(`{TRANSLATION_SPEED.file}`)\n"
+
+
 TABLES: dict[str, Callable[[], str]] = {
+    "translation-speed": translation_speed_table,
     "mt-compare-60min": mt_compare_table,
     "attention-scaling-train-cpu": lambda: scaling_table("one thread", lambda r: f"{r['train_cpu_s']:.2f}"),
     "attention-scaling-forward-cpu": lambda: scaling_table("one thread", lambda r: f"{r['forward_cpu_s']:.2f}"),
