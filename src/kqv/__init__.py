@@ -9,7 +9,7 @@ from .signals import guard_startup
 
 guard_startup()  # the `kqv` command: Ctrl-C or SIGTERM while torch and the rest load ends it at once (130/143)
 
-from .api import embed, load, similarity, train  # the application layer, above the model
+from .api import embed, export, load, similarity, train  # the application layer, above the model
 from .nn.attention import Attention, KVCache, MultiHeadAttention, causal_mask, scaled_dot_product_attention
 from .nn.config import ModelConfig
 from .nn.generation import GenerationConfig
@@ -40,6 +40,7 @@ __all__ = [
     "RNNConfig",
     "RNNEncoderDecoder",
     "embed",
+    "export",
     "load",
     "similarity",
     "train",

@@ -97,6 +97,13 @@ def train(
     return chosen.train(config, out, resume=resume, overwrite=overwrite, quiet=quiet, on_event=on_event, **job_options)
 
 
+def export(run: str | Path, *, hf: str | Path) -> Path:
+    """Write a language-model run (or a GPT-2 directory) as the Hugging Face GPT-2 directory `hf` and return it:
+    what `transformers.AutoModelForCausalLM.from_pretrained(hf)` loads, with the run's greedy tokens
+    (`LMRun.export_hf`). A configuration GPT-2 cannot hold is refused by name, with nothing written."""
+    return load(run, device="cpu").export_hf(hf)
+
+
 def packaged_config(name: str | Path, task: str = "lm") -> Path:
     """A config shipped with kqv (e.g. `quick` for configs/{task}-quick.toml), or any path to a TOML file."""
     if Path(name).suffix == ".toml" or Path(name).exists():
@@ -168,6 +175,7 @@ __all__ = [
     "VitEvaluation",
     "VitRun",
     "embed",
+    "export",
     "load",
     "packaged_config",
     "shipped_configs",

@@ -49,6 +49,11 @@ def lm_attention(run: LMRun | PretrainedRun, args: argparse.Namespace) -> None:
     print(f"wrote {path}: {maps.layers} layers x {maps.heads} heads over {len(maps.rows)} tokens")
 
 
+def lm_export(run: LMRun | PretrainedRun, args: argparse.Namespace) -> None:
+    path = run.export_hf(args.hf)
+    print(f"wrote {path}: a Hugging Face GPT-2 (config.json, model.safetensors, tokenizer.json)")
+
+
 # -- translation runs ----------------------------------------------------------------------------------------------
 
 
@@ -218,6 +223,15 @@ RUN_COMMANDS = {
                 vit_attention,
                 (OUT_PNG_FLAG, Flag("--images", "how many test images", options={"type": int, "default": 4})),
             ),
+        }
+    ),
+    "export": RunCommand(
+        {
+            "lm": JobCommand(
+                "write an LM run as a Hugging Face GPT-2 directory (transformers' from_pretrained loads it)",
+                lm_export,
+                (Flag("--hf", "the directory to write (new or empty)", options={"required": True}),),
+            )
         }
     ),
     "translate": RunCommand(

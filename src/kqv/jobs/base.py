@@ -130,6 +130,10 @@ class TrainedRun:
         """The attention weights of one input (`LMRun.attention`, `MTRun.attention`, `VitRun.attention`)."""
         raise self.not_offered("attention")
 
+    def export_hf(self, *args: Any, **options: Any) -> Any:
+        """Write the run as a Hugging Face directory (language-model runs: `LMRun.export_hf`)."""
+        raise self.not_offered("export_hf")
+
     def not_offered(self, operation: str) -> RunError:
         """The error for an operation this run's job does not have, naming the jobs that have it."""
         from . import JOBS  # the registry imports every job module, this one included

@@ -304,6 +304,15 @@ class LMRun(TrainedRun):
         A text of more than `max_tokens` tokens is refused: the maps hold tokens x tokens weights per head."""
         return self_attention(self.model, self.tokenizer, text, max_tokens)
 
+    def export_hf(self, directory: str | Path) -> Path:
+        """Write the run as a Hugging Face GPT-2 directory (`kqv.jobs.export.export_hf`): config.json,
+        model.safetensors and the tokenizer, which `transformers.AutoModelForCausalLM.from_pretrained` loads with
+        the run's greedy tokens. A configuration GPT-2 cannot hold (RoPE, RMSNorm, ...) is refused, nothing
+        written."""
+        from .export import export_hf
+
+        return export_hf(self.model, self.tokenizer, directory, self.run_dir)
+
 
 class LMJob(Job):
     """`kqv train lm`: a decoder-only language model; `kqv generate|eval|attention` on its runs."""

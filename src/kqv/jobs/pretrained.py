@@ -101,6 +101,14 @@ class PretrainedRun:
             )
         return evaluate_text(self.model, self.tokenizer, data, self.model.config.max_len, max_tokens)
 
+    def export_hf(self, directory: str | Path) -> Path:
+        """Write the GPT-2 again as a Hugging Face directory, as `LMRun.export_hf` writes a run."""
+        from .export import export_hf
+
+        if not isinstance(self.model, DecoderLM):
+            raise self.not_offered("export_hf", "GPT-2 directories and kqv LM runs")
+        return export_hf(self.model, self.tokenizer, directory, self.path)
+
     def translate(
         self, sentences: str | Sequence[str], *, beam_size: int | None = None, length_penalty: float | None = None
     ) -> list[str]:
