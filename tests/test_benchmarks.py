@@ -127,3 +127,22 @@ def test_gpu_train_refuses_clearly_without_cuda(tmp_path):
     assert result.returncode == 2
     assert "CUDA GPU" in result.stderr and "--tiny" in result.stderr
     assert not (tmp_path / "out.json").exists()
+
+
+def test_gpu_sh_runs_the_cuda_tests_and_both_gpu_benchmarks_into_one_folder():
+    script = (BENCHMARKS[0].parent / "gpu.sh").read_text()
+    for step in (
+        "kqv.cli env --json",
+        "tests/test_devices.py tests/test_kernels.py tests/test_syncs.py",
+        "benchmarks/gpu_train.py --output",
+        "benchmarks/generation_speed.py --device cuda --output",
+    ):
+        assert step in script
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
+def test_gpu_sh_refuses_clearly_without_cuda(tmp_path):
+    script = BENCHMARKS[0].parent / "gpu.sh"
+    result = subprocess.run(["bash", str(script), str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "no CUDA GPU" in result.stderr
+    assert not (tmp_path / "out").exists()

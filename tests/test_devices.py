@@ -7,6 +7,8 @@ creates without `device=` (`torch.arange(n)`, `torch.zeros(...)`, ...) would lan
 a GPU; under the guard it lands on `meta` and is named. The tests marked `cuda` run only where CUDA is.
 """
 
+import dataclasses
+import json
 import math
 import warnings
 from contextlib import contextmanager, nullcontext
@@ -584,3 +586,20 @@ def test_host_batches_bound_for_a_gpu_are_pinned_first(monkeypatch):
 def test_a_batch_reaches_the_gpu_through_pinned_memory():
     batch = Accelerator.resolve("cuda").put({"ids": torch.arange(6).view(2, 3)})
     assert batch["ids"].is_cuda and torch.equal(batch["ids"].cpu(), torch.arange(6).view(2, 3))
+
+
+def test_env_says_what_auto_chooses_here(capsys, monkeypatch):
+    """`kqv env` prints what `kqv.nn.environment.environment()` returns: what a bug report needs."""
+    from kqv.nn.environment import environment
+
+    monkeypatch.setattr(devices, "auto_device", lambda: "cpu")
+    values = environment()
+    assert values["torch"] == torch.__version__ and values["cuda"]["available"] == torch.cuda.is_available()
+    assert values["auto"]["device"] == "cpu" and values["auto"]["precision"] in ("fp32", "bf16")
+    assert values["auto"]["kernels"] == dataclasses.asdict(CPU_KERNELS)
+    assert values["cpu"]["capability"] == torch.backends.cpu.get_cpu_capability()
+    assert main(["env", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(values))
+    assert main(["env"]) == 0
+    text = capsys.readouterr().out
+    assert f"torch: {torch.__version__}" in text and "  device: cpu" in text

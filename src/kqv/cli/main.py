@@ -15,6 +15,7 @@ kqv embed "some text" ... [--out embeddings.npy]     (all-MiniLM-L6-v2 sentence 
 kqv similarity "first text" "second text" ...        (their cosine similarities as a table)
 kqv explore runs/lm [--port 8765] [--open]            (a local web app: every layer and head of any run)
 kqv experiment list | run NAME [--quick]             (test the lecture's claims)
+kqv env [--json]                                     (versions, CPU, GPUs, what `auto` chooses: for bug reports)
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ..errors import KqvError, command_line, describe_os_error
 from ..signals import exit_status, interruptible, message
 from .commands import Command, Train
 from .embeddings import Embed, Similarity
+from .environment import Env
 from .experiment import Experiment
 from .explore import Explore
 from .runs import RUN_COMMANDS
@@ -39,6 +41,7 @@ COMMANDS: dict[str, Command] = {
     "similarity": Similarity(),
     "experiment": Experiment(),
     "explore": Explore(),
+    "env": Env(),
 }
 
 
