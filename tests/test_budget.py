@@ -191,11 +191,18 @@ def test_max_minutes_wins_over_a_budget(tmp_path):
     assert run.step == 30 and run.config.steps == 200 and run.plan is None
 
 
-def test_a_cosine_warmup_too_short_to_plan_in_trains_the_fixed_steps_and_says_so(tmp_path, caplog):
-    """The plan must come inside a cosine warmup; one with no update to time leaves the budget unused."""
-    run = budget_trainer(tmp_path / "cosine", budget_config(steps=40, warmup_steps=SKIPPED_UPDATES), FakeMachine(9.0))
+@pytest.mark.parametrize("warmup", [0, 1, SKIPPED_UPDATES])
+def test_a_cosine_warmup_too_short_to_plan_in_is_refused_when_the_config_is_read(tmp_path, warmup):
+    """The plan must come inside a cosine warmup; one with no update to time would leave the budget unused and
+    train all of `steps` (100,000 in the issue's try): a ConfigError that names the fix, before any file."""
+    with pytest.raises(ConfigError, match=r"warmup_steps = \d+ leaves none to time.*raise train.warmup_steps"):
+        budget_config(steps=40, warmup_steps=warmup)
+    assert not any(tmp_path.iterdir())
+    shortest = budget_config(steps=40, warmup_steps=SKIPPED_UPDATES + 1)
+    run = budget_trainer(tmp_path / "timed", shortest, FakeMachine(9.0))
     run.train()
-    assert run.step == 40 and run.plan is None and "budget_minutes is not used" in caplog.text
+    assert run.plan is not None and run.plan["planned_at"] == SKIPPED_UPDATES + 1  # one update timed: planned
+    budget_config(warmup_steps=0, max_minutes=1.0)  # max_minutes wins: nothing is planned, nothing refused
     inverse_sqrt = budget_config(warmup_steps=0, schedule="inverse_sqrt")  # its rates never depend on steps
     budget_trainer(tmp_path / "inverse_sqrt", inverse_sqrt, FakeMachine(1.5)).train()
     assert plan_of(tmp_path / "inverse_sqrt")["limited_by"] == "budget"

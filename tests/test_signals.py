@@ -47,10 +47,10 @@ import sys, time
 from kqv.train import checkpoints
 from kqv.train.trainer import Trainer
 
-update, save_model = Trainer._update, checkpoints.save_model
+progress, save_model = Trainer._progress, checkpoints.save_model
 
-def announced_update(self, lr):
-    result = update(self, lr)
+def announced_update(self, *args):  # the progress event that ends each update's iteration
+    result = progress(self, *args)
     print(f"update {self.step}", flush=True)
     time.sleep(0.5)
     return result
@@ -60,7 +60,7 @@ def slow_save(*args, **kwargs):
     time.sleep(1.0)
     return save_model(*args, **kwargs)
 
-Trainer._update, checkpoints.save_model = announced_update, slow_save
+Trainer._progress, checkpoints.save_model = announced_update, slow_save
 from kqv.cli import main
 sys.exit(main(sys.argv[1:]))
 """

@@ -5,7 +5,8 @@ With `train.budget_minutes > 0` a run does not know its number of updates in adv
 up to `TIMED_UPDATES`. After the last timed update it times one evaluation (what `eval_every` costs, and the
 `afterwards` reserve the job asks for: its final test or samples, in evaluations) and one checkpoint write, and
 fixes the plan: the most updates, never more than `train.steps`, whose updates, evaluations, checkpoints and
-reserve fit in the budget less a `MARGIN`. The plan is recorded in metrics.jsonl (a record with "plan") and in every
+reserve fit in the budget less a `MARGIN`. The planner is pure: it is told the times and returns a `Plan`, which the
+Trainer applies (its steps, its state's plan). The plan is recorded in metrics.jsonl (a record with "plan") and in every
 checkpoint (state.json "plan"); from then on the run is an ordinary run of that many updates, so its schedule
 (warmup, cosine or inverse-sqrt) runs to its end.
 
@@ -22,19 +23,13 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any
-
-import torch
-import torch.distributed as dist
+from dataclasses import dataclass, replace
+from typing import Any
 
 from ..errors import ConfigError
+from .config import TrainConfig
 from .events import Message
-from .metrics import FIRST_UPDATES, append_metrics, format_duration
-
-if TYPE_CHECKING:
-    from .config import TrainConfig
-    from .trainer import Trainer
+from .metrics import FIRST_UPDATES, format_duration
 
 logger = logging.getLogger(__name__)
 
@@ -43,23 +38,11 @@ TIMED_UPDATES = 20  # timed to measure the seconds an update takes
 MARGIN = 0.03  # of the budget, kept free for what the measurement missed (load, logging)
 
 
-def check_budget(config: TrainConfig) -> None:
-    """The checks `TrainConfig.check` makes on `budget_minutes`."""
-    if config.budget_minutes < 0:
-        raise ConfigError(
-            f"budget_minutes must be >= 0 (0 = train exactly `steps` updates), got {config.budget_minutes}"
-        )
-
-
-def too_short_a_warmup(config: TrainConfig) -> bool:
-    """Whether a cosine schedule's warmup leaves no update to time before the plan must be fixed."""
-    return config.schedule == "cosine" and config.warmup_steps <= SKIPPED_UPDATES
-
-
 def budgeted(config: TrainConfig) -> bool:
-    """Whether `config` plans its updates to a budget. `max_minutes` (a cap at equal training time) wins, and so
-    does a cosine warmup too short to plan in: both train the fixed `steps` (`Planner.for_session` says so)."""
-    return config.budget_minutes > 0 and config.max_minutes <= 0 and not too_short_a_warmup(config)
+    """Whether `config` plans its updates to a budget. `max_minutes` (a cap at equal training time) wins: it trains
+    the fixed `steps` (`Planner.for_session` says so). A cosine warmup too short to plan in is refused when the
+    config is read (`TrainConfig.check`)."""
+    return config.budget_minutes > 0 and config.max_minutes <= 0
 
 
 @dataclass
@@ -124,48 +107,25 @@ class Planner:
     def for_session(cls, config: TrainConfig, start: int, plan: dict | None, afterwards: float) -> Planner | None:
         """A planner for a session that starts at update `start`, or None when nothing is to be planned."""
         if config.budget_minutes > 0 and not budgeted(config) and plan is None:
-            why = (
-                "train.max_minutes, a cap at equal training time, is set"
-                if config.max_minutes > 0
-                else f"a cosine plan is fixed inside the warmup, and {config.warmup_steps} updates leave none to time"
+            logger.warning(
+                "train.budget_minutes is not used (train.max_minutes, a cap at equal training time, is set); "
+                "training up to train.steps = %d",
+                config.steps,
             )
-            logger.warning("train.budget_minutes is not used (%s); training up to train.steps = %d", why, config.steps)
         if not budgeted(config) or plan is not None:
             return None
         planner = cls(config, start, afterwards)
         return planner if start < planner.plan_step < config.steps else None
 
-    def timed(self, step: int, seconds: float) -> bool:
-        """Note that update `step` took `seconds`; whether the plan is due now."""
+    def timed(self, step: int, seconds: float) -> None:
+        """Note that update `step` took `seconds` (the ones before `first_timed` are not counted)."""
         if step >= self.first_timed:
             self.seconds.append(seconds)
-        return step == self.plan_step
 
-    def fix(self, trainer: Trainer, origin: float) -> TrainConfig:
-        """Time one evaluation and one checkpoint, fix the plan and set it on `trainer`: its config's steps, its
-        `plan` (rank 0's; the others receive only the steps), recorded in a second checkpoint and in metrics.jsonl,
-        and said to its reporter. Returns the planned config. `origin`: the clock's reading at the run's start."""
-        started = trainer.clock()
-        metrics = trainer.evaluate() if trainer.val_batches is not None or trainer.eval_fn is not None else {}
-        if trainer.rank == 0 and trainer.run.metrics_file.exists():
-            trainer._plot()
-        evaluated = trainer.clock()
-        trainer.save_checkpoint()
-        now = trainer.clock()
-        plan = (
-            self.plan(trainer.step, now - origin, evaluated - started, now - evaluated) if trainer.rank == 0 else None
-        )
-        steps = torch.tensor(plan.steps if plan else 0)
-        if trainer.world_size > 1:
-            dist.broadcast(steps, src=0)
-        trainer.config = replace(trainer.config, steps=int(steps))
-        trainer.plan = asdict(plan) if plan else {"steps": int(steps)}
-        trainer.save_checkpoint()  # the plan, recorded at once
-        if plan is not None:
-            record = {"step": trainer.step, **metrics, "plan": trainer.plan, "train_seconds": trainer.train_seconds}
-            append_metrics(trainer.run.metrics_file, {**record, "elapsed_s": trainer.clock() - origin})
-            trainer.report(announcement(plan))
-        return trainer.config
+    def due(self, step: int) -> bool:
+        """Whether the plan is fixed after update `step` (the trainer then times one evaluation and one checkpoint
+        and asks for `plan`)."""
+        return step == self.plan_step
 
     def plan(self, done: int, elapsed_s: float, eval_s: float, ckpt_s: float) -> Plan:
         """The plan after update `done`, `elapsed_s` into the run, given the measured costs."""

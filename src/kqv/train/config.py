@@ -10,7 +10,7 @@ from typing import Any, Literal
 from ..errors import ConfigError
 from ..nn.devices import check_device_name
 from ..validation import Config, check_at_least, check_positive, check_seed
-from .budget import check_budget
+from .metrics import FIRST_UPDATES
 from .precision import Precision
 
 logger = logging.getLogger(__name__)
@@ -33,7 +33,8 @@ class TrainConfig(Config):
     comparisons at equal wall-clock budget; the schedule still follows `steps`. `budget_minutes > 0` plans the run
     to that much wall-clock, evaluations, checkpoints and the job's work after training included: the run times its
     first updates (inside the warmup) and fixes how many updates fit, at most `steps`, then runs its whole schedule
-    to that plan (`kqv.train.budget`); with `max_minutes` also set, `max_minutes` wins and nothing is planned. An
+    to that plan (`kqv.train.budget`; a cosine warmup too short to time updates in is refused); with `max_minutes`
+    also set, `max_minutes` wins and nothing is planned. An
     update whose loss or gradient is not finite is skipped; `max_bad_steps` of them in a row stop training
     (`TrainingDiverged`). Under torchrun, `parallel` says how the processes share the work: "ddp" (each holds the
     whole model) or "fsdp" (each holds a shard of the weights, gradients and optimizer state); one process ignores
@@ -90,7 +91,7 @@ class TrainConfig(Config):
             raise ConfigError("precision 'fp16' is for GPUs; on the CPU use 'bf16', 'fp32' or 'auto'")
         if self.max_minutes < 0:
             raise ConfigError(f"max_minutes must be >= 0 (0 = no time limit), got {self.max_minutes}")
-        check_budget(self)
+        self.check_budget()
         check_positive("lr", self.lr)
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError(f"min_lr_ratio must be in [0, 1] (the final lr over the peak), got {self.min_lr_ratio}")
@@ -100,6 +101,22 @@ class TrainConfig(Config):
             raise ConfigError(f"grad_clip must be non-negative (0 disables clipping), got {self.grad_clip}")
         if not all(0 <= beta < 1 for beta in self.betas):
             raise ConfigError(f"betas must lie in [0, 1), got {self.betas}")
+
+    def check_budget(self) -> None:
+        """A budget is planned inside a cosine warmup, after its first `FIRST_UPDATES` updates (which build kernels)
+        and before its end, so a warmup of no more updates than those leaves none to time: refused, never ignored."""
+        if self.budget_minutes < 0:
+            raise ConfigError(
+                f"budget_minutes must be >= 0 (0 = train exactly `steps` updates), got {self.budget_minutes}"
+            )
+        if self.budget_minutes > 0 and self.max_minutes <= 0 and self.schedule == "cosine":
+            if self.warmup_steps <= FIRST_UPDATES:
+                raise ConfigError(
+                    f"train.budget_minutes plans a cosine schedule inside its warmup, after timing updates there; "
+                    f"warmup_steps = {self.warmup_steps} leaves none to time (the first {FIRST_UPDATES} build "
+                    f"kernels): raise train.warmup_steps above {FIRST_UPDATES}, or set train.budget_minutes = 0 to "
+                    f"train exactly train.steps"
+                )
 
 
 def learning_rate(config: TrainConfig, step: int) -> float:

@@ -71,11 +71,11 @@ def gradient_sync(model: nn.Module, sync: bool) -> Iterator[None]:
         yield
 
 
-def clip_gradients(model: nn.Module, max_norm: float) -> float:
-    """Scale the gradients of `model` to a total norm of at most `max_norm`; returns the norm before (of the whole
-    gradient also when the model is sharded: FSDP's norm is a DTensor over the shards)."""
+def clip_gradients(model: nn.Module, max_norm: float) -> Tensor:
+    """Scale the gradients of `model` to a total norm of at most `max_norm`; returns the norm before, on the device
+    (of the whole gradient also when the model is sharded: FSDP's norm is a DTensor over the shards)."""
     norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=True)
-    return (norm.full_tensor() if isinstance(norm, DTensor) else norm).item()
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
 def process_mean(value: Tensor, world_size: int) -> Tensor:

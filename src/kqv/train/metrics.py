@@ -12,7 +12,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch import Tensor
 from tqdm import tqdm
+
+from .files import write_atomically
 
 
 def finite(value: Any) -> Any:
@@ -39,6 +43,13 @@ def append_metrics(path: Path, record: dict[str, Any]) -> None:
     """Append one record as a line of strict JSON: a non-finite loss (a diverged evaluation) is written as null."""
     with open(path, "a") as file:
         file.write(strict_json(record) + "\n")
+
+
+def keep_records(path: Path, step: int) -> None:
+    """Drop the records of steps after `step` (a resumed run redoes them), rewriting the file atomically."""
+    if path.exists():
+        kept = [r for r in read_metrics(path) if r["step"] <= step]
+        write_atomically(path, "".join(strict_json(r) + "\n" for r in kept).encode())
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
@@ -77,30 +88,48 @@ def plot_losses(metrics_path: str | Path, png_path: str | Path) -> None:
     os.replace(tmp, png_path)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Batches, distributed set-up and random generators
-
-
 class Window:
-    """Losses, tokens and compute time since the last log record."""
+    """The updates since the last log record: each one's loss, gradient norm and guard verdict stay on the device
+    (no host sync per update) until `read` brings them all to the host at once, at the log interval or before a
+    checkpoint or an evaluation; the good updates' losses and tokens are then summed for the record, over the
+    seconds of every update in the window (`time`)."""
 
     def __init__(self):
+        self.pending: list[tuple[int, Tensor, int | None]] = []  # (step, [loss, norm, good], tokens)
+        self.grad_norm = math.nan  # the last update's gradient norm, as last read
         self.reset()
 
     def reset(self) -> None:
         self.loss, self.steps, self.tokens, self.seconds = 0.0, 0, 0, 0.0
 
-    def add(self, loss: float, tokens: int | None, seconds: float) -> None:
-        self.loss += loss
-        self.steps += 1
-        self.tokens = None if tokens is None or self.tokens is None else self.tokens + tokens
+    def add(self, step: int, loss: Tensor, grad_norm: Tensor, good: Tensor, tokens: int | None) -> None:
+        """Note update `step`: its figures on the device, its `tokens` on the host."""
+        self.pending.append((step, torch.stack([loss.float(), grad_norm.float(), good.float()]), tokens))
+
+    def time(self, seconds: float) -> None:
+        """Note the seconds of the last update."""
         self.seconds += seconds
+
+    def read(self) -> tuple[list[int], list[bool], list[float], list[float]]:
+        """(steps, good, losses, gradient norms) of the updates added since the last read, read with one sync; the
+        good ones are summed into the window."""
+        if not self.pending:
+            return [], [], [], []
+        values = torch.stack([figures for _, figures, _ in self.pending]).tolist()
+        for (_, _, tokens), (loss, _, good) in zip(self.pending, values):
+            if good:
+                self.loss += loss
+                self.steps += 1
+                self.tokens = None if tokens is None or self.tokens is None else self.tokens + tokens
+        steps = [step for step, _, _ in self.pending]
+        self.pending, self.grad_norm = [], values[-1][1]
+        return steps, [bool(v[2]) for v in values], [v[0] for v in values], [v[1] for v in values]
 
     def mean_loss(self) -> float:
         return self.loss / self.steps
 
     def tokens_per_s(self) -> float | None:
-        return None if self.tokens is None else self.tokens / self.seconds
+        return None if self.tokens is None or self.seconds <= 0 else self.tokens / self.seconds
 
 
 def format_duration(seconds: float) -> str:

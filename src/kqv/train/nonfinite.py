@@ -1,21 +1,26 @@
-"""The non-finite guard's verdicts: when a run stops because its numbers stopped being finite, and what it says.
+"""The non-finite guard: an update whose loss or gradient is not finite never reaches the weights, and too many in a
+row stop the run with a message that says where to resume and why.
 
-The Trainer skips an update whose loss or gradient norm is NaN or infinite (the weights and the optimizer state
-stay as they were), counts it as `bad_steps` in metrics.jsonl, and after `TrainConfig.max_bad_steps` such updates
-in a row raises `TrainingDiverged` with `diverged_message`. A checkpoint is written only from a state that passed
-the guard: never while updates are being skipped (the weights then are the ones whose loss or gradient was not
-finite, e.g. after an update at a far too high learning rate; the last good checkpoint stays), and never with a
-non-finite weight (`check_finite_weights`: finite gradients can still overflow them). A finite loss however large
-is not treated as bad: no threshold fits every loss, and skipping on one would change the numbers of runs that
-recover by themselves.
+`NonFiniteGuard.decide` judges each update on the device (no host sync: the loss and the gradient norm stay
+there), and the optimizer skips a judged-bad update there too (`MixedPrecision.step`: the weights and the optimizer
+state stay exactly as they were). After `TrainConfig.max_bad_steps` bad updates in a row the guard halts: every
+later update is skipped as well, so the weights stay those of the last good update. The host learns the verdicts
+when the trainer reads its window (at the log interval, and before a checkpoint, an evaluation or the end):
+`NonFiniteGuard.verdict` replays them, counts the skipped updates (`bad_steps` in metrics.jsonl) and says when the
+run diverged, naming the exact steps, so `TrainingDiverged` comes at that read, with `diverged_message`. A
+checkpoint is written only from a state that passed the guard: never while updates are being skipped (the weights
+then are the ones whose loss or gradient was not finite, e.g. after an update at a far too high learning rate; the
+last good checkpoint stays), and never with a non-finite weight (`check_finite_weights`: finite gradients can
+still overflow them). A finite loss however large is not treated as bad: no threshold fits every loss, and
+skipping on one would change the numbers of runs that recover by themselves.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -23,11 +28,7 @@ from torch import Tensor, nn
 from ..errors import ConfigTypeError, KqvError, spoken
 from ..nn.devices import Accelerator
 from .config import TrainConfig
-from .metrics import append_metrics
 from .precision import resolve_precision
-
-if TYPE_CHECKING:
-    from .trainer import Trainer
 
 _PRECISION_CAUSES = {
     "bf16": "bf16 autocast (fp32's exponent range but an 8-bit significand: large logits or attention scores lose "
@@ -45,7 +46,9 @@ class TrainingDiverged(KqvError, RuntimeError):
     """Training stopped because the loss, the gradients or the weights stopped being finite."""
 
 
-def diverged_message(config: TrainConfig, what: str, steps: list[int], checkpoint: tuple[Path, int] | None) -> str:
+def diverged_message(
+    config: TrainConfig, what: str, steps: tuple[int, ...], checkpoint: tuple[Path, int] | None
+) -> str:
     """Why training stopped after the consecutive skipped updates `steps`, where to resume, and the usual causes."""
     saved = "no checkpoint was written in this session"
     precision = resolve_precision(config.precision, Accelerator.resolve(config.device))
@@ -82,27 +85,66 @@ def check_finite_weights(
         )
 
 
-def warn_skipped(step: int, loss: float, grad_norm: float, streak: int, total: int) -> str:
+def warn_skipped(step: int, loss: float, grad_norm: float, streak: int) -> str:
     """Log a skipped update; returns what was not finite, in words."""
     what = f"the loss was {loss}" if not math.isfinite(loss) else f"the gradient norm was {grad_norm}"
-    logger.warning("step %d: %s; the update was skipped (%d in a row, %d in the run)", step, what, streak, total)
+    logger.warning("step %d: %s; the update was skipped (%d in a row)", step, what, streak)
     return what
 
 
-def count_skipped(trainer: Trainer, loss: float, grad_norm: float) -> None:
-    """Count an update the trainer skipped for a non-finite loss or gradient; stop after max_bad_steps in a row."""
-    trainer.bad_steps += 1
-    trainer._bad_streak.append(trainer.step)
-    what = warn_skipped(trainer.step, loss, grad_norm, len(trainer._bad_streak), trainer.bad_steps)
-    if len(trainer._bad_streak) < trainer.config.max_bad_steps:
-        return
-    if trainer.rank == 0:
-        append_metrics(
-            trainer.run.metrics_file,
-            {"step": trainer.step, "bad_steps": trainer.bad_steps, "stopped": "non-finite loss or gradient"},
-        )
-    checkpoint = None if trainer._last_saved is None else (trainer.run.checkpoint_dir, trainer._last_saved)
-    raise TrainingDiverged(diverged_message(trainer.config, what, trainer._bad_streak, checkpoint))
+@dataclass
+class Verdict:
+    """What the guard found in the updates read: how many it skipped, and, when the run diverged, at which step,
+    what was not finite and the steps of the streak (then training must stop: `diverged_message`)."""
+
+    skipped: int = 0
+    diverged_at: int | None = None
+    what: str = ""
+    streak: tuple[int, ...] = ()
+
+
+class NonFiniteGuard:
+    """Judges every update on the device, and the host's account of it when the trainer reads the verdicts.
+
+    On the device it keeps the length of the current streak of bad updates and whether it has halted (a streak of
+    `max_bad_steps`); on the host, the steps of the current streak as last read (`skipping`)."""
+
+    def __init__(self, max_bad_steps: int, device: torch.device):
+        self.max_bad_steps = max_bad_steps
+        self.run = torch.zeros((), dtype=torch.int32, device=device)  # bad updates in a row, on the device
+        self.halted = torch.zeros((), dtype=torch.bool, device=device)
+        self.streak: list[int] = []  # the steps of the current streak, as last read
+
+    def decide(self, loss: Tensor, grad_norm: Tensor, overflowed: Tensor) -> tuple[Tensor, Tensor]:
+        """(good, skip) of one update, as device bools, without a sync: `good` when its loss is finite and its
+        gradient too (or the gradient scaler overflowed: its skip is no sign of divergence); `skip` when its loss or
+        gradient is not finite, or the guard has halted."""
+        finite = torch.isfinite(loss) & torch.isfinite(grad_norm)
+        good = torch.isfinite(loss) & (torch.isfinite(grad_norm) | overflowed)
+        skip = ~finite | self.halted
+        self.run = torch.where(good, 0, self.run + 1)
+        self.halted = self.halted | (self.run >= self.max_bad_steps)
+        return good, skip
+
+    @property
+    def skipping(self) -> bool:
+        """Whether the last update read was skipped as bad (no checkpoint may be written now)."""
+        return bool(self.streak)
+
+    def verdict(self, steps: list[int], good: list[bool], losses: list[float], norms: list[float]) -> Verdict:
+        """Replay the verdicts of the updates `steps` (read from the device), warning about each skipped one."""
+        verdict = Verdict()
+        for step, ok, loss, norm in zip(steps, good, losses, norms):
+            if ok:
+                self.streak = []
+                continue
+            verdict.skipped += 1
+            self.streak.append(step)
+            what = warn_skipped(step, loss, norm, len(self.streak))
+            if len(self.streak) >= self.max_bad_steps:
+                verdict.diverged_at, verdict.what, verdict.streak = step, what, tuple(self.streak)
+                return verdict
+        return verdict
 
 
 def warn_withheld(step: int, streak: int, last_saved: int | None) -> None:

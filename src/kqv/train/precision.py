@@ -14,7 +14,6 @@ resident for a 7.6M-parameter model. `bound_kernel_caches` caps them before the 
 
 from __future__ import annotations
 
-import math
 import os
 from contextlib import ExitStack
 
@@ -73,7 +72,6 @@ class MixedPrecision:
     def __init__(self, device: Accelerator = CPU, precision: Precision = "fp32", tf32: bool = True):
         self.device, self.precision, self.tf32 = device, precision, tf32
         self.scaler = device.grad_scaler(precision)
-        self.overflowed = False  # whether the last update was skipped by the scaler, not by the guard
 
     def autocast(self) -> ExitStack:
         """The context of a forward pass: TF32 as asked and autocast to the precision."""
@@ -86,25 +84,34 @@ class MixedPrecision:
         with self.device.tf32(self.tf32):
             (loss if self.scaler is None else self.scaler.scale(loss)).backward()
 
-    def clip(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, max_norm: float) -> float:
-        """Unscale the gradients (fp16) and clip them to `max_norm`; returns their norm before clipping (of the
-        whole gradient, also when the model is sharded: `distributed.clip_gradients`)."""
+    def clip(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, max_norm: float) -> torch.Tensor:
+        """Unscale the gradients (fp16) and clip them to `max_norm`; returns their norm before clipping, on the
+        device (of the whole gradient, also when the model is sharded: `distributed.clip_gradients`)."""
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
         return clip_gradients(model, max_norm)
 
-    def step(self, optimizer: torch.optim.Optimizer, grad_norm: float, unscaled: bool) -> None:
-        """Apply the update when `grad_norm` is finite, else drop the gradients; `unscaled`: `clip` ran."""
-        self.overflowed = False
+    def overflowed(self, grad_norm: torch.Tensor) -> torch.Tensor:
+        """Whether a non-finite `grad_norm` is the scaler at work (fp16 with a scale above 1), on the device."""
         if self.scaler is None:
-            optimizer.step() if math.isfinite(grad_norm) else optimizer.zero_grad(set_to_none=True)
-            return
-        if unscaled:
-            self.overflowed = not math.isfinite(grad_norm) and self.scaler.get_scale() > 1.0
-            self.scaler.step(optimizer)  # skipped by the scaler itself when the gradients are not finite
+            return torch.zeros((), dtype=torch.bool, device=grad_norm.device)
+        return ~torch.isfinite(grad_norm) & (self.scaler._get_scale_async().to(grad_norm.device) > 1.0)
+
+    def step(self, optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
+        """Apply the update unless `skip` (a bool on the device), then let fp16's scaler adapt its scale (`clip`
+        unscaled the gradients). A fused optimizer skips on the device, as for torch's own scaler (`found_inf`:
+        the weights and the optimizer state, its step count included, stay exactly as they were), so nothing is
+        read back to the host; any other optimizer reads `skip` (one sync)."""
+        if optimizer.defaults.get("fused"):
+            optimizer.found_inf = skip.float()
+            try:
+                optimizer.step()
+            finally:
+                del optimizer.found_inf
+        elif not skip.item():
+            optimizer.step()
+        if self.scaler is not None:
             self.scaler.update()
-        if not math.isfinite(grad_norm):
-            optimizer.zero_grad(set_to_none=True)
 
     def state_dict(self) -> dict | None:
         return None if self.scaler is None else self.scaler.state_dict()

@@ -29,18 +29,9 @@ from typing import Literal
 
 from ..errors import ConfigError, spoken
 from .checkpoints import Checkpoint, has_checkpoint, read_checkpoint
-from .files import (
-    CHECKPOINT_DIR,
-    LOCK_FILE,
-    METRICS_FILE,
-    PLOT_FILE,
-    RUN_FORMAT,
-    TOKENIZER_DIR,
-    run_files,
-    write_atomically,
-)
+from .files import CHECKPOINT_DIR, LOCK_FILE, METRICS_FILE, PLOT_FILE, RUN_FORMAT, TOKENIZER_DIR, run_files
 from .lock import hold_run_lock
-from .metrics import read_metrics, strict_json
+from .metrics import keep_records
 
 logger = logging.getLogger(__name__)
 
@@ -185,9 +176,7 @@ class RunDirectory:
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
             self._overwrite_pending = False
         self.path.mkdir(parents=True, exist_ok=True)
-        if self.metrics_file.exists():
-            kept = [r for r in read_metrics(self.metrics_file) if r["step"] <= step]
-            write_atomically(self.metrics_file, "".join(strict_json(r) + "\n" for r in kept).encode())
+        keep_records(self.metrics_file, step)
 
 
 STAGED, REPLACED = ".kqv-new", ".kqv-old"  # suffixes of an overwrite's stage and of the run it replaces

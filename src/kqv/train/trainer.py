@@ -12,6 +12,13 @@ checkpoints that resume bit-exactly (also to more steps than planned: `kqv.train
 on Ctrl-C or SIGTERM (`kqv.signals`), updates with a non-finite loss or gradient skipped and counted
 (`kqv.train.nonfinite`), the run directory locked against a second writer (`kqv.train.rundir`), torchrun.
 
+No host sync between log records. An update (`kqv.train.update`) leaves its loss, gradient norm and the
+non-finite guard's verdict on the device; the trainer reads them all at once (`Window.read`) only when a log
+record, an evaluation, a checkpoint, a budget's plan or the end is due, so on a GPU Python never waits for the
+device in between. A run that diverges (`max_bad_steps` bad updates in a row) has its weights frozen on the device
+at once and stops with `TrainingDiverged` at that next read. Its progress (step, times, bad steps, plan) is one
+`kqv.train.state.TrainState`, saved in every checkpoint and restored by a resume.
+
 Determinism contract. `train_batches(i)` must return the same batch for the same `i`. Update `s` (0-based) uses
 the micro-batches `s * grad_accum + j` for `j` in `range(grad_accum)`, so a resumed run needs no data-loader
 state: it asks for the batches of the next step. The random generators (torch, `random`, numpy) are seeded at
@@ -35,12 +42,11 @@ log record also holds `aux_loss`, `dropped_fraction` and each layer's `expert_lo
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import time
 from collections.abc import Callable
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,35 +54,29 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from ..errors import ConfigError, ConfigTypeError, spoken
+from ..errors import ConfigError, ConfigTypeError
 from ..nn.devices import Accelerator
 from ..nn.experts import routing_metrics
 from ..signals import deferred
 from . import distributed
-from .budget import Planner, resumed_plan, time_left
-from .checkpoints import (
-    FORMAT,
-    STATE_FILE,
-    Checkpoint,
-    OptimizerState,
-    Weights,
-    load_optimizer_state,
-    load_weights,
-    read_checkpoint,
-    write_checkpoint,
-)
+from .budget import Planner, announcement, resumed_plan, time_left
+from .checkpoints import Checkpoint, read_checkpoint
 from .compiling import training_module
 from .config import TrainConfig, learning_rate, replan
-from .distributed import Batch, batch_tokens, init_distributed, slice_batch
+from .distributed import Batch, init_distributed
+from .evaluator import Evaluator
 from .events import Evaluation, Progress
 from .metrics import Pace, Window, append_metrics, plot_losses
-from .nonfinite import check_finite_weights, check_loss, count_skipped, warn_withheld
+from .nonfinite import NonFiniteGuard, TrainingDiverged, diverged_message, warn_withheld
 from .optimizer import make_optimizer
 from .precision import MixedPrecision, bound_kernel_caches
 from .reporter import Reporter
-from .rng import all_rng_states, rng_state, rng_tensors, rng_to_json, saved_rng_states, seed_everything, set_rng_state
+from .rng import rng_state, seed_everything, set_rng_state
 from .rundir import IfExists, RunDirectory
-from .sharding import build_model, gather_state, gather_to_rank0, load_checkpoint, plain_on_rank0, reshard, shard
+from .saving import Checkpointer, check_extra_state
+from .sharding import build_model, gather_to_rank0, shard
+from .state import TrainState
+from .update import Updater
 
 logger = logging.getLogger(__name__)
 
@@ -101,8 +101,9 @@ class Trainer:
     run's saved entries are added to it), so whoever made it can update it while training, e.g. an `eval_fn`.
 
     `afterwards`: the job's work after training (final test, samples) in evaluations, reserved by a budget's plan
-    (`kqv.train.budget`). `clock` (default `time.perf_counter`) times budgets, progress and metrics. It prints
-    nothing: its progress and evaluations are events for `reporter` (default: one that shows them unless `quiet`).
+    (`kqv.train.budget`). `clock` (default `time.perf_counter`) times budgets, progress and metrics. The trainer
+    prints nothing: its progress and evaluations are events for `reporter` (`kqv.train.reporter`; by default one
+    that shows them unless `quiet`).
     """
 
     def __init__(
@@ -127,12 +128,7 @@ class Trainer:
             raise ConfigTypeError(f"config must be a TrainConfig, got {type(config).__name__}")
         if if_exists not in IfExists.__args__:
             raise ConfigError(f"if_exists must be one of {list(IfExists.__args__)}, got {if_exists!r}")
-        try:
-            json.dumps(extra_state)
-        except (TypeError, ValueError) as error:
-            raise ConfigTypeError(
-                f"extra_state must be JSON-serialisable (it goes into {STATE_FILE}): {error}"
-            ) from None
+        check_extra_state(extra_state)
         bound_kernel_caches()  # before the first bf16 kernel is built
         device = distributed.rank_device(Accelerator.resolve(config.device).device)  # torchrun: cuda:LOCAL_RANK
         self.device = Accelerator.resolve(device)  # the one per-device choice: kernels, autocast, scaler
@@ -140,7 +136,6 @@ class Trainer:
         self.config = config
         self.train_batches, self.loss_fn, self.val_batches, self.eval_fn = train_batches, loss_fn, val_batches, eval_fn
         self.extra_state = extra_state if extra_state is not None else {}  # this very dict: its owner may update it
-        self.tokens_per_batch = tokens_per_batch
         self.afterwards, self.clock = afterwards, clock or time.perf_counter
         self.rank, self.world_size, self._owns_process_group = init_distributed(self.device.device)
         self.report = reporter or Reporter(quiet or self.rank != 0)  # rank 0 speaks for every process
@@ -153,18 +148,13 @@ class Trainer:
         self.home = build_model(model, self.sharded, self.rank)  # the caller's model: under FSDP, released by shard
         self.model = shard(self.home, self.device.device) if self.sharded else self.home.to(self.device.device)
         self.optimizer = make_optimizer(self.model, config)
-        # Progress, saved in every checkpoint and restored by a resume.
-        self.step = 0  # updates done
-        self.elapsed_s = 0.0
-        self.train_seconds = 0.0  # time spent in updates: elapsed_s without evaluation and checkpoints
-        self.bad_steps = 0  # updates skipped because the loss or a gradient was not finite, over the whole run
+        self.state = TrainState()  # progress: saved in every checkpoint and restored by a resume
+        self.guard = NonFiniteGuard(config.max_bad_steps, self.device.device)
         self.replanned: dict[str, Any] | None = None  # the metrics record of a resume that changed the plan
-        self.plan: dict[str, Any] | None = None  # a budgeted run's plan, once fixed (kqv.train.budget)
         # The loop's state: generators and where an interrupt may save.
         self._saved_rng: list[dict | None] | None = None  # generator states of a resumed run, per rank
         self._boundary_rng: dict[str, Any] | None = None  # generator state after the last completed update
-        self._bad_streak: list[int] = []  # the steps of the current run of consecutive skipped updates
-        self._last_saved: int | None = None  # the step of the last checkpoint this session wrote or resumed from
+        self._left: float | None = None  # the estimated seconds of training left, after the last update
         # The run directory: the job's, or one this trainer opens itself (given a path) and closes after train().
         self._owned = ExitStack()
         self.run = (
@@ -173,6 +163,9 @@ class Trainer:
             else self._owned.enter_context(RunDirectory.open(run_dir, if_exists, rank=self.rank))
         )
         self.run_dir = self.run.path
+        self.checkpoints = Checkpointer(
+            self.run, self.model, self.optimizer, self.precision, self.sharded, self.rank, self.world_size
+        )
         try:
             if self.run.checkpoint is not None:
                 self._resume(self.run.checkpoint)
@@ -181,6 +174,13 @@ class Trainer:
             raise
         # forward and backward: in DDP under several processes, compiled with train.compile (kqv.train.compiling)
         self.ddp_model = training_module(self.model, self.world_size, self.sharded, config.compile)
+        self.evaluator = Evaluator(
+            self.config, self.precision, loss_fn, val_batches, eval_fn, self.sharded, self.rank, self.world_size
+        )
+        self.updater = Updater(
+            self.config, self.model, self.optimizer, self.precision, self.guard, train_batches, loss_fn,
+            tokens_per_batch, self.rank, self.world_size,
+        )  # fmt: skip
 
     @classmethod
     def resume(
@@ -206,6 +206,31 @@ class Trainer:
             if_exists="resume",
             **options,
         )
+
+    # -- the state, as its owner shows it ------------------------------------------------------------------------
+
+    @property
+    def step(self) -> int:
+        """Updates done."""
+        return self.state.step
+
+    @property
+    def bad_steps(self) -> int:
+        """Updates skipped by the non-finite guard over the whole run (as last read from the device)."""
+        return self.state.bad_steps
+
+    @property
+    def plan(self) -> dict[str, Any] | None:
+        """A budgeted run's plan, once fixed (`kqv.train.budget`)."""
+        return self.state.plan
+
+    @property
+    def elapsed_s(self) -> float:
+        return self.state.elapsed_s
+
+    @property
+    def train_seconds(self) -> float:
+        return self.state.train_seconds
 
     # -- the loop ------------------------------------------------------------------------------------------------
 
@@ -239,38 +264,45 @@ class Trainer:
 
     def _loop(self) -> dict[str, float]:
         """Updates from `self.step` to the end of the plan (or of the time budget), logging, evaluating and
-        checkpointing on the way."""
-        cfg = self.config
+        checkpointing on the way. The window is read (one host sync) only when one of them is due."""
         self.ddp_model.train()
-        self._pace, self._left = Pace(self.clock, self.step), None
-        planner = Planner.for_session(cfg, self.step, self.plan, self.afterwards)
+        self._pace = Pace(self.clock, self.step)
+        planner = Planner.for_session(self.config, self.step, self.plan, self.afterwards)
         window = Window()
-        clock = self.clock() - self.elapsed_s
+        clock = self.clock() - self.state.elapsed_s
         result: dict[str, float] = {"step": self.step}
         try:
-            while self.step < cfg.steps:
+            while self.step < self.config.steps:
                 started = self.clock()
-                lr = learning_rate(cfg, self.step + 1)
-                loss, tokens, grad_norm = self._update(lr)  # self.step moved on
+                lr = learning_rate(self.config, self.step + 1)
+                outcome = self.updater(self.ddp_model, self.step, lr)
+                with deferred():  # a signal waits for the update and the counter: an interrupt saves a completed step
+                    self.updater.apply(outcome)
+                    self.state.step += 1
+                    self._boundary_rng = rng_state()
+                window.add(self.step, outcome.loss, outcome.grad_norm, outcome.good, outcome.tokens)
+                planning = planner is not None and planner.due(self.step)
+                read = self._due() or planning
+                if read:
+                    self._read(window)  # the one sync: inside the update's time, which it waited for
                 now = self.clock()
-                self.elapsed_s = now - clock
-                self.train_seconds += now - started
-                if math.isfinite(loss) and (math.isfinite(grad_norm) or self.precision.overflowed):
-                    self._bad_streak = []
-                    window.add(loss, tokens, now - started)
-                else:
-                    count_skipped(self, loss, grad_norm)
-                if planner is not None and planner.timed(self.step, now - started):
-                    cfg, planner = planner.fix(self, clock), None
-                last = self.step == cfg.steps or self._out_of_time()
-                result = self._report(lr, grad_norm, window, clock, last) or result
-                if self.step % cfg.checkpoint_every == 0 or last:
+                window.time(now - started)
+                self.state.elapsed_s, self.state.train_seconds = now - clock, self.state.train_seconds + now - started
+                if planner is not None:
+                    planner.timed(self.step, now - started)
+                if planning:
+                    planner = self._fix_plan(planner, clock)
+                last = self.step == self.config.steps or self._out_of_time()
+                if last and not read:
+                    self._read(window)
+                result = self._log(lr, window, clock, last) or result
+                if self.step % self.config.checkpoint_every == 0 or last:
                     self._checkpoint_if_good()
                 self.report(self._progress(result, clock))
                 if last:
                     break
         except KeyboardInterrupt:
-            self._save_after_interrupt(clock)
+            self._save_after_interrupt(window, clock)
             raise
         finally:
             self.report.close()
@@ -279,20 +311,67 @@ class Trainer:
         distributed.settle(self.world_size)
         return result
 
+    def _due(self) -> bool:
+        """Whether a log record, an evaluation, a checkpoint or the end is due after this update: then the window
+        is read."""
+        cfg, step = self.config, self.step
+        evaluates = (self.evaluator.evaluates) and step % cfg.eval_every == 0
+        return step == cfg.steps or step % cfg.log_every == 0 or step % cfg.checkpoint_every == 0 or evaluates
+
+    def _read(self, window: Window) -> None:
+        """Read the updates since the last read from the device (one sync) and account for the guard's verdicts:
+        skipped updates counted, and TrainingDiverged after `max_bad_steps` in a row."""
+        verdict = self.guard.verdict(*window.read())
+        self.state.bad_steps += verdict.skipped
+        if verdict.diverged_at is None:
+            return
+        if self.rank == 0:
+            stopped = {"step": verdict.diverged_at, "bad_steps": self.state.bad_steps}
+            append_metrics(self.run.metrics_file, {**stopped, "stopped": "non-finite loss or gradient"})
+        checkpoint = (
+            None if self.checkpoints.last_saved is None else (self.run.checkpoint_dir, self.checkpoints.last_saved)
+        )
+        raise TrainingDiverged(diverged_message(self.config, verdict.what, verdict.streak, checkpoint))
+
     def _out_of_time(self) -> bool:
         """Whether `max_minutes` of training time have passed; rank 0's clock decides for every process."""
         limit = self.config.max_minutes
-        return limit > 0 and distributed.rank0_says(self.train_seconds >= limit * 60, self.world_size)
+        return limit > 0 and distributed.rank0_says(self.state.train_seconds >= limit * 60, self.world_size)
+
+    def _fix_plan(self, planner: Planner, origin: float) -> None:
+        """Time one evaluation and one checkpoint, ask `planner` for the plan (rank 0; the others receive its
+        steps) and apply it: the config's steps and the state's plan, recorded in a checkpoint and in metrics.jsonl,
+        and said to the reporter. `origin`: the clock's reading at the run's start. Returns no planner: done."""
+        started = self.clock()
+        metrics = self.evaluate() if self.evaluator.evaluates else {}
+        if self.rank == 0 and self.run.metrics_file.exists():
+            self._plot()
+        evaluated = self.clock()
+        self.save_checkpoint()
+        now = self.clock()
+        plan = planner.plan(self.step, now - origin, evaluated - started, now - evaluated) if self.rank == 0 else None
+        steps = torch.tensor(plan.steps if plan else 0)
+        if self.world_size > 1:
+            dist.broadcast(steps, src=0)
+        self.config = self.updater.config = self.evaluator.config = replace(self.config, steps=int(steps))
+        self.state.plan = asdict(plan) if plan else {"steps": int(steps)}
+        self.save_checkpoint()  # the plan, recorded at once
+        if plan is not None:
+            record = {"step": self.step, **metrics, "plan": self.plan, "train_seconds": self.state.train_seconds}
+            append_metrics(self.run.metrics_file, {**record, "elapsed_s": self.clock() - origin})
+            self.report(announcement(plan))
+        return None
 
     def _progress(self, record: dict[str, Any], origin: float) -> Progress:
         """The event after an update, with the time left at this session's pace (`record`: the last log record;
         `origin`: the clock's reading at the run's start)."""
-        elapsed, step_s = self.clock() - origin, self._pace.step_seconds(self.step)
+        elapsed = self.clock() - origin
+        step_s = self._pace.step_seconds(self.step)
         self._left = time_left(self.config, self.plan is not None, self.step, elapsed, self.train_seconds, step_s)
         figures = {key: record.get(key) for key in ("train_loss", "lr", "tokens_per_s")}
         return Progress(self.step, self.config.steps, elapsed, self._left, **figures)
 
-    def _report(self, lr: float, grad_norm: float, window: Window, clock: float, last: bool) -> dict | None:
+    def _log(self, lr: float, window: Window, clock: float, last: bool) -> dict | None:
         """Log (every `log_every` updates) and evaluate (every `eval_every`); one metrics.jsonl record for both."""
         cfg = self.config
         record: dict[str, Any] = {}
@@ -301,12 +380,12 @@ class Trainer:
                 train_loss=window.mean_loss(),
                 lr=lr,
                 tokens_per_s=window.tokens_per_s(),
-                grad_norm=grad_norm,
+                grad_norm=window.grad_norm,
                 bad_steps=self.bad_steps,
             )
             record.update(routing_metrics(self.model))  # experts: aux loss, dropped fraction, per-expert load
             window.reset()
-        can_evaluate = self.val_batches is not None or self.eval_fn is not None
+        can_evaluate = self.evaluator.evaluates
         evaluated = can_evaluate and (self.step % cfg.eval_every == 0 or last)
         if evaluated:
             record.update(self.evaluate())
@@ -321,111 +400,39 @@ class Trainer:
                 self.report(Evaluation(self.step, cfg.steps, record, self._left))
         return record
 
-    def _update(self, lr: float) -> tuple[float, int | None, float]:
-        """One optimizer update over `grad_accum` micro-batches (skipped when its gradient is not finite), then
-        the step counter moves on; returns (mean loss, tokens, gradient norm)."""
-        cfg = self.config
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.optimizer.zero_grad(set_to_none=True)
-        total = torch.zeros((), device=self.device.device)
-        tokens: int | None = 0
-        for j in range(cfg.grad_accum):
-            batch = self.train_batches(self.step * cfg.grad_accum + j)
-            count = self._tokens(self.step * cfg.grad_accum + j, batch)
-            tokens = None if tokens is None or count is None else tokens + count
-            local = self.device.batch(slice_batch(batch, self.rank, self.world_size, cfg.batch_size))
-            with distributed.gradient_sync(self.ddp_model, j == cfg.grad_accum - 1):
-                with self._autocast():
-                    loss = check_loss(self.loss_fn(self.ddp_model, local))
-                self.precision.backward(loss / cfg.grad_accum)
-            total += loss.detach().float()
-        mean_loss = distributed.process_mean(total / cfg.grad_accum, self.world_size).item()
-        grad_norm = math.nan
-        if math.isfinite(mean_loss):  # the loss and the norm of the synchronised gradient agree on every rank
-            max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
-            grad_norm = self.precision.clip(self.optimizer, self.model, max_norm)
-        with deferred():  # a signal waits for the update and the counter: an interrupt saves a completed step
-            # a non-finite gradient skips the update: nothing non-finite reaches the weights
-            self.precision.step(self.optimizer, grad_norm, unscaled=math.isfinite(mean_loss))
-            self.step += 1
-            self._boundary_rng = rng_state()
-        return mean_loss, tokens, grad_norm
-
-    def _tokens(self, i: int, batch: Batch) -> int | None:
-        given = self.tokens_per_batch
-        return given(i) if callable(given) else given or batch_tokens(batch)
-
-    def _autocast(self) -> torch.autocast:
-        return self.precision.autocast()
-
     def evaluate(self) -> dict[str, float]:
         """Validation metrics now: `val_loss` and whatever `eval_fn` returns. Training randomness is untouched."""
-        rng = rng_state()
-        self.model.eval()
-        metrics: dict[str, float] = {}
         try:
-            with torch.no_grad(), self._autocast():
-                if self.val_batches is not None:
-                    metrics["val_loss"] = self._val_loss()
-                # under FSDP rank 0's plain model is filled from the shards for eval_fn, and released after
-                with plain_on_rank0(self.home, self.model, self.device.device, self.sharded and bool(self.eval_fn)):
-                    for name, value in self.eval_fn(self.home).items() if self.eval_fn and self.rank == 0 else ():
-                        try:
-                            metrics[name] = float(value)
-                        except (TypeError, ValueError):
-                            raise ConfigTypeError(f"eval_fn must return numbers, got {name}={value!r}") from None
+            return self.evaluator(self.model, self.home)
         finally:
             self.ddp_model.train()
-            set_rng_state(rng)
-        return metrics
-
-    def _val_loss(self) -> float:
-        total = torch.zeros((), device=self.device.device)
-        for i in range(self.config.eval_batches):
-            local = slice_batch(self.val_batches(i), self.rank, self.world_size, self.config.batch_size)
-            total += check_loss(self.loss_fn(self.model, self.device.batch(local))).float()
-        reshard(self.model)  # FSDP keeps the root's weights gathered after a forward without a backward
-        return distributed.process_mean(total, self.world_size).item() / self.config.eval_batches
 
     # -- checkpoints ---------------------------------------------------------------------------------------------
 
     def save_checkpoint(self) -> None:
         """Save the state after the last completed update (every rank must call this under torchrun)."""
-        states = all_rng_states(self.world_size)
-        weights, optimizer = gather_state(self.model, self.optimizer) if self.sharded else (self.model, self.optimizer)
-        if self.rank == 0:
-            self._write(states, weights, optimizer)
+        self.checkpoints.save(self.state, self.config, self.extra_state)
 
     def _checkpoint_if_good(self) -> None:
         """Save a checkpoint that is due, unless the guard is skipping updates: the weights then are the ones
         whose loss or gradient stopped being finite, and the last good checkpoint must stay until a newer one is."""
-        if not self._bad_streak:
+        if not self.guard.skipping:
             self.save_checkpoint()
         else:
-            warn_withheld(self.step, len(self._bad_streak), self._last_saved)
+            warn_withheld(self.step, len(self.guard.streak), self.checkpoints.last_saved)
 
-    def _save_after_interrupt(self, clock: float) -> None:
+    def _save_after_interrupt(self, window: Window, clock: float) -> None:
+        """Rank 0, on Ctrl-C or SIGTERM: save the last completed update, unless the guard was skipping updates."""
         if self.rank != 0:
             return
-        if self._bad_streak:
-            logger.warning("interrupted while updates were being skipped; kept the last good checkpoint")
-            return
-        if self.sharded and self._last_saved != self.step:  # shards are gathered by every rank together
-            logger.warning("interrupted: a sharded run saves with all ranks; step %s stands", self._last_saved)
-            return
-        if self._last_saved != self.step:
-            # Other ranks are somewhere else, so no collective: their generator states are not saved.
-            self.elapsed_s = self.clock() - clock
-            self._write([self._boundary_rng], self.model, self.optimizer)
-        if self.run.metrics_file.exists():
-            self._plot()
-        logger.warning(
-            "interrupted: saved the checkpoint of step %d in %s; continue with %s",
-            self.step,
-            self.run.checkpoint_dir,
-            spoken("`--resume`", "Trainer.resume(...)"),
+        with suppress(TrainingDiverged):
+            self._read(window)  # the updates since the last read: was the last one skipped?
+        self.state.elapsed_s = self.clock() - clock
+        saved = self.checkpoints.after_interrupt(
+            self.state, self.config, self.extra_state, self._boundary_rng, self.guard.skipping
         )
+        if saved and self.run.metrics_file.exists():
+            self._plot()
 
     def _plot(self) -> None:
         """Redraw loss.png. A signal waits: one inside the lazy import of matplotlib would leave it half-loaded,
@@ -433,52 +440,19 @@ class Trainer:
         with deferred():
             plot_losses(self.run.metrics_file, self.run.plot_file)
 
-    def _write(self, rng_states: list[dict], weights: Weights, optimizer: OptimizerState) -> None:
-        """Write the checkpoint of `self.step`; Ctrl-C or SIGTERM meanwhile waits until it is complete."""
-        with deferred():
-            check_finite_weights(weights, self.config, self.step, self._last_saved)
-            state = {
-                "format": FORMAT,
-                "step": self.step,
-                "config": self.config.to_dict(),
-                "extra_state": self.extra_state,
-                "elapsed_s": self.elapsed_s,
-                "train_seconds": self.train_seconds,
-                "world_size": self.world_size,
-                "bad_steps": self.bad_steps,
-                "grad_scaler": self.precision.state_dict(),
-                "plan": self.plan,
-                "rng": [rng_to_json(s) for s in rng_states],
-                "torch_version": torch.__version__,
-            }
-            write_checkpoint(self.run_dir, weights, optimizer, state, rng_tensors(rng_states))
-            self._last_saved = self.step
-
     def _resume(self, checkpoint: Checkpoint) -> None:
         """Continue `checkpoint`: its weights, optimizer, generators and progress, checked against the new plan."""
-        self._load(checkpoint)
-        self.config, self.plan = resumed_plan(self.config, checkpoint.state.get("plan"), checkpoint.step)
+        self.state, self._saved_rng = self.checkpoints.load(checkpoint)
+        given = dict(self.extra_state)
+        self.extra_state.update(checkpoint.extra_state)
+        self.extra_state.update(given)  # what was given wins
+        self.config, self.state.plan = resumed_plan(self.config, self.state.plan, checkpoint.step)
         if self.config.steps < checkpoint.step:
             raise ConfigError(
                 f"the run in {self.run_dir} is already at step {checkpoint.step}, past the {self.config.steps} "
                 f"steps asked for; to continue it, ask for more than {checkpoint.step} steps"
             )
         self.replanned = replan(checkpoint.config, self.config, checkpoint.step)
-
-    def _load(self, checkpoint: Checkpoint) -> None:
-        if self.sharded:
-            load_checkpoint(self.model, self.optimizer, checkpoint, self.run_dir)
-        else:
-            load_weights(self.model, checkpoint)
-            load_optimizer_state(self.optimizer, checkpoint, self.run_dir)
-        self._saved_rng = saved_rng_states(checkpoint, self.world_size)
-        self.step, self.elapsed_s = checkpoint.step, float(checkpoint.state.get("elapsed_s", 0.0))
-        self.train_seconds = float(checkpoint.state.get("train_seconds", self.elapsed_s))
-        given = dict(self.extra_state)
-        self.extra_state.update(checkpoint.extra_state)
-        self.extra_state.update(given)  # what was given wins
-        self.bad_steps = int(checkpoint.state.get("bad_steps", 0))
-        self.precision.load_state_dict(checkpoint.state.get("grad_scaler"))
 
     def _start_rng(self) -> None:
         """Seed a fresh run; restore the saved generators of a resumed one (reseed ranks that have none). This is
@@ -496,4 +470,4 @@ class Trainer:
             )
             seed_everything(seed + 1_000_003 * self.step)
         self._boundary_rng = rng_state()
-        self._last_saved = self.step if self._saved_rng is not None else None
+        self.checkpoints.last_saved = self.step if self._saved_rng is not None else None

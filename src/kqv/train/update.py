@@ -1,0 +1,91 @@
+"""One optimizer update with no host sync: the micro-batches' forward and backward, the gradient's clipping, and a
+step that the non-finite guard may skip, all decided on the device.
+
+The loss and the gradient norm stay tensors on the device, and so does the guard's verdict
+(`kqv.train.nonfinite.NonFiniteGuard.decide`); the fused optimizer skips a judged-bad update there
+(`MixedPrecision.step`). Nothing is read back to the host until the trainer reads its window at the log
+interval, so a GPU never waits for Python between updates.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from . import distributed
+from .config import TrainConfig
+from .distributed import Batch, batch_tokens, slice_batch
+from .nonfinite import NonFiniteGuard, check_loss
+from .precision import MixedPrecision
+
+
+@dataclass
+class Outcome:
+    """One update as the device knows it: the mean loss over its micro-batches, the gradient norm before clipping,
+    and the guard's verdict (`good`: counted as such; `skipped`: the weights did not change), plus its tokens."""
+
+    loss: Tensor
+    grad_norm: Tensor
+    good: Tensor
+    skipped: Tensor
+    tokens: int | None
+
+
+class Updater:
+    """Makes the updates of a training: `updater(module, step, lr)` is update number `step + 1`."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        precision: MixedPrecision,
+        guard: NonFiniteGuard,
+        batches: Callable[[int], Batch],
+        loss_fn: Callable[[nn.Module, Batch], Tensor],
+        tokens_per_batch: int | Callable[[int], int] | None,
+        rank: int,
+        world_size: int,
+    ):
+        self.config, self.model, self.optimizer, self.precision, self.guard = config, model, optimizer, precision, guard
+        self.batches, self.loss_fn, self.tokens_per_batch = batches, loss_fn, tokens_per_batch
+        self.rank, self.world_size = rank, world_size
+
+    def __call__(self, module: nn.Module, step: int, lr: float) -> Outcome:
+        """The gradient of update `step + 1` at learning rate `lr` over `grad_accum` micro-batches, forward and
+        backward through `module` (the model, or its DDP or compiled wrapper), clipped and judged; `apply` then
+        makes the update."""
+        cfg = self.config
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.zero_grad(set_to_none=True)
+        total = torch.zeros((), device=self.precision.device.device)
+        tokens: int | None = 0
+        for j in range(cfg.grad_accum):
+            i = step * cfg.grad_accum + j
+            batch = self.batches(i)
+            count = self.tokens(i, batch)
+            tokens = None if tokens is None or count is None else tokens + count
+            local = self.precision.device.batch(slice_batch(batch, self.rank, self.world_size, cfg.batch_size))
+            with distributed.gradient_sync(module, j == cfg.grad_accum - 1):
+                with self.precision.autocast():
+                    loss = check_loss(self.loss_fn(module, local))
+                self.precision.backward(loss / cfg.grad_accum)
+            total += loss.detach().float()
+        mean_loss = distributed.process_mean(total / cfg.grad_accum, self.world_size)  # the same on every rank
+        grad_norm = self.precision.clip(self.optimizer, self.model, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+        good, skipped = self.guard.decide(mean_loss, grad_norm, self.precision.overflowed(grad_norm))
+        return Outcome(mean_loss, grad_norm, good, skipped, tokens)
+
+    def apply(self, outcome: Outcome) -> None:
+        """Make the update, unless the guard skips it: nothing non-finite reaches the weights."""
+        self.precision.step(self.optimizer, outcome.skipped)
+
+    def tokens(self, i: int, batch: Batch) -> int | None:
+        """The token count of micro-batch `i`, for tokens/s."""
+        given = self.tokens_per_batch
+        return given(i) if callable(given) else given or batch_tokens(batch)

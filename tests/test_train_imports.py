@@ -1,0 +1,64 @@
+"""The modules of `kqv.train` import one another without a circle, counting every import statement anywhere in a
+file: at the top, under `if TYPE_CHECKING:`, and inside functions (issue 33: ten modules once formed one circle).
+`kqv.train.files` is a leaf: it imports nothing else from the package."""
+
+import ast
+from pathlib import Path
+
+TRAIN = Path(__file__).resolve().parents[1] / "src" / "kqv" / "train"
+
+
+def train_imports(path: Path, modules: set[str]) -> set[str]:
+    """The modules of kqv.train that `path` imports anywhere in it (relative or absolute)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            found.update([node.module.split(".")[0]] if node.module else [a.name for a in node.names])
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("kqv.train."):
+            found.add(node.module.split(".")[2])
+        elif isinstance(node, ast.Import):
+            found.update(a.name.split(".")[2] for a in node.names if a.name.startswith("kqv.train."))
+    return found & modules - {path.stem}
+
+
+def import_graph(package: Path) -> dict[str, set[str]]:
+    modules = {path.stem for path in package.glob("*.py")}
+    return {path.stem: train_imports(path, modules) for path in package.glob("*.py")}
+
+
+def circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of `graph` (its modules in order, the first repeated at the end), or None."""
+    state: dict[str, str] = {}
+
+    def visit(module: str, path: list[str]) -> list[str] | None:
+        state[module] = "open"
+        for imported in sorted(graph[module]):
+            if state.get(imported) == "open":
+                return path[path.index(imported) :] + [imported]
+            if imported not in state and (found := visit(imported, path + [imported])):
+                return found
+        state[module] = "done"
+        return None
+
+    return next((found for module in sorted(graph) if module not in state and (found := visit(module, [module]))), None)
+
+
+def test_the_modules_of_kqv_train_form_no_import_circle():
+    graph = import_graph(TRAIN)
+    assert len(graph) > 10 and "trainer" in graph
+    assert circle(graph) is None, f"import circle: {' -> '.join(circle(graph))}"
+
+
+def test_files_is_a_leaf():
+    assert import_graph(TRAIN)["files"] == set()
+
+
+def test_the_checker_sees_type_checking_and_lazy_imports(tmp_path):
+    (tmp_path / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\n")
+    (tmp_path / "b.py").write_text("def f():\n    from . import c\n")
+    (tmp_path / "c.py").write_text("import kqv.train.a\n")
+    graph = import_graph(tmp_path)
+    assert graph == {"a": {"b"}, "b": {"c"}, "c": {"a"}}
+    assert circle(graph) == ["a", "b", "c", "a"]
+    graph["c"] = set()
+    assert circle(graph) is None
