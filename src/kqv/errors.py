@@ -56,6 +56,27 @@ class MissingResourceError(KqvError, RuntimeError):
     how to get it."""
 
 
+class DiskFullError(KqvError, OSError):
+    """The disk filled up while kqv wrote `path` (`needed` bytes): what was half-written is removed, what was
+    complete before stays. An OSError with errno ENOSPC, so `except OSError` keeps working."""
+
+    def __init__(self, path: object, needed: int, free: int | None = None):
+        super().__init__(errno.ENOSPC, "No space left on device", str(path))
+        self.path, self.needed, self.free = path, needed, free
+        available = f" ({_size(free)} free)" if free is not None else ""
+        self.message = (
+            f"the disk is full: {_size(needed)} needed at {path}{available}; free some space and run the command again"
+        )
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _size(n: int) -> str:
+    """A size in bytes as MB (10^6 bytes), or kB under 0.1 MB."""
+    return f"{n / 1e6:,.1f} MB" if n >= 100_000 else f"{n / 1e3:,.1f} kB"
+
+
 # What to do about an operating-system error: the file system said no (full, read-only, not a directory, ...).
 OS_REMEDIES = {
     errno.ENOSPC: "the disk is full: free some space and run the command again",
@@ -72,7 +93,7 @@ OS_REMEDIES = {
 def describe_os_error(error: OSError) -> str:
     """One line for an OSError: kqv's own message (a FileNotFoundError that says what to train), or the file, what
     the system said, and what to do about it (`OS_REMEDIES`)."""
-    if error.errno is None or error.strerror is None:
+    if isinstance(error, KqvError) or error.errno is None or error.strerror is None:
         return str(error)
     path = error.filename2 if error.filename2 is not None else error.filename  # a rename's: its destination
     where = f"{path}: " if path is not None else ""

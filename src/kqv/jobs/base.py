@@ -29,7 +29,7 @@ from ..nn.devices import Accelerator
 from ..nn.models import count_parameters
 from ..train.checkpoints import load_weights
 from ..train.events import Event, Plan, Sample, Summary
-from ..train.files import TOKENIZER_DIR
+from ..train.files import RUN_CONFIG, TOKENIZER_DIR, restored_on_failure
 from ..train.manifest import record, verify
 from ..train.reporter import Reporter
 from ..train.rundir import RunDirectory
@@ -298,8 +298,9 @@ class Job:
         if run.resuming:
             self.check_resume(run, values)
         if run.writes:
-            write_run_config(run.path, values)
-            record(run.path, keep=run.resuming)  # the checksums of the data just prepared (or read back verified)
+            with restored_on_failure(run.path / RUN_CONFIG):  # run.toml and its checksum change together
+                write_run_config(run.path, values)
+                record(run.path, keep=run.resuming)  # the checksums of the data just prepared (or read back verified)
         torch.manual_seed(config.train.seed)
         return self.build_model(model_config, config, values)
 

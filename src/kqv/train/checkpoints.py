@@ -36,6 +36,8 @@ from .files import (
     PREVIOUS_CHECKPOINT_DIR,
     RNG_FILE,
     STATE_FILE,
+    check_free_space,
+    disk_full_reported,
     fsync,
     sha256,
 )
@@ -99,15 +101,19 @@ def _write_checkpoint(
     final, previous = run_dir / CHECKPOINT_DIR, run_dir / PREVIOUS_CHECKPOINT_DIR
     for stale in run_dir.glob(_TMP_PREFIX + "*"):
         shutil.rmtree(stale, ignore_errors=True)
+    optimizer_state = optimizer if isinstance(optimizer, dict) else optimizer.state_dict()
+    needed = checkpoint_bytes(model, optimizer_state, tensors)
+    check_free_space(final, needed)  # a disk without room for it: refused before anything is written
     tmp = Path(tempfile.mkdtemp(prefix=_TMP_PREFIX, dir=run_dir))
     try:
-        save_model(model if isinstance(model, nn.Module) else _StateDict(model), str(tmp / MODEL_FILE))
-        torch.save(optimizer if isinstance(optimizer, dict) else optimizer.state_dict(), tmp / OPTIMIZER_FILE)
-        save_file(tensors, str(tmp / RNG_FILE))
-        state = {**state, "files": {name: sha256(tmp / name) for name in (MODEL_FILE, OPTIMIZER_FILE, RNG_FILE)}}
-        (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
-        for name in (MODEL_FILE, OPTIMIZER_FILE, RNG_FILE, STATE_FILE):
-            fsync(tmp / name)
+        with disk_full_reported(final, needed):  # torch.save's deep error on a full disk, said as such
+            save_model(model if isinstance(model, nn.Module) else _StateDict(model), str(tmp / MODEL_FILE))
+            torch.save(optimizer_state, tmp / OPTIMIZER_FILE)
+            save_file(tensors, str(tmp / RNG_FILE))
+            state = {**state, "files": {name: sha256(tmp / name) for name in (MODEL_FILE, OPTIMIZER_FILE, RNG_FILE)}}
+            (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
+            for name in (MODEL_FILE, OPTIMIZER_FILE, RNG_FILE, STATE_FILE):
+                fsync(tmp / name)
         if final.exists():
             if previous.exists():  # a leftover from an earlier, completed swap
                 shutil.rmtree(previous)
@@ -118,6 +124,23 @@ def _write_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     shutil.rmtree(previous, ignore_errors=True)
+
+
+def checkpoint_bytes(model: Weights, optimizer_state: dict[str, Any], tensors: dict[str, Tensor]) -> int:
+    """The bytes of the tensors a checkpoint holds (each storage once: tied weights share one), a lower bound of
+    its size on disk: what a write needs free."""
+    weights = model.state_dict() if isinstance(model, nn.Module) else model
+    found: dict[tuple, int] = {}
+    stack: list[Any] = [weights, optimizer_state, tensors]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Tensor):
+            found[(item.device, item.data_ptr(), item.nbytes)] = item.nbytes
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return sum(found.values())
 
 
 class _StateDict:

@@ -7,10 +7,16 @@ them needs another for a file name. What each file holds is described in `kqv.tr
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
+
+from ..errors import DiskFullError
 
 # what a job writes
 RUN_CONFIG, TOKENIZER_DIR, SUMMARY_FILE = "run.toml", "tokenizer", "summary.json"
@@ -45,10 +51,77 @@ def run_files(run_dir: Path) -> list[Path]:
 
 
 def write_atomically(path: Path, data: bytes) -> None:
-    """Write `data` to `path` through a temporary file and a rename: a reader sees the old file or the new one."""
+    """Write `data` to `path` through a temporary file and a rename: a reader sees the old file or the new one.
+    A write that fails (a full disk: DiskFullError) leaves no temporary file behind, and the old file as it was."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    try:
+        with disk_full_reported(path, len(data)):
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+@contextmanager
+def restored_on_failure(path: Path) -> Iterator[None]:
+    """Put `path` back as it was when the block fails: a resume rewrites run.toml and then SHA256SUMS, and a
+    full disk between the two must not leave a run.toml its checksum no longer matches. The old file is kept
+    as a hard link (no data to copy, so it works on a full disk) and renamed back."""
+    kept = path.with_name(path.name + ".kept.tmp")
+    kept.unlink(missing_ok=True)
+    if path.exists():
+        os.link(path, kept)
+    try:
+        yield
+    except BaseException:
+        if kept.exists():
+            os.replace(kept, path)
+        raise
+    finally:
+        kept.unlink(missing_ok=True)
+
+
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
+
+
+def free_bytes(path: Path) -> int | None:
+    """The bytes free on the file system of `path` (of its nearest existing parent); None where it cannot tell."""
+    for place in (path, *path.parents):
+        if place.exists():
+            try:
+                return shutil.disk_usage(place).free
+            except OSError:
+                return None
+    return None
+
+
+def check_free_space(path: Path, needed: int) -> None:
+    """DiskFullError now, before anything is written, when the file system of `path` has less than `needed` bytes
+    free."""
+    free = free_bytes(path)
+    if free is not None and free < needed:
+        raise DiskFullError(path, needed, free)
+
+
+@contextmanager
+def disk_full_reported(path: Path, needed: int) -> Iterator[None]:
+    """Within the block (a write of about `needed` bytes at `path`), a full disk is a DiskFullError saying so,
+    whatever the writer raised: an OSError with ENOSPC or EDQUOT, or the deep error of a library whose write
+    failed (torch.save's `RuntimeError: [enforce fail at inline_container.cc] unexpected pos`), recognised by the
+    file system having less than `needed` bytes free. Any other error passes unchanged. The caller removes what
+    was half-written."""
+    try:
+        yield
+    except DiskFullError:
+        raise
+    except Exception as error:
+        free = free_bytes(path)
+        if isinstance(error, OSError) and error.errno in FULL_DISK:
+            raise DiskFullError(path, needed, free) from error
+        if not isinstance(error, OSError) and free is not None and free < needed:
+            raise DiskFullError(path, needed, free) from error
+        raise
 
 
 def sha256(source: Path | BinaryIO) -> str:

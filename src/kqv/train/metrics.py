@@ -84,8 +84,12 @@ def plot_losses(metrics_path: str | Path, png_path: str | Path) -> None:
         axes.legend()
     png_path = Path(png_path)
     tmp = png_path.with_name(png_path.name + ".tmp")
-    figure.savefig(tmp, format="png")
-    os.replace(tmp, png_path)
+    try:  # a failed write (a full disk) leaves the previous plot and no temporary file
+        figure.savefig(tmp, format="png")
+        os.replace(tmp, png_path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 class Window:

@@ -29,7 +29,17 @@ from typing import Literal
 
 from ..errors import ConfigError, spoken
 from .checkpoints import Checkpoint, has_checkpoint, read_checkpoint
-from .files import CHECKPOINT_DIR, LOCK_FILE, METRICS_FILE, PLOT_FILE, RUN_FORMAT, TOKENIZER_DIR, run_files
+from .files import (
+    CHECKPOINT_DIR,
+    JOB_FILES,
+    LOCK_FILE,
+    MANIFEST_FILE,
+    METRICS_FILE,
+    PLOT_FILE,
+    RUN_FORMAT,
+    TOKENIZER_DIR,
+    run_files,
+)
 from .lock import hold_run_lock
 from .metrics import keep_records
 
@@ -59,6 +69,7 @@ class RunDirectory:
         self.checkpoint = checkpoint
         self._overwrite_pending = bool(existing) and if_exists == "overwrite"
         self.final: Path | None = None  # where a staged overwrite goes when committed (`path` is its stage until)
+        self.started = False  # whether training started (`prepare`): the directory then holds a run
 
     @classmethod
     @contextmanager
@@ -94,6 +105,7 @@ class RunDirectory:
             run = cls(path, if_exists, rank, existing, checkpoint)
             if stage and run._overwrite_pending and rank == 0:
                 run.stage_overwrite(stack)
+            stack.push(run._abandon)  # before the lock is released and an unused directory removed
             yield run
 
     # -- what the opening found ------------------------------------------------------------------------------
@@ -164,6 +176,21 @@ class RunDirectory:
         carry_foreign_files(old, self.path)
         shutil.rmtree(old, ignore_errors=True)
 
+    def _abandon(self, error_type: type | None, *_: object) -> bool:
+        """When the block ends with an error (a full disk, Ctrl-C, a bad option) before training started in a
+        fresh run's directory, remove what its preparation wrote (run.toml, SHA256SUMS, tokenizer/, the encoded
+        data, their temporary files): nothing half-written stays. A staged overwrite's stage is removed whole,
+        and a resumed run keeps its files."""
+        if error_type is None or not self.writes or self.started or self.existing or self.final is not None:
+            return False
+        for name in (*JOB_FILES, MANIFEST_FILE):
+            for path in (self.path / name, self.path / f"{name}.tmp"):
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path, ignore_errors=True)
+                elif path.exists() or path.is_symlink():
+                    path.unlink(missing_ok=True)
+        return False
+
     # -- training starts -------------------------------------------------------------------------------------
 
     def prepare(self, step: int) -> None:
@@ -171,6 +198,7 @@ class RunDirectory:
         overwrite in, else delete the earlier run's files when overwriting, and drop metrics records of steps
         after `step`: they are about to be redone."""
         self.commit()
+        self.started = True
         if self._overwrite_pending:
             for path in run_files(self.path):
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
