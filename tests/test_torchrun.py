@@ -2,8 +2,10 @@
 run equals one process up to float rounding (tests/test_training.py checks the same for a bare Trainer)."""
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -122,3 +124,47 @@ def resumed_runs(tmp_path_factory) -> Path:
     torchrun(worker, str(out), "first")
     torchrun(worker, str(out), "second")
     return out
+
+
+def test_when_a_rank_is_killed_the_survivor_names_it_in_one_line_without_a_traceback(tmp_path):
+    """Issue 35: after `kill -9` of rank 1, rank 0's next collective failed with gloo's "Connection closed by peer"
+    traceback. torchrun is told to look at its processes only every 20 s, so rank 0 meets the closed connection
+    before torchrun's SIGTERM (which the survivor answers alike, after saving a checkpoint)."""
+    config, text = tmp_path / "tiny.toml", tmp_path / "t.txt"
+    config.write_text(TINY_LM.replace("steps = 3", "steps = 100000"))
+    text.write_text("ROMEO: to be, or not to be, that is the question; whether 'tis nobler in the mind\n" * 40)
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    env.update(PYTHONPATH=SRC, OMP_NUM_THREADS="1")
+    launcher = ["torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--monitor-interval", "20"]
+    logs, out = tmp_path / "logs", tmp_path / "run"
+    command = [sys.executable, "-m", *launcher, "--log-dir", str(logs), "--redirects", "3", "-m", "kqv.cli"]
+    command += ["train", "lm", "--config", str(config), "--data", str(text), "--quiet", "--out", str(out)]
+    torchrun = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "metrics.jsonl").exists() and time.monotonic() < deadline and torchrun.poll() is None:
+            time.sleep(0.2)
+        assert (out / "metrics.jsonl").exists(), "the run did not start"
+        os.kill(rank_process(torchrun.pid, 1), signal.SIGKILL)
+        _, launcher_err = torchrun.communicate(timeout=120)  # the survivor stops by itself, or by torchrun's SIGTERM
+    finally:
+        torchrun.kill()
+    survivor = next(logs.glob("*/attempt_0/0/stderr.log")).read_text()
+    assert "Traceback" not in survivor and "Connection closed" not in survivor, survivor[-3000:]
+    lines = [line for line in survivor.splitlines() if line.startswith("kqv: error:")]
+    assert len(lines) == 1 and "rank 1 of 2 stopped" in lines[0] and "--resume" in lines[0], survivor[-3000:]
+    assert torchrun.returncode != 0, launcher_err[-2000:]  # the run failed, and says so
+
+
+def rank_process(parent: int, rank: int) -> int:
+    """The process id of torchrun's worker `parent`'s child that runs `rank`."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) != parent:
+                continue
+            environ = (stat.parent / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if f"RANK={rank}".encode() in environ:
+            return int(stat.parent.name)
+    raise AssertionError(f"no process of rank {rank} under {parent}")

@@ -51,6 +51,11 @@ class ConversionError(KqvError, ValueError):
     or a checkpoint whose weights do not match its config."""
 
 
+class ProcessLost(KqvError, RuntimeError):
+    """Another process of a torchrun training stopped (killed, out of memory, its machine gone), so this one cannot
+    go on: the message names the lost rank where it can tell."""
+
+
 class MissingResourceError(KqvError, RuntimeError):
     """Something kqv needs is not installed and cannot be fetched (a corpus, pretrained weights); the message says
     how to get it."""

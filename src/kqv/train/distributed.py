@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import os
+import socket
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -14,7 +17,7 @@ from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from ..errors import DataError
+from ..errors import DataError, ProcessLost, spoken
 from ..nn.experts import expert_layers
 
 Batch = Any
@@ -39,13 +42,69 @@ def init_distributed(device: torch.device | None = None) -> tuple[int, int, bool
     suits `device`, where this process trains (`backend_for`; the CPU's when not given)."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return 0, 1, False
-    if dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size(), False
-    device = device or torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(rank_device(device))
-    dist.init_process_group(backend_for(device))
-    return dist.get_rank(), dist.get_world_size(), True
+    created = not dist.is_initialized()
+    if created:
+        device = device or torch.device("cpu")
+        if device.type == "cuda":
+            torch.cuda.set_device(rank_device(device))
+        dist.init_process_group(backend_for(device))
+    _note_processes()
+    return dist.get_rank(), dist.get_world_size(), created
+
+
+_PROCESSES: list[tuple[str, int]] = []  # (host, process id) of every rank, to name a lost one
+
+
+def _note_processes() -> None:
+    """Learn where every rank runs (a collective), so that a rank that dies can be named by the others."""
+    processes: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(processes, (socket.gethostname(), os.getpid()))
+    _PROCESSES[:] = processes
+
+
+def lost_ranks(wait: float = 0.0) -> list[int]:
+    """The ranks on this machine whose process is gone (exited, killed; a zombie counts as gone), waiting up to
+    `wait` seconds for one: a killed process closes its connections before it is gone."""
+    host, deadline = socket.gethostname(), time.monotonic() + wait
+    while True:
+        lost = [rank for rank, (where, pid) in enumerate(_PROCESSES) if where == host and not _alive(pid)]
+        if lost or time.monotonic() >= deadline:
+            return lost
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: whether a signal could be sent
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+@contextmanager
+def stops_when_a_process_is_lost(rank: int, world_size: int) -> Iterator[None]:
+    """Inside, a collective that fails because another rank's process is gone (gloo: "Connection closed by
+    peer"), or torchrun's SIGTERM after it (which saves a checkpoint first, `kqv.signals`), becomes one
+    `ProcessLost` that names the lost rank, instead of a traceback from deep inside torch."""
+    try:
+        yield
+    except (RuntimeError, KeyboardInterrupt) as error:
+        if world_size == 1:
+            raise
+        failed = isinstance(error, dist.DistError) or "by peer" in str(error)  # gloo's words, in DDP's backward too
+        lost = lost_ranks(wait=3.0 if failed else 0.0)
+        if not lost and not failed:
+            raise
+        who = f"rank {', '.join(map(str, lost))} of {world_size}" if lost else "another process of the run"
+        raise ProcessLost(
+            f"{who} stopped (its process is gone), so rank {rank} stops too; the last checkpoint stands: start all "
+            f"{world_size} processes again with {spoken('`--resume`', 'Trainer.resume(...)')}"
+        ) from None
 
 
 def data_parallel(model: nn.Module) -> nn.parallel.DistributedDataParallel:

@@ -242,7 +242,8 @@ class Trainer:
             self._prepare_run_dir()
             self._start_rng()
             try:
-                return self._loop()
+                with distributed.stops_when_a_process_is_lost(self.rank, self.world_size):
+                    return self._loop()
             finally:
                 self._leave_process_group()
 
