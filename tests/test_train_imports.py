@@ -62,3 +62,42 @@ def test_the_checker_sees_type_checking_and_lazy_imports(tmp_path):
     assert circle(graph) == ["a", "b", "c", "a"]
     graph["c"] = set()
     assert circle(graph) is None
+
+
+def private_names(tree: ast.AST) -> set[str]:
+    """The private attributes a module defines: `self._x = ...` and methods `_x` (dunders aside)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+    return {name for name in names if name.startswith("_") and not name.startswith("__")}
+
+
+def foreign_reads(tree: ast.AST) -> set[str]:
+    """The private attributes a module reads from objects other than `self` and `cls`."""
+    return {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr.startswith("_")
+        and not node.attr.startswith("__")
+        and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+    }
+
+
+def test_no_module_of_kqv_train_reads_another_ones_private_attributes():
+    trees = {path.stem: ast.parse(path.read_text()) for path in TRAIN.glob("*.py")}
+    defined = {stem: private_names(tree) for stem, tree in trees.items()}
+    assert "_read" in defined["trainer"]
+    for stem, tree in trees.items():
+        others = set().union(*(names for other, names in defined.items() if other != stem)) - defined[stem]
+        read = foreign_reads(tree) & others
+        assert not read, f"{stem} reads {sorted(read)}, private to another module of kqv.train"
+
+
+def test_the_private_reader_checker_sees_a_read_of_another_object():
+    tree = ast.parse("def f(trainer):\n    return trainer._progress, self._own\n")
+    assert foreign_reads(tree) == {"_progress"}
+    assert private_names(ast.parse("class T:\n    def _plot(self):\n        self._left = 1\n")) == {"_plot", "_left"}
