@@ -90,3 +90,25 @@ def test_the_training_forward_compiles_as_one_graph(kind):
     loss = compiled(IDS, IDS)
     loss.backward()
     torch.testing.assert_close(loss, model(IDS, IDS))
+
+
+def test_the_ids_of_every_batch_are_checked_once_on_the_host_before_training():
+    """The LM's and MLM's batches are blocks of their splits: the preflight checks the splits' ids against the
+    vocabulary once, so the model's forward reads none."""
+    from kqv.errors import DataError
+    from kqv.train.preflight import check_splits
+
+    check_splits({"train": torch.arange(37), "val": torch.arange(20)}, 8, vocab_size=37)
+    with pytest.raises(DataError, match=r"the validation split contains token id 40, outside the vocabulary \[0, 37\)"):
+        check_splits({"train": torch.arange(37), "val": torch.arange(20) + 21}, 8, vocab_size=37)
+
+
+def test_a_direct_call_with_an_id_outside_the_vocabulary_is_still_a_clear_error():
+    """Without reading the ids in forward: the embedding lookup's IndexError becomes kqv's DataError."""
+    from kqv.errors import DataError
+
+    model = EncoderDecoder(tiny_config(tgt_vocab_size=11))
+    with pytest.raises(DataError, match=r"tgt_ids contains token id 20, outside the vocabulary \[0, 11\)"):
+        model(torch.tensor([[1, 2]]), torch.tensor([[20]]))
+    with pytest.raises(DataError, match=r"ids contains token id -1"):
+        DecoderLM(tiny_config())(torch.tensor([[-1, 3]]))

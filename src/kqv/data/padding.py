@@ -17,6 +17,7 @@ def lengths_mask(lengths: list[int], width: int) -> Tensor:
 
 
 def pad_batch(sequences: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
-    """(ids, attention_mask), each (batch, longest) int64, right-padded."""
+    """(ids, attention_mask): (batch, longest) int64 ids, right-padded, and a bool mask, True on real tokens (a
+    bool mask is one the model need not read back to check: `kqv.nn.checks.check_attention_mask`)."""
     ids = pad_sequences([torch.tensor(s, dtype=torch.long) for s in sequences], pad_id)
-    return ids, lengths_mask([len(s) for s in sequences], ids.shape[1]).long()
+    return ids, lengths_mask([len(s) for s in sequences], ids.shape[1])

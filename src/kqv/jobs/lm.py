@@ -134,7 +134,7 @@ def check_lm_run(config: LMRunConfig) -> Callable[[Tokenizer, dict[str, torch.Te
     def check(tokenizer: Tokenizer, tokens: dict[str, torch.Tensor]) -> None:
         context = config.data.context
         check_memory(config.model, config.train.batch_size, context, tokenizer.vocab_size, config.train.device)
-        check_splits({"train": tokens["train"], "val": tokens["val"]}, context)
+        check_splits({"train": tokens["train"], "val": tokens["val"]}, context, tokenizer.vocab_size)
         check_prompt(tokenizer.encode, config.sample.prompt)
 
     return check

@@ -117,7 +117,7 @@ def check_mlm_run(config: MLMRunConfig) -> Callable[[Any, dict[str, Tensor]], No
 
     def check(vocabulary: Any, tokens: dict[str, Tensor]) -> None:
         check_memory(config.model, config.train.batch_size, config.data.context, vocabulary.size, config.train.device)
-        check_splits({"train": tokens["train"], "val": tokens["val"]}, config.data.context)
+        check_splits({"train": tokens["train"], "val": tokens["val"]}, config.data.context, vocabulary.size)
 
     return check
 

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError, DataError, KqvError, spoken
+from ..nn.checks import check_id_values
 from ..nn.config import ModelConfig
 from ..nn.devices import Accelerator
 
@@ -71,12 +72,16 @@ def check_memory(model: ModelConfig, batch: int, context: int, vocab: int, devic
         )
 
 
-def check_splits(splits: Mapping[str, torch.Tensor], context: int) -> None:
+def check_splits(splits: Mapping[str, torch.Tensor], context: int, vocab_size: int | None = None) -> None:
     """DataError when a split of encoded token ids is shorter than one block of `context + 1` tokens (the inputs
-    and their next-token targets): its first batch, or its first evaluation, would fail."""
+    and their next-token targets): its first batch, or its first evaluation, would fail. With `vocab_size`, also
+    when an id is outside the vocabulary: the token ids of every batch, which are blocks of these splits, are
+    checked here, once, on the host, so that a training step on a device reads none back (`kqv.nn.checks`)."""
     for name, ids in splits.items():
+        what = "training split" if name == "train" else "validation split" if name == "val" else f"{name} split"
+        if vocab_size is not None:
+            check_id_values(ids, vocab_size, f"the {what}")
         if len(ids) < context + 1:
-            what = "training split" if name == "train" else "validation split" if name == "val" else f"{name} split"
             raise DataError(
                 f"the {what} has {len(ids)} tokens, fewer than data.context + 1 = {context + 1} (one block and its "
                 f"shifted targets); use more text, a larger data.val_fraction, or a shorter data.context"
