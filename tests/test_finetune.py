@@ -9,7 +9,7 @@ import torch
 import kqv
 from kqv.cli.main import main
 from kqv.data.tokenizers import BPETokenizer, CharTokenizer
-from kqv.errors import ConfigError, ConversionError
+from kqv.errors import ConfigError, ConversionError, DataError
 from kqv.jobs.export import hf_tokenizer
 from test_cli import TINY
 
@@ -117,3 +117,126 @@ def test_kqv_export_prints_one_line_and_refuses_a_full_directory(lm_dir, tmp_pat
     assert err.count("\n") == 1 and "already exists and is not an empty directory" in err
     with pytest.raises(ConfigError):
         kqv.export(lm_dir, hf=tmp_path / "hf")
+
+
+# -- kqv train lm --init SOURCE ----------------------------------------------------------------------------------
+
+FINETUNE_TEXT = "that is the question, to be or not.\n" * 30  # only characters the source's tokenizer knows
+FINETUNE = [
+    "data.context=16",
+    "train.batch_size=4",
+    "train.log_every=1",
+    "train.eval_every=2",
+    "train.eval_batches=1",
+    'train.precision="fp32"',
+    "train.warmup_steps=1",
+    "sample.count=1",
+    "sample.max_new_tokens=4",
+    'sample.prompt="to"',
+]
+
+
+def finetune(source, root, text=FINETUNE_TEXT, extra=(), steps=2):
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "new.txt").write_text(text)
+    overrides = [f"data.path={root / 'new.txt'}", *FINETUNE, *extra]
+    return kqv.train("lm", init=source, out=root / "run", overrides=overrides, steps=steps, quiet=True)
+
+
+def first_batch_loss(model, run_dir):
+    """The loss of `model` on the fine-tune's first training batch (update 0 uses `train_batches(0)`)."""
+    from kqv.data.batches import batch_generator, sample_batch
+    from kqv.jobs.lm import load_tokens
+
+    run = kqv.load(run_dir)
+    batch = sample_batch(load_tokens(run_dir)["train"], 4, 16, batch_generator(run.config.train.seed, 0))
+    with torch.no_grad():
+        return model.train()(*batch).item()
+
+
+def logged_losses(run_dir):
+    return [
+        r["train_loss"]
+        for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+        if "train_loss" in r
+    ]
+
+
+def test_a_finetune_of_a_kqv_run_starts_at_the_runs_loss_and_records_its_source(lm_dir, tmp_path):
+    from kqv.jobs.init import file_sha256
+
+    summary = finetune(lm_dir, tmp_path / "ft")
+    run_dir = tmp_path / "ft" / "run"
+    source_model = kqv.load(lm_dir).model
+    assert logged_losses(run_dir)[0] == pytest.approx(first_batch_loss(source_model, run_dir), abs=1e-6)
+    digest = file_sha256(lm_dir / "checkpoint" / "model.safetensors")
+    record = {"path": str(lm_dir), "kind": "kqv run", "weights_sha256": digest}
+    assert summary["source"] == record
+    import tomllib
+
+    assert tomllib.loads((run_dir / "run.toml").read_text())["source"] == record
+    tuned = kqv.load(run_dir)
+    assert tuned.model.config == source_model.config and tuned.tokenizer.chars == kqv.load(lm_dir).tokenizer.chars
+    assert kqv.train("lm", out=run_dir, resume=True, steps=3, quiet=True)["steps"] == 3  # resumes without --init
+
+
+@pytest.fixture(scope="module")
+def gpt2_dir(tmp_path_factory):
+    """A random-weight Hugging Face GPT-2 saved with its (BPE) tokenizer, as save_pretrained writes one."""
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    path = tmp_path_factory.mktemp("gpt2")
+    tokenizer = BPETokenizer.train(TEXT, vocab_size=300)
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=tokenizer.vocab_size, n_positions=32, n_embd=32, n_layer=2, n_head=2)
+    GPT2LMHeadModel(config).save_pretrained(path)
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer.tokenizer).save_pretrained(path)
+    return path
+
+
+def test_a_finetune_of_a_gpt2_directory_starts_at_its_loss(gpt2_dir, tmp_path):
+    from transformers import GPT2LMHeadModel
+
+    from kqv.interop import from_hf
+
+    summary = finetune(gpt2_dir, tmp_path / "ft", extra=["model.dropout=0.0"])
+    run_dir = tmp_path / "ft" / "run"
+    assert summary["source"]["kind"] == "Hugging Face GPT-2"
+    expected = first_batch_loss(from_hf(gpt2_dir), run_dir)
+    assert logged_losses(run_dir)[0] == pytest.approx(expected, abs=1e-5)
+    hf = GPT2LMHeadModel.from_pretrained(gpt2_dir, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)
+    assert expected == pytest.approx(first_batch_loss_hf(hf, run_dir), abs=1e-5)  # the loss transformers computes
+
+
+def first_batch_loss_hf(hf, run_dir):
+    from kqv.data.batches import batch_generator, sample_batch
+    from kqv.jobs.lm import load_tokens
+
+    x, y = sample_batch(load_tokens(run_dir)["train"], 4, 16, batch_generator(0, 0))
+    with torch.no_grad():
+        logits = hf.eval()(x.long()).logits
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.long().flatten()).item()
+
+
+@pytest.mark.parametrize(
+    "extra, text, error, words",
+    [
+        (["model.d_model=64"], FINETUNE_TEXT, ConfigError, r"model.d_model is 16 in the source, 64 here"),
+        (["data.context=64"], FINETUNE_TEXT, ConfigError, r"data.context \(64\) is longer than the source's 16"),
+        ([], FINETUNE_TEXT + "Zebra é Z\n", DataError, r"3 characters of 2 kinds .*'Z' \(2x\), 'é' \(1x\)"),
+    ],
+    ids=["shape", "context", "unknown-characters"],
+)
+def test_what_a_finetune_cannot_do_is_refused_with_nothing_written(lm_dir, tmp_path, extra, text, error, words):
+    with pytest.raises(error, match=words):
+        finetune(lm_dir, tmp_path / "ft", text=text, extra=extra)
+    assert not (tmp_path / "ft" / "run").exists()
+
+
+def test_kqv_train_lm_init_refuses_a_shape_change_in_one_line(lm_dir, tmp_path, capsys):
+    (tmp_path / "new.txt").write_text(FINETUNE_TEXT)
+    argv = ["train", "lm", "--init", str(lm_dir), "--data", str(tmp_path / "new.txt"), "--out", str(tmp_path / "r")]
+    assert main([*argv, "--set", "model.n_layers=3", "--set", "data.context=16"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "model.n_layers is 1 in the source, 3 here" in err
+    assert not (tmp_path / "r").exists()

@@ -63,6 +63,7 @@ def train(
     overwrite: bool = False,
     quiet: bool = False,
     device: str | None = None,
+    init: str | Path | None = None,
     on_event: Callable[[Event], Any] | None = None,
     **job_options: Any,
 ) -> dict[str, Any]:
@@ -74,25 +75,33 @@ def train(
     --set`), `steps` sets train.steps and `device` train.device ("auto", "cpu", "cuda", "cuda:N", "mps"; a resumed
     run may change it); `job_options` are the job's own training options (mt: data_from=, threads=).
 
+    `init` (lm) fine-tunes a kqv LM run or a Hugging Face GPT-2 directory: its model config, tokenizer and weights
+    (`kqv.jobs.init`; data.init), with the shipped "finetune" config unless `config` names another.
+
     `on_event` receives the training's events in order (`kqv.train.events`: Plan, Progress, Evaluation, Sample,
     Summary, Message) instead of their being shown; without it they are shown unless `quiet`.
     """
     chosen = get_job(job)
     out = named_run_path(out) if out is not None else Path("runs") / chosen.name
-    sets = {"steps": steps, "device": device}
+    sets = {"steps": steps, "device": device, "init": None if init is None else str(init)}
     if isinstance(config, RunConfig) and device is not None:  # a config object is changed itself
         config, sets["device"] = (
             dataclasses.replace(config, train=dataclasses.replace(config.train, device=device)),
             None,
         )
-    overrides = [*overrides, *(f"train.{key}={json.dumps(value)}" for key, value in sets.items() if value is not None)]
+    sections = {"steps": "train", "device": "train", "init": "data"}
+    overrides = [
+        *overrides,
+        *(f"{sections[key]}.{key}={json.dumps(value)}" for key, value in sets.items() if value is not None),
+    ]
     if isinstance(config, RunConfig):
         if overrides:
             raise ConfigError("overrides go with a config name or path; change the RunConfig object itself instead")
     elif resume and config is None:
         config = chosen.read_config(out, overrides)
     else:
-        config = chosen.load_config(packaged_config(config or "quick", chosen.name), overrides)
+        default = "finetune" if init is not None and chosen.name == "lm" else "quick"
+        config = chosen.load_config(packaged_config(config or default, chosen.name), overrides)
     Accelerator.resolve(config.train.device)  # a device this machine lacks is refused before anything is written
     return chosen.train(config, out, resume=resume, overwrite=overwrite, quiet=quiet, on_event=on_event, **job_options)
 

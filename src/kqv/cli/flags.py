@@ -58,7 +58,10 @@ TRAIN_FLAGS: dict[str, tuple[Flag, ...]] = {
         Flag("--data", "the TSV file of text<TAB>label lines (required)", "data.path"),
         Flag("--init", "an MLM run directory whose encoder and tokenizer to fine-tune", "data.init"),
     ),
-    "lm": (TEXT_DATA_FLAG,),
+    "lm": (
+        TEXT_DATA_FLAG,
+        Flag("--init", "a kqv LM run or Hugging Face GPT-2 directory to fine-tune (default config: finetune)"),
+    ),
     "mlm": (TEXT_DATA_FLAG,),
     "mt": (
         Flag("--pair", "Bible language pair: de-en (default), fr-en, en-de, en-fr", "data.pair"),

@@ -31,9 +31,10 @@ from ..train.files import SAMPLES_FILE, TOKENIZER_DIR, TOKENS_FILE, write_atomic
 from ..train.manifest import read_verified, verify
 from ..train.preflight import check_memory, check_prompt, check_splits
 from ..train.rundir import RunDirectory
-from ..train.runs import RunConfig
+from ..train.runs import RunConfig, read_run
 from ..validation import Config, check_at_least
 from .base import AttentionMaps, Job, Outcome, TrainedRun, Training, check_text
+from .init import SourceTokenizer, finetune_config, load_source_weights, read_source
 
 
 @dataclass
@@ -46,6 +47,7 @@ class DataConfig(Config):
     vocab_size: int = 4096  # bpe only
     context: int = 256
     val_fraction: float = 0.1
+    init: str | None = None  # a kqv LM run or Hugging Face GPT-2 directory to start from (kqv.jobs.init)
 
     def check(self) -> None:
         if self.context < 2:
@@ -77,6 +79,7 @@ class LMRunConfig(RunConfig):
     data.context)."""
 
     task: ClassVar[str] = "lm"
+    run_tables: ClassVar[tuple[str, ...]] = ("source",)  # a fine-tune's source (kqv.jobs.init.Source.record)
     data: DataConfig = field(default_factory=DataConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
 
@@ -112,7 +115,8 @@ def prepare_corpus(
         return tokenizer, tokens
     text = load_text(data.path)
     train_text, val_text = split_text(text, data.val_fraction)
-    tokenizer = job.make_tokenizer(data, text if data.tokenizer == "char" else train_text)
+    whole = data.tokenizer == "char" or getattr(data, "init", None)  # a fine-tune's tokenizer checks all of it
+    tokenizer = job.make_tokenizer(data, text if whole else train_text)
     tokens = {
         "train": encode_text(tokenizer, train_text),
         "val": encode_text(tokenizer, val_text),
@@ -330,12 +334,28 @@ class LMJob(Job):
         return DecoderLM(model_config)
 
     def make_corpus(self, training: Training) -> tuple[Tokenizer, dict[str, torch.Tensor]]:
-        """The tokenizer and the encoded train and validation splits (`prepare_corpus`)."""
-        return prepare_corpus(self, training.config.data, training.run, check_lm_run(training.config))
+        """The tokenizer and the encoded train and validation splits (`prepare_corpus`); a fine-tune's tokenizer is
+        its source's (`kqv.jobs.init`)."""
+        config, run = training.config, training.run
+        maker: Any = self
+        if config.data.init is not None and not run.resuming:
+            training.notes["source"] = source = read_source(config.data.init)
+            training.notes["model"] = finetune_config(source, config.model, config.model_options, config.data.context)
+            maker = SourceTokenizer(self, source)
+        return prepare_corpus(maker, config.data, run, check_lm_run(config))
 
     def make_model(self, training: Training) -> DecoderLM:
-        tokenizer, _ = training.data
-        return self.start(training.config, training.run, training.config.model_config(tokenizer.vocab_size))
+        """A new model; a fine-tune's has its source's config and weights, and run.toml records the source."""
+        config, run, (tokenizer, _) = training.config, training.run, training.data
+        source = training.notes.get("source")
+        if source is None:
+            extra = {"source": read_run(run.path)["source"]} if config.data.init is not None else {}
+            training.notes |= extra
+            return self.start(config, run, config.model_config(tokenizer.vocab_size), **extra)
+        training.notes["source"] = source.record()
+        model = self.start(config, run, training.notes["model"], source=source.record())
+        load_source_weights(model, source)
+        return model
 
     def make_batches(self, training: Training) -> dict[str, Any]:
         """Random blocks of the train split for each update, and of the validation split for each evaluation."""
@@ -372,7 +392,8 @@ class LMJob(Job):
             max_tokens=SCORED_TOKENS,
         )
         samples = write_samples(model, tokenizer, config.sample, training.run.path / SAMPLES_FILE)
-        return Outcome({"val": val}, samples[:1])
+        source = {"source": training.notes["source"]} if "source" in training.notes else {}
+        return Outcome({"val": val, **source}, samples[:1])
 
     def conclusion(self, training: Training, summary: dict[str, Any]) -> str:
         val = summary["val"]

@@ -66,6 +66,19 @@ class PretrainedRun:
             raise ConversionError(f"kqv cannot read {path}'s config.json and {HF_TOKENIZER_FILE}: {error}") from None
         return cls(from_hf(path).eval().to(device), tokenizer, path, hf_class)
 
+    @staticmethod
+    def read_tokenizer(path: Path) -> BPETokenizer:
+        """The tokenizer saved beside a Hugging Face model (`tokenizer.json`), as kqv's tokenizer interface."""
+        if not (path / HF_TOKENIZER_FILE).is_file():
+            raise ConversionError(
+                f"{path} has no {HF_TOKENIZER_FILE}: save the tokenizer beside the model "
+                f"(tokenizer.save_pretrained('{path}') with a fast tokenizer) so that kqv can read text"
+            )
+        try:  # the tokenizers library raises a bare Exception on a file it cannot read
+            return BPETokenizer(HFTokenizer.from_file(str(path / HF_TOKENIZER_FILE)))
+        except Exception as error:  # noqa: BLE001
+            raise ConversionError(f"kqv cannot read {path}'s {HF_TOKENIZER_FILE}: {error}") from None
+
     def __repr__(self) -> str:
         return f"PretrainedRun({str(self.path)!r}, {self.hf_class}, {type(self.model).__name__})"
 

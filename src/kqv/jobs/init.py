@@ -1,0 +1,166 @@
+"""`kqv train lm --init SOURCE`: a language model that starts from trained weights instead of random ones.
+
+SOURCE is a kqv LM run directory (its run.toml, tokenizer and checkpoint) or a Hugging Face GPT-2 directory saved
+with its tokenizer (config.json, model.safetensors, tokenizer.json; converted offline by `kqv.interop.from_hf`).
+The fine-tune takes from SOURCE:
+
+- the model config: every option that shapes a weight stays the source's. An option the run config gives that
+  differs is refused by name (`ConfigError`), except those that change no weight (`FREE_OPTIONS`: dropout and the
+  attention's exact O(n)-memory path); data.context must fit the source's learned positions;
+- the tokenizer: the fine-tuning text is encoded with it, and a character it cannot encode is refused, naming
+  each such character and how often it occurs, never silently dropped or replaced;
+- the weights, loaded into the freshly built model before the first update (not on a resume: the run's own
+  checkpoint has them).
+
+The run records its source in run.toml and summary.json (`[source]`: the path, its kind and the SHA-256 of its
+weights file), so a fine-tune says what it started from even after SOURCE has changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from ..data.tokenizers import BPETokenizer, CharTokenizer, Tokenizer, load_tokenizer
+from ..errors import ConfigError, DataError
+from ..nn.config import ModelConfig
+from ..train.checkpoints import load_weights
+from ..train.files import CHECKPOINT_DIR, MODEL_FILE, TOKENIZER_DIR
+from ..train.runs import read_run
+
+FREE_OPTIONS = frozenset({"dropout", "blockwise"})  # model options a fine-tune may change: no weight depends on them
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a fine-tune starts: `path`, `kind` ("kqv run" or "Hugging Face GPT-2"), its model config and the
+    SHA-256 of its weights file."""
+
+    path: Path
+    kind: str
+    config: ModelConfig
+    weights_sha256: str
+
+    def record(self) -> dict[str, str]:
+        """The `[source]` table of run.toml and summary.json."""
+        return {"path": str(self.path), "kind": self.kind, "weights_sha256": self.weights_sha256}
+
+
+def read_source(path: str | Path) -> Source:
+    """The source of a fine-tune: a kqv LM run or a Hugging Face GPT-2 directory (`ConfigError` for anything else)."""
+    from .pretrained import is_hf_directory  # it imports the LM job, which imports this module
+
+    path = Path(path)
+    if is_hf_directory(path):
+        from ..interop import config_from_hf, read_hf_directory
+
+        hf_config, _ = read_hf_directory(path)
+        if getattr(hf_config, "model_type", None) != "gpt2":
+            raise ConfigError(
+                f"--init {path} is a Hugging Face {hf_config.model_type!r} directory; a language model "
+                f"starts from a GPT-2 directory or a kqv LM run"
+            )
+        weights = path / "model.safetensors"
+        digest = file_sha256(weights if weights.is_file() else path / "model.safetensors.index.json")
+        return Source(path, "Hugging Face GPT-2", config_from_hf(hf_config), digest)
+    if not (path / "run.toml").is_file():
+        raise ConfigError(
+            f"--init {path} is neither a kqv LM run (run.toml) nor a Hugging Face GPT-2 directory (config.json)"
+        )
+    values = read_run(path, "lm")
+    weights = path / CHECKPOINT_DIR / MODEL_FILE
+    if not weights.is_file():
+        raise ConfigError(f"--init {path} has no trained weights ({weights} is missing): train it first")
+    return Source(path, "kqv run", ModelConfig.from_dict(values["model"]), file_sha256(weights))
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def source_tokenizer(source: Source) -> Tokenizer:
+    """The tokenizer saved with the source: a kqv run's tokenizer/, a GPT-2 directory's tokenizer.json."""
+    from .pretrained import PretrainedRun
+
+    if source.kind == "kqv run":
+        return load_tokenizer(source.path / TOKENIZER_DIR)
+    return PretrainedRun.read_tokenizer(source.path)
+
+
+@dataclass(frozen=True)
+class SourceTokenizer:
+    """What `prepare_corpus` asks of a job for its tokenizer, answered with the source's (checked on the text)."""
+
+    job: Any
+    source: Source
+
+    def make_tokenizer(self, data: Any, text: str) -> Tokenizer:
+        tokenizer = source_tokenizer(self.source)
+        check_encodable(tokenizer, text, self.source.path)
+        return tokenizer
+
+    def load_tokenizer(self, run_dir: Path) -> Tokenizer:
+        return self.job.load_tokenizer(run_dir)
+
+
+def load_source_weights(model: nn.Module, source: Source) -> None:
+    """Copy the source's weights into `model` (built from `finetune_config`, so every tensor has its shape)."""
+    if source.kind == "kqv run":
+        load_weights(model, source.path)
+    else:
+        from ..interop import from_hf
+
+        model.load_state_dict(from_hf(source.path).state_dict())
+
+
+def finetune_config(source: Source, given: ModelConfig, options: frozenset[str], context: int) -> ModelConfig:
+    """The source's model config with the options of `FREE_OPTIONS` the run config gave (`options`, its
+    `model_options`); any other option given with another value than the source's is refused, naming each."""
+    differ = {
+        name: (getattr(source.config, name), getattr(given, name))
+        for name in sorted(options - FREE_OPTIONS - {"vocab_size"})
+        if getattr(given, name) != getattr(source.config, name)
+    }
+    if differ:
+        listed = "; ".join(
+            f"model.{name} is {was!r} in the source, {now!r} here" for name, (was, now) in differ.items()
+        )
+        raise ConfigError(
+            f"a fine-tune keeps its source's weights, so it cannot change the options that shape them: {listed}; "
+            f"drop those settings (only {', '.join(sorted(FREE_OPTIONS))} may change)"
+        )
+    config = source.config.replace(**{name: getattr(given, name) for name in options & FREE_OPTIONS})
+    if config.position == "learned" and context > config.max_len:
+        raise ConfigError(
+            f"data.context ({context}) is longer than the source's {config.max_len} learned positions; "
+            f"set data.context to at most {config.max_len}"
+        )
+    return config
+
+
+def check_encodable(tokenizer: Tokenizer, text: str, source: Path) -> None:
+    """DataError naming every character of `text` that `tokenizer` has no token for, with its count; a byte-level
+    BPE tokenizer encodes every text."""
+    if isinstance(tokenizer, CharTokenizer):
+        known = set(tokenizer.chars)
+    elif isinstance(tokenizer, BPETokenizer) and type(tokenizer.tokenizer.model).__name__ == "WordLevel":
+        known = {t for t in tokenizer.tokenizer.get_vocab() if len(t) == 1}  # an exported character tokenizer
+    else:
+        return
+    unknown = Counter(char for char in text if char not in known)
+    if unknown:
+        listed = ", ".join(f"{char!r} ({count:,}x)" for char, count in unknown.most_common(20))
+        more = f" and {len(unknown) - 20} more" if len(unknown) > 20 else ""
+        raise DataError(
+            f"the text has {unknown.total():,} characters of {len(unknown)} kinds that the tokenizer of {source} "
+            f"never saw: {listed}{more}; remove or replace them (a fine-tune keeps its source's vocabulary)"
+        )
