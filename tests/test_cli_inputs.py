@@ -210,6 +210,29 @@ def test_a_trainer_given_a_run_directory_without_a_name_refuses_it(tmp_path, mon
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("setting", ["model.nonexistent=3", "train.nonexistent=1", "data.nonexistent=1"])
+def test_an_unknown_option_on_resume_is_called_unknown(runs, tmp_path, setting):
+    """Issue 35: it said "cannot change model.nonexistent (None -> 3)", as if the option existed."""
+    run = copy_run(runs["rope"], tmp_path)
+    argv = ["train", "lm", "--data", str(runs["corpus"]), "--out", str(run), "--resume", "--set", setting]
+    error = refused(argv, "unknown", "nonexistent")
+    assert "cannot change" not in error
+
+
+@pytest.mark.parametrize("flags", [["--steps", "2"], ["--config", "{config}"]])
+def test_a_refused_resume_leaves_the_lock_file_as_it_was(runs, tmp_path, flags):
+    """Issue 35: every refused `--resume` rewrote .lock; now it keeps its bytes and modification time."""
+    run = copy_run(runs["rope"], tmp_path)
+    lock = run / ".lock"
+    os.utime(lock, ns=(1_000_000_000, 1_000_000_000))
+    before = lock.read_bytes(), lock.stat().st_mtime_ns
+    other = tmp_path / "other.toml"
+    other.write_text(TINY.format(position="learned"))
+    argv = ["train", "lm", "--data", str(runs["corpus"]), "--out", str(run), "--resume", "--quiet"]
+    refused([*argv, *(f.format(config=other) for f in flags)], str(run))
+    assert (lock.read_bytes(), lock.stat().st_mtime_ns) == before
+
+
 def test_explore_html_onto_a_directory_is_one_error_line(runs, tmp_path):
     refused(["explore", str(runs["rope"]), "--html", str(tmp_path), "--text", "To be"], "--html", "directory")
 

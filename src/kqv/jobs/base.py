@@ -206,7 +206,9 @@ class Job:
     def read_config(self, run_dir: str | Path, overrides: list[str] = ()) -> Any:
         """The run config a run was trained with, from its run.toml, to resume it: as it was, or with
         `section.key=value` overrides of what may change mid-run (`kqv.train.runs.resumed_values`)."""
-        return self.config_class.from_run(resumed_values(read_run(run_dir, self.name), list(overrides)))
+        values = read_run(run_dir, self.name)
+        self.config_class.from_run(resumed_values(values, list(overrides), check=False))  # an unknown option first
+        return self.config_class.from_run(resumed_values(values, list(overrides)))
 
     # -- training --------------------------------------------------------------------------------------------
 

@@ -44,10 +44,11 @@ def hold_run_lock(run_dir: str | Path) -> Iterator[Path]:
     """Hold the exclusive writer's lock of `run_dir` (created if missing) for the block; RunDirectoryBusy if
     another process, or another holder in this one, has it. Yields the lock file's path."""
     run_dir = Path(run_dir)
-    fd = _acquire(run_dir)
+    fd, before = _acquire(run_dir)
     try:
         yield run_dir / LOCK_FILE
     finally:
+        _put_back(fd, *before)
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
 
@@ -69,7 +70,10 @@ def check_run_lock(run_dir: str | Path) -> None:
         os.close(fd)
 
 
-def _acquire(run_dir: Path) -> int:
+def _acquire(run_dir: Path) -> tuple[int, tuple[bytes, int, int]]:
+    """Lock `run_dir`'s lock file and write this process into it; returns its descriptor and what the file held
+    before (its bytes, access and modification times), which `_put_back` restores on release: the pid is there
+    while the lock is held, and a command refused under the lock leaves the file as it was."""
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_FILE
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -78,11 +82,25 @@ def _acquire(run_dir: Path) -> int:
     except BlockingIOError:
         os.close(fd)
         raise RunDirectoryBusy(run_dir, _holder(path)) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(
-        fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0
-    )
-    return fd
+    status = os.fstat(fd)
+    before = (os.pread(fd, max(status.st_size, 0), 0), status.st_atime_ns, status.st_mtime_ns)
+    holder = f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, holder.encode(), 0)
+    except OSError:  # a full disk: the lock holds all the same, only its holder goes unnamed
+        pass
+    return fd, before
+
+
+def _put_back(fd: int, content: bytes, atime_ns: int, mtime_ns: int) -> None:
+    """Give the lock file back the bytes and times it had before this process took it (best effort)."""
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, content, 0)
+        os.utime(fd, ns=(atime_ns, mtime_ns))
+    except OSError:
+        pass
 
 
 def _holder(path: Path) -> str:

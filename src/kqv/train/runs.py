@@ -170,13 +170,16 @@ FIXED_SECTIONS = {
 }
 
 
-def resumed_values(values: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+def resumed_values(values: dict[str, Any], overrides: list[str], check: bool = True) -> dict[str, Any]:
     """A run's run.toml `values` with `section.key=value` overrides applied, to continue it (`kqv train NAME --out
     RUN --resume --steps N`): ConfigError, naming the fields and why, for an override of what cannot change
-    mid-run (`FIXED_SECTIONS`: [model] and [data]). Setting a field to the value it has is no change."""
+    mid-run (`FIXED_SECTIONS`: [model] and [data]). Setting a field to the value it has is no change. Without
+    `check`, the overrides are only applied (to build a config from, which says first what it does not know)."""
     changed = copy.deepcopy(values)
     for override in overrides:
         apply_override(changed, override)
+    if not check:
+        return changed
     fixed = [
         (f"{section}.{key}", was, now, why)
         for section, why in FIXED_SECTIONS.items()
