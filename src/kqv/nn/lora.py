@@ -1,0 +1,129 @@
+"""LoRA (Hu et al. 2021, "Low-Rank Adaptation of Large Language Models"): fine-tune a frozen model through small
+low-rank updates of its projections.
+
+A projection y = x W^T + b becomes y = x W^T + b + (alpha / r) * dropout(x) A^T B^T, with A (r, in) and B (out, r)
+the only weights that train: r (in + out) numbers instead of in x out. B starts at zero, so the adapted model starts
+as the model itself; A starts as nn.Linear's default initialisation (Kaiming-uniform), as the paper and `peft` do.
+`merge_lora` folds each update into its weight, W + (alpha / r) B A, leaving plain `nn.Linear`s with the same
+outputs and no cost at inference.
+
+Why kqv's own modules and not `peft`: kqv's projections are plain `nn.Linear`s with fixed names (attention's
+`to_queries`, `to_keys_values`, `to_output`; the feed-forward network's `up` and `down`), so the whole method is
+the ~100 lines below, readable beside the lecture, with no new dependency (`peft` is not installed with kqv) and
+nothing between kqv's models and its checkpoints, FSDP wrapping and fast decoding (`kqv.nn.decoding` calls a
+`LoRALinear` through its own forward, as it does any `nn.Linear` subclass with a forward of its own). Its
+outputs are checked against the formula above and its merge against the unmerged model (`tests/test_lora.py`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..errors import ConfigError
+
+PROJECTIONS = ("to_queries", "to_keys_values", "to_output", "up", "down")  # every projection LoRA may adapt
+
+
+@dataclass(frozen=True)
+class LoRAConfig:
+    """`rank` r of each update, its scale `alpha` (the update is multiplied by alpha / r), `dropout` on the update's
+    input, and the projections to adapt (by name: attention's to_queries, to_keys_values, to_output; the
+    feed-forward network's up and down)."""
+
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    targets: tuple[str, ...] = ("to_queries", "to_keys_values", "to_output")
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rank, int) or self.rank < 1:
+            raise ConfigError(f"lora.rank must be an integer of at least 1, got {self.rank!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"lora.dropout must be in [0, 1), got {self.dropout}")
+        unknown = sorted(set(self.targets) - set(PROJECTIONS))
+        if unknown or not self.targets:
+            raise ConfigError(f"lora.targets must name some of {list(PROJECTIONS)}, got {list(self.targets)}")
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.rank
+
+
+class LoRALinear(nn.Linear):
+    """An `nn.Linear` whose (frozen) weight and bias are another layer's, plus a trainable low-rank update."""
+
+    def __init__(self, base: nn.Linear, config: LoRAConfig) -> None:
+        nn.Module.__init__(self)  # not nn.Linear's: the weight and bias are `base`'s own tensors, not new ones
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.weight, self.bias = base.weight, base.bias
+        self.scaling = config.scaling
+        factory = {"device": base.weight.device, "dtype": base.weight.dtype}
+        self.lora_a = nn.Parameter(torch.empty(config.rank, self.in_features, **factory))
+        self.lora_b = nn.Parameter(torch.zeros(self.out_features, config.rank, **factory))  # starts as no update
+        nn.init.kaiming_uniform_(self.lora_a, a=math.sqrt(5))  # nn.Linear's default initialisation
+        self.lora_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        update = F.linear(F.linear(self.lora_dropout(x), self.lora_a), self.lora_b)
+        return F.linear(x, self.weight, self.bias) + self.scaling * update
+
+    def merged(self) -> nn.Linear:
+        """A plain nn.Linear with the update folded into its weight: W + (alpha / r) B A."""
+        linear = nn.Linear(
+            self.in_features,
+            self.out_features,
+            bias=self.bias is not None,
+            device=self.weight.device,
+            dtype=self.weight.dtype,
+        )
+        with torch.no_grad():
+            linear.weight.copy_(self.weight + self.scaling * (self.lora_b @ self.lora_a))
+            if self.bias is not None:
+                linear.bias.copy_(self.bias)
+        linear.weight.requires_grad_(self.weight.requires_grad)
+        return linear
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, rank={self.lora_a.shape[0]}, scaling={self.scaling}"
+
+
+def add_lora(model: nn.Module, config: LoRAConfig) -> list[str]:
+    """Adapt every projection of `model` named in `config.targets` with a `LoRALinear`, in place, and freeze every
+    other parameter (requires_grad=False): only the adapters train. Returns the names of the adapted layers."""
+    adapted = [
+        (name, module)
+        for name, module in model.named_modules()
+        if name.rsplit(".", 1)[-1] in config.targets and type(module) is nn.Linear
+    ]
+    if not adapted:
+        raise ConfigError(f"the model has no projection named {list(config.targets)} to adapt with LoRA")
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    for name, module in adapted:
+        replace(model, name, LoRALinear(module, config))
+    return [name for name, _ in adapted]
+
+
+def merge_lora(model: nn.Module) -> nn.Module:
+    """Fold every `LoRALinear` of `model` into a plain `nn.Linear`, in place; the outputs stay the same (up to float
+    rounding). Returns the model."""
+    for name, module in list(model.named_modules()):
+        if isinstance(module, LoRALinear):
+            replace(model, name, module.merged())
+    return model
+
+
+def lora_state_dict(model: nn.Module) -> dict[str, Tensor]:
+    """The adapters' tensors alone (lora_a and lora_b of each adapted layer): all a LoRA fine-tune must save
+    beside a reference to its source."""
+    return {name: tensor for name, tensor in model.state_dict().items() if name.rsplit(".", 1)[-1].startswith("lora_")}
+
+
+def replace(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, module)
