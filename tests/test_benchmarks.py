@@ -146,3 +146,24 @@ def test_gpu_sh_refuses_clearly_without_cuda(tmp_path):
     result = subprocess.run(["bash", str(script), str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "no CUDA GPU" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_ab_compare_runs_one_benchmark_on_an_old_commit_and_on_today_s_code(tmp_path):
+    """benchmarks/ab_compare.py: both sides run (here the same commit twice, so the ratio is a timing's noise),
+    every matching number is compared, and the record names both commits and the machine."""
+    import json
+
+    root = Path(__file__).resolve().parent.parent
+    if subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True).returncode != 0:
+        pytest.fail("the suite runs in a git checkout (CI clones the repository)")
+    output = tmp_path / "ab.json"
+    command = [sys.executable, str(root / "benchmarks" / "ab_compare.py"), "--base", "HEAD", "--name", "t"]
+    command += ["--rounds", "1", "--output", str(output), "--", "benchmarks/trainer_throughput.py", "--quick"]
+    done = subprocess.run([*command, "--output", "{out}"], capture_output=True, text=True, timeout=600, cwd=root)
+    assert done.returncode == 0, done.stderr
+    record = json.loads(output.read_text())
+    assert record["old_commit"] == record["new_commit"] and len(record["runs"]["old"]) == 1
+    (row,) = record["rows"]
+    assert row["metric"] == "/tokens_per_s" and row["old"] > 0 and row["new"] > 0
+    assert math.isclose(row["new_over_old"], row["new"] / row["old"])
+    assert "| /tokens_per_s |" in done.stdout
