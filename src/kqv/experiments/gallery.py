@@ -42,7 +42,11 @@ paired differences (or, for timings, of the repeats), against a threshold fixed 
 thresholds are those written before the first runs; the intervals were added later, and every experiment was run
 again with them.) Each results.json records the commit, the machine and the hash of the code that produced it
 (`code`: the experiment's module and the kqv modules it imports, as syntax trees without docstrings, so a comment
-does not count as a change), and the test suite fails when that code changes until the experiment is rerun.
+does not count as a change), and a fingerprint of that code's numbers (`code.quick`: what two quick-size runs of it
+agree on, timings and wall-clock-budgeted training left out). When the code changes, the test suite reruns the
+quick size: a result stands only if today's code reproduces every fingerprinted number (within 1e-3, for other CPUs'
+rounding), so moving code keeps it and changing what is computed makes it stale until rerun. The fingerprint
+vouches for the computation, not for timings: a timing stays what its run measured on its machine.
 
 Each check in a results.json also holds the intervals behind its figure as numbers (`intervals`: estimate, low,
 high, n, the spread per seed, and the threshold or band each was judged against with the claimed side), and an
