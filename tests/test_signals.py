@@ -160,6 +160,35 @@ def python_handlers():
         signal.signal(signum, handler)
 
 
+SLOW_TO_SAVE = CHILD.replace(
+    "from kqv.cli import main",
+    """from kqv.cli import main
+save_after = Trainer._save_after_interrupt
+
+def announced_save(self, *args):
+    print("interrupted", flush=True)
+    time.sleep(1.0)
+    return save_after(self, *args)
+
+Trainer._save_after_interrupt = announced_save""",
+)
+assert SLOW_TO_SAVE != CHILD
+
+
+def test_a_second_ctrl_c_right_after_the_first_still_saves_says_so_and_exits_130(tmp_path, lm):
+    """Issue 35: a second Ctrl-C before the first one's save began cut the message short (or exited -2)."""
+    process = spawn(SLOW_TO_SAVE, *lm, "--out", str(tmp_path / "cut"))
+    wait_for_line(process, "update 3")
+    process.send_signal(signal.SIGINT)
+    wait_for_line(process, "interrupted")
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=120) == 130
+    error = process.stderr.read()
+    assert "Traceback" not in error and "kqv: interrupted" in error
+    assert "saved the checkpoint of step 3" in error, error
+    assert read_checkpoint(tmp_path / "cut").step == 3
+
+
 def test_deferred_holds_a_signal_until_the_block_is_done_then_raises_it(python_handlers):
     from kqv.signals import Terminated, deferred, exit_status, interruptible
 

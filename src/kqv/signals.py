@@ -60,7 +60,14 @@ def _exit_at_once(signum: int, frame: FrameType | None) -> None:
 
 
 def _raise(signum: int, frame: FrameType | None) -> None:
+    """The first signal raises; later ones are ignored while the command ends (`_ending`), so that a second
+    Ctrl-C right after the first cannot cut short the save and the message the first one started."""
+    _install(_ending)
     raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+def _ending(signum: int, frame: FrameType | None) -> None:
+    """After the first signal: the command is already ending with its status; nothing more to do."""
 
 
 def _install(handler: Callable[[int, FrameType | None], Any]) -> dict[int, Any]:

@@ -303,7 +303,8 @@ class Trainer:
                 if last:
                     break
         except KeyboardInterrupt:
-            self._save_after_interrupt(window, clock)
+            with deferred():  # a second Ctrl-C waits until the save is done and said
+                self._save_after_interrupt(window, clock)
             raise
         finally:
             self.report.close()
