@@ -131,13 +131,16 @@ def prepare_corpus(
     return tokenizer, tokens
 
 
-def check_lm_run(config: LMRunConfig) -> Callable[[Tokenizer, dict[str, torch.Tensor]], None]:
+def check_lm_run(
+    config: LMRunConfig, model: ModelConfig | None = None
+) -> Callable[[Tokenizer, dict[str, torch.Tensor]], None]:
     """What an LM training checks once its tokenizer and data exist, before it writes anything: the memory of
-    one batch, a block of context + 1 tokens in each split, and the sample prompt (`kqv.train.preflight`)."""
+    one batch (of `model`, default the config's: a fine-tune's is its source's), a block of context + 1 tokens in
+    each split, and the sample prompt (`kqv.train.preflight`)."""
 
     def check(tokenizer: Tokenizer, tokens: dict[str, torch.Tensor]) -> None:
         context = config.data.context
-        check_memory(config.model, config.train.batch_size, context, tokenizer.vocab_size, config.train.device)
+        check_memory(model or config.model, config.train.batch_size, context, tokenizer.vocab_size, config.train.device)
         check_splits({"train": tokens["train"], "val": tokens["val"]}, context, tokenizer.vocab_size)
         check_prompt(tokenizer.encode, config.sample.prompt)
 
@@ -342,7 +345,7 @@ class LMJob(Job):
             training.notes["source"] = source = read_source(config.data.init)
             training.notes["model"] = finetune_config(source, config.model, config.model_options, config.data.context)
             maker = SourceTokenizer(self, source)
-        return prepare_corpus(maker, config.data, run, check_lm_run(config))
+        return prepare_corpus(maker, config.data, run, check_lm_run(config, training.notes.get("model")))
 
     def make_model(self, training: Training) -> DecoderLM:
         """A new model; a fine-tune's has its source's config and weights, and run.toml records the source."""
