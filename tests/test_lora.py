@@ -73,3 +73,17 @@ def test_bad_lora_options_are_refused_by_name():
         LoRAConfig(rank=0)
     with pytest.raises(ConfigError, match=r"lora.targets must name some of .*got \['query'\]"):
         LoRAConfig(targets=("query",))
+
+
+def test_kqvs_trainer_updates_only_the_adapters(tmp_path):
+    """The Trainer's optimizer takes the parameters that require gradients: a LoRA model trains its adapters alone,
+    through kqv's updates, weight decay, clipping and checkpoints."""
+    from test_training import config, make_model, trainer
+
+    model = make_model(dropout=0.0)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    add_lora(model, LoRAConfig(rank=2, targets=PROJECTIONS))
+    trainer(tmp_path / "run", config(steps=3, weight_decay=0.1, grad_clip=1.0), model=model).train()
+    state = model.state_dict()
+    assert all(torch.equal(state[name], original) for name, original in before.items())
+    assert all(t.abs().sum() > 0 for name, t in lora_state_dict(model).items() if name.endswith("lora_b"))
