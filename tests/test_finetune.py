@@ -240,3 +240,15 @@ def test_kqv_train_lm_init_refuses_a_shape_change_in_one_line(lm_dir, tmp_path, 
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "model.n_layers is 1 in the source, 3 here" in err
     assert not (tmp_path / "r").exists()
+
+
+def test_an_exported_char_run_is_a_source_whose_unseen_characters_are_named(lm_dir, tmp_path):
+    """export -> --init: the GPT-2 directory of a character run fine-tunes from the run's loss, and its word-level
+    tokenizer refuses unseen characters by name as the run's own tokenizer does."""
+    exported = kqv.export(lm_dir, hf=tmp_path / "hf")
+    finetune(exported, tmp_path / "ft")
+    run_dir = tmp_path / "ft" / "run"
+    assert logged_losses(run_dir)[0] == pytest.approx(first_batch_loss(kqv.load(lm_dir).model, run_dir), abs=1e-5)
+    with pytest.raises(DataError, match=r"1 characters of 1 kinds .*'Q' \(1x\)"):
+        finetune(exported, tmp_path / "bad", text=FINETUNE_TEXT + "Q\n")
+    assert not (tmp_path / "bad" / "run").exists()
