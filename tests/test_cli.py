@@ -9,7 +9,7 @@ import torch
 from kqv.cli.main import main
 from kqv.nn import generation
 from kqv.train.checkpoints import MODEL_FILE
-from kqv.train.trainer import Trainer
+from kqv.train.update import Updater
 
 TINY = """
 [data]
@@ -172,15 +172,15 @@ def test_ctrl_c_then_resume_matches_an_uninterrupted_run(tmp_path, corpus, monke
     common = ["--config", str(config), "--data", str(corpus), "--quiet"]
     assert main(["train", "lm", *common, "--out", str(tmp_path / "full")]) == 0
 
-    update = Trainer._update
+    update = Updater.__call__
 
-    def interrupted_at_step_4(self, lr):
-        if self.step == 3:
+    def interrupted_at_step_4(self, module, step, lr):
+        if step == 3:
             raise KeyboardInterrupt
-        return update(self, lr)
+        return update(self, module, step, lr)
 
     with monkeypatch.context() as patch:
-        patch.setattr(Trainer, "_update", interrupted_at_step_4)
+        patch.setattr(Updater, "__call__", interrupted_at_step_4)
         assert main(["train", "lm", *common, "--out", str(tmp_path / "half")]) == 130
     assert main(["train", "lm", "--out", str(tmp_path / "half"), "--resume", "--quiet"]) == 0
 
