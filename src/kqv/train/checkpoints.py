@@ -15,6 +15,7 @@ import pickle
 import shutil
 import stat
 import tempfile
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -316,7 +317,9 @@ def load_optimizer_state(
     trained on a GPU resumes on the CPU and the other way round."""
     configured = [(g["betas"], g["weight_decay"]) for g in optimizer.param_groups]
     try:
-        state = torch.load(checkpoint.open(OPTIMIZER_FILE), map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch's aside on a foreign pickle protocol: the error below says it all
+            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+            state = torch.load(checkpoint.open(OPTIMIZER_FILE), map_location="cpu", weights_only=True)
         (load or optimizer.load_state_dict)(state)
     except pickle.UnpicklingError:  # its message would suggest weights_only=False: running the file's code
         raise RunError(
