@@ -159,6 +159,7 @@ def test_ab_compare_runs_one_benchmark_on_an_old_commit_and_on_today_s_code(tmp_
     output = tmp_path / "ab.json"
     command = [sys.executable, str(root / "benchmarks" / "ab_compare.py"), "--base", "HEAD", "--name", "t"]
     command += ["--rounds", "1", "--output", str(output), "--", "benchmarks/trainer_throughput.py", "--quick"]
+    command += ["--updates", "2", "--warmup", "1"]
     done = subprocess.run([*command, "--output", "{out}"], capture_output=True, text=True, timeout=600, cwd=root)
     assert done.returncode == 0, done.stderr
     record = json.loads(output.read_text())

@@ -12,6 +12,9 @@ from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "docs" / "lecture.ipynb"
+# the suite trains the notebook's model for 20 s instead of its 2 minutes (the whole suite must stay within
+# 15 minutes on 2 slow cores); every cell still runs, and the committed outputs come from the full 2 minutes
+SHORTER = {"KQV_LECTURE_MINUTES": "0.33"}
 RUNTIME = re.compile(r"this notebook ran in (\d+) s on (\S+) with (\d+) threads")
 
 
@@ -26,7 +29,7 @@ def test_the_notebook_runs_top_to_bottom_and_prints_its_runtime(tmp_path):
     # a kernel in a scratch directory, so the run and the experiment it writes never land in the repository
     NotebookClient(
         notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
-    ).execute(env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")})
+    ).execute(env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"), **SHORTER})
     seconds = time.perf_counter() - started
     errors = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors

@@ -81,6 +81,7 @@ def test_set_model_position_none_trains_through_the_cli(tmp_path):
         "data.context=16",
         "train.batch_size=2",
         "train.warmup_steps=1",
+        "train.budget_minutes=0",  # two fixed updates: a budget needs a warmup long enough to time
         "sample.count=1",
         "sample.max_new_tokens=4",
         "sample.prompt=to",

@@ -63,6 +63,7 @@ SUPPORT_MODULES = (
     "plotting",
     "provenance",
     "report",
+    "reproduction",
     "runner",
     "statistics",
 )
