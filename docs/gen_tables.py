@@ -149,6 +149,33 @@ TRANSLATION_SPEED_DATE = "2026-11-22"  # the JSON records no date: the day of th
 PEERS = {"hf": "Hugging Face", "xtrans": "x-transformers"}
 
 
+AB_MACHINE = "AMD EPYC, AVX2 only (no AVX-512), 2 cores, nothing else running"
+AB_COMPARE = [
+    Source(
+        f"benchmarks/results/ab_{name}.json",
+        "EPYC AVX2",
+        AB_MACHINE,
+        f"python benchmarks/ab_compare.py --base cd3eb51 --name {name} {command}",
+    )
+    for name, command in (
+        (
+            "trainer",
+            "--rounds 3 -- benchmarks/trainer_throughput.py --rounds 1 --updates 60 --warmup 10 --output {out}",
+        ),
+        (
+            "train_step",
+            "--rounds 1 --metric '/rows\\[\\d+\\]/tokens_per_s$' -- benchmarks/train_throughput.py --models kqv,hf "
+            "--precision fp32 --rounds 3 --warmup 2 --output {out}",
+        ),
+        (
+            "generation",
+            "--rounds 1 --metric '/rows\\[\\d+\\]/(kqv|hf)_tokens_per_s$' -- benchmarks/generation_speed.py "
+            "--batches 1 --precision fp32 --rounds 2 --new-tokens 32 --threads 1 --output {out}",
+        ),
+    )
+]
+
+
 def day(record: dict) -> str:
     return record["timestamp"][:10]
 
@@ -322,7 +349,29 @@ def translation_speed_table() -> str:
     return table + run + f"(`{TRANSLATION_SPEED.file}`)\n"
 
 
+def ab_compare_table() -> str:
+    """Issue 33's training-core rework (today's code) beside the code before it (commit cd3eb51), alternating in
+    one run per benchmark: tokens/s of each side (median of its runs) and new / old."""
+    rows = []
+    for source in AB_COMPARE:
+        record = source.load()
+        for row in record["rows"]:
+            rows.append(
+                [
+                    *first_columns(source, AB_COMPARE),
+                    record["command"].split()[0].removeprefix("benchmarks/"),
+                    f"`{row['metric']}`",
+                    f"{row['old']:,.0f}",
+                    f"{row['new']:,.0f}",
+                    f"{row['new_over_old']:.3f}",
+                ]
+            )
+    header = ["benchmark", "tokens/s of", "before (cd3eb51)", "after", "after / before"]
+    return markdown(header, rows, right=2, sources=AB_COMPARE)
+
+
 TABLES: dict[str, Callable[[], str]] = {
+    "ab-compare": ab_compare_table,
     "translation-speed": translation_speed_table,
     "mt-compare-60min": mt_compare_table,
     "attention-scaling-train-cpu": lambda: scaling_table("one thread", lambda r: f"{r['train_cpu_s']:.2f}"),
