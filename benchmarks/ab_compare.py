@@ -30,6 +30,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from kqv.experiments import provenance
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -77,15 +79,9 @@ def compare(runs: dict[str, list[dict]], metric: re.Pattern) -> list[dict]:
 
 
 def cpu() -> str:
-    """The CPU model and its AVX/AMX flags."""
-    model, flags = "", set()
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "model name":
-            model = value.strip()
-        elif key.strip() == "flags":
-            flags = set(value.split())
-    return f"{model} ({', '.join(sorted(f for f in flags if f.startswith(('avx512', 'amx', 'avx2'))))})"
+    """The CPU model and the flags that decide its kernels (kqv.experiments.provenance.cpu)."""
+    found = provenance.cpu()
+    return f"{found['model']} ({', '.join(found['flags'])})"
 
 
 def main() -> int:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -30,6 +29,7 @@ from pathlib import Path
 import torch
 
 from kqv import DecoderLM, ModelConfig
+from kqv.experiments.provenance import cpu
 from kqv.train.config import TrainConfig
 from kqv.train.trainer import Trainer
 
@@ -66,18 +66,6 @@ def timed_training(model_args: dict, steps: int, batch: int, context: int, preci
             model, config, Path(scratch) / "run", train_batches=batches, loss_fn=lambda m, b: m(b[0], b[1]), quiet=True
         ).train()
         return time.perf_counter() - started
-
-
-def cpu_name() -> dict:
-    """The CPU's model and the flags that decide its kernels."""
-    model, flags = platform.processor(), set()
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "model name":
-            model = value.strip()
-        elif key.strip() == "flags":
-            flags = set(value.split())
-    return {"model": model, "flags": sorted(f for f in flags if f.startswith(("avx", "amx")))}
 
 
 def main() -> int:
@@ -120,7 +108,7 @@ def main() -> int:
             "threads": torch.get_num_threads(),
             "tokens_per_s": tokens_per_s,
             "rounds_tokens_per_s": per_round,
-            "cpu": cpu_name(),
+            "cpu": cpu(),
             "torch": torch.__version__,
             "load_average_end": os.getloadavg(),
             "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
