@@ -1,0 +1,113 @@
+"""Prompt -> completion pairs: the data of a fine-tune that answers, and of `kqv eval --data pairs`.
+
+A file of pairs is either a TSV (`prompt<TAB>completion`, one pair per line) or JSONL (one
+`{"prompt": ..., "completion": ...}` object per line), chosen by its suffix (`.tsv`, `.jsonl`). The model learns to
+continue `prompt` with `completion` and then the *end of text*, so that generation knows where to stop:
+
+- a tokenizer with an end-of-text token (GPT-2's `<|endoftext|>`, a kqv BPE tokenizer's `<eos>`) ends each
+  completion with it;
+- a character tokenizer has none, and kqv gives it no new one (that would need a new embedding row in a fine-tune):
+  its end of text is the newline, so a completion that contains a newline is refused, naming the line.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import DataError
+from .tokenizers import Tokenizer
+
+PAIR_SUFFIXES = (".tsv", ".jsonl")
+END_OF_TEXT_TOKENS = ("<|endoftext|>", "<eos>")  # the first a tokenizer has is its end of text
+NEWLINE = "\n"
+
+
+@dataclass(frozen=True)
+class Example:
+    """One prompt and the completion the model should give it (without the end of text)."""
+
+    prompt: str
+    completion: str
+
+
+def is_pairs_file(path: str | Path) -> bool:
+    """Whether `path` names a file of pairs (by its suffix), rather than plain text."""
+    return Path(path).suffix.lower() in PAIR_SUFFIXES
+
+
+def read_examples(path: str | Path) -> list[Example]:
+    """The examples of a TSV or JSONL file of pairs; `DataError` naming the file and line for anything else."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"no file of pairs at {path}; give a .tsv (prompt<TAB>completion) or .jsonl file")
+    if not is_pairs_file(path):
+        raise DataError(f"{path} is not a file of pairs: name it .tsv (prompt<TAB>completion) or .jsonl")
+    read_line = _tsv_example if path.suffix.lower() == ".tsv" else _jsonl_example
+    examples = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            examples.append(read_line(line, f"{path}:{number}"))
+    if not examples:
+        raise DataError(f"{path} has no pairs; write one prompt<TAB>completion (or JSON object) per line")
+    return examples
+
+
+def _tsv_example(line: str, where: str) -> Example:
+    prompt, tab, completion = line.partition("\t")
+    if not tab or "\t" in completion or not prompt or not completion:
+        raise DataError(f"{where}: expected prompt<TAB>completion (one tab, both sides non-empty), got {line[:60]!r}")
+    return Example(prompt, completion)
+
+
+def _jsonl_example(line: str, where: str) -> Example:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise DataError(f"{where}: not JSON ({error.msg}): {line[:60]!r}") from None
+    if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in ("prompt", "completion")):
+        raise DataError(
+            f'{where}: expected {{"prompt": "...", "completion": "..."}} with two strings, got {line[:60]!r}'
+        )
+    if not record["prompt"] or not record["completion"]:
+        raise DataError(f"{where}: the prompt and the completion must both be non-empty")
+    return Example(record["prompt"], record["completion"])
+
+
+def end_of_text(tokenizer: Tokenizer) -> tuple[int, str]:
+    """The id and text of the token that ends every completion: the tokenizer's end-of-text token, or else the
+    newline (a character tokenizer's)."""
+    for token in END_OF_TEXT_TOKENS:
+        try:
+            return tokenizer.token_to_id(token), token
+        except KeyError:  # UnknownTokenError: not this tokenizer's
+            continue
+    newline = tokenizer.encode(NEWLINE) if _encodes(tokenizer, NEWLINE) else []
+    if len(newline) == 1:
+        return newline[0], NEWLINE
+    raise DataError(
+        "the tokenizer has no end-of-text token and no newline, so a completion cannot say where it ends; "
+        "fine-tune on text with newlines, or with a BPE tokenizer that has an <eos> special token"
+    )
+
+
+def _encodes(tokenizer: Tokenizer, text: str) -> bool:
+    try:
+        tokenizer.encode(text)
+    except (KeyError, ValueError):  # a character tokenizer that never saw it
+        return False
+    return True
+
+
+def check_examples(examples: list[Example], tokenizer: Tokenizer, where: str = "the pairs") -> None:
+    """Refuse completions that contain the end of text itself (a character tokenizer's newline): the model would
+    learn to stop inside them."""
+    _, token = end_of_text(tokenizer)
+    inside = [i for i, example in enumerate(examples, 1) if token in example.completion]
+    if inside:
+        shown = ", ".join(map(str, inside[:5])) + (" ..." if len(inside) > 5 else "")
+        raise DataError(
+            f"{len(inside)} completion(s) of {where} contain the end-of-text {token!r} (pairs {shown}); this "
+            f"tokenizer ends a completion with it, so remove it from the completions"
+        )
