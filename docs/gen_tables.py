@@ -36,6 +36,7 @@ class Source:
     machine: str  # short, for the table's rows
     detail: str  # the machine in full and what ran, for the list of commands under the table
     command: str
+    date: str = ""  # for a JSON that records no timestamp: the day of the commit that added it
 
     def load(self) -> dict:
         return json.loads((ROOT / self.file).read_text(encoding="utf-8"))
@@ -180,21 +181,42 @@ def day(record: dict) -> str:
     return record["timestamp"][:10]
 
 
+def when(source: Source) -> str:
+    """The day `source` ran: its own date where the JSON records none, else the JSON's timestamp."""
+    return source.date or day(source.load())
+
+
+def run_line(source: Source, label: str = "Run") -> str:
+    """The line under a table of one run: its machine, date, command and JSON file."""
+    return f"{label}: {source.detail}, {when(source)}: `{source.command}` (`{source.file}`)\n"
+
+
+def runs_list(sources: list[Source]) -> str:
+    """The numbered list of the runs under a table of several: each one's machine, date, command and JSON."""
+    listed = "".join(
+        f"{number}. {source.detail}, {when(source)}: `{source.command}` (`{source.file}`)\n"
+        for number, source in enumerate(sources, 1)
+    )
+    return f"Runs:\n\n{listed}"
+
+
+def plain(header: list[str], rows: list[list[str]], right: int) -> str:
+    """A Markdown table whose columns from `right` on are numbers (aligned right)."""
+    align = ["---"] * right + ["---:"] * (len(header) - right)
+    return "".join("| " + " | ".join(cells) + " |\n" for cells in [header, align, *rows])
+
+
 def markdown(header: list[str], rows: list[list[str]], right: int, sources: list[Source]) -> str:
     """A Markdown table whose first three columns are the machine, the date and the number of the source, the
     columns from `right` on numbers (aligned right), followed by the numbered list of the sources' commands."""
     align = ["---"] * right + ["---:"] * (len(header) - right)
     lines = [["machine", "date", "run", *header], ["---", "---", "---", *align], *rows]
     table = "".join("| " + " | ".join(cells) + " |\n" for cells in lines)
-    listed = "".join(
-        f"{number}. {source.detail}, {day(source.load())}: `{source.command}` (`{source.file}`)\n"
-        for number, source in enumerate(sources, 1)
-    )
-    return f"{table}\nRuns:\n\n{listed}"
+    return f"{table}\n{runs_list(sources)}"
 
 
 def first_columns(source: Source, sources: list[Source]) -> list[str]:
-    return [source.machine, day(source.load()), str(sources.index(source) + 1)]
+    return [source.machine, when(source), str(sources.index(source) + 1)]
 
 
 def train_throughput_table() -> str:
@@ -370,7 +392,178 @@ def ab_compare_table() -> str:
     return markdown(header, rows, right=2, sources=AB_COMPARE)
 
 
+ZEN4_MT = "AMD EPYC Zen 4, native bf16, 2 cores, idle"
+STEP_KERNELS = Source(
+    "benchmarks/results/step_kernels.json",
+    "Zen 4",
+    f"{ZEN4_MT}, torch's two threads, 5 interleaved rounds at the shapes of a quick MT batch",
+    "python benchmarks/step_kernels.py --rounds 5",
+    "2026-11-23",
+)
+MT_THROUGHPUT = {
+    "before": Source(
+        "benchmarks/results/mt_throughput_epyc.json",
+        "Zen 4",
+        f"{ZEN4_MT}, two threads, interleaved rounds: the code before kqv's dropout and block-wise loss",
+        "python benchmarks/mt_throughput.py --threads 2 --rounds 2 --out benchmarks/results/mt_throughput_epyc.json",
+        "2026-11-23",
+    ),
+    "now": Source(
+        "benchmarks/results/mt_throughput_epyc_session5.json",
+        "Zen 4",
+        f"{ZEN4_MT}, two threads, interleaved rounds: with kqv's dropout and block-wise loss",
+        "python benchmarks/mt_throughput.py --threads 2 --rounds 2 --max-tokens 2000 "
+        "--out benchmarks/results/mt_throughput_epyc_session5.json",
+        "2026-11-23",
+    ),
+}
+MT_RECIPE_TRIALS = Source(
+    "benchmarks/results/mt_recipe_trials.json",
+    "Zen 4",
+    "AMD EPYC Zen 4, native bf16, 2 cores",
+    "",  # the JSON names its own command
+    "2026-11-23",
+)
+MT_PRECISION_PER_UPDATE = Source(
+    "benchmarks/results/mt_precision_per_update.json", "Zen 4", "AMD EPYC Zen 4, native bf16, 2 cores", "", "2026-11-23"
+)
+MT_PRECISION_PARTS = Source(
+    "benchmarks/results/mt_precision_parts.json",
+    "Zen 4",
+    "AMD EPYC Zen 4, native bf16, 2 cores, two runs at a time, one thread each",
+    "",
+    "2026-11-23",
+)
+# what each run of benchmarks/mt_precision_parts.py computed in fp32 (the rest in bf16 autocast)
+PRECISION_PARTS = {
+    "fp32": "everything (the fp32 run)",
+    "bf16": "nothing (the bf16 run)",
+    "attention-core": "attention core: scores, softmax, weighted sum",
+    "query-key-value": "query, key and value projections",
+    "attention-output": "attention output projections",
+    "feed-forward": "feed-forward networks",
+    "output-layer": "output projection and cross-entropy",
+    "fp32-seed1": "everything, another seed (fp32, `--set train.seed=1`)",
+    "bf16-seed1": "nothing, the same other seed (bf16)",
+}
+
+
+def with_command(source: Source) -> Source:
+    """`source` with the command its JSON records (for JSON files that name their own command); what the JSON says
+    after the command's first "; " (how the runs shared the machine) goes to the machine's description."""
+    command, _, note = source.load()["command"].partition("; ")
+    return Source(
+        source.file, source.machine, f"{source.detail}, {note}" if note else source.detail, command, source.date
+    )
+
+
+def step_kernels_table() -> str:
+    """torch's dropout and output loss against kqv's, per precision, at the shapes of a quick MT batch."""
+    rows = [
+        [
+            row["kernel"],
+            row["precision"],
+            f"{row['torch_ms']:.2f} ms",
+            f"{row['kqv_ms']:.2f} ms",
+            f"{row['torch_over_kqv']:.2f}x",
+        ]
+        for row in STEP_KERNELS.load()["rows"]
+    ]
+    return plain(["kernel", "precision", "torch", "kqv", "torch / kqv"], rows, right=2) + "\n" + run_line(STEP_KERNELS)
+
+
+def mt_throughput_table() -> str:
+    """The whole MT training step (real source + target tokens/s) before and after kqv's two step kernels."""
+    before, now = ({row["setting"]: row for row in MT_THROUGHPUT[k].load()["rows"]} for k in ("before", "now"))
+    rows = [
+        [
+            setting,
+            f"{before[setting]['tokens_per_s']:,.0f}",
+            f"{row['tokens_per_s']:,.0f}",
+            f"{row['tokens_per_s'] / before[setting]['tokens_per_s']:.2f}x",
+        ]
+        for setting, row in now.items()
+    ]
+    header = ["setting", "before: tokens/s (run 1)", "now: tokens/s (run 2)", "now / before"]
+    return plain(header, rows, right=1) + "\n" + runs_list(list(MT_THROUGHPUT.values()))
+
+
+def last_evaluation(run: dict, step: int | None = None) -> dict:
+    """A run's evaluation at `step` (default: its last)."""
+    evaluations = run["evaluations"]
+    return evaluations[-1] if step is None else next(e for e in evaluations if e["step"] == step)
+
+
+def mt_recipe_trials_table() -> str:
+    """Recipe trials of the quick MT job at one thread each: at 1,000 updates and at the end of each run."""
+    source = with_command(MT_RECIPE_TRIALS)
+    rows = []
+    for name, run in source.load()["runs"].items():
+        if run.get("threads", 1) != 1 or "--threads 2" in run["overrides"]:
+            continue  # the two-thread runs of the same file are the quick job's, not trials of its recipe
+        at_1000, last = last_evaluation(run, 1000), last_evaluation(run)
+        rows.append(
+            [
+                name,
+                f"`{run['overrides']}`",
+                f"{at_1000['val_loss']:.2f}",
+                f"{at_1000['dev_bleu']:.2f}",
+                f"{last['step']:,}",
+                f"{last['train_seconds']:,.0f}",
+                f"{last['val_loss']:.2f}",
+                f"{last['dev_bleu']:.2f}",
+                f"{run['test_bleu']:.2f}" if "test_bleu" in run else "-",
+            ]
+        )
+    header = ["run", "overrides", "dev loss at 1,000", "dev BLEU at 1,000", "updates in all", "training s"]
+    header += ["dev loss at the end", "dev BLEU at the end", "test BLEU (greedy, 722 verses)"]
+    return plain(header, rows, right=2) + "\n" + run_line(source)
+
+
+def mt_precision_per_update_table() -> str:
+    """The quick MT job in fp32 and in bf16 autocast, identical but for `train.precision`, per update."""
+    source = with_command(MT_PRECISION_PER_UPDATE)
+    rows = []
+    for precision, run in source.load()["runs"].items():
+        evaluation = last_evaluation(run, 1000)
+        rows.append(
+            [
+                precision,
+                " / ".join(f"{run['train_loss'][str(step)]:.2f}" for step in (500, 700, 1000)),
+                f"{evaluation['val_loss']:.2f}",
+                f"{evaluation['dev_bleu']:.2f}",
+                f"{run['test_bleu']:.2f}",
+            ]
+        )
+    header = ["precision", "train loss at 500 / 700 / 1,000 updates", "dev loss at 1,000", "dev BLEU (greedy)"]
+    header += [f"test BLEU (beam {run['beam_size']})"]
+    return plain(header, rows, right=2) + "\n" + run_line(source)
+
+
+def mt_precision_parts_table() -> str:
+    """Training loss of the quick MT job with one part of the model at a time in fp32, the rest in bf16."""
+    source = with_command(MT_PRECISION_PARTS)
+    record = source.load()
+    rows = [
+        [
+            PRECISION_PARTS[part],
+            *(
+                "-" if run["train_loss"][str(step)] is None else f"{run['train_loss'][str(step)]:.3f}"
+                for step in record["steps"]
+            ),
+        ]
+        for part, run in record["runs"].items()
+    ]
+    header = ["in fp32 (the rest bf16)", *(f"train loss at {step}" for step in record["steps"])]
+    return plain(header, rows, right=1) + "\n" + run_line(source)
+
+
 TABLES: dict[str, Callable[[], str]] = {
+    "step-kernels": step_kernels_table,
+    "mt-throughput-kernels": mt_throughput_table,
+    "mt-recipe-trials": mt_recipe_trials_table,
+    "mt-precision-per-update": mt_precision_per_update_table,
+    "mt-precision-parts": mt_precision_parts_table,
     "ab-compare": ab_compare_table,
     "translation-speed": translation_speed_table,
     "mt-compare-60min": mt_compare_table,
