@@ -108,27 +108,42 @@ GENERATION_SPEED = [
     ),
 ]
 
-# attention_scaling.json records no date: the day of the commit that added it
+# attention_scaling*.json record no date: the day of the commit that added them
 ATTENTION_SCALING = {
-    "one thread": (
-        Source(
-            "benchmarks/results/attention_scaling.json",
-            "2 cores",
-            "a 2-core x86_64 machine shared with other jobs, one thread",
-            "python benchmarks/attention_scaling.py --threads 1",
-        ),
+    "one thread": Source(
+        "benchmarks/results/attention_scaling.json",
+        "2 cores, shared",
+        "a 2-core x86_64 machine shared with other jobs, one thread",
+        "python benchmarks/attention_scaling.py --threads 1",
         "2026-11-22",
     ),
-    "two threads": (
-        Source(
-            "benchmarks/results/attention_scaling-2threads.json",
-            "2 cores",
-            "the same 2-core machine, idle, two threads",
-            "python benchmarks/attention_scaling.py --methods sdpa blockwise_relative blockwise_alibi "
-            "--output benchmarks/results/attention_scaling-2threads.json --plot docs/attention_scaling-2threads.png",
-        ),
+    "two threads": Source(
+        "benchmarks/results/attention_scaling-2threads.json",
+        "2 cores, idle",
+        "the same 2-core machine, idle, two threads",
+        "python benchmarks/attention_scaling.py --methods sdpa blockwise_relative blockwise_alibi "
+        "--output benchmarks/results/attention_scaling-2threads.json --plot docs/attention_scaling-2threads.png",
         "2026-11-22",
     ),
+}
+LONG_CONTEXT_QUALITY = Source(
+    "benchmarks/results/long_context_quality.json",
+    "2 cores, shared",
+    "this project's 2-core x86_64 machine, shared with other jobs, one thread",
+    "python benchmarks/long_context_quality.py --threads 1",
+    "2026-11-22",
+)
+# the attention cores as benchmarks/long_context_quality.py configures them
+NEEDLE_METHODS = {
+    "full": "full",
+    "linformer": "linformer (causal, k = 32)",
+    "bigbird": "bigbird (32-token blocks, window 1, global 1, random 1)",
+}
+# the methods of the O(n)-memory target at n = 65,536
+TARGET_METHODS = {
+    "sdpa": "SDPA, causal, no bias (the bar)",
+    "blockwise_relative": "blockwise, Shaw relative (k = 16, keys and values)",
+    "blockwise_alibi": "blockwise, ALiBi",
 }
 
 MT_COMPARE = Source(
@@ -301,7 +316,7 @@ def lm_quick_job_table() -> str:
 def scaling_table(run: str, cell: Callable[[dict], str]) -> str:
     """Attention cores against sequence length n (one row per n, one column per method), from one run of
     benchmarks/attention_scaling.py, with that run's machine, date and command under the table."""
-    source, date = ATTENTION_SCALING[run]
+    source = ATTENTION_SCALING[run]
     results = source.load()["results"]
     methods = list(dict.fromkeys(result["method"] for result in results))
     found = {(result["method"], result["n"]): result for result in results}
@@ -312,7 +327,7 @@ def scaling_table(run: str, cell: Callable[[dict], str]) -> str:
     ]
     align = ["---:"] * (len(methods) + 1)
     table = "".join("| " + " | ".join(cells) + " |\n" for cells in [["n", *methods], align, *rows])
-    return f"{table}\nRun: {source.detail}, {date}: `{source.command}` (`{source.file}`)\n"
+    return f"{table}\n{run_line(source)}"
 
 
 def mt_compare_table() -> str:
@@ -390,6 +405,40 @@ def ab_compare_table() -> str:
             )
     header = ["benchmark", "tokens/s of", "before (cd3eb51)", "after", "after / before"]
     return markdown(header, rows, right=2, sources=AB_COMPARE)
+
+
+def attention_target_table(n: int = 65_536) -> str:
+    """Blockwise attention against bias-free causal SDPA at n tokens, forward + backward, in both scaling runs:
+    time, speed relative to SDPA (SDPA's time / the method's) and peak memory above the inputs."""
+    runs = [ATTENTION_SCALING["two threads"], ATTENTION_SCALING["one thread"]]
+    two, one = ({r["method"]: r for r in source.load()["results"] if r["n"] == n} for source in runs)
+    rows = [
+        [
+            label,
+            f"{two[method]['train_s']:.1f} s",
+            f"**{two['sdpa']['train_s'] / two[method]['train_s']:.2f}**",
+            f"{one[method]['train_cpu_s']:.1f} s",
+            f"**{one['sdpa']['train_cpu_s'] / one[method]['train_cpu_s']:.2f}**",
+            f"{two[method]['train_peak_mb']:.0f} / {one[method]['train_peak_mb']:.0f} MB",
+        ]
+        for method, label in TARGET_METHODS.items()
+    ]
+    header = [f"at n = {n:,}, forward + backward", "run 1 (2 threads, idle): wall time", "speed vs SDPA"]
+    header += ["run 2 (1 thread, shared): CPU time", "speed vs SDPA", "peak memory, run 1 / run 2"]
+    return plain(header, rows, right=1) + "\n" + runs_list(runs)
+
+
+def long_context_quality_table() -> str:
+    """Needle retrieval: accuracy on the last query after each stage of the curriculum, per attention core."""
+    source = LONG_CONTEXT_QUALITY
+    found = {(r["method"], r["time"]): r for r in source.load()["results"]}
+    lengths = sorted({time for _, time in found})
+    rows = []
+    for stage, n in enumerate(lengths):
+        steps = found["full", n]["steps"]
+        cells = [f"{found[method, n]['accuracy']:.1%}" for method in NEEDLE_METHODS]
+        rows.append([f"{n:,}", f"+{steps}" if stage else str(steps), *cells])
+    return plain(["n", "steps", *NEEDLE_METHODS.values()], rows, right=0) + "\n" + run_line(source)
 
 
 ZEN4_MT = "AMD EPYC Zen 4, native bf16, 2 cores, idle"
@@ -559,6 +608,8 @@ def mt_precision_parts_table() -> str:
 
 
 TABLES: dict[str, Callable[[], str]] = {
+    "attention-target": attention_target_table,
+    "long-context-quality": long_context_quality_table,
     "step-kernels": step_kernels_table,
     "mt-throughput-kernels": mt_throughput_table,
     "mt-recipe-trials": mt_recipe_trials_table,
