@@ -441,6 +441,131 @@ def long_context_quality_table() -> str:
     return plain(["n", "steps", *NEEDLE_METHODS.values()], rows, right=0) + "\n" + run_line(source)
 
 
+LOADED = "this project's 2-core x86_64 machine, shared with other work (loaded: times are upper bounds)"
+MOE_LOAD = Source("benchmarks/results/moe_load.json", "2 cores, loaded", LOADED, "", "2026-11-23")
+MOE_LOAD_STEPS = (6, 60, 132, 200)  # the first logged update, the last, and two between
+DMCA_MEMORY = Source("benchmarks/results/dmca_memory.json", "2 cores, loaded", LOADED, "", "2026-11-23")
+DMCA_METHODS = {  # as benchmarks/attention_scaling.py configures them
+    "reference": "plain attention (n x n scores)",
+    "sdpa": "torch SDPA (flash, causal)",
+    "local": "local, 256-token blocks",
+    "memory_compressed": "memory-compressed, c = 3, 512-query chunks",
+}
+DMCA_LM = Source("benchmarks/results/dmca_lm.json", "2 cores, loaded", LOADED, "", "2026-11-23")
+DMCA_ARMS = {  # as benchmarks/dmca_lm.py configures them
+    "full": "full attention",
+    "full+switch": "full attention + Switch (4 experts, every other block)",
+    "dmca": "DMCA: local (64-token blocks) / memory-compressed (c = 3)",
+    "dmca+switch": "DMCA + Switch",
+}
+VIT_SHARED = "this project's 2-core x86_64 machine, shared with other jobs (load average 3-5), one thread"
+VIT_DIGITS = [
+    Source(
+        "benchmarks/results/vit_digits-mlp.json",
+        "2 cores, loaded",
+        f"{VIT_SHARED}; the JSON is the run's summary.json",
+        "OMP_NUM_THREADS=1 kqv train vit --out runs/vit",
+        "2026-11-23",
+    ),
+    Source(
+        "benchmarks/results/vit_digits-conv.json",
+        "2 cores, loaded",
+        f"{VIT_SHARED}; the JSON is the run's summary.json",
+        "OMP_NUM_THREADS=1 kqv train vit --baseline conv --out runs/vit-conv",
+        "2026-11-23",
+    ),
+]
+VIT_BASELINES = {
+    "mlp": "MLP baseline (2 hidden layers of 256)",
+    "conv": "convolutional baseline (two 3x3 convolutions, pooling)",
+}
+
+
+def moe_load_table() -> str:
+    """A Switch run's routing at a few updates: dropped tokens, the auxiliary loss and each layer's busiest and
+    idlest expert's share of the tokens."""
+    source = with_command(MOE_LOAD)
+    records = {record["step"]: record for record in source.load()["records"]}
+    rows = [
+        [
+            str(step),
+            f"{records[step]['dropped_fraction']:.3f}",
+            f"{records[step]['aux_loss']:.4f}",
+            ", ".join(f"{max(layer):.2f}/{min(layer):.2f}" for layer in records[step]["expert_load"]),
+        ]
+        for step in MOE_LOAD_STEPS
+    ]
+    header = ["update", "dropped", "aux loss", "max / min expert load, layers 1-4"]
+    return plain(header, rows, right=0) + "\n" + run_line(source)
+
+
+def dmca_memory_table(n: int = 16_384) -> str:
+    """Local and memory-compressed attention against plain attention and SDPA at n tokens: peak memory above the
+    inputs and forward + backward CPU time."""
+    source = with_command(DMCA_MEMORY)
+    found = {r["method"]: r for r in source.load()["results"] if r["n"] == n}
+    rows = [
+        [label, f"{found[method]['forward_peak_mb']:,.0f} MB", f"{found[method]['train_peak_mb']:,.0f} MB"]
+        + [f"{found[method]['train_cpu_s']:.2f} s"]
+        if found[method]["status"] == "ok"
+        else [label, found[method]["status"], "", ""]
+        for method, label in DMCA_METHODS.items()
+    ]
+    header = [f"at n = {n:,}", "forward peak", "forward + backward peak", "forward + backward CPU time"]
+    return plain(header, rows, right=1) + "\n" + run_line(source)
+
+
+def dmca_lm_table() -> str:
+    """Four arms of one small decoder on Shakespeare at equal updates and tokens: validation loss at its own
+    context, with its parameters, tokens/s on the loaded machine and the process's peak memory."""
+    source = with_command(DMCA_LM)
+    rows = [
+        [
+            DMCA_ARMS[r["arm"]],
+            f"{r['context']:,}",
+            f"{r['parameters'] / 1e6:.2f}M",
+            f"{r['steps']:,}",
+            f"{r['val_loss']:.4f}",
+            f"{r['val_perplexity']:.3f}",
+            f"{r['tokens_per_s']:,.0f}",
+            f"{r['peak_rss_mb']:,.0f} MB",
+        ]
+        for r in source.load()["results"]
+    ]
+    header = ["arm", "context", "parameters", "updates", "validation loss (nats/char)", "perplexity"]
+    header += ["tokens/s (loaded)", "peak memory"]
+    return plain(header, rows, right=1) + "\n" + run_line(source)
+
+
+def dmca_paper_table() -> str:
+    """Liu et al. 2018's test perplexities on WikiSum, as dmca_lm.json records them beside its own arms."""
+    rows = []
+    for key, perplexity in DMCA_LM.load()["seed_table"].items():
+        model, _, context = key.partition(", L=")
+        rows.append([model, f"{int(context):,}", f"{perplexity}"])
+    table = plain(["model", "context", "test perplexity"], rows, right=1)
+    return table + f"\nFrom Liu et al. 2018 (WikiSum), as recorded in `{DMCA_LM.file}`.\n"
+
+
+def vit_digits_table() -> str:
+    """The ViT against a baseline on the same batches, for the same training time and for the same updates."""
+    rows = []
+    for source in VIT_DIGITS:
+        r = source.load()
+        first = first_columns(source, VIT_DIGITS)
+        baseline = VIT_BASELINES[r["baseline"]]
+        rows += [
+            [*first, "ViT, 2x2 patches", f"{r['parameters']:,}", f"{r['steps']:,}", f"{r['train_seconds']:.1f} s"]
+            + [f"{r['test_accuracy']:.1%}"],
+            [*first, f"{baseline}, same time", f"{r['baseline_parameters']:,}", f"{r['baseline_steps']:,}"]
+            + [f"{r['baseline_seconds']:.1f} s", f"{r['baseline_test_accuracy']:.1%}"],
+            [*first, f"{baseline}, same updates", f"{r['baseline_parameters']:,}", f"{r['steps']:,}", ""]
+            + [f"{r['baseline_test_accuracy_same_steps']:.1%}"],
+        ]
+    header = ["model", "parameters", "updates", "training time", f"test accuracy ({r['test_images']} images)"]
+    return markdown(header, rows, right=1, sources=VIT_DIGITS)
+
+
 ZEN4_MT = "AMD EPYC Zen 4, native bf16, 2 cores, idle"
 STEP_KERNELS = Source(
     "benchmarks/results/step_kernels.json",
@@ -608,6 +733,11 @@ def mt_precision_parts_table() -> str:
 
 
 TABLES: dict[str, Callable[[], str]] = {
+    "moe-load": moe_load_table,
+    "dmca-memory": dmca_memory_table,
+    "dmca-lm": dmca_lm_table,
+    "dmca-paper": dmca_paper_table,
+    "vit-digits": vit_digits_table,
     "attention-target": attention_target_table,
     "long-context-quality": long_context_quality_table,
     "step-kernels": step_kernels_table,
