@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -566,6 +567,41 @@ def vit_digits_table() -> str:
     return markdown(header, rows, right=1, sources=VIT_DIGITS)
 
 
+EXPLORE_RENDER = Source(
+    "benchmarks/results/explore_render.json",
+    "Zen 5, loaded",
+    "AMD EPYC Zen 5 (avx512f, avx512_bf16), 2 cores, shared with other jobs (load average about 11), Debian's Chromium",
+    "python benchmarks/explore_render.py",
+    "2026-11-24",
+)
+
+
+def explore_render_table() -> str:
+    """The explorer's redraw after each control change at 1,024 tokens: median and largest of the timed rounds."""
+    record = EXPLORE_RENDER.load()
+    rows = [
+        [change, f"{statistics.median(seconds):.3f}", f"{max(seconds):.3f}"]
+        for change, seconds in record["changes"].items()
+    ]
+    rows.append(["(first drawing after Analyze)", f"{record['first_draw_seconds']:.2f}", ""])
+    shape = f"{record['tokens']:,} tokens, {record['layers']} layers x {record['heads']} heads"
+    header = [f"control change ({shape})", f"median s ({record['rounds']} rounds)", "largest s"]
+    return plain(header, rows, right=1) + "\n" + run_line(EXPLORE_RENDER)
+
+
+def explore_reply_table() -> str:
+    """The analysis reply of the same run: its size and time with the weights as lists or as millionths."""
+    reply = EXPLORE_RENDER.load()["reply"]
+    encodings = {"lists": "nested lists (the API's default)", "micros": "millionths (what the page asks for)"}
+    rows = [
+        [label, f"{reply[f'{key}_identity_bytes'] / 1e6:.1f} MB", f"{reply[f'{key}_identity_seconds']:.1f} s"]
+        + [f"{reply[f'{key}_gzip_bytes'] / 1e6:.1f} MB", f"{reply[f'{key}_gzip_seconds']:.1f} s"]
+        for key, label in encodings.items()
+    ]
+    header = ["the weights as", "reply", "time to answer", "gzipped reply", "time to answer, gzipped"]
+    return plain(header, rows, right=1) + "\n" + run_line(EXPLORE_RENDER)
+
+
 ZEN4_MT = "AMD EPYC Zen 4, native bf16, 2 cores, idle"
 STEP_KERNELS = Source(
     "benchmarks/results/step_kernels.json",
@@ -733,6 +769,8 @@ def mt_precision_parts_table() -> str:
 
 
 TABLES: dict[str, Callable[[], str]] = {
+    "explore-render": explore_render_table,
+    "explore-reply": explore_reply_table,
     "moe-load": moe_load_table,
     "dmca-memory": dmca_memory_table,
     "dmca-lm": dmca_lm_table,
