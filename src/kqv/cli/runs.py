@@ -50,7 +50,7 @@ def lm_attention(run: LMRun | PretrainedRun, args: argparse.Namespace) -> None:
 
 
 def lm_export(run: LMRun | PretrainedRun, args: argparse.Namespace) -> None:
-    path = run.export_hf(args.hf)
+    path = run.export_hf(args.hf, merge=args.merge)
     print(f"wrote {path}: a Hugging Face GPT-2 (config.json, model.safetensors, tokenizer.json)")
 
 
@@ -230,7 +230,14 @@ RUN_COMMANDS = {
             "lm": JobCommand(
                 "write an LM run as a Hugging Face GPT-2 directory (transformers' from_pretrained loads it)",
                 lm_export,
-                (Flag("--hf", "the directory to write (new or empty)", options={"required": True}),),
+                (
+                    Flag("--hf", "the directory to write (new or empty)", options={"required": True}),
+                    Flag(
+                        "--merge",
+                        "fold a LoRA run's adapters into its weights first (GPT-2's format holds plain weights)",
+                        options={"action": "store_true"},
+                    ),
+                ),
             )
         }
     ),

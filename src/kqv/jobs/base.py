@@ -382,10 +382,18 @@ class Job:
         values = read_run(run_dir, self.name)
         config = self.config_class.from_run(values)
         model = self.build_model(self.model_config_of_run(values), config, values)
-        load_weights(model, run_dir)  # safetensors hold no device: CPU tensors, then moved
+        load_weights(model, run_dir, self.restore(model, config, values, run_dir))  # CPU tensors, then moved
         verify(run_dir, TOKENIZER_DIR)  # against the run's SHA256SUMS
         model = model.eval().to(device.device)
         return self.run_class(self, config, model, self.load_tokenizer(run_dir), run_dir, values)
+
+    def restore(
+        self, model: nn.Module, config: RunConfig, values: dict[str, Any], run_dir: Path
+    ) -> Callable[[dict[str, torch.Tensor]], None] | None:
+        """Make the freshly built `model` of the run `run_dir` ready for its checkpoint, and say how to load that
+        (`load_weights`' `load`; None: the checkpoint holds every weight). A LoRA fine-tune (`LMJob`) gets its
+        source's weights and adapters here, and its checkpoint holds the adapters alone."""
+        return None
 
     def model_config_of_run(self, values: dict[str, Any]) -> Any:
         """The exact model config a run trained, from its run.toml."""

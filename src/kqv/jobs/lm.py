@@ -8,6 +8,7 @@ is exact and quick), `checkpoint/`, `metrics.jsonl`, `loss.png`, `samples.txt` a
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,9 @@ from ..errors import ConfigError, DataError, RunError, spoken
 from ..nn.config import ModelConfig
 from ..nn.devices import model_device
 from ..nn.generation import GenerationConfig, check_generation
+from ..nn.lora import adapters, is_adapted, merge_lora
 from ..nn.models import DecoderLM, check_ids, count_parameters
+from ..train.checkpoints import partial_loader
 from ..train.evaluation import perplexity
 from ..train.files import SAMPLES_FILE, TOKENIZER_DIR, TOKENS_FILE, write_atomically
 from ..train.manifest import read_verified, verify
@@ -34,6 +37,7 @@ from ..train.rundir import RunDirectory
 from ..train.runs import RunConfig, read_run
 from ..validation import Config, check_at_least
 from .base import AttentionMaps, Job, Outcome, TrainedRun, Training, check_text
+from .finetune import FinetuneConfig, adapt, check_finetune, restore_source, saved_weights, total_parameters
 from .init import SourceTokenizer, finetune_config, load_source_weights, read_source
 
 
@@ -82,11 +86,17 @@ class LMRunConfig(RunConfig):
     run_tables: ClassVar[tuple[str, ...]] = ("source",)  # a fine-tune's source (kqv.jobs.init.Source.record)
     data: DataConfig = field(default_factory=DataConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)  # what a fine-tune trains (kqv.jobs.finetune)
 
     def model_defaults(self) -> dict[str, Any]:
         return {"max_len": self.data.context}
 
     def check(self) -> None:
+        if self.finetune.active and self.data.init is None:
+            raise ConfigError(
+                f"the [finetune] options ({self.finetune.describe()}) fine-tune a trained model: give the model to "
+                f"start from with {spoken('--init SOURCE', 'init=SOURCE')} (a kqv LM run or a GPT-2 directory)"
+            )
         model = self.model
         if model.position == "learned" and model.max_len < self.data.context:
             raise ConfigError(
@@ -311,14 +321,24 @@ class LMRun(TrainedRun):
         A text of more than `max_tokens` tokens is refused: the maps hold tokens x tokens weights per head."""
         return self_attention(self.model, self.tokenizer, text, max_tokens)
 
-    def export_hf(self, directory: str | Path) -> Path:
+    def export_hf(self, directory: str | Path, *, merge: bool = False) -> Path:
         """Write the run as a Hugging Face GPT-2 directory (`kqv.jobs.export.export_hf`): config.json,
         model.safetensors and the tokenizer, which `transformers.AutoModelForCausalLM.from_pretrained` loads with
         the run's greedy tokens. A configuration GPT-2 cannot hold (RoPE, RMSNorm, ...) is refused, nothing
-        written."""
+        written. A LoRA run is written with its adapters merged into its weights (a copy: the run's model stays
+        adapted), which it must be told with `merge` (GPT-2's format holds plain weights); `merge` changes
+        nothing in a run without adapters."""
         from .export import export_hf
 
-        return export_hf(self.model, self.tokenizer, directory, self.run_dir)
+        model = self.model
+        if is_adapted(model):
+            if not merge:
+                raise ConfigError(
+                    f"{self.run_dir} is a LoRA fine-tune, and a Hugging Face GPT-2 holds plain weights; "
+                    f"{spoken('add --merge', 'pass merge=True')} to write its adapters merged into them"
+                )
+            model = merge_lora(copy.deepcopy(model))
+        return export_hf(model, self.tokenizer, directory, self.run_dir)
 
 
 class LMJob(Job):
@@ -333,6 +353,17 @@ class LMJob(Job):
     def make_tokenizer(self, data: DataConfig, text: str) -> Tokenizer:
         return make_tokenizer(data.tokenizer, text, data.vocab_size)
 
+    def restore(
+        self, model: nn.Module, config: RunConfig, values: dict[str, Any], run_dir: Path
+    ) -> Callable[[dict[str, torch.Tensor]], None] | None:
+        """A LoRA fine-tune's model: its source's weights (checked against the SHA-256 run.toml records) and
+        adapters, into which the checkpoint (the adapters alone) is loaded."""
+        if not config.finetune.lora_rank:
+            return None
+        restore_source(model, values["source"], run_dir)
+        adapt(model, config.finetune)
+        return partial_loader(model, adapters)
+
     def build_model(self, model_config: ModelConfig, config: RunConfig, values: dict[str, Any]) -> DecoderLM:
         return DecoderLM(model_config)
 
@@ -344,6 +375,7 @@ class LMJob(Job):
         if config.data.init is not None and not run.resuming:
             training.notes["source"] = source = read_source(config.data.init)
             training.notes["model"] = finetune_config(source, config.model, config.model_options, config.data.context)
+            check_finetune(config.finetune, training.notes["model"])
             maker = SourceTokenizer(self, source)
         return prepare_corpus(maker, config.data, run, check_lm_run(config, training.notes.get("model")))
 
@@ -351,13 +383,17 @@ class LMJob(Job):
         """A new model; a fine-tune's has its source's config and weights, and run.toml records the source."""
         config, run, (tokenizer, _) = training.config, training.run, training.data
         source = training.notes.get("source")
-        if source is None:
+        if source is None:  # a resume: the checkpoint has the weights (a LoRA run's: its adapters alone)
             extra = {"source": read_run(run.path)["source"]} if config.data.init is not None else {}
             training.notes |= extra
-            return self.start(config, run, config.model_config(tokenizer.vocab_size), **extra)
-        training.notes["source"] = source.record()
-        model = self.start(config, run, training.notes["model"], source=source.record())
-        load_source_weights(model, source)
+            model = self.start(config, run, config.model_config(tokenizer.vocab_size), **extra)
+            if config.finetune.lora_rank:
+                restore_source(model, extra["source"], run.path)
+        else:
+            training.notes["source"] = source.record()
+            model = self.start(config, run, training.notes["model"], source=source.record())
+            load_source_weights(model, source)
+        adapt(model, config.finetune)
         return model
 
     def make_batches(self, training: Training) -> dict[str, Any]:
@@ -378,10 +414,15 @@ class LMJob(Job):
             "val_batches": val_batches,
             "tokens_per_batch": batch * context,
             "afterwards": scoring_cost(config, len(val_ids)),
+            "saved_weights": saved_weights(config.finetune),  # a LoRA run's checkpoints: the adapters alone
         }
 
     def describe(self, training: Training) -> str:
-        return describe_corpus(training, training.data[0].vocab_size)
+        line = describe_corpus(training, training.data[0].vocab_size)
+        finetune = training.config.finetune
+        if not finetune.active:
+            return line
+        return f"{line}; {finetune.describe()}, of {total_parameters(training.model):,} parameters"
 
     def outcome(self, training: Training) -> Outcome:
         """The perplexity of (up to `SCORED_TOKENS` of) the validation split, and the samples (samples.txt)."""
@@ -396,6 +437,9 @@ class LMJob(Job):
         )
         samples = write_samples(model, tokenizer, config.sample, training.run.path / SAMPLES_FILE)
         source = {"source": training.notes["source"]} if "source" in training.notes else {}
+        if config.finetune.active:
+            trained = {"trainable_parameters": count_parameters(model), "total_parameters": total_parameters(model)}
+            source["finetune"] = {**config.finetune.to_dict(), **trained}
         return Outcome({"val": val, **source}, samples[:1])
 
     def conclusion(self, training: Training, summary: dict[str, Any]) -> str:

@@ -114,8 +114,9 @@ class PretrainedRun:
             )
         return evaluate_text(self.model, self.tokenizer, data, self.model.config.max_len, max_tokens)
 
-    def export_hf(self, directory: str | Path) -> Path:
-        """Write the GPT-2 again as a Hugging Face directory, as `LMRun.export_hf` writes a run."""
+    def export_hf(self, directory: str | Path, *, merge: bool = False) -> Path:
+        """Write the GPT-2 again as a Hugging Face directory, as `LMRun.export_hf` writes a run (`merge`: nothing
+        to merge, a GPT-2 directory has no adapters)."""
         from .export import export_hf
 
         if not isinstance(self.model, DecoderLM):

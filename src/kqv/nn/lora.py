@@ -18,7 +18,9 @@ outputs are checked against the formula above and its merge against the unmerged
 from __future__ import annotations
 
 import math
+import typing
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +28,8 @@ from torch import Tensor, nn
 
 from ..errors import ConfigError
 
-PROJECTIONS = ("to_queries", "to_keys_values", "to_output", "up", "down")  # every projection LoRA may adapt
+Projection = Literal["to_queries", "to_keys_values", "to_output", "up", "down"]  # every projection LoRA may adapt
+PROJECTIONS: tuple[str, ...] = typing.get_args(Projection)
 
 
 @dataclass(frozen=True)
@@ -121,7 +124,17 @@ def merge_lora(model: nn.Module) -> nn.Module:
 def lora_state_dict(model: nn.Module) -> dict[str, Tensor]:
     """The adapters' tensors alone (lora_a and lora_b of each adapted layer): all a LoRA fine-tune must save
     beside a reference to its source."""
-    return {name: tensor for name, tensor in model.state_dict().items() if name.rsplit(".", 1)[-1].startswith("lora_")}
+    return adapters(model.state_dict())
+
+
+def adapters(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The adapters' tensors of a state dict (`lora_state_dict`'s part of it): what a LoRA run's checkpoint holds."""
+    return {name: tensor for name, tensor in state.items() if name.rsplit(".", 1)[-1].startswith("lora_")}
+
+
+def is_adapted(model: nn.Module) -> bool:
+    """Whether `model` has LoRA adapters (not merged yet)."""
+    return any(isinstance(module, LoRALinear) for module in model.modules())
 
 
 def replace(model: nn.Module, name: str, module: nn.Module) -> None:

@@ -304,6 +304,22 @@ def _load_state(model: nn.Module, state: dict[str, Tensor]) -> None:
         raise RuntimeError(f"missing {missing}, unexpected {unexpected}")
 
 
+def partial_loader(
+    model: nn.Module, part: Callable[[dict[str, Tensor]], dict[str, Tensor]]
+) -> Callable[[dict[str, Tensor]], None]:
+    """What `load_weights` calls to load a checkpoint that holds only `part(model.state_dict())` (a LoRA
+    fine-tune's adapters): exactly those tensors, none missing and none more; the model's other weights stay."""
+
+    def load(state: dict[str, Tensor]) -> None:
+        expected = set(part(model.state_dict()))
+        missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+        if missing or unexpected:
+            raise RuntimeError(f"missing {missing}, unexpected {unexpected}")
+        model.load_state_dict(state, strict=False)
+
+    return load
+
+
 def load_optimizer_state(
     optimizer: torch.optim.Optimizer,
     checkpoint: Checkpoint,

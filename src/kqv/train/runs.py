@@ -167,14 +167,16 @@ def apply_override(values: dict[str, Any], override: str) -> None:
 FIXED_SECTIONS = {
     "model": "the model's shape is that of its checkpoint's weights",
     "data": "the tokenizer and data were written when the run started and every step so far used them",
+    "finetune": "what trains decides what the checkpoint and its optimizer state hold",
 }
 
 
 def resumed_values(values: dict[str, Any], overrides: list[str], check: bool = True) -> dict[str, Any]:
     """A run's run.toml `values` with `section.key=value` overrides applied, to continue it (`kqv train NAME --out
     RUN --resume --steps N`): ConfigError, naming the fields and why, for an override of what cannot change
-    mid-run (`FIXED_SECTIONS`: [model] and [data]). Setting a field to the value it has is no change. Without
-    `check`, the overrides are only applied (to build a config from, which says first what it does not know)."""
+    mid-run (`FIXED_SECTIONS`: [model], [data] and a fine-tune's [finetune]). Setting a field to the value it has
+    is no change. Without `check`, the overrides are only applied (to build a config from, which says first what it
+    does not know)."""
     changed = copy.deepcopy(values)
     for override in overrides:
         apply_override(changed, override)

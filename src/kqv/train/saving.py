@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from ..errors import ConfigTypeError, spoken
 from ..signals import deferred
@@ -19,6 +20,7 @@ from .checkpoints import (
     Weights,
     load_optimizer_state,
     load_weights,
+    partial_loader,
     write_checkpoint,
 )
 from .config import TrainConfig
@@ -43,7 +45,8 @@ def check_extra_state(extra_state: dict[str, Any] | None) -> None:
 
 class Checkpointer:
     """Writes the checkpoints of one training into `run` and loads the one it resumes; `last_saved` is the step
-    of the last checkpoint this session wrote or resumed from (None before one)."""
+    of the last checkpoint this session wrote or resumed from (None before one). `saved_weights` picks the part of
+    the model's state dict a checkpoint holds (None: all of it; a LoRA fine-tune's adapters)."""
 
     def __init__(
         self,
@@ -54,9 +57,11 @@ class Checkpointer:
         sharded: bool,
         rank: int,
         world_size: int,
+        saved_weights: Callable[[dict[str, Tensor]], dict[str, Tensor]] | None = None,
     ):
         self.run, self.model, self.optimizer, self.precision = run, model, optimizer, precision
         self.sharded, self.rank, self.world_size = sharded, rank, world_size
+        self.saved_weights = saved_weights
         self.last_saved: int | None = None
 
     def save(self, state: TrainState, config: TrainConfig, extra_state: dict[str, Any]) -> None:
@@ -79,6 +84,8 @@ class Checkpointer:
         """Write the checkpoint of `state.step` (rank 0); Ctrl-C or SIGTERM meanwhile waits until it is complete.
         Non-finite weights are never saved (TrainingDiverged)."""
         with deferred():
+            if self.saved_weights is not None:
+                weights = self.saved_weights(weights if isinstance(weights, dict) else weights.state_dict())
             check_finite_weights(weights, config, state.step, self.last_saved)
             saved = {
                 "format": FORMAT,
@@ -99,7 +106,8 @@ class Checkpointer:
         if self.sharded:
             load_checkpoint(self.model, self.optimizer, checkpoint, self.run.path)
         else:
-            load_weights(self.model, checkpoint)
+            part = None if self.saved_weights is None else partial_loader(self.model, self.saved_weights)
+            load_weights(self.model, checkpoint, part)
             load_optimizer_state(self.optimizer, checkpoint, self.run.path)
         self.precision.load_state_dict(checkpoint.state.get("grad_scaler"))
         return TrainState.restored(checkpoint.state), saved_rng_states(checkpoint, self.world_size)

@@ -104,6 +104,10 @@ class Trainer:
     (`kqv.train.budget`). `clock` (default `time.perf_counter`) times budgets, progress and metrics. The trainer
     prints nothing: its progress and evaluations are events for `reporter` (`kqv.train.reporter`; by default one
     that shows them unless `quiet`).
+
+    `saved_weights(state_dict)` (optional) picks the part of the model's state dict its checkpoints hold (default:
+    all of it): a LoRA fine-tune saves its adapters alone, its frozen rest being its source's. A resume then loads
+    exactly those tensors into the model, whose other weights its caller has set (`partial_loader`).
     """
 
     def __init__(
@@ -123,6 +127,7 @@ class Trainer:
         afterwards: float = 0.0,
         clock: Callable[[], float] | None = None,
         reporter: Reporter | None = None,
+        saved_weights: Callable[[dict[str, Tensor]], dict[str, Tensor]] | None = None,
     ):
         if not isinstance(config, TrainConfig):
             raise ConfigTypeError(f"config must be a TrainConfig, got {type(config).__name__}")
@@ -145,6 +150,10 @@ class Trainer:
                 f"({self.world_size}): every process takes an equal slice of each batch"
             )
         self.sharded = config.parallel == "fsdp" and self.world_size > 1
+        if self.sharded and saved_weights is not None:
+            raise ConfigError(
+                'a run whose checkpoints hold part of its weights (LoRA) cannot be sharded; set train.parallel="ddp"'
+            )
         self.home = build_model(model, self.sharded, self.rank)  # the caller's model: under FSDP, released by shard
         self.model = shard(self.home, self.device.device) if self.sharded else self.home.to(self.device.device)
         self.optimizer = make_optimizer(self.model, config)
@@ -164,8 +173,9 @@ class Trainer:
         )
         self.run_dir = self.run.path
         self.checkpoints = Checkpointer(
-            self.run, self.model, self.optimizer, self.precision, self.sharded, self.rank, self.world_size
-        )
+            self.run, self.model, self.optimizer, self.precision, self.sharded, self.rank, self.world_size,
+            saved_weights,
+        )  # fmt: skip
         try:
             if self.run.checkpoint is not None:
                 self._resume(self.run.checkpoint)
