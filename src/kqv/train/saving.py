@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..errors import ConfigTypeError, spoken
+from ..errors import ConfigError, ConfigTypeError, spoken
 from ..signals import deferred
 from .checkpoints import (
     FORMAT,
@@ -41,6 +41,15 @@ def check_extra_state(extra_state: dict[str, Any] | None) -> None:
         json.dumps(extra_state)
     except (TypeError, ValueError) as error:
         raise ConfigTypeError(f"extra_state must be JSON-serialisable (it goes into {STATE_FILE}): {error}") from None
+
+
+def check_saved_weights(saved_weights: Callable | None, sharded: bool) -> None:
+    """ConfigError for checkpoints of part of the weights (a LoRA run's adapters) under FSDP, whose shards are
+    saved and loaded whole (`kqv.train.sharding`)."""
+    if sharded and saved_weights is not None:
+        raise ConfigError(
+            'a run whose checkpoints hold part of its weights (LoRA) cannot be sharded; set train.parallel="ddp"'
+        )
 
 
 class Checkpointer:

@@ -73,7 +73,7 @@ from .precision import MixedPrecision, bound_kernel_caches
 from .reporter import Reporter
 from .rng import rng_state, seed_everything, set_rng_state
 from .rundir import IfExists, RunDirectory
-from .saving import Checkpointer, check_extra_state
+from .saving import Checkpointer, check_extra_state, check_saved_weights
 from .sharding import build_model, gather_to_rank0, shard
 from .state import TrainState
 from .update import Updater
@@ -150,10 +150,7 @@ class Trainer:
                 f"({self.world_size}): every process takes an equal slice of each batch"
             )
         self.sharded = config.parallel == "fsdp" and self.world_size > 1
-        if self.sharded and saved_weights is not None:
-            raise ConfigError(
-                'a run whose checkpoints hold part of its weights (LoRA) cannot be sharded; set train.parallel="ddp"'
-            )
+        check_saved_weights(saved_weights, self.sharded)
         self.home = build_model(model, self.sharded, self.rank)  # the caller's model: under FSDP, released by shard
         self.model = shard(self.home, self.device.device) if self.sharded else self.home.to(self.device.device)
         self.optimizer = make_optimizer(self.model, config)
