@@ -147,13 +147,33 @@ TARGET_METHODS = {
     "blockwise_alibi": "blockwise, ALiBi",
 }
 
+# the mt_compare JSON files record no date: the day of the commit that added them
 MT_COMPARE = Source(
     "benchmarks/results/mt_compare-60min.json",
     "2 cores",
     "this project's 2-core x86_64 machine, nothing else running, one thread per model",
-    "python benchmarks/mt_compare.py --minutes 60 --eval-every 200",
+    "python benchmarks/mt_compare.py --minutes 60 --eval-every 200 --name mt_compare-60min",
+    "2026-11-22",
 )
-MT_COMPARE_DATE = "2026-11-22"  # the JSON records no date: the day of the commit that added it
+MT_COMPARE_LOADED = (
+    "this project's 2-core x86_64 machine, shared with other benchmarks (load average 6-8), one thread per model"
+)
+MT_COMPARE_EARLIER = [
+    Source(
+        "benchmarks/results/mt_compare.json",
+        "2 cores, loaded",
+        MT_COMPARE_LOADED,
+        "python benchmarks/mt_compare.py --minutes 25 --set data.max_tokens=1000 --set train.warmup_steps=50",
+        "2026-11-22",
+    ),
+    Source(
+        "benchmarks/results/mt_compare-20min-default.json",
+        "2 cores, loaded",
+        MT_COMPARE_LOADED,
+        "python benchmarks/mt_compare.py --minutes 20 --name mt_compare-20min-default",
+        "2026-11-22",
+    ),
+]
 
 TRANSLATION_SPEED = Source(
     "benchmarks/results/translation_speed.json",
@@ -331,35 +351,38 @@ def scaling_table(run: str, cell: Callable[[dict], str]) -> str:
     return f"{table}\n{run_line(source)}"
 
 
-def mt_compare_table() -> str:
-    """The Transformer against the LSTM with attention, trained for the same wall-clock time on de-en."""
-    record = MT_COMPARE.load()
+def emphasised(text: str, best: bool) -> str:
+    """`text` in bold where it is the best of its comparison."""
+    return f"**{text}**" if best else text
+
+
+def mt_compare_table(sources: list[Source]) -> str:
+    """The Transformer against the LSTM with attention, trained for the same wall-clock time on de-en, one run of
+    benchmarks/mt_compare.py per source; the better of the two in each run in bold."""
     names = {"transformer": "Transformer", "lstm": "LSTM + attention"}
-    best = {key: min(run[key] for run in record["runs"].values()) for key in ("final_val_loss",)}
-    best |= {key: max(run[key] for run in record["runs"].values()) for key in ("test_bleu", "test_chrf")}
-    bold = lambda key, value, text: f"**{text}**" if value == best[key] else text
-    rows = [
-        [
-            MT_COMPARE.machine,
-            MT_COMPARE_DATE,
-            "1",
-            names[kind],
-            f"{run['parameters'] / 1e6:.1f}M",
-            f"{run['train_seconds'] / 60:.1f} min",
-            f"{run['steps']:,}",
-            f"{run['train_tokens'] / 1e6:.2f}M",
-            f"{run['train_flops']:.2e}",
-            bold("final_val_loss", run["final_val_loss"], f"{run['final_val_loss']:.3f}"),
-            bold("test_bleu", run["test_bleu"], f"{run['test_bleu']:.2f}"),
-            bold("test_chrf", run["test_chrf"], f"{run['test_chrf']:.2f}"),
-        ]
-        for kind, run in record["runs"].items()
-    ]
+    rows = []
+    for source in sources:
+        runs = source.load()["runs"]
+        best = {key: min(run[key] for run in runs.values()) for key in ("final_val_loss",)}
+        best |= {key: max(run[key] for run in runs.values()) for key in ("test_bleu", "test_chrf")}
+        for kind, run in runs.items():
+            rows.append(
+                [
+                    *first_columns(source, sources),
+                    names[kind],
+                    f"{run['parameters'] / 1e6:.1f}M",
+                    f"{run['train_seconds'] / 60:.1f} min",
+                    f"{run['steps']:,}",
+                    f"{run['train_tokens'] / 1e6:.2f}M",
+                    f"{run['train_flops']:.2e}",
+                    emphasised(f"{run['final_val_loss']:.3f}", run["final_val_loss"] == best["final_val_loss"]),
+                    emphasised(f"{run['test_bleu']:.2f}", run["test_bleu"] == best["test_bleu"]),
+                    emphasised(f"{run['test_chrf']:.2f}", run["test_chrf"] == best["test_chrf"]),
+                ]
+            )
     header = ["model", "parameters", "training time", "updates", "training tokens", "training FLOPs (est.)"]
     header += ["dev loss", "test BLEU", "test chrF"]
-    table = markdown(header, rows, right=1, sources=[])
-    run = f"1. {MT_COMPARE.detail}, {MT_COMPARE_DATE}: `{MT_COMPARE.command}` (`{MT_COMPARE.file}`)\n"
-    return table + run
+    return markdown(header, rows, right=1, sources=sources)
 
 
 def translation_speed_table() -> str:
@@ -785,7 +808,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "mt-precision-parts": mt_precision_parts_table,
     "ab-compare": ab_compare_table,
     "translation-speed": translation_speed_table,
-    "mt-compare-60min": mt_compare_table,
+    "mt-compare-60min": lambda: mt_compare_table([MT_COMPARE]),
+    "mt-compare-earlier": lambda: mt_compare_table(MT_COMPARE_EARLIER),
     "attention-scaling-train-cpu": lambda: scaling_table("one thread", lambda r: f"{r['train_cpu_s']:.2f}"),
     "attention-scaling-forward-cpu": lambda: scaling_table("one thread", lambda r: f"{r['forward_cpu_s']:.2f}"),
     "attention-scaling-memory": lambda: scaling_table(
