@@ -7,6 +7,8 @@
     run.generate("ROMEO:", kqv.GenerationConfig(top_p=0.9, count=3))  # the same options as one checked config
     kqv.load("gpt2-dir").generate("Hello")                         # a Hugging Face directory, converted offline
     run.evaluate()                                                # LMEvaluation(loss=..., perplexity=..., ...)
+    run.complete(["Q: ...", "Q: ..."], temperature=0)             # each prompt's completion, to its end of text
+    run.evaluate(pairs="qa.tsv")                                  # PairsEvaluation(correct=..., n=..., loss=...)
     run.attention("To be, or not to be")                          # AttentionMaps: weights, row and column tokens
     mt = kqv.load("runs/mt")
     mt.translate(["Im Anfang war das Wort"])                      # ["In the beginning was the Word"]
@@ -36,6 +38,7 @@ from .jobs.base import AttentionMaps, TrainedRun
 from .jobs.lm import LMEvaluation, LMRun
 from .jobs.mt import MTEvaluation, MTRun
 from .jobs.pretrained import PretrainedRun, is_hf_directory
+from .jobs.scoring import PairsEvaluation
 from .jobs.vit import ClsAttention, VitEvaluation, VitRun
 from .nn.devices import Accelerator
 from .nn.generation import GenerationConfig
@@ -180,6 +183,7 @@ __all__ = [
     "LMRun",
     "MTEvaluation",
     "MTRun",
+    "PairsEvaluation",
     "Similarities",
     "TrainedRun",
     "VitEvaluation",

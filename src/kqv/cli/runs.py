@@ -8,10 +8,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..data.completions import is_pairs_file
 from ..errors import ConfigError, DataError
 from ..jobs.lm import ATTENTION_MAX_TOKENS, LMRun
 from ..jobs.mt import MTRun
 from ..jobs.pretrained import PretrainedRun
+from ..jobs.scoring import PairsEvaluation, escape_line, read_prompts, write_completions, write_predictions
 from ..jobs.vit import VitRun
 from ..nn.generation import GENERATION_DTYPES
 from .commands import JobCommand, RunCommand, report
@@ -24,12 +26,35 @@ GENERATION_FLAGS = ("max_new_tokens", "temperature", "top_k", "top_p", "count", 
 
 def lm_generate(run: LMRun | PretrainedRun, args: argparse.Namespace) -> None:
     options = {name: getattr(args, name) for name in GENERATION_FLAGS}  # checked as one GenerationConfig
+    if (args.prompt is None) == (args.prompts is None):
+        raise ConfigError("kqv generate needs --prompt TEXT or --prompts FILE (one prompt per line), one of them")
+    if args.prompts is not None:
+        return lm_complete(run, args, options)
+    if args.out is not None:
+        raise ConfigError("--out writes the completions of --prompts FILE; with --prompt, the text is printed")
     texts = run.generate(args.prompt, use_cache=not args.no_cache, **options)
     for i, text in enumerate(texts):
         print(text if args.count == 1 else f"--- sample {i + 1} ---\n{text}")
 
 
+def lm_complete(run: LMRun | PretrainedRun, args: argparse.Namespace, options: dict) -> None:
+    """`kqv generate RUN --prompts FILE [--out FILE]`: one completion per prompt, one a line (escaped), written
+    atomically to --out or printed."""
+    prompts = read_prompts(args.prompts)
+    completions = run.complete(prompts, use_cache=not args.no_cache, **options)
+    if args.out is None:
+        print("\n".join(escape_line(text) for text in completions))
+        return
+    path = write_completions(args.out, completions)
+    how = "greedy" if args.temperature == 0 else f"sampled at temperature {args.temperature}, seed {args.seed}"
+    print(f"wrote {path}: {len(completions)} completions of {args.prompts}, one a line ({how})")
+
+
 def lm_evaluate(run: LMRun | PretrainedRun, args: argparse.Namespace) -> None:
+    if args.data is not None and is_pairs_file(args.data):
+        return lm_evaluate_pairs(run, args)
+    if args.predictions is not None:
+        raise ConfigError("--predictions writes the completions of a file of pairs: give --data pairs.tsv or .jsonl")
     result = run.evaluate(args.data, max_tokens=args.max_tokens)
     report(
         f"{result.source}: {result.tokens:,} tokens, loss {result.loss:.4f} nats/token, perplexity "
@@ -37,6 +62,31 @@ def lm_evaluate(run: LMRun | PretrainedRun, args: argparse.Namespace) -> None:
         result.to_dict(),
         args.json,
     )
+
+
+def lm_evaluate_pairs(run: LMRun | PretrainedRun, args: argparse.Namespace) -> None:
+    """`kqv eval RUN --data pairs.tsv|.jsonl`: completion loss and exact match, a short table."""
+    result = run.evaluate(pairs=args.data, max_tokens=args.max_tokens)
+    if args.predictions is not None:
+        path = write_predictions(args.predictions, result.predictions)
+        print(f"wrote {path}: prompt, expected, got and correct (1/0) for each pair")
+    report(pairs_table(result), result.to_dict(), args.json)
+
+
+def pairs_table(result: PairsEvaluation) -> str:
+    """The figures of a pairs evaluation, one a line."""
+    rows = [
+        ("pairs", f"{result.n:,}"),
+        (
+            "exact match",
+            f"{result.correct:,}/{result.n:,} = {result.exact_match:.1%} "
+            f"(95% interval {result.low:.1%} to {result.high:.1%})",
+        ),
+        ("completion loss", f"{result.loss:.4f} nats/token over {result.tokens:,} tokens (end of text included)"),
+        ("perplexity", f"{result.perplexity:.3f}"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    return "\n".join([f"{result.source}:", *(f"  {name:<{width}}  {value}" for name, value in rows)])
 
 
 def lm_attention(run: LMRun | PretrainedRun, args: argparse.Namespace) -> None:
@@ -145,7 +195,17 @@ RUN_COMMANDS = {
                 "continue a prompt with a trained LM",
                 lm_generate,
                 (
-                    Flag("--prompt", "the text to continue", options={"required": True}),
+                    Flag("--prompt", "the text to continue"),
+                    Flag(
+                        "--prompts",
+                        "a file of prompts, one per line (no blank lines): each is completed, stopping at the end of "
+                        "text, in batches",
+                    ),
+                    Flag(
+                        "--out",
+                        "with --prompts: write the completions here, one a line (newlines as \\n, tabs as \\t, "
+                        "backslashes as \\\\), instead of printing them",
+                    ),
                     Flag("--max-new-tokens", "tokens to generate", options={"type": int, "default": 300}),
                     Flag("--temperature", "0 = greedy", options={"type": float, "default": 0.8}),
                     Flag("--top-k", "sample among the k most likely tokens", options={"type": int}),
@@ -168,14 +228,17 @@ RUN_COMMANDS = {
     "eval": RunCommand(
         {
             "lm": JobCommand(
-                "perplexity and bits per character",
+                "perplexity and bits per character, or exact match on prompt -> completion pairs",
                 lm_evaluate,
                 (
                     Flag(
                         "--data",
-                        "a text file to score instead of the held-out split (a Hugging Face directory needs one)",
+                        "a text file to score instead of the held-out split (a Hugging Face directory needs one); "
+                        "a .tsv or .jsonl file of prompt -> completion pairs is scored by completion loss and exact "
+                        "match",
                     ),
                     Flag("--max-tokens", "score only this many tokens", options={"type": int}),
+                    Flag("--predictions", "with pairs: write prompt, expected, got and correct for each pair (TSV)"),
                     JSON_FLAG,
                 ),
             ),

@@ -39,6 +39,7 @@ from ..validation import Config, check_at_least
 from .base import AttentionMaps, Job, Outcome, TrainedRun, Training, check_text
 from .finetune import FinetuneConfig, adapt, check_finetune, restore_source, saved_weights, total_parameters
 from .init import SourceTokenizer, finetune_config, load_source_weights, read_source
+from .scoring import BATCH_SIZE, PairsEvaluation, check_pairs_alone, complete, evaluate_pairs
 
 
 @dataclass
@@ -305,9 +306,30 @@ class LMRun(TrainedRun):
         changed. `temperature=0` is greedy; `dtype` "bf16" or "int8" generates in lower precision."""
         return continuations(self.model, self.tokenizer, prompt, generation_config(self.model, config, options))
 
-    def evaluate(self, data: str | Path | None = None, *, max_tokens: int | None = None) -> LMEvaluation:
+    def complete(
+        self,
+        prompts: list[str],
+        config: GenerationConfig | None = None,
+        *,
+        batch_size: int = BATCH_SIZE,
+        **options: Any,
+    ) -> list[str]:
+        """The completion of each prompt, without the prompt and without the end of text it stopped at (the
+        tokenizer's <|endoftext|> or <eos>, else a character tokenizer's newline: `kqv.data.completions`), or
+        after `max_new_tokens`. The options are `generate`'s, with its defaults (`temperature=0` is greedy);
+        prompts go `batch_size` at a time, left-padded (`kqv.jobs.scoring.complete`)."""
+        return complete(self.model, self.tokenizer, prompts, generation_config(self.model, config, options), batch_size)
+
+    def evaluate(
+        self, data: str | Path | None = None, *, pairs: str | Path | None = None, max_tokens: int | None = None
+    ) -> LMEvaluation | PairsEvaluation:
         """Loss, perplexity and bits per character on a text file or directory (`data`), by default on the run's
-        held-out validation split; `max_tokens` scores only a prefix of that many tokens (at least 2)."""
+        held-out validation split; `max_tokens` scores only a prefix of that many tokens (at least 2). With
+        `pairs` (a .tsv or .jsonl file of prompt -> completion pairs): the completion loss and the exact match of
+        greedy completions, with its 95% interval (`PairsEvaluation`)."""
+        if pairs is not None:
+            check_pairs_alone(data, max_tokens)
+            return evaluate_pairs(self.model, self.tokenizer, pairs)
         if data is not None:
             return evaluate_text(self.model, self.tokenizer, data, self.config.data.context, max_tokens)
         check_max_tokens(max_tokens)

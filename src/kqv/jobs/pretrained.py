@@ -31,6 +31,7 @@ from ..validation import check_at_least
 from .base import AttentionMaps, check_text
 from .lm import ATTENTION_MAX_TOKENS, LMEvaluation, continuations, evaluate_text, generation_config, self_attention
 from .mt import DecodeConfig
+from .scoring import BATCH_SIZE, PairsEvaluation, check_pairs_alone, complete, evaluate_pairs
 
 HF_TOKENIZER_FILE = "tokenizer.json"
 
@@ -102,11 +103,31 @@ class PretrainedRun:
             raise self.not_offered("attention", "GPT-2 and BERT directories")
         return self_attention(model, self.tokenizer, text, max_tokens)
 
-    def evaluate(self, data: str | Path | None = None, *, max_tokens: int | None = None) -> LMEvaluation:
+    def complete(
+        self,
+        prompts: list[str],
+        config: GenerationConfig | None = None,
+        *,
+        batch_size: int = BATCH_SIZE,
+        **options: Any,
+    ) -> list[str]:
+        """A GPT-2's completion of each prompt, stopping at <|endoftext|> or after `max_new_tokens`, as
+        `LMRun.complete` makes them."""
+        if not isinstance(self.model, DecoderLM):
+            raise self.not_offered("complete", "GPT-2 directories")
+        return complete(self.model, self.tokenizer, prompts, generation_config(self.model, config, options), batch_size)
+
+    def evaluate(
+        self, data: str | Path | None = None, *, pairs: str | Path | None = None, max_tokens: int | None = None
+    ) -> LMEvaluation | PairsEvaluation:
         """A GPT-2's loss, perplexity and bits per character on a text file or directory `data` (a directory has
-        no held-out split of its own), in blocks of its context, as `LMRun.evaluate` scores text."""
+        no held-out split of its own), in blocks of its context, as `LMRun.evaluate` scores text; or its completion
+        loss and exact match on a file of `pairs`, as `LMRun.evaluate(pairs=...)` scores them."""
         if not isinstance(self.model, DecoderLM):
             raise self.not_offered("evaluate", "GPT-2 directories and kqv runs")
+        if pairs is not None:
+            check_pairs_alone(data, max_tokens)
+            return evaluate_pairs(self.model, self.tokenizer, pairs)
         if data is None:
             raise ConfigError(
                 f"{self.path} is a Hugging Face directory, with no held-out text of its own: give the text to score "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 
 import torch
 from torch import Tensor, nn
@@ -53,3 +54,16 @@ def perplexity(
     if n_chars:
         result["bits_per_char"] = total_nats / math.log(2) / n_chars
     return result
+
+
+def wilson_interval(correct: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """The Wilson score interval of a proportion `correct` / `n` (Wilson 1927): the p whose normal test does not
+    reject correct/n at `level`. Unlike p +- z sqrt(p(1-p)/n) it stays inside [0, 1] and is not empty at 0 or n right,
+    which small exact-match counts hit often."""
+    if not 0 <= correct <= n or n < 1:
+        raise ValueError(f"a proportion needs 0 <= correct <= n and n >= 1, got {correct}/{n}")
+    z = NormalDist().inv_cdf(0.5 + level / 2)
+    p, z2 = correct / n, z * z / n
+    centre = (p + z2 / 2) / (1 + z2)
+    half = z / (1 + z2) * math.sqrt(p * (1 - p) / n + z2 / (4 * n))
+    return max(0.0, centre - half), min(1.0, centre + half)

@@ -1,0 +1,320 @@
+"""Completions and their score: what a language model answers to each of many prompts, and how often it is right.
+
+`complete` continues a list of prompts in left-padded batches (`kqv.nn.generation.generate`), each stopping at the
+tokenizer's end of text (`kqv.data.completions.end_of_text`) or after `max_new_tokens`, and returns the new text
+alone. `evaluate_pairs` scores a file of prompt -> completion pairs two ways: the completion loss (the mean
+cross-entropy of the completion's tokens and the end of text, given the prompt: what a pair fine-tune minimises)
+and the exact match of greedy completions after whitespace normalisation, with a 95% Wilson interval.
+`LMRun.complete` / `LMRun.evaluate(pairs=...)` and a GPT-2 directory's use them; `kqv generate --prompts` and
+`kqv eval --data pairs.tsv` call those.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..data.completions import check_examples, end_of_text, read_examples
+from ..data.tokenizers import Tokenizer
+from ..errors import ConfigError, DataError, spoken
+from ..nn.devices import model_device
+from ..nn.generation import GenerationConfig
+from ..nn.models import DecoderLM
+from ..train.evaluation import wilson_interval
+from ..train.files import write_atomically
+from ..validation import check_at_least
+from .base import check_text
+
+BATCH_SIZE = 32  # prompts continued (or pairs scored) together
+ANSWER_ROOM = 16  # tokens a greedy answer may run past the longest expected one (spaces that normalise away)
+
+
+def normalise(text: str) -> str:
+    """`text` as exact match compares it: stripped, every run of whitespace one space."""
+    return " ".join(text.split())
+
+
+def encode_prompts(tokenizer: Tokenizer, prompts: Sequence[str], name: str = "prompt") -> list[list[int]]:
+    """The ids of each prompt; an empty prompt (nothing to continue) or text the tokenizer cannot encode is a
+    DataError naming the prompt by its number (from 1): "{name} {number}"."""
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+        raise DataError(f"prompts must be a list of strings, got {type(prompts).__name__}")
+    if not prompts:
+        raise DataError("there are no prompts to complete; give at least one")
+    encoded = []
+    for number, prompt in enumerate(prompts, 1):
+        check_text(f"{name} {number}", prompt)
+        ids = encode_named(tokenizer, prompt, f"{name} {number}")
+        if not ids:
+            raise DataError(f"{name} {number} is empty; every prompt needs at least one token to continue")
+        encoded.append(ids)
+    return encoded
+
+
+def encode_named(tokenizer: Tokenizer, text: str, name: str) -> list[int]:
+    """The ids of `text`; a text the tokenizer cannot encode (a character a character tokenizer never saw) is a
+    DataError that starts with `name`."""
+    try:
+        return tokenizer.encode(text) if text else []
+    except DataError as error:
+        raise DataError(f"{name}: {error}") from None
+
+
+def complete(
+    model: DecoderLM,
+    tokenizer: Tokenizer,
+    prompts: Sequence[str],
+    config: GenerationConfig,
+    batch_size: int = BATCH_SIZE,
+) -> list[str]:
+    """The completion of each prompt (the new text only, without the end of text): `config`'s options (greedy at
+    temperature 0, else sampled from one generator seeded with `config.seed`), in batches of `batch_size` prompts
+    of similar length."""
+    if config.count != 1:
+        raise ConfigError(
+            f"complete gives one completion per prompt, so {spoken('--count', 'count')} must be 1, got "
+            f"{config.count}; repeat a prompt in the list for several"
+        )
+    eos_id, _ = end_of_text(tokenizer)
+    ids = encode_prompts(tokenizer, prompts)
+    new_ids = complete_ids(model, ids, eos_id, config, batch_size)
+    return [tokenizer.decode(new) if new else "" for new in new_ids]
+
+
+def complete_ids(
+    model: DecoderLM, prompts: list[list[int]], eos_id: int, config: GenerationConfig, batch_size: int = BATCH_SIZE
+) -> list[list[int]]:
+    """The new ids of each prompt's completion, cut before its first `eos_id`. Prompts are sorted by length and
+    continued `batch_size` at a time, left-padded (`generate`'s attention_mask), so a batch pads little."""
+    check_at_least(spoken("--batch-size", "batch_size"), batch_size, 1)
+    limit = model.config.max_len if model.config.position == "learned" else None
+    for number, ids in enumerate(prompts, 1):
+        if limit is not None and len(ids) > limit:
+            raise DataError(
+                f"prompt {number} is {len(ids):,} tokens, more than the {limit} positions this model learned; "
+                f"shorten it"
+            )
+    device = model_device(model)
+    generator = torch.Generator(device).manual_seed(config.seed)
+    options = {**config.sampling, "use_cache": config.use_cache, "dtype": config.torch_dtype}
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    completions: list[list[int]] = [[] for _ in prompts]
+    model.eval()
+    for start in range(0, len(order), batch_size):
+        chosen = order[start : start + batch_size]
+        ids, mask = left_padded([prompts[i] for i in chosen], eos_id, device)
+        new = config.max_new_tokens if limit is None else min(config.max_new_tokens, limit - ids.shape[1] + 1)
+        out = model.generate(ids, new, eos_id=eos_id, generator=generator, attention_mask=mask, **options)
+        for i, row in zip(chosen, out[:, ids.shape[1] :].tolist(), strict=True):
+            completions[i] = row[: row.index(eos_id)] if eos_id in row else row
+    return completions
+
+
+def left_padded(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The rows as one (batch, longest) tensor padded on the left with `pad_id`, and the mask that is 0 on the
+    padding (None when every row has the longest length: nothing to hide)."""
+    longest = max(map(len, rows))
+    ids = torch.tensor([[pad_id] * (longest - len(row)) + row for row in rows], device=device)
+    if all(len(row) == longest for row in rows):
+        return ids, None
+    mask = torch.tensor([[0] * (longest - len(row)) + [1] * len(row) for row in rows], device=device)
+    return ids, mask
+
+
+# -- scoring a file of pairs ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One pair and the model's greedy completion of its prompt."""
+
+    prompt: str
+    expected: str
+    got: str
+
+    @property
+    def correct(self) -> bool:
+        """Whether the completion is the expected one, up to whitespace (`normalise`)."""
+        return normalise(self.got) == normalise(self.expected)
+
+
+@dataclass(frozen=True)
+class PairsEvaluation:
+    """What `LMRun.evaluate(pairs=...)` measured on `source`: the completion loss (mean nats per completion token,
+    the end of text included, given the prompt) and its perplexity over `tokens` tokens; exact match: `correct` of
+    `n` greedy completions equal the expected ones after whitespace normalisation, with the 95% Wilson interval
+    [low, high] of that proportion. `predictions` holds every pair with what the model said."""
+
+    source: str
+    n: int
+    correct: int
+    low: float
+    high: float
+    loss: float
+    perplexity: float
+    tokens: int
+    predictions: tuple[Prediction, ...] = ()
+
+    @property
+    def exact_match(self) -> float:
+        """The fraction of pairs answered right."""
+        return self.correct / self.n
+
+    def to_dict(self) -> dict[str, Any]:
+        """The figures (what `kqv eval --json` prints), without the predictions."""
+        return {
+            "n": self.n,
+            "correct": self.correct,
+            "exact_match": self.exact_match,
+            "exact_match_95": [self.low, self.high],
+            "loss": self.loss,
+            "perplexity": self.perplexity,
+            "tokens": self.tokens,
+        }
+
+
+def evaluate_pairs(
+    model: DecoderLM,
+    tokenizer: Tokenizer,
+    path: str | Path,
+    *,
+    max_new_tokens: int | None = None,
+    batch_size: int = BATCH_SIZE,
+) -> PairsEvaluation:
+    """Score `model` on the pairs of a .tsv or .jsonl file (`kqv.data.completions.read_examples`): completion loss
+    and exact match of greedy completions of up to `max_new_tokens` tokens (default: the longest expected
+    completion's tokens + 16, room for whitespace that normalises away; a longer answer cannot match)."""
+    examples = read_examples(path)
+    check_examples(examples, tokenizer, str(path))
+    eos_id, _ = end_of_text(tokenizer)
+    prompts = encode_prompts(tokenizer, [example.prompt for example in examples], f"{path}: the prompt of pair")
+    answers = [
+        encode_named(tokenizer, example.completion, f"{path}: the completion of pair {number}") + [eos_id]
+        for number, example in enumerate(examples, 1)
+    ]
+    nats, tokens = completion_nats(model, prompts, answers, batch_size, str(path))
+    if max_new_tokens is None:
+        max_new_tokens = min(max(map(len, answers)) + ANSWER_ROOM, GenerationConfig.limits.max_new_tokens)
+    greedy = GenerationConfig(max_new_tokens=max_new_tokens, temperature=0)
+    got = [tokenizer.decode(ids) if ids else "" for ids in complete_ids(model, prompts, eos_id, greedy, batch_size)]
+    predictions = tuple(Prediction(e.prompt, e.completion, text) for e, text in zip(examples, got, strict=True))
+    correct = sum(prediction.correct for prediction in predictions)
+    low, high = wilson_interval(correct, len(examples))
+    loss = nats / tokens
+    return PairsEvaluation(
+        str(path),
+        n=len(examples),
+        correct=correct,
+        low=low,
+        high=high,
+        loss=loss,
+        perplexity=math.exp(loss) if loss < 709 else math.inf,
+        tokens=tokens,
+        predictions=predictions,
+    )
+
+
+def check_pairs_alone(data: str | Path | None, max_tokens: int | None) -> None:
+    """Refuse text options beside `pairs` in one evaluation: pairs are scored as pairs, text as text."""
+    if data is not None:
+        raise ConfigError("evaluate scores either text (data=) or pairs (pairs=), not both in one call")
+    if max_tokens is not None:
+        raise ConfigError(
+            f"{spoken('--max-tokens', 'max_tokens')} limits the text scored; a file of pairs is scored whole"
+        )
+
+
+@torch.no_grad()
+def completion_nats(
+    model: DecoderLM,
+    prompts: list[list[int]],
+    answers: list[list[int]],
+    batch_size: int = BATCH_SIZE,
+    where: str = "the pairs",
+) -> tuple[float, int]:
+    """The summed cross-entropy (nats) of every answer token given its prompt and the answer before it, and the
+    number of answer tokens. Each prompt + answer is one row, padded on the right (a causal model's earlier
+    positions never see the padding) with targets -100 on the prompt and the padding."""
+    check_at_least(spoken("--batch-size", "batch_size"), batch_size, 1)
+    limit = model.config.max_len if model.config.position == "learned" else None
+    rows = []
+    for number, (prompt, answer) in enumerate(zip(prompts, answers, strict=True), 1):
+        if limit is not None and len(prompt) + len(answer) - 1 > limit:
+            raise DataError(
+                f"{where}: pair {number} is {len(prompt) + len(answer) - 1:,} tokens with its end of text, more "
+                f"than the {limit} positions this model learned; shorten it"
+            )
+        rows.append((prompt + answer, len(prompt)))
+    device, total, count = model_device(model), 0.0, 0
+    model.eval()
+    for start in range(0, len(rows), batch_size):
+        batch = rows[start : start + batch_size]
+        width = max(len(ids) for ids, _ in batch) - 1
+        inputs = torch.zeros(len(batch), width, dtype=torch.long)
+        targets = torch.full((len(batch), width), -100, dtype=torch.long)
+        for row, (ids, prompt_length) in enumerate(batch):
+            inputs[row, : len(ids) - 1] = torch.tensor(ids[:-1])
+            targets[row, prompt_length - 1 : len(ids) - 1] = torch.tensor(ids[prompt_length:])
+        logits = model(inputs.to(device)).float()  # (batch, width, vocab)
+        total += F.cross_entropy(logits.flatten(0, 1), targets.to(device).flatten(), reduction="sum").item()
+        count += int((targets != -100).sum())
+    return total, count
+
+
+def read_prompts(path: str | Path) -> list[str]:
+    """The prompts of a text file, one a line (as written: not stripped). A blank line is refused, naming it: the
+    completions are written one a line in the same order, and a skipped line would shift them."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"no file of prompts at {path}; give a text file with one prompt per line")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as error:
+        raise DataError(f"{path} is not UTF-8 text ({error.reason} at byte {error.start}); save it as UTF-8") from None
+    if not lines:
+        raise DataError(f"{path} is empty; write one prompt per line")
+    blank = [number for number, line in enumerate(lines, 1) if not line.strip()]
+    if blank:
+        shown = ", ".join(map(str, blank[:5])) + (" ..." if len(blank) > 5 else "")
+        raise DataError(
+            f"{path} has {len(blank)} blank line(s) (line {shown}); write one prompt on every line, so that line i "
+            f"of the output completes line i"
+        )
+    return lines
+
+
+def escape_line(text: str) -> str:
+    r"""`text` on one line: a backslash becomes `\\`, a newline `\n`, a carriage return `\r` and a tab `\t`, so
+    that a file of completions has one a line and each can be read back exactly."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+
+
+def write_lines(path: str | Path, lines: Sequence[str]) -> Path:
+    """Write `lines` (each without a newline) to `path` atomically: a reader sees the old file or the whole new
+    one. A missing directory is a DataError, before anything is written."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise DataError(f"cannot write {path}: the directory {path.parent} does not exist; create it first")
+    if path.is_dir():
+        raise DataError(f"cannot write {path}: it is a directory; give a file name")
+    write_atomically(path, "".join(line + "\n" for line in lines).encode("utf-8"))
+    return path
+
+
+def write_completions(path: str | Path, completions: Sequence[str]) -> Path:
+    """Write one completion a line, each escaped (`escape_line`), atomically."""
+    return write_lines(path, [escape_line(text) for text in completions])
+
+
+def write_predictions(path: str | Path, predictions: Sequence[Prediction]) -> Path:
+    """Write each pair's prompt, expected and got completion and whether it was right (1 or 0) as a TSV with a
+    header, each field escaped (`escape_line`), atomically."""
+    rows = [("prompt", "expected", "got", "correct")]
+    rows += [(p.prompt, p.expected, p.got, str(int(p.correct))) for p in predictions]
+    return write_lines(path, ["\t".join(map(escape_line, row)) for row in rows])
