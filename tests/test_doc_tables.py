@@ -55,3 +55,22 @@ def test_a_changed_figure_is_found():
     first_row = text.split("<!-- table: train-throughput -->\n", 1)[1].splitlines()[2]
     edited = text.replace(first_row, first_row.replace("| 1,", "| 9,", 1))
     assert edited != text and tables.regenerate(edited) == text
+
+
+# tables whose figures are not a run of ours, each with what they are instead
+NOT_RUNS = {"dmca-paper": "Liu et al. 2018's published perplexities, beside our DMCA runs"}
+RUN = re.compile(r"^(?:Run:|\d+\.) .+, 2026-\d\d-\d\d: `[^`]+` \(`benchmarks/results/[\w.-]+\.json`\)$", re.M)
+
+
+@pytest.mark.parametrize("name", sorted(gen_tables().TABLES))
+def test_every_table_names_the_machine_date_command_and_json_of_each_run(name):
+    text = gen_tables().TABLES[name]()
+    if name in NOT_RUNS:
+        assert "`benchmarks/results/" in text  # still read from a committed JSON, which names its source
+    elif name == "lm-quick-job":  # one run per row: machine, date and command are columns
+        rows = text.split("\n\n")[0].splitlines()[2:]
+        assert rows and all(re.match(r"\| [^|]+ \| 2026-\d\d-\d\d \|.*\| `[^`]+` \|$", row) for row in rows)
+    else:
+        runs = RUN.findall(text)
+        numbered = re.findall(r"^\d+\. ", text, re.M)
+        assert runs and len(runs) == max(1, len(numbered)), f"{name}: every run needs its machine, date, command, JSON"
