@@ -625,6 +625,29 @@ def explore_reply_table() -> str:
     return plain(header, rows, right=1) + "\n" + run_line(EXPLORE_RENDER)
 
 
+ONE_ROW_PRODUCTS = Source(
+    "benchmarks/results/one_row_products.json",
+    "Zen 4",
+    "AMD EPYC Zen 4, native bf16, 2 cores, idle (the fast-decoding section's machine when it was written)",
+    "python benchmarks/one_row_products.py --rounds 41",
+)
+ONE_ROW_READERS = {
+    "F.linear": "`F.linear` on the (out, in) rows `nn.Linear` keeps",
+    "(in, out) copy": "`torch.addmm` on an (in, out) copy of each weight",
+    "kqv one-row": "kqv's one-row products (`kqv.nn.decoding.one_row_product`)",
+    "memory": "memory: a plain sum over a 256 MB tensor",
+}
+
+
+def one_row_products_table() -> str:
+    """GB/s of the benchmark model's weights read for one row, by each way of multiplying, per thread count."""
+    record = ONE_ROW_PRODUCTS.load()
+    threads = sorted(record["rows"], key=int)
+    rows = [[label, *(f"{record['rows'][t][key]:.1f}" for t in threads)] for key, label in ONE_ROW_READERS.items()]
+    header = ["one row times every linear weight", *(f"GB/s, {t} thread{'s' if t != '1' else ''}" for t in threads)]
+    return plain(header, rows, right=1) + "\n" + run_line(ONE_ROW_PRODUCTS)
+
+
 ZEN4_MT = "AMD EPYC Zen 4, native bf16, 2 cores, idle"
 STEP_KERNELS = Source(
     "benchmarks/results/step_kernels.json",
@@ -792,6 +815,7 @@ def mt_precision_parts_table() -> str:
 
 
 TABLES: dict[str, Callable[[], str]] = {
+    "one-row-products": one_row_products_table,
     "explore-render": explore_render_table,
     "explore-reply": explore_reply_table,
     "moe-load": moe_load_table,
