@@ -2,14 +2,17 @@
 
 A table lives in a page between two markers, `<!-- table: NAME -->` and `<!-- /table -->`; this script replaces
 what is between them with the table `TABLES[NAME]` builds from its JSON files, each row with the machine it ran on,
-the date (from the JSON's own timestamp) and the number of its run in the list of commands under the table. Prose
+the date (from the JSON's own timestamp, or the day of the commit that added a JSON without one) and the number of
+its run in the list of commands under the table (or, for a table of one run, that run under it). Prose
 explains the tables; it does not restate them. `tests/test_doc_tables.py` fails when a page's table differs from
 what this script writes.
 
     python docs/gen_tables.py            # rewrite the tables in docs/*.md
     python docs/gen_tables.py --check    # exit 1, naming the tables, when a page is out of date
 
-The JSON does not record the machine's kind or the command line, so `SOURCES` below says them for each file.
+Most JSON files record neither the machine's kind nor the command line, so each file's `Source` below says them; a
+few record their own command, which the table then quotes (`with_command`). A page's figures with no JSON behind
+them are not tabled here: the page names the command that would write them instead.
 """
 
 from __future__ import annotations
@@ -180,8 +183,8 @@ TRANSLATION_SPEED = Source(
     "2 cores, shared",
     "this project's 2-core x86_64 machine, shared with other benchmarks, one thread",
     "python benchmarks/translation_speed.py",
+    "2026-11-22",  # the JSON records no date: the day of the commit that added it
 )
-TRANSLATION_SPEED_DATE = "2026-11-22"  # the JSON records no date: the day of the commit that added it
 
 PEERS = {"hf": "Hugging Face", "xtrans": "x-transformers"}
 
@@ -392,9 +395,7 @@ def translation_speed_table() -> str:
     names["HF MarianMTModel.generate"] = "HF `MarianMTModel.generate(num_beams=4)`"
     rows = [
         [
-            TRANSLATION_SPEED.machine,
-            TRANSLATION_SPEED_DATE,
-            "1",
+            *first_columns(TRANSLATION_SPEED, [TRANSLATION_SPEED]),
             names[name],
             f"{result['sentences_per_s']:.2f}",
             f"{result['seconds']:.1f}",
@@ -405,9 +406,7 @@ def translation_speed_table() -> str:
     ]
     header = ["decoder", f"sentences/s (beam {record['beam']})", f"seconds for {record['sentences']} verses"]
     header += ["each round, s", "translations identical to HF's"]
-    table = markdown(header, rows, right=1, sources=[])
-    run = f"1. {TRANSLATION_SPEED.detail}, {TRANSLATION_SPEED_DATE}: `{TRANSLATION_SPEED.command}` "
-    return table + run + f"(`{TRANSLATION_SPEED.file}`)\n"
+    return markdown(header, rows, right=1, sources=[TRANSLATION_SPEED])
 
 
 def ab_compare_table() -> str:
