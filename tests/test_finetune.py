@@ -252,3 +252,38 @@ def test_an_exported_char_run_is_a_source_whose_unseen_characters_are_named(lm_d
     with pytest.raises(DataError, match=r"1 characters of 1 kinds .*'Q' \(1x\)"):
         finetune(exported, tmp_path / "bad", text=FINETUNE_TEXT + "Q\n")
     assert not (tmp_path / "bad" / "run").exists()
+
+
+def test_a_hub_name_is_fetched_as_safetensors_and_tokenizer_only(gpt2_dir, monkeypatch):
+    """`--init openai-community/gpt2` (no such directory) asks huggingface_hub for the snapshot, weights as
+    safetensors and the tokenizer only, and reads it as the directory it is (no network: the download is faked)."""
+    import huggingface_hub
+
+    from kqv.jobs.init import read_source
+
+    asked = {}
+
+    def snapshot_download(name, allow_patterns):
+        asked.update(name=name, patterns=allow_patterns)
+        return str(gpt2_dir)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    source = read_source("openai-community/gpt2")
+    assert source.path == gpt2_dir and source.kind == "Hugging Face GPT-2"
+    assert asked["name"] == "openai-community/gpt2" and "model.safetensors" in asked["patterns"]
+    assert not any(pattern.endswith((".bin", ".pt", ".pkl")) for pattern in asked["patterns"])
+
+
+def test_a_hub_name_that_cannot_be_fetched_is_one_clear_error(monkeypatch, tmp_path):
+    import huggingface_hub
+
+    from kqv.jobs.init import read_source
+
+    def offline(name, allow_patterns):
+        raise OSError("Name or service not known")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    with pytest.raises(ConfigError, match=r"--init gpt2: no such directory, and it could not be fetched .*\(OSError\)"):
+        read_source("gpt2")
+    with pytest.raises(ConfigError, match="neither a kqv LM run"):
+        read_source(tmp_path)  # an existing directory is never taken for a hub name

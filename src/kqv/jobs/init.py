@@ -19,6 +19,7 @@ weights file), so a fine-tune says what it started from even after SOURCE has ch
 from __future__ import annotations
 
 import hashlib
+import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +56,7 @@ def read_source(path: str | Path) -> Source:
     """The source of a fine-tune: a kqv LM run or a Hugging Face GPT-2 directory (`ConfigError` for anything else)."""
     from .pretrained import is_hf_directory  # it imports the LM job, which imports this module
 
-    path = Path(path)
+    path = Path(path) if Path(path).exists() or not is_hub_name(str(path)) else download_from_hub(str(path))
     if is_hf_directory(path):
         from ..interop import config_from_hf, read_hf_directory
 
@@ -77,6 +78,29 @@ def read_source(path: str | Path) -> Source:
     if not weights.is_file():
         raise ConfigError(f"--init {path} has no trained weights ({weights} is missing): train it first")
     return Source(path, "kqv run", ModelConfig.from_dict(values["model"]), file_sha256(weights))
+
+
+HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # "gpt2", "openai-community/gpt2"
+HUB_FILES = ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json")
+
+
+def is_hub_name(name: str) -> bool:
+    """Whether `name` (not an existing path) reads as a Hugging Face hub model id rather than a mistyped path."""
+    return bool(HUB_NAME.fullmatch(name))
+
+
+def download_from_hub(name: str) -> Path:
+    """The local snapshot of hub model `name` (safetensors weights and the tokenizer only: nothing that would run
+    code), downloaded by `huggingface_hub` into its cache, or read from there when it is already cached."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(name, allow_patterns=list(HUB_FILES)))
+    except Exception as error:  # offline, unknown id, gated model: all end the same way for the user
+        raise ConfigError(
+            f"--init {name}: no such directory, and it could not be fetched from the Hugging Face hub "
+            f"({type(error).__name__}); give a directory (a kqv LM run, or a GPT-2 saved with save_pretrained)"
+        ) from None
 
 
 def file_sha256(path: Path) -> str:
