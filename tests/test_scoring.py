@@ -262,3 +262,12 @@ def test_kqv_eval_scores_pairs_by_suffix_and_writes_predictions(run_dir, tmp_pat
 
 def test_escape_line_keeps_a_completion_on_one_readable_line():
     assert escape_line("a\\b\nc\td\r") == "a\\\\b\\nc\\td\\r"
+
+
+def test_a_run_of_another_job_says_complete_works_on_lm_runs(tmp_path):
+    from kqv.jobs import get_job
+
+    vit = get_job("vit")
+    run = vit.run_class(vit, None, torch.nn.Linear(2, 2), None, tmp_path / "vit")
+    with pytest.raises(kqv.errors.RunError, match="vit is .* run; complete works on lm runs"):
+        run.complete(["To be"])

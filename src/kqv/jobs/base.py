@@ -118,6 +118,10 @@ class TrainedRun:
         """Continue a prompt (language-model runs: `LMRun.generate`)."""
         raise self.not_offered("generate")
 
+    def complete(self, *args: Any, **options: Any) -> Any:
+        """Complete many prompts, each to its end of text (language-model runs: `LMRun.complete`)."""
+        raise self.not_offered("complete")
+
     def evaluate(self, *args: Any, **options: Any) -> Any:
         """Score the model on held-out data (`LMRun.evaluate`, `MTRun.evaluate`, `VitRun.evaluate`)."""
         raise self.not_offered("evaluate")

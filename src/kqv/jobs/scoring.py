@@ -24,7 +24,7 @@ from ..data.completions import check_examples, end_of_text, read_examples
 from ..data.tokenizers import Tokenizer
 from ..errors import ConfigError, DataError, spoken
 from ..nn.devices import model_device
-from ..nn.generation import GenerationConfig
+from ..nn.generation import GenerationConfig, in_dtype
 from ..nn.models import DecoderLM
 from ..train.evaluation import wilson_interval
 from ..train.files import write_atomically
@@ -92,20 +92,15 @@ def complete_ids(
 ) -> list[list[int]]:
     """The new ids of each prompt's completion, cut before its first `eos_id`. Prompts are sorted by length and
     continued `batch_size` at a time, left-padded (`generate`'s attention_mask), so a batch pads little."""
-    check_at_least(spoken("--batch-size", "batch_size"), batch_size, 1)
-    limit = model.config.max_len if model.config.position == "learned" else None
-    for number, ids in enumerate(prompts, 1):
-        if limit is not None and len(ids) > limit:
-            raise DataError(
-                f"prompt {number} is {len(ids):,} tokens, more than the {limit} positions this model learned; "
-                f"shorten it"
-            )
+    check_at_least("batch_size", batch_size, 1)
+    limit = learned_positions(model)
+    check_prompt_lengths(prompts, limit)
     device = model_device(model)
     generator = torch.Generator(device).manual_seed(config.seed)
-    options = {**config.sampling, "use_cache": config.use_cache, "dtype": config.torch_dtype}
+    options = {**config.sampling, "use_cache": config.use_cache}
+    model = in_dtype(model.eval(), config.torch_dtype)  # one lower-precision copy (if any) for every batch
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     completions: list[list[int]] = [[] for _ in prompts]
-    model.eval()
     for start in range(0, len(order), batch_size):
         chosen = order[start : start + batch_size]
         ids, mask = left_padded([prompts[i] for i in chosen], eos_id, device)
@@ -114,6 +109,21 @@ def complete_ids(
         for i, row in zip(chosen, out[:, ids.shape[1] :].tolist(), strict=True):
             completions[i] = row[: row.index(eos_id)] if eos_id in row else row
     return completions
+
+
+def learned_positions(model: DecoderLM) -> int | None:
+    """How many positions the model learned (its max_len with learned positions; None: no such limit)."""
+    return model.config.max_len if model.config.position == "learned" else None
+
+
+def check_prompt_lengths(prompts: list[list[int]], limit: int | None) -> None:
+    """Refuse a prompt longer than the positions the model learned, naming it."""
+    for number, ids in enumerate(prompts, 1):
+        if limit is not None and len(ids) > limit:
+            raise DataError(
+                f"prompt {number} is {len(ids):,} tokens, more than the {limit} positions this model learned; "
+                f"shorten it"
+            )
 
 
 def left_padded(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -241,8 +251,8 @@ def completion_nats(
     """The summed cross-entropy (nats) of every answer token given its prompt and the answer before it, and the
     number of answer tokens. Each prompt + answer is one row, padded on the right (a causal model's earlier
     positions never see the padding) with targets -100 on the prompt and the padding."""
-    check_at_least(spoken("--batch-size", "batch_size"), batch_size, 1)
-    limit = model.config.max_len if model.config.position == "learned" else None
+    check_at_least("batch_size", batch_size, 1)
+    limit = learned_positions(model)
     rows = []
     for number, (prompt, answer) in enumerate(zip(prompts, answers, strict=True), 1):
         if limit is not None and len(prompt) + len(answer) - 1 > limit:
