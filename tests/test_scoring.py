@@ -196,7 +196,7 @@ def gpt2_dir(tmp_path_factory):
     return path
 
 
-def test_a_gpt2_directory_completes_as_transformers_greedy_loop(gpt2_dir):
+def test_a_gpt2_directory_completes_and_scores_pairs_as_transformers_does(gpt2_dir, tmp_path):
     from transformers import GPT2LMHeadModel
 
     hf = GPT2LMHeadModel.from_pretrained(gpt2_dir).eval()
@@ -208,6 +208,18 @@ def test_a_gpt2_directory_completes_as_transformers_greedy_loop(gpt2_dir):
         for p in prompts
     ]
     assert run.complete(prompts, temperature=0, max_new_tokens=6) == expected
+    pairs = [("To be, or", " not to be"), ("that is the", " question.")]
+    (tmp_path / "qa.jsonl").write_text("".join(json.dumps({"prompt": p, "completion": c}) + "\n" for p, c in pairs))
+    result = run.evaluate(pairs=tmp_path / "qa.jsonl")
+    nats, count = 0.0, 0
+    for prompt, completion in pairs:  # transformers' logits over the completion positions
+        prompt_ids = run.tokenizer.encode(prompt)
+        answer = run.tokenizer.encode(completion) + [eos_id]
+        with torch.no_grad():
+            logits = hf(torch.tensor([prompt_ids + answer[:-1]])).logits[0, len(prompt_ids) - 1 :]
+        nats += F.cross_entropy(logits, torch.tensor(answer), reduction="sum").item()
+        count += len(answer)
+    assert result.tokens == count and result.loss == pytest.approx(nats / count, rel=1e-5)
 
 
 def test_kqv_generate_prompts_writes_one_completion_a_line(run_dir, tmp_path, capsys):
