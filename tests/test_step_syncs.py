@@ -26,6 +26,8 @@ KINDS = {
     "moe": dict(ffn="moe", experts={"count": 3, "capacity_factor": 0.5}, position="learned"),
     "linformer": dict(attention="linformer", linformer={"k": 4}),
     "local": dict(attention="local", local={"block": 4}, position="rope"),
+    "blockwise+alibi": dict(blockwise="always", position="alibi"),
+    "blockwise+relative": dict(blockwise="always", position="relative"),
 }
 
 

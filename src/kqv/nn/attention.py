@@ -30,7 +30,7 @@ from .cores import (
     scaled_dot_product_attention,
 )
 from .dmca import LocalAttention, MemoryCompressedAttention
-from .positions import AttentionPositions, attention_positions
+from .positions import AttentionPositions, attention_positions, position_tensor
 from .sparse import BigBirdAttention, LinformerAttention
 
 Score = Literal["dot", "multiplicative", "reduced_rank", "additive"]
@@ -248,19 +248,21 @@ class MultiHeadAttention(nn.Module):
         *,
         mask: Tensor | None = None,
         causal: bool = False,
-        positions: Tensor | None = None,
+        positions: Tensor | range | None = None,
         cache: KVCache | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         """x (batch, q_time, d_model); memory (batch, k_time, d_model) for cross-attention.
 
-        `positions` (q_time,) are the absolute positions of x's tokens (default 0..q_time-1, or after the cache).
+        `positions` (q_time,) are the absolute positions of x's tokens (default 0..q_time-1, or after the cache),
+        a LongTensor or a `range`.
         `mask` is bool, broadcastable to (batch, heads, q_time, k_time), True = may attend; `causal` adds the
         causal mask. Returns (output (batch, q_time, d_model), weights or None).
         """
-        if positions is None:
+        if positions is None:  # consecutive: a range, which a core plans by without reading the device
             start = cache.length if cache is not None and not self.cross_attention else 0
-            positions = torch.arange(start, start + x.shape[1], device=x.device)
+            positions = range(start, start + x.shape[1])
+        q_pos, positions = positions, position_tensor(positions, x.device)  # as given, for the core; a tensor
         queries = self.positions.rotate(self.split_heads(self.to_queries(x)), positions)  # (batch, heads, q, hd)
         keys, values = self.keys_values(x, memory, positions, cache)  # (batch, heads, k_time, head_dim)
         output, weights = self.core.attend(
@@ -268,7 +270,7 @@ class MultiHeadAttention(nn.Module):
             keys,
             values,
             positions=self.positions,
-            q_pos=positions,
+            q_pos=q_pos,
             mask=mask,
             causal=causal,
             dropout=self.dropout if self.training else 0.0,

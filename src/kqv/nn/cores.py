@@ -9,7 +9,8 @@ layer uses is decided once, when the layer is built, from `ModelConfig.attention
 The interface (`AttentionCore.attend`):
     queries (batch, heads, q_time, head_dim), keys and values (batch, heads, k_time, head_dim), already rotated;
     `positions`, the layer's `AttentionPositions` (for schemes that add a score or value bias);
-    `q_pos` (q_time,) the queries' positions (keys are at 0..k_time-1);
+    `q_pos` (q_time,) the queries' positions, a LongTensor or, when consecutive, a Python `range` (keys are at
+    0..k_time-1);
     `mask` bool broadcastable to (batch, heads, q_time, k_time), True = may attend, or None;
     `causal`, `dropout` (attention dropout, 0 in eval), `need_weights`.
     Returns (output (batch, heads, q_time, head_dim), weights (batch, heads, q_time, k_time) or None).
@@ -38,7 +39,7 @@ from .blockwise import blockwise_attention
 from .config import Blockwise, ModelConfig
 from .devices import kernels
 from .dropout import dropout as apply_dropout
-from .positions import AttentionPositions
+from .positions import AttentionPositions, position_tensor
 
 PLAIN_BF16_PAIRS = 256 * 256  # up to this many scores, bf16 attention on the CPU is faster as plain matmuls
 BLOCKWISE_MIN_PAIRS = 1 << 21  # below ~1,450 x 1,450 scores the dense matrix is cheap: blockwise only saves memory
@@ -158,7 +159,7 @@ class AttentionCore(nn.Module):
         values: Tensor,
         *,
         positions: AttentionPositions,
-        q_pos: Tensor,
+        q_pos: Tensor | range,
         mask: Tensor | None,
         causal: bool,
         dropout: float,
@@ -194,7 +195,7 @@ class FullAttention(AttentionCore):
         values: Tensor,
         *,
         positions: AttentionPositions,
-        q_pos: Tensor,
+        q_pos: Tensor | range,
         mask: Tensor | None,
         causal: bool,
         dropout: float,
@@ -204,7 +205,7 @@ class FullAttention(AttentionCore):
         causal = causal and q_time > 1  # one query (decoding a token) is the newest position: it sees every key
         key_padding = padding_of(mask, queries.shape[0])  # (batch, k_time), or None when mask is not padding
         if self.use_flex(queries, keys, positions, mask, key_padding, dropout, need_weights):
-            score_mod = positions.score_mod(queries, q_pos)
+            score_mod = positions.score_mod(queries, position_tensor(q_pos, queries.device))
             return flex.attend(
                 queries,
                 keys,
@@ -215,21 +216,21 @@ class FullAttention(AttentionCore):
                 mask_key="causal",
             ), None
         if self.use_blockwise(positions, q_time, k_time, mask, key_padding, causal, dropout, need_weights):
-            return blockwise_attention(
+            return blockwise_attention(  # given ranges, it plans its blocks without reading the device
                 queries,
                 keys,
                 values,
                 positions=positions,
                 q_pos=q_pos,
-                k_pos=torch.arange(k_time, device=queries.device),
+                k_pos=range(k_time),
                 causal=causal,
                 key_padding=key_padding,
             ), None
 
-        k_pos = (
-            torch.arange(k_time, device=queries.device)
+        q_pos, k_pos = (
+            (position_tensor(q_pos, queries.device), torch.arange(k_time, device=queries.device))
             if positions.has_score_bias or positions.has_value_bias
-            else None
+            else (None, None)
         )
         # (heads | 1, q_time, k_time) or (batch, heads, q_time, k_time)
         bias = positions.score_bias(queries, q_pos, k_pos) if positions.has_score_bias else None
@@ -302,7 +303,7 @@ class PaddingOnlyCore(AttentionCore):
         values: Tensor,
         *,
         positions: AttentionPositions,
-        q_pos: Tensor,
+        q_pos: Tensor | range,
         mask: Tensor | None,
         causal: bool,
         dropout: float,

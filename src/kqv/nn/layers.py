@@ -162,7 +162,7 @@ class DecoderBlock(nn.Module):
         *,
         mask: Tensor | None = None,
         memory_mask: Tensor | None = None,
-        positions: Tensor | None = None,
+        positions: Tensor | range | None = None,
         cache: tuple[KVCache, KVCache] | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, dict[str, Tensor | None]]:

@@ -23,6 +23,7 @@ from .experts import with_auxiliary_loss
 from .generation import generate, translate
 from .layers import DecoderBlock, EncoderBlock, make_norm
 from .losses import linear_cross_entropy
+from .positions import position_tensor
 from .sparse import share_linformer_projection
 
 
@@ -91,7 +92,7 @@ class Decoder(nn.Module):
         memory_mask: Tensor | None = None,
         cache: list[tuple[KVCache, KVCache]] | None = None,
         need_weights: bool = False,
-        positions: Tensor | None = None,
+        positions: Tensor | range | None = None,
         left_padding: Tensor | None = None,
     ) -> tuple[Tensor, list[dict]]:
         """ids (batch, time) are the new tokens; with a cache they continue the cached ones.
@@ -100,10 +101,12 @@ class Decoder(nn.Module):
         `left_padding` (batch,) counts the padding tokens before each row's first real one: absolute positions
         (added to the embeddings) start after them; relative schemes see only distances, which padding does not
         change. Returns hidden (batch, time, d_model) and the attention weights asked for."""
-        if positions is None:
+        if positions is None:  # consecutive: a range, so attention plans by positions without reading the device
             start = cache[0][0].length if cache else 0
-            positions = torch.arange(start, start + ids.shape[1], device=ids.device)
-        own_positions = positions if left_padding is None else (positions - left_padding[:, None]).clamp(min=0)
+            positions = range(start, start + ids.shape[1])
+        own_positions = position_tensor(positions, ids.device)
+        if left_padding is not None:
+            own_positions = (own_positions - left_padding[:, None]).clamp(min=0)
         x = self.embeddings(ids, own_positions)
         all_weights = []
         for i, block in enumerate(self.blocks):

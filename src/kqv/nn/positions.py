@@ -84,6 +84,15 @@ class LearnedPositions(nn.Module):
         )
 
 
+def position_tensor(positions: Tensor | range, device: torch.device | str | None = None) -> Tensor:
+    """Positions as the 1-D LongTensor the schemes take. Layers hand consecutive positions over as a Python `range`,
+    whose values are known without reading the device (blockwise attention plans its blocks from them); this
+    makes the tensor of the same values on `device`. A tensor is returned as it is."""
+    if isinstance(positions, range):
+        return torch.arange(positions.start, positions.stop, positions.step, device=device)
+    return positions
+
+
 class AttentionPositions(nn.Module):
     """Interface of in-attention position schemes; the default does nothing.
 

@@ -32,8 +32,8 @@ def blockwise_attention(
     values: Tensor,
     *,
     positions: AttentionPositions | None = None,
-    q_pos: Tensor | None = None,
-    k_pos: Tensor | None = None,
+    q_pos: Tensor | range | None = None,
+    k_pos: Tensor | range | None = None,
     causal: bool = False,
     key_padding: Tensor | None = None,
     block_size: int | tuple[int, int] | None = None,
@@ -44,7 +44,8 @@ def blockwise_attention(
 
     queries (batch, heads, q_time, head_dim); keys, values (batch, heads, k_time, head_dim); queries and keys
     already rotated if the scheme rotates. `q_pos` (q_time,) and `k_pos` (k_time,) are the positions the scheme
-    sees (default: the queries are the last q_time of 0..k_time-1, as with a cache). `causal` lets query i see
+    sees (default: the queries are the last q_time of 0..k_time-1, as with a cache): LongTensors, read once to
+    plan the blocks, or Python `range`s, which need no read of the device. `causal` lets query i see
     key j when j <= i + (k_time - q_time), as `kqv.attention.causal_mask`. `key_padding` (batch, k_time) bool,
     True = real token. `block_size` is (q_block, k_block), or one int for both; the default keeps a block of
     scores near 256K numbers. A query that may see no key outputs zeros, as the reference does. No attention
@@ -64,9 +65,8 @@ def blockwise_attention(
         )
     if q_time == 0 or k_time == 0:
         return queries.new_zeros(batch, heads, q_time, values.shape[-1])
-    device = queries.device
-    k_pos = torch.arange(k_time, device=device) if k_pos is None else k_pos
-    q_pos = torch.arange(k_time - q_time, k_time, device=device) if q_pos is None else q_pos
+    k_pos = range(k_time) if k_pos is None else k_pos
+    q_pos = range(k_time - q_time, k_time) if q_pos is None else q_pos
     bias = block_bias(positions, batch, heads, queries.dtype)
     fused = (
         fused
@@ -86,6 +86,7 @@ def blockwise_attention(
         key_padding,
         heads,
         queries.dtype,
+        queries.device,
         fused,
         Trace() if trace is None else trace,
     )

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from ..positions import position_tensor
+
 if TYPE_CHECKING:
     from .bias import BlockBias
 
@@ -38,8 +40,12 @@ class Block:
     high: int
 
 
-def blocks_of(pos: Tensor, size: int) -> list[Block]:
-    values = pos.tolist()
+def blocks_of(pos: Tensor | range, size: int, device: torch.device) -> list[Block]:
+    """Blocks of `size` consecutive queries or keys. Their extremes steer the plan in Python: a `range` (consecutive
+    positions, as layers pass them) gives them without reading the device, so a training step never waits here;
+    a tensor of positions is read once."""
+    values = pos if isinstance(pos, range) else pos.tolist()
+    pos = position_tensor(pos, device)
     return [
         Block(i, s, min(s + size, len(values)), pos[s : s + size], min(values[s : s + size]), max(values[s : s + size]))
         for i, s in enumerate(range(0, len(values), size))
@@ -75,20 +81,21 @@ class Plan:
 
     def __init__(
         self,
-        q_pos: Tensor,
-        k_pos: Tensor,
+        q_pos: Tensor | range,
+        k_pos: Tensor | range,
         q_block: int,
         k_block: int,
         causal: bool,
         key_padding: Tensor | None,
         heads: int,
         dtype: torch.dtype,
+        device: torch.device,
         fused: bool,
         trace: Trace,
     ):
         self.causal, self.fused, self.trace = causal, fused, trace
         self.offset = len(k_pos) - len(q_pos)  # query i is at index i + offset among the keys
-        self.q_blocks, self.k_blocks = blocks_of(q_pos, q_block), blocks_of(k_pos, k_block)
+        self.q_blocks, self.k_blocks = blocks_of(q_pos, q_block, device), blocks_of(k_pos, k_block, device)
         self.padding = self.keep = None
         if key_padding is not None:  # (batch, k_time) -> (batch * heads, 1, k_time)
             keep = key_padding.bool()[:, None, None, :].expand(-1, heads, -1, -1).reshape(-1, 1, key_padding.shape[1])
