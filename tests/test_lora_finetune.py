@@ -11,11 +11,17 @@ import kqv
 from kqv.cli.main import main
 from kqv.errors import ConfigError, RunError
 from kqv.nn.lora import LoRAConfig, add_lora
+from kqv.train.update import Updater
 from test_finetune import FINETUNE_TEXT, finetune, first_batch_loss, hf_greedy, logged_losses, tiny_run
 
 SOURCE = ["model.n_layers=2", "model.d_model=32", "model.d_ff=64"]
-LORA = ["finetune.lora_rank=2", "finetune.lora_alpha=4.0", 'finetune.lora_targets=["to_queries", "up"]']
-CONSTANT = ['train.schedule="constant"', "train.checkpoint_every=2"]  # the lr of step s >= 1 is the same for any steps
+LORA = [
+    "finetune.lora_rank=2",
+    "finetune.lora_alpha=4.0",
+    "finetune.lora_dropout=0.1",
+    'finetune.lora_targets=["to_queries", "up"]',
+]
+CONSTANT = ['train.schedule="constant"', "train.checkpoint_every=2"]  # checkpoints at 2 and 4; one at 3 is Ctrl-C's
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +40,7 @@ def adapted_source(source, run_dir):
     """The source model with rank-2 adapters holding the run's saved ones: the adapted model, built independently
     of the run's loading path."""
     model = kqv.load(source, device="cpu").model
-    add_lora(model, LoRAConfig(rank=2, alpha=4.0, targets=("to_queries", "up")))
+    add_lora(model, LoRAConfig(rank=2, alpha=4.0, dropout=0.1, targets=("to_queries", "up")))
     saved = load_file(run_dir / "checkpoint" / "model.safetensors")
     missing, unexpected = model.load_state_dict(saved, strict=False)
     assert not unexpected and all("lora_" not in name for name in missing)
@@ -58,7 +64,7 @@ def test_a_lora_finetune_trains_only_its_adapters_and_saves_them_alone(source, l
     assert summary["parameters"] == summary["finetune"]["trainable_parameters"] == trained
 
 
-def test_a_loaded_lora_run_gives_the_adapted_models_logits_and_tokens(source, lora_run):
+def test_a_loaded_lora_run_gives_the_adapted_models_logits_and_tokens(source, lora_run, capsys):
     run = kqv.load(lora_run, device="cpu")
     model = adapted_source(source, lora_run)
     ids = torch.tensor([run.tokenizer.encode("that is the")])
@@ -66,11 +72,26 @@ def test_a_loaded_lora_run_gives_the_adapted_models_logits_and_tokens(source, lo
         assert torch.equal(run.model(ids), model(ids))
         expected = run.tokenizer.decode(model.generate(ids[:, :4], 6, temperature=0)[0].tolist())
     assert run.generate("that", max_new_tokens=6, temperature=0) == [expected]
+    assert main(["generate", str(lora_run), "--prompt", "that", "--max-new-tokens", "6", "--temperature", "0"]) == 0
+    assert expected in capsys.readouterr().out
 
 
-def test_a_resumed_lora_run_continues_exactly(source, lora_run, tmp_path):
-    finetune(source, tmp_path, extra=[*LORA, *CONSTANT], steps=2)
-    kqv.train("lm", out=tmp_path / "run", resume=True, steps=4, quiet=True)
+def test_a_lora_run_stopped_by_ctrl_c_saves_its_adapters_and_resumes_exactly(source, lora_run, tmp_path, monkeypatch):
+    update = Updater.__call__
+
+    def interrupted_at_step_4(self, module, step, lr):
+        if step == 3:
+            raise KeyboardInterrupt
+        return update(self, module, step, lr)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Updater, "__call__", interrupted_at_step_4)
+        with pytest.raises(KeyboardInterrupt):
+            finetune(source, tmp_path, extra=[*LORA, *CONSTANT], steps=4)
+    checkpoint = tmp_path / "run" / "checkpoint"
+    assert json.loads((checkpoint / "state.json").read_text())["step"] == 3  # Ctrl-C saved update 3 (not 2)
+    assert all("lora_" in name for name in load_file(checkpoint / "model.safetensors"))
+    kqv.train("lm", out=tmp_path / "run", resume=True, quiet=True)
     assert logged_losses(tmp_path / "run") == logged_losses(lora_run)
     resumed = load_file(tmp_path / "run" / "checkpoint" / "model.safetensors")
     whole = load_file(lora_run / "checkpoint" / "model.safetensors")
@@ -92,7 +113,8 @@ def test_a_merged_export_gives_transformers_the_lora_runs_greedy_tokens(lora_run
 
 def test_frozen_weights_stay_bit_identical_and_the_others_train(source, tmp_path):
     extra = ["finetune.freeze_embeddings=true", "finetune.freeze_blocks=1"]
-    summary = finetune(source, tmp_path, extra=extra, steps=2)
+    finetune(source, tmp_path, extra=extra, steps=2)
+    summary = kqv.train("lm", out=tmp_path / "run", resume=True, steps=3, quiet=True)  # frozen again on a resume
     tuned = kqv.load(tmp_path / "run", device="cpu").model.state_dict()
     original = kqv.load(source, device="cpu").model.state_dict()
     frozen = [n for n in original if n.startswith(("decoder.embeddings.", "decoder.blocks.0.", "lm_head."))]
