@@ -130,7 +130,8 @@ def mutations(draw) -> tuple[str, str, object]:
         key = draw(st.from_regex(r"[a-z_]{1,12}", fullmatch=True).filter(lambda k: k not in _known(section)))
         return section, key, draw(values)
     if kind == "unknown section":
-        section = draw(st.from_regex(r"[a-z_]{1,12}", fullmatch=True).filter(lambda s: s not in (*SECTIONS, "task")))
+        known = (*SECTIONS, "task", "finetune")
+        section = draw(st.from_regex(r"[a-z_]{1,12}", fullmatch=True).filter(lambda s: s not in known))
         return section, draw(st.from_regex(r"[a-z_]{1,8}", fullmatch=True)), draw(values)
     if kind == "out of range":
         return draw(st.sampled_from(OUT_OF_RANGE))
