@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -169,7 +169,7 @@ class PairsEvaluation:
     loss: float
     perplexity: float
     tokens: int
-    predictions: tuple[Prediction, ...] = ()
+    predictions: tuple[Prediction, ...] = field(default=(), repr=False)  # one per pair: too long to print
 
     @property
     def exact_match(self) -> float:
