@@ -297,6 +297,38 @@ def test_mlm_model_exports_to_a_hugging_face_bert_for_masked_lm(mlm_run):
         torch.testing.assert_close(to_hf(run.model)(ids).logits, run.model(ids), atol=1e-5, rtol=0)
 
 
+def test_kqv_export_writes_an_mlm_run_as_a_bert_that_transformers_loads(mlm_run, tmp_path):
+    """`kqv export RUN --hf DIR` of an MLM run: AutoModelForMaskedLM gives the run's logits, AutoTokenizer its ids
+    and its [MASK]."""
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    from kqv.jobs.mlm import load_mlm_run
+
+    assert main(["export", str(mlm_run), "--hf", str(tmp_path / "bert")]) == 0
+    run = load_mlm_run(mlm_run)
+    bert, tokenizer = (
+        AutoModelForMaskedLM.from_pretrained(tmp_path / "bert"),
+        AutoTokenizer.from_pretrained(tmp_path / "bert"),
+    )
+    text = "To be, or not to be"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert ids == run.vocabulary.encode(text) and tokenizer.mask_token_id == run.vocabulary.mask_id
+    batch = torch.tensor([[run.vocabulary.cls_id, *ids[:5], run.vocabulary.mask_id, *ids[6:]]])
+    with torch.no_grad():
+        torch.testing.assert_close(bert.eval()(batch).logits, run.model(batch), atol=1e-5, rtol=0)
+
+
+def test_an_mlm_model_bert_cannot_hold_is_refused_by_name_with_nothing_written(tmp_path):
+    from kqv.errors import ConversionError
+    from kqv.jobs.export import export_hf
+
+    vocabulary = char_vocabulary()
+    model = kqv.MaskedLM(tiny_config(vocab_size=vocabulary.size, position="rope"))
+    with pytest.raises(ConversionError, match="cannot be written as a Hugging Face BERT: .*position"):
+        export_hf(model, vocabulary.tokenizer, tmp_path / "bert", "runs/mlm", "BertForMaskedLM", vocabulary.specials)
+    assert not (tmp_path / "bert").exists()
+
+
 def test_classifier_run_records_its_task_labels_and_dev_accuracy_and_its_loss_falls(tmp_path, tsv):
     (tmp_path / "tiny.toml").write_text(TINY_CLS)
     out = tmp_path / "run"

@@ -11,6 +11,7 @@ from pathlib import Path
 from ..data.completions import is_pairs_file
 from ..errors import ConfigError, DataError
 from ..jobs.lm import ATTENTION_MAX_TOKENS, LMRun
+from ..jobs.mlm import MLMRun
 from ..jobs.mt import MTRun
 from ..jobs.pretrained import PretrainedRun
 from ..jobs.scoring import PairsEvaluation, escape_line, read_prompts, write_completions, write_predictions
@@ -102,6 +103,11 @@ def lm_attention(run: LMRun | PretrainedRun, args: argparse.Namespace) -> None:
 def lm_export(run: LMRun | PretrainedRun, args: argparse.Namespace) -> None:
     path = run.export_hf(args.hf, merge=args.merge)
     print(f"wrote {path}: a Hugging Face GPT-2 (config.json, model.safetensors, tokenizer.json)")
+
+
+def mlm_export(run: MLMRun, args: argparse.Namespace) -> None:
+    path = run.export_hf(args.hf)
+    print(f"wrote {path}: a Hugging Face BertForMaskedLM (config.json, model.safetensors, tokenizer.json)")
 
 
 # -- translation runs ----------------------------------------------------------------------------------------------
@@ -301,7 +307,12 @@ RUN_COMMANDS = {
                         options={"action": "store_true"},
                     ),
                 ),
-            )
+            ),
+            "mlm": JobCommand(
+                "write an MLM run as a Hugging Face BERT directory (AutoModelForMaskedLM loads it)",
+                mlm_export,
+                (Flag("--hf", "the directory to write (new or empty)", options={"required": True}),),
+            ),
         }
     ),
     "translate": RunCommand(

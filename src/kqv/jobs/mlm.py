@@ -110,6 +110,19 @@ class MLMRun(TrainedRun):
     def vocabulary(self) -> Vocabulary:
         return self.tokenizer
 
+    def export_hf(self, directory: str | Path, *, merge: bool = False) -> Path:
+        """Write the run as a Hugging Face BERT directory (`kqv.jobs.export.export_hf`): `BertForMaskedLM`'s
+        config.json and model.safetensors, and the tokenizer with [PAD] [CLS] [SEP] [MASK], which
+        `transformers.AutoModelForMaskedLM` and `AutoTokenizer` load with the run's logits and ids. BERT's format
+        holds learned positions (`--set model.position="learned"` at training), LayerNorm and GELU; anything else
+        is refused by name, nothing written. `merge`: nothing to merge in an MLM run."""
+        from .export import export_hf
+
+        vocabulary = self.vocabulary
+        return export_hf(
+            self.model, vocabulary.tokenizer, directory, self.run_dir, "BertForMaskedLM", vocabulary.specials
+        )
+
 
 def check_mlm_run(config: MLMRunConfig) -> Callable[[Any, dict[str, Tensor]], None]:
     """What an MLM training checks once its vocabulary and data exist, before it writes anything: the memory of
