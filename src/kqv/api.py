@@ -113,7 +113,8 @@ def export(run: str | Path, *, hf: str | Path, merge: bool = False) -> Path:
     """Write a language-model run (or a GPT-2 directory) as the Hugging Face GPT-2 directory `hf` and return it:
     what `transformers.AutoModelForCausalLM.from_pretrained(hf)` loads, with the run's greedy tokens
     (`LMRun.export_hf`); a masked-LM run as a BERT directory (`AutoModelForMaskedLM`, `MLMRun.export_hf`). A
-    configuration the format cannot hold is refused by name, with nothing written. A LoRA run needs `merge=True`: its adapters are folded into its weights (`kqv export RUN --hf DIR --merge`)."""
+    configuration the format cannot hold is refused by name, with nothing written. A LoRA run needs `merge=True`:
+    its adapters are folded into its weights (`kqv export RUN --hf DIR --merge`)."""
     return load(run, device="cpu").export_hf(hf, merge=merge)
 
 
