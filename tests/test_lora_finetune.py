@@ -39,7 +39,7 @@ def lora_run(source, tmp_path_factory):
 def adapted_source(source, run_dir):
     """The source model with rank-2 adapters holding the run's saved ones: the adapted model, built independently
     of the run's loading path."""
-    model = kqv.load(source, device="cpu").model
+    model = kqv.load(source, device="cpu").model.eval()
     add_lora(model, LoRAConfig(rank=2, alpha=4.0, dropout=0.1, targets=("to_queries", "up")))
     saved = load_file(run_dir / "checkpoint" / "model.safetensors")
     missing, unexpected = model.load_state_dict(saved, strict=False)
@@ -91,6 +91,8 @@ def test_a_lora_run_stopped_by_ctrl_c_saves_its_adapters_and_resumes_exactly(sou
     checkpoint = tmp_path / "run" / "checkpoint"
     assert json.loads((checkpoint / "state.json").read_text())["step"] == 3  # Ctrl-C saved update 3 (not 2)
     assert all("lora_" in name for name in load_file(checkpoint / "model.safetensors"))
+    with pytest.raises(ConfigError, match=r"a resumed run cannot change finetune.lora_rank \(2 -> 4\)"):
+        kqv.train("lm", out=tmp_path / "run", resume=True, overrides=["finetune.lora_rank=4"], quiet=True)
     kqv.train("lm", out=tmp_path / "run", resume=True, quiet=True)
     assert logged_losses(tmp_path / "run") == logged_losses(lora_run)
     resumed = load_file(tmp_path / "run" / "checkpoint" / "model.safetensors")
@@ -179,3 +181,25 @@ def test_a_lora_run_whose_source_changed_or_moved_is_refused_by_name(source, lor
     shutil.rmtree(moved)
     with pytest.raises(RunError, match=rf"holds only its adapters, and its source cannot be read .* back at {moved}"):
         kqv.load(run_dir)
+
+
+def test_a_lora_finetune_of_a_gpt2_directory_loads_it_with_the_adapters(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    from kqv.data.tokenizers import BPETokenizer
+    from test_finetune import TEXT
+
+    gpt2 = tmp_path / "gpt2"
+    tokenizer = BPETokenizer.train(TEXT, vocab_size=300)
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=tokenizer.vocab_size, n_positions=32, n_embd=32, n_layer=2, n_head=2)
+    GPT2LMHeadModel(config).save_pretrained(gpt2)
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer.tokenizer).save_pretrained(gpt2)
+    finetune(gpt2, tmp_path / "ft", extra=[*LORA, "model.dropout=0.0"], steps=2)
+    run = kqv.load(tmp_path / "ft" / "run", device="cpu")
+    model = adapted_source(gpt2, tmp_path / "ft" / "run")
+    ids = torch.tensor([run.tokenizer.encode("that is the question")[:16]])
+    with torch.no_grad():
+        assert torch.equal(run.model(ids), model(ids))
+        tuned, original = run.model.state_dict(), kqv.load(gpt2, device="cpu").model.state_dict()
+    assert all(torch.equal(tuned[name], tensor) for name, tensor in original.items())
