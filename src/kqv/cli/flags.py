@@ -59,7 +59,12 @@ TRAIN_FLAGS: dict[str, tuple[Flag, ...]] = {
         Flag("--init", "an MLM run directory whose encoder and tokenizer to fine-tune", "data.init"),
     ),
     "lm": (
-        TEXT_DATA_FLAG,
+        Flag(
+            "--data",
+            "a text file or directory of .txt files instead of Shakespeare, or a .tsv/.jsonl file of "
+            "prompt -> completion pairs (the loss on the completions)",
+            "data.path",
+        ),
         Flag("--init", "a kqv LM run or Hugging Face GPT-2 directory to fine-tune (default config: finetune)"),
     ),
     "mlm": (TEXT_DATA_FLAG,),

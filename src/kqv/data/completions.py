@@ -8,16 +8,23 @@ continue `prompt` with `completion` and then the *end of text*, so that generati
   completion with it;
 - a character tokenizer has none, and kqv gives it no new one (that would need a new embedding row in a fine-tune):
   its end of text is the newline, so a completion that contains a newline is refused, naming the line.
+
+For training (`kqv.jobs.completions`) the examples are encoded once (`encode_examples`: prompt and completion each
+by itself, so a BPE merge never crosses the boundary between them) and split into train and validation examples
+(`split_examples`); the batches are made in `kqv.data.example_batches`.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import DataError
-from .tokenizers import Tokenizer
+import torch
+from torch import Tensor
+
+from ..errors import ConfigError, DataError
+from .tokenizers import Tokenizer, encode_texts
 
 PAIR_SUFFIXES = (".tsv", ".jsonl")
 END_OF_TEXT_TOKENS = ("<|endoftext|>", "<eos>")  # the first a tokenizer has is its end of text
@@ -30,6 +37,7 @@ class Example:
 
     prompt: str
     completion: str
+    line: int = field(default=0, compare=False)  # its line in the file (1-based), for errors; 0: not from a file
 
 
 def is_pairs_file(path: str | Path) -> bool:
@@ -48,20 +56,20 @@ def read_examples(path: str | Path) -> list[Example]:
     examples = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if line.strip():
-            examples.append(read_line(line, f"{path}:{number}"))
+            examples.append(read_line(line, f"{path}:{number}", number))
     if not examples:
         raise DataError(f"{path} has no pairs; write one prompt<TAB>completion (or JSON object) per line")
     return examples
 
 
-def _tsv_example(line: str, where: str) -> Example:
+def _tsv_example(line: str, where: str, number: int) -> Example:
     prompt, tab, completion = line.partition("\t")
     if not tab or "\t" in completion or not prompt or not completion:
         raise DataError(f"{where}: expected prompt<TAB>completion (one tab, both sides non-empty), got {line[:60]!r}")
-    return Example(prompt, completion)
+    return Example(prompt, completion, number)
 
 
-def _jsonl_example(line: str, where: str) -> Example:
+def _jsonl_example(line: str, where: str, number: int) -> Example:
     try:
         record = json.loads(line)
     except json.JSONDecodeError as error:
@@ -72,7 +80,7 @@ def _jsonl_example(line: str, where: str) -> Example:
         )
     if not record["prompt"] or not record["completion"]:
         raise DataError(f"{where}: the prompt and the completion must both be non-empty")
-    return Example(record["prompt"], record["completion"])
+    return Example(record["prompt"], record["completion"], number)
 
 
 def end_of_text(tokenizer: Tokenizer) -> tuple[int, str]:
@@ -110,4 +118,52 @@ def check_examples(examples: list[Example], tokenizer: Tokenizer, where: str = "
         raise DataError(
             f"{len(inside)} completion(s) of {where} contain the end-of-text {token!r} (pairs {shown}); this "
             f"tokenizer ends a completion with it, so remove it from the completions"
+        )
+
+
+SPLIT_SEED = 0  # the split of a file's examples into train and validation is the same for every run
+
+
+def split_examples(count: int, val_fraction: float) -> tuple[list[int], list[int]]:
+    """(train, val) indices of `count` examples: `max(1, round(val_fraction * count))` held out, chosen by a fixed
+    random permutation (the same whatever the run's seed, so runs that differ in seed share their validation
+    examples, and a file sorted by topic still gives validation examples of every topic); each part in file order."""
+    if not 0 < val_fraction <= 0.5:
+        raise ConfigError(f"data.val_fraction must be in (0, 0.5], got {val_fraction}")
+    held_out = max(1, round(val_fraction * count))
+    if count - held_out < 1:
+        raise DataError(
+            f"the file has {count} pair(s): too few for a training and a validation example; write at least 2"
+        )
+    order = torch.randperm(count, generator=torch.Generator().manual_seed(SPLIT_SEED)).tolist()
+    return sorted(order[held_out:]), sorted(order[:held_out])
+
+
+def encode_examples(examples: list[Example], tokenizer: Tokenizer) -> dict[str, Tensor]:
+    """The examples as token ids, one after another: `ids` (total,) int32, each example's prompt ids, completion
+    ids and the end-of-text id (`end_of_text`), and `lengths` (examples, 2) int32, each example's prompt and
+    completion token counts (the completion's with the end of text). Prompt and completion are encoded
+    separately, so the boundary between them is a token boundary."""
+    eot, _ = end_of_text(tokenizer)
+    prompts = encode_texts(tokenizer, [example.prompt for example in examples])
+    completions = encode_texts(tokenizer, [example.completion for example in examples])
+    ids = [token for prompt, completion in zip(prompts, completions) for token in (*prompt, *completion, eot)]
+    lengths = [(len(prompt), len(completion) + 1) for prompt, completion in zip(prompts, completions)]
+    return {
+        "ids": torch.tensor(ids, dtype=torch.int32),
+        "lengths": torch.tensor(lengths, dtype=torch.int32).reshape(-1, 2),
+    }
+
+
+def check_lengths(examples: list[Example], lengths: Tensor, context: int, where: str) -> None:
+    """Refuse an example the model cannot read whole: prompt + completion + end of text is at most context + 1
+    tokens (the model reads all but the last). The DataError names the first such example's line."""
+    totals = lengths.sum(dim=1).tolist()
+    long = [(example, total) for example, total in zip(examples, totals) if total > context + 1]
+    if long:
+        (example, total), count = long[0], len(long)
+        others = f" (and {count - 1} more)" if count > 1 else ""
+        raise DataError(
+            f"{where}:{example.line}: the example is {total} tokens with its end of text{others}, more than "
+            f"data.context + 1 = {context + 1}; raise data.context or shorten the example"
         )

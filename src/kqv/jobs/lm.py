@@ -20,6 +20,7 @@ from safetensors.torch import load, save
 from torch import nn
 
 from ..data.batches import batch_generator, sample_batch
+from ..data.completions import is_pairs_file
 from ..data.shakespeare import load_text, split_text
 from ..data.tokenizers import Tokenizer, encode_text, make_tokenizer
 from ..errors import ConfigError, DataError, RunError, spoken
@@ -36,6 +37,7 @@ from ..train.preflight import check_memory, check_prompt, check_splits
 from ..train.rundir import RunDirectory
 from ..train.runs import RunConfig, read_run
 from ..validation import Config, check_at_least
+from . import completions
 from .base import AttentionMaps, Job, Outcome, TrainedRun, Training, check_text
 from .finetune import FinetuneConfig, adapt, check_finetune, restore_source, saved_weights, total_parameters
 from .init import SourceTokenizer, finetune_config, load_source_weights, read_source
@@ -44,7 +46,8 @@ from .scoring import BATCH_SIZE, PairsEvaluation, check_pairs_alone, complete, e
 
 @dataclass
 class DataConfig(Config):
-    """Where the text comes from and how it becomes training blocks."""
+    """Where the text comes from and how it becomes training blocks; or, when `path` is a .tsv or .jsonl file of
+    prompt -> completion pairs, how its examples are batched and weighted (`kqv.jobs.completions`)."""
 
     section: ClassVar[str] = "data"
     path: str | None = None  # None: Shakespeare's complete works, the embedded default corpus
@@ -53,12 +56,29 @@ class DataConfig(Config):
     context: int = 256
     val_fraction: float = 0.1
     init: str | None = None  # a kqv LM run or Hugging Face GPT-2 directory to start from (kqv.jobs.init)
+    prompt_loss_weight: float = 0.0  # pairs only: the weight of the prompt's tokens in the loss (completion: 1)
+    packing: bool = False  # pairs only: several examples per row (block-diagonal attention), instead of padding
+
+    @property
+    def pairs(self) -> bool:
+        """Whether `path` is a file of prompt -> completion pairs rather than text."""
+        return self.path is not None and is_pairs_file(self.path)
 
     def check(self) -> None:
         if self.context < 2:
             raise ConfigError(f"data.context must be at least 2, got {self.context}")
         if not 0 < self.val_fraction <= 0.5:
             raise ConfigError(f"data.val_fraction must be in (0, 0.5], got {self.val_fraction}")
+        if not 0 <= self.prompt_loss_weight <= 1:
+            raise ConfigError(
+                f"data.prompt_loss_weight must be in [0, 1] (the prompt tokens' weight in the loss, the "
+                f"completion's being 1; 0 = completion only), got {self.prompt_loss_weight}"
+            )
+        if not self.pairs and (self.prompt_loss_weight or self.packing):
+            raise ConfigError(
+                "data.prompt_loss_weight and data.packing apply to a file of prompt -> completion pairs (data.path "
+                f"a .tsv or .jsonl file), not to text ({self.path or 'Shakespeare'}); drop them"
+            )
 
 
 @dataclass
@@ -124,15 +144,8 @@ def prepare_corpus(
         if check is not None:
             check(tokenizer, tokens)
         return tokenizer, tokens
-    text = load_text(data.path)
-    train_text, val_text = split_text(text, data.val_fraction)
-    whole = data.tokenizer == "char" or getattr(data, "init", None)  # a fine-tune's tokenizer checks all of it
-    tokenizer = job.make_tokenizer(data, text if whole else train_text)
-    tokens = {
-        "train": encode_text(tokenizer, train_text),
-        "val": encode_text(tokenizer, val_text),
-        "chars": torch.tensor([len(train_text), len(val_text)]),
-    }
+    pairs = getattr(data, "pairs", False)  # a file of prompt -> completion pairs (the LM job's)
+    tokenizer, tokens = completions.build_examples(job, data) if pairs else build_text(job, data)
     if check is not None:
         check(tokenizer, tokens)
     if run.writes:
@@ -142,16 +155,34 @@ def prepare_corpus(
     return tokenizer, tokens
 
 
+def build_text(job: Job, data: Any) -> tuple[Tokenizer, dict[str, torch.Tensor]]:
+    """The tokenizer and encoded splits of the text in `data.path`: `train`, `val` and `chars` (their lengths)."""
+    text = load_text(data.path)
+    train_text, val_text = split_text(text, data.val_fraction)
+    whole = data.tokenizer == "char" or getattr(data, "init", None)  # a fine-tune's tokenizer checks all of it
+    tokenizer = job.make_tokenizer(data, text if whole else train_text)
+    tokens = {
+        "train": encode_text(tokenizer, train_text),
+        "val": encode_text(tokenizer, val_text),
+        "chars": torch.tensor([len(train_text), len(val_text)]),
+    }
+    return tokenizer, tokens
+
+
 def check_lm_run(
     config: LMRunConfig, model: ModelConfig | None = None
 ) -> Callable[[Tokenizer, dict[str, torch.Tensor]], None]:
     """What an LM training checks once its tokenizer and data exist, before it writes anything: the memory of
     one batch (of `model`, default the config's: a fine-tune's is its source's), a block of context + 1 tokens in
-    each split, and the sample prompt (`kqv.train.preflight`)."""
+    each split, and the sample prompt (`kqv.train.preflight`); on pairs, that packing suits the model (the
+    examples' lengths were checked as they were encoded)."""
 
     def check(tokenizer: Tokenizer, tokens: dict[str, torch.Tensor]) -> None:
         context = config.data.context
         check_memory(model or config.model, config.train.batch_size, context, tokenizer.vocab_size, config.train.device)
+        if config.data.pairs:
+            completions.check_packing(model or config.model, config.data.packing)
+            return
         check_splits({"train": tokens["train"], "val": tokens["val"]}, context, tokenizer.vocab_size)
         check_prompt(tokenizer.encode, config.sample.prompt)
 
@@ -373,6 +404,8 @@ class LMJob(Job):
     noun = "language-model"
 
     def make_tokenizer(self, data: DataConfig, text: str) -> Tokenizer:
+        if data.pairs:  # one that has an end of text
+            return completions.pairs_tokenizer(data.tokenizer, text, data.vocab_size)
         return make_tokenizer(data.tokenizer, text, data.vocab_size)
 
     def restore(
@@ -419,8 +452,14 @@ class LMJob(Job):
         return model
 
     def make_batches(self, training: Training) -> dict[str, Any]:
-        """Random blocks of the train split for each update, and of the validation split for each evaluation."""
+        """Random blocks of the train split for each update, and of the validation split for each evaluation; on
+        pairs, batches of examples (`kqv.jobs.completions`)."""
         config, (_, tokens) = training.config, training.data
+        if config.data.pairs:
+            return {
+                **completions.trainer_options(config, tokens),
+                "afterwards": scoring_cost(config, len(tokens["val"])),
+            }
         train_ids, val_ids = tokens["train"], tokens["val"]
         batch, context, seed = config.train.batch_size, config.data.context, config.train.seed
 
@@ -449,6 +488,8 @@ class LMJob(Job):
     def outcome(self, training: Training) -> Outcome:
         """The perplexity of (up to `SCORED_TOKENS` of) the validation split, and the samples (samples.txt)."""
         config, model, (tokenizer, tokens) = training.config, training.model, training.data
+        if config.data.pairs:
+            return self.pairs_outcome(training)
         val = perplexity(
             model,
             tokens["val"],
@@ -464,8 +505,23 @@ class LMJob(Job):
             source["finetune"] = {**config.finetune.to_dict(), **trained}
         return Outcome({"val": val, **source}, samples[:1])
 
+    def pairs_outcome(self, training: Training) -> Outcome:
+        """The completion loss of the validation examples, and completions of validation prompts (samples.txt)."""
+        config, model, (tokenizer, tokens) = training.config, training.model, training.data
+        examples = completions.encoded(tokens, "val")
+        val = completions.completion_loss(model, examples, config.train.batch_size, config.data.context)
+        samples = completions.completion_samples(model, tokenizer, tokens, config.sample)
+        (training.run.path / SAMPLES_FILE).write_text("\n\n=====\n\n".join(samples) + "\n")
+        source = {"source": training.notes["source"]} if "source" in training.notes else {}
+        return Outcome({"val": val, **source}, samples[:1])
+
     def conclusion(self, training: Training, summary: dict[str, Any]) -> str:
         val = summary["val"]
+        if "examples" in val:  # pairs
+            return (
+                f"validation completion loss {val['loss']:.3f} nats/token over {val['examples']} examples after "
+                f"{summary['steps']} steps in {training.result.wall_seconds / 60:.1f} min"
+            )
         return (
             f"validation loss {val['loss']:.3f} nats/token ({val.get('bits_per_char', float('nan')):.3f} bits/char) "
             f"after {summary['steps']} steps in {training.result.wall_seconds / 60:.1f} min"

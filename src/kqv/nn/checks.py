@@ -72,11 +72,15 @@ def check_attention_mask(
     attention_mask: Tensor | None, ids: Tensor, past: int = 0, name: str = "attention_mask"
 ) -> Tensor | None:
     """Validate a (batch, past + time) mask of 1 = token, 0 = padding; return it as (batch, 1, 1, time) bool.
-    The values of a bool mask need no check (and none is read); any other dtype's are read once."""
+    The values of a bool mask need no check (and none is read); any other dtype's are read once. A bool
+    (batch, 1, time, past + time) mask, True = may attend (a packed row's, `kqv.nn.cores.packed_mask`), is checked
+    by shape and returned as it is."""
     if attention_mask is None:
         return None
     if not isinstance(attention_mask, Tensor):
         raise DataTypeError(f"{name} must be a torch.Tensor, got {type(attention_mask).__name__}")
+    if attention_mask.dim() == 4:
+        return check_pair_mask(attention_mask, ids, past, name)
     expected = (ids.shape[0], past + ids.shape[1])
     if tuple(attention_mask.shape) != expected:
         raise DataError(
@@ -85,3 +89,14 @@ def check_attention_mask(
     if attention_mask.dtype != torch.bool and not ((attention_mask == 0) | (attention_mask == 1)).all():
         raise DataError(f"{name} must contain only 1 (token) and 0 (padding)")
     return padding_mask(attention_mask)
+
+
+def check_pair_mask(mask: Tensor, ids: Tensor, past: int = 0, name: str = "attention_mask") -> Tensor:
+    """A bool (batch, 1, time, past + time) mask of which key each query may attend to, checked by shape only."""
+    expected = (ids.shape[0], 1, ids.shape[1], past + ids.shape[1])
+    if tuple(mask.shape) != expected or mask.dtype != torch.bool:
+        raise DataError(
+            f"a 4-D {name} must be bool with shape (batch, 1, time, time) = {expected}, got {tuple(mask.shape)} "
+            f"{mask.dtype}"
+        )
+    return mask

@@ -61,6 +61,13 @@ def padding_mask(attention_mask: Tensor) -> Tensor:
     return attention_mask.bool()[:, None, None, :]
 
 
+def packed_mask(sequences: Tensor) -> Tensor:
+    """(batch, time) sequence numbers of a packed row's tokens -> (batch, 1, time, time) bool, True where query i
+    and key j belong to the same sequence: block-diagonal, so that no sequence attends to another (the causal
+    mask is added by attention)."""
+    return (sequences[:, :, None] == sequences[:, None, :])[:, None]
+
+
 def padding_of(mask: Tensor | None, batch: int) -> Tensor | None:
     """The (batch, k_time) keys-to-keep of a padding mask (batch | 1, 1, 1, k_time); None for any other mask."""
     if mask is None or mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[2] != 1:

@@ -12,6 +12,7 @@ backward pass only scales them.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import ConfigError, DataError
@@ -120,3 +121,19 @@ def _blocks(
             if b is not None:
                 grads[2] += grad.sum(dim=0)
     return total / count, grads if wants_grad else []
+
+
+def weighted_cross_entropy(logits: Tensor, targets: Tensor, weights: Tensor, ignore_index: int = -100) -> Tensor:
+    """sum(weight * cross-entropy) / sum(weight) over the positions of logits (..., vocab) with targets (...) and
+    weights (...): a weighted mean, where weight 1 everywhere is the plain mean and a position of weight 0 (or
+    target `ignore_index`) counts for nothing. The cross-entropy is computed in fp32."""
+    if targets.shape != logits.shape[:-1] or weights.shape != targets.shape:
+        raise DataError(
+            f"targets and weights must have shape {tuple(logits.shape[:-1])}, one per position, got "
+            f"{tuple(targets.shape)} and {tuple(weights.shape)}"
+        )
+    losses = F.cross_entropy(
+        logits.flatten(0, -2).float(), targets.flatten(), ignore_index=ignore_index, reduction="none"
+    )  # (positions,), 0 where ignored
+    weights = weights.flatten().float().masked_fill(targets.flatten() == ignore_index, 0.0)
+    return (losses * weights).sum() / weights.sum()

@@ -94,20 +94,23 @@ class Decoder(nn.Module):
         need_weights: bool = False,
         positions: Tensor | range | None = None,
         left_padding: Tensor | None = None,
+        sequence_positions: Tensor | None = None,
     ) -> tuple[Tensor, list[dict]]:
         """ids (batch, time) are the new tokens; with a cache they continue the cached ones.
         attention_mask, bool, broadcastable to (batch, 1, time, cached + new time), True = may attend.
         `positions` (time,) are the new tokens' places in the sequence (default: after the cached ones).
         `left_padding` (batch,) counts the padding tokens before each row's first real one: absolute positions
         (added to the embeddings) start after them; relative schemes see only distances, which padding does not
-        change. Returns hidden (batch, time, d_model) and the attention weights asked for."""
+        change. `sequence_positions` (batch, time), when given, are the absolute positions instead: each token's
+        place in its own sequence when a row packs several (`DecoderLM.forward`). Returns hidden
+        (batch, time, d_model) and the attention weights asked for."""
         if positions is None:  # consecutive: a range, so attention plans by positions without reading the device
             start = cache[0][0].length if cache else 0
             positions = range(start, start + ids.shape[1])
         own_positions = position_tensor(positions, ids.device)
         if left_padding is not None:
             own_positions = (own_positions - left_padding[:, None]).clamp(min=0)
-        x = self.embeddings(ids, own_positions)
+        x = self.embeddings(ids, own_positions if sequence_positions is None else sequence_positions)
         all_weights = []
         for i, block in enumerate(self.blocks):
             x, weights = block(
@@ -146,14 +149,26 @@ class DecoderLM(nn.Module):
         *,
         attention_mask: Tensor | None = None,
         cache: list[tuple[KVCache, KVCache]] | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor:
         """ids (batch, time) -> logits (batch, time, vocab), or the mean cross-entropy when targets are given
         (targets (batch, time); -100 marks positions to ignore), plus the experts' load-balancing loss in training
-        (`kqv.nn.experts`)."""
+        (`kqv.nn.experts`).
+
+        `attention_mask` is a padding mask (batch, time), 1 = token, or a bool mask (batch, 1, time, time), True =
+        may attend, added to the causal one: a row that packs several sequences gives it block-diagonal
+        (`kqv.nn.cores.packed_mask`) so that no sequence attends to another. `positions` (batch, time) are then
+        each token's place in its own sequence (restarting at 0), which absolute schemes embed; the in-attention
+        schemes (RoPE, ALiBi, relative) see only distances within a sequence, the same wherever it sits in the row.
+        """
         check_id_tensor(ids)  # the values: by the embedding lookup (`kqv.nn.checks`), with no host read
         past = cache[0][0].length if cache else 0
         mask = check_attention_mask(attention_mask, ids, past)
-        hidden, _ = self.decoder(ids, attention_mask=mask, cache=cache)
+        if positions is not None and tuple(positions.shape) != tuple(ids.shape):
+            raise DataError(
+                f"positions must have the shape of the ids, {tuple(ids.shape)}, got {tuple(positions.shape)}"
+            )
+        hidden, _ = self.decoder(ids, attention_mask=mask, cache=cache, sequence_positions=positions)
         if targets is None:
             return self.lm_head(hidden)
         return with_auxiliary_loss(self, linear_cross_entropy(hidden, self.lm_head, targets))

@@ -1,0 +1,157 @@
+"""Batches of prompt -> completion examples (`kqv.data.completions`), padded or packed, never letting one example
+attend to another.
+
+An example of L tokens (prompt, completion, end of text) is read as its first L - 1 tokens, each predicting the
+next. Its targets on the prompt's tokens are -100 (ignored) when the prompt's loss weight is 0 (the default), and
+weighted by `prompt_loss_weight` otherwise (`weights`, 1 on the completion); padding is always ignored.
+
+* **Padding** (the default): one example per row, right-padded to the batch's longest with targets -100. A
+  causal model never attends from a real token to the padding after it, and each example has its own row.
+* **Packing**: several examples per row, up to `context` tokens, so that little of a batch is padding. Each
+  token carries the number of its example in the row (`sequences`), from which the model's attention mask is
+  block-diagonal (`kqv.nn.cores.packed_mask`), and its position within its own example (`positions`,
+  restarting at 0), so each example is computed as if it were alone in its row.
+
+Batch i depends only on i and the seed (the trainer's determinism contract): training rows come from a stream of
+epochs, each a permutation of the training examples drawn from `batch_generator(seed, epoch)`, cut into rows
+(one example each, or packed greedily in that order); batch i is rows i * batch_size ... of that stream.
+Validation rows take the examples in file order, and batch i is rows i * batch_size ... of them, cyclically.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import torch
+from torch import Tensor
+
+from .batches import batch_generator
+
+IGNORE = -100  # a target that counts for nothing (F.cross_entropy's ignore_index)
+
+
+@dataclass(frozen=True)
+class EncodedExamples:
+    """Examples as `kqv.data.completions.encode_examples` gives them: `ids` (total,) one after another and
+    `lengths` (examples, 2), each one's prompt and completion token counts (the completion's with the end of
+    text)."""
+
+    ids: Tensor
+    lengths: Tensor
+
+    def __len__(self) -> int:
+        return self.lengths.shape[0]
+
+    @cached_property
+    def spans(self) -> list[tuple[int, int, int]]:
+        """(start, prompt length, total length) of every example in `ids`, read once on the host."""
+        prompts, completions = self.lengths[:, 0].tolist(), self.lengths[:, 1].tolist()
+        starts, start = [], 0
+        for prompt, completion in zip(prompts, completions):
+            starts.append((start, prompt, prompt + completion))
+            start += prompt + completion
+        return starts
+
+    def inputs(self, k: int) -> int:
+        """How many tokens the model reads of example k: all but its last."""
+        return self.spans[k][2] - 1
+
+
+@dataclass(frozen=True)
+class ExampleBatches:
+    """Batch i of `examples` (`batch(i)`) for training (`shuffle=True`) or validation (file order, cyclic): rows of
+    one example each, or packed up to `context` tokens (`packing`), with prompt targets weighted by
+    `prompt_loss_weight` (0: ignored)."""
+
+    examples: EncodedExamples
+    batch_size: int
+    context: int
+    seed: int = 0
+    shuffle: bool = True
+    packing: bool = False
+    prompt_loss_weight: float = 0.0
+    _epochs: list[list[list[int]]] = field(default_factory=list, repr=False, compare=False)
+
+    def epoch_rows(self, epoch: int) -> list[list[int]]:
+        """The rows (lists of example numbers) of one pass over the examples: shuffled by epoch, or in order."""
+        epoch = epoch if self.shuffle else 0
+        while len(self._epochs) <= epoch:  # made in order and kept: epoch e's rows decide where e + 1 starts
+            count, e = len(self.examples), len(self._epochs)
+            order = torch.randperm(count, generator=batch_generator(self.seed, e)).tolist() if self.shuffle else None
+            self._epochs.append(self.cut_rows(order if order is not None else list(range(count))))
+        return self._epochs[epoch]
+
+    def cut_rows(self, order: list[int]) -> list[list[int]]:
+        """`order`'s examples as rows: one each, or packed greedily (an example that does not fit starts a row)."""
+        if not self.packing:
+            return [[k] for k in order]
+        rows: list[list[int]] = []
+        used = self.context + 1  # so that the first example starts a row
+        for k in order:
+            size = self.examples.inputs(k)
+            if used + size > self.context:
+                rows.append([])
+                used = 0
+            rows[-1].append(k)
+            used += size
+        return rows
+
+    def rows(self, i: int) -> list[list[int]]:
+        """The `batch_size` rows of batch i."""
+        first = i * self.batch_size
+        if not self.shuffle:
+            rows = self.epoch_rows(0)
+            return [rows[(first + j) % len(rows)] for j in range(self.batch_size)]
+        chosen, epoch, start = [], 0, 0  # start: the stream index of the epoch's first row
+        while len(chosen) < self.batch_size:
+            rows = self.epoch_rows(epoch)
+            if first + len(chosen) < start + len(rows):
+                chosen.append(rows[first + len(chosen) - start])
+            else:
+                epoch, start = epoch + 1, start + len(rows)
+        return chosen
+
+    def tokens(self, i: int) -> int:
+        """The real (not padding) tokens batch i feeds the model: its count for tokens/s."""
+        return sum(self.examples.inputs(k) for row in self.rows(i) for k in row)
+
+    def batch(self, i: int) -> dict[str, Tensor]:
+        """Batch i as tensors made on the host: `ids` and `targets` (batch, width), width the longest row; with
+        padding `attention_mask` (batch, width) bool, True on real tokens; with packing `sequences` (the number
+        of each token's example in its row, -1 on padding) and `positions` (each token's place in its example);
+        `weights` (batch, width) float when the prompt's weight is neither 0 nor 1."""
+        return self.collate(self.rows(i))
+
+    def collate(self, rows: list[list[int]]) -> dict[str, Tensor]:
+        """The batch whose rows hold the examples `rows` (lists of example numbers), as `batch` describes it."""
+        rows = [self.row(row) for row in rows]
+        width = max(len(row[0]) for row in rows)
+        names = ("ids", "targets", "weights", "sequences", "positions")
+        fill = (0, IGNORE, 0.0, -1, 0)
+        batch = {
+            name: torch.stack([torch.nn.functional.pad(row[n], (0, width - len(row[n])), value=v) for row in rows])
+            for n, (name, v) in enumerate(zip(names, fill))
+        }
+        if not self.packing:
+            batch["attention_mask"] = batch.pop("sequences") >= 0
+            del batch["positions"]
+        if self.prompt_loss_weight in (0.0, 1.0):
+            del batch["weights"]
+        return batch
+
+    def row(self, examples: list[int]) -> tuple[Tensor, ...]:
+        """(ids, targets, weights, sequences, positions) of one row holding `examples`, unpadded."""
+        parts = [self.example(k, n) for n, k in enumerate(examples)]
+        return tuple(torch.cat(column) for column in zip(*parts))
+
+    def example(self, k: int, number: int) -> tuple[Tensor, ...]:
+        """(ids, targets, weights, sequences, positions) of example k, the `number`-th of its row."""
+        start, prompt, total = self.examples.spans[k]
+        tokens = self.examples.ids[start : start + total].long()
+        ids, targets = tokens[:-1], tokens[1:].clone()  # (total - 1,) each
+        on_prompt = torch.arange(total - 1) < prompt - 1  # targets that are prompt tokens
+        weights = torch.where(on_prompt, self.prompt_loss_weight, 1.0)
+        if self.prompt_loss_weight == 0:
+            targets[on_prompt] = IGNORE
+        return ids, targets, weights, torch.full_like(ids, number), torch.arange(total - 1)

@@ -1,0 +1,167 @@
+"""The LM job on prompt -> completion pairs: `kqv train lm --data qa.tsv` (or .jsonl), with or without `--init`.
+
+When `data.path` names a file of pairs (`kqv.data.completions.is_pairs_file`), the LM job trains the model to
+continue each prompt with its completion and the end of text, instead of modelling a text:
+
+- the examples are read, checked (a completion may not hold the end of text; an example longer than
+  data.context + 1 tokens is refused, naming its line) and encoded with the run's tokenizer (a new one learns
+  the end of text: the newline for "char", `<eos>` for "bpe"; a fine-tune's is its source's), split into train
+  and validation examples, and stored in the run's tokens.safetensors, so a resume needs no source file;
+- batches pad or pack the examples (`kqv.data.example_batches`: `data.packing`), and the loss is on the
+  completion and its end of text, the prompt's tokens weighted by `data.prompt_loss_weight` (default 0);
+- the run's outcome is the completion loss of the validation examples, and samples.txt holds completions of
+  validation prompts, each stopped at the end of text.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..data.completions import (
+    check_examples,
+    check_lengths,
+    encode_examples,
+    end_of_text,
+    read_examples,
+    split_examples,
+)
+from ..data.example_batches import IGNORE, EncodedExamples, ExampleBatches
+from ..data.tokenizers import Tokenizer, make_tokenizer
+from ..errors import ConfigError
+from ..nn.config import ModelConfig
+from ..nn.cores import packed_mask
+from ..nn.devices import model_device
+from ..nn.experts import with_auxiliary_loss
+from ..nn.losses import weighted_cross_entropy
+
+SCORED_EXAMPLES = 2_000  # the validation examples the run's final completion loss scores
+SPLITS = ("train", "val")
+
+
+def pairs_tokenizer(kind: str, text: str, vocab_size: int) -> Tokenizer:
+    """A new tokenizer for the pairs' `text` that has an end of text: "char" learns the newline with the text's
+    characters, "bpe" gets the special token `<eos>` (`kqv.data.completions.end_of_text`)."""
+    if kind == "char":
+        return make_tokenizer(kind, text + "\n")
+    return make_tokenizer(kind, text, vocab_size, special_tokens=("<eos>",))
+
+
+def build_examples(maker: Any, data: Any) -> tuple[Tokenizer, dict[str, Tensor]]:
+    """The tokenizer (`maker.make_tokenizer(data, text)`) and the encoded splits of the pairs in `data.path`:
+    `train` and `val` (every example's ids, one after another), `train_lengths` and `val_lengths` (each example's
+    prompt and completion token counts) and `chars` (the characters of each split). What it refuses, it refuses
+    before anything is written."""
+    examples = read_examples(data.path)
+    tokenizer = maker.make_tokenizer(data, "".join(example.prompt + example.completion for example in examples))
+    end_of_text(tokenizer)  # a DataError when the tokenizer has none
+    check_examples(examples, tokenizer, str(data.path))
+    tokens: dict[str, Tensor] = {}
+    chars = []
+    for split, chosen in zip(SPLITS, split_examples(len(examples), data.val_fraction)):
+        part = [examples[k] for k in chosen]
+        ids = encode_examples(part, tokenizer)
+        check_lengths(part, ids["lengths"], data.context, str(data.path))
+        tokens[split], tokens[f"{split}_lengths"] = ids["ids"], ids["lengths"]
+        chars.append(sum(len(example.prompt) + len(example.completion) for example in part))
+    tokens["chars"] = torch.tensor(chars)
+    return tokenizer, tokens
+
+
+def encoded(tokens: dict[str, Tensor], split: str) -> EncodedExamples:
+    return EncodedExamples(tokens[split], tokens[f"{split}_lengths"])
+
+
+def check_packing(model: ModelConfig, packing: bool) -> None:
+    """Packing gives attention a block-diagonal mask, which only full attention takes (the sparse kinds take
+    padding masks only)."""
+    kinds = sorted(set(model.layer_attention_kinds()) - {"full"})
+    if packing and kinds:
+        raise ConfigError(
+            f"data.packing needs attention='full' in every layer (a packed row's mask keeps each example to "
+            f"itself, which {', '.join(kinds)} attention cannot take); set data.packing=false"
+        )
+
+
+def trainer_options(config: Any, tokens: dict[str, Tensor]) -> dict[str, Any]:
+    """train_batches, val_batches, loss_fn and tokens_per_batch of a training on pairs."""
+    data, train = config.data, config.train
+    options = {
+        "batch_size": train.batch_size,
+        "context": data.context,
+        "seed": train.seed,
+        "packing": data.packing,
+        "prompt_loss_weight": data.prompt_loss_weight,
+    }
+    training = ExampleBatches(encoded(tokens, "train"), shuffle=True, **options)
+    validation = ExampleBatches(encoded(tokens, "val"), shuffle=False, **options)
+    return {
+        "train_batches": training.batch,
+        "loss_fn": example_loss,
+        "val_batches": validation.batch,
+        "tokens_per_batch": training.tokens,
+    }
+
+
+def example_loss(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
+    """The loss of a batch of examples (`ExampleBatches.batch`): the model's mean cross-entropy over the targets
+    that count (completion, end of text, and the prompt unless its weight is 0), or, with `weights`, the weighted
+    mean of the cross-entropy computed from the logits. Nothing is read back to the host."""
+    if "sequences" in batch:
+        mask = packed_mask(batch["sequences"])  # (batch, 1, time, time): each example sees only itself
+    else:
+        mask = batch["attention_mask"]  # (batch, time): padding (after the example, so a causal model never sees it)
+    positions = batch.get("positions")
+    if "weights" not in batch:
+        return model(batch["ids"], batch["targets"], attention_mask=mask, positions=positions)
+    logits = model(batch["ids"], attention_mask=mask, positions=positions)
+    return with_auxiliary_loss(model, weighted_cross_entropy(logits, batch["targets"], batch["weights"]))
+
+
+def completion_loss(model: nn.Module, examples: EncodedExamples, batch_size: int, context: int) -> dict[str, float]:
+    """The mean cross-entropy of the completion tokens (with the end of text) of up to `SCORED_EXAMPLES` examples,
+    given their prompts: `loss`, `perplexity`, `tokens` and `examples` scored."""
+    device, count = model_device(model), min(len(examples), SCORED_EXAMPLES)
+    batches = ExampleBatches(examples, batch_size, context, shuffle=False)
+    total, tokens = torch.zeros((), device=device), torch.zeros((), device=device, dtype=torch.long)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for first in range(0, count, batch_size):
+            batch = batches.collate([[k] for k in range(first, min(first + batch_size, count))])
+            ids, targets, mask = (batch[name].to(device) for name in ("ids", "targets", "attention_mask"))
+            logits = model(ids, attention_mask=mask)
+            total += F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="sum")
+            tokens += (targets != IGNORE).sum()
+    model.train(was_training)
+    loss, scored = float(total) / int(tokens), int(tokens)
+    return {"loss": loss, "perplexity": math.exp(min(loss, 700)), "tokens": scored, "examples": count}
+
+
+def completion_samples(model: nn.Module, tokenizer: Tokenizer, tokens: dict[str, Tensor], sample: Any) -> list[str]:
+    """Completions of the first `sample.count` validation prompts, each sampled as `sample` says and stopped at
+    the end of text: the prompt, then the completion (without the end of text)."""
+    from .lm import generate_text  # the LM job imports this module
+
+    examples, (eot, eot_text) = encoded(tokens, "val"), end_of_text(tokenizer)
+    generator = torch.Generator(model_device(model)).manual_seed(0)
+    texts = []
+    for k in range(min(sample.count, len(examples))):
+        start, prompt_length, _ = examples.spans[k]
+        prompt = tokenizer.decode(examples.ids[start : start + prompt_length].tolist())
+        text = generate_text(
+            model,
+            tokenizer,
+            prompt,
+            sample.max_new_tokens,
+            temperature=sample.temperature,
+            top_k=sample.top_k,
+            eos_id=eot,
+            generator=generator,
+        )
+        texts.append(prompt + text[len(prompt) :].split(eot_text)[0])
+    return texts
