@@ -53,6 +53,12 @@ class EncodedExamples:
             start += prompt + completion
         return starts
 
+    def parts(self, k: int) -> tuple[list[int], list[int]]:
+        """The ids of example k's prompt, and of its completion with the end of text."""
+        start, prompt, total = self.spans[k]
+        ids = self.ids[start : start + total].tolist()
+        return ids[:prompt], ids[prompt:]
+
     def inputs(self, k: int) -> int:
         """How many tokens the model reads of example k: all but its last."""
         return self.spans[k][2] - 1

@@ -16,10 +16,10 @@ continue each prompt with its completion and the end of text, instead of modelli
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..data.completions import (
@@ -30,14 +30,16 @@ from ..data.completions import (
     read_examples,
     split_examples,
 )
-from ..data.example_batches import IGNORE, EncodedExamples, ExampleBatches
+from ..data.example_batches import EncodedExamples, ExampleBatches
 from ..data.tokenizers import Tokenizer, make_tokenizer
 from ..errors import ConfigError
 from ..nn.config import ModelConfig
 from ..nn.cores import packed_mask
-from ..nn.devices import model_device
 from ..nn.experts import with_auxiliary_loss
+from ..nn.generation import GenerationConfig
 from ..nn.losses import weighted_cross_entropy
+from ..train.files import SAMPLES_FILE
+from .scoring import complete, completion_nats
 
 SCORED_EXAMPLES = 2_000  # the validation examples the run's final completion loss scores
 SPLITS = ("train", "val")
@@ -122,46 +124,22 @@ def example_loss(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
     return with_auxiliary_loss(model, weighted_cross_entropy(logits, batch["targets"], batch["weights"]))
 
 
-def completion_loss(model: nn.Module, examples: EncodedExamples, batch_size: int, context: int) -> dict[str, float]:
-    """The mean cross-entropy of the completion tokens (with the end of text) of up to `SCORED_EXAMPLES` examples,
-    given their prompts: `loss`, `perplexity`, `tokens` and `examples` scored."""
-    device, count = model_device(model), min(len(examples), SCORED_EXAMPLES)
-    batches = ExampleBatches(examples, batch_size, context, shuffle=False)
-    total, tokens = torch.zeros((), device=device), torch.zeros((), device=device, dtype=torch.long)
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
-        for first in range(0, count, batch_size):
-            batch = batches.collate([[k] for k in range(first, min(first + batch_size, count))])
-            ids, targets, mask = (batch[name].to(device) for name in ("ids", "targets", "attention_mask"))
-            logits = model(ids, attention_mask=mask)
-            total += F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="sum")
-            tokens += (targets != IGNORE).sum()
-    model.train(was_training)
-    loss, scored = float(total) / int(tokens), int(tokens)
-    return {"loss": loss, "perplexity": math.exp(min(loss, 700)), "tokens": scored, "examples": count}
-
-
-def completion_samples(model: nn.Module, tokenizer: Tokenizer, tokens: dict[str, Tensor], sample: Any) -> list[str]:
-    """Completions of the first `sample.count` validation prompts, each sampled as `sample` says and stopped at
-    the end of text: the prompt, then the completion (without the end of text)."""
-    from .lm import generate_text  # the LM job imports this module
-
-    examples, (eot, eot_text) = encoded(tokens, "val"), end_of_text(tokenizer)
-    generator = torch.Generator(model_device(model)).manual_seed(0)
-    texts = []
-    for k in range(min(sample.count, len(examples))):
-        start, prompt_length, _ = examples.spans[k]
-        prompt = tokenizer.decode(examples.ids[start : start + prompt_length].tolist())
-        text = generate_text(
-            model,
-            tokenizer,
-            prompt,
-            sample.max_new_tokens,
-            temperature=sample.temperature,
-            top_k=sample.top_k,
-            eos_id=eot,
-            generator=generator,
-        )
-        texts.append(prompt + text[len(prompt) :].split(eot_text)[0])
-    return texts
+def score_and_sample(
+    model: nn.Module, tokenizer: Tokenizer, tokens: dict[str, Tensor], config: Any, run_dir: Path
+) -> tuple[dict[str, float], list[str]]:
+    """A pair run's outcome: the completion loss of (up to `SCORED_EXAMPLES` of) its validation examples given
+    their prompts (`loss`, `perplexity`, `tokens` and `examples` scored: `kqv.jobs.scoring.completion_nats`), and
+    completions of the first `sample.count` validation prompts, sampled as [sample] says and stopped at the end of
+    text, written to samples.txt (the prompt, then its completion)."""
+    examples = encoded(tokens, "val")
+    pairs = [examples.parts(k) for k in range(min(len(examples), SCORED_EXAMPLES))]
+    nats, count = completion_nats(model, [p for p, _ in pairs], [c for _, c in pairs], config.train.batch_size)
+    loss = nats / count
+    val = {"loss": loss, "perplexity": math.exp(min(loss, 700)), "tokens": count, "examples": len(pairs)}
+    sample = config.sample
+    prompts = [tokenizer.decode(prompt) for prompt, _ in pairs[: sample.count]]
+    options = {"max_new_tokens": sample.max_new_tokens, "temperature": sample.temperature, "top_k": sample.top_k}
+    answers = complete(model, tokenizer, prompts, GenerationConfig(**options))
+    samples = [prompt + answer for prompt, answer in zip(prompts, answers)]
+    (run_dir / SAMPLES_FILE).write_text("\n\n=====\n\n".join(samples) + "\n")
+    return val, samples

@@ -15,15 +15,13 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load, save
 from torch import nn
 
 from ..data.batches import batch_generator, sample_batch
 from ..data.completions import is_pairs_file
-from ..data.shakespeare import load_text, split_text
+from ..data.shakespeare import load_text
 from ..data.tokenizers import Tokenizer, encode_text, make_tokenizer
-from ..errors import ConfigError, DataError, RunError, spoken
+from ..errors import ConfigError, DataError, spoken
 from ..nn.config import ModelConfig
 from ..nn.devices import model_device
 from ..nn.generation import GenerationConfig, check_generation
@@ -31,14 +29,13 @@ from ..nn.lora import adapters, is_adapted, merge_lora
 from ..nn.models import DecoderLM, check_ids, count_parameters
 from ..train.checkpoints import partial_loader
 from ..train.evaluation import perplexity
-from ..train.files import SAMPLES_FILE, TOKENIZER_DIR, TOKENS_FILE, write_atomically
-from ..train.manifest import read_verified, verify
+from ..train.files import SAMPLES_FILE
 from ..train.preflight import check_memory, check_prompt, check_splits
-from ..train.rundir import RunDirectory
 from ..train.runs import RunConfig, read_run
 from ..validation import Config, check_at_least
 from . import completions
 from .base import AttentionMaps, Job, Outcome, TrainedRun, Training, check_text
+from .corpus import describe_corpus, load_tokens, prepare_corpus
 from .finetune import FinetuneConfig, adapt, check_finetune, restore_source, saved_weights, total_parameters
 from .init import SourceTokenizer, finetune_config, load_source_weights, read_source
 from .scoring import BATCH_SIZE, PairsEvaluation, check_pairs_alone, complete, evaluate_pairs
@@ -130,45 +127,6 @@ class LMRunConfig(RunConfig):
         return self.model.replace(vocab_size=vocab_size)
 
 
-def prepare_corpus(
-    job: Job, data: Any, run: RunDirectory, check: Callable[[Any, dict[str, torch.Tensor]], None] | None = None
-) -> tuple[Any, dict[str, torch.Tensor]]:
-    """The tokenizer and encoded splits of a text corpus (`data`: a [data] section with path, tokenizer and
-    val_fraction): loaded from the run when it resumes a checkpoint (they were written before it), else built
-    with the job's `make_tokenizer` and saved (by rank 0 alone under torchrun). `check(tokenizer, tokens)` is
-    called before anything is saved: a run it refuses leaves no file behind. The LM and MLM jobs share it."""
-    if run.resuming:
-        verify(run.path, TOKENIZER_DIR, TOKENS_FILE)  # a recorded file that is missing is an error, not a rebuild
-    if run.resuming and (run.path / TOKENS_FILE).exists():
-        tokenizer, tokens = job.load_tokenizer(run.path), load_tokens(run.path)
-        if check is not None:
-            check(tokenizer, tokens)
-        return tokenizer, tokens
-    pairs = getattr(data, "pairs", False)  # a file of prompt -> completion pairs (the LM job's)
-    tokenizer, tokens = completions.build_examples(job, data) if pairs else build_text(job, data)
-    if check is not None:
-        check(tokenizer, tokens)
-    if run.writes:
-        run.path.mkdir(parents=True, exist_ok=True)
-        tokenizer.save(run.tokenizer_dir)
-        write_atomically(run.path / TOKENS_FILE, save(tokens))  # present means complete, tokenizer too
-    return tokenizer, tokens
-
-
-def build_text(job: Job, data: Any) -> tuple[Tokenizer, dict[str, torch.Tensor]]:
-    """The tokenizer and encoded splits of the text in `data.path`: `train`, `val` and `chars` (their lengths)."""
-    text = load_text(data.path)
-    train_text, val_text = split_text(text, data.val_fraction)
-    whole = data.tokenizer == "char" or getattr(data, "init", None)  # a fine-tune's tokenizer checks all of it
-    tokenizer = job.make_tokenizer(data, text if whole else train_text)
-    tokens = {
-        "train": encode_text(tokenizer, train_text),
-        "val": encode_text(tokenizer, val_text),
-        "chars": torch.tensor([len(train_text), len(val_text)]),
-    }
-    return tokenizer, tokens
-
-
 def check_lm_run(
     config: LMRunConfig, model: ModelConfig | None = None
 ) -> Callable[[Tokenizer, dict[str, torch.Tensor]], None]:
@@ -187,23 +145,6 @@ def check_lm_run(
         check_prompt(tokenizer.encode, config.sample.prompt)
 
     return check
-
-
-def load_tokens(run_dir: Path) -> dict[str, torch.Tensor]:
-    """The encoded splits of a run (tokens.safetensors), verified against its SHA256SUMS."""
-    path = run_dir / TOKENS_FILE
-    overwrite = spoken("`--overwrite`", "if_exists=" + repr("overwrite"))
-    try:
-        tokens = load(read_verified(run_dir, TOKENS_FILE))
-    except SafetensorError as error:
-        raise RunError(
-            f"{path} is corrupt ({error}); restore it from a backup, or train the run again with {overwrite}"
-        ) from None
-    if not {"train", "val"} <= set(tokens):
-        raise RunError(
-            f"{path} holds {sorted(tokens)}, not the train and val splits; train the run again with {overwrite}"
-        )
-    return tokens
 
 
 def write_samples(model: DecoderLM, tokenizer: Tokenizer, sample: SampleConfig, path: Path) -> list[str]:
@@ -489,52 +430,30 @@ class LMJob(Job):
         """The perplexity of (up to `SCORED_TOKENS` of) the validation split, and the samples (samples.txt)."""
         config, model, (tokenizer, tokens) = training.config, training.model, training.data
         if config.data.pairs:
-            return self.pairs_outcome(training)
-        val = perplexity(
-            model,
-            tokens["val"],
-            context=config.data.context,
-            n_chars=int(tokens["chars"][1]),
-            precision=config.train.precision,
-            max_tokens=SCORED_TOKENS,
-        )
-        samples = write_samples(model, tokenizer, config.sample, training.run.path / SAMPLES_FILE)
+            val, samples = completions.score_and_sample(model, tokenizer, tokens, config, training.run.path)
+        else:
+            val = perplexity(
+                model,
+                tokens["val"],
+                context=config.data.context,
+                n_chars=int(tokens["chars"][1]),
+                precision=config.train.precision,
+                max_tokens=SCORED_TOKENS,
+            )
+            samples = write_samples(model, tokenizer, config.sample, training.run.path / SAMPLES_FILE)
         source = {"source": training.notes["source"]} if "source" in training.notes else {}
         if config.finetune.active:
             trained = {"trainable_parameters": count_parameters(model), "total_parameters": total_parameters(model)}
             source["finetune"] = {**config.finetune.to_dict(), **trained}
         return Outcome({"val": val, **source}, samples[:1])
 
-    def pairs_outcome(self, training: Training) -> Outcome:
-        """The completion loss of the validation examples, and completions of validation prompts (samples.txt)."""
-        config, model, (tokenizer, tokens) = training.config, training.model, training.data
-        examples = completions.encoded(tokens, "val")
-        val = completions.completion_loss(model, examples, config.train.batch_size, config.data.context)
-        samples = completions.completion_samples(model, tokenizer, tokens, config.sample)
-        (training.run.path / SAMPLES_FILE).write_text("\n\n=====\n\n".join(samples) + "\n")
-        source = {"source": training.notes["source"]} if "source" in training.notes else {}
-        return Outcome({"val": val, **source}, samples[:1])
-
     def conclusion(self, training: Training, summary: dict[str, Any]) -> str:
         val = summary["val"]
+        after = f"after {summary['steps']} steps in {training.result.wall_seconds / 60:.1f} min"
         if "examples" in val:  # pairs
-            return (
-                f"validation completion loss {val['loss']:.3f} nats/token over {val['examples']} examples after "
-                f"{summary['steps']} steps in {training.result.wall_seconds / 60:.1f} min"
-            )
-        return (
-            f"validation loss {val['loss']:.3f} nats/token ({val.get('bits_per_char', float('nan')):.3f} bits/char) "
-            f"after {summary['steps']} steps in {training.result.wall_seconds / 60:.1f} min"
-        )
-
-
-def describe_corpus(training: Training, vocabulary: int) -> str:
-    """The line before training a model on a text corpus (LM and MLM jobs), with its `vocabulary` size."""
-    config, (_, tokens) = training.config, training.data
-    return (
-        f"{count_parameters(training.model):,} parameters, {len(tokens['train']):,} training tokens "
-        f"({config.data.tokenizer} tokenizer, vocabulary {vocabulary}), run directory {training.run.destination}"
-    )
+            return f"validation completion loss {val['loss']:.3f} nats/token over {val['examples']} examples {after}"
+        bits = val.get("bits_per_char", float("nan"))
+        return f"validation loss {val['loss']:.3f} nats/token ({bits:.3f} bits/char) {after}"
 
 
 SCORED_TOKENS = 200_000  # the validation tokens the job's final perplexity scores

@@ -33,7 +33,7 @@ from ..train.preflight import check_memory, check_splits
 from ..train.runs import RunConfig
 from ..validation import Config
 from .base import Job, Outcome, TrainedRun, Training
-from .lm import describe_corpus, prepare_corpus
+from .corpus import describe_corpus, prepare_corpus
 
 
 @dataclass
@@ -154,7 +154,7 @@ class MLMJob(Job):
         return MaskedLM(model_config)
 
     def make_corpus(self, training: Training) -> tuple[Vocabulary, dict[str, Tensor]]:
-        """The vocabulary and the encoded train and validation splits (`kqv.jobs.lm.prepare_corpus`)."""
+        """The vocabulary and the encoded train and validation splits (`kqv.jobs.corpus.prepare_corpus`)."""
         return prepare_corpus(self, training.config.data, training.run, check_mlm_run(training.config))
 
     def make_model(self, training: Training) -> MaskedLM:
