@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import kqv
+from conftest import tiny_config
 from kqv.cli.main import main
 from kqv.data.completions import Example, encode_examples
 from kqv.data.example_batches import EncodedExamples, ExampleBatches
@@ -20,6 +21,9 @@ from kqv.nn.config import ModelConfig
 from kqv.nn.cores import packed_mask
 from kqv.nn.losses import weighted_cross_entropy
 from kqv.nn.models import DecoderLM
+from kqv.train.config import TrainConfig
+from kqv.train.trainer import Trainer
+from syncs import SyncCounter
 from test_cli import TINY
 from test_finetune import tiny_run
 
@@ -153,6 +157,33 @@ def test_batches_are_deterministic_cover_each_epoch_and_pack_within_the_context(
         assert one.tokens(2) == real  # every token the model reads is a target, prompt ones ignored
 
 
+@pytest.mark.parametrize(
+    ("options", "model"),
+    [
+        ({}, {"ffn": "moe", "experts": {"count": 2}}),
+        ({"packing": True}, {"position": "learned"}),
+        ({"packing": True, "prompt_loss_weight": 0.3}, {"position": "alibi"}),
+    ],
+)
+def test_a_training_step_on_pairs_reads_nothing_back_between_log_records(tmp_path, options, model):
+    made = batches(EXAMPLES * 4, batch_size=4, context=64, **options)
+    prepared = [made.batch(i) for i in range(8)]  # made on the host, as the job's train_batches makes them
+    counter, marks = SyncCounter(), []
+
+    def train_batches(i):
+        marks.append(counter.count)
+        return prepared[i]
+
+    config = TrainConfig(steps=8, batch_size=4, lr=1e-3, warmup_steps=2, log_every=4, eval_every=100, precision="fp32")
+    model = DecoderLM(tiny_config(vocab_size=TOKENIZER.vocab_size, max_len=64, **model))
+    run = Trainer(model, config, tmp_path, train_batches=train_batches, loss_fn=example_loss, quiet=True)
+    with counter:
+        run.train()
+    marks.append(counter.count)
+    syncs = [after - before for before, after in zip(marks, marks[1:])]
+    assert [count for step, count in enumerate(syncs, 1) if step % 4] == [0] * 6, counter.report()
+
+
 def pairs_file(path, examples=SHORT * 3):  # each fits the context of 16 of TINY
     path.write_text("".join(f"{e.prompt}\t{e.completion}\n" for e in examples))
     return path
@@ -254,3 +285,28 @@ def test_pair_options_on_text_are_refused(tmp_path):
         with pytest.raises(ConfigError, match="apply to a file of prompt -> completion pairs"):
             kqv.train("lm", "quick", out=tmp_path / "run", overrides=[f"data.path={tmp_path / 'book.txt'}", setting])
     assert not (tmp_path / "run").exists()
+
+
+def test_a_new_tokenizer_for_pairs_ends_each_example_with_its_end_of_text():
+    from kqv.jobs.completions import pairs_tokenizer
+
+    text = "".join(e.prompt + e.completion for e in EXAMPLES)
+    for kind, end in (("char", "\n"), ("bpe", "<eos>")):
+        tokenizer = pairs_tokenizer(kind, text, 300)
+        ids = encode_examples(EXAMPLES, tokenizer)
+        ends = ids["lengths"].sum(dim=1).cumsum(0) - 1  # the last token of every example
+        assert set(ids["ids"][ends].tolist()) == {
+            tokenizer.token_to_id(end) if kind == "bpe" else tokenizer.encode(end)[0]
+        }
+        first = ids["lengths"][0].tolist()
+        assert tokenizer.decode(ids["ids"][: first[0]].tolist()) == EXAMPLES[0].prompt
+
+
+def test_a_4d_attention_mask_must_be_bool_and_the_ids_shape():
+    model, ids = tiny_model(), torch.zeros(2, 5, dtype=torch.long)
+    with pytest.raises(DataError, match=r"must be bool with shape \(batch, 1, time, time\) = \(2, 1, 5, 5\)"):
+        model(ids, attention_mask=torch.ones(2, 1, 5, 4, dtype=torch.bool))
+    with pytest.raises(DataError, match="must be bool"):
+        model(ids, attention_mask=torch.ones(2, 1, 5, 5))
+    with pytest.raises(DataError, match="positions must have the shape of the ids"):
+        model(ids, positions=torch.zeros(2, 4, dtype=torch.long))

@@ -155,9 +155,9 @@ class ExampleBatches:
         """(ids, targets, weights, sequences, positions) of example k, the `number`-th of its row."""
         start, prompt, total = self.examples.spans[k]
         tokens = self.examples.ids[start : start + total].long()
-        ids, targets = tokens[:-1], tokens[1:].clone()  # (total - 1,) each
+        ids, targets = tokens[:-1], tokens[1:]  # (total - 1,) each
         on_prompt = torch.arange(total - 1) < prompt - 1  # targets that are prompt tokens
         weights = torch.where(on_prompt, self.prompt_loss_weight, 1.0)
         if self.prompt_loss_weight == 0:
-            targets[on_prompt] = IGNORE
+            targets = torch.where(on_prompt, IGNORE, targets)
         return ids, targets, weights, torch.full_like(ids, number), torch.arange(total - 1)
