@@ -214,7 +214,7 @@ def test_sharding_releases_the_callers_model_and_gathering_fills_it_with_ties_ke
 def test_fsdp_refuses_a_rank_0_model_on_the_meta_device(one_process_group):
     with torch.device("meta"):
         meta = load_worker().model()
-    with pytest.raises(ConfigError, match="rank 0's model holds the initial weights"):
+    with pytest.raises(ConfigError, match="rank 0's model cannot be on the meta device unless every rank built"):
         shard(meta, torch.device("cpu"))
 
 

@@ -44,6 +44,7 @@ from ..train.runs import (
     write_run_config,
     write_summary,
 )
+from ..train.slices import build_for
 from ..train.trainer import Trainer
 
 
@@ -299,7 +300,9 @@ class Job:
         raise NotImplementedError
 
     def start(self, config: RunConfig, run: RunDirectory, model_config: Any, **extra: Any) -> nn.Module:
-        """Write run.toml (with `extra` tables; rank 0 only under torchrun) and build the freshly seeded model."""
+        """Write run.toml (with `extra` tables; rank 0 only under torchrun) and build the freshly seeded model: under
+        torchrun with `train.parallel = "fsdp"`, on the meta device, each process keeping only its rows of every
+        parameter for the Trainer's shards (`kqv.train.slices`), the same weights as one process's."""
         values = config.run_values(model_config.to_dict(), **extra)
         if run.resuming:
             self.check_resume(run, values)
@@ -308,7 +311,7 @@ class Job:
                 write_run_config(run.path, values)
                 record(run.path, keep=run.resuming)  # the checksums of the data just prepared (or read back verified)
         torch.manual_seed(config.train.seed)
-        return self.build_model(model_config, config, values)
+        return build_for(config.train.parallel, lambda: self.build_model(model_config, config, values))
 
     def check_resume(self, run: RunDirectory, values: dict[str, Any]) -> None:
         """ConfigError, before anything is written, when the run.toml `values` a resume would write cannot continue

@@ -27,6 +27,7 @@ from ..nn.heads import SequenceClassifier
 from ..nn.models import count_parameters
 from ..train.files import TOKENIZER_DIR
 from ..train.runs import RunConfig, read_run
+from ..train.slices import is_sliced, set_slices
 from ..validation import Config
 from .base import Job, Outcome, TrainedRun, Training
 from .mlm import MLMJob
@@ -176,7 +177,9 @@ class ClsJob(Job):
         """A classifier, its encoder the pretrained MLM run's when there is one."""
         data = training.data
         model = self.start(training.config, training.run, data.model_config, labels={"names": data.labels})
-        if data.pretrained is not None:
+        if data.pretrained is not None and is_sliced(model):  # FSDP: this process's rows of it (kqv.train.slices)
+            set_slices(model, {f"encoder.{k}": v for k, v in data.pretrained.model.encoder.state_dict().items()})
+        elif data.pretrained is not None:
             model.encoder.load_state_dict(data.pretrained.model.encoder.state_dict())
         return model
 

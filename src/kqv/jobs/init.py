@@ -30,9 +30,10 @@ from torch import nn
 from ..data.tokenizers import BPETokenizer, CharTokenizer, Tokenizer, load_tokenizer
 from ..errors import ConfigError, DataError
 from ..nn.config import ModelConfig
-from ..train.checkpoints import load_weights
+from ..train.checkpoints import load_weights, read_checkpoint
 from ..train.files import CHECKPOINT_DIR, MODEL_FILE, TOKENIZER_DIR
 from ..train.runs import read_run
+from ..train.slices import is_sliced, load_slices, set_slices
 
 FREE_OPTIONS = frozenset({"dropout", "blockwise"})  # model options a fine-tune may change: no weight depends on them
 
@@ -137,13 +138,24 @@ class SourceTokenizer:
 
 
 def load_source_weights(model: nn.Module, source: Source) -> None:
-    """Copy the source's weights into `model` (built from `finetune_config`, so every tensor has its shape)."""
+    """Copy the source's weights into `model` (built from `finetune_config`, so every tensor has its shape). A
+    model built in slices for FSDP (`kqv.train.slices`) takes only this process's rows: of a kqv run, read alone
+    from its safetensors file; of a Hugging Face directory, cut from the whole model converted in memory (the
+    conversion transposes and splits GPT-2's tensors, so this process holds the whole source for that moment)."""
     if source.kind == "kqv run":
-        load_weights(model, source.path)
-    else:
-        from ..interop import from_hf
+        if is_sliced(model):
+            read_checkpoint(source.path).close()  # its files verified by their SHA-256, as load_weights does
+            load_slices(model, source.path / CHECKPOINT_DIR / MODEL_FILE)
+        else:
+            load_weights(model, source.path)
+        return
+    from ..interop import from_hf
 
-        model.load_state_dict(from_hf(source.path).state_dict())
+    weights = from_hf(source.path).state_dict()
+    if is_sliced(model):
+        set_slices(model, weights)
+    else:
+        model.load_state_dict(weights)
 
 
 def finetune_config(source: Source, given: ModelConfig, options: frozenset[str], context: int) -> ModelConfig:

@@ -68,6 +68,13 @@ class Checkpoint:
         file.seek(0)
         return file
 
+    def path_of(self, name: str) -> Path:
+        """A path that opens the verified file `name` itself, for readers that open by path (safetensors'
+        `safe_open`, `torch.load(mmap=True)`): /proc/self/fd/N where there is one (Linux), else its name in the
+        checkpoint directory, which a resuming trainer, holding the run's lock, knows no one replaces."""
+        fd = Path(f"/proc/self/fd/{self.files[name].fileno()}")
+        return fd if fd.exists() else self.path / name
+
     def close(self) -> None:
         for file in self.files.values():
             file.close()
@@ -325,17 +332,20 @@ def load_optimizer_state(
     checkpoint: Checkpoint,
     run_dir: Path,
     load: Callable[[dict[str, Any]], None] | None = None,
+    mmap: bool = False,
 ) -> None:
     """Load the optimizer state of `checkpoint` (`weights_only=True`: no code runs), keeping the betas and weight
     decay the optimizer was configured with (a resumed run may change them); `load` sets the state (into a
     sharded model's optimizer, say) instead of `optimizer.load_state_dict`. The state is read onto the CPU
     whatever device wrote it, and `load_state_dict` moves it to the device of the parameters it belongs to: a run
-    trained on a GPU resumes on the CPU and the other way round."""
+    trained on a GPU resumes on the CPU and the other way round. With `mmap` the file is mapped, not read: only
+    the pages of the tensors `load` touches are read (a shard's rows, say)."""
     configured = [(g["betas"], g["weight_decay"]) for g in optimizer.param_groups]
     try:
         with warnings.catch_warnings():  # torch's aside on a foreign pickle protocol: the error below says it all
             warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
-            state = torch.load(checkpoint.open(OPTIMIZER_FILE), map_location="cpu", weights_only=True)
+            file = checkpoint.path_of(OPTIMIZER_FILE) if mmap else checkpoint.open(OPTIMIZER_FILE)
+            state = torch.load(file, map_location="cpu", weights_only=True, mmap=mmap)
         (load or optimizer.load_state_dict)(state)
     except pickle.UnpicklingError:  # its message would suggest weights_only=False: running the file's code
         raise RunError(

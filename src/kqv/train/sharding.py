@@ -41,26 +41,27 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from safetensors import SafetensorError
 from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
-    set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
-from ..errors import ConfigError, ConfigTypeError
+from ..errors import ConfigError, ConfigTypeError, RunError
 from ..nn.experts import expert_layers
 from ..nn.layers import DecoderBlock, EncoderBlock
-from .checkpoints import Checkpoint, load_optimizer_state, load_weights
+from .checkpoints import Checkpoint, load_optimizer_state
 from .distributed import rank0_says
+from .files import MODEL_FILE
+from .slices import RowReader, is_sliced, rows, take_slices, tied_names
 
 GATHERED = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on rank 0's CPU only
-WHOLE = StateDictOptions(full_state_dict=True)  # whole tensors, on every rank
 FROM_RANK0 = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)  # rank 0's whole tensors, sliced
 
 
@@ -85,36 +86,77 @@ def on_meta(model: nn.Module) -> bool:
 
 
 def shard(model: nn.Module, device: torch.device) -> nn.Module:
-    """A copy of `model` sharded across the processes, each holding its shard alone on `device`, with rank 0's
-    weights and buffers: `fully_shard` on every encoder and decoder block, then on the whole model (embeddings,
-    final norm and output layer, tied weights included). `model` is released to the meta device on every rank;
-    `gather_to_rank0` fills it again. Every rank must call this."""
+    """A copy of `model` sharded across the processes, each holding its shard alone on `device`: `fully_shard` on
+    every encoder and decoder block, then on the whole model (embeddings, final norm and output layer, tied weights
+    included). Its weights are the rows every rank kept when it built `model` (`kqv.train.slices.build_sliced`),
+    or else rank 0's model's, broadcast. `model` is released to the meta device on every rank; `gather_to_rank0`
+    fills it again. Every rank must call this."""
     if expert_layers(model):
         raise ConfigError(
             'train.parallel = "fsdp" cannot shard mixture-of-experts layers yet: an expert that gets no tokens on '
             'one process has no gradient to reduce there; use train.parallel = "ddp" for this model'
         )
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    if not rank0_says(not on_meta(model), world_size):  # every rank stops, not rank 0 alone
+    world_size = dist.get_world_size()
+    from_rank0 = rank0_says(not on_meta(model), world_size)  # every rank takes the same way
+    if not from_rank0 and not every_rank(is_sliced(model)):  # every rank stops, not one alone
         raise ConfigError(
-            'under train.parallel = "fsdp" rank 0\'s model holds the initial weights, so it cannot be on the meta '
-            "device; only other ranks may build theirs there"
+            "under train.parallel = \"fsdp\" the weights come from rank 0's model, or from every rank's slices "
+            "(kqv.train.slices.build_sliced), so rank 0's model cannot be on the meta device unless every rank "
+            "built its model in slices"
         )
-    weights = model.state_dict() if rank == 0 else {}  # rank 0's tensors stay alive until they are broadcast
-    buffers = dict(model.named_buffers()) if rank == 0 else {}
-    replace_tensors(model, lambda t: torch.empty_like(t, device="meta"))
-    sharded = copy.deepcopy(model)  # the skeleton: nothing to copy
-    mesh = init_device_mesh(device.type, (world_size,))
-    for block in (m for m in sharded.modules() if isinstance(m, (EncoderBlock, DecoderBlock))):
-        fully_shard(block, mesh=mesh)
-    fully_shard(sharded, mesh=mesh)
-    sharded.to_empty(device=device)
+    slices = take_slices(model) if is_sliced(model) else None  # rank 0's weights win over slices
+    rank0 = dist.get_rank() == 0
+    weights = model.state_dict() if from_rank0 and rank0 else {}  # alive until broadcast
+    buffers = {name: b for name, b in model.named_buffers() if not b.is_meta}  # every rank's, or rank 0's
+    persistent = set(model.state_dict()) & set(buffers)
+    sharded = _skeleton(model, device)
+    if not from_rank0:
+        _adopt(sharded, slices, device)
+        for name, buffer in buffers.items():  # not sharded: every rank's whole, made as one process makes them
+            owner, _, leaf = name.rpartition(".")
+            sharded.get_submodule(owner).register_buffer(leaf, buffer.to(device), persistent=name in persistent)
+        return sharded
+    sharded.to_empty(device=device)  # storage for this rank's shard alone
     set_model_state_dict(sharded, weights, options=FROM_RANK0)
     with torch.no_grad():
         for name, buffer in sharded.named_buffers():
-            if rank == 0:
+            if rank0:
                 buffer.copy_(buffers[name])
             dist.broadcast(buffer, src=0)
+    return sharded
+
+
+def _adopt(sharded: nn.Module, slices: dict[str, Tensor], device: torch.device) -> None:
+    """Make each rank's rows (`kqv.train.slices`) the shards of `sharded` themselves, not copies of them
+    (`load_state_dict(assign=True)`, FSDP2's way to fill a model sharded on the meta device): a rank never holds
+    its rows twice. A tied parameter's names all get the one shard."""
+    shards: dict[str, Tensor] = {}
+    for names in tied_names(sharded):
+        param = sharded.get_parameter(names[0])
+        mine = slices.pop(names[0]).to(device)
+        if mine.shape != param.to_local().shape:  # FSDP2 cut dimension 0 otherwise than torch.chunk
+            raise RuntimeError(f"{names[0]}: shard {tuple(param.to_local().shape)}, rows {tuple(mine.shape)}")
+        placed = DTensor.from_local(mine, param.device_mesh, param.placements, shape=param.shape, stride=param.stride())
+        shards.update(dict.fromkeys(names, nn.Parameter(placed, param.requires_grad)))
+    slices.clear()
+    sharded.load_state_dict(shards, strict=False, assign=True)  # every parameter is in `shards`, buffers are not
+
+
+def every_rank(value: bool) -> bool:
+    """Whether `value` holds on every rank (a collective)."""
+    flag = torch.tensor(int(value))
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag)
+
+
+def _skeleton(model: nn.Module, device: torch.device) -> nn.Module:
+    """A sharded copy of `model`'s skeleton, on the meta device; `model` is released to the meta device."""
+    replace_tensors(model, lambda t: torch.empty_like(t, device="meta"))
+    sharded = copy.deepcopy(model)  # the skeleton: nothing to copy
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    for block in (m for m in sharded.modules() if isinstance(m, (EncoderBlock, DecoderBlock))):
+        fully_shard(block, mesh=mesh)
+    fully_shard(sharded, mesh=mesh)
     return sharded
 
 
@@ -199,18 +241,56 @@ def gather_state(sharded: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[
 
 
 def load_checkpoint(sharded: nn.Module, optimizer: torch.optim.Optimizer, checkpoint: Checkpoint, run_dir) -> None:
-    """Set the weights and optimizer state of a (single-file) checkpoint into this process's shards."""
-
-    def set_weights(weights: dict[str, Tensor]) -> None:
-        weights = _retie(weights, sharded)
-        names = [*sharded.state_dict(), *sorted(weights)]  # one order on every rank: each tensor is a scatter
-        set_model_state_dict(sharded, {n: weights[n] for n in dict.fromkeys(names) if n in weights}, options=WHOLE)
+    """Set the weights and optimizer state of a (single-file) checkpoint into this process's shards, reading only
+    this process's rows of each tensor: the weights through safetensors' `safe_open` (`get_slice`), the optimizer
+    state through a memory map of optimizer.pt (`torch.load(mmap=True)`), whose other pages are never read."""
+    load_shards(sharded, checkpoint)
+    positions = [p for group in optimizer.param_groups for p in group["params"]]
 
     def set_state(state: dict[str, Any]) -> None:
-        set_optimizer_state_dict(sharded, optimizer, _by_name(state, _names(sharded, optimizer)), options=WHOLE)
+        own = {i: {k: _own_rows(v, positions[i]) for k, v in s.items()} for i, s in state["state"].items()}
+        optimizer.load_state_dict({"state": own, "param_groups": state["param_groups"]})
 
-    load_weights(sharded, checkpoint, load=set_weights)
-    load_optimizer_state(optimizer, checkpoint, run_dir, load=set_state)
+    load_optimizer_state(optimizer, checkpoint, run_dir, load=set_state, mmap=True)
+
+
+def load_shards(sharded: nn.Module, checkpoint: Checkpoint) -> None:
+    """Copy this process's rows of every weight of `checkpoint` (and whole buffers) into `sharded`: the file keeps
+    one name of each tied parameter, as for one process. A RunError when the file does not fit the model."""
+    path = checkpoint.path / MODEL_FILE
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    try:
+        with RowReader(checkpoint.path_of(MODEL_FILE)) as file, torch.no_grad():
+            unexpected = file.names - set(sharded.state_dict())
+            if unexpected:
+                raise RunError(f"unexpected {sorted(unexpected)}")
+            for names in tied_names(sharded):
+                name = next((n for n in names if n in file.names), None)
+                if name is None:
+                    raise RunError(f"missing {names[0]}")
+                param = sharded.get_parameter(names[0])
+                if isinstance(param, DTensor):
+                    param.to_local().copy_(file.rows(name, param.shape, rank, world_size))
+                else:
+                    param.copy_(file.whole(name))
+            for name, buffer in sharded.named_buffers():
+                if name in file.names:
+                    buffer.copy_(file.whole(name))
+    except (RuntimeError, SafetensorError, RunError) as error:
+        raise RunError(
+            f"{path} does not fit the model ({error}); build the model with the config the run was "
+            f"trained with (saved in extra_state if the training script put it there)"
+        ) from None
+
+
+def _own_rows(value: Any, param: Tensor) -> Any:
+    """An optimizer state entry of the whole parameter, as this process's shard of `param`: its rows, as a DTensor
+    placed as `param` is; a scalar (the step) as it is."""
+    if not isinstance(value, Tensor) or not isinstance(param, DTensor) or value.shape != param.shape:
+        return value.clone() if isinstance(value, Tensor) else value
+    span = rows(value.shape[0], dist.get_rank(), dist.get_world_size())
+    local = value[span].to(param.to_local().device, copy=True)
+    return DTensor.from_local(local, param.device_mesh, param.placements, shape=param.shape, stride=param.stride())
 
 
 def _retie(weights: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
@@ -241,12 +321,4 @@ def _by_position(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
     return {
         "state": {position[name]: value for name, value in state["state"].items()},
         "param_groups": [{**g, "params": [position[n] for n in g["params"]]} for g in state["param_groups"]],
-    }
-
-
-def _by_name(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
-    """An optimizer state keyed by position (one process's format), keyed by parameter name instead."""
-    return {
-        "state": {names[i]: value for i, value in state["state"].items()},
-        "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]],
     }

@@ -1,0 +1,124 @@
+"""Tiny language-model jobs under FSDP, used by test_fsdp_jobs.py: launched once under torchrun with 2 processes
+(several runs in one process group), and called in-process (`train`) for the one-process references. Each run
+writes, per process, the most CPU memory its allocator held at once during the job's start (building the model,
+a fine-tune's source weights, the Trainer's shards and a resume's checkpoint), measured by torch's profiler.
+Usage: python fsdp_job_worker.py OUT_DIR CONFIG TEXT, where OUT_DIR/one-4 is a one-process run to fine-tune."""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile
+
+import kqv
+from kqv.jobs.lm import LMJob
+
+CONFIG = """
+[data]
+tokenizer = "char"
+context = 16
+val_fraction = 0.2
+
+[model]
+d_model = 64
+n_heads = 2
+n_layers = 4
+d_ff = 256
+max_len = 16
+position = "learned"
+dropout = 0.0
+
+[train]
+steps = 4
+batch_size = 4
+lr = 1e-3
+warmup_steps = 1
+schedule = "constant"
+precision = "fp32"
+log_every = 1
+eval_every = 2
+eval_batches = 2
+checkpoint_every = 2
+
+[sample]
+prompt = "ROMEO:"
+count = 1
+max_new_tokens = 4
+"""
+
+TEXT = "ROMEO: to be, or not to be, that is the question; whether 'tis nobler in the mind\n" * 40
+
+
+class StartMemory:
+    """The peak bytes the CPU allocator held at once, from the job's `make_model` to the end of its
+    `make_trainer` (the Trainer built: model sharded, checkpoint loaded), above what it held before."""
+
+    def __init__(self):
+        self.profiler: profile | None = None
+        self.peak = 0
+
+    def begin(self) -> None:
+        self.profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        self.profiler.start()
+
+    def end(self) -> None:
+        self.profiler.stop()
+        events = [e for e in self.profiler.profiler.kineto_results.events() if e.name() == "[memory]"]
+        held = 0
+        for event in sorted(events, key=lambda e: e.start_ns()):
+            held += event.nbytes()
+            self.peak = max(self.peak, held)
+
+
+def measured(memory: StartMemory):
+    """LMJob's make_model and make_trainer, timed by `memory` between the start of one and the end of the other."""
+    make_model, make_trainer = LMJob.make_model, LMJob.make_trainer
+
+    def start(self, training):
+        memory.begin()
+        return make_model(self, training)
+
+    def trainer(self, *args, **options):
+        made = make_trainer(self, *args, **options)
+        memory.end()
+        return made
+
+    return start, trainer
+
+
+def train(out: Path, name: str, steps: int, *overrides: str, resume: bool = False, init: Path | None = None) -> None:
+    """The tiny LM job into out/name for `steps` updates (continuing it with `resume`; fine-tuning `init`); the
+    start's peak memory of this process goes to out/name-start-rankR.json."""
+    memory = StartMemory()
+    options = dict(overrides=[*overrides, f"train.steps={steps}"], quiet=True, resume=resume)
+    if init is not None:
+        options["init"] = str(init)
+    if not resume:
+        options["overrides"].append(f'data.path="{out / "text.txt"}"')
+    kept = LMJob.make_model, LMJob.make_trainer
+    LMJob.make_model, LMJob.make_trainer = measured(memory)
+    try:
+        kqv.train("lm", out / "tiny.toml" if not resume else None, out=out / name, **options)
+    finally:
+        LMJob.make_model, LMJob.make_trainer = kept
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    (out / f"{name}-start-rank{rank}.json").write_text(json.dumps({"peak": memory.peak}))
+
+
+def main(out: Path) -> None:
+    """The FSDP jobs: 4 steps straight; 2 steps, then resumed to 4; a fine-tune of the one-process run one-4."""
+    dist.init_process_group("gloo")
+    fsdp = 'train.parallel="fsdp"'
+    train(out, "fsdp-4", 4, fsdp)
+    train(out, "fsdp-2-4", 2, fsdp)
+    dist.barrier()
+    train(out, "fsdp-2-4", 4, resume=True)
+    train(out, "fsdp-tune", 2, fsdp, init=out / "one-4")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    main(Path(sys.argv[1]))
