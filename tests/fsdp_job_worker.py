@@ -1,7 +1,8 @@
 """Tiny language-model jobs under FSDP, used by test_fsdp_jobs.py: launched once under torchrun with 2 processes
 (several runs in one process group), and called in-process (`train`) for the one-process references. Each run
 writes, per process, the most CPU memory its allocator held at once during the job's start (building the model,
-a fine-tune's source weights, the Trainer's shards and a resume's checkpoint), measured by torch's profiler.
+a fine-tune's source weights, the Trainer's shards and a resume's checkpoint) and above that during each
+evaluation, measured by torch's profiler.
 Usage: python fsdp_job_worker.py OUT_DIR CONFIG TEXT, where OUT_DIR/one-4 is a one-process run to fine-tune."""
 
 import json
@@ -14,6 +15,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import kqv
 from kqv.jobs.lm import LMJob
+from kqv.train.trainer import Trainer
 
 CONFIG = """
 [data]
@@ -72,6 +74,22 @@ class StartMemory:
             self.peak = max(self.peak, held)
 
 
+def evaluations(peaks: list[int]):
+    """Trainer.evaluate, the peak bytes the CPU allocator held above its start during each appended to `peaks`."""
+    evaluate = Trainer.evaluate
+
+    def measured_evaluate(self):
+        memory = StartMemory()
+        memory.begin()
+        try:
+            return evaluate(self)
+        finally:
+            memory.end()
+            peaks.append(memory.peak)
+
+    return measured_evaluate
+
+
 def measured(memory: StartMemory):
     """LMJob's make_model and make_trainer, timed by `memory` between the start of one and the end of the other."""
     make_model, make_trainer = LMJob.make_model, LMJob.make_trainer
@@ -97,14 +115,15 @@ def train(out: Path, name: str, steps: int, *overrides: str, resume: bool = Fals
         options["init"] = str(init)
     if not resume:
         options["overrides"].append(f'data.path="{out / "text.txt"}"')
-    kept = LMJob.make_model, LMJob.make_trainer
+    kept, evaluate, peaks = (LMJob.make_model, LMJob.make_trainer), Trainer.evaluate, []
     LMJob.make_model, LMJob.make_trainer = measured(memory)
+    Trainer.evaluate = evaluations(peaks)
     try:
         kqv.train("lm", out / "tiny.toml" if not resume else None, out=out / name, **options)
     finally:
-        LMJob.make_model, LMJob.make_trainer = kept
+        (LMJob.make_model, LMJob.make_trainer), Trainer.evaluate = kept, evaluate
     rank = dist.get_rank() if dist.is_initialized() else 0
-    (out / f"{name}-start-rank{rank}.json").write_text(json.dumps({"peak": memory.peak}))
+    (out / f"{name}-start-rank{rank}.json").write_text(json.dumps({"peak": memory.peak, "evaluations": peaks}))
 
 
 def main(out: Path) -> None:

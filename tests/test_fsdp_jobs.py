@@ -19,7 +19,6 @@ from kqv.nn.vision import ViT
 from kqv.train.metrics import read_metrics
 from kqv.train.runs import read_summary
 from kqv.train.slices import build_sliced, is_sliced, load_slices, own_rows, rows, take_slices
-
 from test_fsdp import TOLERANCE, max_difference, optimizer_state, torchrun, weights
 
 WORKER = Path(__file__).with_name("fsdp_job_worker.py")
@@ -80,9 +79,10 @@ def test_a_two_process_fsdp_job_gives_the_loss_curve_and_weights_of_one_process(
 
 
 def test_the_fine_tune_starts_from_its_source_not_from_scratch(runs):
-    first_tune, first_scratch = read_metrics(runs / "fsdp-tune" / "metrics.jsonl")[0], read_metrics(
-        runs / "fsdp-4" / "metrics.jsonl"
-    )[0]
+    first_tune, first_scratch = (
+        read_metrics(runs / "fsdp-tune" / "metrics.jsonl")[0],
+        read_metrics(runs / "fsdp-4" / "metrics.jsonl")[0],
+    )
     assert first_tune["train_loss"] < first_scratch["train_loss"] - 0.1
 
 

@@ -240,11 +240,6 @@ def read_lines(path: str | Path) -> list[str]:
         raise DataError(f"{path} is not UTF-8 text ({error}); save it as UTF-8") from None
 
 
-def flops_per_token(model: nn.Module, sample: list[dict[str, Tensor]]) -> float:
-    """The training FLOPs per real token of `model`, measured on the batches of `sample`."""
-    return training_flops_per_token(model, sample, mt_loss, sum(real_tokens(b) for b in sample))
-
-
 def mt_loss(model: nn.Module, batch: dict[str, Tensor], label_smoothing: float = 0.0) -> Tensor:
     """Mean cross-entropy of the next target token under teacher forcing (label-smoothed while training), plus the
     experts' load-balancing loss while training (`kqv.nn.experts`)."""
@@ -393,10 +388,9 @@ class MTJob(Job):
         }
         train_batches = TokenBatches(data.splits["train"], seed=config.train.seed, **options)
         sample = [train_batches(i) for i in range(3)]
-        if is_sliced(model):  # FSDP: no weights here yet; counted after training, on rank 0's whole model
-            training.notes["flops_sample"] = sample
-        else:
-            training.notes["flops_per_token"] = flops_per_token(model, sample)
+        training.notes["flops_sample"] = (sample, mt_loss, sum(real_tokens(b) for b in sample))
+        if not is_sliced(model):  # FSDP: no weights here yet, so counted after training, on rank 0's whole model
+            training.notes["flops_per_token"] = training_flops_per_token(model, *training.notes["flops_sample"])
         state = {"task": "mt"}  # the checkpoints' extra_state: the dev evaluation adds its time to it
         return {
             "train_batches": train_batches,
@@ -421,8 +415,9 @@ class MTJob(Job):
         config, data, result = training.config, training.data, training.result
         train_batches, state = training.options["train_batches"], training.options["extra_state"]
         tokens = sum(train_batches.real_tokens(i) for i in range(result.trainer.step * config.train.grad_accum))
-        sample = training.notes.get("flops_sample")
-        flops = flops_per_token(training.model, sample) if sample is not None else None
+        flops = training.notes.get("flops_per_token")
+        if flops is None:  # an FSDP run's, on rank 0's whole model now
+            flops = training_flops_per_token(training.model, *training.notes["flops_sample"])
         test = translate_test_split(
             training.model, data.tokenizer, *data.texts["test"], config.decode.to_dict(), training.run.path
         )
@@ -433,7 +428,7 @@ class MTJob(Job):
                 "pair": config.data.pair if config.data.path is None else config.data.path,
                 "eval_seconds": round(state.get("eval_seconds", 0.0), 1),
                 "threads": torch.get_num_threads(),
-                "train_flops": training.notes.get("flops_per_token", flops) * tokens,
+                "train_flops": flops * tokens,
                 "dev_bleu": result.final.get("dev_bleu"),
                 "dev_chrf": result.final.get("dev_chrf"),
                 "beam_size": config.decode.beam_size,

@@ -6,29 +6,34 @@ optimizer state (Zhao et al. 2023, "PyTorch FSDP"); a block's parameters are all
 forward and backward and freed after, so a model whose training state does not fit one device trains on several.
 The gradient is the same mean over the processes' slices as DDP's, so the run equals one process up to rounding.
 
-How the shards come to be (`shard`), so that no process holds the whole model beyond its start-up:
+How the shards come to be (`shard`): the model's skeleton, on the meta device (no memory), is sharded
+(`fully_shard`), and its weights come one of two ways, the same on every rank (rank 0's model decides):
 
-1. the model's skeleton, on the meta device (no memory), is sharded (`fully_shard`), then `to_empty` gives each
-   process storage for its shard alone, on its device;
-2. the initial weights are rank 0's model's: rank 0 builds the model as one process would (the same seed, so the
-   same weights and the same loss curve), and they are broadcast one tensor at a time, each process keeping its
-   slice (`set_model_state_dict(broadcast_from_rank0=True)`); buffers too, as a non-persistent one (RoPE's
-   frequencies, ALiBi's slopes) is in no state dict and is garbage after `to_empty`;
-3. the caller's model is released to the meta device on every rank (its tensors freed, tied weights kept tied).
+1. a job's model (`kqv.jobs.base.Job.start`) is built in slices on every rank (`kqv.train.slices`): each rank
+   kept only its rows of every parameter from the first draw on, the weights one process draws with the same seed,
+   and those rows become its shards themselves (`load_state_dict(assign=True)`, no copy); the buffers, which
+   FSDP does not shard, are every rank's own, made whole as one process makes them. No rank ever holds the
+   whole model: its rows, plus one tensor while it is drawn whole;
+2. otherwise (a model handed to the Trainer) `to_empty` gives each rank storage for its shard alone, and rank 0's
+   weights are broadcast one tensor at a time, each rank keeping its slice
+   (`set_model_state_dict(broadcast_from_rank0=True)`); buffers too. Ranks other than 0 may pass a model on the
+   meta device, or a function the trainer then calls on the meta device there (`build_model`): only rank 0
+   holds the whole model, before training starts. (A function is not built in slices: nothing says the ranks'
+   generators agree when it is called.)
 
-So a job may hand the trainer, on ranks other than 0, a model built on the meta device (`with
-torch.device("meta"): build()`) or a function that builds the model, which the trainer calls on the meta device
-there (`build_model`): only rank 0 then ever holds the whole model, in its host memory, before training starts.
+Either way the caller's model is then released to the meta device on every rank (tied weights kept tied).
 
 The caller's model is plain again on rank 0 only, and only while it is needed (`gather_to_rank0`): for an
 `eval_fn` (materialised on the training device, filled one parameter at a time from the shards, released after)
-and after training (it then keeps the trained weights). On other ranks it stays on the meta device. The
-validation loss runs on the sharded model, on every rank.
+and after training (it then keeps the trained weights). On other ranks it stays on the meta device: during
+those gathers they hold one whole parameter at a time besides their shards. The validation loss runs on the
+sharded model, on every rank: one block's weights gathered at a time, and none kept after (`reshard`).
 
 Checkpoints stay single-file whatever the number of processes: `gather_state` collects the whole weights and
 optimizer state on rank 0 (on the CPU), numbered as one process's `Optimizer.state_dict` numbers them, and the
-usual atomic writer saves them; `load_checkpoint` sets such files back into the shards. So a run resumes under
-FSDP, DDP or one process, on any number of processes.
+usual atomic writer saves them; `load_checkpoint` reads each rank's rows of them back into its shards (the
+weights through safetensors' slices, optimizer.pt through a memory map whose other pages are never read). So a
+run resumes under FSDP, DDP or one process, on any number of processes.
 """
 
 from __future__ import annotations
