@@ -203,3 +203,13 @@ def test_a_lora_finetune_of_a_gpt2_directory_loads_it_with_the_adapters(tmp_path
         assert torch.equal(run.model(ids), model(ids))
         tuned, original = run.model.state_dict(), kqv.load(gpt2, device="cpu").model.state_dict()
     assert all(torch.equal(tuned[name], tensor) for name, tensor in original.items())
+
+
+def test_checkpoints_of_the_adapters_alone_are_refused_under_fsdp():
+    from kqv.nn.lora import adapters
+    from kqv.train.saving import check_saved_weights
+
+    with pytest.raises(ConfigError, match=r"cannot be sharded; set train.parallel=\"ddp\""):
+        check_saved_weights(adapters, sharded=True)
+    check_saved_weights(adapters, sharded=False)  # DDP, or one process
+    check_saved_weights(None, sharded=True)  # FSDP saves whole models as before
