@@ -12,7 +12,7 @@ from kqv.cli.main import main
 from kqv.errors import ConfigError, RunError
 from kqv.nn.lora import LoRAConfig, add_lora
 from kqv.train.update import Updater
-from test_finetune import FINETUNE_TEXT, finetune, first_batch_loss, hf_greedy, logged_losses, tiny_run
+from test_finetune import FINETUNE, FINETUNE_TEXT, finetune, first_batch_loss, hf_greedy, logged_losses, tiny_run
 
 SOURCE = ["model.n_layers=2", "model.d_model=32", "model.d_ff=64"]
 LORA = [
@@ -213,3 +213,18 @@ def test_checkpoints_of_the_adapters_alone_are_refused_under_fsdp():
         check_saved_weights(adapters, sharded=True)
     check_saved_weights(adapters, sharded=False)  # DDP, or one process
     check_saved_weights(None, sharded=True)  # FSDP saves whole models as before
+
+
+def test_a_lora_finetune_on_pairs_saves_its_adapters_alone_and_loads(source, tmp_path):
+    from test_pair_finetune import SHORT, pairs_file
+
+    qa = pairs_file(tmp_path / "qa.tsv")
+    overrides = [f"data.path={qa}", *FINETUNE, *LORA]
+    kqv.train("lm", init=source, out=tmp_path / "run", steps=2, quiet=True, overrides=overrides)
+    saved = load_file(tmp_path / "run" / "checkpoint" / "model.safetensors")
+    assert saved and all("lora_" in name for name in saved)
+    run = kqv.load(tmp_path / "run", device="cpu")
+    ids = torch.tensor([run.tokenizer.encode(SHORT[0].prompt)])
+    with torch.no_grad():
+        assert torch.equal(run.model(ids), adapted_source(source, tmp_path / "run")(ids))
+    assert run.evaluate(pairs=qa).n == len(SHORT) * 3

@@ -394,29 +394,13 @@ class LMJob(Job):
 
     def make_batches(self, training: Training) -> dict[str, Any]:
         """Random blocks of the train split for each update, and of the validation split for each evaluation; on
-        pairs, batches of examples (`kqv.jobs.completions`)."""
+        pairs, batches of examples (`kqv.jobs.completions`). A LoRA run's checkpoints hold its adapters alone."""
         config, (_, tokens) = training.config, training.data
-        if config.data.pairs:
-            return {
-                **completions.trainer_options(config, tokens),
-                "afterwards": scoring_cost(config, len(tokens["val"])),
-            }
-        train_ids, val_ids = tokens["train"], tokens["val"]
-        batch, context, seed = config.train.batch_size, config.data.context, config.train.seed
-
-        def train_batches(i: int) -> tuple[torch.Tensor, torch.Tensor]:
-            return sample_batch(train_ids, batch, context, batch_generator(seed, i))
-
-        def val_batches(i: int) -> tuple[torch.Tensor, torch.Tensor]:
-            return sample_batch(val_ids, batch, context, batch_generator(seed, -i - 1))
-
+        options = completions.trainer_options(config, tokens) if config.data.pairs else text_batches(config, tokens)
         return {
-            "train_batches": train_batches,
-            "loss_fn": lambda model, batch: model(*batch),
-            "val_batches": val_batches,
-            "tokens_per_batch": batch * context,
-            "afterwards": scoring_cost(config, len(val_ids)),
-            "saved_weights": saved_weights(config.finetune),  # a LoRA run's checkpoints: the adapters alone
+            **options,
+            "afterwards": scoring_cost(config, len(tokens["val"])),
+            "saved_weights": saved_weights(config.finetune),
         }
 
     def describe(self, training: Training) -> str:
@@ -454,6 +438,26 @@ class LMJob(Job):
             return f"validation completion loss {val['loss']:.3f} nats/token over {val['examples']} examples {after}"
         bits = val.get("bits_per_char", float("nan"))
         return f"validation loss {val['loss']:.3f} nats/token ({bits:.3f} bits/char) {after}"
+
+
+def text_batches(config: LMRunConfig, tokens: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """The Trainer's batches of a text corpus: random blocks of the train split for update i, and of the validation
+    split for evaluation batch i, drawn from generators seeded by (seed, i) so a resume draws the same ones."""
+    train_ids, val_ids = tokens["train"], tokens["val"]
+    batch, context, seed = config.train.batch_size, config.data.context, config.train.seed
+
+    def train_batches(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return sample_batch(train_ids, batch, context, batch_generator(seed, i))
+
+    def val_batches(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return sample_batch(val_ids, batch, context, batch_generator(seed, -i - 1))
+
+    return {
+        "train_batches": train_batches,
+        "loss_fn": lambda model, batch: model(*batch),
+        "val_batches": val_batches,
+        "tokens_per_batch": batch * context,
+    }
 
 
 SCORED_TOKENS = 200_000  # the validation tokens the job's final perplexity scores
