@@ -15,7 +15,9 @@ from kqv.data.masking import mask_tokens
 from kqv.data.tokenizers import CharTokenizer
 from kqv.data.tsv import read_tsv, split_examples
 from kqv.data.vocabulary import Vocabulary
+from kqv.nn.heads import predicted_positions
 from kqv.train.metrics import read_metrics
+from syncs import SyncCounter
 
 # ---------------------------------------------------------------------------------------------------------------
 # Masking (Devlin et al. 2019): 15% of the tokens selected; of those 80% [MASK], 10% random, 10% unchanged
@@ -120,6 +122,34 @@ def test_masked_lm_loss_is_the_cross_entropy_of_its_logits_at_the_masked_positio
     assert logits.shape == (3, 10, 37)
     expected = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
     torch.testing.assert_close(model(ids, targets), expected)
+
+
+def test_predicted_positions_list_each_rows_targets_in_order_and_fill_with_minus_one():
+    targets = torch.tensor([[-100, 5, -100, 7, 9], [-100, -100, -100, -100, 4], [-100] * 5])
+    assert predicted_positions(targets).tolist() == [[1, 3, 4], [4, -1, -1], [-1, -1, -1]]
+    assert predicted_positions(torch.full((2, 4), -100)).shape == (2, 0)
+
+
+def test_masked_lm_loss_from_handed_over_positions_is_the_cross_entropy_at_the_masked_rows():
+    """The training step's path (positions found with the batch) gives F.cross_entropy over the masked rows'
+    logits, gradients included, and reads nothing back from the device."""
+    model = kqv.MaskedLM(tiny_config(position="rope"))
+    ids = torch.randint(0, 37, (4, 12))
+    targets = torch.where(torch.rand(4, 12) < 0.2, ids, -100)
+    targets[2] = -100  # a row with no target at all
+    masked = targets != -100
+    expected = torch.nn.functional.cross_entropy(model(ids)[masked], targets[masked])
+    (expected_grad,) = torch.autograd.grad(expected, model.head.dense.weight)
+    predicted = predicted_positions(targets)
+    with SyncCounter() as syncs:
+        loss = model(ids, targets, predicted=predicted)
+        (grad,) = torch.autograd.grad(loss, model.head.dense.weight)
+    assert syncs.count == 0, syncs.report()
+    torch.testing.assert_close(loss, expected)
+    torch.testing.assert_close(grad, expected_grad)
+    torch.testing.assert_close(model(ids, targets), expected)  # positions found in forward: the same loss
+    with pytest.raises(kqv.errors.DataError, match=r"predicted must be a LongTensor \(batch, k\)"):
+        model(ids, targets, predicted=predicted[:2])
 
 
 def test_masked_lm_head_shares_its_matrix_with_the_token_embeddings():

@@ -8,6 +8,7 @@ import torch
 
 import kqv
 from conftest import tiny_config
+from kqv.nn.heads import predicted_positions
 from kqv.train.config import TrainConfig
 from kqv.train.metrics import read_metrics
 from kqv.train.trainer import Trainer
@@ -36,14 +37,24 @@ def lm_batches(i: int):
     return ids[:, :-1], ids[:, 1:]
 
 
-def syncs_per_update(model, tmp_path, loss_fn=lambda m, b: m(*b), **changes) -> tuple[list[int], Trainer]:
+def mlm_batches(i: int):
+    """BERT-style batches as the MLM job makes them: the positions with a target found here, on the host."""
+    generator = torch.Generator().manual_seed(i)
+    ids = torch.randint(0, VOCAB, (4, SEQ), generator=generator)
+    targets = torch.where(torch.rand(4, SEQ, generator=generator) < 0.15, ids, -100)
+    return ids, targets, predicted_positions(targets)
+
+
+def syncs_per_update(
+    model, tmp_path, loss_fn=lambda m, b: m(*b), make_batch=lm_batches, **changes
+) -> tuple[list[int], Trainer]:
     """The host syncs of each update of a short run (from one micro-batch's request to the next, so an update's
     count includes the read that follows it when a log record or a checkpoint is due)."""
     counter, marks = SyncCounter(), []
 
     def batches(i: int):
         marks.append(counter.count)
-        return lm_batches(i)
+        return make_batch(i)
 
     values = dict(steps=8, batch_size=4, lr=1e-3, warmup_steps=2, log_every=4, eval_every=100)
     cfg = TrainConfig(**{**values, "checkpoint_every": 100, "precision": "fp32", **changes})
@@ -66,6 +77,23 @@ def test_a_training_step_reads_nothing_back_between_log_records(tmp_path, kind):
 def test_an_encoder_decoder_and_gradient_accumulation_read_nothing_between_log_records(tmp_path):
     model = kqv.EncoderDecoder(tiny_config(max_len=SEQ, position="rope"))
     syncs, _ = syncs_per_update(model, tmp_path, loss_fn=lambda m, b: m(b[0], b[0], b[1]), grad_accum=2)
+    per_update = [a + b for a, b in zip(syncs[0::2], syncs[1::2])]  # two micro-batches per update
+    assert [count for step, count in enumerate(per_update, 1) if step % 4] == [0] * 6, per_update
+
+
+def test_a_masked_lm_step_reads_nothing_between_log_records(tmp_path):
+    """The MLM job's step: the head gathers the masked rows at positions made with the batch (no boolean mask).
+    The batches are made before counting: finding the positions reads host memory, which the CPU-only counter
+    cannot tell from a device's."""
+    model = kqv.MaskedLM(tiny_config(max_len=SEQ, position="rope"))
+    batches = [mlm_batches(i) for i in range(16)]
+    syncs, _ = syncs_per_update(
+        model,
+        tmp_path,
+        loss_fn=lambda m, b: m(b[0], b[1], predicted=b[2]),
+        make_batch=batches.__getitem__,
+        grad_accum=2,
+    )
     per_update = [a + b for a, b in zip(syncs[0::2], syncs[1::2])]  # two micro-batches per update
     assert [count for step, count in enumerate(per_update, 1) if step % 4] == [0] * 6, per_update
 

@@ -27,7 +27,7 @@ from ..data.vocabulary import Vocabulary
 from ..errors import ConfigError
 from ..nn.config import ModelConfig
 from ..nn.devices import on_device_of
-from ..nn.heads import MaskedLM
+from ..nn.heads import MaskedLM, predicted_positions
 from ..train.files import TOKENIZER_DIR
 from ..train.preflight import check_memory, check_splits
 from ..train.runs import RunConfig
@@ -85,10 +85,11 @@ class MLMRunConfig(RunConfig):
 
 
 @torch.no_grad()
-def masked_accuracy(model: torch.nn.Module, batches: list[tuple[Tensor, Tensor]]) -> dict[str, float]:
-    """Accuracy at the masked positions, and that of always answering the most frequent token there."""
+def masked_accuracy(model: torch.nn.Module, batches: list[tuple[Tensor, ...]]) -> dict[str, float]:
+    """Accuracy at the masked positions, and that of always answering the most frequent token there; a batch is
+    (inputs, targets, ...)."""
     correct, answers = 0, []
-    for inputs, targets in batches:
+    for inputs, targets, *_ in batches:
         inputs, targets = on_device_of(model, (inputs, targets))
         masked = targets != -100
         correct += int((model(inputs).argmax(dim=-1)[masked] == targets[masked]).sum())
@@ -169,16 +170,17 @@ class MLMJob(Job):
         masking = config.masking.to_dict()
         hidden = {**masking, "mask_token_prob": 1.0, "random_token_prob": 0.0}  # evaluation: every selected hidden
 
-        def masked_batch(split: str, i: int, options: dict[str, float]) -> tuple[Tensor, Tensor]:
+        def masked_batch(split: str, i: int, options: dict[str, float]) -> tuple[Tensor, Tensor, Tensor]:
             generator = batch_generator(seed, i)
             blocks = sample_batch(tokens[split], batch, context, generator)[0]  # (batch, context): inputs only
-            return mask_tokens(blocks, generator, vocabulary, **options)
+            inputs, targets = mask_tokens(blocks, generator, vocabulary, **options)
+            return inputs, targets, predicted_positions(targets)  # found here, on the host: no sync in the step
 
         evaluation = [masked_batch("val", -i - 1, hidden) for i in range(config.train.eval_batches)]
         return {
             "train_batches": lambda i: masked_batch("train", i, masking),
             "val_batches": lambda i: masked_batch("val", -i - 1, hidden),
-            "loss_fn": lambda model, batch: model(*batch),
+            "loss_fn": lambda model, batch: model(batch[0], batch[1], predicted=batch[2]),
             "tokens_per_batch": batch * context,
             "eval_fn": lambda model: masked_accuracy(model, evaluation),
         }

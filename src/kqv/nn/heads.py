@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -72,6 +73,20 @@ class ClassificationHead(nn.Module):
         return self.to_classes(self.dropout(pooled))
 
 
+def predicted_positions(targets: Tensor) -> Tensor:
+    """Where each row has a target: targets (batch, time), -100 where none -> (batch, k) time indices in order, k the
+    most any row has, shorter rows filled with -1.
+
+    Which rows of the hidden states reach the head depends on the data, so finding them on the device means
+    reading a count back (boolean-mask indexing waits for it). Found where batches are made, on the host, and
+    handed to `MaskedLM` with the batch, the training step gathers them without a sync; being (batch, k), they
+    split by rows like the rest of the batch (gradient accumulation, torchrun)."""
+    wanted = targets != -100
+    k = int(wanted.sum(dim=1).max()) if wanted.numel() else 0  # free on the host; a sync on a device
+    order = wanted.to(torch.uint8).argsort(dim=1, descending=True, stable=True)[:, :k]  # targets first, in order
+    return torch.where(wanted.gather(1, order), order, -1)
+
+
 class MaskedLM(nn.Module):
     """An encoder pretrained by filling in masked tokens: logits over the vocabulary at every position."""
 
@@ -84,22 +99,38 @@ class MaskedLM(nn.Module):
         if config.tie_embeddings:
             self.head.to_vocab.weight = self.encoder.embeddings.tokens.weight
 
-    def forward(self, ids: Tensor, targets: Tensor | None = None, *, attention_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        ids: Tensor,
+        targets: Tensor | None = None,
+        *,
+        attention_mask: Tensor | None = None,
+        predicted: Tensor | None = None,
+    ) -> Tensor:
         """ids (batch, time) -> logits (batch, time, vocab), or the mean cross-entropy when targets are given
         (targets (batch, time): the original token at masked positions, -100 everywhere else).
 
         With targets, the head runs at the masked positions only (about 15% of them): the same loss for a fraction
-        of the cost of projecting every position to the vocabulary. In training the experts' load-balancing loss
-        is added (`kqv.nn.experts`).
+        of the cost of projecting every position to the vocabulary. `predicted` (batch, k) are those positions as
+        `predicted_positions(targets)` gives them; made with the batch, they spare the step a host sync, which
+        finding them here costs. In training the experts' load-balancing loss is added (`kqv.nn.experts`).
         """
         hidden = self.encoder(ids, attention_mask)  # (batch, time, d_model)
         if targets is None:
             return self.head(hidden)
         if targets.shape != ids.shape:
             raise DataError(f"targets must have shape {tuple(ids.shape)} like the ids, got {tuple(targets.shape)}")
-        masked = targets != -100
-        loss = lm_loss(self.head(hidden[masked]), targets[masked])  # (n_masked, vocab) against (n_masked,)
-        return with_auxiliary_loss(self, loss)
+        if predicted is None:
+            predicted = predicted_positions(targets)
+        elif predicted.dim() != 2 or predicted.shape[0] != ids.shape[0] or predicted.dtype != torch.long:
+            raise DataError(
+                f"predicted must be a LongTensor (batch, k) = ({ids.shape[0]}, k) from predicted_positions(targets), "
+                f"got {predicted.dtype} of shape {tuple(predicted.shape)}"
+            )
+        index = predicted.clamp(min=0)  # (batch, k); -1 fills the rows with fewer targets
+        rows = hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))  # (batch, k, d_model)
+        wanted = targets.gather(1, index).masked_fill(predicted < 0, -100)  # (batch, k)
+        return with_auxiliary_loss(self, lm_loss(self.head(rows), wanted))
 
 
 class SequenceClassifier(nn.Module):
