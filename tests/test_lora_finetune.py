@@ -157,7 +157,7 @@ def test_a_finetune_that_would_train_nothing_is_refused_in_one_line(tmp_path, ca
     assert not (tmp_path / "r").exists()
 
 
-def test_a_lora_run_whose_source_changed_or_moved_is_refused_by_name(source, lora_run, tmp_path):
+def test_a_lora_run_whose_source_changed_or_moved_is_refused_by_name(source, lora_run, tmp_path, capsys):
     import shutil
 
     moved = tmp_path / "source"
@@ -178,8 +178,12 @@ def test_a_lora_run_whose_source_changed_or_moved_is_refused_by_name(source, lor
     save_file(state, weights)
     with pytest.raises(RunError, match=r"has changed since the run trained: its weights' SHA-256 is"):
         kqv.load(run_dir)
+    assert main(["generate", str(run_dir), "--prompt", "to"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"restore {moved} as it was" in err
     shutil.rmtree(moved)
-    with pytest.raises(RunError, match=rf"holds only its adapters, and its source cannot be read .* back at {moved}"):
+    gone = rf"holds only its adapters, and its source {moved} cannot be read: {moved} does not exist; put the source"
+    with pytest.raises(RunError, match=gone):
         kqv.load(run_dir)
 
 

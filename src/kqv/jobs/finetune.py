@@ -126,11 +126,16 @@ def restore_source(model: nn.Module, source: dict[str, Any], run_dir: Path) -> N
     is checked to be the one the adapters were trained on: RunError if it is gone or changed."""
     path, recorded = Path(source["path"]), source["weights_sha256"]
     try:
+        if not path.exists():
+            raise FileNotFoundError(f"{path} does not exist")
         found = read_source(path)
     except (ConfigError, OSError) as error:
+        where = (
+            "" if path.is_absolute() else f", or load the run from the directory it was trained in ({path} is relative)"
+        )
         raise RunError(
-            f"{run_dir} is a LoRA fine-tune, which holds only its adapters, and its source cannot be read ({error}); "
-            f"put the source back at {path} (weights SHA-256 {recorded[:16]}...)"
+            f"{run_dir} is a LoRA fine-tune, which holds only its adapters, and its source {path} cannot be read: "
+            f"{error}; put the source back at {path} (its weights' SHA-256 {recorded[:16]}...){where}"
         ) from None
     if found.weights_sha256 != recorded:
         raise RunError(
