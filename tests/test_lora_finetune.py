@@ -50,6 +50,8 @@ def adapted_source(source, run_dir):
 def test_a_lora_finetune_trains_only_its_adapters_and_saves_them_alone(source, lora_run):
     saved = load_file(lora_run / "checkpoint" / "model.safetensors")
     assert saved and all(name.rsplit(".", 1)[-1] in ("lora_a", "lora_b") for name in saved)
+    optimizer = torch.load(lora_run / "checkpoint" / "optimizer.pt", weights_only=True)
+    assert len(optimizer["state"]) == len(saved)  # AdamW holds the adapters alone
     assert all(saved[name].abs().sum() > 0 for name in saved if name.endswith("lora_b"))  # B trained off zero
     whole = (source / "checkpoint" / "model.safetensors").stat().st_size
     assert (lora_run / "checkpoint" / "model.safetensors").stat().st_size < whole / 4
@@ -123,6 +125,9 @@ def test_frozen_weights_stay_bit_identical_and_the_others_train(source, tmp_path
     assert "lm_head.weight" in frozen  # tied to the token embedding: one tensor, frozen with it
     for name in original:
         assert torch.equal(tuned[name], original[name]) == (name in frozen), name
+    optimizer = torch.load(tmp_path / "run" / "checkpoint" / "optimizer.pt", weights_only=True)
+    trained = {n for n in original if n not in frozen}
+    assert sum(len(group["params"]) for group in optimizer["param_groups"]) == len(trained)  # no frozen weight in it
     assert summary["finetune"]["trainable_parameters"] < summary["finetune"]["total_parameters"]
 
 
