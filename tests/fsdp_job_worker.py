@@ -59,7 +59,7 @@ class StartMemory:
 
     def __init__(self):
         self.profiler: profile | None = None
-        self.peak = 0
+        self.peak = self.kept = 0
 
     def begin(self) -> None:
         self.profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
@@ -72,10 +72,12 @@ class StartMemory:
         for event in sorted(events, key=lambda e: e.start_ns()):
             held += event.nbytes()
             self.peak = max(self.peak, held)
+        self.kept = held  # still held at the end
 
 
 def evaluations(peaks: list[int]):
-    """Trainer.evaluate, the peak bytes the CPU allocator held above its start during each appended to `peaks`."""
+    """Trainer.evaluate, appending to `peaks` the most bytes the CPU allocator held above its start during each,
+    and the bytes still held after it."""
     evaluate = Trainer.evaluate
 
     def measured_evaluate(self):
@@ -85,7 +87,7 @@ def evaluations(peaks: list[int]):
             return evaluate(self)
         finally:
             memory.end()
-            peaks.append(memory.peak)
+            peaks.append((memory.peak, memory.kept))
 
     return measured_evaluate
 
