@@ -17,6 +17,7 @@ from kqv.data.example_batches import EncodedExamples, ExampleBatches
 from kqv.data.tokenizers import CharTokenizer
 from kqv.errors import ConfigError, DataError
 from kqv.jobs.completions import example_loss
+from kqv.jobs.corpus import load_tokens
 from kqv.nn.config import ModelConfig
 from kqv.nn.cores import packed_mask
 from kqv.nn.losses import weighted_cross_entropy
@@ -212,6 +213,16 @@ def test_a_finetune_on_pairs_from_a_kqv_run_trains_and_resumes_exactly(tmp_path)
     full, cut = kqv.load(tmp_path / "full").model, kqv.load(tmp_path / "cut").model
     assert all(torch.equal(a, b) for a, b in zip(full.state_dict().values(), cut.state_dict().values()))
     assert (tmp_path / "full" / "samples.txt").read_text().startswith(tuple(e.prompt for e in SHORT))
+    run = kqv.load(tmp_path / "full")  # its evaluation by default: the completion of its one validation example
+    tokens = load_tokens(run.run_dir)
+    ids, (prompt, completion) = tokens["val"].long(), tokens["val_lengths"][0].tolist()
+    with torch.no_grad():
+        logits = run.model.eval()(ids[None, :-1])[0]
+    result = run.evaluate()
+    assert result.loss == pytest.approx(F.cross_entropy(logits[prompt - 1 :], ids[prompt:]).item(), abs=1e-5)
+    assert result.tokens == completion and result.loss == pytest.approx(summary["val"]["loss"], abs=1e-6)
+    with pytest.raises(ConfigError, match="scored whole"):
+        run.evaluate(max_tokens=10)
 
 
 def test_kqv_train_lm_data_pairs_from_the_command_line(tmp_path, capsys):
@@ -223,6 +234,9 @@ def test_kqv_train_lm_data_pairs_from_the_command_line(tmp_path, capsys):
     assert main(["train", "lm", *flags, "--out", str(tmp_path / "run")]) == 0
     assert "validation completion loss" in capsys.readouterr().out
     assert [r["step"] for r in metrics(tmp_path / "run") if "train_loss" in r] == [1, 2]
+    assert main(["eval", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("the completions of the 1 held-out validation examples: ") and "bits/char" not in out
 
 
 @pytest.mark.parametrize(

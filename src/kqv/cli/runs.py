@@ -57,9 +57,10 @@ def lm_evaluate(run: LMRun | PretrainedRun, args: argparse.Namespace) -> None:
     if args.predictions is not None:
         raise ConfigError("--predictions writes the completions of a file of pairs: give --data pairs.tsv or .jsonl")
     result = run.evaluate(args.data, max_tokens=args.max_tokens)
+    per_char = "" if result.bits_per_char is None else f", {result.bits_per_char:.4f} bits/char"  # a pair run: None
     report(
         f"{result.source}: {result.tokens:,} tokens, loss {result.loss:.4f} nats/token, perplexity "
-        f"{result.perplexity:.3f}, {result.bits_per_char:.4f} bits/char",
+        f"{result.perplexity:.3f}{per_char}",
         result.to_dict(),
         args.json,
     )

@@ -32,14 +32,14 @@ from ..data.completions import (
 )
 from ..data.example_batches import EncodedExamples, ExampleBatches
 from ..data.tokenizers import Tokenizer, make_tokenizer
-from ..errors import ConfigError
+from ..errors import ConfigError, spoken
 from ..nn.config import ModelConfig
 from ..nn.cores import packed_mask
 from ..nn.experts import with_auxiliary_loss
 from ..nn.generation import GenerationConfig
 from ..nn.losses import weighted_cross_entropy
 from ..train.files import SAMPLES_FILE
-from .scoring import complete, completion_nats
+from .scoring import BATCH_SIZE, complete, completion_nats
 
 SCORED_EXAMPLES = 2_000  # the validation examples the run's final completion loss scores
 SPLITS = ("train", "val")
@@ -124,20 +124,43 @@ def example_loss(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
     return with_auxiliary_loss(model, weighted_cross_entropy(logits, batch["targets"], batch["weights"]))
 
 
+def held_out_loss(model: nn.Module, tokens: dict[str, Tensor], batch_size: int) -> dict[str, float]:
+    """The completion loss of (up to `SCORED_EXAMPLES` of) a pair run's validation examples given their prompts
+    (`kqv.jobs.scoring.completion_nats`): `loss` (nats per completion token, the end of text included),
+    `perplexity`, `bits_per_token`, `tokens` and `examples` scored."""
+    examples = encoded(tokens, "val")
+    pairs = [examples.parts(k) for k in range(min(len(examples), SCORED_EXAMPLES))]
+    nats, count = completion_nats(model, [p for p, _ in pairs], [c for _, c in pairs], batch_size)
+    loss = nats / count
+    return {
+        "loss": loss,
+        "perplexity": math.exp(min(loss, 700)),
+        "bits_per_token": loss / math.log(2),
+        "tokens": count,
+        "examples": len(pairs),
+    }
+
+
+def held_out_evaluation(model: nn.Module, tokens: dict[str, Tensor], max_tokens: int | None) -> dict[str, Any]:
+    """The fields of `LMRun.evaluate()`'s `LMEvaluation` for a pair run: its validation examples' completion loss
+    (`held_out_loss`), the examples scored whole (so `max_tokens` is refused)."""
+    if max_tokens is not None:
+        raise ConfigError(
+            f"a pair run's validation examples are scored whole; drop {spoken('--max-tokens', 'max_tokens')}"
+        )
+    figures = held_out_loss(model, tokens, BATCH_SIZE)
+    source = f"the completions of the {figures.pop('examples')} held-out validation examples"
+    return {"source": source, **figures}
+
+
 def score_and_sample(
     model: nn.Module, tokenizer: Tokenizer, tokens: dict[str, Tensor], config: Any, run_dir: Path
 ) -> tuple[dict[str, float], list[str]]:
-    """A pair run's outcome: the completion loss of (up to `SCORED_EXAMPLES` of) its validation examples given
-    their prompts (`loss`, `perplexity`, `tokens` and `examples` scored: `kqv.jobs.scoring.completion_nats`), and
-    completions of the first `sample.count` validation prompts, sampled as [sample] says and stopped at the end of
-    text, written to samples.txt (the prompt, then its completion)."""
-    examples = encoded(tokens, "val")
-    pairs = [examples.parts(k) for k in range(min(len(examples), SCORED_EXAMPLES))]
-    nats, count = completion_nats(model, [p for p, _ in pairs], [c for _, c in pairs], config.train.batch_size)
-    loss = nats / count
-    val = {"loss": loss, "perplexity": math.exp(min(loss, 700)), "tokens": count, "examples": len(pairs)}
-    sample = config.sample
-    prompts = [tokenizer.decode(prompt) for prompt, _ in pairs[: sample.count]]
+    """A pair run's outcome: the completion loss of its validation examples (`held_out_loss`), and completions
+    of the first `sample.count` validation prompts, sampled as [sample] says and stopped at the end of text,
+    written to samples.txt (the prompt, then its completion)."""
+    val, examples, sample = held_out_loss(model, tokens, config.train.batch_size), encoded(tokens, "val"), config.sample
+    prompts = [tokenizer.decode(examples.parts(k)[0]) for k in range(min(sample.count, len(examples)))]
     options = {"max_new_tokens": sample.max_new_tokens, "temperature": sample.temperature, "top_k": sample.top_k}
     answers = complete(model, tokenizer, prompts, GenerationConfig(**options))
     samples = [prompt + answer for prompt, answer in zip(prompts, answers)]

@@ -296,9 +296,10 @@ class LMRun(TrainedRun):
         self, data: str | Path | None = None, *, pairs: str | Path | None = None, max_tokens: int | None = None
     ) -> LMEvaluation | PairsEvaluation:
         """Loss, perplexity and bits per character on a text file or directory (`data`), by default on the run's
-        held-out validation split; `max_tokens` scores only a prefix of that many tokens (at least 2). With
-        `pairs` (a .tsv or .jsonl file of prompt -> completion pairs): the completion loss and the exact match of
-        greedy completions, with its 95% interval (`PairsEvaluation`)."""
+        held-out validation split (a pair run's: the completions of its validation examples); `max_tokens` scores
+        only a prefix of that many tokens (at least 2). With `pairs` (a .tsv or .jsonl file of prompt ->
+        completion pairs): the completion loss and the exact match of greedy completions, with its 95% interval
+        (`PairsEvaluation`)."""
         if pairs is not None:
             check_pairs_alone(data, max_tokens)
             return evaluate_pairs(self.model, self.tokenizer, pairs)
@@ -306,6 +307,8 @@ class LMRun(TrainedRun):
             return evaluate_text(self.model, self.tokenizer, data, self.config.data.context, max_tokens)
         check_max_tokens(max_tokens)
         tokens = load_tokens(self.run_dir)
+        if self.config.data.pairs:  # what the run trained: the completions of its held-out examples
+            return LMEvaluation(**completions.held_out_evaluation(self.model, tokens, max_tokens))
         ids, n_chars, source = tokens["val"], int(tokens["chars"][1]), "the held-out validation split"
         result = perplexity(self.model, ids, context=self.config.data.context, n_chars=n_chars, max_tokens=max_tokens)
         return LMEvaluation(source, **result)
