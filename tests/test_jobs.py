@@ -163,7 +163,7 @@ def test_every_command_of_the_parser_is_in_the_registry_and_serves_registered_jo
         "eval": {"lm", "mt", "vit"},
         "attention": {"lm", "mt", "vit"},
         "translate": {"mt"},
-        "export": {"lm"},
+        "export": {"lm", "mlm"},
     }
     for command in runs.values():
         assert set(command.by_job) <= set(JOBS)
