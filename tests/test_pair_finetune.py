@@ -2,6 +2,7 @@
 on the completion (the prompt weighted by data.prompt_loss_weight), padded and packed batches never let one example
 attend to another, a fine-tune from --init on pairs trains and resumes exactly, and bad input is one line with
 nothing written."""
+# ruff: noqa: F811 -- the fixture gpt2_dir imported from test_finetune is a parameter here
 
 import json
 
@@ -26,7 +27,7 @@ from kqv.train.config import TrainConfig
 from kqv.train.trainer import Trainer
 from syncs import SyncCounter
 from test_cli import TINY
-from test_finetune import tiny_run
+from test_finetune import gpt2_dir, tiny_run  # noqa: F401 (gpt2_dir: a fixture)
 
 WORDS = ["to", "be", "or", "not", "that", "is", "the", "question"]
 EXAMPLES = [
@@ -325,3 +326,29 @@ def test_a_4d_attention_mask_must_be_bool_and_the_ids_shape():
         model(ids, attention_mask=torch.ones(2, 1, 5, 5))
     with pytest.raises(DataError, match="positions must have the shape of the ids"):
         model(ids, positions=torch.zeros(2, 4, dtype=torch.long))
+
+
+def test_a_packed_weighted_finetune_of_a_gpt2_directory_starts_at_the_loss_transformers_gives_each_example(
+    gpt2_dir, tmp_path
+):
+    from transformers import GPT2LMHeadModel
+
+    qa = pairs_file(tmp_path / "qa.tsv")
+    settings = ["data.packing=true", "data.prompt_loss_weight=0.5", "model.dropout=0.0", "train.log_every=1"]
+    overrides = [f"data.path={qa}", "data.context=16", "train.batch_size=2", 'train.precision="fp32"', *settings]
+    kqv.train("lm", init=gpt2_dir, out=tmp_path / "run", overrides=overrides, steps=1, quiet=True)
+    first = [r["train_loss"] for r in metrics(tmp_path / "run") if "train_loss" in r][0]
+    tokens = load_tokens(tmp_path / "run")
+    examples = EncodedExamples(tokens["train"], tokens["train_lengths"])
+    rows = ExampleBatches(examples, batch_size=2, context=16, packing=True).rows(0)  # seed 0, the run's
+    hf = GPT2LMHeadModel.from_pretrained(gpt2_dir).eval()
+    total, weights = 0.0, 0.0
+    for k in (k for row in rows for k in row):  # each example alone through transformers
+        prompt, completion = examples.parts(k)
+        ids = torch.tensor([prompt + completion])
+        with torch.no_grad():
+            losses = F.cross_entropy(hf(ids[:, :-1]).logits[0], ids[0, 1:], reduction="none")
+        w = torch.tensor([0.5 if t + 1 < len(prompt) else 1.0 for t in range(len(losses))])
+        total, weights = total + (losses * w).sum().item(), weights + w.sum().item()
+    assert sum(len(row) for row in rows) > 2  # packed: more examples than rows
+    assert first == pytest.approx(total / weights, abs=1e-5)
