@@ -300,14 +300,16 @@ def _own_rows(value: Any, param: Tensor) -> Any:
 
 def _retie(weights: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
     """`weights` with every name of a tied parameter mapped to one tensor: the file keeps one name of each (as
-    `safetensors.torch.save_model` does for a plain model), torch's state-dict helpers want them all."""
+    `safetensors.torch.save_model` does for a plain model), torch's state-dict helpers want them all. That tensor
+    must be all of its storage, or `save_model` cannot tell which name covers it."""
     groups: dict[int, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
         groups.setdefault(id(param), []).append(name)
     for names in groups.values():
         tensor = next((weights[n] for n in names if n in weights), None)
-        if tensor is not None:
-            weights.update(dict.fromkeys(names, tensor))
+        if tensor is not None:  # a view of a padded gather (a shard cut unevenly) as a tensor of its own
+            whole = tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
+            weights.update(dict.fromkeys(names, tensor if whole else tensor.clone()))
     return weights
 
 
