@@ -5,6 +5,7 @@ dropout masks as an uninterrupted one."""
 
 from __future__ import annotations
 
+import logging
 import random
 from typing import Any
 
@@ -19,11 +20,31 @@ from .files import RNG_FILE
 
 TORCH_RNGS = (("torch", ""), ("cuda", ".cuda"))  # state key, suffix of its rng.safetensors name
 
+logger = logging.getLogger(__name__)
+
 
 def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)
+
+
+def start_generators(seed: int, rank: int, saved: list[dict | None] | None, step: int) -> None:
+    """A run's generators at its start: seeded with `seed + rank` when fresh (`saved` None); a resumed run's
+    `saved` states, one per rank, restored; a rank that has none (a checkpoint saved by an interrupt, or by another
+    number of processes) reseeded for `step`, with a warning, since its dropout then differs."""
+    seed += rank
+    if saved is None:
+        seed_everything(seed)
+    elif rank < len(saved) and saved[rank] is not None:
+        set_rng_state(saved[rank])
+    else:
+        logger.warning(
+            "rank %d has no saved generator state (the checkpoint came from an interrupt or another "
+            "number of processes); reseeding, so dropout differs from an uninterrupted run",
+            rank,
+        )
+        seed_everything(seed + 1_000_003 * step)
 
 
 def rng_state() -> dict[str, Any]:

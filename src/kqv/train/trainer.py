@@ -42,7 +42,6 @@ log record also holds `aux_loss`, `dropped_fraction` and each layer's `expert_lo
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from contextlib import ExitStack, suppress
@@ -55,7 +54,6 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from ..errors import ConfigError, ConfigTypeError
-from ..nn.devices import Accelerator
 from ..nn.experts import routing_metrics
 from ..signals import deferred
 from . import distributed
@@ -63,22 +61,20 @@ from .budget import Planner, announcement, resumed_plan, time_left
 from .checkpoints import Checkpoint, read_checkpoint
 from .compiling import training_module
 from .config import TrainConfig, learning_rate, replan
-from .distributed import Batch, init_distributed
+from .distributed import Batch
 from .evaluator import Evaluator
 from .events import Evaluation, Progress
 from .metrics import Pace, Window, append_metrics, plot_losses
 from .nonfinite import NonFiniteGuard, TrainingDiverged, diverged_message, warn_withheld
 from .optimizer import make_optimizer
-from .precision import MixedPrecision, bound_kernel_caches
+from .placement import place
 from .reporter import Reporter
-from .rng import rng_state, seed_everything, set_rng_state
+from .rng import rng_state, start_generators
 from .rundir import IfExists, RunDirectory
-from .saving import Checkpointer, check_extra_state, check_saved_weights
-from .sharding import build_model, gather_to_rank0, shard
+from .saving import Checkpointer, check_extra_state
+from .sharding import gather_to_rank0
 from .state import TrainState
 from .update import Updater
-
-logger = logging.getLogger(__name__)
 
 
 class Trainer:
@@ -134,25 +130,22 @@ class Trainer:
         if if_exists not in IfExists.__args__:
             raise ConfigError(f"if_exists must be one of {list(IfExists.__args__)}, got {if_exists!r}")
         check_extra_state(extra_state)
-        bound_kernel_caches()  # before the first bf16 kernel is built
-        device = distributed.rank_device(Accelerator.resolve(config.device).device)  # torchrun: cuda:LOCAL_RANK
-        self.device = Accelerator.resolve(device)  # the one per-device choice: kernels, autocast, scaler
-        self.precision = MixedPrecision(self.device, config.precision, config.tf32)
+        # where it trains (`kqv.train.placement`); under FSDP `home`, the caller's model, is released by the shard
+        (
+            self.device,
+            self.precision,
+            self.rank,
+            self.world_size,
+            self._owns_process_group,
+            self.sharded,
+            self.home,
+            self.model,
+        ) = place(model, config, saved_weights)
         self.config = config
         self.train_batches, self.loss_fn, self.val_batches, self.eval_fn = train_batches, loss_fn, val_batches, eval_fn
         self.extra_state = extra_state if extra_state is not None else {}  # this very dict: its owner may update it
         self.afterwards, self.clock = afterwards, clock or time.perf_counter
-        self.rank, self.world_size, self._owns_process_group = init_distributed(self.device.device)
         self.report = reporter or Reporter(quiet or self.rank != 0)  # rank 0 speaks for every process
-        if config.batch_size % self.world_size:
-            raise ConfigError(
-                f"batch_size ({config.batch_size}) must be divisible by the number of processes "
-                f"({self.world_size}): every process takes an equal slice of each batch"
-            )
-        self.sharded = config.parallel == "fsdp" and self.world_size > 1
-        check_saved_weights(saved_weights, self.sharded)
-        self.home = build_model(model, self.sharded, self.rank)  # the caller's model: under FSDP, released by shard
-        self.model = shard(self.home, self.device.device) if self.sharded else self.home.to(self.device.device)
         self.optimizer = make_optimizer(self.model, config)
         self.state = TrainState()  # progress: saved in every checkpoint and restored by a resume
         self.guard = NonFiniteGuard(config.max_bad_steps, self.device.device)
@@ -466,17 +459,6 @@ class Trainer:
     def _start_rng(self) -> None:
         """Seed a fresh run; restore the saved generators of a resumed one (reseed ranks that have none). This is
         the first update boundary: what a Ctrl-C before the first update saves."""
-        seed = self.config.seed + self.rank
-        if self._saved_rng is None:
-            seed_everything(seed)
-        elif self.rank < len(self._saved_rng) and self._saved_rng[self.rank] is not None:
-            set_rng_state(self._saved_rng[self.rank])
-        else:
-            logger.warning(
-                "rank %d has no saved generator state (the checkpoint came from an interrupt or another "
-                "number of processes); reseeding, so dropout differs from an uninterrupted run",
-                self.rank,
-            )
-            seed_everything(seed + 1_000_003 * self.step)
+        start_generators(self.config.seed, self.rank, self._saved_rng, self.step)
         self._boundary_rng = rng_state()
         self.checkpoints.last_saved = self.step if self._saved_rng is not None else None

@@ -1,0 +1,55 @@
+"""Where a run trains: its device (under torchrun, this process's own GPU), the precision it computes in, the
+process group it joins, and the model placed on them: moved to the device, or under `parallel="fsdp"` sharded
+across the processes (`kqv.train.sharding`).
+
+The Trainer asks once, when it is made, and keeps the answer; its loop never decides any of it again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+from torch import Tensor, nn
+
+from ..errors import ConfigError
+from ..nn.devices import Accelerator
+from . import distributed
+from .config import TrainConfig
+from .precision import MixedPrecision, bound_kernel_caches
+from .saving import check_saved_weights
+from .sharding import build_model, shard
+
+
+class Placement(NamedTuple):
+    """A run's device, precision and processes, and its model on them (a tuple: its owner unpacks it)."""
+
+    device: Accelerator  # the one per-device choice: kernels, autocast, scaler
+    precision: MixedPrecision
+    rank: int
+    world_size: int
+    owns_process_group: bool  # whether joining created the group, which the run then leaves at its end
+    sharded: bool  # FSDP over several processes
+    home: nn.Module  # the caller's model: under FSDP, released by `shard`
+    model: nn.Module  # the one trained: `home` on the device, or this process's shard of it
+
+
+def place(
+    model: nn.Module, config: TrainConfig, saved_weights: Callable[[dict[str, Tensor]], dict[str, Tensor]] | None = None
+) -> Placement:
+    """Resolve `config.device` (under torchrun, cuda:LOCAL_RANK) and its precision, join the process group, and
+    put `model` (or the function that builds it) there. The global batch must split evenly between processes."""
+    bound_kernel_caches()  # before the first bf16 kernel is built
+    device = Accelerator.resolve(distributed.rank_device(Accelerator.resolve(config.device).device))
+    precision = MixedPrecision(device, config.precision, config.tf32)
+    rank, world_size, owns_process_group = distributed.init_distributed(device.device)
+    if config.batch_size % world_size:
+        raise ConfigError(
+            f"batch_size ({config.batch_size}) must be divisible by the number of processes "
+            f"({world_size}): every process takes an equal slice of each batch"
+        )
+    sharded = config.parallel == "fsdp" and world_size > 1
+    check_saved_weights(saved_weights, sharded)
+    home = build_model(model, sharded, rank)
+    placed = shard(home, device.device) if sharded else home.to(device.device)
+    return Placement(device, precision, rank, world_size, owns_process_group, sharded, home, placed)
