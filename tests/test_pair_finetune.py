@@ -151,6 +151,9 @@ def test_batches_are_deterministic_cover_each_epoch_and_pack_within_the_context(
         assert not torch.equal(one.batch(0)["ids"], batches(examples, packing=packing, seed=4).batch(0)["ids"])
         rows = one.epoch_rows(0)
         assert sorted(k for row in rows for k in row) == list(range(len(examples)))
+        stream = [row for i in range(30) for row in two.rows(i)]  # 120 rows: the epochs one after another
+        epochs = [row for e in range(40) for row in one.epoch_rows(e)]
+        assert stream == epochs[:120] and one.epoch_rows(1) != rows
         assert all(sum(one.examples.inputs(k) for k in row) <= 32 for row in rows)
         assert len(rows) < len(examples) if packing else len(rows) == len(examples)
         real = one.batch(2)["targets"].ne(-100).sum() + sum(

@@ -20,6 +20,7 @@ Validation rows take the examples in file order, and batch i is rows i * batch_s
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -78,6 +79,7 @@ class ExampleBatches:
     packing: bool = False
     prompt_loss_weight: float = 0.0
     _epochs: list[list[list[int]]] = field(default_factory=list, repr=False, compare=False)
+    _ends: list[int] = field(default_factory=list, repr=False, compare=False)
 
     def epoch_rows(self, epoch: int) -> list[list[int]]:
         """The rows (lists of example numbers) of one pass over the examples: shuffled by epoch, or in order."""
@@ -109,14 +111,14 @@ class ExampleBatches:
         if not self.shuffle:
             rows = self.epoch_rows(0)
             return [rows[(first + j) % len(rows)] for j in range(self.batch_size)]
-        chosen, epoch, start = [], 0, 0  # start: the stream index of the epoch's first row
-        while len(chosen) < self.batch_size:
-            rows = self.epoch_rows(epoch)
-            if first + len(chosen) < start + len(rows):
-                chosen.append(rows[first + len(chosen) - start])
-            else:
-                epoch, start = epoch + 1, start + len(rows)
-        return chosen
+        return [self.stream_row(first + j) for j in range(self.batch_size)]
+
+    def stream_row(self, g: int) -> list[int]:
+        """Row g of the training stream: the epochs' rows one after another (epochs made as far as g needs)."""
+        while not self._ends or self._ends[-1] <= g:  # _ends[e]: the stream index after epoch e's last row
+            self._ends.append((self._ends[-1] if self._ends else 0) + len(self.epoch_rows(len(self._ends))))
+        epoch = bisect.bisect_right(self._ends, g)
+        return self.epoch_rows(epoch)[g - (self._ends[epoch - 1] if epoch else 0)]
 
     def tokens(self, i: int) -> int:
         """The real (not padding) tokens batch i feeds the model: its count for tokens/s."""
