@@ -247,8 +247,9 @@ def gather_state(sharded: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[
 
 def load_checkpoint(sharded: nn.Module, optimizer: torch.optim.Optimizer, checkpoint: Checkpoint, run_dir) -> None:
     """Set the weights and optimizer state of a (single-file) checkpoint into this process's shards, reading only
-    this process's rows of each tensor: the weights through safetensors' `safe_open` (`get_slice`), the optimizer
-    state through a memory map of optimizer.pt (`torch.load(mmap=True)`), whose other pages are never read."""
+    this process's rows of each tensor: the weights through safetensors' slices (`kqv.train.slices.RowReader`),
+    the optimizer state through a memory map of optimizer.pt (`torch.load(mmap=True)`), whose other pages are
+    never read."""
     load_shards(sharded, checkpoint)
     positions = [p for group in optimizer.param_groups for p in group["params"]]
 

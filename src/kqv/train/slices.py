@@ -14,9 +14,10 @@ model is built. So a process holds at most its rows of the model, plus one whole
 drawn (or, for a parameter made by `torch.randn` and the like, until the model is built).
 
 The rows of a parameter are FSDP2's shard: dimension 0 cut into `world_size` chunks as `torch.chunk` cuts it
-(`rows`). The rows wait, in this module's table, for `kqv.train.sharding.shard` to copy them into the sharded
-model and forget them (`take_slices`). Meanwhile a fine-tune sets its source's weights into them
-(`load_slices`, reading only those rows of a safetensors file; `set_slices` from tensors in memory).
+(`rows`). The rows wait, in this module's table, for `kqv.train.sharding.shard` to make them the sharded
+model's shards and forget them (`take_slices`). Meanwhile a fine-tune sets its source's weights into them
+(`load_slices`, reading only those rows of a safetensors file with `RowReader`; `set_slices` from tensors in
+memory). `RowReader` also reads a resumed FSDP run's rows of its checkpoint (`kqv.train.sharding.load_shards`).
 
 An operation that would need the whole value of such a tensor (a product of two of them, a view written into)
 is refused with a ConfigError naming it: the model must then be built whole (`train.parallel = "ddp"`).
