@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 
@@ -43,6 +45,21 @@ def _auto_is_the_cpu(request, monkeypatch):
     tests/test_devices.py chooses its devices itself (its CUDA tests run where CUDA is)."""
     if request.module.__name__ != "test_devices":
         monkeypatch.setattr(devices, "auto_device", lambda: "cpu")
+
+
+def pytest_addoption(parser, pluginmanager):
+    """pyproject's addopts ask pytest-xdist for 2 worker processes; with xdist not loaded (`-p no:xdist`) its
+    options are accepted and mean nothing, so the suite runs in this one process."""
+    if not pluginmanager.has_plugin("xdist"):
+        parser.addoption("--numprocesses", dest="no_xdist_numprocesses", help="pytest-xdist is not loaded")
+        parser.addoption("--dist", dest="no_xdist_dist", help="pytest-xdist is not loaded")
+
+
+def pytest_configure(config):
+    """Each xdist worker computes on one thread, and so do the processes its tests start (CLI runs, torchrun,
+    notebooks): 2 workers on 2 cores, not 2 x cores threads fighting over them."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -216,7 +216,7 @@ def test_the_signal_tests_pass_when_started_with_ctrl_c_ignored():
     SIGINT ignored; the tests here set the handlers they assume, so they pass then too (the training ones, which
     spawn children with Ctrl-C at its default, are left out: they take minutes and inherit nothing)."""
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", __file__, "-k", IN_THIS_PROCESS],
+        [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", "-p", "no:xdist", __file__, "-k", IN_THIS_PROCESS],
         capture_output=True,
         text=True,
         timeout=300,
