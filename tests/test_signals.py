@@ -215,9 +215,9 @@ def test_the_signal_tests_pass_when_started_with_ctrl_c_ignored():
     """Issue 35: a test command started in the background (`nohup pytest ... &`, as some CI runners do) inherits
     SIGINT ignored; the tests here set the handlers they assume, so they pass then too (the training ones, which
     spawn children with Ctrl-C at its default, are left out: they take minutes and inherit nothing)."""
-    pytest = [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", "-p", "no:xdist"]  # in one process
+    in_one_process = [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", "-p", "no:xdist"]
     done = subprocess.run(
-        [*pytest, __file__, "-k", IN_THIS_PROCESS],
+        [*in_one_process, __file__, "-k", IN_THIS_PROCESS],
         capture_output=True,
         text=True,
         timeout=300,
