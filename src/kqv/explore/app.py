@@ -277,12 +277,14 @@ class BackgroundServer:
 
         import uvicorn
 
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        # the socket is bound here and handed to uvicorn, so no other process can take its port in between
+        # (tests run in parallel: a port probed free, then closed, could be another server's by the time it listens)
+        self.socket = socket.socket()
+        self.socket.bind(("127.0.0.1", 0))
+        port = self.socket.getsockname()[1]
         self.url, self.start_seconds = f"http://127.0.0.1:{port}", start_seconds
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
 
     def __enter__(self) -> BackgroundServer:
         import time
@@ -298,6 +300,7 @@ class BackgroundServer:
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
+        self.socket.close()
 
 
 def check_port_free(host: str, port: int) -> None:
