@@ -813,7 +813,125 @@ def mt_precision_parts_table() -> str:
     return plain(header, rows, right=1) + "\n" + run_line(source)
 
 
+FINETUNE_CORPUS = "benchmarks/results/finetune_corpus.json"
+FINETUNE_QA = "benchmarks/results/finetune_qa.json"
+
+
+def shared_machine(record: dict) -> str:
+    """The machine a fine-tuning measurement ran on, from its JSON: CPU, kernel flags, cores and the load."""
+    cpu = record["machine"]
+    flags = ", ".join(cpu["flags"]) or "no AVX-512"
+    threads = record.get("torch_threads")
+    threads = f", {threads} torch thread{'s' * (threads != 1)}" if threads else ""
+    load = record["load_average_end"][0]
+    return f"{cpu['model']} ({flags}), {cpu['cores']} cores{threads}, load average {load:.1f} at the end"
+
+
+def one_run(record: dict, file: str, command: str) -> str:
+    return f"\nRun: {shared_machine(record)}, {day(record)}: `{command}` (`{file}`)\n"
+
+
+def ci(interval: list[float] | None, digits: int = 3) -> str:
+    return "" if interval is None else f" [{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]"
+
+
+def finetune_corpus_table() -> str:
+    """nanoGPT's recipe: validation loss on the Bible after the same updates, from Shakespeare's weights or
+    from random ones, per seed and their mean with a 95% t interval."""
+    record = json.loads((ROOT / FINETUNE_CORPUS).read_text(encoding="utf-8"))
+    rows = [
+        [
+            "pretrained on Shakespeare, not fine-tuned",
+            "",
+            f"{record['pretrain']['steps']:,} on Shakespeare",
+            f"{record['pretrained_val_loss_before_finetuning']:.3f}",
+            "",
+            "",
+        ]
+    ]
+    for arm in ("fine-tuned", "from scratch"):
+        loss, runs = record["val_loss"][arm], [r for r in record["runs"] if r["arm"] == arm]
+        start = "from the Shakespeare run (`--init`)" if arm == "fine-tuned" else "from random weights"
+        rows.append(
+            [
+                start,
+                ", ".join(str(r["seed"]) for r in runs),
+                f"{runs[0]['steps']:,} on the Bible",
+                f"**{loss['mean']:.3f}**{ci(loss['ci95'])}",
+                " / ".join(f"{value:.3f}" for value in loss["values"]),
+                f"{record['train_seconds'][arm]['mean']:.0f}",
+            ]
+        )
+    difference = record["difference_finetuned_minus_scratch"]
+    rows.append(
+        [
+            "fine-tuned - from scratch (paired by seed)",
+            "",
+            "",
+            f"**{difference['mean']:+.3f}**{ci(difference['ci95'])}: {record['verdict']}",
+            " / ".join(f"{value:+.3f}" for value in difference["values"]),
+            "",
+        ]
+    )
+    header = ["start", "seeds", "updates", "Bible val loss (nats/char), mean [95% CI]", "per seed", "train s"]
+    align = ["---"] * 3 + ["---:"] * 3
+    table = "".join("| " + " | ".join(cells) + " |\n" for cells in [header, align, *rows])
+    return table + one_run(record, FINETUNE_CORPUS, "python benchmarks/finetune_corpus.py")
+
+
+def proportion(figure: dict) -> str:
+    return f"{figure['exact_match']:.3f}{ci(figure['exact_match_95'])} ({figure['correct']}/{figure['n']})"
+
+
+def finetune_qa_table() -> str:
+    """Exact match on questions about people the fine-tune never saw asked about, per arm over its seeds, with the
+    probe of the pretrained model and each arm's trainable parameters, peak memory and speed."""
+    record = json.loads((ROOT / FINETUNE_QA).read_text(encoding="utf-8"))
+    probe = record["probe"]
+    rows = [
+        [
+            "probe: the pretrained model, pretraining wording",
+            "",
+            f"{proportion(probe['held_out'])}",
+            f"{probe['seen']['exact_match']:.3f}",
+            "",
+            "",
+            "",
+        ]
+    ]
+    for name, arm in record["summary"]["arms"].items():
+        held = arm["held_out_questions"]
+        rows.append(
+            [
+                name,
+                " / ".join(f"{value:.3f}" for value in held["per_seed"]),
+                f"**{proportion(held)}**",
+                f"{arm['seen_questions']['exact_match']:.3f}",
+                f"{arm['trainable_parameters']:,}"
+                + (f" of {arm['total_parameters']:,}" if "total_parameters" in arm else ""),
+                f"{arm['peak_rss_mb']:,.0f}",
+                f"{arm['tokens_per_s']:,.0f}",
+            ]
+        )
+    header = ["", "held-out EM per seed", "held-out EM [95% Wilson] (correct/n)", "seen EM"]
+    header += ["trainable parameters", "peak RSS, MB", "tokens/s"]
+    align = ["---"] * 2 + ["---:"] * 5
+    table = "".join("| " + " | ".join(cells) + " |\n" for cells in [header, align, *rows])
+    differences = "".join(
+        f"- {name}: {comparison['difference']:+.3f}{ci(comparison['difference_95'])}: {comparison['verdict']}\n"
+        for name, comparison in record["summary"]["comparisons"].items()
+    )
+    return (
+        table
+        + "\nDifferences of held-out exact match (95% Newcombe interval):\n\n"
+        + differences
+        + one_run(record, FINETUNE_QA, "python benchmarks/finetune_qa.py")
+    )
+
+
 TABLES: dict[str, Callable[[], str]] = {
+    "finetune-corpus": finetune_corpus_table,
+    "finetune-qa": finetune_qa_table,
     "one-row-products": one_row_products_table,
     "explore-render": explore_render_table,
     "explore-reply": explore_reply_table,

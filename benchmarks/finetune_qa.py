@@ -1,0 +1,369 @@
+"""Does pretraining help a question-answering fine-tune whose answers only the pretraining text holds? And LoRA
+against full fine-tuning on the same task.
+
+The world (`benchmarks/qa_world.py`, fixed by --world-seed): invented people with a birthplace and a trade. A small
+character-level GPT is pretrained once on their biographies (every fact in four wordings, one per line) after an
+excerpt of Shakespeare (general English, and the characters the questions use: a character tokenizer learns its
+alphabet from the pretraining text). Then, for each seed, these arms fine-tune on the question -> answer pairs of
+the first half of the people (`kqv train lm --data qa.tsv`: loss on the answers alone, a newline ending each) and are
+scored by exact match of greedy answers (`run.evaluate(pairs=...)`) on the questions about the OTHER half, whose
+answers they can only know from pretraining:
+
+    pretrained, full     --init the pretrained run, every weight trains
+    random init, full    the same model, batch, schedule and pairs from random weights
+    pretrained, LoRA     --init the pretrained run, LoRA adapters (finetune.lora_rank) alone train
+
+Each arm runs in a fresh process, so its peak resident memory (`peak_rss_mb`) is its own. Beside them, the probe:
+the pretrained model completes each fact of the held-out people in its first pretraining wording ("Zorbo Quill was
+born in" -> " Lemvik"): when pretraining does not help, it says whether the knowledge was missing or did not
+transfer to the question format.
+
+    python benchmarks/finetune_qa.py            # the measured sizes
+    python benchmarks/finetune_qa.py --quick    # tiny sizes, seconds: checks the script, measures nothing
+
+Writes benchmarks/results/finetune_qa.json (or --output) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # qa_world, beside this script
+
+import qa_world  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+OUTPUT = ROOT / "benchmarks" / "results" / "finetune_qa.json"
+
+FULL = {
+    "people": 40,
+    "copies": 2,
+    "general_chars": 5_000,
+    "model": {"d_model": 96, "n_heads": 4, "n_layers": 3, "d_ff": 384},
+    "context": 64,
+    "batch_size": 16,
+    "pretrain_steps": 600,
+    "pretrain_lr": 2e-3,
+    "finetune_steps": 100,
+    "finetune_lr": 1e-3,
+    "lora_rank": 8,
+}
+QUICK = {
+    "people": 40,
+    "copies": 1,
+    "general_chars": 3_000,
+    "model": {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64},
+    "context": 64,
+    "batch_size": 8,
+    "pretrain_steps": 4,
+    "pretrain_lr": 2e-3,
+    "finetune_steps": 3,
+    "finetune_lr": 1e-3,
+    "lora_rank": 2,
+}
+ARMS = {  # name: (starts from the pretrained run, extra settings)
+    "pretrained, full": (True, []),
+    "random init, full": (False, []),
+    "pretrained, LoRA": (True, ["finetune.lora_rank={lora_rank}"]),
+}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The files: pretraining text, question pairs, probes
+
+
+def general_text(corpus: str, length: int, needed: str) -> str:
+    """The first `length` characters of `corpus`, or more, up to where it holds every character of `needed`
+    (the question's, so that the pretrained character tokenizer can encode every question)."""
+    missing = set(needed) - {"{", "}"} - set(corpus[:length])
+    end = max([length] + [corpus.index(char) + 1 for char in missing])
+    return corpus[:end]
+
+
+def write_files(sizes: dict, world_seed: int, work: Path) -> dict:
+    """Write the pretraining text and the pair files into `work`; what they hold, for the JSON."""
+    from kqv.data.shakespeare import load_text
+
+    people = qa_world.make_world(sizes["people"], world_seed)
+    seen, held_out = qa_world.halves(people)
+    general = general_text(load_text(None), sizes["general_chars"], qa_world.BIRTH_QUESTION + qa_world.JOB_QUESTION)
+    text = general + "\n" + qa_world.biographies(people, sizes["copies"], world_seed)
+    (work / "pretrain.txt").write_text(text, encoding="utf-8")
+    files = {
+        "qa_train.tsv": qa_world.questions(seen),
+        "qa_test.tsv": qa_world.questions(held_out),
+        "probe_train.tsv": qa_world.probes(seen),
+        "probe_test.tsv": qa_world.probes(held_out),
+    }
+    for name, pairs in files.items():
+        qa_world.write_pairs(work / name, pairs)
+    unseen = sorted(set((work / "qa_test.tsv").read_text()) - set((work / "qa_train.tsv").read_text()))
+    if unseen:  # the random-init arm's character tokenizer is built from qa_train.tsv
+        raise SystemExit(f"held-out questions use characters no training question has: {unseen}; change --world-seed")
+    return {
+        "people": len(people),
+        "seen_people": len(seen),
+        "held_out_people": len(held_out),
+        "pretrain_characters": len(text),
+        "general_characters": len(general),
+        "example_fact_lines": qa_world.facts(people[-1]),
+        "example_question": files["qa_test.tsv"][0],
+        "example_probe": files["probe_test.tsv"][0],
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One training, in its own process
+
+
+def settings(sizes: dict, steps: int, lr: float, seed: int, data: Path) -> list[str]:
+    sets = [f"model.{name}={value}" for name, value in sizes["model"].items()]
+    return sets + [
+        f"data.path={json.dumps(str(data))}",
+        f"data.context={sizes['context']}",
+        f"train.batch_size={sizes['batch_size']}",
+        f"train.steps={steps}",
+        f"train.lr={lr}",
+        f"train.warmup_steps={max(1, steps // 10)}",
+        "train.budget_minutes=0",
+        f"train.seed={seed}",
+        f"train.eval_every={steps}",
+        "train.eval_batches=2",
+        f"train.checkpoint_every={steps}",
+        f"train.log_every={max(1, steps // 10)}",
+        "sample.count=1",
+        "sample.max_new_tokens=16",
+        'sample.prompt="\\n"',
+    ]
+
+
+def exact_match(run, pairs: Path) -> dict:
+    """`run.evaluate(pairs=...)`'s figures: exact match with its 95% Wilson interval, completion loss."""
+    scored = run.evaluate(pairs=pairs)
+    return {
+        "n": scored.n,
+        "correct": scored.correct,
+        "exact_match": scored.exact_match,
+        "exact_match_95": [scored.low, scored.high],
+        "loss": scored.loss,
+    }
+
+
+def tokens_per_s(run_dir: Path) -> float | None:
+    """The median of the trainer's logged tokens/s (metrics.jsonl), the first interval left out (warm-up)."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    speeds = [json.loads(line)["tokens_per_s"] for line in lines if '"tokens_per_s"' in line]
+    return statistics.median(speeds[1:] or speeds) if speeds else None
+
+
+def train_one(job: dict) -> dict:
+    """Train one run (the pretraining or an arm) as `job` says, score it, and return its figures."""
+    import kqv
+
+    work, sizes, out = Path(job["work"]), job["sizes"], Path(job["out"])
+    init = work / "pretrain" if job["init"] else None
+    sets = settings(sizes, job["steps"], job["lr"], job["seed"], work / job["data"])
+    sets += [extra.format(**sizes) for extra in job["extra"]]
+    summary = kqv.train("lm", "quick", out=out, overrides=sets, init=init, quiet=True, overwrite=True)
+    result = {
+        "steps": summary["steps"],
+        "train_seconds": summary["train_seconds"],
+        "peak_rss_mb": summary["peak_rss_mb"],  # this process's peak: training, and the job's own evaluation
+        "tokens_per_s": tokens_per_s(out),
+        "parameters": summary["parameters"],
+        "trainable_parameters": summary.get("finetune", {}).get("trainable_parameters", summary["parameters"]),
+        "total_parameters": summary.get("finetune", {}).get("total_parameters", summary["parameters"]),
+        "final_train_loss": summary["final_train_loss"],
+    }
+    run = kqv.load(out, device="cpu")
+    for name in job["score"]:
+        result[name.removesuffix(".tsv")] = exact_match(run, work / name)
+    return result
+
+
+def in_subprocess(job: dict) -> dict:
+    """`train_one(job)` in a fresh Python process (its own peak memory), its JSON read back."""
+    answer = subprocess.run(
+        [sys.executable, __file__, "--job", json.dumps(job)], capture_output=True, text=True, env=os.environ
+    )
+    if answer.returncode != 0:
+        raise SystemExit(f"the run {job['out']} failed:\n{answer.stderr[-3000:]}")
+    return json.loads(answer.stdout.strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Figures over seeds
+
+
+def pooled(results: list[dict], key: str) -> dict:
+    """Exact match over every seed's questions together, with its 95% Wilson interval."""
+    from kqv.train.evaluation import wilson_interval
+
+    correct, n = sum(r[key]["correct"] for r in results), sum(r[key]["n"] for r in results)
+    low, high = wilson_interval(correct, n)
+    return {
+        "correct": correct,
+        "n": n,
+        "exact_match": correct / n,
+        "exact_match_95": [low, high],
+        "per_seed": [r[key]["exact_match"] for r in results],
+    }
+
+
+def newcombe(a: dict, b: dict) -> list[float]:
+    """The 95% interval of the difference of two proportions a - b from their Wilson intervals (Newcombe 1998,
+    method 10); it treats the two as independent, which is conservative for arms scored on the same questions."""
+    pa, pb = a["exact_match"], b["exact_match"]
+    (la, ua), (lb, ub) = a["exact_match_95"], b["exact_match_95"]
+    low = pa - pb - math.sqrt((pa - la) ** 2 + (ub - pb) ** 2)
+    high = pa - pb + math.sqrt((ua - pa) ** 2 + (pb - lb) ** 2)
+    return [low, high]
+
+
+def verdict(interval: list[float]) -> str:
+    return "inconclusive" if interval[0] <= 0 <= interval[1] else ("higher" if interval[0] > 0 else "lower")
+
+
+def summarise(arms: dict[str, list[dict]]) -> dict:
+    table = {}
+    for name, results in arms.items():
+        table[name] = {
+            "held_out_questions": pooled(results, "qa_test"),
+            "seen_questions": pooled(results, "qa_train"),
+            "trainable_parameters": results[0]["trainable_parameters"],
+            **({"total_parameters": results[0]["total_parameters"]} if "total_parameters" in results[0] else {}),
+            "parameters": results[0]["parameters"],
+            "peak_rss_mb": statistics.fmean(r["peak_rss_mb"] for r in results),
+            "tokens_per_s": statistics.median(r["tokens_per_s"] for r in results if r["tokens_per_s"]),
+            "train_seconds": statistics.fmean(r["train_seconds"] for r in results),
+        }
+    comparisons = {}
+    for a, b in (("pretrained, full", "random init, full"), ("pretrained, LoRA", "pretrained, full")):
+        if a in table and b in table:
+            first, second = table[a]["held_out_questions"], table[b]["held_out_questions"]
+            interval = newcombe(first, second)
+            comparisons[f"{a} - {b}"] = {
+                "difference": first["exact_match"] - second["exact_match"],
+                "difference_95": interval,
+                "verdict": verdict(interval),
+            }
+    return {"arms": table, "comparisons": comparisons}
+
+
+def print_table(record: dict) -> None:
+    probe = record["probe"]["held_out"]
+    print(
+        f"probe (pretrained model, pretraining wording, held-out people): {probe['exact_match']:.3f} "
+        f"[{probe['exact_match_95'][0]:.3f}, {probe['exact_match_95'][1]:.3f}] of {probe['n']}"
+    )
+    print("| arm | held-out EM [95%] | seen EM | trainable params | peak RSS MB | tokens/s |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for name, arm in record["summary"]["arms"].items():
+        held, seen = arm["held_out_questions"], arm["seen_questions"]
+        print(
+            f"| {name} | {held['exact_match']:.3f} [{held['exact_match_95'][0]:.3f}, {held['exact_match_95'][1]:.3f}]"
+            f" | {seen['exact_match']:.3f} | {arm['trainable_parameters']:,} | {arm['peak_rss_mb']:.0f} |"
+            f" {arm['tokens_per_s']:,.0f} |"
+        )
+    for name, comparison in record["summary"]["comparisons"].items():
+        low, high = comparison["difference_95"]
+        print(f"{name}: {comparison['difference']:+.3f} [{low:+.3f}, {high:+.3f}] ({comparison['verdict']})")
+
+
+def measure(sizes: dict, seeds: list[int], world_seed: int, work: Path, in_process: bool = False) -> dict:
+    world = write_files(sizes, world_seed, work)
+    run_job = train_one if in_process else in_subprocess
+    common = {"work": str(work), "sizes": sizes}
+    print(f"pretraining on {world['pretrain_characters']:,} characters", file=sys.stderr, flush=True)
+    pretrain = run_job(
+        common
+        | {
+            "out": str(work / "pretrain"),
+            "init": False,
+            "data": "pretrain.txt",
+            "steps": sizes["pretrain_steps"],
+            "lr": sizes["pretrain_lr"],
+            "seed": 0,
+            "extra": [],
+            "score": ["probe_train.tsv", "probe_test.tsv"],
+        }
+    )
+    arms: dict[str, list[dict]] = {name: [] for name in ARMS}
+    for seed in seeds:
+        for name, (init, extra) in ARMS.items():
+            print(f"seed {seed}: {name}", file=sys.stderr, flush=True)
+            job = common | {
+                "out": str(work / f"{name.replace(', ', '-').replace(' ', '_')}-{seed}"),
+                "init": init,
+                "data": "qa_train.tsv",
+                "steps": sizes["finetune_steps"],
+                "lr": sizes["finetune_lr"],
+                "seed": seed,
+                "extra": extra,
+                "score": ["qa_train.tsv", "qa_test.tsv"],
+            }
+            arms[name].append({"seed": seed, **run_job(job)})
+            (work.parent / f"{work.name}.partial.json").write_text(json.dumps({"pretrain": pretrain, "runs": arms}))
+    return {
+        "world": world,
+        "pretrain": {k: v for k, v in pretrain.items() if not k.startswith("probe")},
+        "probe": {"seen": pretrain["probe_train"], "held_out": pretrain["probe_test"]},
+        "runs": arms,
+        "summary": summarise(arms),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes that only check the script (seconds)")
+    parser.add_argument("--seeds", default="1,2,3", help="seeds of the fine-tunes (default 1,2,3)")
+    parser.add_argument("--world-seed", type=int, default=0, help="the seed of the invented world (default 0)")
+    parser.add_argument("--output", type=Path, default=None, help=f"JSON path (default {OUTPUT.relative_to(ROOT)})")
+    parser.add_argument(
+        "--in-process", action="store_true", help="train every run in this process (faster; peak memory is shared)"
+    )
+    parser.add_argument("--job", help=argparse.SUPPRESS)  # internal: one training, in a fresh process
+    args = parser.parse_args(argv)
+    if args.job:
+        print(json.dumps(train_one(json.loads(args.job))))
+        return 0
+    seeds = [int(seed) for seed in args.seeds.split(",")]
+    sizes = QUICK if args.quick else FULL
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="kqv-finetune-qa-") as scratch:
+        record = measure(sizes, seeds, args.world_seed, Path(scratch), args.in_process)
+    from kqv.experiments import provenance
+
+    record = {
+        "benchmark": "finetune_qa",
+        "quick": args.quick,
+        "sizes": sizes,
+        "seeds": seeds,
+        "world_seed": args.world_seed,
+        "in_process": args.in_process,
+        "torch_threads": int(os.environ.get("OMP_NUM_THREADS", "0")) or os.cpu_count(),
+        **record,
+        "total_seconds": round(time.perf_counter() - started, 1),
+        "machine": provenance.cpu(),
+        "load_average_end": os.getloadavg(),
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    print_table(record)
+    output = args.output or OUTPUT
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
