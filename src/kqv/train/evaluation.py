@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from ..data.batches import iter_eval_batches
+from ..errors import DataError
 from ..nn.devices import Accelerator, model_device
 from .precision import autocast
 
@@ -61,7 +62,7 @@ def wilson_interval(correct: int, n: int, level: float = 0.95) -> tuple[float, f
     reject correct/n at `level`. Unlike p +- z sqrt(p(1-p)/n) it stays inside [0, 1] and is not empty at 0 or n right,
     which small exact-match counts hit often."""
     if not 0 <= correct <= n or n < 1:
-        raise ValueError(f"a proportion needs 0 <= correct <= n and n >= 1, got {correct}/{n}")
+        raise DataError(f"a proportion needs 0 <= correct <= n and n >= 1, got {correct}/{n}")
     z = NormalDist().inv_cdf(0.5 + level / 2)
     p, z2 = correct / n, z * z / n
     centre = (p + z2 / 2) / (1 + z2)
