@@ -16,8 +16,11 @@ all fixed by the seed. From it:
 
 from __future__ import annotations
 
+import argparse
 import random
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "gr", "kl", "tr", "st"]
 VOWELS = ["a", "e", "i", "o", "u", "ai", "ei", "ou"]
@@ -122,3 +125,27 @@ def halves(people: list[Person]) -> tuple[list[Person], list[Person]]:
 def write_pairs(path, pairs: list[tuple[str, str]]) -> None:
     """A TSV file of prompt<TAB>completion lines."""
     path.write_text("".join(f"{prompt}\t{completion}\n" for prompt, completion in pairs), encoding="utf-8")
+
+
+def main() -> int:
+    """Write one world's files, to look at or to fine-tune on by hand: the pretraining text, the question pairs of
+    the fine-tune's half and of the scored half, and the probes."""
+    parser = argparse.ArgumentParser(description="write a synthetic question-answering world's files")
+    parser.add_argument("--people", type=int, default=40, help="how many people (default 40)")
+    parser.add_argument("--copies", type=int, default=2, help="times the biographies are written (default 2)")
+    parser.add_argument("--seed", type=int, default=0, help="the world's seed (default 0)")
+    parser.add_argument("--out", type=Path, required=True, help="a directory to write into")
+    args = parser.parse_args()
+    people = make_world(args.people, args.seed)
+    seen, held_out = halves(people)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "biographies.txt").write_text(biographies(people, args.copies, args.seed), encoding="utf-8")
+    write_pairs(args.out / "questions-seen.tsv", questions(seen))
+    write_pairs(args.out / "questions-held-out.tsv", questions(held_out))
+    write_pairs(args.out / "probes-held-out.tsv", probes(held_out))
+    print(f"wrote {args.out}: biographies.txt, questions-seen.tsv, questions-held-out.tsv, probes-held-out.tsv")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
