@@ -883,6 +883,38 @@ def proportion(figure: dict) -> str:
     return f"{figure['exact_match']:.3f}{ci(figure['exact_match_95'])} ({figure['correct']}/{figure['n']})"
 
 
+LORA_PEFT = "benchmarks/results/lora_peft.json"
+LORA_SIDES = {"kqv": "kqv LoRA (`kqv.nn.lora`)", "peft": "peft LoRA", "kqv-full": "kqv, every weight training"}
+
+
+def lora_peft_table() -> str:
+    """kqv's LoRA, peft's and a full fine-tune of one GPT-2, side by side in one run (each side in its own process,
+    alternating): trainable parameters, tokens/s of a training step and peak memory."""
+    record = json.loads((ROOT / LORA_PEFT).read_text(encoding="utf-8"))
+    results, full = record["results"], record["results"]["kqv-full"]
+    rows = [
+        [
+            label,
+            f"{results[side]['trainable_parameters']:,}",
+            f"{results[side]['tokens_per_s']:,.0f}",
+            " / ".join(f"{t:,.0f}" for t in results[side]["rounds_tokens_per_s"]),
+            f"{results[side]['tokens_per_s'] / full['tokens_per_s']:.2f}",
+            f"{results[side]['peak_memory_mb']:,.0f}",
+        ]
+        for side, label in LORA_SIDES.items()
+    ]
+    header = ["side", "trainable parameters", "tokens/s (median)", "per round", "/ full", "peak memory, MB"]
+    model = record["model"]
+    shape = f"GPT-2 of {model['n_layer']} blocks, width {model['n_embd']}, context {model['n_positions']}"
+    record = {**record, "machine": record["cpu"], "torch_threads": record["threads"]}
+    return (
+        plain(header, rows, right=1)
+        + f"\n{shape}, batch {record['batch']}, rank {record['lora']['rank']}; peak memory: "
+        f"{results['kqv']['peak_memory_kind']}; peft {record['peft']}, torch {record['torch']}.\n"
+        + one_run(record, LORA_PEFT, f"python benchmarks/{record['command']}")
+    )
+
+
 def finetune_qa_table() -> str:
     """Exact match on questions about people the fine-tune never saw asked about, per arm over its seeds, with the
     probe of the pretrained model and each arm's trainable parameters, peak memory and speed."""
@@ -930,6 +962,7 @@ def finetune_qa_table() -> str:
 
 
 TABLES: dict[str, Callable[[], str]] = {
+    "lora-peft": lora_peft_table,
     "finetune-corpus": finetune_corpus_table,
     "finetune-qa": finetune_qa_table,
     "one-row-products": one_row_products_table,
