@@ -204,12 +204,12 @@ AB_COMPARE = [
         ),
         (
             "train_step",
-            "--rounds 1 --metric '/rows\\[\\d+\\]/tokens_per_s$' -- benchmarks/train_throughput.py --models kqv,hf "
+            "--rounds 3 --metric '/rows\\[\\d+\\]/tokens_per_s$' -- benchmarks/train_throughput.py --models kqv,hf "
             "--precision fp32 --rounds 3 --warmup 2 --output {out}",
         ),
         (
             "generation",
-            "--rounds 1 --metric '/rows\\[\\d+\\]/(kqv|hf)_tokens_per_s$' -- benchmarks/generation_speed.py "
+            "--rounds 3 --metric '/rows\\[\\d+\\]/(kqv|hf)_tokens_per_s$' -- benchmarks/generation_speed.py "
             "--batches 1 --precision fp32 --rounds 2 --new-tokens 32 --threads 1 --output {out}",
         ),
     )
@@ -427,7 +427,26 @@ def ab_compare_table() -> str:
                 ]
             )
     header = ["benchmark", "tokens/s of", "before (cd3eb51)", "after", "after / before"]
-    return markdown(header, rows, right=2, sources=AB_COMPARE)
+    return markdown(header, rows, right=2, sources=AB_COMPARE) + "\n" + against_controls()
+
+
+AB_CONTROLS = {  # kqv's tokens/s over its Hugging Face control's, in one benchmark run
+    "train_step": lambda run: run["rows"][0]["tokens_per_s"] / run["rows"][1]["tokens_per_s"],
+    "generation": lambda run: run["rows"][0]["kqv_tokens_per_s"] / run["rows"][0]["hf_tokens_per_s"],
+}
+
+
+def against_controls() -> str:
+    """kqv over its Hugging Face control within each run, run by run on each side: the control's code is the same
+    before and after, so these ratios cancel what the machine itself did between runs."""
+    lines = []
+    for source in AB_COMPARE:
+        name = source.file.removeprefix("benchmarks/results/ab_").removesuffix(".json")
+        if name in AB_CONTROLS:
+            runs = source.load()["runs"]
+            side = {key: " / ".join(f"{AB_CONTROLS[name](run):.2f}" for run in runs[key]) for key in ("old", "new")}
+            lines.append(f"- {name}: before {side['old']}; after {side['new']}\n")
+    return "kqv's tokens/s over its Hugging Face control's in the same run, run by run:\n\n" + "".join(lines)
 
 
 def attention_target_table(n: int = 65_536) -> str:
