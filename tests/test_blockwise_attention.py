@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import subprocess
 import sys
@@ -244,7 +245,8 @@ def test_a_query_that_sees_no_key_outputs_zero_with_zero_gradients():
 
 def test_alibi_blocks_too_far_to_matter_are_skipped_and_the_result_stays_exact():
     """Steep slopes: far keys score below -50 (the clamp) and whole key blocks below e^-50 of the row's largest
-    weight, provably, so they are skipped; the result must still equal the reference."""
+    weight, provably, so they are skipped, forward and backward (on the CPU, where reading each proof costs
+    nothing); the values and gradients must still equal the reference."""
     positions = ALiBiPositions(HEADS)
     positions.slopes.fill_(4.0)  # 16 positions away is already -64
     x = inputs()
@@ -256,6 +258,35 @@ def test_alibi_blocks_too_far_to_matter_are_skipped_and_the_result_stays_exact()
         )
         assert trace.skipped_blocks > 0
         assert_all_close(actual, expected)
+
+
+def test_where_host_reads_are_not_free_blockwise_training_reads_nothing_and_skips_nothing(monkeypatch):
+    """On a device whose host reads wait for it (a GPU: `Kernels.free_host_reads` False), a training step's
+    forward and backward compute every block rather than read a proof per block: no host sync
+    (`tests/syncs.py`), the reference's values and gradients; a forward without gradients still skips."""
+    from kqv.nn import devices
+    from kqv.nn.blockwise import attention
+    from syncs import SyncCounter
+
+    gpu_like = dataclasses.replace(devices.CPU_KERNELS, free_host_reads=False)
+    monkeypatch.setattr(attention, "kernels", lambda device: gpu_like)
+    positions = ALiBiPositions(HEADS)
+    positions.slopes.fill_(4.0)
+    x = inputs()
+    expected = values_and_gradients(lambda q, k, v: reference(q, k, v, positions, True), x, positions)
+    trace = efficient.Trace()
+    with SyncCounter() as counter:
+        output = blockwise_attention(
+            *x, positions=positions, causal=True, block_size=BLOCKS, q_pos=range(TIME), k_pos=range(TIME), trace=trace
+        )
+        output.sum().backward()
+    assert counter.count == 0 and trace.skipped_blocks == 0
+    x = [t.detach().requires_grad_() for t in x]
+    actual = values_and_gradients(lambda q, k, v: blockwise(q, k, v, positions, True), x, positions)
+    assert_all_close(actual, expected)
+    with torch.no_grad():
+        blockwise(*x, positions, True, trace=trace)
+    assert trace.skipped_blocks > 0
 
 
 def test_50k_token_alibi_forward_is_fast_and_never_builds_an_n_by_n_matrix():

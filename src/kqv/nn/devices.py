@@ -45,9 +45,14 @@ class Kernels:
     fused_cpu_blocks: bool  # blocks of blockwise attention through torch's CPU flash kernel
     one_row_products: bool  # batch-1 decoding's matrix-vector products split over threads
     flex_attention: bool = False  # score biases and masked cores through torch's flex_attention (kqv.nn.flex)
+    free_host_reads: bool = (
+        False  # a value read on the host waits for nothing (eager CPU ops): worth a skip in training
+    )
 
 
-CPU_KERNELS = Kernels(cheap_dropout=True, plain_bf16_attention=True, fused_cpu_blocks=True, one_row_products=True)
+CPU_KERNELS = Kernels(
+    cheap_dropout=True, plain_bf16_attention=True, fused_cpu_blocks=True, one_row_products=True, free_host_reads=True
+)
 TORCH_KERNELS = Kernels(False, False, False, False)
 CUDA_KERNELS = Kernels(False, False, False, False, flex_attention=True)  # flex_attention compiles to Triton
 

@@ -89,10 +89,16 @@ def blockwise_attention(
         queries.device,
         fused,
         Trace() if trace is None else trace,
+        skips=kernels(queries.device).free_host_reads or not training(queries, keys, values, *bias.parameters),
     )
     flat = [x.reshape(batch * heads, x.shape[2], x.shape[3]) for x in (queries, keys, values)]
     output = _BlockwiseAttention.apply(*flat, plan, bias, *bias.parameters)  # (batch * heads, q_time, v_dim)
     return output.view(batch, heads, q_time, values.shape[-1])
+
+
+def training(*tensors: Tensor) -> bool:
+    """Whether this call is part of a training step: gradients are on and some input needs one."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def block_sizes(

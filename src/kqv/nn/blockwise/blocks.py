@@ -92,8 +92,10 @@ class Plan:
         device: torch.device,
         fused: bool,
         trace: Trace,
+        skips: bool = True,
     ):
         self.causal, self.fused, self.trace = causal, fused, trace
+        self.skips = skips  # whether negligible blocks may be skipped: a proof read on the host (`Norms`)
         self.offset = len(k_pos) - len(q_pos)  # query i is at index i + offset among the keys
         self.q_blocks, self.k_blocks = blocks_of(q_pos, q_block, device), blocks_of(k_pos, k_block, device)
         self.padding = self.keep = None
@@ -204,13 +206,20 @@ class Norms:
     product. With a bias bound this proves a whole block's weights negligible without computing its scores."""
 
     def __init__(self, queries: Tensor, keys: Tensor, plan: Plan, scale: float):
-        self.trace = plan.trace
+        self.trace, self.skips = plan.trace, plan.skips
+        if not self.skips:
+            return
         self.queries = queries.norm(dim=-1, keepdim=True) * scale  # (batch_heads, q_time, 1)
         self.keys = torch.stack([keys[:, kb.start : kb.end].norm(dim=-1).amax(-1) for kb in plan.k_blocks], -1)
 
     def negligible(self, bias: BlockBias, qb: Block, kb: Block, reference: Tensor) -> bool:
         """True when every weight of the block is below e^EXP_FLOOR times `reference` (the running maximum in the
-        forward pass, the log-sum-exp in backward): skipping it changes the result less than the clamp does."""
+        forward pass, the log-sum-exp in backward): skipping it changes the result less than the clamp does.
+        The proof is read on the host, once per block: free on the CPU, whose ops have all finished by then, but a
+        wait for a GPU; so a training step on a device whose host reads are not free (`Kernels.free_host_reads`)
+        never asks, and computes every block instead (`Plan.skips`)."""
+        if not self.skips:
+            return False
         bound = bias.bias_bound(qb, kb)
         if bound is None or reference.dtype not in EXP_FLOOR:
             return False
