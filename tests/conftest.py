@@ -69,3 +69,20 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def gpt2_dir(tmp_path_factory):
+    """A random-weight Hugging Face GPT-2 saved with its (BPE) tokenizer, as save_pretrained writes one (shared by
+    the fine-tuning and scoring tests)."""
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    from kqv.data.tokenizers import BPETokenizer
+
+    path = tmp_path_factory.mktemp("gpt2")
+    tokenizer = BPETokenizer.train("To be, or not to be, that is the question.\n" * 40, vocab_size=300)
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=tokenizer.vocab_size, n_positions=32, n_embd=32, n_layer=2, n_head=2)
+    GPT2LMHeadModel(config).save_pretrained(path)
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer.tokenizer).save_pretrained(path)
+    return path

@@ -180,20 +180,6 @@ def test_a_finetune_of_a_kqv_run_starts_at_the_runs_loss_and_records_its_source(
     assert kqv.train("lm", out=run_dir, resume=True, steps=3, quiet=True)["steps"] == 3  # resumes without --init
 
 
-@pytest.fixture(scope="module")
-def gpt2_dir(tmp_path_factory):
-    """A random-weight Hugging Face GPT-2 saved with its (BPE) tokenizer, as save_pretrained writes one."""
-    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
-
-    path = tmp_path_factory.mktemp("gpt2")
-    tokenizer = BPETokenizer.train(TEXT, vocab_size=300)
-    torch.manual_seed(0)
-    config = GPT2Config(vocab_size=tokenizer.vocab_size, n_positions=32, n_embd=32, n_layer=2, n_head=2)
-    GPT2LMHeadModel(config).save_pretrained(path)
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer.tokenizer).save_pretrained(path)
-    return path
-
-
 def test_a_finetune_of_a_gpt2_directory_starts_at_its_loss(gpt2_dir, tmp_path):
     from transformers import GPT2LMHeadModel
 

@@ -2,7 +2,6 @@
 on the completion (the prompt weighted by data.prompt_loss_weight), padded and packed batches never let one example
 attend to another, a fine-tune from --init on pairs trains and resumes exactly, and bad input is one line with
 nothing written."""
-# ruff: noqa: F811 -- the fixture gpt2_dir imported from test_finetune is a parameter here
 
 import json
 
@@ -27,7 +26,7 @@ from kqv.train.config import TrainConfig
 from kqv.train.trainer import Trainer
 from syncs import SyncCounter
 from test_cli import TINY
-from test_finetune import gpt2_dir, tiny_run  # noqa: F401 (gpt2_dir: a fixture)
+from test_finetune import tiny_run
 
 WORDS = ["to", "be", "or", "not", "that", "is", "the", "question"]
 EXAMPLES = [

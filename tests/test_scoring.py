@@ -16,11 +16,11 @@ import kqv
 from conftest import tiny_config
 from kqv.cli.main import main
 from kqv.data.completions import end_of_text
-from kqv.data.tokenizers import BPETokenizer, CharTokenizer
+from kqv.data.tokenizers import CharTokenizer
 from kqv.errors import ConfigError, DataError
 from kqv.jobs.scoring import Prediction, complete, escape_line, evaluate_pairs, normalise
 from kqv.train.evaluation import wilson_interval
-from test_finetune import TEXT, tiny_run
+from test_finetune import tiny_run
 
 CHARS = "abcdefgh \n"
 PROMPTS = ["abc", "h", "gfedcba", "aaaa", "bd", "hgh", "ee", "fgfgfgf"]
@@ -180,20 +180,6 @@ def test_a_run_completes_and_scores_pairs_as_the_functions_do(run_dir, tmp_path)
         run.evaluate(pairs=tmp_path / "qa.txt")
     with pytest.raises(ConfigError, match="either text"):
         run.evaluate(tmp_path / "qa.tsv", pairs=tmp_path / "qa.tsv")
-
-
-@pytest.fixture(scope="module")
-def gpt2_dir(tmp_path_factory):
-    """A random-weight Hugging Face GPT-2 saved with its (BPE) tokenizer, as save_pretrained writes one."""
-    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
-
-    path = tmp_path_factory.mktemp("gpt2")
-    tokenizer = BPETokenizer.train(TEXT, vocab_size=300)
-    torch.manual_seed(0)
-    config = GPT2Config(vocab_size=tokenizer.vocab_size, n_positions=32, n_embd=32, n_layer=2, n_head=2)
-    GPT2LMHeadModel(config).save_pretrained(path)
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer.tokenizer).save_pretrained(path)
-    return path
 
 
 def test_a_gpt2_directory_completes_and_scores_pairs_as_transformers_does(gpt2_dir, tmp_path):
