@@ -147,15 +147,9 @@ def settings(sizes: dict, steps: int, lr: float, seed: int, data: Path) -> list[
 
 
 def exact_match(run, pairs: Path) -> dict:
-    """`run.evaluate(pairs=...)`'s figures: exact match with its 95% Wilson interval, completion loss."""
-    scored = run.evaluate(pairs=pairs)
-    return {
-        "n": scored.n,
-        "correct": scored.correct,
-        "exact_match": scored.exact_match,
-        "exact_match_95": [scored.low, scored.high],
-        "loss": scored.loss,
-    }
+    """`run.evaluate(pairs=...)`'s figures (`PairsEvaluation.to_dict`): exact match with its 95% Wilson interval,
+    completion loss."""
+    return run.evaluate(pairs=pairs).to_dict()
 
 
 def tokens_per_s(run_dir: Path) -> float | None:
