@@ -204,18 +204,25 @@ def main(argv: list[str] | None = None) -> int:
         "sizes": sizes,
         "seeds": seeds,
         **record,
+        "torch_threads": __import__("torch").get_num_threads(),
+    }
+    print_table(record)
+    write_record(record, started, args.output or OUTPUT)
+    return 0
+
+
+def write_record(record: dict, started: float, output: Path) -> None:
+    """Write `record` as JSON to `output` with what every measurement names: the seconds since `started`, the
+    machine, the load average at the end and the time."""
+    record |= {
         "total_seconds": round(time.perf_counter() - started, 1),
         "machine": provenance.cpu(),
-        "torch_threads": __import__("torch").get_num_threads(),
         "load_average_end": os.getloadavg(),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    print_table(record)
-    output = args.output or OUTPUT
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {output}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # qa_world, beside this script
 
 import qa_world  # noqa: E402
+from finetune_corpus import write_record  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUT = ROOT / "benchmarks" / "results" / "finetune_qa.json"
@@ -335,8 +336,6 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kqv-finetune-qa-") as scratch:
         record = measure(sizes, seeds, args.world_seed, Path(scratch), args.in_process)
-    from kqv.experiments import provenance
-
     record = {
         "benchmark": "finetune_qa",
         "quick": args.quick,
@@ -346,16 +345,9 @@ def main(argv: list[str] | None = None) -> int:
         "in_process": args.in_process,
         "torch_threads": int(os.environ.get("OMP_NUM_THREADS", "0")) or os.cpu_count(),
         **record,
-        "total_seconds": round(time.perf_counter() - started, 1),
-        "machine": provenance.cpu(),
-        "load_average_end": os.getloadavg(),
-        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     print_table(record)
-    output = args.output or OUTPUT
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {output}")
+    write_record(record, started, args.output or OUTPUT)
     return 0
 
 
