@@ -2,6 +2,8 @@
 link, missing page or broken cross-reference (`mkdocs build --strict`, offline, from the repository alone)."""
 
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,26 +14,68 @@ COMMANDS = (
     "# the main job: train a character-level GPT on Shakespeare's complete works, then sample from it",
     "# the tests",
 )
+# NO_MKDOCS_2_WARNING silences mkdocs-material's end-of-life banner (a notice, not a build warning)
+ENV = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "OMP_NUM_THREADS": "1"}
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_BUILT: dict[str, tuple[subprocess.CompletedProcess, Path]] = {}
 
 
-def test_the_site_builds_strictly_offline(tmp_path):
-    """`mkdocs build --strict` fails on any warning: a link to a page or anchor that does not exist, a page missing
-    from the navigation, a docstring mkdocstrings cannot resolve. The material theme fetches no fonts (font: false)
-    and no plugin needs the network."""
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "OMP_NUM_THREADS": "1"}
-    built = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-d", str(tmp_path / "site")],
-        cwd=ROOT,
-        env=env,
+def mkdocs_build(project: Path, site: Path) -> subprocess.CompletedProcess:
+    """The documented command, `mkdocs build --strict`, run in `project`; only the output folder is given, so that
+    a test never writes the working tree's site/. No --quiet: it hides strict mode's warnings (and then
+    `--strict --quiet` exits 0 on a broken page)."""
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)],
+        cwd=project,
+        env=ENV,
         capture_output=True,
         text=True,
         timeout=300,
     )
-    assert built.returncode == 0, f"mkdocs build --strict failed:\n{built.stdout[-3000:]}\n{built.stderr[-3000:]}"
+
+
+def warnings(built: subprocess.CompletedProcess) -> list[str]:
+    """The WARNING and ERROR lines of a build's log (mkdocs writes `WARNING -  ...`)."""
+    lines = ANSI.sub("", built.stdout + "\n" + built.stderr).splitlines()
+    return [line.strip() for line in lines if re.match(r"\s*(WARNING|ERROR)\b", line)]
+
+
+def built_site(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """One strict build of the repository's site per test process, shared with tests/test_docs_screenshots.py."""
+    if "site" not in _BUILT:
+        site = tmp_path_factory.mktemp("docs-site") / "site"
+        _BUILT["site"] = (mkdocs_build(ROOT, site), site)
+    return _BUILT["site"]
+
+
+def test_the_site_builds_strictly_offline_without_a_warning(tmp_path_factory):
+    """`mkdocs build --strict` fails on any warning: a link to a page or anchor that does not exist, a page missing
+    from the navigation, a docstring mkdocstrings cannot resolve, a `[word]` read as a reference link. The material
+    theme fetches no fonts (font: false) and no plugin needs the network. The exit status and the log both count."""
+    built, site = built_site(tmp_path_factory)
+    log = f"{built.stdout[-3000:]}\n{built.stderr[-3000:]}"
+    assert built.returncode == 0, f"mkdocs build --strict failed:\n{log}"
+    assert not warnings(built), f"mkdocs build --strict warned:\n{log}"
     for page in ("index.html", "getting-started/index.html", "lecture/index.html", "api/index.html"):
-        assert (tmp_path / "site" / page).is_file(), f"the site has no {page}"
-    api = (tmp_path / "site" / "api" / "index.html").read_text()
+        assert (site / page).is_file(), f"the site has no {page}"
+    api = (site / "api" / "index.html").read_text()
     assert 'id="kqv.api.load"' in api and 'id="kqv.nn.attention.MultiHeadAttention"' in api
+
+
+def test_the_strict_build_fails_on_a_page_with_a_broken_reference_or_link(tmp_path):
+    """The check above can fail: a copy of the site whose getting-started page gains a reference with no target
+    (what `[PAD] [CLS]` once was) and a link to a page that does not exist does not build, and its log names both."""
+    project = tmp_path / "project"
+    shutil.copytree(ROOT / "docs", project / "docs")
+    shutil.copy(ROOT / "mkdocs.yml", project / "mkdocs.yml")
+    (project / "src").symlink_to(ROOT / "src", target_is_directory=True)  # mkdocstrings reads the API from src/
+    page = project / "docs" / "getting-started.md"
+    page.write_text(page.read_text() + "\nSee [Nope][] and [the lost page](no-such-page.md).\n")
+    built = mkdocs_build(project, tmp_path / "site")
+    found = warnings(built)
+    assert built.returncode != 0, f"a broken page built with --strict:\n{built.stderr[-3000:]}"
+    assert any("Nope" in line for line in found), f"no warning names the reference [Nope][]: {found}"
+    assert any("no-such-page.md" in line for line in found), f"no warning names the lost link: {found}"
 
 
 def test_the_readme_is_a_front_door_with_the_two_commands_on_its_first_screen():
