@@ -1,0 +1,134 @@
+"""The built site in a real headless Chromium (Debian's, driven by Playwright) at a 1400 px wide window: on the home,
+getting-started and fine-tuning pages no table is wider than the column it sits in (a table that is scrolls
+sideways and hides its last columns). The site is the strict build of tests/test_docs_site.py, served from a local
+folder on a free port; any request that leaves that server is blocked and fails the test (the site reads offline).
+
+A screenshot of each page is saved next to the test's temporary files (`pytest --basetemp DIR` keeps them)."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import importlib
+import os
+import shutil
+import threading
+
+import pytest
+
+from test_docs_site import built_site
+
+# CI (.ci/run sets KQV_REQUIRE_BROWSER=1; CI services set CI) must run these tests: there a missing browser or
+# package is a failure, not a skip. Elsewhere they are skipped with the command that installs what is missing.
+# (The same rule as tests/test_explore_browser.py.)
+REQUIRED = bool(os.environ.get("KQV_REQUIRE_BROWSER") or os.environ.get("CI"))
+
+
+def missing(what: str, remedy: str) -> None:
+    if REQUIRED:
+        pytest.fail(f"CI must run the browser tests, but {what} is missing: {remedy}", pytrace=False)
+    pytest.skip(f"{what} is missing ({remedy})", allow_module_level=True)
+
+
+def need(module: str):
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        missing(f"the Python package {module.split('.')[0]}", "pip install -c constraints.txt -e '.[test]'")
+
+
+sync_api = need("playwright.sync_api")
+need("mkdocs")
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+if not os.path.exists(CHROMIUM):
+    missing("Debian's chromium", "apt-get install -y chromium; .ci/run installs it")
+
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+WIDTH = 1400
+PAGES = {"home": "", "getting-started": "getting-started/", "fine-tuning": "fine-tuning/"}
+# every table of the page's content column: its own width and how wide its content is (a Material table scrolls
+# inside itself when its content is wider), its right edge against the column's, and the heading above it
+MEASURE = """() => {
+  const column = document.querySelector("article.md-content__inner");
+  const edge = column.getBoundingClientRect().right - parseFloat(getComputedStyle(column).paddingRight);
+  return [...column.querySelectorAll("table")].map((table, index) => {
+    let heading = table.closest(".md-typeset__scrollwrap") || table;
+    while (heading && !/^H[1-6]$/.test(heading.tagName)) heading = heading.previousElementSibling;
+    return {
+      index,
+      under: heading ? heading.textContent.replace("¶", "").trim() : "(top of the page)",
+      scroll: table.scrollWidth,
+      client: table.clientWidth,
+      right: Math.round(table.getBoundingClientRect().right),
+      edge: Math.round(edge),
+    };
+  });
+}"""
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 (the base class's name)
+        pass
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    built, site = built_site(tmp_path_factory)
+    assert built.returncode == 0, f"the site does not build:\n{built.stderr[-3000:]}"
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(site)))
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield browser
+        browser.close()
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_no_table_is_wider_than_its_column_at_1400_px(name, server, browser, tmp_path):
+    context = browser.new_context(viewport={"width": WIDTH, "height": 1000})
+    blocked = []
+
+    def route(request_route):
+        if request_route.request.url.startswith(server):
+            return request_route.continue_()
+        blocked.append(request_route.request.url)
+        return request_route.abort()
+
+    context.route("**/*", route)
+    page = context.new_page()
+    errors = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    try:
+        page.goto(server + PAGES[name], wait_until="load")
+        page.wait_for_selector("article.md-content__inner table")
+        tables = page.evaluate(MEASURE)
+        page.screenshot(path=str(tmp_path / f"{name}.png"), full_page=True)
+    finally:
+        context.close()
+    assert tables, f"the {name} page has no table to check"
+    wide = [t for t in tables if t["scroll"] > t["client"] + 1 or t["right"] > t["edge"] + 1]
+    described = "\n".join(
+        f"  table {t['index']} under {t['under']!r}: {t['scroll']} px of content in {t['client']} px, "
+        f"right edge {t['right']} px, column's {t['edge']} px"
+        for t in wide
+    )
+    assert not wide, f"{len(wide)} of the {name} page's {len(tables)} tables are wider than their column:\n{described}"
+    assert not blocked, f"the page tried to reach {blocked}"
+    assert not errors, f"the page raised {errors}"
