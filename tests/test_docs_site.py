@@ -6,7 +6,13 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from test_install import pinned
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -92,6 +98,18 @@ def test_getting_started_repeats_the_readme_commands_exactly():
     for marker in COMMANDS:
         command = lines[lines.index(marker) + 1]
         assert f"{marker}\n{command}\n" in page, f"docs/getting-started.md differs from README.md at {marker!r}"
+
+
+def test_the_docs_extra_installs_the_site_packages_of_the_test_extra_at_pinned_versions():
+    """`pip install -e '.[docs]'` is all `mkdocs serve` needs: the test extra's site packages, pinned the same way."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extras["docs"] and set(extras["docs"]) <= set(extras["test"]), "the docs extra differs from the test extra"
+    pins = pinned()
+    for requirement in map(Requirement, extras["docs"]):
+        name = canonicalize_name(requirement.name)
+        assert name in pins and requirement.specifier.contains(pins[name]), f"{requirement} is not pinned within range"
+    page = (ROOT / "docs" / "getting-started.md").read_text()
+    assert "-e '.[docs]'" in page and "mkdocs serve" in page, "getting started does not say how to build the site"
 
 
 def test_the_site_copy_of_the_mt_comparison_plot_is_the_benchmarks():
