@@ -55,6 +55,23 @@ def test_info_names_the_task_its_views_and_the_input_limit(clients, task, views)
     assert {"head", "model", "stats"} | views == set(info["views"])
 
 
+def test_info_offers_an_example_the_model_reads_within_the_limit(clients, runs):
+    """The page opens with `info.example` in its text box: a text the run's tokenizer encodes within the input
+    limit (the classic line cut word by word to 24 characters; a translation run's first held-out source; a masked
+    LM's with a [MASK]), or null where the model reads none (the classifier's alphabet has no 'T')."""
+    from kqv.explore.subjects import EXAMPLE
+
+    words = EXAMPLE.split(" ")
+    fitting = [" ".join(words[:n]) for n in range(1, len(words) + 1) if len(" ".join(words[:n])) <= 24]
+    lm = clients["lm"].get("/api/info").json()["example"]
+    assert lm == fitting[-1] == "To be, or not to be," and len(analyze(clients["lm"], text=lm)["tokens"]) == len(lm)
+    mt = clients["mt"].get("/api/info").json()["example"]
+    assert mt == load_mt(runs["mt"]).test_texts()[0][0] and "translation" in analyze(clients["mt"], text=mt)
+    mlm = clients["mlm"].get("/api/info").json()["example"]
+    assert "[MASK]" in mlm and analyze(clients["mlm"], text=mlm)["masked"]
+    assert clients["cls"].get("/api/info").json()["example"] is None
+
+
 def test_the_page_and_its_assets_are_served_by_the_app_itself(clients):
     page = clients["lm"].get("/")
     assert page.status_code == 200 and "Content-Security-Policy" in page.headers

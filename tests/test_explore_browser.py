@@ -298,3 +298,70 @@ def test_a_vit_run_opens_with_its_attention_over_the_patches_and_its_class_proba
     assert p.page.eval_on_selector_all("#classes *", "es => es.length") > 0
     p.page.screenshot(path=str(tmp_path / "vit.png"), full_page=True)
     p.close()
+
+
+def largest_spread_weight(rows) -> float:
+    """The largest weight of the rows that see two or more keys (a causal map's first row sees one: always 1)."""
+    return max(max(row) for row in rows if sum(w > 0 for w in row) >= 2)
+
+
+def pixel(page, selector: str, x: int, y: int) -> list[int]:
+    return page.eval_on_selector(selector, f"c => Array.from(c.getContext('2d').getImageData({x}, {y}, 1, 1).data)")
+
+
+def test_colours_scale_to_the_largest_weight_of_the_rows_that_see_two_keys(page, servers):
+    """A causal map's first row holds one weight, 1.0, whatever the head does: scaling "up to each map's largest
+    weight" ignores it, so the scale is below 1 and the largest weight of the other rows is drawn brightest."""
+    p = page("lm")
+    analyze_in_page(p, servers["lm"], TEXT)
+    layers = api_analysis(servers["lm"], text=TEXT)["attention"]["self"]["layers"]
+    rows = layers[0][1]
+    assert rows[0][0] == 1.0  # the first query sees itself alone
+    peak = largest_spread_weight(rows)
+    assert peak < 1.0
+    p.page.click('#model-view canvas[data-layer="0"][data-head="1"]')
+    assert p.page.inner_text("#scale-info").startswith(f"colours from 0 to {peak:.3f}")
+    i, j = next((i, j) for i, row in enumerate(rows[1:], 1) for j, w in enumerate(row) if w == peak)
+    top = [254, 232, 56, 255]  # cividis' brightest, #fee838
+    canvas = '#model-view canvas[data-layer="0"][data-head="1"]'
+    assert pixel(p.page, canvas, j, i) == top and pixel(p.page, canvas, 0, 0) == top
+    brightest = p.page.eval_on_selector_all(
+        f'#detail rect.weight[data-query="{i}"][data-key="{j}"]', "rs => rs.map(r => r.getAttribute('fill'))"
+    )
+    assert brightest == ["rgb(254,232,56)"]
+    p.page.uncheck("#scale")  # unscaled: colours up to 1
+    assert p.page.inner_text("#scale-info").startswith("colours from 0 to 1.000")
+    assert pixel(p.page, canvas, j, i) != top
+
+
+def scroll_y(page) -> float:
+    return page.eval_on_selector("html", "e => window.scrollY")
+
+
+def test_the_first_screen_has_an_example_and_the_model_view_in_reach(page, servers):
+    """At 1400 x 900 the page opens with a text the model reads in the box; once analysed, a button on the first
+    screen takes the model view into sight, and another takes the detail back."""
+    p = page("lm")
+    p.page.set_viewport_size({"width": 1400, "height": 900})
+    p.page.goto(servers["lm"].url + "/")
+    p.page.wait_for_selector("#run:not(:empty)")
+    example = httpx.get(f"{servers['lm'].url}/api/info", timeout=30).json()["example"]
+    assert example and p.page.input_value("#text") == example
+    p.page.click("#analyze")  # the example as it is
+    p.page.wait_for_selector("#head-view line.attn", state="attached")
+    assert p.page.is_hidden("#error")
+
+    def in_sight(selector: str) -> bool:
+        box = p.page.locator(selector).bounding_box()
+        return box is not None and 0 <= box["y"] < 900 and box["height"] > 0
+
+    assert in_sight("#to-model-view")  # on the first screen, before any scrolling
+    assert scroll_y(p.page) == 0
+    p.page.click("#to-model-view")
+    p.page.wait_for_timeout(100)
+    assert in_sight("#model-view") and scroll_y(p.page) > 0
+    assert "overview" not in p.page.url  # the view kept in the URL is not replaced by an anchor
+    p.page.click('#model-view canvas[data-layer="1"][data-head="0"]')
+    p.page.click("#to-detail")
+    p.page.wait_for_timeout(100)
+    assert in_sight("#detail-box") and "layer 2, head 1" in p.page.inner_text("#detail-title")

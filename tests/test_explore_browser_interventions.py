@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import test_explore_browser as shared
-from kqv.explore.interventions import neuron_view
+from kqv.explore.interventions import neuron_view, replace_token
 from test_explore_browser import Page, Server, create_app
 from test_explore_browser_state import Held
 from test_explore_interventions import TEXT, ids_of, lm_subject, mlm_subject, reference
@@ -209,3 +209,41 @@ def test_a_long_texts_neuron_view_opens_when_asked(browser):
         wait_until(p, lambda page: page.locator("#neuron .neuron-row").count() == 286, "the opened neuron view")
         assert len(asked) == 1
         p.close()
+
+
+def test_replace_a_token_gives_each_colour_one_meaning_in_its_panel(opened, subjects):
+    """In "Replace a token" red is more and blue is less, in the difference map and in the change column alike
+    (the column once drew a decrease red); the weights of the before and after maps are grey, and a legend says so."""
+    p = opened("lm")
+    p.page.select_option("#replace-position", "4")
+    p.page.fill("#replacement", "j")
+    p.page.click("#replace")
+    p.page.wait_for_selector("#replace-predictions tbody tr")
+    served = replace_token(subjects["lm"], {"text": TEXT, "position": 4, "replacement": "j", "layer": 0, "head": 0})
+    before, after, difference = p.page.eval_on_selector_all(
+        ".replace-map canvas",
+        "cs => cs.map(c => Array.from(c.getContext('2d').getImageData(0, 0, c.width, c.height).data))",
+    )
+    width = len(served["difference"][0])
+    for image in (before, after):  # an amount: grey, never red or blue
+        assert all(image[k] == image[k + 1] == image[k + 2] for k in range(0, len(image), 4))
+    signs = {1: 0, -1: 0}
+    for i, row in enumerate(served["difference"]):
+        for j, change in enumerate(row):
+            red, _, blue, _ = difference[4 * (i * width + j) : 4 * (i * width + j) + 4]
+            if red != blue:  # a change too small to tint its cell stays white
+                signs[1 if red > blue else -1] += 1
+                assert (red > blue) == (change > 0), (i, j, change, red, blue)
+    assert signs[1] and signs[-1]  # the map has both colours to tell apart
+    rows = p.page.eval_on_selector_all(
+        "#replace-predictions tbody tr",
+        "rs => rs.map(r => { const td = r.querySelector('[data-key=change]');"
+        " return [+td.textContent, getComputedStyle(td).color]; })",
+    )
+    colours = {"rgb(178, 24, 43)": 1, "rgb(33, 102, 172)": -1}  # the map's red and blue
+    assert any(change for change, _ in rows)
+    for change, colour in rows:
+        if change:
+            assert colours.get(colour) == (1 if change > 0 else -1), (change, colour)
+    legend = p.page.inner_text("#replace-legend")
+    assert "red, more" in legend and "blue, less" in legend and "change column" in legend

@@ -1,7 +1,8 @@
 """The explorer's web app (Starlette): one page, its scripts, and a JSON API over one run's model.
 
     GET  /                the page (static/index.html); its script and style from /static/, nothing from elsewhere
-    GET  /api/info        what the run is: task, model config, input limit, the views that apply, sample settings
+    GET  /api/info        what the run is: task, model config, input limit, the views that apply, sample settings,
+                          and an example input the page opens with (null when the model reads none of its candidates)
     POST /api/analyze     {"text": ..., ("top_k" | "beam" | "target"), ("weights": "micros")} -> tokens, attention
                           of every layer and head by kind, per-head statistics, and the task's predictions
     POST /api/continue    {"text": ..., ("max_new_tokens", "temperature", "top_k", "top_p", "seed")} -> NDJSON

@@ -4,10 +4,10 @@ One class per kind of model: `LMSubject` (a `DecoderLM`: causal self-attention, 
 sampling), `MTSubject` (an encoder-decoder: translation, cross-attention alignment, encoder and decoder self-
 attention), the encoders (`MLMSubject`, `ClassifierSubject`, `EmbeddingSubject`: self-attention plus what the head
 predicts); `kqv.explore.vision.VitSubject` does the same for a Vision Transformer. Each opens itself with
-`load(path, limit)` (a run through its job's own loader, `kqv.jobs.load_run`) and answers `info()` and
-`analyze(request)` with plain dicts; `LMSubject` also streams a continuation. `kqv.explore.loading.SUBJECTS` names
-the class of each job. Requests are the page's JSON bodies: every field is checked here and a bad one is a
-DataError whose message says what to send instead.
+`load(path, limit)` (a run through its job's own loader, `kqv.jobs.load_run`) and answers `info()` (with the
+`example` text the page opens with) and `analyze(request)` with plain dicts; `LMSubject` also streams a
+continuation. `kqv.explore.loading.SUBJECTS` names the class of each job. Requests are the page's JSON bodies: every
+field is checked here and a bad one is a DataError whose message says what to send instead.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from ..errors import DataError
+from ..errors import DataError, KqvError
 from ..nn.devices import model_device
 from ..nn.generation import GenerationConfig, GenerationLimits, sample_next
 from .analysis import (
@@ -37,6 +37,7 @@ from .analysis import (
 from .sparse_views import Weights, self_attention_weights
 
 MASK = "[MASK]"
+EXAMPLE = "To be, or not to be, that is the question:"  # the text the page opens with, where the model reads it
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,30 @@ class Subject:
             "config": described,
             "max_tokens": self.limit,
             "views": self.views(),
+            "example": self.example(),
         }
+
+    def examples(self) -> list[str]:
+        """Texts the page may open with, the most telling first."""
+        return [EXAMPLE]
+
+    def reads(self, text: str) -> None:
+        """Raise (DataError, KeyError or ValueError) unless `analyze` takes `text` (each kind checks only that it
+        encodes within the limit; this fallback analyses it)."""
+        self.analyze({"text": text})
+
+    def example(self) -> str | None:
+        """The text the page opens with: the first of `examples()` this model reads, its words cut from the end
+        until it fits the input limit; None when the model reads none of them (the page opens empty)."""
+        for text in self.examples():
+            words = text.split(" ")
+            for n in range(len(words), 0, -1):
+                try:
+                    self.reads(" ".join(words[:n]))
+                except (KqvError, KeyError, ValueError):
+                    continue
+                return " ".join(words[:n])
+        return None
 
     def views(self) -> list[str]:
         return ["head", "model", "stats"]
@@ -147,6 +171,12 @@ class LMSubject(Subject):
 
     def views(self) -> list[str]:
         return [*super().views(), "next", "continue"]
+
+    def examples(self) -> list[str]:
+        return [EXAMPLE, *([self.sample.prompt] if self.sample.prompt else [])]  # the prompt: the corpus's start
+
+    def reads(self, text: str) -> None:
+        self.encode(text)
 
     def encode(self, text: str) -> list[int]:
         ids = self.tokenizer.encode(check_text(text))
@@ -247,6 +277,18 @@ class MTSubject(Subject):
     def views(self) -> list[str]:
         return [*super().views(), "translation"]
 
+    def examples(self) -> list[str]:
+        """The run's first held-out source sentence (in its language and domain), then John 1:1 in German (the
+        default corpus's source)."""
+        try:
+            held_out = self.run.test_texts()[0][:1]
+        except (KqvError, OSError, AttributeError, IndexError):  # a Hugging Face directory keeps no test texts
+            held_out = []
+        return [*held_out, "Im Anfang war das Wort"]
+
+    def reads(self, text: str) -> None:
+        self.encode(text, "text")
+
     def encode(self, text: str, what: str) -> list[int]:
         ids = self.tokenizer.encode(" ".join(check_text(text, what).split()))  # as the MT job cleans its corpus
         self.check_length(len(ids) + 1, f"the {what}")
@@ -328,6 +370,10 @@ class EncoderSubject(Subject):
     def predictions(self, batch: Tensor, ids: list[int]) -> dict[str, Any]:
         return {}
 
+    def reads(self, text: str) -> None:
+        ids, _ = self.tokenize(check_text(text))
+        self.check_length(len(ids))
+
     @torch.no_grad()
     def analyze(self, request: dict[str, Any]) -> dict[str, Any]:
         ids, tokens = self.tokenize(check_text(request.get("text")))
@@ -361,6 +407,9 @@ class MLMSubject(EncoderSubject):
 
     def views(self) -> list[str]:
         return [*super().views(), "masked"]
+
+    def examples(self) -> list[str]:
+        return [f"To be, or not to {MASK}, that is the question:", *super().examples()]
 
     def tokenize(self, text: str) -> tuple[list[int], list[str]]:
         ids: list[int] = []

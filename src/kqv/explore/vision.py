@@ -42,6 +42,12 @@ class VitSubject(Subject):
     def views(self) -> list[str]:
         return [*super().views(), "classes"]
 
+    def examples(self) -> list[str]:
+        return ["0"]  # the first held-out test image
+
+    def reads(self, text: str) -> None:
+        self.image_number({"text": text})
+
     def image_number(self, request: dict[str, Any]) -> int:
         """The test image a request asks for: `image`, or its text holding the number."""
         last = len(self.labels) - 1

@@ -50,11 +50,20 @@ function ramp() {
   }
   return ramps[state.palette];
 }
-function largest(rows) {  // the weight drawn brightest: the map's largest when colours are scaled, else 1
+// The weight drawn brightest: 1, or when colours are scaled the largest weight of the rows that spread over at
+// least two keys. A row with one visible key (a causal map's first query; a masked key's weight is exactly 0)
+// holds a weight of 1 whatever the head does, and would pin every map's scale at 1: such rows are drawn at the
+// brightest colour instead. A map with no other row (one token) is scaled by its largest weight.
+function largest(rows) {
   if (!state.scale) return 1;
-  let peak = 0;
-  for (const row of rows) for (let j = 0; j < row.length; j++) if (row[j] > peak) peak = row[j];
-  return peak;
+  let peak = 0, any = 0;
+  for (const row of rows) {
+    let visible = 0, top = 0;
+    for (let j = 0; j < row.length; j++) if (row[j] > 0) { visible++; if (row[j] > top) top = row[j]; }
+    if (visible > 1 && top > peak) peak = top;
+    if (top > any) any = top;
+  }
+  return peak > 0 ? peak : any;
 }
 const headColour = (h) => HEAD_COLOURS[h % HEAD_COLOURS.length];
 const labelWidth = (tokens) => 12 + 7.5 * Math.max(...tokens.map((t) => shown(t).length));
@@ -403,7 +412,8 @@ function drawDetail() {
   $("scale-info").textContent = "";
   if (!v.layers || !state.cell) {  // no map: the panel shrinks back rather than keep the last one's size
     root.setAttribute("width", 0); root.setAttribute("height", 0);
-    $("detail-title").textContent = v.layers ? "Click a cell of the model view (or a row of the statistics)." : "";
+    $("detail-title").textContent = v.layers ? "Click a cell of the model view (or a row of the statistics; the " +
+      "button \u201cModel view and statistics \u2193\u201d above goes there)." : "";
     return;
   }
   const {layer, head} = state.cell, rows = headWeights(layer, head), n = v.queries.length * v.keys.length;
@@ -771,6 +781,9 @@ function listen() {
   $("beam").addEventListener("change", reanalyze);
   $("top-k").addEventListener("change", reanalyze);
   $("save-html").addEventListener("click", saveHtml);
+  for (const button of document.querySelectorAll("[data-jump]")) {  // scrolled to, the URL's hash left alone
+    button.addEventListener("click", () => $(button.dataset.jump).scrollIntoView({block: "start"}));
+  }
   for (const button of document.querySelectorAll("[data-export]")) {
     button.addEventListener("click", () => exportFigure(button.dataset.export, button.dataset.format));
   }
@@ -800,6 +813,7 @@ async function start() {
   chooseOption($("beam"), saved.beam);
   chooseOption($("top-k"), saved.k);
   if (saved.text) { $("text").value = saved.text; await analyze(saved); }
+  else if (state.info.example) $("text").value = state.info.example;  // an input the model reads, to start from
 }
 
 start();

@@ -1,7 +1,7 @@
 // kqv explore, "Look closer and intervene": the neuron view of one head, a token replaced, heads switched off.
 // Draws the numbers of /api/neuron, /api/replace and /api/ablate (kqv.explore.interventions) and computes none of
-// its own. Loaded after explore.js, whose helpers ($, el, svg, api, begin, latest, shown, activate) and `state` it
-// uses; explore.js calls intervene.drawn() when the views are drawn or a head is opened, and intervene.cleared()
+// its own. Loaded after explore.js, whose helpers ($, el, svg, api, begin, latest, shown, activate, largest) and
+// `state` it uses; explore.js calls intervene.drawn() when the views are drawn or a head is opened, and intervene.cleared()
 // when a refused input clears them; a token chosen in the head view is seen through its events. Not part of a
 // saved HTML file: it needs the model.
 "use strict";
@@ -10,7 +10,10 @@ const intervene = (() => {
   const ours = {available: null, analysis: null, layer: 0, head: 0, neuronKey: null, timer: null,
     ablation: null, sort: {key: null, descending: true}, chosen: new Set()};
   const CELL = 18;  // pixels per row of the neuron view
-  const RAMP = [[255, 255, 255], [0, 114, 178]];  // weights: white (0) to blue (the largest shown)
+  // One meaning per colour in this section: grey is an amount (an attention weight: white 0 to near-black, the
+  // largest shown), red is more or positive, blue is less or negative (a change, a vector's component)
+  const RAMP = [[255, 255, 255], [37, 37, 37]];
+  const RED = [178, 24, 43], BLUE = [33, 102, 172];
   const labelWidth = (tokens) => 12 + 7.5 * Math.max(...tokens.map((t) => shown(t).length));
   const KINDS = ["neuron", "replace", "ablate"];
   const NEURON_OPEN_TOKENS = 256;  // the neuron view starts open up to this many tokens
@@ -35,7 +38,8 @@ const intervene = (() => {
       <details id="neuron-box" open><summary><h3>Neuron view</h3></summary><figure>
         <figcaption>The query vector q of the chosen token, each key vector k and their elementwise
           products q \u00d7 k, whose sum is the score q\u00b7k; the scaled score (/\u221a(head dim), plus the
-          position bias where the model adds one) and its softmax, the attention weight. Blue negative, red positive.
+          position bias where the model adds one) and its softmax, the attention weight. Red positive, blue
+          negative; the weights' bars grey.
         </figcaption>
         <div class="scroll"><svg id="neuron" xmlns="http://www.w3.org/2000/svg"></svg></div>
         <p id="neuron-info" class="muted">Point at a key or product for its numbers.</p>
@@ -47,6 +51,12 @@ const intervene = (() => {
           <label>with <input id="replacement" size="12" spellcheck="false"></label>
           <button id="replace" type="button">Replace</button>
         </div>
+        <p id="replace-legend" class="muted">Colours here:
+          <span class="key" data-colour="weight"></span> attention weight, from white (0) to black (the largest,
+          as the page's colour setting scales it);
+          <span class="key" data-colour="up"></span> red, more after the replacement;
+          <span class="key" data-colour="down"></span> blue, less after it (the difference map and the change
+          column alike).</p>
         <div class="views" id="replace-maps"></div>
         <p id="replace-predicts" class="muted"></p>
         <table id="replace-predictions"></table>
@@ -179,7 +189,7 @@ const intervene = (() => {
   }
 
   function diverging(value, peak) {  // [r, g, b, 255]: blue (negative) - white - red (positive), by |value| / peak
-    const f = Math.min(1, Math.abs(value) / (peak || 1)), far = value < 0 ? [33, 102, 172] : [178, 24, 43];
+    const f = Math.min(1, Math.abs(value) / (peak || 1)), far = value < 0 ? BLUE : RED;
     return [...far.map((c) => Math.round(255 + (c - 255) * f)), 255];
   }
   function peakOf(rows, magnitude = Math.abs) {  // the largest |value| (no spread: a 1,024 x 1,024 map is too long)
@@ -237,7 +247,7 @@ const intervene = (() => {
     row.append(text(xScore, n.scores[j].toFixed(3)), text(xScore + 70, allowed ? n.scaled[j].toFixed(3) : "masked"));
     if (allowed) {
       row.append(svg("rect", {x: xScore + 170, y: y + 2, height: CELL - 6, width: 100 * n.weights[j],
-        fill: "#0072b2", class: "weight-bar"}), text(xScore + 276, n.weights[j].toFixed(3)));
+        fill: "#555555", class: "weight-bar"}), text(xScore + 276, n.weights[j].toFixed(3)));  // an amount: grey
     }
     return row;
   }
@@ -273,14 +283,16 @@ const intervene = (() => {
     return figure;
   }
 
-  function drawReplacement(r) {
-    const peak = Math.max(peakOf(r.before || [[0]]), peakOf(r.after || [[0]])), change = peakOf(r.difference || [[0]]);
-    const scale = (w) => [...RAMP[0].map((c, i) => Math.round(c + (RAMP[1][i] - c) * Math.max(0, w) / peak)), 255];
+  function drawReplacement(r) {  // weights scaled as the page's maps are (explore.js, `largest`)
+    const peak = Math.max(largest(r.before || [[0]]), largest(r.after || [[0]])) || 1;
+    const change = peakOf(r.difference || [[0]]);
+    const scale = (w) => [...RAMP[0].map((c, i) => Math.round(c + (RAMP[1][i] - c) * Math.min(1, Math.max(0, w) /
+      peak))), 255];
     const where = `layer ${r.layer + 1}, head ${r.head + 1}`;
     $("replace-maps").replaceChildren(...(r.before ? [
       heatMap(`before: \u201c${shown(r.tokens[r.position])}\u201d (${where})`, r.before, scale),
       heatMap(`after: \u201c${shown(r.edited_tokens[r.position])}\u201d`, r.after, scale),
-      heatMap(`difference (after \u2212 before; blue less, red more, up to ${change.toFixed(3)})`, r.difference,
+      heatMap(`difference (after \u2212 before; red more, blue less, up to ${change.toFixed(3)})`, r.difference,
         (w) => diverging(w, change)),
     ] : [el("p", {class: "note"}, r.note)]));
     $("replace-predicts").textContent = r.predicts ? `Predictions: ${r.predicts}, before and after` : "";
@@ -295,7 +307,8 @@ const intervene = (() => {
         const tr = el("tr", {"data-id": p.id});
         tr.append(el("td", {class: "token"}, shown(p.token)), el("td", {"data-key": "before"}, p.before.toFixed(4)),
           el("td", {"data-key": "after"}, p.after.toFixed(4)),
-          el("td", {"data-key": "change", class: p.change < 0 ? "down" : "up"}, fmt(p.change, true)));
+          el("td", {"data-key": "change", class: p.change < 0 ? "down" : p.change > 0 ? "up" : ""},
+            fmt(p.change, true)));  // the difference map's colours: red more, blue less
         table.lastChild.append(tr);
       }
     }
