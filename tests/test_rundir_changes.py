@@ -157,8 +157,8 @@ def test_ctrl_c_during_an_overwrite_right_after_the_tokenizer_leaves_the_previou
 def test_a_sample_prompt_the_tokenizer_cannot_encode_is_refused_before_training(tmp_path, capsys):
     config, corpus, out = tmp_path / "tiny.toml", tmp_path / "tiny.txt", tmp_path / "R"
     config.write_text(TINY)
-    corpus.write_text(LINES.replace("\n", " "))  # no newline: the default prompt "\n" cannot be encoded
-    assert train(config, corpus, out) == 2
+    corpus.write_text(LINES.replace("\n", " "))  # no newline: the prompt "\n" cannot be encoded
+    assert train(config, corpus, out, "--set", 'sample.prompt="\\n"') == 2
     assert "sample.prompt" in capsys.readouterr().err
     assert not out.exists()  # a refused fresh run leaves no trace, not even its directory
 

@@ -9,8 +9,9 @@ is exact and quick), `checkpoint/`, `metrics.jsonl`, `loss.png`, `samples.txt` a
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -80,10 +81,11 @@ class DataConfig(Config):
 
 @dataclass
 class SampleConfig(Config):
-    """What to generate at the end of training, to see what the model learned."""
+    """What to generate at the end of training, to see what the model learned: `count` samples after `prompt`
+    (empty, the default: the start of the corpus, `default_prompt`)."""
 
     section: ClassVar[str] = "sample"
-    prompt: str = "\n"
+    prompt: str = ""
     count: int = 3
     max_new_tokens: int = 300
     temperature: float = 0.8
@@ -91,8 +93,31 @@ class SampleConfig(Config):
 
     def check(self) -> None:  # here, not after training: a bad [sample] would waste the whole run
         check_generation(self.__dict__, self.qualified)  # the ranges `kqv generate` takes (GenerationConfig)
-        if not self.prompt:
-            raise ConfigError('sample.prompt is empty; give at least one character, e.g. "ROMEO:\\n"')
+
+
+SHAKESPEARE_PROMPT = "ROMEO:\n"  # the default corpus's sample prompt: a speaker's name on its line, as the plays
+PROMPT_WORDS, PROMPT_CHARS = 3, 40  # another corpus's: its first words, at most this many
+
+
+def default_prompt(data: DataConfig, tokenizer: Tokenizer, tokens: dict[str, torch.Tensor]) -> str:
+    """The sample prompt of a config that gives none: "ROMEO:\\n" on Shakespeare (the default corpus), else the
+    corpus's first words (up to `PROMPT_WORDS` of its first line with any, `PROMPT_CHARS` characters), as its text
+    writes them: its own characters, which its tokenizer encodes."""
+    if data.path is None:
+        return SHAKESPEARE_PROMPT
+    start = tokenizer.decode(tokens["train"][:256].tolist()).rstrip("\ufffd")  # a byte-level BPE's cut character
+    words = re.search(rf"\S+(?:[ \t]+\S+){{0,{PROMPT_WORDS - 1}}}", start)
+    return words.group()[:PROMPT_CHARS] if words else start[:1]
+
+
+def with_prompt(config: LMRunConfig, tokenizer: Tokenizer, tokens: dict[str, torch.Tensor]) -> LMRunConfig:
+    """`config` with its sample prompt decided: the one it gives, or `default_prompt` (a file of pairs samples
+    from its own prompts: nothing to decide)."""
+    if config.sample.prompt or config.data.pairs:
+        return config
+    decided = copy.copy(config)
+    decided.sample = replace(config.sample, prompt=default_prompt(config.data, tokenizer, tokens))
+    return decided
 
 
 @dataclass
@@ -105,6 +130,16 @@ class LMRunConfig(RunConfig):
     data: DataConfig = field(default_factory=DataConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)  # what a fine-tune trains (kqv.jobs.finetune)
+
+    def __post_init__(self) -> None:
+        # a fine-tune's data.context that no [data] table or --set gives: FINETUNE_CONTEXT, lowered to its source's
+        # positions once the source is read (`fit_context`); one given is kept, and refused if the source's learned
+        # positions cannot hold it
+        data = self.data
+        self.context_given = not isinstance(data, dict) or "context" in data
+        if not self.context_given and data.get("init") is not None:
+            self.data = {**data, "context": FINETUNE_CONTEXT}
+        super().__post_init__()
 
     def model_defaults(self) -> dict[str, Any]:
         return {"max_len": self.data.context}
@@ -127,6 +162,20 @@ class LMRunConfig(RunConfig):
         return self.model.replace(vocab_size=vocab_size)
 
 
+FINETUNE_CONTEXT = 128  # a fine-tune's context when its config gives none (at most its source's positions)
+
+
+def fit_context(config: LMRunConfig, source: Any) -> LMRunConfig:
+    """A fine-tune's `config` with a context its `source` holds: when the config gives none, FINETUNE_CONTEXT or the
+    source's positions (its max_len) if fewer; a context the config gives stays as it is."""
+    positions = source.config.max_len
+    if config.context_given or config.data.context <= positions:
+        return config
+    fitted = copy.copy(config)
+    fitted.data = replace(config.data, context=positions)
+    return fitted
+
+
 def check_lm_run(
     config: LMRunConfig, model: ModelConfig | None = None
 ) -> Callable[[Tokenizer, dict[str, torch.Tensor]], None]:
@@ -142,7 +191,7 @@ def check_lm_run(
             completions.check_packing(model or config.model, config.data.packing)
             return
         check_splits({"train": tokens["train"], "val": tokens["val"]}, context, tokenizer.vocab_size)
-        check_prompt(tokenizer.encode, config.sample.prompt)
+        check_prompt(tokenizer.encode, with_prompt(config, tokenizer, tokens).sample.prompt)
 
     return check
 
@@ -373,10 +422,13 @@ class LMJob(Job):
         maker: Any = self
         if config.data.init is not None and not run.resuming:
             training.notes["source"] = source = read_source(config.data.init)
+            training.config = config = fit_context(config, source)
             training.notes["model"] = finetune_config(source, config.model, config.model_options, config.data.context)
             check_finetune(config.finetune, training.notes["model"])
             maker = SourceTokenizer(self, source)
-        return prepare_corpus(maker, config.data, run, check_lm_run(config, training.notes.get("model")))
+        tokenizer, tokens = prepare_corpus(maker, config.data, run, check_lm_run(config, training.notes.get("model")))
+        training.config = with_prompt(config, tokenizer, tokens)  # what run.toml records and the samples start from
+        return tokenizer, tokens
 
     def make_model(self, training: Training) -> DecoderLM:
         """A new model; a fine-tune's has its source's config and weights, and run.toml records the source."""
