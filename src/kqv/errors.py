@@ -68,18 +68,29 @@ class DiskFullError(KqvError, OSError):
     def __init__(self, path: object, needed: int, free: int | None = None):
         super().__init__(errno.ENOSPC, "No space left on device", str(path))
         self.path, self.needed, self.free = path, needed, free
-        available = f" ({_size(free)} free)" if free is not None else ""
+        if free is None:
+            (wanted,), available = _sizes(needed), ""
+        else:
+            wanted, left = _sizes(needed, free)
+            available = f" ({left} free)" if free < needed else f" ({left} free, short of what the write took)"
         self.message = (
-            f"the disk is full: {_size(needed)} needed at {path}{available}; free some space and run the command again"
+            f"the disk is full: {wanted} needed at {path}{available}; free some space and run the command again"
         )
 
     def __str__(self) -> str:
         return self.message
 
 
-def _size(n: int) -> str:
-    """A size in bytes as MB (10^6 bytes), or kB under 0.1 MB."""
-    return f"{n / 1e6:,.1f} MB" if n >= 100_000 else f"{n / 1e3:,.1f} kB"
+def _sizes(*counts: int) -> list[str]:
+    """Byte counts in one unit (MB = 10^6 bytes, or kB when the largest is under 0.1 MB) with as many decimals as
+    it takes for different counts to read differently: "0.24 MB needed (0.20 MB free)", never "0.2 MB needed
+    (0.2 MB free)"."""
+    unit, scale, most = ("MB", 1e6, 6) if max(counts) >= 100_000 else ("kB", 1e3, 3)
+    for decimals in range(1, most + 1):
+        shown = [f"{n / scale:,.{decimals}f} {unit}" for n in counts]
+        if len(set(shown)) == len(set(counts)):
+            return shown
+    return shown
 
 
 # What to do about an operating-system error: the file system said no (full, read-only, not a directory, ...).
