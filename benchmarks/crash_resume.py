@@ -24,8 +24,9 @@ after which the process ended as that signal must end it (SIGKILL: killed; SIGTE
 the last completed update; SIGINT: 130 likewise), the run directory held a verified checkpoint (or none yet) and
 the resume went on without an error. A SIGTERM or SIGINT that lands before the interpreter reaches kqv's first
 line (its first few tens of milliseconds) kills the process by the signal itself, -15 or -2, before anything was
-written: that counts as recovered too, and the table shows it. None of this depends on the machine's load except
-where the moments land.
+written: that counts as recovered too, and the table shows it; so does one that lands after the run's last file was
+written (kqv then exits 0, saying the run is complete). None of this depends on the machine's load except where the
+moments land.
 
     OMP_NUM_THREADS=1 python benchmarks/crash_resume.py                     # 20 stops per signal, ~5-8 minutes
     OMP_NUM_THREADS=1 python benchmarks/crash_resume.py --kills 3 --terms 2 --interrupts 1 --steps 100 --output c.json
@@ -196,7 +197,8 @@ def stopped_run(base: list[str], run_dir: Path, moments: list[dict], stop: signa
         status = process.wait()
         error = process.stderr.read().strip()
         early = landed and status not in _expected(signal_) and in_python_start_up(error)
-        ok = status in (_expected(signal_) if landed else {0}) or early
+        late = landed and status == 0 and "after its last file was written" in error  # the run was complete
+        ok = status in (_expected(signal_) if landed else {0}) or early or late
         if rows:
             rows[-1]["recovered"] = rows[-1]["recovered"] and ok
             if not ok:

@@ -13,6 +13,11 @@ Three phases, each with its own handlers:
 * inside `deferred()` (a checkpoint write, an optimizer update) a signal waits until the block is done, then
   raises as above: a second Ctrl-C during the save of the first cannot leave a half-done state.
 
+Once the command's work is complete (`completed`: a training's last file is written) a signal no longer
+interrupts it: the command ends as it would have, exit status 0, and says that the signal came after the work was
+done (`completion`); and once the command has returned (`finished`), a signal while the process exits changes
+nothing, where Python itself would otherwise die by it.
+
 This module imports nothing but the standard library: it runs before torch is loaded.
 """
 
@@ -54,7 +59,12 @@ def is_command() -> bool:
 
 
 def _exit_at_once(signum: int, frame: FrameType | None) -> None:
-    """Before the command runs (and again after it returned): nothing to save, so end the process now."""
+    """Before the command runs (and again after it returned): nothing to save, so end the process now (with status
+    0 when its work was complete)."""
+    if _state["completed"] is not None:
+        _state["late"].append(signum)
+        os.write(2, f"{completion()}\n".encode())
+        os._exit(0)
     os.write(2, f"kqv: {_NAMES[signal.Signals(signum)]}\n".encode())
     os._exit(128 + signum)  # nothing is written yet: no state to save, no exception an import could swallow
 
@@ -95,12 +105,51 @@ def guard_startup() -> None:
 
 @contextmanager
 def interruptible() -> Iterator[None]:
-    """While the block runs, Ctrl-C raises KeyboardInterrupt and SIGTERM raises Terminated."""
+    """While the block runs, Ctrl-C raises KeyboardInterrupt and SIGTERM raises Terminated (until `completed`)."""
+    _state.update(completed=None, late=[])
     previous = _install(_raise)
     try:
         yield
     finally:
         _restore(previous)
+
+
+# What the running command has completed (`completed`), and the signals that came after that.
+_state: dict[str, Any] = {"completed": None, "late": []}
+
+
+def completed(what: str) -> None:
+    """The command's work is done, every file written (`what` says so: "runs/lm is complete"). Within
+    `interruptible`, a signal from now on no longer interrupts the command: it is noted, the command ends as it
+    would have, and `completion` gives the line that says so. Elsewhere (kqv used from Python) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if any(signal.getsignal(signum) is _raise for signum in SIGNALS):
+        _state["completed"] = what
+        _install(_noted)
+
+
+def _noted(signum: int, frame: FrameType | None) -> None:
+    """After the command's work was completed: the signal changes nothing but what it says at the end."""
+    _state["late"].append(signum)
+
+
+def completion(interrupt: BaseException | None = None) -> str | None:
+    """The line a command says when a signal (`interrupt`, or one noted after `completed`) came after its work was
+    complete, and it ends with status 0 all the same; None when it did not."""
+    what, late = _state["completed"], _state["late"]
+    if what is None or (interrupt is None and not late):
+        return None
+    signum = getattr(interrupt, "signum", signal.SIGINT) if interrupt is not None else late[0]
+    return f"kqv: {what}; {_NAMES[signal.Signals(signum)]} after its last file was written, nothing lost"
+
+
+def finished() -> None:
+    """The `kqv` command has returned, its exit status decided: a signal while the process exits is ignored (Python
+    resets its own handlers as it shuts down, and would die by the signal then). Nothing changes elsewhere."""
+    if is_command() and threading.current_thread() is threading.main_thread():
+        for signum in SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
 
 
 @contextmanager

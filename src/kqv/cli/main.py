@@ -25,7 +25,7 @@ import sys
 
 from ..api import packaged_config  # noqa: F401 -- kqv.cli.main.packaged_config, as before
 from ..errors import KqvError, command_line, describe_os_error
-from ..signals import exit_status, interruptible, message
+from ..signals import completion, exit_status, finished, interruptible, message
 from .commands import Command, Train
 from .embeddings import Embed, Similarity
 from .environment import Env
@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the command line. Expected errors (kqv's own, the file system's: a missing file, a full disk) print one
     line and exit with status 2; anything else is a bug and shows its traceback. Ctrl-C and SIGTERM (`kqv.signals`)
-    end it with status 130 and 143, after what they interrupted has saved its work (training: a checkpoint)."""
+    end it with status 130 and 143, after what they interrupted has saved its work (training: a checkpoint); after a
+    training's last file is written they end it with status 0, saying so (`kqv.signals.completed`)."""
     try:
         with interruptible():
             args = build_parser().parse_args(argv)
@@ -67,8 +68,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kqv: error: {describe_os_error(error) if isinstance(error, OSError) else error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM as kqv.signals.Terminated
+        if (done := completion(interrupt)) is not None:  # after the last file was written: nothing was lost
+            print(done, file=sys.stderr)
+            return 0
         print(message(interrupt), file=sys.stderr)
         return exit_status(interrupt)
+    finally:
+        finished()  # the status is decided: a signal while the process exits changes nothing
+    if (done := completion()) is not None:
+        print(done, file=sys.stderr)
     return status or 0
 
 
