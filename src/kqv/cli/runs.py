@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..data.completions import is_pairs_file
 from ..errors import ConfigError, DataError
+from ..jobs.base import run_inputs
 from ..jobs.lm import ATTENTION_MAX_TOKENS, LMRun
 from ..jobs.mlm import MLMRun
 from ..jobs.mt import MTRun
@@ -17,6 +18,7 @@ from ..jobs.pretrained import PretrainedRun
 from ..jobs.scoring import PairsEvaluation, escape_line, read_prompts, write_completions, write_predictions
 from ..jobs.vit import VitRun
 from ..nn.generation import GENERATION_DTYPES
+from ..train.files import refuse_writing_over
 from .commands import JobCommand, RunCommand, report
 from .flags import BEAM_FLAGS, JSON_FLAG, OUT_PNG_FLAG, Flag
 
@@ -41,6 +43,9 @@ def lm_generate(run: LMRun | PretrainedRun, args: argparse.Namespace) -> None:
 def lm_complete(run: LMRun | PretrainedRun, args: argparse.Namespace, options: dict) -> None:
     """`kqv generate RUN --prompts FILE [--out FILE]`: one completion per prompt, one a line (escaped), written
     atomically to --out or printed."""
+    if args.out is not None:
+        read = [(f"the file of prompts, --prompts {args.prompts}", args.prompts), *run_inputs(run.run_dir)]
+        refuse_writing_over(args.out, read, "--out")
     prompts = read_prompts(args.prompts)
     completions = run.complete(prompts, use_cache=not args.no_cache, **options)
     if args.out is None:
@@ -68,6 +73,9 @@ def lm_evaluate(run: LMRun | PretrainedRun, args: argparse.Namespace) -> None:
 
 def lm_evaluate_pairs(run: LMRun | PretrainedRun, args: argparse.Namespace) -> None:
     """`kqv eval RUN --data pairs.tsv|.jsonl`: completion loss and exact match, a short table."""
+    if args.predictions is not None:
+        read = [(f"the file of pairs it scores, --data {args.data}", args.data), *run_inputs(run.run_dir)]
+        refuse_writing_over(args.predictions, read, "--predictions")
     result = run.evaluate(pairs=args.data, max_tokens=args.max_tokens)
     if args.predictions is not None:
         path = write_predictions(args.predictions, result.predictions)
@@ -96,6 +104,7 @@ def lm_attention(run: LMRun | PretrainedRun, args: argparse.Namespace) -> None:
 
     if args.text is None:
         raise ConfigError("kqv attention on a language model needs --text")
+    refuse_writing_over(args.out, run_inputs(run.run_dir), "--out")  # the run's own loss.png, say
     maps = run.attention(args.text, max_tokens=args.max_tokens)
     path = plot_attention_grid(maps.weights, maps.rows, maps.columns, args.out, title=f"{run.run_dir}: self-attention")
     print(f"wrote {path}: {maps.layers} layers x {maps.heads} heads over {len(maps.rows)} tokens")
@@ -155,6 +164,7 @@ def mt_attention(run: MTRun, args: argparse.Namespace) -> None:
             "kqv attention on a translation run needs --src (and optionally --tgt; by default the "
             "model's own translation)"
         )
+    refuse_writing_over(args.out, run_inputs(run.run_dir), "--out")  # the run's own loss.png, say
     maps = run.attention(args.src, args.tgt)
     path = plot_attention_grid(
         maps.weights,
@@ -184,6 +194,7 @@ def vit_evaluate(run: VitRun, args: argparse.Namespace) -> None:
 def vit_attention(run: VitRun, args: argparse.Namespace) -> None:
     from ..explore.plots import plot_cls_attention
 
+    refuse_writing_over(args.out, run_inputs(run.run_dir), "--out")  # the run's own loss.png, say
     shown = run.attention(args.images)
     path = plot_cls_attention(shown.images, shown.maps, shown.labels, shown.predicted, args.out)
     layers, images, height, width = shown.maps.shape

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import resource
 import time
+import tomllib
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from ..nn.devices import Accelerator
 from ..nn.models import count_parameters
 from ..train.checkpoints import load_weights
 from ..train.events import Event, Plan, Sample, Summary
-from ..train.files import RUN_CONFIG, TOKENIZER_DIR, restored_on_failure
+from ..train.files import RUN_CONFIG, RUN_FORMAT, TOKENIZER_DIR, refuse_writing_over, restored_on_failure
 from ..train.manifest import record, verify
 from ..train.reporter import Reporter
 from ..train.rundir import RunDirectory
@@ -236,6 +237,7 @@ class Job:
         hooks make the corpus, the model and the batches, the Trainer trains, and the job's `outcome` is written
         into summary.json. Nothing is printed: the events (`kqv.train.events`) go to a `Reporter`, which shows
         them unless `quiet`; `on_event` receives every one instead (then nothing is shown)."""
+        refuse_writing_over(run_dir, self.inputs(config), spoken("--out", "out"))  # before anything is written
         with self.open_run(run_dir, resume=resume, overwrite=overwrite) as run:
             speaks = run.writes  # under torchrun rank 0 speaks for every process
             report = Reporter(quiet or on_event is not None or not speaks, on_event if speaks else None)
@@ -250,10 +252,26 @@ class Job:
                 return {}  # under torchrun rank 0 alone evaluates and writes the run's outputs
             outcome = self.outcome(training)
             summary = self.summarise(run.path, training.result, training.model, **outcome.figures)
+            run.complete()  # its last file written: an interrupt from now on loses nothing
         for text in outcome.samples:
             report(Sample(text))
         report(Summary(summary, self.conclusion(training, summary)))
         return summary
+
+    def inputs(self, config: RunConfig) -> list[tuple[str, str | Path]]:
+        """What a training of `config` reads, which its run directory must be neither equal to nor inside
+        (`refuse_writing_over`): the model it starts from and its data, each as (what it is, its path)."""
+        read = {
+            "init": ("the model it starts from", "--init "),
+            "path": ("the data it reads", "--data "),
+            "tgt_path": ("the data it reads", "data.tgt_path="),
+        }
+        data = getattr(config, "data", None)
+        return [
+            (f"{what}, {spoken(flag, f'data.{name}=')}{value}", value)
+            for name, (what, flag) in read.items()
+            if isinstance(value := getattr(data, name, None), (str, Path))
+        ]
 
     # The hooks of the lifecycle: what each job supplies.
 
@@ -408,6 +426,45 @@ class Job:
 
     def load_tokenizer(self, run_dir: Path) -> Any:
         return load_tokenizer(run_dir / TOKENIZER_DIR)
+
+
+# The files of a Hugging Face model directory that kqv reads (besides its *.safetensors weights).
+HF_MODEL_FILES = frozenset(
+    {
+        "config.json",
+        "generation_config.json",
+        "model.safetensors.index.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "vocab.json",
+        "merges.txt",
+    }
+)
+
+
+def model_files(directory: str | Path) -> list[Path]:
+    """The files of a run directory or a Hugging Face model directory that loading it reads (a kqv run's:
+    `RUN_FORMAT`; a Hugging Face directory's: `HF_MODEL_FILES` and its weights): what no command may write over.
+    Other files in it (a user's notes, an earlier answers.txt) are not the model's."""
+    directory = Path(directory)
+    weights = sorted(directory.glob("*.safetensors")) if directory.is_dir() else []
+    return [directory / name for name in sorted(RUN_FORMAT | HF_MODEL_FILES)] + weights
+
+
+def run_inputs(run_dir: str | Path) -> list[tuple[str, Path]]:
+    """What an operation on the run (or Hugging Face directory) `run_dir` reads, which no file it writes may be or
+    lie inside (`refuse_writing_over`): the model's own files (`model_files`) and, for a fine-tune, its source's
+    (run.toml's `[source]`), each as (what it is, its path)."""
+    run_dir = Path(run_dir)
+    found = [(f"{path.name} of the run {run_dir}", path) for path in model_files(run_dir)]
+    try:
+        source = tomllib.loads((run_dir / RUN_CONFIG).read_text()).get("source", {}).get("path")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, AttributeError):
+        source = None  # no run.toml (a Hugging Face directory), or one that loading it will name
+    if isinstance(source, str) and source:
+        found += [(f"{path.name} of the fine-tune's source {source}", path) for path in model_files(source)]
+    return found
 
 
 def peak_rss_mb() -> float:

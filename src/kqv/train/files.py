@@ -11,12 +11,12 @@ import errno
 import hashlib
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-from ..errors import DiskFullError
+from ..errors import ConfigError, DiskFullError
 
 # what a job writes
 RUN_CONFIG, TOKENIZER_DIR, SUMMARY_FILE = "run.toml", "tokenizer", "summary.json"
@@ -122,6 +122,44 @@ def disk_full_reported(path: Path, needed: int) -> Iterator[None]:
         if not isinstance(error, OSError) and free is not None and free < needed:
             raise DiskFullError(path, needed, free) from error
         raise
+
+
+def where_in(path: str | Path, container: str | Path) -> str | None:
+    """`"same"` when `path` is `container`, `"inside"` when it lies inside it (a directory), else None: as the file
+    system resolves them, so that symbolic links, `..` and, on a case-insensitive file system, the case cannot
+    disguise one as another (existing paths are compared by device and inode, `os.path.samestat`; a part of `path`
+    that does not exist yet is compared by its resolved name)."""
+    target, home = (Path(os.path.realpath(Path(p).expanduser())) for p in (path, container))
+    try:
+        home_status = os.stat(home)
+    except OSError:
+        home_status = None
+    for depth, place in enumerate((target, *target.parents)):
+        if home_status is None:
+            same = os.path.normcase(place) == os.path.normcase(home)
+        else:
+            try:
+                same = os.path.samestat(os.stat(place), home_status)
+            except OSError:  # not there (yet): an ancestor may be
+                continue
+        if same:
+            return "same" if depth == 0 else "inside"
+    return None
+
+
+def refuse_writing_over(output: str | Path, inputs: Iterable[tuple[str, str | Path | None]], option: str) -> None:
+    """ConfigError, before anything is written, when the output path `output` (what `option` names: "--out") is one
+    of `inputs` or lies inside one (`where_in`): no command writes over what it reads. `inputs` are (what it is,
+    its path) pairs, such as ("the file of prompts, --prompts p.txt", "p.txt"); a path of None is skipped."""
+    for what, path in inputs:
+        if path is None or str(path) == "":
+            continue
+        relation = where_in(output, path)
+        if relation is not None:
+            raise ConfigError(
+                f"{option} {output} is {'' if relation == 'same' else 'inside '}{what}; a command never writes over "
+                f"what it reads: choose another path"
+            )
 
 
 def sha256(source: Path | BinaryIO) -> str:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import ConfigError, spoken
+from ..signals import completed
 from .checkpoints import Checkpoint, has_checkpoint, read_checkpoint
 from .files import (
     CHECKPOINT_DIR,
@@ -191,6 +192,13 @@ class RunDirectory:
                     path.unlink(missing_ok=True)
         return False
 
+    def complete(self) -> None:
+        """Every file of the run is written (summary.json last): a Ctrl-C or SIGTERM from now on no longer
+        interrupts the `kqv` command, which ends with status 0 and says that the run is complete
+        (`kqv.signals.completed`)."""
+        if self.writes:
+            completed(f"{self.destination} is complete")
+
     # -- training starts -------------------------------------------------------------------------------------
 
     def prepare(self, step: int) -> None:
@@ -217,7 +225,8 @@ def sibling(path: Path, suffix: str) -> Path:
 
 def named_run_path(path: str | Path) -> Path:
     """`path` as a Path, if its last part names the run (`runs/lm`); `/`, `.`, `..` or an empty path is a
-    ConfigError: a run directory has a name, which an overwrite's stage beside it (`RUN.kqv-new`) extends."""
+    ConfigError: a run directory has a name, which an overwrite's stage beside it (`RUN.kqv-new`) extends. A path
+    through `..` or a symbolic link to the run is resolved (the others keep their spelling, which messages show)."""
     named = Path(path)
     if named.name in ("", ".", ".."):
         given = repr(str(path)) if str(path) else "an empty path"
@@ -225,6 +234,11 @@ def named_run_path(path: str | Path) -> Path:
             f"{spoken('--out', 'the run directory')} must name a directory of its own for the run, such as runs/lm, "
             f"not {given}"
         )
+    if ".." in named.parts or named.is_symlink():
+        # Renames move RUN away and back (`commit`): a spelling that goes through RUN itself (`runs/x/../x`) or a
+        # link to it would then name nothing, or the link rather than the run. Resolved once, here, it names the
+        # directory itself whatever happens to it.
+        return Path(os.path.realpath(named))
     return named
 
 
