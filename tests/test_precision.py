@@ -21,7 +21,28 @@ from kqv.train.trainer import Trainer
 def test_auto_is_bf16_exactly_when_the_cpu_has_bf16_instructions(monkeypatch, avx512_bf16, amx, expected):
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
     assert precision.native_bf16() == (expected == "bf16")
+    assert precision.resolve_precision("auto") == expected
+
+
+@pytest.mark.parametrize(
+    "capability, onednn_cap, expected",
+    [("AVX512", None, "bf16"), ("AVX2", None, "fp32"), ("DEFAULT", None, "fp32"), ("AVX512", "AVX2", "fp32")]
+    + [("AVX512", "avx512_core", "fp32"), ("AVX512", "AVX512_CORE_BF16", "bf16"), ("AVX512", "ALL", "bf16")],
+)
+def test_auto_follows_the_kernels_torch_may_use(monkeypatch, capability, onednn_cap, expected):
+    """A bf16 CPU whose kernels are capped below bf16 (ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2, as to
+    run as an older CPU would) computes in fp32: bf16 there is emulated or dies inside oneDNN's LSTM."""
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    if onednn_cap is None:
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    else:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", onednn_cap)
     assert precision.resolve_precision("auto") == expected
 
 

@@ -18,6 +18,7 @@ Every device-specific choice lives here, not as `if device == ...` ladders throu
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -65,10 +66,19 @@ def kernels(device: torch.device) -> Kernels:
     return CUDA_KERNELS if device.type == "cuda" else TORCH_KERNELS
 
 
+# oneDNN's ISA caps (ONEDNN_MAX_CPU_ISA, or DNNL_MAX_CPU_ISA) below its first level with bf16 instructions
+ONEDNN_WITHOUT_BF16 = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"}
+
+
 def native_bf16() -> bool:
-    """Whether this CPU has bf16 matrix instructions (AVX512-BF16 or AMX tiles)."""
+    """Whether this CPU has bf16 matrix instructions (AVX512-BF16 or AMX tiles) that torch's kernels may use: a
+    kernel set capped below them (`ATEN_CPU_CAPABILITY=avx2`, `ONEDNN_MAX_CPU_ISA=AVX2`, as to run as an older CPU
+    would) has none, and bf16 there would be emulated or fail inside oneDNN."""
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+    if not any(getattr(torch.cpu, name, lambda: False)() for name in checks):
+        return False
+    onednn_cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL").upper()
+    return torch.backends.cpu.get_cpu_capability() == "AVX512" and onednn_cap not in ONEDNN_WITHOUT_BF16
 
 
 def cuda_native_bf16() -> bool:
