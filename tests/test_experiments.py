@@ -16,7 +16,7 @@ import kqv
 from conftest import tiny_config
 from kqv.cli.main import main
 from kqv.experiments import ablations, get, names
-from kqv.experiments.base import Check, ExperimentError, verdict, with_overrides
+from kqv.experiments.base import INCONCLUSIVE, Check, ExperimentError, by_construction, control, verdict, with_overrides
 from kqv.experiments.lm import head_statistics
 from kqv.experiments.runner import REPORT_FILE, RESULTS_FILE, checks_from_record
 from kqv.nn.cores import causal_mask
@@ -57,8 +57,9 @@ def test_quick_run_writes_results_plots_and_a_report_whose_verdict_its_numbers_i
 
 @pytest.mark.parametrize("name", names())
 def test_committed_results_describe_todays_code(quick_runs, name):
-    """A committed results.json must describe today's code: made by code with today's hash, or by code whose
-    quick-size fingerprint today's quick run reproduces (kqv.experiments.reproduction). Change what the model,
+    """A committed results.json must describe today's code and config: made with today's FULL config (and its
+    command's overrides), by code with today's hash or by code whose quick-size fingerprint today's quick run
+    reproduces (kqv.experiments.reproduction), on whatever CPU kernels this machine has. Change what the model,
     trainer or experiment computes and its result is stale until rerun; move code without changing a number and
     it stands. Every committed result carries a hash and a fingerprint."""
     from kqv.experiments.provenance import code_hash
@@ -67,22 +68,40 @@ def test_committed_results_describe_todays_code(quick_runs, name):
     committed = ROOT / "docs" / "experiments" / name / RESULTS_FILE
     assert committed.is_file(), f"{name} has no committed results: `kqv experiment run {name} --out docs/experiments`"
     record = json.loads(committed.read_text())
-    assert record["code"].get("hash") and record["code"].get("quick", {}).get("numbers"), (
+    assert record["code"].get("hash") and "numbers" in record["code"].get("quick", {}), (
         f"{name}: its results.json has no code hash or quick fingerprint: rerun "
         f"`kqv experiment run {name} --out docs/experiments`"
     )
     quick = json.loads((quick_runs / name / RESULTS_FILE).read_text())["results"]
-    stale = standing(record, code_hash(get(name).module)["hash"], quick)
+    stale = standing(record, code_hash(get(name).module)["hash"], quick, get(name))
     assert stale is None, f"{name}: {stale}; rerun `kqv experiment run {name} --out docs/experiments`"
 
 
-def test_verdict_follows_the_checks():
+def test_verdict_follows_the_checks_of_the_claim_alone():
     yes, no = Check("a", "t", "1", True), Check("b", "t", "2", False)
+    undecided = Check("c", "t", "3", False, INCONCLUSIVE)
     assert verdict([yes, yes]) == "holds"
     assert verdict([yes, no]) == "holds in part"
     assert verdict([no, no]) == "does not hold here"
-    with pytest.raises(ValueError):
-        verdict([])
+    assert verdict([yes, undecided]) == "inconclusive"
+    counted = by_construction(Check("flops", "t", "1", True))
+    assert verdict([no, counted]) == "does not hold here", "a check that holds by construction never decides"
+    assert verdict([no, no, control(Check("learns", "t", "1", True))]) == "does not hold here"
+    assert verdict([yes, control(Check("learns", "t", "1", False))]) == "inconclusive", "a failed control"
+    assert verdict([no, control(Check("learns", "t", "1", False, INCONCLUSIVE))]) == "inconclusive"
+    for checks in ([], [counted], [control(Check("learns", "t", "1", True))]):
+        with pytest.raises(ValueError, match="check of the claim"):
+            verdict(checks)
+    with pytest.raises(ValueError, match="role"):
+        Check("a", "t", "1", True, role="decoration")
+
+
+@pytest.mark.parametrize("name", names())
+def test_every_experiment_decides_by_a_check_of_the_lecture_s_claim(quick_runs, name):
+    """Every experiment has at least one claim check; controls and by-construction checks are tagged as such."""
+    record = json.loads((quick_runs / name / RESULTS_FILE).read_text())
+    roles = [check["role"] for check in record["checks"]]
+    assert "claim" in roles and set(roles) <= {"claim", "control", "by construction"}
 
 
 def test_no_causal_mask_verdict_moves_with_the_numbers(quick_runs):

@@ -11,7 +11,8 @@ Every experiment is one module of `kqv.experiments` holding:
 * `table(results) -> (columns, rows)`: the results table; `checks(results) -> list[Check]`: the verdict's
   parts, each with the threshold written in the module before anything ran; `plots(results, directory)`:
   PNG files; `method(config) -> str`: how the claim was tested, in words, with the sizes used;
-* optionally `notes(results) -> str`: the results beside published figures, for the report and the gallery.
+* optionally `notes(results) -> str`: the results beside published figures, for the report and the gallery, and
+  `REVISIONS`, lines saying how the design or the checks changed after a trial had been seen.
 
 `Experiment.of(module)` collects these parts into an `Experiment` and fails at once, naming the module and the
 missing parts, when one is not there; the registry `kqv.experiments.EXPERIMENTS` holds one per module.
@@ -53,6 +54,11 @@ class ExperimentError(ConfigError):
 # the outcome of one check: decided either way, or not decided by the data (`kqv.experiments.statistics`)
 HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
 OUTCOMES = (HOLDS, FAILS, INCONCLUSIVE)
+# what a check is for: a part of the lecture's claim (decides the verdict); a control (shows the setup can show the
+# effect: one that does not hold makes the verdict inconclusive); or a check of the code that holds by construction
+# (a count or an identity the code guarantees: reported, never deciding)
+CLAIM, CONTROL, CONSTRUCTION = "claim", "control", "by construction"
+ROLES = (CLAIM, CONTROL, CONSTRUCTION)
 
 
 # While `kqv.experiments.statistics.judge` runs an experiment's `checks`, the intervals made, the decisions taken
@@ -73,7 +79,8 @@ class Check:
     """One part of a verdict: what is checked, the threshold fixed in advance, the measured figure, the outcome.
 
     `Check(what, threshold, figure, holds)` is decided by a yes/no comparison; a check decided by an interval
-    passes its outcome (`kqv.experiments.statistics.interval_check`), and `holds` follows from it.
+    passes its outcome (`kqv.experiments.statistics.interval_check`), and `holds` follows from it. `role` says
+    what it is for (`CLAIM`, `CONTROL`, `CONSTRUCTION`; `control(...)` and `by_construction(...)` mark one).
     `statistics.judge` fills `intervals` (each interval behind the figure as numbers, with the threshold or band
     it was judged against) and, for an inconclusive check, `to_decide` (how many seeds would decide it)."""
 
@@ -84,26 +91,45 @@ class Check:
     outcome: str = ""  # HOLDS, FAILS or INCONCLUSIVE; '' means: from `holds`
     intervals: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     to_decide: dict[str, Any] | None = None
+    role: str = CLAIM
 
     def __post_init__(self) -> None:
         if not self.outcome:
             self.outcome = HOLDS if self.holds else FAILS
         if self.outcome not in OUTCOMES:
             raise ExperimentError(f"a check's outcome is one of {OUTCOMES}, got {self.outcome!r}")
+        if self.role not in ROLES:
+            raise ExperimentError(f"a check's role is one of {ROLES}, got {self.role!r}")
         self.holds = self.outcome == HOLDS
         note("check", self)
 
 
+def control(check: Check) -> Check:
+    """`check`, marked a control: it shows the setup can show the effect, and decides nothing about the claim."""
+    check.role = CONTROL
+    return check
+
+
+def by_construction(check: Check) -> Check:
+    """`check`, marked as holding by construction (a count or an identity the code guarantees): reported only."""
+    check.role = CONSTRUCTION
+    return check
+
+
 def verdict(checks: Sequence[Check]) -> str:
-    """'holds' when every check holds; 'does not hold here' when none holds and some fails; 'holds in part' when
-    some hold and some fail; 'inconclusive' when no check fails but some could not be decided (an interval that
-    straddles its threshold, or an arm that did not learn): an undecided part never reads as 'holds'."""
-    if not checks:
-        raise ExperimentError("a verdict needs at least one check")
-    outcomes = [check.outcome for check in checks]
-    if FAILS not in outcomes:
-        return "inconclusive" if INCONCLUSIVE in outcomes else "holds"
-    return "holds in part" if HOLDS in outcomes else "does not hold here"
+    """The verdict, decided by the checks of the claim alone: 'holds' when every one holds; 'does not hold here'
+    when none holds and some fails; 'holds in part' when some hold and some fail; 'inconclusive' when none fails
+    but some could not be decided (an interval that straddles its threshold, or an arm that did not learn), and
+    whatever the claim's checks say when a control does not hold (the setup could not have shown the effect).
+    Checks that hold by construction never decide: an undecided part never reads as 'holds'."""
+    claims = [check.outcome for check in checks if check.role == CLAIM]
+    if not claims:
+        raise ExperimentError("a verdict needs at least one check of the claim")
+    if any(check.role == CONTROL and check.outcome != HOLDS for check in checks):
+        return "inconclusive"
+    if FAILS not in claims:
+        return "inconclusive" if INCONCLUSIVE in claims else "holds"
+    return "holds in part" if HOLDS in claims else "does not hold here"
 
 
 @dataclass(frozen=True)
@@ -127,6 +153,7 @@ class Experiment:
     method: Callable[[Any], str]
     module: str  # the module's dotted name (the report points readers to its source)
     notes: Callable[[dict], str] | None = None  # optional: the results beside published figures
+    revisions: tuple[str, ...] = ()  # optional (`REVISIONS`): how the design changed after a trial had been seen
 
     @classmethod
     def of(cls, module: ModuleType) -> Experiment:
@@ -141,7 +168,8 @@ class Experiment:
         if not isinstance(parts["fields"], (tuple, list)) or not all(isinstance(k, str) for k in parts["fields"]):
             raise ExperimentError(f"experiment module {module.__name__}: FIELDS must be a tuple of result keys")
         parts["fields"] = tuple(parts["fields"])
-        experiment = cls(**parts, module=module.__name__, notes=getattr(module, "notes", None))
+        optional = {"notes": getattr(module, "notes", None), "revisions": tuple(getattr(module, "REVISIONS", ()))}
+        experiment = cls(**parts, module=module.__name__, **optional)
         experiment._check_parts()
         return experiment
 

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from ..nn.cores import FullAttention
 from ..nn.models import DecoderLM
 from .ablations import self_attention_layers
-from .base import Check, ExperimentError, Progress, pm
+from .base import Check, ExperimentError, Progress, by_construction, control, pm
 from .lm import QUICK_LM, VAL_SEED, Arm, LMConfig, Trained, lm_batch, shakespeare, train_arms, unigram_loss
 from .plotting import curves, figure, save
 from .statistics import interval_check, paired_difference
@@ -210,18 +210,22 @@ def checks(results: dict) -> list[Check]:
     floor = unigram - LEARNS
     unlearnt = [arm for arm, values in losses.items() if any(loss >= floor for loss in values)]
     return [
-        Check(
-            "every attention head output is a convex combination of its values",
-            f"outside the values' box, |sum of weights - 1| and negative weights all <= {CONVEX:g} (a closed-form "
-            "identity up to fp32 rounding, over every seed and layer: an exact check, no interval)",
-            ", ".join(f"{key} {value:.1e}" for key, value in worst.items()),
-            all(value <= CONVEX for value in worst.values()),
+        by_construction(
+            Check(
+                "every attention head output is a convex combination of its values",
+                f"outside the values' box, |sum of weights - 1| and negative weights all <= {CONVEX:g} (a closed-form "
+                "identity up to fp32 rounding, over every seed and layer: an exact check, no interval)",
+                ", ".join(f"{key} {value:.1e}" for key, value in worst.items()),
+                all(value <= CONVEX for value in worst.values()),
+            )
         ),
-        Check(
-            "the two LMs have the same number of parameters",
-            f"|without / with - 1| <= {SAME_SIZE} (a count: an exact check)",
-            f"{params[WITHOUT]:,} vs {params[WITH]:,}: {size:+.4f}",
-            abs(size) <= SAME_SIZE,
+        control(
+            Check(
+                "the two LMs have the same number of parameters",
+                f"|without / with - 1| <= {SAME_SIZE} (a count: an exact check)",
+                f"{params[WITHOUT]:,} vs {params[WITH]:,}: {size:+.4f}",
+                abs(size) <= SAME_SIZE,
+            )
         ),
         interval_check(
             "at equal parameters the LM without FFNs is worse",

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from . import get, names
 from .report import (
+    CHECK_COLUMNS,
     GPU_AFTER_SECONDS,
     VERDICT_RULE,
     check_rows,
@@ -19,10 +20,12 @@ from .report import (
     headline,
     markdown_table,
     provenance_line,
+    revisions_section,
 )
 from .runner import RESULTS_FILE, load_record
 
 DISCUSSION_FILE = "discussion.md"
+CHANGES_FILE = "verdict-changes.md"  # written by hand: the verdicts that changed, before -> after, and why
 INTRO = """# Experiments: the lecture's claims, tested
 
 Each section below is one `kqv experiment`, run at its full size on this project's 2-core CPU machine: the claim as
@@ -42,11 +45,15 @@ paired differences (or, for timings, of the repeats), against a threshold fixed 
 thresholds are those written before the first runs; the intervals were added later, and every experiment was run
 again with them.) Each results.json records the commit, the machine and the hash of the code that produced it
 (`code`: the experiment's module and the kqv modules it imports, as syntax trees without docstrings, so a comment
-does not count as a change), and a fingerprint of that code's numbers (`code.quick`: what two quick-size runs of it
-agree on, timings and wall-clock-budgeted training left out). When the code changes, the test suite reruns the
-quick size: a result stands only if today's code reproduces every fingerprinted number (within 1e-3, for other CPUs'
-rounding), so moving code keeps it and changing what is computed makes it stale until rerun. The fingerprint
-vouches for the computation, not for timings: a timing stays what its run measured on its machine.
+does not count as a change), the full config it ran with, and a fingerprint of that code's numbers (`code.quick`,
+`kqv.experiments.reproduction`): the numbers of its quick size that every CPU kernel set (`ATEN_CPU_CAPABILITY`
+default, avx2 and avx512, oneDNN and MKL capped alike) computed within 1e-4 of each other, and that another set of
+seeds moved, so echoes of the config, counts fixed by construction, timings and whatever diverges on another CPU's
+rounding are left out. When the code changes, the test suite reruns the quick size: a result stands only if its
+config is today's and today's code reproduces every fingerprinted number within 1e-3, so moving code keeps it and
+changing what is computed makes it stale until rerun; a result whose fingerprint holds no number is stale after
+any change of its code. The fingerprint vouches for the computation, not for timings: a timing stays what its run
+measured on its machine.
 
 Each check in a results.json also holds the intervals behind its figure as numbers (`intervals`: estimate, low,
 high, n, the spread per seed, and the threshold or band each was judged against with the claimed side), and an
@@ -59,7 +66,8 @@ side of the threshold, no number of seeds makes the check hold: it says so, and 
 that it does not.
 
 This page is generated from the results by `kqv experiment gallery`; the discussion of each experiment is
-written by hand in `docs/experiments/NAME/discussion.md`.
+written by hand in `docs/experiments/NAME/discussion.md`, and the verdicts that changed with a change of the rule or
+of an experiment, in `docs/experiments/verdict-changes.md`.
 """
 
 
@@ -95,8 +103,9 @@ def section(directory: Path, page_dir: Path) -> str:
         *[f"![{name}]({link(name)})" for name in record["plots"]],
         *beside_the_paper(record),
         f"**Verdict: {headline(record)}.**",
-        markdown_table(["check", "threshold (fixed in advance)", "measured", "outcome"], check_rows(record)),
+        markdown_table(CHECK_COLUMNS, check_rows(record)),
         *deciding_section(record, rule=False),  # the rule is said once, in the introduction
+        *revisions_section(get(record["experiment"])),
     ]
     return "\n\n".join(parts)
 
@@ -123,4 +132,7 @@ def gallery(directory: str | Path, page: str | Path) -> str:
     missing = [f"`{name}` (`kqv experiment run {name} --out {out}`)" for name in names() if name not in found]
     if missing:
         contents.append(f"- Not yet run at full size here: {', '.join(missing)}.")
-    return "\n\n".join([INTRO.strip(), "\n".join(contents)] + [section(directory / n, page_dir) for n in found]) + "\n"
+    changes = directory / CHANGES_FILE
+    changed = [changes.read_text(encoding="utf-8").strip()] if changes.is_file() else []
+    parts = [INTRO.strip(), "\n".join(contents), *changed] + [section(directory / n, page_dir) for n in found]
+    return "\n\n".join(parts) + "\n"

@@ -22,7 +22,7 @@ import torch
 from ..nn.attention import MultiHeadAttention
 from ..nn.config import ModelConfig
 from ..nn.cores import FullAttention
-from .base import Check, ExperimentConfig, ExperimentError, Progress, mean_std, pm
+from .base import Check, ExperimentConfig, ExperimentError, Progress, by_construction, mean_std, pm
 from .plotting import figure, save
 from .quadratic_cost import fastest_pass, flops, saved_bytes
 from .statistics import all_of, decide, paired_ratio
@@ -157,12 +157,14 @@ def checks(results: dict) -> list[Check]:
     found = []
     spread = {n: max(by_h.values()) / min(by_h.values()) for n, by_h in results["flops"].items()}
     found.append(
-        Check(
-            "h heads do the same floating-point work as one head",
-            f"largest / smallest FLOP count over the head counts <= {SAME_FLOPS} at every n (counted, the same on "
-            "every seed: an exact check, no interval)",
-            ", ".join(f"n={n}: {s:.4f}" for n, s in spread.items()),
-            all(s <= SAME_FLOPS for s in spread.values()),
+        by_construction(
+            Check(
+                "h heads do the same floating-point work as one head",
+                f"largest / smallest FLOP count over the head counts <= {SAME_FLOPS} at every n (counted, the same "
+                "on every seed: an exact check, no interval)",
+                ", ".join(f"n={n}: {s:.4f}" for n, s in spread.items()),
+                all(s <= SAME_FLOPS for s in spread.values()),
+            )
         )
     )
     for kernel in results["kernels"]:

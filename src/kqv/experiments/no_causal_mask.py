@@ -25,7 +25,7 @@ import torch
 from ..jobs.lm import generate_text
 from ..nn.models import DecoderLM
 from .ablations import peeking, set_peeking
-from .base import Check, Progress, mean_std, pm
+from .base import Check, Progress, control, mean_std, pm
 from .lm import QUICK_LM, Arm, LMConfig, Trained, random_tokens, shakespeare, train_arms, validation_loss
 from .plotting import curves, figure, save
 from .statistics import interval_check, paired_difference, paired_ratio
@@ -122,7 +122,7 @@ def checks(results: dict) -> list[Check]:
     arms, ln_v = results["arms"], results["ln_vocab"]
     train = {arm: mean_std(arms[arm]["train_loss"])[0] for arm in arms}
     causal = {arm: mean_std(arms[arm]["val_loss_causal"])[0] for arm in arms}
-    control = {arm: mean_std(results["control"][arm]["train_loss"])[0] for arm in arms}
+    on_random = {arm: mean_std(results["control"][arm]["train_loss"])[0] for arm in arms}
     return [
         interval_check(
             "without the mask the training loss is much lower",
@@ -139,11 +139,13 @@ def checks(results: dict) -> list[Check]:
             0.5,
             detail=f"no mask {causal['no mask']:.3f}, causal {causal['causal']:.3f}",
         ),
-        Check(
-            "control: on random tokens only the no-mask model's loss falls",
-            "causal >= 0.95 ln V and no mask <= 0.5 ln V",
-            f"causal {control['causal']:.3f}, no mask {control['no mask']:.3f}, ln V {ln_v:.3f}",
-            control["causal"] >= 0.95 * ln_v and control["no mask"] <= 0.5 * ln_v,
+        control(
+            Check(
+                "control: on random tokens only the no-mask model's loss falls",
+                "causal >= 0.95 ln V and no mask <= 0.5 ln V",
+                f"causal {on_random['causal']:.3f}, no mask {on_random['no mask']:.3f}, ln V {ln_v:.3f}",
+                on_random["causal"] >= 0.95 * ln_v and on_random["no mask"] <= 0.5 * ln_v,
+            )
         ),
     ]
 

@@ -30,9 +30,10 @@ def _cell(value: Any) -> str:
 
 
 VERDICT_RULE = (
-    "the verdict is 'holds' when every check holds, 'does not hold here' when none holds and some fails, "
-    "'holds in part' when some hold and some fail, and 'inconclusive' when none fails but some could not be "
-    "decided: a 95% interval over seeds (or repeats) that straddles its threshold, or an arm that did not learn"
+    "the verdict is decided by the checks of the claim alone: 'holds' when every one holds, 'does not hold here' "
+    "when none holds and some fails, 'holds in part' when some hold and some fail, and 'inconclusive' when none "
+    "fails but some could not be decided (a 95% interval over seeds or repeats that straddles its threshold, or an "
+    "arm that did not learn), or when a control does not hold; checks that hold by construction are reported only"
 )
 
 
@@ -42,8 +43,11 @@ def outcome(check: dict[str, Any]) -> str:
 
 
 def check_rows(record: dict[str, Any]) -> list[list[str]]:
-    """The checks of a record as table rows: what, threshold, measured, outcome."""
-    return [[c["what"], c["threshold"], c["figure"], outcome(c)] for c in record["checks"]]
+    """The checks of a record as table rows: what, its role, threshold, measured, outcome."""
+    return [[c["what"], c.get("role", "claim"), c["threshold"], c["figure"], outcome(c)] for c in record["checks"]]
+
+
+CHECK_COLUMNS = ["check", "role", "threshold (fixed in advance)", "measured", "outcome"]
 
 
 def headline(record: dict[str, Any]) -> str:
@@ -54,12 +58,21 @@ def headline(record: dict[str, Any]) -> str:
 
 
 def provenance_line(record: dict[str, Any]) -> str:
-    """Which code produced the numbers: the commit (dirty or clean) and the code hash, or why it is not known."""
+    """Which code produced the numbers: the commit (dirty or clean) and the code hash, or why it is not known, and
+    the commit whose code made its quick-size fingerprint (`kqv.experiments.reproduction`)."""
     code, source = record.get("code") or {}, (record.get("provenance") or {}).get("git") or {}
-    if code.get("hash"):
-        state = {True: "with uncommitted changes", False: "clean", None: "state unknown"}[source.get("dirty")]
-        return f"**Code.** commit {str(source.get('commit'))[:10]} ({state}); code hash {code['hash'][:12]}."
-    return f"**Code.** {code.get('recorded', 'not recorded (results from before provenance was kept)')}."
+    if not code.get("hash"):
+        return f"**Code.** {code.get('recorded', 'not recorded (results from before provenance was kept)')}."
+    state = {True: "with uncommitted changes", False: "clean", None: "state unknown"}[source.get("dirty")]
+    line = f"**Code.** commit {str(source.get('commit'))[:10]} ({state}); code hash {code['hash'][:12]}."
+    quick = code.get("quick") or {}
+    if quick.get("made_at_commit"):
+        line += (
+            f" Its quick-size fingerprint ({len(quick.get('numbers') or {})} numbers that every CPU kernel set "
+            "computes alike and that move with the seed) was made by the code of commit "
+            f"{quick['made_at_commit'][:10]}, whose code hash is the record's."
+        )
+    return line
 
 
 # a run estimated to take longer than this on the machine the record was made on is suggested for a GPU
@@ -165,8 +178,9 @@ def write_report(record: dict[str, Any], experiment: Experiment) -> str:
         f"## Verdict: {headline(record)}",
         "Each check's threshold was written in the experiment module "
         f"(`kqv/experiments/{experiment.module.rpartition('.')[2]}.py`) before it ran; {VERDICT_RULE}.",
-        markdown_table(["check", "threshold (fixed in advance)", "measured", "outcome"], check_rows(record)),
+        markdown_table(CHECK_COLUMNS, check_rows(record)),
         *deciding_section(record),
+        *revisions_section(experiment),
     ]
     return "\n\n".join(parts) + "\n"
 
@@ -178,3 +192,11 @@ def deciding_section(record: dict[str, Any], rule: bool = True) -> list[str]:
     if not lines:
         return []
     return [f"**What would decide the inconclusive checks.**{f' {DECIDING_RULE}' if rule else ''}", "\n".join(lines)]
+
+
+def revisions_section(experiment: Experiment) -> list[str]:
+    """'Changed after a trial': how the experiment's design or checks changed after a run had been seen, so a
+    reader can weigh the verdict (`REVISIONS` of the experiment module), or nothing."""
+    if not experiment.revisions:
+        return []
+    return ["**Changed after a trial.**", "\n".join(f"- {line}" for line in experiment.revisions)]

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from ..nn.attention import MultiHeadAttention
 from ..nn.config import ModelConfig
-from .base import Check, ExperimentConfig, ExperimentError, Progress, mean_std, pm
+from .base import Check, ExperimentConfig, ExperimentError, Progress, by_construction, control, mean_std, pm
 from .plotting import figure, save
 from .statistics import all_of, decide, decide_within, interval_check, mean_interval, paired_ratio
 
@@ -190,18 +190,23 @@ def checks(results: dict) -> list[Check]:
     difference = max(max(v) for v in results["kqv_difference"].values())
     listed = lambda values: "; ".join(f"{d}: {v.text()}" for d, v in values.items())
     return [
-        Check(
-            "the scaled arm is kqv's own attention",
-            f"max |output - MultiHeadAttention output| <= {SAME:g} (an identity, fp64: an exact check, no interval)",
-            f"{difference:.1e}",
-            difference <= SAME,
+        by_construction(
+            Check(
+                "the scaled arm is kqv's own attention",
+                f"max |output - MultiHeadAttention output| <= {SAME:g} (an identity, fp64: an exact check, no "
+                "interval)",
+                f"{difference:.1e}",
+                difference <= SAME,
+            )
         ),
-        Check(
-            "q and k have unit-variance components at initialisation",
-            f"var(q) and var(k) within {list(UNIT)} at every d_k (95% intervals over seeds)",
-            f"var(q) {listed(variance['q_variance'])}; var(k) {listed(variance['k_variance'])}",
-            False,
-            all_of([decide_within(v, *UNIT) for values in variance.values() for v in values.values()]),
+        control(
+            Check(
+                "q and k have unit-variance components at initialisation",
+                f"var(q) and var(k) within {list(UNIT)} at every d_k (95% intervals over seeds)",
+                f"var(q) {listed(variance['q_variance'])}; var(k) {listed(variance['k_variance'])}",
+                False,
+                all_of([decide_within(v, *UNIT) for values in variance.values() for v in values.values()]),
+            )
         ),
         Check(
             "var(q . k) grows in proportion to d_k",
