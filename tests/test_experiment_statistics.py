@@ -140,51 +140,94 @@ def test_the_code_hash_follows_what_code_does_not_how_it_is_written():
     assert _normalised('"""Only a docstring."""\n') == _normalised("pass\n")
 
 
-def test_a_fingerprint_keeps_the_numbers_two_runs_agree_on_and_never_a_timing():
-    from kqv.experiments.reproduction import fingerprint, numbers
+def test_the_code_hash_leaves_out_an_experiment_module_s_wording_and_judging():
+    """Rewording the claim or rewriting `checks` keeps a result's hash (the verdict is recomputed from its numbers
+    anyway); a change of `run` or of a helper it calls does not."""
+    from kqv.experiments.provenance import JUDGING, _normalised
 
-    first = {"arms": {"a": {"val_loss": [2.5, 2.25], "seconds": [1.0]}}, "ms": [3.0], "steps": 7, "ok": True}
-    second = {"arms": {"a": {"val_loss": [2.5, 2.3], "seconds": [1.0]}}, "ms": [3.0], "steps": 7, "ok": True}
-    assert dict(numbers(first)) == {"/arms/a/val_loss[0]": 2.5, "/arms/a/val_loss[1]": 2.25, "/steps": 7.0}
-    assert fingerprint(first, second) == {"/arms/a/val_loss[0]": 2.5, "/steps": 7.0}
-    assert fingerprint({"x": float("nan")}, {"x": float("nan")}) == {}
+    module = 'CLAIM = "x"\ndef run(c):\n    return 1\ndef checks(r):\n    return [r]\n'
+    rejudged = 'CLAIM = "y"\nREVISIONS = ("z",)\ndef run(c):\n    return 1\ndef checks(r):\n    return []\n'
+    rerun = 'CLAIM = "x"\ndef run(c):\n    return 2\ndef checks(r):\n    return [r]\n'
+    assert _normalised(module, JUDGING) == _normalised(rejudged, JUDGING)
+    assert _normalised(module, JUDGING) != _normalised(rerun, JUDGING)
+    assert _normalised(module) != _normalised(rejudged), "other modules keep every line"
 
 
-def test_a_wall_clock_budgeted_experiment_fingerprints_only_what_is_fixed_before_training():
+def test_a_fingerprint_keeps_what_every_kernel_set_computes_alike_and_the_seed_moves():
+    """Kept: numbers every CPU kernel set agrees on within RTOL / MARGIN and that other seeds change. Dropped: a
+    number that moves between kernel sets (a diverging run), a config echo or count the seed does not move, a
+    timing, a non-finite number."""
+    from kqv.experiments.reproduction import MARGIN, RTOL, fingerprint, numbers
+
+    def run(loss, diverging, **extra):
+        return {"arms": {"a": {"val_loss": [loss, diverging], "seconds": [1.0]}}, "steps": 7, "x": math.nan, **extra}
+
+    by_kernels = {"default": run(2.5, 3.19), "avx2": run(2.5 * (1 + RTOL / MARGIN / 2), 3.17), "avx512": run(2.5, 3.2)}
+    assert dict(numbers(run(2.5, 3.0))).keys() == {"/arms/a/val_loss[0]", "/arms/a/val_loss[1]", "/steps", "/x"}
+    kept, dropped = fingerprint("heads", by_kernels, run(2.7, 3.1))
+    assert kept == {"/arms/a/val_loss[0]": 2.5}
+    assert dropped == {
+        "not finite": 1,
+        "trained for a wall-clock budget": 0,
+        "kernel-sensitive": 1,
+        "the same with other seeds": 1,
+    }
+    apart = {**by_kernels, "avx2": run(2.5 * (1 + 2 * RTOL / MARGIN), 3.19)}
+    assert fingerprint("heads", apart, run(2.7, 3.1))[0] == {}, "a number that moved between kernel sets is dropped"
+
+
+def test_a_wall_clock_budgeted_experiment_fingerprints_nothing():
     """Two budgeted runs on a loaded machine once agreed on 6 updates by chance, and a third made 7."""
-    from kqv.experiments.reproduction import before_training
+    from kqv.experiments.reproduction import fingerprint
 
-    found = {"/runs/lstm[0]/steps": 6.0, "/runs/lstm[0]/parameters": 270080.0, "/runs/lstm[0]/test_bleu": 0.03}
-    assert before_training("rnn-vs-transformer", found) == {"/runs/lstm[0]/parameters": 270080.0}
-    assert before_training("heads", found) == found
+    runs = {"lstm": [{"steps": 6, "test_bleu": 0.03, "parameters": 270080}]}
+    kept, dropped = fingerprint("rnn-vs-transformer", {"avx2": runs, "avx512": runs}, {"lstm": [{"steps": 7}]})
+    assert kept == {} and dropped["trained for a wall-clock budget"] == 3
 
 
 def test_a_changed_code_hash_stands_only_when_the_quick_run_reproduces_its_fingerprint():
     """The rule `test_committed_results_describe_todays_code` (tests/test_experiments.py) applies to every
-    committed result: same hash, or a fingerprint that today's quick run reproduces within RTOL."""
-    from kqv.experiments.reproduction import RTOL, standing
+    committed result: same hash, or a fingerprint of the current rule that today's quick run reproduces."""
+    from kqv.experiments.reproduction import RTOL, RULE, standing
 
     quick = {"arms": {"a": {"val_loss": [2.5, 2.25]}}, "steps": 7}
-    fingerprinted = {"/arms/a/val_loss[0]": 2.5, "/steps": 7.0}
-    record = {"code": {"hash": "old", "quick": {"numbers": fingerprinted}}}
+    record = {"code": {"hash": "old", "quick": {"rule": RULE, "numbers": {"/arms/a/val_loss[0]": 2.5}}}}
     assert standing(record, "old", None) is None, "the code that made it"
     assert standing(record, "new", quick) is None, "changed code that computes the same numbers"
-    nudged = {"arms": {"a": {"val_loss": [2.5 * (1 + RTOL / 10), 2.25]}}, "steps": 7}
-    assert standing(record, "new", nudged) is None, "other CPUs round fp32 differently"
-    moved = {"arms": {"a": {"val_loss": [2.6, 2.25]}}, "steps": 7}
-    assert "differs from its fingerprint in 1 numbers: /arms/a/val_loss[0]: 2.6 (was 2.5)" in standing(
+    nudged = {"arms": {"a": {"val_loss": [2.5 * (1 + RTOL / 2), 2.25]}}}
+    assert standing(record, "new", nudged) is None, "within the tolerance"
+    moved = {"arms": {"a": {"val_loss": [2.5 * (1 + 2 * RTOL), 2.25]}}}
+    assert "differs from its fingerprint in 1 numbers: /arms/a/val_loss[0]: 2.505 (was 2.5)" in standing(
         record, "new", moved
     )
-    assert "missing" in standing(record, "new", {"arms": {"a": {"val_loss": [2.5]}}})
-    assert "no quick-size fingerprint" in standing({"code": {"hash": "old"}}, "new", quick)
-    assert "no quick-size fingerprint" in standing({"code": {"hash": "old", "quick": {"numbers": {}}}}, "new", quick)
+    assert "missing" in standing(record, "new", {"arms": {"a": {"val_loss": []}}})
+    older = {"code": {"hash": "old", "quick": {"numbers": {"/arms/a/val_loss[0]": 2.5}}}}
+    assert "an older rule" in standing(older, "new", quick)
+    assert "an older rule" in standing({"code": {"hash": "old"}}, "new", quick)
+    empty = {"code": {"hash": "old", "quick": {"rule": RULE, "numbers": {}}}}
+    assert standing(empty, "old", quick) is None and "vouches for nothing" in standing(empty, "new", quick)
 
 
-def test_a_fingerprint_is_refused_for_a_run_whose_code_changed_and_stored_for_one_whose_did_not(tmp_path):
-    """`kqv experiment fingerprint`: only the code that made a run may vouch for its numbers."""
+@pytest.mark.parametrize("name", ["heads", "norm-placement"])
+def test_a_committed_result_is_stale_once_today_s_full_config_differs_from_the_one_it_ran_with(name):
+    """Even with its own code hash: a result describes the config it ran, not today's FULL."""
+    from kqv.experiments.reproduction import config_change, standing
+
+    record = json.loads((ROOT / "docs" / "experiments" / name / RESULTS_FILE).read_text())
+    experiment = get(name)
+    assert config_change(record, experiment) is None, "the committed config is today's (with its command's --seeds)"
+    changed = dataclasses.replace(experiment, full=dataclasses.replace(experiment.full, steps=50))
+    stale = standing(record, record["code"]["hash"], None, changed)
+    assert stale is not None and "FULL config differs" in stale and "steps" in stale
+
+
+def test_a_fingerprint_is_refused_for_a_run_whose_code_changed_and_stored_for_one_whose_did_not(tmp_path, capsys):
+    """`kqv experiment fingerprint`: only the code that made a run may vouch for its numbers; the fingerprint is
+    made under every kernel set and with other seeds, and says what it dropped."""
     import shutil
 
     from kqv.cli.main import main
+    from kqv.experiments.reproduction import KERNEL_SETS, RULE
 
     shutil.copytree(ROOT / "docs" / "experiments" / "scaling-head-dim", tmp_path / "scaling-head-dim")
     path = tmp_path / "scaling-head-dim" / RESULTS_FILE
@@ -192,12 +235,19 @@ def test_a_fingerprint_is_refused_for_a_run_whose_code_changed_and_stored_for_on
     record["code"] = {"hash": "made by other code"}
     path.write_text(json.dumps(record))
     assert main(["experiment", "fingerprint", "scaling-head-dim", "--dir", str(tmp_path)]) != 0
+    assert "give the commit whose code made it (--commit)" in capsys.readouterr().err
     assert json.loads(path.read_text())["code"] == {"hash": "made by other code"}, "nothing written"
     record["code"] = code_hash(get("scaling-head-dim").module)
     path.write_text(json.dumps(record))
     assert main(["experiment", "fingerprint", "scaling-head-dim", "--dir", str(tmp_path)]) == 0
+    assert "quick-size numbers stored (dropped: " in capsys.readouterr().out
     stored = json.loads(path.read_text())
     assert stored["results"] == record["results"], "a fingerprint never changes a measured number"
+    quick = stored["code"]["quick"]
+    assert quick["rule"] == RULE and set(quick["kernel_sets"]) == set(KERNEL_SETS) and quick["made_at_commit"]
+    assert quick["numbers"] and all(not key.endswith("ms") for key in quick["numbers"])
+    assert main(["experiment", "fingerprint", "scaling-head-dim", "--dir", str(tmp_path), "--commit", "nope"]) != 0
+    assert "nope" in capsys.readouterr().err
     numbers = stored["code"]["quick"]["numbers"]
     assert numbers and all(math.isfinite(v) for v in numbers.values())
     assert not any("seconds" in key or "/ms" in key for key in numbers)
@@ -418,3 +468,17 @@ def test_a_deciding_run_of_timed_repeats_sets_the_repeats_and_keeps_the_other_op
     assert "about 1.3 h on the 2-core CPU it ran on; so on a GPU" in line
     record["config"]["timing_repeats"] = 7
     assert "counts neither the seeds nor the repeats" in deciding_runs(record)[0]
+
+
+@pytest.mark.parametrize("kernels", ["default", "avx2"])
+def test_a_committed_fingerprint_holds_under_other_cpu_kernels(kernels, tmp_path):
+    """What another CPU kind would compute: norm-placement's quick run (whose diverging arm once moved a number by
+    2e-3 between the AVX2 and AVX-512 kernels) in a process with torch's kernels capped to `kernels`, against its
+    committed fingerprint, which keeps only what every kernel set computed alike."""
+    from kqv.experiments.reproduction import KERNEL_SETS, differences, quick_run
+
+    record = json.loads((ROOT / "docs" / "experiments" / "norm-placement" / RESULTS_FILE).read_text())
+    expected = record["code"]["quick"]["numbers"]
+    run = quick_run("norm-placement", ROOT, 0, KERNEL_SETS[kernels], tmp_path)
+    assert run["capability"] == kernels.upper(), "the cap took effect"
+    assert expected and differences(expected, run["results"]) == []

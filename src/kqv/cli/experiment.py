@@ -5,7 +5,8 @@ kqv experiment run NAME [--quick] [--seeds N] [--out DIR] [--set FIELD=VALUE] [-
 kqv experiment run all [--quick] ...
 kqv experiment gallery [--dir docs/experiments] [--out docs/experiments.md]
 kqv experiment rejudge NAME|all [--dir docs/experiments]   (recompute verdicts from stored numbers, no rerun)
-kqv experiment fingerprint NAME|all [--dir docs/experiments]   (store the quick-size numbers of a stored run's code)
+kqv experiment fingerprint NAME|all [--dir docs/experiments] [--commit C]
+    (store the quick-size numbers of a stored run's code)
 
 Each action parses its flags, calls `kqv.experiments.actions` and prints what comes back.
 """
@@ -65,8 +66,10 @@ def cmd_rejudge(args: argparse.Namespace) -> None:
 def cmd_fingerprint(args: argparse.Namespace) -> None:
     from ..experiments.actions import fingerprint_runs
 
-    for name, record in fingerprint_runs(args.name, args.dir):
-        print(f"{name}: {len(record['code']['quick']['numbers'])} reproducible quick-size numbers stored")
+    for name, record in fingerprint_runs(args.name, args.dir, args.commit):
+        quick = record["code"]["quick"]
+        dropped = ", ".join(f"{n} {why}" for why, n in quick["dropped"].items() if n)
+        print(f"{name}: {len(quick['numbers'])} quick-size numbers stored (dropped: {dropped or 'none'})")
 
 
 class Experiment(Command):
@@ -121,12 +124,16 @@ class Experiment(Command):
         again.set_defaults(action_func=cmd_rejudge)
         vouch = actions.add_parser(
             "fingerprint",
-            help="store in stored runs the quick-size numbers their code reproduces (so a refactor that computes the "
-            "same numbers keeps them; refused when the code changed since they ran)",
+            help="store in stored runs the quick-size numbers their code computes the same on every CPU kernel set "
+            "(so a refactor that computes the same numbers keeps them; made by today's code or --commit's, which "
+            "must be the code that made them)",
         )
         vouch.add_argument("name", help="an experiment name, or all (every run found in --dir)")
         vouch.add_argument(
             "--dir", default="docs/experiments", help="the runs' --out directory (default docs/experiments)"
+        )
+        vouch.add_argument(
+            "--commit", default=None, help="the commit whose code made the runs (default: today's working tree)"
         )
         vouch.set_defaults(action_func=cmd_fingerprint)
 

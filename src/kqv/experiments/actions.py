@@ -140,9 +140,11 @@ def rejudge_runs(name: str, directory: str | Path) -> Iterator[tuple[str, dict[s
     return ((n, rejudge(Path(directory) / n)) for n in chosen)
 
 
-def fingerprint_runs(name: str, directory: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
+def fingerprint_runs(
+    name: str, directory: str | Path, commit: str | None = None
+) -> Iterator[tuple[str, dict[str, Any]]]:
     """Store in the stored run of `name` (`all`: every run found) in `directory` its quick-size fingerprint, made
-    by today's code, which must be the code that made the run (`reproduction.add_fingerprint`); yield (name,
+    by the code that made the run: today's, or that of `commit` (`reproduction.add_fingerprint`); yield (name,
     record) for each."""
     chosen = stored_runs(name, directory)
-    return ((n, add_fingerprint(Path(directory) / n)) for n in chosen)
+    return ((n, add_fingerprint(Path(directory) / n, commit)) for n in chosen)

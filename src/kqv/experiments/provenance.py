@@ -10,6 +10,8 @@ when a committed experiment's code hash (`code.hash`, recorded when it ran) diff
 
 The hash is over what the code does, not how it is written (`_normalised`): each file's syntax tree without its
 docstrings, so a comment, a docstring or reformatting does not make results stale; a changed line of code does.
+The experiment module's own wording and judging (`JUDGING`: its claim, `checks`, `table`, `plots`, `method`,
+`notes`) are left out like the presentation modules: the verdict is recomputed from the stored numbers anyway.
 """
 
 from __future__ import annotations
@@ -80,21 +82,38 @@ def code_files(module: str) -> list[Path]:
     return sorted(_module_file(name).relative_to(PACKAGE_ROOT.parent) for name in seen)
 
 
-def _normalised(source: str) -> str:
-    """The syntax tree of `source` without docstrings or positions: what the code does, not how it is laid out."""
+# the parts of an experiment's own module that only word, present or judge its numbers (`kqv.experiments.base`):
+# left out of its code hash like the PRESENTATION modules, so rewording a claim or a check keeps its results
+JUDGING = {"CLAIM", "LECTURE", "REVISIONS", "table", "checks", "plots", "method", "notes"}
+
+
+def _normalised(source: str, leave_out: set[str] = frozenset()) -> str:
+    """The syntax tree of `source` without docstrings or positions: what the code does, not how it is laid out;
+    without the top-level functions and assignments named in `leave_out`."""
     tree, documented = ast.parse(source), (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    tree.body = [node for node in tree.body if not (_names(node) and _names(node) <= leave_out)]
     for node in ast.walk(tree):
         if isinstance(node, documented) and ast.get_docstring(node, clean=False) is not None:
             node.body = node.body[1:] or [ast.Pass()]
     return ast.dump(tree)
 
 
+def _names(node: ast.stmt) -> set[str]:
+    """The names a top-level statement defines: a function's, or an assignment's plain targets."""
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        return {node.name}
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+    return {target.id for target in targets if isinstance(target, ast.Name)}
+
+
 def code_hash(module: str) -> dict[str, Any]:
-    """{'hash': sha256 over the paths and normalised code of `code_files(module)`, 'files': their paths}."""
+    """{'hash': sha256 over the paths and normalised code of `code_files(module)`, 'files': their paths}; the
+    experiment module's own `JUDGING` parts left out."""
     digest = hashlib.sha256()
-    files = code_files(module)
+    files, own = code_files(module), _module_file(module).relative_to(PACKAGE_ROOT.parent)
     for path in files:
-        code = _normalised((PACKAGE_ROOT.parent / path).read_text(encoding="utf-8"))
+        leave_out = JUDGING if path == own else set()
+        code = _normalised((PACKAGE_ROOT.parent / path).read_text(encoding="utf-8"), leave_out)
         digest.update(path.as_posix().encode() + b"\0" + code.encode() + b"\0")
     return {"hash": digest.hexdigest(), "files": [p.as_posix() for p in files]}
 

@@ -30,7 +30,7 @@ from . import get
 from .base import TRAINING_DEVICE, Check, Experiment, ExperimentError, Progress, verdict
 from .provenance import code_hash, git_state, provenance
 from .report import write_report
-from .reproduction import RTOL, quick_fingerprint
+from .reproduction import quick_fingerprint
 from .statistics import judge
 
 RESULTS_FILE, REPORT_FILE = "results.json", "report.md"
@@ -79,7 +79,7 @@ def run_experiment(
         TRAINING_DEVICE.reset(training_device)
     seconds = time.perf_counter() - started
     # a full run vouches for its numbers with its quick size's (kqv.experiments.reproduction), taken after its timing
-    quick_numbers = None if quick else quick_fingerprint(name)
+    quick_numbers = None if quick else {**quick_fingerprint(name), "made_at_commit": git_state()["commit"]}
     return write_results(
         experiment,
         config,
@@ -108,7 +108,7 @@ def write_results(
     fingerprint: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """Derive the checks, verdict, table and plots from `results` and write results.json and report.md;
-    `fingerprint`: the quick size's reproducible numbers, made by the same code (`reproduction`)."""
+    `fingerprint`: the quick size's fingerprint, made by the same code (`reproduction.quick_fingerprint`)."""
     missing = [key for key in experiment.fields if key not in results]
     if missing:
         raise RuntimeError(f"experiment {experiment.name} measured no {missing}: its run() breaks its contract")
@@ -137,7 +137,7 @@ def write_results(
         "code": {
             **code_hash(experiment.module),
             "recorded": "when it ran",
-            **({"quick": {"numbers": fingerprint, "rtol": RTOL}} if fingerprint is not None else {}),
+            **({"quick": fingerprint} if fingerprint is not None else {}),
         },
     }
     write_record(directory, record)
