@@ -1,7 +1,11 @@
 """Prompt -> completion pairs: the data of a fine-tune that answers, and of `kqv eval --data pairs`.
 
 A file of pairs is either a TSV (`prompt<TAB>completion`, one pair per line) or JSONL (one
-`{"prompt": ..., "completion": ...}` object per line), chosen by its suffix (`.tsv`, `.jsonl`). The model learns to
+`{"prompt": ..., "completion": ...}` object per line), chosen by its suffix (`.tsv`, `.jsonl`), in UTF-8. Lines end
+at a newline alone (`\n`, or `\r\n`): a form feed, a lone carriage return, U+0085 or U+2028 inside a prompt or a
+completion is part of it. A byte-order mark at the start of the file is skipped; one elsewhere, bytes that are not
+UTF-8, a completion of whitespace alone, a JSON key given twice or JSON nested too deeply for Python's parser is a
+`DataError` naming the file and line. The model learns to
 continue `prompt` with `completion` and then the *end of text*, so that generation knows where to stop:
 
 - a tokenizer with an end-of-text token (GPT-2's `<|endoftext|>`, a kqv BPE tokenizer's `<eos>`) ends each
@@ -16,9 +20,11 @@ by itself, so a BPE merge never crosses the boundary between them) and split int
 
 from __future__ import annotations
 
+import codecs
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -29,6 +35,7 @@ from .tokenizers import Tokenizer, encode_texts
 PAIR_SUFFIXES = (".tsv", ".jsonl")
 END_OF_TEXT_TOKENS = ("<|endoftext|>", "<eos>")  # the first a tokenizer has is its end of text
 NEWLINE = "\n"
+BOM = "\ufeff"  # the byte-order mark U+FEFF, written by some editors at the start of a UTF-8 file
 
 
 @dataclass(frozen=True)
@@ -54,12 +61,49 @@ def read_examples(path: str | Path) -> list[Example]:
         raise DataError(f"{path} is not a file of pairs: name it .tsv (prompt<TAB>completion) or .jsonl")
     read_line = _tsv_example if path.suffix.lower() == ".tsv" else _jsonl_example
     examples = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(text_lines(path.read_bytes(), path), 1):
         if line.strip():
-            examples.append(read_line(line, f"{path}:{number}", number))
+            examples.append(_checked(read_line(line, f"{path}:{number}", number), f"{path}:{number}"))
     if not examples:
         raise DataError(f"{path} has no pairs; write one prompt<TAB>completion (or JSON object) per line")
     return examples
+
+
+def text_lines(data: bytes, path: str | Path) -> list[str]:
+    """The lines of the UTF-8 file `path` holding `data`, split at `\n` alone (and without the `\r` of a `\r\n`):
+    unlike `str.splitlines`, a form feed, lone carriage return, U+0085, U+2028 or any other character stays in its
+    line. A byte-order mark at the start is skipped; DataError, naming the line, for one anywhere else and for bytes
+    that are not UTF-8 (with their offset in the file)."""
+    skipped = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
+    try:
+        text = data[skipped:].decode("utf-8")
+    except UnicodeDecodeError as error:
+        at = skipped + error.start
+        line = data.count(b"\n", 0, at) + 1
+        raise DataError(
+            f"{path}:{line}: not UTF-8 ({error.reason}: {data[at : at + 1]!r} at byte {at} of the file); "
+            f"save the file as UTF-8"
+        ) from None
+    lines = text.split(NEWLINE)
+    if lines[-1] == "":
+        lines.pop()  # after the last newline
+    lines = [line.removesuffix("\r") for line in lines]
+    for number, line in enumerate(lines, 1):
+        if BOM in line:
+            raise DataError(
+                f"{path}:{number}: a byte-order mark (BOM, U+FEFF) at character {line.index(BOM) + 1}; one belongs "
+                f"only at the start of a file (where kqv skips it), so remove it (a file pasted into another?)"
+            )
+    return lines
+
+
+def _checked(example: Example, where: str) -> Example:
+    """`example`, unless its completion is whitespace alone (the model would learn to answer with nothing)."""
+    if not example.completion.strip():
+        raise DataError(
+            f"{where}: the completion is only whitespace ({example.completion[:20]!r}); give it the answer to learn"
+        )
+    return example
 
 
 def _tsv_example(line: str, where: str, number: int) -> Example:
@@ -69,17 +113,46 @@ def _tsv_example(line: str, where: str, number: int) -> Example:
     return Example(prompt, completion, number)
 
 
+class _RepeatedKey(ValueError):
+    """A JSON object that gives one key twice (json keeps the last silently)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    record: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in record:
+            raise _RepeatedKey(key)
+        record[key] = value
+    return record
+
+
 def _jsonl_example(line: str, where: str, number: int) -> Example:
     try:
-        record = json.loads(line)
+        record = json.loads(line, object_pairs_hook=_unique_keys)
+    except _RepeatedKey as error:
+        raise DataError(f"{where}: the key {error.args[0]!r} appears twice in one object; keep one") from None
     except json.JSONDecodeError as error:
         raise DataError(f"{where}: not JSON ({error.msg}): {line[:60]!r}") from None
+    except RecursionError:
+        raise DataError(
+            f'{where}: JSON nested too deeply to read; write one flat {{"prompt": ..., "completion": ...}} object'
+        ) from None
+    except ValueError as error:  # an integer of more than 4,300 digits
+        raise DataError(f"{where}: not JSON ({str(error).split(';')[0]})") from None
     if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in ("prompt", "completion")):
         raise DataError(
             f'{where}: expected {{"prompt": "...", "completion": "..."}} with two strings, got {line[:60]!r}'
         )
     if not record["prompt"] or not record["completion"]:
         raise DataError(f"{where}: the prompt and the completion must both be non-empty")
+    for key in ("prompt", "completion"):
+        try:
+            record[key].encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise DataError(
+                f"{where}: the {key} holds a lone surrogate {error.object[error.start]!r} (a \\u escape of half a "
+                f"pair), which is not text; write the character itself, or both halves of its pair"
+            ) from None
     return Example(record["prompt"], record["completion"], number)
 
 
