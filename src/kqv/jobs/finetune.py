@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from ..errors import ConfigError, RunError
 from ..nn.config import ModelConfig
-from ..nn.lora import LoRAConfig, Projection, adapters, add_lora
+from ..nn.lora import LoRAConfig, Projection, adapted_layers, adapters, add_lora, check_options, largest_rank
 from ..nn.models import DecoderLM, count_parameters
 from ..validation import Config, check_at_least
 from .init import load_source_weights, read_source
@@ -51,10 +51,15 @@ class FinetuneConfig(Config):
     def check(self) -> None:
         check_at_least("finetune.freeze_blocks", self.freeze_blocks, 0)
         check_at_least("finetune.lora_rank", self.lora_rank, 0)
-        if not 0.0 <= self.lora_dropout < 1.0:
-            raise ConfigError(f"finetune.lora_dropout must be in [0, 1), got {self.lora_dropout}")
         if not self.lora_targets:
             raise ConfigError('finetune.lora_targets is empty; name the projections to adapt, e.g. ["to_queries"]')
+        check_options(
+            self.lora_rank,
+            self.lora_alpha,
+            self.lora_dropout,
+            self.lora_targets,
+            lambda field: f"finetune.lora_{field}",
+        )
         if self.lora_rank and self.freezes:
             raise ConfigError(
                 "LoRA already freezes every weight of the source; drop finetune.freeze_embeddings and "
@@ -100,7 +105,8 @@ def adapt(model: nn.Module, finetune: FinetuneConfig) -> None:
 
 def check_finetune(finetune: FinetuneConfig, config: ModelConfig) -> None:
     """ConfigError, before anything is written, for a fine-tune of a model of `config` that freezes more blocks than
-    it has or would train no weight at all (tried on a model on the meta device: no memory, no computation)."""
+    it has, adapts a projection with a LoRA rank above its smaller side (`kqv.nn.lora.largest_rank`), or would train
+    no weight at all (tried on a model on the meta device: no memory, no computation)."""
     if finetune.freeze_blocks > config.n_layers:
         raise ConfigError(
             f"finetune.freeze_blocks ({finetune.freeze_blocks}) is more than the source's {config.n_layers} "
@@ -108,6 +114,14 @@ def check_finetune(finetune: FinetuneConfig, config: ModelConfig) -> None:
         )
     with torch.device("meta"):
         model = DecoderLM(config)
+    if finetune.lora_rank:
+        layers = adapted_layers(model, finetune.lora_targets)
+        limit, where = largest_rank(layers) if layers else (finetune.lora_rank, "")
+        if finetune.lora_rank > limit:
+            raise ConfigError(
+                f"finetune.lora_rank ({finetune.lora_rank}) is more than {limit}, the smaller side of {where}: a "
+                f"rank above it is not low rank; set it to at most {limit} (4 to 64 is usual)"
+            )
     adapt(model, finetune)
     if count_parameters(model) == 0:
         raise ConfigError(

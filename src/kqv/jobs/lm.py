@@ -185,8 +185,8 @@ def check_lm_run(
     examples' lengths were checked as they were encoded)."""
 
     def check(tokenizer: Tokenizer, tokens: dict[str, torch.Tensor]) -> None:
-        context = config.data.context
-        check_memory(model or config.model, config.train.batch_size, context, tokenizer.vocab_size, config.train.device)
+        context, batch, lora = config.data.context, config.train.batch_size, config.finetune.lora
+        check_memory(model or config.model, batch, context, tokenizer.vocab_size, config.train.device, lora)
         if config.data.pairs:
             completions.check_packing(model or config.model, config.data.packing)
             return

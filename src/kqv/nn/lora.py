@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -30,6 +31,35 @@ from ..errors import ConfigError
 
 Projection = Literal["to_queries", "to_keys_values", "to_output", "up", "down"]  # every projection LoRA may adapt
 PROJECTIONS: tuple[str, ...] = typing.get_args(Projection)
+MAX_SCALING = 100.0  # the largest alpha / rank: the paper's and peft's are 1 to 4; far above, the first updates diverge
+MAX_DROPOUT = 0.9  # the largest dropout on the adapters' input: above it they see almost nothing of it
+
+
+def check_options(
+    rank: int, alpha: float, dropout: float, targets: tuple[str, ...], name: Callable[[str], str]
+) -> None:
+    """ConfigError for LoRA options that would train nothing or cannot work, each named by `name(field)`: an alpha
+    that is not positive (0 keeps every update at zero; a negative one only flips its sign), an alpha / rank above
+    `MAX_SCALING` (the update overflows or diverges), a dropout outside [0, MAX_DROPOUT], targets named twice. A rank
+    of 0 (no LoRA) skips the checks that need one; how large a rank may be depends on the model (`largest_rank`)."""
+    if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha > 0):
+        raise ConfigError(
+            f"{name('alpha')} must be positive and finite (each update is scaled by alpha / rank, so 0 trains "
+            f"nothing), got {alpha!r}; 16 (with rank 8) is usual"
+        )
+    if rank and alpha / rank > MAX_SCALING:
+        raise ConfigError(
+            f"{name('alpha')} / {name('rank')} is {alpha / rank:.3g}, more than {MAX_SCALING:g}: updates scaled so "
+            f"much diverge; lower {name('alpha')} (16 with rank 8 is usual)"
+        )
+    if not 0.0 <= dropout <= MAX_DROPOUT:
+        raise ConfigError(
+            f"{name('dropout')} must be in [0, {MAX_DROPOUT}] (the fraction of the adapters' input dropped), got "
+            f"{dropout}"
+        )
+    twice = sorted({target for target in targets if targets.count(target) > 1})
+    if twice:
+        raise ConfigError(f"{name('targets')} names {twice[0]!r} twice; name each projection once")
 
 
 @dataclass(frozen=True)
@@ -46,11 +76,10 @@ class LoRAConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.rank, int) or self.rank < 1:
             raise ConfigError(f"lora.rank must be an integer of at least 1, got {self.rank!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"lora.dropout must be in [0, 1), got {self.dropout}")
         unknown = sorted(set(self.targets) - set(PROJECTIONS))
         if unknown or not self.targets:
             raise ConfigError(f"lora.targets must name some of {list(PROJECTIONS)}, got {list(self.targets)}")
+        check_options(self.rank, self.alpha, self.dropout, tuple(self.targets), lambda field: f"lora.{field}")
 
     @property
     def scaling(self) -> float:
@@ -95,16 +124,34 @@ class LoRALinear(nn.Linear):
         return f"{super().extra_repr()}, rank={self.lora_a.shape[0]}, scaling={self.scaling}"
 
 
-def add_lora(model: nn.Module, config: LoRAConfig) -> list[str]:
-    """Adapt every projection of `model` named in `config.targets` with a `LoRALinear`, in place, and freeze every
-    other parameter (requires_grad=False): only the adapters train. Returns the names of the adapted layers."""
-    adapted = [
+def adapted_layers(model: nn.Module, targets: tuple[str, ...]) -> list[tuple[str, nn.Linear]]:
+    """(name, layer) of every projection of `model` that LoRA on `targets` adapts (plain `nn.Linear`s only)."""
+    return [
         (name, module)
         for name, module in model.named_modules()
-        if name.rsplit(".", 1)[-1] in config.targets and type(module) is nn.Linear
+        if name.rsplit(".", 1)[-1] in targets and type(module) is nn.Linear
     ]
+
+
+def largest_rank(layers: list[tuple[str, nn.Linear]]) -> tuple[int, str]:
+    """(r, where) of the largest rank that is low rank for every layer of `layers` (`adapted_layers`): the smaller
+    side of the narrowest one, and that layer's name and shape. A rank above it adds more numbers than the weight has
+    and can express nothing more."""
+    name, layer = min(layers, key=lambda item: min(item[1].in_features, item[1].out_features))
+    side = min(layer.in_features, layer.out_features)
+    return side, f"{name} ({layer.in_features} -> {layer.out_features})"
+
+
+def add_lora(model: nn.Module, config: LoRAConfig) -> list[str]:
+    """Adapt every projection of `model` named in `config.targets` with a `LoRALinear`, in place, and freeze every
+    other parameter (requires_grad=False): only the adapters train. Returns the names of the adapted layers.
+    ConfigError for a rank above the smaller side of a layer it adapts (`largest_rank`)."""
+    adapted = adapted_layers(model, config.targets)
     if not adapted:
         raise ConfigError(f"the model has no projection named {list(config.targets)} to adapt with LoRA")
+    limit, where = largest_rank(adapted)
+    if config.rank > limit:
+        raise ConfigError(f"lora.rank ({config.rank}) is more than {limit}, the smaller side of {where}")
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     for name, module in adapted:

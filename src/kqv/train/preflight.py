@@ -19,6 +19,8 @@ from ..errors import ConfigError, DataError, KqvError, spoken
 from ..nn.checks import check_id_values
 from ..nn.config import ModelConfig
 from ..nn.devices import Accelerator
+from ..nn.lora import LoRAConfig, adapted_layers
+from ..nn.models import DecoderLM
 
 FLOAT_BYTES = 4  # fp32: the widest dtype training keeps activations in
 TRAINING_BYTES_PER_PARAMETER = 16  # fp32 weight, gradient and AdamW's two moments
@@ -39,28 +41,42 @@ def available_memory(device: str = "auto") -> tuple[int, str]:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine's physical memory"
 
 
-def batch_memory(model: ModelConfig, batch: int, context: int, vocab: int) -> dict[str, int]:
+def batch_memory(
+    model: ModelConfig, batch: int, context: int, vocab: int, lora: LoRAConfig | None = None
+) -> dict[str, int]:
     """A rough upper bound, in bytes by part, of the memory training on one (batch, context) batch needs in fp32:
 
     * `scores`: one layer's (batch, heads, context, context) attention scores, for full attention (what a
       non-fused kernel builds; the other kinds never build the whole matrix);
     * `activations`: what every layer keeps for the backward pass, about 12 d_model + 2 d_ff floats per token;
     * `logits`: the (batch, context, vocab) logits, their softmax and gradient;
-    * `parameters`: weights, gradients and AdamW's two moments (16 bytes per parameter).
+    * `parameters`: weights, gradients and AdamW's two moments (16 bytes per parameter);
+    * with `lora`, `adapters`: the LoRA adapters' weights, gradients and moments (16 bytes per parameter) and what
+      each adapted layer keeps per token for the backward pass (its rank's floats, and its input when it drops out).
     """
     tokens, d = batch * context, model.d_model
     parameters = model.n_layers * (4 * d * d + 2 * d * model.d_ff) + vocab * d + model.max_len * d
-    return {
+    parts = {
         "scores": batch * model.n_heads * context * context * FLOAT_BYTES if model.attention == "full" else 0,
         "activations": model.n_layers * tokens * (12 * d + 2 * model.d_ff) * FLOAT_BYTES,
         "logits": 3 * tokens * vocab * FLOAT_BYTES,
         "parameters": TRAINING_BYTES_PER_PARAMETER * parameters,
     }
+    if lora is not None:
+        with torch.device("meta"):  # the layers' shapes alone: no memory, no computation
+            layers = [layer for _, layer in adapted_layers(DecoderLM(model.replace(vocab_size=vocab)), lora.targets)]
+        weights = sum(lora.rank * (layer.in_features + layer.out_features) for layer in layers)
+        per_token = sum(lora.rank + (layer.in_features if lora.dropout else 0) for layer in layers)
+        parts["adapters"] = TRAINING_BYTES_PER_PARAMETER * weights + tokens * per_token * FLOAT_BYTES
+    return parts
 
 
-def check_memory(model: ModelConfig, batch: int, context: int, vocab: int, device: str = "auto") -> None:
-    """ConfigError when the memory one batch needs (`batch_memory`) exceeds the memory there is on `device`."""
-    parts = batch_memory(model, batch, context, vocab)
+def check_memory(
+    model: ModelConfig, batch: int, context: int, vocab: int, device: str = "auto", lora: LoRAConfig | None = None
+) -> None:
+    """ConfigError when the memory one batch needs (`batch_memory`, with a fine-tune's LoRA adapters) exceeds the
+    memory there is on `device`."""
+    parts = batch_memory(model, batch, context, vocab, lora)
     needed, (available, where) = sum(parts.values()), available_memory(device)
     if needed > available:
         detail = ", ".join(f"{name} {size / 1e9:.1f} GB" for name, size in parts.items() if size)
