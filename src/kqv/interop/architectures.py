@@ -4,6 +4,7 @@ and weight rules for GPT-2 and BERT (base and masked-LM) here, Marian and BART i
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -113,6 +114,72 @@ def gpt2_mapping(config: ModelConfig, hf_config: Any) -> Mapping:
     if hf_config.tie_word_embeddings:
         return Mapping(rules, aliases=["lm_head.weight"])
     return Mapping(rules + [copy("lm_head.weight", "lm_head.weight")])
+
+
+# What a GPT-2 config.json must hold, checked (`kqv.interop.convert.check_config`) before transformers reads it or
+# any weight loads: each field's kind ("count": an integer of at least 1; "fraction": a number from 0 to 1), and
+# the shape each weight's header must have for the values it gives.
+GPT2_FIELDS = {
+    "vocab_size": "count",
+    "n_positions": "count",
+    "n_embd": "count",
+    "n_layer": "count",
+    "n_head": "count",
+    "n_inner": "count or null",
+    "layer_norm_epsilon": "positive",
+    "activation_function": "string",
+    "tie_word_embeddings": "bool",
+    "scale_attn_weights": "bool",
+    "scale_attn_by_inverse_layer_idx": "bool",
+    "add_cross_attention": "bool",
+    "resid_pdrop": "fraction",
+    "embd_pdrop": "fraction",
+    "attn_pdrop": "fraction",
+    "architectures": "names",
+}
+Side = tuple[int, str]  # a weight's size along one axis, and the config.json field it comes from
+
+
+def gpt2_shapes(c: dict[str, Any], n_layer: int) -> dict[str, tuple[Side, ...]]:
+    """Every weight of a GPT-2 (names without the "transformer." prefix) and its shape, as config.json's values `c`
+    make it, for blocks h.0 to h.{n_layer - 1}; each side names its field."""
+    d, vocab, positions = (c["n_embd"], "n_embd"), (c["vocab_size"], "vocab_size"), (c["n_positions"], "n_positions")
+    inner, three = (c["n_inner"] or 4 * d[0], "n_inner"), (3 * d[0], "n_embd")
+    shapes: dict[str, tuple[Side, ...]] = {"wte.weight": (vocab, d), "wpe.weight": (positions, d)}
+    for i in range(n_layer):
+        shapes |= {
+            f"h.{i}.attn.c_attn.weight": (d, three),
+            f"h.{i}.attn.c_attn.bias": (three,),
+            f"h.{i}.attn.c_proj.weight": (d, d),
+            f"h.{i}.mlp.c_fc.weight": (d, inner),
+            f"h.{i}.mlp.c_fc.bias": (inner,),
+            f"h.{i}.mlp.c_proj.weight": (inner, d),
+        }
+        shapes |= {f"h.{i}.{name}": (d,) for name in GPT2_WIDTH_VECTORS}
+    return shapes | {"ln_f.weight": (d,), "ln_f.bias": (d,), "lm_head.weight": (vocab, d)}
+
+
+GPT2_WIDTH_VECTORS = ("attn.c_proj.bias", "mlp.c_proj.bias", "ln_1.weight", "ln_1.bias", "ln_2.weight", "ln_2.bias")
+
+
+@dataclass(frozen=True)
+class ConfigSchema:
+    """What `kqv.interop.convert.check_config` checks in a config.json of one model_type: its `fields` (name ->
+    kind), that `heads` (the field of the heads count, of the width) divide, that the checkpoint's blocks (named
+    `block`, "{}" the index, once `prefix` is removed) are as many as the field `layers` says, and that every weight
+    has the shape `shapes(values, layers)` gives."""
+
+    fields: dict[str, str]
+    heads: tuple[str, str]
+    prefix: str
+    block: str
+    layers: str
+    shapes: Callable[[dict[str, Any], int], dict[str, tuple[Side, ...]]]
+
+
+CONFIG_SCHEMAS = {
+    "gpt2": ConfigSchema(GPT2_FIELDS, ("n_head", "n_embd"), "transformer.", "h.{}", "n_layer", gpt2_shapes)
+}
 
 
 # ---------------------------------------------------------------------------------------------------------------

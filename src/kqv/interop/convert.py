@@ -4,6 +4,7 @@ look-up of the architecture and the checks that no tensor is lost on the way."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -11,9 +12,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..errors import ConfigTypeError, ConversionError
+from ..errors import ConfigError, ConfigTypeError, ConversionError
 from ..nn.config import ModelConfig
-from .architectures import ARCHITECTURES
+from .architectures import ARCHITECTURES, CONFIG_SCHEMAS
 from .rules import Architecture, HFOrigin, require_kqv
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -41,7 +42,12 @@ def from_hf(source: nn.Module | str | Path) -> nn.Module:
     else:
         raise ConfigTypeError(f"from_hf takes a Hugging Face model or a directory path, got {type(source).__name__}")
     arch = architecture(hf_config, class_names)
-    config = arch.config_from_hf(hf_config)
+    try:
+        config = arch.config_from_hf(hf_config)
+    except ConfigError as error:  # a value kqv's ModelConfig refuses
+        if not isinstance(source, (str, Path)):
+            raise
+        raise ConversionError(f"{Path(source) / 'config.json'} describes a model kqv cannot build: {error}") from None
     mapping = arch.mapping(config, hf_config)
     checkpoint = HFWeights(weights, arch.base_prefix)
     state: dict[str, Tensor] = {}
@@ -117,29 +123,201 @@ def config_from_hf(hf_config: Any) -> ModelConfig:
 
 
 def read_hf_directory(path: str | Path) -> tuple[Any, dict[str, Tensor]]:
-    """(Hugging Face config, weights by name) from a local model directory; safetensors only, no network."""
+    """(Hugging Face config, weights by name) from a local model directory; safetensors only, no network.
+
+    Before transformers reads config.json or any weight loads, config.json is checked as data (`read_config_json`,
+    and field by field for the architectures of `CONFIG_SCHEMAS`: types, ranges and every weight's shape against
+    the safetensors headers, read without loading a tensor): whatever is wrong is a one-line `ConversionError` that
+    names the file and the field."""
     path = Path(path)
     if not (path / "config.json").is_file():
         raise ConversionError(f"{path} is not a Hugging Face model directory: it has no config.json")
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
+    values = read_config_json(path / "config.json")
+    files = weight_files(path)
+    check_config(values, path / "config.json", header_shapes(files))
+    try:
+        hf_config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except Exception as error:  # noqa: BLE001 -- ValueError, TypeError, OSError or huggingface_hub's own, on a bad file
+        raise ConversionError(
+            f"{path / 'config.json'}: transformers cannot read it ({first_line(error)}); correct that field, or save "
+            f"the model again with save_pretrained"
+        ) from None
+    weights = {}
+    for file in files:
+        weights.update(guarded(file, load_file))
+    return hf_config, weights
+
+
+def read_config_json(file: Path) -> dict[str, Any]:
+    """The settings of a Hugging Face config.json: a JSON object with a model_type, else a ConversionError."""
+    try:
+        values = json.loads(file.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as error:
+        raise ConversionError(f"{file} is not UTF-8 ({error.reason} at byte {error.start}); save it as UTF-8") from None
+    except RecursionError:
+        raise ConversionError(
+            f"{file} is JSON nested too deeply to read; it should be one object of settings"
+        ) from None
+    except ValueError as error:  # JSONDecodeError, or an integer of more than 4,300 digits
+        raise ConversionError(
+            f"{file} is not JSON ({first_line(error)}); save the model again with save_pretrained"
+        ) from None
+    if not isinstance(values, dict):
+        raise ConversionError(
+            f"{file} holds a JSON {json_kind(values)}, not an object of settings such as "
+            f'{{"model_type": "gpt2", ...}}; save the model again with save_pretrained'
+        )
+    if not isinstance(values.get("model_type"), str):
+        kinds = sorted({a.model_type for a in ARCHITECTURES.values()})
+        raise ConversionError(
+            f'{file} has no "model_type" (a string, one of {kinds} for kqv); add it, or save the model again with '
+            f"save_pretrained"
+        )
+    return values
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The safetensors files of a model directory: model.safetensors, or the shards its index names."""
     single, index = path / "model.safetensors", path / "model.safetensors.index.json"
     if single.is_file():
-        weights = load_file(single)
-    elif index.is_file():
-        weights = {}
-        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
-            weights.update(load_file(path / shard))
-    else:
-        pickles = sorted(p.name for p in path.glob("*.bin"))
-        found = f"only {', '.join(pickles)}, which is a pickle" if pickles else "no weights"
+        return [single]
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+            shards = bool(names) and all(isinstance(name, str) and name == Path(name).name for name in names)
+            problem = "" if shards else "its weight_map names no shard files of this directory"
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as error:
+            problem = first_line(error)
+        if problem:
+            raise ConversionError(f"{index} is not a safetensors index ({problem}); save the model again")
+        missing = [name for name in names if not (path / name).is_file()]
+        if missing:
+            raise ConversionError(f"{index} names shards that are missing: {missing[:4]}; download or save them")
+        return [path / name for name in names]
+    pickles = sorted(p.name for p in path.glob("*.bin"))
+    found = f"only {', '.join(pickles)}, which is a pickle" if pickles else "no weights"
+    raise ConversionError(
+        f"{path} has {found}; kqv reads model.safetensors only, because unpickling a checkpoint can run "
+        f"arbitrary code. Convert it where you trust the file: "
+        f"AutoModel.from_pretrained(path).save_pretrained(path, safe_serialization=True)"
+    )
+
+
+def guarded(file: Path, read: Any) -> Any:
+    """`read(file)` for a safetensors file; a ConversionError naming it when it is truncated or damaged (an
+    OSError, such as a file it may not read, stays one: the command line names it with the system's reason)."""
+    from safetensors import SafetensorError
+
+    try:
+        return read(file)
+    except (SafetensorError, ValueError) as error:
         raise ConversionError(
-            f"{path} has {found}; kqv reads model.safetensors only, because unpickling a checkpoint can run "
-            f"arbitrary code. Convert it where you trust the file: "
-            f"AutoModel.from_pretrained(path).save_pretrained(path, safe_serialization=True)"
+            f"{file} is not a readable safetensors file ({first_line(error)}): it is truncated or damaged; download "
+            f"or save the model again"
+        ) from None
+
+
+def header_shapes(files: list[Path]) -> dict[str, tuple[tuple[int, ...], Path]]:
+    """Each weight's (shape, file), from the safetensors headers alone: no tensor is read."""
+    from safetensors import safe_open
+
+    def read(file: Path) -> dict[str, tuple[tuple[int, ...], Path]]:
+        with safe_open(file, "pt") as weights:
+            return {name: (tuple(weights.get_slice(name).get_shape()), file) for name in weights.keys()}  # noqa: SIM118
+
+    return {name: shape for file in files for name, shape in guarded(file, read).items()}
+
+
+KINDS = {
+    "count": "an integer of at least 1",
+    "count or null": "an integer of at least 1, or null",
+    "positive": "a positive number",
+    "fraction": "a number from 0 to 1",
+    "bool": "true or false",
+    "string": "a string",
+    "names": "a list of class names",
+}
+
+
+def fits(kind: str, value: Any) -> bool:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return {
+        "count": lambda: isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+        "count or null": lambda: value is None or fits("count", value),
+        "positive": lambda: number and math.isfinite(value) and value > 0,
+        "fraction": lambda: number and 0 <= value <= 1,
+        "bool": lambda: isinstance(value, bool),
+        "string": lambda: isinstance(value, str),
+        "names": lambda: value is None or (isinstance(value, list) and all(isinstance(v, str) for v in value)),
+    }[kind]()
+
+
+def check_config(values: dict[str, Any], file: Path, shapes: dict[str, tuple[tuple[int, ...], Path]]) -> None:
+    """ConversionError, naming `file` and the field, when config.json's `values` of a model_type in `CONFIG_SCHEMAS`
+    hold a field of the wrong type or range, or describe weights of other shapes than the headers' (`shapes`).
+    A field config.json leaves out takes transformers' default, as it would when the model loads."""
+    schema = CONFIG_SCHEMAS.get(values["model_type"])
+    if schema is None:  # the other architectures: transformers and the conversion check them
+        return
+    for name, kind in schema.fields.items():
+        if name in values and not fits(kind, values[name]):
+            raise ConversionError(f"{file}: {name} must be {KINDS[kind]}, got {shown(values[name])}")
+    from transformers import AutoConfig
+
+    defaults = AutoConfig.for_model(values["model_type"]).to_dict()
+    given = {name: values.get(name, defaults.get(name)) for name in schema.fields}
+    heads, width = schema.heads
+    if given[width] % given[heads]:
+        raise ConversionError(f"{file}: {heads} ({given[heads]}) must divide {width} ({given[width]})")
+
+    def said(field: str) -> str:
+        if field not in values:
+            return f"{field} is missing (so {values['model_type']}'s default {shown(given[field])} applies)"
+        return f"{field} is {shown(given[field])}"
+
+    weights = {name.removeprefix(schema.prefix): (shape, file, name) for name, (shape, file) in shapes.items()}
+    pattern = re.escape(schema.block).replace(r"\{\}", r"(\d+)") + r"\."
+    blocks = {int(match.group(1)) for name in weights if (match := re.match(pattern, name))}
+    layers = given[schema.layers]
+    if len(blocks) != layers or (blocks and max(blocks) != layers - 1):
+        held = f"{schema.block.format(min(blocks))} to {schema.block.format(max(blocks))}" if blocks else "none"
+        raise ConversionError(
+            f"{file}: {said(schema.layers)}, but the weights hold {len(blocks)} blocks ({held}); set "
+            f"{schema.layers} to the number of blocks the weights were saved with"
         )
-    return AutoConfig.from_pretrained(path, local_files_only=True), weights
+    for name, expected in schema.shapes(given, layers).items():
+        if name not in weights:  # the conversion names a missing weight (GPT-2's lm_head is tied unless saved)
+            continue
+        (shape, where, saved), want = weights[name], tuple(size for size, _ in expected)
+        if shape != want:
+            field = next((f for (size, f), got in zip(expected, shape) if size != got), expected[0][1])
+            raise ConversionError(
+                f"{file}: {said(field)}, but {where.name}'s {saved} has shape {shape}, not {want}; set {field} to "
+                f"what the weights were saved with"
+            )
+
+
+def shown(value: Any) -> str:
+    """A config.json value as JSON writes it, cut to 60 characters."""
+    try:
+        text = json.dumps(value, ensure_ascii=True)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def json_kind(value: Any) -> str:
+    names = {list: "array", str: "string", bool: "boolean", int: "number", float: "number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def first_line(error: BaseException) -> str:
+    """An exception's message on one line, cut to 200 characters (a library's may run to many)."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def supported() -> str:
@@ -254,7 +432,16 @@ def tied_groups(model: nn.Module) -> dict[str, set[str]]:
 
 
 def load_exactly(model: nn.Module, state: dict[str, Tensor]) -> None:
-    """Load `state` into `model`; every name must be filled, directly or through a weight tied to it."""
+    """Load `state` into `model`; every name must be filled, directly or through a weight tied to it. A tensor of
+    another shape than the model's (a config.json that does not describe its weights) is a ConversionError."""
+    shapes = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    wrong = [(name, tuple(t.shape)) for name, t in state.items() if name in shapes and tuple(t.shape) != shapes[name]]
+    if wrong:
+        (name, shape), more = wrong[0], f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
+        raise ConversionError(
+            f"the checkpoint's weights do not fit its config: {name} is {shape}, the config makes it "
+            f"{shapes[name]}{more}; correct config.json to describe the weights saved beside it"
+        )
     missing, unexpected = model.load_state_dict(state, strict=False)
     groups = tied_groups(model)
     unfilled = [name for name in missing if not groups[name] & state.keys()]

@@ -28,7 +28,7 @@ from typing import Any
 from torch import nn
 
 from ..data.tokenizers import BPETokenizer, CharTokenizer, Tokenizer, load_tokenizer
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, spoken
 from ..nn.config import ModelConfig
 from ..train.checkpoints import load_weights, read_checkpoint
 from ..train.files import CHECKPOINT_DIR, MODEL_FILE, TOKENIZER_DIR
@@ -75,6 +75,13 @@ def read_source(path: str | Path) -> Source:
             f"--init {path} is neither a kqv LM run (run.toml) nor a Hugging Face GPT-2 directory (config.json)"
         )
     values = read_run(path, "lm")
+    finetune, source = values.get("finetune"), values.get("source")
+    if isinstance(finetune, dict) and finetune.get("lora_rank") and isinstance(source, dict):
+        export = spoken(f"`kqv export {path} --hf DIR --merge`", f"kqv.export({str(path)!r}, hf=DIR, merge=True)")
+        raise ConfigError(
+            f"--init {path} is a LoRA fine-tune, which holds only its adapters; start from its merged weights "
+            f"({export}, then {spoken('--init DIR', 'init=DIR')}), or from its source {source.get('path')}"
+        )
     weights = path / CHECKPOINT_DIR / MODEL_FILE
     if not weights.is_file():
         raise ConfigError(f"--init {path} has no trained weights ({weights} is missing): train it first")

@@ -23,6 +23,7 @@ from torch import nn
 from ..data.tokenizers import BPETokenizer
 from ..errors import ConfigError, ConversionError, RunError, spoken
 from ..interop import from_hf
+from ..interop.convert import read_config_json
 from ..nn.devices import Accelerator, model_device
 from ..nn.generation import GenerationConfig, translate
 from ..nn.heads import MaskedLM
@@ -60,8 +61,9 @@ class PretrainedRun:
                 f"{path} has no {HF_TOKENIZER_FILE}: save the tokenizer beside the model "
                 f"(tokenizer.save_pretrained('{path}') with a fast tokenizer) so that kqv can read text"
             )
+        names = read_config_json(path / "config.json").get("architectures")  # a ConversionError naming what is wrong
+        hf_class = str(names[0]) if isinstance(names, list) and names else "?"
         try:  # the tokenizers library raises a bare Exception on a file it cannot read
-            hf_class = (json.loads((path / "config.json").read_text()).get("architectures") or ["?"])[0]
             tokenizer = BPETokenizer(HFTokenizer.from_file(str(path / HF_TOKENIZER_FILE)))
         except Exception as error:  # noqa: BLE001
             raise ConversionError(f"kqv cannot read {path}'s config.json and {HF_TOKENIZER_FILE}: {error}") from None
