@@ -82,7 +82,7 @@ OUT_OF_RANGE = [
     ("sample", "max_new_tokens", -5),
     ("sample", "temperature", -0.1),
     ("sample", "top_k", 0),
-    ("sample", "prompt", ""),
+    ("sample", "prompt", "\x00"),  # cannot be encoded (an empty prompt means: the start of the corpus)
 ]
 SECTIONS = ["train", "model", "data", "sample"]
 BROKEN_TOML = [
