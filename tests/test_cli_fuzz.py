@@ -167,7 +167,8 @@ def _pair(groups: dict[str, list[str]]) -> tuple[st.SearchStrategy[str], st.Sear
 def _known(section: str) -> set[str]:
     import dataclasses
 
-    from kqv.jobs.lm import DataConfig, SampleConfig
+    from kqv.jobs.lm import DataConfig
+    from kqv.jobs.sampling import SampleConfig
     from kqv.nn.config import ModelConfig
     from kqv.train.config import TrainConfig
 

@@ -300,7 +300,7 @@ def test_a_damaged_file_of_a_run_without_checksums_is_still_one_error_line(runs,
 
 
 def test_a_sample_count_too_large_to_finish_is_refused_before_training():
-    from kqv.jobs.lm import SampleConfig
+    from kqv.jobs.sampling import SampleConfig
     from kqv.nn.generation import GenerationLimits
 
     MAX_COUNT = GenerationLimits().count

@@ -14,11 +14,11 @@ from starlette.testclient import TestClient  # noqa: E402
 
 from explore_runs import train_run  # noqa: E402
 from kqv.explore.app import create_app  # noqa: E402
-from kqv.jobs.lm import generate_text  # noqa: E402
 from kqv.jobs.lm import load_run as load_lm
 from kqv.jobs.mlm import load_mlm_run  # noqa: E402
 from kqv.jobs.mt import SPECIAL_TOKENS  # noqa: E402
 from kqv.jobs.mt import load_run as load_mt
+from kqv.jobs.sampling import generate_text  # noqa: E402
 
 
 @pytest.fixture(scope="module")

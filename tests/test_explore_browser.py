@@ -41,7 +41,8 @@ import torch  # noqa: E402
 from explore_runs import train_run  # noqa: E402
 from kqv.explore.app import BackgroundServer as Server  # noqa: E402
 from kqv.explore.app import create_app  # noqa: E402
-from kqv.jobs.lm import generate_text, load_run  # noqa: E402
+from kqv.jobs.lm import load_run  # noqa: E402
+from kqv.jobs.sampling import generate_text  # noqa: E402
 
 FLAGS = [
     "--headless",

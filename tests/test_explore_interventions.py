@@ -22,7 +22,7 @@ from kqv.data.vocabulary import Vocabulary
 from kqv.errors import DataError
 from kqv.explore.interventions import ablate_heads, neuron_view, replace_token, self_attention_layers
 from kqv.explore.subjects import ClassifierSubject, LMSubject, MLMSubject, NotApplicable
-from kqv.jobs.lm import SampleConfig
+from kqv.jobs.sampling import SampleConfig
 from kqv.nn.heads import MaskedLM, SequenceClassifier
 from kqv.nn.models import DecoderLM
 

@@ -14,7 +14,7 @@ from kqv.data.tokenizers import CharTokenizer
 from kqv.explore.analysis import head_statistics
 from kqv.explore.sparse_views import bigbird_weights, linformer_weights
 from kqv.explore.subjects import LMSubject, MLMSubject
-from kqv.jobs.lm import SampleConfig
+from kqv.jobs.sampling import SampleConfig
 from kqv.nn.heads import MaskedLM
 from kqv.nn.models import DecoderLM, Encoder
 from kqv.nn.sparse import BigBirdAttention, LinformerAttention, bigbird_mask

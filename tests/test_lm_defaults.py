@@ -13,7 +13,8 @@ import kqv
 from kqv.api import packaged_config
 from kqv.cli.main import main
 from kqv.data.tokenizers import BPETokenizer, CharTokenizer
-from kqv.jobs.lm import JOB, DataConfig, default_prompt
+from kqv.jobs.lm import JOB, DataConfig
+from kqv.jobs.sampling import default_prompt
 from test_cli import TINY
 
 SOURCE_TEXT = "To be, or not to be, that is the question.\n" * 60

@@ -13,9 +13,10 @@ from kqv.cli.main import main, packaged_config
 from kqv.errors import ConfigError, ConfigTypeError, DataError, KqvError, RunError
 from kqv.jobs import all_jobs, get_job
 from kqv.jobs.cls import ClsDataConfig, HeadConfig
-from kqv.jobs.lm import DataConfig, LMJob, SampleConfig
+from kqv.jobs.lm import DataConfig, LMJob
 from kqv.jobs.mlm import MaskingConfig, MLMDataConfig
 from kqv.jobs.mt import DecodeConfig, MTDataConfig
+from kqv.jobs.sampling import SampleConfig
 from kqv.train.config import TrainConfig
 from kqv.validation import Config, build, field_types
 

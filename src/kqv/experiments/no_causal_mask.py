@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from ..jobs.lm import generate_text
+from ..jobs.sampling import generate_text
 from ..nn.models import DecoderLM
 from .ablations import peeking, set_peeking
 from .base import Check, Progress, control, mean_std, pm

@@ -66,7 +66,7 @@ class PretrainedLMSubject(LMSubject):
     """A GPT-2 directory, shown as an LM run is (its learned positions cap the input at n_positions)."""
 
     def __init__(self, run: Any, limit: int):
-        from ..jobs.lm import SampleConfig
+        from ..jobs.sampling import SampleConfig
 
         described = SimpleNamespace(model=run.model, tokenizer=run.tokenizer, config=SimpleNamespace())
         described.config.sample = SampleConfig()  # kqv's defaults: a directory has no [sample] section

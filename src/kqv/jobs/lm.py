@@ -9,7 +9,6 @@ is exact and quick), `checkpoint/`, `metrics.jsonl`, `loss.png`, `samples.txt` a
 from __future__ import annotations
 
 import copy
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -25,7 +24,7 @@ from ..data.tokenizers import Tokenizer, encode_text, make_tokenizer
 from ..errors import ConfigError, DataError, spoken
 from ..nn.config import ModelConfig
 from ..nn.devices import model_device
-from ..nn.generation import GenerationConfig, check_generation
+from ..nn.generation import GenerationConfig
 from ..nn.lora import adapters, is_adapted, merge_lora
 from ..nn.models import DecoderLM, check_ids, count_parameters
 from ..train.checkpoints import partial_loader
@@ -39,6 +38,7 @@ from .base import AttentionMaps, Job, Outcome, TrainedRun, Training, check_text
 from .corpus import describe_corpus, load_tokens, prepare_corpus
 from .finetune import FinetuneConfig, adapt, check_finetune, restore_source, saved_weights, total_parameters
 from .init import SourceTokenizer, finetune_config, load_source_weights, read_source
+from .sampling import SampleConfig, continuations, default_prompt, generation_config, write_samples
 from .scoring import BATCH_SIZE, PairsEvaluation, check_pairs_alone, complete, evaluate_pairs
 
 
@@ -77,37 +77,6 @@ class DataConfig(Config):
                 "data.prompt_loss_weight and data.packing apply to a file of prompt -> completion pairs (data.path "
                 f"a .tsv or .jsonl file), not to text ({self.path or 'Shakespeare'}); drop them"
             )
-
-
-@dataclass
-class SampleConfig(Config):
-    """What to generate at the end of training, to see what the model learned: `count` samples after `prompt`
-    (empty, the default: the start of the corpus, `default_prompt`)."""
-
-    section: ClassVar[str] = "sample"
-    prompt: str = ""
-    count: int = 3
-    max_new_tokens: int = 300
-    temperature: float = 0.8
-    top_k: int | None = 40
-
-    def check(self) -> None:  # here, not after training: a bad [sample] would waste the whole run
-        check_generation(self.__dict__, self.qualified)  # the ranges `kqv generate` takes (GenerationConfig)
-
-
-SHAKESPEARE_PROMPT = "ROMEO:\n"  # the default corpus's sample prompt: a speaker's name on its line, as the plays
-PROMPT_WORDS, PROMPT_CHARS = 3, 40  # another corpus's: its first words, at most this many
-
-
-def default_prompt(data: DataConfig, tokenizer: Tokenizer, tokens: dict[str, torch.Tensor]) -> str:
-    """The sample prompt of a config that gives none: "ROMEO:\\n" on Shakespeare (the default corpus), else the
-    corpus's first words (up to `PROMPT_WORDS` of its first line with any, `PROMPT_CHARS` characters), as its text
-    writes them: its own characters, which its tokenizer encodes."""
-    if data.path is None:
-        return SHAKESPEARE_PROMPT
-    start = tokenizer.decode(tokens["train"][:256].tolist()).rstrip("\ufffd")  # a byte-level BPE's cut character
-    words = re.search(rf"\S+(?:[ \t]+\S+){{0,{PROMPT_WORDS - 1}}}", start)
-    return words.group()[:PROMPT_CHARS] if words else start[:1]
 
 
 def with_prompt(config: LMRunConfig, tokenizer: Tokenizer, tokens: dict[str, torch.Tensor]) -> LMRunConfig:
@@ -194,59 +163,6 @@ def check_lm_run(
         check_prompt(tokenizer.encode, with_prompt(config, tokenizer, tokens).sample.prompt)
 
     return check
-
-
-def write_samples(model: DecoderLM, tokenizer: Tokenizer, sample: SampleConfig, path: Path) -> list[str]:
-    generator = torch.Generator(model_device(model)).manual_seed(0)
-    texts = [
-        generate_text(
-            model,
-            tokenizer,
-            sample.prompt,
-            sample.max_new_tokens,
-            temperature=sample.temperature,
-            top_k=sample.top_k,
-            generator=generator,
-        )
-        for _ in range(sample.count)
-    ]
-    path.write_text("\n\n=====\n\n".join(texts) + "\n")
-    return texts
-
-
-def generation_config(model: DecoderLM, config: GenerationConfig | None, options: dict[str, Any]) -> GenerationConfig:
-    """`config` (default: GenerationConfig's defaults) with `options` changed, checked. On learned positions a
-    `max_new_tokens` past the limit is first lowered to it: `generate_text` caps it at the model's max_len anyway."""
-    values = {**(config or GenerationConfig()).to_dict(), **options}
-    new, limit = values.get("max_new_tokens"), GenerationConfig.limits.max_new_tokens
-    if model.config.position == "learned" and type(new) is int and new > limit:
-        values["max_new_tokens"] = limit
-    return GenerationConfig.from_dict(values)
-
-
-def continuations(model: DecoderLM, tokenizer: Tokenizer, prompt: str, config: GenerationConfig) -> list[str]:
-    """`config.count` continuations of `prompt` (each with the prompt), sampled one after another from one
-    generator seeded with `config.seed`: what `LMRun.generate` and a GPT-2 directory's `generate` return."""
-    check_text(spoken("--prompt", "prompt"), prompt)
-    generator = torch.Generator(model_device(model)).manual_seed(config.seed)
-    options = {**config.sampling, "use_cache": config.use_cache, "dtype": config.torch_dtype}
-    return [
-        generate_text(model, tokenizer, prompt, config.max_new_tokens, generator=generator, **options)
-        for _ in range(config.count)
-    ]
-
-
-def generate_text(model: DecoderLM, tokenizer: Tokenizer, prompt: str, max_new_tokens: int, **options: Any) -> str:
-    """The prompt and its continuation, as text."""
-    if not prompt:
-        example = spoken("--prompt 'ROMEO:'", "prompt='ROMEO:'")
-        raise DataError(f"the prompt is empty; give at least one character (e.g. {example})")
-    ids = torch.tensor([tokenizer.encode(prompt)], device=model_device(model))
-    config = model.config
-    if config.position == "learned":
-        max_new_tokens = min(max_new_tokens, config.max_len - ids.shape[1] + 1)
-    model.eval()
-    return tokenizer.decode(model.generate(ids, max_new_tokens, **options)[0].tolist())
 
 
 ATTENTION_MAX_TOKENS = 256  # `kqv attention`: one PNG panel per head (the explorer takes the model's context)

@@ -30,8 +30,9 @@ from ..nn.heads import MaskedLM
 from ..nn.models import DecoderLM, Encoder, EncoderDecoder
 from ..validation import check_at_least
 from .base import AttentionMaps, check_text
-from .lm import ATTENTION_MAX_TOKENS, LMEvaluation, continuations, evaluate_text, generation_config, self_attention
+from .lm import ATTENTION_MAX_TOKENS, LMEvaluation, evaluate_text, self_attention
 from .mt import DecodeConfig
+from .sampling import continuations, generation_config
 from .scoring import BATCH_SIZE, PairsEvaluation, check_pairs_alone, complete, evaluate_pairs
 
 HF_TOKENIZER_FILE = "tokenizer.json"
