@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from .bible import Pair
+from .lines import text_lines
 from .padding import lengths_mask, pad_sequences
 from .tokenizers import Tokenizer, encode_texts
 
@@ -61,7 +62,7 @@ def write_texts(texts: dict[str, tuple[list[str], list[str]]], directory: Path) 
 
 
 def read_texts(directory: Path) -> dict[str, tuple[list[str], list[str]]]:
-    read = lambda path: path.read_text(encoding="utf-8").splitlines()
+    read = lambda path: text_lines(path.read_bytes(), path)  # as written: one sentence a line, at newlines alone
     return {name: (read(directory / f"{name}.src"), read(directory / f"{name}.tgt")) for name in ("dev", "test")}
 
 

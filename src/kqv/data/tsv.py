@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from ..errors import DataError
+from .lines import text_lines
 
 
 def read_tsv(path: str | Path) -> list[tuple[str, str]]:
@@ -15,7 +16,7 @@ def read_tsv(path: str | Path) -> list[tuple[str, str]]:
     if not path.is_file():
         raise FileNotFoundError(f"no TSV file at {path}; give one with --data (lines of text<TAB>label)")
     examples = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(text_lines(path.read_bytes(), path), 1):
         if not line.strip():
             continue
         text, tab, label = line.rpartition("\t")

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data.completions import check_examples, end_of_text, read_examples
+from ..data.lines import text_lines
 from ..data.tokenizers import Tokenizer
 from ..errors import ConfigError, DataError, spoken
 from ..nn.devices import model_device
@@ -283,10 +284,7 @@ def read_prompts(path: str | Path) -> list[str]:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"no file of prompts at {path}; give a text file with one prompt per line")
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as error:
-        raise DataError(f"{path} is not UTF-8 text ({error.reason} at byte {error.start}); save it as UTF-8") from None
+    lines = text_lines(path.read_bytes(), path)  # split at newlines alone: a U+2028 stays inside its prompt
     if not lines:
         raise DataError(f"{path} is empty; write one prompt per line")
     blank = [number for number, line in enumerate(lines, 1) if not line.strip()]
