@@ -18,8 +18,18 @@ the pretrained model completes each fact of the held-out people in its first pre
 born in" -> " Lemvik"): when pretraining does not help, it says whether the knowledge was missing or did not
 transfer to the question format.
 
+And the baselines that never read the question (`baselines`, from the world's files alone): the constant answer of
+`kqv eval` (the most frequent answer of the pairs the fine-tunes trained on), the constant per question kind (the
+most frequent town for a birthplace question, trade for a trade question: the stronger one, which each arm is
+compared with) and the uniform guesses among those answers. The unit of every interval is the question: with
+several seeds, each question's mean over the seeds (`kqv.train.evaluation.mean_over_seeds`), never the seeds'
+answers pooled as more questions; differences are paired over questions
+(`kqv.train.evaluation.difference_over_questions`: Student's t over the per-question differences, and the exact
+sign test, McNemar's for one seed).
+
     python benchmarks/finetune_qa.py            # the measured sizes
     python benchmarks/finetune_qa.py --quick    # tiny sizes, seconds: checks the script, measures nothing
+    python benchmarks/finetune_qa.py --add-baselines benchmarks/results/finetune_qa.json   # no training
 
 Writes benchmarks/results/finetune_qa.json (or --output) and prints a table.
 """
@@ -28,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -71,6 +80,8 @@ QUICK = {
     "finetune_lr": 1e-3,
     "lora_rank": 2,
 }
+VAL_FRACTION = 0.1  # of a fine-tune's pairs held out as its validation split (the same ones for every seed)
+KINDS = {"birthplace": qa_world.BIRTH_QUESTION.split("{")[0], "trade": qa_world.JOB_QUESTION.split("{")[0]}
 ARMS = {  # name: (starts from the pretrained run, extra settings)
     "pretrained, full": (True, []),
     "random init, full": (False, []),
@@ -131,6 +142,7 @@ def settings(sizes: dict, steps: int, lr: float, seed: int, data: Path) -> list[
     return sets + [
         f"data.path={json.dumps(str(data))}",
         f"data.context={sizes['context']}",
+        f"data.val_fraction={VAL_FRACTION}",
         f"train.batch_size={sizes['batch_size']}",
         f"train.steps={steps}",
         f"train.lr={lr}",
@@ -148,9 +160,12 @@ def settings(sizes: dict, steps: int, lr: float, seed: int, data: Path) -> list[
 
 
 def exact_match(run, pairs: Path) -> dict:
-    """`run.evaluate(pairs=...)`'s figures (`PairsEvaluation.to_dict`): exact match with its 95% Wilson interval,
-    completion loss."""
-    return run.evaluate(pairs=pairs).to_dict()
+    """`run.evaluate(pairs=...)`'s figures (`PairsEvaluation.to_dict`: exact match with its 95% Wilson interval,
+    completion loss, `kqv eval`'s baselines), with each question's score (1/0, in the file's order) and the
+    constant answer's."""
+    result = run.evaluate(pairs=pairs)
+    per_question = [int(prediction.correct) for prediction in result.predictions]
+    return result.to_dict() | {"per_question": per_question, "constant_per_question": result.constant_scores}
 
 
 def tokens_per_s(run_dir: Path) -> float | None:
@@ -196,44 +211,105 @@ def in_subprocess(job: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Figures over seeds
+# Baselines, from the world's files alone
 
 
-def pooled(results: list[dict], key: str) -> dict:
-    """Exact match over every seed's questions together, with its 95% Wilson interval."""
+def kind(prompt: str) -> str:
+    """The kind of a question: "birthplace" or "trade"."""
+    return next(name for name, start in KINDS.items() if prompt.startswith(start))
+
+
+def baselines(work: Path) -> dict:
+    """The scores on the held-out questions (qa_test.tsv) of answers that never read the question, each from the
+    pairs of qa_train.tsv the fine-tunes train on (its validation split of `VAL_FRACTION` left out, as the runs
+    do): `constant` answers every question with the most frequent answer (what `kqv eval` prints), `per_kind`
+    with the most frequent of the question's kind; `uniform` and `uniform_per_kind` are the expected exact match
+    of a guess drawn uniformly from those distinct answers (an answer not among them scores 0)."""
+    from kqv.data.completions import read_examples, split_examples
+    from kqv.jobs.scoring import constant_answer, normalise
+
+    train = read_examples(work / "qa_train.tsv")
+    chosen, _ = split_examples(len(train), VAL_FRACTION)
+    trained = [train[k] for k in chosen]
+    test = read_examples(work / "qa_test.tsv")
+    expected = [normalise(example.completion) for example in test]
+    kinds = [kind(example.prompt) for example in test]
+    by_kind = {name: [e.completion for e in trained if kind(e.prompt) == name] for name in KINDS}
+    constant = constant_answer([example.completion for example in trained])  # what `kqv eval` answers
+    per_kind = {name: constant_answer(answers) for name, answers in by_kind.items()}
+    distinct = {normalise(e.completion) for e in trained}
+    distinct_by_kind = {name: {normalise(a) for a in answers} for name, answers in by_kind.items()}
+    uniform = [(answer in distinct) / len(distinct) for answer in expected]
+    uniform_per_kind = [(a in distinct_by_kind[k]) / len(distinct_by_kind[k]) for a, k in zip(expected, kinds)]
+    constant_scores = [int(answer == constant) for answer in expected]
+    per_kind_scores = [int(answer == per_kind[k]) for answer, k in zip(expected, kinds)]
+    return {
+        "trained_pairs": len(trained),
+        "questions": len(test),
+        "constant": {"answer": constant, **scored(constant_scores)},
+        "per_kind": {"answers": per_kind, **scored(per_kind_scores)},
+        "uniform": {"distinct_answers": len(distinct), "exact_match": statistics.fmean(uniform)},
+        "uniform_per_kind": {
+            "distinct_answers": {name: len(answers) for name, answers in distinct_by_kind.items()},
+            "exact_match": statistics.fmean(uniform_per_kind),
+        },
+    }
+
+
+def scored(per_question: list[int]) -> dict:
+    """A baseline's exact match on the held-out questions, with its 95% Wilson interval (one answer per question,
+    no seeds) and each question's score."""
     from kqv.train.evaluation import wilson_interval
 
-    correct, n = sum(r[key]["correct"] for r in results), sum(r[key]["n"] for r in results)
-    low, high = wilson_interval(correct, n)
+    correct, n = sum(per_question), len(per_question)
     return {
         "correct": correct,
         "n": n,
         "exact_match": correct / n,
-        "exact_match_95": [low, high],
-        "per_seed": [r[key]["exact_match"] for r in results],
+        "exact_match_95": list(wilson_interval(correct, n)),
+        "per_question": per_question,
     }
 
 
-def newcombe(a: dict, b: dict) -> list[float]:
-    """The 95% interval of the difference of two proportions a - b from their Wilson intervals (Newcombe 1998,
-    method 10); it treats the two as independent, which is conservative for arms scored on the same questions."""
-    pa, pb = a["exact_match"], b["exact_match"]
-    (la, ua), (lb, ub) = a["exact_match_95"], b["exact_match_95"]
-    low = pa - pb - math.sqrt((pa - la) ** 2 + (ub - pb) ** 2)
-    high = pa - pb + math.sqrt((ua - pa) ** 2 + (pb - lb) ** 2)
-    return [low, high]
+# ---------------------------------------------------------------------------------------------------------------
+# Figures over seeds: the question is the unit
+
+
+def over_seeds(results: list[dict], key: str) -> dict:
+    """Exact match on the questions of `key` over the seeds' runs: each question's mean over the seeds
+    (`per_question`: the scores a paired analysis takes, one per question), their mean, and each seed's."""
+    from kqv.train.evaluation import mean_over_seeds
+
+    per_question = mean_over_seeds([r[key]["per_question"] for r in results])
+    return {
+        "exact_match": statistics.fmean(per_question),
+        "questions": len(per_question),
+        "seeds": len(results),
+        "per_seed": [r[key]["exact_match"] for r in results],
+        "per_question": per_question,
+    }
+
+
+def versus(a: list[float], b: list[float]) -> dict:
+    """a - b paired over questions (`difference_over_questions`), with its verdict."""
+    from kqv.train.evaluation import difference_over_questions
+
+    figures = difference_over_questions(a, b).to_dict()
+    return figures | {"verdict": verdict(figures["difference_95"])}
 
 
 def verdict(interval: list[float]) -> str:
     return "inconclusive" if interval[0] <= 0 <= interval[1] else ("higher" if interval[0] > 0 else "lower")
 
 
-def summarise(arms: dict[str, list[dict]]) -> dict:
+def summarise(arms: dict[str, list[dict]], baseline: dict) -> dict:
     table = {}
     for name, results in arms.items():
+        held_out = over_seeds(results, "qa_test")
         table[name] = {
-            "held_out_questions": pooled(results, "qa_test"),
-            "seen_questions": pooled(results, "qa_train"),
+            "held_out_questions": held_out,
+            "versus_constant_per_kind": versus(held_out["per_question"], baseline["per_kind"]["per_question"]),
+            "seen_questions": over_seeds(results, "qa_train"),
             "trainable_parameters": results[0]["trainable_parameters"],
             **({"total_parameters": results[0]["total_parameters"]} if "total_parameters" in results[0] else {}),
             "parameters": results[0]["parameters"],
@@ -245,29 +321,40 @@ def summarise(arms: dict[str, list[dict]]) -> dict:
     for a, b in (("pretrained, full", "random init, full"), ("pretrained, LoRA", "pretrained, full")):
         if a in table and b in table:
             first, second = table[a]["held_out_questions"], table[b]["held_out_questions"]
-            interval = newcombe(first, second)
-            comparisons[f"{a} - {b}"] = {
-                "difference": first["exact_match"] - second["exact_match"],
-                "difference_95": interval,
-                "verdict": verdict(interval),
-            }
+            comparisons[f"{a} - {b}"] = versus(first["per_question"], second["per_question"])
     return {"arms": table, "comparisons": comparisons}
 
 
+def check_constant(arms: dict[str, list[dict]], baseline: dict) -> None:
+    """Each run's `kqv eval` constant (from the pairs it trained on) must be the one `baselines` found."""
+    for name, results in arms.items():
+        for result in results:
+            if result["qa_test"]["constant"] != baseline["constant"]["answer"]:
+                raise SystemExit(
+                    f"{name}, seed {result['seed']}: kqv eval's constant {result['qa_test']['constant']!r} is not "
+                    f"the benchmark's {baseline['constant']['answer']!r}"
+                )
+
+
 def print_table(record: dict) -> None:
-    probe = record["probe"]["held_out"]
+    probe, baseline = record["probe"]["held_out"], record["baselines"]
     print(
         f"probe (pretrained model, pretraining wording, held-out people): {probe['exact_match']:.3f} "
         f"[{probe['exact_match_95'][0]:.3f}, {probe['exact_match_95'][1]:.3f}] of {probe['n']}"
     )
-    print("| arm | held-out EM [95%] | seen EM | trainable params | peak RSS MB | tokens/s |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    print(
+        f"constant {baseline['constant']['answer']!r}: {baseline['constant']['exact_match']:.3f}; per kind "
+        f"{baseline['per_kind']['answers']}: {baseline['per_kind']['exact_match']:.3f}; uniform "
+        f"{baseline['uniform']['exact_match']:.3f}, per kind {baseline['uniform_per_kind']['exact_match']:.3f}"
+    )
+    print("| arm | held-out EM (mean over seeds) | - constant per kind [95% over questions] | seen EM | trainable |")
+    print("| --- | ---: | ---: | ---: | ---: |")
     for name, arm in record["summary"]["arms"].items():
-        held, seen = arm["held_out_questions"], arm["seen_questions"]
+        held, seen, gap = arm["held_out_questions"], arm["seen_questions"], arm["versus_constant_per_kind"]
+        low, high = gap["difference_95"]
         print(
-            f"| {name} | {held['exact_match']:.3f} [{held['exact_match_95'][0]:.3f}, {held['exact_match_95'][1]:.3f}]"
-            f" | {seen['exact_match']:.3f} | {arm['trainable_parameters']:,} | {arm['peak_rss_mb']:.0f} |"
-            f" {arm['tokens_per_s']:,.0f} |"
+            f"| {name} | {held['exact_match']:.3f} | {gap['difference']:+.3f} [{low:+.3f}, {high:+.3f}] "
+            f"| {seen['exact_match']:.3f} | {arm['trainable_parameters']:,} |"
         )
     for name, comparison in record["summary"]["comparisons"].items():
         low, high = comparison["difference_95"]
@@ -308,13 +395,29 @@ def measure(sizes: dict, seeds: list[int], world_seed: int, work: Path, in_proce
             }
             arms[name].append({"seed": seed, **run_job(job)})
             (work.parent / f"{work.name}.partial.json").write_text(json.dumps({"pretrain": pretrain, "runs": arms}))
+    baseline = baselines(work)
+    check_constant(arms, baseline)
     return {
         "world": world,
         "pretrain": {k: v for k, v in pretrain.items() if not k.startswith("probe")},
         "probe": {"seen": pretrain["probe_train"], "held_out": pretrain["probe_test"]},
+        "baselines": baseline,
         "runs": arms,
-        "summary": summarise(arms),
+        "summary": summarise(arms, baseline),
     }
+
+
+def add_baselines(path: Path) -> None:
+    """Add `baselines` to a record written before they were recorded: the world again from its sizes and seed (the
+    files are deterministic), no training; the rest of the record is kept as it is."""
+    record = json.loads(path.read_text(encoding="utf-8"))
+    with tempfile.TemporaryDirectory(prefix="kqv-finetune-qa-") as scratch:
+        world = write_files(record["sizes"], record["world_seed"], Path(scratch))
+        if json.loads(json.dumps(world)) != record["world"]:
+            raise SystemExit(f"the world of {path} is not the one its sizes and seed make now; rerun the benchmark")
+        record["baselines"] = baselines(Path(scratch))
+    path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    print(f"added the baselines to {path}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -326,8 +429,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--in-process", action="store_true", help="train every run in this process (faster; peak memory is shared)"
     )
+    parser.add_argument(
+        "--add-baselines", type=Path, metavar="JSON", help="add the baselines to a record of this script (no training)"
+    )
     parser.add_argument("--job", help=argparse.SUPPRESS)  # internal: one training, in a fresh process
     args = parser.parse_args(argv)
+    if args.add_baselines:
+        add_baselines(args.add_baselines)
+        return 0
     if args.job:
         print(json.dumps(train_one(json.loads(args.job))))
         return 0

@@ -84,7 +84,7 @@ def lm_evaluate_pairs(run: LMRun | PretrainedRun, args: argparse.Namespace) -> N
 
 
 def pairs_table(result: PairsEvaluation) -> str:
-    """The figures of a pairs evaluation, one a line."""
+    """The figures of a pairs evaluation, one a line, with the baselines that answer without reading the question."""
     rows = [
         ("pairs", f"{result.n:,}"),
         (
@@ -92,11 +92,37 @@ def pairs_table(result: PairsEvaluation) -> str:
             f"{result.correct:,}/{result.n:,} = {result.exact_match:.1%} "
             f"(95% interval {result.low:.1%} to {result.high:.1%})",
         ),
+        *baseline_rows(result),
         ("completion loss", f"{result.loss:.4f} nats/token over {result.tokens:,} tokens (end of text included)"),
         ("perplexity", f"{result.perplexity:.3f}"),
     ]
     width = max(len(name) for name, _ in rows)
     return "\n".join([f"{result.source}:", *(f"  {name:<{width}}  {value}" for name, value in rows)])
+
+
+def baseline_rows(result: PairsEvaluation) -> list[tuple[str, str]]:
+    """The constant answer's score, the model's difference to it over questions, and the uniform guess."""
+    versus = result.versus_constant
+    if versus is None:
+        return []
+    return [
+        (
+            "constant baseline",
+            f"{result.constant_correct:,}/{result.n:,} = {result.constant_exact_match:.1%}, always answering "
+            f"{result.constant!r} (the most frequent answer of {result.constant_reference})",
+        ),
+        (
+            "model - constant",
+            f"{versus.difference:+.1%} (95% interval over the {versus.n:,} questions {versus.low:+.1%} to "
+            f"{versus.high:+.1%}, paired t; better on {versus.better:,}, worse on {versus.worse:,}, McNemar exact "
+            f"p = {versus.p_value:.3g})",
+        ),
+        (
+            "uniform baseline",
+            f"{result.uniform:.1%} expected, a guess among the {result.distinct_answers:,} distinct answers of "
+            f"{result.constant_reference.split(' (')[0]}",
+        ),
+    ]
 
 
 def lm_attention(run: LMRun | PretrainedRun, args: argparse.Namespace) -> None:

@@ -4,7 +4,10 @@
 tokenizer's end of text (`kqv.data.completions.end_of_text`) or after `max_new_tokens`, and returns the new text
 alone. `evaluate_pairs` scores a file of prompt -> completion pairs two ways: the completion loss (the mean
 cross-entropy of the completion's tokens and the end of text, given the prompt: what a pair fine-tune minimises)
-and the exact match of greedy completions after whitespace normalisation, with a 95% Wilson interval.
+and the exact match of greedy completions after whitespace normalisation, with a 95% Wilson interval, beside two
+baselines that never read the question: the constant answer (the most frequent completion of the run's fine-tuning
+pairs, else of the scored file) with the model's difference to it over questions
+(`kqv.train.evaluation.difference_over_questions`), and a uniform guess among the distinct answers.
 `LMRun.complete` / `LMRun.evaluate(pairs=...)` and a GPT-2 directory's use them; `kqv generate --prompts` and
 `kqv eval --data pairs.tsv` call those.
 """
@@ -12,8 +15,9 @@ and the exact match of greedy completions after whitespace normalisation, with a
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +25,14 @@ import torch
 import torch.nn.functional as F
 
 from ..data.completions import check_examples, end_of_text, read_examples
+from ..data.example_batches import EncodedExamples
 from ..data.lines import text_lines
 from ..data.tokenizers import Tokenizer
 from ..errors import ConfigError, DataError, spoken
 from ..nn.devices import model_device
 from ..nn.generation import GenerationConfig, in_dtype
 from ..nn.models import DecoderLM
-from ..train.evaluation import wilson_interval
+from ..train.evaluation import QuestionDifference, difference_over_questions, wilson_interval
 from ..train.files import write_atomically
 from ..validation import check_at_least
 from .base import check_text
@@ -160,7 +165,14 @@ class PairsEvaluation:
     """What `LMRun.evaluate(pairs=...)` measured on `source`: the completion loss (mean nats per completion token,
     the end of text included, given the prompt) and its perplexity over `tokens` tokens; exact match: `correct` of
     `n` greedy completions equal the expected ones after whitespace normalisation, with the 95% Wilson interval
-    [low, high] of that proportion. `predictions` holds every pair with what the model said."""
+    [low, high] of that proportion. `predictions` holds every pair with what the model said.
+
+    The baselines, which answer without reading the question: `constant`, the most frequent answer of `reference`
+    (the run's fine-tuning pairs, or the scored file when the run has none: `constant_reference`), right on
+    `constant_correct` pairs; `versus_constant`, the model's exact match minus the constant's with a 95% interval
+    whose unit is the question (paired: both answer the same questions); `uniform`, the expected exact match of a
+    guess drawn uniformly from the reference's `distinct_answers` answers (1 / distinct_answers when every expected
+    answer is among them; an answer that is not scores 0)."""
 
     source: str
     n: int
@@ -171,11 +183,27 @@ class PairsEvaluation:
     perplexity: float
     tokens: int
     predictions: tuple[Prediction, ...] = field(default=(), repr=False)  # one per pair: too long to print
+    constant: str = ""
+    constant_reference: str = ""
+    constant_correct: int = 0
+    versus_constant: QuestionDifference | None = None
+    distinct_answers: int = 0
+    uniform: float = 0.0
 
     @property
     def exact_match(self) -> float:
         """The fraction of pairs answered right."""
         return self.correct / self.n
+
+    @property
+    def constant_exact_match(self) -> float:
+        """The fraction of pairs the constant answer gets right."""
+        return self.constant_correct / self.n
+
+    @property
+    def constant_scores(self) -> list[int]:
+        """Per pair, 1 where the constant answer is the expected one, else 0."""
+        return [int(normalise(prediction.expected) == self.constant) for prediction in self.predictions]
 
     def to_dict(self) -> dict[str, Any]:
         """The figures (what `kqv eval --json` prints), without the predictions."""
@@ -187,7 +215,65 @@ class PairsEvaluation:
             "loss": self.loss,
             "perplexity": self.perplexity,
             "tokens": self.tokens,
+            "constant": self.constant,
+            "constant_reference": self.constant_reference,
+            "constant_correct": self.constant_correct,
+            "constant_exact_match": self.constant_exact_match,
+            **versus_figures(self.versus_constant),
+            "distinct_answers": self.distinct_answers,
+            "uniform_exact_match": self.uniform,
         }
+
+
+def versus_figures(versus: QuestionDifference | None) -> dict[str, Any]:
+    """`versus_constant`'s figures as flat keys of `PairsEvaluation.to_dict`."""
+    if versus is None:
+        return {}
+    return {
+        "versus_constant": versus.difference,
+        "versus_constant_95": [versus.low, versus.high],
+        "versus_constant_questions": versus.n,
+        "versus_constant_better": versus.better,
+        "versus_constant_worse": versus.worse,
+        "versus_constant_p": versus.p_value,
+    }
+
+
+def constant_answer(answers: Sequence[str]) -> str:
+    """The most frequent of `answers` after normalisation (`normalise`); of several equally frequent, the first in
+    sorted order."""
+    if not answers:
+        raise DataError("a constant answer needs at least one answer to count")
+    counts = Counter(normalise(answer) for answer in answers)
+    return min(counts, key=lambda answer: (-counts[answer], answer))
+
+
+def with_baselines(result: PairsEvaluation, reference: Sequence[str], described: str) -> PairsEvaluation:
+    """`result` with its baselines computed from the answers of `reference` (`described` says what they are):
+    the constant answer, its score and the model's difference to it per question, and the uniform guess."""
+    constant = constant_answer(reference)
+    expected = [normalise(prediction.expected) for prediction in result.predictions]
+    model_scores = [float(prediction.correct) for prediction in result.predictions]
+    constant_scores = [float(answer == constant) for answer in expected]
+    distinct = {normalise(answer) for answer in reference}
+    return replace(
+        result,
+        constant=constant,
+        constant_reference=described,
+        constant_correct=int(sum(constant_scores)),
+        versus_constant=difference_over_questions(model_scores, constant_scores),
+        distinct_answers=len(distinct),
+        uniform=sum(answer in distinct for answer in expected) / len(distinct) / len(expected),
+    )
+
+
+def fine_tuning_answers(tokenizer: Tokenizer, tokens: dict[str, torch.Tensor]) -> list[str] | None:
+    """The completions of a pair run's training examples, decoded from its tokens.safetensors (`train` and
+    `train_lengths`, each completion without its end of text); None for a run that holds no pairs."""
+    if not {"train", "train_lengths"} <= set(tokens):
+        return None
+    examples = EncodedExamples(tokens["train"], tokens["train_lengths"])
+    return [tokenizer.decode(examples.parts(k)[1][:-1]) for k in range(len(examples))]
 
 
 def evaluate_pairs(
@@ -197,10 +283,13 @@ def evaluate_pairs(
     *,
     max_new_tokens: int | None = None,
     batch_size: int = BATCH_SIZE,
+    reference: Sequence[str] | None = None,
 ) -> PairsEvaluation:
     """Score `model` on the pairs of a .tsv or .jsonl file (`kqv.data.completions.read_examples`): completion loss
     and exact match of greedy completions of up to `max_new_tokens` tokens (default: the longest expected
-    completion's tokens + 16, room for whitespace that normalises away; a longer answer cannot match)."""
+    completion's tokens + 16, room for whitespace that normalises away; a longer answer cannot match), and the
+    baselines (`with_baselines`) from the answers of `reference` (the run's fine-tuning pairs), else from the
+    scored file's own."""
     examples = read_examples(path)
     check_examples(examples, tokenizer, str(path))
     eos_id, _ = end_of_text(tokenizer)
@@ -218,7 +307,7 @@ def evaluate_pairs(
     correct = sum(prediction.correct for prediction in predictions)
     low, high = wilson_interval(correct, len(examples))
     loss = nats / tokens
-    return PairsEvaluation(
+    result = PairsEvaluation(
         str(path),
         n=len(examples),
         correct=correct,
@@ -229,6 +318,10 @@ def evaluate_pairs(
         tokens=tokens,
         predictions=predictions,
     )
+    if reference:
+        return with_baselines(result, reference, f"the {len(reference):,} pairs the run fine-tuned on")
+    answers = [example.completion for example in examples]
+    return with_baselines(result, answers, f"the {len(answers):,} scored pairs (the run has no fine-tuning pairs)")
 
 
 def check_pairs_alone(data: str | Path | None, max_tokens: int | None) -> None:

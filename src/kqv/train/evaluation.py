@@ -1,9 +1,12 @@
-"""How good is a language model on held-out text: cross-entropy, perplexity, bits per character."""
+"""How good is a language model on held-out text: cross-entropy, perplexity, bits per character; and the intervals
+of exact-match scores: a proportion (Wilson) and a paired difference over questions (`difference_over_questions`)."""
 
 from __future__ import annotations
 
 import math
-from statistics import NormalDist
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import NormalDist, fmean, stdev
 
 import torch
 from torch import Tensor, nn
@@ -68,3 +71,109 @@ def wilson_interval(correct: int, n: int, level: float = 0.95) -> tuple[float, f
     centre = (p + z2 / 2) / (1 + z2)
     half = z / (1 + z2) * math.sqrt(p * (1 - p) / n + z2 / (4 * n))
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass(frozen=True)
+class QuestionDifference:
+    """mean(a_i - b_i) over `n` questions (the unit: each question once, however many seeds scored it), its 95%
+    interval [low, high], and the exact two-sided sign test over the questions where a and b differ: `better`
+    questions where a scored higher, `worse` where it scored lower, `p_value` (McNemar's exact test when every score
+    is 1 or 0)."""
+
+    difference: float
+    low: float
+    high: float
+    n: int
+    better: int
+    worse: int
+    p_value: float
+
+    def to_dict(self) -> dict:
+        return {
+            "difference": self.difference,
+            "difference_95": [self.low, self.high],
+            "questions": self.n,
+            "better": self.better,
+            "worse": self.worse,
+            "p_value": self.p_value,
+        }
+
+
+def difference_over_questions(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> QuestionDifference:
+    """How much a scores above b on the same questions: a_i and b_i are question i's scores in [0, 1] (1/0 for one
+    run; with several seeds, each question's mean over the seeds, never the seeds' answers pooled as more
+    questions). The interval is Student's t over the n per-question differences d_i = a_i - b_i:
+    mean(d) +- t(n - 1) sd(d) / sqrt(n), kept within [-1, 1] (with 1/0 scores, the Wald interval of a paired
+    difference of proportions, t for z); one question gives [-1, 1], and when every question has the same
+    difference the interval has no width, so read it with the sign test's p-value (`sign_test`)."""
+    if len(a) != len(b) or not a:
+        raise DataError(f"a paired difference needs the same questions on both sides, got {len(a)} and {len(b)}")
+    if not all(0 <= x <= 1 for x in (*a, *b)):
+        raise DataError("scores over questions are in [0, 1] (1/0 per question, or a mean over seeds)")
+    differences = [float(x) - float(y) for x, y in zip(a, b)]
+    mean, n = fmean(differences), len(differences)
+    half = math.inf if n == 1 else t_quantile(n - 1, level) * stdev(differences) / math.sqrt(n)
+    better, worse = sum(d > 0 for d in differences), sum(d < 0 for d in differences)
+    low, high = max(-1.0, mean - half), min(1.0, mean + half)
+    return QuestionDifference(mean, low, high, n, better, worse, sign_test(better, worse))
+
+
+def mean_over_seeds(per_seed: Sequence[Sequence[float]]) -> list[float]:
+    """Each question's mean score over the seeds that answered it (`per_seed[s][i]`: seed s on question i): the
+    per-question scores a paired analysis over questions takes when several seeds answered the same questions, so
+    that n stays the number of questions (pooling the seeds' answers as more questions would narrow the interval
+    with answers that are not independent)."""
+    if not per_seed or len({len(scores) for scores in per_seed}) != 1:
+        raise DataError(f"every seed must answer the same questions, got {[len(s) for s in per_seed]} answers")
+    return [fmean(scores) for scores in zip(*per_seed)]
+
+
+def sign_test(better: int, worse: int) -> float:
+    """The exact two-sided p-value of `better` against `worse` under a fair coin (questions with no difference left
+    out): 2 P(X <= min) for X ~ Binomial(better + worse, 1/2), at most 1; McNemar's exact test on 1/0 scores."""
+    n = better + worse
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(better, worse) + 1))
+    return min(1.0, 2 * tail / 2**n)
+
+
+def t_quantile(df: int, level: float = 0.95) -> float:
+    """The two-sided `level` quantile of Student's t with `df` degrees of freedom: the t with P(|T| <= t) = level,
+    by bisection on the closed form of that probability (Abramowitz & Stegun 26.7.3-4) up to 200 degrees of freedom,
+    and the Cornish-Fisher expansion in 1/df beyond (error below 1e-9 there)."""
+    if df < 1 or not 0 < level < 1:
+        raise DataError(f"a t quantile needs df >= 1 and a level in (0, 1), got {df} and {level}")
+    if df > 200:
+        z = NormalDist().inv_cdf(0.5 + level / 2)
+        terms = [
+            z,
+            (z**3 + z) / 4,
+            (5 * z**5 + 16 * z**3 + 3 * z) / 96,
+            (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384,
+            (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160,
+        ]
+        return sum(term / df**power for power, term in enumerate(terms))
+    low, high = 0.0, 1e6
+    for _ in range(200):
+        middle = (low + high) / 2
+        low, high = (middle, high) if t_central(middle, df) < level else (low, middle)
+    return (low + high) / 2
+
+
+def t_central(t: float, df: int) -> float:
+    """P(|T| <= t) for Student's t with `df` (a positive integer) degrees of freedom, in closed form
+    (Abramowitz & Stegun 26.7.3 for odd df, 26.7.4 for even)."""
+    theta = math.atan(t / math.sqrt(df))
+    cos2, term = math.cos(theta) ** 2, 1.0
+    if df % 2 == 0:
+        total = 1.0
+        for k in range(1, df // 2):
+            term *= (2 * k - 1) / (2 * k) * cos2
+            total += term
+        return math.sin(theta) * total
+    total = 0.0 if df == 1 else 1.0
+    for k in range(1, (df - 1) // 2):
+        term *= 2 * k / (2 * k + 1) * cos2
+        total += term
+    return 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * total)

@@ -1,0 +1,171 @@
+"""Issue 42, evaluation that cannot flatter: `evaluate(pairs=...)` and `kqv eval RUN --data pairs` give the constant
+answer (the most frequent completion of the run's fine-tuning pairs, else of the scored file) and the uniform guess
+beside the model, and the model's difference to the constant with a 95% interval whose unit is the question; with
+several seeds, each question's mean over the seeds, never the seeds' answers pooled as more questions.
+
+References are hand computations: differences written out, Student's t from a printed table, binomial tails
+counted by hand."""
+
+import importlib.util
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+import kqv
+from kqv.cli.main import main
+from kqv.data.completions import split_examples
+from kqv.jobs.corpus import load_tokens
+from kqv.jobs.scoring import PairsEvaluation, Prediction, constant_answer, fine_tuning_answers, with_baselines
+from kqv.train.evaluation import difference_over_questions, mean_over_seeds, sign_test, t_quantile
+from test_finetune import tiny_run
+
+ROOT = Path(__file__).resolve().parents[1]
+T_TABLE = {1: 12.706205, 3: 3.182446, 4: 2.776445, 5: 2.570582, 9: 2.262157, 30: 2.042272, 1000: 1.962339}
+
+
+def test_t_quantiles_are_the_printed_table():
+    assert {df: round(t_quantile(df), 6) for df in T_TABLE} == T_TABLE
+
+
+def test_the_difference_to_the_constant_over_questions_is_a_hand_computation():
+    model = [1, 1, 1, 1, 1, 0, 0, 0, 1, 0]
+    constant = [0, 0, 0, 1, 1, 1, 0, 0, 0, 0]
+    # differences 1 1 1 0 0 -1 0 0 1 0: mean 0.3; squared deviations 4 x 0.7^2 + 1.3^2 + 5 x 0.3^2 = 4.1
+    half = T_TABLE[9] * math.sqrt(4.1 / 9) / math.sqrt(10)
+    result = difference_over_questions(model, constant)
+    assert result.n == 10 and result.difference == pytest.approx(0.3)
+    assert (result.low, result.high) == pytest.approx((0.3 - half, 0.3 + half), abs=1e-6)  # [-0.183, 0.783]
+    assert (result.better, result.worse) == (4, 1)
+    assert result.p_value == pytest.approx(2 * (1 + 5) / 2**5)  # McNemar exact: 2 P(X <= 1), X ~ Binomial(5, 1/2)
+
+
+def test_the_sign_test_and_the_edges_of_the_interval():
+    assert sign_test(0, 0) == 1.0 and sign_test(3, 3) == 1.0
+    assert sign_test(5, 0) == pytest.approx(2 / 32) and sign_test(0, 10) == pytest.approx(2 / 1024)
+    one = difference_over_questions([1], [0])  # one question says nothing about the next
+    assert (one.low, one.high) == (-1.0, 1.0)
+    same = difference_over_questions([1] * 5, [0] * 5)  # no spread: no width, and the sign test says 5 is few
+    assert (same.low, same.high) == (1.0, 1.0) and same.p_value == pytest.approx(2 / 32)
+    with pytest.raises(kqv.errors.DataError, match="same questions"):
+        difference_over_questions([1, 0], [1])
+
+
+def test_several_seeds_give_each_question_its_mean_and_n_stays_the_questions():
+    per_seed = [[1, 0, 0, 1, 0, 1], [1, 1, 0, 0, 0, 1], [1, 0, 0, 1, 0, 0]]
+    means = mean_over_seeds(per_seed)
+    assert means == pytest.approx([1, 1 / 3, 0, 2 / 3, 0, 2 / 3])
+    differences = [1, 1 / 3, 0, -1 / 3, 0, -1 / 3]  # against a constant right on questions 4 and 6
+    result = difference_over_questions(means, [0, 0, 0, 1, 0, 1])
+    half = T_TABLE[5] * statistics.stdev(differences) / math.sqrt(6)
+    assert result.n == 6 and result.difference == pytest.approx(1 / 9)
+    assert (result.low, result.high) == pytest.approx((1 / 9 - half, 1 / 9 + half), abs=1e-6)
+    with pytest.raises(kqv.errors.DataError, match="same questions"):
+        mean_over_seeds([[1, 0], [1, 0, 1]])
+
+
+def benchmark():
+    spec = importlib.util.spec_from_file_location("finetune_qa", ROOT / "benchmarks" / "finetune_qa.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["finetune_qa"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_benchmark_compares_arms_over_questions_not_over_seeds_times_questions():
+    per_seed = {"a": [[1, 0, 0, 1, 0, 1], [1, 1, 0, 0, 0, 1], [1, 0, 0, 1, 0, 0]], "b": [[0, 0, 0, 1, 0, 1]] * 3}
+    arms = {
+        name: [
+            {
+                "seed": seed,
+                "qa_test": {"per_question": scores, "exact_match": statistics.fmean(scores)},
+                "qa_train": {"per_question": [1, 1], "exact_match": 1.0},
+                "trainable_parameters": 10,
+                "parameters": 10,
+                "peak_rss_mb": 1.0,
+                "tokens_per_s": 1.0,
+                "train_seconds": 1.0,
+            }
+            for seed, scores in enumerate(runs, 1)
+        ]
+        for name, runs in per_seed.items()
+    }
+    summary = benchmark().summarise(arms, {"per_kind": {"per_question": [0, 0, 0, 1, 0, 1]}})
+    expected = difference_over_questions(mean_over_seeds(per_seed["a"]), [0, 0, 0, 1, 0, 1]).to_dict()
+    gap = summary["arms"]["a"]["versus_constant_per_kind"]
+    assert gap["questions"] == 6 and gap["difference_95"] == pytest.approx(expected["difference_95"])
+    assert summary["arms"]["a"]["held_out_questions"]["questions"] == 6
+    assert summary["arms"]["b"]["versus_constant_per_kind"]["difference_95"] == [0.0, 0.0]  # b is the constant
+
+
+def scored(expected, got):
+    predictions = tuple(Prediction(f"q{i}", e, g) for i, (e, g) in enumerate(zip(expected, got)))
+    correct = sum(p.correct for p in predictions)
+    return PairsEvaluation("f", len(expected), correct, 0.0, 1.0, 1.0, math.e, 4, predictions)
+
+
+def test_the_constant_and_uniform_baselines_of_a_reference_by_hand():
+    assert constant_answer(["b", "a"]) == "a" and constant_answer(["b", " b", "a"]) == "b"  # ties: sorted first
+    result = with_baselines(scored(["a", "b", "a", "c"], ["a", "b", "x", "x"]), ["a", " a ", "b"], "the reference")
+    assert (result.constant, result.constant_correct, result.constant_exact_match) == ("a", 2, 0.5)
+    assert result.constant_scores == [1, 0, 1, 0] and result.constant_reference == "the reference"
+    assert result.distinct_answers == 2 and result.uniform == pytest.approx((1 / 2 + 1 / 2 + 1 / 2 + 0) / 4)
+    versus = result.versus_constant  # model 1 1 0 0 against 1 0 1 0
+    assert (versus.difference, versus.n, versus.better, versus.worse, versus.p_value) == (0.0, 4, 1, 1, 1.0)
+    figures = result.to_dict()
+    assert figures["constant"] == "a" and figures["versus_constant_95"] == [versus.low, versus.high]
+    assert figures["versus_constant_questions"] == 4 and figures["uniform_exact_match"] == result.uniform
+
+
+ANSWERS = [" be"] * 6 + [" or"] * 2 + [" that"] * 2  # the fine-tune's: "be" most often whichever pair is held out
+SCORED = [("is it a", " or"), ("is it b", " or"), ("is it e", " or"), ("is it h", " be")]  # the file's own: "or"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("baselines")
+    source = tiny_run(root / "source", steps=1)
+    prompts = [f"is it {letter}" for letter in "abehinoqrs"]
+    (root / "qa.tsv").write_text("".join(f"{p}\t{a}\n" for p, a in zip(prompts, ANSWERS)))
+    (root / "scored.tsv").write_text("".join(f"{p}\t{a}\n" for p, a in SCORED))
+    overrides = [f"data.path={root / 'qa.tsv'}"]
+    kqv.train("lm", source.parent / "tiny.toml", out=root / "qa", init=source, overrides=overrides, steps=2, quiet=True)
+    return {"text": source, "pairs": root / "qa", "scored": root / "scored.tsv"}
+
+
+def test_a_pair_run_s_constant_is_the_most_frequent_answer_it_fine_tuned_on(runs):
+    run = kqv.load(runs["pairs"])
+    trained, _ = split_examples(len(ANSWERS), 0.1)
+    assert sorted(fine_tuning_answers(run.tokenizer, load_tokens(run.run_dir))) == sorted(ANSWERS[k] for k in trained)
+    result = run.evaluate(pairs=runs["scored"])
+    assert result.constant == "be" and result.constant_correct == 1  # not the scored file's "or"
+    assert result.constant_reference == "the 9 pairs the run fine-tuned on"
+    assert result.distinct_answers == 3 and result.uniform == pytest.approx(1 / 3)
+    model = [int(p.correct) for p in result.predictions]
+    assert result.versus_constant.n == 4 and result.versus_constant.difference == pytest.approx(sum(model) / 4 - 1 / 4)
+
+
+def test_a_run_without_pairs_takes_the_constant_of_the_scored_file(runs):
+    result = kqv.load(runs["text"]).evaluate(pairs=runs["scored"])
+    assert result.constant == "or" and result.constant_correct == 3
+    assert result.constant_reference.startswith("the 4 scored pairs")
+    assert result.distinct_answers == 2 and result.uniform == pytest.approx(1 / 2)
+
+
+def test_kqv_eval_prints_the_baselines_and_the_difference_over_questions(runs, capsys):
+    assert main(["eval", str(runs["pairs"]), "--data", str(runs["scored"])]) == 0
+    lines = {line.strip().split("  ", 1)[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    result = kqv.load(runs["pairs"]).evaluate(pairs=runs["scored"])
+    versus = result.versus_constant
+    assert "1/4 = 25.0%, always answering 'be' (the most frequent answer of the 9 pairs" in lines["constant baseline"]
+    interval = f"{versus.difference:+.1%} (95% interval over the 4 questions {versus.low:+.1%} to {versus.high:+.1%}"
+    assert interval in lines["model - constant"]
+    assert f"McNemar exact p = {versus.p_value:.3g}" in lines["model - constant"]
+    assert "33.3% expected, a guess among the 3 distinct answers" in lines["uniform baseline"]
+    assert main(["eval", str(runs["pairs"]), "--data", str(runs["scored"]), "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert figures["constant"] == "be" and figures["versus_constant_95"] == pytest.approx([versus.low, versus.high])
+    assert figures["versus_constant_questions"] == 4 and figures["uniform_exact_match"] == pytest.approx(1 / 3)
