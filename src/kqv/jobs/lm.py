@@ -39,7 +39,7 @@ from .corpus import describe_corpus, load_tokens, prepare_corpus
 from .finetune import FinetuneConfig, adapt, check_finetune, restore_source, saved_weights, total_parameters
 from .init import SourceTokenizer, finetune_config, load_source_weights, read_source
 from .sampling import SampleConfig, continuations, default_prompt, generation_config, write_samples
-from .scoring import BATCH_SIZE, PairsEvaluation, check_pairs_alone, complete, evaluate_pairs
+from .scoring import BATCH_SIZE, PairsEvaluation, check_pairs_alone, complete, evaluate_pairs, fine_tuning_answers
 
 
 @dataclass
@@ -263,11 +263,12 @@ class LMRun(TrainedRun):
         """Loss, perplexity and bits per character on a text file or directory (`data`), by default on the run's
         held-out validation split (a pair run's: the completions of its validation examples); `max_tokens` scores
         only a prefix of that many tokens (at least 2). With `pairs` (a .tsv or .jsonl file of prompt ->
-        completion pairs): the completion loss and the exact match of greedy completions, with its 95% interval
-        (`PairsEvaluation`)."""
+        completion pairs): the completion loss and the exact match of greedy completions, with its 95% interval, and
+        the constant and uniform baselines from the answers the run fine-tuned on, if any (`PairsEvaluation`)."""
         if pairs is not None:
             check_pairs_alone(data, max_tokens)
-            return evaluate_pairs(self.model, self.tokenizer, pairs)
+            trained = fine_tuning_answers(self.tokenizer, load_tokens(self.run_dir) if self.config.data.pairs else {})
+            return evaluate_pairs(self.model, self.tokenizer, pairs, reference=trained)
         if data is not None:
             return evaluate_text(self.model, self.tokenizer, data, self.config.data.context, max_tokens)
         check_max_tokens(max_tokens)
