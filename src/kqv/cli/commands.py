@@ -60,9 +60,10 @@ class Train(Command):
         """Flags with a config key become overrides (after --set's), the others the job's keyword options."""
         own = TRAIN_FLAGS.get(args.task, ())
         overrides = list(args.set) + [
-            f"{flag.key}={json.dumps(getattr(args, flag.dest))}"
+            override
             for flag in (*own, *SHARED_TRAIN_FLAGS)
             if flag.key is not None and getattr(args, flag.dest) is not None
+            for override in flag.overrides(getattr(args, flag.dest))
         ]
         options = {flag.dest: getattr(args, flag.dest) for flag in own if flag.key is None}
         api.train(

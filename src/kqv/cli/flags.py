@@ -4,6 +4,7 @@ sets. Only the command line knows about flags; below it (`kqv.api`, the jobs) ev
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,17 @@ class Flag:
     help: str
     key: str | None = None
     options: dict[str, Any] = field(default_factory=dict)  # further argparse keywords: type, choices, default, ...
+    many: str | None = None  # a repeatable flag given more than once sets this key: a list of {path, weight} tables
+
+    def overrides(self, value: Any) -> list[str]:
+        """The `--set` overrides the flag's `value` gives: `KEY=VALUE`, or for a repeated flag's several values
+        `MANY=[{path = ..., weight = 1.0}, ...]` (one value: `KEY=VALUE`)."""
+        if isinstance(value, list) and self.many is not None:
+            if len(value) > 1:
+                tables = ", ".join(f"{{path = {json.dumps(v)}, weight = 1.0}}" for v in value)
+                return [f"{self.many}=[{tables}]"]
+            value = value[0]
+        return [f"{self.key}={json.dumps(value)}"]
 
     @property
     def dest(self) -> str:
@@ -62,8 +74,11 @@ TRAIN_FLAGS: dict[str, tuple[Flag, ...]] = {
         Flag(
             "--data",
             "a text file or directory of .txt files instead of Shakespeare, or a .tsv/.jsonl file of "
-            "prompt -> completion pairs (the loss on the completions)",
+            "prompt -> completion pairs (the loss on the completions); repeated, a mixture of them with equal "
+            "weights (data.sources)",
             "data.path",
+            {"action": "append"},
+            many="data.sources",
         ),
         Flag("--init", "a kqv LM run or Hugging Face GPT-2 directory to fine-tune (default config: finetune)"),
     ),

@@ -87,8 +87,13 @@ class ExampleBatches:
         while len(self._epochs) <= epoch:  # made in order and kept: epoch e's rows decide where e + 1 starts
             count, e = len(self.examples), len(self._epochs)
             order = torch.randperm(count, generator=batch_generator(self.seed, e)).tolist() if self.shuffle else None
-            self._epochs.append(self.cut_rows(order if order is not None else list(range(count))))
+            self._epochs.append(self.label_rows(e, self.cut_rows(order if order is not None else list(range(count)))))
         return self._epochs[epoch]
+
+    def label_rows(self, epoch: int, rows: list[list[int]]) -> list[list[int]]:
+        """What epoch `epoch`'s rows hold: the examples' numbers (a subclass that draws each example anew per epoch,
+        `kqv.data.document_batches`, numbers the draws instead)."""
+        return rows
 
     def cut_rows(self, order: list[int]) -> list[list[int]]:
         """`order`'s examples as rows: one each, or packed greedily (an example that does not fit starts a row)."""
@@ -153,10 +158,15 @@ class ExampleBatches:
         parts = [self.example(k, n) for n, k in enumerate(examples)]
         return tuple(torch.cat(column) for column in zip(*parts))
 
+    def example_tokens(self, k: int) -> tuple[Tensor, int]:
+        """Example k's tokens (prompt, completion, end of text) as a LongTensor, and its prompt's length."""
+        start, prompt, total = self.examples.spans[k]
+        return self.examples.ids[start : start + total].long(), prompt
+
     def example(self, k: int, number: int) -> tuple[Tensor, ...]:
         """(ids, targets, weights, sequences, positions) of example k, the `number`-th of its row."""
-        start, prompt, total = self.examples.spans[k]
-        tokens = self.examples.ids[start : start + total].long()
+        tokens, prompt = self.example_tokens(k)
+        total = len(tokens)
         ids, targets = tokens[:-1], tokens[1:]  # (total - 1,) each
         on_prompt = torch.arange(total - 1) < prompt - 1  # targets that are prompt tokens
         weights = torch.where(on_prompt, self.prompt_loss_weight, 1.0)

@@ -30,6 +30,7 @@ from ..data.completions import (
     read_examples,
     split_examples,
 )
+from ..data.documents import apply_template, mask_symbol, templated
 from ..data.example_batches import EncodedExamples, ExampleBatches
 from ..data.tokenizers import Tokenizer, make_tokenizer
 from ..errors import ConfigError, spoken
@@ -45,12 +46,13 @@ SCORED_EXAMPLES = 2_000  # the validation examples the run's final completion lo
 SPLITS = ("train", "val")
 
 
-def pairs_tokenizer(kind: str, text: str, vocab_size: int) -> Tokenizer:
+def pairs_tokenizer(kind: str, text: str, vocab_size: int, mask: str | None = None) -> Tokenizer:
     """A new tokenizer for the pairs' `text` that has an end of text: "char" learns the newline with the text's
-    characters, "bpe" gets the special token `<eos>` (`kqv.data.completions.end_of_text`)."""
+    characters, "bpe" gets the special token `<eos>` (`kqv.data.completions.end_of_text`); and the mask symbol
+    `mask` where one is given (`kqv.data.documents`: a reserved character, or a special token)."""
     if kind == "char":
-        return make_tokenizer(kind, text + "\n")
-    return make_tokenizer(kind, text, vocab_size, special_tokens=("<eos>",))
+        return make_tokenizer(kind, text + "\n" + (mask or ""))
+    return make_tokenizer(kind, text, vocab_size, special_tokens=("<eos>", *((mask,) if mask else ())))
 
 
 def build_examples(maker: Any, data: Any) -> tuple[Tokenizer, dict[str, Tensor]]:
@@ -58,9 +60,12 @@ def build_examples(maker: Any, data: Any) -> tuple[Tokenizer, dict[str, Tensor]]
     `train` and `val` (every example's ids, one after another), `train_lengths` and `val_lengths` (each example's
     prompt and completion token counts) and `chars` (the characters of each split). What it refuses, it refuses
     before anything is written."""
-    examples = read_examples(data.path)
-    tokenizer = maker.make_tokenizer(data, "".join(example.prompt + example.completion for example in examples))
+    examples, template = read_examples(data.path), getattr(data, "template", None)
+    text = "".join(apply_template(template, example.prompt, "") + example.completion for example in examples)
+    tokenizer = maker.make_tokenizer(data, text)
     end_of_text(tokenizer)  # a DataError when the tokenizer has none
+    mask = mask_symbol(getattr(data, "mask", None), getattr(tokenizer, "kind", "bpe"))
+    examples = templated(examples, template, tokenizer, mask, str(data.path))  # data.template, if any
     check_examples(examples, tokenizer, str(data.path))
     tokens: dict[str, Tensor] = {}
     chars = []

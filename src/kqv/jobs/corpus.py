@@ -19,7 +19,7 @@ from ..nn.models import count_parameters
 from ..train.files import TOKENIZER_DIR, TOKENS_FILE, write_atomically
 from ..train.manifest import read_verified, verify
 from ..train.rundir import RunDirectory
-from . import completions
+from . import completions, sources
 from .base import Job, Training
 
 
@@ -37,8 +37,12 @@ def prepare_corpus(
         if check is not None:
             check(tokenizer, tokens)
         return tokenizer, tokens
-    pairs = getattr(data, "pairs", False)  # a file of prompt -> completion pairs (the LM job's)
-    tokenizer, tokens = completions.build_examples(job, data) if pairs else build_text(job, data)
+    if getattr(data, "mixture", False):  # the LM job's texts read as documents, and mixtures (kqv.jobs.sources)
+        tokenizer, tokens = sources.build_sources(job, data)
+    elif getattr(data, "pairs", False):  # a file of prompt -> completion pairs (the LM job's)
+        tokenizer, tokens = completions.build_examples(job, data)
+    else:
+        tokenizer, tokens = build_text(job, data)
     if check is not None:
         check(tokenizer, tokens)
     if run.writes:

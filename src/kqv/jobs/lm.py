@@ -33,13 +33,14 @@ from ..train.files import SAMPLES_FILE
 from ..train.preflight import check_memory, check_prompt, check_splits
 from ..train.runs import RunConfig, read_run
 from ..validation import Config, check_at_least
-from . import completions
+from . import completions, sources
 from .base import AttentionMaps, Job, Outcome, TrainedRun, Training, check_text
 from .corpus import describe_corpus, load_tokens, prepare_corpus
 from .finetune import FinetuneConfig, adapt, check_finetune, restore_source, saved_weights, total_parameters
 from .init import SourceTokenizer, finetune_config, load_source_weights, read_source
 from .sampling import SampleConfig, continuations, default_prompt, generation_config, write_samples
 from .scoring import BATCH_SIZE, PairsEvaluation, check_pairs_alone, complete, evaluate_pairs, fine_tuning_answers
+from .sources import Source, check_sources, needed_mask
 
 
 @dataclass
@@ -56,11 +57,30 @@ class DataConfig(Config):
     init: str | None = None  # a kqv LM run or Hugging Face GPT-2 directory to start from (kqv.jobs.init)
     prompt_loss_weight: float = 0.0  # pairs only: the weight of the prompt's tokens in the loss (completion: 1)
     packing: bool = False  # pairs only: several examples per row (block-diagonal attention), instead of padding
+    # pretraining objectives and mixtures (kqv.jobs.sources): a text's documents made into examples
+    objective: Literal["next_token", "span_corruption"] = "next_token"
+    sources: tuple[Source, ...] = ()  # several files with weights (data.path unset), each batch's drawn by weight
+    delimiter: str | None = None  # documents: the text's lines, or its parts between this string
+    mask: str | None = None  # the mask symbol; None: the tokenizer's own (char: U+2047, bpe: <mask>)
+    span_rate: float = 0.15  # span corruption: a span's mean share of its document
+    span_max: int = 64  # span corruption: a span's most tokens
+    shuffle_sentences: bool = False  # a document's sentences in a new order at every draw
+    template: str | None = None  # pairs: every prompt written into it, e.g. "{prompt}{mask}"
 
     @property
     def pairs(self) -> bool:
         """Whether `path` is a file of prompt -> completion pairs rather than text."""
         return self.path is not None and is_pairs_file(self.path)
+
+    @property
+    def mixture(self) -> bool:
+        """Whether the run's text is read as documents made into examples (`kqv.jobs.sources`)."""
+        return bool(self.sources) or self.objective != "next_token"
+
+    @property
+    def examples(self) -> bool:
+        """Whether the run trains on examples (pairs, or documents made into examples) rather than text blocks."""
+        return self.pairs or self.mixture
 
     def check(self) -> None:
         if self.context < 2:
@@ -72,7 +92,8 @@ class DataConfig(Config):
                 f"data.prompt_loss_weight must be in [0, 1] (the prompt tokens' weight in the loss, the "
                 f"completion's being 1; 0 = completion only), got {self.prompt_loss_weight}"
             )
-        if not self.pairs and (self.prompt_loss_weight or self.packing):
+        check_sources(self)
+        if not self.examples and (self.prompt_loss_weight or self.packing):
             raise ConfigError(
                 "data.prompt_loss_weight and data.packing apply to a file of prompt -> completion pairs (data.path "
                 f"a .tsv or .jsonl file), not to text ({self.path or 'Shakespeare'}); drop them"
@@ -82,7 +103,7 @@ class DataConfig(Config):
 def with_prompt(config: LMRunConfig, tokenizer: Tokenizer, tokens: dict[str, torch.Tensor]) -> LMRunConfig:
     """`config` with its sample prompt decided: the one it gives, or `default_prompt` (a file of pairs samples
     from its own prompts: nothing to decide)."""
-    if config.sample.prompt or config.data.pairs:
+    if config.sample.prompt or config.data.examples:
         return config
     decided = copy.copy(config)
     decided.sample = replace(config.sample, prompt=default_prompt(config.data, tokenizer, tokens))
@@ -156,7 +177,7 @@ def check_lm_run(
     def check(tokenizer: Tokenizer, tokens: dict[str, torch.Tensor]) -> None:
         context, batch, lora = config.data.context, config.train.batch_size, config.finetune.lora
         check_memory(model or config.model, batch, context, tokenizer.vocab_size, config.train.device, lora)
-        if config.data.pairs:
+        if config.data.examples:
             completions.check_packing(model or config.model, config.data.packing)
             return
         check_splits({"train": tokens["train"], "val": tokens["val"]}, context, tokenizer.vocab_size)
@@ -273,7 +294,7 @@ class LMRun(TrainedRun):
             return evaluate_text(self.model, self.tokenizer, data, self.config.data.context, max_tokens)
         check_max_tokens(max_tokens)
         tokens = load_tokens(self.run_dir)
-        if self.config.data.pairs:  # what the run trained: the completions of its held-out examples
+        if self.config.data.examples:  # what the run trained: the completions of its held-out examples
             return LMEvaluation(**completions.held_out_evaluation(self.model, tokens, max_tokens))
         ids, n_chars, source = tokens["val"], int(tokens["chars"][1]), "the held-out validation split"
         result = perplexity(self.model, ids, context=self.config.data.context, n_chars=n_chars, max_tokens=max_tokens)
@@ -314,8 +335,8 @@ class LMJob(Job):
     noun = "language-model"
 
     def make_tokenizer(self, data: DataConfig, text: str) -> Tokenizer:
-        if data.pairs:  # one that has an end of text
-            return completions.pairs_tokenizer(data.tokenizer, text, data.vocab_size)
+        if data.examples:  # one that has an end of text (and a mask where one is needed)
+            return completions.pairs_tokenizer(data.tokenizer, text, data.vocab_size, needed_mask(data))
         return make_tokenizer(data.tokenizer, text, data.vocab_size)
 
     def restore(
@@ -368,7 +389,13 @@ class LMJob(Job):
         """Random blocks of the train split for each update, and of the validation split for each evaluation; on
         pairs, batches of examples (`kqv.jobs.completions`). A LoRA run's checkpoints hold its adapters alone."""
         config, (_, tokens) = training.config, training.data
-        options = completions.trainer_options(config, tokens) if config.data.pairs else text_batches(config, tokens)
+        options = (
+            sources.trainer_options(config, *training.data)
+            if config.data.mixture
+            else completions.trainer_options(config, tokens)
+            if config.data.pairs
+            else text_batches(config, tokens)
+        )
         return {
             **options,
             "afterwards": scoring_cost(config, len(tokens["val"])),
@@ -376,7 +403,7 @@ class LMJob(Job):
         }
 
     def describe(self, training: Training) -> str:
-        line = describe_corpus(training, training.data[0].vocab_size)
+        line = describe_corpus(training, training.data[0].vocab_size) + sources.describe(training.data[1])
         finetune = training.config.finetune
         if not finetune.active:
             return line
@@ -385,7 +412,7 @@ class LMJob(Job):
     def outcome(self, training: Training) -> Outcome:
         """The perplexity of (up to `SCORED_TOKENS` of) the validation split, and the samples (samples.txt)."""
         config, model, (tokenizer, tokens) = training.config, training.model, training.data
-        if config.data.pairs:
+        if config.data.examples:
             val, samples = completions.score_and_sample(model, tokenizer, tokens, config, training.run.path)
         else:
             val = perplexity(

@@ -1,0 +1,113 @@
+"""Documents of a text, the mask symbol and prompt templates: what span corruption and data mixtures read.
+
+A text is cut into *documents* (each non-blank line, or the parts between `data.delimiter`, surrounding whitespace
+removed) so that an objective can work one document at a time (`kqv.data.document_batches`). A document is split
+into sentences (after `.`, `!` or `?` and whitespace) for sentence-order augmentation.
+
+The *mask* is a symbol of the tokenizer that no text holds: a character tokenizer reserves one character (default
+U+2047 `⁇`), a BPE tokenizer a special token (default `<mask>`), matched whole. A text that already holds it is
+refused (`check_unused`), so the model never confuses a masked span with the text itself.
+
+A *prompt template* (`data.template`, e.g. `"{prompt}{mask}"`) rewrites every prompt of a file of pairs so that a
+fine-tune reuses its pretraining's format: `{prompt}` is the pair's prompt, `{mask}` the tokenizer's mask symbol.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+
+from ..errors import ConfigError, DataError
+from .completions import Example
+from .tokenizers import Tokenizer
+
+MASKS = {"char": "\u2047", "bpe": "<mask>"}  # the mask symbol each tokenizer kind reserves unless data.mask names one
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+PLACEHOLDERS = ("prompt", "mask")
+
+
+def read_documents(text: str, delimiter: str | None = None) -> list[str]:
+    """The documents of `text`: its lines (split at newlines alone), or its parts between `delimiter`; each with
+    surrounding whitespace removed, blank ones skipped."""
+    parts = text.split("\n") if delimiter is None else text.split(delimiter)
+    return [part.strip() for part in parts if part.strip()]
+
+
+def split_sentences(document: str) -> list[str]:
+    """The sentences of `document`: cut after `.`, `!` or `?` followed by whitespace (the whitespace dropped)."""
+    return [sentence for sentence in SENTENCE_END.split(document) if sentence]
+
+
+def windows(ids: list[int], size: int) -> list[list[int]]:
+    """`ids` cut into consecutive windows of at most `size` tokens (one window when it fits)."""
+    return [ids[start : start + size] for start in range(0, max(len(ids), 1), size)]
+
+
+def mask_symbol(mask: str | None, kind: str) -> str:
+    """The mask symbol: `mask` (data.mask) if given, else the one the tokenizer `kind` reserves by default."""
+    return mask if mask is not None else MASKS.get(kind, MASKS["bpe"])
+
+
+def check_unused(texts: list[str], mask: str, where: str) -> None:
+    """Refuse, in one line, text that already holds the mask symbol (it would read as a masked span)."""
+    for number, text in enumerate(texts, 1):
+        if mask in text:
+            count = sum(t.count(mask) for t in texts)
+            raise DataError(
+                f"{where} already contains the mask symbol {mask!r} ({count}x, first in item {number}); the mask "
+                f"must be a symbol no text holds: choose another with data.mask, or remove it from the text"
+            )
+
+
+def mask_id(tokenizer: Tokenizer, mask: str, where: str = "the tokenizer") -> int:
+    """The id of the mask symbol, one token of `tokenizer`; ConfigError if it has none."""
+    try:
+        ids = [tokenizer.token_to_id(mask)]
+    except KeyError:
+        ids = []
+    if len(ids) != 1:
+        raise ConfigError(
+            f"{where} has no mask symbol {mask!r} (a character tokenizer reserves one when it is made for "
+            f"span corruption or a template with {{mask}}, a BPE tokenizer a special token); pretrain with "
+            f"data.objective='span_corruption', or name the tokenizer's own symbol with data.mask"
+        )
+    return ids[0]
+
+
+def check_template(template: str) -> None:
+    """Refuse a template without `{prompt}`, or with another placeholder than `{prompt}` and `{mask}`."""
+    try:
+        fields = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as error:
+        raise ConfigError(
+            f"data.template {template!r} is not a template ({error}); write e.g. '{{prompt}}{{mask}}'"
+        ) from None
+    unknown = sorted(set(fields) - set(PLACEHOLDERS))
+    if unknown:
+        raise ConfigError(
+            f"data.template {template!r} names {unknown}; it may hold only {{prompt}} and {{mask}} (write a brace "
+            f"as {{{{ or }}}})"
+        )
+    if "prompt" not in fields:
+        raise ConfigError(
+            f"data.template {template!r} has no {{prompt}}, so every prompt would be the same text; write where "
+            f"the prompt goes, e.g. '{{prompt}}{{mask}}'"
+        )
+
+
+def apply_template(template: str | None, prompt: str, mask: str) -> str:
+    """`prompt` written into `template` (None: the prompt as it is), `{mask}` the mask symbol."""
+    return prompt if template is None else template.format(prompt=prompt, mask=mask)
+
+
+def templated(
+    examples: list[Example], template: str | None, tokenizer: Tokenizer, mask: str | None, where: str
+) -> list:
+    """`examples` with every prompt written into `template` (None: unchanged). A template with `{mask}` needs the
+    mask symbol `mask` to be one token of `tokenizer` and absent from the examples' own text."""
+    if template is None:
+        return examples
+    if "{mask}" in template:
+        check_unused([t for e in examples for t in (e.prompt, e.completion)], mask, where)
+        mask_id(tokenizer, mask)
+    return [Example(apply_template(template, e.prompt, mask or ""), e.completion, e.line) for e in examples]

@@ -1,0 +1,327 @@
+"""Pretraining objectives and data mixtures of the LM job: texts read as documents, each made into an example.
+
+`data.objective = "span_corruption"`, or several sources (`--data pre.txt --data qa.tsv`, or `[[data.sources]]`
+tables of `path` and `weight`), make the LM job train on examples rather than on blocks of one text:
+
+- a **text** source (a file or a directory of .txt files) is cut into documents (`kqv.data.documents`: its lines,
+  or the parts between `data.delimiter`); under `next_token` a document is an example of its own (the document and
+  the end of text), under `span_corruption` a new span of it is masked at every draw
+  (`kqv.data.document_batches`); with `data.shuffle_sentences` its sentences come in a new order at every draw.
+  A document longer than the context (context - 2 tokens: two masks and the end of text must fit) is cut into
+  windows, by whole sentences where it has them; the line before training counts them;
+- a **pairs** source (.tsv, .jsonl) is its prompt -> completion examples, as a run on pairs alone trains them,
+  each prompt written into `data.template` if one is given;
+- each source's examples are split into train and validation ones (the same fixed permutation as pairs), and
+  batch i is drawn from one source by weight (`kqv.data.mixture`): the validation batches too, from their own draws.
+
+The tokenizer is made from every source's text with an end of text and, where span corruption or a template's
+`{mask}` needs one, the mask symbol (`kqv.data.documents`); a text that already holds the mask is refused. The
+validation examples of a text source are drawn once, the same for every seed, and stored like pairs, so the
+run's final figure is their completion loss (the span given its context) and it resumes without its files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from ..data.completions import Example, encode_examples, end_of_text, is_pairs_file, read_examples, split_examples
+from ..data.document_batches import DocumentBatches, DocumentOptions, Documents, draw_random
+from ..data.documents import (
+    apply_template,
+    check_template,
+    check_unused,
+    mask_id,
+    mask_symbol,
+    read_documents,
+    split_sentences,
+    templated,
+    windows,
+)
+from ..data.example_batches import EncodedExamples, ExampleBatches
+from ..data.mixture import MixtureBatches
+from ..data.shakespeare import load_text
+from ..data.tokenizers import Tokenizer, encode_texts
+from ..errors import ConfigError, DataError
+from ..validation import Config
+from .completions import check_examples, check_lengths, example_loss
+
+VAL_SEED = 0  # the draws of the validation documents: the same for every run
+
+
+@dataclass
+class Source(Config):
+    """One source of a mixture (`[[data.sources]]`): a text or a file of pairs, and its share of the batches."""
+
+    section: ClassVar[str] = "data.sources"
+    path: str
+    weight: float = 1.0
+
+    def check(self) -> None:
+        if not self.weight > 0:
+            raise ConfigError(
+                f"data.sources: the weight of {self.path} must be positive (its share of the batches), got "
+                f"{self.weight}; drop the source instead"
+            )
+
+
+def check_sources(data: Any) -> None:
+    """What a [data] section's objective, sources and template must agree on (`DataConfig.check`)."""
+    if data.sources and data.path is not None:
+        raise ConfigError(f"give data.path ({data.path}) or data.sources, not both; put the path among the sources")
+    if data.objective == "span_corruption" and not data.sources and data.pairs:
+        raise ConfigError(
+            f"data.objective='span_corruption' masks spans of text documents, and {data.path} is a file of pairs; "
+            f"give a text, or mix them with --data TEXT --data {data.path}"
+        )
+    if data.template is not None:
+        check_template(data.template)
+    if data.mask is not None and (not data.mask or (data.tokenizer == "char" and len(data.mask) != 1)):
+        raise ConfigError(f"data.mask must be one character for a character tokenizer, got {data.mask!r}")
+    if not 0 < data.span_rate <= 1:
+        raise ConfigError(
+            f"data.span_rate (a span's mean share of its document) must be in (0, 1], got {data.span_rate}"
+        )
+    if data.span_max < 1:
+        raise ConfigError(f"data.span_max must be at least 1 token, got {data.span_max}")
+    if data.delimiter == "":
+        raise ConfigError("data.delimiter is empty; give the string between documents, or drop it for lines")
+    if (data.shuffle_sentences or data.delimiter is not None) and not data.mixture:
+        raise ConfigError(
+            "data.shuffle_sentences and data.delimiter read a text as documents: set data.objective or give "
+            "several sources (data.sources)"
+        )
+
+
+def needed_mask(data: Any) -> str | None:
+    """The mask symbol a new tokenizer must reserve (span corruption, or a template with `{mask}`), else None."""
+    if data.objective == "span_corruption" or (data.template is not None and "{mask}" in data.template):
+        return mask_symbol(data.mask, data.tokenizer)
+    return None
+
+
+def data_sources(data: Any) -> list[tuple[str | None, float]]:
+    """(path, weight) of every source: data.sources, or data.path alone (None: Shakespeare)."""
+    return [(s.path, s.weight) for s in data.sources] or [(data.path, 1.0)]
+
+
+def is_pairs(path: str | None) -> bool:
+    return path is not None and is_pairs_file(path)
+
+
+def read_sources(data: Any) -> list[list[Example] | list[str]]:
+    """Each source's pairs (prompts not yet templated) or documents."""
+    read = []
+    for path, _ in data_sources(data):
+        if is_pairs(path):
+            read.append(read_examples(path))
+            continue
+        documents = read_documents(load_text(path), data.delimiter)
+        if len(documents) < 2:
+            raise DataError(
+                f"{path or 'the text'} has {len(documents)} document(s): too few for a training and a validation "
+                f"one; write one document a line (or between data.delimiter)"
+            )
+        read.append(documents)
+    return read
+
+
+def build_sources(maker: Any, data: Any) -> tuple[Tokenizer, dict[str, Tensor]]:
+    """The tokenizer and encoded splits of every source (the module docstring); what it refuses, it refuses
+    before anything is written."""
+    read = read_sources(data)
+    texts = [
+        text
+        for items in read
+        for item in items
+        for text in (
+            (apply_template(data.template, item.prompt, ""), item.completion) if isinstance(item, Example) else (item,)
+        )
+    ]
+    tokenizer = maker.make_tokenizer(data, "\n".join(texts))
+    _, eot_text = end_of_text(tokenizer)
+    mask = mask_symbol(data.mask, getattr(tokenizer, "kind", "bpe"))
+    if data.objective == "span_corruption":
+        check_unused([t for items in read for t in texts_of(items)], mask, "the training data")
+        mask_id(tokenizer, mask)
+    options = document_options(data, tokenizer)
+    splits: dict[str, list[dict[str, Tensor]]] = {"train": [], "val": []}
+    cut = [0, 0]
+    for (path, _), items in zip(data_sources(data), read):
+        where = path or "the text"
+        if items and isinstance(items[0], Example):
+            for split, part in zip(("train", "val"), encode_pairs(items, data, tokenizer, mask, where)):
+                splits[split].append(part)
+            continue
+        if any(eot_text in document for document in items):
+            raise DataError(
+                f"{where}: a document holds {eot_text!r}, the end of text that closes every example of this tokenizer; "
+                f"split the documents at it (drop data.delimiter) or use the 'bpe' tokenizer"
+            )
+        train, val = encode_documents(items, data, tokenizer, options, cut)
+        splits["train"].append(train)
+        splits["val"].append(val)
+    return tokenizer, stored(splits, cut)
+
+
+def texts_of(items: list) -> list[str]:
+    return [t for item in items for t in ((item.prompt, item.completion) if isinstance(item, Example) else (item,))]
+
+
+def document_options(data: Any, tokenizer: Tokenizer) -> DocumentOptions:
+    """How the documents of `data` become examples with `tokenizer`'s mask and end of text."""
+    corrupt = data.objective == "span_corruption"
+    mask = mask_id(tokenizer, mask_symbol(data.mask, getattr(tokenizer, "kind", "bpe"))) if corrupt else -1
+    separator = tuple(tokenizer.encode(" ")) if data.shuffle_sentences else None
+    return DocumentOptions(mask, end_of_text(tokenizer)[0], corrupt, data.span_rate, data.span_max, separator)
+
+
+def encode_pairs(examples: list[Example], data: Any, tokenizer: Tokenizer, mask: str, where: str) -> list[dict]:
+    """The train and val parts of a pairs source, each prompt written into the template."""
+    examples = templated(examples, data.template, tokenizer, mask, where)
+    check_examples(examples, tokenizer, where)
+    parts = []
+    for chosen in split_examples(len(examples), data.val_fraction):
+        part = [examples[k] for k in chosen]
+        ids = encode_examples(part, tokenizer)
+        check_lengths(part, ids["lengths"], data.context, where)
+        chars = sum(len(e.prompt) + len(e.completion) for e in part)
+        parts.append({"ids": ids["ids"], "lengths": ids["lengths"], "sentences": [0] * len(part), "chars": chars})
+    return parts
+
+
+def encode_documents(
+    documents: list[str], data: Any, tokenizer: Tokenizer, options: DocumentOptions, cut: list[int]
+) -> tuple[dict, dict]:
+    """The train part of a text source (documents, cut into windows) and its val part (drawn once, as examples)."""
+    size = data.context + 1 - options.extra()
+    if size < 2:
+        raise ConfigError(f"data.context ({data.context}) leaves no room for a document; raise it")
+    parts = []
+    for split, chosen in zip(("train", "val"), split_examples(len(documents), data.val_fraction)):
+        docs: list[tuple[list[int], list[int]]] = []
+        for k in chosen:
+            pieces = document_windows(documents[k], tokenizer, size, options.separator)
+            cut[0] += len(pieces) > 1
+            cut[1] += len(pieces) if len(pieces) > 1 else 0
+            docs += pieces
+        chars = sum(len(documents[k]) for k in chosen)
+        if split == "train":
+            ids = [t for doc, _ in docs for t in doc]
+            parts.append(
+                {
+                    "ids": torch.tensor(ids, dtype=torch.int32),
+                    "lengths": torch.tensor([(len(doc), 0) for doc, _ in docs], dtype=torch.int32).reshape(-1, 2),
+                    "sentences": [len(s) for _, s in docs],
+                    "sentence_lengths": [n for _, s in docs for n in s],
+                    "chars": chars,
+                }
+            )
+            continue
+        drawn = [options.example(doc, s, draw_random(VAL_SEED, k)) for k, (doc, s) in enumerate(docs)]
+        ids = [t for prompt, completion in drawn for t in (*prompt, *completion)]
+        lengths = [(len(prompt), len(completion)) for prompt, completion in drawn]
+        parts.append(
+            {
+                "ids": torch.tensor(ids, dtype=torch.int32),
+                "lengths": torch.tensor(lengths, dtype=torch.int32).reshape(-1, 2),
+                "sentences": [0] * len(drawn),
+                "chars": chars,
+            }
+        )
+    return parts[0], parts[1]
+
+
+def document_windows(
+    document: str, tokenizer: Tokenizer, size: int, separator: tuple[int, ...] | None
+) -> list[tuple[list[int], list[int]]]:
+    """(ids, sentence token counts) of each window of at most `size` tokens of `document`: the whole document
+    when it fits; with sentences (`separator` given), whole sentences joined by it where they fit."""
+    if separator is None:
+        return [(window, []) for window in windows(tokenizer.encode(document), size)]
+    pieces = [piece for ids in encode_texts(tokenizer, split_sentences(document)) for piece in windows(ids, size)]
+    out: list[tuple[list[int], list[int]]] = []
+    for piece in pieces:
+        if out and len(out[-1][0]) + len(separator) + len(piece) <= size:
+            out[-1][0].extend([*separator, *piece])
+            out[-1][1].append(len(piece))
+        else:
+            out.append((list(piece), [len(piece)]))
+    return out
+
+
+def stored(splits: dict[str, list[dict]], cut: list[int]) -> dict[str, Tensor]:
+    """The tensors of tokens.safetensors: each split's items of every source one after another, with how many
+    each source has (`train_sources`, `val_sources`), the train documents' sentence counts and lengths, the
+    characters of each split and the documents cut into windows (`windows`: documents, windows)."""
+    tokens: dict[str, Tensor] = {}
+    for split, parts in splits.items():
+        tokens[split] = torch.cat([part["ids"] for part in parts])
+        tokens[f"{split}_lengths"] = torch.cat([part["lengths"] for part in parts])
+        tokens[f"{split}_sources"] = torch.tensor([len(part["lengths"]) for part in parts])
+    train = splits["train"]
+    tokens["train_sentence_counts"] = torch.tensor([n for part in train for n in part["sentences"]], dtype=torch.int32)
+    lengths = [n for part in train for n in part.get("sentence_lengths", [])]
+    tokens["train_sentence_lengths"] = torch.tensor(lengths, dtype=torch.int32)
+    tokens["chars"] = torch.tensor([sum(p["chars"] for p in splits[s]) for s in ("train", "val")])
+    tokens["windows"] = torch.tensor(cut)
+    return tokens
+
+
+def per_source(tokens: dict[str, Tensor], split: str) -> list[tuple[Tensor, Tensor, slice]]:
+    """(ids, lengths, sentence-count slice) of each source's items in `split`."""
+    out, item, token = [], 0, 0
+    for count in tokens[f"{split}_sources"].tolist():
+        lengths = tokens[f"{split}_lengths"][item : item + count]
+        size = int(lengths.sum())
+        out.append((tokens[split][token : token + size], lengths, slice(item, item + count)))
+        item, token = item + count, token + size
+    return out
+
+
+def trainer_options(config: Any, tokenizer: Tokenizer, tokens: dict[str, Tensor]) -> dict[str, Any]:
+    """train_batches, val_batches, loss_fn and tokens_per_batch of a mixture: each batch from one source, drawn
+    by weight (`MixtureBatches`); a text source's documents made into new examples at every draw."""
+    data, train = config.data, config.train
+    shared = {
+        "batch_size": train.batch_size,
+        "context": data.context,
+        "seed": train.seed,
+        "packing": data.packing,
+        "prompt_loss_weight": data.prompt_loss_weight,
+    }
+    options = document_options(data, tokenizer)
+    counts = tokens["train_sentence_counts"]
+    sentence_starts = [0, *torch.cumsum(counts, 0).tolist()]
+    training, validation = [], []
+    paths = data_sources(data)
+    for (path, _), (ids, lengths, items), (val_ids, val_lengths, _) in zip(
+        paths, per_source(tokens, "train"), per_source(tokens, "val")
+    ):
+        if is_pairs(path):
+            training.append(ExampleBatches(EncodedExamples(ids, lengths), shuffle=True, **shared))
+        else:
+            sentences = tokens["train_sentence_lengths"][sentence_starts[items.start] : sentence_starts[items.stop]]
+            documents = Documents(ids, lengths, options, sentences, counts[items])
+            training.append(DocumentBatches(documents, shuffle=True, **shared))
+        validation.append(ExampleBatches(EncodedExamples(val_ids, val_lengths), shuffle=False, **shared))
+    weights = [weight for _, weight in paths]
+    train_mix = MixtureBatches(training, weights, train.seed, "train")
+    val_mix = MixtureBatches(validation, weights, train.seed, "val")
+    return {
+        "train_batches": train_mix.batch,
+        "loss_fn": example_loss,
+        "val_batches": val_mix.batch,
+        "tokens_per_batch": train_mix.tokens,
+    }
+
+
+def describe(tokens: dict[str, Tensor]) -> str:
+    """What the line before training adds for documents cut into windows (empty when none were)."""
+    if "windows" not in tokens or not int(tokens["windows"][0]):
+        return ""
+    documents, made = tokens["windows"].tolist()
+    return f"; {documents:,} documents longer than the context cut into {made:,} windows"

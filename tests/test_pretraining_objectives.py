@@ -1,0 +1,191 @@
+"""Issue 42, the training side: span corruption of a text's documents (`data.objective`), mixtures of sources drawn
+by weight (`--data A --data B`, `[[data.sources]]`), sentence-order augmentation, and a prompt template that
+reuses the pretraining's mask (`data.template`); every bad option is one line with nothing written."""
+
+import json
+import math
+
+import pytest
+import torch
+
+import kqv
+from kqv.cli.main import main
+from kqv.data.document_batches import DocumentBatches, DocumentOptions, Documents, corrupt, draw_random, shuffled
+from kqv.data.mixture import MixtureBatches
+from kqv.errors import ConfigError, DataError
+from kqv.jobs.completions import pairs_tokenizer
+from kqv.jobs.corpus import load_tokens
+from test_cli import TINY
+
+PEOPLE = ["ann", "bob", "cyd", "dee", "eve", "fay", "gus", "hal", "ivy", "jon", "kim", "lou"]
+TOWNS = ["rome", "oslo", "lima", "bonn"]
+LINES = [f"{name} was born in {TOWNS[k % 4]}. {name} is a cook." for k, name in enumerate(PEOPLE)]
+MASK = "\u2047"
+TOKENIZER = pairs_tokenizer("char", "\n".join(LINES), 0, MASK)
+
+
+def documents(lines=LINES, corrupt_them=True, separator=None, sentences=None):
+    ids = [TOKENIZER.encode(line) for line in lines]
+    options = DocumentOptions(TOKENIZER.token_to_id(MASK), TOKENIZER.encode("\n")[0], corrupt_them, 0.3, 8, separator)
+    counts = None if sentences is None else torch.tensor([len(s) for s in sentences], dtype=torch.int32)
+    flat = None if sentences is None else torch.tensor([n for s in sentences for n in s], dtype=torch.int32)
+    lengths = torch.tensor([(len(i), 0) for i in ids], dtype=torch.int32)
+    return Documents(torch.tensor([t for i in ids for t in i], dtype=torch.int32), lengths, options, flat, counts)
+
+
+def test_a_corrupted_document_is_prefix_mask_suffix_mask_span_and_restores_exactly():
+    mask, end = TOKENIZER.token_to_id(MASK), TOKENIZER.encode("\n")[0]
+    for draw in range(200):
+        doc = TOKENIZER.encode(LINES[draw % len(LINES)])
+        assert mask not in doc  # the mask is a symbol of its own, never the text's
+        prompt, completion = corrupt(doc, draw_random(3, draw), mask, end, 0.3, 8)
+        assert prompt.count(mask) == 2 and prompt[-1] == mask and completion[-1] == end
+        cut = prompt.index(mask)
+        prefix, suffix, span = prompt[:cut], prompt[cut + 1 : -1], completion[:-1]
+        assert prefix + span + suffix == doc and 1 <= len(span) <= 8
+
+
+def test_the_loss_is_on_the_span_alone_or_on_every_token_as_chosen():
+    made = documents()
+    for weight, counted in ((0.0, "span"), (1.0, "all")):
+        batches = DocumentBatches(made, batch_size=4, context=64, seed=1, prompt_loss_weight=weight)
+        batch, rows = batches.batch(0), batches.rows(0)
+        for r, (g,) in enumerate(rows):
+            tokens, prompt = batches.example_tokens(g)
+            targets = batch["targets"][r]
+            real = int(batch["attention_mask"][r].sum())
+            scored = (targets[:real] != -100).nonzero().flatten().tolist()
+            expected = list(range(prompt - 1, real)) if counted == "span" else list(range(real))
+            assert scored == expected
+            assert targets[real:].eq(-100).all()
+            mask, end = TOKENIZER.token_to_id(MASK), TOKENIZER.encode("\n")[0]
+            assert tokens[:prompt].eq(mask).sum() == 2 and tokens[-1] == end and mask not in tokens[prompt:]
+
+
+def test_span_corruption_batches_depend_only_on_the_batch_index_and_the_seed():
+    def batches(seed):
+        return DocumentBatches(documents(), batch_size=4, context=64, seed=seed, packing=True)
+
+    first, again, other = batches(0), batches(0), batches(1)
+    assert all(torch.equal(first.batch(i)["ids"], again.batch(i)["ids"]) for i in (5, 0, 9, 2))  # any order
+    assert not all(torch.equal(first.batch(i)["ids"], other.batch(i)["ids"]) for i in range(4))
+    # every epoch draws each document anew: epoch e's rows hold draws e * documents + k, and the same document is
+    # corrupted differently in epoch 0 and epoch 1
+    count, plain = len(PEOPLE), DocumentBatches(documents(), batch_size=4, context=64, seed=0)
+    draws = [plain.stream_row(g)[0] for g in range(2 * count)]
+    assert sorted(draws[:count]) == list(range(count)) and sorted(draws[count:]) == list(range(count, 2 * count))
+    one, two = plain.example_tokens(0)[0], plain.example_tokens(count)[0]
+    assert len(one) == len(two) and not torch.equal(one, two)
+
+
+def test_sentence_order_augmentation_reorders_whole_sentences():
+    space = TOKENIZER.encode(" ")
+    doc = TOKENIZER.encode(LINES[0])
+    first, second = LINES[0].split(". ")
+    lengths = [len(first) + 1, len(second)]
+    orders = {TOKENIZER.decode(shuffled(doc, lengths, space, draw_random(0, d))) for d in range(20)}
+    assert orders == {LINES[0], f"{second} {first}."}
+
+
+def test_a_mixture_draws_each_batch_s_source_by_weight():
+    class Source:
+        def __init__(self, name):
+            self.name = name
+
+        def batch(self, n):
+            return (self.name, n)
+
+        def tokens(self, n):
+            return 1
+
+    n, p = 4000, 0.75
+    mixture = MixtureBatches([Source("a"), Source("b")], [3.0, 1.0], seed=7)
+    drawn = [mixture.batch(i) for i in range(n)]
+    count = sum(name == "a" for name, _ in drawn)
+    assert abs(count - n * p) <= 4 * math.sqrt(n * p * (1 - p)), count  # a binomial bound, 4 standard deviations
+    for name in "ab":  # each source walks through its own batches in order
+        assert [m for s, m in drawn if s == name] == list(range(sum(s == name for s, _ in drawn)))
+    again = MixtureBatches([Source("a"), Source("b")], [3.0, 1.0], seed=7)
+    assert [again.batch(i) for i in (3999, 17, 0)] == [drawn[3999], drawn[17], drawn[0]]
+
+
+def metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def write_inputs(tmp_path):
+    (tmp_path / "pre.txt").write_text("\n".join(LINES + ["x" * 60]) + "\n")  # the last document needs windows
+    (tmp_path / "qa.tsv").write_text("".join(f"{n} born?{MASK}\t{TOWNS[k % 4]}\n" for k, n in enumerate(PEOPLE)))
+    config = tmp_path / "tiny.toml"
+    config.write_text(TINY.format(position="rope"))
+    return config
+
+
+def test_a_span_corruption_mixture_trains_and_resumes_bit_identical(tmp_path):
+    config = write_inputs(tmp_path)
+    (tmp_path / "qa.tsv").write_text("".join(f"{n} born?\t{TOWNS[k % 4]}\n" for k, n in enumerate(PEOPLE)))
+    sources = f'data.sources=[{{path="{tmp_path / "pre.txt"}", weight=2}}, {{path="{tmp_path / "qa.tsv"}"}}]'
+    settings = [
+        sources,
+        'data.objective="span_corruption"',
+        "data.shuffle_sentences=true",
+        "data.context=48",
+        'data.template="{prompt}{mask}"',
+        'train.schedule="constant"',
+    ]
+    options = {"quiet": True, "overrides": settings}
+    summary = kqv.train("lm", config, out=tmp_path / "full", steps=4, **options)
+    kqv.train("lm", config, out=tmp_path / "cut", steps=2, **options)
+    for name in ("pre.txt", "qa.tsv"):  # a resume reads the run's own tokens.safetensors
+        (tmp_path / name).rename(tmp_path / f"gone-{name}")
+    kqv.train("lm", out=tmp_path / "cut", resume=True, steps=4, quiet=True)
+
+    def losses(name):
+        return {r["step"]: r["train_loss"] for r in metrics(tmp_path / name) if "train_loss" in r}
+
+    assert losses("cut") == losses("full") and len(losses("full")) == 4
+    full, cut = kqv.load(tmp_path / "full"), kqv.load(tmp_path / "cut")
+    assert all(torch.equal(a, b) for a, b in zip(full.model.state_dict().values(), cut.model.state_dict().values()))
+    tokens = load_tokens(full.run_dir)
+    assert tokens["windows"].tolist() == [1, 2]  # the 60-character document, cut into windows of 46 and 14 tokens
+    assert summary["val"]["examples"] == int(tokens["val_sources"].sum())
+    mask = full.tokenizer.token_to_id(MASK)
+    questions = tokens["train"][-int(tokens["train_lengths"][-int(tokens["train_sources"][1]) :].sum()) :]
+    assert (questions == mask).sum() == int(tokens["train_sources"][1])  # each templated prompt ends with the mask
+    assert len(full.config.data.sources) == 2 and full.config.data.sources[0].weight == 2
+
+
+def refuse(tmp_path, capsys, args, message):
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert main(["train", "lm", "--config", str(tmp_path / "tiny.toml"), "--out", str(tmp_path / "run"), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("kqv: error: ") and message in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_every_bad_option_is_one_line_with_nothing_written(tmp_path, capsys):
+    write_inputs(tmp_path)
+    pre, qa = str(tmp_path / "pre.txt"), str(tmp_path / "qa.tsv")
+    refuse(tmp_path, capsys, ["--data", pre, "--set", "data.objective=masked"], "data.objective must be one of")
+    refuse(tmp_path, capsys, ["--data", qa, "--data", pre, "--set", 'data.objective="span_corruption"'], MASK)
+    zero = f'data.sources=[{{path="{pre}", weight=1}}, {{path="{qa}", weight=0}}]'
+    refuse(tmp_path, capsys, ["--set", zero], "must be positive")
+    refuse(tmp_path, capsys, ["--data", qa, "--set", 'data.template="{mask}: "'], "has no {prompt}")
+    refuse(tmp_path, capsys, ["--data", qa, "--set", 'data.template="{prompt}{answer}"'], "may hold only")
+    refuse(tmp_path, capsys, ["--data", pre, "--data", pre, "--set", "data.path=x.txt"], "not both")
+
+
+def test_a_template_s_mask_must_be_a_symbol_of_the_source_s_tokenizer(tmp_path):
+    config = write_inputs(tmp_path)
+    (tmp_path / "plain.tsv").write_text("".join(f"{n} was born in\t{TOWNS[k % 4]}\n" for k, n in enumerate(PEOPLE)))
+    source = tmp_path / "source"
+    overrides = [f"data.path={tmp_path / 'pre.txt'}", 'sample.prompt="ann"']
+    kqv.train("lm", config, out=source, steps=1, quiet=True, overrides=overrides)
+    overrides = [f"data.path={tmp_path / 'plain.tsv'}", 'data.template="{prompt}{mask}"']
+    with pytest.raises(ConfigError, match="has no mask symbol"):
+        kqv.train("lm", config, out=tmp_path / "ft", init=source, steps=1, quiet=True, overrides=overrides)
+    assert not (tmp_path / "ft").exists()
+    with pytest.raises(DataError, match="already contains the mask symbol"):
+        overrides = [f"data.path={tmp_path / 'qa.tsv'}", 'data.template="{prompt}{mask}"']
+        kqv.train("lm", config, out=tmp_path / "qa", steps=1, quiet=True, overrides=overrides)
+    assert not (tmp_path / "qa").exists()
