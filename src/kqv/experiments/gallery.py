@@ -28,12 +28,12 @@ DISCUSSION_FILE = "discussion.md"
 CHANGES_FILE = "verdict-changes.md"  # written by hand: the verdicts that changed, before -> after, and why
 INTRO = """# Experiments: the lecture's claims, tested
 
-Each section below is one `kqv experiment`, run at its full size on this project's 2-core CPU machine: the claim as
-the lecture makes it, the verdict computed from the measured numbers against thresholds fixed in the experiment's
-module before it ran, the table, the plots, and the command that produced them (rerun it to check). The raw numbers,
-config, seeds, library versions and machine are in each `results.json`. `kqv experiment list` names them all;
-`kqv experiment run all --quick` runs small versions of all of them in a few minutes (the test suite does): a smoke
-test of the code, labelled so wherever it writes, not a test of the claims.
+Each section below is one `kqv experiment`, run at its full size on one of this project's 2-core CPUs (each
+section names its CPU): the claim as the lecture makes it, the verdict computed from the measured numbers against
+thresholds fixed in the experiment's module before it ran, the table, the plots, and the command that produced them
+(rerun it to check). The raw numbers, config, seeds, library versions and machine are in each `results.json`.
+`kqv experiment list` names them all; `kqv experiment run all --quick` runs small versions of all of them in a few
+minutes (the test suite does): a smoke test of the code, labelled so wherever it writes, not a test of the claims.
 
 The experiments that time something (quadratic-cost, multihead-cost, parallelism, long-attention, and
 rnn-vs-transformer, whose models train for a fixed time) ran one at a time on the otherwise idle machine. The
@@ -96,7 +96,7 @@ def section(directory: Path, page_dir: Path) -> str:
         f"**How it was tested.** {record['method']} Seeds: {', '.join(map(str, record['seeds']))}.",
         f"**Command.** `{record['command']}` ({record['seconds'] / 60:.1f} min, "
         f"{record['machine']['torch_threads']} torch thread(s), load average {load[0] if load else '?'} on "
-        f"{record['machine']['cpus']} cores). Files: [results.json]({link(RESULTS_FILE)}), "
+        f"{record['machine']['cpus']} cores of {cpu_name(record)}). Files: [results.json]({link(RESULTS_FILE)}), "
         f"[report.md]({link('report.md')}).",
         provenance_line(record),
         markdown_table(record["table"]["columns"], record["table"]["rows"]),
@@ -108,6 +108,14 @@ def section(directory: Path, page_dir: Path) -> str:
         *revisions_section(get(record["experiment"])),
     ]
     return "\n\n".join(parts)
+
+
+def cpu_name(record: dict) -> str:
+    """The CPU a record ran on, as its provenance names it, with the kernel-relevant flags it had."""
+    cpu = (record.get("provenance") or {}).get("cpu") or {}
+    flags = cpu.get("flags") or []
+    widest = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    return f"{cpu.get('model', 'an unrecorded CPU')} ({widest}{', bf16' if 'avx512_bf16' in flags else ''})"
 
 
 def beside_the_paper(record: dict) -> list[str]:

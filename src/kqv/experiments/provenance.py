@@ -137,16 +137,20 @@ def git_state() -> dict[str, Any]:
 
 def cpu() -> dict[str, Any]:
     """The CPU's model name, the kernel-relevant flags it has, and the number of cores."""
-    model, flags = platform.processor() or platform.machine(), set()
+    model, flags, found = platform.processor() or platform.machine(), set(), {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = line.partition(":")
             if key.strip() == "model name":
                 model = value.strip()
+            elif key.strip() in ("cpu family", "model") and key.strip() not in found:
+                found[key.strip()] = value.strip()
             elif key.strip() in ("flags", "Features"):
                 flags = set(value.split())
     except OSError:
         pass
+    if "cpu family" in found:  # x86: family 25 is AMD's Zen 3/4, 26 Zen 5; what two "AMD EPYC"s differ by
+        model += f" (family {found['cpu family']}, model {found.get('model', '?')})"
     return {"model": model, "flags": [f for f in CPU_FLAGS if f in flags], "cores": os.cpu_count()}
 
 
