@@ -11,9 +11,10 @@ Every device-specific choice lives here, not as `if device == ...` ladders throu
   (`Accelerator.grad_scaler`); on Apple silicon fp32 (fp16 only when asked: no measurement here showed it pays);
 * `kernels(device)` is which kernels tensors on a device take. The CPU's own (dropout masks from 64-bit draws,
   plain-matmul bf16 attention for short inputs, torch's CPU flash kernel inside blockwise attention, the
-  one-row decoding products) exist because torch's defaults are slow on CPUs; elsewhere torch's own kernels
-  are the fast ones (`F.scaled_dot_product_attention` picks flash or memory-efficient attention on a GPU, and
-  on CUDA the score biases and masked cores SDPA cannot take go through flex_attention: `kqv.nn.flex`).
+  one-row decoding products, the loss a cache-sized block of rows at a time) exist because torch's defaults are
+  slow on CPUs; elsewhere torch's own kernels are the fast ones (`F.scaled_dot_product_attention` picks flash or
+  memory-efficient attention on a GPU, and on CUDA the score biases and masked cores SDPA cannot take go through
+  flex_attention: `kqv.nn.flex`; the loss is the head and `F.cross_entropy` in one piece, which compile fuses).
 """
 
 from __future__ import annotations
@@ -49,10 +50,16 @@ class Kernels:
     free_host_reads: bool = (
         False  # a value read on the host waits for nothing (eager CPU ops): worth a skip in training
     )
+    blocked_loss: bool = False  # the output layer's cross-entropy a cache-sized block of rows at a time, not whole
 
 
 CPU_KERNELS = Kernels(
-    cheap_dropout=True, plain_bf16_attention=True, fused_cpu_blocks=True, one_row_products=True, free_host_reads=True
+    cheap_dropout=True,
+    plain_bf16_attention=True,
+    fused_cpu_blocks=True,
+    one_row_products=True,
+    free_host_reads=True,
+    blocked_loss=True,
 )
 TORCH_KERNELS = Kernels(False, False, False, False)
 CUDA_KERNELS = Kernels(False, False, False, False, flex_attention=True)  # flex_attention compiles to Triton

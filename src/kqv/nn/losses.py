@@ -7,6 +7,12 @@ its gradient, the label-smoothing terms, the casts), which is slow on a CPU with
 same loss and gradients a block of rows at a time: each block's logits stay in the cache, and the gradients of
 the hidden states and the weights are formed while the block is there (when they will be needed), so the
 backward pass only scales them.
+
+That is a CPU's kernel, chosen once per device (`Kernels.blocked_loss` in `kqv.nn.devices`). On a GPU a block of
+a cache's size is a few rows (20 at GPT-2's vocabulary of 50,257), each block reading the whole head weight: a
+forward and backward of thousands of small products. There, and wherever the step is compiled (where the loop
+would be unrolled into the graph, and the length of a sequence fixed by it), the loss is the head and
+`F.cross_entropy` in one piece, which torch.compile fuses.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import ConfigError, DataError
+from .devices import kernels
 
 BLOCK_LOGITS = 1 << 20  # logits per block: 4 MB in fp32, well inside a CPU's last-level cache
 
@@ -35,6 +42,8 @@ def linear_cross_entropy(
         )
     if not 0.0 <= label_smoothing <= 1.0:
         raise ConfigError(f"label_smoothing must be between 0 and 1, got {label_smoothing}")
+    if torch.compiler.is_compiling() or not kernels(hidden.device).blocked_loss:
+        return whole_cross_entropy(hidden, head, targets, label_smoothing=label_smoothing, ignore_index=ignore_index)
     device = hidden.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
     return _LinearCrossEntropy.apply(
@@ -46,6 +55,17 @@ def linear_cross_entropy(
         ignore_index,
         dtype,
         torch.is_grad_enabled(),
+    )
+
+
+def whole_cross_entropy(
+    hidden: Tensor, head: nn.Linear, targets: Tensor, *, label_smoothing: float = 0.0, ignore_index: int = -100
+) -> Tensor:
+    """`linear_cross_entropy` in one piece: the whole logits matrix, `F.cross_entropy` in fp32 over it (the
+    products in the autocast precision). One product forward and two backward, whatever the number of rows."""
+    logits = F.linear(hidden.flatten(0, -2), head.weight, head.bias)  # (tokens, vocab)
+    return F.cross_entropy(
+        logits.float(), targets.flatten(), ignore_index=ignore_index, label_smoothing=label_smoothing
     )
 
 
