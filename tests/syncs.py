@@ -4,7 +4,11 @@
 element to the host) or `aten.is_nonzero` (a tensor's truth value); `torch.nonzero` and boolean-mask indexing,
 whose output size depends on the data, read that size back too (`aten.nonzero`, `aten.masked_select`, ...). A
 `TorchDispatchMode` sees every one of them, whichever Python line asked: on the CPU it counts what would be a
-sync on a GPU, so a CPU-only suite keeps the training step sync-free.
+sync on a GPU, so a CPU-only suite keeps the training step sync-free. A copy from a device to the host (`.cpu()`,
+`.to("cpu")`, `copy_` into a CPU tensor: `aten._to_copy` or `aten.copy_` with a CPU destination and a source
+elsewhere) waits for the device too, and so do `torch.cuda.synchronize()` and a CUDA stream's or event's
+`synchronize()`, which dispatch nothing: the counter wraps them while it is open. On a CPU-only machine a device
+is the meta device (whose copies to the host fail after they are counted) or a fake one.
 
     with SyncCounter() as syncs:
         loss = model(ids, targets); loss.backward()
@@ -31,6 +35,12 @@ SYNCING = {
     aten.repeat_interleave.Tensor: "repeat_interleave with tensor repeats (data-dependent size)",
 }
 
+# Copies whose destination is the host: (op, where the source is, where the destination goes)
+COPIES = {
+    aten._to_copy.default: lambda args, kwargs: (args[0], kwargs.get("device")),
+    aten.copy_.default: lambda args, kwargs: (args[1], args[0].device),
+}
+
 # Indexing ops that read a boolean mask's count of True back first (`x[mask]`, `x[mask] = v`): each runs
 # `nonzero` inside its kernel, where the mode does not see it.
 MASK_INDEXING = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default}
@@ -52,6 +62,7 @@ class SyncCounter(TorchDispatchMode):
         self._reads = _HostReads(self.syncs)
 
     def __enter__(self):
+        self._waits = _wrap_synchronize(self.syncs)
         self._reads.__enter__()
         return super().__enter__()
 
@@ -60,6 +71,8 @@ class SyncCounter(TorchDispatchMode):
             return super().__exit__(*exc)
         finally:
             self._reads.__exit__(*exc)
+            for owner, name, original in self._waits:
+                setattr(owner, name, original)
 
     @property
     def count(self) -> int:
@@ -68,6 +81,8 @@ class SyncCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func in SYNCING:
             self.syncs.append((SYNCING[func], _caller()))
+        elif func in COPIES and _to_host(*COPIES[func](args, kwargs or {})):
+            self.syncs.append(("a copy from the device to the host (.cpu(), .to('cpu'), copy_)", _caller()))
         elif func in MASK_INDEXING and any(_is_mask(i) for i in args[1]):
             self.syncs.append((f"{func.name()} with a boolean mask (data-dependent size)", _caller()))
         return func(*args, **(kwargs or {}))
@@ -75,6 +90,27 @@ class SyncCounter(TorchDispatchMode):
     def report(self) -> str:
         """One line per sync: which op and the innermost kqv line that asked for it."""
         return "\n".join(f"{op} at {where}" for op, where in self.syncs) or "no syncs"
+
+
+def _to_host(source, destination) -> bool:
+    """Whether a copy of `source` to `destination` (a device; None: where it is) leaves a device for the host."""
+    where = source.device if isinstance(source, torch.Tensor) else torch.device("cpu")
+    return destination is not None and torch.device(destination).type == "cpu" and where.type != "cpu"
+
+
+def _wrap_synchronize(syncs: list[tuple[str, str]]) -> list[tuple[object, str, object]]:
+    """torch.cuda's synchronize functions, counting each call in `syncs`; returns what to restore."""
+    replaced = []
+    for owner, label in ((torch.cuda, "torch.cuda"), (torch.cuda.Stream, "Stream"), (torch.cuda.Event, "Event")):
+        original = owner.synchronize
+
+        def counted(*args, _original=original, _label=f"{label}.synchronize()", **kwargs):
+            syncs.append((_label, _caller()))
+            return _original(*args, **kwargs)
+
+        owner.synchronize = counted
+        replaced.append((owner, "synchronize", original))
+    return replaced
 
 
 class _HostReads(TorchFunctionMode):

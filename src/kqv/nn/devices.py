@@ -194,7 +194,10 @@ class Accelerator:
         return tf32_products(enabled) if self.type == "cuda" else nullcontext()
 
     def batch(self, batch: Any) -> Any:
-        """A training batch on this device; on the CPU the batch itself, untouched (no per-step cost there)."""
+        """A training batch on this device; on the CPU the batch itself, untouched (no per-step cost there).
+        Elsewhere the copy is queued behind the device's work without waiting for it (`put`): a training step
+        reads nothing back (`kqv.train.update`), so the host makes and copies the next batch while the device
+        still computes this one, with no loader thread."""
         return batch if self.type == "cpu" else self.put(batch)
 
     def staged(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -204,9 +207,12 @@ class Accelerator:
         return tensor.pin_memory() if _pins(self, tensor) else tensor
 
     def put(self, batch: Any) -> Any:
-        """`batch` (a tensor, or a tuple/list/dict of them, anything else kept) on this device."""
+        """`batch` (a tensor, or a tuple/list/dict of them, anything else kept) on this device. A host tensor is
+        made contiguous first (a batch is often a view, `blocks[:, :-1]`): from a non-contiguous source, pinned or
+        not, CUDA copies through a pageable temporary, synchronously."""
         if isinstance(batch, torch.Tensor):
-            return self.staged(batch).to(self.device, non_blocking=True)
+            host = batch.contiguous() if batch.device.type == "cpu" and self.type != "cpu" else batch
+            return self.staged(host).to(self.device, non_blocking=True)
         if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
             return type(batch)(*(self.put(x) for x in batch))
         if isinstance(batch, (tuple, list)):
