@@ -144,6 +144,11 @@ class TokenBatches:
             "targets": pad_sequences([torch.cat((t, eos)) for t in tgt], -100),
         }
 
+    @staticmethod
+    def target_tokens(batch: dict[str, Tensor]) -> int:
+        """The targets of a batch that a loss averages over (padding's -100 excluded), counted on the host."""
+        return int((batch["targets"] != -100).sum())
+
     def real_tokens(self, i: int) -> int:
         rows = self.indices(i)
         return int(self.src_lengths[rows].sum() + self.tgt_lengths[rows].sum())

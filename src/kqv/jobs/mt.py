@@ -396,6 +396,7 @@ class MTJob(Job):
             "train_batches": train_batches,
             "extra_state": state,
             "loss_fn": lambda m, b: mt_loss(m, b, config.train.label_smoothing),
+            "loss_terms": TokenBatches.target_tokens,  # under torchrun (kqv.train.distributed.share)
             "eval_fn": DevEvaluation(config, data, options, state),
             "afterwards": test_cost(config, len(data.texts["test"][0])),
         }

@@ -38,10 +38,12 @@ class TrainConfig(Config):
     update whose loss or gradient is not finite is skipped; `max_bad_steps` of them in a row stop training
     (`TrainingDiverged`). Under torchrun, `parallel` says how the processes share the work: "ddp" (each holds the
     whole model) or "fsdp" (each holds a shard of the weights, gradients and optimizer state); one process ignores
-    it. `device` is where the model trains (`kqv.nn.devices.Accelerator`: a device this machine lacks is a
-    ConfigError when training starts); `tf32` lets a CUDA GPU run the products autocast leaves in fp32 on TF32
-    tensor cores, as nanoGPT and Lightning do (10-bit significands, within fp32's range; about 8x the fp32
-    throughput).
+    it, and `collective_timeout_minutes` is how long a collective waits for another process before it fails (the
+    process group's timeout, NCCL's watchdog included: torch's default is 30 minutes; rank 0's `eval_fn` runs while
+    the others wait, so it must take less). `device` is where the model trains (`kqv.nn.devices.Accelerator`: a
+    device this machine lacks is a ConfigError when training starts); `tf32` lets a CUDA GPU run the products
+    autocast leaves in fp32 on TF32 tensor cores, as nanoGPT and Lightning do (10-bit significands, within fp32's
+    range; about 8x the fp32 throughput).
     `compile` runs forward and backward through `torch.compile` (`kqv.train.compiling`: the whole model, or each
     block under FSDP): the first steps pay for compiling (80 s for a tiny model on 2 CPU cores), later ones run
     fused kernels, which pays on GPUs. Checkpoints are the same files either way; with dropout, inductor draws its
@@ -71,6 +73,7 @@ class TrainConfig(Config):
     max_bad_steps: int = 5  # updates in a row skipped for a non-finite loss or gradient before training stops
     compile: bool = False  # forward and backward through torch.compile (kqv.train.compiling)
     parallel: Parallel = "ddp"  # under torchrun: "ddp" replicates the model, "fsdp" shards it (kqv.train.sharding)
+    collective_timeout_minutes: float = 10.0  # under torchrun: a collective waiting longer for a process fails
 
     def check(self) -> None:
         for name, minimum in (
@@ -93,6 +96,7 @@ class TrainConfig(Config):
             raise ConfigError(f"max_minutes must be >= 0 (0 = no time limit), got {self.max_minutes}")
         self.check_budget()
         check_positive("lr", self.lr)
+        check_positive("collective_timeout_minutes", self.collective_timeout_minutes)
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError(f"min_lr_ratio must be in [0, 1] (the final lr over the peak), got {self.min_lr_ratio}")
         if self.weight_decay < 0:

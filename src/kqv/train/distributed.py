@@ -3,24 +3,26 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from ..errors import DataError, ProcessLost, spoken
 from ..nn.experts import expert_layers
 
 Batch = Any
+logger = logging.getLogger("kqv.train.trainer")  # the trainer's voice
 
 
 def backend_for(device: torch.device) -> str:
@@ -37,9 +39,10 @@ def rank_device(device: torch.device) -> torch.device:
     return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
 
 
-def init_distributed(device: torch.device | None = None) -> tuple[int, int, bool]:
+def init_distributed(device: torch.device | None = None, timeout_minutes: float = 10.0) -> tuple[int, int, bool]:
     """(rank, world size, whether we created the process group); under torchrun joins a group whose backend
-    suits `device`, where this process trains (`backend_for`; the CPU's when not given)."""
+    suits `device`, where this process trains (`backend_for`; the CPU's when not given), whose collectives fail
+    after waiting `timeout_minutes` for another process (`train.collective_timeout_minutes`) instead of hanging."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return 0, 1, False
     created = not dist.is_initialized()
@@ -47,7 +50,7 @@ def init_distributed(device: torch.device | None = None) -> tuple[int, int, bool
         device = device or torch.device("cpu")
         if device.type == "cuda":
             torch.cuda.set_device(rank_device(device))
-        dist.init_process_group(backend_for(device))
+        dist.init_process_group(backend_for(device), timeout=timedelta(minutes=timeout_minutes))
     _note_processes()
     return dist.get_rank(), dist.get_world_size(), created
 
@@ -116,14 +119,14 @@ def data_parallel(model: nn.Module) -> nn.parallel.DistributedDataParallel:
 
 @contextmanager
 def gradient_sync(model: nn.Module, sync: bool) -> Iterator[None]:
-    """Backward passes inside synchronise gradients across processes only when `sync`: with gradient
-    accumulation every micro-batch but the last accumulates locally (DDP's `no_sync`, FSDP2's
-    `set_requires_gradient_sync(False)`), and the last one's backward reduces the sum once."""
+    """Backward passes inside synchronise gradients across processes only when `sync`, under DDP: with gradient
+    accumulation every micro-batch but the last accumulates locally (`no_sync`), and the last one's backward
+    reduces the sum once; each process holds its whole gradient anyway. FSDP reduce-scatters every micro-batch's
+    gradient into its shard (grad_accum reductions per update instead of one): accumulating locally would hold
+    every block's whole unsharded gradient on every process until the last micro-batch (the model's parameter
+    count x 4 bytes in fp32, or x 2 in bf16 rounded at every sum), which is the memory FSDP is there to save."""
     model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper of a DDP model
-    if isinstance(model, FSDPModule):
-        model.set_requires_gradient_sync(sync)
-        yield
-    elif isinstance(model, nn.parallel.DistributedDataParallel) and not sync:
+    if isinstance(model, nn.parallel.DistributedDataParallel) and not sync:
         with model.no_sync():
             yield
     else:
@@ -153,6 +156,39 @@ def settle(world_size: int) -> None:
         dist.barrier()
 
 
+def update_mark(device: torch.device, world_size: int) -> Any:
+    """A mark in the device's queue after an update's last kernel (a CUDA event: recording it waits for nothing),
+    under several processes on a GPU; None elsewhere (on the CPU the host has waited for every op, collectives
+    included, by the time it runs the next line)."""
+    if world_size == 1 or device.type != "cuda":
+        return None
+    mark = torch.cuda.Event()
+    mark.record()
+    return mark
+
+
+@contextmanager
+def reads_up_to(mark: Any, wait: float = 5.0) -> Iterator[bool]:
+    """Inside, reads of the device wait only for the work queued before `mark` (`update_mark`): on a side stream
+    that waits for the mark, not behind the collectives queued after it, which another process may never join (an
+    interrupted rank's save). Yields whether that work is done within `wait` seconds; when not (a collective of
+    the marked update is still pending), nothing may be read, and it says so."""
+    if mark is None:
+        yield True
+        return
+    deadline = time.monotonic() + wait
+    while not mark.query() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if not mark.query():
+        logger.warning("interrupted while the last update waited for another process: its checkpoint stands")
+        yield False
+        return
+    side = torch.cuda.Stream()
+    side.wait_event(mark)
+    with torch.cuda.stream(side):
+        yield True
+
+
 def rank0_says(flag: bool, world_size: int) -> bool:
     """Rank 0's `flag` on every rank (every rank must call it), so that all stop at the same update."""
     if world_size == 1:
@@ -162,24 +198,56 @@ def rank0_says(flag: bool, world_size: int) -> bool:
     return bool(decided)
 
 
-def slice_batch(batch: Batch, rank: int, world_size: int, batch_size: int) -> Batch:
-    """This rank's rows of every tensor in the batch (the batch itself in a single process)."""
+def share(
+    batch: Batch, rank: int, world_size: int, loss_terms: Callable[[Batch], float] | None = None
+) -> tuple[Batch, float]:
+    """This rank's rows of every tensor in `batch`, and the weight its loss takes so that the processes' mean of
+    the weighted losses is the loss of the whole batch in one process (and DDP's or FSDP's mean of the gradients
+    that one process's gradient). The batch's n rows (dim 0 of every tensor; a token-budget batch may have any
+    number) are cut at `r * n // world_size`; a rank left without rows (n < world_size) computes row 0 with weight
+    0. A `loss_fn` averages its loss over `loss_terms(batch)` terms (the targets that count, say; by default the
+    rows), so a rank's weight is `world_size * its terms / the batch's`: 1 when every rank has as many, as with a
+    fixed-size batch of fixed-size rows. One process: the batch itself, weight 1."""
     if world_size == 1:
-        return batch
+        return batch, 1.0
+    count = rows(batch)
+    start, end = rank * count // world_size, (rank + 1) * count // world_size
+    if start == end:
+        return _rows(batch, 0, 1, count), 0.0
+    local = _rows(batch, start, end, count)
+    terms = loss_terms or rows
+    whole = terms(batch)
+    return local, (world_size * terms(local) / whole if whole else 1.0)
+
+
+def rows(batch: Batch) -> int:
+    """The rows of a batch: dim 0 of its first tensor; a DataError for a batch without one."""
+    if isinstance(batch, Tensor) and batch.dim() > 0:
+        return batch.shape[0]
+    parts = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (tuple, list)) else ()
+    for part in parts:
+        with suppress(DataError):
+            return rows(part)
+    raise DataError(
+        f"under torchrun a batch is split along dim 0 of its tensors (its rows), but this one has none: {batch!r:.200}"
+    )
+
+
+def _rows(batch: Batch, start: int, end: int, count: int) -> Batch:
+    """Rows `start:end` of every tensor in the batch, each of which must have `count` rows."""
     if isinstance(batch, Tensor):
-        if batch.dim() == 0 or batch.shape[0] != batch_size:
+        if batch.dim() == 0 or batch.shape[0] != count:
             raise DataError(
-                f"under torchrun every tensor in a batch is split along dim 0, which must be "
-                f"batch_size={batch_size}; got a tensor of shape {tuple(batch.shape)}"
+                f"under torchrun every tensor in a batch is split along dim 0, so every one must have the batch's "
+                f"{count} rows; got a tensor of shape {tuple(batch.shape)}"
             )
-        rows = batch_size // world_size
-        return batch[rank * rows : (rank + 1) * rows]
+        return batch[start:end]
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
-        return type(batch)(*(slice_batch(x, rank, world_size, batch_size) for x in batch))
+        return type(batch)(*(_rows(x, start, end, count) for x in batch))
     if isinstance(batch, (tuple, list)):
-        return type(batch)(slice_batch(x, rank, world_size, batch_size) for x in batch)
+        return type(batch)(_rows(x, start, end, count) for x in batch)
     if isinstance(batch, dict):
-        return {k: slice_batch(v, rank, world_size, batch_size) for k, v in batch.items()}
+        return {k: _rows(v, start, end, count) for k, v in batch.items()}
     return batch
 
 

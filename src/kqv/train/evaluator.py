@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from ..errors import ConfigTypeError
 from . import distributed
 from .config import TrainConfig
-from .distributed import Batch, slice_batch
+from .distributed import Batch
 from .nonfinite import check_loss
 from .precision import MixedPrecision
 from .rng import rng_state, set_rng_state
@@ -34,8 +34,9 @@ class Evaluator:
         sharded: bool,
         rank: int,
         world_size: int,
+        loss_terms: Callable[[Batch], float] | None = None,
     ):
-        self.config, self.precision, self.loss_fn = config, precision, loss_fn
+        self.config, self.precision, self.loss_fn, self.loss_terms = config, precision, loss_fn, loss_terms
         self.val_batches, self.eval_fn = val_batches, eval_fn
         self.sharded, self.rank, self.world_size = sharded, rank, world_size
 
@@ -68,7 +69,8 @@ class Evaluator:
         """The mean validation loss over `eval_batches` batches and every process."""
         total = torch.zeros((), device=self.precision.device.device)
         for i in range(self.config.eval_batches):
-            local = slice_batch(self.val_batches(i), self.rank, self.world_size, self.config.batch_size)
-            total += check_loss(self.loss_fn(model, self.precision.device.batch(local))).float()
+            local, weight = distributed.share(self.val_batches(i), self.rank, self.world_size, self.loss_terms)
+            loss = check_loss(self.loss_fn(model, self.precision.device.batch(local))).float()
+            total += loss if weight == 1 else loss * weight
         reshard(model)  # FSDP keeps the root's weights gathered after a forward without a backward
         return distributed.process_mean(total, self.world_size).item() / self.config.eval_batches

@@ -18,7 +18,7 @@ from . import distributed
 from .config import TrainConfig
 from .precision import MixedPrecision, bound_kernel_caches
 from .saving import check_saved_weights
-from .sharding import build_model, shard
+from .sharding import build_model, precision_policy, shard
 
 
 class Placement(NamedTuple):
@@ -42,7 +42,9 @@ def place(
     bound_kernel_caches()  # before the first bf16 kernel is built
     device = Accelerator.resolve(distributed.rank_device(Accelerator.resolve(config.device).device))
     precision = MixedPrecision(device, config.precision, config.tf32)
-    rank, world_size, owns_process_group = distributed.init_distributed(device.device)
+    rank, world_size, owns_process_group = distributed.init_distributed(
+        device.device, config.collective_timeout_minutes
+    )
     if config.batch_size % world_size:
         raise ConfigError(
             f"batch_size ({config.batch_size}) must be divisible by the number of processes "
@@ -51,5 +53,8 @@ def place(
     sharded = config.parallel == "fsdp" and world_size > 1
     check_saved_weights(saved_weights, sharded)
     home = build_model(model, sharded, rank)
-    placed = shard(home, device.device) if sharded else home.to(device.device)
+    if sharded:  # in FSDP's precision: bf16 gathers and fp32 reductions for bf16
+        placed = shard(home, device.device, precision_policy(device.precision(config.precision)))
+    else:
+        placed = home.to(device.device)
     return Placement(device, precision, rank, world_size, owns_process_group, sharded, home, placed)

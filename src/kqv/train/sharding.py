@@ -55,7 +55,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from ..errors import ConfigError, ConfigTypeError, RunError
@@ -90,12 +90,26 @@ def on_meta(model: nn.Module) -> bool:
     return any(t.is_meta for t in itertools.chain(model.parameters(), model.buffers()))
 
 
-def shard(model: nn.Module, device: torch.device) -> nn.Module:
+def precision_policy(resolved: str) -> MixedPrecisionPolicy:
+    """FSDP2's precision for a run in `resolved` precision. bf16: each block's weights gathered in bf16 (half the
+    bytes of fp32 to send and hold) and the gradients reduce-scattered in fp32 into the fp32 shards the optimizer
+    updates, as torchtitan trains. Autocast stays on around the forward (`MixedPrecision.autocast`): the gathered
+    weights are bf16 already, so it casts none of them; it keeps softmax, norms and the loss in fp32, lets fp32
+    buffers (RoPE's, sinusoidal positions) meet bf16 activations, and gives rank 0's plain model its precision
+    for an `eval_fn`. Otherwise FSDP's default: weights and gradients in their own dtype, autocast as in one
+    process."""
+    if resolved == "bf16":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def shard(model: nn.Module, device: torch.device, policy: MixedPrecisionPolicy | None = None) -> nn.Module:
     """A copy of `model` sharded across the processes, each holding its shard alone on `device`: `fully_shard` on
     every encoder and decoder block, then on the whole model (embeddings, final norm and output layer, tied weights
     included). Its weights are the rows every rank kept when it built `model` (`kqv.train.slices.build_sliced`),
-    or else rank 0's model's, broadcast. `model` is released to the meta device on every rank; `gather_to_rank0`
-    fills it again. Every rank must call this."""
+    or else rank 0's model's, broadcast, gathered and reduced in the precision of `policy` (`precision_policy`).
+    `model` is released to the meta device on every rank; `gather_to_rank0` fills it again. Every rank must call
+    this."""
     if expert_layers(model):
         raise ConfigError(
             'train.parallel = "fsdp" cannot shard mixture-of-experts layers yet: an expert that gets no tokens on '
@@ -114,7 +128,7 @@ def shard(model: nn.Module, device: torch.device) -> nn.Module:
     weights = model.state_dict() if from_rank0 and rank0 else {}  # alive until broadcast
     buffers = {name: b for name, b in model.named_buffers() if not b.is_meta}  # every rank's, or rank 0's
     persistent = set(model.state_dict()) & set(buffers)
-    sharded = _skeleton(model, device)
+    sharded = _skeleton(model, device, policy or MixedPrecisionPolicy())
     if not from_rank0:
         _adopt(sharded, slices, device)
         for name, buffer in buffers.items():  # not sharded: every rank's whole, made as one process makes them
@@ -154,14 +168,15 @@ def every_rank(value: bool) -> bool:
     return bool(flag)
 
 
-def _skeleton(model: nn.Module, device: torch.device) -> nn.Module:
-    """A sharded copy of `model`'s skeleton, on the meta device; `model` is released to the meta device."""
+def _skeleton(model: nn.Module, device: torch.device, policy: MixedPrecisionPolicy) -> nn.Module:
+    """A sharded copy of `model`'s skeleton, on the meta device, in `policy`'s precision; `model` is released to
+    the meta device."""
     replace_tensors(model, lambda t: torch.empty_like(t, device="meta"))
     sharded = copy.deepcopy(model)  # the skeleton: nothing to copy
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     for block in (m for m in sharded.modules() if isinstance(m, (EncoderBlock, DecoderBlock))):
-        fully_shard(block, mesh=mesh)
-    fully_shard(sharded, mesh=mesh)
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(sharded, mesh=mesh, mp_policy=policy)
     return sharded
 
 

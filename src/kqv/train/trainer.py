@@ -29,9 +29,10 @@ Multi-process training. Launch the same script with `torchrun --nproc_per_node N
 the trainer joins a process group (gloo; NCCL for CUDA tensors) and wraps the model in DistributedDataParallel,
 or with `parallel="fsdp"` trains a sharded copy of it, each rank holding only its shard (`kqv.train.sharding`: ranks
 other than 0 may pass a model on the meta device, or a function that builds it; same checkpoint files). Every rank calls
-`train_batches(i)` and gets the same global batch of `batch_size` rows; rank r keeps rows
-`[r * batch_size / N, (r + 1) * batch_size / N)` of every tensor in it (non-tensor items are shared), so the batch
-function is the same for one or N processes and the result equals one process up to float rounding. `loss_fn`
+`train_batches(i)` and gets the same global batch (of `batch_size` rows, or fewer: a token budget's); of its n rows
+rank r keeps rows `[r * n // N, (r + 1) * n // N)` of every tensor in it (non-tensor items are shared), its loss
+weighted by its share of the batch's `loss_terms` (`kqv.train.distributed.share`), so the batch function is the
+same for one or N processes and the result equals one process up to float rounding. `loss_fn`
 receives the wrapped model and must call it (its `forward`) for gradients to be synchronised. Only rank 0
 writes files and shows progress.
 
@@ -104,6 +105,9 @@ class Trainer:
     `saved_weights(state_dict)` (optional) picks the part of the model's state dict its checkpoints hold (default:
     all of it): a LoRA fine-tune saves its adapters alone, its frozen rest being its source's. A resume then loads
     exactly those tensors into the model, whose other weights its caller has set (`partial_loader`).
+
+    `loss_terms(batch)` (optional): how many terms `loss_fn` averages over in a batch (its targets that count, say;
+    by default its rows), by which each process's loss is weighted under torchrun (`kqv.train.distributed.share`).
     """
 
     def __init__(
@@ -124,6 +128,7 @@ class Trainer:
         clock: Callable[[], float] | None = None,
         reporter: Reporter | None = None,
         saved_weights: Callable[[dict[str, Tensor]], dict[str, Tensor]] | None = None,
+        loss_terms: Callable[[Batch], float] | None = None,
     ):
         if not isinstance(config, TrainConfig):
             raise ConfigTypeError(f"config must be a TrainConfig, got {type(config).__name__}")
@@ -153,6 +158,7 @@ class Trainer:
         # The loop's state: generators and where an interrupt may save.
         self._saved_rng: list[dict | None] | None = None  # generator states of a resumed run, per rank
         self._boundary_rng: dict[str, Any] | None = None  # generator state after the last completed update
+        self._mark: Any = None  # the device's queue after the last completed update (`distributed.update_mark`)
         self._left: float | None = None  # the estimated seconds of training left, after the last update
         # The run directory: the job's, or one this trainer opens itself (given a path) and closes after train().
         self._owned = ExitStack()
@@ -175,11 +181,12 @@ class Trainer:
         # forward and backward: in DDP under several processes, compiled with train.compile (kqv.train.compiling)
         self.ddp_model = training_module(self.model, self.world_size, self.sharded, config.compile)
         self.evaluator = Evaluator(
-            self.config, self.precision, loss_fn, val_batches, eval_fn, self.sharded, self.rank, self.world_size
-        )
+            self.config, self.precision, loss_fn, val_batches, eval_fn, self.sharded, self.rank, self.world_size,
+            loss_terms,
+        )  # fmt: skip
         self.updater = Updater(
             self.config, self.model, self.optimizer, self.precision, self.guard, train_batches, loss_fn,
-            tokens_per_batch, self.rank, self.world_size,
+            tokens_per_batch, self.rank, self.world_size, loss_terms,
         )  # fmt: skip
 
     @classmethod
@@ -281,6 +288,7 @@ class Trainer:
                     self.updater.apply(outcome)
                     self.state.step += 1
                     self._boundary_rng = rng_state()
+                    self._mark = distributed.update_mark(self.device.device, self.world_size)  # its kernels queued
                 window.add(self.step, outcome.loss, outcome.grad_norm, outcome.good, outcome.tokens)
                 planning = planner is not None and planner.due(self.step)
                 read = self._due() or planning
@@ -424,15 +432,20 @@ class Trainer:
             warn_withheld(self.step, len(self.guard.streak), self.checkpoints.last_saved)
 
     def _save_after_interrupt(self, window: Window, clock: float) -> None:
-        """Rank 0, on Ctrl-C or SIGTERM: save the last completed update, unless the guard was skipping updates."""
+        """Rank 0, on Ctrl-C or SIGTERM: save the last completed update, unless the guard was skipping updates.
+        Under several processes on GPUs it reads only what that update queued (`distributed.reads_up_to`), never
+        what a pending collective of the next one holds, and saves nothing if that update itself is still waiting."""
         if self.rank != 0:
             return
-        with suppress(TrainingDiverged):
-            self._read(window)  # the updates since the last read: was the last one skipped?
-        self.state.elapsed_s = self.clock() - clock
-        saved = self.checkpoints.after_interrupt(
-            self.state, self.config, self.extra_state, self._boundary_rng, self.guard.skipping
-        )
+        with distributed.reads_up_to(self._mark) as readable:
+            if not readable:
+                return
+            with suppress(TrainingDiverged):
+                self._read(window)  # the updates since the last read: was the last one skipped?
+            self.state.elapsed_s = self.clock() - clock
+            saved = self.checkpoints.after_interrupt(
+                self.state, self.config, self.extra_state, self._boundary_rng, self.guard.skipping
+            )
         if saved and self.run.metrics_file.exists():
             self._plot()
 

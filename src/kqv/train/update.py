@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from . import distributed
 from .config import TrainConfig
-from .distributed import Batch, batch_tokens, slice_batch
+from .distributed import Batch, batch_tokens
 from .nonfinite import NonFiniteGuard, check_loss
 from .precision import MixedPrecision
 
@@ -50,10 +50,11 @@ class Updater:
         tokens_per_batch: int | Callable[[int], int] | None,
         rank: int,
         world_size: int,
+        loss_terms: Callable[[Batch], float] | None = None,
     ):
         self.config, self.model, self.optimizer, self.precision, self.guard = config, model, optimizer, precision, guard
         self.batches, self.loss_fn, self.tokens_per_batch = batches, loss_fn, tokens_per_batch
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.loss_terms = rank, world_size, loss_terms
 
     def __call__(self, module: nn.Module, step: int, lr: float) -> Outcome:
         """The gradient of update `step + 1` at learning rate `lr` over `grad_accum` micro-batches, forward and
@@ -70,10 +71,12 @@ class Updater:
             batch = self.batches(i)
             count = self.tokens(i, batch)
             tokens = None if tokens is None or count is None else tokens + count
-            local = self.precision.device.batch(slice_batch(batch, self.rank, self.world_size, cfg.batch_size))
+            local, weight = distributed.share(batch, self.rank, self.world_size, self.loss_terms)
+            local = self.precision.device.batch(local)
             with distributed.gradient_sync(module, j == cfg.grad_accum - 1):
                 with self.precision.autocast():
                     loss = check_loss(self.loss_fn(module, local))
+                    loss = loss if weight == 1 else loss * weight  # this rank's share (`distributed.share`)
                 self.precision.backward(loss / cfg.grad_accum)
             total += loss.detach().float()
         mean_loss = distributed.process_mean(total / cfg.grad_accum, self.world_size)  # the same on every rank
