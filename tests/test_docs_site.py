@@ -68,6 +68,19 @@ def test_the_site_builds_strictly_offline_without_a_warning(tmp_path_factory):
     assert 'id="kqv.api.load"' in api and 'id="kqv.nn.attention.MultiHeadAttention"' in api
 
 
+def test_the_notebook_s_links_to_the_guide_are_site_addresses_with_anchors_that_exist(tmp_path_factory):
+    """The notebook links `experiments.md#...` as Jupyter and GitHub read them; mkdocs-jupyter's HTML is not
+    rewritten by MkDocs, so docs/hooks/notebook_links.py does it: no link of the built page points to a .md file,
+    and every link to the gallery names an anchor the gallery has."""
+    built, site = built_site(tmp_path_factory)
+    page = (site / "lecture" / "index.html").read_text()
+    links = re.findall(r'href="([^"]+)"', page)
+    assert not [link for link in links if re.search(r"\.md($|#)", link)], "a link to a Markdown file"
+    gallery = (site / "experiments" / "index.html").read_text()
+    anchors = [link.partition("#")[2] for link in links if link.startswith("../experiments/#")]
+    assert anchors and all(f'id="{anchor}"' in gallery for anchor in anchors)
+
+
 def test_the_strict_build_fails_on_a_page_with_a_broken_reference_or_link(tmp_path):
     """The check above can fail: a copy of the site whose getting-started page gains a reference with no target
     (what `[PAD] [CLS]` once was) and a link to a page that does not exist does not build, and its log names both."""
