@@ -19,8 +19,12 @@ rounds of tokens/s (batch x context / step time).
 
 MFU = tokens/s x training FLOPs per token / peak FLOP/s, where FLOPs per token = 6N + 12 L d T (Chowdhery et al.
 2022, appendix B: 6N for the matmuls of N parameters forward and backward, the tied output layer included, plus the
-attention scores and weighted sums, counted for the full square), and the peak is measured in the same run: the
-best of several large square bf16 matmuls (`--peak-size`, default 8192), before and after the rounds.
+attention scores and weighted sums, counted for the full square), against two peaks: the one measured in the same
+run (the best of several large square bf16 matmuls, `--peak-size`, default 8192, before and after the rounds),
+and the bf16 dense peak of the GPU's specification sheet (`mfu_spec`: 989 TFLOP/s for an H100 SXM, not the
+1,979 of 2:4 sparsity), which nanoGPT's and the papers' MFU divide by; a measured peak is often 650-800 TFLOP/s
+on an H100, so MFU by it reads 1.25-1.5x higher. The models default to kqv and the peers whose packages are
+installed (transformers, x-transformers); kqv's own needs neither. `--dry-run` says what would run and imports it.
 
 It refuses to run without CUDA. `--tiny` runs everything at a tiny size on the CPU in fp32 (the peak in fp32, and
 torch.compile with the "eager" backend, which traces the models as compile does without generating kernels): a
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import statistics
@@ -41,6 +46,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from torch import Tensor
@@ -53,13 +59,12 @@ TINY = Shape(vocab=256, d_model=32, heads=2, layers=2, d_ff=64, context=32, batc
 
 
 def build_kqv(s: Shape, args: argparse.Namespace):
-    """kqv's DecoderLM with the config `kqv.interop` reads from the GPT-2 config of the same shape."""
-    from transformers import GPT2Config
-
+    """kqv's DecoderLM with the config `kqv.interop` reads from a GPT-2 config of the same shape (its fields
+    given as a namespace: kqv's own model needs no transformers)."""
     from kqv import DecoderLM
-    from kqv.interop.convert import config_from_hf
+    from kqv.interop.architectures import gpt2_config
 
-    hf = GPT2Config(
+    gpt2 = SimpleNamespace(
         vocab_size=s.vocab,
         n_positions=s.context,
         n_embd=s.d_model,
@@ -69,11 +74,27 @@ def build_kqv(s: Shape, args: argparse.Namespace):
         activation_function=args.hf_act,
         layer_norm_epsilon=1e-5,
         tie_word_embeddings=True,
+        scale_attn_weights=True,
+        scale_attn_by_inverse_layer_idx=False,
+        add_cross_attention=False,
     )
-    return DecoderLM(config_from_hf(hf)), lambda model, ids, targets: model(ids, targets)
+    return DecoderLM(gpt2_config(gpt2)), lambda model, ids, targets: model(ids, targets)
 
 
 BUILDERS = {"kqv": build_kqv, "hf": build_hf, "xtrans": build_xtrans}
+NEEDS = {"kqv": "kqv", "hf": "transformers", "xtrans": "x_transformers"}  # the package each model is built with
+# Dense bf16 tensor-core peaks of the specification sheets (no 2:4 sparsity: H100 SXM's 1,979 TFLOPS is sparse),
+# by a name torch.cuda.get_device_name() contains; the first that matches
+SPEC_PEAKS = [("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200", 989e12), ("A100", 312e12)]
+
+
+def spec_peak(device: str) -> float | None:
+    """The bf16 dense peak FLOP/s of `device`'s specification sheet, if kqv knows its name."""
+    return next((peak for name, peak in SPEC_PEAKS if name in device), None)
+
+
+def installed(name: str) -> bool:
+    return importlib.util.find_spec(NEEDS[name]) is not None
 
 
 class Run:
@@ -151,7 +172,9 @@ def make_batches(s: Shape, device: str, seed: int, n: int = 4) -> list[tuple[Ten
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true", help="a tiny size on the CPU in fp32: a smoke test")
-    parser.add_argument("--models", default="kqv,hf,xtrans", help="comma-separated subset of kqv,hf,xtrans")
+    parser.add_argument(
+        "--models", default=None, help="comma-separated subset of kqv,hf,xtrans (default: kqv and the installed peers)"
+    )
     parser.add_argument("--compile", choices=["both", "no", "yes"], default="both", help="torch.compile or not")
     parser.add_argument("--batch", type=int, default=None, help="rows per step (default 8; 1024 tokens each)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per model per round (default 10)")
@@ -161,10 +184,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, default=None, help=f"JSON (default {RESULTS}; --tiny: only if given)")
+    parser.add_argument("--dry-run", action="store_true", help="say what would run and check its imports; no run")
     args = parser.parse_args(argv)
-    args.names = [n.strip() for n in args.models.split(",") if n.strip()]
+    asked = args.models or ",".join(name for name in BUILDERS if installed(name))
+    args.names = [n.strip() for n in asked.split(",") if n.strip()]
     if sorted(set(args.names) - set(BUILDERS)):
         parser.error(f"unknown model(s) {sorted(set(args.names) - set(BUILDERS))}; choose from {sorted(BUILDERS)}")
+    missing = [f"{name} needs {NEEDS[name]}" for name in args.names if not installed(name)]
+    if missing:
+        parser.error(f"not installed: {'; '.join(missing)} (pip install it, or leave the model out of --models)")
+    args.skipped = [name for name in BUILDERS if name not in args.names]
     args.device = "cpu" if args.tiny else "cuda"
     args.warmup = args.warmup if args.warmup is not None else (1 if args.tiny else 3)
     args.compile_backend = "eager" if args.tiny else "inductor"
@@ -195,7 +224,10 @@ def measure(args: argparse.Namespace, s: Shape) -> tuple[list[Run], float]:
 
 
 def report(args: argparse.Namespace, s: Shape, runs: list[Run], peak: float) -> dict:
-    """The table (printed) and the JSON record."""
+    """The table (printed) and the JSON record: MFU against the peak measured here, and against the bf16 dense
+    peak of the device's specification sheet (`SPEC_PEAKS`), which nanoGPT's and the papers' MFU use."""
+    device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    spec = spec_peak(device) if args.device == "cuda" else None
     rows = []
     for run in runs:
         tokens_per_s = statistics.median(run.tokens_per_s)
@@ -209,17 +241,19 @@ def report(args: argparse.Namespace, s: Shape, runs: list[Run], peak: float) -> 
                 "rounds_tokens_per_s": run.tokens_per_s,
                 "flops_per_token": flops,
                 "mfu": tokens_per_s * flops / peak,
+                "mfu_spec": tokens_per_s * flops / spec if spec else None,
                 "first_loss": run.losses[0],
                 "last_loss": run.losses[-1],
             }
         )
-    print(f"\n{'model':16s} {'parameters':>12s} {'tokens/s':>12s} {'MFU':>7s}")
+    print(f"\n{'model':16s} {'parameters':>12s} {'tokens/s':>12s} {'MFU':>7s} {'MFU spec':>9s}")
     for row in rows:
         label = row["model"] + (" compiled" if row["compiled"] else "")
-        print(f"{label:16s} {row['parameters']:>12,} {row['tokens_per_s']:>12,.0f} {row['mfu']:>7.1%}")
-    device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+        by_spec = f"{row['mfu_spec']:>9.1%}" if spec else f"{'n/a':>9s}"
+        print(f"{label:16s} {row['parameters']:>12,} {row['tokens_per_s']:>12,.0f} {row['mfu']:>7.1%} {by_spec}")
     print(
-        f"peak ({'bf16' if args.device == 'cuda' else 'fp32'} matmul, measured): {peak / 1e12:,.1f} TFLOP/s on {device}"
+        f"peak ({'bf16' if args.device == 'cuda' else 'fp32'} matmul, measured): {peak / 1e12:,.1f} TFLOP/s on "
+        f"{device}; specification (bf16 dense): {f'{spec / 1e12:,.0f} TFLOP/s' if spec else 'not known for it'}"
     )
     return {
         "benchmark": "gpu_train",
@@ -228,14 +262,31 @@ def report(args: argparse.Namespace, s: Shape, runs: list[Run], peak: float) -> 
         "precision": "bf16 autocast" if args.device == "cuda" else "fp32",
         "shape": asdict(s),
         "peak_flops": peak,
+        "spec_peak_flops": spec,
+        "skipped_models": args.skipped,
         "compile_backend": args.compile_backend,
         "rows": rows,
         "versions": versions(),
     }
 
 
+def dry_run(args: argparse.Namespace) -> int:
+    """What a run with `args` would do, its models' packages imported to check them; nothing is measured."""
+    for name in args.names:
+        importlib.import_module(NEEDS[name])
+    s = TINY if args.tiny else GPT2_SMALL
+    compiled = {"both": "with and without torch.compile", "no": "eager", "yes": "compiled"}[args.compile]
+    print(f"would train {', '.join(args.names)} ({compiled}) at {asdict(s)} on {args.device}", end="")
+    print(f"; not installed, left out: {', '.join(args.skipped)}" if args.skipped else "")
+    checked = ", ".join(NEEDS[name] for name in args.names)
+    print(f"would write {args.output or (None if args.tiny else RESULTS)}; imported: torch, {checked}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.dry_run:
+        return dry_run(args)
     if not args.tiny and not torch.cuda.is_available():
         print(
             "gpu_train.py measures training on a CUDA GPU, and torch sees none here (torch.cuda.is_available() is "

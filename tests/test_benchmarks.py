@@ -2,6 +2,7 @@
 needs (an import the library renamed fails here, not in the middle of an hour-long measurement)."""
 
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -133,11 +134,40 @@ def test_gpu_sh_runs_the_cuda_tests_and_both_gpu_benchmarks_into_one_folder():
     script = (BENCHMARKS[0].parent / "gpu.sh").read_text()
     for step in (
         "kqv.cli env --json",
-        "tests/test_devices.py tests/test_kernels.py tests/test_syncs.py",
+        "cuda_tests=(tests/test_devices.py tests/test_kernels.py tests/test_syncs.py tests/test_batch_copies.py)",
+        '"${pytest_here[@]}" "${cuda_tests[@]}" --junitxml',
         "benchmarks/gpu_train.py --output",
         "benchmarks/generation_speed.py --device cuda --output",
     ):
         assert step in script
+
+
+def test_gpu_sh_dry_run_walks_every_step_checks_its_imports_and_writes_nothing(tmp_path):
+    """`bash benchmarks/gpu.sh --dry-run` on a machine without a GPU (CUDA hidden): every step said, the tests
+    collected in one process (pyproject's xdist addopts set aside), the benchmarks imported, kqv's model built
+    without transformers, nothing written."""
+    script = BENCHMARKS[0].parent / "gpu.sh"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    command = ["bash", str(script), "--dry-run", str(tmp_path / "out")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for step in ("step 1: python -m kqv.cli env", "step 2: python -m pytest -o addopts=", "step 3:", "step 4:"):
+        assert step in result.stdout, result.stdout
+    assert "tests/test_batch_copies.py" in result.stdout and "would train kqv" in result.stdout
+    assert "every step's imports work" in result.stdout and not (tmp_path / "out").exists()
+
+
+def test_gpu_train_builds_kqv_s_gpt2_without_transformers_and_reports_mfu_against_the_specification():
+    code = (
+        "import sys; sys.path.insert(0, 'benchmarks'); import gpu_train as g; "
+        "a = g.parse(['--models', 'kqv', '--tiny']); m, _ = g.build_kqv(g.GPT2_SMALL, a); "
+        "print(sum(p.numel() for p in m.parameters()), 'transformers' in sys.modules, "
+        "g.spec_peak('NVIDIA H100 80GB HBM3'), g.spec_peak('NVIDIA H100 PCIe'), g.spec_peak('Some GPU'))"
+    )
+    root = BENCHMARKS[0].parent.parent
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["124439808", "False", "989000000000000.0", "756000000000000.0", "None"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
