@@ -254,15 +254,19 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """x (batch, q_time, d_model); memory (batch, k_time, d_model) for cross-attention.
 
-        `positions` (q_time,) are the absolute positions of x's tokens (default 0..q_time-1, or after the cache),
-        a LongTensor or a `range`.
+        `positions` (q_time,) are the absolute positions of x's tokens, a LongTensor or a `range`; by default
+        0..q_time-1, or after the cache: a tensor for the scheme, and for the core the queries are the last q_time
+        of the keys (`q_pos=None`), which it plans by from the shapes alone (no Python range of the length, which
+        torch.compile would fix, and no read of the device).
         `mask` is bool, broadcastable to (batch, heads, q_time, k_time), True = may attend; `causal` adds the
         causal mask. Returns (output (batch, q_time, d_model), weights or None).
         """
-        if positions is None:  # consecutive: a range, which a core plans by without reading the device
+        if positions is None:  # consecutive: the core takes the queries to be the last of the keys (cross-attention
+            # has no position scheme, so there only their number counts)
             start = cache.length if cache is not None and not self.cross_attention else 0
-            positions = range(start, start + x.shape[1])
-        q_pos, positions = positions, position_tensor(positions, x.device)  # as given, for the core; a tensor
+            q_pos, positions = None, torch.arange(start, start + x.shape[1], device=x.device)
+        else:
+            q_pos, positions = positions, position_tensor(positions, x.device)  # as given, for the core; a tensor
         queries = self.positions.rotate(self.split_heads(self.to_queries(x)), positions)  # (batch, heads, q, hd)
         keys, values = self.keys_values(x, memory, positions, cache)  # (batch, heads, k_time, head_dim)
         output, weights = self.core.attend(

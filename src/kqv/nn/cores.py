@@ -9,8 +9,8 @@ layer uses is decided once, when the layer is built, from `ModelConfig.attention
 The interface (`AttentionCore.attend`):
     queries (batch, heads, q_time, head_dim), keys and values (batch, heads, k_time, head_dim), already rotated;
     `positions`, the layer's `AttentionPositions` (for schemes that add a score or value bias);
-    `q_pos` (q_time,) the queries' positions, a LongTensor or, when consecutive, a Python `range` (keys are at
-    0..k_time-1);
+    `q_pos` (q_time,) the queries' positions, a LongTensor, a Python `range`, or None: the queries are the last
+    q_time of the keys, which are at 0..k_time-1 (consecutive positions, planned from the shapes alone);
     `mask` bool broadcastable to (batch, heads, q_time, k_time), True = may attend, or None;
     `causal`, `dropout` (attention dropout, 0 in eval), `need_weights`.
     Returns (output (batch, heads, q_time, head_dim), weights (batch, heads, q_time, k_time) or None).
@@ -54,6 +54,18 @@ def causal_mask(q_time: int, k_time: int, device: torch.device | None = None) ->
     positions, so with a cache of earlier keys the newest query sees everything before it."""
     q_pos = torch.arange(k_time - q_time, k_time, device=device)
     return torch.arange(k_time, device=device)[None, :] <= q_pos[:, None]
+
+
+def query_positions(q_pos: Tensor | range | None, q_time: int, k_time: int, device: torch.device) -> Tensor:
+    """The queries' positions (q_time,) as a tensor; `q_pos=None`: the last q_time of the k_time keys."""
+    return torch.arange(k_time - q_time, k_time, device=device) if q_pos is None else position_tensor(q_pos, device)
+
+
+def flag(condition: object) -> bool:
+    """`condition` as a plain bool for a kernel's flag. Under torch.compile with dynamic lengths, a comparison of
+    lengths is a symbolic bool, which `bool()` keeps symbolic and SDPA's `is_causal` refuses; a branch on it makes
+    Dynamo decide it (a guard on the lengths) and gives a plain one."""
+    return True if condition else False
 
 
 def padding_mask(attention_mask: Tensor) -> Tensor:
@@ -166,7 +178,7 @@ class AttentionCore(nn.Module):
         values: Tensor,
         *,
         positions: AttentionPositions,
-        q_pos: Tensor | range,
+        q_pos: Tensor | range | None,
         mask: Tensor | None,
         causal: bool,
         dropout: float,
@@ -202,17 +214,18 @@ class FullAttention(AttentionCore):
         values: Tensor,
         *,
         positions: AttentionPositions,
-        q_pos: Tensor | range,
+        q_pos: Tensor | range | None,
         mask: Tensor | None,
         causal: bool,
         dropout: float,
         need_weights: bool,
     ) -> tuple[Tensor, Tensor | None]:
         q_time, k_time = queries.shape[2], keys.shape[2]
-        causal = causal and q_time > 1  # one query (decoding a token) is the newest position: it sees every key
+        # one query (decoding a token) is the newest position: it sees every key
+        causal = flag(causal and q_time > 1)
         key_padding = padding_of(mask, queries.shape[0])  # (batch, k_time), or None when mask is not padding
         if self.use_flex(queries, keys, positions, mask, key_padding, dropout, need_weights):
-            score_mod = positions.score_mod(queries, position_tensor(q_pos, queries.device))
+            score_mod = positions.score_mod(queries, query_positions(q_pos, q_time, k_time, queries.device))
             return flex.attend(
                 queries,
                 keys,
@@ -235,7 +248,7 @@ class FullAttention(AttentionCore):
             ), None
 
         q_pos, k_pos = (
-            (position_tensor(q_pos, queries.device), torch.arange(k_time, device=queries.device))
+            (query_positions(q_pos, q_time, k_time, queries.device), torch.arange(k_time, device=queries.device))
             if positions.has_score_bias or positions.has_value_bias
             else (None, None)
         )
@@ -243,7 +256,7 @@ class FullAttention(AttentionCore):
         bias = positions.score_bias(queries, q_pos, k_pos) if positions.has_score_bias else None
         fused = self.fused and not need_weights and not positions.has_value_bias
         # given nothing but causality, SDPA masks the future itself and never builds a (time, time) mask
-        sdpa_causal = fused and causal and mask is None and bias is None and q_time == k_time
+        sdpa_causal = flag(fused and causal and mask is None and bias is None and q_time == k_time)
         if causal and not sdpa_causal:
             future = causal_mask(q_time, k_time, queries.device)
             mask = future if mask is None else mask & future
@@ -310,7 +323,7 @@ class PaddingOnlyCore(AttentionCore):
         values: Tensor,
         *,
         positions: AttentionPositions,
-        q_pos: Tensor | range,
+        q_pos: Tensor | range | None,
         mask: Tensor | None,
         causal: bool,
         dropout: float,

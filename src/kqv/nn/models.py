@@ -104,10 +104,14 @@ class Decoder(nn.Module):
         change. `sequence_positions` (batch, time), when given, are the absolute positions instead: each token's
         place in its own sequence when a row packs several (`DecoderLM.forward`). Returns hidden
         (batch, time, d_model) and the attention weights asked for."""
-        if positions is None:  # consecutive: a range, so attention plans by positions without reading the device
-            start = cache[0][0].length if cache else 0
-            positions = range(start, start + ids.shape[1])
-        own_positions = position_tensor(positions, ids.device)
+        # consecutive positions, after the cached ones, are a tensor (a Python range would fix the length in a
+        # compiled graph); attention makes its own from the shapes
+        start = cache[0][0].length if cache else 0
+        own_positions = (
+            torch.arange(start, start + ids.shape[1], device=ids.device)
+            if positions is None
+            else position_tensor(positions, ids.device)
+        )
         if left_padding is not None:
             own_positions = (own_positions - left_padding[:, None]).clamp(min=0)
         x = self.embeddings(ids, own_positions if sequence_positions is None else sequence_positions)

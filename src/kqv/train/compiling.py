@@ -6,11 +6,25 @@ Dynamo's DDP optimizer splits the graph at the gradient buckets and communicatio
 compile each sharded block in place, as torchtitan does, so FSDP's all-gather and free hooks run eagerly between
 compiled blocks; the embeddings and the output layer stay eager. One process: the whole model.
 
+Lengths. A job whose batches change length (translation's token-budget batches, prompt -> completion pairs,
+classification) compiles a bounded number of times, not once per length: Dynamo compiles the first batch's shapes
+as they are and, at the first batch whose shapes differ, one graph for every size of the dimensions that changed
+(its automatic dynamic shapes; `kqv.nn` builds positions as tensors from the shapes, never as a Python range of
+the length, which would fix it, and kernel flags from lengths are plain bools). So new shapes recompile at most
+once per dimension that varies, before any other guard (a length that crosses a kernel's threshold, as blockwise
+attention's, or a size of 1, which Dynamo compiles apart): 2 graphs for pairs of one batch size, at most 4 for
+translation, whose batches vary in rows, source and target length (`tests/test_compile_lengths.py`). Each graph
+compiled is logged (`logging`, the trainer's logger, INFO), numbered, with its dynamic sizes.
+
 Checkpoints keep plain parameter names: the trainer saves and loads its own `model`, never the compiled wrapper
 (whose state dict would prefix every name with `_orig_mod.`), and the blocks compiled in place keep their names.
 """
 
 from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -20,6 +34,30 @@ from . import distributed
 
 BACKEND = "inductor"  # torch.compile's backend; tests set "aot_eager" (the same graphs, without inductor's codegen)
 
+logger = logging.getLogger("kqv.train.trainer")  # the trainer's voice
+
+
+class Compiler:
+    """torch.compile's backend `name` (or a backend function), counting the graphs it compiles (`graphs`) and
+    logging each: its shapes static, or which sizes are dynamic (s0, s1, ...)."""
+
+    def __init__(self, backend: str | Callable[..., Any]):
+        self.backend = torch._dynamo.lookup_backend(backend)
+        self.compiler_name = backend if isinstance(backend, str) else getattr(backend, "__name__", "backend")
+        self.graphs = 0
+
+    def __call__(self, graph: torch.fx.GraphModule, example_inputs: list[Any], **options: Any) -> Callable[..., Any]:
+        self.graphs += 1
+        sizes = [size for x in example_inputs for size in (x.shape if isinstance(x, torch.Tensor) else [x])]
+        symbols = sorted({str(size) for size in sizes if isinstance(size, torch.SymInt)})
+        logger.info(
+            "train.compile: graph %d compiled (%s), %s",
+            self.graphs,
+            self.compiler_name,
+            f"dynamic sizes {', '.join(symbols)}: one graph for their values from 2 on" if symbols else "static shapes",
+        )
+        return self.backend(graph, example_inputs, **options)
+
 
 def training_module(model: nn.Module, world_size: int, sharded: bool, compile: bool) -> nn.Module:
     """What forward and backward go through: `model` itself, in DDP under several processes (FSDP's `model` is
@@ -27,8 +65,9 @@ def training_module(model: nn.Module, world_size: int, sharded: bool, compile: b
     wrapped = distributed.data_parallel(model) if world_size > 1 and not sharded else model
     if not compile:
         return wrapped
+    compiler = Compiler(BACKEND)
     if sharded:
         for block in (m for m in model.modules() if isinstance(m, (EncoderBlock, DecoderBlock))):
-            block.compile(backend=BACKEND)
+            block.compile(backend=compiler)
         return model
-    return torch.compile(wrapped, backend=BACKEND)
+    return torch.compile(wrapped, backend=compiler)
