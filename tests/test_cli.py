@@ -228,3 +228,17 @@ def test_summary_reports_the_peak_resident_memory(tmp_path, corpus):
     after = _high_water_mark_mb()
     peak = read_summary(tmp_path / "run")["peak_rss_mb"]
     assert before - 2 <= peak <= after + 2 and peak > ballast.numel() * 4 / 1e6
+
+
+@pytest.mark.parametrize(("platform", "ru_maxrss", "expected"), [("linux", 2_000_000, 2048.0), ("darwin", 2e9, 2000.0)])
+def test_peak_rss_reads_getrusage_in_the_platforms_unit(monkeypatch, platform, ru_maxrss, expected):
+    """getrusage's ru_maxrss is in KiB on Linux and in bytes on macOS: both give the same MB (10^6 bytes)."""
+    import resource
+    import sys
+    from types import SimpleNamespace
+
+    from kqv.jobs.base import peak_rss_mb
+
+    monkeypatch.setattr(sys, "platform", platform)
+    monkeypatch.setattr(resource, "getrusage", lambda who: SimpleNamespace(ru_maxrss=ru_maxrss))
+    assert peak_rss_mb() == pytest.approx(expected)

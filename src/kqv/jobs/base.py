@@ -12,6 +12,7 @@ the command line (`kqv.cli`) parses flags and prints what these operations retur
 from __future__ import annotations
 
 import resource
+import sys
 import time
 import tomllib
 from collections.abc import Callable
@@ -468,5 +469,7 @@ def run_inputs(run_dir: str | Path) -> list[tuple[str, Path]]:
 
 
 def peak_rss_mb() -> float:
-    """This process's peak resident set size in MB (10^6 bytes): `getrusage`'s ru_maxrss, in KiB on Linux."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6
+    """This process's peak resident set size in MB (10^6 bytes): `getrusage`'s ru_maxrss, in bytes on macOS and in
+    KiB on Linux (and the BSDs)."""
+    unit = 1 if sys.platform == "darwin" else 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * unit / 1e6
