@@ -149,6 +149,15 @@ def test_what_a_finetune_config_cannot_do_is_refused_with_nothing_written(source
     assert not (tmp_path / "run").exists()
 
 
+def test_a_loaded_lora_runs_repr_counts_every_parameter_and_the_trainable_ones(lora_run):
+    """A LoRA run's model is its source's frozen weights plus the adapters: its repr counts both, and what trains."""
+    run = kqv.load(lora_run, device="cpu")
+    total = sum(p.numel() for p in run.model.parameters())  # each shared (tied) tensor once
+    trainable = sum(p.numel() for p in run.model.parameters() if p.requires_grad)
+    assert 0 < trainable < total
+    assert repr(run) == f"LMRun({str(lora_run)!r}, task='lm', {total:,} parameters, {trainable:,} trainable)"
+
+
 def test_a_finetune_that_would_train_nothing_is_refused_in_one_line(tmp_path, capsys):
     """A post-LN model with tied embeddings has no final norm and no separate output layer: frozen embeddings and
     every block leave nothing to train (nanoGPT #161, a fine-tune that silently changed nothing)."""

@@ -110,10 +110,10 @@ class TrainedRun:
     values: dict[str, Any] = field(default_factory=dict)
 
     def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}({str(self.run_dir)!r}, task={self.job.name!r}, "
-            f"{count_parameters(self.model):,} parameters)"
-        )
+        """Its every parameter, and how many of them train when that is fewer (a LoRA run: the adapters)."""
+        total, trainable = total_parameters(self.model), count_parameters(self.model)
+        trains = f", {trainable:,} trainable" if trainable != total else ""
+        return f"{type(self).__name__}({str(self.run_dir)!r}, task={self.job.name!r}, {total:,} parameters{trains})"
 
     # The operations a job may offer on its runs; each run class overrides those its job has (see kqv.api).
 
@@ -466,6 +466,12 @@ def run_inputs(run_dir: str | Path) -> list[tuple[str, Path]]:
     if isinstance(source, str) and source:
         found += [(f"{path.name} of the fine-tune's source {source}", path) for path in model_files(source)]
     return found
+
+
+def total_parameters(model: nn.Module) -> int:
+    """Every distinct parameter of `model`, trainable or frozen (tied weights counted once); `count_parameters`
+    counts the trainable ones."""
+    return sum(p.numel() for p in model.parameters())  # parameters() yields a shared tensor once
 
 
 def peak_rss_mb() -> float:

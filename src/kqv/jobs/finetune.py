@@ -158,8 +158,3 @@ def restore_source(model: nn.Module, source: dict[str, Any], run_dir: Path) -> N
             f"only, so restore {path} as it was (or fine-tune the new one in a new run)"
         )
     load_source_weights(model, found)
-
-
-def total_parameters(model: nn.Module) -> int:
-    """Every distinct parameter of `model`, trainable or frozen (tied weights counted once)."""
-    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())

@@ -34,9 +34,9 @@ from ..train.preflight import check_memory, check_prompt, check_splits
 from ..train.runs import RunConfig, read_run
 from ..validation import Config, check_at_least
 from . import completions, sources
-from .base import AttentionMaps, Job, Outcome, TrainedRun, Training, check_text
+from .base import AttentionMaps, Job, Outcome, TrainedRun, Training, check_text, total_parameters
 from .corpus import describe_corpus, load_tokens, prepare_corpus
-from .finetune import FinetuneConfig, adapt, check_finetune, restore_source, saved_weights, total_parameters
+from .finetune import FinetuneConfig, adapt, check_finetune, restore_source, saved_weights
 from .init import SourceTokenizer, finetune_config, load_source_weights, read_source
 from .sampling import SampleConfig, continuations, default_prompt, generation_config, write_samples
 from .scoring import BATCH_SIZE, PairsEvaluation, check_pairs_alone, complete, evaluate_pairs, fine_tuning_answers
