@@ -159,6 +159,34 @@ def test_bad_arguments_are_kqv_errors_named_for_python(lm_dir, mt_dir, tmp_path)
         kqv.train("lm", out=lm_dir, resume=True, steps=8, overrides=["model.d_model=1024"])
 
 
+def test_steps_and_init_apply_to_a_config_object_as_to_a_config_name(lm_dir, tmp_path):
+    """`kqv.train(job, <RunConfig>, steps=N, init=SOURCE)` trains a checked copy of the object with train.steps and
+    data.init set, the run a config name with the same settings trains; the object itself stays as it was."""
+    from kqv.jobs import get_job
+
+    lm = get_job("lm")
+    (tmp_path / "tiny.txt").write_text("To be, or not to be, that is the question.\n" * 40)
+    (tmp_path / "tiny.toml").write_text(TINY.format(position="learned"))
+    config = lm.load_config(tmp_path / "tiny.toml", [f"data.path={tmp_path / 'tiny.txt'}"])
+    assert kqv.train("lm", config, out=tmp_path / "short", steps=2, quiet=True)["steps"] == 2
+    assert config.train.steps == 6
+    with pytest.raises(ConfigError, match="steps"):
+        kqv.train("lm", config, out=tmp_path / "none", steps=0, quiet=True)
+    assert not (tmp_path / "none").exists()
+    sets = [f"data.path={tmp_path / 'tiny.txt'}", "train.batch_size=4", 'train.precision="fp32"', "train.eval_every=2"]
+    by_name = kqv.train("lm", "finetune", init=lm_dir, out=tmp_path / "name", overrides=sets, steps=2, quiet=True)
+    finetune = lm.load_config(kqv.api.packaged_config("finetune"), sets)  # no data.context: the source's decides
+    by_object = kqv.train("lm", finetune, init=lm_dir, out=tmp_path / "object", steps=2, quiet=True)
+    assert by_object["source"] == by_name["source"] and by_object["source"]["path"] == str(lm_dir)
+    assert by_object["final_train_loss"] == by_name["final_train_loss"]
+    assert finetune.data.init is None and finetune.train.steps == 300
+    assert finetune.starting_from(str(lm_dir)).data.context == 128  # no context given: a fine-tune's default
+    assert config.starting_from(str(lm_dir)).data.context == 16  # a given one is kept
+    mt = get_job("mt").load_config(kqv.api.packaged_config("quick", "mt"))
+    with pytest.raises(ConfigError, match="init"):
+        kqv.train("mt", mt, init=lm_dir, out=tmp_path / "mt", quiet=True)
+
+
 def test_score_is_the_log_probability_the_model_s_loss_implies(mt_dir):
     run = kqv.load(mt_dir)
     sources = ["eins zwei", "drei"]

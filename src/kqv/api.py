@@ -22,6 +22,7 @@ job does not offer an operation says so (`load("runs/mt").generate(...)` raises 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 from collections.abc import Callable, Sequence
@@ -72,7 +73,8 @@ def train(
 ) -> dict[str, Any]:
     """Train job `job` ("lm", "mt", ...) into `out` (default runs/JOB) and return its summary.
 
-    `config` is a shipped config's name ("quick", the default), a TOML path or a RunConfig; with `resume` and no
+    `config` is a shipped config's name ("quick", the default), a TOML path or a RunConfig (`steps`, `device` and
+    `init` then apply to a checked copy of it; `overrides` go with a name or path); with `resume` and no
     config the run's own run.toml is used, `steps` and `overrides` applied to it (`resume=True, steps=2000` extends
     a run; [model] and [data] cannot change mid-run). `overrides` are "section.key=value" strings (as `kqv train
     --set`), `steps` sets train.steps and `device` train.device ("auto", "cpu", "cuda", "cuda:N", "mps"; a resumed
@@ -87,26 +89,38 @@ def train(
     chosen = get_job(job)
     out = named_run_path(out) if out is not None else Path("runs") / chosen.name
     sets = {"steps": steps, "device": device, "init": None if init is None else str(init)}
-    if isinstance(config, RunConfig) and device is not None:  # a config object is changed itself
-        config, sets["device"] = (
-            dataclasses.replace(config, train=dataclasses.replace(config.train, device=device)),
-            None,
-        )
-    sections = {"steps": "train", "device": "train", "init": "data"}
-    overrides = [
-        *overrides,
-        *(f"{sections[key]}.{key}={json.dumps(value)}" for key, value in sets.items() if value is not None),
-    ]
     if isinstance(config, RunConfig):
         if overrides:
             raise ConfigError("overrides go with a config name or path; change the RunConfig object itself instead")
-    elif resume and config is None:
-        config = chosen.read_config(out, overrides)
+        config = configured(config, **sets)  # a checked copy: the object itself is not changed
     else:
-        default = "finetune" if init is not None and chosen.name == "lm" else "quick"
-        config = chosen.load_config(packaged_config(config or default, chosen.name), overrides)
+        sections = {"steps": "train", "device": "train", "init": "data"}
+        overrides = [
+            *overrides,
+            *(f"{sections[key]}.{key}={json.dumps(value)}" for key, value in sets.items() if value is not None),
+        ]
+        if resume and config is None:
+            config = chosen.read_config(out, overrides)
+        else:
+            default = "finetune" if init is not None and chosen.name == "lm" else "quick"
+            config = chosen.load_config(packaged_config(config or default, chosen.name), overrides)
     Accelerator.resolve(config.train.device)  # a device this machine lacks is refused before anything is written
     return chosen.train(config, out, resume=resume, overwrite=overwrite, quiet=quiet, on_event=on_event, **job_options)
+
+
+def configured(config: RunConfig, steps: int | None, device: str | None, init: str | None) -> RunConfig:
+    """A copy of the config object `config` with train.steps, train.device and data.init set where given, each
+    checked as a config file's would be (`init`: `LMRunConfig.starting_from`); `config` itself is unchanged."""
+    changed = copy.copy(config)
+    train = {name: value for name, value in {"steps": steps, "device": device}.items() if value is not None}
+    if train:
+        changed.train = dataclasses.replace(config.train, **train)
+    if init is not None:
+        if not hasattr(config, "starting_from"):
+            raise ConfigError(f"init= starts a language model (lm) from trained weights; a {config.task} run has none")
+        changed = changed.starting_from(init)
+    changed.check()
+    return changed
 
 
 def export(run: str | Path, *, hf: str | Path, merge: bool = False) -> Path:

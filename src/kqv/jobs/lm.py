@@ -151,6 +151,15 @@ class LMRunConfig(RunConfig):
     def model_config(self, vocab_size: int) -> ModelConfig:
         return self.model.replace(vocab_size=vocab_size)
 
+    def starting_from(self, init: str) -> LMRunConfig:
+        """A checked copy that fine-tunes `init` (data.init), as if its [data] table had named it: a context the
+        config does not give becomes FINETUNE_CONTEXT (then fitted to the source, `fit_context`)."""
+        started = copy.copy(self)
+        context = {} if self.context_given else {"context": FINETUNE_CONTEXT}
+        started.data = replace(self.data, init=init, **context)
+        started.check()
+        return started
+
 
 FINETUNE_CONTEXT = 128  # a fine-tune's context when its config gives none (at most its source's positions)
 
