@@ -29,7 +29,7 @@ from ..nn.config import ModelConfig
 from ..nn.lora import LoRAConfig, Projection, adapted_layers, adapters, add_lora, check_options, largest_rank
 from ..nn.models import DecoderLM, count_parameters
 from ..validation import Config, check_at_least
-from .init import load_source_weights, read_source
+from .init import index_only_sha256, load_source_weights, read_source
 
 
 @dataclass
@@ -151,7 +151,7 @@ def restore_source(model: nn.Module, source: dict[str, Any], run_dir: Path) -> N
             f"{run_dir} is a LoRA fine-tune, which holds only its adapters, and its source {path} cannot be read: "
             f"{error}; put the source back at {path} (its weights' SHA-256 {recorded[:16]}...){where}"
         ) from None
-    if found.weights_sha256 != recorded:
+    if recorded not in (found.weights_sha256, index_only_sha256(found)):
         raise RunError(
             f"the source of the LoRA fine-tune {run_dir}, {path}, has changed since the run trained: its weights' "
             f"SHA-256 is {found.weights_sha256[:16]}..., was {recorded[:16]}...; the adapters fit the old weights "

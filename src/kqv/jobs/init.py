@@ -13,12 +13,14 @@ The fine-tune takes from SOURCE:
   checkpoint has them).
 
 The run records its source in run.toml and summary.json (`[source]`: the path, its kind and the SHA-256 of its
-weights file), so a fine-tune says what it started from even after SOURCE has changed.
+weights, every shard of them counted: `weights_sha256`), so a fine-tune says what it started from even after
+SOURCE has changed.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -36,6 +38,7 @@ from ..train.runs import read_run
 from ..train.slices import is_sliced, load_slices, set_slices
 
 FREE_OPTIONS = frozenset({"dropout", "blockwise"})  # model options a fine-tune may change: no weight depends on them
+INDEX_FILE = "model.safetensors.index.json"  # a Hugging Face directory's weights in shards: the files it names
 
 
 @dataclass(frozen=True)
@@ -67,9 +70,7 @@ def read_source(path: str | Path) -> Source:
                 f"--init {path} is a Hugging Face {hf_config.model_type!r} directory; a language model "
                 f"starts from a GPT-2 directory or a kqv LM run"
             )
-        weights = path / "model.safetensors"
-        digest = file_sha256(weights if weights.is_file() else path / "model.safetensors.index.json")
-        return Source(path, "Hugging Face GPT-2", config_from_hf(hf_config), digest)
+        return Source(path, "Hugging Face GPT-2", config_from_hf(hf_config), weights_sha256(path))
     if not (path / "run.toml").is_file():
         raise ConfigError(
             f"--init {path} is neither a kqv LM run (run.toml) nor a Hugging Face GPT-2 directory (config.json)"
@@ -89,7 +90,7 @@ def read_source(path: str | Path) -> Source:
 
 
 HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # "gpt2", "openai-community/gpt2"
-HUB_FILES = ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json")
+HUB_FILES = ("config.json", "model.safetensors", INDEX_FILE, "tokenizer.json", "generation_config.json")
 
 
 def is_hub_name(name: str) -> bool:
@@ -99,16 +100,42 @@ def is_hub_name(name: str) -> bool:
 
 def download_from_hub(name: str) -> Path:
     """The local snapshot of hub model `name` (safetensors weights and the tokenizer only: nothing that would run
-    code), downloaded by `huggingface_hub` into its cache, or read from there when it is already cached."""
+    code), downloaded by `huggingface_hub` into its cache, or read from there when it is already cached. Weights
+    in shards take a second call: the shards the index names, from the revision the first call fetched."""
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(name, allow_patterns=list(HUB_FILES)))
+        path = Path(snapshot_download(name, allow_patterns=list(HUB_FILES)))
+        if (path / INDEX_FILE).is_file() and not (path / "model.safetensors").is_file():
+            shards = json.loads((path / INDEX_FILE).read_text(encoding="utf-8"))["weight_map"].values()
+            names = sorted({shard for shard in shards if isinstance(shard, str) and shard == Path(shard).name})
+            path = Path(snapshot_download(name, allow_patterns=names, revision=path.name))  # a snapshot's commit
+        return path
     except Exception as error:  # offline, unknown id, gated model: all end the same way for the user
         raise ConfigError(
             f"--init {name}: no such directory, and it could not be fetched from the Hugging Face hub "
             f"({type(error).__name__}); give a directory (a kqv LM run, or a GPT-2 saved with save_pretrained)"
         ) from None
+
+
+def weights_sha256(path: Path) -> str:
+    """The fingerprint of a Hugging Face directory's weights: model.safetensors's SHA-256, or, for weights in
+    shards, the SHA-256 of `sha256sum`'s listing of the index and every shard it names, so any changed file counts."""
+    from ..interop.convert import weight_files
+
+    files = weight_files(path)
+    if files == [path / "model.safetensors"]:
+        return file_sha256(files[0])
+    listing = "".join(f"{file_sha256(file)}  {file.name}\n" for file in [path / INDEX_FILE, *files])
+    return hashlib.sha256(listing.encode()).hexdigest()
+
+
+def index_only_sha256(source: Source) -> str | None:
+    """What kqv recorded for a source in shards before every shard counted (its index's SHA-256; None for any
+    other source): a run recorded so is still taken, its shards unchecked as they were then."""
+    index = source.path / INDEX_FILE
+    sharded = source.kind == "Hugging Face GPT-2" and not (source.path / "model.safetensors").is_file()
+    return file_sha256(index) if sharded and index.is_file() else None
 
 
 def file_sha256(path: Path) -> str:
