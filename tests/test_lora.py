@@ -87,3 +87,19 @@ def test_kqvs_trainer_updates_only_the_adapters(tmp_path):
     state = model.state_dict()
     assert all(torch.equal(state[name], original) for name, original in before.items())
     assert all(t.abs().sum() > 0 for name, t in lora_state_dict(model).items() if name.endswith("lora_b"))
+
+
+def test_the_adapters_get_the_runs_weight_decay_as_every_other_matrix_does():
+    """A and B are matrices, so the optimizer's decay group holds them, with train.weight_decay (as peft's adapters
+    under transformers' Trainer, litgpt's and torchtune's get the optimizer's decay); the frozen weights are in no
+    group. train.weight_decay=0 trains them without."""
+    from kqv.train.config import TrainConfig
+    from kqv.train.optimizer import make_optimizer
+
+    model = DecoderLM(tiny_config(position="learned"))
+    add_lora(model, LoRAConfig(rank=2, targets=PROJECTIONS))
+    adapters = {name: id(p) for name, p in model.named_parameters() if name.endswith(("lora_a", "lora_b"))}
+    assert len(adapters) == 2 * 2 * len(PROJECTIONS)  # 2 blocks, 5 projections each
+    for decay in (0.1, 0.0):
+        (group,) = make_optimizer(model, TrainConfig(steps=1, batch_size=1, weight_decay=decay)).param_groups
+        assert group["weight_decay"] == decay and {id(p) for p in group["params"]} == set(adapters.values())

@@ -87,7 +87,12 @@ class LoRAConfig:
 
 
 class LoRALinear(nn.Linear):
-    """An `nn.Linear` whose (frozen) weight and bias are another layer's, plus a trainable low-rank update."""
+    """An `nn.Linear` whose (frozen) weight and bias are another layer's, plus a trainable low-rank update.
+
+    A and B are matrices, so the optimizer decays them as it does every matrix (`kqv.train.optimizer`, with the
+    run's train.weight_decay), as peft's adapters under transformers' Trainer, litgpt's and torchtune's are: decay
+    pulls B A, the update, towards zero, that is the adapted model towards its source; train.weight_decay=0 turns
+    it off. (The class calls nn.Module's __init__, not nn.Linear's, only to reuse the base layer's tensors.)"""
 
     def __init__(self, base: nn.Linear, config: LoRAConfig) -> None:
         nn.Module.__init__(self)  # not nn.Linear's: the weight and bias are `base`'s own tensors, not new ones
