@@ -115,8 +115,9 @@ def test_no_causal_mask_verdict_moves_with_the_numbers(quick_runs):
     control["causal"]["train_loss"], control["no mask"]["train_loss"] = [ln_v], [0.2]
     assert verdict(checks(results)) == "holds"
     arms["no mask"].update(train_loss=[1.9, 2.0, 1.85], val_loss_causal=[2.1, 2.2, 2.0])
-    control["no mask"]["train_loss"] = [ln_v]
     assert verdict(checks(results)) == "does not hold here"
+    control["no mask"]["train_loss"] = [ln_v]  # the no-mask model cannot even copy the future: the set-up failed
+    assert verdict(checks(results)) == "inconclusive"
 
 
 # ---------------------------------------------------------------------------------------------------------------
