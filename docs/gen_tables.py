@@ -966,7 +966,7 @@ def finetune_qa_table() -> str:
     header = ["", "held-out EM per seed", "held-out EM, mean over seeds", "- constant per kind [95%, over questions]"]
     header += ["seen EM", "trainable parameters", "peak RSS, MB", "tokens/s"]
     return (
-        plain(header, rows, right=2)
+        plain(header, rows, right=4)  # the exact-match columns hold intervals and counts: they wrap
         + "\n"
         + qa_differences(record)
         + one_run(record, FINETUNE_QA, "python benchmarks/finetune_qa.py")

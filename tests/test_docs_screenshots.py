@@ -9,50 +9,17 @@ from __future__ import annotations
 
 import functools
 import http.server
-import importlib
-import os
-import shutil
 import threading
 
 import pytest
 
+from browser import FLAGS, chromium, need
 from test_docs_site import built_site
-
-# CI (.ci/run sets KQV_REQUIRE_BROWSER=1; CI services set CI) must run these tests: there a missing browser or
-# package is a failure, not a skip. Elsewhere they are skipped with the command that installs what is missing.
-# (The same rule as tests/test_explore_browser.py.)
-REQUIRED = bool(os.environ.get("KQV_REQUIRE_BROWSER") or os.environ.get("CI"))
-
-
-def missing(what: str, remedy: str) -> None:
-    if REQUIRED:
-        pytest.fail(f"CI must run the browser tests, but {what} is missing: {remedy}", pytrace=False)
-    pytest.skip(f"{what} is missing ({remedy})", allow_module_level=True)
-
-
-def need(module: str):
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        missing(f"the Python package {module.split('.')[0]}", "pip install -c constraints.txt -e '.[test]'")
-
 
 sync_api = need("playwright.sync_api")
 need("mkdocs")
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-if not os.path.exists(CHROMIUM):
-    missing("Debian's chromium", "apt-get install -y chromium; .ci/run installs it")
+CHROMIUM = chromium()
 
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 WIDTH = 1400
 PAGES = {"home": "", "getting-started": "getting-started/", "fine-tuning": "fine-tuning/"}
 # every table of the page's content column: its own width and how wide its content is (a Material table scrolls

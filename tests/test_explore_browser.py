@@ -4,36 +4,15 @@ error or uncaught exception fails the test: the page must work offline and clean
 
 from __future__ import annotations
 
-import importlib
 import json
-import os
-import shutil
 
 import pytest
 
-# CI (.ci/run sets KQV_REQUIRE_BROWSER=1; CI services set CI) must run these tests: there a missing browser or
-# package is a failure, not a skip. Elsewhere they are skipped with the command that installs what is missing.
-REQUIRED = bool(os.environ.get("KQV_REQUIRE_BROWSER") or os.environ.get("CI"))
-
-
-def missing(what: str, remedy: str) -> None:
-    if REQUIRED:
-        pytest.fail(f"CI must run the browser tests, but {what} is missing: {remedy}", pytrace=False)
-    pytest.skip(f"{what} is missing ({remedy})", allow_module_level=True)
-
-
-def need(module: str):
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        missing(f"the Python package {module.split('.')[0]}", "pip install -c constraints.txt -e '.[test]'")
-
+from browser import FLAGS, chromium, need
 
 need("uvicorn")
 sync_api = need("playwright.sync_api")
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-if not os.path.exists(CHROMIUM):
-    missing("Debian's chromium", "apt-get install -y chromium; .ci/run installs it")
+CHROMIUM = chromium()
 
 import httpx  # noqa: E402
 import torch  # noqa: E402
@@ -44,16 +23,6 @@ from kqv.explore.app import create_app  # noqa: E402
 from kqv.jobs.lm import load_run  # noqa: E402
 from kqv.jobs.sampling import generate_text  # noqa: E402
 
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 TEXT = "To be, or not"
 
 

@@ -135,7 +135,8 @@ def test_the_ablation_table_equals_a_forward_pass_with_the_head_zeroed_and_sorts
         "rs => rs.map(r => [+r.dataset.layer, +r.dataset.head, +r.querySelector('[data-key=loss]').dataset.value])",
     )
     assert len(rows) == 8
-    with torch.no_grad():
+    # the app's lock: the page may still be asking the server for a view, whose recording hooks a copy would carry
+    with torch.no_grad(), subjects["lm"].lock:
         for layer, head, loss in rows:
             assert loss == pytest.approx(reference(model, ids, [(layer, head)])[0], abs=1e-6)
     p.page.click("#ablation th[data-key='delta']")  # sorted by the change of the loss, largest first
@@ -146,7 +147,7 @@ def test_the_ablation_table_equals_a_forward_pass_with_the_head_zeroed_and_sorts
     p.page.click("#ablate-chosen")
     p.page.wait_for_selector("#ablate-next caption")
     together = float(p.page.get_attribute("#ablate-next caption", "data-loss"))
-    with torch.no_grad():
+    with torch.no_grad(), subjects["lm"].lock:
         assert together == pytest.approx(reference(model, ids, [(0, 1), (1, 3)])[0], abs=1e-6)
     assert "L1 H2, L2 H4 off together" in p.page.text_content("#ablate-next caption")
     p.page.screenshot(path=str(tmp_path / "ablation.png"), full_page=True)

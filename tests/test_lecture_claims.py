@@ -202,7 +202,7 @@ def test_at_initialisation_the_lstm_gradient_decays_with_distance_and_attention_
         rnn_interaction_distance.build("self-attention", config), config, 0
     )
     assert all(a > b for a, b in zip(lstm, lstm[1:])), "each step of the LSTM shrinks the gradient"
-    assert lstm[-1] / lstm[0] < 1e-2
+    assert lstm[-1] / lstm[0] < 0.1, "a forget-gate bias of 1 slows the decay (about 0.03 here), it does not stop it"
     assert 0.5 < attention[-1] / attention[0] < 2.0
 
 
@@ -299,5 +299,9 @@ def test_ffn_needed_checks_follow_constructed_numbers():
     assert ffn_needed.checks(results)[-1].outcome == "does not hold"
     results["arms"][ffn_needed.WITHOUT] = arm([2.0, 2.05], 2000)
     results["arms"][ffn_needed.WITH]["layers"] = [[{**layer, "outside_box": 0.1}]] * 2
-    assert verdict(ffn_needed.checks(results)) == "does not hold here"
+    checks = ffn_needed.checks(results)
+    assert [c.outcome for c in checks[:2]] == ["does not hold", "does not hold"]
+    # twice the parameters: the control fails, so the comparison decides nothing; the broken convexity (a check
+    # of the code, by construction) reports without deciding
+    assert verdict(checks) == "inconclusive"
     assert not math.isnan(ffn_needed._spread(results, ffn_needed.WITH)[0])
