@@ -5,9 +5,11 @@ skipped, with the command that installs what is missing."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import shutil
+from collections.abc import Iterator
 
 import pytest
 
@@ -46,3 +48,12 @@ def chromium() -> str:
     if not os.path.exists(path):
         missing("Debian's chromium", "apt-get install -y chromium; .ci/run installs it")
     return path
+
+
+@contextlib.contextmanager
+def launched(sync_api) -> Iterator:
+    """Debian's Chromium, headless and offline (`FLAGS`), driven by Playwright's `sync_api`, for the block."""
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium(), args=FLAGS)
+        yield browser
+        browser.close()

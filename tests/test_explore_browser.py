@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from browser import FLAGS, chromium, need
+from browser import chromium, launched, need
 
 need("uvicorn")
 sync_api = need("playwright.sync_api")
-CHROMIUM = chromium()
+chromium()  # a missing browser skips (or, in CI, fails) the module here
 
 import httpx  # noqa: E402
 import torch  # noqa: E402
@@ -40,10 +40,8 @@ def servers(runs):
 
 @pytest.fixture(scope="module")
 def browser():
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        yield browser
-        browser.close()
+    with launched(sync_api) as chromium_browser:
+        yield chromium_browser
 
 
 class Page:

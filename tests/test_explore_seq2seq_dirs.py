@@ -104,8 +104,7 @@ def test_a_bart_directory_draws_its_translation_page_in_chromium(dirs):
     """The page of a BART directory in Debian's Chromium: the cross-attention over the source and its </s>, the
     three kinds of attention to choose from, no request elsewhere and no console error."""
     shared = pytest.importorskip("test_explore_browser")
-    with shared.sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=shared.CHROMIUM, args=shared.FLAGS)
+    with shared.launched(shared.sync_api) as browser:
         with shared.Server(create_app(dirs["bart"])) as server:
             p = shared.Page(browser, server.url)
             shared.analyze_in_page(p, server, SOURCE, beam="1")
@@ -117,7 +116,6 @@ def test_a_bart_directory_draws_its_translation_page_in_chromium(dirs):
             assert sorted(kinds) == ["cross", "decoder", "encoder"]
             assert p.page.inner_text("#translation") == body["translation"]
             p.close()
-        browser.close()
 
 
 @pytest.mark.parametrize("name, start_id", [("marian", 1), ("bart", 2)])
