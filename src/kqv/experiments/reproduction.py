@@ -26,6 +26,7 @@ code computes what it computed, not a rerun of the claim.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -98,8 +99,8 @@ def fingerprint(
     numbers were dropped for each reason."""
     runs = [dict(numbers(results)) for results in by_kernels.values()]
     moved = dict(numbers(other_seeds))
-    kept, dropped = {}, {"not finite": 0, "trained for a wall-clock budget": 0, "kernel-sensitive": 0}
-    dropped["the same with other seeds"] = 0
+    reasons = ("not finite", "trained for a wall-clock budget", "kernel-sensitive", "the same with other seeds")
+    kept, dropped = {}, dict.fromkeys(reasons, 0)
     for key, value in runs[0].items():
         if not all(math.isfinite(run.get(key, math.nan)) for run in runs):
             dropped["not finite"] += 1
@@ -259,27 +260,24 @@ def _hash_at(source: Path, name: str) -> str:
     return done.stdout.strip()
 
 
-class _worktree:
+@contextlib.contextmanager
+def _worktree(commit: str) -> Iterator[tuple[Path, str]]:
     """A temporary git worktree of `commit` of the repository this source tree is in: (its path, the full hash)."""
+    repository = Path(__file__).resolve().parents[3]
 
-    def __init__(self, commit: str) -> None:
-        self.commit, self.repository = commit, Path(__file__).resolve().parents[3]
-
-    def _git(self, *args: str) -> str:
+    def git(*args: str) -> str:
         from .base import ExperimentError
 
-        done = subprocess.run(["git", *args], cwd=self.repository, capture_output=True, text=True)
+        done = subprocess.run(["git", *args], cwd=repository, capture_output=True, text=True)
         if done.returncode != 0:
             raise ExperimentError(f"git {' '.join(args)}: {done.stderr.strip() or 'failed'}")
         return done.stdout.strip()
 
-    def __enter__(self) -> tuple[Path, str]:
-        full = self._git("rev-parse", "--verify", f"{self.commit}^{{commit}}")
-        self.scratch = tempfile.TemporaryDirectory(prefix="kqv-worktree-")
-        self.path = Path(self.scratch.name) / "tree"
-        self._git("worktree", "add", "--detach", str(self.path), full)
-        return self.path, full
-
-    def __exit__(self, *exc: object) -> None:
-        self._git("worktree", "remove", "--force", str(self.path))
-        self.scratch.cleanup()
+    full = git("rev-parse", "--verify", f"{commit}^{{commit}}")
+    with tempfile.TemporaryDirectory(prefix="kqv-worktree-") as scratch:
+        path = Path(scratch) / "tree"
+        git("worktree", "add", "--detach", str(path), full)
+        try:
+            yield path, full
+        finally:
+            git("worktree", "remove", "--force", str(path))
