@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torch.profiler import ProfilerActivity, profile
 
 import kqv
@@ -76,19 +77,34 @@ class StartMemory:
         self.kept = held  # still held at the end
 
 
-def evaluations(peaks: list[int]):
-    """Trainer.evaluate, appending to `peaks` the most bytes the CPU allocator held above its start during each,
-    and the bytes still held after it."""
+def gathered_bytes(model: torch.nn.Module) -> int:
+    """The bytes of `model`'s parameters that are whole right now: FSDP2 swaps a block's sharded DTensors for
+    plain all-gathered tensors while the block runs, and back after."""
+    return sum(p.nbytes for p in model.parameters() if not isinstance(p, DTensor) and p.untyped_storage().size())
+
+
+def evaluations(peaks: list[tuple[int, int]]):
+    """Trainer.evaluate, appending to `peaks` for each: the most parameter bytes that the sharded model held
+    gathered at once as any of its modules ran (counted in forward hooks: what FSDP gathered, whatever gloo's
+    thread does with its buffers later, which made the allocator's peak depend on the machine's load), and the
+    bytes of the sharded model gathered or of rank 0's plain model filled after it."""
     evaluate = Trainer.evaluate
 
     def measured_evaluate(self):
-        memory = StartMemory()
-        memory.begin()
+        most = [0]
+
+        def count(module, *_):
+            most[0] = max(most[0], gathered_bytes(self.model))
+
+        hooks = [m.register_forward_pre_hook(count) for m in self.model.modules()]
+        hooks += [m.register_forward_hook(count) for m in self.model.modules()]
         try:
             return evaluate(self)
         finally:
-            memory.end()
-            peaks.append((memory.peak, memory.kept))
+            for hook in hooks:
+                hook.remove()
+            filled = sum(p.nbytes for p in self.home.parameters() if not p.is_meta)
+            peaks.append((most[0], gathered_bytes(self.model) + filled))
 
     return measured_evaluate
 

@@ -45,7 +45,7 @@ def load_worker():
 def torchrun(*args: str) -> subprocess.CompletedProcess:
     """Run `args` under torchrun with 2 CPU processes; fails the test with the processes' stderr if it fails."""
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
-    env.update(PYTHONPATH=SRC, OMP_NUM_THREADS="1")
+    env.update(PYTHONPATH=SRC, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")  # a crash prints each rank's stack
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
