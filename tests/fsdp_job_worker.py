@@ -1,8 +1,8 @@
 """Tiny language-model jobs under FSDP, used by test_fsdp_jobs.py: launched once under torchrun with 2 processes
 (several runs in one process group), and called in-process (`train`) for the one-process references. Each run
 writes, per process, the most CPU memory its allocator held at once during the job's start (building the model,
-a fine-tune's source weights, the Trainer's shards and a resume's checkpoint) and above that during each
-evaluation, measured by torch's profiler.
+a fine-tune's source weights, the Trainer's shards and a resume's checkpoint), measured by torch's profiler, and
+the parameter bytes FSDP held gathered at once during each evaluation and after it.
 Usage: python fsdp_job_worker.py OUT_DIR CONFIG TEXT, where OUT_DIR/one-4 is a one-process run to fine-tune."""
 
 import json
