@@ -1,0 +1,214 @@
+"""An invented world of people whose facts a model can only know by reading their biographies.
+
+`make_world(n_people, seed)` invents people, each with a unique first and last name built from syllables (so no real
+name or pretrained knowledge helps), a birthplace among `N_TOWNS` invented towns, a birth year in 1900-1999 and a
+trade among `TRADES`. Towns and trades are drawn with Zipf-like weights (a few common, most rare), as real places
+and jobs are, so that answering the most frequent one is a baseline worth beating. All is fixed by the seed.
+
+From it:
+- `biography(person, rng)`: one paragraph per person, its sentences in a random order, each fact in one of several
+  wordings, the person named in full or by pronoun. `biographies(people, seed)` is the pretraining text: one
+  paragraph per line. Varied wording and order is what Allen-Zhu and Li ("Physics of Language Models, part 3.1",
+  2023) find makes stored knowledge extractable by a fine-tune;
+- `questions(people)`: "Where was NAME born?" -> " TOWN", "In which year was NAME born?" -> " 1957",
+  "What does NAME do for a living?" -> " potter": one of each kind per person;
+- `probes(people)`: each fact as a pretraining sentence cut before the answer ("NAME comes from" -> " TOWN"): what
+  the pretrained model completes if it holds the fact, before any fine-tune.
+- `split(people)`: the people whose questions a fine-tune (or a mixed pretraining) sees, and the held-out rest,
+  whose questions are scored. Every person's biography is in the pretraining text.
+
+`python benchmarks/people_world.py --out DIR` writes one world's files, to read or to train on by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "gr", "kl", "tr", "st"]
+VOWELS = ["a", "e", "i", "o", "u", "ai", "ei", "ou"]
+CODAS = ["", "", "n", "r", "l", "s", "k", "m"]
+TRADES = [
+    "baker", "weaver", "sailor", "miller", "potter", "tanner", "mason", "cooper", "smith", "fisher",
+    "carpenter", "glazier", "saddler", "brewer", "butcher", "chandler", "cobbler", "dyer", "farrier", "fletcher",
+    "joiner", "locksmith", "roofer", "tailor", "thatcher", "turner", "wheelwright", "clockmaker", "bookbinder",
+    "printer", "gardener", "shepherd", "beekeeper", "surveyor", "midwife", "apothecary", "ferryman", "innkeeper",
+    "jeweller", "hatter",
+]  # fmt: skip
+N_TOWNS = 120
+YEARS = range(1900, 2000)
+ZIPF = 0.6  # the k-th most common town or trade is drawn with weight 1 / k**ZIPF
+
+SENTENCES = {  # fact: wordings, {name} the full name or a pronoun (capitalised at the start of a sentence)
+    "town": [
+        "{name} was born in {town}.",
+        "{name} comes from {town}.",
+        "{town} is the birthplace of {name}.",
+        "{name} grew up in {town}, the town of {pos} birth.",
+    ],
+    "year": [
+        "{name} was born in {year}.",
+        "{pos_name} year of birth is {year}.",
+        "In {year}, {name} was born.",
+        "{name} came into the world in {year}.",
+    ],
+    "trade": [
+        "{name} works as {a_trade}.",
+        "{name} is {a_trade} by trade.",
+        "For a living, {name} is {a_trade}.",
+        "{pos_name} trade is that of {a_trade}.",
+    ],
+}
+QUESTIONS = {
+    "town": "Where was {name} born?",
+    "year": "In which year was {name} born?",
+    "trade": "What does {name} do for a living?",
+}
+PROBES = {"town": "{name} comes from", "year": "{name}'s year of birth is", "trade": "{name} works as"}
+
+
+@dataclass(frozen=True)
+class Person:
+    name: str
+    pronoun: str  # "he" or "she"
+    town: str
+    year: int
+    trade: str
+
+    def answer(self, fact: str) -> str:
+        return str(getattr(self, fact))
+
+
+def word(rng: random.Random, syllables: int, onset: str) -> str:
+    rest = "".join(rng.choice(ONSETS) + rng.choice(VOWELS) + rng.choice(CODAS) for _ in range(syllables - 1))
+    return (onset + rng.choice(VOWELS) + rng.choice(CODAS) + rest).title()
+
+
+def unique_words(rng: random.Random, count: int, syllables: int, taken: set[str]) -> list[str]:
+    """`count` invented words of `syllables` syllables, none in `taken` (which grows). The k-th starts with the
+    onset ONSETS[k % len(ONSETS)], so every capital letter is used by any len(ONSETS) consecutive words."""
+    found: list[str] = []
+    while len(found) < count:
+        candidate = word(rng, syllables, ONSETS[len(found) % len(ONSETS)])
+        if candidate not in taken:
+            taken.add(candidate)
+            found.append(candidate)
+    return found
+
+
+def zipf_weights(count: int) -> list[float]:
+    return [1 / (rank + 1) ** ZIPF for rank in range(count)]
+
+
+def make_world(n_people: int, seed: int) -> list[Person]:
+    """`n_people` people with unique names and drawn facts; the same world for the same seed on every machine."""
+    rng = random.Random(seed)
+    taken: set[str] = set()
+    towns = unique_words(rng, N_TOWNS, 2, taken)
+    firsts, lasts = unique_words(rng, n_people, 2, taken), unique_words(rng, n_people, 2, taken)
+    trades = rng.sample(TRADES, len(TRADES))  # which trades are common is the seed's choice too
+    people = []
+    for first, last in zip(firsts, lasts[7:] + lasts[:7]):  # not both names from one onset
+        town = rng.choices(towns, zipf_weights(len(towns)))[0]
+        trade = rng.choices(trades, zipf_weights(len(trades)))[0]
+        people.append(Person(f"{first} {last}", rng.choice(["he", "she"]), town, rng.choice(YEARS), trade))
+    return people
+
+
+def biography(person: Person, rng: random.Random) -> str:
+    """One paragraph: the three facts in a random order, each in a random wording; the first sentence names the
+    person in full, each later one by name or pronoun, at random."""
+    possessive = {"he": "his", "she": "her"}[person.pronoun]
+    sentences = []
+    for k, fact in enumerate(rng.sample(list(SENTENCES), len(SENTENCES))):
+        name = person.name if k == 0 or rng.random() < 0.5 else person.pronoun
+        pos_name = person.name + "'s" if name == person.name else possessive
+        text = rng.choice(SENTENCES[fact]).format(
+            name=name, pos=possessive, pos_name=pos_name, town=person.town, year=person.year, a_trade=a(person.trade)
+        )
+        sentences.append(text[0].upper() + text[1:])
+    return " ".join(sentences)
+
+
+PREFACE = (  # the text's first line: a character tokenizer made from the text then knows the questions' characters
+    "Who were these people? Where and when were they born, and what did they do for a living? Each line below "
+    "tells of one of them."
+)
+
+
+def biographies(people: list[Person], seed: int) -> str:
+    """The pretraining text: `PREFACE`, then one biography per person, one per line, the people in a random
+    order."""
+    rng = random.Random(seed)
+    lines = [biography(person, rng) for person in people]
+    rng.shuffle(lines)
+    return "\n".join([PREFACE, *lines]) + "\n"
+
+
+def questions(people: list[Person]) -> list[tuple[str, str]]:
+    """(prompt, completion) pairs: each person's three facts asked, the answer after a space."""
+    return [(QUESTIONS[fact].format(name=p.name), f" {p.answer(fact)}") for p in people for fact in QUESTIONS]
+
+
+def probes(people: list[Person]) -> list[tuple[str, str]]:
+    """(prompt, completion) pairs: each fact as a pretraining sentence cut before its answer (a trade with its
+    article: " a potter")."""
+    answer = {"town": lambda p: p.town, "year": lambda p: str(p.year), "trade": lambda p: a(p.trade)}
+    return [(PROBES[fact].format(name=p.name), f" {answer[fact](p)}") for p in people for fact in PROBES]
+
+
+def a(noun: str) -> str:
+    """The noun with its indefinite article: "a potter", "an innkeeper"."""
+    return ("an " if noun[0] in "aeiou" else "a ") + noun
+
+
+def kind(prompt: str) -> str:
+    """The fact a question or probe asks: "town", "year" or "trade"."""
+    for fact in QUESTIONS:
+        for form in (QUESTIONS[fact], PROBES[fact]):
+            before, after = form.split("{name}")
+            if prompt.startswith(before) and prompt.endswith(after):
+                return fact
+    raise ValueError(f"not a question or probe of this world: {prompt!r}")
+
+
+def split(people: list[Person], seen: float = 0.5) -> tuple[list[Person], list[Person]]:
+    """The people whose questions training sees (the first `seen` share) and the held-out rest."""
+    middle = round(len(people) * seen)
+    return people[:middle], people[middle:]
+
+
+def write_pairs(path: Path, pairs: list[tuple[str, str]]) -> None:
+    """A TSV file of prompt<TAB>completion lines."""
+    path.write_text("".join(f"{prompt}\t{completion}\n" for prompt, completion in pairs), encoding="utf-8")
+
+
+def write_world(out: Path, n_people: int, seed: int) -> list[Person]:
+    """biographies.txt, questions-seen.tsv, questions-held-out.tsv, probes-held-out.tsv, probes-seen.tsv in `out`."""
+    people = make_world(n_people, seed)
+    seen, held_out = split(people)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "biographies.txt").write_text(biographies(people, seed), encoding="utf-8")
+    write_pairs(out / "questions-seen.tsv", questions(seen))
+    write_pairs(out / "questions-held-out.tsv", questions(held_out))
+    write_pairs(out / "probes-seen.tsv", probes(seen))
+    write_pairs(out / "probes-held-out.tsv", probes(held_out))
+    return people
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="write an invented world's biographies and question files")
+    parser.add_argument("--people", type=int, default=1000, help="how many people (default 1000)")
+    parser.add_argument("--seed", type=int, default=0, help="the world's seed (default 0)")
+    parser.add_argument("--out", type=Path, required=True, help="a directory to write into")
+    args = parser.parse_args()
+    write_world(args.out, args.people, args.seed)
+    print(f"wrote {args.out}: biographies.txt, questions-seen.tsv, questions-held-out.tsv, probes-*.tsv")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
