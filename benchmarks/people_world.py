@@ -139,11 +139,11 @@ PREFACE = (  # the text's first line: a character tokenizer made from the text t
 )
 
 
-def biographies(people: list[Person], seed: int) -> str:
-    """The pretraining text: `PREFACE`, then one biography per person, one per line, the people in a random
-    order."""
+def biographies(people: list[Person], seed: int, versions: int = 1) -> str:
+    """The pretraining text: `PREFACE`, then `versions` biographies per person (each drawn anew: knowledge
+    augmentation, several wordings and orders of the same facts), one per line, all in a random order."""
     rng = random.Random(seed)
-    lines = [biography(person, rng) for person in people]
+    lines = [biography(person, rng) for _ in range(versions) for person in people]
     rng.shuffle(lines)
     return "\n".join([PREFACE, *lines]) + "\n"
 

@@ -7,13 +7,17 @@ pretraining text, so a held-out answer can only come from what the model read.
 
 Arms, each the same model trained for the same number of updates in all (`pretrain_steps + finetune_steps`, batch
 `batch_size`):
-- `next-token -> fine-tune`: next-token pretraining on the biographies, then a full fine-tune on the seen questions;
-- `shuffled sentences -> fine-tune`: the same with sentence-order augmentation (`data.shuffle_sentences`);
-- `span corruption -> fine-tune` / `-> LoRA`: span-corruption pretraining (`data.objective="span_corruption"`),
-  then a full or LoRA fine-tune whose prompts end in the mask symbol (`data.template="{prompt}{mask}"`);
-- `mixed, next-token` / `mixed, span corruption`: one run on the biographies and the seen questions together
-  (`--data bios.txt --data questions.tsv`), scored directly;
-- `random init -> fine-tune`: the questions alone, no pretraining (what the seen questions teach by themselves).
+- `next-token -> fine-tune`: next-token pretraining on the biographies (one per person), then a full fine-tune on
+  the seen questions;
+- `next-token, augmented -> fine-tune`: the same on knowledge-augmented text (`versions` biographies per person,
+  each worded and ordered anew; Allen-Zhu and Li 2023) read document by document, the sentences of each document
+  shuffled at every draw (`data.shuffle_sentences`);
+- `span corruption, augmented -> fine-tune` / `-> LoRA`: span-corruption pretraining on the augmented text
+  (`data.objective="span_corruption"`), then a full or LoRA fine-tune whose prompts end in the mask symbol
+  (`data.template="{prompt}{mask}"`);
+- `mixed: span corruption, augmented + seen questions`: one run on the augmented text and the seen questions
+  together (`--data bios.txt --data questions.tsv`), scored directly;
+- `random init -> fine-tune`: the seen questions alone, no pretraining (what the questions teach by themselves).
 Probes: each pretrained model completes a held-out person's own biography sentence ("NAME comes from"), before any
 fine-tune: whether the knowledge was stored at all.
 
@@ -58,6 +62,7 @@ SIZES = {
         "batch_size": 32,
         "pretrain_steps": 1000,
         "pretrain_lr": 2e-3,
+        "versions": 8,
         "finetune_steps": 300,
         "finetune_lr": 1e-3,
         "lora_rank": 16,
@@ -70,6 +75,7 @@ SIZES = {
         "batch_size": 64,
         "pretrain_steps": 6000,
         "pretrain_lr": 1e-3,
+        "versions": 16,
         "finetune_steps": 1000,
         "finetune_lr": 5e-4,
         "lora_rank": 16,
@@ -82,6 +88,7 @@ SIZES = {
         "batch_size": 8,
         "pretrain_steps": 4,
         "pretrain_lr": 2e-3,
+        "versions": 2,
         "finetune_steps": 3,
         "finetune_lr": 1e-3,
         "lora_rank": 2,
@@ -89,21 +96,22 @@ SIZES = {
     },
 }
 
-# Each arm: its pretraining (None: none), what its last stage trains on, and how its prompts are written.
+# Each pretraining: its text (bios.txt: one biography per person; bios_augmented.txt: `versions` per person, each
+# worded and ordered anew) and its settings.
 PRETRAININGS = {
-    "next-token": [],
-    "shuffled sentences": ["data.shuffle_sentences=true"],  # read document by document (a source of its own)
-    "span corruption": ['data.objective="span_corruption"'],
+    "next-token": ("bios.txt", []),
+    "next-token, augmented": ("bios_augmented.txt", ["data.shuffle_sentences=true"]),
+    "span corruption, augmented": ("bios_augmented.txt", ['data.objective="span_corruption"']),
 }
 ARMS = {  # name: (pretraining, last stage: "finetune" | "lora" | "mixed" | "alone", extra settings, template)
     "next-token -> fine-tune": ("next-token", "finetune", [], None),
-    "shuffled sentences -> fine-tune": ("shuffled sentences", "finetune", [], None),
-    "span corruption -> fine-tune": ("span corruption", "finetune", [], TEMPLATE),
-    "span corruption -> LoRA": ("span corruption", "lora", [], TEMPLATE),
-    "mixed, next-token": (None, "mixed", [], None),
-    "mixed, span corruption": (None, "mixed", ['data.objective="span_corruption"'], TEMPLATE),
+    "next-token, augmented -> fine-tune": ("next-token, augmented", "finetune", [], None),
+    "span corruption, augmented -> fine-tune": ("span corruption, augmented", "finetune", [], TEMPLATE),
+    "span corruption, augmented -> LoRA": ("span corruption, augmented", "lora", [], TEMPLATE),
+    "mixed: span corruption, augmented + seen questions": (None, "mixed", ['data.objective="span_corruption"'],
+                                                           TEMPLATE),
     "random init -> fine-tune": (None, "alone", [], None),
-}
+}  # fmt: skip
 KINDS = list(people_world.QUESTIONS)
 
 
@@ -117,7 +125,9 @@ def write_files(sizes: dict, world_seed: int, work: Path) -> dict:
     people = people_world.make_world(sizes["people"], world_seed)
     seen, held_out = people_world.split(people)
     text = people_world.biographies(people, world_seed)
+    augmented = people_world.biographies(people, world_seed, sizes["versions"])
     (work / "bios.txt").write_text(text, encoding="utf-8")
+    (work / "bios_augmented.txt").write_text(augmented, encoding="utf-8")
     files = {
         "seen.tsv": people_world.questions(seen),
         "held_out.tsv": people_world.questions(held_out),
@@ -136,6 +146,7 @@ def write_files(sizes: dict, world_seed: int, work: Path) -> dict:
         "seen_people": len(seen),
         "held_out_people": len(held_out),
         "biography_characters": len(text),
+        "augmented_characters": len(augmented),
         "distinct_answers": {kind: len({p.answer(kind) for p in people}) for kind in KINDS},
         "example_biography": text.splitlines()[1],
         "example_question": files["held_out.tsv"][0],
@@ -189,11 +200,20 @@ def train_one(job: dict) -> dict:
     run = kqv.load(out)
     for key, path in job["score"].items():
         evaluation = run.evaluate(pairs=path)
+        correct = [answered(p.got, p.expected) if key == "probe" else p.correct for p in evaluation.predictions]
         result[key] = evaluation.to_dict() | {
-            "per_question": [int(p.correct) for p in evaluation.predictions],
+            "per_question": [int(c) for c in correct],
+            "exact_match": statistics.fmean(correct),
             "answers": [p.got for p in evaluation.predictions][:12],
         }
     return result
+
+
+def answered(got: str, expected: str) -> bool:
+    """Whether a probe's completion starts with the expected answer as whole words: a next-token model goes on
+    after it ("Lemvik. She works...") where a question's answer ends the text."""
+    got, expected = got.strip(), expected.strip()
+    return got.startswith(expected) and not got[len(expected) : len(expected) + 1].isalnum()
 
 
 def in_subprocess(job: dict) -> dict:
@@ -210,11 +230,12 @@ def in_subprocess(job: dict) -> dict:
 def jobs(sizes: dict, work: Path, seed: int, threads: int) -> dict[str, dict]:
     """Every run: the pretrainings, then each arm's last stage (which may start from a pretraining)."""
     pre, fine = sizes["pretrain_steps"], sizes["finetune_steps"]
-    bios, seen = work / "bios.txt", work / "seen.tsv"
+    seen = work / "seen.tsv"
     runs: dict[str, dict] = {}
-    for name, extra in PRETRAININGS.items():
+    for name, (text, extra) in PRETRAININGS.items():
         probe = "probe_held_out_mask.tsv" if "span" in name else "probe_held_out.tsv"
-        data = sources(bios) if "shuffle" in name else f"data.path={json.dumps(str(bios))}"
+        documents = "data.shuffle_sentences=true" in extra  # read document by document: a source of its own
+        data = sources(work / text) if documents else f"data.path={json.dumps(str(work / text))}"
         runs[name] = {
             "needs": None,
             "overrides": settings(sizes, pre, sizes["pretrain_lr"], seed) + [data] + extra,
@@ -229,7 +250,7 @@ def jobs(sizes: dict, work: Path, seed: int, threads: int) -> dict[str, dict]:
             if stage == "lora":
                 options.append(f"finetune.lora_rank={sizes['lora_rank']}")
         elif stage == "mixed":
-            steps, lr, data = pre + fine, sizes["pretrain_lr"], [sources(bios, seen)]
+            steps, lr, data = pre + fine, sizes["pretrain_lr"], [sources(work / "bios_augmented.txt", seen)]
         else:  # the questions alone, for as many updates as a pretraining and its fine-tune
             steps, lr, data = pre + fine, sizes["finetune_lr"], [f"data.path={json.dumps(str(seen))}"]
         runs[arm] = {
