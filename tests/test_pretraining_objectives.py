@@ -189,3 +189,28 @@ def test_a_template_s_mask_must_be_a_symbol_of_the_source_s_tokenizer(tmp_path):
         overrides = [f"data.path={tmp_path / 'qa.tsv'}", 'data.template="{prompt}{mask}"']
         kqv.train("lm", config, out=tmp_path / "qa", steps=1, quiet=True, overrides=overrides)
     assert not (tmp_path / "qa").exists()
+
+
+def test_eval_writes_prompts_into_the_run_s_template_and_takes_a_mixture_s_constant_from_its_pairs(tmp_path):
+    from kqv.jobs.scoring import evaluate_pairs
+
+    config = write_inputs(tmp_path)
+    answers = ["rome"] * 6 + ["oslo", "lima", "bonn", "oslo", "lima", "bonn"]  # the trained pairs' most frequent: rome
+    (tmp_path / "qa.tsv").write_text("".join(f"{n} born?\t{a}\n" for n, a in zip(PEOPLE, answers)))
+    asked = [("ann", "oslo"), ("bob", "oslo"), ("cyd", "oslo"), ("dee", "rome")]  # the scored file's: oslo
+    (tmp_path / "plain.tsv").write_text("".join(f"{n} born?\t{a}\n" for n, a in asked))
+    (tmp_path / "masked.tsv").write_text("".join(f"{n} born?{MASK}\t{a}\n" for n, a in asked))
+    sources = f'data.sources=[{{path="{tmp_path / "pre.txt"}"}}, {{path="{tmp_path / "qa.tsv"}"}}]'
+    overrides = [sources, 'data.objective="span_corruption"', "data.context=48", 'data.template="{prompt}{mask}"']
+    kqv.train("lm", config, out=tmp_path / "mixed", steps=2, quiet=True, overrides=overrides)
+    run = kqv.load(tmp_path / "mixed")
+
+    result = run.evaluate(pairs=tmp_path / "plain.tsv")
+    by_hand = evaluate_pairs(run.model, run.tokenizer, tmp_path / "masked.tsv")
+    untemplated = evaluate_pairs(run.model, run.tokenizer, tmp_path / "plain.tsv")
+    assert result.loss == pytest.approx(by_hand.loss, rel=1e-6) and result.loss != pytest.approx(untemplated.loss)
+    assert [p.got for p in result.predictions] == [p.got for p in by_hand.predictions]
+    assert [p.prompt for p in result.predictions] == [f"{n} born?" for n, _ in asked]  # the file's own prompts
+    assert result.constant == "rome" and result.constant_correct == 1  # from the mixture's pairs, not the file's
+    (tmp_path / "qa.tsv").rename(tmp_path / "moved.tsv")  # gone: the scored file's own answers, and it says so
+    assert run.evaluate(pairs=tmp_path / "plain.tsv").constant == "oslo"

@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from ..data.batches import batch_generator, sample_batch
-from ..data.completions import is_pairs_file
+from ..data.completions import is_pairs_file, read_examples
+from ..data.documents import mask_symbol
 from ..data.shakespeare import load_text
 from ..data.tokenizers import Tokenizer, encode_text, make_tokenizer
 from ..errors import ConfigError, DataError, spoken
@@ -293,12 +294,16 @@ class LMRun(TrainedRun):
         """Loss, perplexity and bits per character on a text file or directory (`data`), by default on the run's
         held-out validation split (a pair run's: the completions of its validation examples); `max_tokens` scores
         only a prefix of that many tokens (at least 2). With `pairs` (a .tsv or .jsonl file of prompt ->
-        completion pairs): the completion loss and the exact match of greedy completions, with its 95% interval, and
-        the constant and uniform baselines from the answers the run fine-tuned on, if any (`PairsEvaluation`)."""
+        completion pairs, each prompt written into the run's `data.template` as in training): the completion loss
+        and the exact match of greedy completions, with its 95% interval, and the constant and uniform baselines
+        from the answers the run trained on, if any (`trained_answers`; `PairsEvaluation`)."""
         if pairs is not None:
             check_pairs_alone(data, max_tokens)
-            trained = fine_tuning_answers(self.tokenizer, load_tokens(self.run_dir) if self.config.data.pairs else {})
-            return evaluate_pairs(self.model, self.tokenizer, pairs, reference=trained)
+            settings, answers = self.config.data, self.trained_answers()
+            mask = mask_symbol(settings.mask, settings.tokenizer)
+            return evaluate_pairs(
+                self.model, self.tokenizer, pairs, reference=answers, template=settings.template, mask=mask
+            )
         if data is not None:
             return evaluate_text(self.model, self.tokenizer, data, self.config.data.context, max_tokens)
         check_max_tokens(max_tokens)
@@ -308,6 +313,17 @@ class LMRun(TrainedRun):
         ids, n_chars, source = tokens["val"], int(tokens["chars"][1]), "the held-out validation split"
         result = perplexity(self.model, ids, context=self.config.data.context, n_chars=n_chars, max_tokens=max_tokens)
         return LMEvaluation(source, **result)
+
+    def trained_answers(self) -> list[str] | None:
+        """The completions of the pairs the run trained on, the constant baseline's reference: a pair run's training
+        examples (its tokens.safetensors), or every pair of a mixture's pairs files while they are where the run
+        read them; None for a run that trained on no pairs."""
+        if self.config.data.pairs:
+            return fine_tuning_answers(self.tokenizer, load_tokens(self.run_dir))
+        files = [Path(source.path) for source in self.config.data.sources if is_pairs_file(source.path)]
+        if not files or not all(file.is_file() for file in files):
+            return None
+        return [example.completion for file in files for example in read_examples(file)]
 
     def attention(self, text: str, *, max_tokens: int = ATTENTION_MAX_TOKENS) -> AttentionMaps:
         """The self-attention weights of every layer and head over `text`, rows and columns labelled by token.

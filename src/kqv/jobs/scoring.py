@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data.completions import check_examples, end_of_text, read_examples
+from ..data.documents import templated
 from ..data.example_batches import EncodedExamples
 from ..data.lines import text_lines
 from ..data.tokenizers import Tokenizer
@@ -284,14 +285,18 @@ def evaluate_pairs(
     max_new_tokens: int | None = None,
     batch_size: int = BATCH_SIZE,
     reference: Sequence[str] | None = None,
+    template: str | None = None,
+    mask: str | None = None,
 ) -> PairsEvaluation:
     """Score `model` on the pairs of a .tsv or .jsonl file (`kqv.data.completions.read_examples`): completion loss
     and exact match of greedy completions of up to `max_new_tokens` tokens (default: the longest expected
     completion's tokens + 16, room for whitespace that normalises away; a longer answer cannot match), and the
     baselines (`with_baselines`) from the answers of `reference` (the run's fine-tuning pairs), else from the
-    scored file's own."""
+    scored file's own. Each prompt is written into `template` (the run's `data.template`, `{mask}` the symbol
+    `mask`) as the run saw its prompts in training; the predictions keep the file's own prompts."""
     examples = read_examples(path)
     check_examples(examples, tokenizer, str(path))
+    shown, examples = examples, templated(examples, template, tokenizer, mask, str(path))
     eos_id, _ = end_of_text(tokenizer)
     prompts = encode_prompts(tokenizer, [example.prompt for example in examples], f"{path}: the prompt of pair")
     answers = [
@@ -303,7 +308,7 @@ def evaluate_pairs(
         max_new_tokens = min(max(map(len, answers)) + ANSWER_ROOM, GenerationConfig.limits.max_new_tokens)
     greedy = GenerationConfig(max_new_tokens=max_new_tokens, temperature=0)
     got = [tokenizer.decode(ids) if ids else "" for ids in complete_ids(model, prompts, eos_id, greedy, batch_size)]
-    predictions = tuple(Prediction(e.prompt, e.completion, text) for e, text in zip(examples, got, strict=True))
+    predictions = tuple(Prediction(e.prompt, e.completion, text) for e, text in zip(shown, got, strict=True))
     correct = sum(prediction.correct for prediction in predictions)
     low, high = wilson_interval(correct, len(examples))
     loss = nats / tokens
