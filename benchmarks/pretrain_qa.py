@@ -120,7 +120,7 @@ KINDS = list(people_world.QUESTIONS)
 
 
 def write_files(sizes: dict, world_seed: int, work: Path) -> dict:
-    """The biographies, the seen and held-out questions (plain and in the template's form), and the probes (plain
+    """The biographies (one and `versions` per person), the seen and held-out questions, and the probes (plain,
     and in span-corruption form: `prefix MASK . MASK`); what they hold, for the record."""
     people = people_world.make_world(sizes["people"], world_seed)
     seen, held_out = people_world.split(people)
@@ -133,8 +133,6 @@ def write_files(sizes: dict, world_seed: int, work: Path) -> dict:
         "held_out.tsv": people_world.questions(held_out),
         "probe_held_out.tsv": people_world.probes(held_out),
     }
-    files["seen_mask.tsv"] = [(p + MASK, c) for p, c in files["seen.tsv"]]
-    files["held_out_mask.tsv"] = [(p + MASK, c) for p, c in files["held_out.tsv"]]
     files["probe_held_out_mask.tsv"] = [(f"{p}{MASK}.{MASK}", c) for p, c in files["probe_held_out.tsv"]]
     for name, pairs in files.items():
         people_world.write_pairs(work / name, pairs)
@@ -242,8 +240,7 @@ def jobs(sizes: dict, work: Path, seed: int, threads: int) -> dict[str, dict]:
             "score": {"probe": str(work / probe)},
         }
     for arm, (pretraining, stage, extra, template) in ARMS.items():
-        held_out = work / ("held_out_mask.tsv" if template else "held_out.tsv")
-        seen_scored = work / ("seen_mask.tsv" if template else "seen.tsv")
+        held_out, seen_scored = work / "held_out.tsv", seen  # kqv eval writes the prompts into the run's template
         options = [f"data.template={json.dumps(template)}"] if template else []
         if stage in ("finetune", "lora"):
             steps, lr, data = fine, sizes["finetune_lr"], [f"data.path={json.dumps(str(seen))}"]
