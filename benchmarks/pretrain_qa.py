@@ -60,7 +60,7 @@ SIZES = {
         "model": {"d_model": 128, "n_heads": 4, "n_layers": 4, "d_ff": 512},
         "context": 160,
         "batch_size": 32,
-        "pretrain_steps": 1000,
+        "pretrain_steps": 1800,
         "pretrain_lr": 2e-3,
         "versions": 8,
         "finetune_steps": 300,
@@ -278,9 +278,17 @@ def train_all(runs: dict[str, dict], parallel: int) -> dict[str, dict]:
         return result
 
     with ThreadPoolExecutor(parallel) as pool:
-        for name in runs:  # pretrainings first: a run waits only on one already started
+        # first the runs that read the biographies from the start (the long ones), then the rest, those that start
+        # from another run last: a run waits only on one already started, and no process waits on a pretraining
+        # while a run that needs nothing is still queued
+        order = sorted(runs, key=lambda name: (runs[name]["needs"] is not None, not reads_text(runs[name])))
+        for name in order:
             futures[name] = pool.submit(go, name)
-        return {name: future.result() for name, future in futures.items()}
+        return {name: futures[name].result() for name in runs}
+
+
+def reads_text(job: dict) -> bool:
+    return any("bios" in option for option in job["overrides"])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -390,13 +398,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", choices=list(SIZES), default="default", help="default (2 CPU cores), gpu, quick")
     parser.add_argument("--seed", type=int, default=0, help="the training seed of every run (default 0)")
     parser.add_argument("--world-seed", type=int, default=0, help="the seed of the invented world (default 0)")
+    parser.add_argument("--pretrain-steps", type=int, help="the pretrainings' updates (default: the size's)")
     parser.add_argument("--output", type=Path, default=None, help="JSON path (default benchmarks/results/...)")
     parser.add_argument("--job", help=argparse.SUPPRESS)  # internal: one run, in a fresh process
     args = parser.parse_args(argv)
     if args.job:
         print(json.dumps(train_one(json.loads(args.job))))
         return 0
-    sizes = SIZES[args.size]
+    sizes = SIZES[args.size] | ({"pretrain_steps": args.pretrain_steps} if args.pretrain_steps else {})
+    if sizes["pretrain_steps"] < 1:
+        parser.error("--pretrain-steps must be at least 1")
     threads = max(1, (os.cpu_count() or 2) // sizes["parallel"])
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kqv-pretrain-qa-") as scratch:
