@@ -186,12 +186,13 @@ def write_pairs(path: Path, pairs: list[tuple[str, str]]) -> None:
     path.write_text("".join(f"{prompt}\t{completion}\n" for prompt, completion in pairs), encoding="utf-8")
 
 
-def write_world(out: Path, n_people: int, seed: int) -> list[Person]:
-    """biographies.txt, questions-seen.tsv, questions-held-out.tsv, probes-held-out.tsv, probes-seen.tsv in `out`."""
+def write_world(out: Path, n_people: int, seed: int, versions: int = 1) -> list[Person]:
+    """In `out`: biographies.txt (`versions` biographies per person), questions-seen.tsv, questions-held-out.tsv,
+    probes-seen.tsv and probes-held-out.tsv."""
     people = make_world(n_people, seed)
     seen, held_out = split(people)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "biographies.txt").write_text(biographies(people, seed), encoding="utf-8")
+    (out / "biographies.txt").write_text(biographies(people, seed, versions), encoding="utf-8")
     write_pairs(out / "questions-seen.tsv", questions(seen))
     write_pairs(out / "questions-held-out.tsv", questions(held_out))
     write_pairs(out / "probes-seen.tsv", probes(seen))
@@ -202,10 +203,13 @@ def write_world(out: Path, n_people: int, seed: int) -> list[Person]:
 def main() -> int:
     parser = argparse.ArgumentParser(description="write an invented world's biographies and question files")
     parser.add_argument("--people", type=int, default=1000, help="how many people (default 1000)")
+    parser.add_argument("--versions", type=int, default=1, help="biographies per person, each worded anew (default 1)")
     parser.add_argument("--seed", type=int, default=0, help="the world's seed (default 0)")
     parser.add_argument("--out", type=Path, required=True, help="a directory to write into")
     args = parser.parse_args()
-    write_world(args.out, args.people, args.seed)
+    if args.people < 2 or args.versions < 1:
+        parser.error("--people must be at least 2 and --versions at least 1")
+    write_world(args.out, args.people, args.seed, args.versions)
     print(f"wrote {args.out}: biographies.txt, questions-seen.tsv, questions-held-out.tsv, probes-*.tsv")
     return 0
 
