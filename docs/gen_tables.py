@@ -973,6 +973,80 @@ def finetune_qa_table() -> str:
     )
 
 
+PRETRAIN_QA = "benchmarks/results/pretrain_qa.json"
+PRETRAIN_QA_1000 = "benchmarks/results/pretrain_qa-1000.json"
+
+
+def pretrain_qa_table(file: str = PRETRAIN_QA, command: str = "python benchmarks/pretrain_qa.py") -> str:
+    """Exact match on held-out people's questions per recipe at equal updates (the world of
+    benchmarks/people_world.py), beside the answers that never read the question, each recipe's difference to the
+    constant per kind of question paired over the questions, its scores per kind and on the seen questions."""
+    record = json.loads((ROOT / file).read_text(encoding="utf-8"))
+    summary, sizes = record["summary"], record["sizes"]
+    rows = []
+    for name, arm in summary["arms"].items():
+        held = arm["exact_match"]
+        rows.append(
+            [name, f"**{held:.3f}** ({round(held * len(record['baselines']['kinds']))})"]
+            + [f"{arm['by_kind'][kind]:.3f}" for kind in ("town", "year", "trade")]
+            + [short_versus(arm["versus_constant"]), versus_text(arm["versus_constant_per_kind"])]
+            + [f"{arm['seen_exact_match']:.3f}"]
+            + [f"{arm['trainable_parameters']:,}", f"{arm['train_seconds'] / 60:.1f}"]
+        )
+    names = {"constant": f"constant: always {record['baselines']['constant']['answer']!r} (`kqv eval`'s)",
+             "per_kind": "constant per kind: " + " / ".join(
+                 f"{a!r}" for a in record["baselines"]["per_kind"]["answers"].values()),
+             "uniform guess per kind": "uniform guess among the seen answers of the question's kind"}  # fmt: skip
+    for name, row in summary["baselines"].items():
+        rows.append([names[name], f"{row['exact_match']:.3f}"] + [f"{row['by_kind'][k]:.3f}" for k in row["by_kind"]]
+                    + ["", "", "", "", ""])  # fmt: skip
+    header = ["recipe (equal updates)", "held-out exact match", "town", "year", "trade"]
+    header += ["- constant [95%]", "- constant per kind [95%, over questions]", "seen questions"]
+    header += ["trainable parameters", "minutes"]
+    probes = ", ".join(f"{name} {score:.3f}" for name, score in summary["probes"].items())
+    best = "".join(f"- {name}: {versus_text(c)}: {c['verdict']}\n" for name, c in summary["best_versus"].items())
+    world = record["world"]
+    return (
+        plain(header, rows, right=1) + f"\n{world['people']:,} people ({world['held_out_people']:,} held out, "
+        f"{len(record['baselines']['kinds']):,} questions); a {sizes['model']['n_layers']}-layer model of width "
+        f"{sizes['model']['d_model']} ({summary['arms']['next-token -> fine-tune']['trainable_parameters']:,} "
+        f"parameters), {sizes['pretrain_steps']:,} + {sizes['finetune_steps']:,} updates of "
+        f"{sizes['batch_size']} per recipe, seed {record['seed']}, one torch thread per run, two runs at a time, "
+        f"{record['total_seconds'] / 60:.1f} min in all. "
+        f"Probes (a held-out person's own biography sentence, before any fine-tune): {probes}.\n\n"
+        f"The best recipe against each other, paired over questions:\n\n{best}" + one_run(record, file, command)
+    )
+
+
+TUTORIAL_RECIPES = ("span corruption, augmented -> fine-tune", "next-token -> fine-tune")
+
+
+def pretrain_qa_tutorial_table() -> str:
+    """The tutorial's recipe and plain next-token pretraining beside the baselines: held-out exact match, its
+    difference to both constants paired over questions, and the minutes each took (pretraining included)."""
+    record = json.loads((ROOT / PRETRAIN_QA).read_text(encoding="utf-8"))
+    summary = record["summary"]
+    rows = []
+    for name in TUTORIAL_RECIPES:
+        arm = summary["arms"][name]
+        rows.append(
+            [name, f"**{arm['exact_match']:.3f}**", short_versus(arm["versus_constant"])]
+            + [short_versus(arm["versus_constant_per_kind"]), f"{arm['train_seconds'] / 60:.1f}"]
+        )
+    answers = record["baselines"]["per_kind"]["answers"]
+    rows.append([f"constant: always {record['baselines']['constant']['answer']!r}",
+                 f"{summary['baselines']['constant']['exact_match']:.3f}", "", "", ""])  # fmt: skip
+    rows.append([f"constant per kind: {' / '.join(repr(a) for a in answers.values())}",
+                 f"{summary['baselines']['per_kind']['exact_match']:.3f}", "", "", ""])  # fmt: skip
+    header = ["", "held-out exact match", "- constant [95%]", "- constant per kind [95%]", "minutes"]
+    return plain(header, rows, right=1) + one_run(record, PRETRAIN_QA, "python benchmarks/pretrain_qa.py")
+
+
+def short_versus(figures: dict) -> str:
+    """A paired difference over questions as value [95%]."""
+    return f"{figures['difference']:+.3f}{ci(figures['difference_95'])}"
+
+
 def baseline_rows(baseline: dict) -> list[list[str]]:
     """The rows of the answers that never read the question: two constants and two uniform guesses."""
     constant, per_kind = baseline["constant"], baseline["per_kind"]
@@ -1006,7 +1080,7 @@ def versus_text(figures: dict | None) -> str:
     if figures is None:
         return "not recorded"
     return (
-        f"{figures['difference']:+.3f}{ci(figures['difference_95'])} ({figures['questions']} questions, "
+        f"{figures['difference']:+.3f}{ci(figures['difference_95'])} ({figures['questions']:,} questions, "
         f"p = {figures['p_value']:.2g})"
     )
 
@@ -1035,6 +1109,11 @@ TABLES: dict[str, Callable[[], str]] = {
     "lora-peft": lora_peft_table,
     "finetune-corpus": finetune_corpus_table,
     "finetune-qa": finetune_qa_table,
+    "pretrain-qa": pretrain_qa_table,
+    "pretrain-qa-tutorial": pretrain_qa_tutorial_table,
+    "pretrain-qa-1000": lambda: pretrain_qa_table(
+        PRETRAIN_QA_1000, f"python benchmarks/pretrain_qa.py --pretrain-steps 1000 --output {PRETRAIN_QA_1000}"
+    ),
     "one-row-products": one_row_products_table,
     "explore-render": explore_render_table,
     "explore-reply": explore_reply_table,

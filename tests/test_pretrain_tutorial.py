@@ -1,0 +1,81 @@
+"""The tutorial (docs/pretrain-to-answers.md) runs what benchmarks/pretrain_qa.py measured: its pretraining and
+fine-tuning commands, read with the configs they name, set every option that shapes training as the benchmark's
+recipe "span corruption, augmented -> fine-tune" does, and its world command writes the benchmark's text."""
+
+import re
+import shlex
+import sys
+import tomllib
+from pathlib import Path
+
+from kqv.train.config import TrainConfig
+from test_pretrain_qa_world import script
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "src" / "kqv" / "configs"
+SHAPING = {  # the options that change what is trained (not logging, evaluation, checkpoints or samples)
+    "model": ("d_model", "n_heads", "n_layers", "d_ff"),
+    "data": ("context", "val_fraction", "objective", "template"),
+    "train": ("batch_size", "steps", "lr", "warmup_steps", "min_lr_ratio", "weight_decay", "grad_clip",
+              "budget_minutes", "precision", "seed"),
+}  # fmt: skip
+
+
+def commands() -> list[list[str]]:
+    """The tutorial's shell commands, one argument list each (continuation lines joined)."""
+    page = (ROOT / "docs" / "pretrain-to-answers.md").read_text()
+    blocks = re.findall(r"```\n(.*?)```", page, re.S)
+    return [shlex.split(block.replace("\\\n", " ")) for block in blocks]
+
+
+def resolved(config: str, sets: list[str], source_model: dict | None = None) -> dict:
+    """The shaping options of a config file with `--set` values over it (a fine-tune's model is its source's)."""
+    table = tomllib.loads((CONFIGS / f"lm-{config}.toml").read_text())
+    for assignment in sets:
+        key, value = assignment.split("=", 1)
+        section, name = key.split(".")
+        try:
+            parsed = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            parsed = value  # a bare word, as the CLI takes it
+        table.setdefault(section, {})[name] = parsed
+    if source_model is not None:
+        table["model"] = source_model
+    defaults = {"train": {"budget_minutes": TrainConfig.budget_minutes, "seed": TrainConfig.seed}, "data": {}}
+    return {
+        f"{section}.{name}": table.get(section, {}).get(name, defaults.get(section, {}).get(name))
+        for section, names in SHAPING.items()
+        for name in names
+    }
+
+
+def options(argv: list[str], flag: str) -> list[str]:
+    return [argv[k + 1] for k, arg in enumerate(argv) if arg == flag]
+
+
+def test_the_tutorial_trains_the_benchmark_s_recipe(tmp_path):
+    bench = script("pretrain_qa")
+    jobs = bench.jobs(bench.SIZES["default"], tmp_path, 0, 1)
+    wanted_pre = resolved("quick", [o for o in jobs["span corruption, augmented"]["overrides"] if "path" not in o])
+    source = {k.split(".")[1]: v for k, v in wanted_pre.items() if k.startswith("model.")}
+    fine_sets = [o for o in jobs["span corruption, augmented -> fine-tune"]["overrides"] if "path" not in o]
+    wanted_fine = resolved("quick", fine_sets, source_model=source)
+    pre, fine = [c for c in commands() if c[:3] == ["kqv", "train", "lm"]]
+    assert options(pre, "--config") == ["quick"] and options(pre, "--data") == ["world/biographies.txt"]
+    got_pre = resolved("quick", options(pre, "--set"))
+    assert got_pre == wanted_pre
+    assert options(fine, "--init") == ["runs/bios"] and options(fine, "--data") == ["world/questions-seen.tsv"]
+    assert resolved("finetune", options(fine, "--set"), source_model=source) == wanted_fine
+
+
+def test_the_tutorial_s_world_is_the_benchmark_s(tmp_path, monkeypatch):
+    world = script("people_world")
+    (argv,) = [c for c in commands() if c[:2] == ["python", "benchmarks/people_world.py"]]
+    monkeypatch.setattr(sys, "argv", [argv[1], *argv[2:]])
+    monkeypatch.chdir(tmp_path)
+    assert world.main() == 0
+    bench = script("pretrain_qa")
+    bench.write_files(bench.SIZES["default"], 0, tmp_path)
+    assert (tmp_path / "world" / "biographies.txt").read_text() == (tmp_path / "bios_augmented.txt").read_text()
+    assert (tmp_path / "world" / "questions-held-out.tsv").read_text() == (tmp_path / "held_out.tsv").read_text()
+    assert (tmp_path / "world" / "questions-seen.tsv").read_text() == (tmp_path / "seen.tsv").read_text()
