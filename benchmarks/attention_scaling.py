@@ -36,7 +36,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -112,6 +111,8 @@ def build(method: str, n: int):
 def worker(method: str, n: int, repeats: int, threads: int | None) -> dict:
     import torch
 
+    from kqv.jobs.base import peak_rss_bytes
+
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(0)
@@ -121,7 +122,7 @@ def worker(method: str, n: int, repeats: int, threads: int | None) -> dict:
         attend(*warm_up).backward(torch.randn_like(warm_up[0]))
     q, k, v = (torch.randn(1, 1, n, HEAD_DIM, requires_grad=True) for _ in range(3))
     grad = torch.randn(1, 1, n, HEAD_DIM)
-    baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    baseline = peak_rss_bytes()
     result = {"method": method, "n": n, "threads": torch.get_num_threads(), "repeats": repeats}
 
     forward, forward_cpu = [], []
@@ -132,7 +133,7 @@ def worker(method: str, n: int, repeats: int, threads: int | None) -> dict:
         forward.append(time.perf_counter() - start)
         forward_cpu.append(time.process_time() - start_cpu)
     result.update(forward_s=min(forward), forward_cpu_s=min(forward_cpu))
-    result["forward_peak_mb"] = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - baseline) / 1024
+    result["forward_peak_mb"] = (peak_rss_bytes() - baseline) / 2**20
 
     train, train_cpu = [], []
     for _ in range(repeats):
@@ -143,7 +144,7 @@ def worker(method: str, n: int, repeats: int, threads: int | None) -> dict:
         train.append(time.perf_counter() - start)
         train_cpu.append(time.process_time() - start_cpu)
     result.update(train_s=min(train), train_cpu_s=min(train_cpu))
-    result["train_peak_mb"] = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - baseline) / 1024
+    result["train_peak_mb"] = (peak_rss_bytes() - baseline) / 2**20
     return result
 
 

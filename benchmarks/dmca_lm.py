@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -99,6 +98,7 @@ def worker(arm: str, steps: int) -> dict:
     """Train one arm in a temporary run directory and score it; runs in its own process."""
     import torch
 
+    from kqv.jobs.base import peak_rss_bytes
     from kqv.jobs.lm import JOB
 
     torch.manual_seed(0)
@@ -117,7 +117,7 @@ def worker(arm: str, steps: int) -> dict:
         "val_tokens": val["tokens"],
         "train_seconds": summary["train_seconds"],
         "tokens_per_s": steps * TOKENS_PER_UPDATE / max(summary["train_seconds"], 1e-9),
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": peak_rss_bytes() / 2**20,
     }
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -93,6 +92,8 @@ def starts_as_gpt2(model: torch.nn.Module, side: str, model_args: dict[str, Any]
 
 def run_side(side: str, model_args: dict[str, Any], steps: int, warmup: int, batch: int, device: str) -> dict:
     """Time `steps` training steps of `side` after `warmup` untimed ones, in this process."""
+    from kqv.jobs.base import peak_rss_bytes
+
     model, loss_fn = adapted(side, model_args)
     difference = starts_as_gpt2(model, side, model_args)
     model = model.to(device).train()
@@ -112,7 +113,7 @@ def run_side(side: str, model_args: dict[str, Any], steps: int, warmup: int, bat
         optimizer.step()
     sync(device)
     seconds = time.perf_counter() - started
-    peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else resource.getrusage(0).ru_maxrss * 1024
+    peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else peak_rss_bytes()
     return {
         "side": side,
         "trainable_parameters": sum(p.numel() for p in trainable),

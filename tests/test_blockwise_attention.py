@@ -294,18 +294,19 @@ def test_50k_token_alibi_forward_is_fast_and_never_builds_an_n_by_n_matrix():
     matrix would be 10 GB; the peak must stay under 1 GB and the largest block of scores at its default size.
     One thread: on a busy 2-core machine two OpenMP threads spin at every op's barrier and run 10x slower."""
     script = textwrap.dedent("""
-        import json, resource, time, torch
+        import json, time, torch
+        from kqv.jobs.base import peak_rss_bytes
         from kqv.nn import blockwise as efficient
         from kqv.nn.positions import ALiBiPositions
         torch.set_num_threads(1)
         torch.manual_seed(0)
         q, k, v = (torch.randn(1, 1, 50_000, 16) for _ in range(3))
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        before = peak_rss_bytes()
         start = time.perf_counter()
         trace = efficient.Trace()
         out = efficient.blockwise_attention(q, k, v, positions=ALiBiPositions(1), causal=True, trace=trace)
         print(json.dumps({"seconds": time.perf_counter() - start, "finite": bool(torch.isfinite(out).all()),
-                          "growth_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024,
+                          "growth_mb": (peak_rss_bytes() - before) / 2**20,
                           "largest_block": trace.largest_score_block}))
     """)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)

@@ -474,8 +474,13 @@ def total_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())  # parameters() yields a shared tensor once
 
 
-def peak_rss_mb() -> float:
-    """This process's peak resident set size in MB (10^6 bytes): `getrusage`'s ru_maxrss, in bytes on macOS and in
-    KiB on Linux (and the BSDs)."""
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size in bytes: `getrusage`'s ru_maxrss, in bytes on macOS and in KiB on
+    Linux (and the BSDs)."""
     unit = 1 if sys.platform == "darwin" else 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * unit / 1e6
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * unit)
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set size in MB (10^6 bytes)."""
+    return peak_rss_bytes() / 1e6
