@@ -1038,6 +1038,8 @@ def pretrain_qa_tutorial_table() -> str:
                  f"{summary['baselines']['constant']['exact_match']:.3f}", "", "", ""])  # fmt: skip
     rows.append([f"constant per kind: {' / '.join(repr(a) for a in answers.values())}",
                  f"{summary['baselines']['per_kind']['exact_match']:.3f}", "", "", ""])  # fmt: skip
+    uniform = summary["baselines"]["uniform guess per kind"]["exact_match"]
+    rows.append(["uniform guess among the seen answers of the question's kind", f"{uniform:.3f}", "", "", ""])
     header = ["", "held-out exact match", "- constant [95%]", "- constant per kind [95%]", "minutes"]
     return plain(header, rows, right=1) + one_run(record, PRETRAIN_QA, "python benchmarks/pretrain_qa.py")
 
