@@ -225,12 +225,15 @@ def in_subprocess(job: dict) -> dict:
     return json.loads(answer.stdout.strip().splitlines()[-1])
 
 
-def jobs(sizes: dict, work: Path, seed: int, threads: int) -> dict[str, dict]:
-    """Every run: the pretrainings, then each arm's last stage (which may start from a pretraining)."""
+def jobs(sizes: dict, work: Path, seed: int, threads: int, arms: list[str] | None = None) -> dict[str, dict]:
+    """Every run of `arms` (default all): the pretrainings they start from, then each arm's last stage."""
     pre, fine = sizes["pretrain_steps"], sizes["finetune_steps"]
     seen = work / "seen.tsv"
+    chosen = {arm: ARMS[arm] for arm in arms or ARMS}
     runs: dict[str, dict] = {}
     for name, (text, extra) in PRETRAININGS.items():
+        if name not in {pretraining for pretraining, *_ in chosen.values()}:
+            continue
         probe = "probe_held_out_mask.tsv" if "span" in name else "probe_held_out.tsv"
         documents = "data.shuffle_sentences=true" in extra  # read document by document: a source of its own
         data = sources(work / text) if documents else f"data.path={json.dumps(str(work / text))}"
@@ -239,7 +242,7 @@ def jobs(sizes: dict, work: Path, seed: int, threads: int) -> dict[str, dict]:
             "overrides": settings(sizes, pre, sizes["pretrain_lr"], seed) + [data] + extra,
             "score": {"probe": str(work / probe)},
         }
-    for arm, (pretraining, stage, extra, template) in ARMS.items():
+    for arm, (pretraining, stage, extra, template) in chosen.items():
         held_out, seen_scored = work / "held_out.tsv", seen  # kqv eval writes the prompts into the run's template
         options = [f"data.template={json.dumps(template)}"] if template else []
         if stage in ("finetune", "lora"):
@@ -334,7 +337,7 @@ def by_kind(per_question: list[float], kinds: list[str]) -> dict[str, float]:
 def summarise(results: dict[str, dict], baseline: dict) -> dict:
     kinds, strongest = baseline["kinds"], baseline["per_kind"]["per_question"]
     arms = {}
-    for arm in ARMS:
+    for arm in [arm for arm in ARMS if arm in results]:
         held = results[arm]["held_out"]["per_question"]
         arms[arm] = {
             "exact_match": statistics.fmean(held),
@@ -349,10 +352,10 @@ def summarise(results: dict[str, dict], baseline: dict) -> dict:
     best = max(arms, key=lambda a: arms[a]["exact_match"])
     others = {
         f"{best} - {arm}": versus(results[best]["held_out"]["per_question"], results[arm]["held_out"]["per_question"])
-        for arm in ARMS
+        for arm in arms
         if arm != best
     }
-    probes = {name: results[name]["probe"]["exact_match"] for name in PRETRAININGS}
+    probes = {name: results[name]["probe"]["exact_match"] for name in PRETRAININGS if name in results}
     table = {"constant": baseline["constant"], "per_kind": baseline["per_kind"]}
     rows = {name: {"exact_match": statistics.fmean(t["per_question"]), "by_kind": by_kind(t["per_question"], kinds)}
             for name, t in table.items()}  # fmt: skip
@@ -383,10 +386,10 @@ def print_table(summary: dict, baseline: dict) -> None:
         print(f"{name}: {comparison['difference']:+.3f} [{low:+.3f}, {high:+.3f}] ({comparison['verdict']})")
 
 
-def measure(sizes: dict, world_seed: int, seed: int, device_threads: int, work: Path) -> dict:
+def measure(sizes: dict, world_seed: int, seed: int, threads: int, work: Path, arms: list[str] | None) -> dict:
     world = write_files(sizes, world_seed, work)
     print(f"{world['people']} people, {world['biography_characters']:,} characters of biographies", file=sys.stderr)
-    results = train_all(jobs(sizes, work, seed, device_threads), sizes["parallel"])
+    results = train_all(jobs(sizes, work, seed, threads, arms), sizes["parallel"])
     baseline = baselines(work)
     summary = summarise(results, baseline)
     print_table(summary, baseline)
@@ -399,6 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="the training seed of every run (default 0)")
     parser.add_argument("--world-seed", type=int, default=0, help="the seed of the invented world (default 0)")
     parser.add_argument("--pretrain-steps", type=int, help="the pretrainings' updates (default: the size's)")
+    parser.add_argument("--arm", action="append", choices=list(ARMS), help="run this recipe (repeat; default all)")
     parser.add_argument("--output", type=Path, default=None, help="JSON path (default benchmarks/results/...)")
     parser.add_argument("--job", help=argparse.SUPPRESS)  # internal: one run, in a fresh process
     args = parser.parse_args(argv)
@@ -411,9 +415,10 @@ def main(argv: list[str] | None = None) -> int:
     threads = max(1, (os.cpu_count() or 2) // sizes["parallel"])
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kqv-pretrain-qa-") as scratch:
-        record = measure(sizes, args.world_seed, args.seed, threads, Path(scratch))
+        record = measure(sizes, args.world_seed, args.seed, threads, Path(scratch), args.arm)
     record = {"benchmark": "pretrain_qa", "size": args.size, "sizes": sizes, "seed": args.seed,
-              "world_seed": args.world_seed, "threads_per_run": threads, **record}  # fmt: skip
+              "world_seed": args.world_seed, "threads_per_run": threads, "arms": args.arm or list(ARMS),
+              **record}  # fmt: skip
     suffix = "" if args.size == "default" else f"-{args.size}"
     write_record(record, started, args.output or ROOT / "benchmarks" / "results" / f"pretrain_qa{suffix}.json")
     return 0
