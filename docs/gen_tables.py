@@ -983,39 +983,83 @@ def pretrain_qa_table(file: str = PRETRAIN_QA, command: str = "python benchmarks
     constant per kind of question paired over the questions, its scores per kind and on the seen questions."""
     record = json.loads((ROOT / file).read_text(encoding="utf-8"))
     summary, sizes = record["summary"], record["sizes"]
-    rows = []
+    rows, by_kind = [], []
     for name, arm in summary["arms"].items():
         held = arm["exact_match"]
         rows.append(
             [name, f"**{held:.3f}** ({round(held * len(record['baselines']['kinds']))})"]
-            + [f"{arm['by_kind'][kind]:.3f}" for kind in ("town", "year", "trade")]
-            + [short_versus(arm["versus_constant"]), versus_text(arm["versus_constant_per_kind"])]
-            + [f"{arm['seen_exact_match']:.3f}"]
-            + [f"{arm['trainable_parameters']:,}", f"{arm['train_seconds'] / 60:.1f}"]
+            + [short_versus(arm["versus_constant"]), short_versus(arm["versus_constant_per_kind"])]
+            + [f"{arm['seen_exact_match']:.3f}", f"{arm['train_seconds'] / 60:.1f}"]
         )
+        by_kind.append([name] + [f"{arm['by_kind'][kind]:.3f}" for kind in ("town", "year", "trade")])
     names = {"constant": f"constant: always {record['baselines']['constant']['answer']!r} (`kqv eval`'s)",
              "per_kind": "constant per kind: " + " / ".join(
                  f"{a!r}" for a in record["baselines"]["per_kind"]["answers"].values()),
              "uniform guess per kind": "uniform guess among the seen answers of the question's kind"}  # fmt: skip
     for name, row in summary["baselines"].items():
-        rows.append([names[name], f"{row['exact_match']:.3f}"] + [f"{row['by_kind'][k]:.3f}" for k in row["by_kind"]]
-                    + ["", "", "", "", ""])  # fmt: skip
-    header = ["recipe (equal updates)", "held-out exact match", "town", "year", "trade"]
-    header += ["- constant [95%]", "- constant per kind [95%, over questions]", "seen questions"]
-    header += ["trainable parameters", "minutes"]
+        rows.append([names[name], f"{row['exact_match']:.3f}", "", "", "", ""])
+        by_kind.append([names[name]] + [f"{row['by_kind'][k]:.3f}" for k in ("town", "year", "trade")])
+    header = ["recipe (equal updates)", "held-out EM", "- constant [95%]", "- constant per kind [95%]", "seen EM"]
+    header += ["minutes"]
     probes = ", ".join(f"{name} {score:.3f}" for name, score in summary["probes"].items())
     best = "".join(f"- {name}: {versus_text(c)}: {c['verdict']}\n" for name, c in summary["best_versus"].items())
+    lora = [a for name, a in summary["arms"].items() if "LoRA" in name]
+    trains = f"; LoRA trains {lora[0]['trainable_parameters']:,} adapter weights" if lora else ""
     world = record["world"]
     return (
-        plain(header, rows, right=1) + f"\n{world['people']:,} people ({world['held_out_people']:,} held out, "
+        plain(header, rows, right=1)
+        + "\nHeld-out exact match by kind of question:\n\n"
+        + plain(["", "town", "year", "trade"], by_kind, right=1)
+        + "\nEM: exact match; every interval is paired over the held-out questions (Student's t). "
+        + f"{world['people']:,} people ({world['held_out_people']:,} held out, "
         f"{len(record['baselines']['kinds']):,} questions); a {sizes['model']['n_layers']}-layer model of width "
         f"{sizes['model']['d_model']} ({summary['arms']['next-token -> fine-tune']['trainable_parameters']:,} "
-        f"parameters), {sizes['pretrain_steps']:,} + {sizes['finetune_steps']:,} updates of "
+        f"parameters{trains}), {sizes['pretrain_steps']:,} + {sizes['finetune_steps']:,} updates of "
         f"{sizes['batch_size']} per recipe, seed {record['seed']}, one torch thread per run, two runs at a time, "
         f"{record['total_seconds'] / 60:.1f} min in all. "
         f"Probes (a held-out person's own biography sentence, before any fine-tune): {probes}.\n\n"
-        f"The best recipe against each other, paired over questions:\n\n{best}" + one_run(record, file, command)
+        f"The best recipe against each of the others, paired over questions:\n\n{best}" + one_run(record, file, command)
     )
+
+
+PRETRAIN_QA_SEED1 = "benchmarks/results/pretrain_qa-seed1.json"
+
+
+def pretrain_qa_seeds_table() -> str:
+    """The recipes run with two training seeds: held-out exact match per seed, and each question's mean over the
+    seeds against both constants, paired over the questions (never the seeds' answers pooled as more questions)."""
+    from kqv.train.evaluation import difference_over_questions, mean_over_seeds
+
+    records = [json.loads((ROOT / f).read_text(encoding="utf-8")) for f in (PRETRAIN_QA, PRETRAIN_QA_SEED1)]
+    baselines = records[0]["baselines"]
+    rows = []
+    for name in [arm for arm in records[0]["runs"] if all(arm in r["summary"]["arms"] for r in records)]:
+        scores = mean_over_seeds([r["runs"][name]["held_out"]["per_question"] for r in records])
+        rows.append(
+            [name, " / ".join(f"{r['summary']['arms'][name]['exact_match']:.3f}" for r in records)]
+            + [f"**{statistics.fmean(scores):.3f}**"]
+            + [short_versus(difference_over_questions(scores, baselines[b]["per_question"]).to_dict())
+               for b in ("constant", "per_kind")]
+        )  # fmt: skip
+    header = ["recipe", "held-out exact match, seed " + " / ".join(str(r["seed"]) for r in records), "mean"]
+    header += ["- constant [95%]", "- constant per kind [95%]"]
+    return (
+        plain(header, rows, right=1)
+        + "\nEach question's score is its mean over the seeds; the intervals are paired over the questions.\n"
+        + "\nRuns:\n\n"
+        + "".join(
+            f"{k}. seed {r['seed']}: {shared_machine(r)}, {day(r)}: `{command}` (`{file}`)\n"
+            for k, (r, file, command) in enumerate(
+                zip(records, (PRETRAIN_QA, PRETRAIN_QA_SEED1), ("python benchmarks/pretrain_qa.py", SEED1_COMMAND)), 1
+            )
+        )
+    )
+
+
+SEED1_COMMAND = (
+    "python benchmarks/pretrain_qa.py --seed 1 --arm 'span corruption, augmented -> fine-tune' "
+    f"--arm 'next-token -> fine-tune' --output {PRETRAIN_QA_SEED1}"
+)
 
 
 TUTORIAL_RECIPES = ("span corruption, augmented -> fine-tune", "next-token -> fine-tune")
@@ -1113,6 +1157,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "finetune-qa": finetune_qa_table,
     "pretrain-qa": pretrain_qa_table,
     "pretrain-qa-tutorial": pretrain_qa_tutorial_table,
+    "pretrain-qa-seeds": pretrain_qa_seeds_table,
     "pretrain-qa-1000": lambda: pretrain_qa_table(
         PRETRAIN_QA_1000, f"python benchmarks/pretrain_qa.py --pretrain-steps 1000 --output {PRETRAIN_QA_1000}"
     ),
