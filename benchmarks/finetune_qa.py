@@ -138,11 +138,21 @@ def write_files(sizes: dict, world_seed: int, work: Path) -> dict:
 
 
 def settings(sizes: dict, steps: int, lr: float, seed: int, data: Path) -> list[str]:
+    return [
+        f"data.path={json.dumps(str(data))}",
+        *run_settings(sizes, steps, lr, seed, VAL_FRACTION),
+        'sample.prompt="\\n"',
+    ]
+
+
+def run_settings(sizes: dict, steps: int, lr: float, seed: int, val_fraction: float) -> list[str]:
+    """The `--set` options of one benchmark run of `steps` updates at learning rate `lr`: the model and batch of
+    `sizes`, a warm-up of a tenth of the updates, no time budget, one evaluation and checkpoint at the end, a
+    sample of 16 tokens."""
     sets = [f"model.{name}={value}" for name, value in sizes["model"].items()]
     return sets + [
-        f"data.path={json.dumps(str(data))}",
         f"data.context={sizes['context']}",
-        f"data.val_fraction={VAL_FRACTION}",
+        f"data.val_fraction={val_fraction}",
         f"train.batch_size={sizes['batch_size']}",
         f"train.steps={steps}",
         f"train.lr={lr}",
@@ -155,7 +165,6 @@ def settings(sizes: dict, steps: int, lr: float, seed: int, data: Path) -> list[
         f"train.log_every={max(1, steps // 10)}",
         "sample.count=1",
         "sample.max_new_tokens=16",
-        'sample.prompt="\\n"',
     ]
 
 

@@ -28,9 +28,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "gr", "kl", "tr", "st"]
-VOWELS = ["a", "e", "i", "o", "u", "ai", "ei", "ou"]
-CODAS = ["", "", "n", "r", "l", "s", "k", "m"]
+from qa_world import unique_words  # invented words from syllables, as the smaller world's names
+
 TRADES = [
     "baker", "weaver", "sailor", "miller", "potter", "tanner", "mason", "cooper", "smith", "fisher",
     "carpenter", "glazier", "saddler", "brewer", "butcher", "chandler", "cobbler", "dyer", "farrier", "fletcher",
@@ -80,23 +79,6 @@ class Person:
 
     def answer(self, fact: str) -> str:
         return str(getattr(self, fact))
-
-
-def word(rng: random.Random, syllables: int, onset: str) -> str:
-    rest = "".join(rng.choice(ONSETS) + rng.choice(VOWELS) + rng.choice(CODAS) for _ in range(syllables - 1))
-    return (onset + rng.choice(VOWELS) + rng.choice(CODAS) + rest).title()
-
-
-def unique_words(rng: random.Random, count: int, syllables: int, taken: set[str]) -> list[str]:
-    """`count` invented words of `syllables` syllables, none in `taken` (which grows). The k-th starts with the
-    onset ONSETS[k % len(ONSETS)], so every capital letter is used by any len(ONSETS) consecutive words."""
-    found: list[str] = []
-    while len(found) < count:
-        candidate = word(rng, syllables, ONSETS[len(found) % len(ONSETS)])
-        if candidate not in taken:
-            taken.add(candidate)
-            found.append(candidate)
-    return found
 
 
 def zipf_weights(count: int) -> list[float]:

@@ -49,6 +49,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import people_world  # noqa: E402
 from finetune_corpus import write_record  # noqa: E402
+from finetune_qa import run_settings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MASK = "\u2047"  # the character tokenizer's reserved mask symbol (kqv.data.documents.MASKS)
@@ -157,23 +158,7 @@ def write_files(sizes: dict, world_seed: int, work: Path) -> dict:
 
 
 def settings(sizes: dict, steps: int, lr: float, seed: int) -> list[str]:
-    sets = [f"model.{name}={value}" for name, value in sizes["model"].items()]
-    return sets + [
-        f"data.context={sizes['context']}",
-        "data.val_fraction=0.05",
-        f"train.batch_size={sizes['batch_size']}",
-        f"train.steps={steps}",
-        f"train.lr={lr}",
-        f"train.warmup_steps={max(1, steps // 10)}",
-        "train.budget_minutes=0",
-        f"train.seed={seed}",
-        f"train.eval_every={steps}",
-        "train.eval_batches=2",
-        f"train.checkpoint_every={steps}",
-        f"train.log_every={max(1, steps // 10)}",
-        "sample.count=1",
-        "sample.max_new_tokens=16",
-    ]
+    return run_settings(sizes, steps, lr, seed, val_fraction=0.05)
 
 
 def sources(*paths: Path) -> str:
