@@ -174,7 +174,7 @@ def test_flex_takes_heads_its_kernel_can():
 
 def test_block_masks_of_a_shape_are_built_once(flex_here, monkeypatch):
     """Causal, local and BigBird block masks depend on the shape alone: the second forward builds none; padding's
-    differ with every batch and are built for each."""
+    differ with every batch and are built once in each forward, by its first layer."""
     use, _ = flex_here
     use(True)
     built = []
@@ -192,7 +192,21 @@ def test_block_masks_of_a_shape_are_built_once(flex_here, monkeypatch):
         encoder = Encoder(tiny_config(d_model=64, **FLEX_CASES["alibi"])).eval()
         before = len(built)
         encoder(ids, mask), encoder(ids, mask)
-    assert len(built) == before + 2 * tiny_config().n_layers
+    assert tiny_config().n_layers > 1 and len(built) == before + 2  # one per forward, not one per layer
+
+
+def test_a_padding_block_mask_is_reused_only_for_the_same_unchanged_tensor(monkeypatch):
+    built = []
+    monkeypatch.setattr(flex, "create_block_mask", lambda *a, **k: built.append(1) or object())
+    monkeypatch.setattr(flex, "_padding_block_mask", None)
+    padding = torch.ones(2, 1, 1, 13, dtype=torch.bool)
+    mask_mod = flex.padding(padding[:, 0, 0, :])
+    first = flex._padding_mask(mask_mod, padding, ("causal", 13, 13, torch.device("cpu")), 2)
+    assert flex._padding_mask(mask_mod, padding, ("causal", 13, 13, torch.device("cpu")), 2) is first and len(built) == 1
+    assert flex._padding_mask(mask_mod, padding, ("local", 13, 13, torch.device("cpu")), 2) is not first  # another mask
+    padding[0, ..., 10:] = False  # changed in place: its version moved
+    assert flex._padding_mask(mask_mod, padding, ("local", 13, 13, torch.device("cpu")), 2) is not first and len(built) == 3
+    assert flex._padding_mask(mask_mod, padding.clone(), ("local", 13, 13, torch.device("cpu")), 2) and len(built) == 4
 
 
 def test_only_cuda_takes_flex_attention():

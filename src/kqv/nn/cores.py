@@ -232,8 +232,8 @@ class FullAttention(AttentionCore):
                 values,
                 score_mod=score_mod,
                 mask_mod=flex.combined(None, causal, key_padding),
-                per_row=key_padding is not None,
-                mask_key="causal",
+                padding=None if key_padding is None else mask,
+                mask_key=("causal", bool(causal)),
             ), None
         if self.use_blockwise(positions, q_time, k_time, mask, key_padding, causal, dropout, need_weights):
             return blockwise_attention(  # given ranges, it plans its blocks without reading the device
@@ -347,7 +347,7 @@ class PaddingOnlyCore(AttentionCore):
             mask_mod = flex.combined(mask_mod, causal, key_padding)
             key = (self.flex_key(), causal)  # the mask depends on the core's options and the shape alone
             return flex.attend(
-                queries, keys, values, mask_mod=mask_mod, per_row=key_padding is not None, mask_key=key
+                queries, keys, values, mask_mod=mask_mod, padding=None if key_padding is None else mask, mask_key=key
             ), None
         return self(queries, keys, values, causal=causal, key_padding=key_padding), None
 

@@ -19,12 +19,15 @@ compressed and raw keys in one softmax (a rewrite, not a mask: kept as it is). L
 Nor does it take a head dimension its Triton kernel cannot: below 16 (the smallest `tl.dot`) or not a power of two
 (torch 2.5 refuses those, later versions pad them to one): `head_dim_fits`.
 
-A block mask that depends on the shape alone (causal, local blocks, BigBird's layout; not padding, which changes
-with every batch) is built once per (mask, shape, device) and kept (`block_mask`), not rebuilt every forward.
+A block mask that depends on the shape alone (causal, local blocks, BigBird's layout) is built once per (mask,
+shape, device) and kept, not rebuilt every forward. A padding mask changes with every batch: its block mask is
+built once per forward, by the first layer, and taken by every other layer given the same mask tensor, unchanged
+(`padding=`; the last one is kept, by a weak reference to that tensor and its version counter).
 """
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 
@@ -40,6 +43,7 @@ _compiled: Callable | None = None  # flex_attention compiled once (its Triton ke
 MIN_HEAD_DIM = 16  # Triton's smallest matrix-product block (tl.dot needs K >= 16)
 BLOCK_MASKS = 32  # block masks kept, the least recently used dropped first
 _block_masks: OrderedDict[Hashable, object] = OrderedDict()
+_padding_block_mask: tuple[weakref.ref, Hashable, object] | None = None  # the last padding's, for the next layer
 
 
 def head_dim_fits(head_dim: int) -> bool:
@@ -63,19 +67,35 @@ def attend(
     *,
     score_mod: ScoreMod | None = None,
     mask_mod: MaskMod | None = None,
-    per_row: bool = False,
+    padding: Tensor | None = None,
     mask_key: Hashable | None = None,
 ) -> Tensor:
     """softmax(q k^T / sqrt(d) changed by `score_mod`, keys `mask_mod` hides = -inf) v, (batch, heads, q_time,
-    head_dim); a query that may see no key gets zeros, as today's cores give. `per_row`: the mask differs between
-    batch rows (padding). `mask_key` names a mask that depends on the shape alone, so that its block mask is
-    built once (`block_mask`)."""
+    head_dim); a query that may see no key gets zeros, as today's cores give. `padding`: the padding mask tensor
+    `mask_mod` reads (its block mask differs between batch rows), the same object in every layer of a forward.
+    `mask_key` names what else `mask_mod` depends on beside the shape, so that its block mask is reused."""
     block_mask = None
     if mask_mod is not None:
-        rows = queries.shape[0] if per_row else None
-        key = None if per_row else mask_key  # padding changes with every batch: never kept
-        block_mask = _block_mask(mask_mod, key, rows, queries.shape[2], keys.shape[2], queries.device)
+        shape = (queries.shape[2], keys.shape[2], queries.device)
+        if padding is None:
+            block_mask = _block_mask(mask_mod, mask_key, None, *shape)
+        else:
+            block_mask = _padding_mask(mask_mod, padding, (mask_key, *shape), queries.shape[0])
     return _kernel(queries.device)(queries, keys, values, score_mod=score_mod, block_mask=block_mask)
+
+
+def _padding_mask(mask_mod: MaskMod, padding: Tensor, key: Hashable, rows: int) -> object:
+    """The block mask of a mask that reads `padding`: the last one built when `padding` is the same tensor, not
+    changed since (its version counter), under the same `key`; else built and kept in its place."""
+    global _padding_block_mask
+    key = (key, rows, padding._version)
+    if _padding_block_mask is not None:
+        tensor, kept_key, block_mask = _padding_block_mask
+        if tensor() is padding and kept_key == key:
+            return block_mask
+    block_mask = _block_mask(mask_mod, None, rows, *key[0][1:])
+    _padding_block_mask = (weakref.ref(padding), key, block_mask)
+    return block_mask
 
 
 def _block_mask(
