@@ -68,3 +68,20 @@ def test_an_interrupt_while_the_last_update_waits_for_another_process_saves_noth
     assert "waited for another process" in caplog.text
     with distributed.reads_up_to(None) as readable:  # no mark (the CPU, one process): everything is readable
         assert readable
+
+
+@pytest.mark.parametrize("position", ["rope", "alibi", "sinusoidal", "relative"])
+def test_ddp_syncs_no_buffers_before_each_forward_since_every_buffer_comes_from_the_config(position, tmp_path):
+    """DDP's default broadcasts every buffer from rank 0 before each forward, one collective per step. kqv's
+    buffers (RoPE's frequencies, ALiBi's slopes) are made from the config and saved in no checkpoint, so the
+    wrapper leaves them out, and a model's buffers are the same when built twice."""
+    model = kqv.DecoderLM(tiny_config(position=position))
+    assert not {name for name, _ in model.named_buffers()} & set(model.state_dict())  # none saved
+    again = dict(kqv.DecoderLM(tiny_config(position=position)).named_buffers())
+    assert all(torch.equal(buffer, again[name]) for name, buffer in model.named_buffers())
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        wrapped = distributed.data_parallel(model)
+        assert wrapped.require_forward_param_sync and not wrapped.will_sync_module_buffers()
+    finally:
+        dist.destroy_process_group()

@@ -113,8 +113,12 @@ def stops_when_a_process_is_lost(rank: int, world_size: int) -> Iterator[None]:
 def data_parallel(model: nn.Module) -> nn.parallel.DistributedDataParallel:
     """`model` wrapped in DistributedDataParallel. With mixture-of-experts layers an expert may get no tokens on
     one process and some on another, so DDP looks for parameters a forward pass left unused (which it reduces as
-    zeros) instead of waiting for their gradients."""
-    return nn.parallel.DistributedDataParallel(model, find_unused_parameters=bool(expert_layers(model)))
+    zeros) instead of waiting for their gradients. Buffers are not broadcast before every forward (DDP's default):
+    kqv's (RoPE's frequencies, ALiBi's slopes) are made from the config, the same on every process, and saved in
+    no checkpoint, so the broadcast would be a collective per step that changes nothing."""
+    return nn.parallel.DistributedDataParallel(
+        model, find_unused_parameters=bool(expert_layers(model)), forward_sync_buffers=False
+    )
 
 
 @contextmanager
