@@ -1,5 +1,6 @@
 """A tiny language-model run used by test_training.py: launched under torchrun with 2 processes, and called
-in-process (`run`) for the one-process reference. Usage: python ddp_worker.py RUN_DIR"""
+in-process (`run`) for the one-process reference. Under torchrun each rank prints how often its processes agreed
+on the time limit (`rank0_says`, a broadcast). Usage: python ddp_worker.py RUN_DIR"""
 
 import sys
 from pathlib import Path
@@ -11,14 +12,15 @@ from kqv.train.config import TrainConfig
 from kqv.train.trainer import Trainer
 
 CONFIG = TrainConfig(
-    steps=3,
+    steps=4,
     batch_size=4,
     grad_accum=2,
     lr=1e-3,
     warmup_steps=1,
     precision="fp32",
-    log_every=1,
-    eval_every=3,
+    log_every=2,
+    eval_every=4,
+    max_minutes=60.0,  # never reached: the processes agree on it at log intervals only
     eval_batches=2,
 )
 
@@ -46,5 +48,16 @@ def run(run_dir: Path) -> dict:
     return trainer.train()
 
 
+def counting_agreements() -> list[bool]:
+    """Every `rank0_says` of the trainer, recorded."""
+    from kqv.train import distributed
+
+    said, agree = [], distributed.rank0_says
+    distributed.rank0_says = lambda flag, world_size: said.append(agree(flag, world_size)) or said[-1]
+    return said
+
+
 if __name__ == "__main__":
+    agreements = counting_agreements()
     run(Path(sys.argv[1]))
+    print(f"rank0_says {len(agreements)}")

@@ -30,7 +30,8 @@ class TrainConfig(Config):
     warms up and stays at `lr`. `grad_clip=0` disables clipping. Evaluation and checkpoints happen every
     `eval_every` / `checkpoint_every` updates and always after the last one. `max_minutes > 0` makes the update
     during which that much training time (evaluation and checkpoints excluded) has passed the last one, for
-    comparisons at equal wall-clock budget; the schedule still follows `steps`. `budget_minutes > 0` plans the run
+    comparisons at equal wall-clock budget (under torchrun, the first logged update after it: the processes agree
+    at log intervals); the schedule still follows `steps`. `budget_minutes > 0` plans the run
     to that much wall-clock, evaluations, checkpoints and the job's work after training included: the run times its
     first updates (inside the warmup) and fixes how many updates fit, at most `steps`, then runs its whole schedule
     to that plan (`kqv.train.budget`; a cosine warmup too short to time updates in is refused); with `max_minutes`

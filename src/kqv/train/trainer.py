@@ -301,7 +301,7 @@ class Trainer:
                     planner.timed(self.step, now - started)
                 if planning:
                     planner = self._fix_plan(planner, clock)
-                last = self.step == self.config.steps or self._out_of_time()
+                last = self.step == self.config.steps or self._out_of_time(read)
                 if last and not read:
                     self._read(window)
                 result = self._log(lr, window, clock, last) or result
@@ -343,10 +343,14 @@ class Trainer:
         )
         raise TrainingDiverged(diverged_message(self.config, verdict.what, verdict.streak, checkpoint))
 
-    def _out_of_time(self) -> bool:
-        """Whether `max_minutes` of training time have passed; rank 0's clock decides for every process."""
+    def _out_of_time(self, read: bool) -> bool:
+        """Whether `max_minutes` of training time have passed. With several processes rank 0's clock decides for
+        all, asked only after an update whose window was `read` (a log interval, an evaluation or a checkpoint),
+        where the processes wait for each other anyway: a broadcast every update would hold them in lockstep."""
         limit = self.config.max_minutes
-        return limit > 0 and distributed.rank0_says(self.state.train_seconds >= limit * 60, self.world_size)
+        if limit <= 0 or (self.world_size > 1 and not read):
+            return False
+        return distributed.rank0_says(self.state.train_seconds >= limit * 60, self.world_size)
 
     def _fix_plan(self, planner: Planner, origin: float) -> None:
         """Time one evaluation and one checkpoint, ask `planner` for the plan (rank 0; the others receive its
