@@ -153,6 +153,16 @@ class ExampleBatches:
             del batch["weights"]
         return batch
 
+    @staticmethod
+    def loss_terms(batch: dict[str, Tensor]) -> float:
+        """What `example_loss` divides by in `batch`: its targets that count (not -100), each by its weight when
+        the batch has `weights`. Under torchrun a rank's loss is weighted by its share of them
+        (`kqv.train.distributed.share`): examples differ in length, so rows are not equal shares. On the host."""
+        counted = batch["targets"] != IGNORE
+        if "weights" in batch:
+            return float((batch["weights"] * counted).sum())
+        return float(counted.sum())
+
     def row(self, examples: list[int]) -> tuple[Tensor, ...]:
         """(ids, targets, weights, sequences, positions) of one row holding `examples`, unpadded."""
         parts = [self.example(k, n) for n, k in enumerate(examples)]

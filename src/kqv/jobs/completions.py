@@ -94,21 +94,27 @@ def check_packing(model: ModelConfig, packing: bool) -> None:
         )
 
 
-def trainer_options(config: Any, tokens: dict[str, Tensor]) -> dict[str, Any]:
-    """train_batches, val_batches, loss_fn and tokens_per_batch of a training on pairs."""
+def batch_options(config: Any) -> dict[str, Any]:
+    """What every `ExampleBatches` of a training takes from its config (pairs, and each source of a mixture)."""
     data, train = config.data, config.train
-    options = {
+    return {
         "batch_size": train.batch_size,
         "context": data.context,
         "seed": train.seed,
         "packing": data.packing,
         "prompt_loss_weight": data.prompt_loss_weight,
     }
+
+
+def trainer_options(config: Any, tokens: dict[str, Tensor]) -> dict[str, Any]:
+    """train_batches, val_batches, loss_fn, loss_terms and tokens_per_batch of a training on pairs."""
+    options = batch_options(config)
     training = ExampleBatches(encoded(tokens, "train"), shuffle=True, **options)
     validation = ExampleBatches(encoded(tokens, "val"), shuffle=False, **options)
     return {
         "train_batches": training.batch,
         "loss_fn": example_loss,
+        "loss_terms": ExampleBatches.loss_terms,  # under torchrun (kqv.train.distributed.share)
         "val_batches": validation.batch,
         "tokens_per_batch": training.tokens,
     }

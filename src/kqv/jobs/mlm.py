@@ -181,6 +181,7 @@ class MLMJob(Job):
             "train_batches": lambda i: masked_batch("train", i, masking),
             "val_batches": lambda i: masked_batch("val", -i - 1, hidden),
             "loss_fn": lambda model, batch: model(batch[0], batch[1], predicted=batch[2]),
+            "loss_terms": lambda batch: float((batch[1] != -100).sum()),  # the hidden tokens the loss averages over
             "tokens_per_batch": batch * context,
             "eval_fn": lambda model: masked_accuracy(model, evaluation),
         }

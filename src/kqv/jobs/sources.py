@@ -47,7 +47,7 @@ from ..data.shakespeare import load_text
 from ..data.tokenizers import Tokenizer, encode_texts
 from ..errors import ConfigError, DataError
 from ..validation import Config
-from .completions import check_examples, check_lengths, example_loss
+from .completions import batch_options, check_examples, check_lengths, example_loss
 
 VAL_SEED = 0  # the draws of the validation documents: the same for every run
 
@@ -283,16 +283,9 @@ def per_source(tokens: dict[str, Tensor], split: str) -> list[tuple[Tensor, Tens
 
 
 def trainer_options(config: Any, tokenizer: Tokenizer, tokens: dict[str, Tensor]) -> dict[str, Any]:
-    """train_batches, val_batches, loss_fn and tokens_per_batch of a mixture: each batch from one source, drawn
-    by weight (`MixtureBatches`); a text source's documents made into new examples at every draw."""
-    data, train = config.data, config.train
-    shared = {
-        "batch_size": train.batch_size,
-        "context": data.context,
-        "seed": train.seed,
-        "packing": data.packing,
-        "prompt_loss_weight": data.prompt_loss_weight,
-    }
+    """train_batches, val_batches, loss_fn, loss_terms and tokens_per_batch of a mixture: each batch from one
+    source, drawn by weight (`MixtureBatches`); a text source's documents made into new examples at every draw."""
+    data, train, shared = config.data, config.train, batch_options(config)
     options = document_options(data, tokenizer)
     counts = tokens["train_sentence_counts"]
     sentence_starts = [0, *torch.cumsum(counts, 0).tolist()]
@@ -314,6 +307,7 @@ def trainer_options(config: Any, tokenizer: Tokenizer, tokens: dict[str, Tensor]
     return {
         "train_batches": train_mix.batch,
         "loss_fn": example_loss,
+        "loss_terms": ExampleBatches.loss_terms,  # under torchrun (kqv.train.distributed.share)
         "val_batches": val_mix.batch,
         "tokens_per_batch": train_mix.tokens,
     }
