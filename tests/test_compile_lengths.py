@@ -104,10 +104,12 @@ def test_a_step_over_14_lengths_compiles_at_most_the_bound_without_falling_back(
     generator = torch.Generator().manual_seed(0)
     batches = [batch(length, generator) for length in LENGTHS]
     with caplog.at_level(logging.INFO, logger="kqv.train.trainer"):
-        compiled = steps(training_module(model, 1, False, True), model, loss_fn, batches)
+        heard = []
+        compiled = steps(training_module(model, 1, False, True, heard.append), model, loss_fn, batches)
     assert 1 <= counted.graphs <= bound, counted.graphs
     assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
     eager = steps(model, model, loss_fn, batches)
     assert compiled == pytest.approx(eager, abs=1e-5)  # the compiled step is the model's, length by length
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("train.compile: graph")]
     assert len(said) == counted.graphs and "dynamic sizes" in said[-1], said
+    assert heard == said  # and to the trainer, which makes each a line of the run's output

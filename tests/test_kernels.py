@@ -74,7 +74,9 @@ def test_compile_must_be_a_bool():
         TrainConfig(steps=1, batch_size=1, compile="yes")
 
 
-def test_compile_is_set_from_the_command_line(tmp_path, quick_compile, monkeypatch):
+def test_compile_is_set_from_the_command_line_and_each_graph_is_a_line_of_its_output(
+    tmp_path, quick_compile, monkeypatch, capsys
+):
     from test_cli import TINY
 
     seen = []
@@ -88,10 +90,12 @@ def test_compile_is_set_from_the_command_line(tmp_path, quick_compile, monkeypat
     corpus = tmp_path / "tiny.txt"
     corpus.write_text("To be, or not to be, that is the question.\n" * 40)
     (tmp_path / "tiny.toml").write_text(TINY.format(position="rope"))
-    command = ["train", "lm", "--config", str(tmp_path / "tiny.toml"), "--data", str(corpus), "--quiet"]
+    command = ["train", "lm", "--config", str(tmp_path / "tiny.toml"), "--data", str(corpus)]
     assert main([*command, "--out", str(tmp_path / "lm"), "--steps", "2", "--set", "train.compile=true"]) == 0
     assert seen == [True]
     assert "compile = true" in (tmp_path / "lm" / "run.toml").read_text()
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("kqv: train.compile: graph")]
+    assert said and said[0].startswith("kqv: train.compile: graph 1 compiled"), said
 
 
 # ---------------------------------------------------------------------------------------------------------------

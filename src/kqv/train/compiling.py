@@ -14,7 +14,8 @@ the length, which would fix it, and kernel flags from lengths are plain bools). 
 once per dimension that varies, before any other guard (a length that crosses a kernel's threshold, as blockwise
 attention's, or a size of 1, which Dynamo compiles apart): 2 graphs for pairs of one batch size, at most 4 for
 translation, whose batches vary in rows, source and target length (`tests/test_compile_lengths.py`). Each graph
-compiled is logged (`logging`, the trainer's logger, INFO), numbered, with its dynamic sizes.
+compiled is said, numbered, with its dynamic sizes: a line of `kqv train`'s output (the trainer's `Message`
+event, which the Python API's callback gets too) and the trainer's log (`logging`, INFO).
 
 Checkpoints keep plain parameter names: the trainer saves and loads its own `model`, never the compiled wrapper
 (whose state dict would prefix every name with `_orig_mod.`), and the blocks compiled in place keep their names.
@@ -39,33 +40,38 @@ logger = logging.getLogger("kqv.train.trainer")  # the trainer's voice
 
 class Compiler:
     """torch.compile's backend `name` (or a backend function), counting the graphs it compiles (`graphs`) and
-    logging each: its shapes static, or which sizes are dynamic (s0, s1, ...)."""
+    saying each (to the log, and to `say` when given): its shapes static, or which sizes are dynamic (s0, s1,
+    ...)."""
 
-    def __init__(self, backend: str | Callable[..., Any]):
+    def __init__(self, backend: str | Callable[..., Any], say: Callable[[str], Any] | None = None):
         self.backend = torch._dynamo.lookup_backend(backend)
         self.compiler_name = backend if isinstance(backend, str) else getattr(backend, "__name__", "backend")
-        self.graphs = 0
+        self.graphs, self.say = 0, say
 
     def __call__(self, graph: torch.fx.GraphModule, example_inputs: list[Any], **options: Any) -> Callable[..., Any]:
         self.graphs += 1
         sizes = [size for x in example_inputs for size in (x.shape if isinstance(x, torch.Tensor) else [x])]
         symbols = sorted({str(size) for size in sizes if isinstance(size, torch.SymInt)})
-        logger.info(
-            "train.compile: graph %d compiled (%s), %s",
-            self.graphs,
-            self.compiler_name,
-            f"dynamic sizes {', '.join(symbols)}: one graph for their values from 2 on" if symbols else "static shapes",
+        shapes = (
+            f"dynamic sizes {', '.join(symbols)}: one graph for their values from 2 on" if symbols else "static shapes"
         )
+        text = f"train.compile: graph {self.graphs} compiled ({self.compiler_name}), {shapes}"
+        logger.info("%s", text)
+        if self.say is not None:
+            self.say(text)
         return self.backend(graph, example_inputs, **options)
 
 
-def training_module(model: nn.Module, world_size: int, sharded: bool, compile: bool) -> nn.Module:
+def training_module(
+    model: nn.Module, world_size: int, sharded: bool, compile: bool, say: Callable[[str], Any] | None = None
+) -> nn.Module:
     """What forward and backward go through: `model` itself, in DDP under several processes (FSDP's `model` is
-    already sharded), and compiled when `compile`. `model` keeps its own `__call__` unless it is FSDP's copy."""
+    already sharded), and compiled when `compile`, each graph compiled said to `say`. `model` keeps its own
+    `__call__` unless it is FSDP's copy."""
     wrapped = distributed.data_parallel(model) if world_size > 1 and not sharded else model
     if not compile:
         return wrapped
-    compiler = Compiler(BACKEND)
+    compiler = Compiler(BACKEND, say)
     if sharded:
         for block in (m for m in model.modules() if isinstance(m, (EncoderBlock, DecoderBlock))):
             block.compile(backend=compiler)

@@ -64,7 +64,7 @@ from .compiling import training_module
 from .config import TrainConfig, learning_rate, replan
 from .distributed import Batch
 from .evaluator import Evaluator
-from .events import Evaluation, Progress
+from .events import Evaluation, Message, Progress
 from .metrics import Pace, Window, append_metrics, plot_losses
 from .nonfinite import NonFiniteGuard, TrainingDiverged, diverged_message, warn_withheld
 from .optimizer import make_optimizer
@@ -179,7 +179,8 @@ class Trainer:
             self._owned.close()
             raise
         # forward and backward: in DDP under several processes, compiled with train.compile (kqv.train.compiling)
-        self.ddp_model = training_module(self.model, self.world_size, self.sharded, config.compile)
+        said = lambda text: self.report(Message(text))  # each graph compiled, a line of the run's output
+        self.ddp_model = training_module(self.model, self.world_size, self.sharded, config.compile, said)
         self.evaluator = Evaluator(
             self.config, self.precision, loss_fn, val_batches, eval_fn, self.sharded, self.rank, self.world_size,
             loss_terms,
