@@ -233,6 +233,27 @@ def test_auto_takes_the_blockwise_path_only_where_sdpa_would_build_n_by_n(monkey
     assert bool(calls) == takes_blockwise
 
 
+@pytest.mark.parametrize("device_kernels, takes_blockwise", [("cpu", True), ("cuda", False)])
+def test_a_padded_encoder_input_takes_blockwise_only_where_sdpa_cannot_stream_the_padding(
+    monkeypatch, device_kernels, takes_blockwise
+):
+    """A padding mask is (batch, 1, 1, time), never n x n: CUDA's memory-efficient SDPA kernel streams it, so only
+    the CPU's kernels (kqv's choice there) take the blockwise path for a long padded input."""
+    from kqv.nn.devices import CPU_KERNELS, CUDA_KERNELS
+
+    chosen = {"cpu": CPU_KERNELS, "cuda": CUDA_KERNELS}[device_kernels]
+    monkeypatch.setattr(kqv.nn.cores, "kernels", lambda device: chosen)
+    calls = []
+    real = kqv.nn.cores.blockwise_attention
+    monkeypatch.setattr(kqv.nn.cores, "blockwise_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    model = Encoder(tiny_config(position="rope", d_model=8, n_heads=1, n_layers=1, max_len=2048)).eval()
+    mask = torch.ones(1, 2048, dtype=torch.long)
+    mask[0, 2000:] = 0
+    with torch.no_grad():
+        model(torch.randint(0, 37, (1, 2048)), mask)
+    assert bool(calls) == takes_blockwise
+
+
 def test_auto_keeps_the_dense_path_while_attention_dropout_is_on(monkeypatch):
     monkeypatch.setattr(kqv.nn.cores, "blockwise_attention", lambda *a, **k: pytest.fail("blockwise taken"))
     model = DecoderLM(tiny_config(position="alibi", d_model=8, n_heads=1, n_layers=1, max_len=2048, dropout=0.1))

@@ -235,7 +235,9 @@ class FullAttention(AttentionCore):
                 padding=None if key_padding is None else mask,
                 mask_key=("causal", bool(causal)),
             ), None
-        if self.use_blockwise(positions, q_time, k_time, mask, key_padding, causal, dropout, need_weights):
+        if self.use_blockwise(
+            positions, q_time, k_time, mask, key_padding, causal, dropout, need_weights, queries.device
+        ):
             return blockwise_attention(  # given ranges, it plans its blocks without reading the device
                 queries,
                 keys,
@@ -293,19 +295,19 @@ class FullAttention(AttentionCore):
         causal: bool,
         dropout: float,
         need_weights: bool,
+        device: torch.device,
     ) -> bool:
         """Whether to take the exact O(n)-memory path (it has no attention dropout, returns no weights and takes
-        padding masks only). "auto" takes it only where SDPA would otherwise build a large n x n matrix."""
+        padding masks only). "auto" takes it only where SDPA would otherwise build a large n x n matrix: SDPA
+        streams the causal mask of a whole sequence anywhere, and a padding mask (broadcast over queries, never
+        n x n) where the device's fused kernels take one (the memory-efficient kernel on CUDA)."""
         if self.blockwise == "never" or need_weights or dropout > 0 or (mask is not None and key_padding is None):
             return False
         if self.blockwise == "always":
             return True
-        sdpa_streams = (
-            mask is None
-            and not positions.has_value_bias
-            and not positions.has_score_bias
-            and (not causal or q_time == k_time)
-        )
+        streams_mask = mask is None and (not causal or q_time == k_time)
+        streams_padding = key_padding is not None and not causal and kernels(device).sdpa_streams_padding
+        sdpa_streams = (streams_mask or streams_padding) and not (positions.has_value_bias or positions.has_score_bias)
         return not sdpa_streams and q_time * k_time >= BLOCKWISE_MIN_PAIRS
 
 

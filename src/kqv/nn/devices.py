@@ -51,6 +51,7 @@ class Kernels:
         False  # a value read on the host waits for nothing (eager CPU ops): worth a skip in training
     )
     blocked_loss: bool = False  # the output layer's cross-entropy a cache-sized block of rows at a time, not whole
+    sdpa_streams_padding: bool = False  # SDPA's fused kernel takes a padding mask in O(n) memory (CUDA's mem-efficient)
 
 
 CPU_KERNELS = Kernels(
@@ -62,7 +63,9 @@ CPU_KERNELS = Kernels(
     blocked_loss=True,
 )
 TORCH_KERNELS = Kernels(False, False, False, False)
-CUDA_KERNELS = Kernels(False, False, False, False, flex_attention=True)  # flex_attention compiles to Triton
+CUDA_KERNELS = Kernels(  # flex_attention compiles to Triton
+    False, False, False, False, flex_attention=True, sdpa_streams_padding=True
+)
 
 
 def kernels(device: torch.device) -> Kernels:
