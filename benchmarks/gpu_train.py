@@ -1,12 +1,15 @@
 #!/usr/bin/env python
-"""Training throughput on one CUDA GPU at GPT-2 small: kqv against Hugging Face GPT-2 and x-transformers, with and
-without torch.compile, in tokens/s and model FLOPs utilisation (MFU).
+"""Training throughput on one CUDA GPU at GPT-2 small: kqv against nanoGPT's model, Hugging Face GPT-2 and
+x-transformers, with and without torch.compile, in tokens/s and model FLOPs utilisation (MFU).
 
-The three models are GPT-2 small (124M parameters: 12 layers, d_model 768, 12 heads, d_ff 3072, vocabulary 50257,
+The four models are GPT-2 small (124M parameters: 12 layers, d_model 768, 12 heads, d_ff 3072, vocabulary 50257,
 context 1024, tied embeddings, pre-LN, learned positions, tanh GELU), built with random weights:
 
 * kqv     `DecoderLM(config_from_hf(GPT2Config(...)))`: kqv's own config read from the Hugging Face one through
           `kqv.interop` (the mapping that converts GPT-2 checkpoints), so the architecture is GPT-2's by construction
+* nanogpt nanoGPT's model (`benchmarks/nanogpt.py`, its architecture rebuilt: fused QKV, SDPA, exact GELU,
+          `F.cross_entropy` over every logit), the reference kqv's step is counted against in
+          tests/test_losses_devices.py; it needs nothing but torch
 * hf      `transformers.GPT2LMHeadModel(GPT2Config(...))`, `attn_implementation="sdpa"`
 * xtrans  `x_transformers.TransformerWrapper(..., attn_layers=Decoder(..., attn_flash=True))` at the same shape
           (the builders of `train_throughput.py`, the CPU benchmark)
@@ -23,8 +26,9 @@ attention scores and weighted sums, counted for the full square), against two pe
 run (the best of several large square bf16 matmuls, `--peak-size`, default 8192, before and after the rounds),
 and the bf16 dense peak of the GPU's specification sheet (`mfu_spec`: 989 TFLOP/s for an H100 SXM, not the
 1,979 of 2:4 sparsity), which nanoGPT's and the papers' MFU divide by; a measured peak is often 650-800 TFLOP/s
-on an H100, so MFU by it reads 1.25-1.5x higher. The models default to kqv and the peers whose packages are
-installed (transformers, x-transformers); kqv's own needs neither. `--dry-run` says what would run and imports it.
+on an H100, so MFU by it reads 1.25-1.5x higher. The models default to kqv, nanoGPT's and the peers whose packages
+are installed (transformers, x-transformers); kqv's and nanoGPT's need neither. `--dry-run` says what would run and
+imports it.
 
 It refuses to run without CUDA. `--tiny` runs everything at a tiny size on the CPU in fp32 (the peak in fp32, and
 torch.compile with the "eager" backend, which traces the models as compile does without generating kernels): a
@@ -55,7 +59,7 @@ from train_throughput import Shape, build_hf, build_xtrans, count_parameters, tr
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gpu_train.json"
 GPT2_SMALL = Shape(vocab=50257, d_model=768, heads=12, layers=12, d_ff=3072, context=1024, batch=8)
-TINY = Shape(vocab=256, d_model=32, heads=2, layers=2, d_ff=64, context=32, batch=2)
+TINY = Shape(vocab=256, d_model=32, heads=2, layers=2, d_ff=128, context=32, batch=2)  # d_ff 4 d_model, as nanoGPT
 
 
 def build_kqv(s: Shape, args: argparse.Namespace):
@@ -81,8 +85,17 @@ def build_kqv(s: Shape, args: argparse.Namespace):
     return DecoderLM(gpt2_config(gpt2)), lambda model, ids, targets: model(ids, targets)
 
 
-BUILDERS = {"kqv": build_kqv, "hf": build_hf, "xtrans": build_xtrans}
-NEEDS = {"kqv": "kqv", "hf": "transformers", "xtrans": "x_transformers"}  # the package each model is built with
+def build_nanogpt(s: Shape, args: argparse.Namespace):
+    """nanoGPT's model at the shape (its MLP is 4 d_model wide, as GPT-2's d_ff), its own loss."""
+    from nanogpt import NanoGPT, NanoGPTConfig
+
+    config = NanoGPTConfig(block_size=s.context, vocab_size=s.vocab, n_layer=s.layers, n_head=s.heads, n_embd=s.d_model)
+    return NanoGPT(config), lambda model, ids, targets: model(ids, targets)[1]
+
+
+BUILDERS = {"kqv": build_kqv, "nanogpt": build_nanogpt, "hf": build_hf, "xtrans": build_xtrans}
+# the package each model is built with
+NEEDS = {"kqv": "kqv", "nanogpt": "nanogpt", "hf": "transformers", "xtrans": "x_transformers"}
 # Dense bf16 tensor-core peaks of the specification sheets (no 2:4 sparsity: H100 SXM's 1,979 TFLOPS is sparse),
 # by a name torch.cuda.get_device_name() contains; the first that matches
 SPEC_PEAKS = [("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200", 989e12), ("A100", 312e12)]
@@ -173,7 +186,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true", help="a tiny size on the CPU in fp32: a smoke test")
     parser.add_argument(
-        "--models", default=None, help="comma-separated subset of kqv,hf,xtrans (default: kqv and the installed peers)"
+        "--models",
+        default=None,
+        help="comma-separated subset of kqv,nanogpt,hf,xtrans (default: kqv, nanogpt and the installed peers)",
     )
     parser.add_argument("--compile", choices=["both", "no", "yes"], default="both", help="torch.compile or not")
     parser.add_argument("--batch", type=int, default=None, help="rows per step (default 8; 1024 tokens each)")

@@ -110,12 +110,17 @@ def test_gpu_train_runs_every_model_at_a_tiny_size_on_the_cpu(tmp_path):
     data = json.loads(output.read_text())
     assert data["benchmark"] == "gpu_train" and data["tiny"] and data["device"] == "cpu" and data["peak_flops"] > 0
     rows = {(row["model"], row["compiled"]): row for row in data["rows"]}
-    assert set(rows) == {(model, compiled) for model in ("kqv", "hf", "xtrans") for compiled in (False, True)}
+    models = ("kqv", "nanogpt", "hf", "xtrans")
+    assert set(rows) == {(model, compiled) for model in models for compiled in (False, True)}
     for row in rows.values():
         assert row["tokens_per_s"] > 0 and row["flops_per_token"] > 0
         assert row["mfu"] == pytest.approx(row["tokens_per_s"] * row["flops_per_token"] / data["peak_flops"])
         assert all(math.isfinite(row[key]) for key in ("first_loss", "last_loss"))
-    assert rows[("kqv", False)]["parameters"] == rows[("hf", False)]["parameters"]
+    assert (
+        rows[("kqv", False)]["parameters"]
+        == rows[("hf", False)]["parameters"]
+        == rows[("nanogpt", False)]["parameters"]
+    )
     assert "MFU" in result.stdout and "compiled" in result.stdout
 
 
@@ -153,21 +158,30 @@ def test_gpu_sh_dry_run_walks_every_step_checks_its_imports_and_writes_nothing(t
     assert result.returncode == 0, result.stdout + result.stderr
     for step in ("step 1: python -m kqv.cli env", "step 2: python -m pytest -o addopts=", "step 3:", "step 4:"):
         assert step in result.stdout, result.stdout
-    assert "tests/test_batch_copies.py" in result.stdout and "would train kqv" in result.stdout
+    assert "tests/test_batch_copies.py" in result.stdout and "would train kqv, nanogpt" in result.stdout
     assert "every step's imports work" in result.stdout and not (tmp_path / "out").exists()
 
 
-def test_gpu_train_builds_kqv_s_gpt2_without_transformers_and_reports_mfu_against_the_specification():
+def test_gpu_train_builds_kqv_s_and_nanogpt_s_gpt2_without_transformers_and_reports_mfu_against_the_specification():
     code = (
         "import sys; sys.path.insert(0, 'benchmarks'); import gpu_train as g; "
-        "a = g.parse(['--models', 'kqv', '--tiny']); m, _ = g.build_kqv(g.GPT2_SMALL, a); "
-        "print(sum(p.numel() for p in m.parameters()), 'transformers' in sys.modules, "
+        "a = g.parse(['--models', 'kqv,nanogpt', '--tiny']); m, _ = g.build_kqv(g.GPT2_SMALL, a); "
+        "n, _ = g.build_nanogpt(g.GPT2_SMALL, a); "
+        "print(sum(p.numel() for p in m.parameters()), sum(p.numel() for p in n.parameters()), "
+        "'transformers' in sys.modules, "
         "g.spec_peak('NVIDIA H100 80GB HBM3'), g.spec_peak('NVIDIA H100 PCIe'), g.spec_peak('Some GPU'))"
     )
     root = BENCHMARKS[0].parent.parent
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["124439808", "False", "989000000000000.0", "756000000000000.0", "None"]
+    assert result.stdout.split() == [
+        "124439808",
+        "124439808",
+        "False",
+        "989000000000000.0",
+        "756000000000000.0",
+        "None",
+    ]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")

@@ -2,9 +2,11 @@
 are one piece, not the CPU's cache-sized blocks of rows. Counted on the meta device (free: no memory, no
 arithmetic) over one forward and backward of GPT-2 small at its real sizes, with the kernels kqv takes on CUDA."""
 
+import math
 import sys
 from contextlib import nullcontext
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -87,6 +89,43 @@ def test_on_cuda_s_kernels_a_gpt2_small_step_has_the_ops_of_the_plain_head_and_n
     in_loss = loss_matmuls(ours)
     assert len(in_loss) == 3  # the logits forward; the hidden states' and the weight's gradients backward
     assert min(rows(shapes) for shapes in in_loss) >= 1024, in_loss
+
+
+def flops(counter: OpCounter) -> int:
+    """2 m n k summed over the products: mm(a, b), addmm(bias, a, b), bmm(a, b)."""
+    total = 0
+    for shapes in counter.matmuls():
+        a, b = shapes[-2:]
+        total += 2 * math.prod(a) * b[-1]
+    return total
+
+
+def nanogpt() -> torch.nn.Module:
+    """nanoGPT's GPT-2 small (benchmarks/nanogpt.py, the GPU benchmark's reference), dropout 0 as kqv's here."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        from nanogpt import NanoGPT, NanoGPTConfig
+    finally:
+        sys.path.pop(0)
+    return NanoGPT(NanoGPTConfig(block_size=TIME, vocab_size=VOCAB))
+
+
+def test_on_cuda_s_kernels_a_gpt2_small_step_costs_what_nanogpt_s_does(monkeypatch):
+    """One forward and backward of GPT-2 small, kqv's on the kernels it takes on CUDA against nanoGPT's model:
+    the same matmul FLOPs, at most 1.2x the aten ops (kqv projects queries apart from keys and values, which
+    cross-attention shares: 3 products a layer more, of the same FLOPs), no product of fewer rows than d_model
+    (the weight gradients' 768)."""
+    on_kernels(monkeypatch, CUDA_KERNELS)
+    with torch.device("meta"):
+        reference = nanogpt().train()
+        ids = torch.randint(0, VOCAB, (BATCH, TIME))
+    with OpCounter() as theirs:
+        reference(ids, ids)[1].backward()
+    ours = count_step(kqv_loss)
+    assert flops(ours) == flops(theirs) > 6 * 85e6 * BATCH * TIME  # 6 N per token, N = 85M outside the embeddings
+    assert len(ours.ops) <= 1.2 * len(theirs.ops), (len(ours.ops), len(theirs.ops))
+    assert len(ours.matmuls()) <= len(theirs.matmuls()) + 3 * GPT2_SMALL.n_layers
+    assert min(shapes[-2][0] for shapes in ours.matmuls() if len(shapes[-2]) == 2) >= 768
 
 
 def test_the_cpu_s_blocks_are_what_the_count_would_catch(monkeypatch):
