@@ -7,7 +7,7 @@ context 1024, tied embeddings, pre-LN, learned positions, tanh GELU), built with
 
 * kqv     `DecoderLM(config_from_hf(GPT2Config(...)))`: kqv's own config read from the Hugging Face one through
           `kqv.interop` (the mapping that converts GPT-2 checkpoints), so the architecture is GPT-2's by construction
-* nanogpt nanoGPT's model (`benchmarks/nanogpt.py`, its architecture rebuilt: fused QKV, SDPA, exact GELU,
+* nanogpt nanoGPT's model (`benchmarks/references/nanogpt.py`, its architecture rebuilt: fused QKV, SDPA, exact GELU,
           `F.cross_entropy` over every logit), the reference kqv's step is counted against in
           tests/test_losses_devices.py; it needs nothing but torch
 * hf      `transformers.GPT2LMHeadModel(GPT2Config(...))`, `attn_implementation="sdpa"`
@@ -87,7 +87,7 @@ def build_kqv(s: Shape, args: argparse.Namespace):
 
 def build_nanogpt(s: Shape, args: argparse.Namespace):
     """nanoGPT's model at the shape (its MLP is 4 d_model wide, as GPT-2's d_ff), its own loss."""
-    from nanogpt import NanoGPT, NanoGPTConfig
+    from references.nanogpt import NanoGPT, NanoGPTConfig
 
     config = NanoGPTConfig(block_size=s.context, vocab_size=s.vocab, n_layer=s.layers, n_head=s.heads, n_embd=s.d_model)
     return NanoGPT(config), lambda model, ids, targets: model(ids, targets)[1]
@@ -95,7 +95,7 @@ def build_nanogpt(s: Shape, args: argparse.Namespace):
 
 BUILDERS = {"kqv": build_kqv, "nanogpt": build_nanogpt, "hf": build_hf, "xtrans": build_xtrans}
 # the package each model is built with
-NEEDS = {"kqv": "kqv", "nanogpt": "nanogpt", "hf": "transformers", "xtrans": "x_transformers"}
+NEEDS = {"kqv": "kqv", "nanogpt": "references.nanogpt", "hf": "transformers", "xtrans": "x_transformers"}
 # Dense bf16 tensor-core peaks of the specification sheets (no 2:4 sparsity: H100 SXM's 1,979 TFLOPS is sparse),
 # by a name torch.cuda.get_device_name() contains; the first that matches
 SPEC_PEAKS = [("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200", 989e12), ("A100", 312e12)]

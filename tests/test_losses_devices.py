@@ -101,8 +101,8 @@ def flops(counter: OpCounter) -> int:
 
 
 def nanogpt() -> torch.nn.Module:
-    """nanoGPT's GPT-2 small (benchmarks/nanogpt.py, the GPU benchmark's reference), dropout 0 as kqv's here."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    """nanoGPT's GPT-2 small (benchmarks/references/nanogpt.py, the GPU benchmark's reference), dropout 0."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "references"))
     try:
         from nanogpt import NanoGPT, NanoGPTConfig
     finally:
