@@ -14,7 +14,8 @@ from kqv.errors import ConfigError
 from kqv.experiments import EXPERIMENTS, SUPPORT_MODULES, get, heads, norm_placement
 from kqv.experiments.base import CONTRACT, Experiment, ExperimentError, Progress, with_overrides
 from kqv.experiments.lm import QUICK_LM
-from kqv.experiments.runner import RESULTS_FILE, write_results
+from kqv.experiments.records import RESULTS_FILE
+from kqv.experiments.runner import write_results
 from kqv.train.runs import apply_override, override_value
 
 # ---------------------------------------------------------------------------------------------------------------

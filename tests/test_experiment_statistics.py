@@ -14,7 +14,8 @@ from scipy import stats
 from kqv.experiments import get, names
 from kqv.experiments.base import FAILS, HOLDS, INCONCLUSIVE, Check, Progress, verdict
 from kqv.experiments.provenance import code_files, code_hash, provenance
-from kqv.experiments.runner import RESULTS_FILE, SMOKE_TEST
+from kqv.experiments.records import RESULTS_FILE
+from kqv.experiments.runner import SMOKE_TEST
 from kqv.experiments.statistics import (
     decide,
     interval_check,

@@ -18,7 +18,8 @@ from kqv.cli.main import main
 from kqv.experiments import ablations, get, names
 from kqv.experiments.base import INCONCLUSIVE, Check, ExperimentError, by_construction, control, verdict, with_overrides
 from kqv.experiments.lm import head_statistics
-from kqv.experiments.runner import REPORT_FILE, RESULTS_FILE, checks_from_record
+from kqv.experiments.records import REPORT_FILE, RESULTS_FILE
+from kqv.experiments.runner import checks_from_record
 from kqv.nn.cores import causal_mask
 
 ROOT = Path(__file__).resolve().parents[1]

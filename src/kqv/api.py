@@ -34,11 +34,12 @@ from typing import Any
 from torch import Tensor
 
 from .errors import ConfigError, DataError
+from .interop.directories import is_hf_directory
 from .jobs import get_job, load_run
 from .jobs.base import AttentionMaps, TrainedRun
 from .jobs.lm import LMEvaluation, LMRun
 from .jobs.mt import MTEvaluation, MTRun
-from .jobs.pretrained import PretrainedRun, is_hf_directory
+from .jobs.pretrained import PretrainedRun
 from .jobs.scoring import PairsEvaluation
 from .jobs.vit import ClsAttention, VitEvaluation, VitRun
 from .nn.devices import Accelerator

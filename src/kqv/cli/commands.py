@@ -16,9 +16,10 @@ from typing import Any
 
 from .. import api
 from ..errors import RunError
+from ..interop.directories import is_hf_directory
 from ..jobs import all_jobs, get_job
 from ..jobs.base import TrainedRun
-from ..jobs.pretrained import PretrainedRun, is_hf_directory
+from ..jobs.pretrained import PretrainedRun
 from ..train.runs import read_run, run_task
 from .flags import DEVICE_FLAG, SHARED_TRAIN_FLAGS, TRAIN_FLAGS, Flag
 

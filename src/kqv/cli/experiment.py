@@ -57,7 +57,7 @@ def cmd_gallery(args: argparse.Namespace) -> None:
 
 def cmd_rejudge(args: argparse.Namespace) -> None:
     from ..experiments.actions import rejudge_runs
-    from ..experiments.runner import RESULTS_FILE
+    from ..experiments.records import RESULTS_FILE
 
     for name, record in rejudge_runs(args.name, args.dir):
         print(f"{name}: {record['verdict']} (re-judged from {args.dir}/{name}/{RESULTS_FILE})")

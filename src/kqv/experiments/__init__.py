@@ -62,6 +62,7 @@ SUPPORT_MODULES = (
     "lm",
     "plotting",
     "provenance",
+    "records",
     "report",
     "reproduction",
     "runner",

@@ -18,9 +18,10 @@ from ..errors import ConfigError, spoken
 from . import get, names
 from .base import Experiment
 from .gallery import gallery
+from .records import RESULTS_FILE
 from .report import deciding_runs
 from .reproduction import add_fingerprint
-from .runner import RESULTS_FILE, expected_minutes, rejudge, run_experiment
+from .runner import expected_minutes, rejudge, run_experiment
 
 ALL = "all"  # the name that stands for every experiment, in the lecture's order
 

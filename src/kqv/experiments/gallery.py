@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from . import get, names
+from .records import RESULTS_FILE, load_record
 from .report import (
     CHECK_COLUMNS,
     GPU_AFTER_SECONDS,
@@ -22,7 +23,6 @@ from .report import (
     provenance_line,
     revisions_section,
 )
-from .runner import RESULTS_FILE, load_record
 
 DISCUSSION_FILE = "discussion.md"
 CHANGES_FILE = "verdict-changes.md"  # written by hand: the verdicts that changed, before -> after, and why

@@ -228,7 +228,7 @@ def add_fingerprint(directory: str | Path, commit: str | None = None) -> dict[st
     from .. import experiments
     from .base import ExperimentError
     from .provenance import code_hash, git_state
-    from .runner import RESULTS_FILE, load_record, write_record
+    from .records import RESULTS_FILE, load_record, write_record
 
     record = load_record(directory)
     name = record["experiment"]

@@ -29,11 +29,10 @@ from ..nn.devices import Accelerator
 from . import get
 from .base import TRAINING_DEVICE, Check, Experiment, ExperimentError, Progress, verdict
 from .provenance import code_hash, git_state, provenance
-from .report import write_report
+from .records import RESULTS_FILE, load_record, write_record
 from .reproduction import quick_fingerprint
 from .statistics import judge
 
-RESULTS_FILE, REPORT_FILE = "results.json", "report.md"
 SMOKE_TEST = "smoke test (--quick): checks the code runs end to end; not a test of the claim"
 LIBRARIES = ("kqv", "torch", "numpy", "scipy", "matplotlib", "tokenizers", "sacrebleu", "tqdm")
 
@@ -251,31 +250,3 @@ def _load_average() -> list[float] | None:
         return [round(x, 2) for x in os.getloadavg()]
     except OSError:
         return None
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, Path):
-        return str(value)
-    if isinstance(value, torch.Tensor):
-        return value.tolist()
-    raise TypeError(f"results must be JSON-serialisable, got {type(value).__name__}")
-
-
-def write_record(directory: Path, record: dict[str, Any]) -> None:
-    """Write a record's results.json and the report.md drawn from it."""
-    _write_atomically(directory / RESULTS_FILE, json.dumps(record, indent=1, default=_json_default) + "\n")
-    _write_atomically(directory / REPORT_FILE, write_report(record, get(record["experiment"])))
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def load_record(directory: str | Path) -> dict[str, Any]:
-    """The results.json of an experiment's output directory."""
-    path = Path(directory) / RESULTS_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"no {RESULTS_FILE} in {directory}; run `kqv experiment run NAME --out ...` first")
-    return json.loads(path.read_text(encoding="utf-8"))

@@ -142,16 +142,21 @@ class TrainedRun:
         raise self.not_offered("export_hf")
 
     def not_offered(self, operation: str) -> RunError:
-        """The error for an operation this run's job does not have, naming the jobs that have it."""
-        from . import JOBS  # the registry imports every job module, this one included
-
-        able = [
-            name
-            for name, job in JOBS.items()
-            if getattr(job.run_class, operation) is not getattr(TrainedRun, operation)
-        ]
+        """The error for an operation this run's job does not have, naming the jobs that have it: those whose run
+        class overrides it, among the job classes defined (every one registered in `kqv.jobs.JOBS`, which this
+        module, below the registry, does not import)."""
+        able = sorted(
+            job.name
+            for job in subclasses(Job)
+            if hasattr(job, "name") and getattr(job.run_class, operation) is not getattr(TrainedRun, operation)
+        )
         jobs = " and ".join([", ".join(able[:-1]), able[-1]] if len(able) > 1 else able)
         return RunError(f"{self.run_dir} is {self.job.title} run; {operation} works on {jobs} runs")
+
+
+def subclasses(cls: type) -> list[type]:
+    """Every class derived from `cls`, at any depth."""
+    return [sub for direct in cls.__subclasses__() for sub in (direct, *subclasses(direct))]
 
 
 @dataclass

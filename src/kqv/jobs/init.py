@@ -31,6 +31,7 @@ from torch import nn
 
 from ..data.tokenizers import BPETokenizer, CharTokenizer, Tokenizer, load_tokenizer
 from ..errors import ConfigError, DataError, spoken
+from ..interop.directories import is_hf_directory, read_hf_tokenizer
 from ..nn.config import ModelConfig
 from ..train.checkpoints import load_weights, read_checkpoint
 from ..train.files import CHECKPOINT_DIR, MODEL_FILE, TOKENIZER_DIR
@@ -58,8 +59,6 @@ class Source:
 
 def read_source(path: str | Path) -> Source:
     """The source of a fine-tune: a kqv LM run or a Hugging Face GPT-2 directory (`ConfigError` for anything else)."""
-    from .pretrained import is_hf_directory  # it imports the LM job, which imports this module
-
     path = Path(path) if Path(path).exists() or not is_hub_name(str(path)) else download_from_hub(str(path))
     if is_hf_directory(path):
         from ..interop import config_from_hf, read_hf_directory
@@ -148,11 +147,9 @@ def file_sha256(path: Path) -> str:
 
 def source_tokenizer(source: Source) -> Tokenizer:
     """The tokenizer saved with the source: a kqv run's tokenizer/, a GPT-2 directory's tokenizer.json."""
-    from .pretrained import PretrainedRun
-
     if source.kind == "kqv run":
         return load_tokenizer(source.path / TOKENIZER_DIR)
-    return PretrainedRun.read_tokenizer(source.path)
+    return read_hf_tokenizer(source.path)
 
 
 @dataclass(frozen=True)

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import Tokenizer as HFTokenizer
 from torch import nn
 
 from ..data.tokenizers import BPETokenizer
 from ..errors import ConfigError, ConversionError, RunError, spoken
 from ..interop import from_hf
 from ..interop.convert import read_config_json
+from ..interop.directories import is_hf_directory, read_hf_tokenizer
 from ..nn.devices import Accelerator, model_device
 from ..nn.generation import GenerationConfig, translate
 from ..nn.heads import MaskedLM
@@ -35,13 +35,7 @@ from .mt import DecodeConfig
 from .sampling import continuations, generation_config
 from .scoring import BATCH_SIZE, PairsEvaluation, check_pairs_alone, complete, evaluate_pairs
 
-HF_TOKENIZER_FILE = "tokenizer.json"
-
-
-def is_hf_directory(path: str | Path) -> bool:
-    """Whether `path` is a Hugging Face model directory (a config.json) rather than a kqv run (a run.toml)."""
-    path = Path(path)
-    return (path / "config.json").is_file() and not (path / "run.toml").exists()
+__all__ = ["PretrainedRun", "is_hf_directory"]
 
 
 @dataclass
@@ -57,31 +51,10 @@ class PretrainedRun:
     def load(cls, path: str | Path, device: str = "cpu") -> PretrainedRun:
         """The Hugging Face directory `path`, converted, its model on `device` (`Accelerator.resolve`)."""
         path, device = Path(path), Accelerator.resolve(device).device
-        if not (path / HF_TOKENIZER_FILE).is_file():
-            raise ConversionError(
-                f"{path} has no {HF_TOKENIZER_FILE}: save the tokenizer beside the model "
-                f"(tokenizer.save_pretrained('{path}') with a fast tokenizer) so that kqv can read text"
-            )
+        tokenizer = read_hf_tokenizer(path)
         names = read_config_json(path / "config.json").get("architectures")  # a ConversionError naming what is wrong
         hf_class = str(names[0]) if isinstance(names, list) and names else "?"
-        try:  # the tokenizers library raises a bare Exception on a file it cannot read
-            tokenizer = BPETokenizer(HFTokenizer.from_file(str(path / HF_TOKENIZER_FILE)))
-        except Exception as error:  # noqa: BLE001
-            raise ConversionError(f"kqv cannot read {path}'s config.json and {HF_TOKENIZER_FILE}: {error}") from None
         return cls(from_hf(path).eval().to(device), tokenizer, path, hf_class)
-
-    @staticmethod
-    def read_tokenizer(path: Path) -> BPETokenizer:
-        """The tokenizer saved beside a Hugging Face model (`tokenizer.json`), as kqv's tokenizer interface."""
-        if not (path / HF_TOKENIZER_FILE).is_file():
-            raise ConversionError(
-                f"{path} has no {HF_TOKENIZER_FILE}: save the tokenizer beside the model "
-                f"(tokenizer.save_pretrained('{path}') with a fast tokenizer) so that kqv can read text"
-            )
-        try:  # the tokenizers library raises a bare Exception on a file it cannot read
-            return BPETokenizer(HFTokenizer.from_file(str(path / HF_TOKENIZER_FILE)))
-        except Exception as error:  # noqa: BLE001
-            raise ConversionError(f"kqv cannot read {path}'s {HF_TOKENIZER_FILE}: {error}") from None
 
     def __repr__(self) -> str:
         return f"PretrainedRun({str(self.path)!r}, {self.hf_class}, {type(self.model).__name__})"

@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from ..positions import position_tensor
-
-if TYPE_CHECKING:
-    from .bias import BlockBias
 
 EXP_FLOOR = {torch.float32: -50.0, torch.bfloat16: -50.0, torch.float64: -500.0}  # see the package docstring
 
@@ -61,6 +58,17 @@ class Plain:
     row: Tensor | None = None
     value: Tensor | None = None
     bucket: int | None = None
+
+
+class Bias(Protocol):
+    """What the plan asks of a position scheme's bias on one block (`kqv.nn.blockwise.bias.BlockBias` and its
+    kinds implement it): declared here, below them, so that the bookkeeping needs no import of the biases."""
+
+    def add_scores(self, scores: Tensor, state: object, qb: Block, kb: Block) -> Tensor | None: ...
+
+    def bias_bound(self, qb: Block, kb: Block) -> Tensor | None: ...
+
+    def plain(self, state: object, qb: Block, kb: Block) -> Plain | None: ...
 
 
 @dataclass
@@ -121,7 +129,7 @@ class Plan:
         middle = first_query + (qb.end - qb.start) / 2
         return sorted(blocks, key=lambda pair: abs((pair[0].start + pair[0].end) / 2 - middle))
 
-    def runs(self, qb: Block, bias: BlockBias, state: object) -> tuple[list[Run], list[tuple[Block, int | None]]]:
+    def runs(self, qb: Block, bias: Bias, state: object) -> tuple[list[Run], list[tuple[Block, int | None]]]:
         """Split the key blocks `qb` visits into runs for the fused kernel (consecutive, wholly visible blocks on
         which the bias is at most the same row term) and the rest, for the blockwise path, nearest first."""
         if not self.fused:
@@ -178,7 +186,7 @@ def block_scores(
     queries: Tensor,
     keys: Tensor,
     out: Tensor,
-    bias: BlockBias,
+    bias: Bias,
     state: object,
     plan: Plan,
     qb: Block,
@@ -212,7 +220,7 @@ class Norms:
         self.queries = queries.norm(dim=-1, keepdim=True) * scale  # (batch_heads, q_time, 1)
         self.keys = torch.stack([keys[:, kb.start : kb.end].norm(dim=-1).amax(-1) for kb in plan.k_blocks], -1)
 
-    def negligible(self, bias: BlockBias, qb: Block, kb: Block, reference: Tensor) -> bool:
+    def negligible(self, bias: Bias, qb: Block, kb: Block, reference: Tensor) -> bool:
         """True when every weight of the block is below e^EXP_FLOOR times `reference` (the running maximum in the
         forward pass, the log-sum-exp in backward): skipping it changes the result less than the clamp does.
         The proof is read on the host, once per block: free on the CPU, whose ops have all finished by then, but a
