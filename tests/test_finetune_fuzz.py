@@ -21,7 +21,7 @@ from kqv.data.completions import Example, read_examples
 from kqv.errors import KqvError
 from kqv.interop import from_hf
 from kqv.interop.architectures import GPT2_FIELDS
-from kqv.jobs.finetune import FinetuneConfig, check_finetune
+from kqv.jobs.finetune import FinetuneConfig
 from kqv.jobs.init import read_source
 from kqv.nn.config import ModelConfig
 from kqv.nn.lora import PROJECTIONS
@@ -237,24 +237,22 @@ OPTIONS = {
 @given(values=st.fixed_dictionaries({}, optional=OPTIONS))
 def test_any_finetune_options_train_something_or_are_refused_in_one_line(values):
     try:
-        finetune = FinetuneConfig.from_dict(values)
-        check_finetune(finetune, TINY)
+        adaptation = FinetuneConfig.from_dict(values).adaptation
+        adaptation.check(TINY)
     except Exception as error:  # noqa: BLE001 -- what kind it is, is the test
         event(f"refused: {str(error)[:24]}")  # --hypothesis-show-statistics
         check_one_line(error)
         return
-    event("LoRA" if finetune.lora else "trains")
+    event("LoRA" if adaptation.lora else "trains")
     model = DecoderLM(TINY)
-    from kqv.jobs.finetune import adapt
-
-    adapt(model, finetune)
+    adaptation.apply(model)
     assert count_parameters(model) > 0  # something trains
     ids = torch.randint(0, 40, (2, 9))
     loss = model(ids[:, :-1], ids[:, 1:])
     loss.backward()
     assert torch.isfinite(loss)
-    parts = batch_memory(TINY, 4, 16, 40, finetune.lora)
-    assert ("adapters" in parts) == (finetune.lora is not None) and all(size >= 0 for size in parts.values())
+    parts = batch_memory(TINY, 4, 16, 40, adaptation.lora)
+    assert ("adapters" in parts) == (adaptation.lora is not None) and all(size >= 0 for size in parts.values())
 
 
 @pytest.fixture(scope="module")

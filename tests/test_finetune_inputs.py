@@ -12,7 +12,7 @@ import kqv
 from kqv.cli.main import main
 from kqv.data.completions import Example, read_examples
 from kqv.errors import ConfigError, ConversionError, DataError
-from kqv.jobs.finetune import FinetuneConfig, check_finetune
+from kqv.jobs.finetune import FinetuneConfig
 from kqv.nn.config import ModelConfig
 from kqv.nn.lora import LoRAConfig
 from kqv.train import preflight
@@ -84,9 +84,9 @@ def test_s1_lora_options_that_train_nothing_or_cannot_work_are_one_line_with_not
 
 def test_s1_the_largest_rank_is_the_smaller_side_of_the_adapted_layers():
     config = ModelConfig(vocab_size=40, d_model=32, n_heads=2, n_layers=2, d_ff=64, max_len=16)
-    check_finetune(FinetuneConfig(lora_rank=32, lora_targets=("up", "down")), config)  # up is 32 -> 64: 32 is its side
+    FinetuneConfig(lora_rank=32, lora_targets=("up", "down")).adaptation.check(config)  # up is 32 -> 64: 32 is its side
     with pytest.raises(ConfigError, match=r"lora_rank \(33\) is more than 32"):
-        check_finetune(FinetuneConfig(lora_rank=33, lora_targets=("up",)), config)
+        FinetuneConfig(lora_rank=33, lora_targets=("up",)).adaptation.check(config)
     FinetuneConfig(lora_rank=4, lora_alpha=400.0, lora_dropout=0.9)  # the bounds themselves are allowed
     with pytest.raises(ConfigError, match="lora.alpha must be positive"):
         LoRAConfig(alpha=0.0)

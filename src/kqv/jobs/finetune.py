@@ -12,6 +12,9 @@ the adapters alone (`kqv.nn.lora.adapters`, handed to the Trainer as `saved_weig
 adapters' too), beside run.toml's `[source]` (the source's path and the SHA-256 of its weights). Loading or resuming
 it rebuilds the source's model from that path, checks the SHA-256 (`restore_source`: a RunError saying what changed
 and what to do) and adds the adapters, into which the checkpoint is loaded.
+
+The options' one decision is an `Adaptation` (`FinetuneConfig.adaptation`: `EveryWeight`, `Frozen` or `LoRA`),
+which the LM job and loading ask; no other module reads the options to decide what trains.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from ..nn.config import ModelConfig
 from ..nn.lora import LoRAConfig, Projection, adapted_layers, adapters, add_lora, check_options, largest_rank
 from ..nn.models import DecoderLM, count_parameters
 from ..validation import Config, check_at_least
+from .base import total_parameters
 from .init import index_only_sha256, load_source_weights, read_source
 
 
@@ -60,79 +64,130 @@ class FinetuneConfig(Config):
             self.lora_targets,
             lambda field: f"finetune.lora_{field}",
         )
-        if self.lora_rank and self.freezes:
-            raise ConfigError(
-                "LoRA already freezes every weight of the source; drop finetune.freeze_embeddings and "
-                "finetune.freeze_blocks, or set finetune.lora_rank=0 to freeze without LoRA"
-            )
+        self.adaptation  # noqa: B018 - options that cannot go together are refused as it is built
 
     @property
-    def freezes(self) -> bool:
-        return self.freeze_embeddings or self.freeze_blocks > 0
+    def adaptation(self) -> Adaptation:
+        """What these options train: every weight, every weight but frozen ones, or LoRA adapters alone."""
+        freezes = self.freeze_embeddings or self.freeze_blocks > 0
+        if self.lora_rank:
+            if freezes:
+                raise ConfigError(
+                    "LoRA already freezes every weight of the source; drop finetune.freeze_embeddings and "
+                    "finetune.freeze_blocks, or set finetune.lora_rank=0 to freeze without LoRA"
+                )
+            return LoRA(LoRAConfig(self.lora_rank, self.lora_alpha, self.lora_dropout, self.lora_targets))
+        return Frozen(self.freeze_embeddings, self.freeze_blocks) if freezes else EveryWeight()
+
+
+class Adaptation:
+    """What a fine-tune trains of its source, built once from `[finetune]` (`FinetuneConfig.adaptation`). It applies
+    itself to a model, refuses a model it cannot adapt, says which part of the state dict a checkpoint saves,
+    restores the source a partial checkpoint needs, and counts what trains. The jobs, the Trainer (through
+    `saved_weights`) and loading ask it instead of reading the options."""
+
+    active: ClassVar[bool] = True  # whether it trains less than every weight
+    lora: LoRAConfig | None = None  # the adapters it adds (the memory estimate counts them)
+
+    def apply(self, model: nn.Module) -> None:
+        """Set up `model` (a `DecoderLM` holding its source's weights) to train what this adaptation trains."""
 
     @property
-    def lora(self) -> LoRAConfig | None:
-        """The LoRA adapters to add (None: no LoRA)."""
-        if not self.lora_rank:
-            return None
-        return LoRAConfig(self.lora_rank, self.lora_alpha, self.lora_dropout, self.lora_targets)
+    def saved_weights(self) -> Callable[[dict[str, Tensor]], dict[str, Tensor]] | None:
+        """The part of the model's state dict a checkpoint holds (None: all of it)."""
+        return None
 
-    @property
-    def active(self) -> bool:
-        """Whether the fine-tune trains less than every weight."""
-        return self.freezes or self.lora_rank > 0
+    def restore(self, model: nn.Module, source: dict[str, Any] | None, run_dir: Path) -> None:
+        """Make a resumed or loaded run's fresh `model` ready for its checkpoint: adapted as in training, with its
+        source's weights first where the checkpoint holds a part (`source`: run.toml's `[source]`)."""
+        self.apply(model)
 
     def describe(self) -> str:
-        if self.lora_rank:
-            return f"LoRA rank {self.lora_rank} on {', '.join(self.lora_targets)}"
-        frozen = ["the embeddings"] * self.freeze_embeddings + [f"the first {self.freeze_blocks} blocks"] * (
-            self.freeze_blocks > 0
-        )
+        return "every weight trains"
+
+    def check(self, config: ModelConfig) -> None:
+        """ConfigError, before anything is written, for a source of `config` this adaptation cannot adapt, or one
+        of which it would train no weight (tried on a model on the meta device: no memory, no computation)."""
+        with torch.device("meta"):
+            model = DecoderLM(config)
+        self.apply(model)
+        if count_parameters(model) == 0:
+            raise ConfigError(
+                f"this fine-tune would train nothing: with {self.describe()} no weight of the source is left to "
+                f"train; freeze less"
+            )
+
+    @staticmethod
+    def counts(model: nn.Module) -> dict[str, int]:
+        """How many of `model`'s parameters train, of how many (summary.json's `finetune`)."""
+        return {"trainable_parameters": count_parameters(model), "total_parameters": total_parameters(model)}
+
+
+class EveryWeight(Adaptation):
+    """A full fine-tune: every weight trains (the default), and a checkpoint holds the whole model."""
+
+    active = False
+
+
+@dataclass(frozen=True)
+class Frozen(Adaptation):
+    """Every weight trains but the token and position embeddings (and an output layer tied to them) when
+    `embeddings`, and the first `blocks` blocks: frozen by requires_grad=False, so in no optimizer group and
+    bit-identical; a checkpoint still holds the whole model."""
+
+    embeddings: bool
+    blocks: int
+
+    def apply(self, model: nn.Module) -> None:
+        if self.embeddings:
+            model.decoder.embeddings.requires_grad_(False)  # a tied output layer is the same tensor: frozen with it
+        for block in model.decoder.blocks[: self.blocks]:
+            block.requires_grad_(False)
+
+    def describe(self) -> str:
+        frozen = ["the embeddings"] * self.embeddings + [f"the first {self.blocks} blocks"] * (self.blocks > 0)
         return f"{' and '.join(frozen)} frozen"
 
-
-def adapt(model: nn.Module, finetune: FinetuneConfig) -> None:
-    """Freeze what `finetune` freezes in `model` (a `DecoderLM`), or add its LoRA adapters, in place."""
-    lora = finetune.lora
-    if lora is not None:
-        add_lora(model, lora)
-        return
-    if finetune.freeze_embeddings:
-        model.decoder.embeddings.requires_grad_(False)  # a tied output layer is the same tensor: frozen with it
-    for block in model.decoder.blocks[: finetune.freeze_blocks]:
-        block.requires_grad_(False)
-
-
-def check_finetune(finetune: FinetuneConfig, config: ModelConfig) -> None:
-    """ConfigError, before anything is written, for a fine-tune of a model of `config` that freezes more blocks than
-    it has, adapts a projection with a LoRA rank above its smaller side (`kqv.nn.lora.largest_rank`), or would train
-    no weight at all (tried on a model on the meta device: no memory, no computation)."""
-    if finetune.freeze_blocks > config.n_layers:
-        raise ConfigError(
-            f"finetune.freeze_blocks ({finetune.freeze_blocks}) is more than the source's {config.n_layers} "
-            f"blocks; freeze at most {config.n_layers}"
-        )
-    with torch.device("meta"):
-        model = DecoderLM(config)
-    if finetune.lora_rank:
-        layers = adapted_layers(model, finetune.lora_targets)
-        limit, where = largest_rank(layers) if layers else (finetune.lora_rank, "")
-        if finetune.lora_rank > limit:
+    def check(self, config: ModelConfig) -> None:
+        if self.blocks > config.n_layers:
             raise ConfigError(
-                f"finetune.lora_rank ({finetune.lora_rank}) is more than {limit}, the smaller side of {where}: a "
+                f"finetune.freeze_blocks ({self.blocks}) is more than the source's {config.n_layers} blocks; "
+                f"freeze at most {config.n_layers}"
+            )
+        super().check(config)
+
+
+@dataclass(frozen=True)
+class LoRA(Adaptation):
+    """LoRA adapters alone train (`kqv.nn.lora`); a checkpoint holds them alone, beside run.toml's `[source]`, so
+    restoring a run rebuilds its source's weights first (checked by their SHA-256: `restore_source`)."""
+
+    lora: LoRAConfig
+
+    def apply(self, model: nn.Module) -> None:
+        add_lora(model, self.lora)
+
+    @property
+    def saved_weights(self) -> Callable[[dict[str, Tensor]], dict[str, Tensor]]:
+        return adapters
+
+    def restore(self, model: nn.Module, source: dict[str, Any] | None, run_dir: Path) -> None:
+        restore_source(model, source or {}, run_dir)
+        self.apply(model)
+
+    def describe(self) -> str:
+        return f"LoRA rank {self.lora.rank} on {', '.join(self.lora.targets)}"
+
+    def check(self, config: ModelConfig) -> None:
+        with torch.device("meta"):
+            layers = adapted_layers(DecoderLM(config), self.lora.targets)
+        limit, where = largest_rank(layers) if layers else (self.lora.rank, "")
+        if self.lora.rank > limit:
+            raise ConfigError(
+                f"finetune.lora_rank ({self.lora.rank}) is more than {limit}, the smaller side of {where}: a "
                 f"rank above it is not low rank; set it to at most {limit} (4 to 64 is usual)"
             )
-    adapt(model, finetune)
-    if count_parameters(model) == 0:
-        raise ConfigError(
-            f"this fine-tune would train nothing: with {finetune.describe()} no weight of the source is left to "
-            f"train; freeze less"
-        )
-
-
-def saved_weights(finetune: FinetuneConfig) -> Callable[[dict[str, Tensor]], dict[str, Tensor]] | None:
-    """The part of the model's state dict a run's checkpoints hold: a LoRA run's adapters (None: all of it)."""
-    return adapters if finetune.lora_rank else None
+        super().check(config)
 
 
 def restore_source(model: nn.Module, source: dict[str, Any], run_dir: Path) -> None:

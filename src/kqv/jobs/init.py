@@ -27,12 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from safetensors import safe_open
 from torch import nn
 
 from ..data.tokenizers import BPETokenizer, CharTokenizer, Tokenizer, load_tokenizer
 from ..errors import ConfigError, DataError, spoken
 from ..interop.directories import is_hf_directory, read_hf_tokenizer
 from ..nn.config import ModelConfig
+from ..nn.lora import adapters
 from ..train.checkpoints import load_weights, read_checkpoint
 from ..train.files import CHECKPOINT_DIR, MODEL_FILE, TOKENIZER_DIR
 from ..train.runs import read_run
@@ -75,16 +77,15 @@ def read_source(path: str | Path) -> Source:
             f"--init {path} is neither a kqv LM run (run.toml) nor a Hugging Face GPT-2 directory (config.json)"
         )
     values = read_run(path, "lm")
-    finetune, source = values.get("finetune"), values.get("source")
-    if isinstance(finetune, dict) and finetune.get("lora_rank") and isinstance(source, dict):
+    weights, source = path / CHECKPOINT_DIR / MODEL_FILE, values.get("source")
+    if not weights.is_file():
+        raise ConfigError(f"--init {path} has no trained weights ({weights} is missing): train it first")
+    if isinstance(source, dict) and holds_adapters_alone(weights):
         export = spoken(f"`kqv export {path} --hf DIR --merge`", f"kqv.export({str(path)!r}, hf=DIR, merge=True)")
         raise ConfigError(
             f"--init {path} is a LoRA fine-tune, which holds only its adapters; start from its merged weights "
             f"({export}, then {spoken('--init DIR', 'init=DIR')}), or from its source {source.get('path')}"
         )
-    weights = path / CHECKPOINT_DIR / MODEL_FILE
-    if not weights.is_file():
-        raise ConfigError(f"--init {path} has no trained weights ({weights} is missing): train it first")
     return Source(path, "kqv run", ModelConfig.from_dict(values["model"]), file_sha256(weights))
 
 
@@ -135,6 +136,17 @@ def index_only_sha256(source: Source) -> str | None:
     index = source.path / INDEX_FILE
     sharded = source.kind == "Hugging Face GPT-2" and not (source.path / "model.safetensors").is_file()
     return file_sha256(index) if sharded and index.is_file() else None
+
+
+def holds_adapters_alone(weights: Path) -> bool:
+    """Whether a checkpoint's weights file holds LoRA adapters and nothing else (a LoRA fine-tune's), read from its
+    safetensors header alone."""
+    try:
+        with safe_open(weights, "pt") as file:
+            names = list(file.keys())
+    except Exception:  # noqa: BLE001 - a damaged file: loading it says what is wrong
+        return False
+    return bool(names) and adapters(dict.fromkeys(names)).keys() == set(names)
 
 
 def file_sha256(path: Path) -> str:

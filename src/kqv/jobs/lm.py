@@ -26,8 +26,8 @@ from ..errors import ConfigError, DataError, spoken
 from ..nn.config import ModelConfig
 from ..nn.devices import model_device
 from ..nn.generation import GenerationConfig
-from ..nn.lora import adapters, is_adapted, merge_lora
-from ..nn.models import DecoderLM, check_ids, count_parameters
+from ..nn.lora import is_adapted, merge_lora
+from ..nn.models import DecoderLM, check_ids
 from ..train.checkpoints import partial_loader
 from ..train.evaluation import perplexity
 from ..train.files import SAMPLES_FILE
@@ -37,7 +37,7 @@ from ..validation import Config, check_at_least
 from . import completions, sources
 from .base import AttentionMaps, Job, Outcome, TrainedRun, Training, check_text, total_parameters
 from .corpus import describe_corpus, load_tokens, prepare_corpus
-from .finetune import FinetuneConfig, adapt, check_finetune, restore_source, saved_weights
+from .finetune import FinetuneConfig
 from .init import SourceTokenizer, finetune_config, load_source_weights, read_source
 from .sampling import SampleConfig, continuations, default_prompt, generation_config, write_samples
 from .scoring import BATCH_SIZE, PairsEvaluation, check_pairs_alone, complete, evaluate_pairs, fine_tuning_answers
@@ -136,9 +136,10 @@ class LMRunConfig(RunConfig):
         return {"max_len": self.data.context}
 
     def check(self) -> None:
-        if self.finetune.active and self.data.init is None:
+        adaptation = self.finetune.adaptation
+        if adaptation.active and self.data.init is None:
             raise ConfigError(
-                f"the [finetune] options ({self.finetune.describe()}) fine-tune a trained model: give the model to "
+                f"the [finetune] options ({adaptation.describe()}) fine-tune a trained model: give the model to "
                 f"start from with {spoken('--init SOURCE', 'init=SOURCE')} (a kqv LM run or a GPT-2 directory)"
             )
         model = self.model
@@ -185,7 +186,7 @@ def check_lm_run(
     examples' lengths were checked as they were encoded)."""
 
     def check(tokenizer: Tokenizer, tokens: dict[str, torch.Tensor]) -> None:
-        context, batch, lora = config.data.context, config.train.batch_size, config.finetune.lora
+        context, batch, lora = config.data.context, config.train.batch_size, config.finetune.adaptation.lora
         check_memory(model or config.model, batch, context, tokenizer.vocab_size, config.train.device, lora)
         if config.data.examples:
             completions.check_packing(model or config.model, config.data.packing)
@@ -367,13 +368,13 @@ class LMJob(Job):
     def restore(
         self, model: nn.Module, config: RunConfig, values: dict[str, Any], run_dir: Path
     ) -> Callable[[dict[str, torch.Tensor]], None] | None:
-        """A LoRA fine-tune's model: its source's weights (checked against the SHA-256 run.toml records) and
-        adapters, into which the checkpoint (the adapters alone) is loaded."""
-        if not config.finetune.lora_rank:
+        """A fine-tune whose checkpoint holds part of the model (LoRA's adapters alone): its source's weights
+        (checked against the SHA-256 run.toml records) and adapters, into which the checkpoint is loaded."""
+        adaptation = config.finetune.adaptation
+        if adaptation.saved_weights is None:
             return None
-        restore_source(model, values["source"], run_dir)
-        adapt(model, config.finetune)
-        return partial_loader(model, adapters)
+        adaptation.restore(model, values.get("source"), run_dir)
+        return partial_loader(model, adaptation.saved_weights)
 
     def build_model(self, model_config: ModelConfig, config: RunConfig, values: dict[str, Any]) -> DecoderLM:
         return DecoderLM(model_config)
@@ -387,7 +388,7 @@ class LMJob(Job):
             training.notes["source"] = source = read_source(config.data.init)
             training.config = config = fit_context(config, source)
             training.notes["model"] = finetune_config(source, config.model, config.model_options, config.data.context)
-            check_finetune(config.finetune, training.notes["model"])
+            config.finetune.adaptation.check(training.notes["model"])
             maker = SourceTokenizer(self, source)
         tokenizer, tokens = prepare_corpus(maker, config.data, run, check_lm_run(config, training.notes.get("model")))
         training.config = with_prompt(config, tokenizer, tokens)  # what run.toml records and the samples start from
@@ -396,18 +397,17 @@ class LMJob(Job):
     def make_model(self, training: Training) -> DecoderLM:
         """A new model; a fine-tune's has its source's config and weights, and run.toml records the source."""
         config, run, (tokenizer, _) = training.config, training.run, training.data
-        source = training.notes.get("source")
+        adaptation, source = config.finetune.adaptation, training.notes.get("source")
         if source is None:  # a resume: the checkpoint has the weights (a LoRA run's: its adapters alone)
             extra = {"source": read_run(run.path)["source"]} if config.data.init is not None else {}
             training.notes |= extra
             model = self.start(config, run, config.model_config(tokenizer.vocab_size), **extra)
-            if config.finetune.lora_rank:
-                restore_source(model, extra["source"], run.path)
+            adaptation.restore(model, extra.get("source"), run.path)
         else:
             training.notes["source"] = source.record()
             model = self.start(config, run, training.notes["model"], source=source.record())
             load_source_weights(model, source)
-        adapt(model, config.finetune)
+            adaptation.apply(model)
         return model
 
     def make_batches(self, training: Training) -> dict[str, Any]:
@@ -424,15 +424,15 @@ class LMJob(Job):
         return {
             **options,
             "afterwards": scoring_cost(config, len(tokens["val"])),
-            "saved_weights": saved_weights(config.finetune),
+            "saved_weights": config.finetune.adaptation.saved_weights,
         }
 
     def describe(self, training: Training) -> str:
         line = describe_corpus(training, training.data[0].vocab_size) + sources.describe(training.data[1])
-        finetune = training.config.finetune
-        if not finetune.active:
+        adaptation = training.config.finetune.adaptation
+        if not adaptation.active:
             return line
-        return f"{line}; {finetune.describe()}, of {total_parameters(training.model):,} parameters"
+        return f"{line}; {adaptation.describe()}, of {total_parameters(training.model):,} parameters"
 
     def outcome(self, training: Training) -> Outcome:
         """The perplexity of (up to `SCORED_TOKENS` of) the validation split, and the samples (samples.txt)."""
@@ -450,9 +450,9 @@ class LMJob(Job):
             )
             samples = write_samples(model, tokenizer, config.sample, training.run.path / SAMPLES_FILE)
         source = {"source": training.notes["source"]} if "source" in training.notes else {}
-        if config.finetune.active:
-            trained = {"trainable_parameters": count_parameters(model), "total_parameters": total_parameters(model)}
-            source["finetune"] = {**config.finetune.to_dict(), **trained}
+        adaptation = config.finetune.adaptation
+        if adaptation.active:
+            source["finetune"] = {**config.finetune.to_dict(), **adaptation.counts(model)}
         return Outcome({"val": val, **source}, samples[:1])
 
     def conclusion(self, training: Training, summary: dict[str, Any]) -> str:
