@@ -10,7 +10,6 @@ import pytest
 
 import kqv
 from kqv.cli.main import main
-from kqv.data.tokenizers import Tokenizer
 from kqv.train.lock import RunDirectoryBusy, check_run_lock
 from kqv.train.rundir import RunDirectory
 
@@ -136,13 +135,15 @@ def test_ctrl_c_during_an_overwrite_right_after_the_tokenizer_leaves_the_previou
     other = tmp_path / "other.txt"
     other.write_text("To quite different letters: jumping foxes, lazy dogs, quick brown zebras!\n" * 30)
     before = snapshot(out)
-    save = Tokenizer.save
+    import kqv.jobs.corpus
 
-    def save_then_interrupt(self, directory):
-        save(self, directory)
+    save = kqv.jobs.corpus.write_files
+
+    def save_then_interrupt(directory, files):
+        save(directory, files)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(Tokenizer, "save", save_then_interrupt)
+    monkeypatch.setattr(kqv.jobs.corpus, "write_files", save_then_interrupt)
     assert train(config, other, out, "--overwrite") == 130
     monkeypatch.undo()
     assert snapshot(out) == before and usable(out)

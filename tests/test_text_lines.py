@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 
 from kqv.data.lines import text_lines
-from kqv.data.pairs import read_texts, write_texts
+from kqv.data.pairs import read_texts, text_files
 from kqv.data.tsv import read_tsv
 from kqv.errors import DataError
 from kqv.jobs.scoring import read_prompts
+from kqv.train.files import write_files
 
 INSIDE = ["a\u2028b", "c\x0cd", "e\rf", "g\x85h"]  # each splits a line for str.splitlines
 
@@ -34,7 +35,7 @@ def test_classification_lines_keep_their_unusual_characters(tmp_path):
 
 def test_translation_texts_read_back_as_written(tmp_path):
     texts = {"dev": (INSIDE, ["1", "2", "3", "4"]), "test": (["x\u2028y"], ["z"])}
-    write_texts(texts, tmp_path)
+    write_files(tmp_path, text_files(texts))
     assert read_texts(tmp_path) == texts
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor
 
 from .bible import Pair
@@ -37,14 +37,16 @@ def encode_pairs(tokenizer: Tokenizer, pairs: list[Pair], eos_id: int) -> Encode
     return Encoded(src, tgt)
 
 
-def save_splits(splits: dict[str, Encoded], path: Path) -> None:
+def split_tensors(splits: dict[str, Encoded]) -> dict[str, torch.Tensor]:
+    """The encoded splits as flat tensors (each side's ids one after another, and their lengths), as a run's
+    pairs.safetensors holds them (`load_splits` reads them back)."""
     tensors = {}
     for name, split in splits.items():
         for side in ("src", "tgt"):
             sequences = getattr(split, side)
             tensors[f"{name}.{side}"] = torch.cat(sequences).to(torch.int32)
             tensors[f"{name}.{side}_lengths"] = torch.tensor([len(s) for s in sequences], dtype=torch.int32)
-    save_file(tensors, str(path))
+    return tensors
 
 
 def load_splits(path: Path) -> dict[str, Encoded]:
@@ -54,11 +56,13 @@ def load_splits(path: Path) -> dict[str, Encoded]:
     return {name: Encoded(split(name, "src"), split(name, "tgt")) for name in names}
 
 
-def write_texts(texts: dict[str, tuple[list[str], list[str]]], directory: Path) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
+def text_files(texts: dict[str, tuple[list[str], list[str]]]) -> dict[str, str]:
+    """Each split's sentences as files of a line each: NAME.src and NAME.tgt (`read_texts` reads them back)."""
+    files = {}
     for name, (sources, references) in texts.items():
-        (directory / f"{name}.src").write_text("".join(s + "\n" for s in sources), encoding="utf-8")
-        (directory / f"{name}.tgt").write_text("".join(t + "\n" for t in references), encoding="utf-8")
+        files[f"{name}.src"] = "".join(s + "\n" for s in sources)
+        files[f"{name}.tgt"] = "".join(t + "\n" for t in references)
+    return files
 
 
 def read_texts(directory: Path) -> dict[str, tuple[list[str], list[str]]]:

@@ -50,20 +50,26 @@ class Tokenizer(ABC):
         """The id of one token (a character, or a special token such as ``"<eos>"``); KeyError if absent."""
 
     @abstractmethod
-    def _save_vocabulary(self, directory: Path) -> dict[str, Any]:
-        """Write ``tokenizer.json`` into ``directory``; return extra metadata for ``kqv_tokenizer.json``."""
+    def _vocabulary(self) -> tuple[str, dict[str, Any]]:
+        """The text of ``tokenizer.json``, and extra metadata for ``kqv_tokenizer.json``."""
 
     @classmethod
     @abstractmethod
     def _load(cls, directory: Path, metadata: dict[str, Any]) -> Tokenizer:
         """Rebuild the tokenizer that ``save`` wrote into ``directory``."""
 
+    def files(self) -> dict[str, str]:
+        """The files that save the tokenizer, by name, as text (JSON): what a run's `tokenizer/` holds, written by
+        the run's writer (`kqv.train.files`); `load_tokenizer` reads them back."""
+        vocabulary, extra = self._vocabulary()
+        return {TOKENIZER_FILE: vocabulary, METADATA_FILE: json.dumps({"kind": self.kind, **extra}, indent=2) + "\n"}
+
     def save(self, directory: str | Path) -> None:
         """Save as JSON into ``directory`` (created if needed); restore with ``load_tokenizer``."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        metadata = {"kind": self.kind, **self._save_vocabulary(directory)}
-        (directory / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n", encoding="utf-8")
+        for name, text in self.files().items():
+            (directory / name).write_text(text, encoding="utf-8")
 
     def _check_ids(self, ids: Sequence[int]) -> None:
         """Raise ValueError for ids outside the vocabulary rather than silently dropping them."""
@@ -118,10 +124,8 @@ class CharTokenizer(Tokenizer):
             raise UnknownTokenError(f"{token!r} is not in this character tokenizer's vocabulary")
         return self._ids[token]
 
-    def _save_vocabulary(self, directory: Path) -> dict[str, Any]:
-        vocabulary = {"type": "char", "chars": self.chars}
-        (directory / TOKENIZER_FILE).write_text(json.dumps(vocabulary, ensure_ascii=False), encoding="utf-8")
-        return {}
+    def _vocabulary(self) -> tuple[str, dict[str, Any]]:
+        return json.dumps({"type": "char", "chars": self.chars}, ensure_ascii=False), {}
 
     @classmethod
     def _load(cls, directory: Path, metadata: dict[str, Any]) -> CharTokenizer:
@@ -188,9 +192,8 @@ class BPETokenizer(Tokenizer):
             )
         return token_id
 
-    def _save_vocabulary(self, directory: Path) -> dict[str, Any]:
-        self.tokenizer.save(str(directory / TOKENIZER_FILE))
-        return {"special_tokens": self.special_tokens}
+    def _vocabulary(self) -> tuple[str, dict[str, Any]]:
+        return self.tokenizer.to_str(pretty=True), {"special_tokens": self.special_tokens}
 
     @classmethod
     def _load(cls, directory: Path, metadata: dict[str, Any]) -> BPETokenizer:

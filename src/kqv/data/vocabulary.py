@@ -38,9 +38,14 @@ class Vocabulary:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
 
+    def files(self) -> dict[str, str]:
+        """The files that save it, by name, as text: its tokenizer's and the special tokens' ids."""
+        return {**self.tokenizer.files(), SPECIALS_FILE: json.dumps(self.specials, indent=1) + "\n"}
+
     def save(self, directory: Path) -> None:
-        self.tokenizer.save(directory)
-        (directory / SPECIALS_FILE).write_text(json.dumps(self.specials, indent=1) + "\n")
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, text in self.files().items():
+            (directory / name).write_text(text, encoding="utf-8")
 
     @classmethod
     def load(cls, directory: Path) -> Vocabulary:

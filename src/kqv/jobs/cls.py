@@ -25,7 +25,7 @@ from ..nn.config import ModelConfig
 from ..nn.devices import on_device_of
 from ..nn.heads import SequenceClassifier
 from ..nn.models import count_parameters
-from ..train.files import TOKENIZER_DIR
+from ..train.files import TOKENIZER_DIR, write_files
 from ..train.runs import RunConfig, read_run
 from ..train.slices import is_sliced, set_slices
 from ..validation import Config
@@ -170,7 +170,7 @@ class ClsJob(Job):
         vocabulary, model_config = self._vocabulary(config, run.path, resume, pretrained, examples, train)
         if run.writes:
             run.path.mkdir(parents=True, exist_ok=True)
-            vocabulary.save(run.tokenizer_dir)
+            write_files(run.tokenizer_dir, vocabulary.files())
         return ClsData(train, dev, labels, vocabulary, model_config, pretrained)
 
     def make_model(self, training: Training) -> SequenceClassifier:

@@ -16,7 +16,7 @@ from ..data.shakespeare import load_text, split_text
 from ..data.tokenizers import Tokenizer, encode_text
 from ..errors import RunError, spoken
 from ..nn.models import count_parameters
-from ..train.files import TOKENIZER_DIR, TOKENS_FILE, write_atomically
+from ..train.files import TOKENIZER_DIR, TOKENS_FILE, write_atomically, write_files
 from ..train.manifest import read_verified, verify
 from ..train.rundir import RunDirectory
 from . import completions, sources
@@ -47,7 +47,7 @@ def prepare_corpus(
         check(tokenizer, tokens)
     if run.writes:
         run.path.mkdir(parents=True, exist_ok=True)
-        tokenizer.save(run.tokenizer_dir)
+        write_files(run.tokenizer_dir, tokenizer.files())
         write_atomically(run.path / TOKENS_FILE, save(tokens))  # present means complete, tokenizer too
     return tokenizer, tokens
 

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from ..data.bible import load_pairs, parse_pair, split_by_group
-from ..data.pairs import Encoded, TokenBatches, encode_pairs, load_splits, read_texts, save_splits, write_texts
+from ..data.pairs import Encoded, TokenBatches, encode_pairs, load_splits, read_texts, split_tensors, text_files
 from ..data.tokenizers import Tokenizer, load_tokenizer, make_tokenizer
 from ..errors import ConfigError, DataError, spoken
 from ..nn.config import ModelConfig
@@ -44,7 +44,7 @@ from ..nn.devices import model_device, on_device_of
 from ..nn.models import EncoderDecoder, count_parameters
 from ..nn.rnn import RNNConfig, RNNEncoderDecoder
 from ..train.config import TrainConfig
-from ..train.files import PAIRS_FILE, TEXT_DIR, TOKENIZER_DIR
+from ..train.files import PAIRS_FILE, TEXT_DIR, TOKENIZER_DIR, write_files, write_tensors
 from ..train.flops import training_flops_per_token
 from ..train.manifest import DATA_FILES, MANIFEST_FILE, verify
 from ..train.runs import RunConfig
@@ -213,9 +213,9 @@ def prepare_data(config: MTRunConfig, run_dir: Path, reuse: bool, write: bool = 
     texts = {name: ([p.src for p in splits[name]], [p.tgt for p in splits[name]]) for name in ("dev", "test")}
     if write:
         run_dir.mkdir(parents=True, exist_ok=True)
-        tokenizer.save(run_dir / TOKENIZER_DIR)
-        save_splits(encoded, run_dir / PAIRS_FILE)
-        write_texts(texts, run_dir / TEXT_DIR)
+        write_files(run_dir / TOKENIZER_DIR, tokenizer.files())
+        write_tensors(run_dir / PAIRS_FILE, split_tensors(encoded))
+        write_files(run_dir / TEXT_DIR, text_files(texts))
     return MTData(tokenizer, encoded, texts, dropped)
 
 

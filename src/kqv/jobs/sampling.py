@@ -16,6 +16,7 @@ from ..errors import DataError, spoken
 from ..nn.devices import model_device
 from ..nn.generation import GenerationConfig, check_generation
 from ..nn.models import DecoderLM
+from ..train.files import write_text
 from ..validation import Config
 from .base import check_text
 
@@ -66,7 +67,7 @@ def write_samples(model: DecoderLM, tokenizer: Tokenizer, sample: SampleConfig, 
         )
         for _ in range(sample.count)
     ]
-    path.write_text("\n\n=====\n\n".join(texts) + "\n")
+    write_text(path, "\n\n=====\n\n".join(texts) + "\n")
     return texts
 
 

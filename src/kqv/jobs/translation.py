@@ -20,7 +20,7 @@ from ..data.tokenizers import Tokenizer
 from ..errors import ConfigError, DataError, spoken
 from ..nn.config import ModelConfig
 from ..nn.devices import model_device
-from ..train.files import TEST_HYPOTHESES_FILE
+from ..train.files import TEST_HYPOTHESES_FILE, write_text
 from .base import check_text
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
@@ -159,7 +159,7 @@ def translate_test_split(
     `path` (test.hyp), one a line, and score them."""
     started = time.perf_counter()
     hypotheses = translate_sentences(model, tokenizer, sources, **decode)
-    (path / TEST_HYPOTHESES_FILE).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+    write_text(path / TEST_HYPOTHESES_FILE, "".join(h + "\n" for h in hypotheses))
     scores = corpus_scores(hypotheses, references)
     return {
         "test_bleu": scores["bleu"],

@@ -12,9 +12,7 @@ import dataclasses
 import json
 import os
 import pickle
-import shutil
 import stat
-import tempfile
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,10 +35,8 @@ from .files import (
     PREVIOUS_CHECKPOINT_DIR,
     RNG_FILE,
     STATE_FILE,
-    check_free_space,
-    disk_full_reported,
-    fsync,
     sha256,
+    write_directory,
 )
 
 _TMP_PREFIX = ".checkpoint-tmp-"
@@ -105,33 +101,21 @@ def write_checkpoint(
 def _write_checkpoint(
     run_dir: Path, model: Weights, optimizer: OptimizerState, state: dict[str, Any], tensors: dict[str, Tensor]
 ) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    final, previous = run_dir / CHECKPOINT_DIR, run_dir / PREVIOUS_CHECKPOINT_DIR
-    for stale in run_dir.glob(_TMP_PREFIX + "*"):
-        shutil.rmtree(stale, ignore_errors=True)
     optimizer_state = optimizer if isinstance(optimizer, dict) else optimizer.state_dict()
     needed = checkpoint_bytes(model, optimizer_state, tensors)
-    check_free_space(final, needed)  # a disk without room for it: refused before anything is written
-    tmp = Path(tempfile.mkdtemp(prefix=_TMP_PREFIX, dir=run_dir))
-    try:
-        with disk_full_reported(final, needed):  # torch.save's deep error on a full disk, said as such
-            save_model(model if isinstance(model, nn.Module) else _StateDict(model), str(tmp / MODEL_FILE))
-            torch.save(optimizer_state, tmp / OPTIMIZER_FILE)
-            save_file(tensors, str(tmp / RNG_FILE))
-            state = {**state, "files": {name: sha256(tmp / name) for name in (MODEL_FILE, OPTIMIZER_FILE, RNG_FILE)}}
-            (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
-            for name in (MODEL_FILE, OPTIMIZER_FILE, RNG_FILE, STATE_FILE):
-                fsync(tmp / name)
-        if final.exists():
-            if previous.exists():  # a leftover from an earlier, completed swap
-                shutil.rmtree(previous)
-            os.replace(final, previous)
-        os.replace(tmp, final)
-        fsync(run_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    shutil.rmtree(previous, ignore_errors=True)
+    weights = model if isinstance(model, nn.Module) else _StateDict(model)
+
+    def write_state(path: Path) -> None:  # after the others: their SHA-256s, for reading them back verified
+        hashes = {name: sha256(path.parent / name) for name in (MODEL_FILE, OPTIMIZER_FILE, RNG_FILE)}
+        path.write_text(json.dumps({**state, "files": hashes}, indent=1))
+
+    writers = {
+        MODEL_FILE: lambda path: save_model(weights, str(path)),
+        OPTIMIZER_FILE: lambda path: torch.save(optimizer_state, path),
+        RNG_FILE: lambda path: save_file(tensors, str(path)),
+        STATE_FILE: write_state,
+    }
+    write_directory(run_dir / CHECKPOINT_DIR, writers, needed, PREVIOUS_CHECKPOINT_DIR, _TMP_PREFIX)
 
 
 def checkpoint_bytes(model: Weights, optimizer_state: dict[str, Any], tensors: dict[str, Tensor]) -> int:

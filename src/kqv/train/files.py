@@ -1,8 +1,14 @@
-"""The names of a run directory's files, and how they are written and checked: atomically, fsynced, by SHA-256.
+"""The names of a run directory's files, and the one writer of them: atomically, fsynced, checked by SHA-256.
 
 A leaf of `kqv.train`: it imports nothing else from it, so every module that reads or writes a run directory
 (checkpoints, metrics, the manifest, the run directory itself, the jobs) takes its names from here, and none of
 them needs another for a file name. What each file holds is described in `kqv.train.runs`.
+
+Every file of a run is written by this module (`write_atomically`, `write_text`, `write_files`, `write_tensors`,
+`write_through` for a library's own saver, `append_line` for the one log that grows): no other module opens a path
+of a run directory for writing (`tests/test_run_writer.py` watches a language-model, translation and LoRA run for
+it). Each write but the append goes through a temporary file and a rename, and a full disk is a DiskFullError that
+leaves the old file as it was.
 """
 
 from __future__ import annotations
@@ -11,10 +17,14 @@ import errno
 import hashlib
 import os
 import shutil
-from collections.abc import Iterable, Iterator
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
+
+from safetensors.torch import save_file
+from torch import Tensor
 
 from ..errors import ConfigError, DiskFullError
 
@@ -53,14 +63,79 @@ def run_files(run_dir: Path) -> list[Path]:
 def write_atomically(path: Path, data: bytes) -> None:
     """Write `data` to `path` through a temporary file and a rename: a reader sees the old file or the new one.
     A write that fails (a full disk: DiskFullError) leaves no temporary file behind, and the old file as it was."""
+    write_through(path, lambda tmp: tmp.write_bytes(data), len(data))
+
+
+def write_through(path: Path, write: Callable[[Path], object], needed: int = 0) -> None:
+    """Write `path` atomically with `write(tmp)`, a library's own saver (safetensors, torch.save, matplotlib) given
+    the temporary file to write, then renamed over `path`. `needed`: about how many bytes it writes, for the
+    full-disk diagnosis (`disk_full_reported`)."""
     tmp = path.with_name(path.name + ".tmp")
     try:
-        with disk_full_reported(path, len(data)):
-            tmp.write_bytes(data)
+        with disk_full_reported(path, needed):
+            write(tmp)
             os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_text(path: Path, text: str) -> None:
+    """`text` as UTF-8 at `path`, atomically."""
+    write_atomically(path, text.encode("utf-8"))
+
+
+def write_files(directory: Path, files: dict[str, str]) -> None:
+    """Each text of `files` (by name) in `directory`, created if needed, each file atomically."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        write_text(directory / name, text)
+
+
+def write_tensors(path: Path, tensors: dict[str, Tensor], metadata: dict[str, str] | None = None) -> None:
+    """A safetensors file of `tensors` at `path`, atomically."""
+    needed = sum(t.numel() * t.element_size() for t in tensors.values())
+    write_through(path, lambda tmp: save_file(tensors, str(tmp), metadata), needed)
+
+
+def write_directory(
+    path: Path, writers: dict[str, Callable[[Path], object]], needed: int, previous: str, staging: str
+) -> None:
+    """The directory `path` holding a file per writer (each called, in order, with the file to write), swapped in
+    whole: written and fsynced in a staging directory beside it (named `staging` + a random part; leftovers of
+    an interrupted write are removed first), then `path` renamed to `previous`, the staging directory to `path`,
+    and `previous` removed. A reader sees the old directory or the new one; a failed write (a full disk: checked
+    before anything is written, `needed` bytes, and diagnosed after) leaves the old one and no staging directory."""
+    parent = path.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    for stale in parent.glob(staging + "*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    check_free_space(path, needed)
+    tmp = Path(tempfile.mkdtemp(prefix=staging, dir=parent))
+    old = parent / previous
+    try:
+        with disk_full_reported(path, needed):  # torch.save's deep error on a full disk, said as such
+            for name, write in writers.items():
+                write(tmp / name)
+            for name in writers:
+                fsync(tmp / name)
+        if path.exists():
+            if old.exists():  # a leftover from an earlier, completed swap
+                shutil.rmtree(old)
+            os.replace(path, old)
+        os.replace(tmp, path)
+        fsync(parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def append_line(path: Path, line: str) -> None:
+    """One line more at the end of `path` (created if needed): the log a run grows (metrics.jsonl), where a reader
+    takes every complete line."""
+    with disk_full_reported(path, len(line) + 1), open(path, "a", encoding="utf-8") as file:
+        file.write(line + "\n")
 
 
 @contextmanager

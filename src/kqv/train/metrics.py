@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +15,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from .files import write_atomically
+from .files import append_line, write_atomically, write_through
 
 
 def finite(value: Any) -> Any:
@@ -41,8 +40,7 @@ def strict_json(value: Any, **options: Any) -> str:
 
 def append_metrics(path: Path, record: dict[str, Any]) -> None:
     """Append one record as a line of strict JSON: a non-finite loss (a diverged evaluation) is written as null."""
-    with open(path, "a") as file:
-        file.write(strict_json(record) + "\n")
+    append_line(path, strict_json(record))
 
 
 def keep_records(path: Path, step: int) -> None:
@@ -82,14 +80,8 @@ def plot_losses(metrics_path: str | Path, png_path: str | Path) -> None:
     axes.grid(alpha=0.3)
     if axes.lines:
         axes.legend()
-    png_path = Path(png_path)
-    tmp = png_path.with_name(png_path.name + ".tmp")
-    try:  # a failed write (a full disk) leaves the previous plot and no temporary file
-        figure.savefig(tmp, format="png")
-        os.replace(tmp, png_path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    # a failed write (a full disk) leaves the previous plot and no temporary file
+    write_through(Path(png_path), lambda tmp: figure.savefig(tmp, format="png"))
 
 
 class Window:

@@ -1,0 +1,129 @@
+"""The run directory has one writer (issue 44): every file a run holds is written through `kqv.train.files`
+(atomically, a full disk said as such). A language-model run, a LoRA fine-tune of it and a translation run are
+watched: each opening of a path inside their run directories for writing, and each library save into one
+(safetensors, torch.save, matplotlib) and each rename into one, must happen inside a call of kqv.train.files (or
+be the writer's lock, kqv.train.lock)."""
+
+import builtins
+import io
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import matplotlib.figure
+import pytest
+import safetensors.torch
+import torch
+
+from kqv.cli.main import main
+from test_mt import MODELS, TINY_RUN, number_corpus
+from test_torchrun import TINY_LM
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "kqv"
+WRITER, LOCK = SRC / "train" / "files.py", SRC / "train" / "lock.py"
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+
+
+class Audit:
+    """Who writes inside `root`: (the kqv module nearest the write, the file) for each write no frame of the
+    writer's module is part of."""
+
+    def __init__(self, root: Path):
+        self.root, self.outside, self.seen = root.resolve(), [], 0
+
+    def note(self, path: object) -> None:
+        if not isinstance(path, (str, os.PathLike)):
+            return
+        target = Path(path).resolve()
+        if self.root not in target.parents:
+            return
+        self.seen += 1
+        frames = [Path(f.filename) for f in traceback.extract_stack()[:-2]]
+        if WRITER in frames or LOCK in frames:
+            return
+        ours = [f for f in frames if SRC in f.parents]
+        self.outside.append((str(ours[-1].relative_to(SRC)) if ours else "?", target.name))
+
+    def watch(self, monkeypatch) -> None:
+        real_open, real_os_open, real_replace, real_rename = builtins.open, os.open, os.replace, os.rename
+
+        def audited_open(file, mode="r", *args, **kwargs):
+            if any(c in mode for c in "wax+"):
+                self.note(file)
+            return real_open(file, mode, *args, **kwargs)
+
+        def audited_os_open(path, flags, *args, **kwargs):
+            if flags & WRITE_FLAGS:
+                self.note(path)
+            return real_os_open(path, flags, *args, **kwargs)
+
+        def moved(real):
+            return lambda source, destination, *args, **kwargs: (
+                self.note(destination),
+                real(source, destination, *args, **kwargs),
+            )[1]
+
+        def saver(real, where):
+            def save(*args, **kwargs):
+                self.note(args[where] if len(args) > where else next(iter(kwargs.values())))
+                return real(*args, **kwargs)
+
+            return save
+
+        monkeypatch.setattr(builtins, "open", audited_open)
+        monkeypatch.setattr(io, "open", audited_open)
+        monkeypatch.setattr(os, "open", audited_os_open)
+        monkeypatch.setattr(os, "replace", moved(real_replace))
+        monkeypatch.setattr(os, "rename", moved(real_rename))
+        monkeypatch.setattr(torch, "save", saver(torch.save, 1))
+        monkeypatch.setattr(matplotlib.figure.Figure, "savefig", saver(matplotlib.figure.Figure.savefig, 1))
+        for module in [m for name, m in list(sys.modules.items()) if name.startswith("kqv")] + [safetensors.torch]:
+            for name in ("save_file", "save_model"):
+                real = getattr(safetensors.torch, name) if module is not safetensors.torch else None
+                if module is safetensors.torch or getattr(module, name, None) is real:
+                    monkeypatch.setattr(module, name, saver(getattr(module, name), 1))
+
+
+def test_only_the_run_directory_s_writer_writes_into_a_run(tmp_path, monkeypatch):
+    corpus, config = tmp_path / "t.txt", tmp_path / "lm.toml"
+    corpus.write_text("ROMEO: to be, or not to be, that is the question.\n" * 60)
+    config.write_text(TINY_LM)
+    pairs, mt_config = tmp_path / "numbers.tsv", tmp_path / "mt.toml"
+    pairs.write_text("".join(f"{s}\t{t}\n" for s, t in number_corpus()), encoding="utf-8")
+    mt_config.write_text(TINY_RUN.format(kind="transformer", model=MODELS["transformer"]))
+    runs = tmp_path / "runs"
+    audit = Audit(runs)
+    audit.watch(monkeypatch)
+    lm = ["train", "lm", "--config", str(config), "--data", str(corpus), "--quiet"]
+    assert main([*lm, "--out", str(runs / "lm")]) == 0
+    assert main([*lm, "--out", str(runs / "lm"), "--steps", "4", "--resume"]) == 0
+    lora = ["--init", str(runs / "lm"), "--set", "finetune.lora_rank=2", "--steps", "2"]
+    assert main(["train", "lm", "--data", str(corpus), *lora, "--out", str(runs / "lora"), "--quiet"]) == 0
+    mt = ["train", "mt", "--config", str(mt_config), "--data", str(pairs), "--steps", "2", "--quiet"]
+    assert main([*mt, "--out", str(runs / "mt")]) == 0
+    assert audit.seen > 40  # the watch sees the runs' files being written
+    assert not audit.outside, sorted(set(audit.outside))
+
+
+def test_the_audit_sees_a_write_from_outside_the_writer(tmp_path, monkeypatch):
+    audit = Audit(tmp_path)
+    audit.watch(monkeypatch)
+    (tmp_path / "samples.txt").write_text("written by this test, not by kqv.train.files")
+    safetensors.torch.save_file({"x": torch.zeros(1)}, str(tmp_path / "t.safetensors"))
+    from kqv.train.files import write_text
+
+    write_text(tmp_path / "ok.txt", "through the writer")
+    assert [name for _, name in audit.outside] == ["samples.txt", "t.safetensors"]
+
+
+@pytest.mark.parametrize("name", ["write_text", "write_tensors"])
+def test_the_writer_leaves_the_old_file_when_a_write_fails(tmp_path, monkeypatch, name):
+    from kqv.train import files
+
+    path = tmp_path / "f"
+    path.write_bytes(b"old")
+    monkeypatch.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    with pytest.raises(Exception, match="disk"):
+        files.write_text(path, "new") if name == "write_text" else files.write_tensors(path, {"x": torch.ones(2)})
+    assert path.read_bytes() == b"old" and sorted(p.name for p in tmp_path.iterdir()) == ["f"]
