@@ -17,7 +17,7 @@ from .report import write_report
 RESULTS_FILE, REPORT_FILE = "results.json", "report.md"
 
 
-def json_default(value: Any) -> Any:
+def _json_default(value: Any) -> Any:
     """JSON for what a result may hold beside JSON's own types: paths, tensors."""
     if isinstance(value, Path):
         return str(value)
@@ -29,7 +29,7 @@ def json_default(value: Any) -> Any:
 def write_record(directory: Path, record: dict[str, Any]) -> None:
     """Write a record's results.json and the report.md drawn from it, each atomically (a reader sees the old file
     or the new one; a full disk leaves the old one)."""
-    results = json.dumps(record, indent=1, default=json_default) + "\n"
+    results = json.dumps(record, indent=1, default=_json_default) + "\n"
     write_atomically(directory / RESULTS_FILE, results.encode("utf-8"))
     write_atomically(directory / REPORT_FILE, write_report(record, get(record["experiment"])).encode("utf-8"))
 
