@@ -163,7 +163,7 @@ def logged_losses(run_dir):
 
 
 def test_a_finetune_of_a_kqv_run_starts_at_the_runs_loss_and_records_its_source(lm_dir, tmp_path):
-    from kqv.jobs.init import file_sha256
+    from kqv.train.files import sha256 as file_sha256
 
     summary = finetune(lm_dir, tmp_path / "ft")
     run_dir = tmp_path / "ft" / "run"

@@ -9,8 +9,9 @@ from safetensors.torch import load_file, save_file
 
 from kqv.errors import RunError
 from kqv.jobs.finetune import restore_source
-from kqv.jobs.init import HUB_FILES, file_sha256, read_source
+from kqv.jobs.init import HUB_FILES, read_source
 from kqv.nn.models import DecoderLM
+from kqv.train.files import sha256 as file_sha256
 
 INDEX = "model.safetensors.index.json"
 

@@ -36,7 +36,7 @@ from ..interop.directories import is_hf_directory, read_hf_tokenizer
 from ..nn.config import ModelConfig
 from ..nn.lora import adapters
 from ..train.checkpoints import load_weights, read_checkpoint
-from ..train.files import CHECKPOINT_DIR, MODEL_FILE, TOKENIZER_DIR
+from ..train.files import CHECKPOINT_DIR, MODEL_FILE, TOKENIZER_DIR, sha256
 from ..train.runs import read_run
 from ..train.slices import is_sliced, load_slices, set_slices
 
@@ -86,7 +86,7 @@ def read_source(path: str | Path) -> Source:
             f"--init {path} is a LoRA fine-tune, which holds only its adapters; start from its merged weights "
             f"({export}, then {spoken('--init DIR', 'init=DIR')}), or from its source {source.get('path')}"
         )
-    return Source(path, "kqv run", ModelConfig.from_dict(values["model"]), file_sha256(weights))
+    return Source(path, "kqv run", ModelConfig.from_dict(values["model"]), sha256(weights))
 
 
 HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # "gpt2", "openai-community/gpt2"
@@ -125,8 +125,8 @@ def weights_sha256(path: Path) -> str:
 
     files = weight_files(path)
     if files == [path / "model.safetensors"]:
-        return file_sha256(files[0])
-    listing = "".join(f"{file_sha256(file)}  {file.name}\n" for file in [path / INDEX_FILE, *files])
+        return sha256(files[0])
+    listing = "".join(f"{sha256(file)}  {file.name}\n" for file in [path / INDEX_FILE, *files])
     return hashlib.sha256(listing.encode()).hexdigest()
 
 
@@ -135,7 +135,7 @@ def index_only_sha256(source: Source) -> str | None:
     other source): a run recorded so is still taken, its shards unchecked as they were then."""
     index = source.path / INDEX_FILE
     sharded = source.kind == "Hugging Face GPT-2" and not (source.path / "model.safetensors").is_file()
-    return file_sha256(index) if sharded and index.is_file() else None
+    return sha256(index) if sharded and index.is_file() else None
 
 
 def holds_adapters_alone(weights: Path) -> bool:
@@ -147,14 +147,6 @@ def holds_adapters_alone(weights: Path) -> bool:
     except Exception:  # noqa: BLE001 - a damaged file: loading it says what is wrong
         return False
     return bool(names) and adapters(dict.fromkeys(names)).keys() == set(names)
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def source_tokenizer(source: Source) -> Tokenizer:

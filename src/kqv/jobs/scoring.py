@@ -228,16 +228,7 @@ class PairsEvaluation:
 
 def versus_figures(versus: QuestionDifference | None) -> dict[str, Any]:
     """`versus_constant`'s figures as flat keys of `PairsEvaluation.to_dict`."""
-    if versus is None:
-        return {}
-    return {
-        "versus_constant": versus.difference,
-        "versus_constant_95": [versus.low, versus.high],
-        "versus_constant_questions": versus.n,
-        "versus_constant_better": versus.better,
-        "versus_constant_worse": versus.worse,
-        "versus_constant_p": versus.p_value,
-    }
+    return {} if versus is None else versus.to_dict("versus_constant")
 
 
 def constant_answer(answers: Sequence[str]) -> str:

@@ -88,15 +88,15 @@ class QuestionDifference:
     worse: int
     p_value: float
 
-    def to_dict(self) -> dict:
-        return {
-            "difference": self.difference,
-            "difference_95": [self.low, self.high],
-            "questions": self.n,
-            "better": self.better,
-            "worse": self.worse,
-            "p_value": self.p_value,
-        }
+    def to_dict(self, name: str | None = None) -> dict:
+        """Its figures as JSON; given a `name`, as flat keys that begin with it (name, name_95, name_questions, ...),
+        to sit beside other figures."""
+        keys = (
+            ("difference", "difference_95", "questions", "better", "worse", "p_value")
+            if name is None
+            else (name, f"{name}_95", f"{name}_questions", f"{name}_better", f"{name}_worse", f"{name}_p")
+        )
+        return dict(zip(keys, (self.difference, [self.low, self.high], self.n, self.better, self.worse, self.p_value)))
 
 
 def difference_over_questions(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> QuestionDifference:
