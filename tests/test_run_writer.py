@@ -1,5 +1,6 @@
 """The run directory has one writer (issue 44): every file a run holds is written through `kqv.train.files`
-(atomically, a full disk said as such). A language-model run, a LoRA fine-tune of it and a translation run are
+(atomically, a full disk said as such). A language-model run, a LoRA fine-tune of it, a fine-tune on pairs and a
+translation run are
 watched: each opening of a path inside their run directories for writing, and each library save into one
 (safetensors, torch.save, matplotlib) and each rename into one, must happen inside a call of kqv.train.files (or
 be the writer's lock, kqv.train.lock)."""
@@ -100,6 +101,12 @@ def test_only_the_run_directory_s_writer_writes_into_a_run(tmp_path, monkeypatch
     assert main([*lm, "--out", str(runs / "lm"), "--steps", "4", "--resume"]) == 0
     lora = ["--init", str(runs / "lm"), "--set", "finetune.lora_rank=2", "--steps", "2"]
     assert main(["train", "lm", "--data", str(corpus), *lora, "--out", str(runs / "lora"), "--quiet"]) == 0
+    qa = tmp_path / "qa.tsv"
+    qa.write_text(
+        "".join(f"{p}\t{c}\n" for p, c in [("to be", "or not"), ("that is", "the"), ("the", "question")] * 10)
+    )
+    pairs_run = ["--init", str(runs / "lm"), "--data", str(qa), "--steps", "2", "--out", str(runs / "pairs")]
+    assert main(["train", "lm", *pairs_run, "--set", "sample.count=1", "--quiet"]) == 0
     mt = ["train", "mt", "--config", str(mt_config), "--data", str(pairs), "--steps", "2", "--quiet"]
     assert main([*mt, "--out", str(runs / "mt")]) == 0
     assert audit.seen > 40  # the watch sees the runs' files being written

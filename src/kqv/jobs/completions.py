@@ -40,6 +40,7 @@ from ..nn.experts import with_auxiliary_loss
 from ..nn.generation import GenerationConfig
 from ..nn.losses import weighted_cross_entropy
 from ..train.files import SAMPLES_FILE
+from .sampling import save_samples
 from .scoring import BATCH_SIZE, complete, completion_nats
 
 SCORED_EXAMPLES = 2_000  # the validation examples the run's final completion loss scores
@@ -175,5 +176,5 @@ def score_and_sample(
     options = {"max_new_tokens": sample.max_new_tokens, "temperature": sample.temperature, "top_k": sample.top_k}
     answers = complete(model, tokenizer, prompts, GenerationConfig(**options))
     samples = [prompt + answer for prompt, answer in zip(prompts, answers)]
-    (run_dir / SAMPLES_FILE).write_text("\n\n=====\n\n".join(samples) + "\n")
+    save_samples(run_dir / SAMPLES_FILE, samples)
     return val, samples

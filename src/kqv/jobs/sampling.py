@@ -67,8 +67,13 @@ def write_samples(model: DecoderLM, tokenizer: Tokenizer, sample: SampleConfig, 
         )
         for _ in range(sample.count)
     ]
-    write_text(path, "\n\n=====\n\n".join(texts) + "\n")
+    save_samples(path, texts)
     return texts
+
+
+def save_samples(path: Path, texts: list[str]) -> None:
+    """samples.txt: the samples one after another, each ended by a line of ===== before the next."""
+    write_text(path, "\n\n=====\n\n".join(texts) + "\n")
 
 
 def generation_config(model: DecoderLM, config: GenerationConfig | None, options: dict[str, Any]) -> GenerationConfig:
