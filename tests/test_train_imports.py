@@ -101,3 +101,18 @@ def test_the_private_reader_checker_sees_a_read_of_another_object():
     tree = ast.parse("def f(trainer):\n    return trainer._progress, self._own\n")
     assert foreign_reads(tree) == {"_progress"}
     assert private_names(ast.parse("class T:\n    def _plot(self):\n        self._left = 1\n")) == {"_plot", "_left"}
+
+
+def test_the_training_loop_knows_no_architecture():
+    """The trainer and what runs its steps (DDP, FSDP, compile) ask the model through kqv.nn.training, never
+    importing its blocks, experts or model classes (issue 44: the trainer "knows nothing about models")."""
+    loop = ("trainer", "sharding", "compiling", "distributed", "update", "evaluator")
+    architecture = {"layers", "experts", "models", "attention", "cores", "heads", "rnn", "vision"}
+    for name in loop:
+        tree = ast.parse((TRAIN / f"{name}.py").read_text())
+        imported = {
+            node.module.split(".")[1]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.level == 2 and (node.module or "").startswith("nn.")
+        }
+        assert not imported & architecture, f"kqv.train.{name} imports {sorted(imported & architecture)} of kqv.nn"

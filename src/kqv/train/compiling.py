@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..nn.layers import DecoderBlock, EncoderBlock
+from ..nn.training import layer_blocks
 from . import distributed
 
 BACKEND = "inductor"  # torch.compile's backend; tests set "aot_eager" (the same graphs, without inductor's codegen)
@@ -73,7 +73,7 @@ def training_module(
         return wrapped
     compiler = Compiler(BACKEND, say)
     if sharded:
-        for block in (m for m in model.modules() if isinstance(m, (EncoderBlock, DecoderBlock))):
+        for block in layer_blocks(model):
             block.compile(backend=compiler)
         return model
     return torch.compile(wrapped, backend=compiler)

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
 from ..errors import DataError, ProcessLost, spoken
-from ..nn.experts import expert_layers
+from ..nn.training import may_skip_parameters
 
 Batch = Any
 logger = logging.getLogger("kqv.train.trainer")  # the trainer's voice
@@ -117,7 +117,7 @@ def data_parallel(model: nn.Module) -> nn.parallel.DistributedDataParallel:
     kqv's (RoPE's frequencies, ALiBi's slopes) are made from the config, the same on every process, and saved in
     no checkpoint, so the broadcast would be a collective per step that changes nothing."""
     return nn.parallel.DistributedDataParallel(
-        model, find_unused_parameters=bool(expert_layers(model)), forward_sync_buffers=False
+        model, find_unused_parameters=may_skip_parameters(model), forward_sync_buffers=False
     )
 
 

@@ -59,8 +59,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from ..errors import ConfigError, ConfigTypeError, RunError
-from ..nn.experts import expert_layers
-from ..nn.layers import DecoderBlock, EncoderBlock
+from ..nn.training import layer_blocks, may_skip_parameters
 from .checkpoints import Checkpoint, load_optimizer_state
 from .distributed import rank0_says
 from .files import MODEL_FILE
@@ -110,7 +109,7 @@ def shard(model: nn.Module, device: torch.device, policy: MixedPrecisionPolicy |
     or else rank 0's model's, broadcast, gathered and reduced in the precision of `policy` (`precision_policy`).
     `model` is released to the meta device on every rank; `gather_to_rank0` fills it again. Every rank must call
     this."""
-    if expert_layers(model):
+    if may_skip_parameters(model):
         raise ConfigError(
             'train.parallel = "fsdp" cannot shard mixture-of-experts layers yet: an expert that gets no tokens on '
             'one process has no gradient to reduce there; use train.parallel = "ddp" for this model'
@@ -174,7 +173,7 @@ def _skeleton(model: nn.Module, device: torch.device, policy: MixedPrecisionPoli
     replace_tensors(model, lambda t: torch.empty_like(t, device="meta"))
     sharded = copy.deepcopy(model)  # the skeleton: nothing to copy
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    for block in (m for m in sharded.modules() if isinstance(m, (EncoderBlock, DecoderBlock))):
+    for block in layer_blocks(sharded):
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(sharded, mesh=mesh, mp_policy=policy)
     return sharded

@@ -55,7 +55,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from ..errors import ConfigError, ConfigTypeError
-from ..nn.experts import routing_metrics
+from ..nn.training import step_figures
 from ..signals import deferred
 from . import distributed
 from .budget import Planner, announcement, resumed_plan, time_left
@@ -398,7 +398,7 @@ class Trainer:
                 grad_norm=window.grad_norm,
                 bad_steps=self.bad_steps,
             )
-            record.update(routing_metrics(self.model))  # experts: aux loss, dropped fraction, per-expert load
+            record.update(step_figures(self.model))  # the model's own: experts' aux loss, dropped fraction, load
             window.reset()
         can_evaluate = self.evaluator.evaluates
         evaluated = can_evaluate and (self.step % cfg.eval_every == 0 or last)
