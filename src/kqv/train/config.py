@@ -44,10 +44,9 @@ class TrainConfig(Config):
     the others wait, so it must take less). `device` is where the model trains (`kqv.nn.devices.Accelerator`: a
     device this machine lacks is a ConfigError when training starts); `tf32` lets a CUDA GPU run the products
     autocast leaves in fp32 on TF32 tensor cores, as nanoGPT and Lightning do (10-bit significands, within fp32's
-    range; about 8x the fp32 throughput).
-    `compile` runs forward and backward through `torch.compile` (`kqv.train.compiling`: the whole model, or each
-    block under FSDP): the first steps pay for compiling (80 s for a tiny model on 2 CPU cores), later ones run
-    fused kernels, which pays on GPUs. Checkpoints are the same files either way; with dropout, inductor draws its
+    range). `compile` runs forward and backward through `torch.compile` (`kqv.train.compiling`: the whole model, or
+    each block under FSDP): the first steps pay for compiling, later ones run fused kernels, which pays on GPUs
+    (docs/devices.md says what each costs). Checkpoints are the same files either way; with dropout, inductor draws its
     own random numbers, so a compiled run follows the same distribution as an uncompiled one, not the same masks.
     """
 
