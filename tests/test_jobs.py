@@ -71,7 +71,7 @@ class ToyJob(Job):
         return None
 
     def make_corpus(self, training, *, note=None):
-        training.notes["note"] = note
+        training.handed = note
         return torch.arange(training.config.toy.length).repeat(training.config.train.batch_size, 1)  # (batch, length)
 
     def make_model(self, training):
@@ -83,7 +83,7 @@ class ToyJob(Job):
         return {"train_batches": lambda i: training.data, "loss_fn": lambda m, ids: m(ids[:, :-1], ids[:, 1:])}
 
     def outcome(self, training):
-        return Outcome({"note": training.notes["note"]})
+        return Outcome({"note": training.handed})
 
 
 def print_count(run: ToyRun, args: argparse.Namespace) -> None:

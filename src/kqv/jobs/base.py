@@ -171,8 +171,9 @@ class TrainingResult:
 @dataclass
 class Training:
     """One training as `Job.train` builds it, step by step: the config and opened run directory, then what the
-    job's hooks make (its `data`, `model`, the Trainer's `options`), then the Trainer's `result`. `notes` holds what
-    a job's hooks hand each other besides (the MT job's FLOPs per token, say)."""
+    job's hooks make (its `data`, `model`, the Trainer's `options`), then the Trainer's `result`. `handed` is what
+    a job's hooks hand each other besides, as the job's own typed object (the LM's fine-tune source, the MT job's
+    FLOPs per token), None when it has nothing to hand on."""
 
     config: Any
     run: RunDirectory
@@ -180,7 +181,7 @@ class Training:
     model: nn.Module | None = None
     options: dict[str, Any] = field(default_factory=dict)
     result: TrainingResult | None = None
-    notes: dict[str, Any] = field(default_factory=dict)
+    handed: Any = None
 
 
 @dataclass(frozen=True)

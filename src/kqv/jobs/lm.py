@@ -38,6 +38,7 @@ from . import completions, sources
 from .base import AttentionMaps, Job, Outcome, TrainedRun, Training, check_text, total_parameters
 from .corpus import describe_corpus, load_tokens, prepare_corpus
 from .finetune import FinetuneConfig
+from .init import Source as FineTuneSource
 from .init import SourceTokenizer, finetune_config, load_source_weights, read_source
 from .sampling import SampleConfig, continuations, default_prompt, generation_config, write_samples
 from .scoring import BATCH_SIZE, PairsEvaluation, check_pairs_alone, complete, evaluate_pairs, fine_tuning_answers
@@ -351,6 +352,17 @@ class LMRun(TrainedRun):
         return export_hf(model, self.tokenizer, directory, self.run_dir)
 
 
+@dataclass
+class FineTuneStart:
+    """What the LM job's hooks hand each other about a fine-tune's source: the source itself and the model config
+    made from it (a fresh fine-tune: `make_corpus` reads them once), and run.toml's `[source]` record (what
+    `make_model` writes, or reads back on a resume; None without a source), which the summary repeats."""
+
+    source: FineTuneSource | None = None
+    model: ModelConfig | None = None
+    record: dict[str, Any] | None = None
+
+
 class LMJob(Job):
     """`kqv train lm`: a decoder-only language model; `kqv generate|eval|attention` on its runs."""
 
@@ -384,29 +396,30 @@ class LMJob(Job):
         its source's (`kqv.jobs.init`)."""
         config, run = training.config, training.run
         maker: Any = self
+        training.handed = start = FineTuneStart()
         if config.data.init is not None and not run.resuming:
-            training.notes["source"] = source = read_source(config.data.init)
+            start.source = source = read_source(config.data.init)
             training.config = config = fit_context(config, source)
-            training.notes["model"] = finetune_config(source, config.model, config.model_options, config.data.context)
-            config.finetune.adaptation.check(training.notes["model"])
+            start.model = finetune_config(source, config.model, config.model_options, config.data.context)
+            config.finetune.adaptation.check(start.model)
             maker = SourceTokenizer(self, source)
-        tokenizer, tokens = prepare_corpus(maker, config.data, run, check_lm_run(config, training.notes.get("model")))
+        tokenizer, tokens = prepare_corpus(maker, config.data, run, check_lm_run(config, start.model))
         training.config = with_prompt(config, tokenizer, tokens)  # what run.toml records and the samples start from
         return tokenizer, tokens
 
     def make_model(self, training: Training) -> DecoderLM:
         """A new model; a fine-tune's has its source's config and weights, and run.toml records the source."""
         config, run, (tokenizer, _) = training.config, training.run, training.data
-        adaptation, source = config.finetune.adaptation, training.notes.get("source")
-        if source is None:  # a resume: the checkpoint has the weights (a LoRA run's: its adapters alone)
-            extra = {"source": read_run(run.path)["source"]} if config.data.init is not None else {}
-            training.notes |= extra
+        adaptation, start = config.finetune.adaptation, training.handed
+        if start.source is None:  # a resume: the checkpoint has the weights (a LoRA run's: its adapters alone)
+            start.record = read_run(run.path)["source"] if config.data.init is not None else None
+            extra = {} if start.record is None else {"source": start.record}
             model = self.start(config, run, config.model_config(tokenizer.vocab_size), **extra)
-            adaptation.restore(model, extra.get("source"), run.path)
+            adaptation.restore(model, start.record, run.path)
         else:
-            training.notes["source"] = source.record()
-            model = self.start(config, run, training.notes["model"], source=source.record())
-            load_source_weights(model, source)
+            start.record = start.source.record()
+            model = self.start(config, run, start.model, source=start.record)
+            load_source_weights(model, start.source)
             adaptation.apply(model)
         return model
 
@@ -449,7 +462,8 @@ class LMJob(Job):
                 max_tokens=SCORED_TOKENS,
             )
             samples = write_samples(model, tokenizer, config.sample, training.run.path / SAMPLES_FILE)
-        source = {"source": training.notes["source"]} if "source" in training.notes else {}
+        record = training.handed.record
+        source = {} if record is None else {"source": record}
         adaptation = config.finetune.adaptation
         if adaptation.active:
             source["finetune"] = {**config.finetune.to_dict(), **adaptation.counts(model)}

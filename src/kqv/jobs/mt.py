@@ -338,6 +338,16 @@ class MTRun(TrainedRun):
         return read_texts(self.run_dir / TEXT_DIR)["test"]
 
 
+@dataclass
+class TrainingFlops:
+    """What the MT job's hooks hand each other for its FLOPs per token: a `sample` of training batches with the
+    loss and their real tokens (`training_flops_per_token`'s arguments), and `per_token` once counted (before
+    training; after it under FSDP, when rank 0 holds the whole model again)."""
+
+    sample: tuple[Any, ...]
+    per_token: float | None = None
+
+
 class MTJob(Job):
     """`kqv train mt`: a Transformer (or LSTM) translation model; `kqv translate|eval|attention` on its runs."""
 
@@ -388,9 +398,9 @@ class MTJob(Job):
         }
         train_batches = TokenBatches(data.splits["train"], seed=config.train.seed, **options)
         sample = [train_batches(i) for i in range(3)]
-        training.notes["flops_sample"] = (sample, mt_loss, sum(real_tokens(b) for b in sample))
+        training.handed = flops = TrainingFlops((sample, mt_loss, sum(real_tokens(b) for b in sample)))
         if not is_sliced(model):  # FSDP: no weights here yet, so counted after training, on rank 0's whole model
-            training.notes["flops_per_token"] = training_flops_per_token(model, *training.notes["flops_sample"])
+            flops.per_token = training_flops_per_token(model, *flops.sample)
         state = {"task": "mt"}  # the checkpoints' extra_state: the dev evaluation adds its time to it
         return {
             "train_batches": train_batches,
@@ -416,9 +426,9 @@ class MTJob(Job):
         config, data, result = training.config, training.data, training.result
         train_batches, state = training.options["train_batches"], training.options["extra_state"]
         tokens = sum(train_batches.real_tokens(i) for i in range(result.trainer.step * config.train.grad_accum))
-        flops = training.notes.get("flops_per_token")
+        flops = training.handed.per_token
         if flops is None:  # an FSDP run's, on rank 0's whole model now
-            flops = training_flops_per_token(training.model, *training.notes["flops_sample"])
+            flops = training_flops_per_token(training.model, *training.handed.sample)
         test = translate_test_split(
             training.model, data.tokenizer, *data.texts["test"], config.decode.to_dict(), training.run.path
         )
