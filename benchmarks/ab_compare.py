@@ -30,7 +30,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kqv.experiments import provenance
+from kqv.nn import environment
+from support.harness import write_record  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -79,8 +80,8 @@ def compare(runs: dict[str, list[dict]], metric: re.Pattern) -> list[dict]:
 
 
 def cpu() -> str:
-    """The CPU model and the flags that decide its kernels (kqv.experiments.provenance.cpu)."""
-    found = provenance.cpu()
+    """The CPU model and the flags that decide its kernels (kqv.nn.environment.cpu)."""
+    found = environment.cpu()
     return f"{found['model']} ({', '.join(found['flags'])})"
 
 
@@ -137,7 +138,7 @@ def main() -> int:
         "rows": rows,
         "runs": runs,
     }
-    output.write_text(json.dumps(record, indent=1) + "\n")
+    write_record(output, record)
     print(f"wrote {output}")
     return 0
 

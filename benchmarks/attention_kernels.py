@@ -12,7 +12,6 @@ kernels in alternation and reports the median of the repeats. Prints a table and
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from kqv.nn.attention import scaled_dot_product_attention
+from support.harness import write_record  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "attention_kernels.json"
 SHAPES = [(32, 4, 128), (8, 6, 256), (4, 6, 512), (2, 6, 1024), (1, 8, 2048)]  # (batch, heads, time)
@@ -77,18 +77,15 @@ def main() -> None:
                 f"{rows[-1]['sdpa_over_matmul']:12.2f}"
             )
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(
-        json.dumps(
-            {
-                "command": "python benchmarks/attention_kernels.py",
-                "head_dim": HEAD_DIM,
-                "threads": torch.get_num_threads(),
-                "torch": torch.__version__,
-                "rows": rows,
-            },
-            indent=1,
-        )
-        + "\n"
+    write_record(
+        args.output,
+        {
+            "command": "python benchmarks/attention_kernels.py",
+            "head_dim": HEAD_DIM,
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "rows": rows,
+        },
     )
     print(f"wrote {args.output}")
 

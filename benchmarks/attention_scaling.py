@@ -35,11 +35,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from support.harness import write_record  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "attention_scaling.json"
@@ -274,14 +275,11 @@ def main() -> None:
             "budget_gb": args.budget_gb,
             "threads": args.threads or torch.get_num_threads(),
             "torch": torch.__version__,
-            "cpu": platform.processor() or platform.machine(),
-            "cores": os.cpu_count(),
             "total_s": time.perf_counter() - start,
         },
         "results": results,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    write_record(args.output, report)
     plot(results, args.methods, args.plot)
     print(f"\nwrote {args.output} and {args.plot} in {time.perf_counter() - start:.0f} s")
 

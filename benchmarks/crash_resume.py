@@ -47,6 +47,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from support.harness import write_record  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "crash_resume.json"
 CONFIG = """\
@@ -353,8 +355,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"uninterrupted run: {'yes' if identical['weights'] else 'NO'}; optimizer state: "
             f"{'yes' if identical['optimizer'] else 'NO'}"
         )
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(summary, indent=1) + "\n")
+    write_record(args.output, summary)
     print(f"wrote {args.output}")
     for name in failed:
         print(f"{name}: NOT every stop recovered bit-identically", file=sys.stderr)

@@ -32,6 +32,8 @@ import time
 from importlib import resources
 from pathlib import Path
 
+from support.harness import write_record  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "dmca_lm.json"
 TOKENS_PER_UPDATE = 2048
@@ -170,8 +172,7 @@ def main() -> None:
         "seed_table": SEED_TABLE,
         "results": results,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    write_record(args.output, report)
     print(f"wrote {args.output}")
 
 

@@ -17,13 +17,13 @@ The target is under 0.5 s per change (issue 29).
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import shutil
 import statistics
 import tempfile
 import time
 from pathlib import Path
+
+from support.harness import write_record  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "explore_render.json"
 TOKENS = 1024
@@ -155,9 +155,8 @@ def main() -> None:
         "reply": sizes,
         **result,
         "slowest_median_seconds": round(slowest, 3),
-        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine()},
     }
-    args.output.write_text(json.dumps(record, indent=2) + "\n")
+    write_record(args.output, record)
     print(f"wrote {args.output}")
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 import kqv
 from kqv.data.bible import bible_dir, clean_verse, read_bible
 from kqv.data.shakespeare import load_text, split_text
-from kqv.experiments import provenance
+from support.harness import write_record  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUT = ROOT / "benchmarks" / "results" / "finetune_corpus.json"
@@ -207,22 +207,19 @@ def main(argv: list[str] | None = None) -> int:
         "torch_threads": __import__("torch").get_num_threads(),
     }
     print_table(record)
-    write_record(record, started, args.output or OUTPUT)
+    write_measurement(record, started, args.output or OUTPUT)
     return 0
 
 
-def write_record(record: dict, started: float, output: Path) -> None:
-    """Write `record` as JSON to `output` with what every measurement names: the seconds since `started`, the
-    machine, the load average at the end and the time."""
+def write_measurement(record: dict, started: float, output: Path) -> None:
+    """Write `record` as JSON to `output` (`support.harness.write_record`: the machine, the command) with the
+    seconds since `started`, the load average at the end and the time."""
     record |= {
         "total_seconds": round(time.perf_counter() - started, 1),
-        "machine": provenance.cpu(),
         "load_average_end": os.getloadavg(),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {output}")
+    write_record(output, record)
 
 
 if __name__ == "__main__":

@@ -49,7 +49,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # qa_world, beside this script
 
 import qa_world  # noqa: E402
-from finetune_corpus import write_record  # noqa: E402
+from finetune_corpus import write_measurement  # noqa: E402
+from support.harness import write_record  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUT = ROOT / "benchmarks" / "results" / "finetune_qa.json"
@@ -425,7 +426,7 @@ def add_baselines(path: Path) -> None:
         if json.loads(json.dumps(world)) != record["world"]:
             raise SystemExit(f"the world of {path} is not the one its sizes and seed make now; rerun the benchmark")
         record["baselines"] = baselines(Path(scratch))
-    path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    write_record(path, record)
     print(f"added the baselines to {path}")
 
 
@@ -465,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
         **record,
     }
     print_table(record)
-    write_record(record, started, args.output or OUTPUT)
+    write_measurement(record, started, args.output or OUTPUT)
     return 0
 
 

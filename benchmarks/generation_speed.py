@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import platform
 import statistics
@@ -61,6 +60,7 @@ from torch import Tensor, nn
 
 from kqv.nn.devices import Accelerator, model_device
 from kqv.nn.generation import in_dtype
+from support.harness import write_record  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "generation_speed.json"
 
@@ -487,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
             "profile": profiles,
             **({"device": device_name(device)} if device.type != "cpu" else {}),
         }
-        output.write_text(json.dumps(result, indent=2) + "\n")
+        write_record(output, result)
         print(f"wrote {output}")
     failed = [r for r in rows if r["precision"] == "fp32" and not r["kqv_hf_identical"]]
     return 1 if failed else 0

@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
-import json
 import os
 import statistics
 import sys
@@ -55,6 +54,7 @@ from types import SimpleNamespace
 import torch
 from torch import Tensor
 
+from support.harness import write_record  # noqa: E402
 from train_throughput import Shape, build_hf, build_xtrans, count_parameters, training_flops_per_token, versions
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gpu_train.json"
@@ -320,8 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     record = report(args, s, runs, peak)
     output = args.output or (None if args.tiny else RESULTS)
     if output is not None:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(json.dumps(record, indent=1) + "\n")
+        write_record(output, record)
         print(f"wrote {output}")
     return 0
 

@@ -27,7 +27,6 @@ and an eighth of it.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -43,6 +42,7 @@ from kqv.nn.embeddings import Embeddings
 from kqv.nn.layers import DecoderBlock, make_norm
 from kqv.nn.models import init_weights
 from kqv.nn.sparse import BigBirdAttention, LinformerAttention
+from support.harness import write_record  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "long_context_quality.json"
 
@@ -194,7 +194,7 @@ def main() -> None:
         "total_s": time.perf_counter() - start,
         "results": results,
     }
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    write_record(args.output, report)
     print(f"wrote {args.output} in {time.perf_counter() - start:.0f} s")
 
 

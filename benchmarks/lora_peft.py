@@ -39,6 +39,8 @@ from typing import Any
 
 import torch
 
+from support.harness import write_record  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results" / "lora_peft.json"
 FULL = dict(vocab_size=512, n_positions=128, n_embd=256, n_layer=4, n_head=8)
 QUICK = dict(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2)
@@ -198,7 +200,7 @@ def main() -> int:
 def write(output: Path, results: dict, model_args: dict, batch: int, rounds: int, args: argparse.Namespace) -> None:
     import peft
 
-    from kqv.experiments.provenance import cpu
+    from kqv.nn.environment import cpu
 
     record = {
         "benchmark": "lora_peft",
@@ -218,8 +220,7 @@ def write(output: Path, results: dict, model_args: dict, batch: int, rounds: int
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
     }
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(record, indent=2) + "\n")
+    write_record(output, record)
     print(f"wrote {output}")
 
 

@@ -21,6 +21,8 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
+from support.harness import write_record  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "moe_load.json"
 PLOT = ROOT / "docs" / "moe_load.png"
@@ -108,8 +110,7 @@ def main() -> None:
             {k: r[k] for k in ("step", "expert_load", "dropped_fraction", "aux_loss", "train_loss")} for r in records
         ],
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    write_record(args.output, report)
     print(f"wrote {args.output} and {args.plot}")
 
 

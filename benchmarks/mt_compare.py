@@ -20,13 +20,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 from pathlib import Path
 
-import torch
-
 from kqv.experiments.rnn_vs_transformer import plot_curves, read_runs, side_by_side
+from support.harness import write_record  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -94,13 +91,12 @@ def report(out: Path, results: Path, args: argparse.Namespace) -> None:
         "pair": args.pair,
         "threads_per_model": args.threads,
         "overrides": args.set,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
         "runs": rows,
         "dev_bleu_curves": curves,
         "bleu_gap": gap,
         "table": "\n".join(table),
     }
-    (results / f"{args.name}.json").write_text(json.dumps(record, indent=1) + "\n")
+    write_record((results / f"{args.name}.json"), record)
     title = f"{args.pair} Bible: Transformer vs LSTM with attention, side by side, {args.threads} thread(s) each"
     plot_curves(curves, results / f"{args.name}.png", title)
     print(f"wrote {results / (args.name + '.json')} and {results / (args.name + '.png')}")

@@ -35,6 +35,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from support.harness import write_record  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results" / "mt_precision_parts.json"
 STEPS = (500, 600, 700, 800)
 
@@ -130,8 +132,7 @@ def table(run_dirs: list[Path], output: Path) -> dict:
         "--set train.precision=bf16 --set train.max_minutes=0 --set train.eval_every=800 "
         "--set train.checkpoint_every=800 --out runs/parts/PART (two at a time)",
     }
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(result, indent=2) + "\n")
+    write_record(output, result)
     print(f"wrote {output}")
     return result
 

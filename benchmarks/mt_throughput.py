@@ -15,8 +15,6 @@ token budgets per batch (`data.max_tokens`). The padding fraction of each budget
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import tempfile
 import time
@@ -26,6 +24,7 @@ import torch
 
 from kqv.jobs.mt import TokenBatches, build_model, load_run_config, mt_loss, prepare_data, real_tokens
 from kqv.train.precision import autocast, native_bf16, resolve_precision
+from support.harness import write_record  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 CONFIG = ROOT.parent / "src" / "kqv" / "configs" / "mt-quick.toml"
@@ -131,22 +130,17 @@ def main(argv: list[str] | None = None) -> int:
     print("| setting | real tokens/s | vs fp32 2000 | padding |\n| --- | ---: | ---: | ---: |")
     for r in rows:
         print(f"| {r['setting']} | {r['tokens_per_s']:,.0f} | {r['ratio']:.2f}x | {r['padding']:.1%} |")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "rows": rows,
-                "threads": args.threads,
-                "rounds": rounds,
-                "quick": args.quick,
-                "native_bf16": native_bf16(),
-                "auto": resolve_precision("auto"),
-                "cpu": platform.processor() or platform.machine(),
-                "torch": torch.__version__,
-            },
-            indent=2,
-        )
-        + "\n"
+    write_record(
+        args.out,
+        {
+            "rows": rows,
+            "threads": args.threads,
+            "rounds": rounds,
+            "quick": args.quick,
+            "native_bf16": native_bf16(),
+            "auto": resolve_precision("auto"),
+            "torch": torch.__version__,
+        },
     )
     print(f"wrote {args.out}")
     return 0

@@ -22,7 +22,6 @@ interleaved.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from collections.abc import Callable
@@ -32,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from kqv.nn.decoding import one_row_product
+from support.harness import write_record  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "one_row_products.json"
 
@@ -92,19 +92,16 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(
-        json.dumps(
-            {
-                "benchmark": "one_row_products",
-                "unit": "GB/s of weights read",
-                "rounds": args.rounds,
-                "torch": torch.__version__,
-                "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "rows": rows,
-            },
-            indent=2,
-        )
-        + "\n"
+    write_record(
+        args.output,
+        {
+            "benchmark": "one_row_products",
+            "unit": "GB/s of weights read",
+            "rounds": args.rounds,
+            "torch": torch.__version__,
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "rows": rows,
+        },
     )
     print(f"wrote {args.output}")
     return 0

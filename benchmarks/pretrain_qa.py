@@ -48,7 +48,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import people_world  # noqa: E402
-from finetune_corpus import write_record  # noqa: E402
+from finetune_corpus import write_measurement  # noqa: E402
 from finetune_qa import run_settings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -405,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
               "world_seed": args.world_seed, "threads_per_run": threads, "arms": args.arm or list(ARMS),
               **record}  # fmt: skip
     suffix = "" if args.size == "default" else f"-{args.size}"
-    write_record(record, started, args.output or ROOT / "benchmarks" / "results" / f"pretrain_qa{suffix}.json")
+    write_measurement(record, started, args.output or ROOT / "benchmarks" / "results" / f"pretrain_qa{suffix}.json")
     return 0
 
 

@@ -18,8 +18,6 @@ milliseconds and torch / kqv. The shapes are those of a 2,000-token-budget batch
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -32,6 +30,7 @@ from torch import nn
 from kqv.nn.dropout import dropout
 from kqv.nn.losses import linear_cross_entropy
 from kqv.train.precision import native_bf16
+from support.harness import write_record  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 TOKENS, D_MODEL, D_FF, VOCAB = 1800, 256, 1024, 8000
@@ -110,18 +109,12 @@ def main() -> None:
                 flush=True,
             )
     result = {
-        "machine": {
-            "processor": platform.processor() or platform.machine(),
-            "threads": torch.get_num_threads(),
-            "torch": torch.__version__,
-            "native_bf16": native_bf16(),
-        },
+        "native_bf16": native_bf16(),
         "shapes": {"tokens": TOKENS, "d_model": D_MODEL, "d_ff": D_FF, "vocab": VOCAB},
         "rounds": args.rounds,
         "rows": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_record(args.out, result)
     print(f"wrote {args.out}")
 
 

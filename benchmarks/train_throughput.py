@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import json
 import math
 import os
 import platform
@@ -54,6 +53,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from support.harness import write_record  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "train_throughput.json"
 
@@ -481,7 +482,6 @@ def main(argv: list[str] | None = None) -> int:
             "load_average_end": os.getloadavg(),
             "quick": args.quick,
             "versions": versions(),
-            "machine": platform.processor() or platform.machine(),
             "bf16_native": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
             "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "parameter_spread": spread,
@@ -491,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
             "summary": summary,
             "losses": {f"{run.name}/{run.precision}": run.losses for run in runs},
         }
-        output.write_text(json.dumps(result, indent=2) + "\n")
+        write_record(output, result)
         print(f"wrote {output}")
     return 1 if failed else 0
 

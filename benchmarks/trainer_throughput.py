@@ -18,7 +18,6 @@ trainings alternate `--rounds` times and the median counts. Checkpoints and eval
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -29,9 +28,12 @@ from pathlib import Path
 import torch
 
 from kqv import DecoderLM, ModelConfig
-from kqv.experiments.provenance import cpu
 from kqv.train.config import TrainConfig
 from kqv.train.trainer import Trainer
+from support.harness import (
+    machine,
+    write_record,  # noqa: E402
+)
 
 RESULTS = Path(__file__).resolve().parent / "results" / "trainer_throughput.json"
 FULL = dict(vocab_size=84, d_model=256, n_heads=8, n_layers=4, d_ff=1024, max_len=128, dropout=0.1)
@@ -108,13 +110,13 @@ def main() -> int:
             "threads": torch.get_num_threads(),
             "tokens_per_s": tokens_per_s,
             "rounds_tokens_per_s": per_round,
-            "cpu": cpu(),
+            "cpu": machine(),
             "torch": torch.__version__,
             "load_average_end": os.getloadavg(),
             "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         }
-        output.write_text(json.dumps(record, indent=2) + "\n")
+        write_record(output, record)
         print(f"wrote {output}")
     return 0
 

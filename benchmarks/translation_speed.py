@@ -20,14 +20,13 @@ produced the same translations (they should, up to ties, as their weights and al
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import torch
+
+from support.harness import write_record  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PAD, BOS, EOS = 0, 1, 2
@@ -184,11 +183,9 @@ def main() -> None:
         "kqv_over_hf": ratio,
         "identical_translations": same,
         "sentences": sentences,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
     }
     if not args.quick:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+        write_record(Path(args.out), record)
         print(f"wrote {args.out}")
 
 

@@ -212,3 +212,22 @@ def test_ab_compare_runs_one_benchmark_on_an_old_commit_and_on_today_s_code(tmp_
     assert row["metric"] == "/tokens_per_s" and row["old"] > 0 and row["new"] > 0
     assert math.isclose(row["new_over_old"], row["new"] / row["old"])
     assert "| /tokens_per_s |" in done.stdout
+
+
+def test_the_harness_names_the_machine_and_the_command_in_every_record(tmp_path, monkeypatch):
+    """benchmarks/support/harness.py: a record gets the CPU's model (from /proc/cpuinfo where there is one, not
+    platform's bare "x86_64"), its kernel flags and cores, torch's threads, the command line and the date, unless
+    the record gives its own."""
+    import json
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS[0].parent))
+    monkeypatch.setattr(sys, "argv", [str(BENCHMARKS[0].parent / "x.py"), "--quick"])
+    from support.harness import write_record
+
+    path = write_record(tmp_path / "out" / "x.json", {"rows": [1], "date": "given"})
+    record = json.loads(path.read_text())
+    assert record["rows"] == [1] and record["date"] == "given" and record["command"] == "python benchmarks/x.py --quick"
+    found = record["machine"]
+    assert found["cores"] >= 1 and found["torch_threads"] >= 1 and isinstance(found["flags"], list)
+    if Path("/proc/cpuinfo").exists():
+        assert found["model"] not in ("x86_64", "aarch64", "")

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import os
-import platform
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from ..nn.environment import cpu
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # src/kqv
 PRESENTATION = {
@@ -39,10 +39,9 @@ PRESENTATION = {
     "kqv.experiments.actions",
     "kqv.experiments.reproduction",
 }
+
+
 # the CPU features that decide which kernels torch can use (present ones are listed)
-CPU_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "sse4_2", "asimd", "sve")
-
-
 def _module_file(name: str) -> Path | None:
     """The source file of kqv module `name` (a package's __init__.py), None outside kqv."""
     if name != "kqv" and not name.startswith("kqv."):
@@ -133,25 +132,6 @@ def git_state() -> dict[str, Any]:
     commit = git("rev-parse", "HEAD")
     status = git("status", "--porcelain", "--untracked-files=no", "--", str(PACKAGE_ROOT))
     return {"commit": commit, "dirty": None if status is None else bool(status)}
-
-
-def cpu() -> dict[str, Any]:
-    """The CPU's model name, the kernel-relevant flags it has, and the number of cores."""
-    model, flags, found = platform.processor() or platform.machine(), set(), {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                model = value.strip()
-            elif key.strip() in ("cpu family", "model") and key.strip() not in found:
-                found[key.strip()] = value.strip()
-            elif key.strip() in ("flags", "Features"):
-                flags = set(value.split())
-    except OSError:
-        pass
-    if "cpu family" in found:  # x86: family 25 is AMD's Zen 3/4, 26 Zen 5; what two "AMD EPYC"s differ by
-        model += f" (family {found['cpu family']}, model {found.get('model', '?')})"
-    return {"model": model, "flags": [f for f in CPU_FLAGS if f in flags], "cores": os.cpu_count()}
 
 
 def provenance() -> dict[str, Any]:

@@ -8,6 +8,7 @@ the TF32 settings as they are now.
 
 from __future__ import annotations
 
+import os
 import platform
 from dataclasses import asdict
 from importlib import metadata
@@ -31,7 +32,7 @@ def environment(device: str = "auto") -> dict[str, Any]:
         "torch": torch.__version__,
         "platform": platform.platform(),
         "cpu": {
-            "model": cpu_model(),
+            **cpu(),
             "threads": torch.get_num_threads(),
             "capability": torch.backends.cpu.get_cpu_capability(),  # the widest instructions torch dispatches to
             "native_bf16": native_bf16(),
@@ -52,14 +53,27 @@ def environment(device: str = "auto") -> dict[str, Any]:
     }
 
 
-def cpu_model() -> str:
-    """The CPU's marketing name (Linux: /proc/cpuinfo), else what `platform` knows."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text(errors="replace").splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    return platform.processor() or platform.machine()
+CPU_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "sse4_2", "asimd", "sve")
+
+
+def cpu() -> dict[str, Any]:
+    """The CPU's model name (with its family and model numbers on x86, what two "AMD EPYC"s differ by), the flags
+    that decide its kernels, and the number of cores: what names a machine beside a measurement."""
+    model, flags, found = platform.processor() or platform.machine(), set(), {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() in ("cpu family", "model") and key.strip() not in found:
+                found[key.strip()] = value.strip()
+            elif key.strip() in ("flags", "Features"):
+                flags = set(value.split())
+    except OSError:
+        pass
+    if "cpu family" in found:  # x86: family 25 is AMD's Zen 3/4, 26 Zen 5
+        model += f" (family {found['cpu family']}, model {found.get('model', '?')})"
+    return {"model": model, "flags": [f for f in CPU_FLAGS if f in flags], "cores": os.cpu_count()}
 
 
 def cuda_summary() -> dict[str, Any]:
