@@ -423,7 +423,7 @@ def test_dev_split_is_deterministic_and_disjoint():
 
 def test_classification_without_data_says_to_pass_a_tsv(tmp_path, capsys):
     assert main(["train", "cls", "--out", str(tmp_path / "run")]) == 2
-    assert "pass --data file.tsv" in capsys.readouterr().err
+    assert "TSV file of text<TAB>label lines: give --data FILE" in capsys.readouterr().err
 
 
 def test_unknown_section_in_an_mlm_config_is_named(tmp_path, capsys):

@@ -1,6 +1,7 @@
 """Error messages speak the interface they are raised through: a command-line user is told about flags
 (`--overwrite`), a Python user about arguments (`if_exists='overwrite'`), and never about the other's."""
 
+import re
 import shutil
 
 import pytest
@@ -104,3 +105,75 @@ def test_a_diverging_run_is_an_error_line_naming_resume_in_the_interfaces_words(
     )
     assert "training stopped" in message
     assert not any(word in message for word in PYTHON_WORDS), message
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Flags are the command line's words alone (issue 44): messages of jobs, train and nn name options as Python does,
+# through kqv.errors.option, and kqv.cli.wording says each of them as a command-line user types it.
+
+import ast  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "kqv"
+BELOW = ("jobs", "train", "nn")  # the layers the command line's flags must not reach
+OTHER_PROGRAMS = ("--index-url",)  # pip's, in a command to install torch
+
+
+def strings_outside_docstrings(tree: ast.AST) -> list[ast.Constant]:
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+    ]
+
+
+def test_no_module_below_the_command_line_spells_a_flag():
+    found = []
+    for path in SRC.rglob("*.py"):
+        where = str(path.relative_to(SRC))
+        if not where.startswith(BELOW):
+            continue
+        for node in strings_outside_docstrings(ast.parse(path.read_text())):
+            text = node.value
+            for flag in OTHER_PROGRAMS:
+                text = text.replace(flag, "")
+            if re.search(r"(^|[\s`'(])--[a-z]", text):
+                found.append(f"{where}:{node.lineno}: {node.value!r}")
+    assert not found, "\n".join(found)
+
+
+def test_every_wording_of_an_option_has_the_command_line_s_words():
+    """Each `option("...")` of src/ (its Python words, a constant) is in kqv.cli.wording.WORDS, or the command line
+    would print Python's words."""
+    from kqv.cli.wording import WORDS
+
+    used = set()
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "id", None) in ("option", "worded")
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+            ):
+                used.add(node.args[0].value)
+    assert len(used) > 20
+    assert not used - set(WORDS), sorted(used - set(WORDS))
+
+
+def test_an_option_is_said_in_the_words_of_the_interface():
+    from kqv.cli.wording import WORDS
+    from kqv.errors import command_line, option
+
+    assert option("beam_size") == "beam_size" and option("the config's {name}", name="x") == "the config's x"
+    with command_line(WORDS):
+        assert option("beam_size") == "--beam" and option("the config's {name}", name="x") == '--set x="..."'
+    assert option("if_exists='overwrite'") == "if_exists='overwrite'"

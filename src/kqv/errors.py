@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import contextvars
 import errno
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
-_INTERFACE: contextvars.ContextVar[str] = contextvars.ContextVar("kqv_interface", default="python")
+_WORDS: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar("kqv_words", default=None)
 
 
 class KqvError(Exception):
@@ -119,18 +119,25 @@ def describe_os_error(error: OSError) -> str:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Messages in the words of the interface: a command-line user is told about flags, a Python user about arguments.
+# Below the command line, messages name options and remedies in Python's words only (`option`); the command line
+# gives its own words for them (`kqv.cli.wording.WORDS`) to `command_line`, so no layer below it knows a flag.
 
 
 @contextmanager
-def command_line() -> Iterator[None]:
-    """Within the block, messages are for a command-line user (`kqv.cli.main` runs every command inside it)."""
-    token = _INTERFACE.set("cli")
+def command_line(words: Mapping[str, str]) -> Iterator[None]:
+    """Within the block, messages are for a command-line user: `words` maps each Python wording `option` is given
+    to the command line's (`kqv.cli.main` runs every command inside it, with `kqv.cli.wording.WORDS`)."""
+    token = _WORDS.set(words)
     try:
         yield
     finally:
-        _INTERFACE.reset(token)
+        _WORDS.reset(token)
 
 
-def spoken(cli: str, python: str) -> str:
-    """`cli` (e.g. "`--overwrite`") inside `command_line()`, else `python` (e.g. "if_exists='overwrite'")."""
-    return cli if _INTERFACE.get() == "cli" else python
+def option(words: str, **fields: object) -> str:
+    """How a message names an option, or a remedy, to whoever called: `words` as a Python caller would write them
+    ("beam_size", "if_exists='overwrite'", "kqv.export({path!r}, hf=DIR, merge=True)"), or inside `command_line`
+    the command line's words for them ("--beam", "`--overwrite`", ...); `fields` fill either's placeholders."""
+    table = _WORDS.get()
+    said = table.get(words, words) if table is not None else words
+    return said.format(**fields) if fields else said

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, spoken
+from ..errors import ConfigError, option
 from . import get, names
 from .base import Experiment
 from .gallery import gallery
@@ -44,7 +44,7 @@ def planned_runs(name: str, quick: bool, overrides: Sequence[str], seeds: int | 
     for n in chosen:
         get(n).config(quick, own[n])
     if seeds is not None and seeds < 1:
-        raise ConfigError(f"{spoken('--seeds', 'seeds')} must be at least 1, got {seeds}")
+        raise ConfigError(f"{option('seeds')} must be at least 1, got {seeds}")
     return own
 
 

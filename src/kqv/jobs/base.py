@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..data.tokenizers import load_tokenizer
-from ..errors import ConfigError, DataError, DataTypeError, RunError, spoken
+from ..errors import ConfigError, DataError, DataTypeError, RunError, option
 from ..nn.config import ModelConfig
 from ..nn.devices import Accelerator
 from ..nn.models import count_parameters
@@ -244,7 +244,7 @@ class Job:
         hooks make the corpus, the model and the batches, the Trainer trains, and the job's `outcome` is written
         into summary.json. Nothing is printed: the events (`kqv.train.events`) go to a `Reporter`, which shows
         them unless `quiet`; `on_event` receives every one instead (then nothing is shown)."""
-        refuse_writing_over(run_dir, self.inputs(config), spoken("--out", "out"))  # before anything is written
+        refuse_writing_over(run_dir, self.inputs(config), option("out"))  # before anything is written
         with self.open_run(run_dir, resume=resume, overwrite=overwrite) as run:
             speaks = run.writes  # under torchrun rank 0 speaks for every process
             report = Reporter(quiet or on_event is not None or not speaks, on_event if speaks else None)
@@ -268,15 +268,11 @@ class Job:
     def inputs(self, config: RunConfig) -> list[tuple[str, str | Path]]:
         """What a training of `config` reads, which its run directory must be neither equal to nor inside
         (`refuse_writing_over`): the model it starts from and its data, each as (what it is, its path)."""
-        read = {
-            "init": ("the model it starts from", "--init "),
-            "path": ("the data it reads", "--data "),
-            "tgt_path": ("the data it reads", "data.tgt_path="),
-        }
+        read = {"init": "the model it starts from", "path": "the data it reads", "tgt_path": "the data it reads"}
         data = getattr(config, "data", None)
         return [
-            (f"{what}, {spoken(flag, f'data.{name}=')}{value}", value)
-            for name, (what, flag) in read.items()
+            (f"{what}, {option(f'data.{name}=')}{value}", value)
+            for name, what in read.items()
             if isinstance(value := getattr(data, name, None), (str, Path))
         ]
 
@@ -354,14 +350,14 @@ class Job:
             raise ConfigError(
                 f"{run.path} cannot be resumed with this config: "
                 + "; ".join(f"{name} is {was!r} in the run, {now!r} here ({why})" for name, was, now, why in fixed)
-                + f"; resume with the run's own config ({spoken('--resume without --config', 'no config')}) or "
-                f"train a new run ({spoken('--overwrite', 'overwrite=True')} or another directory)"
+                + f"; resume with the run's own config ({option('no config')}) or "
+                f"train a new run ({option('overwrite=True')} or another directory)"
             )
         steps = values["train"]["steps"]
         if steps < run.step:
             raise ConfigError(
                 f"the run in {run.path} is already at step {run.step}, past the {steps} steps asked for; to continue "
-                f"it, ask for more than {run.step} steps ({spoken('--steps', 'steps=')})"
+                f"it, ask for more than {run.step} steps ({option('steps=')})"
             )
 
     def make_trainer(

@@ -14,7 +14,7 @@ from safetensors.torch import load, save
 
 from ..data.shakespeare import load_text, split_text
 from ..data.tokenizers import Tokenizer, encode_text
-from ..errors import RunError, spoken
+from ..errors import RunError, option
 from ..nn.models import count_parameters
 from ..train.files import TOKENIZER_DIR, TOKENS_FILE, write_atomically, write_files
 from ..train.manifest import read_verified, verify
@@ -69,7 +69,7 @@ def build_text(job: Job, data: Any) -> tuple[Tokenizer, dict[str, torch.Tensor]]
 def load_tokens(run_dir: Path) -> dict[str, torch.Tensor]:
     """The encoded splits of a run (tokens.safetensors), verified against its SHA256SUMS."""
     path = run_dir / TOKENS_FILE
-    overwrite = spoken("`--overwrite`", "if_exists=" + repr("overwrite"))
+    overwrite = option("if_exists='overwrite'")
     try:
         tokens = load(read_verified(run_dir, TOKENS_FILE))
     except SafetensorError as error:

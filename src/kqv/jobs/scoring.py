@@ -29,7 +29,7 @@ from ..data.documents import templated
 from ..data.example_batches import EncodedExamples
 from ..data.lines import text_lines
 from ..data.tokenizers import Tokenizer
-from ..errors import ConfigError, DataError, spoken
+from ..errors import ConfigError, DataError, option
 from ..nn.devices import model_device
 from ..nn.generation import GenerationConfig, in_dtype
 from ..nn.models import DecoderLM
@@ -85,7 +85,7 @@ def complete(
     of similar length."""
     if config.count != 1:
         raise ConfigError(
-            f"complete gives one completion per prompt, so {spoken('--count', 'count')} must be 1, got "
+            f"complete gives one completion per prompt, so {option('count')} must be 1, got "
             f"{config.count}; repeat a prompt in the list for several"
         )
     eos_id, _ = end_of_text(tokenizer)
@@ -325,9 +325,7 @@ def check_pairs_alone(data: str | Path | None, max_tokens: int | None) -> None:
     if data is not None:
         raise ConfigError("evaluate scores either text (data=) or pairs (pairs=), not both in one call")
     if max_tokens is not None:
-        raise ConfigError(
-            f"{spoken('--max-tokens', 'max_tokens')} limits the text scored; a file of pairs is scored whole"
-        )
+        raise ConfigError(f"{option('max_tokens')} limits the text scored; a file of pairs is scored whole")
 
 
 @torch.no_grad()

@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import torch
 
-from ..errors import ConfigError, spoken
+from ..errors import ConfigError, option
 
 Precision = Literal["fp32", "bf16", "fp16", "auto"]
 Resolved = Literal["fp32", "bf16", "fp16"]
@@ -273,7 +273,7 @@ def check_cuda(name: str) -> None:
 
 
 def _cpu_instead() -> str:
-    return spoken("--device cpu", "device='cpu'")
+    return option("device='cpu'")
 
 
 def model_device(model: torch.nn.Module) -> torch.device:

@@ -15,7 +15,8 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor, nn
 
-from ..errors import ConfigError, DataError, spoken
+from ..errors import ConfigError, DataError
+from ..errors import option as worded
 from ..validation import Config, check_seed
 from .checks import check_ids
 from .decoding import DecodeStep
@@ -116,7 +117,7 @@ class GenerationConfig(Config):
 
 def option_name(name: str) -> str:
     """A generation option as the caller spells it: `--max-new-tokens` on the command line, else `max_new_tokens`."""
-    return spoken(f"--{name.replace('_', '-')}", name)
+    return worded(name)
 
 
 def generation_ranges(limits: GenerationLimits) -> dict[str, str]:
@@ -212,8 +213,8 @@ def in_dtype(model: nn.Module, dtype: torch.dtype | None) -> nn.Module:
         if device.type != "cpu":
             raise ConfigError(
                 f"int8 generation runs on the CPU only (torch's dynamic quantisation has no {device.type} kernels), "
-                f"and this model is on {device}: use {spoken('--device cpu', 'a model on the CPU')} for int8, or "
-                f"{spoken('--dtype bf16', 'dtype=torch.bfloat16')} on the GPU"
+                f"and this model is on {device}: use {worded('a model on the CPU')} for int8, or "
+                f"{worded('dtype=torch.bfloat16')} on the GPU"
             )
         with warnings.catch_warnings():  # torch.ao's quantisation is deprecated upstream, and pinned here
             warnings.simplefilter("ignore")

@@ -25,7 +25,7 @@ from safetensors.torch import load as safetensors_load
 from safetensors.torch import save_file, save_model
 from torch import Tensor, nn
 
-from ..errors import RunError, spoken
+from ..errors import RunError, option
 from ..signals import deferred
 from .config import TrainConfig
 from .files import (
@@ -176,11 +176,9 @@ def read_checkpoint(run_dir: str | Path) -> Checkpoint:
 
 
 def remedy(path: Path) -> str:
-    """What to do about a broken checkpoint, in the words of the interface the user called (`spoken`)."""
-    return (
-        f"restore {path} from a backup, or start the run over with "
-        f"{spoken('`--overwrite`', 'if_exists=' + repr('overwrite'))} (which deletes it)"
-    )
+    """What to do about a broken checkpoint, in the words of the interface the user called (`option`)."""
+    overwrite = option("if_exists='overwrite'")
+    return f"restore {path} from a backup, or start the run over with {overwrite} (which deletes it)"
 
 
 def _read_once(run_dir: Path) -> Checkpoint:

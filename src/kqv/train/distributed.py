@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
-from ..errors import DataError, ProcessLost, spoken
+from ..errors import DataError, ProcessLost, option
 from ..nn.training import may_skip_parameters
 
 Batch = Any
@@ -106,7 +106,7 @@ def stops_when_a_process_is_lost(rank: int, world_size: int) -> Iterator[None]:
         who = f"rank {', '.join(map(str, lost))} of {world_size}" if lost else "another process of the run"
         raise ProcessLost(
             f"{who} stopped (its process is gone), so rank {rank} stops too; the last checkpoint stands: start all "
-            f"{world_size} processes again with {spoken('`--resume`', 'Trainer.resume(...)')}"
+            f"{world_size} processes again with {option('Trainer.resume(...)')}"
         ) from None
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import RunError, spoken
+from ..errors import RunError, option
 from .files import MANIFEST_FILE, PAIRS_FILE, RUN_CONFIG, TEXT_DIR, TOKENIZER_DIR, TOKENS_FILE, sha256, write_atomically
 
 DATA_FILES = (TOKENIZER_DIR, TOKENS_FILE, PAIRS_FILE, TEXT_DIR)  # what a run reads back besides its checkpoint
@@ -88,5 +88,5 @@ def read_verified(run_dir: Path, name: str) -> bytes:
 
 
 def _remedy(run_dir: Path) -> str:
-    overwrite = spoken("`--overwrite`", "if_exists='overwrite'")
+    overwrite = option("if_exists='overwrite'")
     return f"restore the file from a backup, or train the run again with {overwrite} (which deletes {run_dir}'s run)"

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..errors import ConfigError, ConfigTypeError, spoken
+from ..errors import ConfigError, ConfigTypeError, option
 from ..signals import deferred
 from .checkpoints import (
     FORMAT,
@@ -139,6 +139,6 @@ class Checkpointer:
             "interrupted: saved the checkpoint of step %d in %s; continue with %s",
             state.step,
             self.run.checkpoint_dir,
-            spoken("`--resume`", "Trainer.resume(...)"),
+            option("Trainer.resume(...)"),
         )
         return True
