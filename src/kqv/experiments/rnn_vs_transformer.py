@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Literal
 
 from ..data.bible import load_pairs
-from ..jobs.mt import load_run_config, prepare_data, spread
+from ..jobs.mt import load_run_config, prepare_data
+from ..jobs.translation import spread
 from ..train.metrics import read_metrics
 from .base import TRAINING_DEVICE, Check, ExperimentConfig, ExperimentError, Progress, mean_std, pm
 from .plotting import figure, save

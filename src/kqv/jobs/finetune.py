@@ -19,8 +19,9 @@ which the LM job and loading ask; no other module reads the options to decide wh
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -33,7 +34,7 @@ from ..nn.lora import LoRAConfig, Projection, adapted_layers, adapters, add_lora
 from ..nn.models import DecoderLM, count_parameters
 from ..validation import Config, check_at_least
 from .base import total_parameters
-from .init import index_only_sha256, load_source_weights, read_source
+from .init import Source, index_only_sha256, load_source_weights, read_source
 
 
 @dataclass
@@ -213,3 +214,32 @@ def restore_source(model: nn.Module, source: dict[str, Any], run_dir: Path) -> N
             f"only, so restore {path} as it was (or fine-tune the new one in a new run)"
         )
     load_source_weights(model, found)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The source: the context a fine-tune takes from it, and what the LM job's hooks hand each other about it
+
+
+FINETUNE_CONTEXT = 128  # a fine-tune's context when its config gives none (at most its source's positions)
+
+
+def fit_context(config: Any, source: Source) -> Any:
+    """A fine-tune's `config` with a context its `source` holds: when the config gives none, FINETUNE_CONTEXT or the
+    source's positions (its max_len) if fewer; a context the config gives stays as it is."""
+    positions = source.config.max_len
+    if config.context_given or config.data.context <= positions:
+        return config
+    fitted = copy.copy(config)
+    fitted.data = replace(config.data, context=positions)
+    return fitted
+
+
+@dataclass
+class FineTuneStart:
+    """What the LM job's hooks hand each other about a fine-tune's source: the source itself and the model config
+    made from it (a fresh fine-tune: `make_corpus` reads them once), and run.toml's `[source]` record (what
+    `make_model` writes, or reads back on a resume; None without a source), which the summary repeats."""
+
+    source: Source | None = None
+    model: ModelConfig | None = None
+    record: dict[str, Any] | None = None

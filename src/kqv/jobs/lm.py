@@ -37,8 +37,7 @@ from ..validation import Config, check_at_least
 from . import completions, sources
 from .base import AttentionMaps, Job, Outcome, TrainedRun, Training, check_text, total_parameters
 from .corpus import describe_corpus, load_tokens, prepare_corpus
-from .finetune import FinetuneConfig
-from .init import Source as FineTuneSource
+from .finetune import FINETUNE_CONTEXT, FinetuneConfig, FineTuneStart, fit_context
 from .init import SourceTokenizer, finetune_config, load_source_weights, read_source
 from .sampling import SampleConfig, continuations, default_prompt, generation_config, write_samples
 from .scoring import BATCH_SIZE, PairsEvaluation, check_pairs_alone, complete, evaluate_pairs, fine_tuning_answers
@@ -162,20 +161,6 @@ class LMRunConfig(RunConfig):
         started.data = replace(self.data, init=init, **context)
         started.check()
         return started
-
-
-FINETUNE_CONTEXT = 128  # a fine-tune's context when its config gives none (at most its source's positions)
-
-
-def fit_context(config: LMRunConfig, source: Any) -> LMRunConfig:
-    """A fine-tune's `config` with a context its `source` holds: when the config gives none, FINETUNE_CONTEXT or the
-    source's positions (its max_len) if fewer; a context the config gives stays as it is."""
-    positions = source.config.max_len
-    if config.context_given or config.data.context <= positions:
-        return config
-    fitted = copy.copy(config)
-    fitted.data = replace(config.data, context=positions)
-    return fitted
 
 
 def check_lm_run(
@@ -350,17 +335,6 @@ class LMRun(TrainedRun):
                 )
             model = merge_lora(copy.deepcopy(model))
         return export_hf(model, self.tokenizer, directory, self.run_dir)
-
-
-@dataclass
-class FineTuneStart:
-    """What the LM job's hooks hand each other about a fine-tune's source: the source itself and the model config
-    made from it (a fresh fine-tune: `make_corpus` reads them once), and run.toml's `[source]` record (what
-    `make_model` writes, or reads back on a resume; None without a source), which the summary repeats."""
-
-    source: FineTuneSource | None = None
-    model: ModelConfig | None = None
-    record: dict[str, Any] | None = None
 
 
 class LMJob(Job):
