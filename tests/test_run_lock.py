@@ -16,13 +16,12 @@ from safetensors.torch import load as load_file_bytes
 
 from kqv.train import rundir
 from kqv.train.checkpoints import MODEL_FILE, load_weights, read_checkpoint
-from kqv.train.lock import RunDirectoryBusy, check_run_lock, hold_run_lock
-from kqv.train.rundir import RunDirectory
+from kqv.train.rundir import RunDirectory, RunDirectoryBusy, check_run_lock, hold_run_lock
 from test_training import config, make_model, trainer
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 HOLD = (
-    "from kqv.train.lock import hold_run_lock; import sys, time\n"
+    "from kqv.train.rundir import hold_run_lock; import sys, time\n"
     "with hold_run_lock(sys.argv[1]):\n    print('locked', flush=True); time.sleep(120)\n"
 )
 

@@ -3,7 +3,7 @@
 translation run are
 watched: each opening of a path inside their run directories for writing, and each library save into one
 (safetensors, torch.save, matplotlib) and each rename into one, must happen inside a call of kqv.train.files (or
-be the writer's lock, kqv.train.lock)."""
+be the writer's lock, kqv.train.rundir.hold_run_lock)."""
 
 import builtins
 import io
@@ -22,7 +22,7 @@ from test_mt import MODELS, TINY_RUN, number_corpus
 from test_torchrun import TINY_LM
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "kqv"
-WRITER, LOCK = SRC / "train" / "files.py", SRC / "train" / "lock.py"
+WRITER, LOCK = SRC / "train" / "files.py", (SRC / "train" / "rundir.py", "hold_run_lock")
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 
 
@@ -40,8 +40,9 @@ class Audit:
         if self.root not in target.parents:
             return
         self.seen += 1
-        frames = [Path(f.filename) for f in traceback.extract_stack()[:-2]]
-        if WRITER in frames or LOCK in frames:
+        stack = traceback.extract_stack()[:-2]
+        frames = [Path(f.filename) for f in stack]
+        if WRITER in frames or any((Path(f.filename), f.name) == LOCK for f in stack):
             return
         ours = [f for f in frames if SRC in f.parents]
         self.outside.append((str(ours[-1].relative_to(SRC)) if ours else "?", target.name))

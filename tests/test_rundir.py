@@ -3,8 +3,7 @@ and gives the resume plan; an overwrite deletes the old run's files only when tr
 
 import pytest
 
-from kqv.train.lock import RunDirectoryBusy
-from kqv.train.rundir import RunDirectory
+from kqv.train.rundir import RunDirectory, RunDirectoryBusy
 from test_run_lock import HOLD, start
 from test_training import config, trainer
 

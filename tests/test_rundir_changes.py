@@ -10,8 +10,7 @@ import pytest
 
 import kqv
 from kqv.cli.main import main
-from kqv.train.lock import RunDirectoryBusy, check_run_lock
-from kqv.train.rundir import RunDirectory
+from kqv.train.rundir import RunDirectory, RunDirectoryBusy, check_run_lock
 
 TINY = """
 [data]

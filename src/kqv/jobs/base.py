@@ -31,8 +31,15 @@ from ..nn.devices import Accelerator
 from ..nn.models import count_parameters
 from ..train.checkpoints import load_weights
 from ..train.events import Event, Plan, Sample, Summary
-from ..train.files import RUN_CONFIG, RUN_FORMAT, TOKENIZER_DIR, refuse_writing_over, restored_on_failure
-from ..train.manifest import record, verify
+from ..train.files import (
+    RUN_CONFIG,
+    RUN_FORMAT,
+    TOKENIZER_DIR,
+    record,
+    refuse_writing_over,
+    restored_on_failure,
+    verify,
+)
 from ..train.reporter import Reporter
 from ..train.rundir import RunDirectory
 from ..train.runs import (

@@ -16,8 +16,7 @@ from ..data.shakespeare import load_text, split_text
 from ..data.tokenizers import Tokenizer, encode_text
 from ..errors import RunError, option
 from ..nn.models import count_parameters
-from ..train.files import TOKENIZER_DIR, TOKENS_FILE, write_atomically, write_files
-from ..train.manifest import read_verified, verify
+from ..train.files import TOKENIZER_DIR, TOKENS_FILE, read_verified, verify, write_atomically, write_files
 from ..train.rundir import RunDirectory
 from . import completions, sources
 from .base import Job, Training

@@ -44,9 +44,17 @@ from ..nn.devices import model_device
 from ..nn.models import EncoderDecoder, count_parameters
 from ..nn.rnn import RNNConfig, RNNEncoderDecoder
 from ..train.config import TrainConfig
-from ..train.files import PAIRS_FILE, TEXT_DIR, TOKENIZER_DIR, write_files, write_tensors
+from ..train.files import (
+    DATA_FILES,
+    MANIFEST_FILE,
+    PAIRS_FILE,
+    TEXT_DIR,
+    TOKENIZER_DIR,
+    verify,
+    write_files,
+    write_tensors,
+)
 from ..train.flops import training_flops_per_token
-from ..train.manifest import DATA_FILES, MANIFEST_FILE, verify
 from ..train.runs import RunConfig
 from ..train.slices import is_sliced
 from ..validation import Config, check_at_least, check_value

@@ -15,7 +15,7 @@ A run directory (`kqv train NAME --out DIR`) holds:
     metrics.jsonl       one record per log or evaluation step, and loss.png (kqv.train.metrics)
     samples.txt         generated text (lm); test.hyp: the test translations (mt)
     summary.json        the final figures of the run
-    SHA256SUMS          the checksums of run.toml and the data files, verified when read back (kqv.train.manifest)
+    SHA256SUMS          the checksums of run.toml and the data files, verified when read back (kqv.train.files)
 
 Runs written before kqv had subpackages use the same files and load unchanged.
 """
@@ -37,8 +37,7 @@ from ..errors import ConfigError, KqvError, RunError, option
 from ..nn.config import ModelConfig
 from ..validation import Config, build, check_fields, check_value
 from .config import TrainConfig
-from .files import RUN_CONFIG, SUMMARY_FILE, write_atomically
-from .manifest import verify
+from .files import RUN_CONFIG, SUMMARY_FILE, verify, write_atomically
 
 
 @dataclass
