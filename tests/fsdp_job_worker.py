@@ -103,7 +103,7 @@ def evaluations(peaks: list[tuple[int, int]]):
         finally:
             for hook in hooks:
                 hook.remove()
-            filled = sum(p.nbytes for p in self.home.parameters() if not p.is_meta)
+            filled = sum(p.nbytes for p in self.callers_model.parameters() if not p.is_meta)
             peaks.append((most[0], gathered_bytes(self.model) + filled))
 
     return measured_evaluate

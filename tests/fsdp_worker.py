@@ -69,7 +69,7 @@ def train(
     def loss_fn(m: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         if m.training:  # between updates; an evaluation's forward keeps the root module's weights gathered
             held["shards"] = max(held["shards"], local_bytes(m))
-            held["callers_model"] = max(held["callers_model"], local_bytes(trainer.home))
+            held["callers_model"] = max(held["callers_model"], local_bytes(trainer.callers_model))
         return m(*batch)
 
     trainer = Trainer(
@@ -86,7 +86,7 @@ def train(
     trainer.train()
     rank = dist.get_rank() if dist.is_initialized() else 0
     (run_dir.parent / f"{run_dir.name}-held-rank{rank}.json").write_text(json.dumps(held))
-    return trainer.home
+    return trainer.callers_model
 
 
 def main(out: Path) -> None:

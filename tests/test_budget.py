@@ -56,7 +56,7 @@ def budget_config(**changes) -> TrainConfig:
     return TrainConfig(**{**defaults, **changes})
 
 
-def budget_trainer(run_dir, cfg, machine, batches=None, quiet=True, afterwards=0.0, resume=False) -> Trainer:
+def budget_trainer(run_dir, cfg, machine, batches=None, quiet=True, work_after_training=0.0, resume=False) -> Trainer:
     return Trainer(
         make_model(seed=123 if resume else 0),
         cfg,
@@ -65,7 +65,7 @@ def budget_trainer(run_dir, cfg, machine, batches=None, quiet=True, afterwards=0
         loss_fn=machine.loss,
         val_batches=token_batches(cfg.batch_size, offset=10_000),
         quiet=quiet,
-        afterwards=afterwards,
+        work_after_training=work_after_training,
         clock=machine,
         if_exists="resume" if resume else "error",
     )
@@ -83,7 +83,7 @@ def plan_of(run_dir) -> dict:
 def test_a_budgeted_run_ends_its_schedule_within_its_budget(tmp_path, batch_s):
     machine = FakeMachine(batch_s, first_s=4 * batch_s)
     cfg = budget_config()
-    run = budget_trainer(tmp_path, cfg, machine, afterwards=3)
+    run = budget_trainer(tmp_path, cfg, machine, work_after_training=3)
     final = run.train()
     for _ in range(3):  # the job's work after training, which the plan reserved
         run.evaluate()

@@ -39,7 +39,7 @@ def test_a_training_joins_with_the_config_s_timeout_ten_minutes_by_default(monke
         TrainConfig(steps=1, batch_size=2),
         TrainConfig(steps=1, batch_size=2, collective_timeout_minutes=2),
     ):
-        placement.place(kqv.DecoderLM(tiny_config()), config)
+        placement.place_model(kqv.DecoderLM(tiny_config()), config)
     assert asked == [10.0, 2]
     with pytest.raises(ConfigError, match="collective_timeout_minutes"):
         TrainConfig(steps=1, batch_size=2, collective_timeout_minutes=0)

@@ -79,7 +79,7 @@ class ToyJob(Job):
             training.config, training.run, training.config.model.replace(vocab_size=training.config.toy.length)
         )
 
-    def make_batches(self, training):
+    def trainer_options(self, training):
         return {"train_batches": lambda i: training.data, "loss_fn": lambda m, ids: m(ids[:, :-1], ids[:, 1:])}
 
     def outcome(self, training):

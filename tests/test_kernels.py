@@ -51,7 +51,7 @@ def test_a_compiled_run_has_the_losses_and_the_checkpoint_of_an_uncompiled_one(t
     assert losses == pytest.approx(_losses(tmp_path / "eager"), abs=1e-4)
     saved = load_file(tmp_path / "compiled" / "checkpoint" / MODEL_FILE)
     assert not any("_orig_mod" in name for name in saved)
-    fresh = DecoderLM(eager.home.config)  # an uncompiled model loads it (load_weights is strict)
+    fresh = DecoderLM(eager.callers_model.config)  # an uncompiled model loads it (load_weights is strict)
     assert set(saved) <= set(fresh.state_dict())
     checkpoint = read_checkpoint(tmp_path / "compiled")
     load_weights(fresh, checkpoint)

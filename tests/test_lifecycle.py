@@ -34,7 +34,7 @@ def tiny_lm(tmp_path):
 def test_every_job_trains_through_the_one_lifecycle_of_the_base_class(name):
     job = type(JOBS[name])
     assert job.train is Job.train, f"{job.__name__} overrides Job.train"
-    for hook in ("make_corpus", "make_model", "make_batches"):
+    for hook in ("make_corpus", "make_model", "trainer_options"):
         assert getattr(job, hook) is not getattr(Job, hook), f"{job.__name__} lacks the hook {hook}"
 
 

@@ -201,7 +201,7 @@ class Outcome:
 
 class Job:
     """The contract of a job. Subclasses set the class attributes and implement `build_model` and the hooks of
-    the one lifecycle, `train`: `make_corpus`, `make_model`, `make_batches`, and as they need `describe`, `outcome`
+    the one lifecycle, `train`: `make_corpus`, `make_model`, `trainer_options`, and as they need `describe`, `outcome`
     and `conclusion`."""
 
     name: ClassVar[str]  # its key in kqv.jobs.JOBS, configs/NAME-*.toml, `task = NAME` in run.toml
@@ -258,7 +258,7 @@ class Job:
             training = Training(config, run)
             training.data = self.make_corpus(training, **options)
             training.model = self.make_model(training)
-            training.options = self.make_batches(training)
+            training.options = self.trainer_options(training)
             report(Plan(self.describe(training), count_parameters(training.model), config.train.steps, run.destination))
             trainer = self.make_trainer(training.model, config, run, reporter=report, **training.options)
             training.result = self.fit(trainer)
@@ -295,9 +295,9 @@ class Job:
         job sets in it before training (pretrained weights)."""
         raise NotImplementedError
 
-    def make_batches(self, training: Training) -> dict[str, Any]:
+    def trainer_options(self, training: Training) -> dict[str, Any]:
         """The Trainer's options for this training: train_batches and loss_fn, and any of val_batches, eval_fn,
-        tokens_per_batch, extra_state, afterwards (`kqv.train.trainer.Trainer`)."""
+        tokens_per_batch, extra_state, work_after_training (`kqv.train.trainer.Trainer`)."""
         raise NotImplementedError
 
     def describe(self, training: Training) -> str:

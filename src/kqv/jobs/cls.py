@@ -183,7 +183,7 @@ class ClsJob(Job):
             model.encoder.load_state_dict(data.pretrained.model.encoder.state_dict())
         return model
 
-    def make_batches(self, training: Training) -> dict[str, Any]:
+    def trainer_options(self, training: Training) -> dict[str, Any]:
         """Random training batches; the dev set in turn for the loss, and whole for the accuracy (beside always
         answering the majority class of the training examples)."""
         config, data = training.config, training.data

@@ -369,15 +369,15 @@ class LMJob(Job):
         """The tokenizer and the encoded train and validation splits (`prepare_corpus`); a fine-tune's tokenizer is
         its source's (`kqv.jobs.init`)."""
         config, run = training.config, training.run
-        maker: Any = self
+        tokenizer_maker: Any = self
         training.handed = start = FineTuneStart()
         if config.data.init is not None and not run.resuming:
             start.source = source = read_source(config.data.init)
             training.config = config = fit_context(config, source)
             start.model = finetune_config(source, config.model, config.model_options, config.data.context)
             config.finetune.adaptation.check(start.model)
-            maker = SourceTokenizer(self, source)
-        tokenizer, tokens = prepare_corpus(maker, config.data, run, check_lm_run(config, start.model))
+            tokenizer_maker = SourceTokenizer(self, source)
+        tokenizer, tokens = prepare_corpus(tokenizer_maker, config.data, run, check_lm_run(config, start.model))
         training.config = with_prompt(config, tokenizer, tokens)  # what run.toml records and the samples start from
         return tokenizer, tokens
 
@@ -397,7 +397,7 @@ class LMJob(Job):
             adaptation.apply(model)
         return model
 
-    def make_batches(self, training: Training) -> dict[str, Any]:
+    def trainer_options(self, training: Training) -> dict[str, Any]:
         """Random blocks of the train split for each update, and of the validation split for each evaluation; on
         pairs, batches of examples (`kqv.jobs.completions`). A LoRA run's checkpoints hold its adapters alone."""
         config, (_, tokens) = training.config, training.data
@@ -410,7 +410,7 @@ class LMJob(Job):
         )
         return {
             **options,
-            "afterwards": scoring_cost(config, len(tokens["val"])),
+            "work_after_training": scoring_cost(config, len(tokens["val"])),
             "saved_weights": config.finetune.adaptation.saved_weights,
         }
 

@@ -162,7 +162,7 @@ class MLMJob(Job):
         vocabulary, _ = training.data
         return self.start(training.config, training.run, training.config.model.replace(vocab_size=vocabulary.size))
 
-    def make_batches(self, training: Training) -> dict[str, Any]:
+    def trainer_options(self, training: Training) -> dict[str, Any]:
         """Random blocks corrupted by BERT's masking for each update; for evaluation, blocks of the validation split
         with every selected token hidden, and the masked-token accuracy over `train.eval_batches` of them."""
         config, (vocabulary, tokens) = training.config, training.data

@@ -395,7 +395,7 @@ class MTJob(Job):
         vocab_size = training.data.tokenizer.vocab_size
         return self.start(training.config, training.run, training.config.model_config(vocab_size))
 
-    def make_batches(self, training: Training) -> dict[str, Any]:
+    def trainer_options(self, training: Training) -> dict[str, Any]:
         """Token-budget batches of the training pairs, the label-smoothed loss and the dev evaluation (its time kept
         in the checkpoints' extra_state); the model's FLOPs per token, measured on three batches, go to `notes`."""
         config, data, model = training.config, training.data, training.model
@@ -418,7 +418,7 @@ class MTJob(Job):
             "loss_fn": lambda m, b: mt_loss(m, b, config.train.label_smoothing),
             "loss_terms": TokenBatches.target_tokens,  # under torchrun (kqv.train.distributed.share)
             "eval_fn": DevEvaluation(config, data, options, state),
-            "afterwards": test_cost(config, len(data.texts["test"][0])),
+            "work_after_training": test_cost(config, len(data.texts["test"][0])),
         }
 
     def describe(self, training: Training) -> str:

@@ -216,7 +216,7 @@ class VitJob(Job):
         images = {"shape": list(DIGITS_SHAPE), "classes": DIGITS_CLASSES, "mean": digits.mean, "std": digits.std}
         return self.start(training.config, training.run, training.config.model.replace(vocab_size=1), images=images)
 
-    def make_batches(self, training: Training) -> dict[str, Any]:
+    def trainer_options(self, training: Training) -> dict[str, Any]:
         """Random batches of the training and validation images; the validation accuracy at each evaluation."""
         digits, seed, batch_size = training.data, training.config.train.seed, training.config.train.batch_size
         return {

@@ -3,7 +3,7 @@
 With `train.budget_minutes > 0` a run does not know its number of updates in advance. Each session skips its first
 `SKIPPED_UPDATES` updates (the first calls build kernels: compilation, oneDNN primitives) and times the next ones,
 up to `TIMED_UPDATES`. After the last timed update it times one evaluation (what `eval_every` costs, and the
-`afterwards` reserve the job asks for: its final test or samples, in evaluations) and one checkpoint write, and
+`work_after_training` reserve the job asks for: its final test or samples, in evaluations) and one checkpoint write, and
 fixes the plan: the most updates, never more than `train.steps`, whose updates, evaluations, checkpoints and
 reserve fit in the budget less a `MARGIN`. The planner is pure: it is told the times and returns a `Plan`, which the
 Trainer applies (its steps, its state's plan). The plan is recorded in metrics.jsonl (a record with "plan") and in every
@@ -56,7 +56,7 @@ class Plan:
     update_s: float  # seconds per update, over the timed updates
     evaluation_s: float  # one evaluation (with its loss plot)
     checkpoint_s: float  # one checkpoint write
-    reserved_s: float  # the job's work after training: `afterwards` evaluations
+    reserved_s: float  # the job's work after training: `work_after_training` evaluations
     predicted_s: float  # the whole run as planned, from its start: at most the budget less the margin
     limited_by: str  # "budget", "steps" (the upper bound) or "minimum" (the budget fits less than the warmup)
 
@@ -96,15 +96,17 @@ def fit_steps(
 class Planner:
     """One session's measurement: which updates it times, and fixing the plan after the last of them."""
 
-    def __init__(self, config: TrainConfig, start: int, afterwards: float):
+    def __init__(self, config: TrainConfig, start: int, work_after_training: float):
         limit = config.warmup_steps if config.schedule == "cosine" else math.inf
-        self.config, self.afterwards = config, afterwards
+        self.config, self.work_after_training = config, work_after_training
         self.plan_step = int(min(start + SKIPPED_UPDATES + TIMED_UPDATES, limit))
         self.first_timed = min(start + SKIPPED_UPDATES, self.plan_step - 1) + 1  # the first update timed
         self.seconds: list[float] = []
 
     @classmethod
-    def for_session(cls, config: TrainConfig, start: int, plan: dict | None, afterwards: float) -> Planner | None:
+    def for_session(
+        cls, config: TrainConfig, start: int, plan: dict | None, work_after_training: float
+    ) -> Planner | None:
         """A planner for a session that starts at update `start`, or None when nothing is to be planned."""
         if config.budget_minutes > 0 and not budgeted(config) and plan is None:
             logger.warning(
@@ -114,7 +116,7 @@ class Planner:
             )
         if not budgeted(config) or plan is not None:
             return None
-        planner = cls(config, start, afterwards)
+        planner = cls(config, start, work_after_training)
         return planner if start < planner.plan_step < config.steps else None
 
     def timed(self, step: int, seconds: float) -> None:
@@ -131,7 +133,7 @@ class Planner:
         """The plan after update `done`, `elapsed_s` into the run, given the measured costs."""
         config = self.config
         update_s = sum(self.seconds) / len(self.seconds)
-        reserved_s = self.afterwards * eval_s
+        reserved_s = self.work_after_training * eval_s
         budget_s = config.budget_minutes * 60
         available_s = budget_s * (1 - MARGIN) - elapsed_s - ckpt_s - reserved_s  # ckpt_s: the plan's own checkpoint
         steps, limited_by = fit_steps(config, done, available_s, update_s, eval_s, ckpt_s)

@@ -19,10 +19,10 @@ from .sharding import plain_on_rank0, reshard
 
 
 class Evaluator:
-    """`evaluator(model, home)`: `val_loss`, the mean of `loss_fn` over `config.eval_batches` of `val_batches`
-    (every rank its slice), and what `eval_fn` returns, run on rank 0 on the plain model `home` (under FSDP rank
-    0's plain model is filled from the shards of `model` first, and released after). In eval mode, without
-    gradients, in the training precision."""
+    """`evaluator(model, callers_model)`: `val_loss`, the mean of `loss_fn` over `config.eval_batches` of
+    `val_batches` (every rank its slice), and what `eval_fn` returns, run on rank 0 on the plain model
+    `callers_model` (under FSDP rank 0's plain model is filled from the shards of `model` first, and released
+    after). In eval mode, without gradients, in the training precision."""
 
     def __init__(
         self,
@@ -45,7 +45,7 @@ class Evaluator:
         """Whether there is anything to evaluate."""
         return self.val_batches is not None or self.eval_fn is not None
 
-    def __call__(self, model: nn.Module, home: nn.Module) -> dict[str, float]:
+    def __call__(self, model: nn.Module, callers_model: nn.Module) -> dict[str, float]:
         rng = rng_state()
         model.eval()
         metrics: dict[str, float] = {}
@@ -55,8 +55,8 @@ class Evaluator:
                     metrics["val_loss"] = self.val_loss(model)
                 # under FSDP rank 0's plain model is filled from the shards for eval_fn, and released after
                 device = self.precision.device.device
-                with plain_on_rank0(home, model, device, self.sharded and bool(self.eval_fn)):
-                    for name, value in self.eval_fn(home).items() if self.eval_fn and self.rank == 0 else ():
+                with plain_on_rank0(callers_model, model, device, self.sharded and bool(self.eval_fn)):
+                    for name, value in self.eval_fn(callers_model).items() if self.eval_fn and self.rank == 0 else ():
                         try:
                             metrics[name] = float(value)
                         except (TypeError, ValueError):

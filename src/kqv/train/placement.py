@@ -30,11 +30,11 @@ class Placement(NamedTuple):
     world_size: int
     owns_process_group: bool  # whether joining created the group, which the run then leaves at its end
     sharded: bool  # FSDP over several processes
-    home: nn.Module  # the caller's model: under FSDP, released by `shard`
-    model: nn.Module  # the one trained: `home` on the device, or this process's shard of it
+    callers_model: nn.Module  # the caller's model: under FSDP, released by `shard`
+    model: nn.Module  # the one trained: `callers_model` on the device, or this process's shard of it
 
 
-def place(
+def place_model(
     model: nn.Module, config: TrainConfig, saved_weights: Callable[[dict[str, Tensor]], dict[str, Tensor]] | None = None
 ) -> Placement:
     """Resolve `config.device` (under torchrun, cuda:LOCAL_RANK) and its precision, join the process group, and
@@ -52,9 +52,9 @@ def place(
         )
     sharded = config.parallel == "fsdp" and world_size > 1
     check_saved_weights(saved_weights, sharded)
-    home = build_model(model, sharded, rank)
+    callers_model = build_model(model, sharded, rank)
     if sharded:  # in FSDP's precision: bf16 gathers and fp32 reductions for bf16
-        placed = shard(home, device.device, precision_policy(device.precision(config.precision)))
+        placed = shard(callers_model, device.device, precision_policy(device.precision(config.precision)))
     else:
-        placed = home.to(device.device)
-    return Placement(device, precision, rank, world_size, owns_process_group, sharded, home, placed)
+        placed = callers_model.to(device.device)
+    return Placement(device, precision, rank, world_size, owns_process_group, sharded, callers_model, placed)

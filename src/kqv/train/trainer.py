@@ -68,7 +68,7 @@ from .events import Evaluation, Message, Progress
 from .metrics import Pace, Window, append_metrics, plot_losses
 from .nonfinite import NonFiniteGuard, TrainingDiverged, diverged_message, warn_withheld
 from .optimizer import make_optimizer
-from .placement import place
+from .placement import place_model
 from .reporter import Reporter
 from .rng import rng_state, start_generators
 from .rundir import IfExists, RunDirectory
@@ -97,10 +97,10 @@ class Trainer:
     "overwrite" (delete the run's files when training starts). `extra_state` is kept as this very dict (a resumed
     run's saved entries are added to it), so whoever made it can update it while training, e.g. an `eval_fn`.
 
-    `afterwards`: the job's work after training (final test, samples) in evaluations, reserved by a budget's plan
-    (`kqv.train.budget`). `clock` (default `time.perf_counter`) times budgets, progress and metrics. The trainer
-    prints nothing: its progress and evaluations are events for `reporter` (`kqv.train.reporter`; by default one
-    that shows them unless `quiet`).
+    `work_after_training`: the job's work after training (final test, samples) in evaluations, reserved by a
+    budget's plan (`kqv.train.budget`). `clock` (default `time.perf_counter`) times budgets, progress and metrics.
+    The trainer prints nothing: its progress and evaluations are events for `reporter` (`kqv.train.reporter`; by
+    default one that shows them unless `quiet`).
 
     `saved_weights(state_dict)` (optional) picks the part of the model's state dict its checkpoints hold (default:
     all of it): a LoRA fine-tune saves its adapters alone, its frozen rest being its source's. A resume then loads
@@ -124,7 +124,7 @@ class Trainer:
         tokens_per_batch: int | Callable[[int], int] | None = None,
         if_exists: IfExists = "error",
         quiet: bool = False,
-        afterwards: float = 0.0,
+        work_after_training: float = 0.0,
         clock: Callable[[], float] | None = None,
         reporter: Reporter | None = None,
         saved_weights: Callable[[dict[str, Tensor]], dict[str, Tensor]] | None = None,
@@ -135,7 +135,7 @@ class Trainer:
         if if_exists not in IfExists.__args__:
             raise ConfigError(f"if_exists must be one of {list(IfExists.__args__)}, got {if_exists!r}")
         check_extra_state(extra_state)
-        # where it trains (`kqv.train.placement`); under FSDP `home`, the caller's model, is released by the shard
+        # where it trains (`kqv.train.placement`); under FSDP `callers_model` is released by the shard
         (
             self.device,
             self.precision,
@@ -143,13 +143,13 @@ class Trainer:
             self.world_size,
             self._owns_process_group,
             self.sharded,
-            self.home,
+            self.callers_model,
             self.model,
-        ) = place(model, config, saved_weights)
+        ) = place_model(model, config, saved_weights)
         self.config = config
         self.train_batches, self.loss_fn, self.val_batches, self.eval_fn = train_batches, loss_fn, val_batches, eval_fn
         self.extra_state = extra_state if extra_state is not None else {}  # this very dict: its owner may update it
-        self.afterwards, self.clock = afterwards, clock or time.perf_counter
+        self.work_after_training, self.clock = work_after_training, clock or time.perf_counter
         self.report = reporter or Reporter(quiet or self.rank != 0)  # rank 0 speaks for every process
         self.optimizer = make_optimizer(self.model, config)
         self.state = TrainState()  # progress: saved in every checkpoint and restored by a resume
@@ -276,9 +276,9 @@ class Trainer:
         checkpointing on the way. The window is read (one host sync) only when one of them is due."""
         self.ddp_model.train()
         self._pace = Pace(self.clock, self.step)
-        planner = Planner.for_session(self.config, self.step, self.plan, self.afterwards)
+        planner = Planner.for_session(self.config, self.step, self.plan, self.work_after_training)
         window = Window()
-        clock = self.clock() - self.state.elapsed_s
+        run_start = self.clock() - self.state.elapsed_s
         result: dict[str, float] = {"step": self.step}
         try:
             while self.step < self.config.steps:
@@ -297,28 +297,31 @@ class Trainer:
                     self._read(window)  # the one sync: inside the update's time, which it waited for
                 now = self.clock()
                 window.time(now - started)
-                self.state.elapsed_s, self.state.train_seconds = now - clock, self.state.train_seconds + now - started
+                self.state.elapsed_s, self.state.train_seconds = (
+                    now - run_start,
+                    self.state.train_seconds + now - started,
+                )
                 if planner is not None:
                     planner.timed(self.step, now - started)
                 if planning:
-                    planner = self._fix_plan(planner, clock)
+                    planner = self._fix_plan(planner, run_start)
                 last = self.step == self.config.steps or self._out_of_time(read)
                 if last and not read:
                     self._read(window)
-                result = self._log(lr, window, clock, last) or result
+                result = self._log(lr, window, run_start, last) or result
                 if self.step % self.config.checkpoint_every == 0 or last:
                     self._checkpoint_if_good()
-                self.report(self._progress(result, clock))
+                self.report(self._progress(result, run_start))
                 if last:
                     break
         except KeyboardInterrupt:
             with deferred():  # a second Ctrl-C waits until the save is done and said
-                self._save_after_interrupt(window, clock)
+                self._save_after_interrupt(window, run_start)
             raise
         finally:
             self.report.close()
         if self.sharded:  # the caller's model holds the trained weights, on rank 0 (kqv.train.sharding)
-            gather_to_rank0(self.home, self.model, self.device.device)
+            gather_to_rank0(self.callers_model, self.model, self.device.device)
         distributed.settle(self.world_size)
         return result
 
@@ -353,10 +356,10 @@ class Trainer:
             return False
         return distributed.rank0_says(self.state.train_seconds >= limit * 60, self.world_size)
 
-    def _fix_plan(self, planner: Planner, origin: float) -> None:
+    def _fix_plan(self, planner: Planner, run_start: float) -> None:
         """Time one evaluation and one checkpoint, ask `planner` for the plan (rank 0; the others receive its
         steps) and apply it: the config's steps and the state's plan, recorded in a checkpoint and in metrics.jsonl,
-        and said to the reporter. `origin`: the clock's reading at the run's start. Returns no planner: done."""
+        and said to the reporter. `run_start`: the clock's reading at the run's start. Returns no planner: done."""
         started = self.clock()
         metrics = self.evaluate() if self.evaluator.evaluates else {}
         if self.rank == 0 and self.run.metrics_file.exists():
@@ -364,7 +367,9 @@ class Trainer:
         evaluated = self.clock()
         self.save_checkpoint()
         now = self.clock()
-        plan = planner.plan(self.step, now - origin, evaluated - started, now - evaluated) if self.rank == 0 else None
+        plan = (
+            planner.plan(self.step, now - run_start, evaluated - started, now - evaluated) if self.rank == 0 else None
+        )
         steps = torch.tensor(plan.steps if plan else 0)
         if self.world_size > 1:
             dist.broadcast(steps, src=0)
@@ -373,20 +378,20 @@ class Trainer:
         self.save_checkpoint()  # the plan, recorded at once
         if plan is not None:
             record = {"step": self.step, **metrics, "plan": self.plan, "train_seconds": self.state.train_seconds}
-            append_metrics(self.run.metrics_file, {**record, "elapsed_s": self.clock() - origin})
+            append_metrics(self.run.metrics_file, {**record, "elapsed_s": self.clock() - run_start})
             self.report(announcement(plan))
         return None
 
-    def _progress(self, record: dict[str, Any], origin: float) -> Progress:
+    def _progress(self, record: dict[str, Any], run_start: float) -> Progress:
         """The event after an update, with the time left at this session's pace (`record`: the last log record;
-        `origin`: the clock's reading at the run's start)."""
-        elapsed = self.clock() - origin
+        `run_start`: the clock's reading at the run's start)."""
+        elapsed = self.clock() - run_start
         step_s = self._pace.step_seconds(self.step)
         self._left = time_left(self.config, self.plan is not None, self.step, elapsed, self.train_seconds, step_s)
         figures = {key: record.get(key) for key in ("train_loss", "lr", "tokens_per_s")}
         return Progress(self.step, self.config.steps, elapsed, self._left, **figures)
 
-    def _log(self, lr: float, window: Window, clock: float, last: bool) -> dict | None:
+    def _log(self, lr: float, window: Window, run_start: float, last: bool) -> dict | None:
         """Log (every `log_every` updates) and evaluate (every `eval_every`); one metrics.jsonl record for both."""
         cfg = self.config
         record: dict[str, Any] = {}
@@ -406,7 +411,12 @@ class Trainer:
             record.update(self.evaluate())
         if not record:
             return None
-        record = {"step": self.step, **record, "train_seconds": self.train_seconds, "elapsed_s": self.clock() - clock}
+        record = {
+            "step": self.step,
+            **record,
+            "train_seconds": self.train_seconds,
+            "elapsed_s": self.clock() - run_start,
+        }
         if self.rank == 0:
             append_metrics(self.run.metrics_file, record)
             if evaluated or last:
@@ -418,7 +428,7 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         """Validation metrics now: `val_loss` and whatever `eval_fn` returns. Training randomness is untouched."""
         try:
-            return self.evaluator(self.model, self.home)
+            return self.evaluator(self.model, self.callers_model)
         finally:
             self.ddp_model.train()
 
@@ -436,7 +446,7 @@ class Trainer:
         else:
             warn_withheld(self.step, len(self.guard.streak), self.checkpoints.last_saved)
 
-    def _save_after_interrupt(self, window: Window, clock: float) -> None:
+    def _save_after_interrupt(self, window: Window, run_start: float) -> None:
         """Rank 0, on Ctrl-C or SIGTERM: save the last completed update, unless the guard was skipping updates.
         Under several processes on GPUs it reads only what that update queued (`distributed.reads_up_to`), never
         what a pending collective of the next one holds, and saves nothing if that update itself is still waiting."""
@@ -447,7 +457,7 @@ class Trainer:
                 return
             with suppress(TrainingDiverged):
                 self._read(window)  # the updates since the last read: was the last one skipped?
-            self.state.elapsed_s = self.clock() - clock
+            self.state.elapsed_s = self.clock() - run_start
             saved = self.checkpoints.after_interrupt(
                 self.state, self.config, self.extra_state, self._boundary_rng, self.guard.skipping
             )
