@@ -222,7 +222,7 @@ class DevEvaluation:
 
 def test_cost(config: Any, test_sentences: int) -> float:
     """The test translation after training in dev evaluations, for a budget's plan: beam k costs about k / 2 greedy
-    decodings a verse (conservative: 722 test verses at beam 4 took 31 s on the Zen 4, docs/translation.md)."""
+    decodings a verse (a conservative estimate; docs/translation.md has the measured times)."""
     return test_sentences / config.data.eval_sentences * max(1.0, config.decode.beam_size / 2)
 
 

@@ -191,7 +191,7 @@ class Accelerator:
 
     def tf32(self, enabled: bool) -> AbstractContextManager:
         """Inside the block, let fp32 matrix products and convolutions on a CUDA GPU use TF32 tensor cores (10-bit
-        significand, about 8x the fp32 throughput on Ampere and later) or not; after it, the setting is what it was
+        significand, on Ampere and later) or not; after it, the setting is what it was
         (torch's is process-wide, and a library that trains must not leave it changed). Nothing changes on other
         devices: the CPU's setting would switch oneDNN to reduced-precision products."""
         return tf32_products(enabled) if self.type == "cuda" else nullcontext()

@@ -1,11 +1,11 @@
 """Dropout whose random mask is cheap on every CPU.
 
 torch draws dropout masks on the CPU with `bernoulli_`, which runs in parallel through MKL on Intel CPUs only.
-Elsewhere (AMD's, for one) it draws one double per element on one thread: on a 2-core Zen 4 its masks took 2-4x
-as long as these (`python benchmarks/step_kernels.py`). Here one 64-bit draw from torch's own generator
-gives the masks of four elements, 16 bits each, so an element is dropped with probability p to within 2^-17; the
-kept ones are scaled by 1 / (1 - p) as in `F.dropout`. On other devices (`kqv.nn.devices.kernels`), and with p
-outside (0, 1), this is `F.dropout` itself.
+Elsewhere (AMD's, for one) it draws one double per element on one thread, several times slower than these
+(`python benchmarks/step_kernels.py`; docs/translation.md has its table). Here one 64-bit draw from torch's own
+generator gives the masks of four elements, 16 bits each, so an element is dropped with probability p to within
+2^-17; the kept ones are scaled by 1 / (1 - p) as in `F.dropout`. On other devices (`kqv.nn.devices.kernels`), and
+with p outside (0, 1), this is `F.dropout` itself.
 """
 
 from __future__ import annotations
