@@ -54,6 +54,18 @@ def pairs_file(path) -> None:
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
+def one_and_two_processes_agree(command: list[str], tmp_path) -> None:
+    """`kqv COMMAND` in one process and under torchrun with 2 log the same losses, gradient norms and validation
+    losses, within 1e-5."""
+    assert main([*command, "--out", str(tmp_path / "one")]) == 0
+    torchrun("-m", "kqv.cli", *command, "--out", str(tmp_path / "two"))
+    one, two = (read_metrics(tmp_path / name / "metrics.jsonl") for name in ("one", "two"))
+    for key in ("train_loss", "grad_norm", "val_loss"):
+        logged = [(a[key], b[key]) for a, b in zip(one, two) if key in a]
+        assert logged, key
+        assert [b for _, b in logged] == pytest.approx([a for a, _ in logged], abs=1e-5, rel=0), key
+
+
 def test_a_rank_s_weight_is_its_share_of_the_weighted_targets():
     targets = torch.tensor([[5, -100, -100], [5, 6, 7]])
     weights = torch.tensor([[0.5, 1.0, 1.0], [0.5, 1.0, 1.0]])
@@ -69,13 +81,7 @@ def test_two_processes_fine_tuning_on_pairs_give_one_process_s_loss_curve(tmp_pa
     config.write_text(TINY_PAIRS.format(weight=weight))
     pairs_file(data)
     common = ["train", "lm", "--config", str(config), "--data", str(data), "--quiet"]
-    assert main([*common, "--out", str(tmp_path / "one")]) == 0
-    torchrun("-m", "kqv.cli", *common, "--out", str(tmp_path / "two"))
-    one, two = (read_metrics(tmp_path / name / "metrics.jsonl") for name in ("one", "two"))
-    for key in ("train_loss", "grad_norm", "val_loss"):
-        logged = [(a[key], b[key]) for a, b in zip(one, two) if key in a]
-        assert logged, key
-        assert [b for _, b in logged] == pytest.approx([a for a, _ in logged], abs=1e-5, rel=0), key
+    one_and_two_processes_agree(common, tmp_path)
 
 
 def test_two_processes_training_a_masked_lm_give_one_process_s_loss_curve(tmp_path):
@@ -93,10 +99,4 @@ def test_two_processes_training_a_masked_lm_give_one_process_s_loss_curve(tmp_pa
     )
     data.write_text("To be, or not to be, that is the question; whether 'tis nobler in the mind.\n" * 40)
     common = ["train", "mlm", "--config", str(config), "--data", str(data), "--quiet"]
-    assert main([*common, "--out", str(tmp_path / "one")]) == 0
-    torchrun("-m", "kqv.cli", *common, "--out", str(tmp_path / "two"))
-    one, two = (read_metrics(tmp_path / name / "metrics.jsonl") for name in ("one", "two"))
-    for key in ("train_loss", "grad_norm", "val_loss"):
-        logged = [(a[key], b[key]) for a, b in zip(one, two) if key in a]
-        assert logged, key
-        assert [b for _, b in logged] == pytest.approx([a for a, _ in logged], abs=1e-5, rel=0), key
+    one_and_two_processes_agree(common, tmp_path)
