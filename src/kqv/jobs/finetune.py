@@ -107,16 +107,21 @@ class Adaptation:
         return "every weight trains"
 
     def check(self, config: ModelConfig) -> None:
-        """ConfigError, before anything is written, for a source of `config` this adaptation cannot adapt, or one
-        of which it would train no weight (tried on a model on the meta device: no memory, no computation)."""
+        """ConfigError, before anything is written, for a source of `config` this adaptation cannot adapt
+        (`refuse`), or one of which it would train no weight (tried on a model on the meta device: no memory, no
+        computation)."""
         with torch.device("meta"):
             model = DecoderLM(config)
+        self.refuse(model, config)
         self.apply(model)
         if count_parameters(model) == 0:
             raise ConfigError(
                 f"this fine-tune would train nothing: with {self.describe()} no weight of the source is left to "
                 f"train; freeze less"
             )
+
+    def refuse(self, model: nn.Module, config: ModelConfig) -> None:
+        """ConfigError when the source `model` (on the meta device, of `config`) cannot take this adaptation."""
 
     @staticmethod
     def counts(model: nn.Module) -> dict[str, int]:
@@ -149,13 +154,12 @@ class Frozen(Adaptation):
         frozen = ["the embeddings"] * self.embeddings + [f"the first {self.blocks} blocks"] * (self.blocks > 0)
         return f"{' and '.join(frozen)} frozen"
 
-    def check(self, config: ModelConfig) -> None:
+    def refuse(self, model: nn.Module, config: ModelConfig) -> None:
         if self.blocks > config.n_layers:
             raise ConfigError(
                 f"finetune.freeze_blocks ({self.blocks}) is more than the source's {config.n_layers} blocks; "
                 f"freeze at most {config.n_layers}"
             )
-        super().check(config)
 
 
 @dataclass(frozen=True)
@@ -179,16 +183,14 @@ class LoRA(Adaptation):
     def describe(self) -> str:
         return f"LoRA rank {self.lora.rank} on {', '.join(self.lora.targets)}"
 
-    def check(self, config: ModelConfig) -> None:
-        with torch.device("meta"):
-            layers = adapted_layers(DecoderLM(config), self.lora.targets)
+    def refuse(self, model: nn.Module, config: ModelConfig) -> None:
+        layers = adapted_layers(model, self.lora.targets)
         limit, where = largest_rank(layers) if layers else (self.lora.rank, "")
         if self.lora.rank > limit:
             raise ConfigError(
                 f"finetune.lora_rank ({self.lora.rank}) is more than {limit}, the smaller side of {where}: a "
                 f"rank above it is not low rank; set it to at most {limit} (4 to 64 is usual)"
             )
-        super().check(config)
 
 
 def restore_source(model: nn.Module, source: dict[str, Any], run_dir: Path) -> None:
