@@ -205,13 +205,13 @@ def test_a_padding_block_mask_is_reused_only_for_the_same_unchanged_tensor(monke
     monkeypatch.setattr(flex, "_padding_block_mask", None)
     padding = torch.ones(2, 1, 1, 13, dtype=torch.bool)
     mask_mod = flex.padding(padding[:, 0, 0, :])
-    causal, local = ("causal", 13, 13, torch.device("cpu")), ("local", 13, 13, torch.device("cpu"))
-    first = flex._padding_mask(mask_mod, padding, causal, 2)
-    assert flex._padding_mask(mask_mod, padding, causal, 2) is first and len(built) == 1
-    assert flex._padding_mask(mask_mod, padding, local, 2) is not first  # another mask
+    shape = (2, 13, 13, torch.device("cpu"))  # rows, query and key length, device
+    first = flex._padding_mask(mask_mod, padding, "causal", *shape)
+    assert flex._padding_mask(mask_mod, padding, "causal", *shape) is first and len(built) == 1
+    assert flex._padding_mask(mask_mod, padding, "local", *shape) is not first  # another mask
     padding[0, ..., 10:] = False  # changed in place: its version moved
-    assert flex._padding_mask(mask_mod, padding, local, 2) is not first and len(built) == 3
-    assert flex._padding_mask(mask_mod, padding.clone(), local, 2) and len(built) == 4
+    assert flex._padding_mask(mask_mod, padding, "local", *shape) is not first and len(built) == 3
+    assert flex._padding_mask(mask_mod, padding.clone(), "local", *shape) and len(built) == 4
 
 
 def test_only_cuda_takes_flex_attention():

@@ -80,20 +80,22 @@ def attend(
         if padding is None:
             block_mask = _block_mask(mask_mod, mask_key, None, *shape)
         else:
-            block_mask = _padding_mask(mask_mod, padding, (mask_key, *shape), queries.shape[0])
+            block_mask = _padding_mask(mask_mod, padding, mask_key, queries.shape[0], *shape)
     return _kernel(queries.device)(queries, keys, values, score_mod=score_mod, block_mask=block_mask)
 
 
-def _padding_mask(mask_mod: MaskMod, padding: Tensor, key: Hashable, rows: int) -> object:
+def _padding_mask(
+    mask_mod: MaskMod, padding: Tensor, mask_key: Hashable, rows: int, q_time: int, k_time: int, device: torch.device
+) -> object:
     """The block mask of a mask that reads `padding`: the last one built when `padding` is the same tensor, not
-    changed since (its version counter), under the same `key`; else built and kept in its place."""
+    changed since (its version counter), under the same `mask_key` and shape; else built and kept in its place."""
     global _padding_block_mask
-    key = (key, rows, padding._version)
+    key = (mask_key, rows, q_time, k_time, str(device), padding._version)
     if _padding_block_mask is not None:
         tensor, kept_key, block_mask = _padding_block_mask
         if tensor() is padding and kept_key == key:
             return block_mask
-    block_mask = _block_mask(mask_mod, None, rows, *key[0][1:])
+    block_mask = _block_mask(mask_mod, None, rows, q_time, k_time, device)
     _padding_block_mask = (weakref.ref(padding), key, block_mask)
     return block_mask
 
