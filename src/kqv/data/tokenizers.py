@@ -66,10 +66,7 @@ class Tokenizer(ABC):
 
     def save(self, directory: str | Path) -> None:
         """Save as JSON into ``directory`` (created if needed); restore with ``load_tokenizer``."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        for name, text in self.files().items():
-            (directory / name).write_text(text, encoding="utf-8")
+        save_files(Path(directory), self.files())
 
     def _check_ids(self, ids: Sequence[int]) -> None:
         """Raise ValueError for ids outside the vocabulary rather than silently dropping them."""
@@ -241,6 +238,14 @@ def make_tokenizer(
             raise ConfigError("The 'bpe' tokenizer needs a vocab_size (more than 256 + the special tokens)")
         return BPETokenizer.train(text, vocab_size, special_tokens)
     raise ConfigError(f"Unknown tokenizer kind {kind!r}; choose one of {sorted(TOKENIZER_KINDS)}")
+
+
+def save_files(directory: Path, files: dict[str, str]) -> None:
+    """Each text of `files` (by name) in `directory`, created if needed: a tokenizer saved outside a run (a run's
+    are written by its own writer, `kqv.train.files`)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (directory / name).write_text(text, encoding="utf-8")
 
 
 def load_tokenizer(directory: str | Path) -> Tokenizer:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from .tokenizers import Tokenizer, load_tokenizer, make_tokenizer
+from .tokenizers import Tokenizer, load_tokenizer, make_tokenizer, save_files
 
 SPECIALS_FILE = "specials.json"
 SPECIAL_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")
@@ -43,9 +43,7 @@ class Vocabulary:
         return {**self.tokenizer.files(), SPECIALS_FILE: json.dumps(self.specials, indent=1) + "\n"}
 
     def save(self, directory: Path) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        for name, text in self.files().items():
-            (directory / name).write_text(text, encoding="utf-8")
+        save_files(directory, self.files())
 
     @classmethod
     def load(cls, directory: Path) -> Vocabulary:
