@@ -41,7 +41,6 @@ PRESENTATION = {
 }
 
 
-# the CPU features that decide which kernels torch can use (present ones are listed)
 def _module_file(name: str) -> Path | None:
     """The source file of kqv module `name` (a package's __init__.py), None outside kqv."""
     if name != "kqv" and not name.startswith("kqv."):
