@@ -10,9 +10,18 @@ import torch
 
 import kqv
 from kqv.cli.main import main
-from kqv.data.document_batches import DocumentBatches, DocumentOptions, Documents, corrupt, draw_random, shuffled
+from kqv.data.document_batches import (
+    DocumentBatches,
+    DocumentOptions,
+    Documents,
+    corrupt,
+    draw_random,
+    prefix_max,
+    shuffled,
+)
 from kqv.data.mixture import MixtureBatches
 from kqv.errors import ConfigError, DataError
+from kqv.jobs import sources as sources_module
 from kqv.jobs.completions import pairs_tokenizer
 from kqv.jobs.corpus import load_tokens
 from test_cli import TINY
@@ -214,3 +223,72 @@ def test_eval_writes_prompts_into_the_run_s_template_and_takes_a_mixture_s_const
     assert result.constant == "rome" and result.constant_correct == 1  # from the mixture's pairs, not the file's
     (tmp_path / "qa.tsv").rename(tmp_path / "moved.tsv")  # gone: the scored file's own answers, and it says so
     assert run.evaluate(pairs=tmp_path / "plain.tsv").constant == "oslo"
+
+
+def test_a_random_prefix_cuts_each_draw_to_4_to_its_longest_and_is_the_same_for_the_same_draw():
+    mask, end = TOKENIZER.token_to_id(MASK), TOKENIZER.encode("\n")[0]
+    options = DocumentOptions(mask, end, True, 0.25, 64, None, prefix_max(24))  # 7/8 of 24: at most 21 tokens
+    assert options.prefix_max == 21
+    kept = []
+    for draw in range(400):
+        doc = TOKENIZER.encode(LINES[draw % len(LINES)])  # 32 to 33 characters: longer than any prefix
+        prompt, completion = options.example(doc, [len(doc)], draw_random(5, draw))
+        cut = prompt.index(mask)
+        restored = prompt[:cut] + completion[:-1] + prompt[cut + 1 : -1]
+        assert restored == doc[: len(restored)]  # a prefix of the document, the span in its place
+        assert (prompt, completion) == options.example(doc, [len(doc)], draw_random(5, draw))  # the same draw
+        kept.append(len(restored))
+    assert min(kept) == 4 and max(kept) == 21 and len(set(kept)) == 18  # uniform over 4..21: every length drawn
+    short = TOKENIZER.encode("ab")  # shorter than the prefix: kept whole
+    prompt, completion = options.example(short, [2], draw_random(0, 1))
+    assert len(prompt) + len(completion) == 2 + 3
+
+
+def test_a_random_prefix_s_batches_count_their_real_tokens_and_do_not_depend_on_the_order_drawn():
+    made = documents()
+    options = DocumentOptions(made.options.mask, made.options.end, True, 0.25, 64, None, 12)
+    made = Documents(made.ids, made.lengths, options)
+    first = DocumentBatches(made, batch_size=4, context=64, seed=2)
+    again = DocumentBatches(made, batch_size=4, context=64, seed=2)  # a resume builds its batches anew
+    for i in (7, 0, 3):
+        batch = first.batch(i)
+        assert torch.equal(batch["ids"], again.batch(i)["ids"])
+        assert first.tokens(i) == int(batch["attention_mask"].sum()) < 4 * (max(map(len, LINES)) + 2)
+
+
+def test_span_loss_all_puts_the_loss_on_every_token_of_a_document_and_keeps_the_pairs_weight(tmp_path):
+    config = write_inputs(tmp_path)
+    (tmp_path / "qa.tsv").write_text("".join(f"{n} born?\t{TOWNS[k % 4]}\n" for k, n in enumerate(PEOPLE)))
+    sources = f'data.sources=[{{path="{tmp_path / "pre.txt"}"}}, {{path="{tmp_path / "qa.tsv"}"}}]'
+    settings = [sources, 'data.objective="span_corruption"', 'data.span_loss="all"', "data.random_prefix=true"]
+    settings += ["data.context=48", 'data.template="{prompt}{mask}"', 'train.schedule="constant"']
+    options = {"quiet": True, "overrides": settings}
+    kqv.train("lm", config, out=tmp_path / "full", steps=4, **options)
+    kqv.train("lm", config, out=tmp_path / "cut", steps=2, **options)
+    kqv.train("lm", out=tmp_path / "cut", resume=True, steps=4, quiet=True)
+    losses = [{r["step"]: r["train_loss"] for r in metrics(tmp_path / n) if "train_loss" in r} for n in ("full", "cut")]
+    assert losses[0] == losses[1] and len(losses[0]) == 4  # the same random prefixes after the resume
+    run = kqv.load(tmp_path / "full")
+    made = sources_module.trainer_options(run.config, run.tokenizer, load_tokens(run.run_dir))["train_batches"]
+    mask = run.tokenizer.token_to_id(MASK)
+    kinds = set()
+    for i in range(12):
+        batch = made(i)
+        for ids, targets, real in zip(batch["ids"], batch["targets"], batch["attention_mask"]):
+            n = int(real.sum())
+            document = (ids[:n] == mask).sum() == 2  # prefix MASK suffix MASK span: every target counts
+            counted = targets[:n] != -100
+            kinds.add(bool(document))
+            assert counted.all() if document else counted.sum() < n  # a pair's prompt keeps weight 0
+    assert kinds == {True, False}
+
+
+def test_the_span_options_are_refused_in_one_line_with_nothing_written(tmp_path, capsys):
+    write_inputs(tmp_path)
+    pre = str(tmp_path / "pre.txt")
+    refuse(tmp_path, capsys, ["--data", pre, "--set", "data.random_prefix=true"], "set data.objective='span_")
+    refuse(tmp_path, capsys, ["--data", pre, "--set", 'data.span_loss="all"'], "data.span_loss shapes span")
+    span = 'data.objective="span_corruption"'
+    refuse(tmp_path, capsys, ["--data", pre, "--set", span, "--set", 'data.span_loss="every"'], "data.span_loss")
+    refuse(tmp_path, capsys, ["--data", pre, "--set", span, "--set", "data.random_prefix=true", "--set",
+                              "data.context=4"], "drop data.random_prefix")  # fmt: skip

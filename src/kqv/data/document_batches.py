@@ -12,11 +12,17 @@ A document of n tokens becomes, at each draw, one example like a prompt -> compl
 * **next token** (`corrupt=False`): the document and END, its first token as the prompt (so every later token
   is a target), n + 1 tokens;
 * with `sentences` (sentence-order augmentation, after Allen-Zhu & Li 2023's knowledge augmentation), the
-  document's sentences are first put in a random order, joined by `separator`: the same tokens, reordered.
+  document's sentences are first put in a random order, joined by `separator`: the same tokens, reordered;
+* with `prefix_max` (a random prefix, as CS224N's span-corruption dataset cuts each document before masking),
+  the document is then cut to its first P tokens, P uniform in [PREFIX_MIN, prefix_max] (the whole document when
+  it is shorter), so its opening is seen in many lengths and the span falls on different parts of it; the span's
+  length follows the cut document's n. P is the draw's first number, so `DocumentBatches.tokens` knows a draw's
+  length without making it.
 
 Draw d of a document is made from `random.Random(seed * 1_000_003 + d)` alone, and the draws of epoch e are
 numbered e * documents + k, so batch i depends only on i and the seed, and a resume draws the same examples.
-An example's length does not depend on the draw, so rows are cut (and packed) as for fixed examples.
+Without a random prefix an example's length does not depend on the draw, so rows are cut (and packed) as for fixed
+examples; with one, rows are planned (and packed) by the whole document's length, which a draw never exceeds.
 """
 
 from __future__ import annotations
@@ -28,6 +34,14 @@ import torch
 from torch import Tensor
 
 from .example_batches import EncodedExamples, ExampleBatches
+
+PREFIX_MIN = 4  # a random prefix's fewest tokens (CS224N's span-corruption dataset: 4 characters)
+PREFIX_SHARE = 7 / 8  # a random prefix's most tokens as a share of the context (CS224N's: 7/8 of the block)
+
+
+def prefix_max(context: int) -> int:
+    """The longest random prefix a run of `context` tokens cuts: 7/8 of it, as CS224N's dataset cuts its block."""
+    return int(context * PREFIX_SHARE)
 
 
 def corrupt(doc: list[int], rng: random.Random, mask: int, end: int, rate: float, span_max: int) -> tuple[list, list]:
@@ -55,8 +69,8 @@ def shuffled(doc: list[int], lengths: list[int], separator: list[int], rng: rand
 @dataclass(frozen=True)
 class DocumentOptions:
     """How a document becomes an example: its `mask` and `end` ids, whether it is `corrupt`ed (else next token),
-    the span's mean fraction `span_rate` and longest length `span_max`, and the sentence `separator` of
-    sentence-order augmentation (None: off)."""
+    the span's mean fraction `span_rate` and longest length `span_max`, the sentence `separator` of
+    sentence-order augmentation (None: off), and the longest random prefix `prefix_max` (0: the whole document)."""
 
     mask: int
     end: int
@@ -64,11 +78,21 @@ class DocumentOptions:
     span_rate: float = 0.15
     span_max: int = 64
     separator: tuple[int, ...] | None = None
+    prefix_max: int = 0
+
+    def kept(self, n: int, rng: random.Random) -> int:
+        """How many of a document's `n` tokens a draw keeps: its random prefix's length (the draw's first number),
+        or all of them."""
+        if not self.prefix_max:
+            return n
+        return min(n, rng.randint(min(PREFIX_MIN, self.prefix_max), self.prefix_max))
 
     def example(self, doc: list[int], sentences: list[int], rng: random.Random) -> tuple[list[int], list[int]]:
         """(prompt, completion) of one draw of `doc` (its sentences' token counts `sentences`)."""
+        kept = self.kept(len(doc), rng)
         if self.separator is not None and len(sentences) > 1:
             doc = shuffled(doc, sentences, list(self.separator), rng)
+        doc = doc[:kept]
         if self.corrupt:
             return corrupt(doc, rng, self.mask, self.end, self.span_rate, self.span_max)
         return doc[:1], doc[1:] + [self.end]
@@ -106,7 +130,8 @@ class Documents(EncodedExamples):
         return cached
 
     def inputs(self, g: int) -> int:
-        """The tokens the model reads of draw g (any draw of document g mod documents): all but the last."""
+        """The most tokens the model reads of draw g (any draw of document g mod documents): all but the last of
+        its whole document's example (a random prefix's draw reads fewer: `DocumentBatches.tokens`)."""
         return self.spans[g % len(self)][1] + self.options.extra() - 1
 
 
@@ -117,6 +142,18 @@ class DocumentBatches(ExampleBatches):
     def label_rows(self, epoch: int, rows: list[list[int]]) -> list[list[int]]:
         offset = epoch * len(self.examples)
         return [[offset + k for k in row] for row in rows]
+
+    def tokens(self, i: int) -> int:
+        """The real tokens batch i feeds the model, each draw's random prefix counted (its first number)."""
+        documents: Documents = self.examples  # type: ignore[assignment]
+        if not documents.options.prefix_max:
+            return super().tokens(i)
+        extra = documents.options.extra() - 1
+        return sum(
+            documents.options.kept(documents.spans[g % len(documents)][1], draw_random(self.seed, g)) + extra
+            for row in self.rows(i)
+            for g in row
+        )
 
     def example_tokens(self, g: int) -> tuple[Tensor, int]:
         documents: Documents = self.examples  # type: ignore[assignment]

@@ -65,6 +65,8 @@ class DataConfig(Config):
     mask: str | None = None  # the mask symbol; None: the tokenizer's own (char: U+2047, bpe: <mask>)
     span_rate: float = 0.15  # span corruption: a span's mean share of its document
     span_max: int = 64  # span corruption: a span's most tokens
+    random_prefix: bool = False  # span corruption: each draw first cuts its document to a random prefix (CS224N's)
+    span_loss: Literal["span", "all"] = "span"  # span corruption: the loss on the span, or on every token (FIM's)
     shuffle_sentences: bool = False  # a document's sentences in a new order at every draw
     template: str | None = None  # pairs: every prompt written into it, e.g. "{prompt}{mask}"
 

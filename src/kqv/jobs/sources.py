@@ -6,7 +6,9 @@ tables of `path` and `weight`), make the LM job train on examples rather than on
 - a **text** source (a file or a directory of .txt files) is cut into documents (`kqv.data.documents`: its lines,
   or the parts between `data.delimiter`); under `next_token` a document is an example of its own (the document and
   the end of text), under `span_corruption` a new span of it is masked at every draw
-  (`kqv.data.document_batches`); with `data.shuffle_sentences` its sentences come in a new order at every draw.
+  (`kqv.data.document_batches`); with `data.shuffle_sentences` its sentences come in a new order at every draw,
+  with `data.random_prefix` each draw first cuts it to a random prefix, and with `data.span_loss = "all"` its
+  training loss is on every token of the rearranged document (a pairs source keeps `data.prompt_loss_weight`).
   A document longer than the context (context - 2 tokens: two masks and the end of text must fit) is cut into
   windows, by whole sentences where it has them; the line before training counts them;
 - a **pairs** source (.tsv, .jsonl) is its prompt -> completion examples, as a run on pairs alone trains them,
@@ -29,7 +31,7 @@ import torch
 from torch import Tensor
 
 from ..data.completions import Example, encode_examples, end_of_text, is_pairs_file, read_examples, split_examples
-from ..data.document_batches import DocumentBatches, DocumentOptions, Documents, draw_random
+from ..data.document_batches import PREFIX_MIN, DocumentBatches, DocumentOptions, Documents, draw_random, prefix_max
 from ..data.documents import (
     apply_template,
     check_template,
@@ -87,12 +89,30 @@ def check_sources(data: Any) -> None:
         )
     if data.span_max < 1:
         raise ConfigError(f"data.span_max must be at least 1 token, got {data.span_max}")
+    check_span_options(data)
     if data.delimiter == "":
         raise ConfigError("data.delimiter is empty; give the string between documents, or drop it for lines")
     if (data.shuffle_sentences or data.delimiter is not None) and not data.mixture:
         raise ConfigError(
             "data.shuffle_sentences and data.delimiter read a text as documents: set data.objective or give "
             "several sources (data.sources)"
+        )
+
+
+def check_span_options(data: Any) -> None:
+    """The random prefix and the loss on every token shape span corruption's examples: refused without it, and a
+    prefix that the context cannot hold."""
+    given = [
+        name for name, on in (("random_prefix", data.random_prefix), ("span_loss", data.span_loss != "span")) if on
+    ]
+    if given and data.objective != "span_corruption":
+        raise ConfigError(
+            f"data.{given[0]} shapes span corruption's examples; set data.objective='span_corruption' or drop it"
+        )
+    if data.random_prefix and prefix_max(data.context) < PREFIX_MIN:
+        raise ConfigError(
+            f"data.random_prefix cuts each document to {PREFIX_MIN} to 7/8 of data.context tokens, and "
+            f"data.context={data.context} leaves fewer than {PREFIX_MIN}; raise data.context or drop data.random_prefix"
         )
 
 
@@ -176,7 +196,8 @@ def document_options(data: Any, tokenizer: Tokenizer) -> DocumentOptions:
     corrupt = data.objective == "span_corruption"
     mask = mask_id(tokenizer, mask_symbol(data.mask, getattr(tokenizer, "kind", "bpe"))) if corrupt else -1
     separator = tuple(tokenizer.encode(" ")) if data.shuffle_sentences else None
-    return DocumentOptions(mask, end_of_text(tokenizer)[0], corrupt, data.span_rate, data.span_max, separator)
+    longest = prefix_max(data.context) if data.random_prefix else 0
+    return DocumentOptions(mask, end_of_text(tokenizer)[0], corrupt, data.span_rate, data.span_max, separator, longest)
 
 
 def encode_pairs(examples: list[Example], data: Any, tokenizer: Tokenizer, mask: str, where: str) -> list[dict]:
@@ -299,7 +320,8 @@ def trainer_options(config: Any, tokenizer: Tokenizer, tokens: dict[str, Tensor]
         else:
             sentences = tokens["train_sentence_lengths"][sentence_starts[items.start] : sentence_starts[items.stop]]
             documents = Documents(ids, lengths, options, sentences, counts[items])
-            training.append(DocumentBatches(documents, shuffle=True, **shared))
+            every_token = {"prompt_loss_weight": 1.0} if data.span_loss == "all" else {}
+            training.append(DocumentBatches(documents, shuffle=True, **(shared | every_token)))
         validation.append(ExampleBatches(EncodedExamples(val_ids, val_lengths), shuffle=False, **shared))
     weights = [weight for _, weight in paths]
     train_mix = MixtureBatches(training, weights, train.seed, "train")
