@@ -19,7 +19,14 @@ import kqv
 from kqv.cli.main import main
 from kqv.data.completions import split_examples
 from kqv.jobs.corpus import load_tokens
-from kqv.jobs.scoring import PairsEvaluation, Prediction, constant_answer, fine_tuning_answers, with_baselines
+from kqv.jobs.scoring import (
+    PairsEvaluation,
+    Prediction,
+    constant_answer,
+    fine_tuning_answers,
+    kind_constants,
+    with_baselines,
+)
 from kqv.train.evaluation import difference_over_questions, mean_over_seeds, sign_test, t_quantile
 from test_finetune import tiny_run
 
@@ -169,3 +176,82 @@ def test_kqv_eval_prints_the_baselines_and_the_difference_over_questions(runs, c
     figures = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert figures["constant"] == "be" and figures["versus_constant_95"] == pytest.approx([versus.low, versus.high])
     assert figures["versus_constant_questions"] == 4 and figures["uniform_exact_match"] == pytest.approx(1 / 3)
+
+
+def test_the_per_kind_constant_and_the_reading_score_by_hand_ties_included():
+    reference = ["X", "X", "Y", "Z", "1990", "1999", "1999", "1990", "1945"]
+    kinds = ["town"] * 4 + ["year"] * 5
+    # the years tie (1990 and 1999 twice each): the first in sorted order, as `constant_answer` breaks every tie
+    assert kind_constants(reference, kinds) == {"town": "X", "year": "1990"}
+    rows = [("X", "X", "town"), ("Y", "Y", "town"), ("Z", "X", "town"), ("W", "W", "town")]
+    rows += [("1990", "1999", "year"), ("1999", "1999", "year"), ("1945", "1990", "year"), ("Q", "Q", "trade")]
+    predictions = tuple(Prediction(f"q{i}", e, g, k) for i, (e, g, k) in enumerate(rows))
+    base = PairsEvaluation("f", 8, 5, 0.0, 1.0, 1.0, math.e, 4, predictions)
+    result = with_baselines(base, reference, "the reference", kinds)
+    assert result.constant == "1990"  # X, 1990 and 1999 twice each: a kind the reference lacks ("trade") takes it
+    assert (result.per_kind_correct, result.per_kind_exact_match) == (2, 2 / 8)  # questions 1 and 5
+    # reading questions: 2 3 4 6 7 8 (answers that are not their kind's constant); the model is right on 2 4 6 8
+    assert (result.reading_n, result.reading_correct, result.reading_exact_match) == (6, 4, 4 / 6)
+    assert (result.reading_low, result.reading_high) == pytest.approx(wilson(4, 6))
+    # a guess among the kind's other seen answers by frequency: town Y 1/2, Z 1/2, W 0/2; year 1999 2/3, 1945 1/3;
+    # trade, unseen, among the whole reference's answers other than the constant: Q 0/7
+    guesses = [1 / 2, 1 / 2, 0, 2 / 3, 1 / 3, 0]
+    assert result.reading_baseline == pytest.approx(sum(guesses) / 6) == pytest.approx(1 / 3)
+    versus = result.versus_reading_baseline
+    assert (
+        versus.n == 6 and versus.difference == pytest.approx(4 / 6 - 1 / 3) and (versus.better, versus.worse) == (4, 2)
+    )
+    assert result.versus_per_kind.difference == pytest.approx(5 / 8 - 2 / 8) and result.versus_per_kind.n == 8
+    figures = result.to_dict()
+    assert figures["kind_constants"] == {"town": "X", "year": "1990"} and figures["reading_questions"] == 6
+    assert figures["reading_95"] == [result.reading_low, result.reading_high]
+    assert figures["versus_reading_baseline_95"] == [versus.low, versus.high]
+    single = with_baselines(base, reference, "the reference")  # no kinds: one kind, its constant the constant
+    assert single.kind_constants == {"": "1990"} and single.per_kind_correct == single.constant_correct == 1
+
+
+def wilson(correct, n, z=1.959964):
+    p = correct / n
+    centre, half = p + z * z / (2 * n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return ((centre - half) / (1 + z * z / n), (centre + half) / (1 + z * z / n))
+
+
+def test_kqv_eval_prints_the_per_kind_constant_and_the_reading_score_of_pairs_that_name_their_kind(runs, capsys):
+    scored = runs["scored"].with_name("kinds.jsonl")
+    kinds = ["a", "a", "b", "b"]
+    scored.write_text("".join(json.dumps({"prompt": p, "completion": c, "kind": k}) + "\n"
+                              for (p, c), k in zip(SCORED, kinds)))  # fmt: skip
+    assert main(["eval", str(runs["text"]), "--data", str(scored)]) == 0
+    lines = {line.strip().split("  ", 1)[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    result = kqv.load(runs["text"]).evaluate(pairs=scored)
+    assert result.kind_constants == {"a": "or", "b": "be"}  # b: "or" and "be" once each, "be" first in sorted order
+    assert (
+        "3/4 = 75.0%, always answering a kind's most frequent answer (a: 'or', b: 'be')" in lines["per-kind constant"]
+    )
+    assert result.reading_n == 1  # "or" of kind b: the one answer that is not its kind's constant
+    reading = f"{result.reading_correct}/1 = {result.reading_correct:.1%}"
+    assert lines["reading score"].split("reading score")[1].strip().startswith(reading)
+    assert "by frequency: 100.0%" in lines["reading score"]  # b's one other seen answer is the question's own
+
+
+def test_a_pair_run_s_kinds_come_from_its_file_while_it_holds_the_same_answers(tmp_path):
+    from kqv.data.completions import DEFAULT_KIND
+    from kqv.jobs.lm import trained_kinds
+
+    path = tmp_path / "qa.jsonl"
+    pairs = [(f"q{i}", f"a{i % 3}", f"k{i % 2}") for i in range(10)]
+    path.write_text("".join(json.dumps({"prompt": p, "completion": c, "kind": k}) + "\n" for p, c, k in pairs))
+    trained, _ = split_examples(10, 0.1)
+    answers = [pairs[k][1] for k in trained]
+    assert trained_kinds(str(path), 0.1, answers) == [pairs[k][2] for k in trained]
+    assert trained_kinds(str(path), 0.1, ["changed", *answers[1:]]) == [DEFAULT_KIND] * 9
+    assert trained_kinds(str(tmp_path / "gone.jsonl"), 0.1, answers) == [DEFAULT_KIND] * 9
+
+
+@pytest.mark.parametrize("kind", ["3", '""', "null"])
+def test_a_kind_that_is_not_a_non_empty_string_is_refused_in_one_line(runs, capsys, kind):
+    bad = runs["scored"].with_name("bad-kind.jsonl")
+    bad.write_text('{"prompt": "is it a", "completion": " or", "kind": ' + kind + "}\n")
+    assert main(["eval", str(runs["text"]), "--data", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and 'bad-kind.jsonl:1: "kind" must be a non-empty string' in err

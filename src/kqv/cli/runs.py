@@ -18,6 +18,7 @@ from ..jobs.pretrained import PretrainedRun
 from ..jobs.scoring import PairsEvaluation, escape_line, read_prompts, write_completions, write_predictions
 from ..jobs.vit import VitRun
 from ..nn.generation import GENERATION_DTYPES
+from ..train.evaluation import QuestionDifference
 from ..train.files import refuse_writing_over
 from .commands import JobCommand, RunCommand, report
 from .flags import BEAM_FLAGS, JSON_FLAG, OUT_PNG_FLAG, Flag
@@ -100,8 +101,42 @@ def pairs_table(result: PairsEvaluation) -> str:
     return "\n".join([f"{result.source}:", *(f"  {name:<{width}}  {value}" for name, value in rows)])
 
 
+def difference_text(versus: QuestionDifference) -> str:
+    """A paired difference over questions, its interval and McNemar's exact test, in one phrase."""
+    return (
+        f"{versus.difference:+.1%} (95% interval over the {versus.n:,} questions {versus.low:+.1%} to "
+        f"{versus.high:+.1%}, paired t; better on {versus.better:,}, worse on {versus.worse:,}, McNemar exact "
+        f"p = {versus.p_value:.3g})"
+    )
+
+
+def kind_rows(result: PairsEvaluation) -> list[tuple[str, str]]:
+    """The per-kind constant (the strongest answer that never reads the question), where the pairs name more than
+    one kind of question, and the reading score."""
+    rows = []
+    if result.versus_per_kind is not None and len(result.kind_constants) > 1:
+        constants = ", ".join(f"{kind}: {answer!r}" for kind, answer in result.kind_constants.items())
+        score = f"{result.per_kind_correct:,}/{result.n:,} = {result.per_kind_exact_match:.1%}"
+        rows += [
+            ("per-kind constant", f"{score}, always answering a kind's most frequent answer ({constants})"),
+            ("model - per-kind", difference_text(result.versus_per_kind)),
+        ]
+    if result.reading_n:
+        rows.append(
+            (
+                "reading score",
+                f"{result.reading_correct:,}/{result.reading_n:,} = {result.reading_exact_match:.1%} (95% interval "
+                f"{result.reading_low:.1%} to {result.reading_high:.1%}) on the questions whose answer is not their "
+                f"kind's constant; a guess among the kind's other answers by frequency: {result.reading_baseline:.1%}",
+            )
+        )
+        rows.append(("reading - guess", difference_text(result.versus_reading_baseline)))
+    return rows
+
+
 def baseline_rows(result: PairsEvaluation) -> list[tuple[str, str]]:
-    """The constant answer's score, the model's difference to it over questions, and the uniform guess."""
+    """The constant answer's score, the model's difference to it over questions, the uniform guess, and per kind
+    of question the constant and the reading score (`kind_rows`)."""
     versus = result.versus_constant
     if versus is None:
         return []
@@ -111,17 +146,13 @@ def baseline_rows(result: PairsEvaluation) -> list[tuple[str, str]]:
             f"{result.constant_correct:,}/{result.n:,} = {result.constant_exact_match:.1%}, always answering "
             f"{result.constant!r} (the most frequent answer of {result.constant_reference})",
         ),
-        (
-            "model - constant",
-            f"{versus.difference:+.1%} (95% interval over the {versus.n:,} questions {versus.low:+.1%} to "
-            f"{versus.high:+.1%}, paired t; better on {versus.better:,}, worse on {versus.worse:,}, McNemar exact "
-            f"p = {versus.p_value:.3g})",
-        ),
+        ("model - constant", difference_text(versus)),
         (
             "uniform baseline",
             f"{result.uniform:.1%} expected, a guess among the {result.distinct_answers:,} distinct answers of "
             f"{result.constant_reference.split(' (')[0]}",
         ),
+        *kind_rows(result),
     ]
 
 

@@ -1,7 +1,9 @@
 """Prompt -> completion pairs: the data of a fine-tune that answers, and of `kqv eval --data pairs`.
 
 A file of pairs is either a TSV (`prompt<TAB>completion`, one pair per line) or JSONL (one
-`{"prompt": ..., "completion": ...}` object per line), chosen by its suffix (`.tsv`, `.jsonl`), in UTF-8. Lines end
+`{"prompt": ..., "completion": ...}` object per line, optionally with a `"kind"`: the kind of question it asks,
+which `kqv eval`'s per-kind baselines group by; a pair without one is of the kind `DEFAULT_KIND`), chosen by its
+suffix (`.tsv`, `.jsonl`), in UTF-8. Lines end
 at a newline alone (`\n`, or `\r\n`): a form feed, a lone carriage return, U+0085 or U+2028 inside a prompt or a
 completion is part of it. A byte-order mark at the start of the file is skipped; one elsewhere, bytes that are not
 UTF-8, a completion of whitespace alone, a JSON key given twice or JSON nested too deeply for Python's parser is a
@@ -34,6 +36,7 @@ from .tokenizers import Tokenizer, encode_texts
 
 PAIR_SUFFIXES = (".tsv", ".jsonl")
 END_OF_TEXT_TOKENS = ("<|endoftext|>", "<eos>")  # the first a tokenizer has is its end of text
+DEFAULT_KIND = ""  # the kind of a pair that names none (every TSV pair): one kind for all of them
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,7 @@ class Example:
     prompt: str
     completion: str
     line: int = field(default=0, compare=False)  # its line in the file (1-based), for errors; 0: not from a file
+    kind: str = DEFAULT_KIND  # the kind of question (a .jsonl pair's "kind"), for per-kind baselines
 
 
 def is_pairs_file(path: str | Path) -> bool:
@@ -115,6 +119,9 @@ def _jsonl_example(line: str, where: str, number: int) -> Example:
         )
     if not record["prompt"] or not record["completion"]:
         raise DataError(f"{where}: the prompt and the completion must both be non-empty")
+    kind = record.get("kind", DEFAULT_KIND)
+    if not isinstance(kind, str) or ("kind" in record and not kind.strip()):
+        raise DataError(f'{where}: "kind" must be a non-empty string (the kind of question), got {kind!r}')
     for key in ("prompt", "completion"):
         try:
             record[key].encode("utf-8")
@@ -123,7 +130,7 @@ def _jsonl_example(line: str, where: str, number: int) -> Example:
                 f"{where}: the {key} holds a lone surrogate {error.object[error.start]!r} (a \\u escape of half a "
                 f"pair), which is not text; write the character itself, or both halves of its pair"
             ) from None
-    return Example(record["prompt"], record["completion"], number)
+    return Example(record["prompt"], record["completion"], number, kind)
 
 
 def end_of_text(tokenizer: Tokenizer) -> tuple[int, str]:

@@ -110,4 +110,4 @@ def templated(
     if "{mask}" in template:
         check_unused([t for e in examples for t in (e.prompt, e.completion)], mask, where)
         mask_id(tokenizer, mask)
-    return [Example(apply_template(template, e.prompt, mask or ""), e.completion, e.line) for e in examples]
+    return [Example(apply_template(template, e.prompt, mask or ""), e.completion, e.line, e.kind) for e in examples]

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..data.batches import batch_generator, sample_batch
-from ..data.completions import is_pairs_file, read_examples
+from ..data.completions import DEFAULT_KIND, is_pairs_file, read_examples, split_examples
 from ..data.documents import mask_symbol
 from ..data.shakespeare import load_text
 from ..data.tokenizers import Tokenizer, encode_text, make_tokenizer
@@ -40,7 +40,15 @@ from .corpus import describe_corpus, load_tokens, prepare_corpus
 from .finetune import FINETUNE_CONTEXT, FinetuneConfig, FineTuneStart, fit_context
 from .init import SourceTokenizer, finetune_config, load_source_weights, read_source
 from .sampling import SampleConfig, continuations, default_prompt, generation_config, write_samples
-from .scoring import BATCH_SIZE, PairsEvaluation, check_pairs_alone, complete, evaluate_pairs, fine_tuning_answers
+from .scoring import (
+    BATCH_SIZE,
+    PairsEvaluation,
+    check_pairs_alone,
+    complete,
+    evaluate_pairs,
+    fine_tuning_answers,
+    normalise,
+)
 from .sources import Source, check_sources, needed_mask
 
 
@@ -101,6 +109,20 @@ class DataConfig(Config):
                 "data.prompt_loss_weight and data.packing apply to a file of prompt -> completion pairs (data.path "
                 f"a .tsv or .jsonl file), not to text ({self.path or 'Shakespeare'}); drop them"
             )
+
+
+def trained_kinds(path: str, val_fraction: float, answers: list[str]) -> list[str]:
+    """The kinds of question of a pair run's training `answers`: those its file of pairs `path` names, while the
+    file's training split (`split_examples`) still holds those answers, else `DEFAULT_KIND` for each."""
+    if Path(path).is_file():
+        try:
+            examples = read_examples(path)
+            trained = [examples[k] for k in split_examples(len(examples), val_fraction)[0]]
+        except DataError:
+            trained = []
+        if [normalise(e.completion) for e in trained] == [normalise(a) for a in answers]:
+            return [e.kind for e in trained]
+    return [DEFAULT_KIND] * len(answers)
 
 
 def with_prompt(config: LMRunConfig, tokenizer: Tokenizer, tokens: dict[str, torch.Tensor]) -> LMRunConfig:
@@ -285,13 +307,21 @@ class LMRun(TrainedRun):
         only a prefix of that many tokens (at least 2). With `pairs` (a .tsv or .jsonl file of prompt ->
         completion pairs, each prompt written into the run's `data.template` as in training): the completion loss
         and the exact match of greedy completions, with its 95% interval, and the constant and uniform baselines
-        from the answers the run trained on, if any (`trained_answers`; `PairsEvaluation`)."""
+        from the answers the run trained on, if any, grouped by their kinds of question (`trained_answers`;
+        `PairsEvaluation`)."""
         if pairs is not None:
             check_pairs_alone(data, max_tokens)
-            settings, answers = self.config.data, self.trained_answers()
+            settings, trained = self.config.data, self.trained_answers()
+            answers, kinds = trained if trained is not None else (None, None)
             mask = mask_symbol(settings.mask, settings.tokenizer)
             return evaluate_pairs(
-                self.model, self.tokenizer, pairs, reference=answers, template=settings.template, mask=mask
+                self.model,
+                self.tokenizer,
+                pairs,
+                reference=answers,
+                template=settings.template,
+                mask=mask,
+                reference_kinds=kinds,
             )
         if data is not None:
             return evaluate_text(self.model, self.tokenizer, data, self.config.data.context, max_tokens)
@@ -303,16 +333,20 @@ class LMRun(TrainedRun):
         result = perplexity(self.model, ids, context=self.config.data.context, n_chars=n_chars, max_tokens=max_tokens)
         return LMEvaluation(source, **result)
 
-    def trained_answers(self) -> list[str] | None:
-        """The completions of the pairs the run trained on, the constant baseline's reference: a pair run's training
-        examples (its tokens.safetensors), or every pair of a mixture's pairs files while they are where the run
-        read them; None for a run that trained on no pairs."""
-        if self.config.data.pairs:
-            return fine_tuning_answers(self.tokenizer, load_tokens(self.run_dir))
-        files = [Path(source.path) for source in self.config.data.sources if is_pairs_file(source.path)]
+    def trained_answers(self) -> tuple[list[str], list[str]] | None:
+        """The completions of the pairs the run trained on and their kinds of question, the baselines' reference: a
+        pair run's training examples (its tokens.safetensors; their kinds from data.path while it holds the same
+        training answers, else `DEFAULT_KIND`), or every pair of a mixture's pairs files while they are where the
+        run read them; None for a run that trained on no pairs."""
+        data = self.config.data
+        if data.pairs:
+            answers = fine_tuning_answers(self.tokenizer, load_tokens(self.run_dir))
+            return answers, trained_kinds(data.path, data.val_fraction, answers)
+        files = [Path(source.path) for source in data.sources if is_pairs_file(source.path)]
         if not files or not all(file.is_file() for file in files):
             return None
-        return [example.completion for file in files for example in read_examples(file)]
+        examples = [example for file in files for example in read_examples(file)]
+        return [example.completion for example in examples], [example.kind for example in examples]
 
     def attention(self, text: str, *, max_tokens: int = ATTENTION_MAX_TOKENS) -> AttentionMaps:
         """The self-attention weights of every layer and head over `text`, rows and columns labelled by token.

@@ -7,7 +7,11 @@ cross-entropy of the completion's tokens and the end of text, given the prompt: 
 and the exact match of greedy completions after whitespace normalisation, with a 95% Wilson interval, beside two
 baselines that never read the question: the constant answer (the most frequent completion of the run's fine-tuning
 pairs, else of the scored file) with the model's difference to it over questions
-(`kqv.train.evaluation.difference_over_questions`), and a uniform guess among the distinct answers.
+(`kqv.train.evaluation.difference_over_questions`), and a uniform guess among the distinct answers. Where pairs
+name their kind of question (a .jsonl pair's `"kind"`; `kqv.data.completions.DEFAULT_KIND` otherwise), the
+strongest answer that never reads the question is each kind's constant (`kind_constants`, the same tie rule), and
+the *reading score* is the exact match over the questions whose answer is not their kind's constant, beside its own
+baseline: a guess among the kind's other seen answers, each drawn as often as it was seen (`reading_guess`).
 `LMRun.complete` / `LMRun.evaluate(pairs=...)` and a GPT-2 directory's use them; `kqv generate --prompts` and
 `kqv eval --data pairs.tsv` call those.
 """
@@ -15,7 +19,7 @@ pairs, else of the scored file) with the model's difference to it over questions
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -24,7 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..data.completions import check_examples, end_of_text, read_examples
+from ..data.completions import DEFAULT_KIND, check_examples, end_of_text, read_examples
 from ..data.documents import templated
 from ..data.example_batches import EncodedExamples
 from ..data.lines import text_lines
@@ -154,6 +158,7 @@ class Prediction:
     prompt: str
     expected: str
     got: str
+    kind: str = DEFAULT_KIND  # the kind of question the pair names (its .jsonl "kind")
 
     @property
     def correct(self) -> bool:
@@ -173,7 +178,14 @@ class PairsEvaluation:
     `constant_correct` pairs; `versus_constant`, the model's exact match minus the constant's with a 95% interval
     whose unit is the question (paired: both answer the same questions); `uniform`, the expected exact match of a
     guess drawn uniformly from the reference's `distinct_answers` answers (1 / distinct_answers when every expected
-    answer is among them; an answer that is not scores 0)."""
+    answer is among them; an answer that is not scores 0).
+
+    Per kind of question: `kind_constants`, each kind's most frequent reference answer (a kind the reference lacks
+    takes the constant), right on `per_kind_correct` pairs, and `versus_per_kind`, the model minus it over
+    questions. The reading score: of the `reading_n` pairs whose answer is not their kind's constant, the model
+    gets `reading_correct` right (95% Wilson interval [reading_low, reading_high]); `reading_baseline` is the
+    expected score there of a guess among the kind's other reference answers by frequency (`reading_guess`), and
+    `versus_reading_baseline` the model minus that guess over those questions."""
 
     source: str
     n: int
@@ -190,6 +202,15 @@ class PairsEvaluation:
     versus_constant: QuestionDifference | None = None
     distinct_answers: int = 0
     uniform: float = 0.0
+    kind_constants: dict[str, str] = field(default_factory=dict)
+    per_kind_correct: int = 0
+    versus_per_kind: QuestionDifference | None = None
+    reading_n: int = 0
+    reading_correct: int = 0
+    reading_low: float = 0.0
+    reading_high: float = 1.0
+    reading_baseline: float = 0.0
+    versus_reading_baseline: QuestionDifference | None = None
 
     @property
     def exact_match(self) -> float:
@@ -200,6 +221,17 @@ class PairsEvaluation:
     def constant_exact_match(self) -> float:
         """The fraction of pairs the constant answer gets right."""
         return self.constant_correct / self.n
+
+    @property
+    def per_kind_exact_match(self) -> float:
+        """The fraction of pairs each kind's constant answer gets right."""
+        return self.per_kind_correct / self.n
+
+    @property
+    def reading_exact_match(self) -> float | None:
+        """The reading score: the fraction right of the pairs whose answer is not their kind's constant (None:
+        there are none)."""
+        return self.reading_correct / self.reading_n if self.reading_n else None
 
     @property
     def constant_scores(self) -> list[int]:
@@ -223,12 +255,22 @@ class PairsEvaluation:
             **versus_figures(self.versus_constant),
             "distinct_answers": self.distinct_answers,
             "uniform_exact_match": self.uniform,
+            "kind_constants": self.kind_constants,
+            "per_kind_correct": self.per_kind_correct,
+            "per_kind_exact_match": self.per_kind_exact_match,
+            **versus_figures(self.versus_per_kind, "versus_per_kind"),
+            "reading_questions": self.reading_n,
+            "reading_correct": self.reading_correct,
+            "reading_exact_match": self.reading_exact_match,
+            "reading_95": [self.reading_low, self.reading_high],
+            "reading_baseline": self.reading_baseline,
+            **versus_figures(self.versus_reading_baseline, "versus_reading_baseline"),
         }
 
 
-def versus_figures(versus: QuestionDifference | None) -> dict[str, Any]:
-    """`versus_constant`'s figures as flat keys of `PairsEvaluation.to_dict`."""
-    return {} if versus is None else versus.to_dict("versus_constant")
+def versus_figures(versus: QuestionDifference | None, name: str = "versus_constant") -> dict[str, Any]:
+    """A difference's figures as flat keys of `PairsEvaluation.to_dict`, each starting with `name`."""
+    return {} if versus is None else versus.to_dict(name)
 
 
 def constant_answer(answers: Sequence[str]) -> str:
@@ -240,9 +282,61 @@ def constant_answer(answers: Sequence[str]) -> str:
     return min(counts, key=lambda answer: (-counts[answer], answer))
 
 
-def with_baselines(result: PairsEvaluation, reference: Sequence[str], described: str) -> PairsEvaluation:
-    """`result` with its baselines computed from the answers of `reference` (`described` says what they are):
-    the constant answer, its score and the model's difference to it per question, and the uniform guess."""
+def kind_constants(answers: Sequence[str], kinds: Sequence[str]) -> dict[str, str]:
+    """Each kind's constant answer: `constant_answer` of the answers of that kind (`kinds[i]` is answer i's)."""
+    grouped: dict[str, list[str]] = defaultdict(list)
+    for answer, kind in zip(answers, kinds, strict=True):
+        grouped[kind].append(answer)
+    return {kind: constant_answer(grouped[kind]) for kind in sorted(grouped)}
+
+
+def reading_guess(expected: str, seen: Counter, constant: str) -> float:
+    """The expected exact match, on a question whose answer `expected` is not its kind's `constant`, of a guess
+    drawn from the kind's other seen answers (`seen`: each normalised answer's count), each as often as it was
+    seen: seen[expected] / (seen answers - seen[constant]); 0 when the kind has no other seen answer."""
+    others = sum(seen.values()) - seen[constant]
+    return seen[expected] / others if others else 0.0
+
+
+def reading_baselines(
+    result: PairsEvaluation, reference: Sequence[str], kinds: Sequence[str], constant: str
+) -> dict[str, Any]:
+    """The per-kind constant's and the reading score's figures of `result` (`PairsEvaluation`'s fields) from the
+    `reference` answers of `kinds`; a scored kind the reference lacks takes `constant` and the whole reference."""
+    constants = kind_constants(reference, kinds)
+    seen: dict[str, Counter] = defaultdict(Counter)
+    for answer, kind in zip(reference, kinds, strict=True):
+        seen[kind][normalise(answer)] += 1
+    everything = Counter(normalise(answer) for answer in reference)
+    model, per_kind, reading, guesses = [], [], [], []
+    for prediction in result.predictions:
+        expected, kind_constant = normalise(prediction.expected), constants.get(prediction.kind, constant)
+        model.append(float(prediction.correct))
+        per_kind.append(float(expected == kind_constant))
+        if expected != kind_constant:
+            reading.append(float(prediction.correct))
+            guesses.append(reading_guess(expected, seen.get(prediction.kind, everything), kind_constant))
+    low, high = wilson_interval(int(sum(reading)), len(reading)) if reading else (0.0, 1.0)
+    return {
+        "kind_constants": constants,
+        "per_kind_correct": int(sum(per_kind)),
+        "versus_per_kind": difference_over_questions(model, per_kind),
+        "reading_n": len(reading),
+        "reading_correct": int(sum(reading)),
+        "reading_low": low,
+        "reading_high": high,
+        "reading_baseline": sum(guesses) / len(guesses) if guesses else 0.0,
+        "versus_reading_baseline": difference_over_questions(reading, guesses) if reading else None,
+    }
+
+
+def with_baselines(
+    result: PairsEvaluation, reference: Sequence[str], described: str, kinds: Sequence[str] | None = None
+) -> PairsEvaluation:
+    """`result` with its baselines computed from the answers of `reference` (`described` says what they are, and
+    `kinds` their kinds of question; None: each of `DEFAULT_KIND`): the constant answer, its score and the model's
+    difference to it per question, the uniform guess, and per kind the constant and the reading score
+    (`reading_baselines`)."""
     constant = constant_answer(reference)
     expected = [normalise(prediction.expected) for prediction in result.predictions]
     model_scores = [float(prediction.correct) for prediction in result.predictions]
@@ -256,6 +350,7 @@ def with_baselines(result: PairsEvaluation, reference: Sequence[str], described:
         versus_constant=difference_over_questions(model_scores, constant_scores),
         distinct_answers=len(distinct),
         uniform=sum(answer in distinct for answer in expected) / len(distinct) / len(expected),
+        **reading_baselines(result, reference, kinds or [DEFAULT_KIND] * len(reference), constant),
     )
 
 
@@ -278,12 +373,14 @@ def evaluate_pairs(
     reference: Sequence[str] | None = None,
     template: str | None = None,
     mask: str | None = None,
+    reference_kinds: Sequence[str] | None = None,
 ) -> PairsEvaluation:
     """Score `model` on the pairs of a .tsv or .jsonl file (`kqv.data.completions.read_examples`): completion loss
     and exact match of greedy completions of up to `max_new_tokens` tokens (default: the longest expected
     completion's tokens + 16, room for whitespace that normalises away; a longer answer cannot match), and the
     baselines (`with_baselines`) from the answers of `reference` (the run's fine-tuning pairs), else from the
-    scored file's own. Each prompt is written into `template` (the run's `data.template`, `{mask}` the symbol
+    scored file's own (`reference_kinds`: the reference's kinds of question; the scored file's name their own).
+    Each prompt is written into `template` (the run's `data.template`, `{mask}` the symbol
     `mask`) as the run saw its prompts in training; the predictions keep the file's own prompts."""
     examples = read_examples(path)
     check_examples(examples, tokenizer, str(path))
@@ -299,7 +396,7 @@ def evaluate_pairs(
         max_new_tokens = min(max(map(len, answers)) + ANSWER_ROOM, GenerationConfig.limits.max_new_tokens)
     greedy = GenerationConfig(max_new_tokens=max_new_tokens, temperature=0)
     got = [tokenizer.decode(ids) if ids else "" for ids in complete_ids(model, prompts, eos_id, greedy, batch_size)]
-    predictions = tuple(Prediction(e.prompt, e.completion, text) for e, text in zip(shown, got, strict=True))
+    predictions = tuple(Prediction(e.prompt, e.completion, text, e.kind) for e, text in zip(shown, got, strict=True))
     correct = sum(prediction.correct for prediction in predictions)
     low, high = wilson_interval(correct, len(examples))
     loss = nats / tokens
@@ -315,9 +412,10 @@ def evaluate_pairs(
         predictions=predictions,
     )
     if reference:
-        return with_baselines(result, reference, f"the {len(reference):,} pairs the run fine-tuned on")
-    answers = [example.completion for example in examples]
-    return with_baselines(result, answers, f"the {len(answers):,} scored pairs (the run has no fine-tuning pairs)")
+        return with_baselines(result, reference, f"the {len(reference):,} pairs the run fine-tuned on", reference_kinds)
+    answers, kinds = [example.completion for example in examples], [example.kind for example in examples]
+    described = f"the {len(answers):,} scored pairs (the run has no fine-tuning pairs)"
+    return with_baselines(result, answers, described, kinds)
 
 
 def check_pairs_alone(data: str | Path | None, max_tokens: int | None) -> None:
