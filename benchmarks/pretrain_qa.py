@@ -3,12 +3,16 @@
 The world (`people_world.py`, 1,000 people at the default size): one biography per person, varied in wording and
 order; three questions per person (birthplace among 120 towns, birth year among 100, trade among 40). Half of the
 people's questions are seen in training; the other half's are held out and scored. Every biography is in the
-pretraining text, so a held-out answer can only come from what the model read.
+pretraining text's training split, so a held-out answer can only come from what the model read: the validation
+split is other documents (more biographies of seen people, put at the places `kqv.data.completions.split_examples`
+holds out), never a held-out person's only biography. Each question names its kind (town, year, trade) in the
+`.jsonl` files the runs train on and are scored with.
 
 Arms, each the same model trained for the same number of updates in all (`pretrain_steps + finetune_steps`, batch
-`batch_size`):
-- `next-token -> fine-tune`: next-token pretraining on the biographies (one per person), then a full fine-tune on
-  the seen questions;
+`batch_size`): equal compute is equal updates, and each arm's tokens and seconds are recorded beside them. Every arm
+is trained with each of `--seeds` (default two).
+- `next-token -> fine-tune`: next-token pretraining on the biographies (one per person, read document by
+  document), then a full fine-tune on the seen questions;
 - `next-token, augmented -> fine-tune`: the same on knowledge-augmented text (`versions` biographies per person,
   each worded and ordered anew; Allen-Zhu and Li 2023) read document by document, the sentences of each document
   shuffled at every draw (`data.shuffle_sentences`);
@@ -19,13 +23,18 @@ Arms, each the same model trained for the same number of updates in all (`pretra
   together (`--data bios.txt --data questions.tsv`), scored directly;
 - `random init -> fine-tune`: the seen questions alone, no pretraining (what the questions teach by themselves).
 Probes: each pretrained model completes a held-out person's own biography sentence ("NAME comes from"), before any
-fine-tune: whether the knowledge was stored at all.
+fine-tune: whether the knowledge was stored at all (right when the completion starts with the answer as whole
+words; the record's count, rate and interval all come from that one scoring).
 
-Scores: exact match on the held-out questions; the constant answer (`kqv eval`'s: the most frequent answer of the
-seen questions), the most frequent answer per kind of question, and a uniform guess as baselines; every difference
-paired over questions (`kqv.train.evaluation.difference_over_questions`), the question being the unit.
+Scores: exact match on the held-out questions, each question's mean over the seeds. The decisive bar is the
+strongest answer that never reads the question: each kind's most frequent seen answer (`kqv eval`'s per-kind
+constant, `kqv.jobs.scoring.kind_constants`, ties to the first in sorted order). Beside it the *reading score*: exact
+match over the held-out questions whose answer is not their kind's constant, against a guess among the kind's other
+seen answers by frequency (`kqv.jobs.scoring.reading_guess`). Every difference is paired over questions
+(`kqv.train.evaluation.difference_over_questions`, the seeds averaged per question), and its verdict is "higher" or
+"lower" only when the 95% interval and McNemar's exact test (p < 0.05) agree.
 
-    python benchmarks/pretrain_qa.py                 # the default size: about 30 minutes on 2 CPU cores
+    python benchmarks/pretrain_qa.py                 # the default size, seeds 0 and 1: 30 minutes a seed, 2 cores
     python benchmarks/pretrain_qa.py --size gpu      # a larger world and model, for one GPU
     python benchmarks/pretrain_qa.py --size quick    # seconds: checks the script
 
@@ -54,6 +63,8 @@ from finetune_qa import run_settings  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 MASK = "\u2047"  # the character tokenizer's reserved mask symbol (kqv.data.documents.MASKS)
 TEMPLATE = "{prompt}{mask}"
+VAL_FRACTION = 0.05  # each source's validation share: other documents than the ones a held-out answer lives in
+SIGNIFICANCE = 0.05  # a verdict needs McNemar's exact p below this as well as an interval clear of zero
 
 SIZES = {
     "default": {
@@ -97,12 +108,14 @@ SIZES = {
     },
 }
 
-# Each pretraining: its text (bios.txt: one biography per person; bios_augmented.txt: `versions` per person, each
-# worded and ordered anew) and its settings.
+# Each pretraining: its text (bios_pretrain.txt: one biography per person; bios_augmented_pretrain.txt: `versions`
+# per person, each worded and ordered anew; both with validation documents of their own: `with_validation`) and its
+# settings. Every text is read document by document (a source of its own), so that its validation split is whole
+# documents.
 PRETRAININGS = {
-    "next-token": ("bios.txt", []),
-    "next-token, augmented": ("bios_augmented.txt", ["data.shuffle_sentences=true"]),
-    "span corruption, augmented": ("bios_augmented.txt", ['data.objective="span_corruption"']),
+    "next-token": ("bios_pretrain.txt", []),
+    "next-token, augmented": ("bios_augmented_pretrain.txt", ["data.shuffle_sentences=true"]),
+    "span corruption, augmented": ("bios_augmented_pretrain.txt", ['data.objective="span_corruption"']),
 }
 ARMS = {  # name: (pretraining, last stage: "finetune" | "lora" | "mixed" | "alone", extra settings, template)
     "next-token -> fine-tune": ("next-token", "finetune", [], None),
@@ -121,14 +134,21 @@ KINDS = list(people_world.QUESTIONS)
 
 
 def write_files(sizes: dict, world_seed: int, work: Path) -> dict:
-    """The biographies (one and `versions` per person), the seen and held-out questions, and the probes (plain,
-    and in span-corruption form: `prefix MASK . MASK`); what they hold, for the record."""
+    """The biographies (one and `versions` per person: bios.txt and bios_augmented.txt, the tutorial's text; the
+    runs read them with validation documents of their own, *_pretrain.txt), the seen and held-out questions and
+    the probes (plain, and in span-corruption form: `prefix MASK . MASK`), as TSV (the tutorial's) and as .jsonl
+    naming each question's kind (what the runs train on and are scored with); what they hold, for the record."""
     people = people_world.make_world(sizes["people"], world_seed)
     seen, held_out = people_world.split(people)
     text = people_world.biographies(people, world_seed)
     augmented = people_world.biographies(people, world_seed, sizes["versions"])
     (work / "bios.txt").write_text(text, encoding="utf-8")
     (work / "bios_augmented.txt").write_text(augmented, encoding="utf-8")
+    validation = {}
+    for name, full in (("bios", text), ("bios_augmented", augmented)):
+        lines, extra = with_validation(full.splitlines(), seen, world_seed, sizes["versions"])
+        (work / f"{name}_pretrain.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        validation[name] = extra
     files = {
         "seen.tsv": people_world.questions(seen),
         "held_out.tsv": people_world.questions(held_out),
@@ -137,10 +157,12 @@ def write_files(sizes: dict, world_seed: int, work: Path) -> dict:
     files["probe_held_out_mask.tsv"] = [(f"{p}{MASK}.{MASK}", c) for p, c in files["probe_held_out.tsv"]]
     for name, pairs in files.items():
         people_world.write_pairs(work / name, pairs)
+        write_jsonl(work / name.replace(".tsv", ".jsonl"), pairs)
     unknown = {char for pairs in files.values() for pair in pairs for char in "".join(pair)} - set(text) - {MASK}
     if unknown:  # a fine-tune keeps its pretraining's character tokenizer
         raise SystemExit(f"the questions use characters the biographies never do: {sorted(unknown)}")
     return {
+        "validation_documents": validation,
         "people": len(people),
         "seen_people": len(seen),
         "held_out_people": len(held_out),
@@ -153,12 +175,37 @@ def write_files(sizes: dict, world_seed: int, work: Path) -> dict:
     }
 
 
+def with_validation(lines: list[str], seen: list, world_seed: int, versions: int) -> tuple[list[str], int]:
+    """`lines` (a text's documents) with biographies of seen people added at exactly the places the run's split
+    (`split_examples`, VAL_FRACTION) holds out, so that validation never withholds a document of the text: the
+    documents and how many were added. The added biographies are new wordings (another seed)."""
+    from kqv.data.completions import split_examples
+
+    added = 1
+    while added != max(1, round(VAL_FRACTION * (len(lines) + added))):
+        added += 1
+    extra = people_world.biographies(seen, world_seed + 1, versions).splitlines()[1:]  # without the preface
+    extra = (extra * (added // len(extra) + 1))[:added]
+    _, held = split_examples(len(lines) + added, VAL_FRACTION)
+    held_set, text, pool = set(held), iter(lines), iter(extra)
+    return [next(pool) if k in held_set else next(text) for k in range(len(lines) + added)], added
+
+
+def write_jsonl(path: Path, pairs: list[tuple[str, str]]) -> None:
+    """A .jsonl file of pairs, each naming its kind of question (`people_world.kind`; a probe's in span-corruption
+    form, of its plain prompt)."""
+    rows = [
+        {"prompt": p, "completion": c, "kind": people_world.kind(p.removesuffix(f"{MASK}.{MASK}"))} for p, c in pairs
+    ]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # One run, in its own process
 
 
 def settings(sizes: dict, steps: int, lr: float, seed: int) -> list[str]:
-    return run_settings(sizes, steps, lr, seed, val_fraction=0.05)
+    return run_settings(sizes, steps, lr, seed, val_fraction=VAL_FRACTION)
 
 
 def sources(*paths: Path) -> str:
@@ -172,24 +219,61 @@ def train_one(job: dict) -> dict:
     out = Path(job["out"])
     init = Path(job["init"]) if job["init"] else None
     summary = kqv.train("lm", "quick", out=out, overrides=job["overrides"], init=init, quiet=True, overwrite=True)
+    run = kqv.load(out)
     result = {
         "steps": summary["steps"],
+        "tokens": trained_tokens(run, summary["steps"]),
         "train_seconds": summary["train_seconds"],
         "trainable_parameters": summary.get("finetune", {}).get("trainable_parameters", summary["parameters"]),
         "parameters": summary["parameters"],
         "final_train_loss": summary["final_train_loss"],
         "val_loss": summary.get("final_val_loss"),
     }
-    run = kqv.load(out)
     for key, path in job["score"].items():
         evaluation = run.evaluate(pairs=path)
-        correct = [answered(p.got, p.expected) if key == "probe" else p.correct for p in evaluation.predictions]
-        result[key] = evaluation.to_dict() | {
-            "per_question": [int(c) for c in correct],
-            "exact_match": statistics.fmean(correct),
-            "answers": [p.got for p in evaluation.predictions][:12],
-        }
+        result[key] = probe_record(evaluation) if key == "probe" else question_record(evaluation)
     return result
+
+
+def question_record(evaluation) -> dict:
+    """A question file's figures (`kqv eval`'s, `PairsEvaluation.to_dict`) and each question's score (1/0)."""
+    return evaluation.to_dict() | {
+        "per_question": [int(p.correct) for p in evaluation.predictions],
+        "answers": [p.got for p in evaluation.predictions][:12],
+    }
+
+
+def probe_record(evaluation) -> dict:
+    """A probe file's figures, every one from the same scoring (`answered`: the completion starts with the answer
+    as whole words): the count, the rate and its 95% Wilson interval, beside the completion loss."""
+    from kqv.train.evaluation import wilson_interval
+
+    right = [int(answered(p.got, p.expected)) for p in evaluation.predictions]
+    low, high = wilson_interval(sum(right), len(right))
+    return {
+        "scored_as": "the completion starts with the expected answer as whole words",
+        "n": len(right),
+        "correct": sum(right),
+        "exact_match": sum(right) / len(right),
+        "exact_match_95": [low, high],
+        "loss": evaluation.loss,
+        "tokens": evaluation.tokens,
+        "per_question": right,
+        "answers": [p.got for p in evaluation.predictions][:12],
+    }
+
+
+def trained_tokens(run, steps: int) -> int:
+    """The real (not padding) tokens a run's `steps` batches fed the model, rebuilt from its stored examples."""
+    from kqv.jobs import completions, sources
+    from kqv.jobs.corpus import load_tokens
+
+    tokens, config = load_tokens(run.run_dir), run.config
+    if config.data.mixture:
+        options = sources.trainer_options(config, run.tokenizer, tokens)
+    else:
+        options = completions.trainer_options(config, tokens)
+    return sum(options["tokens_per_batch"](i) for i in range(steps))
 
 
 def answered(got: str, expected: str) -> bool:
@@ -213,29 +297,27 @@ def in_subprocess(job: dict) -> dict:
 def jobs(sizes: dict, work: Path, seed: int, threads: int, arms: list[str] | None = None) -> dict[str, dict]:
     """Every run of `arms` (default all): the pretrainings they start from, then each arm's last stage."""
     pre, fine = sizes["pretrain_steps"], sizes["finetune_steps"]
-    seen = work / "seen.tsv"
+    seen = work / "seen.jsonl"
     chosen = {arm: ARMS[arm] for arm in arms or ARMS}
     runs: dict[str, dict] = {}
     for name, (text, extra) in PRETRAININGS.items():
         if name not in {pretraining for pretraining, *_ in chosen.values()}:
             continue
-        probe = "probe_held_out_mask.tsv" if "span" in name else "probe_held_out.tsv"
-        documents = "data.shuffle_sentences=true" in extra  # read document by document: a source of its own
-        data = sources(work / text) if documents else f"data.path={json.dumps(str(work / text))}"
+        probe = "probe_held_out_mask.jsonl" if "span" in name else "probe_held_out.jsonl"
         runs[name] = {
             "needs": None,
-            "overrides": settings(sizes, pre, sizes["pretrain_lr"], seed) + [data] + extra,
+            "overrides": settings(sizes, pre, sizes["pretrain_lr"], seed) + [sources(work / text)] + extra,
             "score": {"probe": str(work / probe)},
         }
     for arm, (pretraining, stage, extra, template) in chosen.items():
-        held_out, seen_scored = work / "held_out.tsv", seen  # kqv eval writes the prompts into the run's template
+        held_out, seen_scored = work / "held_out.jsonl", seen  # kqv eval writes prompts into the run's template
         options = [f"data.template={json.dumps(template)}"] if template else []
         if stage in ("finetune", "lora"):
             steps, lr, data = fine, sizes["finetune_lr"], [f"data.path={json.dumps(str(seen))}"]
             if stage == "lora":
                 options.append(f"finetune.lora_rank={sizes['lora_rank']}")
         elif stage == "mixed":
-            steps, lr, data = pre + fine, sizes["pretrain_lr"], [sources(work / "bios_augmented.txt", seen)]
+            steps, lr, data = pre + fine, sizes["pretrain_lr"], [sources(work / "bios_augmented_pretrain.txt", seen)]
         else:  # the questions alone, for as many updates as a pretraining and its fine-tune
             steps, lr, data = pre + fine, sizes["finetune_lr"], [f"data.path={json.dumps(str(seen))}"]
         runs[arm] = {
@@ -244,8 +326,23 @@ def jobs(sizes: dict, work: Path, seed: int, threads: int, arms: list[str] | Non
             "score": {"held_out": str(held_out), "seen": str(seen_scored)},
         }
     for name, job in runs.items():
-        job |= {"out": str(work / name.replace(" ", "_").replace(",", "").replace(">", "")), "threads": threads}
+        directory = work / f"seed{seed}" / name.replace(" ", "_").replace(",", "").replace(">", "")
+        job |= {"out": str(directory), "threads": threads}
     return runs
+
+
+def seeded_jobs(sizes: dict, work: Path, seeds: list[int], threads: int, arms: list[str] | None) -> dict[str, dict]:
+    """`jobs` for every seed, each run named "NAME | seed S" and starting from its own seed's pretraining."""
+    runs = {}
+    for seed in seeds:
+        for name, job in jobs(sizes, work, seed, threads, arms).items():
+            needs = job["needs"] and seeded(job["needs"], seed)
+            runs[seeded(name, seed)] = job | {"needs": needs}
+    return runs
+
+
+def seeded(name: str, seed: int) -> str:
+    return f"{name} | seed {seed}"
 
 
 def train_all(runs: dict[str, dict], parallel: int) -> dict[str, dict]:
@@ -284,99 +381,163 @@ def reads_text(job: dict) -> bool:
 
 
 def baselines(work: Path) -> dict:
-    """Scores on the held-out questions of answers that never read the question: the most frequent answer of the
-    seen questions (`kqv eval`'s constant), the most frequent per kind of question, and the expected score of a
-    uniform guess among the seen questions' distinct answers of the question's kind."""
+    """Scores on the held-out questions of answers that never read the question, from the seen questions' answers
+    by `kqv eval`'s own functions (`kqv.jobs.scoring`): the constant (`constant_answer`), each kind's constant
+    (`kind_constants`: the decisive bar), the expected score of a uniform guess among the kind's distinct seen
+    answers; and for the reading score, which questions count (their answer is not their kind's constant) and the
+    expected score there of a guess among the kind's other seen answers by frequency (`reading_guess`)."""
     from collections import Counter
 
     from kqv.data.completions import read_examples
+    from kqv.jobs.scoring import constant_answer, kind_constants, normalise, reading_guess
 
-    seen, held = read_examples(work / "seen.tsv"), read_examples(work / "held_out.tsv")
-    kinds = [people_world.kind(e.prompt) for e in held]
-    answers = {k: [e.completion.strip() for e in seen if people_world.kind(e.prompt) == k] for k in KINDS}
-    constant = Counter(e.completion.strip() for e in seen).most_common(1)[0][0]
-    per_kind = {k: Counter(a).most_common(1)[0][0] for k, a in answers.items()}
-    expected = [e.completion.strip() for e in held]
-    uniform = [(a in set(answers[k])) / len(set(answers[k])) for a, k in zip(expected, kinds)]
+    seen, held = read_examples(work / "seen.jsonl"), read_examples(work / "held_out.jsonl")
+    kinds = [e.kind for e in held]
+    constant = constant_answer([e.completion for e in seen])
+    per_kind = kind_constants([e.completion for e in seen], [e.kind for e in seen])
+    counts = {k: Counter(normalise(e.completion) for e in seen if e.kind == k) for k in per_kind}
+    expected = [normalise(e.completion) for e in held]
+    uniform = [(a in counts[k]) / len(counts[k]) for a, k in zip(expected, kinds)]
+    reading = [k for k, (a, kind) in enumerate(zip(expected, kinds)) if a != per_kind[kind]]
     return {
         "constant": {"answer": constant, "per_question": [int(a == constant) for a in expected]},
         "per_kind": {"answers": per_kind, "per_question": [int(a == per_kind[k]) for a, k in zip(expected, kinds)]},
         "uniform_per_kind": {"per_question": uniform},
+        "reading": {
+            "questions": reading,
+            "guess": [reading_guess(expected[k], counts[kinds[k]], per_kind[kinds[k]]) for k in reading],
+        },
         "kinds": kinds,
     }
 
 
 def versus(a: list[float], b: list[float]) -> dict:
-    """a - b paired over questions: the difference, its 95% interval (Student's t over questions) and McNemar."""
+    """a - b paired over questions: the difference, its 95% interval (Student's t over questions) and McNemar's
+    exact test; the verdict "higher" or "lower" only when the interval is clear of zero and p < SIGNIFICANCE."""
     from kqv.train.evaluation import difference_over_questions
 
     figures = difference_over_questions(a, b).to_dict()
     low, high = figures["difference_95"]
-    return figures | {"verdict": "inconclusive" if low <= 0 <= high else ("higher" if low > 0 else "lower")}
+    agreed = figures["p_value"] < SIGNIFICANCE
+    verdict = "higher" if low > 0 and agreed else "lower" if high < 0 and agreed else "inconclusive"
+    return figures | {"verdict": verdict}
 
 
 def by_kind(per_question: list[float], kinds: list[str]) -> dict[str, float]:
     return {k: statistics.fmean(s for s, q in zip(per_question, kinds) if q == k) for k in KINDS}
 
 
-def summarise(results: dict[str, dict], baseline: dict) -> dict:
+def over_seeds(results: dict[str, dict], name: str, seeds: list[int], key: str) -> list[float]:
+    """Each question's mean score over the seeds (`mean_over_seeds`): the unit stays the question."""
+    from kqv.train.evaluation import mean_over_seeds
+
+    return mean_over_seeds([results[seeded(name, seed)][key]["per_question"] for seed in seeds])
+
+
+def reading_score(per_question: list[float], baseline: dict) -> dict:
+    """The reading score of per-question scores: their mean over the reading questions with its 95% interval
+    (Student's t over those questions; with one seed's 1/0 scores, Wald's), and the difference to the guess."""
+    from kqv.train.evaluation import difference_over_questions
+
+    chosen = [per_question[k] for k in baseline["reading"]["questions"]]
+    guess = baseline["reading"]["guess"]
+    zero = [0.0] * len(chosen)
+    interval = difference_over_questions(chosen, zero)  # the mean of the scores and its t interval over questions
+    return {
+        "questions": len(chosen),
+        "exact_match": statistics.fmean(chosen),
+        "exact_match_95": [max(0.0, interval.low), interval.high],
+        "guess": statistics.fmean(guess),
+        "versus_guess": versus(chosen, guess),
+    }
+
+
+def compute(results: dict[str, dict], arm: str, seeds: list[int]) -> dict:
+    """What an arm spent, its pretraining included, per seed: updates (what the arms are equal in), tokens and
+    seconds."""
+    pretraining = ARMS[arm][0]
+    spent = {}
+    for seed in seeds:
+        stages = [results[seeded(arm, seed)]] + ([results[seeded(pretraining, seed)]] if pretraining else [])
+        spent[seed] = {key: sum(stage[key] for stage in stages) for key in ("steps", "tokens", "train_seconds")}
+    return {"equal_in": "updates", "per_seed": spent}
+
+
+def summarise(results: dict[str, dict], baseline: dict, seeds: list[int]) -> dict:
     kinds, strongest = baseline["kinds"], baseline["per_kind"]["per_question"]
-    arms = {}
-    for arm in [arm for arm in ARMS if arm in results]:
-        held = results[arm]["held_out"]["per_question"]
+    arms, held_out = {}, {}
+    for arm in [arm for arm in ARMS if seeded(arm, seeds[0]) in results]:
+        held_out[arm] = held = over_seeds(results, arm, seeds, "held_out")
         arms[arm] = {
             "exact_match": statistics.fmean(held),
+            "per_seed": {seed: results[seeded(arm, seed)]["held_out"]["exact_match"] for seed in seeds},
             "by_kind": by_kind(held, kinds),
-            "seen_exact_match": results[arm]["seen"]["exact_match"],
+            "seen_exact_match": statistics.fmean(over_seeds(results, arm, seeds, "seen")),
             "versus_constant": versus(held, baseline["constant"]["per_question"]),
             "versus_constant_per_kind": versus(held, strongest),
-            "train_seconds": results[arm]["train_seconds"]
-            + (results[ARMS[arm][0]]["train_seconds"] if ARMS[arm][0] else 0.0),
-            "trainable_parameters": results[arm]["trainable_parameters"],
+            "reading": reading_score(held, baseline),
+            "compute": compute(results, arm, seeds),
+            "trainable_parameters": results[seeded(arm, seeds[0])]["trainable_parameters"],
         }
     best = max(arms, key=lambda a: arms[a]["exact_match"])
-    others = {
-        f"{best} - {arm}": versus(results[best]["held_out"]["per_question"], results[arm]["held_out"]["per_question"])
-        for arm in arms
-        if arm != best
-    }
-    probes = {name: results[name]["probe"]["exact_match"] for name in PRETRAININGS if name in results}
+    others = {f"{best} - {arm}": versus(held_out[best], held_out[arm]) for arm in arms if arm != best}
+    probes = {}
+    for name in [name for name in PRETRAININGS if seeded(name, seeds[0]) in results]:
+        records = [results[seeded(name, seed)]["probe"] for seed in seeds]
+        probes[name] = {
+            "exact_match": statistics.fmean(over_seeds(results, name, seeds, "probe")),
+            "per_seed": {seed: {k: r[k] for k in ("correct", "n", "exact_match", "exact_match_95")}
+                         for seed, r in zip(seeds, records)},
+        }  # fmt: skip
     table = {"constant": baseline["constant"], "per_kind": baseline["per_kind"]}
     rows = {name: {"exact_match": statistics.fmean(t["per_question"]), "by_kind": by_kind(t["per_question"], kinds)}
             for name, t in table.items()}  # fmt: skip
     uniform = baseline["uniform_per_kind"]["per_question"]
     rows["uniform guess per kind"] = {"exact_match": statistics.fmean(uniform), "by_kind": by_kind(uniform, kinds)}
-    return {"arms": arms, "best": best, "best_versus": others, "probes": probes, "baselines": rows}
+    return {"seeds": seeds, "arms": arms, "best": best, "best_versus": others, "probes": probes, "baselines": rows}
 
 
 def print_table(summary: dict, baseline: dict) -> None:
-    print("| arm | held-out exact match | town | year | trade | - constant per kind [95% over questions] | seen |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    seeds = ", ".join(map(str, summary["seeds"]))
+    print(f"seeds {seeds}; each question's mean over them; verdicts need the interval and McNemar's p < {SIGNIFICANCE}")
+    print("| arm | held-out exact match | town | year | trade | - constant per kind [95%] | reading [95%] "
+          "| reading - guess [95%] | seen | updates | tokens | seconds |")  # fmt: skip
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, arm in summary["arms"].items():
-        gap = arm["versus_constant_per_kind"]
-        low, high = gap["difference_95"]
+        gap, reading = arm["versus_constant_per_kind"], arm["reading"]
         kinds = " | ".join(f"{arm['by_kind'][k]:.3f}" for k in KINDS)
+        spent = list(arm["compute"]["per_seed"].values())
+        mean = {key: statistics.fmean(s[key] for s in spent) for key in ("steps", "tokens", "train_seconds")}
         print(
-            f"| {name} | {arm['exact_match']:.3f} | {kinds} | {gap['difference']:+.3f} [{low:+.3f}, {high:+.3f}] "
-            f"| {arm['seen_exact_match']:.3f} |"
+            f"| {name} | {arm['exact_match']:.3f} | {kinds} | {interval_text(gap)} | {reading['exact_match']:.3f} "
+            f"[{reading['exact_match_95'][0]:.3f}, {reading['exact_match_95'][1]:.3f}] "
+            f"| {interval_text(reading['versus_guess'])} | {arm['seen_exact_match']:.3f} | {mean['steps']:,.0f} "
+            f"| {mean['tokens']:,.0f} | {mean['train_seconds']:,.0f} |"
         )
     for name, row in summary["baselines"].items():
         kinds = " | ".join(f"{row['by_kind'][k]:.3f}" for k in KINDS)
-        print(f"| {name} | {row['exact_match']:.3f} | {kinds} | | |")
-    print(f"constant: {baseline['constant']['answer']!r}; per kind: {baseline['per_kind']['answers']}")
+        print(f"| {name} | {row['exact_match']:.3f} | {kinds} | | | | | | | |")
+    reading = baseline["reading"]
+    print(f"constant: {baseline['constant']['answer']!r}; per kind: {baseline['per_kind']['answers']}; reading: "
+          f"{len(reading['questions'])} questions, guess {statistics.fmean(reading['guess']):.3f}")  # fmt: skip
     print("probes (held-out people's own biography sentences, before fine-tuning): " + ", ".join(
-        f"{name} {score:.3f}" for name, score in summary["probes"].items()))  # fmt: skip
+        f"{name} {probe['exact_match']:.3f}" for name, probe in summary["probes"].items()))  # fmt: skip
     for name, comparison in summary["best_versus"].items():
-        low, high = comparison["difference_95"]
-        print(f"{name}: {comparison['difference']:+.3f} [{low:+.3f}, {high:+.3f}] ({comparison['verdict']})")
+        print(f"{name}: {interval_text(comparison)}")
 
 
-def measure(sizes: dict, world_seed: int, seed: int, threads: int, work: Path, arms: list[str] | None) -> dict:
+def interval_text(comparison: dict) -> str:
+    low, high = comparison["difference_95"]
+    verdict, p_value = comparison["verdict"], comparison["p_value"]
+    return f"{comparison['difference']:+.3f} [{low:+.3f}, {high:+.3f}] p={p_value:.2g} ({verdict})"
+
+
+def measure(sizes: dict, world_seed: int, seeds: list[int], threads: int, work: Path, arms: list[str] | None) -> dict:
     world = write_files(sizes, world_seed, work)
     print(f"{world['people']} people, {world['biography_characters']:,} characters of biographies", file=sys.stderr)
-    results = train_all(jobs(sizes, work, seed, threads, arms), sizes["parallel"])
+    results = train_all(seeded_jobs(sizes, work, seeds, threads, arms), sizes["parallel"])
     baseline = baselines(work)
-    summary = summarise(results, baseline)
+    summary = summarise(results, baseline, seeds)
     print_table(summary, baseline)
     return {"world": world, "runs": results, "baselines": baseline, "summary": summary}
 
@@ -384,7 +545,7 @@ def measure(sizes: dict, world_seed: int, seed: int, threads: int, work: Path, a
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=list(SIZES), default="default", help="default (2 CPU cores), gpu, quick")
-    parser.add_argument("--seed", type=int, default=0, help="the training seed of every run (default 0)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="the training seeds (default 0 1)")
     parser.add_argument("--world-seed", type=int, default=0, help="the seed of the invented world (default 0)")
     parser.add_argument("--pretrain-steps", type=int, help="the pretrainings' updates (default: the size's)")
     parser.add_argument("--arm", action="append", choices=list(ARMS), help="run this recipe (repeat; default all)")
@@ -397,11 +558,14 @@ def main(argv: list[str] | None = None) -> int:
     sizes = SIZES[args.size] | ({"pretrain_steps": args.pretrain_steps} if args.pretrain_steps else {})
     if sizes["pretrain_steps"] < 1:
         parser.error("--pretrain-steps must be at least 1")
+    seeds = list(dict.fromkeys(args.seeds))
+    if len(seeds) < 2:
+        parser.error("--seeds needs at least two different seeds: a verdict is paired over questions and seeds")
     threads = max(1, (os.cpu_count() or 2) // sizes["parallel"])
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kqv-pretrain-qa-") as scratch:
-        record = measure(sizes, args.world_seed, args.seed, threads, Path(scratch), args.arm)
-    record = {"benchmark": "pretrain_qa", "size": args.size, "sizes": sizes, "seed": args.seed,
+        record = measure(sizes, args.world_seed, seeds, threads, Path(scratch), args.arm)
+    record = {"benchmark": "pretrain_qa", "size": args.size, "sizes": sizes, "seeds": seeds,
               "world_seed": args.world_seed, "threads_per_run": threads, "arms": args.arm or list(ARMS),
               **record}  # fmt: skip
     suffix = "" if args.size == "default" else f"-{args.size}"

@@ -71,21 +71,110 @@ def test_held_out_people_are_never_asked_in_training_and_their_questions_use_the
         world.kind("Who is Zorbo Quill?")
 
 
-def test_the_benchmark_s_baselines_are_the_hand_computed_ones(tmp_path):
+def test_the_benchmark_s_baselines_are_the_hand_computed_ones_ties_broken_as_kqv_eval_breaks_them(tmp_path):
     bench = script("pretrain_qa")
     for name, pairs in {
-        "seen.tsv": [("Where was A B born?", " X"), ("Where was C D born?", " X"), ("In which year was A B born?",
-                     " 1900"), ("What does A B do for a living?", " potter"), ("What does C D do for a living?",
-                     " potter"), ("What does E F do for a living?", " potter")],
-        "held_out.tsv": [("Where was G H born?", " X"), ("Where was I J born?", " Y"), ("In which year was G H born?",
-                         " 1900"), ("What does G H do for a living?", " smith")],
+        "seen.jsonl": [("Where was A B born?", " X"), ("Where was C D born?", " X"), ("Where was K L born?", " Y"),
+                       ("In which year was A B born?", " 1999"), ("In which year was C D born?", " 1945"),
+                       ("What does A B do for a living?", " potter"), ("What does C D do for a living?", " potter"),
+                       ("What does E F do for a living?", " potter"), ("What does K L do for a living?", " smith")],
+        "held_out.jsonl": [("Where was G H born?", " X"), ("Where was I J born?", " Y"), ("In which year was G H "
+                           "born?", " 1999"), ("What does G H do for a living?", " smith"), ("What does I J do for a "
+                           "living?", " baker")],
     }.items():  # fmt: skip
-        world.write_pairs(tmp_path / name, pairs)
+        bench.write_jsonl(tmp_path / name, pairs)
     found = bench.baselines(tmp_path)
-    assert found["constant"]["answer"] == "potter" and found["constant"]["per_question"] == [0, 0, 0, 0]
-    assert found["per_kind"]["answers"] == {"town": "X", "year": "1900", "trade": "potter"}
-    assert found["per_kind"]["per_question"] == [1, 0, 1, 0]
-    assert found["uniform_per_kind"]["per_question"] == [1, 0, 1, 0]  # one distinct answer per kind was seen
-    assert found["kinds"] == ["town", "town", "year", "trade"]
-    difference = bench.versus([1, 1, 1, 0], found["per_kind"]["per_question"])
-    assert difference["difference"] == pytest.approx(0.25) and difference["verdict"] == "inconclusive"
+    assert found["constant"]["answer"] == "potter" and found["constant"]["per_question"] == [0, 0, 0, 0, 0]
+    # the years tie (1999 and 1945 once each): kqv eval's rule, the first in sorted order, gives 1945 (the order
+    # the file gives, or Counter.most_common, would give 1999)
+    assert found["per_kind"]["answers"] == {"town": "X", "year": "1945", "trade": "potter"}
+    assert found["per_kind"]["per_question"] == [1, 0, 0, 0, 0]
+    assert found["uniform_per_kind"]["per_question"] == pytest.approx([1 / 2, 1 / 2, 1 / 2, 1 / 2, 0])
+    assert found["kinds"] == ["town", "town", "year", "trade", "trade"]
+    # reading questions: every one whose answer is not its kind's constant; the guess among the kind's other seen
+    # answers by frequency: town Y 1/1, year 1999 1/1, trade smith 1/1 and baker (never seen) 0/1
+    assert found["reading"] == {"questions": [1, 2, 3, 4], "guess": [1.0, 1.0, 1.0, 0.0]}
+    difference = bench.versus([1, 1, 1, 0, 0], found["per_kind"]["per_question"])
+    assert difference["difference"] == pytest.approx(0.4) and difference["verdict"] == "inconclusive"
+
+
+def test_a_probe_record_s_count_rate_and_interval_come_from_one_scoring():
+    from kqv.jobs.scoring import PairsEvaluation, Prediction
+
+    bench = script("pretrain_qa")
+    # a next-token model goes on after the answer: strict exact match finds none of these right, the probe 3 of 5
+    got = [" Lemvik. She works", " Lemvik", " 1999, and", " Lemvikton", " potter"]
+    predictions = tuple(Prediction(f"p{i}", e, g) for i, (e, g) in enumerate(zip([" Lemvik"] * 2 + [" 1999"] +
+                        [" Lemvik", " a potter"], got)))  # fmt: skip
+    strict = sum(p.correct for p in predictions)
+    record = bench.probe_record(PairsEvaluation("probes", 5, strict, 0.0, 0.5, 1.0, 2.7, 9, predictions))
+    assert record["per_question"] == [1, 1, 1, 0, 0] and strict == 1
+    assert (record["n"], record["correct"], record["exact_match"]) == (5, 3, 0.6)
+    # Wilson's interval of 3/5 by its closed form: (p + z^2/2n +- z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)
+    z, p, n = 1.959964, 0.6, 5
+    centre, half = p + z * z / (2 * n), z * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5
+    assert record["exact_match_95"] == pytest.approx(
+        [(centre - half) / (1 + z * z / n), (centre + half) / (1 + z * z / n)]
+    )
+    assert record["exact_match_95"][0] <= record["exact_match"] <= record["exact_match_95"][1]
+
+
+def test_validation_documents_are_added_where_the_split_holds_out_so_no_biography_is_withheld(tmp_path):
+    from kqv.data.completions import split_examples
+
+    bench = script("pretrain_qa")
+    sizes = bench.SIZES["quick"]
+    bench.write_files(sizes, 0, tmp_path)
+    for name in ("bios", "bios_augmented"):
+        original = (tmp_path / f"{name}.txt").read_text().splitlines()
+        documents = (tmp_path / f"{name}_pretrain.txt").read_text().splitlines()
+        train, val = split_examples(len(documents), bench.VAL_FRACTION)
+        assert [documents[k] for k in train] == original  # every biography, in its order, in the training split
+        assert val and not set(documents[k] for k in val) & set(original)  # validation: other biographies
+    people = world.make_world(sizes["people"], 0)
+    _, held_out = world.split(people)
+    val_text = " ".join(documents[k] for k in val)
+    assert not any(person.name in val_text for person in held_out)  # of seen people alone
+
+
+def test_two_seeds_are_averaged_per_question_and_a_verdict_needs_the_interval_and_the_exact_test():
+    bench = script("pretrain_qa")
+    n = 40
+    baseline = {
+        "kinds": ["town", "year", "trade", "town"] * (n // 4),
+        "constant": {"per_question": [0] * n},
+        "per_kind": {"per_question": [1] * 4 + [0] * (n - 4)},
+        "uniform_per_kind": {"per_question": [0.1] * n},
+        "reading": {"questions": list(range(4, n)), "guess": [0.05] * (n - 4)},
+    }
+    arm = "next-token -> fine-tune"
+    seed0 = [1] * 4 + [1] * 12 + [0] * (n - 16)  # right on the constant's 4 and on 12 reading questions
+    seed1 = [1] * 4 + [1] * 6 + [0] * (n - 10)
+    results = {}
+    for seed, scores in ((0, seed0), (1, seed1)):
+        for name in (arm, "next-token"):
+            results[bench.seeded(name, seed)] = {
+                "held_out": {"per_question": scores, "exact_match": sum(scores) / n},
+                "seen": {"per_question": [1, 0]},
+                "probe": {"per_question": [0, 1], "correct": 1, "n": 2, "exact_match": 0.5, "exact_match_95": [0, 1]},
+                "steps": 10,
+                "tokens": 1000 + seed,
+                "train_seconds": 5.0,
+                "trainable_parameters": 7,
+            }
+    summary = bench.summarise(results, baseline, [0, 1])
+    figures = summary["arms"][arm]
+    means = [(a + b) / 2 for a, b in zip(seed0, seed1)]
+    assert figures["exact_match"] == pytest.approx(sum(means) / n) and figures["per_seed"] == {0: 16 / n, 1: 10 / n}
+    gap = figures["versus_constant_per_kind"]  # per question: 12 reading questions above, none below
+    assert gap["questions"] == n and gap["difference"] == pytest.approx((sum(means) - 4) / n)
+    assert (gap["better"], gap["worse"]) == (12, 0) and gap["verdict"] == "higher"
+    reading = figures["reading"]
+    assert reading["questions"] == n - 4 and reading["exact_match"] == pytest.approx(9 / (n - 4))
+    assert reading["guess"] == pytest.approx(0.05)
+    spent = {seed: {"steps": 20, "tokens": 2000 + 2 * seed, "train_seconds": 10.0} for seed in (0, 1)}
+    assert figures["compute"] == {"equal_in": "updates", "per_seed": spent}
+    # an interval clear of zero is not enough: 5 of 100 questions better, none worse: t's interval is clear of zero,
+    # McNemar's exact p = 2 / 2^5 = 0.0625 is not below 0.05
+    few = bench.versus([1] * 5 + [0] * 95, [0] * 100)
+    assert few["difference_95"][0] > 0 and few["p_value"] == pytest.approx(0.0625) and few["verdict"] == "inconclusive"
