@@ -37,6 +37,8 @@ seen answers by frequency (`kqv.jobs.scoring.reading_guess`). Every difference i
     python benchmarks/pretrain_qa.py                 # the default size, seeds 0 and 1: 30 minutes a seed, 2 cores
     python benchmarks/pretrain_qa.py --size gpu      # a larger world and model, for one GPU
     python benchmarks/pretrain_qa.py --size quick    # seconds: checks the script
+    python benchmarks/pretrain_qa.py --span-set data.random_prefix=true --span-set 'data.span_loss="all"'
+                                                     # span corruption as CS224N's dataset and FIM train it
 
 Runs go two at a time (one torch thread each) on a CPU, one at a time on a GPU. Writes
 benchmarks/results/pretrain_qa[-SIZE].json and prints a table.
@@ -306,7 +308,9 @@ def jobs(sizes: dict, work: Path, seed: int, threads: int, arms: list[str] | Non
         probe = "probe_held_out_mask.jsonl" if "span" in name else "probe_held_out.jsonl"
         runs[name] = {
             "needs": None,
-            "overrides": settings(sizes, pre, sizes["pretrain_lr"], seed) + [sources(work / text)] + extra,
+            "overrides": settings(sizes, pre, sizes["pretrain_lr"], seed)
+            + [sources(work / text)]
+            + spans(extra, sizes),
             "score": {"probe": str(work / probe)},
         }
     for arm, (pretraining, stage, extra, template) in chosen.items():
@@ -322,13 +326,18 @@ def jobs(sizes: dict, work: Path, seed: int, threads: int, arms: list[str] | Non
             steps, lr, data = pre + fine, sizes["finetune_lr"], [f"data.path={json.dumps(str(seen))}"]
         runs[arm] = {
             "needs": pretraining,
-            "overrides": settings(sizes, steps, lr, seed) + data + extra + options,
+            "overrides": settings(sizes, steps, lr, seed) + data + spans(extra, sizes) + options,
             "score": {"held_out": str(held_out), "seen": str(seen_scored)},
         }
     for name, job in runs.items():
         directory = work / f"seed{seed}" / name.replace(" ", "_").replace(",", "").replace(">", "")
         job |= {"out": str(directory), "threads": threads}
     return runs
+
+
+def spans(extra: list[str], sizes: dict) -> list[str]:
+    """A run's own settings, and where it does span corruption, the `--span-set` settings (`span_options`)."""
+    return extra + (sizes.get("span_options", []) if 'data.objective="span_corruption"' in extra else [])
 
 
 def seeded_jobs(sizes: dict, work: Path, seeds: list[int], threads: int, arms: list[str] | None) -> dict[str, dict]:
@@ -477,24 +486,26 @@ def summarise(results: dict[str, dict], baseline: dict, seeds: list[int]) -> dic
             "versus_constant_per_kind": versus(held, strongest),
             "reading": reading_score(held, baseline),
             "compute": compute(results, arm, seeds),
+            "train_seconds": statistics.fmean(
+                c["train_seconds"] for c in compute(results, arm, seeds)["per_seed"].values()
+            ),
             "trainable_parameters": results[seeded(arm, seeds[0])]["trainable_parameters"],
         }
     best = max(arms, key=lambda a: arms[a]["exact_match"])
     others = {f"{best} - {arm}": versus(held_out[best], held_out[arm]) for arm in arms if arm != best}
-    probes = {}
+    probes, probe_records = {}, {}  # each pretraining's mean over the seeds, and each seed's own figures
     for name in [name for name in PRETRAININGS if seeded(name, seeds[0]) in results]:
         records = [results[seeded(name, seed)]["probe"] for seed in seeds]
-        probes[name] = {
-            "exact_match": statistics.fmean(over_seeds(results, name, seeds, "probe")),
-            "per_seed": {seed: {k: r[k] for k in ("correct", "n", "exact_match", "exact_match_95")}
-                         for seed, r in zip(seeds, records)},
-        }  # fmt: skip
+        probes[name] = statistics.fmean(over_seeds(results, name, seeds, "probe"))
+        probe_records[name] = {seed: {k: r[k] for k in ("correct", "n", "exact_match", "exact_match_95")}
+                               for seed, r in zip(seeds, records)}  # fmt: skip
     table = {"constant": baseline["constant"], "per_kind": baseline["per_kind"]}
     rows = {name: {"exact_match": statistics.fmean(t["per_question"]), "by_kind": by_kind(t["per_question"], kinds)}
             for name, t in table.items()}  # fmt: skip
     uniform = baseline["uniform_per_kind"]["per_question"]
     rows["uniform guess per kind"] = {"exact_match": statistics.fmean(uniform), "by_kind": by_kind(uniform, kinds)}
-    return {"seeds": seeds, "arms": arms, "best": best, "best_versus": others, "probes": probes, "baselines": rows}
+    return {"seeds": seeds, "arms": arms, "best": best, "best_versus": others, "probes": probes,
+            "probe_records": probe_records, "baselines": rows}  # fmt: skip
 
 
 def print_table(summary: dict, baseline: dict) -> None:
@@ -521,7 +532,7 @@ def print_table(summary: dict, baseline: dict) -> None:
     print(f"constant: {baseline['constant']['answer']!r}; per kind: {baseline['per_kind']['answers']}; reading: "
           f"{len(reading['questions'])} questions, guess {statistics.fmean(reading['guess']):.3f}")  # fmt: skip
     print("probes (held-out people's own biography sentences, before fine-tuning): " + ", ".join(
-        f"{name} {probe['exact_match']:.3f}" for name, probe in summary["probes"].items()))  # fmt: skip
+        f"{name} {score:.3f}" for name, score in summary["probes"].items()))  # fmt: skip
     for name, comparison in summary["best_versus"].items():
         print(f"{name}: {interval_text(comparison)}")
 
@@ -549,6 +560,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--world-seed", type=int, default=0, help="the seed of the invented world (default 0)")
     parser.add_argument("--pretrain-steps", type=int, help="the pretrainings' updates (default: the size's)")
     parser.add_argument("--arm", action="append", choices=list(ARMS), help="run this recipe (repeat; default all)")
+    parser.add_argument(
+        "--span-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting of every span-corruption run (pretraining and mixed), e.g. data.random_prefix=true (repeat)",
+    )
     parser.add_argument("--output", type=Path, default=None, help="JSON path (default benchmarks/results/...)")
     parser.add_argument("--job", help=argparse.SUPPRESS)  # internal: one run, in a fresh process
     args = parser.parse_args(argv)
@@ -556,6 +574,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(train_one(json.loads(args.job))))
         return 0
     sizes = SIZES[args.size] | ({"pretrain_steps": args.pretrain_steps} if args.pretrain_steps else {})
+    sizes |= {"span_options": args.span_set} if args.span_set else {}
     if sizes["pretrain_steps"] < 1:
         parser.error("--pretrain-steps must be at least 1")
     seeds = list(dict.fromkeys(args.seeds))

@@ -173,8 +173,20 @@ def test_two_seeds_are_averaged_per_question_and_a_verdict_needs_the_interval_an
     assert reading["questions"] == n - 4 and reading["exact_match"] == pytest.approx(9 / (n - 4))
     assert reading["guess"] == pytest.approx(0.05)
     spent = {seed: {"steps": 20, "tokens": 2000 + 2 * seed, "train_seconds": 10.0} for seed in (0, 1)}
-    assert figures["compute"] == {"equal_in": "updates", "per_seed": spent}
+    assert figures["compute"] == {"equal_in": "updates", "per_seed": spent} and figures["train_seconds"] == 10.0
+    assert summary["probes"] == {"next-token": 0.5} and summary["probe_records"]["next-token"][1]["correct"] == 1
     # an interval clear of zero is not enough: 5 of 100 questions better, none worse: t's interval is clear of zero,
     # McNemar's exact p = 2 / 2^5 = 0.0625 is not below 0.05
     few = bench.versus([1] * 5 + [0] * 95, [0] * 100)
     assert few["difference_95"][0] > 0 and few["p_value"] == pytest.approx(0.0625) and few["verdict"] == "inconclusive"
+
+
+def test_span_settings_reach_every_span_corruption_run_and_no_other(tmp_path):
+    bench = script("pretrain_qa")
+    sizes = bench.SIZES["quick"] | {"span_options": ["data.random_prefix=true"]}
+    runs = bench.seeded_jobs(sizes, tmp_path, [0, 1], 1, None)
+    given = {name for name, job in runs.items() if "data.random_prefix=true" in job["overrides"]}
+    spans = {name for name, job in runs.items() if 'data.objective="span_corruption"' in job["overrides"]}
+    assert given == spans and len(spans) == 4  # the span pretraining and the mixed arm, for each seed
+    assert runs["span corruption, augmented -> fine-tune | seed 1"]["needs"] == "span corruption, augmented | seed 1"
+    assert len({job["out"] for job in runs.values()}) == len(runs) == 2 * (3 + len(bench.ARMS))
