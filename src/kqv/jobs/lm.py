@@ -21,6 +21,7 @@ from ..data.batches import batch_generator, sample_batch
 from ..data.completions import is_pairs_file, read_examples
 from ..data.documents import mask_symbol
 from ..data.shakespeare import load_text
+from ..data.token_corpus import is_token_corpus
 from ..data.tokenizers import Tokenizer, encode_text, make_tokenizer
 from ..errors import ConfigError, DataError, option
 from ..nn.config import ModelConfig
@@ -42,6 +43,7 @@ from .init import SourceTokenizer, finetune_config, load_source_weights, read_so
 from .sampling import SampleConfig, continuations, default_prompt, generation_config, write_samples
 from .scoring import BATCH_SIZE, PairsEvaluation, check_pairs_alone, complete, evaluate_pairs, fine_tuning_answers
 from .sources import Source, check_sources, needed_mask
+from .token_corpus import PreparedCorpus, val_tokens
 
 
 @dataclass
@@ -74,6 +76,11 @@ class DataConfig(Config):
         return self.path is not None and is_pairs_file(self.path)
 
     @property
+    def prepared(self) -> bool:
+        """Whether `path` is a token corpus on disk (`kqv prepare`), trained on without reading it into memory."""
+        return is_token_corpus(self.path)
+
+    @property
     def mixture(self) -> bool:
         """Whether the run's text is read as documents made into examples (`kqv.jobs.sources`)."""
         return bool(self.sources) or self.objective != "next_token"
@@ -94,6 +101,11 @@ class DataConfig(Config):
                 f"completion's being 1; 0 = completion only), got {self.prompt_loss_weight}"
             )
         check_sources(self)
+        if self.prepared and self.mixture:
+            raise ConfigError(
+                f"{self.path} is a prepared token corpus, which trains on blocks with data.objective='next_token' "
+                f"alone; drop data.objective and data.sources, or give the text itself"
+            )
         if not self.examples and (self.prompt_loss_weight or self.packing):
             raise ConfigError(
                 "data.prompt_loss_weight and data.packing apply to a file of prompt -> completion pairs (data.path "
@@ -177,7 +189,8 @@ def check_lm_run(
         if config.data.examples:
             completions.check_packing(model or config.model, config.data.packing)
             return
-        check_splits({"train": tokens["train"], "val": tokens["val"]}, context, tokenizer.vocab_size)
+        vocab = None if config.data.prepared else tokenizer.vocab_size  # a prepared corpus's ids: its tokenizer's
+        check_splits({"train": tokens["train"], "val": tokens["val"]}, context, vocab)
         check_prompt(tokenizer.encode, with_prompt(config, tokenizer, tokens).sample.prompt)
 
     return check
@@ -294,6 +307,10 @@ class LMRun(TrainedRun):
         if data is not None:
             return evaluate_text(self.model, self.tokenizer, data, self.config.data.context, max_tokens)
         check_max_tokens(max_tokens)
+        if self.config.data.prepared:  # its held-out tail, read from the corpus (the run holds no copy)
+            ids = val_tokens(self.config.data.path, self.config.data.val_fraction, max_tokens or SCORED_TOKENS)
+            result = perplexity(self.model, ids, context=self.config.data.context, max_tokens=max_tokens)
+            return LMEvaluation("the held-out tail of the prepared corpus", **result)
         tokens = load_tokens(self.run_dir)
         if self.config.data.examples:  # what the run trained: the completions of its held-out examples
             return LMEvaluation(**completions.held_out_evaluation(self.model, tokens, max_tokens))
@@ -377,7 +394,8 @@ class LMJob(Job):
             start.model = finetune_config(source, config.model, config.model_options, config.data.context)
             config.finetune.adaptation.check(start.model)
             tokenizer_maker = SourceTokenizer(self, source)
-        tokenizer, tokens = prepare_corpus(tokenizer_maker, config.data, run, check_lm_run(config, start.model))
+        load = PreparedCorpus.load if config.data.prepared else prepare_corpus
+        tokenizer, tokens = load(tokenizer_maker, config.data, run, check_lm_run(config, start.model))
         training.config = with_prompt(config, tokenizer, tokens)  # what run.toml records and the samples start from
         return tokenizer, tokens
 
@@ -406,6 +424,8 @@ class LMJob(Job):
             if config.data.mixture
             else completions.trainer_options(config, tokens)
             if config.data.pairs
+            else PreparedCorpus.trainer_options(config, tokens)
+            if config.data.prepared
             else text_batches(config, tokens)
         )
         return {
@@ -431,7 +451,7 @@ class LMJob(Job):
                 model,
                 tokens["val"],
                 context=config.data.context,
-                n_chars=int(tokens["chars"][1]),
+                n_chars=int(tokens["chars"][1]) if "chars" in tokens else None,  # a prepared corpus counts no chars
                 precision=config.train.precision,
                 max_tokens=SCORED_TOKENS,
             )
@@ -448,8 +468,8 @@ class LMJob(Job):
         after = f"after {summary['steps']} steps in {training.result.wall_seconds / 60:.1f} min"
         if "examples" in val:  # pairs
             return f"validation completion loss {val['loss']:.3f} nats/token over {val['examples']} examples {after}"
-        bits = val.get("bits_per_char", float("nan"))
-        return f"validation loss {val['loss']:.3f} nats/token ({bits:.3f} bits/char) {after}"
+        bits = f" ({val['bits_per_char']:.3f} bits/char)" if "bits_per_char" in val else ""  # a prepared corpus's: none
+        return f"validation loss {val['loss']:.3f} nats/token{bits} {after}"
 
 
 def text_batches(config: LMRunConfig, tokens: dict[str, torch.Tensor]) -> dict[str, Any]:
