@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import DataError
+from ..errors import DataError, option
 from .tokenizers import Tokenizer, load_tokenizer
 
 FORMAT = "kqv-token-corpus"
@@ -149,7 +149,7 @@ class TokenCorpus:
         manifest, an array of the wrong size (truncated), a checksum that differs (`verify`: reads the array once,
         in blocks) or a tokenizer whose vocabulary is not the manifest's."""
         path = Path(path).expanduser()
-        remedy = f"prepare it again with `kqv prepare TEXT --out {path}`"
+        remedy = f"prepare it again with {option('kqv.prepare(TEXT, {path!r})', path=str(path))}"
         if not (path / MANIFEST).is_file():
             raise DataError(f"{path} is not a prepared token corpus (no {MANIFEST}); {remedy}")
         try:

@@ -48,7 +48,7 @@ from ..data.token_corpus import (
     window_starts,
 )
 from ..data.tokenizers import Tokenizer, encode_texts, load_tokenizer, make_tokenizer
-from ..errors import DataError, RunError
+from ..errors import DataError, RunError, option
 from ..train.distributed import OwnRows
 from ..train.files import TOKENIZER_DIR, sha256, write_files, write_text
 from ..train.rundir import RunDirectory, process_rank
@@ -236,7 +236,7 @@ class PreparedCorpus:
         if source is not None and source_tokenizer_files(source) != tokenizer.files():
             raise DataError(
                 f"{data.path} was prepared with another tokenizer than {source.path}'s, which a fine-tune keeps; "
-                f"prepare it with `kqv prepare TEXT --tokenizer {source.path} --out DIR`"
+                f"prepare it with {option('kqv.prepare(TEXT, DIR, tokenizer={source!r})', source=str(source.path))}"
             )
         if run.resuming and (run.path / TOKENIZER_DIR).is_dir():
             if maker.load_tokenizer(run.path).files() != tokenizer.files():
@@ -254,10 +254,11 @@ class PreparedCorpus:
 
     @staticmethod
     def trainer_options(config: Any, splits: dict[str, torch.Tensor]) -> dict[str, Any]:
-        """The Trainer's batches: blocks at the starts `sample_batch` draws for (seed, i), this rank's rows alone."""
+        """The Trainer's batches: blocks at the starts `sample_batch` draws for (seed, i), this rank's rows alone,
+        read from the memmap of the corpus `load` verified (`splits` are its views)."""
         batch, context, seed = config.train.batch_size, config.data.context, config.train.seed
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        train, val = (splits[name].numpy() for name in ("train", "val"))
+        train, val = TokenCorpus.open(config.data.path, verify=False).split(config.data.val_fraction)  # verified
 
         def train_batches(i: int) -> Any:
             return own_windows(train, batch, context, batch_generator(seed, i), process_rank(), world)
