@@ -43,7 +43,7 @@ from .init import SourceTokenizer, finetune_config, load_source_weights, read_so
 from .sampling import SampleConfig, continuations, default_prompt, generation_config, write_samples
 from .scoring import BATCH_SIZE, PairsEvaluation, check_pairs_alone, complete, evaluate_pairs, fine_tuning_answers
 from .sources import Source, check_sources, needed_mask
-from .token_corpus import PreparedCorpus, val_tokens
+from .token_corpus import HELD_OUT_TAIL, PreparedCorpus, check_prepared, held_out_perplexity
 
 
 @dataclass
@@ -101,11 +101,7 @@ class DataConfig(Config):
                 f"completion's being 1; 0 = completion only), got {self.prompt_loss_weight}"
             )
         check_sources(self)
-        if self.prepared and self.mixture:
-            raise ConfigError(
-                f"{self.path} is a prepared token corpus, which trains on blocks with data.objective='next_token' "
-                f"alone; drop data.objective and data.sources, or give the text itself"
-            )
+        check_prepared(self)
         if not self.examples and (self.prompt_loss_weight or self.packing):
             raise ConfigError(
                 "data.prompt_loss_weight and data.packing apply to a file of prompt -> completion pairs (data.path "
@@ -308,9 +304,7 @@ class LMRun(TrainedRun):
             return evaluate_text(self.model, self.tokenizer, data, self.config.data.context, max_tokens)
         check_max_tokens(max_tokens)
         if self.config.data.prepared:  # its held-out tail, read from the corpus (the run holds no copy)
-            ids = val_tokens(self.config.data.path, self.config.data.val_fraction, max_tokens or SCORED_TOKENS)
-            result = perplexity(self.model, ids, context=self.config.data.context, max_tokens=max_tokens)
-            return LMEvaluation("the held-out tail of the prepared corpus", **result)
+            return LMEvaluation(HELD_OUT_TAIL, **held_out_perplexity(self.model, self.config.data, max_tokens))
         tokens = load_tokens(self.run_dir)
         if self.config.data.examples:  # what the run trained: the completions of its held-out examples
             return LMEvaluation(**completions.held_out_evaluation(self.model, tokens, max_tokens))

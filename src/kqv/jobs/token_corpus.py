@@ -48,8 +48,9 @@ from ..data.token_corpus import (
     window_starts,
 )
 from ..data.tokenizers import Tokenizer, encode_texts, load_tokenizer, make_tokenizer
-from ..errors import DataError, RunError, option
+from ..errors import ConfigError, DataError, RunError, option
 from ..train.distributed import OwnRows
+from ..train.evaluation import perplexity
 from ..train.files import TOKENIZER_DIR, sha256, write_files, write_text
 from ..train.rundir import RunDirectory, process_rank
 
@@ -302,10 +303,25 @@ def source_tokenizer_files(source: Any) -> dict[str, str]:
     return source_tokenizer(source).files()
 
 
-def val_tokens(path: str | Path, val_fraction: float, max_tokens: int) -> torch.Tensor:
-    """Up to `max_tokens` + 1 of a prepared corpus's held-out ids, as int64 (what a run's final perplexity scores)."""
-    _, val = TokenCorpus.open(path, verify=False).split(val_fraction)
-    return torch.from_numpy(np.asarray(val[: max_tokens + 1], dtype=np.int64))
+def check_prepared(data: Any) -> None:
+    """A prepared corpus trains on blocks, next token after next token (`DataConfig.check`)."""
+    if data.prepared and data.mixture:
+        raise ConfigError(
+            f"{data.path} is a prepared token corpus, which trains on blocks with data.objective='next_token' "
+            f"alone; drop data.objective and data.sources, or give the text itself"
+        )
+
+
+HELD_OUT_TAIL = "the held-out tail of the prepared corpus"
+SCORED_TOKENS = 200_000  # as `kqv.jobs.lm.SCORED_TOKENS`: what a run's final perplexity scores
+
+
+def held_out_perplexity(model: torch.nn.Module, data: Any, max_tokens: int | None) -> dict[str, float]:
+    """`perplexity` of a prepared corpus's held-out tail (up to `max_tokens`, default `SCORED_TOKENS`), read from
+    the corpus at `data.path` (a run keeps no copy of it)."""
+    _, val = TokenCorpus.open(data.path, verify=False).split(data.val_fraction)
+    ids = torch.from_numpy(np.asarray(val[: (max_tokens or SCORED_TOKENS) + 1], dtype=np.int64))
+    return perplexity(model, ids, context=data.context, max_tokens=max_tokens)
 
 
 def describe(prepared: Prepared) -> str:
