@@ -213,3 +213,14 @@ def test_a_directory_that_is_not_a_corpus_is_refused(tmp_path):
     with pytest.raises(DataError, match="not a prepared token corpus"):
         TokenCorpus.open(tmp_path / "x")
     assert make_tokenizer("char", "ab").vocab_size == 2
+
+
+def test_a_gpt2_directory_s_bpe_prepares_a_corpus_its_model_fine_tunes_on(gpt2_dir, text, tmp_path):
+    from kqv.interop.directories import read_hf_tokenizer
+
+    prepared = prepare(text, tmp_path / "c", tokenizer=str(gpt2_dir), progress=False)
+    tokenizer = read_hf_tokenizer(gpt2_dir)
+    assert prepared.manifest["vocab_size"] == tokenizer.vocab_size
+    assert TokenCorpus.open(tmp_path / "c").ids.tolist() == tokenizer.encode(text.read_text())
+    argv = ["train", "lm", "--data", str(tmp_path / "c"), "--init", str(gpt2_dir), "--out", str(tmp_path / "ft")]
+    assert main([*argv, "--steps", "2", "--set", "data.context=16", "--set", "train.batch_size=2", "--quiet"]) == 0

@@ -49,6 +49,7 @@ from ..data.token_corpus import (
 )
 from ..data.tokenizers import Tokenizer, encode_texts, load_tokenizer, make_tokenizer
 from ..errors import ConfigError, DataError, RunError, option
+from ..interop.directories import is_hf_directory, read_hf_tokenizer
 from ..train.distributed import OwnRows
 from ..train.evaluation import perplexity
 from ..train.files import TOKENIZER_DIR, sha256, write_files, write_text
@@ -158,7 +159,7 @@ def read_state(out: Path, plan: dict[str, Any]) -> dict[str, Any] | None:
 
 def new_tokenizer(kind: str, files: list[Path], vocab_size: int, sample_bytes: int) -> Tokenizer:
     """The tokenizer of a new corpus: a BPE trained on a sample, the characters of the whole text, or a saved one
-    (a tokenizer's directory, or a run's with a `tokenizer/` in it)."""
+    (a tokenizer's directory, a run's with a `tokenizer/` in it, or a Hugging Face GPT-2 directory's)."""
     if kind == "bpe":
         return make_tokenizer("bpe", sample_text(files, sample_bytes), vocab_size)
     if kind == "char":
@@ -168,10 +169,15 @@ def new_tokenizer(kind: str, files: list[Path], vocab_size: int, sample_bytes: i
                 chars.update(text)
         return make_tokenizer("char", "".join(sorted(chars)))
     path = Path(kind).expanduser()
+    if is_hf_directory(path):  # a Hugging Face GPT-2 directory: GPT-2's own BPE, as `--init` reads it
+        return read_hf_tokenizer(path)
     if (path / TOKENIZER_DIR).is_dir():
         path = path / TOKENIZER_DIR
     if not path.is_dir():
-        raise DataError(f"tokenizer {kind!r} is not 'bpe', 'char' or the directory of a saved kqv tokenizer")
+        raise DataError(
+            f"tokenizer {kind!r} is not 'bpe', 'char', or the directory of a saved kqv tokenizer, a kqv run or a "
+            f"Hugging Face GPT-2 model"
+        )
     return load_tokenizer(path)
 
 
