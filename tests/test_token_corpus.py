@@ -224,3 +224,32 @@ def test_a_gpt2_directory_s_bpe_prepares_a_corpus_its_model_fine_tunes_on(gpt2_d
     assert TokenCorpus.open(tmp_path / "c").ids.tolist() == tokenizer.encode(text.read_text())
     argv = ["train", "lm", "--data", str(tmp_path / "c"), "--init", str(gpt2_dir), "--out", str(tmp_path / "ft")]
     assert main([*argv, "--steps", "2", "--set", "data.context=16", "--set", "train.batch_size=2", "--quiet"]) == 0
+
+
+def test_two_processes_under_torchrun_train_one_process_s_curve_on_a_prepared_corpus(corpus, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from kqv.train.metrics import read_metrics
+    from test_torchrun import SRC, TINY_LM
+
+    (tmp_path / "tiny.toml").write_text(TINY_LM)
+    common = ["train", "lm", "--config", str(tmp_path / "tiny.toml"), "--data", str(corpus), "--quiet"]
+    common += ["--set", "train.batch_size=6"]  # rows 0-2 on rank 0, rows 3-5 on rank 1
+    assert main([*common, "--out", str(tmp_path / "one")]) == 0
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    env.update(PYTHONPATH=SRC, OMP_NUM_THREADS="1")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    done = subprocess.run(
+        [*command, "-m", "kqv.cli", *common, "--out", str(tmp_path / "two")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    one, two = (read_metrics(tmp_path / run / "metrics.jsonl") for run in ("one", "two"))
+    for key in ("train_loss", "val_loss"):
+        logged = [(a[key], b[key]) for a, b in zip(one, two) if key in a]
+        assert logged and [b for _, b in logged] == pytest.approx([a for a, _ in logged], abs=1e-5, rel=0)
