@@ -253,3 +253,30 @@ def test_two_processes_under_torchrun_train_one_process_s_curve_on_a_prepared_co
     for key in ("train_loss", "val_loss"):
         logged = [(a[key], b[key]) for a, b in zip(one, two) if key in a]
         assert logged and [b for _, b in logged] == pytest.approx([a for a, _ in logged], abs=1e-5, rel=0)
+
+
+def test_a_new_bpe_is_trained_on_a_sample_spread_over_the_text(text, tmp_path):
+    from kqv.data.token_corpus import sample_text
+
+    size = text.stat().st_size
+    sample = sample_text([text], 4096, block=1024)
+    assert 2000 < len(sample.encode()) <= 4096 < size
+    numbers = [int(line.rsplit(" ", 1)[1]) for line in sample.splitlines() if line.rsplit(" ", 1)[-1].isdigit()]
+    last = len(text.read_text().splitlines()) - 1
+    assert min(numbers) < last * 0.1 and max(numbers) > last * 0.7  # from the start to the end, not one block
+    assert sample_text([text], 10 * size) == text.read_text()
+    prepared = prepare(text, tmp_path / "c", vocab_size=300, sample_bytes=4096, progress=False)
+    assert prepared.manifest["tokenizer"]["sample_bytes"] == 4096
+    corpus = TokenCorpus.open(tmp_path / "c")  # a byte-level BPE encodes what its sample never held
+    assert corpus.tokenizer.decode(corpus.ids) == text.read_text()
+
+
+def test_kqv_prepare_prints_what_it_made_and_refuses_in_one_line(text, tmp_path, capsys):
+    assert main(["prepare", str(text), "--out", str(tmp_path / "c"), "--vocab-size", "300", "--quiet"]) == 0
+    assert "prepared" in capsys.readouterr().out
+    assert main(["prepare", str(text), "--out", str(tmp_path / "c"), "--vocab-size", "300", "--quiet"]) == 0
+    assert "already prepared" in capsys.readouterr().out
+    refused(capsys, ["prepare", str(text), "--out", str(text.parent), "--quiet"], "holds the text")
+    refused(capsys, ["prepare", str(tmp_path / "nowhere.txt"), "--out", str(tmp_path / "d")], "no text file")
+    refused(capsys, ["prepare", str(text), "--out", str(tmp_path / "e"), "--tokenizer", "wordpiece"], "not 'bpe'")
+    assert not (tmp_path / "e").exists()  # refused before anything was written

@@ -107,6 +107,7 @@ def sample_text(files: list[Path], sample_bytes: int, block: int = 1 << 20) -> s
     total = sum(sizes)
     if total <= sample_bytes:
         return "".join(text for f in files for text, _ in read_chunks(f, 0, block))
+    block = min(block, sample_bytes)
     count = max(1, sample_bytes // block)
     parts = []
     for k in range(count):

@@ -87,6 +87,11 @@ def prepare(
     directory. Nothing is written over an input or over anything `out` held that is not an unfinished prepare of
     the same text and settings."""
     files = [f.resolve() for f in text_files(Path(text).expanduser())]
+    if tokenizer not in ("bpe", "char") and not Path(tokenizer).expanduser().is_dir():
+        raise DataError(
+            f"tokenizer {tokenizer!r} is not 'bpe', 'char', or the directory of a saved kqv tokenizer, a kqv run "
+            f"or a Hugging Face GPT-2 model"
+        )
     out = Path(out).expanduser()
     check_output(out, Path(text).expanduser(), files)
     plan = {
@@ -173,11 +178,6 @@ def new_tokenizer(kind: str, files: list[Path], vocab_size: int, sample_bytes: i
         return read_hf_tokenizer(path)
     if (path / TOKENIZER_DIR).is_dir():
         path = path / TOKENIZER_DIR
-    if not path.is_dir():
-        raise DataError(
-            f"tokenizer {kind!r} is not 'bpe', 'char', or the directory of a saved kqv tokenizer, a kqv run or a "
-            f"Hugging Face GPT-2 model"
-        )
     return load_tokenizer(path)
 
 
