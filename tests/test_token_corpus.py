@@ -280,3 +280,14 @@ def test_kqv_prepare_prints_what_it_made_and_refuses_in_one_line(text, tmp_path,
     refused(capsys, ["prepare", str(tmp_path / "nowhere.txt"), "--out", str(tmp_path / "d")], "no text file")
     refused(capsys, ["prepare", str(text), "--out", str(tmp_path / "e"), "--tokenizer", "wordpiece"], "not 'bpe'")
     assert not (tmp_path / "e").exists()  # refused before anything was written
+
+
+def test_a_resume_refuses_a_corpus_prepared_again_with_another_tokenizer(corpus, text, tmp_path, capsys):
+    import shutil
+
+    shutil.copytree(corpus, tmp_path / "c")
+    argv = ["train", "lm", "--config", tiny_config(tmp_path), "--data", str(tmp_path / "c"), "--quiet"]
+    assert main([*argv, "--out", str(tmp_path / "run"), "--steps", "3"]) == 0
+    shutil.rmtree(tmp_path / "c")
+    prepare(text, tmp_path / "c", vocab_size=300, sample_bytes=4096, progress=False)  # other merges, same size
+    refused(capsys, [*argv, "--out", str(tmp_path / "run"), "--resume", "--steps", "6"], "not the one", "trained with")
