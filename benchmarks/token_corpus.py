@@ -54,9 +54,9 @@ def write_corpus(directory: Path, total_bytes: int, files: int, seed: int = 0) -
         with open(directory / f"part-{index:03d}.txt", "w", encoding="utf-8") as out:
             while written < total_bytes * (index + 1) // files:
                 generator.shuffle(paragraphs)
-                copy = ("\n\n".join(paragraphs) + "\n\n").encode("utf-8")
-                out.write(copy.decode("utf-8"))
-                written += len(copy)
+                copy = "\n\n".join(paragraphs) + "\n\n"
+                out.write(copy)
+                written += len(copy.encode("utf-8"))
     return written
 
 
