@@ -85,6 +85,8 @@ def test_a_killed_prepare_resumes_to_the_same_bytes_and_a_finished_one_is_not_re
         prepare(text, tmp_path / "cut", vocab_size=300, chunk_bytes=200, progress=False)
     state = json.loads((tmp_path / "cut" / STATE).read_text())
     assert state["tokens"] > 0 and not (tmp_path / "cut" / MANIFEST).exists()
+    with pytest.raises(DataError, match="is an unfinished prepare"):  # not trained on, nor read as text
+        TokenCorpus.open(tmp_path / "cut")
     with open(tmp_path / "cut" / "tokens.bin.partial", "ab") as partial:
         partial.write(b"\x07\x00" * 11)  # a chunk written but never recorded: the resume drops it
     monkeypatch.setattr(token_corpus, "encode_chunk", encode)

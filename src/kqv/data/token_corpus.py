@@ -31,6 +31,7 @@ from .tokenizers import Tokenizer, load_tokenizer
 
 FORMAT = "kqv-token-corpus"
 MANIFEST, ARRAY, TOKENIZER = "manifest.json", "tokens.bin", "tokenizer"
+STATE = "prepare.json"  # an unfinished prepare's progress (`kqv.jobs.token_corpus`)
 CUT = re.compile(r"\n(?=[!-~])")  # a cut no token spans: a newline before a printable ASCII character
 
 
@@ -131,8 +132,9 @@ def digest(path: Path) -> str:
 
 
 def is_token_corpus(path: str | Path | None) -> bool:
-    """Whether `path` is a directory with a token corpus's manifest (a prepared corpus, or a damaged one)."""
-    return path is not None and (Path(path).expanduser() / MANIFEST).is_file()
+    """Whether `path` is a directory with a token corpus's manifest (a prepared corpus, or a damaged one) or an
+    unfinished prepare's progress."""
+    return path is not None and any((Path(path).expanduser() / name).is_file() for name in (MANIFEST, STATE))
 
 
 @dataclass
@@ -151,6 +153,8 @@ class TokenCorpus:
         in blocks) or a tokenizer whose vocabulary is not the manifest's."""
         path = Path(path).expanduser()
         remedy = f"prepare it again with {option('kqv.prepare(TEXT, {path!r})', path=str(path))}"
+        if not (path / MANIFEST).is_file() and (path / STATE).is_file():
+            raise DataError(f"{path} is an unfinished prepare; {remedy} to finish it")
         if not (path / MANIFEST).is_file():
             raise DataError(f"{path} is not a prepared token corpus (no {MANIFEST}); {remedy}")
         try:

@@ -37,6 +37,7 @@ from ..data.token_corpus import (
     ARRAY,
     FORMAT,
     MANIFEST,
+    STATE,
     TOKENIZER,
     TokenCorpus,
     pieces,
@@ -57,7 +58,7 @@ from ..train.rundir import RunDirectory, process_rank
 
 CHUNK_BYTES = 16 << 20  # the text read, encoded and recorded at a time
 SAMPLE_BYTES = 32 << 20  # the text a new BPE is trained on, in 1 MiB blocks spread over the corpus
-STATE, PARTIAL, LOCK = "prepare.json", ARRAY + ".partial", ".prepare.lock"
+PARTIAL, LOCK = ARRAY + ".partial", ".prepare.lock"
 PIECES = 64  # the pieces of a chunk encoded in one batched call
 
 
