@@ -41,6 +41,7 @@ from .jobs.lm import LMEvaluation, LMRun
 from .jobs.mt import MTEvaluation, MTRun
 from .jobs.pretrained import PretrainedRun
 from .jobs.scoring import PairsEvaluation
+from .jobs.token_corpus import Prepared
 from .jobs.vit import ClsAttention, VitEvaluation, VitRun
 from .nn.devices import Accelerator
 from .nn.generation import GenerationConfig
@@ -131,6 +132,28 @@ def export(run: str | Path, *, hf: str | Path, merge: bool = False) -> Path:
     configuration the format cannot hold is refused by name, with nothing written. A LoRA run needs `merge=True`:
     its adapters are folded into its weights (`kqv export RUN --hf DIR --merge`)."""
     return load(run, device="cpu").export_hf(hf, merge=merge)
+
+
+def prepare(
+    text: str | Path,
+    out: str | Path,
+    *,
+    tokenizer: str = "bpe",
+    vocab_size: int = 4096,
+    sample_mb: float = 32,
+    progress: bool = True,
+) -> Prepared:
+    """Encode a text file or directory of .txt files once into a token corpus on disk at `out` (ids in a
+    memory-mapped array, its tokenizer and a manifest), which `train("lm", overrides=["data.path=OUT"])` trains
+    on without reading it into memory (`kqv.jobs.token_corpus`). `tokenizer`: "bpe" (of `vocab_size` tokens,
+    trained on `sample_mb` MiB of the text), "char", or a saved tokenizer's or run's directory. Streams the text;
+    a killed prepare continues where it stopped, and a finished one is not redone."""
+    from .jobs.token_corpus import prepare as prepare_corpus
+
+    if not sample_mb > 0:
+        raise ConfigError(f"sample_mb must be positive (the MiB of text a new BPE is trained on), got {sample_mb}")
+    sample = int(sample_mb * (1 << 20))
+    return prepare_corpus(text, out, tokenizer=tokenizer, vocab_size=vocab_size, sample_bytes=sample, progress=progress)
 
 
 def packaged_config(name: str | Path, task: str = "lm") -> Path:

@@ -79,6 +79,36 @@ class Train(Command):
         )
 
 
+class Prepare(Command):
+    """`kqv prepare TEXT_OR_DIR --out DIR [--tokenizer bpe|char|DIR] [--vocab-size N] [--sample-mb M]`:
+    `kqv.api.prepare`, and the line that says what it made."""
+
+    help = "encode a text once into a token corpus on disk, for `kqv train lm --data DIR`"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("text", metavar="TEXT_OR_DIR", help="a UTF-8 text file or a directory of .txt files")
+        parser.add_argument("--out", required=True, help="the corpus directory (new, or an unfinished prepare's)")
+        parser.add_argument(
+            "--tokenizer", default="bpe", help="bpe (trained on a sample), char, or a saved tokenizer's or run's dir"
+        )
+        parser.add_argument("--vocab-size", type=int, default=4096, help="bpe: the vocabulary (default 4096)")
+        parser.add_argument("--sample-mb", type=float, default=32, help="bpe: MiB of text it is trained on (32)")
+        parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    def run(self, args: argparse.Namespace) -> None:
+        from ..jobs.token_corpus import describe
+
+        prepared = api.prepare(
+            args.text,
+            args.out,
+            tokenizer=args.tokenizer,
+            vocab_size=args.vocab_size,
+            sample_mb=args.sample_mb,
+            progress=not args.quiet,
+        )
+        print(describe(prepared))
+
+
 @dataclass(frozen=True)
 class JobCommand:
     """What a command on a run does for one job's runs: its help, its flags, and `run(trained_run, args)`, which

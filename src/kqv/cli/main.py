@@ -1,6 +1,7 @@
 """The `kqv` command: train, generate, evaluate and look inside models.
 
 kqv train lm [--config quick] [--out runs/lm] [--data text.txt] [--set train.steps=200]
+kqv prepare big.txt --out corpus/                   (a token corpus on disk; then kqv train lm --data corpus/)
 kqv generate runs/lm --prompt "ROMEO:"
 kqv eval runs/lm [--data other.txt]
 kqv attention runs/lm --text "To be, or not to be" --out attention.png
@@ -26,7 +27,7 @@ import sys
 from ..api import packaged_config  # noqa: F401 -- kqv.cli.main.packaged_config, as before
 from ..errors import KqvError, command_line, describe_os_error
 from ..signals import completion, exit_status, finished, interruptible, message
-from .commands import Command, Train
+from .commands import Command, Prepare, Train
 from .embeddings import Embed, Similarity
 from .environment import Env
 from .experiment import Experiment
@@ -37,6 +38,7 @@ from .wording import WORDS
 # Every command, by name, in the order `kqv --help` lists them: the only place a command is registered.
 COMMANDS: dict[str, Command] = {
     "train": Train(),
+    "prepare": Prepare(),
     **RUN_COMMANDS,  # generate, eval, attention, translate: answered by the job of the run
     "embed": Embed(),
     "similarity": Similarity(),

@@ -27,6 +27,8 @@ WORDS: dict[str, str] = {
     "hf": "--hf",
     "the run directory": "--out",
     "data=PATH": "--data FILE",
+    "kqv.prepare(TEXT, {path!r})": "`kqv prepare TEXT --out {path}`",
+    "kqv.prepare(TEXT, DIR, tokenizer={source!r})": "`kqv prepare TEXT --tokenizer {source} --out DIR`",
     "data.sources=[TEXT, {path}]": "--data TEXT --data {path}",
     "init=": "--init ",
     "init=DIR": "--init DIR",

@@ -84,8 +84,9 @@ def load_tokens(run_dir: Path) -> dict[str, torch.Tensor]:
 
 def describe_corpus(training: Training, vocabulary: int) -> str:
     """The line before training a model on a text corpus (LM and MLM jobs), with its `vocabulary` size."""
-    config, (_, tokens) = training.config, training.data
+    config, (tokenizer, tokens) = training.config, training.data
+    kind = getattr(tokenizer, "kind", config.data.tokenizer)  # a prepared corpus's or a source's, not the config's
     return (
         f"{count_parameters(training.model):,} parameters, {len(tokens['train']):,} training tokens "
-        f"({config.data.tokenizer} tokenizer, vocabulary {vocabulary}), run directory {training.run.destination}"
+        f"({kind} tokenizer, vocabulary {vocabulary}), run directory {training.run.destination}"
     )

@@ -21,6 +21,7 @@ from ..data.batches import batch_generator, sample_batch
 from ..data.completions import DEFAULT_KIND, is_pairs_file, read_examples, split_examples
 from ..data.documents import mask_symbol
 from ..data.shakespeare import load_text
+from ..data.token_corpus import is_token_corpus
 from ..data.tokenizers import Tokenizer, encode_text, make_tokenizer
 from ..errors import ConfigError, DataError, option
 from ..nn.config import ModelConfig
@@ -50,6 +51,7 @@ from .scoring import (
     normalise,
 )
 from .sources import Source, check_sources, needed_mask
+from .token_corpus import HELD_OUT_TAIL, PreparedCorpus, check_prepared, held_out_perplexity
 
 
 @dataclass
@@ -84,6 +86,11 @@ class DataConfig(Config):
         return self.path is not None and is_pairs_file(self.path)
 
     @property
+    def prepared(self) -> bool:
+        """Whether `path` is a token corpus on disk (`kqv prepare`), trained on without reading it into memory."""
+        return is_token_corpus(self.path)
+
+    @property
     def mixture(self) -> bool:
         """Whether the run's text is read as documents made into examples (`kqv.jobs.sources`)."""
         return bool(self.sources) or self.objective != "next_token"
@@ -104,6 +111,7 @@ class DataConfig(Config):
                 f"completion's being 1; 0 = completion only), got {self.prompt_loss_weight}"
             )
         check_sources(self)
+        check_prepared(self)
         if not self.examples and (self.prompt_loss_weight or self.packing):
             raise ConfigError(
                 "data.prompt_loss_weight and data.packing apply to a file of prompt -> completion pairs (data.path "
@@ -201,7 +209,8 @@ def check_lm_run(
         if config.data.examples:
             completions.check_packing(model or config.model, config.data.packing)
             return
-        check_splits({"train": tokens["train"], "val": tokens["val"]}, context, tokenizer.vocab_size)
+        vocab = None if config.data.prepared else tokenizer.vocab_size  # a prepared corpus's ids: its tokenizer's
+        check_splits({"train": tokens["train"], "val": tokens["val"]}, context, vocab)
         check_prompt(tokenizer.encode, with_prompt(config, tokenizer, tokens).sample.prompt)
 
     return check
@@ -326,6 +335,8 @@ class LMRun(TrainedRun):
         if data is not None:
             return evaluate_text(self.model, self.tokenizer, data, self.config.data.context, max_tokens)
         check_max_tokens(max_tokens)
+        if self.config.data.prepared:  # its held-out tail, read from the corpus (the run holds no copy)
+            return LMEvaluation(HELD_OUT_TAIL, **held_out_perplexity(self.model, self.config.data, max_tokens))
         tokens = load_tokens(self.run_dir)
         if self.config.data.examples:  # what the run trained: the completions of its held-out examples
             return LMEvaluation(**completions.held_out_evaluation(self.model, tokens, max_tokens))
@@ -413,7 +424,8 @@ class LMJob(Job):
             start.model = finetune_config(source, config.model, config.model_options, config.data.context)
             config.finetune.adaptation.check(start.model)
             tokenizer_maker = SourceTokenizer(self, source)
-        tokenizer, tokens = prepare_corpus(tokenizer_maker, config.data, run, check_lm_run(config, start.model))
+        load = PreparedCorpus.load if config.data.prepared else prepare_corpus
+        tokenizer, tokens = load(tokenizer_maker, config.data, run, check_lm_run(config, start.model))
         training.config = with_prompt(config, tokenizer, tokens)  # what run.toml records and the samples start from
         return tokenizer, tokens
 
@@ -442,6 +454,8 @@ class LMJob(Job):
             if config.data.mixture
             else completions.trainer_options(config, tokens)
             if config.data.pairs
+            else PreparedCorpus.trainer_options(config, tokens)
+            if config.data.prepared
             else text_batches(config, tokens)
         )
         return {
@@ -467,7 +481,7 @@ class LMJob(Job):
                 model,
                 tokens["val"],
                 context=config.data.context,
-                n_chars=int(tokens["chars"][1]),
+                n_chars=int(tokens["chars"][1]) if "chars" in tokens else None,  # a prepared corpus counts no chars
                 precision=config.train.precision,
                 max_tokens=SCORED_TOKENS,
             )
@@ -484,8 +498,8 @@ class LMJob(Job):
         after = f"after {summary['steps']} steps in {training.result.wall_seconds / 60:.1f} min"
         if "examples" in val:  # pairs
             return f"validation completion loss {val['loss']:.3f} nats/token over {val['examples']} examples {after}"
-        bits = val.get("bits_per_char", float("nan"))
-        return f"validation loss {val['loss']:.3f} nats/token ({bits:.3f} bits/char) {after}"
+        bits = f" ({val['bits_per_char']:.3f} bits/char)" if "bits_per_char" in val else ""  # a prepared corpus's: none
+        return f"validation loss {val['loss']:.3f} nats/token{bits} {after}"
 
 
 def text_batches(config: LMRunConfig, tokens: dict[str, torch.Tensor]) -> dict[str, Any]:

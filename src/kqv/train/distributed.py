@@ -9,6 +9,7 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,17 @@ from ..errors import DataError, ProcessLost, option
 from ..nn.training import may_skip_parameters
 
 Batch = Any
+
+
+@dataclass(frozen=True)
+class OwnRows:
+    """A batch function's answer that is already this rank's rows of the global batch, `share`'s cut, made alone
+    (a corpus on disk reads only its own blocks: `kqv.jobs.token_corpus`); `weight` is its loss's weight."""
+
+    batch: Batch
+    weight: float
+
+
 logger = logging.getLogger("kqv.train.trainer")  # the trainer's voice
 
 
@@ -206,12 +218,15 @@ def share(
     batch: Batch, rank: int, world_size: int, loss_terms: Callable[[Batch], float] | None = None
 ) -> tuple[Batch, float]:
     """This rank's rows of every tensor in `batch`, and the weight its loss takes so that the processes' mean of
-    the weighted losses is the loss of the whole batch in one process (and DDP's or FSDP's mean of the gradients
-    that one process's gradient). The batch's n rows (dim 0 of every tensor; a token-budget batch may have any
-    number) are cut at `r * n // world_size`; a rank left without rows (n < world_size) computes row 0 with weight
-    0. A `loss_fn` averages its loss over `loss_terms(batch)` terms (the targets that count, say; by default the
-    rows), so a rank's weight is `world_size * its terms / the batch's`: 1 when every rank has as many, as with a
-    fixed-size batch of fixed-size rows. One process: the batch itself, weight 1."""
+        the weighted losses is the loss of the whole batch in one process (and DDP's or FSDP's mean of the gradients
+        that one process's gradient). The batch's n rows (dim 0 of every tensor; a token-budget batch may have any
+        number) are cut at `r * n // world_size`; a rank left without rows (n < world_size) computes row 0 with weight
+        0. A `loss_fn` averages its loss over `loss_terms(batch)` terms (the targets that count, say; by default the
+        rows), so a rank's weight is `world_size * its terms / the batch's`: 1 when every rank has as many, as with a
+        fixed-size batch of fixed-size rows. One process: the batch itself, weight 1. A batch function that made only
+    this rank's rows says so with `OwnRows`, which is taken as it is."""
+    if isinstance(batch, OwnRows):
+        return batch.batch, batch.weight
     if world_size == 1:
         return batch, 1.0
     count = rows(batch)

@@ -41,7 +41,7 @@ def perplexity(
     model.eval()
     total_nats, total_tokens = 0.0, 0
     device = Accelerator(model_device(model))
-    ids = ids.to(device.device)  # the batches are cut where the ids are
+    ids = ids.long().to(device.device)  # the batches are cut where the ids are (a memmap's uint16: widened here)
     with autocast(precision, device):
         for inputs, targets in iter_eval_batches(ids, batch_size, context):
             mean_loss = model(inputs, targets)  # the model's own loss path, without the (tokens, vocab) logits

@@ -31,7 +31,8 @@ or with `parallel="fsdp"` trains a sharded copy of it, each rank holding only it
 other than 0 may pass a model on the meta device, or a function that builds it; same checkpoint files). Every rank calls
 `train_batches(i)` and gets the same global batch (of `batch_size` rows, or fewer: a token budget's); of its n rows
 rank r keeps rows `[r * n // N, (r + 1) * n // N)` of every tensor in it (non-tensor items are shared), its loss
-weighted by its share of the batch's `loss_terms` (`kqv.train.distributed.share`), so the batch function is the
+weighted by its share of the batch's `loss_terms` (`kqv.train.distributed.share`; a batch function may make only
+those rows itself and return them as `distributed.OwnRows`), so the batch function is the
 same for one or N processes and the result equals one process up to float rounding. `loss_fn`
 receives the wrapped model and must call it (its `forward`) for gradients to be synchronised. Only rank 0
 writes files and shows progress.

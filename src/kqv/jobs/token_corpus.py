@@ -1,0 +1,348 @@
+"""A corpus bigger than memory: `prepare` encodes a text once into a token corpus on disk
+(`kqv.data.token_corpus`), and `PreparedCorpus` is the LM job's corpus kind that trains on one (`data.path` a
+prepared directory) without reading it into memory.
+
+`prepare(text, out)` streams the text in chunks (`CHUNK_BYTES`), encodes each chunk's pieces in one batched call
+(the Hugging Face tokenizers library encodes them on every core), appends the ids to `tokens.bin.partial` and
+records after each chunk, atomically, where the text and the array stand (`prepare.json`): a prepare that is killed
+continues from its last completed chunk, to the same bytes, and a finished one is not redone. The tokenizer is
+`"bpe"` (kqv's byte-level BPE, trained on `SAMPLE_BYTES` of the text spread evenly over it), `"char"` (the text's
+characters, in a first pass over it), or the directory of a saved kqv tokenizer or of a kqv run (its `tokenizer/`),
+which `--init` needs: a fine-tune's corpus must be encoded with its source's tokenizer.
+
+Training on it (`kqv train lm --data DIR`) holds out the last `data.val_fraction` of the ids for validation; blocks
+are drawn as from a text (`kqv.data.batches.sample_batch`'s starts, from the generator of (seed, batch)), and
+under torchrun each rank reads only the blocks of its own rows of the global batch, the rows
+`kqv.train.distributed.share` would give it: the same windows for the same seed and step on any number of ranks.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from ..data.batches import batch_generator
+from ..data.token_corpus import (
+    ARRAY,
+    FORMAT,
+    MANIFEST,
+    STATE,
+    TOKENIZER,
+    TokenCorpus,
+    pieces,
+    read_chunks,
+    read_windows,
+    sample_text,
+    text_files,
+    token_dtype,
+    window_starts,
+)
+from ..data.tokenizers import Tokenizer, encode_texts, load_tokenizer, make_tokenizer
+from ..errors import ConfigError, DataError, RunError, option
+from ..interop.directories import is_hf_directory, read_hf_tokenizer
+from ..train.distributed import OwnRows
+from ..train.evaluation import perplexity
+from ..train.files import TOKENIZER_DIR, sha256, write_files, write_text
+from ..train.rundir import RunDirectory, process_rank
+
+CHUNK_BYTES = 16 << 20  # the text read, encoded and recorded at a time
+SAMPLE_BYTES = 32 << 20  # the text a new BPE is trained on, in 1 MiB blocks spread over the corpus
+PARTIAL, LOCK = ARRAY + ".partial", ".prepare.lock"
+PIECES = 64  # the pieces of a chunk encoded in one batched call
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What `prepare` made (or found made): the corpus directory and its manifest; `resumed_at` the tokens an
+    unfinished prepare had written before this one went on, `already` whether it was finished before the call."""
+
+    path: Path
+    manifest: dict[str, Any]
+    resumed_at: int = 0
+    already: bool = False
+
+
+def prepare(
+    text: str | Path,
+    out: str | Path,
+    *,
+    tokenizer: str = "bpe",
+    vocab_size: int = 4096,
+    sample_bytes: int = SAMPLE_BYTES,
+    chunk_bytes: int = CHUNK_BYTES,
+    progress: bool = True,
+) -> Prepared:
+    """Encode the text file or directory of .txt files `text` into a token corpus at `out` (the module docstring):
+    `tokenizer` "bpe" (of `vocab_size` tokens, trained on `sample_bytes` of the text), "char", or a saved tokenizer's
+    directory. Nothing is written over an input or over anything `out` held that is not an unfinished prepare of
+    the same text and settings."""
+    files = [f.resolve() for f in text_files(Path(text).expanduser())]
+    if tokenizer not in ("bpe", "char") and not Path(tokenizer).expanduser().is_dir():
+        raise DataError(
+            f"tokenizer {tokenizer!r} is not 'bpe', 'char', or the directory of a saved kqv tokenizer, a kqv run "
+            f"or a Hugging Face GPT-2 model"
+        )
+    out = Path(out).expanduser()
+    check_output(out, Path(text).expanduser(), files)
+    plan = {
+        "sources": [{"path": str(f), "bytes": f.stat().st_size} for f in files],
+        "tokenizer": tokenizer if tokenizer in ("bpe", "char") else str(Path(tokenizer).resolve()),
+        "vocab_size": vocab_size if tokenizer == "bpe" else None,
+        "sample_bytes": sample_bytes if tokenizer == "bpe" else None,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    with locked(out):
+        if (out / MANIFEST).is_file():
+            manifest = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
+            if manifest.get("plan") != plan:
+                raise DataError(
+                    f"{out} holds a corpus prepared from other text or settings; give another output directory "
+                    f"or remove it"
+                )
+            return Prepared(out, manifest, manifest["tokens"], already=True)
+        state = read_state(out, plan)
+        if state is None:
+            tok = new_tokenizer(tokenizer, files, vocab_size, sample_bytes)
+            write_files(out / TOKENIZER, tok.files())
+            state = {"plan": plan, "file": 0, "offset": 0, "tokens": 0}
+            with open(out / PARTIAL, "wb"):
+                pass
+            write_text(out / STATE, json.dumps(state, indent=2) + "\n")
+        else:
+            tok = load_tokenizer(out / TOKENIZER)
+        return Prepared(out, encode_all(out, files, tok, state, chunk_bytes, progress), state["tokens"])
+
+
+def check_output(out: Path, text: Path, files: list[Path]) -> None:
+    """Refuse an output that is an input, a file, or a directory holding anything but a prepare's own files."""
+    if out.exists() and not out.is_dir():
+        raise DataError(f"{out} is not a directory; give a new or empty directory for the corpus")
+    if out.resolve() in {text.resolve(), *files} or any(f.is_relative_to(out.resolve()) for f in files):
+        raise DataError(f"{out} holds the text being prepared; give the corpus a directory of its own")
+    ours = {MANIFEST, ARRAY, TOKENIZER, STATE, PARTIAL, LOCK}
+    others = sorted(p.name for p in out.iterdir() if p.name not in ours) if out.is_dir() else []
+    if others:
+        raise DataError(f"{out} holds other files ({', '.join(others[:3])}); give a new or empty directory")
+
+
+@contextmanager
+def locked(out: Path) -> Iterator[None]:
+    """The prepare's lock on `out`: a second prepare into it at once is refused instead of mixing their writes."""
+    with open(out / LOCK, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DataError(f"another prepare is writing {out}; wait for it, or give another directory") from None
+        yield
+
+
+def read_state(out: Path, plan: dict[str, Any]) -> dict[str, Any] | None:
+    """An unfinished prepare's progress (None if there is none), its partial array cut back to what it recorded."""
+    if not (out / STATE).is_file():
+        return None
+    state = json.loads((out / STATE).read_text(encoding="utf-8"))
+    if state.get("plan") != plan:
+        raise DataError(
+            f"{out} holds an unfinished prepare of other text or settings; give another output directory or remove it"
+        )
+    size = state["tokens"] * token_dtype(load_tokenizer(out / TOKENIZER).vocab_size).itemsize
+    if not (out / PARTIAL).is_file() or (out / PARTIAL).stat().st_size < size:
+        raise DataError(f"{out / PARTIAL} is shorter than {out / STATE} records; remove {out} and prepare again")
+    os.truncate(out / PARTIAL, size)  # the ids of a chunk whose progress was never recorded go
+    return state
+
+
+def new_tokenizer(kind: str, files: list[Path], vocab_size: int, sample_bytes: int) -> Tokenizer:
+    """The tokenizer of a new corpus: a BPE trained on a sample, the characters of the whole text, or a saved one
+    (a tokenizer's directory, a run's with a `tokenizer/` in it, or a Hugging Face GPT-2 directory's)."""
+    if kind == "bpe":
+        return make_tokenizer("bpe", sample_text(files, sample_bytes), vocab_size)
+    if kind == "char":
+        chars: set[str] = set()
+        for f in files:
+            for text, _ in read_chunks(f, 0, CHUNK_BYTES):
+                chars.update(text)
+        return make_tokenizer("char", "".join(sorted(chars)))
+    path = Path(kind).expanduser()
+    if is_hf_directory(path):  # a Hugging Face GPT-2 directory: GPT-2's own BPE, as `--init` reads it
+        return read_hf_tokenizer(path)
+    if (path / TOKENIZER_DIR).is_dir():
+        path = path / TOKENIZER_DIR
+    return load_tokenizer(path)
+
+
+def encode_chunk(tokenizer: Tokenizer, text: str, dtype: np.dtype) -> np.ndarray:
+    """The ids of one chunk of text, its pieces encoded in one batched (parallel) call."""
+    ids = encode_texts(tokenizer, pieces(text, PIECES))
+    return np.concatenate([np.asarray(i, dtype=dtype) for i in ids]) if ids else np.zeros(0, dtype)
+
+
+def encode_all(
+    out: Path, files: list[Path], tokenizer: Tokenizer, state: dict[str, Any], chunk_bytes: int, progress: bool
+) -> dict[str, Any]:
+    """Encode the text from where `state` stands, recording after each chunk; then the manifest, which marks the
+    corpus finished."""
+    dtype = token_dtype(tokenizer.vocab_size)
+    sizes = [f.stat().st_size for f in files]
+    done = sum(sizes[: state["file"]]) + state["offset"]
+    bar = tqdm(total=sum(sizes), initial=done, unit="B", unit_scale=True, desc="prepare", disable=not progress)
+    with bar, open(out / PARTIAL, "ab") as array:
+        for index in range(state["file"], len(files)):
+            start = state["offset"] if index == state["file"] else 0
+            for text, offset in read_chunks(files[index], start, chunk_bytes):
+                ids = encode_chunk(tokenizer, text, dtype)
+                array.write(ids.tobytes())
+                array.flush()
+                os.fsync(array.fileno())
+                bar.update(offset - start)
+                start = offset
+                state = {**state, "file": index, "offset": offset, "tokens": state["tokens"] + len(ids)}
+                write_text(out / STATE, json.dumps(state, indent=2) + "\n")
+    if not state["tokens"]:
+        raise DataError(f"{', '.join(str(f) for f in files)} holds no text; give a text with some")
+    manifest = {
+        "format": FORMAT,
+        "version": 1,
+        "dtype": dtype.str,
+        "tokens": state["tokens"],
+        "vocab_size": tokenizer.vocab_size,
+        "sha256": sha256(out / PARTIAL),
+        "tokenizer": {"kind": tokenizer.kind, "sample_bytes": state["plan"]["sample_bytes"]},
+        "sources": state["plan"]["sources"],
+        "plan": state["plan"],
+    }
+    os.replace(out / PARTIAL, out / ARRAY)
+    write_text(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")  # present means complete
+    (out / STATE).unlink()
+    return manifest
+
+
+class PreparedCorpus:
+    """The LM job's corpus kind for a prepared token corpus (`data.path` names one): the tokenizer is the corpus's,
+    the splits are views of its memmap (the last `data.val_fraction` held out), and the batches are blocks read
+    from it, each rank reading only its own rows."""
+
+    @staticmethod
+    def load(maker: Any, data: Any, run: RunDirectory, check: Callable[[Tokenizer, dict], None]) -> tuple:
+        """(tokenizer, splits) as `kqv.jobs.corpus.prepare_corpus` gives them for a text: the corpus verified
+        (`TokenCorpus.open`), its tokenizer checked against a fine-tune's source and against a resumed run's, and
+        saved in the run (by rank 0) so that the run is used without the corpus."""
+        corpus = TokenCorpus.open(data.path)
+        tokenizer = corpus.tokenizer
+        source = getattr(maker, "source", None)
+        if source is not None and source_tokenizer_files(source) != tokenizer.files():
+            raise DataError(
+                f"{data.path} was prepared with another tokenizer than {source.path}'s, which a fine-tune keeps; "
+                f"prepare it with {option('kqv.prepare(TEXT, DIR, tokenizer={source!r})', source=str(source.path))}"
+            )
+        if run.resuming and (run.path / TOKENIZER_DIR).is_dir():
+            if maker.load_tokenizer(run.path).files() != tokenizer.files():
+                raise RunError(
+                    f"{data.path}'s tokenizer is not the one {run.path} trained with: the corpus was prepared "
+                    f"again or replaced; give the corpus it trained on, or start a new run"
+                )
+        train, val = corpus.split(data.val_fraction)
+        splits = {"train": tensor_view(train), "val": tensor_view(val)}
+        check(tokenizer, splits)
+        if run.writes and not run.resuming:
+            run.path.mkdir(parents=True, exist_ok=True)
+            write_files(run.tokenizer_dir, tokenizer.files())
+        return tokenizer, splits
+
+    @staticmethod
+    def trainer_options(config: Any, splits: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """The Trainer's batches: blocks at the starts `sample_batch` draws for (seed, i), this rank's rows alone,
+        read from the memmap of the corpus `load` verified (`splits` are its views)."""
+        batch, context, seed = config.train.batch_size, config.data.context, config.train.seed
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        train, val = TokenCorpus.open(config.data.path, verify=False).split(config.data.val_fraction)  # verified
+
+        def train_batches(i: int) -> Any:
+            return own_windows(train, batch, context, batch_generator(seed, i), process_rank(), world)
+
+        def val_batches(i: int) -> Any:
+            return own_windows(val, batch, context, batch_generator(seed, -i - 1), process_rank(), world)
+
+        return {
+            "train_batches": train_batches,
+            "loss_fn": lambda model, batch: model(*batch),
+            "val_batches": val_batches,
+            "tokens_per_batch": batch * context,
+        }
+
+
+def own_windows(
+    ids: np.ndarray, batch: int, context: int, generator: torch.Generator, rank: int, world: int
+) -> tuple[torch.Tensor, torch.Tensor] | OwnRows:
+    """Batch i of `ids` as one process trains it, or under torchrun this rank's rows of it: the global batch's
+    starts are drawn (`batch` numbers), rank r reads the blocks of rows [r * batch // world, (r + 1) * batch //
+    world). A rank left without rows reads row 0 with weight 0, as `share` would cut it."""
+    starts = window_starts(len(ids), batch, context, generator)
+    if world == 1:
+        return read_windows(ids, starts, context)
+    first, end = rank * batch // world, (rank + 1) * batch // world
+    if first == end:
+        return OwnRows(read_windows(ids, starts[:1], context), 0.0)
+    return OwnRows(read_windows(ids, starts[first:end], context), world * (end - first) / batch)
+
+
+def tensor_view(ids: np.ndarray) -> torch.Tensor:
+    """A read-only memmap as a tensor over the same pages (nothing read; torch warns that it is not writable)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(ids)
+
+
+def source_tokenizer_files(source: Any) -> dict[str, str]:
+    from .init import source_tokenizer
+
+    return source_tokenizer(source).files()
+
+
+def check_prepared(data: Any) -> None:
+    """A prepared corpus trains on blocks, next token after next token (`DataConfig.check`)."""
+    if data.prepared and data.mixture:
+        raise ConfigError(
+            f"{data.path} is a prepared token corpus, which trains on blocks with data.objective='next_token' "
+            f"alone; drop data.objective and data.sources, or give the text itself"
+        )
+
+
+HELD_OUT_TAIL = "the held-out tail of the prepared corpus"
+SCORED_TOKENS = 200_000  # as `kqv.jobs.lm.SCORED_TOKENS`: what a run's final perplexity scores
+
+
+def held_out_perplexity(model: torch.nn.Module, data: Any, max_tokens: int | None) -> dict[str, float]:
+    """`perplexity` of a prepared corpus's held-out tail (up to `max_tokens`, default `SCORED_TOKENS`), read from
+    the corpus at `data.path` (a run keeps no copy of it)."""
+    _, val = TokenCorpus.open(data.path, verify=False).split(data.val_fraction)
+    ids = torch.from_numpy(np.asarray(val[: (max_tokens or SCORED_TOKENS) + 1], dtype=np.int64))
+    return perplexity(model, ids, context=data.context, max_tokens=max_tokens)
+
+
+def describe(prepared: Prepared) -> str:
+    """The line `kqv prepare` prints."""
+    manifest = prepared.manifest
+    done = (
+        "already prepared"
+        if prepared.already
+        else f"resumed at {prepared.resumed_at:,} tokens"
+        if prepared.resumed_at
+        else "prepared"
+    )
+    size = sum(s["bytes"] for s in manifest["sources"])
+    return (
+        f"{prepared.path}: {done}, {manifest['tokens']:,} tokens ({np.dtype(manifest['dtype']).name}) of "
+        f"{size:,} bytes of text, {manifest['tokenizer']['kind']} tokenizer of {manifest['vocab_size']:,} tokens"
+    )
