@@ -34,6 +34,7 @@ from ..data.documents import (
     apply_template,
     check_template,
     check_unused,
+    has_mask,
     mask_id,
     mask_symbol,
     read_documents,
@@ -98,7 +99,7 @@ def check_sources(data: Any) -> None:
 
 def needed_mask(data: Any) -> str | None:
     """The mask symbol a new tokenizer must reserve (span corruption, or a template with `{mask}`), else None."""
-    if data.objective == "span_corruption" or (data.template is not None and "{mask}" in data.template):
+    if data.objective == "span_corruption" or has_mask(data.template):
         return mask_symbol(data.mask, data.tokenizer)
     return None
 
