@@ -18,7 +18,7 @@ import re
 import string
 
 from ..errors import ConfigError, DataError
-from .completions import Example
+from .completions import Example, end_of_text
 from .tokenizers import Tokenizer
 
 MASKS = {"char": "\u2047", "bpe": "<mask>"}  # the mask symbol each tokenizer kind reserves unless data.mask names one
@@ -71,7 +71,26 @@ def mask_id(tokenizer: Tokenizer, mask: str, where: str = "the tokenizer") -> in
             f"span corruption or a template with {{mask}}, a BPE tokenizer a special token); pretrain with "
             f"data.objective='span_corruption', or name the tokenizer's own symbol with data.mask"
         )
+    if ids[0] == end_of_text_id(tokenizer):
+        refuse_end_of_text_mask(mask, where, getattr(tokenizer, "kind", "bpe"))
     return ids[0]
+
+
+def refuse_end_of_text_mask(mask: str, where: str, kind: str) -> None:
+    """ConfigError for a mask symbol that is the tokenizer's end of text: a masked span would read as the end."""
+    raise ConfigError(
+        f"data.mask {mask!r} is the end of text of {where}, which closes every example, so a masked span would read "
+        f"as the example's end; choose another symbol with data.mask, or drop it for the default "
+        f"({mask_symbol(None, kind)!r})"
+    )
+
+
+def end_of_text_id(tokenizer: Tokenizer) -> int | None:
+    """The id of the token that ends every example, or None for a tokenizer that has none."""
+    try:
+        return end_of_text(tokenizer)[0]
+    except DataError:
+        return None
 
 
 def template_fields(template: str) -> list[tuple[str, str, str | None]]:
