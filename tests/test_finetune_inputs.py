@@ -60,8 +60,9 @@ def init_argv(source, tmp_path, *sets):
         (['finetune.lora_targets=["up", "up"]'], ["finetune.lora_targets names 'up' twice"]),
         (["finetune.lora_rank=100000"], ["finetune.lora_rank (100000) is more than 32", "to_queries"]),
         (["finetune.lora_rank=33"], ["finetune.lora_rank (33) is more than 32"]),
-        ([f"finetune.lora_rank={2**40}"], ["is more than 32"]),
-        ([f"finetune.lora_rank={2**73}"], ["is more than 32"]),
+        ([f"finetune.lora_rank={2**40}", f"finetune.lora_alpha={2**40}"], ["is more than 32"]),
+        ([f"finetune.lora_rank={2**73}", f"finetune.lora_alpha={2**73}"], ["is more than 32"]),
+        (["finetune.lora_alpha=1e-300"], ["finetune.lora_alpha / finetune.lora_rank", "less than 0.0001"]),
     ],
     ids=[
         "alpha-0",
@@ -73,6 +74,7 @@ def init_argv(source, tmp_path, *sets):
         "rank-33",
         "2**40",
         "2**73",
+        "alpha-1e-300",
     ],
 )
 def test_s1_lora_options_that_train_nothing_or_cannot_work_are_one_line_with_nothing_written(

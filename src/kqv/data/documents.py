@@ -18,7 +18,7 @@ import re
 import string
 
 from ..errors import ConfigError, DataError
-from .completions import Example
+from .completions import Example, end_of_text
 from .tokenizers import Tokenizer
 
 MASKS = {"char": "\u2047", "bpe": "<mask>"}  # the mask symbol each tokenizer kind reserves unless data.mask names one
@@ -71,28 +71,73 @@ def mask_id(tokenizer: Tokenizer, mask: str, where: str = "the tokenizer") -> in
             f"span corruption or a template with {{mask}}, a BPE tokenizer a special token); pretrain with "
             f"data.objective='span_corruption', or name the tokenizer's own symbol with data.mask"
         )
+    if ids[0] == end_of_text_id(tokenizer):
+        refuse_end_of_text_mask(mask, where, getattr(tokenizer, "kind", "bpe"))
     return ids[0]
 
 
-def check_template(template: str) -> None:
-    """Refuse a template without `{prompt}`, or with another placeholder than `{prompt}` and `{mask}`."""
+def refuse_end_of_text_mask(mask: str, where: str, kind: str) -> None:
+    """ConfigError for a mask symbol that is the tokenizer's end of text: a masked span would read as the end."""
+    raise ConfigError(
+        f"data.mask {mask!r} is the end of text of {where}, which closes every example, so a masked span would read "
+        f"as the example's end; choose another symbol with data.mask, or drop it for the default "
+        f"({mask_symbol(None, kind)!r})"
+    )
+
+
+def end_of_text_id(tokenizer: Tokenizer) -> int | None:
+    """The id of the token that ends every example, or None for a tokenizer that has none."""
     try:
-        fields = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+        return end_of_text(tokenizer)[0]
+    except DataError:
+        return None
+
+
+def template_fields(template: str) -> list[tuple[str, str, str | None]]:
+    """(name, format spec, conversion) of each replacement field of `template`, as str.format reads them; a
+    ConfigError for a template str.format cannot read (a lone brace)."""
+    try:
+        return [
+            (name, spec, conversion)
+            for _, name, spec, conversion in string.Formatter().parse(template)
+            if name is not None
+        ]
     except ValueError as error:
         raise ConfigError(
             f"data.template {template!r} is not a template ({error}); write e.g. '{{prompt}}{{mask}}'"
         ) from None
-    unknown = sorted(set(fields) - set(PLACEHOLDERS))
+
+
+def check_template(template: str) -> None:
+    """Refuse a template without `{prompt}`, with another placeholder than `{prompt}` and `{mask}`, or with a
+    conversion or a format spec (`{prompt!r}` would write each prompt in quotes, `{prompt:d}` cannot write text)."""
+    fields = template_fields(template)
+    unknown = sorted({name for name, _, _ in fields} - set(PLACEHOLDERS))
     if unknown:
         raise ConfigError(
             f"data.template {template!r} names {unknown}; it may hold only {{prompt}} and {{mask}} (write a brace "
             f"as {{{{ or }}}})"
         )
-    if "prompt" not in fields:
+    formatted = [
+        f"{{{name}{'!' + conversion if conversion else ''}{':' + spec if spec else ''}}}"
+        for name, spec, conversion in fields
+        if spec or conversion
+    ]
+    if formatted:
+        raise ConfigError(
+            f"data.template {template!r} formats a placeholder ({formatted[0]}); a template writes {{prompt}} and "
+            f"{{mask}} as they are: drop the conversion or format spec after the name"
+        )
+    if "prompt" not in {name for name, _, _ in fields}:
         raise ConfigError(
             f"data.template {template!r} has no {{prompt}}, so every prompt would be the same text; write where "
             f"the prompt goes, e.g. '{{prompt}}{{mask}}'"
         )
+
+
+def has_mask(template: str | None) -> bool:
+    """Whether `template` writes the mask symbol (a `{mask}` field; `{{mask}}` is the text "{mask}")."""
+    return template is not None and any(name == "mask" for name, _, _ in template_fields(template))
 
 
 def apply_template(template: str | None, prompt: str, mask: str) -> str:
@@ -107,7 +152,7 @@ def templated(
     mask symbol `mask` to be one token of `tokenizer` and absent from the examples' own text."""
     if template is None:
         return examples
-    if "{mask}" in template:
+    if has_mask(template):
         check_unused([t for e in examples for t in (e.prompt, e.completion)], mask, where)
         mask_id(tokenizer, mask)
     return [Example(apply_template(template, e.prompt, mask or ""), e.completion, e.line, e.kind) for e in examples]

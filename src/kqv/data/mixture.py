@@ -21,7 +21,7 @@ STREAMS = {"train": 0, "val": 1}
 
 @dataclass
 class MixtureBatches:
-    """Batches drawn from `sources` by `weights` (positive; normalised here)."""
+    """Batches drawn from `sources` by `weights` (positive and finite, of any scale; normalised here)."""
 
     sources: list[Any]
     weights: list[float]
@@ -31,8 +31,10 @@ class MixtureBatches:
     _counts: list[int] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
-        total = sum(self.weights)
-        self._cumulative = list(itertools.accumulate(w / total for w in self.weights))
+        largest = max(self.weights)  # scaled to at most 1 first: a sum of weights near 1e308 would overflow to inf
+        scaled = [w / largest for w in self.weights]
+        total = sum(scaled)
+        self._cumulative = list(itertools.accumulate(w / total for w in scaled))
         self._counts = [0] * len(self.sources)
 
     def source_of(self, i: int) -> int:

@@ -173,7 +173,25 @@ class BPETokenizer(Tokenizer):
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text).ids
+        """Ids of `text`; a DataError naming the pieces a vocabulary without an unknown token cannot encode (a
+        character-level run exported to Hugging Face is a word-level vocabulary of its characters)."""
+        try:
+            return self.tokenizer.encode(text).ids
+        except Exception as error:  # noqa: BLE001 -- the tokenizers library raises a bare Exception
+            raise DataError(self._unencodable(text, error)) from None
+
+    def _unencodable(self, text: str, error: Exception) -> str:
+        pieces = [text] if self.tokenizer.pre_tokenizer is None else self.tokenizer.pre_tokenizer.pre_tokenize_str(text)
+        vocabulary = self.tokenizer.get_vocab()
+        unknown = sorted({piece for piece, *_ in pieces if piece not in vocabulary})
+        if not unknown:
+            return f"this tokenizer cannot encode the text ({error})"
+        listed = ", ".join(map(repr, unknown[:20])) + (f" and {len(unknown) - 20} more" if len(unknown) > 20 else "")
+        return (
+            f"{listed} {'is' if len(unknown) == 1 else 'are'} not in this tokenizer's vocabulary, which has no "
+            f"unknown token to stand for {'it' if len(unknown) == 1 else 'them'} (a character-level run's vocabulary "
+            "is the characters of its training text); remove or replace them"
+        )
 
     def decode(self, ids: Iterable[int]) -> str:
         """Decode ids, special tokens included, so that ``decode(encode(text)) == text``."""

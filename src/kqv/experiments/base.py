@@ -261,7 +261,7 @@ def with_overrides(config: ExperimentConfig, overrides: Sequence[str], experimen
                 f"unknown option {name!r} for {experiment or type(config).__module__}; its options "
                 f"are {sorted(f.name for f in dataclasses.fields(config))}"
             )
-        value = override_value(raw)
+        value = override_value(raw, name)
         listed = typing.get_origin(hints[name]) is tuple and not isinstance(value, list)
         changes[name] = [value] if listed else value
     return dataclasses.replace(config, **changes)

@@ -53,13 +53,14 @@ from ..errors import ConfigError
 from ..train.metrics import strict_json
 from .analysis import weights_as
 from .export import STATIC, standalone_page
-from .guard import ANALYZE_NUMBERS, LOOPBACK, FrontDoor, Number, check_numbers
+from .guard import ANALYZE_NUMBERS, LOOPBACK, FrontDoor, Number, check_numbers, nesting
 from .interventions import INTERVENE_NUMBERS, ablate_heads, available, neuron_view, replace_token
 from .loading import DEFAULT_MAX_TOKENS, load_subject
 from .subjects import ServedGeneration, Subject
 
 MAX_BODY_BYTES = 1 << 20
 MAX_VIEW_CHARS = 4096
+MAX_NESTING = 8  # the deepest a request needs is 3 ({"heads": [[layer, head]]}): deeper is refused before it is read
 GZIP_LEVEL = 1  # replies gzip-compressed when accepted: level 1 already makes the weights' JSON 5-10x smaller, fast
 # the page may load only what this app serves: a stray CDN reference fails in the browser, not silently at home
 CONTENT_SECURITY_POLICY = (
@@ -134,21 +135,33 @@ async def read_body(request: Request) -> bytes:
 
 
 async def read_json(request: Request, numbers: dict[str, Number], ranges: Mapping[str, str] = {}) -> dict[str, Any]:
-    """The body as a JSON object whose numbers are all finite and the endpoint's options (`numbers`) in range
-    (`ranges`: how messages state the valid values of options checked later, `check_numbers`)."""
+    """The body as a JSON object, nested at most MAX_NESTING deep, whose numbers are all finite and the endpoint's
+    options (`numbers`) in range (`ranges`: how messages state the valid values of options checked later,
+    `check_numbers`)."""
     body = await read_body(request)
     try:
         payload = json.loads(body or b"null")
+    except RecursionError:  # deeper than Python's JSON reader follows
+        raise RequestError(too_deep("deeper than JSON is read")) from None
     except (ValueError, UnicodeDecodeError) as error:  # JSONDecodeError, or an integer of over 4,300 digits
         raise RequestError(
             f'the request body is not valid JSON ({error}); send an object like {{"text": "To be, or not to be"}}'
         ) from None
+    if nesting(payload, MAX_NESTING) > MAX_NESTING:
+        raise RequestError(too_deep(f"more than {MAX_NESTING} deep"))
     if not isinstance(payload, dict):
         raise RequestError(
             f'the request body must be a JSON object like {{"text": "..."}}, got {type(payload).__name__}'
         )
     check_numbers(payload, numbers, ranges)
     return payload
+
+
+def too_deep(how: str) -> str:
+    return (
+        f"the request is nested {how}: a request is a JSON object nested at most {MAX_NESTING} deep, like "
+        '{"text": "To be", "heads": [[0, 1]]}'
+    )
 
 
 def endpoint(handler: Callable) -> Callable:

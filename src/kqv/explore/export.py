@@ -20,6 +20,14 @@ def inline_safe(text: str) -> str:
     return text.replace("</", "<\\/")
 
 
+def inline_json(data: str) -> str:
+    """JSON that can sit inside a <script> element whatever its strings hold: `<`, `>` and `&` as the escapes
+    \\u003c, \\u003e and \\u0026, which JSON.parse reads back. Escaping `</` alone is not enough: a text holding
+    `<!--<script>` would put the HTML parser in the script's escaped state, where the block's own `</script>` no
+    longer closes it and the page's script is swallowed (HTML's restrictions for the contents of script elements)."""
+    return data.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
 def standalone_page(info: dict[str, Any], analysis: dict[str, Any], request: dict[str, Any], view: str = "") -> str:
     """The page with the analysis of one request built in; its script draws the views from the inlined data, as
     `view` sets them (the page's URL settings, e.g. "layer=1&cell=1.0&palette=viridis"; each checked by the page)."""
@@ -27,8 +35,8 @@ def standalone_page(info: dict[str, Any], analysis: dict[str, Any], request: dic
     if STYLE_TAG not in page or SCRIPT_TAG not in page:
         raise RuntimeError("static/index.html no longer links explore.css and explore.js as export.py expects")
     script = (STATIC / "explore.js").read_text(encoding="utf-8")
-    if "</" in script:
-        raise RuntimeError("explore.js contains '</', which would end an inlined <script> early")
+    if "</" in script or "<!--" in script or "<script" in script.lower():
+        raise RuntimeError("explore.js contains '</', '<!--' or '<script', which would break an inlined <script>")
     # strict JSON (a diverged run's NaN probabilities as null): the page's JSON.parse refuses NaN
     data = strict_json({"info": info, "analysis": analysis, "request": request, "view": view}, separators=(",", ":"))
     style = (STATIC / "explore.css").read_text(encoding="utf-8")
@@ -36,7 +44,7 @@ def standalone_page(info: dict[str, Any], analysis: dict[str, Any], request: dic
         page = page.replace(tag + "\n", "")
     return page.replace(STYLE_TAG, f"<style>\n{inline_safe(style)}</style>").replace(
         SCRIPT_TAG,
-        f'<script id="kqv-data" type="application/json">{inline_safe(data)}</script>\n<script>\n{script}</script>',
+        f'<script id="kqv-data" type="application/json">{inline_json(data)}</script>\n<script>\n{script}</script>',
     )
 
 

@@ -164,6 +164,18 @@ def non_finite(value: Any, name: str) -> tuple[str, float] | None:
     return None
 
 
+def nesting(value: Any, limit: int) -> int:
+    """How deep `value` (parsed JSON) nests lists and objects (a number or a string: 0, `{"a": 1}`: 1), counted
+    without recursion and only up to `limit` + 1: a request nested a thousand deep is refused, not walked."""
+    deepest, stack = 0, [(value, 1)]
+    while stack and deepest <= limit:
+        item, depth = stack.pop()
+        if isinstance(item, (list, dict)):
+            deepest = max(deepest, depth)
+            stack.extend((inner, depth + 1) for inner in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
 def check_numbers(payload: dict[str, Any], numbers: dict[str, Number], ranges: Mapping[str, str] = {}) -> None:
     """Refuse (DataError, a 400) a non-finite number anywhere in the request, and an option of `numbers` out of its
     range. `ranges` states the valid values of options checked elsewhere (the generation options), for the

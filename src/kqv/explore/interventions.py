@@ -371,9 +371,16 @@ def text_loss(logits: Tensor, ids: Tensor) -> float:
 
 
 def check_heads(value: Any, layers: list[MultiHeadAttention]) -> list[tuple[int, int]]:
-    """The request's `heads`: a list of [layer, head] pairs, each in range, at least one."""
+    """The request's `heads`: a list of [layer, head] pairs, each in range, at least one and no more than the model
+    has heads."""
     if not isinstance(value, list) or not value:
-        raise DataError(f"heads must be a non-empty list of [layer, head] pairs (from 0), got {value!r}")
+        raise DataError(f"heads must be a non-empty list of [layer, head] pairs (from 0), got {value!r:.200}")
+    total = sum(layer.n_heads for layer in layers)
+    if len(value) > total:  # refused before the pairs are read: a list of 100,000 is no longer work to check
+        raise DataError(
+            f"heads lists {len(value):,} [layer, head] pairs, but this model has {total} heads; give at most "
+            f"{total}, each once"
+        )
     pairs = []
     for pair in value:
         if not isinstance(pair, list) or len(pair) != 2:

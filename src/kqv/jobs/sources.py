@@ -30,15 +30,25 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from ..data.completions import Example, encode_examples, end_of_text, is_pairs_file, read_examples, split_examples
+from ..data.completions import (
+    END_OF_TEXT_TOKENS,
+    Example,
+    encode_examples,
+    end_of_text,
+    is_pairs_file,
+    read_examples,
+    split_examples,
+)
 from ..data.document_batches import PREFIX_MIN, DocumentBatches, DocumentOptions, Documents, draw_random, prefix_max
 from ..data.documents import (
     apply_template,
     check_template,
     check_unused,
+    has_mask,
     mask_id,
     mask_symbol,
     read_documents,
+    refuse_end_of_text_mask,
     split_sentences,
     templated,
     windows,
@@ -83,6 +93,8 @@ def check_sources(data: Any) -> None:
         check_template(data.template)
     if data.mask is not None and (not data.mask or (data.tokenizer == "char" and len(data.mask) != 1)):
         raise ConfigError(f"data.mask must be one character for a character tokenizer, got {data.mask!r}")
+    if data.mask in END_OF_TEXT_TOKENS:
+        refuse_end_of_text_mask(data.mask, "a BPE tokenizer", data.tokenizer)
     if not 0 < data.span_rate <= 1:
         raise ConfigError(
             f"data.span_rate (a span's mean share of its document) must be in (0, 1], got {data.span_rate}"
@@ -118,7 +130,7 @@ def check_span_options(data: Any) -> None:
 
 def needed_mask(data: Any) -> str | None:
     """The mask symbol a new tokenizer must reserve (span corruption, or a template with `{mask}`), else None."""
-    if data.objective == "span_corruption" or (data.template is not None and "{mask}" in data.template):
+    if data.objective == "span_corruption" or has_mask(data.template):
         return mask_symbol(data.mask, data.tokenizer)
     return None
 
@@ -179,12 +191,20 @@ def build_sources(maker: Any, data: Any) -> tuple[Tokenizer, dict[str, Tensor]]:
         if any(eot_text in document for document in items):
             raise DataError(
                 f"{where}: a document holds {eot_text!r}, the end of text that closes every example of this tokenizer; "
-                f"split the documents at it (drop data.delimiter) or use the 'bpe' tokenizer"
+                + split_at_end_of_text(eot_text, data.delimiter)
             )
         train, val = encode_documents(items, data, tokenizer, options, cut)
         splits["train"].append(train)
         splits["val"].append(val)
     return tokenizer, stored(splits, cut)
+
+
+def split_at_end_of_text(eot_text: str, delimiter: str | None) -> str:
+    """What to do about a document holding the end of text: split the documents at it (a newline: documents are
+    lines unless data.delimiter says otherwise), or take it out of the text."""
+    if eot_text == "\n":
+        return "split the documents at it (drop data.delimiter) or use the 'bpe' tokenizer, whose end of text is <eos>"
+    return f"split the documents at it (data.delimiter={eot_text!r}) or remove it from the text"
 
 
 def texts_of(items: list) -> list[str]:

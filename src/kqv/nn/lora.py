@@ -32,6 +32,7 @@ from ..errors import ConfigError
 Projection = Literal["to_queries", "to_keys_values", "to_output", "up", "down"]  # every projection LoRA may adapt
 PROJECTIONS: tuple[str, ...] = typing.get_args(Projection)
 MAX_SCALING = 100.0  # the largest alpha / rank: the paper's and peft's are 1 to 4; far above, the first updates diverge
+MIN_SCALING = 1e-4  # the smallest: alpha 1 at rank 8,192 is 1.2e-4; far below, the updates vanish in rounding
 MAX_DROPOUT = 0.9  # the largest dropout on the adapters' input: above it they see almost nothing of it
 
 
@@ -39,13 +40,20 @@ def check_options(
     rank: int, alpha: float, dropout: float, targets: tuple[str, ...], name: Callable[[str], str]
 ) -> None:
     """ConfigError for LoRA options that would train nothing or cannot work, each named by `name(field)`: an alpha
-    that is not positive (0 keeps every update at zero; a negative one only flips its sign), an alpha / rank above
-    `MAX_SCALING` (the update overflows or diverges), a dropout outside [0, MAX_DROPOUT], targets named twice. A rank
-    of 0 (no LoRA) skips the checks that need one; how large a rank may be depends on the model (`largest_rank`)."""
+    that is not positive (0 keeps every update at zero; a negative one only flips its sign), an alpha / rank below
+    `MIN_SCALING` (the update vanishes) or above `MAX_SCALING` (it overflows or diverges), a dropout outside [0,
+    MAX_DROPOUT], targets named twice. A rank of 0 (no LoRA) skips the checks that need one; how large a rank may be
+    depends on the model (`largest_rank`)."""
     if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha > 0):
         raise ConfigError(
             f"{name('alpha')} must be positive and finite (each update is scaled by alpha / rank, so 0 trains "
             f"nothing), got {alpha!r}; 16 (with rank 8) is usual"
+        )
+    if rank and alpha / rank < MIN_SCALING:
+        raise ConfigError(
+            f"{name('alpha')} / {name('rank')} is {alpha / rank:.3g}, less than {MIN_SCALING:g}: updates scaled so "
+            f"little are lost in rounding and the fine-tune trains nothing; raise {name('alpha')} or lower "
+            f"{name('rank')} (alpha 16 with rank 8 is usual)"
         )
     if rank and alpha / rank > MAX_SCALING:
         raise ConfigError(

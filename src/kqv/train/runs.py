@@ -160,7 +160,7 @@ def apply_override(values: dict[str, Any], override: str) -> None:
         table = table.setdefault(name, {})
         if not isinstance(table, dict):
             raise ConfigError(f"override {override!r}: {section}.{name} is not a table of options")
-    table[path[-1]] = override_value(raw)
+    table[path[-1]] = override_value(raw, key.strip())
 
 
 FIXED_SECTIONS = {
@@ -208,13 +208,19 @@ def differences(was: dict[str, Any], now: dict[str, Any], prefix: str = "") -> l
     return found
 
 
-def override_value(raw: str) -> Any:
+def override_value(raw: str, name: str = "the value") -> Any:
     """The value of a command-line override: TOML (`200`, `0.5`, `[64, 128]`, `"rope"`, `true`), else the bare
-    string (`data.path=input.txt`). Run configs (`--set section.key=value`) and experiments (`--set field=value`)
-    both read their values here."""
+    string (`data.path=input.txt`). A value in quotes that TOML cannot read (`"{prompt}\\q"`: an unknown escape)
+    is a ConfigError, not a string that keeps its quotes. Run configs (`--set section.key=value`) and experiments
+    (`--set field=value`) both read their values here; `name` is the option's, for the message."""
     try:
         return tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
+    except tomllib.TOMLDecodeError as error:
+        if raw.strip()[:1] in ("'", '"'):
+            raise ConfigError(
+                f"{name} {raw!r} is quoted but is not a TOML string ({error}); in double quotes write a backslash "
+                f"as \\\\ (\\n is a newline), or use single quotes, which keep every character as it is"
+            ) from None
         return raw
 
 
