@@ -375,3 +375,32 @@ def test_a_source_whose_checkpoint_survives_as_checkpoint_old_loads_everywhere(s
     shutil.rmtree(interrupted / "checkpoint.old")
     status, error = run_kqv([*argv, str(pairs), "--steps", "2", "--quiet", "--out", str(tmp_path / "again")])
     one_line_error(status, error, "has no trained weights", "train it first")
+
+
+# -- the other commands that write a file the user names: embed --out, experiment gallery --out -------------------
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
+def test_embed_out_that_is_not_a_regular_file_is_refused_before_the_model_loads(tmp_path, kind):
+    out = tmp_path / "vectors.npy"
+    mode = special(kind, out)
+    with drained(out) if kind == "fifo" else nullcontext():
+        status, error = run_kqv(["embed", "some text", "--out", str(out), "--model", str(tmp_path / "no-model")])
+    one_line_error(status, error, f"--out {out} is", "not a regular file")
+    assert os.lstat(out).st_mode == mode
+
+
+def test_the_gallery_page_never_goes_over_the_results_it_reads_nor_a_fifo(tmp_path):
+    results = tmp_path / "experiments"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "docs" / "experiments", results)
+    before = tree(results)
+    for path in sorted(results.glob("*/*"))[:12]:
+        status, error = run_kqv(["experiment", "gallery", "--dir", str(results), "--out", str(path)])
+        one_line_error(status, error, f"--out {path} is inside the results of {path.parent.name}", REFUSED)
+    os.mkfifo(tmp_path / "page.md")
+    with drained(tmp_path / "page.md"):
+        status, error = run_kqv(["experiment", "gallery", "--dir", str(results), "--out", str(tmp_path / "page.md")])
+    one_line_error(status, error, "a FIFO (named pipe), not a regular file")
+    assert tree(results) == before and stat.S_ISFIFO(os.lstat(tmp_path / "page.md").st_mode)
+    assert run_kqv(["experiment", "gallery", "--dir", str(results), "--out", str(tmp_path / "gallery.md")]) == (0, "")
+    assert "heads" in (tmp_path / "gallery.md").read_text()

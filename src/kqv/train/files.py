@@ -272,7 +272,10 @@ def refuse_writing_over(
     prompts, --prompts p.txt", "p.txt"), a path of None skipped: a command's own inputs, and every file a run or
     its source holds, `kqv.jobs.base.run_inputs`); and when it exists as something a write would replace or
     block on: anything but a regular file (a FIFO, a device node, a socket, a directory), or for a `directory`
-    output anything but a directory. Every command that writes a path the user names calls it."""
+    output anything but a directory; an empty path names nothing to write. Every command that writes a path the
+    user names calls it."""
+    if not str(output).strip():
+        raise ConfigError(f"{option} is empty: give the path of the {'directory' if directory else 'file'} to write")
     for what, path in inputs:
         if path is None or str(path) == "":
             continue
