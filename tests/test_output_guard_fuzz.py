@@ -404,3 +404,16 @@ def test_the_gallery_page_never_goes_over_the_results_it_reads_nor_a_fifo(tmp_pa
     assert tree(results) == before and stat.S_ISFIFO(os.lstat(tmp_path / "page.md").st_mode)
     assert run_kqv(["experiment", "gallery", "--dir", str(results), "--out", str(tmp_path / "gallery.md")]) == (0, "")
     assert "heads" in (tmp_path / "gallery.md").read_text()
+
+
+def test_the_temporary_files_a_killed_writer_left_in_a_run_are_removed_when_it_is_next_opened(source, tmp_path):
+    """A temporary file outlives a `kill -9` in the middle of a write; training into the run again removes those of
+    the run's own files (and in tokenizer/), never a file of the user's that merely looks like one."""
+    run = tmp_path / "run"
+    shutil.copytree(source, run)
+    left = [run / ".run.toml.0123abcd.tmp", run / ".SHA256SUMS.89ef0123.tmp", run / "tokenizer" / ".x.4567cdef.tmp"]
+    mine = [run / ".notes.txt.0123abcd.tmp", run / "run.toml.tmp", run / ".run.toml.tmp"]
+    for path in left + mine:
+        path.write_text("left")
+    assert run_kqv(["train", "lm", "--out", str(run), "--resume", "--steps", "3", "--quiet"]) == (0, "")
+    assert not any(path.exists() for path in left) and all(path.read_text() == "left" for path in mine)
