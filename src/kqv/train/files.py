@@ -7,8 +7,10 @@ them needs another for a file name. What each file holds is described in `kqv.tr
 Every file of a run is written by this module (`write_atomically`, `write_text`, `write_files`, `write_tensors`,
 `write_through` for a library's own saver, `append_line` for the one log that grows): no other module opens a path
 of a run directory for writing (`tests/test_run_writer.py` watches a language-model, translation and LoRA run for
-it). Each write but the append goes through a temporary file and a rename, and a full disk is a DiskFullError that
-leaves the old file as it was.
+it). Each write but the append goes through a temporary file of its own (a random name, created exclusively) and a
+rename, and a full disk is a DiskFullError that leaves the old file as it was. The files a command writes where the
+user says (predictions, completions, pages, figures) go through the same writer, after the one output guard,
+`refuse_writing_over`, has checked their path.
 """
 
 from __future__ import annotations
@@ -86,34 +88,34 @@ def write_through(path: Path, write: Callable[[Path], object], needed: int = 0) 
 
 
 TEMPORARY = ".tmp"  # the end of every temporary file's name: `.NAME.RANDOM.tmp` beside NAME
+TEMPORARY_NAME = re.compile(r"\.(.+)\.[0-9a-f]{8}" + re.escape(TEMPORARY))
 
 
 def temporary_names(path: Path) -> Iterator[Path]:
     """Names for a temporary file of `path`, beside it (so that a rename onto `path` is atomic): hidden, random
-    and ending in `.tmp` (`.a.txt.3f9c0d1e.tmp`), so that no name a user or a second writer chose is taken."""
+    and ending in `.tmp` (`.a.txt.3f9c0d1e.tmp`; of a name too long to extend, its first 200 characters), so that
+    no name a user or a second writer chose is taken."""
     while True:
-        yield path.with_name(f".{path.name}.{secrets.token_hex(4)}{TEMPORARY}")
+        yield path.with_name(f".{path.name[:200]}.{secrets.token_hex(4)}{TEMPORARY}")
 
 
 def temporary_file(path: Path) -> Path:
     """A new, empty temporary file of `path` of its own (`temporary_names`, created exclusively: never one that
     exists), with the mode a new file at `path` would have (the umask's)."""
-    for tmp in temporary_names(path):
+    names = temporary_names(path)
+    while True:
+        tmp = next(names)
         try:
             os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
             return tmp
         except FileExistsError:
             continue
-    raise AssertionError("unreachable")
 
 
 def is_temporary(path: Path, of: str | None = None) -> bool:
     """Whether `path` is named as a temporary file (`temporary_names`): of the file named `of` beside it, or of any."""
     match = TEMPORARY_NAME.fullmatch(path.name)
     return match is not None and (of is None or match.group(1) == of)
-
-
-TEMPORARY_NAME = re.compile(r"\.(.+)\.[0-9a-f]{8}" + re.escape(TEMPORARY))
 
 
 def write_text(path: Path, text: str) -> None:
