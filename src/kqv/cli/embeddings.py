@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
 from pathlib import Path
 
 from .. import api
+from ..jobs.base import run_inputs
+from ..train.files import refuse_writing_over, write_atomically
 from .commands import Command
 from .flags import DEVICE_FLAG
 
@@ -26,19 +29,29 @@ class Embed(Command):
         DEVICE_FLAG.add_to(parser)
 
     def run(self, args: argparse.Namespace) -> None:
-        import numpy as np
-
+        if args.out is not None:  # before the model is loaded
+            out = args.out if args.out.endswith(".npy") else args.out + ".npy"
+            refuse_writing_over(out, run_inputs(args.model) if args.model is not None else [], "--out")
         embeddings = api.embed(args.texts, model=args.model, batch_size=args.batch_size, device=args.device)
         if args.out is None:
             for row in embeddings.tolist():
                 print(json.dumps([round(value, 6) for value in row]))
             return
         path = Path(args.out)
-        np.save(path, embeddings.numpy())
-        path = path if path.suffix == ".npy" else path.with_name(path.name + ".npy")  # np.save adds the suffix
+        path = path if path.suffix == ".npy" else path.with_name(path.name + ".npy")  # as np.save names it
+        write_atomically(path, npy_bytes(embeddings.numpy()))
         print(
             f"wrote {path}: {embeddings.shape[0]} embeddings of {embeddings.shape[1]} dimensions (float32, unit length)"
         )
+
+
+def npy_bytes(array) -> bytes:
+    """`array` in NumPy's .npy format."""
+    import numpy as np
+
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
 
 
 class Similarity(Command):

@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 
 from ..errors import ConfigError, MissingResourceError
+from ..jobs.base import run_inputs
+from ..train.files import refuse_writing_over
 from .commands import Command
 from .flags import DEVICE_FLAG
 
@@ -28,8 +30,8 @@ def cmd_explore(args: argparse.Namespace) -> None:
         return serve(args.run, host=args.host, port=args.port, **options)
     if args.text is None:
         raise ConfigError("--html writes the views of one input: give it with --text")
-    if Path(args.html).is_dir():
-        raise ConfigError(f"--html {args.html} is a directory; give the path of the HTML file to write")
+    read = run_inputs(args.run) if Path(args.run).is_dir() else []  # `minilm`: the installed package's
+    refuse_writing_over(args.html, read, "--html")  # before the model is loaded
     options = {"beam": args.beam} if args.beam is not None else {}
     subject = load_subject(args.run, args.max_tokens, args.device)
     path = write_standalone(subject, args.text, args.html, **options)

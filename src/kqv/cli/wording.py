@@ -37,6 +37,7 @@ WORDS: dict[str, str] = {
     # a run's inputs, by their config key (a run's output must not overwrite them)
     "data.init=": "--init ",
     "data.path=": "--data ",
+    "data.sources=": "--data ",
     "data.tgt_path=": "data.tgt_path=",
     "the config's {name}": '--set {name}="..."',
     # remedies

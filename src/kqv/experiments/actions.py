@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, option
+from ..train.files import refuse_writing_over, write_text
 from . import get, names
 from .base import Experiment
 from .gallery import gallery
@@ -112,11 +113,15 @@ def summary(record: dict[str, Any], position: tuple[int, int], out: str | Path) 
 
 
 def write_gallery(directory: str | Path, page: str | Path) -> Path:
-    """Write the gallery page `page` (Markdown) of every experiment's results found in `directory`."""
+    """Write the gallery page `page` (Markdown) of every experiment's results found in `directory`, atomically; a
+    page that is one of the results' files, or not a regular file, is refused (`refuse_writing_over`)."""
     page = Path(page)
+    results = sorted(Path(directory).glob(f"*/{RESULTS_FILE}")) if Path(directory).is_dir() else []
+    reads = [(f"the results of {path.parent.name}, in {directory}", path.parent) for path in results]
+    refuse_writing_over(page, reads, option("out"))
     text = gallery(directory, page)
     page.parent.mkdir(parents=True, exist_ok=True)
-    page.write_text(text, encoding="utf-8")
+    write_text(page, text)
     return page
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -10,6 +9,8 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from ..train.files import write_through
 
 
 def figure(panels: int = 1, width: float = 5.5, height: float = 4.0) -> tuple[Figure, list[Axes]]:
@@ -23,11 +24,9 @@ def figure(panels: int = 1, width: float = 5.5, height: float = 4.0) -> tuple[Fi
 
 
 def save(fig: Figure, path: str | Path) -> Path:
-    """Write the figure as a PNG atomically."""
+    """Write the figure as a PNG atomically (through a temporary file of its own: `write_through`)."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    fig.savefig(tmp, format="png")
-    os.replace(tmp, path)
+    write_through(path, lambda tmp: fig.savefig(tmp, format="png"))
     return path
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..train.files import write_text
 from ..train.metrics import strict_json
 
 STATIC = Path(__file__).parent / "static"
@@ -54,7 +55,5 @@ def write_standalone(subject: Any, text: str, path: str | Path, view: str = "", 
     page = standalone_page(subject.info(), subject.analyze(request), request, view)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(path)
+    write_text(path, page)  # atomically, through a temporary file of its own; a full disk leaves nothing
     return path

@@ -11,6 +11,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from torch import Tensor  # noqa: E402
 
+from ..train.files import write_through  # noqa: E402
+
 
 def plot_attention_grid(
     weights: Sequence[Tensor],
@@ -59,9 +61,12 @@ def plot_cls_attention(
 
 
 def save_figure(fig: plt.Figure, path: str | Path) -> Path:
-    """Write the figure as a PNG (creating its directory) and close it."""
+    """Write the figure as a PNG (creating its directory), atomically: a full disk leaves no empty or partial file
+    (`kqv.train.files.write_through`); then close it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        write_through(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    finally:
+        plt.close(fig)
     return path

@@ -11,6 +11,7 @@ the command line (`kqv.cli`) parses flags and prints what these operations retur
 
 from __future__ import annotations
 
+import os
 import resource
 import sys
 import time
@@ -251,7 +252,7 @@ class Job:
         hooks make the corpus, the model and the batches, the Trainer trains, and the job's `outcome` is written
         into summary.json. Nothing is printed: the events (`kqv.train.events`) go to a `Reporter`, which shows
         them unless `quiet`; `on_event` receives every one instead (then nothing is shown)."""
-        refuse_writing_over(run_dir, self.inputs(config), option("out"))  # before anything is written
+        refuse_writing_over(run_dir, self.inputs(config), option("out"), directory=True)  # before anything is written
         with self.open_run(run_dir, resume=resume, overwrite=overwrite) as run:
             speaks = run.writes  # under torchrun rank 0 speaks for every process
             report = Reporter(quiet or on_event is not None or not speaks, on_event if speaks else None)
@@ -274,14 +275,18 @@ class Job:
 
     def inputs(self, config: RunConfig) -> list[tuple[str, str | Path]]:
         """What a training of `config` reads, which its run directory must be neither equal to nor inside
-        (`refuse_writing_over`): the model it starts from and its data, each as (what it is, its path)."""
+        (`refuse_writing_over`): the model it starts from and its data (each source of a mixture), each as (what it
+        is, its path)."""
         read = {"init": "the model it starts from", "path": "the data it reads", "tgt_path": "the data it reads"}
         data = getattr(config, "data", None)
-        return [
+        found = [
             (f"{what}, {option(f'data.{name}=')}{value}", value)
             for name, what in read.items()
             if isinstance(value := getattr(data, name, None), (str, Path))
         ]
+        for source in getattr(data, "sources", ()):  # a mixture's texts and files of pairs
+            found.append((f"the data it reads, {option('data.sources=')}{source.path}", source.path))
+        return found
 
     # The hooks of the lifecycle: what each job supplies.
 
@@ -449,6 +454,9 @@ HF_MODEL_FILES = frozenset(
         "special_tokens_map.json",
         "vocab.json",
         "merges.txt",
+        "modules.json",  # a sentence-transformers directory's (kqv.jobs.embeddings)
+        "sentence_bert_config.json",
+        "1_Pooling",
     }
 )
 
@@ -464,17 +472,26 @@ def model_files(directory: str | Path) -> list[Path]:
 
 def run_inputs(run_dir: str | Path) -> list[tuple[str, Path]]:
     """What an operation on the run (or Hugging Face directory) `run_dir` reads, which no file it writes may be or
-    lie inside (`refuse_writing_over`): the model's own files (`model_files`) and, for a fine-tune, its source's
-    (run.toml's `[source]`), each as (what it is, its path)."""
+    lie inside (`refuse_writing_over`): the model's own files (`model_files`: SHA256SUMS and the lock file too)
+    and, for a fine-tune, its source's (run.toml's `[source]`, and that source's source, if any), each as (what it
+    is, its path)."""
     run_dir = Path(run_dir)
     found = [(f"{path.name} of the run {run_dir}", path) for path in model_files(run_dir)]
+    seen = {os.path.realpath(run_dir)}
+    while (source := recorded_source(run_dir)) is not None and os.path.realpath(source) not in seen:
+        seen.add(os.path.realpath(source))
+        found += [(f"{path.name} of the fine-tune's source {source}", path) for path in model_files(source)]
+        run_dir = Path(source)
+    return found
+
+
+def recorded_source(run_dir: Path) -> str | None:
+    """The path of the source a fine-tune `run_dir` started from (run.toml's `[source]`), else None."""
     try:
         source = tomllib.loads((run_dir / RUN_CONFIG).read_text()).get("source", {}).get("path")
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, AttributeError):
-        source = None  # no run.toml (a Hugging Face directory), or one that loading it will name
-    if isinstance(source, str) and source:
-        found += [(f"{path.name} of the fine-tune's source {source}", path) for path in model_files(source)]
-    return found
+        return None  # no run.toml (a Hugging Face directory), or one that loading it will name
+    return source if isinstance(source, str) and source else None
 
 
 def total_parameters(model: nn.Module) -> int:

@@ -83,7 +83,7 @@ def export_hf(
         given = repr(str(directory)) if str(directory).strip() else "empty"
         raise ConfigError(f"{option('hf')} is {given}: give the name of a new directory to write, such as qa-gpt2")
     directory = Path(directory)
-    refuse_writing_over(directory, run_inputs(source), option("hf"))
+    refuse_writing_over(directory, run_inputs(source), option("hf"), directory=True)
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
         raise ConfigError(f"{directory} already exists and is not an empty directory; choose a new one")
     try:

@@ -35,8 +35,8 @@ from ..errors import ConfigError, DataError, option
 from ..interop.directories import is_hf_directory, read_hf_tokenizer
 from ..nn.config import ModelConfig
 from ..nn.lora import adapters
-from ..train.checkpoints import load_weights, read_checkpoint
-from ..train.files import CHECKPOINT_DIR, MODEL_FILE, TOKENIZER_DIR, sha256
+from ..train.checkpoints import checkpoint_dir, load_weights, read_checkpoint
+from ..train.files import MODEL_FILE, TOKENIZER_DIR, sha256
 from ..train.runs import read_run
 from ..train.slices import is_sliced, load_slices, set_slices
 
@@ -78,7 +78,7 @@ def read_source(path: str | Path) -> Source:
             f"(config.json)"
         )
     values = read_run(path, "lm")
-    weights, source = path / CHECKPOINT_DIR / MODEL_FILE, values.get("source")
+    weights, source = checkpoint_dir(path) / MODEL_FILE, values.get("source")  # checkpoint.old/'s, as eval reads
     if not weights.is_file():
         raise ConfigError(f"{option('init=')}{path} has no trained weights ({weights} is missing): train it first")
     if isinstance(source, dict) and holds_adapters_alone(weights):
@@ -180,8 +180,9 @@ def load_source_weights(model: nn.Module, source: Source) -> None:
     conversion transposes and splits GPT-2's tensors, so this process holds the whole source for that moment)."""
     if source.kind == "kqv run":
         if is_sliced(model):
-            read_checkpoint(source.path).close()  # its files verified by their SHA-256, as load_weights does
-            load_slices(model, source.path / CHECKPOINT_DIR / MODEL_FILE)
+            checkpoint = read_checkpoint(source.path)  # its files verified by their SHA-256, as load_weights does
+            checkpoint.close()
+            load_slices(model, checkpoint.path / MODEL_FILE)
         else:
             load_weights(model, source.path)
         return

@@ -181,10 +181,17 @@ def remedy(path: Path) -> str:
     return f"restore {path} from a backup, or start the run over with {overwrite} (which deletes it)"
 
 
+def checkpoint_dir(run_dir: str | Path) -> Path:
+    """The directory of the run's checkpoint that `read_checkpoint` reads: checkpoint/, or checkpoint.old/ when a
+    swap was interrupted after the old checkpoint moved aside and before the new one moved in."""
+    path = Path(run_dir) / CHECKPOINT_DIR
+    if not path.exists() and (Path(run_dir) / PREVIOUS_CHECKPOINT_DIR).exists():
+        return Path(run_dir) / PREVIOUS_CHECKPOINT_DIR
+    return path
+
+
 def _read_once(run_dir: Path) -> Checkpoint:
-    path = run_dir / CHECKPOINT_DIR
-    if not path.exists() and (run_dir / PREVIOUS_CHECKPOINT_DIR).exists():
-        path = run_dir / PREVIOUS_CHECKPOINT_DIR  # a swap was interrupted after the old checkpoint moved aside
+    path = checkpoint_dir(run_dir)
     state_path = path / STATE_FILE
     try:
         directory = os.open(path, os.O_RDONLY | os.O_DIRECTORY)

@@ -7,8 +7,10 @@ them needs another for a file name. What each file holds is described in `kqv.tr
 Every file of a run is written by this module (`write_atomically`, `write_text`, `write_files`, `write_tensors`,
 `write_through` for a library's own saver, `append_line` for the one log that grows): no other module opens a path
 of a run directory for writing (`tests/test_run_writer.py` watches a language-model, translation and LoRA run for
-it). Each write but the append goes through a temporary file and a rename, and a full disk is a DiskFullError that
-leaves the old file as it was.
+it). Each write but the append goes through a temporary file of its own (a random name, created exclusively) and a
+rename, and a full disk is a DiskFullError that leaves the old file as it was. The files a command writes where the
+user says (predictions, completions, pages, figures) go through the same writer, after the one output guard,
+`refuse_writing_over`, has checked their path.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import re
+import secrets
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -32,7 +37,7 @@ from ..errors import ConfigError, DiskFullError, RunError, option
 RUN_CONFIG, TOKENIZER_DIR, SUMMARY_FILE = "run.toml", "tokenizer", "summary.json"
 TOKENS_FILE, PAIRS_FILE, TEXT_DIR = "tokens.safetensors", "pairs.safetensors", "data"
 SAMPLES_FILE, TEST_HYPOTHESES_FILE = "samples.txt", "test.hyp"
-MANIFEST_FILE = "SHA256SUMS"
+MANIFEST_FILE = "SHA256SUMS"  # the data files' checksums (`record`)
 # what the trainer writes
 METRICS_FILE, PLOT_FILE = "metrics.jsonl", "loss.png"
 CHECKPOINT_DIR = "checkpoint"
@@ -51,7 +56,7 @@ JOB_FILES = {
     TEST_HYPOTHESES_FILE,
 }
 TRAINER_FILES = (CHECKPOINT_DIR, PREVIOUS_CHECKPOINT_DIR, METRICS_FILE, PLOT_FILE)  # what marks an earlier run
-RUN_FORMAT = {*JOB_FILES, *TRAINER_FILES, LOCK_FILE}  # everything kqv writes into a run directory
+RUN_FORMAT = {*JOB_FILES, MANIFEST_FILE, *TRAINER_FILES, LOCK_FILE}  # everything kqv writes into a run directory
 
 
 def run_files(run_dir: Path) -> list[Path]:
@@ -70,14 +75,47 @@ def write_through(path: Path, write: Callable[[Path], object], needed: int = 0) 
     """Write `path` atomically with `write(tmp)`, a library's own saver (safetensors, torch.save, matplotlib) given
     the temporary file to write, then renamed over `path`. `needed`: about how many bytes it writes, for the
     full-disk diagnosis (`disk_full_reported`)."""
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = None
     try:
         with disk_full_reported(path, needed):
+            tmp = temporary_file(path)
             write(tmp)
             os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
         raise
+
+
+TEMPORARY = ".tmp"  # the end of every temporary file's name: `.NAME.RANDOM.tmp` beside NAME
+TEMPORARY_NAME = re.compile(r"\.(.+)\.[0-9a-f]{8}" + re.escape(TEMPORARY))
+
+
+def temporary_names(path: Path) -> Iterator[Path]:
+    """Names for a temporary file of `path`, beside it (so that a rename onto `path` is atomic): hidden, random
+    and ending in `.tmp` (`.a.txt.3f9c0d1e.tmp`; of a name too long to extend, its first 200 characters), so that
+    no name a user or a second writer chose is taken."""
+    while True:
+        yield path.with_name(f".{path.name[:200]}.{secrets.token_hex(4)}{TEMPORARY}")
+
+
+def temporary_file(path: Path) -> Path:
+    """A new, empty temporary file of `path` of its own (`temporary_names`, created exclusively: never one that
+    exists), with the mode a new file at `path` would have (the umask's)."""
+    names = temporary_names(path)
+    while True:
+        tmp = next(names)
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            return tmp
+        except FileExistsError:
+            continue
+
+
+def is_temporary(path: Path, of: str | None = None) -> bool:
+    """Whether `path` is named as a temporary file (`temporary_names`): of the file named `of` beside it, or of any."""
+    match = TEMPORARY_NAME.fullmatch(path.name)
+    return match is not None and (of is None or match.group(1) == of)
 
 
 def write_text(path: Path, text: str) -> None:
@@ -143,18 +181,23 @@ def restored_on_failure(path: Path) -> Iterator[None]:
     """Put `path` back as it was when the block fails: a resume rewrites run.toml and then SHA256SUMS, and a
     full disk between the two must not leave a run.toml its checksum no longer matches. The old file is kept
     as a hard link (no data to copy, so it works on a full disk) and renamed back."""
-    kept = path.with_name(path.name + ".kept.tmp")
-    kept.unlink(missing_ok=True)
+    kept = None
     if path.exists():
-        os.link(path, kept)
+        for kept in temporary_names(path):
+            try:
+                os.link(path, kept)
+                break
+            except FileExistsError:
+                continue
     try:
         yield
     except BaseException:
-        if kept.exists():
-            os.replace(kept, path)
+        if kept is not None:
+            os.replace(kept, path)  # a no-op when `path` is still the same file: the unlink below drops the link
         raise
     finally:
-        kept.unlink(missing_ok=True)
+        if kept is not None:
+            kept.unlink(missing_ok=True)
 
 
 FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
@@ -222,10 +265,19 @@ def where_in(path: str | Path, container: str | Path) -> str | None:
     return None
 
 
-def refuse_writing_over(output: str | Path, inputs: Iterable[tuple[str, str | Path | None]], option: str) -> None:
-    """ConfigError, before anything is written, when the output path `output` (what `option` names: "--out") is one
-    of `inputs` or lies inside one (`where_in`): no command writes over what it reads. `inputs` are (what it is,
-    its path) pairs, such as ("the file of prompts, --prompts p.txt", "p.txt"); a path of None is skipped."""
+def refuse_writing_over(
+    output: str | Path, inputs: Iterable[tuple[str, str | Path | None]], option: str, *, directory: bool = False
+) -> None:
+    """The output guard: ConfigError, before anything is written, when writing the output `output` (what `option`
+    names: "--out") would lose what exists. That is when it is one of `inputs` or lies inside one (`where_in`), so
+    that no command writes over what it reads (`inputs` are (what it is, its path) pairs, such as ("the file of
+    prompts, --prompts p.txt", "p.txt"), a path of None skipped: a command's own inputs, and every file a run or
+    its source holds, `kqv.jobs.base.run_inputs`); and when it exists as something a write would replace or
+    block on: anything but a regular file (a FIFO, a device node, a socket, a directory), or for a `directory`
+    output anything but a directory; an empty path names nothing to write. Every command that writes a path the
+    user names calls it."""
+    if not str(output).strip():
+        raise ConfigError(f"{option} is empty: give the path of the {'directory' if directory else 'file'} to write")
     for what, path in inputs:
         if path is None or str(path) == "":
             continue
@@ -235,6 +287,30 @@ def refuse_writing_over(output: str | Path, inputs: Iterable[tuple[str, str | Pa
                 f"{option} {output} is {'' if relation == 'same' else 'inside '}{what}; a command never writes over "
                 f"what it reads: choose another path"
             )
+    try:
+        mode = os.stat(output).st_mode  # through a symbolic link: what a write would reach
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if directory and not stat.S_ISDIR(mode):
+        raise ConfigError(f"{option} {output} is {file_kind(mode)}, not a directory; give the path of a directory")
+    if not directory and not stat.S_ISREG(mode):
+        raise ConfigError(
+            f"{option} {output} is {file_kind(mode)}, not a regular file, which writing would replace: "
+            f"give the path of a new or regular file"
+        )
+
+
+def file_kind(mode: int) -> str:
+    """What a file of `mode` (os.stat's st_mode) is, in words."""
+    kinds = {
+        stat.S_ISDIR: "a directory",
+        stat.S_ISFIFO: "a FIFO (named pipe)",
+        stat.S_ISCHR: "a character device",
+        stat.S_ISBLK: "a block device",
+        stat.S_ISSOCK: "a socket",
+        stat.S_ISREG: "a regular file",
+    }
+    return next((what for test, what in kinds.items() if test(mode)), "a special file")
 
 
 def sha256(source: Path | BinaryIO) -> str:
@@ -284,7 +360,7 @@ def recorded_files(run_dir: Path, names: tuple[str, ...]) -> list[str]:
             found.append(name)
         elif path.is_dir():
             found += sorted(p.relative_to(run_dir).as_posix() for p in path.rglob("*") if p.is_file())
-    return [name for name in found if not name.endswith(".tmp")]
+    return [name for name in found if not name.endswith(TEMPORARY)]
 
 
 def record(run_dir: Path, names: tuple[str, ...] = DATA_FILES, *, keep: bool = False) -> None:

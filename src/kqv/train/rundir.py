@@ -41,7 +41,10 @@ from .files import (
     METRICS_FILE,
     PLOT_FILE,
     RUN_FORMAT,
+    TEMPORARY,
+    TEXT_DIR,
     TOKENIZER_DIR,
+    is_temporary,
     run_files,
 )
 from .metrics import keep_records
@@ -187,11 +190,12 @@ class RunDirectory:
         if error_type is None or not self.writes or self.started or self.existing or self.final is not None:
             return False
         for name in (*JOB_FILES, MANIFEST_FILE):
-            for path in (self.path / name, self.path / f"{name}.tmp"):
-                if path.is_dir() and not path.is_symlink():
-                    shutil.rmtree(path, ignore_errors=True)
-                elif path.exists() or path.is_symlink():
-                    path.unlink(missing_ok=True)
+            path = self.path / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            elif path.exists() or path.is_symlink():
+                path.unlink(missing_ok=True)
+        remove_temporaries(self.path)
         return False
 
     def complete(self) -> None:
@@ -264,6 +268,22 @@ def remove_leftovers(path: Path) -> None:
         if leftover.is_dir():
             shutil.rmtree(leftover, ignore_errors=True)
             logger.info("removed %s, left by an interrupted overwrite of %s", leftover, path)
+    remove_temporaries(path)
+
+
+def remove_temporaries(path: Path) -> None:
+    """Delete the temporary files (`kqv.train.files.temporary_names`) that a killed writer left in the run directory
+    `path`: those of its own files (`.run.toml.3f9c0d1e.tmp`), and any in the directories it writes whole
+    (tokenizer/, data/). A file of the user's beside the run is never one of them."""
+    if not path.is_dir():
+        return
+    found = [entry for name in RUN_FORMAT for entry in path.glob(f".{name}.*{TEMPORARY}") if is_temporary(entry, name)]
+    for directory in (path / TOKENIZER_DIR, path / TEXT_DIR):
+        if directory.is_dir() and not directory.is_symlink():
+            found += [entry for entry in directory.iterdir() if is_temporary(entry)]
+    for entry in found:
+        if entry.is_file() and not entry.is_symlink():
+            entry.unlink(missing_ok=True)
 
 
 def remove_if_unused(path: Path, created: bool) -> None:
