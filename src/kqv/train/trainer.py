@@ -173,6 +173,7 @@ class Trainer:
             saved_weights,
         )  # fmt: skip
         try:
+            distributed.agree_on_checkpoint(self.run.checkpoint, self.run.path, self.world_size)
             if self.run.checkpoint is not None:
                 self._resume(self.run.checkpoint)
         except BaseException:  # e.g. the checkpoint does not fit the model: release what this trainer opened
@@ -310,7 +311,7 @@ class Trainer:
                     self._read(window)
                 result = self._log(lr, window, run_start, last) or result
                 if self.step % self.config.checkpoint_every == 0 or last:
-                    self._checkpoint_if_good()
+                    self._checkpoint_if_good(final=last)
                 self.report(self._progress(result, run_start))
                 if last:
                     break
@@ -434,15 +435,16 @@ class Trainer:
 
     # -- checkpoints ---------------------------------------------------------------------------------------------
 
-    def save_checkpoint(self) -> None:
-        """Save the state after the last completed update (every rank must call this under torchrun)."""
-        self.checkpoints.save(self.state, self.config, self.extra_state)
+    def save_checkpoint(self, final: bool = False) -> None:
+        """Save the state after the last completed update (every rank must call this under torchrun); the `final`
+        one of a sharded run holds the whole weights too."""
+        self.checkpoints.save(self.state, self.config, self.extra_state, final)
 
-    def _checkpoint_if_good(self) -> None:
+    def _checkpoint_if_good(self, final: bool) -> None:
         """Save a checkpoint that is due, unless the guard is skipping updates: the weights then are the ones
         whose loss or gradient stopped being finite, and the last good checkpoint must stay until a newer one is."""
         if not self.guard.skipping:
-            self.save_checkpoint()
+            self.save_checkpoint(final)
         else:
             warn_withheld(self.step, len(self.guard.streak), self.checkpoints.last_saved)
 
