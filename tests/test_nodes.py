@@ -36,9 +36,10 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def two_nodes(out: Path, mode: str) -> list[tuple[int, str]]:
-    """Run nodes_worker.py's `mode` on two torchrun agents, as on two nodes; (exit status, stderr) of each agent.
-    Each agent is its own process group, killed whole if the launch outlives TIMEOUT."""
+def two_nodes(out: Path, mode: str) -> list[tuple[int | None, str]]:
+    """Run nodes_worker.py's `mode` on two torchrun agents, as on two nodes; (exit status, stderr) of each agent,
+    the status None for a launch that outlived TIMEOUT (a hang), whose agents are then killed, each agent with its
+    processes (its own process group)."""
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT")}
     env.update(PYTHONPATH=SRC + os.pathsep + str(Path(WORKER).parent), OMP_NUM_THREADS="1")
     port = free_port()
@@ -58,7 +59,7 @@ def two_nodes(out: Path, mode: str) -> list[tuple[int, str]]:
     try:
         return [(agent.wait(timeout=TIMEOUT), agent.stderr.read()) for agent in agents]
     except subprocess.TimeoutExpired:
-        pytest.fail(f"the two nodes' launch {mode!r} did not end within {TIMEOUT} s (a hang)")
+        return [(None, f"the launch {mode!r} did not end within {TIMEOUT} s (a hang)")] * 2
     finally:
         for agent in agents:
             if agent.poll() is None:
@@ -68,14 +69,13 @@ def two_nodes(out: Path, mode: str) -> list[tuple[int, str]]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> tuple[Path, list, list]:
+def runs(tmp_path_factory) -> tuple[Path, list, list, list]:
     """The straight run and the killed one (one launch), the refusal of two ranks apart, then the resume."""
     out = tmp_path_factory.mktemp("nodes")
     trained = two_nodes(out, "train")
     apart = two_nodes(out, "apart")
     resumed = two_nodes(out, "resume")
-    assert all(status == 0 for status, _ in resumed), [err[-3000:] for _, err in resumed]
-    return out, trained, apart
+    return out, trained, apart, resumed
 
 
 def losses(run_dir: Path) -> list[tuple[int, float, float]]:
@@ -83,8 +83,9 @@ def losses(run_dir: Path) -> list[tuple[int, float, float]]:
 
 
 def test_a_killed_two_node_run_resumes_to_the_loss_curve_of_the_run_left_alone(runs):
-    out, trained, _ = runs
+    out, trained, _, agents = runs
     assert all(status != 0 for status, _ in trained)  # the agents saw their processes killed
+    assert all(status == 0 for status, _ in agents), [err[-3000:] for _, err in agents]
     straight, resumed = losses(out / "straight"), losses(out / "killed")
     assert [step for step, *_ in resumed] == [1, 2, 3, 4, 5, 6]
     flat = [figure for _, *figures in straight for figure in figures]  # training losses and gradient norms
@@ -98,7 +99,7 @@ def load_weights_of(run_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def test_the_checkpoint_is_written_in_shards_by_each_rank_and_verified(runs):
-    out, _, _ = runs
+    out, *_ = runs
     checkpoint = read_checkpoint(out / "killed")
     assert checkpoint.step == 6 and is_sharded(checkpoint) and checkpoint.state["world_size"] == 2
     shards = sorted(p.name for p in (out / "killed" / "checkpoint" / "shards").iterdir())
@@ -112,10 +113,10 @@ def test_the_checkpoint_is_written_in_shards_by_each_rank_and_verified(runs):
 
 
 def test_a_rank_that_sees_another_checkpoint_step_makes_every_rank_refuse_instead_of_hanging(runs):
-    _, _, apart = runs
+    _, _, apart, _ = runs
     for status, err in apart:
         lines = [line for line in err.splitlines() if line.startswith("kqv: error:")]
-        assert status != 0 and len(lines) == 1, err[-3000:]
+        assert status is not None and status != 0 and len(lines) == 1, err[-3000:]
         assert "rank 0 on" in lines[0] and "sees the checkpoint of step 4" in lines[0]
         assert "rank 1 on" in lines[0] and "sees no checkpoint" in lines[0]
         assert "a file system every node sees" in lines[0]
@@ -124,7 +125,7 @@ def test_a_rank_that_sees_another_checkpoint_step_makes_every_rank_refuse_instea
 def test_a_tampered_shard_index_is_refused_without_running_its_code(runs, tmp_path):
     """The shards' index is a pickle: one that names a function to run (its digest recorded to match, as a
     tamperer would) is refused, and the function never runs."""
-    out, _, _ = runs
+    out, *_ = runs
     run = tmp_path / "run"
     shutil.copytree(out / "killed", run)
     marker = tmp_path / "ran"
