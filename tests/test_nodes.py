@@ -27,6 +27,7 @@ from kqv.train.metrics import read_metrics
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 WORKER = str(Path(__file__).with_name("nodes_worker.py"))
+GROUP = {"start_new_session": True}  # each agent leads its own process group, killed whole after a hang
 TIMEOUT = 240  # seconds for one launch of both agents: a hang fails the test instead of stalling the suite
 
 
@@ -45,19 +46,15 @@ def two_nodes(out: Path, mode: str) -> list[tuple[int | None, str]]:
     port = free_port()
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1"]
     launcher += ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=kqv-nodes", "--max-restarts=0"]
-    agents = [
-        subprocess.Popen(
-            [*launcher, WORKER, str(out), mode],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        for _ in range(2)
-    ]
+    logs = [out / f"{mode}-agent{i}.log" for i in range(2)]  # files, not pipes: no agent blocks on a full pipe
+    agents = []
     try:
-        return [(agent.wait(timeout=TIMEOUT), agent.stderr.read()) for agent in agents]
+        for log in logs:
+            with open(log, "w") as stderr:
+                command = [*launcher, WORKER, str(out), mode]
+                agents.append(subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=stderr, **GROUP))
+        statuses = [agent.wait(timeout=TIMEOUT) for agent in agents]
+        return [(status, log.read_text()) for status, log in zip(statuses, logs)]
     except subprocess.TimeoutExpired:
         return [(None, f"the launch {mode!r} did not end within {TIMEOUT} s (a hang)")] * 2
     finally:
@@ -65,7 +62,6 @@ def two_nodes(out: Path, mode: str) -> list[tuple[int | None, str]]:
             if agent.poll() is None:
                 os.killpg(agent.pid, signal.SIGKILL)
                 agent.wait()
-            agent.stderr.close()
 
 
 @pytest.fixture(scope="module")
