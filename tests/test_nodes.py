@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from kqv.errors import ProcessLost, RunError
-from kqv.train import distributed
+from kqv.train import distributed, shards
 from kqv.train.checkpoints import is_sharded, read_checkpoint, whole_weights
 from kqv.train.metrics import read_metrics
 
@@ -151,3 +151,16 @@ def test_a_survivor_names_the_ranks_of_another_node_it_cannot_look_at(monkeypatc
     with pytest.raises(ProcessLost, match=r"a process on another node \(one of ranks 1\) stopped or lost its conn"):
         with distributed.stops_when_a_process_is_lost(0, 2):
             raise RuntimeError("[gloo] Connection closed by peer")
+
+
+def test_rank_0_refuses_a_checkpoint_whose_shards_it_cannot_see(tmp_path):
+    """Each node wrote its shards into its own disk: rank 0 sees only its own, so it writes and swaps in nothing,
+    and says why (every rank then stops with its words: `_from_rank0`)."""
+    staging = tmp_path / ".checkpoint-tmp-x"
+    (staging / "shards").mkdir(parents=True)
+    (staging / "shards" / "__0_0.distcp").write_bytes(b"rank 0's rows")
+    digests = {"shards/__0_0.distcp": "0" * 64, "shards/__1_0.distcp": "1" * 64}  # rank 1 saw its own file
+    finished = []
+    with pytest.raises(RunError, match=r"does not see shards/__1_0.distcp .*a file system every node sees"):
+        shards._complete(staging, tmp_path / "checkpoint", digests, lambda *written: finished.append(written))
+    assert not finished and not (tmp_path / "checkpoint").exists()

@@ -28,7 +28,8 @@ saved-and-restored generator state, so how often you evaluate never changes the 
 Multi-process training. Launch the same script with `torchrun --nproc_per_node N script.py`. When WORLD_SIZE > 1
 the trainer joins a process group (gloo; NCCL for CUDA tensors) and wraps the model in DistributedDataParallel,
 or with `parallel="fsdp"` trains a sharded copy of it, each rank holding only its shard (`kqv.train.sharding`: ranks
-other than 0 may pass a model on the meta device, or a function that builds it; same checkpoint files). Every rank calls
+other than 0 may pass a model on the meta device, or a function that builds it; each rank writes its own shards of a
+checkpoint: `kqv.train.shards`). Every rank calls
 `train_batches(i)` and gets the same global batch (of `batch_size` rows, or fewer: a token budget's); of its n rows
 rank r keeps rows `[r * n // N, (r + 1) * n // N)` of every tensor in it (non-tensor items are shared), its loss
 weighted by its share of the batch's `loss_terms` (`kqv.train.distributed.share`), so the batch function is the
