@@ -20,9 +20,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import fsdp_worker
 from kqv.errors import ProcessLost, RunError
 from kqv.train import distributed, shards
-from kqv.train.checkpoints import is_sharded, read_checkpoint, whole_weights
+from kqv.train.checkpoints import is_sharded, load_weights, read_checkpoint, whole_weights
 from kqv.train.metrics import read_metrics
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -69,6 +70,8 @@ def runs(tmp_path_factory) -> tuple[Path, list, list, list]:
     """The straight run and the killed one (one launch), the refusal of two ranks apart, then the resume."""
     out = tmp_path_factory.mktemp("nodes")
     trained = two_nodes(out, "train")
+    if (out / "killed").is_dir():
+        shutil.copytree(out / "killed", out / "killed-at-4")  # as the kill left it
     apart = two_nodes(out, "apart")
     resumed = two_nodes(out, "resume")
     return out, trained, apart, resumed
@@ -164,3 +167,16 @@ def test_rank_0_refuses_a_checkpoint_whose_shards_it_cannot_see(tmp_path):
     with pytest.raises(RunError, match=r"does not see shards/__1_0.distcp .*a file system every node sees"):
         shards._complete(staging, tmp_path / "checkpoint", digests, lambda *written: finished.append(written))
     assert not finished and not (tmp_path / "checkpoint").exists()
+
+
+def test_a_checkpoint_in_shards_alone_loads_whole_into_one_process_for_inference(runs):
+    """A checkpoint before the last holds no model.safetensors: `load_weights` (kqv.load, generate, eval, export)
+    puts the whole weights together from the shards, in one process."""
+    out, *_ = runs
+    checkpoint = read_checkpoint(out / "killed-at-4")
+    assert checkpoint.step == 4 and "model.safetensors" not in checkpoint.files
+    model, fresh = fsdp_worker.model(), fsdp_worker.model().state_dict()
+    load_weights(model, checkpoint)
+    loaded, sharded = model.state_dict(), whole_weights(checkpoint)
+    assert loaded.keys() == sharded.keys() and all(torch.equal(loaded[name], sharded[name]) for name in loaded)
+    assert not all(torch.equal(loaded[name], fresh[name]) for name in loaded)  # 4 updates away from the start
