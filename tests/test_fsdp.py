@@ -1,8 +1,8 @@
 """Several processes with `train.parallel`: FSDP2 over gloo on 2 CPU processes equals one process up to rounding,
-its checkpoints are the one-process files (so runs resume across world sizes), gradient accumulation reduces
-once per update under DDP and every micro-batch into the shards under FSDP, and the CLI trains under torchrun with
-either kind of parallelism. The torchrun launches are few (one for the Trainer runs, one per parallelism for the
-CLI): each costs seconds."""
+its checkpoints are every rank's shards (resumed on any number of processes) with the one-process weights file in
+a run's last one, gradient accumulation reduces once per update under DDP and every micro-batch into the shards
+under FSDP, and the CLI trains under torchrun with either kind of parallelism. The torchrun launches are few (one
+for the Trainer runs, one per parallelism for the CLI): each costs seconds."""
 
 import importlib.util
 import json
@@ -23,7 +23,7 @@ from torch.distributed.tensor import DTensor
 
 from kqv.cli.main import main
 from kqv.errors import ConfigError, ConfigTypeError
-from kqv.train.checkpoints import read_checkpoint
+from kqv.train.checkpoints import OPTIMIZER_KEY, is_sharded, read_checkpoint, whole_tensors, whole_weights
 from kqv.train.config import TrainConfig
 from kqv.train.distributed import backend_for, gradient_sync, rank_device
 from kqv.train.metrics import read_metrics
@@ -56,11 +56,24 @@ def torchrun(*args: str) -> subprocess.CompletedProcess:
 
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    return load_file(run_dir / "checkpoint" / "model.safetensors")
+    """The whole weights of a run's checkpoint: its model.safetensors (one process's, or a sharded run's final
+    checkpoint's), else assembled from its shards."""
+    if (run_dir / "checkpoint" / "model.safetensors").is_file():
+        return load_file(run_dir / "checkpoint" / "model.safetensors")
+    return whole_weights(read_checkpoint(run_dir))
 
 
 def optimizer_state(run_dir: Path) -> dict:
-    return torch.load(run_dir / "checkpoint" / "optimizer.pt", weights_only=True)
+    """The optimizer state of a run's checkpoint: optimizer.pt's (by position), or a sharded checkpoint's moments
+    put whole (by parameter name)."""
+    checkpoint = read_checkpoint(run_dir)
+    if not is_sharded(checkpoint):
+        return torch.load(run_dir / "checkpoint" / "optimizer.pt", weights_only=True)
+    state: dict[str, dict[str, torch.Tensor]] = {}
+    for name, tensor in whole_tensors(checkpoint, OPTIMIZER_KEY).items():
+        fqn, _, key = name.rpartition("/")
+        state.setdefault(fqn, {})[key] = tensor
+    return {"state": state}
 
 
 def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -113,16 +126,25 @@ def test_rank_0_evaluates_a_plain_model_holding_the_sharded_runs_weights(runs):
     assert [b["weight_sum"] for _, b in evaluated] == pytest.approx([a["weight_sum"] for a, _ in evaluated], abs=1e-3)
 
 
-def test_an_fsdp_checkpoint_is_the_one_process_single_file_format(runs):
+def test_an_fsdp_checkpoint_holds_each_ranks_shards_and_in_the_end_one_process_weights(runs):
     one, two = runs / "one-6" / "checkpoint", runs / "fsdp-6" / "checkpoint"
-    assert sorted(p.name for p in two.iterdir()) == sorted(p.name for p in one.iterdir())
-    assert {k: v.shape for k, v in weights(runs / "fsdp-6").items()} == {
-        k: v.shape for k, v in weights(runs / "one-6").items()
-    }
-    a, b = optimizer_state(runs / "one-6"), optimizer_state(runs / "fsdp-6")
-    assert b["param_groups"] == a["param_groups"] and b["state"].keys() == a["state"].keys()
-    for i, state in a["state"].items():
-        assert max_difference(state, b["state"][i]) < TOLERANCE
+    assert sorted(p.name for p in one.iterdir()) == [
+        "model.safetensors",
+        "optimizer.pt",
+        "rng.safetensors",
+        "state.json",
+    ]
+    assert sorted(p.name for p in two.iterdir()) == ["model.safetensors", "rng.safetensors", "shards", "state.json"]
+    assert sorted(p.name for p in (two / "shards").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    exported = load_file(two / "model.safetensors")  # the final checkpoint's whole weights, for export
+    assert {k: v.shape for k, v in exported.items()} == {k: v.shape for k, v in weights(runs / "one-6").items()}
+    sharded = whole_weights(read_checkpoint(runs / "fsdp-6"))
+    assert all(torch.equal(exported[name], sharded[name]) for name in exported)
+    assert max_difference(weights(runs / "one-6"), exported) < TOLERANCE
+    moments = optimizer_state(runs / "fsdp-6")["state"]
+    whole = dict(load_worker().model().named_parameters())
+    assert moments.keys() == whole.keys()  # every parameter (the tied one once), whole, as one process holds it
+    assert all(moments[n]["exp_avg"].shape == whole[n].shape and moments[n]["step"] == 6 for n in moments)
     assert read_checkpoint(runs / "fsdp-6").state["world_size"] == 2
 
 

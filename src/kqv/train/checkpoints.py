@@ -4,6 +4,12 @@
 `rng.safetensors` (the torch generator state of every rank) and `state.json` (step, config, generator states of
 `random` and numpy, `extra_state`, SHA-256 of the other files). The generators' states are put into that form
 by `kqv.train.rng`.
+
+A sharded (FSDP) run's checkpoint holds `shards/` instead of `model.safetensors` and `optimizer.pt`: every rank's
+rows of the weights and the optimizer state, in torch.distributed.checkpoint's layout (`kqv.train.shards` writes
+it), with `model.safetensors` beside them in a run's final checkpoint. Its files are verified like the others;
+its index (`shards/.metadata`, a pickle) is read by an unpickler that builds nothing but the index's own
+records, and its tensors with `weights_only=True`. `load_weights` reads the whole weights from either layout.
 """
 
 from __future__ import annotations
@@ -14,16 +20,21 @@ import os
 import pickle
 import stat
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import save_file, save_model
 from torch import Tensor, nn
+from torch.distributed import checkpoint as dcp
+from torch.distributed.checkpoint import CheckpointException, FileSystemReader
+from torch.distributed.checkpoint.filesystem import FileSystem
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 
 from ..errors import RunError, option
 from ..signals import deferred
@@ -34,13 +45,15 @@ from .files import (
     OPTIMIZER_FILE,
     PREVIOUS_CHECKPOINT_DIR,
     RNG_FILE,
+    SHARDS_DIR,
     STATE_FILE,
     sha256,
     write_directory,
 )
 
-_TMP_PREFIX = ".checkpoint-tmp-"
+STAGING_PREFIX = ".checkpoint-tmp-"
 FORMAT = 1
+T = TypeVar("T")
 
 
 @dataclass
@@ -103,19 +116,34 @@ def _write_checkpoint(
 ) -> None:
     optimizer_state = optimizer if isinstance(optimizer, dict) else optimizer.state_dict()
     needed = checkpoint_bytes(model, optimizer_state, tensors)
-    weights = model if isinstance(model, nn.Module) else _StateDict(model)
+    writers = checkpoint_writers(state, tensors, model, optimizer_state)
+    write_directory(run_dir / CHECKPOINT_DIR, writers, needed, PREVIOUS_CHECKPOINT_DIR, STAGING_PREFIX)
+
+
+def checkpoint_writers(
+    state: dict[str, Any],
+    tensors: dict[str, Tensor],
+    model: Weights | None = None,
+    optimizer_state: dict[str, Any] | None = None,
+    shards: dict[str, str] | None = None,
+) -> dict[str, Callable[[Path], object]]:
+    """What writes each file of a checkpoint (`kqv.train.files.write_directory` calls them in order): the weights
+    and optimizer state when given, the generators' `tensors`, and state.json last, with the SHA-256 of every
+    other file: those just written and the `shards` (name: SHA-256) already in the directory."""
+    writers: dict[str, Callable[[Path], object]] = {}
+    if model is not None:
+        weights = model if isinstance(model, nn.Module) else _StateDict(model)
+        writers[MODEL_FILE] = lambda path: save_model(weights, str(path))
+    if optimizer_state is not None:
+        writers[OPTIMIZER_FILE] = lambda path: torch.save(optimizer_state, path)
+    writers[RNG_FILE] = lambda path: save_file(tensors, str(path))
 
     def write_state(path: Path) -> None:  # after the others: their SHA-256s, for reading them back verified
-        hashes = {name: sha256(path.parent / name) for name in (MODEL_FILE, OPTIMIZER_FILE, RNG_FILE)}
-        path.write_text(json.dumps({**state, "files": hashes}, indent=1))
+        hashes = {name: sha256(path.parent / name) for name in writers if name != STATE_FILE}
+        path.write_text(json.dumps({**state, "files": {**(shards or {}), **hashes}}, indent=1))
 
-    writers = {
-        MODEL_FILE: lambda path: save_model(weights, str(path)),
-        OPTIMIZER_FILE: lambda path: torch.save(optimizer_state, path),
-        RNG_FILE: lambda path: save_file(tensors, str(path)),
-        STATE_FILE: write_state,
-    }
-    write_directory(run_dir / CHECKPOINT_DIR, writers, needed, PREVIOUS_CHECKPOINT_DIR, _TMP_PREFIX)
+    writers[STATE_FILE] = write_state
+    return writers
 
 
 def checkpoint_bytes(model: Weights, optimizer_state: dict[str, Any], tensors: dict[str, Tensor]) -> int:
@@ -258,11 +286,18 @@ def _parse_state(text: bytes, path: Path) -> tuple[dict, int, TrainConfig, dict,
         digests, extra_state = dict(state["files"]), state["extra_state"]
         if state["format"] != FORMAT:
             raise RunError(f"format {state['format']} is not {FORMAT}")
-        if set(digests) - {MODEL_FILE, OPTIMIZER_FILE, RNG_FILE}:
-            raise RunError(f"unknown files {sorted(set(digests) - {MODEL_FILE, OPTIMIZER_FILE, RNG_FILE})}")
+        unknown = sorted(name for name in digests if not _known(name))
+        if unknown:
+            raise RunError(f"unknown files {unknown}")
     except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as error:
         raise RunError(f"{path / STATE_FILE} is corrupt or not a kqv checkpoint ({error}); {remedy(path)}") from None
     return state, step, config, extra_state, digests
+
+
+def _known(name: str) -> bool:
+    """Whether `name` is a file a checkpoint may hold: its own files, or a file right inside its shards/."""
+    folder, _, leaf = name.rpartition("/")
+    return name in (MODEL_FILE, OPTIMIZER_FILE, RNG_FILE) or (folder == SHARDS_DIR and leaf not in ("", ".", ".."))
 
 
 def _trainer_options(saved: dict[str, Any]) -> dict[str, Any]:
@@ -278,9 +313,10 @@ def load_weights(
     sets them (into a sharded model, say) instead of `model.load_state_dict`."""
     if not isinstance(checkpoint, Checkpoint):
         checkpoint = read_checkpoint(checkpoint)
-    path = checkpoint.path / MODEL_FILE
+    whole = MODEL_FILE in checkpoint.files
+    path = checkpoint.path / (MODEL_FILE if whole else SHARDS_DIR)
     try:
-        weights = safetensors_load(checkpoint.open(MODEL_FILE).read())
+        weights = safetensors_load(checkpoint.open(MODEL_FILE).read()) if whole else whole_weights(checkpoint)
         (load or (lambda state: _load_state(model, state)))(weights)
     except (RuntimeError, SafetensorError) as error:
         raise RunError(
@@ -349,3 +385,145 @@ def load_optimizer_state(
         ) from None
     for group, (betas, weight_decay) in zip(optimizer.param_groups, configured):
         group["betas"], group["weight_decay"] = betas, weight_decay
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A sharded checkpoint's files, read in any number of processes (kqv.train.shards writes them)
+
+WEIGHTS_KEY, OPTIMIZER_KEY = "model/", "optimizer/"  # a sharded checkpoint's names: model/FQN, optimizer/FQN/KEY
+
+
+def is_sharded(checkpoint: Checkpoint) -> bool:
+    """Whether `checkpoint` holds its weights and optimizer state as shards (a sharded run's)."""
+    return any(name.startswith(SHARDS_DIR + "/") for name in checkpoint.files)
+
+
+def read_shards(checkpoint: Checkpoint, tensors: dict[str, Tensor]) -> None:
+    """Fill `tensors` (names as `kqv.train.shards` writes them: "model/FQN", "optimizer/FQN/KEY"; plain tensors or
+    this process's shards, DTensors, of any number of processes) from the checkpoint's shards, in place: each
+    process reads by itself the rows it holds (no collective), from the verified files only. A RunError when the
+    shards hold another model."""
+    try:
+        with warnings.catch_warnings():  # DCP's aside that it reads in one process: what no_dist asks for
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+            unwrapped(dcp.load, tensors, storage_reader=_VerifiedShards(checkpoint), no_dist=True)
+    except (RuntimeError, KeyError, ValueError, AssertionError, EOFError) as error:
+        if isinstance(error, RunError):
+            raise
+        missing = sorted(set(tensors) - set(shard_index(checkpoint).state_dict_metadata))
+        why = f"it lacks {missing[:5]}" if missing else f"{str(error).strip().splitlines()[-1][:300]}"
+        raise RunError(
+            f"{checkpoint.path / SHARDS_DIR} does not fit the model ({why}); build the model with the config the "
+            f"run was trained with"
+        ) from None
+
+
+def unwrapped(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`call(*args, **kwargs)` of torch.distributed.checkpoint, whose failure is the first process's own error
+    (a full disk, a damaged file) instead of its wrapper (a CheckpointException, which is no Exception)."""
+    try:
+        return call(*args, **kwargs)
+    except CheckpointException as error:
+        for failure in error.failures.values():
+            cause = failure[0] if isinstance(failure, tuple) else failure
+            if isinstance(cause, BaseException):
+                raise cause from None
+        raise RuntimeError(str(error)) from None
+
+
+def shard_index(checkpoint: Checkpoint) -> Metadata:
+    """The index of a sharded checkpoint: every tensor's name, shape, dtype and where its rows are."""
+    return _VerifiedShards(checkpoint).read_metadata()
+
+
+def whole_weights(checkpoint: Checkpoint) -> dict[str, Tensor]:
+    """The whole weights of a sharded checkpoint, in this one process (on the CPU), by their names in the model:
+    what `load_weights` loads for inference or export when the checkpoint has no model.safetensors."""
+    return whole_tensors(checkpoint, WEIGHTS_KEY)
+
+
+def whole_tensors(checkpoint: Checkpoint, prefix: str) -> dict[str, Tensor]:
+    """Every tensor of a sharded checkpoint whose name starts with `prefix` (`WEIGHTS_KEY`, `OPTIMIZER_KEY`),
+    whole, in this one process (on the CPU), by its name without the prefix."""
+    index = shard_index(checkpoint).state_dict_metadata
+    tensors = {
+        name: torch.empty(entry.size, dtype=entry.properties.dtype)
+        for name, entry in index.items()
+        if name.startswith(prefix) and isinstance(entry, TensorStorageMetadata)
+    }
+    read_shards(checkpoint, tensors)
+    return {name.removeprefix(prefix): tensor for name, tensor in tensors.items()}
+
+
+# What a DCP index (.metadata) is made of: its own records, torch's sizes, dtypes, layouts and memory formats, and
+# the path it was written to. Nothing else is built: a pickle can name any function to run, and this one may not.
+_INDEX_RECORDS = {
+    ("torch.distributed.checkpoint.metadata", name)
+    for name in (
+        "Metadata",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "TensorProperties",
+        "ChunkStorageMetadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "_MEM_FORMAT_ENCODING",
+    )
+} | {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "WindowsPath"),
+}
+
+
+class _IndexUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        if (module, name) in _INDEX_RECORDS or dtype:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"it names {module}.{name}, which no checkpoint index holds")
+
+
+class _VerifiedFiles(FileSystem):
+    """torch.distributed.checkpoint's file access, limited to reading the checkpoint's verified files."""
+
+    def __init__(self, checkpoint: Checkpoint):
+        self.checkpoint = checkpoint
+
+    @contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[Any]:
+        name = f"{SHARDS_DIR}/{Path(path).name}"
+        if "r" not in mode or "+" in mode or name not in self.checkpoint.files:
+            raise RunError(
+                f"{self.checkpoint.path / name} is not among the files {STATE_FILE} verifies, so the checkpoint is "
+                f"incomplete; {remedy(self.checkpoint.path)}"
+            )
+        with open(self.checkpoint.path_of(name), "rb") as stream:
+            yield stream
+
+
+class _VerifiedShards(FileSystemReader):
+    """A reader of a sharded checkpoint's verified files, whose index builds only its own records."""
+
+    def __init__(self, checkpoint: Checkpoint):
+        super().__init__(checkpoint.path / SHARDS_DIR)
+        self.fs = _VerifiedFiles(checkpoint)
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        with self.fs.create_stream(self.fs.concat_path(self.path, ".metadata"), "rb") as file:
+            try:
+                metadata = _IndexUnpickler(file).load()
+                if not isinstance(metadata, Metadata):
+                    raise pickle.UnpicklingError(f"it holds a {type(metadata).__name__}, not an index")
+            except (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError) as error:
+                path = self.fs.checkpoint.path
+                raise RunError(
+                    f"{path / SHARDS_DIR} has an index that is damaged or not kqv's ({error}); kqv never runs code "
+                    f"from a checkpoint; {remedy(path)}"
+                ) from None
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata

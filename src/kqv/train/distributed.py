@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
-from ..errors import DataError, ProcessLost, option
+from ..errors import DataError, ProcessLost, RunError, option
 from ..nn.training import may_skip_parameters
 
 Batch = Any
@@ -79,13 +79,46 @@ def _note_processes() -> None:
 
 def lost_ranks(wait: float = 0.0) -> list[int]:
     """The ranks on this machine whose process is gone (exited, killed; a zombie counts as gone), waiting up to
-    `wait` seconds for one: a killed process closes its connections before it is gone."""
+    `wait` seconds for one: a killed process closes its connections before it is gone. Only this machine's:
+    a process on another node cannot be looked at from here (`remote_ranks` are the ones it cannot tell about)."""
     host, deadline = socket.gethostname(), time.monotonic() + wait
     while True:
         lost = [rank for rank, (where, pid) in enumerate(_PROCESSES) if where == host and not _alive(pid)]
         if lost or time.monotonic() >= deadline:
             return lost
         time.sleep(0.05)
+
+
+def remote_ranks() -> list[int]:
+    """The ranks that run on other machines than this one: whether their processes live, `lost_ranks` cannot
+    tell."""
+    host = socket.gethostname()
+    return [rank for rank, (where, _) in enumerate(_PROCESSES) if where != host]
+
+
+def agree_on_checkpoint(checkpoint: Any, run_dir: Path, world_size: int) -> None:
+    """Refuse on every rank at once when the ranks did not all find rank 0's checkpoint (`checkpoint`: this
+    rank's, or None) in the run directory, before a rank resumes from another step than the others and their
+    collectives no longer meet (a hang). Under several nodes a rank sees no checkpoint, or an older one, when its
+    node sees another file system at `run_dir` than rank 0's. Every rank must call it (a collective)."""
+    if world_size == 1:
+        return
+    found: list[Any] = [None] * world_size
+    step = None if checkpoint is None else checkpoint.step
+    dist.all_gather_object(found, (step, socket.gethostname()))
+    if all(theirs == found[0][0] for theirs, _ in found):
+        return
+
+    def sees(step: int | None) -> str:
+        return "no checkpoint" if step is None else f"the checkpoint of step {step}"
+
+    others = [f"rank {rank} on {host} sees {sees(s)}" for rank, (s, host) in enumerate(found) if s != found[0][0]]
+    raise RunError(
+        f"rank 0 on {found[0][1]} sees {sees(found[0][0])} in {run_dir}, but {'; '.join(others[:4])}: the ranks "
+        f"would train from different steps, so none starts. A run on several nodes needs its run directory on a "
+        f"file system every node sees (a shared file system such as NFS or Lustre, at the same path on every "
+        f"node); put it there and start all {world_size} processes again"
+    )
 
 
 def _alive(pid: int) -> bool:
@@ -115,11 +148,22 @@ def stops_when_a_process_is_lost(rank: int, world_size: int) -> Iterator[None]:
         lost = lost_ranks(wait=3.0 if failed else 0.0)
         if not lost and not failed:
             raise
-        who = f"rank {', '.join(map(str, lost))} of {world_size}" if lost else "another process of the run"
+        elsewhere = remote_ranks()
+        if lost:
+            who = f"rank {', '.join(map(str, lost))} of {world_size} stopped (its process is gone)"
+        elif elsewhere:  # this node cannot look at another's processes
+            who = f"a process on another node (one of ranks {_listed(elsewhere)}) stopped or lost its connection"
+        else:
+            who = "another process of the run stopped (its process is gone)"
         raise ProcessLost(
-            f"{who} stopped (its process is gone), so rank {rank} stops too; the last checkpoint stands: start all "
+            f"{who}, so rank {rank} stops too; the last checkpoint stands: start all "
             f"{world_size} processes again with {option('Trainer.resume(...)')}"
         ) from None
+
+
+def _listed(ranks: list[int]) -> str:
+    """Ranks in words, a long list cut short."""
+    return ", ".join(map(str, ranks[:8])) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
 
 
 def data_parallel(model: nn.Module) -> nn.parallel.DistributedDataParallel:

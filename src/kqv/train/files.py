@@ -26,12 +26,14 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 from safetensors.torch import save_file
 from torch import Tensor
 
 from ..errors import ConfigError, DiskFullError, RunError, option
+
+T = TypeVar("T")
 
 # what a job writes
 RUN_CONFIG, TOKENIZER_DIR, SUMMARY_FILE = "run.toml", "tokenizer", "summary.json"
@@ -43,6 +45,7 @@ METRICS_FILE, PLOT_FILE = "metrics.jsonl", "loss.png"
 CHECKPOINT_DIR = "checkpoint"
 PREVIOUS_CHECKPOINT_DIR = "checkpoint.old"  # exists only between the two renames of a checkpoint swap
 MODEL_FILE, OPTIMIZER_FILE, RNG_FILE, STATE_FILE = "model.safetensors", "optimizer.pt", "rng.safetensors", "state.json"
+SHARDS_DIR = "shards"  # a sharded run's checkpoint: every rank's shards, torch.distributed.checkpoint's layout
 LOCK_FILE = ".lock"  # the writer's lock (kqv.train.rundir.hold_run_lock)
 
 JOB_FILES = {
@@ -144,19 +147,52 @@ def write_directory(
     an interrupted write are removed first), then `path` renamed to `previous`, the staging directory to `path`,
     and `previous` removed. A reader sees the old directory or the new one; a failed write (a full disk: checked
     before anything is written, `needed` bytes, and diagnosed after) leaves the old one and no staging directory."""
+    tmp = make_staging(path, needed, staging)
+    try:
+        write_into(tmp, writers, needed, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    swap_in(tmp, path, previous)
+
+
+def make_staging(path: Path, needed: int, staging: str) -> Path:
+    """A new, empty staging directory beside `path` (`staging` + a random part) for `write_into`, after removing
+    the leftovers of an interrupted write; DiskFullError first when fewer than `needed` bytes are free. Under
+    several processes rank 0 makes it and tells the others its name (`kqv.train.shards`)."""
     parent = path.parent
     parent.mkdir(parents=True, exist_ok=True)
     for stale in parent.glob(staging + "*"):
         shutil.rmtree(stale, ignore_errors=True)
     check_free_space(path, needed)
-    tmp = Path(tempfile.mkdtemp(prefix=staging, dir=parent))
-    old = parent / previous
+    return Path(tempfile.mkdtemp(prefix=staging, dir=parent))
+
+
+def write_into(tmp: Path, writers: dict[str, Callable[[Path], object]], needed: int, path: Path) -> None:
+    """Each writer called with its file in the staging directory `tmp` of `path` (a name may be a directory a
+    writer fills: a rank's shards), then every file written there fsynced. A full disk is a DiskFullError naming
+    `path`; the caller removes the staging directory after a failure."""
+    with disk_full_reported(path, needed):  # torch.save's deep error on a full disk, said as such
+        for name, write in writers.items():
+            write(tmp / name)
+        for name in writers:
+            for written in (tmp / name).rglob("*") if (tmp / name).is_dir() else [tmp / name]:
+                fsync(written)
+
+
+def write_shared(directory: Path, save: Callable[[Path], T], needed: int, path: Path) -> T:
+    """This process's part of a directory that several write together inside the staging directory of `path`
+    (a sharded checkpoint's shards, each rank its own: `kqv.train.shards`), by a library's own saver that fsyncs
+    what it writes; returns what `save(directory)` returns. A full disk is a DiskFullError naming `path`."""
+    with disk_full_reported(path, needed):
+        return save(directory)
+
+
+def swap_in(tmp: Path, path: Path, previous: str) -> None:
+    """Swap the complete staging directory `tmp` in for `path`: `path` renamed to `previous`, `tmp` to `path`,
+    `previous` removed. A reader sees the old directory or the new one."""
+    parent, old = path.parent, path.parent / previous
     try:
-        with disk_full_reported(path, needed):  # torch.save's deep error on a full disk, said as such
-            for name, write in writers.items():
-                write(tmp / name)
-            for name in writers:
-                fsync(tmp / name)
         if path.exists():
             if old.exists():  # a leftover from an earlier, completed swap
                 shutil.rmtree(old)

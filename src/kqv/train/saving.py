@@ -1,5 +1,6 @@
 """A training's checkpoints: what is saved after an update (weights, optimizer, generators, the `TrainState`) and
-how a resume loads it back, for one process, DDP or FSDP alike (`kqv.train.sharding` gathers and scatters)."""
+how a resume loads it back, for one process, DDP or FSDP alike (under FSDP every rank writes its own shards:
+`kqv.train.shards`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 
 from ..errors import ConfigError, ConfigTypeError, option
 from ..signals import deferred
@@ -18,21 +20,25 @@ from .checkpoints import (
     Checkpoint,
     OptimizerState,
     Weights,
+    checkpoint_writers,
+    is_sharded,
     load_optimizer_state,
     load_weights,
     partial_loader,
     write_checkpoint,
 )
 from .config import TrainConfig
-from .files import STATE_FILE
+from .files import CHECKPOINT_DIR, STATE_FILE, write_into
 from .nonfinite import check_finite_weights
 from .precision import MixedPrecision
 from .rng import all_rng_states, rng_tensors, rng_to_json, saved_rng_states
 from .rundir import RunDirectory
-from .sharding import gather_state, load_checkpoint
+from .sharding import every_rank, gather_weights, load_checkpoint
+from .shards import load_sharded, write_sharded
 from .state import TrainState
 
 logger = logging.getLogger("kqv.train.trainer")  # the trainer's voice
+NOT_FINITE = {"(on another rank)": torch.tensor(float("nan"))}  # what a rank whose own shards are finite names
 
 
 def check_extra_state(extra_state: dict[str, Any] | None) -> None:
@@ -73,13 +79,15 @@ class Checkpointer:
         self.saved_weights = saved_weights
         self.last_saved: int | None = None
 
-    def save(self, state: TrainState, config: TrainConfig, extra_state: dict[str, Any]) -> None:
+    def save(self, state: TrainState, config: TrainConfig, extra_state: dict[str, Any], final: bool = False) -> None:
         """Save `state` after its last completed update (every rank must call this under torchrun: the
-        generators' states are gathered, and under FSDP the shards)."""
+        generators' states are gathered, and under FSDP every rank writes its shards). The `final` checkpoint of a
+        sharded run holds the whole weights too (model.safetensors, for export and inference)."""
         states = all_rng_states(self.world_size)
-        weights, optimizer = gather_state(self.model, self.optimizer) if self.sharded else (self.model, self.optimizer)
-        if self.rank == 0:
-            self.write(states, weights, optimizer, state, config, extra_state)
+        if self.sharded:
+            self.write_shards(states, state, config, extra_state, final)
+        elif self.rank == 0:
+            self.write(states, self.model, self.optimizer, state, config, extra_state)
 
     def write(
         self,
@@ -96,23 +104,49 @@ class Checkpointer:
             if self.saved_weights is not None:
                 weights = self.saved_weights(weights if isinstance(weights, dict) else weights.state_dict())
             check_finite_weights(weights, config, state.step, self.last_saved)
-            saved = {
-                "format": FORMAT,
-                **state.saved(),
-                "config": config.to_dict(),
-                "extra_state": extra_state,
-                "world_size": self.world_size,
-                "grad_scaler": self.precision.state_dict(),
-                "rng": [rng_to_json(s) for s in rng_states],
-                "torch_version": torch.__version__,
-            }
+            saved = self.saved_state(rng_states, state, config, extra_state)
             write_checkpoint(self.run.path, weights, optimizer, saved, rng_tensors(rng_states))
             self.last_saved = state.step
+
+    def write_shards(
+        self, rng_states: list[dict], state: TrainState, config: TrainConfig, extra_state: dict, final: bool
+    ) -> None:
+        """Every rank: write the sharded checkpoint of `state.step` (`kqv.train.shards`), with the whole weights
+        when `final`; non-finite weights on any rank are never saved (TrainingDiverged on every rank)."""
+        with deferred():
+            shards = {name: p.to_local() if isinstance(p, DTensor) else p for name, p in self.model.named_parameters()}
+            if not every_rank(all(t.isfinite().all() for t in shards.values() if t.is_floating_point())):
+                check_finite_weights(shards, config, state.step, self.last_saved)  # names this rank's bad weights
+                check_finite_weights(NOT_FINITE, config, state.step, self.last_saved)  # another rank's
+            weights = gather_weights(self.model) if final else None
+            saved = self.saved_state(rng_states, state, config, extra_state)
+            target = self.run.path / CHECKPOINT_DIR
+
+            def finish(tmp, digests: dict[str, str]) -> None:  # rank 0: the files besides the shards
+                write_into(tmp, checkpoint_writers(saved, rng_tensors(rng_states), weights, shards=digests), 0, target)
+
+            write_sharded(self.run.path, self.model, self.optimizer, self.rank, self.world_size, finish)
+            self.last_saved = state.step
+
+    def saved_state(self, rng_states: list[dict], state: TrainState, config: TrainConfig, extra: dict) -> dict:
+        """What state.json records of a checkpoint, its files' SHA-256 aside."""
+        return {
+            "format": FORMAT,
+            **state.saved(),
+            "config": config.to_dict(),
+            "extra_state": extra,
+            "world_size": self.world_size,
+            "grad_scaler": self.precision.state_dict(),
+            "rng": [rng_to_json(s) for s in rng_states],
+            "torch_version": torch.__version__,
+        }
 
     def load(self, checkpoint: Checkpoint) -> tuple[TrainState, list[dict | None]]:
         """Load `checkpoint`'s weights, optimizer state and loss scale; returns its `TrainState` and every rank's
         saved generator states (`kqv.train.rng.saved_rng_states`)."""
-        if self.sharded:
+        if is_sharded(checkpoint):  # under FSDP, DDP or in one process, on any number of processes
+            load_sharded(self.model, self.optimizer, checkpoint)
+        elif self.sharded:  # a one-process checkpoint, read into the shards
             load_checkpoint(self.model, self.optimizer, checkpoint, self.run.path)
         else:
             part = None if self.saved_weights is None else partial_loader(self.model, self.saved_weights)
@@ -126,7 +160,7 @@ class Checkpointer:
     ) -> bool:
         """Rank 0, on Ctrl-C or SIGTERM: write the checkpoint of the last completed update (`rng`: its generator
         state; other ranks are somewhere else, so no collective and no states of theirs), unless updates were being
-        skipped or the run is sharded (whose shards every rank gathers together). Whether the run stands saved."""
+        skipped or the run is sharded (whose shards every rank writes together). Whether the run stands saved."""
         if skipping:
             logger.warning("interrupted while updates were being skipped; kept the last good checkpoint")
             return False

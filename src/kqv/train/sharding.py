@@ -1,5 +1,5 @@
 """Fully sharded data parallelism (FSDP2) for the trainer: a model sharded one block at a time, each process
-materialising only its shard, and its checkpoints gathered into, and loaded from, the files one process writes.
+materialising only its shard, each writing its own shards of a checkpoint (`kqv.train.shards`).
 
 With `train.parallel = "fsdp"` under torchrun, each of N processes keeps 1/N of every parameter, gradient and
 optimizer state (Zhao et al. 2023, "PyTorch FSDP"); a block's parameters are all-gathered just before its
@@ -29,11 +29,12 @@ and after training (it then keeps the trained weights). On other ranks it stays 
 those gathers they hold one whole parameter at a time besides their shards. The validation loss runs on the
 sharded model, on every rank: one block's weights gathered at a time, and none kept after (`reshard`).
 
-Checkpoints stay single-file whatever the number of processes: `gather_state` collects the whole weights and
-optimizer state on rank 0 (on the CPU), numbered as one process's `Optimizer.state_dict` numbers them, and the
-usual atomic writer saves them; `load_checkpoint` reads each rank's rows of them back into its shards (the
-weights through safetensors' slices, optimizer.pt through a memory map whose other pages are never read). So a
-run resumes under FSDP, DDP or one process, on any number of processes.
+Checkpoints are sharded: each rank writes its own rows of the weights and the optimizer state
+(`kqv.train.shards`, torch.distributed.checkpoint), and a run's final checkpoint adds the whole weights
+(`gather_weights`, rank 0) in the one-process model.safetensors, for export and inference. A resume reads each
+rank's rows back, on any number of processes, under FSDP, DDP or in one process. A one-process (single-file)
+checkpoint resumes under FSDP too: `load_checkpoint` reads each rank's rows of it into its shards (the weights
+through safetensors' slices, optimizer.pt through a memory map whose other pages are never read).
 """
 
 from __future__ import annotations
@@ -48,12 +49,7 @@ import torch
 import torch.distributed as dist
 from safetensors import SafetensorError
 from torch import Tensor, nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
@@ -249,14 +245,11 @@ def local_bytes(model: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in local if not t.is_meta)
 
 
-def gather_state(sharded: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    """(weights, optimizer state) of the whole model on rank 0, in one process's format; empty on other ranks.
-    Every rank must call it: the tensors are all-gathered."""
+def gather_weights(sharded: nn.Module) -> dict[str, Tensor]:
+    """The whole weights of the sharded model on rank 0's CPU (empty on other ranks), as one process names them:
+    for the model.safetensors of a run's final checkpoint. Every rank must call it: the tensors are all-gathered."""
     weights = get_model_state_dict(sharded, options=GATHERED)
-    state = get_optimizer_state_dict(sharded, optimizer, options=GATHERED)
-    if dist.get_rank() != 0:
-        return {}, {}
-    return _retie(weights, sharded), _by_position(state, _names(sharded, optimizer))
+    return _retie(weights, sharded) if dist.get_rank() == 0 else {}
 
 
 def load_checkpoint(sharded: nn.Module, optimizer: torch.optim.Optimizer, checkpoint: Checkpoint, run_dir) -> None:
@@ -326,21 +319,3 @@ def _retie(weights: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
             whole = tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
             weights.update(dict.fromkeys(names, tensor if whole else tensor.clone()))
     return weights
-
-
-def _names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
-    """The parameter name of every optimizer position, in the order `Optimizer.state_dict` numbers them (a tied
-    parameter by its first name, as torch's state-dict helpers name it)."""
-    names: dict[int, str] = {}
-    for name, param in model.named_parameters():
-        names.setdefault(id(param), name)
-    return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
-
-
-def _by_position(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
-    """An optimizer state keyed by parameter name, keyed by position instead (one process's format)."""
-    position = {name: i for i, name in enumerate(names)}
-    return {
-        "state": {position[name]: value for name, value in state["state"].items()},
-        "param_groups": [{**g, "params": [position[n] for n in g["params"]]} for g in state["param_groups"]],
-    }

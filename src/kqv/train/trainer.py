@@ -28,7 +28,8 @@ saved-and-restored generator state, so how often you evaluate never changes the 
 Multi-process training. Launch the same script with `torchrun --nproc_per_node N script.py`. When WORLD_SIZE > 1
 the trainer joins a process group (gloo; NCCL for CUDA tensors) and wraps the model in DistributedDataParallel,
 or with `parallel="fsdp"` trains a sharded copy of it, each rank holding only its shard (`kqv.train.sharding`: ranks
-other than 0 may pass a model on the meta device, or a function that builds it; same checkpoint files). Every rank calls
+other than 0 may pass a model on the meta device, or a function that builds it; each rank writes its own shards of a
+checkpoint: `kqv.train.shards`). Every rank calls
 `train_batches(i)` and gets the same global batch (of `batch_size` rows, or fewer: a token budget's); of its n rows
 rank r keeps rows `[r * n // N, (r + 1) * n // N)` of every tensor in it (non-tensor items are shared), its loss
 weighted by its share of the batch's `loss_terms` (`kqv.train.distributed.share`; a batch function may make only
@@ -174,6 +175,7 @@ class Trainer:
             saved_weights,
         )  # fmt: skip
         try:
+            distributed.agree_on_checkpoint(self.run.checkpoint, self.run.path, self.world_size)
             if self.run.checkpoint is not None:
                 self._resume(self.run.checkpoint)
         except BaseException:  # e.g. the checkpoint does not fit the model: release what this trainer opened
@@ -311,7 +313,7 @@ class Trainer:
                     self._read(window)
                 result = self._log(lr, window, run_start, last) or result
                 if self.step % self.config.checkpoint_every == 0 or last:
-                    self._checkpoint_if_good()
+                    self._checkpoint_if_good(final=last)
                 self.report(self._progress(result, run_start))
                 if last:
                     break
@@ -435,15 +437,16 @@ class Trainer:
 
     # -- checkpoints ---------------------------------------------------------------------------------------------
 
-    def save_checkpoint(self) -> None:
-        """Save the state after the last completed update (every rank must call this under torchrun)."""
-        self.checkpoints.save(self.state, self.config, self.extra_state)
+    def save_checkpoint(self, final: bool = False) -> None:
+        """Save the state after the last completed update (every rank must call this under torchrun); the `final`
+        one of a sharded run holds the whole weights too."""
+        self.checkpoints.save(self.state, self.config, self.extra_state, final)
 
-    def _checkpoint_if_good(self) -> None:
+    def _checkpoint_if_good(self, final: bool) -> None:
         """Save a checkpoint that is due, unless the guard is skipping updates: the weights then are the ones
         whose loss or gradient stopped being finite, and the last good checkpoint must stay until a newer one is."""
         if not self.guard.skipping:
-            self.save_checkpoint()
+            self.save_checkpoint(final)
         else:
             warn_withheld(self.step, len(self.guard.streak), self.checkpoints.last_saved)
 
