@@ -13,7 +13,7 @@ from kqv.jobs import JOBS
 from kqv.jobs.base import planned_update
 from kqv.nn import devices
 from kqv.nn.models import DecoderLM
-from kqv.train import compiling
+from kqv.train import compiling, preflight
 from kqv.train.config import learning_rate
 
 GPT2_PARAMETERS = 124_439_808  # GPT-2 small with its 50,257 tokens, the output layer tied to the embeddings
@@ -66,3 +66,15 @@ def test_compile_auto_compiles_on_cuda_kernels_and_not_on_the_cpu(config, monkey
     assert compiling.compiles(True, model) and not compiling.compiles(False, model)
     monkeypatch.setattr(compiling, "kernels", lambda device: devices.CUDA_KERNELS)
     assert compiling.compiles("auto", model)
+
+
+def test_on_eight_gpus_of_80_gb_each_process_s_share_passes_the_memory_check(config, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setattr(preflight, "available_memory", lambda device: (80 * 10**9, "the GPU's memory"))
+    monkeypatch.setattr(devices, "cuda_native_bf16", lambda: True)  # an A100 or H100, as check_memory sees it
+    planned = planned_update(config).train
+    gpu = devices.Accelerator(torch.device("cuda"))
+    preflight.check_memory(config.model, planned.batch_size, 1024, 50257, gpu, precision=planned.precision)
+    with pytest.raises(ConfigError, match="12 rows per process"):  # the same share on an 8 GB GPU is refused
+        monkeypatch.setattr(preflight, "available_memory", lambda device: (8 * 10**9, "the GPU's memory"))
+        preflight.check_memory(config.model, planned.batch_size, 1024, 50257, gpu, precision=planned.precision)
