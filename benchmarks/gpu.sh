@@ -11,7 +11,8 @@
 #    (pyproject's addopts, which ask pytest-xdist for 2 workers, are set aside: xdist need not be installed); a
 #    failure is reported and the benchmarks still run;
 # 3. OUT/gpu_train.json: benchmarks/gpu_train.py, kqv's training step against the installed peers' (Hugging Face's,
-#    x-transformers') with and without torch.compile, MFU against the measured and the specification peak;
+#    x-transformers') with and without torch.compile, MFU against the measured and the specification peak, and a
+#    Trainer-driven row: `kqv train lm --config gpt2` for a fixed number of updates, its MFU beside nanoGPT's model's;
 # 4. OUT/generation_speed_cuda.json: benchmarks/generation_speed.py --device cuda, decoding against Hugging Face.
 #
 # --dry-run walks every step without a GPU: it says what each would run, imports what each needs (the tests are

@@ -30,6 +30,12 @@ on an H100, so MFU by it reads 1.25-1.5x higher. The models default to kqv, nano
 are installed (transformers, x-transformers); kqv's and nanoGPT's need neither. `--dry-run` says what would run and
 imports it.
 
+Beside the timed steps, a Trainer-driven row: `kqv train lm --config gpt2` itself (its data, DDP-free
+Trainer, compile "auto", ~0.5M-token updates by gradient accumulation) for `--trainer-updates` updates (default
+10; 0 leaves it out) on `--trainer-data` (default: Shakespeare), in a subprocess. Its tokens/s are the median of
+its metrics.jsonl after the first update (which compiles); its MFU is the Trainer's own `mfu` field where
+metrics.jsonl has one, else tokens/s x (6N + 12 L d T) over the specification peak, N the run's parameters.
+
 It refuses to run without CUDA. `--tiny` runs everything at a tiny size on the CPU in fp32 (the peak in fp32, and
 torch.compile with the "eager" backend, which traces the models as compile does without generating kernels): a
 smoke test of the script, not a measurement.
@@ -43,10 +49,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+import tomllib
 from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
@@ -58,6 +68,7 @@ from support.harness import write_record  # noqa: E402
 from train_throughput import Shape, build_hf, build_xtrans, count_parameters, training_flops_per_token, versions
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gpu_train.json"
+SRC = str(Path(__file__).resolve().parents[1] / "src")  # the Trainer row's kqv: this checkout's
 GPT2_SMALL = Shape(vocab=50257, d_model=768, heads=12, layers=12, d_ff=3072, context=1024, batch=8)
 TINY = Shape(vocab=256, d_model=32, heads=2, layers=2, d_ff=128, context=32, batch=2)  # d_ff 4 d_model, as nanoGPT
 
@@ -200,6 +211,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, default=None, help=f"JSON (default {RESULTS}; --tiny: only if given)")
     parser.add_argument("--dry-run", action="store_true", help="say what would run and check its imports; no run")
+    parser.add_argument(
+        "--trainer-updates",
+        type=int,
+        default=None,
+        help="updates of the `kqv train lm --config gpt2` row (10; 0: none)",
+    )
+    parser.add_argument("--trainer-data", default=None, help="the text the Trainer row trains on (Shakespeare)")
     args = parser.parse_args(argv)
     asked = args.models or ",".join(name for name in BUILDERS if installed(name))
     args.names = [n.strip() for n in asked.split(",") if n.strip()]
@@ -210,6 +228,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"not installed: {'; '.join(missing)} (pip install it, or leave the model out of --models)")
     args.skipped = [name for name in BUILDERS if name not in args.names]
     args.device = "cpu" if args.tiny else "cuda"
+    args.trainer_updates = args.trainer_updates if args.trainer_updates is not None else (2 if args.tiny else 10)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.tiny else 3)
     args.compile_backend = "eager" if args.tiny else "inductor"
     args.hf_attn, args.hf_act, args.xt_flash = "sdpa", "gelu_pytorch_tanh", True  # train_throughput's builders
@@ -285,6 +304,76 @@ def report(args: argparse.Namespace, s: Shape, runs: list[Run], peak: float) -> 
     }
 
 
+TRAINER_TINY = [  # --tiny: the gpt2 config at TINY's size on the CPU, one process, uncompiled
+    "model.n_layers=2", "model.d_model=32", "model.n_heads=2", "model.d_ff=128", "model.max_len=32",
+    "data.context=32", "data.vocab_size=300", "train.batch_size=2", "train.tokens_per_update=128",
+    "train.device='cpu'", "train.compile=false",
+]  # fmt: skip
+
+
+def trainer_command(args: argparse.Namespace, out: Path) -> list[str]:
+    """`kqv train lm --config gpt2` for `args.trainer_updates` updates into `out`: one evaluation and checkpoint,
+    at the end, and a short sample."""
+    n = args.trainer_updates
+    settings = [f"train.steps={n}", f"train.eval_every={n}", f"train.checkpoint_every={n}", "train.eval_batches=2"]
+    settings += ["train.log_every=1", "sample.count=1", "sample.max_new_tokens=8", *(TRAINER_TINY * args.tiny)]
+    data = ["--data", str(args.trainer_data)] if args.trainer_data else []
+    command = [sys.executable, "-m", "kqv.cli", "train", "lm", "--config", "gpt2", *data, "--out", str(out)]
+    return command + [word for setting in settings for word in ("--set", setting)]
+
+
+def trainer_row(args: argparse.Namespace, spec: float | None, peak: float) -> dict:
+    """Run `trainer_command` and read its metrics.jsonl: tokens/s (the median after the first update, which
+    compiles), MFU (the Trainer's `mfu` where it logs one, else from tokens/s), peak memory where logged."""
+    with tempfile.TemporaryDirectory(prefix="gpu_train-trainer-") as directory:
+        out = Path(directory) / "run"
+        command = trainer_command(args, out)
+        print("  " + " ".join(command[1:]), flush=True)
+        subprocess.run(
+            command, check=True, env={**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        )
+        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        run = tomllib.loads((out / "run.toml").read_text())
+    model, data, train = run["model"], run["data"], run["train"]
+    steps = [r for r in records if "tokens_per_s" in r]
+    timed = steps[1:] or steps
+    tokens_per_s = statistics.median(r["tokens_per_s"] for r in timed)
+    s = Shape(vocab=0, d_model=model["d_model"], heads=model["n_heads"], layers=model["n_layers"],
+              d_ff=model["d_ff"], context=data["context"], batch=train["batch_size"])  # fmt: skip
+    parameters = trainer_parameters(model)
+    flops = training_flops_per_token(parameters, s)
+    logged = [r["mfu"] for r in timed if r.get("mfu") is not None]
+    memory = [r["peak_memory_gb"] for r in records if r.get("peak_memory_gb") is not None]
+    return {
+        "model": "kqv trainer",
+        "compiled": train.get("compile"),
+        "parameters": parameters,
+        "tokens_per_s": tokens_per_s,
+        "rounds_tokens_per_s": [r["tokens_per_s"] for r in timed],
+        "flops_per_token": flops,
+        "mfu": tokens_per_s * flops / peak,
+        "mfu_spec": statistics.median(logged) if logged else (tokens_per_s * flops / spec if spec else None),
+        "mfu_from": "metrics.jsonl" if logged else "tokens/s",
+        "peak_memory_gb": max(memory) if memory else None,
+        "updates": len(steps),
+        "tokens_per_update": train["batch_size"] * train["grad_accum"] * data["context"],
+        "first_loss": steps[0]["train_loss"],
+        "last_loss": steps[-1]["train_loss"],
+        "command": "kqv " + " ".join(command[3:]).replace(str(out), "RUN"),
+    }
+
+
+def trainer_parameters(model: dict) -> int:
+    """The parameters of the Trainer row's model (run.toml's [model], its vocabulary the tokenizer's), counted
+    on the meta device."""
+    from kqv.nn.config import ModelConfig
+    from kqv.nn.models import DecoderLM
+
+    with torch.device("meta"):
+        built = DecoderLM(ModelConfig.from_dict(model))
+    return count_parameters(built)
+
+
 def dry_run(args: argparse.Namespace) -> int:
     """What a run with `args` would do, its models' packages imported to check them; nothing is measured."""
     for name in args.names:
@@ -293,6 +382,10 @@ def dry_run(args: argparse.Namespace) -> int:
     compiled = {"both": "with and without torch.compile", "no": "eager", "yes": "compiled"}[args.compile]
     print(f"would train {', '.join(args.names)} ({compiled}) at {asdict(s)} on {args.device}", end="")
     print(f"; not installed, left out: {', '.join(args.skipped)}" if args.skipped else "")
+    if args.trainer_updates:
+        command = trainer_command(args, Path("TMP/run"))
+        print(f"would run the Trainer row for {args.trainer_updates} updates: kqv {' '.join(command[3:])}")
+        importlib.import_module("kqv.cli")
     checked = ", ".join(NEEDS[name] for name in args.names)
     print(f"would write {args.output or (None if args.tiny else RESULTS)}; imported: torch, {checked}")
     return 0
@@ -318,6 +411,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"shape {asdict(s)} on {args.device}; torch {torch.__version__}", flush=True)
     runs, peak = measure(args, s)
     record = report(args, s, runs, peak)
+    if args.trainer_updates:
+        record["rows"].append(trainer_row(args, record["spec_peak_flops"], peak))
+        row = record["rows"][-1]
+        mfu = f"{row['mfu_spec']:.1%} ({row['mfu_from']})" if row["mfu_spec"] is not None else "n/a"
+        print(f"kqv trainer      {row['parameters']:>12,} {row['tokens_per_s']:>12,.0f} MFU spec {mfu}")
     output = args.output or (None if args.tiny else RESULTS)
     if output is not None:
         write_record(output, record)

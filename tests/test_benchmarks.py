@@ -1,6 +1,7 @@
 """The benchmark scripts still run against the current library: each parses its arguments and imports what it
 needs (an import the library renamed fails here, not in the middle of an hour-long measurement)."""
 
+import json
 import math
 import os
 import subprocess
@@ -111,7 +112,8 @@ def test_gpu_train_runs_every_model_at_a_tiny_size_on_the_cpu(tmp_path):
     assert data["benchmark"] == "gpu_train" and data["tiny"] and data["device"] == "cpu" and data["peak_flops"] > 0
     rows = {(row["model"], row["compiled"]): row for row in data["rows"]}
     models = ("kqv", "nanogpt", "hf", "xtrans")
-    assert set(rows) == {(model, compiled) for model in models for compiled in (False, True)}
+    trainer = ("kqv trainer", False)  # `kqv train lm --config gpt2`, uncompiled on the CPU
+    assert set(rows) == {(model, compiled) for model in models for compiled in (False, True)} | {trainer}
     for row in rows.values():
         assert row["tokens_per_s"] > 0 and row["flops_per_token"] > 0
         assert row["mfu"] == pytest.approx(row["tokens_per_s"] * row["flops_per_token"] / data["peak_flops"])
@@ -159,6 +161,7 @@ def test_gpu_sh_dry_run_walks_every_step_checks_its_imports_and_writes_nothing(t
     for step in ("step 1: python -m kqv.cli env", "step 2: python -m pytest -o addopts=", "step 3:", "step 4:"):
         assert step in result.stdout, result.stdout
     assert "tests/test_batch_copies.py" in result.stdout and "would train kqv, nanogpt" in result.stdout
+    assert "would run the Trainer row for 10 updates: kqv train lm --config gpt2" in result.stdout
     assert "every step's imports work" in result.stdout and not (tmp_path / "out").exists()
 
 
@@ -231,3 +234,24 @@ def test_the_harness_names_the_machine_and_the_command_in_every_record(tmp_path,
     assert found["cores"] >= 1 and found["torch_threads"] >= 1 and isinstance(found["flags"], list)
     if Path("/proc/cpuinfo").exists():
         assert found["model"] not in ("x86_64", "aarch64", "")
+
+
+def test_gpu_train_s_trainer_row_runs_kqv_train_lm_config_gpt2_and_reads_its_metrics(tmp_path):
+    """The Trainer-driven row at --tiny's size on the CPU: `kqv train lm --config gpt2` for 2 updates, its
+    tokens/s from metrics.jsonl, its MFU from them and the parameters of run.toml's model."""
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 2000)
+    code = (
+        "import sys, json; sys.path.insert(0, 'benchmarks'); import gpu_train as g; "
+        f"a = g.parse(['--tiny', '--models', 'kqv', '--trainer-data', {str(text)!r}]); "
+        "print(json.dumps(g.trainer_row(a, None, 1e12)))"
+    )
+    root = BENCHMARKS[0].parent.parent
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=root)
+    assert result.returncode == 0, result.stderr
+    row = json.loads(result.stdout.splitlines()[-1])
+    assert row["model"] == "kqv trainer" and row["updates"] == 2 and row["tokens_per_update"] == 128
+    assert row["command"].startswith("kqv train lm --config gpt2 --data")
+    # run.toml's model rebuilt on the meta device has the parameters the run itself said it trained
+    assert f"kqv: {row['parameters']:,} parameters" in result.stdout
+    assert row["mfu"] == row["tokens_per_s"] * (6 * row["parameters"] + 12 * 2 * 32 * 32) / 1e12 > 0

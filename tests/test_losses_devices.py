@@ -172,3 +172,39 @@ def test_the_one_piece_keeps_the_checks_and_the_nan_of_nothing_counted(monkeypat
         linear_cross_entropy(hidden, head, torch.zeros(2, 2, dtype=torch.long))
     with pytest.raises(ValueError, match="label_smoothing must be between 0 and 1"):
         linear_cross_entropy(hidden, head, torch.zeros(2, 3, dtype=torch.long), label_smoothing=2.0)
+
+
+class AttentionCalls(torch.overrides.TorchFunctionMode):
+    """The calls of `F.scaled_dot_product_attention`, seen before the meta device runs them as matmuls: whether each
+    is in the form CUDA's flash kernel takes (causal by `is_causal`, no dense mask, no bias), and the matmuls
+    forward that ran outside them (attention written out as products would show here)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fused: list[bool] = []
+        self.inside = False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not F.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        self.fused.append(kwargs.get("attn_mask") is None and len(args) < 4)
+        return func(*args, **kwargs)
+
+
+def test_on_cuda_s_kernels_gpt2_attention_is_flash_s_sdpa_call_as_in_nanogpt(monkeypatch):
+    """The op count runs SDPA as its math on the meta device: the calls themselves say which kernel a GPU takes.
+    kqv's GPT-2 small calls SDPA once a layer, maskless and causal (flash's form), as nanoGPT's model does, and
+    its forward has no batched product of its own (scores written out as bmm would be)."""
+    on_kernels(monkeypatch, CUDA_KERNELS)
+    with torch.device("meta"):
+        model, reference = DecoderLM(GPT2_SMALL).train(), nanogpt().train()
+        ids = torch.randint(0, VOCAB, (BATCH, TIME))
+    counts = []
+    for forward in (lambda: model(ids, ids), lambda: reference(ids, ids)[1]):
+        with AttentionCalls() as calls, OpCounter() as ops, torch.no_grad():
+            forward()
+        counts.append(calls.fused)
+        bmm_outside = sum(func is torch.ops.aten.bmm.default for func, _ in ops.ops) - 2 * len(calls.fused)
+        assert bmm_outside <= 0, bmm_outside  # the math kernel's two bmm per call, nothing else
+    assert counts[0] == counts[1] == [True] * GPT2_SMALL.n_layers

@@ -11,6 +11,7 @@ the command line (`kqv.cli`) parses flags and prints what these operations retur
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import resource
 import sys
@@ -41,6 +42,7 @@ from ..train.files import (
     restored_on_failure,
     verify,
 )
+from ..train.preflight import process_count
 from ..train.reporter import Reporter
 from ..train.rundir import RunDirectory
 from ..train.runs import (
@@ -252,6 +254,7 @@ class Job:
         hooks make the corpus, the model and the batches, the Trainer trains, and the job's `outcome` is written
         into summary.json. Nothing is printed: the events (`kqv.train.events`) go to a `Reporter`, which shows
         them unless `quiet`; `on_event` receives every one instead (then nothing is shown)."""
+        config = planned_update(config)  # what run.toml records: the batch and accumulation this run takes
         refuse_writing_over(run_dir, self.inputs(config), option("out"), directory=True)  # before anything is written
         with self.open_run(run_dir, resume=resume, overwrite=overwrite) as run:
             speaks = run.writes  # under torchrun rank 0 speaks for every process
@@ -510,3 +513,17 @@ def peak_rss_bytes() -> int:
 def peak_rss_mb() -> float:
     """This process's peak resident set size in MB (10^6 bytes)."""
     return peak_rss_bytes() / 1e6
+
+
+def planned_update(config: RunConfig) -> RunConfig:
+    """`config` with `train.tokens_per_update` resolved for this many processes (`TrainConfig.per_update`): the
+    global batch and the accumulation it stands for, in blocks of `data.context` tokens."""
+    if not config.train.tokens_per_update:
+        return config
+    context = getattr(getattr(config, "data", None), "context", None)
+    if context is None:
+        raise ConfigError(
+            "train.tokens_per_update counts blocks of data.context tokens, which this job's "
+            "batches are not; set train.grad_accum instead"
+        )
+    return dataclasses.replace(config, train=config.train.per_update(context, process_count()))

@@ -205,7 +205,11 @@ def check_lm_run(
 
     def check(tokenizer: Tokenizer, tokens: dict[str, torch.Tensor]) -> None:
         context, batch, lora = config.data.context, config.train.batch_size, config.finetune.adaptation.lora
-        check_memory(model or config.model, batch, context, tokenizer.vocab_size, config.train.device, lora)
+        train = config.train
+        check_memory(
+            model or config.model, batch, context, tokenizer.vocab_size, train.device, lora,
+            precision=train.precision, parallel=train.parallel,
+        )  # fmt: skip
         if config.data.examples:
             completions.check_packing(model or config.model, config.data.packing)
             return

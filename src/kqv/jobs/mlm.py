@@ -130,7 +130,11 @@ def check_mlm_run(config: MLMRunConfig) -> Callable[[Any, dict[str, Tensor]], No
     one batch and a block of context + 1 tokens in each split (`kqv.train.preflight`)."""
 
     def check(vocabulary: Any, tokens: dict[str, Tensor]) -> None:
-        check_memory(config.model, config.train.batch_size, config.data.context, vocabulary.size, config.train.device)
+        train = config.train
+        check_memory(
+            config.model, train.batch_size, config.data.context, vocabulary.size, train.device,
+            precision=train.precision, parallel=train.parallel,
+        )  # fmt: skip
         check_splits({"train": tokens["train"], "val": tokens["val"]}, config.data.context, vocabulary.size)
 
     return check

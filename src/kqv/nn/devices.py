@@ -52,6 +52,7 @@ class Kernels:
     )
     blocked_loss: bool = False  # the output layer's cross-entropy a cache-sized block of rows at a time, not whole
     sdpa_streams_padding: bool = False  # SDPA's fused kernel takes a padding mask in O(n) memory (CUDA's mem-efficient)
+    compiled_training: bool = False  # `train.compile = "auto"` compiles forward and backward (pays on GPUs)
 
 
 CPU_KERNELS = Kernels(
@@ -64,7 +65,7 @@ CPU_KERNELS = Kernels(
 )
 TORCH_KERNELS = Kernels(False, False, False, False)
 CUDA_KERNELS = Kernels(  # flex_attention compiles to Triton
-    False, False, False, False, flex_attention=True, sdpa_streams_padding=True
+    False, False, False, False, flex_attention=True, sdpa_streams_padding=True, compiled_training=True
 )
 
 

@@ -22,6 +22,23 @@ from .devices import Accelerator, native_bf16, tf32_switches
 
 TF32_LABELS = ("cuda_matmul", "cudnn_conv")  # what `tf32_switches` sets: cuBLAS's products, cuDNN's convolutions
 
+# The torch features kqv uses that older torches lack: (what, first torch that has it, how kqv takes an older one).
+# "required" raises pyproject's floor to that version (tests/test_torch_floor.py checks it is at least the highest);
+# anything else names the fallback kqv takes below that version, so the floor may stay under it.
+TORCH_FEATURES = (
+    ("torch.nn.attention.flex_attention (kqv.nn.flex)", "2.5", "required"),
+    ("torch.distributed.tensor.DTensor, public (kqv.train.distributed, sharding)", "2.5", "required"),
+    ("torch.distributed.fsdp.fully_shard, public (kqv.train.sharding)", "2.6", "required"),
+    (
+        "DistributedDataParallel(forward_sync_buffers=...) (kqv.train.distributed.data_parallel)",
+        "2.13",
+        "broadcast_buffers=False: no buffer broadcast at wrapping or before each forward (kqv's are made from the "
+        "config, the same on every rank)",
+    ),
+    ("torch.backends.cuda.matmul.fp32_precision (kqv.nn.devices.tf32_switches)", "2.9", "the allow_tf32 flags"),
+    ("torch.cuda.is_bf16_supported(including_emulation=) (kqv.nn.devices)", "2.4", "the call without it"),
+)
+
 
 def environment(device: str = "auto") -> dict[str, Any]:
     """Versions, CPU, GPUs, and what `device` ("auto" by default) resolves to with its precision and kernels."""

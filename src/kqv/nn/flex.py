@@ -22,7 +22,10 @@ Nor does it take a head dimension its Triton kernel cannot: below 16 (the smalle
 A block mask that depends on the shape alone (causal, local blocks, BigBird's layout) is built once per (mask,
 shape, device) and kept, not rebuilt every forward. A padding mask changes with every batch: its block mask is
 built once per forward, by the first layer, and taken by every other layer given the same mask tensor, unchanged
-(`padding=`; the last one is kept, by a weak reference to that tensor and its version counter).
+(`padding=`; the last one is kept, by a weak reference to that tensor and its version counter). Inside
+`torch.compile` neither cache is used: each layer's block mask is built in the traced graph, where the compiler
+shares what the layers have in common, and the model compiles to one graph (`fullgraph=True` holds) instead of a
+graph per cache lookup.
 """
 
 from __future__ import annotations
@@ -77,7 +80,10 @@ def attend(
     block_mask = None
     if mask_mod is not None:
         shape = (queries.shape[2], keys.shape[2], queries.device)
-        if padding is None:
+        if torch.compiler.is_compiling():  # traced: built in the graph, no cache (its weak references, versions and
+            # dict are Python state a graph cannot guard without breaking or recompiling per call)
+            block_mask = create_block_mask(mask_mod, queries.shape[0] if padding is not None else None, None, *shape)
+        elif padding is None:
             block_mask = _block_mask(mask_mod, mask_key, None, *shape)
         else:
             block_mask = _padding_mask(mask_mod, padding, mask_key, queries.shape[0], *shape)
@@ -122,7 +128,7 @@ def _block_mask(
 def _kernel(device: torch.device) -> Callable:
     """flex_attention compiled on a GPU (uncompiled it materialises every score); as it is elsewhere (tests)."""
     global _compiled
-    if device.type != "cuda":
+    if device.type != "cuda" or torch.compiler.is_compiling():  # inside a traced model: compiled with it
         return flex_attention
     if _compiled is None:
         _compiled = torch.compile(flex_attention)  # new lengths recompile once, then as dynamic shapes

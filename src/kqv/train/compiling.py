@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..nn.devices import kernels, model_device
 from ..nn.training import layer_blocks
 from . import distributed
 
@@ -62,14 +63,21 @@ class Compiler:
         return self.backend(graph, example_inputs, **options)
 
 
+def compiles(compile: bool | str, model: nn.Module) -> bool:
+    """Whether `train.compile` compiles `model`: as it says, or with "auto" as the kernels of the model's device
+    choose (`Kernels.compiled_training`: on CUDA GPUs, where fused kernels pay for the compile time; not on the
+    CPU, where the first steps would pay for little)."""
+    return kernels(model_device(model)).compiled_training if compile == "auto" else bool(compile)
+
+
 def training_module(
-    model: nn.Module, world_size: int, sharded: bool, compile: bool, say: Callable[[str], Any] | None = None
+    model: nn.Module, world_size: int, sharded: bool, compile: bool | str, say: Callable[[str], Any] | None = None
 ) -> nn.Module:
     """What forward and backward go through: `model` itself, in DDP under several processes (FSDP's `model` is
-    already sharded), and compiled when `compile`, each graph compiled said to `say`. `model` keeps its own
-    `__call__` unless it is FSDP's copy."""
+    already sharded), and compiled when `compile` (`compiles`), each graph compiled said to `say`. `model` keeps
+    its own `__call__` unless it is FSDP's copy."""
     wrapped = distributed.data_parallel(model) if world_size > 1 and not sharded else model
-    if not compile:
+    if not compiles(compile, model):
         return wrapped
     compiler = Compiler(BACKEND, say)
     if sharded:

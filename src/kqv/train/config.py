@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from ..errors import ConfigError
@@ -46,8 +46,12 @@ class TrainConfig(Config):
     autocast leaves in fp32 on TF32 tensor cores, as nanoGPT and Lightning do (10-bit significands, within fp32's
     range). `compile` runs forward and backward through `torch.compile` (`kqv.train.compiling`: the whole model, or
     each block under FSDP): the first steps pay for compiling, later ones run fused kernels, which pays on GPUs
-    (docs/devices.md says what each costs). Checkpoints are the same files either way; with dropout, inductor draws its
-    own random numbers, so a compiled run follows the same distribution as an uncompiled one, not the same masks.
+    (docs/devices.md says what each costs); "auto" compiles where the device's kernels say it pays (CUDA GPUs:
+    `kqv.nn.devices.Kernels.compiled_training`), not on the CPU. `tokens_per_update > 0` fixes the tokens of one
+    update whatever the number of processes: `batch_size` is then the rows each process holds (its device's
+    share), and `grad_accum` is derived from both (`per_update`), so a config runs unchanged on 1 or 8 GPUs.
+    Compiled or not, checkpoints are the same files; with dropout, inductor draws its own random numbers, so a
+    compiled run follows the same distribution as an uncompiled one, not the same masks.
     """
 
     steps: int
@@ -71,7 +75,8 @@ class TrainConfig(Config):
     max_minutes: float = 0.0
     budget_minutes: float = 0.0  # plan the number of updates (at most `steps`) to this wall-clock (kqv.train.budget)
     max_bad_steps: int = 5  # updates in a row skipped for a non-finite loss or gradient before training stops
-    compile: bool = False  # forward and backward through torch.compile (kqv.train.compiling)
+    compile: bool | Literal["auto"] = "auto"  # forward and backward through torch.compile; "auto": on CUDA GPUs
+    tokens_per_update: int = 0  # > 0: batch_size is each process's rows, grad_accum follows (`per_update`)
     parallel: Parallel = "ddp"  # under torchrun: "ddp" replicates the model, "fsdp" shards it (kqv.train.sharding)
     collective_timeout_minutes: float = 10.0  # under torchrun: a collective waiting longer for a process fails
 
@@ -86,6 +91,7 @@ class TrainConfig(Config):
             ("checkpoint_every", 1),
             ("log_every", 1),
             ("max_bad_steps", 1),
+            ("tokens_per_update", 0),
         ):
             check_at_least(name, getattr(self, name), minimum)
         check_seed("seed", self.seed)
@@ -105,6 +111,16 @@ class TrainConfig(Config):
             raise ConfigError(f"grad_clip must be non-negative (0 disables clipping), got {self.grad_clip}")
         if not all(0 <= beta < 1 for beta in self.betas):
             raise ConfigError(f"betas must lie in [0, 1), got {self.betas}")
+
+    def per_update(self, context: int, processes: int) -> TrainConfig:
+        """This config with `tokens_per_update` spent: the global micro-batch `batch_size * processes` rows and
+        `grad_accum` the whole number of them closest to `tokens_per_update` tokens of `context` (at least one);
+        itself when `tokens_per_update` is 0. What it resolves to is what run.toml records."""
+        if not self.tokens_per_update:
+            return self
+        rows = self.batch_size * processes
+        accumulation = max(1, round(self.tokens_per_update / (rows * context)))
+        return replace(self, batch_size=rows, grad_accum=accumulation, tokens_per_update=0)
 
     def check_budget(self) -> None:
         """A budget is planned inside a cosine warmup, after its first `FIRST_UPDATES` updates (which build kernels)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import socket
@@ -173,8 +174,17 @@ def data_parallel(model: nn.Module) -> nn.parallel.DistributedDataParallel:
     kqv's (RoPE's frequencies, ALiBi's slopes) are made from the config, the same on every process, and saved in
     no checkpoint, so the broadcast would be a collective per step that changes nothing."""
     return nn.parallel.DistributedDataParallel(
-        model, find_unused_parameters=may_skip_parameters(model), forward_sync_buffers=False
+        model, find_unused_parameters=may_skip_parameters(model), **no_buffer_sync()
     )
+
+
+def no_buffer_sync(ddp: type = nn.parallel.DistributedDataParallel) -> dict[str, bool]:
+    """DDP's option that skips the buffer broadcast before every forward: `forward_sync_buffers=False` where `ddp`
+    takes it (torch 2.13 on), else `broadcast_buffers=False`, which before it also skipped the one at wrapping:
+    the same buffers either way, since every rank makes them from the same config (`TORCH_FEATURES`)."""
+    if "forward_sync_buffers" in inspect.signature(ddp.__init__).parameters:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
 
 
 @contextmanager

@@ -18,15 +18,18 @@ import torch
 from ..errors import ConfigError, DataError, KqvError, option
 from ..nn.checks import check_id_values
 from ..nn.config import ModelConfig
-from ..nn.devices import Accelerator
+from ..nn.cores import BLOCKWISE_MIN_PAIRS, PLAIN_BF16_PAIRS
+from ..nn.devices import TORCH_KERNELS, Accelerator, Kernels, Precision, Resolved
+from ..nn.flex import head_dim_fits
 from ..nn.lora import LoRAConfig, adapted_layers
 from ..nn.models import DecoderLM
 
-FLOAT_BYTES = 4  # fp32: the widest dtype training keeps activations in
+FLOAT_BYTES = 4  # fp32: weights, gradients, AdamW's moments, and under autocast the residual stream and softmaxes
 TRAINING_BYTES_PER_PARAMETER = 16  # fp32 weight, gradient and AdamW's two moments
+ACTIVATION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}  # what autocast's matrix products return, and keep
 
 
-def available_memory(device: str = "auto") -> tuple[int, str]:
+def available_memory(device: str | Accelerator = "auto") -> tuple[int, str]:
     """(bytes, what they are) of the memory a batch is held in: the GPU's when training runs on one (CUDA,
     `device` as `train.device` says), else the machine's physical memory (psutil's total when installed, else
     `os.sysconf`)."""
@@ -41,26 +44,77 @@ def available_memory(device: str = "auto") -> tuple[int, str]:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine's physical memory"
 
 
-def batch_memory(
-    model: ModelConfig, batch: int, context: int, vocab: int, lora: LoRAConfig | None = None
-) -> dict[str, int]:
-    """A rough upper bound, in bytes by part, of the memory training on one (batch, context) batch needs in fp32:
+def keeps_scores(model: ModelConfig, kernels: Kernels, precision: Resolved, context: int) -> bool:
+    """Whether full attention keeps each layer's (rows, heads, context, context) attention weights for the backward
+    pass, as `FullAttention.attend` chooses its kernel for a training batch (`kqv.nn.cores`): the plain reference
+    does (Shaw et al.'s relative values need the weights; short bf16 inputs on the CPU; a score bias where neither
+    flex_attention nor the blockwise path takes it; a device with no fused SDPA kernel); flash and
+    memory-efficient SDPA, flex_attention and blockwise attention keep O(context) per row. The other attention kinds
+    never build the whole matrix."""
+    if model.attention != "full" and model.layer_pattern is None:
+        return False
+    if model.position == "relative" and model.relative.values:
+        return True
+    if model.position in ("alibi", "relative"):  # a score bias: flex on CUDA, blockwise when long, else plain
+        flex_takes = kernels.flex_attention and model.dropout == 0 and head_dim_fits(model.head_dim)
+        blockwise_takes = model.dropout == 0 and (
+            model.blockwise == "always" or (model.blockwise == "auto" and context * context >= BLOCKWISE_MIN_PAIRS)
+        )
+        return not (flex_takes or blockwise_takes)
+    if kernels.plain_bf16_attention and precision == "bf16" and context * context <= PLAIN_BF16_PAIRS:
+        return True
+    if kernels.fused_cpu_blocks and model.dropout:  # the CPU's SDPA takes attention dropout in its math kernel
+        return True
+    return not (kernels.sdpa_streams_padding or kernels.fused_cpu_blocks)  # SDPA fused on CUDA and the CPU only
 
-    * `scores`: one layer's (batch, heads, context, context) attention scores, for full attention (what a
-      non-fused kernel builds; the other kinds never build the whole matrix);
-    * `activations`: what every layer keeps for the backward pass, about 12 d_model + 2 d_ff floats per token;
-    * `logits`: the (batch, context, vocab) logits, their softmax and gradient;
-    * `parameters`: weights, gradients and AdamW's two moments (16 bytes per parameter);
+
+def batch_memory(
+    model: ModelConfig,
+    batch: int,
+    context: int,
+    vocab: int,
+    lora: LoRAConfig | None = None,
+    *,
+    precision: Resolved = "fp32",
+    kernels: Kernels = TORCH_KERNELS,
+    shards: int = 1,
+) -> dict[str, int]:
+    """A rough upper bound, in bytes by part, of the memory one process needs to train on `batch` rows of
+    `context` tokens (its own share of a batch), in `precision` ("bf16"/"fp16": autocast; "fp32"), with the
+    attention kernel `kernels` choose (`keeps_scores`), its weights and optimizer state split over `shards`
+    processes (FSDP; 1 otherwise):
+
+    * `activations`: what every layer keeps per token for the backward pass: the block's input and the second
+      norm's input in fp32 (the residual stream stays fp32 under autocast), and in the precision of the products
+      the two norms' outputs, the queries, keys and values, the attention's output and the feed-forward's hidden
+      activations before and after the nonlinearity (for a gated one, both halves, the gate's activation and the
+      product), and with dropout three masks of the width of the model;
+    * `scores`: every layer's (batch, heads, context, context) attention weights, where the kernel keeps them
+      (`keeps_scores`): the softmax in the precision of the products, with dropout also its mask and dropped copy;
+    * `logits`: the (batch, context, vocab) logits in the precision of the products, their fp32 log-softmax and
+      their fp32 gradient;
+    * `parameters`: weights, gradients and AdamW's two moments (16 bytes per parameter, over `shards`; under
+      FSDP two blocks at a time gathered whole, weights and gradients), and autocast's low-precision copy of each
+      weight;
     * with `lora`, `adapters`: the LoRA adapters' weights, gradients and moments (16 bytes per parameter) and what
       each adapted layer keeps per token for the backward pass (its rank's floats, and its input when it drops out).
     """
-    tokens, d = batch * context, model.d_model
-    parameters = model.n_layers * (4 * d * d + 2 * d * model.d_ff) + vocab * d + model.max_len * d
+    tokens, d, act = batch * context, model.d_model, ACTIVATION_BYTES[precision]
+    gated = model.activation in ("swiglu", "geglu")
+    hidden = (4 if gated else 2) * model.d_ff  # gate and value, the gate's activation, their product; or in, out
+    masks = 3 * d * act if model.dropout else 0  # two per block and the embeddings', at most a product's width
+    per_token = 2 * d * FLOAT_BYTES + (2 * d + 3 * d + d + hidden) * act + masks
+    block = 4 * d * d + (3 if gated else 2) * d * model.d_ff  # one block's weights
+    parameters = model.n_layers * block + vocab * d + model.max_len * d
+    kept = keeps_scores(model, kernels, precision, context)
+    score_bytes = act * (3 if model.dropout else 1)  # the softmax; with dropout its mask and dropped-out copy too
     parts = {
-        "scores": batch * model.n_heads * context * context * FLOAT_BYTES if model.attention == "full" else 0,
-        "activations": model.n_layers * tokens * (12 * d + 2 * model.d_ff) * FLOAT_BYTES,
-        "logits": 3 * tokens * vocab * FLOAT_BYTES,
-        "parameters": TRAINING_BYTES_PER_PARAMETER * parameters,
+        "scores": model.n_layers * batch * model.n_heads * context * context * score_bytes if kept else 0,
+        "activations": model.n_layers * tokens * per_token,
+        "logits": tokens * vocab * (act + 2 * FLOAT_BYTES),
+        "parameters": TRAINING_BYTES_PER_PARAMETER * parameters // shards
+        + (2 * block * (act + FLOAT_BYTES) if shards > 1 else 0)
+        + (parameters * act if precision != "fp32" else 0),
     }
     if lora is not None:
         with torch.device("meta"):  # the layers' shapes alone: no memory, no computation
@@ -71,20 +125,48 @@ def batch_memory(
     return parts
 
 
+def process_count() -> int:
+    """How many processes share a batch: torchrun's WORLD_SIZE, else 1."""
+    return max(int(os.environ.get("WORLD_SIZE", "1")), 1)
+
+
 def check_memory(
-    model: ModelConfig, batch: int, context: int, vocab: int, device: str = "auto", lora: LoRAConfig | None = None
+    model: ModelConfig,
+    batch: int,
+    context: int,
+    vocab: int,
+    device: str | Accelerator = "auto",
+    lora: LoRAConfig | None = None,
+    *,
+    precision: Precision = "fp32",
+    processes: int | None = None,
+    parallel: str = "ddp",
 ) -> None:
-    """ConfigError when the memory one batch needs (`batch_memory`, with a fine-tune's LoRA adapters) exceeds the
-    memory there is on `device`."""
-    parts = batch_memory(model, batch, context, vocab, lora)
-    needed, (available, where) = sum(parts.values()), available_memory(device)
+    """ConfigError when the memory one process needs (`batch_memory`, with a fine-tune's LoRA adapters) exceeds
+    the memory there is on `device`. `batch` is the global micro-batch (`train.batch_size`), which `processes`
+    (default: torchrun's WORLD_SIZE) split, so each holds ceil(batch / processes) rows, trained in what `precision`
+    stands for on the device; under `parallel="fsdp"` each holds a shard of the weights and optimizer state."""
+    accelerator = Accelerator.resolve(device)
+    processes = processes or process_count()
+    rows, resolved = -(-batch // processes), accelerator.precision(precision)
+    shards = processes if parallel == "fsdp" else 1
+    parts = batch_memory(
+        model, rows, context, vocab, lora, precision=resolved, kernels=accelerator.kernels, shards=shards
+    )
+    needed, (available, where) = sum(parts.values()), available_memory(accelerator)
     if needed > available:
         detail = ", ".join(f"{name} {size / 1e9:.1f} GB" for name, size in parts.items() if size)
+        share = (
+            f"{rows} rows per process (train.batch_size={batch} over {processes})"
+            if processes > 1
+            else (f"train.batch_size={batch} rows")
+        )
+        fsdp = ", or shard the weights with train.parallel='fsdp'" if shards == 1 < processes else ""
         raise ConfigError(
-            f"one batch of train.batch_size={batch} blocks of data.context={context} tokens needs about "
+            f"one micro-batch of {share} of data.context={context} tokens in {resolved} needs about "
             f"{needed / 1e9:.1f} GB of memory ({detail}; a rough upper bound), more than {where} "
             f"({available / 1e9:.1f} GB); lower data.context or train.batch_size (and raise train.grad_accum to "
-            f"keep the batch), or model.d_model"
+            f"keep the batch), or model.d_model{fsdp}"
         )
 
 
