@@ -45,6 +45,9 @@ TIMING = re.compile(r"(^|[/_ ])(ms|seconds|times|minutes|peak_mb|peak_rss_mb|wal
 # experiments that train for a wall-clock budget: how far they get depends on the machine's load, so nothing they
 # compute can be fingerprinted (seen: 6 updates twice, then 7)
 WALL_CLOCK = {"rnn-vs-transformer"}
+# experiments whose claims are timings (or, WALL_CLOCK, decided within a wall-clock budget): no fingerprint can vouch
+# for a time, so such a result stands only on the code it timed (its hash) and says on which machine it was measured
+TIMED = {"quadratic-cost", "multihead-cost", "parallelism", "long-attention", *WALL_CLOCK}
 RTOL, ATOL = 1e-3, 1e-6  # today's quick run must reproduce each fingerprinted number this closely
 MARGIN = 10  # ... and every kernel set must have agreed on it ten times more closely when it was fingerprinted
 RULE = 2  # the fingerprint rule: 1 = two runs on one machine (pre-2026-11-26), 2 = kernel sets and seeds
@@ -163,22 +166,34 @@ def standing(
     if experiment is not None and (changed := config_change(record, experiment)):
         return changed
     code = record.get("code") or {}
-    if code.get("hash") == today_hash:
-        return None
+    if record["experiment"] in TIMED:
+        return timing_change(record, today_hash)
     quick = code.get("quick") or {}
-    if quick.get("rule") != RULE:
-        return "its code changed and its fingerprint was made by an older rule that does not hold on every CPU"
     if not quick.get("numbers"):
         return (
-            "its code changed and its fingerprint vouches for nothing (no number of its quick run is both the same "
-            "on every CPU kernel set and moved by the seed)"
+            "its fingerprint vouches for nothing (no number of its quick run is both the same on every CPU kernel "
+            "set and moved by the seed)"
         )
+    if code.get("hash") == today_hash:
+        return None
+    if quick.get("rule") != RULE:
+        return "its code changed and its fingerprint was made by an older rule that does not hold on every CPU"
     if quick_results is None:
         return "its code changed; no quick run of today's code was given to compare its fingerprint with"
     off = differences(quick["numbers"], quick_results)
     if off:
         shown = "; ".join(off[:3]) + (f"; and {len(off) - 3} more" if len(off) > 3 else "")
         return f"its code changed and today's quick run differs from its fingerprint in {len(off)} numbers: {shown}"
+    return None
+
+
+def timing_change(record: dict[str, Any], today_hash: str) -> str | None:
+    """Why a result of a `TIMED` experiment no longer describes today's code (the code it timed changed, or the
+    record names no machine its times were measured on), or None."""
+    if not ((record.get("provenance") or {}).get("cpu") or {}).get("model"):
+        return "its timings name no machine they were measured on"
+    if (record.get("code") or {}).get("hash") != today_hash:
+        return "the code it times changed since it ran, and a fingerprint cannot vouch for a timing"
     return None
 
 
