@@ -64,8 +64,8 @@ def test_committed_results_describe_todays_code(quick_runs, name):
     today's code hash. A timing claim (reproduction.TIMED) cannot be fingerprinted: it names the CPU it was
     measured on, in its record, its report and the gallery, and stands only on today's hash; when the code it
     times changes, its report and the gallery must say it needs a rerun (until it is rerun, this test reads them)."""
-    from kqv.experiments.provenance import code_hash
-    from kqv.experiments.reproduction import TIMED, standing
+    from kqv.experiments.provenance import TIMED, code_hash
+    from kqv.experiments.reproduction import standing
 
     committed = ROOT / "docs" / "experiments" / name / RESULTS_FILE
     assert committed.is_file(), f"{name} has no committed results: `kqv experiment run {name} --out docs/experiments`"

@@ -60,7 +60,7 @@ def headline(record: dict[str, Any]) -> str:
 def provenance_line(record: dict[str, Any]) -> str:
     """Which code the numbers stand for: its code hash, and what vouches for them when that code moves: the
     quick-size fingerprint (`kqv.experiments.reproduction`), or for timings only that code, on the machine named."""
-    from .reproduction import TIMED
+    from .provenance import TIMED
 
     code = record.get("code") or {}
     if not code.get("hash"):
@@ -83,10 +83,9 @@ def provenance_line(record: dict[str, Any]) -> str:
 
 def stale_section(record: dict[str, Any]) -> list[str]:
     """'Needs a rerun' with why, for a full-size result of a `TIMED` experiment whose timed code changed since it
-    ran (`reproduction.timing_change`); nothing for any other record."""
+    ran (`provenance.timing_change`); nothing for any other record."""
     from . import get
-    from .provenance import code_hash
-    from .reproduction import TIMED, timing_change
+    from .provenance import TIMED, code_hash, timing_change
 
     if record.get("quick") or record["experiment"] not in TIMED:
         return []

@@ -42,14 +42,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .provenance import TIMED, timing_change
+
 # keys that hold a time or a speed: never part of a fingerprint, even when two runs happen to agree
 TIMING = re.compile(r"(^|[/_ ])(ms|seconds|times|minutes|peak_mb|peak_rss_mb|wall|threads|tokens_per_s)($|[/_ \[])")
 # experiments that train for a wall-clock budget: how far they get depends on the machine's load, so nothing they
 # compute can be fingerprinted (seen: 6 updates twice, then 7)
 WALL_CLOCK = {"rnn-vs-transformer"}
-# experiments whose claims are timings (or, WALL_CLOCK, decided within a wall-clock budget): no fingerprint can vouch
-# for a time, so such a result stands only on the code it timed (its hash) and says on which machine it was measured
-TIMED = {"quadratic-cost", "multihead-cost", "parallelism", "long-attention", *WALL_CLOCK}
 RTOL, ATOL = 1e-3, 1e-6  # today's quick run must reproduce each fingerprinted number this closely
 MARGIN = 10  # ... and every kernel set must have agreed on it ten times more closely when it was fingerprinted
 RULE = 2  # the fingerprint rule: 1 = two runs on one machine (pre-2026-11-26), 2 = kernel sets and seeds
@@ -187,16 +186,6 @@ def standing(
     if off:
         shown = "; ".join(off[:3]) + (f"; and {len(off) - 3} more" if len(off) > 3 else "")
         return f"its code changed and today's quick run differs from its fingerprint in {len(off)} numbers: {shown}"
-    return None
-
-
-def timing_change(record: dict[str, Any], today_hash: str) -> str | None:
-    """Why a result of a `TIMED` experiment no longer describes today's code (the code it timed changed, or the
-    record names no machine its times were measured on), or None."""
-    if not ((record.get("provenance") or {}).get("cpu") or {}).get("model"):
-        return "its timings name no machine they were measured on"
-    if (record.get("code") or {}).get("hash") != today_hash:
-        return "the code it times changed since it ran, and a fingerprint cannot vouch for a timing"
     return None
 
 
