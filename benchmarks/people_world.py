@@ -41,11 +41,12 @@ N_TOWNS = 120
 YEARS = range(1900, 2000)
 ZIPF = 0.6  # the k-th most common town or trade is drawn with weight 1 / k**ZIPF
 
-SENTENCES = {  # fact: wordings, {name} the full name or a pronoun (capitalised at the start of a sentence)
+SENTENCES = {  # fact: wordings, {name} the full name or a pronoun (capitalised at the start of a sentence), {obj_name}
+    # the full name or the pronoun as an object (him, her)
     "town": [
         "{name} was born in {town}.",
         "{name} comes from {town}.",
-        "{town} is the birthplace of {name}.",
+        "{town} is the birthplace of {obj_name}.",
         "{name} grew up in {town}, the town of {pos} birth.",
     ],
     "year": [
@@ -104,12 +105,20 @@ def biography(person: Person, rng: random.Random) -> str:
     """One paragraph: the three facts in a random order, each in a random wording; the first sentence names the
     person in full, each later one by name or pronoun, at random."""
     possessive = {"he": "his", "she": "her"}[person.pronoun]
+    objective = {"he": "him", "she": "her"}[person.pronoun]
     sentences = []
     for k, fact in enumerate(rng.sample(list(SENTENCES), len(SENTENCES))):
         name = person.name if k == 0 or rng.random() < 0.5 else person.pronoun
         pos_name = person.name + "'s" if name == person.name else possessive
+        obj_name = person.name if name == person.name else objective
         text = rng.choice(SENTENCES[fact]).format(
-            name=name, pos=possessive, pos_name=pos_name, town=person.town, year=person.year, a_trade=a(person.trade)
+            name=name,
+            obj_name=obj_name,
+            pos=possessive,
+            pos_name=pos_name,
+            town=person.town,
+            year=person.year,
+            a_trade=a(person.trade),
         )
         sentences.append(text[0].upper() + text[1:])
     return " ".join(sentences)

@@ -68,7 +68,7 @@ TRAIN_THROUGHPUT = [
     Source(
         "benchmarks/results/train_throughput_zen5_before_devices.json",
         "Zen 5, before devices",
-        "AMD EPYC Zen 5, native bf16, 2 cores: the code of commit 4ad9405, before CUDA devices",
+        "AMD EPYC Zen 5, native bf16, 2 cores: the code before CUDA devices (`git worktree add its 4ad9405`)",
         "PYTHONPATH=its/src python benchmarks/train_throughput.py --rounds 7 "
         "--output benchmarks/results/train_throughput_zen5_before_devices.json",
     ),
@@ -410,7 +410,7 @@ def translation_speed_table() -> str:
 
 
 def ab_compare_table() -> str:
-    """Issue 33's training-core rework (today's code) beside the code before it (commit cd3eb51), alternating in
+    """The training core without host syncs beside the code without those changes (`--base`), alternating in
     one run per benchmark: tokens/s of each side (median of its runs) and new / old."""
     rows = []
     for source in AB_COMPARE:
@@ -426,7 +426,7 @@ def ab_compare_table() -> str:
                     f"{row['new_over_old']:.3f}",
                 ]
             )
-    header = ["benchmark", "tokens/s of", "before (cd3eb51)", "after", "after / before"]
+    header = ["benchmark", "tokens/s of", "before (`--base`)", "after", "after / before"]
     return markdown(header, rows, right=2, sources=AB_COMPARE) + "\n" + against_controls()
 
 
@@ -683,11 +683,11 @@ MT_THROUGHPUT = {
         "2026-11-23",
     ),
     "now": Source(
-        "benchmarks/results/mt_throughput_epyc_session5.json",
+        "benchmarks/results/mt_throughput_epyc_kqv_dropout.json",
         "Zen 4",
         f"{ZEN4_MT}, two threads, interleaved rounds: with kqv's dropout and block-wise loss",
         "python benchmarks/mt_throughput.py --threads 2 --rounds 2 --max-tokens 2000 "
-        "--out benchmarks/results/mt_throughput_epyc_session5.json",
+        "--out benchmarks/results/mt_throughput_epyc_kqv_dropout.json",
         "2026-11-23",
     ),
 }

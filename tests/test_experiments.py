@@ -59,23 +59,37 @@ def test_quick_run_writes_results_plots_and_a_report_whose_verdict_its_numbers_i
 @pytest.mark.parametrize("name", names())
 def test_committed_results_describe_todays_code(quick_runs, name):
     """A committed results.json must describe today's code and config: made with today's FULL config (and its
-    command's overrides), by code with today's hash or by code whose quick-size fingerprint today's quick run
-    reproduces (kqv.experiments.reproduction), on whatever CPU kernels this machine has. Change what the model,
-    trainer or experiment computes and its result is stale until rerun; move code without changing a number and
-    it stands. Every committed result carries a hash and a fingerprint."""
-    from kqv.experiments.provenance import code_hash
+    command's overrides), and vouched for by a quick-size fingerprint of numbers it computed (non-empty), which
+    today's quick run reproduces (kqv.experiments.reproduction) on whatever CPU kernels this machine has, or
+    today's code hash. A timing claim (reproduction.TIMED) cannot be fingerprinted: it names the CPU it was
+    measured on, in its record, its report and the gallery, and stands only on today's hash; when the code it
+    times changes, its report and the gallery must say it needs a rerun (until it is rerun, this test reads them)."""
+    from kqv.experiments.provenance import TIMED, code_hash
     from kqv.experiments.reproduction import standing
 
     committed = ROOT / "docs" / "experiments" / name / RESULTS_FILE
     assert committed.is_file(), f"{name} has no committed results: `kqv experiment run {name} --out docs/experiments`"
     record = json.loads(committed.read_text())
-    assert record["code"].get("hash") and "numbers" in record["code"].get("quick", {}), (
-        f"{name}: its results.json has no code hash or quick fingerprint: rerun "
-        f"`kqv experiment run {name} --out docs/experiments`"
-    )
+    rerun = f"rerun `kqv experiment run {name} --out docs/experiments`"
+    assert record["code"].get("hash"), f"{name}: its results.json has no code hash: {rerun}"
     quick = json.loads((quick_runs / name / RESULTS_FILE).read_text())["results"]
     stale = standing(record, code_hash(get(name).module)["hash"], quick, get(name))
-    assert stale is None, f"{name}: {stale}; rerun `kqv experiment run {name} --out docs/experiments`"
+    if name not in TIMED:
+        assert record["code"].get("quick", {}).get("numbers"), f"{name}: its fingerprint vouches for nothing: {rerun}"
+        assert stale is None, f"{name}: {stale}; {rerun}"
+        return
+    cpu = (record.get("provenance") or {}).get("cpu", {}).get("model")
+    report = (committed.parent / "report.md").read_text()
+    gallery_page = (ROOT / "docs" / "experiments.md").read_text()
+    section = gallery_page.split(f"## `{name}`: ", 1)[1].split("\n## ", 1)[0]
+    assert cpu and f"measured on {cpu}" in report and f"measured on {cpu}" in section, (
+        f"{name}: its timings do not name the CPU they were measured on: {rerun}"
+    )
+    if stale is not None:
+        assert f"**Needs a rerun: {stale}.**" in report and f"**Needs a rerun: {stale}.**" in section, (
+            f"{name}: {stale}, and neither its report nor the gallery says so: {rerun}, or regenerate them "
+            "(`kqv experiment gallery`)"
+        )
 
 
 def test_verdict_follows_the_checks_of_the_claim_alone():
@@ -457,3 +471,45 @@ def test_long_attention_memory_check_needs_a_measured_full_attention_peak():
     assert not memory().holds
     results["peak_mb"] = {"full": [60.0], "linformer": [20.0]}
     assert memory().holds and "0.33x" in memory().figure
+
+
+def test_a_result_stands_only_on_a_fingerprint_of_computed_numbers_or_for_timings_on_its_code():
+    """Without a fingerprint number, today's hash does not keep a result; a timing keeps it only at today's hash
+    and only when it names its CPU (reproduction.standing)."""
+    from kqv.experiments.reproduction import RULE, standing
+
+    numbers = {"rule": RULE, "numbers": {"/loss[0]": 2.5}}
+    computed = {"experiment": "heads", "code": {"hash": "today", "quick": numbers}}
+    assert standing(computed, "today", None) is None
+    assert "vouches for nothing" in standing(
+        {**computed, "code": {"hash": "today", "quick": {"rule": RULE}}}, "today", None
+    )
+    timed = {"experiment": "quadratic-cost", "code": {"hash": "today"}, "provenance": {"cpu": {"model": "A CPU"}}}
+    assert standing(timed, "today", None) is None
+    assert "code it times changed" in standing(timed, "tomorrow", None)
+    assert "name no machine" in standing({**timed, "provenance": {}}, "today", None)
+
+
+def test_gallery_leads_with_the_claims_and_marks_a_timing_of_changed_code(tmp_path):
+    """The gallery opens with one table of every claim, its verdict and deciding number, before the method and the
+    verdicts that changed; a timing whose code changed since it ran says it needs a rerun, in its report too."""
+    import shutil
+    from pathlib import Path
+
+    from kqv.experiments.gallery import gallery
+    from kqv.experiments.records import load_record, write_record
+
+    root = Path(__file__).resolve().parents[1] / "docs" / "experiments"
+    for name in ("heads", "quadratic-cost"):
+        shutil.copytree(root / name, tmp_path / name)
+    shutil.copy(root / "verdict-changes.md", tmp_path)
+    record = load_record(tmp_path / "quadratic-cost")
+    record["code"]["hash"] = "0" * 64  # code that is not today's
+    write_record(tmp_path / "quadratic-cost", record)
+    page = gallery(tmp_path, tmp_path / "page.md")
+    table = page.index("| experiment | the claim | verdict | the deciding number |")
+    assert table < page.index("## How the experiments were run") < page.index("## Verdicts that changed")
+    assert page.index("[`heads`](#heads-holds)") > table and "**holds in part; needs a rerun**" in page
+    rerun = "**Needs a rerun: the code it times changed since it ran"
+    assert rerun in page and rerun in (tmp_path / "quadratic-cost" / "report.md").read_text()
+    assert page.count(rerun) == 1  # heads stands on its fingerprint

@@ -79,3 +79,26 @@ def test_the_tutorial_s_world_is_the_benchmark_s(tmp_path, monkeypatch):
     assert (tmp_path / "world" / "biographies.txt").read_text() == (tmp_path / "bios_augmented.txt").read_text()
     assert (tmp_path / "world" / "questions-held-out.tsv").read_text() == (tmp_path / "held_out.tsv").read_text()
     assert (tmp_path / "world" / "questions-seen.tsv").read_text() == (tmp_path / "seen.tsv").read_text()
+
+
+def test_the_page_s_examples_are_in_the_files_it_puts_them_in(tmp_path, monkeypatch):
+    """Each `world/FILE` the page describes with an example (a biography, a question, a probe) holds it."""
+    world = script("people_world")
+    (argv,) = [c for c in commands() if c[:2] == ["python", "benchmarks/people_world.py"]]
+    monkeypatch.setattr(sys, "argv", [argv[1], *argv[2:]])
+    monkeypatch.chdir(tmp_path)
+    assert world.main() == 0
+    page = (ROOT / "docs" / "pretrain-to-answers.md").read_text()
+    items = re.findall(r"^- `world/([\w.-]+)`: (.*?)(?=^- |^$)", page, re.M | re.S)
+    assert len(items) == 4
+    shown = 0
+    for name, said in items:
+        said = " ".join(said.split())  # the page's lines joined
+        examples = [e for e in re.findall(r"\(`([^`]+)`(?: → `([^`]+)`)?\)", said) if " " in e[0]]  # not options
+        shown += len(examples)
+        text = (tmp_path / "world" / name).read_text()
+        for first, answer in examples:
+            line = f"{first}\t{answer}" if answer else first
+            assert line in text, f"world/{name} does not hold the page's example {line!r}"
+        assert "birthplace of he." not in text and "birthplace of she." not in text
+    assert shown == 3  # a biography, a seen question, a held-out probe

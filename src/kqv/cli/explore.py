@@ -21,7 +21,8 @@ def cmd_explore(args: argparse.Namespace) -> None:
         from ..explore.loading import load_subject
     except ImportError as error:
         raise MissingResourceError(
-            f"kqv explore needs the web app's packages ({error.name} is missing): pip install 'kqv[explore]'"
+            f"kqv explore needs the web app's packages ({error.name} is missing): in kqv's clone, "
+            "python -m pip install -c constraints.txt -e '.[explore]'"
         ) from None
     if args.html is None:
         if args.text is not None:

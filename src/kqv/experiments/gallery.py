@@ -19,21 +19,28 @@ from .report import (
     check_rows,
     deciding_section,
     headline,
+    is_stale,
     markdown_table,
+    outcome,
     provenance_line,
     revisions_section,
+    stale_section,
 )
 
 DISCUSSION_FILE = "discussion.md"
 CHANGES_FILE = "verdict-changes.md"  # written by hand: the verdicts that changed, before -> after, and why
-INTRO = """# Experiments: the lecture's claims, tested
+TITLE = """# Experiments: the lecture's claims, tested
 
-Each section below is one `kqv experiment`, run at its full size on one of this project's 2-core CPUs (each
-section names its CPU): the claim as the lecture makes it, the verdict computed from the measured numbers against
-thresholds fixed in the experiment's module before it ran, the table, the plots, and the command that produced them
-(rerun it to check). The raw numbers, config, seeds, library versions and machine are in each `results.json`.
-`kqv experiment list` names them all; `kqv experiment run all --quick` runs small versions of all of them in a few
-minutes (the test suite does): a smoke test of the code, labelled so wherever it writes, not a test of the claims.
+Each claim below is one `kqv experiment`, run at its full size on a 2-core CPU: its verdict is computed from the
+measured numbers against thresholds fixed in the experiment's module before it ran. The table gives each claim's
+verdict and the number that decides it most directly; each row links to the experiment's section, with its table,
+plots, checks and the command that produced them (rerun it to check)."""
+
+METHOD = """## How the experiments were run and judged
+
+The raw numbers, config, seeds, library versions and machine are in each `results.json`. `kqv experiment list`
+names them all; `kqv experiment run all --quick` runs small versions of all of them in a few minutes (the test
+suite does): a smoke test of the code, labelled so wherever it writes, not a test of the claims.
 
 The experiments that time something (quadratic-cost, multihead-cost, parallelism, long-attention, and
 rnn-vs-transformer, whose models train for a fixed time) ran one at a time on the otherwise idle machine. The
@@ -41,19 +48,18 @@ others ran two at a time, one torch thread each: that changes how long they took
 run is in its results.json), not their losses, accuracies or BLEU after a fixed number of steps.
 
 Each check is decided from the per-seed numbers: where arms share seeds, by the 95% Student-t interval of the
-paired differences (or, for timings, of the repeats), against a threshold fixed in advance; {rule}. (The
-thresholds are those written before the first runs; the intervals were added later, and every experiment was run
-again with them.) Each results.json records the commit, the machine and the hash of the code that produced it
-(`code`: the experiment's module and the kqv modules it imports, as syntax trees without docstrings, so a comment
-does not count as a change), the full config it ran with, and a fingerprint of that code's numbers (`code.quick`,
-`kqv.experiments.reproduction`): the numbers of its quick size that every CPU kernel set (`ATEN_CPU_CAPABILITY`
-default, avx2 and avx512, oneDNN and MKL capped alike) computed within 1e-4 of each other, and that another set of
-seeds moved, so echoes of the config, counts fixed by construction, timings and whatever diverges on another CPU's
-rounding are left out. When the code changes, the test suite reruns the quick size: a result stands only if its
-config is today's and today's code reproduces every fingerprinted number within 1e-3, so moving code keeps it and
-changing what is computed makes it stale until rerun; a result whose fingerprint holds no number is stale after
-any change of its code. The fingerprint vouches for the computation, not for timings: a timing stays what its run
-measured on its machine.
+paired differences (or, for timings, of the repeats), against a threshold fixed in advance; {rule}. Each
+results.json records the machine and the hash of the code that produced it (`code`: the experiment's module and
+the kqv modules it imports, as syntax trees without docstrings, so a comment does not count as a change), the full
+config it ran with, and a fingerprint of that code's numbers (`code.quick`, `kqv.experiments.reproduction`): the
+numbers of its quick size that every CPU kernel set (`ATEN_CPU_CAPABILITY` default, avx2 and avx512, oneDNN and MKL
+capped alike) computed within 1e-4 of each other, and that another set of seeds moved, so echoes of the config,
+counts fixed by construction, timings and whatever diverges on another CPU's rounding are left out. When the code
+changes, the test suite reruns the quick size: a result stands only if its config is today's and today's code
+reproduces every fingerprinted number within 1e-3, so moving code keeps it and changing what is computed makes it
+stale until rerun. A fingerprint cannot vouch for a time: a result of an experiment that times something stands
+only for the code it timed (its code hash) and names the CPU it was measured on; when that code changes, its
+section says it needs a rerun.
 
 Each check in a results.json also holds the intervals behind its figure as numbers (`intervals`: estimate, low,
 high, n, the spread per seed, and the threshold or band each was judged against with the claimed side), and an
@@ -67,11 +73,10 @@ that it does not.
 
 This page is generated from the results by `kqv experiment gallery`; the discussion of each experiment is
 written by hand in `docs/experiments/NAME/discussion.md`, and the verdicts that changed with a change of the rule or
-of an experiment, in `docs/experiments/verdict-changes.md`.
-"""
+of an experiment, at the end of this page, in `docs/experiments/verdict-changes.md`."""
 
 
-INTRO = INTRO.replace("{rule}", VERDICT_RULE).replace("{hours}", f"{GPU_AFTER_SECONDS / 3600:g}")
+METHOD = METHOD.replace("{rule}", VERDICT_RULE).replace("{hours}", f"{GPU_AFTER_SECONDS / 3600:g}")
 
 
 def anchor(title: str) -> str:
@@ -99,6 +104,7 @@ def section(directory: Path, page_dir: Path) -> str:
         f"{record['machine']['cpus']} cores of {cpu_name(record)}). Files: [results.json]({link(RESULTS_FILE)}), "
         f"[report.md]({link('report.md')}).",
         provenance_line(record),
+        *stale_section(record),
         markdown_table(record["table"]["columns"], record["table"]["rows"]),
         *[f"![{name}]({link(name)})" for name in record["plots"]],
         *beside_the_paper(record),
@@ -108,6 +114,21 @@ def section(directory: Path, page_dir: Path) -> str:
         *revisions_section(get(record["experiment"])),
     ]
     return "\n\n".join(parts)
+
+
+def claim_row(record: dict) -> list[str]:
+    """A row of the table of claims: the experiment (linked to its section), its claim, its verdict (marked when
+    it needs a rerun) and its first claim check's figure."""
+    title = f"`{record['experiment']}`: {headline(record)}"
+    deciding = [c for c in record["checks"] if c.get("role", "claim") == "claim"] or record["checks"]
+    first = next((c for c in deciding if outcome(c) != "inconclusive"), deciding[0])
+    verdict = headline(record) + ("; needs a rerun" if is_stale(record) else "")
+    return [
+        f"[`{record['experiment']}`](#{anchor(title)})",
+        record["claim"],
+        f"**{verdict}**",
+        f"{first['what']}: {first['figure']}",
+    ]
 
 
 def cpu_name(record: dict) -> str:
@@ -132,15 +153,13 @@ def gallery(directory: str | Path, page: str | Path) -> str:
         raise FileNotFoundError(
             f"no experiment results in {directory}; run `kqv experiment run NAME --out {directory}` first"
         )
-    contents = []
-    for name in found:
-        title = f"`{name}`: {headline(load_record(directory / name))}"
-        contents.append(f"- [{title}](#{anchor(title)})")
+    rows = [claim_row(load_record(directory / name)) for name in found]
     out = Path(os.path.relpath(directory, page_dir.parent)).as_posix()  # as typed from the page's parent directory
     missing = [f"`{name}` (`kqv experiment run {name} --out {out}`)" for name in names() if name not in found]
+    claims = markdown_table(["experiment", "the claim", "verdict", "the deciding number"], rows)
     if missing:
-        contents.append(f"- Not yet run at full size here: {', '.join(missing)}.")
+        claims += f"\n\nNot yet run at full size here: {', '.join(missing)}."
     changes = directory / CHANGES_FILE
     changed = [changes.read_text(encoding="utf-8").strip()] if changes.is_file() else []
-    parts = [INTRO.strip(), "\n".join(contents), *changed] + [section(directory / n, page_dir) for n in found]
+    parts = [TITLE, claims, METHOD, *(section(directory / n, page_dir) for n in found), *changed]
     return "\n\n".join(parts) + "\n"

@@ -136,3 +136,18 @@ def git_state() -> dict[str, Any]:
 def provenance() -> dict[str, Any]:
     """Git state, torch version and build, and the CPU, for results.json."""
     return {"git": git_state(), "torch": torch.__version__, "cpu": cpu()}
+
+
+# experiments whose claims are timings (or, rnn-vs-transformer, decided within a wall-clock budget): no fingerprint
+# can vouch for a time, so such a result stands only on the code it timed (its hash) and names the machine it ran on
+TIMED = {"quadratic-cost", "multihead-cost", "parallelism", "long-attention", "rnn-vs-transformer"}
+
+
+def timing_change(record: dict[str, Any], today_hash: str) -> str | None:
+    """Why a result of a `TIMED` experiment no longer describes today's code (the code it timed changed, or the
+    record names no machine its times were measured on), or None."""
+    if not ((record.get("provenance") or {}).get("cpu") or {}).get("model"):
+        return "its timings name no machine they were measured on"
+    if (record.get("code") or {}).get("hash") != today_hash:
+        return "the code it times changed since it ran, and a fingerprint cannot vouch for a timing"
+    return None

@@ -58,21 +58,46 @@ def headline(record: dict[str, Any]) -> str:
 
 
 def provenance_line(record: dict[str, Any]) -> str:
-    """Which code produced the numbers: the commit (dirty or clean) and the code hash, or why it is not known, and
-    the commit whose code made its quick-size fingerprint (`kqv.experiments.reproduction`)."""
-    code, source = record.get("code") or {}, (record.get("provenance") or {}).get("git") or {}
+    """Which code the numbers stand for: its code hash, and what vouches for them when that code moves: the
+    quick-size fingerprint (`kqv.experiments.reproduction`), or for timings only that code, on the machine named."""
+    from .provenance import TIMED
+
+    code = record.get("code") or {}
     if not code.get("hash"):
         return f"**Code.** {code.get('recorded', 'not recorded (results from before provenance was kept)')}."
-    state = {True: "with uncommitted changes", False: "clean", None: "state unknown"}[source.get("dirty")]
-    line = f"**Code.** commit {str(source.get('commit'))[:10]} ({state}); code hash {code['hash'][:12]}."
-    quick = code.get("quick") or {}
-    if quick.get("made_at_commit"):
+    line = f"**Code.** Code hash `{code['hash'][:12]}` (the experiment's module and the kqv modules it imports)."
+    numbers = len(((code.get("quick") or {}).get("numbers")) or {})
+    if record["experiment"] in TIMED and not record.get("quick"):
+        cpu = ((record.get("provenance") or {}).get("cpu") or {}).get("model") or "an unrecorded CPU"
         line += (
-            f" Its quick-size fingerprint ({len(quick.get('numbers') or {})} numbers that every CPU kernel set "
-            "computes alike and that move with the seed) was made by the code of commit "
-            f"{quick['made_at_commit'][:10]}, whose code hash is the record's."
+            f" Its timings were measured on {cpu} ({record['machine'].get('cpus', '?')} cores) and stand only for "
+            "code with this hash: no fingerprint can vouch for a time."
+        )
+    elif numbers:
+        line += (
+            f" Its quick-size fingerprint holds {numbers} numbers that every CPU kernel set computes alike and that "
+            "move with the seed: changed code keeps the result while its quick run reproduces them."
         )
     return line
+
+
+def stale_section(record: dict[str, Any]) -> list[str]:
+    """'Needs a rerun' with why, for a full-size result of a `TIMED` experiment whose timed code changed since it
+    ran (`provenance.timing_change`); nothing for any other record."""
+    from . import get
+    from .provenance import TIMED, code_hash, timing_change
+
+    if record.get("quick") or record["experiment"] not in TIMED:
+        return []
+    why = timing_change(record, code_hash(get(record["experiment"]).module)["hash"])
+    if why is None:
+        return []
+    return [f"**Needs a rerun: {why}.** Its numbers describe the code it ran; rerun: `{record['command']}`."]
+
+
+def is_stale(record: dict[str, Any]) -> bool:
+    """Whether `stale_section` marks the record as needing a rerun."""
+    return bool(stale_section(record))
 
 
 # a run estimated to take longer than this on the machine the record was made on is suggested for a GPU
@@ -163,11 +188,13 @@ def write_report(record: dict[str, Any], experiment: Experiment) -> str:
         *([f"**{record['smoke_test']}.**"] if record.get("smoke_test") else []),
         f"**The claim, as the lecture makes it.** {record['lecture']}",
         f"**How it was tested.** {record['method']} Seeds: {', '.join(map(str, record['seeds']))}.",
-        f"**Command.** `{record['command']}` ({record['seconds'] / 60:.1f} min on {machine['cpus']} cores, "
+        f"**Command.** `{record['command']}` ({record['seconds'] / 60:.1f} min on {machine['cpus']} cores"
+        f"{_cpu_model(record)}, "
         f"{machine['torch_threads']} torch thread(s); load average {load[0] if load else 'unknown'} at the start"
         + (": a loaded machine, so times are upper bounds" if load and load[0] > machine["cpus"] else "")
         + ").",
         provenance_line(record),
+        *stale_section(record),
         "## Results",
         markdown_table(record["table"]["columns"], record["table"]["rows"]),
         *[f"![{name}]({name})" for name in record["plots"]],
@@ -183,6 +210,12 @@ def write_report(record: dict[str, Any], experiment: Experiment) -> str:
         *revisions_section(experiment),
     ]
     return "\n\n".join(parts) + "\n"
+
+
+def _cpu_model(record: dict[str, Any]) -> str:
+    """' of MODEL' for the CPU a record ran on, when its provenance names it."""
+    model = ((record.get("provenance") or {}).get("cpu") or {}).get("model")
+    return f" of {model}" if model else ""
 
 
 def deciding_section(record: dict[str, Any], rule: bool = True) -> list[str]:

@@ -17,8 +17,10 @@ kept only when they mean something on any machine:
 
 A result stands when its code hash is today's, or when today's quick run reproduces every fingerprinted number
 within `RTOL`, and in both cases only while its recorded config is what today's `FULL` (with the recorded
-command's overrides) gives. A fingerprint that is missing, empty (nothing it could vouch for) or made by an older
-rule makes any change of the code stale: rerun. `made_at_commit` names the commit whose code made the fingerprint
+command's overrides) gives, and only while its fingerprint holds a number: a fingerprint that is missing, empty
+(nothing it could vouch for) or made by an older rule leaves the result standing on nothing: rerun. A timing
+cannot be fingerprinted: a result of a `TIMED` experiment stands only on its own code hash and names its CPU.
+`made_at_commit` names the commit whose code made the fingerprint
 (`add_fingerprint(directory, commit=...)` makes one in a temporary worktree of a commit in the repository's
 history, after checking that commit's code hash is the record's). The fingerprint is a smoke-size proof that the
 code computes what it computed, not a rerun of the claim.
@@ -39,6 +41,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from .provenance import TIMED, timing_change
 
 # keys that hold a time or a speed: never part of a fingerprint, even when two runs happen to agree
 TIMING = re.compile(r"(^|[/_ ])(ms|seconds|times|minutes|peak_mb|peak_rss_mb|wall|threads|tokens_per_s)($|[/_ \[])")
@@ -157,22 +161,25 @@ def config_change(record: dict[str, Any], experiment: Any) -> str | None:
 def standing(
     record: dict[str, Any], today_hash: str, quick_results: dict[str, Any] | None, experiment: Any = None
 ) -> str | None:
-    """None when a committed `record` describes today's code (same config, and same hash or its fingerprint
-    reproduced by `quick_results`, today's quick run); otherwise why it is stale, in one line. `experiment`
+    """None when a committed `record` describes today's code (same config, and a fingerprint of computed numbers
+    with the same hash or reproduced by `quick_results`, today's quick run; for a `TIMED` experiment, the same hash
+    and a named CPU); otherwise why it is stale, in one line. `experiment`
     (today's `base.Experiment`) is needed to compare configs; without it the config is not compared."""
     if experiment is not None and (changed := config_change(record, experiment)):
         return changed
     code = record.get("code") or {}
-    if code.get("hash") == today_hash:
-        return None
+    if record.get("experiment") in TIMED:
+        return timing_change(record, today_hash)
     quick = code.get("quick") or {}
     if quick.get("rule") != RULE:
-        return "its code changed and its fingerprint was made by an older rule that does not hold on every CPU"
+        return "its fingerprint is missing or was made by an older rule that does not hold on every CPU"
     if not quick.get("numbers"):
         return (
-            "its code changed and its fingerprint vouches for nothing (no number of its quick run is both the same "
-            "on every CPU kernel set and moved by the seed)"
+            "its fingerprint vouches for nothing (no number of its quick run is both the same on every CPU kernel "
+            "set and moved by the seed)"
         )
+    if code.get("hash") == today_hash:
+        return None
     if quick_results is None:
         return "its code changed; no quick run of today's code was given to compare its fingerprint with"
     off = differences(quick["numbers"], quick_results)

@@ -39,7 +39,7 @@ LECTURE = (
 REVISIONS = (
     "The first design trained each model once on mixed distances and read the steps to learn each distance from "
     "that run; in a trial the LSTM learnt every distance at once, against the claim. The design was changed to one "
-    "training run per fixed distance (commit c794269), so steps-to-learn against k is measured with k fixed.",
+    "training run per fixed distance, so steps-to-learn against k is measured with k fixed.",
     "The LSTM's forget-gate bias starts at 1 (Jozefowicz et al. 2015) instead of torch's default near 0, the usual "
     "setting that lets an LSTM carry information across long gaps: the fairer baseline for the claim.",
 )
