@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from .. import api
-from ..jobs.base import run_inputs
+from ..jobs.held import run_inputs
 from ..train.files import refuse_writing_over, write_atomically
 from .commands import Command
 from .flags import DEVICE_FLAG

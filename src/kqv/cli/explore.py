@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from ..errors import ConfigError, MissingResourceError
-from ..jobs.base import run_inputs
+from ..jobs.held import run_inputs
 from ..train.files import refuse_writing_over
 from .commands import Command
 from .flags import DEVICE_FLAG

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..data.completions import is_pairs_file
 from ..errors import ConfigError, DataError
-from ..jobs.base import run_inputs
+from ..jobs.held import run_inputs
 from ..jobs.lm import ATTENTION_MAX_TOKENS, LMRun
 from ..jobs.mlm import MLMRun
 from ..jobs.mt import MTRun

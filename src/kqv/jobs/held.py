@@ -1,0 +1,60 @@
+"""What a run holds: the files of a kqv run or a Hugging Face model directory that loading it reads, and its
+fine-tune's sources' — what no command may write over (`kqv.train.files.refuse_writing_over`)."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+
+from ..train.files import RUN_CONFIG, RUN_FORMAT
+
+# The files of a Hugging Face model directory that kqv reads (besides its *.safetensors weights).
+HF_MODEL_FILES = frozenset(
+    {
+        "config.json",
+        "generation_config.json",
+        "model.safetensors.index.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "vocab.json",
+        "merges.txt",
+        "modules.json",  # a sentence-transformers directory's (kqv.jobs.embeddings)
+        "sentence_bert_config.json",
+        "1_Pooling",
+    }
+)
+
+
+def model_files(directory: str | Path) -> list[Path]:
+    """The files of a run directory or a Hugging Face model directory that loading it reads (a kqv run's:
+    `RUN_FORMAT`; a Hugging Face directory's: `HF_MODEL_FILES` and its weights): what no command may write over.
+    Other files in it (a user's notes, an earlier answers.txt) are not the model's."""
+    directory = Path(directory)
+    weights = sorted(directory.glob("*.safetensors")) if directory.is_dir() else []
+    return [directory / name for name in sorted(RUN_FORMAT | HF_MODEL_FILES)] + weights
+
+
+def run_inputs(run_dir: str | Path) -> list[tuple[str, Path]]:
+    """What an operation on the run (or Hugging Face directory) `run_dir` reads, which no file it writes may be or
+    lie inside (`refuse_writing_over`): the model's own files (`model_files`: SHA256SUMS and the lock file too)
+    and, for a fine-tune, its source's (run.toml's `[source]`, and that source's source, if any), each as (what it
+    is, its path)."""
+    run_dir = Path(run_dir)
+    found = [(f"{path.name} of the run {run_dir}", path) for path in model_files(run_dir)]
+    seen = {os.path.realpath(run_dir)}
+    while (source := recorded_source(run_dir)) is not None and os.path.realpath(source) not in seen:
+        seen.add(os.path.realpath(source))
+        found += [(f"{path.name} of the fine-tune's source {source}", path) for path in model_files(source)]
+        run_dir = Path(source)
+    return found
+
+
+def recorded_source(run_dir: Path) -> str | None:
+    """The path of the source a fine-tune `run_dir` started from (run.toml's `[source]`), else None."""
+    try:
+        source = tomllib.loads((run_dir / RUN_CONFIG).read_text()).get("source", {}).get("path")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, AttributeError):
+        return None  # no run.toml (a Hugging Face directory), or one that loading it will name
+    return source if isinstance(source, str) and source else None
