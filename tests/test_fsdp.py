@@ -23,10 +23,11 @@ from torch.distributed.tensor import DTensor
 
 from kqv.cli.main import main
 from kqv.errors import ConfigError, ConfigTypeError
-from kqv.train.checkpoints import OPTIMIZER_KEY, is_sharded, read_checkpoint, whole_tensors, whole_weights
+from kqv.train.checkpoints import read_checkpoint
 from kqv.train.config import TrainConfig
 from kqv.train.distributed import backend_for, gradient_sync, rank_device
 from kqv.train.metrics import read_metrics
+from kqv.train.shard_files import OPTIMIZER_KEY, is_sharded, whole_tensors, whole_weights
 from kqv.train.sharding import local_bytes, plain_on_rank0, shard
 from kqv.train.trainer import Trainer
 

@@ -23,8 +23,9 @@ from safetensors.torch import load_file
 import fsdp_worker
 from kqv.errors import ProcessLost, RunError
 from kqv.train import distributed, shards
-from kqv.train.checkpoints import is_sharded, load_weights, read_checkpoint, whole_weights
+from kqv.train.checkpoints import load_weights, read_checkpoint
 from kqv.train.metrics import read_metrics
+from kqv.train.shard_files import is_sharded, whole_weights
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 WORKER = str(Path(__file__).with_name("nodes_worker.py"))

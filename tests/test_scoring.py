@@ -18,7 +18,8 @@ from kqv.cli.main import main
 from kqv.data.completions import end_of_text
 from kqv.data.tokenizers import CharTokenizer
 from kqv.errors import ConfigError, DataError
-from kqv.jobs.scoring import Prediction, complete, escape_line, evaluate_pairs, normalise
+from kqv.jobs.answer_files import escape_line
+from kqv.jobs.scoring import Prediction, complete, evaluate_pairs, normalise
 from kqv.train.evaluation import wilson_interval
 from test_finetune import tiny_run
 

@@ -10,7 +10,7 @@ from kqv.data.lines import text_lines
 from kqv.data.pairs import read_texts, text_files
 from kqv.data.tsv import read_tsv
 from kqv.errors import DataError
-from kqv.jobs.scoring import read_prompts
+from kqv.jobs.answer_files import read_prompts
 from kqv.train.files import write_files
 
 INSIDE = ["a\u2028b", "c\x0cd", "e\rf", "g\x85h"]  # each splits a line for str.splitlines

@@ -10,12 +10,13 @@ from pathlib import Path
 
 from ..data.completions import is_pairs_file
 from ..errors import ConfigError, DataError
+from ..jobs.answer_files import escape_line, read_prompts, write_completions, write_predictions
 from ..jobs.held import run_inputs
 from ..jobs.lm import ATTENTION_MAX_TOKENS, LMRun
 from ..jobs.mlm import MLMRun
 from ..jobs.mt import MTRun
 from ..jobs.pretrained import PretrainedRun
-from ..jobs.scoring import PairsEvaluation, escape_line, read_prompts, write_completions, write_predictions
+from ..jobs.scoring import PairsEvaluation
 from ..jobs.vit import VitRun
 from ..nn.generation import GENERATION_DTYPES
 from ..train.evaluation import QuestionDifference

@@ -20,9 +20,7 @@ import os
 import pickle
 import stat
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
@@ -31,12 +29,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import save_file, save_model
 from torch import Tensor, nn
-from torch.distributed import checkpoint as dcp
-from torch.distributed.checkpoint import CheckpointException, FileSystemReader
-from torch.distributed.checkpoint.filesystem import FileSystem
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 
-from ..errors import RunError, option
+from ..errors import RunError
 from ..signals import deferred
 from .config import TrainConfig
 from .files import (
@@ -50,46 +44,12 @@ from .files import (
     sha256,
     write_directory,
 )
+from .shard_files import whole_weights
+from .verified import Checkpoint, remedy
 
 STAGING_PREFIX = ".checkpoint-tmp-"
 FORMAT = 1
 T = TypeVar("T")
-
-
-@dataclass
-class Checkpoint:
-    """A verified checkpoint: where it is, the update it was taken after, its config and extra_state.
-
-    It also holds its files open (`open(name)`), so what is loaded from it is what was verified, even when a
-    training process swaps in a newer checkpoint meanwhile: readers never lock the run directory.
-    """
-
-    path: Path
-    step: int
-    config: TrainConfig
-    extra_state: dict[str, Any]
-    state: dict[str, Any]  # the whole state.json
-    files: dict[str, BinaryIO] = field(default_factory=dict, repr=False)
-
-    def open(self, name: str) -> BinaryIO:
-        """The verified file `name` of this checkpoint, rewound to its start."""
-        file = self.files[name]
-        file.seek(0)
-        return file
-
-    def path_of(self, name: str) -> Path:
-        """A path that opens the verified file `name` itself, for readers that open by path (safetensors'
-        `safe_open`, `torch.load(mmap=True)`): /proc/self/fd/N where there is one (Linux), else its name in the
-        checkpoint directory, which a resuming trainer, holding the run's lock, knows no one replaces."""
-        fd = Path(f"/proc/self/fd/{self.files[name].fileno()}")
-        return fd if fd.exists() else self.path / name
-
-    def close(self) -> None:
-        for file in self.files.values():
-            file.close()
-
-    def __del__(self) -> None:
-        self.close()
 
 
 Weights = nn.Module | dict[str, Tensor]  # a model, or its state dict (e.g. gathered from shards)
@@ -201,12 +161,6 @@ def read_checkpoint(run_dir: str | Path) -> Checkpoint:
         f"the checkpoint in {run_dir} was replaced 20 times while being read; is a run writing "
         f"checkpoints continuously (checkpoint_every=1)? try again"
     )
-
-
-def remedy(path: Path) -> str:
-    """What to do about a broken checkpoint, in the words of the interface the user called (`option`)."""
-    overwrite = option("if_exists='overwrite'")
-    return f"restore {path} from a backup, or start the run over with {overwrite} (which deletes it)"
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
@@ -385,145 +339,3 @@ def load_optimizer_state(
         ) from None
     for group, (betas, weight_decay) in zip(optimizer.param_groups, configured):
         group["betas"], group["weight_decay"] = betas, weight_decay
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# A sharded checkpoint's files, read in any number of processes (kqv.train.shards writes them)
-
-WEIGHTS_KEY, OPTIMIZER_KEY = "model/", "optimizer/"  # a sharded checkpoint's names: model/FQN, optimizer/FQN/KEY
-
-
-def is_sharded(checkpoint: Checkpoint) -> bool:
-    """Whether `checkpoint` holds its weights and optimizer state as shards (a sharded run's)."""
-    return any(name.startswith(SHARDS_DIR + "/") for name in checkpoint.files)
-
-
-def read_shards(checkpoint: Checkpoint, tensors: dict[str, Tensor]) -> None:
-    """Fill `tensors` (names as `kqv.train.shards` writes them: "model/FQN", "optimizer/FQN/KEY"; plain tensors or
-    this process's shards, DTensors, of any number of processes) from the checkpoint's shards, in place: each
-    process reads by itself the rows it holds (no collective), from the verified files only. A RunError when the
-    shards hold another model."""
-    try:
-        with warnings.catch_warnings():  # DCP's aside that it reads in one process: what no_dist asks for
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-            unwrapped(dcp.load, tensors, storage_reader=_VerifiedShards(checkpoint), no_dist=True)
-    except (RuntimeError, KeyError, ValueError, AssertionError, EOFError) as error:
-        if isinstance(error, RunError):
-            raise
-        missing = sorted(set(tensors) - set(shard_index(checkpoint).state_dict_metadata))
-        why = f"it lacks {missing[:5]}" if missing else f"{str(error).strip().splitlines()[-1][:300]}"
-        raise RunError(
-            f"{checkpoint.path / SHARDS_DIR} does not fit the model ({why}); build the model with the config the "
-            f"run was trained with"
-        ) from None
-
-
-def unwrapped(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """`call(*args, **kwargs)` of torch.distributed.checkpoint, whose failure is the first process's own error
-    (a full disk, a damaged file) instead of its wrapper (a CheckpointException, which is no Exception)."""
-    try:
-        return call(*args, **kwargs)
-    except CheckpointException as error:
-        for failure in error.failures.values():
-            cause = failure[0] if isinstance(failure, tuple) else failure
-            if isinstance(cause, BaseException):
-                raise cause from None
-        raise RuntimeError(str(error)) from None
-
-
-def shard_index(checkpoint: Checkpoint) -> Metadata:
-    """The index of a sharded checkpoint: every tensor's name, shape, dtype and where its rows are."""
-    return _VerifiedShards(checkpoint).read_metadata()
-
-
-def whole_weights(checkpoint: Checkpoint) -> dict[str, Tensor]:
-    """The whole weights of a sharded checkpoint, in this one process (on the CPU), by their names in the model:
-    what `load_weights` loads for inference or export when the checkpoint has no model.safetensors."""
-    return whole_tensors(checkpoint, WEIGHTS_KEY)
-
-
-def whole_tensors(checkpoint: Checkpoint, prefix: str) -> dict[str, Tensor]:
-    """Every tensor of a sharded checkpoint whose name starts with `prefix` (`WEIGHTS_KEY`, `OPTIMIZER_KEY`),
-    whole, in this one process (on the CPU), by its name without the prefix."""
-    index = shard_index(checkpoint).state_dict_metadata
-    tensors = {
-        name: torch.empty(entry.size, dtype=entry.properties.dtype)
-        for name, entry in index.items()
-        if name.startswith(prefix) and isinstance(entry, TensorStorageMetadata)
-    }
-    read_shards(checkpoint, tensors)
-    return {name.removeprefix(prefix): tensor for name, tensor in tensors.items()}
-
-
-# What a DCP index (.metadata) is made of: its own records, torch's sizes, dtypes, layouts and memory formats, and
-# the path it was written to. Nothing else is built: a pickle can name any function to run, and this one may not.
-_INDEX_RECORDS = {
-    ("torch.distributed.checkpoint.metadata", name)
-    for name in (
-        "Metadata",
-        "TensorStorageMetadata",
-        "BytesStorageMetadata",
-        "TensorProperties",
-        "ChunkStorageMetadata",
-        "MetadataIndex",
-        "StorageMeta",
-        "_MEM_FORMAT_ENCODING",
-    )
-} | {
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("torch", "Size"),
-    ("torch.serialization", "_get_layout"),
-    ("pathlib", "PosixPath"),
-    ("pathlib", "WindowsPath"),
-}
-
-
-class _IndexUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
-        if (module, name) in _INDEX_RECORDS or dtype:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"it names {module}.{name}, which no checkpoint index holds")
-
-
-class _VerifiedFiles(FileSystem):
-    """torch.distributed.checkpoint's file access, limited to reading the checkpoint's verified files."""
-
-    def __init__(self, checkpoint: Checkpoint):
-        self.checkpoint = checkpoint
-
-    @contextmanager
-    def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[Any]:
-        name = f"{SHARDS_DIR}/{Path(path).name}"
-        if "r" not in mode or "+" in mode or name not in self.checkpoint.files:
-            raise RunError(
-                f"{self.checkpoint.path / name} is not among the files {STATE_FILE} verifies, so the checkpoint is "
-                f"incomplete; {remedy(self.checkpoint.path)}"
-            )
-        with open(self.checkpoint.path_of(name), "rb") as stream:
-            yield stream
-
-
-class _VerifiedShards(FileSystemReader):
-    """A reader of a sharded checkpoint's verified files, whose index builds only its own records."""
-
-    def __init__(self, checkpoint: Checkpoint):
-        super().__init__(checkpoint.path / SHARDS_DIR)
-        self.fs = _VerifiedFiles(checkpoint)
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        with self.fs.create_stream(self.fs.concat_path(self.path, ".metadata"), "rb") as file:
-            try:
-                metadata = _IndexUnpickler(file).load()
-                if not isinstance(metadata, Metadata):
-                    raise pickle.UnpicklingError(f"it holds a {type(metadata).__name__}, not an index")
-            except (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError) as error:
-                path = self.fs.checkpoint.path
-                raise RunError(
-                    f"{path / SHARDS_DIR} has an index that is damaged or not kqv's ({error}); kqv never runs code "
-                    f"from a checkpoint; {remedy(path)}"
-                ) from None
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata

@@ -21,7 +21,6 @@ from .checkpoints import (
     OptimizerState,
     Weights,
     checkpoint_writers,
-    is_sharded,
     load_optimizer_state,
     load_weights,
     partial_loader,
@@ -33,6 +32,7 @@ from .nonfinite import check_finite_weights
 from .precision import MixedPrecision
 from .rng import all_rng_states, rng_tensors, rng_to_json, saved_rng_states
 from .rundir import RunDirectory
+from .shard_files import is_sharded
 from .sharding import every_rank, gather_weights, load_checkpoint
 from .shards import load_sharded, write_sharded
 from .state import TrainState

@@ -44,8 +44,9 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from ..errors import RunError
-from .checkpoints import OPTIMIZER_KEY, STAGING_PREFIX, WEIGHTS_KEY, Checkpoint, read_shards, unwrapped
+from .checkpoints import STAGING_PREFIX, Checkpoint
 from .files import CHECKPOINT_DIR, PREVIOUS_CHECKPOINT_DIR, SHARDS_DIR, make_staging, sha256, swap_in, write_shared
+from .shard_files import OPTIMIZER_KEY, WEIGHTS_KEY, read_shards, unwrapped
 
 INDEX_FILE = ".metadata"  # DCP's index of the shards
 
