@@ -174,6 +174,16 @@ class TrainingResult:
     final: dict[str, float]
     wall_seconds: float
 
+    @property
+    def minutes(self) -> str:
+        """The run's minutes as its progress lines count them (every session of it), and a resumed run's own."""
+        run = f"{self.trainer.elapsed_s / 60:.1f} min"
+        if self.trainer.resumed_from is None:
+            return run
+        return (
+            f"{run} ({self.wall_seconds / 60:.1f} min in this session, resumed at update {self.trainer.resumed_from})"
+        )
+
 
 @dataclass
 class Training:
@@ -310,7 +320,7 @@ class Job:
 
     def conclusion(self, training: Training, summary: dict[str, Any]) -> str:
         """The line said after training, reading out `summary`."""
-        return f"{summary['steps']} steps in {training.result.wall_seconds / 60:.1f} min"
+        return f"{summary['steps']} steps in {training.result.minutes}"
 
     @staticmethod
     def open_run(run_dir: str | Path, *, resume: bool, overwrite: bool) -> AbstractContextManager[RunDirectory]:

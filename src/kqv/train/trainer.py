@@ -58,14 +58,14 @@ from ..errors import ConfigError, ConfigTypeError
 from ..nn.training import step_figures
 from ..signals import deferred
 from . import distributed
-from .budget import Planner, announcement, resumed_plan, time_left
+from .budget import Planner, Watch, announcement, replanned_announcement, resumed_plan, time_left
 from .checkpoints import Checkpoint, read_checkpoint
 from .compiling import training_module
 from .config import TrainConfig, learning_rate, replan
 from .distributed import Batch
 from .evaluator import Evaluator
 from .events import Evaluation, Message, Progress
-from .metrics import Pace, Window, append_metrics, plot_losses
+from .metrics import Pace, Window, append_metrics, format_duration, plot_losses
 from .nonfinite import NonFiniteGuard, TrainingDiverged, diverged_message, warn_withheld
 from .optimizer import make_optimizer
 from .placement import place_model
@@ -155,6 +155,7 @@ class Trainer:
         self.state = TrainState()  # progress: saved in every checkpoint and restored by a resume
         self.guard = NonFiniteGuard(config.max_bad_steps, self.device.device)
         self.replanned: dict[str, Any] | None = None  # the metrics record of a resume that changed the plan
+        self.resumed_from: int | None = None  # the update a resumed run's checkpoint was taken after
         # The loop's state: generators and where an interrupt may save.
         self._saved_rng: list[dict | None] | None = None  # generator states of a resumed run, per rank
         self._boundary_rng: dict[str, Any] | None = None  # generator state after the last completed update
@@ -277,6 +278,7 @@ class Trainer:
         self.ddp_model.train()
         self._pace = Pace(self.clock, self.step)
         planner = Planner.for_session(self.config, self.step, self.plan, self.work_after_training)
+        watch = Watch.for_session(self.config, self.plan)  # after the plan: is its promise still kept?
         window = Window()
         run_start = self.clock() - self.state.elapsed_s
         result: dict[str, float] = {"step": self.step}
@@ -303,8 +305,13 @@ class Trainer:
                 )
                 if planner is not None:
                     planner.timed(self.step, now - started)
+                if watch is not None:
+                    watch.timed(now - started)
                 if planning:
                     planner = self._fix_plan(planner, run_start)
+                    watch = Watch.for_session(self.config, self.plan)
+                elif watch is not None and read and watch.due(self.step, self.config.steps):
+                    self._replan(watch, run_start)
                 last = self.step == self.config.steps or self._out_of_time(read)
                 if last and not read:
                     self._read(window)
@@ -382,10 +389,27 @@ class Trainer:
             self.report(announcement(plan))
         return None
 
+    def _replan(self, watch: Watch, run_start: float) -> None:
+        """At a log interval after the plan: rank 0 asks `watch` whether the pace since its last look still ends
+        within the budget, and every rank applies the steps of a new plan, said and recorded in metrics.jsonl."""
+        plan = watch.check(self.config, self.step, self.clock() - run_start) if self.rank == 0 else None
+        steps = torch.tensor(plan.steps if plan else 0)
+        if self.world_size > 1:
+            dist.broadcast(steps, src=0)
+        if not int(steps):
+            return
+        was = self.state.plan
+        self.config = self.updater.config = self.evaluator.config = replace(self.config, steps=int(steps))
+        self.state.plan = watch.plan = asdict(plan) if plan else {**was, "steps": int(steps)}
+        if plan is not None:
+            record = {"step": self.step, "replan": self.plan, "train_seconds": self.state.train_seconds}
+            append_metrics(self.run.metrics_file, {**record, "elapsed_s": self.clock() - run_start})
+            self.report(replanned_announcement(plan, was))
+
     def _progress(self, record: dict[str, Any], run_start: float) -> Progress:
         """The event after an update, with the time left at this session's pace (`record`: the last log record;
         `run_start`: the clock's reading at the run's start)."""
-        elapsed = self.clock() - run_start
+        elapsed = self.state.elapsed_s = self.clock() - run_start  # the run's minutes, as its last line says them
         step_s = self._pace.step_seconds(self.step)
         self._left = time_left(self.config, self.plan is not None, self.step, elapsed, self.train_seconds, step_s)
         figures = {key: record.get(key) for key in ("train_loss", "lr", "tokens_per_s")}
@@ -483,6 +507,13 @@ class Trainer:
                 f"steps asked for; to continue it, ask for more than {checkpoint.step} steps"
             )
         self.replanned = replan(checkpoint.config, self.config, checkpoint.step)
+        self.resumed_from = checkpoint.step
+        elapsed = format_duration(self.state.elapsed_s)
+        self.report(
+            Message(
+                f"resumed {checkpoint.path} at update {checkpoint.step} of {self.config.steps}, {elapsed} into the run"
+            )
+        )
 
     def _start_rng(self) -> None:
         """Seed a fresh run; restore the saved generators of a resumed one (reseed ranks that have none). This is
