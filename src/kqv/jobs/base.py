@@ -11,8 +11,6 @@ the command line (`kqv.cli`) parses flags and prints what these operations retur
 
 from __future__ import annotations
 
-import resource
-import sys
 import time
 import tomllib
 from collections.abc import Callable
@@ -27,7 +25,7 @@ from torch import nn
 from ..data.tokenizers import load_tokenizer
 from ..errors import ConfigError, DataError, DataTypeError, RunError, option
 from ..nn.config import ModelConfig
-from ..nn.devices import Accelerator
+from ..nn.devices import Accelerator, peak_rss_bytes
 from ..nn.models import count_parameters
 from ..train.checkpoints import load_weights
 from ..train.events import Event, Plan, Sample, Summary
@@ -491,13 +489,6 @@ def total_parameters(model: nn.Module) -> int:
     """Every distinct parameter of `model`, trainable or frozen (tied weights counted once); `count_parameters`
     counts the trainable ones."""
     return sum(p.numel() for p in model.parameters())  # parameters() yields a shared tensor once
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident set size in bytes: `getrusage`'s ru_maxrss, in bytes on macOS and in KiB on
-    Linux (and the BSDs)."""
-    unit = 1 if sys.platform == "darwin" else 1024
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * unit)
 
 
 def peak_rss_mb() -> float:

@@ -65,6 +65,7 @@ from .config import TrainConfig, learning_rate, replan
 from .distributed import Batch
 from .evaluator import Evaluator
 from .events import Evaluation, Message, Progress
+from .flops import model_flops_per_token, utilisation
 from .metrics import Pace, Window, append_metrics, format_duration, plot_losses
 from .nonfinite import NonFiniteGuard, TrainingDiverged, diverged_message, warn_withheld
 from .optimizer import make_optimizer
@@ -147,6 +148,8 @@ class Trainer:
             self.model,
         ) = place_model(model, config, saved_weights)
         self.config = config
+        self.flops_per_token = model_flops_per_token(self.model)  # for MFU, against the device's peak (if known)
+        self.peak_flops = self.device.peak_flops(self.device.precision(config.precision), config.tf32)
         self.train_batches, self.loss_fn, self.val_batches, self.eval_fn = train_batches, loss_fn, val_batches, eval_fn
         self.extra_state = extra_state if extra_state is not None else {}  # this very dict: its owner may update it
         self.work_after_training, self.clock = work_after_training, clock or time.perf_counter
@@ -412,7 +415,7 @@ class Trainer:
         elapsed = self.state.elapsed_s = self.clock() - run_start  # the run's minutes, as its last line says them
         step_s = self._pace.step_seconds(self.step)
         self._left = time_left(self.config, self.plan is not None, self.step, elapsed, self.train_seconds, step_s)
-        figures = {key: record.get(key) for key in ("train_loss", "lr", "tokens_per_s")}
+        figures = {key: record.get(key) for key in ("train_loss", "lr", "tokens_per_s", "mfu", "peak_memory_mb")}
         return Progress(self.step, self.config.steps, elapsed, self._left, **figures)
 
     def _log(self, lr: float, window: Window, run_start: float, last: bool) -> dict | None:
@@ -427,6 +430,7 @@ class Trainer:
                 grad_norm=window.grad_norm,
                 bad_steps=self.bad_steps,
             )
+            record.update(self._device_figures(record["tokens_per_s"]))
             record.update(step_figures(self.model))  # the model's own: experts' aux loss, dropped fraction, load
             window.reset()
         can_evaluate = self.evaluator.evaluates
@@ -448,6 +452,15 @@ class Trainer:
             if evaluated:
                 self.report(Evaluation(self.step, cfg.steps, record, self._left))
         return record
+
+    def _device_figures(self, tokens_per_s: float | None) -> dict[str, float | None]:
+        """A log record's model FLOPs utilisation (None where the device's peak is unknown: the CPU) and the peak
+        memory of the device so far (`Accelerator.peak_memory`), both from counters on the host: no sync."""
+        peak = self.device.peak_memory()
+        return {
+            "mfu": utilisation(self.flops_per_token, tokens_per_s, self.peak_flops, self.world_size),
+            "peak_memory_mb": None if peak is None else round(peak / 1e6, 1),
+        }
 
     def evaluate(self) -> dict[str, float]:
         """Validation metrics now: `val_loss` and whatever `eval_fn` returns. Training randomness is untouched."""
