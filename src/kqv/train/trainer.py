@@ -46,11 +46,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from contextlib import ExitStack, suppress
-from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
@@ -58,7 +56,7 @@ from ..errors import ConfigError, ConfigTypeError
 from ..nn.training import step_figures
 from ..signals import deferred
 from . import distributed
-from .budget import Planner, Watch, announcement, replanned_announcement, resumed_plan, time_left
+from .budget import resumed_plan, time_left
 from .checkpoints import Checkpoint, read_checkpoint
 from .compiling import training_module
 from .config import TrainConfig, learning_rate, replan
@@ -69,6 +67,7 @@ from .flops import model_flops_per_token, utilisation
 from .metrics import Pace, Window, append_metrics, format_duration, plot_losses
 from .nonfinite import NonFiniteGuard, TrainingDiverged, diverged_message, warn_withheld
 from .optimizer import make_optimizer
+from .pacing import Pacing
 from .placement import place_model
 from .reporter import Reporter
 from .rng import rng_state, start_generators
@@ -111,6 +110,8 @@ class Trainer:
     by default its rows), by which each process's loss is weighted under torchrun (`kqv.train.distributed.share`).
     """
 
+    resumed_from: int | None = None  # the update a resumed run's checkpoint was taken after (`_resume`)
+
     def __init__(
         self,
         model: nn.Module,
@@ -149,7 +150,6 @@ class Trainer:
         ) = place_model(model, config, saved_weights)
         self.config = config
         self.flops_per_token = model_flops_per_token(self.model)  # for MFU, against the device's peak (if known)
-        self.peak_flops = self.device.peak_flops(self.device.precision(config.precision), config.tf32)
         self.train_batches, self.loss_fn, self.val_batches, self.eval_fn = train_batches, loss_fn, val_batches, eval_fn
         self.extra_state = extra_state if extra_state is not None else {}  # this very dict: its owner may update it
         self.work_after_training, self.clock = work_after_training, clock or time.perf_counter
@@ -158,7 +158,6 @@ class Trainer:
         self.state = TrainState()  # progress: saved in every checkpoint and restored by a resume
         self.guard = NonFiniteGuard(config.max_bad_steps, self.device.device)
         self.replanned: dict[str, Any] | None = None  # the metrics record of a resume that changed the plan
-        self.resumed_from: int | None = None  # the update a resumed run's checkpoint was taken after
         # The loop's state: generators and where an interrupt may save.
         self._saved_rng: list[dict | None] | None = None  # generator states of a resumed run, per rank
         self._boundary_rng: dict[str, Any] | None = None  # generator state after the last completed update
@@ -280,8 +279,7 @@ class Trainer:
         checkpointing on the way. The window is read (one host sync) only when one of them is due."""
         self.ddp_model.train()
         self._pace = Pace(self.clock, self.step)
-        planner = Planner.for_session(self.config, self.step, self.plan, self.work_after_training)
-        watch = Watch.for_session(self.config, self.plan)  # after the plan: is its promise still kept?
+        pacing = Pacing(self)  # a budget's plan, fixed and then kept (kqv.train.pacing)
         window = Window()
         run_start = self.clock() - self.state.elapsed_s
         result: dict[str, float] = {"step": self.step}
@@ -296,7 +294,7 @@ class Trainer:
                     self._boundary_rng = rng_state()
                     self._mark = distributed.update_mark(self.device.device, self.world_size)  # its kernels queued
                 window.add(self.step, outcome.loss, outcome.grad_norm, outcome.good, outcome.tokens)
-                planning = planner is not None and planner.due(self.step)
+                planning = pacing.due(self.step)
                 read = self._due() or planning
                 if read:
                     self._read(window)  # the one sync: inside the update's time, which it waited for
@@ -306,15 +304,7 @@ class Trainer:
                     now - run_start,
                     self.state.train_seconds + now - started,
                 )
-                if planner is not None:
-                    planner.timed(self.step, now - started)
-                if watch is not None:
-                    watch.timed(now - started)
-                if planning:
-                    planner = self._fix_plan(planner, run_start)
-                    watch = Watch.for_session(self.config, self.plan)
-                elif watch is not None and read and watch.due(self.step, self.config.steps):
-                    self._replan(watch, run_start)
+                pacing.after_update(now - started, planning, read, run_start)
                 last = self.step == self.config.steps or self._out_of_time(read)
                 if last and not read:
                     self._read(window)
@@ -366,49 +356,6 @@ class Trainer:
             return False
         return distributed.rank0_says(self.state.train_seconds >= limit * 60, self.world_size)
 
-    def _fix_plan(self, planner: Planner, run_start: float) -> None:
-        """Time one evaluation and one checkpoint, ask `planner` for the plan (rank 0; the others receive its
-        steps) and apply it: the config's steps and the state's plan, recorded in a checkpoint and in metrics.jsonl,
-        and said to the reporter. `run_start`: the clock's reading at the run's start. Returns no planner: done."""
-        started = self.clock()
-        metrics = self.evaluate() if self.evaluator.evaluates else {}
-        if self.rank == 0 and self.run.metrics_file.exists():
-            self._plot()
-        evaluated = self.clock()
-        self.save_checkpoint()
-        now = self.clock()
-        plan = (
-            planner.plan(self.step, now - run_start, evaluated - started, now - evaluated) if self.rank == 0 else None
-        )
-        steps = torch.tensor(plan.steps if plan else 0)
-        if self.world_size > 1:
-            dist.broadcast(steps, src=0)
-        self.config = self.updater.config = self.evaluator.config = replace(self.config, steps=int(steps))
-        self.state.plan = asdict(plan) if plan else {"steps": int(steps)}
-        self.save_checkpoint()  # the plan, recorded at once
-        if plan is not None:
-            record = {"step": self.step, **metrics, "plan": self.plan, "train_seconds": self.state.train_seconds}
-            append_metrics(self.run.metrics_file, {**record, "elapsed_s": self.clock() - run_start})
-            self.report(announcement(plan))
-        return None
-
-    def _replan(self, watch: Watch, run_start: float) -> None:
-        """At a log interval after the plan: rank 0 asks `watch` whether the pace since its last look still ends
-        within the budget, and every rank applies the steps of a new plan, said and recorded in metrics.jsonl."""
-        plan = watch.check(self.config, self.step, self.clock() - run_start) if self.rank == 0 else None
-        steps = torch.tensor(plan.steps if plan else 0)
-        if self.world_size > 1:
-            dist.broadcast(steps, src=0)
-        if not int(steps):
-            return
-        was = self.state.plan
-        self.config = self.updater.config = self.evaluator.config = replace(self.config, steps=int(steps))
-        self.state.plan = watch.plan = asdict(plan) if plan else {**was, "steps": int(steps)}
-        if plan is not None:
-            record = {"step": self.step, "replan": self.plan, "train_seconds": self.state.train_seconds}
-            append_metrics(self.run.metrics_file, {**record, "elapsed_s": self.clock() - run_start})
-            self.report(replanned_announcement(plan, was))
-
     def _progress(self, record: dict[str, Any], run_start: float) -> Progress:
         """The event after an update, with the time left at this session's pace (`record`: the last log record;
         `run_start`: the clock's reading at the run's start)."""
@@ -453,12 +400,15 @@ class Trainer:
                 self.report(Evaluation(self.step, cfg.steps, record, self._left))
         return record
 
+    def _peak_flops(self) -> float | None:
+        return self.device.peak_flops(self.device.precision(self.config.precision), self.config.tf32)
+
     def _device_figures(self, tokens_per_s: float | None) -> dict[str, float | None]:
         """A log record's model FLOPs utilisation (None where the device's peak is unknown: the CPU) and the peak
         memory of the device so far (`Accelerator.peak_memory`), both from counters on the host: no sync."""
         peak = self.device.peak_memory()
         return {
-            "mfu": utilisation(self.flops_per_token, tokens_per_s, self.peak_flops, self.world_size),
+            "mfu": utilisation(self.flops_per_token, tokens_per_s, self._peak_flops(), self.world_size),
             "peak_memory_mb": None if peak is None else round(peak / 1e6, 1),
         }
 
