@@ -39,6 +39,20 @@ class FakeMachine:
         return model(*batch)
 
 
+class LoadedMachine(FakeMachine):
+    """A machine that another job slows down after `calls_before` training micro-batches: each takes `factor`
+    times as long from then on (validation batches too)."""
+
+    def __init__(self, batch_s: float, calls_before: int, factor: float):
+        super().__init__(batch_s)
+        self.calls_before, self.factor = calls_before, factor
+
+    def loss(self, model, batch):
+        if model.training and self.calls == self.calls_before:
+            self.batch_s *= self.factor
+        return super().loss(model, batch)
+
+
 def budget_config(**changes) -> TrainConfig:
     defaults = dict(
         steps=10_000,  # the upper bound: the budget decides
@@ -92,6 +106,36 @@ def test_a_budgeted_run_ends_its_schedule_within_its_budget(tmp_path, batch_s):
     assert final["lr"] == pytest.approx(cfg.min_lr_ratio * cfg.lr, rel=1e-12)  # the cosine reached its end
     assert 0.9 * 60 <= machine.now <= 60  # within the budget, and most of it used
     assert plan["predicted_s"] == pytest.approx(machine.now, abs=1e-6)  # the fake machine keeps its pace exactly
+
+
+def test_a_machine_slowed_after_the_plan_re_plans_and_still_ends_within_its_budget(tmp_path, capsys):
+    """Load that comes after the plan (updates twice as slow from update 100) would overrun a plan fixed once: the
+    run re-plans at a log interval, says so, records it, and ends its schedule within the budget."""
+    machine = LoadedMachine(0.15, calls_before=100, factor=2.0)
+    cfg = budget_config()
+    run = budget_trainer(tmp_path, cfg, machine, quiet=False, work_after_training=2)
+    final = run.train()
+    for _ in range(2):
+        run.evaluate()
+    planned = plan_of(tmp_path)["steps"]
+    assert 100 < planned  # the first plan counted on the unloaded pace
+    assert machine.now <= 60  # the promise: within the budget (the plan fixed once took 101 s)
+    assert run.step == final["step"] < planned
+    assert final["lr"] == pytest.approx(cfg.min_lr_ratio * cfg.lr, rel=1e-12)  # the schedule reached its new end
+    replans = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "replan" in r]
+    assert replans and replans[-1]["replan"]["steps"] == run.step
+    assert replans[-1]["replan"]["update_s"] == pytest.approx(0.3)
+    assert read_checkpoint(tmp_path).state["plan"]["steps"] == run.step  # a resume replays the new plan
+    out = capsys.readouterr().out
+    said = rf"re-planned at update \d+: updates now take [\d.]+ s \(planned 0.15 s\), so {planned} updates would"
+    assert re.search(said + r" overrun the 1-minute budget; now \d+ updates, about \d+ s in all", out)
+
+
+def test_a_machine_that_speeds_up_keeps_its_plan(tmp_path):
+    machine = LoadedMachine(0.3, calls_before=100, factor=0.5)
+    budget_trainer(tmp_path, budget_config(), machine).train()
+    assert not [r for r in read_metrics(tmp_path / "metrics.jsonl") if "replan" in r]
+    assert read_checkpoint(tmp_path).step == plan_of(tmp_path)["steps"] and machine.now < 60
 
 
 def test_the_slow_machine_plans_fewer_updates_than_the_fast_one(tmp_path):

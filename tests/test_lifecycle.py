@@ -117,3 +117,18 @@ def test_on_a_terminal_the_reporter_draws_the_bar_with_the_time_left_and_the_las
     assert "2/100" in sys.stderr.getvalue() and "left 4 min 12 s" in sys.stderr.getvalue()
     assert "loss=1.2500" in sys.stderr.getvalue()
     assert capsys.readouterr().out == "kqv: done\n"  # on a terminal the bar stands in for the progress lines
+
+
+def test_a_resumed_run_says_where_it_resumed_and_its_last_line_counts_the_minutes_its_progress_lines_count(tmp_path):
+    (tmp_path / "tiny.txt").write_text("To be, or not to be, that is the question.\n" * 40)
+    (tmp_path / "tiny.toml").write_text(TINY.format(position="rope"))
+    options = dict(out=tmp_path / "run", overrides=[f"data.path={tmp_path / 'tiny.txt'}"])
+    kqv.train("lm", tmp_path / "tiny.toml", quiet=True, **options)
+    events = []
+    kqv.train("lm", resume=True, steps=9, on_event=events.append, **options)
+    said = [e.text for e in events if isinstance(e, Message)]
+    assert any(re.fullmatch(r"resumed .*checkpoint at update 6 of 9, \d+ s into the run", text) for text in said)
+    last = [e for e in events if isinstance(e, Progress)][-1]
+    summary = events[-1].text
+    assert f"after 9 steps in {last.elapsed_s / 60:.1f} min (" in summary  # the run's minutes, every session
+    assert re.search(r"\(\d+\.\d min in this session, resumed at update 6\)$", summary)

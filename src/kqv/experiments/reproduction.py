@@ -45,7 +45,9 @@ from typing import Any
 from .provenance import TIMED, timing_change
 
 # keys that hold a time or a speed: never part of a fingerprint, even when two runs happen to agree
-TIMING = re.compile(r"(^|[/_ ])(ms|seconds|times|minutes|peak_mb|peak_rss_mb|wall|threads|tokens_per_s)($|[/_ \[])")
+TIMING = re.compile(
+    r"(^|[/_ ])(ms|seconds|times|minutes|peak_mb|peak_rss_mb|peak_memory_mb|mfu|wall|threads|tokens_per_s)($|[/_ \[])"
+)
 # experiments that train for a wall-clock budget: how far they get depends on the machine's load, so nothing they
 # compute can be fingerprinted (seen: 6 updates twice, then 7)
 WALL_CLOCK = {"rnn-vs-transformer"}

@@ -12,8 +12,6 @@ the command line (`kqv.cli`) parses flags and prints what these operations retur
 from __future__ import annotations
 
 import dataclasses
-import resource
-import sys
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -27,7 +25,7 @@ from torch import nn
 from ..data.tokenizers import load_tokenizer
 from ..errors import ConfigError, DataError, DataTypeError, RunError, option
 from ..nn.config import ModelConfig
-from ..nn.devices import Accelerator
+from ..nn.devices import Accelerator, peak_rss_bytes
 from ..nn.models import count_parameters
 from ..train.checkpoints import load_weights
 from ..train.events import Event, Plan, Sample, Summary
@@ -166,6 +164,16 @@ class TrainingResult:
     trainer: Trainer
     final: dict[str, float]
     wall_seconds: float
+
+    @property
+    def minutes(self) -> str:
+        """The run's minutes as its progress lines count them (every session of it), and a resumed run's own."""
+        run = f"{self.trainer.elapsed_s / 60:.1f} min"
+        if self.trainer.resumed_from is None:
+            return run
+        return (
+            f"{run} ({self.wall_seconds / 60:.1f} min in this session, resumed at update {self.trainer.resumed_from})"
+        )
 
 
 @dataclass
@@ -308,7 +316,7 @@ class Job:
 
     def conclusion(self, training: Training, summary: dict[str, Any]) -> str:
         """The line said after training, reading out `summary`."""
-        return f"{summary['steps']} steps in {training.result.wall_seconds / 60:.1f} min"
+        return f"{summary['steps']} steps in {training.result.minutes}"
 
     @staticmethod
     def open_run(run_dir: str | Path, *, resume: bool, overwrite: bool) -> AbstractContextManager[RunDirectory]:
@@ -440,13 +448,6 @@ def total_parameters(model: nn.Module) -> int:
     """Every distinct parameter of `model`, trainable or frozen (tied weights counted once); `count_parameters`
     counts the trainable ones."""
     return sum(p.numel() for p in model.parameters())  # parameters() yields a shared tensor once
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident set size in bytes: `getrusage`'s ru_maxrss, in bytes on macOS and in KiB on
-    Linux (and the BSDs)."""
-    unit = 1 if sys.platform == "darwin" else 1024
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * unit)
 
 
 def peak_rss_mb() -> float:

@@ -225,7 +225,7 @@ class ClsJob(Job):
         return (
             f"dev accuracy {summary['dev_accuracy']:.1%} on {summary['dev_examples']} examples (majority class: "
             f"{summary['majority_accuracy']:.1%}) after {summary['steps']} steps in "
-            f"{training.result.wall_seconds / 60:.1f} min"
+            f"{training.result.minutes}"
         )
 
     def _vocabulary(

@@ -434,7 +434,7 @@ class LMJob(Job):
 
     def conclusion(self, training: Training, summary: dict[str, Any]) -> str:
         val = summary["val"]
-        after = f"after {summary['steps']} steps in {training.result.wall_seconds / 60:.1f} min"
+        after = f"after {summary['steps']} steps in {training.result.minutes}"
         if "examples" in val:  # pairs
             return f"validation completion loss {val['loss']:.3f} nats/token over {val['examples']} examples {after}"
         bits = f" ({val['bits_per_char']:.3f} bits/char)" if "bits_per_char" in val else ""  # a prepared corpus's: none

@@ -207,7 +207,7 @@ class MLMJob(Job):
         return (
             f"masked-token accuracy {summary['masked_accuracy']:.1%} on {summary['masked_tokens']:,} hidden "
             f"validation tokens (always answering the most frequent one: {summary['unigram_accuracy']:.1%}) after "
-            f"{summary['steps']} steps in {training.result.wall_seconds / 60:.1f} min"
+            f"{summary['steps']} steps in {training.result.minutes}"
         )
 
 

@@ -260,7 +260,7 @@ class VitJob(Job):
         )
         return (
             f"ViT test accuracy {summary['test_accuracy']:.1%} on {summary['test_images']} images{against} after "
-            f"{summary['steps']} steps in {training.result.wall_seconds / 60:.1f} min"
+            f"{summary['steps']} steps in {training.result.minutes}"
         )
 
 

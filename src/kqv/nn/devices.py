@@ -14,13 +14,18 @@ Every device-specific choice lives here, not as `if device == ...` ladders throu
   one-row decoding products, the loss a cache-sized block of rows at a time) exist because torch's defaults are
   slow on CPUs; elsewhere torch's own kernels are the fast ones (`F.scaled_dot_product_attention` picks flash or
   memory-efficient attention on a GPU, and on CUDA the score biases and masked cores SDPA cannot take go through
-  flex_attention: `kqv.nn.flex`; the loss is the head and `F.cross_entropy` in one piece, which compile fuses).
+  flex_attention: `kqv.nn.flex`; the loss is the head and `F.cross_entropy` in one piece, which compile fuses);
+* `Accelerator.peak_flops(precision, tf32)` is the device's peak arithmetic where it is known (`PEAK_FLOPS`), the
+  denominator of a training's model FLOPs utilisation, and `Accelerator.peak_memory()` the most memory a run's
+  tensors have taken on it.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import resource
+import sys
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
@@ -75,6 +80,23 @@ def kernels(device: torch.device) -> Kernels:
     if device.type == "cpu":
         return CPU_KERNELS
     return CUDA_KERNELS if device.type == "cuda" else TORCH_KERNELS
+
+
+# Dense (no sparsity) peak FLOP/s of known CUDA GPUs, from NVIDIA's data sheets: (a substring of the name torch
+# gives, bf16 or fp16 tensor cores, TF32 tensor cores). The first match wins: the PCIe H100 before the SXM one.
+PEAK_FLOPS = (
+    ("H100 PCIe", 756e12, 378e12),
+    ("H100", 989e12, 494.5e12),  # SXM
+    ("H200", 989e12, 494.5e12),
+    ("A100", 312e12, 156e12),
+)
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size in bytes: `getrusage`'s ru_maxrss, in bytes on macOS and in KiB on
+    Linux (and the BSDs)."""
+    unit = 1 if sys.platform == "darwin" else 1024
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * unit)
 
 
 # oneDNN's ISA caps (ONEDNN_MAX_CPU_ISA, or DNNL_MAX_CPU_ISA) below its first level with bf16 instructions
@@ -196,6 +218,25 @@ class Accelerator:
         (torch's is process-wide, and a library that trains must not leave it changed). Nothing changes on other
         devices: the CPU's setting would switch oneDNN to reduced-precision products."""
         return tf32_products(enabled) if self.type == "cuda" else nullcontext()
+
+    def peak_flops(self, precision: Resolved, tf32: bool = True) -> float | None:
+        """The peak FLOP/s of this device computing in `precision` (fp32 products on TF32 tensor cores when `tf32`)
+        where `PEAK_FLOPS` knows it; None elsewhere (the CPU, Apple silicon, an unknown GPU): no MFU then."""
+        if self.type != "cuda" or (precision == "fp32" and not tf32):
+            return None
+        name = torch.cuda.get_device_name(self.device)
+        for known, half, tensor_float in PEAK_FLOPS:
+            if known in name:
+                return tensor_float if precision == "fp32" else half
+        return None
+
+    def peak_memory(self) -> int | None:
+        """The most bytes this process's tensors have taken on the device: CUDA's `max_memory_allocated` (a counter
+        on the host: no sync); on the CPU, where tensors live in the process's memory, its peak resident set; None
+        on Apple silicon, which keeps no peak."""
+        if self.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device)
+        return peak_rss_bytes() if self.type == "cpu" else None
 
     def batch(self, batch: Any) -> Any:
         """A training batch on this device; on the CPU the batch itself, untouched (no per-step cost there).

@@ -1,8 +1,9 @@
 """What a training loop asks of a kqv model, without knowing its classes: the layer blocks that FSDP shards and
 torch.compile compiles one by one, whether a step may leave parameters without a gradient (mixture-of-experts
 layers: an expert that got no tokens), and the figures of the last forward pass worth logging beside the loss
-(their routing statistics). `kqv.train` asks these questions here instead of importing the model's blocks and
-experts, so the trainer holds no knowledge of the architecture."""
+(their routing statistics), and the sizes its FLOPs per token are estimated from. `kqv.train` asks these
+questions here instead of importing the model's blocks and experts, so the trainer holds no knowledge of the
+architecture."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 from torch import nn
 
+from .attention import MultiHeadAttention
 from .experts import expert_layers, routing_metrics
 from .layers import DecoderBlock, EncoderBlock
 
@@ -28,3 +30,23 @@ def step_figures(model: nn.Module) -> dict[str, Any]:
     """What to log of the last forward pass beside the loss: mixture-of-experts routing (aux loss, dropped
     fraction, per-expert load); empty for a model without experts."""
     return routing_metrics(model)
+
+
+def matmul_parameters(model: nn.Module) -> int:
+    """The parameters that take part in matrix products, each counted once: all of them but embedding tables
+    looked up by index (learned positions; a token table unless it is tied to the output layer, which multiplies
+    by it), as nanoGPT's `get_num_params` counts for its FLOPs estimate."""
+    products = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+    looked_up = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)} - products
+    return sum(p.numel() for p in model.parameters() if id(p) not in looked_up)
+
+
+def attention_width(model: nn.Module) -> int:
+    """Heads times head dimension, summed over every attention layer (self and cross): with the context length,
+    what the attention scores and their weighted sums cost beyond the parameters' products."""
+    return sum(m.n_heads * m.head_dim for m in model.modules() if isinstance(m, MultiHeadAttention))
+
+
+def context_length(model: nn.Module) -> int:
+    """The longest sequence `model` takes (its config's `max_len`), 0 for a model without one."""
+    return int(getattr(getattr(model, "config", None), "max_len", 0) or 0)

@@ -10,6 +10,13 @@ Trainer applies (its steps, its state's plan). The plan is recorded in metrics.j
 checkpoint (state.json "plan"); from then on the run is an ordinary run of that many updates, so its schedule
 (warmup, cosine or inverse-sqrt) runs to its end.
 
+A budget is a promise, and a machine's pace may change after the plan (another job starts beside it). So the
+Trainer keeps timing the updates (`Watch`) and, at log intervals with at least `TIMED_UPDATES` updates timed since
+the last look, asks whether the rest of the plan, at the pace just measured (its evaluations slowed alike), still
+ends within the budget; if not, it re-plans from there (`Watch.check`: fewer updates, the schedule then ending at
+the new plan's end) and says so. A faster pace keeps the plan: it ends early, within its promise. Under torchrun
+rank 0 decides and the others receive its steps, at the same log interval on every rank.
+
 Why the updates before the plan agree with any plan: warmup is fixed in updates (`warmup_steps`), and for the
 cosine schedule, the one whose rates depend on `steps`, the plan is fixed at the latest at the end of the warmup,
 whose rates do not (`learning_rate`). So a budgeted run equals, bit for bit, the run of a fixed `steps` equal to its
@@ -59,6 +66,7 @@ class Plan:
     reserved_s: float  # the job's work after training: `work_after_training` evaluations
     predicted_s: float  # the whole run as planned, from its start: at most the budget less the margin
     limited_by: str  # "budget", "steps" (the upper bound) or "minimum" (the budget fits less than the warmup)
+    replans: int = 0  # how many times the pace measured after the plan changed it (`Watch`)
 
 
 def events(done: int, steps: int, every: int) -> int:
@@ -167,6 +175,67 @@ def announcement(plan: Plan) -> Message:
             warning=True,
         )
     return Message(text)
+
+
+def replanned_announcement(plan: Plan, was: dict[str, Any]) -> Message:
+    """What a re-plan changed, and why (a warning when even the shortest complete schedule overruns)."""
+    text = (
+        f"re-planned at update {plan.planned_at}: updates now take {plan.update_s:.3g} s (planned "
+        f"{was['update_s']:.3g} s), so {was['steps']} updates would overrun the {plan.budget_minutes:g}-minute "
+        f"budget; now {plan.steps} updates, about {format_duration(plan.predicted_s)} in all"
+    )
+    return Message(text, warning=plan.limited_by == "minimum")
+
+
+class Watch:
+    """After the plan: the pace of the updates since the last look, and a new plan when at that pace the run
+    would end past its budget (see the module docstring). Every rank keeps one; only rank 0's `check` decides."""
+
+    def __init__(self, config: TrainConfig, plan: dict[str, Any]):
+        self.config, self.plan = config, plan
+        self.seconds, self.updates = 0.0, 0
+
+    @classmethod
+    def for_session(cls, config: TrainConfig, plan: dict[str, Any] | None) -> Watch | None:
+        """A watch over a budgeted run's plan (None without one, or when a resume fixed other steps)."""
+        if not budgeted(config) or plan is None or "resumed_to" in plan:
+            return None
+        return cls(config, plan)
+
+    def timed(self, seconds: float) -> None:
+        """Note the seconds of one update (evaluations and checkpoints are not in them)."""
+        self.seconds += seconds
+        self.updates += 1
+
+    def due(self, step: int, steps: int) -> bool:
+        """Whether to look after update `step`: at a log interval, with enough updates timed, before the end (the
+        same answer on every rank, which all take part in the look)."""
+        return self.updates >= TIMED_UPDATES and step % self.config.log_every == 0 and step < steps
+
+    def check(self, config: TrainConfig, done: int, elapsed_s: float) -> Plan | None:
+        """Rank 0: a new plan when the rest of this one, at the pace measured since the last look, would end past
+        the budget (and change its steps); None to keep it. The pace is then measured afresh."""
+        plan, update_s = self.plan, self.seconds / self.updates
+        self.seconds, self.updates = 0.0, 0
+        if "update_s" not in plan:  # a plan received from rank 0 has only its steps
+            return None
+        slower = update_s / plan["update_s"]
+        eval_s, ckpt_s = plan["evaluation_s"] * slower, plan["checkpoint_s"]
+        reserved_s = plan["reserved_s"] * slower
+        budget_s = plan["budget_minutes"] * 60
+        rest = predicted_seconds(config, done, plan["steps"], update_s, eval_s, ckpt_s)
+        if elapsed_s + rest + reserved_s <= budget_s:
+            return None
+        available_s = budget_s * (1 - MARGIN) - elapsed_s - reserved_s
+        steps, limited_by = fit_steps(config, done, available_s, update_s, eval_s, ckpt_s)
+        if steps == plan["steps"]:
+            return None
+        predicted_s = elapsed_s + predicted_seconds(config, done, steps, update_s, eval_s, ckpt_s) + reserved_s
+        replans = plan.get("replans", 0) + 1
+        return Plan(
+            steps, plan["upper_bound"], plan["budget_minutes"], done, update_s, eval_s, ckpt_s, reserved_s,
+            predicted_s, limited_by, replans,
+        )  # fmt: skip
 
 
 def resumed_plan(config: TrainConfig, plan: dict[str, Any] | None, step: int) -> tuple[TrainConfig, dict | None]:

@@ -25,7 +25,8 @@ class Plan:
 class Progress:
     """After an update: `step` of `steps` (a budget's plan may change `steps`), seconds since the run started
     (`elapsed_s`), the estimated seconds of training left (`left_s`, None before an estimate), and the last logged
-    `train_loss`, learning rate and tokens per second (None before the first log record)."""
+    `train_loss`, learning rate, tokens per second, model FLOPs utilisation and peak memory in MB (None before the
+    first log record; `mfu` None where the device's peak is unknown)."""
 
     step: int
     steps: int
@@ -34,6 +35,8 @@ class Progress:
     train_loss: float | None = None
     lr: float | None = None
     tokens_per_s: float | None = None
+    mfu: float | None = None
+    peak_memory_mb: float | None = None
 
 
 @dataclass(frozen=True)

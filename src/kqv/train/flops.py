@@ -1,4 +1,5 @@
-"""How much arithmetic training costs: floating-point operations per token, counted by torch."""
+"""How much arithmetic training costs: floating-point operations per token, estimated in closed form (the Trainer's
+MFU) or counted by torch (benchmarks), and the model FLOPs utilisation a measured throughput achieves."""
 
 from __future__ import annotations
 
@@ -7,6 +8,31 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from ..nn.training import attention_width, context_length, matmul_parameters
+
+
+def estimated_flops_per_token(parameters: int, width: int, context: int) -> float:
+    """FLOPs of one forward and backward pass per token, PaLM's estimate (appendix B) as nanoGPT's `estimate_mfu`
+    takes it: 6N for the `parameters` (2N forward, 4N backward) plus 12 · `width` · `context` for the attention
+    scores and their weighted sums (`width`: heads × head dimension summed over the layers; `context`: the
+    sequence length, as if every query attended to all of it)."""
+    return 6 * parameters + 12 * width * context
+
+
+def model_flops_per_token(model: nn.Module) -> float:
+    """`estimated_flops_per_token` for `model`, from its sizes (`kqv.nn.training`); 6N alone for a model without
+    kqv's attention layers. Dense layers: a mixture of experts, which runs only some experts per token, is
+    overcounted."""
+    return estimated_flops_per_token(matmul_parameters(model), attention_width(model), context_length(model))
+
+
+def utilisation(flops_per_token: float, tokens_per_s: float | None, peak_flops: float | None, processes: int = 1):
+    """Model FLOPs utilisation: the FLOP/s that `tokens_per_s` (over all `processes`, each on its own device of
+    `peak_flops`) amounts to, as a fraction of the devices' peak; None without a throughput or a known peak."""
+    if not tokens_per_s or not peak_flops:
+        return None
+    return flops_per_token * tokens_per_s / (peak_flops * processes)
 
 
 def training_flops_per_token(

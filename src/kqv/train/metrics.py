@@ -139,13 +139,15 @@ def format_duration(seconds: float) -> str:
 
 
 def progress_line(step: int, steps: int, record: dict[str, Any], left: float | None = None) -> str:
-    """One progress line, e.g. `step  200/1200  train 1.912  val 1.987  41,250 tok/s  1.2 min  left 6 min 02 s`
-    (`left`: the estimated seconds of training still to come; `left ?` before the first estimate)."""
+    """One progress line, e.g. `step  200/1200  train 1.912  val 1.987  41,250 tok/s  MFU 31.5%  peak 1,204 MB
+    1.2 min  left 6 min 02 s` (`left`: the estimated seconds of training still to come; `left ?` before the first
+    estimate; MFU where the device's peak is known, peak memory where the device keeps one)."""
     parts = [f"step {step:>{len(str(steps))}}/{steps}"]
     parts += [
         f"{name.removesuffix('_loss')} {record[name]:.3f}" for name in ("train_loss", "val_loss") if name in record
     ]
     shown_otherwise = ("train_loss", "val_loss", "lr", "tokens_per_s", "grad_norm", "train_seconds", "elapsed_s")
+    shown_otherwise += ("mfu", "peak_memory_mb")
     parts += [
         f"{name} {value:.4g}"
         for name, value in record.items()
@@ -153,6 +155,10 @@ def progress_line(step: int, steps: int, record: dict[str, Any], left: float | N
     ]
     if record.get("tokens_per_s"):
         parts.append(f"{record['tokens_per_s']:,.0f} tok/s")
+    if record.get("mfu"):
+        parts.append(f"MFU {record['mfu']:.1%}")
+    if record.get("peak_memory_mb"):
+        parts.append(f"peak {record['peak_memory_mb']:,.0f} MB")
     parts += [f"{record['elapsed_s'] / 60:.1f} min", f"left {'?' if left is None else format_duration(left)}"]
     return "  ".join(parts)
 

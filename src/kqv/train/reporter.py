@@ -57,7 +57,12 @@ class Reporter:
         line (the next update is assumed to take as long as the last, so the line comes before the limit)."""
         if self.bar is None:
             self.bar = progress_bar(event.steps, event.step - 1, shown=True)
-        shown = {"train_loss": event.train_loss, "tokens_per_s": event.tokens_per_s}
+        shown = {
+            "train_loss": event.train_loss,
+            "tokens_per_s": event.tokens_per_s,
+            "mfu": event.mfu,
+            "peak_memory_mb": event.peak_memory_mb,
+        }
         self.shown.update({key: value for key, value in shown.items() if value is not None})
         self.bar.total, self.bar.left_s = event.steps, event.left_s
         if event.train_loss is not None:
@@ -65,6 +70,7 @@ class Reporter:
                 loss=f"{event.train_loss:.4f}",
                 **({"lr": f"{event.lr:.2e}"} if event.lr is not None else {}),
                 **({"tok/s": f"{event.tokens_per_s:,.0f}"} if event.tokens_per_s else {}),
+                **({"MFU": f"{event.mfu:.1%}"} if event.mfu else {}),
                 refresh=False,
             )
         self.bar.update(1)

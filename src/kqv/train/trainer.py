@@ -48,11 +48,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from contextlib import ExitStack, suppress
-from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
@@ -60,16 +58,18 @@ from ..errors import ConfigError, ConfigTypeError
 from ..nn.training import step_figures
 from ..signals import deferred
 from . import distributed
-from .budget import Planner, announcement, resumed_plan, time_left
+from .budget import resumed_plan, time_left
 from .checkpoints import Checkpoint, read_checkpoint
 from .compiling import training_module
 from .config import TrainConfig, learning_rate, replan
 from .distributed import Batch
 from .evaluator import Evaluator
 from .events import Evaluation, Message, Progress
-from .metrics import Pace, Window, append_metrics, plot_losses
+from .flops import model_flops_per_token, utilisation
+from .metrics import Pace, Window, append_metrics, format_duration, plot_losses
 from .nonfinite import NonFiniteGuard, TrainingDiverged, diverged_message, warn_withheld
 from .optimizer import make_optimizer
+from .pacing import Pacing
 from .placement import place_model
 from .reporter import Reporter
 from .rng import rng_state, start_generators
@@ -112,6 +112,8 @@ class Trainer:
     by default its rows), by which each process's loss is weighted under torchrun (`kqv.train.distributed.share`).
     """
 
+    resumed_from: int | None = None  # the update a resumed run's checkpoint was taken after (`_resume`)
+
     def __init__(
         self,
         model: nn.Module,
@@ -149,6 +151,7 @@ class Trainer:
             self.model,
         ) = place_model(model, config, saved_weights)
         self.config = config
+        self.flops_per_token = model_flops_per_token(self.model)  # for MFU, against the device's peak (if known)
         self.train_batches, self.loss_fn, self.val_batches, self.eval_fn = train_batches, loss_fn, val_batches, eval_fn
         self.extra_state = extra_state if extra_state is not None else {}  # this very dict: its owner may update it
         self.work_after_training, self.clock = work_after_training, clock or time.perf_counter
@@ -279,7 +282,7 @@ class Trainer:
         checkpointing on the way. The window is read (one host sync) only when one of them is due."""
         self.ddp_model.train()
         self._pace = Pace(self.clock, self.step)
-        planner = Planner.for_session(self.config, self.step, self.plan, self.work_after_training)
+        pacing = Pacing(self)  # a budget's plan, fixed and then kept (kqv.train.pacing)
         window = Window()
         run_start = self.clock() - self.state.elapsed_s
         result: dict[str, float] = {"step": self.step}
@@ -294,7 +297,7 @@ class Trainer:
                     self._boundary_rng = rng_state()
                     self._mark = distributed.update_mark(self.device.device, self.world_size)  # its kernels queued
                 window.add(self.step, outcome.loss, outcome.grad_norm, outcome.good, outcome.tokens)
-                planning = planner is not None and planner.due(self.step)
+                planning = pacing.due(self.step)
                 read = self._due() or planning
                 if read:
                     self._read(window)  # the one sync: inside the update's time, which it waited for
@@ -304,10 +307,7 @@ class Trainer:
                     now - run_start,
                     self.state.train_seconds + now - started,
                 )
-                if planner is not None:
-                    planner.timed(self.step, now - started)
-                if planning:
-                    planner = self._fix_plan(planner, run_start)
+                pacing.after_update(now - started, planning, read, run_start)
                 last = self.step == self.config.steps or self._out_of_time(read)
                 if last and not read:
                     self._read(window)
@@ -359,39 +359,13 @@ class Trainer:
             return False
         return distributed.rank0_says(self.state.train_seconds >= limit * 60, self.world_size)
 
-    def _fix_plan(self, planner: Planner, run_start: float) -> None:
-        """Time one evaluation and one checkpoint, ask `planner` for the plan (rank 0; the others receive its
-        steps) and apply it: the config's steps and the state's plan, recorded in a checkpoint and in metrics.jsonl,
-        and said to the reporter. `run_start`: the clock's reading at the run's start. Returns no planner: done."""
-        started = self.clock()
-        metrics = self.evaluate() if self.evaluator.evaluates else {}
-        if self.rank == 0 and self.run.metrics_file.exists():
-            self._plot()
-        evaluated = self.clock()
-        self.save_checkpoint()
-        now = self.clock()
-        plan = (
-            planner.plan(self.step, now - run_start, evaluated - started, now - evaluated) if self.rank == 0 else None
-        )
-        steps = torch.tensor(plan.steps if plan else 0)
-        if self.world_size > 1:
-            dist.broadcast(steps, src=0)
-        self.config = self.updater.config = self.evaluator.config = replace(self.config, steps=int(steps))
-        self.state.plan = asdict(plan) if plan else {"steps": int(steps)}
-        self.save_checkpoint()  # the plan, recorded at once
-        if plan is not None:
-            record = {"step": self.step, **metrics, "plan": self.plan, "train_seconds": self.state.train_seconds}
-            append_metrics(self.run.metrics_file, {**record, "elapsed_s": self.clock() - run_start})
-            self.report(announcement(plan))
-        return None
-
     def _progress(self, record: dict[str, Any], run_start: float) -> Progress:
         """The event after an update, with the time left at this session's pace (`record`: the last log record;
         `run_start`: the clock's reading at the run's start)."""
-        elapsed = self.clock() - run_start
+        elapsed = self.state.elapsed_s = self.clock() - run_start  # the run's minutes, as its last line says them
         step_s = self._pace.step_seconds(self.step)
         self._left = time_left(self.config, self.plan is not None, self.step, elapsed, self.train_seconds, step_s)
-        figures = {key: record.get(key) for key in ("train_loss", "lr", "tokens_per_s")}
+        figures = {key: record.get(key) for key in ("train_loss", "lr", "tokens_per_s", "mfu", "peak_memory_mb")}
         return Progress(self.step, self.config.steps, elapsed, self._left, **figures)
 
     def _log(self, lr: float, window: Window, run_start: float, last: bool) -> dict | None:
@@ -406,6 +380,7 @@ class Trainer:
                 grad_norm=window.grad_norm,
                 bad_steps=self.bad_steps,
             )
+            record.update(self._device_figures(record["tokens_per_s"]))
             record.update(step_figures(self.model))  # the model's own: experts' aux loss, dropped fraction, load
             window.reset()
         can_evaluate = self.evaluator.evaluates
@@ -427,6 +402,18 @@ class Trainer:
             if evaluated:
                 self.report(Evaluation(self.step, cfg.steps, record, self._left))
         return record
+
+    def _peak_flops(self) -> float | None:
+        return self.device.peak_flops(self.device.precision(self.config.precision), self.config.tf32)
+
+    def _device_figures(self, tokens_per_s: float | None) -> dict[str, float | None]:
+        """A log record's model FLOPs utilisation (None where the device's peak is unknown: the CPU) and the peak
+        memory of the device so far (`Accelerator.peak_memory`), both from counters on the host: no sync."""
+        peak = self.device.peak_memory()
+        return {
+            "mfu": utilisation(self.flops_per_token, tokens_per_s, self._peak_flops(), self.world_size),
+            "peak_memory_mb": None if peak is None else round(peak / 1e6, 1),
+        }
 
     def evaluate(self) -> dict[str, float]:
         """Validation metrics now: `val_loss` and whatever `eval_fn` returns. Training randomness is untouched."""
@@ -487,6 +474,13 @@ class Trainer:
                 f"steps asked for; to continue it, ask for more than {checkpoint.step} steps"
             )
         self.replanned = replan(checkpoint.config, self.config, checkpoint.step)
+        self.resumed_from = checkpoint.step
+        elapsed = format_duration(self.state.elapsed_s)
+        self.report(
+            Message(
+                f"resumed {checkpoint.path} at update {checkpoint.step} of {self.config.steps}, {elapsed} into the run"
+            )
+        )
 
     def _start_rng(self) -> None:
         """Seed a fresh run; restore the saved generators of a resumed one (reseed ranks that have none). This is

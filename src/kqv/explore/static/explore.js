@@ -396,10 +396,11 @@ function drawModelView() {
   });
 }
 
-function openCell(layer, head) {
+function openCell(layer, head) {  // a click on the model view or the statistics, below: the head opens in sight
   state.cell = {layer, head};
   drawModelView(); drawDetail(); drawStats(); saveHash();
   window.intervene?.drawn();  // intervene.js: look closer at the opened head
+  $("detail-box").scrollIntoView({block: "nearest"});
 }
 
 const SVG_CELLS = 4096;  // a detail map of up to this many weights is SVG cells (64 x 64); a larger one, one bitmap
@@ -659,13 +660,17 @@ async function analyze(saved = {}) {
   if (state.info.views.includes("next")) request.top_k = +$("top-k").value;
   const ticket = begin("analyze");
   dropContinuation();
+  if (state.analysis && state.request.text !== text) clearResult();  // no views of another text while this one comes
   $("status").textContent = "analysing\u2026";
   showError("");
   try {
     const analysis = unpack(await (await api("/api/analyze", {...request, weights: "micros"}, ticket.signal)).json());
     if (!latest("analyze", ticket)) return;
     state.analysis = analysis; state.request = request;
-    resetView(); applySaved(saved); draw(); showChosenToken();
+    resetView(); applySaved(saved); draw();
+    const picked = saved.token !== undefined && state.token !== view().queries.length - 1;
+    if (picked) showChosenToken();  // a shared view's own token; else the text's start stays in sight
+    else $("head-view").parentElement.scrollTop = 0;
   } catch (error) {
     if (!latest("analyze", ticket)) return;  // superseded: the newer request owns the page
     state.request = request;
@@ -813,7 +818,10 @@ async function start() {
   chooseOption($("beam"), saved.beam);
   chooseOption($("top-k"), saved.k);
   if (saved.text) { $("text").value = saved.text; await analyze(saved); }
-  else if (state.info.example) $("text").value = state.info.example;  // an input the model reads, to start from
+  else if (state.info.example) {  // an input the model reads: the first screen shows its views, no click needed
+    $("text").value = state.info.example;
+    await analyze();
+  }
 }
 
 start();

@@ -71,7 +71,7 @@ const intervene = (() => {
           <button id="ablate-chosen" type="button" disabled>Switch off the ticked heads together</button>
         </div>
         <p id="ablate-summary"></p>
-        <table id="ablation"></table>
+        <div class="table-scroll"><table id="ablation"></table></div>
         <table id="ablate-next"></table>
       </div>`;
     $("result").append(section);
@@ -322,6 +322,14 @@ const intervene = (() => {
 
   const COLUMNS = [["layer", "layer"], ["head", "head"], ["loss", "loss"], ["delta", "\u0394 loss"],
     ["kl", "KL next token"], ["p_top", "p(clean top-1)"], ["top", "top-1 after"]];
+  const EXPLAINED = {  // each column's meaning, as its header's tooltip
+    loss: "the text's loss (nats per token) with this head off",
+    delta: "the loss with this head off minus the loss with every head on",
+    kl: "KL(every head on || this head off) of the next token after the text",
+    p_top: "the probability, with this head off, of the token that is the top-1 next token with every head on " +
+      "(the clean top-1)",
+    top: "the top-1 next token with this head off",
+  };
 
   async function ablate(together) {
     const body = {text: state.request.text, mode: $("ablate-mode").value, top_k: 5};
@@ -335,11 +343,12 @@ const intervene = (() => {
   function drawAblation() {
     const a = ours.ablation, table = $("ablation");
     $("ablate-summary").textContent = `Loss of the text: ${a.loss.toFixed(4)} nats per token with every head ` +
-      `on; ${a.mode} ablation of each head alone below (click a column to sort; tick heads to switch off together).`;
+      `on; ${a.mode} ablation of each head alone below (click a column to sort; tick heads to switch off together). ` +
+      "p(clean top-1): the probability, with the head off, of the next token that is the top-1 with every head on.";
     const head = el("tr");
     head.append(el("th", {}, "off"));
     for (const [key, title] of COLUMNS) {
-      const sorted = ours.sort.key === key, th = el("th", {"data-key": key,
+      const sorted = ours.sort.key === key, th = el("th", {"data-key": key, title: EXPLAINED[key] || "",
         class: sorted ? "sorted" + (ours.sort.descending ? "" : " ascending") : ""}, title);
       activate(th, `ablate-sort-${key}`, () => {
         ours.sort = {key, descending: sorted ? !ours.sort.descending : true};
