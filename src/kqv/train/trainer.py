@@ -80,6 +80,15 @@ from .state import TrainState
 from .update import Updater
 
 
+def check_trainer_options(config: TrainConfig, if_exists: str, extra_state: dict[str, Any] | None) -> None:
+    """The Trainer's own arguments, checked before anything is placed or opened."""
+    if not isinstance(config, TrainConfig):
+        raise ConfigTypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+    if if_exists not in IfExists.__args__:
+        raise ConfigError(f"if_exists must be one of {list(IfExists.__args__)}, got {if_exists!r}")
+    check_extra_state(extra_state)
+
+
 class Trainer:
     """Trains `model` (an `nn.Module`, or a function without arguments that builds it) on `train_batches` by
     minimising `loss_fn`; see the module docstring for the contracts.
@@ -134,11 +143,7 @@ class Trainer:
         saved_weights: Callable[[dict[str, Tensor]], dict[str, Tensor]] | None = None,
         loss_terms: Callable[[Batch], float] | None = None,
     ):
-        if not isinstance(config, TrainConfig):
-            raise ConfigTypeError(f"config must be a TrainConfig, got {type(config).__name__}")
-        if if_exists not in IfExists.__args__:
-            raise ConfigError(f"if_exists must be one of {list(IfExists.__args__)}, got {if_exists!r}")
-        check_extra_state(extra_state)
+        check_trainer_options(config, if_exists, extra_state)
         # where it trains (`kqv.train.placement`); under FSDP `callers_model` is released by the shard
         (
             self.device,
