@@ -179,7 +179,7 @@ def test_an_overwrite_whose_validation_split_is_shorter_than_the_context_keeps_t
 def test_a_context_whose_batch_cannot_fit_in_memory_is_a_clear_error(files, capsys):
     config, corpus, out = files
     before = snapshot(out)
-    assert train(config, corpus, out, "--overwrite", "--set", "data.context=100000") == 2
+    assert train(config, corpus, out, "--overwrite", "--set", "data.context=100000000") == 2
     error = capsys.readouterr().err
     assert "memory" in error and "GB" in error and "data.context" in error
     assert snapshot(out) == before

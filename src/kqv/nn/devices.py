@@ -222,7 +222,7 @@ class Accelerator:
     def peak_flops(self, precision: Resolved, tf32: bool = True) -> float | None:
         """The peak FLOP/s of this device computing in `precision` (fp32 products on TF32 tensor cores when `tf32`)
         where `PEAK_FLOPS` knows it; None elsewhere (the CPU, Apple silicon, an unknown GPU): no MFU then."""
-        if self.type != "cuda" or (precision == "fp32" and not tf32):
+        if self.device.type != "cuda" or (precision == "fp32" and not tf32):  # the GPU itself is asked its name
             return None
         name = torch.cuda.get_device_name(self.device)
         for known, half, tensor_float in PEAK_FLOPS:

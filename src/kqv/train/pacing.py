@@ -57,7 +57,7 @@ class Pacing:
         started = trainer.clock()
         metrics = trainer.evaluate() if trainer.evaluator.evaluates else {}
         if trainer.rank == 0 and trainer.run.metrics_file.exists():
-            trainer._plot()
+            trainer.redraw_plot()
         evaluated = trainer.clock()
         trainer.save_checkpoint()
         now = trainer.clock()

@@ -61,7 +61,10 @@ def flat_state(model: nn.Module, optimizer: Any) -> dict[str, Tensor]:
     for name, entries in moments.items():
         for key, value in entries.items():
             if not isinstance(value, Tensor):
-                raise TypeError(f"optimizer state {name}/{key} is a {type(value).__name__}, not a tensor")
+                raise RunError(
+                    f"optimizer state {name}/{key} is a {type(value).__name__}, not a tensor: a sharded checkpoint "
+                    f"holds tensors alone (kqv's AdamW keeps nothing else)"
+                )
             flat[f"{OPTIMIZER_KEY}{name}/{key}"] = value
     return flat
 

@@ -403,7 +403,7 @@ class Trainer:
         if self.rank == 0:
             append_metrics(self.run.metrics_file, record)
             if evaluated or last:
-                self._plot()
+                self.redraw_plot()
             if evaluated:
                 self.report(Evaluation(self.step, cfg.steps, record, self._left))
         return record
@@ -458,9 +458,9 @@ class Trainer:
                 self.state, self.config, self.extra_state, self._boundary_rng, self.guard.skipping
             )
         if saved and self.run.metrics_file.exists():
-            self._plot()
+            self.redraw_plot()
 
-    def _plot(self) -> None:
+    def redraw_plot(self) -> None:
         """Redraw loss.png. A signal waits: one inside the lazy import of matplotlib would leave it half-loaded,
         and the plot after the interrupt would then fail."""
         with deferred():
