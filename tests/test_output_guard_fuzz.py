@@ -34,17 +34,7 @@ from kqv.errors import ConfigError
 from kqv.train import files
 from test_cli_fuzz import kqv as run_kqv
 from test_finetune import tiny_run
-
-PAIRS = "to be, \tor not\nthat is \tthe\nnot to\t be\nthe q\tuestion\n" * 3  # the source's characters only
-REFUSED = "a command never writes over what it reads"
-
-
-def tree(root: Path) -> dict[str, str]:
-    """Every entry under `root` (hidden ones too), a file by its SHA-256: what a refusal must leave as it was."""
-    return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
-        for p in sorted(root.rglob("*"))
-    }
+from test_output_paths import PAIRS, REFUSED, tree
 
 
 def one_line_error(status: int, error: str, *words: str) -> None:
