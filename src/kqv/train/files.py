@@ -105,14 +105,19 @@ def temporary_names(path: Path) -> Iterator[Path]:
 def temporary_file(path: Path) -> Path:
     """A new, empty temporary file of `path` of its own (`temporary_names`, created exclusively: never one that
     exists), with the mode a new file at `path` would have (the umask's)."""
-    names = temporary_names(path)
-    while True:
-        tmp = next(names)
+    return claimed(path, lambda tmp: os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)))
+
+
+def claimed(path: Path, make: Callable[[Path], object]) -> Path:
+    """The first of `path`'s temporary names (`temporary_names`) that `make(name)` creates without finding it taken
+    (FileExistsError): an exclusive creation, so no file a user or a second writer holds is ever taken."""
+    for tmp in temporary_names(path):
         try:
-            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            make(tmp)
             return tmp
         except FileExistsError:
             continue
+    raise AssertionError("temporary_names never ends")
 
 
 def is_temporary(path: Path, of: str | None = None) -> bool:
@@ -217,14 +222,7 @@ def restored_on_failure(path: Path) -> Iterator[None]:
     """Put `path` back as it was when the block fails: a resume rewrites run.toml and then SHA256SUMS, and a
     full disk between the two must not leave a run.toml its checksum no longer matches. The old file is kept
     as a hard link (no data to copy, so it works on a full disk) and renamed back."""
-    kept = None
-    if path.exists():
-        for kept in temporary_names(path):
-            try:
-                os.link(path, kept)
-                break
-            except FileExistsError:
-                continue
+    kept = claimed(path, lambda tmp: os.link(path, tmp)) if path.exists() else None
     try:
         yield
     except BaseException:
