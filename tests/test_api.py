@@ -138,9 +138,11 @@ def test_the_cross_attention_of_a_translation_run(mt_dir, capsys, tmp_path):
 
 
 def test_an_operation_the_run_s_job_does_not_offer_is_a_clear_error(lm_dir, mt_dir):
-    with pytest.raises(RunError, match=f"{mt_dir} is a translation run; generate works on lm runs"):
+    with pytest.raises(
+        RunError, match=f"{mt_dir} is a translation run, which cannot generate text; generate works on lm runs"
+    ):
         kqv.load(mt_dir).generate("eins")
-    with pytest.raises(RunError, match="is a language-model run; translate works on mt runs"):
+    with pytest.raises(RunError, match="is a language-model run, which cannot translate; translate works on mt runs"):
         kqv.load(lm_dir).translate(["To be"])
 
 

@@ -4,7 +4,7 @@ commands one entry each in the command line's), and `kqv train` and `kqv COMMAND
 import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import pytest
 import torch
@@ -16,6 +16,7 @@ from kqv.cli.flags import Flag
 from kqv.cli.main import COMMANDS, build_parser, main
 from kqv.jobs import JOBS, Job, TrainedRun, all_jobs, get_job, load_run
 from kqv.jobs.base import Outcome
+from kqv.jobs.offers import CAPABILITIES, Capability
 from kqv.train.runs import RunConfig, read_summary
 from kqv.validation import Config
 
@@ -49,8 +50,15 @@ class ToyRunConfig(RunConfig):
     toy: ToySection = field(default_factory=ToySection)
 
 
+@runtime_checkable
+class Guesses(Protocol):
+    """The toy job's capability: guess the token after 0."""
+
+    def guess(self) -> int: ...
+
+
 @dataclass(repr=False)
-class ToyRun(TrainedRun):
+class ToyRun(TrainedRun, Guesses):
     """The toy job's operation on a trained run, in plain Python."""
 
     def guess(self) -> int:
@@ -95,9 +103,10 @@ def print_count(run: ToyRun, args: argparse.Namespace) -> None:
 @pytest.fixture
 def toy_job(monkeypatch):
     """A job defined outside kqv, in a test: a language model of counting sequences, with a command of its own.
-    Adding it is one entry in each registry: the job, its training flags, and its command."""
+    Adding it is one entry in each registry: the job, its training flags, its run's capability, and its command."""
     job = ToyJob()
     monkeypatch.setitem(JOBS, "toy", job)
+    monkeypatch.setitem(CAPABILITIES, "guess", Capability(Guesses, "guess", "guess the token after 0"))
     monkeypatch.setitem(
         flags.TRAIN_FLAGS,
         "toy",
@@ -107,13 +116,14 @@ def toy_job(monkeypatch):
         COMMANDS,
         "count",
         RunCommand(
+            Guesses,
             {
                 "toy": JobCommand(
                     "print the model's guess after 0",
                     print_count,
                     (Flag("--times", "how often", options={"type": int, "default": 1}),),
                 )
-            }
+            },
         ),
     )
     return job

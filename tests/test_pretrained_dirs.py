@@ -78,9 +78,11 @@ def test_a_directorys_attention_is_hugging_faces(kind, gpt2_dir, bert_dir, token
 
 def test_what_a_directory_cannot_do_is_refused_by_name(bert_dir):
     run = kqv.load(bert_dir)
-    with pytest.raises(RunError, match="BertModel directory; generate works on GPT-2"):
+    with pytest.raises(
+        RunError, match="BertModel directory, which cannot generate text; generate works on lm runs and GPT-2"
+    ):
         run.generate("hello")
-    with pytest.raises(RunError, match="evaluate works on GPT-2 directories and kqv runs"):
+    with pytest.raises(RunError, match="evaluate works on lm, mt and vit runs and GPT-2 directories"):
         run.evaluate()
 
 
@@ -152,9 +154,18 @@ def test_kqv_attention_on_a_directory_draws_kqv_loads_maps(kind, gpt2_dir, bert_
 @pytest.mark.parametrize(
     "argv, words",
     [
-        (["translate", "{gpt2}", "hello"], ["GPT2LMHeadModel directory; translate works on Marian and BART"]),
-        (["generate", "{bert}", "--prompt", "hi"], ["BertModel directory; generate works on GPT-2 directories"]),
-        (["eval", "{bert}", "--data", "{gpt2}/config.json"], ["BertModel directory; evaluate works on GPT-2"]),
+        (
+            ["translate", "{gpt2}", "hello"],
+            ["GPT2LMHeadModel directory, which cannot translate; translate works on mt runs and Marian and BART"],
+        ),
+        (
+            ["generate", "{bert}", "--prompt", "hi"],
+            ["BertModel directory, which cannot generate text; generate works on lm runs and GPT-2 directories"],
+        ),
+        (
+            ["eval", "{bert}", "--data", "{gpt2}/config.json"],
+            ["BertModel directory, which cannot evaluate its model; evaluate works on"],
+        ),
         (["generate", "{gpt2}", "--prompt", "hi", "--seed", str(2**63)], ["--seed must be an integer from 0 to 2**63"]),
     ],
 )

@@ -16,8 +16,9 @@
     mt.score(["Im Anfang war das Wort"], ["In the beginning was the Word"])  # [log P(translation | source)]
 
 This layer sits above the jobs (which train and hold the operations of each kind of run: `LMRun`, `MTRun`,
-`VitRun`) and below the command line, which parses flags, calls these, and prints what they return. A run whose
-job does not offer an operation says so (`load("runs/mt").generate(...)` raises RunError).
+`VitRun`) and below the command line, which parses flags, calls these, and prints what they return. What a run
+can do is the capabilities its class implements (`kqv.jobs.offers`: `Generates`, `Translates`, ...); asked for
+one it lacks, it says so in one line (`load("runs/mt").generate(...)` raises RunError).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from .jobs import get_job, load_run
 from .jobs.base import AttentionMaps, TrainedRun
 from .jobs.lm import LMEvaluation, LMRun
 from .jobs.mt import MTEvaluation, MTRun
+from .jobs.offers import ExportsHF, require
 from .jobs.pretrained import PretrainedRun
 from .jobs.scoring import PairsEvaluation
 from .jobs.token_corpus import Prepared
@@ -131,7 +133,9 @@ def export(run: str | Path, *, hf: str | Path, merge: bool = False) -> Path:
     (`LMRun.export_hf`); a masked-LM run as a BERT directory (`AutoModelForMaskedLM`, `MLMRun.export_hf`). A
     configuration the format cannot hold is refused by name, with nothing written. A LoRA run needs `merge=True`:
     its adapters are folded into its weights (`kqv export RUN --hf DIR --merge`)."""
-    return load(run, device="cpu").export_hf(hf, merge=merge)
+    loaded = load(run, device="cpu")
+    require(loaded, ExportsHF)  # a run of a job that writes no Hugging Face directory, in one line
+    return loaded.export_hf(hf, merge=merge)
 
 
 def prepare(

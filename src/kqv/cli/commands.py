@@ -19,6 +19,7 @@ from ..errors import RunError
 from ..interop.directories import is_hf_directory
 from ..jobs import all_jobs, get_job
 from ..jobs.base import TrainedRun
+from ..jobs.offers import require
 from ..jobs.pretrained import PretrainedRun
 from ..train.runs import read_run, run_task
 from .flags import DEVICE_FLAG, SHARED_TRAIN_FLAGS, TRAIN_FLAGS, Flag
@@ -124,10 +125,11 @@ HF_ENTRIES = ("lm", "mt")  # the job entries whose operations a Hugging Face dir
 
 class RunCommand(Command):
     """`kqv NAME RUN [flags]`: RUN loaded by `kqv.api.load`, answered by the entry of the job that wrote it (its
-    run.toml's task; `HF_ENTRIES` for a Hugging Face directory), for the jobs in `by_job`."""
+    run.toml's task; `HF_ENTRIES` for a Hugging Face directory), for the jobs in `by_job`, whose runs offer
+    `capability` (a protocol of `kqv.jobs.offers`)."""
 
-    def __init__(self, by_job: dict[str, JobCommand]):
-        self.by_job = dict(sorted(by_job.items()))
+    def __init__(self, capability: type, by_job: dict[str, JobCommand]):
+        self.capability, self.by_job = capability, dict(sorted(by_job.items()))
 
     @property
     def help(self) -> str:
@@ -152,7 +154,8 @@ class RunCommand(Command):
     def run(self, args: argparse.Namespace) -> Any:
         """Load RUN as `kqv.load` does and hand it to the entry of its job; a run of a job without one is refused
         before its model is read. A Hugging Face directory (`PretrainedRun`) takes the LM entry where there is one
-        (generate, eval, attention) and else the MT entry (translate); it says itself what its model lacks."""
+        (generate, eval, attention) and else the MT entry (translate); one whose model lacks the capability is
+        refused once it is loaded (`kqv.jobs.offers.require`), before the entry starts."""
         hf = is_hf_directory(args.run)
         kind = (
             next((k for k in HF_ENTRIES if k in self.by_job), "") if hf else get_job(run_task(read_run(args.run))).name
@@ -160,7 +163,9 @@ class RunCommand(Command):
         if kind not in self.by_job:
             what = "a Hugging Face model directory" if hf else f"a run of task {kind!r}"
             raise RunError(f"{args.run} is {what}; kqv {args.command} works on runs of {sorted(self.by_job)}")
-        return self.by_job[kind].run(api.load(args.run, device=args.device), args)
+        loaded = api.load(args.run, device=args.device)
+        require(loaded, self.capability)
+        return self.by_job[kind].run(loaded, args)
 
 
 def report(line: str, result: dict[str, Any], as_json: bool) -> None:

@@ -15,6 +15,7 @@ from ..jobs.held import run_inputs
 from ..jobs.lm import ATTENTION_MAX_TOKENS, LMRun
 from ..jobs.mlm import MLMRun
 from ..jobs.mt import MTRun
+from ..jobs.offers import Evaluates, ExportsHF, Generates, ShowsAttention, Translates
 from ..jobs.pretrained import PretrainedRun
 from ..jobs.scoring import PairsEvaluation
 from ..jobs.vit import VitRun
@@ -266,6 +267,7 @@ def vit_attention(run: VitRun, args: argparse.Namespace) -> None:
 
 RUN_COMMANDS = {
     "generate": RunCommand(
+        Generates,
         {
             "lm": JobCommand(
                 "continue a prompt with a trained LM",
@@ -299,9 +301,10 @@ RUN_COMMANDS = {
                     ),
                 ),
             )
-        }
+        },
     ),
     "eval": RunCommand(
+        Evaluates,
         {
             "lm": JobCommand(
                 "perplexity and bits per character, or exact match on prompt -> completion pairs",
@@ -330,9 +333,10 @@ RUN_COMMANDS = {
                 ),
             ),
             "vit": JobCommand("accuracy on the held-out test images", vit_evaluate, (JSON_FLAG,)),
-        }
+        },
     ),
     "attention": RunCommand(
+        ShowsAttention,
         {
             "lm": JobCommand(
                 "draw the self-attention maps of every layer and head",
@@ -362,9 +366,10 @@ RUN_COMMANDS = {
                 vit_attention,
                 (OUT_PNG_FLAG, Flag("--images", "how many test images", options={"type": int, "default": 4})),
             ),
-        }
+        },
     ),
     "export": RunCommand(
+        ExportsHF,
         {
             "lm": JobCommand(
                 "write an LM run as a Hugging Face GPT-2 directory (transformers' from_pretrained loads it)",
@@ -383,9 +388,10 @@ RUN_COMMANDS = {
                 mlm_export,
                 (Flag("--hf", "the directory to write (new or empty)", options={"required": True}),),
             ),
-        }
+        },
     ),
     "translate": RunCommand(
+        Translates,
         {
             "mt": JobCommand(
                 "translate text with a trained MT run",
@@ -400,6 +406,6 @@ RUN_COMMANDS = {
                     *BEAM_FLAGS,
                 ),
             )
-        }
+        },
     ),
 }

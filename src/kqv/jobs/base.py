@@ -3,7 +3,8 @@
 A job is a `Job` subclass: it trains through the one lifecycle, `Job.train`, by supplying its corpus, model,
 batches and outcome (hooks); it builds its model and loads its runs (`Job.load`) as its
 `run_class`, a `TrainedRun` whose methods are the job's operations in plain Python (`LMRun.generate`,
-`MTRun.translate`, ...), returning values and printing nothing. The one registry of jobs is `kqv.jobs.JOBS`;
+`MTRun.translate`, ...), returning values and printing nothing; the capabilities it offers are the protocols of
+`kqv.jobs.offers` it implements. The one registry of jobs is `kqv.jobs.JOBS`;
 the command line (`kqv.cli`) parses flags and prints what these operations return.
 
 `docs/architecture.md` shows a new job step by step.
@@ -17,13 +18,13 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
 from torch import nn
 
 from ..data.tokenizers import load_tokenizer
-from ..errors import ConfigError, DataError, DataTypeError, RunError, option
+from ..errors import ConfigError, DataError, DataTypeError, option
 from ..nn.config import ModelConfig
 from ..nn.devices import Accelerator, peak_rss_bytes
 from ..nn.models import count_parameters
@@ -46,6 +47,7 @@ from ..train.runs import (
 )
 from ..train.slices import build_for
 from ..train.trainer import Trainer
+from .offers import Offering
 
 
 @dataclass(frozen=True)
@@ -97,8 +99,9 @@ def check_text(name: str, text: Any) -> None:
 
 
 @dataclass
-class TrainedRun:
-    """A trained run, loaded: its job, config, model (in eval mode), tokenizer and the whole run.toml."""
+class TrainedRun(Offering):
+    """A trained run, loaded: its job, config, model (in eval mode), tokenizer and the whole run.toml. What it can
+    do is its job's run class's capabilities (`kqv.jobs.offers`: `LMRun` generates, `MTRun` translates, ...)."""
 
     job: Job
     config: RunConfig
@@ -113,48 +116,13 @@ class TrainedRun:
         trains = f", {trainable:,} trainable" if trainable != total else ""
         return f"{type(self).__name__}({str(self.run_dir)!r}, task={self.job.name!r}, {total:,} parameters{trains})"
 
-    # The operations a job may offer on its runs; each run class overrides those its job has (see kqv.api).
+    @property
+    def place(self) -> Path:
+        return self.run_dir
 
-    def generate(self, *args: Any, **options: Any) -> Any:
-        """Continue a prompt (language-model runs: `LMRun.generate`)."""
-        raise self.not_offered("generate")
-
-    def complete(self, *args: Any, **options: Any) -> Any:
-        """Complete many prompts, each to its end of text (language-model runs: `LMRun.complete`)."""
-        raise self.not_offered("complete")
-
-    def evaluate(self, *args: Any, **options: Any) -> Any:
-        """Score the model on held-out data (`LMRun.evaluate`, `MTRun.evaluate`, `VitRun.evaluate`)."""
-        raise self.not_offered("evaluate")
-
-    def translate(self, *args: Any, **options: Any) -> Any:
-        """Translate sentences (translation runs: `MTRun.translate`)."""
-        raise self.not_offered("translate")
-
-    def attention(self, *args: Any, **options: Any) -> Any:
-        """The attention weights of one input (`LMRun.attention`, `MTRun.attention`, `VitRun.attention`)."""
-        raise self.not_offered("attention")
-
-    def export_hf(self, *args: Any, **options: Any) -> Any:
-        """Write the run as a Hugging Face directory (language-model runs: `LMRun.export_hf`)."""
-        raise self.not_offered("export_hf")
-
-    def not_offered(self, operation: str) -> RunError:
-        """The error for an operation this run's job does not have, naming the jobs that have it: those whose run
-        class overrides it, among the job classes defined (every one registered in `kqv.jobs.JOBS`, which this
-        module, below the registry, does not import)."""
-        able = sorted(
-            job.name
-            for job in subclasses(Job)
-            if hasattr(job, "name") and getattr(job.run_class, operation) is not getattr(TrainedRun, operation)
-        )
-        jobs = " and ".join([", ".join(able[:-1]), able[-1]] if len(able) > 1 else able)
-        return RunError(f"{self.run_dir} is {self.job.title} run; {operation} works on {jobs} runs")
-
-
-def subclasses(cls: type) -> list[type]:
-    """Every class derived from `cls`, at any depth."""
-    return [sub for direct in cls.__subclasses__() for sub in (direct, *subclasses(direct))]
+    @property
+    def kind(self) -> str:
+        return f"{self.job.title} run"
 
 
 @dataclass
@@ -176,20 +144,26 @@ class TrainingResult:
         )
 
 
-@dataclass
-class Training:
-    """One training as `Job.train` builds it, step by step: the config and opened run directory, then what the
-    job's hooks make (its `data`, `model`, the Trainer's `options`), then the Trainer's `result`. `handed` is what
-    a job's hooks hand each other besides, as the job's own typed object (the LM's fine-tune source, the MT job's
-    FLOPs per token), None when it has nothing to hand on."""
+ConfigT = TypeVar("ConfigT", bound=RunConfig)
+DataT = TypeVar("DataT")
+HandedT = TypeVar("HandedT")
 
-    config: Any
+
+@dataclass
+class Training(Generic[ConfigT, DataT, HandedT]):
+    """One training as `Job.train` builds it, step by step: the job's config and the opened run directory, then
+    what the job's hooks make (its `data`, `model`, the Trainer's `options`), then the Trainer's `result`. `handed`
+    is what a job's hooks hand each other besides (the LM's `FineTuneStart`, the MT job's `TrainingFlops`), None
+    when it has nothing to hand on. Each job names its own: `LMTraining = Training[LMRunConfig, ..., FineTuneStart]`.
+    The config changes only through the hooks that return it (`Job.settled`)."""
+
+    config: ConfigT
     run: RunDirectory
-    data: Any = None
+    data: DataT | None = None
     model: nn.Module | None = None
     options: dict[str, Any] = field(default_factory=dict)
     result: TrainingResult | None = None
-    handed: Any = None
+    handed: HandedT | None = None
 
 
 @dataclass(frozen=True)
@@ -259,6 +233,7 @@ class Job:
             report = Reporter(quiet or on_event is not None or not speaks, on_event if speaks else None)
             training = Training(config, run)
             training.data = self.make_corpus(training, **options)
+            training.config = self.settled(training)
             training.model = self.make_model(training)
             training.options = self.trainer_options(training)
             report(Plan(self.describe(training), count_parameters(training.model), config.train.steps, run.destination))
@@ -295,6 +270,12 @@ class Job:
         """The job's data, read or built and written into `training.run` (rank 0 alone writes under torchrun);
         `options`: the job's training options without a config key."""
         raise NotImplementedError
+
+    def settled(self, training: Training) -> RunConfig:
+        """The config this training records in run.toml and trains with, decided once its data is made: by default
+        `training.config` as given; a job that decides more from its data returns a changed copy (the LM: a
+        fine-tune's context, the sample prompt)."""
+        return training.config
 
     def make_model(self, training: Training) -> nn.Module:
         """The freshly seeded model for `training.data`: `start` (run.toml, then `build_model`), and whatever the

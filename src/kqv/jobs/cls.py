@@ -145,6 +145,9 @@ class ClsData:
     pretrained: TrainedRun | None
 
 
+ClsTraining = Training[ClsRunConfig, ClsData, None]  # `ClsJob.train`'s
+
+
 class ClsJob(Job):
     """`kqv train cls`: an encoder with a classification head on labelled text, from scratch or an mlm run's encoder."""
 
@@ -160,7 +163,7 @@ class ClsJob(Job):
     ) -> SequenceClassifier:
         return SequenceClassifier(model_config, len(values["labels"]["names"]), config.head.pooling)
 
-    def make_corpus(self, training: Training) -> ClsData:
+    def make_corpus(self, training: ClsTraining) -> ClsData:
         """The examples, their split and labels, and the vocabulary and model config: a pretrained MLM run's (with
         `data.init`), a resumed run's, or new ones; the vocabulary is saved into the run."""
         config, run = training.config, training.run
@@ -173,7 +176,7 @@ class ClsJob(Job):
             write_files(run.tokenizer_dir, vocabulary.files())
         return ClsData(train, dev, labels, vocabulary, model_config, pretrained)
 
-    def make_model(self, training: Training) -> SequenceClassifier:
+    def make_model(self, training: ClsTraining) -> SequenceClassifier:
         """A classifier, its encoder the pretrained MLM run's when there is one."""
         data = training.data
         model = self.start(training.config, training.run, data.model_config, labels={"names": data.labels})
@@ -183,7 +186,7 @@ class ClsJob(Job):
             model.encoder.load_state_dict(data.pretrained.model.encoder.state_dict())
         return model
 
-    def trainer_options(self, training: Training) -> dict[str, Any]:
+    def trainer_options(self, training: ClsTraining) -> dict[str, Any]:
         """Random training batches; the dev set in turn for the loss, and whole for the accuracy (beside always
         answering the majority class of the training examples)."""
         config, data = training.config, training.data
@@ -201,7 +204,7 @@ class ClsJob(Job):
             "eval_fn": lambda model: dev_set.accuracy(model, majority),
         }
 
-    def describe(self, training: Training) -> str:
+    def describe(self, training: ClsTraining) -> str:
         data = training.data
         start = f"the encoder of {training.config.data.init}" if data.pretrained is not None else "scratch"
         return (
@@ -209,7 +212,7 @@ class ClsJob(Job):
             f"{len(data.dev)} dev examples, {len(data.labels)} labels, run directory {training.run.destination}"
         )
 
-    def outcome(self, training: Training) -> Outcome:
+    def outcome(self, training: ClsTraining) -> Outcome:
         data, final = training.data, training.result.final
         return Outcome(
             {
@@ -221,7 +224,7 @@ class ClsJob(Job):
             }
         )
 
-    def conclusion(self, training: Training, summary: dict[str, Any]) -> str:
+    def conclusion(self, training: ClsTraining, summary: dict[str, Any]) -> str:
         return (
             f"dev accuracy {summary['dev_accuracy']:.1%} on {summary['dev_examples']} examples (majority class: "
             f"{summary['majority_accuracy']:.1%}) after {summary['steps']} steps in "

@@ -40,6 +40,7 @@ from .corpus import describe_corpus, load_tokens, prepare_corpus
 from .finetune import FINETUNE_CONTEXT, FinetuneConfig, FineTuneStart, fit_context
 from .init import SourceTokenizer, finetune_config, load_source_weights, read_source
 from .lm_data import DataConfig
+from .offers import Completes, Evaluates, ExportsHF, Generates, ShowsAttention
 from .sampling import SampleConfig, continuations, default_prompt, generation_config, write_samples
 from .scoring import (
     BATCH_SIZE,
@@ -222,8 +223,11 @@ def evaluate_text(
     return LMEvaluation(str(data), **perplexity(model, ids, context=context, n_chars=len(text), max_tokens=max_tokens))
 
 
+LMTraining = Training[LMRunConfig, tuple[Tokenizer, dict[str, torch.Tensor]], FineTuneStart]  # `LMJob.train`'s
+
+
 @dataclass(repr=False)  # TrainedRun.__repr__: the model is too long to print
-class LMRun(TrainedRun):
+class LMRun(TrainedRun, Generates, Completes, Evaluates, ShowsAttention, ExportsHF):
     """A trained language model: continue prompts, score text, and show its self-attention."""
 
     def generate(self, prompt: str, config: GenerationConfig | None = None, **options: Any) -> list[str]:
@@ -351,7 +355,7 @@ class LMJob(Job):
     def build_model(self, model_config: ModelConfig, config: RunConfig, values: dict[str, Any]) -> DecoderLM:
         return DecoderLM(model_config)
 
-    def make_corpus(self, training: Training) -> tuple[Tokenizer, dict[str, torch.Tensor]]:
+    def make_corpus(self, training: LMTraining) -> tuple[Tokenizer, dict[str, torch.Tensor]]:
         """The tokenizer and the encoded train and validation splits (`prepare_corpus`); a fine-tune's tokenizer is
         its source's (`kqv.jobs.init`)."""
         config, run = training.config, training.run
@@ -359,16 +363,20 @@ class LMJob(Job):
         training.handed = start = FineTuneStart()
         if config.data.init is not None and not run.resuming:
             start.source = source = read_source(config.data.init)
-            training.config = config = fit_context(config, source)
+            config = fit_context(config, source)  # as `settled` returns it
             start.model = finetune_config(source, config.model, config.model_options, config.data.context)
             config.finetune.adaptation.check(start.model)
             tokenizer_maker = SourceTokenizer(self, source)
         load = PreparedCorpus.load if config.data.prepared else prepare_corpus
-        tokenizer, tokens = load(tokenizer_maker, config.data, run, check_lm_run(config, start.model))
-        training.config = with_prompt(config, tokenizer, tokens)  # what run.toml records and the samples start from
-        return tokenizer, tokens
+        return load(tokenizer_maker, config.data, run, check_lm_run(config, start.model))
 
-    def make_model(self, training: Training) -> DecoderLM:
+    def settled(self, training: LMTraining) -> LMRunConfig:
+        """What run.toml records and the samples start from: a fine-tune's config with a context its source holds
+        (`fit_context`, as `make_corpus` prepared the data with), its sample prompt decided (`with_prompt`)."""
+        config, source = training.config, training.handed.source
+        return with_prompt(config if source is None else fit_context(config, source), *training.data)
+
+    def make_model(self, training: LMTraining) -> DecoderLM:
         """A new model; a fine-tune's has its source's config and weights, and run.toml records the source."""
         config, run, (tokenizer, _) = training.config, training.run, training.data
         adaptation, start = config.finetune.adaptation, training.handed
@@ -384,7 +392,7 @@ class LMJob(Job):
             adaptation.apply(model)
         return model
 
-    def trainer_options(self, training: Training) -> dict[str, Any]:
+    def trainer_options(self, training: LMTraining) -> dict[str, Any]:
         """Random blocks of the train split for each update, and of the validation split for each evaluation; on
         pairs, batches of examples (`kqv.jobs.completions`). A LoRA run's checkpoints hold its adapters alone."""
         config, (_, tokens) = training.config, training.data
@@ -403,14 +411,14 @@ class LMJob(Job):
             "saved_weights": config.finetune.adaptation.saved_weights,
         }
 
-    def describe(self, training: Training) -> str:
+    def describe(self, training: LMTraining) -> str:
         line = describe_corpus(training, training.data[0].vocab_size) + sources.describe(training.data[1])
         adaptation = training.config.finetune.adaptation
         if not adaptation.active:
             return line
         return f"{line}; {adaptation.describe()}, of {total_parameters(training.model):,} parameters"
 
-    def outcome(self, training: Training) -> Outcome:
+    def outcome(self, training: LMTraining) -> Outcome:
         """The perplexity of (up to `SCORED_TOKENS` of) the validation split, and the samples (samples.txt)."""
         config, model, (tokenizer, tokens) = training.config, training.model, training.data
         if config.data.examples:
@@ -432,7 +440,7 @@ class LMJob(Job):
             source["finetune"] = {**config.finetune.to_dict(), **adaptation.counts(model)}
         return Outcome({"val": val, **source}, samples[:1])
 
-    def conclusion(self, training: Training, summary: dict[str, Any]) -> str:
+    def conclusion(self, training: LMTraining, summary: dict[str, Any]) -> str:
         val = summary["val"]
         after = f"after {summary['steps']} steps in {training.result.minutes}"
         if "examples" in val:  # pairs

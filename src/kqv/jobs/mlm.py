@@ -34,6 +34,7 @@ from ..train.runs import RunConfig
 from ..validation import Config
 from .base import Job, Outcome, TrainedRun, Training
 from .corpus import describe_corpus, prepare_corpus
+from .offers import ExportsHF
 
 
 @dataclass
@@ -104,7 +105,7 @@ def masked_accuracy(model: torch.nn.Module, batches: list[tuple[Tensor, ...]]) -
 
 
 @dataclass(repr=False)  # TrainedRun.__repr__: the model is too long to print
-class MLMRun(TrainedRun):
+class MLMRun(TrainedRun, ExportsHF):
     """A trained MLM run; its tokenizer is the encoder's `Vocabulary`."""
 
     @property
@@ -140,6 +141,9 @@ def check_mlm_run(config: MLMRunConfig) -> Callable[[Any, dict[str, Tensor]], No
     return check
 
 
+MLMTraining = Training[MLMRunConfig, tuple[Vocabulary, dict[str, Tensor]], None]  # `MLMJob.train`'s
+
+
 class MLMJob(Job):
     """`kqv train mlm`: masked-language-model pretraining of an encoder."""
 
@@ -158,15 +162,15 @@ class MLMJob(Job):
     def build_model(self, model_config: ModelConfig, config: RunConfig, values: dict[str, Any]) -> MaskedLM:
         return MaskedLM(model_config)
 
-    def make_corpus(self, training: Training) -> tuple[Vocabulary, dict[str, Tensor]]:
+    def make_corpus(self, training: MLMTraining) -> tuple[Vocabulary, dict[str, Tensor]]:
         """The vocabulary and the encoded train and validation splits (`kqv.jobs.corpus.prepare_corpus`)."""
         return prepare_corpus(self, training.config.data, training.run, check_mlm_run(training.config))
 
-    def make_model(self, training: Training) -> MaskedLM:
+    def make_model(self, training: MLMTraining) -> MaskedLM:
         vocabulary, _ = training.data
         return self.start(training.config, training.run, training.config.model.replace(vocab_size=vocabulary.size))
 
-    def trainer_options(self, training: Training) -> dict[str, Any]:
+    def trainer_options(self, training: MLMTraining) -> dict[str, Any]:
         """Random blocks corrupted by BERT's masking for each update; for evaluation, blocks of the validation split
         with every selected token hidden, and the masked-token accuracy over `train.eval_batches` of them."""
         config, (vocabulary, tokens) = training.config, training.data
@@ -190,10 +194,10 @@ class MLMJob(Job):
             "eval_fn": lambda model: masked_accuracy(model, evaluation),
         }
 
-    def describe(self, training: Training) -> str:
+    def describe(self, training: MLMTraining) -> str:
         return describe_corpus(training, training.data[0].size)
 
-    def outcome(self, training: Training) -> Outcome:
+    def outcome(self, training: MLMTraining) -> Outcome:
         final = training.result.final
         return Outcome(
             {
@@ -203,7 +207,7 @@ class MLMJob(Job):
             }
         )
 
-    def conclusion(self, training: Training, summary: dict[str, Any]) -> str:
+    def conclusion(self, training: MLMTraining, summary: dict[str, Any]) -> str:
         return (
             f"masked-token accuracy {summary['masked_accuracy']:.1%} on {summary['masked_tokens']:,} hidden "
             f"validation tokens (always answering the most frequent one: {summary['unigram_accuracy']:.1%}) after "

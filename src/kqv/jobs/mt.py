@@ -59,6 +59,7 @@ from ..train.runs import RunConfig
 from ..train.slices import is_sliced
 from ..validation import Config, check_at_least, check_value
 from .base import AttentionMaps, Job, Outcome, TrainedRun, Training, check_text
+from .offers import Evaluates, ShowsAttention, Translates
 from .translation import (
     SPECIAL_TOKENS,
     DevEvaluation,
@@ -263,7 +264,7 @@ def read_lines(path: str | Path) -> list[str]:
 
 
 @dataclass(repr=False)  # TrainedRun.__repr__: the model is too long to print
-class MTRun(TrainedRun):
+class MTRun(TrainedRun, Translates, Evaluates, ShowsAttention):
     """A trained translation run: translate sentences with its decoding settings, score them, show the alignment."""
 
     def translate(
@@ -358,6 +359,9 @@ class TrainingFlops:
     per_token: float | None = None
 
 
+MTTraining = Training[MTRunConfig, MTData, TrainingFlops]  # `MTJob.train`'s
+
+
 class MTJob(Job):
     """`kqv train mt`: a Transformer (or LSTM) translation model; `kqv translate|eval|attention` on its runs."""
 
@@ -378,7 +382,7 @@ class MTJob(Job):
         return RNNConfig.from_dict(model_values) if kind == "lstm" else ModelConfig.from_dict(model_values)
 
     def make_corpus(
-        self, training: Training, *, data_from: str | Path | None = None, threads: int | None = None
+        self, training: MTTraining, *, data_from: str | Path | None = None, threads: int | None = None
     ) -> MTData:
         """The tokenizer, encoded splits and held-out texts (`prepare_data`). `data_from` is another MT run (or a
         directory written by `prepare_data`) whose tokenizer and encoded splits this run uses, e.g. to train the
@@ -391,11 +395,11 @@ class MTJob(Job):
             copy_data(data_from, run.path)
         return prepare_data(config, run.path, reuse=resume or data_from is not None, write=run.writes)
 
-    def make_model(self, training: Training) -> nn.Module:
+    def make_model(self, training: MTTraining) -> nn.Module:
         vocab_size = training.data.tokenizer.vocab_size
         return self.start(training.config, training.run, training.config.model_config(vocab_size))
 
-    def trainer_options(self, training: Training) -> dict[str, Any]:
+    def trainer_options(self, training: MTTraining) -> dict[str, Any]:
         """Token-budget batches of the training pairs, the label-smoothed loss and the dev evaluation (its time kept
         in the checkpoints' extra_state); the model's FLOPs per token, measured on three batches, go to `notes`."""
         config, data, model = training.config, training.data, training.model
@@ -421,7 +425,7 @@ class MTJob(Job):
             "work_after_training": test_cost(config, len(data.texts["test"][0])),
         }
 
-    def describe(self, training: Training) -> str:
+    def describe(self, training: MTTraining) -> str:
         config, data, splits = training.config, training.data, training.data.splits
         return (
             f"{config.kind} with {count_parameters(training.model):,} parameters; {len(splits['train']):,} training "
@@ -430,7 +434,7 @@ class MTJob(Job):
             f"{len(training.options['train_batches'])} batches per epoch; run directory {training.run.destination}"
         )
 
-    def outcome(self, training: Training) -> Outcome:
+    def outcome(self, training: MTTraining) -> Outcome:
         """The test split translated with beam search and scored (BLEU, chrF), with the training's figures: its
         real tokens, FLOPs, evaluation time and threads."""
         config, data, result = training.config, training.data, training.result
@@ -457,7 +461,7 @@ class MTJob(Job):
             }
         )
 
-    def conclusion(self, training: Training, summary: dict[str, Any]) -> str:
+    def conclusion(self, training: MTTraining, summary: dict[str, Any]) -> str:
         return (
             f"test BLEU {summary['test_bleu']:.2f}, chrF {summary['test_chrf']:.2f} (beam {summary['beam_size']}, "
             f"{summary['test_sentences']} sentences) after {summary['steps']} steps, "

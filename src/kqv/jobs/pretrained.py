@@ -14,13 +14,13 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from ..data.tokenizers import BPETokenizer
-from ..errors import ConfigError, ConversionError, RunError, option
+from ..errors import ConfigError, ConversionError, option
 from ..interop import from_hf
 from ..interop.convert import read_config_json
 from ..interop.directories import is_hf_directory, read_hf_tokenizer
@@ -32,15 +32,19 @@ from ..validation import check_at_least
 from .base import AttentionMaps, check_text
 from .lm import ATTENTION_MAX_TOKENS, LMEvaluation, evaluate_text, self_attention
 from .mt import DecodeConfig
+from .offers import Completes, Evaluates, ExportsHF, Generates, Offering, ShowsAttention, Translates
 from .sampling import continuations, generation_config
 from .scoring import BATCH_SIZE, PairsEvaluation, check_pairs_alone, complete, evaluate_pairs
 
-__all__ = ["PretrainedRun", "is_hf_directory"]
+__all__ = ["PretrainedEncoder", "PretrainedLM", "PretrainedRun", "PretrainedTranslator", "is_hf_directory"]
 
 
 @dataclass
-class PretrainedRun:
-    """A converted Hugging Face model with its tokenizer: the operations of a kqv run that apply to it."""
+class PretrainedRun(Offering):
+    """A converted Hugging Face model with its tokenizer; what it offers is its model's class's: a GPT-2
+    (`PretrainedLM`), a BERT (`PretrainedEncoder`) or a Marian or BART (`PretrainedTranslator`), by `load`."""
+
+    names: ClassVar[str] = "other"  # whose directories these are, as a refusal names them
 
     model: nn.Module
     tokenizer: BPETokenizer
@@ -54,7 +58,9 @@ class PretrainedRun:
         tokenizer = read_hf_tokenizer(path)
         names = read_config_json(path / "config.json").get("architectures")  # a ConversionError naming what is wrong
         hf_class = str(names[0]) if isinstance(names, list) and names else "?"
-        return cls(from_hf(path).eval().to(device), tokenizer, path, hf_class)
+        model = from_hf(path).eval().to(device)
+        offering = next((kind for kind, models in OFFERINGS if isinstance(model, models)), PretrainedRun)
+        return offering(model, tokenizer, path, hf_class)
 
     def __repr__(self) -> str:
         return f"PretrainedRun({str(self.path)!r}, {self.hf_class}, {type(self.model).__name__})"
@@ -64,20 +70,25 @@ class PretrainedRun:
         """The directory, named as a run's is (what the commands print)."""
         return self.path
 
+    @property
+    def place(self) -> Path:
+        return self.path
+
+    @property
+    def kind(self) -> str:
+        return f"a Hugging Face {self.hf_class} directory"
+
+
+@dataclass(repr=False)
+class PretrainedLM(PretrainedRun, Generates, Completes, Evaluates, ShowsAttention, ExportsHF):
+    """A GPT-2 directory: the operations of a kqv LM run, with its options and checks (`LMRun`)."""
+
+    names: ClassVar[str] = "GPT-2"  # whose directories these are, as a refusal names them
+
     def generate(self, prompt: str, config: GenerationConfig | None = None, **options: Any) -> list[str]:
         """`count` continuations of `prompt` (each with the prompt), as `LMRun.generate` makes them, with the same
         options (a `GenerationConfig` and/or its fields as keywords)."""
-        if not isinstance(self.model, DecoderLM):
-            raise self.not_offered("generate", "GPT-2 directories")
         return continuations(self.model, self.tokenizer, prompt, generation_config(self.model, config, options))
-
-    def attention(self, text: str, *, max_tokens: int = ATTENTION_MAX_TOKENS) -> AttentionMaps:
-        """The self-attention weights of every layer and head over `text`, rows and columns labelled by token (a
-        text of more than `max_tokens` tokens is refused, as `LMRun.attention` does)."""
-        model = self.model.encoder if isinstance(self.model, MaskedLM) else self.model
-        if not isinstance(model, (DecoderLM, Encoder)):
-            raise self.not_offered("attention", "GPT-2 and BERT directories")
-        return self_attention(model, self.tokenizer, text, max_tokens)
 
     def complete(
         self,
@@ -89,8 +100,6 @@ class PretrainedRun:
     ) -> list[str]:
         """A GPT-2's completion of each prompt, stopping at <|endoftext|> or after `max_new_tokens`, as
         `LMRun.complete` makes them."""
-        if not isinstance(self.model, DecoderLM):
-            raise self.not_offered("complete", "GPT-2 directories")
         return complete(self.model, self.tokenizer, prompts, generation_config(self.model, config, options), batch_size)
 
     def evaluate(
@@ -99,8 +108,6 @@ class PretrainedRun:
         """A GPT-2's loss, perplexity and bits per character on a text file or directory `data` (a directory has
         no held-out split of its own), in blocks of its context, as `LMRun.evaluate` scores text; or its completion
         loss and exact match on a file of `pairs`, as `LMRun.evaluate(pairs=...)` scores them."""
-        if not isinstance(self.model, DecoderLM):
-            raise self.not_offered("evaluate", "GPT-2 directories and kqv runs")
         if pairs is not None:
             check_pairs_alone(data, max_tokens)
             return evaluate_pairs(self.model, self.tokenizer, pairs)
@@ -116,9 +123,32 @@ class PretrainedRun:
         to merge, a GPT-2 directory has no adapters)."""
         from .export import export_hf
 
-        if not isinstance(self.model, DecoderLM):
-            raise self.not_offered("export_hf", "GPT-2 directories and kqv LM runs")
         return export_hf(self.model, self.tokenizer, directory, self.path)
+
+    def attention(self, text: str, *, max_tokens: int = ATTENTION_MAX_TOKENS) -> AttentionMaps:
+        """The self-attention weights of every layer and head over `text`, rows and columns labelled by token (a
+        text of more than `max_tokens` tokens is refused, as `LMRun.attention` does)."""
+        return self_attention(self.model, self.tokenizer, text, max_tokens)
+
+
+@dataclass(repr=False)
+class PretrainedEncoder(PretrainedRun, ShowsAttention):
+    """A BERT directory (the bare encoder or its masked-LM head): its self-attention."""
+
+    names: ClassVar[str] = "BERT"  # whose directories these are, as a refusal names them
+
+    def attention(self, text: str, *, max_tokens: int = ATTENTION_MAX_TOKENS) -> AttentionMaps:
+        """The self-attention weights of every layer and head over `text`, rows and columns labelled by token (a
+        text of more than `max_tokens` tokens is refused, as `LMRun.attention` does)."""
+        model = self.model.encoder if isinstance(self.model, MaskedLM) else self.model
+        return self_attention(model, self.tokenizer, text, max_tokens)
+
+
+@dataclass(repr=False)
+class PretrainedTranslator(PretrainedRun, Translates):
+    """A Marian or BART directory: kqv's beam search over the converted model."""
+
+    names: ClassVar[str] = "Marian and BART"  # whose directories these are, as a refusal names them
 
     def translate(
         self, sentences: str | Sequence[str], *, beam_size: int | None = None, length_penalty: float | None = None
@@ -135,8 +165,6 @@ class PretrainedRun:
         self, sentences: Sequence[str], beam_size: int | None = None, length_penalty: float | None = None
     ) -> list[list[int]]:
         """The target ids of each sentence's translation (`translate`), without the start and end tokens."""
-        if not isinstance(self.model, EncoderDecoder):
-            raise self.not_offered("translate", "Marian and BART directories")
         if beam_size is not None:
             check_at_least(option("beam_size"), beam_size, 1)
         ids, config = special_ids(self.path), self.model.config
@@ -158,8 +186,12 @@ class PretrainedRun:
             translations.append(out[: out.index(eos_id)] if eos_id in out else out)  # after the start token
         return translations
 
-    def not_offered(self, operation: str, where: str) -> RunError:
-        return RunError(f"{self.path} is a Hugging Face {self.hf_class} directory; {operation} works on {where}")
+
+OFFERINGS = (  # the run class of each kind of converted model
+    (PretrainedLM, DecoderLM),
+    (PretrainedEncoder, (Encoder, MaskedLM)),
+    (PretrainedTranslator, EncoderDecoder),
+)
 
 
 def special_ids(path: Path) -> dict[str, int]:

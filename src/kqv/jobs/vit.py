@@ -31,6 +31,7 @@ from ..nn.vision import ConvClassifier, MLPClassifier, ViT
 from ..train.runs import RunConfig
 from ..validation import Config, check_at_least
 from .base import Job, Outcome, TrainedRun, Training
+from .offers import Evaluates, ShowsAttention
 
 BASELINES = {"mlp": MLPClassifier, "conv": ConvClassifier}
 
@@ -166,7 +167,7 @@ class ClsAttention:
 
 
 @dataclass(repr=False)  # TrainedRun.__repr__: the model is too long to print
-class VitRun(TrainedRun):
+class VitRun(TrainedRun, Evaluates, ShowsAttention):
     """A trained Vision Transformer: its test accuracy, and where [CLS] looks."""
 
     def test_digits(self) -> Digits:
@@ -191,6 +192,9 @@ class VitRun(TrainedRun):
         return ClsAttention(maps, pixels[:, 0], labels.tolist(), predicted.tolist())
 
 
+VitTraining = Training[VitRunConfig, Digits, None]  # `VitJob.train`'s
+
+
 class VitJob(Job):
     """`kqv train vit`: a Vision Transformer on 8x8 digits, trained beside a baseline."""
 
@@ -207,16 +211,16 @@ class VitJob(Job):
     def load_tokenizer(self, run_dir: Path) -> None:
         return None  # images need none
 
-    def make_corpus(self, training: Training) -> Digits:
+    def make_corpus(self, training: VitTraining) -> Digits:
         """The digits, split and standardised."""
         return Digits.load(training.config.data, training.config.train.seed)
 
-    def make_model(self, training: Training) -> nn.Module:
+    def make_model(self, training: VitTraining) -> nn.Module:
         digits = training.data
         images = {"shape": list(DIGITS_SHAPE), "classes": DIGITS_CLASSES, "mean": digits.mean, "std": digits.std}
         return self.start(training.config, training.run, training.config.model.replace(vocab_size=1), images=images)
 
-    def trainer_options(self, training: Training) -> dict[str, Any]:
+    def trainer_options(self, training: VitTraining) -> dict[str, Any]:
         """Random batches of the training and validation images; the validation accuracy at each evaluation."""
         digits, seed, batch_size = training.data, training.config.train.seed, training.config.train.batch_size
         return {
@@ -226,7 +230,7 @@ class VitJob(Job):
             "eval_fn": lambda model: {"val_accuracy": digits.accuracy(model, "val")},
         }
 
-    def describe(self, training: Training) -> str:
+    def describe(self, training: VitTraining) -> str:
         config = training.config
         return (
             f"ViT of {count_parameters(training.model):,} parameters, {config.n_tokens - 1} patches of "
@@ -234,7 +238,7 @@ class VitJob(Job):
             f"training images, run directory {training.run.destination}"
         )
 
-    def outcome(self, training: Training) -> Outcome:
+    def outcome(self, training: VitTraining) -> Outcome:
         """The test accuracy, and the baseline's (`train_baseline`) for the ViT's training time and updates."""
         config, digits, trainer = training.config, training.data, training.result.trainer
         baseline = (
@@ -250,7 +254,7 @@ class VitJob(Job):
             }
         )
 
-    def conclusion(self, training: Training, summary: dict[str, Any]) -> str:
+    def conclusion(self, training: VitTraining, summary: dict[str, Any]) -> str:
         against = (
             f" ({summary['baseline']} baseline: {summary['baseline_test_accuracy']:.1%} in the same time, "
             f"{summary['baseline_steps']} steps; {summary['baseline_test_accuracy_same_steps']:.1%} after the same "
