@@ -14,6 +14,7 @@ from kqv.cli import flags
 from kqv.cli.commands import JobCommand, RunCommand
 from kqv.cli.flags import Flag
 from kqv.cli.main import COMMANDS, build_parser, main
+from kqv.errors import RunError
 from kqv.jobs import JOBS, Job, TrainedRun, all_jobs, get_job, load_run
 from kqv.jobs.base import Outcome
 from kqv.jobs.offers import CAPABILITIES, Capability
@@ -106,7 +107,7 @@ def toy_job(monkeypatch):
     Adding it is one entry in each registry: the job, its training flags, its run's capability, and its command."""
     job = ToyJob()
     monkeypatch.setitem(JOBS, "toy", job)
-    monkeypatch.setitem(CAPABILITIES, "guess", Capability(Guesses, "guess", "guess the token after 0"))
+    monkeypatch.setitem(CAPABILITIES, "guess", Capability(Guesses, "guess", "guess the token after 0", "toy runs"))
     monkeypatch.setitem(
         flags.TRAIN_FLAGS,
         "toy",
@@ -141,6 +142,8 @@ def test_a_new_job_trains_and_answers_its_commands_through_the_unchanged_cli(toy
     assert summary["steps"] == 2 and summary["note"] == "hi"
     assert load_run(out).job is toy_job and load_run(out).config.toy.length == 5  # --length set toy.length
     assert isinstance(load_run(out), ToyRun) and load_run(out).guess() in range(5)
+    with pytest.raises(RunError, match="is a toy run, which cannot generate text; generate works on lm runs"):
+        load_run(out).generate("0")  # what the toy's runs do not offer is refused as any job's
     capsys.readouterr()
     assert main(["count", str(out), "--times", "2"]) == 0
     assert len(capsys.readouterr().out.split()) == 2

@@ -176,13 +176,13 @@ class Outcome:
 
 class Job:
     """The contract of a job. Subclasses set the class attributes and implement `build_model` and the hooks of
-    the one lifecycle, `train`: `make_corpus`, `make_model`, `trainer_options`, and as they need `describe`, `outcome`
-    and `conclusion`."""
+    the one lifecycle, `train`: `make_corpus`, `make_model`, `trainer_options`, and as they need `settled`,
+    `describe`, `outcome` and `conclusion`. Each hook takes the job's own `Training` (`LMTraining`, ...)."""
 
     name: ClassVar[str]  # its key in kqv.jobs.JOBS, configs/NAME-*.toml, `task = NAME` in run.toml
     help: ClassVar[str]
     config_class: ClassVar[type[RunConfig]]
-    run_class: ClassVar[type[TrainedRun]] = TrainedRun  # its methods are what the job offers on a trained run
+    run_class: ClassVar[type[TrainedRun]] = TrainedRun  # what the job offers on a trained run (`kqv.jobs.offers`)
     noun: ClassVar[str | None] = None  # what its runs are called in messages ("translation"; default: the name)
 
     @property
