@@ -270,5 +270,7 @@ def test_a_run_of_another_job_says_complete_works_on_lm_runs(tmp_path):
 
     vit = get_job("vit")
     run = vit.run_class(vit, None, torch.nn.Linear(2, 2), None, tmp_path / "vit")
-    with pytest.raises(kqv.errors.RunError, match="vit is .* run; complete works on lm runs"):
+    with pytest.raises(
+        kqv.errors.RunError, match="vit is .* run, which cannot complete prompts; complete works on lm runs"
+    ):
         run.complete(["To be"])

@@ -150,7 +150,7 @@ class Seq2SeqTokenizer:
 
 class Seq2SeqRun:
     """A converted Marian or BART model as an MT run for MTSubject: `translate` is the directory's own
-    (`kqv.jobs.pretrained.PretrainedRun.translate_ids`: kqv's beam search from its decoder_start_token_id to its
+    (`kqv.jobs.pretrained.PretrainedTranslator.translate_ids`: kqv's beam search from its decoder_start_token_id to its
     eos_token_id, at most max_len_a * source length + max_len_b new tokens, [decode] defaults of the MT job)."""
 
     def __init__(self, run: Any, ids: dict[str, int]):
@@ -162,7 +162,7 @@ class Seq2SeqRun:
         self.config = SimpleNamespace(kind="transformer", decode=DecodeConfig())
 
     def translate(self, sentences: list[str], beam_size: int = 1) -> list[str]:
-        """`PretrainedRun.translate`'s ids, decoded by this tokenizer, which aligns the last one by its ids."""
+        """`PretrainedTranslator.translate`'s ids, decoded by this tokenizer, which aligns the last one by its ids."""
         translations = []
         for out in self.run.translate_ids([" ".join(sentence.split()) for sentence in sentences], beam_size):
             translations.append(self.tokenizer.decode(out))
