@@ -19,6 +19,7 @@ from kqv.jobs import JOBS
 from kqv.nn.devices import CUDA_KERNELS
 from kqv.nn.losses import whole_cross_entropy
 from kqv.train.flops import model_flops_per_token, training_flops_per_token
+from test_cli import TINY
 from test_interop import CASES, hf_model, inputs, randomized
 from test_losses_devices import on_kernels
 
@@ -201,3 +202,21 @@ def test_every_architecture_loads_into_a_padded_model_with_the_same_outputs_and_
 def real_rows(model, padded=128, vocab=101):
     """The state dict of `model` with every tensor of `padded` rows cut to its first `vocab`."""
     return {name: t[:vocab] if t.shape[:1] == (padded,) else t for name, t in model.state_dict().items()}
+
+
+def test_a_padded_lm_run_trains_and_exports_a_gpt2_of_the_real_vocabulary(tmp_path):
+    from transformers import GPT2LMHeadModel
+
+    (tmp_path / "tiny.txt").write_text("To be, or not to be, that is the question.\n" * 40)
+    config = TINY.format(position="learned").replace("dropout = 0.0", "dropout = 0.0\nvocab_multiple = 64")
+    (tmp_path / "tiny.toml").write_text(config)
+    data = f"data.path={tmp_path / 'tiny.txt'}"
+    kqv.train("lm", tmp_path / "tiny.toml", out=tmp_path / "run", overrides=[data], steps=2, quiet=True)
+    model = kqv.load(tmp_path / "run", device="cpu").model.eval()
+    vocab = model.config.vocab_size  # the characters of the text
+    assert model.lm_head.weight.shape == (MULTIPLE, 16) and vocab < MULTIPLE
+    hf = GPT2LMHeadModel.from_pretrained(kqv.export(tmp_path / "run", hf=tmp_path / "hf")).eval()
+    assert hf.config.vocab_size == vocab and hf.transformer.wte.weight.shape == (vocab, 16)
+    ids = torch.randint(0, vocab, (2, 10))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, model(ids), atol=1e-5, rtol=0)
