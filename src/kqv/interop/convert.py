@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from ..errors import ConfigError, ConfigTypeError, ConversionError
 from ..nn.config import ModelConfig
+from ..nn.vocabulary import real_rows
 from .architectures import ARCHITECTURES, CONFIG_SCHEMAS
 from .rules import Architecture, HFOrigin, require_kqv
 
@@ -21,7 +22,7 @@ from .rules import Architecture, HFOrigin, require_kqv
 # Public interface
 
 
-def from_hf(source: nn.Module | str | Path) -> nn.Module:
+def from_hf(source: nn.Module | str | Path, *, vocab_multiple: int = 1) -> nn.Module:
     """A kqv model with the weights of a Hugging Face model, in eval mode.
 
     `source` is a model object of a class in `ARCHITECTURES` or a local directory written by `save_pretrained`
@@ -31,7 +32,8 @@ def from_hf(source: nn.Module | str | Path) -> nn.Module:
     Its outputs equal the Hugging Face model's: the logits of GPT-2, Marian, BART and BERT's masked-LM head, the
     last hidden states of `BertModel`. BERT's token types are folded into the position table, which is exact for
     token_type_ids = 0 (one segment, the default); kqv has no second segment. `model.hf_origin` keeps what kqv does
-    not compute with, for `to_hf`.
+    not compute with, for `to_hf`. `vocab_multiple` pads its vocabulary as `ModelConfig.vocab_multiple` does (64:
+    GPT-2's 50,257 tokens become 50,304 rows), the padded rows zero; its outputs stay the checkpoint's.
     """
     if isinstance(source, (str, Path)):
         hf_config, weights = read_hf_directory(source)
@@ -43,7 +45,7 @@ def from_hf(source: nn.Module | str | Path) -> nn.Module:
         raise ConfigTypeError(f"from_hf takes a Hugging Face model or a directory path, got {type(source).__name__}")
     arch = architecture(hf_config, class_names)
     try:
-        config = arch.config_from_hf(hf_config)
+        config = arch.config_from_hf(hf_config).replace(vocab_multiple=vocab_multiple)
     except ConfigError as error:  # a value kqv's ModelConfig refuses
         if not isinstance(source, (str, Path)):
             raise
@@ -65,7 +67,7 @@ def from_hf(source: nn.Module | str | Path) -> nn.Module:
     kept |= checkpoint.take_matching(mapping.unused)
     checkpoint.check_all_used(arch.ignored)
     model = arch.kqv_model(config)
-    load_exactly(model, state)
+    load_exactly(model, padded_state(model, state))
     model.hf_origin = HFOrigin(arch.hf_class, hf_config.to_dict(), kept)
     return model.eval()
 
@@ -90,7 +92,7 @@ def to_hf(model: nn.Module, architecture_name: str | None = None, **config_optio
     kept = dict(origin.kept) if from_same_class else {}
     hf_config = build_hf_config(arch, model.config, base, config_options)
     mapping = arch.mapping(model.config, hf_config)
-    kqv_state = model.state_dict()
+    kqv_state = unpadded_state(model)
     state: dict[str, Tensor] = {}
     for rule in mapping.rules:
         tensors = [kqv_state[name] for name in rule.kqv]
@@ -419,6 +421,25 @@ def check_computed(name: str, tensor: Tensor, expected: Tensor) -> None:
             f"the checkpoint's {name} is not the fixed table kqv computes (shape {tuple(tensor.shape)}, "
             f"expected {tuple(expected.shape)}); kqv cannot represent a changed one"
         )
+
+
+def unpadded_state(model: nn.Module) -> dict[str, Tensor]:
+    """`model`'s state dict with a padded vocabulary's tensors cut to their real rows (`kqv.nn.vocabulary`): the
+    tensors of a checkpoint of the real vocabulary."""
+    rows = real_rows(model)
+    return {name: tensor[: rows[name]] if name in rows else tensor for name, tensor in model.state_dict().items()}
+
+
+def padded_state(model: nn.Module, state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """`state`, converted from a checkpoint of the real vocabulary, with each of `model`'s padded vocabulary
+    tensors grown by zero rows to the model's padded size (the inverse of `unpadded_state`)."""
+    rows, shapes = real_rows(model), {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    padded = dict(state)
+    for name in rows.keys() & state.keys():
+        tensor, size = state[name], shapes[name][0]
+        if tensor.shape[0] == rows[name] < size:  # a tensor of another size is load_exactly's to refuse
+            padded[name] = torch.cat((tensor, tensor.new_zeros(size - rows[name], *tensor.shape[1:])))
+    return padded
 
 
 def tied_groups(model: nn.Module) -> dict[str, set[str]]:

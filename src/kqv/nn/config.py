@@ -199,6 +199,9 @@ class ModelConfig(Config):
     The options of one kind live in its sub-config (a sub-table in TOML: `[model.linformer] k = 128`): `relative`,
     `linformer`, `bigbird`, `local`, `memory_compressed` and `experts`; `to_dict` writes those of the kinds in use.
     `vocab_size` None means "decided by the tokenizer": a job sets it, and a model cannot be built without it.
+    `vocab_multiple` pads the token table and the output layer to a multiple of it, as nanoGPT pads GPT-2's 50,257
+    tokens to 50,304 = 786 x 64 so that the output layer's products run in whole tiles on a GPU; the padded ids are
+    never read nor scored (`kqv.nn.vocabulary`), and exported weights keep the real vocabulary.
     """
 
     vocab_size: int | None = None
@@ -215,6 +218,7 @@ class ModelConfig(Config):
     activation: Activation = "gelu"
     bias: bool = True
     tie_embeddings: bool = True
+    vocab_multiple: int = 1  # pad the token table and the output layer to a multiple of this (1: no padding)
     output_bias: bool = False  # a bias on the output projection to the vocabulary (Marian and BART have one)
     scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model), as Vaswani et al. do
     embed_norm: bool = False  # a norm right after the embeddings, as BERT does
@@ -239,6 +243,11 @@ class ModelConfig(Config):
         for name in ("vocab_size", "n_encoder_layers", "n_decoder_layers", "tgt_vocab_size"):
             if getattr(self, name) is not None:
                 check_positive(name, getattr(self, name))
+        if self.vocab_multiple < 1:
+            raise ConfigError(
+                f"vocab_multiple must be at least 1 (1: no padding; 64 pads GPT-2's 50,257 tokens to 50,304), "
+                f"got {self.vocab_multiple}"
+            )
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.norm_eps <= 0:
@@ -349,6 +358,11 @@ class ModelConfig(Config):
     def decoder_layers(self) -> int:
         """n_decoder_layers, or n_layers when it is not set."""
         return self.n_decoder_layers or self.n_layers
+
+    def padded(self, vocab_size: int) -> int:
+        """`vocab_size` rounded up to a multiple of `vocab_multiple`: the rows of the token table and the output
+        layer of a vocabulary of that many tokens."""
+        return -(-vocab_size // self.vocab_multiple) * self.vocab_multiple
 
     @property
     def target_vocab_size(self) -> int:

@@ -34,6 +34,7 @@ from .devices import kernels, model_device
 from .embeddings import Embeddings
 from .layers import FeedForward, Residual, Sublayer
 from .positions import LearnedPositions
+from .vocabulary import PaddedHead
 
 __all__ = ["DecodeStep"]
 
@@ -73,8 +74,11 @@ def embed_function(embeddings: nn.Module):
 
 
 def linear(layer: nn.Module, one_row: bool = False):
-    """The functional form of an nn.Linear; any other projection (an int8 one from `in_dtype`, a subclass with a
-    forward of its own) is called as is."""
+    """The functional form of an nn.Linear, and of a `PaddedHead` (its padded product, then its real columns);
+    any other projection (an int8 one from `in_dtype`, a subclass with a forward of its own) is called as is."""
+    if keeps(layer, PaddedHead, "forward"):
+        product, real = matrix_product(layer.weight, layer.bias, one_row), layer.vocab_size
+        return lambda x: product(x)[:, :real]  # (rows, vocab)
     if not keeps(layer, nn.Linear, "forward"):
         return layer
     return matrix_product(layer.weight, layer.bias, one_row)

@@ -24,7 +24,9 @@ class Embeddings(nn.Module):
 
     `tokens` is the token table to use (shared with another model part), by default a new `nn.Embedding`; any
     module that maps the input to (batch, time, d_model) vectors works, e.g. a ViT's `PatchEmbedding`. `name` is
-    what an error about out-of-range ids calls them (`kqv.nn.checks.lookup_tokens`)."""
+    what an error about out-of-range ids calls them (`kqv.nn.checks.lookup_tokens`). A new table has
+    `config.padded(vocab_size)` rows (`kqv.nn.vocabulary`): the ids past `vocab_size` are padding, which no
+    tokenizer makes and `check_ids` refuses."""
 
     def __init__(self, config: ModelConfig, vocab_size: int | None, tokens: nn.Module | None = None, name: str = "ids"):
         super().__init__()
@@ -32,7 +34,7 @@ class Embeddings(nn.Module):
         if tokens is None:
             require_vocabulary(vocab_size)
         self.vocab_size = vocab_size
-        self.tokens = tokens if tokens is not None else nn.Embedding(vocab_size, config.d_model)
+        self.tokens = tokens if tokens is not None else nn.Embedding(config.padded(vocab_size), config.d_model)
         self.positions = input_positions(config)
         self.scale = math.sqrt(config.d_model) if config.scale_embeddings else 1.0
         self.norm = make_norm(config) if config.embed_norm else None

@@ -27,6 +27,7 @@ from .dropout import Dropout
 from .experts import with_auxiliary_loss
 from .layers import ACTIVATIONS, make_norm
 from .models import Encoder, init_weights, lm_loss
+from .vocabulary import output_layer
 
 Pooling = Literal["first", "mean"]
 
@@ -47,7 +48,8 @@ class MaskedLMHead(nn.Module):
         self.dense = nn.Linear(config.d_model, config.d_model, bias=config.bias)
         self.activation = ACTIVATIONS[config.activation]  # a gated activation's nonlinearity (silu, gelu)
         self.norm = make_norm(config)
-        self.to_vocab = nn.Linear(config.d_model, config.vocab_size, bias=True)  # BERT's head always has a bias
+        vocab = config.vocab_size  # BERT's head always has a bias; padded columns are cut off (`kqv.nn.vocabulary`)
+        self.to_vocab = output_layer(config.d_model, vocab, config.padded(vocab), bias=True)
         if tokens is not None:
             self.to_vocab.weight = tokens.weight
 

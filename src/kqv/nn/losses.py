@@ -13,6 +13,14 @@ a cache's size is a few rows (20 at GPT-2's vocabulary of 50,257), each block re
 forward and backward of thousands of small products. There, and wherever the step is compiled (where the loop
 would be unrolled into the graph, and the length of a sequence fixed by it), the loss is the head and
 `F.cross_entropy` in one piece, which torch.compile fuses.
+
+A padded vocabulary (`kqv.nn.vocabulary`) is scored over its real classes only: the padded columns are left out,
+not set to -inf. A -inf logit is a log-probability of -inf, which makes label smoothing's uniform term infinite
+(and counts the padding as classes). And leaving them out is as cheap on a GPU: the product still runs over the
+padded rows (the tile-friendly shape padding is for), and its real columns are a view, which a compiled step's
+fused softmax reads in place and bf16 autocast's fp32 cast copies as it would have copied the whole (only an eager
+fp32 step copies the view once more, where masking would write the padded columns of every row). The CPU's blocked
+kernel multiplies by the real rows of the weight only (a contiguous view): a CPU gains nothing from the padded shape.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from torch import Tensor, nn
 
 from ..errors import ConfigError, DataError
 from .devices import kernels
+from .vocabulary import classes
 
 BLOCK_LOGITS = 1 << 20  # logits per block: 4 MB in fp32, well inside a CPU's last-level cache
 
@@ -34,7 +43,8 @@ def linear_cross_entropy(
     `F.cross_entropy(head(hidden).flatten(0, -2).float(), targets.flatten(), ...)` computes it (under bf16
     autocast too: bf16 products, fp32 softmax), without the whole logits matrix.
 
-    hidden (..., d_model); targets (...) class ids, `ignore_index` where there is no target.
+    hidden (..., d_model); targets (...) class ids, `ignore_index` where there is no target. A `PaddedHead`'s
+    padded columns are no classes: the loss is over its first `vocab_size` (see the module's docstring).
     """
     if targets.shape != hidden.shape[:-1]:
         raise DataError(
@@ -46,10 +56,11 @@ def linear_cross_entropy(
         return whole_cross_entropy(hidden, head, targets, label_smoothing=label_smoothing, ignore_index=ignore_index)
     device = hidden.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+    real = classes(head)  # the real rows of the weight: a view, whose gradient lands in the whole weight's
     return _LinearCrossEntropy.apply(
         hidden.flatten(0, -2),
-        head.weight,
-        head.bias,
+        head.weight[:real],
+        None if head.bias is None else head.bias[:real],
         targets.flatten(),
         label_smoothing,
         ignore_index,
@@ -62,8 +73,9 @@ def whole_cross_entropy(
     hidden: Tensor, head: nn.Linear, targets: Tensor, *, label_smoothing: float = 0.0, ignore_index: int = -100
 ) -> Tensor:
     """`linear_cross_entropy` in one piece: the whole logits matrix, `F.cross_entropy` in fp32 over it (the
-    products in the autocast precision). One product forward and two backward, whatever the number of rows."""
-    logits = F.linear(hidden.flatten(0, -2), head.weight, head.bias)  # (tokens, vocab)
+    products in the autocast precision). One product forward and two backward, whatever the number of rows; over
+    a padded vocabulary the product is the padded one and the loss is over its real columns."""
+    logits = F.linear(hidden.flatten(0, -2), head.weight, head.bias)[:, : classes(head)]  # (tokens, vocab)
     return F.cross_entropy(
         logits.float(), targets.flatten(), ignore_index=ignore_index, label_smoothing=label_smoothing
     )

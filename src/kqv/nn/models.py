@@ -25,6 +25,7 @@ from .layers import DecoderBlock, EncoderBlock, make_norm
 from .losses import linear_cross_entropy
 from .positions import position_tensor
 from .sparse import share_linformer_projection
+from .vocabulary import output_layer
 
 
 class Encoder(nn.Module):
@@ -141,7 +142,8 @@ class DecoderLM(nn.Module):
         super().__init__()
         self.config = config
         self.decoder = Decoder(config, config.n_layers, config.vocab_size)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=config.output_bias)
+        vocab = config.vocab_size
+        self.lm_head = output_layer(config.d_model, vocab, config.padded(vocab), config.output_bias)
         init_weights(self)
         if config.tie_embeddings:
             self.lm_head.weight = self.decoder.embeddings.tokens.weight
@@ -245,7 +247,8 @@ class EncoderDecoder(nn.Module):
         self.encoder = Encoder(config)
         shared = self.encoder.embeddings.tokens if config.tgt_vocab_size is None else None
         self.decoder = Decoder(config, config.decoder_layers, config.target_vocab_size, shared, cross_attention=True)
-        self.lm_head = nn.Linear(config.d_model, config.target_vocab_size, bias=config.output_bias)
+        vocab = config.target_vocab_size
+        self.lm_head = output_layer(config.d_model, vocab, config.padded(vocab), config.output_bias)
         init_weights(self)
         if config.tie_embeddings:
             self.lm_head.weight = self.decoder.embeddings.tokens.weight

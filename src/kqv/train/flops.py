@@ -23,7 +23,8 @@ def estimated_flops_per_token(parameters: int, width: int, context: int) -> floa
 def model_flops_per_token(model: nn.Module) -> float:
     """`estimated_flops_per_token` for `model`, from its sizes (`kqv.nn.training`); 6N alone for a model without
     kqv's attention layers. Dense layers: a mixture of experts, which runs only some experts per token, is
-    overcounted."""
+    overcounted. A padded vocabulary (`ModelConfig.vocab_multiple`) counts at its padded rows: the GPU computes
+    them (the product is the padded one, its real columns taken after it)."""
     return estimated_flops_per_token(matmul_parameters(model), attention_width(model), context_length(model))
 
 
@@ -41,7 +42,8 @@ def training_flops_per_token(
     """Floating-point operations of one forward and backward pass of `loss_fn` per token, measured on `batches`
     (which hold `tokens` real, non-padding tokens) with torch's FlopCounterMode (matrix products and attention).
     FlopCounterMode does not see inside `nn.LSTM`, so its gate products are added by hand: 2 * 4 * hidden *
-    (input + hidden) per token and direction forward, times 3 with the backward pass."""
+    (input + hidden) per token and direction forward, times 3 with the backward pass. It counts what the kernels
+    ran: a padded output layer at its padded rows on a GPU, at its real rows under the CPU's blocked loss."""
     from torch.utils.flop_counter import FlopCounterMode
 
     lstm_flops = [0]
