@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "kqv"
 BUILT_INS = {"ValueError", "TypeError", "KeyError", "IndexError", "LookupError", "AttributeError"}
 # raises of a built-in that are right where they are: {"path:function": why}
 ALLOWED = {
-    "experiments/records.py:_json_default": "json.dumps's `default` hook must raise TypeError for what it cannot encode"
+    "measuring.py:_json_default": "json.dumps's `default` hook must raise TypeError for what it cannot encode"
 }
 
 
