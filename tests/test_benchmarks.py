@@ -1,6 +1,7 @@
 """The benchmark scripts still run against the current library: each parses its arguments and imports what it
 needs (an import the library renamed fails here, not in the middle of an hour-long measurement)."""
 
+import importlib
 import json
 import math
 import os
@@ -37,6 +38,27 @@ def test_benchmark_script_imports_and_parses_its_arguments(script):
     result = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "usage:" in result.stdout
+
+
+@pytest.mark.parametrize("script", BENCHMARKS, ids=lambda p: p.stem)
+def test_benchmark_script_imports_by_name_in_the_tests(script):
+    """Every script is a module the tests import by its name, with no edit of sys.path (pyproject's `pythonpath`),
+    as the scripts import each other."""
+    module = importlib.import_module(script.stem)
+    assert Path(module.__file__).resolve() == script.resolve() and callable(module.main)
+
+
+def test_ab_compare_lends_today_s_measuring_to_a_base_from_before_it(tmp_path):
+    """Today's scripts record through kqv.measuring: a base checkout without it gets today's copy, one with it
+    keeps its own."""
+    import ab_compare
+
+    (tmp_path / "src" / "kqv").mkdir(parents=True)
+    assert ab_compare.lend_measuring(tmp_path)
+    lent = tmp_path / "src" / "kqv" / "measuring.py"
+    assert lent.read_text() == (BENCHMARKS[0].parents[1] / "src" / "kqv" / "measuring.py").read_text()
+    lent.write_text("# the base's own\n")
+    assert not ab_compare.lend_measuring(tmp_path) and lent.read_text() == "# the base's own\n"
 
 
 def test_generation_speed_compares_kqv_and_hugging_face_on_the_same_weights(tmp_path):
