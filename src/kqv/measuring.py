@@ -5,7 +5,8 @@ JSON atomically (a reader sees the old file or the new one).
 
 A benchmark script writes its record with `write_record(path, record, seeds=..., started=...)`; the experiments'
 runner builds results.json's machine and provenance from `machine` and `git_state` and writes it with `write_json`.
-Nothing here changes a measured number, so it sits beside the code it measures, not inside it.
+Nothing here computes a measured number: only the experiments' presentation modules import it (the runner, the
+records, the provenance: `kqv.experiments.provenance.PRESENTATION`), so no experiment's code hash covers it.
 """
 
 from __future__ import annotations
