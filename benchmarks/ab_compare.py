@@ -4,7 +4,9 @@
 A speed claim about a change ("no slower than before") needs both sides measured on the same machine in the same
 minutes: this checks out `--base` (a commit) as a git worktree, then runs the benchmark command `--rounds` times
 on each tree, alternating which goes first, each time as a fresh `python` whose `PYTHONPATH` is that tree's
-`src/` (the benchmark script itself is always today's, so both sides are measured the same way). `{out}` in the
+`src/` (the benchmark script itself is always today's, so both sides are measured the same way; it records
+through `kqv.measuring`, which a base from before that module lacks: the base's scratch checkout then gets today's
+copy, which nothing measured imports). `{out}` in the
 command is replaced by a JSON path per run; every number in those JSONs whose path matches `--metric` (a regular
 expression, default `/tokens_per_s$`) is compared: the median over rounds on each side and their ratio.
 
@@ -21,6 +23,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -30,8 +33,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from kqv.measuring import write_record
 from kqv.nn import environment
-from support.harness import write_record  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -79,6 +82,16 @@ def compare(runs: dict[str, list[dict]], metric: re.Pattern) -> list[dict]:
     return rows
 
 
+def lend_measuring(tree: Path) -> bool:
+    """Give the checkout `tree` today's `kqv/measuring.py` when it has none (a base from before it), so that
+    today's benchmark scripts record there as here; True when it was copied."""
+    target = tree / "src" / "kqv" / "measuring.py"
+    if target.exists():
+        return False
+    shutil.copyfile(ROOT / "src" / "kqv" / "measuring.py", target)
+    return True
+
+
 def cpu() -> str:
     """The CPU model and the flags that decide its kernels (kqv.nn.environment.cpu)."""
     found = environment.cpu()
@@ -111,6 +124,7 @@ def main() -> int:
         old_tree = Path(scratch) / "old"
         subprocess.run(["git", "worktree", "add", "--detach", "-q", str(old_tree), base_commit], cwd=ROOT, check=True)
         try:
+            lent = lend_measuring(old_tree)
             sources = {"old": old_tree / "src", "new": ROOT / "src"}
             for k in range(args.rounds):
                 for side in ("old", "new") if k % 2 == 0 else ("new", "old"):
@@ -132,6 +146,7 @@ def main() -> int:
         "new_commit": head,
         "command": " ".join(command),
         "rounds": args.rounds,
+        "measuring_lent_to_old": lent,
         "machine": cpu(),
         "load_average_end": os.getloadavg(),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from kqv.measuring import write_record
 from kqv.nn.attention import scaled_dot_product_attention
-from support.harness import write_record  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "attention_kernels.json"
 SHAPES = [(32, 4, 128), (8, 6, 256), (4, 6, 512), (2, 6, 1024), (1, 8, 2048)]  # (batch, heads, time)

@@ -40,7 +40,7 @@ import sys
 import time
 from pathlib import Path
 
-from support.harness import write_record  # noqa: E402
+from kqv.measuring import write_record
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "attention_scaling.json"

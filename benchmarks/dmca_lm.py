@@ -32,7 +32,7 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from support.harness import write_record  # noqa: E402
+from kqv.measuring import write_record
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "dmca_lm.json"

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from support.harness import write_record  # noqa: E402
+from kqv.measuring import write_record
 
 RESULTS = Path(__file__).resolve().parent / "results" / "explore_render.json"
 TOKENS = 1024

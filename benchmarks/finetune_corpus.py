@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
 import tempfile
@@ -34,7 +33,7 @@ from pathlib import Path
 import kqv
 from kqv.data.bible import bible_dir, clean_verse, read_bible
 from kqv.data.shakespeare import load_text, split_text
-from support.harness import write_record  # noqa: E402
+from kqv.measuring import write_record
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUT = ROOT / "benchmarks" / "results" / "finetune_corpus.json"
@@ -207,19 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         "torch_threads": __import__("torch").get_num_threads(),
     }
     print_table(record)
-    write_measurement(record, started, args.output or OUTPUT)
+    write_record(args.output or OUTPUT, record, started=started)
     return 0
-
-
-def write_measurement(record: dict, started: float, output: Path) -> None:
-    """Write `record` as JSON to `output` (`support.harness.write_record`: the machine, the command) with the
-    seconds since `started`, the load average at the end and the time."""
-    record |= {
-        "total_seconds": round(time.perf_counter() - started, 1),
-        "load_average_end": os.getloadavg(),
-        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    write_record(output, record)
 
 
 if __name__ == "__main__":

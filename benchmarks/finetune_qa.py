@@ -46,11 +46,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # qa_world, beside this script
-
-import qa_world  # noqa: E402
-from finetune_corpus import write_measurement  # noqa: E402
-from support.harness import write_record  # noqa: E402
+import qa_world
+from kqv.measuring import write_record
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUT = ROOT / "benchmarks" / "results" / "finetune_qa.json"
@@ -466,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
         **record,
     }
     print_table(record)
-    write_measurement(record, started, args.output or OUTPUT)
+    write_record(args.output or OUTPUT, record, started=started)
     return 0
 
 

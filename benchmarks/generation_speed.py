@@ -58,9 +58,9 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from kqv.measuring import write_record
 from kqv.nn.devices import Accelerator, model_device
 from kqv.nn.generation import in_dtype
-from support.harness import write_record  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "generation_speed.json"
 

@@ -40,7 +40,7 @@ if ((dry)); then
     echo "step 3: python benchmarks/gpu_train.py --output $out/gpu_train.json"
     python benchmarks/gpu_train.py --output "$out/gpu_train.json" --dry-run
     echo "step 4: python benchmarks/generation_speed.py --device cuda --output $out/generation_speed_cuda.json"
-    python -c 'import sys; sys.path.insert(0, "benchmarks"); import generation_speed, transformers'
+    PYTHONPATH="benchmarks${PYTHONPATH:+:$PYTHONPATH}" python -c 'import generation_speed, transformers'
     echo "gpu.sh --dry-run: every step's imports work; nothing was run or written"
     exit 0
 fi

@@ -64,7 +64,7 @@ from types import SimpleNamespace
 import torch
 from torch import Tensor
 
-from support.harness import write_record  # noqa: E402
+from kqv.measuring import write_record
 from train_throughput import Shape, build_hf, build_xtrans, count_parameters, training_flops_per_token, versions
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gpu_train.json"

@@ -36,13 +36,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from kqv.data.needle import QUERIES, VOCAB, needle_batch
+from kqv.measuring import write_record
 from kqv.nn.attention import MultiHeadAttention
 from kqv.nn.config import ModelConfig
 from kqv.nn.embeddings import Embeddings
 from kqv.nn.layers import DecoderBlock, make_norm
 from kqv.nn.models import init_weights
 from kqv.nn.sparse import BigBirdAttention, LinformerAttention
-from support.harness import write_record  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "long_context_quality.json"
 

@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from support.harness import write_record  # noqa: E402
+from kqv.measuring import write_record
 
 RESULTS = Path(__file__).resolve().parent / "results" / "lora_peft.json"
 FULL = dict(vocab_size=512, n_positions=128, n_embd=256, n_layer=4, n_head=8)

@@ -21,7 +21,7 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-from support.harness import write_record  # noqa: E402
+from kqv.measuring import write_record
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "moe_load.json"

@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 
 from kqv.experiments.rnn_vs_transformer import plot_curves, read_runs, side_by_side
-from support.harness import write_record  # noqa: E402
+from kqv.measuring import write_record
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

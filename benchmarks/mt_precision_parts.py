@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from support.harness import write_record  # noqa: E402
+from kqv.measuring import write_record
 
 RESULTS = Path(__file__).resolve().parent / "results" / "mt_precision_parts.json"
 STEPS = (500, 600, 700, 800)

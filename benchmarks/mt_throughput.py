@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from kqv.jobs.mt import TokenBatches, build_model, load_run_config, mt_loss, prepare_data, real_tokens
+from kqv.measuring import write_record
 from kqv.train.precision import autocast, native_bf16, resolve_precision
-from support.harness import write_record  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 CONFIG = ROOT.parent / "src" / "kqv" / "configs" / "mt-quick.toml"

@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from kqv.measuring import write_record
 from kqv.nn.decoding import one_row_product
-from support.harness import write_record  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "one_row_products.json"
 

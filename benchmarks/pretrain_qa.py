@@ -57,10 +57,9 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import people_world  # noqa: E402
-from finetune_corpus import write_measurement  # noqa: E402
-from finetune_qa import run_settings  # noqa: E402
+import people_world
+from finetune_qa import run_settings
+from kqv.measuring import write_record
 
 ROOT = Path(__file__).resolve().parents[1]
 MASK = "\u2047"  # the character tokenizer's reserved mask symbol (kqv.data.documents.MASKS)
@@ -588,7 +587,8 @@ def main(argv: list[str] | None = None) -> int:
               "world_seed": args.world_seed, "threads_per_run": threads, "arms": args.arm or list(ARMS),
               **record}  # fmt: skip
     suffix = "" if args.size == "default" else f"-{args.size}"
-    write_measurement(record, started, args.output or ROOT / "benchmarks" / "results" / f"pretrain_qa{suffix}.json")
+    output = args.output or ROOT / "benchmarks" / "results" / f"pretrain_qa{suffix}.json"
+    write_record(output, record, started=started)
     return 0
 
 

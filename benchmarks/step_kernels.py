@@ -27,10 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kqv.measuring import write_record
 from kqv.nn.dropout import dropout
 from kqv.nn.losses import linear_cross_entropy
 from kqv.train.precision import native_bf16
-from support.harness import write_record  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 TOKENS, D_MODEL, D_FF, VOCAB = 1800, 256, 1024, 8000

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from kqv.data.shakespeare import load_text
-from support.harness import write_record
+from kqv.measuring import write_record
 
 TRAIN = {  # a small model: what is measured is the data's memory, not the model's
     "model.d_model": 128,

@@ -54,7 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from support.harness import write_record  # noqa: E402
+from kqv.measuring import write_record
 
 RESULTS = Path(__file__).resolve().parent / "results" / "train_throughput.json"
 

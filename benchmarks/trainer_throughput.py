@@ -28,12 +28,9 @@ from pathlib import Path
 import torch
 
 from kqv import DecoderLM, ModelConfig
+from kqv.measuring import machine, write_record
 from kqv.train.config import TrainConfig
 from kqv.train.trainer import Trainer
-from support.harness import (
-    machine,
-    write_record,  # noqa: E402
-)
 
 RESULTS = Path(__file__).resolve().parent / "results" / "trainer_throughput.json"
 FULL = dict(vocab_size=84, d_model=256, n_heads=8, n_layers=4, d_ff=1024, max_len=128, dropout=0.1)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from support.harness import write_record  # noqa: E402
+from kqv.measuring import write_record
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PAD, BOS, EOS = 0, 1, 2

@@ -217,7 +217,8 @@ AB_COMPARE = [
 
 
 def day(record: dict) -> str:
-    return record["timestamp"][:10]
+    """The day a record was measured: its `timestamp` (records before `kqv.measuring`), else its `date`."""
+    return (record.get("timestamp") or record["date"])[:10]
 
 
 def when(source: Source) -> str:

@@ -1,16 +1,10 @@
 import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 import kqv
 from kqv.nn import devices
-
-# tests that load a benchmark script as a module find what it imports beside it (its support/harness.py, say), as
-# running the script does
-sys.path.append(str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 POSITIONS = ["sinusoidal", "learned", "relative", "rope", "alibi", "none"]
 # Every model variant the property families run over: each position scheme, and each mixture-of-experts

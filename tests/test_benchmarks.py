@@ -1,6 +1,7 @@
 """The benchmark scripts still run against the current library: each parses its arguments and imports what it
 needs (an import the library renamed fails here, not in the middle of an hour-long measurement)."""
 
+import importlib
 import json
 import math
 import os
@@ -13,6 +14,13 @@ import torch
 
 TRAINED_LM = Path(__file__).resolve().parent / "data" / "runs-0.1" / "lm"
 BENCHMARKS = sorted((Path(__file__).resolve().parent.parent / "benchmarks").glob("*.py"))
+
+
+def scripts_path() -> dict[str, str]:
+    """The environment of a `python -c` that imports benchmark scripts by name: benchmarks/ on its PYTHONPATH, as
+    running a script puts its folder on sys.path (and pyproject.toml's `pythonpath` does for the tests)."""
+    paths = [str(BENCHMARKS[0].parent), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in paths if path)}
 
 
 def test_there_are_benchmarks():
@@ -30,6 +38,27 @@ def test_benchmark_script_imports_and_parses_its_arguments(script):
     result = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "usage:" in result.stdout
+
+
+@pytest.mark.parametrize("script", BENCHMARKS, ids=lambda p: p.stem)
+def test_benchmark_script_imports_by_name_in_the_tests(script):
+    """Every script is a module the tests import by its name, with no edit of sys.path (pyproject's `pythonpath`),
+    as the scripts import each other."""
+    module = importlib.import_module(script.stem)
+    assert Path(module.__file__).resolve() == script.resolve() and callable(module.main)
+
+
+def test_ab_compare_lends_today_s_measuring_to_a_base_from_before_it(tmp_path):
+    """Today's scripts record through kqv.measuring: a base checkout without it gets today's copy, one with it
+    keeps its own."""
+    import ab_compare
+
+    (tmp_path / "src" / "kqv").mkdir(parents=True)
+    assert ab_compare.lend_measuring(tmp_path)
+    lent = tmp_path / "src" / "kqv" / "measuring.py"
+    assert lent.read_text() == (BENCHMARKS[0].parents[1] / "src" / "kqv" / "measuring.py").read_text()
+    lent.write_text("# the base's own\n")
+    assert not ab_compare.lend_measuring(tmp_path) and lent.read_text() == "# the base's own\n"
 
 
 def test_generation_speed_compares_kqv_and_hugging_face_on_the_same_weights(tmp_path):
@@ -167,7 +196,7 @@ def test_gpu_sh_dry_run_walks_every_step_checks_its_imports_and_writes_nothing(t
 
 def test_gpu_train_builds_kqv_s_and_nanogpt_s_gpt2_without_transformers_and_reports_mfu_against_the_specification():
     code = (
-        "import sys; sys.path.insert(0, 'benchmarks'); import gpu_train as g; "
+        "import sys; import gpu_train as g; "
         "a = g.parse(['--models', 'kqv,nanogpt', '--tiny']); m, _ = g.build_kqv(g.GPT2_SMALL, a); "
         "n, _ = g.build_nanogpt(g.GPT2_SMALL, a); "
         "print(sum(p.numel() for p in m.parameters()), sum(p.numel() for p in n.parameters()), "
@@ -175,7 +204,9 @@ def test_gpu_train_builds_kqv_s_and_nanogpt_s_gpt2_without_transformers_and_repo
         "g.spec_peak('NVIDIA H100 80GB HBM3'), g.spec_peak('NVIDIA H100 PCIe'), g.spec_peak('Some GPU'))"
     )
     root = BENCHMARKS[0].parent.parent
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root, env=scripts_path()
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == [
         "124439808",
@@ -217,37 +248,20 @@ def test_ab_compare_runs_one_benchmark_on_an_old_commit_and_on_today_s_code(tmp_
     assert "| /tokens_per_s |" in done.stdout
 
 
-def test_the_harness_names_the_machine_and_the_command_in_every_record(tmp_path, monkeypatch):
-    """benchmarks/support/harness.py: a record gets the CPU's model (from /proc/cpuinfo where there is one, not
-    platform's bare "x86_64"), its kernel flags and cores, torch's threads, the command line and the date, unless
-    the record gives its own."""
-    import json
-
-    monkeypatch.syspath_prepend(str(BENCHMARKS[0].parent))
-    monkeypatch.setattr(sys, "argv", [str(BENCHMARKS[0].parent / "x.py"), "--quick"])
-    from support.harness import write_record
-
-    path = write_record(tmp_path / "out" / "x.json", {"rows": [1], "date": "given"})
-    record = json.loads(path.read_text())
-    assert record["rows"] == [1] and record["date"] == "given" and record["command"] == "python benchmarks/x.py --quick"
-    found = record["machine"]
-    assert found["cores"] >= 1 and found["torch_threads"] >= 1 and isinstance(found["flags"], list)
-    if Path("/proc/cpuinfo").exists():
-        assert found["model"] not in ("x86_64", "aarch64", "")
-
-
 def test_gpu_train_s_trainer_row_runs_kqv_train_lm_config_gpt2_and_reads_its_metrics(tmp_path):
     """The Trainer-driven row at --tiny's size on the CPU: `kqv train lm --config gpt2` for 2 updates, its
     tokens/s from metrics.jsonl, its MFU from them and the parameters of run.toml's model."""
     text = tmp_path / "text.txt"
     text.write_text("the quick brown fox jumps over the lazy dog. " * 2000)
     code = (
-        "import sys, json; sys.path.insert(0, 'benchmarks'); import gpu_train as g; "
+        "import json; import gpu_train as g; "
         f"a = g.parse(['--tiny', '--models', 'kqv', '--trainer-data', {str(text)!r}]); "
         "print(json.dumps(g.trainer_row(a, None, 1e12)))"
     )
     root = BENCHMARKS[0].parent.parent
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=root)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=root, env=scripts_path()
+    )
     assert result.returncode == 0, result.stderr
     row = json.loads(result.stdout.splitlines()[-1])
     assert row["model"] == "kqv trainer" and row["updates"] == 2 and row["tokens_per_update"] == 128

@@ -6,7 +6,6 @@ import math
 import sys
 from contextlib import nullcontext
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
@@ -102,11 +101,8 @@ def flops(counter: OpCounter) -> int:
 
 def nanogpt() -> torch.nn.Module:
     """nanoGPT's GPT-2 small (benchmarks/references/nanogpt.py, the GPU benchmark's reference), dropout 0."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "references"))
-    try:
-        from nanogpt import NanoGPT, NanoGPTConfig
-    finally:
-        sys.path.pop(0)
+    from references.nanogpt import NanoGPT, NanoGPTConfig  # benchmarks/ is on the tests' path (pyproject.toml)
+
     return NanoGPT(NanoGPTConfig(block_size=TIME, vocab_size=VOCAB))
 
 

@@ -3,24 +3,16 @@ people with unique names, answers over at least 100 values, biographies in varie
 every fact a question asks, held-out people never asked in training; and benchmarks/pretrain_qa.py's baselines are
 the hand-computed ones."""
 
-import importlib.util
+import importlib
 import re
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def script(name: str):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    """The benchmark script `name`, imported by name: benchmarks/ is on the tests' path (pyproject.toml)."""
+    return importlib.import_module(name)
 
 
 world = script("people_world")

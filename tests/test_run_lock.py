@@ -20,6 +20,7 @@ from kqv.train.rundir import RunDirectory, RunDirectoryBusy, check_run_lock, hol
 from test_training import config, make_model, trainer
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
+TESTS = str(Path(__file__).resolve().parent)  # a child imports test_training, as this module does
 HOLD = (
     "from kqv.train.rundir import hold_run_lock; import sys, time\n"
     "with hold_run_lock(sys.argv[1]):\n    print('locked', flush=True); time.sleep(120)\n"
@@ -27,7 +28,7 @@ HOLD = (
 
 
 def start(script: str, *args: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, TESTS]), "OMP_NUM_THREADS": "1"}
     return subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True, env=env)
 
 
@@ -129,7 +130,6 @@ def test_kqv_train_takes_the_lock_once_per_training(tmp_path, monkeypatch):
 
 TRAIN_FOREVER = textwrap.dedent("""
     import sys, torch
-    sys.path.insert(0, sys.argv[2])
     from test_training import config, trainer
     torch.set_num_threads(1)
     run = trainer(sys.argv[1], config(steps=100_000, checkpoint_every=1, eval_every=100_000, log_every=50))
@@ -141,7 +141,7 @@ TRAIN_FOREVER = textwrap.dedent("""
 def test_a_reader_during_training_always_sees_a_complete_checkpoint(tmp_path):
     """A writer swaps in a new checkpoint after every update; every read verifies against the SHA-256 recorded
     in that checkpoint's state.json, and the weights it loads are those bytes."""
-    process = start(TRAIN_FOREVER, str(tmp_path / "run"), str(Path(__file__).parent))
+    process = start(TRAIN_FOREVER, str(tmp_path / "run"))
     try:
         assert process.stdout.readline().strip() == "training"
         while not (tmp_path / "run" / "checkpoint").exists():

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..measuring import git_state
 from ..nn.environment import cpu
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # src/kqv
@@ -116,25 +116,8 @@ def code_hash(module: str) -> dict[str, Any]:
     return {"hash": digest.hexdigest(), "files": [p.as_posix() for p in files]}
 
 
-def git_state() -> dict[str, Any]:
-    """The commit of the source tree and whether it had uncommitted changes (None where git cannot tell)."""
-
-    def git(*args: str) -> str | None:
-        try:
-            done = subprocess.run(
-                ["git", *args], cwd=PACKAGE_ROOT, capture_output=True, text=True, timeout=20, check=True
-            )
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return done.stdout.strip()
-
-    commit = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no", "--", str(PACKAGE_ROOT))
-    return {"commit": commit, "dirty": None if status is None else bool(status)}
-
-
 def provenance() -> dict[str, Any]:
-    """Git state, torch version and build, and the CPU, for results.json."""
+    """Git state, torch version and build, and the CPU (`kqv.measuring`), for results.json."""
     return {"git": git_state(), "torch": torch.__version__, "cpu": cpu()}
 
 

@@ -8,8 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from ..measuring import write_json
 from ..train.files import write_atomically
 from . import get
 from .report import write_report
@@ -17,20 +16,10 @@ from .report import write_report
 RESULTS_FILE, REPORT_FILE = "results.json", "report.md"
 
 
-def _json_default(value: Any) -> Any:
-    """JSON for what a result may hold beside JSON's own types: paths, tensors."""
-    if isinstance(value, Path):
-        return str(value)
-    if isinstance(value, torch.Tensor):
-        return value.tolist()
-    raise TypeError(f"results must be JSON-serialisable, got {type(value).__name__}")
-
-
 def write_record(directory: Path, record: dict[str, Any]) -> None:
     """Write a record's results.json and the report.md drawn from it, each atomically (a reader sees the old file
     or the new one; a full disk leaves the old one)."""
-    results = json.dumps(record, indent=1, default=_json_default) + "\n"
-    write_atomically(directory / RESULTS_FILE, results.encode("utf-8"))
+    write_json(directory / RESULTS_FILE, record)
     write_atomically(directory / REPORT_FILE, write_report(record, get(record["experiment"])).encode("utf-8"))
 
 

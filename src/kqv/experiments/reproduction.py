@@ -235,8 +235,9 @@ def add_fingerprint(directory: str | Path, commit: str | None = None) -> dict[st
     record's), or that of `commit`, a commit of this repository whose code hash is the record's, checked out in
     a temporary worktree."""
     from .. import experiments
+    from ..measuring import git_state
     from .base import ExperimentError
-    from .provenance import code_hash, git_state
+    from .provenance import code_hash
     from .records import RESULTS_FILE, load_record, write_record
 
     record = load_record(directory)

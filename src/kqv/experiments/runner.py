@@ -2,9 +2,10 @@
 
 results.json holds the config, the seeds, every measured number (`results`, per seed), the table, the checks and
 the verdict derived from them (each check with the intervals behind its figure as numbers, and for an inconclusive
-one how many seeds would decide it: `statistics.judge`), the plots' file names, the command that produced it, the
-wall time, library versions and the machine (CPU count, torch threads, load average before and after: timings
-taken on a loaded machine are upper bounds), and its provenance (`kqv.experiments.provenance`): the git commit and
+one how many seeds would decide it: `statistics.judge`), the plots' file names, the command that produced it and
+its date, the wall time, library versions and the machine (`kqv.measuring`, as the benchmarks record it: CPU model,
+flags and cores, torch threads, GPUs, the load average before and after: timings taken on a loaded machine are
+upper bounds), and its provenance (`kqv.experiments.provenance`): the git commit and
 whether the tree was dirty, torch, the CPU model and flags, and `code`, the hash of the modules the experiment ran,
 which the test suite compares with today's code. A `--quick` run is a smoke test of the code, not a test of the
 claim: its record says so in `smoke_test`, and its report and summary line say so first.
@@ -25,10 +26,11 @@ from typing import Any
 
 import torch
 
+from .. import measuring
 from ..nn.devices import Accelerator
 from . import get
 from .base import TRAINING_DEVICE, Check, Experiment, ExperimentError, Progress, verdict
-from .provenance import code_hash, git_state, provenance
+from .provenance import code_hash, provenance
 from .records import RESULTS_FILE, load_record, write_record
 from .reproduction import quick_fingerprint
 from .statistics import judge
@@ -68,7 +70,7 @@ def run_experiment(
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     training_device = TRAINING_DEVICE.set(device)
-    load_before, started = _load_average(), time.perf_counter()
+    load_before, started = measuring.load_average(), time.perf_counter()
     bar = Progress(name, enabled=progress, position=position, share=share)
     try:
         results = experiment.run(config, list(range(config.seeds)), bar)
@@ -78,7 +80,7 @@ def run_experiment(
         TRAINING_DEVICE.reset(training_device)
     seconds = time.perf_counter() - started
     # a full run vouches for its numbers with its quick size's (kqv.experiments.reproduction), taken after its timing
-    quick_numbers = None if quick else {**quick_fingerprint(name), "made_at_commit": git_state()["commit"]}
+    quick_numbers = None if quick else {**quick_fingerprint(name), "made_at_commit": measuring.git_state()["commit"]}
     return write_results(
         experiment,
         config,
@@ -87,7 +89,7 @@ def run_experiment(
         quick=quick,
         seconds=seconds,
         threads=threads,
-        load=(load_before, _load_average()),
+        load=(load_before, measuring.load_average()),
         command=command_line(name, quick, overrides, out, threads, device),
         fingerprint=quick_numbers,
     )
@@ -121,6 +123,7 @@ def write_results(
         "quick": quick,
         "smoke_test": SMOKE_TEST if quick else None,
         "command": command,
+        "date": time.strftime(measuring.DATE_FORMAT),
         "config": dataclasses.asdict(config),
         "seeds": list(range(config.seeds)),
         "method": experiment.method(config),
@@ -160,7 +163,7 @@ def rejudge(directory: str | Path, *, plots: bool = False) -> dict[str, Any]:
     )
     record.setdefault("smoke_test", SMOKE_TEST if record["quick"] else None)
     record["rejudged"] = {
-        "at_commit": git_state()["commit"],
+        "at_commit": measuring.git_state()["commit"],
         "note": "table, checks and verdict recomputed from the stored numbers with the checks of this commit",
     }
     if plots:
@@ -234,19 +237,13 @@ def library_versions() -> dict[str, str]:
 
 
 def machine(threads: int, load: tuple) -> dict[str, Any]:
+    """The machine a run measured on (`kqv.measuring.machine`, with the threads it ran with), the load average
+    before and after it, and `cpus`, its cores under the name the reports read."""
+    before, after = load
     return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
+        **measuring.machine(threads),
         "cpus": os.cpu_count(),
-        "torch_threads": threads,
-        "load_average_before": load[0],
-        "load_average_after": load[1],
+        "load_average_before": before,
+        "load_average_after": after,
         "note": "timings are upper bounds when the load average exceeds the number of cpus",
     }
-
-
-def _load_average() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
