@@ -18,7 +18,9 @@ import pytest
 import safetensors.torch
 import torch
 
+import kqv.explore
 from kqv.cli.main import main
+from kqv.errors import ConfigError
 from kqv.train.files import read_manifest
 from test_mt import MODELS, TINY_RUN, number_corpus
 from test_torchrun import TINY_LM
@@ -153,8 +155,13 @@ def test_an_experiment_and_a_saved_explorer_page_write_only_through_the_writer(t
     audit.watch(monkeypatch)
     assert main(["experiment", "run", "parallelism", "--quick", "--out", str(out / "experiments"), "--quiet"]) == 0
     assert main(["explore", str(run), "--html", str(out / "page.html"), "--text", "to be"]) == 0
-    assert audit.seen >= 4  # results.json, report, a figure, the page
+    kqv.explore.show(str(run), "to be").save(out / "shown.html")  # a notebook's page, saved
+    assert audit.seen >= 5  # results.json, report, a figure, the two pages
     assert not audit.outside, sorted(set(audit.outside))
+    held = (run / "run.toml").read_bytes()
+    with pytest.raises(ConfigError, match="run.toml of the run"):  # the output guard, before the write
+        kqv.explore.show(str(run), "to be").save(run / "run.toml")
+    assert (run / "run.toml").read_bytes() == held
 
 
 def test_the_audit_sees_a_write_from_outside_the_writer(tmp_path, monkeypatch):
