@@ -134,15 +134,15 @@ def test_ctrl_c_during_an_overwrite_right_after_the_tokenizer_leaves_the_previou
     other = tmp_path / "other.txt"
     other.write_text("To quite different letters: jumping foxes, lazy dogs, quick brown zebras!\n" * 30)
     before = snapshot(out)
-    import kqv.jobs.corpus
+    from kqv.train import layout
 
-    save = kqv.jobs.corpus.write_files
+    save = layout.write_files  # the run's tokenizer is written by it (RunFiles.write_tokenizer)
 
     def save_then_interrupt(directory, files):
         save(directory, files)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(kqv.jobs.corpus, "write_files", save_then_interrupt)
+    monkeypatch.setattr(layout, "write_files", save_then_interrupt)
     assert train(config, other, out, "--overwrite") == 130
     monkeypatch.undo()
     assert snapshot(out) == before and usable(out)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from .. import api
 from ..jobs.held import run_inputs
-from ..train.files import refuse_writing_over, write_atomically
+from ..train.files import write_atomically
+from ..train.paths import refuse_writing_over
 from .commands import Command
 from .flags import DEVICE_FLAG
 

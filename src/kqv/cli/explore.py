@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, MissingResourceError
 from ..jobs.held import run_inputs
-from ..train.files import refuse_writing_over
+from ..train.paths import refuse_writing_over
 from .commands import Command
 from .flags import DEVICE_FLAG
 

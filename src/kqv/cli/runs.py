@@ -21,7 +21,7 @@ from ..jobs.scoring import PairsEvaluation
 from ..jobs.vit import VitRun
 from ..nn.generation import GENERATION_DTYPES
 from ..train.evaluation import QuestionDifference
-from ..train.files import refuse_writing_over
+from ..train.paths import refuse_writing_over
 from .commands import JobCommand, RunCommand, report
 from .flags import BEAM_FLAGS, JSON_FLAG, OUT_PNG_FLAG, Flag
 

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, option
-from ..train.files import refuse_writing_over, write_text
+from ..train.files import write_text
+from ..train.paths import refuse_writing_over
 from . import get, names
 from .base import Experiment
 from .gallery import gallery

@@ -23,7 +23,7 @@ from ..data.tokenizers import Tokenizer, encode_text, make_tokenizer
 from ..nn.config import ModelConfig, Position
 from ..nn.models import DecoderLM, count_parameters
 from ..train.config import TrainConfig
-from ..train.files import METRICS_FILE
+from ..train.layout import RunFiles
 from ..train.metrics import read_metrics
 from ..train.nonfinite import TrainingDiverged
 from ..train.trainer import Trainer
@@ -191,7 +191,7 @@ def train_lm(
         except TrainingDiverged:
             diverged = True
         model.cpu()  # trained where TRAINING_DEVICE says, measured on the CPU
-        records = read_metrics(f"{run_dir}/{METRICS_FILE}") if trainer.step else []
+        records = read_metrics(RunFiles(run_dir).metrics_file) if trainer.step else []
     curve = lambda key: [(r["step"], r[key]) for r in records if r.get(key) is not None]
     return Trained(model, curve("train_loss"), curve("val_loss"), trainer.train_seconds, diverged)
 

@@ -31,6 +31,7 @@ from typing import Literal
 from ..data.bible import load_pairs
 from ..jobs.mt import load_run_config, prepare_data
 from ..jobs.translation import spread
+from ..train.layout import RunFiles
 from ..train.metrics import read_metrics
 from .base import TRAINING_DEVICE, Check, ExperimentConfig, ExperimentError, Progress, mean_std, pm
 from .plotting import figure, save
@@ -185,8 +186,9 @@ def read_runs(out: Path) -> tuple[dict[str, dict], dict[str, list[tuple[float, f
     """Each model's summary.json, and its (training minutes, dev BLEU, dev loss) at every evaluation."""
     summaries, curves = {}, {}
     for kind in MODELS:
-        summaries[kind] = json.loads((out / kind / "summary.json").read_text())
-        records = [r for r in read_metrics(out / kind / "metrics.jsonl") if "dev_bleu" in r]
+        run = RunFiles(out / kind)
+        summaries[kind] = json.loads(run.summary_file.read_text())
+        records = [r for r in read_metrics(run.metrics_file) if "dev_bleu" in r]
         curves[kind] = [(r["train_seconds"] / 60, r["dev_bleu"], r["val_loss"]) for r in records]
     return summaries, curves
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, RunError
 from ..interop.directories import is_hf_directory
+from ..train.layout import RunFiles
 from ..train.runs import read_run, run_task
 from .pretrained import PretrainedSubject, is_sentence_transformers
 from .subjects import ClassifierSubject, EmbeddingSubject, LMSubject, MLMSubject, MTSubject, Subject
@@ -55,7 +56,7 @@ def load_subject(run: str | Path, max_tokens: int | None = DEFAULT_MAX_TOKENS, d
         if is_sentence_transformers(path):
             return SUBJECTS[MINILM].load(path, max_tokens, device)
         return SUBJECTS[HF].load(path, max_tokens, device)
-    if not (path / "run.toml").is_file():
+    if not RunFiles(path).config_file.is_file():
         raise FileNotFoundError(
             f"{run} is not a kqv run (run.toml is missing) nor a Hugging Face model directory (config.json, "
             f"with its tokenizer.json)"

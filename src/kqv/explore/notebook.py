@@ -16,14 +16,18 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigTypeError
+from ..jobs.held import run_inputs
+from ..train.files import write_text
+from ..train.paths import refuse_writing_over
 from .export import standalone_page
 
 
 class Shown:
     """One input's explorer page, displayed by Jupyter through `_repr_html_` (an iframe), or saved with `save`."""
 
-    def __init__(self, page: str, height: int):
+    def __init__(self, page: str, height: int, inputs: list[tuple[str, Path]] | None = None):
         self.page, self.height = page, height
+        self.inputs = inputs or []  # what the page was made from (the run's files), which `save` never writes over
 
     def _repr_html_(self) -> str:
         # scripts run in the frame, but it is sandboxed from the notebook (no same origin); downloads are allowed
@@ -35,9 +39,11 @@ class Shown:
         )
 
     def save(self, path: str | Path) -> Path:
-        """Write the page as a self-contained HTML file (the one `kqv explore RUN --html` writes)."""
+        """Write the page as a self-contained HTML file (the one `kqv explore RUN --html` writes), atomically and
+        after the output guard: never over a file of the run it shows, nor over anything but a regular file."""
+        refuse_writing_over(path, self.inputs, "Shown.save's path")
         path = Path(path)
-        path.write_text(self.page, encoding="utf-8")
+        write_text(path, self.page)
         return path
 
 
@@ -73,4 +79,11 @@ def show(
     height in pixels, `max_tokens` the input limit (default: the model's context, at most 1,024)."""
     subject = subject_of(model_or_run, max_tokens)
     request = {"text": text, **options}
-    return Shown(standalone_page(subject.info(), subject.analyze(request), request, view), height)
+    page = standalone_page(subject.info(), subject.analyze(request), request, view)
+    return Shown(page, height, shown_inputs(model_or_run))
+
+
+def shown_inputs(model_or_run: Any) -> list[tuple[str, Path]]:
+    """The files of the run directory a page shows (`kqv.jobs.held.run_inputs`): a path given, or a loaded run's."""
+    where = model_or_run if isinstance(model_or_run, (str, Path)) else getattr(model_or_run, "run_dir", None)
+    return run_inputs(where) if where is not None and Path(where).is_dir() else []

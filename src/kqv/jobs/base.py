@@ -30,7 +30,9 @@ from ..nn.devices import Accelerator, peak_rss_bytes
 from ..nn.models import count_parameters
 from ..train.checkpoints import load_weights
 from ..train.events import Event, Plan, Sample, Summary
-from ..train.files import RUN_CONFIG, TOKENIZER_DIR, record, refuse_writing_over, restored_on_failure, verify
+from ..train.files import restored_on_failure
+from ..train.layout import RunFiles
+from ..train.paths import refuse_writing_over
 from ..train.preflight import process_count
 from ..train.reporter import Reporter
 from ..train.rundir import RunDirectory
@@ -322,9 +324,9 @@ class Job:
         if run.resuming:
             self.check_resume(run, values)
         if run.writes:
-            with restored_on_failure(run.path / RUN_CONFIG):  # run.toml and its checksum change together
+            with restored_on_failure(run.config_file):  # run.toml and its checksum change together
                 write_run_config(run.path, values)
-                record(run.path, keep=run.resuming)  # the checksums of the data just prepared (or read back verified)
+                run.record(keep=run.resuming)  # the checksums of the data just prepared (or read back verified)
         torch.manual_seed(config.train.seed)
         return build_for(config.train.parallel, lambda: self.build_model(model_config, config, values))
 
@@ -405,7 +407,8 @@ class Job:
         config = self.config_class.from_run(values)
         model = self.build_model(self.model_config_of_run(values), config, values)
         load_weights(model, run_dir, self.restore(model, config, values, run_dir))  # CPU tensors, then moved
-        verify(run_dir, TOKENIZER_DIR)  # against the run's SHA256SUMS
+        held = RunFiles(run_dir)
+        held.verify(held.tokenizer_dir)  # against the run's SHA256SUMS
         model = model.eval().to(device.device)
         return self.run_class(self, config, model, self.load_tokenizer(run_dir), run_dir, values)
 
@@ -422,7 +425,7 @@ class Job:
         return ModelConfig.from_dict(values["model"])
 
     def load_tokenizer(self, run_dir: Path) -> Any:
-        return load_tokenizer(run_dir / TOKENIZER_DIR)
+        return load_tokenizer(RunFiles(run_dir).tokenizer_dir)
 
 
 def total_parameters(model: nn.Module) -> int:

@@ -25,7 +25,7 @@ from ..nn.config import ModelConfig
 from ..nn.devices import on_device_of
 from ..nn.heads import SequenceClassifier
 from ..nn.models import count_parameters
-from ..train.files import TOKENIZER_DIR, write_files
+from ..train.layout import RunFiles
 from ..train.runs import RunConfig, read_run
 from ..train.slices import is_sliced, set_slices
 from ..validation import Config
@@ -173,7 +173,7 @@ class ClsJob(Job):
         vocabulary, model_config = self._vocabulary(config, run.path, resume, pretrained, examples, train)
         if run.writes:
             run.path.mkdir(parents=True, exist_ok=True)
-            write_files(run.tokenizer_dir, vocabulary.files())
+            run.write_tokenizer(vocabulary.files())
         return ClsData(train, dev, labels, vocabulary, model_config, pretrained)
 
     def make_model(self, training: ClsTraining) -> SequenceClassifier:
@@ -244,7 +244,7 @@ class ClsJob(Job):
         if pretrained is not None:
             dropout = {"dropout": config.model.dropout} if "dropout" in config.model_options else {}
             return pretrained.tokenizer, pretrained.model.config.replace(**dropout)
-        if resume and (run_dir / TOKENIZER_DIR).exists():
+        if resume and RunFiles(run_dir).tokenizer_dir.exists():
             return self.load_tokenizer(run_dir), self.model_config_of_run(read_run(run_dir, self.name))
         data = config.data
         texts = [text for text, _ in (examples if data.tokenizer == "char" else train)]  # chars: all, or dev fails

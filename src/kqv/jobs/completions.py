@@ -39,7 +39,7 @@ from ..nn.cores import packed_mask
 from ..nn.experts import with_auxiliary_loss
 from ..nn.generation import GenerationConfig
 from ..nn.losses import weighted_cross_entropy
-from ..train.files import SAMPLES_FILE
+from ..train.layout import RunFiles
 from .sampling import save_samples
 from .scoring import BATCH_SIZE, complete, completion_nats
 
@@ -174,5 +174,5 @@ def score_and_sample(
     options = {"max_new_tokens": sample.max_new_tokens, "temperature": sample.temperature, "top_k": sample.top_k}
     answers = complete(model, tokenizer, prompts, GenerationConfig(**options))
     samples = [prompt + answer for prompt, answer in zip(prompts, answers)]
-    save_samples(run_dir / SAMPLES_FILE, samples)
+    save_samples(RunFiles(run_dir).samples_file, samples)
     return val, samples

@@ -16,7 +16,7 @@ from ..data.shakespeare import load_text, split_text
 from ..data.tokenizers import Tokenizer, encode_text
 from ..errors import RunError, option
 from ..nn.models import count_parameters
-from ..train.files import TOKENIZER_DIR, TOKENS_FILE, read_verified, verify, write_atomically, write_files
+from ..train.layout import RunFiles
 from ..train.rundir import RunDirectory
 from . import completions, sources
 from .base import Job, Training
@@ -30,8 +30,8 @@ def prepare_corpus(
     with the job's `make_tokenizer` and saved (by rank 0 alone under torchrun). `check(tokenizer, tokens)` is
     called before anything is saved: a run it refuses leaves no file behind. The LM and MLM jobs share it."""
     if run.resuming:
-        verify(run.path, TOKENIZER_DIR, TOKENS_FILE)  # a recorded file that is missing is an error, not a rebuild
-    if run.resuming and (run.path / TOKENS_FILE).exists():
+        run.verify(run.tokenizer_dir, run.tokens_file)  # a recorded file that is missing is an error, not a rebuild
+    if run.resuming and run.tokens_file.exists():
         tokenizer, tokens = job.load_tokenizer(run.path), load_tokens(run.path)
         if check is not None:
             check(tokenizer, tokens)
@@ -46,8 +46,8 @@ def prepare_corpus(
         check(tokenizer, tokens)
     if run.writes:
         run.path.mkdir(parents=True, exist_ok=True)
-        write_files(run.tokenizer_dir, tokenizer.files())
-        write_atomically(run.path / TOKENS_FILE, save(tokens))  # present means complete, tokenizer too
+        run.write_tokenizer(tokenizer.files())
+        run.write_tokens(save(tokens))  # present means complete, tokenizer too
     return tokenizer, tokens
 
 
@@ -67,10 +67,11 @@ def build_text(job: Job, data: Any) -> tuple[Tokenizer, dict[str, torch.Tensor]]
 
 def load_tokens(run_dir: Path) -> dict[str, torch.Tensor]:
     """The encoded splits of a run (tokens.safetensors), verified against its SHA256SUMS."""
-    path = run_dir / TOKENS_FILE
+    run = RunFiles(run_dir)
+    path = run.tokens_file
     overwrite = option("if_exists='overwrite'")
     try:
-        tokens = load(read_verified(run_dir, TOKENS_FILE))
+        tokens = load(run.read_verified(path))
     except SafetensorError as error:
         raise RunError(
             f"{path} is corrupt ({error}); restore it from a backup, or train the run again with {overwrite}"

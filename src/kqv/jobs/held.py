@@ -1,5 +1,5 @@
 """What a run holds: the files of a kqv run or a Hugging Face model directory that loading it reads, and its
-fine-tune's sources' — what no command may write over (`kqv.train.files.refuse_writing_over`)."""
+fine-tune's sources' — what no command may write over (`kqv.train.paths.refuse_writing_over`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import tomllib
 from pathlib import Path
 
-from ..train.files import RUN_CONFIG, RUN_FORMAT
+from ..train.layout import RunFiles
 
 # The files of a Hugging Face model directory that kqv reads (besides its *.safetensors weights).
 HF_MODEL_FILES = frozenset(
@@ -29,11 +29,12 @@ HF_MODEL_FILES = frozenset(
 
 def model_files(directory: str | Path) -> list[Path]:
     """The files of a run directory or a Hugging Face model directory that loading it reads (a kqv run's:
-    `RUN_FORMAT`; a Hugging Face directory's: `HF_MODEL_FILES` and its weights): what no command may write over.
+    `RunFiles.held`; a Hugging Face directory's: `HF_MODEL_FILES` and its weights): what no command may write over.
     Other files in it (a user's notes, an earlier answers.txt) are not the model's."""
     directory = Path(directory)
     weights = sorted(directory.glob("*.safetensors")) if directory.is_dir() else []
-    return [directory / name for name in sorted(RUN_FORMAT | HF_MODEL_FILES)] + weights
+    held = {*RunFiles(directory).held(), *(directory / name for name in HF_MODEL_FILES)}
+    return sorted(held) + weights
 
 
 def run_inputs(run_dir: str | Path) -> list[tuple[str, Path]]:
@@ -54,7 +55,7 @@ def run_inputs(run_dir: str | Path) -> list[tuple[str, Path]]:
 def recorded_source(run_dir: Path) -> str | None:
     """The path of the source a fine-tune `run_dir` started from (run.toml's `[source]`), else None."""
     try:
-        source = tomllib.loads((run_dir / RUN_CONFIG).read_text()).get("source", {}).get("path")
+        source = tomllib.loads(RunFiles(run_dir).config_file.read_text()).get("source", {}).get("path")
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, AttributeError):
         return None  # no run.toml (a Hugging Face directory), or one that loading it will name
     return source if isinstance(source, str) and source else None

@@ -35,8 +35,9 @@ from ..errors import ConfigError, DataError, option
 from ..interop.directories import is_hf_directory, read_hf_tokenizer
 from ..nn.config import ModelConfig
 from ..nn.lora import adapters
-from ..train.checkpoints import checkpoint_dir, load_weights, read_checkpoint
-from ..train.files import MODEL_FILE, TOKENIZER_DIR, sha256
+from ..train.checkpoints import load_weights, read_checkpoint
+from ..train.files import sha256
+from ..train.layout import RunFiles
 from ..train.runs import read_run
 from ..train.slices import is_sliced, load_slices, set_slices
 
@@ -72,13 +73,13 @@ def read_source(path: str | Path) -> Source:
                 f"starts from a GPT-2 directory or a kqv LM run"
             )
         return Source(path, "Hugging Face GPT-2", config_from_hf(hf_config), weights_sha256(path))
-    if not (path / "run.toml").is_file():
+    if not RunFiles(path).config_file.is_file():
         raise ConfigError(
             f"{option('init=')}{path} is neither a kqv LM run (run.toml) nor a Hugging Face GPT-2 directory "
             f"(config.json)"
         )
     values = read_run(path, "lm")
-    weights, source = checkpoint_dir(path) / MODEL_FILE, values.get("source")  # checkpoint.old/'s, as eval reads
+    weights, source = RunFiles(path).weights_file, values.get("source")  # checkpoint.old/'s, as eval reads
     if not weights.is_file():
         raise ConfigError(f"{option('init=')}{path} has no trained weights ({weights} is missing): train it first")
     if isinstance(source, dict) and holds_adapters_alone(weights):
@@ -153,7 +154,7 @@ def holds_adapters_alone(weights: Path) -> bool:
 def source_tokenizer(source: Source) -> Tokenizer:
     """The tokenizer saved with the source: a kqv run's tokenizer/, a GPT-2 directory's tokenizer.json."""
     if source.kind == "kqv run":
-        return load_tokenizer(source.path / TOKENIZER_DIR)
+        return load_tokenizer(RunFiles(source.path).tokenizer_dir)
     return read_hf_tokenizer(source.path)
 
 
@@ -182,7 +183,7 @@ def load_source_weights(model: nn.Module, source: Source) -> None:
         if is_sliced(model):
             checkpoint = read_checkpoint(source.path)  # its files verified by their SHA-256, as load_weights does
             checkpoint.close()
-            load_slices(model, checkpoint.path / MODEL_FILE)
+            load_slices(model, RunFiles(source.path).weights_file)
         else:
             load_weights(model, source.path)
         return

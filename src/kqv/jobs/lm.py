@@ -30,7 +30,6 @@ from ..nn.lora import is_adapted, merge_lora
 from ..nn.models import DecoderLM, check_ids
 from ..train.checkpoints import partial_loader
 from ..train.evaluation import perplexity
-from ..train.files import SAMPLES_FILE
 from ..train.preflight import check_memory, check_prompt, check_splits
 from ..train.runs import RunConfig, read_run
 from ..validation import check_at_least
@@ -432,7 +431,7 @@ class LMJob(Job):
                 precision=config.train.precision,
                 max_tokens=SCORED_TOKENS,
             )
-            samples = write_samples(model, tokenizer, config.sample, training.run.path / SAMPLES_FILE)
+            samples = write_samples(model, tokenizer, config.sample, training.run.samples_file)
         record = training.handed.record
         source = {} if record is None else {"source": record}
         adaptation = config.finetune.adaptation

@@ -28,7 +28,7 @@ from ..errors import ConfigError
 from ..nn.config import ModelConfig
 from ..nn.devices import on_device_of
 from ..nn.heads import MaskedLM, predicted_positions
-from ..train.files import TOKENIZER_DIR
+from ..train.layout import RunFiles
 from ..train.preflight import check_memory, check_splits
 from ..train.runs import RunConfig
 from ..validation import Config
@@ -157,7 +157,7 @@ class MLMJob(Job):
         return Vocabulary.train(data.tokenizer, text, data.vocab_size)
 
     def load_tokenizer(self, run_dir: Path) -> Vocabulary:
-        return Vocabulary.load(run_dir / TOKENIZER_DIR)
+        return Vocabulary.load(RunFiles(run_dir).tokenizer_dir)
 
     def build_model(self, model_config: ModelConfig, config: RunConfig, values: dict[str, Any]) -> MaskedLM:
         return MaskedLM(model_config)

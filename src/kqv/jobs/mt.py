@@ -26,7 +26,6 @@ A run directory holds `run.toml` (with `task = "mt"`), `tokenizer/`, `pairs.safe
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,17 +43,8 @@ from ..nn.devices import model_device
 from ..nn.models import EncoderDecoder, count_parameters
 from ..nn.rnn import RNNConfig, RNNEncoderDecoder
 from ..train.config import TrainConfig
-from ..train.files import (
-    DATA_FILES,
-    MANIFEST_FILE,
-    PAIRS_FILE,
-    TEXT_DIR,
-    TOKENIZER_DIR,
-    verify,
-    write_files,
-    write_tensors,
-)
 from ..train.flops import training_flops_per_token
+from ..train.layout import RunFiles
 from ..train.runs import RunConfig
 from ..train.slices import is_sliced
 from ..validation import Config, check_at_least, check_value
@@ -208,11 +198,12 @@ def prepare_data(config: MTRunConfig, run_dir: Path, reuse: bool, write: bool = 
     """Tokenizer, encoded splits and held-out texts: loaded from run_dir when `reuse` and they are there (a
     resumed run, or data copied from another run), else built and saved there (unless `write` is False: a
     torchrun rank other than 0)."""
+    run = RunFiles(run_dir)
     if reuse:
-        verify(run_dir, *DATA_FILES)  # a recorded file that is missing is an error, not a rebuild
-    if reuse and (run_dir / PAIRS_FILE).exists():
-        tokenizer = load_tokenizer(run_dir / TOKENIZER_DIR)
-        return MTData(tokenizer, load_splits(run_dir / PAIRS_FILE), read_texts(run_dir / TEXT_DIR))
+        run.verify_data()  # a recorded file that is missing is an error, not a rebuild
+    if reuse and run.pairs_file.exists():
+        tokenizer = load_tokenizer(run.tokenizer_dir)
+        return MTData(tokenizer, load_splits(run.pairs_file), read_texts(run.text_dir))
     splits = split_by_group(
         load_pairs(config.data.pair, config.data.path, config.data.tgt_path),
         config.data.dev_fraction,
@@ -231,24 +222,21 @@ def prepare_data(config: MTRunConfig, run_dir: Path, reuse: bool, write: bool = 
     encoded["train"] = Encoded([encoded["train"].src[i] for i in keep], [encoded["train"].tgt[i] for i in keep])
     texts = {name: ([p.src for p in splits[name]], [p.tgt for p in splits[name]]) for name in ("dev", "test")}
     if write:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_files(run_dir / TOKENIZER_DIR, tokenizer.files())
-        write_tensors(run_dir / PAIRS_FILE, split_tensors(encoded))
-        write_files(run_dir / TEXT_DIR, text_files(texts))
+        run.path.mkdir(parents=True, exist_ok=True)
+        run.write_tokenizer(tokenizer.files())
+        run.write_pairs(split_tensors(encoded))
+        run.write_texts(text_files(texts))
     return MTData(tokenizer, encoded, texts, dropped)
 
 
-def copy_data(source: str | Path, run_dir: Path) -> None:
-    """Copy the tokenizer, encoded splits and held-out texts of another run into run_dir."""
-    source = Path(source)
-    if not (source / PAIRS_FILE).is_file():
-        raise FileNotFoundError(f"{source} holds no prepared MT data ({PAIRS_FILE} is missing)")
-    verify(source, *DATA_FILES)  # against its SHA256SUMS; this run's own is written anew when training starts
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / MANIFEST_FILE).unlink(missing_ok=True)
-    for name in (TOKENIZER_DIR, TEXT_DIR):
-        shutil.copytree(source / name, run_dir / name, dirs_exist_ok=True)
-    shutil.copy2(source / PAIRS_FILE, run_dir / PAIRS_FILE)
+def copy_data(source: str | Path, run: RunFiles) -> None:
+    """Copy the tokenizer, encoded splits and held-out texts of another run into `run`, through its writer: the
+    source's verified against its SHA256SUMS, the copies recorded in the run's (`RunFiles.copy_data_from`)."""
+    source = RunFiles(source)
+    if not source.pairs_file.is_file():
+        raise FileNotFoundError(f"{source.path} holds no prepared MT data ({source.pairs_file.name} is missing)")
+    run.path.mkdir(parents=True, exist_ok=True)
+    run.copy_data_from(source)
 
 
 def read_lines(path: str | Path) -> list[str]:
@@ -345,8 +333,9 @@ class MTRun(TrainedRun, Translates, Evaluates, ShowsAttention):
         return AttentionMaps(weights, rows, columns, kind="cross", translation=target)
 
     def test_texts(self) -> tuple[list[str], list[str]]:
-        verify(self.run_dir, TEXT_DIR)
-        return read_texts(self.run_dir / TEXT_DIR)["test"]
+        run = RunFiles(self.run_dir)
+        run.verify(run.text_dir)
+        return read_texts(run.text_dir)["test"]
 
 
 @dataclass
@@ -392,7 +381,7 @@ class MTJob(Job):
         if threads is not None:
             torch.set_num_threads(threads)
         if data_from is not None and not resume and run.writes:
-            copy_data(data_from, run.path)
+            copy_data(data_from, run)
         return prepare_data(config, run.path, reuse=resume or data_from is not None, write=run.writes)
 
     def make_model(self, training: MTTraining) -> nn.Module:
@@ -444,7 +433,7 @@ class MTJob(Job):
         if flops is None:  # an FSDP run's, on rank 0's whole model now
             flops = training_flops_per_token(training.model, *training.handed.sample)
         test = translate_test_split(
-            training.model, data.tokenizer, *data.texts["test"], config.decode.to_dict(), training.run.path
+            training.model, data.tokenizer, *data.texts["test"], config.decode.to_dict(), training.run
         )
         return Outcome(
             {

@@ -53,7 +53,8 @@ from ..errors import ConfigError, DataError, RunError, option
 from ..interop.directories import is_hf_directory, read_hf_tokenizer
 from ..train.distributed import OwnRows
 from ..train.evaluation import perplexity
-from ..train.files import TOKENIZER_DIR, sha256, write_files, write_text
+from ..train.files import sha256, write_files, write_text
+from ..train.layout import RunFiles
 from ..train.rundir import RunDirectory, process_rank
 
 CHUNK_BYTES = 16 << 20  # the text read, encoded and recorded at a time
@@ -177,8 +178,8 @@ def new_tokenizer(kind: str, files: list[Path], vocab_size: int, sample_bytes: i
     path = Path(kind).expanduser()
     if is_hf_directory(path):  # a Hugging Face GPT-2 directory: GPT-2's own BPE, as `--init` reads it
         return read_hf_tokenizer(path)
-    if (path / TOKENIZER_DIR).is_dir():
-        path = path / TOKENIZER_DIR
+    if RunFiles(path).tokenizer_dir.is_dir():  # a run's
+        path = RunFiles(path).tokenizer_dir
     return load_tokenizer(path)
 
 
@@ -246,7 +247,7 @@ class PreparedCorpus:
                 f"{data.path} was prepared with another tokenizer than {source.path}'s, which a fine-tune keeps; "
                 f"prepare it with {option('kqv.prepare(TEXT, DIR, tokenizer={source!r})', source=str(source.path))}"
             )
-        if run.resuming and (run.path / TOKENIZER_DIR).is_dir():
+        if run.resuming and run.tokenizer_dir.is_dir():
             if maker.load_tokenizer(run.path).files() != tokenizer.files():
                 raise RunError(
                     f"{data.path}'s tokenizer is not the one {run.path} trained with: the corpus was prepared "
@@ -257,7 +258,7 @@ class PreparedCorpus:
         check(tokenizer, splits)
         if run.writes and not run.resuming:
             run.path.mkdir(parents=True, exist_ok=True)
-            write_files(run.tokenizer_dir, tokenizer.files())
+            run.write_tokenizer(tokenizer.files())
         return tokenizer, splits
 
     @staticmethod

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,7 +20,7 @@ from ..data.tokenizers import Tokenizer
 from ..errors import ConfigError, DataError, option
 from ..nn.config import ModelConfig
 from ..nn.devices import model_device, on_device_of
-from ..train.files import TEST_HYPOTHESES_FILE, write_text
+from ..train.layout import RunFiles
 from .base import check_text
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
@@ -154,13 +153,13 @@ def spread(items: list, count: int) -> list:
 
 
 def translate_test_split(
-    model: nn.Module, tokenizer: Tokenizer, sources: list[str], references: list[str], decode: dict, path: Path
+    model: nn.Module, tokenizer: Tokenizer, sources: list[str], references: list[str], decode: dict, run: RunFiles
 ) -> dict[str, Any]:
-    """Translate a test split with beam search (`decode`: the run's [decode] options), write the translations to
-    `path` (test.hyp), one a line, and score them."""
+    """Translate a test split with beam search (`decode`: the run's [decode] options), write the translations as
+    the run's predictions, one a line, and score them."""
     started = time.perf_counter()
     hypotheses = translate_sentences(model, tokenizer, sources, **decode)
-    write_text(path / TEST_HYPOTHESES_FILE, "".join(h + "\n" for h in hypotheses))
+    run.write_predictions(hypotheses)
     scores = corpus_scores(hypotheses, references)
     return {
         "test_bleu": scores["bleu"],

@@ -9,8 +9,9 @@ Every file of a run is written by this module (`write_atomically`, `write_text`,
 of a run directory for writing (`tests/test_run_writer.py` watches a language-model, translation and LoRA run for
 it). Each write but the append goes through a temporary file of its own (a random name, created exclusively) and a
 rename, and a full disk is a DiskFullError that leaves the old file as it was. The files a command writes where the
-user says (predictions, completions, pages, figures) go through the same writer, after the one output guard,
-`refuse_writing_over`, has checked their path.
+user says (predictions, completions, pages, figures) go through the same writer, after the one output guard
+(`kqv.train.paths.refuse_writing_over`) has checked their path. Which file of a run holds what is the run
+directory's to say (`kqv.train.layout.RunFiles`): the names below are train/'s own.
 """
 
 from __future__ import annotations
@@ -21,9 +22,8 @@ import os
 import re
 import secrets
 import shutil
-import stat
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, TypeVar
@@ -31,7 +31,7 @@ from typing import BinaryIO, TypeVar
 from safetensors.torch import save_file
 from torch import Tensor
 
-from ..errors import ConfigError, DiskFullError, RunError, option
+from ..errors import DiskFullError, RunError, option
 
 T = TypeVar("T")
 
@@ -276,77 +276,6 @@ def disk_full_reported(path: Path, needed: int) -> Iterator[None]:
         raise
 
 
-def where_in(path: str | Path, container: str | Path) -> str | None:
-    """`"same"` when `path` is `container`, `"inside"` when it lies inside it (a directory), else None: as the file
-    system resolves them, so that symbolic links, `..` and, on a case-insensitive file system, the case cannot
-    disguise one as another (existing paths are compared by device and inode, `os.path.samestat`; a part of `path`
-    that does not exist yet is compared by its resolved name)."""
-    target, home = (Path(os.path.realpath(Path(p).expanduser())) for p in (path, container))
-    try:
-        home_status = os.stat(home)
-    except OSError:
-        home_status = None
-    for depth, place in enumerate((target, *target.parents)):
-        if home_status is None:
-            same = os.path.normcase(place) == os.path.normcase(home)
-        else:
-            try:
-                same = os.path.samestat(os.stat(place), home_status)
-            except OSError:  # not there (yet): an ancestor may be
-                continue
-        if same:
-            return "same" if depth == 0 else "inside"
-    return None
-
-
-def refuse_writing_over(
-    output: str | Path, inputs: Iterable[tuple[str, str | Path | None]], option: str, *, directory: bool = False
-) -> None:
-    """The output guard: ConfigError, before anything is written, when writing the output `output` (what `option`
-    names: "--out") would lose what exists. That is when it is one of `inputs` or lies inside one (`where_in`), so
-    that no command writes over what it reads (`inputs` are (what it is, its path) pairs, such as ("the file of
-    prompts, --prompts p.txt", "p.txt"), a path of None skipped: a command's own inputs, and every file a run or
-    its source holds, `kqv.jobs.held.run_inputs`); and when it exists as something a write would replace or
-    block on: anything but a regular file (a FIFO, a device node, a socket, a directory), or for a `directory`
-    output anything but a directory; an empty path names nothing to write. Every command that writes a path the
-    user names calls it."""
-    if not str(output).strip():
-        raise ConfigError(f"{option} is empty: give the path of the {'directory' if directory else 'file'} to write")
-    for what, path in inputs:
-        if path is None or str(path) == "":
-            continue
-        relation = where_in(output, path)
-        if relation is not None:
-            raise ConfigError(
-                f"{option} {output} is {'' if relation == 'same' else 'inside '}{what}; a command never writes over "
-                f"what it reads: choose another path"
-            )
-    try:
-        mode = os.stat(output).st_mode  # through a symbolic link: what a write would reach
-    except (FileNotFoundError, NotADirectoryError):
-        return
-    if directory and not stat.S_ISDIR(mode):
-        raise ConfigError(f"{option} {output} is {file_kind(mode)}, not a directory; give the path of a directory")
-    if not directory and not stat.S_ISREG(mode):
-        raise ConfigError(
-            f"{option} {output} is {file_kind(mode)}, not a regular file, which writing would replace: "
-            f"give the path of a new or regular file"
-        )
-
-
-def file_kind(mode: int) -> str:
-    """What a file of `mode` (os.stat's st_mode) is, in words."""
-    kinds = {
-        stat.S_ISDIR: "a directory",
-        stat.S_ISFIFO: "a FIFO (named pipe)",
-        stat.S_ISCHR: "a character device",
-        stat.S_ISBLK: "a block device",
-        stat.S_ISSOCK: "a socket",
-        stat.S_ISREG: "a regular file",
-    }
-    return next((what for test, what in kinds.items() if test(mode)), "a special file")
-
-
 def sha256(source: Path | BinaryIO) -> str:
     """SHA-256 of a file, given by path or as an open binary file (read from its start)."""
     if isinstance(source, Path):
@@ -397,17 +326,37 @@ def recorded_files(run_dir: Path, names: tuple[str, ...]) -> list[str]:
     return [name for name in found if not name.endswith(TEMPORARY)]
 
 
-def record(run_dir: Path, names: tuple[str, ...] = DATA_FILES, *, keep: bool = False) -> None:
+def record(
+    run_dir: Path, names: tuple[str, ...] = DATA_FILES, *, keep: bool = False, known: dict[str, str] | None = None
+) -> None:
     """Write the SHA-256 of run.toml and the data files `names` of `run_dir` into its manifest (when training
     starts: run.toml just written, the data prepared). With `keep` (a resumed run, whose data were read back
-    verified) a data file already recorded keeps its digest: a damaged file is never re-blessed."""
+    verified) a data file already recorded keeps its digest: a damaged file is never re-blessed. `known`: digests
+    to record as given (copies of another run's files, recorded as it recorded them: `copy_files`)."""
     digests = read_manifest(run_dir) if keep else {}
+    digests.update(known or {})
     digests.pop(RUN_CONFIG, None)  # rewritten by every start, a resumed one too
     names = (RUN_CONFIG, *names)
     for name in recorded_files(run_dir, names):
         digests.setdefault(name, sha256(run_dir / name))
     text = "".join(f"{digest}  {name}\n" for name, digest in sorted(digests.items()))
     write_atomically(run_dir / MANIFEST_FILE, text.encode())
+
+
+def copy_files(source: Path, run_dir: Path, names: tuple[str, ...]) -> None:
+    """Copy the data files `names` (files or directories of files) of the run `source` into `run_dir`: the source's
+    verified against its manifest first, each copy written atomically, and `run_dir`'s manifest rewritten to record
+    them with the digests the source recorded (computed for a file it does not list), so that reading the copies
+    back verifies them against the source's record."""
+    verify(source, *names)
+    recorded = read_manifest(source)
+    for name in recorded_files(source, names):
+        target = run_dir / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_through(
+            target, lambda tmp, name=name: shutil.copyfile(source / name, tmp), (source / name).stat().st_size
+        )
+    record(run_dir, names, known={name: recorded[name] for name in recorded_files(source, names) if name in recorded})
 
 
 def read_manifest(run_dir: Path) -> dict[str, str]:

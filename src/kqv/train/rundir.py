@@ -34,12 +34,9 @@ from ..errors import ConfigError, KqvError, option
 from ..signals import completed
 from .checkpoints import Checkpoint, has_checkpoint, read_checkpoint
 from .files import (
-    CHECKPOINT_DIR,
     JOB_FILES,
     LOCK_FILE,
     MANIFEST_FILE,
-    METRICS_FILE,
-    PLOT_FILE,
     RUN_FORMAT,
     TEMPORARY,
     TEXT_DIR,
@@ -47,6 +44,7 @@ from .files import (
     is_temporary,
     run_files,
 )
+from .layout import RunFiles
 from .metrics import keep_records
 
 logger = logging.getLogger(__name__)
@@ -61,8 +59,9 @@ def process_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-class RunDirectory:
-    """A run directory opened for one training; build it with `RunDirectory.open`, not directly.
+class RunDirectory(RunFiles):
+    """A run directory opened for one training; build it with `RunDirectory.open`, not directly. What it holds,
+    and writing it, are its `RunFiles`' (`tokenizer_dir`, `write_tokens`, `copy_data_from`...), at `path`.
 
     `checkpoint` is the verified checkpoint to resume from (None for a fresh run, or a resumed run that stopped
     before its first checkpoint), `step` the update it was taken after (0 without one). `writes` is whether this
@@ -137,24 +136,6 @@ class RunDirectory:
     def writes(self) -> bool:
         """Whether this process writes the run's files: rank 0 only, under torchrun."""
         return self.rank == 0
-
-    # -- its files -------------------------------------------------------------------------------------------
-
-    @property
-    def metrics_file(self) -> Path:
-        return self.path / METRICS_FILE
-
-    @property
-    def plot_file(self) -> Path:
-        return self.path / PLOT_FILE
-
-    @property
-    def checkpoint_dir(self) -> Path:
-        return self.path / CHECKPOINT_DIR
-
-    @property
-    def tokenizer_dir(self) -> Path:
-        return self.path / TOKENIZER_DIR
 
     # -- an overwrite, built beside the run it replaces ------------------------------------------------------
 
