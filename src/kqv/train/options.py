@@ -79,7 +79,7 @@ class TrainerOptions:
                 f"the Trainer has no option {', '.join(unknown)}; its options are {', '.join(fields)}"
             )
         if options is not None:
-            return dataclasses.replace(options, **given)
+            return dataclasses.replace(options, **given) if given else options
         missing = [name for name in ("train_batches", "loss_fn") if name not in given]
         if missing:
             raise ConfigTypeError(f"the Trainer needs {' and '.join(missing)}: the batches it trains on and their loss")
