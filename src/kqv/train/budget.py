@@ -6,9 +6,9 @@ up to `TIMED_UPDATES`. After the last timed update it times one evaluation (what
 `work_after_training` reserve the job asks for: its final test or samples, in evaluations) and one checkpoint write, and
 fixes the plan: the most updates, never more than `train.steps`, whose updates, evaluations, checkpoints and
 reserve fit in the budget less a `MARGIN`. The planner is pure: it is told the times and returns a `Plan`, which the
-Trainer applies (its steps, its state's plan). The plan is recorded in metrics.jsonl (a record with "plan") and in every
-checkpoint (state.json "plan"); from then on the run is an ordinary run of that many updates, so its schedule
-(warmup, cosine or inverse-sqrt) runs to its end.
+Trainer applies (its state's plan, the one place its steps are read from: `planned_steps`). The plan is recorded in
+metrics.jsonl (a record with "plan") and in every checkpoint (state.json "plan"); from then on the run is an ordinary
+run of that many updates, so its schedule (warmup, cosine or inverse-sqrt) runs to its end.
 
 A budget is a promise, and a machine's pace may change after the plan (another job starts beside it). So the
 Trainer keeps timing the updates (`Watch`) and, at log intervals with at least `TIMED_UPDATES` updates timed since
