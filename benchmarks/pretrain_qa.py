@@ -274,7 +274,7 @@ def trained_tokens(run, steps: int) -> int:
         options = sources.trainer_options(config, run.tokenizer, tokens)
     else:
         options = completions.trainer_options(config, tokens)
-    return sum(options["tokens_per_batch"](i) for i in range(steps))
+    return sum(options.tokens_per_batch(i) for i in range(steps))
 
 
 def answered(got: str, expected: str) -> bool:

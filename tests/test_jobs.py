@@ -18,6 +18,7 @@ from kqv.errors import RunError
 from kqv.jobs import JOBS, Job, TrainedRun, all_jobs, get_job, load_run
 from kqv.jobs.base import Outcome
 from kqv.jobs.offers import CAPABILITIES, Capability
+from kqv.train.options import TrainerOptions
 from kqv.train.runs import RunConfig, read_summary
 from kqv.validation import Config
 
@@ -89,7 +90,7 @@ class ToyJob(Job):
         )
 
     def trainer_options(self, training):
-        return {"train_batches": lambda i: training.data, "loss_fn": lambda m, ids: m(ids[:, :-1], ids[:, 1:])}
+        return TrainerOptions(train_batches=lambda i: training.data, loss_fn=lambda m, ids: m(ids[:, :-1], ids[:, 1:]))
 
     def outcome(self, training):
         return Outcome({"note": training.handed})

@@ -225,7 +225,7 @@ def test_a_lora_finetune_of_a_gpt2_directory_loads_it_with_the_adapters(tmp_path
 
 def test_checkpoints_of_the_adapters_alone_are_refused_under_fsdp():
     from kqv.nn.lora import adapters
-    from kqv.train.saving import check_saved_weights
+    from kqv.train.placement import check_saved_weights
 
     with pytest.raises(ConfigError, match=r"cannot be sharded; set train.parallel=\"ddp\""):
         check_saved_weights(adapters, sharded=True)

@@ -32,6 +32,7 @@ from ..train.checkpoints import load_weights
 from ..train.events import Event, Plan, Sample, Summary
 from ..train.files import restored_on_failure
 from ..train.layout import RunFiles
+from ..train.options import TrainerOptions
 from ..train.paths import refuse_writing_over
 from ..train.preflight import process_count
 from ..train.reporter import Reporter
@@ -163,7 +164,7 @@ class Training(Generic[ConfigT, DataT, HandedT]):
     run: RunDirectory
     data: DataT | None = None
     model: nn.Module | None = None
-    options: dict[str, Any] = field(default_factory=dict)
+    options: TrainerOptions | None = None
     result: TrainingResult | None = None
     handed: HandedT | None = None
 
@@ -239,7 +240,7 @@ class Job:
             training.model = self.make_model(training)
             training.options = self.trainer_options(training)
             report(Plan(self.describe(training), count_parameters(training.model), config.train.steps, run.destination))
-            trainer = self.make_trainer(training.model, config, run, reporter=report, **training.options)
+            trainer = self.make_trainer(training.model, config, run, training.options, report)
             training.result = self.fit(trainer)
             if not run.writes:
                 return {}  # under torchrun rank 0 alone evaluates and writes the run's outputs
@@ -284,9 +285,9 @@ class Job:
         job sets in it before training (pretrained weights)."""
         raise NotImplementedError
 
-    def trainer_options(self, training: Training) -> dict[str, Any]:
-        """The Trainer's options for this training: train_batches and loss_fn, and any of val_batches, eval_fn,
-        tokens_per_batch, extra_state, work_after_training (`kqv.train.trainer.Trainer`)."""
+    def trainer_options(self, training: Training) -> TrainerOptions:
+        """The Trainer's options for this training (`kqv.train.options.TrainerOptions`): train_batches and loss_fn,
+        and any of val_batches, eval_fn, tokens_per_batch, extra_state, work_after_training."""
         raise NotImplementedError
 
     def describe(self, training: Training) -> str:
@@ -357,15 +358,14 @@ class Job:
             )
 
     def make_trainer(
-        self, model: nn.Module, config: RunConfig, run: RunDirectory, *, reporter: Reporter, **trainer_options: Any
+        self, model: nn.Module, config: RunConfig, run: RunDirectory, options: TrainerOptions, reporter: Reporter
     ) -> Trainer:
-        """The shared Trainer for `model` in the opened run directory (`trainer_options`: train_batches, loss_fn,
-        val_batches, eval_fn, ...), its events going to `reporter`. It resumes `run.checkpoint` when there is one.
-        The run's preparation is done: an overwrite built beside the run it replaces is swapped in now
-        (`RunDirectory.commit`)."""
+        """The shared Trainer for `model` in the opened run directory, with the job's `options` (`trainer_options`),
+        its events going to `reporter`. It resumes `run.checkpoint` when there is one. The run's preparation is
+        done: an overwrite built beside the run it replaces is swapped in now (`RunDirectory.commit`)."""
         if run.writes:
             run.commit()
-        return Trainer(model, config.train, run, reporter=reporter, **trainer_options)
+        return Trainer(model, config.train, run, options, reporter=reporter)
 
     @staticmethod
     def fit(trainer: Trainer) -> TrainingResult:

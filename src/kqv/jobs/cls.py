@@ -26,6 +26,7 @@ from ..nn.devices import on_device_of
 from ..nn.heads import SequenceClassifier
 from ..nn.models import count_parameters
 from ..train.layout import RunFiles
+from ..train.options import TrainerOptions
 from ..train.runs import RunConfig, read_run
 from ..train.slices import is_sliced, set_slices
 from ..validation import Config
@@ -186,7 +187,7 @@ class ClsJob(Job):
             model.encoder.load_state_dict(data.pretrained.model.encoder.state_dict())
         return model
 
-    def trainer_options(self, training: ClsTraining) -> dict[str, Any]:
+    def trainer_options(self, training: ClsTraining) -> TrainerOptions:
         """Random training batches; the dev set in turn for the loss, and whole for the accuracy (beside always
         answering the majority class of the training examples)."""
         config, data = training.config, training.data
@@ -197,12 +198,12 @@ class ClsJob(Job):
             for part in (data.train, data.dev)
         )
         majority = Counter(train_set.targets.tolist()).most_common(1)[0][0]
-        return {
-            "train_batches": lambda i: train_set.random(config.train.seed, i),
-            "val_batches": dev_set.cyclic,
-            "loss_fn": lambda model, batch: model(batch[0], batch[2], attention_mask=batch[1]),
-            "eval_fn": lambda model: dev_set.accuracy(model, majority),
-        }
+        return TrainerOptions(
+            train_batches=lambda i: train_set.random(config.train.seed, i),
+            val_batches=dev_set.cyclic,
+            loss_fn=lambda model, batch: model(batch[0], batch[2], attention_mask=batch[1]),
+            eval_fn=lambda model: dev_set.accuracy(model, majority),
+        )
 
     def describe(self, training: ClsTraining) -> str:
         data = training.data

@@ -40,6 +40,7 @@ from ..nn.experts import with_auxiliary_loss
 from ..nn.generation import GenerationConfig
 from ..nn.losses import weighted_cross_entropy
 from ..train.layout import RunFiles
+from ..train.options import TrainerOptions
 from .sampling import save_samples
 from .scoring import BATCH_SIZE, complete, completion_nats
 
@@ -107,18 +108,18 @@ def batch_options(config: Any) -> dict[str, Any]:
     }
 
 
-def trainer_options(config: Any, tokens: dict[str, Tensor]) -> dict[str, Any]:
+def trainer_options(config: Any, tokens: dict[str, Tensor]) -> TrainerOptions:
     """train_batches, val_batches, loss_fn, loss_terms and tokens_per_batch of a training on pairs."""
     options = batch_options(config)
     training = ExampleBatches(encoded(tokens, "train"), shuffle=True, **options)
     validation = ExampleBatches(encoded(tokens, "val"), shuffle=False, **options)
-    return {
-        "train_batches": training.batch,
-        "loss_fn": example_loss,
-        "loss_terms": ExampleBatches.loss_terms,  # under torchrun (kqv.train.distributed.share)
-        "val_batches": validation.batch,
-        "tokens_per_batch": training.tokens,
-    }
+    return TrainerOptions(
+        train_batches=training.batch,
+        loss_fn=example_loss,
+        loss_terms=ExampleBatches.loss_terms,  # under torchrun (kqv.train.distributed.share)
+        val_batches=validation.batch,
+        tokens_per_batch=training.tokens,
+    )
 
 
 def example_loss(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:

@@ -30,6 +30,7 @@ from ..nn.lora import is_adapted, merge_lora
 from ..nn.models import DecoderLM, check_ids
 from ..train.checkpoints import partial_loader
 from ..train.evaluation import perplexity
+from ..train.options import TrainerOptions
 from ..train.preflight import check_memory, check_prompt, check_splits
 from ..train.runs import RunConfig, read_run
 from ..validation import check_at_least
@@ -391,7 +392,7 @@ class LMJob(Job):
             adaptation.apply(model)
         return model
 
-    def trainer_options(self, training: LMTraining) -> dict[str, Any]:
+    def trainer_options(self, training: LMTraining) -> TrainerOptions:
         """Random blocks of the train split for each update, and of the validation split for each evaluation; on
         pairs, batches of examples (`kqv.jobs.completions`). A LoRA run's checkpoints hold its adapters alone."""
         config, (_, tokens) = training.config, training.data
@@ -404,11 +405,11 @@ class LMJob(Job):
             if config.data.prepared
             else text_batches(config, tokens)
         )
-        return {
-            **options,
-            "work_after_training": scoring_cost(config, len(tokens["val"])),
-            "saved_weights": config.finetune.adaptation.saved_weights,
-        }
+        return replace(
+            options,
+            work_after_training=scoring_cost(config, len(tokens["val"])),
+            saved_weights=config.finetune.adaptation.saved_weights,
+        )
 
     def describe(self, training: LMTraining) -> str:
         line = describe_corpus(training, training.data[0].vocab_size) + sources.describe(training.data[1])
@@ -448,7 +449,7 @@ class LMJob(Job):
         return f"validation loss {val['loss']:.3f} nats/token{bits} {after}"
 
 
-def text_batches(config: LMRunConfig, tokens: dict[str, torch.Tensor]) -> dict[str, Any]:
+def text_batches(config: LMRunConfig, tokens: dict[str, torch.Tensor]) -> TrainerOptions:
     """The Trainer's batches of a text corpus: random blocks of the train split for update i, and of the validation
     split for evaluation batch i, drawn from generators seeded by (seed, i) so a resume draws the same ones."""
     train_ids, val_ids = tokens["train"], tokens["val"]
@@ -460,12 +461,12 @@ def text_batches(config: LMRunConfig, tokens: dict[str, torch.Tensor]) -> dict[s
     def val_batches(i: int) -> tuple[torch.Tensor, torch.Tensor]:
         return sample_batch(val_ids, batch, context, batch_generator(seed, -i - 1))
 
-    return {
-        "train_batches": train_batches,
-        "loss_fn": lambda model, batch: model(*batch),
-        "val_batches": val_batches,
-        "tokens_per_batch": batch * context,
-    }
+    return TrainerOptions(
+        train_batches=train_batches,
+        loss_fn=lambda model, batch: model(*batch),
+        val_batches=val_batches,
+        tokens_per_batch=batch * context,
+    )
 
 
 SCORED_TOKENS = 200_000  # the validation tokens the job's final perplexity scores

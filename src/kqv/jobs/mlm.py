@@ -29,6 +29,7 @@ from ..nn.config import ModelConfig
 from ..nn.devices import on_device_of
 from ..nn.heads import MaskedLM, predicted_positions
 from ..train.layout import RunFiles
+from ..train.options import TrainerOptions
 from ..train.preflight import check_memory, check_splits
 from ..train.runs import RunConfig
 from ..validation import Config
@@ -170,7 +171,7 @@ class MLMJob(Job):
         vocabulary, _ = training.data
         return self.start(training.config, training.run, training.config.model.replace(vocab_size=vocabulary.size))
 
-    def trainer_options(self, training: MLMTraining) -> dict[str, Any]:
+    def trainer_options(self, training: MLMTraining) -> TrainerOptions:
         """Random blocks corrupted by BERT's masking for each update; for evaluation, blocks of the validation split
         with every selected token hidden, and the masked-token accuracy over `train.eval_batches` of them."""
         config, (vocabulary, tokens) = training.config, training.data
@@ -185,14 +186,14 @@ class MLMJob(Job):
             return inputs, targets, predicted_positions(targets)  # found here, on the host: no sync in the step
 
         evaluation = [masked_batch("val", -i - 1, hidden) for i in range(config.train.eval_batches)]
-        return {
-            "train_batches": lambda i: masked_batch("train", i, masking),
-            "val_batches": lambda i: masked_batch("val", -i - 1, hidden),
-            "loss_fn": lambda model, batch: model(batch[0], batch[1], predicted=batch[2]),
-            "loss_terms": lambda batch: float((batch[1] != -100).sum()),  # the hidden tokens the loss averages over
-            "tokens_per_batch": batch * context,
-            "eval_fn": lambda model: masked_accuracy(model, evaluation),
-        }
+        return TrainerOptions(
+            train_batches=lambda i: masked_batch("train", i, masking),
+            val_batches=lambda i: masked_batch("val", -i - 1, hidden),
+            loss_fn=lambda model, batch: model(batch[0], batch[1], predicted=batch[2]),
+            loss_terms=lambda batch: float((batch[1] != -100).sum()),  # the hidden tokens the loss averages over
+            tokens_per_batch=batch * context,
+            eval_fn=lambda model: masked_accuracy(model, evaluation),
+        )
 
     def describe(self, training: MLMTraining) -> str:
         return describe_corpus(training, training.data[0].size)

@@ -45,6 +45,7 @@ from ..nn.rnn import RNNConfig, RNNEncoderDecoder
 from ..train.config import TrainConfig
 from ..train.flops import training_flops_per_token
 from ..train.layout import RunFiles
+from ..train.options import TrainerOptions
 from ..train.runs import RunConfig
 from ..train.slices import is_sliced
 from ..validation import Config, check_at_least, check_value
@@ -388,7 +389,7 @@ class MTJob(Job):
         vocab_size = training.data.tokenizer.vocab_size
         return self.start(training.config, training.run, training.config.model_config(vocab_size))
 
-    def trainer_options(self, training: MTTraining) -> dict[str, Any]:
+    def trainer_options(self, training: MTTraining) -> TrainerOptions:
         """Token-budget batches of the training pairs, the label-smoothed loss and the dev evaluation (its time kept
         in the checkpoints' extra_state); the model's FLOPs per token, measured on three batches, go to `notes`."""
         config, data, model = training.config, training.data, training.model
@@ -405,14 +406,14 @@ class MTJob(Job):
         if not is_sliced(model):  # FSDP: no weights here yet, so counted after training, on rank 0's whole model
             flops.per_token = training_flops_per_token(model, *flops.sample)
         state = {"task": "mt"}  # the checkpoints' extra_state: the dev evaluation adds its time to it
-        return {
-            "train_batches": train_batches,
-            "extra_state": state,
-            "loss_fn": lambda m, b: mt_loss(m, b, config.train.label_smoothing),
-            "loss_terms": TokenBatches.target_tokens,  # under torchrun (kqv.train.distributed.share)
-            "eval_fn": DevEvaluation(config, data, options, state),
-            "work_after_training": test_cost(config, len(data.texts["test"][0])),
-        }
+        return TrainerOptions(
+            train_batches=train_batches,
+            extra_state=state,
+            loss_fn=lambda m, b: mt_loss(m, b, config.train.label_smoothing),
+            loss_terms=TokenBatches.target_tokens,  # under torchrun (kqv.train.distributed.share)
+            eval_fn=DevEvaluation(config, data, options, state),
+            work_after_training=test_cost(config, len(data.texts["test"][0])),
+        )
 
     def describe(self, training: MTTraining) -> str:
         config, data, splits = training.config, training.data, training.data.splits
@@ -420,14 +421,14 @@ class MTJob(Job):
             f"{config.kind} with {count_parameters(training.model):,} parameters; {len(splits['train']):,} training "
             f"pairs ({data.dropped} longer than {config.data.max_len} tokens left out), {len(splits['dev'])} dev, "
             f"{len(splits['test'])} test; joint BPE vocabulary {data.tokenizer.vocab_size}; "
-            f"{len(training.options['train_batches'])} batches per epoch; run directory {training.run.destination}"
+            f"{len(training.options.train_batches)} batches per epoch; run directory {training.run.destination}"
         )
 
     def outcome(self, training: MTTraining) -> Outcome:
         """The test split translated with beam search and scored (BLEU, chrF), with the training's figures: its
         real tokens, FLOPs, evaluation time and threads."""
         config, data, result = training.config, training.data, training.result
-        train_batches, state = training.options["train_batches"], training.options["extra_state"]
+        train_batches, state = training.options.train_batches, training.options.extra_state
         tokens = sum(train_batches.real_tokens(i) for i in range(result.trainer.step * config.train.grad_accum))
         flops = training.handed.per_token
         if flops is None:  # an FSDP run's, on rank 0's whole model now

@@ -58,6 +58,7 @@ from ..data.mixture import MixtureBatches
 from ..data.shakespeare import load_text
 from ..data.tokenizers import Tokenizer, encode_texts
 from ..errors import ConfigError, DataError, option
+from ..train.options import TrainerOptions
 from ..validation import Config
 from .completions import batch_options, check_examples, check_lengths, example_loss
 
@@ -323,7 +324,7 @@ def per_source(tokens: dict[str, Tensor], split: str) -> list[tuple[Tensor, Tens
     return out
 
 
-def trainer_options(config: Any, tokenizer: Tokenizer, tokens: dict[str, Tensor]) -> dict[str, Any]:
+def trainer_options(config: Any, tokenizer: Tokenizer, tokens: dict[str, Tensor]) -> TrainerOptions:
     """train_batches, val_batches, loss_fn, loss_terms and tokens_per_batch of a mixture: each batch from one
     source, drawn by weight (`MixtureBatches`); a text source's documents made into new examples at every draw."""
     data, train, shared = config.data, config.train, batch_options(config)
@@ -346,13 +347,13 @@ def trainer_options(config: Any, tokenizer: Tokenizer, tokens: dict[str, Tensor]
     weights = [weight for _, weight in paths]
     train_mix = MixtureBatches(training, weights, train.seed, "train")
     val_mix = MixtureBatches(validation, weights, train.seed, "val")
-    return {
-        "train_batches": train_mix.batch,
-        "loss_fn": example_loss,
-        "loss_terms": ExampleBatches.loss_terms,  # under torchrun (kqv.train.distributed.share)
-        "val_batches": val_mix.batch,
-        "tokens_per_batch": train_mix.tokens,
-    }
+    return TrainerOptions(
+        train_batches=train_mix.batch,
+        loss_fn=example_loss,
+        loss_terms=ExampleBatches.loss_terms,  # under torchrun (kqv.train.distributed.share)
+        val_batches=val_mix.batch,
+        tokens_per_batch=train_mix.tokens,
+    )
 
 
 def describe(tokens: dict[str, Tensor]) -> str:

@@ -55,6 +55,7 @@ from ..train.distributed import OwnRows
 from ..train.evaluation import perplexity
 from ..train.files import sha256, write_files, write_text
 from ..train.layout import RunFiles
+from ..train.options import TrainerOptions
 from ..train.rundir import RunDirectory, process_rank
 
 CHUNK_BYTES = 16 << 20  # the text read, encoded and recorded at a time
@@ -262,7 +263,7 @@ class PreparedCorpus:
         return tokenizer, splits
 
     @staticmethod
-    def trainer_options(config: Any, splits: dict[str, torch.Tensor]) -> dict[str, Any]:
+    def trainer_options(config: Any, splits: dict[str, torch.Tensor]) -> TrainerOptions:
         """The Trainer's batches: blocks at the starts `sample_batch` draws for (seed, i), this rank's rows alone,
         read from the memmap of the corpus `load` verified (`splits` are its views)."""
         batch, context, seed = config.train.batch_size, config.data.context, config.train.seed
@@ -275,12 +276,12 @@ class PreparedCorpus:
         def val_batches(i: int) -> Any:
             return own_windows(val, batch, context, batch_generator(seed, -i - 1), process_rank(), world)
 
-        return {
-            "train_batches": train_batches,
-            "loss_fn": lambda model, batch: model(*batch),
-            "val_batches": val_batches,
-            "tokens_per_batch": batch * context,
-        }
+        return TrainerOptions(
+            train_batches=train_batches,
+            loss_fn=lambda model, batch: model(*batch),
+            val_batches=val_batches,
+            tokens_per_batch=batch * context,
+        )
 
 
 def own_windows(

@@ -28,6 +28,7 @@ from ..nn.config import ModelConfig
 from ..nn.devices import on_device_of
 from ..nn.models import count_parameters
 from ..nn.vision import ConvClassifier, MLPClassifier, ViT
+from ..train.options import TrainerOptions
 from ..train.runs import RunConfig
 from ..validation import Config, check_at_least
 from .base import Job, Outcome, TrainedRun, Training
@@ -220,15 +221,15 @@ class VitJob(Job):
         images = {"shape": list(DIGITS_SHAPE), "classes": DIGITS_CLASSES, "mean": digits.mean, "std": digits.std}
         return self.start(training.config, training.run, training.config.model.replace(vocab_size=1), images=images)
 
-    def trainer_options(self, training: VitTraining) -> dict[str, Any]:
+    def trainer_options(self, training: VitTraining) -> TrainerOptions:
         """Random batches of the training and validation images; the validation accuracy at each evaluation."""
         digits, seed, batch_size = training.data, training.config.train.seed, training.config.train.batch_size
-        return {
-            "train_batches": lambda i: digits.batch("train", batch_size, seed, i),
-            "val_batches": lambda i: digits.batch("val", batch_size, seed, -i - 1),
-            "loss_fn": lambda model, batch: model(*batch),
-            "eval_fn": lambda model: {"val_accuracy": digits.accuracy(model, "val")},
-        }
+        return TrainerOptions(
+            train_batches=lambda i: digits.batch("train", batch_size, seed, i),
+            val_batches=lambda i: digits.batch("val", batch_size, seed, -i - 1),
+            loss_fn=lambda model, batch: model(*batch),
+            eval_fn=lambda model: {"val_accuracy": digits.accuracy(model, "val")},
+        )
 
     def describe(self, training: VitTraining) -> str:
         config = training.config

@@ -6,9 +6,9 @@ up to `TIMED_UPDATES`. After the last timed update it times one evaluation (what
 `work_after_training` reserve the job asks for: its final test or samples, in evaluations) and one checkpoint write, and
 fixes the plan: the most updates, never more than `train.steps`, whose updates, evaluations, checkpoints and
 reserve fit in the budget less a `MARGIN`. The planner is pure: it is told the times and returns a `Plan`, which the
-Trainer applies (its steps, its state's plan). The plan is recorded in metrics.jsonl (a record with "plan") and in every
-checkpoint (state.json "plan"); from then on the run is an ordinary run of that many updates, so its schedule
-(warmup, cosine or inverse-sqrt) runs to its end.
+Trainer applies (its state's plan, the one place its steps are read from: `planned_steps`). The plan is recorded in
+metrics.jsonl (a record with "plan") and in every checkpoint (state.json "plan"); from then on the run is an ordinary
+run of that many updates, so its schedule (warmup, cosine or inverse-sqrt) runs to its end.
 
 A budget is a promise, and a machine's pace may change after the plan (another job starts beside it). So the
 Trainer keeps timing the updates (`Watch`) and, at log intervals with at least `TIMED_UPDATES` updates timed since
@@ -212,13 +212,15 @@ class Watch:
         same answer on every rank, which all take part in the look)."""
         return self.updates >= TIMED_UPDATES and step % self.config.log_every == 0 and step < steps
 
-    def check(self, config: TrainConfig, done: int, elapsed_s: float) -> Plan | None:
+    def check(self, done: int, elapsed_s: float) -> Plan | None:
         """Rank 0: a new plan when the rest of this one, at the pace measured since the last look, would end past
-        the budget (and change its steps); None to keep it. The pace is then measured afresh."""
+        the budget (and change its steps, never to more than this one's); None to keep it. The pace is then
+        measured afresh."""
         plan, update_s = self.plan, self.seconds / self.updates
         self.seconds, self.updates = 0.0, 0
         if "update_s" not in plan:  # a plan received from rank 0 has only its steps
             return None
+        config = replace(self.config, steps=plan["steps"])  # the most a new plan may keep: this one's
         slower = update_s / plan["update_s"]
         eval_s, ckpt_s = plan["evaluation_s"] * slower, plan["checkpoint_s"]
         reserved_s = plan["reserved_s"] * slower
@@ -238,11 +240,16 @@ class Watch:
         )  # fmt: skip
 
 
-def resumed_plan(config: TrainConfig, plan: dict[str, Any] | None, step: int) -> tuple[TrainConfig, dict | None]:
-    """The config and plan a run resumed at `step` continues with: the recorded plan replayed when the budget and
-    the upper bound are the ones it was made for (or the config is the checkpoint's own, whose `steps` is the plan);
-    else the `steps` asked for (a plan may be extended or cut like any run: `kqv.train.config.replan`). A changed
-    budget is refused: the plan was fixed once, from the first updates."""
+def planned_steps(config: TrainConfig, plan: dict[str, Any] | None) -> int:
+    """The updates a run trains to: its `plan`'s (a budget's, once fixed, or a resume's) or else `config.steps`."""
+    return config.steps if plan is None else plan["steps"]
+
+
+def resumed_plan(config: TrainConfig, plan: dict[str, Any] | None, step: int) -> dict[str, Any] | None:
+    """The plan a run resumed at `step` continues with under `config`: the recorded plan replayed when the budget
+    and the upper bound are the ones it was made for (or the config is the checkpoint's own, whose `steps` is the
+    plan); else the `steps` asked for (a plan may be extended or cut like any run: `kqv.train.config.replan`). A
+    changed budget is refused: the plan was fixed once, from the first updates."""
     if plan is None:
         if budgeted(config) and config.schedule == "cosine" and config.warmup_steps <= step < config.steps:
             raise ConfigError(
@@ -250,25 +257,28 @@ def resumed_plan(config: TrainConfig, plan: dict[str, Any] | None, step: int) ->
                 f"a budget is planned during the warmup; resume with train.budget_minutes=0 and the train.steps "
                 f"you want"
             )
-        return config, None
+        return None
     same_budget = config.budget_minutes == plan.get("budget_minutes")
     if same_budget and config.steps in (plan["steps"], plan.get("upper_bound")):
-        return replace(config, steps=plan["steps"]), plan
+        return plan
     if budgeted(config) and not same_budget:
         raise ConfigError(
             f"this run was planned for a {plan.get('budget_minutes'):g}-minute budget ({plan['steps']} updates); a "
             f"plan is fixed once: resume with the same train.budget_minutes, or with train.budget_minutes=0 and "
             f"the train.steps you want"
         )
-    return config, {**plan, "steps": config.steps, "upper_bound": config.steps, "resumed_to": step}
+    return {**plan, "steps": config.steps, "upper_bound": config.steps, "resumed_to": step}
 
 
-def time_left(config: TrainConfig, planned: bool, step: int, elapsed_s: float, train_s: float, step_s: float | None):
-    """Seconds of training left: the remaining updates at `step_s` seconds each (this session's pace, evaluations
-    included), and no more than an unplanned budget or the `max_minutes` cap leaves; None before any estimate."""
-    left = None if step_s is None else step_s * (config.steps - step)
+def time_left(
+    config: TrainConfig, plan: dict | None, step: int, elapsed_s: float, train_s: float, step_s: float | None
+):
+    """Seconds of training left: the remaining updates of the `plan` (or of `config`) at `step_s` seconds each (this
+    session's pace, evaluations included), and no more than an unplanned budget or the `max_minutes` cap leaves;
+    None before any estimate."""
+    left = None if step_s is None else step_s * (planned_steps(config, plan) - step)
     limits = []
-    if budgeted(config) and not planned:
+    if budgeted(config) and plan is None:
         limits.append(config.budget_minutes * 60 - elapsed_s)
     if config.max_minutes > 0:
         limits.append((config.max_minutes * 60 - train_s) * (elapsed_s / train_s if train_s > 0 else 1.0))

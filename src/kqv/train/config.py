@@ -139,8 +139,9 @@ class TrainConfig(Config):
                 )
 
 
-def learning_rate(config: TrainConfig, step: int) -> float:
-    """The learning rate of update number `step` (1-based: the first update is step 1).
+def learning_rate(config: TrainConfig, step: int, steps: int | None = None) -> float:
+    """The learning rate of update number `step` (1-based: the first update is step 1) of a run of `steps` updates
+    (default `config.steps`; a budget's plan gives its own).
 
     Warmup rises linearly and reaches `lr` at `step == warmup_steps`; cosine then falls to `min_lr_ratio * lr`
     exactly at `step == steps`.
@@ -153,7 +154,7 @@ def learning_rate(config: TrainConfig, step: int) -> float:
         return peak * step / warmup
     if config.schedule == "constant":
         return peak
-    progress = min((step - warmup) / (config.steps - warmup), 1.0)  # (0, 1]
+    progress = min((step - warmup) / ((config.steps if steps is None else steps) - warmup), 1.0)  # (0, 1]
     floor = config.min_lr_ratio * peak
     return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 

@@ -3,60 +3,44 @@ touching the training's randomness (the generators are saved before and restored
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from ..errors import ConfigTypeError
 from . import distributed
-from .config import TrainConfig
-from .distributed import Batch
 from .nonfinite import check_loss
-from .precision import MixedPrecision
+from .options import TrainerOptions
+from .placement import Placement
 from .rng import rng_state, set_rng_state
 from .sharding import plain_on_rank0, reshard
 
 
 class Evaluator:
-    """`evaluator(model, callers_model)`: `val_loss`, the mean of `loss_fn` over `config.eval_batches` of
-    `val_batches` (every rank its slice), and what `eval_fn` returns, run on rank 0 on the plain model
-    `callers_model` (under FSDP rank 0's plain model is filled from the shards of `model` first, and released
-    after). In eval mode, without gradients, in the training precision."""
+    """`evaluator(model, callers_model)`: `val_loss`, the mean of `options.loss_fn` over `eval_batches` of
+    `options.val_batches` (every rank its slice), and what `options.eval_fn` returns, run on rank 0 on the plain
+    model `callers_model` (under FSDP rank 0's plain model is filled from the shards of `model` first, and released
+    after). In eval mode, without gradients, in the training precision of `placement`."""
 
-    def __init__(
-        self,
-        config: TrainConfig,
-        precision: MixedPrecision,
-        loss_fn: Callable[[nn.Module, Batch], Tensor],
-        val_batches: Callable[[int], Batch] | None,
-        eval_fn: Callable[[nn.Module], dict[str, float]] | None,
-        sharded: bool,
-        rank: int,
-        world_size: int,
-        loss_terms: Callable[[Batch], float] | None = None,
-    ):
-        self.config, self.precision, self.loss_fn, self.loss_terms = config, precision, loss_fn, loss_terms
-        self.val_batches, self.eval_fn = val_batches, eval_fn
-        self.sharded, self.rank, self.world_size = sharded, rank, world_size
+    def __init__(self, placement: Placement, options: TrainerOptions, eval_batches: int):
+        self.placement, self.options, self.eval_batches = placement, options, eval_batches
 
     @property
     def evaluates(self) -> bool:
         """Whether there is anything to evaluate."""
-        return self.val_batches is not None or self.eval_fn is not None
+        return self.options.val_batches is not None or self.options.eval_fn is not None
 
     def __call__(self, model: nn.Module, callers_model: nn.Module) -> dict[str, float]:
+        place, eval_fn = self.placement, self.options.eval_fn
         rng = rng_state()
         model.eval()
         metrics: dict[str, float] = {}
         try:
-            with torch.no_grad(), self.precision.autocast():
-                if self.val_batches is not None:
+            with torch.no_grad(), place.precision.autocast():
+                if self.options.val_batches is not None:
                     metrics["val_loss"] = self.val_loss(model)
                 # under FSDP rank 0's plain model is filled from the shards for eval_fn, and released after
-                device = self.precision.device.device
-                with plain_on_rank0(callers_model, model, device, self.sharded and bool(self.eval_fn)):
-                    for name, value in self.eval_fn(callers_model).items() if self.eval_fn and self.rank == 0 else ():
+                with plain_on_rank0(callers_model, model, place.device.device, place.sharded and bool(eval_fn)):
+                    for name, value in eval_fn(callers_model).items() if eval_fn and place.rank == 0 else ():
                         try:
                             metrics[name] = float(value)
                         except (TypeError, ValueError):
@@ -67,10 +51,11 @@ class Evaluator:
 
     def val_loss(self, model: nn.Module) -> float:
         """The mean validation loss over `eval_batches` batches and every process."""
-        total = torch.zeros((), device=self.precision.device.device)
-        for i in range(self.config.eval_batches):
-            local, weight = distributed.share(self.val_batches(i), self.rank, self.world_size, self.loss_terms)
-            loss = check_loss(self.loss_fn(model, self.precision.device.batch(local))).float()
+        place, options = self.placement, self.options
+        total = torch.zeros((), device=place.device.device)
+        for i in range(self.eval_batches):
+            local, weight = distributed.share(options.val_batches(i), place.rank, place.world_size, options.loss_terms)
+            loss = check_loss(options.loss_fn(model, place.device.batch(local))).float()
             total += loss if weight == 1 else loss * weight
         reshard(model)  # FSDP keeps the root's weights gathered after a forward without a backward
-        return distributed.process_mean(total, self.world_size).item() / self.config.eval_batches
+        return distributed.process_mean(total, place.world_size).item() / self.eval_batches

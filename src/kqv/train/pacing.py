@@ -4,7 +4,7 @@ the run would overrun its budget. Rank 0 decides; every rank receives the steps 
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -28,7 +28,7 @@ class Pacing:
     def __init__(self, trainer: Any):
         self.trainer = trainer
         config, plan = trainer.config, trainer.plan
-        self.planner = Planner.for_session(config, trainer.step, plan, trainer.work_after_training)
+        self.planner = Planner.for_session(config, trainer.step, plan, trainer.options.work_after_training)
         self.watch = Watch.for_session(config, plan)
 
     def due(self, step: int) -> bool:
@@ -46,13 +46,13 @@ class Pacing:
         if planning:
             self.fix(run_start)
             self.planner, self.watch = None, Watch.for_session(trainer.config, trainer.plan)
-        elif self.watch is not None and read and self.watch.due(trainer.step, trainer.config.steps):
+        elif self.watch is not None and read and self.watch.due(trainer.step, trainer.steps):
             self.replan(run_start)
 
     def fix(self, run_start: float) -> None:
         """Time one evaluation and one checkpoint, ask the planner for the plan (rank 0; the others receive its
-        steps) and apply it: the config's steps and the state's plan, recorded in a checkpoint and in metrics.jsonl,
-        and said to the reporter."""
+        steps) and apply it: the state's plan, recorded in a checkpoint and in metrics.jsonl, and said to the
+        reporter."""
         trainer = self.trainer
         started = trainer.clock()
         metrics = trainer.evaluate() if trainer.evaluator.evaluates else {}
@@ -72,9 +72,7 @@ class Pacing:
         """At a log interval after the plan: rank 0 asks the watch whether the pace since its last look still ends
         within the budget, and every rank applies the steps of a new plan, said and recorded in metrics.jsonl."""
         trainer = self.trainer
-        plan = (
-            self.watch.check(trainer.config, trainer.step, trainer.clock() - run_start) if trainer.rank == 0 else None
-        )
+        plan = self.watch.check(trainer.step, trainer.clock() - run_start) if trainer.rank == 0 else None
         steps, was = agreed_steps(plan, trainer.world_size), trainer.plan
         if steps:
             self.apply(steps, plan, "replan", run_start)
@@ -83,9 +81,9 @@ class Pacing:
                 trainer.report(replanned_announcement(plan, was))
 
     def apply(self, steps: int, plan: Plan | None, key: str, run_start: float, metrics: dict | None = None) -> None:
-        """The trainer's config and state take `steps` (and rank 0's `plan`, recorded under `key` in metrics.jsonl)."""
+        """The trainer's plan (`TrainState.plan`, whence its steps) takes `steps`: rank 0's `plan`, recorded under
+        `key` in metrics.jsonl; on the other ranks, the steps alone."""
         trainer = self.trainer
-        trainer.config = trainer.updater.config = trainer.evaluator.config = replace(trainer.config, steps=steps)
         trainer.state.plan = asdict(plan) if plan else {**(trainer.plan or {}), "steps": steps}
         if plan is not None:
             record = {"step": trainer.step, **(metrics or {}), key: trainer.plan}

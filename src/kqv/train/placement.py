@@ -8,8 +8,9 @@ The Trainer asks once, when it is made, and keeps the answer; its loop never dec
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from dataclasses import dataclass
 
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from ..errors import ConfigError
@@ -17,12 +18,13 @@ from ..nn.devices import Accelerator
 from . import distributed
 from .config import TrainConfig
 from .precision import MixedPrecision, bound_kernel_caches
-from .saving import check_saved_weights
 from .sharding import build_model, precision_policy, shard
 
 
-class Placement(NamedTuple):
-    """A run's device, precision and processes, and its model on them (a tuple: its owner unpacks it)."""
+@dataclass
+class Placement:
+    """A run's device, precision and processes, and its model on them. The Trainer keeps it whole and hands it to
+    the parts that need it (checkpoints, evaluation, updates), each reading the fields it uses."""
 
     device: Accelerator  # the one per-device choice: kernels, autocast, scaler
     precision: MixedPrecision
@@ -32,6 +34,21 @@ class Placement(NamedTuple):
     sharded: bool  # FSDP over several processes
     callers_model: nn.Module  # the caller's model: under FSDP, released by `shard`
     model: nn.Module  # the one trained: `callers_model` on the device, or this process's shard of it
+
+    def leave_process_group(self) -> None:
+        """Leave the process group that joining created (once); a group that was there before stays."""
+        if self.owns_process_group:
+            dist.destroy_process_group()
+            self.owns_process_group = False
+
+
+def check_saved_weights(saved_weights: Callable | None, sharded: bool) -> None:
+    """ConfigError for checkpoints of part of the weights (a LoRA run's adapters) under FSDP, whose shards are
+    saved and loaded whole (`kqv.train.sharding`)."""
+    if sharded and saved_weights is not None:
+        raise ConfigError(
+            'a run whose checkpoints hold part of its weights (LoRA) cannot be sharded; set train.parallel="ddp"'
+        )
 
 
 def place_model(

@@ -4,16 +4,15 @@ how a resume loads it back, for one process, DDP or FSDP alike (under FSDP every
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from torch.distributed.tensor import DTensor
 
-from ..errors import ConfigError, ConfigTypeError, option
+from ..errors import option
 from ..signals import deferred
 from .checkpoints import (
     FORMAT,
@@ -27,9 +26,9 @@ from .checkpoints import (
     write_checkpoint,
 )
 from .config import TrainConfig
-from .files import CHECKPOINT_DIR, STATE_FILE, write_into
+from .files import CHECKPOINT_DIR, write_into
 from .nonfinite import check_finite_weights
-from .precision import MixedPrecision
+from .placement import Placement
 from .rng import all_rng_states, rng_tensors, rng_to_json, saved_rng_states
 from .rundir import RunDirectory
 from .shard_files import is_sharded
@@ -41,53 +40,31 @@ logger = logging.getLogger("kqv.train.trainer")  # the trainer's voice
 NOT_FINITE = {"(on another rank)": torch.tensor(float("nan"))}  # what a rank whose own shards are finite names
 
 
-def check_extra_state(extra_state: dict[str, Any] | None) -> None:
-    """ConfigTypeError unless `extra_state` can go into a checkpoint's state.json."""
-    try:
-        json.dumps(extra_state)
-    except (TypeError, ValueError) as error:
-        raise ConfigTypeError(f"extra_state must be JSON-serialisable (it goes into {STATE_FILE}): {error}") from None
-
-
-def check_saved_weights(saved_weights: Callable | None, sharded: bool) -> None:
-    """ConfigError for checkpoints of part of the weights (a LoRA run's adapters) under FSDP, whose shards are
-    saved and loaded whole (`kqv.train.sharding`)."""
-    if sharded and saved_weights is not None:
-        raise ConfigError(
-            'a run whose checkpoints hold part of its weights (LoRA) cannot be sharded; set train.parallel="ddp"'
-        )
-
-
 class Checkpointer:
-    """Writes the checkpoints of one training into `run` and loads the one it resumes; `last_saved` is the step
-    of the last checkpoint this session wrote or resumed from (None before one). `saved_weights` picks the part of
-    the model's state dict a checkpoint holds (None: all of it; a LoRA fine-tune's adapters)."""
+    """Writes the checkpoints of one training into `run` and loads the one it resumes: the model `placement`
+    trains (on its device and processes, sharded or not) and `optimizer`'s state. `last_saved` is the step of the
+    last checkpoint this session wrote or resumed from (None before one). `saved_weights` picks the part of the
+    model's state dict a checkpoint holds (None: all of it; a LoRA fine-tune's adapters)."""
 
     def __init__(
         self,
         run: RunDirectory,
-        model: nn.Module,
+        placement: Placement,
         optimizer: torch.optim.Optimizer,
-        precision: MixedPrecision,
-        sharded: bool,
-        rank: int,
-        world_size: int,
         saved_weights: Callable[[dict[str, Tensor]], dict[str, Tensor]] | None = None,
     ):
-        self.run, self.model, self.optimizer, self.precision = run, model, optimizer, precision
-        self.sharded, self.rank, self.world_size = sharded, rank, world_size
-        self.saved_weights = saved_weights
+        self.run, self.placement, self.optimizer, self.saved_weights = run, placement, optimizer, saved_weights
         self.last_saved: int | None = None
 
     def save(self, state: TrainState, config: TrainConfig, extra_state: dict[str, Any], final: bool = False) -> None:
         """Save `state` after its last completed update (every rank must call this under torchrun: the
         generators' states are gathered, and under FSDP every rank writes its shards). The `final` checkpoint of a
         sharded run holds the whole weights too (model.safetensors, for export and inference)."""
-        states = all_rng_states(self.world_size)
-        if self.sharded:
+        states = all_rng_states(self.placement.world_size)
+        if self.placement.sharded:
             self.write_shards(states, state, config, extra_state, final)
-        elif self.rank == 0:
-            self.write(states, self.model, self.optimizer, state, config, extra_state)
+        elif self.placement.rank == 0:
+            self.write(states, self.placement.model, self.optimizer, state, config, extra_state)
 
     def write(
         self,
@@ -113,19 +90,20 @@ class Checkpointer:
     ) -> None:
         """Every rank: write the sharded checkpoint of `state.step` (`kqv.train.shards`), with the whole weights
         when `final`; non-finite weights on any rank are never saved (TrainingDiverged on every rank)."""
+        place = self.placement
         with deferred():
-            shards = {name: p.to_local() if isinstance(p, DTensor) else p for name, p in self.model.named_parameters()}
+            shards = {name: p.to_local() if isinstance(p, DTensor) else p for name, p in place.model.named_parameters()}
             if not every_rank(all(t.isfinite().all() for t in shards.values() if t.is_floating_point())):
                 check_finite_weights(shards, config, state.step, self.last_saved)  # names this rank's bad weights
                 check_finite_weights(NOT_FINITE, config, state.step, self.last_saved)  # another rank's
-            weights = gather_weights(self.model) if final else None
+            weights = gather_weights(place.model) if final else None
             saved = self.saved_state(rng_states, state, config, extra_state)
             target = self.run.path / CHECKPOINT_DIR
 
             def finish(tmp, digests: dict[str, str]) -> None:  # rank 0: the files besides the shards
                 write_into(tmp, checkpoint_writers(saved, rng_tensors(rng_states), weights, shards=digests), 0, target)
 
-            write_sharded(self.run.path, self.model, self.optimizer, self.rank, self.world_size, finish)
+            write_sharded(self.run.path, place.model, self.optimizer, place.rank, place.world_size, finish)
             self.last_saved = state.step
 
     def saved_state(self, rng_states: list[dict], state: TrainState, config: TrainConfig, extra: dict) -> dict:
@@ -135,8 +113,8 @@ class Checkpointer:
             **state.saved(),
             "config": config.to_dict(),
             "extra_state": extra,
-            "world_size": self.world_size,
-            "grad_scaler": self.precision.state_dict(),
+            "world_size": self.placement.world_size,
+            "grad_scaler": self.placement.precision.state_dict(),
             "rng": [rng_to_json(s) for s in rng_states],
             "torch_version": torch.__version__,
         }
@@ -144,16 +122,17 @@ class Checkpointer:
     def load(self, checkpoint: Checkpoint) -> tuple[TrainState, list[dict | None]]:
         """Load `checkpoint`'s weights, optimizer state and loss scale; returns its `TrainState` and every rank's
         saved generator states (`kqv.train.rng.saved_rng_states`)."""
+        place = self.placement
         if is_sharded(checkpoint):  # under FSDP, DDP or in one process, on any number of processes
-            load_sharded(self.model, self.optimizer, checkpoint)
-        elif self.sharded:  # a one-process checkpoint, read into the shards
-            load_checkpoint(self.model, self.optimizer, checkpoint, self.run.path)
+            load_sharded(place.model, self.optimizer, checkpoint)
+        elif place.sharded:  # a one-process checkpoint, read into the shards
+            load_checkpoint(place.model, self.optimizer, checkpoint, self.run.path)
         else:
-            part = None if self.saved_weights is None else partial_loader(self.model, self.saved_weights)
-            load_weights(self.model, checkpoint, part)
+            part = None if self.saved_weights is None else partial_loader(place.model, self.saved_weights)
+            load_weights(place.model, checkpoint, part)
             load_optimizer_state(self.optimizer, checkpoint, self.run.path)
-        self.precision.load_state_dict(checkpoint.state.get("grad_scaler"))
-        return TrainState.restored(checkpoint.state), saved_rng_states(checkpoint, self.world_size)
+        place.precision.load_state_dict(checkpoint.state.get("grad_scaler"))
+        return TrainState.restored(checkpoint.state), saved_rng_states(checkpoint, place.world_size)
 
     def after_interrupt(
         self, state: TrainState, config: TrainConfig, extra_state: dict[str, Any], rng: dict, skipping: bool
@@ -164,11 +143,11 @@ class Checkpointer:
         if skipping:
             logger.warning("interrupted while updates were being skipped; kept the last good checkpoint")
             return False
-        if self.sharded and self.last_saved != state.step:
+        if self.placement.sharded and self.last_saved != state.step:
             logger.warning("interrupted: a sharded run saves with all ranks; step %s stands", self.last_saved)
             return False
         if self.last_saved != state.step:
-            self.write([rng], self.model, self.optimizer, state, config, extra_state)
+            self.write([rng], self.placement.model, self.optimizer, state, config, extra_state)
         logger.warning(
             "interrupted: saved the checkpoint of step %d in %s; continue with %s",
             state.step,

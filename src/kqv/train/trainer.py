@@ -48,121 +48,79 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from contextlib import ExitStack, suppress
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
-from torch import Tensor, nn
+from torch import nn
 
 from ..errors import ConfigError, ConfigTypeError
+from ..nn.devices import Accelerator
 from ..nn.training import step_figures
 from ..signals import deferred
 from . import distributed
-from .budget import resumed_plan, time_left
+from .budget import planned_steps, resumed_plan, time_left
 from .checkpoints import Checkpoint, read_checkpoint
 from .compiling import training_module
 from .config import TrainConfig, learning_rate, replan
-from .distributed import Batch
 from .evaluator import Evaluator
 from .events import Evaluation, Message, Progress
 from .flops import model_flops_per_token, utilisation
 from .metrics import Pace, Window, append_metrics, format_duration, plot_losses
 from .nonfinite import NonFiniteGuard, TrainingDiverged, diverged_message, warn_withheld
 from .optimizer import make_optimizer
+from .options import TrainerOptions
 from .pacing import Pacing
 from .placement import place_model
+from .precision import MixedPrecision
 from .reporter import Reporter
 from .rng import rng_state, start_generators
-from .rundir import IfExists, RunDirectory
-from .saving import Checkpointer, check_extra_state
+from .rundir import RunDirectory
+from .saving import Checkpointer
 from .sharding import gather_to_rank0
 from .state import TrainState
 from .update import Updater
 
 
-def check_trainer_options(config: TrainConfig, if_exists: str, extra_state: dict[str, Any] | None) -> None:
-    """The Trainer's own arguments, checked before anything is placed or opened."""
-    if not isinstance(config, TrainConfig):
-        raise ConfigTypeError(f"config must be a TrainConfig, got {type(config).__name__}")
-    if if_exists not in IfExists.__args__:
-        raise ConfigError(f"if_exists must be one of {list(IfExists.__args__)}, got {if_exists!r}")
-    check_extra_state(extra_state)
-
-
 class Trainer:
-    """Trains `model` (an `nn.Module`, or a function without arguments that builds it) on `train_batches` by
-    minimising `loss_fn`; see the module docstring for the contracts.
-
-    `val_batches(i)` (optional) gives validation batches; every evaluation reports `val_loss`, the mean of
-    `loss_fn` over `config.eval_batches` of them. `eval_fn(model)` (optional) returns further metrics (accuracy,
-    BLEU, ...); it runs on rank 0 only. Both run under `torch.no_grad()`, `model.eval()` and the training
-    precision. `extra_state` is any JSON-serialisable dict saved with every checkpoint (e.g. the model config)
-    and restored by `resume`. `tokens_per_batch` sets the token count of a micro-batch for tokens/s, as a number or
-    as a function of the micro-batch index (e.g. the real, non-padding tokens of batch i); by default it is the
-    numel of the batch tensor or of the first tensor of a tuple/list/dict.
+    """Trains `model` (an `nn.Module`, or a function without arguments that builds it) as `config` says, into
+    `run_dir`, on the batches and loss of its `options` (`TrainerOptions`: `train_batches` and `loss_fn`, and as
+    needed validation, `eval_fn`, `extra_state`, ...; from Python given as keywords, `Trainer(model, config, run_dir,
+    train_batches=..., loss_fn=...)`); see the module docstring for the contracts.
 
     `run_dir` is a `RunDirectory` its caller opened (a job does, to write its data under the same lock), or a
     path: then the trainer opens it itself (`RunDirectory.open`, holding the writer's lock until train()
-    returns), and `if_exists` says what to do when it already holds a run: "error" (refuse, the default),
-    "resume" (continue its checkpoint with the `config` given here; start fresh if `run_dir` is empty) or
-    "overwrite" (delete the run's files when training starts). `extra_state` is kept as this very dict (a resumed
-    run's saved entries are added to it), so whoever made it can update it while training, e.g. an `eval_fn`.
+    returns), doing what `options.if_exists` says when it already holds a run ("resume" continues its checkpoint
+    with the `config` given here).
 
-    `work_after_training`: the job's work after training (final test, samples) in evaluations, reserved by a
-    budget's plan (`kqv.train.budget`). `clock` (default `time.perf_counter`) times budgets, progress and metrics.
-    The trainer prints nothing: its progress and evaluations are events for `reporter` (`kqv.train.reporter`; by
-    default one that shows them unless `quiet`).
-
-    `saved_weights(state_dict)` (optional) picks the part of the model's state dict its checkpoints hold (default:
-    all of it): a LoRA fine-tune saves its adapters alone, its frozen rest being its source's. A resume then loads
-    exactly those tensors into the model, whose other weights its caller has set (`partial_loader`).
-
-    `loss_terms(batch)` (optional): how many terms `loss_fn` averages over in a batch (its targets that count, say;
-    by default its rows), by which each process's loss is weighted under torchrun (`kqv.train.distributed.share`).
+    The Trainer decides where it trains once (its `placement`: device, precision, processes, the model on them) and
+    hands it whole to the parts that read it: its checkpoints (`Checkpointer`), evaluation (`Evaluator`) and updates
+    (`Updater`). It trains to `steps`, read from its one plan: its state's (a budget's, once fixed, or a resume's),
+    or else `config.steps`.
     """
 
     resumed_from: int | None = None  # the update a resumed run's checkpoint was taken after (`_resume`)
 
     def __init__(
         self,
-        model: nn.Module,
+        model: nn.Module | Callable[[], nn.Module],
         config: TrainConfig,
         run_dir: RunDirectory | str | Path,
-        *,
-        train_batches: Callable[[int], Batch],
-        loss_fn: Callable[[nn.Module, Batch], Tensor],
-        val_batches: Callable[[int], Batch] | None = None,
-        eval_fn: Callable[[nn.Module], dict[str, float]] | None = None,
-        extra_state: dict[str, Any] | None = None,
-        tokens_per_batch: int | Callable[[int], int] | None = None,
-        if_exists: IfExists = "error",
-        quiet: bool = False,
-        work_after_training: float = 0.0,
-        clock: Callable[[], float] | None = None,
-        reporter: Reporter | None = None,
-        saved_weights: Callable[[dict[str, Tensor]], dict[str, Tensor]] | None = None,
-        loss_terms: Callable[[Batch], float] | None = None,
+        options: TrainerOptions | None = None,
+        **given: Any,  # the fields of `TrainerOptions` one by one, instead of or over `options`
     ):
-        check_trainer_options(config, if_exists, extra_state)
+        if not isinstance(config, TrainConfig):
+            raise ConfigTypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+        self.options = options = TrainerOptions.of(options, given)
         # where it trains (`kqv.train.placement`); under FSDP `callers_model` is released by the shard
-        (
-            self.device,
-            self.precision,
-            self.rank,
-            self.world_size,
-            self._owns_process_group,
-            self.sharded,
-            self.callers_model,
-            self.model,
-        ) = place_model(model, config, saved_weights)
-        self.config = config
+        self.placement = place_model(model, config, options.saved_weights)
+        self.config = config  # as given: its steps are the upper bound of a budget's plan (`steps`)
         self.flops_per_token = model_flops_per_token(self.model)  # for MFU, against the device's peak (if known)
-        self.train_batches, self.loss_fn, self.val_batches, self.eval_fn = train_batches, loss_fn, val_batches, eval_fn
-        self.extra_state = extra_state if extra_state is not None else {}  # this very dict: its owner may update it
-        self.work_after_training, self.clock = work_after_training, clock or time.perf_counter
-        self.report = reporter or Reporter(quiet or self.rank != 0)  # rank 0 speaks for every process
+        self.extra_state = {} if options.extra_state is None else options.extra_state  # this very dict
+        self.clock = options.clock or time.perf_counter
+        self.report = options.reporter or Reporter(options.quiet or self.rank != 0)  # rank 0 speaks for every process
         self.optimizer = make_optimizer(self.model, config)
-        self.state = TrainState()  # progress: saved in every checkpoint and restored by a resume
+        self.state = TrainState()  # progress and plan: saved in every checkpoint and restored by a resume
         self.guard = NonFiniteGuard(config.max_bad_steps, self.device.device)
         self.replanned: dict[str, Any] | None = None  # the metrics record of a resume that changed the plan
         # The loop's state: generators and where an interrupt may save.
@@ -170,18 +128,10 @@ class Trainer:
         self._boundary_rng: dict[str, Any] | None = None  # generator state after the last completed update
         self._mark: Any = None  # the device's queue after the last completed update (`distributed.update_mark`)
         self._left: float | None = None  # the estimated seconds of training left, after the last update
-        # The run directory: the job's, or one this trainer opens itself (given a path) and closes after train().
-        self._owned = ExitStack()
-        self.run = (
-            run_dir
-            if isinstance(run_dir, RunDirectory)
-            else self._owned.enter_context(RunDirectory.open(run_dir, if_exists, rank=self.rank))
-        )
+        self._owned = ExitStack()  # a run directory this trainer opens itself (given a path), closed after train()
+        self.run = self._open(run_dir)
         self.run_dir = self.run.path
-        self.checkpoints = Checkpointer(
-            self.run, self.model, self.optimizer, self.precision, self.sharded, self.rank, self.world_size,
-            saved_weights,
-        )  # fmt: skip
+        self.checkpoints = Checkpointer(self.run, self.placement, self.optimizer, options.saved_weights)
         try:
             distributed.agree_on_checkpoint(self.run.checkpoint, self.run.path, self.world_size)
             if self.run.checkpoint is not None:
@@ -191,40 +141,60 @@ class Trainer:
             raise
         # forward and backward: in DDP under several processes, compiled with train.compile (kqv.train.compiling)
         said = lambda text: self.report(Message(text))  # each graph compiled, a line of the run's output
-        self.ddp_model = training_module(self.model, self.world_size, self.sharded, config.compile, said)
-        self.evaluator = Evaluator(
-            self.config, self.precision, loss_fn, val_batches, eval_fn, self.sharded, self.rank, self.world_size,
-            loss_terms,
-        )  # fmt: skip
-        self.updater = Updater(
-            self.config, self.model, self.optimizer, self.precision, self.guard, train_batches, loss_fn,
-            tokens_per_batch, self.rank, self.world_size, loss_terms,
-        )  # fmt: skip
+        self.ddp_model = training_module(self.model, self.world_size, self.placement.sharded, config.compile, said)
+        self.evaluator = Evaluator(self.placement, options, config.eval_batches)
+        self.updater = Updater(config, self.placement, self.optimizer, self.guard, options)
+
+    def _open(self, run_dir: RunDirectory | str | Path) -> RunDirectory:
+        """The run directory: the job's, or one this trainer opens itself (given a path) and closes after train()."""
+        if isinstance(run_dir, RunDirectory):
+            return run_dir
+        return self._owned.enter_context(RunDirectory.open(run_dir, self.options.if_exists, rank=self.rank))
 
     @classmethod
     def resume(
         cls,
         run_dir: str | Path,
-        model: nn.Module,
+        model: nn.Module | Callable[[], nn.Module],
+        options: TrainerOptions | None = None,
         *,
-        train_batches: Callable[[int], Batch],
-        loss_fn: Callable[[nn.Module, Batch], Tensor],
         config: TrainConfig | None = None,
-        **options: Any,
+        **given: Any,
     ) -> Trainer:
         """Continue the run saved in `run_dir` with the saved config, or with `config` to change it (more steps,
-        say); `extra_state` is restored from the checkpoint unless given. A missing or damaged one is a RunError."""
+        say); `extra_state` is restored from the checkpoint unless given. A missing or damaged one is a RunError.
+        `options` and `given` are the Trainer's (`train_batches` and `loss_fn` among them)."""
         saved = read_checkpoint(run_dir)
         saved.close()
-        return cls(
-            model,
-            config or saved.config,
-            run_dir,
-            train_batches=train_batches,
-            loss_fn=loss_fn,
-            if_exists="resume",
-            **options,
-        )
+        return cls(model, config or saved.config, run_dir, options, **given, if_exists="resume")
+
+    # -- where it trains (`placement`), as its owner shows it ----------------------------------------------------
+
+    @property
+    def model(self) -> nn.Module:
+        """The model trained: the caller's on the device, or under FSDP this process's shard of it."""
+        return self.placement.model
+
+    @property
+    def callers_model(self) -> nn.Module:
+        """The caller's model (under FSDP released by the shard, and given the trained weights on rank 0 at the end)."""
+        return self.placement.callers_model
+
+    @property
+    def device(self) -> Accelerator:
+        return self.placement.device
+
+    @property
+    def precision(self) -> MixedPrecision:
+        return self.placement.precision
+
+    @property
+    def rank(self) -> int:
+        return self.placement.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.placement.world_size
 
     # -- the state, as its owner shows it ------------------------------------------------------------------------
 
@@ -240,8 +210,17 @@ class Trainer:
 
     @property
     def plan(self) -> dict[str, Any] | None:
-        """A budgeted run's plan, once fixed (`kqv.train.budget`)."""
+        """A budgeted run's plan, once fixed (`kqv.train.budget`), or a resume's that changed its steps."""
         return self.state.plan
+
+    @property
+    def steps(self) -> int:
+        """The updates this run trains to: its plan's, or else `config.steps` (`kqv.train.budget.planned_steps`)."""
+        return planned_steps(self.config, self.state.plan)
+
+    def planned_config(self) -> TrainConfig:
+        """`config` with the plan's `steps`: what a checkpoint records, so that a resume with it replays the plan."""
+        return replace(self.config, steps=self.steps)
 
     @property
     def elapsed_s(self) -> float:
@@ -254,7 +233,7 @@ class Trainer:
     # -- the loop ------------------------------------------------------------------------------------------------
 
     def train(self) -> dict[str, float]:
-        """Train until `config.steps` updates are done; returns the metrics of the last step. On Ctrl-C or SIGTERM
+        """Train until `steps` updates are done; returns the metrics of the last step. On Ctrl-C or SIGTERM
         it saves the last completed update and re-raises. A non-finite update is skipped (`bad_steps`);
         `config.max_bad_steps` in a row raise TrainingDiverged. The run directory it opened stays locked until then."""
         with self._owned:  # a run directory the trainer opened itself is released at the end
@@ -277,10 +256,9 @@ class Trainer:
 
     def _leave_process_group(self) -> None:
         """DDP's reducer lets go of the group first, so that it goes now, after `distributed.settle`."""
-        if self._owns_process_group:
+        if self.placement.owns_process_group:
             self.ddp_model = self.model
-            dist.destroy_process_group()
-            self._owns_process_group = False
+            self.placement.leave_process_group()
 
     def _loop(self) -> dict[str, float]:
         """Updates from `self.step` to the end of the plan (or of the time budget), logging, evaluating and
@@ -292,9 +270,9 @@ class Trainer:
         run_start = self.clock() - self.state.elapsed_s
         result: dict[str, float] = {"step": self.step}
         try:
-            while self.step < self.config.steps:
+            while self.step < self.steps:
                 started = self.clock()
-                lr = learning_rate(self.config, self.step + 1)
+                lr = learning_rate(self.config, self.step + 1, self.steps)
                 outcome = self.updater(self.ddp_model, self.step, lr)
                 with deferred():  # a signal waits for the update and the counter: an interrupt saves a completed step
                     self.updater.apply(outcome)
@@ -313,7 +291,7 @@ class Trainer:
                     self.state.train_seconds + now - started,
                 )
                 pacing.after_update(now - started, planning, read, run_start)
-                last = self.step == self.config.steps or self._out_of_time(read)
+                last = self.step == self.steps or self._out_of_time(read)
                 if last and not read:
                     self._read(window)
                 result = self._log(lr, window, run_start, last) or result
@@ -328,7 +306,7 @@ class Trainer:
             raise
         finally:
             self.report.close()
-        if self.sharded:  # the caller's model holds the trained weights, on rank 0 (kqv.train.sharding)
+        if self.placement.sharded:  # the caller's model holds the trained weights, on rank 0 (kqv.train.sharding)
             gather_to_rank0(self.callers_model, self.model, self.device.device)
         distributed.settle(self.world_size)
         return result
@@ -337,8 +315,8 @@ class Trainer:
         """Whether a log record, an evaluation, a checkpoint or the end is due after this update: then the window
         is read."""
         cfg, step = self.config, self.step
-        evaluates = (self.evaluator.evaluates) and step % cfg.eval_every == 0
-        return step == cfg.steps or step % cfg.log_every == 0 or step % cfg.checkpoint_every == 0 or evaluates
+        evaluates = self.evaluator.evaluates and step % cfg.eval_every == 0
+        return step == self.steps or step % cfg.log_every == 0 or step % cfg.checkpoint_every == 0 or evaluates
 
     def _read(self, window: Window) -> None:
         """Read the updates since the last read from the device (one sync) and account for the guard's verdicts:
@@ -369,9 +347,9 @@ class Trainer:
         `run_start`: the clock's reading at the run's start)."""
         elapsed = self.state.elapsed_s = self.clock() - run_start  # the run's minutes, as its last line says them
         step_s = self._pace.step_seconds(self.step)
-        self._left = time_left(self.config, self.plan is not None, self.step, elapsed, self.train_seconds, step_s)
+        self._left = time_left(self.config, self.plan, self.step, elapsed, self.train_seconds, step_s)
         figures = {key: record.get(key) for key in ("train_loss", "lr", "tokens_per_s", "mfu", "peak_memory_mb")}
-        return Progress(self.step, self.config.steps, elapsed, self._left, **figures)
+        return Progress(self.step, self.steps, elapsed, self._left, **figures)
 
     def _log(self, lr: float, window: Window, run_start: float, last: bool) -> dict | None:
         """Log (every `log_every` updates) and evaluate (every `eval_every`); one metrics.jsonl record for both."""
@@ -405,7 +383,7 @@ class Trainer:
             if evaluated or last:
                 self.redraw_plot()
             if evaluated:
-                self.report(Evaluation(self.step, cfg.steps, record, self._left))
+                self.report(Evaluation(self.step, self.steps, record, self._left))
         return record
 
     def _peak_flops(self) -> float | None:
@@ -432,7 +410,7 @@ class Trainer:
     def save_checkpoint(self, final: bool = False) -> None:
         """Save the state after the last completed update (every rank must call this under torchrun); the `final`
         one of a sharded run holds the whole weights too."""
-        self.checkpoints.save(self.state, self.config, self.extra_state, final)
+        self.checkpoints.save(self.state, self.planned_config(), self.extra_state, final)
 
     def _checkpoint_if_good(self, final: bool) -> None:
         """Save a checkpoint that is due, unless the guard is skipping updates: the weights then are the ones
@@ -455,7 +433,7 @@ class Trainer:
                 self._read(window)  # the updates since the last read: was the last one skipped?
             self.state.elapsed_s = self.clock() - run_start
             saved = self.checkpoints.after_interrupt(
-                self.state, self.config, self.extra_state, self._boundary_rng, self.guard.skipping
+                self.state, self.planned_config(), self.extra_state, self._boundary_rng, self.guard.skipping
             )
         if saved and self.run.metrics_file.exists():
             self.redraw_plot()
@@ -472,19 +450,17 @@ class Trainer:
         given = dict(self.extra_state)
         self.extra_state.update(checkpoint.extra_state)
         self.extra_state.update(given)  # what was given wins
-        self.config, self.state.plan = resumed_plan(self.config, self.state.plan, checkpoint.step)
-        if self.config.steps < checkpoint.step:
+        self.state.plan = resumed_plan(self.config, self.state.plan, checkpoint.step)
+        if self.steps < checkpoint.step:
             raise ConfigError(
-                f"the run in {self.run_dir} is already at step {checkpoint.step}, past the {self.config.steps} "
+                f"the run in {self.run_dir} is already at step {checkpoint.step}, past the {self.steps} "
                 f"steps asked for; to continue it, ask for more than {checkpoint.step} steps"
             )
-        self.replanned = replan(checkpoint.config, self.config, checkpoint.step)
+        self.replanned = replan(checkpoint.config, self.planned_config(), checkpoint.step)
         self.resumed_from = checkpoint.step
         elapsed = format_duration(self.state.elapsed_s)
         self.report(
-            Message(
-                f"resumed {checkpoint.path} at update {checkpoint.step} of {self.config.steps}, {elapsed} into the run"
-            )
+            Message(f"resumed {checkpoint.path} at update {checkpoint.step} of {self.steps}, {elapsed} into the run")
         )
 
     def _start_rng(self) -> None:

@@ -10,7 +10,6 @@ interval, so a GPU never waits for Python between updates.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -20,7 +19,8 @@ from . import distributed
 from .config import TrainConfig
 from .distributed import Batch, batch_tokens
 from .nonfinite import NonFiniteGuard, check_loss
-from .precision import MixedPrecision
+from .options import TrainerOptions
+from .placement import Placement
 
 
 @dataclass
@@ -36,59 +36,59 @@ class Outcome:
 
 
 class Updater:
-    """Makes the updates of a training: `updater(module, step, lr)` is update number `step + 1`."""
+    """Makes the updates of a training: `updater(module, step, lr)` is update number `step + 1`, of the model
+    `placement` trains, by `optimizer`, on `options.train_batches` and `options.loss_fn`, judged by `guard`; `config`
+    says the accumulation and clipping."""
 
     def __init__(
         self,
         config: TrainConfig,
-        model: nn.Module,
+        placement: Placement,
         optimizer: torch.optim.Optimizer,
-        precision: MixedPrecision,
         guard: NonFiniteGuard,
-        batches: Callable[[int], Batch],
-        loss_fn: Callable[[nn.Module, Batch], Tensor],
-        tokens_per_batch: int | Callable[[int], int] | None,
-        rank: int,
-        world_size: int,
-        loss_terms: Callable[[Batch], float] | None = None,
+        options: TrainerOptions,
     ):
-        self.config, self.model, self.optimizer, self.precision, self.guard = config, model, optimizer, precision, guard
-        self.batches, self.loss_fn, self.tokens_per_batch = batches, loss_fn, tokens_per_batch
-        self.rank, self.world_size, self.loss_terms = rank, world_size, loss_terms
+        self.config, self.placement, self.optimizer, self.guard, self.options = (
+            config,
+            placement,
+            optimizer,
+            guard,
+            options,
+        )
 
     def __call__(self, module: nn.Module, step: int, lr: float) -> Outcome:
         """The gradient of update `step + 1` at learning rate `lr` over `grad_accum` micro-batches, forward and
         backward through `module` (the model, or its DDP or compiled wrapper), clipped and judged; `apply` then
         makes the update."""
-        cfg = self.config
+        cfg, place, precision, options = self.config, self.placement, self.placement.precision, self.options
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
-        total = torch.zeros((), device=self.precision.device.device)
+        total = torch.zeros((), device=place.device.device)
         tokens: int | None = 0
         for j in range(cfg.grad_accum):
             i = step * cfg.grad_accum + j
-            batch = self.batches(i)
+            batch = options.train_batches(i)
             count = self.tokens(i, batch)
             tokens = None if tokens is None or count is None else tokens + count
-            local, weight = distributed.share(batch, self.rank, self.world_size, self.loss_terms)
-            local = self.precision.device.batch(local)
+            local, weight = distributed.share(batch, place.rank, place.world_size, options.loss_terms)
+            local = place.device.batch(local)
             with distributed.gradient_sync(module, j == cfg.grad_accum - 1):
-                with self.precision.autocast():
-                    loss = check_loss(self.loss_fn(module, local))
+                with precision.autocast():
+                    loss = check_loss(options.loss_fn(module, local))
                     loss = loss if weight == 1 else loss * weight  # this rank's share (`distributed.share`)
-                self.precision.backward(loss / cfg.grad_accum)
+                precision.backward(loss / cfg.grad_accum)
             total += loss.detach().float()
-        mean_loss = distributed.process_mean(total / cfg.grad_accum, self.world_size)  # the same on every rank
-        grad_norm = self.precision.clip(self.optimizer, self.model, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
-        good, skipped = self.guard.decide(mean_loss, grad_norm, self.precision.overflowed(grad_norm))
+        mean_loss = distributed.process_mean(total / cfg.grad_accum, place.world_size)  # the same on every rank
+        grad_norm = precision.clip(self.optimizer, place.model, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+        good, skipped = self.guard.decide(mean_loss, grad_norm, precision.overflowed(grad_norm))
         return Outcome(mean_loss, grad_norm, good, skipped, tokens)
 
     def apply(self, outcome: Outcome) -> None:
         """Make the update, unless the guard skips it: nothing non-finite reaches the weights."""
-        self.precision.step(self.optimizer, outcome.skipped)
+        self.placement.precision.step(self.optimizer, outcome.skipped)
 
     def tokens(self, i: int, batch: Batch) -> int | None:
         """The token count of micro-batch `i`, for tokens/s."""
-        given = self.tokens_per_batch
+        given = self.options.tokens_per_batch
         return given(i) if callable(given) else given or batch_tokens(batch)
