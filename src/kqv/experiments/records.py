@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from ..errors import RUN_EXPERIMENT, option
 from ..train.files import write_atomically
 from . import get
 from .report import write_report
@@ -38,5 +39,7 @@ def load_record(directory: str | Path) -> dict[str, Any]:
     """The results.json of an experiment's output directory."""
     path = Path(directory) / RESULTS_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"no {RESULTS_FILE} in {directory}; run `kqv experiment run NAME --out ...` first")
+        raise FileNotFoundError(
+            f"no {RESULTS_FILE} in {directory}; run {option(RUN_EXPERIMENT, name='NAME', out='...')} first"
+        )
     return json.loads(path.read_text(encoding="utf-8"))

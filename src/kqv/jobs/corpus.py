@@ -14,7 +14,7 @@ from safetensors.torch import load, save
 
 from ..data.shakespeare import load_text, split_text
 from ..data.tokenizers import Tokenizer, encode_text
-from ..errors import RunError, option
+from ..errors import IF_EXISTS_OVERWRITE, RunError, option
 from ..nn.models import count_parameters
 from ..train.files import TOKENIZER_DIR, TOKENS_FILE, read_verified, verify, write_atomically, write_files
 from ..train.rundir import RunDirectory
@@ -68,7 +68,7 @@ def build_text(job: Job, data: Any) -> tuple[Tokenizer, dict[str, torch.Tensor]]
 def load_tokens(run_dir: Path) -> dict[str, torch.Tensor]:
     """The encoded splits of a run (tokens.safetensors), verified against its SHA256SUMS."""
     path = run_dir / TOKENS_FILE
-    overwrite = option("if_exists='overwrite'")
+    overwrite = option(IF_EXISTS_OVERWRITE)
     try:
         tokens = load(read_verified(run_dir, TOKENS_FILE))
     except SafetensorError as error:

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
-from ..errors import ConfigError, ConfigTypeError, option
+from ..errors import TRAINER_RESUME, ConfigError, ConfigTypeError, option
 from ..signals import deferred
 from .checkpoints import (
     FORMAT,
@@ -173,6 +173,6 @@ class Checkpointer:
             "interrupted: saved the checkpoint of step %d in %s; continue with %s",
             state.step,
             self.run.checkpoint_dir,
-            option("Trainer.resume(...)"),
+            option(TRAINER_RESUME),
         )
         return True
