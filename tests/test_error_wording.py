@@ -305,6 +305,27 @@ def test_every_message_names_its_option_by_a_word_of_kqv_errors():
     assert not unused, f"words no message names: {sorted(unused)}"
 
 
+def python_words_below(root: Path = SRC) -> list[str]:
+    """Each message below the command line that spells a Python remedy itself (a call, a keyword's value) instead of
+    through `option`, which would tell a command-line user about arguments."""
+    spelled = {word.python.split("{")[0] for word in every_word()}
+    remedies = {text for text in spelled if any(mark in text for mark in ("(", "'", "=True", "=["))}
+    return [
+        f"{where}:{line}: {text!r}"
+        for path in sorted(root.rglob("*.py"))
+        if (where := path.relative_to(root).as_posix()).startswith(BELOW)
+        for line, text, _ in texts(ast.parse(path.read_text()))
+        if any(remedy in text for remedy in remedies)
+    ]
+
+
+def test_no_message_below_the_command_line_spells_a_python_remedy(tmp_path):
+    assert not (found := python_words_below()), "\n".join(found)
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "m.py").write_text("""m = f"{path} exists; pass if_exists='overwrite' to replace it"\n""")
+    assert python_words_below(tmp_path) == ["train/m.py:1: \"{} exists; pass if_exists='overwrite' to replace it\""]
+
+
 def test_a_bare_string_or_an_f_string_key_is_found(tmp_path):
     source = "from ..errors import OUT, RUN_INPUTS, option as said\n" + "\n".join(
         f"x = said({argument})" for argument in ("OUT", "RUN_INPUTS[name]", '"out"', "f'data.{name}='", "NOT_A_WORD")

@@ -3,6 +3,9 @@
 Every one derives from `KqvError`, and from the built-in exception a caller would expect (`ValueError`,
 `TypeError`), so `except ValueError` keeps working. The command line prints these as `kqv: error: <message>`
 and exits with status 2; any other exception is a bug in kqv and shows its traceback.
+
+A message names options and remedies in the words of the interface it reaches: each is a `Word` below, with its
+Python and its command-line spelling, said by `option`.
 """
 
 from __future__ import annotations
