@@ -213,7 +213,7 @@ WITHOUT_OVERRIDES = Word(
 )
 TRAIN = Word("the {task} job's train(config, run_dir)", "`kqv train {task} --out {run_dir}`")
 RUN_EXPERIMENT = Word(
-    "kqv.experiments.actions.run_experiments({name!r}, out={out!r})", "`kqv experiment run {name} --out {out}`"
+    "list(kqv.experiments.actions.run_experiments({name!r}, out={out!r}))", "`kqv experiment run {name} --out {out}`"
 )
 EXPORT_MERGED = Word("kqv.export({path!r}, hf=DIR, merge=True)", "`kqv export {path} --hf DIR --merge`")
 MERGE = Word("pass merge=True", "add --merge")
