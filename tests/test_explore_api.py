@@ -13,6 +13,8 @@ pytest.importorskip("httpx")
 from starlette.testclient import TestClient  # noqa: E402
 
 from explore_runs import train_run  # noqa: E402
+from kqv.errors import command_line  # noqa: E402
+from kqv.explore.analysis import limit_hint  # noqa: E402
 from kqv.explore.app import create_app  # noqa: E402
 from kqv.jobs.lm import load_run as load_lm
 from kqv.jobs.mlm import load_mlm_run  # noqa: E402
@@ -250,7 +252,11 @@ def assert_refused(response, status, *phrases):
         ({"text": "   \n"}, 400, ["text is empty"]),
         ({}, 400, ["must be a string"]),
         ({"text": 42}, 400, ["must be a string, got int"]),
-        ({"text": "To be, or not to be, that is the question"}, 400, ["41 tokens long", "at most 24", "--max-tokens"]),
+        (
+            {"text": "To be, or not to be, that is the question"},
+            400,
+            ["41 tokens long", "at most 24", "larger max_tokens"],
+        ),
         ({"text": "To be \u2603"}, 400, ["'\u2603'", "not in the vocabulary"]),
         ({"text": "To", "top_k": 0}, 400, ["top_k must be an integer from 1 to 50"]),
         ({"text": "To", "top_k": "5"}, 400, ["top_k must be an integer"]),
@@ -281,7 +287,7 @@ def test_malformed_json_is_refused(clients, task, raw, phrase):
 def test_empty_and_over_long_text_are_refused_for_every_kind_of_run(clients, task, path):
     assert_refused(clients[task].post(path, json={"text": " "}), 400, "text is empty")
     long = " ".join(["eins"] * 40) if task in ("mt", "lstm") else "to be " * 8
-    assert_refused(clients[task].post(path, json={"text": long}), 400, "tokens long", "at most 24", "--max-tokens")
+    assert_refused(clients[task].post(path, json={"text": long}), 400, "tokens long", "at most 24", "larger max_tokens")
 
 
 def test_an_oversized_body_is_refused(clients):
@@ -291,7 +297,7 @@ def test_an_oversized_body_is_refused(clients):
 def test_a_missing_run_directory_is_a_404_on_every_endpoint(tmp_path):
     client = TestClient(create_app(tmp_path / "nowhere"))
     assert client.get("/").status_code == 200  # the page loads and shows the error it gets
-    assert_refused(client.get("/api/info"), 404, "no run directory", "kqv train")
+    assert_refused(client.get("/api/info"), 404, "no run directory", "the lm job's train(config, run_dir)")
     for path in ("/api/analyze", "/api/continue", "/api/export"):
         assert_refused(client.post(path, json={"text": "To be"}), 404, "no run directory")
 
@@ -338,7 +344,14 @@ def test_learned_positions_lower_the_limit_to_max_len(runs):
         "at most 32",
         "learned positions stop at max_len = 32",
     )
-    assert "--max-tokens" not in client.post("/api/analyze", json={"text": "To be, " * 5}).json()["error"]
+    assert "a larger max_tokens" not in client.post("/api/analyze", json={"text": "To be, " * 5}).json()["error"]
+
+
+def test_the_limit_is_named_as_whoever_started_the_explorer_names_it():
+    """`serve(max_tokens=...)` from Python, `kqv explore --max-tokens` from the command line."""
+    assert limit_hint(24, False, None) == "Shorten it, or restart with a larger max_tokens"
+    with command_line():
+        assert limit_hint(24, False, None) == "Shorten it, or restart with a larger --max-tokens"
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -3,16 +3,20 @@
 Every one derives from `KqvError`, and from the built-in exception a caller would expect (`ValueError`,
 `TypeError`), so `except ValueError` keeps working. The command line prints these as `kqv: error: <message>`
 and exits with status 2; any other exception is a bug in kqv and shows its traceback.
+
+A message names options and remedies in the words of the interface it reaches: each is a `Word` below, with its
+Python and its command-line spelling, said by `option`.
 """
 
 from __future__ import annotations
 
 import contextvars
 import errno
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
-_WORDS: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar("kqv_words", default=None)
+_COMMAND_LINE: contextvars.ContextVar[bool] = contextvars.ContextVar("kqv_command_line", default=False)
 
 
 class KqvError(Exception):
@@ -119,25 +123,100 @@ def describe_os_error(error: OSError) -> str:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Messages in the words of the interface: a command-line user is told about flags, a Python user about arguments.
-# Below the command line, messages name options and remedies in Python's words only (`option`); the command line
-# gives its own words for them (`kqv.cli.wording.WORDS`) to `command_line`, so no layer below it knows a flag.
+# Each option or remedy a message names is a `Word` below, with both spellings; `option` says the one of the
+# interface in use, and `kqv.cli.main` runs every command inside `command_line`, so no message spells a flag itself
+# (`tests/test_error_wording.py`).
+
+
+@dataclass(frozen=True)
+class Word:
+    """An option or remedy as messages name it: `python` as a Python caller writes it ("beam_size",
+    "if_exists='overwrite'"), `cli` as a command-line user types it ("--beam", "`--overwrite`"); either may have
+    {placeholders}, which `option` fills."""
+
+    python: str
+    cli: str
 
 
 @contextmanager
-def command_line(words: Mapping[str, str]) -> Iterator[None]:
-    """Within the block, messages are for a command-line user: `words` maps each Python wording `option` is given
-    to the command line's (`kqv.cli.main` runs every command inside it, with `kqv.cli.wording.WORDS`)."""
-    token = _WORDS.set(words)
+def command_line() -> Iterator[None]:
+    """Within the block, messages are for a command-line user: `option` says each Word's `cli` spelling."""
+    token = _COMMAND_LINE.set(True)
     try:
         yield
     finally:
-        _WORDS.reset(token)
+        _COMMAND_LINE.reset(token)
 
 
-def option(words: str, **fields: object) -> str:
-    """How a message names an option, or a remedy, to whoever called: `words` as a Python caller would write them
-    ("beam_size", "if_exists='overwrite'", "kqv.export({path!r}, hf=DIR, merge=True)"), or inside `command_line`
-    the command line's words for them ("--beam", "`--overwrite`", ...); `fields` fill either's placeholders."""
-    table = _WORDS.get()
-    said = table.get(words, words) if table is not None else words
+def option(word: Word, **fields: object) -> str:
+    """How a message names an option, or a remedy, to whoever called: `word`'s Python spelling, or inside
+    `command_line` its command-line spelling; `fields` fill its placeholders."""
+    said = word.cli if _COMMAND_LINE.get() else word.python
     return said.format(**fields) if fields else said
+
+
+# The options and remedies messages name (`option`), in both interfaces' words.
+GENERATION_OPTIONS = {  # a generation option by its field name (`kqv.nn.generation.GenerationConfig`)
+    name: Word(name, f"--{name.replace('_', '-')}")
+    for name in ("max_new_tokens", "temperature", "top_k", "top_p", "count", "seed", "use_cache", "dtype")
+}
+COUNT = GENERATION_OPTIONS["count"]
+PROMPT = Word("prompt", "--prompt")
+PROMPT_EXAMPLE = Word("prompt='ROMEO:'", "--prompt 'ROMEO:'")
+TEXT = Word("text", "--text")
+SENTENCES = Word("sentences", "the text")
+MAX_TOKENS = Word("max_tokens", "--max-tokens")
+MAX_SENTENCES = Word("max_sentences", "--max-sentences")
+BEAM_SIZE = Word("beam_size", "--beam")
+LENGTH_PENALTY = Word("length_penalty", "--length-penalty")
+IMAGES = Word("images", "--images")
+SRC = Word("src", "--src")
+TGT = Word("tgt", "--tgt")
+SRC_AND_REF = Word("src and ref", "--src and --ref")
+SEEDS = Word("seeds", "--seeds")
+OUT = Word("out", "--out")
+HF = Word("hf", "--hf")
+HOST = Word("host", "--host")
+PORT = Word("port", "--port")
+COMMIT = Word("commit=", "--commit")
+RUN_DIRECTORY = Word("the run directory", "--out")
+DATA_FILE = Word("data=PATH", "--data FILE")
+TRAIN_ON_TEXT = Word("overrides=['data.path=path/to/text.txt']", "--data path/to/text.txt")
+PREPARE = Word("kqv.prepare(TEXT, {path!r})", "`kqv prepare TEXT --out {path}`")
+PREPARE_WITH_TOKENIZER = Word(
+    "kqv.prepare(TEXT, DIR, tokenizer={source!r})", "`kqv prepare TEXT --tokenizer {source} --out DIR`"
+)
+MIXTURE = Word("data.sources=[TEXT, {path}]", "--data TEXT --data {path}")
+INIT = Word("init=", "--init ")
+INIT_DIR = Word("init=DIR", "--init DIR")
+INIT_SOURCE = Word("init=SOURCE", "--init SOURCE")
+STEPS = Word("steps=", "--steps")
+OVERRIDE = Word("the override ", "--set ")
+OVERRIDE_EXAMPLE = Word("overrides=['steps=200']", "--set steps=200")
+CONFIG_FIELD = Word("the config's {name}", '--set {name}="..."')
+SOURCES = Word("data.sources=", "--data ")
+RUN_INPUTS = {  # what a run reads, by its [data] key (a run's output must not overwrite them)
+    "init": Word("data.init=", "--init "),
+    "path": Word("data.path=", "--data "),
+    "tgt_path": Word("data.tgt_path=", "--set data.tgt_path="),
+}
+# remedies
+OVERWRITE = Word("overwrite=True", "--overwrite")
+IF_EXISTS_OVERWRITE = Word("if_exists='overwrite'", "`--overwrite`")
+IF_EXISTS_RESUME = Word("if_exists='resume'", "`--resume`")
+TRAINER_RESUME = Word("Trainer.resume(...)", "`--resume`")
+RESUME = Word("if_exists='resume' or Trainer.resume(...)", "`--resume`")
+RUN_S_OWN_CONFIG = Word("no config", "--resume without --config")
+WITHOUT_OVERRIDES = Word(
+    "; resume without these overrides, or train a new run with overwrite=True or another out",
+    "; resume without these --set values, or train a new run with --overwrite or another --out",
+)
+TRAIN = Word("the {task} job's train(config, run_dir)", "`kqv train {task} --out {run_dir}`")
+RUN_EXPERIMENT = Word(
+    "list(kqv.experiments.actions.run_experiments({name!r}, out={out!r}))", "`kqv experiment run {name} --out {out}`"
+)
+EXPORT_MERGED = Word("kqv.export({path!r}, hf=DIR, merge=True)", "`kqv export {path} --hf DIR --merge`")
+MERGE = Word("pass merge=True", "add --merge")
+DEVICE_CPU = Word("device='cpu'", "--device cpu")
+MODEL_ON_CPU = Word("a model on the CPU", "--device cpu")
+BFLOAT16 = Word("dtype=torch.bfloat16", "--dtype bf16")

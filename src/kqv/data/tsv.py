@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import DataError
+from ..errors import DATA_FILE, DataError, option
 from .lines import text_lines
 
 
@@ -14,7 +14,7 @@ def read_tsv(path: str | Path) -> list[tuple[str, str]]:
     """(text, label) pairs of a file of `text<TAB>label` lines; blank lines are skipped."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no TSV file at {path}; give one with --data (lines of text<TAB>label)")
+        raise FileNotFoundError(f"no TSV file at {path}; give one with {option(DATA_FILE)} (lines of text<TAB>label)")
     examples = []
     for number, line in enumerate(text_lines(path.read_bytes(), path), 1):
         if not line.strip():

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, option
+from ..errors import OUT, RUN_EXPERIMENT, SEEDS, ConfigError, option
 from ..train.files import write_text
 from ..train.paths import refuse_writing_over
 from . import get, names
@@ -46,7 +46,7 @@ def planned_runs(name: str, quick: bool, overrides: Sequence[str], seeds: int | 
     for n in chosen:
         get(n).config(quick, own[n])
     if seeds is not None and seeds < 1:
-        raise ConfigError(f"{option('seeds')} must be at least 1, got {seeds}")
+        raise ConfigError(f"{option(SEEDS)} must be at least 1, got {seeds}")
     return own
 
 
@@ -119,7 +119,7 @@ def write_gallery(directory: str | Path, page: str | Path) -> Path:
     page = Path(page)
     results = sorted(Path(directory).glob(f"*/{RESULTS_FILE}")) if Path(directory).is_dir() else []
     reads = [(f"the results of {path.parent.name}, in {directory}", path.parent) for path in results]
-    refuse_writing_over(page, reads, option("out"))
+    refuse_writing_over(page, reads, option(OUT))
     text = gallery(directory, page)
     page.parent.mkdir(parents=True, exist_ok=True)
     write_text(page, text)
@@ -135,7 +135,7 @@ def stored_runs(name: str, directory: str | Path) -> list[str]:
     chosen = [n for n in names() if (directory / n / RESULTS_FILE).is_file()] if name == ALL else [name]
     if not chosen:
         raise ConfigError(
-            f"no experiment results in {directory}; run `kqv experiment run NAME --out {directory}` first"
+            f"no experiment results in {directory}; run {option(RUN_EXPERIMENT, name='NAME', out=str(directory))} first"
         )
     return chosen
 

@@ -37,7 +37,7 @@ from typing import Any, ClassVar
 
 from tqdm import tqdm
 
-from ..errors import ConfigError
+from ..errors import OVERRIDE, OVERRIDE_EXAMPLE, ConfigError, option
 from ..train.runs import override_value
 from ..validation import Config, field_types
 
@@ -255,7 +255,9 @@ def with_overrides(config: ExperimentConfig, overrides: Sequence[str], experimen
         name, sep, raw = override.partition("=")
         name = name.strip()
         if not sep or not name:
-            raise ExperimentError(f"--set {override!r} must look like field=value, e.g. --set steps=200")
+            raise ExperimentError(
+                f"{option(OVERRIDE)}{override!r} must look like field=value, e.g. {option(OVERRIDE_EXAMPLE)}"
+            )
         if name not in hints:
             raise ExperimentError(
                 f"unknown option {name!r} for {experiment or type(config).__module__}; its options "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..errors import RUN_EXPERIMENT, option
 from . import get, names
 from .records import RESULTS_FILE, load_record
 from .report import (
@@ -151,7 +152,7 @@ def gallery(directory: str | Path, page: str | Path) -> str:
     found = [name for name in names() if (directory / name / RESULTS_FILE).is_file()]
     if not found:
         raise FileNotFoundError(
-            f"no experiment results in {directory}; run `kqv experiment run NAME --out {directory}` first"
+            f"no experiment results in {directory}; run {option(RUN_EXPERIMENT, name='NAME', out=str(directory))} first"
         )
     rows = [claim_row(load_record(directory / name)) for name in found]
     out = Path(os.path.relpath(directory, page_dir.parent)).as_posix()  # as typed from the page's parent directory

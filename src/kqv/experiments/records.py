@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..errors import RUN_EXPERIMENT, option
 from ..measuring import write_json
 from ..train.files import write_atomically
 from . import get
@@ -27,5 +28,7 @@ def load_record(directory: str | Path) -> dict[str, Any]:
     """The results.json of an experiment's output directory."""
     path = Path(directory) / RESULTS_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"no {RESULTS_FILE} in {directory}; run `kqv experiment run NAME --out ...` first")
+        raise FileNotFoundError(
+            f"no {RESULTS_FILE} in {directory}; run {option(RUN_EXPERIMENT, name='NAME', out='...')} first"
+        )
     return json.loads(path.read_text(encoding="utf-8"))

@@ -42,6 +42,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..errors import COMMIT, RUN_EXPERIMENT, option
 from .provenance import TIMED, timing_change
 
 # keys that hold a time or a speed: never part of a fingerprint, even when two runs happen to agree
@@ -242,12 +243,12 @@ def add_fingerprint(directory: str | Path, commit: str | None = None) -> dict[st
 
     record = load_record(directory)
     name = record["experiment"]
-    rerun = f"rerun it: `kqv experiment run {name} --out {Path(directory).parent}`"
+    rerun = f"rerun it: {option(RUN_EXPERIMENT, name=name, out=str(Path(directory).parent))}"
     if commit is None:
         if (record.get("code") or {}).get("hash") != code_hash(experiments.get(name).module)["hash"]:
             raise ExperimentError(
                 f"{name}: its code changed since {Path(directory) / RESULTS_FILE} was made, so today's code cannot "
-                f"vouch for its numbers; give the commit whose code made it (--commit), or {rerun}"
+                f"vouch for its numbers; give the commit whose code made it ({option(COMMIT)}), or {rerun}"
             )
         record["code"]["quick"] = {**quick_fingerprint(name), "made_at_commit": git_state()["commit"]}
     else:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import DataError
+from ..errors import MAX_TOKENS, DataError, option
 from ..jobs.base import check_text as check_unicode
 
 DECIMALS = 6  # weights and probabilities are sent rounded to 1e-6
@@ -164,9 +164,7 @@ def check_text(text: Any, name: str = "text") -> str:
     return text
 
 
-def check_length(
-    n_tokens: int, limit: int, what: str = "the input", hint: str = "Shorten it, or restart with a larger --max-tokens"
-) -> None:
+def check_length(n_tokens: int, limit: int, what: str = "the input", hint: str = "Shorten it") -> None:
     if n_tokens > limit:
         raise DataError(
             f"{what} is {n_tokens} tokens long; the explorer draws at most {limit} (every view holds "
@@ -198,7 +196,7 @@ def limit_hint(limit: int, by_context: bool, config: Any) -> str:
     """What to do about an input over `limit` tokens: shorten it, or (when the explorer's own limit, not the
     model's context, refused it) restart with a larger --max-tokens."""
     if not by_context:
-        return "Shorten it, or restart with a larger --max-tokens"
+        return f"Shorten it, or restart with a larger {option(MAX_TOKENS)}"
     if getattr(config, "position", None) == "learned":
         return f"Shorten it: this run's learned positions stop at max_len = {limit}"
     return f"Shorten it: this model's context is max_len = {limit}"

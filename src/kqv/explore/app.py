@@ -49,7 +49,7 @@ from starlette.responses import FileResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ..errors import ConfigError
+from ..errors import HOST, PORT, ConfigError, option
 from ..train.metrics import strict_json
 from .analysis import weights_as
 from .export import STATIC, standalone_page
@@ -325,7 +325,9 @@ def check_port_free(host: str, port: int) -> None:
         try:
             probe.bind((host, port))
         except OSError as error:
-            raise ConfigError(f"cannot listen on {host}:{port} ({error.strerror}); pick another with --port") from None
+            raise ConfigError(
+                f"cannot listen on {host}:{port} ({error.strerror}); pick another with {option(PORT)}"
+            ) from None
 
 
 def serve(
@@ -341,14 +343,14 @@ def serve(
     import uvicorn
 
     if not 0 < port < 65536:
-        raise ConfigError(f"--port must be from 1 to 65535, got {port}")
+        raise ConfigError(f"{option(PORT)} must be from 1 to 65535, got {port}")
     subject = load_subject(run, max_tokens, device)
     check_port_free(host, port)
     url = f"http://{'localhost' if host in LOOPBACK else host}:{port}/"
     if host not in LOOPBACK:
         print(
             f"kqv: listening on {host}:{port}, which other machines can reach: anyone who can connect can run "
-            f"this model (there is no login). Leave out --host to listen on this machine only."
+            f"this model (there is no login). Leave out {option(HOST)} to listen on this machine only."
         )
     print(f"kqv: exploring {run} ({subject.task}) at {url}  (Ctrl-C stops)")
     if open_browser:

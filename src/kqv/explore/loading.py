@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import ConfigError, RunError
+from ..errors import TRAIN, ConfigError, RunError, option
 from ..interop.directories import is_hf_directory
 from ..train.layout import RunFiles
 from ..train.runs import read_run, run_task
@@ -49,7 +49,7 @@ def load_subject(run: str | Path, max_tokens: int | None = DEFAULT_MAX_TOKENS, d
         return SUBJECTS[MINILM].load(None, max_tokens, device)
     if not path.is_dir():
         raise FileNotFoundError(
-            f"no run directory at {run}; train one (e.g. `kqv train lm --out {run}`), or give "
+            f"no run directory at {run}; train one (e.g. {option(TRAIN, task='lm', run_dir=run)}), or give "
             f"`{MINILM}` for the installed all-MiniLM-L6-v2"
         )
     if is_hf_directory(path):

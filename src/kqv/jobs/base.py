@@ -24,7 +24,18 @@ import torch
 from torch import nn
 
 from ..data.tokenizers import load_tokenizer
-from ..errors import ConfigError, DataError, DataTypeError, option
+from ..errors import (
+    OUT,
+    OVERWRITE,
+    RUN_INPUTS,
+    RUN_S_OWN_CONFIG,
+    SOURCES,
+    STEPS,
+    ConfigError,
+    DataError,
+    DataTypeError,
+    option,
+)
 from ..nn.config import ModelConfig
 from ..nn.devices import Accelerator, peak_rss_bytes
 from ..nn.models import count_parameters
@@ -230,7 +241,7 @@ class Job:
         into summary.json. Nothing is printed: the events (`kqv.train.events`) go to a `Reporter`, which shows
         them unless `quiet`; `on_event` receives every one instead (then nothing is shown)."""
         config = planned_update(config)  # what run.toml records: the batch and accumulation this run takes
-        refuse_writing_over(run_dir, self.inputs(config), option("out"), directory=True)  # before anything is written
+        refuse_writing_over(run_dir, self.inputs(config), option(OUT), directory=True)  # before anything is written
         with self.open_run(run_dir, resume=resume, overwrite=overwrite) as run:
             speaks = run.writes  # under torchrun rank 0 speaks for every process
             report = Reporter(quiet or on_event is not None or not speaks, on_event if speaks else None)
@@ -259,12 +270,12 @@ class Job:
         read = {"init": "the model it starts from", "path": "the data it reads", "tgt_path": "the data it reads"}
         data = getattr(config, "data", None)
         found = [
-            (f"{what}, {option(f'data.{name}=')}{value}", value)
+            (f"{what}, {option(RUN_INPUTS[name])}{value}", value)
             for name, what in read.items()
             if isinstance(value := getattr(data, name, None), (str, Path))
         ]
         for source in getattr(data, "sources", ()):  # a mixture's texts and files of pairs
-            found.append((f"the data it reads, {option('data.sources=')}{source.path}", source.path))
+            found.append((f"the data it reads, {option(SOURCES)}{source.path}", source.path))
         return found
 
     # The hooks of the lifecycle: what each job supplies.
@@ -347,14 +358,14 @@ class Job:
             raise ConfigError(
                 f"{run.path} cannot be resumed with this config: "
                 + "; ".join(f"{name} is {was!r} in the run, {now!r} here ({why})" for name, was, now, why in fixed)
-                + f"; resume with the run's own config ({option('no config')}) or "
-                f"train a new run ({option('overwrite=True')} or another directory)"
+                + f"; resume with the run's own config ({option(RUN_S_OWN_CONFIG)}) or "
+                f"train a new run ({option(OVERWRITE)} or another directory)"
             )
         steps = values["train"]["steps"]
         if steps < run.step:
             raise ConfigError(
                 f"the run in {run.path} is already at step {run.step}, past the {steps} steps asked for; to continue "
-                f"it, ask for more than {run.step} steps ({option('steps=')})"
+                f"it, ask for more than {run.step} steps ({option(STEPS)})"
             )
 
     def make_trainer(

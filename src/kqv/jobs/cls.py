@@ -20,7 +20,7 @@ from ..data.batches import batch_generator
 from ..data.padding import pad_batch
 from ..data.tsv import read_tsv, split_examples
 from ..data.vocabulary import Vocabulary
-from ..errors import ConfigError, DataError, option
+from ..errors import DATA_FILE, ConfigError, DataError, option
 from ..nn.config import ModelConfig
 from ..nn.devices import on_device_of
 from ..nn.heads import SequenceClassifier
@@ -124,7 +124,7 @@ class LabelledBatches:
 def read_examples(data: ClsDataConfig, seed: int) -> tuple[list[Example], list[Example], list[Example], list[str]]:
     """The TSV file's examples, their train and dev split, and the sorted labels (at least two)."""
     if data.path is None:
-        raise ConfigError(f"classification needs a TSV file of text<TAB>label lines: give {option('data=PATH')}")
+        raise ConfigError(f"classification needs a TSV file of text<TAB>label lines: give {option(DATA_FILE)}")
     examples = read_tsv(data.path)
     train, dev = split_examples(examples, data.dev_fraction, seed)
     labels = sorted({label for _, label in examples})

@@ -33,7 +33,7 @@ from ..data.completions import (
 from ..data.documents import apply_template, mask_symbol, templated
 from ..data.example_batches import EncodedExamples, ExampleBatches
 from ..data.tokenizers import Tokenizer, make_tokenizer
-from ..errors import ConfigError, option
+from ..errors import MAX_TOKENS, ConfigError, option
 from ..nn.config import ModelConfig
 from ..nn.cores import packed_mask
 from ..nn.experts import with_auxiliary_loss
@@ -158,7 +158,7 @@ def held_out_evaluation(model: nn.Module, tokens: dict[str, Tensor], max_tokens:
     """The fields of `LMRun.evaluate()`'s `LMEvaluation` for a pair run: its validation examples' completion loss
     (`held_out_loss`), the examples scored whole (so `max_tokens` is refused)."""
     if max_tokens is not None:
-        raise ConfigError(f"a pair run's validation examples are scored whole; drop {option('max_tokens')}")
+        raise ConfigError(f"a pair run's validation examples are scored whole; drop {option(MAX_TOKENS)}")
     figures = held_out_loss(model, tokens, BATCH_SIZE)
     source = f"the completions of the {figures.pop('examples')} held-out validation examples"
     return {"source": source, **figures}

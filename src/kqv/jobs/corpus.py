@@ -14,7 +14,7 @@ from safetensors.torch import load, save
 
 from ..data.shakespeare import load_text, split_text
 from ..data.tokenizers import Tokenizer, encode_text
-from ..errors import RunError, option
+from ..errors import IF_EXISTS_OVERWRITE, RunError, option
 from ..nn.models import count_parameters
 from ..train.layout import RunFiles
 from ..train.rundir import RunDirectory
@@ -69,7 +69,7 @@ def load_tokens(run_dir: Path) -> dict[str, torch.Tensor]:
     """The encoded splits of a run (tokens.safetensors), verified against its SHA256SUMS."""
     run = RunFiles(run_dir)
     path = run.tokens_file
-    overwrite = option("if_exists='overwrite'")
+    overwrite = option(IF_EXISTS_OVERWRITE)
     try:
         tokens = load(run.read_verified(path))
     except SafetensorError as error:

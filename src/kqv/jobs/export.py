@@ -33,7 +33,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from torch import nn
 
 from ..data.tokenizers import BPETokenizer, CharTokenizer, Tokenizer
-from ..errors import ConfigError, ConversionError, option
+from ..errors import HF, ConfigError, ConversionError, option
 from ..train.files import disk_full_reported
 from ..train.paths import refuse_writing_over
 from .held import HF_MODEL_FILES, run_inputs
@@ -82,9 +82,9 @@ def export_hf(
 
     if not str(directory).strip() or Path(directory).name in ("", ".", ".."):
         given = repr(str(directory)) if str(directory).strip() else "empty"
-        raise ConfigError(f"{option('hf')} is {given}: give the name of a new directory to write, such as qa-gpt2")
+        raise ConfigError(f"{option(HF)} is {given}: give the name of a new directory to write, such as qa-gpt2")
     directory = Path(directory)
-    refuse_writing_over(directory, run_inputs(source), option("hf"), directory=True)
+    refuse_writing_over(directory, run_inputs(source), option(HF), directory=True)
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
         raise ConfigError(f"{directory} already exists and is not an empty directory; choose a new one")
     try:

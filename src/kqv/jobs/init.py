@@ -31,7 +31,7 @@ from safetensors import safe_open
 from torch import nn
 
 from ..data.tokenizers import BPETokenizer, CharTokenizer, Tokenizer, load_tokenizer
-from ..errors import ConfigError, DataError, option
+from ..errors import EXPORT_MERGED, INIT, INIT_DIR, ConfigError, DataError, option
 from ..interop.directories import is_hf_directory, read_hf_tokenizer
 from ..nn.config import ModelConfig
 from ..nn.lora import adapters
@@ -69,24 +69,23 @@ def read_source(path: str | Path) -> Source:
         hf_config, _ = read_hf_directory(path)
         if getattr(hf_config, "model_type", None) != "gpt2":
             raise ConfigError(
-                f"{option('init=')}{path} is a Hugging Face {hf_config.model_type!r} directory; a language model "
+                f"{option(INIT)}{path} is a Hugging Face {hf_config.model_type!r} directory; a language model "
                 f"starts from a GPT-2 directory or a kqv LM run"
             )
         return Source(path, "Hugging Face GPT-2", config_from_hf(hf_config), weights_sha256(path))
     if not RunFiles(path).config_file.is_file():
         raise ConfigError(
-            f"{option('init=')}{path} is neither a kqv LM run (run.toml) nor a Hugging Face GPT-2 directory "
-            f"(config.json)"
+            f"{option(INIT)}{path} is neither a kqv LM run (run.toml) nor a Hugging Face GPT-2 directory (config.json)"
         )
     values = read_run(path, "lm")
     weights, source = RunFiles(path).weights_file, values.get("source")  # checkpoint.old/'s, as eval reads
     if not weights.is_file():
-        raise ConfigError(f"{option('init=')}{path} has no trained weights ({weights} is missing): train it first")
+        raise ConfigError(f"{option(INIT)}{path} has no trained weights ({weights} is missing): train it first")
     if isinstance(source, dict) and holds_adapters_alone(weights):
-        export = option("kqv.export({path!r}, hf=DIR, merge=True)", path=str(path))
+        export = option(EXPORT_MERGED, path=str(path))
         raise ConfigError(
-            f"{option('init=')}{path} is a LoRA fine-tune, which holds only its adapters; start from its merged "
-            f"weights ({export}, then {option('init=DIR')}), or from its source {source.get('path')}"
+            f"{option(INIT)}{path} is a LoRA fine-tune, which holds only its adapters; start from its merged "
+            f"weights ({export}, then {option(INIT_DIR)}), or from its source {source.get('path')}"
         )
     return Source(path, "kqv run", ModelConfig.from_dict(values["model"]), sha256(weights))
 
@@ -115,7 +114,7 @@ def download_from_hub(name: str) -> Path:
         return path
     except Exception as error:  # offline, unknown id, gated model: all end the same way for the user
         raise ConfigError(
-            f"{option('init=')}{name}: no such directory, and it could not be fetched from the Hugging Face hub "
+            f"{option(INIT)}{name}: no such directory, and it could not be fetched from the Hugging Face hub "
             f"({type(error).__name__}); give a directory (a kqv LM run, or a GPT-2 saved with save_pretrained)"
         ) from None
 

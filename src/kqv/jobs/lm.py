@@ -22,7 +22,7 @@ from ..data.completions import DEFAULT_KIND, is_pairs_file, read_examples, split
 from ..data.documents import mask_symbol
 from ..data.shakespeare import load_text
 from ..data.tokenizers import Tokenizer, encode_text, make_tokenizer
-from ..errors import ConfigError, DataError, option
+from ..errors import INIT_SOURCE, MAX_TOKENS, MERGE, TEXT, ConfigError, DataError, option
 from ..nn.config import ModelConfig
 from ..nn.devices import model_device
 from ..nn.generation import GenerationConfig
@@ -108,7 +108,7 @@ class LMRunConfig(RunConfig):
         if adaptation.active and self.data.init is None:
             raise ConfigError(
                 f"the [finetune] options ({adaptation.describe()}) fine-tune a trained model: give the model to "
-                f"start from with {option('init=SOURCE')} (a kqv LM run or a GPT-2 directory)"
+                f"start from with {option(INIT_SOURCE)} (a kqv LM run or a GPT-2 directory)"
             )
         model = self.model
         if model.position == "learned" and model.max_len < self.data.context:
@@ -165,14 +165,14 @@ def self_attention(
     """The self-attention weights of every layer and head of a `DecoderLM` or an `Encoder` over `text`, rows and
     columns labelled by token. A text of more than `max_tokens` tokens is refused: the maps hold tokens x tokens
     weights per head."""
-    check_text(option("text"), text)
-    check_at_least(option("max_tokens"), max_tokens, 1)
+    check_text(option(TEXT), text)
+    check_at_least(option(MAX_TOKENS), max_tokens, 1)
     ids = tokenizer.encode(text)
     if not ids:
-        raise DataError(f"{option('text')} is empty; give the text whose attention to draw")
+        raise DataError(f"{option(TEXT)} is empty; give the text whose attention to draw")
     if len(ids) > max_tokens:
         raise DataError(
-            f"{option('text')} is {len(ids):,} tokens, more than {option('max_tokens')}"
+            f"{option(TEXT)} is {len(ids):,} tokens, more than {option(MAX_TOKENS)}"
             f"={max_tokens} (the maps hold tokens x tokens weights for each of {model.config.n_layers} "
             f"layers x {model.config.n_heads} heads); shorten the text, or raise the limit"
         )
@@ -209,7 +209,7 @@ class LMEvaluation:
 
 def check_max_tokens(max_tokens: int | None) -> None:
     if max_tokens is not None:
-        check_at_least(option("max_tokens"), max_tokens, 2)
+        check_at_least(option(MAX_TOKENS), max_tokens, 2)
 
 
 def evaluate_text(
@@ -321,7 +321,7 @@ class LMRun(TrainedRun, Generates, Completes, Evaluates, ShowsAttention, Exports
             if not merge:
                 raise ConfigError(
                     f"{self.run_dir} is a LoRA fine-tune, and a Hugging Face GPT-2 holds plain weights; "
-                    f"{option('pass merge=True')} to write its adapters merged into them"
+                    f"{option(MERGE)} to write its adapters merged into them"
                 )
             model = merge_lora(copy.deepcopy(model))
         return export_hf(model, self.tokenizer, directory, self.run_dir)

@@ -37,7 +37,7 @@ from torch import nn
 from ..data.bible import load_pairs, parse_pair, split_by_group
 from ..data.pairs import Encoded, TokenBatches, encode_pairs, load_splits, read_texts, split_tensors, text_files
 from ..data.tokenizers import Tokenizer, load_tokenizer, make_tokenizer
-from ..errors import ConfigError, DataError, option
+from ..errors import BEAM_SIZE, MAX_SENTENCES, SRC, SRC_AND_REF, TGT, ConfigError, DataError, option
 from ..nn.config import ModelConfig
 from ..nn.devices import model_device
 from ..nn.models import EncoderDecoder, count_parameters
@@ -268,7 +268,7 @@ class MTRun(TrainedRun, Translates, Evaluates, ShowsAttention):
         settings; `beam_size`, `length_penalty` and `options` (max_len_a, max_len_b, batch_sentences) replace them."""
         sentences = [sentences] if isinstance(sentences, str) else list(sentences)
         if beam_size is not None:
-            check_at_least(option("beam_size"), beam_size, 1)
+            check_at_least(option(BEAM_SIZE), beam_size, 1)
         chosen = {"beam_size": beam_size, "length_penalty": length_penalty, **options}
         decode = {**self.config.decode.to_dict(), **{k: v for k, v in chosen.items() if v is not None}}
         return translate_sentences(self.model, self.tokenizer, sentences, **decode)
@@ -301,7 +301,7 @@ class MTRun(TrainedRun, Translates, Evaluates, ShowsAttention):
         it), by default of the run's held-out test split; `max_sentences` scores only the first ones."""
         if (src is None) != (ref is None):
             raise ConfigError(
-                f"give both {option('src and ref')} (aligned files), or neither to score the run's test split"
+                f"give both {option(SRC_AND_REF)} (aligned files), or neither to score the run's test split"
             )
         if src is not None:
             sources, references = (read_lines(path) for path in (src, ref))
@@ -309,7 +309,7 @@ class MTRun(TrainedRun, Translates, Evaluates, ShowsAttention):
         else:
             (sources, references), label = self.test_texts(), "the held-out test split"
         if max_sentences is not None:
-            check_at_least(option("max_sentences"), max_sentences, 1)
+            check_at_least(option(MAX_SENTENCES), max_sentences, 1)
             sources, references = sources[:max_sentences], references[:max_sentences]
         beam_size = beam_size if beam_size is not None else self.config.decode.beam_size
         started = time.perf_counter()
@@ -321,7 +321,7 @@ class MTRun(TrainedRun, Translates, Evaluates, ShowsAttention):
     def attention(self, src: str, tgt: str | None = None) -> AttentionMaps:
         """The cross-attention of every layer and head while the decoder reads `tgt` (default: the model's own
         translation of `src`): rows are target tokens (<bos> first), columns source tokens (<eos> last)."""
-        for name, text in ((option("src"), src), (option("tgt"), "" if tgt is None else tgt)):
+        for name, text in ((option(SRC), src), (option(TGT), "" if tgt is None else tgt)):
             check_text(name, text)
         target = tgt if tgt is not None else self.translate([src])[0]
         _, bos, eos = (self.tokenizer.token_to_id(t) for t in SPECIAL_TOKENS)

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ..data.tokenizers import BPETokenizer
-from ..errors import ConfigError, ConversionError, option
+from ..errors import BEAM_SIZE, DATA_FILE, SENTENCES, ConfigError, ConversionError, option
 from ..interop import from_hf
 from ..interop.convert import read_config_json
 from ..interop.directories import is_hf_directory, read_hf_tokenizer
@@ -114,7 +114,7 @@ class PretrainedLM(PretrainedRun, Generates, Completes, Evaluates, ShowsAttentio
         if data is None:
             raise ConfigError(
                 f"{self.path} is a Hugging Face directory, with no held-out text of its own: give the text to score "
-                f"({option('data=PATH')})"
+                f"({option(DATA_FILE)})"
             )
         return evaluate_text(self.model, self.tokenizer, data, self.model.config.max_len, max_tokens)
 
@@ -166,7 +166,7 @@ class PretrainedTranslator(PretrainedRun, Translates):
     ) -> list[list[int]]:
         """The target ids of each sentence's translation (`translate`), without the start and end tokens."""
         if beam_size is not None:
-            check_at_least(option("beam_size"), beam_size, 1)
+            check_at_least(option(BEAM_SIZE), beam_size, 1)
         ids, config = special_ids(self.path), self.model.config
         start_id, eos_id, decode = ids["decoder_start_token_id"], ids["eos_token_id"], DecodeConfig()
         options = {
@@ -175,7 +175,7 @@ class PretrainedTranslator(PretrainedRun, Translates):
         }
         translations = []
         for sentence in sentences:
-            check_text(option("sentences"), sentence)
+            check_text(option(SENTENCES), sentence)
             src = self.tokenizer.tokenizer.encode(" ".join(sentence.split())).ids
             src = (src[:-1] if src and src[-1] == eos_id else src) + [eos_id]  # the source, then one </s>
             new = int(decode.max_len_a * len(src) + decode.max_len_b)

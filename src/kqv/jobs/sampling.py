@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..data.tokenizers import Tokenizer
-from ..errors import DataError, option
+from ..errors import PROMPT, PROMPT_EXAMPLE, DataError, option
 from ..nn.devices import model_device
 from ..nn.generation import GenerationConfig, check_generation
 from ..nn.models import DecoderLM
@@ -89,7 +89,7 @@ def generation_config(model: DecoderLM, config: GenerationConfig | None, options
 def continuations(model: DecoderLM, tokenizer: Tokenizer, prompt: str, config: GenerationConfig) -> list[str]:
     """`config.count` continuations of `prompt` (each with the prompt), sampled one after another from one
     generator seeded with `config.seed`: what `LMRun.generate` and a GPT-2 directory's `generate` return."""
-    check_text(option("prompt"), prompt)
+    check_text(option(PROMPT), prompt)
     generator = torch.Generator(model_device(model)).manual_seed(config.seed)
     options = {**config.sampling, "use_cache": config.use_cache, "dtype": config.torch_dtype}
     return [
@@ -101,7 +101,7 @@ def continuations(model: DecoderLM, tokenizer: Tokenizer, prompt: str, config: G
 def generate_text(model: DecoderLM, tokenizer: Tokenizer, prompt: str, max_new_tokens: int, **options: Any) -> str:
     """The prompt and its continuation, as text."""
     if not prompt:
-        example = option("prompt='ROMEO:'")
+        example = option(PROMPT_EXAMPLE)
         raise DataError(f"the prompt is empty; give at least one character (e.g. {example})")
     ids = torch.tensor([tokenizer.encode(prompt)], device=model_device(model))
     config = model.config

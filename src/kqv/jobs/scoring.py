@@ -32,7 +32,7 @@ from ..data.completions import DEFAULT_KIND, check_examples, end_of_text, read_e
 from ..data.documents import templated
 from ..data.example_batches import EncodedExamples
 from ..data.tokenizers import Tokenizer
-from ..errors import ConfigError, DataError, option
+from ..errors import COUNT, MAX_TOKENS, ConfigError, DataError, option
 from ..nn.devices import model_device
 from ..nn.generation import GenerationConfig, in_dtype
 from ..nn.models import DecoderLM
@@ -87,7 +87,7 @@ def complete(
     of similar length."""
     if config.count != 1:
         raise ConfigError(
-            f"complete gives one completion per prompt, so {option('count')} must be 1, got "
+            f"complete gives one completion per prompt, so {option(COUNT)} must be 1, got "
             f"{config.count}; repeat a prompt in the list for several"
         )
     eos_id, _ = end_of_text(tokenizer)
@@ -421,7 +421,7 @@ def check_pairs_alone(data: str | Path | None, max_tokens: int | None) -> None:
     if data is not None:
         raise ConfigError("evaluate scores either text (data=) or pairs (pairs=), not both in one call")
     if max_tokens is not None:
-        raise ConfigError(f"{option('max_tokens')} limits the text scored; a file of pairs is scored whole")
+        raise ConfigError(f"{option(MAX_TOKENS)} limits the text scored; a file of pairs is scored whole")
 
 
 @torch.no_grad()

@@ -57,7 +57,7 @@ from ..data.example_batches import EncodedExamples, ExampleBatches
 from ..data.mixture import MixtureBatches
 from ..data.shakespeare import load_text
 from ..data.tokenizers import Tokenizer, encode_texts
-from ..errors import ConfigError, DataError, option
+from ..errors import MIXTURE, ConfigError, DataError, option
 from ..train.options import TrainerOptions
 from ..validation import Config
 from .completions import batch_options, check_examples, check_lengths, example_loss
@@ -88,7 +88,7 @@ def check_sources(data: Any) -> None:
     if data.objective == "span_corruption" and not data.sources and data.pairs:
         raise ConfigError(
             f"data.objective='span_corruption' masks spans of text documents, and {data.path} is a file of pairs; "
-            f"give a text, or mix them: {option('data.sources=[TEXT, {path}]', path=data.path)}"
+            f"give a text, or mix them: {option(MIXTURE, path=data.path)}"
         )
     if data.template is not None:
         check_template(data.template)

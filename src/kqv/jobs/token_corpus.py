@@ -49,7 +49,7 @@ from ..data.token_corpus import (
     window_starts,
 )
 from ..data.tokenizers import Tokenizer, encode_texts, load_tokenizer, make_tokenizer
-from ..errors import ConfigError, DataError, RunError, option
+from ..errors import PREPARE_WITH_TOKENIZER, ConfigError, DataError, RunError, option
 from ..interop.directories import is_hf_directory, read_hf_tokenizer
 from ..train.distributed import OwnRows
 from ..train.evaluation import perplexity
@@ -246,7 +246,7 @@ class PreparedCorpus:
         if source is not None and source_tokenizer_files(source) != tokenizer.files():
             raise DataError(
                 f"{data.path} was prepared with another tokenizer than {source.path}'s, which a fine-tune keeps; "
-                f"prepare it with {option('kqv.prepare(TEXT, DIR, tokenizer={source!r})', source=str(source.path))}"
+                f"prepare it with {option(PREPARE_WITH_TOKENIZER, source=str(source.path))}"
             )
         if run.resuming and run.tokenizer_dir.is_dir():
             if maker.load_tokenizer(run.path).files() != tokenizer.files():

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from ..data.padding import lengths_mask, pad_sequences
 from ..data.pairs import Encoded, TokenBatches
 from ..data.tokenizers import Tokenizer
-from ..errors import ConfigError, DataError, option
+from ..errors import BEAM_SIZE, LENGTH_PENALTY, ConfigError, DataError, option
 from ..nn.config import ModelConfig
 from ..nn.devices import model_device, on_device_of
 from ..train.layout import RunFiles
@@ -31,10 +31,10 @@ MAX_BEAM = 64  # beams x sentences x vocabulary scores at every step: wider is s
 def check_decoding(beam_size: int, length_penalty: float) -> None:
     """Refuse a beam size that is not an integer from 1 to `MAX_BEAM`, and a length penalty that is not a number
     from 0 (none) to `MAX_LENGTH_PENALTY` (GNMT used 0.6 to 1)."""
-    beam = option("beam_size")
+    beam = option(BEAM_SIZE)
     if isinstance(beam_size, bool) or not isinstance(beam_size, int) or not 1 <= beam_size <= MAX_BEAM:
         raise ConfigError(f"{beam} must be an integer from 1 to {MAX_BEAM}, got {beam_size!r}")
-    name = option("length_penalty")
+    name = option(LENGTH_PENALTY)
     finite = not isinstance(length_penalty, bool) and isinstance(length_penalty, (int, float))
     if not (finite and math.isfinite(length_penalty) and 0 <= length_penalty <= MAX_LENGTH_PENALTY):
         raise ConfigError(

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from ..data.batches import batch_generator
 from ..data.digits import DIGITS_CLASSES, DIGITS_SHAPE, load_digits_images, split_indices, standardise
-from ..errors import ConfigError, option
+from ..errors import IMAGES, ConfigError, option
 from ..nn.config import ModelConfig
 from ..nn.devices import on_device_of
 from ..nn.models import count_parameters
@@ -183,7 +183,7 @@ class VitRun(TrainedRun, Evaluates, ShowsAttention):
 
     def attention(self, images: int = 4) -> ClsAttention:
         """[CLS]'s attention over the patches of the first `images` test images, and the model's guesses."""
-        check_at_least(option("images"), images, 1)
+        check_at_least(option(IMAGES), images, 1)
         digits = self.test_digits()
         pixels, labels = digits.images["test"][:images], digits.labels["test"][:images]  # (images, 1, h, w)
         with torch.no_grad():

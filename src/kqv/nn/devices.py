@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 import torch
 
-from ..errors import ConfigError, option
+from ..errors import DEVICE_CPU, ConfigError, option
 
 Precision = Literal["fp32", "bf16", "fp16", "auto"]
 Resolved = Literal["fp32", "bf16", "fp16"]
@@ -315,7 +315,7 @@ def check_cuda(name: str) -> None:
 
 
 def _cpu_instead() -> str:
-    return option("device='cpu'")
+    return option(DEVICE_CPU)
 
 
 def model_device(model: torch.nn.Module) -> torch.device:

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor, nn
 
-from ..errors import ConfigError, DataError
+from ..errors import BFLOAT16, GENERATION_OPTIONS, MODEL_ON_CPU, ConfigError, DataError
 from ..errors import option as worded
 from ..validation import Config, check_seed
 from .checks import check_ids
@@ -117,7 +117,7 @@ class GenerationConfig(Config):
 
 def option_name(name: str) -> str:
     """A generation option as the caller spells it: `--max-new-tokens` on the command line, else `max_new_tokens`."""
-    return worded(name)
+    return worded(GENERATION_OPTIONS[name])
 
 
 def generation_ranges(limits: GenerationLimits) -> dict[str, str]:
@@ -213,8 +213,8 @@ def in_dtype(model: nn.Module, dtype: torch.dtype | None) -> nn.Module:
         if device.type != "cpu":
             raise ConfigError(
                 f"int8 generation runs on the CPU only (torch's dynamic quantisation has no {device.type} kernels), "
-                f"and this model is on {device}: use {worded('a model on the CPU')} for int8, or "
-                f"{worded('dtype=torch.bfloat16')} on the GPU"
+                f"and this model is on {device}: use {worded(MODEL_ON_CPU)} for int8, or "
+                f"{worded(BFLOAT16)} on the GPU"
             )
         with warnings.catch_warnings():  # torch.ao's quantisation is deprecated upstream, and pinned here
             warnings.simplefilter("ignore")

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
-from ..errors import DataError, ProcessLost, RunError, option
+from ..errors import TRAINER_RESUME, DataError, ProcessLost, RunError, option
 from ..nn.training import may_skip_parameters
 
 Batch = Any
@@ -158,7 +158,7 @@ def stops_when_a_process_is_lost(rank: int, world_size: int) -> Iterator[None]:
             who = "another process of the run stopped (its process is gone)"
         raise ProcessLost(
             f"{who}, so rank {rank} stops too; the last checkpoint stands: start all "
-            f"{world_size} processes again with {option('Trainer.resume(...)')}"
+            f"{world_size} processes again with {option(TRAINER_RESUME)}"
         ) from None
 
 

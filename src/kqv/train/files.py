@@ -31,7 +31,7 @@ from typing import BinaryIO, TypeVar
 from safetensors.torch import save_file
 from torch import Tensor
 
-from ..errors import DiskFullError, RunError, option
+from ..errors import IF_EXISTS_OVERWRITE, DiskFullError, RunError, option
 
 T = TypeVar("T")
 
@@ -403,5 +403,5 @@ def read_verified(run_dir: Path, name: str) -> bytes:
 
 
 def _remedy(run_dir: Path) -> str:
-    overwrite = option("if_exists='overwrite'")
+    overwrite = option(IF_EXISTS_OVERWRITE)
     return f"restore the file from a backup, or train the run again with {overwrite} (which deletes {run_dir}'s run)"

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..errors import ConfigTypeError, KqvError, option
+from ..errors import IF_EXISTS_RESUME, ConfigTypeError, KqvError, option
 from ..nn.devices import Accelerator
 from .config import TrainConfig
 from .precision import resolve_precision
@@ -65,12 +65,9 @@ def diverged_message(
         f"{saved}. Usual causes: a learning rate too high (lr = {config.lr:g}, warmup_steps = "
         f"{config.warmup_steps}: lower lr or lengthen warmup), the range of "
         f"{_PRECISION_CAUSES[precision]}, or bad input data. Resume from the checkpoint "
-        f"({option(RESUME)}) after changing the config, or raise "
+        f"({option(IF_EXISTS_RESUME)}) after changing the config, or raise "
         f"train.max_bad_steps (now {config.max_bad_steps}) to skip more."
     )
-
-
-RESUME = "if_exists='resume'"  # the remedy, in Python's words (`option`)
 
 
 def check_finite_weights(

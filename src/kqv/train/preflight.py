@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..errors import ConfigError, DataError, KqvError, option
+from ..errors import CONFIG_FIELD, ConfigError, DataError, KqvError, option
 from ..nn.checks import check_id_values
 from ..nn.config import ModelConfig
 from ..nn.cores import BLOCKWISE_MIN_PAIRS, PLAIN_BF16_PAIRS
@@ -195,7 +195,7 @@ def check_prompt(encode: Callable[[str], Any], prompt: str, name: str = "sample.
     else:
         reason = ""
     if not ids:
-        how = option("the config's {name}", name=name)
+        how = option(CONFIG_FIELD, name=name)
         raise ConfigError(
             f"{name} {prompt!r} cannot be encoded by this run's tokenizer{reason or ' (it gives no tokens)'}; "
             f"set {how} to text made of the corpus's characters, e.g. its first words"

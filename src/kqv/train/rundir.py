@@ -30,7 +30,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Literal
 
-from ..errors import ConfigError, KqvError, option
+from ..errors import IF_EXISTS_OVERWRITE, RESUME, RUN_DIRECTORY, ConfigError, KqvError, option
 from ..signals import completed
 from .checkpoints import Checkpoint, has_checkpoint, read_checkpoint
 from .files import (
@@ -218,7 +218,7 @@ def named_run_path(path: str | Path) -> Path:
     if named.name in ("", ".", ".."):
         given = repr(str(path)) if str(path) else "an empty path"
         raise ConfigError(
-            f"{option('the run directory')} must name a directory of its own for the run, such as runs/lm, not {given}"
+            f"{option(RUN_DIRECTORY)} must name a directory of its own for the run, such as runs/lm, not {given}"
         )
     if ".." in named.parts or named.is_symlink():
         # Renames move RUN away and back (`commit`): a spelling that goes through RUN itself (`runs/x/../x`) or a
@@ -289,8 +289,8 @@ def carry_foreign_files(old: Path, new: Path) -> None:
 def _refuse(path: Path, existing: list[Path], if_exists: IfExists) -> None:
     """FileExistsError when `path` holds a run and neither resuming nor overwriting was asked for."""
     if existing and if_exists == "error":
-        resume = option("if_exists='resume' or Trainer.resume(...)")
-        overwrite = option("if_exists='overwrite'")
+        resume = option(RESUME)
+        overwrite = option(IF_EXISTS_OVERWRITE)
         raise FileExistsError(
             f"{path} already holds a run ({', '.join(p.name for p in existing)}); continue it with "
             f"{resume}, start over with {overwrite} (deletes those files), or choose another directory"

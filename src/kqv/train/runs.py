@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 
 import tomli_w
 
-from ..errors import ConfigError, KqvError, RunError, option
+from ..errors import TRAIN, WITHOUT_OVERRIDES, ConfigError, KqvError, RunError, option
 from ..nn.config import ModelConfig
 from ..validation import Config, build, check_fields, check_value
 from .config import TrainConfig
@@ -190,7 +190,7 @@ def resumed_values(values: dict[str, Any], overrides: list[str], check: bool = T
         raise ConfigError(
             "a resumed run cannot change "
             + "; ".join(f"{name} ({was!r} -> {now!r}): {why}" for name, was, now, why in fixed)
-            + option("; resume without these overrides, or train a new run with overwrite=True or another out")
+            + option(WITHOUT_OVERRIDES)
         )
     return changed
 
@@ -246,7 +246,7 @@ def read_run(run_dir: str | Path, task: str | None = None) -> dict[str, Any]:
     """The run.toml of a run directory (of `task`, if given), with errors that say what is missing."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        how = option("the {task} job's train(config, run_dir)", task=task or "lm", run_dir=run_dir)
+        how = option(TRAIN, task=task or "lm", run_dir=run_dir)
         raise FileNotFoundError(f"no run directory at {run_dir}; train one with {how}")
     path = run_dir / RUN_CONFIG
     if not path.is_file():

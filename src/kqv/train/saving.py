@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
-from ..errors import option
+from ..errors import TRAINER_RESUME, option
 from ..signals import deferred
 from .checkpoints import (
     FORMAT,
@@ -152,6 +152,6 @@ class Checkpointer:
             "interrupted: saved the checkpoint of step %d in %s; continue with %s",
             state.step,
             self.run.checkpoint_dir,
-            option("Trainer.resume(...)"),
+            option(TRAINER_RESUME),
         )
         return True

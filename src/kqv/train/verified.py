@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ..errors import option
+from ..errors import IF_EXISTS_OVERWRITE, option
 from .config import TrainConfig
 
 
@@ -49,5 +49,5 @@ class Checkpoint:
 
 def remedy(path: Path) -> str:
     """What to do about a broken checkpoint, in the words of the interface the user called (`option`)."""
-    overwrite = option("if_exists='overwrite'")
+    overwrite = option(IF_EXISTS_OVERWRITE)
     return f"restore {path} from a backup, or start the run over with {overwrite} (which deletes it)"
