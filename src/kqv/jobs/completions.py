@@ -6,11 +6,15 @@ continue each prompt with its completion and the end of text, instead of modelli
 - the examples are read, checked (a completion may not hold the end of text; an example longer than
   data.context + 1 tokens is refused, naming its line) and encoded with the run's tokenizer (a new one learns
   the end of text: the newline for "char", `<eos>` for "bpe"; a fine-tune's is its source's), split into train
-  and validation examples, and stored in the run's tokens.safetensors, so a resume needs no source file;
+  and validation examples, and stored in the run's tokens.safetensors with the training examples' kinds of
+  question, so neither a resume nor `kqv eval`'s per-kind baselines need the source file;
 - batches pad or pack the examples (`kqv.data.example_batches`: `data.packing`), and the loss is on the
   completion and its end of text, the prompt's tokens weighted by `data.prompt_loss_weight` (default 0);
 - the run's outcome is the completion loss of the validation examples, and samples.txt holds completions of
   validation prompts, each stopped at the end of text.
+
+`Pairs` is this corpus kind of the LM job (`kqv.jobs.lm_corpus`); `Examples`, what it shares with the documents of
+`kqv.jobs.sources`.
 """
 
 from __future__ import annotations
@@ -98,8 +102,18 @@ def kind_tensors(examples: list[Example]) -> dict[str, Tensor]:
     index = {name: k for k, name in enumerate(names)}
     return {
         "train_kinds": torch.tensor([index[example.kind] for example in examples], dtype=torch.int32),
-        "kind_names": torch.tensor(list(json.dumps(names).encode()), dtype=torch.uint8),
+        "kind_names": json_tensor(names),
     }
+
+
+def json_tensor(value: Any) -> Tensor:
+    """`value` as the UTF-8 bytes of its JSON: text that tokens.safetensors (tensors alone) can hold."""
+    return torch.tensor(list(json.dumps(value).encode()), dtype=torch.uint8)
+
+
+def from_json_tensor(tensor: Tensor) -> Any:
+    """The value `json_tensor` stored."""
+    return json.loads(bytes(tensor.tolist()).decode())
 
 
 def stored_kinds(tokens: dict[str, Tensor]) -> list[str]:
@@ -107,7 +121,7 @@ def stored_kinds(tokens: dict[str, Tensor]) -> list[str]:
     stored none (one trained before its kinds were stored)."""
     if "train_kinds" not in tokens:
         return [DEFAULT_KIND] * len(tokens["train_lengths"])
-    names = json.loads(bytes(tokens["kind_names"].tolist()).decode())
+    names = from_json_tensor(tokens["kind_names"])
     return [names[k] for k in tokens["train_kinds"].tolist()]
 
 

@@ -50,7 +50,16 @@ from ..data.token_corpus import is_token_corpus
 from ..data.tokenizers import Tokenizer, encode_texts
 from ..errors import ConfigError, DataError, option
 from ..train.config import TrainConfig
-from .completions import Examples, batch_options, check_examples, check_lengths, example_loss
+from .completions import (
+    Examples,
+    batch_options,
+    check_examples,
+    check_lengths,
+    example_loss,
+    from_json_tensor,
+    json_tensor,
+)
+from .corpus import load_tokens
 from .lm_corpus import Splits, refuse_span_options
 from .lm_data import DataConfig
 
@@ -84,8 +93,9 @@ def read_sources(data: DataConfig) -> list[list[Example] | list[str]]:
 
 
 def build_sources(maker: Any, data: DataConfig, corrupt: bool) -> tuple[Tokenizer, dict[str, Tensor]]:
-    """The tokenizer and encoded splits of every source (the module docstring), spans masked if `corrupt`; what
-    it refuses, it refuses before anything is written."""
+    """The tokenizer and encoded splits of every source (the module docstring), spans masked if `corrupt`, and
+    the completion and kind of every pair of its pairs sources (`pair_answers`); what it refuses, it refuses before
+    anything is written."""
     read = read_sources(data)
     texts = [
         text
@@ -118,7 +128,11 @@ def build_sources(maker: Any, data: DataConfig, corrupt: bool) -> tuple[Tokenize
         train, val = encode_documents(items, data, tokenizer, options, cut)
         splits["train"].append(train)
         splits["val"].append(val)
-    return tokenizer, stored(splits, cut)
+    tokens = stored(splits, cut)
+    answers = [(e.completion, e.kind) for items in read for e in items if isinstance(e, Example)]
+    if answers:  # the reference of `kqv eval`'s baselines (`Documents.trained_answers`)
+        tokens["pair_answers"] = json_tensor(answers)
+    return tokenizer, tokens
 
 
 def split_at_end_of_text(eot_text: str, delimiter: str | None) -> str:
@@ -325,7 +339,13 @@ class Documents(Examples):
         return describe(tokens)
 
     def trained_answers(self, tokenizer: Tokenizer, run_dir: Path) -> tuple[list[str], list[str]] | None:
-        """Every pair of the mixture's pairs files, while they are where the run read them (None: it has none)."""
+        """The completion and kind of every pair of the mixture's pairs files, as the run read them (its
+        tokens.safetensors holds them; a run trained before it kept them reads the files while they are where it
+        read them); None for a mixture without pairs."""
+        tokens = load_tokens(run_dir)
+        if "pair_answers" in tokens:
+            answers = from_json_tensor(tokens["pair_answers"])
+            return [answer for answer, _ in answers], [kind for _, kind in answers]
         files = [Path(path) for path, _ in data_sources(self.data) if is_pairs(path)]
         if not files or not all(file.is_file() for file in files):
             return None
