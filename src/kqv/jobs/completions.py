@@ -40,6 +40,7 @@ from ..data.completions import (
 )
 from ..data.documents import apply_template, has_mask, mask_symbol, templated
 from ..data.example_batches import EncodedExamples, ExampleBatches
+from ..data.mixture import MixtureBatches
 from ..data.tokenizers import Tokenizer, make_tokenizer
 from ..errors import ConfigError, option
 from ..nn.config import ModelConfig
@@ -155,7 +156,12 @@ def trainer_options(data: DataConfig, train: TrainConfig, tokens: dict[str, Tens
     """train_batches, val_batches, loss_fn, loss_terms and tokens_per_batch of a training on pairs."""
     options = batch_options(data, train)
     training = ExampleBatches(encoded(tokens, "train"), shuffle=True, **options)
-    validation = ExampleBatches(encoded(tokens, "val"), shuffle=False, **options)
+    return example_options(training, ExampleBatches(encoded(tokens, "val"), shuffle=False, **options))
+
+
+def example_options(training: ExampleBatches | MixtureBatches, validation: ExampleBatches | MixtureBatches) -> dict:
+    """The Trainer's options for batches of examples (`training`'s and `validation`'s, of pairs or of a mixture):
+    their loss on the completions, and the tokens each training batch holds."""
     return {
         "train_batches": training.batch,
         "loss_fn": example_loss,

@@ -55,7 +55,7 @@ from .completions import (
     batch_options,
     check_examples,
     check_lengths,
-    example_loss,
+    example_options,
     from_json_tensor,
     json_tensor,
 )
@@ -284,14 +284,7 @@ def trainer_options(
         validation.append(ExampleBatches(EncodedExamples(val_ids, val_lengths), shuffle=False, **shared))
     weights = [weight for _, weight in paths]
     train_mix = MixtureBatches(training, weights, train.seed, "train")
-    val_mix = MixtureBatches(validation, weights, train.seed, "val")
-    return {
-        "train_batches": train_mix.batch,
-        "loss_fn": example_loss,
-        "loss_terms": ExampleBatches.loss_terms,  # under torchrun (kqv.train.distributed.share)
-        "val_batches": val_mix.batch,
-        "tokens_per_batch": train_mix.tokens,
-    }
+    return example_options(train_mix, MixtureBatches(validation, weights, train.seed, "val"))
 
 
 def describe(tokens: dict[str, Tensor]) -> str:
