@@ -266,14 +266,10 @@ def probe_record(evaluation) -> dict:
 
 def trained_tokens(run, steps: int) -> int:
     """The real (not padding) tokens a run's `steps` batches fed the model, rebuilt from its stored examples."""
-    from kqv.jobs import completions, sources
     from kqv.jobs.corpus import load_tokens
 
     tokens, config = load_tokens(run.run_dir), run.config
-    if config.data.mixture:
-        options = sources.trainer_options(config, run.tokenizer, tokens)
-    else:
-        options = completions.trainer_options(config, tokens)
+    options = config.corpus.trainer_options(config.train, run.tokenizer, tokens)
     return sum(options.tokens_per_batch(i) for i in range(steps))
 
 

@@ -234,18 +234,35 @@ def test_kqv_eval_prints_the_per_kind_constant_and_the_reading_score_of_pairs_th
     assert "by frequency: 100.0%" in lines["reading score"]  # b's one other seen answer is the question's own
 
 
-def test_a_pair_run_s_kinds_come_from_its_file_while_it_holds_the_same_answers(tmp_path):
-    from kqv.data.completions import DEFAULT_KIND
-    from kqv.jobs.lm import trained_kinds
-
-    path = tmp_path / "qa.jsonl"
-    pairs = [(f"q{i}", f"a{i % 3}", f"k{i % 2}") for i in range(10)]
-    path.write_text("".join(json.dumps({"prompt": p, "completion": c, "kind": k}) + "\n" for p, c, k in pairs))
+def test_a_pair_run_keeps_the_kinds_it_trained_on_without_its_file(runs):
+    """The kinds of question of a pair run's training examples are stored with its tokens when it trains; `kqv eval`
+    groups its baselines by them even once the file of pairs is changed or gone."""
+    root, source = runs["pairs"].parent, runs["text"]
+    path = root / "kinds-qa.jsonl"
+    prompts = [f"is it {letter}" for letter in "abehinoqrs"]
+    kinds = [f"k{i % 3}" for i in range(10)]
+    path.write_text(
+        "".join(
+            json.dumps({"prompt": p, "completion": a, "kind": k}) + "\n" for p, a, k in zip(prompts, ANSWERS, kinds)
+        )
+    )
+    out = root / "kinds-run"
+    kqv.train(
+        "lm", source.parent / "tiny.toml", out=out, init=source, overrides=[f"data.path={path}"], steps=1, quiet=True
+    )
     trained, _ = split_examples(10, 0.1)
-    answers = [pairs[k][1] for k in trained]
-    assert trained_kinds(str(path), 0.1, answers) == [pairs[k][2] for k in trained]
-    assert trained_kinds(str(path), 0.1, ["changed", *answers[1:]]) == [DEFAULT_KIND] * 9
-    assert trained_kinds(str(tmp_path / "gone.jsonl"), 0.1, answers) == [DEFAULT_KIND] * 9
+    expected = ([ANSWERS[k] for k in trained], [kinds[k] for k in trained])
+    assert kqv.load(out).trained_answers() == expected
+    path.write_text("".join(json.dumps({"prompt": p, "completion": a, "kind": "other"}) + "\n" for p, a in SCORED))
+    assert kqv.load(out).trained_answers() == expected  # the file changed: the run's own record stands
+    path.unlink()
+    run = kqv.load(out)
+    assert run.trained_answers() == expected
+    constants = run.evaluate(pairs=runs["scored"]).kind_constants
+    by_kind = {kind: sorted(a for a, k in zip(*expected) if k == kind) for kind in set(expected[1])}
+    assert set(constants) == set(by_kind) and all(
+        constants[k].strip() in {a.strip() for a in by_kind[k]} for k in by_kind
+    )
 
 
 @pytest.mark.parametrize("kind", ["3", '""', "null"])

@@ -28,7 +28,7 @@ from kqv.data.mixture import MixtureBatches
 from kqv.data.tokenizers import CharTokenizer
 from kqv.errors import ConfigError, DataError
 from kqv.explore.export import standalone_page
-from kqv.jobs.sources import Source
+from kqv.jobs.lm_data import Source
 from kqv.nn.lora import LoRAConfig, LoRALinear
 from kqv.train.runs import override_value
 from test_cli import TINY

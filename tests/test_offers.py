@@ -3,8 +3,8 @@ else; one it lacks is refused in one line, with nothing written, by the Python A
 each job's `Training` is its own, its config changed only by the hooks that return it."""
 
 import ast
-import inspect
 import importlib.util
+import inspect
 import textwrap
 from dataclasses import replace
 from pathlib import Path

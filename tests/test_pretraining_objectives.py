@@ -21,7 +21,6 @@ from kqv.data.document_batches import (
 )
 from kqv.data.mixture import MixtureBatches
 from kqv.errors import ConfigError, DataError
-from kqv.jobs import sources as sources_module
 from kqv.jobs.completions import pairs_tokenizer
 from kqv.jobs.corpus import load_tokens
 from test_cli import TINY
@@ -221,8 +220,10 @@ def test_eval_writes_prompts_into_the_run_s_template_and_takes_a_mixture_s_const
     assert [p.got for p in result.predictions] == [p.got for p in by_hand.predictions]
     assert [p.prompt for p in result.predictions] == [f"{n} born?" for n, _ in asked]  # the file's own prompts
     assert result.constant == "rome" and result.constant_correct == 1  # from the mixture's pairs, not the file's
-    (tmp_path / "qa.tsv").rename(tmp_path / "moved.tsv")  # gone: the scored file's own answers, and it says so
-    assert run.evaluate(pairs=tmp_path / "plain.tsv").constant == "oslo"
+    (tmp_path / "qa.tsv").write_text("".join(f"{n} born?\toslo\n" for n in PEOPLE))  # changed after training
+    assert run.evaluate(pairs=tmp_path / "plain.tsv").constant == "rome"  # the pairs as the run read them
+    (tmp_path / "qa.tsv").rename(tmp_path / "moved.tsv")  # gone: the run holds its own record of them
+    assert run.trained_answers() == (answers, [""] * len(answers))
 
 
 def test_a_random_prefix_cuts_each_draw_to_4_to_its_longest_and_is_the_same_for_the_same_draw():
@@ -269,7 +270,7 @@ def test_span_loss_all_puts_the_loss_on_every_token_of_a_document_and_keeps_the_
     losses = [{r["step"]: r["train_loss"] for r in metrics(tmp_path / n) if "train_loss" in r} for n in ("full", "cut")]
     assert losses[0] == losses[1] and len(losses[0]) == 4  # the same random prefixes after the resume
     run = kqv.load(tmp_path / "full")
-    made = sources_module.trainer_options(run.config, run.tokenizer, load_tokens(run.run_dir)).train_batches
+    made = run.config.corpus.trainer_options(run.config.train, run.tokenizer, load_tokens(run.run_dir)).train_batches
     mask = run.tokenizer.token_to_id(MASK)
     kinds = set()
     for i in range(12):

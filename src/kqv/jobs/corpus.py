@@ -1,6 +1,7 @@
 """A text corpus of the LM and MLM jobs as their run directory holds it: the tokenizer and the encoded splits
 (tokens.safetensors), made once and read back on a resume, so a resumed run needs neither the text nor a new
-tokenizer. The LM job's corpus may also be a file of prompt -> completion pairs (`kqv.jobs.completions`)."""
+tokenizer. The LM job's corpus kinds (`kqv.jobs.lm_corpus`) store theirs through `prepare_corpus` too, each with its
+own `build`."""
 
 from __future__ import annotations
 
@@ -18,17 +19,21 @@ from ..errors import IF_EXISTS_OVERWRITE, RunError, option
 from ..nn.models import count_parameters
 from ..train.layout import RunFiles
 from ..train.rundir import RunDirectory
-from . import completions, sources
-from .base import Job, Training
+from .base import Training
 
 
 def prepare_corpus(
-    job: Job, data: Any, run: RunDirectory, check: Callable[[Any, dict[str, torch.Tensor]], None] | None = None
+    job: Any,
+    data: Any,
+    run: RunDirectory,
+    check: Callable[[Any, dict[str, torch.Tensor]], None] | None = None,
+    build: Callable[[Any, Any], tuple[Any, dict[str, torch.Tensor]]] | None = None,
 ) -> tuple[Any, dict[str, torch.Tensor]]:
-    """The tokenizer and encoded splits of a text corpus (`data`: a [data] section with path, tokenizer and
-    val_fraction): loaded from the run when it resumes a checkpoint (they were written before it), else built
-    with the job's `make_tokenizer` and saved (by rank 0 alone under torchrun). `check(tokenizer, tokens)` is
-    called before anything is saved: a run it refuses leaves no file behind. The LM and MLM jobs share it."""
+    """The tokenizer and encoded splits of a corpus (`data`: a [data] section with path, tokenizer and
+    val_fraction): loaded from the run when it resumes a checkpoint (they were written before it), else built by
+    `build(job, data)` (default `build_text`, with the job's `make_tokenizer`) and saved (by rank 0 alone under
+    torchrun). `check(tokenizer, tokens)` is called before anything is saved: a run it refuses leaves no file
+    behind. The LM and MLM jobs share it."""
     if run.resuming:
         run.verify(run.tokenizer_dir, run.tokens_file)  # a recorded file that is missing is an error, not a rebuild
     if run.resuming and run.tokens_file.exists():
@@ -36,12 +41,7 @@ def prepare_corpus(
         if check is not None:
             check(tokenizer, tokens)
         return tokenizer, tokens
-    if getattr(data, "mixture", False):  # the LM job's texts read as documents, and mixtures (kqv.jobs.sources)
-        tokenizer, tokens = sources.build_sources(job, data)
-    elif getattr(data, "pairs", False):  # a file of prompt -> completion pairs (the LM job's)
-        tokenizer, tokens = completions.build_examples(job, data)
-    else:
-        tokenizer, tokens = build_text(job, data)
+    tokenizer, tokens = (build or build_text)(job, data)
     if check is not None:
         check(tokenizer, tokens)
     if run.writes:
@@ -51,7 +51,7 @@ def prepare_corpus(
     return tokenizer, tokens
 
 
-def build_text(job: Job, data: Any) -> tuple[Tokenizer, dict[str, torch.Tensor]]:
+def build_text(job: Any, data: Any) -> tuple[Tokenizer, dict[str, torch.Tensor]]:
     """The tokenizer and encoded splits of the text in `data.path`: `train`, `val` and `chars` (their lengths)."""
     text = load_text(data.path)
     train_text, val_text = split_text(text, data.val_fraction)

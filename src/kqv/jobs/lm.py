@@ -17,11 +17,9 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from ..data.batches import batch_generator, sample_batch
-from ..data.completions import DEFAULT_KIND, is_pairs_file, read_examples, split_examples
 from ..data.documents import mask_symbol
 from ..data.shakespeare import load_text
-from ..data.tokenizers import Tokenizer, encode_text, make_tokenizer
+from ..data.tokenizers import Tokenizer, encode_text
 from ..errors import INIT_SOURCE, MAX_TOKENS, MERGE, TEXT, ConfigError, DataError, option
 from ..nn.config import ModelConfig
 from ..nn.devices import model_device
@@ -31,51 +29,29 @@ from ..nn.models import DecoderLM, check_ids
 from ..train.checkpoints import partial_loader
 from ..train.evaluation import perplexity
 from ..train.options import TrainerOptions
-from ..train.preflight import check_memory, check_prompt, check_splits
+from ..train.preflight import check_memory
 from ..train.runs import RunConfig, read_run
 from ..validation import check_at_least
-from . import completions, sources
 from .base import AttentionMaps, Job, Outcome, TrainedRun, Training, check_text, total_parameters
-from .corpus import describe_corpus, load_tokens, prepare_corpus
+from .corpora import corpus_of
+from .corpus import describe_corpus
 from .finetune import FINETUNE_CONTEXT, FinetuneConfig, FineTuneStart, fit_context
 from .init import SourceTokenizer, finetune_config, load_source_weights, read_source
+from .lm_corpus import SCORED_TOKENS, Corpus
 from .lm_data import DataConfig
 from .offers import Completes, Evaluates, ExportsHF, Generates, ShowsAttention
-from .sampling import SampleConfig, continuations, default_prompt, generation_config, write_samples
-from .scoring import (
-    BATCH_SIZE,
-    PairsEvaluation,
-    check_pairs_alone,
-    complete,
-    evaluate_pairs,
-    fine_tuning_answers,
-    normalise,
-)
-from .sources import needed_mask
-from .token_corpus import HELD_OUT_TAIL, PreparedCorpus, held_out_perplexity
-
-
-def trained_kinds(path: str, val_fraction: float, answers: list[str]) -> list[str]:
-    """The kinds of question of a pair run's training `answers`: those its file of pairs `path` names, while the
-    file's training split (`split_examples`) still holds those answers, else `DEFAULT_KIND` for each."""
-    if Path(path).is_file():
-        try:
-            examples = read_examples(path)
-            trained = [examples[k] for k in split_examples(len(examples), val_fraction)[0]]
-        except DataError:
-            trained = []
-        if [normalise(e.completion) for e in trained] == [normalise(a) for a in answers]:
-            return [e.kind for e in trained]
-    return [DEFAULT_KIND] * len(answers)
+from .sampling import SampleConfig, continuations, generation_config
+from .scoring import BATCH_SIZE, PairsEvaluation, check_pairs_alone, complete, evaluate_pairs
 
 
 def with_prompt(config: LMRunConfig, tokenizer: Tokenizer, tokens: dict[str, torch.Tensor]) -> LMRunConfig:
-    """`config` with its sample prompt decided: the one it gives, or `default_prompt` (a file of pairs samples
-    from its own prompts: nothing to decide)."""
-    if config.sample.prompt or config.data.examples:
+    """`config` with its sample prompt decided: the one it gives, or its corpus's (`Corpus.sample_prompt`; a
+    corpus of examples samples from their own prompts: nothing to decide)."""
+    prompt = None if config.sample.prompt else config.corpus.sample_prompt(tokenizer, tokens)
+    if prompt is None:
         return config
     decided = copy.copy(config)
-    decided.sample = replace(config.sample, prompt=default_prompt(config.data, tokenizer, tokens))
+    decided.sample = replace(config.sample, prompt=prompt)
     return decided
 
 
@@ -103,7 +79,16 @@ class LMRunConfig(RunConfig):
     def model_defaults(self) -> dict[str, Any]:
         return {"max_len": self.data.context}
 
+    @property
+    def corpus(self) -> Corpus:
+        """What the run trains on (`kqv.jobs.corpora.corpus_of`), made once from its [data] settings by `check`,
+        and again when they are replaced (a fine-tune's context fitted to its source)."""
+        if self.made_corpus.data is not self.data:
+            self.made_corpus = corpus_of(self.data)
+        return self.made_corpus
+
     def check(self) -> None:
+        self.made_corpus = corpus_of(self.data)  # refuses at once the settings its kind does not take
         adaptation = self.finetune.adaptation
         if adaptation.active and self.data.init is None:
             raise ConfigError(
@@ -146,12 +131,7 @@ def check_lm_run(
             model or config.model, batch, context, tokenizer.vocab_size, train.device, lora,
             precision=train.precision, parallel=train.parallel,
         )  # fmt: skip
-        if config.data.examples:
-            completions.check_packing(model or config.model, config.data.packing)
-            return
-        vocab = None if config.data.prepared else tokenizer.vocab_size  # a prepared corpus's ids: its tokenizer's
-        check_splits({"train": tokens["train"], "val": tokens["val"]}, context, vocab)
-        check_prompt(tokenizer.encode, with_prompt(config, tokenizer, tokens).sample.prompt)
+        config.corpus.check_data(model or config.model, tokenizer, tokens, config.sample.prompt)
 
     return check
 
@@ -277,30 +257,14 @@ class LMRun(TrainedRun, Generates, Completes, Evaluates, ShowsAttention, Exports
             )
         if data is not None:
             return evaluate_text(self.model, self.tokenizer, data, self.config.data.context, max_tokens)
-        check_max_tokens(max_tokens)
-        if self.config.data.prepared:  # its held-out tail, read from the corpus (the run holds no copy)
-            return LMEvaluation(HELD_OUT_TAIL, **held_out_perplexity(self.model, self.config.data, max_tokens))
-        tokens = load_tokens(self.run_dir)
-        if self.config.data.examples:  # what the run trained: the completions of its held-out examples
-            return LMEvaluation(**completions.held_out_evaluation(self.model, tokens, max_tokens))
-        ids, n_chars, source = tokens["val"], int(tokens["chars"][1]), "the held-out validation split"
-        result = perplexity(self.model, ids, context=self.config.data.context, n_chars=n_chars, max_tokens=max_tokens)
-        return LMEvaluation(source, **result)
+        check_max_tokens(max_tokens)  # what the run held out, as its corpus scores it (`Corpus.held_out`)
+        return LMEvaluation(**self.config.corpus.held_out(self.model, self.run_dir, max_tokens))
 
     def trained_answers(self) -> tuple[list[str], list[str]] | None:
         """The completions of the pairs the run trained on and their kinds of question, the baselines' reference: a
-        pair run's training examples (its tokens.safetensors; their kinds from data.path while it holds the same
-        training answers, else `DEFAULT_KIND`), or every pair of a mixture's pairs files while they are where the
-        run read them; None for a run that trained on no pairs."""
-        data = self.config.data
-        if data.pairs:
-            answers = fine_tuning_answers(self.tokenizer, load_tokens(self.run_dir))
-            return answers, trained_kinds(data.path, data.val_fraction, answers)
-        files = [Path(source.path) for source in data.sources if is_pairs_file(source.path)]
-        if not files or not all(file.is_file() for file in files):
-            return None
-        examples = [example for file in files for example in read_examples(file)]
-        return [example.completion for example in examples], [example.kind for example in examples]
+        pair run's training examples and their kinds (its tokens.safetensors holds both), or every pair of a
+        mixture's pairs files while they are where the run read them; None for a run that trained on no pairs."""
+        return self.config.corpus.trained_answers(self.tokenizer, self.run_dir)
 
     def attention(self, text: str, *, max_tokens: int = ATTENTION_MAX_TOKENS) -> AttentionMaps:
         """The self-attention weights of every layer and head over `text`, rows and columns labelled by token.
@@ -336,11 +300,6 @@ class LMJob(Job):
     run_class = LMRun
     noun = "language-model"
 
-    def make_tokenizer(self, data: DataConfig, text: str) -> Tokenizer:
-        if data.examples:  # one that has an end of text (and a mask where one is needed)
-            return completions.pairs_tokenizer(data.tokenizer, text, data.vocab_size, needed_mask(data))
-        return make_tokenizer(data.tokenizer, text, data.vocab_size)
-
     def restore(
         self, model: nn.Module, config: RunConfig, values: dict[str, Any], run_dir: Path
     ) -> Callable[[dict[str, torch.Tensor]], None] | None:
@@ -356,10 +315,10 @@ class LMJob(Job):
         return DecoderLM(model_config)
 
     def make_corpus(self, training: LMTraining) -> tuple[Tokenizer, dict[str, torch.Tensor]]:
-        """The tokenizer and the encoded train and validation splits (`prepare_corpus`); a fine-tune's tokenizer is
-        its source's (`kqv.jobs.init`)."""
+        """The tokenizer and the encoded train and validation splits, as the run's corpus reads them
+        (`Corpus.load`); a new tokenizer is the corpus's own, a fine-tune's its source's (`kqv.jobs.init`)."""
         config, run = training.config, training.run
-        tokenizer_maker: Any = self
+        tokenizer_maker: Any = config.corpus
         training.handed = start = FineTuneStart()
         if config.data.init is not None and not run.resuming:
             start.source = source = read_source(config.data.init)
@@ -367,8 +326,7 @@ class LMJob(Job):
             start.model = finetune_config(source, config.model, config.model_options, config.data.context)
             config.finetune.adaptation.check(start.model)
             tokenizer_maker = SourceTokenizer(self, source)
-        load = PreparedCorpus.load if config.data.prepared else prepare_corpus
-        return load(tokenizer_maker, config.data, run, check_lm_run(config, start.model))
+        return config.corpus.load(tokenizer_maker, run, check_lm_run(config, start.model))
 
     def settled(self, training: LMTraining) -> LMRunConfig:
         """What run.toml records and the samples start from: a fine-tune's config with a context its source holds
@@ -393,46 +351,28 @@ class LMJob(Job):
         return model
 
     def trainer_options(self, training: LMTraining) -> TrainerOptions:
-        """Random blocks of the train split for each update, and of the validation split for each evaluation; on
-        pairs, batches of examples (`kqv.jobs.completions`). A LoRA run's checkpoints hold its adapters alone."""
-        config, (_, tokens) = training.config, training.data
-        options = (
-            sources.trainer_options(config, *training.data)
-            if config.data.mixture
-            else completions.trainer_options(config, tokens)
-            if config.data.pairs
-            else PreparedCorpus.trainer_options(config, tokens)
-            if config.data.prepared
-            else text_batches(config, tokens)
-        )
+        """The corpus's batches (`Corpus.trainer_options`: random blocks of a text, batches of examples). A LoRA
+        run's checkpoints hold its adapters alone."""
+        config, (tokenizer, tokens) = training.config, training.data
         return replace(
-            options,
+            config.corpus.trainer_options(config.train, tokenizer, tokens),
             work_after_training=scoring_cost(config, len(tokens["val"])),
             saved_weights=config.finetune.adaptation.saved_weights,
         )
 
     def describe(self, training: LMTraining) -> str:
-        line = describe_corpus(training, training.data[0].vocab_size) + sources.describe(training.data[1])
+        (tokenizer, tokens), corpus = training.data, training.config.corpus
+        line = describe_corpus(training, tokenizer.vocab_size) + corpus.describe(tokens)
         adaptation = training.config.finetune.adaptation
         if not adaptation.active:
             return line
         return f"{line}; {adaptation.describe()}, of {total_parameters(training.model):,} parameters"
 
     def outcome(self, training: LMTraining) -> Outcome:
-        """The perplexity of (up to `SCORED_TOKENS` of) the validation split, and the samples (samples.txt)."""
+        """The corpus's score of the validation split (`Corpus.outcome`: the perplexity of up to `SCORED_TOKENS`
+        of a text, the completion loss of held-out examples), and the samples (samples.txt)."""
         config, model, (tokenizer, tokens) = training.config, training.model, training.data
-        if config.data.examples:
-            val, samples = completions.score_and_sample(model, tokenizer, tokens, config, training.run.path)
-        else:
-            val = perplexity(
-                model,
-                tokens["val"],
-                context=config.data.context,
-                n_chars=int(tokens["chars"][1]) if "chars" in tokens else None,  # a prepared corpus counts no chars
-                precision=config.train.precision,
-                max_tokens=SCORED_TOKENS,
-            )
-            samples = write_samples(model, tokenizer, config.sample, training.run.samples_file)
+        val, samples = config.corpus.outcome(model, tokenizer, tokens, config.train, config.sample, training.run.path)
         record = training.handed.record
         source = {} if record is None else {"source": record}
         adaptation = config.finetune.adaptation
@@ -447,29 +387,6 @@ class LMJob(Job):
             return f"validation completion loss {val['loss']:.3f} nats/token over {val['examples']} examples {after}"
         bits = f" ({val['bits_per_char']:.3f} bits/char)" if "bits_per_char" in val else ""  # a prepared corpus's: none
         return f"validation loss {val['loss']:.3f} nats/token{bits} {after}"
-
-
-def text_batches(config: LMRunConfig, tokens: dict[str, torch.Tensor]) -> TrainerOptions:
-    """The Trainer's batches of a text corpus: random blocks of the train split for update i, and of the validation
-    split for evaluation batch i, drawn from generators seeded by (seed, i) so a resume draws the same ones."""
-    train_ids, val_ids = tokens["train"], tokens["val"]
-    batch, context, seed = config.train.batch_size, config.data.context, config.train.seed
-
-    def train_batches(i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return sample_batch(train_ids, batch, context, batch_generator(seed, i))
-
-    def val_batches(i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return sample_batch(val_ids, batch, context, batch_generator(seed, -i - 1))
-
-    return TrainerOptions(
-        train_batches=train_batches,
-        loss_fn=lambda model, batch: model(*batch),
-        val_batches=val_batches,
-        tokens_per_batch=batch * context,
-    )
-
-
-SCORED_TOKENS = 200_000  # the validation tokens the job's final perplexity scores
 
 
 def scoring_cost(config: LMRunConfig, val_tokens: int) -> float:

@@ -1,18 +1,36 @@
 """What a language-modelling run reads (`DataConfig`, the `[data]` section of run.toml): a text made into blocks, a
 file of prompt -> completion pairs, documents made into examples by a pretraining objective or a mixture of sources,
-or a token corpus on disk (`kqv prepare`)."""
+or a token corpus on disk (`kqv prepare`).
+
+`DataConfig` holds the settings and checks each on its own; which kind of corpus they make is decided once, by
+`kqv.jobs.corpora.corpus_of`, and that corpus checks the settings that only it takes (`kqv.jobs.lm_corpus`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from ..data.completions import is_pairs_file
-from ..data.token_corpus import is_token_corpus
+from ..data.completions import END_OF_TEXT_TOKENS
+from ..data.document_batches import PREFIX_MIN, prefix_max
+from ..data.documents import check_template, refuse_end_of_text_mask
 from ..errors import ConfigError
 from ..validation import Config
-from .sources import Source, check_sources
-from .token_corpus import check_prepared
+
+
+@dataclass
+class Source(Config):
+    """One source of a mixture (`[[data.sources]]`): a text or a file of pairs, and its share of the batches."""
+
+    section: ClassVar[str] = "data.sources"
+    path: str
+    weight: float = 1.0
+
+    def check(self) -> None:
+        if not self.weight > 0:
+            raise ConfigError(
+                f"data.sources: the weight of {self.path} must be positive (its share of the batches), got "
+                f"{self.weight}; drop the source instead"
+            )
 
 
 @dataclass
@@ -41,26 +59,6 @@ class DataConfig(Config):
     shuffle_sentences: bool = False  # a document's sentences in a new order at every draw
     template: str | None = None  # pairs: every prompt written into it, e.g. "{prompt}{mask}"
 
-    @property
-    def pairs(self) -> bool:
-        """Whether `path` is a file of prompt -> completion pairs rather than text."""
-        return self.path is not None and is_pairs_file(self.path)
-
-    @property
-    def prepared(self) -> bool:
-        """Whether `path` is a token corpus on disk (`kqv prepare`), trained on without reading it into memory."""
-        return is_token_corpus(self.path)
-
-    @property
-    def mixture(self) -> bool:
-        """Whether the run's text is read as documents made into examples (`kqv.jobs.sources`)."""
-        return bool(self.sources) or self.objective != "next_token"
-
-    @property
-    def examples(self) -> bool:
-        """Whether the run trains on examples (pairs, or documents made into examples) rather than text blocks."""
-        return self.pairs or self.mixture
-
     def check(self) -> None:
         if self.context < 2:
             raise ConfigError(f"data.context must be at least 2, got {self.context}")
@@ -71,10 +69,33 @@ class DataConfig(Config):
                 f"data.prompt_loss_weight must be in [0, 1] (the prompt tokens' weight in the loss, the "
                 f"completion's being 1; 0 = completion only), got {self.prompt_loss_weight}"
             )
-        check_sources(self)
-        check_prepared(self)
-        if not self.examples and (self.prompt_loss_weight or self.packing):
+        if self.sources and self.path is not None:
+            raise ConfigError(f"give data.path ({self.path}) or data.sources, not both; put the path among the sources")
+        if self.template is not None:
+            check_template(self.template)
+        self.check_mask()
+        self.check_spans()
+        if self.delimiter == "":
+            raise ConfigError("data.delimiter is empty; give the string between documents, or drop it for lines")
+
+    def check_mask(self) -> None:
+        """The mask symbol: one character for a character tokenizer, and never an end of text."""
+        if self.mask is not None and (not self.mask or (self.tokenizer == "char" and len(self.mask) != 1)):
+            raise ConfigError(f"data.mask must be one character for a character tokenizer, got {self.mask!r}")
+        if self.mask in END_OF_TEXT_TOKENS:
+            refuse_end_of_text_mask(self.mask, "a BPE tokenizer", self.tokenizer)
+
+    def check_spans(self) -> None:
+        """A span's share and length, and a random prefix that the context can hold."""
+        if not 0 < self.span_rate <= 1:
             raise ConfigError(
-                "data.prompt_loss_weight and data.packing apply to a file of prompt -> completion pairs (data.path "
-                f"a .tsv or .jsonl file), not to text ({self.path or 'Shakespeare'}); drop them"
+                f"data.span_rate (a span's mean share of its document) must be in (0, 1], got {self.span_rate}"
+            )
+        if self.span_max < 1:
+            raise ConfigError(f"data.span_max must be at least 1 token, got {self.span_max}")
+        if self.random_prefix and prefix_max(self.context) < PREFIX_MIN:
+            raise ConfigError(
+                f"data.random_prefix cuts each document to {PREFIX_MIN} to 7/8 of data.context tokens, and "
+                f"data.context={self.context} leaves fewer than {PREFIX_MIN}; raise data.context or drop "
+                f"data.random_prefix"
             )

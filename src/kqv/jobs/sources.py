@@ -24,31 +24,21 @@ run's final figure is their completion loss (the span given its context) and it 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from ..data.completions import (
-    END_OF_TEXT_TOKENS,
-    Example,
-    encode_examples,
-    end_of_text,
-    is_pairs_file,
-    read_examples,
-    split_examples,
-)
-from ..data.document_batches import PREFIX_MIN, DocumentBatches, DocumentOptions, Documents, draw_random, prefix_max
+from ..data.completions import Example, encode_examples, end_of_text, is_pairs_file, read_examples, split_examples
+from ..data.document_batches import DocumentBatches, DocumentOptions, draw_random, prefix_max
+from ..data.document_batches import Documents as EncodedDocuments
 from ..data.documents import (
     apply_template,
-    check_template,
     check_unused,
-    has_mask,
     mask_id,
     mask_symbol,
     read_documents,
-    refuse_end_of_text_mask,
     split_sentences,
     templated,
     windows,
@@ -56,87 +46,28 @@ from ..data.documents import (
 from ..data.example_batches import EncodedExamples, ExampleBatches
 from ..data.mixture import MixtureBatches
 from ..data.shakespeare import load_text
+from ..data.token_corpus import is_token_corpus
 from ..data.tokenizers import Tokenizer, encode_texts
-from ..errors import MIXTURE, ConfigError, DataError, option
+from ..errors import ConfigError, DataError, option
+from ..train.config import TrainConfig
 from ..train.options import TrainerOptions
-from ..validation import Config
-from .completions import batch_options, check_examples, check_lengths, example_loss
+from .completions import (
+    Examples,
+    batch_options,
+    check_examples,
+    check_lengths,
+    example_options,
+    from_json_tensor,
+    json_tensor,
+)
+from .corpus import load_tokens
+from .lm_corpus import Splits, refuse_span_options
+from .lm_data import DataConfig
 
 VAL_SEED = 0  # the draws of the validation documents: the same for every run
 
 
-@dataclass
-class Source(Config):
-    """One source of a mixture (`[[data.sources]]`): a text or a file of pairs, and its share of the batches."""
-
-    section: ClassVar[str] = "data.sources"
-    path: str
-    weight: float = 1.0
-
-    def check(self) -> None:
-        if not self.weight > 0:
-            raise ConfigError(
-                f"data.sources: the weight of {self.path} must be positive (its share of the batches), got "
-                f"{self.weight}; drop the source instead"
-            )
-
-
-def check_sources(data: Any) -> None:
-    """What a [data] section's objective, sources and template must agree on (`DataConfig.check`)."""
-    if data.sources and data.path is not None:
-        raise ConfigError(f"give data.path ({data.path}) or data.sources, not both; put the path among the sources")
-    if data.objective == "span_corruption" and not data.sources and data.pairs:
-        raise ConfigError(
-            f"data.objective='span_corruption' masks spans of text documents, and {data.path} is a file of pairs; "
-            f"give a text, or mix them: {option(MIXTURE, path=data.path)}"
-        )
-    if data.template is not None:
-        check_template(data.template)
-    if data.mask is not None and (not data.mask or (data.tokenizer == "char" and len(data.mask) != 1)):
-        raise ConfigError(f"data.mask must be one character for a character tokenizer, got {data.mask!r}")
-    if data.mask in END_OF_TEXT_TOKENS:
-        refuse_end_of_text_mask(data.mask, "a BPE tokenizer", data.tokenizer)
-    if not 0 < data.span_rate <= 1:
-        raise ConfigError(
-            f"data.span_rate (a span's mean share of its document) must be in (0, 1], got {data.span_rate}"
-        )
-    if data.span_max < 1:
-        raise ConfigError(f"data.span_max must be at least 1 token, got {data.span_max}")
-    check_span_options(data)
-    if data.delimiter == "":
-        raise ConfigError("data.delimiter is empty; give the string between documents, or drop it for lines")
-    if (data.shuffle_sentences or data.delimiter is not None) and not data.mixture:
-        raise ConfigError(
-            "data.shuffle_sentences and data.delimiter read a text as documents: set data.objective or give "
-            "several sources (data.sources)"
-        )
-
-
-def check_span_options(data: Any) -> None:
-    """The random prefix and the loss on every token shape span corruption's examples: refused without it, and a
-    prefix that the context cannot hold."""
-    given = [
-        name for name, on in (("random_prefix", data.random_prefix), ("span_loss", data.span_loss != "span")) if on
-    ]
-    if given and data.objective != "span_corruption":
-        raise ConfigError(
-            f"data.{given[0]} shapes span corruption's examples; set data.objective='span_corruption' or drop it"
-        )
-    if data.random_prefix and prefix_max(data.context) < PREFIX_MIN:
-        raise ConfigError(
-            f"data.random_prefix cuts each document to {PREFIX_MIN} to 7/8 of data.context tokens, and "
-            f"data.context={data.context} leaves fewer than {PREFIX_MIN}; raise data.context or drop data.random_prefix"
-        )
-
-
-def needed_mask(data: Any) -> str | None:
-    """The mask symbol a new tokenizer must reserve (span corruption, or a template with `{mask}`), else None."""
-    if data.objective == "span_corruption" or has_mask(data.template):
-        return mask_symbol(data.mask, data.tokenizer)
-    return None
-
-
-def data_sources(data: Any) -> list[tuple[str | None, float]]:
+def data_sources(data: DataConfig) -> list[tuple[str | None, float]]:
     """(path, weight) of every source: data.sources, or data.path alone (None: Shakespeare)."""
     return [(s.path, s.weight) for s in data.sources] or [(data.path, 1.0)]
 
@@ -145,7 +76,7 @@ def is_pairs(path: str | None) -> bool:
     return path is not None and is_pairs_file(path)
 
 
-def read_sources(data: Any) -> list[list[Example] | list[str]]:
+def read_sources(data: DataConfig) -> list[list[Example] | list[str]]:
     """Each source's pairs (prompts not yet templated) or documents."""
     read = []
     for path, _ in data_sources(data):
@@ -162,9 +93,10 @@ def read_sources(data: Any) -> list[list[Example] | list[str]]:
     return read
 
 
-def build_sources(maker: Any, data: Any) -> tuple[Tokenizer, dict[str, Tensor]]:
-    """The tokenizer and encoded splits of every source (the module docstring); what it refuses, it refuses
-    before anything is written."""
+def build_sources(maker: Any, data: DataConfig, corrupt: bool) -> tuple[Tokenizer, dict[str, Tensor]]:
+    """The tokenizer and encoded splits of every source (the module docstring), spans masked if `corrupt`, and
+    the completion and kind of every pair of its pairs sources (`pair_answers`); what it refuses, it refuses before
+    anything is written."""
     read = read_sources(data)
     texts = [
         text
@@ -177,10 +109,10 @@ def build_sources(maker: Any, data: Any) -> tuple[Tokenizer, dict[str, Tensor]]:
     tokenizer = maker.make_tokenizer(data, "\n".join(texts))
     _, eot_text = end_of_text(tokenizer)
     mask = mask_symbol(data.mask, getattr(tokenizer, "kind", "bpe"))
-    if data.objective == "span_corruption":
+    if corrupt:
         check_unused([t for items in read for t in texts_of(items)], mask, "the training data")
         mask_id(tokenizer, mask)
-    options = document_options(data, tokenizer)
+    options = document_options(data, tokenizer, corrupt)
     splits: dict[str, list[dict[str, Tensor]]] = {"train": [], "val": []}
     cut = [0, 0]
     for (path, _), items in zip(data_sources(data), read):
@@ -197,7 +129,11 @@ def build_sources(maker: Any, data: Any) -> tuple[Tokenizer, dict[str, Tensor]]:
         train, val = encode_documents(items, data, tokenizer, options, cut)
         splits["train"].append(train)
         splits["val"].append(val)
-    return tokenizer, stored(splits, cut)
+    tokens = stored(splits, cut)
+    answers = [(e.completion, e.kind) for items in read for e in items if isinstance(e, Example)]
+    if answers:  # the reference of `kqv eval`'s baselines (`Documents.trained_answers`)
+        tokens["pair_answers"] = json_tensor(answers)
+    return tokenizer, tokens
 
 
 def split_at_end_of_text(eot_text: str, delimiter: str | None) -> str:
@@ -212,16 +148,16 @@ def texts_of(items: list) -> list[str]:
     return [t for item in items for t in ((item.prompt, item.completion) if isinstance(item, Example) else (item,))]
 
 
-def document_options(data: Any, tokenizer: Tokenizer) -> DocumentOptions:
-    """How the documents of `data` become examples with `tokenizer`'s mask and end of text."""
-    corrupt = data.objective == "span_corruption"
+def document_options(data: DataConfig, tokenizer: Tokenizer, corrupt: bool) -> DocumentOptions:
+    """How the documents of `data` become examples with `tokenizer`'s mask (spans masked if `corrupt`) and end of
+    text."""
     mask = mask_id(tokenizer, mask_symbol(data.mask, getattr(tokenizer, "kind", "bpe"))) if corrupt else -1
     separator = tuple(tokenizer.encode(" ")) if data.shuffle_sentences else None
     longest = prefix_max(data.context) if data.random_prefix else 0
     return DocumentOptions(mask, end_of_text(tokenizer)[0], corrupt, data.span_rate, data.span_max, separator, longest)
 
 
-def encode_pairs(examples: list[Example], data: Any, tokenizer: Tokenizer, mask: str, where: str) -> list[dict]:
+def encode_pairs(examples: list[Example], data: DataConfig, tokenizer: Tokenizer, mask: str, where: str) -> list[dict]:
     """The train and val parts of a pairs source, each prompt written into the template."""
     examples = templated(examples, data.template, tokenizer, mask, where)
     check_examples(examples, tokenizer, where)
@@ -236,7 +172,7 @@ def encode_pairs(examples: list[Example], data: Any, tokenizer: Tokenizer, mask:
 
 
 def encode_documents(
-    documents: list[str], data: Any, tokenizer: Tokenizer, options: DocumentOptions, cut: list[int]
+    documents: list[str], data: DataConfig, tokenizer: Tokenizer, options: DocumentOptions, cut: list[int]
 ) -> tuple[dict, dict]:
     """The train part of a text source (documents, cut into windows) and its val part (drawn once, as examples)."""
     size = data.context + 1 - options.extra()
@@ -324,11 +260,14 @@ def per_source(tokens: dict[str, Tensor], split: str) -> list[tuple[Tensor, Tens
     return out
 
 
-def trainer_options(config: Any, tokenizer: Tokenizer, tokens: dict[str, Tensor]) -> TrainerOptions:
+def trainer_options(
+    data: DataConfig, train: TrainConfig, tokenizer: Tokenizer, tokens: dict[str, Tensor], corrupt: bool
+) -> TrainerOptions:
     """train_batches, val_batches, loss_fn, loss_terms and tokens_per_batch of a mixture: each batch from one
-    source, drawn by weight (`MixtureBatches`); a text source's documents made into new examples at every draw."""
-    data, train, shared = config.data, config.train, batch_options(config)
-    options = document_options(data, tokenizer)
+    source, drawn by weight (`MixtureBatches`); a text source's documents made into new examples at every draw
+    (spans masked if `corrupt`)."""
+    shared = batch_options(data, train)
+    options = document_options(data, tokenizer, corrupt)
     counts = tokens["train_sentence_counts"]
     sentence_starts = [0, *torch.cumsum(counts, 0).tolist()]
     training, validation = [], []
@@ -340,20 +279,13 @@ def trainer_options(config: Any, tokenizer: Tokenizer, tokens: dict[str, Tensor]
             training.append(ExampleBatches(EncodedExamples(ids, lengths), shuffle=True, **shared))
         else:
             sentences = tokens["train_sentence_lengths"][sentence_starts[items.start] : sentence_starts[items.stop]]
-            documents = Documents(ids, lengths, options, sentences, counts[items])
+            documents = EncodedDocuments(ids, lengths, options, sentences, counts[items])
             every_token = {"prompt_loss_weight": 1.0} if data.span_loss == "all" else {}
             training.append(DocumentBatches(documents, shuffle=True, **(shared | every_token)))
         validation.append(ExampleBatches(EncodedExamples(val_ids, val_lengths), shuffle=False, **shared))
     weights = [weight for _, weight in paths]
     train_mix = MixtureBatches(training, weights, train.seed, "train")
-    val_mix = MixtureBatches(validation, weights, train.seed, "val")
-    return TrainerOptions(
-        train_batches=train_mix.batch,
-        loss_fn=example_loss,
-        loss_terms=ExampleBatches.loss_terms,  # under torchrun (kqv.train.distributed.share)
-        val_batches=val_mix.batch,
-        tokens_per_batch=train_mix.tokens,
-    )
+    return example_options(train_mix, MixtureBatches(validation, weights, train.seed, "val"))
 
 
 def describe(tokens: dict[str, Tensor]) -> str:
@@ -362,3 +294,54 @@ def describe(tokens: dict[str, Tensor]) -> str:
         return ""
     documents, made = tokens["windows"].tolist()
     return f"; {documents:,} documents longer than the context cut into {made:,} windows"
+
+
+class Documents(Examples):
+    """A text's documents made into examples by `data.objective`, or a mixture of sources (the module docstring):
+    what a run on `data.sources`, or with an objective other than the next token, trains on."""
+
+    def __init__(self, data: DataConfig) -> None:
+        self.corrupt = data.objective == "span_corruption"
+        super().__init__(data)
+
+    @staticmethod
+    def reads(data: DataConfig) -> bool:
+        return bool(data.sources) or data.objective != "next_token"
+
+    def check(self) -> None:
+        data = self.data
+        if self.corrupt and not data.sources and is_pairs(data.path):
+            raise ConfigError(
+                f"data.objective='span_corruption' masks spans of text documents, and {data.path} is a file of "
+                f"pairs; give a text, or mix them: {option('data.sources=[TEXT, {path}]', path=data.path)}"
+            )
+        if is_token_corpus(data.path):
+            raise ConfigError(
+                f"{data.path} is a prepared token corpus, which trains on blocks with data.objective='next_token' "
+                f"alone; drop data.objective and data.sources, or give the text itself"
+            )
+        if not self.corrupt:
+            refuse_span_options(data)
+
+    def build(self, maker: Any, data: DataConfig) -> tuple[Tokenizer, Splits]:
+        return build_sources(maker, data, self.corrupt)
+
+    def trainer_options(self, train: TrainConfig, tokenizer: Tokenizer, tokens: Splits) -> TrainerOptions:
+        return trainer_options(self.data, train, tokenizer, tokens, self.corrupt)
+
+    def describe(self, tokens: Splits) -> str:
+        return describe(tokens)
+
+    def trained_answers(self, tokenizer: Tokenizer, run_dir: Path) -> tuple[list[str], list[str]] | None:
+        """The completion and kind of every pair of the mixture's pairs files, as the run read them (its
+        tokens.safetensors holds them; a run trained before it kept them reads the files while they are where it
+        read them); None for a mixture without pairs."""
+        tokens = load_tokens(run_dir)
+        if "pair_answers" in tokens:
+            answers = from_json_tensor(tokens["pair_answers"])
+            return [answer for answer, _ in answers], [kind for _, kind in answers]
+        files = [Path(path) for path, _ in data_sources(self.data) if is_pairs(path)]
+        if not files or not all(file.is_file() for file in files):
+            return None
+        examples = [example for file in files for example in read_examples(file)]
+        return [example.completion for example in examples], [example.kind for example in examples]

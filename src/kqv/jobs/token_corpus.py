@@ -22,7 +22,7 @@ import fcntl
 import json
 import os
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +40,7 @@ from ..data.token_corpus import (
     STATE,
     TOKENIZER,
     TokenCorpus,
+    is_token_corpus,
     pieces,
     read_chunks,
     read_windows,
@@ -49,14 +50,17 @@ from ..data.token_corpus import (
     window_starts,
 )
 from ..data.tokenizers import Tokenizer, encode_texts, load_tokenizer, make_tokenizer
-from ..errors import PREPARE_WITH_TOKENIZER, ConfigError, DataError, RunError, option
+from ..errors import PREPARE_WITH_TOKENIZER, DataError, RunError, option
 from ..interop.directories import is_hf_directory, read_hf_tokenizer
+from ..train.config import TrainConfig
 from ..train.distributed import OwnRows
 from ..train.evaluation import perplexity
 from ..train.files import sha256, write_files, write_text
 from ..train.layout import RunFiles
 from ..train.options import TrainerOptions
 from ..train.rundir import RunDirectory, process_rank
+from .lm_corpus import SCORED_TOKENS, Check, Splits, TextBlocks
+from .lm_data import DataConfig
 
 CHUNK_BYTES = 16 << 20  # the text read, encoded and recorded at a time
 SAMPLE_BYTES = 32 << 20  # the text a new BPE is trained on, in 1 MiB blocks spread over the corpus
@@ -230,16 +234,20 @@ def encode_all(
     return manifest
 
 
-class PreparedCorpus:
+class PreparedCorpus(TextBlocks):
     """The LM job's corpus kind for a prepared token corpus (`data.path` names one): the tokenizer is the corpus's,
     the splits are views of its memmap (the last `data.val_fraction` held out), and the batches are blocks read
     from it, each rank reading only its own rows."""
 
     @staticmethod
-    def load(maker: Any, data: Any, run: RunDirectory, check: Callable[[Tokenizer, dict], None]) -> tuple:
+    def reads(data: DataConfig) -> bool:
+        return is_token_corpus(data.path)
+
+    def load(self, maker: Any, run: RunDirectory, check: Check) -> tuple[Tokenizer, Splits]:
         """(tokenizer, splits) as `kqv.jobs.corpus.prepare_corpus` gives them for a text: the corpus verified
         (`TokenCorpus.open`), its tokenizer checked against a fine-tune's source and against a resumed run's, and
         saved in the run (by rank 0) so that the run is used without the corpus."""
+        data = self.data
         corpus = TokenCorpus.open(data.path)
         tokenizer = corpus.tokenizer
         source = getattr(maker, "source", None)
@@ -262,19 +270,21 @@ class PreparedCorpus:
             run.write_tokenizer(tokenizer.files())
         return tokenizer, splits
 
-    @staticmethod
-    def trainer_options(config: Any, splits: dict[str, torch.Tensor]) -> TrainerOptions:
+    def vocab(self, tokenizer: Tokenizer) -> int | None:
+        return None  # a prepared corpus's ids are its tokenizer's (`TokenCorpus.open` checked them)
+
+    def trainer_options(self, train: TrainConfig, tokenizer: Tokenizer, tokens: Splits) -> TrainerOptions:
         """The Trainer's batches: blocks at the starts `sample_batch` draws for (seed, i), this rank's rows alone,
-        read from the memmap of the corpus `load` verified (`splits` are its views)."""
-        batch, context, seed = config.train.batch_size, config.data.context, config.train.seed
+        read from the memmap of the corpus `load` verified (`tokens` are its views)."""
+        batch, context, seed = train.batch_size, self.data.context, train.seed
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        train, val = TokenCorpus.open(config.data.path, verify=False).split(config.data.val_fraction)  # verified
+        train_ids, val_ids = TokenCorpus.open(self.data.path, verify=False).split(self.data.val_fraction)  # verified
 
         def train_batches(i: int) -> Any:
-            return own_windows(train, batch, context, batch_generator(seed, i), process_rank(), world)
+            return own_windows(train_ids, batch, context, batch_generator(seed, i), process_rank(), world)
 
         def val_batches(i: int) -> Any:
-            return own_windows(val, batch, context, batch_generator(seed, -i - 1), process_rank(), world)
+            return own_windows(val_ids, batch, context, batch_generator(seed, -i - 1), process_rank(), world)
 
         return TrainerOptions(
             train_batches=train_batches,
@@ -282,6 +292,16 @@ class PreparedCorpus:
             val_batches=val_batches,
             tokens_per_batch=batch * context,
         )
+
+    def held_out(self, model: torch.nn.Module, run_dir: Path, max_tokens: int | None) -> dict[str, Any]:
+        """`perplexity` of the corpus's held-out tail (up to `max_tokens`, default `SCORED_TOKENS`), read from the
+        corpus at `data.path` (a run keeps no copy of it)."""
+        _, val = TokenCorpus.open(self.data.path, verify=False).split(self.data.val_fraction)
+        ids = torch.from_numpy(np.asarray(val[: (max_tokens or SCORED_TOKENS) + 1], dtype=np.int64))
+        return {"source": HELD_OUT_TAIL, **perplexity(model, ids, context=self.data.context, max_tokens=max_tokens)}
+
+
+HELD_OUT_TAIL = "the held-out tail of the prepared corpus"
 
 
 def own_windows(
@@ -310,27 +330,6 @@ def source_tokenizer_files(source: Any) -> dict[str, str]:
     from .init import source_tokenizer
 
     return source_tokenizer(source).files()
-
-
-def check_prepared(data: Any) -> None:
-    """A prepared corpus trains on blocks, next token after next token (`DataConfig.check`)."""
-    if data.prepared and data.mixture:
-        raise ConfigError(
-            f"{data.path} is a prepared token corpus, which trains on blocks with data.objective='next_token' "
-            f"alone; drop data.objective and data.sources, or give the text itself"
-        )
-
-
-HELD_OUT_TAIL = "the held-out tail of the prepared corpus"
-SCORED_TOKENS = 200_000  # as `kqv.jobs.lm.SCORED_TOKENS`: what a run's final perplexity scores
-
-
-def held_out_perplexity(model: torch.nn.Module, data: Any, max_tokens: int | None) -> dict[str, float]:
-    """`perplexity` of a prepared corpus's held-out tail (up to `max_tokens`, default `SCORED_TOKENS`), read from
-    the corpus at `data.path` (a run keeps no copy of it)."""
-    _, val = TokenCorpus.open(data.path, verify=False).split(data.val_fraction)
-    ids = torch.from_numpy(np.asarray(val[: (max_tokens or SCORED_TOKENS) + 1], dtype=np.int64))
-    return perplexity(model, ids, context=data.context, max_tokens=max_tokens)
 
 
 def describe(prepared: Prepared) -> str:

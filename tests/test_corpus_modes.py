@@ -1,0 +1,120 @@
+"""What an LM run trains on is one object (issue 49): `kqv.jobs.corpora.corpus_of` makes a corpus of one kind from
+the run's `DataConfig` once, and the corpus decides how its data is read, encoded, batched, checked and scored;
+nothing else in kqv asks the settings again which kind they make."""
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+from kqv.api import packaged_config
+from kqv.errors import ConfigError
+from kqv.jobs.completions import Pairs
+from kqv.jobs.corpora import CORPORA, corpus_of
+from kqv.jobs.lm import JOB
+from kqv.jobs.lm_corpus import TextBlocks
+from kqv.jobs.lm_data import DataConfig
+from kqv.jobs.sources import Documents
+from kqv.jobs.token_corpus import PreparedCorpus
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "kqv"
+MODES = {"pairs", "mixture", "objective", "prepared"}  # what told the LM job its data's kind, read at each use
+OWNERS = {cls.__name__ for kind in CORPORA for cls in kind.__mro__[:-1]} | {"DataConfig"}
+
+
+def mode_reads(source: str) -> list[int]:
+    """The lines of `source` that read a data-mode setting (`x.pairs`, `getattr(x, "mixture", ...)`, ...) outside
+    the corpus kinds' classes and `DataConfig`."""
+    tree = ast.parse(source)
+    allowed = {
+        id(node)
+        for cls in ast.walk(tree)
+        if isinstance(cls, ast.ClassDef) and cls.name in OWNERS
+        for node in ast.walk(cls)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in allowed:
+            continue
+        if isinstance(node, ast.Attribute) and node.attr in MODES and isinstance(node.ctx, ast.Load):
+            found.append(node.lineno)
+        named = (
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in {"getattr", "hasattr"}
+        )
+        if named and len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and node.args[1].value in MODES:
+            found.append(node.lineno)
+    return sorted(found)
+
+
+def test_no_module_but_the_corpus_kinds_asks_the_data_settings_what_kind_they_make():
+    """`if data.pairs`, `data.objective == ...` or `getattr(data, "mixture")` outside a corpus kind is a second place
+    that decides what the run trains on: ask the run's corpus instead (`LMRunConfig.corpus`)."""
+    found = [f"{path.relative_to(SRC)}:{line}" for path in SRC.rglob("*.py") for line in mode_reads(path.read_text())]
+    assert not found, found
+
+
+def test_the_scan_finds_the_branches_the_lm_job_used_to_take():
+    """The forms the LM job, its sources and the shared corpus loader used (a planted fault: each is found)."""
+    old = """
+def trainer_options(self, training):
+    options = (
+        sources.trainer_options(config, *training.data)
+        if config.data.mixture
+        else completions.trainer_options(config, tokens)
+        if config.data.pairs
+        else text_batches(config, tokens)
+    )
+    load = PreparedCorpus.load if config.data.prepared else prepare_corpus
+    corrupt = data.objective == "span_corruption"
+    if getattr(data, "mixture", False):
+        pass
+class Elsewhere:
+    def f(self, data):
+        return hasattr(data, "pairs")
+"""
+    assert mode_reads(old) == [5, 7, 10, 11, 12, 16]
+    assert mode_reads(old.replace("class Elsewhere", "class DataConfig")) == [5, 7, 10, 11, 12]
+
+
+def test_each_kind_of_data_makes_its_own_corpus(tmp_path):
+    (tmp_path / "qa.tsv").write_text("q\ta\n")
+    (tmp_path / "book.txt").write_text("a text\n")
+    assert type(corpus_of(DataConfig())) is TextBlocks
+    assert type(corpus_of(DataConfig(path=str(tmp_path / "book.txt")))) is TextBlocks
+    assert type(corpus_of(DataConfig(path=str(tmp_path / "qa.tsv")))) is Pairs
+    span = corpus_of(DataConfig(path=str(tmp_path / "book.txt"), objective="span_corruption"))
+    assert type(span) is Documents and span.corrupt and span.mask() == "\u2047"
+    mixed = corpus_of(DataConfig(sources=({"path": str(tmp_path / "book.txt")}, {"path": str(tmp_path / "qa.tsv")})))
+    assert type(mixed) is Documents and not mixed.corrupt and mixed.mask() is None
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "manifest.json").write_text("{}")
+    assert type(corpus_of(DataConfig(path=str(tmp_path / "corpus")))) is PreparedCorpus
+
+
+def configured(data: dict):
+    """The quick config with `data`'s settings (as `kqv train lm quick --set data.KEY=VALUE` gives them)."""
+    return JOB.load_config(packaged_config("quick"), [f"data.{key}={json.dumps(value)}" for key, value in data.items()])
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"packing": True}, "apply to a file of prompt -> completion pairs"),
+        ({"shuffle_sentences": True}, "read a text as documents"),
+        ({"random_prefix": True}, "data.random_prefix shapes span corruption's examples"),
+        ({"path": "qa.tsv", "objective": "span_corruption"}, "masks spans of text documents"),
+        ({"path": "qa.tsv", "span_loss": "all"}, "data.span_loss shapes span corruption's examples"),
+    ],
+)
+def test_a_kind_refuses_the_settings_it_does_not_take_when_the_run_is_configured(settings, message):
+    with pytest.raises(ConfigError, match=message):
+        configured(settings)
+
+
+def test_the_run_s_corpus_is_made_once_and_again_when_its_settings_are_replaced():
+    config = configured({"context": 32})
+    corpus = config.corpus
+    assert config.corpus is corpus and corpus.data is config.data
+    fitted = config.starting_from("elsewhere")
+    assert fitted.corpus is not corpus and fitted.corpus.data.init == "elsewhere"
