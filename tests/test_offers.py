@@ -5,6 +5,7 @@ each job's `Training` is its own, its config changed only by the hooks that retu
 import ast
 import importlib.util
 import inspect
+import sys
 import textwrap
 from dataclasses import replace
 from pathlib import Path
@@ -138,7 +139,7 @@ def test_no_run_class_has_a_stub_method():
     assert {cls.__name__: stubs(cls) for cls in run_classes()} == {cls.__name__: [] for cls in run_classes()}
 
 
-def test_the_stub_scan_finds_a_planted_stub_and_an_unimplemented_protocol(tmp_path):
+def test_the_stub_scan_finds_a_planted_stub_and_an_unimplemented_protocol(tmp_path, monkeypatch):
     (tmp_path / "planted_run.py").write_text(
         textwrap.dedent('''
         from dataclasses import dataclass
@@ -156,6 +157,7 @@ def test_the_stub_scan_finds_a_planted_stub_and_an_unimplemented_protocol(tmp_pa
     )
     spec = importlib.util.spec_from_file_location("planted_run", tmp_path / "planted_run.py")
     planted = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "planted_run", planted)  # where `inspect` finds its source
     spec.loader.exec_module(planted)  # a module of its own, imported by its path: no edit of sys.path
     PlantedRun = planted.PlantedRun  # noqa: N806
 

@@ -48,7 +48,7 @@ from ..data.mixture import MixtureBatches
 from ..data.shakespeare import load_text
 from ..data.token_corpus import is_token_corpus
 from ..data.tokenizers import Tokenizer, encode_texts
-from ..errors import ConfigError, DataError, option
+from ..errors import MIXTURE, ConfigError, DataError, option
 from ..train.config import TrainConfig
 from ..train.options import TrainerOptions
 from .completions import (
@@ -313,7 +313,7 @@ class Documents(Examples):
         if self.corrupt and not data.sources and is_pairs(data.path):
             raise ConfigError(
                 f"data.objective='span_corruption' masks spans of text documents, and {data.path} is a file of "
-                f"pairs; give a text, or mix them: {option('data.sources=[TEXT, {path}]', path=data.path)}"
+                f"pairs; give a text, or mix them: {option(MIXTURE, path=data.path)}"
             )
         if is_token_corpus(data.path):
             raise ConfigError(
