@@ -104,12 +104,14 @@ def pairs_table(result: PairsEvaluation) -> str:
 
 
 def difference_text(versus: QuestionDifference) -> str:
-    """A paired difference over questions, its interval and McNemar's exact test, in one phrase."""
-    return (
-        f"{versus.difference:+.1%} (95% interval over the {versus.n:,} questions {versus.low:+.1%} to "
-        f"{versus.high:+.1%}, paired t; better on {versus.better:,}, worse on {versus.worse:,}, McNemar exact "
-        f"p = {versus.p_value:.3g})"
-    )
+    """A paired difference over questions, its interval and its exact test (McNemar's, or against a guess's
+    hits), in one phrase."""
+    interval = f"95% interval over the {versus.n:,} questions {versus.low:+.1%} to {versus.high:+.1%}, paired t"
+    if versus.test == "guess":
+        test = f"{versus.better:,} right where a guess expects {versus.worse:,}, exact p = {versus.p_value:.3g}"
+    else:
+        test = f"better on {versus.better:,}, worse on {versus.worse:,}, McNemar exact p = {versus.p_value:.3g}"
+    return f"{versus.difference:+.1%} ({interval}; {test})"
 
 
 def kind_rows(result: PairsEvaluation) -> list[tuple[str, str]]:

@@ -36,7 +36,7 @@ from ..errors import COUNT, MAX_TOKENS, ConfigError, DataError, option
 from ..nn.devices import model_device
 from ..nn.generation import GenerationConfig, in_dtype
 from ..nn.models import DecoderLM
-from ..train.evaluation import QuestionDifference, difference_over_questions, wilson_interval
+from ..train.evaluation import QuestionDifference, difference_from_guess, difference_over_questions, wilson_interval
 from ..validation import check_at_least
 from .base import check_text
 
@@ -324,7 +324,7 @@ def reading_baselines(
         "reading_low": low,
         "reading_high": high,
         "reading_baseline": sum(guesses) / len(guesses) if guesses else 0.0,
-        "versus_reading_baseline": difference_over_questions(reading, guesses) if reading else None,
+        "versus_reading_baseline": difference_from_guess(reading, guesses) if reading else None,
     }
 
 

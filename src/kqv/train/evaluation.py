@@ -87,6 +87,7 @@ class QuestionDifference:
     better: int
     worse: int
     p_value: float
+    test: str = "McNemar"  # the exact test of p_value: "McNemar" (the sign test), or "guess" (`guess_test`)
 
     def to_dict(self, name: str | None = None) -> dict:
         """Its figures as JSON; given a `name`, as flat keys that begin with it (name, name_95, name_questions, ...),
@@ -116,6 +117,34 @@ def difference_over_questions(a: Sequence[float], b: Sequence[float], level: flo
     better, worse = sum(d > 0 for d in differences), sum(d < 0 for d in differences)
     low, high = max(-1.0, mean - half), min(1.0, mean + half)
     return QuestionDifference(mean, low, high, n, better, worse, sign_test(better, worse))
+
+
+def difference_from_guess(scores: Sequence[float], guesses: Sequence[float], seeds: int = 1) -> QuestionDifference:
+    """How much `scores` (question i's exact match, a mean over `seeds` runs) score above a random guess that is
+    right on question i with probability `guesses[i]`: the paired t interval of `difference_over_questions`, and
+    an exact test made for a guess (`guess_test`) in place of McNemar's, which needs 1/0 scores on both sides.
+    `better` is the runs' hits over the questions and seeds; `worse`, the hits a guess expects."""
+    t = difference_over_questions(scores, guesses)
+    hits = round(sum(scores) * seeds)
+    expected = sum(guesses) * seeds
+    return QuestionDifference(t.difference, t.low, t.high, t.n, hits, round(expected), guess_test(hits, guesses, seeds),
+                              "guess")  # fmt: skip
+
+
+def guess_test(hits: int, guesses: Sequence[float], seeds: int = 1) -> float:
+    """The exact two-sided p-value of `hits` right answers against a guess that is right on question i with
+    probability `guesses[i]`, asked `seeds` times each: its count of right answers G follows the Poisson-binomial
+    distribution of those probabilities, and p = 2 min(P(G <= hits), P(G >= hits)), at most 1."""
+    probabilities = torch.tensor([float(g) for g in guesses for _ in range(seeds)], dtype=torch.float64)
+    if not bool(((probabilities >= 0) & (probabilities <= 1)).all()):  # host-side data, not a training step
+        raise DataError("a guess's chance of being right is in [0, 1] on every question")
+    counts = torch.zeros(len(probabilities) + 1, dtype=torch.float64)
+    counts[0] = 1.0  # P(G = k) after no questions
+    for k, p in enumerate(probabilities.tolist()):
+        counts[1 : k + 2] = counts[1 : k + 2] * (1 - p) + counts[: k + 1] * p
+        counts[0] *= 1 - p
+    hits = min(max(hits, 0), len(probabilities))
+    return min(1.0, 2 * min(float(counts[: hits + 1].sum()), float(counts[hits:].sum())))
 
 
 def mean_over_seeds(per_seed: Sequence[Sequence[float]]) -> list[float]:
