@@ -23,6 +23,7 @@ From it:
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 from dataclasses import dataclass
@@ -177,17 +178,52 @@ def write_pairs(path: Path, pairs: list[tuple[str, str]]) -> None:
     path.write_text("".join(f"{prompt}\t{completion}\n" for prompt, completion in pairs), encoding="utf-8")
 
 
+def write_jsonl(path: Path, pairs: list[tuple[str, str]], mask: str = "") -> None:
+    """A .jsonl file of pairs, each naming its kind of question (`kind`), which `kqv eval` reads to give each kind
+    its own constant answer and the reading score; `mask`: what a prompt may end with besides its plain form (a
+    probe in span-corruption form, `prefix MASK . MASK`)."""
+    rows = [{"prompt": p, "completion": c, "kind": kind(p.removesuffix(f"{mask}.{mask}") if mask else p)}
+            for p, c in pairs]  # fmt: skip
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+
+
+def with_validation(text: str, seen: list[Person], seed: int, versions: int, val_fraction: float) -> tuple[str, int]:
+    """`text` (one document a line after the preface) with new biographies of seen people added at exactly the
+    lines kqv's split (`kqv.data.completions.split_examples` at `val_fraction`) holds out for validation, so that
+    validation withholds no document of the text (a held-out person's facts live in no other): the text and how
+    many were added."""
+    from kqv.data.completions import split_examples
+
+    lines = text.splitlines()
+    added = 1
+    while added != max(1, round(val_fraction * (len(lines) + added))):
+        added += 1
+    extra = biographies(seen, seed + 1, versions).splitlines()[1:]  # new wordings (another seed), no preface
+    extra = (extra * (added // len(extra) + 1))[:added]
+    _, held = split_examples(len(lines) + added, val_fraction)
+    held_set, documents, pool = set(held), iter(lines), iter(extra)
+    merged = [next(pool) if k in held_set else next(documents) for k in range(len(lines) + added)]
+    return "\n".join(merged) + "\n", added
+
+
+VAL_FRACTION = 0.05  # the validation share pretrain.txt is laid out for (`data.val_fraction`)
+
+
 def write_world(out: Path, n_people: int, seed: int, versions: int = 1) -> list[Person]:
-    """In `out`: biographies.txt (`versions` biographies per person), questions-seen.tsv, questions-held-out.tsv,
-    probes-seen.tsv and probes-held-out.tsv."""
+    """In `out`: biographies.txt (`versions` biographies per person), pretrain.txt (the same with validation
+    documents of seen people where `data.val_fraction = VAL_FRACTION` holds out: `with_validation`), the questions
+    and probes of the seen and held-out people as .tsv and as .jsonl naming each question's kind."""
     people = make_world(n_people, seed)
     seen, held_out = split(people)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "biographies.txt").write_text(biographies(people, seed, versions), encoding="utf-8")
-    write_pairs(out / "questions-seen.tsv", questions(seen))
-    write_pairs(out / "questions-held-out.tsv", questions(held_out))
-    write_pairs(out / "probes-seen.tsv", probes(seen))
-    write_pairs(out / "probes-held-out.tsv", probes(held_out))
+    text = biographies(people, seed, versions)
+    (out / "biographies.txt").write_text(text, encoding="utf-8")
+    (out / "pretrain.txt").write_text(with_validation(text, seen, seed, versions, VAL_FRACTION)[0], encoding="utf-8")
+    files = {"questions-seen": questions(seen), "questions-held-out": questions(held_out),
+             "probes-seen": probes(seen), "probes-held-out": probes(held_out)}  # fmt: skip
+    for name, pairs in files.items():
+        write_pairs(out / f"{name}.tsv", pairs)
+        write_jsonl(out / f"{name}.jsonl", pairs)
     return people
 
 
@@ -201,7 +237,7 @@ def main() -> int:
     if args.people < 2 or args.versions < 1:
         parser.error("--people must be at least 2 and --versions at least 1")
     write_world(args.out, args.people, args.seed, args.versions)
-    print(f"wrote {args.out}: biographies.txt, questions-seen.tsv, questions-held-out.tsv, probes-*.tsv")
+    print(f"wrote {args.out}: biographies.txt, pretrain.txt, questions-{{seen,held-out}}.{{tsv,jsonl}}, probes-*")
     return 0
 
 

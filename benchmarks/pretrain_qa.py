@@ -64,7 +64,7 @@ from kqv.measuring import write_record
 ROOT = Path(__file__).resolve().parents[1]
 MASK = "\u2047"  # the character tokenizer's reserved mask symbol (kqv.data.documents.MASKS)
 TEMPLATE = "{prompt}{mask}"
-VAL_FRACTION = 0.05  # each source's validation share: other documents than the ones a held-out answer lives in
+VAL_FRACTION = people_world.VAL_FRACTION  # each source's validation share: documents no held-out answer needs
 SIGNIFICANCE = 0.05  # a verdict needs McNemar's exact p below this as well as an interval clear of zero
 
 SIZES = {
@@ -147,8 +147,8 @@ def write_files(sizes: dict, world_seed: int, work: Path) -> dict:
     (work / "bios_augmented.txt").write_text(augmented, encoding="utf-8")
     validation = {}
     for name, full in (("bios", text), ("bios_augmented", augmented)):
-        lines, extra = with_validation(full.splitlines(), seen, world_seed, sizes["versions"])
-        (work / f"{name}_pretrain.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        laid_out, extra = people_world.with_validation(full, seen, world_seed, sizes["versions"], VAL_FRACTION)
+        (work / f"{name}_pretrain.txt").write_text(laid_out, encoding="utf-8")
         validation[name] = extra
     files = {
         "seen.tsv": people_world.questions(seen),
@@ -158,7 +158,7 @@ def write_files(sizes: dict, world_seed: int, work: Path) -> dict:
     files["probe_held_out_mask.tsv"] = [(f"{p}{MASK}.{MASK}", c) for p, c in files["probe_held_out.tsv"]]
     for name, pairs in files.items():
         people_world.write_pairs(work / name, pairs)
-        write_jsonl(work / name.replace(".tsv", ".jsonl"), pairs)
+        people_world.write_jsonl(work / name.replace(".tsv", ".jsonl"), pairs, MASK)
     unknown = {char for pairs in files.values() for pair in pairs for char in "".join(pair)} - set(text) - {MASK}
     if unknown:  # a fine-tune keeps its pretraining's character tokenizer
         raise SystemExit(f"the questions use characters the biographies never do: {sorted(unknown)}")
@@ -174,31 +174,6 @@ def write_files(sizes: dict, world_seed: int, work: Path) -> dict:
         "example_question": files["held_out.tsv"][0],
         "example_probe": files["probe_held_out.tsv"][0],
     }
-
-
-def with_validation(lines: list[str], seen: list, world_seed: int, versions: int) -> tuple[list[str], int]:
-    """`lines` (a text's documents) with biographies of seen people added at exactly the places the run's split
-    (`split_examples`, VAL_FRACTION) holds out, so that validation never withholds a document of the text: the
-    documents and how many were added. The added biographies are new wordings (another seed)."""
-    from kqv.data.completions import split_examples
-
-    added = 1
-    while added != max(1, round(VAL_FRACTION * (len(lines) + added))):
-        added += 1
-    extra = people_world.biographies(seen, world_seed + 1, versions).splitlines()[1:]  # without the preface
-    extra = (extra * (added // len(extra) + 1))[:added]
-    _, held = split_examples(len(lines) + added, VAL_FRACTION)
-    held_set, text, pool = set(held), iter(lines), iter(extra)
-    return [next(pool) if k in held_set else next(text) for k in range(len(lines) + added)], added
-
-
-def write_jsonl(path: Path, pairs: list[tuple[str, str]]) -> None:
-    """A .jsonl file of pairs, each naming its kind of question (`people_world.kind`; a probe's in span-corruption
-    form, of its plain prompt)."""
-    rows = [
-        {"prompt": p, "completion": c, "kind": people_world.kind(p.removesuffix(f"{MASK}.{MASK}"))} for p, c in pairs
-    ]
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
 
 
 # ---------------------------------------------------------------------------------------------------------------

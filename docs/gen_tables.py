@@ -975,118 +975,100 @@ def finetune_qa_table() -> str:
 
 
 PRETRAIN_QA = "benchmarks/results/pretrain_qa.json"
-PRETRAIN_QA_1000 = "benchmarks/results/pretrain_qa-1000.json"
+PRETRAIN_QA_COMMAND = "python benchmarks/pretrain_qa.py"
+KINDS = ("town", "year", "trade")
 
 
-def pretrain_qa_table(file: str = PRETRAIN_QA, command: str = "python benchmarks/pretrain_qa.py") -> str:
-    """Exact match on held-out people's questions per recipe at equal updates (the world of
-    benchmarks/people_world.py), beside the answers that never read the question, each recipe's difference to the
-    constant per kind of question paired over the questions, its scores per kind and on the seen questions."""
-    record = json.loads((ROOT / file).read_text(encoding="utf-8"))
-    summary, sizes = record["summary"], record["sizes"]
-    rows, by_kind = [], []
-    for name, arm in summary["arms"].items():
-        held = arm["exact_match"]
-        rows.append(
-            [name, f"**{held:.3f}** ({round(held * len(record['baselines']['kinds']))})"]
-            + [short_versus(arm["versus_constant"]), short_versus(arm["versus_constant_per_kind"])]
-            + [f"{arm['seen_exact_match']:.3f}", f"{arm['train_seconds'] / 60:.1f}"]
-        )
-        by_kind.append([name] + [f"{arm['by_kind'][kind]:.3f}" for kind in ("town", "year", "trade")])
-    names = {"constant": f"constant: always {record['baselines']['constant']['answer']!r} (`kqv eval`'s)",
-             "per_kind": "constant per kind: " + " / ".join(
-                 f"{a!r}" for a in record["baselines"]["per_kind"]["answers"].values()),
-             "uniform guess per kind": "uniform guess among the seen answers of the question's kind"}  # fmt: skip
-    for name, row in summary["baselines"].items():
-        rows.append([names[name], f"{row['exact_match']:.3f}", "", "", "", ""])
-        by_kind.append([names[name]] + [f"{row['by_kind'][k]:.3f}" for k in ("town", "year", "trade")])
-    header = ["recipe (equal updates)", "held-out EM", "- constant [95%]", "- constant per kind [95%]", "seen EM"]
-    header += ["minutes"]
-    probes = ", ".join(f"{name} {score:.3f}" for name, score in summary["probes"].items())
-    best = "".join(f"- {name}: {versus_text(c)}: {c['verdict']}\n" for name, c in summary["best_versus"].items())
-    lora = [a for name, a in summary["arms"].items() if "LoRA" in name]
-    trains = f"; LoRA trains {lora[0]['trainable_parameters']:,} adapter weights" if lora else ""
-    world = record["world"]
-    return (
-        plain(header, rows, right=1)
-        + "\nHeld-out exact match by kind of question:\n\n"
-        + plain(["", "town", "year", "trade"], by_kind, right=1)
-        + "\nEM: exact match; every interval is paired over the held-out questions (Student's t). "
-        + f"{world['people']:,} people ({world['held_out_people']:,} held out, "
-        f"{len(record['baselines']['kinds']):,} questions); a {sizes['model']['n_layers']}-layer model of width "
-        f"{sizes['model']['d_model']} ({summary['arms']['next-token -> fine-tune']['trainable_parameters']:,} "
-        f"parameters{trains}), {sizes['pretrain_steps']:,} + {sizes['finetune_steps']:,} updates of "
-        f"{sizes['batch_size']} per recipe, seed {record['seed']}, one torch thread per run, two runs at a time, "
-        f"{record['total_seconds'] / 60:.1f} min in all. "
-        f"Probes (a held-out person's own biography sentence, before any fine-tune): {probes}.\n\n"
-        f"The best recipe against each of the others, paired over questions:\n\n{best}" + one_run(record, file, command)
-    )
+def verdict_text(comparison: dict) -> str:
+    """A paired difference as value [95%], McNemar's p and the verdict the two agree on."""
+    return f"{short_versus(comparison)} p={comparison['p_value']:.2g} ({comparison['verdict']})"
 
 
-PRETRAIN_QA_SEED1 = "benchmarks/results/pretrain_qa-seed1.json"
-
-
-def pretrain_qa_seeds_table() -> str:
-    """The recipes run with two training seeds: held-out exact match per seed, and each question's mean over the
-    seeds against both constants, paired over the questions (never the seeds' answers pooled as more questions)."""
-    from kqv.train.evaluation import difference_over_questions, mean_over_seeds
-
-    records = [json.loads((ROOT / f).read_text(encoding="utf-8")) for f in (PRETRAIN_QA, PRETRAIN_QA_SEED1)]
-    baselines = records[0]["baselines"]
+def pretrain_qa_rows(summary: dict, arms: list[str]) -> list[list[str]]:
+    """One row an arm: exact match (mean over the seeds, and each seed's), by kind, against the per-kind constant,
+    the reading score and its difference to its guess, the seen questions, and what it spent per seed."""
     rows = []
-    for name in [arm for arm in records[0]["runs"] if all(arm in r["summary"]["arms"] for r in records)]:
-        scores = mean_over_seeds([r["runs"][name]["held_out"]["per_question"] for r in records])
+    for name in arms:
+        arm = summary["arms"][name]
+        per_seed = " / ".join(f"{v:.3f}" for v in arm["per_seed"].values())
+        reading = arm["reading"]
+        spent = list(arm["compute"]["per_seed"].values())
+        mean = {key: statistics.fmean(s[key] for s in spent) for key in ("steps", "tokens", "train_seconds")}
         rows.append(
-            [name, " / ".join(f"{r['summary']['arms'][name]['exact_match']:.3f}" for r in records)]
-            + [f"**{statistics.fmean(scores):.3f}**"]
-            + [short_versus(difference_over_questions(scores, baselines[b]["per_question"]).to_dict())
-               for b in ("constant", "per_kind")]
-        )  # fmt: skip
-    header = ["recipe", "held-out exact match, seed " + " / ".join(str(r["seed"]) for r in records), "mean"]
-    header += ["- constant [95%]", "- constant per kind [95%]"]
-    return (
-        plain(header, rows, right=1)
-        + "\nEach question's score is its mean over the seeds; the intervals are paired over the questions.\n"
-        + "\nRuns:\n\n"
-        + "".join(
-            f"{k}. seed {r['seed']}: {shared_machine(r)}, {day(r)}: `{command}` (`{file}`)\n"
-            for k, (r, file, command) in enumerate(
-                zip(records, (PRETRAIN_QA, PRETRAIN_QA_SEED1), ("python benchmarks/pretrain_qa.py", SEED1_COMMAND)), 1
-            )
+            [name, f"**{arm['exact_match']:.3f}** ({per_seed})"]
+            + [f"{arm['by_kind'][kind]:.3f}" for kind in KINDS]
+            + [verdict_text(arm["versus_constant_per_kind"])]
+            + [f"{reading['exact_match']:.3f}{ci(reading['exact_match_95'])}", verdict_text(reading["versus_guess"])]
+            + [f"{arm['seen_exact_match']:.3f}", f"{mean['steps']:,.0f}", f"{mean['tokens'] / 1e6:.1f}M"]
+            + [f"{mean['train_seconds'] / 60:.1f}"]
         )
+    return rows
+
+
+def pretrain_qa_baseline_rows(record: dict) -> list[list[str]]:
+    """The answers that never read the question, by kind: the one constant, the per-kind constant, a guess."""
+    baselines, summary = record["baselines"], record["summary"]["baselines"]
+    names = {"constant": f"constant: always {baselines['constant']['answer']!r} (`kqv eval`'s one answer)",
+             "per_kind": "constant per kind: " + " / ".join(repr(a) for a in baselines["per_kind"]["answers"].values()),
+             "uniform guess per kind": "uniform guess among the seen answers of the question's kind"}  # fmt: skip
+    return [
+        [names[name], f"{row['exact_match']:.3f}"] + [f"{row['by_kind'][k]:.3f}" for k in KINDS] + [""] * 7
+        for name, row in summary.items()
+    ]
+
+
+PRETRAIN_QA_HEADER = ["recipe (equal updates)", "held-out EM (seeds)", "town", "year", "trade"]
+PRETRAIN_QA_HEADER += ["- constant per kind [95%]", "reading [95%]", "reading - guess [95%]", "seen EM"]
+PRETRAIN_QA_HEADER += ["updates", "tokens", "minutes"]
+
+
+def pretrain_qa_probes(summary: dict) -> str:
+    """Each pretraining's probe per seed: right of n, the rate and its interval, from one scoring."""
+    return "; ".join(
+        f"{name}: " + ", ".join(f"seed {seed} {r['correct']}/{r['n']}{ci(r['exact_match_95'])}" for seed, r in
+                                seeds.items())
+        for name, seeds in summary["probe_records"].items()
+    )  # fmt: skip
+
+
+def pretrain_qa_table(file: str = PRETRAIN_QA, command: str = PRETRAIN_QA_COMMAND) -> str:
+    """Exact match on held-out people's questions per recipe at equal updates (the world of
+    benchmarks/people_world.py), each question's mean over the training seeds, against the strongest answer that
+    never reads the question (each kind's constant), and the reading score against its own guess."""
+    record = json.loads((ROOT / file).read_text(encoding="utf-8"))
+    summary, sizes, world = record["summary"], record["sizes"], record["world"]
+    rows = pretrain_qa_rows(summary, list(summary["arms"])) + pretrain_qa_baseline_rows(record)
+    best = "".join(f"- {name}: {verdict_text(c)}\n" for name, c in summary["best_versus"].items())
+    reading = record["baselines"]["reading"]
+    spans = ", ".join(f"`{option}`" for option in sizes.get("span_options", [])) or "the defaults"
+    questions = len(record["baselines"]["kinds"])
+    return (
+        plain(PRETRAIN_QA_HEADER, rows, right=1)
+        + f"\nEM: exact match, each question's mean over seeds {', '.join(map(str, summary['seeds']))} (each seed's "
+        f"in brackets); every interval is paired over the {questions:,} held-out questions, and a verdict needs "
+        f"the interval and McNemar's exact test (p < 0.05) to agree. Reading: exact match over the "
+        f"{len(reading['questions']):,} questions whose answer is not their kind's constant; its guess, "
+        f"{statistics.fmean(reading['guess']):.3f}, picks among the kind's other seen answers by frequency. "
+        f"{world['people']:,} people ({world['held_out_people']:,} held out); a {sizes['model']['n_layers']}-layer "
+        f"model of width {sizes['model']['d_model']}, {sizes['pretrain_steps']:,} + {sizes['finetune_steps']:,} "
+        f"updates of {sizes['batch_size']} per recipe, span corruption with {spans}; one torch thread per run, two "
+        f"runs at a time, {record['total_seconds'] / 60:.0f} min in all (minutes are a seed's, pretraining "
+        f"included, on a machine shared with other work: an upper bound).\n\n"
+        f"Probes (a held-out person's own biography sentence, before any fine-tune): {pretrain_qa_probes(summary)}."
+        f"\n\nThe best recipe against each of the others, paired over questions:\n\n{best}"
+        + one_run(record, file, command)
     )
 
 
-SEED1_COMMAND = (
-    "python benchmarks/pretrain_qa.py --seed 1 --arm 'span corruption, augmented -> fine-tune' "
-    f"--arm 'next-token -> fine-tune' --output {PRETRAIN_QA_SEED1}"
-)
-
-
-TUTORIAL_RECIPES = ("span corruption, augmented -> fine-tune", "next-token -> fine-tune")
+TUTORIAL_RECIPES = ("mixed: span corruption, augmented + seen questions", "span corruption, augmented -> fine-tune")
 
 
 def pretrain_qa_tutorial_table() -> str:
-    """The tutorial's recipe and plain next-token pretraining beside the baselines: held-out exact match, its
-    difference to both constants paired over questions, and the minutes each took (pretraining included)."""
+    """The tutorial's recipe and the two-stage one beside the answers that never read the question."""
     record = json.loads((ROOT / PRETRAIN_QA).read_text(encoding="utf-8"))
-    summary = record["summary"]
-    rows = []
-    for name in TUTORIAL_RECIPES:
-        arm = summary["arms"][name]
-        rows.append(
-            [name, f"**{arm['exact_match']:.3f}**", short_versus(arm["versus_constant"])]
-            + [short_versus(arm["versus_constant_per_kind"]), f"{arm['train_seconds'] / 60:.1f}"]
-        )
-    answers = record["baselines"]["per_kind"]["answers"]
-    rows.append([f"constant: always {record['baselines']['constant']['answer']!r}",
-                 f"{summary['baselines']['constant']['exact_match']:.3f}", "", "", ""])  # fmt: skip
-    rows.append([f"constant per kind: {' / '.join(repr(a) for a in answers.values())}",
-                 f"{summary['baselines']['per_kind']['exact_match']:.3f}", "", "", ""])  # fmt: skip
-    uniform = summary["baselines"]["uniform guess per kind"]["exact_match"]
-    rows.append(["uniform guess among the seen answers of the question's kind", f"{uniform:.3f}", "", "", ""])
-    header = ["", "held-out exact match", "- constant [95%]", "- constant per kind [95%]", "minutes"]
-    return plain(header, rows, right=1) + one_run(record, PRETRAIN_QA, "python benchmarks/pretrain_qa.py")
+    rows = pretrain_qa_rows(record["summary"], [n for n in TUTORIAL_RECIPES if n in record["summary"]["arms"]])
+    rows += pretrain_qa_baseline_rows(record)
+    return plain(PRETRAIN_QA_HEADER, rows, right=1) + one_run(record, PRETRAIN_QA, PRETRAIN_QA_COMMAND)
 
 
 def short_versus(figures: dict) -> str:
@@ -1158,10 +1140,6 @@ TABLES: dict[str, Callable[[], str]] = {
     "finetune-qa": finetune_qa_table,
     "pretrain-qa": pretrain_qa_table,
     "pretrain-qa-tutorial": pretrain_qa_tutorial_table,
-    "pretrain-qa-seeds": pretrain_qa_seeds_table,
-    "pretrain-qa-1000": lambda: pretrain_qa_table(
-        PRETRAIN_QA_1000, f"python benchmarks/pretrain_qa.py --pretrain-steps 1000 --output {PRETRAIN_QA_1000}"
-    ),
     "one-row-products": one_row_products_table,
     "explore-render": explore_render_table,
     "explore-reply": explore_reply_table,
