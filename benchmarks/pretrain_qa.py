@@ -59,7 +59,7 @@ from pathlib import Path
 
 import people_world
 from finetune_qa import run_settings
-from kqv.measuring import write_record
+from kqv.measuring import command, write_json, write_record
 
 ROOT = Path(__file__).resolve().parents[1]
 MASK = "\u2047"  # the character tokenizer's reserved mask symbol (kqv.data.documents.MASKS)
@@ -392,14 +392,18 @@ def baselines(work: Path) -> dict:
 
 def versus(a: list[float], b: list[float]) -> dict:
     """a - b paired over questions: the difference, its 95% interval (Student's t over questions) and McNemar's
-    exact test; the verdict "higher" or "lower" only when the interval is clear of zero and p < SIGNIFICANCE."""
+    exact test (`verdict`)."""
     from kqv.train.evaluation import difference_over_questions
 
-    figures = difference_over_questions(a, b).to_dict()
+    return verdict(difference_over_questions(a, b).to_dict())
+
+
+def verdict(figures: dict) -> dict:
+    """A difference's figures with its verdict: "higher" or "lower" only when the interval is clear of zero and the
+    exact test's p < SIGNIFICANCE agrees, else "inconclusive"."""
     low, high = figures["difference_95"]
     agreed = figures["p_value"] < SIGNIFICANCE
-    verdict = "higher" if low > 0 and agreed else "lower" if high < 0 and agreed else "inconclusive"
-    return figures | {"verdict": verdict}
+    return figures | {"verdict": "higher" if low > 0 and agreed else "lower" if high < 0 and agreed else "inconclusive"}
 
 
 def by_kind(per_question: list[float], kinds: list[str]) -> dict[str, float]:
@@ -413,10 +417,11 @@ def over_seeds(results: dict[str, dict], name: str, seeds: list[int], key: str) 
     return mean_over_seeds([results[seeded(name, seed)][key]["per_question"] for seed in seeds])
 
 
-def reading_score(per_question: list[float], baseline: dict) -> dict:
-    """The reading score of per-question scores: their mean over the reading questions with its 95% interval
-    (Student's t over those questions; with one seed's 1/0 scores, Wald's), and the difference to the guess."""
-    from kqv.train.evaluation import difference_over_questions
+def reading_score(per_question: list[float], baseline: dict, seeds: int) -> dict:
+    """The reading score of per-question scores (each a mean over `seeds` runs): their mean over the reading
+    questions with its 95% interval (Student's t over those questions; with one seed's 1/0 scores, Wald's), and the
+    difference to the guess, its exact test the chance a guess gets as many right (`difference_from_guess`)."""
+    from kqv.train.evaluation import difference_from_guess, difference_over_questions
 
     chosen = [per_question[k] for k in baseline["reading"]["questions"]]
     guess = baseline["reading"]["guess"]
@@ -427,7 +432,7 @@ def reading_score(per_question: list[float], baseline: dict) -> dict:
         "exact_match": statistics.fmean(chosen),
         "exact_match_95": [max(0.0, interval.low), interval.high],
         "guess": statistics.fmean(guess),
-        "versus_guess": versus(chosen, guess),
+        "versus_guess": verdict(difference_from_guess(chosen, guess, seeds).to_dict() | {"test": "guess"}),
     }
 
 
@@ -454,7 +459,7 @@ def summarise(results: dict[str, dict], baseline: dict, seeds: list[int]) -> dic
             "seen_exact_match": statistics.fmean(over_seeds(results, arm, seeds, "seen")),
             "versus_constant": versus(held, baseline["constant"]["per_question"]),
             "versus_constant_per_kind": versus(held, strongest),
-            "reading": reading_score(held, baseline),
+            "reading": reading_score(held, baseline, len(seeds)),
             "compute": compute(results, arm, seeds),
             "train_seconds": statistics.fmean(
                 c["train_seconds"] for c in compute(results, arm, seeds)["per_seed"].values()
@@ -480,7 +485,8 @@ def summarise(results: dict[str, dict], baseline: dict, seeds: list[int]) -> dic
 
 def print_table(summary: dict, baseline: dict) -> None:
     seeds = ", ".join(map(str, summary["seeds"]))
-    print(f"seeds {seeds}; each question's mean over them; verdicts need the interval and McNemar's p < {SIGNIFICANCE}")
+    print(f"seeds {seeds}; each question's mean over them; a verdict needs the interval and the exact test's p < "
+          f"{SIGNIFICANCE} (McNemar's; against the guess, the chance a guess gets as many right)")  # fmt: skip
     print("| arm | held-out exact match | town | year | trade | - constant per kind [95%] | reading [95%] "
           "| reading - guess [95%] | seen | updates | tokens | seconds |")  # fmt: skip
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
@@ -523,6 +529,23 @@ def measure(sizes: dict, world_seed: int, seeds: list[int], threads: int, work: 
     return {"world": world, "runs": results, "baselines": baseline, "summary": summary}
 
 
+def summarise_again(parser: argparse.ArgumentParser, stored: Path, output: Path | None) -> int:
+    """A stored record with its summary recomputed from its runs' per-question answers and its baselines (today's
+    statistics over the same answers), written to `output`: the measurement's machine and date kept, the
+    recomputation's command and date added as `summarised`."""
+    if output is None or output.resolve() == stored.resolve():
+        parser.error("--summarise writes to --output, a file other than the record it reads")
+    try:
+        record = json.loads(stored.read_text(encoding="utf-8"))
+        summary = summarise(record["runs"], record["baselines"], record["seeds"])
+    except (OSError, ValueError, KeyError) as error:
+        parser.error(f"{stored} is not a pretrain_qa record with per-question answers ({error})")
+    print_table(summary, record["baselines"])
+    summarised = {"command": command(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    write_json(output, record | {"summary": summary, "summarised": summarised})
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=list(SIZES), default="default", help="default (2 CPU cores), gpu, quick")
@@ -538,11 +561,16 @@ def main(argv: list[str] | None = None) -> int:
         help="a setting of every span-corruption run (pretraining and mixed), e.g. data.random_prefix=true (repeat)",
     )
     parser.add_argument("--output", type=Path, default=None, help="JSON path (default benchmarks/results/...)")
+    parser.add_argument(
+        "--summarise", type=Path, metavar="RECORD", help="recompute a record's summary from its answers into --output"
+    )
     parser.add_argument("--job", help=argparse.SUPPRESS)  # internal: one run, in a fresh process
     args = parser.parse_args(argv)
     if args.job:
         print(json.dumps(train_one(json.loads(args.job))))
         return 0
+    if args.summarise:
+        return summarise_again(parser, args.summarise, args.output)
     sizes = SIZES[args.size] | ({"pretrain_steps": args.pretrain_steps} if args.pretrain_steps else {})
     sizes |= {"span_options": args.span_set} if args.span_set else {}
     if sizes["pretrain_steps"] < 1:

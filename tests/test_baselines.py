@@ -27,7 +27,14 @@ from kqv.jobs.scoring import (
     kind_constants,
     with_baselines,
 )
-from kqv.train.evaluation import difference_over_questions, mean_over_seeds, sign_test, t_quantile
+from kqv.train.evaluation import (
+    difference_from_guess,
+    difference_over_questions,
+    guess_test,
+    mean_over_seeds,
+    sign_test,
+    t_quantile,
+)
 from test_finetune import tiny_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,6 +66,25 @@ def test_the_sign_test_and_the_edges_of_the_interval():
     assert (same.low, same.high) == (1.0, 1.0) and same.p_value == pytest.approx(2 / 32)
     with pytest.raises(kqv.errors.DataError, match="same questions"):
         difference_over_questions([1, 0], [1])
+
+
+def test_the_guess_test_is_the_binomial_test_when_every_guess_has_the_same_chance():
+    n, chance = 30, 0.2
+    binomial = [math.comb(n, k) * chance**k * (1 - chance) ** (n - k) for k in range(n + 1)]
+    for hits in (0, 3, 6, 11, 30):
+        expected = min(1.0, 2 * min(sum(binomial[: hits + 1]), sum(binomial[hits:])))
+        assert guess_test(hits, [chance] * 10, seeds=3) == pytest.approx(expected, rel=1e-9)
+
+
+def test_a_model_that_never_answers_is_not_called_worse_than_a_guess_that_rarely_answers():
+    """Against a guess right with chance 1/100 on each of 100 questions, no right answer happens 37% of the time
+    (0.99**100): not a significant difference, though every question's difference is negative (the sign test, which
+    needs 1/0 scores on both sides, would say p = 2**-99)."""
+    versus = difference_from_guess([0.0] * 100, [0.01] * 100)
+    assert versus.p_value == pytest.approx(min(1.0, 2 * 0.99**100)) and versus.p_value > 0.5
+    assert versus.difference == pytest.approx(-0.01) and (versus.better, versus.worse) == (0, 1)
+    two_seeds = difference_from_guess([0.5] * 4 + [0.0] * 96, [0.01] * 100, seeds=2)  # 4 hits over 200 guesses
+    assert two_seeds.better == 4 and two_seeds.p_value == pytest.approx(guess_test(4, [0.01] * 200))
 
 
 def test_several_seeds_give_each_question_its_mean_and_n_stays_the_questions():
@@ -201,6 +227,8 @@ def test_the_per_kind_constant_and_the_reading_score_by_hand_ties_included():
     assert (
         versus.n == 6 and versus.difference == pytest.approx(4 / 6 - 1 / 3) and (versus.better, versus.worse) == (4, 2)
     )
+    # a guess gets all 4 guessable questions right with chance 1/2 * 1/2 * 2/3 * 1/3 = 1/18, and never more
+    assert versus.test == "guess" and versus.p_value == pytest.approx(2 / 18)
     assert result.versus_per_kind.difference == pytest.approx(5 / 8 - 2 / 8) and result.versus_per_kind.n == 8
     figures = result.to_dict()
     assert figures["kind_constants"] == {"town": "X", "year": "1990"} and figures["reading_questions"] == 6

@@ -74,7 +74,7 @@ def test_the_benchmark_s_baselines_are_the_hand_computed_ones_ties_broken_as_kqv
                            "born?", " 1999"), ("What does G H do for a living?", " smith"), ("What does I J do for a "
                            "living?", " baker")],
     }.items():  # fmt: skip
-        bench.write_jsonl(tmp_path / name, pairs)
+        world.write_jsonl(tmp_path / name, pairs)
     found = bench.baselines(tmp_path)
     assert found["constant"]["answer"] == "potter" and found["constant"]["per_question"] == [0, 0, 0, 0, 0]
     # the years tie (1999 and 1945 once each): kqv eval's rule, the first in sorted order, gives 1945 (the order
