@@ -110,3 +110,11 @@ def test_the_estimate_bounds_what_autograd_saves_within_a_fifth(position, dropou
     casts = sum(p.numel() for p in model.parameters()) * 2 if precision == "bf16" else 0  # autocast's weight copies
     estimated = parts["activations"] + parts["scores"] + parts["logits"] + casts
     assert measured <= estimated <= 1.25 * measured
+
+
+def test_a_padded_vocabulary_is_counted_as_wide_as_the_device_makes_it():
+    """GPT-2's 50,257 tokens padded to a multiple of 64 need what an unpadded 50,304-token model needs: the token
+    table, the output layer and the logits are that wide."""
+    gpt2 = ModelConfig(d_model=768, n_heads=12, n_layers=12, d_ff=3072, max_len=1024)
+    padded = batch_memory(gpt2.replace(vocab_multiple=64), 12, 1024, 50_257)
+    assert padded == batch_memory(gpt2, 12, 1024, 50_304) != batch_memory(gpt2, 12, 1024, 50_257)

@@ -98,7 +98,11 @@ def batch_memory(
       weight;
     * with `lora`, `adapters`: the LoRA adapters' weights, gradients and moments (16 bytes per parameter) and what
       each adapted layer keeps per token for the backward pass (its rank's floats, and its input when it drops out).
+
+    A vocabulary padded to `model.vocab_multiple` counts its padded rows: the token table, the output layer and the
+    logits its product makes are that wide on the device.
     """
+    vocab = model.padded(vocab)
     tokens, d, act = batch * context, model.d_model, ACTIVATION_BYTES[precision]
     gated = model.activation in ("swiglu", "geglu")
     hidden = (4 if gated else 2) * model.d_ff  # gate and value, the gate's activation, their product; or in, out
