@@ -1060,7 +1060,7 @@ def pretrain_qa_table(file: str = PRETRAIN_QA, command: str = PRETRAIN_QA_COMMAN
     )
 
 
-TUTORIAL_RECIPES = ("mixed: span corruption, augmented + seen questions", "span corruption, augmented -> fine-tune")
+TUTORIAL_RECIPES = ("span corruption, augmented -> fine-tune", "next-token -> fine-tune")
 
 
 def pretrain_qa_tutorial_table() -> str:

@@ -61,10 +61,10 @@ def test_the_tutorial_trains_the_benchmark_s_recipe(tmp_path):
     fine_sets = [o for o in jobs["span corruption, augmented -> fine-tune"]["overrides"] if "path" not in o]
     wanted_fine = resolved("quick", fine_sets, source_model=source)
     pre, fine = [c for c in commands() if c[:3] == ["kqv", "train", "lm"]]
-    assert options(pre, "--config") == ["quick"] and options(pre, "--data") == ["world/biographies.txt"]
+    assert options(pre, "--config") == ["quick"] and options(pre, "--data") == ["world/pretrain.txt"]
     got_pre = resolved("quick", options(pre, "--set"))
     assert got_pre == wanted_pre
-    assert options(fine, "--init") == ["runs/bios"] and options(fine, "--data") == ["world/questions-seen.tsv"]
+    assert options(fine, "--init") == ["runs/bios"] and options(fine, "--data") == ["world/questions-seen.jsonl"]
     assert resolved("finetune", options(fine, "--set"), source_model=source) == wanted_fine
 
 
@@ -77,6 +77,11 @@ def test_the_tutorial_s_world_is_the_benchmark_s(tmp_path, monkeypatch):
     bench = script("pretrain_qa")
     bench.write_files(bench.SIZES["default"], 0, tmp_path)
     assert (tmp_path / "world" / "biographies.txt").read_text() == (tmp_path / "bios_augmented.txt").read_text()
+    pretrain = (tmp_path / "bios_augmented_pretrain.txt").read_text()
+    assert (tmp_path / "world" / "pretrain.txt").read_text() == pretrain  # validation where the benchmark's is
+    for name in ("questions-held-out", "questions-seen"):
+        short = {"questions-held-out": "held_out", "questions-seen": "seen"}[name]
+        assert (tmp_path / "world" / f"{name}.jsonl").read_text() == (tmp_path / f"{short}.jsonl").read_text()
     assert (tmp_path / "world" / "questions-held-out.tsv").read_text() == (tmp_path / "held_out.tsv").read_text()
     assert (tmp_path / "world" / "questions-seen.tsv").read_text() == (tmp_path / "seen.tsv").read_text()
 
