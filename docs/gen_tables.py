@@ -1060,6 +1060,14 @@ def pretrain_qa_table(file: str = PRETRAIN_QA, command: str = PRETRAIN_QA_COMMAN
     )
 
 
+PRETRAIN_QA_FIM = "benchmarks/results/pretrain_qa-fim.json"
+PRETRAIN_QA_FIM_COMMAND = (
+    "python benchmarks/pretrain_qa.py --arm 'span corruption, augmented -> fine-tune' --arm 'mixed: span corruption, "
+    "augmented + seen questions' --span-set data.random_prefix=true --span-set 'data.span_loss=\"all\"' "
+    f"--span-set data.span_rate=0.25 --span-set data.span_max=160 --output {PRETRAIN_QA_FIM}"
+)
+
+
 TUTORIAL_RECIPES = ("span corruption, augmented -> fine-tune", "next-token -> fine-tune")
 
 
@@ -1140,6 +1148,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "finetune-qa": finetune_qa_table,
     "pretrain-qa": pretrain_qa_table,
     "pretrain-qa-tutorial": pretrain_qa_tutorial_table,
+    "pretrain-qa-fim": lambda: pretrain_qa_table(PRETRAIN_QA_FIM, PRETRAIN_QA_FIM_COMMAND),
     "one-row-products": one_row_products_table,
     "explore-render": explore_render_table,
     "explore-reply": explore_reply_table,
