@@ -45,7 +45,7 @@ from .base import (
     Progress,
     control,
 )
-from .plotting import figure, save
+from .plotting import figure, log_log, save
 from .statistics import decide, ratio_interval
 
 NAME = "long-attention"
@@ -359,20 +359,8 @@ def plots(results: dict, directory: Path) -> list[Path]:
         ylabel="needle accuracy",
         title="long-range recall",
     )
-    seconds.set(
-        xscale="log",
-        yscale="log",
-        xlabel="sequence length",
-        ylabel="forward + backward (s)",
-        title="time, one sequence",
-    )
-    memory.set(
-        xscale="log",
-        yscale="log",
-        xlabel="sequence length",
-        ylabel="peak memory above inputs (MB)",
-        title="memory, one sequence",
-    )
+    log_log(seconds, "sequence length", "forward + backward (s)", "time, one sequence")
+    log_log(memory, "sequence length", "peak memory above inputs (MB)", "memory, one sequence")
     for ax in (quality, seconds, memory):
         ax.legend(fontsize=8)
     return [save(fig, directory / "long-attention.png")]
