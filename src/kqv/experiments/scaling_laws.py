@@ -49,16 +49,14 @@ PAPER = {
 class Config(LMConfig):
     """The sizes of the `scaling-laws` experiment (`FULL` and `QUICK` below), validated when made."""
 
+    PAIRED = (("widths", "depths"),)
+
     widths: tuple[int, ...] = (32, 48, 64, 128, 192, 256)
     depths: tuple[int, ...] = (2, 3, 4, 3, 4, 6)
     head_dim: int = 16
 
     def check(self) -> None:
         super().check()
-        if len(self.widths) != len(self.depths):
-            raise ExperimentError(
-                f"widths and depths pair up: got {len(self.widths)} widths and {len(self.depths)} depths"
-            )
         if any(w % self.head_dim for w in self.widths):
             raise ExperimentError(
                 f"every width must be a multiple of head_dim ({self.head_dim}), got {list(self.widths)}"
