@@ -105,6 +105,18 @@ def test_zero_is_allowed_only_where_the_config_says_so():
         get("rnn-vs-transformer").config(True, ["eval_every=0"])
 
 
+@pytest.mark.parametrize(
+    "name, override, message",
+    [
+        ("long-attention", "steps=[10]", "lengths and steps pair up: got 2 lengths and 1 steps"),
+        ("scaling-laws", "depths=[2, 3, 4]", "widths and depths pair up: got 6 widths and 3 depths"),
+    ],
+)
+def test_paired_fields_must_be_as_long_as_each_other(name, override, message):
+    with pytest.raises(ExperimentError, match=message):
+        get(name).config(True, [override])
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # A diverging arm is scored, not fatal
 

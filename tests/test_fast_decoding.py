@@ -275,8 +275,8 @@ class HalvedLayerNorm(torch.nn.LayerNorm):
 class HotterAttention(FullAttention):
     """Full attention at twice the temperature: it overrides attend."""
 
-    def attend(self, queries, keys, values, **options):
-        return super().attend(queries / 2, keys, values, **options)
+    def attend(self, queries, keys, values, call):
+        return super().attend(queries / 2, keys, values, call)
 
 
 class ParallelBlock(DecoderBlock):

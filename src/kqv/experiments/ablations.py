@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from ..nn.attention import MultiHeadAttention
-from ..nn.cores import FullAttention
+from ..nn.cores import AttentionCall, FullAttention
 from ..nn.layers import Residual
 
 
@@ -44,8 +44,10 @@ class UnscaledAttention(FullAttention):
     """Full attention with scores q.k: the queries are multiplied by sqrt(d_k) before the usual kernel divides
     the scores by it, so every kernel (fused, plain, blockwise) computes softmax(q k^T) v."""
 
-    def attend(self, queries: Tensor, keys: Tensor, values: Tensor, **options) -> tuple[Tensor, Tensor | None]:
-        return super().attend(queries * math.sqrt(queries.shape[-1]), keys, values, **options)
+    def attend(
+        self, queries: Tensor, keys: Tensor, values: Tensor, call: AttentionCall
+    ) -> tuple[Tensor, Tensor | None]:
+        return super().attend(queries * math.sqrt(queries.shape[-1]), keys, values, call)
 
 
 class PeekingAttention(FullAttention):
@@ -55,9 +57,9 @@ class PeekingAttention(FullAttention):
     peek = True
 
     def attend(
-        self, queries: Tensor, keys: Tensor, values: Tensor, *, causal: bool, **options
+        self, queries: Tensor, keys: Tensor, values: Tensor, call: AttentionCall
     ) -> tuple[Tensor, Tensor | None]:
-        return super().attend(queries, keys, values, causal=causal and not self.peek, **options)
+        return super().attend(queries, keys, values, call._replace(causal=call.causal and not self.peek))
 
 
 def _with_core(model: nn.Module, core: type[FullAttention]) -> nn.Module:

@@ -220,9 +220,11 @@ CONTRACT = {
 class ExperimentConfig(Config):
     """Base of every experiment's `Config`: fields checked against their annotations by `kqv.validation`, and
     every size positive: each int (or int in a tuple) >= 1 and each float > 0 (sizes, steps, rates, seeds), a
-    tuple lists at least one value. A field named in the class's `ZERO_ALLOWED` may be 0."""
+    tuple lists at least one value. A field named in the class's `ZERO_ALLOWED` may be 0; the two tuple fields of
+    each pair in `PAIRED` are read side by side, so they must be as long as each other."""
 
     ZERO_ALLOWED: ClassVar[tuple[str, ...]] = ()
+    PAIRED: ClassVar[tuple[tuple[str, str], ...]] = ()
 
     def check(self) -> None:
         for field in dataclasses.fields(self):
@@ -238,6 +240,10 @@ class ExperimentConfig(Config):
                         f"{field.name} must be {'>= 0' if zero_ok else 'positive'}, got {item!r} "
                         f"(in {type(self).__module__.rpartition('.')[2]}.{type(self).__name__})"
                     )
+        for first, second in self.PAIRED:
+            a, b = getattr(self, first), getattr(self, second)
+            if len(a) != len(b):
+                raise ExperimentError(f"{first} and {second} pair up: got {len(a)} {first} and {len(b)} {second}")
 
 
 def with_overrides(config: ExperimentConfig, overrides: Sequence[str], experiment: str = "") -> Any:

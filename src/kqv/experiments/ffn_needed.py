@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..nn.cores import FullAttention
+from ..nn.cores import AttentionCall, FullAttention
 from ..nn.models import DecoderLM
 from .ablations import self_attention_layers
 from .base import Check, ExperimentError, Progress, by_construction, control, pm
@@ -97,8 +97,10 @@ class RecordingAttention(FullAttention):
         super().__init__("never", fused=False)
         self.record: dict[str, Tensor] = {}
 
-    def attend(self, queries: Tensor, keys: Tensor, values: Tensor, **options) -> tuple[Tensor, Tensor | None]:
-        output, weights = super().attend(queries, keys, values, **{**options, "need_weights": True})
+    def attend(
+        self, queries: Tensor, keys: Tensor, values: Tensor, call: AttentionCall
+    ) -> tuple[Tensor, Tensor | None]:
+        output, weights = super().attend(queries, keys, values, call._replace(need_weights=True))
         self.record = {"values": values, "output": output, "weights": weights}
         return output, weights
 

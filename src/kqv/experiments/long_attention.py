@@ -34,18 +34,8 @@ from ..nn.config import ModelConfig
 from ..nn.models import DecoderLM, count_parameters
 from ..train.config import TrainConfig
 from ..train.trainer import Trainer
-from .base import (
-    FAILS,
-    HOLDS,
-    INCONCLUSIVE,
-    TRAINING_DEVICE,
-    Check,
-    ExperimentConfig,
-    ExperimentError,
-    Progress,
-    control,
-)
-from .plotting import figure, save
+from .base import FAILS, HOLDS, INCONCLUSIVE, TRAINING_DEVICE, Check, ExperimentConfig, Progress, control
+from .plotting import figure, log_log, save
 from .statistics import decide, ratio_interval
 
 NAME = "long-attention"
@@ -68,6 +58,8 @@ def methods() -> tuple[str, ...]:
 class Config(ExperimentConfig):
     """The sizes of the `long-attention` experiment (`FULL` and `QUICK` below), validated when made."""
 
+    PAIRED = (("lengths", "steps"),)
+
     lengths: tuple[int, ...] = (128, 256, 512)  # the curriculum: one model per core trained at each in turn
     steps: tuple[int, ...] = (250, 100, 60)
     measure_lengths: tuple[int, ...] = (512, 1024, 2048, 4096)
@@ -80,13 +72,6 @@ class Config(ExperimentConfig):
     eval_sequences: int = 512
     timing_repeats: int = 5  # timed passes per core and length: the time check is decided by their interval
     seeds: int = 1
-
-    def check(self) -> None:
-        super().check()
-        if len(self.lengths) != len(self.steps):
-            raise ExperimentError(
-                f"lengths and steps pair up: got {len(self.lengths)} lengths, {len(self.steps)} steps"
-            )
 
     def model_config(self, method: str, max_len: int) -> ModelConfig:
         return ModelConfig(
@@ -359,20 +344,8 @@ def plots(results: dict, directory: Path) -> list[Path]:
         ylabel="needle accuracy",
         title="long-range recall",
     )
-    seconds.set(
-        xscale="log",
-        yscale="log",
-        xlabel="sequence length",
-        ylabel="forward + backward (s)",
-        title="time, one sequence",
-    )
-    memory.set(
-        xscale="log",
-        yscale="log",
-        xlabel="sequence length",
-        ylabel="peak memory above inputs (MB)",
-        title="memory, one sequence",
-    )
+    log_log(seconds, "sequence length", "forward + backward (s)", "time, one sequence")
+    log_log(memory, "sequence length", "peak memory above inputs (MB)", "memory, one sequence")
     for ax in (quality, seconds, memory):
         ax.legend(fontsize=8)
     return [save(fig, directory / "long-attention.png")]

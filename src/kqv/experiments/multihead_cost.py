@@ -23,7 +23,7 @@ from ..nn.attention import MultiHeadAttention
 from ..nn.config import ModelConfig
 from ..nn.cores import FullAttention
 from .base import Check, ExperimentConfig, ExperimentError, Progress, by_construction, mean_std, pm
-from .plotting import figure, save
+from .plotting import figure, log_log, save
 from .quadratic_cost import fastest_pass, flops, saved_bytes
 from .statistics import all_of, decide, paired_ratio
 
@@ -214,13 +214,7 @@ def plots(results: dict, directory: Path) -> list[Path]:
             "s--",
             label=f"FLOPs / one head's, n={n}",
         )
-    memory.set(
-        xscale="log",
-        yscale="log",
-        xlabel="heads h",
-        ylabel="MB saved for backward; FLOP ratio",
-        title="plain kernel: memory and FLOPs",
-    )
+    log_log(memory, "heads h", "MB saved for backward; FLOP ratio", "plain kernel: memory and FLOPs")
     memory.legend(fontsize=7)
     for ax in (times, memory):
         ax.set_xticks(heads, [str(h) for h in heads])

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from ..nn.attention import MultiHeadAttention
 from ..nn.config import ModelConfig
 from .base import FAILS, HOLDS, INCONCLUSIVE, TRAINING_DEVICE, Check, ExperimentConfig, ExperimentError, Progress, pm
-from .plotting import figure, save
+from .plotting import figure, log_log, save
 from .statistics import interval_check, paired_ratio
 
 NAME = "parallelism"
@@ -215,22 +215,20 @@ def plots(results: dict, directory: Path) -> list[Path]:
                 linestyle="-" if threads == "1" else "--",
                 label=f"{name}, {threads} thread(s)",
             )
-    times.set(
-        xscale="log",
-        yscale="log",
-        xlabel="sequence length n (tokens per batch fixed)",
-        ylabel="forward + backward (ms)",
-        title=f"{results['tokens']:,} tokens per batch",
+    log_log(
+        times,
+        "sequence length n (tokens per batch fixed)",
+        "forward + backward (ms)",
+        f"{results['tokens']:,} tokens per batch",
     )
     times.legend()
     for name, marker in (("lstm", "o"), ("attention", "s")):  # counted from the algorithms, not measured
         steps.plot(results["lengths"], results["sequential_steps"][name], marker=marker, linestyle=":", label=name)
-    steps.set(
-        xscale="log",
-        yscale="log",
-        xlabel="sequence length n",
-        ylabel="sequential steps per layer (by construction)",
-        title="by construction, not measured: n for the LSTM, 1 for attention",
+    log_log(
+        steps,
+        "sequence length n",
+        "sequential steps per layer (by construction)",
+        "by construction, not measured: n for the LSTM, 1 for attention",
     )
     steps.legend()
     return [save(fig, directory / "parallelism.png")]

@@ -23,6 +23,11 @@ def figure(panels: int = 1, width: float = 5.5, height: float = 4.0) -> tuple[Fi
     return fig, list(axes)
 
 
+def log_log(ax: Axes, xlabel: str, ylabel: str, title: str) -> None:
+    """A panel with both axes on log scales, as the experiments draw sizes against costs (power laws are lines)."""
+    ax.set(xscale="log", yscale="log", xlabel=xlabel, ylabel=ylabel, title=title)
+
+
 def save(fig: Figure, path: str | Path) -> Path:
     """Write the figure as a PNG atomically (through a temporary file of its own: `write_through`)."""
     path = Path(path)

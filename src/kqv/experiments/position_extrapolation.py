@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from ..errors import DataError
 from .base import FAILS, HOLDS, INCONCLUSIVE, Check, Progress, by_construction, mean_std, pm
 from .lm import QUICK_LM, Arm, Corpus, LMConfig, Trained, shakespeare, train_arms
-from .plotting import figure, save
+from .plotting import figure, log_log, save
 from .statistics import decide, interval_check, paired_difference, paired_ratio
 
 NAME = "position-extrapolation"
@@ -210,7 +210,7 @@ def plots(results: dict, directory: Path) -> list[Path]:
             ]
             ax.plot(*zip(*points), "o-", label=scheme)
         ax.axvline(results["train_length"], color="k", linestyle=":", label="training length")
-        ax.set(xscale="log", yscale="log", xlabel="evaluation length (tokens)", ylabel="perplexity", title=title)
+        log_log(ax, "evaluation length (tokens)", "perplexity", title)
         ax.set_xticks(results["eval_lengths"], [str(n) for n in results["eval_lengths"]])
         ax.legend()
     return [save(fig, directory / "position-extrapolation.png")]

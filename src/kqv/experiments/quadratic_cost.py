@@ -35,7 +35,7 @@ from ..nn.config import ModelConfig
 from ..nn.cores import FullAttention, scaled_dot_product_attention
 from ..nn.layers import FeedForward
 from .base import INCONCLUSIVE, Check, ExperimentConfig, Progress, mean_std, pm
-from .plotting import figure, save
+from .plotting import figure, log_log, save
 from .statistics import Interval, all_of, decide_within, mean_interval, paired_ratio
 
 NAME = "quadratic-cost"
@@ -376,20 +376,10 @@ def plots(results: dict, directory: Path) -> list[Path]:
             memory.plot(lengths, values, linestyle=style, label=f"{part}, d={d}", **LOOK[part])
         times.axvline(d, color="grey", linestyle=style, linewidth=0.8)
         memory.axvline(d, color="grey", linestyle=style, linewidth=0.8)
-    times.set(
-        xscale="log",
-        yscale="log",
-        xlabel="sequence length n",
-        ylabel="forward + backward (ms)",
-        title="time (mean over seeds of the fastest pass); grey: n = d",
+    log_log(
+        times, "sequence length n", "forward + backward (ms)", "time (mean over seeds of the fastest pass); grey: n = d"
     )
-    memory.set(
-        xscale="log",
-        yscale="log",
-        xlabel="sequence length n",
-        ylabel="MB saved for backward",
-        title="memory kept for the backward pass",
-    )
+    log_log(memory, "sequence length n", "MB saved for backward", "memory kept for the backward pass")
     for ax in (times, memory):
         ax.set_xticks(lengths, [str(n) for n in lengths])
         ax.set_xticks([], minor=True)

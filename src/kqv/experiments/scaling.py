@@ -26,7 +26,7 @@ from ..nn.models import DecoderLM
 from .ablations import without_scaling
 from .base import FAILS, HOLDS, INCONCLUSIVE, Check, Progress, mean_std, pm
 from .lm import QUICK_LM, Arm, LMConfig, Trained, attention_maps, head_statistics, shakespeare, train_arms
-from .plotting import curves, figure, save
+from .plotting import curves, figure, log_log, save
 from .statistics import interval_check, mean_interval, paired_difference, paired_ratio
 
 NAME = "scaling"
@@ -209,7 +209,7 @@ def plots(results: dict, directory: Path) -> list[Path]:
     means = [mean_std(results["variance"][str(d)])[0] for d in dims]
     variance.plot(dims, means, "o-", label="measured var(q . k)")
     variance.plot(dims, dims, "k--", label="d")
-    variance.set(xscale="log", yscale="log", xlabel="d", ylabel="variance", title="q . k for N(0, I) vectors")
+    log_log(variance, "d", "variance", "q . k for N(0, I) vectors")
     for arm, style in (("scaled", "o-"), ("unscaled", "s--")):
         saturation.plot(
             dims,
@@ -221,13 +221,7 @@ def plots(results: dict, directory: Path) -> list[Path]:
     saturation.set(
         xscale="log", ylim=(0, 1.05), xlabel="d", ylabel="weight", title=f"softmax over {results['keys']} keys"
     )
-    gradient.set(
-        xscale="log",
-        yscale="log",
-        xlabel="d",
-        ylabel="|d softmax / d scores| (Frobenius)",
-        title="gradient through softmax",
-    )
+    log_log(gradient, "d", "|d softmax / d scores| (Frobenius)", "gradient through softmax")
     for ax in (variance, saturation, gradient):
         ax.legend()
     lm_fig, (train, val) = figure(2)

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from ..nn.attention import MultiHeadAttention
 from ..nn.config import ModelConfig
 from .base import Check, ExperimentConfig, ExperimentError, Progress, by_construction, control, mean_std, pm
-from .plotting import figure, save
+from .plotting import figure, log_log, save
 from .statistics import all_of, decide, decide_within, interval_check, mean_interval, paired_ratio
 
 NAME = "scaling-head-dim"
@@ -258,9 +258,7 @@ def plots(results: dict, directory: Path) -> list[Path]:
     fig, (variance, saturation, gradient) = figure(3, width=4.8)
     variance.plot(dims, [mean_std(results["score_variance"][str(d)])[0] for d in dims], "o-", label="var(q . k)")
     variance.plot(dims, dims, "k--", label="d_k")
-    variance.set(
-        xscale="log", yscale="log", xlabel="head dimension d_k", ylabel="variance", title="scores at initialisation"
-    )
+    log_log(variance, "head dimension d_k", "variance", "scores at initialisation")
     for arm, style in (("scaled", "o-"), ("unscaled", "s--")):
         saturation.plot(dims, [_mean(results, arm, "max_weight", d) for d in dims], style, label=f"{arm}")
         gradient.plot(dims, [_mean(results, arm, "score_grad", d) for d in dims], style, label=f"scores, {arm}")
@@ -274,13 +272,7 @@ def plots(results: dict, directory: Path) -> list[Path]:
         ylabel="mean largest weight",
         title=f"softmax over {results['length']} keys",
     )
-    gradient.set(
-        xscale="log",
-        yscale="log",
-        xlabel="head dimension d_k",
-        ylabel="gradient norm",
-        title="gradient of sum(g * output)",
-    )
+    log_log(gradient, "head dimension d_k", "gradient norm", "gradient of sum(g * output)")
     for ax in (variance, saturation, gradient):
         ax.set_xticks(dims, [str(d) for d in dims])
         ax.set_xticks([], minor=True)

@@ -26,7 +26,7 @@ from scipy import optimize, stats
 from ..nn.models import count_parameters
 from .base import FAILS, HOLDS, INCONCLUSIVE, Check, ExperimentError, Progress
 from .lm import Arm, LMConfig, train_arms
-from .plotting import figure, save
+from .plotting import figure, log_log, save
 from .statistics import Interval, decide, t_quantile
 
 NAME = "scaling-laws"
@@ -49,16 +49,14 @@ PAPER = {
 class Config(LMConfig):
     """The sizes of the `scaling-laws` experiment (`FULL` and `QUICK` below), validated when made."""
 
+    PAIRED = (("widths", "depths"),)
+
     widths: tuple[int, ...] = (32, 48, 64, 128, 192, 256)
     depths: tuple[int, ...] = (2, 3, 4, 3, 4, 6)
     head_dim: int = 16
 
     def check(self) -> None:
         super().check()
-        if len(self.widths) != len(self.depths):
-            raise ExperimentError(
-                f"widths and depths pair up: got {len(self.widths)} widths and {len(self.depths)} depths"
-            )
         if any(w % self.head_dim for w in self.widths):
             raise ExperimentError(
                 f"every width must be a multiple of head_dim ({self.head_dim}), got {list(self.widths)}"
@@ -310,23 +308,16 @@ def plots(results: dict, directory: Path) -> list[Path]:
         )
         for x, y, r in zip(n, loss, fit["residuals"]):
             by_size.annotate(f"{r:+.3f}", (x, y), textcoords="offset points", xytext=(4, 6), fontsize=7)
-    by_size.set(
-        xscale="log",
-        yscale="log",
-        xlabel="non-embedding parameters N",
-        ylabel="validation loss (nats)",
-        title=f"{results['tokens']:,} training tokens each (labels: residuals)",
+    log_log(
+        by_size,
+        "non-embedding parameters N",
+        "validation loss (nats)",
+        f"{results['tokens']:,} training tokens each (labels: residuals)",
     )
     by_size.legend(fontsize=8)
     for s in results["sizes"]:
         by_compute.plot(*zip(*s["compute_curve"]), "-", alpha=0.7, label=s["name"])
     by_compute.plot(*zip(*results["frontier"]), "k--", linewidth=2, label="frontier")
-    by_compute.set(
-        xscale="log",
-        yscale="log",
-        xlabel="training compute C = 6 N tokens (FLOPs)",
-        ylabel="validation loss (nats)",
-        title="compute-matched frontier",
-    )
+    log_log(by_compute, "training compute C = 6 N tokens (FLOPs)", "validation loss (nats)", "compute-matched frontier")
     by_compute.legend(fontsize=7)
     return [save(fig, directory / "scaling-laws.png")]

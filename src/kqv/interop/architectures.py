@@ -31,34 +31,59 @@ from .rules import (
 from .seq2seq import bart_config, bart_config_to_hf, marian_config, marian_config_to_hf, seq2seq_mapping
 
 # ---------------------------------------------------------------------------------------------------------------
+# The config translations of GPT-2 and BERT: one table of names each, read both ways
+
+
+SIZES = ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len")  # what ConfigNames.sizes name
+
+
+@dataclass(frozen=True)
+class ConfigNames:
+    """How a Hugging Face config of one architecture says what kqv's ModelConfig holds, read by the translations
+    both ways: `sizes`, the Hugging Face fields of kqv's `SIZES` in that order; the fields of the norm's epsilon,
+    the activation and the dropout rates; and `fixed`, the kqv options the architecture always has (set on import,
+    required on export). A config without tie_word_embeddings ties them, as Hugging Face does."""
+
+    sizes: tuple[str, ...]
+    norm_eps: str
+    activation: str
+    dropouts: tuple[str, ...]
+    fixed: dict[str, Any]
+
+    def to_kqv(self, c: Any, **given: Any) -> ModelConfig:
+        """The ModelConfig of the Hugging Face config `c` (dropout 0: inference); `given` fields override its."""
+        sizes = {kqv: getattr(c, hf) for kqv, hf in zip(SIZES, self.sizes, strict=True)}
+        return ModelConfig(
+            **(sizes | given),
+            dropout=0.0,
+            norm_eps=float(getattr(c, self.norm_eps)),
+            activation=hf_activation(getattr(c, self.activation), self.activation),
+            tie_embeddings=bool(getattr(c, "tie_word_embeddings", True)),
+            **self.fixed,
+        )
+
+    def to_hf(self, c: ModelConfig, base: dict[str, Any], target: str) -> dict[str, Any]:
+        """The config.json values of a `target` for kqv's config `c`; `base`, the original checkpoint's, if any."""
+        require_kqv(c, target, **self.fixed)
+        return {
+            **dropouts(base, c, *self.dropouts),
+            **{hf: getattr(c, kqv) for kqv, hf in zip(SIZES, self.sizes, strict=True)},
+            self.norm_eps: c.norm_eps,
+            self.activation: activation_to_hf(c.activation, base.get(self.activation), target),
+            "tie_word_embeddings": c.tie_embeddings,
+        }
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # GPT-2 (Radford et al. 2019): pre-LN decoder, learned positions, tied output embedding
 
 
-def gpt2_config(c: Any) -> ModelConfig:
-    require(c, "GPT-2", scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False, add_cross_attention=False)
-    return ModelConfig(
-        vocab_size=c.vocab_size,
-        d_model=c.n_embd,
-        n_heads=c.n_head,
-        n_layers=c.n_layer,
-        d_ff=c.n_inner or 4 * c.n_embd,
-        max_len=c.n_positions,
-        dropout=0.0,
-        position="learned",
-        norm="layernorm",
-        norm_first=True,
-        norm_eps=float(c.layer_norm_epsilon),
-        activation=hf_activation(c.activation_function, "activation_function"),
-        bias=True,
-        tie_embeddings=bool(getattr(c, "tie_word_embeddings", True)),
-    )
-
-
-def gpt2_config_to_hf(c: ModelConfig, base: dict[str, Any]) -> dict[str, Any]:
-    target = "GPT2LMHeadModel"
-    require_kqv(
-        c,
-        target,
+GPT2_NAMES = ConfigNames(
+    sizes=("vocab_size", "n_embd", "n_head", "n_layer", "n_inner", "n_positions"),
+    norm_eps="layer_norm_epsilon",
+    activation="activation_function",
+    dropouts=("resid_pdrop", "embd_pdrop", "attn_pdrop"),
+    fixed=dict(
         position="learned",
         norm="layernorm",
         norm_first=True,
@@ -66,19 +91,17 @@ def gpt2_config_to_hf(c: ModelConfig, base: dict[str, Any]) -> dict[str, Any]:
         output_bias=False,
         scale_embeddings=False,
         embed_norm=False,
-    )
-    return {
-        **dropouts(base, c, "resid_pdrop", "embd_pdrop", "attn_pdrop"),
-        "vocab_size": c.vocab_size,
-        "n_embd": c.d_model,
-        "n_head": c.n_heads,
-        "n_layer": c.n_layers,
-        "n_inner": c.d_ff,
-        "n_positions": c.max_len,
-        "layer_norm_epsilon": c.norm_eps,
-        "activation_function": activation_to_hf(c.activation, base.get("activation_function"), target),
-        "tie_word_embeddings": c.tie_embeddings,
-    }
+    ),
+)
+
+
+def gpt2_config(c: Any) -> ModelConfig:
+    require(c, "GPT-2", scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False, add_cross_attention=False)
+    return GPT2_NAMES.to_kqv(c, d_ff=c.n_inner or 4 * c.n_embd)
+
+
+def gpt2_config_to_hf(c: ModelConfig, base: dict[str, Any]) -> dict[str, Any]:
+    return GPT2_NAMES.to_hf(c, base, "GPT2LMHeadModel")
 
 
 def gpt2_mapping(config: ModelConfig, hf_config: Any) -> Mapping:
@@ -186,6 +209,24 @@ CONFIG_SCHEMAS = {
 # BERT (Devlin et al. 2019): post-LN encoder, learned positions, a LayerNorm on the embeddings
 
 
+BERT_NAMES = ConfigNames(
+    sizes=(
+        "vocab_size",
+        "hidden_size",
+        "num_attention_heads",
+        "num_hidden_layers",
+        "intermediate_size",
+        "max_position_embeddings",
+    ),
+    norm_eps="layer_norm_eps",
+    activation="hidden_act",
+    dropouts=("hidden_dropout_prob", "attention_probs_dropout_prob"),
+    fixed=dict(
+        position="learned", norm="layernorm", norm_first=False, bias=True, scale_embeddings=False, embed_norm=True
+    ),
+)
+
+
 def bert_config(c: Any) -> ModelConfig:
     require(c, "BERT", position_embedding_type="absolute", is_decoder=False, add_cross_attention=False)
     if c.type_vocab_size < 1:
@@ -193,48 +234,11 @@ def bert_config(c: Any) -> ModelConfig:
             f"kqv folds BERT's token type 0 into its positions, so it needs type_vocab_size >= 1, "
             f"got {c.type_vocab_size}"
         )
-    return ModelConfig(
-        vocab_size=c.vocab_size,
-        d_model=c.hidden_size,
-        n_heads=c.num_attention_heads,
-        n_layers=c.num_hidden_layers,
-        d_ff=c.intermediate_size,
-        max_len=c.max_position_embeddings,
-        dropout=0.0,
-        position="learned",
-        norm="layernorm",
-        norm_first=False,
-        norm_eps=float(c.layer_norm_eps),
-        activation=hf_activation(c.hidden_act, "hidden_act"),
-        bias=True,
-        embed_norm=True,
-        tie_embeddings=bool(getattr(c, "tie_word_embeddings", True)),
-    )
+    return BERT_NAMES.to_kqv(c)
 
 
 def bert_config_to_hf(c: ModelConfig, base: dict[str, Any], target: str = "BertModel") -> dict[str, Any]:
-    require_kqv(
-        c,
-        target,
-        position="learned",
-        norm="layernorm",
-        norm_first=False,
-        bias=True,
-        scale_embeddings=False,
-        embed_norm=True,
-    )
-    return {
-        **dropouts(base, c, "hidden_dropout_prob", "attention_probs_dropout_prob"),
-        "vocab_size": c.vocab_size,
-        "hidden_size": c.d_model,
-        "num_attention_heads": c.n_heads,
-        "num_hidden_layers": c.n_layers,
-        "intermediate_size": c.d_ff,
-        "max_position_embeddings": c.max_len,
-        "layer_norm_eps": c.norm_eps,
-        "hidden_act": activation_to_hf(c.activation, base.get("hidden_act"), target),
-        "tie_word_embeddings": c.tie_embeddings,
-    }
+    return BERT_NAMES.to_hf(c, base, target)
 
 
 def bert_mlm_config_to_hf(c: ModelConfig, base: dict[str, Any]) -> dict[str, Any]:

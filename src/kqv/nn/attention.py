@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from ..errors import ConfigError, DataError
 from .config import ModelConfig
 from .cores import (
+    AttentionCall,
     AttentionCore,
     FullAttention,
     causal_mask,
@@ -269,17 +270,9 @@ class MultiHeadAttention(nn.Module):
             q_pos, positions = positions, position_tensor(positions, x.device)  # as given, for the core; a tensor
         queries = self.positions.rotate(self.split_heads(self.to_queries(x)), positions)  # (batch, heads, q, hd)
         keys, values = self.keys_values(x, memory, positions, cache)  # (batch, heads, k_time, head_dim)
-        output, weights = self.core.attend(
-            queries,
-            keys,
-            values,
-            positions=self.positions,
-            q_pos=q_pos,
-            mask=mask,
-            causal=causal,
-            dropout=self.dropout if self.training else 0.0,
-            need_weights=need_weights,
-        )
+        dropout = self.dropout if self.training else 0.0
+        call = AttentionCall(self.positions, q_pos, mask, causal, dropout, need_weights)
+        output, weights = self.core.attend(queries, keys, values, call)
         return self.to_output(self.merge_heads(output)), weights
 
     def keys_values(

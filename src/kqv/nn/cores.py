@@ -6,9 +6,10 @@ The layer projects x to queries, keys and values, splits heads and applies RoPE;
 layer uses is decided once, when the layer is built, from `ModelConfig.attention` (see `CORES` in
 `kqv.nn.attention`), so the layer's forward reads the same whatever the core.
 
-The interface (`AttentionCore.attend`):
+The interface (`AttentionCore.attend(queries, keys, values, call)`):
     queries (batch, heads, q_time, head_dim), keys and values (batch, heads, k_time, head_dim), already rotated;
-    `positions`, the layer's `AttentionPositions` (for schemes that add a score or value bias);
+    and the call's options, one `AttentionCall`: `positions`, the layer's `AttentionPositions` (for schemes that
+    add a score or value bias);
     `q_pos` (q_time,) the queries' positions, a LongTensor, a Python `range`, or None: the queries are the last
     q_time of the keys, which are at 0..k_time-1 (consecutive positions, planned from the shapes alone);
     `mask` bool broadcastable to (batch, heads, q_time, k_time), True = may attend, or None;
@@ -28,6 +29,7 @@ readable reference, and `fused_attention`, the same through torch's fused kernel
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -161,6 +163,18 @@ def fused_attention(
 # The interface, and full attention
 
 
+class AttentionCall(NamedTuple):
+    """What one call of `AttentionCore.attend` asks besides queries, keys and values (the module docstring says
+    what each is): one object, so that the cores and the cores that wrap them pass it on whole."""
+
+    positions: AttentionPositions
+    q_pos: Tensor | range | None
+    mask: Tensor | None
+    causal: bool
+    dropout: float
+    need_weights: bool
+
+
 class AttentionCore(nn.Module):
     """How queries meet keys: the part of multi-head attention that differs between attention kinds.
 
@@ -172,17 +186,7 @@ class AttentionCore(nn.Module):
         raise NotImplementedError
 
     def attend(
-        self,
-        queries: Tensor,
-        keys: Tensor,
-        values: Tensor,
-        *,
-        positions: AttentionPositions,
-        q_pos: Tensor | range | None,
-        mask: Tensor | None,
-        causal: bool,
-        dropout: float,
-        need_weights: bool,
+        self, queries: Tensor, keys: Tensor, values: Tensor, call: AttentionCall
     ) -> tuple[Tensor, Tensor | None]:
         raise NotImplementedError
 
@@ -208,18 +212,9 @@ class FullAttention(AttentionCore):
         return cls(config.blockwise)
 
     def attend(
-        self,
-        queries: Tensor,
-        keys: Tensor,
-        values: Tensor,
-        *,
-        positions: AttentionPositions,
-        q_pos: Tensor | range | None,
-        mask: Tensor | None,
-        causal: bool,
-        dropout: float,
-        need_weights: bool,
+        self, queries: Tensor, keys: Tensor, values: Tensor, call: AttentionCall
     ) -> tuple[Tensor, Tensor | None]:
+        positions, q_pos, mask, causal, dropout, need_weights = call
         q_time, k_time = queries.shape[2], keys.shape[2]
         # one query (decoding a token) is the newest position: it sees every key
         causal = flag(causal and q_time > 1)
@@ -319,18 +314,9 @@ class PaddingOnlyCore(AttentionCore):
     name = "this attention kind"
 
     def attend(
-        self,
-        queries: Tensor,
-        keys: Tensor,
-        values: Tensor,
-        *,
-        positions: AttentionPositions,
-        q_pos: Tensor | range | None,
-        mask: Tensor | None,
-        causal: bool,
-        dropout: float,
-        need_weights: bool,
+        self, queries: Tensor, keys: Tensor, values: Tensor, call: AttentionCall
     ) -> tuple[Tensor, Tensor | None]:
+        mask, causal, dropout, need_weights = call.mask, call.causal, call.dropout, call.need_weights
         if need_weights:
             raise ConfigError(
                 f"attention weights exist only for attention='full': {self.name} never scores every (query, key) pair"

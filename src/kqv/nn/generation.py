@@ -21,6 +21,8 @@ from ..validation import Config, check_seed
 from .checks import check_ids
 from .decoding import DecodeStep
 from .devices import model_device
+from .experts import with_auxiliary_loss
+from .losses import linear_cross_entropy
 from .search import search
 
 
@@ -326,7 +328,8 @@ class EncoderDecoderStepper:
         ids = last_ids[:, None]
         if self.cache is None:
             ids = self.prefixes = ids if self.prefixes is None else torch.cat((self.prefixes, ids), dim=1)
-        logits = self.model.decode(ids, self.memory, self.src_mask, cache=self.cache)[:, -1]  # (rows, vocab)
+        hidden = self.model.decode_hidden(ids, self.memory, self.src_mask, cache=self.cache)
+        logits = self.model.lm_head(hidden)[:, -1]  # (rows, vocab)
         return logits.float().log_softmax(dim=-1)
 
     def reorder(self, rows: Tensor) -> None:
@@ -351,16 +354,16 @@ def translate(
     use_cache: bool = True,
 ) -> Tensor:
     """Decode a target for each source in src_ids (batch, src_time): (batch, 1 + up to max_new_tokens) ids that
-    start with bos_id and are padded with eos_id after the end. Beam size 1 is greedy decoding; the beam search
-    and its length penalty are `kqv.nn.search`'s, shared with the LSTM baseline.
+    start with bos_id and are padded with eos_id after the end. Beam size 1 is greedy decoding; a larger beam is
+    `kqv.nn.search.beam_search`, where finished hypotheses are ranked by their summed log-probability divided by
+    length ** length_penalty (length counts the generated tokens, eos included). The model gives the search its
+    `stepper`; `use_cache=False` re-runs the decoder over the whole prefix at every step instead of carrying a
+    KV cache or an LSTM state (slower, the same result; for tests).
     """
     GenerationConfig(max_new_tokens=max_new_tokens)  # checked
     if not isinstance(beam_size, int) or beam_size < 1:
         raise ConfigError(f"beam_size must be a positive integer, got {beam_size!r}")
-    config = model.config
-    if config.position == "learned" and max_new_tokens > config.max_len:
-        raise ConfigError(f"max_new_tokens={max_new_tokens} exceeds max_len={config.max_len} of learned positions")
-    stepper = EncoderDecoderStepper(model, src_ids, src_mask, use_cache, capacity=1 + max_new_tokens)
+    stepper = model.stepper(src_ids, src_mask, use_cache, max_new_tokens)
     return search(
         stepper,
         src_ids.shape[0],
@@ -371,3 +374,36 @@ def translate(
         length_penalty=length_penalty,
         device=src_ids.device,
     )
+
+
+class Translator(nn.Module):
+    """What the translation models share (`kqv.EncoderDecoder` and the LSTM baseline `kqv.nn.rnn.RNNEncoderDecoder`):
+    teacher-forced logits or loss from the decoder's last states (`decoder_states`) through `lm_head`, and
+    `generate`, which is `translate` through the model's `stepper(src_ids, src_mask, use_cache, max_new_tokens)`."""
+
+    lm_head: nn.Linear
+
+    def decoder_states(self, src_ids: Tensor, tgt_ids: Tensor, src_mask: Tensor | None, tgt_mask: Tensor | None):
+        """The decoder's last states (batch, tgt_time, d_out) for tgt_ids given the sources, before `lm_head`."""
+        raise NotImplementedError
+
+    def forward(
+        self,
+        src_ids: Tensor,
+        tgt_ids: Tensor,
+        targets: Tensor | None = None,
+        *,
+        src_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None,
+        label_smoothing: float = 0.0,
+    ) -> Tensor:
+        """src_ids (batch, src_time), tgt_ids (batch, tgt_time) -> logits (batch, tgt_time, tgt_vocab), or the mean
+        cross-entropy when targets are given (-100 = ignore; label-smoothed by `label_smoothing`, plus the experts'
+        load-balancing loss in training). src_mask / tgt_mask: 1 = real token, 0 = padding."""
+        hidden = self.decoder_states(src_ids, tgt_ids, src_mask, tgt_mask)
+        if targets is None:
+            return self.lm_head(hidden)
+        loss = linear_cross_entropy(hidden, self.lm_head, targets, label_smoothing=label_smoothing)
+        return with_auxiliary_loss(self, loss)
+
+    generate = translate  # `translate` itself, the model its first argument

@@ -14,13 +14,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..errors import DataError
+from ..errors import ConfigError, DataError
 from .attention import KVCache, padding_mask
 from .checks import check_attention_mask, check_id_tensor, check_ids
 from .config import ModelConfig
 from .embeddings import Embeddings
 from .experts import with_auxiliary_loss
-from .generation import generate, translate
+from .generation import EncoderDecoderStepper, Translator, generate
 from .layers import DecoderBlock, EncoderBlock, make_norm
 from .losses import linear_cross_entropy
 from .positions import position_tensor
@@ -196,36 +196,8 @@ class DecoderLM(nn.Module):
         )
         return self.lm_head(hidden)[:, -1]
 
-    def generate(
-        self,
-        ids: Tensor,
-        max_new_tokens: int,
-        *,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        eos_id: int | None = None,
-        use_cache: bool = True,
-        generator: torch.Generator | None = None,
-        attention_mask: Tensor | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> Tensor:
-        """Continue the prompts ids (batch, time); temperature 0 is greedy. Prompts of different lengths go
-        left-padded, with attention_mask (batch, time) 0 on the padding; `dtype=torch.bfloat16` runs a bf16 copy
-        of the model. See `kqv.nn.generation.generate`."""
-        return generate(
-            self,
-            ids,
-            max_new_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            eos_id=eos_id,
-            use_cache=use_cache,
-            generator=generator,
-            attention_mask=attention_mask,
-            dtype=dtype,
-        )
+    # continue prompts ids (batch, time), left-padded with attention_mask (batch, time) 0 on the padding
+    generate = generate  # `kqv.nn.generation.generate` itself, the model its first argument
 
     def attention_weights(self, ids: Tensor) -> list[Tensor]:
         """Self-attention weights of every layer, each (batch, heads, time, time), for visualisation."""
@@ -238,7 +210,7 @@ class DecoderLM(nn.Module):
         return self.decoder.new_cache(capacity)
 
 
-class EncoderDecoder(nn.Module):
+class EncoderDecoder(Translator):
     """The encoder reads the source; the decoder predicts the target causally while cross-attending to it."""
 
     def __init__(self, config: ModelConfig):
@@ -256,18 +228,6 @@ class EncoderDecoder(nn.Module):
     def encode(self, src_ids: Tensor, src_mask: Tensor | None = None) -> Tensor:
         """The encoder's states (batch, src_time, d_model) of the source, which every decoding step attends to."""
         return self.encoder(src_ids, src_mask)
-
-    def decode(
-        self,
-        tgt_ids: Tensor,
-        memory: Tensor,
-        src_mask: Tensor | None = None,
-        *,
-        tgt_mask: Tensor | None = None,
-        cache: list[tuple[KVCache, KVCache]] | None = None,
-    ) -> Tensor:
-        """Logits (batch, tgt_time, tgt_vocab) for the target tokens, given the encoder memory."""
-        return self.lm_head(self.decode_hidden(tgt_ids, memory, src_mask, tgt_mask=tgt_mask, cache=cache))
 
     def decode_hidden(
         self,
@@ -287,51 +247,20 @@ class EncoderDecoder(nn.Module):
         )
         return hidden
 
-    def forward(
-        self,
-        src_ids: Tensor,
-        tgt_ids: Tensor,
-        targets: Tensor | None = None,
-        *,
-        src_mask: Tensor | None = None,
-        tgt_mask: Tensor | None = None,
-        label_smoothing: float = 0.0,
+    def decoder_states(
+        self, src_ids: Tensor, tgt_ids: Tensor, src_mask: Tensor | None, tgt_mask: Tensor | None
     ) -> Tensor:
-        """src_ids (batch, src_time), tgt_ids (batch, tgt_time) -> logits (batch, tgt_time, tgt_vocab),
-        or the mean cross-entropy when targets are given (label-smoothed by `label_smoothing`, plus the experts'
-        load-balancing loss in training). src_mask / tgt_mask: 1 = real token, 0 = padding."""
-        memory = self.encode(src_ids, src_mask)
-        if targets is None:
-            return self.decode(tgt_ids, memory, src_mask, tgt_mask=tgt_mask)
-        hidden = self.decode_hidden(tgt_ids, memory, src_mask, tgt_mask=tgt_mask)
-        loss = linear_cross_entropy(hidden, self.lm_head, targets, label_smoothing=label_smoothing)
-        return with_auxiliary_loss(self, loss)
+        """The decoder's last states (batch, tgt_time, d_model) for tgt_ids given the sources: `forward`'s."""
+        return self.decode_hidden(tgt_ids, self.encode(src_ids, src_mask), src_mask, tgt_mask=tgt_mask)
 
-    def generate(
-        self,
-        src_ids: Tensor,
-        max_new_tokens: int,
-        *,
-        bos_id: int,
-        eos_id: int,
-        beam_size: int = 1,
-        length_penalty: float = 1.0,
-        src_mask: Tensor | None = None,
-        use_cache: bool = True,
-    ) -> Tensor:
-        """Translate: target ids (batch, 1 + new) starting with bos_id, greedy (beam_size 1) or by beam search.
-        See `kqv.nn.generation.translate`."""
-        return translate(
-            self,
-            src_ids,
-            max_new_tokens,
-            bos_id=bos_id,
-            eos_id=eos_id,
-            beam_size=beam_size,
-            length_penalty=length_penalty,
-            src_mask=src_mask,
-            use_cache=use_cache,
-        )
+    def stepper(
+        self, src_ids: Tensor, src_mask: Tensor | None, use_cache: bool, max_new_tokens: int
+    ) -> EncoderDecoderStepper:
+        """The `kqv.nn.search.Stepper` that `generate` searches with for up to max_new_tokens tokens."""
+        config = self.config
+        if config.position == "learned" and max_new_tokens > config.max_len:
+            raise ConfigError(f"max_new_tokens={max_new_tokens} exceeds max_len={config.max_len} of learned positions")
+        return EncoderDecoderStepper(self, src_ids, src_mask, use_cache, capacity=1 + max_new_tokens)
 
     def attention_weights(self, src_ids: Tensor, tgt_ids: Tensor, src_mask: Tensor | None = None) -> dict[str, list]:
         """Attention weights by kind ('encoder', 'decoder', 'cross'), each a list over layers of

@@ -31,8 +31,7 @@ from .attention import Attention, Score
 from .checks import lookup_tokens
 from .config import require_vocabulary
 from .dropout import Dropout
-from .losses import linear_cross_entropy
-from .search import search
+from .generation import Translator
 
 State = tuple[Tensor, Tensor]  # LSTM (h, c), each (layers, batch, d_hidden)
 
@@ -128,7 +127,7 @@ class AttentionLSTMDecoder(nn.Module):
         return self.dropout(output), state, weights
 
 
-class RNNEncoderDecoder(nn.Module):
+class RNNEncoderDecoder(Translator):
     """The LSTM-with-attention translation model, with the interface of `kqv.EncoderDecoder`.
 
     Padding must be on the right: `src_mask` (batch, src_time) marks real source tokens (1) and padding (0);
@@ -160,24 +159,14 @@ class RNNEncoderDecoder(nn.Module):
         memory, state = self.encoder(src_ids, src_mask)
         return memory, state, None if src_mask is None else src_mask[:, None, :]
 
-    def forward(
-        self,
-        src_ids: Tensor,
-        tgt_ids: Tensor,
-        targets: Tensor | None = None,
-        *,
-        src_mask: Tensor | None = None,
-        tgt_mask: Tensor | None = None,
-        label_smoothing: float = 0.0,
+    def decoder_states(
+        self, src_ids: Tensor, tgt_ids: Tensor, src_mask: Tensor | None, tgt_mask: Tensor | None
     ) -> Tensor:
-        """src_ids (batch, src_time), tgt_ids (batch, tgt_time) -> logits (batch, tgt_time, tgt_vocab), or the mean
-        cross-entropy when targets are given (-100 = ignore; label-smoothed by `label_smoothing`)."""
+        """The combined outputs o_t (batch, tgt_time, d_embed) for tgt_ids given the sources: `forward`'s."""
         memory, state, memory_mask = self.encode(src_ids, src_mask)
         _check_ids(tgt_ids, self.config.target_vocab_size, "tgt_ids")
         output, _, _ = self.decoder(tgt_ids, state, memory, memory_mask)
-        if targets is None:
-            return self.lm_head(output)
-        return linear_cross_entropy(output, self.lm_head, targets, label_smoothing=label_smoothing)
+        return output
 
     def attention_weights(self, src_ids: Tensor, tgt_ids: Tensor, src_mask: Tensor | None = None) -> dict[str, list]:
         """{"cross": [weights (batch, 1 head, tgt_time, src_time)]}: the source-target alignment, as for
@@ -194,37 +183,10 @@ class RNNEncoderDecoder(nn.Module):
         output, state, _ = self.decoder(last_ids[:, None], state, memory, memory_mask)
         return self.lm_head(output[:, 0]).float().log_softmax(dim=-1), state
 
-    @torch.no_grad()
-    def generate(
-        self,
-        src_ids: Tensor,
-        max_new_tokens: int,
-        *,
-        beam_size: int = 1,
-        length_penalty: float = 1.0,
-        bos_id: int,
-        eos_id: int,
-        src_mask: Tensor | None = None,
-        use_cache: bool = True,
-    ) -> Tensor:
-        """Translate: (batch, time) target ids starting with bos_id, each followed by eos_id once it has ended.
-
-        beam_size 1 is greedy; a larger beam is `kqv.nn.search.beam_search`, the Transformer's too, where finished
-        hypotheses are ranked by their summed log-probability divided by length ** length_penalty (length counts
-        the generated tokens, eos included). `use_cache=False` re-runs the decoder over the whole prefix at every
-        step instead of carrying the LSTM state (slower, the same result; for tests)."""
+    def stepper(self, src_ids: Tensor, src_mask: Tensor | None, use_cache: bool, max_new_tokens: int) -> RNNStepper:
+        """The `kqv.nn.search.Stepper` that `generate` searches with (the LSTM state has no length to reserve)."""
         memory, state, memory_mask = self.encode(src_ids, src_mask)
-        stepper = RNNStepper(self, memory, state, memory_mask, use_cache)
-        return search(
-            stepper,
-            src_ids.shape[0],
-            max_new_tokens,
-            bos_id=bos_id,
-            eos_id=eos_id,
-            beam_size=beam_size,
-            length_penalty=length_penalty,
-            device=src_ids.device,
-        )
+        return RNNStepper(self, memory, state, memory_mask, use_cache)
 
 
 class RNNStepper:
