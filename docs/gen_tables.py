@@ -975,7 +975,11 @@ def finetune_qa_table() -> str:
 
 
 PRETRAIN_QA = "benchmarks/results/pretrain_qa.json"
-PRETRAIN_QA_COMMAND = "python benchmarks/pretrain_qa.py"
+PRETRAIN_QA_COMMAND = (
+    "python benchmarks/pretrain_qa.py --arm 'next-token -> fine-tune' --arm 'span corruption, augmented -> fine-tune' "
+    "--arm 'span corruption, augmented -> LoRA' --arm 'mixed: span corruption, augmented + seen questions' "
+    "--arm 'random init -> fine-tune'"
+)
 KINDS = ("town", "year", "trade")
 
 
@@ -1046,7 +1050,8 @@ def pretrain_qa_table(file: str = PRETRAIN_QA, command: str = PRETRAIN_QA_COMMAN
         plain(PRETRAIN_QA_HEADER, rows, right=1)
         + f"\nEM: exact match, each question's mean over seeds {', '.join(map(str, summary['seeds']))} (each seed's "
         f"in brackets); every interval is paired over the {questions:,} held-out questions, and a verdict needs "
-        f"the interval and McNemar's exact test (p < 0.05) to agree. Reading: exact match over the "
+        f"the interval and an exact test (p < 0.05) to agree: McNemar's, and against the guess the chance that a "
+        f"guess gets as many right. Reading: exact match over the "
         f"{len(reading['questions']):,} questions whose answer is not their kind's constant; its guess, "
         f"{statistics.fmean(reading['guess']):.3f}, picks among the kind's other seen answers by frequency. "
         f"{world['people']:,} people ({world['held_out_people']:,} held out); a {sizes['model']['n_layers']}-layer "
