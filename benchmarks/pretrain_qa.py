@@ -363,12 +363,14 @@ def baselines(work: Path) -> dict:
     """Scores on the held-out questions of answers that never read the question, from the seen questions' answers
     by `kqv eval`'s own functions (`kqv.jobs.scoring`): the constant (`constant_answer`), each kind's constant
     (`kind_constants`: the decisive bar), the expected score of a uniform guess among the kind's distinct seen
-    answers; and for the reading score, which questions count (their answer is not their kind's constant) and the
-    expected score there of a guess among the kind's other seen answers by frequency (`reading_guess`)."""
+    answers; and for the reading score, which questions count (their answer is not their kind's constant), the
+    expected score there of a guess among the kind's other seen answers by frequency (`reading_guess`), and the
+    score there of each kind's runner-up, the most frequent of its other seen answers (ties as `constant_answer`
+    breaks them): the strongest answer that never reads a reading question."""
     from collections import Counter
 
     from kqv.data.completions import read_examples
-    from kqv.jobs.scoring import constant_answer, kind_constants, normalise, reading_guess
+    from kqv.jobs.scoring import constant_answer, kind_constants, normalise, reading_guess, runner_up
 
     seen, held = read_examples(work / "seen.jsonl"), read_examples(work / "held_out.jsonl")
     kinds = [e.kind for e in held]
@@ -378,6 +380,7 @@ def baselines(work: Path) -> dict:
     expected = [normalise(e.completion) for e in held]
     uniform = [(a in counts[k]) / len(counts[k]) for a, k in zip(expected, kinds)]
     reading = [k for k, (a, kind) in enumerate(zip(expected, kinds)) if a != per_kind[kind]]
+    runner_ups = {kind: runner_up(counts[kind], per_kind[kind]) for kind in per_kind}  # kqv eval's rule
     return {
         "constant": {"answer": constant, "per_question": [int(a == constant) for a in expected]},
         "per_kind": {"answers": per_kind, "per_question": [int(a == per_kind[k]) for a, k in zip(expected, kinds)]},
@@ -385,6 +388,10 @@ def baselines(work: Path) -> dict:
         "reading": {
             "questions": reading,
             "guess": [reading_guess(expected[k], counts[kinds[k]], per_kind[kinds[k]]) for k in reading],
+            "runner_up": {
+                "answers": runner_ups,
+                "per_question": [int(expected[k] == runner_ups[kinds[k]]) for k in reading],
+            },
         },
         "kinds": kinds,
     }
@@ -433,6 +440,8 @@ def reading_score(per_question: list[float], baseline: dict, seeds: int) -> dict
         "exact_match_95": [max(0.0, interval.low), interval.high],
         "guess": statistics.fmean(guess),
         "versus_guess": verdict(difference_from_guess(chosen, guess, seeds).to_dict() | {"test": "guess"}),
+        "runner_up": statistics.fmean(baseline["reading"]["runner_up"]["per_question"]),
+        "versus_runner_up": versus(chosen, baseline["reading"]["runner_up"]["per_question"]),
     }
 
 
@@ -488,8 +497,8 @@ def print_table(summary: dict, baseline: dict) -> None:
     print(f"seeds {seeds}; each question's mean over them; a verdict needs the interval and the exact test's p < "
           f"{SIGNIFICANCE} (McNemar's; against the guess, the chance a guess gets as many right)")  # fmt: skip
     print("| arm | held-out exact match | town | year | trade | - constant per kind [95%] | reading [95%] "
-          "| reading - guess [95%] | seen | updates | tokens | seconds |")  # fmt: skip
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "| reading - guess [95%] | reading - runner-up [95%] | seen | updates | tokens | seconds |")  # fmt: skip
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, arm in summary["arms"].items():
         gap, reading = arm["versus_constant_per_kind"], arm["reading"]
         kinds = " | ".join(f"{arm['by_kind'][k]:.3f}" for k in KINDS)
@@ -498,15 +507,18 @@ def print_table(summary: dict, baseline: dict) -> None:
         print(
             f"| {name} | {arm['exact_match']:.3f} | {kinds} | {interval_text(gap)} | {reading['exact_match']:.3f} "
             f"[{reading['exact_match_95'][0]:.3f}, {reading['exact_match_95'][1]:.3f}] "
-            f"| {interval_text(reading['versus_guess'])} | {arm['seen_exact_match']:.3f} | {mean['steps']:,.0f} "
+            f"| {interval_text(reading['versus_guess'])} | {interval_text(reading['versus_runner_up'])} "
+            f"| {arm['seen_exact_match']:.3f} | {mean['steps']:,.0f} "
             f"| {mean['tokens']:,.0f} | {mean['train_seconds']:,.0f} |"
         )
     for name, row in summary["baselines"].items():
         kinds = " | ".join(f"{row['by_kind'][k]:.3f}" for k in KINDS)
-        print(f"| {name} | {row['exact_match']:.3f} | {kinds} | | | | | | | |")
+        print(f"| {name} | {row['exact_match']:.3f} | {kinds} | | | | | | | | |")
     reading = baseline["reading"]
     print(f"constant: {baseline['constant']['answer']!r}; per kind: {baseline['per_kind']['answers']}; reading: "
-          f"{len(reading['questions'])} questions, guess {statistics.fmean(reading['guess']):.3f}")  # fmt: skip
+          f"{len(reading['questions'])} questions, guess {statistics.fmean(reading['guess']):.3f}, runner-up "
+          f"{reading['runner_up']['answers']} "
+          f"{statistics.fmean(reading['runner_up']['per_question']):.3f}")  # fmt: skip
     print("probes (held-out people's own biography sentences, before fine-tuning): " + ", ".join(
         f"{name} {score:.3f}" for name, score in summary["probes"].items()))  # fmt: skip
     for name, comparison in summary["best_versus"].items():
@@ -537,12 +549,17 @@ def summarise_again(parser: argparse.ArgumentParser, stored: Path, output: Path 
         parser.error("--summarise writes to --output, a file other than the record it reads")
     try:
         record = json.loads(stored.read_text(encoding="utf-8"))
-        summary = summarise(record["runs"], record["baselines"], record["seeds"])
+        with tempfile.TemporaryDirectory(prefix="kqv-pretrain-qa-") as scratch:  # the world again, from its seed
+            write_files(record["sizes"], record["world_seed"], Path(scratch))
+            baseline = baselines(Path(scratch))
+        if baseline["kinds"] != record["baselines"]["kinds"]:
+            parser.error(f"{stored}: its world's questions are not the ones this script writes for its seed")
+        summary = summarise(record["runs"], baseline, record["seeds"])
     except (OSError, ValueError, KeyError) as error:
         parser.error(f"{stored} is not a pretrain_qa record with per-question answers ({error})")
-    print_table(summary, record["baselines"])
+    print_table(summary, baseline)
     summarised = {"command": command(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    write_json(output, record | {"summary": summary, "summarised": summarised})
+    write_json(output, record | {"baselines": baseline, "summary": summary, "summarised": summarised})
     return 0
 
 

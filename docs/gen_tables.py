@@ -1003,6 +1003,7 @@ def pretrain_qa_rows(summary: dict, arms: list[str]) -> list[list[str]]:
             + [f"{arm['by_kind'][kind]:.3f}" for kind in KINDS]
             + [verdict_text(arm["versus_constant_per_kind"])]
             + [f"{reading['exact_match']:.3f}{ci(reading['exact_match_95'])}", verdict_text(reading["versus_guess"])]
+            + [verdict_text(reading["versus_runner_up"])]
             + [f"{arm['seen_exact_match']:.3f}", f"{mean['steps']:,.0f}", f"{mean['tokens'] / 1e6:.1f}M"]
             + [f"{mean['train_seconds'] / 60:.1f}"]
         )
@@ -1016,13 +1017,19 @@ def pretrain_qa_baseline_rows(record: dict) -> list[list[str]]:
              "per_kind": "constant per kind: " + " / ".join(repr(a) for a in baselines["per_kind"]["answers"].values()),
              "uniform guess per kind": "uniform guess among the seen answers of the question's kind"}  # fmt: skip
     return [
-        [names[name], f"{row['exact_match']:.3f}"] + [f"{row['by_kind'][k]:.3f}" for k in KINDS] + [""] * 7
+        [names[name], f"{row['exact_match']:.3f}"] + [f"{row['by_kind'][k]:.3f}" for k in KINDS] + [""] * 8
         for name, row in summary.items()
     ]
 
 
 PRETRAIN_QA_HEADER = ["recipe (equal updates)", "held-out EM (seeds)", "town", "year", "trade"]
-PRETRAIN_QA_HEADER += ["- constant per kind [95%]", "reading [95%]", "reading - guess [95%]", "seen EM"]
+PRETRAIN_QA_HEADER += [
+    "- constant per kind [95%]",
+    "reading [95%]",
+    "reading - guess [95%]",
+    "reading - runner-up [95%]",
+]
+PRETRAIN_QA_HEADER += ["seen EM"]
 PRETRAIN_QA_HEADER += ["updates", "tokens", "minutes"]
 
 
@@ -1053,7 +1060,11 @@ def pretrain_qa_table(file: str = PRETRAIN_QA, command: str = PRETRAIN_QA_COMMAN
         f"the interval and an exact test (p < 0.05) to agree: McNemar's, and against the guess the chance that a "
         f"guess gets as many right. Reading: exact match over the "
         f"{len(reading['questions']):,} questions whose answer is not their kind's constant; its guess, "
-        f"{statistics.fmean(reading['guess']):.3f}, picks among the kind's other seen answers by frequency. "
+        f"{statistics.fmean(reading['guess']):.3f}, picks among the kind's other seen answers by frequency; the "
+        f"runner-up, each kind's most frequent other seen answer ("
+        + " / ".join(repr(a) for a in reading["runner_up"]["answers"].values())
+        + f"), scores {statistics.fmean(reading['runner_up']['per_question']):.3f} there, the strongest answer that "
+        f"never reads a reading question. "
         f"{world['people']:,} people ({world['held_out_people']:,} held out); a {sizes['model']['n_layers']}-layer "
         f"model of width {sizes['model']['d_model']}, {sizes['pretrain_steps']:,} + {sizes['finetune_steps']:,} "
         f"updates of {sizes['batch_size']} per recipe, span corruption with {spans}; one torch thread per run, two "

@@ -229,6 +229,13 @@ def test_the_per_kind_constant_and_the_reading_score_by_hand_ties_included():
     )
     # a guess gets all 4 guessable questions right with chance 1/2 * 1/2 * 2/3 * 1/3 = 1/18, and never more
     assert versus.test == "guess" and versus.p_value == pytest.approx(2 / 18)
+    # the runner-ups: town Y (Y and Z once each, the first in sorted order), year 1999, and trade, unseen, the whole
+    # reference's most frequent answer after the constant 1990: X and 1999 twice each, 1999 first in sorted order;
+    # right on questions 2 (Y) and 6 (1999); the model beats it on 4 (W) and 8 (Q) and is never worse
+    assert result.reading_runner_ups == {"town": "Y", "trade": "1999", "year": "1999"}
+    runner = result.versus_reading_runner_up
+    assert result.reading_runner_up_correct == 2 and (runner.better, runner.worse) == (2, 0)
+    assert runner.difference == pytest.approx(4 / 6 - 2 / 6) and runner.test == "McNemar"
     assert result.versus_per_kind.difference == pytest.approx(5 / 8 - 2 / 8) and result.versus_per_kind.n == 8
     figures = result.to_dict()
     assert figures["kind_constants"] == {"town": "X", "year": "1990"} and figures["reading_questions"] == 6

@@ -135,6 +135,16 @@ def kind_rows(result: PairsEvaluation) -> list[tuple[str, str]]:
             )
         )
         rows.append(("reading - guess", difference_text(result.versus_reading_baseline)))
+        runner_ups = ", ".join(f"{kind}: {answer!r}" for kind, answer in result.reading_runner_ups.items())
+        rows.append(
+            (
+                "reading runner-up",
+                f"{result.reading_runner_up_correct:,}/{result.reading_n:,} = "
+                f"{result.reading_runner_up_correct / result.reading_n:.1%} there, always answering a kind's most "
+                f"frequent other answer ({runner_ups})",
+            )
+        )
+        rows.append(("reading - runner-up", difference_text(result.versus_reading_runner_up)))
     return rows
 
 

@@ -183,7 +183,9 @@ class PairsEvaluation:
     questions. The reading score: of the `reading_n` pairs whose answer is not their kind's constant, the model
     gets `reading_correct` right (95% Wilson interval [reading_low, reading_high]); `reading_baseline` is the
     expected score there of a guess among the kind's other reference answers by frequency (`reading_guess`), and
-    `versus_reading_baseline` the model minus that guess over those questions."""
+    `versus_reading_baseline` the model minus that guess over those questions; `reading_runner_ups` are each kind's
+    most frequent other reference answer (`runner_up`, the strongest answer there that never reads the question),
+    right on `reading_runner_up_correct` of those pairs, and `versus_reading_runner_up` the model minus it."""
 
     source: str
     n: int
@@ -209,6 +211,9 @@ class PairsEvaluation:
     reading_high: float = 1.0
     reading_baseline: float = 0.0
     versus_reading_baseline: QuestionDifference | None = None
+    reading_runner_ups: dict[str, str] = field(default_factory=dict)
+    reading_runner_up_correct: int = 0
+    versus_reading_runner_up: QuestionDifference | None = None
 
     @property
     def exact_match(self) -> float:
@@ -263,6 +268,9 @@ class PairsEvaluation:
             "reading_95": [self.reading_low, self.reading_high],
             "reading_baseline": self.reading_baseline,
             **versus_figures(self.versus_reading_baseline, "versus_reading_baseline"),
+            "reading_runner_ups": self.reading_runner_ups,
+            "reading_runner_up_correct": self.reading_runner_up_correct,
+            **versus_figures(self.versus_reading_runner_up, "versus_reading_runner_up"),
         }
 
 
@@ -296,6 +304,13 @@ def reading_guess(expected: str, seen: Counter, constant: str) -> float:
     return seen[expected] / others if others else 0.0
 
 
+def runner_up(seen: Counter, constant: str) -> str:
+    """The most frequent of the answers `seen` (each normalised answer's count) other than `constant`, ties broken
+    as `constant_answer` breaks them; "" when there is no other."""
+    others = [answer for answer in sorted(seen) if answer != constant]
+    return min(others, key=lambda answer: (-seen[answer], answer)) if others else ""
+
+
 def reading_baselines(
     result: PairsEvaluation, reference: Sequence[str], kinds: Sequence[str], constant: str
 ) -> dict[str, Any]:
@@ -306,14 +321,17 @@ def reading_baselines(
     for answer, kind in zip(reference, kinds, strict=True):
         seen[kind][normalise(answer)] += 1
     everything = Counter(normalise(answer) for answer in reference)
-    model, per_kind, reading, guesses = [], [], [], []
+    model, per_kind, reading, guesses, runner_ups, seconds = [], [], [], [], {}, []
     for prediction in result.predictions:
         expected, kind_constant = normalise(prediction.expected), constants.get(prediction.kind, constant)
         model.append(float(prediction.correct))
         per_kind.append(float(expected == kind_constant))
         if expected != kind_constant:
+            counts = seen.get(prediction.kind, everything)
             reading.append(float(prediction.correct))
-            guesses.append(reading_guess(expected, seen.get(prediction.kind, everything), kind_constant))
+            guesses.append(reading_guess(expected, counts, kind_constant))
+            second = runner_ups.setdefault(prediction.kind, runner_up(counts, kind_constant))
+            seconds.append(float(expected == second))
     low, high = wilson_interval(int(sum(reading)), len(reading)) if reading else (0.0, 1.0)
     return {
         "kind_constants": constants,
@@ -325,6 +343,9 @@ def reading_baselines(
         "reading_high": high,
         "reading_baseline": sum(guesses) / len(guesses) if guesses else 0.0,
         "versus_reading_baseline": difference_from_guess(reading, guesses) if reading else None,
+        "reading_runner_ups": dict(sorted(runner_ups.items())),
+        "reading_runner_up_correct": int(sum(seconds)),
+        "versus_reading_runner_up": difference_over_questions(reading, seconds) if reading else None,
     }
 
 
