@@ -984,53 +984,60 @@ KINDS = ("town", "year", "trade")
 
 
 def verdict_text(comparison: dict) -> str:
-    """A paired difference as value [95%], McNemar's p and the verdict the two agree on."""
-    return f"{short_versus(comparison)} p={comparison['p_value']:.2g} ({comparison['verdict']})"
+    """A paired difference as value [95%], and the verdict the interval and the exact test agree on, with its p."""
+    return f"{short_versus(comparison)} {comparison['verdict']}, p={comparison['p_value']:.2g}"
 
 
-def pretrain_qa_rows(summary: dict, arms: list[str]) -> list[list[str]]:
-    """One row an arm: exact match (mean over the seeds, and each seed's), by kind, against the per-kind constant,
-    the reading score and its difference to its guess, the seen questions, and what it spent per seed."""
-    rows = []
+def pretrain_qa_rows(summary: dict, arms: list[str]) -> tuple[list[list[str]], list[list[str]]]:
+    """Two rows an arm: its scores (exact match, the mean over the seeds and each seed's; against the per-kind
+    constant; the reading score against its guess and its runner-up), and its exact match by kind beside the seen
+    questions' and what it spent per seed."""
+    scores, spent_rows = [], []
     for name in arms:
         arm = summary["arms"][name]
         per_seed = " / ".join(f"{v:.3f}" for v in arm["per_seed"].values())
         reading = arm["reading"]
         spent = list(arm["compute"]["per_seed"].values())
         mean = {key: statistics.fmean(s[key] for s in spent) for key in ("steps", "tokens", "train_seconds")}
-        rows.append(
-            [name, f"**{arm['exact_match']:.3f}** ({per_seed})"]
-            + [f"{arm['by_kind'][kind]:.3f}" for kind in KINDS]
-            + [verdict_text(arm["versus_constant_per_kind"])]
+        scores.append(
+            [name, f"**{arm['exact_match']:.3f}** ({per_seed})", verdict_text(arm["versus_constant_per_kind"])]
             + [f"{reading['exact_match']:.3f}{ci(reading['exact_match_95'])}", verdict_text(reading["versus_guess"])]
             + [verdict_text(reading["versus_runner_up"])]
+        )
+        spent_rows.append(
+            [name] + [f"{arm['by_kind'][kind]:.3f}" for kind in KINDS]
             + [f"{arm['seen_exact_match']:.3f}", f"{mean['steps']:,.0f}", f"{mean['tokens'] / 1e6:.1f}M"]
             + [f"{mean['train_seconds'] / 60:.1f}"]
-        )
-    return rows
+        )  # fmt: skip
+    return scores, spent_rows
 
 
-def pretrain_qa_baseline_rows(record: dict) -> list[list[str]]:
-    """The answers that never read the question, by kind: the one constant, the per-kind constant, a guess."""
+def pretrain_qa_baseline_rows(record: dict) -> tuple[list[list[str]], list[list[str]]]:
+    """The answers that never read the question (the one constant, the per-kind constant, a guess), in both tables."""
     baselines, summary = record["baselines"], record["summary"]["baselines"]
     names = {"constant": f"constant: always {baselines['constant']['answer']!r} (`kqv eval`'s one answer)",
              "per_kind": "constant per kind: " + " / ".join(repr(a) for a in baselines["per_kind"]["answers"].values()),
              "uniform guess per kind": "uniform guess among the seen answers of the question's kind"}  # fmt: skip
-    return [
-        [names[name], f"{row['exact_match']:.3f}"] + [f"{row['by_kind'][k]:.3f}" for k in KINDS] + [""] * 8
-        for name, row in summary.items()
-    ]
+    scores = [[names[name], f"{row['exact_match']:.3f}"] + [""] * 4 for name, row in summary.items()]
+    by_kind = [[names[name]] + [f"{row['by_kind'][k]:.3f}" for k in KINDS] + [""] * 4 for name, row in summary.items()]
+    return scores, by_kind
 
 
-PRETRAIN_QA_HEADER = ["recipe (equal updates)", "held-out EM (seeds)", "town", "year", "trade"]
-PRETRAIN_QA_HEADER += [
-    "- constant per kind [95%]",
-    "reading [95%]",
-    "reading - guess [95%]",
-    "reading - runner-up [95%]",
-]
-PRETRAIN_QA_HEADER += ["seen EM"]
-PRETRAIN_QA_HEADER += ["updates", "tokens", "minutes"]
+PRETRAIN_QA_HEADER = ["recipe (equal updates)", "held-out EM (seeds)", "- constant per kind [95%]", "reading [95%]"]
+PRETRAIN_QA_HEADER += ["reading - guess [95%]", "reading - runner-up [95%]"]
+PRETRAIN_QA_SPENT = ["recipe", "town", "year", "trade", "seen EM", "updates", "tokens", "minutes"]
+
+
+def pretrain_qa_tables(record: dict, arms: list[str]) -> str:
+    """The scores table, then exact match by kind with what each recipe spent."""
+    scores, spent = pretrain_qa_rows(record["summary"], arms)
+    base_scores, base_kinds = pretrain_qa_baseline_rows(record)
+    return (
+        plain(PRETRAIN_QA_HEADER, scores + base_scores, right=1)
+        + "\nHeld-out exact match by kind of question, the seen questions' and what each recipe spent (a seed's "
+        "updates, tokens and minutes, pretraining included):\n\n"
+        + plain(PRETRAIN_QA_SPENT, spent + base_kinds, right=1)
+    )
 
 
 def pretrain_qa_probes(summary: dict) -> str:
@@ -1048,13 +1055,12 @@ def pretrain_qa_table(file: str = PRETRAIN_QA, command: str = PRETRAIN_QA_COMMAN
     never reads the question (each kind's constant), and the reading score against its own guess."""
     record = json.loads((ROOT / file).read_text(encoding="utf-8"))
     summary, sizes, world = record["summary"], record["sizes"], record["world"]
-    rows = pretrain_qa_rows(summary, list(summary["arms"])) + pretrain_qa_baseline_rows(record)
     best = "".join(f"- {name}: {verdict_text(c)}\n" for name, c in summary["best_versus"].items())
     reading = record["baselines"]["reading"]
     spans = ", ".join(f"`{option}`" for option in sizes.get("span_options", [])) or "the defaults"
     questions = len(record["baselines"]["kinds"])
     return (
-        plain(PRETRAIN_QA_HEADER, rows, right=1)
+        pretrain_qa_tables(record, list(summary["arms"]))
         + f"\nEM: exact match, each question's mean over seeds {', '.join(map(str, summary['seeds']))} (each seed's "
         f"in brackets); every interval is paired over the {questions:,} held-out questions, and a verdict needs "
         f"the interval and an exact test (p < 0.05) to agree: McNemar's, and against the guess the chance that a "
@@ -1088,11 +1094,10 @@ TUTORIAL_RECIPES = ("span corruption, augmented -> fine-tune", "next-token -> fi
 
 
 def pretrain_qa_tutorial_table() -> str:
-    """The tutorial's recipe and the two-stage one beside the answers that never read the question."""
+    """The tutorial's recipe and plain next-token pretraining beside the answers that never read the question."""
     record = json.loads((ROOT / PRETRAIN_QA).read_text(encoding="utf-8"))
-    rows = pretrain_qa_rows(record["summary"], [n for n in TUTORIAL_RECIPES if n in record["summary"]["arms"]])
-    rows += pretrain_qa_baseline_rows(record)
-    return plain(PRETRAIN_QA_HEADER, rows, right=1) + one_run(record, PRETRAIN_QA, PRETRAIN_QA_COMMAND)
+    arms = [name for name in TUTORIAL_RECIPES if name in record["summary"]["arms"]]
+    return pretrain_qa_tables(record, arms) + one_run(record, PRETRAIN_QA, PRETRAIN_QA_COMMAND)
 
 
 def short_versus(figures: dict) -> str:
