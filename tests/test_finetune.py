@@ -263,7 +263,6 @@ def test_a_hub_name_is_fetched_as_safetensors_and_tokenizer_only(gpt2_dir, monke
 def test_a_hub_name_that_cannot_be_fetched_is_one_clear_error(monkeypatch, tmp_path):
     import huggingface_hub
 
-    from kqv.cli.wording import WORDS
     from kqv.errors import command_line
     from kqv.jobs.init import read_source
 
@@ -273,7 +272,7 @@ def test_a_hub_name_that_cannot_be_fetched_is_one_clear_error(monkeypatch, tmp_p
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
     with pytest.raises(ConfigError, match=r"^init=gpt2: no such directory, and it could not be fetched .*\(OSError\)"):
         read_source("gpt2")
-    with command_line(WORDS), pytest.raises(ConfigError, match=r"^--init gpt2: no such directory"):
+    with command_line(), pytest.raises(ConfigError, match=r"^--init gpt2: no such directory"):
         read_source("gpt2")  # the command line's words for the option
     with pytest.raises(ConfigError, match="neither a kqv LM run"):
         read_source(tmp_path)  # an existing directory is never taken for a hub name
