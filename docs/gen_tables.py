@@ -988,11 +988,11 @@ def verdict_text(comparison: dict) -> str:
     return f"{short_versus(comparison)} {comparison['verdict']}, p={comparison['p_value']:.2g}"
 
 
-def pretrain_qa_rows(summary: dict, arms: list[str]) -> tuple[list[list[str]], list[list[str]]]:
-    """Two rows an arm: its scores (exact match, the mean over the seeds and each seed's; against the per-kind
-    constant; the reading score against its guess and its runner-up), and its exact match by kind beside the seen
-    questions' and what it spent per seed."""
-    scores, spent_rows = [], []
+def pretrain_qa_rows(summary: dict, arms: list[str]) -> tuple[list[list[str]], ...]:
+    """Three rows an arm: its exact match (the mean over the seeds and each seed's) against the per-kind constant;
+    its reading score against its guess and its runner-up; its exact match by kind, the seen questions' and what it
+    spent per seed."""
+    scores, reading_rows, spent_rows = [], [], []
     for name in arms:
         arm = summary["arms"][name]
         per_seed = " / ".join(f"{v:.3f}" for v in arm["per_seed"].values())
@@ -1001,7 +1001,13 @@ def pretrain_qa_rows(summary: dict, arms: list[str]) -> tuple[list[list[str]], l
         mean = {key: statistics.fmean(s[key] for s in spent) for key in ("steps", "tokens", "train_seconds")}
         scores.append(
             [name, f"**{arm['exact_match']:.3f}** ({per_seed})", verdict_text(arm["versus_constant_per_kind"])]
-            + [f"{reading['exact_match']:.3f}{ci(reading['exact_match_95'])}", verdict_text(reading["versus_guess"])]
+        )
+        reading_rows.append(
+            [
+                name,
+                f"{reading['exact_match']:.3f}{ci(reading['exact_match_95'])}",
+                verdict_text(reading["versus_guess"]),
+            ]
             + [verdict_text(reading["versus_runner_up"])]
         )
         spent_rows.append(
@@ -1009,31 +1015,36 @@ def pretrain_qa_rows(summary: dict, arms: list[str]) -> tuple[list[list[str]], l
             + [f"{arm['seen_exact_match']:.3f}", f"{mean['steps']:,.0f}", f"{mean['tokens'] / 1e6:.1f}M"]
             + [f"{mean['train_seconds'] / 60:.1f}"]
         )  # fmt: skip
-    return scores, spent_rows
+    return scores, reading_rows, spent_rows
 
 
 def pretrain_qa_baseline_rows(record: dict) -> tuple[list[list[str]], list[list[str]]]:
-    """The answers that never read the question (the one constant, the per-kind constant, a guess), in both tables."""
+    """The answers that never read the question (the one constant, the per-kind constant, a guess): their exact
+    match, and by kind."""
     baselines, summary = record["baselines"], record["summary"]["baselines"]
     names = {"constant": f"constant: always {baselines['constant']['answer']!r} (`kqv eval`'s one answer)",
              "per_kind": "constant per kind: " + " / ".join(repr(a) for a in baselines["per_kind"]["answers"].values()),
              "uniform guess per kind": "uniform guess among the seen answers of the question's kind"}  # fmt: skip
-    scores = [[names[name], f"{row['exact_match']:.3f}"] + [""] * 4 for name, row in summary.items()]
+    scores = [[names[name], f"{row['exact_match']:.3f}", ""] for name, row in summary.items()]
     by_kind = [[names[name]] + [f"{row['by_kind'][k]:.3f}" for k in KINDS] + [""] * 4 for name, row in summary.items()]
     return scores, by_kind
 
 
-PRETRAIN_QA_HEADER = ["recipe (equal updates)", "held-out EM (seeds)", "- constant per kind [95%]", "reading [95%]"]
-PRETRAIN_QA_HEADER += ["reading - guess [95%]", "reading - runner-up [95%]"]
+PRETRAIN_QA_HEADER = ["recipe (equal updates)", "held-out EM (seeds)", "- constant per kind [95%]"]
+PRETRAIN_QA_READING = ["recipe", "reading [95%]", "reading - guess [95%]", "reading - runner-up [95%]"]
 PRETRAIN_QA_SPENT = ["recipe", "town", "year", "trade", "seen EM", "updates", "tokens", "minutes"]
 
 
 def pretrain_qa_tables(record: dict, arms: list[str]) -> str:
-    """The scores table, then exact match by kind with what each recipe spent."""
-    scores, spent = pretrain_qa_rows(record["summary"], arms)
+    """Exact match against the answers that never read the question; the reading score against its guess and
+    runner-up; exact match by kind with what each recipe spent."""
+    scores, reading, spent = pretrain_qa_rows(record["summary"], arms)
     base_scores, base_kinds = pretrain_qa_baseline_rows(record)
     return (
         plain(PRETRAIN_QA_HEADER, scores + base_scores, right=1)
+        + "\nThe reading score (exact match where the answer is not its kind's constant), against a guess among the "
+        "kind's other seen answers and against the kind's runner-up answer:\n\n"
+        + plain(PRETRAIN_QA_READING, reading, right=1)
         + "\nHeld-out exact match by kind of question, the seen questions' and what each recipe spent (a seed's "
         "updates, tokens and minutes, pretraining included):\n\n"
         + plain(PRETRAIN_QA_SPENT, spent + base_kinds, right=1)

@@ -84,8 +84,10 @@ def test_the_benchmark_s_baselines_are_the_hand_computed_ones_ties_broken_as_kqv
     assert found["uniform_per_kind"]["per_question"] == pytest.approx([1 / 2, 1 / 2, 1 / 2, 1 / 2, 0])
     assert found["kinds"] == ["town", "town", "year", "trade", "trade"]
     # reading questions: every one whose answer is not its kind's constant; the guess among the kind's other seen
-    # answers by frequency: town Y 1/1, year 1999 1/1, trade smith 1/1 and baker (never seen) 0/1
-    assert found["reading"] == {"questions": [1, 2, 3, 4], "guess": [1.0, 1.0, 1.0, 0.0]}
+    # answers by frequency: town Y 1/1, year 1999 1/1, trade smith 1/1 and baker (never seen) 0/1; the runner-ups,
+    # each kind's most frequent other seen answer: Y, 1999, smith, right on all but baker
+    runner_up = {"answers": {"town": "Y", "trade": "smith", "year": "1999"}, "per_question": [1, 1, 1, 0]}
+    assert found["reading"] == {"questions": [1, 2, 3, 4], "guess": [1.0, 1.0, 1.0, 0.0], "runner_up": runner_up}
     difference = bench.versus([1, 1, 1, 0, 0], found["per_kind"]["per_question"])
     assert difference["difference"] == pytest.approx(0.4) and difference["verdict"] == "inconclusive"
 
@@ -137,7 +139,11 @@ def test_two_seeds_are_averaged_per_question_and_a_verdict_needs_the_interval_an
         "constant": {"per_question": [0] * n},
         "per_kind": {"per_question": [1] * 4 + [0] * (n - 4)},
         "uniform_per_kind": {"per_question": [0.1] * n},
-        "reading": {"questions": list(range(4, n)), "guess": [0.05] * (n - 4)},
+        "reading": {
+            "questions": list(range(4, n)),
+            "guess": [0.05] * (n - 4),
+            "runner_up": {"answers": {}, "per_question": [0] * (n - 4)},
+        },
     }
     arm = "next-token -> fine-tune"
     seed0 = [1] * 4 + [1] * 12 + [0] * (n - 16)  # right on the constant's 4 and on 12 reading questions
