@@ -284,8 +284,14 @@ def constant_answer(answers: Sequence[str]) -> str:
     sorted order."""
     if not answers:
         raise DataError("a constant answer needs at least one answer to count")
-    counts = Counter(normalise(answer) for answer in answers)
-    return min(counts, key=lambda answer: (-counts[answer], answer))
+    return most_frequent(Counter(normalise(answer) for answer in answers))
+
+
+def most_frequent(counts: Counter, other_than: str | None = None) -> str:
+    """The answer `counts` counts most often (other than `other_than`); of several equally frequent, the first in
+    sorted order: the one tie rule of every baseline. "" when there is no answer to choose."""
+    answers = [answer for answer in counts if answer != other_than]
+    return min(answers, key=lambda answer: (-counts[answer], answer), default="")
 
 
 def kind_constants(answers: Sequence[str], kinds: Sequence[str]) -> dict[str, str]:
@@ -307,8 +313,7 @@ def reading_guess(expected: str, seen: Counter, constant: str) -> float:
 def runner_up(seen: Counter, constant: str) -> str:
     """The most frequent of the answers `seen` (each normalised answer's count) other than `constant`, ties broken
     as `constant_answer` breaks them; "" when there is no other."""
-    others = [answer for answer in sorted(seen) if answer != constant]
-    return min(others, key=lambda answer: (-seen[answer], answer)) if others else ""
+    return most_frequent(seen, other_than=constant)
 
 
 def reading_baselines(
