@@ -102,14 +102,15 @@ def make_world(n_people: int, seed: int) -> list[Person]:
     return people
 
 
-def biography(person: Person, rng: random.Random) -> str:
+def biography(person: Person, rng: random.Random, full_names: bool = False) -> str:
     """One paragraph: the three facts in a random order, each in a random wording; the first sentence names the
-    person in full, each later one by name or pronoun, at random."""
+    person in full, each later one by name or pronoun, at random, or by name (`full_names`: Allen-Zhu and Li's
+    "fullname" augmentation, every fact beside the name it belongs to)."""
     possessive = {"he": "his", "she": "her"}[person.pronoun]
     objective = {"he": "him", "she": "her"}[person.pronoun]
     sentences = []
     for k, fact in enumerate(rng.sample(list(SENTENCES), len(SENTENCES))):
-        name = person.name if k == 0 or rng.random() < 0.5 else person.pronoun
+        name = person.name if full_names or k == 0 or rng.random() < 0.5 else person.pronoun
         pos_name = person.name + "'s" if name == person.name else possessive
         obj_name = person.name if name == person.name else objective
         text = rng.choice(SENTENCES[fact]).format(
@@ -131,11 +132,12 @@ PREFACE = (  # the text's first line: a character tokenizer made from the text t
 )
 
 
-def biographies(people: list[Person], seed: int, versions: int = 1) -> str:
+def biographies(people: list[Person], seed: int, versions: int = 1, full_names: bool = False) -> str:
     """The pretraining text: `PREFACE`, then `versions` biographies per person (each drawn anew: knowledge
-    augmentation, several wordings and orders of the same facts), one per line, all in a random order."""
+    augmentation, several wordings and orders of the same facts), one per line, all in a random order; each names
+    its person in every sentence with `full_names`."""
     rng = random.Random(seed)
-    lines = [biography(person, rng) for _ in range(versions) for person in people]
+    lines = [biography(person, rng, full_names) for _ in range(versions) for person in people]
     rng.shuffle(lines)
     return "\n".join([PREFACE, *lines]) + "\n"
 
@@ -187,7 +189,9 @@ def write_jsonl(path: Path, pairs: list[tuple[str, str]], mask: str = "") -> Non
     path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
 
 
-def with_validation(text: str, seen: list[Person], seed: int, versions: int, val_fraction: float) -> tuple[str, int]:
+def with_validation(
+    text: str, seen: list[Person], seed: int, versions: int, val_fraction: float, full_names: bool = False
+) -> tuple[str, int]:
     """`text` (one document a line after the preface) with new biographies of seen people added at exactly the
     lines kqv's split (`kqv.data.completions.split_examples` at `val_fraction`) holds out for validation, so that
     validation withholds no document of the text (a held-out person's facts live in no other): the text and how
@@ -198,7 +202,9 @@ def with_validation(text: str, seen: list[Person], seed: int, versions: int, val
     added = 1
     while added != max(1, round(val_fraction * (len(lines) + added))):
         added += 1
-    extra = biographies(seen, seed + 1, versions).splitlines()[1:]  # new wordings (another seed), no preface
+    extra = biographies(seen, seed + 1, versions, full_names).splitlines()[
+        1:
+    ]  # new wordings (another seed), no preface
     extra = (extra * (added // len(extra) + 1))[:added]
     _, held = split_examples(len(lines) + added, val_fraction)
     held_set, documents, pool = set(held), iter(lines), iter(extra)
@@ -209,16 +215,18 @@ def with_validation(text: str, seen: list[Person], seed: int, versions: int, val
 VAL_FRACTION = 0.05  # the validation share pretrain.txt is laid out for (`data.val_fraction`)
 
 
-def write_world(out: Path, n_people: int, seed: int, versions: int = 1) -> list[Person]:
-    """In `out`: biographies.txt (`versions` biographies per person), pretrain.txt (the same with validation
-    documents of seen people where `data.val_fraction = VAL_FRACTION` holds out: `with_validation`), the questions
-    and probes of the seen and held-out people as .tsv and as .jsonl naming each question's kind."""
+def write_world(out: Path, n_people: int, seed: int, versions: int = 1, full_names: bool = False) -> list[Person]:
+    """In `out`: biographies.txt (`versions` biographies per person, with `full_names` if asked), pretrain.txt (the
+    same with validation documents of seen people where `data.val_fraction = VAL_FRACTION` holds out:
+    `with_validation`), the questions and probes of the seen and held-out people as .tsv and as .jsonl naming each
+    question's kind."""
     people = make_world(n_people, seed)
     seen, held_out = split(people)
     out.mkdir(parents=True, exist_ok=True)
-    text = biographies(people, seed, versions)
+    text = biographies(people, seed, versions, full_names)
     (out / "biographies.txt").write_text(text, encoding="utf-8")
-    (out / "pretrain.txt").write_text(with_validation(text, seen, seed, versions, VAL_FRACTION)[0], encoding="utf-8")
+    laid_out, _ = with_validation(text, seen, seed, versions, VAL_FRACTION, full_names)
+    (out / "pretrain.txt").write_text(laid_out, encoding="utf-8")
     files = {"questions-seen": questions(seen), "questions-held-out": questions(held_out),
              "probes-seen": probes(seen), "probes-held-out": probes(held_out)}  # fmt: skip
     for name, pairs in files.items():
@@ -231,12 +239,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description="write an invented world's biographies and question files")
     parser.add_argument("--people", type=int, default=1000, help="how many people (default 1000)")
     parser.add_argument("--versions", type=int, default=1, help="biographies per person, each worded anew (default 1)")
+    parser.add_argument("--full-names", action="store_true", help="every sentence names its person in full")
     parser.add_argument("--seed", type=int, default=0, help="the world's seed (default 0)")
     parser.add_argument("--out", type=Path, required=True, help="a directory to write into")
     args = parser.parse_args()
     if args.people < 2 or args.versions < 1:
         parser.error("--people must be at least 2 and --versions at least 1")
-    write_world(args.out, args.people, args.seed, args.versions)
+    write_world(args.out, args.people, args.seed, args.versions, args.full_names)
     print(f"wrote {args.out}: biographies.txt, pretrain.txt, questions-{{seen,held-out}}.{{tsv,jsonl}}, probes-*")
     return 0
 

@@ -73,10 +73,10 @@ SIZES = {
         "model": {"d_model": 128, "n_heads": 4, "n_layers": 4, "d_ff": 512},
         "context": 160,
         "batch_size": 32,
-        "pretrain_steps": 1800,
+        "pretrain_steps": 4800,
         "pretrain_lr": 2e-3,
         "versions": 8,
-        "finetune_steps": 300,
+        "finetune_steps": 600,
         "finetune_lr": 1e-3,
         "lora_rank": 16,
         "parallel": 2,
@@ -110,23 +110,32 @@ SIZES = {
 }
 
 # Each pretraining: its text (bios_pretrain.txt: one biography per person; bios_augmented_pretrain.txt: `versions`
-# per person, each worded and ordered anew; both with validation documents of their own: `with_validation`) and its
-# settings. Every text is read document by document (a source of its own), so that its validation split is whole
-# documents.
+# per person, each worded and ordered anew; bios_full_pretrain.txt: the same naming the person in every sentence;
+# all with validation documents of their own: `with_validation`) and its settings. Every text is read document by
+# document (a source of its own), so that its validation split is whole documents.
+SHUFFLED = ["data.shuffle_sentences=true"]
+SPANS = ['data.objective="span_corruption"']
 PRETRAININGS = {
     "next-token": ("bios_pretrain.txt", []),
-    "next-token, augmented": ("bios_augmented_pretrain.txt", ["data.shuffle_sentences=true"]),
-    "span corruption, augmented": ("bios_augmented_pretrain.txt", ['data.objective="span_corruption"']),
+    "next-token, augmented": ("bios_augmented_pretrain.txt", SHUFFLED),
+    "next-token, augmented, full names": ("bios_full_pretrain.txt", SHUFFLED),
+    "span corruption, augmented": ("bios_augmented_pretrain.txt", SPANS),
 }
-ARMS = {  # name: (pretraining, last stage: "finetune" | "lora" | "mixed" | "alone", extra settings, template)
+ARMS = {  # name: (pretraining, last stage: "finetune" | "lora" | "mixed" | "alone", extra settings, template);
+    # a mixed run reads the text and the seen questions of MIXTURES
     "next-token -> fine-tune": ("next-token", "finetune", [], None),
     "next-token, augmented -> fine-tune": ("next-token, augmented", "finetune", [], None),
+    "next-token, augmented, full names -> fine-tune": ("next-token, augmented, full names", "finetune", [], None),
     "span corruption, augmented -> fine-tune": ("span corruption, augmented", "finetune", [], TEMPLATE),
     "span corruption, augmented -> LoRA": ("span corruption, augmented", "lora", [], TEMPLATE),
-    "mixed: span corruption, augmented + seen questions": (None, "mixed", ['data.objective="span_corruption"'],
-                                                           TEMPLATE),
+    "mixed: next-token, augmented, full names + seen questions": (None, "mixed", SHUFFLED, None),
+    "mixed: span corruption, augmented + seen questions": (None, "mixed", SPANS, TEMPLATE),
     "random init -> fine-tune": (None, "alone", [], None),
 }  # fmt: skip
+MIXTURES = {  # a mixed arm's sources: (file, weight); the next-token one reads the text twice as often
+    "mixed: next-token, augmented, full names + seen questions": (("bios_full_pretrain.txt", 2), ("seen.jsonl", 1)),
+    "mixed: span corruption, augmented + seen questions": (("bios_augmented_pretrain.txt", 1), ("seen.jsonl", 1)),
+}
 KINDS = list(people_world.QUESTIONS)
 
 
@@ -143,11 +152,17 @@ def write_files(sizes: dict, world_seed: int, work: Path) -> dict:
     seen, held_out = people_world.split(people)
     text = people_world.biographies(people, world_seed)
     augmented = people_world.biographies(people, world_seed, sizes["versions"])
-    (work / "bios.txt").write_text(text, encoding="utf-8")
-    (work / "bios_augmented.txt").write_text(augmented, encoding="utf-8")
+    named = people_world.biographies(people, world_seed, sizes["versions"], full_names=True)
     validation = {}
-    for name, full in (("bios", text), ("bios_augmented", augmented)):
-        laid_out, extra = people_world.with_validation(full, seen, world_seed, sizes["versions"], VAL_FRACTION)
+    for name, whole, full_names in (
+        ("bios", text, False),
+        ("bios_augmented", augmented, False),
+        ("bios_full", named, True),
+    ):
+        (work / f"{name}.txt").write_text(whole, encoding="utf-8")
+        laid_out, extra = people_world.with_validation(
+            whole, seen, world_seed, sizes["versions"], VAL_FRACTION, full_names
+        )
         (work / f"{name}_pretrain.txt").write_text(laid_out, encoding="utf-8")
         validation[name] = extra
     files = {
@@ -184,8 +199,11 @@ def settings(sizes: dict, steps: int, lr: float, seed: int) -> list[str]:
     return run_settings(sizes, steps, lr, seed, val_fraction=VAL_FRACTION)
 
 
-def sources(*paths: Path) -> str:
-    return "data.sources=[" + ", ".join(f"{{path={json.dumps(str(p))}, weight=1}}" for p in paths) + "]"
+def sources(*paths: Path, weights: tuple[int, ...] = ()) -> str:
+    """The `data.sources` setting of files read with `weights` (default 1 each)."""
+    weights = weights or (1,) * len(paths)
+    files = (f"{{path={json.dumps(str(p))}, weight={w}}}" for p, w in zip(paths, weights, strict=True))
+    return "data.sources=[" + ", ".join(files) + "]"
 
 
 def train_one(job: dict) -> dict:
@@ -291,18 +309,24 @@ def jobs(sizes: dict, work: Path, seed: int, threads: int, arms: list[str] | Non
             if stage == "lora":
                 options.append(f"finetune.lora_rank={sizes['lora_rank']}")
         elif stage == "mixed":
-            steps, lr, data = pre + fine, sizes["pretrain_lr"], [sources(work / "bios_augmented_pretrain.txt", seen)]
+            files, weights = zip(*MIXTURES[arm])
+            steps, lr, data = pre + fine, sizes["pretrain_lr"], [sources(*(work / f for f in files), weights=weights)]
         else:  # the questions alone, for as many updates as a pretraining and its fine-tune
             steps, lr, data = pre + fine, sizes["finetune_lr"], [f"data.path={json.dumps(str(seen))}"]
         runs[arm] = {
             "needs": pretraining,
             "overrides": settings(sizes, steps, lr, seed) + data + spans(extra, sizes) + options,
-            "score": {"held_out": str(held_out), "seen": str(seen_scored)},
+            "score": {"held_out": str(held_out), "seen": str(seen_scored)} | probe_of(stage, extra, work),
         }
     for name, job in runs.items():
         directory = work / f"seed{seed}" / name.replace(" ", "_").replace(",", "").replace(">", "")
         job |= {"out": str(directory), "threads": threads}
     return runs
+
+
+def probe_of(stage: str, extra: list[str], work: Path) -> dict[str, str]:
+    """A mixed next-token run is also probed (it is its own pretraining): its stored facts, beside its answers."""
+    return {"probe": str(work / "probe_held_out.jsonl")} if stage == "mixed" and extra == SHUFFLED else {}
 
 
 def spans(extra: list[str], sizes: dict) -> list[str]:
@@ -478,7 +502,8 @@ def summarise(results: dict[str, dict], baseline: dict, seeds: list[int]) -> dic
     best = max(arms, key=lambda a: arms[a]["exact_match"])
     others = {f"{best} - {arm}": versus(held_out[best], held_out[arm]) for arm in arms if arm != best}
     probes, probe_records = {}, {}  # each pretraining's mean over the seeds, and each seed's own figures
-    for name in [name for name in PRETRAININGS if seeded(name, seeds[0]) in results]:
+    probed = [*PRETRAININGS, *(arm for arm in MIXTURES if ARMS[arm][2] == SHUFFLED)]  # pretrainings, mixed next-token
+    for name in [name for name in probed if seeded(name, seeds[0]) in results]:
         records = [results[seeded(name, seed)]["probe"] for seed in seeds]
         probes[name] = statistics.fmean(over_seeds(results, name, seeds, "probe"))
         probe_records[name] = {seed: {k: r[k] for k in ("correct", "n", "exact_match", "exact_match_95")}
@@ -569,6 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="the training seeds (default 0 1)")
     parser.add_argument("--world-seed", type=int, default=0, help="the seed of the invented world (default 0)")
     parser.add_argument("--pretrain-steps", type=int, help="the pretrainings' updates (default: the size's)")
+    parser.add_argument("--finetune-steps", type=int, help="the fine-tunes' updates (default: the size's)")
     parser.add_argument("--arm", action="append", choices=list(ARMS), help="run this recipe (repeat; default all)")
     parser.add_argument(
         "--span-set",
@@ -589,9 +615,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.summarise:
         return summarise_again(parser, args.summarise, args.output)
     sizes = SIZES[args.size] | ({"pretrain_steps": args.pretrain_steps} if args.pretrain_steps else {})
+    sizes |= {"finetune_steps": args.finetune_steps} if args.finetune_steps else {}
     sizes |= {"span_options": args.span_set} if args.span_set else {}
-    if sizes["pretrain_steps"] < 1:
-        parser.error("--pretrain-steps must be at least 1")
+    if sizes["pretrain_steps"] < 1 or sizes["finetune_steps"] < 1:
+        parser.error("--pretrain-steps and --finetune-steps must be at least 1")
     seeds = list(dict.fromkeys(args.seeds))
     if len(seeds) < 2:
         parser.error("--seeds needs at least two different seeds: a verdict is paired over questions and seeds")
