@@ -976,16 +976,23 @@ def finetune_qa_table() -> str:
 
 PRETRAIN_QA = "benchmarks/results/pretrain_qa.json"
 PRETRAIN_QA_COMMAND = (
+    "python benchmarks/pretrain_qa.py --arm 'next-token, augmented, full names -> fine-tune' "
+    "--arm 'mixed: next-token, augmented, full names + seen questions'"
+)
+PRETRAIN_QA_2100 = "benchmarks/results/pretrain_qa-2100.json"  # the first recipes, at 1,800 + 300 updates
+PRETRAIN_QA_2100_COMMAND = (
     "python benchmarks/pretrain_qa.py --arm 'next-token -> fine-tune' --arm 'span corruption, augmented -> fine-tune' "
     "--arm 'span corruption, augmented -> LoRA' --arm 'mixed: span corruption, augmented + seen questions' "
-    "--arm 'random init -> fine-tune'"
+    f"--arm 'random init -> fine-tune' --pretrain-steps 1800 --finetune-steps 300 --output {PRETRAIN_QA_2100}"
 )
 KINDS = ("town", "year", "trade")
 
 
 def verdict_text(comparison: dict) -> str:
     """A paired difference as value [95%], and the verdict the interval and the exact test agree on, with its p."""
-    return f"{short_versus(comparison)} {comparison['verdict']}, p={comparison['p_value']:.2g}"
+    p_value = comparison["p_value"]
+    p_text = f"p={p_value:.2g}" if p_value > 0 else "p<1e-300"  # below a double's range
+    return f"{short_versus(comparison)} {comparison['verdict']}, {p_text}"
 
 
 def pretrain_qa_rows(summary: dict, arms: list[str]) -> tuple[list[list[str]], ...]:
@@ -1060,7 +1067,7 @@ def pretrain_qa_probes(summary: dict) -> str:
     )  # fmt: skip
 
 
-def pretrain_qa_table(file: str = PRETRAIN_QA, command: str = PRETRAIN_QA_COMMAND) -> str:
+def pretrain_qa_table(file: str = PRETRAIN_QA, command: str = PRETRAIN_QA_COMMAND, shared: bool = False) -> str:
     """Exact match on held-out people's questions per recipe at equal updates (the world of
     benchmarks/people_world.py), each question's mean over the training seeds, against the strongest answer that
     never reads the question (each kind's constant), and the reading score against its own guess."""
@@ -1069,6 +1076,8 @@ def pretrain_qa_table(file: str = PRETRAIN_QA, command: str = PRETRAIN_QA_COMMAN
     best = "".join(f"- {name}: {verdict_text(c)}\n" for name, c in summary["best_versus"].items())
     reading = record["baselines"]["reading"]
     spans = ", ".join(f"`{option}`" for option in sizes.get("span_options", [])) or "the defaults"
+    spans = f", span corruption with {spans}" if any("span" in arm for arm in summary["arms"]) else ""
+    load = ", on a machine shared with other work: an upper bound" if shared else ""
     questions = len(record["baselines"]["kinds"])
     return (
         pretrain_qa_tables(record, list(summary["arms"]))
@@ -1084,9 +1093,9 @@ def pretrain_qa_table(file: str = PRETRAIN_QA, command: str = PRETRAIN_QA_COMMAN
         f"never reads a reading question. "
         f"{world['people']:,} people ({world['held_out_people']:,} held out); a {sizes['model']['n_layers']}-layer "
         f"model of width {sizes['model']['d_model']}, {sizes['pretrain_steps']:,} + {sizes['finetune_steps']:,} "
-        f"updates of {sizes['batch_size']} per recipe, span corruption with {spans}; one torch thread per run, two "
+        f"updates of {sizes['batch_size']} per recipe{spans}; one torch thread per run, two "
         f"runs at a time, {record['total_seconds'] / 60:.0f} min in all (minutes are a seed's, pretraining "
-        f"included, on a machine shared with other work: an upper bound).\n\n"
+        f"included{load}).\n\n"
         f"Probes (a held-out person's own biography sentence, before any fine-tune): {pretrain_qa_probes(summary)}."
         f"\n\nThe best recipe against each of the others, paired over questions:\n\n{best}"
         + one_run(record, file, command)
@@ -1097,11 +1106,15 @@ PRETRAIN_QA_FIM = "benchmarks/results/pretrain_qa-fim.json"
 PRETRAIN_QA_FIM_COMMAND = (
     "python benchmarks/pretrain_qa.py --arm 'span corruption, augmented -> fine-tune' --arm 'mixed: span corruption, "
     "augmented + seen questions' --span-set data.random_prefix=true --span-set 'data.span_loss=\"all\"' "
-    f"--span-set data.span_rate=0.25 --span-set data.span_max=160 --output {PRETRAIN_QA_FIM}"
+    "--span-set data.span_rate=0.25 --span-set data.span_max=160 --pretrain-steps 1800 --finetune-steps 300 "
+    f"--output {PRETRAIN_QA_FIM}"
 )
 
 
-TUTORIAL_RECIPES = ("span corruption, augmented -> fine-tune", "next-token -> fine-tune")
+TUTORIAL_RECIPES = (
+    "next-token, augmented, full names -> fine-tune",
+    "mixed: next-token, augmented, full names + seen questions",
+)
 
 
 def pretrain_qa_tutorial_table() -> str:
@@ -1180,7 +1193,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "finetune-qa": finetune_qa_table,
     "pretrain-qa": pretrain_qa_table,
     "pretrain-qa-tutorial": pretrain_qa_tutorial_table,
-    "pretrain-qa-fim": lambda: pretrain_qa_table(PRETRAIN_QA_FIM, PRETRAIN_QA_FIM_COMMAND),
+    "pretrain-qa-2100": lambda: pretrain_qa_table(PRETRAIN_QA_2100, PRETRAIN_QA_2100_COMMAND, shared=True),
+    "pretrain-qa-fim": lambda: pretrain_qa_table(PRETRAIN_QA_FIM, PRETRAIN_QA_FIM_COMMAND, shared=True),
     "one-row-products": one_row_products_table,
     "explore-render": explore_render_table,
     "explore-reply": explore_reply_table,

@@ -4,6 +4,7 @@ every fact a question asks, held-out people never asked in training; and benchma
 the hand-computed ones."""
 
 import importlib
+import json
 import re
 from collections import Counter
 
@@ -46,6 +47,31 @@ def test_each_biography_states_its_person_s_three_facts_in_varied_wording_and_or
             wordings.update(form for form, pattern in forms.items() if pattern.fullmatch(sentence))
     assert len(orders) == 6  # every order of the three facts occurs
     assert set(wordings) == set(forms)  # every wording of every fact occurs
+
+
+def test_full_name_biographies_name_their_person_in_every_sentence_and_state_the_same_facts():
+    people = PEOPLE[:200]
+    plain, named = world.biographies(people, 0, 2), world.biographies(people, 0, 2, full_names=True)
+    pronouns = re.compile(r"\b(he|she|his|her|him|He|She|His|Her)\b")
+    assert pronouns.search(plain)  # the default names a person by pronoun too
+    by_name = {p.name: p for p in people}
+    lines = named.splitlines()[1:]
+    no_possessive = re.sub(r"the town of (his|her) birth", "", "\n".join(lines))  # a possessive, not a subject
+    assert len(lines) == 2 * len(people) and not pronouns.search(no_possessive)
+    seen_people = Counter()
+    for line in lines:
+        sentences = [s if s.endswith(".") else s + "." for s in line.split(". ")]
+        names = [{n for n in re.findall(r"[A-Z][a-z]+ [A-Z][a-z]+", s) if n in by_name} for s in sentences]
+        assert len(sentences) == 3 and all(len(n) == 1 for n in names) and len(set.union(*names)) == 1
+        (person,) = names[0]
+        assert person_facts_in(by_name[person], line)
+        seen_people[person] += 1
+    assert set(seen_people.values()) == {2}  # each person twice, each version its own draw
+    assert world.biographies(people, 0, 2) == plain  # the default world is unchanged by the option
+
+
+def person_facts_in(person, line: str) -> bool:
+    return person.town in line and str(person.year) in line and f" {person.trade} " in line.replace(".", " ")
 
 
 def test_held_out_people_are_never_asked_in_training_and_their_questions_use_the_text_s_characters():
@@ -119,7 +145,7 @@ def test_validation_documents_are_added_where_the_split_holds_out_so_no_biograph
     bench = script("pretrain_qa")
     sizes = bench.SIZES["quick"]
     bench.write_files(sizes, 0, tmp_path)
-    for name in ("bios", "bios_augmented"):
+    for name in ("bios", "bios_augmented", "bios_full"):
         original = (tmp_path / f"{name}.txt").read_text().splitlines()
         documents = (tmp_path / f"{name}_pretrain.txt").read_text().splitlines()
         train, val = split_examples(len(documents), bench.VAL_FRACTION)
@@ -187,4 +213,21 @@ def test_span_settings_reach_every_span_corruption_run_and_no_other(tmp_path):
     spans = {name for name, job in runs.items() if 'data.objective="span_corruption"' in job["overrides"]}
     assert given == spans and len(spans) == 4  # the span pretraining and the mixed arm, for each seed
     assert runs["span corruption, augmented -> fine-tune | seed 1"]["needs"] == "span corruption, augmented | seed 1"
-    assert len({job["out"] for job in runs.values()}) == len(runs) == 2 * (3 + len(bench.ARMS))
+    assert len({job["out"] for job in runs.values()}) == len(runs) == 2 * (len(bench.PRETRAININGS) + len(bench.ARMS))
+
+
+def test_the_mixed_next_token_arm_reads_the_full_name_text_twice_as_often_as_the_questions_and_is_probed(tmp_path):
+    bench = script("pretrain_qa")
+    runs = bench.jobs(bench.SIZES["quick"], tmp_path, 0, 1)
+    mixed = runs["mixed: next-token, augmented, full names + seen questions"]
+    full, seen = json.dumps(str(tmp_path / "bios_full_pretrain.txt")), json.dumps(str(tmp_path / "seen.jsonl"))
+    assert f"data.sources=[{{path={full}, weight=2}}, {{path={seen}, weight=1}}]" in mixed["overrides"]
+    assert "data.shuffle_sentences=true" in mixed["overrides"]
+    assert not any("span_corruption" in o or "template" in o for o in mixed["overrides"])
+    assert mixed["score"]["probe"] == str(tmp_path / "probe_held_out.jsonl") and mixed["needs"] is None
+    assert "probe" not in runs["mixed: span corruption, augmented + seen questions"]["score"]
+    steps = bench.SIZES["quick"]["pretrain_steps"] + bench.SIZES["quick"]["finetune_steps"]
+    assert f"train.steps={steps}" in mixed["overrides"]  # equal updates with a pretraining and its fine-tune
+    fine = runs["next-token, augmented, full names -> fine-tune"]
+    assert fine["needs"] == "next-token, augmented, full names"
+    assert any("bios_full_pretrain.txt" in o for o in runs["next-token, augmented, full names"]["overrides"])

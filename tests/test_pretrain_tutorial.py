@@ -1,6 +1,6 @@
 """The tutorial (docs/pretrain-to-answers.md) runs what benchmarks/pretrain_qa.py measured: its pretraining and
 fine-tuning commands, read with the configs they name, set every option that shapes training as the benchmark's
-recipe "span corruption, augmented -> fine-tune" does, and its world command writes the benchmark's text."""
+recipe "next-token, augmented, full names -> fine-tune" does, and its world command writes the benchmark's text."""
 
 import re
 import shlex
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "src" / "kqv" / "configs"
 SHAPING = {  # the options that change what is trained (not logging, evaluation, checkpoints or samples)
     "model": ("d_model", "n_heads", "n_layers", "d_ff"),
-    "data": ("context", "val_fraction", "objective", "template"),
+    "data": ("context", "val_fraction", "objective", "template", "shuffle_sentences"),
     "train": ("batch_size", "steps", "lr", "warmup_steps", "min_lr_ratio", "weight_decay", "grad_clip",
               "budget_minutes", "precision", "seed"),
 }  # fmt: skip
@@ -56,12 +56,15 @@ def options(argv: list[str], flag: str) -> list[str]:
 def test_the_tutorial_trains_the_benchmark_s_recipe(tmp_path):
     bench = script("pretrain_qa")
     jobs = bench.jobs(bench.SIZES["default"], tmp_path, 0, 1)
-    wanted_pre = resolved("quick", [o for o in jobs["span corruption, augmented"]["overrides"] if "path" not in o])
+    recipe = "next-token, augmented, full names"
+    wanted_pre = resolved("quick", [o for o in jobs[recipe]["overrides"] if "path" not in o and "sources" not in o])
     source = {k.split(".")[1]: v for k, v in wanted_pre.items() if k.startswith("model.")}
-    fine_sets = [o for o in jobs["span corruption, augmented -> fine-tune"]["overrides"] if "path" not in o]
+    fine_sets = [o for o in jobs[f"{recipe} -> fine-tune"]["overrides"] if "path" not in o]
     wanted_fine = resolved("quick", fine_sets, source_model=source)
     pre, fine = [c for c in commands() if c[:3] == ["kqv", "train", "lm"]]
-    assert options(pre, "--config") == ["quick"] and options(pre, "--data") == ["world/pretrain.txt"]
+    assert options(pre, "--config") == ["quick"] and not options(pre, "--data")
+    assert 'data.sources=[{path="world/pretrain.txt", weight=1}]' in options(pre, "--set")  # read as documents
+    assert any("data.sources=[" in o and "weight=1}]" in o for o in jobs[recipe]["overrides"])
     got_pre = resolved("quick", options(pre, "--set"))
     assert got_pre == wanted_pre
     assert options(fine, "--init") == ["runs/bios"] and options(fine, "--data") == ["world/questions-seen.jsonl"]
@@ -76,8 +79,8 @@ def test_the_tutorial_s_world_is_the_benchmark_s(tmp_path, monkeypatch):
     assert world.main() == 0
     bench = script("pretrain_qa")
     bench.write_files(bench.SIZES["default"], 0, tmp_path)
-    assert (tmp_path / "world" / "biographies.txt").read_text() == (tmp_path / "bios_augmented.txt").read_text()
-    pretrain = (tmp_path / "bios_augmented_pretrain.txt").read_text()
+    assert (tmp_path / "world" / "biographies.txt").read_text() == (tmp_path / "bios_full.txt").read_text()
+    pretrain = (tmp_path / "bios_full_pretrain.txt").read_text()
     assert (tmp_path / "world" / "pretrain.txt").read_text() == pretrain  # validation where the benchmark's is
     for name in ("questions-held-out", "questions-seen"):
         short = {"questions-held-out": "held_out", "questions-seen": "seen"}[name]
