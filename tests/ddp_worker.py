@@ -60,4 +60,5 @@ def counting_agreements() -> list[bool]:
 if __name__ == "__main__":
     agreements = counting_agreements()
     run(Path(sys.argv[1]))
-    print(f"rank0_says {len(agreements)}")
+    sys.stdout.write(f"rank0_says {len(agreements)}\n")  # one write: two ranks share the pipe
+    sys.stdout.flush()
