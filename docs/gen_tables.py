@@ -979,6 +979,10 @@ PRETRAIN_QA_COMMAND = (
     "python benchmarks/pretrain_qa.py --arm 'next-token, augmented, full names -> fine-tune' "
     "--arm 'mixed: next-token, augmented, full names + seen questions'"
 )
+PRETRAIN_QA_PLAIN = "benchmarks/results/pretrain_qa-plain.json"  # the one-version text at the default size
+PRETRAIN_QA_PLAIN_COMMAND = (
+    f"python benchmarks/pretrain_qa.py --arm 'next-token -> fine-tune' --output {PRETRAIN_QA_PLAIN}"
+)
 PRETRAIN_QA_2100 = "benchmarks/results/pretrain_qa-2100.json"  # the first recipes, at 1,800 + 300 updates
 PRETRAIN_QA_2100_COMMAND = (
     "python benchmarks/pretrain_qa.py --arm 'next-token -> fine-tune' --arm 'span corruption, augmented -> fine-tune' "
@@ -1097,7 +1101,7 @@ def pretrain_qa_table(file: str = PRETRAIN_QA, command: str = PRETRAIN_QA_COMMAN
         f"runs at a time, {record['total_seconds'] / 60:.0f} min in all (minutes are a seed's, pretraining "
         f"included{load}).\n\n"
         f"Probes (a held-out person's own biography sentence, before any fine-tune): {pretrain_qa_probes(summary)}."
-        f"\n\nThe best recipe against each of the others, paired over questions:\n\n{best}"
+        + (f"\n\nThe best recipe against each of the others, paired over questions:\n\n{best}" if best else "\n")
         + one_run(record, file, command)
     )
 
@@ -1193,6 +1197,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "finetune-qa": finetune_qa_table,
     "pretrain-qa": pretrain_qa_table,
     "pretrain-qa-tutorial": pretrain_qa_tutorial_table,
+    "pretrain-qa-plain": lambda: pretrain_qa_table(PRETRAIN_QA_PLAIN, PRETRAIN_QA_PLAIN_COMMAND, shared=True),
     "pretrain-qa-2100": lambda: pretrain_qa_table(PRETRAIN_QA_2100, PRETRAIN_QA_2100_COMMAND, shared=True),
     "pretrain-qa-fim": lambda: pretrain_qa_table(PRETRAIN_QA_FIM, PRETRAIN_QA_FIM_COMMAND, shared=True),
     "one-row-products": one_row_products_table,
