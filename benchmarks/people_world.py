@@ -202,9 +202,8 @@ def with_validation(
     added = 1
     while added != max(1, round(val_fraction * (len(lines) + added))):
         added += 1
-    extra = biographies(seen, seed + 1, versions, full_names).splitlines()[
-        1:
-    ]  # new wordings (another seed), no preface
+    # new wordings (another seed), without the preface
+    extra = biographies(seen, seed + 1, versions, full_names).splitlines()[1:]
     extra = (extra * (added // len(extra) + 1))[:added]
     _, held = split_examples(len(lines) + added, val_fraction)
     held_set, documents, pool = set(held), iter(lines), iter(extra)

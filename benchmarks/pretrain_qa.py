@@ -16,9 +16,13 @@ is trained with each of `--seeds` (default two).
 - `next-token, augmented -> fine-tune`: the same on knowledge-augmented text (`versions` biographies per person,
   each worded and ordered anew; Allen-Zhu and Li 2023) read document by document, the sentences of each document
   shuffled at every draw (`data.shuffle_sentences`);
+- `next-token, augmented, full names -> fine-tune`: the same on augmented text that names the person in every
+  sentence (`people_world.py --full-names`, Allen-Zhu and Li's "fullname" augmentation);
 - `span corruption, augmented -> fine-tune` / `-> LoRA`: span-corruption pretraining on the augmented text
   (`data.objective="span_corruption"`), then a full or LoRA fine-tune whose prompts end in the mask symbol
   (`data.template="{prompt}{mask}"`);
+- `mixed: next-token, augmented, full names + seen questions`: one next-token run on the full-name text and the
+  seen questions together (text weighted 2:1, `MIXTURES`), scored directly and probed;
 - `mixed: span corruption, augmented + seen questions`: one run on the augmented text and the seen questions
   together (`--data bios.txt --data questions.tsv`), scored directly;
 - `random init -> fine-tune`: the seen questions alone, no pretraining (what the questions teach by themselves).
@@ -34,7 +38,9 @@ seen answers by frequency (`kqv.jobs.scoring.reading_guess`). Every difference i
 (`kqv.train.evaluation.difference_over_questions`, the seeds averaged per question), and its verdict is "higher" or
 "lower" only when the 95% interval and McNemar's exact test (p < 0.05) agree.
 
-    python benchmarks/pretrain_qa.py                 # the default size, seeds 0 and 1: 30 minutes a seed, 2 cores
+    python benchmarks/pretrain_qa.py --arm 'next-token, augmented, full names -> fine-tune'
+                                                     # the best recipe, seeds 0 and 1: under 30 minutes, 2 cores
+    python benchmarks/pretrain_qa.py                 # every arm: up to half an hour a run, two at a time
     python benchmarks/pretrain_qa.py --size gpu      # a larger world and model, for one GPU
     python benchmarks/pretrain_qa.py --size quick    # seconds: checks the script
     python benchmarks/pretrain_qa.py --span-set data.random_prefix=true --span-set 'data.span_loss="all"'
@@ -316,7 +322,8 @@ def jobs(sizes: dict, work: Path, seed: int, threads: int, arms: list[str] | Non
         runs[arm] = {
             "needs": pretraining,
             "overrides": settings(sizes, steps, lr, seed) + data + spans(extra, sizes) + options,
-            "score": {"held_out": str(held_out), "seen": str(seen_scored)} | probe_of(stage, extra, work),
+            "score": {"held_out": str(held_out), "seen": str(seen_scored)}
+            | ({"probe": str(work / "probe_held_out.jsonl")} if probed_mixture(arm) else {}),
         }
     for name, job in runs.items():
         directory = work / f"seed{seed}" / name.replace(" ", "_").replace(",", "").replace(">", "")
@@ -324,9 +331,11 @@ def jobs(sizes: dict, work: Path, seed: int, threads: int, arms: list[str] | Non
     return runs
 
 
-def probe_of(stage: str, extra: list[str], work: Path) -> dict[str, str]:
-    """A mixed next-token run is also probed (it is its own pretraining): its stored facts, beside its answers."""
-    return {"probe": str(work / "probe_held_out.jsonl")} if stage == "mixed" and extra == SHUFFLED else {}
+def probed_mixture(arm: str) -> bool:
+    """Whether `arm` is a mixed next-token run, probed as well (it is its own pretraining): its stored facts,
+    beside its answers."""
+    _, stage, extra, _ = ARMS[arm]
+    return stage == "mixed" and extra == SHUFFLED
 
 
 def spans(extra: list[str], sizes: dict) -> list[str]:
@@ -502,7 +511,7 @@ def summarise(results: dict[str, dict], baseline: dict, seeds: list[int]) -> dic
     best = max(arms, key=lambda a: arms[a]["exact_match"])
     others = {f"{best} - {arm}": versus(held_out[best], held_out[arm]) for arm in arms if arm != best}
     probes, probe_records = {}, {}  # each pretraining's mean over the seeds, and each seed's own figures
-    probed = [*PRETRAININGS, *(arm for arm in MIXTURES if ARMS[arm][2] == SHUFFLED)]  # pretrainings, mixed next-token
+    probed = [*PRETRAININGS, *filter(probed_mixture, ARMS)]
     for name in [name for name in probed if seeded(name, seeds[0]) in results]:
         records = [results[seeded(name, seed)]["probe"] for seed in seeds]
         probes[name] = statistics.fmean(over_seeds(results, name, seeds, "probe"))

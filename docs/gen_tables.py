@@ -1018,8 +1018,8 @@ def pretrain_qa_rows(summary: dict, arms: list[str]) -> tuple[list[list[str]], .
                 name,
                 f"{reading['exact_match']:.3f}{ci(reading['exact_match_95'])}",
                 verdict_text(reading["versus_guess"]),
+                verdict_text(reading["versus_runner_up"]),
             ]
-            + [verdict_text(reading["versus_runner_up"])]
         )
         spent_rows.append(
             [name] + [f"{arm['by_kind'][kind]:.3f}" for kind in KINDS]
@@ -1122,7 +1122,7 @@ TUTORIAL_RECIPES = (
 
 
 def pretrain_qa_tutorial_table() -> str:
-    """The tutorial's recipe and plain next-token pretraining beside the answers that never read the question."""
+    """The tutorial's recipe and mixed training on the same text beside the answers that never read the question."""
     record = json.loads((ROOT / PRETRAIN_QA).read_text(encoding="utf-8"))
     arms = [name for name in TUTORIAL_RECIPES if name in record["summary"]["arms"]]
     return pretrain_qa_tables(record, arms) + one_run(record, PRETRAIN_QA, PRETRAIN_QA_COMMAND)

@@ -39,7 +39,7 @@ def test_each_biography_states_its_person_s_three_facts_in_varied_wording_and_or
     orders, wordings = set(), Counter()
     for line in lines[1:]:
         (person,) = {by_name[n] for n in re.findall(r"[A-Z][a-z]+ [A-Z][a-z]+", line) if n in by_name}
-        assert person.town in line and str(person.year) in line and f" {person.trade} " in line.replace(".", " ")
+        assert person_facts_in(person, line)
         sentences = [s if s.endswith(".") else s + "." for s in line.split(". ")]
         assert len(sentences) == 3
         orders.add(tuple(next(k for k in world.SENTENCES if str(getattr(person, k)) in s) for s in sentences))

@@ -326,7 +326,7 @@ def reading_baselines(
     for answer, kind in zip(reference, kinds, strict=True):
         seen[kind][normalise(answer)] += 1
     everything = Counter(normalise(answer) for answer in reference)
-    model, per_kind, reading, guesses, runner_ups, seconds = [], [], [], [], {}, []
+    model, per_kind, reading, guesses, runner_ups, runner_up_scores = [], [], [], [], {}, []
     for prediction in result.predictions:
         expected, kind_constant = normalise(prediction.expected), constants.get(prediction.kind, constant)
         model.append(float(prediction.correct))
@@ -336,7 +336,7 @@ def reading_baselines(
             reading.append(float(prediction.correct))
             guesses.append(reading_guess(expected, counts, kind_constant))
             second = runner_ups.setdefault(prediction.kind, runner_up(counts, kind_constant))
-            seconds.append(float(expected == second))
+            runner_up_scores.append(float(expected == second))
     low, high = wilson_interval(int(sum(reading)), len(reading)) if reading else (0.0, 1.0)
     return {
         "kind_constants": constants,
@@ -349,8 +349,8 @@ def reading_baselines(
         "reading_baseline": sum(guesses) / len(guesses) if guesses else 0.0,
         "versus_reading_baseline": difference_from_guess(reading, guesses) if reading else None,
         "reading_runner_ups": dict(sorted(runner_ups.items())),
-        "reading_runner_up_correct": int(sum(seconds)),
-        "versus_reading_runner_up": difference_over_questions(reading, seconds) if reading else None,
+        "reading_runner_up_correct": int(sum(runner_up_scores)),
+        "versus_reading_runner_up": difference_over_questions(reading, runner_up_scores) if reading else None,
     }
 
 
