@@ -174,13 +174,13 @@ def test_a_training_step_on_pairs_reads_nothing_back_between_log_records(tmp_pat
     prepared = [made.batch(i) for i in range(8)]  # made on the host, as the job's train_batches makes them
     counter, marks = SyncCounter(), []
 
-    def train_batches(i):
+    def marked_loss(m, batch):  # on the training thread: the batches are made ahead on a worker
         marks.append(counter.count)
-        return prepared[i]
+        return example_loss(m, batch)
 
     config = TrainConfig(steps=8, batch_size=4, lr=1e-3, warmup_steps=2, log_every=4, eval_every=100, precision="fp32")
     model = DecoderLM(tiny_config(vocab_size=TOKENIZER.vocab_size, max_len=64, **model))
-    run = Trainer(model, config, tmp_path, train_batches=train_batches, loss_fn=example_loss, quiet=True)
+    run = Trainer(model, config, tmp_path, train_batches=prepared.__getitem__, loss_fn=marked_loss, quiet=True)
     with counter:
         run.train()
     marks.append(counter.count)

@@ -67,7 +67,7 @@ def test_the_loss_is_on_the_span_alone_or_on_every_token_as_chosen():
             assert scored == expected
             assert targets[real:].eq(-100).all()
             mask, end = TOKENIZER.token_to_id(MASK), TOKENIZER.encode("\n")[0]
-            assert tokens[:prompt].eq(mask).sum() == 2 and tokens[-1] == end and mask not in tokens[prompt:]
+            assert tokens[:prompt].count(mask) == 2 and tokens[-1] == end and mask not in tokens[prompt:]
 
 
 def test_span_corruption_batches_depend_only_on_the_batch_index_and_the_seed():
@@ -83,7 +83,7 @@ def test_span_corruption_batches_depend_only_on_the_batch_index_and_the_seed():
     draws = [plain.stream_row(g)[0] for g in range(2 * count)]
     assert sorted(draws[:count]) == list(range(count)) and sorted(draws[count:]) == list(range(count, 2 * count))
     one, two = plain.example_tokens(0)[0], plain.example_tokens(count)[0]
-    assert len(one) == len(two) and not torch.equal(one, two)
+    assert len(one) == len(two) and one != two
 
 
 def test_sentence_order_augmentation_reorders_whole_sentences():

@@ -48,17 +48,18 @@ def mlm_batches(i: int):
 def syncs_per_update(
     model, tmp_path, loss_fn=lambda m, b: m(*b), make_batch=lm_batches, **changes
 ) -> tuple[list[int], Trainer]:
-    """The host syncs of each update of a short run (from one micro-batch's request to the next, so an update's
-    count includes the read that follows it when a log record or a checkpoint is due)."""
+    """The host syncs of each update of a short run (from one micro-batch's loss to the next, so an update's
+    count includes the read that follows it when a log record or a checkpoint is due). The mark is taken where the
+    step computes its loss, on the training thread: the batches themselves are made ahead on a worker thread."""
     counter, marks = SyncCounter(), []
 
-    def batches(i: int):
+    def marked_loss(m, batch):
         marks.append(counter.count)
-        return make_batch(i)
+        return loss_fn(m, batch)
 
     values = dict(steps=8, batch_size=4, lr=1e-3, warmup_steps=2, log_every=4, eval_every=100)
     cfg = TrainConfig(**{**values, "checkpoint_every": 100, "precision": "fp32", **changes})
-    run = Trainer(model, cfg, tmp_path, train_batches=batches, loss_fn=loss_fn, quiet=True)
+    run = Trainer(model, cfg, tmp_path, train_batches=make_batch, loss_fn=marked_loss, quiet=True)
     with counter:
         run.train()
     marks.append(counter.count)
@@ -104,6 +105,7 @@ def test_skipped_updates_are_decided_on_the_device_and_counted_at_the_next_read(
     bad = {5}  # micro-batch 5: update 6
 
     def poisoned(model, batch):
+        marks.append(counter.count)  # on the training thread (batches are made ahead on a worker)
         index, (inputs, targets) = batch
         loss = model(inputs, targets)
         return _InfGradient.apply(loss) if index in bad else loss
@@ -111,7 +113,6 @@ def test_skipped_updates_are_decided_on_the_device_and_counted_at_the_next_read(
     counter, marks = SyncCounter(), []
 
     def batches(i: int):
-        marks.append(counter.count)
         return i, lm_batches(i)
 
     cfg = TrainConfig(steps=8, batch_size=4, lr=1e-3, warmup_steps=2, log_every=4, eval_every=100, precision="fp32")

@@ -21,8 +21,9 @@ A document of n tokens becomes, at each draw, one example like a prompt -> compl
 
 Draw d of a document is made from `random.Random(seed * 1_000_003 + d)` alone, and the draws of epoch e are
 numbered e * documents + k, so batch i depends only on i and the seed, and a resume draws the same examples.
-Without a random prefix an example's length does not depend on the draw, so rows are cut (and packed) as for fixed
-examples; with one, rows are planned (and packed) by the whole document's length, which a draw never exceeds.
+Rows are planned (and packed) by each draw's own length: without a random prefix it is the document's, with one the
+draw's first number gives it, so an epoch's rows are planned before any of its examples is made, and packed rows hold
+only what was drawn.
 """
 
 from __future__ import annotations
@@ -139,27 +140,24 @@ class Documents(EncodedExamples):
 class DocumentBatches(ExampleBatches):
     """`ExampleBatches` over `Documents` whose every draw is a new example (`DocumentOptions.example`)."""
 
-    def label_rows(self, epoch: int, rows: list[list[int]]) -> list[list[int]]:
+    def labels(self, epoch: int, order: list[int]) -> list[int]:
         offset = epoch * len(self.examples)
-        return [[offset + k for k in row] for row in rows]
+        return [offset + k for k in order]
 
-    def tokens(self, i: int) -> int:
-        """The real tokens batch i feeds the model, each draw's random prefix counted (its first number)."""
+    def inputs(self, g: int) -> int:
+        """The tokens the model reads of draw g: all but the last of its example, a random prefix's cut counted
+        (the draw's first number, so known without making the draw)."""
         documents: Documents = self.examples  # type: ignore[assignment]
-        if not documents.options.prefix_max:
-            return super().tokens(i)
-        extra = documents.options.extra() - 1
-        return sum(
-            documents.options.kept(documents.spans[g % len(documents)][1], draw_random(self.seed, g)) + extra
-            for row in self.rows(i)
-            for g in row
-        )
+        options = documents.options
+        if not options.prefix_max:
+            return documents.inputs(g)
+        return options.kept(documents.spans[g % len(documents)][1], draw_random(self.seed, g)) + options.extra() - 1
 
-    def example_tokens(self, g: int) -> tuple[Tensor, int]:
+    def example_tokens(self, g: int) -> tuple[list[int], int]:
         documents: Documents = self.examples  # type: ignore[assignment]
         doc, sentences = documents.document(g % len(documents))
         prompt, completion = documents.options.example(doc, sentences, draw_random(self.seed, g))
-        return torch.tensor(prompt + completion, dtype=torch.long), len(prompt)
+        return prompt + completion, len(prompt)
 
 
 def draw_random(seed: int, draw: int) -> random.Random:

@@ -14,7 +14,8 @@ weighted by `prompt_loss_weight` otherwise (`weights`, 1 on the completion); pad
 
 Batch i depends only on i and the seed (the trainer's determinism contract): training rows come from a stream of
 epochs, each a permutation of the training examples drawn from `batch_generator(seed, epoch)`, cut into rows
-(one example each, or packed greedily in that order); batch i is rows i * batch_size ... of that stream.
+(one example each, or packed by best fit on each example's own length, `pack`); batch i is rows i * batch_size ...
+of that stream.
 Validation rows take the examples in file order, and batch i is rows i * batch_size ... of them, cyclically.
 """
 
@@ -30,6 +31,14 @@ from torch import Tensor
 from .batches import batch_generator
 
 IGNORE = -100  # a target that counts for nothing (F.cross_entropy's ignore_index)
+# the fields of a batch: name, what pads a row, dtype
+FIELDS = (
+    ("ids", 0, torch.long),
+    ("targets", IGNORE, torch.long),
+    ("weights", 0.0, torch.float32),
+    ("sequences", -1, torch.long),
+    ("positions", 0, torch.long),
+)
 
 
 @dataclass(frozen=True)
@@ -82,33 +91,28 @@ class ExampleBatches:
     _ends: list[int] = field(default_factory=list, repr=False, compare=False)
 
     def epoch_rows(self, epoch: int) -> list[list[int]]:
-        """The rows (lists of example numbers) of one pass over the examples: shuffled by epoch, or in order."""
+        """The rows (lists of example labels) of one pass over the examples: shuffled by epoch, or in order."""
         epoch = epoch if self.shuffle else 0
         while len(self._epochs) <= epoch:  # made in order and kept: epoch e's rows decide where e + 1 starts
             count, e = len(self.examples), len(self._epochs)
             order = torch.randperm(count, generator=batch_generator(self.seed, e)).tolist() if self.shuffle else None
-            self._epochs.append(self.label_rows(e, self.cut_rows(order if order is not None else list(range(count)))))
+            self._epochs.append(self.cut_rows(self.labels(e, order if order is not None else list(range(count)))))
         return self._epochs[epoch]
 
-    def label_rows(self, epoch: int, rows: list[list[int]]) -> list[list[int]]:
+    def labels(self, epoch: int, order: list[int]) -> list[int]:
         """What epoch `epoch`'s rows hold: the examples' numbers (a subclass that draws each example anew per epoch,
         `kqv.data.document_batches`, numbers the draws instead)."""
-        return rows
+        return order
 
-    def cut_rows(self, order: list[int]) -> list[list[int]]:
-        """`order`'s examples as rows: one each, or packed greedily (an example that does not fit starts a row)."""
+    def inputs(self, label: int) -> int:
+        """How many tokens the model reads of the example `label`: all but its last."""
+        return self.examples.inputs(label)
+
+    def cut_rows(self, labels: list[int]) -> list[list[int]]:
+        """The examples `labels` as rows: one each, or packed (`pack`) up to `context` tokens by their own lengths."""
         if not self.packing:
-            return [[k] for k in order]
-        rows: list[list[int]] = []
-        used = self.context + 1  # so that the first example starts a row
-        for k in order:
-            size = self.examples.inputs(k)
-            if used + size > self.context:
-                rows.append([])
-                used = 0
-            rows[-1].append(k)
-            used += size
-        return rows
+            return [[k] for k in labels]
+        return pack(labels, [self.inputs(k) for k in labels], self.context)
 
     def rows(self, i: int) -> list[list[int]]:
         """The `batch_size` rows of batch i."""
@@ -127,7 +131,7 @@ class ExampleBatches:
 
     def tokens(self, i: int) -> int:
         """The real (not padding) tokens batch i feeds the model: its count for tokens/s."""
-        return sum(self.examples.inputs(k) for row in self.rows(i) for k in row)
+        return sum(self.inputs(k) for row in self.rows(i) for k in row)
 
     def batch(self, i: int) -> dict[str, Tensor]:
         """Batch i as tensors made on the host: `ids` and `targets` (batch, width), width the longest row; with
@@ -137,20 +141,18 @@ class ExampleBatches:
         return self.collate(self.rows(i))
 
     def collate(self, rows: list[list[int]]) -> dict[str, Tensor]:
-        """The batch whose rows hold the examples `rows` (lists of example numbers), as `batch` describes it."""
-        rows = [self.row(row) for row in rows]
-        width = max(len(row[0]) for row in rows)
-        names = ("ids", "targets", "weights", "sequences", "positions")
-        fill = (0, IGNORE, 0.0, -1, 0)
+        """The batch whose rows hold the examples `rows` (lists of example labels), as `batch` describes it: each
+        row made as Python lists and each field one tensor, so a batch costs one tensor per field, not per example."""
+        made = [self.row(row) for row in rows]
+        width = max(len(row[0]) for row in made)
         batch = {
-            name: torch.stack([torch.nn.functional.pad(row[n], (0, width - len(row[n])), value=v) for row in rows])
-            for n, (name, v) in enumerate(zip(names, fill))
+            name: torch.tensor([row[n] + [fill] * (width - len(row[n])) for row in made], dtype=dtype)
+            for n, (name, fill, dtype) in enumerate(FIELDS)
+            if name != "weights" or self.prompt_loss_weight not in (0.0, 1.0)
         }
         if not self.packing:
             batch["attention_mask"] = batch.pop("sequences") >= 0
             del batch["positions"]
-        if self.prompt_loss_weight in (0.0, 1.0):
-            del batch["weights"]
         return batch
 
     @staticmethod
@@ -163,23 +165,47 @@ class ExampleBatches:
             return float((batch["weights"] * counted).sum())
         return float(counted.sum())
 
-    def row(self, examples: list[int]) -> tuple[Tensor, ...]:
+    def row(self, examples: list[int]) -> tuple[list, ...]:
         """(ids, targets, weights, sequences, positions) of one row holding `examples`, unpadded."""
-        parts = [self.example(k, n) for n, k in enumerate(examples)]
-        return tuple(torch.cat(column) for column in zip(*parts))
+        columns: tuple[list, ...] = ([], [], [], [], [])
+        for number, k in enumerate(examples):
+            for column, part in zip(columns, self.example(k, number)):
+                column.extend(part)
+        return columns
 
-    def example_tokens(self, k: int) -> tuple[Tensor, int]:
-        """Example k's tokens (prompt, completion, end of text) as a LongTensor, and its prompt's length."""
+    def example_tokens(self, k: int) -> tuple[list[int], int]:
+        """Example k's tokens (prompt, completion, end of text) and its prompt's length."""
         start, prompt, total = self.examples.spans[k]
-        return self.examples.ids[start : start + total].long(), prompt
+        return self.examples.ids[start : start + total].tolist(), prompt
 
-    def example(self, k: int, number: int) -> tuple[Tensor, ...]:
+    def example(self, k: int, number: int) -> tuple[list, ...]:
         """(ids, targets, weights, sequences, positions) of example k, the `number`-th of its row."""
         tokens, prompt = self.example_tokens(k)
-        total = len(tokens)
-        ids, targets = tokens[:-1], tokens[1:]  # (total - 1,) each
-        on_prompt = torch.arange(total - 1) < prompt - 1  # targets that are prompt tokens
-        weights = torch.where(on_prompt, self.prompt_loss_weight, 1.0)
+        inputs = len(tokens) - 1
+        on_prompt = max(prompt - 1, 0)  # the first targets that are prompt tokens
+        targets = tokens[1:]
         if self.prompt_loss_weight == 0:
-            targets = torch.where(on_prompt, IGNORE, targets)
-        return ids, targets, weights, torch.full_like(ids, number), torch.arange(total - 1)
+            targets[:on_prompt] = [IGNORE] * on_prompt
+        weights = [self.prompt_loss_weight] * on_prompt + [1.0] * (inputs - on_prompt)
+        return tokens[:-1], targets, weights, [number] * inputs, list(range(inputs))
+
+
+def pack(labels: list[int], sizes: list[int], capacity: int) -> list[list[int]]:
+    """`labels` (of `sizes` tokens, each at most `capacity`) packed into rows of at most `capacity` tokens, best
+    fit: each, in order, into the open row with the least room that holds it, else into a new row. Rows come in
+    the order they were opened; a row's examples in the order they came. For sizes spread evenly up to the
+    capacity this fills about 95% of every row, where putting each into the last row (next fit) fills about 75%."""
+    rows: list[list[int]] = []
+    room: list[tuple[int, int]] = []  # (free tokens, row) of the rows that still have room, ascending
+    for label, size in zip(labels, sizes):
+        at = bisect.bisect_left(room, (size, -1))
+        if at == len(room):
+            rows.append([label])
+            free, row = capacity - size, len(rows) - 1
+        else:
+            free, row = room.pop(at)
+            rows[row].append(label)
+            free -= size
+        if free > 0:
+            bisect.insort(room, (free, row))
+    return rows

@@ -305,6 +305,7 @@ class Trainer:
                 self._save_after_interrupt(window, run_start)
             raise
         finally:
+            self.updater.close()
             self.report.close()
         if self.placement.sharded:  # the caller's model holds the trained weights, on rank 0 (kqv.train.sharding)
             gather_to_rank0(self.callers_model, self.model, self.device.device)
@@ -365,6 +366,7 @@ class Trainer:
             )
             record.update(self._device_figures(record["tokens_per_s"]))
             record.update(step_figures(self.model))  # the model's own: experts' aux loss, dropped fraction, load
+            record.update(self.updater.ahead.take_times())  # host ms per batch made, and waited for
             window.reset()
         can_evaluate = self.evaluator.evaluates
         evaluated = can_evaluate and (self.step % cfg.eval_every == 0 or last)

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from . import distributed
+from .ahead import BatchesAhead
 from .config import TrainConfig
 from .distributed import Batch, batch_tokens
 from .nonfinite import NonFiniteGuard, check_loss
@@ -55,6 +56,7 @@ class Updater:
             guard,
             options,
         )
+        self.ahead = BatchesAhead(options.train_batches, options.tokens_per_batch)  # made on a worker thread
 
     def __call__(self, module: nn.Module, step: int, lr: float) -> Outcome:
         """The gradient of update `step + 1` at learning rate `lr` over `grad_accum` micro-batches, forward and
@@ -68,8 +70,8 @@ class Updater:
         tokens: int | None = 0
         for j in range(cfg.grad_accum):
             i = step * cfg.grad_accum + j
-            batch = options.train_batches(i)
-            count = self.tokens(i, batch)
+            batch, count = self.ahead.get(i)
+            count = self.tokens(batch, count)
             tokens = None if tokens is None or count is None else tokens + count
             local, weight = distributed.share(batch, place.rank, place.world_size, options.loss_terms)
             local = place.device.batch(local)
@@ -88,7 +90,12 @@ class Updater:
         """Make the update, unless the guard skips it: nothing non-finite reaches the weights."""
         self.placement.precision.step(self.optimizer, outcome.skipped)
 
-    def tokens(self, i: int, batch: Batch) -> int | None:
-        """The token count of micro-batch `i`, for tokens/s."""
+    def tokens(self, batch: Batch, counted: int | None) -> int | None:
+        """The token count of a micro-batch, for tokens/s: as the job counted it (`counted`, when its
+        `tokens_per_batch` is a function), its fixed count, or the batch's own."""
         given = self.options.tokens_per_batch
-        return given(i) if callable(given) else given or batch_tokens(batch)
+        return counted if callable(given) else given or batch_tokens(batch)
+
+    def close(self) -> None:
+        """Stop making batches ahead (the end of training)."""
+        self.ahead.close()
