@@ -31,7 +31,6 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
 from .example_batches import EncodedExamples, ExampleBatches

@@ -162,11 +162,11 @@ def refuse_span_options(data: DataConfig) -> None:
 
 
 def refuse_document_options(data: DataConfig) -> None:
-    """Sentences and delimiters belong to a text read as documents."""
-    if data.shuffle_sentences or data.delimiter is not None:
+    """Sentences, delimiters and the cut of long documents belong to a text read as documents."""
+    if data.shuffle_sentences or data.delimiter is not None or data.long_documents != "auto":
         raise ConfigError(
-            "data.shuffle_sentences and data.delimiter read a text as documents: set data.objective or give "
-            "several sources (data.sources)"
+            "data.shuffle_sentences, data.delimiter and data.long_documents read a text as documents: set "
+            "data.objective or give several sources (data.sources)"
         )
 
 

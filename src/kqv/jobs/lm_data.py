@@ -56,6 +56,9 @@ class DataConfig(Config):
     span_max: int = 64  # span corruption: a span's most tokens
     random_prefix: bool = False  # span corruption: each draw first cuts its document to a random prefix (CS224N's)
     span_loss: Literal["span", "all"] = "span"  # span corruption: the loss on the span, or on every token (FIM's)
+    # a document longer than the context: cut into windows, or read from its opening only (CS224N's cut); "auto":
+    # the opening with data.random_prefix (which cuts a document, not a window), else windows
+    long_documents: Literal["auto", "windows", "opening"] = "auto"
     shuffle_sentences: bool = False  # a document's sentences in a new order at every draw
     template: str | None = None  # pairs: every prompt written into it, e.g. "{prompt}{mask}"
 
@@ -84,6 +87,11 @@ class DataConfig(Config):
             raise ConfigError(f"data.mask must be one character for a character tokenizer, got {self.mask!r}")
         if self.mask in END_OF_TEXT_TOKENS:
             refuse_end_of_text_mask(self.mask, "a BPE tokenizer", self.tokenizer)
+
+    @property
+    def openings_only(self) -> bool:
+        """Whether a document longer than the context is read from its opening alone (`long_documents`)."""
+        return self.long_documents == "opening" or (self.long_documents == "auto" and self.random_prefix)
 
     def check_spans(self) -> None:
         """A span's share and length, and a random prefix that the context can hold."""

@@ -10,7 +10,9 @@ tables of `path` and `weight`), make the LM job train on examples rather than on
   with `data.random_prefix` each draw first cuts it to a random prefix, and with `data.span_loss = "all"` its
   training loss is on every token of the rearranged document (a pairs source keeps `data.prompt_loss_weight`).
   A document longer than the context (context - 2 tokens: two masks and the end of text must fit) is cut into
-  windows, by whole sentences where it has them; the line before training counts them;
+  windows, by whole sentences where it has them, or, with `data.long_documents = "opening"` (what "auto" means
+  with `data.random_prefix`, which cuts a document as CS224N's dataset does), read from its first window alone;
+  the line before training counts them, and how much text the openings leave out;
 - a **pairs** source (.tsv, .jsonl) is its prompt -> completion examples, as a run on pairs alone trains them,
   each prompt written into `data.template` if one is given;
 - each source's examples are split into train and validation ones (the same fixed permutation as pairs), and
@@ -114,7 +116,7 @@ def build_sources(maker: Any, data: DataConfig, corrupt: bool) -> tuple[Tokenize
         mask_id(tokenizer, mask)
     options = document_options(data, tokenizer, corrupt)
     splits: dict[str, list[dict[str, Tensor]]] = {"train": [], "val": []}
-    cut = [0, 0]
+    cut = [0, 0, 0, 0]  # documents cut, their windows, tokens left out (openings only), tokens read
     for (path, _), items in zip(data_sources(data), read):
         where = path or "the text"
         if items and isinstance(items[0], Example):
@@ -183,8 +185,13 @@ def encode_documents(
         docs: list[tuple[list[int], list[int]]] = []
         for k in chosen:
             pieces = document_windows(documents[k], tokenizer, size, options.separator)
-            cut[0] += len(pieces) > 1
-            cut[1] += len(pieces) if len(pieces) > 1 else 0
+            if len(pieces) > 1:
+                cut[0] += 1
+                cut[1] += len(pieces)
+                if data.openings_only:  # the tokens of every window after the first, left out
+                    cut[2] += sum(len(ids) for ids, _ in pieces[1:])
+                    pieces = pieces[:1]
+            cut[3] += sum(len(ids) for ids, _ in pieces)
             docs += pieces
         chars = sum(len(documents[k]) for k in chosen)
         if split == "train":
@@ -245,7 +252,8 @@ def stored(splits: dict[str, list[dict]], cut: list[int]) -> dict[str, Tensor]:
     lengths = [n for part in train for n in part.get("sentence_lengths", [])]
     tokens["train_sentence_lengths"] = torch.tensor(lengths, dtype=torch.int32)
     tokens["chars"] = torch.tensor([sum(p["chars"] for p in splits[s]) for s in ("train", "val")])
-    tokens["windows"] = torch.tensor(cut)
+    tokens["windows"] = torch.tensor(cut[:2])
+    tokens["left_out"] = torch.tensor(cut[2:])  # tokens left out and read, of documents read from their openings
     return tokens
 
 
@@ -289,10 +297,18 @@ def trainer_options(
 
 
 def describe(tokens: dict[str, Tensor]) -> str:
-    """What the line before training adds for documents cut into windows (empty when none were)."""
+    """What the line before training adds for documents longer than the context (empty when none were): the
+    windows they were cut into, or the share of the text their openings leave out."""
     if "windows" not in tokens or not int(tokens["windows"][0]):
         return ""
     documents, made = tokens["windows"].tolist()
+    left_out, read = tokens["left_out"].tolist() if "left_out" in tokens else (0, 0)
+    if left_out:
+        share = left_out / (left_out + read)
+        return (
+            f"; {documents:,} documents longer than the context read from their openings alone, leaving out "
+            f"{left_out:,} of {left_out + read:,} tokens ({share:.1%}; data.long_documents='windows' reads them all)"
+        )
     return f"; {documents:,} documents longer than the context cut into {made:,} windows"
 
 
