@@ -263,6 +263,7 @@ def test_span_loss_all_puts_the_loss_on_every_token_of_a_document_and_keeps_the_
     sources = f'data.sources=[{{path="{tmp_path / "pre.txt"}"}}, {{path="{tmp_path / "qa.tsv"}"}}]'
     settings = [sources, 'data.objective="span_corruption"', 'data.span_loss="all"', "data.random_prefix=true"]
     settings += ["data.context=48", 'data.template="{prompt}{mask}"', 'train.schedule="constant"']
+    settings += ["data.packing=false"]  # one example a row, to read each one's targets (packed: test_reading_speed)
     options = {"quiet": True, "overrides": settings}
     kqv.train("lm", config, out=tmp_path / "full", steps=4, **options)
     kqv.train("lm", config, out=tmp_path / "cut", steps=2, **options)

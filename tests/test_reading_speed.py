@@ -200,3 +200,19 @@ def test_example_loss_of_a_packed_batch_is_the_mean_over_its_examples_alone():
             n = int((one["targets"] != -100).sum())
             nats, count = nats + example_loss(model, one) * n, count + n
     torch.testing.assert_close(together, nats / count, rtol=1e-5, atol=1e-6)
+
+
+def test_auto_packing_packs_examples_that_padding_would_leave_mostly_empty():
+    varied = DocumentBatches(documents(prefix_max=56), batch_size=8, context=256, packing="auto")
+    alike = documents([f"{a} is {b}." for a in WORDS for b in WORDS])  # 196 documents of 8 to 11 characters
+    assert varied.packs and "sequences" in varied.batch(0)
+    assert not DocumentBatches(alike, batch_size=8, context=256, packing="auto").packs
+    assert DocumentBatches(alike, batch_size=8, context=256, packing=True).packs
+
+
+def test_auto_packing_pads_for_attention_that_takes_padding_masks_only():
+    data = kqv.jobs.lm_data.DataConfig(path="pre.txt", objective="span_corruption")
+    data.settle_packing(["full", "full"])
+    assert data.packing == "auto"
+    data.settle_packing(["full", "bigbird"])
+    assert data.packing is False

@@ -31,6 +31,7 @@ from torch import Tensor
 from .batches import batch_generator
 
 IGNORE = -100  # a target that counts for nothing (F.cross_entropy's ignore_index)
+PACK_BELOW = 0.7  # packing="auto" packs examples whose padded batches would hold fewer real tokens than this share
 # the fields of a batch: name, what pads a row, dtype
 FIELDS = (
     ("ids", 0, torch.long),
@@ -85,7 +86,7 @@ class ExampleBatches:
     context: int
     seed: int = 0
     shuffle: bool = True
-    packing: bool = False
+    packing: bool | str = False  # or "auto": packed where padding would leave rows emptier than PACK_BELOW
     prompt_loss_weight: float = 0.0
     _epochs: list[list[list[int]]] = field(default_factory=list, repr=False, compare=False)
     _ends: list[int] = field(default_factory=list, repr=False, compare=False)
@@ -110,9 +111,22 @@ class ExampleBatches:
 
     def cut_rows(self, labels: list[int]) -> list[list[int]]:
         """The examples `labels` as rows: one each, or packed (`pack`) up to `context` tokens by their own lengths."""
-        if not self.packing:
+        if not self.packs:
             return [[k] for k in labels]
         return pack(labels, [self.inputs(k) for k in labels], self.context)
+
+    @cached_property
+    def packs(self) -> bool:
+        """Whether rows are packed: `packing`, or with "auto" where padded batches of the first pass's examples
+        would hold less than `PACK_BELOW` real tokens (`padded_fill`): a packed token costs a little more than a
+        padded one (its attention mask), so short examples of like lengths are padded, and examples that differ
+        widely (documents cut at random, spans of any length) are packed."""
+        if self.packing != "auto":
+            return bool(self.packing)
+        count = len(self.examples)
+        order = torch.randperm(count, generator=batch_generator(self.seed, 0)).tolist() if self.shuffle else None
+        labels = self.labels(0, order if order is not None else list(range(count)))
+        return padded_fill([self.inputs(k) for k in labels], self.batch_size) < PACK_BELOW
 
     def rows(self, i: int) -> list[list[int]]:
         """The `batch_size` rows of batch i."""
@@ -150,7 +164,7 @@ class ExampleBatches:
             for n, (name, fill, dtype) in enumerate(FIELDS)
             if name != "weights" or self.prompt_loss_weight not in (0.0, 1.0)
         }
-        if not self.packing:
+        if not self.packs:
             batch["attention_mask"] = batch.pop("sequences") >= 0
             del batch["positions"]
         return batch
@@ -188,6 +202,12 @@ class ExampleBatches:
             targets[:on_prompt] = [IGNORE] * on_prompt
         weights = [self.prompt_loss_weight] * on_prompt + [1.0] * (inputs - on_prompt)
         return tokens[:-1], targets, weights, [number] * inputs, list(range(inputs))
+
+
+def padded_fill(sizes: list[int], batch_size: int) -> float:
+    """The share of real tokens in batches of `batch_size` examples of `sizes` tokens, each padded to its longest."""
+    chunks = [sizes[start : start + batch_size] for start in range(0, len(sizes), batch_size)]
+    return sum(sizes) / max(sum(max(chunk) * len(chunk) for chunk in chunks), 1)
 
 
 def pack(labels: list[int], sizes: list[int], capacity: int) -> list[list[int]]:

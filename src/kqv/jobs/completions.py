@@ -131,11 +131,11 @@ def encoded(tokens: dict[str, Tensor], split: str) -> EncodedExamples:
     return EncodedExamples(tokens[split], tokens[f"{split}_lengths"])
 
 
-def check_packing(model: ModelConfig, packing: bool) -> None:
+def check_packing(model: ModelConfig, packing: bool | str) -> None:
     """Packing gives attention a block-diagonal mask, which only full attention takes (the sparse kinds take
-    padding masks only)."""
+    padding masks only); "auto" is settled before (`DataConfig.settle_packing`)."""
     kinds = sorted(set(model.layer_attention_kinds()) - {"full"})
-    if packing and kinds:
+    if packing is True and kinds:
         raise ConfigError(
             f"data.packing needs attention='full' in every layer (a packed row's mask keeps each example to "
             f"itself, which {', '.join(kinds)} attention cannot take); set data.packing=false"

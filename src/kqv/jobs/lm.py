@@ -96,6 +96,7 @@ class LMRunConfig(RunConfig):
                 f"start from with {option(INIT_SOURCE)} (a kqv LM run or a GPT-2 directory)"
             )
         model = self.model
+        self.data.settle_packing(model.layer_attention_kinds())
         if model.position == "learned" and model.max_len < self.data.context:
             raise ConfigError(
                 f"model.max_len ({model.max_len}) is shorter than data.context ({self.data.context}), "

@@ -172,7 +172,7 @@ def refuse_document_options(data: DataConfig) -> None:
 
 def refuse_pair_options(data: DataConfig) -> None:
     """The prompt's weight and packing belong to examples."""
-    if data.prompt_loss_weight or data.packing:
+    if data.prompt_loss_weight or data.packing is True:
         raise ConfigError(
             "data.prompt_loss_weight and data.packing apply to a file of prompt -> completion pairs (data.path "
             f"a .tsv or .jsonl file), not to text ({data.path or 'Shakespeare'}); drop them"
