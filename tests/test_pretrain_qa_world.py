@@ -231,3 +231,62 @@ def test_the_mixed_next_token_arm_reads_the_full_name_text_twice_as_often_as_the
     fine = runs["next-token, augmented, full names -> fine-tune"]
     assert fine["needs"] == "next-token, augmented, full names"
     assert any("bios_full_pretrain.txt" in o for o in runs["next-token, augmented, full names"]["overrides"])
+
+
+def test_the_default_world_is_the_one_written_before_the_encyclopedia_style(tmp_path):
+    """The text the benchmark's stored results were measured on, byte for byte (hashes of its output for a seed)."""
+    import hashlib
+
+    people = world.make_world(200, 0)
+    digests = {
+        (0, 1, False): "a2eaea18078bd6b653411f9b9796dea8a507721cc4c368012341410300de00ae",
+        (0, 3, False): "9d1438ac308f33d6e96af4fa33a1c347cd3464293d47a8dd040581652a2043f8",
+        (0, 2, True): "827c35ffd91efdb4e66f3e52bb236c5d926999b80f88b0a15025262be98e0157",
+        (5, 1, False): "b23ea17a6e40de9c40913f619cb1210574ea490a4d8c526e674cfac6bb9d9642",
+    }
+    for (seed, versions, full_names), digest in digests.items():
+        text = world.biographies(people, seed, versions, full_names)
+        assert hashlib.sha256(text.encode()).hexdigest() == digest
+        assert world.biographies(people, seed, versions, full_names, style="varied") == text
+    world.write_world(tmp_path, 60, 3, 2)
+    files = hashlib.sha256()
+    for path in sorted(tmp_path.iterdir()):
+        files.update(path.name.encode())
+        files.update(path.read_bytes())
+    assert files.hexdigest() == "fbabe6ba2b549a5c5f70f0c1c313e8d5f7463d5429c4f8498158f675c863b57e"
+
+
+def test_an_encyclopedia_names_each_person_once_then_by_pronoun_and_states_each_fact_once():
+    import random
+
+    people = PEOPLE[:300]
+    text = world.biographies(people, 0, style="encyclopedia")
+    lines = text.splitlines()
+    assert lines[0] == world.PREFACE and len(lines) == len(people) + 1
+    by_name = {p.name: p for p in people}
+    forms = {"he": {"He", "he", "His", "his", "him"}, "she": {"She", "she", "Her", "her"}}
+    later_forms = set()
+    for line in lines[1:]:
+        names = [n for n in re.findall(r"[A-Z][a-z]+ [A-Z][a-z]+", line) if n in by_name]
+        assert len(names) == 1  # the full name exactly once
+        person = by_name[names[0]]
+        first, *later = [s if s.endswith(".") else s + "." for s in line.split(". ")]
+        assert person.name in first and len(later) == 2  # named in the first sentence, two facts after it
+        facts = [re.compile(rf"\b{fact}\b") for fact in (person.town, str(person.year), person.trade)]
+        assert all(len(fact.findall(line)) == 1 for fact in facts)  # each fact stated once
+        assert sum(bool(fact.search(first)) for fact in facts) == 1  # one fact first, the others after it
+        for sentence in later:
+            assert person.name.split()[0] not in sentence and person.name.split()[1] not in sentence
+            words = set(re.findall(r"[A-Za-z]+", sentence))
+            assert words & forms[person.pronoun]  # a pronoun of the person's, never the other's
+            assert not words & forms["she" if person.pronoun == "he" else "he"]
+            later_forms.add(re.sub(r"[A-Z][a-z]+|\d+|an? [a-z]+", "X", sentence))
+    assert len(later_forms) >= 8  # the later sentences vary in wording
+    they = world.Person("Ab Cd", "they", "Xo", 1901, "innkeeper")
+    entries = {world.encyclopedia_entry(they, random.Random(k)) for k in range(40)}
+    assert all(e.startswith(("Ab Cd ", "In 1901, Ab Cd ")) for e in entries)
+    assert not any(re.search(r"\b(He|She|he|she|his|him|was|comes|works)\b", e.split(". ", 1)[1]) for e in entries)
+    with pytest.raises(ValueError, match="once"):
+        world.biographies(people, 0, 2, style="encyclopedia")
+    with pytest.raises(ValueError, match="style"):
+        world.biographies(people, 0, style="wiki")
