@@ -175,12 +175,15 @@ PREFACE = (  # the text's first line: a character tokenizer made from the text t
     "Who were these people? Where and when were they born, and what did they do for a living? Each line below "
     "tells of one of them."
 )
+# an encyclopedia's preface: the same, and the apostrophe a probe uses ("NAME's year of birth is"), which its entries,
+# naming each person once, never write
+ENCYCLOPEDIA_PREFACE = PREFACE + " Each person's entry names them once, then says he, she or they."
 
 
 def biographies(
     people: list[Person], seed: int, versions: int = 1, full_names: bool = False, style: str = "varied"
 ) -> str:
-    """The pretraining text: `PREFACE`, then `versions` biographies per person (each drawn anew: knowledge
+    """The pretraining text: `PREFACE` (`ENCYCLOPEDIA_PREFACE` for an encyclopedia), then `versions` biographies per person (each drawn anew: knowledge
     augmentation, several wordings and orders of the same facts), one per line, all in a random order; each names
     its person in every sentence with `full_names`. `style="encyclopedia"`: one `encyclopedia_entry` per person
     (the name once, then pronouns, each fact once), so `versions` must be 1 and `full_names` off."""
@@ -194,7 +197,7 @@ def biographies(
     else:
         lines = [biography(person, rng, full_names) for _ in range(versions) for person in people]
     rng.shuffle(lines)
-    return "\n".join([PREFACE, *lines]) + "\n"
+    return "\n".join([ENCYCLOPEDIA_PREFACE if style == "encyclopedia" else PREFACE, *lines]) + "\n"
 
 
 def questions(people: list[Person]) -> list[tuple[str, str]]:

@@ -262,7 +262,9 @@ def test_an_encyclopedia_names_each_person_once_then_by_pronoun_and_states_each_
     people = PEOPLE[:300]
     text = world.biographies(people, 0, style="encyclopedia")
     lines = text.splitlines()
-    assert lines[0] == world.PREFACE and len(lines) == len(people) + 1
+    assert lines[0] == world.ENCYCLOPEDIA_PREFACE and len(lines) == len(people) + 1
+    asked = world.questions(people) + world.probes(people)  # a character tokenizer made from the text knows them
+    assert not {char for pair in asked for char in "".join(pair)} - set(text)
     by_name = {p.name: p for p in people}
     forms = {"he": {"He", "he", "His", "his", "him"}, "she": {"She", "she", "Her", "her"}}
     later_forms = set()
