@@ -185,8 +185,9 @@ def biographies(
 ) -> str:
     """The pretraining text: `PREFACE` (`ENCYCLOPEDIA_PREFACE` for an encyclopedia), then `versions` biographies per
     person (each drawn anew: knowledge augmentation, several wordings and orders of the same facts), one per line,
-    all in a random order; each names its person in every sentence with `full_names`. `style="encyclopedia"`: one `encyclopedia_entry` per person
-    (the name once, then pronouns, each fact once), so `versions` must be 1 and `full_names` off."""
+    all in a random order; each names its person in every sentence with `full_names`. `style="encyclopedia"`: one
+    `encyclopedia_entry` per person (the name once, then pronouns, each fact once), so `versions` must be 1 and
+    `full_names` off."""
     if style not in STYLES:
         raise ValueError(f"style must be one of {STYLES}, got {style!r}")
     if style == "encyclopedia" and (versions != 1 or full_names):
