@@ -25,24 +25,38 @@ is trained with each of `--seeds` (default two).
   seen questions together (text weighted 2:1, `MIXTURES`), scored directly and probed;
 - `mixed: span corruption, augmented + seen questions`: one run on the augmented text and the seen questions
   together (`--data bios.txt --data questions.tsv`), scored directly;
-- `random init -> fine-tune`: the seen questions alone, no pretraining (what the questions teach by themselves).
+- `random init -> fine-tune`: the seen questions alone, no pretraining (what the questions teach by themselves);
+- on an encyclopedia's text (`people_world.py --style encyclopedia`: one paragraph per person, the full name once in
+  its first sentence, then pronouns, each fact once; read in its written order), `--world encyclopedia` runs:
+  `next-token, encyclopedia -> fine-tune`; `mixed: next-token, encyclopedia + seen questions` (text weighted 2:1,
+  probed); `mixed: span corruption, encyclopedia + seen questions (CS224N)`, span corruption as CS224N's assignment
+  trains it (`data.random_prefix=true`, `data.span_loss="all"`, prompts `{prompt}{mask}` with
+  `data.prompt_loss_weight=1`), the text and the questions weighted 1:1.
+Splits (`--split`): `test` (default) trains on the seen people's questions and scores the held-out people's;
+`dev` trains on the seen people but the last fifth of them (`DEV_SHARE`) and scores those, so that recipes and
+settings are chosen without the held-out people, who are then scored once, with the recipe chosen.
 Probes: each pretrained model completes a held-out person's own biography sentence ("NAME comes from"), before any
 fine-tune: whether the knowledge was stored at all (right when the completion starts with the answer as whole
 words; the record's count, rate and interval all come from that one scoring).
 
 Scores: exact match on the held-out questions, each question's mean over the seeds. The decisive bar is the
 strongest answer that never reads the question: each kind's most frequent seen answer (`kqv eval`'s per-kind
-constant, `kqv.jobs.scoring.kind_constants`, ties to the first in sorted order). Beside it the *reading score*: exact
-match over the held-out questions whose answer is not their kind's constant, against a guess among the kind's other
-seen answers by frequency (`kqv.jobs.scoring.reading_guess`). Every difference is paired over questions
+constant, `kqv.jobs.scoring.kind_constants`, ties to the first in sorted order, counted over the pairs a fine-tune
+trains on, the seen questions less their validation share, as `kqv eval` counts them). Beside it the *reading
+score*: exact match over the held-out questions whose answer is not their kind's constant, against a guess among
+the kind's other seen answers by frequency (`kqv.jobs.scoring.reading_guess`). Every difference is paired over questions
 (`kqv.train.evaluation.difference_over_questions`, the seeds averaged per question), and its verdict is "higher" or
-"lower" only when the 95% interval and McNemar's exact test (p < 0.05) agree.
+"lower" only when the 95% interval and the exact sign test over the questions (p < 0.05) agree: McNemar's exact test
+on one run's 1/0 scores, and on scores averaged over the seeds the count of questions leaning each way. Against the
+reading guess each seed is tested on its own (`difference_from_guess`), the largest p deciding.
 
     python benchmarks/pretrain_qa.py --arm 'next-token, augmented, full names -> fine-tune'
                                                      # the best recipe, seeds 0 and 1: under 30 minutes, 2 cores
     python benchmarks/pretrain_qa.py                 # every arm: up to half an hour a run, two at a time
     python benchmarks/pretrain_qa.py --size gpu      # a larger world and model, for one GPU
     python benchmarks/pretrain_qa.py --size quick    # seconds: checks the script
+    python benchmarks/pretrain_qa.py --world encyclopedia --split dev  # the encyclopedia's arms, development people
+    python benchmarks/pretrain_qa.py --summarise benchmarks/results/pretrain_qa.json  # today's statistics, same answers
     python benchmarks/pretrain_qa.py --span-set data.random_prefix=true --span-set 'data.span_loss="all"'
                                                      # span corruption as CS224N's dataset and FIM train it
 
