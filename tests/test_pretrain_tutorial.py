@@ -130,3 +130,11 @@ def test_the_one_version_pretraining_differs_from_the_tutorial_s_only_where_the_
     for page, paragraph in pages.items():
         (said,) = re.findall(paragraph, (ROOT / "docs" / page).read_text(), re.S)
         assert all(f"`{key}`" in said for key in differing), f"{page} does not say the one-version run differs"
+
+
+def test_the_encyclopedia_example_on_the_fine_tuning_page_is_in_the_default_encyclopedia(tmp_path):
+    world = script("people_world")
+    page = (ROOT / "docs" / "fine-tuning.md").read_text()
+    (example,) = re.findall(r"\*\*An encyclopedia's text\.\*\*.*?```\n(.*?)\n```", page, re.S)
+    text = world.biographies(world.make_world(1000, 0), 0, style="encyclopedia")
+    assert example in text.splitlines()
