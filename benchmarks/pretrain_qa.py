@@ -638,7 +638,7 @@ def print_table(summary: dict, baseline: dict) -> None:
           f"{len(reading['questions'])} questions, guess {statistics.fmean(reading['guess']):.3f}, runner-up "
           f"{reading['runner_up']['answers']} "
           f"{statistics.fmean(reading['runner_up']['per_question']):.3f}")  # fmt: skip
-    print("probes (held-out people's own biography sentences, before fine-tuning): " + ", ".join(
+    print("probes (the scored people's own biography sentences, before fine-tuning): " + ", ".join(
         f"{name} {score:.3f}" for name, score in summary["probes"].items()))  # fmt: skip
     for name, comparison in summary["best_versus"].items():
         print(f"{name}: {interval_text(comparison)}")
