@@ -8,7 +8,9 @@ and jobs are, so that answering the most frequent one is a baseline worth beatin
 From it:
 - `biography(person, rng)`: one paragraph per person, its sentences in a random order, each fact in one of several
   wordings, the person named in full or by pronoun. `biographies(people, seed)` is the pretraining text: one
-  paragraph per line. Varied wording and order is what Allen-Zhu and Li ("Physics of Language Models, part 3.1",
+  paragraph per line. `biographies(people, seed, style="encyclopedia")` writes as an encyclopedia does
+  (`encyclopedia_entry`): one paragraph per person, the full name once, in the first sentence, then only pronouns,
+  each fact stated once. Varied wording and order is what Allen-Zhu and Li ("Physics of Language Models, part 3.1",
   2023) find makes stored knowledge extractable by a fine-tune;
 - `questions(people)`: "Where was NAME born?" -> " TOWN", "In which year was NAME born?" -> " 1957",
   "What does NAME do for a living?" -> " potter": one of each kind per person;
@@ -69,6 +71,23 @@ QUESTIONS = {
     "trade": "What does {name} do for a living?",
 }
 PROBES = {"town": "{name} comes from", "year": "{name}'s year of birth is", "trade": "{name} works as"}
+# An encyclopedia's wordings: {subject} the full name (first sentence) or the pronoun, {obj} and {pos} its object
+# and possessive forms, and the verbs agreeing with the subject ("he was", "they were")
+ENCYCLOPEDIA = {
+    "town": ["{subject} {was} born in {town}.", "{subject} {comes} from {town}.", "{town} is the birthplace of {obj}."],
+    "year": ["{subject} {was} born in {year}.", "{pos} year of birth is {year}.", "In {year}, {subject} {was} born."],
+    "trade": [
+        "{subject} {works} as {a_trade}.",
+        "{subject} {is_} {a_trade} by trade.",
+        "{pos} trade is that of {a_trade}.",
+    ],
+}
+PRONOUNS = {  # subject: (object, possessive, was, comes, works, is)
+    "he": ("him", "his", "was", "comes", "works", "is"),
+    "she": ("her", "her", "was", "comes", "works", "is"),
+    "they": ("them", "their", "were", "come", "work", "are"),
+}
+STYLES = ("varied", "encyclopedia")
 
 
 @dataclass(frozen=True)
@@ -126,20 +145,60 @@ def biography(person: Person, rng: random.Random, full_names: bool = False) -> s
     return " ".join(sentences)
 
 
+def encyclopedia_entry(person: Person, rng: random.Random) -> str:
+    """One paragraph as an encyclopedia writes it: the three facts in a random order, each stated once in one of
+    `ENCYCLOPEDIA`'s wordings; the first sentence names the person in full (a wording with the name as its subject),
+    every later one refers to them by pronoun only ("he", "she" or "they", as the person's `pronoun`, with its
+    object and possessive forms and the verbs agreeing)."""
+    obj, pos, was, comes, works, is_ = PRONOUNS[person.pronoun]
+    sentences = []
+    for k, fact in enumerate(rng.sample(list(ENCYCLOPEDIA), len(ENCYCLOPEDIA))):
+        named = k == 0
+        wordings = [w for w in ENCYCLOPEDIA[fact] if "{subject}" in w] if named else ENCYCLOPEDIA[fact]
+        text = rng.choice(wordings).format(
+            subject=person.name if named else person.pronoun,
+            obj=obj,
+            pos=pos,
+            was="was" if named else was,
+            comes="comes" if named else comes,
+            works="works" if named else works,
+            is_="is" if named else is_,
+            town=person.town,
+            year=person.year,
+            a_trade=a(person.trade),
+        )
+        sentences.append(text[0].upper() + text[1:])
+    return " ".join(sentences)
+
+
 PREFACE = (  # the text's first line: a character tokenizer made from the text then knows the questions' characters
     "Who were these people? Where and when were they born, and what did they do for a living? Each line below "
     "tells of one of them."
 )
+# an encyclopedia's preface: the same, and the apostrophe a probe uses ("NAME's year of birth is"), which its entries,
+# naming each person once, never write
+ENCYCLOPEDIA_PREFACE = PREFACE + " Each person's entry names them once, then says he, she or they."
 
 
-def biographies(people: list[Person], seed: int, versions: int = 1, full_names: bool = False) -> str:
-    """The pretraining text: `PREFACE`, then `versions` biographies per person (each drawn anew: knowledge
-    augmentation, several wordings and orders of the same facts), one per line, all in a random order; each names
-    its person in every sentence with `full_names`."""
+def biographies(
+    people: list[Person], seed: int, versions: int = 1, full_names: bool = False, style: str = "varied"
+) -> str:
+    """The pretraining text: `PREFACE` (`ENCYCLOPEDIA_PREFACE` for an encyclopedia), then `versions` biographies per
+    person (each drawn anew: knowledge augmentation, several wordings and orders of the same facts), one per line,
+    all in a random order; each names its person in every sentence with `full_names`. `style="encyclopedia"`: one
+    `encyclopedia_entry` per person (the name once, then pronouns, each fact once), so `versions` must be 1 and
+    `full_names` off."""
+    if style not in STYLES:
+        raise ValueError(f"style must be one of {STYLES}, got {style!r}")
+    if style == "encyclopedia" and (versions != 1 or full_names):
+        raise ValueError("an encyclopedia states each fact once: one version, named in the first sentence only")
     rng = random.Random(seed)
-    lines = [biography(person, rng, full_names) for _ in range(versions) for person in people]
+    if style == "encyclopedia":
+        lines = [encyclopedia_entry(person, rng) for person in people]
+    else:
+        lines = [biography(person, rng, full_names) for _ in range(versions) for person in people]
     rng.shuffle(lines)
-    return "\n".join([PREFACE, *lines]) + "\n"
+    return "\n".join([ENCYCLOPEDIA_PREFACE if style == "encyclopedia" else PREFACE, *lines]) + "\n"
 
 
 def questions(people: list[Person]) -> list[tuple[str, str]]:
@@ -190,12 +249,18 @@ def write_jsonl(path: Path, pairs: list[tuple[str, str]], mask: str = "") -> Non
 
 
 def with_validation(
-    text: str, seen: list[Person], seed: int, versions: int, val_fraction: float, full_names: bool = False
+    text: str,
+    seen: list[Person],
+    seed: int,
+    versions: int,
+    val_fraction: float,
+    full_names: bool = False,
+    style: str = "varied",
 ) -> tuple[str, int]:
     """`text` (one document a line after the preface) with new biographies of seen people added at exactly the
     lines kqv's split (`kqv.data.completions.split_examples` at `val_fraction`) holds out for validation, so that
     validation withholds no document of the text (a held-out person's facts live in no other): the text and how
-    many were added."""
+    many were added. The added biographies are written in the text's `style`."""
     from kqv.data.completions import split_examples
 
     lines = text.splitlines()
@@ -203,7 +268,7 @@ def with_validation(
     while added != max(1, round(val_fraction * (len(lines) + added))):
         added += 1
     # new wordings (another seed), without the preface
-    extra = biographies(seen, seed + 1, versions, full_names).splitlines()[1:]
+    extra = biographies(seen, seed + 1, versions, full_names, style).splitlines()[1:]
     extra = (extra * (added // len(extra) + 1))[:added]
     _, held = split_examples(len(lines) + added, val_fraction)
     held_set, documents, pool = set(held), iter(lines), iter(extra)
@@ -214,17 +279,19 @@ def with_validation(
 VAL_FRACTION = 0.05  # the validation share pretrain.txt is laid out for (`data.val_fraction`)
 
 
-def write_world(out: Path, n_people: int, seed: int, versions: int = 1, full_names: bool = False) -> list[Person]:
-    """In `out`: biographies.txt (`versions` biographies per person, with `full_names` if asked), pretrain.txt (the
-    same with validation documents of seen people where `data.val_fraction = VAL_FRACTION` holds out:
+def write_world(
+    out: Path, n_people: int, seed: int, versions: int = 1, full_names: bool = False, style: str = "varied"
+) -> list[Person]:
+    """In `out`: biographies.txt (`versions` biographies per person, with `full_names` if asked, in `style`),
+    pretrain.txt (the same with validation documents of seen people where `data.val_fraction = VAL_FRACTION` holds out:
     `with_validation`), the questions and probes of the seen and held-out people as .tsv and as .jsonl naming each
     question's kind."""
     people = make_world(n_people, seed)
     seen, held_out = split(people)
     out.mkdir(parents=True, exist_ok=True)
-    text = biographies(people, seed, versions, full_names)
+    text = biographies(people, seed, versions, full_names, style)
     (out / "biographies.txt").write_text(text, encoding="utf-8")
-    laid_out, _ = with_validation(text, seen, seed, versions, VAL_FRACTION, full_names)
+    laid_out, _ = with_validation(text, seen, seed, versions, VAL_FRACTION, full_names, style)
     (out / "pretrain.txt").write_text(laid_out, encoding="utf-8")
     files = {"questions-seen": questions(seen), "questions-held-out": questions(held_out),
              "probes-seen": probes(seen), "probes-held-out": probes(held_out)}  # fmt: skip
@@ -239,12 +306,21 @@ def main() -> int:
     parser.add_argument("--people", type=int, default=1000, help="how many people (default 1000)")
     parser.add_argument("--versions", type=int, default=1, help="biographies per person, each worded anew (default 1)")
     parser.add_argument("--full-names", action="store_true", help="every sentence names its person in full")
+    parser.add_argument(
+        "--style",
+        choices=STYLES,
+        default="varied",
+        help="varied (default: each sentence names the person or says a pronoun, at random) or encyclopedia (one "
+        "paragraph per person, the full name once in the first sentence, then pronouns, each fact once)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="the world's seed (default 0)")
     parser.add_argument("--out", type=Path, required=True, help="a directory to write into")
     args = parser.parse_args()
     if args.people < 2 or args.versions < 1:
         parser.error("--people must be at least 2 and --versions at least 1")
-    write_world(args.out, args.people, args.seed, args.versions, args.full_names)
+    if args.style == "encyclopedia" and (args.versions != 1 or args.full_names):
+        parser.error("--style encyclopedia states each fact once: no --versions above 1, no --full-names")
+    write_world(args.out, args.people, args.seed, args.versions, args.full_names, args.style)
     print(f"wrote {args.out}: biographies.txt, pretrain.txt, questions-{{seen,held-out}}.{{tsv,jsonl}}, probes-*")
     return 0
 

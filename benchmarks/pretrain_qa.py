@@ -25,24 +25,38 @@ is trained with each of `--seeds` (default two).
   seen questions together (text weighted 2:1, `MIXTURES`), scored directly and probed;
 - `mixed: span corruption, augmented + seen questions`: one run on the augmented text and the seen questions
   together (`--data bios.txt --data questions.tsv`), scored directly;
-- `random init -> fine-tune`: the seen questions alone, no pretraining (what the questions teach by themselves).
+- `random init -> fine-tune`: the seen questions alone, no pretraining (what the questions teach by themselves);
+- on an encyclopedia's text (`people_world.py --style encyclopedia`: one paragraph per person, the full name once in
+  its first sentence, then pronouns, each fact once; read in its written order), `--world encyclopedia` runs:
+  `next-token, encyclopedia -> fine-tune`; `mixed: next-token, encyclopedia + seen questions` (text weighted 2:1,
+  probed); `mixed: span corruption, encyclopedia + seen questions (CS224N)`, span corruption as CS224N's assignment
+  trains it (`data.random_prefix=true`, `data.span_loss="all"`, prompts `{prompt}{mask}` with
+  `data.prompt_loss_weight=1`), the text and the questions weighted 1:1.
+Splits (`--split`): `test` (default) trains on the seen people's questions and scores the held-out people's;
+`dev` trains on the seen people but the last fifth of them (`DEV_SHARE`) and scores those, so that recipes and
+settings are chosen without the held-out people, who are then scored once, with the recipe chosen.
 Probes: each pretrained model completes a held-out person's own biography sentence ("NAME comes from"), before any
 fine-tune: whether the knowledge was stored at all (right when the completion starts with the answer as whole
 words; the record's count, rate and interval all come from that one scoring).
 
 Scores: exact match on the held-out questions, each question's mean over the seeds. The decisive bar is the
 strongest answer that never reads the question: each kind's most frequent seen answer (`kqv eval`'s per-kind
-constant, `kqv.jobs.scoring.kind_constants`, ties to the first in sorted order). Beside it the *reading score*: exact
-match over the held-out questions whose answer is not their kind's constant, against a guess among the kind's other
-seen answers by frequency (`kqv.jobs.scoring.reading_guess`). Every difference is paired over questions
+constant, `kqv.jobs.scoring.kind_constants`, ties to the first in sorted order, counted over the pairs a fine-tune
+trains on, the seen questions less their validation share, as `kqv eval` counts them). Beside it the *reading
+score*: exact match over the held-out questions whose answer is not their kind's constant, against a guess among
+the kind's other seen answers by frequency (`kqv.jobs.scoring.reading_guess`). Every difference is paired over questions
 (`kqv.train.evaluation.difference_over_questions`, the seeds averaged per question), and its verdict is "higher" or
-"lower" only when the 95% interval and McNemar's exact test (p < 0.05) agree.
+"lower" only when the 95% interval and the exact sign test over the questions (p < 0.05) agree: McNemar's exact test
+on one run's 1/0 scores, and on scores averaged over the seeds the count of questions leaning each way. Against the
+reading guess each seed is tested on its own (`difference_from_guess`), the largest p deciding.
 
     python benchmarks/pretrain_qa.py --arm 'next-token, augmented, full names -> fine-tune'
                                                      # the best recipe, seeds 0 and 1: under 30 minutes, 2 cores
     python benchmarks/pretrain_qa.py                 # every arm: up to half an hour a run, two at a time
     python benchmarks/pretrain_qa.py --size gpu      # a larger world and model, for one GPU
     python benchmarks/pretrain_qa.py --size quick    # seconds: checks the script
+    python benchmarks/pretrain_qa.py --world encyclopedia --split dev  # the encyclopedia's arms, development people
+    python benchmarks/pretrain_qa.py --summarise benchmarks/results/pretrain_qa.json  # today's statistics, same answers
     python benchmarks/pretrain_qa.py --span-set data.random_prefix=true --span-set 'data.span_loss="all"'
                                                      # span corruption as CS224N's dataset and FIM train it
 
@@ -121,8 +135,14 @@ SIZES = {
 # document (a source of its own), so that its validation split is whole documents.
 SHUFFLED = ["data.shuffle_sentences=true"]
 SPANS = ['data.objective="span_corruption"']
+# span corruption as CS224N's assignment trains it: random prefixes of each document, the loss on every token of
+# the rearranged example, the questions in the same run with the loss on their prompts too
+CS224N = [*SPANS, "data.random_prefix=true", 'data.span_loss="all"', "data.prompt_loss_weight=1"]
 PRETRAININGS = {
     "next-token": ("bios_pretrain.txt", []),
+    # an encyclopedia's text (`people_world.py --style encyclopedia`) read in its written order: a pronoun refers to
+    # the name of the sentence before it, so its sentences are not shuffled
+    "next-token, encyclopedia": ("bios_encyclopedia_pretrain.txt", []),
     "next-token, augmented": ("bios_augmented_pretrain.txt", SHUFFLED),
     "next-token, augmented, full names": ("bios_full_pretrain.txt", SHUFFLED),
     "span corruption, augmented": ("bios_augmented_pretrain.txt", SPANS),
@@ -137,11 +157,29 @@ ARMS = {  # name: (pretraining, last stage: "finetune" | "lora" | "mixed" | "alo
     "mixed: next-token, augmented, full names + seen questions": (None, "mixed", SHUFFLED, None),
     "mixed: span corruption, augmented + seen questions": (None, "mixed", SPANS, TEMPLATE),
     "random init -> fine-tune": (None, "alone", [], None),
+    "next-token, encyclopedia -> fine-tune": ("next-token, encyclopedia", "finetune", [], None),
+    "mixed: next-token, encyclopedia + seen questions": (None, "mixed", [], None),
+    "mixed: span corruption, encyclopedia + seen questions (CS224N)": (None, "mixed", CS224N, TEMPLATE),
 }  # fmt: skip
-MIXTURES = {  # a mixed arm's sources: (file, weight); the next-token one reads the text twice as often
-    "mixed: next-token, augmented, full names + seen questions": (("bios_full_pretrain.txt", 2), ("seen.jsonl", 1)),
-    "mixed: span corruption, augmented + seen questions": (("bios_augmented_pretrain.txt", 1), ("seen.jsonl", 1)),
+ENCYCLOPEDIA_ARMS = [arm for arm in ARMS if "encyclopedia" in arm]  # what `--world encyclopedia` runs
+MIXTURES = {  # a mixed arm's sources: (file, weight); the next-token ones read the text twice as often; QUESTIONS:
+    # the questions the split trains on (`SPLITS`)
+    "mixed: next-token, augmented, full names + seen questions": (("bios_full_pretrain.txt", 2), ("QUESTIONS", 1)),
+    "mixed: span corruption, augmented + seen questions": (("bios_augmented_pretrain.txt", 1), ("QUESTIONS", 1)),
+    "mixed: next-token, encyclopedia + seen questions": (("bios_encyclopedia_pretrain.txt", 2), ("QUESTIONS", 1)),
+    "mixed: span corruption, encyclopedia + seen questions (CS224N)": (
+        ("bios_encyclopedia_pretrain.txt", 1),
+        ("QUESTIONS", 1),
+    ),
 }
+# What a split trains on and scores: "test", the seen people's questions and the held-out people's (scored once,
+# with the recipe chosen); "dev", the seen people but the last DEV_SHARE of them, and those people's questions, to
+# choose recipes and settings on without looking at the held-out people. Files: (trained, scored, probes).
+SPLITS = {
+    "test": ("seen.jsonl", "held_out.jsonl", "probe_held_out"),
+    "dev": ("seen_dev.jsonl", "dev.jsonl", "probe_dev"),
+}
+DEV_SHARE = 0.2  # of the seen people
 KINDS = list(people_world.QUESTIONS)
 
 
@@ -156,18 +194,21 @@ def write_files(sizes: dict, world_seed: int, work: Path) -> dict:
     naming each question's kind (what the runs train on and are scored with); what they hold, for the record."""
     people = people_world.make_world(sizes["people"], world_seed)
     seen, held_out = people_world.split(people)
+    trained_dev, dev = dev_split(seen)
     text = people_world.biographies(people, world_seed)
     augmented = people_world.biographies(people, world_seed, sizes["versions"])
     named = people_world.biographies(people, world_seed, sizes["versions"], full_names=True)
+    encyclopedia = people_world.biographies(people, world_seed, style="encyclopedia")
     validation = {}
-    for name, whole, full_names in (
-        ("bios", text, False),
-        ("bios_augmented", augmented, False),
-        ("bios_full", named, True),
+    for name, whole, versions, full_names, style in (
+        ("bios", text, sizes["versions"], False, "varied"),
+        ("bios_augmented", augmented, sizes["versions"], False, "varied"),
+        ("bios_full", named, sizes["versions"], True, "varied"),
+        ("bios_encyclopedia", encyclopedia, 1, False, "encyclopedia"),
     ):
         (work / f"{name}.txt").write_text(whole, encoding="utf-8")
         laid_out, extra = people_world.with_validation(
-            whole, seen, world_seed, sizes["versions"], VAL_FRACTION, full_names
+            whole, seen, world_seed, versions, VAL_FRACTION, full_names, style
         )
         (work / f"{name}_pretrain.txt").write_text(laid_out, encoding="utf-8")
         validation[name] = extra
@@ -175,14 +216,21 @@ def write_files(sizes: dict, world_seed: int, work: Path) -> dict:
         "seen.tsv": people_world.questions(seen),
         "held_out.tsv": people_world.questions(held_out),
         "probe_held_out.tsv": people_world.probes(held_out),
+        "seen_dev.tsv": people_world.questions(trained_dev),
+        "dev.tsv": people_world.questions(dev),
+        "probe_dev.tsv": people_world.probes(dev),
     }
-    files["probe_held_out_mask.tsv"] = [(f"{p}{MASK}.{MASK}", c) for p, c in files["probe_held_out.tsv"]]
+    for probes in ("probe_held_out", "probe_dev"):
+        files[f"{probes}_mask.tsv"] = [(f"{p}{MASK}.{MASK}", c) for p, c in files[f"{probes}.tsv"]]
     for name, pairs in files.items():
         people_world.write_pairs(work / name, pairs)
         people_world.write_jsonl(work / name.replace(".tsv", ".jsonl"), pairs, MASK)
-    unknown = {char for pairs in files.values() for pair in pairs for char in "".join(pair)} - set(text) - {MASK}
-    if unknown:  # a fine-tune keeps its pretraining's character tokenizer
-        raise SystemExit(f"the questions use characters the biographies never do: {sorted(unknown)}")
+    asked = {char for pairs in files.values() for pair in pairs for char in "".join(pair)} - {MASK}
+    for whole in (text, encyclopedia):  # a fine-tune keeps its pretraining's character tokenizer
+        if asked - set(whole):
+            raise SystemExit(
+                f"the questions use characters a pretraining text never does: {sorted(asked - set(whole))}"
+            )
     return {
         "validation_documents": validation,
         "people": len(people),
@@ -190,11 +238,21 @@ def write_files(sizes: dict, world_seed: int, work: Path) -> dict:
         "held_out_people": len(held_out),
         "biography_characters": len(text),
         "augmented_characters": len(augmented),
+        "encyclopedia_characters": len(encyclopedia),
+        "dev_people": len(dev),
         "distinct_answers": {kind: len({p.answer(kind) for p in people}) for kind in KINDS},
         "example_biography": text.splitlines()[1],
+        "example_encyclopedia": encyclopedia.splitlines()[1],
         "example_question": files["held_out.tsv"][0],
         "example_probe": files["probe_held_out.tsv"][0],
     }
+
+
+def dev_split(seen: list) -> tuple[list, list]:
+    """The seen people a development run trains on and the last `DEV_SHARE` of them, whose questions it scores:
+    people other than the held-out ones, so recipes chosen on them are scored on the held-out people once."""
+    middle = len(seen) - max(1, round(len(seen) * DEV_SHARE))
+    return seen[:middle], seen[middle:]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -291,15 +349,17 @@ def in_subprocess(job: dict) -> dict:
 
 
 def jobs(sizes: dict, work: Path, seed: int, threads: int, arms: list[str] | None = None) -> dict[str, dict]:
-    """Every run of `arms` (default all): the pretrainings they start from, then each arm's last stage."""
+    """Every run of `arms` (default all): the pretrainings they start from, then each arm's last stage; each trains
+    on and is scored with the questions of the split `sizes["split"]` names (`SPLITS`, default "test")."""
     pre, fine = sizes["pretrain_steps"], sizes["finetune_steps"]
-    seen = work / "seen.jsonl"
+    trained, scored, probes = SPLITS[sizes.get("split", "test")]
+    seen = work / trained
     chosen = {arm: ARMS[arm] for arm in arms or ARMS}
     runs: dict[str, dict] = {}
     for name, (text, extra) in PRETRAININGS.items():
         if name not in {pretraining for pretraining, *_ in chosen.values()}:
             continue
-        probe = "probe_held_out_mask.jsonl" if "span" in name else "probe_held_out.jsonl"
+        probe = f"{probes}_mask.jsonl" if "span" in name else f"{probes}.jsonl"
         runs[name] = {
             "needs": None,
             "overrides": settings(sizes, pre, sizes["pretrain_lr"], seed)
@@ -308,7 +368,7 @@ def jobs(sizes: dict, work: Path, seed: int, threads: int, arms: list[str] | Non
             "score": {"probe": str(work / probe)},
         }
     for arm, (pretraining, stage, extra, template) in chosen.items():
-        held_out, seen_scored = work / "held_out.jsonl", seen  # kqv eval writes prompts into the run's template
+        held_out, seen_scored = work / scored, seen  # kqv eval writes prompts into the run's template
         options = [f"data.template={json.dumps(template)}"] if template else []
         if stage in ("finetune", "lora"):
             steps, lr, data = fine, sizes["finetune_lr"], [f"data.path={json.dumps(str(seen))}"]
@@ -316,6 +376,7 @@ def jobs(sizes: dict, work: Path, seed: int, threads: int, arms: list[str] | Non
                 options.append(f"finetune.lora_rank={sizes['lora_rank']}")
         elif stage == "mixed":
             files, weights = zip(*MIXTURES[arm])
+            files = [trained if f == "QUESTIONS" else f for f in files]
             steps, lr, data = pre + fine, sizes["pretrain_lr"], [sources(*(work / f for f in files), weights=weights)]
         else:  # the questions alone, for as many updates as a pretraining and its fine-tune
             steps, lr, data = pre + fine, sizes["finetune_lr"], [f"data.path={json.dumps(str(seen))}"]
@@ -323,7 +384,7 @@ def jobs(sizes: dict, work: Path, seed: int, threads: int, arms: list[str] | Non
             "needs": pretraining,
             "overrides": settings(sizes, steps, lr, seed) + data + spans(extra, sizes) + options,
             "score": {"held_out": str(held_out), "seen": str(seen_scored)}
-            | ({"probe": str(work / "probe_held_out.jsonl")} if probed_mixture(arm) else {}),
+            | ({"probe": str(work / f"{probes}.jsonl")} if probed_mixture(arm) else {}),
         }
     for name, job in runs.items():
         directory = work / f"seed{seed}" / name.replace(" ", "_").replace(",", "").replace(">", "")
@@ -335,7 +396,7 @@ def probed_mixture(arm: str) -> bool:
     """Whether `arm` is a mixed next-token run, probed as well (it is its own pretraining): its stored facts,
     beside its answers."""
     _, stage, extra, _ = ARMS[arm]
-    return stage == "mixed" and extra == SHUFFLED
+    return stage == "mixed" and not any("span_corruption" in option for option in extra)
 
 
 def spans(extra: list[str], sizes: dict) -> list[str]:
@@ -392,9 +453,22 @@ def reads_text(job: dict) -> bool:
 # Baselines and comparisons, the question being the unit
 
 
-def baselines(work: Path) -> dict:
-    """Scores on the held-out questions of answers that never read the question, from the seen questions' answers
-    by `kqv eval`'s own functions (`kqv.jobs.scoring`): the constant (`constant_answer`), each kind's constant
+def trained_questions(path: Path) -> list:
+    """The examples of a questions file that a run trains on: all but the validation share kqv holds out of it
+    (`kqv.data.completions.split_examples` at `VAL_FRACTION`), the answers `kqv eval` counts for a fine-tuned run's
+    baselines ("the 1,425 pairs the run fine-tuned on")."""
+    from kqv.data.completions import read_examples, split_examples
+
+    examples = read_examples(path)
+    train, _ = split_examples(len(examples), VAL_FRACTION)
+    return [examples[k] for k in train]
+
+
+def baselines(work: Path, split: str = "test") -> dict:
+    """Scores on the scored questions of `split` (`SPLITS`: the held-out people's, or the development people's) of
+    answers that never read the question, from the answers a fine-tune trains on (`trained_questions`: the trained
+    file less its validation share, so that each kind's constant is the one `kqv eval` prints for the fine-tuned
+    run) by `kqv eval`'s own functions (`kqv.jobs.scoring`): the constant (`constant_answer`), each kind's constant
     (`kind_constants`: the decisive bar), the expected score of a uniform guess among the kind's distinct seen
     answers; and for the reading score, which questions count (their answer is not their kind's constant), the
     expected score there of a guess among the kind's other seen answers by frequency (`reading_guess`), and the
@@ -405,7 +479,8 @@ def baselines(work: Path) -> dict:
     from kqv.data.completions import read_examples
     from kqv.jobs.scoring import constant_answer, kind_constants, normalise, reading_guess, runner_up
 
-    seen, held = read_examples(work / "seen.jsonl"), read_examples(work / "held_out.jsonl")
+    trained, scored, _ = SPLITS[split]
+    seen, held = trained_questions(work / trained), read_examples(work / scored)
     kinds = [e.kind for e in held]
     constant = constant_answer([e.completion for e in seen])
     per_kind = kind_constants([e.completion for e in seen], [e.kind for e in seen])
@@ -427,6 +502,8 @@ def baselines(work: Path) -> dict:
             },
         },
         "kinds": kinds,
+        "split": split,
+        "reference": f"the {len(seen):,} pairs a fine-tune trains on ({trained} less its validation share)",
     }
 
 
@@ -457,13 +534,16 @@ def over_seeds(results: dict[str, dict], name: str, seeds: list[int], key: str) 
     return mean_over_seeds([results[seeded(name, seed)][key]["per_question"] for seed in seeds])
 
 
-def reading_score(per_question: list[float], baseline: dict, seeds: int) -> dict:
-    """The reading score of per-question scores (each a mean over `seeds` runs): their mean over the reading
-    questions with its 95% interval (Student's t over those questions; with one seed's 1/0 scores, Wald's), and the
-    difference to the guess, its exact test the chance a guess gets as many right (`difference_from_guess`)."""
+def reading_score(per_question: list[float], baseline: dict, per_seed: list[list[int]]) -> dict:
+    """The reading score of per-question scores (each the mean of the seeds' 1/0 scores `per_seed`): their mean over
+    the reading questions with its 95% interval (Student's t over those questions; with one seed's 1/0 scores,
+    Wald's), and the difference to the guess, its exact test each seed's own chance that a guess gets as many
+    right, the largest of their p-values deciding (`difference_from_guess`: the seeds are not pooled)."""
     from kqv.train.evaluation import difference_from_guess, difference_over_questions
 
-    chosen = [per_question[k] for k in baseline["reading"]["questions"]]
+    questions = baseline["reading"]["questions"]
+    chosen = [per_question[k] for k in questions]
+    seeds_chosen = [[scores[k] for k in questions] for scores in per_seed]
     guess = baseline["reading"]["guess"]
     zero = [0.0] * len(chosen)
     interval = difference_over_questions(chosen, zero)  # the mean of the scores and its t interval over questions
@@ -472,7 +552,7 @@ def reading_score(per_question: list[float], baseline: dict, seeds: int) -> dict
         "exact_match": statistics.fmean(chosen),
         "exact_match_95": [max(0.0, interval.low), interval.high],
         "guess": statistics.fmean(guess),
-        "versus_guess": verdict(difference_from_guess(chosen, guess, seeds).to_dict() | {"test": "guess"}),
+        "versus_guess": verdict(difference_from_guess(chosen, guess, per_seed=seeds_chosen).to_dict()),
         "runner_up": statistics.fmean(baseline["reading"]["runner_up"]["per_question"]),
         "versus_runner_up": versus(chosen, baseline["reading"]["runner_up"]["per_question"]),
     }
@@ -501,7 +581,9 @@ def summarise(results: dict[str, dict], baseline: dict, seeds: list[int]) -> dic
             "seen_exact_match": statistics.fmean(over_seeds(results, arm, seeds, "seen")),
             "versus_constant": versus(held, baseline["constant"]["per_question"]),
             "versus_constant_per_kind": versus(held, strongest),
-            "reading": reading_score(held, baseline, len(seeds)),
+            "reading": reading_score(
+                held, baseline, [results[seeded(arm, seed)]["held_out"]["per_question"] for seed in seeds]
+            ),
             "compute": compute(results, arm, seeds),
             "train_seconds": statistics.fmean(
                 c["train_seconds"] for c in compute(results, arm, seeds)["per_seed"].values()
@@ -522,15 +604,17 @@ def summarise(results: dict[str, dict], baseline: dict, seeds: list[int]) -> dic
             for name, t in table.items()}  # fmt: skip
     uniform = baseline["uniform_per_kind"]["per_question"]
     rows["uniform guess per kind"] = {"exact_match": statistics.fmean(uniform), "by_kind": by_kind(uniform, kinds)}
-    return {"seeds": seeds, "arms": arms, "best": best, "best_versus": others, "probes": probes,
-            "probe_records": probe_records, "baselines": rows}  # fmt: skip
+    return {"seeds": seeds, "split": baseline.get("split", "test"), "arms": arms, "best": best,
+            "best_versus": others, "probes": probes, "probe_records": probe_records, "baselines": rows}  # fmt: skip
 
 
 def print_table(summary: dict, baseline: dict) -> None:
     seeds = ", ".join(map(str, summary["seeds"]))
+    scored = {"test": "held-out", "dev": "development"}[summary.get("split", "test")]
     print(f"seeds {seeds}; each question's mean over them; a verdict needs the interval and the exact test's p < "
-          f"{SIGNIFICANCE} (McNemar's; against the guess, the chance a guess gets as many right)")  # fmt: skip
-    print("| arm | held-out exact match | town | year | trade | - constant per kind [95%] | reading [95%] "
+          f"{SIGNIFICANCE} (the sign test over the questions, which is McNemar's on one run's 1/0 scores; against "
+          f"the guess, each seed's chance that a guess gets as many right, the largest p deciding)")  # fmt: skip
+    print(f"| arm | {scored} exact match | town | year | trade | - constant per kind [95%] | reading [95%] "
           "| reading - guess [95%] | reading - runner-up [95%] | seen | updates | tokens | seconds |")  # fmt: skip
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, arm in summary["arms"].items():
@@ -549,11 +633,12 @@ def print_table(summary: dict, baseline: dict) -> None:
         kinds = " | ".join(f"{row['by_kind'][k]:.3f}" for k in KINDS)
         print(f"| {name} | {row['exact_match']:.3f} | {kinds} | | | | | | | | |")
     reading = baseline["reading"]
-    print(f"constant: {baseline['constant']['answer']!r}; per kind: {baseline['per_kind']['answers']}; reading: "
+    print(f"constant: {baseline['constant']['answer']!r}; per kind: {baseline['per_kind']['answers']} (from "
+          f"{baseline.get('reference', 'the seen questions')}); reading: "
           f"{len(reading['questions'])} questions, guess {statistics.fmean(reading['guess']):.3f}, runner-up "
           f"{reading['runner_up']['answers']} "
           f"{statistics.fmean(reading['runner_up']['per_question']):.3f}")  # fmt: skip
-    print("probes (held-out people's own biography sentences, before fine-tuning): " + ", ".join(
+    print("probes (the scored people's own biography sentences, before fine-tuning): " + ", ".join(
         f"{name} {score:.3f}" for name, score in summary["probes"].items()))  # fmt: skip
     for name, comparison in summary["best_versus"].items():
         print(f"{name}: {interval_text(comparison)}")
@@ -562,14 +647,16 @@ def print_table(summary: dict, baseline: dict) -> None:
 def interval_text(comparison: dict) -> str:
     low, high = comparison["difference_95"]
     verdict, p_value = comparison["verdict"], comparison["p_value"]
-    return f"{comparison['difference']:+.3f} [{low:+.3f}, {high:+.3f}] p={p_value:.2g} ({verdict})"
+    seeds = comparison.get("seed_p_values")
+    each = f" (seeds {', '.join(f'{p:.2g}' for p in seeds)})" if seeds else ""
+    return f"{comparison['difference']:+.3f} [{low:+.3f}, {high:+.3f}] p={p_value:.2g}{each} ({verdict})"
 
 
 def measure(sizes: dict, world_seed: int, seeds: list[int], threads: int, work: Path, arms: list[str] | None) -> dict:
     world = write_files(sizes, world_seed, work)
     print(f"{world['people']} people, {world['biography_characters']:,} characters of biographies", file=sys.stderr)
     results = train_all(seeded_jobs(sizes, work, seeds, threads, arms), sizes["parallel"])
-    baseline = baselines(work)
+    baseline = baselines(work, sizes.get("split", "test"))
     summary = summarise(results, baseline, seeds)
     print_table(summary, baseline)
     return {"world": world, "runs": results, "baselines": baseline, "summary": summary}
@@ -577,15 +664,14 @@ def measure(sizes: dict, world_seed: int, seeds: list[int], threads: int, work: 
 
 def summarise_again(parser: argparse.ArgumentParser, stored: Path, output: Path | None) -> int:
     """A stored record with its summary recomputed from its runs' per-question answers and its baselines (today's
-    statistics over the same answers), written to `output`: the measurement's machine and date kept, the
-    recomputation's command and date added as `summarised`."""
-    if output is None or output.resolve() == stored.resolve():
-        parser.error("--summarise writes to --output, a file other than the record it reads")
+    statistics over the same answers), written to `output` (the record itself when `output` is None): the
+    measurement's machine and date kept, the recomputation's command and date added as `summarised`."""
+    output = output or stored
     try:
         record = json.loads(stored.read_text(encoding="utf-8"))
         with tempfile.TemporaryDirectory(prefix="kqv-pretrain-qa-") as scratch:  # the world again, from its seed
             write_files(record["sizes"], record["world_seed"], Path(scratch))
-            baseline = baselines(Path(scratch))
+            baseline = baselines(Path(scratch), record["sizes"].get("split", "test"))
         if baseline["kinds"] != record["baselines"]["kinds"]:
             parser.error(f"{stored}: its world's questions are not the ones this script writes for its seed")
         summary = summarise(record["runs"], baseline, record["seeds"])
@@ -602,6 +688,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", choices=list(SIZES), default="default", help="default (2 CPU cores), gpu, quick")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="the training seeds (default 0 1)")
     parser.add_argument("--world-seed", type=int, default=0, help="the seed of the invented world (default 0)")
+    parser.add_argument("--people", type=int, help="how many people the world has (default: the size's)")
+    parser.add_argument(
+        "--world",
+        choices=["varied", "encyclopedia"],
+        help="the arms of this text (encyclopedia: the name once, then pronouns, each fact once; varied: the other "
+        "arms): without --arm, every one of them",
+    )
+    parser.add_argument(
+        "--split",
+        choices=list(SPLITS),
+        default="test",
+        help="test (default): train on the seen people's questions, score the held-out people's, once, with the "
+        "recipe chosen; dev: train on the seen people but a fifth of them, score those, to choose recipes on",
+    )
     parser.add_argument("--pretrain-steps", type=int, help="the pretrainings' updates (default: the size's)")
     parser.add_argument("--finetune-steps", type=int, help="the fine-tunes' updates (default: the size's)")
     parser.add_argument("--arm", action="append", choices=list(ARMS), help="run this recipe (repeat; default all)")
@@ -614,7 +714,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--output", type=Path, default=None, help="JSON path (default benchmarks/results/...)")
     parser.add_argument(
-        "--summarise", type=Path, metavar="RECORD", help="recompute a record's summary from its answers into --output"
+        "--summarise",
+        type=Path,
+        metavar="RECORD",
+        help="recompute a record's summary from its answers, into --output (default: the record itself)",
     )
     parser.add_argument("--job", help=argparse.SUPPRESS)  # internal: one run, in a fresh process
     args = parser.parse_args(argv)
@@ -626,19 +729,31 @@ def main(argv: list[str] | None = None) -> int:
     sizes = SIZES[args.size] | ({"pretrain_steps": args.pretrain_steps} if args.pretrain_steps else {})
     sizes |= {"finetune_steps": args.finetune_steps} if args.finetune_steps else {}
     sizes |= {"span_options": args.span_set} if args.span_set else {}
+    sizes |= {"people": args.people} if args.people else {}
+    sizes |= {"split": args.split} if args.split != "test" else {}
     if sizes["pretrain_steps"] < 1 or sizes["finetune_steps"] < 1:
         parser.error("--pretrain-steps and --finetune-steps must be at least 1")
+    if sizes["people"] < 20:
+        parser.error("--people must be at least 20 (the development people are a fifth of the seen half)")
+    arms = args.arm
+    if args.world:
+        on_world = [arm for arm in ARMS if (arm in ENCYCLOPEDIA_ARMS) == (args.world == "encyclopedia")]
+        if arms and set(arms) - set(on_world):
+            parser.error(f"--world {args.world} runs only these arms: {on_world}")
+        arms = arms or on_world
     seeds = list(dict.fromkeys(args.seeds))
     if len(seeds) < 2:
         parser.error("--seeds needs at least two different seeds: a verdict is paired over questions and seeds")
     threads = max(1, (os.cpu_count() or 2) // sizes["parallel"])
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kqv-pretrain-qa-") as scratch:
-        record = measure(sizes, args.world_seed, seeds, threads, Path(scratch), args.arm)
+        record = measure(sizes, args.world_seed, seeds, threads, Path(scratch), arms)
     record = {"benchmark": "pretrain_qa", "size": args.size, "sizes": sizes, "seeds": seeds,
-              "world_seed": args.world_seed, "threads_per_run": threads, "arms": args.arm or list(ARMS),
-              **record}  # fmt: skip
+              "world_seed": args.world_seed, "split": args.split, "threads_per_run": threads,
+              "arms": arms or list(ARMS), **record}  # fmt: skip
     suffix = "" if args.size == "default" else f"-{args.size}"
+    suffix += "-encyclopedia" if args.world == "encyclopedia" else ""
+    suffix += "-dev" if args.split == "dev" else ""
     output = args.output or ROOT / "benchmarks" / "results" / f"pretrain_qa{suffix}.json"
     write_record(output, record, started=started)
     return 0

@@ -993,10 +993,17 @@ KINDS = ("town", "year", "trade")
 
 
 def verdict_text(comparison: dict) -> str:
-    """A paired difference as value [95%], and the verdict the interval and the exact test agree on, with its p."""
-    p_value = comparison["p_value"]
-    p_text = f"p={p_value:.2g}" if p_value > 0 else "p<1e-300"  # below a double's range
-    return f"{short_versus(comparison)} {comparison['verdict']}, {p_text}"
+    """A paired difference as value [95%], and the verdict the interval and the exact test agree on, with its p (and
+    each seed's, where the test was made seed by seed)."""
+
+    def p_text(p_value: float) -> str:
+        return f"{p_value:.2g}" if p_value > 0 else "<1e-300"  # below a double's range
+
+    seeds = comparison.get("seed_p_values")
+    each = f" (seeds {' / '.join(p_text(p) for p in seeds)})" if seeds else ""
+    return f"{short_versus(comparison)} {comparison['verdict']}, p={p_text(comparison['p_value'])}{each}".replace(
+        "p=<", "p<"
+    )
 
 
 def pretrain_qa_rows(summary: dict, arms: list[str]) -> tuple[list[list[str]], ...]:
@@ -1087,8 +1094,11 @@ def pretrain_qa_table(file: str = PRETRAIN_QA, command: str = PRETRAIN_QA_COMMAN
         pretrain_qa_tables(record, list(summary["arms"]))
         + f"\nEM: exact match, each question's mean over seeds {', '.join(map(str, summary['seeds']))} (each seed's "
         f"in brackets); every interval is paired over the {questions:,} held-out questions, and a verdict needs "
-        f"the interval and an exact test (p < 0.05) to agree: McNemar's, and against the guess the chance that a "
-        f"guess gets as many right. Reading: exact match over the "
+        f"the interval and an exact test (p < 0.05) to agree: the sign test over the questions that differ (McNemar's "
+        f"exact test on one run's 1/0 scores; on means over seeds, which side each question leans to), and against "
+        f"the guess each seed's own chance that a guess gets as many right, the largest of the seeds' p deciding. "
+        f"The constants count the {record['baselines'].get('reference', 'seen questions')[4:]}. Reading: exact "
+        f"match over the "
         f"{len(reading['questions']):,} questions whose answer is not their kind's constant; its guess, "
         f"{statistics.fmean(reading['guess']):.3f}, picks among the kind's other seen answers by frequency; the "
         f"runner-up, each kind's most frequent other seen answer ("

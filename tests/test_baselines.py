@@ -73,7 +73,7 @@ def test_the_guess_test_is_the_binomial_test_when_every_guess_has_the_same_chanc
     binomial = [math.comb(n, k) * chance**k * (1 - chance) ** (n - k) for k in range(n + 1)]
     for hits in (0, 3, 6, 11, 30):
         expected = min(1.0, 2 * min(sum(binomial[: hits + 1]), sum(binomial[hits:])))
-        assert guess_test(hits, [chance] * 10, seeds=3) == pytest.approx(expected, rel=1e-9)
+        assert guess_test(hits, [chance] * n) == pytest.approx(expected, rel=1e-9)
 
 
 def test_a_model_that_never_answers_is_not_called_worse_than_a_guess_that_rarely_answers():
@@ -83,8 +83,36 @@ def test_a_model_that_never_answers_is_not_called_worse_than_a_guess_that_rarely
     versus = difference_from_guess([0.0] * 100, [0.01] * 100)
     assert versus.p_value == pytest.approx(min(1.0, 2 * 0.99**100)) and versus.p_value > 0.5
     assert versus.difference == pytest.approx(-0.01) and (versus.better, versus.worse) == (0, 1)
-    two_seeds = difference_from_guess([0.5] * 4 + [0.0] * 96, [0.01] * 100, seeds=2)  # 4 hits over 200 guesses
-    assert two_seeds.better == 4 and two_seeds.p_value == pytest.approx(guess_test(4, [0.01] * 200))
+    assert versus.test == "guess" and versus.to_dict()["test"] == "guess"
+
+
+def test_several_seeds_are_tested_against_the_guess_one_by_one_never_pooled():
+    """Seed 0 gets 6 of 100 right where a guess expects 1 (p < 0.002); seed 1 gets 1 (p = 1). Pooled as 7 hits in 200
+    independent trials the guess test would say p < 0.01; the seeds' answers to one question are not independent,
+    so each seed is tested alone and the difference is called only when every seed's test is."""
+    guesses = [0.01] * 100
+    seed0, seed1 = [1] * 6 + [0] * 94, [1] + [0] * 99
+    means = [(a + b) / 2 for a, b in zip(seed0, seed1)]
+    pooled = guess_test(7, guesses * 2)
+    assert pooled < 0.01
+    versus = difference_from_guess(means, guesses, per_seed=[seed0, seed1])
+    assert versus.seed_p_values == pytest.approx((guess_test(6, guesses), guess_test(1, guesses)))
+    assert versus.seed_p_values[0] < 0.002 and versus.p_value == pytest.approx(1.0) and versus.p_value > pooled
+    assert versus.to_dict()["seed_p_values"] == pytest.approx(list(versus.seed_p_values))
+    both = difference_from_guess([1] * 6 + [0] * 94, guesses, per_seed=[seed0, seed0])  # every seed significant
+    assert both.p_value == pytest.approx(guess_test(6, guesses)) and both.p_value < 0.002
+    opposite = difference_from_guess([0.5] * 6 + [0] * 94, guesses, per_seed=[seed0, [0] * 100])
+    assert opposite.p_value == 1.0  # one seed above the guess, the other below: no side is called
+    with pytest.raises(kqv.errors.DataError, match="per_seed"):
+        difference_from_guess(means, guesses)  # seed means cannot be tested as one run's answers
+    with pytest.raises(kqv.errors.DataError, match="mean over the seeds"):
+        difference_from_guess(means, guesses, per_seed=[seed0, seed0])
+
+
+def test_the_exact_test_says_mcnemar_on_one_run_s_scores_and_sign_on_seed_means():
+    assert difference_over_questions([1, 0, 1], [0, 0, 1]).test == "McNemar"
+    averaged = difference_over_questions([0.5, 0, 1], [0, 0, 1])
+    assert averaged.test == "sign" and averaged.to_dict()["test"] == "sign"
 
 
 def test_several_seeds_give_each_question_its_mean_and_n_stays_the_questions():

@@ -92,8 +92,10 @@ def test_held_out_people_are_never_asked_in_training_and_their_questions_use_the
 def test_the_benchmark_s_baselines_are_the_hand_computed_ones_ties_broken_as_kqv_eval_breaks_them(tmp_path):
     bench = script("pretrain_qa")
     for name, pairs in {
+        # the fifth pair (Z Z's) is the one kqv holds out of these ten for validation: no baseline counts it
         "seen.jsonl": [("Where was A B born?", " X"), ("Where was C D born?", " X"), ("Where was K L born?", " Y"),
-                       ("In which year was A B born?", " 1999"), ("In which year was C D born?", " 1945"),
+                       ("In which year was A B born?", " 1999"), ("Where was Z Z born?", " Q"),
+                       ("In which year was C D born?", " 1945"),
                        ("What does A B do for a living?", " potter"), ("What does C D do for a living?", " potter"),
                        ("What does E F do for a living?", " potter"), ("What does K L do for a living?", " smith")],
         "held_out.jsonl": [("Where was G H born?", " X"), ("Where was I J born?", " Y"), ("In which year was G H "
@@ -102,6 +104,7 @@ def test_the_benchmark_s_baselines_are_the_hand_computed_ones_ties_broken_as_kqv
     }.items():  # fmt: skip
         world.write_jsonl(tmp_path / name, pairs)
     found = bench.baselines(tmp_path)
+    assert [e.prompt for e in bench.trained_questions(tmp_path / "seen.jsonl")][4] != "Where was Z Z born?"
     assert found["constant"]["answer"] == "potter" and found["constant"]["per_question"] == [0, 0, 0, 0, 0]
     # the years tie (1999 and 1945 once each): kqv eval's rule, the first in sorted order, gives 1945 (the order
     # the file gives, or Counter.most_common, would give 1999)
@@ -211,7 +214,7 @@ def test_span_settings_reach_every_span_corruption_run_and_no_other(tmp_path):
     runs = bench.seeded_jobs(sizes, tmp_path, [0, 1], 1, None)
     given = {name for name, job in runs.items() if "data.random_prefix=true" in job["overrides"]}
     spans = {name for name, job in runs.items() if 'data.objective="span_corruption"' in job["overrides"]}
-    assert given == spans and len(spans) == 4  # the span pretraining and the mixed arm, for each seed
+    assert given == spans and len(spans) == 6  # the span pretraining and the two mixed arms, for each seed
     assert runs["span corruption, augmented -> fine-tune | seed 1"]["needs"] == "span corruption, augmented | seed 1"
     assert len({job["out"] for job in runs.values()}) == len(runs) == 2 * (len(bench.PRETRAININGS) + len(bench.ARMS))
 
@@ -231,3 +234,156 @@ def test_the_mixed_next_token_arm_reads_the_full_name_text_twice_as_often_as_the
     fine = runs["next-token, augmented, full names -> fine-tune"]
     assert fine["needs"] == "next-token, augmented, full names"
     assert any("bios_full_pretrain.txt" in o for o in runs["next-token, augmented, full names"]["overrides"])
+
+
+def test_the_default_world_is_the_one_written_before_the_encyclopedia_style(tmp_path):
+    """The text the benchmark's stored results were measured on, byte for byte (hashes of its output for a seed)."""
+    import hashlib
+
+    people = world.make_world(200, 0)
+    digests = {
+        (0, 1, False): "a2eaea18078bd6b653411f9b9796dea8a507721cc4c368012341410300de00ae",
+        (0, 3, False): "9d1438ac308f33d6e96af4fa33a1c347cd3464293d47a8dd040581652a2043f8",
+        (0, 2, True): "827c35ffd91efdb4e66f3e52bb236c5d926999b80f88b0a15025262be98e0157",
+        (5, 1, False): "b23ea17a6e40de9c40913f619cb1210574ea490a4d8c526e674cfac6bb9d9642",
+    }
+    for (seed, versions, full_names), digest in digests.items():
+        text = world.biographies(people, seed, versions, full_names)
+        assert hashlib.sha256(text.encode()).hexdigest() == digest
+        assert world.biographies(people, seed, versions, full_names, style="varied") == text
+    world.write_world(tmp_path, 60, 3, 2)
+    files = hashlib.sha256()
+    for path in sorted(tmp_path.iterdir()):
+        files.update(path.name.encode())
+        files.update(path.read_bytes())
+    assert files.hexdigest() == "fbabe6ba2b549a5c5f70f0c1c313e8d5f7463d5429c4f8498158f675c863b57e"
+
+
+def test_an_encyclopedia_names_each_person_once_then_by_pronoun_and_states_each_fact_once():
+    import random
+
+    people = PEOPLE[:300]
+    text = world.biographies(people, 0, style="encyclopedia")
+    lines = text.splitlines()
+    assert lines[0] == world.ENCYCLOPEDIA_PREFACE and len(lines) == len(people) + 1
+    asked = world.questions(people) + world.probes(people)  # a character tokenizer made from the text knows them
+    assert not {char for pair in asked for char in "".join(pair)} - set(text)
+    by_name = {p.name: p for p in people}
+    forms = {"he": {"He", "he", "His", "his", "him"}, "she": {"She", "she", "Her", "her"}}
+    later_forms = set()
+    for line in lines[1:]:
+        names = [n for n in re.findall(r"[A-Z][a-z]+ [A-Z][a-z]+", line) if n in by_name]
+        assert len(names) == 1  # the full name exactly once
+        person = by_name[names[0]]
+        first, *later = [s if s.endswith(".") else s + "." for s in line.split(". ")]
+        assert person.name in first and len(later) == 2  # named in the first sentence, two facts after it
+        facts = [re.compile(rf"\b{fact}\b") for fact in (person.town, str(person.year), person.trade)]
+        assert all(len(fact.findall(line)) == 1 for fact in facts)  # each fact stated once
+        assert sum(bool(fact.search(first)) for fact in facts) == 1  # one fact first, the others after it
+        for sentence in later:
+            assert person.name.split()[0] not in sentence and person.name.split()[1] not in sentence
+            words = set(re.findall(r"[A-Za-z]+", sentence))
+            assert words & forms[person.pronoun]  # a pronoun of the person's, never the other's
+            assert not words & forms["she" if person.pronoun == "he" else "he"]
+            later_forms.add(re.sub(r"[A-Z][a-z]+|\d+|an? [a-z]+", "X", sentence))
+    assert len(later_forms) >= 8  # the later sentences vary in wording
+    they = world.Person("Ab Cd", "they", "Xo", 1901, "innkeeper")
+    entries = {world.encyclopedia_entry(they, random.Random(k)) for k in range(40)}
+    assert all(e.startswith(("Ab Cd ", "In 1901, Ab Cd ")) for e in entries)
+    assert not any(re.search(r"\b(He|She|he|she|his|him|was|comes|works)\b", e.split(". ", 1)[1]) for e in entries)
+    with pytest.raises(ValueError, match="once"):
+        world.biographies(people, 0, 2, style="encyclopedia")
+    with pytest.raises(ValueError, match="style"):
+        world.biographies(people, 0, style="wiki")
+
+
+def test_each_kind_s_constant_is_the_one_kqv_eval_prints_for_a_fine_tune_from_the_pairs_it_trained_on(tmp_path):
+    """A tie broken by the validation share: of the 20 seen years, 1917 and 1945 come 2 times each in the whole
+    file, but kqv holds one 1917 out for validation, so a fine-tune trains on one 1917 and two 1945s and `kqv eval`
+    prints 1945. The benchmark's constant is that one, not the whole file's (1917, first in sorted order)."""
+    from kqv.data.completions import split_examples
+    from kqv.jobs.scoring import kind_constants
+
+    bench = script("pretrain_qa")
+    _, (held,) = split_examples(20, bench.VAL_FRACTION)
+    years = [str(1950 + k) for k in range(20)]
+    others = [k for k in range(20) if k != held]
+    years[held], years[others[0]], years[others[1]], years[others[2]] = "1917", "1917", "1945", "1945"
+    seen = [(f"In which year was P{k} Q born?", f" {year}") for k, year in enumerate(years)]
+    world.write_jsonl(tmp_path / "seen.jsonl", seen)
+    world.write_jsonl(tmp_path / "held_out.jsonl", [("In which year was R S born?", " 1945")])
+    whole = kind_constants([c for _, c in seen], ["year"] * 20)
+    assert whole == {"year": "1917"}  # what counting the whole file gives
+    found = bench.baselines(tmp_path)
+    assert found["per_kind"]["answers"] == {"year": "1945"} and found["per_kind"]["per_question"] == [1]
+    assert found["reference"].startswith("the 19 pairs a fine-tune trains on")
+
+
+def test_a_development_split_scores_other_people_than_the_held_out_ones(tmp_path):
+    bench = script("pretrain_qa")
+    sizes = bench.SIZES["quick"]
+    bench.write_files(sizes, 0, tmp_path)
+    people = world.make_world(sizes["people"], 0)
+    seen, held_out = world.split(people)
+    trained, dev = bench.dev_split(seen)
+    assert dev and trained and len(dev) == round(len(seen) * bench.DEV_SHARE) and trained + dev == seen
+
+    def asked(name):
+        return {re.search(r"[A-Z][a-z]+ [A-Z][a-z]+", json.loads(line)["prompt"]).group(0)
+                for line in (tmp_path / name).read_text().splitlines()}  # fmt: skip
+
+    assert asked("dev.jsonl") == {p.name for p in dev} and asked("probe_dev.jsonl") == {p.name for p in dev}
+    assert asked("seen_dev.jsonl") == {p.name for p in trained}
+    assert not asked("dev.jsonl") & {p.name for p in held_out}  # the held-out people are never scored on dev
+    runs = bench.jobs(sizes | {"split": "dev"}, tmp_path, 0, 1)
+    for name, job in runs.items():
+        text = " ".join(job["overrides"]) + " " + " ".join(job["score"].values())
+        assert "held_out" not in text, name
+        if "held_out" in job["score"]:  # the key of the scored questions, whichever split
+            assert job["score"]["held_out"] == str(tmp_path / "dev.jsonl")
+            assert job["score"]["seen"] == str(tmp_path / "seen_dev.jsonl")
+    assert str(tmp_path / "seen_dev.jsonl") in " ".join(
+        runs["mixed: next-token, encyclopedia + seen questions"]["overrides"]
+    )
+    test = bench.jobs(sizes, tmp_path, 0, 1)  # the default split: the seen people, scored on the held-out ones
+    assert test["next-token -> fine-tune"]["score"]["held_out"] == str(tmp_path / "held_out.jsonl")
+    dev_baseline = bench.baselines(tmp_path, "dev")
+    assert len(dev_baseline["kinds"]) == 3 * len(dev) and dev_baseline["split"] == "dev"
+
+
+def test_the_encyclopedia_arms_read_the_encyclopedia_text_as_their_recipes_say(tmp_path):
+    bench = script("pretrain_qa")
+    sizes = bench.SIZES["quick"]
+    runs = bench.jobs(sizes, tmp_path, 0, 1, bench.ENCYCLOPEDIA_ARMS)
+    assert set(runs) == {"next-token, encyclopedia", *bench.ENCYCLOPEDIA_ARMS} and len(bench.ENCYCLOPEDIA_ARMS) == 3
+    text, seen = json.dumps(str(tmp_path / "bios_encyclopedia_pretrain.txt")), json.dumps(str(tmp_path / "seen.jsonl"))
+    pre = runs["next-token, encyclopedia"]
+    assert f"data.sources=[{{path={text}, weight=1}}]" in pre["overrides"]
+    assert not any("shuffle" in o or "span" in o for o in pre["overrides"])  # a pronoun follows its name
+    assert runs["next-token, encyclopedia -> fine-tune"]["needs"] == "next-token, encyclopedia"
+    mixed = runs["mixed: next-token, encyclopedia + seen questions"]
+    assert f"data.sources=[{{path={text}, weight=2}}, {{path={seen}, weight=1}}]" in mixed["overrides"]
+    assert "probe" in mixed["score"] and not any("span" in o for o in mixed["overrides"])
+    cs224n = runs["mixed: span corruption, encyclopedia + seen questions (CS224N)"]["overrides"]
+    assert f"data.sources=[{{path={text}, weight=1}}, {{path={seen}, weight=1}}]" in cs224n
+    for option in ('data.objective="span_corruption"', "data.random_prefix=true", 'data.span_loss="all"',
+                   "data.prompt_loss_weight=1", 'data.template="{prompt}{mask}"'):  # fmt: skip
+        assert option in cs224n
+    steps = sizes["pretrain_steps"] + sizes["finetune_steps"]
+    assert f"train.steps={steps}" in cs224n and f"train.steps={steps}" in mixed["overrides"]
+    bench.write_files(sizes, 0, tmp_path)
+    lines = (tmp_path / "bios_encyclopedia.txt").read_text()
+    assert lines == world.biographies(world.make_world(sizes["people"], 0), 0, style="encyclopedia")
+
+
+def test_a_stored_record_summarised_again_keeps_its_figures(tmp_path):
+    """The stored records were summarised by today's code: summarising one again changes no figure."""
+    bench = script("pretrain_qa")
+    stored = bench.ROOT / "benchmarks" / "results" / "pretrain_qa-plain.json"
+    out = tmp_path / "again.json"
+    assert bench.main(["--summarise", str(stored), "--output", str(out)]) == 0
+    record, again = json.loads(stored.read_text()), json.loads(out.read_text())
+    assert again["summary"] == record["summary"] and again["baselines"] == record["baselines"]
+    guess = again["summary"]["arms"]["next-token -> fine-tune"]["reading"]["versus_guess"]
+    assert len(guess["seed_p_values"]) == 2 and guess["p_value"] == max(guess["seed_p_values"])
+    assert again["baselines"]["per_kind"]["answers"]["year"] == "1945"  # kqv eval's, from the 1,425 trained pairs

@@ -110,3 +110,31 @@ def test_the_page_s_examples_are_in_the_files_it_puts_them_in(tmp_path, monkeypa
             assert line in text, f"world/{name} does not hold the page's example {line!r}"
         assert "birthplace of he." not in text and "birthplace of she." not in text
     assert shown == 3  # a biography, a seen question, a held-out probe
+
+
+def test_the_one_version_pretraining_differs_from_the_tutorial_s_only_where_the_pages_say(tmp_path):
+    """The benchmark's `next-token` pretraining (the one-version text) reads its sentences in their written order;
+    the tutorial's command shuffles them. That is the one shaping option in which they differ, and both pages say so
+    where they quote that measurement."""
+    bench = script("pretrain_qa")
+    jobs = bench.jobs(bench.SIZES["default"], tmp_path, 0, 1, ["next-token -> fine-tune"])
+    arm = resolved("quick", [o for o in jobs["next-token"]["overrides"] if "path" not in o and "sources" not in o])
+    pre, _ = [c for c in commands() if c[:3] == ["kqv", "train", "lm"]]
+    tutorial = resolved("quick", options(pre, "--set"))
+    differing = {key for key in arm if arm[key] != tutorial[key]}
+    assert differing == {"data.shuffle_sentences"} and tutorial["data.shuffle_sentences"] is True
+    pages = {
+        "fine-tuning.md": r"\*\*On text that states each fact once\.\*\*(.*?)<!-- table",
+        "pretrain-to-answers.md": r"What the recipe needs from the text:(.*?)\n\n",
+    }
+    for page, paragraph in pages.items():
+        (said,) = re.findall(paragraph, (ROOT / "docs" / page).read_text(), re.S)
+        assert all(f"`{key}`" in said for key in differing), f"{page} does not say the one-version run differs"
+
+
+def test_the_encyclopedia_example_on_the_fine_tuning_page_is_in_the_default_encyclopedia(tmp_path):
+    world = script("people_world")
+    page = (ROOT / "docs" / "fine-tuning.md").read_text()
+    (example,) = re.findall(r"\*\*An encyclopedia's text\.\*\*.*?```\n(.*?)\n```", page, re.S)
+    text = world.biographies(world.make_world(1000, 0), 0, style="encyclopedia")
+    assert example in text.splitlines()

@@ -104,13 +104,14 @@ def pairs_table(result: PairsEvaluation) -> str:
 
 
 def difference_text(versus: QuestionDifference) -> str:
-    """A paired difference over questions, its interval and its exact test (McNemar's, or against a guess's
-    hits), in one phrase."""
+    """A paired difference over questions, its interval and its exact test (McNemar's on 1/0 scores, the sign test on
+    others, or against a guess's hits), in one phrase."""
     interval = f"95% interval over the {versus.n:,} questions {versus.low:+.1%} to {versus.high:+.1%}, paired t"
     if versus.test == "guess":
         test = f"{versus.better:,} right where a guess expects {versus.worse:,}, exact p = {versus.p_value:.3g}"
     else:
-        test = f"better on {versus.better:,}, worse on {versus.worse:,}, McNemar exact p = {versus.p_value:.3g}"
+        name = "McNemar" if versus.test == "McNemar" else "sign test"  # McNemar's is the sign test on 1/0 scores
+        test = f"better on {versus.better:,}, worse on {versus.worse:,}, {name} exact p = {versus.p_value:.3g}"
     return f"{versus.difference:+.1%} ({interval}; {test})"
 
 

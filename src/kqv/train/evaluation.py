@@ -76,9 +76,12 @@ def wilson_interval(correct: int, n: int, level: float = 0.95) -> tuple[float, f
 @dataclass(frozen=True)
 class QuestionDifference:
     """mean(a_i - b_i) over `n` questions (the unit: each question once, however many seeds scored it), its 95%
-    interval [low, high], and the exact two-sided sign test over the questions where a and b differ: `better`
-    questions where a scored higher, `worse` where it scored lower, `p_value` (McNemar's exact test when every score
-    is 1 or 0)."""
+    interval [low, high], and an exact two-sided test (`test` names it): by default the sign test over the questions
+    where a and b differ, `better` questions where a scored higher, `worse` where it scored lower, `p_value` its
+    p-value. On 1/0 scores on both sides (one run against a constant, or two runs) the sign test is McNemar's exact
+    test, and `test` says "McNemar"; where a side's scores are means over seeds, it is the sign test over the
+    questions (which side each question leans to), and `test` says "sign". Against a guess (`difference_from_guess`)
+    `test` says "guess" and `seed_p_values` holds each seed's own p-value when several seeds answered."""
 
     difference: float
     low: float
@@ -87,7 +90,8 @@ class QuestionDifference:
     better: int
     worse: int
     p_value: float
-    test: str = "McNemar"  # the exact test of p_value: "McNemar" (the sign test), or "guess" (`guess_test`)
+    test: str = "McNemar"  # the exact test of p_value: "McNemar", "sign" (seed means) or "guess" (`guess_test`)
+    seed_p_values: tuple[float, ...] = ()  # against a guess, each seed's p-value (`difference_from_guess`)
 
     def to_dict(self, name: str | None = None) -> dict:
         """Its figures as JSON; given a `name`, as flat keys that begin with it (name, name_95, name_questions, ...),
@@ -97,7 +101,14 @@ class QuestionDifference:
             if name is None
             else (name, f"{name}_95", f"{name}_questions", f"{name}_better", f"{name}_worse", f"{name}_p")
         )
-        return dict(zip(keys, (self.difference, [self.low, self.high], self.n, self.better, self.worse, self.p_value)))
+        figures = dict(
+            zip(keys, (self.difference, [self.low, self.high], self.n, self.better, self.worse, self.p_value))
+        )
+        if name is None:
+            figures["test"] = self.test
+        if self.seed_p_values:
+            figures["seed_p_values" if name is None else f"{name}_seed_p"] = list(self.seed_p_values)
+        return figures
 
 
 def difference_over_questions(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> QuestionDifference:
@@ -116,26 +127,50 @@ def difference_over_questions(a: Sequence[float], b: Sequence[float], level: flo
     half = math.inf if n == 1 else t_quantile(n - 1, level) * stdev(differences) / math.sqrt(n)
     better, worse = sum(d > 0 for d in differences), sum(d < 0 for d in differences)
     low, high = max(-1.0, mean - half), min(1.0, mean + half)
-    return QuestionDifference(mean, low, high, n, better, worse, sign_test(better, worse))
+    test = "McNemar" if all(x in (0, 1) for x in (*a, *b)) else "sign"
+    return QuestionDifference(mean, low, high, n, better, worse, sign_test(better, worse), test)
 
 
-def difference_from_guess(scores: Sequence[float], guesses: Sequence[float], seeds: int = 1) -> QuestionDifference:
-    """How much `scores` (question i's exact match, a mean over `seeds` runs) score above a random guess that is
-    right on question i with probability `guesses[i]`: the paired t interval of `difference_over_questions`, and
-    an exact test made for a guess (`guess_test`) in place of McNemar's, which needs 1/0 scores on both sides.
-    `better` is the runs' hits over the questions and seeds; `worse`, the hits a guess expects."""
+def difference_from_guess(
+    scores: Sequence[float], guesses: Sequence[float], per_seed: Sequence[Sequence[float]] | None = None
+) -> QuestionDifference:
+    """How much `scores` (question i's exact match) score above a random guess that is right on question i with
+    probability `guesses[i]`: the paired t interval of `difference_over_questions`, and an exact test made for a
+    guess (`guess_test`) in place of McNemar's, which needs 1/0 scores on both sides.
+
+    One run's 1/0 `scores` are independent trials against the guess's: `p_value` is `guess_test` of its hits. Where
+    several seeds answered the same questions, `scores` is each question's mean over them and `per_seed[s]` seed s's
+    1/0 scores: the seeds' answers to one question are not independent trials (a question one seed gets right,
+    another likely does too), so they are never pooled as more trials. Each seed is tested on its own
+    (`seed_p_values`), and `p_value` is the largest of them (1 when the seeds fall on opposite sides of the guess):
+    below a level only when every seed is, on the same side, which is a valid test at that level (an
+    intersection-union test). `better` is the hits of one run (the seeds' mean, rounded), `worse` the hits a guess
+    expects."""
     t = difference_over_questions(scores, guesses)
-    hits = round(sum(scores) * seeds)
-    expected = sum(guesses) * seeds
-    return QuestionDifference(t.difference, t.low, t.high, t.n, hits, round(expected), guess_test(hits, guesses, seeds),
-                              "guess")  # fmt: skip
+    expected = sum(guesses)
+    if per_seed is None:
+        if not all(s in (0, 1) for s in scores):
+            raise DataError("scores averaged over seeds need each seed's own scores (per_seed) for the guess test")
+        hits = round(sum(scores))
+        return QuestionDifference(t.difference, t.low, t.high, t.n, hits, round(expected), guess_test(hits, guesses),
+                                  "guess")  # fmt: skip
+    if not per_seed or any(len(seed) != len(scores) or not all(s in (0, 1) for s in seed) for seed in per_seed):
+        raise DataError("each seed's scores are 1/0 on the same questions as the scores")
+    if any(abs(m - x) > 1e-9 for m, x in zip(mean_over_seeds(per_seed), scores)):
+        raise DataError("the scores must be each question's mean over the seeds of per_seed")
+    hits = [round(sum(seed)) for seed in per_seed]
+    p_values = tuple(guess_test(h, guesses) for h in hits)
+    sides = {h > expected for h in hits if h != expected}
+    p_value = max(p_values) if len(sides) <= 1 else 1.0
+    return QuestionDifference(t.difference, t.low, t.high, t.n, round(fmean(hits)), round(expected), p_value, "guess",
+                              p_values)  # fmt: skip
 
 
-def guess_test(hits: int, guesses: Sequence[float], seeds: int = 1) -> float:
-    """The exact two-sided p-value of `hits` right answers against a guess that is right on question i with
-    probability `guesses[i]`, asked `seeds` times each: its count of right answers G follows the Poisson-binomial
-    distribution of those probabilities, and p = 2 min(P(G <= hits), P(G >= hits)), at most 1."""
-    probabilities = torch.tensor([float(g) for g in guesses for _ in range(seeds)], dtype=torch.float64)
+def guess_test(hits: int, guesses: Sequence[float]) -> float:
+    """The exact two-sided p-value of `hits` right answers of one run against a guess that is right on question i
+    with probability `guesses[i]`: its count of right answers G follows the Poisson-binomial distribution of those
+    probabilities, and p = 2 min(P(G <= hits), P(G >= hits)), at most 1."""
+    probabilities = torch.tensor([float(g) for g in guesses], dtype=torch.float64)
     if not bool(((probabilities >= 0) & (probabilities <= 1)).all()):  # host-side data, not a training step
         raise DataError("a guess's chance of being right is in [0, 1] on every question")
     counts = torch.zeros(len(probabilities) + 1, dtype=torch.float64)
@@ -159,7 +194,8 @@ def mean_over_seeds(per_seed: Sequence[Sequence[float]]) -> list[float]:
 
 def sign_test(better: int, worse: int) -> float:
     """The exact two-sided p-value of `better` against `worse` under a fair coin (questions with no difference left
-    out): 2 P(X <= min) for X ~ Binomial(better + worse, 1/2), at most 1; McNemar's exact test on 1/0 scores."""
+    out): 2 P(X <= min) for X ~ Binomial(better + worse, 1/2), at most 1; McNemar's exact test on 1/0 scores, and on
+    scores averaged over seeds the sign test of which side each question leans to."""
     n = better + worse
     if n == 0:
         return 1.0
