@@ -10,6 +10,7 @@ import torch
 
 import kqv
 from kqv.cli.main import main
+from kqv.data.completions import split_examples
 from kqv.data.document_batches import (
     DocumentBatches,
     DocumentOptions,
@@ -223,7 +224,8 @@ def test_eval_writes_prompts_into_the_run_s_template_and_takes_a_mixture_s_const
     (tmp_path / "qa.tsv").write_text("".join(f"{n} born?\toslo\n" for n in PEOPLE))  # changed after training
     assert run.evaluate(pairs=tmp_path / "plain.tsv").constant == "rome"  # the pairs as the run read them
     (tmp_path / "qa.tsv").rename(tmp_path / "moved.tsv")  # gone: the run holds its own record of them
-    assert run.trained_answers() == (answers, [""] * len(answers))
+    trained = [answers[k] for k in split_examples(len(answers), 0.1)[0]]  # the pairs it trained on, not validated
+    assert run.trained_answers() == (trained, [""] * len(trained)) and len(trained) < len(answers)
 
 
 def test_a_random_prefix_cuts_each_draw_to_4_to_its_longest_and_is_the_same_for_the_same_draw():

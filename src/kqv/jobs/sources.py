@@ -97,8 +97,8 @@ def read_sources(data: DataConfig) -> list[list[Example] | list[str]]:
 
 def build_sources(maker: Any, data: DataConfig, corrupt: bool) -> tuple[Tokenizer, dict[str, Tensor]]:
     """The tokenizer and encoded splits of every source (the module docstring), spans masked if `corrupt`, and
-    the completion and kind of every pair of its pairs sources (`pair_answers`); what it refuses, it refuses before
-    anything is written."""
+    the completion and kind of every training pair of its pairs sources (`pair_answers`); what it refuses, it
+    refuses before anything is written."""
     read = read_sources(data)
     texts = [
         text
@@ -132,7 +132,12 @@ def build_sources(maker: Any, data: DataConfig, corrupt: bool) -> tuple[Tokenize
         splits["train"].append(train)
         splits["val"].append(val)
     tokens = stored(splits, cut)
-    answers = [(e.completion, e.kind) for items in read for e in items if isinstance(e, Example)]
+    answers = [  # the pairs the run trains on, as a fine-tune's reference holds them (its validation share out)
+        (items[k].completion, items[k].kind)
+        for items in read
+        if items and isinstance(items[0], Example)
+        for k in split_examples(len(items), data.val_fraction)[0]
+    ]
     if answers:  # the reference of `kqv eval`'s baselines (`Documents.trained_answers`)
         tokens["pair_answers"] = json_tensor(answers)
     return tokenizer, tokens
@@ -349,7 +354,8 @@ class Documents(Examples):
         return describe(tokens)
 
     def trained_answers(self, tokenizer: Tokenizer, run_dir: Path) -> tuple[list[str], list[str]] | None:
-        """The completion and kind of every pair of the mixture's pairs files, as the run read them (its
+        """The completion and kind of every pair the mixture trained on (its pairs files less their validation
+        share, the reference a fine-tune's `kqv eval` baselines count too), as the run read them (its
         tokens.safetensors holds them; a run trained before it kept them reads the files while they are where it
         read them); None for a mixture without pairs."""
         tokens = load_tokens(run_dir)
@@ -359,5 +365,8 @@ class Documents(Examples):
         files = [Path(path) for path, _ in data_sources(self.data) if is_pairs(path)]
         if not files or not all(file.is_file() for file in files):
             return None
-        examples = [example for file in files for example in read_examples(file)]
+        examples = []
+        for file in files:
+            read = read_examples(file)
+            examples += [read[k] for k in split_examples(len(read), self.data.val_fraction)[0]]
         return [example.completion for example in examples], [example.kind for example in examples]
