@@ -54,3 +54,89 @@ def test_a_padded_alibi_model_compiles_to_one_graph_over_batches(cuda_kernels, m
             got, expected = forward(compiled, ids, mask), forward(model, ids, mask)
             torch.testing.assert_close(got, expected)
     assert len(graphs) == 1, f"{len(graphs)} graphs for 3 batches through {config.n_layers} layers"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Every score_mod and mask_mod kqv gives flex_attention, lowered by inductor at lengths it takes as symbolic: a
+# score_mod that read a captured tensor through another one's values (Shaw's relative keys gathered at
+# q_pos[q_idx]) failed to lower on an H200 (`ShapeAsConstantBuffer` has no `dtype`) and here, on the CPU's
+# template, at the second length (a C++ compile error); nothing short of inductor's lowering sees it.
+
+LENGTHS = (24, 40, 57)  # none equal to another size of the call (a size equal to the head dim would share its symbol)
+HEADS, HEAD_DIM = 2, 16
+
+
+def _qkv(time: int) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(time)
+    return [torch.randn(2, HEADS, time, HEAD_DIM, generator=generator) for _ in range(3)]
+
+
+def _row_zero_padded(time: int) -> torch.Tensor:
+    """(2, time) bool, True = token: row 0 ends in 5 padding tokens."""
+    return torch.arange(time) < torch.tensor([time - 5, time])[:, None]
+
+
+def _dense(q, k, v, bias: torch.Tensor) -> torch.Tensor:
+    """torch's SDPA given the bias (and -inf where masked) as a dense float mask: the reference."""
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+
+@pytest.fixture
+def inductor_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*flex_attention.*")
+        yield torch.compile(flex_attention, fullgraph=True, dynamic=True)
+    torch._dynamo.reset()
+
+
+def _inputs(time: int) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v; row 0's padding as a (2, time) mask and as the additive (2, 1, 1, time) -inf; positions i, j."""
+    padding, i, j = _row_zero_padded(time), torch.arange(time)[:, None], torch.arange(time)[None, :]
+    hidden = torch.zeros(2, 1, 1, time).masked_fill(~padding[:, None, None, :], float("-inf"))
+    return _qkv(time), padding, hidden, i, j
+
+
+def test_shaws_relative_keys_with_bigbirds_blocks_and_padding_lower_at_symbolic_lengths(inductor_flex):
+    """Against dense attention with Shaw et al.'s key term, q_i . a_clip(j - i) / sqrt(d), and BigBird's mask."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from kqv.nn import flex
+    from kqv.nn.positions import RelativePositions
+    from kqv.nn.sparse import BigBirdAttention, bigbird_mask
+
+    cpu, k = torch.device("cpu"), 4
+    relative = RelativePositions(HEAD_DIM, k, values=False)
+    bigbird = BigBirdAttention(block=8, window=1, global_blocks=1, random_blocks=1, seed=2)
+    with torch.no_grad():
+        for time in LENGTHS:
+            (q, key, v), padding, hidden, i, j = _inputs(time)
+            mask = flex.combined(bigbird.flex_mask(time, False, cpu), False, padding)
+            block_mask = create_block_mask(mask, 2, None, time, time, device=cpu, BLOCK_SIZE=8)
+            got = inductor_flex(q, key, v, score_mod=relative.score_mod(q), block_mask=block_mask)
+            shaw = torch.einsum("bhid,ijd->bhij", q, relative.keys[(j - i).clamp(-k, k) + k]) * HEAD_DIM**-0.5
+            layout = torch.zeros(time, time).masked_fill(~bigbird_mask(time, 8, 1, 1, 1, seed=2), float("-inf"))
+            torch.testing.assert_close(got, _dense(q, key, v, shaw + layout + hidden), atol=1e-5, rtol=1e-5)
+
+
+def test_alibi_with_local_blocks_the_causal_mask_and_padding_lower_at_symbolic_lengths(inductor_flex):
+    """Against dense attention with ALiBi's -slope_h |i - j| (slopes 2^(-8(h+1)/H)) and Liu et al.'s causal blocks."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from kqv.nn import flex
+    from kqv.nn.dmca import LocalAttention
+    from kqv.nn.positions import ALiBiPositions
+
+    cpu, alibi, local = torch.device("cpu"), ALiBiPositions(HEADS), LocalAttention(8)
+    slopes = torch.tensor([2.0 ** (-8 * (h + 1) / HEADS) for h in range(HEADS)])[:, None, None]
+    with torch.no_grad():
+        for time in LENGTHS:
+            (q, key, v), padding, hidden, i, j = _inputs(time)
+            mask = flex.combined(local.flex_mask(time, True, cpu), True, padding)
+            block_mask = create_block_mask(mask, 2, None, time, time, device=cpu, BLOCK_SIZE=8)
+            got = inductor_flex(q, key, v, score_mod=alibi.score_mod(q), block_mask=block_mask)
+            blocks = torch.zeros(time, time).masked_fill(~((i // 8 == j // 8) & (j <= i)), float("-inf"))
+            expected = _dense(q, key, v, -slopes * (j - i).abs() + blocks + hidden)
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
