@@ -140,3 +140,39 @@ def test_alibi_with_local_blocks_the_causal_mask_and_padding_lower_at_symbolic_l
             blocks = torch.zeros(time, time).masked_fill(~((i // 8 == j // 8) & (j <= i)), float("-inf"))
             expected = _dense(q, key, v, -slopes * (j - i).abs() + blocks + hidden)
             torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_relative_keys_take_flex_eagerly_and_todays_cores_inside_a_traced_model(cuda_kernels, monkeypatch):
+    """Shaw's per-distance products are sized by the length, which a traced model makes symbolic: there its
+    attention is today's cores (`AttentionPositions.score_mod_in_graphs`), with eager's outputs."""
+    from kqv.nn import flex
+
+    config = ModelConfig(
+        vocab_size=50,
+        d_model=64,
+        n_heads=4,
+        n_layers=2,
+        d_ff=128,
+        max_len=32,
+        dropout=0.0,
+        position="relative",
+        relative={"max_distance": 4, "values": False},
+    )
+    torch.manual_seed(0)
+    model = DecoderLM(config).eval()
+    calls, attend = [], flex.attend
+    monkeypatch.setattr(flex, "attend", lambda *a, **k: calls.append(1) or attend(*a, **k))
+    graphs = []
+
+    def keeping(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    ids = torch.randint(0, 50, (2, 13), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        eager = model(ids)
+        assert len(calls) == config.n_layers  # eagerly, every layer takes flex
+        traced = torch.compile(model, backend=keeping, fullgraph=True)(ids)
+    torch.testing.assert_close(traced, eager, atol=1e-5, rtol=1e-5)
+    assert len(calls) == config.n_layers and len(graphs) == 1
+    assert "flex_attention" not in graphs[0].code
