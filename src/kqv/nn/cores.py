@@ -281,10 +281,15 @@ class FullAttention(AttentionCore):
         Its score_mods take the queries to be at 0..time-1, as the keys are (`AttentionPositions.score_mod`):
         queries at positions given otherwise go to today's cores."""
         exact = positions.has_score_bias and not positions.has_value_bias and (mask is None or key_padding is not None)
-        last = range(keys.shape[2] - queries.shape[2], keys.shape[2])  # where q_pos None puts the queries
-        consecutive = q_pos is None or (isinstance(q_pos, range) and q_pos == last)
+        if not (self.fused and exact and flex.applies(queries, keys, dropout, need_weights)):
+            return False
         lowers = positions.score_mod_in_graphs or not torch.compiler.is_compiling()  # `kqv.nn.flex.fixed`
-        return self.fused and exact and consecutive and lowers and flex.applies(queries, keys, dropout, need_weights)
+        # where q_pos None puts them; the range of the shapes made only for a range given (made in a traced model
+        # for every call, it would fix the length in the graph)
+        consecutive = q_pos is None or (
+            isinstance(q_pos, range) and q_pos == range(keys.shape[2] - queries.shape[2], keys.shape[2])
+        )
+        return lowers and consecutive
 
     def use_blockwise(
         self,
