@@ -51,6 +51,19 @@ class FakeGPU(Accelerator):
     def resolve(cls, name=None) -> FakeGPU:
         return cls(torch.device("cpu"))
 
+    def peak_memory(self) -> None:
+        """None: CUDA's memory counters take a CUDA device, and this one is the CPU."""
+        return None
+
+
+@pytest.fixture
+def as_where_cuda_is(monkeypatch):
+    """torch.cuda's per-device counters as a machine with CUDA has them: given the CPU, they fail (without CUDA
+    they answer 0 whatever the device), so a fake GPU that reached them fails here too, not only on a GPU."""
+    from torch.cuda._utils import _get_device_index
+
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: _get_device_index(device) and 0)
+
 
 @pytest.fixture
 def pinned(monkeypatch) -> list[torch.Tensor]:
@@ -75,7 +88,7 @@ def test_a_view_bound_for_a_gpu_is_pinned_contiguous_and_copied_without_waiting(
 
 
 def test_a_training_step_on_the_fake_gpu_pins_contiguous_batches_and_reads_nothing_between_log_records(
-    tmp_path, pinned, monkeypatch
+    tmp_path, pinned, monkeypatch, as_where_cuda_is
 ):
     monkeypatch.setattr(placement, "Accelerator", FakeGPU)
     syncs, run = syncs_per_update(kqv.DecoderLM(tiny_config(max_len=SEQ)), tmp_path)

@@ -40,6 +40,8 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
 
 
 class _NoDevicelessTensors(TorchDispatchMode):
+    supports_higher_order_operators = True  # flex_attention is one: run as torch runs it, its output checked
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if any(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in tree_flatten(out)[0]):
@@ -232,6 +234,59 @@ def test_the_heads_and_the_vit_stay_on_the_device():
         vit.cls_attention(images)
 
 
+# flex_attention's masks, score biases and their indices (`kqv.nn.flex`, CUDA only) built here with CUDA's kernel
+# choices: the causal mask, padding, ALiBi, Shaw's relative keys, local attention's and BigBird's blocks, each
+# builder's tensors on the queries' device (on an H200 ALiBi's, local's and BigBird's inputs met a CPU tensor)
+FLEX_VARIANTS = {
+    "alibi": dict(position="alibi"),
+    "relative-keys": dict(position="relative", relative={"max_distance": 4, "values": False}),
+    "local": dict(attention="local", local={"block": 4}, position="rope"),
+    "bigbird": dict(attention="bigbird", bigbird={"block": 4, "window": 1, "global_blocks": 1, "random_blocks": 1}),
+    "dmca": dict(VARIANTS["dmca"], local={"block": 4}),
+}
+
+
+def _flex_reads_on_the_queries_device(queries, keys, values, *, score_mod=None, block_mask=None):
+    """flex_attention as the guard can watch it (torch's own runs through torch.compile, which a dispatch mode
+    stops): its score_mod and mask_mod read their captured tensors at every index, made on the queries' device
+    as flex makes them, where a tensor on another device fails as on a GPU. The output is zeros, not attention."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    shape = (queries.shape[0], queries.shape[1], queries.shape[2], keys.shape[2])
+    for mod in (score_mod, None if block_mask is None else block_mask.mask_mod):
+        if mod is not None:
+            create_mask(mod, *shape, device=queries.device)
+    return queries.new_zeros(*queries.shape[:-1], values.shape[-1])
+
+
+@pytest.fixture
+def flex_kernels(monkeypatch):
+    """The CPU takes flex_attention as CUDA does (its kernel the stand-in above), counted (`calls`); flex's block
+    mask caches start empty."""
+    from kqv.nn import flex
+
+    calls = []
+    attend = flex.attend
+    monkeypatch.setattr(flex, "kernels", lambda device: CUDA_KERNELS)
+    monkeypatch.setattr(flex, "_kernel", lambda device: _flex_reads_on_the_queries_device)
+    monkeypatch.setattr(flex, "attend", lambda *a, **k: calls.append(k) or attend(*a, **k))
+    monkeypatch.setattr(flex, "_block_masks", type(flex._block_masks)())
+    monkeypatch.setattr(flex, "_padding_block_mask", None)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*flex_attention.*")
+        yield calls
+
+
+@pytest.mark.parametrize("variant", list(FLEX_VARIANTS))
+@pytest.mark.parametrize("causal", [True, False], ids=["decoder", "encoder"])
+def test_flex_attentions_masks_biases_and_indices_stay_on_the_device(variant, causal, flex_kernels):
+    model = (DecoderLM if causal else Encoder)(tiny_config(d_model=64, **FLEX_VARIANTS[variant])).eval()
+    ids, mask = _ids(2, 13), _padding(2, 13)
+    with created_on_its_device(), torch.no_grad():
+        model(ids) if causal else model(ids, mask)
+    assert flex_kernels and all(call.get("mask_mod") or call.get("score_mod") for call in flex_kernels)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The one per-device choice
 
@@ -395,16 +450,21 @@ def tiny_lm_trainer(run_dir, steps=4, times=1.0, **changes):
 
 
 def test_an_optimizer_state_written_on_a_gpu_resumes_on_the_cpu(tmp_path, monkeypatch):
-    """optimizer.pt records where its tensors lived; one written on a GPU must load where there is none."""
-    whole = tiny_lm_trainer(tmp_path / "whole")
+    """optimizer.pt records where its tensors lived; one written on a GPU must load where there is none. This
+    machine is made one without CUDA while it loads (torch's loader asks `torch.cuda.is_available()`), so the claim
+    is tested on a machine with CUDA too, where loading it as written would succeed."""
+    whole = tiny_lm_trainer(tmp_path / "whole", device="cpu")
     whole.train()
     with monkeypatch.context() as patch:  # tag every tensor torch.save writes as a CUDA tensor, as on a GPU
         patch.setattr(torch.serialization, "location_tag", lambda storage: "cuda:0")
-        tiny_lm_trainer(tmp_path / "half", steps=2).train()
-    with pytest.raises(RuntimeError, match="CUDA"):  # what loading it without map_location does here
+        tiny_lm_trainer(tmp_path / "half", steps=2, device="cpu").train()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="CUDA"):  # what loading it without map_location does without CUDA
         torch.load(tmp_path / "half" / "checkpoint" / "optimizer.pt", weights_only=True)
-    resumed = tiny_lm_trainer(tmp_path / "half", steps=4)
+    resumed = tiny_lm_trainer(tmp_path / "half", steps=4, device="cpu")
     assert resumed.step == 2
+    held = [t for s in resumed.optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    assert held and {t.device.type for t in held} == {"cpu"}
     resumed.train()
     for a, b in zip(whole.model.parameters(), resumed.model.parameters()):
         assert torch.equal(a, b)
@@ -452,10 +512,13 @@ def test_a_run_loads_on_the_device_asked_for(tmp_path):
 
 def test_fp16_overflow_skips_are_the_scalers_not_a_diverging_run_and_resume_exactly(tmp_path, monkeypatch):
     """A loss scale far too large makes every gradient infinite until the scaler has halved it enough: those
-    skipped updates must not stop the run (max_bad_steps=2), and the scale is saved and restored."""
+    skipped updates must not stop the run (max_bad_steps=2), and the scale is saved and restored. On the CPU, with
+    the CPU's scaler, wherever it runs: "auto" would be a GPU where there is one, whose training is compiled
+    (`train.compile = "auto"`) and whose compiled backward may sum in another order from run to run, so that no
+    two runs there, resumed or not, need be equal to the bit."""
     start = 2.0**127  # any gradient above 2 times this overflows fp32, as fp16 overflows on a GPU
     monkeypatch.setattr(Accelerator, "grad_scaler", lambda self, asked: torch.amp.GradScaler("cpu", init_scale=start))
-    options = dict(times=64.0, max_bad_steps=2, lr=1e-2)
+    options = dict(times=64.0, max_bad_steps=2, lr=1e-2, device="cpu")
     initial = [p.detach().clone() for p in tiny_lm_trainer(tmp_path / "fresh", steps=1, **options).model.parameters()]
     whole = tiny_lm_trainer(tmp_path / "whole", steps=12, **options)
     whole.train()

@@ -21,6 +21,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
+import kqv
 from kqv.cli.main import main
 from kqv.errors import ConfigError, ConfigTypeError
 from kqv.train.checkpoints import read_checkpoint
@@ -31,7 +32,7 @@ from kqv.train.shard_files import OPTIMIZER_KEY, is_sharded, whole_tensors, whol
 from kqv.train.sharding import local_bytes, plain_on_rank0, shard
 from kqv.train.trainer import Trainer
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(kqv.__file__).resolve().parents[1])  # where this process found kqv: src/, or site-packages
 WORKER = Path(__file__).with_name("fsdp_worker.py")
 TOLERANCE = 1e-5  # float rounding: 2 processes sum their gradients in another order
 
@@ -43,10 +44,32 @@ def load_worker():
     return worker
 
 
-def torchrun(*args: str) -> subprocess.CompletedProcess:
-    """Run `args` under torchrun with 2 CPU processes; fails the test with the processes' stderr if it fails."""
+def worker_environment() -> dict[str, str]:
+    """The environment of `torchrun`'s processes: this one's, less torchrun's own variables, kqv's source first on
+    PYTHONPATH, one thread each, no GPU, and a stack from each rank that crashes."""
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
-    env.update(PYTHONPATH=SRC, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")  # a crash prints each rank's stack
+    path = os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH", "")) if p)
+    env.update(PYTHONPATH=path, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1", CUDA_VISIBLE_DEVICES="")
+    return env
+
+
+def test_the_worker_processes_import_this_kqv_and_see_no_gpu(tmp_path):
+    """From another directory, as torchrun starts them: the same kqv (not another checkout or an install)."""
+    probe = "import kqv, torch; print(kqv.__file__); print(torch.cuda.device_count())"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=worker_environment(), cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    found, gpus = done.stdout.split()
+    assert Path(found).resolve() == Path(kqv.__file__).resolve() and gpus == "0"
+
+
+def torchrun(*args: str) -> subprocess.CompletedProcess:
+    """Run `args` under torchrun with 2 CPU processes; fails the test with the processes' stderr if it fails.
+    The processes import the kqv this one imported (`SRC` first on their path) and whatever else this one's
+    PYTHONPATH held (on a GPU machine they once failed at `import kqv` with PYTHONPATH set to src/ alone), and see
+    no GPU: their "auto" device is the CPU, as in the suite, on a machine with one GPU or none."""
+    env = worker_environment()
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)

@@ -219,8 +219,8 @@ class FullAttention(AttentionCore):
         # one query (decoding a token) is the newest position: it sees every key
         causal = flag(causal and q_time > 1)
         key_padding = padding_of(mask, queries.shape[0])  # (batch, k_time), or None when mask is not padding
-        if self.use_flex(queries, keys, positions, mask, key_padding, dropout, need_weights):
-            score_mod = positions.score_mod(queries, query_positions(q_pos, q_time, k_time, queries.device))
+        if self.use_flex(queries, keys, positions, q_pos, mask, key_padding, dropout, need_weights):
+            score_mod = positions.score_mod(queries)
             return flex.attend(
                 queries,
                 keys,
@@ -271,14 +271,25 @@ class FullAttention(AttentionCore):
         queries: Tensor,
         keys: Tensor,
         positions: AttentionPositions,
+        q_pos: Tensor | range | None,
         mask: Tensor | None,
         key_padding: Tensor | None,
         dropout: float,
         need_weights: bool,
     ) -> bool:
-        """Whether a score bias goes through flex_attention (`kqv.nn.flex`: on CUDA, exact); SDPA takes the rest."""
+        """Whether a score bias goes through flex_attention (`kqv.nn.flex`: on CUDA, exact); SDPA takes the rest.
+        Its score_mods take the queries to be at 0..time-1, as the keys are (`AttentionPositions.score_mod`):
+        queries at positions given otherwise go to today's cores."""
         exact = positions.has_score_bias and not positions.has_value_bias and (mask is None or key_padding is not None)
-        return self.fused and exact and flex.applies(queries, keys, dropout, need_weights)
+        if not (self.fused and exact and flex.applies(queries, keys, dropout, need_weights)):
+            return False
+        lowers = positions.score_mod_in_graphs or not torch.compiler.is_compiling()  # `kqv.nn.flex.fixed`
+        # where q_pos None puts them; the range of the shapes made only for a range given (made in a traced model
+        # for every call, it would fix the length in the graph)
+        consecutive = q_pos is None or (
+            isinstance(q_pos, range) and q_pos == range(keys.shape[2] - queries.shape[2], keys.shape[2])
+        )
+        return lowers and consecutive
 
     def use_blockwise(
         self,

@@ -74,7 +74,7 @@ class LocalAttention(PaddingOnlyCore):
         return cls(config.local.block)
 
     def flex_mask(self, time: int, causal: bool, device: torch.device) -> flex.MaskMod:
-        return flex.local_mask(self.block)
+        return flex.local_mask(self.block, device)
 
     def forward(
         self, queries: Tensor, keys: Tensor, values: Tensor, *, causal: bool = False, key_padding: Tensor | None = None

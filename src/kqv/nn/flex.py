@@ -125,6 +125,28 @@ def _block_mask(
     return _block_masks[key]
 
 
+def fixed(captured: Tensor) -> Tensor:
+    """`captured`, a tensor a score_mod or mask_mod reads at an index it computes (Shaw's per-distance products,
+    BigBird's block layout), marked static for torch.compile. Inductor's flex_attention template does not lower
+    such a read of a tensor whose size is symbolic: torch 2.11 on CUDA fails with "'ShapeAsConstantBuffer' object
+    has no attribute 'dtype'", 2.13 on the CPU with a C++ compile error, once a second length makes the sizes
+    dynamic (tests/test_flex_compile.py). Marked static, flex_attention compiled by `_kernel` compiles once per
+    size of it instead (the query, key and value sizes stay dynamic), up to dynamo's recompile limit, after which
+    it runs uncompiled. Inside a traced model nothing is marked: the score_mods that capture such a tensor are
+    not used there (`AttentionPositions.score_mod_in_graphs`), and BigBird's layout is a constant of the graph."""
+    if not torch.compiler.is_compiling():
+        torch._dynamo.mark_static(captured)
+    return captured
+
+
+def constant(value: int, device: torch.device) -> Tensor:
+    """`value`, an option a score_mod or mask_mod computes with, as a 0-d tensor on `device`: a Python int in its
+    closure is a value torch.compile may make symbolic (one graph for every value), and inductor's flex_attention
+    template does not lower a symbolic value captured by a score_mod (torch 2.13 on the CPU: "'Mul' object has no
+    attribute 'get_name'"; the "'ShapeAsConstantBuffer' object has no attribute 'dtype'" of 2.11 on CUDA)."""
+    return torch.full((), value, dtype=torch.long, device=device)
+
+
 def _kernel(device: torch.device) -> Callable:
     """flex_attention compiled on a GPU (uncompiled it materialises every score); as it is elsewhere (tests)."""
     global _compiled
@@ -152,8 +174,9 @@ def padding(key_padding: Tensor) -> MaskMod:
     return real
 
 
-def local_mask(block: int) -> MaskMod:
+def local_mask(block: int, device: torch.device) -> MaskMod:
     """Liu et al. 2018's local attention: a query sees the keys of its own block of `block` positions."""
+    block = constant(block, device)
 
     def same_block(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         return q_idx // block == kv_idx // block
@@ -163,6 +186,7 @@ def local_mask(block: int) -> MaskMod:
 
 def block_layout_mask(layout: Tensor, block: int) -> MaskMod:
     """BigBird's blocks: query block i sees key block j where layout (n_blocks, n_blocks) bool says so."""
+    layout, block = fixed(layout), constant(block, layout.device)
 
     def chosen(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         return layout[q_idx // block, kv_idx // block]

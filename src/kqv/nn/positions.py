@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import DataError
+from . import flex
 from .config import ModelConfig
 
 
@@ -106,6 +107,7 @@ class AttentionPositions(nn.Module):
     has_score_bias = False  # True when score_bias adds a term to the scores (torch's SDPA then needs it dense)
     has_value_bias = False  # True when value_bias needs the attention weights, which fused kernels don't expose
     rotates = False  # True when rotate transforms queries and keys (RoPE)
+    score_mod_in_graphs = True  # False when score_mod reads a tensor sized by the length (`kqv.nn.flex.fixed`)
 
     @classmethod
     def from_config(cls, config: ModelConfig) -> AttentionPositions:
@@ -123,8 +125,11 @@ class AttentionPositions(nn.Module):
         """A term added to the attention output given the weights (batch, heads, q_time, k_time), or None."""
         return None
 
-    def score_mod(self, queries: Tensor, q_pos: Tensor) -> Callable | None:
-        """`score_bias` as flex_attention's score_mod(score, b, h, q_idx, kv_idx) (keys at 0..k_time-1), or None."""
+    def score_mod(self, queries: Tensor) -> Callable | None:
+        """`score_bias` as flex_attention's score_mod(score, b, h, q_idx, kv_idx), or None. Queries and keys are at
+        positions 0..time-1, so q_idx and kv_idx are the positions themselves: a score_mod captures no position
+        tensor, only tensors it indexes by them directly (a captured tensor read through another one's values
+        does not lower in inductor when its size is symbolic: tests/test_flex_compile.py)."""
         return None
 
 
@@ -136,6 +141,7 @@ class RelativePositions(AttentionPositions):
     """
 
     has_score_bias = True
+    score_mod_in_graphs = False  # its score_mod reads q . a per query: inside a traced model, today's cores
 
     def __init__(self, head_dim: int, max_distance: int, values: bool = True):
         super().__init__()
@@ -160,13 +166,13 @@ class RelativePositions(AttentionPositions):
         index = self.distance_index(q_pos, k_pos).expand(*queries.shape[:2], -1, -1)
         return per_distance.gather(-1, index)  # (batch, heads, q_time, k_time)
 
-    def score_mod(self, queries: Tensor, q_pos: Tensor) -> Callable:
+    def score_mod(self, queries: Tensor) -> Callable:
         """The key term as flex_attention's score_mod: q_i . a_(j - i) for each distance, then gathered per score."""
-        per_distance = queries @ self.keys.T * self.scale  # (batch, heads, q_time, 2k+1)
-        k = self.max_distance
+        per_distance = flex.fixed(queries @ self.keys.T * self.scale)  # (batch, heads, time, 2k+1)
+        k = flex.constant(self.max_distance, queries.device)
 
         def relative(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            return score + per_distance[b, h, q_idx, (kv_idx - q_pos[q_idx]).clamp(-k, k) + k]
+            return score + per_distance[b, h, q_idx, (kv_idx - q_idx).clamp(-k, k) + k]
 
         return relative
 
@@ -221,12 +227,13 @@ class ALiBiPositions(AttentionPositions):
         distance = (k_pos[None, :] - q_pos[:, None]).abs().to(queries.dtype)  # (q_time, k_time)
         return -self.slopes.to(queries.dtype) * distance  # (heads, q_time, k_time)
 
-    def score_mod(self, queries: Tensor, q_pos: Tensor) -> Callable:
+    def score_mod(self, queries: Tensor) -> Callable:
         """The penalty as flex_attention's score_mod: score - slope_h * |i - j|."""
         slopes = self.slopes.flatten().to(queries.dtype)  # (heads,)
+        dtype = queries.dtype
 
         def alibi(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            return score - slopes[h] * (kv_idx - q_pos[q_idx]).abs().to(queries.dtype)
+            return score - slopes[h] * (kv_idx - q_idx).abs().to(dtype)
 
         return alibi
 

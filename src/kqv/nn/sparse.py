@@ -197,10 +197,8 @@ def bigbird_mask(
 def layout_table(layout: tuple[tuple[int, ...], ...], device: torch.device | None = None) -> Tensor:
     """(n_blocks, n_blocks) bool, True where query block i attends to key block j in `layout`: built and copied
     to `device` once per layout and device, not every forward (callers never write into it)."""
-    table = torch.zeros(len(layout), len(layout), dtype=torch.bool)
-    for i, row in enumerate(layout):
-        table[i, list(row)] = True
-    return table.to(device)
+    rows = [[j in set(row) for j in range(len(layout))] for row in layout]
+    return torch.tensor(rows, dtype=torch.bool, device=device)  # one copy to the device, made there
 
 
 class BigBirdAttention(PaddingOnlyCore):
