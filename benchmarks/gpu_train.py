@@ -33,10 +33,10 @@ imports it.
 Beside the timed steps, a Trainer-driven row: `kqv train lm --config gpt2` itself (its data, DDP-free
 Trainer, compile "auto", ~0.5M-token updates by gradient accumulation) for `--trainer-updates` updates (default
 10; 0 leaves it out) on `--trainer-data` (default: this repository's own text, `repository_text`: its docs,
-sources and tests, 4 MB, enough for GPT-2's 50,257-token BPE, so the row needs no network; Shakespeare, kqv's
-default corpus, is downloaded), in a subprocess. Its tokens/s are the median of its metrics.jsonl after the
-first update (which compiles); its MFU is the Trainer's own `mfu` field where metrics.jsonl has one, else
-tokens/s x (6N + 12 L d T) over the specification peak, N the run's parameters.
+sources, tests and benchmark records, 5.5 MB, enough for GPT-2's 50,257-token BPE, so the row needs no network;
+Shakespeare, kqv's default corpus, is downloaded), in a subprocess. Its tokens/s are the median of its
+metrics.jsonl after the first update (which compiles); its MFU is the Trainer's own `mfu` field where
+metrics.jsonl has one, else tokens/s x (6N + 12 L d T) over the specification peak, N the run's parameters.
 
 And a row of the quick model (`configs/lm-quick.toml`'s [model] and [train], random tokens of a 128-symbol
 vocabulary) at `--quick-batch` rows (default 128): the updates/s of kqv's Trainer (its update, schedule,
@@ -85,8 +85,13 @@ from train_throughput import Shape, build_hf, build_xtrans, count_parameters, tr
 RESULTS = Path(__file__).resolve().parent / "results" / "gpu_train.json"
 ROOT = Path(__file__).resolve().parents[1]
 SRC = str(ROOT / "src")  # the Trainer row's kqv: this checkout's
-# the repository's own text, the Trainer row's default corpus: (folder, pattern), in this order
-REPOSITORY_TEXT = [(".", "*.md"), ("docs", "*.md"), ("src", "**/*.py"), ("tests", "*.py"), ("benchmarks", "*.py")]
+# the repository's own text, the Trainer row's default corpus: (folder, pattern), in this order; the notebook and
+# the benchmark records (numbers, machine names) take the BPE to GPT-2's 50,257 tokens, which prose and code alone
+# (3.7 MB) do not
+REPOSITORY_TEXT = [
+    (".", "*.md"), ("docs", "*.md"), ("docs", "*.ipynb"), ("src", "**/*.py"), ("tests", "*.py"),
+    ("benchmarks", "*.py"), ("benchmarks/results", "*.json"),
+]  # fmt: skip
 QUICK_CONFIG = ROOT / "src" / "kqv" / "configs" / "lm-quick.toml"
 QUICK_VOCAB = 128  # the quick row's random tokens: about a character vocabulary's size
 GPT2_SMALL = Shape(vocab=50257, d_model=768, heads=12, layers=12, d_ff=3072, context=1024, batch=8)
@@ -455,9 +460,9 @@ def trainer_row(args: argparse.Namespace, spec: float | None, peak: float | None
 
 
 def repository_text(path: Path) -> Path:
-    """This repository's own text, written to `path`: its Markdown, sources and tests (`REPOSITORY_TEXT`, each
-    file in name order), about 4 MB, what ships with every checkout: a corpus that needs no network, enough for
-    a BPE of GPT-2's 50,257 tokens."""
+    """This repository's own text, written to `path`: its Markdown, notebook, sources, tests and benchmark records
+    (`REPOSITORY_TEXT`, each file in name order), about 5.5 MB, what ships with every checkout: a corpus that needs
+    no network, enough for a BPE of GPT-2's 50,257 tokens."""
     files = repository_files()
     if not files:
         raise FileNotFoundError(f"no text under {ROOT} ({REPOSITORY_TEXT}): pass --trainer-data")
@@ -653,6 +658,9 @@ def main(argv: list[str] | None = None) -> int:
         record = report(args, s, [], 0.0) | {"peak_flops": None, "rows": [{"model": "timed steps", "error": error}]}
     else:
         record = report(args, s, *measured)
+    del measured  # the timed models and their optimizers: the GPU's memory is the next rows'
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     record |= embedded(args)
     save(output, record)
     rows = [("kqv trainer", args.trainer_updates, trainer_row, (args, record["spec_peak_flops"], record["peak_flops"]))]
