@@ -209,11 +209,13 @@ def replanned_announcement(plan: Plan, was: dict[str, Any]) -> Message:
 
 class Watch:
     """After the plan: the pace of the updates since the last look, and a new plan when at that pace the run
-    would end past its budget (see the module docstring). Every rank keeps one; only rank 0's `check` decides."""
+    would end past its budget, or at the pace since the plan far within it (see the module docstring). Every rank
+    keeps one; only rank 0's `check` decides."""
 
     def __init__(self, config: TrainConfig, plan: dict[str, Any]):
-        self.config, self.plan = config, plan
-        self.seconds, self.updates = 0.0, 0
+        self.config, self.measured = config, plan  # `measured`: the plan whose evaluation was timed
+        self.evaluation_seconds, self.evaluations = 0.0, 0  # the periodic evaluations of this session
+        self.follow(plan)
 
     @classmethod
     def for_session(cls, config: TrainConfig, plan: dict[str, Any] | None) -> Watch | None:
@@ -222,12 +224,29 @@ class Watch:
             return None
         return cls(config, plan)
 
+    def follow(self, plan: dict[str, Any]) -> None:
+        """Watch `plan` from here (a new one, on every rank): its pace is measured from its start."""
+        self.plan = plan
+        self.seconds, self.updates = 0.0, 0  # since the last look
+        self.plan_seconds, self.plan_updates = 0.0, 0  # since the plan
+
     def timed(self, seconds: float, compiled: bool = False) -> None:
         """Note the seconds of one update (evaluations and checkpoints are not in them; an update that `compiled`
         something is not counted: its seconds are compiling's)."""
         if not compiled:
             self.seconds += seconds
             self.updates += 1
+            self.plan_seconds += seconds
+            self.plan_updates += 1
+
+    def evaluated(self, seconds: float) -> None:
+        """Note the seconds of one periodic evaluation."""
+        self.evaluation_seconds += seconds
+        self.evaluations += 1
+
+    def restart(self) -> None:
+        """Measure the pace afresh from here: after every look, on every rank (which then look again together)."""
+        self.seconds, self.updates = 0.0, 0
 
     def due(self, step: int, steps: int) -> bool:
         """Whether to look after update `step`: at a log interval, with enough updates timed, before the end (the
@@ -236,23 +255,24 @@ class Watch:
 
     def check(self, done: int, elapsed_s: float) -> Plan | None:
         """Rank 0: a new plan when the rest of this one, at the pace measured since the last look, would end past
-        the budget (fewer updates) or leave more than `SLACK` of it unused (more, at most the upper bound); None to
-        keep it. The pace is then measured afresh."""
-        plan, update_s = self.plan, self.seconds / self.updates
-        self.seconds, self.updates = 0.0, 0
+        the budget (fewer updates), or at the pace since the plan, over at least twice `TIMED_UPDATES` (steadier:
+        one window's noise re-plans nothing upward), leave more than `SLACK` of it unused (more, at most the upper
+        bound); None to keep it. Every rank then measures the pace afresh (`restart`)."""
+        plan = self.plan
         if "update_s" not in plan:  # a plan received from rank 0 has only its steps
             return None
-        slower = max(update_s / plan["update_s"], 1.0)  # evaluations are not timed here: never counted faster
-        eval_s, ckpt_s = plan["evaluation_s"] * slower, plan["checkpoint_s"]
-        reserved_s = plan["reserved_s"] * slower
         budget_s = plan["budget_minutes"] * 60
-        ends_s = elapsed_s + predicted_seconds(self.config, done, plan["steps"], update_s, eval_s, ckpt_s) + reserved_s
-        if ends_s > budget_s:
-            most = plan["steps"]  # fewer updates
-        elif ends_s < budget_s * (1 - MARGIN - SLACK) and plan["steps"] < plan["upper_bound"]:
-            most = plan["upper_bound"]  # more updates
-        else:
-            return None
+        update_s, most = self.seconds / self.updates, plan["steps"]  # fewer updates
+        if self.ends_s(done, elapsed_s, update_s) <= budget_s:
+            update_s, most = self.plan_seconds / self.plan_updates, plan["upper_bound"]  # more updates
+            steady = self.plan_updates >= 2 * TIMED_UPDATES  # two looks' worth since the plan
+            if (
+                not steady
+                or plan["steps"] >= most
+                or self.ends_s(done, elapsed_s, update_s) >= budget_s * (1 - MARGIN - SLACK)
+            ):
+                return None
+        eval_s, ckpt_s, reserved_s = self.costs(update_s)
         config = replace(self.config, steps=most)
         available_s = budget_s * (1 - MARGIN) - elapsed_s - reserved_s
         steps, limited_by = fit_steps(config, done, available_s, update_s, eval_s, ckpt_s)
@@ -264,6 +284,26 @@ class Watch:
             steps, plan["upper_bound"], plan["budget_minutes"], done, update_s, eval_s, ckpt_s, reserved_s,
             predicted_s, limited_by, replans, plan.get("compiling_updates", 0),
         )  # fmt: skip
+
+    def costs(self, update_s: float) -> tuple[float, float, float]:
+        """An evaluation's, a checkpoint's and the reserve's seconds at a pace of `update_s`: the mean of this
+        session's periodic evaluations where there were some, else the measured plan's, slowed as the updates are
+        (never counted faster); the checkpoint's as measured; the reserve (evaluations too) slowed alike, or
+        scaled by how the periodic evaluations compare with the one timed for the plan."""
+        measured = self.measured
+        slower = max(update_s / measured["update_s"], 1.0)
+        eval_s, reserved_s = measured["evaluation_s"] * slower, measured["reserved_s"] * slower
+        if self.evaluations:
+            timed_s = self.evaluation_seconds / self.evaluations
+            reserved_s *= timed_s / eval_s if eval_s > 0 else 1.0
+            eval_s = timed_s
+        return eval_s, measured["checkpoint_s"], reserved_s
+
+    def ends_s(self, done: int, elapsed_s: float, update_s: float) -> float:
+        """When the run, `elapsed_s` in after update `done`, ends this plan at a pace of `update_s`."""
+        eval_s, ckpt_s, reserved_s = self.costs(update_s)
+        rest = predicted_seconds(self.config, done, self.plan["steps"], update_s, eval_s, ckpt_s)
+        return elapsed_s + rest + reserved_s
 
 
 def planned_steps(config: TrainConfig, plan: dict[str, Any] | None) -> int:

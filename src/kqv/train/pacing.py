@@ -56,6 +56,11 @@ class Pacing:
         elif self.watch is not None and read and self.watch.due(trainer.step, trainer.steps):
             self.replan(run_start)
 
+    def evaluated(self, seconds: float) -> None:
+        """Note that a periodic evaluation took `seconds` (the watch then predicts the plan's with their mean)."""
+        if self.watch is not None:
+            self.watch.evaluated(seconds)
+
     def fix(self, run_start: float) -> None:
         """Time one evaluation and one checkpoint, ask the planner for the plan (rank 0; the others receive its
         steps) and apply it: the state's plan, recorded in a checkpoint and in metrics.jsonl, and said to the
@@ -90,10 +95,11 @@ class Pacing:
         within the budget, and every rank applies the steps of a new plan, said and recorded in metrics.jsonl."""
         trainer = self.trainer
         plan = self.watch.check(trainer.step, trainer.clock() - run_start) if trainer.rank == 0 else None
+        self.watch.restart()  # on every rank, so that all look again at the same update
         steps, was = agreed_steps(plan, trainer.world_size), trainer.plan
         if steps:
             self.apply(steps, plan, "replan", run_start)
-            self.watch.plan = trainer.plan
+            self.watch.follow(trainer.plan)
             if plan is not None:
                 trainer.report(replanned_announcement(plan, was))
 

@@ -295,7 +295,7 @@ class Trainer:
                 last = self.step == self.steps or self._out_of_time(read)
                 if last and not read:
                     self._read(window)
-                result = self._log(lr, window, run_start, last) or result
+                result = self._log(lr, window, run_start, last, pacing) or result
                 if self.step % self.config.checkpoint_every == 0 or last:
                     self._checkpoint_if_good(final=last)
                 self.report(self._progress(result, run_start))
@@ -352,8 +352,9 @@ class Trainer:
         figures = {key: record.get(key) for key in ("train_loss", "lr", "tokens_per_s", "mfu", "peak_memory_mb")}
         return Progress(self.step, self.steps, elapsed, self._left, **figures)
 
-    def _log(self, lr: float, window: Window, run_start: float, last: bool) -> dict | None:
-        """Log (every `log_every` updates) and evaluate (every `eval_every`); one metrics.jsonl record for both."""
+    def _log(self, lr: float, window: Window, run_start: float, last: bool, pacing: Pacing) -> dict | None:
+        """Log (every `log_every` updates) and evaluate (every `eval_every`, timed for the budget's `pacing`); one
+        metrics.jsonl record for both."""
         cfg = self.config
         record: dict[str, Any] = {}
         if (self.step % cfg.log_every == 0 or last) and window.steps:
@@ -370,7 +371,9 @@ class Trainer:
         can_evaluate = self.evaluator.evaluates
         evaluated = can_evaluate and (self.step % cfg.eval_every == 0 or last)
         if evaluated:
+            started = self.clock()
             record.update(self.evaluate())
+            pacing.evaluated(self.clock() - started)
         if not record:
             return None
         record = {
