@@ -427,3 +427,39 @@ def test_on_a_terminal_the_bar_shows_the_time_left(monkeypatch):
     bar.refresh()
     bar.close()
     assert "1/100" in sys.stderr.getvalue() and "left 4 min 12 s" in sys.stderr.getvalue()
+
+
+def test_two_processes_plan_and_watch_their_budget_together(tmp_path):
+    """Under torchrun every rank looks at the pace at the same log intervals (rank 0 decides, the others receive
+    its steps), however many looks: each rank measures afresh after a look. (A rank other than 0 kept counting
+    its updates and looked alone at the next log interval, waiting for a broadcast rank 0 never sent.)"""
+    import os
+    import signal
+    import socket
+    import subprocess
+    from pathlib import Path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    worker = Path(__file__).with_name("budget_worker.py")
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    env["PYTHONPATH"] = os.pathsep.join([str(worker.parent), env.get("PYTHONPATH", "")])
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
+    command += ["--master_port", str(port), str(worker), str(tmp_path)]
+    launched = subprocess.Popen(
+        command, env={**env, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        stdout, stderr = launched.communicate(timeout=150)
+    except subprocess.TimeoutExpired:
+        os.killpg(launched.pid, signal.SIGKILL)  # the launcher and both ranks, waiting for each other
+        launched.communicate()
+        pytest.fail("the two processes did not finish in 150 s: they wait for each other")
+    assert launched.returncode == 0, stderr[-4000:]
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    plans = [r.get("plan") or r.get("replan") for r in records if "plan" in r or "replan" in r]
+    logged = [r["step"] for r in records if "train_loss" in r]
+    assert plans and logged[-1] == plans[-1]["steps"] and stdout.count(f"trained {logged[-1]} of") == 2
+    assert logged[-1] > plans[0]["planned_at"] + 2 * TIMED_UPDATES  # the pace was looked at after the plan
