@@ -32,10 +32,8 @@ from pathlib import Path
 import torch
 
 import kqv
+import people_world
 from kqv.measuring import write_record
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import people_world  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "example_throughput.json"
 SPAN = ['data.objective="span_corruption"', 'data.span_loss="all"', "data.span_rate=0.25", "data.span_max=160"]

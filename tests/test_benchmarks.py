@@ -125,24 +125,36 @@ def test_generation_speed_compares_kqv_and_hugging_face_on_the_same_weights(tmp_
         assert 0 <= trained[precision]["identical_continuations"] <= 8
 
 
-def test_gpu_train_runs_every_model_at_a_tiny_size_on_the_cpu(tmp_path):
-    """The GPU training benchmark's `--tiny` smoke test: every model with and without torch.compile, its JSON
-    fields, MFU computed from the peak measured in the same run, and kqv's GPT-2 config (read through kqv.interop)
-    giving exactly Hugging Face GPT-2's parameter count. The figures themselves are for a GPU to measure."""
+def offline(tmp_path) -> dict[str, str]:
+    """An environment in which a download fails: an empty kqv cache (no Shakespeare), pip without an index,
+    Hugging Face offline."""
+    (tmp_path / "cache").mkdir(exist_ok=True)
+    return {**os.environ, "KQV_CACHE": str(tmp_path / "cache"), "PIP_NO_INDEX": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def test_gpu_train_runs_every_row_at_a_tiny_size_on_the_cpu_offline(tmp_path):
+    """The GPU training benchmark's `--tiny` smoke test, with nothing to download from: every model with and
+    without torch.compile, its JSON fields, MFU computed from the peak measured in the same run, kqv's GPT-2 config
+    (read through kqv.interop) giving exactly Hugging Face GPT-2's parameter count, the Trainer row on the
+    repository's own text and the quick model's Trainer-against-plain-loop row. The figures are for a GPU."""
     import json
 
     output = tmp_path / "gpu_train.json"
     script = BENCHMARKS[0].parent / "gpu_train.py"
-    result = subprocess.run(
-        [sys.executable, str(script), "--tiny", "--output", str(output)], capture_output=True, text=True, timeout=300
-    )
+    command = [sys.executable, str(script), "--tiny", "--output", str(output)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=offline(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
     data = json.loads(output.read_text())
     assert data["benchmark"] == "gpu_train" and data["tiny"] and data["device"] == "cpu" and data["peak_flops"] > 0
+    assert not [row for row in data["rows"] if "error" in row]
+    quick = data["rows"].pop()
+    assert quick["model"] == "quick: kqv trainer / plain loop" and quick["batch"] == 4
+    assert quick["ratio"] == quick["trainer_updates_per_s"] / quick["plain_updates_per_s"] > 0
     rows = {(row["model"], row["compiled"]): row for row in data["rows"]}
     models = ("kqv", "nanogpt", "hf", "xtrans")
     trainer = ("kqv trainer", False)  # `kqv train lm --config gpt2`, uncompiled on the CPU
     assert set(rows) == {(model, compiled) for model in models for compiled in (False, True)} | {trainer}
+    assert rows[trainer]["data"] == "the repository's own text (repository_text)"
     for row in rows.values():
         assert row["tokens_per_s"] > 0 and row["flops_per_token"] > 0
         assert row["mfu"] == pytest.approx(row["tokens_per_s"] * row["flops_per_token"] / data["peak_flops"])
@@ -153,6 +165,35 @@ def test_gpu_train_runs_every_model_at_a_tiny_size_on_the_cpu(tmp_path):
         == rows[("nanogpt", False)]["parameters"]
     )
     assert "MFU" in result.stdout and "compiled" in result.stdout
+
+
+def test_a_failed_gpu_train_row_is_written_with_its_error_and_the_others_still_run(tmp_path):
+    """A Trainer row that fails (its data missing) is a row with its `error`: the rows before and after it are
+    written, the JSON holds the tests' summary and kqv env's output, and the exit status is 1, with no
+    traceback at the end."""
+    output, env_json, xml = tmp_path / "gpu_train.json", tmp_path / "env.json", tmp_path / "cuda_tests.xml"
+    env_json.write_text('{"kqv": "0"}')
+    xml.write_text(
+        '<testsuites><testsuite tests="3" failures="1" errors="0" skipped="1">'
+        '<testcase classname="tests.test_kernels" name="test_a"/>'
+        '<testcase classname="tests.test_kernels" name="test_b"><failure message="no"/></testcase>'
+        '<testcase classname="tests.test_syncs" name="test_c"><skipped/></testcase></testsuite></testsuites>'
+    )
+    script = BENCHMARKS[0].parent / "gpu_train.py"
+    command = [sys.executable, str(script), "--tiny", "--models", "kqv", "--compile", "no", "--output", str(output)]
+    command += ["--trainer-data", str(tmp_path / "missing.txt"), "--env-json", str(env_json), "--tests-xml", str(xml)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=offline(tmp_path))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stderr.strip().splitlines()[-1] == "failed rows (their errors are in the JSON): kqv trainer"
+    data = json.loads(output.read_text())
+    kqv, trainer, quick = data["rows"]
+    assert kqv["model"] == "kqv" and kqv["tokens_per_s"] > 0 and quick["ratio"] > 0
+    assert trainer["model"] == "kqv trainer" and "exited with status" in trainer["error"]
+    assert data["env"] == {"kqv": "0"}
+    assert data["tests"] == {
+        "tests": 3, "failures": 1, "errors": 0, "skipped": 1, "failed": ["tests.test_kernels::test_b"],
+        "junit_xml": str(xml),
+    }  # fmt: skip
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
@@ -166,14 +207,15 @@ def test_gpu_train_refuses_clearly_without_cuda(tmp_path):
     assert not (tmp_path / "out.json").exists()
 
 
-def test_gpu_sh_runs_the_cuda_tests_and_both_gpu_benchmarks_into_one_folder():
+def test_gpu_sh_runs_the_cuda_tests_and_the_gpu_benchmark_offline_into_one_json():
     script = (BENCHMARKS[0].parent / "gpu.sh").read_text()
     for step in (
         "kqv.cli env --json",
+        "export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PIP_NO_INDEX=1",
         "cuda_tests=(tests/test_devices.py tests/test_kernels.py tests/test_syncs.py tests/test_batch_copies.py)",
-        '"${pytest_here[@]}" "${cuda_tests[@]}" --junitxml',
-        "benchmarks/gpu_train.py --output",
-        "benchmarks/generation_speed.py --device cuda --output",
+        'timeout "$TESTS_S" "${pytest_here[@]}" "${cuda_tests[@]}" --junitxml',
+        "train=(python benchmarks/gpu_train.py --models kqv,nanogpt --compile yes)",
+        '"${train[@]}" --output "$out/gpu_train.json" --env-json "$out/env.json" --tests-xml "$out/cuda_tests.xml"',
     ):
         assert step in script
 
@@ -187,10 +229,15 @@ def test_gpu_sh_dry_run_walks_every_step_checks_its_imports_and_writes_nothing(t
     command = ["bash", str(script), "--dry-run", str(tmp_path / "out")]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
-    for step in ("step 1: python -m kqv.cli env", "step 2: python -m pytest -o addopts=", "step 3:", "step 4:"):
+    steps = ("step 1: python -m kqv.cli env", "step 2: timeout 240 python -m pytest -o addopts=", "step 3:")
+    for step in steps:
         assert step in result.stdout, result.stdout
-    assert "tests/test_batch_copies.py" in result.stdout and "would train kqv, nanogpt" in result.stdout
-    assert "would run the Trainer row for 10 updates: kqv train lm --config gpt2" in result.stdout
+    assert "tests/test_batch_copies.py" in result.stdout and "would train kqv, nanogpt (compiled)" in result.stdout
+    assert "would run the Trainer row for 10 updates: kqv train lm --config gpt2 --data TMP/repository.txt" in (
+        result.stdout
+    )
+    assert "its data: the repository text" in result.stdout
+    assert "would time the quick model (256 wide, 4 layers) at batch 128" in result.stdout
     assert "every step's imports work" in result.stdout and not (tmp_path / "out").exists()
 
 

@@ -131,11 +131,104 @@ def test_a_machine_slowed_after_the_plan_re_plans_and_still_ends_within_its_budg
     assert re.search(said + r" overrun the 1-minute budget; now \d+ updates, about \d+ s in all", out)
 
 
-def test_a_machine_that_speeds_up_keeps_its_plan(tmp_path):
+def test_a_machine_that_speeds_up_re_plans_upward_and_uses_its_budget(tmp_path, capsys):
+    """Load that ends after the plan (updates twice as fast from update 100) would leave much of the budget unused:
+    the run re-plans to more updates, says so, and still ends its schedule within the budget."""
     machine = LoadedMachine(0.3, calls_before=100, factor=0.5)
+    cfg = budget_config()
+    run = budget_trainer(tmp_path, cfg, machine, quiet=False)
+    final = run.train()
+    planned = plan_of(tmp_path)["steps"]
+    replans = [r["replan"] for r in read_metrics(tmp_path / "metrics.jsonl") if "replan" in r]
+    assert replans and planned < replans[0]["steps"] and replans[-1]["update_s"] == pytest.approx(0.15)
+    assert run.step == final["step"] == replans[-1]["steps"] <= cfg.steps
+    assert final["lr"] == pytest.approx(cfg.min_lr_ratio * cfg.lr, rel=1e-12)  # the schedule reached its new end
+    assert 0.9 * 60 <= machine.now <= 60
+    said = rf"so {planned} updates would leave much of the 1-minute budget; now \d+ updates"
+    assert re.search(said, capsys.readouterr().out)
+
+
+def test_a_pace_within_the_slack_keeps_its_plan(tmp_path):
+    machine = LoadedMachine(0.3, calls_before=100, factor=0.97)
     budget_trainer(tmp_path, budget_config(), machine).train()
     assert not [r for r in read_metrics(tmp_path / "metrics.jsonl") if "replan" in r]
     assert read_checkpoint(tmp_path).step == plan_of(tmp_path)["steps"] and machine.now < 60
+
+
+# -- compilation is not training's time ---------------------------------------------------------------------------
+
+
+class CompilingMachine(FakeMachine):
+    """A machine on which torch.compile's backend ("aot_eager" underneath) takes `compile_s` of the clock in a
+    micro-batch that compiles (its graphs, however many): compilation, as slow as it is on a GPU, and no part of
+    what an update costs."""
+
+    def __init__(self, batch_s: float, compile_s: float):
+        super().__init__(batch_s)
+        self.compile_s, self.graphs, self.compiled_calls = compile_s, 0, set()
+
+    def backend(self, graph, example_inputs, **options):
+        self.graphs += 1
+        if self.calls not in self.compiled_calls:
+            self.compiled_calls.add(self.calls)
+            self.now += self.compile_s
+        return torch._dynamo.lookup_backend("aot_eager")(graph, example_inputs, **options)
+
+
+def varying_batches(batch_size: int, from_index: int):
+    """token_batches, whose rows are shorter in every other micro-batch from `from_index` on: shapes that change
+    inside the timed updates, as span corruption's or pairs' do, so torch.compile compiles again there."""
+    batches = token_batches(batch_size)
+
+    def batch(i: int):
+        inputs, targets = batches(i)
+        width = inputs.shape[1] - (4 if i >= from_index and i % 2 == 0 else 0)
+        return inputs[:, :width], targets[:, :width]
+
+    return batch
+
+
+@pytest.fixture
+def compiled_machine(monkeypatch):
+    """A CompilingMachine whose backend `train.compile` compiles with (20 s for a micro-batch's graphs, 0.15 s per
+    micro-batch)."""
+    from kqv.train import compiling
+
+    machine = CompilingMachine(0.15, compile_s=20.0)
+    monkeypatch.setattr(compiling, "BACKEND", machine.backend)
+    torch._dynamo.reset()
+    yield machine
+    torch._dynamo.reset()
+
+
+def test_a_compiled_run_plans_from_updates_that_compile_nothing(tmp_path, compiled_machine):
+    """A budgeted run with `train.compile = true`, recompiled inside its timed updates (its batches change width at
+    update 7), plans at the pace of its updates, not of its compilations: had the recompiling update been timed,
+    20 s among eight updates of 0.15 s, it would plan the minimum (its warmup and one update); it plans about a
+    hundred more."""
+    machine = compiled_machine
+    cfg = budget_config(compile=True)
+    run = budget_trainer(tmp_path, cfg, machine, batches=varying_batches(cfg.batch_size, from_index=6))
+    final = run.train()
+    plan = plan_of(tmp_path)
+    assert len(machine.compiled_calls) == 2  # the first shapes, then the dynamic widths, inside the timed updates
+    assert plan["update_s"] == pytest.approx(0.15) and plan["compiling_updates"] >= 1
+    assert plan["limited_by"] == "budget" and plan["steps"] > cfg.warmup_steps + 50
+    assert run.step == final["step"] == plan["steps"] and machine.now <= 60
+    assert not [r for r in read_metrics(tmp_path / "metrics.jsonl") if "replan" in r]
+
+
+def test_without_a_cosine_warmup_a_compiled_run_waits_for_updates_that_compile_nothing(tmp_path, compiled_machine):
+    """Without a cosine warmup to end it first, the plan waits until `TIMED_UPDATES` updates that compile nothing
+    are timed, and fills the budget."""
+    machine = compiled_machine
+    cfg = budget_config(compile=True, schedule="constant", budget_minutes=2.0)
+    run = budget_trainer(tmp_path, cfg, machine, batches=varying_batches(cfg.batch_size, from_index=6))
+    run.train()
+    plan = plan_of(tmp_path)
+    assert plan["planned_at"] == SKIPPED_UPDATES + TIMED_UPDATES + plan["compiling_updates"]
+    assert plan["update_s"] == pytest.approx(0.15) and plan["limited_by"] == "budget"
+    assert run.step == plan["steps"] and 0.9 * 120 <= machine.now <= 120
 
 
 def test_the_slow_machine_plans_fewer_updates_than_the_fast_one(tmp_path):
@@ -334,3 +427,39 @@ def test_on_a_terminal_the_bar_shows_the_time_left(monkeypatch):
     bar.refresh()
     bar.close()
     assert "1/100" in sys.stderr.getvalue() and "left 4 min 12 s" in sys.stderr.getvalue()
+
+
+def test_two_processes_plan_and_watch_their_budget_together(tmp_path):
+    """Under torchrun every rank looks at the pace at the same log intervals (rank 0 decides, the others receive
+    its steps), however many looks: each rank measures afresh after a look. (A rank other than 0 kept counting
+    its updates and looked alone at the next log interval, waiting for a broadcast rank 0 never sent.)"""
+    import os
+    import signal
+    import socket
+    import subprocess
+    from pathlib import Path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    worker = Path(__file__).with_name("budget_worker.py")
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    env["PYTHONPATH"] = os.pathsep.join([str(worker.parent), env.get("PYTHONPATH", "")])
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
+    command += ["--master_port", str(port), str(worker), str(tmp_path)]
+    launched = subprocess.Popen(
+        command, env={**env, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        stdout, stderr = launched.communicate(timeout=150)
+    except subprocess.TimeoutExpired:
+        os.killpg(launched.pid, signal.SIGKILL)  # the launcher and both ranks, waiting for each other
+        launched.communicate()
+        pytest.fail("the two processes did not finish in 150 s: they wait for each other")
+    assert launched.returncode == 0, stderr[-4000:]
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    plans = [r.get("plan") or r.get("replan") for r in records if "plan" in r or "replan" in r]
+    logged = [r["step"] for r in records if "train_loss" in r]
+    assert plans and logged[-1] == plans[-1]["steps"] and stdout.count(f"trained {logged[-1]} of") == 2
+    assert logged[-1] > plans[0]["planned_at"] + 2 * TIMED_UPDATES  # the pace was looked at after the plan

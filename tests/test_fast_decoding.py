@@ -10,7 +10,16 @@ from conftest import POSITIONS, tiny_config
 from kqv import DecoderLM, KVCache
 from kqv.interop import to_hf
 from kqv.nn.cores import FullAttention
-from kqv.nn.decoding import LEAN_SUBLAYERS, DecodeStep, declared_sublayers, fused_linear, linear, one_row_product
+from kqv.nn.decoding import (
+    LEAN_SUBLAYERS,
+    SPLIT_MIN_WEIGHTS,
+    DecodeStep,
+    declared_sublayers,
+    fused_linear,
+    linear,
+    one_row_blocks,
+    one_row_product,
+)
 from kqv.nn.generation import PromptLayout, in_dtype
 from kqv.nn.layers import DecoderBlock, Sublayer
 from kqv.nn.positions import LearnedPositions
@@ -156,6 +165,9 @@ def test_stacked_one_row_projections_equal_the_separate_ones_bit_for_bit(width, 
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("out,width", [(1152, 384), (384, 384), (384, 1536), (96, 32)])  # wide, square, deep
 def test_one_row_products_do_not_depend_on_how_many_blocks_the_threads_take(out, width, bias):
+    """Large weights are cut into one block per part (where the parts divide the rows), small ones never: a BLAS's
+    small-matrix kernels may sum a narrower block in another order (a 96 x 32 weight's did on an AMX Xeon), so the
+    product of a weight of either size is the same bits for every number of parts, on every CPU."""
     layer = torch.nn.Linear(width, out, bias=bias)
     x = torch.randn(1, width)
     with torch.no_grad():
@@ -163,6 +175,8 @@ def test_one_row_products_do_not_depend_on_how_many_blocks_the_threads_take(out,
         reference = layer(x)
     assert all(torch.equal(product, products[0]) for product in products)  # 5 parts do not divide: one block
     torch.testing.assert_close(products[0], reference, rtol=1e-5, atol=1e-5)
+    blocks = [one_row_blocks(out, width, parts) for parts in (1, 2, 3, 4, 5)]
+    assert blocks == ([1, 2, 3, 4, 1] if out * width >= SPLIT_MIN_WEIGHTS else [1] * 5)
 
 
 def assert_lean_step_is_the_general_path(model, batch=3, exact=True):

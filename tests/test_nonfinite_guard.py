@@ -172,3 +172,18 @@ def test_a_learning_rate_blow_up_keeps_the_good_checkpoint_and_the_model_still_g
     assert main(["generate", str(out), "--prompt", "To"]) == 0
     assert main([*common, *constant, "--resume", "--steps", "20", "--set", "train.lr=1e-3"]) == 0
     assert read_checkpoint(out).step == 20 and all(torch.isfinite(w).all() for w in weights(out).values())
+
+
+def test_a_compiled_step_never_finite_from_its_first_update_points_at_the_compiled_kernels():
+    """A compiled step whose gradient was never finite, from update 1 on, is more likely the compiled kernels' fault
+    than the data's or the rate's (an Intel AMX Xeon's compiled bf16 step did that): the message says how to tell.
+    A streak after good updates, or an uncompiled step, gets the usual causes only."""
+    from kqv.train.nonfinite import diverged_message
+
+    hint = "train once with train.compile = false to tell"
+    compiled = config(compile=True, device="cpu", precision="bf16")
+    assert hint in diverged_message(compiled, "the gradient norm is nan", (1, 2, 3, 4, 5), None)
+    assert "compiled step (bf16 on cpu)" in diverged_message(compiled, "nan", (1, 2, 3), None)
+    assert hint not in diverged_message(compiled, "nan", (7, 8, 9), None)
+    assert hint not in diverged_message(config(compile=False, device="cpu"), "nan", (1, 2, 3), None)
+    assert hint not in diverged_message(config(compile="auto", device="cpu"), "nan", (1, 2, 3), None)  # not compiled

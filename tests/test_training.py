@@ -101,7 +101,7 @@ def resume(run_dir, batches=None, cfg=None, **model_changes) -> Trainer:
 
 def curve(run_dir) -> list[dict]:
     """The metrics of every step without the wall-clock ones."""
-    timing = {"elapsed_s", "train_seconds", "tokens_per_s", "mfu", "peak_memory_mb"}
+    timing = {"elapsed_s", "train_seconds", "tokens_per_s", "mfu", "peak_memory_mb", "batch_ms", "wait_ms"}
     return [{k: v for k, v in r.items() if k not in timing} for r in read_metrics(run_dir / "metrics.jsonl")]
 
 

@@ -100,6 +100,25 @@ def matrix_product(weight: Tensor, bias: Tensor | None, one_row: bool = False):
     return lambda x: torch.addmm(bias, x, transposed)
 
 
+SPLIT_MIN_WEIGHTS = 1 << 16  # a weight smaller than this (256 KB in fp32) is one block: see `one_row_blocks`
+
+
+def one_row_blocks(out_features: int, in_features: int, parts: int) -> int:
+    """How many column blocks `one_row_product` cuts an (out, in) weight into for `parts` threads: `parts` when it
+    divides `out` and the weight has at least `SPLIT_MIN_WEIGHTS` entries, else one.
+
+    A small weight stays whole for two reasons. Its product is a few thousand multiply-adds, less than waking a
+    thread costs. And a BLAS chooses its kernel by the shape: small products may go to small-matrix kernels whose
+    sums over `in` run in an order that depends on the width (on an AMX Xeon, the products of a 96 x 32 weight
+    cut into 2, 3 or 4 blocks differed from the whole's in the last bits), so cut, a small weight's product would
+    depend on `parts`. Large blocks go to the BLAS's streaming kernel, which sums every output over `in` in one
+    order whatever the width (tests/test_fast_decoding.py checks parts 1 to 5 at 384 x 384, 1152 x 384 and
+    384 x 1536, which held on that Xeon too)."""
+    if parts < 2 or out_features % parts or out_features * in_features < SPLIT_MIN_WEIGHTS:
+        return 1
+    return parts
+
+
 def one_row_product(weight: Tensor, bias: Tensor | None, parts: int):
     """x (1, in) -> x weight^T + bias, with the weight read as fast as this CPU's BLAS reads one.
 
@@ -108,16 +127,15 @@ def one_row_product(weight: Tensor, bias: Tensor | None, parts: int):
     * The layout. For a matrix at least as wide as it is deep, MKL streams an (in, out) copy up to twice as fast
       as the (out, in) rows `nn.Linear` keeps; for a deeper one (the feed-forward network's down projection) the
       rows are the faster. Wide matrices get an (in, out) copy, made once here.
-    * Threads. MKL's matrix-vector product ran on one thread there, so the weight is cut into `parts` column
+    * Threads. MKL's matrix-vector product ran on one thread there, so a large weight is cut into `parts` column
       blocks (parts, in, out / parts), one per thread, multiplied by one batched product (`torch.baddbmm`, which
       torch spreads over its threads) whose result is already laid out as the row (1, out).
     Each output is still one dot product summed in the same order whatever the blocks, so the result does not
-    depend on `parts`; the (in, out) copy sums in another order than `F.linear`, so the logits move from the
-    general path's in the last bits (about 1e-6), not the greedy tokens (tests/test_fast_decoding.py checks
-    both)."""
+    depend on `parts` (a small weight is never cut, because there it would: `one_row_blocks`); the (in, out) copy
+    sums in another order than `F.linear`, so the logits move from the general path's in the last bits (about
+    1e-6), not the greedy tokens (tests/test_fast_decoding.py checks both)."""
     out_features, in_features = weight.shape
-    if parts < 2 or out_features % parts:
-        parts = 1
+    parts = one_row_blocks(out_features, in_features, parts)
     width = out_features // parts
     if out_features >= in_features:  # (parts, in, width): a copy in the fast layout
         blocks = weight.t().reshape(in_features, parts, width).transpose(0, 1).contiguous()

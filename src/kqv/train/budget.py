@@ -1,29 +1,36 @@
 """Training planned to a time budget: measure this machine's speed, then fix how many updates fit.
 
 With `train.budget_minutes > 0` a run does not know its number of updates in advance. Each session skips its first
-`SKIPPED_UPDATES` updates (the first calls build kernels: compilation, oneDNN primitives) and times the next ones,
-up to `TIMED_UPDATES`. After the last timed update it times one evaluation (what `eval_every` costs, and the
-`work_after_training` reserve the job asks for: its final test or samples, in evaluations) and one checkpoint write, and
-fixes the plan: the most updates, never more than `train.steps`, whose updates, evaluations, checkpoints and
+`SKIPPED_UPDATES` updates (the first calls build kernels: compilation, oneDNN primitives) and times the next ones
+until `TIMED_UPDATES` of them are timed. An update during which torch.compile compiled something (a graph traced
+for new shapes, a backward compiled lazily, a CUDA graph recorded: `kqv.train.compiling.compilations`) is not
+timed: its seconds are what compiling cost once, not what training costs, and counted in them a compiled run on a
+GPU would plan for updates 30 times slower than they are. So the plan waits for updates that compile nothing, up
+to `LATEST_UPDATES` after the skipped ones (and a cosine plan at the latest at the end of its warmup, see below).
+After the last timed update it times one evaluation (what `eval_every` costs, and the `work_after_training` reserve
+the job asks for: its final test or samples, in evaluations; timed again when it compiled) and one checkpoint write,
+and fixes the plan: the most updates, never more than `train.steps`, whose updates, evaluations, checkpoints and
 reserve fit in the budget less a `MARGIN`. The planner is pure: it is told the times and returns a `Plan`, which the
 Trainer applies (its state's plan, the one place its steps are read from: `planned_steps`). The plan is recorded in
 metrics.jsonl (a record with "plan") and in every checkpoint (state.json "plan"); from then on the run is an ordinary
 run of that many updates, so its schedule (warmup, cosine or inverse-sqrt) runs to its end.
 
-A budget is a promise, and a machine's pace may change after the plan (another job starts beside it). So the
-Trainer keeps timing the updates (`Watch`) and, at log intervals with at least `TIMED_UPDATES` updates timed since
-the last look, asks whether the rest of the plan, at the pace just measured (its evaluations slowed alike), still
-ends within the budget; if not, it re-plans from there (`Watch.check`: fewer updates, the schedule then ending at
-the new plan's end) and says so. A faster pace keeps the plan: it ends early, within its promise. Under torchrun
-rank 0 decides and the others receive its steps, at the same log interval on every rank.
+A budget is a promise, and a machine's pace may change after the plan (another job starts beside it, or finishes;
+a recompilation the plan could not wait out ends). So the Trainer keeps timing the updates that compile nothing
+(`Watch`) and, at log intervals with at least `TIMED_UPDATES` updates timed since the last look, asks whether the
+rest of the plan, at the pace just measured (its evaluations slowed alike, never counted faster), still ends
+within the budget; if not, it re-plans from there (`Watch.check`: fewer updates, the schedule then ending at the
+new plan's end) and says so. A pace so much faster that the plan would leave more than `SLACK` of the budget unused
+re-plans upward alike, to at most `steps`. Under torchrun rank 0 decides and the others receive its steps, at the
+same log interval on every rank.
 
 Why the updates before the plan agree with any plan: warmup is fixed in updates (`warmup_steps`), and for the
 cosine schedule, the one whose rates depend on `steps`, the plan is fixed at the latest at the end of the warmup,
-whose rates do not (`learning_rate`). So a budgeted run equals, bit for bit, the run of a fixed `steps` equal to its
-plan, and a resume replays the recorded plan instead of measuring again (`resumed_plan`; a run stopped before its
-plan measures in its next session, its time so far counted against the budget). A run whose `steps` end
-before the plan would be fixed never plans: it is the fixed-steps run. `steps` is the upper bound; for runs that
-must be the same on every machine, set `budget_minutes = 0`.
+whose rates do not (`learning_rate`). So a budgeted run that does not re-plan equals, bit for bit, the run of a
+fixed `steps` equal to its plan, and a resume replays the recorded plan instead of measuring again
+(`resumed_plan`; a run stopped before its plan measures in its next session, its time so far counted against the
+budget). A run whose `steps` end before the plan would be fixed never plans: it is the fixed-steps run. `steps` is
+the upper bound; for runs that must be the same on every machine, set `budget_minutes = 0`.
 """
 
 from __future__ import annotations
@@ -42,7 +49,9 @@ logger = logging.getLogger(__name__)
 
 SKIPPED_UPDATES = FIRST_UPDATES  # not timed: the first calls of a session build kernels and caches
 TIMED_UPDATES = 20  # timed to measure the seconds an update takes
+LATEST_UPDATES = 3 * TIMED_UPDATES  # after the skipped ones, the plan waits no longer for updates that compile nothing
 MARGIN = 0.03  # of the budget, kept free for what the measurement missed (load, logging)
+SLACK = 0.05  # of the budget: a plan that would leave this much more than the margin unused re-plans upward
 
 
 def budgeted(config: TrainConfig) -> bool:
@@ -67,6 +76,7 @@ class Plan:
     predicted_s: float  # the whole run as planned, from its start: at most the budget less the margin
     limited_by: str  # "budget", "steps" (the upper bound) or "minimum" (the budget fits less than the warmup)
     replans: int = 0  # how many times the pace measured after the plan changed it (`Watch`)
+    compiling_updates: int = 0  # updates before the plan not timed: torch.compile compiled during them
 
 
 def events(done: int, steps: int, every: int) -> int:
@@ -107,9 +117,11 @@ class Planner:
     def __init__(self, config: TrainConfig, start: int, work_after_training: float):
         limit = config.warmup_steps if config.schedule == "cosine" else math.inf
         self.config, self.work_after_training = config, work_after_training
-        self.plan_step = int(min(start + SKIPPED_UPDATES + TIMED_UPDATES, limit))
+        self.plan_step = int(min(start + SKIPPED_UPDATES + TIMED_UPDATES, limit))  # the earliest
+        self.last_step = int(min(start + SKIPPED_UPDATES + LATEST_UPDATES, limit))  # the latest
         self.first_timed = min(start + SKIPPED_UPDATES, self.plan_step - 1) + 1  # the first update timed
-        self.seconds: list[float] = []
+        self.seconds: list[float] = []  # the timed updates'
+        self.compiling: list[float] = []  # the seconds of the updates not timed because something compiled
 
     @classmethod
     def for_session(
@@ -127,20 +139,26 @@ class Planner:
         planner = cls(config, start, work_after_training)
         return planner if start < planner.plan_step < config.steps else None
 
-    def timed(self, step: int, seconds: float) -> None:
-        """Note that update `step` took `seconds` (the ones before `first_timed` are not counted)."""
+    def timed(self, step: int, seconds: float, compiled: bool = False) -> None:
+        """Note that update `step` took `seconds`, `compiled` something or not (the updates before `first_timed`
+        are not counted, and those that compiled are kept apart)."""
         if step >= self.first_timed:
-            self.seconds.append(seconds)
+            (self.compiling if compiled else self.seconds).append(seconds)
 
-    def due(self, step: int) -> bool:
-        """Whether the plan is fixed after update `step` (the trainer then times one evaluation and one checkpoint
-        and asks for `plan`)."""
-        return step == self.plan_step
+    def due(self, step: int, compiled: bool = False) -> bool:
+        """Whether the plan is fixed after update `step` (which `compiled` something or not; the trainer then times
+        one evaluation and one checkpoint and asks for `plan`): once `TIMED_UPDATES` updates are timed, from
+        `plan_step` on, or at `last_step` with fewer. A plan that would come at `steps` never comes."""
+        timed = len(self.seconds) + (step >= self.first_timed and not compiled)
+        due = step >= self.plan_step and (timed >= TIMED_UPDATES or step >= self.last_step)
+        return due and step < self.config.steps
 
     def plan(self, done: int, elapsed_s: float, eval_s: float, ckpt_s: float) -> Plan:
-        """The plan after update `done`, `elapsed_s` into the run, given the measured costs."""
+        """The plan after update `done`, `elapsed_s` into the run, given the measured costs (the updates that
+        compiled count only when no other was timed)."""
         config = self.config
-        update_s = sum(self.seconds) / len(self.seconds)
+        seconds = self.seconds or self.compiling
+        update_s = sum(seconds) / len(seconds)
         reserved_s = self.work_after_training * eval_s
         budget_s = config.budget_minutes * 60
         available_s = budget_s * (1 - MARGIN) - elapsed_s - ckpt_s - reserved_s  # ckpt_s: the plan's own checkpoint
@@ -158,6 +176,7 @@ class Planner:
             reserved_s,
             predicted_s,
             limited_by,
+            compiling_updates=len(self.compiling),
         )
 
 
@@ -179,9 +198,10 @@ def announcement(plan: Plan) -> Message:
 
 def replanned_announcement(plan: Plan, was: dict[str, Any]) -> Message:
     """What a re-plan changed, and why (a warning when even the shortest complete schedule overruns)."""
+    would = "overrun" if plan.steps < was["steps"] else "leave much of"
     text = (
         f"re-planned at update {plan.planned_at}: updates now take {plan.update_s:.3g} s (planned "
-        f"{was['update_s']:.3g} s), so {was['steps']} updates would overrun the {plan.budget_minutes:g}-minute "
+        f"{was['update_s']:.3g} s), so {was['steps']} updates would {would} the {plan.budget_minutes:g}-minute "
         f"budget; now {plan.steps} updates, about {format_duration(plan.predicted_s)} in all"
     )
     return Message(text, warning=plan.limited_by == "minimum")
@@ -189,11 +209,13 @@ def replanned_announcement(plan: Plan, was: dict[str, Any]) -> Message:
 
 class Watch:
     """After the plan: the pace of the updates since the last look, and a new plan when at that pace the run
-    would end past its budget (see the module docstring). Every rank keeps one; only rank 0's `check` decides."""
+    would end past its budget, or at the pace since the plan far within it (see the module docstring). Every rank
+    keeps one; only rank 0's `check` decides."""
 
     def __init__(self, config: TrainConfig, plan: dict[str, Any]):
-        self.config, self.plan = config, plan
-        self.seconds, self.updates = 0.0, 0
+        self.config, self.measured = config, plan  # `measured`: the plan whose evaluation was timed
+        self.evaluation_seconds, self.evaluations = 0.0, 0  # the periodic evaluations of this session
+        self.follow(plan)
 
     @classmethod
     def for_session(cls, config: TrainConfig, plan: dict[str, Any] | None) -> Watch | None:
@@ -202,10 +224,29 @@ class Watch:
             return None
         return cls(config, plan)
 
-    def timed(self, seconds: float) -> None:
-        """Note the seconds of one update (evaluations and checkpoints are not in them)."""
-        self.seconds += seconds
-        self.updates += 1
+    def follow(self, plan: dict[str, Any]) -> None:
+        """Watch `plan` from here (a new one, on every rank): its pace is measured from its start."""
+        self.plan = plan
+        self.seconds, self.updates = 0.0, 0  # since the last look
+        self.plan_seconds, self.plan_updates = 0.0, 0  # since the plan
+
+    def timed(self, seconds: float, compiled: bool = False) -> None:
+        """Note the seconds of one update (evaluations and checkpoints are not in them; an update that `compiled`
+        something is not counted: its seconds are compiling's)."""
+        if not compiled:
+            self.seconds += seconds
+            self.updates += 1
+            self.plan_seconds += seconds
+            self.plan_updates += 1
+
+    def evaluated(self, seconds: float) -> None:
+        """Note the seconds of one periodic evaluation."""
+        self.evaluation_seconds += seconds
+        self.evaluations += 1
+
+    def restart(self) -> None:
+        """Measure the pace afresh from here: after every look, on every rank (which then look again together)."""
+        self.seconds, self.updates = 0.0, 0
 
     def due(self, step: int, steps: int) -> bool:
         """Whether to look after update `step`: at a log interval, with enough updates timed, before the end (the
@@ -214,20 +255,25 @@ class Watch:
 
     def check(self, done: int, elapsed_s: float) -> Plan | None:
         """Rank 0: a new plan when the rest of this one, at the pace measured since the last look, would end past
-        the budget (and change its steps, never to more than this one's); None to keep it. The pace is then
-        measured afresh."""
-        plan, update_s = self.plan, self.seconds / self.updates
-        self.seconds, self.updates = 0.0, 0
+        the budget (fewer updates), or at the pace since the plan, over at least twice `TIMED_UPDATES` (steadier:
+        one window's noise re-plans nothing upward), leave more than `SLACK` of it unused (more, at most the upper
+        bound); None to keep it. Every rank then measures the pace afresh (`restart`)."""
+        plan = self.plan
         if "update_s" not in plan:  # a plan received from rank 0 has only its steps
             return None
-        config = replace(self.config, steps=plan["steps"])  # the most a new plan may keep: this one's
-        slower = update_s / plan["update_s"]
-        eval_s, ckpt_s = plan["evaluation_s"] * slower, plan["checkpoint_s"]
-        reserved_s = plan["reserved_s"] * slower
         budget_s = plan["budget_minutes"] * 60
-        rest = predicted_seconds(config, done, plan["steps"], update_s, eval_s, ckpt_s)
-        if elapsed_s + rest + reserved_s <= budget_s:
-            return None
+        update_s, most = self.seconds / self.updates, plan["steps"]  # fewer updates
+        if self.ends_s(done, elapsed_s, update_s) <= budget_s:
+            update_s, most = self.plan_seconds / self.plan_updates, plan["upper_bound"]  # more updates
+            steady = self.plan_updates >= 2 * TIMED_UPDATES  # two looks' worth since the plan
+            if (
+                not steady
+                or plan["steps"] >= most
+                or self.ends_s(done, elapsed_s, update_s) >= budget_s * (1 - MARGIN - SLACK)
+            ):
+                return None
+        eval_s, ckpt_s, reserved_s = self.costs(update_s)
+        config = replace(self.config, steps=most)
         available_s = budget_s * (1 - MARGIN) - elapsed_s - reserved_s
         steps, limited_by = fit_steps(config, done, available_s, update_s, eval_s, ckpt_s)
         if steps == plan["steps"]:
@@ -236,8 +282,28 @@ class Watch:
         replans = plan.get("replans", 0) + 1
         return Plan(
             steps, plan["upper_bound"], plan["budget_minutes"], done, update_s, eval_s, ckpt_s, reserved_s,
-            predicted_s, limited_by, replans,
+            predicted_s, limited_by, replans, plan.get("compiling_updates", 0),
         )  # fmt: skip
+
+    def costs(self, update_s: float) -> tuple[float, float, float]:
+        """An evaluation's, a checkpoint's and the reserve's seconds at a pace of `update_s`: the mean of this
+        session's periodic evaluations where there were some, else the measured plan's, slowed as the updates are
+        (never counted faster); the checkpoint's as measured; the reserve (evaluations too) slowed alike, or
+        scaled by how the periodic evaluations compare with the one timed for the plan."""
+        measured = self.measured
+        slower = max(update_s / measured["update_s"], 1.0)
+        eval_s, reserved_s = measured["evaluation_s"] * slower, measured["reserved_s"] * slower
+        if self.evaluations:
+            timed_s = self.evaluation_seconds / self.evaluations
+            reserved_s *= timed_s / eval_s if eval_s > 0 else 1.0
+            eval_s = timed_s
+        return eval_s, measured["checkpoint_s"], reserved_s
+
+    def ends_s(self, done: int, elapsed_s: float, update_s: float) -> float:
+        """When the run, `elapsed_s` in after update `done`, ends this plan at a pace of `update_s`."""
+        eval_s, ckpt_s, reserved_s = self.costs(update_s)
+        rest = predicted_seconds(self.config, done, self.plan["steps"], update_s, eval_s, ckpt_s)
+        return elapsed_s + rest + reserved_s
 
 
 def planned_steps(config: TrainConfig, plan: dict[str, Any] | None) -> int:

@@ -17,6 +17,10 @@ translation, whose batches vary in rows, source and target length (`tests/test_c
 compiled is said, numbered, with its dynamic sizes: a line of `kqv train`'s output (the trainer's `Message`
 event, which the Python API's callback gets too) and the trainer's log (`logging`, INFO).
 
+Time. A graph compiled during an update makes that update slow once (seconds on a CPU, a minute on a GPU);
+`compilations()` counts every compilation in the process (Dynamo's, a backward compiled lazily, a CUDA graph
+recorded), so that a budget's planner times what training costs, not what compiling did (`kqv.train.budget`).
+
 Checkpoints keep plain parameter names: the trainer saves and loads its own `model`, never the compiled wrapper
 (whose state dict would prefix every name with `_orig_mod.`), and the blocks compiled in place keep their names.
 """
@@ -37,6 +41,23 @@ from . import distributed
 BACKEND = "inductor"  # torch.compile's backend; tests set "aot_eager" (the same graphs, without inductor's codegen)
 
 logger = logging.getLogger("kqv.train.trainer")  # the trainer's voice
+
+_compiled = [0]  # compilations ended in this process, counted by `_count` once `compilations` registered it
+
+
+def _count(args: Any) -> None:
+    _compiled[0] += 1
+
+
+def compilations() -> int:
+    """How many compilations (any torch.compile'd function's: a graph traced, a backward compiled lazily, a CUDA
+    graph recorded) have ended in this process since the first call: two readings that differ bracket a
+    compilation, whose time is not training's. The count is Dynamo's compile-end callback, registered again
+    whenever `torch._dynamo.reset()` cleared it."""
+    handler = torch._dynamo.callback.callback_handler
+    if _count not in handler.end_callbacks:
+        handler.register_end_callback(_count)
+    return _compiled[0]
 
 
 class Compiler:

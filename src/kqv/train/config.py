@@ -33,8 +33,10 @@ class TrainConfig(Config):
     comparisons at equal wall-clock budget (under torchrun, the first logged update after it: the processes agree
     at log intervals); the schedule still follows `steps`. `budget_minutes > 0` plans the run
     to that much wall-clock, evaluations, checkpoints and the job's work after training included: the run times its
-    first updates (inside the warmup) and fixes how many updates fit, at most `steps`, then runs its whole schedule
-    to that plan (`kqv.train.budget`; a cosine warmup too short to time updates in is refused); with `max_minutes`
+    first updates (inside the warmup; not those during which torch.compile compiles) and fixes how many updates
+    fit, at most `steps`, then runs its whole schedule to that plan, re-planned where the pace after it would
+    overrun the budget or leave much of it unused (`kqv.train.budget`; a cosine warmup too short to time updates
+    in is refused); with `max_minutes`
     also set, `max_minutes` wins and nothing is planned. An
     update whose loss or gradient is not finite is skipped; `max_bad_steps` of them in a row stop training
     (`TrainingDiverged`). Under torchrun, `parallel` says how the processes share the work: "ddp" (each holds the

@@ -62,11 +62,25 @@ def diverged_message(
     return (
         f"training stopped at step {steps[-1]}: {what}, and the loss or gradient has not been finite for "
         f"{len(steps)} updates in a row (steps {steps[0]}-{steps[-1]}; none of them changed the weights); "
-        f"{saved}. Usual causes: a learning rate too high (lr = {config.lr:g}, warmup_steps = "
-        f"{config.warmup_steps}: lower lr or lengthen warmup), the range of "
+        f"{saved}. {compiled_cause(config, steps, precision)}Usual causes: a learning rate too high "
+        f"(lr = {config.lr:g}, warmup_steps = {config.warmup_steps}: lower lr or lengthen warmup), the range of "
         f"{_PRECISION_CAUSES[precision]}, or bad input data. Resume from the checkpoint "
         f"({option(IF_EXISTS_RESUME)}) after changing the config, or raise "
         f"train.max_bad_steps (now {config.max_bad_steps}) to skip more."
+    )
+
+
+def compiled_cause(config: TrainConfig, steps: tuple[int, ...], precision: str) -> str:
+    """The likelier cause when a compiled step (`train.compile`) was never finite, from its first update on: at
+    warmup's first rate the data and the rate rarely are, the compiled kernels may be (on an Intel AMX Xeon a
+    compiled bf16 step gave a NaN gradient from its first update, where the same step uncompiled trained)."""
+    device = Accelerator.resolve(config.device)
+    compiled = config.compile is True or (config.compile == "auto" and device.kernels.compiled_training)
+    if not compiled or steps[0] != 1:
+        return ""
+    return (
+        f"Not finite from the first update of a compiled step ({precision} on {device.type}): the compiled kernels "
+        f"are the likelier cause; train once with train.compile = false to tell (it trains the same model). "
     )
 
 

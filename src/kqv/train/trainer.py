@@ -61,7 +61,7 @@ from ..signals import deferred
 from . import distributed
 from .budget import planned_steps, resumed_plan, time_left
 from .checkpoints import Checkpoint, read_checkpoint
-from .compiling import training_module
+from .compiling import compilations, training_module
 from .config import TrainConfig, learning_rate, replan
 from .evaluator import Evaluator
 from .events import Evaluation, Message, Progress
@@ -271,7 +271,7 @@ class Trainer:
         result: dict[str, float] = {"step": self.step}
         try:
             while self.step < self.steps:
-                started = self.clock()
+                started, compiling = self.clock(), compilations()
                 lr = learning_rate(self.config, self.step + 1, self.steps)
                 outcome = self.updater(self.ddp_model, self.step, lr)
                 with deferred():  # a signal waits for the update and the counter: an interrupt saves a completed step
@@ -280,7 +280,8 @@ class Trainer:
                     self._boundary_rng = rng_state()
                     self._mark = distributed.update_mark(self.device.device, self.world_size)  # its kernels queued
                 window.add(self.step, outcome.loss, outcome.grad_norm, outcome.good, outcome.tokens)
-                planning = pacing.due(self.step)
+                compiled = compilations() != compiling  # then its seconds are not training's (kqv.train.budget)
+                planning = pacing.due(self.step, compiled)
                 read = self._due() or planning
                 if read:
                     self._read(window)  # the one sync: inside the update's time, which it waited for
@@ -290,11 +291,11 @@ class Trainer:
                     now - run_start,
                     self.state.train_seconds + now - started,
                 )
-                pacing.after_update(now - started, planning, read, run_start)
+                pacing.after_update(now - started, compiled, planning, read, run_start)
                 last = self.step == self.steps or self._out_of_time(read)
                 if last and not read:
                     self._read(window)
-                result = self._log(lr, window, run_start, last) or result
+                result = self._log(lr, window, run_start, last, pacing) or result
                 if self.step % self.config.checkpoint_every == 0 or last:
                     self._checkpoint_if_good(final=last)
                 self.report(self._progress(result, run_start))
@@ -352,8 +353,9 @@ class Trainer:
         figures = {key: record.get(key) for key in ("train_loss", "lr", "tokens_per_s", "mfu", "peak_memory_mb")}
         return Progress(self.step, self.steps, elapsed, self._left, **figures)
 
-    def _log(self, lr: float, window: Window, run_start: float, last: bool) -> dict | None:
-        """Log (every `log_every` updates) and evaluate (every `eval_every`); one metrics.jsonl record for both."""
+    def _log(self, lr: float, window: Window, run_start: float, last: bool, pacing: Pacing) -> dict | None:
+        """Log (every `log_every` updates) and evaluate (every `eval_every`, timed for the budget's `pacing`); one
+        metrics.jsonl record for both."""
         cfg = self.config
         record: dict[str, Any] = {}
         if (self.step % cfg.log_every == 0 or last) and window.steps:
@@ -371,7 +373,9 @@ class Trainer:
         can_evaluate = self.evaluator.evaluates
         evaluated = can_evaluate and (self.step % cfg.eval_every == 0 or last)
         if evaluated:
+            started = self.clock()
             record.update(self.evaluate())
+            pacing.evaluated(self.clock() - started)
         if not record:
             return None
         record = {
