@@ -168,8 +168,8 @@ def test_short_bf16_attention_takes_the_plain_path_and_matches_fp32(monkeypatch,
     import kqv.nn.cores as attention
 
     calls = []
-    real = attention.scaled_dot_product_attention
-    monkeypatch.setattr(attention, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = attention.masked_attention
+    monkeypatch.setattr(attention, "masked_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
     model = DecoderLM(tiny_config(position="rope", max_len=time)).eval()
     ids = torch.randint(0, 37, (2, time))
     with torch.no_grad():
@@ -179,3 +179,32 @@ def test_short_bf16_attention_takes_the_plain_path_and_matches_fp32(monkeypatch,
             actual = model(ids).float()
     assert bool(calls) == takes_plain
     assert (actual - expected).abs().max() < 0.05 * expected.abs().max()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_masked_attention_is_the_reference_with_zeros_for_a_query_that_sees_no_key(causal):
+    """The plain path's additive mask against torch's SDPA where every query sees a key, and against the readable
+    reference's zeros where one sees none: a packed row's block-diagonal mask, padding, and an empty row."""
+    import torch.nn.functional as F
+
+    from kqv.nn.cores import masked_attention, packed_mask
+
+    queries, keys, values = torch.randn(3, 2, 10, 8), torch.randn(3, 2, 10, 8), torch.randn(3, 2, 10, 8)
+    bias = torch.randn(2, 10, 10)
+    sequences = torch.tensor([[0] * 4 + [1] * 6, [0] * 10, [0] * 3 + [1] * 3 + [2] * 2 + [-1] * 2])
+    packed = packed_mask(sequences)  # (3, 1, 10, 10): every query sees itself
+    padding = torch.ones(3, 1, 1, 10, dtype=torch.bool)
+    padding[0, ..., :3] = False  # with causal, queries 0-2 of row 0 see no key
+    for mask in (packed, padding, None):
+        for b in (None, bias):
+            actual = masked_attention(queries, keys, values, mask=mask, bias=b, causal=causal)
+            expected, _ = scaled_dot_product_attention(queries, keys, values, mask=mask, bias=b, causal=causal)
+            torch.testing.assert_close(actual, expected, atol=1e-6, rtol=1e-5)
+            if mask is packed:
+                full = packed & causal_mask(10, 10) if causal else packed
+                sdpa = F.scaled_dot_product_attention(
+                    queries, keys, values, attn_mask=full if b is None else b.masked_fill(~full, float("-inf"))
+                )
+                torch.testing.assert_close(actual, sdpa, atol=1e-6, rtol=1e-5)
+    empty = masked_attention(queries, keys, values, mask=padding, causal=True)
+    assert torch.equal(empty[0, :, :3], torch.zeros(2, 3, 8))  # the reference's zeros, not a NaN or an average

@@ -126,6 +126,40 @@ def scaled_dot_product_attention(
     return weights @ values, weights
 
 
+def masked_attention(
+    queries: Tensor,
+    keys: Tensor,
+    values: Tensor,
+    *,
+    mask: Tensor | None = None,
+    bias: Tensor | None = None,
+    causal: bool = False,
+    dropout: float = 0.0,
+) -> Tensor:
+    """`scaled_dot_product_attention`'s output with the mask added to the scores as 0 / -inf: one pass forward
+    and none backward, where filling the scores and then zeroing the NaN weights of a query that sees no key costs
+    five (a packed row's block-diagonal mask, at every layer). Such a query is let see every key, and its output is
+    then multiplied by 0: the reference's zeros, on (batch, heads, q_time, head_dim) rather than on the weights."""
+    if causal and mask is not None:  # folded into the mask, so that `seen` knows what the future hides
+        mask, causal = mask & causal_mask(queries.shape[2], keys.shape[2], queries.device), False
+    seen = None if mask is None else mask.any(dim=-1, keepdim=True)  # (..., q_time, 1): a query with a key to see
+    scores = queries @ keys.transpose(-2, -1) / math.sqrt(queries.shape[-1])  # (batch, heads, q_time, k_time)
+    if bias is not None:
+        scores = scores + bias
+    if causal:
+        q_time, k_time = queries.shape[2], keys.shape[2]
+        future = torch.full((q_time, k_time), float("-inf"), dtype=scores.dtype, device=scores.device)
+        scores = scores + future.triu_(k_time - q_time + 1)
+    if mask is not None:
+        hidden = torch.full((), float("-inf"), dtype=scores.dtype, device=scores.device)
+        scores = scores + torch.where(mask | ~seen, 0.0, hidden)  # (..., q_time, k_time): 0 or -inf, added
+    weights = scores.softmax(dim=-1)
+    if dropout > 0:
+        weights = apply_dropout(weights, dropout)
+    output = weights @ values
+    return output if seen is None else output * seen
+
+
 def fused_attention(
     queries: Tensor,
     keys: Tensor,
@@ -147,9 +181,7 @@ def fused_attention(
         and kernels(queries.device).plain_bf16_attention
         and queries.shape[2] * keys.shape[2] <= PLAIN_BF16_PAIRS
     ):
-        return scaled_dot_product_attention(
-            queries, keys, values, mask=mask, bias=bias, causal=causal, dropout=dropout
-        )[0]
+        return masked_attention(queries, keys, values, mask=mask, bias=bias, causal=causal, dropout=dropout)
     if bias is not None:
         attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
     else:
