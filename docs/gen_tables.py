@@ -747,6 +747,25 @@ def step_kernels_table() -> str:
     return plain(["kernel", "precision", "torch", "kqv", "torch / kqv"], rows, right=2) + "\n" + run_line(STEP_KERNELS)
 
 
+EXAMPLE_THROUGHPUT = Source(
+    "benchmarks/results/example_throughput.json",
+    "Zen 5",
+    "AMD EPYC Zen 5 (family 26), native bf16, 2 cores, nothing else running, 2 interleaved rounds of 60 updates a row",
+    "python benchmarks/example_throughput.py",
+)
+
+
+def example_throughput_table() -> str:
+    """Real tokens/s of every kind of training data, padded and packed, against plain text's on the same model."""
+    rows = [
+        [name, f"{row['tokens_per_s']:,.0f}", f"{row['ratio']:.2f}", f"{row['batch_ms']:.1f}", f"{row['wait_ms']:.1f}"]
+        for name, row in EXAMPLE_THROUGHPUT.load()["rows"].items()
+    ]
+    header = ["data (quick model, context 160, batch 32)", "real tokens/s", "vs plain text", "host ms a batch"]
+    header += ["ms an update waited"]
+    return plain(header, rows, right=1) + "\n" + run_line(EXAMPLE_THROUGHPUT)
+
+
 def mt_throughput_table() -> str:
     """The whole MT training step (real source + target tokens/s) before and after kqv's two step kernels."""
     before, now = ({row["setting"]: row for row in MT_THROUGHPUT[k].load()["rows"]} for k in ("before", "now"))
@@ -1221,6 +1240,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "attention-target": attention_target_table,
     "long-context-quality": long_context_quality_table,
     "step-kernels": step_kernels_table,
+    "example-throughput": example_throughput_table,
     "mt-throughput-kernels": mt_throughput_table,
     "mt-recipe-trials": mt_recipe_trials_table,
     "mt-precision-per-update": mt_precision_per_update_table,

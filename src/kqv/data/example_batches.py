@@ -31,7 +31,7 @@ from torch import Tensor
 from .batches import batch_generator
 
 IGNORE = -100  # a target that counts for nothing (F.cross_entropy's ignore_index)
-PACK_BELOW = 0.7  # packing="auto" packs examples whose padded batches would hold fewer real tokens than this share
+PACK_BELOW = 0.9  # packing="auto" packs examples whose padded batches would hold fewer real tokens than this share
 # the fields of a batch: name, what pads a row, dtype
 FIELDS = (
     ("ids", 0, torch.long),
@@ -118,9 +118,10 @@ class ExampleBatches:
     @cached_property
     def packs(self) -> bool:
         """Whether rows are packed: `packing`, or with "auto" where padded batches of the first pass's examples
-        would hold less than `PACK_BELOW` real tokens (`padded_fill`): a packed token costs a little more than a
-        padded one (its attention mask), so short examples of like lengths are padded, and examples that differ
-        widely (documents cut at random, spans of any length) are packed."""
+        would hold less than `PACK_BELOW` real tokens (`padded_fill`). A packed row costs about what a row of plain
+        text costs (`benchmarks/example_throughput.py`), so packing pays unless padding wastes almost nothing:
+        examples of one length are padded, and examples that differ (documents cut at random, questions of
+        different lengths) are packed, best fit filling about 98% of every row."""
         if self.packing != "auto":
             return bool(self.packing)
         count = len(self.examples)
