@@ -1002,6 +1002,11 @@ PRETRAIN_QA_PLAIN = "benchmarks/results/pretrain_qa-plain.json"  # the one-versi
 PRETRAIN_QA_PLAIN_COMMAND = (
     f"python benchmarks/pretrain_qa.py --arm 'next-token -> fine-tune' --output {PRETRAIN_QA_PLAIN}"
 )
+PRETRAIN_QA_ENCYCLOPEDIA = "benchmarks/results/pretrain_qa-encyclopedia.json"  # one paragraph a person
+PRETRAIN_QA_ENCYCLOPEDIA_COMMAND = (
+    "python benchmarks/pretrain_qa.py --world encyclopedia --arm 'mixed: span corruption, encyclopedia + seen "
+    "questions (CS224N)' --arm 'next-token, encyclopedia -> fine-tune'"
+)
 PRETRAIN_QA_2100 = "benchmarks/results/pretrain_qa-2100.json"  # the first recipes, at 1,800 + 300 updates
 PRETRAIN_QA_2100_COMMAND = (
     "python benchmarks/pretrain_qa.py --arm 'next-token -> fine-tune' --arm 'span corruption, augmented -> fine-tune' "
@@ -1107,6 +1112,11 @@ def pretrain_qa_table(file: str = PRETRAIN_QA, command: str = PRETRAIN_QA_COMMAN
     reading = record["baselines"]["reading"]
     spans = ", ".join(f"`{option}`" for option in sizes.get("span_options", [])) or "the defaults"
     spans = f", span corruption with {spans}" if any("span" in arm for arm in summary["arms"]) else ""
+    if any("(CS224N)" in arm for arm in summary["arms"]):  # the arm sets its own options
+        spans = (
+            ', span corruption as CS224N\'s assignment trains it (`data.random_prefix=true`, `data.span_loss="all"`, '
+            "prompts written `{prompt}{mask}` with `data.prompt_loss_weight=1`)"
+        )
     load = ", on a machine shared with other work: an upper bound" if shared else ""
     questions = len(record["baselines"]["kinds"])
     return (
@@ -1227,6 +1237,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "pretrain-qa": pretrain_qa_table,
     "pretrain-qa-tutorial": pretrain_qa_tutorial_table,
     "pretrain-qa-plain": lambda: pretrain_qa_table(PRETRAIN_QA_PLAIN, PRETRAIN_QA_PLAIN_COMMAND, shared=True),
+    "pretrain-qa-encyclopedia": lambda: pretrain_qa_table(PRETRAIN_QA_ENCYCLOPEDIA, PRETRAIN_QA_ENCYCLOPEDIA_COMMAND),
     "pretrain-qa-2100": lambda: pretrain_qa_table(PRETRAIN_QA_2100, PRETRAIN_QA_2100_COMMAND, shared=True),
     "pretrain-qa-fim": lambda: pretrain_qa_table(PRETRAIN_QA_FIM, PRETRAIN_QA_FIM_COMMAND, shared=True),
     "one-row-products": one_row_products_table,

@@ -61,7 +61,7 @@ def test_the_tutorial_trains_the_benchmark_s_recipe(tmp_path):
     source = {k.split(".")[1]: v for k, v in wanted_pre.items() if k.startswith("model.")}
     fine_sets = [o for o in jobs[f"{recipe} -> fine-tune"]["overrides"] if "path" not in o]
     wanted_fine = resolved("quick", fine_sets, source_model=source)
-    pre, fine = [c for c in commands() if c[:3] == ["kqv", "train", "lm"]]
+    pre, fine, _ = [c for c in commands() if c[:3] == ["kqv", "train", "lm"]]
     assert options(pre, "--config") == ["quick"] and not options(pre, "--data")
     assert 'data.sources=[{path="world/pretrain.txt", weight=1}]' in options(pre, "--set")  # read as documents
     assert any("data.sources=[" in o and "weight=1}]" in o for o in jobs[recipe]["overrides"])
@@ -73,7 +73,7 @@ def test_the_tutorial_trains_the_benchmark_s_recipe(tmp_path):
 
 def test_the_tutorial_s_world_is_the_benchmark_s(tmp_path, monkeypatch):
     world = script("people_world")
-    (argv,) = [c for c in commands() if c[:2] == ["python", "benchmarks/people_world.py"]]
+    argv, _ = [c for c in commands() if c[:2] == ["python", "benchmarks/people_world.py"]]
     monkeypatch.setattr(sys, "argv", [argv[1], *argv[2:]])
     monkeypatch.chdir(tmp_path)
     assert world.main() == 0
@@ -92,7 +92,7 @@ def test_the_tutorial_s_world_is_the_benchmark_s(tmp_path, monkeypatch):
 def test_the_page_s_examples_are_in_the_files_it_puts_them_in(tmp_path, monkeypatch):
     """Each `world/FILE` the page describes with an example (a biography, a question, a probe) holds it."""
     world = script("people_world")
-    (argv,) = [c for c in commands() if c[:2] == ["python", "benchmarks/people_world.py"]]
+    argv, _ = [c for c in commands() if c[:2] == ["python", "benchmarks/people_world.py"]]
     monkeypatch.setattr(sys, "argv", [argv[1], *argv[2:]])
     monkeypatch.chdir(tmp_path)
     assert world.main() == 0
@@ -119,7 +119,7 @@ def test_the_one_version_pretraining_differs_from_the_tutorial_s_only_where_the_
     bench = script("pretrain_qa")
     jobs = bench.jobs(bench.SIZES["default"], tmp_path, 0, 1, ["next-token -> fine-tune"])
     arm = resolved("quick", [o for o in jobs["next-token"]["overrides"] if "path" not in o and "sources" not in o])
-    pre, _ = [c for c in commands() if c[:3] == ["kqv", "train", "lm"]]
+    pre, _, _ = [c for c in commands() if c[:3] == ["kqv", "train", "lm"]]
     tutorial = resolved("quick", options(pre, "--set"))
     differing = {key for key in arm if arm[key] != tutorial[key]}
     assert differing == {"data.shuffle_sentences"} and tutorial["data.shuffle_sentences"] is True
@@ -138,3 +138,36 @@ def test_the_encyclopedia_example_on_the_fine_tuning_page_is_in_the_default_ency
     (example,) = re.findall(r"\*\*An encyclopedia's text\.\*\*.*?```\n(.*?)\n```", page, re.S)
     text = world.biographies(world.make_world(1000, 0), 0, style="encyclopedia")
     assert example in text.splitlines()
+
+
+ENCYCLOPEDIA_ARM = "mixed: span corruption, encyclopedia + seen questions (CS224N)"
+CS224N_SHAPING = ("data.random_prefix", "data.span_loss", "data.prompt_loss_weight")
+
+
+def test_the_encyclopedia_section_trains_the_benchmark_s_cs224n_recipe_on_its_text(tmp_path, monkeypatch):
+    bench = script("pretrain_qa")
+    (job,) = bench.jobs(bench.SIZES["default"], tmp_path, 0, 1, [ENCYCLOPEDIA_ARM]).values()
+    _, _, train = [c for c in commands() if c[:3] == ["kqv", "train", "lm"]]
+    wanted, got = (
+        [o for o in sets if "sources" not in o and "path" not in o]
+        for sets in (job["overrides"], options(train, "--set"))
+    )
+    assert resolved("quick", got) == resolved("quick", wanted)
+    assert {o.split("=", 1)[0]: o.split("=", 1)[1] for o in got if o.startswith(CS224N_SHAPING)} == {
+        o.split("=", 1)[0]: o.split("=", 1)[1] for o in wanted if o.startswith(CS224N_SHAPING)
+    }
+    sources = [o for o in options(train, "--set") if o.startswith("data.sources=")]
+    assert sources == [
+        'data.sources=[{path="encyclopedia/pretrain.txt", weight=1}, '
+        '{path="encyclopedia/questions-seen.jsonl", weight=1}]'
+    ]
+    _, argv = [c for c in commands() if c[:2] == ["python", "benchmarks/people_world.py"]]
+    world = script("people_world")
+    monkeypatch.setattr(sys, "argv", [argv[1], *argv[2:]])
+    monkeypatch.chdir(tmp_path)
+    assert world.main() == 0
+    bench.write_files(bench.SIZES["default"], 0, tmp_path)
+    assert (tmp_path / "encyclopedia" / "pretrain.txt").read_text() == (
+        tmp_path / "bios_encyclopedia_pretrain.txt"
+    ).read_text()
+    assert (tmp_path / "encyclopedia" / "questions-seen.jsonl").read_text() == (tmp_path / "seen.jsonl").read_text()

@@ -307,14 +307,15 @@ def describe(tokens: dict[str, Tensor]) -> str:
     if "windows" not in tokens or not int(tokens["windows"][0]):
         return ""
     documents, made = tokens["windows"].tolist()
+    counted = f"{documents:,} document{'s' if documents != 1 else ''} longer than the context"
     left_out, read = tokens["left_out"].tolist() if "left_out" in tokens else (0, 0)
     if left_out:
         share = left_out / (left_out + read)
         return (
-            f"; {documents:,} documents longer than the context read from their openings alone, leaving out "
+            f"; {counted} read from {'their openings' if documents != 1 else 'its opening'} alone, leaving out "
             f"{left_out:,} of {left_out + read:,} tokens ({share:.1%}; data.long_documents='windows' reads them all)"
         )
-    return f"; {documents:,} documents longer than the context cut into {made:,} windows"
+    return f"; {counted} cut into {made:,} windows"
 
 
 class Documents(Examples):
