@@ -83,6 +83,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=None, help="alternations of the rows (default 2; quick 1)")
     parser.add_argument("--people", type=int, default=None, help="the world's people (default 3000; quick 200)")
     parser.add_argument("--context", type=int, default=160, help="data.context (default 160)")
+    parser.add_argument(
+        "--style", choices=["varied", "encyclopedia"], default="varied",
+        help="the biographies: people_world.py's default (varied wordings, 76-150 characters) or its encyclopedia",
+    )  # fmt: skip
     parser.add_argument("--only", action="append", default=None, help="run only rows whose name contains this")
     parser.add_argument("--output", type=Path, default=None, help=f"JSON path (default {RESULTS}; quick: none)")
     args = parser.parse_args()
@@ -92,7 +96,8 @@ def main() -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kqv-example-throughput-") as scratch:
         work = Path(scratch)
-        people_world.write_world(work / "world", people, 0)
+        style = {"style": "encyclopedia"} if args.style == "encyclopedia" else {}
+        people_world.write_world(work / "world", people, 0, **style)
         table = rows(work / "world")
         chosen = [name for name in table if not args.only or any(part in name for part in args.only)]
         measured: dict[str, list[dict[str, float]]] = {name: [] for name in chosen}
@@ -122,6 +127,7 @@ def main() -> int:
             "context": args.context,
             "batch": 32,
             "people": people,
+            "style": args.style,
             "updates": updates,
             "rounds": rounds,
             "rows": summary,

@@ -31,7 +31,6 @@ from torch import Tensor
 from .batches import batch_generator
 
 IGNORE = -100  # a target that counts for nothing (F.cross_entropy's ignore_index)
-PACK_BELOW = 0.9  # packing="auto" packs examples whose padded batches would hold fewer real tokens than this share
 # the fields of a batch: name, what pads a row, dtype
 FIELDS = (
     ("ids", 0, torch.long),
@@ -86,7 +85,7 @@ class ExampleBatches:
     context: int
     seed: int = 0
     shuffle: bool = True
-    packing: bool | str = False  # or "auto": packed where padding would leave rows emptier than PACK_BELOW
+    packing: bool | str = False  # or "auto": packed where that fills the batches more than padding (`packs`)
     prompt_loss_weight: float = 0.0
     _epochs: list[list[list[int]]] = field(default_factory=list, repr=False, compare=False)
     _ends: list[int] = field(default_factory=list, repr=False, compare=False)
@@ -117,17 +116,25 @@ class ExampleBatches:
 
     @cached_property
     def packs(self) -> bool:
-        """Whether rows are packed: `packing`, or with "auto" where padded batches of the first pass's examples
-        would hold less than `PACK_BELOW` real tokens (`padded_fill`). A packed row costs about what a row of plain
-        text costs (`benchmarks/example_throughput.py`), so packing pays unless padding wastes almost nothing:
-        examples of one length are padded, and examples that differ (documents cut at random, questions of
-        different lengths) are packed, best fit filling about 98% of every row."""
+        """Whether rows are packed: `packing`, or with "auto" where the first pass's batches would hold a larger
+        share of real tokens packed than padded (`fills`). A packed row costs about what a row of plain text of
+        its width costs (`benchmarks/example_throughput.py`), and a batch is as wide as its longest row, so the
+        fuller layout is the faster: examples cut at random or of different lengths pack, and examples of about
+        one length, too long for two to share a row, are padded."""
         if self.packing != "auto":
             return bool(self.packing)
+        padded, packed = self.fills()
+        return packed > padded
+
+    def fills(self) -> tuple[float, float]:
+        """(padded, packed): the share of real tokens in the first pass's batches of `batch_size` rows, each batch
+        as wide as its longest row, with one example a row and with rows packed by `pack`."""
         count = len(self.examples)
         order = torch.randperm(count, generator=batch_generator(self.seed, 0)).tolist() if self.shuffle else None
         labels = self.labels(0, order if order is not None else list(range(count)))
-        return padded_fill([self.inputs(k) for k in labels], self.batch_size) < PACK_BELOW
+        sizes = [self.inputs(k) for k in labels]
+        rows = pack(list(range(len(sizes))), sizes, self.context)
+        return fill(sizes, self.batch_size), fill([sum(sizes[k] for k in row) for row in rows], self.batch_size)
 
     def rows(self, i: int) -> list[list[int]]:
         """The `batch_size` rows of batch i."""
@@ -205,10 +212,10 @@ class ExampleBatches:
         return tokens[:-1], targets, weights, [number] * inputs, list(range(inputs))
 
 
-def padded_fill(sizes: list[int], batch_size: int) -> float:
-    """The share of real tokens in batches of `batch_size` examples of `sizes` tokens, each padded to its longest."""
-    chunks = [sizes[start : start + batch_size] for start in range(0, len(sizes), batch_size)]
-    return sum(sizes) / max(sum(max(chunk) * len(chunk) for chunk in chunks), 1)
+def fill(rows: list[int], batch_size: int) -> float:
+    """The share of real tokens in batches of `batch_size` rows of `rows` tokens, each padded to its longest."""
+    chunks = [rows[start : start + batch_size] for start in range(0, len(rows), batch_size)]
+    return sum(rows) / max(sum(max(chunk) * len(chunk) for chunk in chunks), 1)
 
 
 def pack(labels: list[int], sizes: list[int], capacity: int) -> list[list[int]]:
