@@ -94,10 +94,15 @@ class ExampleBatches:
         """The rows (lists of example labels) of one pass over the examples: shuffled by epoch, or in order."""
         epoch = epoch if self.shuffle else 0
         while len(self._epochs) <= epoch:  # made in order and kept: epoch e's rows decide where e + 1 starts
-            count, e = len(self.examples), len(self._epochs)
-            order = torch.randperm(count, generator=batch_generator(self.seed, e)).tolist() if self.shuffle else None
-            self._epochs.append(self.cut_rows(self.labels(e, order if order is not None else list(range(count)))))
+            self._epochs.append(self.cut_rows(self.epoch_labels(len(self._epochs))))
         return self._epochs[epoch]
+
+    def epoch_labels(self, epoch: int) -> list[int]:
+        """The labels of epoch `epoch`'s examples in the order its rows take them: a permutation drawn from
+        `batch_generator(seed, epoch)`, or file order."""
+        count = len(self.examples)
+        order = torch.randperm(count, generator=batch_generator(self.seed, epoch)).tolist() if self.shuffle else None
+        return self.labels(epoch, order if order is not None else list(range(count)))
 
     def labels(self, epoch: int, order: list[int]) -> list[int]:
         """What epoch `epoch`'s rows hold: the examples' numbers (a subclass that draws each example anew per epoch,
@@ -129,10 +134,7 @@ class ExampleBatches:
     def fills(self) -> tuple[float, float]:
         """(padded, packed): the share of real tokens in the first pass's batches of `batch_size` rows, each batch
         as wide as its longest row, with one example a row and with rows packed by `pack`."""
-        count = len(self.examples)
-        order = torch.randperm(count, generator=batch_generator(self.seed, 0)).tolist() if self.shuffle else None
-        labels = self.labels(0, order if order is not None else list(range(count)))
-        sizes = [self.inputs(k) for k in labels]
+        sizes = [self.inputs(k) for k in self.epoch_labels(0)]
         rows = pack(list(range(len(sizes))), sizes, self.context)
         return fill(sizes, self.batch_size), fill([sum(sizes[k] for k in row) for row in rows], self.batch_size)
 

@@ -93,6 +93,19 @@ def padding_of(mask: Tensor | None, batch: int) -> Tensor | None:
 # Scaled dot-product attention, plainly and fused
 
 
+def attention_scores(queries: Tensor, keys: Tensor, bias: Tensor | None, causal: bool) -> Tensor:
+    """q k^T / sqrt(d_head) + bias, the future -inf when `causal` (as `causal_mask` hides it): (batch, heads,
+    q_time, k_time), before any mask and the softmax."""
+    q_time, k_time = queries.shape[2], keys.shape[2]
+    scores = queries @ keys.transpose(-2, -1) / math.sqrt(queries.shape[-1])
+    if bias is not None:
+        scores = scores + bias
+    if causal:
+        future = torch.full((q_time, k_time), float("-inf"), dtype=scores.dtype, device=scores.device)
+        scores = scores + future.triu_(k_time - q_time + 1)
+    return scores
+
+
 def scaled_dot_product_attention(
     queries: Tensor,
     keys: Tensor,
@@ -109,13 +122,7 @@ def scaled_dot_product_attention(
     mask bool broadcastable to (batch, heads, q_time, k_time), True = may attend; `causal` masks the future as
     `causal_mask` does. Returns (output, weights).
     """
-    q_time, k_time = queries.shape[2], keys.shape[2]
-    scores = queries @ keys.transpose(-2, -1) / math.sqrt(queries.shape[-1])  # (batch, heads, q_time, k_time)
-    if bias is not None:
-        scores = scores + bias
-    if causal:
-        future = torch.full((q_time, k_time), float("-inf"), dtype=scores.dtype, device=scores.device)
-        scores = scores + future.triu_(k_time - q_time + 1)
+    scores = attention_scores(queries, keys, bias, causal)  # (batch, heads, q_time, k_time)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = scores.softmax(dim=-1)
@@ -143,13 +150,7 @@ def masked_attention(
     if causal and mask is not None:  # folded into the mask, so that `seen` knows what the future hides
         mask, causal = mask & causal_mask(queries.shape[2], keys.shape[2], queries.device), False
     seen = None if mask is None else mask.any(dim=-1, keepdim=True)  # (..., q_time, 1): a query with a key to see
-    scores = queries @ keys.transpose(-2, -1) / math.sqrt(queries.shape[-1])  # (batch, heads, q_time, k_time)
-    if bias is not None:
-        scores = scores + bias
-    if causal:
-        q_time, k_time = queries.shape[2], keys.shape[2]
-        future = torch.full((q_time, k_time), float("-inf"), dtype=scores.dtype, device=scores.device)
-        scores = scores + future.triu_(k_time - q_time + 1)
+    scores = attention_scores(queries, keys, bias, causal)  # (batch, heads, q_time, k_time)
     if mask is not None:
         hidden = torch.full((), float("-inf"), dtype=scores.dtype, device=scores.device)
         scores = scores + torch.where(mask | ~seen, 0.0, hidden)  # (..., q_time, k_time): 0 or -inf, added
