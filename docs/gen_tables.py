@@ -1033,7 +1033,8 @@ def verdict_text(comparison: dict) -> str:
         return f"{p_value:.2g}" if p_value > 0 else "<1e-300"  # below a double's range
 
     seeds = comparison.get("seed_p_values")
-    each = f" (seeds {' / '.join(p_text(p) for p in seeds)})" if seeds else ""
+    # each seed's p on a line of its own in the cell: a number column does not wrap, and one line is too wide
+    each = f"<br>(seeds {' / '.join(p_text(p) for p in seeds)})" if seeds else ""
     return f"{short_versus(comparison)} {comparison['verdict']}, p={p_text(comparison['p_value'])}{each}".replace(
         "p=<", "p<"
     )
