@@ -19,7 +19,6 @@ Writes benchmarks/results/ab_NAME.json (both sides per round, the machine, the c
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -33,11 +32,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kqv.measuring import write_record
+import harness
 from kqv.nn import environment
-
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
 
 
 def numbers(tree: Any, prefix: str = "") -> Iterator[tuple[str, float]]:
@@ -57,7 +53,7 @@ def run_once(src: Path, command: list[str], scratch: Path, label: str) -> dict:
     out = scratch / f"{label}.json"
     argv = [sys.executable, *(part.replace("{out}", str(out)) for part in command)]
     env = {**os.environ, "PYTHONPATH": str(src)}
-    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
+    done = subprocess.run(argv, cwd=harness.ROOT, env=env, capture_output=True, text=True)
     if done.returncode != 0 or not out.is_file():
         sys.exit(f"{label}: the benchmark failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
     return json.loads(out.read_text())
@@ -88,7 +84,7 @@ def lend_measuring(tree: Path) -> bool:
     target = tree / "src" / "kqv" / "measuring.py"
     if target.exists():
         return False
-    shutil.copyfile(ROOT / "src" / "kqv" / "measuring.py", target)
+    shutil.copyfile(harness.ROOT / "src" / "kqv" / "measuring.py", target)
     return True
 
 
@@ -99,7 +95,9 @@ def cpu() -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.arguments(
+        __doc__.splitlines()[0], output_help="JSON path (default benchmarks/results/ab_NAME.json)"
+    )
     parser.add_argument("--base", required=True, help="the older commit (anything git rev-parse takes)")
     parser.add_argument("--name", required=True, help="names the result file: benchmarks/results/ab_NAME.json")
     parser.add_argument("--rounds", type=int, default=3, help="runs per side, alternating (default 3)")
@@ -108,36 +106,37 @@ def main() -> int:
         default=r"/tokens_per_s$",
         help="regular expression over JSON paths to compare (default: /tokens_per_s at the end)",
     )
-    parser.add_argument("--output", type=Path, default=None, help="JSON path (default benchmarks/results/ab_NAME.json)")
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- SCRIPT ARGS..., with {out} for its JSON path")
+    parser.add_argument("command", nargs="...", help="-- SCRIPT ARGS..., with {out} for its JSON path")
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command or not any("{out}" in part for part in command):
         parser.error("give the benchmark after --, with {out} where its JSON output path goes")
-    base = subprocess.run(["git", "rev-parse", args.base], cwd=ROOT, capture_output=True, text=True)
+    base = subprocess.run(["git", "rev-parse", args.base], cwd=harness.ROOT, capture_output=True, text=True)
     if base.returncode != 0:
         parser.error(f"--base {args.base!r} is not a commit here")
     base_commit = base.stdout.strip()
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=harness.ROOT, capture_output=True, text=True).stdout.strip()
     runs: dict[str, list[dict]] = {"old": [], "new": []}
     with tempfile.TemporaryDirectory(prefix="kqv-ab-") as scratch:
         old_tree = Path(scratch) / "old"
-        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(old_tree), base_commit], cwd=ROOT, check=True)
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", "-q", str(old_tree), base_commit], cwd=harness.ROOT, check=True
+        )
         try:
             lent = lend_measuring(old_tree)
-            sources = {"old": old_tree / "src", "new": ROOT / "src"}
+            sources = {"old": old_tree / "src", "new": harness.ROOT / "src"}
             for k in range(args.rounds):
                 for side in ("old", "new") if k % 2 == 0 else ("new", "old"):
                     runs[side].append(run_once(sources[side], command, Path(scratch), f"{side}{k}"))
                     print(f"round {k + 1}/{args.rounds}: {side} done", file=sys.stderr, flush=True)
         finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(old_tree)], cwd=ROOT, check=False)
+            subprocess.run(["git", "worktree", "remove", "--force", str(old_tree)], cwd=harness.ROOT, check=False)
     rows = compare(runs, re.compile(args.metric))
     print(f"{cpu()}; old {base_commit[:10]}, new {head[:10]}; median of {args.rounds} alternating runs each")
     print("| metric | old | new | new / old |\n| --- | ---: | ---: | ---: |")
     for row in rows:
         print(f"| {row['metric']} | {row['old']:,.1f} | {row['new']:,.1f} | {row['new_over_old']:.3f} |")
-    output = args.output or RESULTS / f"ab_{args.name}.json"
+    output = args.output or harness.results_path(f"ab_{args.name}")
     output.parent.mkdir(parents=True, exist_ok=True)
     record = {
         "benchmark": "ab_compare",
@@ -153,7 +152,7 @@ def main() -> int:
         "rows": rows,
         "runs": runs,
     }
-    write_record(output, record)
+    harness.write_record(output, record)
     print(f"wrote {output}")
     return 0
 

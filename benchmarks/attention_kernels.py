@@ -11,18 +11,16 @@ kernels in alternation and reports the median of the repeats. Prints a table and
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from kqv.measuring import write_record
+import harness
 from kqv.nn.attention import scaled_dot_product_attention
 
-RESULTS = Path(__file__).resolve().parent / "results" / "attention_kernels.json"
+RESULTS = harness.results_path("attention_kernels")
 SHAPES = [(32, 4, 128), (8, 6, 256), (4, 6, 512), (2, 6, 1024), (1, 8, 2048)]  # (batch, heads, time)
 HEAD_DIM = 64
 
@@ -42,9 +40,8 @@ def seconds(kernel, inputs, grad) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.arguments(harness.summary(__doc__), output=RESULTS)
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
     rows = []
     print(f"{'shape (batch, heads, time)':>28} {'dtype':>9} {'sdpa ms':>8} {'matmul ms':>10} {'sdpa/matmul':>12}")
@@ -77,7 +74,7 @@ def main() -> None:
                 f"{rows[-1]['sdpa_over_matmul']:12.2f}"
             )
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    write_record(
+    harness.write_record(
         args.output,
         {
             "command": "python benchmarks/attention_kernels.py",

@@ -40,11 +40,10 @@ import sys
 import time
 from pathlib import Path
 
-from kqv.measuring import write_record
+import harness
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results" / "attention_scaling.json"
-PLOT = ROOT / "docs" / "attention_scaling.png"
+RESULTS = harness.results_path("attention_scaling")
+PLOT = harness.ROOT / "docs" / "attention_scaling.png"
 LENGTHS = [1024, 2048, 4096, 8192, 16384, 32768, 65536]
 METHODS = [
     "reference",
@@ -168,7 +167,7 @@ def run_case(method: str, n: int, args: argparse.Namespace) -> dict:
             text=True,
             timeout=args.timeout,
             check=False,
-            env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+            env={**os.environ, "PYTHONPATH": str(harness.ROOT / "src")},
         )
     except subprocess.TimeoutExpired:
         return {"method": method, "n": n, "status": f"timeout after {args.timeout} s"}
@@ -233,14 +232,11 @@ def plot(results: list[dict], methods: list[str], path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.arguments(harness.summary(__doc__), quick="n up to 4096, one repeat", output=RESULTS, threads=None)
     parser.add_argument("--max-n", type=int, default=LENGTHS[-1])
-    parser.add_argument("--quick", action="store_true", help="n up to 4096, one repeat")
     parser.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
     parser.add_argument("--budget-gb", type=float, default=4.0, help="memory the reference's n x n matrices may use")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads per worker (default: torch's)")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per (method, n) before giving up")
-    parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--plot", type=Path, default=PLOT)
     parser.add_argument("--replot", action="store_true", help="only redraw the plot from the --output JSON")
     parser.add_argument("--worker", nargs=3, metavar=("METHOD", "N", "REPEATS"), help=argparse.SUPPRESS)
@@ -279,7 +275,7 @@ def main() -> None:
         },
         "results": results,
     }
-    write_record(args.output, report)
+    harness.write_record(args.output, report)
     plot(results, args.methods, args.plot)
     print(f"\nwrote {args.output} and {args.plot} in {time.perf_counter() - start:.0f} s")
 

@@ -36,7 +36,6 @@ moments land.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -47,10 +46,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from kqv.measuring import write_record
+import harness
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results" / "crash_resume.json"
+RESULTS = harness.results_path("crash_resume")
 CONFIG = """\
 [data]
 tokenizer = "char"
@@ -93,7 +91,7 @@ def launch(arguments: list[str]) -> subprocess.Popen:
     """`kqv ARGUMENTS` in a new process (one thread: its arithmetic is then the same in every process). Ctrl-C is
     restored to its default in the child: a shell starts background jobs (`cmd &`, nohup, some CI runners) with
     SIGINT ignored, which the child would inherit, and Python then never raises KeyboardInterrupt."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(harness.ROOT / "src")}
     return subprocess.Popen(
         [sys.executable, "-m", "kqv.cli", *arguments],
         env=env,
@@ -301,7 +299,7 @@ def print_table(rows: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.arguments(harness.summary(__doc__), output=RESULTS)
     parser.add_argument("--kills", type=int, default=20, help="kill -9 moments (default 20)")
     parser.add_argument("--terms", type=int, default=20, help="SIGTERM moments (default 20)")
     parser.add_argument("--interrupts", type=int, default=20, help="SIGINT (Ctrl-C) moments (default 20)")
@@ -309,7 +307,6 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--checkpoint-every", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0, help="seed of the moments")
     parser.add_argument("--work", type=Path, help="working directory (default: a temporary one, deleted)")
-    parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="kqv-crash-") as tmp:
         work = args.work or Path(tmp)
@@ -355,7 +352,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"uninterrupted run: {'yes' if identical['weights'] else 'NO'}; optimizer state: "
             f"{'yes' if identical['optimizer'] else 'NO'}"
         )
-    write_record(args.output, summary)
+    harness.write_record(args.output, summary)
     print(f"wrote {args.output}")
     for name in failed:
         print(f"{name}: NOT every stop recovered bit-identically", file=sys.stderr)

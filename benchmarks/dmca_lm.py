@@ -32,10 +32,9 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from kqv.measuring import write_record
+import harness
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results" / "dmca_lm.json"
+RESULTS = harness.results_path("dmca_lm")
 TOKENS_PER_UPDATE = 2048
 SEED_TABLE = {
     "Transformer-D, L=4000": 2.22216,
@@ -137,10 +136,9 @@ def print_table(results: list[dict]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.arguments(harness.summary(__doc__), output=RESULTS)
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
-    parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -172,7 +170,7 @@ def main() -> None:
         "seed_table": SEED_TABLE,
         "results": results,
     }
-    write_record(args.output, report)
+    harness.write_record(args.output, report)
     print(f"wrote {args.output}")
 
 

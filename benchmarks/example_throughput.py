@@ -2,7 +2,7 @@
 """Real tokens per second of every kind of training data against plain text, on the same model and context.
 
 Each row is a `kqv train lm` run of the quick model (`--config quick`, 3.2M parameters) at `data.context` 160 and
-batch 32 on the same invented world (`people_world.py`: one paragraph per person, and questions about them):
+batch 32 on the same invented world (`kqv.data.worlds`: one paragraph per person, and questions about them):
 
 - **plain text**: the biographies as one text, cut into blocks (every token real);
 - **span corruption**, with and without CS224N's random prefix (`data.random_prefix`), the loss on every token;
@@ -21,7 +21,6 @@ over `--rounds`, and each row's figure is the median over rounds; the ratio is t
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -31,11 +30,11 @@ from pathlib import Path
 
 import torch
 
+import harness
 import kqv
-import people_world
-from kqv.measuring import write_record
+from kqv.data import worlds
 
-RESULTS = Path(__file__).resolve().parent / "results" / "example_throughput.json"
+RESULTS = harness.results_path("example_throughput")
 SPAN = ['data.objective="span_corruption"', 'data.span_loss="all"', "data.span_rate=0.25", "data.span_max=160"]
 PREFIX = ["data.random_prefix=true"]
 
@@ -77,18 +76,21 @@ def run_row(settings: list[str], updates: int, log_every: int, context: int, out
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="few updates and people: a smoke test, writes nothing")
+    parser = harness.arguments(
+        __doc__.splitlines()[0],
+        quick="few updates and people: a smoke test, writes nothing",
+        output=None,
+        output_help=f"JSON path (default {RESULTS}; quick: none)",
+    )
     parser.add_argument("--updates", type=int, default=None, help="updates per row (default 60; quick 6)")
     parser.add_argument("--rounds", type=int, default=None, help="alternations of the rows (default 2; quick 1)")
     parser.add_argument("--people", type=int, default=None, help="the world's people (default 3000; quick 200)")
     parser.add_argument("--context", type=int, default=160, help="data.context (default 160)")
     parser.add_argument(
         "--style", choices=["varied", "encyclopedia"], default="varied",
-        help="the biographies: people_world.py's default (varied wordings, 76-150 characters) or its encyclopedia",
+        help="the biographies: the world generator's default (varied wordings, 76-150 characters) or its encyclopedia",
     )  # fmt: skip
     parser.add_argument("--only", action="append", default=None, help="run only rows whose name contains this")
-    parser.add_argument("--output", type=Path, default=None, help=f"JSON path (default {RESULTS}; quick: none)")
     args = parser.parse_args()
     updates, rounds = args.updates or (6 if args.quick else 60), args.rounds or (1 if args.quick else 2)
     log_every = 2 if args.quick else 10
@@ -97,7 +99,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="kqv-example-throughput-") as scratch:
         work = Path(scratch)
         style = {"style": "encyclopedia"} if args.style == "encyclopedia" else {}
-        people_world.write_world(work / "world", people, 0, **style)
+        worlds.write_world(work / "world", people, 0, **style)
         table = rows(work / "world")
         chosen = [name for name in table if not args.only or any(part in name for part in args.only)]
         measured: dict[str, list[dict[str, float]]] = {name: [] for name in chosen}
@@ -119,7 +121,7 @@ def main() -> int:
         ratio = f"{figures['ratio']:.2f}" if figures["ratio"] is not None else "-"
         print(f"| {name} | {figures['tokens_per_s']:,.0f} | {ratio} | {figures['batch_ms']:.1f} "
               f"| {figures['wait_ms']:.1f} |")  # fmt: skip
-    output = args.output if args.output is not None else (None if args.quick else RESULTS)
+    output = harness.output_path(args, "example_throughput", quick=args.quick)
     if output is not None:
         record = {
             "benchmark": "example_throughput",
@@ -137,7 +139,7 @@ def main() -> int:
             "minutes": (time.perf_counter() - started) / 60,
             "command": " ".join(["python benchmarks/example_throughput.py", *sys.argv[1:]]),
         }
-        write_record(output, record)
+        harness.write_record(output, record)
         print(f"wrote {output}")
     return 0
 

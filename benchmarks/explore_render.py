@@ -16,16 +16,15 @@ The target is under 0.5 s per change (issue 29).
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from kqv.measuring import write_record
+import harness
 
-RESULTS = Path(__file__).resolve().parent / "results" / "explore_render.json"
+RESULTS = harness.results_path("explore_render")
 TOKENS = 1024
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
 
@@ -116,11 +115,10 @@ def measure(url: str, text: str, rounds: int, chromium: str) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.arguments(harness.summary(__doc__), output=RESULTS)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=5, help="timed changes of each control (default 5)")
-    parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--chromium", default=shutil.which("chromium") or "/usr/bin/chromium")
     args = parser.parse_args()
 
@@ -156,7 +154,7 @@ def main() -> None:
         **result,
         "slowest_median_seconds": round(slowest, 3),
     }
-    write_record(args.output, record)
+    harness.write_record(args.output, record)
     print(f"wrote {args.output}")
 
 

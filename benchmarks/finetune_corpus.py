@@ -21,7 +21,6 @@ Writes benchmarks/results/finetune_corpus.json (or --output) and prints a table.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics
@@ -30,13 +29,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import harness
 import kqv
 from kqv.data.bible import bible_dir, clean_verse, read_bible
 from kqv.data.shakespeare import load_text, split_text
-from kqv.measuring import write_record
 
-ROOT = Path(__file__).resolve().parents[1]
-OUTPUT = ROOT / "benchmarks" / "results" / "finetune_corpus.json"
+OUTPUT = harness.results_path("finetune_corpus")
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}  # two-sided 95%
 
 # Sizes: FULL is what docs/fine-tuning.md reports; QUICK only exercises the code (tests/test_finetune_results.py).
@@ -187,10 +185,13 @@ def print_table(record: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes that only check the script (seconds)")
+    parser = harness.arguments(
+        __doc__.splitlines()[0],
+        quick="tiny sizes that only check the script (seconds)",
+        output=None,
+        output_help=f"JSON path (default {OUTPUT.relative_to(harness.ROOT)})",
+    )
     parser.add_argument("--seeds", default="1,2,3", help="seeds of the fine-tune/scratch pairs (default 1,2,3)")
-    parser.add_argument("--output", type=Path, default=None, help=f"JSON path (default {OUTPUT.relative_to(ROOT)})")
     args = parser.parse_args(argv)
     seeds = [int(seed) for seed in args.seeds.split(",")]
     sizes = QUICK if args.quick else FULL
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch_threads": __import__("torch").get_num_threads(),
     }
     print_table(record)
-    write_record(args.output or OUTPUT, record, started=started)
+    harness.write_record(harness.output_path(args, "finetune_corpus"), record, started=started)
     return 0
 
 

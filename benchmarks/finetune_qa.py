@@ -46,11 +46,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import harness
 import qa_world
-from kqv.measuring import write_record
 
-ROOT = Path(__file__).resolve().parents[1]
-OUTPUT = ROOT / "benchmarks" / "results" / "finetune_qa.json"
+OUTPUT = harness.results_path("finetune_qa")
 
 FULL = {
     "people": 40,
@@ -423,16 +422,19 @@ def add_baselines(path: Path) -> None:
         if json.loads(json.dumps(world)) != record["world"]:
             raise SystemExit(f"the world of {path} is not the one its sizes and seed make now; rerun the benchmark")
         record["baselines"] = baselines(Path(scratch))
-    write_record(path, record)
+    harness.write_record(path, record)
     print(f"added the baselines to {path}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes that only check the script (seconds)")
+    parser = harness.arguments(
+        __doc__.splitlines()[0],
+        quick="tiny sizes that only check the script (seconds)",
+        output=None,
+        output_help=f"JSON path (default {OUTPUT.relative_to(harness.ROOT)})",
+    )
     parser.add_argument("--seeds", default="1,2,3", help="seeds of the fine-tunes (default 1,2,3)")
     parser.add_argument("--world-seed", type=int, default=0, help="the seed of the invented world (default 0)")
-    parser.add_argument("--output", type=Path, default=None, help=f"JSON path (default {OUTPUT.relative_to(ROOT)})")
     parser.add_argument(
         "--in-process", action="store_true", help="train every run in this process (faster; peak memory is shared)"
     )
@@ -463,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
         **record,
     }
     print_table(record)
-    write_record(args.output or OUTPUT, record, started=started)
+    harness.write_record(harness.output_path(args, "finetune_qa"), record, started=started)
     return 0
 
 

@@ -44,7 +44,6 @@ how many continuations are identical throughout.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import os
 import platform
@@ -58,11 +57,11 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from kqv.measuring import write_record
+import harness
 from kqv.nn.devices import Accelerator, model_device
 from kqv.nn.generation import in_dtype
 
-RESULTS = Path(__file__).resolve().parent / "results" / "generation_speed.json"
+RESULTS = harness.results_path("generation_speed")
 
 
 @dataclass
@@ -384,8 +383,12 @@ def versions() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny model, few tokens: a smoke test")
+    parser = harness.arguments(
+        harness.summary(__doc__),
+        output_help=f"JSON path (default {RESULTS}; --quick writes nothing unless given)",
+        quick="tiny model, few tokens: a smoke test",
+        seed=True,
+    )
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds per case (default 5; quick 2)")
     parser.add_argument("--batches", default="1,8", help="comma-separated batch sizes (default 1,8)")
     parser.add_argument(
@@ -406,14 +409,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--profile", action="store_true", help="also profile one batch-1 fp32 generate of each library (top operators)"
     )
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--device",
         default="cpu",
         help="cpu (default), cuda, cuda:N or mps: where both libraries decode (int8 is CPU-only: skipped elsewhere)",
-    )
-    parser.add_argument(
-        "--output", type=Path, default=None, help=f"JSON path (default {RESULTS}; --quick writes nothing unless given)"
     )
     args = parser.parse_args(argv)
 
@@ -487,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
             "profile": profiles,
             **({"device": device_name(device)} if device.type != "cpu" else {}),
         }
-        write_record(output, result)
+        harness.write_record(output, result)
         print(f"wrote {output}")
     failed = [r for r in rows if r["precision"] == "fp32" and not r["kqv_hf_identical"]]
     return 1 if failed else 0

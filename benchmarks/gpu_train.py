@@ -79,12 +79,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kqv.measuring import write_record
+import harness
 from train_throughput import Shape, build_hf, build_xtrans, count_parameters, training_flops_per_token, versions
 
-RESULTS = Path(__file__).resolve().parent / "results" / "gpu_train.json"
-ROOT = Path(__file__).resolve().parents[1]
-SRC = str(ROOT / "src")  # the Trainer row's kqv: this checkout's
+RESULTS = harness.results_path("gpu_train")
+SRC = str(harness.ROOT / "src")  # the Trainer row's kqv: this checkout's
 # the repository's own text, the Trainer row's default corpus: (folder, pattern), in this order; the notebook and
 # the benchmark records (numbers, machine names) take the BPE to GPT-2's 50,257 tokens, which prose and code alone
 # (3.7 MB) do not
@@ -92,7 +91,7 @@ REPOSITORY_TEXT = [
     (".", "*.md"), ("docs", "*.md"), ("docs", "*.ipynb"), ("src", "**/*.py"), ("tests", "*.py"),
     ("benchmarks", "*.py"), ("benchmarks/results", "*.json"),
 ]  # fmt: skip
-QUICK_CONFIG = ROOT / "src" / "kqv" / "configs" / "lm-quick.toml"
+QUICK_CONFIG = harness.ROOT / "src" / "kqv" / "configs" / "lm-quick.toml"
 QUICK_VOCAB = 128  # the quick row's random tokens: about a character vocabulary's size
 GPT2_SMALL = Shape(vocab=50257, d_model=768, heads=12, layers=12, d_ff=3072, context=1024, batch=8)
 TINY = Shape(vocab=256, d_model=32, heads=2, layers=2, d_ff=128, context=32, batch=2)  # d_ff 4 d_model, as nanoGPT
@@ -219,7 +218,9 @@ def make_batches(s: Shape, device: str, seed: int, n: int = 4) -> list[tuple[Ten
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.arguments(
+        harness.summary(__doc__), output=None, output_help=f"JSON (default {RESULTS}; --tiny: only if given)", seed=True
+    )
     parser.add_argument("--tiny", action="store_true", help="a tiny size on the CPU in fp32: a smoke test")
     parser.add_argument(
         "--models",
@@ -233,8 +234,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps per model first, compiling (3)")
     parser.add_argument("--peak-size", type=int, default=None, help="side of the peak's square matmuls (8192)")
     parser.add_argument("--lr", type=float, default=3e-4)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", type=Path, default=None, help=f"JSON (default {RESULTS}; --tiny: only if given)")
     parser.add_argument("--dry-run", action="store_true", help="say what would run and check its imports; no run")
     parser.add_argument(
         "--trainer-updates",
@@ -465,13 +464,13 @@ def repository_text(path: Path) -> Path:
     no network, enough for a BPE of GPT-2's 50,257 tokens."""
     files = repository_files()
     if not files:
-        raise FileNotFoundError(f"no text under {ROOT} ({REPOSITORY_TEXT}): pass --trainer-data")
+        raise FileNotFoundError(f"no text under {harness.ROOT} ({REPOSITORY_TEXT}): pass --trainer-data")
     path.write_text("\n\n".join(file.read_text(encoding="utf-8", errors="replace") for file in files))
     return path
 
 
 def repository_files() -> list[Path]:
-    return [file for folder, pattern in REPOSITORY_TEXT for file in sorted((ROOT / folder).glob(pattern))]
+    return [file for folder, pattern in REPOSITORY_TEXT for file in sorted((harness.ROOT / folder).glob(pattern))]
 
 
 def trainer_parameters(model: dict) -> int:
@@ -630,7 +629,7 @@ def dry_run(args: argparse.Namespace) -> int:
         )
         importlib.import_module("kqv.train.trainer")
     checked = ", ".join(NEEDS[name] for name in args.names)
-    print(f"would write {args.output or (None if args.tiny else RESULTS)}; imported: torch, {checked}")
+    print(f"would write {harness.output_path(args, 'gpu_train', quick=args.tiny)}; imported: torch, {checked}")
     return 0
 
 
@@ -652,7 +651,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.batch:
         s = Shape(**{**asdict(s), "batch": args.batch})
     print(f"shape {asdict(s)} on {args.device}; torch {torch.__version__}", flush=True)
-    output = args.output or (None if args.tiny else RESULTS)
+    output = harness.output_path(args, "gpu_train", quick=args.tiny)
     measured, error = attempt("the timed steps", measure, args, s)
     if error:
         record = report(args, s, [], 0.0) | {"peak_flops": None, "rows": [{"model": "timed steps", "error": error}]}
@@ -695,7 +694,7 @@ def embedded(args: argparse.Namespace) -> dict:
 def save(output: Path | None, record: dict) -> None:
     """Write `record` to `output` (after every row, so a row that never ends leaves the others written)."""
     if output is not None:
-        write_record(output, record)
+        harness.write_record(output, record)
         print(f"wrote {output}", flush=True)
 
 

@@ -26,17 +26,15 @@ and an eighth of it.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+import harness
 from kqv.data.needle import QUERIES, VOCAB, needle_batch
-from kqv.measuring import write_record
 from kqv.nn.attention import MultiHeadAttention
 from kqv.nn.config import ModelConfig
 from kqv.nn.embeddings import Embeddings
@@ -44,7 +42,7 @@ from kqv.nn.layers import DecoderBlock, make_norm
 from kqv.nn.models import init_weights
 from kqv.nn.sparse import BigBirdAttention, LinformerAttention
 
-RESULTS = Path(__file__).resolve().parent / "results" / "long_context_quality.json"
+RESULTS = harness.results_path("long_context_quality")
 
 
 class FullAttention(nn.Module):
@@ -163,7 +161,9 @@ def run(method: str, stages: list[tuple[int, int]], batch: int, seed: int, lr: f
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.arguments(
+        harness.summary(__doc__), quick="stages 64:30 and 128:20: a smoke test", output=RESULTS, seed=True, threads=None
+    )
     parser.add_argument(
         "--stages",
         nargs="+",
@@ -172,10 +172,6 @@ def main() -> None:
     )
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--lr", type=float, default=1e-2)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--quick", action="store_true", help="stages 64:30 and 128:20: a smoke test")
-    parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -194,7 +190,7 @@ def main() -> None:
         "total_s": time.perf_counter() - start,
         "results": results,
     }
-    write_record(args.output, report)
+    harness.write_record(args.output, report)
     print(f"wrote {args.output} in {time.perf_counter() - start:.0f} s")
 
 

@@ -39,9 +39,9 @@ from typing import Any
 
 import torch
 
-from kqv.measuring import write_record
+import harness
 
-RESULTS = Path(__file__).resolve().parent / "results" / "lora_peft.json"
+RESULTS = harness.results_path("lora_peft")
 FULL = dict(vocab_size=512, n_positions=128, n_embd=256, n_layer=4, n_head=8)
 QUICK = dict(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2)
 SIDES = ("kqv", "peft", "kqv-full")
@@ -155,14 +155,17 @@ def table(results: dict[str, dict]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny model, a few steps: a smoke test")
+    parser = harness.arguments(
+        __doc__.splitlines()[0],
+        quick="tiny model, a few steps: a smoke test",
+        output=None,
+        output_help=f"JSON path (default {RESULTS}; quick: none)",
+    )
     parser.add_argument("--steps", type=int, default=None, help="timed steps per round (default 30; quick 3)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 5; quick 1)")
     parser.add_argument("--rounds", type=int, default=None, help="alternations of the sides (default 3; quick 1)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--side", choices=SIDES, default=None, help=argparse.SUPPRESS)  # one side, in its process
-    parser.add_argument("--output", type=Path, default=None, help=f"JSON path (default {RESULTS}; quick: none)")
     args = parser.parse_args()
     args.steps = args.steps or (3 if args.quick else 30)
     args.warmup = args.warmup or (1 if args.quick else 5)
@@ -191,7 +194,7 @@ def main() -> int:
                 f"the {side} side does not start as the GPT-2: logits differ by {r['start_logit_difference']}"
             )
     print(table(results))
-    output = args.output if args.output is not None else (None if args.quick else RESULTS)
+    output = harness.output_path(args, "lora_peft", quick=args.quick)
     if output is not None:
         write(output, results, model_args, batch, rounds, args)
     return 0
@@ -220,7 +223,7 @@ def write(output: Path, results: dict, model_args: dict, batch: int, rounds: int
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
     }
-    write_record(output, record)
+    harness.write_record(output, record)
     print(f"wrote {output}")
 
 

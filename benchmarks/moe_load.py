@@ -14,18 +14,16 @@ tokens dropped over capacity, and the auxiliary loss. Plots the loads (one panel
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
 from importlib import resources
 from pathlib import Path
 
-from kqv.measuring import write_record
+import harness
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results" / "moe_load.json"
-PLOT = ROOT / "docs" / "moe_load.png"
+RESULTS = harness.results_path("moe_load")
+PLOT = harness.ROOT / "docs" / "moe_load.png"
 N_EXPERTS = 4
 
 
@@ -88,10 +86,9 @@ def plot(records: list[dict], path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.arguments(harness.summary(__doc__), output=RESULTS)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--aux-loss-coefficient", type=float, default=0.01)
-    parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--plot", type=Path, default=PLOT)
     args = parser.parse_args()
     records = train(args.steps, args.aux_loss_coefficient)
@@ -110,7 +107,7 @@ def main() -> None:
             {k: r[k] for k in ("step", "expert_load", "dropped_fraction", "aux_loss", "train_loss")} for r in records
         ],
     }
-    write_record(args.output, report)
+    harness.write_record(args.output, report)
     print(f"wrote {args.output} and {args.plot}")
 
 

@@ -22,20 +22,17 @@ import argparse
 import json
 from pathlib import Path
 
+import harness
 from kqv.experiments.rnn_vs_transformer import plot_curves, read_runs, side_by_side
-from kqv.measuring import write_record
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.arguments(__doc__, whole=True, output_flag=None, threads=1)
     parser.add_argument("--minutes", type=float, default=20.0, help="training time of each model (default 20)")
     parser.add_argument("--pair", default="de-en")
     parser.add_argument("--out", default="runs/mt-compare", help="directory for the runs")
     parser.add_argument("--eval-every", type=int, default=40, help="evaluate every N updates (default 40)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per model (default 1)")
-    parser.add_argument("--results", default=str(RESULTS), help="where to write the JSON and PNG")
+    parser.add_argument("--results", default=str(harness.RESULTS), help="where to write the JSON and PNG")
     parser.add_argument(
         "--set",
         action="append",
@@ -96,7 +93,7 @@ def report(out: Path, results: Path, args: argparse.Namespace) -> None:
         "bleu_gap": gap,
         "table": "\n".join(table),
     }
-    write_record((results / f"{args.name}.json"), record)
+    harness.write_record((results / f"{args.name}.json"), record)
     title = f"{args.pair} Bible: Transformer vs LSTM with attention, side by side, {args.threads} thread(s) each"
     plot_curves(curves, results / f"{args.name}.png", title)
     print(f"wrote {results / (args.name + '.json')} and {results / (args.name + '.png')}")

@@ -25,7 +25,6 @@ numbers (threads do not change them either: docs/translation.md).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tomllib
@@ -35,9 +34,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kqv.measuring import write_record
+import harness
 
-RESULTS = Path(__file__).resolve().parent / "results" / "mt_precision_parts.json"
+RESULTS = harness.results_path("mt_precision_parts")
 STEPS = (500, 600, 700, 800)
 
 
@@ -132,7 +131,7 @@ def table(run_dirs: list[Path], output: Path) -> dict:
         "--set train.precision=bf16 --set train.max_minutes=0 --set train.eval_every=800 "
         "--set train.checkpoint_every=800 --out runs/parts/PART (two at a time)",
     }
-    write_record(output, result)
+    harness.write_record(output, result)
     print(f"wrote {output}")
     return result
 
@@ -141,7 +140,7 @@ PARTS = ["attention-core", "query-key-value", "attention-output", "feed-forward"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.arguments(harness.summary(__doc__), output_flag=None)
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="kqv train mt with one part in fp32; the rest are kqv's arguments")
     run.add_argument("part", choices=PARTS)

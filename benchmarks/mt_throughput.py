@@ -14,7 +14,6 @@ token budgets per batch (`data.max_tokens`). The padding fraction of each budget
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import time
@@ -22,12 +21,11 @@ from pathlib import Path
 
 import torch
 
+import harness
 from kqv.jobs.mt import TokenBatches, build_model, load_run_config, mt_loss, prepare_data, real_tokens
-from kqv.measuring import write_record
 from kqv.train.precision import autocast, native_bf16, resolve_precision
 
-ROOT = Path(__file__).resolve().parent
-CONFIG = ROOT.parent / "src" / "kqv" / "configs" / "mt-quick.toml"
+CONFIG = harness.ROOT / "src" / "kqv" / "configs" / "mt-quick.toml"
 TINY = [
     "model.d_model=64",
     "model.n_heads=2",
@@ -86,13 +84,17 @@ class Setting:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.arguments(
+        __doc__,
+        whole=True,
+        quick="tiny model, one round (a smoke test)",
+        output=harness.results_path("mt_throughput"),
+        output_flag="--out",
+        threads=1,
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=12000, help="real tokens per setting per round")
-    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--max-tokens", type=int, nargs="+", default=[2000, 4000])
-    parser.add_argument("--quick", action="store_true", help="tiny model, one round (a smoke test)")
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "mt_throughput.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     overrides = TINY if args.quick else []
@@ -130,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     print("| setting | real tokens/s | vs fp32 2000 | padding |\n| --- | ---: | ---: | ---: |")
     for r in rows:
         print(f"| {r['setting']} | {r['tokens_per_s']:,.0f} | {r['ratio']:.2f}x | {r['padding']:.1%} |")
-    write_record(
-        args.out,
+    harness.write_record(
+        args.output,
         {
             "rows": rows,
             "threads": args.threads,
@@ -142,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             "torch": torch.__version__,
         },
     )
-    print(f"wrote {args.out}")
+    print(f"wrote {args.output}")
     return 0
 
 

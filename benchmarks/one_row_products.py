@@ -21,19 +21,17 @@ interleaved.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from kqv.measuring import write_record
+import harness
 from kqv.nn.decoding import one_row_product
 
-RESULTS = Path(__file__).resolve().parent / "results" / "one_row_products.json"
+RESULTS = harness.results_path("one_row_products")
 
 
 def model_weights() -> list[tuple[torch.Tensor, torch.Tensor | None]]:
@@ -79,10 +77,9 @@ def measure(threads: int, rounds: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.arguments(harness.summary(__doc__), output=RESULTS)
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
     parser.add_argument("--rounds", type=int, default=21, help="timed passes per kind (default 21)")
-    parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     rows = {}
     for threads in [int(t) for t in args.threads.split(",")]:
@@ -92,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    write_record(
+    harness.write_record(
         args.output,
         {
             "benchmark": "one_row_products",

@@ -1,6 +1,6 @@
 """Does what a model read in pretraining become answers? Recipes at equal compute on an invented world.
 
-The world (`people_world.py`, 1,000 people at the default size): one biography per person, varied in wording and
+The world (`kqv.data.worlds`, 1,000 people at the default size): one biography per person, varied in wording and
 order; three questions per person (birthplace among 120 towns, birth year among 100, trade among 40). Half of the
 people's questions are seen in training; the other half's are held out and scored. Every biography is in the
 pretraining text's training split, so a held-out answer can only come from what the model read: the validation
@@ -17,7 +17,7 @@ is trained with each of `--seeds` (default two).
   each worded and ordered anew; Allen-Zhu and Li 2023) read document by document, the sentences of each document
   shuffled at every draw (`data.shuffle_sentences`);
 - `next-token, augmented, full names -> fine-tune`: the same on augmented text that names the person in every
-  sentence (`people_world.py --full-names`, Allen-Zhu and Li's "fullname" augmentation);
+  sentence (`kqv world --full-names`, Allen-Zhu and Li's "fullname" augmentation);
 - `span corruption, augmented -> fine-tune` / `-> LoRA`: span-corruption pretraining on the augmented text
   (`data.objective="span_corruption"`), then a full or LoRA fine-tune whose prompts end in the mask symbol
   (`data.template="{prompt}{mask}"`);
@@ -26,7 +26,7 @@ is trained with each of `--seeds` (default two).
 - `mixed: span corruption, augmented + seen questions`: one run on the augmented text and the seen questions
   together (`--data bios.txt --data questions.tsv`), scored directly;
 - `random init -> fine-tune`: the seen questions alone, no pretraining (what the questions teach by themselves);
-- on an encyclopedia's text (`people_world.py --style encyclopedia`: one paragraph per person, the full name once in
+- on an encyclopedia's text (`kqv world --style encyclopedia`: one paragraph per person, the full name once in
   its first sentence, then pronouns, each fact once; read in its written order), `--world encyclopedia` runs:
   `next-token, encyclopedia -> fine-tune`; `mixed: next-token, encyclopedia + seen questions` (text weighted 2:1,
   probed); `mixed: span corruption, encyclopedia + seen questions (CS224N)`, span corruption as CS224N's assignment
@@ -77,14 +77,14 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-import people_world
+import harness
 from finetune_qa import run_settings
-from kqv.measuring import command, write_json, write_record
+from kqv.data import worlds
+from kqv.measuring import command
 
-ROOT = Path(__file__).resolve().parents[1]
 MASK = "\u2047"  # the character tokenizer's reserved mask symbol (kqv.data.documents.MASKS)
 TEMPLATE = "{prompt}{mask}"
-VAL_FRACTION = people_world.VAL_FRACTION  # each source's validation share: documents no held-out answer needs
+VAL_FRACTION = worlds.VAL_FRACTION  # each source's validation share: documents no held-out answer needs
 SIGNIFICANCE = 0.05  # a verdict needs McNemar's exact p below this as well as an interval clear of zero
 
 SIZES = {
@@ -140,7 +140,7 @@ SPANS = ['data.objective="span_corruption"']
 CS224N = [*SPANS, "data.random_prefix=true", 'data.span_loss="all"', "data.prompt_loss_weight=1"]
 PRETRAININGS = {
     "next-token": ("bios_pretrain.txt", []),
-    # an encyclopedia's text (`people_world.py --style encyclopedia`) read in its written order: a pronoun refers to
+    # an encyclopedia's text (`kqv world --style encyclopedia`) read in its written order: a pronoun refers to
     # the name of the sentence before it, so its sentences are not shuffled
     # its documents packed, the layout of the recorded runs ("auto" would pad paragraphs too long to share a row)
     "next-token, encyclopedia": ("bios_encyclopedia_pretrain.txt", ["data.packing=true"]),
@@ -181,7 +181,7 @@ SPLITS = {
     "dev": ("seen_dev.jsonl", "dev.jsonl", "probe_dev"),
 }
 DEV_SHARE = 0.2  # of the seen people
-KINDS = list(people_world.QUESTIONS)
+KINDS = list(worlds.QUESTIONS)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -193,13 +193,13 @@ def write_files(sizes: dict, world_seed: int, work: Path) -> dict:
     runs read them with validation documents of their own, *_pretrain.txt), the seen and held-out questions and
     the probes (plain, and in span-corruption form: `prefix MASK . MASK`), as TSV (the tutorial's) and as .jsonl
     naming each question's kind (what the runs train on and are scored with); what they hold, for the record."""
-    people = people_world.make_world(sizes["people"], world_seed)
-    seen, held_out = people_world.split(people)
+    people = worlds.make_world(sizes["people"], world_seed)
+    seen, held_out = worlds.split(people)
     trained_dev, dev = dev_split(seen)
-    text = people_world.biographies(people, world_seed)
-    augmented = people_world.biographies(people, world_seed, sizes["versions"])
-    named = people_world.biographies(people, world_seed, sizes["versions"], full_names=True)
-    encyclopedia = people_world.biographies(people, world_seed, style="encyclopedia")
+    text = worlds.biographies(people, world_seed)
+    augmented = worlds.biographies(people, world_seed, sizes["versions"])
+    named = worlds.biographies(people, world_seed, sizes["versions"], full_names=True)
+    encyclopedia = worlds.biographies(people, world_seed, style="encyclopedia")
     validation = {}
     for name, whole, versions, full_names, style in (
         ("bios", text, sizes["versions"], False, "varied"),
@@ -208,24 +208,22 @@ def write_files(sizes: dict, world_seed: int, work: Path) -> dict:
         ("bios_encyclopedia", encyclopedia, 1, False, "encyclopedia"),
     ):
         (work / f"{name}.txt").write_text(whole, encoding="utf-8")
-        laid_out, extra = people_world.with_validation(
-            whole, seen, world_seed, versions, VAL_FRACTION, full_names, style
-        )
+        laid_out, extra = worlds.with_validation(whole, seen, world_seed, versions, VAL_FRACTION, full_names, style)
         (work / f"{name}_pretrain.txt").write_text(laid_out, encoding="utf-8")
         validation[name] = extra
     files = {
-        "seen.tsv": people_world.questions(seen),
-        "held_out.tsv": people_world.questions(held_out),
-        "probe_held_out.tsv": people_world.probes(held_out),
-        "seen_dev.tsv": people_world.questions(trained_dev),
-        "dev.tsv": people_world.questions(dev),
-        "probe_dev.tsv": people_world.probes(dev),
+        "seen.tsv": worlds.questions(seen),
+        "held_out.tsv": worlds.questions(held_out),
+        "probe_held_out.tsv": worlds.probes(held_out),
+        "seen_dev.tsv": worlds.questions(trained_dev),
+        "dev.tsv": worlds.questions(dev),
+        "probe_dev.tsv": worlds.probes(dev),
     }
     for probes in ("probe_held_out", "probe_dev"):
         files[f"{probes}_mask.tsv"] = [(f"{p}{MASK}.{MASK}", c) for p, c in files[f"{probes}.tsv"]]
     for name, pairs in files.items():
-        people_world.write_pairs(work / name, pairs)
-        people_world.write_jsonl(work / name.replace(".tsv", ".jsonl"), pairs, MASK)
+        worlds.write_pairs(work / name, pairs)
+        worlds.write_jsonl(work / name.replace(".tsv", ".jsonl"), pairs, MASK)
     asked = {char for pairs in files.values() for pair in pairs for char in "".join(pair)} - {MASK}
     for whole in (text, encyclopedia):  # a fine-tune keeps its pretraining's character tokenizer
         if asked - set(whole):
@@ -680,12 +678,14 @@ def summarise_again(parser: argparse.ArgumentParser, stored: Path, output: Path 
         parser.error(f"{stored} is not a pretrain_qa record with per-question answers ({error})")
     print_table(summary, baseline)
     summarised = {"command": command(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    write_json(output, record | {"baselines": baseline, "summary": summary, "summarised": summarised})
+    harness.write_json(output, record | {"baselines": baseline, "summary": summary, "summarised": summarised})
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.arguments(
+        __doc__.splitlines()[0], output=None, output_help="JSON path (default benchmarks/results/...)"
+    )
     parser.add_argument("--size", choices=list(SIZES), default="default", help="default (2 CPU cores), gpu, quick")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="the training seeds (default 0 1)")
     parser.add_argument("--world-seed", type=int, default=0, help="the seed of the invented world (default 0)")
@@ -713,7 +713,6 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="a setting of every span-corruption run (pretraining and mixed), e.g. data.random_prefix=true (repeat)",
     )
-    parser.add_argument("--output", type=Path, default=None, help="JSON path (default benchmarks/results/...)")
     parser.add_argument(
         "--summarise",
         type=Path,
@@ -755,8 +754,8 @@ def main(argv: list[str] | None = None) -> int:
     suffix = "" if args.size == "default" else f"-{args.size}"
     suffix += "-encyclopedia" if args.world == "encyclopedia" else ""
     suffix += "-dev" if args.split == "dev" else ""
-    output = args.output or ROOT / "benchmarks" / "results" / f"pretrain_qa{suffix}.json"
-    write_record(output, record, started=started)
+    output = args.output or harness.results_path(f"pretrain_qa{suffix}")
+    harness.write_record(output, record, started=started)
     return 0
 
 

@@ -16,15 +16,14 @@ all fixed by the seed. From it:
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "gr", "kl", "tr", "st"]
-VOWELS = ["a", "e", "i", "o", "u", "ai", "ei", "ou"]
-CODAS = ["", "", "n", "r", "l", "s", "k", "m"]
+import harness
+from kqv.data.worlds import unique_words  # invented words from syllables, as the larger world's names
+
 PROFESSIONS = ["baker", "weaver", "sailor", "miller", "potter", "tanner", "mason", "cooper", "smith", "fisher"]
 N_TOWNS = 12
 
@@ -49,24 +48,6 @@ class Person:
     name: str
     town: str
     job: str
-
-
-def word(rng: random.Random, syllables: int, onset: str) -> str:
-    rest = "".join(rng.choice(ONSETS) + rng.choice(VOWELS) + rng.choice(CODAS) for _ in range(syllables - 1))
-    return (onset + rng.choice(VOWELS) + rng.choice(CODAS) + rest).title()
-
-
-def unique_words(rng: random.Random, count: int, syllables: int, taken: set[str]) -> list[str]:
-    """`count` invented words of `syllables` syllables, none in `taken` (which grows). The k-th starts with the
-    onset ONSETS[k % len(ONSETS)], so any run of len(ONSETS) consecutive words uses every capital letter: a
-    character tokenizer built from either half of the people then knows the other half's letters."""
-    found: list[str] = []
-    while len(found) < count:
-        candidate = word(rng, syllables, ONSETS[len(found) % len(ONSETS)])
-        if candidate not in taken:
-            taken.add(candidate)
-            found.append(candidate)
-    return found
 
 
 def make_world(n_people: int, seed: int) -> list[Person]:
@@ -130,10 +111,9 @@ def write_pairs(path, pairs: list[tuple[str, str]]) -> None:
 def main() -> int:
     """Write one world's files, to look at or to fine-tune on by hand: the pretraining text, the question pairs of
     the fine-tune's half and of the scored half, and the probes."""
-    parser = argparse.ArgumentParser(description="write a synthetic question-answering world's files")
+    parser = harness.arguments("write a synthetic question-answering world's files", output_flag=None, seed=True)
     parser.add_argument("--people", type=int, default=40, help="how many people (default 40)")
     parser.add_argument("--copies", type=int, default=2, help="times the biographies are written (default 2)")
-    parser.add_argument("--seed", type=int, default=0, help="the world's seed (default 0)")
     parser.add_argument("--out", type=Path, required=True, help="a directory to write into")
     args = parser.parse_args()
     people = make_world(args.people, args.seed)

@@ -17,22 +17,19 @@ milliseconds and torch / kqv. The shapes are those of a 2,000-token-budget batch
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kqv.measuring import write_record
+import harness
 from kqv.nn.dropout import dropout
 from kqv.nn.losses import linear_cross_entropy
 from kqv.train.precision import native_bf16
 
-ROOT = Path(__file__).resolve().parent
 TOKENS, D_MODEL, D_FF, VOCAB = 1800, 256, 1024, 8000
 
 
@@ -76,10 +73,10 @@ def loss_pair(precision: str) -> tuple[Callable, Callable]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.arguments(
+        harness.summary(__doc__), output=harness.results_path("step_kernels"), output_flag="--out", threads=None
+    )
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "step_kernels.json")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -114,8 +111,8 @@ def main() -> None:
         "rounds": args.rounds,
         "rows": rows,
     }
-    write_record(args.out, result)
-    print(f"wrote {args.out}")
+    harness.write_record(args.output, result)
+    print(f"wrote {args.output}")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ the prepare's is `getrusage(RUSAGE_CHILDREN)` read after it ends. The prepare's 
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import resource
@@ -27,8 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import harness
 from kqv.data.shakespeare import load_text
-from kqv.measuring import write_record
 
 TRAIN = {  # a small model: what is measured is the data's memory, not the model's
     "model.d_model": 128,
@@ -80,7 +79,7 @@ def train(corpus: Path, run: Path, updates: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.arguments(__doc__, whole=True, output=harness.results_path("token_corpus"))
     parser.add_argument("--gigabytes", type=float, default=2.0, help="text to generate (default 2)")
     parser.add_argument("--files", type=int, default=8, help="text files it is written into (default 8)")
     parser.add_argument("--updates", type=int, default=50)
@@ -88,7 +87,6 @@ def main() -> None:
     parser.add_argument("--limit-mb", type=float, default=1500.0, help="the training process's most RSS")
     parser.add_argument("--work", help="where the text, corpus and run go (default: a new temporary directory)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
-    parser.add_argument("--output", default="benchmarks/results/token_corpus.json")
     args = parser.parse_args()
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="kqv-token-corpus-"))
     try:
@@ -121,8 +119,8 @@ def main() -> None:
             "under_limit": peak_mb < args.limit_mb,
         }
         print(json.dumps(record, indent=1))
-        if args.output != "/dev/null":
-            print(f"wrote {write_record(args.output, record)}")
+        if str(args.output) != "/dev/null":
+            print(f"wrote {harness.write_record(args.output, record)}")
         if not record["under_limit"]:
             sys.exit(f"the training process peaked at {peak_mb:.0f} MB, over {args.limit_mb:.0f} MB")
     finally:

@@ -48,15 +48,14 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kqv.measuring import write_record
+import harness
 
-RESULTS = Path(__file__).resolve().parent / "results" / "train_throughput.json"
+RESULTS = harness.results_path("train_throughput")
 
 
 @dataclass
@@ -285,13 +284,17 @@ def versions() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.arguments(
+        harness.summary(__doc__),
+        output_help=f"JSON path (default {RESULTS}; --quick writes nothing unless given)",
+        quick="tiny shapes and few steps: a smoke test",
+        seed=True,
+        threads=None,
+    )
     parser.add_argument("--steps", type=int, default=None, help="timed steps per model per round (default 2)")
     parser.add_argument("--rounds", type=int, default=None, help="round-robin rounds (default 15)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps per model before round 1 (default 3)")
     parser.add_argument("--round-warmup", type=int, default=1, help="untimed steps at the start of every round")
-    parser.add_argument("--quick", action="store_true", help="tiny shapes and few steps: a smoke test")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     parser.add_argument("--precision", choices=["fp32", "bf16", "both"], default="both")
     parser.add_argument("--models", default="kqv,hf,xtrans", help="comma-separated subset of kqv,hf,xtrans")
     parser.add_argument(
@@ -320,10 +323,6 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=None,
         help="side of the square matmuls that measure the machine's peak (default 2048; quick 256)",
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--output", type=Path, default=None, help=f"JSON path (default {RESULTS}; --quick writes nothing unless given)"
     )
     args = parser.parse_args(argv)
 
@@ -462,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     if failed:
         print(f"SANITY FAILURE: loss did not decrease for {failed}", file=sys.stderr)
 
-    output = args.output if args.output is not None else (None if args.quick else RESULTS)
+    output = harness.output_path(args, "train_throughput", quick=args.quick)
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
         result = {
@@ -491,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
             "summary": summary,
             "losses": {f"{run.name}/{run.precision}": run.losses for run in runs},
         }
-        write_record(output, result)
+        harness.write_record(output, result)
         print(f"wrote {output}")
     return 1 if failed else 0
 

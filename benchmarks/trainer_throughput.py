@@ -17,7 +17,6 @@ trainings alternate `--rounds` times and the median counts. Checkpoints and eval
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -27,12 +26,12 @@ from pathlib import Path
 
 import torch
 
+import harness
 from kqv import DecoderLM, ModelConfig
-from kqv.measuring import machine, write_record
 from kqv.train.config import TrainConfig
 from kqv.train.trainer import Trainer
 
-RESULTS = Path(__file__).resolve().parent / "results" / "trainer_throughput.json"
+RESULTS = harness.results_path("trainer_throughput")
 FULL = dict(vocab_size=84, d_model=256, n_heads=8, n_layers=4, d_ff=1024, max_len=128, dropout=0.1)
 QUICK = dict(vocab_size=37, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_len=32, dropout=0.1)
 
@@ -68,14 +67,17 @@ def timed_training(model_args: dict, steps: int, batch: int, context: int, preci
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny model, few updates: a smoke test")
+    parser = harness.arguments(
+        __doc__.splitlines()[0],
+        quick="tiny model, few updates: a smoke test",
+        output=None,
+        output_help=f"JSON path (default {RESULTS}; quick: none)",
+        threads=None,
+    )
     parser.add_argument("--updates", type=int, default=None, help="timed updates (default 100; quick 10)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed updates first (default 20; quick 3)")
     parser.add_argument("--rounds", type=int, default=None, help="alternations (default 3; quick 1)")
     parser.add_argument("--precision", default="fp32", help="train.precision (fp32, bf16, auto)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
-    parser.add_argument("--output", type=Path, default=None, help=f"JSON path (default {RESULTS}; quick: none)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -93,7 +95,7 @@ def main() -> int:
     print(f"| updates | batch x context | precision | threads | tokens/s (median of {rounds}) |")
     print("| ---: | ---: | --- | ---: | ---: |")
     print(f"| {updates} | {batch} x {context} | {args.precision} | {torch.get_num_threads()} | {tokens_per_s:,.0f} |")
-    output = args.output if args.output is not None else (None if args.quick else RESULTS)
+    output = harness.output_path(args, "trainer_throughput", quick=args.quick)
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
         record = {
@@ -107,13 +109,13 @@ def main() -> int:
             "threads": torch.get_num_threads(),
             "tokens_per_s": tokens_per_s,
             "rounds_tokens_per_s": per_round,
-            "cpu": machine(),
+            "cpu": harness.machine(),
             "torch": torch.__version__,
             "load_average_end": os.getloadavg(),
             "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         }
-        write_record(output, record)
+        harness.write_record(output, record)
         print(f"wrote {output}")
     return 0
 

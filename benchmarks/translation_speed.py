@@ -19,16 +19,14 @@ produced the same translations (they should, up to ties, as their weights and al
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
-from kqv.measuring import write_record
+import harness
 
-RESULTS = Path(__file__).resolve().parent / "results"
 PAD, BOS, EOS = 0, 1, 2
 
 
@@ -90,16 +88,14 @@ def source_batches(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    output = harness.results_path("translation_speed")
+    parser = harness.arguments(__doc__, whole=True, output=output, output_flag="--out", threads=1, quick="a smoke test")
     parser.add_argument("--sentences", type=int, default=64)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--beam", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--run", default="runs/mt-compare/data", help="a prepared MT run for real source sentences")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test")
-    parser.add_argument("--out", default=str(RESULTS / "translation_speed.json"))
     args = parser.parse_args()
     if args.quick:
         args.sentences, args.batch, args.max_new_tokens, args.rounds = 8, 4, 8, 1
@@ -185,8 +181,8 @@ def main() -> None:
         "sentences": sentences,
     }
     if not args.quick:
-        write_record(Path(args.out), record)
-        print(f"wrote {args.out}")
+        harness.write_record(Path(args.output), record)
+        print(f"wrote {args.output}")
 
 
 if __name__ == "__main__":

@@ -1114,7 +1114,7 @@ def pretrain_qa_probes(summary: dict) -> str:
 
 def pretrain_qa_table(file: str = PRETRAIN_QA, command: str = PRETRAIN_QA_COMMAND, shared: bool = False) -> str:
     """Exact match on held-out people's questions per recipe at equal updates (the world of
-    benchmarks/people_world.py), each question's mean over the training seeds, against the strongest answer that
+    kqv.data.worlds), each question's mean over the training seeds, against the strongest answer that
     never reads the question (each kind's constant), and the reading score against its own guess."""
     record = json.loads((ROOT / file).read_text(encoding="utf-8"))
     summary, sizes, world = record["summary"], record["sizes"], record["world"]

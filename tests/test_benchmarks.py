@@ -13,7 +13,8 @@ import pytest
 import torch
 
 TRAINED_LM = Path(__file__).resolve().parent / "data" / "runs-0.1" / "lm"
-BENCHMARKS = sorted((Path(__file__).resolve().parent.parent / "benchmarks").glob("*.py"))
+FOLDER = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCHMARKS = sorted(path for path in FOLDER.glob("*.py") if path.stem != "harness")  # the harness: their shared part
 
 
 def scripts_path() -> dict[str, str]:
@@ -46,6 +47,34 @@ def test_benchmark_script_imports_by_name_in_the_tests(script):
     as the scripts import each other."""
     module = importlib.import_module(script.stem)
     assert Path(module.__file__).resolve() == script.resolve() and callable(module.main)
+
+
+def argument_parsers(folder: Path) -> list[str]:
+    """The modules of `folder` that build an argparse parser of their own."""
+    return sorted(path.stem for path in folder.glob("*.py") if "argparse.ArgumentParser(" in path.read_text())
+
+
+def test_only_the_harness_builds_an_argument_parser(tmp_path):
+    """Every benchmark takes its parser, with the flags they share, from benchmarks/harness.py: one module builds
+    one; a script that builds its own is found."""
+    assert argument_parsers(FOLDER) == ["harness"]
+    (tmp_path / "harness.py").write_text("import argparse\nparser = argparse.ArgumentParser(description='x')\n")
+    (tmp_path / "mine.py").write_text("import argparse\nparser = argparse.ArgumentParser(description='mine')\n")
+    assert argument_parsers(tmp_path) == ["harness", "mine"]
+
+
+def test_the_harness_gives_the_shared_flags_and_the_results_path(tmp_path):
+    """The harness's parser: --quick, the results path under the script's own flag (read as `output`), --seed and
+    --threads; a smoke test writes nothing unless told where."""
+    import harness
+
+    parser = harness.arguments("x", quick="a smoke test", output=None, seed=True, threads=1)
+    args = parser.parse_args(["--quick", "--seed", "3"])
+    assert (args.quick, args.seed, args.threads, args.output) == (True, 3, 1, None)
+    assert harness.output_path(args, "x", quick=args.quick) is None
+    assert harness.output_path(parser.parse_args([]), "x") == FOLDER / "results" / "x.json"
+    given = harness.arguments("x", output_flag="--out").parse_args(["--out", str(tmp_path / "a.json")])
+    assert harness.output_path(given, "x", quick=True) == tmp_path / "a.json"
 
 
 def test_ab_compare_lends_today_s_measuring_to_a_base_from_before_it(tmp_path):

@@ -341,3 +341,42 @@ def test_an_option_is_said_in_the_words_of_the_interface():
         assert option(errors.BEAM_SIZE) == "--beam" and option(errors.CONFIG_FIELD, name="x") == '--set x="..."'
         assert option(errors.GENERATION_OPTIONS["max_new_tokens"]) == "--max-new-tokens"
     assert option(errors.IF_EXISTS_OVERWRITE) == "if_exists='overwrite'"
+
+
+# One vocabulary of flags: the command line spells each flag once (kqv.flag_names); its parsers and kqv.errors'
+# command-line words take the spelling from there.
+
+from kqv import flag_names  # noqa: E402
+
+VOCABULARY = {value for name, value in vars(flag_names).items() if name.isupper()}
+FLAG_LITERAL = re.compile(r"--[a-z][\w-]*")
+
+
+def spelled_flags(path: Path, anywhere: bool) -> list[str]:
+    """The strings of a module that spell a flag: any that names one (`anywhere`), or any that is one."""
+    return [
+        f"{path.name}:{line}: {text!r}"
+        for line, text, _ in texts(ast.parse(path.read_text()))
+        if (FLAG.search(text) if anywhere else FLAG_LITERAL.fullmatch(text))
+    ]
+
+
+def test_the_command_line_spells_each_flag_once_in_its_vocabulary():
+    """Every flag of the parser is in kqv.flag_names, and no other; kqv.errors names no flag but through it, and no
+    module of kqv.cli gives a flag's spelling as a string of its own."""
+    assert kqv_flags(build_parser()) - {"--help"} == VOCABULARY
+    assert all(
+        value == f"--{name.lower().replace('_', '-')}" for name, value in vars(flag_names).items() if name.isupper()
+    )
+    assert not (found := spelled_flags(SRC / "errors.py", anywhere=True)), "\n".join(found)
+    found = [text for path in sorted((SRC / "cli").glob("*.py")) for text in spelled_flags(path, anywhere=False)]
+    assert not found, "\n".join(found)
+
+
+def test_the_vocabulary_scan_finds_a_flag_spelled_twice(tmp_path):
+    (tmp_path / "errors.py").write_text('"""Docstrings may say `--data`."""\nDATA = Word("data=", f"{flag.DATA} ")\n')
+    assert spelled_flags(tmp_path / "errors.py", anywhere=True) == []
+    (tmp_path / "errors.py").write_text('DATA = Word("data=", "--data ")\n')
+    assert spelled_flags(tmp_path / "errors.py", anywhere=True) == ["errors.py:1: '--data '"]
+    (tmp_path / "flags.py").write_text('TEXT = Flag("--data", "a text to train on --out")\n')
+    assert spelled_flags(tmp_path / "flags.py", anywhere=False) == ["flags.py:1: '--data'"]

@@ -1,4 +1,4 @@
-"""The pretrain-to-answers benchmark's world (benchmarks/people_world.py) is the one issue 42 asks for: at least 1,000
+"""The pretrain-to-answers benchmark's world (kqv.data.worlds, `kqv world`) is the one issue 42 asks for: at least 1,000
 people with unique names, answers over at least 100 values, biographies in varied wording and order that state
 every fact a question asks, held-out people never asked in training; and benchmarks/pretrain_qa.py's baselines are
 the hand-computed ones."""
@@ -10,13 +10,15 @@ from collections import Counter
 
 import pytest
 
+from kqv.data import worlds
+
 
 def script(name: str):
     """The benchmark script `name`, imported by name: benchmarks/ is on the tests' path (pyproject.toml)."""
     return importlib.import_module(name)
 
 
-world = script("people_world")
+world = worlds
 PEOPLE = world.make_world(1000, 0)
 
 
@@ -379,7 +381,7 @@ def test_the_encyclopedia_arms_read_the_encyclopedia_text_as_their_recipes_say(t
 def test_a_stored_record_summarised_again_keeps_its_figures(tmp_path):
     """The stored records were summarised by today's code: summarising one again changes no figure."""
     bench = script("pretrain_qa")
-    stored = bench.ROOT / "benchmarks" / "results" / "pretrain_qa-plain.json"
+    stored = bench.harness.results_path("pretrain_qa-plain")
     out = tmp_path / "again.json"
     assert bench.main(["--summarise", str(stored), "--output", str(out)]) == 0
     record, again = json.loads(stored.read_text()), json.loads(out.read_text())
@@ -387,3 +389,26 @@ def test_a_stored_record_summarised_again_keeps_its_figures(tmp_path):
     guess = again["summary"]["arms"]["next-token -> fine-tune"]["reading"]["versus_guess"]
     assert len(guess["seed_p_values"]) == 2 and guess["p_value"] == max(guess["seed_p_values"])
     assert again["baselines"]["per_kind"]["answers"]["year"] == "1945"  # kqv eval's, from the 1,425 trained pairs
+
+
+def test_kqv_world_writes_the_library_s_world_and_refuses_an_impossible_one_in_the_caller_s_words(tmp_path, capsys):
+    """`kqv world` is `kqv.data.worlds.write_world` (the same bytes); a world it cannot write is refused before any
+    file is, naming the flags on the command line and the arguments in Python."""
+    from kqv.cli.main import main
+    from kqv.errors import ConfigError
+
+    assert main(["world", "--people", "12", "--versions", "2", "--seed", "4", "--out", str(tmp_path / "cli")]) == 0
+    worlds.write_world(tmp_path / "lib", 12, 4, 2)
+    names = sorted(path.name for path in (tmp_path / "cli").iterdir())
+    assert names == sorted(path.name for path in (tmp_path / "lib").iterdir()) and len(names) == 10
+    assert all((tmp_path / "cli" / n).read_bytes() == (tmp_path / "lib" / n).read_bytes() for n in names)
+    capsys.readouterr()
+    for argv, said in (
+        (["--people", "1"], "--people must be at least 2 and --versions at least 1"),
+        (["--style", "encyclopedia", "--full-names"], "--style encyclopedia states each fact once"),
+    ):
+        assert main(["world", *argv, "--out", str(tmp_path / "no")]) == 2
+        assert said in capsys.readouterr().err and not (tmp_path / "no").exists()
+    with pytest.raises(ConfigError, match="n_people must be at least 2 and versions at least 1"):
+        worlds.write_world(tmp_path / "no", 1, 0)
+    assert not (tmp_path / "no").exists()

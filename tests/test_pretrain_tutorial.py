@@ -4,10 +4,11 @@ recipe "next-token, augmented, full names -> fine-tune" does, and its world comm
 
 import re
 import shlex
-import sys
 import tomllib
 from pathlib import Path
 
+from kqv.cli.main import main
+from kqv.data import worlds
 from kqv.train.config import TrainConfig
 from test_pretrain_qa_world import script
 
@@ -72,11 +73,9 @@ def test_the_tutorial_trains_the_benchmark_s_recipe(tmp_path):
 
 
 def test_the_tutorial_s_world_is_the_benchmark_s(tmp_path, monkeypatch):
-    world = script("people_world")
-    argv, _ = [c for c in commands() if c[:2] == ["python", "benchmarks/people_world.py"]]
-    monkeypatch.setattr(sys, "argv", [argv[1], *argv[2:]])
+    argv, _ = [c for c in commands() if c[:2] == ["kqv", "world"]]
     monkeypatch.chdir(tmp_path)
-    assert world.main() == 0
+    assert main(argv[1:]) == 0
     bench = script("pretrain_qa")
     bench.write_files(bench.SIZES["default"], 0, tmp_path)
     assert (tmp_path / "world" / "biographies.txt").read_text() == (tmp_path / "bios_full.txt").read_text()
@@ -91,11 +90,9 @@ def test_the_tutorial_s_world_is_the_benchmark_s(tmp_path, monkeypatch):
 
 def test_the_page_s_examples_are_in_the_files_it_puts_them_in(tmp_path, monkeypatch):
     """Each `world/FILE` the page describes with an example (a biography, a question, a probe) holds it."""
-    world = script("people_world")
-    argv, _ = [c for c in commands() if c[:2] == ["python", "benchmarks/people_world.py"]]
-    monkeypatch.setattr(sys, "argv", [argv[1], *argv[2:]])
+    argv, _ = [c for c in commands() if c[:2] == ["kqv", "world"]]
     monkeypatch.chdir(tmp_path)
-    assert world.main() == 0
+    assert main(argv[1:]) == 0
     page = (ROOT / "docs" / "pretrain-to-answers.md").read_text()
     items = re.findall(r"^- `world/([\w.-]+)`: (.*?)(?=^- |^$)", page, re.M | re.S)
     assert len(items) == 4
@@ -133,10 +130,9 @@ def test_the_one_version_pretraining_differs_from_the_tutorial_s_only_where_the_
 
 
 def test_the_encyclopedia_example_on_the_fine_tuning_page_is_in_the_default_encyclopedia(tmp_path):
-    world = script("people_world")
     page = (ROOT / "docs" / "fine-tuning.md").read_text()
     (example,) = re.findall(r"\*\*An encyclopedia's text\.\*\*.*?```\n(.*?)\n```", page, re.S)
-    text = world.biographies(world.make_world(1000, 0), 0, style="encyclopedia")
+    text = worlds.biographies(worlds.make_world(1000, 0), 0, style="encyclopedia")
     assert example in text.splitlines()
 
 
@@ -161,11 +157,9 @@ def test_the_encyclopedia_section_trains_the_benchmark_s_cs224n_recipe_on_its_te
         'data.sources=[{path="encyclopedia/pretrain.txt", weight=1}, '
         '{path="encyclopedia/questions-seen.jsonl", weight=1}]'
     ]
-    _, argv = [c for c in commands() if c[:2] == ["python", "benchmarks/people_world.py"]]
-    world = script("people_world")
-    monkeypatch.setattr(sys, "argv", [argv[1], *argv[2:]])
+    _, argv = [c for c in commands() if c[:2] == ["kqv", "world"]]
     monkeypatch.chdir(tmp_path)
-    assert world.main() == 0
+    assert main(argv[1:]) == 0
     bench.write_files(bench.SIZES["default"], 0, tmp_path)
     assert (tmp_path / "encyclopedia" / "pretrain.txt").read_text() == (
         tmp_path / "bios_encyclopedia_pretrain.txt"

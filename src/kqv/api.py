@@ -14,6 +14,7 @@
     mt.translate(["Im Anfang war das Wort"])                      # ["In the beginning was the Word"]
     mt.evaluate(beam_size=4)                                      # MTEvaluation(bleu=..., chrf=..., ...)
     mt.score(["Im Anfang war das Wort"], ["In the beginning was the Word"])  # [log P(translation | source)]
+    kqv.api.write_world("world", 1000, seed=0)                    # an invented world's biographies and questions
 
 This layer sits above the jobs (which train and hold the operations of each kind of run: `LMRun`, `MTRun`,
 `VitRun`) and below the command line, which parses flags, calls these, and prints what they return. What a run
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import io
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,22 +36,33 @@ from typing import Any
 
 from torch import Tensor
 
+from .data.completions import is_pairs_file
+from .data.worlds import STYLES as WORLD_STYLES
+from .data.worlds import write_world
 from .errors import ConfigError, DataError
 from .interop.directories import is_hf_directory
-from .jobs import get_job, load_run
+from .jobs import all_jobs, get_job, load_run
+from .jobs.answer_files import escape_line, read_prompts, write_completions, write_predictions
 from .jobs.base import AttentionMaps, TrainedRun
-from .jobs.lm import LMEvaluation, LMRun
-from .jobs.mt import MTEvaluation, MTRun
-from .jobs.offers import ExportsHF, require
+from .jobs.held import run_inputs
+from .jobs.lm import ATTENTION_MAX_TOKENS, LMEvaluation, LMRun
+from .jobs.mlm import MLMRun
+from .jobs.mt import ModelKind, MTEvaluation, MTRun
+from .jobs.offers import Evaluates, ExportsHF, Generates, ShowsAttention, Translates, require
 from .jobs.pretrained import PretrainedRun
 from .jobs.scoring import PairsEvaluation
 from .jobs.token_corpus import Prepared
 from .jobs.vit import ClsAttention, VitEvaluation, VitRun
 from .nn.devices import Accelerator
-from .nn.generation import GenerationConfig
+from .nn.environment import describe as describe_environment
+from .nn.environment import environment
+from .nn.generation import GENERATION_DTYPES, GenerationConfig
+from .train.evaluation import QuestionDifference
 from .train.events import Event
+from .train.files import write_atomically
+from .train.paths import refuse_writing_over
 from .train.rundir import named_run_path
-from .train.runs import RunConfig
+from .train.runs import RunConfig, read_run, run_task
 
 
 def load(path: str | Path, *, device: str = "auto") -> TrainedRun | PretrainedRun:
@@ -58,6 +71,12 @@ def load(path: str | Path, *, device: str = "auto") -> TrainedRun | PretrainedRu
     `device`: "auto" (a CUDA GPU, then Apple silicon, then the CPU), "cpu", "cuda", "cuda:N" or "mps"; a run
     trained on one device loads on any other."""
     return PretrainedRun.load(path, device) if is_hf_directory(path) else load_run(path, device)
+
+
+def run_job(path: str | Path) -> str | None:
+    """The name of the job that wrote the run directory `path` (its run.toml's task), read without loading its
+    model; None for a Hugging Face model directory (which `load` converts)."""
+    return None if is_hf_directory(path) else get_job(run_task(read_run(path))).name
 
 
 def train(
@@ -160,6 +179,13 @@ def prepare(
     return prepare_corpus(text, out, tokenizer=tokenizer, vocab_size=vocab_size, sample_bytes=sample, progress=progress)
 
 
+def describe_prepared(prepared: Prepared) -> str:
+    """The line that says what `prepare` made (what `kqv prepare` prints)."""
+    from .jobs.token_corpus import describe
+
+    return describe(prepared)
+
+
 def packaged_config(name: str | Path, task: str = "lm") -> Path:
     """A config shipped with kqv (e.g. `quick` for configs/{task}-quick.toml), or any path to a TOML file."""
     if Path(name).suffix == ".toml" or Path(name).exists():
@@ -208,6 +234,19 @@ def embed(
     return SentenceEncoder.load(model).to(chosen).embed(list(texts), batch_size=batch_size)
 
 
+def save_embeddings(path: str | Path, embeddings: Tensor) -> Path:
+    """`embeddings` in NumPy's .npy format at `path` (".npy" added where it lacks it, as `np.save` names it),
+    written atomically; the path written."""
+    import numpy as np
+
+    path = Path(path)
+    path = path if path.suffix == ".npy" else path.with_name(path.name + ".npy")
+    buffer = io.BytesIO()
+    np.save(buffer, embeddings.numpy())
+    write_atomically(path, buffer.getvalue())
+    return path
+
+
 def similarity(texts: Sequence[str], *, model: str | Path | None = None, device: str = "auto") -> Similarities:
     """The cosine similarities of at least two texts' embeddings (computed on `device`)."""
     from .jobs.embeddings import SentenceEncoder
@@ -218,24 +257,54 @@ def similarity(texts: Sequence[str], *, model: str | Path | None = None, device:
     return Similarities(texts, SentenceEncoder.load(model).to(chosen).similarity(texts))
 
 
+# The application layer's names; the command line (`kqv.cli`) imports no layer below this one, so what it needs from
+# them (the runs' classes and capabilities, the files of answers it writes, the checks of an output's path) is here.
 __all__ = [
+    "ATTENTION_MAX_TOKENS",
     "AttentionMaps",
     "ClsAttention",
+    "Evaluates",
+    "ExportsHF",
+    "GENERATION_DTYPES",
+    "Generates",
     "GenerationConfig",
     "LMEvaluation",
     "LMRun",
+    "MLMRun",
     "MTEvaluation",
     "MTRun",
+    "ModelKind",
     "PairsEvaluation",
+    "PretrainedRun",
+    "QuestionDifference",
+    "ShowsAttention",
     "Similarities",
     "TrainedRun",
+    "Translates",
     "VitEvaluation",
     "VitRun",
+    "WORLD_STYLES",
+    "all_jobs",
+    "describe_environment",
+    "describe_prepared",
     "embed",
+    "environment",
+    "escape_line",
     "export",
+    "is_pairs_file",
     "load",
     "packaged_config",
+    "prepare",
+    "read_prompts",
+    "refuse_writing_over",
+    "require",
+    "run_inputs",
+    "run_job",
+    "save_embeddings",
     "shipped_configs",
     "similarity",
     "train",
+    "write_completions",
+    "write_predictions",
+    "write_world",
 ]

@@ -5,7 +5,8 @@ Every one derives from `KqvError`, and from the built-in exception a caller woul
 and exits with status 2; any other exception is a bug in kqv and shows its traceback.
 
 A message names options and remedies in the words of the interface it reaches: each is a `Word` below, with its
-Python and its command-line spelling, said by `option`.
+Python and its command-line spelling, said by `option`; the command-line spelling names each flag through
+`kqv.flag_names`, the command line's one vocabulary of flags, never by a string of its own.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import errno
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+from . import flag_names as flag
 
 _COMMAND_LINE: contextvars.ContextVar[bool] = contextvars.ContextVar("kqv_command_line", default=False)
 
@@ -157,66 +160,80 @@ def option(word: Word, **fields: object) -> str:
 
 # The options and remedies messages name (`option`), in both interfaces' words.
 GENERATION_OPTIONS = {  # a generation option by its field name (`kqv.nn.generation.GenerationConfig`)
-    name: Word(name, f"--{name.replace('_', '-')}")
-    for name in ("max_new_tokens", "temperature", "top_k", "top_p", "count", "seed", "use_cache", "dtype")
+    name: Word(name, spelled)
+    for name, spelled in (
+        ("max_new_tokens", flag.MAX_NEW_TOKENS),
+        ("temperature", flag.TEMPERATURE),
+        ("top_k", flag.TOP_K),
+        ("top_p", flag.TOP_P),
+        ("count", flag.COUNT),
+        ("seed", flag.SEED),
+        ("use_cache", flag.NO_CACHE),  # the command line's negation of it
+        ("dtype", flag.DTYPE),
+    )
 }
 COUNT = GENERATION_OPTIONS["count"]
-PROMPT = Word("prompt", "--prompt")
-PROMPT_EXAMPLE = Word("prompt='ROMEO:'", "--prompt 'ROMEO:'")
-TEXT = Word("text", "--text")
+PROMPT = Word("prompt", flag.PROMPT)
+PROMPT_EXAMPLE = Word("prompt='ROMEO:'", f"{flag.PROMPT} 'ROMEO:'")
+TEXT = Word("text", flag.TEXT)
 SENTENCES = Word("sentences", "the text")
-MAX_TOKENS = Word("max_tokens", "--max-tokens")
-MAX_SENTENCES = Word("max_sentences", "--max-sentences")
-BEAM_SIZE = Word("beam_size", "--beam")
-LENGTH_PENALTY = Word("length_penalty", "--length-penalty")
-IMAGES = Word("images", "--images")
-SRC = Word("src", "--src")
-TGT = Word("tgt", "--tgt")
-SRC_AND_REF = Word("src and ref", "--src and --ref")
-SEEDS = Word("seeds", "--seeds")
-OUT = Word("out", "--out")
-HF = Word("hf", "--hf")
-HOST = Word("host", "--host")
-PORT = Word("port", "--port")
-COMMIT = Word("commit=", "--commit")
-RUN_DIRECTORY = Word("the run directory", "--out")
-DATA_FILE = Word("data=PATH", "--data FILE")
-TRAIN_ON_TEXT = Word("overrides=['data.path=path/to/text.txt']", "--data path/to/text.txt")
-PREPARE = Word("kqv.prepare(TEXT, {path!r})", "`kqv prepare TEXT --out {path}`")
+MAX_TOKENS = Word("max_tokens", flag.MAX_TOKENS)
+MAX_SENTENCES = Word("max_sentences", flag.MAX_SENTENCES)
+BEAM_SIZE = Word("beam_size", flag.BEAM)
+LENGTH_PENALTY = Word("length_penalty", flag.LENGTH_PENALTY)
+IMAGES = Word("images", flag.IMAGES)
+SRC = Word("src", flag.SRC)
+TGT = Word("tgt", flag.TGT)
+SRC_AND_REF = Word("src and ref", f"{flag.SRC} and {flag.REF}")
+SEEDS = Word("seeds", flag.SEEDS)
+PEOPLE = Word("n_people", flag.PEOPLE)  # the invented world's (`kqv world`)
+VERSIONS = Word("versions", flag.VERSIONS)
+FULL_NAMES = Word("full_names", flag.FULL_NAMES)
+STYLE_ENCYCLOPEDIA = Word("style='encyclopedia'", f"{flag.STYLE} encyclopedia")
+OUT = Word("out", flag.OUT)
+HF = Word("hf", flag.HF)
+HOST = Word("host", flag.HOST)
+PORT = Word("port", flag.PORT)
+COMMIT = Word("commit=", flag.COMMIT)
+RUN_DIRECTORY = Word("the run directory", flag.OUT)
+DATA_FILE = Word("data=PATH", f"{flag.DATA} FILE")
+TRAIN_ON_TEXT = Word("overrides=['data.path=path/to/text.txt']", f"{flag.DATA} path/to/text.txt")
+PREPARE = Word("kqv.prepare(TEXT, {path!r})", f"`kqv prepare TEXT {flag.OUT} {{path}}`")
 PREPARE_WITH_TOKENIZER = Word(
-    "kqv.prepare(TEXT, DIR, tokenizer={source!r})", "`kqv prepare TEXT --tokenizer {source} --out DIR`"
+    "kqv.prepare(TEXT, DIR, tokenizer={source!r})", f"`kqv prepare TEXT {flag.TOKENIZER} {{source}} {flag.OUT} DIR`"
 )
-MIXTURE = Word("data.sources=[TEXT, {path}]", "--data TEXT --data {path}")
-INIT = Word("init=", "--init ")
-INIT_DIR = Word("init=DIR", "--init DIR")
-INIT_SOURCE = Word("init=SOURCE", "--init SOURCE")
-STEPS = Word("steps=", "--steps")
-OVERRIDE = Word("the override ", "--set ")
-OVERRIDE_EXAMPLE = Word("overrides=['steps=200']", "--set steps=200")
-CONFIG_FIELD = Word("the config's {name}", '--set {name}="..."')
-SOURCES = Word("data.sources=", "--data ")
+MIXTURE = Word("data.sources=[TEXT, {path}]", f"{flag.DATA} TEXT {flag.DATA} {{path}}")
+INIT = Word("init=", f"{flag.INIT} ")
+INIT_DIR = Word("init=DIR", f"{flag.INIT} DIR")
+INIT_SOURCE = Word("init=SOURCE", f"{flag.INIT} SOURCE")
+STEPS = Word("steps=", flag.STEPS)
+OVERRIDE = Word("the override ", f"{flag.SET} ")
+OVERRIDE_EXAMPLE = Word("overrides=['steps=200']", f"{flag.SET} steps=200")
+CONFIG_FIELD = Word("the config's {name}", f'{flag.SET} {{name}}="..."')
+SOURCES = Word("data.sources=", f"{flag.DATA} ")
 RUN_INPUTS = {  # what a run reads, by its [data] key (a run's output must not overwrite them)
-    "init": Word("data.init=", "--init "),
-    "path": Word("data.path=", "--data "),
-    "tgt_path": Word("data.tgt_path=", "--set data.tgt_path="),
+    "init": Word("data.init=", f"{flag.INIT} "),
+    "path": Word("data.path=", f"{flag.DATA} "),
+    "tgt_path": Word("data.tgt_path=", f"{flag.SET} data.tgt_path="),
 }
 # remedies
-OVERWRITE = Word("overwrite=True", "--overwrite")
-IF_EXISTS_OVERWRITE = Word("if_exists='overwrite'", "`--overwrite`")
-IF_EXISTS_RESUME = Word("if_exists='resume'", "`--resume`")
-TRAINER_RESUME = Word("Trainer.resume(...)", "`--resume`")
-RESUME = Word("if_exists='resume' or Trainer.resume(...)", "`--resume`")
-RUN_S_OWN_CONFIG = Word("no config", "--resume without --config")
+OVERWRITE = Word("overwrite=True", flag.OVERWRITE)
+IF_EXISTS_OVERWRITE = Word("if_exists='overwrite'", f"`{flag.OVERWRITE}`")
+IF_EXISTS_RESUME = Word("if_exists='resume'", f"`{flag.RESUME}`")
+TRAINER_RESUME = Word("Trainer.resume(...)", f"`{flag.RESUME}`")
+RESUME = Word("if_exists='resume' or Trainer.resume(...)", f"`{flag.RESUME}`")
+RUN_S_OWN_CONFIG = Word("no config", f"{flag.RESUME} without {flag.CONFIG}")
 WITHOUT_OVERRIDES = Word(
     "; resume without these overrides, or train a new run with overwrite=True or another out",
-    "; resume without these --set values, or train a new run with --overwrite or another --out",
+    f"; resume without these {flag.SET} values, or train a new run with {flag.OVERWRITE} or another {flag.OUT}",
 )
-TRAIN = Word("the {task} job's train(config, run_dir)", "`kqv train {task} --out {run_dir}`")
+TRAIN = Word("the {task} job's train(config, run_dir)", f"`kqv train {{task}} {flag.OUT} {{run_dir}}`")
 RUN_EXPERIMENT = Word(
-    "list(kqv.experiments.actions.run_experiments({name!r}, out={out!r}))", "`kqv experiment run {name} --out {out}`"
+    "list(kqv.experiments.actions.run_experiments({name!r}, out={out!r}))",
+    f"`kqv experiment run {{name}} {flag.OUT} {{out}}`",
 )
-EXPORT_MERGED = Word("kqv.export({path!r}, hf=DIR, merge=True)", "`kqv export {path} --hf DIR --merge`")
-MERGE = Word("pass merge=True", "add --merge")
-DEVICE_CPU = Word("device='cpu'", "--device cpu")
-MODEL_ON_CPU = Word("a model on the CPU", "--device cpu")
-BFLOAT16 = Word("dtype=torch.bfloat16", "--dtype bf16")
+EXPORT_MERGED = Word("kqv.export({path!r}, hf=DIR, merge=True)", f"`kqv export {{path}} {flag.HF} DIR {flag.MERGE}`")
+MERGE = Word("pass merge=True", f"add {flag.MERGE}")
+DEVICE_CPU = Word("device='cpu'", f"{flag.DEVICE} cpu")
+MODEL_ON_CPU = Word("a model on the CPU", f"{flag.DEVICE} cpu")
+BFLOAT16 = Word("dtype=torch.bfloat16", f"{flag.DTYPE} bf16")

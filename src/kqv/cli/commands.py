@@ -15,13 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import api
+from ..api import PretrainedRun, TrainedRun
 from ..errors import RunError
-from ..interop.directories import is_hf_directory
-from ..jobs import all_jobs, get_job
-from ..jobs.base import TrainedRun
-from ..jobs.offers import require
-from ..jobs.pretrained import PretrainedRun
-from ..train.runs import read_run, run_task
+from ..flag_names import CONFIG, OUT, QUIET, SAMPLE_MB, TOKENIZER, VOCAB_SIZE
 from .flags import DEVICE_FLAG, SHARED_TRAIN_FLAGS, TRAIN_FLAGS, Flag
 
 
@@ -46,15 +42,13 @@ class Train(Command):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         tasks = parser.add_subparsers(dest="task", required=True)
-        for job in all_jobs().values():
+        for job in api.all_jobs().values():
             job_parser = tasks.add_parser(job.name, help=job.help)
             shipped = api.shipped_configs(job.name)
             job_parser.add_argument(
-                "--config", help=f"{', '.join(shipped) or 'quick'} (default: quick), or a path to a TOML run config"
+                CONFIG, help=f"{', '.join(shipped) or 'quick'} (default: quick), or a path to a TOML run config"
             )
-            job_parser.add_argument(
-                "--out", default=f"runs/{job.name}", help=f"run directory (default runs/{job.name})"
-            )
+            job_parser.add_argument(OUT, default=f"runs/{job.name}", help=f"run directory (default runs/{job.name})")
             for flag in (*TRAIN_FLAGS.get(job.name, ()), *SHARED_TRAIN_FLAGS):
                 flag.add_to(job_parser)
 
@@ -88,17 +82,15 @@ class Prepare(Command):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("text", metavar="TEXT_OR_DIR", help="a UTF-8 text file or a directory of .txt files")
-        parser.add_argument("--out", required=True, help="the corpus directory (new, or an unfinished prepare's)")
+        parser.add_argument(OUT, required=True, help="the corpus directory (new, or an unfinished prepare's)")
         parser.add_argument(
-            "--tokenizer", default="bpe", help="bpe (trained on a sample), char, or a saved tokenizer's or run's dir"
+            TOKENIZER, default="bpe", help="bpe (trained on a sample), char, or a saved tokenizer's or run's dir"
         )
-        parser.add_argument("--vocab-size", type=int, default=4096, help="bpe: the vocabulary (default 4096)")
-        parser.add_argument("--sample-mb", type=float, default=32, help="bpe: MiB of text it is trained on (32)")
-        parser.add_argument("--quiet", action="store_true", help="no progress bar")
+        parser.add_argument(VOCAB_SIZE, type=int, default=4096, help="bpe: the vocabulary (default 4096)")
+        parser.add_argument(SAMPLE_MB, type=float, default=32, help="bpe: MiB of text it is trained on (32)")
+        parser.add_argument(QUIET, action="store_true", help="no progress bar")
 
     def run(self, args: argparse.Namespace) -> None:
-        from ..jobs.token_corpus import describe
-
         prepared = api.prepare(
             args.text,
             args.out,
@@ -107,7 +99,7 @@ class Prepare(Command):
             sample_mb=args.sample_mb,
             progress=not args.quiet,
         )
-        print(describe(prepared))
+        print(api.describe_prepared(prepared))
 
 
 @dataclass(frozen=True)
@@ -156,15 +148,14 @@ class RunCommand(Command):
         before its model is read. A Hugging Face directory (`PretrainedRun`) takes the LM entry where there is one
         (generate, eval, attention) and else the MT entry (translate); one whose model lacks the capability is
         refused once it is loaded (`kqv.jobs.offers.require`), before the entry starts."""
-        hf = is_hf_directory(args.run)
-        kind = (
-            next((k for k in HF_ENTRIES if k in self.by_job), "") if hf else get_job(run_task(read_run(args.run))).name
-        )
+        job = api.run_job(args.run)
+        hf = job is None
+        kind = next((k for k in HF_ENTRIES if k in self.by_job), "") if hf else job
         if kind not in self.by_job:
             what = "a Hugging Face model directory" if hf else f"a run of task {kind!r}"
             raise RunError(f"{args.run} is {what}; kqv {args.command} works on runs of {sorted(self.by_job)}")
         loaded = api.load(args.run, device=args.device)
-        require(loaded, self.capability)
+        api.require(loaded, self.capability)
         return self.by_job[kind].run(loaded, args)
 
 

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import io
 import json
-from pathlib import Path
 
 from .. import api
-from ..jobs.held import run_inputs
-from ..train.files import write_atomically
-from ..train.paths import refuse_writing_over
+from ..api import refuse_writing_over, run_inputs
+from ..flag_names import BATCH_SIZE, MODEL, OUT
 from .commands import Command
 from .flags import DEVICE_FLAG
 
@@ -24,35 +21,24 @@ class Embed(Command):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("texts", nargs="+", metavar="TEXT")
-        parser.add_argument("--out", help="write a (texts, 384) float32 array to this .npy file instead of printing")
-        parser.add_argument("--batch-size", type=int, default=32)
-        parser.add_argument("--model", help=MODEL_HELP)
+        parser.add_argument(OUT, help="write a (texts, 384) float32 array to this .npy file instead of printing")
+        parser.add_argument(BATCH_SIZE, type=int, default=32)
+        parser.add_argument(MODEL, help=MODEL_HELP)
         DEVICE_FLAG.add_to(parser)
 
     def run(self, args: argparse.Namespace) -> None:
         if args.out is not None:  # before the model is loaded
             out = args.out if args.out.endswith(".npy") else args.out + ".npy"
-            refuse_writing_over(out, run_inputs(args.model) if args.model is not None else [], "--out")
+            refuse_writing_over(out, run_inputs(args.model) if args.model is not None else [], OUT)
         embeddings = api.embed(args.texts, model=args.model, batch_size=args.batch_size, device=args.device)
         if args.out is None:
             for row in embeddings.tolist():
                 print(json.dumps([round(value, 6) for value in row]))
             return
-        path = Path(args.out)
-        path = path if path.suffix == ".npy" else path.with_name(path.name + ".npy")  # as np.save names it
-        write_atomically(path, npy_bytes(embeddings.numpy()))
+        path = api.save_embeddings(args.out, embeddings)
         print(
             f"wrote {path}: {embeddings.shape[0]} embeddings of {embeddings.shape[1]} dimensions (float32, unit length)"
         )
-
-
-def npy_bytes(array) -> bytes:
-    """`array` in NumPy's .npy format."""
-    import numpy as np
-
-    buffer = io.BytesIO()
-    np.save(buffer, array)
-    return buffer.getvalue()
 
 
 class Similarity(Command):
@@ -62,7 +48,7 @@ class Similarity(Command):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("texts", nargs="+", metavar="TEXT")
-        parser.add_argument("--model", help=MODEL_HELP)
+        parser.add_argument(MODEL, help=MODEL_HELP)
         DEVICE_FLAG.add_to(parser)
 
     def run(self, args: argparse.Namespace) -> None:

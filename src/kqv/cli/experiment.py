@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..flag_names import COMMIT, DEVICE, DIR, OUT, QUICK, QUIET, SEEDS, SET, THREADS
 from .commands import Command
 from .flags import DEVICE_HELP
 
@@ -84,43 +85,37 @@ class Experiment(Command):
         run = actions.add_parser("run", help="run one experiment (or all) and write results.json, plots, report.md")
         run.add_argument("name", help="an experiment name from `kqv experiment list`, or all")
         run.add_argument(
-            "--quick",
+            QUICK,
             action="store_true",
             help="the small size: a smoke test of the code (minutes for all), not a test of the claims",
         )
-        run.add_argument("--seeds", type=int, help="number of seeds (default: the experiment's)")
-        run.add_argument("--out", default="experiments", help="output directory (default experiments/)")
+        run.add_argument(SEEDS, type=int, help="number of seeds (default: the experiment's)")
+        run.add_argument(OUT, default="experiments", help="output directory (default experiments/)")
         run.add_argument(
-            "--set",
+            SET,
             action="append",
             default=[],
             metavar="FIELD=VALUE",
             help="change a size of the experiment's config, e.g. --set steps=500 (repeatable)",
         )
-        run.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+        run.add_argument(THREADS, type=int, default=1, help="torch threads (default 1)")
         run.add_argument(
-            "--device",
+            DEVICE,
             default="cpu",
             help=f"where the models train: {DEVICE_HELP.partition(': ')[2]} (default cpu, where every figure in "
             "docs/experiments was measured); what is measured after training runs on the CPU",
         )
-        run.add_argument("--quiet", action="store_true", help="no progress output")
+        run.add_argument(QUIET, action="store_true", help="no progress output")
         run.set_defaults(action_func=cmd_run)
         page = actions.add_parser("gallery", help="one Markdown page of every experiment's results in a directory")
-        page.add_argument(
-            "--dir", default="docs/experiments", help="the runs' --out directory (default docs/experiments)"
-        )
-        page.add_argument(
-            "--out", default="docs/experiments.md", help="the page to write (default docs/experiments.md)"
-        )
+        page.add_argument(DIR, default="docs/experiments", help="the runs' --out directory (default docs/experiments)")
+        page.add_argument(OUT, default="docs/experiments.md", help="the page to write (default docs/experiments.md)")
         page.set_defaults(action_func=cmd_gallery)
         again = actions.add_parser(
             "rejudge", help="recompute the table, checks and verdict of stored runs from their numbers (no rerun)"
         )
         again.add_argument("name", help="an experiment name, or all (every run found in --dir)")
-        again.add_argument(
-            "--dir", default="docs/experiments", help="the runs' --out directory (default docs/experiments)"
-        )
+        again.add_argument(DIR, default="docs/experiments", help="the runs' --out directory (default docs/experiments)")
         again.set_defaults(action_func=cmd_rejudge)
         vouch = actions.add_parser(
             "fingerprint",
@@ -129,11 +124,9 @@ class Experiment(Command):
             "must be the code that made them)",
         )
         vouch.add_argument("name", help="an experiment name, or all (every run found in --dir)")
+        vouch.add_argument(DIR, default="docs/experiments", help="the runs' --out directory (default docs/experiments)")
         vouch.add_argument(
-            "--dir", default="docs/experiments", help="the runs' --out directory (default docs/experiments)"
-        )
-        vouch.add_argument(
-            "--commit", default=None, help="the commit whose code made the runs (default: today's working tree)"
+            COMMIT, default=None, help="the commit whose code made the runs (default: today's working tree)"
         )
         vouch.set_defaults(action_func=cmd_fingerprint)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..api import refuse_writing_over, run_inputs
 from ..errors import ConfigError, MissingResourceError
-from ..jobs.held import run_inputs
-from ..train.paths import refuse_writing_over
+from ..flag_names import BEAM, HOST, HTML, MAX_TOKENS, OPEN, PORT, TEXT
 from .commands import Command
 from .flags import DEVICE_FLAG
 
@@ -32,7 +32,7 @@ def cmd_explore(args: argparse.Namespace) -> None:
     if args.text is None:
         raise ConfigError("--html writes the views of one input: give it with --text")
     read = run_inputs(args.run) if Path(args.run).is_dir() else []  # `minilm`: the installed package's
-    refuse_writing_over(args.html, read, "--html")  # before the model is loaded
+    refuse_writing_over(args.html, read, HTML)  # before the model is loaded
     options = {"beam": args.beam} if args.beam is not None else {}
     subject = load_subject(args.run, args.max_tokens, args.device)
     path = write_standalone(subject, args.text, args.html, **options)
@@ -61,25 +61,25 @@ class Explore(Command):
             help="a run directory (lm, mt, mlm, cls or vit), `minilm` (all-MiniLM-L6-v2), or a Hugging Face "
             "GPT-2, BERT, Marian or BART directory saved with its tokenizer.json",
         )
-        explore.add_argument("--port", type=int, default=8765, help="port to serve on (default 8765)")
+        explore.add_argument(PORT, type=int, default=8765, help="port to serve on (default 8765)")
         explore.add_argument(
-            "--host",
+            HOST,
             default="127.0.0.1",
             help="address to listen on (default 127.0.0.1: this machine only; any other address "
             "is announced with a warning, since anyone who can connect can run the model)",
         )
-        explore.add_argument("--open", action="store_true", help="open the page in the default browser")
+        explore.add_argument(OPEN, action="store_true", help="open the page in the default browser")
         explore.add_argument(
-            "--max-tokens",
+            MAX_TOKENS,
             type=int,
             default=None,
             help="the input length limit, in tokens (default: the model's context, its max_len, at most 1024; "
             "a run with learned positions allows at most its max_len): longer inputs are refused with a "
             "message, since every view holds tokens x tokens weights per head",
         )
-        explore.add_argument("--html", help="write the views of --text to this self-contained HTML file and exit")
-        explore.add_argument("--text", help="with --html: the input (MT: the source sentence)")
-        explore.add_argument("--beam", type=int, help="with --html on an MT run: the beam size of the translation")
+        explore.add_argument(HTML, help="write the views of --text to this self-contained HTML file and exit")
+        explore.add_argument(TEXT, help="with --html: the input (MT: the source sentence)")
+        explore.add_argument(BEAM, type=int, help="with --html on an MT run: the beam size of the translation")
         DEVICE_FLAG.add_to(explore)
 
     def run(self, args: argparse.Namespace) -> None:

@@ -8,7 +8,27 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..jobs.mt import ModelKind
+from ..api import ModelKind
+from ..flag_names import (
+    BASELINE,
+    BEAM,
+    DATA,
+    DATA_FROM,
+    DEVICE,
+    INIT,
+    JSON,
+    LENGTH_PENALTY,
+    MODEL,
+    OUT,
+    OVERWRITE,
+    PAIR,
+    QUIET,
+    RESUME,
+    SET,
+    STEPS,
+    TGT_DATA,
+    THREADS,
+)
 
 
 @dataclass(frozen=True)
@@ -45,34 +65,34 @@ class Flag:
 
 DEVICE_HELP = "where the model runs: auto (a CUDA GPU, then Apple silicon, then the CPU), cpu, cuda, cuda:N or mps"
 # --device on every command that runs a model but `kqv train` (whose --device sets train.device)
-DEVICE_FLAG = Flag("--device", f"{DEVICE_HELP} (default auto)", options={"default": "auto"})
+DEVICE_FLAG = Flag(DEVICE, f"{DEVICE_HELP} (default auto)", options={"default": "auto"})
 
 # The flags of `kqv train NAME` that every job has, and each job's own.
 SHARED_TRAIN_FLAGS = (
-    Flag("--steps", "number of optimizer updates", "train.steps", {"type": int}),
-    Flag("--device", f"{DEVICE_HELP} (default: the config's train.device, auto)", "train.device"),
+    Flag(STEPS, "number of optimizer updates", "train.steps", {"type": int}),
+    Flag(DEVICE, f"{DEVICE_HELP} (default: the config's train.device, auto)", "train.device"),
     Flag(
-        "--set",
+        SET,
         "override a config value, e.g. --set model.d_model=128 (repeatable)",
         options={"action": "append", "default": [], "metavar": "SECTION.KEY=VALUE"},
     ),
     Flag(
-        "--resume",
+        RESUME,
         "continue the run in --out from its checkpoint; without --config, --steps and --set change its own run.toml",
         options={"action": "store_true"},
     ),
-    Flag("--overwrite", "replace the run in --out", options={"action": "store_true"}),
-    Flag("--quiet", "print nothing but errors", options={"action": "store_true"}),
+    Flag(OVERWRITE, "replace the run in --out", options={"action": "store_true"}),
+    Flag(QUIET, "print nothing but errors", options={"action": "store_true"}),
 )
-TEXT_DATA_FLAG = Flag("--data", "a text file or directory of .txt files instead of Shakespeare", "data.path")
+TEXT_DATA_FLAG = Flag(DATA, "a text file or directory of .txt files instead of Shakespeare", "data.path")
 TRAIN_FLAGS: dict[str, tuple[Flag, ...]] = {
     "cls": (
-        Flag("--data", "the TSV file of text<TAB>label lines (required)", "data.path"),
-        Flag("--init", "an MLM run directory whose encoder and tokenizer to fine-tune", "data.init"),
+        Flag(DATA, "the TSV file of text<TAB>label lines (required)", "data.path"),
+        Flag(INIT, "an MLM run directory whose encoder and tokenizer to fine-tune", "data.init"),
     ),
     "lm": (
         Flag(
-            "--data",
+            DATA,
             "a text file or directory of .txt files instead of Shakespeare, or a .tsv/.jsonl file of "
             "prompt -> completion pairs (the loss on the completions); repeated, a mixture of them with equal "
             "weights (data.sources)",
@@ -80,24 +100,24 @@ TRAIN_FLAGS: dict[str, tuple[Flag, ...]] = {
             {"action": "append"},
             many="data.sources",
         ),
-        Flag("--init", "a kqv LM run or Hugging Face GPT-2 directory to fine-tune (default config: finetune)"),
+        Flag(INIT, "a kqv LM run or Hugging Face GPT-2 directory to fine-tune (default config: finetune)"),
     ),
     "mlm": (TEXT_DATA_FLAG,),
     "mt": (
-        Flag("--pair", "Bible language pair: de-en (default), fr-en, en-de, en-fr", "data.pair"),
-        Flag("--data", "your own corpus: a TSV file (source<TAB>target), or the source side", "data.path"),
-        Flag("--tgt-data", "the target side, aligned line by line with --data", "data.tgt_path"),
-        Flag("--data-from", "reuse the tokenizer and data splits of another MT run"),
-        Flag("--model", "override model.kind", "model.kind", {"choices": list(ModelKind.__args__)}),
-        Flag("--threads", "torch threads (default: torch's choice)", options={"type": int}),
+        Flag(PAIR, "Bible language pair: de-en (default), fr-en, en-de, en-fr", "data.pair"),
+        Flag(DATA, "your own corpus: a TSV file (source<TAB>target), or the source side", "data.path"),
+        Flag(TGT_DATA, "the target side, aligned line by line with --data", "data.tgt_path"),
+        Flag(DATA_FROM, "reuse the tokenizer and data splits of another MT run"),
+        Flag(MODEL, "override model.kind", "model.kind", {"choices": list(ModelKind.__args__)}),
+        Flag(THREADS, "torch threads (default: torch's choice)", options={"type": int}),
     ),
-    "vit": (Flag("--baseline", "the baseline trained beside the ViT: mlp, conv or none", "data.baseline"),),
+    "vit": (Flag(BASELINE, "the baseline trained beside the ViT: mlp, conv or none", "data.baseline"),),
 }
 
 # Flags several commands on runs share.
-JSON_FLAG = Flag("--json", "also print the result as JSON", options={"action": "store_true"})
-OUT_PNG_FLAG = Flag("--out", "the PNG file to write", options={"default": "attention.png"})
+JSON_FLAG = Flag(JSON, "also print the result as JSON", options={"action": "store_true"})
+OUT_PNG_FLAG = Flag(OUT, "the PNG file to write", options={"default": "attention.png"})
 BEAM_FLAGS = (
-    Flag("--beam", "beam size (default: the run's decode.beam_size)", options={"type": int}),
-    Flag("--length-penalty", "length penalty of beam search", options={"type": float}),
+    Flag(BEAM, "beam size (default: the run's decode.beam_size)", options={"type": int}),
+    Flag(LENGTH_PENALTY, "length penalty of beam search", options={"type": float}),
 )

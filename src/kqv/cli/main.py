@@ -16,6 +16,7 @@ kqv embed "some text" ... [--out embeddings.npy]     (all-MiniLM-L6-v2 sentence 
 kqv similarity "first text" "second text" ...        (their cosine similarities as a table)
 kqv explore runs/lm [--port 8765] [--open]            (a local web app: every layer and head of any run)
 kqv experiment list | run NAME [--quick]             (test the lecture's claims)
+kqv world --out world [--versions 8 --full-names]    (an invented world: biographies, questions to ask of them)
 kqv env [--json]                                     (versions, CPU, GPUs, what `auto` chooses: for bug reports)
 """
 
@@ -33,6 +34,7 @@ from .environment import Env
 from .experiment import Experiment
 from .explore import Explore
 from .runs import RUN_COMMANDS
+from .world import World
 
 # Every command, by name, in the order `kqv --help` lists them: the only place a command is registered.
 COMMANDS: dict[str, Command] = {
@@ -43,6 +45,7 @@ COMMANDS: dict[str, Command] = {
     "similarity": Similarity(),
     "experiment": Experiment(),
     "explore": Explore(),
+    "world": World(),
     "env": Env(),
 }
 

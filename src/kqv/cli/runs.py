@@ -8,20 +8,55 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..data.completions import is_pairs_file
+from ..api import (
+    ATTENTION_MAX_TOKENS,
+    GENERATION_DTYPES,
+    Evaluates,
+    ExportsHF,
+    Generates,
+    LMRun,
+    MLMRun,
+    MTRun,
+    PairsEvaluation,
+    PretrainedRun,
+    QuestionDifference,
+    ShowsAttention,
+    Translates,
+    VitRun,
+    escape_line,
+    is_pairs_file,
+    read_prompts,
+    refuse_writing_over,
+    run_inputs,
+    write_completions,
+    write_predictions,
+)
 from ..errors import ConfigError, DataError
-from ..jobs.answer_files import escape_line, read_prompts, write_completions, write_predictions
-from ..jobs.held import run_inputs
-from ..jobs.lm import ATTENTION_MAX_TOKENS, LMRun
-from ..jobs.mlm import MLMRun
-from ..jobs.mt import MTRun
-from ..jobs.offers import Evaluates, ExportsHF, Generates, ShowsAttention, Translates
-from ..jobs.pretrained import PretrainedRun
-from ..jobs.scoring import PairsEvaluation
-from ..jobs.vit import VitRun
-from ..nn.generation import GENERATION_DTYPES
-from ..train.evaluation import QuestionDifference
-from ..train.paths import refuse_writing_over
+from ..flag_names import (
+    COUNT,
+    DATA,
+    DTYPE,
+    FILE,
+    HF,
+    IMAGES,
+    MAX_NEW_TOKENS,
+    MAX_SENTENCES,
+    MAX_TOKENS,
+    MERGE,
+    NO_CACHE,
+    OUT,
+    PREDICTIONS,
+    PROMPT,
+    PROMPTS,
+    REF,
+    SEED,
+    SRC,
+    TEMPERATURE,
+    TEXT,
+    TGT,
+    TOP_K,
+    TOP_P,
+)
 from .commands import JobCommand, RunCommand, report
 from .flags import BEAM_FLAGS, JSON_FLAG, OUT_PNG_FLAG, Flag
 
@@ -48,7 +83,7 @@ def lm_complete(run: LMRun | PretrainedRun, args: argparse.Namespace, options: d
     atomically to --out or printed."""
     if args.out is not None:
         read = [(f"the file of prompts, --prompts {args.prompts}", args.prompts), *run_inputs(run.run_dir)]
-        refuse_writing_over(args.out, read, "--out")
+        refuse_writing_over(args.out, read, OUT)
     prompts = read_prompts(args.prompts)
     completions = run.complete(prompts, use_cache=not args.no_cache, **options)
     if args.out is None:
@@ -78,7 +113,7 @@ def lm_evaluate_pairs(run: LMRun | PretrainedRun, args: argparse.Namespace) -> N
     """`kqv eval RUN --data pairs.tsv|.jsonl`: completion loss and exact match, a short table."""
     if args.predictions is not None:
         read = [(f"the file of pairs it scores, --data {args.data}", args.data), *run_inputs(run.run_dir)]
-        refuse_writing_over(args.predictions, read, "--predictions")
+        refuse_writing_over(args.predictions, read, PREDICTIONS)
     result = run.evaluate(pairs=args.data, max_tokens=args.max_tokens)
     if args.predictions is not None:
         path = write_predictions(args.predictions, result.predictions)
@@ -176,7 +211,7 @@ def lm_attention(run: LMRun | PretrainedRun, args: argparse.Namespace) -> None:
 
     if args.text is None:
         raise ConfigError("kqv attention on a language model needs --text")
-    refuse_writing_over(args.out, run_inputs(run.run_dir), "--out")  # the run's own loss.png, say
+    refuse_writing_over(args.out, run_inputs(run.run_dir), OUT)  # the run's own loss.png, say
     maps = run.attention(args.text, max_tokens=args.max_tokens)
     path = plot_attention_grid(maps.weights, maps.rows, maps.columns, args.out, title=f"{run.run_dir}: self-attention")
     print(f"wrote {path}: {maps.layers} layers x {maps.heads} heads over {len(maps.rows)} tokens")
@@ -236,7 +271,7 @@ def mt_attention(run: MTRun, args: argparse.Namespace) -> None:
             "kqv attention on a translation run needs --src (and optionally --tgt; by default the "
             "model's own translation)"
         )
-    refuse_writing_over(args.out, run_inputs(run.run_dir), "--out")  # the run's own loss.png, say
+    refuse_writing_over(args.out, run_inputs(run.run_dir), OUT)  # the run's own loss.png, say
     maps = run.attention(args.src, args.tgt)
     path = plot_attention_grid(
         maps.weights,
@@ -266,7 +301,7 @@ def vit_evaluate(run: VitRun, args: argparse.Namespace) -> None:
 def vit_attention(run: VitRun, args: argparse.Namespace) -> None:
     from ..explore.plots import plot_cls_attention
 
-    refuse_writing_over(args.out, run_inputs(run.run_dir), "--out")  # the run's own loss.png, say
+    refuse_writing_over(args.out, run_inputs(run.run_dir), OUT)  # the run's own loss.png, say
     shown = run.attention(args.images)
     path = plot_cls_attention(shown.images, shown.maps, shown.labels, shown.predicted, args.out)
     layers, images, height, width = shown.maps.shape
@@ -286,28 +321,26 @@ RUN_COMMANDS = {
                 "continue a prompt with a trained LM",
                 lm_generate,
                 (
-                    Flag("--prompt", "the text to continue"),
+                    Flag(PROMPT, "the text to continue"),
                     Flag(
-                        "--prompts",
+                        PROMPTS,
                         "a file of prompts, one per line (no blank lines): each is completed, stopping at the end of "
                         "text, in batches",
                     ),
                     Flag(
-                        "--out",
+                        OUT,
                         "with --prompts: write the completions here, one a line (newlines as \\n, tabs as \\t, "
                         "backslashes as \\\\), instead of printing them",
                     ),
-                    Flag("--max-new-tokens", "tokens to generate", options={"type": int, "default": 300}),
-                    Flag("--temperature", "0 = greedy", options={"type": float, "default": 0.8}),
-                    Flag("--top-k", "sample among the k most likely tokens", options={"type": int}),
+                    Flag(MAX_NEW_TOKENS, "tokens to generate", options={"type": int, "default": 300}),
+                    Flag(TEMPERATURE, "0 = greedy", options={"type": float, "default": 0.8}),
+                    Flag(TOP_K, "sample among the k most likely tokens", options={"type": int}),
+                    Flag(TOP_P, "sample among the most likely tokens of total probability p", options={"type": float}),
+                    Flag(COUNT, "how many continuations", options={"type": int, "default": 1}),
+                    Flag(SEED, "seed of the sampling generator", options={"type": int, "default": 0}),
+                    Flag(NO_CACHE, "recompute the whole prefix each step", options={"action": "store_true"}),
                     Flag(
-                        "--top-p", "sample among the most likely tokens of total probability p", options={"type": float}
-                    ),
-                    Flag("--count", "how many continuations", options={"type": int, "default": 1}),
-                    Flag("--seed", "seed of the sampling generator", options={"type": int, "default": 0}),
-                    Flag("--no-cache", "recompute the whole prefix each step", options={"action": "store_true"}),
-                    Flag(
-                        "--dtype",
+                        DTYPE,
                         "weights' precision while generating: bf16 reads half the bytes per token, int8 (torch's "
                         "dynamic quantisation of the linear layers) a quarter (default fp32)",
                         options={"choices": sorted(GENERATION_DTYPES), "default": "fp32"},
@@ -324,13 +357,13 @@ RUN_COMMANDS = {
                 lm_evaluate,
                 (
                     Flag(
-                        "--data",
+                        DATA,
                         "a text file to score instead of the held-out split (a Hugging Face directory needs one); "
                         "a .tsv or .jsonl file of prompt -> completion pairs is scored by completion loss and exact "
                         "match",
                     ),
-                    Flag("--max-tokens", "score only this many tokens", options={"type": int}),
-                    Flag("--predictions", "with pairs: write prompt, expected, got and correct for each pair (TSV)"),
+                    Flag(MAX_TOKENS, "score only this many tokens", options={"type": int}),
+                    Flag(PREDICTIONS, "with pairs: write prompt, expected, got and correct for each pair (TSV)"),
                     JSON_FLAG,
                 ),
             ),
@@ -338,10 +371,10 @@ RUN_COMMANDS = {
                 "BLEU and chrF",
                 mt_evaluate,
                 (
-                    Flag("--src", "source sentences to translate and score (default: the test split)"),
-                    Flag("--ref", "reference translations aligned with --src"),
+                    Flag(SRC, "source sentences to translate and score (default: the test split)"),
+                    Flag(REF, "reference translations aligned with --src"),
                     *BEAM_FLAGS,
-                    Flag("--max-sentences", "score only the first N sentences", options={"type": int}),
+                    Flag(MAX_SENTENCES, "score only the first N sentences", options={"type": int}),
                     JSON_FLAG,
                 ),
             ),
@@ -355,10 +388,10 @@ RUN_COMMANDS = {
                 "draw the self-attention maps of every layer and head",
                 lm_attention,
                 (
-                    Flag("--text", "the text whose self-attention to draw"),
+                    Flag(TEXT, "the text whose self-attention to draw"),
                     OUT_PNG_FLAG,
                     Flag(
-                        "--max-tokens",
+                        MAX_TOKENS,
                         f"the longest text drawn, in tokens (default {ATTENTION_MAX_TOKENS}): the maps hold tokens x "
                         "tokens weights per head",
                         options={"type": int, "default": ATTENTION_MAX_TOKENS},
@@ -369,15 +402,15 @@ RUN_COMMANDS = {
                 "draw the cross-attention of a translation",
                 mt_attention,
                 (
-                    Flag("--src", "the source sentence"),
-                    Flag("--tgt", "its translation (default: the model's own)"),
+                    Flag(SRC, "the source sentence"),
+                    Flag(TGT, "its translation (default: the model's own)"),
                     OUT_PNG_FLAG,
                 ),
             ),
             "vit": JobCommand(
                 "draw the attention of [CLS] over the patches of test images",
                 vit_attention,
-                (OUT_PNG_FLAG, Flag("--images", "how many test images", options={"type": int, "default": 4})),
+                (OUT_PNG_FLAG, Flag(IMAGES, "how many test images", options={"type": int, "default": 4})),
             ),
         },
     ),
@@ -388,9 +421,9 @@ RUN_COMMANDS = {
                 "write an LM run as a Hugging Face GPT-2 directory (transformers' from_pretrained loads it)",
                 lm_export,
                 (
-                    Flag("--hf", "the directory to write (new or empty)", options={"required": True}),
+                    Flag(HF, "the directory to write (new or empty)", options={"required": True}),
                     Flag(
-                        "--merge",
+                        MERGE,
                         "fold a LoRA run's adapters into its weights first (GPT-2's format holds plain weights)",
                         options={"action": "store_true"},
                     ),
@@ -399,7 +432,7 @@ RUN_COMMANDS = {
             "mlm": JobCommand(
                 "write an MLM run as a Hugging Face BERT directory (AutoModelForMaskedLM loads it)",
                 mlm_export,
-                (Flag("--hf", "the directory to write (new or empty)", options={"required": True}),),
+                (Flag(HF, "the directory to write (new or empty)", options={"required": True}),),
             ),
         },
     ),
@@ -415,7 +448,7 @@ RUN_COMMANDS = {
                         "the sentence to translate (default: one per line from --file or stdin)",
                         options={"nargs": "?"},
                     ),
-                    Flag("--file", "a file with one sentence per line ('-' = stdin)"),
+                    Flag(FILE, "a file with one sentence per line ('-' = stdin)"),
                     *BEAM_FLAGS,
                 ),
             )

@@ -19,20 +19,23 @@ From it:
 - `split(people)`: the people whose questions a fine-tune (or a mixed pretraining) sees, and the held-out rest,
   whose questions are scored. Every person's biography is in the pretraining text.
 
-`python benchmarks/people_world.py --out DIR` writes one world's files, to read or to train on by hand.
+`write_world(out, ...)` writes one world's files (`kqv world --out DIR`), to read or to train on by hand; the
+benchmarks `pretrain_qa` and `example_throughput` train on them.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from qa_world import unique_words  # invented words from syllables, as the smaller world's names
+from ..errors import FULL_NAMES, PEOPLE, STYLE_ENCYCLOPEDIA, VERSIONS, ConfigError, DataError, option
+from .completions import split_examples
 
+ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "gr", "kl", "tr", "st"]
+VOWELS = ["a", "e", "i", "o", "u", "ai", "ei", "ou"]
+CODAS = ["", "", "n", "r", "l", "s", "k", "m"]
 TRADES = [
     "baker", "weaver", "sailor", "miller", "potter", "tanner", "mason", "cooper", "smith", "fisher",
     "carpenter", "glazier", "saddler", "brewer", "butcher", "chandler", "cobbler", "dyer", "farrier", "fletcher",
@@ -100,6 +103,25 @@ class Person:
 
     def answer(self, fact: str) -> str:
         return str(getattr(self, fact))
+
+
+def word(rng: random.Random, syllables: int, onset: str) -> str:
+    """An invented word of `syllables` syllables, capitalised, starting with `onset`."""
+    rest = "".join(rng.choice(ONSETS) + rng.choice(VOWELS) + rng.choice(CODAS) for _ in range(syllables - 1))
+    return (onset + rng.choice(VOWELS) + rng.choice(CODAS) + rest).title()
+
+
+def unique_words(rng: random.Random, count: int, syllables: int, taken: set[str]) -> list[str]:
+    """`count` invented words of `syllables` syllables, none in `taken` (which grows). The k-th starts with the
+    onset ONSETS[k % len(ONSETS)], so any run of len(ONSETS) consecutive words uses every capital letter: a
+    character tokenizer built from either half of the people then knows the other half's letters."""
+    found: list[str] = []
+    while len(found) < count:
+        candidate = word(rng, syllables, ONSETS[len(found) % len(ONSETS)])
+        if candidate not in taken:
+            taken.add(candidate)
+            found.append(candidate)
+    return found
 
 
 def zipf_weights(count: int) -> list[float]:
@@ -189,9 +211,9 @@ def biographies(
     `encyclopedia_entry` per person (the name once, then pronouns, each fact once), so `versions` must be 1 and
     `full_names` off."""
     if style not in STYLES:
-        raise ValueError(f"style must be one of {STYLES}, got {style!r}")
+        raise ConfigError(f"style must be one of {', '.join(STYLES)}, got {style!r}")
     if style == "encyclopedia" and (versions != 1 or full_names):
-        raise ValueError("an encyclopedia states each fact once: one version, named in the first sentence only")
+        raise ConfigError("an encyclopedia states each fact once: one version, named in the first sentence only")
     rng = random.Random(seed)
     if style == "encyclopedia":
         lines = [encyclopedia_entry(person, rng) for person in people]
@@ -225,7 +247,7 @@ def kind(prompt: str) -> str:
             before, after = form.split("{name}")
             if prompt.startswith(before) and prompt.endswith(after):
                 return fact
-    raise ValueError(f"not a question or probe of this world: {prompt!r}")
+    raise DataError(f"not a question or probe of this world: {prompt!r}")
 
 
 def split(people: list[Person], seen: float = 0.5) -> tuple[list[Person], list[Person]]:
@@ -261,8 +283,6 @@ def with_validation(
     lines kqv's split (`kqv.data.completions.split_examples` at `val_fraction`) holds out for validation, so that
     validation withholds no document of the text (a held-out person's facts live in no other): the text and how
     many were added. The added biographies are written in the text's `style`."""
-    from kqv.data.completions import split_examples
-
     lines = text.splitlines()
     added = 1
     while added != max(1, round(val_fraction * (len(lines) + added))):
@@ -279,13 +299,26 @@ def with_validation(
 VAL_FRACTION = 0.05  # the validation share pretrain.txt is laid out for (`data.val_fraction`)
 
 
+def check_world(n_people: int, versions: int, full_names: bool, style: str) -> None:
+    """Refuse (ConfigError) a world that cannot be written: under two people (no held-out half), no version, or an
+    encyclopedia asked for several versions or full names (it states each fact once)."""
+    if n_people < 2 or versions < 1:
+        raise ConfigError(f"{option(PEOPLE)} must be at least 2 and {option(VERSIONS)} at least 1")
+    if style == "encyclopedia" and (versions != 1 or full_names):
+        raise ConfigError(
+            f"{option(STYLE_ENCYCLOPEDIA)} states each fact once: "
+            f"no {option(VERSIONS)} above 1, no {option(FULL_NAMES)}"
+        )
+
+
 def write_world(
     out: Path, n_people: int, seed: int, versions: int = 1, full_names: bool = False, style: str = "varied"
 ) -> list[Person]:
     """In `out`: biographies.txt (`versions` biographies per person, with `full_names` if asked, in `style`),
     pretrain.txt (the same with validation documents of seen people where `data.val_fraction = VAL_FRACTION` holds out:
     `with_validation`), the questions and probes of the seen and held-out people as .tsv and as .jsonl naming each
-    question's kind."""
+    question's kind; refused (`check_world`) where no such world can be written."""
+    check_world(n_people, versions, full_names, style)
     people = make_world(n_people, seed)
     seen, held_out = split(people)
     out.mkdir(parents=True, exist_ok=True)
@@ -299,31 +332,3 @@ def write_world(
         write_pairs(out / f"{name}.tsv", pairs)
         write_jsonl(out / f"{name}.jsonl", pairs)
     return people
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description="write an invented world's biographies and question files")
-    parser.add_argument("--people", type=int, default=1000, help="how many people (default 1000)")
-    parser.add_argument("--versions", type=int, default=1, help="biographies per person, each worded anew (default 1)")
-    parser.add_argument("--full-names", action="store_true", help="every sentence names its person in full")
-    parser.add_argument(
-        "--style",
-        choices=STYLES,
-        default="varied",
-        help="varied (default: each sentence names the person or says a pronoun, at random) or encyclopedia (one "
-        "paragraph per person, the full name once in the first sentence, then pronouns, each fact once)",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="the world's seed (default 0)")
-    parser.add_argument("--out", type=Path, required=True, help="a directory to write into")
-    args = parser.parse_args()
-    if args.people < 2 or args.versions < 1:
-        parser.error("--people must be at least 2 and --versions at least 1")
-    if args.style == "encyclopedia" and (args.versions != 1 or args.full_names):
-        parser.error("--style encyclopedia states each fact once: no --versions above 1, no --full-names")
-    write_world(args.out, args.people, args.seed, args.versions, args.full_names, args.style)
-    print(f"wrote {args.out}: biographies.txt, pretrain.txt, questions-{{seen,held-out}}.{{tsv,jsonl}}, probes-*")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

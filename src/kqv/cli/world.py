@@ -1,0 +1,36 @@
+"""`kqv world`: an invented world of people (`kqv.data.worlds`), its biographies and its question files written."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .. import api
+from ..api import WORLD_STYLES
+from ..flag_names import FULL_NAMES, OUT, PEOPLE, SEED, STYLE, VERSIONS
+from .commands import Command
+
+
+class World(Command):
+    """`kqv world --out DIR [--people N] [--versions V] [--full-names] [--style S] [--seed S]`: `kqv.api.write_world`,
+    the files it wrote named."""
+
+    help = "write an invented world's biographies and question files (to pretrain on, then ask)"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(PEOPLE, type=int, default=1000, help="how many people (default 1000)")
+        parser.add_argument(VERSIONS, type=int, default=1, help="biographies per person, each worded anew (default 1)")
+        parser.add_argument(FULL_NAMES, action="store_true", help="every sentence names its person in full")
+        parser.add_argument(
+            STYLE,
+            choices=WORLD_STYLES,
+            default="varied",
+            help="varied (default: each sentence names the person or says a pronoun, at random) or encyclopedia "
+            "(one paragraph per person, the full name once in the first sentence, then pronouns, each fact once)",
+        )
+        parser.add_argument(SEED, type=int, default=0, help="the world's seed (default 0)")
+        parser.add_argument(OUT, type=Path, required=True, help="a directory to write into")
+
+    def run(self, args: argparse.Namespace) -> None:
+        api.write_world(args.out, args.people, args.seed, args.versions, args.full_names, args.style)
+        print(f"wrote {args.out}: biographies.txt, pretrain.txt, questions-{{seen,held-out}}.{{tsv,jsonl}}, probes-*")
