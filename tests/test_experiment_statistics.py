@@ -486,3 +486,16 @@ def test_a_committed_fingerprint_holds_under_other_cpu_kernels(kernels, tmp_path
     run = quick_run("norm-placement", ROOT, 0, KERNEL_SETS[kernels], tmp_path)
     assert run["capability"] == kernels.upper(), "the cap took effect"
     assert expected and differences(expected, run["results"]) == []
+
+
+def test_the_shipped_full_minutes_weigh_every_committed_experiment_as_its_record_says():
+    """A run of several weighs each experiment by its minutes, shipped with the package (`FULL_MINUTES`), not read
+    from a checkout: every committed experiment has them, within a factor of two of what its record took."""
+    from kqv.experiments.runner import FULL_MINUTES, expected_minutes
+
+    committed = {path.parent.name: path for path in (ROOT / "docs" / "experiments").glob(f"*/{RESULTS_FILE}")}
+    assert committed and set(committed) <= set(FULL_MINUTES)
+    for name, path in committed.items():
+        minutes = json.loads(path.read_text())["seconds"] / 60
+        assert minutes / 2 <= expected_minutes(name, quick=False) <= max(2 * minutes, 0.01), name
+    assert expected_minutes("not-an-experiment", quick=False) == 30.0

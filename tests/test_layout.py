@@ -181,3 +181,57 @@ def test_the_size_checker_counts_body_lines_of_nested_functions_and_methods(tmp_
         "kqv.probe:outer.inner": 70,
         "kqv.probe:A.method": 1,
     }
+
+
+# -- the package reads nothing from the source checkout it may sit in ----------------------------------------------
+
+
+def levels_up(node: ast.expr) -> int | None:
+    """How many folders up from its own file a path expression goes, where it is `Path(__file__)` climbed by
+    `.parent` and `.parents[N]` (`.resolve()` between them); None for any other expression."""
+    climbed = 0
+    while True:
+        if isinstance(node, ast.Attribute) and node.attr == "parent":
+            climbed, node = climbed + 1, node.value
+        elif isinstance(node, ast.Subscript) and getattr(node.value, "attr", None) == "parents":
+            if not isinstance(node.slice, ast.Constant):
+                return None
+            climbed, node = climbed + node.slice.value + 1, node.value.value
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "resolve":
+            node = node.func.value
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Path" and len(node.args) == 1:
+            return climbed if getattr(node.args[0], "id", None) == "__file__" else None
+        else:
+            return None
+
+
+def paths_out_of_the_package(package: Path = PACKAGE) -> list[str]:
+    """Each `__file__`-relative path of a module that climbs out of the package (to a checkout's docs/, say)."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        depth = len(path.relative_to(package).parts)  # kqv/experiments/runner.py: 2 folders up is kqv itself
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.expr) and (up := levels_up(node)) is not None and up > depth:
+                found.append(f"{path.relative_to(package)}:{node.lineno}: {ast.unparse(node)}")
+    return sorted(set(found))
+
+
+def test_no_module_reads_a_path_outside_the_package():
+    """The experiments (and every other module) work from an installed package: what they read ships with it
+    (package data, constants) or is passed in, never a file of the source checkout around it."""
+    assert not (found := paths_out_of_the_package()), "\n".join(found)
+
+
+def test_the_path_scan_finds_a_climb_out_of_the_package(tmp_path):
+    (tmp_path / "kqv" / "experiments").mkdir(parents=True)
+    module = tmp_path / "kqv" / "experiments" / "runner.py"
+    module.write_text(
+        "from pathlib import Path\nHERE = Path(__file__).parent / 'static'\nKQV = Path(__file__).resolve().parents[1]\n"
+    )
+    assert paths_out_of_the_package(tmp_path / "kqv") == []
+    module.write_text("from pathlib import Path\nDOCS = Path(__file__).resolve().parents[3] / 'docs'\n")
+    assert paths_out_of_the_package(tmp_path / "kqv") == [
+        "experiments/runner.py:2: Path(__file__).resolve().parents[3]"
+    ]
+    module.write_text("from pathlib import Path\nROOT = Path(__file__).parent.parent.parent\n")
+    assert len(paths_out_of_the_package(tmp_path / "kqv")) == 1

@@ -95,6 +95,8 @@ STYLES = ("varied", "encyclopedia")
 
 @dataclass(frozen=True)
 class Person:
+    """One invented person: the full name, the pronoun the biographies use, and the three facts questions ask."""
+
     name: str
     pronoun: str  # "he" or "she"
     town: str
@@ -102,6 +104,7 @@ class Person:
     trade: str
 
     def answer(self, fact: str) -> str:
+        """The answer to the question of `fact` ("town", "year" or "trade")."""
         return str(getattr(self, fact))
 
 

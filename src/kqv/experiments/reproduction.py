@@ -21,9 +21,9 @@ command's overrides) gives, and only while its fingerprint holds a number: a fin
 (nothing it could vouch for) or made by an older rule leaves the result standing on nothing: rerun. A timing
 cannot be fingerprinted: a result of a `TIMED` experiment stands only on its own code hash and names its CPU.
 `made_at_commit` names the commit whose code made the fingerprint
-(`add_fingerprint(directory, commit=...)` makes one in a temporary worktree of a commit in the repository's
-history, after checking that commit's code hash is the record's). The fingerprint is a smoke-size proof that the
-code computes what it computed, not a rerun of the claim.
+(`add_fingerprint(directory, commit=...)` makes one in a temporary worktree of a commit in the history of the
+repository that holds `directory`, after checking that commit's code hash is the record's). The fingerprint is a
+smoke-size proof that the code computes what it computed, not a rerun of the claim.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import COMMIT, RUN_EXPERIMENT, option
-from .provenance import TIMED, timing_change
+from .provenance import PACKAGE_ROOT, TIMED, timing_change
 
 # keys that hold a time or a speed: never part of a fingerprint, even when two runs happen to agree
 TIMING = re.compile(
@@ -192,15 +192,16 @@ def standing(
     return None
 
 
-def quick_run(name: str, source: Path, first_seed: int, env: dict[str, str], scratch: Path) -> dict[str, Any]:
-    """Experiment `name`'s quick results, run in a fresh process on the kqv source tree `source` (its src/) with
-    `env` added to the environment and seeds `first_seed`, `first_seed + 1`, ...; also the capability it ran."""
+def quick_run(name: str, imports: Path, first_seed: int, env: dict[str, str], scratch: Path) -> dict[str, Any]:
+    """Experiment `name`'s quick results, run in a fresh process (in `scratch`) on the kqv package found in
+    `imports` (the folder that holds it: a source tree's src/) with `env` added to the environment and seeds
+    `first_seed`, `first_seed + 1`, ...; also the capability it ran."""
     out = scratch / f"{name}-{first_seed}-{len(env)}-{'-'.join(env.values())}.json"
-    environment = {**os.environ, **env, "PYTHONPATH": str(source / "src"), "OMP_NUM_THREADS": "1"}
+    environment = {**os.environ, **env, "PYTHONPATH": str(imports), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
         [sys.executable, "-c", _WORKER, name, str(first_seed), str(out)],
         env=environment,
-        cwd=source,
+        cwd=scratch,
         capture_output=True,
         text=True,
     )
@@ -214,11 +215,12 @@ def quick_run(name: str, source: Path, first_seed: int, env: dict[str, str], scr
 
 def quick_fingerprint(name: str, source: str | Path | None = None) -> dict[str, Any]:
     """Experiment `name`'s fingerprint (`code.quick` of results.json), made with the code of `source` (a kqv
-    source tree; this one by default): its quick size under every kernel set, and once more with other seeds."""
-    source = Path(source) if source is not None else Path(__file__).resolve().parents[3]
+    source tree, its src/; by default the kqv package running now, wherever it is installed): its quick size under
+    every kernel set, and once more with other seeds."""
+    imports = Path(source) / "src" if source is not None else PACKAGE_ROOT.parent
     with tempfile.TemporaryDirectory(prefix="kqv-fingerprint-") as scratch:
-        runs = {label: quick_run(name, source, 0, env, Path(scratch)) for label, env in KERNEL_SETS.items()}
-        shifted = quick_run(name, source, SEED_SHIFT, {}, Path(scratch))
+        runs = {label: quick_run(name, imports, 0, env, Path(scratch)) for label, env in KERNEL_SETS.items()}
+        shifted = quick_run(name, imports, SEED_SHIFT, {}, Path(scratch))
     kept, dropped = fingerprint(name, {k: r["results"] for k, r in runs.items()}, shifted["results"])
     return {
         "rule": RULE,
@@ -252,7 +254,7 @@ def add_fingerprint(directory: str | Path, commit: str | None = None) -> dict[st
             )
         record["code"]["quick"] = {**quick_fingerprint(name), "made_at_commit": git_state()["commit"]}
     else:
-        with _worktree(commit) as (source, full_commit):
+        with _worktree(commit, Path(directory)) as (source, full_commit):
             if _hash_at(source, name) != (record.get("code") or {}).get("hash"):
                 raise ExperimentError(f"{name}: the code of commit {commit} is not the code that made it; {rerun}")
             record["code"]["quick"] = {**quick_fingerprint(name, source), "made_at_commit": full_commit}
@@ -272,9 +274,10 @@ def _hash_at(source: Path, name: str) -> str:
 
 
 @contextlib.contextmanager
-def _worktree(commit: str) -> Iterator[tuple[Path, str]]:
-    """A temporary git worktree of `commit` of the repository this source tree is in: (its path, the full hash)."""
-    repository = Path(__file__).resolve().parents[3]
+def _worktree(commit: str, inside: Path) -> Iterator[tuple[Path, str]]:
+    """A temporary git worktree of `commit` of the repository that holds the folder `inside` (the committed run's):
+    (its path, the full hash)."""
+    repository = inside.resolve()
 
     def git(*args: str) -> str:
         from .base import ExperimentError
