@@ -83,7 +83,7 @@ def test_a_run_that_cannot_export_is_refused_in_one_line_writing_nothing(mt_dir,
 def test_the_commands_refuse_a_loaded_run_that_lacks_their_capability_before_their_entry_runs(tmp_path, monkeypatch):
     """A Hugging Face directory takes a job's entry; `require` refuses it before the entry starts."""
     bare = PretrainedRun(nn.Linear(2, 2), None, tmp_path / "dir", "SomeModel")
-    monkeypatch.setattr("kqv.cli.commands.is_hf_directory", lambda path: True)
+    monkeypatch.setattr("kqv.api.run_job", lambda path: None)  # a Hugging Face directory
     monkeypatch.setattr("kqv.api.load", lambda path, device: bare)
     entered = []
     command = RUN_COMMANDS["generate"]

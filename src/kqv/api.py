@@ -36,31 +36,43 @@ from typing import Any
 
 from torch import Tensor
 
-from .data.completions import is_pairs_file
+from .data.completions import is_pairs_file as is_pairs_file
 from .data.worlds import STYLES as WORLD_STYLES
 from .data.worlds import write_world
 from .errors import ConfigError, DataError
 from .interop.directories import is_hf_directory
-from .jobs import all_jobs, get_job, load_run
-from .jobs.answer_files import escape_line, read_prompts, write_completions, write_predictions
+from .jobs import all_jobs as all_jobs
+from .jobs import get_job, load_run
+from .jobs.answer_files import escape_line as escape_line
+from .jobs.answer_files import read_prompts as read_prompts
+from .jobs.answer_files import write_completions as write_completions
+from .jobs.answer_files import write_predictions as write_predictions
 from .jobs.base import AttentionMaps, TrainedRun
-from .jobs.held import run_inputs
-from .jobs.lm import ATTENTION_MAX_TOKENS, LMEvaluation, LMRun
-from .jobs.mlm import MLMRun
-from .jobs.mt import ModelKind, MTEvaluation, MTRun
-from .jobs.offers import Evaluates, ExportsHF, Generates, ShowsAttention, Translates, require
-from .jobs.pretrained import PretrainedRun
+from .jobs.held import run_inputs as run_inputs
+from .jobs.lm import ATTENTION_MAX_TOKENS as ATTENTION_MAX_TOKENS
+from .jobs.lm import LMEvaluation, LMRun
+from .jobs.mlm import MLMRun as MLMRun
+from .jobs.mt import ModelKind as ModelKind
+from .jobs.mt import MTEvaluation, MTRun
+from .jobs.offers import Evaluates as Evaluates
+from .jobs.offers import ExportsHF as ExportsHF
+from .jobs.offers import Generates as Generates
+from .jobs.offers import ShowsAttention as ShowsAttention
+from .jobs.offers import Translates as Translates
+from .jobs.offers import require as require
+from .jobs.pretrained import PretrainedRun as PretrainedRun
 from .jobs.scoring import PairsEvaluation
 from .jobs.token_corpus import Prepared
 from .jobs.vit import ClsAttention, VitEvaluation, VitRun
 from .nn.devices import Accelerator
 from .nn.environment import describe as describe_environment
 from .nn.environment import environment
-from .nn.generation import GENERATION_DTYPES, GenerationConfig
-from .train.evaluation import QuestionDifference
+from .nn.generation import GENERATION_DTYPES as GENERATION_DTYPES
+from .nn.generation import GenerationConfig
+from .train.evaluation import QuestionDifference as QuestionDifference
 from .train.events import Event
 from .train.files import write_atomically
-from .train.paths import refuse_writing_over
+from .train.paths import refuse_writing_over as refuse_writing_over
 from .train.rundir import named_run_path
 from .train.runs import RunConfig, read_run, run_task
 
@@ -257,54 +269,35 @@ def similarity(texts: Sequence[str], *, model: str | Path | None = None, device:
     return Similarities(texts, SentenceEncoder.load(model).to(chosen).similarity(texts))
 
 
-# The application layer's names; the command line (`kqv.cli`) imports no layer below this one, so what it needs from
-# them (the runs' classes and capabilities, the files of answers it writes, the checks of an output's path) is here.
+# The application layer's names. The command line (`kqv.cli`) imports no layer below this one: what it needs from
+# them besides these (the runs' classes and capabilities, the files of answers it writes, the check of an output's
+# path) is imported above as `NAME as NAME`, a name of kqv.api for it, not a part of the documented API.
 __all__ = [
-    "ATTENTION_MAX_TOKENS",
     "AttentionMaps",
     "ClsAttention",
-    "Evaluates",
-    "ExportsHF",
-    "GENERATION_DTYPES",
-    "Generates",
     "GenerationConfig",
     "LMEvaluation",
     "LMRun",
-    "MLMRun",
     "MTEvaluation",
     "MTRun",
-    "ModelKind",
     "PairsEvaluation",
-    "PretrainedRun",
-    "QuestionDifference",
-    "ShowsAttention",
     "Similarities",
     "TrainedRun",
-    "Translates",
     "VitEvaluation",
     "VitRun",
     "WORLD_STYLES",
-    "all_jobs",
     "describe_environment",
     "describe_prepared",
     "embed",
     "environment",
-    "escape_line",
     "export",
-    "is_pairs_file",
     "load",
     "packaged_config",
     "prepare",
-    "read_prompts",
-    "refuse_writing_over",
-    "require",
-    "run_inputs",
     "run_job",
     "save_embeddings",
     "shipped_configs",
     "similarity",
     "train",
-    "write_completions",
-    "write_predictions",
     "write_world",
 ]
