@@ -574,9 +574,13 @@ def test_a_bert_changed_after_import_exports_its_changed_positions():
 
 def test_to_hf_names_every_option_the_target_cannot_represent():
     with pytest.raises(
-        ValueError, match="position='rope'.*cannot become a GPT2LMHeadModel, which needs position='learned'"
+        ValueError,
+        match="position='rope'.*cannot become a GPT2LMHeadModel, which needs position='learned': "
+        "train one with --set model.position=learned ",
     ):
         kqv.interop.to_hf(exportable("DecoderLM", position="rope"))
+    with pytest.raises(ValueError, match="train one with --set model.norm_first=true --set model.bias=true "):
+        kqv.interop.to_hf(exportable("DecoderLM", norm_first=False, bias=False))
     with pytest.raises(ValueError, match="activation='swiglu' cannot become a BertModel"):
         kqv.interop.to_hf(exportable("Encoder", activation="swiglu"))
     with pytest.raises(ValueError, match="MarianMTModel.*BartForConditionalGeneration") as error:

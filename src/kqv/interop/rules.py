@@ -129,12 +129,22 @@ def require(hf_config: Any, architecture_name: str, **expected: Any) -> None:
 
 
 def require_kqv(config: ModelConfig, target: str, **expected: Any) -> None:
-    """ValueError naming every kqv option that the Hugging Face class `target` cannot represent."""
+    """ValueError naming every kqv option that the Hugging Face class `target` cannot represent, and the `--set`
+    overrides that train a model it can (a fine-tune's model is its source's: those go to the source's training)."""
     wrong = {k: getattr(config, k) for k, v in expected.items() if getattr(config, k) != v}
     if wrong:
         have = ", ".join(f"{k}={v!r}" for k, v in wrong.items())
         need = ", ".join(f"{k}={expected[k]!r}" for k in wrong)
-        raise ConversionError(f"a kqv model with {have} cannot become a {target}, which needs {need}")
+        remedy = " ".join(f"--set model.{k}={override_text(expected[k])}" for k in wrong)
+        raise ConversionError(
+            f"a kqv model with {have} cannot become a {target}, which needs {need}: train one with {remedy} "
+            "(a fine-tune takes its model from its --init run)"
+        )
+
+
+def override_text(value: Any) -> str:
+    """How `--set` writes `value` on a command line: a string bare (`learned`), a flag `true`/`false`."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def dropouts(base: dict[str, Any], config: ModelConfig, *names: str) -> dict[str, float]:
