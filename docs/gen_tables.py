@@ -68,7 +68,7 @@ TRAIN_THROUGHPUT = [
     Source(
         "benchmarks/results/train_throughput_zen5_before_devices.json",
         "Zen 5, before devices",
-        "AMD EPYC Zen 5, native bf16, 2 cores: the code before CUDA devices (`git worktree add its 4ad9405`)",
+        "AMD EPYC Zen 5, native bf16, 2 cores: the code before CUDA devices, an earlier checkout of kqv in `its/`",
         "PYTHONPATH=its/src python benchmarks/train_throughput.py --rounds 7 "
         "--output benchmarks/results/train_throughput_zen5_before_devices.json",
     ),
@@ -195,7 +195,7 @@ AB_COMPARE = [
         f"benchmarks/results/ab_{name}.json",
         "EPYC AVX2",
         AB_MACHINE,
-        f"python benchmarks/ab_compare.py --base cd3eb51 --name {name} {command}",
+        f"python benchmarks/ab_compare.py --base REV --name {name} {command}",
     )
     for name, command in (
         (

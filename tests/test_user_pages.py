@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -69,3 +71,17 @@ def test_history_is_found_in_prose_and_hashes_are_left_in_code_and_links():
     assert history(said) == ["issue 41", "#42", "uncommitted", "/tmp", "hash 4ad9405"]
     kept = "`git worktree add its 4ad9405`, [a report](https://github.com/o/r/issues/161), bf16, 1e-3, deadbeef, x#1"
     assert history(kept) == []
+
+
+# what a reader who searches the pages for the project's making types (code included, where the scan above leaves
+# hashes alone): an issue, uncommitted work, a /tmp path, a commit named, a git command checking one out
+SCANS = (
+    ["grep", "-rnE", r"issues? [0-9]+|uncommitted|/tmp/|commit [0-9a-f]{7}|--base [0-9a-f]{7}|worktree add"],
+    ["grep", "-rn", "used to crash"],
+)
+
+
+@pytest.mark.parametrize("scan", SCANS, ids=lambda scan: scan[-1][:20])
+def test_a_search_for_history_finds_nothing_in_the_readme_or_the_guide(scan):
+    found = subprocess.run([*scan, "README.md", "docs"], cwd=ROOT, capture_output=True, text=True, errors="replace")
+    assert found.returncode == 1, f"{shlex.join(scan)} README.md docs found:\n{found.stdout[:3000]}{found.stderr}"
