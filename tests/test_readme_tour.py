@@ -134,3 +134,14 @@ def test_every_line_of_the_readme_s_tour_runs_as_written(tmp_path):
     assert json.loads((hf / "config.json").read_text())["model_type"] == "gpt2"
     assert (tmp_path / "attention.png").stat().st_size > 0
     assert (tmp_path / "experiments" / "no-causal-mask" / "results.json").is_file()
+
+
+def test_where_the_test_command_is_the_browser_it_needs_and_the_suite_s_time_are_said():
+    """The browser tests skip without Debian's Chromium: each page that gives the test command says how to get it
+    (the command tests/browser.py's skip names too) and how long the suite takes."""
+    browser = (ROOT / "tests" / "browser.py").read_text(encoding="utf-8")
+    assert "apt-get install -y chromium" in browser
+    for page in ("README.md", "docs/getting-started.md", "docs/testing.md"):
+        text = " ".join((ROOT / page).read_text(encoding="utf-8").split())
+        assert "python -m pytest" in text, page
+        assert "`apt-get install -y chromium`" in text and "about 8 minutes on 2 cores" in text, page
