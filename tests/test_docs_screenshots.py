@@ -46,9 +46,20 @@ MEASURE = """() => {
 }"""
 
 
-# what on the page is cut without a way to see the rest, one line each (empty when nothing is)
+# what on the page is cut without a way to see the rest, one line each (empty when nothing is); a table that hides
+# columns to its right must show the cue that it scrolls: the shadow on its right edge (docs/stylesheets/extra.css,
+# drawn while docs/javascripts/tables.js marks its box), opaque, at least 8 px wide, on the table's visible edge
 CUT = """() => {
   const vw = document.documentElement.clientWidth, vh = window.innerHeight;
+  const cueShown = (table) => {
+    const holder = table.closest(".md-typeset__table");
+    if (!holder || !holder.classList.contains("kqv-more-right")) return false;
+    const shadow = getComputedStyle(holder, "::after");
+    const right = table.getBoundingClientRect().right;
+    const edge = holder.getBoundingClientRect().right - parseFloat(shadow.right);
+    return shadow.content !== "none" && parseFloat(shadow.opacity) === 1 && parseFloat(shadow.width) >= 8
+      && shadow.backgroundImage.includes("gradient") && Math.abs(edge - right) <= 2 && right <= vw + 1;
+  };
   const column = document.querySelector("article.md-content__inner");
   const scrolls = (node) => ["auto", "scroll"].includes(getComputedStyle(node).overflowX);
   const found = [];
@@ -59,6 +70,12 @@ CUT = """() => {
     if ((cut && !(scrolls(table) && barOnScreen)) || box.right > vw + 1 || box.left < -1)
       found.push(`table ${index}: ${table.scrollWidth} px of content in ${table.clientWidth} px, `
         + `${table.offsetHeight} px tall, right edge ${Math.round(box.right)}`);
+    if (cut && !cueShown(table)) {
+      const hidden = [...table.querySelectorAll("thead th")]
+        .filter((th) => th.getBoundingClientRect().right > box.left + table.clientWidth + 1)
+        .map((th) => th.textContent.trim());
+      found.push(`table ${index}: columns ${JSON.stringify(hidden)} hidden to the right, with no shadow on its edge`);
+    }
   });
   [...column.querySelectorAll("img")].forEach((img, index) => {
     const box = img.getBoundingClientRect();
@@ -163,3 +180,59 @@ def test_no_table_or_figure_is_cut_without_a_way_to_see_the_rest(window, server,
     assert not cut, f"at {width} px, {len(cut)} tables or figures are cut with no way to see the rest:\n" + "\n".join(
         cut
     )
+
+
+def test_at_1400_px_every_table_of_every_page_shows_all_its_columns(server, pages, browser):
+    """At 1400 px nothing scrolls: the key columns (the tutorial's "- constant per kind [95%]", the gallery's
+    "deciding number") and every other are on screen with the table's top."""
+    context = browser.new_context(viewport={"width": WIDTH, "height": 900})
+    context.route("**/*", lambda route: route.continue_() if route.request.url.startswith(server) else route.abort())
+    page = context.new_page()
+    wide, seen = [], {}
+    try:
+        for address in pages:
+            page.goto(server + address, wait_until="load")
+            tables = page.evaluate(MEASURE)
+            seen[address] = page.evaluate(HEADERS)
+            wide += [
+                f"/{address} table {t['index']} under {t['under']!r}: {t['scroll']} px of content in {t['client']} px"
+                for t in tables
+                if t["scroll"] > t["client"] + 1 or t["right"] > t["edge"] + 1
+            ]
+    finally:
+        context.close()
+    assert any("- constant per kind [95%]" in h for h in seen["pretrain-to-answers/"]), seen["pretrain-to-answers/"]
+    assert "the deciding number" in seen["experiments/"], seen["experiments/"]
+    assert not wide, f"{len(wide)} tables are wider than their column at {WIDTH} px:\n" + "\n".join(wide)
+
+
+# the text of every table header of the page's content column
+HEADERS = """() => [...document.querySelectorAll("article.md-content__inner thead th")]
+  .map((th) => th.textContent.trim())"""
+# the first table of the page that scrolls sideways, scrolled to `to` (its left or right end); its box's cue classes
+SCROLLED = """(to) => {
+  const table = [...document.querySelectorAll("article.md-content__inner table")]
+    .find((t) => t.scrollWidth > t.clientWidth + 1);
+  table.scrollLeft = to === "right" ? table.scrollWidth : 0;
+  return table.closest(".md-typeset__table").className;
+}"""
+
+
+def test_on_a_phone_the_shadow_follows_the_columns_a_table_hides(server, browser):
+    """At 390 px the tutorial's first table hides its columns to the right: its right edge has the shadow; scrolled
+    to its end, the shadow moves to the left edge, and back."""
+    context = browser.new_context(viewport={"width": 390, "height": 844})
+    page = context.new_page()
+    holder = "document.querySelector('article.md-content__inner .md-typeset__table')"
+    try:
+        page.goto(server + "pretrain-to-answers/", wait_until="load")
+        assert "kqv-more-right" in page.evaluate(f"{holder}.className")
+        assert "kqv-more-left" not in page.evaluate(f"{holder}.className")
+        page.evaluate(SCROLLED, "right")
+        page.wait_for_function(f"{holder}.classList.contains('kqv-more-left')", timeout=5000)
+        assert "kqv-more-right" not in page.evaluate(f"{holder}.className")
+        page.evaluate(SCROLLED, "left")
+        page.wait_for_function(f"!{holder}.classList.contains('kqv-more-left')", timeout=5000)
+        assert "kqv-more-right" in page.evaluate(f"{holder}.className")
+    finally:
+        context.close()
