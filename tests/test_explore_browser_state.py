@@ -100,7 +100,8 @@ def test_a_hand_edited_url_is_repaired_not_trusted(page, servers, fragment):
         p.page.wait_for_selector("#head-view line.attn", state="attached")
         assert p.page.eval_on_selector("#head-view text.query.selected", "t => +t.dataset.index") == len(TEXT) - 1
         assert p.page.input_value("#layer") == "0" and p.page.is_checked("#head-0") and p.page.is_checked("#head-1")
-        assert "layer 1, head" not in p.page.inner_text("#detail-title")  # no cell opened
+        assert "the head view's" in p.page.inner_text("#detail-title")  # no cell opened: the head view's head shown
+        assert p.page.eval_on_selector_all("#model-view canvas.open", "cs => cs.length") == 0
         assert fragment not in p.page.url and "token=12" in p.page.url and "heads=0%2C1" in p.page.url
         url = p.page.url
     assert p.page.is_hidden("#error")

@@ -405,20 +405,28 @@ function openCell(layer, head) {  // a click on the model view or the statistics
 
 const SVG_CELLS = 4096;  // a detail map of up to this many weights is SVG cells (64 x 64); a larger one, one bitmap
 
+function detailCell() {  // the head the detail shows: the one opened, else the head view's first head
+  const v = view();
+  if (state.cell || !v.layers) return state.cell;
+  return {layer: state.layer, head: state.heads.size ? Math.min(...state.heads) : 0};
+}
+
 function drawDetail() {
-  const v = view(), root = $("detail");
+  const v = view(), root = $("detail"), shownCell = detailCell();
   root.replaceChildren();
   if ($("tip")) $("tip").hidden = true;
   $("cell-info").textContent = "";
   $("scale-info").textContent = "";
-  if (!v.layers || !state.cell) {  // no map: the panel shrinks back rather than keep the last one's size
+  if (!v.layers || !shownCell) {  // no map: the panel shrinks back rather than keep the last one's size
     root.setAttribute("width", 0); root.setAttribute("height", 0);
     $("detail-title").textContent = v.layers ? "Click a cell of the model view (or a row of the statistics; the " +
       "button \u201cModel view and statistics \u2193\u201d above goes there)." : "";
     return;
   }
-  const {layer, head} = state.cell, rows = headWeights(layer, head), n = v.queries.length * v.keys.length;
-  $("detail-title").textContent = `${v.label}: layer ${layer + 1}, head ${head + 1} (rows: queries, columns: keys)`;
+  const {layer, head} = shownCell, rows = headWeights(layer, head), n = v.queries.length * v.keys.length;
+  const which = state.cell ? "" : ", the head view's (click a cell of the model view for another)";
+  $("detail-title").textContent =
+    `${v.label}: layer ${layer + 1}, head ${head + 1}${which} (rows: queries, columns: keys)`;
   const bitmap = n > SVG_CELLS, longest = Math.max(v.queries.length, v.keys.length);
   // a bitmap fits 720 pixels (1,024 tokens: 0.7 pixel a cell, the pointer's tooltip names the cell exactly)
   const cell = bitmap ? Math.min(ROW, 720 / longest) : Math.max(6, Math.min(ROW, 640 / rows[0].length));
@@ -723,8 +731,9 @@ function figure(id) {  // a view as a file: its title above, its colour legend b
 
 function figureTitle(id) {
   const v = view(), run = state.info ? `${state.info.name.split(/[\\/]/).pop()} (${state.info.task})` : "kqv";
-  if (id === "detail" && state.cell) {
-    return `${run}: ${v.label}, layer ${state.cell.layer + 1}, head ${state.cell.head + 1}`;
+  const cell = detailCell();
+  if (id === "detail" && cell) {
+    return `${run}: ${v.label}, layer ${cell.layer + 1}, head ${cell.head + 1}`;
   }
   const heads = state.average ? "average of the heads" : `heads ${[...state.heads].map((h) => h + 1).join(", ")}`;
   return `${run}: ${v.label}, layer ${state.layer + 1}, ${heads}, query ${shown(v.queries[state.token] || "")}`;
@@ -733,7 +742,7 @@ function figureTitle(id) {
 function colourLegend() {  // the palette from 0 to the weight drawn brightest, as a gradient bar with its ends named
   const stops = PALETTES[state.palette] || PALETTES.cividis, gradient = svg("linearGradient", {id: "legend-ramp"});
   stops.forEach((c, k) => gradient.append(svg("stop", {offset: k / (stops.length - 1), "stop-color": c})));
-  const peak = state.cell ? largest(headWeights(state.cell.layer, state.cell.head)) : 1, defs = svg("defs");
+  const cell = detailCell(), peak = cell ? largest(headWeights(cell.layer, cell.head)) : 1, defs = svg("defs");
   defs.append(gradient);
   const grey = $("detail").querySelector("image.weights") ? "light grey" : "hatched";
   const masked = view().causal && state.mask ? `; masked (future) tokens ${grey}` : "";
@@ -789,6 +798,10 @@ function listen() {
   for (const button of document.querySelectorAll("[data-jump]")) {  // scrolled to, the URL's hash left alone
     button.addEventListener("click", () => $(button.dataset.jump).scrollIntoView({block: "start"}));
   }
+  $("to-token").addEventListener("click", () => {  // the chosen token in the middle of its box and of the window
+    const chosen = $("head-view").querySelector("text.query.selected");
+    if (chosen) chosen.scrollIntoView({block: "center"});
+  });
   for (const button of document.querySelectorAll("[data-export]")) {
     button.addEventListener("click", () => exportFigure(button.dataset.export, button.dataset.format));
   }

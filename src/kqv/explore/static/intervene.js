@@ -75,6 +75,10 @@ const intervene = (() => {
         <table id="ablate-next"></table>
       </div>`;
     $("result").append(section);
+    // the first screen's way down to the heads' switches: the section is below the model view and statistics
+    const jump = el("button", {id: "to-ablate", type: "button"}, "Switch heads off \u2193");
+    jump.addEventListener("click", () => $("ablate-box").scrollIntoView({block: "start"}));
+    $("to-model-view").after(jump);
     $("iv-layer").addEventListener("change", () => { ours.layer = +$("iv-layer").value; headOptions(); neuronSoon(); });
     $("iv-head").addEventListener("change", () => { ours.head = +$("iv-head").value; neuronSoon(); });
     $("neuron").addEventListener("mousemove", pointNeuron);
@@ -149,6 +153,7 @@ const intervene = (() => {
     const shows = a && !state.offline && state.analysis && layersOfView() && (a.neuron || a.replace || a.ablate);
     if (!$("intervene")) build();
     $("intervene").hidden = !shows;
+    $("to-ablate").hidden = !shows || !a.ablate;
     if (!shows) return;
     if (ours.analysis !== state.analysis) reset();
     else if (state.cell && (state.cell.layer !== ours.cellLayer || state.cell.head !== ours.cellHead)) {
