@@ -110,14 +110,19 @@ def test_a_hand_edited_url_is_repaired_not_trusted(page, servers, fragment):
 def test_a_refused_input_clears_the_views_and_a_new_analysis_the_old_continuation(page, servers):
     p = page("lm")
     analyze_in_page(p, servers["lm"], TEXT)
-    p.page.click('#model-view canvas[data-layer="0"][data-head="0"]')
-    assert float(p.page.get_attribute("#detail", "height")) > 100
+    p.page.click('#model-view canvas[data-layer="1"][data-head="1"]')
+    opened = float(p.page.get_attribute("#detail", "height"))
+    assert opened > 100
     p.page.click("#continue")
     p.page.wait_for_selector('#continuation[data-done="1"]', timeout=20_000)
     p.page.fill("#text", SHORT)
     p.page.click("#analyze")
     p.page.wait_for_function("() => document.querySelectorAll('#head-view text.query').length === 5")
-    assert p.page.inner_text("#continuation") == "" and p.page.get_attribute("#detail", "height") == "0"
+    assert p.page.inner_text("#continuation") == ""
+    # the opened head is dropped: the detail draws the head view's head of the new text, a smaller map
+    assert "layer 1, head 1, the head view's" in p.page.inner_text("#detail-title")
+    assert 0 < float(p.page.get_attribute("#detail", "height")) < opened
+    assert p.page.eval_on_selector_all("#model-view canvas.open", "cs => cs.length") == 0
     p.page.fill("#text", "To be \u2603")
     p.page.click("#analyze")
     p.page.wait_for_selector("#error:not([hidden])")
