@@ -1,8 +1,9 @@
 """The README's tour, run as written: the main job of "Set up and run", then every line of "A tour", in order,
 parsed from README.md, in a fresh directory holding the clone's `examples/`. The only change to a line is
-`SHORTER`'s `--set` overrides, added to each command that trains (a tiny model, a few updates), which the README
-says. The lines run in one worker process (tests/tour_worker.py: kqv imported once), `kqv explore --open` answering
-one request in-process instead of listening and opening a browser."""
+`SHORTER`'s `--set` overrides, added to each command that trains (a tiny model, a few updates), and `FLAGS`'
+`--quick` for the experiment, which the README says. The lines run in one worker process (tests/tour_worker.py:
+kqv imported once), `kqv explore --open` answering one request in-process instead of listening and opening a
+browser."""
 
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def section(title: str) -> str:
     return text[start : text.index("\n## ", start + 1)]
 
 
-def bash_lines(markdown: str) -> list[str]:
+def bash_lines(markdown: str) -> list[list[str]]:
     """Each command of the bash blocks, in order: comments dropped, a line's `&&` parts apart."""
     found = []
     for block in re.findall(r"```bash\n(.*?)```", markdown, re.DOTALL):
