@@ -15,12 +15,12 @@ from kqv.errors import ConfigError
 from kqv.train import distributed, placement
 from kqv.train.config import TrainConfig
 from kqv.train.metrics import Window
+from kqv.train.topology import Topology
 from kqv.train.trainer import Trainer
 
 
 def test_the_process_group_is_joined_with_the_configured_timeout(monkeypatch):
     joined = {}
-    monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
     monkeypatch.setattr(
         dist, "init_process_group", lambda backend, **options: joined.update(backend=backend, **options)
@@ -28,13 +28,14 @@ def test_the_process_group_is_joined_with_the_configured_timeout(monkeypatch):
     monkeypatch.setattr(distributed, "_note_processes", lambda: None)
     monkeypatch.setattr(dist, "get_rank", lambda: 1)
     monkeypatch.setattr(dist, "get_world_size", lambda: 2)
-    assert distributed.init_distributed(torch.device("cpu"), 3.5) == (1, 2, True)
+    assert distributed.init_distributed(Topology(1, 1, 2), torch.device("cpu"), 3.5) == (1, 2, True)
     assert joined == {"backend": "gloo", "timeout": timedelta(minutes=3.5)}
 
 
 def test_a_training_joins_with_the_config_s_timeout_ten_minutes_by_default(monkeypatch):
     asked = []
-    monkeypatch.setattr(distributed, "init_distributed", lambda device, minutes: asked.append(minutes) or (0, 1, False))
+    joined = lambda topology, device, minutes: asked.append(minutes) or (0, 1, False)  # noqa: E731
+    monkeypatch.setattr(distributed, "init_distributed", joined)
     for config in (
         TrainConfig(steps=1, batch_size=2),
         TrainConfig(steps=1, batch_size=2, collective_timeout_minutes=2),

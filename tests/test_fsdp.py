@@ -26,10 +26,11 @@ from kqv.cli.main import main
 from kqv.errors import ConfigError, ConfigTypeError
 from kqv.train.checkpoints import read_checkpoint
 from kqv.train.config import TrainConfig
-from kqv.train.distributed import backend_for, gradient_sync, rank_device
+from kqv.train.distributed import backend_for, gradient_sync
 from kqv.train.metrics import read_metrics
 from kqv.train.shard_files import OPTIMIZER_KEY, is_sharded, whole_tensors, whole_weights
 from kqv.train.sharding import local_bytes, plain_on_rank0, shard
+from kqv.train.topology import Topology
 from kqv.train.trainer import Trainer
 
 SRC = str(Path(kqv.__file__).resolve().parents[1])  # where this process found kqv: src/, or site-packages
@@ -313,8 +314,11 @@ def test_the_backend_follows_the_device():
 def test_each_torchrun_process_takes_its_own_gpu(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "1")
-    assert rank_device(torch.device("cuda")) == torch.device("cuda", 1)
-    assert rank_device(torch.device("cpu")) == torch.device("cpu")
+    topology = Topology.of_process()
+    assert topology == Topology(rank=0, local_rank=1, world_size=2)
+    assert topology.device(torch.device("cuda")) == torch.device("cuda", 1)
+    assert topology.device(torch.device("cpu")) == torch.device("cpu")
+    assert Topology().device(torch.device("cuda")) == torch.device("cuda")  # one process: the device as given
 
 
 def test_parallel_must_be_ddp_or_fsdp():

@@ -24,6 +24,7 @@ from kqv.data.mixture import MixtureBatches
 from kqv.errors import ConfigError, DataError
 from kqv.jobs.completions import pairs_tokenizer
 from kqv.jobs.corpus import load_tokens
+from kqv.train.topology import Topology
 from test_cli import TINY
 
 PEOPLE = ["ann", "bob", "cyd", "dee", "eve", "fay", "gus", "hal", "ivy", "jon", "kim", "lou"]
@@ -273,7 +274,9 @@ def test_span_loss_all_puts_the_loss_on_every_token_of_a_document_and_keeps_the_
     losses = [{r["step"]: r["train_loss"] for r in metrics(tmp_path / n) if "train_loss" in r} for n in ("full", "cut")]
     assert losses[0] == losses[1] and len(losses[0]) == 4  # the same random prefixes after the resume
     run = kqv.load(tmp_path / "full")
-    made = run.config.corpus.trainer_options(run.config.train, run.tokenizer, load_tokens(run.run_dir)).train_batches
+    made = run.config.corpus.trainer_options(
+        run.config.train, run.tokenizer, load_tokens(run.run_dir), Topology()
+    ).train_batches
     mask = run.tokenizer.token_to_id(MASK)
     kinds = set()
     for i in range(12):

@@ -11,6 +11,7 @@ import pytest
 import kqv
 from kqv.cli.main import main
 from kqv.train.rundir import RunDirectory, RunDirectoryBusy, check_run_lock
+from kqv.train.topology import Topology
 
 TINY = """
 [data]
@@ -191,7 +192,7 @@ def test_a_context_whose_batch_cannot_fit_in_memory_is_a_clear_error(files, caps
 def test_an_overwrite_swapped_in_is_locked_and_keeps_the_user_s_own_files(files):
     _, _, out = files
     (out / "notes.md").write_text("my notes")
-    with RunDirectory.open(out, "overwrite", rank=0, stage=True) as run:
+    with RunDirectory.open(out, "overwrite", topology=Topology(), stage=True) as run:
         assert run.path == out.with_name("R.kqv-new") and (out / "run.toml").exists()
         (run.path / "run.toml").write_text("task = 'lm'\n")
         run.commit()
@@ -205,7 +206,7 @@ def test_an_overwrite_swapped_in_is_locked_and_keeps_the_user_s_own_files(files)
 def test_an_overwrite_refused_before_its_swap_leaves_no_stage(files):
     _, _, out = files
     before = snapshot(out)
-    with pytest.raises(RuntimeError), RunDirectory.open(out, "overwrite", rank=0, stage=True) as run:
+    with pytest.raises(RuntimeError), RunDirectory.open(out, "overwrite", topology=Topology(), stage=True) as run:
         (run.path / "tokenizer").mkdir()
         raise RuntimeError("refused")
     assert snapshot(out) == before and not out.with_name("R.kqv-new").exists()
@@ -218,7 +219,7 @@ def test_a_run_caught_between_the_two_renames_of_a_swap_is_restored(files):
     out.with_name("R.kqv-new").mkdir()
     (out.with_name("R.kqv-new") / "run.toml").write_text("task = 'lm'\n")
     assert usable(out) is False
-    with RunDirectory.open(out, "resume", rank=0) as run:
+    with RunDirectory.open(out, "resume", topology=Topology()) as run:
         assert run.step == 10
     assert snapshot(out) == before and usable(out)
     assert [p.name for p in out.parent.iterdir() if p.name.startswith("R")] == ["R"]
@@ -230,7 +231,7 @@ def test_the_leftover_of_a_swap_not_yet_cleaned_up_is_removed_by_the_next_openin
     old.mkdir()
     (old / "run.toml").write_text("task = 'lm'\n")
     (old / "notes.md").write_text("my notes")
-    with RunDirectory.open(out, "resume", rank=0):
+    with RunDirectory.open(out, "resume", topology=Topology()):
         pass
     assert not old.exists() and (out / "notes.md").read_text() == "my notes"
 

@@ -45,7 +45,6 @@ from ..train.files import restored_on_failure
 from ..train.layout import RunFiles
 from ..train.options import TrainerOptions
 from ..train.paths import refuse_writing_over
-from ..train.preflight import process_count
 from ..train.reporter import Reporter
 from ..train.rundir import RunDirectory
 from ..train.runs import (
@@ -60,6 +59,7 @@ from ..train.runs import (
     write_summary,
 )
 from ..train.slices import build_for
+from ..train.topology import Topology
 from ..train.trainer import Trainer
 from .offers import Offering
 
@@ -240,9 +240,10 @@ class Job:
         hooks make the corpus, the model and the batches, the Trainer trains, and the job's `outcome` is written
         into summary.json. Nothing is printed: the events (`kqv.train.events`) go to a `Reporter`, which shows
         them unless `quiet`; `on_event` receives every one instead (then nothing is shown)."""
-        config = planned_update(config)  # what run.toml records: the batch and accumulation this run takes
+        topology = Topology.of_process()  # this process among the run's, made once and handed down
+        config = planned_update(config, topology)  # what run.toml records: the batch and accumulation this run takes
         refuse_writing_over(run_dir, self.inputs(config), option(OUT), directory=True)  # before anything is written
-        with self.open_run(run_dir, resume=resume, overwrite=overwrite) as run:
+        with self.open_run(run_dir, resume=resume, overwrite=overwrite, topology=topology) as run:
             speaks = run.writes  # under torchrun rank 0 speaks for every process
             report = Reporter(quiet or on_event is not None or not speaks, on_event if speaks else None)
             training = Training(config, run)
@@ -314,15 +315,19 @@ class Job:
         return f"{summary['steps']} steps in {training.result.minutes}"
 
     @staticmethod
-    def open_run(run_dir: str | Path, *, resume: bool, overwrite: bool) -> AbstractContextManager[RunDirectory]:
-        """The run directory of one training, locked and inspected (`RunDirectory.open`): `resume` continues
+    def open_run(
+        run_dir: str | Path, *, resume: bool, overwrite: bool, topology: Topology
+    ) -> AbstractContextManager[RunDirectory]:
+        """The run directory of one training, locked by rank 0 of `topology` and inspected (`RunDirectory.open`),
+        which hands the topology on to the model's construction and the Trainer: `resume` continues
         its checkpoint, `overwrite` replaces its run, neither refuses one that is there. An overwrite is written
         beside the run it replaces and swapped in by `make_trainer`, once everything before training is done."""
         if resume and overwrite:
             raise ConfigError(
                 "resume and overwrite exclude each other: continue the run in the directory, or replace it, not both"
             )
-        return RunDirectory.open(run_dir, "resume" if resume else ("overwrite" if overwrite else "error"), stage=True)
+        if_exists = "resume" if resume else ("overwrite" if overwrite else "error")
+        return RunDirectory.open(run_dir, if_exists, topology=topology, stage=True)
 
     def build_model(self, model_config: Any, config: RunConfig, values: dict[str, Any]) -> nn.Module:
         """The job's model for a model config (`values`: the run.toml being written or read)."""
@@ -340,7 +345,7 @@ class Job:
                 write_run_config(run.path, values)
                 run.record(keep=run.resuming)  # the checksums of the data just prepared (or read back verified)
         torch.manual_seed(config.train.seed)
-        return build_for(config.train.parallel, lambda: self.build_model(model_config, config, values))
+        return build_for(config.train.parallel, lambda: self.build_model(model_config, config, values), run.topology)
 
     def check_resume(self, run: RunDirectory, values: dict[str, Any]) -> None:
         """ConfigError, before anything is written, when the run.toml `values` a resume would write cannot continue
@@ -450,9 +455,10 @@ def peak_rss_mb() -> float:
     return peak_rss_bytes() / 1e6
 
 
-def planned_update(config: RunConfig) -> RunConfig:
-    """`config` with `train.tokens_per_update` resolved for this many processes (`TrainConfig.per_update`): the
-    global batch and the accumulation it stands for, in blocks of `data.context` tokens."""
+def planned_update(config: RunConfig, topology: Topology | None = None) -> RunConfig:
+    """`config` with `train.tokens_per_update` resolved for the processes of `topology` (default: this process's,
+    `Topology.of_process`; `TrainConfig.per_update`): the global batch and the accumulation it stands for, in
+    blocks of `data.context` tokens."""
     if not config.train.tokens_per_update:
         return config
     context = getattr(getattr(config, "data", None), "context", None)
@@ -461,4 +467,5 @@ def planned_update(config: RunConfig) -> RunConfig:
             "train.tokens_per_update counts blocks of data.context tokens, which this job's "
             "batches are not; set train.grad_accum instead"
         )
-    return dataclasses.replace(config, train=config.train.per_update(context, process_count()))
+    processes = (topology or Topology.of_process()).world_size
+    return dataclasses.replace(config, train=config.train.per_update(context, processes))

@@ -51,6 +51,7 @@ from ..nn.losses import weighted_cross_entropy
 from ..train.config import TrainConfig
 from ..train.layout import RunFiles
 from ..train.options import TrainerOptions
+from ..train.topology import Topology
 from .corpus import load_tokens
 from .lm_corpus import Corpus, Splits, refuse_document_options, refuse_span_options
 from .lm_data import DataConfig
@@ -278,7 +279,9 @@ class Pairs(Examples):
     def build(self, maker: Any, data: DataConfig) -> tuple[Tokenizer, Splits]:
         return build_examples(maker, data)
 
-    def trainer_options(self, train: TrainConfig, tokenizer: Tokenizer, tokens: Splits) -> TrainerOptions:
+    def trainer_options(
+        self, train: TrainConfig, tokenizer: Tokenizer, tokens: Splits, topology: Topology
+    ) -> TrainerOptions:
         return trainer_options(self.data, train, tokens)
 
     def trained_answers(self, tokenizer: Tokenizer, run_dir: Path) -> tuple[list[str], list[str]] | None:

@@ -356,7 +356,7 @@ class LMJob(Job):
         run's checkpoints hold its adapters alone."""
         config, (tokenizer, tokens) = training.config, training.data
         return replace(
-            config.corpus.trainer_options(config.train, tokenizer, tokens),
+            config.corpus.trainer_options(config.train, tokenizer, tokens, training.run.topology),
             work_after_training=scoring_cost(config, len(tokens["val"])),
             saved_weights=config.finetune.adaptation.saved_weights,
         )

@@ -31,6 +31,7 @@ from ..train.layout import RunFiles
 from ..train.options import TrainerOptions
 from ..train.preflight import check_prompt, check_splits
 from ..train.rundir import RunDirectory
+from ..train.topology import Topology
 from .corpus import build_text, load_tokens, prepare_corpus
 from .lm_data import DataConfig
 from .sampling import SampleConfig, default_prompt, write_samples
@@ -90,9 +91,13 @@ class Corpus:
         """The vocabulary `check_data` checks the ids against (None: not checked)."""
         return tokenizer.vocab_size
 
-    def trainer_options(self, train: TrainConfig, tokenizer: Tokenizer, tokens: Splits) -> TrainerOptions:
+    def trainer_options(
+        self, train: TrainConfig, tokenizer: Tokenizer, tokens: Splits, topology: Topology
+    ) -> TrainerOptions:
         """The Trainer's batches: random blocks of the train split for update i, and of the validation split for
-        evaluation batch i, drawn from generators seeded by (seed, i) so a resume draws the same ones."""
+        evaluation batch i, drawn from generators seeded by (seed, i) so a resume draws the same ones. Every
+        process of `topology` draws the whole batch (the Trainer keeps its rows); a kind that reads only its own
+        rows takes them from it."""
         train_ids, val_ids = tokens["train"], tokens["val"]
         batch, context, seed = train.batch_size, self.data.context, train.seed
 

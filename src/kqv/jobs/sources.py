@@ -53,6 +53,7 @@ from ..data.tokenizers import Tokenizer, encode_texts
 from ..errors import MIXTURE, ConfigError, DataError, option
 from ..train.config import TrainConfig
 from ..train.options import TrainerOptions
+from ..train.topology import Topology
 from .completions import (
     Examples,
     batch_options,
@@ -348,7 +349,9 @@ class Documents(Examples):
     def build(self, maker: Any, data: DataConfig) -> tuple[Tokenizer, Splits]:
         return build_sources(maker, data, self.corrupt)
 
-    def trainer_options(self, train: TrainConfig, tokenizer: Tokenizer, tokens: Splits) -> TrainerOptions:
+    def trainer_options(
+        self, train: TrainConfig, tokenizer: Tokenizer, tokens: Splits, topology: Topology
+    ) -> TrainerOptions:
         return trainer_options(self.data, train, tokenizer, tokens, self.corrupt)
 
     def describe(self, tokens: Splits) -> str:

@@ -58,7 +58,8 @@ from ..train.evaluation import perplexity
 from ..train.files import sha256, write_files, write_text
 from ..train.layout import RunFiles
 from ..train.options import TrainerOptions
-from ..train.rundir import RunDirectory, process_rank
+from ..train.rundir import RunDirectory
+from ..train.topology import Topology
 from .lm_corpus import SCORED_TOKENS, Check, Splits, TextBlocks
 from .lm_data import DataConfig
 
@@ -273,18 +274,20 @@ class PreparedCorpus(TextBlocks):
     def vocab(self, tokenizer: Tokenizer) -> int | None:
         return None  # a prepared corpus's ids are its tokenizer's (`TokenCorpus.open` checked them)
 
-    def trainer_options(self, train: TrainConfig, tokenizer: Tokenizer, tokens: Splits) -> TrainerOptions:
-        """The Trainer's batches: blocks at the starts `sample_batch` draws for (seed, i), this rank's rows alone,
-        read from the memmap of the corpus `load` verified (`tokens` are its views)."""
+    def trainer_options(
+        self, train: TrainConfig, tokenizer: Tokenizer, tokens: Splits, topology: Topology
+    ) -> TrainerOptions:
+        """The Trainer's batches: blocks at the starts `sample_batch` draws for (seed, i), the rows of this process
+        of `topology` alone, read from the memmap of the corpus `load` verified (`tokens` are its views)."""
         batch, context, seed = train.batch_size, self.data.context, train.seed
-        world = int(os.environ.get("WORLD_SIZE", "1"))
+        rank, world = topology.rank, topology.world_size
         train_ids, val_ids = TokenCorpus.open(self.data.path, verify=False).split(self.data.val_fraction)  # verified
 
         def train_batches(i: int) -> Any:
-            return own_windows(train_ids, batch, context, batch_generator(seed, i), process_rank(), world)
+            return own_windows(train_ids, batch, context, batch_generator(seed, i), rank, world)
 
         def val_batches(i: int) -> Any:
-            return own_windows(val_ids, batch, context, batch_generator(seed, -i - 1), process_rank(), world)
+            return own_windows(val_ids, batch, context, batch_generator(seed, -i - 1), rank, world)
 
         return TrainerOptions(
             train_batches=train_batches,

@@ -22,6 +22,7 @@ from torch.distributed.tensor import DTensor
 
 from ..errors import TRAINER_RESUME, DataError, ProcessLost, RunError, option
 from ..nn.training import may_skip_parameters
+from .topology import Topology
 
 Batch = Any
 
@@ -45,24 +46,20 @@ def backend_for(device: torch.device) -> str:
     return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
 
 
-def rank_device(device: torch.device) -> torch.device:
-    """The device this process trains on: under torchrun every process takes its own GPU (cuda:LOCAL_RANK)."""
-    if device.type != "cuda" or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return device
-    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-
-
-def init_distributed(device: torch.device | None = None, timeout_minutes: float = 10.0) -> tuple[int, int, bool]:
-    """(rank, world size, whether we created the process group); under torchrun joins a group whose backend
-    suits `device`, where this process trains (`backend_for`; the CPU's when not given), whose collectives fail
-    after waiting `timeout_minutes` for another process (`train.collective_timeout_minutes`) instead of hanging."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+def init_distributed(
+    topology: Topology, device: torch.device | None = None, timeout_minutes: float = 10.0
+) -> tuple[int, int, bool]:
+    """(rank, world size, whether we created the process group); with several processes (`topology`) joins a
+    group whose backend suits `device`, where this process trains (`backend_for`; the CPU's when not given), whose
+    collectives fail after waiting `timeout_minutes` for another process (`train.collective_timeout_minutes`)
+    instead of hanging."""
+    if not topology.several:
         return 0, 1, False
     created = not dist.is_initialized()
     if created:
         device = device or torch.device("cpu")
         if device.type == "cuda":
-            torch.cuda.set_device(rank_device(device))
+            torch.cuda.set_device(topology.device(device))
         dist.init_process_group(backend_for(device), timeout=timedelta(minutes=timeout_minutes))
     _note_processes()
     return dist.get_rank(), dist.get_world_size(), created

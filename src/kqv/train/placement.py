@@ -19,6 +19,7 @@ from . import distributed
 from .config import TrainConfig
 from .precision import MixedPrecision, bound_kernel_caches
 from .sharding import build_model, precision_policy, shard
+from .topology import Topology
 
 
 @dataclass
@@ -52,15 +53,20 @@ def check_saved_weights(saved_weights: Callable | None, sharded: bool) -> None:
 
 
 def place_model(
-    model: nn.Module, config: TrainConfig, saved_weights: Callable[[dict[str, Tensor]], dict[str, Tensor]] | None = None
+    model: nn.Module,
+    config: TrainConfig,
+    saved_weights: Callable[[dict[str, Tensor]], dict[str, Tensor]] | None = None,
+    topology: Topology | None = None,
 ) -> Placement:
-    """Resolve `config.device` (under torchrun, cuda:LOCAL_RANK) and its precision, join the process group, and
-    put `model` (or the function that builds it) there. The global batch must split evenly between processes."""
+    """Resolve `config.device` (under torchrun, this process's GPU: `Topology.device`) and its precision, join the
+    process group of `topology` (default: this process's, `Topology.of_process`), and put `model` (or the function
+    that builds it) there. The global batch must split evenly between processes."""
     bound_kernel_caches()  # before the first bf16 kernel is built
-    device = Accelerator.resolve(distributed.rank_device(Accelerator.resolve(config.device).device))
+    topology = topology or Topology.of_process()
+    device = Accelerator.resolve(topology.device(Accelerator.resolve(config.device).device))
     precision = MixedPrecision(device, config.precision, config.tf32)
     rank, world_size, owns_process_group = distributed.init_distributed(
-        device.device, config.collective_timeout_minutes
+        topology, device.device, config.collective_timeout_minutes
     )
     if config.batch_size % world_size:
         raise ConfigError(

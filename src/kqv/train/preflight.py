@@ -23,6 +23,7 @@ from ..nn.devices import TORCH_KERNELS, Accelerator, Kernels, Precision, Resolve
 from ..nn.flex import head_dim_fits
 from ..nn.lora import LoRAConfig, adapted_layers
 from ..nn.models import DecoderLM
+from .topology import Topology
 
 FLOAT_BYTES = 4  # fp32: weights, gradients, AdamW's moments, and under autocast the residual stream and softmaxes
 TRAINING_BYTES_PER_PARAMETER = 16  # fp32 weight, gradient and AdamW's two moments
@@ -129,11 +130,6 @@ def batch_memory(
     return parts
 
 
-def process_count() -> int:
-    """How many processes share a batch: torchrun's WORLD_SIZE, else 1."""
-    return max(int(os.environ.get("WORLD_SIZE", "1")), 1)
-
-
 def check_memory(
     model: ModelConfig,
     batch: int,
@@ -148,10 +144,11 @@ def check_memory(
 ) -> None:
     """ConfigError when the memory one process needs (`batch_memory`, with a fine-tune's LoRA adapters) exceeds
     the memory there is on `device`. `batch` is the global micro-batch (`train.batch_size`), which `processes`
-    (default: torchrun's WORLD_SIZE) split, so each holds ceil(batch / processes) rows, trained in what `precision`
-    stands for on the device; under `parallel="fsdp"` each holds a shard of the weights and optimizer state."""
+    (default: the world size of this process's `Topology`) split, so each holds ceil(batch / processes) rows,
+    trained in what `precision` stands for on the device; under `parallel="fsdp"` each holds a shard of the
+    weights and optimizer state."""
     accelerator = Accelerator.resolve(device)
-    processes = processes or process_count()
+    processes = processes or Topology.of_process().world_size
     rows, resolved = -(-batch // processes), accelerator.precision(precision)
     shards = processes if parallel == "fsdp" else 1
     parts = batch_memory(

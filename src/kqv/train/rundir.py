@@ -1,6 +1,6 @@
 """The one owner of a run directory during a training: its writer's lock, what it already holds, and its files.
 
-`RunDirectory.open(path, if_exists, rank=...)` is entered once per training, by the job (`Job.open_run`) or, for
+`RunDirectory.open(path, if_exists, topology=...)` is entered once per training, by the job (`Job.open_run`) or, for
 a `Trainer` given a plain path, by the Trainer itself. Entering it
 
 1. takes the writer's lock (`hold_run_lock`, below) on rank 0, the only process that writes; other torchrun ranks read
@@ -46,17 +46,11 @@ from .files import (
 )
 from .layout import RunFiles
 from .metrics import keep_records
+from .topology import Topology
 
 logger = logging.getLogger(__name__)
 
 IfExists = Literal["error", "resume", "overwrite"]
-
-
-def process_rank() -> int:
-    """This process's rank under torchrun (its RANK variable when WORLD_SIZE > 1), else 0."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return 0
-    return int(os.environ.get("RANK", "0"))
 
 
 class RunDirectory(RunFiles):
@@ -64,12 +58,14 @@ class RunDirectory(RunFiles):
     and writing it, are its `RunFiles`' (`tokenizer_dir`, `write_tokens`, `copy_data_from`...), at `path`.
 
     `checkpoint` is the verified checkpoint to resume from (None for a fresh run, or a resumed run that stopped
-    before its first checkpoint), `step` the update it was taken after (0 without one). `writes` is whether this
-    process writes files (rank 0).
+    before its first checkpoint), `step` the update it was taken after (0 without one). `topology` is this process
+    among the run's (`kqv.train.topology`), handed on to the Trainer; `writes` is whether it writes files (rank 0).
     """
 
-    def __init__(self, path: Path, if_exists: IfExists, rank: int, existing: list[Path], checkpoint: Checkpoint | None):
-        self.path, self.if_exists, self.rank = path, if_exists, rank
+    def __init__(
+        self, path: Path, if_exists: IfExists, topology: Topology, existing: list[Path], checkpoint: Checkpoint | None
+    ):
+        self.path, self.if_exists, self.topology = path, if_exists, topology
         self.existing = existing  # the earlier run's files found when opening
         self.checkpoint = checkpoint
         self._overwrite_pending = bool(existing) and if_exists == "overwrite"
@@ -79,17 +75,18 @@ class RunDirectory(RunFiles):
     @classmethod
     @contextmanager
     def open(
-        cls, path: str | Path, if_exists: IfExists = "error", *, rank: int | None = None, stage: bool = False
+        cls, path: str | Path, if_exists: IfExists = "error", *, topology: Topology | None = None, stage: bool = False
     ) -> Iterator[RunDirectory]:
-        """The run directory at `path`, locked (rank 0) and inspected, for the block; see the module docstring.
+        """The run directory at `path`, locked (by rank 0 of `topology`, default this process's:
+        `Topology.of_process`) and inspected, for the block; see the module docstring.
         Raises RunDirectoryBusy when another process writes into it and FileExistsError when it holds a run
         and `if_exists` is "error". With `stage`, an overwrite of a run is built beside it and swapped in by
         `commit` (see `stage_overwrite`)."""
         if if_exists not in IfExists.__args__:
             raise ConfigError(f"if_exists must be one of {list(IfExists.__args__)}, got {if_exists!r}")
-        path, rank = named_run_path(path), process_rank() if rank is None else rank
+        path, topology = named_run_path(path), topology or Topology.of_process()
         with ExitStack() as stack:
-            if rank == 0:
+            if topology.writes:
                 recover_swap(path)
                 created = not path.exists()
                 stack.enter_context(hold_run_lock(path))
@@ -107,8 +104,8 @@ class RunDirectory(RunFiles):
                     )
                 else:
                     stack.callback(checkpoint.close)
-            run = cls(path, if_exists, rank, existing, checkpoint)
-            if stage and run._overwrite_pending and rank == 0:
+            run = cls(path, if_exists, topology, existing, checkpoint)
+            if stage and run._overwrite_pending and run.writes:
                 run.stage_overwrite(stack)
             stack.push(run._abandon)  # before the lock is released and an unused directory removed
             yield run
@@ -135,7 +132,7 @@ class RunDirectory(RunFiles):
     @property
     def writes(self) -> bool:
         """Whether this process writes the run's files: rank 0 only, under torchrun."""
-        return self.rank == 0
+        return self.topology.writes
 
     # -- an overwrite, built beside the run it replaces ------------------------------------------------------
 

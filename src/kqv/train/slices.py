@@ -25,7 +25,6 @@ is refused with a ConfigError naming it: the model must then be built whole (`tr
 
 from __future__ import annotations
 
-import os
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
 from ..errors import ConfigError, RunError
+from .topology import Topology
 
 aten = torch.ops.aten
 EMPTY = (aten.empty.memory_format, aten.empty_strided.default)
@@ -141,14 +141,13 @@ class _Slicer(TorchDispatchMode):
         )
 
 
-def build_for(parallel: str, build: Callable[[], nn.Module]) -> nn.Module:
-    """The model `build()` makes: in slices (`build_sliced`) under torchrun with `train.parallel = "fsdp"` and
-    several processes, whole otherwise. A job calls it before the process group exists: torchrun's environment
-    says the rank."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if parallel != "fsdp" or world_size <= 1:
+def build_for(parallel: str, build: Callable[[], nn.Module], topology: Topology) -> nn.Module:
+    """The model `build()` makes: in slices (`build_sliced`) for this process of `topology` with
+    `train.parallel = "fsdp"` and several processes, whole otherwise. A job calls it before the process group
+    exists, with the topology it made when it started."""
+    if parallel != "fsdp" or not topology.several:
         return build()
-    return build_sliced(build, int(os.environ.get("RANK", "0")), world_size)
+    return build_sliced(build, topology.rank, topology.world_size)
 
 
 def build_sliced(build: Callable[[], nn.Module], rank: int, world_size: int) -> nn.Module:

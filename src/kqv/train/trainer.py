@@ -79,6 +79,7 @@ from .rundir import RunDirectory
 from .saving import Checkpointer
 from .sharding import gather_to_rank0
 from .state import TrainState
+from .topology import Topology
 from .update import Updater
 
 
@@ -113,7 +114,8 @@ class Trainer:
             raise ConfigTypeError(f"config must be a TrainConfig, got {type(config).__name__}")
         self.options = options = TrainerOptions.of(options, given)
         # where it trains (`kqv.train.placement`); under FSDP `callers_model` is released by the shard
-        self.placement = place_model(model, config, options.saved_weights)
+        topology = run_dir.topology if isinstance(run_dir, RunDirectory) else Topology.of_process()  # made once
+        self.placement = place_model(model, config, options.saved_weights, topology)
         self.config = config  # as given: its steps are the upper bound of a budget's plan (`steps`)
         self.flops_per_token = model_flops_per_token(self.model)  # for MFU, against the device's peak (if known)
         self.extra_state = {} if options.extra_state is None else options.extra_state  # this very dict
@@ -129,7 +131,7 @@ class Trainer:
         self._mark: Any = None  # the device's queue after the last completed update (`distributed.update_mark`)
         self._left: float | None = None  # the estimated seconds of training left, after the last update
         self._owned = ExitStack()  # a run directory this trainer opens itself (given a path), closed after train()
-        self.run = self._open(run_dir)
+        self.run = self._open(run_dir, topology)
         self.run_dir = self.run.path
         self.checkpoints = Checkpointer(self.run, self.placement, self.optimizer, options.saved_weights)
         try:
@@ -145,11 +147,12 @@ class Trainer:
         self.evaluator = Evaluator(self.placement, options, config.eval_batches)
         self.updater = Updater(config, self.placement, self.optimizer, self.guard, options)
 
-    def _open(self, run_dir: RunDirectory | str | Path) -> RunDirectory:
-        """The run directory: the job's, or one this trainer opens itself (given a path) and closes after train()."""
+    def _open(self, run_dir: RunDirectory | str | Path, topology: Topology) -> RunDirectory:
+        """The run directory: the job's, or one this trainer opens itself (given a path; rank 0 of `topology` locks
+        it) and closes after train()."""
         if isinstance(run_dir, RunDirectory):
             return run_dir
-        return self._owned.enter_context(RunDirectory.open(run_dir, self.options.if_exists, rank=self.rank))
+        return self._owned.enter_context(RunDirectory.open(run_dir, self.options.if_exists, topology=topology))
 
     @classmethod
     def resume(
