@@ -1,20 +1,31 @@
 """A budgeted run's session as the Trainer lives it (`kqv.train.budget` plans; this applies): the updates timed
 (not those during which torch.compile compiled), the plan fixed after the timed ones, and, once fixed, the pace
 watched at log intervals and the plan cut when the run would overrun its budget, or extended when it would leave
-much of it unused. Rank 0 decides; every rank receives the steps at the same update."""
+much of it unused. Rank 0 decides; every rank receives the steps at the same update.
+
+`Pacing` is given what it reads of the Trainer's session (`PacedSession`: its config, place among the processes,
+clock, metrics file, and the evaluation and checkpoint it times) and, at each update, the Trainer's `TrainState`,
+which it reads and never writes: a new plan is returned (`NewPlan`), and the Trainer, the owner of its state,
+adopts it.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from . import distributed
-from .budget import Plan, Planner, Watch, announcement, replanned_announcement
+from .budget import Plan, Planner, Watch, announcement, planned_steps, replanned_announcement
 from .compiling import compilations
+from .config import TrainConfig
+from .events import Event
 from .metrics import append_metrics
+from .state import TrainState
 
 
 def agreed_steps(plan: Plan | None, world_size: int) -> int:
@@ -25,14 +36,43 @@ def agreed_steps(plan: Plan | None, world_size: int) -> int:
     return int(steps)
 
 
-class Pacing:
-    """One session's planner (before the plan) and watch (after it), for `trainer` (a `kqv.train.Trainer`)."""
+@dataclass(frozen=True)
+class PacedSession:
+    """What pacing reads of the Trainer's session: its `config` (the budget; `steps` the upper bound), this
+    process's `rank` of `world_size`, its `clock`, the `metrics_file` plans are recorded in, the evaluations of
+    work the job does after training (`work_after_training`, reserved in the plan), and what it times before the
+    plan: `evaluate` (one evaluation's metrics, empty when the run has none), `redraw_plot` (its loss plot) and
+    `save_checkpoint` (of the state as it is)."""
 
-    def __init__(self, trainer: Any):
-        self.trainer = trainer
-        config, plan = trainer.config, trainer.plan
-        self.planner = Planner.for_session(config, trainer.step, plan, trainer.options.work_after_training)
-        self.watch = Watch.for_session(config, plan)
+    config: TrainConfig
+    rank: int
+    world_size: int
+    clock: Callable[[], float]
+    metrics_file: Path
+    work_after_training: float
+    evaluate: Callable[[], dict[str, float]]
+    redraw_plot: Callable[[], None]
+    save_checkpoint: Callable[[], None]
+
+
+@dataclass(frozen=True)
+class NewPlan:
+    """A plan pacing hands the Trainer: `plan`, its state's plan from now on (whence its steps); `fixed`, whether it
+    is the session's first, which the Trainer records in a checkpoint at once; `said`, rank 0's event about it."""
+
+    plan: dict[str, Any]
+    fixed: bool = False
+    said: Event | None = None
+
+
+class Pacing:
+    """One session's planner (before the plan) and watch (after it), for a Trainer's `session` that starts at
+    `state` (its `TrainState`, read only)."""
+
+    def __init__(self, session: PacedSession, state: TrainState):
+        self.session = session
+        self.planner = Planner.for_session(session.config, state.step, state.plan, session.work_after_training)
+        self.watch = Watch.for_session(session.config, state.plan)
 
     def due(self, step: int, compiled: bool) -> bool:
         """Whether the plan is fixed after update `step`, which `compiled` something or not (the window is then
@@ -40,75 +80,79 @@ class Pacing:
         are its own."""
         if self.planner is None or step < self.planner.plan_step:
             return False
-        return distributed.rank0_says(self.planner.due(step, compiled), self.trainer.world_size)
+        return distributed.rank0_says(self.planner.due(step, compiled), self.session.world_size)
 
-    def after_update(self, seconds: float, compiled: bool, planning: bool, read: bool, run_start: float) -> None:
-        """Note the update's `seconds` (not timed when it `compiled` something); fix the plan when `planning`, or
-        look at the pace when the window was `read` at a log interval."""
-        trainer = self.trainer
+    def after_update(
+        self, state: TrainState, seconds: float, compiled: bool, planning: bool, read: bool, run_start: float
+    ) -> NewPlan | None:
+        """Note the update's `seconds` (not timed when it `compiled` something), the update `state` is after; fix
+        the plan when `planning`, or look at the pace when the window was `read` at a log interval. Returns the
+        new plan, if any, for the Trainer to adopt."""
         if self.planner is not None:
-            self.planner.timed(trainer.step, seconds, compiled)
+            self.planner.timed(state.step, seconds, compiled)
         if self.watch is not None:
             self.watch.timed(seconds, compiled)
         if planning:
-            self.fix(run_start)
-            self.planner, self.watch = None, Watch.for_session(trainer.config, trainer.plan)
-        elif self.watch is not None and read and self.watch.due(trainer.step, trainer.steps):
-            self.replan(run_start)
+            new = self.fix(state, run_start)
+            self.planner, self.watch = None, Watch.for_session(self.session.config, new.plan)
+            return new
+        steps = planned_steps(self.session.config, state.plan)
+        if self.watch is not None and read and self.watch.due(state.step, steps):
+            return self.replan(state, run_start)
+        return None
 
     def evaluated(self, seconds: float) -> None:
         """Note that a periodic evaluation took `seconds` (the watch then predicts the plan's with their mean)."""
         if self.watch is not None:
             self.watch.evaluated(seconds)
 
-    def fix(self, run_start: float) -> None:
-        """Time one evaluation and one checkpoint, ask the planner for the plan (rank 0; the others receive its
-        steps) and apply it: the state's plan, recorded in a checkpoint and in metrics.jsonl, and said to the
-        reporter."""
-        trainer = self.trainer
+    def fix(self, state: TrainState, run_start: float) -> NewPlan:
+        """Time one evaluation and one checkpoint, and ask the planner for the plan (rank 0; the others receive its
+        steps), recorded in metrics.jsonl: the plan the Trainer then adopts, records in a checkpoint, and says."""
+        session = self.session
         metrics, eval_s = self.timed_evaluation()
-        evaluated = trainer.clock()
-        trainer.save_checkpoint()
-        now = trainer.clock()
-        made = self.planner.plan(trainer.step, now - run_start, eval_s, now - evaluated)
-        plan = made if trainer.rank == 0 else None
-        self.apply(agreed_steps(plan, trainer.world_size), plan, "plan", run_start, metrics)
-        trainer.save_checkpoint()  # the plan, recorded at once
-        if plan is not None:
-            trainer.report(announcement(plan))
+        evaluated = session.clock()
+        session.save_checkpoint()
+        now = session.clock()
+        made = self.planner.plan(state.step, now - run_start, eval_s, now - evaluated)
+        plan = made if session.rank == 0 else None
+        adopted = self.adopted(state, agreed_steps(plan, session.world_size), plan, "plan", run_start, metrics)
+        return NewPlan(adopted, fixed=True, said=None if plan is None else announcement(plan))
 
     def timed_evaluation(self) -> tuple[dict, float]:
         """One evaluation's metrics and seconds (with its loss plot); evaluated again, the same metrics, when the
         first compiled something (FSDP's blocks compiled in place), so that its seconds are an evaluation's."""
-        trainer = self.trainer
+        session = self.session
         for _ in range(2):
-            started, compiling = trainer.clock(), compilations()
-            metrics = trainer.evaluate() if trainer.evaluator.evaluates else {}
-            if trainer.rank == 0 and trainer.run.metrics_file.exists():
-                trainer.redraw_plot()
-            if not distributed.rank0_says(compilations() != compiling, trainer.world_size):
+            started, compiling = session.clock(), compilations()
+            metrics = session.evaluate()
+            if session.rank == 0 and session.metrics_file.exists():
+                session.redraw_plot()
+            if not distributed.rank0_says(compilations() != compiling, session.world_size):
                 break
-        return metrics, trainer.clock() - started
+        return metrics, session.clock() - started
 
-    def replan(self, run_start: float) -> None:
+    def replan(self, state: TrainState, run_start: float) -> NewPlan | None:
         """At a log interval after the plan: rank 0 asks the watch whether the pace since its last look still ends
-        within the budget, and every rank applies the steps of a new plan, said and recorded in metrics.jsonl."""
-        trainer = self.trainer
-        plan = self.watch.check(trainer.step, trainer.clock() - run_start) if trainer.rank == 0 else None
+        within the budget, and every rank gets the steps of a new plan, said and recorded in metrics.jsonl."""
+        session = self.session
+        plan = self.watch.check(state.step, session.clock() - run_start) if session.rank == 0 else None
         self.watch.restart()  # on every rank, so that all look again at the same update
-        steps, was = agreed_steps(plan, trainer.world_size), trainer.plan
-        if steps:
-            self.apply(steps, plan, "replan", run_start)
-            self.watch.follow(trainer.plan)
-            if plan is not None:
-                trainer.report(replanned_announcement(plan, was))
+        steps = agreed_steps(plan, session.world_size)
+        if not steps:
+            return None
+        adopted = self.adopted(state, steps, plan, "replan", run_start)
+        self.watch.follow(adopted)
+        return NewPlan(adopted, said=None if plan is None else replanned_announcement(plan, state.plan))
 
-    def apply(self, steps: int, plan: Plan | None, key: str, run_start: float, metrics: dict | None = None) -> None:
-        """The trainer's plan (`TrainState.plan`, whence its steps) takes `steps`: rank 0's `plan`, recorded under
-        `key` in metrics.jsonl; on the other ranks, the steps alone."""
-        trainer = self.trainer
-        trainer.state.plan = asdict(plan) if plan else {**(trainer.plan or {}), "steps": steps}
+    def adopted(
+        self, state: TrainState, steps: int, plan: Plan | None, key: str, run_start: float, metrics: dict | None = None
+    ) -> dict[str, Any]:
+        """The plan the Trainer's state takes (whence its steps): rank 0's `plan`, recorded under `key` in
+        metrics.jsonl; on the other ranks, the state's plan with `steps`."""
+        adopted = asdict(plan) if plan else {**(state.plan or {}), "steps": steps}
         if plan is not None:
-            record = {"step": trainer.step, **(metrics or {}), key: trainer.plan}
-            record.update(train_seconds=trainer.state.train_seconds, elapsed_s=trainer.clock() - run_start)
-            append_metrics(trainer.run.metrics_file, record)
+            record = {"step": state.step, **(metrics or {}), key: adopted}
+            record.update(train_seconds=state.train_seconds, elapsed_s=self.session.clock() - run_start)
+            append_metrics(self.session.metrics_file, record)
+        return adopted

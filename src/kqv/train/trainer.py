@@ -70,7 +70,7 @@ from .metrics import Pace, Window, append_metrics, format_duration, plot_losses
 from .nonfinite import NonFiniteGuard, TrainingDiverged, diverged_message, warn_withheld
 from .optimizer import make_optimizer
 from .options import TrainerOptions
-from .pacing import Pacing
+from .pacing import NewPlan, PacedSession, Pacing
 from .placement import place_model
 from .precision import MixedPrecision
 from .reporter import Reporter
@@ -268,7 +268,7 @@ class Trainer:
         checkpointing on the way. The window is read (one host sync) only when one of them is due."""
         self.ddp_model.train()
         self._pace = Pace(self.clock, self.step)
-        pacing = Pacing(self)  # a budget's plan, fixed and then kept (kqv.train.pacing)
+        pacing = Pacing(self._paced_session(), self.state)  # a budget's plan, fixed and then kept (kqv.train.pacing)
         window = Window()
         run_start = self.clock() - self.state.elapsed_s
         result: dict[str, float] = {"step": self.step}
@@ -294,7 +294,7 @@ class Trainer:
                     now - run_start,
                     self.state.train_seconds + now - started,
                 )
-                pacing.after_update(now - started, compiled, planning, read, run_start)
+                self._adopt(pacing.after_update(self.state, now - started, compiled, planning, read, run_start))
                 last = self.step == self.steps or self._out_of_time(read)
                 if last and not read:
                     self._read(window)
@@ -315,6 +315,31 @@ class Trainer:
             gather_to_rank0(self.callers_model, self.model, self.device.device)
         distributed.settle(self.world_size)
         return result
+
+    def _paced_session(self) -> PacedSession:
+        """What a budget's pacing reads of this session: it times an evaluation (with its plot) and a checkpoint."""
+        return PacedSession(
+            self.config,
+            self.rank,
+            self.world_size,
+            self.clock,
+            self.run.metrics_file,
+            self.options.work_after_training,
+            evaluate=lambda: self.evaluate() if self.evaluator.evaluates else {},
+            redraw_plot=self.redraw_plot,
+            save_checkpoint=self.save_checkpoint,
+        )
+
+    def _adopt(self, new: NewPlan | None) -> None:
+        """Take pacing's new plan into the state (whence `steps`): the session's first recorded in a checkpoint at
+        once, and each said."""
+        if new is None:
+            return
+        self.state.plan = new.plan
+        if new.fixed:
+            self.save_checkpoint()  # the plan, recorded at once
+        if new.said is not None:
+            self.report(new.said)
 
     def _due(self) -> bool:
         """Whether a log record, an evaluation, a checkpoint or the end is due after this update: then the window
