@@ -8,7 +8,7 @@ import torch
 
 from kqv.cli.main import main
 from kqv.nn import generation
-from kqv.train.checkpoints import MODEL_FILE
+from kqv.train.layout import MODEL_FILE
 from kqv.train.update import Updater
 
 TINY = """

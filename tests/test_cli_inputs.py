@@ -169,7 +169,7 @@ def test_a_seed_torch_cannot_take_is_refused_before_anything_is_written(runs, tm
 
 def test_resuming_a_run_whose_seed_torch_cannot_take_is_refused_and_changes_nothing(runs, tmp_path):
     """What today's kqv left of such a run (run.toml, SHA256SUMS, tokenizer/, tokens.safetensors) stays as it is."""
-    from kqv.train.files import record
+    from kqv.train.layout import record
 
     run = copy_run(runs["rope"], tmp_path)
     (run / "run.toml").write_text((run / "run.toml").read_text().replace("seed = 0", f"seed = {2**63}"))

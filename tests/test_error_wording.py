@@ -9,7 +9,7 @@ import pytest
 from kqv.cli.main import main
 from kqv.errors import RunError
 from kqv.jobs import load_run
-from kqv.train.checkpoints import MODEL_FILE
+from kqv.train.layout import MODEL_FILE
 from test_cli import TINY
 from test_training import config, trainer
 

@@ -28,8 +28,8 @@ from kqv.train.checkpoints import read_checkpoint
 from kqv.train.config import TrainConfig
 from kqv.train.distributed import backend_for, gradient_sync
 from kqv.train.metrics import read_metrics
-from kqv.train.shard_files import OPTIMIZER_KEY, is_sharded, whole_tensors, whole_weights
 from kqv.train.sharding import local_bytes, plain_on_rank0, shard
+from kqv.train.shards import OPTIMIZER_KEY, is_sharded, whole_tensors, whole_weights
 from kqv.train.topology import Topology
 from kqv.train.trainer import Trainer
 

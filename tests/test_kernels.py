@@ -21,8 +21,9 @@ from kqv.nn import flex
 from kqv.nn.devices import CPU_KERNELS, CUDA_KERNELS, kernels
 from kqv.nn.models import DecoderLM, Encoder
 from kqv.train import compiling
-from kqv.train.checkpoints import MODEL_FILE, load_weights, read_checkpoint
+from kqv.train.checkpoints import load_weights, read_checkpoint
 from kqv.train.config import TrainConfig
+from kqv.train.layout import MODEL_FILE
 from kqv.train.trainer import Trainer
 from test_devices import _ids, _padding, cuda, exact_fp32, tiny_lm_trainer
 

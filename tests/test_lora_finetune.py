@@ -180,7 +180,7 @@ def test_a_lora_run_whose_source_changed_or_moved_is_refused_by_name(source, lor
     shutil.copytree(lora_run, run_dir)
     toml = run_dir / "run.toml"
     toml.write_text(toml.read_text().replace(str(source), str(moved)))
-    from kqv.train.files import record
+    from kqv.train.layout import record
 
     record(run_dir)  # run.toml's checksum: the edit above stands for a run whose source is at `moved`
     assert kqv.load(run_dir, device="cpu").model is not None

@@ -25,7 +25,7 @@ from kqv.errors import ProcessLost, RunError
 from kqv.train import distributed, shards
 from kqv.train.checkpoints import load_weights, read_checkpoint
 from kqv.train.metrics import read_metrics
-from kqv.train.shard_files import is_sharded, whole_weights
+from kqv.train.shards import is_sharded, whole_weights
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 WORKER = str(Path(__file__).with_name("nodes_worker.py"))

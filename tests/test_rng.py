@@ -13,16 +13,9 @@ from safetensors.torch import save
 
 from kqv.train.checkpoints import Checkpoint
 from kqv.train.config import TrainConfig
-from kqv.train.files import RNG_FILE
-from kqv.train.rng import (
-    rng_from_json,
-    rng_state,
-    rng_tensors,
-    rng_to_json,
-    saved_rng_states,
-    seed_everything,
-    set_rng_state,
-)
+from kqv.train.layout import RNG_FILE
+from kqv.train.rng import rng_from_json, rng_state, rng_tensors, rng_to_json, seed_everything, set_rng_state
+from kqv.train.saving import saved_rng_states
 
 
 def state_of_rank(rank: int) -> dict:

@@ -10,30 +10,30 @@ from pathlib import Path
 import pytest
 
 from kqv.errors import RunError
-from kqv.train import files
+from kqv.train import files, layout
 from kqv.train.layout import RunFiles
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "kqv"
 NAMES = {
     name
-    for name, value in vars(files).items()
+    for name, value in vars(layout).items()
     if name.isupper()
     and name != "TEMPORARY"
     and (isinstance(value, str) or (isinstance(value, (set, tuple)) and all(isinstance(v, str) for v in value)))
 }
-FILE_NAMES = {getattr(files, name) for name in NAMES if isinstance(getattr(files, name), str)}
+FILE_NAMES = {getattr(layout, name) for name in NAMES if isinstance(getattr(layout, name), str)}
 SHARED = {
-    files.TEXT_DIR,
-    files.MODEL_FILE,
+    layout.TEXT_DIR,
+    layout.MODEL_FILE,
 }  # also the names of other directories' files ("data", a Hugging Face model's)
 ABOVE_TRAIN = ("jobs", "explore", "experiments", "cli", "api.py")  # the layers that may ask kqv.train for a run's files
 
 
 def spelled_outside_train(tree: ast.AST) -> list[str]:
-    """The run file names a module imports from kqv.train.files, and those it joins onto a path (`p / "run.toml"`)."""
+    """The run file names a module imports from kqv.train.layout, and those it joins onto a path (`p / "run.toml"`)."""
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("train.files"):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("train.layout"):
             found += [alias.name for alias in node.names if alias.name in NAMES]
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and isinstance(node.right, ast.Constant):
             if node.right.value in FILE_NAMES - SHARED:
@@ -52,7 +52,7 @@ def test_no_module_outside_train_spells_a_run_file_s_name():
 
 
 def test_the_scan_finds_a_name_imported_or_joined_by_hand():
-    code = 'from ..train.files import SAMPLES_FILE, write_text\npath = run.path / "run.toml"\n'
+    code = 'from ..train.layout import SAMPLES_FILE, RunFiles\npath = run.path / "run.toml"\n'
     assert spelled_outside_train(ast.parse(code)) == ["SAMPLES_FILE", "'run.toml'"]
 
 
@@ -73,7 +73,7 @@ def test_copied_data_are_recorded_as_the_source_recorded_them(tmp_path):
     copy.path.mkdir()
     files.write_text(copy.manifest_file, f"{'0' * 64}  tokens.safetensors\n")  # a stale record: replaced, not kept
     copy.copy_data_from(source)
-    recorded, copied = files.read_manifest(source.path), files.read_manifest(copy.path)
+    recorded, copied = layout.read_manifest(source.path), layout.read_manifest(copy.path)
     assert copied == {name: digest for name, digest in recorded.items() if name != "run.toml"}
     copy.verify_data()
     copy.pairs_file.write_bytes(b"damaged")

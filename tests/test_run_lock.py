@@ -15,7 +15,8 @@ import torch
 from safetensors.torch import load as load_file_bytes
 
 from kqv.train import rundir
-from kqv.train.checkpoints import MODEL_FILE, load_weights, read_checkpoint
+from kqv.train.checkpoints import load_weights, read_checkpoint
+from kqv.train.layout import MODEL_FILE
 from kqv.train.rundir import RunDirectory, RunDirectoryBusy, check_run_lock, hold_run_lock
 from test_training import config, make_model, trainer
 

@@ -21,7 +21,7 @@ import torch
 import kqv.explore
 from kqv.cli.main import main
 from kqv.errors import ConfigError
-from kqv.train.files import read_manifest
+from kqv.train.layout import read_manifest
 from test_mt import MODELS, TINY_RUN, number_corpus
 from test_torchrun import TINY_LM
 

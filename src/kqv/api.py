@@ -40,7 +40,6 @@ from .data.completions import is_pairs_file as is_pairs_file
 from .data.worlds import STYLES as WORLD_STYLES
 from .data.worlds import write_world
 from .errors import ConfigError, DataError
-from .interop.directories import is_hf_directory
 from .jobs import all_jobs as all_jobs
 from .jobs import get_job, load_run
 from .jobs.answer_files import escape_line as escape_line
@@ -48,6 +47,7 @@ from .jobs.answer_files import read_prompts as read_prompts
 from .jobs.answer_files import write_completions as write_completions
 from .jobs.answer_files import write_predictions as write_predictions
 from .jobs.base import AttentionMaps, TrainedRun
+from .jobs.held import is_hf_directory
 from .jobs.held import run_inputs as run_inputs
 from .jobs.lm import ATTENTION_MAX_TOKENS as ATTENTION_MAX_TOKENS
 from .jobs.lm import LMEvaluation, LMRun
@@ -71,8 +71,8 @@ from .nn.generation import GENERATION_DTYPES as GENERATION_DTYPES
 from .nn.generation import GenerationConfig
 from .train.evaluation import QuestionDifference as QuestionDifference
 from .train.events import Event
+from .train.files import refuse_writing_over as refuse_writing_over
 from .train.files import write_atomically
-from .train.paths import refuse_writing_over as refuse_writing_over
 from .train.rundir import named_run_path
 from .train.runs import RunConfig, read_run, run_task
 

@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import OUT, RUN_EXPERIMENT, SEEDS, ConfigError, option
-from ..train.files import write_text
-from ..train.paths import refuse_writing_over
+from ..train.files import refuse_writing_over, write_text
 from . import get, names
 from .base import Experiment
 from .gallery import gallery

@@ -17,8 +17,7 @@ from typing import Any
 
 from ..errors import ConfigTypeError
 from ..jobs.held import run_inputs
-from ..train.files import write_text
-from ..train.paths import refuse_writing_over
+from ..train.files import refuse_writing_over, write_text
 from .export import standalone_page
 
 

@@ -1,6 +1,6 @@
-"""A Hugging Face model directory on disk: what makes one (a config.json, no kqv run.toml), and the tokenizer saved
-beside its model (`tokenizer.json`, read as kqv's tokenizer interface). Below the jobs, so that every job, the API
-and the explorer tell such a directory from a kqv run the same way."""
+"""A Hugging Face model directory on disk: the tokenizer saved beside its model (`tokenizer.json`, read as kqv's
+tokenizer interface). What tells such a directory from a kqv run is `kqv.jobs.held.is_hf_directory`, which knows
+both."""
 
 from __future__ import annotations
 
@@ -12,12 +12,6 @@ from ..data.tokenizers import BPETokenizer
 from ..errors import ConversionError
 
 HF_TOKENIZER_FILE = "tokenizer.json"
-
-
-def is_hf_directory(path: str | Path) -> bool:
-    """Whether `path` is a Hugging Face model directory (a config.json) rather than a kqv run (a run.toml)."""
-    path = Path(path)
-    return (path / "config.json").is_file() and not (path / "run.toml").exists()
 
 
 def read_hf_tokenizer(path: Path) -> BPETokenizer:

@@ -41,10 +41,9 @@ from ..nn.devices import Accelerator, peak_rss_bytes
 from ..nn.models import count_parameters
 from ..train.checkpoints import load_weights
 from ..train.events import Event, Plan, Sample, Summary
-from ..train.files import restored_on_failure
+from ..train.files import refuse_writing_over, restored_on_failure
 from ..train.layout import RunFiles
 from ..train.options import TrainerOptions
-from ..train.paths import refuse_writing_over
 from ..train.reporter import Reporter
 from ..train.rundir import RunDirectory
 from ..train.runs import (

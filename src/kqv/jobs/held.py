@@ -1,5 +1,5 @@
 """What a run holds: the files of a kqv run or a Hugging Face model directory that loading it reads, and its
-fine-tune's sources' — what no command may write over (`kqv.train.paths.refuse_writing_over`)."""
+fine-tune's sources' — what no command may write over (`kqv.train.files.refuse_writing_over`)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from pathlib import Path
 
 from ..train.layout import RunFiles
 
+HF_CONFIG_FILE = "config.json"  # what makes a directory a Hugging Face model's
 # The files of a Hugging Face model directory that kqv reads (besides its *.safetensors weights).
 HF_MODEL_FILES = frozenset(
     {
-        "config.json",
+        HF_CONFIG_FILE,
         "generation_config.json",
         "model.safetensors.index.json",
         "tokenizer.json",
@@ -25,6 +26,13 @@ HF_MODEL_FILES = frozenset(
         "1_Pooling",
     }
 )
+
+
+def is_hf_directory(path: str | Path) -> bool:
+    """Whether `path` is a Hugging Face model directory (a config.json) rather than a kqv run (a run.toml): every
+    job, the API and the explorer tell the two apart here."""
+    path = Path(path)
+    return (path / HF_CONFIG_FILE).is_file() and not RunFiles(path).config_file.exists()
 
 
 def model_files(directory: str | Path) -> list[Path]:

@@ -32,7 +32,7 @@ from torch import nn
 
 from ..data.tokenizers import BPETokenizer, CharTokenizer, Tokenizer, load_tokenizer
 from ..errors import EXPORT_MERGED, INIT, INIT_DIR, ConfigError, DataError, option
-from ..interop.directories import is_hf_directory, read_hf_tokenizer
+from ..interop.directories import read_hf_tokenizer
 from ..nn.config import ModelConfig
 from ..nn.lora import adapters
 from ..train.checkpoints import load_weights, read_checkpoint
@@ -40,6 +40,7 @@ from ..train.files import sha256
 from ..train.layout import RunFiles
 from ..train.runs import read_run
 from ..train.slices import is_sliced, load_slices, set_slices
+from .held import is_hf_directory
 
 FREE_OPTIONS = frozenset({"dropout", "blockwise"})  # model options a fine-tune may change: no weight depends on them
 INDEX_FILE = "model.safetensors.index.json"  # a Hugging Face directory's weights in shards: the files it names

@@ -23,13 +23,14 @@ from ..data.tokenizers import BPETokenizer
 from ..errors import BEAM_SIZE, DATA_FILE, SENTENCES, ConfigError, ConversionError, option
 from ..interop import from_hf
 from ..interop.convert import read_config_json
-from ..interop.directories import is_hf_directory, read_hf_tokenizer
+from ..interop.directories import read_hf_tokenizer
 from ..nn.devices import Accelerator, model_device
 from ..nn.generation import GenerationConfig, translate
 from ..nn.heads import MaskedLM
 from ..nn.models import DecoderLM, Encoder, EncoderDecoder
 from ..validation import check_at_least
 from .base import AttentionMaps, check_text
+from .held import is_hf_directory
 from .lm import ATTENTION_MAX_TOKENS, LMEvaluation, evaluate_text, self_attention
 from .mt import DecodeConfig
 from .offers import Completes, Evaluates, ExportsHF, Generates, Offering, ShowsAttention, Translates

@@ -51,7 +51,7 @@ from ..data.token_corpus import (
 )
 from ..data.tokenizers import Tokenizer, encode_texts, load_tokenizer, make_tokenizer
 from ..errors import PREPARE_WITH_TOKENIZER, DataError, RunError, option
-from ..interop.directories import is_hf_directory, read_hf_tokenizer
+from ..interop.directories import read_hf_tokenizer
 from ..train.config import TrainConfig
 from ..train.distributed import OwnRows
 from ..train.evaluation import perplexity
@@ -60,6 +60,7 @@ from ..train.layout import RunFiles
 from ..train.options import TrainerOptions
 from ..train.rundir import RunDirectory
 from ..train.topology import Topology
+from .held import is_hf_directory
 from .lm_corpus import SCORED_TOKENS, Check, Splits, TextBlocks
 from .lm_data import DataConfig
 

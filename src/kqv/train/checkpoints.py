@@ -1,28 +1,33 @@
-"""Checkpoint files of a run directory: written atomically, verified by SHA-256, loaded without executing code.
+"""A training's checkpoints: their files in a run directory, written atomically, verified by SHA-256 and loaded
+without executing code, and what a training saves after an update and loads back to resume (`Checkpointer`), for
+one process, DDP or FSDP alike.
 
 `run_dir/checkpoint/` holds `model.safetensors`, `optimizer.pt` (loaded with `weights_only=True`),
 `rng.safetensors` (the torch generator state of every rank) and `state.json` (step, config, generator states of
-`random` and numpy, `extra_state`, SHA-256 of the other files). The generators' states are put into that form
-by `kqv.train.rng`.
+`random` and numpy, `extra_state`, the `TrainState`, SHA-256 of the other files). The generators' states are put
+into that form by `kqv.train.rng`. Where each is, is the run's to say (`kqv.train.layout.RunFiles`).
 
 A sharded (FSDP) run's checkpoint holds `shards/` instead of `model.safetensors` and `optimizer.pt`: every rank's
 rows of the weights and the optimizer state, in torch.distributed.checkpoint's layout (`kqv.train.shards` writes
-it), with `model.safetensors` beside them in a run's final checkpoint. Its files are verified like the others;
-its index (`shards/.metadata`, a pickle) is read by an unpickler that builds nothing but the index's own
-records, and its tensors with `weights_only=True`. `load_weights` reads the whole weights from either layout.
+and reads it), with `model.safetensors` beside them in a run's final checkpoint. Its files are verified like the
+others; its index (`shards/.metadata`, a pickle) is read by an unpickler that builds nothing but the index's own
+records, and its tensors with `weights_only=True`. `load_weights` reads the whole weights from either layout, and a
+one-process checkpoint resumes under FSDP too (`load_into_shards`: each rank reads only its rows of it).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import pickle
 import stat
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, BinaryIO
 
 import torch
 from safetensors import SafetensorError
@@ -33,23 +38,48 @@ from torch import Tensor, nn
 from ..errors import RunError
 from ..signals import deferred
 from .config import TrainConfig
-from .files import (
-    CHECKPOINT_DIR,
-    MODEL_FILE,
-    OPTIMIZER_FILE,
-    PREVIOUS_CHECKPOINT_DIR,
-    RNG_FILE,
-    SHARDS_DIR,
-    STATE_FILE,
-    sha256,
-    write_directory,
-)
-from .shard_files import whole_weights
-from .verified import Checkpoint, remedy
+from .files import sha256, write_directory
+from .layout import MODEL_FILE, OPTIMIZER_FILE, RNG_FILE, SHARDS_DIR, STAGING_PREFIX, STATE_FILE, RunFiles, remedy
+from .shards import whole_weights
 
-STAGING_PREFIX = ".checkpoint-tmp-"
+logger = logging.getLogger("kqv.train.trainer")  # the trainer's voice
 FORMAT = 1
-T = TypeVar("T")
+
+
+@dataclass
+class Checkpoint:
+    """A verified checkpoint: where it is, the update it was taken after, its config and extra_state.
+
+    It also holds its files open (`open(name)`), so what is loaded from it is what was verified, even when a
+    training process swaps in a newer checkpoint meanwhile: readers never lock the run directory.
+    """
+
+    path: Path
+    step: int
+    config: TrainConfig
+    extra_state: dict[str, Any]
+    state: dict[str, Any]  # the whole state.json
+    files: dict[str, BinaryIO] = field(default_factory=dict, repr=False)
+
+    def open(self, name: str) -> BinaryIO:
+        """The verified file `name` of this checkpoint, rewound to its start."""
+        file = self.files[name]
+        file.seek(0)
+        return file
+
+    def path_of(self, name: str) -> Path:
+        """A path that opens the verified file `name` itself, for readers that open by path (safetensors'
+        `safe_open`, `torch.load(mmap=True)`): /proc/self/fd/N where there is one (Linux), else its name in the
+        checkpoint directory, which a resuming trainer, holding the run's lock, knows no one replaces."""
+        fd = Path(f"/proc/self/fd/{self.files[name].fileno()}")
+        return fd if fd.exists() else self.path / name
+
+    def close(self) -> None:
+        for file in self.files.values():
+            file.close()
+
+    def __del__(self) -> None:
+        self.close()
 
 
 Weights = nn.Module | dict[str, Tensor]  # a model, or its state dict (e.g. gathered from shards)
@@ -57,9 +87,14 @@ OptimizerState = torch.optim.Optimizer | dict[str, Any]  # an optimizer, or its 
 
 
 def write_checkpoint(
-    run_dir: Path, model: Weights, optimizer: OptimizerState, state: dict[str, Any], tensors: dict[str, Tensor]
+    run_dir: str | Path | RunFiles,
+    model: Weights,
+    optimizer: OptimizerState,
+    state: dict[str, Any],
+    tensors: dict[str, Tensor],
 ) -> None:
-    """Write a checkpoint into a temporary directory, then swap it in for `run_dir/checkpoint`.
+    """Write a checkpoint into a temporary directory, then swap it in for the run's checkpoint/ (`run_dir`: the
+    run, or its path).
 
     The old checkpoint stays until the new one is complete: it is renamed to `checkpoint.old`, the new directory
     is renamed to `checkpoint`, and only then is the old one deleted. A crash between the two renames leaves
@@ -68,16 +103,16 @@ def write_checkpoint(
     (`kqv.signals.deferred`), so a second one while the first one's checkpoint is saved cannot cut it short.
     """
     with deferred():
-        _write_checkpoint(run_dir, model, optimizer, state, tensors)
+        _write_checkpoint(_run_of(run_dir), model, optimizer, state, tensors)
 
 
 def _write_checkpoint(
-    run_dir: Path, model: Weights, optimizer: OptimizerState, state: dict[str, Any], tensors: dict[str, Tensor]
+    run: RunFiles, model: Weights, optimizer: OptimizerState, state: dict[str, Any], tensors: dict[str, Tensor]
 ) -> None:
     optimizer_state = optimizer if isinstance(optimizer, dict) else optimizer.state_dict()
     needed = checkpoint_bytes(model, optimizer_state, tensors)
     writers = checkpoint_writers(state, tensors, model, optimizer_state)
-    write_directory(run_dir / CHECKPOINT_DIR, writers, needed, PREVIOUS_CHECKPOINT_DIR, STAGING_PREFIX)
+    write_directory(run.checkpoint_dir, writers, needed, run.previous_checkpoint_dir, STAGING_PREFIX)
 
 
 def checkpoint_writers(
@@ -133,57 +168,54 @@ class _StateDict:
         return dict(self.tensors)
 
 
-def has_checkpoint(run_dir: str | Path) -> bool:
+def has_checkpoint(run_dir: str | Path | RunFiles) -> bool:
     """Whether `run_dir` holds a checkpoint (maybe only as `checkpoint.old`, after a swap cut short by a crash).
     Anything by those names counts, a file too: reading it then says it is damaged, rather than a resume
     silently starting over."""
-    return any(os.path.lexists(Path(run_dir) / name) for name in (CHECKPOINT_DIR, PREVIOUS_CHECKPOINT_DIR))
+    run = _run_of(run_dir)
+    return any(os.path.lexists(path) for path in (run.checkpoint_dir, run.previous_checkpoint_dir))
 
 
 class _Swapped(Exception):
     """The checkpoint directory was replaced and deleted while being opened: read the new one."""
 
 
-def read_checkpoint(run_dir: str | Path) -> Checkpoint:
+def read_checkpoint(run_dir: str | Path | RunFiles) -> Checkpoint:
     """Read and verify (SHA-256 of every file) the checkpoint of a run, without loading any tensors.
 
     Safe while another process trains into `run_dir`: the checkpoint's directory is opened once and every file
     through it, so all of them come from one checkpoint; if that checkpoint is deleted by a newer one's swap
     before its files are open, the newer one is read instead.
     """
-    run_dir = Path(run_dir)
+    run = _run_of(run_dir)
     for _ in range(20):
         try:
-            return _read_once(run_dir)
+            return _read_once(run)
         except _Swapped:
             continue
     raise RuntimeError(
-        f"the checkpoint in {run_dir} was replaced 20 times while being read; is a run writing "
+        f"the checkpoint in {run.path} was replaced 20 times while being read; is a run writing "
         f"checkpoints continuously (checkpoint_every=1)? try again"
     )
 
 
-def checkpoint_dir(run_dir: str | Path) -> Path:
-    """The directory of the run's checkpoint that `read_checkpoint` reads: checkpoint/, or checkpoint.old/ when a
-    swap was interrupted after the old checkpoint moved aside and before the new one moved in."""
-    path = Path(run_dir) / CHECKPOINT_DIR
-    if not path.exists() and (Path(run_dir) / PREVIOUS_CHECKPOINT_DIR).exists():
-        return Path(run_dir) / PREVIOUS_CHECKPOINT_DIR
-    return path
+def _run_of(run: str | Path | RunFiles) -> RunFiles:
+    """The files of the run `run` (given as such, or by its path)."""
+    return run if isinstance(run, RunFiles) else RunFiles(run)
 
 
-def _read_once(run_dir: Path) -> Checkpoint:
-    path = checkpoint_dir(run_dir)
+def _read_once(run: RunFiles) -> Checkpoint:
+    path = run.checkpoint_to_read
     state_path = path / STATE_FILE
     try:
         directory = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     except NotADirectoryError:
         raise RunError(f"{path} is not a directory, so the run has no usable checkpoint; {remedy(path)}") from None
     except FileNotFoundError:
-        if (run_dir / CHECKPOINT_DIR).exists() or (run_dir / PREVIOUS_CHECKPOINT_DIR).exists():
+        if run.checkpoint_dir.exists() or run.previous_checkpoint_dir.exists():
             raise _Swapped from None
         raise FileNotFoundError(
-            f"no checkpoint in {run_dir}: {state_path} does not exist; start a fresh run "
+            f"no checkpoint in {run.path}: {state_path} does not exist; start a fresh run "
             f"instead of resuming, or check the run directory"
         ) from None
     files: dict[str, BinaryIO] = {}
@@ -230,7 +262,8 @@ def _replaced(directory: int, path: Path) -> bool:
     opened = os.fstat(directory)
     if (current.st_dev, current.st_ino) != (opened.st_dev, opened.st_ino):
         return True
-    return path.name == PREVIOUS_CHECKPOINT_DIR and (path.parent / CHECKPOINT_DIR).exists()
+    run = RunFiles(path.parent)
+    return path == run.previous_checkpoint_dir and run.checkpoint_dir.exists()
 
 
 def _parse_state(text: bytes, path: Path) -> tuple[dict, int, TrainConfig, dict, dict[str, str]]:

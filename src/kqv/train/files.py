@@ -1,17 +1,19 @@
-"""The names of a run directory's files, and the one writer of them: atomically, fsynced, checked by SHA-256.
+"""How kqv writes a file: the one writer (atomically, fsynced, a full disk said as such, checked by SHA-256), and
+the output guard that decides where a command may write what the user names.
 
-A leaf of `kqv.train`: it imports nothing else from it, so every module that reads or writes a run directory
-(checkpoints, metrics, the manifest, the run directory itself, the jobs) takes its names from here, and none of
-them needs another for a file name. What each file holds is described in `kqv.train.runs`.
+A leaf of `kqv.train`: it imports nothing else from it. Every file of a run is written by this module
+(`write_atomically`, `write_text`, `write_files`, `write_tensors`, `write_through` for a library's own saver,
+`write_directory` for a directory swapped in whole, `append_line` for the one log that grows): no other module
+opens a path of a run directory for writing (`tests/test_run_writer.py` watches a language-model, translation and
+LoRA run for it). Each write but the append goes through a temporary file of its own (a random name, created
+exclusively) and a rename, and a full disk is a DiskFullError that leaves the old file as it was. Which file of a
+run holds what, and where it is, is the run directory's to say (`kqv.train.layout`).
 
-Every file of a run is written by this module (`write_atomically`, `write_text`, `write_files`, `write_tensors`,
-`write_through` for a library's own saver, `append_line` for the one log that grows): no other module opens a path
-of a run directory for writing (`tests/test_run_writer.py` watches a language-model, translation and LoRA run for
-it). Each write but the append goes through a temporary file of its own (a random name, created exclusively) and a
-rename, and a full disk is a DiskFullError that leaves the old file as it was. The files a command writes where the
-user says (predictions, completions, pages, figures) go through the same writer, after the one output guard
-(`kqv.train.paths.refuse_writing_over`) has checked their path. Which file of a run holds what is the run
-directory's to say (`kqv.train.layout.RunFiles`): the names below are train/'s own.
+The files a command writes where the user says (predictions, completions, pages, figures, experiments' results,
+exports) go through the same writer, after the output guard has checked their path: `where_in` says whether one
+path is, or lies inside, another as the file system resolves them, and `refuse_writing_over` refuses an output
+that is one of a command's inputs, lies inside one, or is not a regular file (or, for a directory output, not a
+directory). Every command that writes a path the user names calls it before anything is computed.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, TypeVar
@@ -31,41 +34,9 @@ from typing import BinaryIO, TypeVar
 from safetensors.torch import save_file
 from torch import Tensor
 
-from ..errors import IF_EXISTS_OVERWRITE, DiskFullError, RunError, option
+from ..errors import ConfigError, DiskFullError
 
 T = TypeVar("T")
-
-# what a job writes
-RUN_CONFIG, TOKENIZER_DIR, SUMMARY_FILE = "run.toml", "tokenizer", "summary.json"
-TOKENS_FILE, PAIRS_FILE, TEXT_DIR = "tokens.safetensors", "pairs.safetensors", "data"
-SAMPLES_FILE, TEST_HYPOTHESES_FILE = "samples.txt", "test.hyp"
-MANIFEST_FILE = "SHA256SUMS"  # the data files' checksums (`record`)
-# what the trainer writes
-METRICS_FILE, PLOT_FILE = "metrics.jsonl", "loss.png"
-CHECKPOINT_DIR = "checkpoint"
-PREVIOUS_CHECKPOINT_DIR = "checkpoint.old"  # exists only between the two renames of a checkpoint swap
-MODEL_FILE, OPTIMIZER_FILE, RNG_FILE, STATE_FILE = "model.safetensors", "optimizer.pt", "rng.safetensors", "state.json"
-SHARDS_DIR = "shards"  # a sharded run's checkpoint: every rank's shards, torch.distributed.checkpoint's layout
-LOCK_FILE = ".lock"  # the writer's lock (kqv.train.rundir.hold_run_lock)
-
-JOB_FILES = {
-    RUN_CONFIG,
-    TOKENIZER_DIR,
-    SUMMARY_FILE,
-    TOKENS_FILE,
-    PAIRS_FILE,
-    TEXT_DIR,
-    SAMPLES_FILE,
-    TEST_HYPOTHESES_FILE,
-}
-TRAINER_FILES = (CHECKPOINT_DIR, PREVIOUS_CHECKPOINT_DIR, METRICS_FILE, PLOT_FILE)  # what marks an earlier run
-RUN_FORMAT = {*JOB_FILES, MANIFEST_FILE, *TRAINER_FILES, LOCK_FILE}  # everything kqv writes into a run directory
-
-
-def run_files(run_dir: Path) -> list[Path]:
-    """The trainer's files of an earlier run in `run_dir` (checkpoint, metrics, plot): what refusing, resuming or
-    overwriting decides about."""
-    return [run_dir / name for name in TRAINER_FILES if (run_dir / name).exists()]
 
 
 def write_atomically(path: Path, data: bytes) -> None:
@@ -145,13 +116,14 @@ def write_tensors(path: Path, tensors: dict[str, Tensor], metadata: dict[str, st
 
 
 def write_directory(
-    path: Path, writers: dict[str, Callable[[Path], object]], needed: int, previous: str, staging: str
+    path: Path, writers: dict[str, Callable[[Path], object]], needed: int, previous: Path, staging: str
 ) -> None:
     """The directory `path` holding a file per writer (each called, in order, with the file to write), swapped in
     whole: written and fsynced in a staging directory beside it (named `staging` + a random part; leftovers of
-    an interrupted write are removed first), then `path` renamed to `previous`, the staging directory to `path`,
-    and `previous` removed. A reader sees the old directory or the new one; a failed write (a full disk: checked
-    before anything is written, `needed` bytes, and diagnosed after) leaves the old one and no staging directory."""
+    an interrupted write are removed first), then `path` renamed to `previous` (beside it), the staging directory
+    to `path`, and `previous` removed. A reader sees the old directory or the new one; a failed write (a full disk:
+    checked before anything is written, `needed` bytes, and diagnosed after) leaves the old one and no staging
+    directory."""
     tmp = make_staging(path, needed, staging)
     try:
         write_into(tmp, writers, needed, path)
@@ -193,10 +165,10 @@ def write_shared(directory: Path, save: Callable[[Path], T], needed: int, path: 
         return save(directory)
 
 
-def swap_in(tmp: Path, path: Path, previous: str) -> None:
-    """Swap the complete staging directory `tmp` in for `path`: `path` renamed to `previous`, `tmp` to `path`,
-    `previous` removed. A reader sees the old directory or the new one."""
-    parent, old = path.parent, path.parent / previous
+def swap_in(tmp: Path, path: Path, old: Path) -> None:
+    """Swap the complete staging directory `tmp` in for `path`: `path` renamed to `old` (beside it), `tmp` to
+    `path`, `old` removed. A reader sees the old directory or the new one."""
+    parent = path.parent
     try:
         if path.exists():
             if old.exists():  # a leftover from an earlier, completed swap
@@ -298,110 +270,75 @@ def fsync(path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The checksums of a run's data files (SHA256SUMS)
-#
-# The checksums of a run's data files: `SHA256SUMS`, written when training starts and verified whenever a file
-# is read back, so that a damaged tokenizer or encoded corpus is reported as such instead of failing deep inside
-# a loader (or, worse, loading silently different data).
-#
-# The checkpoint's files carry their own SHA-256 in `checkpoint/state.json` (kqv.train.checkpoints). This manifest
-# covers run.toml (a truncated one may still parse) and the rest of what is read back: `tokenizer/`,
-# `tokens.safetensors`, `pairs.safetensors` and `data/`. It is in `sha256sum`'s format, so
-# `cd RUN && sha256sum -c SHA256SUMS` checks a run by hand too. A run written before the manifest existed has none,
-# and loads unchecked, as it always did.
+# The output guard
 
 
-DATA_FILES = (TOKENIZER_DIR, TOKENS_FILE, PAIRS_FILE, TEXT_DIR)  # what a run reads back besides its checkpoint
-
-
-def recorded_files(run_dir: Path, names: tuple[str, ...]) -> list[str]:
-    """The files among `names` (each a file or a directory of files) that `run_dir` holds, as relative paths."""
-    found = []
-    for name in names:
-        path = run_dir / name
-        if path.is_file():
-            found.append(name)
-        elif path.is_dir():
-            found += sorted(p.relative_to(run_dir).as_posix() for p in path.rglob("*") if p.is_file())
-    return [name for name in found if not name.endswith(TEMPORARY)]
-
-
-def record(
-    run_dir: Path, names: tuple[str, ...] = DATA_FILES, *, keep: bool = False, known: dict[str, str] | None = None
-) -> None:
-    """Write the SHA-256 of run.toml and the data files `names` of `run_dir` into its manifest (when training
-    starts: run.toml just written, the data prepared). With `keep` (a resumed run, whose data were read back
-    verified) a data file already recorded keeps its digest: a damaged file is never re-blessed. `known`: digests
-    to record as given (copies of another run's files, recorded as it recorded them: `copy_files`)."""
-    digests = read_manifest(run_dir) if keep else {}
-    digests.update(known or {})
-    digests.pop(RUN_CONFIG, None)  # rewritten by every start, a resumed one too
-    names = (RUN_CONFIG, *names)
-    for name in recorded_files(run_dir, names):
-        digests.setdefault(name, sha256(run_dir / name))
-    text = "".join(f"{digest}  {name}\n" for name, digest in sorted(digests.items()))
-    write_atomically(run_dir / MANIFEST_FILE, text.encode())
-
-
-def copy_files(source: Path, run_dir: Path, names: tuple[str, ...]) -> None:
-    """Copy the data files `names` (files or directories of files) of the run `source` into `run_dir`: the source's
-    verified against its manifest first, each copy written atomically, and `run_dir`'s manifest rewritten to record
-    them with the digests the source recorded (computed for a file it does not list), so that reading the copies
-    back verifies them against the source's record."""
-    verify(source, *names)
-    recorded = read_manifest(source)
-    for name in recorded_files(source, names):
-        target = run_dir / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        write_through(
-            target, lambda tmp, name=name: shutil.copyfile(source / name, tmp), (source / name).stat().st_size
-        )
-    record(run_dir, names, known={name: recorded[name] for name in recorded_files(source, names) if name in recorded})
-
-
-def read_manifest(run_dir: Path) -> dict[str, str]:
-    """The recorded digests by relative path; empty for a run without a manifest."""
-    path = run_dir / MANIFEST_FILE
-    if not path.exists():
-        return {}
+def where_in(path: str | Path, container: str | Path) -> str | None:
+    """`"same"` when `path` is `container`, `"inside"` when it lies inside it (a directory), else None: as the file
+    system resolves them, so that symbolic links, `..` and, on a case-insensitive file system, the case cannot
+    disguise one as another (existing paths are compared by device and inode, `os.path.samestat`; a part of `path`
+    that does not exist yet is compared by its resolved name)."""
+    target, home = (Path(os.path.realpath(Path(p).expanduser())) for p in (path, container))
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-        digests = {name: digest for digest, name in (line.split("  ", 1) for line in lines if line)}
-    except (ValueError, IsADirectoryError) as error:
-        raise RunError(f"{path} is corrupt ({error}); {_remedy(run_dir)}") from None
-    if not all(len(d) == 64 and all(c in "0123456789abcdef" for c in d) for d in digests.values()):
-        raise RunError(f"{path} is corrupt: a line is not a SHA-256 and a file name; {_remedy(run_dir)}")
-    return digests
+        home_status = os.stat(home)
+    except OSError:
+        home_status = None
+    for depth, place in enumerate((target, *target.parents)):
+        if home_status is None:
+            same = os.path.normcase(place) == os.path.normcase(home)
+        else:
+            try:
+                same = os.path.samestat(os.stat(place), home_status)
+            except OSError:  # not there (yet): an ancestor may be
+                continue
+        if same:
+            return "same" if depth == 0 else "inside"
+    return None
 
 
-def verify(run_dir: Path, *names: str) -> None:
-    """Check every recorded file under `names` (files or directories) against the manifest: RunError for a file
-    that is missing, unreadable as a file, or whose SHA-256 differs. Files the manifest does not list pass."""
-    digests = read_manifest(run_dir)
-    for name, digest in digests.items():
-        if not any(name == n or name.startswith(n.rstrip("/") + "/") for n in names):
+def refuse_writing_over(
+    output: str | Path, inputs: Iterable[tuple[str, str | Path | None]], option: str, *, directory: bool = False
+) -> None:
+    """The output guard: ConfigError, before anything is written, when writing the output `output` (what `option`
+    names: "--out") would lose what exists. That is when it is one of `inputs` or lies inside one (`where_in`), so
+    that no command writes over what it reads (`inputs` are (what it is, its path) pairs, such as ("the file of
+    prompts, --prompts p.txt", "p.txt"), a path of None skipped: a command's own inputs, and every file a run or
+    its source holds, `kqv.jobs.held.run_inputs`); and when it exists as something a write would replace or
+    block on: anything but a regular file (a FIFO, a device node, a socket, a directory), or for a `directory`
+    output anything but a directory; an empty path names nothing to write. Every command that writes a path the
+    user names calls it."""
+    if not str(output).strip():
+        raise ConfigError(f"{option} is empty: give the path of the {'directory' if directory else 'file'} to write")
+    for what, path in inputs:
+        if path is None or str(path) == "":
             continue
-        path = run_dir / name
-        if not path.is_file():
-            what = "is missing" if not path.exists() else "is not a file"
-            raise RunError(f"{path} {what}, so the run is incomplete; {_remedy(run_dir)}")
-        if sha256(path) != digest:
-            raise RunError(
-                f"{path} is corrupt: its SHA-256 differs from the one recorded in {run_dir / MANIFEST_FILE}; "
-                f"{_remedy(run_dir)}"
+        relation = where_in(output, path)
+        if relation is not None:
+            raise ConfigError(
+                f"{option} {output} is {'' if relation == 'same' else 'inside '}{what}; a command never writes over "
+                f"what it reads: choose another path"
             )
+    try:
+        mode = os.stat(output).st_mode  # through a symbolic link: what a write would reach
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if directory and not stat.S_ISDIR(mode):
+        raise ConfigError(f"{option} {output} is {file_kind(mode)}, not a directory; give the path of a directory")
+    if not directory and not stat.S_ISREG(mode):
+        raise ConfigError(
+            f"{option} {output} is {file_kind(mode)}, not a regular file, which writing would replace: "
+            f"give the path of a new or regular file"
+        )
 
 
-def read_verified(run_dir: Path, name: str) -> bytes:
-    """The bytes of the run file `name`, verified against the manifest (RunError if it is damaged)."""
-    verify(run_dir, name)
-    path = run_dir / name
-    if not path.is_file():
-        what = "is missing" if not path.exists() else "is not a file"
-        raise RunError(f"{path} {what}, so the run is incomplete; {_remedy(run_dir)}")
-    return path.read_bytes()
-
-
-def _remedy(run_dir: Path) -> str:
-    overwrite = option(IF_EXISTS_OVERWRITE)
-    return f"restore the file from a backup, or train the run again with {overwrite} (which deletes {run_dir}'s run)"
+def file_kind(mode: int) -> str:
+    """What a file of `mode` (os.stat's st_mode) is, in words."""
+    kinds = {
+        stat.S_ISDIR: "a directory",
+        stat.S_ISFIFO: "a FIFO (named pipe)",
+        stat.S_ISCHR: "a character device",
+        stat.S_ISBLK: "a block device",
+        stat.S_ISSOCK: "a socket",
+        stat.S_ISREG: "a regular file",
+    }
+    return next((what for test, what in kinds.items() if test(mode)), "a special file")

@@ -1,44 +1,66 @@
-"""What a run directory holds, by what each file is: the one place that turns "the run's tokenizer" into a path.
+"""What a run directory holds and writes: the names of its files, the one place that turns "the run's tokenizer"
+into a path (`RunFiles`), and its checksums (SHA256SUMS).
 
-`RunFiles(path)` names a run's files (its tokenizer, encoded tokens or pairs, held-out texts, samples,
-predictions, run.toml, checksums, metrics, checkpoint) and writes and verifies them through the one writer
-(`kqv.train.files`), so that jobs, commands and the explorer ask the run for what it holds and never spell a file
-name of their own: the names are train/'s (`kqv.train.files`). `RunDirectory` (kqv.train.rundir), the run opened
-for a training, is one; a finished run read back (`kqv generate`, `kqv eval`, the explorer) is named by one too.
+A run directory (`kqv train NAME --out DIR`) holds:
+
+    run.toml            the whole run config, `task = NAME`, and the exact [model] it trained (vocab_size included)
+    tokenizer/          the tokenizer (kqv.data.tokenizers; plus specials.json for the encoder's vocabulary)
+    tokens.safetensors  the encoded splits of a language-model corpus (lm, mlm)
+    pairs.safetensors   the encoded sentence pairs (mt), with data/{dev,test}.{src,tgt}, the held-out text
+    checkpoint/         weights, optimizer and generator states (kqv.train.checkpoints; shards: kqv.train.shards)
+    metrics.jsonl       one record per log or evaluation step, and loss.png (kqv.train.metrics)
+    samples.txt         generated text (lm); test.hyp: the test translations (mt)
+    summary.json        the final figures of the run
+    SHA256SUMS          the checksums of run.toml and the data files, verified when read back (`record`)
+    .lock               the writer's lock (kqv.train.rundir.hold_run_lock)
+
+Runs written before kqv had subpackages use the same files and load unchanged.
+
+`RunFiles(path)` names a run's files by what each holds and writes and verifies them through the one writer
+(`kqv.train.files`), so that jobs, commands, the explorer, the checkpoints and the run directory's owner during a
+training (`kqv.train.rundir.RunDirectory`, a `RunFiles`) ask the run for a path and never join a file name to it
+themselves (`tests/test_train_structure.py` scans for that). A checkpoint's own files (`CHECKPOINT_FORMAT`) are
+joined to its directory by the checkpoints' modules alone (`kqv.train.checkpoints`, `kqv.train.shards`).
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from torch import Tensor
 
-from .checkpoints import checkpoint_dir
-from .files import (
-    CHECKPOINT_DIR,
-    DATA_FILES,
-    MANIFEST_FILE,
-    METRICS_FILE,
-    MODEL_FILE,
-    PAIRS_FILE,
-    PLOT_FILE,
+from ..errors import IF_EXISTS_OVERWRITE, RunError, option
+from .files import TEMPORARY, sha256, write_atomically, write_files, write_tensors, write_text, write_through
+
+# what a job writes
+RUN_CONFIG, TOKENIZER_DIR, SUMMARY_FILE = "run.toml", "tokenizer", "summary.json"
+TOKENS_FILE, PAIRS_FILE, TEXT_DIR = "tokens.safetensors", "pairs.safetensors", "data"
+SAMPLES_FILE, TEST_HYPOTHESES_FILE = "samples.txt", "test.hyp"
+MANIFEST_FILE = "SHA256SUMS"  # the data files' checksums (`record`)
+# what the trainer writes
+METRICS_FILE, PLOT_FILE = "metrics.jsonl", "loss.png"
+CHECKPOINT_DIR = "checkpoint"
+PREVIOUS_CHECKPOINT_DIR = "checkpoint.old"  # exists only between the two renames of a checkpoint swap
+MODEL_FILE, OPTIMIZER_FILE, RNG_FILE, STATE_FILE = "model.safetensors", "optimizer.pt", "rng.safetensors", "state.json"
+SHARDS_DIR = "shards"  # a sharded run's checkpoint: every rank's shards, torch.distributed.checkpoint's layout
+STAGING_PREFIX = ".checkpoint-tmp-"  # a checkpoint being written, beside the run's (`write_directory`)
+LOCK_FILE = ".lock"  # the writer's lock (kqv.train.rundir.hold_run_lock)
+
+JOB_FILES = {
     RUN_CONFIG,
-    RUN_FORMAT,
-    SAMPLES_FILE,
-    SUMMARY_FILE,
-    TEST_HYPOTHESES_FILE,
-    TEXT_DIR,
     TOKENIZER_DIR,
+    SUMMARY_FILE,
     TOKENS_FILE,
-    copy_files,
-    read_verified,
-    record,
-    verify,
-    write_atomically,
-    write_files,
-    write_tensors,
-    write_text,
-)
+    PAIRS_FILE,
+    TEXT_DIR,
+    SAMPLES_FILE,
+    TEST_HYPOTHESES_FILE,
+}
+TRAINER_FILES = (CHECKPOINT_DIR, PREVIOUS_CHECKPOINT_DIR, METRICS_FILE, PLOT_FILE)  # what marks an earlier run
+RUN_FORMAT = {*JOB_FILES, MANIFEST_FILE, *TRAINER_FILES, LOCK_FILE}  # everything kqv writes into a run directory
+
+CHECKPOINT_FORMAT = {MODEL_FILE, OPTIMIZER_FILE, RNG_FILE, STATE_FILE, SHARDS_DIR}  # what a checkpoint/ holds
 
 
 class RunFiles:
@@ -107,16 +129,49 @@ class RunFiles:
 
     @property
     def checkpoint_dir(self) -> Path:
+        """checkpoint/: the last checkpoint, swapped in whole (`kqv.train.checkpoints.write_checkpoint`)."""
         return self.path / CHECKPOINT_DIR
+
+    @property
+    def previous_checkpoint_dir(self) -> Path:
+        """checkpoint.old/: the checkpoint a swap moved aside, there only between the swap's two renames."""
+        return self.path / PREVIOUS_CHECKPOINT_DIR
+
+    @property
+    def checkpoint_to_read(self) -> Path:
+        """The directory of the checkpoint a reader reads: checkpoint/, or checkpoint.old/ when a swap was
+        interrupted after the old checkpoint moved aside and before the new one moved in."""
+        if not self.checkpoint_dir.exists() and self.previous_checkpoint_dir.exists():
+            return self.previous_checkpoint_dir
+        return self.checkpoint_dir
 
     @property
     def weights_file(self) -> Path:
         """The checkpoint's model weights (checkpoint.old/'s while a swap is interrupted, as a reader takes them)."""
-        return checkpoint_dir(self.path) / MODEL_FILE
+        return self.checkpoint_to_read / MODEL_FILE
+
+    @property
+    def lock_file(self) -> Path:
+        """.lock: the writer's lock, held for a whole training (`kqv.train.rundir.hold_run_lock`)."""
+        return self.path / LOCK_FILE
 
     def held(self) -> list[Path]:
         """Every path kqv writes into a run directory (present or not): what no command may write over."""
         return [self.path / name for name in sorted(RUN_FORMAT)]
+
+    def job_files(self) -> list[Path]:
+        """Every path a job's preparation writes (present or not): run.toml, the tokenizer, the data, samples,
+        predictions, summary.json and SHA256SUMS."""
+        return [self.path / name for name in sorted({*JOB_FILES, MANIFEST_FILE})]
+
+    def trainer_files(self) -> list[Path]:
+        """The trainer's files of an earlier run that are there (checkpoint, metrics, plot): what refusing,
+        resuming or overwriting decides about."""
+        return [self.path / name for name in TRAINER_FILES if (self.path / name).exists()]
+
+    def data_directories(self) -> list[Path]:
+        """The directories a run writes whole (tokenizer/, data/), where a killed writer may leave temporaries."""
+        return [self.tokenizer_dir, self.text_dir]
 
     # -- writing ---------------------------------------------------------------------------------------------
 
@@ -168,3 +223,119 @@ class RunFiles:
 
     def _name(self, held: Path) -> str:
         return Path(held).relative_to(self.path).as_posix()
+
+
+def remedy(path: Path) -> str:
+    """What to do about a broken checkpoint, in the words of the interface the user called (`option`)."""
+    overwrite = option(IF_EXISTS_OVERWRITE)
+    return f"restore {path} from a backup, or start the run over with {overwrite} (which deletes it)"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The checksums of a run's data files (SHA256SUMS)
+#
+# The checksums of a run's data files: `SHA256SUMS`, written when training starts and verified whenever a file
+# is read back, so that a damaged tokenizer or encoded corpus is reported as such instead of failing deep inside
+# a loader (or, worse, loading silently different data).
+#
+# The checkpoint's files carry their own SHA-256 in `checkpoint/state.json` (kqv.train.checkpoints). This manifest
+# covers run.toml (a truncated one may still parse) and the rest of what is read back: `tokenizer/`,
+# `tokens.safetensors`, `pairs.safetensors` and `data/`. It is in `sha256sum`'s format, so
+# `cd RUN && sha256sum -c SHA256SUMS` checks a run by hand too. A run written before the manifest existed has none,
+# and loads unchecked, as it always did.
+
+
+DATA_FILES = (TOKENIZER_DIR, TOKENS_FILE, PAIRS_FILE, TEXT_DIR)  # what a run reads back besides its checkpoint
+
+
+def recorded_files(run_dir: Path, names: tuple[str, ...]) -> list[str]:
+    """The files among `names` (each a file or a directory of files) that `run_dir` holds, as relative paths."""
+    found = []
+    for name in names:
+        path = run_dir / name
+        if path.is_file():
+            found.append(name)
+        elif path.is_dir():
+            found += sorted(p.relative_to(run_dir).as_posix() for p in path.rglob("*") if p.is_file())
+    return [name for name in found if not name.endswith(TEMPORARY)]
+
+
+def record(
+    run_dir: Path, names: tuple[str, ...] = DATA_FILES, *, keep: bool = False, known: dict[str, str] | None = None
+) -> None:
+    """Write the SHA-256 of run.toml and the data files `names` of `run_dir` into its manifest (when training
+    starts: run.toml just written, the data prepared). With `keep` (a resumed run, whose data were read back
+    verified) a data file already recorded keeps its digest: a damaged file is never re-blessed. `known`: digests
+    to record as given (copies of another run's files, recorded as it recorded them: `copy_files`)."""
+    digests = read_manifest(run_dir) if keep else {}
+    digests.update(known or {})
+    digests.pop(RUN_CONFIG, None)  # rewritten by every start, a resumed one too
+    names = (RUN_CONFIG, *names)
+    for name in recorded_files(run_dir, names):
+        digests.setdefault(name, sha256(run_dir / name))
+    text = "".join(f"{digest}  {name}\n" for name, digest in sorted(digests.items()))
+    write_atomically(run_dir / MANIFEST_FILE, text.encode())
+
+
+def copy_files(source: Path, run_dir: Path, names: tuple[str, ...]) -> None:
+    """Copy the data files `names` (files or directories of files) of the run `source` into `run_dir`: the source's
+    verified against its manifest first, each copy written atomically, and `run_dir`'s manifest rewritten to record
+    them with the digests the source recorded (computed for a file it does not list), so that reading the copies
+    back verifies them against the source's record."""
+    verify(source, *names)
+    recorded = read_manifest(source)
+    for name in recorded_files(source, names):
+        target = run_dir / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_through(
+            target, lambda tmp, name=name: shutil.copyfile(source / name, tmp), (source / name).stat().st_size
+        )
+    record(run_dir, names, known={name: recorded[name] for name in recorded_files(source, names) if name in recorded})
+
+
+def read_manifest(run_dir: Path) -> dict[str, str]:
+    """The recorded digests by relative path; empty for a run without a manifest."""
+    path = run_dir / MANIFEST_FILE
+    if not path.exists():
+        return {}
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        digests = {name: digest for digest, name in (line.split("  ", 1) for line in lines if line)}
+    except (ValueError, IsADirectoryError) as error:
+        raise RunError(f"{path} is corrupt ({error}); {_remedy(run_dir)}") from None
+    if not all(len(d) == 64 and all(c in "0123456789abcdef" for c in d) for d in digests.values()):
+        raise RunError(f"{path} is corrupt: a line is not a SHA-256 and a file name; {_remedy(run_dir)}")
+    return digests
+
+
+def verify(run_dir: Path, *names: str) -> None:
+    """Check every recorded file under `names` (files or directories) against the manifest: RunError for a file
+    that is missing, unreadable as a file, or whose SHA-256 differs. Files the manifest does not list pass."""
+    digests = read_manifest(run_dir)
+    for name, digest in digests.items():
+        if not any(name == n or name.startswith(n.rstrip("/") + "/") for n in names):
+            continue
+        path = run_dir / name
+        if not path.is_file():
+            what = "is missing" if not path.exists() else "is not a file"
+            raise RunError(f"{path} {what}, so the run is incomplete; {_remedy(run_dir)}")
+        if sha256(path) != digest:
+            raise RunError(
+                f"{path} is corrupt: its SHA-256 differs from the one recorded in {run_dir / MANIFEST_FILE}; "
+                f"{_remedy(run_dir)}"
+            )
+
+
+def read_verified(run_dir: Path, name: str) -> bytes:
+    """The bytes of the run file `name`, verified against the manifest (RunError if it is damaged)."""
+    verify(run_dir, name)
+    path = run_dir / name
+    if not path.is_file():
+        what = "is missing" if not path.exists() else "is not a file"
+        raise RunError(f"{path} {what}, so the run is incomplete; {_remedy(run_dir)}")
+    return path.read_bytes()
+
+
+def _remedy(run_dir: Path) -> str:
+    overwrite = option(IF_EXISTS_OVERWRITE)
+    return f"restore the file from a backup, or train the run again with {overwrite} (which deletes {run_dir}'s run)"

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from ..errors import ConfigError, ConfigTypeError
 from .distributed import Batch
-from .files import STATE_FILE
+from .layout import STATE_FILE
 from .reporter import Reporter
 from .rundir import IfExists
 

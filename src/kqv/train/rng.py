@@ -12,11 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from safetensors.torch import load as safetensors_load
 from torch import Tensor
-
-from .checkpoints import Checkpoint
-from .files import RNG_FILE
 
 TORCH_RNGS = (("torch", ""), ("cuda", ".cuda"))  # state key, suffix of its rng.safetensors name
 
@@ -107,20 +103,3 @@ def all_rng_states(world_size: int) -> list[dict[str, Any]]:
     states: list[Any] = [None] * world_size
     dist.all_gather_object(states, rng_to_json(rng, torch_as_bytes=True))
     return [rng_from_json(s) for s in states]
-
-
-def saved_rng_states(checkpoint: Checkpoint, world_size: int) -> list[dict | None]:
-    """The generator states of every rank saved in `checkpoint` (None for a rank whose state was not saved); none
-    at all when the checkpoint came from another number of processes, whose ranks no longer exist."""
-    if checkpoint.state.get("world_size") != world_size:
-        return []
-    torch_states = safetensors_load(checkpoint.open(RNG_FILE).read())
-    return [
-        {
-            **rng_from_json(s),
-            **{key: torch_states[f"rank{r}{name}"] for key, name in TORCH_RNGS if f"rank{r}{name}" in torch_states},
-        }
-        if s is not None
-        else None
-        for r, s in enumerate(checkpoint.state["rng"])
-    ]

@@ -6,8 +6,8 @@ a `Trainer` given a plain path, by the Trainer itself. Entering it
 1. takes the writer's lock (`hold_run_lock`, below) on rank 0, the only process that writes; other torchrun ranks read
    (first putting back a run an interrupted overwrite left between its two renames, and then removing what such
    an overwrite left beside the run: `recover_swap`, `remove_leftovers`);
-2. looks once at the files of an earlier run (`run_files`) and decides: refuse (`if_exists="error"`), resume
-   (read and verify the checkpoint once: `checkpoint`, `step`) or overwrite. A job's overwrite (`stage=True`) is
+2. looks once at the files of an earlier run (`RunFiles.trainer_files`) and decides: refuse (`if_exists="error"`),
+   resume (read and verify the checkpoint once: `checkpoint`, `step`) or overwrite. A job's overwrite (`stage=True`) is
    built in `RUN.kqv-new/` beside the run and swapped in by renames (`commit`) once its preparation is done, so
    an interrupt or refusal at any moment before leaves the previous run whole; a Trainer's own overwrite deletes
    the files in `prepare`, when training starts, so a run refused or failing before that leaves them in place;
@@ -33,18 +33,8 @@ from typing import Literal
 from ..errors import IF_EXISTS_OVERWRITE, RESUME, RUN_DIRECTORY, ConfigError, KqvError, option
 from ..signals import completed
 from .checkpoints import Checkpoint, has_checkpoint, read_checkpoint
-from .files import (
-    JOB_FILES,
-    LOCK_FILE,
-    MANIFEST_FILE,
-    RUN_FORMAT,
-    TEMPORARY,
-    TEXT_DIR,
-    TOKENIZER_DIR,
-    is_temporary,
-    run_files,
-)
-from .layout import RunFiles
+from .files import TEMPORARY, is_temporary
+from .layout import RUN_FORMAT, RunFiles
 from .metrics import keep_records
 from .topology import Topology
 
@@ -92,7 +82,7 @@ class RunDirectory(RunFiles):
                 stack.enter_context(hold_run_lock(path))
                 stack.callback(remove_if_unused, path, created)  # while the lock is held
                 remove_leftovers(path)
-            existing = run_files(path)
+            existing = RunFiles(path).trainer_files()
             _refuse(path, existing, if_exists)
             checkpoint = None
             if existing and if_exists == "resume":
@@ -144,7 +134,7 @@ class RunDirectory(RunFiles):
         shutil.rmtree(staged, ignore_errors=True)
         stack.callback(shutil.rmtree, staged, ignore_errors=True)  # a no-op once committed: it was renamed
         staged.mkdir()
-        os.link(self.path / LOCK_FILE, staged / LOCK_FILE)
+        os.link(self.lock_file, RunFiles(staged).lock_file)
         self.final, self.path = self.path, staged
 
     def commit(self) -> None:
@@ -167,8 +157,7 @@ class RunDirectory(RunFiles):
         and a resumed run keeps its files."""
         if error_type is None or not self.writes or self.started or self.existing or self.final is not None:
             return False
-        for name in (*JOB_FILES, MANIFEST_FILE):
-            path = self.path / name
+        for path in self.job_files():
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path, ignore_errors=True)
             elif path.exists() or path.is_symlink():
@@ -192,7 +181,7 @@ class RunDirectory(RunFiles):
         self.commit()
         self.started = True
         if self._overwrite_pending:
-            for path in run_files(self.path):
+            for path in self.trainer_files():
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
             self._overwrite_pending = False
         self.path.mkdir(parents=True, exist_ok=True)
@@ -256,7 +245,7 @@ def remove_temporaries(path: Path) -> None:
     if not path.is_dir():
         return
     found = [entry for name in RUN_FORMAT for entry in path.glob(f".{name}.*{TEMPORARY}") if is_temporary(entry, name)]
-    for directory in (path / TOKENIZER_DIR, path / TEXT_DIR):
+    for directory in RunFiles(path).data_directories():
         if directory.is_dir() and not directory.is_symlink():
             found += [entry for entry in directory.iterdir() if is_temporary(entry)]
     for entry in found:
@@ -267,8 +256,9 @@ def remove_temporaries(path: Path) -> None:
 def remove_if_unused(path: Path, created: bool) -> None:
     """Remove the directory this opening created when nothing but its lock file was written into it (the
     training was refused or interrupted before its first file): a refusal leaves no trace."""
-    if created and path.is_dir() and [p.name for p in path.iterdir()] == [LOCK_FILE]:
-        (path / LOCK_FILE).unlink(missing_ok=True)
+    lock = RunFiles(path).lock_file
+    if created and path.is_dir() and list(path.iterdir()) == [lock]:
+        lock.unlink(missing_ok=True)
         try:
             path.rmdir()
         except OSError:  # another process wrote into it meanwhile
@@ -331,7 +321,7 @@ def hold_run_lock(run_dir: str | Path) -> Iterator[Path]:
     run_dir = Path(run_dir)
     fd, before = _acquire(run_dir)
     try:
-        yield run_dir / LOCK_FILE
+        yield RunFiles(run_dir).lock_file
     finally:
         _put_back(fd, *before)
         fcntl.flock(fd, fcntl.LOCK_UN)
@@ -341,7 +331,7 @@ def hold_run_lock(run_dir: str | Path) -> Iterator[Path]:
 def check_run_lock(run_dir: str | Path) -> None:
     """Raise RunDirectoryBusy now if another process holds `run_dir`'s lock (a probe: nothing is created)."""
     run_dir = Path(run_dir)
-    path = run_dir / LOCK_FILE
+    path = RunFiles(run_dir).lock_file
     if not path.exists():
         return
     fd = os.open(path, os.O_RDONLY)
@@ -360,7 +350,7 @@ def _acquire(run_dir: Path) -> tuple[int, tuple[bytes, int, int]]:
     before (its bytes, access and modification times), which `_put_back` restores on release: the pid is there
     while the lock is held, and a command refused under the lock leaves the file as it was."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / LOCK_FILE
+    path = RunFiles(run_dir).lock_file
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

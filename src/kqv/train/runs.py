@@ -1,23 +1,12 @@
-"""Run configs and run directories: the format every job reads and writes, defined once.
+"""Run configs: the format every job reads and writes (run.toml among a run's files), defined once.
 
 A run config is a TOML file: [model] (a ModelConfig, whose vocab_size the tokenizer decides; a kind's options in
 its sub-table such as [model.linformer]), [train] (TrainConfig) and the job's own sections ([data], [sample],
 [decode], ...), with `section.key=value` (or `model.linformer.k=128`) overrides from the command line. A job's
 run config is a `RunConfig` subclass whose fields are those sections.
 
-A run directory (`kqv train NAME --out DIR`) holds:
-
-    run.toml            the whole run config, `task = NAME`, and the exact [model] it trained (vocab_size included)
-    tokenizer/          the tokenizer (kqv.data.tokenizers; plus specials.json for the encoder's vocabulary)
-    tokens.safetensors  the encoded splits of a language-model corpus (lm, mlm)
-    pairs.safetensors   the encoded sentence pairs (mt), with data/{dev,test}.{src,tgt}, the held-out text
-    checkpoint/         weights, optimizer and generator states (kqv.train.checkpoints)
-    metrics.jsonl       one record per log or evaluation step, and loss.png (kqv.train.metrics)
-    samples.txt         generated text (lm); test.hyp: the test translations (mt)
-    summary.json        the final figures of the run
-    SHA256SUMS          the checksums of run.toml and the data files, verified when read back (kqv.train.files)
-
-Runs written before kqv had subpackages use the same files and load unchanged.
+What a run directory holds, and where, is `kqv.train.layout`'s to say (`RunFiles`): run.toml is written, read and
+verified here through it.
 """
 
 from __future__ import annotations
@@ -37,7 +26,8 @@ from ..errors import TRAIN, WITHOUT_OVERRIDES, ConfigError, KqvError, RunError, 
 from ..nn.config import ModelConfig
 from ..validation import Config, build, check_fields, check_value
 from .config import TrainConfig
-from .files import RUN_CONFIG, SUMMARY_FILE, verify, write_atomically
+from .files import write_atomically
+from .layout import RunFiles
 
 
 @dataclass
@@ -248,10 +238,11 @@ def read_run(run_dir: str | Path, task: str | None = None) -> dict[str, Any]:
     if not run_dir.is_dir():
         how = option(TRAIN, task=task or "lm", run_dir=run_dir)
         raise FileNotFoundError(f"no run directory at {run_dir}; train one with {how}")
-    path = run_dir / RUN_CONFIG
+    run = RunFiles(run_dir)
+    path = run.config_file
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir} is not a kqv run: {path} is missing")
-    verify(run_dir, RUN_CONFIG)  # against SHA256SUMS: a truncated run.toml may still parse
+    run.verify(path)  # against SHA256SUMS: a truncated run.toml may still parse
     values = read_toml(path, RunError, "restore it from a backup or train the run again", "corrupt")
     if task is not None and run_task(values) != task:
         raise RunError(f"{run_dir} is a run of task {run_task(values)!r}, not {task!r}")
@@ -264,13 +255,16 @@ def run_task(values: dict[str, Any]) -> str:
 
 
 def write_run_config(run_dir: Path, values: dict[str, Any]) -> None:
+    """The run.toml of `values` in the run `run_dir`, atomically (a resume rewrites it: never torn)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_atomically(run_dir / RUN_CONFIG, toml_text(values).encode())  # a resume rewrites it: never torn
+    write_atomically(RunFiles(run_dir).config_file, toml_text(values).encode())
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
-    write_atomically(run_dir / SUMMARY_FILE, (json.dumps(summary, indent=1) + "\n").encode())
+    """The finished run's figures in its summary.json, atomically."""
+    write_atomically(RunFiles(run_dir).summary_file, (json.dumps(summary, indent=1) + "\n").encode())
 
 
 def read_summary(run_dir: str | Path) -> dict[str, Any]:
-    return json.loads((Path(run_dir) / SUMMARY_FILE).read_text())
+    """The figures of the finished run `run_dir` (its summary.json)."""
+    return json.loads(RunFiles(run_dir).summary_file.read_text())

@@ -1,6 +1,7 @@
 """A training's checkpoints: what is saved after an update (weights, optimizer, generators, the `TrainState`) and
-how a resume loads it back, for one process, DDP or FSDP alike (under FSDP every rank writes its own shards:
-`kqv.train.shards`)."""
+how a resume loads it back (`Checkpointer`), for one process, DDP or FSDP alike: under FSDP every rank writes its own
+shards (`kqv.train.shards`), and a one-process checkpoint is read into them, each rank reading only its rows
+(`load_checkpoint`). The checkpoint's files are `kqv.train.checkpoints`'."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import Tensor
+import torch.distributed as dist
+from safetensors import SafetensorError
+from safetensors.torch import load as safetensors_load
+from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
-from ..errors import TRAINER_RESUME, option
+from ..errors import TRAINER_RESUME, RunError, option
 from ..signals import deferred
 from .checkpoints import (
     FORMAT,
@@ -26,14 +30,14 @@ from .checkpoints import (
     write_checkpoint,
 )
 from .config import TrainConfig
-from .files import CHECKPOINT_DIR, write_into
+from .files import write_into
+from .layout import MODEL_FILE, RNG_FILE, RunFiles
 from .nonfinite import check_finite_weights
 from .placement import Placement
-from .rng import all_rng_states, rng_tensors, rng_to_json, saved_rng_states
-from .rundir import RunDirectory
-from .shard_files import is_sharded
-from .sharding import every_rank, gather_weights, load_checkpoint
-from .shards import load_sharded, write_sharded
+from .rng import TORCH_RNGS, all_rng_states, rng_from_json, rng_tensors, rng_to_json
+from .sharding import every_rank, gather_weights
+from .shards import is_sharded, load_sharded, write_sharded
+from .slices import RowReader, rows, tied_names
 from .state import TrainState
 
 logger = logging.getLogger("kqv.train.trainer")  # the trainer's voice
@@ -48,7 +52,7 @@ class Checkpointer:
 
     def __init__(
         self,
-        run: RunDirectory,
+        run: RunFiles,
         placement: Placement,
         optimizer: torch.optim.Optimizer,
         saved_weights: Callable[[dict[str, Tensor]], dict[str, Tensor]] | None = None,
@@ -82,7 +86,7 @@ class Checkpointer:
                 weights = self.saved_weights(weights if isinstance(weights, dict) else weights.state_dict())
             check_finite_weights(weights, config, state.step, self.last_saved)
             saved = self.saved_state(rng_states, state, config, extra_state)
-            write_checkpoint(self.run.path, weights, optimizer, saved, rng_tensors(rng_states))
+            write_checkpoint(self.run, weights, optimizer, saved, rng_tensors(rng_states))
             self.last_saved = state.step
 
     def write_shards(
@@ -98,12 +102,12 @@ class Checkpointer:
                 check_finite_weights(NOT_FINITE, config, state.step, self.last_saved)  # another rank's
             weights = gather_weights(place.model) if final else None
             saved = self.saved_state(rng_states, state, config, extra_state)
-            target = self.run.path / CHECKPOINT_DIR
+            target = self.run.checkpoint_dir
 
             def finish(tmp, digests: dict[str, str]) -> None:  # rank 0: the files besides the shards
                 write_into(tmp, checkpoint_writers(saved, rng_tensors(rng_states), weights, shards=digests), 0, target)
 
-            write_sharded(self.run.path, place.model, self.optimizer, place.rank, place.world_size, finish)
+            write_sharded(self.run, place.model, self.optimizer, place.rank, place.world_size, finish)
             self.last_saved = state.step
 
     def saved_state(self, rng_states: list[dict], state: TrainState, config: TrainConfig, extra: dict) -> dict:
@@ -121,7 +125,7 @@ class Checkpointer:
 
     def load(self, checkpoint: Checkpoint) -> tuple[TrainState, list[dict | None]]:
         """Load `checkpoint`'s weights, optimizer state and loss scale; returns its `TrainState` and every rank's
-        saved generator states (`kqv.train.rng.saved_rng_states`)."""
+        saved generator states (`saved_rng_states`)."""
         place = self.placement
         if is_sharded(checkpoint):  # under FSDP, DDP or in one process, on any number of processes
             load_sharded(place.model, self.optimizer, checkpoint)
@@ -155,3 +159,74 @@ class Checkpointer:
             option(TRAINER_RESUME),
         )
         return True
+
+
+def saved_rng_states(checkpoint: Checkpoint, world_size: int) -> list[dict | None]:
+    """The generator states of every rank saved in `checkpoint` (None for a rank whose state was not saved); none
+    at all when the checkpoint came from another number of processes, whose ranks no longer exist."""
+    if checkpoint.state.get("world_size") != world_size:
+        return []
+    torch_states = safetensors_load(checkpoint.open(RNG_FILE).read())
+    return [
+        {
+            **rng_from_json(s),
+            **{key: torch_states[f"rank{r}{name}"] for key, name in TORCH_RNGS if f"rank{r}{name}" in torch_states},
+        }
+        if s is not None
+        else None
+        for r, s in enumerate(checkpoint.state["rng"])
+    ]
+
+
+def load_checkpoint(sharded: nn.Module, optimizer: torch.optim.Optimizer, checkpoint: Checkpoint, run_dir) -> None:
+    """Set the weights and optimizer state of a (single-file) checkpoint into this process's shards, reading only
+    this process's rows of each tensor: the weights through safetensors' slices (`kqv.train.sharding.RowReader`),
+    the optimizer state through a memory map of optimizer.pt (`torch.load(mmap=True)`), whose other pages are
+    never read."""
+    load_shards(sharded, checkpoint)
+    positions = [p for group in optimizer.param_groups for p in group["params"]]
+
+    def set_state(state: dict[str, Any]) -> None:
+        own = {i: {k: _own_rows(v, positions[i]) for k, v in s.items()} for i, s in state["state"].items()}
+        optimizer.load_state_dict({"state": own, "param_groups": state["param_groups"]})
+
+    load_optimizer_state(optimizer, checkpoint, run_dir, load=set_state, mmap=True)
+
+
+def load_shards(sharded: nn.Module, checkpoint: Checkpoint) -> None:
+    """Copy this process's rows of every weight of `checkpoint` (and whole buffers) into `sharded`: the file keeps
+    one name of each tied parameter, as for one process. A RunError when the file does not fit the model."""
+    path = checkpoint.path / MODEL_FILE
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    try:
+        with RowReader(checkpoint.path_of(MODEL_FILE)) as file, torch.no_grad():
+            unexpected = file.names - set(sharded.state_dict())
+            if unexpected:
+                raise RunError(f"unexpected {sorted(unexpected)}")
+            for names in tied_names(sharded):
+                name = next((n for n in names if n in file.names), None)
+                if name is None:
+                    raise RunError(f"missing {names[0]}")
+                param = sharded.get_parameter(names[0])
+                if isinstance(param, DTensor):
+                    param.to_local().copy_(file.rows(name, param.shape, rank, world_size))
+                else:
+                    param.copy_(file.whole(name))
+            for name, buffer in sharded.named_buffers():
+                if name in file.names:
+                    buffer.copy_(file.whole(name))
+    except (RuntimeError, SafetensorError, RunError) as error:
+        raise RunError(
+            f"{path} does not fit the model ({error}); build the model with the config the run was "
+            f"trained with (saved in extra_state if the training script put it there)"
+        ) from None
+
+
+def _own_rows(value: Any, param: Tensor) -> Any:
+    """An optimizer state entry of the whole parameter, as this process's shard of `param`: its rows, as a DTensor
+    placed as `param` is; a scalar (the step) as it is."""
+    if not isinstance(value, Tensor) or not isinstance(param, DTensor) or value.shape != param.shape:
+        return value.clone() if isinstance(value, Tensor) else value
+    span = rows(value.shape[0], dist.get_rank(), dist.get_world_size())
+    local = value[span].to(param.to_local().device, copy=True)
+    return DTensor.from_local(local, param.device_mesh, param.placements, shape=param.shape, stride=param.stride())

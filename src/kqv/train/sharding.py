@@ -33,8 +33,8 @@ Checkpoints are sharded: each rank writes its own rows of the weights and the op
 (`kqv.train.shards`, torch.distributed.checkpoint), and a run's final checkpoint adds the whole weights
 (`gather_weights`, rank 0) in the one-process model.safetensors, for export and inference. A resume reads each
 rank's rows back, on any number of processes, under FSDP, DDP or in one process. A one-process (single-file)
-checkpoint resumes under FSDP too: `load_checkpoint` reads each rank's rows of it into its shards (the weights
-through safetensors' slices, optimizer.pt through a memory map whose other pages are never read).
+checkpoint resumes under FSDP too: `kqv.train.saving.load_checkpoint` reads each rank's rows of it into its shards
+(the weights through safetensors' slices, optimizer.pt through a memory map whose other pages are never read).
 """
 
 from __future__ import annotations
@@ -43,23 +43,19 @@ import contextlib
 import copy
 import itertools
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import torch
 import torch.distributed as dist
-from safetensors import SafetensorError
 from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from ..errors import ConfigError, ConfigTypeError, RunError
+from ..errors import ConfigError, ConfigTypeError
 from ..nn.training import layer_blocks, may_skip_parameters
-from .checkpoints import Checkpoint, load_optimizer_state
 from .distributed import rank0_says
-from .files import MODEL_FILE
-from .slices import RowReader, is_sliced, rows, take_slices, tied_names
+from .slices import is_sliced, take_slices, tied_names
 
 GATHERED = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on rank 0's CPU only
 FROM_RANK0 = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)  # rank 0's whole tensors, sliced
@@ -250,60 +246,6 @@ def gather_weights(sharded: nn.Module) -> dict[str, Tensor]:
     for the model.safetensors of a run's final checkpoint. Every rank must call it: the tensors are all-gathered."""
     weights = get_model_state_dict(sharded, options=GATHERED)
     return _retie(weights, sharded) if dist.get_rank() == 0 else {}
-
-
-def load_checkpoint(sharded: nn.Module, optimizer: torch.optim.Optimizer, checkpoint: Checkpoint, run_dir) -> None:
-    """Set the weights and optimizer state of a (single-file) checkpoint into this process's shards, reading only
-    this process's rows of each tensor: the weights through safetensors' slices (`kqv.train.slices.RowReader`),
-    the optimizer state through a memory map of optimizer.pt (`torch.load(mmap=True)`), whose other pages are
-    never read."""
-    load_shards(sharded, checkpoint)
-    positions = [p for group in optimizer.param_groups for p in group["params"]]
-
-    def set_state(state: dict[str, Any]) -> None:
-        own = {i: {k: _own_rows(v, positions[i]) for k, v in s.items()} for i, s in state["state"].items()}
-        optimizer.load_state_dict({"state": own, "param_groups": state["param_groups"]})
-
-    load_optimizer_state(optimizer, checkpoint, run_dir, load=set_state, mmap=True)
-
-
-def load_shards(sharded: nn.Module, checkpoint: Checkpoint) -> None:
-    """Copy this process's rows of every weight of `checkpoint` (and whole buffers) into `sharded`: the file keeps
-    one name of each tied parameter, as for one process. A RunError when the file does not fit the model."""
-    path = checkpoint.path / MODEL_FILE
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    try:
-        with RowReader(checkpoint.path_of(MODEL_FILE)) as file, torch.no_grad():
-            unexpected = file.names - set(sharded.state_dict())
-            if unexpected:
-                raise RunError(f"unexpected {sorted(unexpected)}")
-            for names in tied_names(sharded):
-                name = next((n for n in names if n in file.names), None)
-                if name is None:
-                    raise RunError(f"missing {names[0]}")
-                param = sharded.get_parameter(names[0])
-                if isinstance(param, DTensor):
-                    param.to_local().copy_(file.rows(name, param.shape, rank, world_size))
-                else:
-                    param.copy_(file.whole(name))
-            for name, buffer in sharded.named_buffers():
-                if name in file.names:
-                    buffer.copy_(file.whole(name))
-    except (RuntimeError, SafetensorError, RunError) as error:
-        raise RunError(
-            f"{path} does not fit the model ({error}); build the model with the config the run was "
-            f"trained with (saved in extra_state if the training script put it there)"
-        ) from None
-
-
-def _own_rows(value: Any, param: Tensor) -> Any:
-    """An optimizer state entry of the whole parameter, as this process's shard of `param`: its rows, as a DTensor
-    placed as `param` is; a scalar (the step) as it is."""
-    if not isinstance(value, Tensor) or not isinstance(param, DTensor) or value.shape != param.shape:
-        return value.clone() if isinstance(value, Tensor) else value
-    span = rows(value.shape[0], dist.get_rank(), dist.get_world_size())
-    local = value[span].to(param.to_local().device, copy=True)
-    return DTensor.from_local(local, param.device_mesh, param.placements, shape=param.shape, stride=param.stride())
 
 
 def _retie(weights: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:

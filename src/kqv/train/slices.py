@@ -17,7 +17,7 @@ The rows of a parameter are FSDP2's shard: dimension 0 cut into `world_size` chu
 (`rows`). The rows wait, in this module's table, for `kqv.train.sharding.shard` to make them the sharded
 model's shards and forget them (`take_slices`). Meanwhile a fine-tune sets its source's weights into them
 (`load_slices`, reading only those rows of a safetensors file with `RowReader`; `set_slices` from tensors in
-memory). `RowReader` also reads a resumed FSDP run's rows of its checkpoint (`kqv.train.sharding.load_shards`).
+memory). `RowReader` also reads a resumed FSDP run's rows of its checkpoint (`kqv.train.saving.load_shards`).
 
 An operation that would need the whole value of such a tensor (a product of two of them, a view written into)
 is refused with a ConfigError naming it: the model must then be built whole (`train.parallel = "ddp"`).

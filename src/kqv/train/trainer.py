@@ -318,17 +318,9 @@ class Trainer:
 
     def _paced_session(self) -> PacedSession:
         """What a budget's pacing reads of this session: it times an evaluation (with its plot) and a checkpoint."""
-        return PacedSession(
-            self.config,
-            self.rank,
-            self.world_size,
-            self.clock,
-            self.run.metrics_file,
-            self.options.work_after_training,
-            evaluate=lambda: self.evaluate() if self.evaluator.evaluates else {},
-            redraw_plot=self.redraw_plot,
-            save_checkpoint=self.save_checkpoint,
-        )
+        evaluate = self.evaluate if self.evaluator.evaluates else dict  # one evaluation's metrics, or none
+        place = (self.config, self.rank, self.world_size, self.clock, self.run.metrics_file)
+        return PacedSession(*place, self.options.work_after_training, evaluate, self.redraw_plot, self.save_checkpoint)
 
     def _adopt(self, new: NewPlan | None) -> None:
         """Take pacing's new plan into the state (whence `steps`): the session's first recorded in a checkpoint at
