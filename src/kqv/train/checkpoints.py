@@ -1,6 +1,6 @@
-"""A training's checkpoints: their files in a run directory, written atomically, verified by SHA-256 and loaded
-without executing code, and what a training saves after an update and loads back to resume (`Checkpointer`), for
-one process, DDP or FSDP alike.
+"""A run's checkpoint files: written atomically, verified by SHA-256 (`Checkpoint`, a verified checkpoint as its
+readers hold it) and loaded without executing code. What a training saves in them after an update and loads back to
+resume is `kqv.train.saving`'s.
 
 `run_dir/checkpoint/` holds `model.safetensors`, `optimizer.pt` (loaded with `weights_only=True`),
 `rng.safetensors` (the torch generator state of every rank) and `state.json` (step, config, generator states of
@@ -12,7 +12,8 @@ rows of the weights and the optimizer state, in torch.distributed.checkpoint's l
 and reads it), with `model.safetensors` beside them in a run's final checkpoint. Its files are verified like the
 others; its index (`shards/.metadata`, a pickle) is read by an unpickler that builds nothing but the index's own
 records, and its tensors with `weights_only=True`. `load_weights` reads the whole weights from either layout, and a
-one-process checkpoint resumes under FSDP too (`load_into_shards`: each rank reads only its rows of it).
+one-process checkpoint resumes under FSDP too (`kqv.train.saving.load_checkpoint`: each rank reads only its rows
+of it).
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ Runs written before kqv had subpackages use the same files and load unchanged.
 (`kqv.train.files`), so that jobs, commands, the explorer, the checkpoints and the run directory's owner during a
 training (`kqv.train.rundir.RunDirectory`, a `RunFiles`) ask the run for a path and never join a file name to it
 themselves (`tests/test_train_structure.py` scans for that). A checkpoint's own files (`CHECKPOINT_FORMAT`) are
-joined to its directory by the checkpoints' modules alone (`kqv.train.checkpoints`, `kqv.train.shards`).
+joined to its directory by the checkpoints' modules alone (`kqv.train.checkpoints`, `kqv.train.saving`,
+`kqv.train.shards`).
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ class RunFiles:
 
     @property
     def manifest_file(self) -> Path:
-        """SHA256SUMS: the checksums of run.toml and the data files (`kqv.train.files.record`)."""
+        """SHA256SUMS: the checksums of run.toml and the data files (`record`)."""
         return self.path / MANIFEST_FILE
 
     # -- what the trainer writes -----------------------------------------------------------------------------
@@ -203,7 +204,7 @@ class RunFiles:
         copy_files(source.path, self.path, DATA_FILES)
 
     def record(self, *, keep: bool = False) -> None:
-        """run.toml's and the data files' checksums in SHA256SUMS (`kqv.train.files.record`)."""
+        """run.toml's and the data files' checksums in SHA256SUMS (`record`)."""
         record(self.path, keep=keep)
 
     # -- reading back, verified ------------------------------------------------------------------------------

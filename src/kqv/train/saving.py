@@ -180,7 +180,7 @@ def saved_rng_states(checkpoint: Checkpoint, world_size: int) -> list[dict | Non
 
 def load_checkpoint(sharded: nn.Module, optimizer: torch.optim.Optimizer, checkpoint: Checkpoint, run_dir) -> None:
     """Set the weights and optimizer state of a (single-file) checkpoint into this process's shards, reading only
-    this process's rows of each tensor: the weights through safetensors' slices (`kqv.train.sharding.RowReader`),
+    this process's rows of each tensor: the weights through safetensors' slices (`kqv.train.slices.RowReader`),
     the optimizer state through a memory map of optimizer.pt (`torch.load(mmap=True)`), whose other pages are
     never read."""
     load_shards(sharded, checkpoint)
