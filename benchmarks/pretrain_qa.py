@@ -322,10 +322,9 @@ def probe_record(evaluation) -> dict:
 
 def trained_tokens(run, steps: int) -> int:
     """The real (not padding) tokens a run's `steps` batches fed the model, rebuilt from its stored examples."""
-    from kqv.jobs.corpus import load_tokens
+    from kqv.train.topology import Topology
 
-    tokens, config = load_tokens(run.run_dir), run.config
-    options = config.corpus.trainer_options(config.train, run.tokenizer, tokens)
+    options = run.loaded_corpus.trainer_options(run.config.train, Topology())
     return sum(options.tokens_per_batch(i) for i in range(steps))
 
 

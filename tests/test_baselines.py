@@ -18,7 +18,6 @@ import pytest
 import kqv
 from kqv.cli.main import main
 from kqv.data.completions import split_examples
-from kqv.jobs.corpus import load_tokens
 from kqv.jobs.scoring import (
     PairsEvaluation,
     Prediction,
@@ -200,7 +199,7 @@ def runs(tmp_path_factory):
 def test_a_pair_run_s_constant_is_the_most_frequent_answer_it_fine_tuned_on(runs):
     run = kqv.load(runs["pairs"])
     trained, _ = split_examples(len(ANSWERS), 0.1)
-    assert sorted(fine_tuning_answers(run.tokenizer, load_tokens(run.run_dir))) == sorted(ANSWERS[k] for k in trained)
+    assert sorted(fine_tuning_answers(run.tokenizer, run.loaded_corpus.train)) == sorted(ANSWERS[k] for k in trained)
     result = run.evaluate(pairs=runs["scored"])
     assert result.constant == "be" and result.constant_correct == 1  # not the scored file's "or"
     assert result.constant_reference == "the 9 pairs the run fine-tuned on"

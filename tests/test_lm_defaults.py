@@ -13,7 +13,7 @@ import kqv
 from kqv.api import packaged_config
 from kqv.cli.main import main
 from kqv.data.tokenizers import BPETokenizer, CharTokenizer
-from kqv.jobs.lm import JOB, DataConfig
+from kqv.jobs.lm import JOB
 from kqv.jobs.sampling import default_prompt
 from test_cli import TINY
 
@@ -92,11 +92,11 @@ def test_a_prompt_the_user_sets_is_still_refused_when_the_corpus_cannot_encode_i
 def test_the_main_jobs_config_still_samples_from_romeo_on_shakespeare():
     """The README's main job (quick config, no --data) keeps "ROMEO:\\n"; so do the best and fine-tune configs."""
     tokenizer = CharTokenizer.train("ROMEO:\nabc")
-    tokens = {"train": torch.tensor(tokenizer.encode("abc\nROMEO:\n"))}
+    train = torch.tensor(tokenizer.encode("abc\nROMEO:\n"))
     for name in ("quick", "best", "finetune"):
         config = JOB.load_config(packaged_config(name))
         assert config.sample.prompt == "" and config.data.path is None
-        assert default_prompt(config.data, tokenizer, tokens) == "ROMEO:\n"
+        assert default_prompt(config.data.path, tokenizer, train) == "ROMEO:\n"
 
 
 @pytest.mark.parametrize(
@@ -110,8 +110,7 @@ def test_the_main_jobs_config_still_samples_from_romeo_on_shakespeare():
     ],
 )
 def test_the_default_prompt_is_the_first_words_of_the_text_as_it_writes_them(text, prompt):
-    data = DataConfig(path="my.txt")
     char = CharTokenizer.train(text)
-    assert default_prompt(data, char, {"train": torch.tensor(char.encode(text))}) == prompt
+    assert default_prompt("my.txt", char, torch.tensor(char.encode(text))) == prompt
     bpe = BPETokenizer.train(text * 20, vocab_size=300)
-    assert default_prompt(data, bpe, {"train": torch.tensor(bpe.encode(text * 20))}) == prompt
+    assert default_prompt("my.txt", bpe, torch.tensor(bpe.encode(text * 20))) == prompt

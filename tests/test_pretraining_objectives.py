@@ -274,9 +274,7 @@ def test_span_loss_all_puts_the_loss_on_every_token_of_a_document_and_keeps_the_
     losses = [{r["step"]: r["train_loss"] for r in metrics(tmp_path / n) if "train_loss" in r} for n in ("full", "cut")]
     assert losses[0] == losses[1] and len(losses[0]) == 4  # the same random prefixes after the resume
     run = kqv.load(tmp_path / "full")
-    made = run.config.corpus.trainer_options(
-        run.config.train, run.tokenizer, load_tokens(run.run_dir), Topology()
-    ).train_batches
+    made = run.loaded_corpus.trainer_options(run.config.train, Topology()).train_batches
     mask = run.tokenizer.token_to_id(MASK)
     kinds = set()
     for i in range(12):

@@ -13,14 +13,17 @@ continue each prompt with its completion and the end of text, instead of modelli
 - the run's outcome is the completion loss of the validation examples, and samples.txt holds completions of
   validation prompts, each stopped at the end of text.
 
-`Pairs` is this corpus kind of the LM job (`kqv.jobs.lm_corpus`); `Examples`, what it shares with the documents of
-`kqv.jobs.sources`.
+`Pairs` is this corpus kind of the LM job (`kqv.jobs.lm_corpus`), loaded as `LoadedPairs`; `Examples` and
+`LoadedExamples`, what it shares with the documents of `kqv.jobs.sources`.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from abc import abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +32,6 @@ from torch import Tensor, nn
 
 from ..data.completions import (
     DEFAULT_KIND,
-    Example,
     check_examples,
     check_lengths,
     encode_examples,
@@ -52,8 +54,8 @@ from ..train.config import TrainConfig
 from ..train.layout import RunFiles
 from ..train.options import TrainerOptions
 from ..train.topology import Topology
-from .corpus import load_tokens
-from .lm_corpus import Corpus, Splits, refuse_document_options, refuse_span_options
+from .corpus import Tensors, TokenizerSource
+from .lm_corpus import Corpus, LoadedCorpus, refuse_document_options, refuse_span_options
 from .lm_data import DataConfig
 from .sampling import SampleConfig, save_samples
 from .scoring import BATCH_SIZE, complete, completion_nats, fine_tuning_answers
@@ -71,14 +73,15 @@ def pairs_tokenizer(kind: str, text: str, vocab_size: int, mask: str | None = No
     return make_tokenizer(kind, text, vocab_size, special_tokens=("<eos>", *((mask,) if mask else ())))
 
 
-def build_examples(maker: Any, data: DataConfig) -> tuple[Tokenizer, dict[str, Tensor]]:
-    """The tokenizer (`maker.make_tokenizer(data, text)`) and the encoded splits of the pairs in `data.path`:
-    `train` and `val` (every example's ids, one after another), `train_lengths` and `val_lengths` (each example's
-    prompt and completion token counts), `chars` (the characters of each split) and the training examples' kinds
-    of question (`kind_tensors`). What it refuses, it refuses before anything is written."""
+def build_examples(tokenizers: TokenizerSource, data: DataConfig) -> tuple[Tokenizer, Tensors]:
+    """The tokenizer (`tokenizers.make_tokenizer(text)`) and the encoded splits of the pairs in `data.path`, as
+    tokens.safetensors holds them (`LoadedPairs.tensors`): `train` and `val` (every example's ids, one after
+    another), `train_lengths` and `val_lengths` (each example's prompt and completion token counts), `chars` (the
+    characters of each split) and the training examples' kinds of question (`kind_tensors`). What it refuses, it
+    refuses before anything is written."""
     examples, template = read_examples(data.path), data.template
     text = "".join(apply_template(template, example.prompt, "") + example.completion for example in examples)
-    tokenizer = maker.make_tokenizer(data, text)
+    tokenizer = tokenizers.make_tokenizer(text)
     end_of_text(tokenizer)  # a DataError when the tokenizer has none
     mask = mask_symbol(data.mask, getattr(tokenizer, "kind", "bpe"))
     examples = templated(examples, template, tokenizer, mask, str(data.path))  # data.template, if any
@@ -92,19 +95,19 @@ def build_examples(maker: Any, data: DataConfig) -> tuple[Tokenizer, dict[str, T
         tokens[split], tokens[f"{split}_lengths"] = ids["ids"], ids["lengths"]
         chars.append(sum(len(example.prompt) + len(example.completion) for example in part))
         if split == "train":
-            tokens.update(kind_tensors(part))
+            tokens.update(kind_tensors([example.kind for example in part]))
     tokens["chars"] = torch.tensor(chars)
     return tokenizer, tokens
 
 
-def kind_tensors(examples: list[Example]) -> dict[str, Tensor]:
-    """The kinds of question of a run's training `examples`, stored with its tokens so that `kqv eval` groups its
+def kind_tensors(kinds: list[str] | tuple[str, ...]) -> Tensors:
+    """The kinds of question of a run's training examples, stored with its tokens so that `kqv eval` groups its
     baselines by them without the file of pairs: `train_kinds` (each example's index into the names) and
     `kind_names` (the names as the UTF-8 bytes of a JSON list)."""
-    names = sorted({example.kind for example in examples})
+    names = sorted(set(kinds))
     index = {name: k for k, name in enumerate(names)}
     return {
-        "train_kinds": torch.tensor([index[example.kind] for example in examples], dtype=torch.int32),
+        "train_kinds": torch.tensor([index[kind] for kind in kinds], dtype=torch.int32),
         "kind_names": json_tensor(names),
     }
 
@@ -117,19 +120,6 @@ def json_tensor(value: Any) -> Tensor:
 def from_json_tensor(tensor: Tensor) -> Any:
     """The value `json_tensor` stored."""
     return json.loads(bytes(tensor.tolist()).decode())
-
-
-def stored_kinds(tokens: dict[str, Tensor]) -> list[str]:
-    """The kinds of question of a run's training examples (`kind_tensors`); `DEFAULT_KIND` for each in a run that
-    stored none (one trained before its kinds were stored)."""
-    if "train_kinds" not in tokens:
-        return [DEFAULT_KIND] * len(tokens["train_lengths"])
-    names = from_json_tensor(tokens["kind_names"])
-    return [names[k] for k in tokens["train_kinds"].tolist()]
-
-
-def encoded(tokens: dict[str, Tensor], split: str) -> EncodedExamples:
-    return EncodedExamples(tokens[split], tokens[f"{split}_lengths"])
 
 
 def check_packing(model: ModelConfig, packing: bool | str) -> None:
@@ -152,13 +142,6 @@ def batch_options(data: DataConfig, train: TrainConfig) -> dict[str, Any]:
         "packing": data.packing,
         "prompt_loss_weight": data.prompt_loss_weight,
     }
-
-
-def trainer_options(data: DataConfig, train: TrainConfig, tokens: dict[str, Tensor]) -> TrainerOptions:
-    """train_batches, val_batches, loss_fn, loss_terms and tokens_per_batch of a training on pairs."""
-    options = batch_options(data, train)
-    training = ExampleBatches(encoded(tokens, "train"), shuffle=True, **options)
-    return example_options(training, ExampleBatches(encoded(tokens, "val"), shuffle=False, **options))
 
 
 def example_options(
@@ -190,11 +173,10 @@ def example_loss(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
     return with_auxiliary_loss(model, weighted_cross_entropy(logits, batch["targets"], batch["weights"]))
 
 
-def held_out_loss(model: nn.Module, tokens: dict[str, Tensor], batch_size: int) -> dict[str, float]:
-    """The completion loss of (up to `SCORED_EXAMPLES` of) a pair run's validation examples given their prompts
+def held_out_loss(model: nn.Module, examples: EncodedExamples, batch_size: int) -> dict[str, float]:
+    """The completion loss of (up to `SCORED_EXAMPLES` of) a pair run's validation `examples` given their prompts
     (`kqv.jobs.scoring.completion_nats`): `loss` (nats per completion token, the end of text included),
     `perplexity`, `bits_per_token`, `tokens` and `examples` scored."""
-    examples = encoded(tokens, "val")
     pairs = [examples.parts(k) for k in range(min(len(examples), SCORED_EXAMPLES))]
     nats, count = completion_nats(model, [p for p, _ in pairs], [c for _, c in pairs], batch_size)
     loss = nats / count
@@ -207,36 +189,102 @@ def held_out_loss(model: nn.Module, tokens: dict[str, Tensor], batch_size: int) 
     }
 
 
-def held_out_evaluation(model: nn.Module, tokens: dict[str, Tensor], max_tokens: int | None) -> dict[str, Any]:
-    """The fields of `LMRun.evaluate()`'s `LMEvaluation` for a pair run: its validation examples' completion loss
-    (`held_out_loss`), the examples scored whole (so `max_tokens` is refused)."""
-    if max_tokens is not None:
-        raise ConfigError(f"a pair run's validation examples are scored whole; drop {option(MAX_TOKENS)}")
-    figures = held_out_loss(model, tokens, BATCH_SIZE)
-    source = f"the completions of the {figures.pop('examples')} held-out validation examples"
-    return {"source": source, **figures}
+@dataclass(frozen=True)
+class LoadedExamples(LoadedCorpus):
+    """A corpus of examples, loaded (pairs, or documents made into examples: `kqv.jobs.sources.LoadedDocuments`):
+    its tokenizer (with an end of text), its `train` and `val` examples, and the characters of each split
+    (`chars`); batches pad or pack them, and the completion loss of the held-out examples is the run's figure."""
+
+    tokenizer: Tokenizer
+    train: EncodedExamples
+    val: EncodedExamples
+    chars: tuple[int, int]
+    data: DataConfig
+
+    @property
+    def train_tokens(self) -> int:
+        return len(self.train.ids)
+
+    @property
+    def val_tokens(self) -> int:
+        return len(self.val.ids)
+
+    def check(self, model: ModelConfig, prompt: str) -> None:
+        check_packing(model, self.data.packing)  # the examples' lengths were checked as they were encoded
+
+    def trainer_options(self, train: TrainConfig, topology: Topology) -> TrainerOptions:
+        """train_batches, val_batches, loss_fn, loss_terms and tokens_per_batch of a training on the examples."""
+        options = batch_options(self.data, train)
+        training = ExampleBatches(self.train, shuffle=True, **options)
+        return example_options(training, ExampleBatches(self.val, shuffle=False, **options))
+
+    def outcome(
+        self, model: nn.Module, train: TrainConfig, sample: SampleConfig, run_dir: Path
+    ) -> tuple[dict[str, float], list[str]]:
+        """The completion loss of the validation examples (`held_out_loss`, a batch's size at a time), and
+        completions of the first `sample.count` validation prompts, sampled as [sample] says and stopped at the end
+        of text, written to samples.txt (the prompt, then its completion)."""
+        val, examples, tokenizer = held_out_loss(model, self.val, train.batch_size), self.val, self.tokenizer
+        prompts = [tokenizer.decode(examples.parts(k)[0]) for k in range(min(sample.count, len(examples)))]
+        options = {"max_new_tokens": sample.max_new_tokens, "temperature": sample.temperature, "top_k": sample.top_k}
+        answers = complete(model, tokenizer, prompts, GenerationConfig(**options))
+        samples = [prompt + answer for prompt, answer in zip(prompts, answers)]
+        save_samples(RunFiles(run_dir).samples_file, samples)
+        return val, samples
+
+    def held_out(self, model: nn.Module, max_tokens: int | None) -> dict[str, Any]:
+        """The validation examples' completion loss (`held_out_loss`), the examples scored whole (so `max_tokens`
+        is refused)."""
+        if max_tokens is not None:
+            raise ConfigError(f"a pair run's validation examples are scored whole; drop {option(MAX_TOKENS)}")
+        figures = held_out_loss(model, self.val, BATCH_SIZE)
+        source = f"the completions of the {figures.pop('examples')} held-out validation examples"
+        return {"source": source, **figures}
+
+    @abstractmethod
+    def answers(self) -> tuple[list[str], list[str]] | None:
+        """The completions of the pairs the run trained on and their kinds of question (None: it trained on none)."""
+
+    def conclusion(self, val: dict[str, float], after: str) -> str:
+        return f"validation completion loss {val['loss']:.3f} nats/token over {val['examples']} examples {after}"
 
 
-def score_and_sample(
-    model: nn.Module, tokenizer: Tokenizer, tokens: dict[str, Tensor], batch_size: int, sample: SampleConfig,
-    run_dir: Path,
-) -> tuple[dict[str, float], list[str]]:  # fmt: skip
-    """A pair run's outcome: the completion loss of its validation examples (`held_out_loss`, `batch_size` at a
-    time), and completions of the first `sample.count` validation prompts, sampled as [sample] says and stopped at
-    the end of text, written to samples.txt (the prompt, then its completion)."""
-    val, examples = held_out_loss(model, tokens, batch_size), encoded(tokens, "val")
-    prompts = [tokenizer.decode(examples.parts(k)[0]) for k in range(min(sample.count, len(examples)))]
-    options = {"max_new_tokens": sample.max_new_tokens, "temperature": sample.temperature, "top_k": sample.top_k}
-    answers = complete(model, tokenizer, prompts, GenerationConfig(**options))
-    samples = [prompt + answer for prompt, answer in zip(prompts, answers)]
-    save_samples(RunFiles(run_dir).samples_file, samples)
-    return val, samples
+@dataclass(frozen=True)
+class LoadedPairs(LoadedExamples):
+    """A file of pairs, loaded: its examples (`LoadedExamples`) and the kind of question of each training example
+    (`kinds`; None for a run trained before its kinds were stored: `DEFAULT_KIND` each)."""
+
+    kinds: tuple[str, ...] | None
+
+    def answers(self) -> tuple[list[str], list[str]]:
+        """The completions of the run's training examples and their kinds."""
+        kinds = self.kinds or (DEFAULT_KIND,) * len(self.train)
+        return fine_tuning_answers(self.tokenizer, self.train), list(kinds)
+
+    def tensors(self) -> Tensors:
+        """tokens.safetensors's tensors (`build_examples`): each split's ids and lengths, the training examples'
+        kinds, the characters of each split."""
+        train, val = self.train, self.val
+        kinds = {} if self.kinds is None else kind_tensors(self.kinds)
+        return {"train": train.ids, "train_lengths": train.lengths, **kinds, "val": val.ids,
+                "val_lengths": val.lengths, "chars": torch.tensor(self.chars)}  # fmt: skip
+
+    @classmethod
+    def from_tensors(cls, tokenizer: Tokenizer, tensors: Tensors, data: DataConfig) -> LoadedPairs:
+        """The corpus `tensors()` stored (a run trained before its kinds were stored has none)."""
+        kinds = None
+        if (index := tensors.get("train_kinds")) is not None:
+            names = from_json_tensor(tensors["kind_names"])
+            kinds = tuple(names[k] for k in index.tolist())
+        train = EncodedExamples(tensors["train"], tensors["train_lengths"])
+        val = EncodedExamples(tensors["val"], tensors["val_lengths"])
+        return cls(tokenizer, train, val, tuple(tensors["chars"].tolist()), data, kinds)
 
 
 class Examples(Corpus):
     """A corpus of examples (pairs, or documents made into examples: `kqv.jobs.sources.Documents`): a tokenizer
-    with an end of text, batches that pad or pack them, and the completion loss of the held-out examples as the
-    run's figure. `corrupt`: whether spans of its documents are masked (span corruption)."""
+    with an end of text (`LoadedExamples`). `corrupt`: whether spans of its documents are masked (span
+    corruption)."""
 
     corrupt = False
 
@@ -246,23 +294,11 @@ class Examples(Corpus):
             return mask_symbol(self.data.mask, self.data.tokenizer)
         return None
 
-    def make_tokenizer(self, data: DataConfig, text: str) -> Tokenizer:
-        return pairs_tokenizer(data.tokenizer, text, data.vocab_size, self.mask())
+    def make_tokenizer(self, text: str) -> Tokenizer:
+        return pairs_tokenizer(self.data.tokenizer, text, self.data.vocab_size, self.mask())
 
-    def sample_prompt(self, tokenizer: Tokenizer, tokens: Splits) -> str | None:
-        return None  # samples complete the validation examples' own prompts
-
-    def check_data(self, model: ModelConfig, tokenizer: Tokenizer, tokens: Splits, prompt: str) -> None:
-        check_packing(model, self.data.packing)  # the examples' lengths were checked as they were encoded
-
-    def outcome(
-        self, model: nn.Module, tokenizer: Tokenizer, tokens: Splits, train: TrainConfig, sample: SampleConfig,
-        run_dir: Path,
-    ) -> tuple[dict[str, float], list[str]]:  # fmt: skip
-        return score_and_sample(model, tokenizer, tokens, train.batch_size, sample, run_dir)
-
-    def held_out(self, model: nn.Module, run_dir: Path, max_tokens: int | None) -> dict[str, Any]:
-        return held_out_evaluation(model, load_tokens(run_dir), max_tokens)
+    def trained_answers(self, trained: Callable[[], LoadedExamples]) -> tuple[list[str], list[str]] | None:
+        return trained().answers()
 
 
 class Pairs(Examples):
@@ -276,15 +312,8 @@ class Pairs(Examples):
         refuse_span_options(self.data)
         refuse_document_options(self.data)
 
-    def build(self, maker: Any, data: DataConfig) -> tuple[Tokenizer, Splits]:
-        return build_examples(maker, data)
+    def build(self, tokenizers: TokenizerSource) -> LoadedPairs:
+        return self.read(*build_examples(tokenizers, self.data))
 
-    def trainer_options(
-        self, train: TrainConfig, tokenizer: Tokenizer, tokens: Splits, topology: Topology
-    ) -> TrainerOptions:
-        return trainer_options(self.data, train, tokens)
-
-    def trained_answers(self, tokenizer: Tokenizer, run_dir: Path) -> tuple[list[str], list[str]] | None:
-        """The completions of the run's training examples and their kinds, both from its tokens.safetensors."""
-        tokens = load_tokens(run_dir)
-        return fine_tuning_answers(tokenizer, tokens), stored_kinds(tokens)
+    def read(self, tokenizer: Tokenizer, tensors: Tensors) -> LoadedPairs:
+        return LoadedPairs.from_tensors(tokenizer, tensors, self.data)

@@ -1,68 +1,114 @@
 """A text corpus of the LM and MLM jobs as their run directory holds it: the tokenizer and the encoded splits
 (tokens.safetensors), made once and read back on a resume, so a resumed run needs neither the text nor a new
-tokenizer. The LM job's corpus kinds (`kqv.jobs.lm_corpus`) store theirs through `prepare_corpus` too, each with its
-own `build`."""
+tokenizer. One codec writes and reads the splits: a loaded corpus's `tensors()` and its class's `from_tensors` (a
+text's: `TextSplits`; the LM job's corpus kinds, `kqv.jobs.lm_corpus`, store theirs through `prepare_corpus` too,
+each with its own)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, Self, TypeVar
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load, save
 
 from ..data.shakespeare import load_text, split_text
-from ..data.tokenizers import Tokenizer, encode_text
+from ..data.tokenizers import encode_text
 from ..errors import IF_EXISTS_OVERWRITE, RunError, option
 from ..nn.models import count_parameters
 from ..train.layout import RunFiles
 from ..train.rundir import RunDirectory
 from .base import Training
 
+Tensors = dict[str, torch.Tensor]  # tokens.safetensors as `safetensors.torch.load` reads it
+
+
+class TokenizerSource(Protocol):
+    """Where a corpus's tokenizer comes from: a new one learned from its `text` (`make_tokenizer`), or the one a
+    resumed run saved (`load_tokenizer`). A corpus kind of the LM job learns its own; a fine-tune keeps its
+    source's (`kqv.jobs.init.SourceTokenizer`); the MLM job learns a vocabulary."""
+
+    def make_tokenizer(self, text: str) -> Any: ...
+
+    def load_tokenizer(self, run_dir: Path) -> Any: ...
+
+
+class Stored(Protocol):
+    """A loaded corpus that a run stores: its tokenizer, and its splits as the tensors of tokens.safetensors."""
+
+    tokenizer: Any
+
+    def tensors(self) -> Tensors: ...
+
+
+StoredT = TypeVar("StoredT", bound=Stored)
+
 
 def prepare_corpus(
-    job: Any,
-    data: Any,
+    tokenizers: TokenizerSource,
     run: RunDirectory,
-    check: Callable[[Any, dict[str, torch.Tensor]], None] | None = None,
-    build: Callable[[Any, Any], tuple[Any, dict[str, torch.Tensor]]] | None = None,
-) -> tuple[Any, dict[str, torch.Tensor]]:
-    """The tokenizer and encoded splits of a corpus (`data`: a [data] section with path, tokenizer and
-    val_fraction): loaded from the run when it resumes a checkpoint (they were written before it), else built by
-    `build(job, data)` (default `build_text`, with the job's `make_tokenizer`) and saved (by rank 0 alone under
-    torchrun). `check(tokenizer, tokens)` is called before anything is saved: a run it refuses leaves no file
-    behind. The LM and MLM jobs share it."""
+    build: Callable[[TokenizerSource], StoredT],
+    read: Callable[[Any, Tensors], StoredT],
+    check: Callable[[StoredT], None] | None = None,
+) -> StoredT:
+    """A run's corpus: read back (`read(tokenizer, tensors)`, the codec's other half) when it resumes a checkpoint
+    (they were written before it), else `build(tokenizers)` and saved: the tokenizer, and its `tensors()` in
+    tokens.safetensors (by rank 0 alone under torchrun). `check(corpus)` is called before anything is saved: a
+    run it refuses leaves no file behind. The LM and MLM jobs share it."""
     if run.resuming:
         run.verify(run.tokenizer_dir, run.tokens_file)  # a recorded file that is missing is an error, not a rebuild
-    if run.resuming and run.tokens_file.exists():
-        tokenizer, tokens = job.load_tokenizer(run.path), load_tokens(run.path)
-        if check is not None:
-            check(tokenizer, tokens)
-        return tokenizer, tokens
-    tokenizer, tokens = (build or build_text)(job, data)
+    resumed = run.resuming and run.tokens_file.exists()
+    corpus = read(tokenizers.load_tokenizer(run.path), load_tokens(run.path)) if resumed else build(tokenizers)
     if check is not None:
-        check(tokenizer, tokens)
-    if run.writes:
+        check(corpus)
+    if run.writes and not resumed:
         run.path.mkdir(parents=True, exist_ok=True)
-        run.write_tokenizer(tokenizer.files())
-        run.write_tokens(save(tokens))  # present means complete, tokenizer too
-    return tokenizer, tokens
+        run.write_tokenizer(corpus.tokenizer.files())
+        run.write_tokens(save(corpus.tensors()))  # present means complete, tokenizer too
+    return corpus
 
 
-def build_text(job: Any, data: Any) -> tuple[Tokenizer, dict[str, torch.Tensor]]:
-    """The tokenizer and encoded splits of the text in `data.path`: `train`, `val` and `chars` (their lengths)."""
-    text = load_text(data.path)
-    train_text, val_text = split_text(text, data.val_fraction)
-    whole = data.tokenizer == "char" or getattr(data, "init", None)  # a fine-tune's tokenizer checks all of it
-    tokenizer = job.make_tokenizer(data, text if whole else train_text)
-    tokens = {
-        "train": encode_text(tokenizer, train_text),
-        "val": encode_text(tokenizer, val_text),
-        "chars": torch.tensor([len(train_text), len(val_text)]),
-    }
-    return tokenizer, tokens
+@dataclass(frozen=True)
+class TextSplits:
+    """A text's tokenizer and its encoded train and validation splits, with their lengths in characters (`chars`,
+    what bits per character divide by). tokens.safetensors holds them as `train`, `val` and `chars`."""
+
+    tokenizer: Any
+    train: torch.Tensor
+    val: torch.Tensor
+    chars: tuple[int, int] | None
+
+    def tensors(self) -> Tensors:
+        return {"train": self.train, "val": self.val, "chars": torch.tensor(self.chars)}
+
+    @classmethod
+    def from_tensors(cls, tokenizer: Any, tensors: Tensors, **fields: Any) -> Self:
+        """The splits `tensors()` stored (`fields`: a subclass's own)."""
+        train, val = tensors["train"], tensors["val"]
+        return cls(tokenizer, train, val, tuple(tensors["chars"].tolist()), **fields)
+
+
+TextT = TypeVar("TextT")
+
+
+def build_text(
+    tokenizers: TokenizerSource,
+    path: str | Path | None,
+    val_fraction: float,
+    whole: bool,
+    make: Callable[[Any, torch.Tensor, torch.Tensor, tuple[int, int]], TextT] = TextSplits,  # type: ignore[assignment]
+) -> TextT:
+    """The splits of the text at `path` (`make(tokenizer, train, val, chars)`, default `TextSplits`): a new
+    tokenizer (`tokenizers.make_tokenizer`, learned from the whole text if `whole`, else from its training split),
+    and the splits it encodes."""
+    text = load_text(path)
+    train_text, val_text = split_text(text, val_fraction)
+    tokenizer = tokenizers.make_tokenizer(text if whole else train_text)
+    train, val = encode_text(tokenizer, train_text), encode_text(tokenizer, val_text)
+    return make(tokenizer, train, val, (len(train_text), len(val_text)))
 
 
 def load_tokens(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -83,11 +129,11 @@ def load_tokens(run_dir: Path) -> dict[str, torch.Tensor]:
     return tokens
 
 
-def describe_corpus(training: Training, vocabulary: int) -> str:
-    """The line before training a model on a text corpus (LM and MLM jobs), with its `vocabulary` size."""
-    config, (tokenizer, tokens) = training.config, training.data
-    kind = getattr(tokenizer, "kind", config.data.tokenizer)  # a prepared corpus's or a source's, not the config's
+def describe_corpus(training: Training, tokenizer: Any, vocabulary: int, tokens: int) -> str:
+    """The line before training a model on a text corpus (LM and MLM jobs): its `tokenizer`'s kind, `vocabulary`
+    size, and the training `tokens`."""
+    kind = getattr(tokenizer, "kind", training.config.data.tokenizer)  # a prepared corpus's or a source's
     return (
-        f"{count_parameters(training.model):,} parameters, {len(tokens['train']):,} training tokens "
+        f"{count_parameters(training.model):,} parameters, {tokens:,} training tokens "
         f"({kind} tokenizer, vocabulary {vocabulary}), run directory {training.run.destination}"
     )

@@ -25,13 +25,12 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from safetensors import safe_open
 from torch import nn
 
 from ..data.tokenizers import BPETokenizer, CharTokenizer, Tokenizer, load_tokenizer
-from ..errors import EXPORT_MERGED, INIT, INIT_DIR, ConfigError, DataError, option
+from ..errors import EXPORT_MERGED, INIT, INIT_DIR, PREPARE_WITH_TOKENIZER, ConfigError, DataError, option
 from ..interop.directories import read_hf_tokenizer
 from ..nn.config import ModelConfig
 from ..nn.lora import adapters
@@ -160,18 +159,27 @@ def source_tokenizer(source: Source) -> Tokenizer:
 
 @dataclass(frozen=True)
 class SourceTokenizer:
-    """What `prepare_corpus` asks of a job for its tokenizer, answered with the source's (checked on the text)."""
+    """A fine-tune's `kqv.jobs.lm_corpus.LMTokenizerSource`: its source's tokenizer, checked on the text, which
+    a fine-tune keeps (a prepared corpus must have been encoded with it)."""
 
-    job: Any
     source: Source
 
-    def make_tokenizer(self, data: Any, text: str) -> Tokenizer:
+    def make_tokenizer(self, text: str) -> Tokenizer:
         tokenizer = source_tokenizer(self.source)
         check_encodable(tokenizer, text, self.source.path)
         return tokenizer
 
     def load_tokenizer(self, run_dir: Path) -> Tokenizer:
-        return self.job.load_tokenizer(run_dir)
+        return load_tokenizer(RunFiles(run_dir).tokenizer_dir)
+
+    def check_prepared(self, tokenizer: Tokenizer, path: str | Path) -> None:
+        """Refuse a prepared corpus encoded with another tokenizer than the source's."""
+        source = self.source
+        if source_tokenizer(source).files() != tokenizer.files():
+            raise DataError(
+                f"{path} was prepared with another tokenizer than {source.path}'s, which a fine-tune keeps; "
+                f"prepare it with {option(PREPARE_WITH_TOKENIZER, source=str(source.path))}"
+            )
 
 
 def load_source_weights(model: nn.Module, source: Source) -> None:

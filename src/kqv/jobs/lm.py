@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -37,17 +38,17 @@ from .corpora import corpus_of
 from .corpus import describe_corpus
 from .finetune import FINETUNE_CONTEXT, FinetuneConfig, FineTuneStart, fit_context
 from .init import SourceTokenizer, finetune_config, load_source_weights, read_source
-from .lm_corpus import SCORED_TOKENS, Corpus
+from .lm_corpus import SCORED_TOKENS, Check, Corpus, LMTokenizerSource, LoadedCorpus
 from .lm_data import DataConfig
 from .offers import Completes, Evaluates, ExportsHF, Generates, ShowsAttention
 from .sampling import SampleConfig, continuations, generation_config
 from .scoring import BATCH_SIZE, PairsEvaluation, check_pairs_alone, complete, evaluate_pairs
 
 
-def with_prompt(config: LMRunConfig, tokenizer: Tokenizer, tokens: dict[str, torch.Tensor]) -> LMRunConfig:
-    """`config` with its sample prompt decided: the one it gives, or its corpus's (`Corpus.sample_prompt`; a
-    corpus of examples samples from their own prompts: nothing to decide)."""
-    prompt = None if config.sample.prompt else config.corpus.sample_prompt(tokenizer, tokens)
+def with_prompt(config: LMRunConfig, corpus: LoadedCorpus) -> LMRunConfig:
+    """`config` with its sample prompt decided: the one it gives, or its `corpus`'s (`LoadedCorpus.sample_prompt`;
+    a corpus of examples samples from their own prompts: nothing to decide)."""
+    prompt = None if config.sample.prompt else corpus.sample_prompt()
     if prompt is None:
         return config
     decided = copy.copy(config)
@@ -117,22 +118,20 @@ class LMRunConfig(RunConfig):
         return started
 
 
-def check_lm_run(
-    config: LMRunConfig, model: ModelConfig | None = None
-) -> Callable[[Tokenizer, dict[str, torch.Tensor]], None]:
+def check_lm_run(config: LMRunConfig, model: ModelConfig | None = None) -> Check:
     """What an LM training checks once its tokenizer and data exist, before it writes anything: the memory of
     one batch (of `model`, default the config's: a fine-tune's is its source's), a block of context + 1 tokens in
     each split, and the sample prompt (`kqv.train.preflight`); on pairs, that packing suits the model (the
     examples' lengths were checked as they were encoded)."""
 
-    def check(tokenizer: Tokenizer, tokens: dict[str, torch.Tensor]) -> None:
+    def check(corpus: LoadedCorpus) -> None:
         context, batch, lora = config.data.context, config.train.batch_size, config.finetune.adaptation.lora
         train = config.train
         check_memory(
-            model or config.model, batch, context, tokenizer.vocab_size, train.device, lora,
+            model or config.model, batch, context, corpus.tokenizer.vocab_size, train.device, lora,
             precision=train.precision, parallel=train.parallel,
         )  # fmt: skip
-        config.corpus.check_data(model or config.model, tokenizer, tokens, config.sample.prompt)
+        corpus.check(model or config.model, config.sample.prompt)
 
     return check
 
@@ -204,7 +203,7 @@ def evaluate_text(
     return LMEvaluation(str(data), **perplexity(model, ids, context=context, n_chars=len(text), max_tokens=max_tokens))
 
 
-LMTraining = Training[LMRunConfig, tuple[Tokenizer, dict[str, torch.Tensor]], FineTuneStart]  # `LMJob.train`'s
+LMTraining = Training[LMRunConfig, LoadedCorpus, FineTuneStart]  # `LMJob.train`'s
 
 
 @dataclass(repr=False)  # TrainedRun.__repr__: the model is too long to print
@@ -258,14 +257,21 @@ class LMRun(TrainedRun, Generates, Completes, Evaluates, ShowsAttention, Exports
             )
         if data is not None:
             return evaluate_text(self.model, self.tokenizer, data, self.config.data.context, max_tokens)
-        check_max_tokens(max_tokens)  # what the run held out, as its corpus scores it (`Corpus.held_out`)
-        return LMEvaluation(**self.config.corpus.held_out(self.model, self.run_dir, max_tokens))
+        check_max_tokens(max_tokens)  # what the run held out, as its corpus scores it (`LoadedCorpus.held_out`)
+        return LMEvaluation(**self.loaded_corpus.held_out(self.model, max_tokens))
+
+    @cached_property
+    def loaded_corpus(self) -> LoadedCorpus:
+        """What the run trained on, as it stored it (`Corpus.trained`: its tokens.safetensors, or the prepared
+        corpus it read), read once."""
+        return self.config.corpus.trained(self.tokenizer, self.run_dir)
 
     def trained_answers(self) -> tuple[list[str], list[str]] | None:
         """The completions of the pairs the run trained on and their kinds of question, the baselines' reference: a
         pair run's training examples and their kinds (its tokens.safetensors holds both), or every pair of a
-        mixture's pairs files while they are where the run read them; None for a run that trained on no pairs."""
-        return self.config.corpus.trained_answers(self.tokenizer, self.run_dir)
+        mixture's pairs files while they are where the run read them; None for a run that trained on no pairs
+        (`Corpus.trained_answers`: it reads nothing)."""
+        return self.config.corpus.trained_answers(lambda: self.loaded_corpus)
 
     def attention(self, text: str, *, max_tokens: int = ATTENTION_MAX_TOKENS) -> AttentionMaps:
         """The self-attention weights of every layer and head over `text`, rows and columns labelled by token.
@@ -315,29 +321,29 @@ class LMJob(Job):
     def build_model(self, model_config: ModelConfig, config: RunConfig, values: dict[str, Any]) -> DecoderLM:
         return DecoderLM(model_config)
 
-    def make_corpus(self, training: LMTraining) -> tuple[Tokenizer, dict[str, torch.Tensor]]:
+    def make_corpus(self, training: LMTraining) -> LoadedCorpus:
         """The tokenizer and the encoded train and validation splits, as the run's corpus reads them
         (`Corpus.load`); a new tokenizer is the corpus's own, a fine-tune's its source's (`kqv.jobs.init`)."""
         config, run = training.config, training.run
-        tokenizer_maker: Any = config.corpus
+        tokenizers: LMTokenizerSource = config.corpus
         training.handed = start = FineTuneStart()
         if config.data.init is not None and not run.resuming:
             start.source = source = read_source(config.data.init)
             config = fit_context(config, source)  # as `settled` returns it
             start.model = finetune_config(source, config.model, config.model_options, config.data.context)
             config.finetune.adaptation.check(start.model)
-            tokenizer_maker = SourceTokenizer(self, source)
-        return config.corpus.load(tokenizer_maker, run, check_lm_run(config, start.model))
+            tokenizers = SourceTokenizer(source)
+        return config.corpus.load(tokenizers, run, check_lm_run(config, start.model))
 
     def settled(self, training: LMTraining) -> LMRunConfig:
         """What run.toml records and the samples start from: a fine-tune's config with a context its source holds
         (`fit_context`, as `make_corpus` prepared the data with), its sample prompt decided (`with_prompt`)."""
         config, source = training.config, training.handed.source
-        return with_prompt(config if source is None else fit_context(config, source), *training.data)
+        return with_prompt(config if source is None else fit_context(config, source), training.data)
 
     def make_model(self, training: LMTraining) -> DecoderLM:
         """A new model; a fine-tune's has its source's config and weights, and run.toml records the source."""
-        config, run, (tokenizer, _) = training.config, training.run, training.data
+        config, run, tokenizer = training.config, training.run, training.data.tokenizer
         adaptation, start = config.finetune.adaptation, training.handed
         if start.source is None:  # a resume: the checkpoint has the weights (a LoRA run's: its adapters alone)
             start.record = read_run(run.path)["source"] if config.data.init is not None else None
@@ -352,28 +358,29 @@ class LMJob(Job):
         return model
 
     def trainer_options(self, training: LMTraining) -> TrainerOptions:
-        """The corpus's batches (`Corpus.trainer_options`: random blocks of a text, batches of examples). A LoRA
-        run's checkpoints hold its adapters alone."""
-        config, (tokenizer, tokens) = training.config, training.data
+        """The corpus's batches (`LoadedCorpus.trainer_options`: random blocks of a text, batches of examples). A
+        LoRA run's checkpoints hold its adapters alone."""
+        config, corpus = training.config, training.data
         return replace(
-            config.corpus.trainer_options(config.train, tokenizer, tokens, training.run.topology),
-            work_after_training=scoring_cost(config, len(tokens["val"])),
+            corpus.trainer_options(config.train, training.run.topology),
+            work_after_training=scoring_cost(config, corpus.val_tokens),
             saved_weights=config.finetune.adaptation.saved_weights,
         )
 
     def describe(self, training: LMTraining) -> str:
-        (tokenizer, tokens), corpus = training.data, training.config.corpus
-        line = describe_corpus(training, tokenizer.vocab_size) + corpus.describe(tokens)
+        corpus = training.data
+        tokenizer = corpus.tokenizer
+        line = describe_corpus(training, tokenizer, tokenizer.vocab_size, corpus.train_tokens) + corpus.describe()
         adaptation = training.config.finetune.adaptation
         if not adaptation.active:
             return line
         return f"{line}; {adaptation.describe()}, of {total_parameters(training.model):,} parameters"
 
     def outcome(self, training: LMTraining) -> Outcome:
-        """The corpus's score of the validation split (`Corpus.outcome`: the perplexity of up to `SCORED_TOKENS`
-        of a text, the completion loss of held-out examples), and the samples (samples.txt)."""
-        config, model, (tokenizer, tokens) = training.config, training.model, training.data
-        val, samples = config.corpus.outcome(model, tokenizer, tokens, config.train, config.sample, training.run.path)
+        """The corpus's score of the validation split (`LoadedCorpus.outcome`: the perplexity of up to
+        `SCORED_TOKENS` of a text, the completion loss of held-out examples), and the samples (samples.txt)."""
+        config, model = training.config, training.model
+        val, samples = training.data.outcome(model, config.train, config.sample, training.run.path)
         record = training.handed.record
         source = {} if record is None else {"source": record}
         adaptation = config.finetune.adaptation
@@ -382,12 +389,8 @@ class LMJob(Job):
         return Outcome({"val": val, **source}, samples[:1])
 
     def conclusion(self, training: LMTraining, summary: dict[str, Any]) -> str:
-        val = summary["val"]
-        after = f"after {summary['steps']} steps in {training.result.minutes}"
-        if "examples" in val:  # pairs
-            return f"validation completion loss {val['loss']:.3f} nats/token over {val['examples']} examples {after}"
-        bits = f" ({val['bits_per_char']:.3f} bits/char)" if "bits_per_char" in val else ""  # a prepared corpus's: none
-        return f"validation loss {val['loss']:.3f} nats/token{bits} {after}"
+        """The corpus's reading of its figures (`LoadedCorpus.conclusion`)."""
+        return training.data.conclusion(summary["val"], f"after {summary['steps']} steps in {training.result.minutes}")
 
 
 def scoring_cost(config: LMRunConfig, val_tokens: int) -> float:

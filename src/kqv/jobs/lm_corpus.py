@@ -1,23 +1,30 @@
-"""What a language-modelling run trains on, as one object: a `Corpus`, made once from the run's `DataConfig` by
-`kqv.jobs.corpora.corpus_of`. It owns what the LM job would otherwise ask the settings again at every use:
+"""What a language-modelling run trains on, as two objects: a `Corpus`, the kind of data the run's `DataConfig` makes
+(made once by `kqv.jobs.corpora.corpus_of`), and the `LoadedCorpus` it loads, one frozen type per kind.
+
+The `Corpus` owns what the LM job would otherwise ask the settings again at every use:
 
 - `check`: the settings only this kind takes (a text refuses the pairs' and the documents' options);
 - `load`: how the data is read, encoded and stored in the run (or read back on a resume), with a tokenizer made
-  for it (`make_tokenizer`, with the `mask` symbol it needs, if any);
-- `check_data`: what must hold before anything is written (blocks fit in each split, the sample prompt encodes);
-- `trainer_options`: the Trainer's batches and loss;
-- `outcome` and `held_out`: how the run is scored after training and by `kqv eval`, and `trained_answers`, the
-  baselines' reference answers of `evaluate(pairs=...)`.
+  for it (`make_tokenizer`, with the `mask` symbol it needs, if any), and `trained`: a trained run's, read back.
 
-`TextBlocks` (a text, cut into blocks of data.context + 1 tokens) is the default kind; the others are
-`kqv.jobs.completions.Pairs`, `kqv.jobs.sources.Documents` and `kqv.jobs.token_corpus.PreparedCorpus`.
+The `LoadedCorpus` holds the tokenizer and the splits, and does what the job needs of them: `check` (what must
+hold before anything is written), `trainer_options` (the Trainer's batches and loss), `describe`, `outcome` (the
+run's score after training, and its samples), `held_out` (`kqv eval`'s score) and `conclusion`; a corpus of
+examples, its `answers` too (the baselines' reference answers of `evaluate(pairs=...)`). What differs between kinds
+is a method of its type: no code learns a corpus's kind from which fields, keys or settings it has.
+
+`TextBlocks` (a text, cut into blocks of data.context + 1 tokens; loaded: `LoadedText`) is the default kind; the
+others are `kqv.jobs.completions.Pairs`, `kqv.jobs.sources.Documents` and `kqv.jobs.token_corpus.PreparedCorpus`.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from torch import Tensor, nn
 
@@ -32,18 +39,154 @@ from ..train.options import TrainerOptions
 from ..train.preflight import check_prompt, check_splits
 from ..train.rundir import RunDirectory
 from ..train.topology import Topology
-from .corpus import build_text, load_tokens, prepare_corpus
+from .corpus import Tensors, TextSplits, TokenizerSource, build_text, load_tokens, prepare_corpus
 from .lm_data import DataConfig
 from .sampling import SampleConfig, default_prompt, write_samples
 
 SCORED_TOKENS = 200_000  # the validation tokens the job's final perplexity scores
-Splits = dict[str, Tensor]
-Check = Callable[[Tokenizer, Splits], None]
+
+
+class LMTokenizerSource(TokenizerSource, Protocol):
+    """Where an LM corpus's tokenizer comes from (`TokenizerSource`: the corpus kind itself, or a fine-tune's
+    source), and whether it takes a prepared corpus's, which comes with the corpus (`check_prepared`)."""
+
+    def check_prepared(self, tokenizer: Tokenizer, path: str | Path) -> None: ...
+
+
+class LoadedCorpus(ABC):
+    """What an LM run trains on, loaded (`Corpus.load`, the module docstring): its `tokenizer` and splits, with
+    the run's [data] settings `data`. Each kind's type is a frozen dataclass."""
+
+    tokenizer: Tokenizer
+    data: DataConfig
+
+    @property
+    @abstractmethod
+    def train_tokens(self) -> int:
+        """The tokens of the training split (the line before training counts them)."""
+
+    @property
+    @abstractmethod
+    def val_tokens(self) -> int:
+        """The tokens of the validation split (a budget's plan counts the work of scoring them)."""
+
+    def sample_prompt(self) -> str | None:
+        """The prompt samples start from when [sample] gives none (None: the corpus samples its own prompts)."""
+        return None
+
+    @abstractmethod
+    def check(self, model: ModelConfig, prompt: str) -> None:
+        """What must hold before anything is written, for `model` and the sample `prompt` (empty: the corpus's)."""
+
+    @abstractmethod
+    def trainer_options(self, train: TrainConfig, topology: Topology) -> TrainerOptions:
+        """The Trainer's batches and loss, for the process of `topology` (a kind that reads only this process's
+        rows takes them from it; the others draw the whole batch and the Trainer keeps its rows)."""
+
+    def describe(self) -> str:
+        """What the line before training adds about this corpus (empty: nothing)."""
+        return ""
+
+    @abstractmethod
+    def outcome(
+        self, model: nn.Module, train: TrainConfig, sample: SampleConfig, run_dir: Path
+    ) -> tuple[dict[str, float], list[str]]:
+        """The run's score of its validation split after training, and its samples (written to samples.txt)."""
+
+    @abstractmethod
+    def held_out(self, model: nn.Module, max_tokens: int | None) -> dict[str, Any]:
+        """The fields of `LMRun.evaluate()`'s `LMEvaluation`: the score of what the run held out (up to
+        `max_tokens`, where the kind scores a prefix)."""
+
+    @abstractmethod
+    def conclusion(self, val: dict[str, float], after: str) -> str:
+        """The line after training that reads out `val`, the figures `outcome` gave, and `after` (steps, time)."""
+
+
+Check = Callable[[LoadedCorpus], None]
+
+
+@dataclass(frozen=True)
+class LoadedText(TextSplits, LoadedCorpus):
+    """A text's tokenizer and splits (`TextSplits`), trained on in random blocks of data.context + 1 tokens."""
+
+    data: DataConfig
+
+    @property
+    def train_tokens(self) -> int:
+        return len(self.train)
+
+    @property
+    def val_tokens(self) -> int:
+        return len(self.val)
+
+    def sample_prompt(self) -> str | None:
+        return default_prompt(self.data.path, self.tokenizer, self.train)
+
+    def check(self, model: ModelConfig, prompt: str) -> None:
+        """A block of context + 1 tokens in each split, ids the model has (`vocab`), and a sample `prompt` (or the
+        corpus's own, when it is empty) the tokenizer encodes."""
+        check_splits({"train": self.train, "val": self.val}, self.data.context, self.vocab())
+        check_prompt(self.tokenizer.encode, prompt or self.sample_prompt())
+
+    def vocab(self) -> int | None:
+        """The vocabulary `check` checks the ids against (None: not checked)."""
+        return self.tokenizer.vocab_size
+
+    def trainer_options(self, train: TrainConfig, topology: Topology) -> TrainerOptions:
+        """Random blocks of the train split for update i, and of the validation split for evaluation batch i,
+        drawn from generators seeded by (seed, i) so a resume draws the same ones. Every process of `topology`
+        draws the whole batch (the Trainer keeps its rows)."""
+        train_ids, val_ids = self.train, self.val
+        batch, context, seed = train.batch_size, self.data.context, train.seed
+
+        def train_batches(i: int) -> tuple[Tensor, Tensor]:
+            return sample_batch(train_ids, batch, context, batch_generator(seed, i))
+
+        def val_batches(i: int) -> tuple[Tensor, Tensor]:
+            return sample_batch(val_ids, batch, context, batch_generator(seed, -i - 1))
+
+        return block_options(train_batches, val_batches, batch * context)
+
+    def perplexity(self, model: nn.Module, max_tokens: int | None, precision: str = "fp32") -> dict[str, float]:
+        """`kqv.train.evaluation.perplexity` of (up to `max_tokens` of) the validation split, per character too
+        where the characters are known."""
+        n_chars = None if self.chars is None else self.chars[1]
+        return perplexity(
+            model, self.val, context=self.data.context, n_chars=n_chars, precision=precision, max_tokens=max_tokens
+        )
+
+    def outcome(
+        self, model: nn.Module, train: TrainConfig, sample: SampleConfig, run_dir: Path
+    ) -> tuple[dict[str, float], list[str]]:
+        """The perplexity of (up to `SCORED_TOKENS` of) the validation split, and the samples (samples.txt)."""
+        val = self.perplexity(model, SCORED_TOKENS, train.precision)
+        return val, write_samples(model, self.tokenizer, sample, RunFiles(run_dir).samples_file)
+
+    def held_out(self, model: nn.Module, max_tokens: int | None) -> dict[str, Any]:
+        return {"source": "the held-out validation split", **self.perplexity(model, max_tokens)}
+
+    def conclusion(self, val: dict[str, float], after: str) -> str:
+        bits = "" if self.chars is None else f" ({val['bits_per_char']:.3f} bits/char)"
+        return f"validation loss {val['loss']:.3f} nats/token{bits} {after}"
+
+
+def block_options(
+    train_batches: Callable[[int], Any], val_batches: Callable[[int], Any], tokens: int
+) -> TrainerOptions:
+    """The Trainer's options for batches of blocks (inputs, targets): the model's own next-token loss."""
+    return TrainerOptions(
+        train_batches=train_batches,
+        loss_fn=lambda model, batch: model(*batch),
+        val_batches=val_batches,
+        tokens_per_batch=tokens,
+    )
 
 
 class Corpus:
-    """What an LM run trains on (the module docstring): the run's [data] settings `data`, checked for this kind.
-    A subclass says which settings it reads (`reads`) and overrides what it does differently from a text."""
+    """The kind of data an LM run trains on (the module docstring): the run's [data] settings `data`, checked for
+    this kind. A subclass says which settings it reads (`reads`) and overrides what it does differently from a
+    text. It is the `TokenizerSource` of a run that learns its own tokenizer."""
 
     def __init__(self, data: DataConfig) -> None:
         self.data = data
@@ -61,88 +204,40 @@ class Corpus:
         """The mask symbol a new tokenizer must reserve for this corpus, or None (a text needs none)."""
         return None
 
-    def make_tokenizer(self, data: DataConfig, text: str) -> Tokenizer:
-        """A new tokenizer learned from `text` (what `prepare_corpus` asks its maker; `data` is this corpus's)."""
-        return make_tokenizer(data.tokenizer, text, data.vocab_size)
+    def make_tokenizer(self, text: str) -> Tokenizer:
+        """A new tokenizer learned from `text`."""
+        return make_tokenizer(self.data.tokenizer, text, self.data.vocab_size)
 
     def load_tokenizer(self, run_dir: Path) -> Tokenizer:
         """The tokenizer a run saved (a resume's)."""
         return load_tokenizer(RunFiles(run_dir).tokenizer_dir)
 
-    def build(self, maker: Any, data: DataConfig) -> tuple[Tokenizer, Splits]:
-        """The tokenizer (`maker.make_tokenizer`: this corpus, or a fine-tune's source) and the encoded splits."""
-        return build_text(maker, data)
+    def check_prepared(self, tokenizer: Tokenizer, path: str | Path) -> None:
+        """A run that learns its own tokenizer takes a prepared corpus's, whichever it is."""
 
-    def load(self, maker: Any, run: RunDirectory, check: Check) -> tuple[Tokenizer, Splits]:
-        """The tokenizer and splits, built and saved in the run (`prepare_corpus`), or read back from it."""
-        return prepare_corpus(maker, self.data, run, check, build=self.build)
+    def build(self, tokenizers: TokenizerSource) -> LoadedCorpus:
+        """The tokenizer (`tokenizers.make_tokenizer`: this corpus's, or a fine-tune's source's) and the encoded
+        splits (a fine-tune's tokenizer checks the whole text)."""
+        data = self.data
+        whole = data.tokenizer == "char" or data.init is not None
+        return build_text(tokenizers, data.path, data.val_fraction, whole, make=partial(LoadedText, data=data))
 
-    def sample_prompt(self, tokenizer: Tokenizer, tokens: Splits) -> str | None:
-        """The prompt samples start from when [sample] gives none (None: the corpus samples its own prompts)."""
-        return default_prompt(self.data, tokenizer, tokens)
+    def read(self, tokenizer: Tokenizer, tensors: Tensors) -> LoadedCorpus:
+        """The corpus `build` made, as its `tensors()` stored it (the codec's reading half)."""
+        return LoadedText.from_tensors(tokenizer, tensors, data=self.data)
 
-    def check_data(self, model: ModelConfig, tokenizer: Tokenizer, tokens: Splits, prompt: str) -> None:
-        """What must hold before anything is written: a block of context + 1 tokens in each split, ids the model
-        has (`vocab`), and a sample `prompt` (or the corpus's own, when it is empty) the tokenizer encodes."""
-        check_splits({"train": tokens["train"], "val": tokens["val"]}, self.data.context, self.vocab(tokenizer))
-        check_prompt(tokenizer.encode, prompt or self.sample_prompt(tokenizer, tokens))
+    def load(self, tokenizers: LMTokenizerSource, run: RunDirectory, check: Check) -> LoadedCorpus:
+        """The corpus, built and saved in the run (`prepare_corpus`), or read back from it, `check`ed before
+        anything is written."""
+        return prepare_corpus(tokenizers, run, self.build, self.read, check)
 
-    def vocab(self, tokenizer: Tokenizer) -> int | None:
-        """The vocabulary `check_data` checks the ids against (None: not checked)."""
-        return tokenizer.vocab_size
+    def trained(self, tokenizer: Tokenizer, run_dir: Path) -> LoadedCorpus:
+        """A trained run's corpus, as its tokens.safetensors holds it (what `kqv eval` scores)."""
+        return self.read(tokenizer, load_tokens(run_dir))
 
-    def trainer_options(
-        self, train: TrainConfig, tokenizer: Tokenizer, tokens: Splits, topology: Topology
-    ) -> TrainerOptions:
-        """The Trainer's batches: random blocks of the train split for update i, and of the validation split for
-        evaluation batch i, drawn from generators seeded by (seed, i) so a resume draws the same ones. Every
-        process of `topology` draws the whole batch (the Trainer keeps its rows); a kind that reads only its own
-        rows takes them from it."""
-        train_ids, val_ids = tokens["train"], tokens["val"]
-        batch, context, seed = train.batch_size, self.data.context, train.seed
-
-        def train_batches(i: int) -> tuple[Tensor, Tensor]:
-            return sample_batch(train_ids, batch, context, batch_generator(seed, i))
-
-        def val_batches(i: int) -> tuple[Tensor, Tensor]:
-            return sample_batch(val_ids, batch, context, batch_generator(seed, -i - 1))
-
-        return TrainerOptions(
-            train_batches=train_batches,
-            loss_fn=lambda model, batch: model(*batch),
-            val_batches=val_batches,
-            tokens_per_batch=batch * context,
-        )
-
-    def describe(self, tokens: Splits) -> str:
-        """What the line before training adds about this corpus (empty: nothing)."""
-        return ""
-
-    def outcome(
-        self, model: nn.Module, tokenizer: Tokenizer, tokens: Splits, train: TrainConfig, sample: SampleConfig,
-        run_dir: Path,
-    ) -> tuple[dict[str, float], list[str]]:  # fmt: skip
-        """The perplexity of (up to `SCORED_TOKENS` of) the validation split, and the samples (samples.txt)."""
-        val = perplexity(
-            model,
-            tokens["val"],
-            context=self.data.context,
-            n_chars=int(tokens["chars"][1]) if "chars" in tokens else None,  # a prepared corpus counts no chars
-            precision=train.precision,
-            max_tokens=SCORED_TOKENS,
-        )
-        return val, write_samples(model, tokenizer, sample, RunFiles(run_dir).samples_file)
-
-    def held_out(self, model: nn.Module, run_dir: Path, max_tokens: int | None) -> dict[str, Any]:
-        """The fields of `LMRun.evaluate()`'s `LMEvaluation`: the perplexity of the run's validation split (up to
-        `max_tokens`), from its tokens.safetensors."""
-        tokens = load_tokens(run_dir)
-        ids, n_chars = tokens["val"], int(tokens["chars"][1])
-        figures = perplexity(model, ids, context=self.data.context, n_chars=n_chars, max_tokens=max_tokens)
-        return {"source": "the held-out validation split", **figures}
-
-    def trained_answers(self, tokenizer: Tokenizer, run_dir: Path) -> tuple[list[str], list[str]] | None:
-        """The completions of the pairs the run trained on and their kinds of question (None: it trained on none)."""
+    def trained_answers(self, trained: Callable[[], Any]) -> tuple[list[str], list[str]] | None:
+        """The completions of the pairs a trained run trained on and their kinds of question, from its corpus
+        (`trained()`, a `Corpus.trained`): a text holds none, and reads nothing."""
         return None
 
 

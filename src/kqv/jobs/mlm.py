@@ -34,7 +34,7 @@ from ..train.preflight import check_memory, check_splits
 from ..train.runs import RunConfig
 from ..validation import Config
 from .base import Job, Outcome, TrainedRun, Training
-from .corpus import describe_corpus, prepare_corpus
+from .corpus import TextSplits, build_text, describe_corpus, prepare_corpus
 from .offers import ExportsHF
 
 
@@ -127,22 +127,41 @@ class MLMRun(TrainedRun, ExportsHF):
         )
 
 
-def check_mlm_run(config: MLMRunConfig) -> Callable[[Any, dict[str, Tensor]], None]:
+def check_mlm_run(config: MLMRunConfig) -> Callable[[TextSplits], None]:
     """What an MLM training checks once its vocabulary and data exist, before it writes anything: the memory of
     one batch and a block of context + 1 tokens in each split (`kqv.train.preflight`)."""
 
-    def check(vocabulary: Any, tokens: dict[str, Tensor]) -> None:
-        train = config.train
+    def check(splits: TextSplits) -> None:
+        train, vocabulary = config.train, splits.tokenizer
         check_memory(
             config.model, train.batch_size, config.data.context, vocabulary.size, train.device,
             precision=train.precision, parallel=train.parallel,
         )  # fmt: skip
-        check_splits({"train": tokens["train"], "val": tokens["val"]}, config.data.context, vocabulary.size)
+        check_splits({"train": splits.train, "val": splits.val}, config.data.context, vocabulary.size)
 
     return check
 
 
-MLMTraining = Training[MLMRunConfig, tuple[Vocabulary, dict[str, Tensor]], None]  # `MLMJob.train`'s
+MLMTraining = Training[MLMRunConfig, TextSplits, None]  # `MLMJob.train`'s (its tokenizer a `Vocabulary`)
+
+
+@dataclass(frozen=True)
+class Vocabularies:
+    """The MLM job's `kqv.jobs.corpus.TokenizerSource`: a vocabulary learned from the text as its [data] says, or
+    the one a resumed run saved."""
+
+    data: MLMDataConfig
+
+    def make_tokenizer(self, text: str) -> Vocabulary:
+        return Vocabulary.train(self.data.tokenizer, text, self.data.vocab_size)
+
+    def load_tokenizer(self, run_dir: Path) -> Vocabulary:
+        return load_vocabulary(run_dir)
+
+
+def load_vocabulary(run_dir: Path) -> Vocabulary:
+    """The vocabulary an MLM run saved (its tokenizer/)."""
+    return Vocabulary.load(RunFiles(run_dir).tokenizer_dir)
 
 
 class MLMJob(Job):
@@ -154,27 +173,32 @@ class MLMJob(Job):
     run_class = MLMRun
     noun = "masked-LM"
 
-    def make_tokenizer(self, data: MLMDataConfig, text: str) -> Vocabulary:
-        return Vocabulary.train(data.tokenizer, text, data.vocab_size)
-
     def load_tokenizer(self, run_dir: Path) -> Vocabulary:
-        return Vocabulary.load(RunFiles(run_dir).tokenizer_dir)
+        return load_vocabulary(run_dir)
 
     def build_model(self, model_config: ModelConfig, config: RunConfig, values: dict[str, Any]) -> MaskedLM:
         return MaskedLM(model_config)
 
-    def make_corpus(self, training: MLMTraining) -> tuple[Vocabulary, dict[str, Tensor]]:
+    def make_corpus(self, training: MLMTraining) -> TextSplits:
         """The vocabulary and the encoded train and validation splits (`kqv.jobs.corpus.prepare_corpus`)."""
-        return prepare_corpus(self, training.config.data, training.run, check_mlm_run(training.config))
+        data = training.config.data
+        return prepare_corpus(
+            Vocabularies(data),
+            training.run,
+            build=lambda vocabularies: build_text(vocabularies, data.path, data.val_fraction, data.tokenizer == "char"),
+            read=TextSplits.from_tensors,
+            check=check_mlm_run(training.config),
+        )
 
     def make_model(self, training: MLMTraining) -> MaskedLM:
-        vocabulary, _ = training.data
+        vocabulary = training.data.tokenizer
         return self.start(training.config, training.run, training.config.model.replace(vocab_size=vocabulary.size))
 
     def trainer_options(self, training: MLMTraining) -> TrainerOptions:
         """Random blocks corrupted by BERT's masking for each update; for evaluation, blocks of the validation split
         with every selected token hidden, and the masked-token accuracy over `train.eval_batches` of them."""
-        config, (vocabulary, tokens) = training.config, training.data
+        config, splits = training.config, training.data
+        vocabulary, tokens = splits.tokenizer, {"train": splits.train, "val": splits.val}
         context, seed, batch = config.data.context, config.train.seed, config.train.batch_size
         masking = config.masking.to_dict()
         hidden = {**masking, "mask_token_prob": 1.0, "random_token_prob": 0.0}  # evaluation: every selected hidden
@@ -196,7 +220,8 @@ class MLMJob(Job):
         )
 
     def describe(self, training: MLMTraining) -> str:
-        return describe_corpus(training, training.data[0].size)
+        splits = training.data
+        return describe_corpus(training, splits.tokenizer, splits.tokenizer.size, len(splits.train))
 
     def outcome(self, training: MLMTraining) -> Outcome:
         final = training.result.final

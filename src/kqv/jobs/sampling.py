@@ -41,14 +41,14 @@ SHAKESPEARE_PROMPT = "ROMEO:\n"  # the default corpus's sample prompt: a speaker
 PROMPT_WORDS, PROMPT_CHARS = 3, 40  # another corpus's: its first words, at most this many
 
 
-def default_prompt(data: Any, tokenizer: Tokenizer, tokens: dict[str, torch.Tensor]) -> str:
-    """The sample prompt of a config that gives none (`data`: its `[data]` section, whose `path` names the
-    corpus): "ROMEO:\\n" on Shakespeare (the default corpus), else the corpus's first words (up to
-    `PROMPT_WORDS` of its first line with any, `PROMPT_CHARS` characters), as its text writes them: its own
+def default_prompt(path: str | Path | None, tokenizer: Tokenizer, train: torch.Tensor) -> str:
+    """The sample prompt of a config that gives none, from its corpus at `path` (None: Shakespeare) and the ids
+    of its training split `train`: "ROMEO:\\n" on Shakespeare (the default corpus), else the corpus's first words
+    (up to `PROMPT_WORDS` of its first line with any, `PROMPT_CHARS` characters), as its text writes them: its own
     characters, which its tokenizer encodes."""
-    if data.path is None:
+    if path is None:
         return SHAKESPEARE_PROMPT
-    start = tokenizer.decode(tokens["train"][:256].tolist()).rstrip("\ufffd")  # a byte-level BPE's cut character
+    start = tokenizer.decode(train[:256].tolist()).rstrip("\ufffd")  # a byte-level BPE's cut character
     words = re.search(rf"\S+(?:[ \t]+\S+){{0,{PROMPT_WORDS - 1}}}", start)
     return words.group()[:PROMPT_CHARS] if words else start[:1]
 

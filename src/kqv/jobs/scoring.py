@@ -378,12 +378,8 @@ def with_baselines(
     )
 
 
-def fine_tuning_answers(tokenizer: Tokenizer, tokens: dict[str, torch.Tensor]) -> list[str] | None:
-    """The completions of a pair run's training examples, decoded from its tokens.safetensors (`train` and
-    `train_lengths`, each completion without its end of text); None for a run that holds no pairs."""
-    if not {"train", "train_lengths"} <= set(tokens):
-        return None
-    examples = EncodedExamples(tokens["train"], tokens["train_lengths"])
+def fine_tuning_answers(tokenizer: Tokenizer, examples: EncodedExamples) -> list[str]:
+    """The completions of a pair run's training `examples`, decoded, each without its end of text."""
     return [tokenizer.decode(examples.parts(k)[1][:-1]) for k in range(len(examples))]
 
 

@@ -26,8 +26,8 @@ run's final figure is their completion loss (the span given its context) and it 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -56,6 +56,7 @@ from ..train.options import TrainerOptions
 from ..train.topology import Topology
 from .completions import (
     Examples,
+    LoadedExamples,
     batch_options,
     check_examples,
     check_lengths,
@@ -63,8 +64,8 @@ from .completions import (
     from_json_tensor,
     json_tensor,
 )
-from .corpus import load_tokens
-from .lm_corpus import Splits, refuse_span_options
+from .corpus import Tensors, TokenizerSource
+from .lm_corpus import refuse_span_options
 from .lm_data import DataConfig
 
 VAL_SEED = 0  # the draws of the validation documents: the same for every run
@@ -96,10 +97,10 @@ def read_sources(data: DataConfig) -> list[list[Example] | list[str]]:
     return read
 
 
-def build_sources(maker: Any, data: DataConfig, corrupt: bool) -> tuple[Tokenizer, dict[str, Tensor]]:
+def build_sources(tokenizers: TokenizerSource, data: DataConfig, corrupt: bool) -> tuple[Tokenizer, Tensors]:
     """The tokenizer and encoded splits of every source (the module docstring), spans masked if `corrupt`, and
-    the completion and kind of every training pair of its pairs sources (`pair_answers`); what it refuses, it
-    refuses before anything is written."""
+    the completion and kind of every training pair of its pairs sources (`pair_answers`), as tokens.safetensors
+    holds them (`LoadedDocuments.tensors`); what it refuses, it refuses before anything is written."""
     read = read_sources(data)
     texts = [
         text
@@ -109,7 +110,7 @@ def build_sources(maker: Any, data: DataConfig, corrupt: bool) -> tuple[Tokenize
             (apply_template(data.template, item.prompt, ""), item.completion) if isinstance(item, Example) else (item,)
         )
     ]
-    tokenizer = maker.make_tokenizer(data, "\n".join(texts))
+    tokenizer = tokenizers.make_tokenizer("\n".join(texts))
     _, eot_text = end_of_text(tokenizer)
     mask = mask_symbol(data.mask, getattr(tokenizer, "kind", "bpe"))
     if corrupt:
@@ -263,60 +264,135 @@ def stored(splits: dict[str, list[dict]], cut: list[int]) -> dict[str, Tensor]:
     return tokens
 
 
-def per_source(tokens: dict[str, Tensor], split: str) -> list[tuple[Tensor, Tensor, slice]]:
-    """(ids, lengths, sentence-count slice) of each source's items in `split`."""
-    out, item, token = [], 0, 0
-    for count in tokens[f"{split}_sources"].tolist():
-        lengths = tokens[f"{split}_lengths"][item : item + count]
-        size = int(lengths.sum())
-        out.append((tokens[split][token : token + size], lengths, slice(item, item + count)))
-        item, token = item + count, token + size
-    return out
+@dataclass(frozen=True)
+class LoadedDocuments(LoadedExamples):
+    """Documents made into examples, or a mixture of sources, loaded: every source's training items (a text's
+    documents, cut into windows; a pairs source's examples) one after another in `train`, and its validation
+    examples in `val` (`LoadedExamples`), with how many items each source has (`train_sources`, `val_sources`),
+    the training documents' sentence counts and lengths, the documents cut into windows (`windows`: documents,
+    windows) and the tokens their openings left out (`left_out`: left out, read), the completion and kind of every
+    training pair (`pair_answers`; None for a run trained before it kept them), and whether spans are masked."""
 
+    train_sources: Tensor
+    val_sources: Tensor
+    sentence_counts: Tensor
+    sentence_lengths: Tensor
+    windows: tuple[int, int]
+    left_out: tuple[int, int]
+    pair_answers: tuple[tuple[str, str], ...] | None
+    corrupt: bool
 
-def trainer_options(
-    data: DataConfig, train: TrainConfig, tokenizer: Tokenizer, tokens: dict[str, Tensor], corrupt: bool
-) -> TrainerOptions:
-    """train_batches, val_batches, loss_fn, loss_terms and tokens_per_batch of a mixture: each batch from one
-    source, drawn by weight (`MixtureBatches`); a text source's documents made into new examples at every draw
-    (spans masked if `corrupt`)."""
-    shared = batch_options(data, train)
-    options = document_options(data, tokenizer, corrupt)
-    counts = tokens["train_sentence_counts"]
-    sentence_starts = [0, *torch.cumsum(counts, 0).tolist()]
-    training, validation = [], []
-    paths = data_sources(data)
-    for (path, _), (ids, lengths, items), (val_ids, val_lengths, _) in zip(
-        paths, per_source(tokens, "train"), per_source(tokens, "val")
-    ):
-        if is_pairs(path):
-            training.append(ExampleBatches(EncodedExamples(ids, lengths), shuffle=True, **shared))
-        else:
-            sentences = tokens["train_sentence_lengths"][sentence_starts[items.start] : sentence_starts[items.stop]]
-            documents = EncodedDocuments(ids, lengths, options, sentences, counts[items])
-            every_token = {"prompt_loss_weight": 1.0} if data.span_loss == "all" else {}
-            training.append(DocumentBatches(documents, shuffle=True, **(shared | every_token)))
-        validation.append(ExampleBatches(EncodedExamples(val_ids, val_lengths), shuffle=False, **shared))
-    weights = [weight for _, weight in paths]
-    train_mix = MixtureBatches(training, weights, train.seed, "train")
-    return example_options(train_mix, MixtureBatches(validation, weights, train.seed, "val"))
+    def tensors(self) -> Tensors:
+        """tokens.safetensors's tensors (`stored`)."""
+        answers = {} if self.pair_answers is None else {"pair_answers": json_tensor(self.pair_answers)}
+        train, val = self.train, self.val
+        return {
+            "train": train.ids,
+            "train_lengths": train.lengths,
+            "train_sources": self.train_sources,
+            "val": val.ids,
+            "val_lengths": val.lengths,
+            "val_sources": self.val_sources,
+            "train_sentence_counts": self.sentence_counts,
+            "train_sentence_lengths": self.sentence_lengths,
+            "chars": torch.tensor(self.chars),
+            "windows": torch.tensor(self.windows),
+            "left_out": torch.tensor(self.left_out),
+            **answers,
+        }
 
-
-def describe(tokens: dict[str, Tensor]) -> str:
-    """What the line before training adds for documents longer than the context (empty when none were): the
-    windows they were cut into, or the share of the text their openings leave out."""
-    if "windows" not in tokens or not int(tokens["windows"][0]):
-        return ""
-    documents, made = tokens["windows"].tolist()
-    counted = f"{documents:,} document{'s' if documents != 1 else ''} longer than the context"
-    left_out, read = tokens["left_out"].tolist() if "left_out" in tokens else (0, 0)
-    if left_out:
-        share = left_out / (left_out + read)
-        return (
-            f"; {counted} read from {'their openings' if documents != 1 else 'its opening'} alone, leaving out "
-            f"{left_out:,} of {left_out + read:,} tokens ({share:.1%}; data.long_documents='windows' reads them all)"
+    @classmethod
+    def from_tensors(cls, tokenizer: Tokenizer, tensors: Tensors, data: DataConfig, corrupt: bool) -> LoadedDocuments:
+        """The corpus `tensors()` stored (a run stored before the windows, the openings or the pairs' answers were
+        has none of them)."""
+        answers = tensors.get("pair_answers")
+        pairs = None if answers is None else tuple((answer, kind) for answer, kind in from_json_tensor(answers))
+        counted = [tuple(tensors[key].tolist()) if key in tensors else (0, 0) for key in ("windows", "left_out")]
+        return cls(
+            tokenizer,
+            EncodedExamples(tensors["train"], tensors["train_lengths"]),
+            EncodedExamples(tensors["val"], tensors["val_lengths"]),
+            tuple(tensors["chars"].tolist()),
+            data,
+            tensors["train_sources"],
+            tensors["val_sources"],
+            tensors["train_sentence_counts"],
+            tensors["train_sentence_lengths"],
+            *counted,
+            pairs,
+            corrupt,
         )
-    return f"; {counted} cut into {made:,} windows"
+
+    @staticmethod
+    def per_source(examples: EncodedExamples, sources: Tensor) -> list[tuple[Tensor, Tensor, slice]]:
+        """(ids, lengths, sentence-count slice) of each source's items of a split, `examples`, of which each source
+        has its count of `sources`."""
+        out, item, token = [], 0, 0
+        for count in sources.tolist():
+            lengths = examples.lengths[item : item + count]
+            size = int(lengths.sum())
+            out.append((examples.ids[token : token + size], lengths, slice(item, item + count)))
+            item, token = item + count, token + size
+        return out
+
+    def trainer_options(self, train: TrainConfig, topology: Topology) -> TrainerOptions:
+        """train_batches, val_batches, loss_fn, loss_terms and tokens_per_batch of a mixture: each batch from one
+        source, drawn by weight (`MixtureBatches`); a text source's documents made into new examples at every draw
+        (spans masked if `corrupt`)."""
+        data = self.data
+        shared = batch_options(data, train)
+        options = document_options(data, self.tokenizer, self.corrupt)
+        counts = self.sentence_counts
+        sentence_starts = [0, *torch.cumsum(counts, 0).tolist()]
+        training, validation = [], []
+        paths = data_sources(data)
+        for (path, _), (ids, lengths, items), (val_ids, val_lengths, _) in zip(
+            paths, self.per_source(self.train, self.train_sources), self.per_source(self.val, self.val_sources)
+        ):
+            if is_pairs(path):
+                training.append(ExampleBatches(EncodedExamples(ids, lengths), shuffle=True, **shared))
+            else:
+                sentences = self.sentence_lengths[sentence_starts[items.start] : sentence_starts[items.stop]]
+                documents = EncodedDocuments(ids, lengths, options, sentences, counts[items])
+                every_token = {"prompt_loss_weight": 1.0} if data.span_loss == "all" else {}
+                training.append(DocumentBatches(documents, shuffle=True, **(shared | every_token)))
+            validation.append(ExampleBatches(EncodedExamples(val_ids, val_lengths), shuffle=False, **shared))
+        weights = [weight for _, weight in paths]
+        train_mix = MixtureBatches(training, weights, train.seed, "train")
+        return example_options(train_mix, MixtureBatches(validation, weights, train.seed, "val"))
+
+    def describe(self) -> str:
+        """What the line before training adds for documents longer than the context (empty when none were): the
+        windows they were cut into, or the share of the text their openings leave out."""
+        documents, made = self.windows
+        if not documents:
+            return ""
+        counted = f"{documents:,} document{'s' if documents != 1 else ''} longer than the context"
+        left_out, read = self.left_out
+        if left_out:
+            share = left_out / (left_out + read)
+            return (
+                f"; {counted} read from {'their openings' if documents != 1 else 'its opening'} alone, leaving out "
+                f"{left_out:,} of {left_out + read:,} tokens ({share:.1%}; data.long_documents='windows' reads them "
+                f"all)"
+            )
+        return f"; {counted} cut into {made:,} windows"
+
+    def answers(self) -> tuple[list[str], list[str]] | None:
+        """The completion and kind of every pair the mixture trained on (its pairs files less their validation
+        share, the reference a fine-tune's `kqv eval` baselines count too), as the run read them (its
+        tokens.safetensors holds them; a run trained before it kept them reads the files while they are where it
+        read them); None for a mixture without pairs."""
+        if self.pair_answers is not None:
+            return [answer for answer, _ in self.pair_answers], [kind for _, kind in self.pair_answers]
+        files = [Path(path) for path, _ in data_sources(self.data) if is_pairs(path)]
+        if not files or not all(file.is_file() for file in files):
+            return None
+        examples = []
+        for file in files:
+            read = read_examples(file)
+            examples += [read[k] for k in split_examples(len(read), self.data.val_fraction)[0]]
+        return [example.completion for example in examples], [example.kind for example in examples]
 
 
 class Documents(Examples):
@@ -346,31 +422,8 @@ class Documents(Examples):
         if not self.corrupt:
             refuse_span_options(data)
 
-    def build(self, maker: Any, data: DataConfig) -> tuple[Tokenizer, Splits]:
-        return build_sources(maker, data, self.corrupt)
+    def build(self, tokenizers: TokenizerSource) -> LoadedDocuments:
+        return self.read(*build_sources(tokenizers, self.data, self.corrupt))
 
-    def trainer_options(
-        self, train: TrainConfig, tokenizer: Tokenizer, tokens: Splits, topology: Topology
-    ) -> TrainerOptions:
-        return trainer_options(self.data, train, tokenizer, tokens, self.corrupt)
-
-    def describe(self, tokens: Splits) -> str:
-        return describe(tokens)
-
-    def trained_answers(self, tokenizer: Tokenizer, run_dir: Path) -> tuple[list[str], list[str]] | None:
-        """The completion and kind of every pair the mixture trained on (its pairs files less their validation
-        share, the reference a fine-tune's `kqv eval` baselines count too), as the run read them (its
-        tokens.safetensors holds them; a run trained before it kept them reads the files while they are where it
-        read them); None for a mixture without pairs."""
-        tokens = load_tokens(run_dir)
-        if "pair_answers" in tokens:
-            answers = from_json_tensor(tokens["pair_answers"])
-            return [answer for answer, _ in answers], [kind for _, kind in answers]
-        files = [Path(path) for path, _ in data_sources(self.data) if is_pairs(path)]
-        if not files or not all(file.is_file() for file in files):
-            return None
-        examples = []
-        for file in files:
-            read = read_examples(file)
-            examples += [read[k] for k in split_examples(len(read), self.data.val_fraction)[0]]
-        return [example.completion for example in examples], [example.kind for example in examples]
+    def read(self, tokenizer: Tokenizer, tensors: Tensors) -> LoadedDocuments:
+        return LoadedDocuments.from_tensors(tokenizer, tensors, self.data, self.corrupt)

@@ -50,7 +50,7 @@ from ..data.token_corpus import (
     window_starts,
 )
 from ..data.tokenizers import Tokenizer, encode_texts, load_tokenizer, make_tokenizer
-from ..errors import PREPARE_WITH_TOKENIZER, DataError, RunError, option
+from ..errors import DataError, RunError
 from ..interop.directories import read_hf_tokenizer
 from ..train.config import TrainConfig
 from ..train.distributed import OwnRows
@@ -61,7 +61,7 @@ from ..train.options import TrainerOptions
 from ..train.rundir import RunDirectory
 from ..train.topology import Topology
 from .held import is_hf_directory
-from .lm_corpus import SCORED_TOKENS, Check, Splits, TextBlocks
+from .lm_corpus import SCORED_TOKENS, Check, LMTokenizerSource, LoadedText, TextBlocks, block_options
 from .lm_data import DataConfig
 
 CHUNK_BYTES = 16 << 20  # the text read, encoded and recorded at a time
@@ -236,53 +236,22 @@ def encode_all(
     return manifest
 
 
-class PreparedCorpus(TextBlocks):
-    """The LM job's corpus kind for a prepared token corpus (`data.path` names one): the tokenizer is the corpus's,
-    the splits are views of its memmap (the last `data.val_fraction` held out), and the batches are blocks read
-    from it, each rank reading only its own rows."""
+@dataclass(frozen=True)
+class LoadedPrepared(LoadedText):
+    """A prepared token corpus, loaded: its tokenizer, and its splits (`train`, `val`) as views of its memmap
+    (`ids`: the same, as numpy arrays), the last `data.val_fraction` held out; the characters are not counted."""
 
-    @staticmethod
-    def reads(data: DataConfig) -> bool:
-        return is_token_corpus(data.path)
+    ids: tuple[np.ndarray, np.ndarray]
 
-    def load(self, maker: Any, run: RunDirectory, check: Check) -> tuple[Tokenizer, Splits]:
-        """(tokenizer, splits) as `kqv.jobs.corpus.prepare_corpus` gives them for a text: the corpus verified
-        (`TokenCorpus.open`), its tokenizer checked against a fine-tune's source and against a resumed run's, and
-        saved in the run (by rank 0) so that the run is used without the corpus."""
-        data = self.data
-        corpus = TokenCorpus.open(data.path)
-        tokenizer = corpus.tokenizer
-        source = getattr(maker, "source", None)
-        if source is not None and source_tokenizer_files(source) != tokenizer.files():
-            raise DataError(
-                f"{data.path} was prepared with another tokenizer than {source.path}'s, which a fine-tune keeps; "
-                f"prepare it with {option(PREPARE_WITH_TOKENIZER, source=str(source.path))}"
-            )
-        if run.resuming and run.tokenizer_dir.is_dir():
-            if maker.load_tokenizer(run.path).files() != tokenizer.files():
-                raise RunError(
-                    f"{data.path}'s tokenizer is not the one {run.path} trained with: the corpus was prepared "
-                    f"again or replaced; give the corpus it trained on, or start a new run"
-                )
-        train, val = corpus.split(data.val_fraction)
-        splits = {"train": tensor_view(train), "val": tensor_view(val)}
-        check(tokenizer, splits)
-        if run.writes and not run.resuming:
-            run.path.mkdir(parents=True, exist_ok=True)
-            run.write_tokenizer(tokenizer.files())
-        return tokenizer, splits
-
-    def vocab(self, tokenizer: Tokenizer) -> int | None:
+    def vocab(self) -> int | None:
         return None  # a prepared corpus's ids are its tokenizer's (`TokenCorpus.open` checked them)
 
-    def trainer_options(
-        self, train: TrainConfig, tokenizer: Tokenizer, tokens: Splits, topology: Topology
-    ) -> TrainerOptions:
+    def trainer_options(self, train: TrainConfig, topology: Topology) -> TrainerOptions:
         """The Trainer's batches: blocks at the starts `sample_batch` draws for (seed, i), the rows of this process
-        of `topology` alone, read from the memmap of the corpus `load` verified (`tokens` are its views)."""
+        of `topology` alone, read from the memmap."""
         batch, context, seed = train.batch_size, self.data.context, train.seed
         rank, world = topology.rank, topology.world_size
-        train_ids, val_ids = TokenCorpus.open(self.data.path, verify=False).split(self.data.val_fraction)  # verified
+        train_ids, val_ids = self.ids
 
         def train_batches(i: int) -> Any:
             return own_windows(train_ids, batch, context, batch_generator(seed, i), rank, world)
@@ -290,19 +259,52 @@ class PreparedCorpus(TextBlocks):
         def val_batches(i: int) -> Any:
             return own_windows(val_ids, batch, context, batch_generator(seed, -i - 1), rank, world)
 
-        return TrainerOptions(
-            train_batches=train_batches,
-            loss_fn=lambda model, batch: model(*batch),
-            val_batches=val_batches,
-            tokens_per_batch=batch * context,
-        )
+        return block_options(train_batches, val_batches, batch * context)
 
-    def held_out(self, model: torch.nn.Module, run_dir: Path, max_tokens: int | None) -> dict[str, Any]:
+    def held_out(self, model: torch.nn.Module, max_tokens: int | None) -> dict[str, Any]:
         """`perplexity` of the corpus's held-out tail (up to `max_tokens`, default `SCORED_TOKENS`), read from the
         corpus at `data.path` (a run keeps no copy of it)."""
-        _, val = TokenCorpus.open(self.data.path, verify=False).split(self.data.val_fraction)
-        ids = torch.from_numpy(np.asarray(val[: (max_tokens or SCORED_TOKENS) + 1], dtype=np.int64))
+        ids = torch.from_numpy(np.asarray(self.ids[1][: (max_tokens or SCORED_TOKENS) + 1], dtype=np.int64))
         return {"source": HELD_OUT_TAIL, **perplexity(model, ids, context=self.data.context, max_tokens=max_tokens)}
+
+
+class PreparedCorpus(TextBlocks):
+    """The LM job's corpus kind for a prepared token corpus (`data.path` names one): the tokenizer is the corpus's,
+    the splits are views of its memmap (`LoadedPrepared`), and the batches are blocks read from it, each rank
+    reading only its own rows."""
+
+    @staticmethod
+    def reads(data: DataConfig) -> bool:
+        return is_token_corpus(data.path)
+
+    def load(self, tokenizers: LMTokenizerSource, run: RunDirectory, check: Check) -> LoadedPrepared:
+        """The corpus verified (`TokenCorpus.open`), its tokenizer checked against a fine-tune's source
+        (`tokenizers.check_prepared`) and against a resumed run's, and saved in the run (by rank 0) so that the
+        run is used without the corpus; `check`ed before anything is written."""
+        data = self.data
+        corpus = self.opened(TokenCorpus.open(data.path))
+        tokenizer = corpus.tokenizer
+        tokenizers.check_prepared(tokenizer, data.path)
+        if run.resuming and run.tokenizer_dir.is_dir():
+            if tokenizers.load_tokenizer(run.path).files() != tokenizer.files():
+                raise RunError(
+                    f"{data.path}'s tokenizer is not the one {run.path} trained with: the corpus was prepared "
+                    f"again or replaced; give the corpus it trained on, or start a new run"
+                )
+        check(corpus)
+        if run.writes and not run.resuming:
+            run.path.mkdir(parents=True, exist_ok=True)
+            run.write_tokenizer(tokenizer.files())
+        return corpus
+
+    def opened(self, corpus: TokenCorpus) -> LoadedPrepared:
+        """The loaded corpus of the token corpus `corpus`: its tokenizer and its splits."""
+        train, val = corpus.split(self.data.val_fraction)
+        return LoadedPrepared(corpus.tokenizer, tensor_view(train), tensor_view(val), None, self.data, (train, val))
+
+    def trained(self, tokenizer: Tokenizer, run_dir: Path) -> LoadedPrepared:
+        """A trained run's corpus: the one at `data.path` (a run keeps no copy of it)."""
+        return self.opened(TokenCorpus.open(self.data.path, verify=False))
 
 
 HELD_OUT_TAIL = "the held-out tail of the prepared corpus"
@@ -328,12 +330,6 @@ def tensor_view(ids: np.ndarray) -> torch.Tensor:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         return torch.from_numpy(ids)
-
-
-def source_tokenizer_files(source: Any) -> dict[str, str]:
-    from .init import source_tokenizer
-
-    return source_tokenizer(source).files()
 
 
 def describe(prepared: Prepared) -> str:
