@@ -23,6 +23,7 @@ from kqv.jobs.base import TrainedRun, Training
 from kqv.jobs.finetune import FineTuneStart
 from kqv.jobs.init import Source
 from kqv.jobs.lm import LMJob
+from kqv.jobs.lm_corpus import LoadedText
 from kqv.jobs.offers import CAPABILITIES
 from kqv.jobs.pretrained import OFFERINGS, PretrainedRun
 from kqv.nn.config import ModelConfig
@@ -172,11 +173,12 @@ def test_the_lm_s_settled_config_is_returned_and_the_given_one_left_as_it_was(tm
     decided from the data; `training.config` is left as given, for `Job.train` to replace."""
     text = "Hello there world, and more.\n" * 4
     tokenizer = make_tokenizer("char", text, 0)
-    tokens = {"train": encode_text(tokenizer, text), "val": encode_text(tokenizer, text)}
+    ids = encode_text(tokenizer, text)
     data = {"path": str(tmp_path / "text.txt"), "init": "source"}
     config = LMJob.config_class.from_dict({"data": data, "train": {"steps": 2, "batch_size": 2}})
     source = Source(tmp_path, "kqv run", ModelConfig(vocab_size=8, d_model=8, n_heads=2, n_layers=1, max_len=16), "")
-    training = Training(config, None, (tokenizer, tokens), handed=FineTuneStart(source=source))  # no run: not read
+    corpus = LoadedText(tokenizer, ids, ids, (len(text), len(text)), config.data)
+    training = Training(config, None, corpus, handed=FineTuneStart(source=source))  # no run: not read
     settled = JOBS["lm"].settled(training)
     assert (settled.data.context, settled.sample.prompt) == (16, "Hello there world,")
     assert training.config is config and (config.data.context, config.sample.prompt) != (16, "Hello there world,")

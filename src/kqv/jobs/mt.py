@@ -411,7 +411,7 @@ class MTJob(Job):
             extra_state=state,
             loss_fn=lambda m, b: mt_loss(m, b, config.train.label_smoothing),
             loss_terms=TokenBatches.target_tokens,  # under torchrun (kqv.train.distributed.share)
-            eval_fn=DevEvaluation(config, data, options, state),
+            eval_fn=DevEvaluation(config, data.tokenizer, data.splits["dev"], data.texts["dev"], options, state),
             work_after_training=test_cost(config, len(data.texts["test"][0])),
         )
 

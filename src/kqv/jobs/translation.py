@@ -186,8 +186,16 @@ class DevEvaluation:
     Trainer saves with every checkpoint and restores a resumed run's entries into, so the time adds up across
     resumes."""
 
-    def __init__(self, config: Any, data: Any, options: dict[str, int], extra_state: dict[str, Any]):
-        dev = data.splits["dev"]
+    def __init__(
+        self,
+        config: Any,
+        tokenizer: Tokenizer,
+        dev: Encoded,
+        texts: tuple[list[str], list[str]],
+        options: dict[str, int],
+        extra_state: dict[str, Any],
+    ):
+        """`dev`: the encoded dev split, `texts` its (sources, references), `tokenizer` the joint one."""
         self.chosen = spread(list(range(len(dev))), config.data.eval_sentences)
         self.batches = TokenBatches(
             Encoded([dev.src[j] for j in self.chosen], [dev.tgt[j] for j in self.chosen]),
@@ -195,8 +203,8 @@ class DevEvaluation:
             shuffle=False,
             **options,
         )
-        self.sources, self.references = ([side[j] for j in self.chosen] for side in data.texts["dev"])
-        self.tokenizer, self.decode, self.extra_state = data.tokenizer, config.decode, extra_state
+        self.sources, self.references = ([side[j] for j in self.chosen] for side in texts)
+        self.tokenizer, self.decode, self.extra_state = tokenizer, config.decode, extra_state
 
     def __call__(self, model: nn.Module) -> dict[str, float]:
         started = time.perf_counter()
