@@ -24,7 +24,6 @@ import math
 from abc import abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -51,13 +50,12 @@ from ..nn.experts import with_auxiliary_loss
 from ..nn.generation import GenerationConfig
 from ..nn.losses import weighted_cross_entropy
 from ..train.config import TrainConfig
-from ..train.layout import RunFiles
 from ..train.options import TrainerOptions
 from ..train.topology import Topology
 from .corpus import Tensors, TokenizerSource
 from .lm_corpus import Corpus, LoadedCorpus, refuse_document_options, refuse_span_options
 from .lm_data import DataConfig
-from .sampling import SampleConfig, save_samples
+from .sampling import SampleConfig
 from .scoring import BATCH_SIZE, complete, completion_nats, fine_tuning_answers
 
 SCORED_EXAMPLES = 2_000  # the validation examples the run's final completion loss scores
@@ -218,19 +216,18 @@ class LoadedExamples(LoadedCorpus):
         training = ExampleBatches(self.train, shuffle=True, **options)
         return example_options(training, ExampleBatches(self.val, shuffle=False, **options))
 
-    def outcome(
-        self, model: nn.Module, train: TrainConfig, sample: SampleConfig, run_dir: Path
-    ) -> tuple[dict[str, float], list[str]]:
-        """The completion loss of the validation examples (`held_out_loss`, a batch's size at a time), and
-        completions of the first `sample.count` validation prompts, sampled as [sample] says and stopped at the end
-        of text, written to samples.txt (the prompt, then its completion)."""
-        val, examples, tokenizer = held_out_loss(model, self.val, train.batch_size), self.val, self.tokenizer
+    def score(self, model: nn.Module, train: TrainConfig) -> dict[str, float]:
+        """The completion loss of the validation examples (`held_out_loss`, a batch's size at a time)."""
+        return held_out_loss(model, self.val, train.batch_size)
+
+    def samples(self, model: nn.Module, sample: SampleConfig) -> list[str]:
+        """Completions of the first `sample.count` validation prompts, sampled as [sample] says and stopped at the
+        end of text: each the prompt, then its completion."""
+        examples, tokenizer = self.val, self.tokenizer
         prompts = [tokenizer.decode(examples.parts(k)[0]) for k in range(min(sample.count, len(examples)))]
         options = {"max_new_tokens": sample.max_new_tokens, "temperature": sample.temperature, "top_k": sample.top_k}
         answers = complete(model, tokenizer, prompts, GenerationConfig(**options))
-        samples = [prompt + answer for prompt, answer in zip(prompts, answers)]
-        save_samples(RunFiles(run_dir).samples_file, samples)
-        return val, samples
+        return [prompt + answer for prompt, answer in zip(prompts, answers)]
 
     def held_out(self, model: nn.Module, max_tokens: int | None) -> dict[str, Any]:
         """The validation examples' completion loss (`held_out_loss`), the examples scored whole (so `max_tokens`

@@ -41,7 +41,7 @@ from .init import SourceTokenizer, finetune_config, load_source_weights, read_so
 from .lm_corpus import SCORED_TOKENS, Check, Corpus, LMTokenizerSource, LoadedCorpus
 from .lm_data import DataConfig
 from .offers import Completes, Evaluates, ExportsHF, Generates, ShowsAttention
-from .sampling import SampleConfig, continuations, generation_config
+from .sampling import SampleConfig, continuations, generation_config, save_samples
 from .scoring import BATCH_SIZE, PairsEvaluation, check_pairs_alone, complete, evaluate_pairs
 
 
@@ -377,10 +377,12 @@ class LMJob(Job):
         return f"{line}; {adaptation.describe()}, of {total_parameters(training.model):,} parameters"
 
     def outcome(self, training: LMTraining) -> Outcome:
-        """The corpus's score of the validation split (`LoadedCorpus.outcome`: the perplexity of up to
-        `SCORED_TOKENS` of a text, the completion loss of held-out examples), and the samples (samples.txt)."""
-        config, model = training.config, training.model
-        val, samples = training.data.outcome(model, config.train, config.sample, training.run.path)
+        """The corpus's score of the validation split (`LoadedCorpus.score`: the perplexity of up to
+        `SCORED_TOKENS` of a text, the completion loss of held-out examples), and its samples (`LoadedCorpus.samples`),
+        written to samples.txt."""
+        config, model, corpus = training.config, training.model, training.data
+        val, samples = corpus.score(model, config.train), corpus.samples(model, config.sample)
+        save_samples(training.run.samples_file, samples)
         record = training.handed.record
         source = {} if record is None else {"source": record}
         adaptation = config.finetune.adaptation

@@ -8,10 +8,10 @@ The `Corpus` owns what the LM job would otherwise ask the settings again at ever
   for it (`make_tokenizer`, with the `mask` symbol it needs, if any), and `trained`: a trained run's, read back.
 
 The `LoadedCorpus` holds the tokenizer and the splits, and does what the job needs of them: `check` (what must
-hold before anything is written), `trainer_options` (the Trainer's batches and loss), `describe`, `outcome` (the
-run's score after training, and its samples), `held_out` (`kqv eval`'s score) and `conclusion`; a corpus of
-examples, its `answers` too (the baselines' reference answers of `evaluate(pairs=...)`). What differs between kinds
-is a method of its type: no code learns a corpus's kind from which fields, keys or settings it has.
+hold before anything is written), `trainer_options` (the Trainer's batches and loss), `describe`, `score` and
+`samples` (the run's score after training, and what it shows), `held_out` (`kqv eval`'s score) and `conclusion`; a
+corpus of examples, its `answers` too (the baselines' reference answers of `evaluate(pairs=...)`). What differs
+between kinds is a method of its type: no code learns a corpus's kind from which fields, keys or settings it has.
 
 `TextBlocks` (a text, cut into blocks of data.context + 1 tokens; loaded: `LoadedText`) is the default kind; the
 others are `kqv.jobs.completions.Pairs`, `kqv.jobs.sources.Documents` and `kqv.jobs.token_corpus.PreparedCorpus`.
@@ -41,7 +41,7 @@ from ..train.rundir import RunDirectory
 from ..train.topology import Topology
 from .corpus import Tensors, TextSplits, TokenizerSource, build_text, load_tokens, prepare_corpus
 from .lm_data import DataConfig
-from .sampling import SampleConfig, default_prompt, write_samples
+from .sampling import SampleConfig, default_prompt, sample_texts
 
 SCORED_TOKENS = 200_000  # the validation tokens the job's final perplexity scores
 
@@ -88,10 +88,12 @@ class LoadedCorpus(ABC):
         return ""
 
     @abstractmethod
-    def outcome(
-        self, model: nn.Module, train: TrainConfig, sample: SampleConfig, run_dir: Path
-    ) -> tuple[dict[str, float], list[str]]:
-        """The run's score of its validation split after training, and its samples (written to samples.txt)."""
+    def score(self, model: nn.Module, train: TrainConfig) -> dict[str, float]:
+        """The run's score of its validation split after training (summary.json's `val`)."""
+
+    @abstractmethod
+    def samples(self, model: nn.Module, sample: SampleConfig) -> list[str]:
+        """The samples the run shows after training, as [sample] says (the LM job writes them to samples.txt)."""
 
     @abstractmethod
     def held_out(self, model: nn.Module, max_tokens: int | None) -> dict[str, Any]:
@@ -156,12 +158,13 @@ class LoadedText(TextSplits, LoadedCorpus):
             model, self.val, context=self.data.context, n_chars=n_chars, precision=precision, max_tokens=max_tokens
         )
 
-    def outcome(
-        self, model: nn.Module, train: TrainConfig, sample: SampleConfig, run_dir: Path
-    ) -> tuple[dict[str, float], list[str]]:
-        """The perplexity of (up to `SCORED_TOKENS` of) the validation split, and the samples (samples.txt)."""
-        val = self.perplexity(model, SCORED_TOKENS, train.precision)
-        return val, write_samples(model, self.tokenizer, sample, RunFiles(run_dir).samples_file)
+    def score(self, model: nn.Module, train: TrainConfig) -> dict[str, float]:
+        """The perplexity of (up to `SCORED_TOKENS` of) the validation split."""
+        return self.perplexity(model, SCORED_TOKENS, train.precision)
+
+    def samples(self, model: nn.Module, sample: SampleConfig) -> list[str]:
+        """Continuations of the sample prompt."""
+        return sample_texts(model, self.tokenizer, sample)
 
     def held_out(self, model: nn.Module, max_tokens: int | None) -> dict[str, Any]:
         return {"source": "the held-out validation split", **self.perplexity(model, max_tokens)}

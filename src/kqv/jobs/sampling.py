@@ -53,7 +53,8 @@ def default_prompt(path: str | Path | None, tokenizer: Tokenizer, train: torch.T
     return words.group()[:PROMPT_CHARS] if words else start[:1]
 
 
-def write_samples(model: DecoderLM, tokenizer: Tokenizer, sample: SampleConfig, path: Path) -> list[str]:
+def sample_texts(model: DecoderLM, tokenizer: Tokenizer, sample: SampleConfig) -> list[str]:
+    """`sample.count` continuations of `sample.prompt`, sampled as [sample] says from one generator seeded with 0."""
     generator = torch.Generator(model_device(model)).manual_seed(0)
     texts = [
         generate_text(
@@ -67,7 +68,6 @@ def write_samples(model: DecoderLM, tokenizer: Tokenizer, sample: SampleConfig, 
         )
         for _ in range(sample.count)
     ]
-    save_samples(path, texts)
     return texts
 
 
