@@ -74,7 +74,8 @@ def prepare_corpus(
 @dataclass(frozen=True)
 class TextSplits:
     """A text's tokenizer and its encoded train and validation splits, with their lengths in characters (`chars`,
-    what bits per character divide by). tokens.safetensors holds them as `train`, `val` and `chars`."""
+    what bits per character divide by; None where they are not known). tokens.safetensors holds them as `train`,
+    `val` and `chars`."""
 
     tokenizer: Any
     train: torch.Tensor
@@ -82,13 +83,16 @@ class TextSplits:
     chars: tuple[int, int] | None
 
     def tensors(self) -> Tensors:
-        return {"train": self.train, "val": self.val, "chars": torch.tensor(self.chars)}
+        chars = {} if self.chars is None else {"chars": torch.tensor(self.chars)}
+        return {"train": self.train, "val": self.val, **chars}
 
     @classmethod
     def from_tensors(cls, tokenizer: Any, tensors: Tensors, **fields: Any) -> Self:
-        """The splits `tensors()` stored (`fields`: a subclass's own)."""
-        train, val = tensors["train"], tensors["val"]
-        return cls(tokenizer, train, val, tuple(tensors["chars"].tolist()), **fields)
+        """The splits `tensors()` stored (`fields`: a subclass's own; an MLM run of kqv 0.1 stored no `chars`)."""
+        chars = tensors.get("chars")
+        return cls(
+            tokenizer, tensors["train"], tensors["val"], None if chars is None else tuple(chars.tolist()), **fields
+        )
 
 
 TextT = TypeVar("TextT")
