@@ -158,7 +158,7 @@ def test_each_kind_loads_to_its_own_frozen_type_and_stores_it_by_one_codec(tmp_p
             loaded.tokenizer = None
         assert loaded.train_tokens > 0 and loaded.val_tokens > 0 and loaded.data is data
         again = corpus.trained(loaded.tokenizer, run.path)  # as a trained run reads it back
-    assert type(again) is type(loaded)
+    assert type(again) is type(loaded) and again != loaded and {loaded: 1}[loaded] == 1  # itself alone
     if kind == "prepared":  # read from the corpus itself: the run stores no splits
         assert not (tmp_path / "run" / "tokens.safetensors").exists()
         assert torch.equal(again.val, loaded.val)

@@ -187,7 +187,7 @@ def held_out_loss(model: nn.Module, examples: EncodedExamples, batch_size: int) 
     }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class LoadedExamples(LoadedCorpus):
     """A corpus of examples, loaded (pairs, or documents made into examples: `kqv.jobs.sources.LoadedDocuments`):
     its tokenizer (with an end of text), its `train` and `val` examples, and the characters of each split
@@ -246,7 +246,7 @@ class LoadedExamples(LoadedCorpus):
         return f"validation completion loss {val['loss']:.3f} nats/token over {val['examples']} examples {after}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class LoadedPairs(LoadedExamples):
     """A file of pairs, loaded: its examples (`LoadedExamples`) and the kind of question of each training example
     (`kinds`; None for a run trained before its kinds were stored: `DEFAULT_KIND` each)."""

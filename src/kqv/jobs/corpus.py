@@ -71,7 +71,7 @@ def prepare_corpus(
     return corpus
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # one is itself alone: tensors have no one truth value
 class TextSplits:
     """A text's tokenizer and its encoded train and validation splits, with their lengths in characters (`chars`,
     what bits per character divide by; None where they are not known). tokens.safetensors holds them as `train`,

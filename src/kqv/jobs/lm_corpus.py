@@ -102,13 +102,13 @@ class LoadedCorpus(ABC):
 
     @abstractmethod
     def conclusion(self, val: dict[str, float], after: str) -> str:
-        """The line after training that reads out `val`, the figures `outcome` gave, and `after` (steps, time)."""
+        """The line after training that reads out `val`, the figures `score` gave, and `after` (steps, time)."""
 
 
 Check = Callable[[LoadedCorpus], None]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class LoadedText(TextSplits, LoadedCorpus):
     """A text's tokenizer and splits (`TextSplits`), trained on in random blocks of data.context + 1 tokens."""
 

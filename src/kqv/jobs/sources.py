@@ -264,7 +264,7 @@ def stored(splits: dict[str, list[dict]], cut: list[int]) -> dict[str, Tensor]:
     return tokens
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class LoadedDocuments(LoadedExamples):
     """Documents made into examples, or a mixture of sources, loaded: every source's training items (a text's
     documents, cut into windows; a pairs source's examples) one after another in `train`, and its validation

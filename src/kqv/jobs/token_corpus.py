@@ -236,7 +236,7 @@ def encode_all(
     return manifest
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class LoadedPrepared(LoadedText):
     """A prepared token corpus, loaded: its tokenizer, and its splits (`train`, `val`) as views of its memmap
     (`ids`: the same, as numpy arrays), the last `data.val_fraction` held out; the characters are not counted."""
