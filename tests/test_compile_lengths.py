@@ -15,7 +15,7 @@ import torch
 
 from conftest import tiny_config
 from kqv import DecoderLM, EncoderDecoder
-from kqv.jobs.completions import example_loss
+from kqv.jobs.lm_completions import example_loss
 from kqv.jobs.mt import mt_loss
 from kqv.train import compiling
 from kqv.train.compiling import training_module

@@ -1,4 +1,4 @@
-"""What an LM run trains on is one object (issue 49): `kqv.jobs.corpora.corpus_of` makes a corpus of one kind from
+"""What an LM run trains on is one object (issue 49): `kqv.jobs.lm_kinds.corpus_of` makes a corpus of one kind from
 the run's `DataConfig` once, and the corpus decides how its data is read, encoded, batched, checked and scored;
 nothing else in kqv asks the settings again which kind they make."""
 
@@ -10,13 +10,13 @@ import pytest
 
 from kqv.api import packaged_config
 from kqv.errors import ConfigError
-from kqv.jobs.completions import Pairs
-from kqv.jobs.corpora import CORPORA, corpus_of
 from kqv.jobs.lm import JOB
+from kqv.jobs.lm_completions import Pairs
 from kqv.jobs.lm_corpus import TextBlocks
 from kqv.jobs.lm_data import DataConfig
-from kqv.jobs.sources import Documents
-from kqv.jobs.token_corpus import PreparedCorpus
+from kqv.jobs.lm_documents import Documents
+from kqv.jobs.lm_kinds import CORPORA, corpus_of
+from kqv.jobs.lm_prepared import PreparedCorpus
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "kqv"
 MODES = {"pairs", "mixture", "objective", "prepared"}  # what told the LM job its data's kind, read at each use

@@ -12,13 +12,13 @@ import pytest
 import torch
 
 import kqv
-from kqv.jobs.completions import LoadedPairs, Pairs
-from kqv.jobs.corpora import corpus_of
-from kqv.jobs.corpus import load_tokens
+from kqv.jobs.lm_completions import LoadedPairs, Pairs
 from kqv.jobs.lm_corpus import LoadedCorpus, LoadedText, TextBlocks
 from kqv.jobs.lm_data import DataConfig
-from kqv.jobs.sources import Documents, LoadedDocuments
-from kqv.jobs.token_corpus import LoadedPrepared, PreparedCorpus, prepare
+from kqv.jobs.lm_documents import Documents, LoadedDocuments
+from kqv.jobs.lm_kinds import corpus_of
+from kqv.jobs.lm_prepared import LoadedPrepared, PreparedCorpus, prepare
+from kqv.jobs.run_tokens import load_tokens
 from kqv.train.rundir import RunDirectory
 
 SRC = Path(os.environ.get("KQV_SCAN_SRC") or Path(__file__).resolve().parents[1] / "src") / "kqv"

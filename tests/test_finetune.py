@@ -146,7 +146,7 @@ def finetune(source, root, text=FINETUNE_TEXT, extra=(), steps=2):
 def first_batch_loss(model, run_dir):
     """The loss of `model` on the fine-tune's first training batch (update 0 uses `train_batches(0)`)."""
     from kqv.data.batches import batch_generator, sample_batch
-    from kqv.jobs.corpus import load_tokens
+    from kqv.jobs.run_tokens import load_tokens
 
     run = kqv.load(run_dir)
     batch = sample_batch(load_tokens(run_dir)["train"], 4, 16, batch_generator(run.config.train.seed, 0))
@@ -196,7 +196,7 @@ def test_a_finetune_of_a_gpt2_directory_starts_at_its_loss(gpt2_dir, tmp_path):
 
 def first_batch_loss_hf(hf, run_dir):
     from kqv.data.batches import batch_generator, sample_batch
-    from kqv.jobs.corpus import load_tokens
+    from kqv.jobs.run_tokens import load_tokens
 
     x, y = sample_batch(load_tokens(run_dir)["train"], 4, 16, batch_generator(0, 0))
     with torch.no_grad():

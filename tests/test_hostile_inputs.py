@@ -28,7 +28,7 @@ from kqv.data.mixture import MixtureBatches
 from kqv.data.tokenizers import CharTokenizer
 from kqv.errors import ConfigError, DataError
 from kqv.explore.export import standalone_page
-from kqv.jobs.lm_data import Source
+from kqv.jobs.lm_data import DataSource
 from kqv.nn.lora import LoRAConfig, LoRALinear
 from kqv.train.runs import override_value
 from test_cli import TINY
@@ -238,7 +238,7 @@ def test_a_mixture_draws_each_source_by_its_exact_share_whatever_the_weights_sca
 @pytest.mark.parametrize("weight", [math.inf, math.nan, 0.0, -1.0])
 def test_a_source_weight_that_is_not_positive_and_finite_is_refused(weight):
     with pytest.raises(ConfigError) as error:
-        Source("a.txt", weight).check()
+        DataSource("a.txt", weight).check()
     check_one_line(error.value)
     assert "weight" in str(error.value)
 

@@ -1,4 +1,4 @@
-"""Issue 34, training on prompt -> completion pairs (`kqv.jobs.completions`, `kqv.data.example_batches`): the loss is
+"""Issue 34, training on prompt -> completion pairs (`kqv.jobs.lm_completions`, `kqv.data.example_batches`): the loss is
 on the completion (the prompt weighted by data.prompt_loss_weight), padded and packed batches never let one example
 attend to another, a fine-tune from --init on pairs trains and resumes exactly, and bad input is one line with
 nothing written."""
@@ -16,8 +16,8 @@ from kqv.data.completions import Example, encode_examples
 from kqv.data.example_batches import EncodedExamples, ExampleBatches
 from kqv.data.tokenizers import CharTokenizer
 from kqv.errors import ConfigError, DataError
-from kqv.jobs.completions import example_loss
-from kqv.jobs.corpus import load_tokens
+from kqv.jobs.lm_completions import example_loss
+from kqv.jobs.run_tokens import load_tokens
 from kqv.nn.config import ModelConfig
 from kqv.nn.cores import packed_mask
 from kqv.nn.losses import weighted_cross_entropy
@@ -306,7 +306,7 @@ def test_pair_options_on_text_are_refused(tmp_path):
 
 
 def test_a_new_tokenizer_for_pairs_ends_each_example_with_its_end_of_text():
-    from kqv.jobs.completions import pairs_tokenizer
+    from kqv.jobs.lm_completions import pairs_tokenizer
 
     text = "".join(e.prompt + e.completion for e in EXAMPLES)
     for kind, end in (("char", "\n"), ("bpe", "<eos>")):

@@ -14,7 +14,7 @@ from kqv.data.completions import split_examples
 from kqv.data.document_batches import (
     DocumentBatches,
     DocumentOptions,
-    Documents,
+    EncodedDocuments,
     corrupt,
     draw_random,
     prefix_max,
@@ -22,8 +22,8 @@ from kqv.data.document_batches import (
 )
 from kqv.data.mixture import MixtureBatches
 from kqv.errors import ConfigError, DataError
-from kqv.jobs.completions import pairs_tokenizer
-from kqv.jobs.corpus import load_tokens
+from kqv.jobs.lm_completions import pairs_tokenizer
+from kqv.jobs.run_tokens import load_tokens
 from kqv.train.topology import Topology
 from test_cli import TINY
 
@@ -40,7 +40,9 @@ def documents(lines=LINES, corrupt_them=True, separator=None, sentences=None):
     counts = None if sentences is None else torch.tensor([len(s) for s in sentences], dtype=torch.int32)
     flat = None if sentences is None else torch.tensor([n for s in sentences for n in s], dtype=torch.int32)
     lengths = torch.tensor([(len(i), 0) for i in ids], dtype=torch.int32)
-    return Documents(torch.tensor([t for i in ids for t in i], dtype=torch.int32), lengths, options, flat, counts)
+    return EncodedDocuments(
+        torch.tensor([t for i in ids for t in i], dtype=torch.int32), lengths, options, flat, counts
+    )
 
 
 def test_a_corrupted_document_is_prefix_mask_suffix_mask_span_and_restores_exactly():
@@ -251,7 +253,7 @@ def test_a_random_prefix_cuts_each_draw_to_4_to_its_longest_and_is_the_same_for_
 def test_a_random_prefix_s_batches_count_their_real_tokens_and_do_not_depend_on_the_order_drawn():
     made = documents()
     options = DocumentOptions(made.options.mask, made.options.end, True, 0.25, 64, None, 12)
-    made = Documents(made.ids, made.lengths, options)
+    made = EncodedDocuments(made.ids, made.lengths, options)
     first = DocumentBatches(made, batch_size=4, context=64, seed=2)
     again = DocumentBatches(made, batch_size=4, context=64, seed=2)  # a resume builds its batches anew
     for i in (7, 0, 3):

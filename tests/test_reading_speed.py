@@ -11,10 +11,10 @@ import torch.nn.functional as F
 import kqv
 from conftest import tiny_config
 from kqv.cli.main import main
-from kqv.data.document_batches import DocumentBatches, DocumentOptions, Documents
+from kqv.data.document_batches import DocumentBatches, DocumentOptions, EncodedDocuments
 from kqv.data.example_batches import pack
-from kqv.jobs.completions import example_loss, pairs_tokenizer
-from kqv.jobs.corpus import load_tokens
+from kqv.jobs.lm_completions import example_loss, pairs_tokenizer
+from kqv.jobs.run_tokens import load_tokens
 from kqv.nn.cores import packed_mask
 from kqv.train.ahead import BatchesAhead
 from test_cli import TINY
@@ -33,12 +33,12 @@ TEXT = lines(120)
 TOKENIZER = pairs_tokenizer("char", "\n".join(TEXT), 0, MASK)
 
 
-def documents(texts=TEXT, prefix_max=0, corrupt=True) -> Documents:
+def documents(texts=TEXT, prefix_max=0, corrupt=True) -> EncodedDocuments:
     ids = [TOKENIZER.encode(text) for text in texts]
     mask, end = TOKENIZER.token_to_id(MASK), TOKENIZER.encode("\n")[0]
     options = DocumentOptions(mask, end, corrupt, 0.25, 16, None, prefix_max)
     lengths = torch.tensor([(len(i), 0) for i in ids], dtype=torch.int32)
-    return Documents(torch.tensor([t for i in ids for t in i], dtype=torch.int32), lengths, options)
+    return EncodedDocuments(torch.tensor([t for i in ids for t in i], dtype=torch.int32), lengths, options)
 
 
 @pytest.mark.parametrize("prefix_max", [0, 56])

@@ -1,4 +1,4 @@
-"""A token corpus on disk (`kqv prepare`, `kqv.jobs.token_corpus`): written once, deterministically and resumably,
+"""A token corpus on disk (`kqv prepare`, `kqv.jobs.lm_prepared`): written once, deterministically and resumably,
 to the tokenizer's own encoding of the text; trained on through a memmap, the same windows on 1 and 2 ranks;
 damaged or mismatched corpora refused in one line."""
 
@@ -13,8 +13,8 @@ from kqv.data.batches import batch_generator, sample_batch
 from kqv.data.token_corpus import ARRAY, MANIFEST, TokenCorpus, token_dtype
 from kqv.data.tokenizers import load_tokenizer, make_tokenizer
 from kqv.errors import DataError
-from kqv.jobs import token_corpus
-from kqv.jobs.token_corpus import STATE, own_windows, prepare
+from kqv.jobs import lm_prepared
+from kqv.jobs.lm_prepared import STATE, own_windows, prepare
 from kqv.train.distributed import OwnRows, share
 from test_cli import TINY
 
@@ -72,7 +72,7 @@ def test_the_array_is_uint16_while_the_vocabulary_fits():
 
 def test_a_killed_prepare_resumes_to_the_same_bytes_and_a_finished_one_is_not_redone(text, tmp_path, monkeypatch):
     prepare(text, tmp_path / "whole", vocab_size=300, chunk_bytes=200, progress=False)
-    encode, calls = token_corpus.encode_chunk, []
+    encode, calls = lm_prepared.encode_chunk, []
 
     def killed_after_three(*args):
         calls.append(1)
@@ -80,7 +80,7 @@ def test_a_killed_prepare_resumes_to_the_same_bytes_and_a_finished_one_is_not_re
             raise KeyboardInterrupt  # the process killed between chunks
         return encode(*args)
 
-    monkeypatch.setattr(token_corpus, "encode_chunk", killed_after_three)
+    monkeypatch.setattr(lm_prepared, "encode_chunk", killed_after_three)
     with pytest.raises(KeyboardInterrupt):
         prepare(text, tmp_path / "cut", vocab_size=300, chunk_bytes=200, progress=False)
     state = json.loads((tmp_path / "cut" / STATE).read_text())
@@ -89,7 +89,7 @@ def test_a_killed_prepare_resumes_to_the_same_bytes_and_a_finished_one_is_not_re
         TokenCorpus.open(tmp_path / "cut")
     with open(tmp_path / "cut" / "tokens.bin.partial", "ab") as partial:
         partial.write(b"\x07\x00" * 11)  # a chunk written but never recorded: the resume drops it
-    monkeypatch.setattr(token_corpus, "encode_chunk", encode)
+    monkeypatch.setattr(lm_prepared, "encode_chunk", encode)
     resumed = prepare(text, tmp_path / "cut", vocab_size=300, chunk_bytes=200, progress=False)
     assert resumed.resumed_at == state["tokens"] and not resumed.already
     assert (tmp_path / "cut" / ARRAY).read_bytes() == (tmp_path / "whole" / ARRAY).read_bytes()
@@ -99,7 +99,7 @@ def test_a_killed_prepare_resumes_to_the_same_bytes_and_a_finished_one_is_not_re
     def never(*args):
         raise AssertionError("a finished corpus was encoded again")
 
-    monkeypatch.setattr(token_corpus, "encode_chunk", never)
+    monkeypatch.setattr(lm_prepared, "encode_chunk", never)
     assert prepare(text, tmp_path / "cut", vocab_size=300, chunk_bytes=200, progress=False).already
 
 
@@ -150,13 +150,13 @@ def tiny_config(root):
 
 
 def test_training_reads_blocks_from_the_memmap_and_resumes(corpus, tmp_path, monkeypatch, capsys):
-    read, arrays = token_corpus.read_windows, []
+    read, arrays = lm_prepared.read_windows, []
 
     def spy(ids, starts, context):
         arrays.append(ids)
         return read(ids, starts, context)
 
-    monkeypatch.setattr(token_corpus, "read_windows", spy)
+    monkeypatch.setattr(lm_prepared, "read_windows", spy)
     argv = ["train", "lm", "--config", tiny_config(tmp_path), "--data", str(corpus), "--out", str(tmp_path / "run")]
     assert main([*argv, "--quiet"]) == 0
     assert arrays and all(isinstance(ids, np.memmap) for ids in arrays)

@@ -51,6 +51,7 @@ from .jobs.held import is_hf_directory
 from .jobs.held import run_inputs as run_inputs
 from .jobs.lm import ATTENTION_MAX_TOKENS as ATTENTION_MAX_TOKENS
 from .jobs.lm import LMEvaluation, LMRun
+from .jobs.lm_prepared import Prepared
 from .jobs.mlm import MLMRun as MLMRun
 from .jobs.mt import ModelKind as ModelKind
 from .jobs.mt import MTEvaluation, MTRun
@@ -62,7 +63,6 @@ from .jobs.offers import Translates as Translates
 from .jobs.offers import require as require
 from .jobs.pretrained import PretrainedRun as PretrainedRun
 from .jobs.scoring import PairsEvaluation
-from .jobs.token_corpus import Prepared
 from .jobs.vit import ClsAttention, VitEvaluation, VitRun
 from .nn.devices import Accelerator
 from .nn.environment import describe as describe_environment
@@ -180,10 +180,10 @@ def prepare(
 ) -> Prepared:
     """Encode a text file or directory of .txt files once into a token corpus on disk at `out` (ids in a
     memory-mapped array, its tokenizer and a manifest), which `train("lm", overrides=["data.path=OUT"])` trains
-    on without reading it into memory (`kqv.jobs.token_corpus`). `tokenizer`: "bpe" (of `vocab_size` tokens,
+    on without reading it into memory (`kqv.jobs.lm_prepared`). `tokenizer`: "bpe" (of `vocab_size` tokens,
     trained on `sample_mb` MiB of the text), "char", or a saved tokenizer's or run's directory. Streams the text;
     a killed prepare continues where it stopped, and a finished one is not redone."""
-    from .jobs.token_corpus import prepare as prepare_corpus
+    from .jobs.lm_prepared import prepare as prepare_corpus
 
     if not sample_mb > 0:
         raise ConfigError(f"sample_mb must be positive (the MiB of text a new BPE is trained on), got {sample_mb}")
@@ -193,7 +193,7 @@ def prepare(
 
 def describe_prepared(prepared: Prepared) -> str:
     """The line that says what `prepare` made (what `kqv prepare` prints)."""
-    from .jobs.token_corpus import describe
+    from .jobs.lm_prepared import describe
 
     return describe(prepared)
 

@@ -15,7 +15,7 @@ continue `prompt` with `completion` and then the *end of text*, so that generati
 - a character tokenizer has none, and kqv gives it no new one (that would need a new embedding row in a fine-tune):
   its end of text is the newline, so a completion that contains a newline is refused, naming the line.
 
-For training (`kqv.jobs.completions`) the examples are encoded once (`encode_examples`: prompt and completion each
+For training (`kqv.jobs.lm_completions`) the examples are encoded once (`encode_examples`: prompt and completion each
 by itself, so a BPE merge never crosses the boundary between them) and split into train and validation examples
 (`split_examples`); the batches are made in `kqv.data.example_batches`.
 """

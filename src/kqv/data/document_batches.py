@@ -103,7 +103,7 @@ class DocumentOptions:
 
 
 @dataclass(frozen=True)
-class Documents(EncodedExamples):
+class EncodedDocuments(EncodedExamples):
     """Documents as a run stores them: `ids` (total,) one after another, `lengths` (documents, 2) each one's
     (tokens, 0), and `sentences`, the token counts of every document's sentences one after another, with
     `sentence_counts` (documents,) how many each has (empty: no sentence-order augmentation)."""
@@ -137,7 +137,7 @@ class Documents(EncodedExamples):
 
 @dataclass(frozen=True)
 class DocumentBatches(ExampleBatches):
-    """`ExampleBatches` over `Documents` whose every draw is a new example (`DocumentOptions.example`)."""
+    """`ExampleBatches` over `EncodedDocuments` whose every draw is a new example (`DocumentOptions.example`)."""
 
     def labels(self, epoch: int, order: list[int]) -> list[int]:
         offset = epoch * len(self.examples)
@@ -146,14 +146,14 @@ class DocumentBatches(ExampleBatches):
     def inputs(self, g: int) -> int:
         """The tokens the model reads of draw g: all but the last of its example, a random prefix's cut counted
         (the draw's first number, so known without making the draw)."""
-        documents: Documents = self.examples  # type: ignore[assignment]
+        documents: EncodedDocuments = self.examples  # type: ignore[assignment]
         options = documents.options
         if not options.prefix_max:
             return documents.inputs(g)
         return options.kept(documents.spans[g % len(documents)][1], draw_random(self.seed, g)) + options.extra() - 1
 
     def example_tokens(self, g: int) -> tuple[list[int], int]:
-        documents: Documents = self.examples  # type: ignore[assignment]
+        documents: EncodedDocuments = self.examples  # type: ignore[assignment]
         doc, sentences = documents.document(g % len(documents))
         prompt, completion = documents.options.example(doc, sentences, draw_random(self.seed, g))
         return prompt + completion, len(prompt)

@@ -1,6 +1,6 @@
 """A token corpus on disk: the token ids of a text, encoded once into one flat array (`tokens.bin`, uint16 when the
 vocabulary fits, else uint32), read back as a `numpy.memmap` so that a corpus bigger than memory trains as nanoGPT's
-`train.bin` does. `kqv.jobs.token_corpus.prepare` writes one; this module reads it and cuts the text it is made of.
+`train.bin` does. `kqv.jobs.lm_prepared.prepare` writes one; this module reads it and cuts the text it is made of.
 
 A prepared corpus is a directory:
 
@@ -31,7 +31,7 @@ from .tokenizers import Tokenizer, load_tokenizer
 
 FORMAT = "kqv-token-corpus"
 MANIFEST, ARRAY, TOKENIZER = "manifest.json", "tokens.bin", "tokenizer"
-STATE = "prepare.json"  # an unfinished prepare's progress (`kqv.jobs.token_corpus`)
+STATE = "prepare.json"  # an unfinished prepare's progress (`kqv.jobs.lm_prepared`)
 CUT = re.compile(r"\n(?=[!-~])")  # a cut no token spans: a newline before a printable ASCII character
 
 

@@ -33,7 +33,7 @@ VAL_SEED = 1_000_000_007  # validation blocks are drawn from this seed, whatever
 
 
 @dataclass
-class Corpus:
+class EncodedSplits:
     """Token ids to train and validate on (1-D), the vocabulary size, and the tokenizer if there is one."""
 
     train: Tensor
@@ -43,19 +43,21 @@ class Corpus:
 
 
 @functools.lru_cache(maxsize=1)
-def shakespeare() -> Corpus:
+def shakespeare() -> EncodedSplits:
     """Shakespeare's complete works, character-level, 90/10 split as `kqv train lm` makes it (cached per process)."""
     text = load_text()
     train_text, val_text = split_text(text, 0.1)
     tokenizer = make_tokenizer("char", text)
-    return Corpus(encode_text(tokenizer, train_text), encode_text(tokenizer, val_text), tokenizer.vocab_size, tokenizer)
+    return EncodedSplits(
+        encode_text(tokenizer, train_text), encode_text(tokenizer, val_text), tokenizer.vocab_size, tokenizer
+    )
 
 
-def random_tokens(vocab_size: int, length: int, seed: int = 0) -> Corpus:
+def random_tokens(vocab_size: int, length: int, seed: int = 0) -> EncodedSplits:
     """Uniformly random tokens: nothing to learn, so an honest model's loss stays at ln(vocab_size)."""
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab_size, (2 * length,), generator=generator, dtype=torch.int32)
-    return Corpus(ids[:length], ids[length:], vocab_size)
+    return EncodedSplits(ids[:length], ids[length:], vocab_size)
 
 
 @dataclass
@@ -147,7 +149,7 @@ def lm_batch(ids: Tensor, setup: LMConfig, seed: int, i: int) -> tuple[Tensor, T
     return sample_batch(ids, setup.batch_size, setup.context, batch_generator(seed, i))
 
 
-def validation_loss(model: nn.Module, corpus: Corpus, setup: LMConfig) -> float:
+def validation_loss(model: nn.Module, corpus: EncodedSplits, setup: LMConfig) -> float:
     """Mean next-token loss on the fixed validation blocks (the same for every arm and seed)."""
     was_training = model.training
     model.eval()
@@ -162,7 +164,7 @@ def train_lm(
     seed: int,
     *,
     build: Callable[[ModelConfig], nn.Module] = DecoderLM,
-    corpus: Corpus | None = None,
+    corpus: EncodedSplits | None = None,
     model_changes: dict[str, Any] | None = None,
     train_changes: dict[str, Any] | None = None,
 ) -> Trained:
@@ -211,7 +213,7 @@ def train_arms(
     arms: dict[str, Arm],
     progress: Progress,
     *,
-    corpus: Corpus | None = None,
+    corpus: EncodedSplits | None = None,
     measure: Callable[[Trained], dict[str, Any]] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Train every arm on every seed (seed-major, so a cut-short run still has every arm of the first seeds).
@@ -245,7 +247,7 @@ def train_arms(
 # What attention does in a trained model
 
 
-def attention_maps(model: DecoderLM, corpus: Corpus, setup: LMConfig, blocks: int = 1) -> list[Tensor]:
+def attention_maps(model: DecoderLM, corpus: EncodedSplits, setup: LMConfig, blocks: int = 1) -> list[Tensor]:
     """Self-attention weights of every layer on the first validation blocks: each (batch, heads, time, time)."""
     inputs = torch.cat([lm_batch(corpus.val, setup, VAL_SEED, i)[0] for i in range(blocks)])
     model.eval()
@@ -268,7 +270,7 @@ def head_statistics(weights: Tensor) -> dict[str, list[float]]:
     }
 
 
-def unigram_loss(corpus: Corpus) -> float:
+def unigram_loss(corpus: EncodedSplits) -> float:
     """Cross-entropy of predicting every validation token by the training split's character frequencies:
     the loss a model reaches by learning no context at all."""
     counts = torch.bincount(corpus.train.long(), minlength=corpus.vocab_size).double() + 1.0

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from ..errors import DataError
 from .base import FAILS, HOLDS, INCONCLUSIVE, Check, Progress, by_construction, mean_std, pm
-from .lm import QUICK_LM, Arm, Corpus, LMConfig, Trained, shakespeare, train_arms
+from .lm import QUICK_LM, Arm, EncodedSplits, LMConfig, Trained, shakespeare, train_arms
 from .plotting import figure, log_log, save
 from .statistics import decide, interval_check, paired_difference, paired_ratio
 
@@ -83,7 +83,9 @@ def method(config: Config) -> str:
     )
 
 
-def window_losses(model: torch.nn.Module, corpus: Corpus, length: int, windows: int, tail: int) -> dict[str, float]:
+def window_losses(
+    model: torch.nn.Module, corpus: EncodedSplits, length: int, windows: int, tail: int
+) -> dict[str, float]:
     """Mean loss over every position and over the last `tail` positions of `windows` windows of `length` tokens."""
     ids = corpus.val[: windows * length + 1].long()
     inputs, targets = ids[:-1].view(windows, length), ids[1:].view(windows, length)

@@ -34,13 +34,13 @@ from ..train.preflight import check_memory
 from ..train.runs import RunConfig, read_run
 from ..validation import check_at_least
 from .base import AttentionMaps, Job, Outcome, TrainedRun, Training, check_text, total_parameters
-from .corpora import corpus_of
-from .corpus import describe_corpus
 from .finetune import FINETUNE_CONTEXT, FinetuneConfig, FineTuneStart, fit_context
 from .init import SourceTokenizer, finetune_config, load_source_weights, read_source
 from .lm_corpus import SCORED_TOKENS, Check, Corpus, LMTokenizerSource, LoadedCorpus
 from .lm_data import DataConfig
+from .lm_kinds import corpus_of
 from .offers import Completes, Evaluates, ExportsHF, Generates, ShowsAttention
+from .run_tokens import describe_corpus
 from .sampling import SampleConfig, continuations, generation_config, save_samples
 from .scoring import BATCH_SIZE, PairsEvaluation, check_pairs_alone, complete, evaluate_pairs
 
@@ -82,7 +82,7 @@ class LMRunConfig(RunConfig):
 
     @property
     def corpus(self) -> Corpus:
-        """What the run trains on (`kqv.jobs.corpora.corpus_of`), made once from its [data] settings by `check`,
+        """What the run trains on (`kqv.jobs.lm_kinds.corpus_of`), made once from its [data] settings by `check`,
         and again when they are replaced (a fine-tune's context fitted to its source)."""
         if self.made_corpus.data is not self.data:
             self.made_corpus = corpus_of(self.data)

@@ -1,5 +1,5 @@
 """What a language-modelling run trains on, as two objects: a `Corpus`, the kind of data the run's `DataConfig` makes
-(made once by `kqv.jobs.corpora.corpus_of`), and the `LoadedCorpus` it loads, one frozen type per kind.
+(made once by `kqv.jobs.lm_kinds.corpus_of`), and the `LoadedCorpus` it loads, one frozen type per kind.
 
 The `Corpus` owns what the LM job would otherwise ask the settings again at every use:
 
@@ -14,7 +14,7 @@ corpus of examples, its `answers` too (the baselines' reference answers of `eval
 between kinds is a method of its type: no code learns a corpus's kind from which fields, keys or settings it has.
 
 `TextBlocks` (a text, cut into blocks of data.context + 1 tokens; loaded: `LoadedText`) is the default kind; the
-others are `kqv.jobs.completions.Pairs`, `kqv.jobs.sources.Documents` and `kqv.jobs.token_corpus.PreparedCorpus`.
+others are `kqv.jobs.lm_completions.Pairs`, `kqv.jobs.lm_documents.Documents` and `kqv.jobs.lm_prepared.PreparedCorpus`.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from ..train.options import TrainerOptions
 from ..train.preflight import check_prompt, check_splits
 from ..train.rundir import RunDirectory
 from ..train.topology import Topology
-from .corpus import Tensors, TextSplits, TokenizerSource, build_text, load_tokens, prepare_corpus
 from .lm_data import DataConfig
+from .run_tokens import Tensors, TextSplits, TokenizerSource, build_text, load_tokens, prepare_corpus
 from .sampling import SampleConfig, default_prompt, sample_texts
 
 SCORED_TOKENS = 200_000  # the validation tokens the job's final perplexity scores
@@ -197,7 +197,7 @@ class Corpus:
 
     @staticmethod
     def reads(data: DataConfig) -> bool:
-        """Whether `data` makes a corpus of this kind (`kqv.jobs.corpora.CORPORA` asks each kind in turn)."""
+        """Whether `data` makes a corpus of this kind (`kqv.jobs.lm_kinds.CORPORA` asks each kind in turn)."""
         return True
 
     def check(self) -> None:

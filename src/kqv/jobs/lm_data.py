@@ -3,7 +3,7 @@ file of prompt -> completion pairs, documents made into examples by a pretrainin
 or a token corpus on disk (`kqv prepare`).
 
 `DataConfig` holds the settings and checks each on its own; which kind of corpus they make is decided once, by
-`kqv.jobs.corpora.corpus_of`, and that corpus checks the settings that only it takes (`kqv.jobs.lm_corpus`)."""
+`kqv.jobs.lm_kinds.corpus_of`, and that corpus checks the settings that only it takes (`kqv.jobs.lm_corpus`)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from ..validation import Config
 
 
 @dataclass
-class Source(Config):
+class DataSource(Config):
     """One source of a mixture (`[[data.sources]]`): a text or a file of pairs, and its share of the batches."""
 
     section: ClassVar[str] = "data.sources"
@@ -36,7 +36,7 @@ class Source(Config):
 @dataclass
 class DataConfig(Config):
     """Where the text comes from and how it becomes training blocks; or, when `path` is a .tsv or .jsonl file of
-    prompt -> completion pairs, how its examples are batched and weighted (`kqv.jobs.completions`)."""
+    prompt -> completion pairs, how its examples are batched and weighted (`kqv.jobs.lm_completions`)."""
 
     section: ClassVar[str] = "data"
     path: str | None = None  # None: Shakespeare's complete works, the embedded default corpus
@@ -49,9 +49,9 @@ class DataConfig(Config):
     # examples (pairs, documents): several per row (block-diagonal attention) instead of padding; "auto": packed
     # where padding would leave rows mostly empty (`kqv.data.example_batches.ExampleBatches.packs`)
     packing: bool | Literal["auto"] = "auto"
-    # pretraining objectives and mixtures (kqv.jobs.sources): a text's documents made into examples
+    # pretraining objectives and mixtures (kqv.jobs.lm_documents): a text's documents made into examples
     objective: Literal["next_token", "span_corruption"] = "next_token"
-    sources: tuple[Source, ...] = ()  # several files with weights (data.path unset), each batch's drawn by weight
+    sources: tuple[DataSource, ...] = ()  # several files with weights (data.path unset), each batch's drawn by weight
     delimiter: str | None = None  # documents: the text's lines, or its parts between this string
     mask: str | None = None  # the mask symbol; None: the tokenizer's own (char: U+2047, bpe: <mask>)
     span_rate: float = 0.15  # span corruption: a span's mean share of its document

@@ -34,8 +34,8 @@ from ..train.preflight import check_memory, check_splits
 from ..train.runs import RunConfig
 from ..validation import Config
 from .base import Job, Outcome, TrainedRun, Training
-from .corpus import TextSplits, build_text, describe_corpus, prepare_corpus
 from .offers import ExportsHF
+from .run_tokens import TextSplits, build_text, describe_corpus, prepare_corpus
 
 
 @dataclass
@@ -147,7 +147,7 @@ MLMTraining = Training[MLMRunConfig, TextSplits, None]  # `MLMJob.train`'s (its 
 
 @dataclass(frozen=True)
 class Vocabularies:
-    """The MLM job's `kqv.jobs.corpus.TokenizerSource`: a vocabulary learned from the text as its [data] says, or
+    """The MLM job's `kqv.jobs.run_tokens.TokenizerSource`: a vocabulary learned from the text as its [data] says, or
     the one a resumed run saved."""
 
     data: MLMDataConfig
@@ -180,7 +180,7 @@ class MLMJob(Job):
         return MaskedLM(model_config)
 
     def make_corpus(self, training: MLMTraining) -> TextSplits:
-        """The vocabulary and the encoded train and validation splits (`kqv.jobs.corpus.prepare_corpus`)."""
+        """The vocabulary and the encoded train and validation splits (`kqv.jobs.run_tokens.prepare_corpus`)."""
         data = training.config.data
         return prepare_corpus(
             Vocabularies(data),

@@ -30,7 +30,7 @@ Batch = Any
 @dataclass(frozen=True)
 class OwnRows:
     """A batch function's answer that is already this rank's rows of the global batch, `share`'s cut, made alone
-    (a corpus on disk reads only its own blocks: `kqv.jobs.token_corpus`); `weight` is its loss's weight."""
+    (a corpus on disk reads only its own blocks: `kqv.jobs.lm_prepared`); `weight` is its loss's weight."""
 
     batch: Batch
     weight: float

@@ -14,7 +14,7 @@ continue each prompt with its completion and the end of text, instead of modelli
   validation prompts, each stopped at the end of text.
 
 `Pairs` is this corpus kind of the LM job (`kqv.jobs.lm_corpus`), loaded as `LoadedPairs`; `Examples` and
-`LoadedExamples`, what it shares with the documents of `kqv.jobs.sources`.
+`LoadedExamples`, what it shares with the documents of `kqv.jobs.lm_documents`.
 """
 
 from __future__ import annotations
@@ -52,9 +52,9 @@ from ..nn.losses import weighted_cross_entropy
 from ..train.config import TrainConfig
 from ..train.options import TrainerOptions
 from ..train.topology import Topology
-from .corpus import Tensors, TokenizerSource
 from .lm_corpus import Corpus, LoadedCorpus, refuse_document_options, refuse_span_options
 from .lm_data import DataConfig
+from .run_tokens import Tensors, TokenizerSource
 from .sampling import SampleConfig
 from .scoring import BATCH_SIZE, complete, completion_nats, fine_tuning_answers
 
@@ -189,7 +189,7 @@ def held_out_loss(model: nn.Module, examples: EncodedExamples, batch_size: int) 
 
 @dataclass(frozen=True, eq=False)
 class LoadedExamples(LoadedCorpus):
-    """A corpus of examples, loaded (pairs, or documents made into examples: `kqv.jobs.sources.LoadedDocuments`):
+    """A corpus of examples, loaded (pairs, or documents made into examples: `kqv.jobs.lm_documents.LoadedDocuments`):
     its tokenizer (with an end of text), its `train` and `val` examples, and the characters of each split
     (`chars`); batches pad or pack them, and the completion loss of the held-out examples is the run's figure."""
 
@@ -279,7 +279,7 @@ class LoadedPairs(LoadedExamples):
 
 
 class Examples(Corpus):
-    """A corpus of examples (pairs, or documents made into examples: `kqv.jobs.sources.Documents`): a tokenizer
+    """A corpus of examples (pairs, or documents made into examples: `kqv.jobs.lm_documents.Documents`): a tokenizer
     with an end of text (`LoadedExamples`). `corrupt`: whether spans of its documents are masked (span
     corruption)."""
 

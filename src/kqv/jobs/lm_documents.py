@@ -33,8 +33,7 @@ import torch
 from torch import Tensor
 
 from ..data.completions import Example, encode_examples, end_of_text, is_pairs_file, read_examples, split_examples
-from ..data.document_batches import DocumentBatches, DocumentOptions, draw_random, prefix_max
-from ..data.document_batches import Documents as EncodedDocuments
+from ..data.document_batches import DocumentBatches, DocumentOptions, EncodedDocuments, draw_random, prefix_max
 from ..data.documents import (
     apply_template,
     check_unused,
@@ -54,7 +53,7 @@ from ..errors import MIXTURE, ConfigError, DataError, option
 from ..train.config import TrainConfig
 from ..train.options import TrainerOptions
 from ..train.topology import Topology
-from .completions import (
+from .lm_completions import (
     Examples,
     LoadedExamples,
     batch_options,
@@ -64,9 +63,9 @@ from .completions import (
     from_json_tensor,
     json_tensor,
 )
-from .corpus import Tensors, TokenizerSource
 from .lm_corpus import refuse_span_options
 from .lm_data import DataConfig
+from .run_tokens import Tensors, TokenizerSource
 
 VAL_SEED = 0  # the draws of the validation documents: the same for every run
 

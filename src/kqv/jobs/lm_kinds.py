@@ -5,11 +5,11 @@ class here, before the kinds whose settings it shares."""
 
 from __future__ import annotations
 
-from .completions import Pairs
+from .lm_completions import Pairs
 from .lm_corpus import Corpus, TextBlocks
 from .lm_data import DataConfig
-from .sources import Documents
-from .token_corpus import PreparedCorpus
+from .lm_documents import Documents
+from .lm_prepared import PreparedCorpus
 
 CORPORA: tuple[type[Corpus], ...] = (Documents, Pairs, PreparedCorpus, TextBlocks)  # the first that reads the data
 
