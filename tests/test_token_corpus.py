@@ -2,6 +2,7 @@
 to the tokenizer's own encoding of the text; trained on through a memmap, the same windows on 1 and 2 ranks;
 damaged or mismatched corpora refused in one line."""
 
+import hashlib
 import json
 
 import numpy as np
@@ -51,7 +52,10 @@ def test_the_corpus_is_the_tokenizer_s_encoding_of_the_text_whatever_the_chunks(
     tokenizer = load_tokenizer(tmp_path / "small" / "tokenizer")
     assert corpus.ids.tolist() == tokenizer.encode(text.read_text())  # the whole text encoded in one call
     assert small.manifest["tokens"] == large.manifest["tokens"] == len(corpus.ids)
-    assert small.manifest["sources"] == [{"path": str(text.resolve()), "bytes": text.stat().st_size}]
+    text_sha256 = hashlib.sha256(text.read_bytes()).hexdigest()
+    assert small.manifest["sources"] == [
+        {"path": str(text.resolve()), "bytes": text.stat().st_size, "sha256": text_sha256}
+    ]
 
 
 def test_a_directory_is_each_file_encoded_in_order_and_char_covers_every_character(tmp_path):
@@ -292,4 +296,5 @@ def test_a_resume_refuses_a_corpus_prepared_again_with_another_tokenizer(corpus,
     assert main([*argv, "--out", str(tmp_path / "run"), "--steps", "3"]) == 0
     shutil.rmtree(tmp_path / "c")
     prepare(text, tmp_path / "c", vocab_size=300, sample_bytes=4096, progress=False)  # other merges, same size
-    refused(capsys, [*argv, "--out", str(tmp_path / "run"), "--resume", "--steps", "6"], "not the one", "trained with")
+    resume = [*argv, "--out", str(tmp_path / "run"), "--resume", "--steps", "6"]
+    refused(capsys, resume, "is not the corpus", "trained on")

@@ -28,6 +28,7 @@ import copy
 import dataclasses
 import io
 import json
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -39,7 +40,7 @@ from torch import Tensor
 from .data.completions import is_pairs_file as is_pairs_file
 from .data.worlds import STYLES as WORLD_STYLES
 from .data.worlds import write_world
-from .errors import ConfigError, DataError
+from .errors import SAMPLE_MB, ConfigError, DataError, option
 from .jobs import all_jobs as all_jobs
 from .jobs import get_job, load_run
 from .jobs.answer_files import escape_line as escape_line
@@ -185,8 +186,10 @@ def prepare(
     a killed prepare continues where it stopped, and a finished one is not redone."""
     from .jobs.lm_prepared import prepare as prepare_corpus
 
-    if not sample_mb > 0:
-        raise ConfigError(f"sample_mb must be positive (the MiB of text a new BPE is trained on), got {sample_mb}")
+    if not 0 < sample_mb < math.inf:
+        raise ConfigError(
+            f"{option(SAMPLE_MB)} must be a positive number (the MiB of text a new BPE is trained on), got {sample_mb}"
+        )
     sample = int(sample_mb * (1 << 20))
     return prepare_corpus(text, out, tokenizer=tokenizer, vocab_size=vocab_size, sample_bytes=sample, progress=progress)
 

@@ -199,6 +199,16 @@ RUN_DIRECTORY = Word("the run directory", flag.OUT)
 DATA_FILE = Word("data=PATH", f"{flag.DATA} FILE")
 TRAIN_ON_TEXT = Word("overrides=['data.path=path/to/text.txt']", f"{flag.DATA} path/to/text.txt")
 PREPARE = Word("kqv.prepare(TEXT, {path!r})", f"`kqv prepare TEXT {flag.OUT} {{path}}`")
+VOCAB_SIZE = Word("vocab_size", flag.VOCAB_SIZE)
+SAMPLE_MB = Word("sample_mb", flag.SAMPLE_MB)
+MOVED_CORPUS = Word(
+    "kqv.load({run!r}).evaluate(data=DIR), or train('lm', out={run!r}, resume=True, overrides=['data.path=DIR'])",
+    f"`kqv eval {{run}} {flag.DATA} DIR` or `kqv train lm {flag.OUT} {{run}} {flag.RESUME} {flag.DATA} DIR`",
+)
+PREPARE_TOKENIZER = Word(
+    "kqv.prepare(TEXT, DIR, tokenizer='char') (or 'bpe', vocab_size=N)",
+    f"`kqv prepare TEXT {flag.OUT} DIR {flag.TOKENIZER} char` (or bpe, {flag.VOCAB_SIZE} N)",
+)
 PREPARE_WITH_TOKENIZER = Word(
     "kqv.prepare(TEXT, DIR, tokenizer={source!r})", f"`kqv prepare TEXT {flag.TOKENIZER} {{source}} {flag.OUT} DIR`"
 )

@@ -150,6 +150,7 @@ class BPETokenizer(Tokenizer):
         ``vocab_size`` counts the 256 byte tokens and the special tokens, so it must exceed their sum.
         """
         special_tokens = _check_special_tokens(special_tokens)
+        check_vocab_size(vocab_size)
         minimum = N_BYTES + len(special_tokens) + 1
         if vocab_size < minimum:
             raise ConfigError(
@@ -237,6 +238,17 @@ def _check_special_tokens(special_tokens: Sequence[str]) -> list[str]:
 
 
 TOKENIZER_KINDS: dict[str, type[Tokenizer]] = {"char": CharTokenizer, "bpe": BPETokenizer}
+MAX_VOCAB_SIZE = 1 << 20  # a BPE's largest vocabulary: 20 times GPT-2's (the trainer allocates for every token)
+
+
+def check_vocab_size(vocab_size: Any, name: str = "vocab_size") -> None:
+    """Refuse a BPE vocabulary size that is not a whole number up to `MAX_VOCAB_SIZE` (`name`: the option's
+    name in the caller's words): a larger one fails deep in the tokenizers library, or aborts the process."""
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size > MAX_VOCAB_SIZE:
+        shown = vocab_size if not isinstance(vocab_size, int) or vocab_size < 10**12 else f"{vocab_size:.3g}"
+        raise ConfigError(
+            f"{name} must be a whole number of tokens up to {MAX_VOCAB_SIZE:,} (GPT-2 has 50,257), got {shown}"
+        )
 
 
 def make_tokenizer(
@@ -308,5 +320,8 @@ def encode_texts(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
     """Token ids of many texts; in one batched call when the tokenizer is Hugging Face's (much faster)."""
     backend = getattr(tokenizer, "tokenizer", None)
     if backend is not None and hasattr(backend, "encode_batch"):
-        return [encoding.ids for encoding in backend.encode_batch(texts)]
+        try:
+            return [encoding.ids for encoding in backend.encode_batch(texts)]
+        except Exception:  # noqa: BLE001 -- the library's bare Exception ("Missing [UNK] token"): one at a time,
+            pass  # where `encode` names what it cannot encode
     return [tokenizer.encode(text) for text in texts]

@@ -216,7 +216,14 @@ class Job:
         `section.key=value` overrides of what may change mid-run (`kqv.train.runs.resumed_values`)."""
         values = read_run(run_dir, self.name)
         self.config_class.from_run(resumed_values(values, list(overrides), check=False))  # an unknown option first
-        return self.config_class.from_run(resumed_values(values, list(overrides)))
+        moves = [o for o in overrides if self.may_move(o.partition("=")[0].strip(), values)]
+        values = resumed_values(values, moves, check=False)  # what the run checks itself when it starts
+        return self.config_class.from_run(resumed_values(values, [o for o in overrides if o not in moves]))
+
+    def may_move(self, key: str, saved: dict[str, Any]) -> bool:
+        """Whether a resume may change the fixed setting `key` ("data.path") of the run whose run.toml holds
+        `saved`, because the run checks what it names when it starts (none by default)."""
+        return False
 
     # -- training --------------------------------------------------------------------------------------------
 
@@ -357,6 +364,7 @@ class Job:
             (f"{section}.{key}", was, now, why)
             for section, why in FIXED_SECTIONS.items()
             for key, was, now in differences(saved.get(section, {}), given.get(section, {}))
+            if not self.may_move(f"{section}.{key}", saved)
         ]
         if fixed:
             raise ConfigError(

@@ -20,8 +20,9 @@ from torch import nn
 
 from ..data.documents import mask_symbol
 from ..data.shakespeare import load_text
+from ..data.token_corpus import is_token_corpus
 from ..data.tokenizers import Tokenizer, encode_text
-from ..errors import INIT_SOURCE, MAX_TOKENS, MERGE, TEXT, ConfigError, DataError, option
+from ..errors import INIT_SOURCE, MAX_TOKENS, MERGE, PREPARE_TOKENIZER, TEXT, ConfigError, DataError, option
 from ..nn.config import ModelConfig
 from ..nn.devices import model_device
 from ..nn.generation import GenerationConfig
@@ -255,16 +256,22 @@ class LMRun(TrainedRun, Generates, Completes, Evaluates, ShowsAttention, Exports
                 mask=mask,
                 reference_kinds=kinds,
             )
-        if data is not None:
+        if data is not None and not is_token_corpus(data):
             return evaluate_text(self.model, self.tokenizer, data, self.config.data.context, max_tokens)
         check_max_tokens(max_tokens)  # what the run held out, as its corpus scores it (`LoadedCorpus.held_out`)
-        return LMEvaluation(**self.loaded_corpus.held_out(self.model, max_tokens))
+        corpus = self.loaded_corpus if data is None else self.moved_corpus(data)
+        return LMEvaluation(**corpus.held_out(self.model, max_tokens))
 
     @cached_property
     def loaded_corpus(self) -> LoadedCorpus:
         """What the run trained on, as it stored it (`Corpus.trained`: its tokens.safetensors, or the prepared
         corpus it read), read once."""
         return self.config.corpus.trained(self.tokenizer, self.run_dir)
+
+    def moved_corpus(self, path: str | Path) -> LoadedCorpus:
+        """The prepared corpus the run trained on, given at its new place `path` (`PreparedCorpus.trained` checks
+        that it is the one whose SHA-256 the run recorded)."""
+        return corpus_of(replace(self.config.data, path=str(path))).trained(self.tokenizer, self.run_dir)
 
     def trained_answers(self) -> tuple[list[str], list[str]] | None:
         """The completions of the pairs the run trained on and their kinds of question, the baselines' reference: a
@@ -307,6 +314,25 @@ class LMJob(Job):
     run_class = LMRun
     noun = "language-model"
 
+    def load_config(self, path: str | Path, overrides: list[str] = ()) -> LMRunConfig:
+        """`Job.load_config`, refusing a tokenizer option set for a corpus that brings its own (a prepared one),
+        which would be ignored."""
+        config = super().load_config(path, overrides)
+        given = [
+            key for o in overrides if (key := o.partition("=")[0].strip()) in ("data.tokenizer", "data.vocab_size")
+        ]
+        if given and config.corpus.own_tokenizer:
+            raise ConfigError(
+                f"{given[0]} cannot be set for the prepared corpus {config.data.path}, which was encoded once with "
+                f"its own tokenizer; drop it, or prepare the text again with {option(PREPARE_TOKENIZER)}"
+            )
+        return config
+
+    def may_move(self, key: str, saved: dict[str, Any]) -> bool:
+        """A resume may give a prepared corpus a new data.path when the run recorded its tokens' SHA-256: the
+        corpus found there is checked against it (`PreparedCorpus.recorded`)."""
+        return key == "data.path" and saved.get("data", {}).get("tokens_sha256") is not None
+
     def restore(
         self, model: nn.Module, config: RunConfig, values: dict[str, Any], run_dir: Path
     ) -> Callable[[dict[str, torch.Tensor]], None] | None:
@@ -339,7 +365,12 @@ class LMJob(Job):
         """What run.toml records and the samples start from: a fine-tune's config with a context its source holds
         (`fit_context`, as `make_corpus` prepared the data with), its sample prompt decided (`with_prompt`)."""
         config, source = training.config, training.handed.source
-        return with_prompt(config if source is None else fit_context(config, source), training.data)
+        config = config if source is None else fit_context(config, source)
+        data = config.corpus.settled_data(training.run)  # a prepared corpus's place, SHA-256 and tokenizer
+        if data != config.data:
+            config = copy.copy(config)
+            config.data = data
+        return with_prompt(config, training.data)
 
     def make_model(self, training: LMTraining) -> DecoderLM:
         """A new model; a fine-tune's has its source's config and weights, and run.toml records the source."""

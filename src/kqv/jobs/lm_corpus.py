@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from torch import Tensor, nn
 
@@ -191,6 +191,8 @@ class Corpus:
     this kind. A subclass says which settings it reads (`reads`) and overrides what it does differently from a
     text. It is the `TokenizerSource` of a run that learns its own tokenizer."""
 
+    own_tokenizer: ClassVar[bool] = False  # a corpus encoded once with its own tokenizer (data.tokenizer: not read)
+
     def __init__(self, data: DataConfig) -> None:
         self.data = data
         self.check()
@@ -206,6 +208,10 @@ class Corpus:
     def mask(self) -> str | None:
         """The mask symbol a new tokenizer must reserve for this corpus, or None (a text needs none)."""
         return None
+
+    def settled_data(self, run: RunDirectory) -> DataConfig:
+        """The [data] settings run.toml records once the corpus is read (`run` opened): as given, by default."""
+        return self.data
 
     def make_tokenizer(self, text: str) -> Tokenizer:
         """A new tokenizer learned from `text`."""

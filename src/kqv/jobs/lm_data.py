@@ -13,6 +13,7 @@ from typing import ClassVar, Literal
 from ..data.completions import END_OF_TEXT_TOKENS
 from ..data.document_batches import PREFIX_MIN, prefix_max
 from ..data.documents import check_template, refuse_end_of_text_mask
+from ..data.tokenizers import check_vocab_size
 from ..errors import ConfigError
 from ..validation import Config
 
@@ -63,10 +64,14 @@ class DataConfig(Config):
     long_documents: Literal["auto", "windows", "opening"] = "auto"
     shuffle_sentences: bool = False  # a document's sentences in a new order at every draw
     template: str | None = None  # pairs: every prompt written into it, e.g. "{prompt}{mask}"
+    # a prepared corpus (kqv prepare): the SHA-256 of its tokens, which a run records and then trains and scores on
+    # that corpus alone, wherever it moves (data.path, absolute in run.toml); set by the run, not by hand
+    tokens_sha256: str | None = None
 
     def check(self) -> None:
         if self.context < 2:
             raise ConfigError(f"data.context must be at least 2, got {self.context}")
+        check_vocab_size(self.vocab_size, "data.vocab_size")
         if not 0 < self.val_fraction <= 0.5:
             raise ConfigError(f"data.val_fraction must be in (0, 0.5], got {self.val_fraction}")
         if not 0 <= self.prompt_loss_weight <= 1:

@@ -21,10 +21,11 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from ..data.token_corpus import (
     STATE,
     TOKENIZER,
     TokenCorpus,
+    digest,
     is_token_corpus,
     pieces,
     read_chunks,
@@ -49,8 +51,8 @@ from ..data.token_corpus import (
     token_dtype,
     window_starts,
 )
-from ..data.tokenizers import Tokenizer, encode_texts, load_tokenizer, make_tokenizer
-from ..errors import DataError, RunError
+from ..data.tokenizers import Tokenizer, check_vocab_size, encode_texts, load_tokenizer, make_tokenizer
+from ..errors import MOVED_CORPUS, SAMPLE_MB, VOCAB_SIZE, ConfigError, DataError, RunError, option
 from ..interop.directories import read_hf_tokenizer
 from ..train.config import TrainConfig
 from ..train.distributed import OwnRows
@@ -59,6 +61,7 @@ from ..train.files import sha256, write_files, write_text
 from ..train.layout import RunFiles
 from ..train.options import TrainerOptions
 from ..train.rundir import RunDirectory
+from ..train.runs import read_run
 from ..train.topology import Topology
 from .held import is_hf_directory
 from .lm_corpus import SCORED_TOKENS, Check, LMTokenizerSource, LoadedText, TextBlocks, block_options
@@ -95,6 +98,7 @@ def prepare(
     `tokenizer` "bpe" (of `vocab_size` tokens, trained on `sample_bytes` of the text), "char", or a saved tokenizer's
     directory. Nothing is written over an input or over anything `out` held that is not an unfinished prepare of
     the same text and settings."""
+    check_prepare_options(text, vocab_size, sample_bytes)
     files = [f.resolve() for f in text_files(Path(text).expanduser())]
     if tokenizer not in ("bpe", "char") and not Path(tokenizer).expanduser().is_dir():
         raise DataError(
@@ -104,32 +108,77 @@ def prepare(
     out = Path(out).expanduser()
     check_output(out, Path(text).expanduser(), files)
     plan = {
-        "sources": [{"path": str(f), "bytes": f.stat().st_size} for f in files],
+        "sources": [{"path": str(f), "bytes": f.stat().st_size, "sha256": digest(f)} for f in files],
         "tokenizer": tokenizer if tokenizer in ("bpe", "char") else str(Path(tokenizer).resolve()),
         "vocab_size": vocab_size if tokenizer == "bpe" else None,
         "sample_bytes": sample_bytes if tokenizer == "bpe" else None,
     }
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    with locked(out):
-        if (out / MANIFEST).is_file():
-            manifest = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
-            if manifest.get("plan") != plan:
-                raise DataError(
-                    f"{out} holds a corpus prepared from other text or settings; give another output directory "
-                    f"or remove it"
-                )
-            return Prepared(out, manifest, manifest["tokens"], already=True)
-        state = read_state(out, plan)
-        if state is None:
-            tok = new_tokenizer(tokenizer, files, vocab_size, sample_bytes)
-            write_files(out / TOKENIZER, tok.files())
-            state = {"plan": plan, "file": 0, "offset": 0, "tokens": 0}
-            with open(out / PARTIAL, "wb"):
-                pass
-            write_text(out / STATE, json.dumps(state, indent=2) + "\n")
-        else:
-            tok = load_tokenizer(out / TOKENIZER)
-        return Prepared(out, encode_all(out, files, tok, state, chunk_bytes, progress), state["tokens"])
+    try:
+        with locked(out):
+            return prepare_into(out, files, plan, chunk_bytes, progress)
+    except Exception:
+        if created and not recorded(out):  # refused before a token was recorded: nothing is left behind
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def check_prepare_options(text: str | Path, vocab_size: int, sample_bytes: int) -> None:
+    """Refuse, before anything is written, an empty text path (which would name the current directory), a
+    vocabulary no BPE can be trained to, and a sample of less than a byte."""
+    if not str(text).strip():
+        raise DataError("the text path is empty; give a text file or a directory of .txt files")
+    check_vocab_size(vocab_size, option(VOCAB_SIZE))
+    if sample_bytes < 1:
+        raise ConfigError(
+            f"{option(SAMPLE_MB)} leaves {sample_bytes} bytes of text to train a BPE on; give at least a few MiB "
+            f"(default 32)"
+        )
+
+
+def prepare_into(out: Path, files: list[Path], plan: dict[str, Any], chunk_bytes: int, progress: bool) -> Prepared:
+    """`prepare` in the locked directory `out`: the finished corpus found, an unfinished prepare continued, or a
+    new one started."""
+    if (out / MANIFEST).is_file():
+        manifest = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
+        if not same_plan(manifest.get("plan"), plan):
+            raise DataError(
+                f"{out} holds a corpus prepared from other text or settings (a source changed, or other options); "
+                f"give another output directory or remove it"
+            )
+        return Prepared(out, manifest, manifest["tokens"], already=True)
+    state = read_state(out, plan)
+    if state is None:
+        tok = new_tokenizer(plan["tokenizer"], files, plan["vocab_size"], plan["sample_bytes"])
+        write_files(out / TOKENIZER, tok.files())
+        state = {"plan": plan, "file": 0, "offset": 0, "tokens": 0}
+        with open(out / PARTIAL, "wb"):
+            pass
+        write_text(out / STATE, json.dumps(state, indent=2) + "\n")
+    else:
+        tok = load_tokenizer(out / TOKENIZER)
+    return Prepared(out, encode_all(out, files, tok, state, chunk_bytes, progress), state["tokens"])
+
+
+def same_plan(recorded: dict[str, Any] | None, plan: dict[str, Any]) -> bool:
+    """Whether a finished corpus's `recorded` plan is `plan`: the same sources (path, size and SHA-256: a text
+    changed in place at the same size is another text) and options. A corpus prepared before sources were hashed
+    compares by path and size."""
+    if recorded is None or any("sha256" in source for source in recorded["sources"]):
+        return recorded == plan
+    unhashed = [{k: v for k, v in source.items() if k != "sha256"} for source in plan["sources"]]
+    return recorded == {**plan, "sources": unhashed}
+
+
+def recorded(out: Path) -> bool:
+    """Whether `out` holds a finished corpus or an unfinished prepare that recorded tokens (what a failure keeps)."""
+    if (out / MANIFEST).is_file():
+        return True
+    try:
+        return json.loads((out / STATE).read_text(encoding="utf-8"))["tokens"] > 0
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 def check_output(out: Path, text: Path, files: list[Path]) -> None:
@@ -165,6 +214,8 @@ def read_state(out: Path, plan: dict[str, Any]) -> dict[str, Any] | None:
             f"{out} holds an unfinished prepare of other text or settings; give another output directory or remove it"
         )
     size = state["tokens"] * token_dtype(load_tokenizer(out / TOKENIZER).vocab_size).itemsize
+    if not (out / PARTIAL).is_file() and (out / ARRAY).is_file():  # stopped between the array's rename and the
+        os.replace(out / ARRAY, out / PARTIAL)  # manifest: every chunk was recorded, the manifest is written again
     if not (out / PARTIAL).is_file() or (out / PARTIAL).stat().st_size < size:
         raise DataError(f"{out / PARTIAL} is shorter than {out / STATE} records; remove {out} and prepare again")
     os.truncate(out / PARTIAL, size)  # the ids of a chunk whose progress was never recorded go
@@ -269,20 +320,65 @@ class LoadedPrepared(LoadedText):
 
 
 class PreparedCorpus(TextBlocks):
-    """The LM job's corpus kind for a prepared token corpus (`data.path` names one): the tokenizer is the corpus's,
-    the splits are views of its memmap (`LoadedPrepared`), and the batches are blocks read from it, each rank
-    reading only its own rows."""
+    """The LM job's corpus kind for a prepared token corpus (`data.path` names one, and a run records its tokens'
+    SHA-256 as data.tokens_sha256): the tokenizer is the corpus's, the splits are views of its memmap
+    (`LoadedPrepared`), and the batches are blocks read from it, each rank reading only its own rows."""
+
+    own_tokenizer = True
 
     @staticmethod
     def reads(data: DataConfig) -> bool:
-        return is_token_corpus(data.path)
+        return data.tokens_sha256 is not None or is_token_corpus(data.path)
+
+    def check(self) -> None:
+        super().check()
+        if self.data.path is None:
+            raise ConfigError("data.tokens_sha256 is a prepared corpus's; give its directory as data.path")
+
+    def recorded(self, run_dir: Path, expected: str | None, *, verify: bool = True) -> TokenCorpus:
+        """The corpus at data.path (`TokenCorpus.open`), refused in one line when it is not the one whose tokens'
+        SHA-256 the run `run_dir` recorded (`expected`; None: a run from before kqv recorded it), or is gone."""
+        path = Path(self.data.path).expanduser()
+        moved = option(MOVED_CORPUS, run=str(run_dir))
+        if expected is not None and not is_token_corpus(path):
+            raise DataError(
+                f"the prepared corpus {run_dir} trained on is not at {path} (moved or removed); give its new place "
+                f"with {moved}"
+            )
+        corpus = TokenCorpus.open(path, verify=verify)
+        if expected is not None and corpus.manifest.get("sha256") != expected:
+            raise DataError(
+                f"{path} is not the corpus {run_dir} trained on: its tokens' SHA-256 is "
+                f"{corpus.manifest.get('sha256', '?')[:12]}..., the run's {expected[:12]}... (prepared again from "
+                f"other text or with another tokenizer); give the corpus it trained on with {moved}, or start a new run"
+            )
+        return corpus
+
+    def settled_data(self, run: RunDirectory) -> DataConfig:
+        """What run.toml records of this corpus: its absolute path, its tokens' SHA-256, and its tokenizer's kind
+        and size (a prepared corpus fixes them, whatever the config said). A run recorded before kqv kept the
+        SHA-256 resumes with its [data] as it was."""
+        if run.resuming and recorded_sha256(run.path) is None:
+            return self.data
+        path = Path(self.data.path).expanduser().resolve()
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))  # `load` verified it
+        kind = manifest["tokenizer"]["kind"]
+        return replace(
+            self.data,
+            path=str(path),
+            tokens_sha256=manifest["sha256"],
+            tokenizer=kind,
+            vocab_size=manifest["vocab_size"],
+        )
 
     def load(self, tokenizers: LMTokenizerSource, run: RunDirectory, check: Check) -> LoadedPrepared:
-        """The corpus verified (`TokenCorpus.open`), its tokenizer checked against a fine-tune's source
-        (`tokenizers.check_prepared`) and against a resumed run's, and saved in the run (by rank 0) so that the
-        run is used without the corpus; `check`ed before anything is written."""
+        """The corpus verified (`TokenCorpus.open`; a resumed run's against the SHA-256 it recorded, `recorded`),
+        its tokenizer checked against a fine-tune's source (`tokenizers.check_prepared`) and against a resumed
+        run's, and saved in the run (by rank 0) so that the run is used without the corpus; `check`ed before
+        anything is written."""
         data = self.data
-        corpus = self.opened(TokenCorpus.open(data.path))
+        expected = data.tokens_sha256 or (recorded_sha256(run.path) if run.resuming else None)
+        corpus = self.opened(self.recorded(run.path, expected))
         tokenizer = corpus.tokenizer
         tokenizers.check_prepared(tokenizer, data.path)
         if run.resuming and run.tokenizer_dir.is_dir():
@@ -303,11 +399,25 @@ class PreparedCorpus(TextBlocks):
         return LoadedPrepared(corpus.tokenizer, tensor_view(train), tensor_view(val), None, self.data, (train, val))
 
     def trained(self, tokenizer: Tokenizer, run_dir: Path) -> LoadedPrepared:
-        """A trained run's corpus: the one at `data.path` (a run keeps no copy of it)."""
-        return self.opened(TokenCorpus.open(self.data.path, verify=False))
+        """A trained run's corpus: the one at `data.path` (a run keeps no copy of it) whose SHA-256 the run
+        recorded (`recorded`), encoded by the run's `tokenizer`."""
+        corpus = self.recorded(run_dir, self.data.tokens_sha256, verify=False)
+        if corpus.tokenizer.files() != tokenizer.files():
+            raise DataError(
+                f"{self.data.path} was prepared with another tokenizer than {run_dir}'s; give the corpus it trained "
+                f"on with {option(MOVED_CORPUS, run=str(run_dir))}"
+            )
+        return self.opened(corpus)
 
 
 HELD_OUT_TAIL = "the held-out tail of the prepared corpus"
+
+
+def recorded_sha256(run_dir: Path) -> str | None:
+    """The SHA-256 of the corpus's tokens that the run in `run_dir` recorded (None: none, or no run.toml yet)."""
+    if not RunFiles(run_dir).config_file.is_file():
+        return None
+    return read_run(run_dir).get("data", {}).get("tokens_sha256")
 
 
 def own_windows(
