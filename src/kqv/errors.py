@@ -75,6 +75,10 @@ class DiskFullError(KqvError, OSError):
     def __init__(self, path: object, needed: int, free: int | None = None):
         super().__init__(errno.ENOSPC, "No space left on device", str(path))
         self.path, self.needed, self.free = path, needed, free
+        if not needed:  # a write of unknown size: what is free, if known, and no made-up need
+            available = "" if free is None else f" ({_sizes(free)[0]} free)"
+            self.message = f"the disk is full at {path}{available}; free some space and run the command again"
+            return
         if free is None:
             (wanted,), available = _sizes(needed), ""
         else:
@@ -201,6 +205,7 @@ TRAIN_ON_TEXT = Word("overrides=['data.path=path/to/text.txt']", f"{flag.DATA} p
 PREPARE = Word("kqv.prepare(TEXT, {path!r})", f"`kqv prepare TEXT {flag.OUT} {{path}}`")
 VOCAB_SIZE = Word("vocab_size", flag.VOCAB_SIZE)
 SAMPLE_MB = Word("sample_mb", flag.SAMPLE_MB)
+TRAIN_ON_CORPUS = Word("overrides=['data.path={path}']", f"{flag.DATA} {{path}}")
 MOVED_CORPUS = Word(
     "kqv.load({run!r}).evaluate(data=DIR), or train('lm', out={run!r}, resume=True, overrides=['data.path=DIR'])",
     f"`kqv eval {{run}} {flag.DATA} DIR` or `kqv train lm {flag.OUT} {{run}} {flag.RESUME} {flag.DATA} DIR`",

@@ -155,7 +155,7 @@ def kind_rows(result: PairsEvaluation) -> list[tuple[str, str]]:
     one kind of question, and the reading score."""
     rows = []
     if result.versus_per_kind is not None and len(result.kind_constants) > 1:
-        constants = ", ".join(f"{kind}: {answer!r}" for kind, answer in result.kind_constants.items())
+        constants = answers_by_kind(result.kind_constants)
         score = f"{result.per_kind_correct:,}/{result.n:,} = {result.per_kind_exact_match:.1%}"
         rows += [
             ("per-kind constant", f"{score}, always answering a kind's most frequent answer ({constants})"),
@@ -171,7 +171,7 @@ def kind_rows(result: PairsEvaluation) -> list[tuple[str, str]]:
             )
         )
         rows.append(("reading - guess", difference_text(result.versus_reading_baseline)))
-        runner_ups = ", ".join(f"{kind}: {answer!r}" for kind, answer in result.reading_runner_ups.items())
+        runner_ups = answers_by_kind(result.reading_runner_ups)
         rows.append(
             (
                 "reading runner-up",
@@ -182,6 +182,16 @@ def kind_rows(result: PairsEvaluation) -> list[tuple[str, str]]:
         )
         rows.append(("reading - runner-up", difference_text(result.versus_reading_runner_up)))
     return rows
+
+
+def answers_by_kind(answers: dict[str, str]) -> str:
+    """Each kind of question's answer, `kind: 'answer'`; a kind that would not print as itself (a newline, a
+    control or bidirectional character, spaces at its ends) escaped as Python writes a string; pairs without kinds
+    (one kind, "") just the answer."""
+    if list(answers) == [""]:
+        return repr(answers[""])
+    shown = {kind: kind if kind.isprintable() and kind.strip() == kind and kind else repr(kind) for kind in answers}
+    return ", ".join(f"{shown[kind]}: {answer!r}" for kind, answer in answers.items())
 
 
 def baseline_rows(result: PairsEvaluation) -> list[tuple[str, str]]:

@@ -10,7 +10,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ..train.files import write_through
+from ..train.files import write_png
 
 
 def figure(panels: int = 1, width: float = 5.5, height: float = 4.0) -> tuple[Figure, list[Axes]]:
@@ -29,9 +29,9 @@ def log_log(ax: Axes, xlabel: str, ylabel: str, title: str) -> None:
 
 
 def save(fig: Figure, path: str | Path) -> Path:
-    """Write the figure as a PNG atomically (through a temporary file of its own: `write_through`)."""
+    """Write the figure as a PNG atomically (drawn into memory, then through a temporary file: `write_png`)."""
     path = Path(path)
-    write_through(path, lambda tmp: fig.savefig(tmp, format="png"))
+    write_png(path, fig)
     return path
 
 

@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from torch import Tensor  # noqa: E402
 
-from ..train.files import write_through  # noqa: E402
+from ..train.files import write_png  # noqa: E402
 
 
 def plot_attention_grid(
@@ -62,11 +62,11 @@ def plot_cls_attention(
 
 def save_figure(fig: plt.Figure, path: str | Path) -> Path:
     """Write the figure as a PNG (creating its directory), atomically: a full disk leaves no empty or partial file
-    (`kqv.train.files.write_through`); then close it."""
+    (`kqv.train.files.write_png`); then close it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        write_through(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+        write_png(path, fig, dpi=110)
     finally:
         plt.close(fig)
     return path

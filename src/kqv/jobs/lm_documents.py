@@ -49,7 +49,7 @@ from ..data.mixture import MixtureBatches
 from ..data.shakespeare import load_text
 from ..data.token_corpus import is_token_corpus
 from ..data.tokenizers import Tokenizer, encode_texts
-from ..errors import MIXTURE, ConfigError, DataError, option
+from ..errors import MIXTURE, TRAIN_ON_CORPUS, ConfigError, DataError, option
 from ..train.config import TrainConfig
 from ..train.options import TrainerOptions
 from ..train.topology import Topology
@@ -417,6 +417,12 @@ class Documents(Examples):
             raise ConfigError(
                 f"{data.path} is a prepared token corpus, which trains on blocks with data.objective='next_token' "
                 f"alone; drop data.objective and data.sources, or give the text itself"
+            )
+        if prepared := next((s.path for s in data.sources if is_token_corpus(s.path)), None):
+            raise ConfigError(
+                f"{prepared} is a prepared token corpus, which trains alone "
+                f"({option(TRAIN_ON_CORPUS, path=prepared)}), not in a mixture of sources; mix the text it was "
+                f"prepared from instead"
             )
         if not self.corrupt:
             refuse_span_options(data)

@@ -57,7 +57,7 @@ from ..interop.directories import read_hf_tokenizer
 from ..train.config import TrainConfig
 from ..train.distributed import OwnRows
 from ..train.evaluation import perplexity
-from ..train.files import sha256, write_files, write_text
+from ..train.files import disk_full_reported, sha256, write_files, write_text
 from ..train.layout import RunFiles
 from ..train.options import TrainerOptions
 from ..train.rundir import RunDirectory
@@ -261,9 +261,10 @@ def encode_all(
             start = state["offset"] if index == state["file"] else 0
             for text, offset in read_chunks(files[index], start, chunk_bytes):
                 ids = encode_chunk(tokenizer, text, dtype)
-                array.write(ids.tobytes())
-                array.flush()
-                os.fsync(array.fileno())
+                with disk_full_reported(out / PARTIAL, ids.nbytes):  # a full disk: the bytes this chunk needs
+                    array.write(ids.tobytes())
+                    array.flush()
+                    os.fsync(array.fileno())
                 bar.update(offset - start)
                 start = offset
                 state = {**state, "file": index, "offset": offset, "tokens": state["tokens"] + len(ids)}

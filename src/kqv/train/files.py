@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import os
 import re
 import secrets
@@ -29,7 +30,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 from safetensors.torch import save_file
 from torch import Tensor
@@ -43,6 +44,14 @@ def write_atomically(path: Path, data: bytes) -> None:
     """Write `data` to `path` through a temporary file and a rename: a reader sees the old file or the new one.
     A write that fails (a full disk: DiskFullError) leaves no temporary file behind, and the old file as it was."""
     write_through(path, lambda tmp: tmp.write_bytes(data), len(data))
+
+
+def write_png(path: Path, figure: Any, **options: Any) -> None:
+    """A matplotlib `figure` as a PNG at `path` (savefig's `options`), atomically: drawn into memory first, so that
+    a full disk is said with the bytes the file needs."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", **options)
+    write_atomically(path, buffer.getvalue())
 
 
 def write_through(path: Path, write: Callable[[Path], object], needed: int = 0) -> None:

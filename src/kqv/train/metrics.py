@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from .files import append_line, write_atomically, write_through
+from .files import append_line, write_atomically, write_png
 
 
 def finite(value: Any) -> Any:
@@ -81,7 +81,7 @@ def plot_losses(metrics_path: str | Path, png_path: str | Path) -> None:
     if axes.lines:
         axes.legend()
     # a failed write (a full disk) leaves the previous plot and no temporary file
-    write_through(Path(png_path), lambda tmp: figure.savefig(tmp, format="png"))
+    write_png(Path(png_path), figure)
 
 
 class Window:
