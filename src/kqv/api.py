@@ -71,6 +71,7 @@ from .nn.environment import environment
 from .nn.generation import GENERATION_DTYPES as GENERATION_DTYPES
 from .nn.generation import GenerationConfig
 from .train.evaluation import QuestionDifference as QuestionDifference
+from .train.evaluation import showing_progress as showing_progress
 from .train.events import Event
 from .train.files import refuse_writing_over as refuse_writing_over
 from .train.files import write_atomically

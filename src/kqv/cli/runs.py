@@ -28,6 +28,7 @@ from ..api import (
     read_prompts,
     refuse_writing_over,
     run_inputs,
+    showing_progress,
     write_completions,
     write_predictions,
 )
@@ -99,7 +100,8 @@ def lm_evaluate(run: LMRun | PretrainedRun, args: argparse.Namespace) -> None:
         return lm_evaluate_pairs(run, args)
     if args.predictions is not None:
         raise ConfigError("--predictions writes the completions of a file of pairs: give --data pairs.tsv or .jsonl")
-    result = run.evaluate(args.data, max_tokens=args.max_tokens)
+    with showing_progress():  # a bar on a terminal, for a scoring that takes a while
+        result = run.evaluate(args.data, max_tokens=args.max_tokens)
     per_char = "" if result.bits_per_char is None else f", {result.bits_per_char:.4f} bits/char"  # a pair run: None
     report(
         f"{result.source}: {result.tokens:,} tokens, loss {result.loss:.4f} nats/token, perplexity "

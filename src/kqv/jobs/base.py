@@ -40,7 +40,7 @@ from ..nn.config import ModelConfig
 from ..nn.devices import Accelerator, peak_rss_bytes
 from ..nn.models import count_parameters
 from ..train.checkpoints import load_weights
-from ..train.events import Event, Plan, Sample, Summary
+from ..train.events import Event, Message, Plan, Sample, Summary
 from ..train.files import refuse_writing_over, restored_on_failure
 from ..train.layout import RunFiles
 from ..train.options import TrainerOptions
@@ -53,6 +53,7 @@ from ..train.runs import (
     differences,
     read_config_values,
     read_run,
+    read_summary,
     resumed_values,
     write_run_config,
     write_summary,
@@ -252,6 +253,9 @@ class Job:
         with self.open_run(run_dir, resume=resume, overwrite=overwrite, topology=topology) as run:
             speaks = run.writes  # under torchrun rank 0 speaks for every process
             report = Reporter(quiet or on_event is not None or not speaks, on_event if speaks else None)
+            if (finished := finished_summary(run, config)) is not None:  # nothing asked of it: said, not redone
+                report(Message(finished_line(run, finished)))
+                return finished
             training = Training(config, run)
             training.data = self.make_corpus(training, **options)
             training.config = self.settled(training)
@@ -449,6 +453,31 @@ class Job:
 
     def load_tokenizer(self, run_dir: Path) -> Any:
         return load_tokenizer(RunFiles(run_dir).tokenizer_dir)
+
+
+LIMITS = ("steps", "budget_minutes", "max_minutes")  # what a resume changes to train a finished run further
+
+
+def finished_summary(run: RunDirectory, config: RunConfig) -> dict[str, Any] | None:
+    """The summary of the run that `run` resumes when it is finished (its summary.json written after the update
+    its checkpoint holds) and `config` asks for no more of it (the same `LIMITS` as its run.toml's); else None."""
+    summary_file = RunFiles(run.path).summary_file
+    if not run.resuming or not summary_file.is_file():
+        return None
+    summary = read_summary(run.path)
+    recorded = read_run(run.path).get("train", {})
+    if summary.get("steps") != run.step or any(recorded.get(key) != getattr(config.train, key) for key in LIMITS):
+        return None
+    return summary
+
+
+def finished_line(run: RunDirectory, summary: dict[str, Any]) -> str:
+    """What a resume of a finished run says instead of training and evaluating it again."""
+    return (
+        f"{run.destination} is finished ({summary['steps']} steps; its figures are in summary.json): nothing to "
+        f"resume; to train it further ask for more, {option(STEPS)} N above {summary['steps']} (or a longer "
+        f"train.budget_minutes)"
+    )
 
 
 def total_parameters(model: nn.Module) -> int:

@@ -3,18 +3,51 @@ of exact-match scores: a proportion (Wilson) and a paired difference over questi
 
 from __future__ import annotations
 
+import contextvars
 import math
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from statistics import NormalDist, fmean, stdev
 
 import torch
 from torch import Tensor, nn
+from tqdm import tqdm
 
 from ..data.batches import iter_eval_batches
 from ..errors import DataError
 from ..nn.devices import Accelerator, model_device
 from .precision import autocast
+
+_PROGRESS: contextvars.ContextVar[bool] = contextvars.ContextVar("kqv_evaluation_progress", default=False)
+PROGRESS_DELAY_S = 2.0  # a scoring that ends sooner shows no bar
+
+
+@contextmanager
+def showing_progress() -> Iterator[None]:
+    """Within the block, a long scoring (`perplexity`) shows a progress bar on standard error, as training does
+    where that is a terminal (`kqv eval`): a function called from Python prints nothing otherwise."""
+    token = _PROGRESS.set(True)
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
+
+
+def scoring_bar(tokens: int) -> tqdm:
+    """The bar of a scoring of `tokens` tokens: shown inside `showing_progress`, on a terminal, once it has taken
+    `PROGRESS_DELAY_S`; gone when it ends."""
+    shown = _PROGRESS.get() and sys.stderr.isatty()
+    return tqdm(
+        total=tokens,
+        unit="tok",
+        unit_scale=True,
+        desc="scoring",
+        delay=PROGRESS_DELAY_S,
+        leave=False,
+        disable=not shown,
+    )
 
 
 @torch.no_grad()
@@ -32,7 +65,8 @@ def perplexity(
 
     Returns the mean loss in nats per token, the perplexity exp(loss), bits per token, and, given the number of
     characters the ids encode, bits per character (comparable across tokenizers). `max_tokens` scores a prefix.
-    It runs on the model's device, in `precision` as it stands there.
+    It runs on the model's device, in `precision` as it stands there; inside `showing_progress`, a long one shows
+    a bar.
     """
     if max_tokens is not None and len(ids) > max_tokens + 1:
         n_chars = None if n_chars is None else round(n_chars * max_tokens / (len(ids) - 1))
@@ -42,11 +76,12 @@ def perplexity(
     total_nats, total_tokens = 0.0, 0
     device = Accelerator(model_device(model))
     ids = ids.long().to(device.device)  # the batches are cut where the ids are (a memmap's uint16: widened here)
-    with autocast(precision, device):
+    with autocast(precision, device), scoring_bar(len(ids) - 1) as bar:
         for inputs, targets in iter_eval_batches(ids, batch_size, context):
             mean_loss = model(inputs, targets)  # the model's own loss path, without the (tokens, vocab) logits
             total_nats += mean_loss.item() * targets.numel()
             total_tokens += targets.numel()
+            bar.update(targets.numel())
     model.train(was_training)
     loss = total_nats / total_tokens
     result = {
