@@ -377,9 +377,27 @@ def test_the_plan_is_the_most_updates_that_fit(available):
     assert steps == max(fitting) and limited_by == ("steps" if steps == 300 else "budget")
 
 
-def test_a_budget_too_short_for_the_warmup_still_plans_a_complete_schedule():
+def test_a_budget_too_short_for_the_warmup_is_kept_by_cutting_the_run_inside_it():
     cfg = budget_config(steps=300, warmup_steps=12)
-    assert fit_steps(cfg, 10, 1.0, 0.5, 3.0, 1.25) == (13, "minimum")  # one update past the warmup: the cosine's end
+    assert fit_steps(cfg, 10, 6.0, 0.5, 3.0, 1.25) == (13, "budget")  # one update past the warmup: the cosine's end
+    assert fit_steps(cfg, 10, 5.0, 0.5, 3.0, 1.25) == (11, "cut")  # the most that fit, inside the warmup
+    assert fit_steps(cfg, 10, 1.0, 0.5, 3.0, 1.25) == (10, "cut")  # not one more: stop now
+
+
+def test_a_machine_too_slow_to_time_its_updates_in_the_budget_plans_at_once_and_stops_within_it(tmp_path, caplog):
+    """A loaded machine (8 s an update) on which the updates the plan waits for would take 96 s of a 60 s budget:
+    at half the budget the plan comes at once from what was timed, cuts the run inside its warmup, and says so;
+    the run, its final evaluations included, ends within the budget."""
+    machine = FakeMachine(8.0)
+    cfg = budget_config(warmup_steps=12)
+    run = budget_trainer(tmp_path, cfg, machine, work_after_training=1)
+    final = run.train()
+    run.evaluate()  # the job's work after training, which the plan reserved
+    plan = plan_of(tmp_path)
+    assert plan["planned_at"] < cfg.warmup_steps and plan["limited_by"] == "cut"
+    assert run.step == final["step"] == plan["steps"] < cfg.warmup_steps
+    assert machine.now <= 60  # the promise kept
+    assert "too short for this machine to finish the schedule's warmup: the run stops after" in caplog.text
 
 
 # -- progress a person can read ----------------------------------------------------------------------------------

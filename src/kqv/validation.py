@@ -15,10 +15,12 @@ This module sits at the bottom of kqv (the model's `kqv.nn` imports it), so it i
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import math
 import types
 import typing
+from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar, Literal
 
 from .errors import ConfigError, ConfigTypeError
@@ -53,6 +55,14 @@ class Config:
         return build(cls, values)
 
 
+def did_you_mean(unknown: Sequence[str], valid: Iterable[str]) -> str:
+    """ " (did you mean 'steps'?)": the valid names closest to the unknown ones (difflib's ratio, at least 0.6), for a
+    refusal of a misspelled option; empty where none is close."""
+    valid = list(valid)
+    close = [match for name in unknown for match in difflib.get_close_matches(str(name), valid, n=1)]
+    return f" (did you mean {' or '.join(map(repr, dict.fromkeys(close)))}?)" if close else ""
+
+
 def build(cls: type, values: dict[str, Any], label: str | None = None) -> Any:
     """`cls(**values)`, with unknown or missing options reported by name and "none" read as None where allowed."""
     if not isinstance(values, dict):
@@ -62,7 +72,9 @@ def build(cls: type, values: dict[str, Any], label: str | None = None) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(values) - set(fields))
     if unknown:
-        raise ConfigError(f"unknown {label} option(s) {unknown}; valid options are {sorted(fields)}")
+        raise ConfigError(
+            f"unknown {label} option(s) {unknown}{did_you_mean(unknown, fields)}; valid options are {sorted(fields)}"
+        )
     missing = [name for name, f in fields.items() if name not in values and _required(f)]
     if missing:
         raise ConfigError(f"{label} needs the option(s) {missing}")

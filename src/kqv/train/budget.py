@@ -31,6 +31,10 @@ fixed `steps` equal to its plan, and a resume replays the recorded plan instead 
 (`resumed_plan`; a run stopped before its plan measures in its next session, its time so far counted against the
 budget). A run whose `steps` end before the plan would be fixed never plans: it is the fixed-steps run. `steps` is
 the upper bound; for runs that must be the same on every machine, set `budget_minutes = 0`.
+
+On a machine so slow (or loaded) that waiting for the timed updates would spend most of the budget (`PLAN_BY`), the
+plan comes at once from what was timed; and where the budget cannot hold even a cosine schedule's warmup, the plan
+cuts the run inside it ("cut", said as a warning) rather than overrun: the budget is kept either way.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ SKIPPED_UPDATES = FIRST_UPDATES  # not timed: the first calls of a session build
 TIMED_UPDATES = 20  # timed to measure the seconds an update takes
 LATEST_UPDATES = 3 * TIMED_UPDATES  # after the skipped ones, the plan waits no longer for updates that compile nothing
 MARGIN = 0.03  # of the budget, kept free for what the measurement missed (load, logging)
+PLAN_BY = 0.75  # of the budget: a plan that would come later (a machine too slow to time its updates) comes at once
 SLACK = 0.05  # of the budget: a plan that would leave this much more than the margin unused re-plans upward
 
 
@@ -74,7 +79,7 @@ class Plan:
     checkpoint_s: float  # one checkpoint write
     reserved_s: float  # the job's work after training: `work_after_training` evaluations
     predicted_s: float  # the whole run as planned, from its start: at most the budget less the margin
-    limited_by: str  # "budget", "steps" (the upper bound) or "minimum" (the budget fits less than the warmup)
+    limited_by: str  # "budget", "steps" (the upper bound) or "cut" (the budget fits less than the warmup)
     replans: int = 0  # how many times the pace measured after the plan changed it (`Watch`)
     compiling_updates: int = 0  # updates before the plan not timed: torch.compile compiled during them
 
@@ -94,21 +99,20 @@ def fit_steps(
     config: TrainConfig, done: int, available_s: float, update_s: float, eval_s: float, ckpt_s: float
 ) -> tuple[int, str]:
     """The most updates (at most `config.steps`) whose rest after `done` fits in `available_s` seconds, and what
-    limited it. A cosine plan ends after its warmup (else its schedule could not finish): that and one update more
-    than `done` are the minimum, kept (with a warning) when even they do not fit."""
+    limited it. A cosine plan ends after its warmup, so that its schedule finishes; when even that does not fit,
+    the budget wins: the most updates that fit, `done` (stop now) at the least, "cut" inside the warmup."""
     lowest = min(max(done + 1, config.warmup_steps + 1 if config.schedule == "cosine" else 0), config.steps)
     if predicted_seconds(config, done, config.steps, update_s, eval_s, ckpt_s) <= available_s:
         return config.steps, "steps"
-    if predicted_seconds(config, done, lowest, update_s, eval_s, ckpt_s) > available_s:
-        return lowest, "minimum"
-    low, high = lowest, config.steps  # fits(low) and not fits(high)
+    cut = predicted_seconds(config, done, lowest, update_s, eval_s, ckpt_s) > available_s
+    low, high = (done, lowest) if cut else (lowest, config.steps)  # fits(low) (or stops now) and not fits(high)
     while high - low > 1:
         middle = (low + high) // 2
         if predicted_seconds(config, done, middle, update_s, eval_s, ckpt_s) <= available_s:
             low = middle
         else:
             high = middle
-    return low, "budget"
+    return low, "cut" if cut else "budget"
 
 
 class Planner:
@@ -121,6 +125,8 @@ class Planner:
         self.last_step = int(min(start + SKIPPED_UPDATES + LATEST_UPDATES, limit))  # the latest
         self.first_timed = min(start + SKIPPED_UPDATES, self.plan_step - 1) + 1  # the first update timed
         self.seconds: list[float] = []  # the timed updates'
+        self.skipped: list[float] = []  # the seconds of the updates before the timed ones (a late plan's last resort)
+        self.pace_s = 0.0  # the seconds of the last timed update that compiled nothing
         self.compiling: list[float] = []  # the seconds of the updates not timed because something compiled
 
     @classmethod
@@ -142,22 +148,26 @@ class Planner:
     def timed(self, step: int, seconds: float, compiled: bool = False) -> None:
         """Note that update `step` took `seconds`, `compiled` something or not (the updates before `first_timed`
         are not counted, and those that compiled are kept apart)."""
-        if step >= self.first_timed:
-            (self.compiling if compiled else self.seconds).append(seconds)
+        (self.skipped if step < self.first_timed else self.compiling if compiled else self.seconds).append(seconds)
+        self.pace_s = seconds if step >= self.first_timed and not compiled else self.pace_s
 
-    def due(self, step: int, compiled: bool = False) -> bool:
+    def due(self, step: int, compiled: bool = False, elapsed_s: float = 0.0) -> bool:
         """Whether the plan is fixed after update `step` (which `compiled` something or not; the trainer then times
         one evaluation and one checkpoint and asks for `plan`): once `TIMED_UPDATES` updates are timed, from
-        `plan_step` on, or at `last_step` with fewer. A plan that would come at `steps` never comes."""
+        `plan_step` on, or at `last_step` with fewer; and at once, from whatever was timed, when the run, `elapsed_s`
+        into its budget, would reach `plan_step` past `PLAN_BY` of it at the pace of its last update (a machine too
+        slow to wait for its timed updates). A plan that would come at `steps` never comes."""
         timed = len(self.seconds) + (step >= self.first_timed and not compiled)
-        due = step >= self.plan_step and (timed >= TIMED_UPDATES or step >= self.last_step)
+        waited_s = elapsed_s + max(self.plan_step - step, 0) * self.pace_s
+        late = waited_s >= self.config.budget_minutes * 60 * PLAN_BY
+        due = late or (step >= self.plan_step and (timed >= TIMED_UPDATES or step >= self.last_step))
         return due and step < self.config.steps
 
     def plan(self, done: int, elapsed_s: float, eval_s: float, ckpt_s: float) -> Plan:
         """The plan after update `done`, `elapsed_s` into the run, given the measured costs (the updates that
         compiled count only when no other was timed)."""
         config = self.config
-        seconds = self.seconds or self.compiling
+        seconds = self.seconds or self.compiling or self.skipped
         update_s = sum(seconds) / len(seconds)
         reserved_s = self.work_after_training * eval_s
         budget_s = config.budget_minutes * 60
@@ -187,13 +197,15 @@ def announcement(plan: Plan) -> Message:
         f"{plan.update_s:.3g} s per update, {plan.evaluation_s:.3g} s per evaluation, "
         f"{format_duration(plan.reserved_s)} after training; about {format_duration(plan.predicted_s)} in all"
     )
-    if plan.limited_by == "minimum":
-        return Message(
-            f"{text}. The budget is too short for this machine: even the shortest complete schedule overruns it; "
-            f"raise train.budget_minutes or lower train.warmup_steps",
-            warning=True,
-        )
+    if plan.limited_by == "cut":
+        return Message(f"{text}. {CUT_SHORT.format(steps=plan.steps)}", warning=True)
     return Message(text)
+
+
+CUT_SHORT = (
+    "The budget is too short for this machine to finish the schedule's warmup: the run stops after {steps} "
+    "updates, inside it, to keep the budget; raise train.budget_minutes or lower train.warmup_steps"
+)
 
 
 def replanned_announcement(plan: Plan, was: dict[str, Any]) -> Message:
@@ -204,7 +216,9 @@ def replanned_announcement(plan: Plan, was: dict[str, Any]) -> Message:
         f"{was['update_s']:.3g} s), so {was['steps']} updates would {would} the {plan.budget_minutes:g}-minute "
         f"budget; now {plan.steps} updates, about {format_duration(plan.predicted_s)} in all"
     )
-    return Message(text, warning=plan.limited_by == "minimum")
+    if plan.limited_by == "cut":
+        return Message(f"{text}. {CUT_SHORT.format(steps=plan.steps)}", warning=True)
+    return Message(text)
 
 
 class Watch:

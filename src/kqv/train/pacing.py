@@ -74,13 +74,18 @@ class Pacing:
         self.planner = Planner.for_session(session.config, state.step, state.plan, session.work_after_training)
         self.watch = Watch.for_session(session.config, state.plan)
 
-    def due(self, step: int, compiled: bool) -> bool:
-        """Whether the plan is fixed after update `step`, which `compiled` something or not (the window is then
-        read). From the earliest update the plan may come at, rank 0 says for every rank: a rank's compilations
-        are its own."""
-        if self.planner is None or step < self.planner.plan_step:
+    def due(self, step: int, compiled: bool, elapsed_s: float = 0.0) -> bool:
+        """Whether the plan is fixed after update `step`, which `compiled` something or not, `elapsed_s` into the run
+        (the window is then read). From the earliest update the plan may come at, and before it at every update
+        (under torchrun at log intervals) in case the budget runs out first, rank 0 says for every rank: a rank's
+        compilations and clock are its own."""
+        if self.planner is None:
             return False
-        return distributed.rank0_says(self.planner.due(step, compiled), self.session.world_size)
+        session = self.session
+        early = step < self.planner.plan_step  # only a late plan: the budget mostly spent before the timed updates
+        if early and session.world_size > 1 and step % session.config.log_every:
+            return False
+        return distributed.rank0_says(self.planner.due(step, compiled, elapsed_s), session.world_size)
 
     def after_update(
         self, state: TrainState, seconds: float, compiled: bool, planning: bool, read: bool, run_start: float

@@ -24,7 +24,7 @@ import tomli_w
 
 from ..errors import TRAIN, WITHOUT_OVERRIDES, ConfigError, KqvError, RunError, option
 from ..nn.config import ModelConfig
-from ..validation import Config, build, check_fields, check_value
+from ..validation import Config, build, check_fields, check_value, did_you_mean
 from .config import TrainConfig
 from .files import write_atomically
 from .layout import RunFiles
@@ -75,7 +75,8 @@ class RunConfig(Config):
         unknown = sorted(set(values) - set(cls.sections()))
         if unknown:
             raise ConfigError(
-                f"unknown section(s) {unknown} in the {cls.task} run config; use "
+                f"unknown section(s) {unknown}{did_you_mean(unknown, cls.sections())} in the {cls.task} run config; "
+                f"use "
                 f"{', '.join(f'[{name}]' for name in cls.sections())}"
             )
         if not isinstance(values.get("train"), dict):

@@ -284,7 +284,7 @@ class Trainer:
                     self._mark = distributed.update_mark(self.device.device, self.world_size)  # its kernels queued
                 window.add(self.step, outcome.loss, outcome.grad_norm, outcome.good, outcome.tokens)
                 compiled = compilations() != compiling  # then its seconds are not training's (kqv.train.budget)
-                planning = pacing.due(self.step, compiled)
+                planning = pacing.due(self.step, compiled, self.state.elapsed_s)  # the last update's
                 read = self._due() or planning
                 if read:
                     self._read(window)  # the one sync: inside the update's time, which it waited for
