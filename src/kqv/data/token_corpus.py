@@ -8,10 +8,11 @@ A prepared corpus is a directory:
     tokenizer/        the tokenizer that encoded it (`kqv.data.tokenizers.load_tokenizer`)
     tokens.bin        the ids, little-endian, every source file's text encoded on its own, one after another
 
-The text is read in chunks cut only where a line starts with a printable ASCII character: no token of a
-byte-level BPE (whose pre-tokenizer never joins a newline to a following non-space) nor of a character tokenizer
-spans such a cut, so encoding the chunks one by one gives exactly the ids of encoding each file whole, whatever
-the chunk size, and a prepare resumed at any chunk writes the same bytes.
+The text is read in chunks cut only where a line starts with a printable ASCII character (or, in a chunk without
+one, at a space before a letter): no token of a byte-level BPE (whose pre-tokenizer never joins a newline to a
+following non-space, nor a space before a letter to what precedes it) nor of a character tokenizer spans such a
+cut, so encoding the chunks one by one gives exactly the ids of encoding each file whole, whatever the chunk size,
+and a prepare resumed at any chunk writes the same bytes.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ FORMAT = "kqv-token-corpus"
 MANIFEST, ARRAY, TOKENIZER = "manifest.json", "tokens.bin", "tokenizer"
 STATE = "prepare.json"  # an unfinished prepare's progress (`kqv.jobs.lm_prepared`)
 CUT = re.compile(r"\n(?=[!-~])")  # a cut no token spans: a newline before a printable ASCII character
+SPACE_CUT = re.compile(r"(?= [A-Za-z])")  # another, inside a line: before a space before a letter (`last_space_cut`)
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -63,6 +65,19 @@ def last_cut(data: bytes) -> int:
     return 0
 
 
+def last_space_cut(data: bytes) -> int:
+    """The byte offset of the last space before an ASCII letter in `data` (the cut falls before the space), 0 if
+    none: a cut inside a line no token spans either, for a line longer than a chunk. A byte-level BPE's
+    pre-tokenizer starts a piece at such a space whatever precedes it (a letter, digit or punctuation run never
+    takes a space; a run of spaces leaves its last to the word), and a character tokenizer has no pieces."""
+    end = len(data) - 1
+    while (k := data.rfind(b" ", 0, end)) > 0:
+        if 0x41 <= data[k + 1] <= 0x5A or 0x61 <= data[k + 1] <= 0x7A:
+            return k
+        end = k
+    return 0
+
+
 def decode(data: bytes, path: Path, offset: int) -> str:
     """UTF-8 text with universal newlines, as `load_text` reads a file."""
     try:
@@ -74,13 +89,15 @@ def decode(data: bytes, path: Path, offset: int) -> str:
 
 def read_chunks(path: Path, offset: int, chunk_bytes: int) -> Iterator[tuple[str, int]]:
     """(text, the byte offset after it) of each chunk of the file from byte `offset`: about `chunk_bytes` each, cut
-    at `CUT`s (a run of lines with no cut is carried into the next chunk), never the whole file at once."""
+    at `CUT`s, or where a chunk holds none at a space before a letter (`last_space_cut`: a single line of many
+    megabytes is read a chunk at a time), never the whole file at once (a run with no cut at all is carried into
+    the next chunk)."""
     with open(path, "rb") as file:
         file.seek(offset)
         carry = b""
         while block := file.read(chunk_bytes):
             data = carry + block
-            cut = last_cut(data)
+            cut = last_cut(data) or last_space_cut(data)
             if cut:
                 yield decode(data[:cut], path, offset), offset + cut
                 offset, carry = offset + cut, data[cut:]
@@ -91,10 +108,12 @@ def read_chunks(path: Path, offset: int, chunk_bytes: int) -> Iterator[tuple[str
 
 
 def pieces(text: str, count: int) -> list[str]:
-    """`text` cut at `CUT`s into about `count` pieces of similar size: for a batched, parallel encoding."""
+    """`text` cut at `CUT`s (or, in a long line, at `SPACE_CUT`s) into about `count` pieces of similar size: for a
+    batched, parallel encoding."""
     out, start, step = [], 0, max(1, len(text) // count)
     while start < len(text):
-        found = CUT.search(text, start + step)
+        found = CUT.search(text, start + step, start + 2 * step) or SPACE_CUT.search(text, start + step)
+        found = found or CUT.search(text, start + step)
         end = found.end() if found else len(text)
         out.append(text[start:end])
         start = end
