@@ -141,7 +141,10 @@ def test_every_old_name_points_at_a_field_of_its_sub_config():
         ("model.bigbird.window=-1", "model.bigbird.window must be >= 0"),
         ("model.experts.capacity_factor=0.0", "model.experts.capacity_factor must be positive"),
         ("model.memory_compressed.compression=1", "model.memory_compressed.compression must be at least 2"),
-        ("model.linformer.kk=3", r"unknown \[linformer\] option\(s\) \['kk'\]; valid options are \['k', 'sharing'\]"),
+        (
+            "model.linformer.kk=3",
+            r"unknown \[linformer\] option\(s\) \['kk'\] \(did you mean 'k'\?\); valid options are \['k', 'sharing'\]",
+        ),
         ("model.n_heads=3", r"d_model \(256\) must be divisible by n_heads \(3\)"),
     ],
 )

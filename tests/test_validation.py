@@ -94,7 +94,10 @@ def test_set_model_position_none_trains_through_the_cli(tmp_path):
 
 
 def test_unknown_and_missing_options_are_named_with_the_valid_ones():
-    with pytest.raises(ConfigError, match=r"unknown \[sample\] option\(s\) \['topk'\]; valid options are .*top_k"):
+    with pytest.raises(
+        ConfigError,
+        match=r"unknown \[sample\] option\(s\) \['topk'\] \(did you mean 'top_k'\?\); valid options are .*top_k",
+    ):
         build(SampleConfig, {"topk": 3})
     with pytest.raises(ConfigError, match=r"TrainConfig needs the option\(s\) \['batch_size'\]"):
         build(TrainConfig, {"steps": 3})

@@ -455,18 +455,17 @@ class Job:
         return load_tokenizer(RunFiles(run_dir).tokenizer_dir)
 
 
-LIMITS = ("steps", "budget_minutes", "max_minutes")  # what a resume changes to train a finished run further
-
-
 def finished_summary(run: RunDirectory, config: RunConfig) -> dict[str, Any] | None:
     """The summary of the run that `run` resumes when it is finished (its summary.json written after the update
-    its checkpoint holds) and `config` asks for no more of it (the same `LIMITS` as its run.toml's); else None."""
+    its checkpoint holds) and `config` asks for nothing more of it (every section as its run.toml's: more steps, a
+    longer budget or another config resume as before); else None."""
     summary_file = RunFiles(run.path).summary_file
     if not run.resuming or not summary_file.is_file():
         return None
-    summary = read_summary(run.path)
-    recorded = read_run(run.path).get("train", {})
-    if summary.get("steps") != run.step or any(recorded.get(key) != getattr(config.train, key) for key in LIMITS):
+    summary, recorded = read_summary(run.path), comparable(read_run(run.path))
+    recorded.get("model", {}).pop("vocab_size", None)  # the tokenizer's, which a config leaves open
+    asked = comparable(config.to_dict())
+    if summary.get("steps") != run.step or any(recorded.get(name) != section for name, section in asked.items()):
         return None
     return summary
 
