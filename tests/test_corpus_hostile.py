@@ -130,8 +130,12 @@ def test_a_run_from_before_the_sha256_was_recorded_still_loads_scores_and_resume
     assert (
         read_run(trained / "run")["data"]["path"] == "pc" and "tokens_sha256" not in read_run(trained / "run")["data"]
     )
-    shutil.rmtree(trained / "pc")  # prepared again with another tokenizer: its tokenizer still tells it apart
-    prepare("play.txt", "pc", tokenizer="char", progress=False)
+    resumed = evaluated("run")
+    (trained / "pc").rename(trained / "moved")  # gone: said so, with the way to give it, not blamed on the run
+    error = refused(["eval", "run"], "keeps no copy of the prepared corpus", "kqv eval run --data DIR")
+    assert "tokens.safetensors" not in error and "--overwrite" not in error
+    assert evaluated("run", "--data", "moved") == resumed
+    prepare("play.txt", "pc", tokenizer="char", progress=False)  # another tokenizer: still told apart
     refused(["eval", "run"], "another tokenizer")
 
 

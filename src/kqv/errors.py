@@ -206,6 +206,7 @@ PREPARE = Word("kqv.prepare(TEXT, {path!r})", f"`kqv prepare TEXT {flag.OUT} {{p
 VOCAB_SIZE = Word("vocab_size", flag.VOCAB_SIZE)
 SAMPLE_MB = Word("sample_mb", flag.SAMPLE_MB)
 TRAIN_ON_CORPUS = Word("overrides=['data.path={path}']", f"{flag.DATA} {{path}}")
+EVAL_CORPUS = Word("kqv.load({run!r}).evaluate(data=DIR)", f"`kqv eval {{run}} {flag.DATA} DIR`")
 MOVED_CORPUS = Word(
     "kqv.load({run!r}).evaluate(data=DIR), or train('lm', out={run!r}, resume=True, overrides=['data.path=DIR'])",
     f"`kqv eval {{run}} {flag.DATA} DIR` or `kqv train lm {flag.OUT} {{run}} {flag.RESUME} {flag.DATA} DIR`",

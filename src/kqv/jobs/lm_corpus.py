@@ -29,8 +29,9 @@ from typing import Any, ClassVar, Protocol
 from torch import Tensor, nn
 
 from ..data.batches import batch_generator, sample_batch
+from ..data.token_corpus import is_token_corpus
 from ..data.tokenizers import Tokenizer, load_tokenizer, make_tokenizer
-from ..errors import ConfigError
+from ..errors import EVAL_CORPUS, ConfigError, DataError, option
 from ..nn.config import ModelConfig
 from ..train.config import TrainConfig
 from ..train.evaluation import perplexity
@@ -242,6 +243,11 @@ class Corpus:
 
     def trained(self, tokenizer: Tokenizer, run_dir: Path) -> LoadedCorpus:
         """A trained run's corpus, as its tokens.safetensors holds it (what `kqv eval` scores)."""
+        if not RunFiles(run_dir).tokens_file.exists() and self.data.path and not is_token_corpus(self.data.path):
+            raise DataError(  # a run of a prepared corpus recorded before its SHA-256 was (no copy kept)
+                f"{run_dir} keeps no copy of the prepared corpus it trained on, and {self.data.path} holds none "
+                f"(moved or removed); give its place with {option(EVAL_CORPUS, run=str(run_dir))}"
+            )
         return self.read(tokenizer, load_tokens(run_dir))
 
     def trained_answers(self, trained: Callable[[], Any]) -> tuple[list[str], list[str]] | None:

@@ -52,7 +52,7 @@ from ..data.token_corpus import (
     window_starts,
 )
 from ..data.tokenizers import Tokenizer, check_vocab_size, encode_texts, load_tokenizer, make_tokenizer
-from ..errors import MOVED_CORPUS, SAMPLE_MB, VOCAB_SIZE, ConfigError, DataError, RunError, option
+from ..errors import MOVED_CORPUS, SAMPLE_MB, VOCAB_SIZE, ConfigError, DataError, KqvError, RunError, option
 from ..interop.directories import read_hf_tokenizer
 from ..train.config import TrainConfig
 from ..train.distributed import OwnRows
@@ -118,8 +118,9 @@ def prepare(
     try:
         with locked(out):
             return prepare_into(out, files, plan, chunk_bytes, progress)
-    except Exception:
-        if created and not recorded(out):  # refused before a token was recorded: nothing is left behind
+    except Exception as error:
+        refused = isinstance(error, KqvError) and not isinstance(error, OSError)  # the text or settings: no resume
+        if created and (refused or not recorded(out)):  # what this call made and cannot resume goes
             shutil.rmtree(out, ignore_errors=True)
         raise
 
