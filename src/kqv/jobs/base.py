@@ -458,15 +458,20 @@ class Job:
 def finished_summary(run: RunDirectory, config: RunConfig) -> dict[str, Any] | None:
     """The summary of the run that `run` resumes when it is finished (its summary.json written after the update
     its checkpoint holds) and `config` asks for nothing more of it (every section as its run.toml's: more steps, a
-    longer budget or another config resume as before); else None."""
+    longer budget or another config resume as before), its data files verified; else None."""
     summary_file = RunFiles(run.path).summary_file
     if not run.resuming or not summary_file.is_file():
         return None
-    summary, recorded = read_summary(run.path), comparable(read_run(run.path))
+    try:
+        summary = read_summary(run.path)
+    except (OSError, ValueError):  # damaged: the run is finished again, which writes it anew
+        return None
+    recorded = comparable(read_run(run.path))
     recorded.get("model", {}).pop("vocab_size", None)  # the tokenizer's, which a config leaves open
     asked = comparable(config.to_dict())
     if summary.get("steps") != run.step or any(recorded.get(name) != section for name, section in asked.items()):
         return None
+    RunFiles(run.path).verify_data()  # a damaged run is said so, finished or not
     return summary
 
 
