@@ -40,6 +40,9 @@ def test_kqv_eval_shows_a_scoring_bar_on_a_terminal_and_nowhere_else(run, monkey
     status, out, shown = command(["eval", str(run)], Terminal())
     assert status == 0 and "scoring" in shown and "tok" in shown and "perplexity" in out
     assert "scoring" not in command(["eval", str(run)])[2]  # not a terminal: no bar in a log
+    (pairs := run.parent / "pairs.tsv").write_text("To be\tor not\nthat\tis\n")
+    status, out, shown = command(["eval", str(run), "--data", str(pairs)], Terminal())  # greedy completions
+    assert status == 0 and "scoring" in shown and "prompt" in shown and "exact match" in out, shown
     with contextlib.redirect_stderr(terminal := Terminal()):
         kqv.load(run).evaluate()  # a Python call returns its figures and prints nothing
     assert terminal.getvalue() == ""

@@ -86,7 +86,8 @@ def lm_complete(run: LMRun | PretrainedRun, args: argparse.Namespace, options: d
         read = [(f"the file of prompts, --prompts {args.prompts}", args.prompts), *run_inputs(run.run_dir)]
         refuse_writing_over(args.out, read, OUT)
     prompts = read_prompts(args.prompts)
-    completions = run.complete(prompts, use_cache=not args.no_cache, **options)
+    with showing_progress():
+        completions = run.complete(prompts, use_cache=not args.no_cache, **options)
     if args.out is None:
         print("\n".join(escape_line(text) for text in completions))
         return
@@ -116,7 +117,8 @@ def lm_evaluate_pairs(run: LMRun | PretrainedRun, args: argparse.Namespace) -> N
     if args.predictions is not None:
         read = [(f"the file of pairs it scores, --data {args.data}", args.data), *run_inputs(run.run_dir)]
         refuse_writing_over(args.predictions, read, PREDICTIONS)
-    result = run.evaluate(pairs=args.data, max_tokens=args.max_tokens)
+    with showing_progress():  # the greedy completions, prompt batch by prompt batch
+        result = run.evaluate(pairs=args.data, max_tokens=args.max_tokens)
     if args.predictions is not None:
         path = write_predictions(args.predictions, result.predictions)
         print(f"wrote {path}: prompt, expected, got and correct (1/0) for each pair")

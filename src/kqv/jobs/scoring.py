@@ -36,7 +36,13 @@ from ..errors import COUNT, MAX_TOKENS, ConfigError, DataError, option
 from ..nn.devices import model_device
 from ..nn.generation import GenerationConfig, in_dtype
 from ..nn.models import DecoderLM
-from ..train.evaluation import QuestionDifference, difference_from_guess, difference_over_questions, wilson_interval
+from ..train.evaluation import (
+    QuestionDifference,
+    difference_from_guess,
+    difference_over_questions,
+    scoring_bar,
+    wilson_interval,
+)
 from ..validation import check_at_least
 from .base import check_text
 
@@ -110,13 +116,15 @@ def complete_ids(
     model = in_dtype(model.eval(), config.torch_dtype)  # one lower-precision copy (if any) for every batch
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     completions: list[list[int]] = [[] for _ in prompts]
-    for start in range(0, len(order), batch_size):
-        chosen = order[start : start + batch_size]
-        ids, mask = left_padded([prompts[i] for i in chosen], eos_id, device)
-        new = config.max_new_tokens if limit is None else min(config.max_new_tokens, limit - ids.shape[1] + 1)
-        out = model.generate(ids, new, eos_id=eos_id, generator=generator, attention_mask=mask, **options)
-        for i, row in zip(chosen, out[:, ids.shape[1] :].tolist(), strict=True):
-            completions[i] = row[: row.index(eos_id)] if eos_id in row else row
+    with scoring_bar(len(prompts), unit="prompt") as bar:  # shown by `kqv eval` and `kqv generate --prompts`
+        for start in range(0, len(order), batch_size):
+            chosen = order[start : start + batch_size]
+            ids, mask = left_padded([prompts[i] for i in chosen], eos_id, device)
+            new = config.max_new_tokens if limit is None else min(config.max_new_tokens, limit - ids.shape[1] + 1)
+            out = model.generate(ids, new, eos_id=eos_id, generator=generator, attention_mask=mask, **options)
+            for i, row in zip(chosen, out[:, ids.shape[1] :].tolist(), strict=True):
+                completions[i] = row[: row.index(eos_id)] if eos_id in row else row
+            bar.update(len(chosen))
     return completions
 
 

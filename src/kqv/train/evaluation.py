@@ -35,18 +35,12 @@ def showing_progress() -> Iterator[None]:
         _PROGRESS.reset(token)
 
 
-def scoring_bar(tokens: int) -> tqdm:
-    """The bar of a scoring of `tokens` tokens: shown inside `showing_progress`, on a terminal, once it has taken
-    `PROGRESS_DELAY_S`; gone when it ends."""
+def scoring_bar(total: int, unit: str = "tok") -> tqdm:
+    """The bar of a scoring of `total` tokens (or prompts, `unit`): shown inside `showing_progress`, on a terminal,
+    once it has taken `PROGRESS_DELAY_S`; gone when it ends."""
     shown = _PROGRESS.get() and sys.stderr.isatty()
     return tqdm(
-        total=tokens,
-        unit="tok",
-        unit_scale=True,
-        desc="scoring",
-        delay=PROGRESS_DELAY_S,
-        leave=False,
-        disable=not shown,
+        total=total, unit=unit, unit_scale=True, desc="scoring", delay=PROGRESS_DELAY_S, leave=False, disable=not shown
     )
 
 
