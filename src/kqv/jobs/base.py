@@ -53,7 +53,6 @@ from ..train.runs import (
     differences,
     read_config_values,
     read_run,
-    read_summary,
     resumed_values,
     write_run_config,
     write_summary,
@@ -61,6 +60,7 @@ from ..train.runs import (
 from ..train.slices import build_for
 from ..train.topology import Topology
 from ..train.trainer import Trainer
+from .held import finished_line, finished_summary
 from .offers import Offering
 
 
@@ -453,35 +453,6 @@ class Job:
 
     def load_tokenizer(self, run_dir: Path) -> Any:
         return load_tokenizer(RunFiles(run_dir).tokenizer_dir)
-
-
-def finished_summary(run: RunDirectory, config: RunConfig) -> dict[str, Any] | None:
-    """The summary of the run that `run` resumes when it is finished (its summary.json written after the update
-    its checkpoint holds) and `config` asks for nothing more of it (every section as its run.toml's: more steps, a
-    longer budget or another config resume as before), its data files verified; else None."""
-    summary_file = RunFiles(run.path).summary_file
-    if not run.resuming or not summary_file.is_file():
-        return None
-    try:
-        summary = read_summary(run.path)
-    except (OSError, ValueError):  # damaged: the run is finished again, which writes it anew
-        return None
-    recorded = comparable(read_run(run.path))
-    recorded.get("model", {}).pop("vocab_size", None)  # the tokenizer's, which a config leaves open
-    asked = comparable(config.to_dict())
-    if summary.get("steps") != run.step or any(recorded.get(name) != section for name, section in asked.items()):
-        return None
-    RunFiles(run.path).verify_data()  # a damaged run is said so, finished or not
-    return summary
-
-
-def finished_line(run: RunDirectory, summary: dict[str, Any]) -> str:
-    """What a resume of a finished run says instead of training and evaluating it again."""
-    return (
-        f"{run.destination} is finished ({summary['steps']} steps; its figures are in summary.json): nothing to "
-        f"resume; to train it further ask for more, {option(STEPS)} N above {summary['steps']} (or a longer "
-        f"train.budget_minutes)"
-    )
 
 
 def total_parameters(model: nn.Module) -> int:

@@ -1,13 +1,18 @@
 """What a run holds: the files of a kqv run or a Hugging Face model directory that loading it reads, and its
-fine-tune's sources' — what no command may write over (`kqv.train.files.refuse_writing_over`)."""
+fine-tune's sources' — what no command may write over (`kqv.train.files.refuse_writing_over`); and whether a run
+that a resume opens is finished (`finished_summary`: its summary, said instead of training it again)."""
 
 from __future__ import annotations
 
 import os
 import tomllib
 from pathlib import Path
+from typing import Any
 
+from ..errors import STEPS, option
 from ..train.layout import RunFiles
+from ..train.rundir import RunDirectory
+from ..train.runs import RunConfig, comparable, read_run, read_summary
 
 HF_CONFIG_FILE = "config.json"  # what makes a directory a Hugging Face model's
 # The files of a Hugging Face model directory that kqv reads (besides its *.safetensors weights).
@@ -67,3 +72,32 @@ def recorded_source(run_dir: Path) -> str | None:
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, AttributeError):
         return None  # no run.toml (a Hugging Face directory), or one that loading it will name
     return source if isinstance(source, str) and source else None
+
+
+def finished_summary(run: RunDirectory, config: RunConfig) -> dict[str, Any] | None:
+    """The summary of the run that `run` resumes when it is finished (its summary.json written after the update
+    its checkpoint holds) and `config` asks for nothing more of it (every section as its run.toml's: more steps, a
+    longer budget or another config resume as before), its data files verified; else None."""
+    summary_file = RunFiles(run.path).summary_file
+    if not run.resuming or not summary_file.is_file():
+        return None
+    try:
+        summary = read_summary(run.path)
+    except (OSError, ValueError):  # damaged: the run is finished again, which writes it anew
+        return None
+    recorded = comparable(read_run(run.path))
+    recorded.get("model", {}).pop("vocab_size", None)  # the tokenizer's, which a config leaves open
+    asked = comparable(config.to_dict())
+    if summary.get("steps") != run.step or any(recorded.get(name) != section for name, section in asked.items()):
+        return None
+    RunFiles(run.path).verify_data()  # a damaged run is said so, finished or not
+    return summary
+
+
+def finished_line(run: RunDirectory, summary: dict[str, Any]) -> str:
+    """What a resume of a finished run says instead of training and evaluating it again."""
+    return (
+        f"{run.destination} is finished ({summary['steps']} steps; its figures are in summary.json): nothing to "
+        f"resume; to train it further ask for more, {option(STEPS)} N above {summary['steps']} (or a longer "
+        f"train.budget_minutes)"
+    )
