@@ -16,6 +16,7 @@ from kqv.cli.main import main
 from kqv.cli.runs import answers_by_kind
 from kqv.jobs import lm_corpus
 from kqv.train import evaluation
+from kqv.train.trainer import Trainer
 from test_cli import TINY, corpus, run  # noqa: F401 -- the shared tiny run
 from test_finetune_fuzz import snapshot
 
@@ -65,7 +66,15 @@ def test_resuming_a_finished_run_says_so_in_one_line_without_scoring_it_again(tm
     assert snapshot(tmp_path / "r") == before
     assert kqv.train("lm", out=tmp_path / "r", resume=True, quiet=True) == summary  # its summary, as a new one's
     monkeypatch.undo()
-    assert main([*argv, "--resume", "--steps", "8", "--quiet"]) == 0  # asked for more, it trains on
+
+    def interrupted(self):
+        raise KeyboardInterrupt  # Ctrl-C once run.toml asks for 8 steps, before an update
+
+    monkeypatch.setattr(Trainer, "train", interrupted)
+    assert main([*argv, "--resume", "--steps", "8", "--quiet"]) == 130
+    monkeypatch.undo()  # its own run.toml now asks for more than its summary's 6 steps: not finished, it trains on
+    status, out, error = command(["train", "lm", "--out", str(tmp_path / "r"), "--resume", "--quiet"])
+    assert status == 0 and "finished" not in out, out + error
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["steps"] == 8
 
 

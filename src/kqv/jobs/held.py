@@ -88,7 +88,10 @@ def finished_summary(run: RunDirectory, config: RunConfig) -> dict[str, Any] | N
     recorded = comparable(read_run(run.path))
     recorded.get("model", {}).pop("vocab_size", None)  # the tokenizer's, which a config leaves open
     asked = comparable(config.to_dict())
-    if summary.get("steps") != run.step or any(recorded.get(name) != section for name, section in asked.items()):
+    planned = (run.checkpoint.state.get("plan") or {}).get("steps", config.train.steps)  # a budget's, or steps
+    if summary.get("steps") != run.step or run.step < planned:  # a summary of an earlier end, before more was asked
+        return None
+    if any(recorded.get(name) != section for name, section in asked.items()):
         return None
     RunFiles(run.path).verify_data()  # a damaged run is said so, finished or not
     return summary
