@@ -25,7 +25,6 @@ from ..data.tokenizers import Tokenizer, encode_text
 from ..errors import INIT_SOURCE, MAX_TOKENS, MERGE, PREPARE_TOKENIZER, TEXT, ConfigError, DataError, option
 from ..nn.config import ModelConfig
 from ..nn.devices import model_device
-from ..nn.generation import GenerationConfig
 from ..nn.lora import is_adapted, merge_lora
 from ..nn.models import DecoderLM, check_ids
 from ..train.checkpoints import partial_loader
@@ -42,8 +41,8 @@ from .lm_data import DataConfig
 from .lm_kinds import corpus_of
 from .offers import Completes, Evaluates, ExportsHF, Generates, ShowsAttention
 from .run_tokens import describe_corpus
-from .sampling import SampleConfig, continuations, generation_config, save_samples
-from .scoring import BATCH_SIZE, PairsEvaluation, check_pairs_alone, complete, evaluate_pairs
+from .sampling import Continues, SampleConfig, save_samples
+from .scoring import PairsEvaluation, check_pairs_alone, evaluate_pairs
 
 
 def with_prompt(config: LMRunConfig, corpus: LoadedCorpus) -> LMRunConfig:
@@ -208,29 +207,8 @@ LMTraining = Training[LMRunConfig, LoadedCorpus, FineTuneStart]  # `LMJob.train`
 
 
 @dataclass(repr=False)  # TrainedRun.__repr__: the model is too long to print
-class LMRun(TrainedRun, Generates, Completes, Evaluates, ShowsAttention, ExportsHF):
+class LMRun(TrainedRun, Continues, Generates, Completes, Evaluates, ShowsAttention, ExportsHF):
     """A trained language model: continue prompts, score text, and show its self-attention."""
-
-    def generate(self, prompt: str, config: GenerationConfig | None = None, **options: Any) -> list[str]:
-        """`count` continuations of `prompt` (each with the prompt), sampled one after another from one generator
-        seeded with `seed`: the options of `config` (a `GenerationConfig`; default its defaults) with `options`
-        (max_new_tokens=300, temperature=0.8, top_k, top_p, count=1, seed=0, use_cache=True, dtype="fp32")
-        changed. `temperature=0` is greedy; `dtype` "bf16" or "int8" generates in lower precision."""
-        return continuations(self.model, self.tokenizer, prompt, generation_config(self.model, config, options))
-
-    def complete(
-        self,
-        prompts: list[str],
-        config: GenerationConfig | None = None,
-        *,
-        batch_size: int = BATCH_SIZE,
-        **options: Any,
-    ) -> list[str]:
-        """The completion of each prompt, without the prompt and without the end of text it stopped at (the
-        tokenizer's <|endoftext|> or <eos>, else a character tokenizer's newline: `kqv.data.completions`), or
-        after `max_new_tokens`. The options are `generate`'s, with its defaults (`temperature=0` is greedy);
-        prompts go `batch_size` at a time, left-padded (`kqv.jobs.scoring.complete`)."""
-        return complete(self.model, self.tokenizer, prompts, generation_config(self.model, config, options), batch_size)
 
     def evaluate(
         self, data: str | Path | None = None, *, pairs: str | Path | None = None, max_tokens: int | None = None

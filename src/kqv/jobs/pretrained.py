@@ -14,7 +14,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -25,7 +25,7 @@ from ..interop import from_hf
 from ..interop.convert import read_config_json
 from ..interop.directories import read_hf_tokenizer
 from ..nn.devices import Accelerator, model_device
-from ..nn.generation import GenerationConfig, translate
+from ..nn.generation import translate
 from ..nn.heads import MaskedLM
 from ..nn.models import DecoderLM, Encoder, EncoderDecoder
 from ..validation import check_at_least
@@ -34,8 +34,8 @@ from .held import is_hf_directory
 from .lm import ATTENTION_MAX_TOKENS, LMEvaluation, evaluate_text, self_attention
 from .mt import DecodeConfig
 from .offers import Completes, Evaluates, ExportsHF, Generates, Offering, ShowsAttention, Translates
-from .sampling import continuations, generation_config
-from .scoring import BATCH_SIZE, PairsEvaluation, check_pairs_alone, complete, evaluate_pairs
+from .sampling import Continues
+from .scoring import PairsEvaluation, check_pairs_alone, evaluate_pairs
 
 __all__ = ["PretrainedEncoder", "PretrainedLM", "PretrainedRun", "PretrainedTranslator", "is_hf_directory"]
 
@@ -81,27 +81,10 @@ class PretrainedRun(Offering):
 
 
 @dataclass(repr=False)
-class PretrainedLM(PretrainedRun, Generates, Completes, Evaluates, ShowsAttention, ExportsHF):
+class PretrainedLM(PretrainedRun, Continues, Generates, Completes, Evaluates, ShowsAttention, ExportsHF):
     """A GPT-2 directory: the operations of a kqv LM run, with its options and checks (`LMRun`)."""
 
     names: ClassVar[str] = "GPT-2"  # whose directories these are, as a refusal names them
-
-    def generate(self, prompt: str, config: GenerationConfig | None = None, **options: Any) -> list[str]:
-        """`count` continuations of `prompt` (each with the prompt), as `LMRun.generate` makes them, with the same
-        options (a `GenerationConfig` and/or its fields as keywords)."""
-        return continuations(self.model, self.tokenizer, prompt, generation_config(self.model, config, options))
-
-    def complete(
-        self,
-        prompts: list[str],
-        config: GenerationConfig | None = None,
-        *,
-        batch_size: int = BATCH_SIZE,
-        **options: Any,
-    ) -> list[str]:
-        """A GPT-2's completion of each prompt, stopping at <|endoftext|> or after `max_new_tokens`, as
-        `LMRun.complete` makes them."""
-        return complete(self.model, self.tokenizer, prompts, generation_config(self.model, config, options), batch_size)
 
     def evaluate(
         self, data: str | Path | None = None, *, pairs: str | Path | None = None, max_tokens: int | None = None

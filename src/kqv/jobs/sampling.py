@@ -19,6 +19,7 @@ from ..nn.models import DecoderLM
 from ..train.files import write_text
 from ..validation import Config
 from .base import check_text
+from .scoring import BATCH_SIZE, complete
 
 
 @dataclass
@@ -109,3 +110,32 @@ def generate_text(model: DecoderLM, tokenizer: Tokenizer, prompt: str, max_new_t
         max_new_tokens = min(max_new_tokens, config.max_len - ids.shape[1] + 1)
     model.eval()
     return tokenizer.decode(model.generate(ids, max_new_tokens, **options)[0].tolist())
+
+
+class Continues:
+    """`generate` and `complete` for a run that holds a `DecoderLM` (`model`) and its `tokenizer`: a trained
+    run's (`LMRun`) and a Hugging Face GPT-2 directory's (`PretrainedLM`) alike."""
+
+    model: DecoderLM
+    tokenizer: Tokenizer
+
+    def generate(self, prompt: str, config: GenerationConfig | None = None, **options: Any) -> list[str]:
+        """`count` continuations of `prompt` (each with the prompt), sampled one after another from one generator
+        seeded with `seed`: the options of `config` (a `GenerationConfig`; default its defaults) with `options`
+        (max_new_tokens=300, temperature=0.8, top_k, top_p, count=1, seed=0, use_cache=True, dtype="fp32")
+        changed. `temperature=0` is greedy; `dtype` "bf16" or "int8" generates in lower precision."""
+        return continuations(self.model, self.tokenizer, prompt, generation_config(self.model, config, options))
+
+    def complete(
+        self,
+        prompts: list[str],
+        config: GenerationConfig | None = None,
+        *,
+        batch_size: int = BATCH_SIZE,
+        **options: Any,
+    ) -> list[str]:
+        """The completion of each prompt, without the prompt and without the end of text it stopped at (the
+        tokenizer's <|endoftext|> or <eos>, else a character tokenizer's newline: `kqv.data.completions`), or
+        after `max_new_tokens`. The options are `generate`'s, with its defaults (`temperature=0` is greedy);
+        prompts go `batch_size` at a time, left-padded (`kqv.jobs.scoring.complete`)."""
+        return complete(self.model, self.tokenizer, prompts, generation_config(self.model, config, options), batch_size)
