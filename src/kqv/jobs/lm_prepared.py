@@ -120,7 +120,7 @@ def prepare(
             return prepare_into(out, files, plan, chunk_bytes, progress)
     except Exception as error:
         refused = isinstance(error, KqvError) and not isinstance(error, OSError)  # the text or settings: no resume
-        if created and (refused or not recorded(out)):  # what this call made and cannot resume goes
+        if created and (refused or not holds_tokens(out)):  # what this call made and cannot resume goes
             shutil.rmtree(out, ignore_errors=True)
         raise
 
@@ -172,7 +172,7 @@ def same_plan(recorded: dict[str, Any] | None, plan: dict[str, Any]) -> bool:
     return recorded == {**plan, "sources": unhashed}
 
 
-def recorded(out: Path) -> bool:
+def holds_tokens(out: Path) -> bool:
     """Whether `out` holds a finished corpus or an unfinished prepare that recorded tokens (what a failure keeps)."""
     if (out / MANIFEST).is_file():
         return True
