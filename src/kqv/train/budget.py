@@ -126,7 +126,6 @@ class Planner:
         self.first_timed = min(start + SKIPPED_UPDATES, self.plan_step - 1) + 1  # the first update timed
         self.seconds: list[float] = []  # the timed updates'
         self.skipped: list[float] = []  # the seconds of the updates before the timed ones (a late plan's last resort)
-        self.pace_s = 0.0  # the seconds of the last timed update that compiled nothing
         self.compiling: list[float] = []  # the seconds of the updates not timed because something compiled
 
     @classmethod
@@ -149,7 +148,6 @@ class Planner:
         """Note that update `step` took `seconds`, `compiled` something or not (the updates before `first_timed`
         are not counted, and those that compiled are kept apart)."""
         (self.skipped if step < self.first_timed else self.compiling if compiled else self.seconds).append(seconds)
-        self.pace_s = seconds if step >= self.first_timed and not compiled else self.pace_s
 
     def due(self, step: int, compiled: bool = False, elapsed_s: float = 0.0) -> bool:
         """Whether the plan is fixed after update `step` (which `compiled` something or not; the trainer then times
@@ -158,7 +156,8 @@ class Planner:
         into its budget, would reach `plan_step` past `PLAN_BY` of it at the pace of its last update (a machine too
         slow to wait for its timed updates). A plan that would come at `steps` never comes."""
         timed = len(self.seconds) + (step >= self.first_timed and not compiled)
-        waited_s = elapsed_s + max(self.plan_step - step, 0) * self.pace_s
+        pace_s = self.seconds[-1] if self.seconds else 0.0  # the last timed update that compiled nothing
+        waited_s = elapsed_s + max(self.plan_step - step, 0) * pace_s
         late = waited_s >= self.config.budget_minutes * 60 * PLAN_BY
         due = late or (step >= self.plan_step and (timed >= TIMED_UPDATES or step >= self.last_step))
         return due and step < self.config.steps
