@@ -51,6 +51,7 @@ from ..train.runs import (
     RunConfig,
     comparable,
     differences,
+    override_key,
     read_config_values,
     read_run,
     resumed_values,
@@ -217,7 +218,7 @@ class Job:
         `section.key=value` overrides of what may change mid-run (`kqv.train.runs.resumed_values`)."""
         values = read_run(run_dir, self.name)
         self.config_class.from_run(resumed_values(values, list(overrides), check=False))  # an unknown option first
-        moves = [o for o in overrides if self.may_move(o.partition("=")[0].strip(), values)]
+        moves = [o for o in overrides if self.may_move(override_key(o), values)]
         values = resumed_values(values, moves, check=False)  # what the run checks itself when it starts
         return self.config_class.from_run(resumed_values(values, [o for o in overrides if o not in moves]))
 

@@ -31,7 +31,7 @@ from ..train.checkpoints import partial_loader
 from ..train.evaluation import perplexity
 from ..train.options import TrainerOptions
 from ..train.preflight import check_memory
-from ..train.runs import RunConfig, read_run
+from ..train.runs import RunConfig, override_key, read_run
 from ..validation import check_at_least
 from .base import AttentionMaps, Job, Outcome, TrainedRun, Training, check_text, total_parameters
 from .finetune import FINETUNE_CONTEXT, FinetuneConfig, FineTuneStart, fit_context
@@ -296,9 +296,7 @@ class LMJob(Job):
         """`Job.load_config`, refusing a tokenizer option set for a corpus that brings its own (a prepared one),
         which would be ignored."""
         config = super().load_config(path, overrides)
-        given = [
-            key for o in overrides if (key := o.partition("=")[0].strip()) in ("data.tokenizer", "data.vocab_size")
-        ]
+        given = [key for o in overrides if (key := override_key(o)) in ("data.tokenizer", "data.vocab_size")]
         if given and config.corpus.own_tokenizer:
             raise ConfigError(
                 f"{given[0]} cannot be set for the prepared corpus {config.data.path}, which was encoded once with "

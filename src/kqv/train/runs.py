@@ -139,11 +139,16 @@ def read_toml(path: Path, error: type[KqvError], remedy: str, damage: str = "not
         raise error(f"{path} is {damage}: {decode}; {remedy}") from None
 
 
+def override_key(override: str) -> str:
+    """The `section.key` that an override `section.key=value` sets."""
+    return override.partition("=")[0].strip()
+
+
 def apply_override(values: dict[str, Any], override: str) -> None:
     """Set `section.key=value` in values; the value is TOML (`200`, `"rope"`, `true`) or a bare string. A key of a
     sub-table takes one more dot: `model.linformer.k=128`."""
     key, sep, raw = override.partition("=")
-    section, *path = key.strip().split(".")
+    section, *path = override_key(override).split(".")
     if not sep or not path or not all(path):
         raise ConfigError(f"override {override!r} must look like section.key=value, e.g. train.steps=200")
     table = values.setdefault(section, {})
