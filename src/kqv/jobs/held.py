@@ -78,8 +78,7 @@ def finished_summary(run: RunDirectory, config: RunConfig) -> dict[str, Any] | N
     """The summary of the run that `run` resumes when it is finished (its summary.json written after the update
     its checkpoint holds) and `config` asks for nothing more of it (every section as its run.toml's: more steps, a
     longer budget or another config resume as before), its data files verified; else None."""
-    summary_file = RunFiles(run.path).summary_file
-    if not run.resuming or not summary_file.is_file():
+    if not run.resuming or not run.summary_file.is_file():  # a RunDirectory is its RunFiles
         return None
     try:
         summary = read_summary(run.path)
@@ -93,7 +92,7 @@ def finished_summary(run: RunDirectory, config: RunConfig) -> dict[str, Any] | N
         return None
     if any(recorded.get(name) != section for name, section in asked.items()):
         return None
-    RunFiles(run.path).verify_data()  # a damaged run is said so, finished or not
+    run.verify_data()  # a damaged run is said so, finished or not
     return summary
 
 
