@@ -1,0 +1,304 @@
+"""CS224N assignment 5's birthplace task, on its real text: recipes that read Wikipedia lines and then answer
+"Where was NAME born?" about people whose questions they never saw, beside the assignment's own minGPT.
+
+The data is the assignment's (`--data DIR` holding `wiki.txt` and `birth_places_train.tsv`: see
+docs/pretrain-to-answers.md for where the public files come from). Its held-out judge, `birth_dev.tsv`, is never
+read here: the development split is carved out of the 2,000 training questions by person (`DEV_SIZE` people drawn
+with `--split-seed`), every recipe fine-tunes or mixes in the other questions only, and it is scored on these.
+
+Arms (`--arm`, repeatable; default: every arm), each trained with every `--seeds` seed, `--parallel` runs at a time
+with `--threads` torch threads each:
+
+- `kqv: --config cs224n-a5`: kqv's shipped recipe, one command: the assignment's span corruption of `wiki.txt`
+  (random openings, a span of about a quarter, the loss on every token) and the questions (prompt, mask, answer)
+  in one run (`kqv train lm --config cs224n-a5`), scored by `kqv eval --data dev.tsv`;
+- `kqv: the text recipe`: one plain text of 40 passes, each pass every `wiki.txt` line cut to a random opening
+  and span-corrupted as the assignment's dataset does, with the questions as lines `QUESTION⁇PLACE⁇`, shuffled,
+  read as ordinary next-token text (blocks of 128 characters across lines);
+- `minGPT: course settings` / `minGPT: schedule fitted to the budget`: the assignment's own code
+  (`benchmarks/references/mingpt_a5.py --mingpt DIR`, a public solved copy's src/ folder), pretrained for
+  `--mingpt-minutes`, then fine-tuned as the course does; skipped with a note when `--mingpt` is not given.
+
+Every arm is scored by exact match on the development questions; the bar is the strongest answer that never reads
+the question, the training split's most frequent answer (one kind of question here, so one constant; ties to the
+first in sorted order), and the table shows each arm's mean over seeds with a seed-level 95% interval (Student's t),
+its paired difference to the constant over questions (`kqv.train.evaluation.difference_over_questions`, seeds
+averaged per question), minutes and tokens read.
+
+    python benchmarks/cs224n_a5.py --data ../shared/cs224n-a5 --mingpt minGPT_birthplace_prediction/src
+    python benchmarks/cs224n_a5.py --data DIR --arm 'kqv: --config cs224n-a5' --seeds 0 1 2
+    python benchmarks/cs224n_a5.py --data DIR --quick      # seconds: a few updates, checks the script
+
+Writes benchmarks/results/cs224n_a5.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import harness
+from kqv.train.evaluation import difference_over_questions
+
+DEV_SIZE = 400  # development people carved out of the 2,000 training questions
+MASK = "\u2047"  # the assignment's mask symbol (and kqv's character tokenizer's)
+TEXT_PASSES = 40  # the text recipe's passes over wiki.txt and the questions
+KQV_ARM, TEXT_ARM = "kqv: --config cs224n-a5", "kqv: the text recipe"
+MINGPT_ARMS = {"minGPT: course settings": "course", "minGPT: schedule fitted to the budget": "cpu"}
+ARMS = [KQV_ARM, TEXT_ARM, *MINGPT_ARMS]
+QUICK = ["--set", "train.steps=4", "--set", "model.d_model=32", "--set", "model.d_ff=64", "--set", "model.n_layers=1"]
+TEXT_SETTINGS = ["--set", "data.context=128", "--set", "train.steps=4000", "--set", "train.warmup_steps=200"]
+TEXT_SETTINGS += ["--set", "data.val_fraction=0.02", "--set", "train.budget_minutes=0"]
+
+
+def read_pairs(path: Path) -> list[tuple[str, str]]:
+    return [tuple(line.split("\t")) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def split(data: Path, work: Path, seed: int, size: int = DEV_SIZE) -> dict[str, Path]:
+    """The training questions split by person into train.tsv and dev.tsv, `size` people drawn with `seed` (each
+    question names one person)."""
+    pairs = read_pairs(data / "birth_places_train.tsv")
+    order = list(range(len(pairs)))
+    random.Random(seed).shuffle(order)
+    dev, train = sorted(order[:size]), sorted(order[size:])
+    files = {"train": work / "train.tsv", "dev": work / "dev.tsv", "dev_masked": work / "dev-masked.tsv"}
+    files["train"].write_text("".join(f"{pairs[k][0]}\t{pairs[k][1]}\n" for k in train), encoding="utf-8")
+    files["dev"].write_text("".join(f"{pairs[k][0]}\t{pairs[k][1]}\n" for k in dev), encoding="utf-8")
+    masked = "".join(f"{pairs[k][0]}{MASK}\t{pairs[k][1]}{MASK}\n" for k in dev)  # the text recipe's answers end in ⁇
+    files["dev_masked"].write_text(masked, encoding="utf-8")
+    return files
+
+
+def corrupted(line: str, rng: random.Random, longest: int = 112) -> str:
+    """The assignment's span corruption of one line: a random opening of 4 to 7/8 of 128 characters, a span of
+    about a quarter of it moved to the end (prefix ⁇ suffix ⁇ span)."""
+    kept = line[: rng.randint(4, longest)]
+    length = rng.randint(1, max(1, len(kept) // 2))
+    start = rng.randint(0, len(kept) - length)
+    return kept[:start] + MASK + kept[start + length :] + MASK + kept[start : start + length]
+
+
+def text_recipe(data: Path, train: Path, out: Path, seed: int, passes: int = TEXT_PASSES) -> Path:
+    """The text recipe's one file: `passes` shuffled passes of corrupted wiki lines and masked questions."""
+    wiki = [line for line in (data / "wiki.txt").read_text(encoding="utf-8").splitlines() if line.strip()]
+    questions = [f"{q}{MASK}{a}{MASK}" for q, a in read_pairs(train)]
+    rng, lines = random.Random(seed), []
+    for _ in range(passes):
+        one = [corrupted(line, rng) for line in wiki] + questions
+        rng.shuffle(one)
+        lines += one
+    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return out
+
+
+def kqv(args: list[str], threads: int) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    command = [sys.executable, "-m", "kqv.cli", *args]
+    return subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+
+
+def checked(result: subprocess.CompletedProcess, what: str) -> subprocess.CompletedProcess:
+    if result.returncode != 0:
+        raise RuntimeError(f"{what} failed ({result.returncode}): {result.stderr[-2000:]}")
+    return result
+
+
+def kqv_arm(name: str, seed: int, files: dict, data: Path, work: Path, threads: int, quick: bool) -> dict:
+    """Train one kqv arm with `seed`, score it on the development questions: its record."""
+    out = work / f"{'kqv' if name == KQV_ARM else 'text'}-{seed}"
+    if name == KQV_ARM:
+        sources = f'[{{path="{data / "wiki.txt"}", weight=2}}, {{path="{files["train"]}", weight=1}}]'
+        args = ["train", "lm", "--config", "cs224n-a5", "--set", f"data.sources={sources}"]
+        scored = files["dev"]
+    else:
+        text = text_recipe(data, files["train"], work / f"text-{seed}.txt", seed)
+        args = ["train", "lm", "--config", "quick", "--data", str(text), *TEXT_SETTINGS]
+        scored = files["dev_masked"]
+    args += ["--set", f"train.seed={seed}", "--out", str(out), *(QUICK if quick else [])]
+    start = time.monotonic()
+    checked(kqv(args, threads), f"{name} seed {seed}")
+    minutes = (time.monotonic() - start) / 60
+    predictions = out / "dev-predictions.tsv"
+    evaluated = kqv(["eval", str(out), "--data", str(scored), "--json", "--predictions", str(predictions)], threads)
+    figures = json.loads(checked(evaluated, f"scoring {name} seed {seed}").stdout.strip().splitlines()[-1])
+    got = [line.split("\t")[2] if line.count("\t") >= 2 else "" for line in predictions.read_text().splitlines()[1:]]
+    summary = json.loads((out / "summary.json").read_text())
+    return {
+        "arm": name,
+        "seed": seed,
+        "correct": figures["correct"],
+        "n": figures["n"],
+        "exact_match": figures["exact_match"],
+        "answers": [g.removesuffix(MASK).strip() for g in got],
+        "minutes": minutes,
+        "updates": summary.get("steps"),
+        "tokens": summary.get("train_tokens") or summary.get("tokens_seen"),
+    }
+
+
+def mingpt_arm(name: str, seed: int, files: dict, data: Path, mingpt: Path, minutes: float, threads: int) -> dict:
+    """The assignment's code pretrained for `minutes`, fine-tuned and scored on the development questions."""
+    script = Path(__file__).resolve().parent / "references" / "mingpt_a5.py"
+    answers = files["dev"].parent / f"mingpt-{MINGPT_ARMS[name]}-{seed}.txt"
+    command = [sys.executable, str(script), "--mingpt", str(mingpt), "--wiki", str(data / "wiki.txt")]
+    command += ["--train", str(files["train"]), "--dev", str(files["dev"]), "--minutes", str(minutes)]
+    command += ["--settings", MINGPT_ARMS[name], "--seed", str(seed), "--threads", str(threads)]
+    command += ["--predictions", str(answers)]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    result = checked(subprocess.run(command, capture_output=True, text=True, env=env, check=False), name)
+    record = json.loads(result.stdout.strip().splitlines()[-1])
+    got = answers.read_text(encoding="utf-8").splitlines()
+    return record | {"arm": name, "answers": got, "tokens": record["pretrain_tokens_padded"]}
+
+
+def rule_reader(data: Path, dev: list[tuple[str, str]]) -> list[str]:
+    """A reference that reads the text by rule, not a model: the words after "born in" in the line that starts
+    with the person's name (up to a comma, a full stop or a lower-case word); "" where the line has none. How much
+    of the task the text states in so many words."""
+    lines = {}
+    for line in (data / "wiki.txt").read_text(encoding="utf-8").splitlines():
+        lines.setdefault(line.split(".")[0].strip(), line)
+    answers = []
+    for question, _ in dev:
+        line = lines.get(question.removeprefix("Where was ").removesuffix(" born?").strip(), "")
+        after = line.split("born in ", 1)[1] if "born in " in line else ""
+        words = []
+        for word in after.replace(",", " , ").split():
+            if word in {",", "."} or not word[0].isupper():
+                break
+            words.append(word)
+        answers.append(" ".join(words))
+    return answers
+
+
+def seed_interval(values: list[float]) -> list[float]:
+    """A 95% interval of the mean over seeds (Student's t); one seed: no interval."""
+    t = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776}
+    if len(values) < 2:
+        return [values[0], values[0]]
+    half = t.get(len(values), 2.0) * statistics.stdev(values) / len(values) ** 0.5
+    return [statistics.mean(values) - half, statistics.mean(values) + half]
+
+
+def summarise(runs: list[dict], dev: list[tuple[str, str]], train: list[tuple[str, str]]) -> dict:
+    """Each arm's mean over seeds, its seed interval and its paired difference to the constant over questions."""
+    counts = Counter(answer for _, answer in train)
+    constant = sorted(counts, key=lambda a: (-counts[a], a))[0]
+    constant_scores = [float(answer == constant) for _, answer in dev]
+    arms = {}
+    for name in dict.fromkeys(run["arm"] for run in runs):
+        mine = [run for run in runs if run["arm"] == name]
+        per_question = [
+            statistics.mean(float(run["answers"][k] == dev[k][1].strip()) for run in mine) for k in range(len(dev))
+        ]
+        versus = difference_over_questions(per_question, constant_scores)
+        scores = [run["exact_match"] for run in mine]
+        arms[name] = {
+            "seeds": [run["seed"] for run in mine],
+            "exact_match": statistics.mean(scores),
+            "per_seed": scores,
+            "seed_95": seed_interval(scores),
+            "versus_constant": versus.to_dict("versus_constant"),
+            "minutes": [run["minutes"] for run in mine],
+            "tokens": [run.get("tokens") for run in mine],
+            "most_common_answers": Counter(a for run in mine for a in run["answers"]).most_common(5),
+        }
+    constant_em = statistics.mean(constant_scores)
+    return {"constant": constant, "constant_exact_match": constant_em, "dev_questions": len(dev), "arms": arms}
+
+
+def with_rule_reader(summary: dict, data: Path, dev: list[tuple[str, str]]) -> dict:
+    """`summary` with the rule reader's exact match on the development questions (`rule_reader`)."""
+    read = rule_reader(data, dev)
+    return summary | {"rule_reader_exact_match": statistics.mean(a == e.strip() for a, (_, e) in zip(read, dev))}
+
+
+def table(summary: dict) -> str:
+    rows = [
+        "| recipe | dev EM (seeds) [95% over seeds] | - constant [95%] | minutes | tokens |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, arm in summary["arms"].items():
+        seeds = " / ".join(f"{s:.3f}" for s in arm["per_seed"])
+        low, high = arm["seed_95"]
+        versus = arm["versus_constant"]
+        below, above = versus["versus_constant_95"]
+        diff = f"{versus['versus_constant']:+.3f} [{below:+.3f}, {above:+.3f}]"
+        minutes = statistics.mean(arm["minutes"])
+        tokens = [t for t in arm["tokens"] if t]
+        read = f"{statistics.mean(tokens) / 1e6:.1f}M" if tokens else ""
+        score = f"**{arm['exact_match']:.3f}** ({seeds}) [{low:.3f}, {high:.3f}]"
+        rows.append(f"| {name} | {score} | {diff} | {minutes:.1f} | {read} |")
+    rows.append(f"| constant: always '{summary['constant']}' | {summary['constant_exact_match']:.3f} |  |  |  |")
+    rule = summary["rule_reader_exact_match"]
+    rows.append(f"| not a model: the words after 'born in' in the person's line | {rule:.3f} |  |  |  |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = harness.arguments(
+        harness.summary(__doc__), quick="seconds: tiny models", output=harness.results_path("cs224n_a5"), threads=1
+    )
+    parser.add_argument("--data", type=Path, required=True, help="the folder of wiki.txt and birth_places_train.tsv")
+    parser.add_argument("--arm", action="append", choices=ARMS, help="an arm to run (repeatable; default: all)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--split-seed", type=int, default=0, help="the seed that draws the development people")
+    parser.add_argument("--dev-size", type=int, default=DEV_SIZE, help=f"development people (default {DEV_SIZE})")
+    parser.add_argument("--parallel", type=int, default=2, help="runs at a time (default 2, one thread each)")
+    parser.add_argument("--mingpt", type=Path, help="the src/ folder of a copy of the assignment's minGPT code")
+    parser.add_argument("--mingpt-minutes", type=float, default=28.0, help="minGPT's pretraining budget")
+    parser.add_argument("--work", type=Path, help="keep the runs here (default: a temporary folder, removed)")
+    args = parser.parse_args(argv)
+    for name in ("wiki.txt", "birth_places_train.tsv"):
+        if not (args.data / name).is_file():
+            parser.error(f"--data {args.data} holds no {name}: give the folder of the assignment's files")
+    work = args.work or Path(tempfile.mkdtemp(prefix="cs224n_a5-"))
+    work.mkdir(parents=True, exist_ok=True)
+    files = split(args.data, work, args.split_seed, args.dev_size)
+    arms = args.arm or ARMS
+    if args.mingpt is None:
+        arms = [a for a in arms if a not in MINGPT_ARMS]
+        print("minGPT arms skipped: give --mingpt (the assignment's src/ folder)", file=sys.stderr)
+    jobs = []
+    for name in arms:
+        for seed in args.seeds:
+            if name in MINGPT_ARMS:
+                minutes = 0.1 if args.quick else args.mingpt_minutes
+                jobs.append(
+                    lambda n=name, s=seed, m=minutes: mingpt_arm(n, s, files, args.data, args.mingpt, m, args.threads)
+                )
+            else:
+                jobs.append(lambda n=name, s=seed: kqv_arm(n, s, files, args.data, work, args.threads, args.quick))
+    with ThreadPoolExecutor(args.parallel) as pool:
+        runs = list(pool.map(lambda job: job(), jobs))
+    dev = read_pairs(files["dev"])
+    summary = with_rule_reader(summarise(runs, dev, read_pairs(files["train"])), args.data, dev)
+    record = {
+        "split_seed": args.split_seed,
+        "threads": args.threads,
+        "parallel": args.parallel,
+        **summary,
+        "runs": runs,
+    }
+    print(table(summary))
+    path = harness.output_path(args, "cs224n_a5", quick=args.quick)
+    if path is not None:
+        harness.write_record(path, record)
+    if args.work is None:
+        shutil.rmtree(work, ignore_errors=True)
+    return record
+
+
+if __name__ == "__main__":
+    main()
