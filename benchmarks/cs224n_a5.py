@@ -17,7 +17,10 @@ with `--threads` torch threads each:
   read as ordinary next-token text (blocks of 128 characters across lines);
 - `minGPT: course settings` / `minGPT: schedule fitted to the budget`: the assignment's own code
   (`benchmarks/references/mingpt_a5.py --mingpt DIR`, a public solved copy's src/ folder), pretrained for
-  `--mingpt-minutes`, then fine-tuned as the course does; skipped with a note when `--mingpt` is not given.
+  `--mingpt-minutes` (or `--mingpt-epochs` passes over wiki.txt: a budget that no other load on the machine
+  changes), then fine-tuned as the course does; skipped with a note when `--mingpt` is not given.
+
+`--work DIR` keeps every run there, and a run already finished there is scored as it is, not trained again.
 
 Every arm is scored by exact match on the development questions; the bar is the strongest answer that never reads
 the question, the training split's most frequent answer (one kind of question here, so one constant; ties to the
@@ -42,7 +45,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -114,8 +116,20 @@ def checked(result: subprocess.CompletedProcess, what: str) -> subprocess.Comple
     return result
 
 
+def tokens_read(run: Path) -> int:
+    """The tokens a run trained on, from its metrics.jsonl: each log interval's tokens/s times its seconds."""
+    tokens, before = 0.0, 0.0
+    for line in (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        if "tokens_per_s" in record and "train_seconds" in record:
+            tokens += record["tokens_per_s"] * (record["train_seconds"] - before)
+            before = record["train_seconds"]
+    return round(tokens)
+
+
 def kqv_arm(name: str, seed: int, files: dict, data: Path, work: Path, threads: int, quick: bool) -> dict:
-    """Train one kqv arm with `seed`, score it on the development questions: its record."""
+    """Train one kqv arm with `seed` (a finished run already in `work` is scored as it is: `--work` resumes a
+    benchmark), score it on the development questions: its record."""
     out = work / f"{'kqv' if name == KQV_ARM else 'text'}-{seed}"
     if name == KQV_ARM:
         sources = f'[{{path="{data / "wiki.txt"}", weight=2}}, {{path="{files["train"]}", weight=1}}]'
@@ -126,9 +140,8 @@ def kqv_arm(name: str, seed: int, files: dict, data: Path, work: Path, threads: 
         args = ["train", "lm", "--config", "quick", "--data", str(text), *TEXT_SETTINGS]
         scored = files["dev_masked"]
     args += ["--set", f"train.seed={seed}", "--out", str(out), *(QUICK if quick else [])]
-    start = time.monotonic()
-    checked(kqv(args, threads), f"{name} seed {seed}")
-    minutes = (time.monotonic() - start) / 60
+    if not (out / "summary.json").is_file():
+        checked(kqv(args, threads), f"{name} seed {seed}")
     predictions = out / "dev-predictions.tsv"
     evaluated = kqv(["eval", str(out), "--data", str(scored), "--json", "--predictions", str(predictions)], threads)
     figures = json.loads(checked(evaluated, f"scoring {name} seed {seed}").stdout.strip().splitlines()[-1])
@@ -141,23 +154,30 @@ def kqv_arm(name: str, seed: int, files: dict, data: Path, work: Path, threads: 
         "n": figures["n"],
         "exact_match": figures["exact_match"],
         "answers": [g.removesuffix(MASK).strip() for g in got],
-        "minutes": minutes,
-        "updates": summary.get("steps"),
-        "tokens": summary.get("train_tokens") or summary.get("tokens_seen"),
+        "minutes": summary["wall_seconds"] / 60,
+        "updates": summary["steps"],
+        "tokens": tokens_read(out),
     }
 
 
-def mingpt_arm(name: str, seed: int, files: dict, data: Path, mingpt: Path, minutes: float, threads: int) -> dict:
-    """The assignment's code pretrained for `minutes`, fine-tuned and scored on the development questions."""
+def mingpt_arm(name: str, seed: int, files: dict, data: Path, mingpt: Path, budget: list[str], threads: int) -> dict:
+    """The assignment's code pretrained for `budget` (["--epochs", E] or ["--minutes", M]), fine-tuned and scored on
+    the development questions (a record already in the work folder is read as it is)."""
     script = Path(__file__).resolve().parent / "references" / "mingpt_a5.py"
     answers = files["dev"].parent / f"mingpt-{MINGPT_ARMS[name]}-{seed}.txt"
+    done = answers.with_suffix(".json")
+    if done.is_file():
+        record = json.loads(done.read_text(encoding="utf-8"))
+        got = answers.read_text(encoding="utf-8").splitlines()
+        return record | {"arm": name, "answers": got, "tokens": record["pretrain_tokens_padded"]}
     command = [sys.executable, str(script), "--mingpt", str(mingpt), "--wiki", str(data / "wiki.txt")]
-    command += ["--train", str(files["train"]), "--dev", str(files["dev"]), "--minutes", str(minutes)]
+    command += ["--train", str(files["train"]), "--dev", str(files["dev"]), *budget]
     command += ["--settings", MINGPT_ARMS[name], "--seed", str(seed), "--threads", str(threads)]
     command += ["--predictions", str(answers)]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     result = checked(subprocess.run(command, capture_output=True, text=True, env=env, check=False), name)
     record = json.loads(result.stdout.strip().splitlines()[-1])
+    done.write_text(json.dumps(record), encoding="utf-8")
     got = answers.read_text(encoding="utf-8").splitlines()
     return record | {"arm": name, "answers": got, "tokens": record["pretrain_tokens_padded"]}
 
@@ -257,7 +277,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--dev-size", type=int, default=DEV_SIZE, help=f"development people (default {DEV_SIZE})")
     parser.add_argument("--parallel", type=int, default=2, help="runs at a time (default 2, one thread each)")
     parser.add_argument("--mingpt", type=Path, help="the src/ folder of a copy of the assignment's minGPT code")
-    parser.add_argument("--mingpt-minutes", type=float, default=28.0, help="minGPT's pretraining budget")
+    budget = parser.add_mutually_exclusive_group()
+    budget.add_argument("--mingpt-minutes", type=float, default=28.0, help="minGPT's pretraining budget (minutes)")
+    budget.add_argument("--mingpt-epochs", type=float, help="minGPT's pretraining budget in passes over wiki.txt")
     parser.add_argument("--work", type=Path, help="keep the runs here (default: a temporary folder, removed)")
     args = parser.parse_args(argv)
     for name in ("wiki.txt", "birth_places_train.tsv"):

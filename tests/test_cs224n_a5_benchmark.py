@@ -81,5 +81,17 @@ def test_the_quick_benchmark_trains_kqv_s_recipes_and_scores_them_on_the_develop
     assert set(record["arms"]) == {bench.KQV_ARM, bench.TEXT_ARM}
     for run in record["runs"]:
         assert run["n"] == 10 and len(run["answers"]) == 10 and 0 <= run["exact_match"] <= 1
+        assert run["updates"] == 4 and run["tokens"] > 0
     assert record["rule_reader_exact_match"] == 1.0  # every stand-in line says "born in TOWN"
     assert out.is_file()
+
+
+def test_a_finished_run_in_the_work_folder_is_scored_again_not_trained_again(data, tmp_path):
+    args = ["--data", str(data), "--quick", "--dev-size", "10", "--seeds", "0", "--parallel", "1"]
+    args += ["--arm", bench.KQV_ARM, "--output", str(tmp_path / "r.json"), "--work", str(tmp_path / "w")]
+    first = bench.main(args)
+    run = tmp_path / "w" / "kqv-0"
+    stamp = (run / "summary.json").stat().st_mtime_ns
+    again = bench.main(args)
+    assert (run / "summary.json").stat().st_mtime_ns == stamp
+    assert again["runs"][0]["answers"] == first["runs"][0]["answers"]
