@@ -127,10 +127,8 @@ def tokens_read(run: Path) -> int:
     return round(tokens)
 
 
-def kqv_arm(name: str, seed: int, files: dict, data: Path, work: Path, threads: int, quick: bool) -> dict:
-    """Train one kqv arm with `seed` (a finished run already in `work` is scored as it is: `--work` resumes a
-    benchmark), score it on the development questions: its record."""
-    out = work / f"{'kqv' if name == KQV_ARM else 'text'}-{seed}"
+def arm_command(name: str, seed: int, files: dict, data: Path, work: Path) -> tuple[list[str], Path]:
+    """The `kqv` arguments that train one kqv arm with `seed` (all but --out), and the questions that score it."""
     if name == KQV_ARM:
         sources = f'[{{path="{data / "wiki.txt"}", weight=2}}, {{path="{files["train"]}", weight=1}}]'
         args = ["train", "lm", "--config", "cs224n-a5", "--set", f"data.sources={sources}"]
@@ -139,7 +137,15 @@ def kqv_arm(name: str, seed: int, files: dict, data: Path, work: Path, threads: 
         text = text_recipe(data, files["train"], work / f"text-{seed}.txt", seed)
         args = ["train", "lm", "--config", "quick", "--data", str(text), *TEXT_SETTINGS]
         scored = files["dev_masked"]
-    args += ["--set", f"train.seed={seed}", "--out", str(out), *(QUICK if quick else [])]
+    return [*args, "--set", f"train.seed={seed}"], scored
+
+
+def kqv_arm(name: str, seed: int, files: dict, data: Path, work: Path, threads: int, quick: bool) -> dict:
+    """Train one kqv arm with `seed` (a finished run already in `work` is scored as it is: `--work` resumes a
+    benchmark), score it on the development questions: its record."""
+    out = work / f"{'kqv' if name == KQV_ARM else 'text'}-{seed}"
+    args, scored = arm_command(name, seed, files, data, work)
+    args += ["--out", str(out), *(QUICK if quick else [])]
     if not (out / "summary.json").is_file():
         checked(kqv(args, threads), f"{name} seed {seed}")
     predictions = out / "dev-predictions.tsv"

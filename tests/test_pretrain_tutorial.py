@@ -22,9 +22,12 @@ SHAPING = {  # the options that change what is trained (not logging, evaluation,
 }  # fmt: skip
 
 
-def commands() -> list[list[str]]:
-    """The tutorial's shell commands, one argument list each (continuation lines joined)."""
+def commands(real_text: bool = False) -> list[list[str]]:
+    """The tutorial's shell commands, one argument list each (continuation lines joined): those of the invented
+    world (from its step 1 on), or with `real_text` those of the CS224N section before it."""
     page = (ROOT / "docs" / "pretrain-to-answers.md").read_text()
+    before, world = page.split("\n## 1.", 1)
+    page = before if real_text else world
     blocks = re.findall(r"```\n(.*?)```", page, re.S)
     return [shlex.split(block.replace("\\\n", " ")) for block in blocks]
 
@@ -165,3 +168,20 @@ def test_the_encyclopedia_section_trains_the_benchmark_s_cs224n_recipe_on_its_te
         tmp_path / "bios_encyclopedia_pretrain.txt"
     ).read_text()
     assert (tmp_path / "encyclopedia" / "questions-seen.jsonl").read_text() == (tmp_path / "seen.jsonl").read_text()
+
+
+def test_the_real_text_section_trains_what_the_benchmark_s_kqv_arm_trains(tmp_path):
+    """The CS224N section's command is the benchmark's `kqv: --config cs224n-a5` arm: the same config, the text and
+    the training split as its two sources, weighted 2:1, and it is scored on the development split."""
+    bench = script("cs224n_a5")
+    benchmark, train, evaluate = commands(real_text=True)
+    assert benchmark[:2] == ["python", "benchmarks/cs224n_a5.py"] and bench.KQV_ARM in benchmark
+    assert train[:5] == ["kqv", "train", "lm", "--config", "cs224n-a5"]
+    files = {"train": Path("a5-runs/train.tsv"), "dev": Path("a5-runs/dev.tsv")}
+    args, scored = bench.arm_command(bench.KQV_ARM, 0, files, Path("a5"), Path("a5-runs"))
+    assert (
+        train[1:] + ["--set", "train.seed=0"] == args[:-2] + args[-2:]
+        and train[-2:] == ["--out", "runs/a5"]
+        or ([a for a in train[1:] if a not in ("--out", "runs/a5")] + ["--set", "train.seed=0"] == args)
+    )
+    assert evaluate[:3] == ["kqv", "eval", "runs/a5"] and options(evaluate, "--data") == [str(scored)]
