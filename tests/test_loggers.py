@@ -120,6 +120,7 @@ def test_a_missing_package_is_one_line_naming_its_install_command_before_anythin
     lm, tmp_path, capsys, monkeypatch
 ):
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # `import tensorboard` fails, as where it is missing
+    monkeypatch.setattr(RunDirectory, "open", lambda *_, **__: pytest.fail("the run directory was opened"))
     assert lm("--set", 'train.loggers=["csv","tensorboard"]') == 2
     error = capsys.readouterr().err.strip()
     assert "\n" not in error and "train.loggers" in error and "pip install tensorboard" in error, error
