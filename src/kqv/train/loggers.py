@@ -116,17 +116,23 @@ class CSVLogger(Logger):
             append_line(self.run.csv_file, self.line(self.rows[-1]))
 
     def line(self, row: dict[str, Any]) -> str:
-        text = io.StringIO()
-        csv.writer(text, lineterminator="").writerow([repr_value(row.get(name)) for name in self.columns])
-        return text.getvalue()
+        """A row's cells, in the columns' order, as one line of CSV (without its end)."""
+        return csv_line([repr_value(row.get(name)) for name in self.columns])
 
     def rewrite(self) -> None:
         """The whole file, atomically: the header and every row (nothing while there is no row)."""
         if self.rows:
-            header = ",".join(self.columns)
-            write_text(self.run.csv_file, "".join(f"{line}\n" for line in [header, *map(self.line, self.rows)]))
+            lines = [csv_line(self.columns), *map(self.line, self.rows)]
+            write_text(self.run.csv_file, "".join(f"{line}\n" for line in lines))
         elif self.run.csv_file.exists():  # a resume from before the first record
             write_atomically(self.run.csv_file, b"")
+
+
+def csv_line(cells: list[str]) -> str:
+    """One line of CSV, quoted where a cell needs it."""
+    text = io.StringIO()
+    csv.writer(text, lineterminator="").writerow(cells)
+    return text.getvalue()
 
 
 def repr_value(value: Any) -> str:
