@@ -186,3 +186,18 @@ def test_a_wandb_run_offline_holds_the_curve_and_a_resume_continues_the_same_run
     assert [step for step, _ in before] == [1, 2, 3] and [step for step, _ in after] == [3, 4, 5]
     recorded = dict(metrics(tmp_path, "train_loss"))
     assert all(loss == recorded[step] for step, loss in before + after)  # a resume redoes step 3 exactly
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb is not installed (an optional logger)")
+def test_wandb_without_a_login_is_one_line_naming_the_login_and_offline_mode(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))  # no key stored for this test's user either
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "config"))
+    with pytest.raises(ConfigError) as refused:
+        trainer(tmp_path / "run", config(steps=2, loggers=("wandb",))).train()
+    assert (
+        "\n" not in str(refused.value)
+        and "wandb login" in str(refused.value)
+        and "WANDB_MODE=offline" in str(refused.value)
+    )

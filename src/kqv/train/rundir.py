@@ -97,7 +97,7 @@ class RunDirectory(RunFiles):
                 else:
                     stack.callback(checkpoint.close)
             run = cls(path, if_exists, topology, existing, checkpoint)
-            stack.callback(run.loggers_closed)
+            stack.callback(run.close_loggers)
             if stage and run._overwrite_pending and run.writes:
                 run.stage_overwrite(stack)
             stack.push(run._abandon)  # before the lock is released and an unused directory removed
@@ -189,7 +189,7 @@ class RunDirectory(RunFiles):
             self._overwrite_pending = False
         self.path.mkdir(parents=True, exist_ok=True)
         keep_records(self.metrics_file, step)
-        self.loggers_closed()
+        self.close_loggers()
         if self.writes:
             self.loggers = Loggers.open(loggers, self, step)
 
@@ -198,7 +198,7 @@ class RunDirectory(RunFiles):
         append_metrics(self.metrics_file, record)
         self.loggers.log(record)
 
-    def loggers_closed(self) -> None:
+    def close_loggers(self) -> None:
         """Close the loggers (their files flushed): when the run directory is left, or opened again."""
         self.loggers.close()
 
