@@ -4,7 +4,6 @@ file); a resume after a crash continues the same curves with no step twice; a mi
 are one-line refusals before anything is written."""
 
 import csv
-import importlib.util
 import json
 import math
 import sys
@@ -173,8 +172,16 @@ def wandb_files(run: Path) -> list[tuple[str, list[tuple[int, float]]]]:
     return found
 
 
-@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb is not installed (an optional logger)")
-def test_a_wandb_run_offline_holds_the_curve_and_a_resume_continues_the_same_run(tmp_path, monkeypatch):
+@pytest.fixture
+def fresh_wandb():
+    """wandb as a new process finds it: its settings (read from the environment once) dropped before and after."""
+    wandb = pytest.importorskip("wandb", reason="wandb is not installed (an optional logger)")
+    wandb.teardown()
+    yield
+    wandb.teardown()
+
+
+def test_a_wandb_run_offline_holds_the_curve_and_a_resume_continues_the_same_run(tmp_path, monkeypatch, fresh_wandb):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     cfg = config(steps=5, checkpoint_every=2, eval_every=100, loggers=("wandb",))
@@ -188,8 +195,7 @@ def test_a_wandb_run_offline_holds_the_curve_and_a_resume_continues_the_same_run
     assert all(loss == recorded[step] for step, loss in before + after)  # a resume redoes step 3 exactly
 
 
-@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb is not installed (an optional logger)")
-def test_wandb_without_a_login_is_one_line_naming_the_login_and_offline_mode(tmp_path, monkeypatch):
+def test_wandb_without_a_login_is_one_line_naming_the_login_and_offline_mode(tmp_path, monkeypatch, fresh_wandb):
     monkeypatch.setenv("WANDB_MODE", "online")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))  # no key stored for this test's user either

@@ -156,7 +156,16 @@ class WandbLogger(Logger):
         if not run.wandb_id_file.exists():
             write_text(run.wandb_id_file, secrets.token_hex(8))
         run_id = run.wandb_id_file.read_text().strip()
-        self.wandb = wandb.init(dir=str(run.path), id=run_id, name=run.path.name, resume="allow", reinit="create_new")
+        try:
+            self.wandb = wandb.init(
+                dir=str(run.path), id=run_id, name=run.path.name, resume="allow", reinit="create_new"
+            )
+        except wandb.errors.Error as error:  # not logged in, say: a line, not wandb's traceback
+            said = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise ConfigError(
+                f"{FIELD} asks for 'wandb', which could not start a W&B run ({said}); log in with `wandb login`, "
+                f"or keep the run on this machine with WANDB_MODE=offline"
+            ) from None
 
     def log(self, step: int, figures: dict[str, float]) -> None:
         if step >= self.wandb.step:
