@@ -14,7 +14,9 @@ a `Trainer` given a plain path, by the Trainer itself. Entering it
 
 and leaving it closes the checkpoint and releases the lock (removing the directory it created when nothing was
 written into it). The Trainer neither locks nor decides: it loads `checkpoint` when there is one and calls
-`prepare(step)` on rank 0 before its first write.
+`prepare(step, loggers)` on rank 0 before its first write, which also opens the run's loggers (`train.loggers`:
+`kqv.train.loggers`); every metrics record then goes through `log` (metrics.jsonl, and the loggers), and the
+loggers are closed when the run directory is left.
 """
 
 from __future__ import annotations
