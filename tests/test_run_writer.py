@@ -107,6 +107,7 @@ def test_only_the_run_directory_s_writer_writes_into_a_run(tmp_path, monkeypatch
     audit = Audit(runs)
     audit.watch(monkeypatch)
     lm = ["train", "lm", "--config", str(config), "--data", str(corpus), "--quiet"]
+    lm += ["--set", 'train.loggers=["csv","tensorboard"]']  # their files, opened by the run directory
     assert main([*lm, "--out", str(runs / "lm")]) == 0
     assert main([*lm, "--out", str(runs / "lm"), "--steps", "4", "--resume"]) == 0
     lora = ["--init", str(runs / "lm"), "--set", "finetune.lora_rank=2", "--steps", "2"]

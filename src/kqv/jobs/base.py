@@ -251,6 +251,7 @@ class Job:
         topology = Topology.of_process()  # this process among the run's, made once and handed down
         config = planned_update(config, topology)  # what run.toml records: the batch and accumulation this run takes
         refuse_writing_over(run_dir, self.inputs(config), option(OUT), directory=True)  # before anything is written
+        config.train.check_installed()  # a logger's missing package, said before the data are made
         with self.open_run(run_dir, resume=resume, overwrite=overwrite, topology=topology) as run:
             speaks = run.writes  # under torchrun rank 0 speaks for every process
             report = Reporter(quiet or on_event is not None or not speaks, on_event if speaks else None)

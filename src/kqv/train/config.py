@@ -10,6 +10,7 @@ from typing import Any, Literal
 from ..errors import ConfigError
 from ..nn.devices import check_device_name
 from ..validation import Config, check_at_least, check_positive, check_seed
+from .loggers import check_installed, check_names
 from .metrics import FIRST_UPDATES
 from .precision import Precision
 
@@ -53,7 +54,9 @@ class TrainConfig(Config):
     update whatever the number of processes: `batch_size` is then the rows each process holds (its device's
     share), and `grad_accum` is derived from both (`per_update`), so a config runs unchanged on 1 or 8 GPUs.
     Compiled or not, checkpoints are the same files; with dropout, inductor draws its own random numbers, so a
-    compiled run follows the same distribution as an uncompiled one, not the same masks.
+    compiled run follows the same distribution as an uncompiled one, not the same masks. `loggers` hands the
+    metrics.jsonl records to TensorBoard ("tensorboard": `RUN/tensorboard/`), a table ("csv": `RUN/metrics.csv`) or
+    Weights & Biases ("wandb"), at the same steps, from rank 0 (`kqv.train.loggers`).
     """
 
     steps: int
@@ -81,6 +84,7 @@ class TrainConfig(Config):
     tokens_per_update: int = 0  # > 0: batch_size is each process's rows, grad_accum follows (`per_update`)
     parallel: Parallel = "ddp"  # under torchrun: "ddp" replicates the model, "fsdp" shards it (kqv.train.sharding)
     collective_timeout_minutes: float = 10.0  # under torchrun: a collective waiting longer for a process fails
+    loggers: tuple[str, ...] = ()  # where the metrics go besides metrics.jsonl: "tensorboard", "csv", "wandb"
 
     def check(self) -> None:
         for name, minimum in (
@@ -98,6 +102,7 @@ class TrainConfig(Config):
             check_at_least(name, getattr(self, name), minimum)
         check_seed("seed", self.seed)
         check_device_name(self.device)
+        check_names(self.loggers)
         if self.precision == "fp16" and self.device == "cpu":
             raise ConfigError("precision 'fp16' is for GPUs; on the CPU use 'bf16', 'fp32' or 'auto'")
         if self.max_minutes < 0:
@@ -113,6 +118,11 @@ class TrainConfig(Config):
             raise ConfigError(f"grad_clip must be non-negative (0 disables clipping), got {self.grad_clip}")
         if not all(0 <= beta < 1 for beta in self.betas):
             raise ConfigError(f"betas must lie in [0, 1), got {self.betas}")
+
+    def check_installed(self) -> None:
+        """ConfigError, before any training, when a package that training needs here is missing (a logger's:
+        `kqv.train.loggers`). Not part of `check`: a run trained with TensorBoard still loads where it is missing."""
+        check_installed(self.loggers)
 
     def per_update(self, context: int, processes: int) -> TrainConfig:
         """This config with `tokens_per_update` spent: the global micro-batch `batch_size * processes` rows and

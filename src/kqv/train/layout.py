@@ -9,6 +9,8 @@ A run directory (`kqv train NAME --out DIR`) holds:
     pairs.safetensors   the encoded sentence pairs (mt), with data/{dev,test}.{src,tgt}, the held-out text
     checkpoint/         weights, optimizer and generator states (kqv.train.checkpoints; shards: kqv.train.shards)
     metrics.jsonl       one record per log or evaluation step, and loss.png (kqv.train.metrics)
+    tensorboard/        the same records as TensorBoard's events, metrics.csv as a table, wandb/ a Weights & Biases
+                        run's files: each only where `train.loggers` names it (kqv.train.loggers)
     samples.txt         generated text (lm); test.hyp: the test translations (mt)
     summary.json        the final figures of the run
     SHA256SUMS          the checksums of run.toml and the data files, verified when read back (`record`)
@@ -41,6 +43,8 @@ SAMPLES_FILE, TEST_HYPOTHESES_FILE = "samples.txt", "test.hyp"
 MANIFEST_FILE = "SHA256SUMS"  # the data files' checksums (`record`)
 # what the trainer writes
 METRICS_FILE, PLOT_FILE = "metrics.jsonl", "loss.png"
+TENSORBOARD_DIR, CSV_FILE, WANDB_DIR = "tensorboard", "metrics.csv", "wandb"  # train.loggers' (kqv.train.loggers)
+WANDB_ID_FILE = "kqv-run-id"  # in wandb/: the id of the W&B run a resume continues
 CHECKPOINT_DIR = "checkpoint"
 PREVIOUS_CHECKPOINT_DIR = "checkpoint.old"  # exists only between the two renames of a checkpoint swap
 MODEL_FILE, OPTIMIZER_FILE, RNG_FILE, STATE_FILE = "model.safetensors", "optimizer.pt", "rng.safetensors", "state.json"
@@ -58,7 +62,8 @@ JOB_FILES = {
     SAMPLES_FILE,
     TEST_HYPOTHESES_FILE,
 }
-TRAINER_FILES = (CHECKPOINT_DIR, PREVIOUS_CHECKPOINT_DIR, METRICS_FILE, PLOT_FILE)  # what marks an earlier run
+# what marks an earlier run (the loggers' files too: an overwrite deletes them with the rest)
+TRAINER_FILES = (CHECKPOINT_DIR, PREVIOUS_CHECKPOINT_DIR, METRICS_FILE, PLOT_FILE, TENSORBOARD_DIR, CSV_FILE, WANDB_DIR)
 RUN_FORMAT = {*JOB_FILES, MANIFEST_FILE, *TRAINER_FILES, LOCK_FILE}  # everything kqv writes into a run directory
 
 CHECKPOINT_FORMAT = {MODEL_FILE, OPTIMIZER_FILE, RNG_FILE, STATE_FILE, SHARDS_DIR}  # what a checkpoint/ holds
@@ -127,6 +132,26 @@ class RunFiles:
     @property
     def plot_file(self) -> Path:
         return self.path / PLOT_FILE
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        """tensorboard/: the metrics as TensorBoard's event files (`train.loggers`), written by its own writer."""
+        return self.path / TENSORBOARD_DIR
+
+    @property
+    def csv_file(self) -> Path:
+        """metrics.csv: the metrics as a table, a row per record (`train.loggers`)."""
+        return self.path / CSV_FILE
+
+    @property
+    def wandb_dir(self) -> Path:
+        """wandb/: a Weights & Biases run's files (`train.loggers`), written by wandb itself."""
+        return self.path / WANDB_DIR
+
+    @property
+    def wandb_id_file(self) -> Path:
+        """The id of the run's W&B run, which a resume continues."""
+        return self.wandb_dir / WANDB_ID_FILE
 
     @property
     def checkpoint_dir(self) -> Path:

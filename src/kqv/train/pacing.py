@@ -24,7 +24,6 @@ from .budget import Plan, Planner, Watch, announcement, planned_steps, replanned
 from .compiling import compilations
 from .config import TrainConfig
 from .events import Event
-from .metrics import append_metrics
 from .state import TrainState
 
 
@@ -39,7 +38,8 @@ def agreed_steps(plan: Plan | None, world_size: int) -> int:
 @dataclass(frozen=True)
 class PacedSession:
     """What pacing reads of the Trainer's session: its `config` (the budget; `steps` the upper bound), this
-    process's `rank` of `world_size`, its `clock`, the `metrics_file` plans are recorded in, the evaluations of
+    process's `rank` of `world_size`, its `clock`, the `metrics_file` plans are recorded in (by `log`, the run
+    directory's, which hands them to the run's loggers too), the evaluations of
     work the job does after training (`work_after_training`, reserved in the plan), and what it times before the
     plan: `evaluate` (one evaluation's metrics, empty when the run has none), `redraw_plot` (its loss plot) and
     `save_checkpoint` (of the state as it is)."""
@@ -49,6 +49,7 @@ class PacedSession:
     world_size: int
     clock: Callable[[], float]
     metrics_file: Path
+    log: Callable[[dict[str, Any]], None]
     work_after_training: float
     evaluate: Callable[[], dict[str, float]]
     redraw_plot: Callable[[], None]
@@ -159,5 +160,5 @@ class Pacing:
         if plan is not None:
             record = {"step": state.step, **(metrics or {}), key: adopted}
             record.update(train_seconds=state.train_seconds, elapsed_s=self.session.clock() - run_start)
-            append_metrics(self.session.metrics_file, record)
+            self.session.log(record)
         return adopted

@@ -14,7 +14,9 @@ a `Trainer` given a plain path, by the Trainer itself. Entering it
 
 and leaving it closes the checkpoint and releases the lock (removing the directory it created when nothing was
 written into it). The Trainer neither locks nor decides: it loads `checkpoint` when there is one and calls
-`prepare(step)` on rank 0 before its first write.
+`prepare(step, loggers)` on rank 0 before its first write, which also opens the run's loggers (`train.loggers`:
+`kqv.train.loggers`); every metrics record then goes through `log` (metrics.jsonl, and the loggers), and the
+loggers are closed when the run directory is left.
 """
 
 from __future__ import annotations
@@ -28,14 +30,15 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from ..errors import IF_EXISTS_OVERWRITE, RESUME, RUN_DIRECTORY, ConfigError, KqvError, option
 from ..signals import completed
 from .checkpoints import Checkpoint, has_checkpoint, read_checkpoint
 from .files import TEMPORARY, is_temporary
 from .layout import RUN_FORMAT, RunFiles
-from .metrics import keep_records
+from .loggers import Loggers
+from .metrics import append_metrics, keep_records
 from .topology import Topology
 
 logger = logging.getLogger(__name__)
@@ -61,6 +64,7 @@ class RunDirectory(RunFiles):
         self._overwrite_pending = bool(existing) and if_exists == "overwrite"
         self.final: Path | None = None  # where a staged overwrite goes when committed (`path` is its stage until)
         self.started = False  # whether training started (`prepare`): the directory then holds a run
+        self.loggers = Loggers()  # where its metrics go besides metrics.jsonl (`train.loggers`), from `prepare` on
 
     @classmethod
     @contextmanager
@@ -95,6 +99,7 @@ class RunDirectory(RunFiles):
                 else:
                     stack.callback(checkpoint.close)
             run = cls(path, if_exists, topology, existing, checkpoint)
+            stack.callback(run.close_loggers)
             if stage and run._overwrite_pending and run.writes:
                 run.stage_overwrite(stack)
             stack.push(run._abandon)  # before the lock is released and an unused directory removed
@@ -174,10 +179,10 @@ class RunDirectory(RunFiles):
 
     # -- training starts -------------------------------------------------------------------------------------
 
-    def prepare(self, step: int) -> None:
+    def prepare(self, step: int, loggers: tuple[str, ...] = ()) -> None:
         """Make the directory ready for training from `step` (rank 0, when training starts): swap a staged
         overwrite in, else delete the earlier run's files when overwriting, and drop metrics records of steps
-        after `step`: they are about to be redone."""
+        after `step`: they are about to be redone; then open the `loggers` (`train.loggers`), which drop theirs."""
         self.commit()
         self.started = True
         if self._overwrite_pending:
@@ -186,6 +191,18 @@ class RunDirectory(RunFiles):
             self._overwrite_pending = False
         self.path.mkdir(parents=True, exist_ok=True)
         keep_records(self.metrics_file, step)
+        self.close_loggers()
+        if self.writes:
+            self.loggers = Loggers.open(loggers, self, step)
+
+    def log(self, record: dict[str, Any]) -> None:
+        """One record of the run's metrics (rank 0's): a line of metrics.jsonl, and its figures to every logger."""
+        append_metrics(self.metrics_file, record)
+        self.loggers.log(record)
+
+    def close_loggers(self) -> None:
+        """Close the loggers (their files flushed): when the run directory is left, or opened again."""
+        self.loggers.close()
 
 
 STAGED, REPLACED = ".kqv-new", ".kqv-old"  # suffixes of an overwrite's stage and of the run it replaces

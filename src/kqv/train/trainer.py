@@ -40,7 +40,8 @@ writes files and shows progress.
 
 Files in `run_dir`: `metrics.jsonl` (one JSON object per log or evaluation step; with mixture-of-experts layers a
 log record also holds `aux_loss`, `dropped_fraction` and each layer's `expert_load` of the last training batch),
-`loss.png`, and `checkpoint/` (`kqv.train.checkpoints`).
+`loss.png`, `checkpoint/` (`kqv.train.checkpoints`), and where `train.loggers` asks, the same records as TensorBoard
+events, a CSV table or a W&B run (`kqv.train.loggers`).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ from .config import TrainConfig, learning_rate, replan
 from .evaluator import Evaluator
 from .events import Evaluation, Message, Progress
 from .flops import model_flops_per_token, utilisation
-from .metrics import Pace, Window, append_metrics, format_duration, plot_losses
+from .metrics import Pace, Window, format_duration, plot_losses
 from .nonfinite import NonFiniteGuard, TrainingDiverged, diverged_message, warn_withheld
 from .optimizer import make_optimizer
 from .options import TrainerOptions
@@ -112,6 +113,7 @@ class Trainer:
     ):
         if not isinstance(config, TrainConfig):
             raise ConfigTypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+        config.check_installed()  # a logger's missing package: said before anything is placed or written
         self.options = options = TrainerOptions.of(options, given)
         # where it trains (`kqv.train.placement`); under FSDP `callers_model` is released by the shard
         topology = run_dir.topology if isinstance(run_dir, RunDirectory) else Topology.of_process()  # made once
@@ -253,9 +255,9 @@ class Trainer:
         after the checkpoint; a resume that changed the plan says so in metrics.jsonl."""
         if self.rank != 0:
             return
-        self.run.prepare(self.step)
+        self.run.prepare(self.step, self.config.loggers)  # its loggers opened: they continue from this step
         if self.replanned is not None:
-            append_metrics(self.run.metrics_file, self.replanned)
+            self.run.log(self.replanned)
 
     def _leave_process_group(self) -> None:
         """DDP's reducer lets go of the group first, so that it goes now, after `distributed.settle`."""
@@ -319,7 +321,7 @@ class Trainer:
     def _paced_session(self) -> PacedSession:
         """What a budget's pacing reads of this session: it times an evaluation (with its plot) and a checkpoint."""
         evaluate = self.evaluate if self.evaluator.evaluates else dict  # one evaluation's metrics, or none
-        place = (self.config, self.rank, self.world_size, self.clock, self.run.metrics_file)
+        place = (self.config, self.rank, self.world_size, self.clock, self.run.metrics_file, self.run.log)
         return PacedSession(*place, self.options.work_after_training, evaluate, self.redraw_plot, self.save_checkpoint)
 
     def _adopt(self, new: NewPlan | None) -> None:
@@ -349,7 +351,7 @@ class Trainer:
             return
         if self.rank == 0:
             stopped = {"step": verdict.diverged_at, "bad_steps": self.state.bad_steps}
-            append_metrics(self.run.metrics_file, {**stopped, "stopped": "non-finite loss or gradient"})
+            self.run.log({**stopped, "stopped": "non-finite loss or gradient"})
         checkpoint = (
             None if self.checkpoints.last_saved is None else (self.run.checkpoint_dir, self.checkpoints.last_saved)
         )
@@ -405,7 +407,7 @@ class Trainer:
             "elapsed_s": self.clock() - run_start,
         }
         if self.rank == 0:
-            append_metrics(self.run.metrics_file, record)
+            self.run.log(record)  # metrics.jsonl, and the same figures to `train.loggers`
             if evaluated or last:
                 self.redraw_plot()
             if evaluated:
