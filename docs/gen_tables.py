@@ -1240,7 +1240,41 @@ def qa_differences(record: dict) -> str:
     )
 
 
+CS224N_A5 = Source(
+    "benchmarks/results/cs224n_a5.json",
+    "Zen 4",
+    "AMD EPYC Zen 4 (family 25, model 17), native bf16, 2 cores shared with other work (one torch thread a run)",
+    "python benchmarks/cs224n_a5.py --data a5 --mingpt minGPT_birthplace_prediction/src --mingpt-epochs 8.6 "
+    "--seeds 0 --work a5-runs",
+)
+
+
+def cs224n_a5_table() -> str:
+    """The birthplace task's development split: each recipe's exact match (seeds), its difference to the constant
+    over questions, updates, tokens and minutes; the constant and the rule reader beneath."""
+    record = CS224N_A5.load()
+    rows = []
+    for name, arm in record["arms"].items():
+        runs = [run for run in record["runs"] if run["arm"] == name]
+        seeds = " / ".join(f"{score:.3f}" for score in arm["per_seed"])
+        interval = ci(arm["seed_95"]) if len(runs) > 1 else ""
+        versus = arm["versus_constant"]
+        diff = (
+            f"{versus['versus_constant']:+.3f}{ci(versus['versus_constant_95'])}, p={versus['versus_constant_p']:.2g}"
+        )
+        updates = " / ".join(f"{run['updates']:,}" for run in runs if run.get("updates"))
+        tokens = " / ".join(f"{run['tokens'] / 1e6:.1f}M" for run in runs if run.get("tokens"))
+        minutes = " / ".join(f"{run['minutes']:.0f}" for run in runs)
+        rows.append([name, f"**{arm['exact_match']:.3f}** ({seeds}){interval}", diff, updates, tokens, minutes])
+    rows.append([f"constant: always {record['constant']!r}", f"{record['constant_exact_match']:.3f}", "", "", "", ""])
+    rule = record["rule_reader_exact_match"]
+    rows.append(["not a model: the words after 'born in' in the person's line", f"{rule:.3f}", "", "", "", ""])
+    header = ["recipe", "dev EM (seeds)", "- constant [95%]", "updates", "tokens", "minutes"]
+    return plain(header, rows, right=1) + "\n" + run_line(CS224N_A5)
+
+
 TABLES: dict[str, Callable[[], str]] = {
+    "cs224n-a5": cs224n_a5_table,
     "lora-peft": lora_peft_table,
     "finetune-corpus": finetune_corpus_table,
     "finetune-qa": finetune_qa_table,
