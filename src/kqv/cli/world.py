@@ -12,8 +12,8 @@ from .commands import Command
 
 
 class World(Command):
-    """`kqv world --out DIR [--overwrite] [--people N] [--versions V] [--full-names] [--style S] [--seed S]`: `kqv.api.write_world`,
-    the files it wrote named."""
+    """`kqv world --out DIR [--overwrite] [--people N] [--versions V] [--full-names] [--style S] [--seed S]`:
+    `kqv.api.write_world`, the files it wrote named."""
 
     help = "write an invented world's biographies and question files (to pretrain on, then ask)"
 
@@ -31,7 +31,7 @@ class World(Command):
         parser.add_argument(SEED, type=int, default=0, help="the world's seed (default 0)")
         parser.add_argument(OUT, type=Path, required=True, help="a new (or empty) directory to write the world into")
         parser.add_argument(
-            OVERWRITE, action="store_true", help="replace an earlier world in that directory (nothing but a world's files)"
+            OVERWRITE, action="store_true", help="replace an earlier world there (a directory of a world's files only)"
         )
 
     def run(self, args: argparse.Namespace) -> None:
