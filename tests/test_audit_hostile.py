@@ -13,6 +13,9 @@ import pytest
 
 from kqv.cli.main import main
 from kqv.data import worlds
+from kqv.data.token_corpus import ARRAY
+from kqv.jobs import lm_prepared
+from test_token_corpus import write_text
 
 
 def kqv(argv: list[str]) -> tuple[int, str, str]:
@@ -93,3 +96,26 @@ def test_a_killed_world_write_leaves_the_old_world_or_none_never_half(tmp_path, 
     monkeypatch.undo()
     assert contents(world) == first and not (tmp_path / "new").exists()
     assert sorted(os.listdir(tmp_path)) == ["world"]
+
+
+def test_a_huge_sample_is_the_whole_text_not_an_overflow(tmp_path):
+    write_text(tmp_path / "a.txt")
+    status, out, error = kqv(["prepare", str(tmp_path / "a.txt"), "--out", str(tmp_path / "c"), "--sample-mb", "1e308",
+                              "--vocab-size", "300", "--quiet"])  # fmt: skip
+    assert status == 0 and "prepared" in out, error
+    whole = lm_prepared.prepare(tmp_path / "a.txt", tmp_path / "d", vocab_size=300, progress=False)
+    assert (tmp_path / "c" / ARRAY).read_bytes() == (tmp_path / "d" / ARRAY).read_bytes() and not whole.already
+
+
+@pytest.mark.parametrize("tokenizer", ["char", "RUN"])
+@pytest.mark.parametrize("given", [["--vocab-size", "100"], ["--sample-mb", "1"]])
+def test_bpe_options_with_another_tokenizer_are_refused_not_ignored(tmp_path, tokenizer, given):
+    write_text(tmp_path / "a.txt")
+    if tokenizer == "RUN":
+        lm_prepared.prepare(tmp_path / "a.txt", tmp_path / "base", tokenizer="char", progress=False)
+        tokenizer = str(tmp_path / "base")
+    argv = ["prepare", str(tmp_path / "a.txt"), "--out", str(tmp_path / "c"), "--tokenizer", tokenizer, "--quiet"]
+    refused([*argv, *given], given[0], "drop", repr(tokenizer))
+    assert not (tmp_path / "c").exists()
+    assert kqv(argv)[0] == 0
+    refused([*argv, *given], given[0], "drop")  # a re-prepare with it: refused, not "already prepared"

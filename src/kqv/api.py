@@ -29,6 +29,7 @@ import dataclasses
 import io
 import json
 import math
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -176,22 +177,27 @@ def prepare(
     out: str | Path,
     *,
     tokenizer: str = "bpe",
-    vocab_size: int = 4096,
-    sample_mb: float = 32,
+    vocab_size: int | None = None,
+    sample_mb: float | None = None,
     progress: bool = True,
 ) -> Prepared:
     """Encode a text file or directory of .txt files once into a token corpus on disk at `out` (ids in a
     memory-mapped array, its tokenizer and a manifest), which `train("lm", overrides=["data.path=OUT"])` trains
-    on without reading it into memory (`kqv.jobs.lm_prepared`). `tokenizer`: "bpe" (of `vocab_size` tokens,
-    trained on `sample_mb` MiB of the text), "char", or a saved tokenizer's or run's directory. Streams the text;
-    a killed prepare continues where it stopped, and a finished one is not redone."""
+    on without reading it into memory (`kqv.jobs.lm_prepared`). `tokenizer`: "bpe" (of `vocab_size` tokens, 4096
+    unless given, trained on `sample_mb` MiB of the text, 32 unless given: a sample larger than the text is the
+    whole text), "char", or a saved tokenizer's or run's directory, for which `vocab_size` and `sample_mb` are
+    refused (they would be ignored). Streams the text; a killed prepare continues where it stopped, and a finished
+    one is not redone."""
     from .jobs.lm_prepared import prepare as prepare_corpus
 
-    if not 0 < sample_mb < math.inf:
-        raise ConfigError(
-            f"{option(SAMPLE_MB)} must be a positive number (the MiB of text a new BPE is trained on), got {sample_mb}"
-        )
-    sample = int(sample_mb * (1 << 20))
+    sample = None
+    if sample_mb is not None:
+        if not 0 < sample_mb < math.inf:
+            raise ConfigError(
+                f"{option(SAMPLE_MB)} must be a positive number (the MiB of text a new BPE is trained on), "
+                f"got {sample_mb}"
+            )
+        sample = int(min(sample_mb * (1 << 20), sys.maxsize))  # 1e308 MiB: all the text there is, not an overflow
     return prepare_corpus(text, out, tokenizer=tokenizer, vocab_size=vocab_size, sample_bytes=sample, progress=progress)
 
 

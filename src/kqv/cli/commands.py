@@ -86,8 +86,8 @@ class Prepare(Command):
         parser.add_argument(
             TOKENIZER, default="bpe", help="bpe (trained on a sample), char, or a saved tokenizer's or run's dir"
         )
-        parser.add_argument(VOCAB_SIZE, type=int, default=4096, help="bpe: the vocabulary (default 4096)")
-        parser.add_argument(SAMPLE_MB, type=float, default=32, help="bpe: MiB of text it is trained on (32)")
+        parser.add_argument(VOCAB_SIZE, type=int, help="bpe only: the vocabulary (default 4096)")
+        parser.add_argument(SAMPLE_MB, type=float, help="bpe only: MiB of text it is trained on (default 32)")
         parser.add_argument(QUIET, action="store_true", help="no progress bar")
 
     def run(self, args: argparse.Namespace) -> None:

@@ -68,6 +68,7 @@ from .lm_corpus import SCORED_TOKENS, Check, LMTokenizerSource, LoadedText, Text
 from .lm_data import DataConfig
 
 CHUNK_BYTES = 16 << 20  # the text read, encoded and recorded at a time
+VOCAB_SIZE_DEFAULT = 4096  # a new BPE's vocabulary
 SAMPLE_BYTES = 32 << 20  # the text a new BPE is trained on, in 1 MiB blocks spread over the corpus
 PARTIAL, LOCK = ARRAY + ".partial", ".prepare.lock"
 PIECES = 64  # the pieces of a chunk encoded in one batched call
@@ -89,15 +90,17 @@ def prepare(
     out: str | Path,
     *,
     tokenizer: str = "bpe",
-    vocab_size: int = 4096,
-    sample_bytes: int = SAMPLE_BYTES,
+    vocab_size: int | None = None,
+    sample_bytes: int | None = None,
     chunk_bytes: int = CHUNK_BYTES,
     progress: bool = True,
 ) -> Prepared:
     """Encode the text file or directory of .txt files `text` into a token corpus at `out` (the module docstring):
-    `tokenizer` "bpe" (of `vocab_size` tokens, trained on `sample_bytes` of the text), "char", or a saved tokenizer's
-    directory. Nothing is written over an input or over anything `out` held that is not an unfinished prepare of
+    `tokenizer` "bpe" (of `vocab_size` tokens, `VOCAB_SIZE` unless given, trained on `sample_bytes` of the text,
+    `SAMPLE_BYTES` unless given), "char", or a saved tokenizer's directory (which refuse both options: they would
+    be ignored). Nothing is written over an input or over anything `out` held that is not an unfinished prepare of
     the same text and settings."""
+    vocab_size, sample_bytes = bpe_options(tokenizer, vocab_size, sample_bytes)
     check_prepare_options(text, vocab_size, sample_bytes)
     files = [f.resolve() for f in text_files(Path(text).expanduser())]
     if tokenizer not in ("bpe", "char") and not Path(tokenizer).expanduser().is_dir():
@@ -123,6 +126,23 @@ def prepare(
         if created and (refused or not holds_tokens(out)):  # what this call made and cannot resume goes
             shutil.rmtree(out, ignore_errors=True)
         raise
+
+
+def bpe_options(tokenizer: str, vocab_size: int | None, sample_bytes: int | None) -> tuple[int, int]:
+    """The vocabulary and sample of a new BPE (`VOCAB_SIZE`, `SAMPLE_BYTES` where not given); refused (ConfigError)
+    when given for another tokenizer, which has its own vocabulary and trains on nothing."""
+    if tokenizer != "bpe":
+        given = " and ".join(option(word) for word, value in ((VOCAB_SIZE, vocab_size), (SAMPLE_MB, sample_bytes))
+                             if value is not None)  # fmt: skip
+        if given:
+            verb = "shape" if " and " in given else "shapes"
+            raise ConfigError(
+                f"{given} {verb} only a new BPE tokenizer, and the tokenizer here is {tokenizer!r}, which keeps its "
+                f"own vocabulary: drop {given}, or prepare with the tokenizer 'bpe'"
+            )
+    return (VOCAB_SIZE_DEFAULT if vocab_size is None else vocab_size), (
+        SAMPLE_BYTES if sample_bytes is None else sample_bytes
+    )
 
 
 def check_prepare_options(text: str | Path, vocab_size: int, sample_bytes: int) -> None:
