@@ -8,6 +8,9 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -119,3 +122,46 @@ def test_bpe_options_with_another_tokenizer_are_refused_not_ignored(tmp_path, to
     assert not (tmp_path / "c").exists()
     assert kqv(argv)[0] == 0
     refused([*argv, *given], given[0], "drop")  # a re-prepare with it: refused, not "already prepared"
+
+
+# The `kqv` command with a Ctrl-C sent to itself at the `MOMENT`-th function called once kqv's own code began
+# (`kqv/__init__.py`): where Python acts on a signal (a call's start), there and then, wherever the import is.
+EARLY = """
+import os, signal, sys
+
+MOMENT, calls = int(sys.argv[1]), [-1]
+
+def trace(frame, event, arg):
+    if frame.f_code.co_filename.endswith(os.path.join("kqv", "__init__.py")):
+        calls[0] = 0  # kqv's first instant: its calls count from here
+    elif calls[0] >= 0:
+        calls[0] += 1
+        if calls[0] > MOMENT:
+            sys.settrace(None)
+            os.kill(os.getpid(), signal.SIGINT)
+
+sys.argv = [sys.argv[2], "generate", "nowhere"]  # "kqv": the command; any other name: a script importing kqv
+sys.settrace(trace)
+from kqv.cli import main
+sys.exit(main())
+"""
+
+
+def test_ctrl_c_at_any_early_moment_ends_the_command_in_one_line_without_a_traceback():
+    moments = [*range(40), 60, 100, 200, 400, 1000, 3000, 10000]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    said = {}
+    for start in range(0, len(moments), 8):  # eight children at a time
+        children = {
+            moment: subprocess.Popen([sys.executable, "-c", EARLY, str(moment), "kqv"], env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True,
+                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+            for moment in moments[start : start + 8]
+        }  # fmt: skip
+        for moment, child in children.items():
+            _, error = child.communicate(timeout=120)
+            said[moment] = (child.returncode, error.strip())
+    wrong = {moment: result for moment, result in said.items() if result != (130, "kqv: interrupted")}
+    assert not wrong, wrong
+    script = subprocess.run([sys.executable, "-c", EARLY, "20", "script.py"], env=env, capture_output=True, text=True)
+    assert script.returncode != 130 and script.stderr.rstrip().endswith("KeyboardInterrupt")  # a script's own to catch
