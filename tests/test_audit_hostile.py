@@ -12,12 +12,16 @@ import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
+import kqv as kqv_api
 from kqv.cli.main import main
 from kqv.data import worlds
 from kqv.data.token_corpus import ARRAY
+from kqv.errors import DataError
 from kqv.jobs import lm_prepared
+from test_corpus_hostile import prepared, trained  # noqa: F401 -- a corpus and a run trained on it
 from test_token_corpus import write_text
 
 
@@ -165,3 +169,15 @@ def test_ctrl_c_at_any_early_moment_ends_the_command_in_one_line_without_a_trace
     assert not wrong, wrong
     script = subprocess.run([sys.executable, "-c", EARLY, "20", "script.py"], env=env, capture_output=True, text=True)
     assert script.returncode != 130 and script.stderr.rstrip().endswith("KeyboardInterrupt")  # a script's own to catch
+
+
+def test_eval_refuses_a_corpus_whose_tokens_changed_in_place(trained):
+    evaluated = kqv(["eval", "run", "--json"])
+    assert evaluated[0] == 0, evaluated[2]
+    tokens = trained / "pc" / ARRAY
+    ids = np.fromfile(tokens, dtype=np.uint16)
+    ids[-5:] = (ids[-5:] + 1) % 300  # the held-out tail, other valid tokens: same size, manifest unchanged
+    ids.tofile(tokens)
+    refused(["eval", "run"], str(tokens), "SHA-256")
+    with pytest.raises(DataError, match="SHA-256"):
+        kqv_api.load(trained / "run").evaluate()

@@ -357,7 +357,7 @@ class PreparedCorpus(TextBlocks):
         if self.data.path is None:
             raise ConfigError("data.tokens_sha256 is a prepared corpus's; give its directory as data.path")
 
-    def recorded(self, run_dir: Path, expected: str | None, *, verify: bool = True) -> TokenCorpus:
+    def recorded(self, run_dir: Path, expected: str | None) -> TokenCorpus:
         """The corpus at data.path (`TokenCorpus.open`), refused in one line when it is not the one whose tokens'
         SHA-256 the run `run_dir` recorded (`expected`; None: a run from before kqv recorded it), or is gone."""
         path = Path(self.data.path).expanduser()
@@ -367,7 +367,7 @@ class PreparedCorpus(TextBlocks):
                 f"the prepared corpus {run_dir} trained on is not at {path} (moved or removed); give its new place "
                 f"with {moved}"
             )
-        corpus = TokenCorpus.open(path, verify=verify)
+        corpus = TokenCorpus.open(path)
         if expected is not None and corpus.manifest.get("sha256") != expected:
             raise DataError(
                 f"{path} is not the corpus {run_dir} trained on: its tokens' SHA-256 is "
@@ -422,8 +422,9 @@ class PreparedCorpus(TextBlocks):
 
     def trained(self, tokenizer: Tokenizer, run_dir: Path) -> LoadedPrepared:
         """A trained run's corpus: the one at `data.path` (a run keeps no copy of it) whose SHA-256 the run
-        recorded (`recorded`), encoded by the run's `tokenizer`."""
-        corpus = self.recorded(run_dir, self.data.tokens_sha256, verify=False)
+        recorded (`recorded`), its tokens checked against it (read once: tokens changed in place, the manifest
+        left as it was, are refused, as a resume refuses them), encoded by the run's `tokenizer`."""
+        corpus = self.recorded(run_dir, self.data.tokens_sha256)
         if corpus.tokenizer.files() != tokenizer.files():
             raise DataError(
                 f"{self.data.path} was prepared with another tokenizer than {run_dir}'s; give the corpus it trained "
