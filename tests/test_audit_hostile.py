@@ -171,7 +171,7 @@ def test_ctrl_c_at_any_early_moment_ends_the_command_in_one_line_without_a_trace
     assert script.returncode != 130 and script.stderr.rstrip().endswith("KeyboardInterrupt")  # a script's own to catch
 
 
-def test_eval_refuses_a_corpus_whose_tokens_changed_in_place(trained):
+def test_eval_refuses_a_corpus_whose_tokens_changed_in_place(trained):  # noqa: F811
     evaluated = kqv(["eval", "run", "--json"])
     assert evaluated[0] == 0, evaluated[2]
     tokens = trained / "pc" / ARRAY
