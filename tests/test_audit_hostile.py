@@ -181,3 +181,18 @@ def test_eval_refuses_a_corpus_whose_tokens_changed_in_place(trained):  # noqa: 
     refused(["eval", "run"], str(tokens), "SHA-256")
     with pytest.raises(DataError, match="SHA-256"):
         kqv_api.load(trained / "run").evaluate()
+
+
+def test_a_fine_tune_refuses_a_tokenizer_option_it_would_ignore_and_an_empty_mixture_is_refused(tmp_path):
+    from test_cli import TINY
+
+    (tmp_path / "tiny.toml").write_text(TINY.format(position="learned"))
+    (tmp_path / "t.txt").write_text("To be, or not to be, that is the question.\n" * 40)
+    base = ["train", "lm", "--config", str(tmp_path / "tiny.toml"), "--quiet"]
+    assert kqv([*base, "--data", str(tmp_path / "t.txt"), "--out", str(tmp_path / "r")])[0] == 0
+    for setting in ("data.tokenizer=bpe", "data.vocab_size=300"):
+        argv = ["train", "lm", "--init", str(tmp_path / "r"), "--data", str(tmp_path / "t.txt"), "--out",
+                str(tmp_path / "ft"), "--set", setting, "--quiet"]  # fmt: skip
+        refused(argv, setting.partition("=")[0], "fine-tune", "drop it")
+    refused([*base, "--out", str(tmp_path / "m"), "--set", "data.sources=[]"], "data.sources is empty", "--data")
+    assert sorted(os.listdir(tmp_path)) == ["r", "t.txt", "tiny.toml"]

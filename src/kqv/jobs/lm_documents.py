@@ -426,6 +426,11 @@ class Documents(Examples):
             )
         if not self.corrupt:
             refuse_span_options(data)
+        if data.template is not None and not any(is_pairs(path) for path, _ in data_sources(data)):
+            raise ConfigError(
+                "data.template writes the prompts of a file of prompt -> completion pairs, and no source is one "
+                "(a .tsv or .jsonl file); drop it, or add the pairs to the sources"
+            )
 
     def build(self, tokenizers: TokenizerSource) -> LoadedDocuments:
         return self.read(*build_sources(tokenizers, self.data, self.corrupt))
