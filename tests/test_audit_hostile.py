@@ -19,7 +19,7 @@ import kqv as kqv_api
 from kqv.cli.main import main
 from kqv.data import worlds
 from kqv.data.token_corpus import ARRAY
-from kqv.errors import DataError
+from kqv.errors import DataError, RunError
 from kqv.jobs import lm_prepared
 from test_corpus_hostile import prepared, trained  # noqa: F401 -- a corpus and a run trained on it
 from test_token_corpus import write_text
@@ -196,3 +196,26 @@ def test_a_fine_tune_refuses_a_tokenizer_option_it_would_ignore_and_an_empty_mix
         refused(argv, setting.partition("=")[0], "fine-tune", "drop it")
     refused([*base, "--out", str(tmp_path / "m"), "--set", "data.sources=[]"], "data.sources is empty", "--data")
     assert sorted(os.listdir(tmp_path)) == ["r", "t.txt", "tiny.toml"]
+
+
+def test_a_run_that_lost_its_checksums_says_so_until_it_is_sealed_again(tmp_path):
+    from test_cli import TINY
+
+    (tmp_path / "tiny.toml").write_text(TINY.format(position="learned"))
+    (tmp_path / "t.txt").write_text("To be, or not to be, that is the question.\n" * 40)
+    run = tmp_path / "r"
+    assert kqv(["train", "lm", "--config", str(tmp_path / "tiny.toml"), "--data", str(tmp_path / "t.txt"), "--out",
+                str(run), "--quiet"])[0] == 0  # fmt: skip
+    here = kqv(["eval", str(run), "--json"])[1]
+    (run / "SHA256SUMS").unlink()
+    for argv in (["eval", str(run)], ["generate", str(run), "--prompt", "To", "--max-new-tokens", "2"],
+                 ["train", "lm", "--out", str(run), "--resume", "--steps", "8", "--quiet"]):  # fmt: skip
+        refused(argv, "SHA256SUMS is missing", "restore it from a backup", f"kqv reseal {run}")
+    assert not (run / "SHA256SUMS").exists()  # the resume re-blessed nothing
+    with pytest.raises(RunError, match=r"kqv.api.reseal\("):
+        kqv_api.load(run)
+    status, out, _ = kqv(["reseal", str(run)])
+    assert status == 0 and "SHA256SUMS records" in out
+    assert kqv(["eval", str(run), "--json"])[1] == here  # sealed again: the run's files, checked as they are now
+    (run / "tokens.safetensors").write_bytes(b"damaged")  # and checked from now on
+    refused(["eval", str(run)], "tokens.safetensors", "corrupt")

@@ -15,6 +15,7 @@
     mt.evaluate(beam_size=4)                                      # MTEvaluation(bleu=..., chrf=..., ...)
     mt.score(["Im Anfang war das Wort"], ["In the beginning was the Word"])  # [log P(translation | source)]
     kqv.api.write_world("world", 1000, seed=0)                    # an invented world's biographies and questions
+    kqv.api.reseal("runs/lm")                                     # its SHA256SUMS recorded anew, on purpose
 
 This layer sits above the jobs (which train and hold the operations of each kind of run: `LMRun`, `MTRun`,
 `VitRun`) and below the command line, which parses flags, calls these, and prints what they return. What a run
@@ -201,6 +202,23 @@ def prepare(
     return prepare_corpus(text, out, tokenizer=tokenizer, vocab_size=vocab_size, sample_bytes=sample, progress=progress)
 
 
+def reseal(run: str | Path) -> list[str]:
+    """Record the SHA-256 of the run directory `run`'s run.toml and data files anew in its SHA256SUMS, as the files
+    are now, and return the files recorded: on purpose, after restoring a run's files by hand or when its
+    SHA256SUMS was lost (a run whose checkpoint says it had one is refused until then). Its checkpoint, which
+    carries its own checksums, is read and verified first; a run being trained is refused (its writer's lock)."""
+    from .train.checkpoints import read_checkpoint
+    from .train.layout import reseal as reseal_run
+    from .train.rundir import hold_run_lock
+
+    run = Path(run)
+    if not run.is_dir():
+        raise FileNotFoundError(f"no run directory at {run}")
+    with hold_run_lock(run):
+        read_checkpoint(run).close()
+        return reseal_run(run)
+
+
 def describe_prepared(prepared: Prepared) -> str:
     """The line that says what `prepare` made (what `kqv prepare` prints)."""
     from .jobs.lm_prepared import describe
@@ -304,6 +322,7 @@ __all__ = [
     "load",
     "packaged_config",
     "prepare",
+    "reseal",
     "run_job",
     "save_embeddings",
     "shipped_configs",

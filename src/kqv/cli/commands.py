@@ -102,6 +102,19 @@ class Prepare(Command):
         print(api.describe_prepared(prepared))
 
 
+class Reseal(Command):
+    """`kqv reseal RUN`: `kqv.api.reseal`, and the line that says what it recorded."""
+
+    help = "record a run's checksums (SHA256SUMS) anew, as its files are now: on purpose, after restoring them"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("run", metavar="RUN", help="a run directory")
+
+    def run(self, args: argparse.Namespace) -> None:
+        recorded = api.reseal(args.run)
+        print(f"{args.run}: SHA256SUMS records {len(recorded)} files as they are now")
+
+
 @dataclass(frozen=True)
 class JobCommand:
     """What a command on a run does for one job's runs: its help, its flags, and `run(trained_run, args)`, which

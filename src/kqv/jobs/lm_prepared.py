@@ -132,8 +132,8 @@ def bpe_options(tokenizer: str, vocab_size: int | None, sample_bytes: int | None
     """The vocabulary and sample of a new BPE (`VOCAB_SIZE`, `SAMPLE_BYTES` where not given); refused (ConfigError)
     when given for another tokenizer, which has its own vocabulary and trains on nothing."""
     if tokenizer != "bpe":
-        given = " and ".join(option(word) for word, value in ((VOCAB_SIZE, vocab_size), (SAMPLE_MB, sample_bytes))
-                             if value is not None)  # fmt: skip
+        named = {option(VOCAB_SIZE): vocab_size, option(SAMPLE_MB): sample_bytes}
+        given = " and ".join(name for name, value in named.items() if value is not None)
         if given:
             verb = "shape" if " and " in given else "shapes"
             raise ConfigError(
