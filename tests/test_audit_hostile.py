@@ -219,3 +219,9 @@ def test_a_run_that_lost_its_checksums_says_so_until_it_is_sealed_again(tmp_path
     assert kqv(["eval", str(run), "--json"])[1] == here  # sealed again: the run's files, checked as they are now
     (run / "tokens.safetensors").write_bytes(b"damaged")  # and checked from now on
     refused(["eval", str(run)], "tokens.safetensors", "corrupt")
+
+
+def test_a_corpus_without_its_manifest_is_named_as_such(trained):  # noqa: F811
+    (trained / "pc" / "manifest.json").unlink()
+    for argv in (["eval", "run"], ["train", "lm", "--data", "pc", "--out", "new", "--quiet"]):
+        refused(argv, "pc holds a prepared corpus's tokens.bin but no manifest.json", "kqv prepare TEXT --out")

@@ -43,6 +43,7 @@ from ..data.token_corpus import (
     TokenCorpus,
     digest,
     is_token_corpus,
+    no_texts,
     pieces,
     read_chunks,
     read_windows,
@@ -363,6 +364,8 @@ class PreparedCorpus(TextBlocks):
         path = Path(self.data.path).expanduser()
         moved = option(MOVED_CORPUS, run=str(run_dir))
         if expected is not None and not is_token_corpus(path):
+            if (path / ARRAY).is_file() or (path / TOKENIZER).is_dir():
+                raise no_texts(path)  # its manifest gone: said so, not "moved"
             raise DataError(
                 f"the prepared corpus {run_dir} trained on is not at {path} (moved or removed); give its new place "
                 f"with {moved}"
