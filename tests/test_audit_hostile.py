@@ -225,3 +225,21 @@ def test_a_corpus_without_its_manifest_is_named_as_such(trained):  # noqa: F811
     (trained / "pc" / "manifest.json").unlink()
     for argv in (["eval", "run"], ["train", "lm", "--data", "pc", "--out", "new", "--quiet"]):
         refused(argv, "pc holds a prepared corpus's tokens.bin but no manifest.json", "kqv prepare TEXT --out")
+
+
+def test_eval_of_a_pairs_run_on_a_corpus_blames_no_option_the_user_never_set(tmp_path):
+    from test_cli import TINY
+
+    (tmp_path / "tiny.toml").write_text(TINY.format(position="learned"))
+    (tmp_path / "qa.tsv").write_text("".join(f"Q{k} is\t A{k % 7}\n" for k in range(60)))
+    run = tmp_path / "pairs"
+    assert kqv(["train", "lm", "--config", str(tmp_path / "tiny.toml"), "--data", str(tmp_path / "qa.tsv"), "--out",
+                str(run), "--set", "data.packing=true", "--set", "data.prompt_loss_weight=0.1", "--quiet"])[0] == 0  # fmt: skip
+    (tmp_path / "other.txt").write_text("To be, or not to be, that is the question.\n" * 20)
+    lm_prepared.prepare(tmp_path / "other.txt", tmp_path / "other", tokenizer="char", progress=False)
+    error = refused(["eval", str(run), "--data", str(tmp_path / "other")], "another tokenizer", "--tokenizer")
+    assert "prompt_loss_weight" not in error and "packing" not in error
+    (tmp_path / "own.txt").write_text("".join(f"Q{k} is A{k % 7}\n" for k in range(40)))
+    lm_prepared.prepare(tmp_path / "own.txt", tmp_path / "own", tokenizer=str(run), progress=False)
+    status, out, error = kqv(["eval", str(run), "--data", str(tmp_path / "own")])  # its own tokenizer's: scored
+    assert status == 0 and "held-out tail of the prepared corpus" in out, error

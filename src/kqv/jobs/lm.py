@@ -257,9 +257,14 @@ class LMRun(TrainedRun, Continues, Generates, Completes, Evaluates, ShowsAttenti
         return self.config.corpus.trained(self.tokenizer, self.run_dir)
 
     def moved_corpus(self, path: str | Path) -> LoadedCorpus:
-        """The prepared corpus the run trained on, given at its new place `path` (`PreparedCorpus.trained` checks
-        that it is the one whose SHA-256 the run recorded)."""
-        return corpus_of(replace(self.config.data, path=str(path))).trained(self.tokenizer, self.run_dir)
+        """The prepared corpus at `path`: the one the run trained on, at its new place (`PreparedCorpus.trained`
+        checks that it is the one whose SHA-256 the run recorded), or, for a run of another corpus (a text, pairs,
+        a mixture), one prepared with the run's tokenizer. Only what a prepared corpus reads is taken from the
+        run's [data]: a pairs run's packing or prompt weight is no setting of it."""
+        data = self.config.data
+        read = {name: getattr(data, name) for name in ("tokenizer", "vocab_size", "context", "val_fraction")}
+        corpus = corpus_of(DataConfig(path=str(path), tokens_sha256=data.tokens_sha256, **read))
+        return corpus.trained(self.tokenizer, self.run_dir)
 
     def trained_answers(self) -> tuple[list[str], list[str]] | None:
         """The completions of the pairs the run trained on and their kinds of question, the baselines' reference: a

@@ -53,7 +53,17 @@ from ..data.token_corpus import (
     window_starts,
 )
 from ..data.tokenizers import Tokenizer, check_vocab_size, encode_texts, load_tokenizer, make_tokenizer
-from ..errors import MOVED_CORPUS, SAMPLE_MB, VOCAB_SIZE, ConfigError, DataError, KqvError, RunError, option
+from ..errors import (
+    MOVED_CORPUS,
+    PREPARE_WITH_TOKENIZER,
+    SAMPLE_MB,
+    VOCAB_SIZE,
+    ConfigError,
+    DataError,
+    KqvError,
+    RunError,
+    option,
+)
 from ..interop.directories import read_hf_tokenizer
 from ..train.config import TrainConfig
 from ..train.distributed import OwnRows
@@ -429,10 +439,13 @@ class PreparedCorpus(TextBlocks):
         left as it was, are refused, as a resume refuses them), encoded by the run's `tokenizer`."""
         corpus = self.recorded(run_dir, self.data.tokens_sha256)
         if corpus.tokenizer.files() != tokenizer.files():
-            raise DataError(
-                f"{self.data.path} was prepared with another tokenizer than {run_dir}'s; give the corpus it trained "
-                f"on with {option(MOVED_CORPUS, run=str(run_dir))}"
+            remedy = (  # the run's own corpus, moved; or, for a run of a text or pairs, one encoded as it encodes
+                f"give the corpus it trained on with {option(MOVED_CORPUS, run=str(run_dir))}"
+                if self.data.tokens_sha256 is not None
+                else f"a run scores a corpus its own tokenizer encoded: "
+                f"{option(PREPARE_WITH_TOKENIZER, source=str(run_dir))}"
             )
+            raise DataError(f"{self.data.path} was prepared with another tokenizer than {run_dir}'s; {remedy}")
         return self.opened(corpus)
 
 
