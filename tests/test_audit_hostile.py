@@ -233,8 +233,9 @@ def test_eval_of_a_pairs_run_on_a_corpus_blames_no_option_the_user_never_set(tmp
     (tmp_path / "tiny.toml").write_text(TINY.format(position="learned"))
     (tmp_path / "qa.tsv").write_text("".join(f"Q{k} is\t A{k % 7}\n" for k in range(60)))
     run = tmp_path / "pairs"
+    weighted = ["--set", "data.packing=true", "--set", "data.prompt_loss_weight=0.1"]  # the run's, not the eval's
     assert kqv(["train", "lm", "--config", str(tmp_path / "tiny.toml"), "--data", str(tmp_path / "qa.tsv"), "--out",
-                str(run), "--set", "data.packing=true", "--set", "data.prompt_loss_weight=0.1", "--quiet"])[0] == 0  # fmt: skip
+                str(run), *weighted, "--quiet"])[0] == 0  # fmt: skip
     (tmp_path / "other.txt").write_text("To be, or not to be, that is the question.\n" * 20)
     lm_prepared.prepare(tmp_path / "other.txt", tmp_path / "other", tokenizer="char", progress=False)
     error = refused(["eval", str(run), "--data", str(tmp_path / "other")], "another tokenizer", "--tokenizer")
