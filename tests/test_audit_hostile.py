@@ -244,3 +244,18 @@ def test_eval_of_a_pairs_run_on_a_corpus_blames_no_option_the_user_never_set(tmp
     lm_prepared.prepare(tmp_path / "own.txt", tmp_path / "own", tokenizer=str(run), progress=False)
     status, out, error = kqv(["eval", str(run), "--data", str(tmp_path / "own")])  # its own tokenizer's: scored
     assert status == 0 and "held-out tail of the prepared corpus" in out, error
+
+
+def test_a_wrong_value_of_an_option_of_several_kinds_names_the_values_it_takes(tmp_path):
+    refused(["train", "lm", "--out", str(tmp_path / "r"), "--set", "data.packing=yes"],
+            'data.packing must be true, false or "auto", got str \'yes\'')  # fmt: skip
+
+
+def test_a_mixture_source_with_too_few_pairs_is_named(tmp_path):
+    (tmp_path / "t.txt").write_text("To be, or not to be, that is the question.\n" * 40)
+    (tmp_path / "one.tsv").write_text("To be\tor not\n")
+    refused(["train", "lm", "--data", str(tmp_path / "t.txt"), "--data", str(tmp_path / "one.tsv"), "--out",
+             str(tmp_path / "r")], f"{tmp_path / 'one.tsv'} has 1 pair: too few")  # fmt: skip
+    (tmp_path / "one.txt").write_text("To be, or not to be\n")
+    refused(["train", "lm", "--data", str(tmp_path / "t.txt"), "--data", str(tmp_path / "one.txt"), "--out",
+             str(tmp_path / "r")], f"{tmp_path / 'one.txt'} has 1 document")  # fmt: skip

@@ -246,7 +246,7 @@ def test_kqv_train_lm_data_pairs_from_the_command_line(tmp_path, capsys):
     ("lines", "settings", "error", "message"),
     [
         ("to be\tor not\nno tab here\n", (), DataError, r"qa.tsv:2: expected prompt<TAB>completion"),
-        ("to be\tor not\n", (), DataError, r"1 pair\(s\): too few for a training and a validation example"),
+        ("to be\tor not\n", (), DataError, r"has 1 pair: too few for a training and a validation example"),
         (
             "to be\tor not\n" * 3 + "that is the question.\tto be, or not to be\n",
             (),
