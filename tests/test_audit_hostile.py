@@ -259,3 +259,10 @@ def test_a_mixture_source_with_too_few_pairs_is_named(tmp_path):
     (tmp_path / "one.txt").write_text("To be, or not to be\n")
     refused(["train", "lm", "--data", str(tmp_path / "t.txt"), "--data", str(tmp_path / "one.txt"), "--out",
              str(tmp_path / "r")], f"{tmp_path / 'one.txt'} has 1 document")  # fmt: skip
+
+
+@pytest.mark.parametrize("command", [["train", "lm"], ["eval"]])
+def test_the_help_of_data_names_a_prepared_corpus(command, capsys):
+    with pytest.raises(SystemExit):
+        main([*command, "--help"])
+    assert "prepared corpus directory" in " ".join(capsys.readouterr().out.split())
