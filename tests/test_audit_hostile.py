@@ -266,3 +266,12 @@ def test_the_help_of_data_names_a_prepared_corpus(command, capsys):
     with pytest.raises(SystemExit):
         main([*command, "--help"])
     assert "prepared corpus directory" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_progress_line_leaves_the_batch_pipeline_s_times_to_metrics_jsonl():
+    from kqv.train.metrics import progress_line
+
+    record = {"train_loss": 4.02864, "batch_ms": 0.62, "wait_ms": 0.068, "aux_loss": 0.5, "elapsed_s": 60.0}
+    line = progress_line(10, 100, record, 30.0)
+    assert "train 4.029" in line and "aux_loss 0.5" in line  # the model's own figures stay
+    assert "batch_ms" not in line and "wait_ms" not in line
