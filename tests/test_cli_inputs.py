@@ -293,8 +293,10 @@ def test_a_full_disk_while_checkpointing_is_one_error_line_and_keeps_the_checkpo
 )
 def test_a_damaged_file_of_a_run_without_checksums_is_still_one_error_line(runs, tmp_path, name, command):
     """A run written before SHA256SUMS existed loads unchecked; a damaged file is still named, not a traceback."""
+    from test_damaged_runs import from_before_checksums
+
     run = copy_run(runs["bpe"], tmp_path)
-    (run / "SHA256SUMS").unlink()
+    from_before_checksums(run)
     (run / name).write_bytes((run / name).read_bytes()[:40])
     refused([command[0], str(run), *command[1:]], name.split("/")[0], "train the run again")
 

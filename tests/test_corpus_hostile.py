@@ -23,6 +23,7 @@ from kqv.errors import DiskFullError
 from kqv.jobs import lm_prepared
 from kqv.jobs.lm_prepared import PARTIAL, STATE, prepare
 from kqv.train.runs import read_run
+from test_damaged_runs import from_before_checksums
 from test_finetune_fuzz import snapshot
 from test_token_corpus import tiny_config, write_text
 
@@ -123,7 +124,7 @@ def test_a_run_from_before_the_sha256_was_recorded_still_loads_scores_and_resume
     del values["data"]["tokens_sha256"]
     values["data"]["path"] = "pc"  # as such runs recorded it: relative, no digest, no checksums
     (trained / "run" / "run.toml").write_text(tomli_w.dumps(values))
-    (trained / "run" / "SHA256SUMS").unlink()
+    from_before_checksums(trained / "run")
     assert evaluated("run") == here
     status, _, error = kqv(["train", "lm", "--out", "run", "--resume", "--steps", "8", "--quiet"])
     assert status == 0, error

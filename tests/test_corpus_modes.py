@@ -100,7 +100,12 @@ def configured(data: dict):
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"packing": True}, "apply to a file of prompt -> completion pairs"),
+        ({"packing": True}, "data.packing applies to a file of prompt -> completion pairs"),
+        ({"template": "{prompt}:"}, "data.template applies to a file of prompt -> completion pairs"),
+        ({"path": "pc.txt", "template": "{prompt}:", "packing": True}, "data.packing and data.template apply to"),
+        ({"objective": "span_corruption", "template": "{prompt}:"}, "data.template writes the prompts of a file"),
+        ({"span_max": 5}, "data.span_max shapes span corruption's examples"),
+        ({"path": "qa.tsv", "span_rate": 0.3}, "data.span_rate shapes span corruption's examples"),
         ({"shuffle_sentences": True}, "read a text as documents"),
         ({"random_prefix": True}, "data.random_prefix shapes span corruption's examples"),
         ({"path": "qa.tsv", "objective": "span_corruption"}, "masks spans of text documents"),

@@ -40,6 +40,16 @@ def trained(tmp_path_factory) -> tuple[Path, list[str]]:
     return run, flags
 
 
+def from_before_checksums(run: Path) -> None:
+    """Make `run` as kqv left a run before it kept SHA256SUMS: no manifest, and checkpoints that do not say the run
+    kept one (state.json without `checksums`)."""
+    (run / "SHA256SUMS").unlink()
+    for state in run.glob("checkpoint*/state.json"):
+        values = json.loads(state.read_text())
+        del values["checksums"]
+        state.write_text(json.dumps(values))
+
+
 def run_files(run: Path) -> list[str]:
     return sorted(p.relative_to(run).as_posix() for p in run.rglob("*") if p.is_file() and p.name != ".lock")
 

@@ -246,7 +246,7 @@ def test_kqv_train_lm_data_pairs_from_the_command_line(tmp_path, capsys):
     ("lines", "settings", "error", "message"),
     [
         ("to be\tor not\nno tab here\n", (), DataError, r"qa.tsv:2: expected prompt<TAB>completion"),
-        ("to be\tor not\n", (), DataError, r"1 pair\(s\): too few for a training and a validation example"),
+        ("to be\tor not\n", (), DataError, r"has 1 pair: too few for a training and a validation example"),
         (
             "to be\tor not\n" * 3 + "that is the question.\tto be, or not to be\n",
             (),
@@ -300,7 +300,7 @@ def test_bad_pairs_are_one_line_errors_with_nothing_written(tmp_path, capsys, li
 def test_pair_options_on_text_are_refused(tmp_path):
     (tmp_path / "book.txt").write_text("to be or not to be\n" * 20)
     for setting in ("data.packing=true", "data.prompt_loss_weight=0.5"):
-        with pytest.raises(ConfigError, match="apply to a file of prompt -> completion pairs"):
+        with pytest.raises(ConfigError, match="to a file of prompt -> completion pairs"):
             kqv.train("lm", "quick", out=tmp_path / "run", overrides=[f"data.path={tmp_path / 'book.txt'}", setting])
     assert not (tmp_path / "run").exists()
 

@@ -4,10 +4,16 @@ The model's parts are exported here; so is the application layer (`kqv.api`): `k
 `kqv.load("runs/lm").generate("ROMEO:")`, `kqv.embed([...])`, `kqv.similarity([...])`.
 """
 
-# ruff: noqa: E402 -- guard_startup() must run before the heavy imports below
-from .signals import guard_startup
+# ruff: noqa: E402 -- the guard must stand before the heavy imports below
+try:  # the `kqv` command: from kqv's first line, Ctrl-C or SIGTERM while torch and the rest load ends it (130/143)
+    from .signals import guard_startup
 
-guard_startup()  # the `kqv` command: Ctrl-C or SIGTERM while torch and the rest load ends it at once (130/143)
+    guard_startup()
+except KeyboardInterrupt:  # one that came before the guard stood, answered as the guard answers it
+    from .signals import interrupted_at_startup
+
+    interrupted_at_startup()  # the `kqv` command ends here; kqv imported from Python raises it on
+    raise
 
 from .api import embed, export, load, similarity, train  # the application layer, above the model
 from .nn.attention import Attention, KVCache, MultiHeadAttention, causal_mask, scaled_dot_product_attention

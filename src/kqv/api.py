@@ -15,6 +15,7 @@
     mt.evaluate(beam_size=4)                                      # MTEvaluation(bleu=..., chrf=..., ...)
     mt.score(["Im Anfang war das Wort"], ["In the beginning was the Word"])  # [log P(translation | source)]
     kqv.api.write_world("world", 1000, seed=0)                    # an invented world's biographies and questions
+    kqv.api.reseal("runs/lm")                                     # its SHA256SUMS recorded anew, on purpose
 
 This layer sits above the jobs (which train and hold the operations of each kind of run: `LMRun`, `MTRun`,
 `VitRun`) and below the command line, which parses flags, calls these, and prints what they return. What a run
@@ -29,6 +30,7 @@ import dataclasses
 import io
 import json
 import math
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -176,23 +178,45 @@ def prepare(
     out: str | Path,
     *,
     tokenizer: str = "bpe",
-    vocab_size: int = 4096,
-    sample_mb: float = 32,
+    vocab_size: int | None = None,
+    sample_mb: float | None = None,
     progress: bool = True,
 ) -> Prepared:
     """Encode a text file or directory of .txt files once into a token corpus on disk at `out` (ids in a
     memory-mapped array, its tokenizer and a manifest), which `train("lm", overrides=["data.path=OUT"])` trains
-    on without reading it into memory (`kqv.jobs.lm_prepared`). `tokenizer`: "bpe" (of `vocab_size` tokens,
-    trained on `sample_mb` MiB of the text), "char", or a saved tokenizer's or run's directory. Streams the text;
-    a killed prepare continues where it stopped, and a finished one is not redone."""
+    on without reading it into memory (`kqv.jobs.lm_prepared`). `tokenizer`: "bpe" (of `vocab_size` tokens, 4096
+    unless given, trained on `sample_mb` MiB of the text, 32 unless given: a sample larger than the text is the
+    whole text), "char", or a saved tokenizer's or run's directory, for which `vocab_size` and `sample_mb` are
+    refused (they would be ignored). Streams the text; a killed prepare continues where it stopped, and a finished
+    one is not redone."""
     from .jobs.lm_prepared import prepare as prepare_corpus
 
-    if not 0 < sample_mb < math.inf:
-        raise ConfigError(
-            f"{option(SAMPLE_MB)} must be a positive number (the MiB of text a new BPE is trained on), got {sample_mb}"
-        )
-    sample = int(sample_mb * (1 << 20))
+    sample = None
+    if sample_mb is not None:
+        if not 0 < sample_mb < math.inf:
+            raise ConfigError(
+                f"{option(SAMPLE_MB)} must be a positive number (the MiB of text a new BPE is trained on), "
+                f"got {sample_mb}"
+            )
+        sample = int(min(sample_mb * (1 << 20), sys.maxsize))  # 1e308 MiB: all the text there is, not an overflow
     return prepare_corpus(text, out, tokenizer=tokenizer, vocab_size=vocab_size, sample_bytes=sample, progress=progress)
+
+
+def reseal(run: str | Path) -> list[str]:
+    """Record the SHA-256 of the run directory `run`'s run.toml and data files anew in its SHA256SUMS, as the files
+    are now, and return the files recorded: on purpose, after restoring a run's files by hand or when its
+    SHA256SUMS was lost (a run whose checkpoint says it had one is refused until then). Its checkpoint, which
+    carries its own checksums, is read and verified first; a run being trained is refused (its writer's lock)."""
+    from .train.checkpoints import read_checkpoint
+    from .train.layout import reseal as reseal_run
+    from .train.rundir import hold_run_lock
+
+    run = Path(run)
+    if not run.is_dir():
+        raise FileNotFoundError(f"no run directory at {run}")
+    with hold_run_lock(run):
+        read_checkpoint(run).close()
+        return reseal_run(run)
 
 
 def describe_prepared(prepared: Prepared) -> str:
@@ -298,6 +322,7 @@ __all__ = [
     "load",
     "packaged_config",
     "prepare",
+    "reseal",
     "run_job",
     "save_embeddings",
     "shipped_configs",

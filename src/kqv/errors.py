@@ -248,6 +248,7 @@ RUN_EXPERIMENT = Word(
     "list(kqv.experiments.actions.run_experiments({name!r}, out={out!r}))",
     f"`kqv experiment run {{name}} {flag.OUT} {{out}}`",
 )
+RESEAL = Word("kqv.api.reseal({run!r})", "`kqv reseal {run}`")
 EXPORT_MERGED = Word("kqv.export({path!r}, hf=DIR, merge=True)", f"`kqv export {{path}} {flag.HF} DIR {flag.MERGE}`")
 MERGE = Word("pass merge=True", f"add {flag.MERGE}")
 DEVICE_CPU = Word("device='cpu'", f"{flag.DEVICE} cpu")

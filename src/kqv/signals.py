@@ -6,9 +6,11 @@ update) SIGTERM does too, and the command exits with 128 + the signal's number (
 
 Three phases, each with its own handlers:
 
-* while the command imports its libraries (`guard_startup`, called first thing by `kqv/__init__.py`), a signal
-  ends the process at once with a one-line message: an exception raised inside an import can be swallowed by a
-  library's `except:` (the command then runs on) or leave a half-initialised module (it crashes later);
+* while the command imports its libraries (`guard_startup`, called by the first line of `kqv/__init__.py` inside a
+  `try` whose `except KeyboardInterrupt` answers a Ctrl-C that came before the guard stood the same way:
+  `interrupted_at_startup`), a signal ends the process at once with a one-line message: an exception raised inside
+  an import can be swallowed by a library's `except:` (the command then runs on) or leave a half-initialised
+  module (it crashes later);
 * while the command runs (`interruptible`), the signals raise KeyboardInterrupt / Terminated;
 * inside `deferred()` (a checkpoint write, an optimizer update) a signal waits until the block is done, then
   raises as above: a second Ctrl-C during the save of the first cannot leave a half-done state.
@@ -101,6 +103,13 @@ def guard_startup() -> None:
     """In the `kqv` command only: until `interruptible` takes over, a signal ends the process at once."""
     if is_command():
         _install(_exit_at_once)
+
+
+def interrupted_at_startup() -> None:
+    """A Ctrl-C that came while `kqv/__init__.py` was putting `guard_startup` in place: in the `kqv` command, end
+    the process as the guard would have (`kqv: interrupted`, 130); elsewhere, nothing (the caller raises it on)."""
+    if is_command():
+        _exit_at_once(signal.SIGINT, None)
 
 
 @contextmanager

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import json
 import math
 import types
 import typing
@@ -202,8 +203,19 @@ def _any_of(name: str, value: Any, alternatives: list) -> Any:
             return check_value(name, value, annotation)
         except ConfigError:
             continue
-    names = " or ".join(getattr(t, "__name__", str(t)) for t in alternatives)
+    choices = [choice for t in alternatives for choice in described(t)]
+    names = " or ".join(choices) if len(choices) < 3 else ", ".join(choices[:-1]) + " or " + choices[-1]
     raise ConfigTypeError(f"{name} must be {names}, got {type(value).__name__} {value!r}")
+
+
+def described(annotation: Any) -> list[str]:
+    """How a message names what an annotation admits: a Literal by its values (`"auto"`), a bool by `true` and
+    `false` (as TOML writes them), a type by its name."""
+    if typing.get_origin(annotation) is Literal:
+        return [json.dumps(v) if isinstance(v, str) else repr(v) for v in typing.get_args(annotation)]
+    if annotation is bool:
+        return ["true", "false"]
+    return [getattr(annotation, "__name__", str(annotation))]
 
 
 def _required(f: dataclasses.Field) -> bool:

@@ -86,8 +86,8 @@ class Prepare(Command):
         parser.add_argument(
             TOKENIZER, default="bpe", help="bpe (trained on a sample), char, or a saved tokenizer's or run's dir"
         )
-        parser.add_argument(VOCAB_SIZE, type=int, default=4096, help="bpe: the vocabulary (default 4096)")
-        parser.add_argument(SAMPLE_MB, type=float, default=32, help="bpe: MiB of text it is trained on (32)")
+        parser.add_argument(VOCAB_SIZE, type=int, help="bpe only: the vocabulary (default 4096)")
+        parser.add_argument(SAMPLE_MB, type=float, help="bpe only: MiB of text it is trained on (default 32)")
         parser.add_argument(QUIET, action="store_true", help="no progress bar")
 
     def run(self, args: argparse.Namespace) -> None:
@@ -100,6 +100,19 @@ class Prepare(Command):
             progress=not args.quiet,
         )
         print(api.describe_prepared(prepared))
+
+
+class Reseal(Command):
+    """`kqv reseal RUN`: `kqv.api.reseal`, and the line that says what it recorded."""
+
+    help = "record a run's checksums (SHA256SUMS) anew, as its files are now: on purpose, after restoring them"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("run", metavar="RUN", help="a run directory")
+
+    def run(self, args: argparse.Namespace) -> None:
+        recorded = api.reseal(args.run)
+        print(f"{args.run}: SHA256SUMS records {len(recorded)} files as they are now")
 
 
 @dataclass(frozen=True)

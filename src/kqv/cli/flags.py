@@ -93,9 +93,9 @@ TRAIN_FLAGS: dict[str, tuple[Flag, ...]] = {
     "lm": (
         Flag(
             DATA,
-            "a text file or directory of .txt files instead of Shakespeare, or a .tsv/.jsonl file of "
-            "prompt -> completion pairs (the loss on the completions); repeated, a mixture of them with equal "
-            "weights (data.sources)",
+            "a text file or directory of .txt files instead of Shakespeare, a .tsv/.jsonl file of "
+            "prompt -> completion pairs (the loss on the completions), or a prepared corpus directory "
+            "(`kqv prepare`); repeated, a mixture of texts and pairs with equal weights (data.sources)",
             "data.path",
             {"action": "append"},
             many="data.sources",

@@ -18,6 +18,7 @@ kqv explore runs/lm [--port 8765] [--open]            (a local web app: every la
 kqv experiment list | run NAME [--quick]             (test the lecture's claims)
 kqv world --out world [--versions 8 --full-names]    (an invented world: biographies, questions to ask of them)
 kqv env [--json]                                     (versions, CPU, GPUs, what `auto` chooses: for bug reports)
+kqv reseal runs/lm                                   (its SHA256SUMS recorded anew: on purpose, after restoring files)
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import sys
 from ..api import packaged_config  # noqa: F401 -- kqv.cli.main.packaged_config, as before
 from ..errors import KqvError, command_line, describe_os_error
 from ..signals import completion, exit_status, finished, interruptible, message
-from .commands import Command, Prepare, Train
+from .commands import Command, Prepare, Reseal, Train
 from .embeddings import Embed, Similarity
 from .environment import Env
 from .experiment import Experiment
@@ -40,6 +41,7 @@ from .world import World
 COMMANDS: dict[str, Command] = {
     "train": Train(),
     "prepare": Prepare(),
+    "reseal": Reseal(),
     **RUN_COMMANDS,  # generate, eval, attention, translate: answered by the job of the run
     "embed": Embed(),
     "similarity": Similarity(),

@@ -374,7 +374,8 @@ RUN_COMMANDS = {
                         DATA,
                         "a text file to score instead of the held-out split (a Hugging Face directory needs one); "
                         "a .tsv or .jsonl file of prompt -> completion pairs is scored by completion loss and exact "
-                        "match",
+                        "match; a prepared corpus directory (`kqv prepare`) by its held-out tail (the run's own, "
+                        "moved, or one prepared with the run's tokenizer)",
                     ),
                     Flag(MAX_TOKENS, "score only this many tokens", options={"type": int}),
                     Flag(PREDICTIONS, "with pairs: write prompt, expected, got and correct for each pair (TSV)"),

@@ -7,13 +7,13 @@ from pathlib import Path
 
 from .. import api
 from ..api import WORLD_STYLES
-from ..flag_names import FULL_NAMES, OUT, PEOPLE, SEED, STYLE, VERSIONS
+from ..flag_names import FULL_NAMES, OUT, OVERWRITE, PEOPLE, SEED, STYLE, VERSIONS
 from .commands import Command
 
 
 class World(Command):
-    """`kqv world --out DIR [--people N] [--versions V] [--full-names] [--style S] [--seed S]`: `kqv.api.write_world`,
-    the files it wrote named."""
+    """`kqv world --out DIR [--overwrite] [--people N] [--versions V] [--full-names] [--style S] [--seed S]`:
+    `kqv.api.write_world`, the files it wrote named."""
 
     help = "write an invented world's biographies and question files (to pretrain on, then ask)"
 
@@ -29,8 +29,11 @@ class World(Command):
             "(one paragraph per person, the full name once in the first sentence, then pronouns, each fact once)",
         )
         parser.add_argument(SEED, type=int, default=0, help="the world's seed (default 0)")
-        parser.add_argument(OUT, type=Path, required=True, help="a directory to write into")
+        parser.add_argument(OUT, type=Path, required=True, help="a new (or empty) directory to write the world into")
+        parser.add_argument(
+            OVERWRITE, action="store_true", help="replace an earlier world there (a directory of a world's files only)"
+        )
 
     def run(self, args: argparse.Namespace) -> None:
-        api.write_world(args.out, args.people, args.seed, args.versions, args.full_names, args.style)
+        api.write_world(args.out, args.people, args.seed, args.versions, args.full_names, args.style, args.overwrite)
         print(f"wrote {args.out}: biographies.txt, pretrain.txt, questions-{{seen,held-out}}.{{tsv,jsonl}}, probes-*")

@@ -174,16 +174,20 @@ def check_examples(examples: list[Example], tokenizer: Tokenizer, where: str = "
 SPLIT_SEED = 0  # the split of a file's examples into train and validation is the same for every run
 
 
-def split_examples(count: int, val_fraction: float) -> tuple[list[int], list[int]]:
+def split_examples(
+    count: int, val_fraction: float, where: str = "the file", noun: str = "pair"
+) -> tuple[list[int], list[int]]:
     """(train, val) indices of `count` examples: `max(1, round(val_fraction * count))` held out, chosen by a fixed
     random permutation (the same whatever the run's seed, so runs that differ in seed share their validation
-    examples, and a file sorted by topic still gives validation examples of every topic); each part in file order."""
+    examples, and a file sorted by topic still gives validation examples of every topic); each part in file order.
+    Too few is a DataError naming the file (`where`) and what it holds too few of (`noun`: pair, document)."""
     if not 0 < val_fraction <= 0.5:
         raise ConfigError(f"data.val_fraction must be in (0, 0.5], got {val_fraction}")
     held_out = max(1, round(val_fraction * count))
     if count - held_out < 1:
         raise DataError(
-            f"the file has {count} pair(s): too few for a training and a validation example; write at least 2"
+            f"{where} has {count} {noun}{'' if count == 1 else 's'}: too few for a training and a validation "
+            f"example; write at least 2"
         )
     order = torch.randperm(count, generator=torch.Generator().manual_seed(SPLIT_SEED)).tolist()
     return sorted(order[held_out:]), sorted(order[:held_out])

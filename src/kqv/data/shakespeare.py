@@ -216,7 +216,9 @@ def load_text(path: str | Path | None = None) -> str:
     if path.is_dir():
         files = sorted((p for p in path.rglob("*.txt") if p.is_file()), key=lambda p: p.relative_to(path).as_posix())
         if not files:
-            raise DataError(f"The directory {path} contains no .txt files; give a text file or a directory of them")
+            from .token_corpus import no_texts  # torch: only where a directory holds no text
+
+            raise no_texts(path)
         return _check_not_empty(_join_texts(files), str(path))
     raise FileNotFoundError(f"No text file or directory at {path}")
 

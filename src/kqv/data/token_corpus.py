@@ -50,9 +50,21 @@ def text_files(path: Path) -> list[Path]:
     if path.is_dir():
         files = sorted((p for p in path.rglob("*.txt") if p.is_file()), key=lambda p: p.relative_to(path).as_posix())
         if not files:
-            raise DataError(f"the directory {path} contains no .txt files; give a text file or a directory of them")
+            raise no_texts(path)
         return files
     raise DataError(f"no text file or directory at {path}")
+
+
+def no_texts(directory: Path) -> DataError:
+    """The error for a directory given as a text that holds no .txt files: named as a prepared corpus that lost its
+    manifest where it holds a corpus's tokens or tokenizer (what else would hold them), else as an empty text."""
+    if (directory / ARRAY).is_file() or (directory / TOKENIZER).is_dir():
+        return DataError(
+            f"{directory} holds a prepared corpus's {ARRAY if (directory / ARRAY).is_file() else TOKENIZER} but no "
+            f"{MANIFEST}, which names its tokens (deleted, or a prepare that never finished); prepare it again with "
+            f"{option(PREPARE, path=str(directory))}"
+        )
+    return DataError(f"the directory {directory} contains no .txt files; give a text file or a directory of them")
 
 
 def last_cut(data: bytes) -> int:

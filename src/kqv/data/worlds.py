@@ -26,11 +26,14 @@ benchmarks `pretrain_qa` and `example_throughput` train on them.
 from __future__ import annotations
 
 import json
+import os
 import random
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import FULL_NAMES, PEOPLE, STYLE_ENCYCLOPEDIA, VERSIONS, ConfigError, DataError, option
+from ..errors import FULL_NAMES, OUT, OVERWRITE, PEOPLE, STYLE_ENCYCLOPEDIA, VERSIONS, ConfigError, DataError, option
 from .completions import split_examples
 
 ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "gr", "kl", "tr", "st"]
@@ -259,18 +262,28 @@ def split(people: list[Person], seen: float = 0.5) -> tuple[list[Person], list[P
     return people[:middle], people[middle:]
 
 
+def pairs_tsv(pairs: list[tuple[str, str]]) -> str:
+    """The text of a TSV file of prompt<TAB>completion lines."""
+    return "".join(f"{prompt}\t{completion}\n" for prompt, completion in pairs)
+
+
+def pairs_jsonl(pairs: list[tuple[str, str]], mask: str = "") -> str:
+    """The text of a .jsonl file of pairs, each naming its kind of question (`kind`), which `kqv eval` reads to give
+    each kind its own constant answer and the reading score; `mask`: what a prompt may end with besides its plain
+    form (a probe in span-corruption form, `prefix MASK . MASK`)."""
+    rows = [{"prompt": p, "completion": c, "kind": kind(p.removesuffix(f"{mask}.{mask}") if mask else p)}
+            for p, c in pairs]  # fmt: skip
+    return "".join(json.dumps(row) + "\n" for row in rows)
+
+
 def write_pairs(path: Path, pairs: list[tuple[str, str]]) -> None:
-    """A TSV file of prompt<TAB>completion lines."""
-    path.write_text("".join(f"{prompt}\t{completion}\n" for prompt, completion in pairs), encoding="utf-8")
+    """A TSV file of prompt<TAB>completion lines (`pairs_tsv`)."""
+    path.write_text(pairs_tsv(pairs), encoding="utf-8")
 
 
 def write_jsonl(path: Path, pairs: list[tuple[str, str]], mask: str = "") -> None:
-    """A .jsonl file of pairs, each naming its kind of question (`kind`), which `kqv eval` reads to give each kind
-    its own constant answer and the reading score; `mask`: what a prompt may end with besides its plain form (a
-    probe in span-corruption form, `prefix MASK . MASK`)."""
-    rows = [{"prompt": p, "completion": c, "kind": kind(p.removesuffix(f"{mask}.{mask}") if mask else p)}
-            for p, c in pairs]  # fmt: skip
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    """A .jsonl file of pairs (`pairs_jsonl`)."""
+    path.write_text(pairs_jsonl(pairs, mask), encoding="utf-8")
 
 
 def with_validation(
@@ -314,24 +327,109 @@ def check_world(n_people: int, versions: int, full_names: bool, style: str) -> N
         )
 
 
+WORLD_FILES = (  # what `write_world` writes, and all a directory it may replace (`overwrite=True`) holds
+    "biographies.txt", "pretrain.txt",
+    *(f"{name}.{ext}" for name in ("questions-seen", "questions-held-out", "probes-seen", "probes-held-out")
+      for ext in ("tsv", "jsonl")),
+)  # fmt: skip
+STAGING = ".kqv-world-"  # `.DIR.kqv-world-XXXXXXXX` beside DIR: a world being written, moved into place last
+
+
+def world_files(
+    people: list[Person], seed: int, versions: int = 1, full_names: bool = False, style: str = "varied"
+) -> dict[str, str]:
+    """Each file of the world of `people` (`write_world`) by name: its text."""
+    seen, held_out = split(people)
+    text = biographies(people, seed, versions, full_names, style)
+    laid_out, _ = with_validation(text, seen, seed, versions, VAL_FRACTION, full_names, style)
+    files = {"biographies.txt": text, "pretrain.txt": laid_out}
+    pairs = {"questions-seen": questions(seen), "questions-held-out": questions(held_out),
+             "probes-seen": probes(seen), "probes-held-out": probes(held_out)}  # fmt: skip
+    for name, rows in pairs.items():
+        files[f"{name}.tsv"] = pairs_tsv(rows)
+        files[f"{name}.jsonl"] = pairs_jsonl(rows)
+    return files
+
+
+def check_out(out: Path, overwrite: bool) -> None:
+    """Refuse (ConfigError) to write a world where it would replace what a user holds: `out` must be new or an empty
+    directory; with `overwrite`, also an earlier world (`is_world`), never anything else (a run, a prepared corpus,
+    a user's own files)."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise ConfigError(f"{out} exists and is not a directory: give {option(OUT)} a new directory for the world")
+    if not any(out.iterdir()) or (overwrite and is_world(out)):
+        return
+    if overwrite:
+        raise ConfigError(
+            f"{out} is not a world kqv wrote (it holds other files than a world's, or other text): "
+            f"{option(OVERWRITE)} replaces only an earlier world; give {option(OUT)} a new directory"
+        )
+    raise ConfigError(
+        f"{out} already exists and is not empty: give {option(OUT)} a new directory "
+        f"(or {option(OVERWRITE)} to replace an earlier world written there)"
+    )
+
+
+def is_world(directory: Path) -> bool:
+    """Whether `directory` holds an earlier world and nothing else: exactly the files `WORLD_FILES` names, its
+    biographies opening with the world's preface."""
+    if {path.name for path in directory.iterdir()} != set(WORLD_FILES):
+        return False
+    with open(directory / "biographies.txt", encoding="utf-8", errors="replace") as file:
+        return file.readline().rstrip("\n") == PREFACE
+
+
 def write_world(
-    out: Path, n_people: int, seed: int, versions: int = 1, full_names: bool = False, style: str = "varied"
+    out: Path,
+    n_people: int,
+    seed: int,
+    versions: int = 1,
+    full_names: bool = False,
+    style: str = "varied",
+    overwrite: bool = False,
 ) -> list[Person]:
     """In `out`: biographies.txt (`versions` biographies per person, with `full_names` if asked, in `style`),
     pretrain.txt (the same with validation documents of seen people where `data.val_fraction = VAL_FRACTION` holds out:
     `with_validation`), the questions and probes of the seen and held-out people as .tsv and as .jsonl naming each
-    question's kind; refused (`check_world`) where no such world can be written."""
+    question's kind; refused (`check_world`) where no such world can be written, and (`check_out`) where `out`
+    holds anything but, with `overwrite`, an earlier world. The files are written into a staging directory beside
+    `out` and moved into place last, so a killed write leaves the old world or none, never half of one."""
     check_world(n_people, versions, full_names, style)
+    out = Path(out)
+    check_out(out, overwrite)
     people = make_world(n_people, seed)
-    seen, held_out = split(people)
-    out.mkdir(parents=True, exist_ok=True)
-    text = biographies(people, seed, versions, full_names, style)
-    (out / "biographies.txt").write_text(text, encoding="utf-8")
-    laid_out, _ = with_validation(text, seen, seed, versions, VAL_FRACTION, full_names, style)
-    (out / "pretrain.txt").write_text(laid_out, encoding="utf-8")
-    files = {"questions-seen": questions(seen), "questions-held-out": questions(held_out),
-             "probes-seen": probes(seen), "probes-held-out": probes(held_out)}  # fmt: skip
-    for name, pairs in files.items():
-        write_pairs(out / f"{name}.tsv", pairs)
-        write_jsonl(out / f"{name}.jsonl", pairs)
+    files = world_files(people, seed, versions, full_names, style)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for stale in out.parent.glob(f".{out.name}{STAGING}*"):  # what a killed write left
+        shutil.rmtree(stale, ignore_errors=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}{STAGING}", dir=out.parent))
+    try:
+        os.chmod(staging, 0o777 & ~current_umask())  # mkdtemp's is private; the world is an ordinary directory
+        for name, text in files.items():
+            (staging / name).write_text(text, encoding="utf-8")
+        swap(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return people
+
+
+def current_umask() -> int:
+    """The process's umask (read by setting it and back)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+def swap(staging: Path, out: Path) -> None:
+    """The complete world in `staging` moved to `out` (an empty directory there removed first; an earlier world
+    renamed aside first and removed after)."""
+    old = staging.with_name(staging.name + "-old")
+    if out.exists():
+        if any(out.iterdir()):
+            os.replace(out, old)
+        else:
+            out.rmdir()
+    os.replace(staging, out)
+    shutil.rmtree(old, ignore_errors=True)

@@ -22,7 +22,17 @@ from ..data.documents import mask_symbol
 from ..data.shakespeare import load_text
 from ..data.token_corpus import is_token_corpus
 from ..data.tokenizers import Tokenizer, encode_text
-from ..errors import INIT_SOURCE, MAX_TOKENS, MERGE, PREPARE_TOKENIZER, TEXT, ConfigError, DataError, option
+from ..errors import (
+    INIT_SOURCE,
+    MAX_TOKENS,
+    MERGE,
+    PREPARE_TOKENIZER,
+    TEXT,
+    TRAIN_ON_TEXT,
+    ConfigError,
+    DataError,
+    option,
+)
 from ..nn.config import ModelConfig
 from ..nn.devices import model_device
 from ..nn.lora import is_adapted, merge_lora
@@ -247,9 +257,14 @@ class LMRun(TrainedRun, Continues, Generates, Completes, Evaluates, ShowsAttenti
         return self.config.corpus.trained(self.tokenizer, self.run_dir)
 
     def moved_corpus(self, path: str | Path) -> LoadedCorpus:
-        """The prepared corpus the run trained on, given at its new place `path` (`PreparedCorpus.trained` checks
-        that it is the one whose SHA-256 the run recorded)."""
-        return corpus_of(replace(self.config.data, path=str(path))).trained(self.tokenizer, self.run_dir)
+        """The prepared corpus at `path`: the one the run trained on, at its new place (`PreparedCorpus.trained`
+        checks that it is the one whose SHA-256 the run recorded), or, for a run of another corpus (a text, pairs,
+        a mixture), one prepared with the run's tokenizer. Only what a prepared corpus reads is taken from the
+        run's [data]: a pairs run's packing or prompt weight is no setting of it."""
+        data = self.config.data
+        read = {name: getattr(data, name) for name in ("tokenizer", "vocab_size", "context", "val_fraction")}
+        corpus = corpus_of(DataConfig(path=str(path), tokens_sha256=data.tokens_sha256, **read))
+        return corpus.trained(self.tokenizer, self.run_dir)
 
     def trained_answers(self) -> tuple[list[str], list[str]] | None:
         """The completions of the pairs the run trained on and their kinds of question, the baselines' reference: a
@@ -296,11 +311,22 @@ class LMJob(Job):
         """`Job.load_config`, refusing a tokenizer option set for a corpus that brings its own (a prepared one),
         which would be ignored."""
         config = super().load_config(path, overrides)
-        given = [key for o in overrides if (key := override_key(o)) in ("data.tokenizer", "data.vocab_size")]
+        keys = [override_key(o) for o in overrides]
+        given = [key for key in keys if key in ("data.tokenizer", "data.vocab_size")]
         if given and config.corpus.own_tokenizer:
             raise ConfigError(
                 f"{given[0]} cannot be set for the prepared corpus {config.data.path}, which was encoded once with "
                 f"its own tokenizer; drop it, or prepare the text again with {option(PREPARE_TOKENIZER)}"
+            )
+        if given and config.data.init is not None:
+            raise ConfigError(
+                f"{given[0]} cannot be set for a fine-tune of {config.data.init}, which keeps its source's "
+                f"tokenizer (the model's embeddings are its tokens'); drop it"
+            )
+        if "data.sources" in keys and not config.data.sources:
+            raise ConfigError(
+                "data.sources is empty: a mixture needs at least one source (a text or a file of pairs, with its "
+                f"weight); give them, or drop data.sources and give the text with {option(TRAIN_ON_TEXT)}"
             )
         return config
 

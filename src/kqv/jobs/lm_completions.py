@@ -86,7 +86,7 @@ def build_examples(tokenizers: TokenizerSource, data: DataConfig) -> tuple[Token
     check_examples(examples, tokenizer, str(data.path))
     tokens: dict[str, Tensor] = {}
     chars = []
-    for split, chosen in zip(SPLITS, split_examples(len(examples), data.val_fraction)):
+    for split, chosen in zip(SPLITS, split_examples(len(examples), data.val_fraction, str(data.path))):
         part = [examples[k] for k in chosen]
         ids = encode_examples(part, tokenizer)
         check_lengths(part, ids["lengths"], data.context, str(data.path))

@@ -265,11 +265,14 @@ class TextBlocks(Corpus):
         refuse_pair_options(self.data)
 
 
+SPAN_OPTIONS = ("span_rate", "span_max", "random_prefix", "span_loss")  # what shapes span corruption's examples
+
+
 def refuse_span_options(data: DataConfig) -> None:
-    """The random prefix and the loss on every token shape span corruption's examples: refused without it."""
-    given = [
-        name for name, on in (("random_prefix", data.random_prefix), ("span_loss", data.span_loss != "span")) if on
-    ]
+    """A span's rate and length, the random prefix and the loss on every token shape span corruption's examples:
+    each refused, set to other than its default, without it."""
+    defaults = DataConfig()
+    given = [name for name in SPAN_OPTIONS if getattr(data, name) != getattr(defaults, name)]
     if given:
         raise ConfigError(
             f"data.{given[0]} shapes span corruption's examples; set data.objective='span_corruption' or drop it"
@@ -286,9 +289,12 @@ def refuse_document_options(data: DataConfig) -> None:
 
 
 def refuse_pair_options(data: DataConfig) -> None:
-    """The prompt's weight and packing belong to examples."""
-    if data.prompt_loss_weight or data.packing is True:
+    """The prompt's weight, packing and the template belong to examples of pairs: each one set is named."""
+    given = [name for name, on in (("prompt_loss_weight", data.prompt_loss_weight), ("packing", data.packing is True),
+                                   ("template", data.template is not None)) if on]  # fmt: skip
+    if given:
+        named, several = " and ".join(f"data.{name}" for name in given), len(given) > 1
         raise ConfigError(
-            "data.prompt_loss_weight and data.packing apply to a file of prompt -> completion pairs (data.path "
-            f"a .tsv or .jsonl file), not to text ({data.path or 'Shakespeare'}); drop them"
+            f"{named} {'apply' if several else 'applies'} to a file of prompt -> completion pairs (data.path a .tsv "
+            f"or .jsonl file), not to text ({data.path or 'Shakespeare'}); drop {'them' if several else 'it'}"
         )

@@ -129,7 +129,7 @@ def build_sources(tokenizers: TokenizerSource, data: DataConfig, corrupt: bool) 
                 f"{where}: a document holds {eot_text!r}, the end of text that closes every example of this tokenizer; "
                 + split_at_end_of_text(eot_text, data.delimiter)
             )
-        train, val = encode_documents(items, data, tokenizer, options, cut)
+        train, val = encode_documents(items, data, tokenizer, options, cut, where)
         splits["train"].append(train)
         splits["val"].append(val)
     tokens = stored(splits, cut)
@@ -170,7 +170,7 @@ def encode_pairs(examples: list[Example], data: DataConfig, tokenizer: Tokenizer
     examples = templated(examples, data.template, tokenizer, mask, where)
     check_examples(examples, tokenizer, where)
     parts = []
-    for chosen in split_examples(len(examples), data.val_fraction):
+    for chosen in split_examples(len(examples), data.val_fraction, where):
         part = [examples[k] for k in chosen]
         ids = encode_examples(part, tokenizer)
         check_lengths(part, ids["lengths"], data.context, where)
@@ -180,14 +180,20 @@ def encode_pairs(examples: list[Example], data: DataConfig, tokenizer: Tokenizer
 
 
 def encode_documents(
-    documents: list[str], data: DataConfig, tokenizer: Tokenizer, options: DocumentOptions, cut: list[int]
+    documents: list[str],
+    data: DataConfig,
+    tokenizer: Tokenizer,
+    options: DocumentOptions,
+    cut: list[int],
+    where: str = "the text",
 ) -> tuple[dict, dict]:
-    """The train part of a text source (documents, cut into windows) and its val part (drawn once, as examples)."""
+    """The train part of a text source (`where`: its path) of documents, cut into windows, and its val part (drawn
+    once, as examples)."""
     size = data.context + 1 - options.extra()
     if size < 2:
         raise ConfigError(f"data.context ({data.context}) leaves no room for a document; raise it")
     parts = []
-    for split, chosen in zip(("train", "val"), split_examples(len(documents), data.val_fraction)):
+    for split, chosen in zip(("train", "val"), split_examples(len(documents), data.val_fraction, where, "document")):
         docs: list[tuple[list[int], list[int]]] = []
         for k in chosen:
             pieces = document_windows(documents[k], tokenizer, size, options.separator)
@@ -426,6 +432,11 @@ class Documents(Examples):
             )
         if not self.corrupt:
             refuse_span_options(data)
+        if data.template is not None and not any(is_pairs(path) for path, _ in data_sources(data)):
+            raise ConfigError(
+                "data.template writes the prompts of a file of prompt -> completion pairs, and no source is one "
+                "(a .tsv or .jsonl file); drop it, or add the pairs to the sources"
+            )
 
     def build(self, tokenizers: TokenizerSource) -> LoadedDocuments:
         return self.read(*build_sources(tokenizers, self.data, self.corrupt))

@@ -43,6 +43,7 @@ from ..data.token_corpus import (
     TokenCorpus,
     digest,
     is_token_corpus,
+    no_texts,
     pieces,
     read_chunks,
     read_windows,
@@ -52,7 +53,17 @@ from ..data.token_corpus import (
     window_starts,
 )
 from ..data.tokenizers import Tokenizer, check_vocab_size, encode_texts, load_tokenizer, make_tokenizer
-from ..errors import MOVED_CORPUS, SAMPLE_MB, VOCAB_SIZE, ConfigError, DataError, KqvError, RunError, option
+from ..errors import (
+    MOVED_CORPUS,
+    PREPARE_WITH_TOKENIZER,
+    SAMPLE_MB,
+    VOCAB_SIZE,
+    ConfigError,
+    DataError,
+    KqvError,
+    RunError,
+    option,
+)
 from ..interop.directories import read_hf_tokenizer
 from ..train.config import TrainConfig
 from ..train.distributed import OwnRows
@@ -68,6 +79,7 @@ from .lm_corpus import SCORED_TOKENS, Check, LMTokenizerSource, LoadedText, Text
 from .lm_data import DataConfig
 
 CHUNK_BYTES = 16 << 20  # the text read, encoded and recorded at a time
+VOCAB_SIZE_DEFAULT = 4096  # a new BPE's vocabulary
 SAMPLE_BYTES = 32 << 20  # the text a new BPE is trained on, in 1 MiB blocks spread over the corpus
 PARTIAL, LOCK = ARRAY + ".partial", ".prepare.lock"
 PIECES = 64  # the pieces of a chunk encoded in one batched call
@@ -89,15 +101,17 @@ def prepare(
     out: str | Path,
     *,
     tokenizer: str = "bpe",
-    vocab_size: int = 4096,
-    sample_bytes: int = SAMPLE_BYTES,
+    vocab_size: int | None = None,
+    sample_bytes: int | None = None,
     chunk_bytes: int = CHUNK_BYTES,
     progress: bool = True,
 ) -> Prepared:
     """Encode the text file or directory of .txt files `text` into a token corpus at `out` (the module docstring):
-    `tokenizer` "bpe" (of `vocab_size` tokens, trained on `sample_bytes` of the text), "char", or a saved tokenizer's
-    directory. Nothing is written over an input or over anything `out` held that is not an unfinished prepare of
+    `tokenizer` "bpe" (of `vocab_size` tokens, `VOCAB_SIZE` unless given, trained on `sample_bytes` of the text,
+    `SAMPLE_BYTES` unless given), "char", or a saved tokenizer's directory (which refuse both options: they would
+    be ignored). Nothing is written over an input or over anything `out` held that is not an unfinished prepare of
     the same text and settings."""
+    vocab_size, sample_bytes = bpe_options(tokenizer, vocab_size, sample_bytes)
     check_prepare_options(text, vocab_size, sample_bytes)
     files = [f.resolve() for f in text_files(Path(text).expanduser())]
     if tokenizer not in ("bpe", "char") and not Path(tokenizer).expanduser().is_dir():
@@ -123,6 +137,23 @@ def prepare(
         if created and (refused or not holds_tokens(out)):  # what this call made and cannot resume goes
             shutil.rmtree(out, ignore_errors=True)
         raise
+
+
+def bpe_options(tokenizer: str, vocab_size: int | None, sample_bytes: int | None) -> tuple[int, int]:
+    """The vocabulary and sample of a new BPE (`VOCAB_SIZE`, `SAMPLE_BYTES` where not given); refused (ConfigError)
+    when given for another tokenizer, which has its own vocabulary and trains on nothing."""
+    if tokenizer != "bpe":
+        named = {option(VOCAB_SIZE): vocab_size, option(SAMPLE_MB): sample_bytes}
+        given = " and ".join(name for name, value in named.items() if value is not None)
+        if given:
+            verb = "shape" if " and " in given else "shapes"
+            raise ConfigError(
+                f"{given} {verb} only a new BPE tokenizer, and the tokenizer here is {tokenizer!r}, which keeps its "
+                f"own vocabulary: drop {given}, or prepare with the tokenizer 'bpe'"
+            )
+    return (VOCAB_SIZE_DEFAULT if vocab_size is None else vocab_size), (
+        SAMPLE_BYTES if sample_bytes is None else sample_bytes
+    )
 
 
 def check_prepare_options(text: str | Path, vocab_size: int, sample_bytes: int) -> None:
@@ -337,17 +368,19 @@ class PreparedCorpus(TextBlocks):
         if self.data.path is None:
             raise ConfigError("data.tokens_sha256 is a prepared corpus's; give its directory as data.path")
 
-    def recorded(self, run_dir: Path, expected: str | None, *, verify: bool = True) -> TokenCorpus:
+    def recorded(self, run_dir: Path, expected: str | None) -> TokenCorpus:
         """The corpus at data.path (`TokenCorpus.open`), refused in one line when it is not the one whose tokens'
         SHA-256 the run `run_dir` recorded (`expected`; None: a run from before kqv recorded it), or is gone."""
         path = Path(self.data.path).expanduser()
         moved = option(MOVED_CORPUS, run=str(run_dir))
         if expected is not None and not is_token_corpus(path):
+            if (path / ARRAY).is_file() or (path / TOKENIZER).is_dir():
+                raise no_texts(path)  # its manifest gone: said so, not "moved"
             raise DataError(
                 f"the prepared corpus {run_dir} trained on is not at {path} (moved or removed); give its new place "
                 f"with {moved}"
             )
-        corpus = TokenCorpus.open(path, verify=verify)
+        corpus = TokenCorpus.open(path)
         if expected is not None and corpus.manifest.get("sha256") != expected:
             raise DataError(
                 f"{path} is not the corpus {run_dir} trained on: its tokens' SHA-256 is "
@@ -402,13 +435,17 @@ class PreparedCorpus(TextBlocks):
 
     def trained(self, tokenizer: Tokenizer, run_dir: Path) -> LoadedPrepared:
         """A trained run's corpus: the one at `data.path` (a run keeps no copy of it) whose SHA-256 the run
-        recorded (`recorded`), encoded by the run's `tokenizer`."""
-        corpus = self.recorded(run_dir, self.data.tokens_sha256, verify=False)
+        recorded (`recorded`), its tokens checked against it (read once: tokens changed in place, the manifest
+        left as it was, are refused, as a resume refuses them), encoded by the run's `tokenizer`."""
+        corpus = self.recorded(run_dir, self.data.tokens_sha256)
         if corpus.tokenizer.files() != tokenizer.files():
-            raise DataError(
-                f"{self.data.path} was prepared with another tokenizer than {run_dir}'s; give the corpus it trained "
-                f"on with {option(MOVED_CORPUS, run=str(run_dir))}"
+            remedy = (  # the run's own corpus, moved; or, for a run of a text or pairs, one encoded as it encodes
+                f"give the corpus it trained on with {option(MOVED_CORPUS, run=str(run_dir))}"
+                if self.data.tokens_sha256 is not None
+                else f"a run scores a corpus its own tokenizer encoded: "
+                f"{option(PREPARE_WITH_TOKENIZER, source=str(run_dir))}"
             )
+            raise DataError(f"{self.data.path} was prepared with another tokenizer than {run_dir}'s; {remedy}")
         return self.opened(corpus)
 
 

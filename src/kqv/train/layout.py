@@ -28,12 +28,13 @@ joined to its directory by the checkpoints' modules alone (`kqv.train.checkpoint
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 from torch import Tensor
 
-from ..errors import IF_EXISTS_OVERWRITE, RunError, option
+from ..errors import IF_EXISTS_OVERWRITE, RESEAL, RunError, option
 from .files import TEMPORARY, sha256, write_atomically, write_files, write_tensors, write_text, write_through
 
 # what a job writes
@@ -268,7 +269,9 @@ def remedy(path: Path) -> str:
 # covers run.toml (a truncated one may still parse) and the rest of what is read back: `tokenizer/`,
 # `tokens.safetensors`, `pairs.safetensors` and `data/`. It is in `sha256sum`'s format, so
 # `cd RUN && sha256sum -c SHA256SUMS` checks a run by hand too. A run written before the manifest existed has none,
-# and loads unchecked, as it always did.
+# and loads unchecked, as it always did. A run that had one and lost it is damaged, not old: each checkpoint's
+# state.json says whether the run held its manifest when it was written (`CHECKSUMS_KEPT`), and a manifest missing
+# from such a run is an error (`lost_checksums`) until the run is sealed again on purpose (`reseal`).
 
 
 DATA_FILES = (TOKENIZER_DIR, TOKENS_FILE, PAIRS_FILE, TEXT_DIR)  # what a run reads back besides its checkpoint
@@ -319,10 +322,49 @@ def copy_files(source: Path, run_dir: Path, names: tuple[str, ...]) -> None:
     record(run_dir, names, known={name: recorded[name] for name in recorded_files(source, names) if name in recorded})
 
 
+CHECKSUMS_KEPT = "checksums"  # state.json: true where the run held its SHA256SUMS when the checkpoint was written
+
+
+def kept_checksums(run_dir: Path) -> bool:
+    """Whether a checkpoint of `run_dir` (the current one or the one a swap left) says the run held its manifest
+    when it was written (state.json's `CHECKSUMS_KEPT`); a state.json that cannot be read says nothing here (the
+    checkpoint's own check names it)."""
+    for name in (CHECKPOINT_DIR, PREVIOUS_CHECKPOINT_DIR):
+        try:
+            state = json.loads((run_dir / name / STATE_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(state, dict) and state.get(CHECKSUMS_KEPT) is True:
+            return True
+    return False
+
+
+def lost_checksums(run_dir: Path) -> RunError:
+    """The error for a run whose manifest is gone though its checkpoint says it had one."""
+    return RunError(
+        f"{run_dir / MANIFEST_FILE} is missing, though {run_dir} kept its checksums there: without it no file of the "
+        f"run can be checked; restore it from a backup, or, to accept the run's files as they are now, seal them "
+        f"again with {option(RESEAL, run=str(run_dir))}"
+    )
+
+
+def reseal(run_dir: Path) -> list[str]:
+    """Record run.toml's and the data files' checksums in `run_dir`'s manifest anew, as the files are now (`record`,
+    nothing kept): what a user does on purpose after restoring a run's files by hand or losing its manifest. Returns
+    the files recorded."""
+    if not (run_dir / RUN_CONFIG).is_file():
+        raise RunError(f"{run_dir} is not a kqv run: {run_dir / RUN_CONFIG} is missing")
+    record(run_dir)
+    return sorted(read_manifest(run_dir))
+
+
 def read_manifest(run_dir: Path) -> dict[str, str]:
-    """The recorded digests by relative path; empty for a run without a manifest."""
+    """The recorded digests by relative path; empty for a run without a manifest (one written before manifests
+    existed), RunError for a run that had one and lost it (`kept_checksums`)."""
     path = run_dir / MANIFEST_FILE
     if not path.exists():
+        if kept_checksums(run_dir):
+            raise lost_checksums(run_dir)
         return {}
     try:
         lines = path.read_text(encoding="utf-8").splitlines()

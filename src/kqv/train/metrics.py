@@ -138,6 +138,9 @@ def format_duration(seconds: float) -> str:
     return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
 
 
+DIAGNOSTICS = ("batch_ms", "wait_ms")  # the batch pipeline's host times: in metrics.jsonl, not in a progress line
+
+
 def progress_line(step: int, steps: int, record: dict[str, Any], left: float | None = None) -> str:
     """One progress line, e.g. `step  200/1200  train 1.912  val 1.987  41,250 tok/s  MFU 31.5%  peak 1,204 MB
     1.2 min  left 6 min 02 s` (`left`: the estimated seconds of training still to come; `left ?` before the first
@@ -147,7 +150,7 @@ def progress_line(step: int, steps: int, record: dict[str, Any], left: float | N
         f"{name.removesuffix('_loss')} {record[name]:.3f}" for name in ("train_loss", "val_loss") if name in record
     ]
     shown_otherwise = ("train_loss", "val_loss", "lr", "tokens_per_s", "grad_norm", "train_seconds", "elapsed_s")
-    shown_otherwise += ("mfu", "peak_memory_mb")
+    shown_otherwise += ("mfu", "peak_memory_mb", *DIAGNOSTICS)
     parts += [
         f"{name} {value:.4g}"
         for name, value in record.items()

@@ -31,7 +31,7 @@ from .checkpoints import (
 )
 from .config import TrainConfig
 from .files import write_into
-from .layout import MODEL_FILE, RNG_FILE, RunFiles
+from .layout import CHECKSUMS_KEPT, MODEL_FILE, RNG_FILE, RunFiles
 from .nonfinite import check_finite_weights
 from .placement import Placement
 from .rng import TORCH_RNGS, all_rng_states, rng_from_json, rng_tensors, rng_to_json
@@ -121,6 +121,7 @@ class Checkpointer:
             "grad_scaler": self.placement.precision.state_dict(),
             "rng": [rng_to_json(s) for s in rng_states],
             "torch_version": torch.__version__,
+            CHECKSUMS_KEPT: self.run.manifest_file.is_file(),  # a manifest lost later is damage (`kept_checksums`)
         }
 
     def load(self, checkpoint: Checkpoint) -> tuple[TrainState, list[dict | None]]:
