@@ -1245,7 +1245,7 @@ CS224N_A5 = Source(
     "Zen 4",
     "AMD EPYC Zen 4 (family 25, model 17), native bf16, 2 cores shared with other work (one torch thread a run)",
     "python benchmarks/cs224n_a5.py --data a5 --mingpt minGPT_birthplace_prediction/src --mingpt-epochs 8.6 "
-    "--seeds 0 --work a5-runs",
+    "--seeds 0 --work a5-runs --arm 'kqv: --config cs224n-a5' --arm 'minGPT: schedule fitted to the budget'",
 )
 
 
