@@ -82,7 +82,9 @@ def test_what_a_directory_cannot_do_is_refused_by_name(bert_dir):
         RunError, match="BertModel directory, which cannot generate text; generate works on lm runs and GPT-2"
     ):
         run.generate("hello")
-    with pytest.raises(RunError, match="evaluate works on lm, mt and vit runs and GPT-2 directories"):
+    with pytest.raises(
+        RunError, match="evaluate works on lm, mt and vit runs and GPT-2, GPT-NeoX and Llama directories"
+    ):
         run.evaluate()
 
 
@@ -160,7 +162,7 @@ def test_kqv_attention_on_a_directory_draws_kqv_loads_maps(kind, gpt2_dir, bert_
         ),
         (
             ["generate", "{bert}", "--prompt", "hi"],
-            ["BertModel directory, which cannot generate text; generate works on lm runs and GPT-2 directories"],
+            ["BertModel directory, which cannot generate text; generate works on lm runs and GPT-2, GPT-NeoX"],
         ),
         (
             ["eval", "{bert}", "--data", "{gpt2}/config.json"],

@@ -267,6 +267,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             gpt2_mapping,
             base_prefix="transformer.",
             heads=("lm_head.",),
+            family="GPT-2",
             ignored=(r"h\.\d+\.attn\.(masked_)?bias",),
         ),  # causal-mask buffers of old checkpoints
         Architecture(

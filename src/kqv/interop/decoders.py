@@ -283,6 +283,7 @@ DECODERS = [
         heads=("lm_head.",),
         ignored=(r"layers\.\d+\.attention\.(bias|masked_bias|rotary_emb\.inv_freq)",),  # old checkpoints' buffers
         renamed=((r"^embed_out\.", "lm_head."),),  # the output layer's name before transformers 5
+        family="GPT-NeoX",
     ),
     Architecture(
         "LlamaForCausalLM",
@@ -294,6 +295,7 @@ DECODERS = [
         base_prefix="model.",
         heads=("lm_head.",),
         ignored=(r"layers\.\d+\.self_attn\.rotary_emb\.inv_freq",),
+        family="Llama",
     ),
     *(
         Architecture(
@@ -307,6 +309,7 @@ DECODERS = [
             heads=("lm_head.",),
             ignored=(r"layers\.\d+\.self_attn\.rotary_emb\.inv_freq",),
             exported=False,
+            family=name,
         )
         for hf_class, model_type, name in [
             ("MistralForCausalLM", "mistral", "Mistral"),

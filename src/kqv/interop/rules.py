@@ -96,8 +96,14 @@ class Architecture:
     heads: tuple[str, ...] = ()  # checkpoint names outside the base model ("lm_head.", "cls.")
     ignored: tuple[str, ...] = ()  # regexes of checkpoint buffers that are no weights at all
     hf_options: Callable[[dict[str, Tensor]], dict[str, Any]] = lambda state: {}  # model class options
+    family: str = ""  # its name in messages and run records ("GPT-2", "Llama"); the class's by default
     renamed: tuple[tuple[str, str], ...] = ()  # (regex, replacement) of older checkpoints' names, applied on import
     exported: bool = True  # whether `to_hf` writes this class (a Mistral or Qwen2 is written as a Llama)
+
+    @property
+    def name(self) -> str:
+        """The family's name ("GPT-NeoX"), as messages and a fine-tune's `[source]` kind say it."""
+        return self.family or self.hf_class
 
     def kqv_model(self, config: ModelConfig) -> nn.Module:
         return self.kqv_class(config)
