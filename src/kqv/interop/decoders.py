@@ -282,7 +282,7 @@ DECODERS = [
         base_prefix="gpt_neox.",
         heads=("lm_head.",),
         ignored=(r"layers\.\d+\.attention\.(bias|masked_bias|rotary_emb\.inv_freq)",),  # old checkpoints' buffers
-        renamed=((r"^embed_out\.", "lm_head."),),  # the output layer's name before transformers 5
+        renamed=((r"^embed_out\.", "lm_head."),),  # the output layer's name in checkpoints (transformers saves it so)
         family="GPT-NeoX",
     ),
     Architecture(
