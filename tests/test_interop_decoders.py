@@ -160,7 +160,7 @@ REFUSED = {
     "llama head_dim": ("LlamaForCausalLM", dict(head_dim=16), "head_dim=16: kqv's heads are"),
     "mistral sliding window": (
         "MistralForCausalLM",
-        dict(sliding_window=16),
+        dict(sliding_window=16, num_key_value_heads=2),
         "sliding_window=16 below max_position_embeddings=64",
     ),
     "qwen2 sliding window": (
@@ -192,7 +192,10 @@ def test_what_kqv_cannot_compute_is_refused_in_one_line(case, tmp_path):
 
 def test_a_refused_directory_is_one_line_from_the_command_line(tmp_path, capsys):
     tokenizer = BPETokenizer.train(TEXT, vocab_size=300)
-    save(hf_decoder("MistralForCausalLM", sliding_window=16, vocab_size=tokenizer.vocab_size), tokenizer, tmp_path)
+    mistral = hf_decoder(
+        "MistralForCausalLM", sliding_window=16, num_key_value_heads=2, vocab_size=tokenizer.vocab_size
+    )
+    save(mistral, tokenizer, tmp_path)
     capsys.readouterr()  # transformers' progress bars
     assert main(["generate", str(tmp_path), "--prompt", "To be"]) == 2
     err = capsys.readouterr().err

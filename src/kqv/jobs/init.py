@@ -74,7 +74,7 @@ def read_source(path: str | Path) -> Source:
         if family is None:
             raise ConfigError(
                 f"{option(INIT)}{path} is a Hugging Face {hf_config.model_type!r} directory; a language model "
-                f"starts from a kqv LM run or a {' or '.join(causal_lm_families().values())} directory"
+                f"starts from a kqv LM run or a {', '.join(causal_lm_families().values())} directory"
             )
         return Source(path, f"Hugging Face {family}", config_from_hf(hf_config), weights_sha256(path))
     if not RunFiles(path).config_file.is_file():
