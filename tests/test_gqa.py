@@ -29,6 +29,7 @@ from kqv.nn.positions import attention_positions
 from kqv.train.checkpoints import load_weights
 from kqv.train.config import TrainConfig
 from kqv.train.flops import model_flops_per_token, training_flops_per_token
+from kqv.train.preflight import TRAINING_BYTES_PER_PARAMETER, batch_memory
 from kqv.train.trainer import Trainer
 from test_fast_decoding import assert_lean_step_is_the_general_path
 
@@ -302,6 +303,14 @@ def test_an_attention_layers_parameters_are_the_closed_form(heads, bias):
     queries_and_output = 2 * (d * d + bias * d)
     keys_and_values = 2 * (d * kv_heads * head_dim + bias * kv_heads * head_dim)
     assert sum(p.numel() for p in layer.parameters()) == queries_and_output + keys_and_values
+
+
+def test_the_memory_check_counts_the_parameters_of_the_smaller_key_value_projection():
+    config = ModelConfig(vocab_size=50304, d_model=768, n_heads=12, n_kv_heads=3, n_layers=12, d_ff=3072)
+    with torch.device("meta"):
+        counted = sum(p.numel() for p in DecoderLM(config).parameters())
+    estimated = batch_memory(config, 1, 512, 50304)["parameters"] / TRAINING_BYTES_PER_PARAMETER
+    assert estimated == pytest.approx(counted, rel=0.01)
 
 
 def test_the_flops_estimate_counts_the_smaller_key_value_projection_as_torch_does():
