@@ -237,20 +237,25 @@ def directories(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", ["llama", "neox"])
-def test_a_directory_generates_hugging_faces_greedy_tokens_and_shows_its_attention(directories, name):
+def test_a_directory_generates_evaluates_and_shows_attention_as_transformers_does(directories, name, tmp_path):
     from transformers import AutoModelForCausalLM
 
     run = kqv.load(directories[name])
     hf = AutoModelForCausalLM.from_pretrained(directories[name], attn_implementation="eager").eval()
-    ids = torch.tensor([run.tokenizer.encode(PROMPT)])
+    prompt = torch.tensor([run.tokenizer.encode(PROMPT)])
     with torch.no_grad():
-        expected = hf.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=0)
-        attentions = hf(ids, output_attentions=True).attentions
+        expected = hf.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0)
+        attentions = hf(prompt, output_attentions=True).attentions
     assert run.generate(PROMPT, max_new_tokens=12, temperature=0) == [run.tokenizer.decode(expected[0].tolist())]
     maps = run.attention(PROMPT)
     assert (maps.layers, maps.heads) == (2, 4)
     for ours, theirs in zip(maps.weights, attentions, strict=True):  # (1, heads, time, time) each
         torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-4)
+    (tmp_path / "text.txt").write_text(TEXT[:50])  # fewer tokens than the 64 positions: one block, scored whole
+    ids = torch.tensor([run.tokenizer.encode(TEXT[:50])])
+    with torch.no_grad():
+        loss = hf(ids, labels=ids).loss.item()  # transformers' own mean next-token cross-entropy
+    assert run.evaluate(tmp_path / "text.txt").loss == pytest.approx(loss, abs=1e-4)
 
 
 def test_the_explorer_opens_a_llama_directory_like_an_lm_run(directories):
