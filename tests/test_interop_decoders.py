@@ -286,3 +286,15 @@ def test_a_lora_finetune_of_a_llama_directory_on_pairs_trains(directories, tmp_p
     assert len(losses) == 2 and all(loss == loss for loss in losses)  # two updates, finite
     adapters = [name for name, _ in tuned.model.named_parameters() if "lora_" in name]
     assert adapters and tuned.model.config.kv_heads == 2
+
+
+def test_weights_whose_shapes_do_not_fit_together_are_one_line(tmp_path):
+    from safetensors.torch import save_file
+
+    hf_decoder("LlamaForCausalLM", num_key_value_heads=2).save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    weights["model.layers.0.self_attn.v_proj.weight"] = torch.zeros(16, 40)  # keys (16, 32): no [k; v] of them
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ConversionError, match="the checkpoint's weights do not fit its config") as error:
+        from_hf(tmp_path)
+    assert "v_proj.weight (16, 40)" in str(error.value) and "\n" not in str(error.value)
