@@ -16,7 +16,7 @@ from ..errors import ConfigError, ConfigTypeError, ConversionError
 from ..nn.config import ModelConfig
 from ..nn.vocabulary import real_rows
 from .architectures import ARCHITECTURES, CONFIG_SCHEMAS
-from .rules import Architecture, HFOrigin, Rule, require_kqv
+from .rules import Architecture, HFOrigin, converted, renamed, require_kqv
 
 # ---------------------------------------------------------------------------------------------------------------
 # Public interface
@@ -416,26 +416,6 @@ class HFWeights:
             raise ConversionError(
                 f"the checkpoint has weights kqv has no place for: {left[:8]}{' ...' if len(left) > 8 else ''}"
             )
-
-
-def converted(rule: Rule, originals: list[Tensor]) -> tuple[Tensor, ...]:
-    """`rule.to_kqv` of the checkpoint tensors; a ConversionError when their shapes are not the config's (a split or
-    a reshape that does not fit: a config.json that does not describe the weights saved beside it)."""
-    try:
-        return rule.to_kqv(*originals)
-    except RuntimeError:
-        shapes = ", ".join(f"{name} {tuple(t.shape)}" for name, t in zip(rule.hf, originals, strict=True))
-        raise ConversionError(
-            f"the checkpoint's weights do not fit its config: {shapes} cannot become kqv's {', '.join(rule.kqv)}; "
-            f"correct config.json to describe the weights saved beside it"
-        ) from None
-
-
-def renamed(weights: dict[str, Tensor], renames: tuple[tuple[str, str], ...]) -> dict[str, Tensor]:
-    """`weights` under today's names: each (regex, replacement) of `Architecture.renamed` applied to every name."""
-    for pattern, replacement in renames:
-        weights = {re.sub(pattern, replacement, name): tensor for name, tensor in weights.items()}
-    return weights
 
 
 def check_computed(name: str, tensor: Tensor, expected: Tensor) -> None:

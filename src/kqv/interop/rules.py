@@ -4,6 +4,7 @@ architecture uses."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -164,6 +165,26 @@ class ConfigNames:
             self.activation: base_name if read.get(base_name) == c.activation else written[c.activation],
             "tie_word_embeddings": c.tie_embeddings,
         }
+
+
+def converted(rule: Rule, originals: list[Tensor]) -> tuple[Tensor, ...]:
+    """`rule.to_kqv` of the checkpoint tensors; a ConversionError when their shapes are not the config's (a split or
+    a reshape that does not fit: a config.json that does not describe the weights saved beside it)."""
+    try:
+        return rule.to_kqv(*originals)
+    except RuntimeError:
+        shapes = ", ".join(f"{name} {tuple(t.shape)}" for name, t in zip(rule.hf, originals, strict=True))
+        raise ConversionError(
+            f"the checkpoint's weights do not fit its config: {shapes} cannot become kqv's {', '.join(rule.kqv)}; "
+            f"correct config.json to describe the weights saved beside it"
+        ) from None
+
+
+def renamed(weights: dict[str, Tensor], renames: tuple[tuple[str, str], ...]) -> dict[str, Tensor]:
+    """`weights` under today's names: each (regex, replacement) of `Architecture.renamed` applied to every name."""
+    for pattern, replacement in renames:
+        weights = {re.sub(pattern, replacement, name): tensor for name, tensor in weights.items()}
+    return weights
 
 
 def hf_activation(name: str, option: str) -> str:
