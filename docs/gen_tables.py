@@ -667,6 +667,33 @@ def one_row_products_table() -> str:
     return plain(header, rows, right=1) + "\n" + run_line(ONE_ROW_PRODUCTS)
 
 
+KV_CACHE_MEMORY = Source(
+    "benchmarks/results/kv_cache_memory.json",
+    "Zen 4, shared",
+    "AMD EPYC Zen 4, native bf16, 2 cores shared with other jobs (load average about 7), one thread",
+    "python benchmarks/kv_cache_memory.py",
+)
+
+
+def kv_cache_memory_table() -> str:
+    """The KV cache's bytes per token (measured on its tensors) and greedy tokens/s, per n_kv_heads."""
+    rows = KV_CACHE_MEMORY.load()["rows"]
+    cases = [(g["batch"], g["prompt"]) for g in rows[0]["generation"]]
+    table_rows = [
+        [
+            f"{row['n_kv_heads']} ({row['attention']})",
+            f"{row['cache_bytes_per_token']:,.0f}",
+            f"{row['cache_over_multi_head']:.3f}",
+            f"{row['parameters']:,}",
+            *(f"{g['tokens_per_s']:,.0f}" for g in row["generation"]),
+        ]
+        for row in rows
+    ]
+    header = [f"n_kv_heads (of {rows[0]['n_heads']} heads)", "KV cache bytes / token", "of multi-head's", "parameters"]
+    header += [f"tokens/s, batch {batch}, prompt {prompt}" for batch, prompt in cases]
+    return plain(header, table_rows, right=1) + "\n" + run_line(KV_CACHE_MEMORY)
+
+
 ZEN4_MT = "AMD EPYC Zen 4, native bf16, 2 cores, idle"
 STEP_KERNELS = Source(
     "benchmarks/results/step_kernels.json",
@@ -1285,6 +1312,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "pretrain-qa-2100": lambda: pretrain_qa_table(PRETRAIN_QA_2100, PRETRAIN_QA_2100_COMMAND, shared=True),
     "pretrain-qa-fim": lambda: pretrain_qa_table(PRETRAIN_QA_FIM, PRETRAIN_QA_FIM_COMMAND, shared=True),
     "one-row-products": one_row_products_table,
+    "kv-cache-memory": kv_cache_memory_table,
     "explore-render": explore_render_table,
     "explore-reply": explore_reply_table,
     "moe-load": moe_load_table,

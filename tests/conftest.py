@@ -7,10 +7,11 @@ import kqv
 from kqv.nn import devices
 
 POSITIONS = ["sinusoidal", "learned", "relative", "rope", "alibi", "none"]
-# Every model variant the property families run over: each position scheme, and each mixture-of-experts
-# feed-forward (kqv.nn.experts). Names are the test ids; values are ModelConfig changes. The mixtures use
-# token-dependent positions: at initialisation sinusoids (+-1) swamp the 0.02-sized token embeddings, so a
-# first-layer router would see nearly the same vector at every position and send every token to one expert.
+# Every model variant the property families run over: each position scheme, each mixture-of-experts
+# feed-forward (kqv.nn.experts), the DMCA cores and grouped-query attention. Names are the test ids; values are
+# ModelConfig changes. The mixtures use token-dependent positions: at initialisation sinusoids (+-1) swamp the
+# 0.02-sized token embeddings, so a first-layer router would see nearly the same vector at every position and send
+# every token to one expert.
 VARIANTS = {
     **{position: dict(position=position) for position in POSITIONS},
     "switch": dict(ffn="switch", experts={"count": 2}, position="rope"),
@@ -23,6 +24,7 @@ VARIANTS = {
         memory_compressed={"compression": 2},
         position="sinusoidal",
     ),
+    "grouped-query": dict(n_kv_heads=2, position="rope"),  # 4 query heads sharing 2 key/value heads
 }
 
 

@@ -154,6 +154,26 @@ def test_generation_speed_compares_kqv_and_hugging_face_on_the_same_weights(tmp_
         assert 0 <= trained[precision]["identical_continuations"] <= 8
 
 
+def test_kv_cache_memory_measures_the_cache_of_each_n_kv_heads_from_its_tensors(tmp_path):
+    """The KV-cache benchmark at a tiny size: one row per n_kv_heads (n_heads, n_heads / 4, 1), the bytes per token
+    measured on the cache tensors equal to the closed form, shrinking by n_heads / n_kv_heads."""
+    output = tmp_path / "kv_cache_memory.json"
+    script = BENCHMARKS[0].parent / "kv_cache_memory.py"
+    command = [sys.executable, str(script), "--quick", "--output", str(output)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads(output.read_text())
+    assert data["benchmark"] == "kv_cache_memory" and data["quick"] and data["machine"]["torch_threads"] == 1
+    heads = data["shape"]["heads"]
+    assert [row["n_kv_heads"] for row in data["rows"]] == [heads, heads // 4, 1]
+    for row in data["rows"]:
+        assert row["cache_bytes_per_token"] == row["closed_form_bytes_per_token"]
+        assert row["cache_over_multi_head"] == row["n_kv_heads"] / heads
+        assert [g["tokens_per_s"] > 0 for g in row["generation"]] == [True, True]
+    assert data["rows"][0]["parameters"] > data["rows"][1]["parameters"] > data["rows"][2]["parameters"]
+    assert "grouped-query" in result.stdout and "cache bytes/token" in result.stdout
+
+
 def offline(tmp_path) -> dict[str, str]:
     """An environment in which a download fails: an empty kqv cache (no Shakespeare), pip without an index,
     Hugging Face offline."""

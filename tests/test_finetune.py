@@ -83,10 +83,14 @@ def test_a_char_tokenizer_round_trips_through_tokenizers_and_refuses_an_unseen_c
     assert hf_tokenizer(bpe) is bpe.tokenizer
 
 
-def test_what_gpt2_cannot_hold_is_refused_by_name_with_nothing_written(tmp_path):
-    rope = tiny_run(tmp_path / "rope", position="rope", steps=1)
-    with pytest.raises(ConversionError, match=r"cannot be written as a Hugging Face GPT-2: .*position='rope'"):
-        kqv.export(rope, hf=tmp_path / "hf")
+def test_what_no_hugging_face_format_holds_is_refused_by_name_with_nothing_written(tmp_path):
+    alibi = tiny_run(tmp_path / "rope", position="alibi", steps=1)  # GPT-2 and GPT-NeoX each need one option more
+    with pytest.raises(
+        ConversionError, match=r"cannot be written as a Hugging Face model: .*position='alibi'"
+    ) as error:
+        kqv.export(alibi, hf=tmp_path / "hf")
+    assert "GPT2LMHeadModel, which needs position='learned'" in str(error.value)
+    assert "GPTNeoXForCausalLM, which needs position='rope'" in str(error.value) and "\n" not in str(error.value)
     assert not (tmp_path / "hf").exists() and [p.name for p in tmp_path.iterdir()] == ["rope"]
     for option, words in [
         ('model.norm="rmsnorm"', "norm='rmsnorm'"),
@@ -110,7 +114,7 @@ def test_what_gpt2_cannot_hold_is_refused_by_name_with_nothing_written(tmp_path)
 
 def test_kqv_export_prints_one_line_and_refuses_a_full_directory(lm_dir, tmp_path, capsys):
     assert main(["export", str(lm_dir), "--hf", str(tmp_path / "hf")]) == 0
-    written = "a Hugging Face GPT-2 (config.json, model.safetensors, tokenizer.json)"
+    written = "a Hugging Face GPT2LMHeadModel (config.json, model.safetensors, tokenizer.json)"
     assert capsys.readouterr().out == f"wrote {tmp_path / 'hf'}: {written}\n"
     assert main(["export", str(lm_dir), "--hf", str(tmp_path / "hf")]) == 2
     err = capsys.readouterr().err

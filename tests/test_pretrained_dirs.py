@@ -79,10 +79,10 @@ def test_a_directorys_attention_is_hugging_faces(kind, gpt2_dir, bert_dir, token
 def test_what_a_directory_cannot_do_is_refused_by_name(bert_dir):
     run = kqv.load(bert_dir)
     with pytest.raises(
-        RunError, match="BertModel directory, which cannot generate text; generate works on lm runs and GPT-2"
+        RunError, match="BertModel directory, which cannot generate text; generate works on lm runs and causal LM"
     ):
         run.generate("hello")
-    with pytest.raises(RunError, match="evaluate works on lm, mt and vit runs and GPT-2 directories"):
+    with pytest.raises(RunError, match="evaluate works on lm, mt and vit runs and causal LM directories"):
         run.evaluate()
 
 
@@ -160,7 +160,7 @@ def test_kqv_attention_on_a_directory_draws_kqv_loads_maps(kind, gpt2_dir, bert_
         ),
         (
             ["generate", "{bert}", "--prompt", "hi"],
-            ["BertModel directory, which cannot generate text; generate works on lm runs and GPT-2 directories"],
+            ["BertModel directory, which cannot generate text; generate works on lm runs and causal LM directories"],
         ),
         (
             ["eval", "{bert}", "--data", "{gpt2}/config.json"],

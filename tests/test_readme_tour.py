@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=64"]
@@ -101,9 +103,9 @@ def test_the_tour_is_the_readme_s_lines_in_order():
         ["kqv", "attention", "runs/lm"],
         ["kqv", "explore", "runs/lm"],
         ["kqv", "train", "lm"],
+        ["kqv", "export", "runs/lm"],
         ["kqv", "train", "mt"],
         ["kqv", "translate", "runs/mt"],
-        ["kqv", "train", "lm"],
         ["kqv", "train", "lm"],
         ["kqv", "eval", "runs/qa"],
         ["kqv", "export", "runs/qa"],
@@ -130,11 +132,26 @@ def test_every_line_of_the_readme_s_tour_runs_as_written(tmp_path):
     )
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     assert done.stdout.count("TOUR OK: ") == len(lines), done.stdout
-    hf = tmp_path / "qa-gpt2"
-    assert (hf / "config.json").is_file() and (hf / "model.safetensors").is_file()
-    assert json.loads((hf / "config.json").read_text())["model_type"] == "gpt2"
+    for hf in (tmp_path / "lm-hf", tmp_path / "qa-hf"):  # the main job's quick RoPE model, and its fine-tune
+        assert (hf / "config.json").is_file() and (hf / "model.safetensors").is_file()
+        assert json.loads((hf / "config.json").read_text())["model_type"] == "gpt_neox"
+    assert_the_export_is_the_run(tmp_path / "runs" / "lm", tmp_path / "lm-hf")
     assert (tmp_path / "attention.png").stat().st_size > 0
     assert (tmp_path / "experiments" / "no-causal-mask" / "results.json").is_file()
+
+
+@torch.no_grad()
+def assert_the_export_is_the_run(run_dir: Path, hf_dir: Path) -> None:
+    """`transformers` loads the exported directory with the run's logits, and its tokenizer gives the run's ids."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import kqv
+
+    run, hf = kqv.load(run_dir), AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    text = "ROMEO:\nTo be, or not to be"
+    ids = run.tokenizer.encode(text)
+    assert AutoTokenizer.from_pretrained(hf_dir)(text)["input_ids"] == ids
+    torch.testing.assert_close(hf(torch.tensor([ids])).logits, run.model(torch.tensor([ids])), atol=1e-4, rtol=0)
 
 
 def test_where_the_test_command_is_the_browser_it_needs_and_the_suite_s_time_are_said():

@@ -83,7 +83,8 @@ from .train.runs import RunConfig, read_run, run_task
 
 def load(path: str | Path, *, device: str = "auto") -> TrainedRun | PretrainedRun:
     """Any kqv run directory, loaded by the job that wrote it (its run.toml's `task`), model in eval mode; or a
-    Hugging Face model directory saved with its tokenizer (GPT-2, BERT), converted offline (`PretrainedRun`).
+    Hugging Face model directory saved with its tokenizer (GPT-2, GPT-NeoX, Llama, Mistral, Qwen2, BERT, Marian,
+    BART), converted offline (`PretrainedRun`).
     `device`: "auto" (a CUDA GPU, then Apple silicon, then the CPU), "cpu", "cuda", "cuda:N" or "mps"; a run
     trained on one device loads on any other."""
     return PretrainedRun.load(path, device) if is_hf_directory(path) else load_run(path, device)
@@ -119,8 +120,9 @@ def train(
     --set`), `steps` sets train.steps and `device` train.device ("auto", "cpu", "cuda", "cuda:N", "mps"; a resumed
     run may change it); `job_options` are the job's own training options (mt: data_from=, threads=).
 
-    `init` (lm) fine-tunes a kqv LM run or a Hugging Face GPT-2 directory: its model config, tokenizer and weights
-    (`kqv.jobs.init`; data.init), with the shipped "finetune" config unless `config` names another.
+    `init` (lm) fine-tunes a kqv LM run or a Hugging Face GPT-2, GPT-NeoX or Llama-family directory: its model
+    config, tokenizer and weights (`kqv.jobs.init`; data.init), with the shipped "finetune" config unless `config`
+    names another.
 
     `on_event` receives the training's events in order (`kqv.train.events`: Plan, Progress, Evaluation, Sample,
     Summary, Message) instead of their being shown; without it they are shown unless `quiet`.
@@ -163,8 +165,9 @@ def configured(config: RunConfig, steps: int | None, device: str | None, init: s
 
 
 def export(run: str | Path, *, hf: str | Path, merge: bool = False) -> Path:
-    """Write a language-model run (or a GPT-2 directory) as the Hugging Face GPT-2 directory `hf` and return it:
-    what `transformers.AutoModelForCausalLM.from_pretrained(hf)` loads, with the run's greedy tokens
+    """Write a language-model run (or a Hugging Face causal LM directory) as the Hugging Face GPT-2, GPT-NeoX or
+    Llama directory `hf`, whichever holds its model, and return it: what
+    `transformers.AutoModelForCausalLM.from_pretrained(hf)` loads, with the run's greedy tokens
     (`LMRun.export_hf`); a masked-LM run as a BERT directory (`AutoModelForMaskedLM`, `MLMRun.export_hf`). A
     configuration the format cannot hold is refused by name, with nothing written. A LoRA run needs `merge=True`:
     its adapters are folded into its weights (`kqv export RUN --hf DIR --merge`)."""

@@ -59,7 +59,7 @@ class Explore(Command):
         explore.add_argument(
             "run",
             help="a run directory (lm, mt, mlm, cls or vit), `minilm` (all-MiniLM-L6-v2), or a Hugging Face "
-            "GPT-2, BERT, Marian or BART directory saved with its tokenizer.json",
+            "GPT-2, GPT-NeoX, Llama-family, BERT, Marian or BART directory saved with its tokenizer.json",
         )
         explore.add_argument(PORT, type=int, default=8765, help="port to serve on (default 8765)")
         explore.add_argument(

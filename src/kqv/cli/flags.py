@@ -100,7 +100,7 @@ TRAIN_FLAGS: dict[str, tuple[Flag, ...]] = {
             {"action": "append"},
             many="data.sources",
         ),
-        Flag(INIT, "a kqv LM run or Hugging Face GPT-2 directory to fine-tune (default config: finetune)"),
+        Flag(INIT, "a kqv LM run or Hugging Face causal LM directory to fine-tune (default config: finetune)"),
     ),
     "mlm": (TEXT_DATA_FLAG,),
     "mt": (

@@ -5,7 +5,7 @@ kqv prepare big.txt --out corpus/                   (a token corpus on disk; the
 kqv generate runs/lm --prompt "ROMEO:"
 kqv eval runs/lm [--data other.txt]
 kqv attention runs/lm --text "To be, or not to be" --out attention.png
-kqv export runs/lm --hf gpt2-dir                     (a Hugging Face GPT-2 directory: from_pretrained loads it)
+kqv export runs/lm --hf lm-hf                        (a Hugging Face GPT-NeoX, Llama or GPT-2: from_pretrained loads it)
 kqv train mt [--config quick|lstm] [--out runs/mt] [--pair de-en] [--data pairs.tsv]
 kqv translate runs/mt "Im Anfang war das Wort"      (or one sentence per line on stdin / --file)
 kqv eval runs/mt [--beam 4]                          (BLEU and chrF on the test split)

@@ -5,6 +5,7 @@ directory (`kqv.jobs.pretrained.PretrainedRun`) offers the operations of an LM r
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -233,7 +234,8 @@ def lm_attention(run: LMRun | PretrainedRun, args: argparse.Namespace) -> None:
 
 def lm_export(run: LMRun | PretrainedRun, args: argparse.Namespace) -> None:
     path = run.export_hf(args.hf, merge=args.merge)
-    print(f"wrote {path}: a Hugging Face GPT-2 (config.json, model.safetensors, tokenizer.json)")
+    written = json.loads((path / "config.json").read_text(encoding="utf-8"))["architectures"][0]
+    print(f"wrote {path}: a Hugging Face {written} (config.json, model.safetensors, tokenizer.json)")
 
 
 def mlm_export(run: MLMRun, args: argparse.Namespace) -> None:
@@ -433,13 +435,14 @@ RUN_COMMANDS = {
         ExportsHF,
         {
             "lm": JobCommand(
-                "write an LM run as a Hugging Face GPT-2 directory (transformers' from_pretrained loads it)",
+                "write an LM run as a Hugging Face GPT-2, GPT-NeoX or Llama directory, whichever holds its model "
+                "(transformers' from_pretrained loads it)",
                 lm_export,
                 (
                     Flag(HF, "the directory to write (new or empty)", options={"required": True}),
                     Flag(
                         MERGE,
-                        "fold a LoRA run's adapters into its weights first (GPT-2's format holds plain weights)",
+                        "fold a LoRA run's adapters into its weights first (the formats hold plain weights)",
                         options={"action": "store_true"},
                     ),
                 ),

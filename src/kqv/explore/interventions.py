@@ -173,8 +173,10 @@ def neuron_numbers(
     time = seen["q"].shape[1]
     positions = torch.arange(time)
     queries = attention.positions.rotate(attention.split_heads(seen["q"]), positions)  # (1, heads, time, hd)
-    keys = attention.positions.rotate(attention.split_heads(seen["kv"].chunk(2, dim=-1)[0]), positions)
-    q, k = queries[0, head, query].float(), keys[0, head].float()  # (hd,), (time, hd)
+    keys = attention.split_heads(seen["kv"].chunk(2, dim=-1)[0], attention.n_kv_heads)  # (1, kv_heads, time, hd)
+    keys = attention.positions.rotate(keys, positions)
+    kv_head = head // (attention.n_heads // attention.n_kv_heads)  # the key head this query head reads (GQA)
+    q, k = queries[0, head, query].float(), keys[0, kv_head].float()  # (hd,), (time, hd)
     products = q[None, :] * k  # (time, hd): the terms of each score
     scores = products.sum(-1)  # (time,)
     bias = torch.zeros_like(scores)

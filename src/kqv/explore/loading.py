@@ -4,7 +4,7 @@
 `load_subject(run)` reads the run's task from its run.toml and opens its `Subject`, which loads the run with the
 job's own loader (`kqv.jobs.load_run`: weights from safetensors, no code executed). `minilm` (or a
 sentence-transformers directory) is the pretrained all-MiniLM-L6-v2 that `kqv embed` runs; `hf` is any other
-Hugging Face directory (`kqv.jobs.held.is_hf_directory`: a GPT-2 shown like an LM run, a BERT like an encoder
+Hugging Face directory (`kqv.jobs.held.is_hf_directory`: a causal LM shown like an LM run, a BERT like an encoder
 run, a Marian or BART like an MT run, kqv.explore.pretrained). A job whose runs the
 explorer does not show is listed in `NOT_EXPLORABLE`, with why (tests/test_explore_api.py checks that every job is
 in one of the two).
@@ -33,7 +33,7 @@ SUBJECTS: dict[str, type[Subject]] = {
     "cls": ClassifierSubject,
     "vit": VitSubject,
     MINILM: EmbeddingSubject,  # not a job: the installed sentence-transformers model
-    HF: PretrainedSubject,  # not a job: a Hugging Face GPT-2, BERT, Marian or BART directory with its tokenizer
+    HF: PretrainedSubject,  # not a job: a Hugging Face causal LM, BERT, Marian or BART directory
 }
 NOT_JOBS = (MINILM, HF)
 NOT_EXPLORABLE: dict[str, str] = {}  # job name -> why the explorer does not show its runs

@@ -1,5 +1,6 @@
 """The supported architectures, one `Architecture` entry each in `ARCHITECTURES`: config translations both ways
-and weight rules for GPT-2 and BERT (base and masked-LM) here, Marian and BART in `kqv.interop.seq2seq`."""
+and weight rules for GPT-2 and BERT (base and masked-LM) here, Marian and BART in `kqv.interop.seq2seq`, GPT-NeoX
+and the Llama family in `kqv.interop.decoders`."""
 
 from __future__ import annotations
 
@@ -14,65 +15,9 @@ from ..errors import ConversionError
 from ..nn.config import ModelConfig
 from ..nn.heads import MaskedLM
 from ..nn.models import DecoderLM, Encoder, EncoderDecoder
-from .rules import (
-    Architecture,
-    Mapping,
-    Rule,
-    activation_to_hf,
-    affine,
-    attention,
-    conv1d,
-    copy,
-    dropouts,
-    hf_activation,
-    require,
-    require_kqv,
-)
+from .decoders import DECODERS
+from .rules import Architecture, ConfigNames, Mapping, Rule, affine, attention, conv1d, copy, require
 from .seq2seq import bart_config, bart_config_to_hf, marian_config, marian_config_to_hf, seq2seq_mapping
-
-# ---------------------------------------------------------------------------------------------------------------
-# The config translations of GPT-2 and BERT: one table of names each, read both ways
-
-
-SIZES = ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len")  # what ConfigNames.sizes name
-
-
-@dataclass(frozen=True)
-class ConfigNames:
-    """How a Hugging Face config of one architecture says what kqv's ModelConfig holds, read by the translations
-    both ways: `sizes`, the Hugging Face fields of kqv's `SIZES` in that order; the fields of the norm's epsilon,
-    the activation and the dropout rates; and `fixed`, the kqv options the architecture always has (set on import,
-    required on export). A config without tie_word_embeddings ties them, as Hugging Face does."""
-
-    sizes: tuple[str, ...]
-    norm_eps: str
-    activation: str
-    dropouts: tuple[str, ...]
-    fixed: dict[str, Any]
-
-    def to_kqv(self, c: Any, **given: Any) -> ModelConfig:
-        """The ModelConfig of the Hugging Face config `c` (dropout 0: inference); `given` fields override its."""
-        sizes = {kqv: getattr(c, hf) for kqv, hf in zip(SIZES, self.sizes, strict=True)}
-        return ModelConfig(
-            **(sizes | given),
-            dropout=0.0,
-            norm_eps=float(getattr(c, self.norm_eps)),
-            activation=hf_activation(getattr(c, self.activation), self.activation),
-            tie_embeddings=bool(getattr(c, "tie_word_embeddings", True)),
-            **self.fixed,
-        )
-
-    def to_hf(self, c: ModelConfig, base: dict[str, Any], target: str) -> dict[str, Any]:
-        """The config.json values of a `target` for kqv's config `c`; `base`, the original checkpoint's, if any."""
-        require_kqv(c, target, **self.fixed)
-        return {
-            **dropouts(base, c, *self.dropouts),
-            **{hf: getattr(c, kqv) for kqv, hf in zip(SIZES, self.sizes, strict=True)},
-            self.norm_eps: c.norm_eps,
-            self.activation: activation_to_hf(c.activation, base.get(self.activation), target),
-            "tie_word_embeddings": c.tie_embeddings,
-        }
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # GPT-2 (Radford et al. 2019): pre-LN decoder, learned positions, tied output embedding
@@ -322,6 +267,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             gpt2_mapping,
             base_prefix="transformer.",
             heads=("lm_head.",),
+            family="GPT-2",
             ignored=(r"h\.\d+\.attn\.(masked_)?bias",),
         ),  # causal-mask buffers of old checkpoints
         Architecture(
@@ -369,5 +315,6 @@ ARCHITECTURES: dict[str, Architecture] = {
             heads=("lm_head.", "final_logits_bias"),
             ignored=(r"(encoder|decoder)\.version",),
         ),
+        *DECODERS,
     ]
 }

@@ -16,7 +16,7 @@ from ..errors import ConfigError, ConfigTypeError, ConversionError
 from ..nn.config import ModelConfig
 from ..nn.vocabulary import real_rows
 from .architectures import ARCHITECTURES, CONFIG_SCHEMAS
-from .rules import Architecture, HFOrigin, require_kqv
+from .rules import Architecture, HFOrigin, converted, renamed, require_kqv
 
 # ---------------------------------------------------------------------------------------------------------------
 # Public interface
@@ -51,12 +51,12 @@ def from_hf(source: nn.Module | str | Path, *, vocab_multiple: int = 1) -> nn.Mo
             raise
         raise ConversionError(f"{Path(source) / 'config.json'} describes a model kqv cannot build: {error}") from None
     mapping = arch.mapping(config, hf_config)
-    checkpoint = HFWeights(weights, arch.base_prefix)
+    checkpoint = HFWeights(renamed(weights, arch.renamed), arch.base_prefix)
     state: dict[str, Tensor] = {}
     kept: dict[str, Tensor] = {}
     for rule in mapping.rules:
         originals = [checkpoint.take(name) for name in rule.hf]
-        state |= dict(zip(rule.kqv, rule.to_kqv(*originals), strict=True))
+        state |= dict(zip(rule.kqv, converted(rule, originals), strict=True))
         if rule.keep:
             kept |= dict(zip(rule.hf, originals))
     for name in mapping.aliases:  # the same tensor as one a rule took (a model object lists tied weights twice)
@@ -324,7 +324,8 @@ def first_line(error: BaseException) -> str:
 
 def supported() -> str:
     return "; ".join(
-        f"{a.hf_class} (model_type {a.model_type!r}) <-> kqv.{a.kqv_class.__name__}" for a in ARCHITECTURES.values()
+        f"{a.hf_class} (model_type {a.model_type!r}) {'<->' if a.exported else '->'} kqv.{a.kqv_class.__name__}"
+        for a in ARCHITECTURES.values()
     )
 
 
@@ -342,8 +343,9 @@ def architecture(hf_config: Any, class_names: list[str] | None = None) -> Archit
 
 
 def export_architecture(model: nn.Module, name: str | None) -> Architecture:
-    """The Hugging Face class a kqv model becomes: `name`, else the one it came from, else the first that fits."""
-    candidates = [a for a in ARCHITECTURES.values() if type(model) is a.kqv_class]
+    """The Hugging Face class a kqv model becomes: `name`, else the one it came from, else the first that fits.
+    When none fits, the refusal is the nearest class's (the fewest options to change), or each class's in a tie."""
+    candidates = [a for a in ARCHITECTURES.values() if type(model) is a.kqv_class and a.exported]
     if not candidates:
         kinds = sorted({a.kqv_class.__name__ for a in ARCHITECTURES.values()})
         raise ConversionError(
@@ -365,8 +367,9 @@ def export_architecture(model: nn.Module, name: str | None) -> Architecture:
             arch.config_to_hf(model.config, {})
             return arch
         except ValueError as error:
-            reasons.append(str(error))
-    raise ConversionError("; ".join(reasons))
+            reasons.append((getattr(error, "misses", 1), str(error)))
+    nearest = min(misses for misses, _ in reasons)
+    raise ConversionError("; or ".join(reason for misses, reason in reasons if misses == nearest))
 
 
 def build_hf_config(arch: Architecture, config: ModelConfig, base: dict[str, Any], options: dict[str, Any]) -> Any:

@@ -4,6 +4,7 @@ architecture uses."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,9 @@ HF_ACTIVATIONS = {
     "silu": "silu",
     "swish": "silu",  # Marian's name for it
 }
+# The gated feed-forward networks of the Llama family: `hidden_act` names the gate's activation (W2 (act(W1 x) * W3 x)).
+HF_GATED_ACTIVATIONS = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu"}  # geglu's GELU is the erf form
+KQV_TO_HF_GATED = {"swiglu": "silu", "geglu": "gelu"}
 # The name each kqv activation is exported under, unless the model came from a checkpoint that named it otherwise.
 KQV_TO_HF_ACTIVATION = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
 
@@ -93,6 +97,14 @@ class Architecture:
     heads: tuple[str, ...] = ()  # checkpoint names outside the base model ("lm_head.", "cls.")
     ignored: tuple[str, ...] = ()  # regexes of checkpoint buffers that are no weights at all
     hf_options: Callable[[dict[str, Tensor]], dict[str, Any]] = lambda state: {}  # model class options
+    family: str = ""  # its name in messages and run records ("GPT-2", "Llama"); the class's by default
+    renamed: tuple[tuple[str, str], ...] = ()  # (regex, replacement) of older checkpoints' names, applied on import
+    exported: bool = True  # whether `to_hf` writes this class (a Mistral or Qwen2 is written as a Llama)
+
+    @property
+    def name(self) -> str:
+        """The family's name ("GPT-NeoX"), as messages and a fine-tune's `[source]` kind say it."""
+        return self.family or self.hf_class
 
     def kqv_model(self, config: ModelConfig) -> nn.Module:
         return self.kqv_class(config)
@@ -102,10 +114,91 @@ class Architecture:
         return self.base_prefix + name if self.prefixed and not name.startswith(self.heads) else name
 
 
+# The config translations: one table of names each architecture, read both ways
+
+
+SIZES = ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len")  # what ConfigNames.sizes name
+
+
+@dataclass(frozen=True)
+class ConfigNames:
+    """How a Hugging Face config of one architecture says what kqv's ModelConfig holds, read by the translations
+    both ways: `sizes`, the Hugging Face fields of kqv's `SIZES` in that order; the fields of the norm's epsilon,
+    the activation and the dropout rates; `fixed`, the kqv options the architecture always has (set on import,
+    required on export); and whether its feed-forward network is `gated` (the Llama family: its activation is the
+    gate's, SwiGLU's SiLU or GeGLU's GELU). A config without tie_word_embeddings ties them, as Hugging Face does."""
+
+    sizes: tuple[str, ...]
+    norm_eps: str
+    activation: str
+    dropouts: tuple[str, ...]
+    fixed: dict[str, Any]
+    gated: bool = False
+
+    def activations(self) -> tuple[dict[str, str], dict[str, str]]:
+        """(Hugging Face name -> kqv activation, kqv activation -> the name it is exported under)."""
+        return (HF_GATED_ACTIVATIONS, KQV_TO_HF_GATED) if self.gated else (HF_ACTIVATIONS, KQV_TO_HF_ACTIVATION)
+
+    def to_kqv(self, c: Any, **given: Any) -> ModelConfig:
+        """The ModelConfig of the Hugging Face config `c` (dropout 0: inference); `given` fields override its."""
+        sizes = {kqv: getattr(c, hf) for kqv, hf in zip(SIZES, self.sizes, strict=True)}
+        return ModelConfig(
+            **(sizes | given),
+            dropout=0.0,
+            norm_eps=float(getattr(c, self.norm_eps)),
+            activation=(hf_gated_activation if self.gated else hf_activation)(
+                getattr(c, self.activation), self.activation
+            ),
+            tie_embeddings=bool(getattr(c, "tie_word_embeddings", True)),
+            **self.fixed,
+        )
+
+    def to_hf(self, c: ModelConfig, base: dict[str, Any], target: str) -> dict[str, Any]:
+        """The config.json values of a `target` for kqv's config `c`; `base`, the original checkpoint's, if any."""
+        read, written = self.activations()
+        require_kqv(c, target, **self.fixed, activation=tuple(written))
+        base_name = base.get(self.activation)  # the checkpoint's own name for it, kept where it means the same
+        return {
+            **dropouts(base, c, *self.dropouts),
+            **{hf: getattr(c, kqv) for kqv, hf in zip(SIZES, self.sizes, strict=True)},
+            self.norm_eps: c.norm_eps,
+            self.activation: base_name if read.get(base_name) == c.activation else written[c.activation],
+            "tie_word_embeddings": c.tie_embeddings,
+        }
+
+
+def converted(rule: Rule, originals: list[Tensor]) -> tuple[Tensor, ...]:
+    """`rule.to_kqv` of the checkpoint tensors; a ConversionError when their shapes are not the config's (a split or
+    a reshape that does not fit: a config.json that does not describe the weights saved beside it)."""
+    try:
+        return rule.to_kqv(*originals)
+    except RuntimeError:
+        shapes = ", ".join(f"{name} {tuple(t.shape)}" for name, t in zip(rule.hf, originals, strict=True))
+        raise ConversionError(
+            f"the checkpoint's weights do not fit its config: {shapes} cannot become kqv's {', '.join(rule.kqv)}; "
+            f"correct config.json to describe the weights saved beside it"
+        ) from None
+
+
+def renamed(weights: dict[str, Tensor], renames: tuple[tuple[str, str], ...]) -> dict[str, Tensor]:
+    """`weights` under today's names: each (regex, replacement) of `Architecture.renamed` applied to every name."""
+    for pattern, replacement in renames:
+        weights = {re.sub(pattern, replacement, name): tensor for name, tensor in weights.items()}
+    return weights
+
+
 def hf_activation(name: str, option: str) -> str:
     if name not in HF_ACTIVATIONS:
         raise ConversionError(f"{option}={name!r} is not an activation kqv has; supported: {sorted(HF_ACTIVATIONS)}")
     return HF_ACTIVATIONS[name]
+
+
+def hf_gated_activation(name: str, option: str) -> str:
+    if name not in HF_GATED_ACTIVATIONS:
+        raise ConversionError(
+            f"{option}={name!r} is not a gate activation kqv has; supported: {sorted(HF_GATED_ACTIVATIONS)}"
+        )
+    return HF_GATED_ACTIVATIONS[name]
 
 
 def activation_to_hf(activation: str, base_name: str | None, target: str) -> str:
@@ -130,16 +223,39 @@ def require(hf_config: Any, architecture_name: str, **expected: Any) -> None:
 
 def require_kqv(config: ModelConfig, target: str, **expected: Any) -> None:
     """ValueError naming every kqv option that the Hugging Face class `target` cannot represent, and the `--set`
-    overrides that train a model it can (a fine-tune's model is its source's: those go to the source's training)."""
-    wrong = {k: getattr(config, k) for k, v in expected.items() if getattr(config, k) != v}
+    overrides that train a model it can (a fine-tune's model is its source's: those go to the source's training).
+    An expected value may be a tuple of the values it allows (the first is the remedy's). The error's `misses` is
+    how many options are wrong, by which `kqv.interop.convert.export_architecture` finds the nearest class."""
+    wrong = {k: v for k, v in expected.items() if not allows(v, getattr(config, k))}
     if wrong:
-        have = ", ".join(f"{k}={v!r}" for k, v in wrong.items())
-        need = ", ".join(f"{k}={expected[k]!r}" for k in wrong)
-        remedy = " ".join(f"--set model.{k}={override_text(expected[k])}" for k in wrong)
-        raise ConversionError(
+        have = ", ".join(f"{k}={getattr(config, k)!r}" for k in wrong)
+        need = ", ".join(f"{k}={needed_text(v)}" for k, v in wrong.items())
+        remedy = " ".join(f"--set model.{k}={override_text(first(v))}" for k, v in wrong.items())
+        error = ConversionError(
             f"a kqv model with {have} cannot become a {target}, which needs {need}: train one with {remedy} "
             "(a fine-tune takes its model from its --init run)"
         )
+        error.misses = len(wrong)
+        raise error
+
+
+def allows(expected: Any, value: Any) -> bool:
+    """Whether `value` is the expected value, or one of them when `expected` is a tuple of alternatives."""
+    return value in expected if isinstance(expected, tuple) else value == expected
+
+
+def first(expected: Any) -> Any:
+    """The expected value, or the first of a tuple of alternatives: what a remedy names."""
+    return expected[0] if isinstance(expected, tuple) else expected
+
+
+def needed_text(expected: Any) -> str:
+    """`'learned'`, or `'swiglu' or 'geglu'` for a tuple of alternatives."""
+    if not isinstance(expected, tuple):
+        return repr(expected)
+    if len(expected) == 1:
+        return repr(expected[0])
+    return ", ".join(map(repr, expected[:-1])) + " or " + repr(expected[-1])
 
 
 def override_text(value: Any) -> str:

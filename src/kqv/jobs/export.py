@@ -1,13 +1,16 @@
-"""`kqv export RUN --hf DIR`: a kqv language-model run written as a Hugging Face GPT-2 directory, or a masked-LM run
-as a BERT one (`BertForMaskedLM`, with its [PAD] [CLS] [SEP] [MASK] tokens).
+"""`kqv export RUN --hf DIR`: a kqv language-model run written as a Hugging Face causal LM directory (GPT-2,
+GPT-NeoX or Llama, whichever holds its configuration), or a masked-LM run as a BERT one (`BertForMaskedLM`, with its
+[PAD] [CLS] [SEP] [MASK] tokens).
 
 The directory holds what `transformers.AutoModelForCausalLM.from_pretrained(DIR)` and
 `AutoTokenizer.from_pretrained(DIR)` read: `config.json`, `model.safetensors` (`kqv.interop.to_hf`'s weights, never a
 pickle), `tokenizer.json` and `tokenizer_config.json`. Its greedy tokens are the run's (`tests/test_finetune.py`).
 
-GPT-2's format holds a pre-LN decoder with learned positions, LayerNorm, biases and an ungated GELU/ReLU feed-forward
-network; a run with anything else (RoPE, ALiBi, relative or sinusoidal positions, RMSNorm, SwiGLU, experts, post-LN,
-sparse attention, ...) is refused by `to_hf`, naming the option, before anything is written.
+The format is chosen by the run's model (`kqv.interop.to_hf`): learned positions with LayerNorm become a
+`GPT2LMHeadModel`; RoPE with LayerNorm and an ungated feed-forward network (the `quick` config) a
+`GPTNeoXForCausalLM`; RoPE with RMSNorm and SwiGLU or GeGLU (and grouped-query attention) a `LlamaForCausalLM`. A run
+no format holds (ALiBi, relative or sinusoidal positions, experts, post-LN, sparse attention, ...) is refused by
+`to_hf`, naming the nearest format's options, before anything is written.
 
 Tokenizers: a byte-level BPE tokenizer is already a `tokenizers` JSON and is saved as it is. A character tokenizer
 becomes a `tokenizers` word-level model over its characters, with a pre-tokenizer that splits the text into single
@@ -56,7 +59,7 @@ def hf_tokenizer(tokenizer: Tokenizer, specials: dict[str, int] | None = None) -
     raise ConversionError(f"kqv cannot write a {type(tokenizer).__name__} as a Hugging Face tokenizer")
 
 
-FORMATS = {"GPT2LMHeadModel": "GPT-2", "BertForMaskedLM": "BERT"}  # what `kqv export` writes, by model kind
+FORMATS = {None: "model", "BertForMaskedLM": "BERT"}  # what a refusal calls the format: by the class asked for
 BERT_ROLES = {"[PAD]": "pad_token", "[CLS]": "cls_token", "[SEP]": "sep_token", "[MASK]": "mask_token"}
 
 
@@ -65,16 +68,17 @@ def export_hf(
     tokenizer: Tokenizer,
     directory: str | Path,
     source: str | Path,
-    architecture: str = "GPT2LMHeadModel",
+    architecture: str | None = None,
     specials: dict[str, int] | None = None,
 ) -> Path:
-    """Write `model` (a `DecoderLM`, or a `MaskedLM` as "BertForMaskedLM") and `tokenizer` (with an MLM vocabulary's
-    `specials`) as the Hugging Face directory `directory`, which must not exist or be empty, nor be or lie inside
-    what the export reads (`run_inputs(source)`: the files of the run `source`, and a fine-tune's source's). The
-    model is converted first: a configuration the format cannot hold is refused (`ConversionError` naming the
-    option) with nothing written; the files are written into a staging directory beside `directory` and moved into
-    place last. A staging directory an earlier export left (killed while writing) is removed first
-    (`reclaim_staging`); a full disk is a `DiskFullError`, with nothing left behind."""
+    """Write `model` (a `DecoderLM`, as whichever causal LM class holds it; a `MaskedLM` as "BertForMaskedLM") and
+    `tokenizer` (with an MLM vocabulary's `specials`) as the Hugging Face directory `directory`, which must not
+    exist or be empty, nor be or lie inside what the export reads (`run_inputs(source)`: the files of the run
+    `source`, and a fine-tune's source's). The model is converted first: a configuration the format cannot hold is
+    refused (`ConversionError` naming the option) with nothing written; the files are written into a staging
+    directory beside `directory` and moved into place last. A staging directory an earlier export left (killed
+    while writing) is removed first (`reclaim_staging`); a full disk is a `DiskFullError`, with nothing left
+    behind."""
     from transformers import PreTrainedTokenizerFast
 
     from ..interop import to_hf
@@ -91,7 +95,7 @@ def export_hf(
             hf_model = to_hf(model, architecture)
     except ConversionError as error:
         raise ConversionError(
-            f"{source} cannot be written as a Hugging Face {FORMATS[architecture]}: {error}"
+            f"{source} cannot be written as a Hugging Face {FORMATS.get(architecture, architecture)}: {error}"
         ) from None
     drop_foreign_ids(hf_model)
     roles = {BERT_ROLES[token]: token for token in specials or {}}

@@ -1,7 +1,8 @@
 """`kqv train lm --init SOURCE`: a language model that starts from trained weights instead of random ones.
 
-SOURCE is a kqv LM run directory (its run.toml, tokenizer and checkpoint) or a Hugging Face GPT-2 directory saved
-with its tokenizer (config.json, model.safetensors, tokenizer.json; converted offline by `kqv.interop.from_hf`).
+SOURCE is a kqv LM run directory (its run.toml, tokenizer and checkpoint) or a Hugging Face causal language model
+directory (GPT-2, GPT-NeoX, Llama, Mistral or Qwen2) saved with its tokenizer (config.json, model.safetensors,
+tokenizer.json; converted offline by `kqv.interop.from_hf`).
 The fine-tune takes from SOURCE:
 
 - the model config: every option that shapes a weight stays the source's. An option the run config gives that
@@ -47,7 +48,8 @@ INDEX_FILE = "model.safetensors.index.json"  # a Hugging Face directory's weight
 
 @dataclass(frozen=True)
 class Source:
-    """Where a fine-tune starts: `path`, `kind` ("kqv run" or "Hugging Face GPT-2"), its model config and the
+    """Where a fine-tune starts: `path`, `kind` ("kqv run", "Hugging Face GPT-2", "Hugging Face Llama", ...), its
+    model config and the
     SHA-256 of its weights file."""
 
     path: Path
@@ -61,21 +63,24 @@ class Source:
 
 
 def read_source(path: str | Path) -> Source:
-    """The source of a fine-tune: a kqv LM run or a Hugging Face GPT-2 directory (`ConfigError` for anything else)."""
+    """The source of a fine-tune: a kqv LM run or a Hugging Face causal-LM directory (`ConfigError` for anything
+    else; a `ConversionError` naming the setting kqv cannot compute, such as RoPE scaling)."""
     path = Path(path) if Path(path).exists() or not is_hub_name(str(path)) else download_from_hub(str(path))
     if is_hf_directory(path):
         from ..interop import config_from_hf, read_hf_directory
 
         hf_config, _ = read_hf_directory(path)
-        if getattr(hf_config, "model_type", None) != "gpt2":
+        family = causal_lm_families().get(getattr(hf_config, "model_type", None))
+        if family is None:
             raise ConfigError(
                 f"{option(INIT)}{path} is a Hugging Face {hf_config.model_type!r} directory; a language model "
-                f"starts from a GPT-2 directory or a kqv LM run"
+                f"starts from a kqv LM run or a {', '.join(causal_lm_families().values())} directory"
             )
-        return Source(path, "Hugging Face GPT-2", config_from_hf(hf_config), weights_sha256(path))
+        return Source(path, f"Hugging Face {family}", config_from_hf(hf_config), weights_sha256(path))
     if not RunFiles(path).config_file.is_file():
         raise ConfigError(
-            f"{option(INIT)}{path} is neither a kqv LM run (run.toml) nor a Hugging Face GPT-2 directory (config.json)"
+            f"{option(INIT)}{path} is neither a kqv LM run (run.toml) nor a Hugging Face language model directory "
+            f"(config.json)"
         )
     values = read_run(path, "lm")
     weights, source = RunFiles(path).weights_file, values.get("source")  # checkpoint.old/'s, as eval reads
@@ -88,6 +93,15 @@ def read_source(path: str | Path) -> Source:
             f"weights ({export}, then {option(INIT_DIR)}), or from its source {source.get('path')}"
         )
     return Source(path, "kqv run", ModelConfig.from_dict(values["model"]), sha256(weights))
+
+
+def causal_lm_families() -> dict[str, str]:
+    """model_type -> family name of the Hugging Face causal language models kqv reads (`kqv.interop`'s
+    architectures whose kqv class is a `DecoderLM`): what `--init` takes besides a kqv run."""
+    from ..interop import ARCHITECTURES
+    from ..nn.models import DecoderLM
+
+    return {a.model_type: a.name for a in ARCHITECTURES.values() if a.kqv_class is DecoderLM}
 
 
 HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # "gpt2", "openai-community/gpt2"
@@ -115,7 +129,8 @@ def download_from_hub(name: str) -> Path:
     except Exception as error:  # offline, unknown id, gated model: all end the same way for the user
         raise ConfigError(
             f"{option(INIT)}{name}: no such directory, and it could not be fetched from the Hugging Face hub "
-            f"({type(error).__name__}); give a directory (a kqv LM run, or a GPT-2 saved with save_pretrained)"
+            f"({type(error).__name__}); give a directory (a kqv LM run, or a Hugging Face model saved with "
+            f"save_pretrained)"
         ) from None
 
 
@@ -135,7 +150,7 @@ def index_only_sha256(source: Source) -> str | None:
     """What kqv recorded for a source in shards before every shard counted (its index's SHA-256; None for any
     other source): a run recorded so is still taken, its shards unchecked as they were then."""
     index = source.path / INDEX_FILE
-    sharded = source.kind == "Hugging Face GPT-2" and not (source.path / "model.safetensors").is_file()
+    sharded = source.kind.startswith("Hugging Face") and not (source.path / "model.safetensors").is_file()
     return sha256(index) if sharded and index.is_file() else None
 
 
@@ -151,7 +166,7 @@ def holds_adapters_alone(weights: Path) -> bool:
 
 
 def source_tokenizer(source: Source) -> Tokenizer:
-    """The tokenizer saved with the source: a kqv run's tokenizer/, a GPT-2 directory's tokenizer.json."""
+    """The tokenizer saved with the source: a kqv run's tokenizer/, a Hugging Face directory's tokenizer.json."""
     if source.kind == "kqv run":
         return load_tokenizer(RunFiles(source.path).tokenizer_dir)
     return read_hf_tokenizer(source.path)

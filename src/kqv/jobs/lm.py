@@ -279,19 +279,19 @@ class LMRun(TrainedRun, Continues, Generates, Completes, Evaluates, ShowsAttenti
         return self_attention(self.model, self.tokenizer, text, max_tokens)
 
     def export_hf(self, directory: str | Path, *, merge: bool = False) -> Path:
-        """Write the run as a Hugging Face GPT-2 directory (`kqv.jobs.export.export_hf`): config.json,
-        model.safetensors and the tokenizer, which `transformers.AutoModelForCausalLM.from_pretrained` loads with
-        the run's greedy tokens. A configuration GPT-2 cannot hold (RoPE, RMSNorm, ...) is refused, nothing
-        written. A LoRA run is written with its adapters merged into its weights (a copy: the run's model stays
-        adapted), which it must be told with `merge` (GPT-2's format holds plain weights); `merge` changes
-        nothing in a run without adapters."""
+        """Write the run as a Hugging Face GPT-2, GPT-NeoX or Llama directory, whichever holds its model
+        (`kqv.jobs.export.export_hf`): config.json, model.safetensors and the tokenizer, which
+        `transformers.AutoModelForCausalLM.from_pretrained` loads with the run's greedy tokens. A configuration no
+        format holds (ALiBi, experts, post-LN, ...) is refused, nothing written. A LoRA run is written with its
+        adapters merged into its weights (a copy: the run's model stays adapted), which it must be told with
+        `merge` (the formats hold plain weights); `merge` changes nothing in a run without adapters."""
         from .export import export_hf
 
         model = self.model
         if is_adapted(model):
             if not merge:
                 raise ConfigError(
-                    f"{self.run_dir} is a LoRA fine-tune, and a Hugging Face GPT-2 holds plain weights; "
+                    f"{self.run_dir} is a LoRA fine-tune, and a Hugging Face model holds plain weights; "
                     f"{option(MERGE)} to write its adapters merged into them"
                 )
             model = merge_lora(copy.deepcopy(model))

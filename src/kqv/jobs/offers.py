@@ -69,18 +69,22 @@ class Capability:
     protocol: type
     method: str
     does: str  # "generate text": what "X cannot ..." says
-    where: str  # "lm runs and GPT-2 directories": what "METHOD works on ..." says
+    where: str  # "lm runs and causal LM directories": what "METHOD works on ..." says
 
 
 CAPABILITIES = {
     capability.method: capability
     for capability in (
-        Capability(Generates, "generate", "generate text", "lm runs and GPT-2 directories"),
-        Capability(Completes, "complete", "complete prompts", "lm runs and GPT-2 directories"),
-        Capability(Evaluates, "evaluate", "evaluate its model", "lm, mt and vit runs and GPT-2 directories"),
+        Capability(Generates, "generate", "generate text", "lm runs and causal LM directories"),
+        Capability(Completes, "complete", "complete prompts", "lm runs and causal LM directories"),
+        Capability(Evaluates, "evaluate", "evaluate its model", "lm, mt and vit runs and causal LM directories"),
         Capability(Translates, "translate", "translate", "mt runs and Marian and BART directories"),
-        Capability(ShowsAttention, "attention", "show attention", "lm, mt and vit runs and GPT-2 and BERT directories"),
-        Capability(ExportsHF, "export_hf", "write a Hugging Face directory", "lm and mlm runs and GPT-2 directories"),
+        Capability(
+            ShowsAttention, "attention", "show attention", "lm, mt and vit runs and causal LM and BERT directories"
+        ),
+        Capability(
+            ExportsHF, "export_hf", "write a Hugging Face directory", "lm and mlm runs and causal LM directories"
+        ),
     )
 }
 

@@ -1,7 +1,8 @@
 """A Hugging Face checkpoint directory used like a run: `kqv.load(DIR)` converts the model offline
 (`kqv.interop.from_hf`, safetensors only) and reads the tokenizer saved beside it (`tokenizer.json`).
 
-A GPT-2 directory continues prompts (`generate`), scores text (`evaluate`) and shows its self-attention
+A causal LM directory (GPT-2, GPT-NeoX, Llama, Mistral, Qwen2) continues prompts (`generate`), scores text
+(`evaluate`) and shows its self-attention
 (`attention`), with the options and checks of a kqv LM run (`LMRun`); a BERT directory shows its self-attention;
 a Marian or BART directory translates (`translate`, kqv's beam search from its config's special ids).
 `kqv generate|eval|attention DIR` reach these through `kqv.load`, as Python does. The numbers are kqv's own
@@ -42,7 +43,7 @@ __all__ = ["PretrainedEncoder", "PretrainedLM", "PretrainedRun", "PretrainedTran
 
 @dataclass
 class PretrainedRun(Offering):
-    """A converted Hugging Face model with its tokenizer; what it offers is its model's class's: a GPT-2
+    """A converted Hugging Face model with its tokenizer; what it offers is its model's class's: a causal LM
     (`PretrainedLM`), a BERT (`PretrainedEncoder`) or a Marian or BART (`PretrainedTranslator`), by `load`."""
 
     names: ClassVar[str] = "other"  # whose directories these are, as a refusal names them
@@ -82,14 +83,15 @@ class PretrainedRun(Offering):
 
 @dataclass(repr=False)
 class PretrainedLM(PretrainedRun, Continues, Generates, Completes, Evaluates, ShowsAttention, ExportsHF):
-    """A GPT-2 directory: the operations of a kqv LM run, with its options and checks (`LMRun`)."""
+    """A causal LM directory (GPT-2, GPT-NeoX, Llama, Mistral, Qwen2): the operations of a kqv LM run, with its
+    options and checks (`LMRun`)."""
 
-    names: ClassVar[str] = "GPT-2"  # whose directories these are, as a refusal names them
+    names: ClassVar[str] = "causal LM"  # whose directories these are, as a refusal names them
 
     def evaluate(
         self, data: str | Path | None = None, *, pairs: str | Path | None = None, max_tokens: int | None = None
     ) -> LMEvaluation | PairsEvaluation:
-        """A GPT-2's loss, perplexity and bits per character on a text file or directory `data` (a directory has
+        """The model's loss, perplexity and bits per character on a text file or directory `data` (a directory has
         no held-out split of its own), in blocks of its context, as `LMRun.evaluate` scores text; or its completion
         loss and exact match on a file of `pairs`, as `LMRun.evaluate(pairs=...)` scores them."""
         if pairs is not None:
@@ -103,8 +105,8 @@ class PretrainedLM(PretrainedRun, Continues, Generates, Completes, Evaluates, Sh
         return evaluate_text(self.model, self.tokenizer, data, self.model.config.max_len, max_tokens)
 
     def export_hf(self, directory: str | Path, *, merge: bool = False) -> Path:
-        """Write the GPT-2 again as a Hugging Face directory, as `LMRun.export_hf` writes a run (`merge`: nothing
-        to merge, a GPT-2 directory has no adapters)."""
+        """Write the model again as a Hugging Face directory, as `LMRun.export_hf` writes a run (a Mistral or Qwen2
+        as the Llama it computes; `merge`: nothing to merge, a Hugging Face directory has no adapters)."""
         from .export import export_hf
 
         return export_hf(self.model, self.tokenizer, directory, self.path)

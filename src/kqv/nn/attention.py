@@ -28,6 +28,7 @@ from .cores import (
     fused_attention,
     padding_mask,
     padding_of,
+    repeat_kv,
     scaled_dot_product_attention,
 )
 from .dmca import LocalAttention, MemoryCompressedAttention
@@ -44,6 +45,7 @@ __all__ = [
     "fused_attention",
     "padding_mask",
     "padding_of",
+    "repeat_kv",
     "scaled_dot_product_attention",
 ]
 
@@ -145,7 +147,8 @@ class Attention(nn.Module):
 
 
 class KVCache:
-    """Keys and values one attention layer has already computed, (batch, heads, time, head_dim) each.
+    """Keys and values one attention layer has already computed, (batch, heads, time, head_dim) each, with the
+    layer's n_kv_heads heads (fewer than its query heads under grouped-query attention).
 
     Self-attention appends each step's keys and values in place, into buffers reserved for `capacity` positions
     (doubled when a step goes past them), so a step copies its own keys and values only, never the whole past;
@@ -213,24 +216,31 @@ class MultiHeadAttention(nn.Module):
     otherwise. Heads are a batch axis: (batch, time, d_model) -> (batch, heads, time, head_dim). Self-attention
     uses the core `config.attention` (or `config.layer_pattern`'s slot for block `layer`) names and the config's
     position scheme; cross-attention is always full attention without positions, since the two sequences share none.
+    Keys and values have `config.kv_heads` heads (grouped-query attention when fewer than n_heads; the cache keeps
+    that many): query head h reads key/value head h // (n_heads / n_kv_heads). A core whose `takes_groups` is
+    False gets them repeated to n_heads (`repeat_kv`); full attention takes them as they are.
     """
 
     def __init__(self, config: ModelConfig, cross_attention: bool = False, layer: int = 0):
         super().__init__()
         self.n_heads, self.head_dim = config.n_heads, config.head_dim
+        self.n_kv_heads = config.kv_heads  # each shared by n_heads / n_kv_heads query heads (GQA; MQA at 1)
         self.dropout = config.dropout
         self.cross_attention = cross_attention
         self.to_queries = nn.Linear(config.d_model, config.d_model, bias=config.bias)
-        self.to_keys_values = nn.Linear(config.d_model, 2 * config.d_model, bias=config.bias)
+        # keys then values along the output, n_kv_heads * head_dim each
+        self.to_keys_values = nn.Linear(config.d_model, 2 * self.n_kv_heads * self.head_dim, bias=config.bias)
         self.to_output = nn.Linear(config.d_model, config.d_model, bias=config.bias)
         self.positions = AttentionPositions() if cross_attention else attention_positions(config)
         # the core of block `layer`: config.attention, or its slot of config.layer_pattern
         self.core = FullAttention.from_config(config) if cross_attention else CORES[config.attention_of(layer)](config)
 
-    def split_heads(self, x: Tensor) -> Tensor:
-        """(batch, time, d_model) -> (batch, heads, time, head_dim): heads become a batch axis, a view."""
+    def split_heads(self, x: Tensor, heads: int | None = None) -> Tensor:
+        """(batch, time, heads * head_dim) -> (batch, heads, time, head_dim): heads become a batch axis, a view.
+        `heads` is n_heads (queries) unless given (n_kv_heads, for keys and values)."""
         batch, time, _ = x.shape
-        return x.view(batch, time, self.n_heads, self.head_dim).transpose(1, 2)  # (batch, heads, time, head_dim)
+        heads = heads or self.n_heads
+        return x.view(batch, time, heads, self.head_dim).transpose(1, 2)  # (batch, heads, time, head_dim)
 
     def merge_heads(self, x: Tensor) -> Tensor:
         """(batch, heads, time, head_dim) -> (batch, time, d_model): the heads' outputs side by side."""
@@ -238,9 +248,10 @@ class MultiHeadAttention(nn.Module):
         return x.transpose(1, 2).reshape(batch, time, self.n_heads * self.head_dim)  # (batch, time, d_model)
 
     def project_keys_values(self, source: Tensor) -> tuple[Tensor, Tensor]:
-        """Keys and values of source (batch, time, d_model), one projection for both, split into heads."""
+        """Keys and values of source (batch, time, d_model), one projection for both, split into n_kv_heads heads
+        each: (batch, n_kv_heads, time, head_dim)."""
         keys, values = self.to_keys_values(source).chunk(2, dim=-1)
-        return self.split_heads(keys), self.split_heads(values)
+        return self.split_heads(keys, self.n_kv_heads), self.split_heads(values, self.n_kv_heads)
 
     def forward(
         self,
@@ -269,7 +280,9 @@ class MultiHeadAttention(nn.Module):
         else:
             q_pos, positions = positions, position_tensor(positions, x.device)  # as given, for the core; a tensor
         queries = self.positions.rotate(self.split_heads(self.to_queries(x)), positions)  # (batch, heads, q, hd)
-        keys, values = self.keys_values(x, memory, positions, cache)  # (batch, heads, k_time, head_dim)
+        keys, values = self.keys_values(x, memory, positions, cache)  # (batch, kv_heads, k_time, head_dim)
+        if not self.core.takes_groups:  # each key/value head repeated for its query heads: (batch, heads, ...)
+            keys, values = repeat_kv(keys, self.n_heads), repeat_kv(values, self.n_heads)
         dropout = self.dropout if self.training else 0.0
         call = AttentionCall(self.positions, q_pos, mask, causal, dropout, need_weights)
         output, weights = self.core.attend(queries, keys, values, call)

@@ -180,6 +180,9 @@ class ModelConfig(Config):
     `d_ff` is the hidden width of the feed-forward network; gated activations (swiglu, geglu) use two
     input projections of that width, so choose about 2/3 of the ungated width to keep the parameter count.
     `norm_first=True` is pre-LN (GPT-2 and later); `False` is post-LN as in Vaswani et al. 2017 and BERT.
+    `n_kv_heads` below `n_heads` gives keys and values fewer heads than queries, each shared by a group of
+    n_heads / n_kv_heads query heads: grouped-query attention (Ainslie et al. 2023), multi-query attention at 1
+    (Shazeer 2019). The KV cache shrinks by n_heads / n_kv_heads; every attention layer and kind takes it.
 
     `attention` picks the self-attention core: "full" is exact softmax attention over every key; "linformer"
     (Wang et al. 2020) and "bigbird" (Zaheer et al. 2020) are the cheaper approximations of docs/long-inputs.md;
@@ -207,6 +210,7 @@ class ModelConfig(Config):
     vocab_size: int | None = None
     d_model: int = 256
     n_heads: int = 4
+    n_kv_heads: int | None = None  # key/value heads, each shared by n_heads / n_kv_heads query heads (None: n_heads)
     n_layers: int = 4
     d_ff: int = 1024
     max_len: int = 512
@@ -257,6 +261,7 @@ class ModelConfig(Config):
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}): each head gets "
                 f"d_model / n_heads dimensions; try n_heads in {_divisors(self.d_model)}"
             )
+        self._check_kv_heads()
         if self.position == "rope" and self.head_dim % 2:
             raise ConfigError(
                 f"position='rope' rotates pairs of dimensions, so head_dim must be even, got {self.head_dim}"
@@ -267,6 +272,14 @@ class ModelConfig(Config):
             )
         self._check_attention()
         self._check_experts()
+
+    def _check_kv_heads(self) -> None:
+        if self.n_kv_heads is not None and (self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads):
+            raise ConfigError(
+                f"n_kv_heads ({self.n_kv_heads}) must be a positive divisor of n_heads ({self.n_heads}): each "
+                f"key/value head serves n_heads / n_kv_heads query heads; choose one of {_divisors(self.n_heads)} "
+                f"(1: multi-query attention, n_heads or unset: multi-head attention)"
+            )
 
     def _check_experts(self) -> None:
         experts = self.experts
@@ -342,6 +355,11 @@ class ModelConfig(Config):
     def head_dim(self) -> int:
         """d_model / n_heads: each head's share of the model width."""
         return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """n_kv_heads, or n_heads when it is not set: the heads of keys and values (and of the KV cache)."""
+        return self.n_kv_heads or self.n_heads
 
     @property
     def experts_per_token(self) -> int:

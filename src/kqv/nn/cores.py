@@ -7,7 +7,8 @@ layer uses is decided once, when the layer is built, from `ModelConfig.attention
 `kqv.nn.attention`), so the layer's forward reads the same whatever the core.
 
 The interface (`AttentionCore.attend(queries, keys, values, call)`):
-    queries (batch, heads, q_time, head_dim), keys and values (batch, heads, k_time, head_dim), already rotated;
+    queries (batch, heads, q_time, head_dim), keys and values (batch, heads, k_time, head_dim), already rotated
+    (with fewer heads, kv_heads, for a core whose `takes_groups` is True: grouped-query attention);
     and the call's options, one `AttentionCall`: `positions`, the layer's `AttentionPositions` (for schemes that
     add a score or value bias);
     `q_pos` (q_time,) the queries' positions, a LongTensor, a Python `range`, or None: the queries are the last
@@ -87,6 +88,27 @@ def padding_of(mask: Tensor | None, batch: int) -> Tensor | None:
     if mask is None or mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[2] != 1:
         return None
     return mask[:, 0, 0, :].expand(batch, -1)
+
+
+def repeat_kv(x: Tensor, heads: int) -> Tensor:
+    """Keys or values (batch, kv_heads, time, head_dim) -> (batch, heads, time, head_dim), each key/value head
+    repeated for its group of heads / kv_heads consecutive query heads, as `x.repeat_interleave(heads // kv_heads,
+    dim=1)` would: grouped-query attention as plain multi-head attention. `x` itself when kv_heads == heads; a
+    view, no copy, for one key/value head (multi-query attention); a copy otherwise."""
+    batch, kv_heads, time, head_dim = x.shape
+    if kv_heads == heads:
+        return x
+    grouped = x[:, :, None].expand(batch, kv_heads, heads // kv_heads, time, head_dim)
+    return grouped.reshape(batch, heads, time, head_dim)  # (batch, heads, time, head_dim)
+
+
+def sdpa_takes_groups(queries: Tensor, attn_mask: Tensor | None) -> bool:
+    """Whether torch's fused SDPA takes keys and values of fewer heads than the queries (`enable_gqa`) on a fused
+    kernel, not on its math fallback, which forms every score: the CPU's flash kernel always; on CUDA the flash
+    kernel only (fp16 or bf16, no mask), the memory-efficient kernel that takes masks and fp32 has no GQA."""
+    takes = kernels(queries.device).sdpa_groups
+    half = queries.dtype in (torch.float16, torch.bfloat16)
+    return takes == "always" or (takes == "flash" and attn_mask is None and half)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -173,22 +195,29 @@ def fused_attention(
 ) -> Tensor:
     """The same computation through `F.scaled_dot_product_attention` (O(n) memory when mask and bias are None).
 
+    Keys and values may have fewer heads than the queries (grouped-query attention): SDPA takes them so
+    (`enable_gqa`) where a fused kernel does (`sdpa_takes_groups`), else they are repeated (`repeat_kv`).
     Short bf16 inputs on the CPU take the plain path instead: there torch's flash kernel is 1.9-3.8x slower
     forward + backward (`python benchmarks/attention_kernels.py`), and the plain path's numerics are eager
     attention's under autocast (bf16 scores, softmax accumulated in fp32).
     """
+    heads = queries.shape[1]
     if (
         queries.dtype == torch.bfloat16
         and kernels(queries.device).plain_bf16_attention
         and queries.shape[2] * keys.shape[2] <= PLAIN_BF16_PAIRS
     ):
+        keys, values = repeat_kv(keys, heads), repeat_kv(values, heads)
         return masked_attention(queries, keys, values, mask=mask, bias=bias, causal=causal, dropout=dropout)
     if bias is not None:
         attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
     else:
         attn_mask = mask
+    grouped = keys.shape[1] != heads  # grouped-query attention: fewer key/value heads than query heads
+    if grouped and not sdpa_takes_groups(queries, attn_mask):
+        keys, values, grouped = repeat_kv(keys, heads), repeat_kv(values, heads), False
     return F.scaled_dot_product_attention(
-        queries, keys, values, attn_mask=attn_mask, dropout_p=dropout, is_causal=causal
+        queries, keys, values, attn_mask=attn_mask, dropout_p=dropout, is_causal=causal, enable_gqa=grouped
     )
 
 
@@ -211,8 +240,12 @@ class AttentionCall(NamedTuple):
 class AttentionCore(nn.Module):
     """How queries meet keys: the part of multi-head attention that differs between attention kinds.
 
-    See the module docstring for the shapes; subclasses implement `attend` and `from_config`.
+    See the module docstring for the shapes; subclasses implement `attend` and `from_config`. `takes_groups`:
+    whether `attend` takes keys and values with fewer heads than the queries (grouped-query attention, query head
+    h reading key/value head h // (heads / kv_heads)); where False, the layer repeats them first (`repeat_kv`).
     """
+
+    takes_groups = False
 
     @classmethod
     def from_config(cls, config: ModelConfig) -> AttentionCore:
@@ -225,7 +258,9 @@ class AttentionCore(nn.Module):
 
 
 class FullAttention(AttentionCore):
-    """Exact softmax attention over every key, by the cheapest exact kernel for the call:
+    """Exact softmax attention over every key, by the cheapest exact kernel for the call (keys and values of fewer
+    heads than the queries, grouped-query attention, are taken as they are by flex_attention and SDPA, and
+    repeated for the others):
 
     * `blockwise_attention` (O(n) memory) where a position bias or padding would make SDPA build a large n x n
       matrix, as `blockwise` says ("auto": from BLOCKWISE_MIN_PAIRS scores on; "always"; "never");
@@ -235,6 +270,8 @@ class FullAttention(AttentionCore):
     * the plain reference (`scaled_dot_product_attention`) when the weights are wanted or a scheme adds a value
       bias (Shaw et al. 2018), which needs them. `fused=False` takes it always (tests compare the kernels).
     """
+
+    takes_groups = True
 
     def __init__(self, blockwise: Blockwise = "auto", fused: bool = True):
         super().__init__()
@@ -268,8 +305,8 @@ class FullAttention(AttentionCore):
         ):
             return blockwise_attention(  # given ranges, it plans its blocks without reading the device
                 queries,
-                keys,
-                values,
+                repeat_kv(keys, queries.shape[1]),
+                repeat_kv(values, queries.shape[1]),
                 positions=positions,
                 q_pos=q_pos,
                 k_pos=range(k_time),
@@ -294,6 +331,7 @@ class FullAttention(AttentionCore):
             return fused_attention(
                 queries, keys, values, mask=mask, bias=bias, causal=sdpa_causal, dropout=dropout
             ), None
+        keys, values = repeat_kv(keys, queries.shape[1]), repeat_kv(values, queries.shape[1])
         output, weights = scaled_dot_product_attention(queries, keys, values, mask=mask, bias=bias, dropout=dropout)
         if positions.has_value_bias:
             output = output + positions.value_bias(weights, q_pos, k_pos)

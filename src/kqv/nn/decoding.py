@@ -188,6 +188,7 @@ class LayerStep:
         attention_residual: Residual = getattr(block, attending.residual)
         feed_forward_residual: Residual = getattr(block, feeding.residual)
         self.cache, self.heads, self.head_dim = cache, attention.n_heads, attention.head_dim
+        self.kv_heads = attention.n_kv_heads  # fewer than heads under grouped-query attention
         self.rotate = attention.positions.rotate  # RoPE; the identity for every other scheme this step takes
         self.rotates = attention.positions.rotates
         # queries, keys and values by one matrix-vector product (batch 1 only: see fused_linear)
@@ -222,17 +223,17 @@ class LayerStep:
     def attend(self, h: Tensor, positions: Tensor, mask: Tensor | None) -> Tensor:
         """Multi-head self-attention of the newest token over the cache: (batch, d_model) -> the same."""
         batch = h.shape[0]
-        # one new token: (batch, heads * head_dim) views as (batch, heads, 1, head_dim) without a transpose
-        if self.to_queries_keys_values is not None:
-            queries, keys, values = (
-                self.to_queries_keys_values(h).view(batch, 3, self.heads, 1, self.head_dim).unbind(1)
-            )
+        if self.to_queries_keys_values is not None:  # [queries | keys | values] by one product, split by views
+            projected = self.to_queries_keys_values(h)
+            queries, keys_values = projected.split((self.heads * self.head_dim, 2 * self.kv_heads * self.head_dim), -1)
         else:
-            queries = self.to_queries(h).view(batch, self.heads, 1, self.head_dim)
-            keys, values = self.to_keys_values(h).view(batch, 2, self.heads, 1, self.head_dim).unbind(1)
+            queries, keys_values = self.to_queries(h), self.to_keys_values(h)
+        # one new token: (batch, heads * head_dim) views as (batch, heads, 1, head_dim) without a transpose
+        queries = queries.view(batch, self.heads, 1, self.head_dim)
+        keys, values = keys_values.view(batch, 2, self.kv_heads, 1, self.head_dim).unbind(1)
         if self.rotates:
             queries, keys = self.rotate(queries, positions), self.rotate(keys, positions)
-        keys, values = self.cache.append(keys, values)  # (batch, heads, cached + 1, head_dim)
+        keys, values = self.cache.append(keys, values)  # (batch, kv_heads, cached + 1, head_dim)
         output = fused_attention(queries, keys, values, mask=mask)  # (batch, heads, 1, head_dim)
         # with one query, (batch, heads, 1, head_dim) is laid out as (batch, 1, heads, head_dim): no transpose
         return output.reshape(batch, self.heads * self.head_dim)

@@ -58,6 +58,9 @@ class Kernels:
     blocked_loss: bool = False  # the output layer's cross-entropy a cache-sized block of rows at a time, not whole
     sdpa_streams_padding: bool = False  # SDPA's fused kernel takes a padding mask in O(n) memory (CUDA's mem-efficient)
     compiled_training: bool = False  # `train.compile = "auto"` compiles forward and backward (pays on GPUs)
+    # SDPA's fused kernels that take fewer key/value heads than query heads (`enable_gqa`): "always" (the CPU's
+    # flash kernel), "flash" (CUDA's flash kernel: fp16/bf16 without a mask), "never" (repeat them first)
+    sdpa_groups: Literal["always", "flash", "never"] = "never"
 
 
 CPU_KERNELS = Kernels(
@@ -67,10 +70,18 @@ CPU_KERNELS = Kernels(
     one_row_products=True,
     free_host_reads=True,
     blocked_loss=True,
+    sdpa_groups="always",
 )
 TORCH_KERNELS = Kernels(False, False, False, False)
 CUDA_KERNELS = Kernels(  # flex_attention compiles to Triton
-    False, False, False, False, flex_attention=True, sdpa_streams_padding=True, compiled_training=True
+    False,
+    False,
+    False,
+    False,
+    flex_attention=True,
+    sdpa_streams_padding=True,
+    compiled_training=True,
+    sdpa_groups="flash",
 )
 
 

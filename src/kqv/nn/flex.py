@@ -74,7 +74,8 @@ def attend(
     mask_key: Hashable | None = None,
 ) -> Tensor:
     """softmax(q k^T / sqrt(d) changed by `score_mod`, keys `mask_mod` hides = -inf) v, (batch, heads, q_time,
-    head_dim); a query that may see no key gets zeros, as today's cores give. `padding`: the padding mask tensor
+    head_dim); a query that may see no key gets zeros, as today's cores give. Keys and values may have fewer heads
+    than the queries (grouped-query attention; a score_mod's `h` is the query head). `padding`: the padding mask tensor
     `mask_mod` reads (its block mask differs between batch rows), the same object in every layer of a forward.
     `mask_key` names what else `mask_mod` depends on beside the shape, so that its block mask is reused."""
     block_mask = None
@@ -87,7 +88,10 @@ def attend(
             block_mask = _block_mask(mask_mod, mask_key, None, *shape)
         else:
             block_mask = _padding_mask(mask_mod, padding, mask_key, queries.shape[0], *shape)
-    return _kernel(queries.device)(queries, keys, values, score_mod=score_mod, block_mask=block_mask)
+    grouped = keys.shape[1] != queries.shape[1]  # grouped-query attention: flex reads key/value head h // group
+    return _kernel(queries.device)(
+        queries, keys, values, score_mod=score_mod, block_mask=block_mask, enable_gqa=grouped
+    )
 
 
 def _padding_mask(

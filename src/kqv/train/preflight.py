@@ -109,7 +109,8 @@ def batch_memory(
     hidden = (4 if gated else 2) * model.d_ff  # gate and value, the gate's activation, their product; or in, out
     masks = 3 * d * act if model.dropout else 0  # two per block and the embeddings', at most a product's width
     per_token = 2 * d * FLOAT_BYTES + (2 * d + 3 * d + d + hidden) * act + masks
-    block = 4 * d * d + (3 if gated else 2) * d * model.d_ff  # one block's weights
+    attention = 2 * d * d + 2 * d * model.kv_heads * model.head_dim  # queries and output; keys and values
+    block = attention + (3 if gated else 2) * d * model.d_ff  # one block's weights
     parameters = model.n_layers * block + vocab * d + model.max_len * d
     kept = keeps_scores(model, kernels, precision, context)
     score_bytes = act * (3 if model.dropout else 1)  # the softmax; with dropout its mask and dropped-out copy too
