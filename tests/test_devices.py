@@ -246,7 +246,7 @@ FLEX_VARIANTS = {
 }
 
 
-def _flex_reads_on_the_queries_device(queries, keys, values, *, score_mod=None, block_mask=None):
+def _flex_reads_on_the_queries_device(queries, keys, values, *, score_mod=None, block_mask=None, enable_gqa=False):
     """flex_attention as the guard can watch it (torch's own runs through torch.compile, which a dispatch mode
     stops): its score_mod and mask_mod read their captured tensors at every index, made on the queries' device
     as flex makes them, where a tensor on another device fails as on a GPU. The output is zeros, not attention."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import json
 import math
 import random
@@ -143,6 +144,21 @@ def answer(modules, model, corpus, dev_tsv: Path) -> tuple[int, int, list[str]]:
     return correct, len(lines), got
 
 
+def assignment_modules(folder: Path) -> dict:
+    """The assignment's modules, loaded from `folder` under their own names, each after those it imports
+    (model.py imports attention.py), so they import each other as in the assignment's own folder."""
+    loaded = {}
+    for name in ("attention", "model", "utils", "trainer", "dataset"):
+        path = folder / f"{name}.py"
+        if not path.is_file():
+            continue
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        loaded[name] = module
+    return loaded
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mingpt", type=Path, required=True, help="the assignment's src/ folder (see the docstring)")
@@ -163,8 +179,7 @@ def main(argv: list[str] | None = None) -> dict:
         if not (args.mingpt / name).is_file():
             parser.error(f"--mingpt {args.mingpt} holds no {name}: give the assignment copy's src/ folder")
     torch.set_num_threads(args.threads)
-    sys.path.insert(0, str(args.mingpt))
-    modules = {name: __import__(name) for name in ("dataset", "model", "trainer", "utils")}
+    modules = assignment_modules(args.mingpt)
     random.seed(args.seed)
     modules["utils"].set_seed(args.seed)
     start = time.monotonic()
