@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 import kqv
 from kqv.cli.main import main
 from kqv.data.tokenizers import BPETokenizer
-from kqv.errors import ConversionError
+from kqv.errors import ConfigError, ConversionError
 from kqv.interop import from_hf, to_hf
 from test_finetune import FINETUNE, finetune, first_batch_loss, logged_losses
 from test_interop import randomized
@@ -112,6 +112,15 @@ CHECKPOINTS = {
         dict(rotary_pct=1.0, use_parallel_residual=False, attention_bias=False, tie_word_embeddings=True),
     ),
     "qwen2_gqa": ("Qwen2ForCausalLM", dict(num_key_value_heads=2)),
+    # today's bases: Llama 3's 500,000 and Qwen2's 1,000,000 (kqv's model.rope_base)
+    "llama_rope_base_500000": (
+        "LlamaForCausalLM",
+        dict(num_key_value_heads=2, rope_parameters={"rope_type": "default", "rope_theta": 500000.0}),
+    ),
+    "qwen2_rope_base_1000000": (
+        "Qwen2ForCausalLM",
+        dict(num_key_value_heads=2, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+    ),
     "mistral_window_covering_every_position": ("MistralForCausalLM", dict(num_key_value_heads=2, sliding_window=64)),
 }
 
@@ -151,11 +160,6 @@ REFUSED = {
         "LlamaForCausalLM",
         dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}),
         "rope_type='linear': kqv's RoPE has no scaling",
-    ),
-    "llama rope base": (
-        "LlamaForCausalLM",
-        dict(rope_parameters={"rope_type": "default", "rope_theta": 500000.0}),
-        "rope_theta=500000.0: kqv's RoPE rotates at base 10000 only",
     ),
     "llama head_dim": ("LlamaForCausalLM", dict(head_dim=16), "head_dim=16: kqv's heads are"),
     "mistral sliding window": (
@@ -298,3 +302,10 @@ def test_weights_whose_shapes_do_not_fit_together_are_one_line(tmp_path):
     with pytest.raises(ConversionError, match="the checkpoint's weights do not fit its config") as error:
         from_hf(tmp_path)
     assert "v_proj.weight (16, 40)" in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("base", [0.5, 1.0, float("inf"), float("nan")])
+def test_a_rope_base_that_turns_no_angle_or_none_finite_is_refused_in_one_line(base):
+    with pytest.raises(ConfigError, match="rope_base") as error:
+        kqv.ModelConfig(vocab_size=10, d_model=16, n_heads=2, position="rope", rope_base=base)
+    assert "\n" not in str(error.value)

@@ -7,13 +7,13 @@
     MistralForCausalLM   ->  kqv.DecoderLM  Llama without biases; its sliding window must cover every position
     Qwen2ForCausalLM     ->  kqv.DecoderLM  Llama with biases on the queries, keys and values only
 
-All four rotate with the half-split pairing (`rotate_half`: dimension i turns with i + head_dim / 2), which is
-kqv's (`kqv.nn.positions.RotaryPositions`), at kqv's base 10000. kqv's `bias` is one switch for every linear layer:
-a checkpoint with biases on some layers only (Qwen2's, a Llama with attention_bias but not mlp_bias) gets zero
-biases on the others, which change no output; a kqv model becomes a GPT-NeoX or a Llama (a Mistral or Qwen2
-checkpoint is written back as the Llama it computes). What kqv's blocks cannot compute is refused in one line
-naming the option: RoPE scaling, another base, partial rotary, a parallel residual, a sliding window shorter than
-the positions, a head_dim other than hidden_size / num_attention_heads.
+All four rotate with the half-split pairing (`rotate_half`: dimension i turns with i + head_dim / 2), which is kqv's
+(`kqv.nn.positions.RotaryPositions`), at the model's base (`rope_base`, Hugging Face's `rope_theta`). kqv's `bias`
+is one switch for every linear layer: a checkpoint with biases on some layers only (Qwen2's, a Llama with
+attention_bias but not mlp_bias) gets zero biases on the others, which change no output; a kqv model becomes a
+GPT-NeoX or a Llama (a Mistral or Qwen2 checkpoint is written back as the Llama it computes). What kqv's blocks cannot
+compute is refused in one line naming the option: RoPE scaling, partial rotary, a parallel residual, a sliding
+window shorter than the positions, a head_dim other than hidden_size / num_attention_heads.
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ from ..nn.config import ModelConfig
 from ..nn.models import DecoderLM
 from .rules import Architecture, ConfigNames, Mapping, Rule, affine, copy, stack, unstack
 
-ROPE_BASE = 10000.0  # kqv's RotaryPositions base: Hugging Face's rope_theta
-ROPE = {"rope_type": "default", "rope_theta": ROPE_BASE}  # rope_parameters of an exported model
+ROPE_BASE = 10000.0  # RoPE's own base, where a config names none: Hugging Face's rope_theta, kqv's rope_base
 DECODER = dict(position="rope", norm_first=True, output_bias=False, scale_embeddings=False, embed_norm=False)
 SIZES = (
     "vocab_size",
@@ -57,7 +56,8 @@ SPECIAL_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
 def check_rope(c: Any, name: str, option: str = "rope_parameters") -> None:
-    """Refuse RoPE that is not kqv's: scaled (linear, dynamic, yarn, llama3, ...), another base, or partial."""
+    """Refuse RoPE that is not kqv's: scaled (linear, dynamic, yarn, llama3, ...) or partial (any base maps to
+    kqv's `rope_base`: `rope_base`)."""
     rope = dict(getattr(c, "rope_parameters", None) or {})
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind != "default":
@@ -65,16 +65,22 @@ def check_rope(c: Any, name: str, option: str = "rope_parameters") -> None:
             f"kqv cannot represent {name} with {option} rope_type={kind!r}: kqv's RoPE has no scaling, it reads "
             f"rope_type 'default' only"
         )
-    if float(rope.get("rope_theta", ROPE_BASE)) != ROPE_BASE:
-        raise ConversionError(
-            f"kqv cannot represent {name} with rope_theta={rope['rope_theta']}: kqv's RoPE rotates at base "
-            f"{ROPE_BASE:g} only"
-        )
     if float(rope.get("partial_rotary_factor", 1.0)) != 1.0:
         raise ConversionError(
             f"kqv cannot represent {name} with partial rotary (rotary_pct / partial_rotary_factor="
             f"{rope['partial_rotary_factor']}): kqv's RoPE rotates the whole head, rotary_pct 1.0"
         )
+
+
+def rope_base(c: Any) -> float:
+    """A Hugging Face config's RoPE base (`rope_parameters["rope_theta"]`, or an older config's `rope_theta`)."""
+    rope = dict(getattr(c, "rope_parameters", None) or {})
+    return float(rope.get("rope_theta", getattr(c, "rope_theta", None) or ROPE_BASE))
+
+
+def rope_parameters(c: ModelConfig) -> dict[str, Any]:
+    """The rope_parameters of an exported model: unscaled RoPE at the model's base."""
+    return {"rope_type": "default", "rope_theta": c.rope_base}
 
 
 def check_window(c: Any, name: str) -> None:
@@ -120,14 +126,14 @@ def neox_config(c: Any) -> ModelConfig:
             "kqv cannot represent GPT-NeoX with use_parallel_residual=true (attention and feed-forward read the same "
             "input): kqv's blocks add attention, then the feed-forward network, in sequence (false)"
         )
-    return NEOX_NAMES.to_kqv(c)
+    return NEOX_NAMES.to_kqv(c, rope_base=rope_base(c))
 
 
 def neox_config_to_hf(c: ModelConfig, base: dict[str, Any]) -> dict[str, Any]:
     return NEOX_NAMES.to_hf(c, base, "GPTNeoXForCausalLM") | {
         "use_parallel_residual": False,
         "attention_bias": True,
-        "rope_parameters": ROPE | {"partial_rotary_factor": 1.0},
+        "rope_parameters": rope_parameters(c) | {"partial_rotary_factor": 1.0},
         **special_ids(base),
     }
 
@@ -203,7 +209,7 @@ def llama_config(c: Any, name: str = "Llama") -> ModelConfig:
     check_rope(c, name)
     check_heads(c, name)
     check_window(c, name)
-    return LLAMA_NAMES.to_kqv(c, bias=bool(llama_biases(c)), **kv_heads_of(c))
+    return LLAMA_NAMES.to_kqv(c, bias=bool(llama_biases(c)), rope_base=rope_base(c), **kv_heads_of(c))
 
 
 def llama_biases(c: Any) -> set[str]:
@@ -222,7 +228,7 @@ def llama_config_to_hf(c: ModelConfig, base: dict[str, Any]) -> dict[str, Any]:
         "head_dim": c.head_dim,
         "attention_bias": c.bias,
         "mlp_bias": c.bias,
-        "rope_parameters": dict(ROPE),
+        "rope_parameters": rope_parameters(c),
         **special_ids(base),
     }
 

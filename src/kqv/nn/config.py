@@ -7,6 +7,7 @@ activation) is a typed field, checked when the config is made, so a typo fails h
 from __future__ import annotations
 
 import functools
+import math
 import tomllib
 import warnings
 from dataclasses import dataclass, field
@@ -216,6 +217,7 @@ class ModelConfig(Config):
     max_len: int = 512
     dropout: float = 0.1
     position: Position = "sinusoidal"
+    rope_base: float = 10000.0  # RoPE's base θ (Su et al. 2021: 10,000; Llama 3: 500,000; Qwen2: 1,000,000)
     norm: Norm = "layernorm"
     norm_first: bool = True
     norm_eps: float = 1e-5
@@ -262,6 +264,11 @@ class ModelConfig(Config):
                 f"d_model / n_heads dimensions; try n_heads in {_divisors(self.d_model)}"
             )
         self._check_kv_heads()
+        if not (self.rope_base > 1 and math.isfinite(self.rope_base)):
+            raise ConfigError(
+                f"rope_base (RoPE's θ: position p turns pair i by p / rope_base^(2i/head_dim)) must be a finite number "
+                f"above 1, got {self.rope_base}; 10000 is RoPE's own"
+            )
         if self.position == "rope" and self.head_dim % 2:
             raise ConfigError(
                 f"position='rope' rotates pairs of dimensions, so head_dim must be even, got {self.head_dim}"

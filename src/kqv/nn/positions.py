@@ -199,7 +199,7 @@ class RotaryPositions(AttentionPositions):
 
     @classmethod
     def from_config(cls, config: ModelConfig) -> RotaryPositions:
-        return cls(config.head_dim)
+        return cls(config.head_dim, config.rope_base)
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
         """Queries or keys x (..., time, head_dim) rotated by the angles of their positions (time,)."""
