@@ -162,4 +162,4 @@ def test_where_the_test_command_is_the_browser_it_needs_and_the_suite_s_time_are
     for page in ("README.md", "docs/getting-started.md", "docs/testing.md"):
         text = " ".join((ROOT / page).read_text(encoding="utf-8").split())
         assert "python -m pytest" in text, page
-        assert "`apt-get install -y chromium`" in text and "about 10 minutes on 2 cores" in text, page
+        assert "`apt-get install -y chromium`" in text and "about 16 minutes on 2 cores" in text, page
