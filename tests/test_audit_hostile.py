@@ -5,8 +5,6 @@ refused in one line naming it; a run whose checksums were deleted says so."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import signal
 import subprocess
@@ -21,24 +19,8 @@ from kqv.data import worlds
 from kqv.data.token_corpus import ARRAY
 from kqv.errors import DataError, RunError
 from kqv.jobs import lm_prepared
-from test_corpus_hostile import prepared, trained  # noqa: F401 -- a corpus and a run trained on it
+from test_corpus_hostile import kqv, prepared, refused, trained  # noqa: F401 -- a corpus and a run trained on it
 from test_token_corpus import write_text
-
-
-def kqv(argv: list[str]) -> tuple[int, str, str]:
-    """The command line in this process: (exit status, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        status = main(argv)
-    return status, out.getvalue(), err.getvalue()
-
-
-def refused(argv: list[str], *words: str) -> str:
-    """The one `kqv: error:` line `argv` ends with, holding `words`."""
-    status, _, error = kqv(argv)
-    assert status == 2 and error.startswith("kqv: error: ") and error.count("\n") == 1, error
-    assert "Traceback" not in error and all(word in error for word in words), error
-    return error
 
 
 def contents(directory) -> dict[str, bytes]:

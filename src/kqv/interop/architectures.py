@@ -16,7 +16,7 @@ from ..nn.config import ModelConfig
 from ..nn.heads import MaskedLM
 from ..nn.models import DecoderLM, Encoder, EncoderDecoder
 from .decoders import DECODERS
-from .rules import Architecture, ConfigNames, Mapping, Rule, affine, attention, conv1d, copy, require
+from .rules import HF_SIZES, Architecture, ConfigNames, Mapping, Rule, affine, attention, conv1d, copy, require
 from .seq2seq import bart_config, bart_config_to_hf, marian_config, marian_config_to_hf, seq2seq_mapping
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -155,14 +155,7 @@ CONFIG_SCHEMAS = {
 
 
 BERT_NAMES = ConfigNames(
-    sizes=(
-        "vocab_size",
-        "hidden_size",
-        "num_attention_heads",
-        "num_hidden_layers",
-        "intermediate_size",
-        "max_position_embeddings",
-    ),
+    sizes=HF_SIZES,
     norm_eps="layer_norm_eps",
     activation="hidden_act",
     dropouts=("hidden_dropout_prob", "attention_probs_dropout_prob"),

@@ -26,27 +26,19 @@ from torch import Tensor
 from ..errors import ConversionError
 from ..nn.config import ModelConfig
 from ..nn.models import DecoderLM
-from .rules import Architecture, ConfigNames, Mapping, Rule, affine, copy, stack, unstack
+from .rules import HF_SIZES, Architecture, ConfigNames, Mapping, Rule, affine, copy, stack, unstack
 
 ROPE_BASE = 10000.0  # RoPE's own base, where a config names none: Hugging Face's rope_theta, kqv's rope_base
 DECODER = dict(position="rope", norm_first=True, output_bias=False, scale_embeddings=False, embed_norm=False)
-SIZES = (
-    "vocab_size",
-    "hidden_size",
-    "num_attention_heads",
-    "num_hidden_layers",
-    "intermediate_size",
-    "max_position_embeddings",
-)
 NEOX_NAMES = ConfigNames(
-    SIZES,
+    HF_SIZES,
     "layer_norm_eps",
     "hidden_act",
     ("attention_dropout", "hidden_dropout"),
     DECODER | dict(norm="layernorm", bias=True),
 )
 LLAMA_NAMES = ConfigNames(
-    SIZES, "rms_norm_eps", "hidden_act", ("attention_dropout",), DECODER | dict(norm="rmsnorm"), gated=True
+    HF_SIZES, "rms_norm_eps", "hidden_act", ("attention_dropout",), DECODER | dict(norm="rmsnorm"), gated=True
 )
 SPECIAL_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 

@@ -118,6 +118,15 @@ class Architecture:
 
 
 SIZES = ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len")  # what ConfigNames.sizes name
+# how BERT, GPT-NeoX and the Llama family name SIZES in their configs
+HF_SIZES = (
+    "vocab_size",
+    "hidden_size",
+    "num_attention_heads",
+    "num_hidden_layers",
+    "intermediate_size",
+    "max_position_embeddings",
+)
 
 
 @dataclass(frozen=True)
