@@ -324,7 +324,7 @@ def trained_tokens(run, steps: int) -> int:
     """The real (not padding) tokens a run's `steps` batches fed the model, rebuilt from its stored examples."""
     from kqv.train.topology import Topology
 
-    options = run.loaded_corpus.trainer_options(run.config.train, Topology())
+    options = run.loaded_corpus.trainer_options(run.config.train, Topology(), run.model.config)
     return sum(options.tokens_per_batch(i) for i in range(steps))
 
 

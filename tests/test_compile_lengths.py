@@ -15,6 +15,7 @@ import torch
 
 from conftest import tiny_config
 from kqv import DecoderLM, EncoderDecoder
+from kqv.data.example_batches import PaddedBatch
 from kqv.jobs.lm_completions import example_loss
 from kqv.jobs.mt import mt_loss
 from kqv.train import compiling
@@ -54,14 +55,14 @@ def bounded(monkeypatch, bound: int) -> None:
     monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", True)
 
 
-def pairs_batch(length: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+def pairs_batch(length: int, generator: torch.Generator) -> PaddedBatch:
     """Four right-padded examples, the longest `length` tokens, as `ExampleBatches` gives them (prompt ignored)."""
     lengths = torch.tensor([length, max(1, length - 3), max(1, length // 2), 2])
     ids = torch.randint(1, 37, (4, length), generator=generator)
     mask = torch.arange(length)[None, :] < lengths[:, None]
     targets = torch.randint(1, 37, (4, length), generator=generator).masked_fill(~mask, -100)
     targets[:, :1] = -100  # the prompt's first target
-    return {"ids": ids, "targets": targets, "attention_mask": mask}
+    return PaddedBatch(ids, targets, mask)
 
 
 def mt_batch(length: int, generator: torch.Generator) -> dict[str, torch.Tensor]:

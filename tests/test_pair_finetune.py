@@ -88,9 +88,9 @@ def test_with_weight_0_the_loss_is_the_completions_and_the_prompt_gets_no_gradie
     terms = [loss for loss, weight in reference_terms(model, EXAMPLES, 0.0) if weight]
     torch.testing.assert_close(loss, torch.stack(terms).mean(), rtol=0, atol=1e-6)
     grad = hidden[0].grad.abs().sum(-1)  # (batch, time): the gradient reaching each position's last hidden state
-    counted = batch["targets"] != -100
+    counted = batch.targets != -100
     assert (grad[~counted] == 0).all() and (grad[counted] > 0).all()
-    ids = batch["ids"]
+    ids = batch.ids
     for row, (k,) in enumerate(examples.rows(0)):  # the ignored targets are exactly the prompt's and padding
         example = EXAMPLES[k]
         prompt = len(TOKENIZER.encode(example.prompt))
@@ -102,7 +102,7 @@ def test_with_weight_0_the_loss_is_the_completions_and_the_prompt_gets_no_gradie
 def test_a_prompt_weight_gives_the_weighted_mean_of_the_cross_entropy(weight):
     model = tiny_model()
     batch = batches(prompt_loss_weight=weight).batch(0)
-    assert ("weights" in batch) == (weight != 1.0)
+    assert (batch.weights is not None) == (weight != 1.0)
     terms = reference_terms(model, EXAMPLES, weight)
     expected = sum(loss * w for loss, w in terms) / sum(w for _, w in terms)
     torch.testing.assert_close(example_loss(model, batch), expected, rtol=0, atol=1e-6)
@@ -126,18 +126,18 @@ def test_packed_examples_give_each_examples_logits_alone_and_never_see_each_othe
     model = tiny_model(position)
     packing = batches(packing=True, batch_size=1, context=64)
     packed, (row,) = packing.batch(0), packing.rows(0)  # the four examples fit one row of 64
-    assert packed["sequences"][0].max() == 3 and packed["ids"].shape[0] == 1
-    mask = packed_mask(packed["sequences"])
+    assert packed.sequences[0].max() == 3 and packed.ids.shape[0] == 1
+    mask = packed_mask(packed.sequences)
     with torch.no_grad():
-        logits = model(packed["ids"], attention_mask=mask, positions=packed["positions"])[0]
+        logits = model(packed.ids, attention_mask=mask, positions=packed.positions)[0]
         for number, k in enumerate(row):
             ids = torch.tensor([TOKENIZER.encode(EXAMPLES[k].prompt + EXAMPLES[k].completion)])
             alone = model(ids)[0]
-            torch.testing.assert_close(logits[packed["sequences"][0] == number], alone, rtol=0, atol=1e-5)
-        changed = packed["ids"].clone()
-        first = packed["sequences"][0] == 0
+            torch.testing.assert_close(logits[packed.sequences[0] == number], alone, rtol=0, atol=1e-5)
+        changed = packed.ids.clone()
+        first = packed.sequences[0] == 0
         changed[0, first] = (changed[0, first] + 1) % TOKENIZER.vocab_size  # another first example
-        other = model(changed, attention_mask=mask, positions=packed["positions"])[0]
+        other = model(changed, attention_mask=mask, positions=packed.positions)[0]
     assert not torch.equal(other[first], logits[first])
     assert torch.equal(other[~first], logits[~first])  # no other example's logits moved
 
@@ -146,8 +146,9 @@ def test_batches_are_deterministic_cover_each_epoch_and_pack_within_the_context(
     examples = [Example(w, " " + v) for w in WORDS for v in WORDS if w != v][:40]
     for packing in (False, True):
         one, two = batches(examples, packing=packing, seed=3), batches(examples, packing=packing, seed=3)
-        assert all(torch.equal(one.batch(i)[k], two.batch(i)[k]) for i in (5, 0, 9) for k in one.batch(i))
-        assert not torch.equal(one.batch(0)["ids"], batches(examples, packing=packing, seed=4).batch(0)["ids"])
+        same = [x is y is None or torch.equal(x, y) for i in (5, 0, 9) for x, y in zip(one.batch(i), two.batch(i))]
+        assert all(same) and type(one.batch(0)) is type(two.batch(0))
+        assert not torch.equal(one.batch(0).ids, batches(examples, packing=packing, seed=4).batch(0).ids)
         rows = one.epoch_rows(0)
         assert sorted(k for row in rows for k in row) == list(range(len(examples)))
         stream = [row for i in range(30) for row in two.rows(i)]  # 120 rows: the epochs one after another
@@ -155,7 +156,7 @@ def test_batches_are_deterministic_cover_each_epoch_and_pack_within_the_context(
         assert stream == epochs[:120] and one.epoch_rows(1) != rows
         assert all(sum(one.examples.inputs(k) for k in row) <= 32 for row in rows)
         assert len(rows) < len(examples) if packing else len(rows) == len(examples)
-        real = one.batch(2)["targets"].ne(-100).sum() + sum(
+        real = one.batch(2).targets.ne(-100).sum() + sum(
             len(TOKENIZER.encode(examples[k].prompt)) - 1 for row in one.rows(2) for k in row
         )
         assert one.tokens(2) == real  # every token the model reads is a target, prompt ones ignored

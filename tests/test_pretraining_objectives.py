@@ -64,8 +64,8 @@ def test_the_loss_is_on_the_span_alone_or_on_every_token_as_chosen():
         batch, rows = batches.batch(0), batches.rows(0)
         for r, (g,) in enumerate(rows):
             tokens, prompt = batches.example_tokens(g)
-            targets = batch["targets"][r]
-            real = int(batch["attention_mask"][r].sum())
+            targets = batch.targets[r]
+            real = int(batch.attention_mask[r].sum())
             scored = (targets[:real] != -100).nonzero().flatten().tolist()
             expected = list(range(prompt - 1, real)) if counted == "span" else list(range(real))
             assert scored == expected
@@ -79,8 +79,8 @@ def test_span_corruption_batches_depend_only_on_the_batch_index_and_the_seed():
         return DocumentBatches(documents(), batch_size=4, context=64, seed=seed, packing=True)
 
     first, again, other = batches(0), batches(0), batches(1)
-    assert all(torch.equal(first.batch(i)["ids"], again.batch(i)["ids"]) for i in (5, 0, 9, 2))  # any order
-    assert not all(torch.equal(first.batch(i)["ids"], other.batch(i)["ids"]) for i in range(4))
+    assert all(torch.equal(first.batch(i).ids, again.batch(i).ids) for i in (5, 0, 9, 2))  # any order
+    assert not all(torch.equal(first.batch(i).ids, other.batch(i).ids) for i in range(4))
     # every epoch draws each document anew: epoch e's rows hold draws e * documents + k, and the same document is
     # corrupted differently in epoch 0 and epoch 1
     count, plain = len(PEOPLE), DocumentBatches(documents(), batch_size=4, context=64, seed=0)
@@ -258,8 +258,8 @@ def test_a_random_prefix_s_batches_count_their_real_tokens_and_do_not_depend_on_
     again = DocumentBatches(made, batch_size=4, context=64, seed=2)  # a resume builds its batches anew
     for i in (7, 0, 3):
         batch = first.batch(i)
-        assert torch.equal(batch["ids"], again.batch(i)["ids"])
-        assert first.tokens(i) == int(batch["attention_mask"].sum()) < 4 * (max(map(len, LINES)) + 2)
+        assert torch.equal(batch.ids, again.batch(i).ids)
+        assert first.tokens(i) == int(batch.attention_mask.sum()) < 4 * (max(map(len, LINES)) + 2)
 
 
 def test_span_loss_all_puts_the_loss_on_every_token_of_a_document_and_keeps_the_pairs_weight(tmp_path):
@@ -276,12 +276,12 @@ def test_span_loss_all_puts_the_loss_on_every_token_of_a_document_and_keeps_the_
     losses = [{r["step"]: r["train_loss"] for r in metrics(tmp_path / n) if "train_loss" in r} for n in ("full", "cut")]
     assert losses[0] == losses[1] and len(losses[0]) == 4  # the same random prefixes after the resume
     run = kqv.load(tmp_path / "full")
-    made = run.loaded_corpus.trainer_options(run.config.train, Topology()).train_batches
+    made = run.loaded_corpus.trainer_options(run.config.train, Topology(), run.model.config).train_batches
     mask = run.tokenizer.token_to_id(MASK)
     kinds = set()
     for i in range(12):
         batch = made(i)
-        for ids, targets, real in zip(batch["ids"], batch["targets"], batch["attention_mask"]):
+        for ids, targets, real in zip(batch.ids, batch.targets, batch.attention_mask):
             n = int(real.sum())
             document = (ids[:n] == mask).sum() == 2  # prefix MASK suffix MASK span: every target counts
             counted = targets[:n] != -100

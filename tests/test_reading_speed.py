@@ -12,8 +12,8 @@ import kqv
 from conftest import tiny_config
 from kqv.cli.main import main
 from kqv.data.document_batches import DocumentBatches, DocumentOptions, EncodedDocuments
-from kqv.data.example_batches import pack
-from kqv.jobs.lm_completions import example_loss, pairs_tokenizer
+from kqv.data.example_batches import PackedBatch, PaddedBatch, pack
+from kqv.jobs.lm_completions import decide_packing, example_batches, example_loss, pairs_tokenizer
 from kqv.jobs.run_tokens import load_tokens
 from kqv.nn.cores import packed_mask
 from kqv.train.ahead import BatchesAhead
@@ -50,15 +50,15 @@ def test_packed_rows_hold_only_the_drawn_tokens_and_are_nearly_full(prefix_max):
     real = filled = 0
     for i in range(6):
         batch, rows = packed.batch(i), packed.rows(i)
-        assert batch["ids"].shape[1] <= context
+        assert batch.ids.shape[1] <= context
         for r, row in enumerate(rows):
             drawn = [padded.example_tokens(g)[0] for g in row]  # the same draw, made by the padded batches
             width = sum(len(tokens) - 1 for tokens in drawn)
-            assert int((batch["sequences"][r] >= 0).sum()) == width == sum(packed.inputs(g) for g in row)
-            assert batch["ids"][r, :width].tolist() == [t for tokens in drawn for t in tokens[:-1]]
-            assert batch["positions"][r, :width].tolist() == [p for tokens in drawn for p in range(len(tokens) - 1)]
+            assert int((batch.sequences[r] >= 0).sum()) == width == sum(packed.inputs(g) for g in row)
+            assert batch.ids[r, :width].tolist() == [t for tokens in drawn for t in tokens[:-1]]
+            assert batch.positions[r, :width].tolist() == [p for tokens in drawn for p in range(len(tokens) - 1)]
         real += packed.tokens(i)
-        filled += batch["ids"].numel()
+        filled += batch.ids.numel()
     assert real / filled > 0.9  # rows packed by what each draw holds, not by its whole document's length
 
 
@@ -79,14 +79,14 @@ def test_a_packed_row_gives_each_example_the_loss_it_has_alone(position):
     model = kqv.DecoderLM(tiny_config(vocab_size=TOKENIZER.vocab_size, max_len=128, position=position)).eval()
     batch, rows = packed.batch(0), packed.rows(0)
     with torch.no_grad():
-        logits = model(batch["ids"], attention_mask=packed_mask(batch["sequences"]), positions=batch["positions"])
+        logits = model(batch.ids, attention_mask=packed_mask(batch.sequences), positions=batch.positions)
         for r, row in enumerate(rows):
             start = 0
             for g in row:
                 tokens = torch.tensor([packed.example_tokens(g)[0]])  # the example alone, in a row of its own
                 alone = F.cross_entropy(model(tokens[:, :-1])[0], tokens[0, 1:], reduction="none")
                 n = tokens.shape[1] - 1
-                targets = batch["targets"][r, start : start + n]
+                targets = batch.targets[r, start : start + n]
                 inside = F.cross_entropy(logits[r, start : start + n], targets, reduction="none")
                 torch.testing.assert_close(inside, alone, rtol=1e-5, atol=1e-5)
                 start += n
@@ -197,28 +197,33 @@ def test_example_loss_of_a_packed_batch_is_the_mean_over_its_examples_alone():
         nats = count = 0
         for g in draws:  # each draw in a padded batch of its own
             one = padded.collate([[g]])
-            n = int((one["targets"] != -100).sum())
+            n = int((one.targets != -100).sum())
             nats, count = nats + example_loss(model, one) * n, count + n
     torch.testing.assert_close(together, nats / count, rtol=1e-5, atol=1e-6)
 
 
 def test_auto_packing_takes_the_layout_that_fills_the_batches_more():
-    varied = DocumentBatches(documents(prefix_max=56), batch_size=8, context=256, packing="auto")
+    full = tiny_config(vocab_size=TOKENIZER.vocab_size, max_len=256)
+    varied = DocumentBatches(documents(prefix_max=56), batch_size=8, context=256)
     padded, packed = varied.fills()
-    assert packed > 0.9 > padded and varied.packs and "sequences" in varied.batch(0)
+    assert packed > 0.9 > padded and decide_packing(full, "auto", varied)
+    assert isinstance(example_batches(varied, full, "auto").batch(0), PackedBatch)
     # about half to 0.6 of the context each: two share a row only now and then, so packed batches are as wide as
     # the context and rows hold one example or two, where padded ones are as wide as the longest example
     rng = random.Random(4)
     long = [" ".join(rng.choice(WORDS) for _ in range(40))[: rng.randint(75, 95)] + "." for _ in range(64)]
-    alike = DocumentBatches(documents(long, corrupt=False), batch_size=8, context=160, packing="auto")
+    alike = DocumentBatches(documents(long, corrupt=False), batch_size=8, context=160)
     padded, packed = alike.fills()
-    assert padded > 0.9 > 0.7 > packed and not alike.packs and "attention_mask" in alike.batch(0)
-    assert DocumentBatches(documents(long, corrupt=False), batch_size=8, context=160, packing=True).packs
+    assert padded > 0.9 > 0.7 > packed and not decide_packing(full, "auto", alike)
+    assert isinstance(example_batches(alike, full, "auto").batch(0), PaddedBatch)
+    assert decide_packing(full, True, alike) and not decide_packing(full, False, varied)
 
 
-def test_auto_packing_pads_for_attention_that_takes_padding_masks_only():
-    data = kqv.jobs.lm_data.DataConfig(path="pre.txt", objective="span_corruption")
-    data.settle_packing(["full", "full"])
-    assert data.packing == "auto"
-    data.settle_packing(["full", "bigbird"])
-    assert data.packing is False
+def test_packing_is_decided_for_attention_that_takes_padding_masks_only():
+    varied = DocumentBatches(documents(prefix_max=56), batch_size=8, context=256)
+    sparse = tiny_config(vocab_size=TOKENIZER.vocab_size, max_len=256, attention="local", local={"block": 4})
+    assert varied.fills()[1] > varied.fills()[0]  # "auto" would pack these for full attention
+    assert not decide_packing(sparse, "auto", varied) and not decide_packing(sparse, False, varied)
+    assert isinstance(example_batches(varied, sparse, "auto").batch(0), PaddedBatch)
+    with pytest.raises(kqv.errors.ConfigError, match="data.packing needs attention='full' in every layer"):
+        decide_packing(sparse, True, varied)

@@ -12,6 +12,10 @@ weighted by `prompt_loss_weight` otherwise (`weights`, 1 on the completion); pad
   block-diagonal (`kqv.nn.cores.packed_mask`), and its position within its own example (`positions`,
   restarting at 0), so each example is computed as if it were alone in its row.
 
+A batch is one of two types, `PaddedBatch` or `PackedBatch`, each with its prompt weights (`weights`) or None, so
+the loss learns the layout from the batch's type, never from which keys it holds. Whether rows are packed is decided
+once for a run, before any batch is made (`kqv.jobs.lm_completions.decide_packing`, from the model and `fills`).
+
 Batch i depends only on i and the seed (the trainer's determinism contract): training rows come from a stream of
 epochs, each a permutation of the training examples drawn from `batch_generator(seed, epoch)`, cut into rows
 (one example each, or packed by best fit on each example's own length, `pack`); batch i is rows i * batch_size ...
@@ -24,6 +28,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -39,6 +44,35 @@ FIELDS = (
     ("sequences", -1, torch.long),
     ("positions", 0, torch.long),
 )
+
+
+class PaddedBatch(NamedTuple):
+    """A batch of one example a row: `ids` and `targets` (batch, width), width the longest row, padded with 0 and
+    -100; `attention_mask` (batch, width) bool, True on real tokens (the padding comes after them, so a causal model
+    never attends to it); `weights` (batch, width) float, each target's weight, where the prompt's weight is neither 0
+    nor 1 (None: every target that counts weighs 1). A named tuple: moved to the device and cut into a rank's rows
+    field by field (`kqv.nn.devices`, `kqv.train.distributed`)."""
+
+    ids: Tensor
+    targets: Tensor
+    attention_mask: Tensor
+    weights: Tensor | None = None
+
+
+class PackedBatch(NamedTuple):
+    """A batch of rows packed with several examples: `ids`, `targets` and `weights` as in `PaddedBatch`;
+    `sequences` (batch, width), the number of each token's example in its row (-1 on padding), from which the
+    attention mask is block-diagonal (`kqv.nn.cores.packed_mask`), and `positions` (batch, width), each token's
+    place in its own example."""
+
+    ids: Tensor
+    targets: Tensor
+    sequences: Tensor
+    positions: Tensor
+    weights: Tensor | None = None
+
+
+ExampleBatch = PaddedBatch | PackedBatch
 
 
 @dataclass(frozen=True)
@@ -77,18 +111,18 @@ class EncodedExamples:
 @dataclass(frozen=True)
 class ExampleBatches:
     """Batch i of `examples` (`batch(i)`) for training (`shuffle=True`) or validation (file order, cyclic): rows of
-    one example each, or packed up to `context` tokens (`packing`), with prompt targets weighted by
-    `prompt_loss_weight` (0: ignored)."""
+    one example each, or packed up to `context` tokens (`packing`, decided for a run by
+    `kqv.jobs.lm_completions.decide_packing`), with prompt targets weighted by `prompt_loss_weight` (0: ignored)."""
 
     examples: EncodedExamples
     batch_size: int
     context: int
     seed: int = 0
     shuffle: bool = True
-    packing: bool | str = False  # or "auto": packed where that fills the batches more than padding (`packs`)
+    packing: bool = False  # several examples a row (block-diagonal attention), or one each
     prompt_loss_weight: float = 0.0
-    _epochs: list[list[list[int]]] = field(default_factory=list, repr=False, compare=False)
-    _ends: list[int] = field(default_factory=list, repr=False, compare=False)
+    _epochs: list[list[list[int]]] = field(default_factory=list, init=False, repr=False, compare=False)
+    _ends: list[int] = field(default_factory=list, init=False, repr=False, compare=False)
 
     def epoch_rows(self, epoch: int) -> list[list[int]]:
         """The rows (lists of example labels) of one pass over the examples: shuffled by epoch, or in order."""
@@ -115,25 +149,14 @@ class ExampleBatches:
 
     def cut_rows(self, labels: list[int]) -> list[list[int]]:
         """The examples `labels` as rows: one each, or packed (`pack`) up to `context` tokens by their own lengths."""
-        if not self.packs:
+        if not self.packing:
             return [[k] for k in labels]
         return pack(labels, [self.inputs(k) for k in labels], self.context)
 
-    @cached_property
-    def packs(self) -> bool:
-        """Whether rows are packed: `packing`, or with "auto" where the first pass's batches would hold a larger
-        share of real tokens packed than padded (`fills`). A packed row costs about what a row of plain text of
-        its width costs (`benchmarks/example_throughput.py`), and a batch is as wide as its longest row, so the
-        fuller layout is the faster: examples cut at random or of different lengths pack, and examples of about
-        one length, too long for two to share a row, are padded."""
-        if self.packing != "auto":
-            return bool(self.packing)
-        padded, packed = self.fills()
-        return packed > padded
-
     def fills(self) -> tuple[float, float]:
         """(padded, packed): the share of real tokens in the first pass's batches of `batch_size` rows, each batch
-        as wide as its longest row, with one example a row and with rows packed by `pack`."""
+        as wide as its longest row, with one example a row and with rows packed by `pack`, whichever `packing` is:
+        what `kqv.jobs.lm_completions.decide_packing` weighs for data.packing = "auto"."""
         sizes = [self.inputs(k) for k in self.epoch_labels(0)]
         rows = pack(list(range(len(sizes))), sizes, self.context)
         return fill(sizes, self.batch_size), fill([sum(sizes[k] for k in row) for row in rows], self.batch_size)
@@ -157,36 +180,35 @@ class ExampleBatches:
         """The real (not padding) tokens batch i feeds the model: its count for tokens/s."""
         return sum(self.inputs(k) for row in self.rows(i) for k in row)
 
-    def batch(self, i: int) -> dict[str, Tensor]:
-        """Batch i as tensors made on the host: `ids` and `targets` (batch, width), width the longest row; with
-        padding `attention_mask` (batch, width) bool, True on real tokens; with packing `sequences` (the number
-        of each token's example in its row, -1 on padding) and `positions` (each token's place in its example);
-        `weights` (batch, width) float when the prompt's weight is neither 0 nor 1."""
+    def batch(self, i: int) -> ExampleBatch:
+        """Batch i as tensors made on the host: a `PackedBatch` where rows are packed, else a `PaddedBatch`, with
+        `weights` when the prompt's weight is neither 0 nor 1."""
         return self.collate(self.rows(i))
 
-    def collate(self, rows: list[list[int]]) -> dict[str, Tensor]:
+    def collate(self, rows: list[list[int]]) -> ExampleBatch:
         """The batch whose rows hold the examples `rows` (lists of example labels), as `batch` describes it: each
         row made as Python lists and each field one tensor, so a batch costs one tensor per field, not per example."""
         made = [self.row(row) for row in rows]
         width = max(len(row[0]) for row in made)
-        batch = {
-            name: torch.tensor([row[n] + [fill] * (width - len(row[n])) for row in made], dtype=dtype)
+        weighted = self.prompt_loss_weight not in (0.0, 1.0)
+        ids, targets, weights, sequences, positions = (
+            torch.tensor([row[n] + [fill] * (width - len(row[n])) for row in made], dtype=dtype)
+            if name != "weights" or weighted
+            else None
             for n, (name, fill, dtype) in enumerate(FIELDS)
-            if name != "weights" or self.prompt_loss_weight not in (0.0, 1.0)
-        }
-        if not self.packs:
-            batch["attention_mask"] = batch.pop("sequences") >= 0
-            del batch["positions"]
-        return batch
+        )
+        if self.packing:
+            return PackedBatch(ids, targets, sequences, positions, weights)
+        return PaddedBatch(ids, targets, sequences >= 0, weights)
 
     @staticmethod
-    def loss_terms(batch: dict[str, Tensor]) -> float:
+    def loss_terms(batch: ExampleBatch) -> float:
         """What `example_loss` divides by in `batch`: its targets that count (not -100), each by its weight when
         the batch has `weights`. Under torchrun a rank's loss is weighted by its share of them
         (`kqv.train.distributed.share`): examples differ in length, so rows are not equal shares. On the host."""
-        counted = batch["targets"] != IGNORE
-        if "weights" in batch:
-            return float((batch["weights"] * counted).sum())
+        counted = batch.targets != IGNORE
+        if batch.weights is not None:
+            return float((batch.weights * counted).sum())
         return float(counted.sum())
 
     def row(self, examples: list[int]) -> tuple[list, ...]:

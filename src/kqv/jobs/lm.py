@@ -107,7 +107,6 @@ class LMRunConfig(RunConfig):
                 f"start from with {option(INIT_SOURCE)} (a kqv LM run or a GPT-2 directory)"
             )
         model = self.model
-        self.data.settle_packing(model.layer_attention_kinds())
         if model.position == "learned" and model.max_len < self.data.context:
             raise ConfigError(
                 f"model.max_len ({model.max_len}) is shorter than data.context ({self.data.context}), "
@@ -395,7 +394,7 @@ class LMJob(Job):
         LoRA run's checkpoints hold its adapters alone."""
         config, corpus = training.config, training.data
         return replace(
-            corpus.trainer_options(config.train, training.run.topology),
+            corpus.trainer_options(config.train, training.run.topology, training.model.config),
             work_after_training=scoring_cost(config, corpus.val_tokens),
             saved_weights=config.finetune.adaptation.saved_weights,
         )

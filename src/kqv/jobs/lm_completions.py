@@ -23,7 +23,7 @@ import json
 import math
 from abc import abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -40,7 +40,7 @@ from ..data.completions import (
     split_examples,
 )
 from ..data.documents import apply_template, has_mask, mask_symbol, templated
-from ..data.example_batches import EncodedExamples, ExampleBatches
+from ..data.example_batches import EncodedExamples, ExampleBatch, ExampleBatches, PackedBatch
 from ..data.mixture import MixtureBatches
 from ..data.tokenizers import Tokenizer, make_tokenizer
 from ..errors import MAX_TOKENS, ConfigError, option
@@ -120,15 +120,39 @@ def from_json_tensor(tensor: Tensor) -> Any:
     return json.loads(bytes(tensor.tolist()).decode())
 
 
-def check_packing(model: ModelConfig, packing: bool | str) -> None:
-    """Packing gives attention a block-diagonal mask, which only full attention takes (the sparse kinds take
-    padding masks only); "auto" is settled before (`DataConfig.settle_packing`)."""
+def packable(model: ModelConfig, packing: bool | str) -> bool:
+    """Whether `model` takes packed rows: a packed row's mask is block-diagonal, which only full attention takes
+    (the sparse kinds take padding masks only). data.packing=true (`packing`) on a model with another kind in some
+    layer is refused, before anything is written (`LoadedExamples.check`) and wherever packing is decided."""
     kinds = sorted(set(model.layer_attention_kinds()) - {"full"})
     if packing is True and kinds:
         raise ConfigError(
             f"data.packing needs attention='full' in every layer (a packed row's mask keeps each example to "
             f"itself, which {', '.join(kinds)} attention cannot take); set data.packing=false"
         )
+    return not kinds
+
+
+def decide_packing(model: ModelConfig, packing: bool | str, batches: ExampleBatches) -> bool:
+    """Whether the rows of `batches` (not yet packed, no batch made) are packed for `model`: data.packing's
+    `packing`, decided here alone, once per batch maker and before its first batch. A model that cannot take packed
+    rows (`packable`) pads them; elsewhere "auto" packs where the first pass's batches would hold a larger share of
+    real tokens packed than padded (`ExampleBatches.fills`). A packed row costs about what a row of plain text of
+    its width costs (`benchmarks/example_throughput.py`), and a batch is as wide as its longest row, so the fuller
+    layout is the faster: examples cut at random or of different lengths pack, and examples of about one length,
+    too long for two to share a row, are padded."""
+    if not packable(model, packing):
+        return False
+    if packing != "auto":
+        return bool(packing)
+    padded, packed = batches.fills()
+    return packed > padded
+
+
+def example_batches(batches: ExampleBatches, model: ModelConfig, packing: bool | str) -> ExampleBatches:
+    """`batches` with its packing decided for `model` (`decide_packing`): what every batch maker of examples is
+    made through, before any batch."""
+    return replace(batches, packing=decide_packing(model, packing, batches))
 
 
 def batch_options(data: DataConfig, train: TrainConfig) -> dict[str, Any]:
@@ -137,7 +161,6 @@ def batch_options(data: DataConfig, train: TrainConfig) -> dict[str, Any]:
         "batch_size": train.batch_size,
         "context": data.context,
         "seed": train.seed,
-        "packing": data.packing,
         "prompt_loss_weight": data.prompt_loss_weight,
     }
 
@@ -156,19 +179,19 @@ def example_options(
     )
 
 
-def example_loss(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
-    """The loss of a batch of examples (`ExampleBatches.batch`): the model's mean cross-entropy over the targets
-    that count (completion, end of text, and the prompt unless its weight is 0), or, with `weights`, the weighted
-    mean of the cross-entropy computed from the logits. Nothing is read back to the host."""
-    if "sequences" in batch:
-        mask = packed_mask(batch["sequences"])  # (batch, 1, time, time): each example sees only itself
-    else:
-        mask = batch["attention_mask"]  # (batch, time): padding (after the example, so a causal model never sees it)
-    positions = batch.get("positions")
-    if "weights" not in batch:
-        return model(batch["ids"], batch["targets"], attention_mask=mask, positions=positions)
-    logits = model(batch["ids"], attention_mask=mask, positions=positions)
-    return with_auxiliary_loss(model, weighted_cross_entropy(logits, batch["targets"], batch["weights"]))
+def example_loss(model: nn.Module, batch: ExampleBatch) -> Tensor:
+    """The loss of a batch of examples (`ExampleBatches.batch`, a `PackedBatch` or a `PaddedBatch`): the model's
+    mean cross-entropy over the targets that count (completion, end of text, and the prompt unless its weight is
+    0), or, with `weights`, the weighted mean of the cross-entropy computed from the logits. Nothing is read back
+    to the host."""
+    if isinstance(batch, PackedBatch):  # (batch, 1, time, time): each example sees only itself, from position 0
+        mask, positions = packed_mask(batch.sequences), batch.positions
+    else:  # (batch, time): padding (after the example, so a causal model never sees it)
+        mask, positions = batch.attention_mask, None
+    if batch.weights is None:
+        return model(batch.ids, batch.targets, attention_mask=mask, positions=positions)
+    logits = model(batch.ids, attention_mask=mask, positions=positions)
+    return with_auxiliary_loss(model, weighted_cross_entropy(logits, batch.targets, batch.weights))
 
 
 def held_out_loss(model: nn.Module, examples: EncodedExamples, batch_size: int) -> dict[str, float]:
@@ -208,13 +231,15 @@ class LoadedExamples(LoadedCorpus):
         return len(self.val.ids)
 
     def check(self, model: ModelConfig, prompt: str) -> None:
-        check_packing(model, self.data.packing)  # the examples' lengths were checked as they were encoded
+        packable(model, self.data.packing)  # the examples' lengths were checked as they were encoded
 
-    def trainer_options(self, train: TrainConfig, topology: Topology) -> TrainerOptions:
-        """train_batches, val_batches, loss_fn, loss_terms and tokens_per_batch of a training on the examples."""
-        options = batch_options(self.data, train)
-        training = ExampleBatches(self.train, shuffle=True, **options)
-        return example_options(training, ExampleBatches(self.val, shuffle=False, **options))
+    def trainer_options(self, train: TrainConfig, topology: Topology, model: ModelConfig) -> TrainerOptions:
+        """train_batches, val_batches, loss_fn, loss_terms and tokens_per_batch of a training of `model` on the
+        examples, each split's packing decided (`example_batches`)."""
+        options, packing = batch_options(self.data, train), self.data.packing
+        training = example_batches(ExampleBatches(self.train, shuffle=True, **options), model, packing)
+        validation = example_batches(ExampleBatches(self.val, shuffle=False, **options), model, packing)
+        return example_options(training, validation)
 
     def score(self, model: nn.Module, train: TrainConfig) -> dict[str, float]:
         """The completion loss of the validation examples (`held_out_loss`, a batch's size at a time)."""

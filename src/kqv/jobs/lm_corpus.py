@@ -80,9 +80,10 @@ class LoadedCorpus(ABC):
         """What must hold before anything is written, for `model` and the sample `prompt` (empty: the corpus's)."""
 
     @abstractmethod
-    def trainer_options(self, train: TrainConfig, topology: Topology) -> TrainerOptions:
+    def trainer_options(self, train: TrainConfig, topology: Topology, model: ModelConfig) -> TrainerOptions:
         """The Trainer's batches and loss, for the process of `topology` (a kind that reads only this process's
-        rows takes them from it; the others draw the whole batch and the Trainer keeps its rows)."""
+        rows takes them from it; the others draw the whole batch and the Trainer keeps its rows) and the `model`
+        it trains (examples are packed only for a model that takes packed rows)."""
 
     def describe(self) -> str:
         """What the line before training adds about this corpus (empty: nothing)."""
@@ -136,7 +137,7 @@ class LoadedText(TextSplits, LoadedCorpus):
         """The vocabulary `check` checks the ids against (None: not checked)."""
         return self.tokenizer.vocab_size
 
-    def trainer_options(self, train: TrainConfig, topology: Topology) -> TrainerOptions:
+    def trainer_options(self, train: TrainConfig, topology: Topology, model: ModelConfig) -> TrainerOptions:
         """Random blocks of the train split for update i, and of the validation split for evaluation batch i,
         drawn from generators seeded by (seed, i) so a resume draws the same ones. Every process of `topology`
         draws the whole batch (the Trainer keeps its rows)."""

@@ -48,7 +48,7 @@ class DataConfig(Config):
     init: str | None = None  # a kqv LM run or Hugging Face GPT-2 directory to start from (kqv.jobs.init)
     prompt_loss_weight: float = 0.0  # pairs only: the weight of the prompt's tokens in the loss (completion: 1)
     # examples (pairs, documents): several per row (block-diagonal attention) instead of padding; "auto": packed
-    # where padding would leave rows mostly empty (`kqv.data.example_batches.ExampleBatches.packs`)
+    # where padding would leave rows mostly empty; decided for the model once (`kqv.jobs.lm_completions.decide_packing`)
     packing: bool | Literal["auto"] = "auto"
     # pretraining objectives and mixtures (kqv.jobs.lm_documents): a text's documents made into examples
     objective: Literal["next_token", "span_corruption"] = "next_token"
@@ -94,13 +94,6 @@ class DataConfig(Config):
             raise ConfigError(f"data.mask must be one character for a character tokenizer, got {self.mask!r}")
         if self.mask in END_OF_TEXT_TOKENS:
             refuse_end_of_text_mask(self.mask, "a BPE tokenizer", self.tokenizer)
-
-    def settle_packing(self, attention_kinds: list[str]) -> None:
-        """packing = "auto" becomes false for a model with other attention than full in some layer
-        (`attention_kinds`), which a packed row's mask cannot go through; elsewhere "auto" is left to each batch
-        maker (`kqv.data.example_batches.ExampleBatches.packs`)."""
-        if self.packing == "auto" and set(attention_kinds) - {"full"}:
-            self.packing = False
 
     @property
     def openings_only(self) -> bool:

@@ -50,6 +50,7 @@ from ..data.shakespeare import load_text
 from ..data.token_corpus import is_token_corpus
 from ..data.tokenizers import Tokenizer, encode_texts
 from ..errors import MIXTURE, TRAIN_ON_CORPUS, ConfigError, DataError, option
+from ..nn.config import ModelConfig
 from ..train.config import TrainConfig
 from ..train.options import TrainerOptions
 from ..train.topology import Topology
@@ -59,6 +60,7 @@ from .lm_completions import (
     batch_options,
     check_examples,
     check_lengths,
+    example_batches,
     example_options,
     from_json_tensor,
     json_tensor,
@@ -340,11 +342,11 @@ class LoadedDocuments(LoadedExamples):
             item, token = item + count, token + size
         return out
 
-    def trainer_options(self, train: TrainConfig, topology: Topology) -> TrainerOptions:
+    def trainer_options(self, train: TrainConfig, topology: Topology, model: ModelConfig) -> TrainerOptions:
         """train_batches, val_batches, loss_fn, loss_terms and tokens_per_batch of a mixture: each batch from one
         source, drawn by weight (`MixtureBatches`); a text source's documents made into new examples at every draw
-        (spans masked if `corrupt`)."""
-        data = self.data
+        (spans masked if `corrupt`); each source's packing decided for `model` (`example_batches`)."""
+        data, packing = self.data, self.data.packing
         shared = batch_options(data, train)
         options = document_options(data, self.tokenizer, self.corrupt)
         counts = self.sentence_counts
@@ -355,13 +357,15 @@ class LoadedDocuments(LoadedExamples):
             paths, self.per_source(self.train, self.train_sources), self.per_source(self.val, self.val_sources)
         ):
             if is_pairs(path):
-                training.append(ExampleBatches(EncodedExamples(ids, lengths), shuffle=True, **shared))
+                made = ExampleBatches(EncodedExamples(ids, lengths), shuffle=True, **shared)
             else:
                 sentences = self.sentence_lengths[sentence_starts[items.start] : sentence_starts[items.stop]]
                 documents = EncodedDocuments(ids, lengths, options, sentences, counts[items])
                 every_token = {"prompt_loss_weight": 1.0} if data.span_loss == "all" else {}
-                training.append(DocumentBatches(documents, shuffle=True, **(shared | every_token)))
-            validation.append(ExampleBatches(EncodedExamples(val_ids, val_lengths), shuffle=False, **shared))
+                made = DocumentBatches(documents, shuffle=True, **(shared | every_token))
+            training.append(example_batches(made, model, packing))
+            held = ExampleBatches(EncodedExamples(val_ids, val_lengths), shuffle=False, **shared)
+            validation.append(example_batches(held, model, packing))
         weights = [weight for _, weight in paths]
         train_mix = MixtureBatches(training, weights, train.seed, "train")
         return example_options(train_mix, MixtureBatches(validation, weights, train.seed, "val"))

@@ -65,6 +65,7 @@ from ..errors import (
     option,
 )
 from ..interop.directories import read_hf_tokenizer
+from ..nn.config import ModelConfig
 from ..train.config import TrainConfig
 from ..train.distributed import OwnRows
 from ..train.evaluation import perplexity
@@ -330,7 +331,7 @@ class LoadedPrepared(LoadedText):
     def vocab(self) -> int | None:
         return None  # a prepared corpus's ids are its tokenizer's (`TokenCorpus.open` checked them)
 
-    def trainer_options(self, train: TrainConfig, topology: Topology) -> TrainerOptions:
+    def trainer_options(self, train: TrainConfig, topology: Topology, model: ModelConfig) -> TrainerOptions:
         """The Trainer's batches: blocks at the starts `sample_batch` draws for (seed, i), the rows of this process
         of `topology` alone, read from the memmap."""
         batch, context, seed = train.batch_size, self.data.context, train.seed
