@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kqv.cli.main import main
-from kqv.data.example_batches import ExampleBatches
+from kqv.data.example_batches import ExampleBatches, PackedBatch, PaddedBatch
 from kqv.train.distributed import share
 from kqv.train.metrics import read_metrics
 from test_fsdp import torchrun
@@ -69,10 +69,15 @@ def one_and_two_processes_agree(command: list[str], tmp_path) -> None:
 def test_a_rank_s_weight_is_its_share_of_the_weighted_targets():
     targets = torch.tensor([[5, -100, -100], [5, 6, 7]])
     weights = torch.tensor([[0.5, 1.0, 1.0], [0.5, 1.0, 1.0]])
-    assert ExampleBatches.loss_terms({"targets": targets}) == 4
-    assert ExampleBatches.loss_terms({"targets": targets, "weights": weights}) == 3.0  # 0.5 + 0.5 + 1 + 1
-    parts = [share({"targets": targets, "weights": weights}, rank, 2, ExampleBatches.loss_terms) for rank in (0, 1)]
+    ids, mask = torch.zeros_like(targets), targets != -100
+    assert ExampleBatches.loss_terms(PaddedBatch(ids, targets, mask)) == 4
+    weighted = PaddedBatch(ids, targets, mask, weights)
+    assert ExampleBatches.loss_terms(weighted) == 3.0  # 0.5 + 0.5 + 1 + 1
+    parts = [share(weighted, rank, 2, ExampleBatches.loss_terms) for rank in (0, 1)]
     assert [w for _, w in parts] == [2 * 0.5 / 3, 2 * 2.5 / 3]
+    assert all(type(part) is PaddedBatch and part.weights.shape == (1, 3) for part, _ in parts)  # each rank's row
+    unweighted, _ = share(PackedBatch(ids, targets, mask.long() - 1, ids), 1, 2, ExampleBatches.loss_terms)
+    assert type(unweighted) is PackedBatch and unweighted.weights is None and unweighted.targets.tolist() == [[5, 6, 7]]
 
 
 @pytest.mark.parametrize("weight", [0.0, 0.5])

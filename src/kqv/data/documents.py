@@ -72,7 +72,7 @@ def mask_id(tokenizer: Tokenizer, mask: str, where: str = "the tokenizer") -> in
             f"data.objective='span_corruption', or name the tokenizer's own symbol with data.mask"
         )
     if ids[0] == end_of_text_id(tokenizer):
-        refuse_end_of_text_mask(mask, where, getattr(tokenizer, "kind", "bpe"))
+        refuse_end_of_text_mask(mask, where, tokenizer.kind)
     return ids[0]
 
 

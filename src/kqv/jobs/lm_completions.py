@@ -81,7 +81,7 @@ def build_examples(tokenizers: TokenizerSource, data: DataConfig) -> tuple[Token
     text = "".join(apply_template(template, example.prompt, "") + example.completion for example in examples)
     tokenizer = tokenizers.make_tokenizer(text)
     end_of_text(tokenizer)  # a DataError when the tokenizer has none
-    mask = mask_symbol(data.mask, getattr(tokenizer, "kind", "bpe"))
+    mask = mask_symbol(data.mask, tokenizer.kind)
     examples = templated(examples, template, tokenizer, mask, str(data.path))  # data.template, if any
     check_examples(examples, tokenizer, str(data.path))
     tokens: dict[str, Tensor] = {}

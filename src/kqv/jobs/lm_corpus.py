@@ -29,7 +29,6 @@ from typing import Any, ClassVar, Protocol
 from torch import Tensor, nn
 
 from ..data.batches import batch_generator, sample_batch
-from ..data.token_corpus import is_token_corpus
 from ..data.tokenizers import Tokenizer, load_tokenizer, make_tokenizer
 from ..errors import EVAL_CORPUS, ConfigError, DataError, option
 from ..nn.config import ModelConfig
@@ -244,11 +243,6 @@ class Corpus:
 
     def trained(self, tokenizer: Tokenizer, run_dir: Path) -> LoadedCorpus:
         """A trained run's corpus, as its tokens.safetensors holds it (what `kqv eval` scores)."""
-        if not RunFiles(run_dir).tokens_file.exists() and self.data.path and not is_token_corpus(self.data.path):
-            raise DataError(  # a run of a prepared corpus recorded before its SHA-256 was (no copy kept)
-                f"{run_dir} keeps no copy of the prepared corpus it trained on, and {self.data.path} holds none "
-                f"(moved or removed); give its place with {option(EVAL_CORPUS, run=str(run_dir))}"
-            )
         return self.read(tokenizer, load_tokens(run_dir))
 
     def trained_answers(self, trained: Callable[[], Any]) -> tuple[list[str], list[str]] | None:
@@ -264,6 +258,16 @@ class TextBlocks(Corpus):
         refuse_span_options(self.data)
         refuse_document_options(self.data)
         refuse_pair_options(self.data)
+
+    def trained(self, tokenizer: Tokenizer, run_dir: Path) -> LoadedCorpus:
+        """`Corpus.trained`; a text's run without tokens.safetensors is a prepared corpus's recorded before its
+        SHA-256 was, whose directory is no longer at data.path (else it would be a `PreparedCorpus`): said so."""
+        if not RunFiles(run_dir).tokens_file.exists() and self.data.path:
+            raise DataError(  # a run of a prepared corpus keeps no copy of it
+                f"{run_dir} keeps no copy of the prepared corpus it trained on, and {self.data.path} holds none "
+                f"(moved or removed); give its place with {option(EVAL_CORPUS, run=str(run_dir))}"
+            )
+        return super().trained(tokenizer, run_dir)
 
 
 SPAN_OPTIONS = ("span_rate", "span_max", "random_prefix", "span_loss")  # what shapes span corruption's examples

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -72,20 +73,27 @@ from .run_tokens import Tensors, TokenizerSource
 VAL_SEED = 0  # the draws of the validation documents: the same for every run
 
 
-def data_sources(data: DataConfig) -> list[tuple[str | None, float]]:
-    """(path, weight) of every source: data.sources, or data.path alone (None: Shakespeare)."""
-    return [(s.path, s.weight) for s in data.sources] or [(data.path, 1.0)]
+class Source(NamedTuple):
+    """One source of the documents or the mixture: its `path` (None: Shakespeare), its `weight`, and whether it is
+    a file of prompt -> completion pairs (`pairs`, decided once by `data_sources`), else a text of documents."""
+
+    path: str | None
+    weight: float
+    pairs: bool
 
 
-def is_pairs(path: str | None) -> bool:
-    return path is not None and is_pairs_file(path)
+def data_sources(data: DataConfig) -> list[Source]:
+    """Every source: data.sources, or data.path alone, each a file of pairs or a text by its name
+    (`kqv.data.completions.is_pairs_file`), here alone."""
+    given = [(s.path, s.weight) for s in data.sources] or [(data.path, 1.0)]
+    return [Source(path, weight, path is not None and is_pairs_file(path)) for path, weight in given]
 
 
 def read_sources(data: DataConfig) -> list[list[Example] | list[str]]:
     """Each source's pairs (prompts not yet templated) or documents."""
     read = []
-    for path, _ in data_sources(data):
-        if is_pairs(path):
+    for path, _, pairs in data_sources(data):
+        if pairs:
             read.append(read_examples(path))
             continue
         documents = read_documents(load_text(path), data.delimiter)
@@ -113,16 +121,16 @@ def build_sources(tokenizers: TokenizerSource, data: DataConfig, corrupt: bool) 
     ]
     tokenizer = tokenizers.make_tokenizer("\n".join(texts))
     _, eot_text = end_of_text(tokenizer)
-    mask = mask_symbol(data.mask, getattr(tokenizer, "kind", "bpe"))
+    mask = mask_symbol(data.mask, tokenizer.kind)
     if corrupt:
         check_unused([t for items in read for t in texts_of(items)], mask, "the training data")
         mask_id(tokenizer, mask)
     options = document_options(data, tokenizer, corrupt)
     splits: dict[str, list[dict[str, Tensor]]] = {"train": [], "val": []}
     cut = [0, 0, 0, 0]  # documents cut, their windows, tokens left out (openings only), tokens read
-    for (path, _), items in zip(data_sources(data), read):
+    for (path, _, pairs), items in zip(data_sources(data), read):
         where = path or "the text"
-        if items and isinstance(items[0], Example):
+        if pairs:
             for split, part in zip(("train", "val"), encode_pairs(items, data, tokenizer, mask, where)):
                 splits[split].append(part)
             continue
@@ -137,8 +145,8 @@ def build_sources(tokenizers: TokenizerSource, data: DataConfig, corrupt: bool) 
     tokens = stored(splits, cut)
     answers = [  # the pairs the run trains on, as a fine-tune's reference holds them (its validation share out)
         (items[k].completion, items[k].kind)
-        for items in read
-        if items and isinstance(items[0], Example)
+        for source, items in zip(data_sources(data), read)
+        if source.pairs
         for k in split_examples(len(items), data.val_fraction)[0]
     ]
     if answers:  # the reference of `kqv eval`'s baselines (`Documents.trained_answers`)
@@ -161,7 +169,7 @@ def texts_of(items: list) -> list[str]:
 def document_options(data: DataConfig, tokenizer: Tokenizer, corrupt: bool) -> DocumentOptions:
     """How the documents of `data` become examples with `tokenizer`'s mask (spans masked if `corrupt`) and end of
     text."""
-    mask = mask_id(tokenizer, mask_symbol(data.mask, getattr(tokenizer, "kind", "bpe"))) if corrupt else -1
+    mask = mask_id(tokenizer, mask_symbol(data.mask, tokenizer.kind)) if corrupt else -1
     separator = tuple(tokenizer.encode(" ")) if data.shuffle_sentences else None
     longest = prefix_max(data.context) if data.random_prefix else 0
     return DocumentOptions(mask, end_of_text(tokenizer)[0], corrupt, data.span_rate, data.span_max, separator, longest)
@@ -353,10 +361,10 @@ class LoadedDocuments(LoadedExamples):
         sentence_starts = [0, *torch.cumsum(counts, 0).tolist()]
         training, validation = [], []
         paths = data_sources(data)
-        for (path, _), (ids, lengths, items), (val_ids, val_lengths, _) in zip(
+        for source, (ids, lengths, items), (val_ids, val_lengths, _) in zip(
             paths, self.per_source(self.train, self.train_sources), self.per_source(self.val, self.val_sources)
         ):
-            if is_pairs(path):
+            if source.pairs:
                 made = ExampleBatches(EncodedExamples(ids, lengths), shuffle=True, **shared)
             else:
                 sentences = self.sentence_lengths[sentence_starts[items.start] : sentence_starts[items.stop]]
@@ -366,7 +374,7 @@ class LoadedDocuments(LoadedExamples):
             training.append(example_batches(made, model, packing))
             held = ExampleBatches(EncodedExamples(val_ids, val_lengths), shuffle=False, **shared)
             validation.append(example_batches(held, model, packing))
-        weights = [weight for _, weight in paths]
+        weights = [source.weight for source in paths]
         train_mix = MixtureBatches(training, weights, train.seed, "train")
         return example_options(train_mix, MixtureBatches(validation, weights, train.seed, "val"))
 
@@ -394,7 +402,7 @@ class LoadedDocuments(LoadedExamples):
         read them); None for a mixture without pairs."""
         if self.pair_answers is not None:
             return [answer for answer, _ in self.pair_answers], [kind for _, kind in self.pair_answers]
-        files = [Path(path) for path, _ in data_sources(self.data) if is_pairs(path)]
+        files = [Path(source.path) for source in data_sources(self.data) if source.pairs]
         if not files or not all(file.is_file() for file in files):
             return None
         examples = []
@@ -418,7 +426,7 @@ class Documents(Examples):
 
     def check(self) -> None:
         data = self.data
-        if self.corrupt and not data.sources and is_pairs(data.path):
+        if self.corrupt and not data.sources and data_sources(data)[0].pairs:
             raise ConfigError(
                 f"data.objective='span_corruption' masks spans of text documents, and {data.path} is a file of "
                 f"pairs; give a text, or mix them: {option(MIXTURE, path=data.path)}"
@@ -436,7 +444,7 @@ class Documents(Examples):
             )
         if not self.corrupt:
             refuse_span_options(data)
-        if data.template is not None and not any(is_pairs(path) for path, _ in data_sources(data)):
+        if data.template is not None and not any(source.pairs for source in data_sources(data)):
             raise ConfigError(
                 "data.template writes the prompts of a file of prompt -> completion pairs, and no source is one "
                 "(a .tsv or .jsonl file); drop it, or add the pairs to the sources"
