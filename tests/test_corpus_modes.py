@@ -123,3 +123,54 @@ def test_the_run_s_corpus_is_made_once_and_again_when_its_settings_are_replaced(
     assert config.corpus is corpus and corpus.data is config.data
     fitted = config.starting_from("elsewhere")
     assert fitted.corpus is not corpus and fitted.corpus.data.init == "elsewhere"
+
+
+def packing_owners(source: str) -> list[int]:
+    """The lines of `source` that decide packing outside `decide_packing`, or ask a batch its layout by its keys: a
+    call of the fill estimate (`.fills()`), a `packing` attribute rewritten (a config settled inside a check), a
+    string tested `in batch` (`"sequences" in batch`: a batch's layout and weights are its type and fields)."""
+    tree = ast.parse(source)
+    owner = {id(n) for f in ast.walk(tree) if getattr(f, "name", "") == "decide_packing" for n in ast.walk(f)}
+    found = []
+    for node in ast.walk(tree):
+        estimate = isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "fills" and id(node) not in owner
+        rewritten = isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and any(
+            isinstance(target, ast.Attribute) and target.attr == "packing"
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        )
+        keyed = (
+            isinstance(node, ast.Compare)
+            and isinstance(node.left, ast.Constant)
+            and isinstance(node.left.value, str)
+            and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops)
+            and any(isinstance(c, ast.Name) and "batch" in c.id for c in node.comparators)
+        )
+        if estimate or rewritten or keyed:
+            found.append(node.lineno)
+    return sorted(found)
+
+
+def test_packing_is_decided_in_one_place_and_a_batch_s_layout_is_its_type():
+    found = [f"{path.relative_to(SRC)}:{n}" for path in SRC.rglob("*.py") for n in packing_owners(path.read_text())]
+    assert not found, found
+
+
+def test_the_packing_scan_finds_the_owners_packing_used_to_have():
+    old = """
+class DataConfig:
+    def settle_packing(self, attention_kinds):
+        if self.packing == "auto" and set(attention_kinds) - {"full"}:
+            self.packing = False
+class ExampleBatches:
+    def packs(self):
+        padded, packed = self.fills()
+        return packed > padded
+def example_loss(model, batch):
+    if "sequences" in batch:
+        pass
+    if "weights" not in batch:
+        pass
+def decide_packing(model, packing, batches):
+    return batches.fills()
+"""
+    assert packing_owners(old) == [5, 8, 11, 13]
