@@ -75,11 +75,11 @@ VAL_SEED = 0  # the draws of the validation documents: the same for every run
 
 class Source(NamedTuple):
     """One source of the documents or the mixture: its `path` (None: Shakespeare), its `weight`, and whether it is
-    a file of prompt -> completion pairs (`pairs`, decided once by `data_sources`), else a text of documents."""
+    a file of prompt -> completion pairs (`holds_pairs`, decided once by `data_sources`), else a text of documents."""
 
     path: str | None
     weight: float
-    pairs: bool
+    holds_pairs: bool
 
 
 def data_sources(data: DataConfig) -> list[Source]:
@@ -92,8 +92,8 @@ def data_sources(data: DataConfig) -> list[Source]:
 def read_sources(data: DataConfig) -> list[list[Example] | list[str]]:
     """Each source's pairs (prompts not yet templated) or documents."""
     read = []
-    for path, _, pairs in data_sources(data):
-        if pairs:
+    for path, _, holds_pairs in data_sources(data):
+        if holds_pairs:
             read.append(read_examples(path))
             continue
         documents = read_documents(load_text(path), data.delimiter)
@@ -128,9 +128,9 @@ def build_sources(tokenizers: TokenizerSource, data: DataConfig, corrupt: bool) 
     options = document_options(data, tokenizer, corrupt)
     splits: dict[str, list[dict[str, Tensor]]] = {"train": [], "val": []}
     cut = [0, 0, 0, 0]  # documents cut, their windows, tokens left out (openings only), tokens read
-    for (path, _, pairs), items in zip(data_sources(data), read):
+    for (path, _, holds_pairs), items in zip(data_sources(data), read):
         where = path or "the text"
-        if pairs:
+        if holds_pairs:
             for split, part in zip(("train", "val"), encode_pairs(items, data, tokenizer, mask, where)):
                 splits[split].append(part)
             continue
@@ -146,7 +146,7 @@ def build_sources(tokenizers: TokenizerSource, data: DataConfig, corrupt: bool) 
     answers = [  # the pairs the run trains on, as a fine-tune's reference holds them (its validation share out)
         (items[k].completion, items[k].kind)
         for source, items in zip(data_sources(data), read)
-        if source.pairs
+        if source.holds_pairs
         for k in split_examples(len(items), data.val_fraction)[0]
     ]
     if answers:  # the reference of `kqv eval`'s baselines (`Documents.trained_answers`)
@@ -364,7 +364,7 @@ class LoadedDocuments(LoadedExamples):
         for source, (ids, lengths, items), (val_ids, val_lengths, _) in zip(
             paths, self.per_source(self.train, self.train_sources), self.per_source(self.val, self.val_sources)
         ):
-            if source.pairs:
+            if source.holds_pairs:
                 made = ExampleBatches(EncodedExamples(ids, lengths), shuffle=True, **shared)
             else:
                 sentences = self.sentence_lengths[sentence_starts[items.start] : sentence_starts[items.stop]]
@@ -402,7 +402,7 @@ class LoadedDocuments(LoadedExamples):
         read them); None for a mixture without pairs."""
         if self.pair_answers is not None:
             return [answer for answer, _ in self.pair_answers], [kind for _, kind in self.pair_answers]
-        files = [Path(source.path) for source in data_sources(self.data) if source.pairs]
+        files = [Path(source.path) for source in data_sources(self.data) if source.holds_pairs]
         if not files or not all(file.is_file() for file in files):
             return None
         examples = []
@@ -426,7 +426,7 @@ class Documents(Examples):
 
     def check(self) -> None:
         data = self.data
-        if self.corrupt and not data.sources and data_sources(data)[0].pairs:
+        if self.corrupt and not data.sources and data_sources(data)[0].holds_pairs:
             raise ConfigError(
                 f"data.objective='span_corruption' masks spans of text documents, and {data.path} is a file of "
                 f"pairs; give a text, or mix them: {option(MIXTURE, path=data.path)}"
@@ -444,7 +444,7 @@ class Documents(Examples):
             )
         if not self.corrupt:
             refuse_span_options(data)
-        if data.template is not None and not any(source.pairs for source in data_sources(data)):
+        if data.template is not None and not any(source.holds_pairs for source in data_sources(data)):
             raise ConfigError(
                 "data.template writes the prompts of a file of prompt -> completion pairs, and no source is one "
                 "(a .tsv or .jsonl file); drop it, or add the pairs to the sources"
