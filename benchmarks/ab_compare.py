@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import harness
+from kqv_lab import benchmarking as harness
 from kqv.nn import environment
 
 

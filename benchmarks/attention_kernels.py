@@ -17,7 +17,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-import harness
+from kqv_lab import benchmarking as harness
 from kqv.nn.attention import scaled_dot_product_attention
 
 RESULTS = harness.results_path("attention_kernels")

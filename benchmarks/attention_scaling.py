@@ -40,7 +40,7 @@ import sys
 import time
 from pathlib import Path
 
-import harness
+from kqv_lab import benchmarking as harness
 
 RESULTS = harness.results_path("attention_scaling")
 PLOT = harness.ROOT / "docs" / "attention_scaling.png"

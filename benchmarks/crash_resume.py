@@ -46,7 +46,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import harness
+from kqv_lab import benchmarking as harness
 
 RESULTS = harness.results_path("crash_resume")
 CONFIG = """\

@@ -49,7 +49,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import harness
+from kqv_lab import benchmarking as harness
 from kqv.train.evaluation import difference_over_questions
 
 DEV_SIZE = 400  # development people carved out of the 2,000 training questions

@@ -32,7 +32,7 @@ import time
 from importlib import resources
 from pathlib import Path
 
-import harness
+from kqv_lab import benchmarking as harness
 
 RESULTS = harness.results_path("dmca_lm")
 TOKENS_PER_UPDATE = 2048

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-import harness
+from kqv_lab import benchmarking as harness
 import kqv
 from kqv.data import worlds
 

@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import harness
+from kqv_lab import benchmarking as harness
 import kqv
 from kqv.data.bible import bible_dir, clean_verse, read_bible
 from kqv.data.shakespeare import load_text, split_text

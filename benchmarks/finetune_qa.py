@@ -46,7 +46,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import harness
+from kqv_lab import benchmarking as harness
 import qa_world
 
 OUTPUT = harness.results_path("finetune_qa")

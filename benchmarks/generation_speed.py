@@ -57,7 +57,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-import harness
+from kqv_lab import benchmarking as harness
 from kqv.nn.devices import Accelerator, model_device
 from kqv.nn.generation import in_dtype
 

@@ -79,7 +79,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-import harness
+from kqv_lab import benchmarking as harness
 from train_throughput import Shape, build_hf, build_xtrans, count_parameters, training_flops_per_token, versions
 
 RESULTS = harness.results_path("gpu_train")

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-import harness
+from kqv_lab import benchmarking as harness
 from kqv import DecoderLM, ModelConfig
 
 NAME = "kv_cache_memory"

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-import harness
+from kqv_lab import benchmarking as harness
 from kqv.data.needle import QUERIES, VOCAB, needle_batch
 from kqv.nn.attention import MultiHeadAttention
 from kqv.nn.config import ModelConfig

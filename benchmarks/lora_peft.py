@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-import harness
+from kqv_lab import benchmarking as harness
 
 RESULTS = harness.results_path("lora_peft")
 FULL = dict(vocab_size=512, n_positions=128, n_embd=256, n_layer=4, n_head=8)

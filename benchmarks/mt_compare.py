@@ -22,7 +22,7 @@ import argparse
 import json
 from pathlib import Path
 
-import harness
+from kqv_lab import benchmarking as harness
 from kqv.experiments.rnn_vs_transformer import plot_curves, read_runs, side_by_side
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-import harness
+from kqv_lab import benchmarking as harness
 
 RESULTS = harness.results_path("mt_precision_parts")
 STEPS = (500, 600, 700, 800)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-import harness
+from kqv_lab import benchmarking as harness
 from kqv.jobs.mt import TokenBatches, build_model, load_run_config, mt_loss, prepare_data, real_tokens
 from kqv.train.precision import autocast, native_bf16, resolve_precision
 

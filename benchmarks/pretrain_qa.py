@@ -77,7 +77,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-import harness
+from kqv_lab import benchmarking as harness
 from finetune_qa import run_settings
 from kqv.data import worlds
 from kqv.measuring import command

@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import harness
+from kqv_lab import benchmarking as harness
 from kqv.data.worlds import unique_words  # invented words from syllables, as the larger world's names
 
 PROFESSIONS = ["baker", "weaver", "sailor", "miller", "potter", "tanner", "mason", "cooper", "smith", "fisher"]

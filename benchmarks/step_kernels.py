@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import harness
+from kqv_lab import benchmarking as harness
 from kqv.nn.dropout import dropout
 from kqv.nn.losses import linear_cross_entropy
 from kqv.train.precision import native_bf16

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import harness
+from kqv_lab import benchmarking as harness
 from kqv.data.shakespeare import load_text
 
 TRAIN = {  # a small model: what is measured is the data's memory, not the model's

@@ -53,7 +53,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-import harness
+from kqv_lab import benchmarking as harness
 
 RESULTS = harness.results_path("train_throughput")
 

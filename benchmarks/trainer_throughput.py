@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-import harness
+from kqv_lab import benchmarking as harness
 from kqv import DecoderLM, ModelConfig
 from kqv.train.config import TrainConfig
 from kqv.train.trainer import Trainer

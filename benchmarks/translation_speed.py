@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-import harness
+from kqv_lab import benchmarking as harness
 
 PAD, BOS, EOS = 0, 1, 2
 
