@@ -29,8 +29,10 @@ N_EXPERTS = 4
 
 def train(steps: int, coefficient: float) -> list[dict]:
     """The metrics.jsonl records of a short Switch LM run."""
-    from kqv.jobs.lm import JOB
-    from kqv.train.metrics import read_metrics
+    from kqv.jobs import get_job
+
+    JOB = get_job("lm")
+    from kqv.train import read_metrics
 
     values = {
         "model.d_model": 128,
