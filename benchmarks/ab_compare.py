@@ -4,9 +4,9 @@
 A speed claim about a change ("no slower than before") needs both sides measured on the same machine in the same
 minutes: this checks out `--base` (a commit) as a git worktree, then runs the benchmark command `--rounds` times
 on each tree, alternating which goes first, each time as a fresh `python` whose `PYTHONPATH` is that tree's
-`src/` (the benchmark script itself is always today's, so both sides are measured the same way; it records
-through `kqv.measuring`, which a base from before that module lacks: the base's scratch checkout then gets today's
-copy, which nothing measured imports). `{out}` in the
+`src/` (the benchmark script itself is always today's, and so is its harness, `kqv_lab`, put before the base's `src/`
+on its path, so that both sides are measured the same way; nothing measured imports it, and a base from before
+kqv_lab has none: the base needs only the public names today's script and harness import). `{out}` in the
 command is replaced by a JSON path per run; every number in those JSONs whose path matches `--metric` (a regular
 expression, default `/tokens_per_s$`) is compared: the median over rounds on each side and their ratio.
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -32,8 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import harness
-from kqv.nn import environment
+from kqv_lab import benchmarking as harness
 
 
 def numbers(tree: Any, prefix: str = "") -> Iterator[tuple[str, float]]:
@@ -48,11 +46,11 @@ def numbers(tree: Any, prefix: str = "") -> Iterator[tuple[str, float]]:
         yield prefix, float(tree)
 
 
-def run_once(src: Path, command: list[str], scratch: Path, label: str) -> dict:
-    """Run `command` with kqv imported from `src`; return the JSON it wrote to {out}."""
+def run_once(path: str, command: list[str], scratch: Path, label: str) -> dict:
+    """Run `command` with `path` as its PYTHONPATH (kqv imported from there); return the JSON it wrote to {out}."""
     out = scratch / f"{label}.json"
     argv = [sys.executable, *(part.replace("{out}", str(out)) for part in command)]
-    env = {**os.environ, "PYTHONPATH": str(src)}
+    env = {**os.environ, "PYTHONPATH": path}
     done = subprocess.run(argv, cwd=harness.ROOT, env=env, capture_output=True, text=True)
     if done.returncode != 0 or not out.is_file():
         sys.exit(f"{label}: the benchmark failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
@@ -78,19 +76,18 @@ def compare(runs: dict[str, list[dict]], metric: re.Pattern) -> list[dict]:
     return rows
 
 
-def lend_measuring(tree: Path) -> bool:
-    """Give the checkout `tree` today's `kqv/measuring.py` when it has none (a base from before it), so that
-    today's benchmark scripts record there as here; True when it was copied."""
-    target = tree / "src" / "kqv" / "measuring.py"
-    if target.exists():
-        return False
-    shutil.copyfile(harness.ROOT / "src" / "kqv" / "measuring.py", target)
-    return True
+def lend_harness(scratch: Path) -> Path:
+    """A folder holding only today's `kqv_lab` (a link to it), to put before a base's `src/` on its path: today's
+    benchmark scripts record through today's harness there as here, whatever kqv_lab the base had, if any."""
+    folder = scratch / "harness"
+    folder.mkdir()
+    (folder / "kqv_lab").symlink_to(harness.ROOT / "src" / "kqv_lab", target_is_directory=True)
+    return folder
 
 
 def cpu() -> str:
-    """The CPU model and the flags that decide its kernels (kqv.nn.environment.cpu)."""
-    found = environment.cpu()
+    """The CPU model and the flags that decide its kernels (the harness's `machine`)."""
+    found = harness.machine()
     return f"{found['model']} ({', '.join(found['flags'])})"
 
 
@@ -123,8 +120,8 @@ def main() -> int:
             ["git", "worktree", "add", "--detach", "-q", str(old_tree), base_commit], cwd=harness.ROOT, check=True
         )
         try:
-            lent = lend_measuring(old_tree)
-            sources = {"old": old_tree / "src", "new": harness.ROOT / "src"}
+            lent = lend_harness(Path(scratch))
+            sources = {"old": f"{lent}{os.pathsep}{old_tree / 'src'}", "new": str(harness.ROOT / "src")}
             for k in range(args.rounds):
                 for side in ("old", "new") if k % 2 == 0 else ("new", "old"):
                     runs[side].append(run_once(sources[side], command, Path(scratch), f"{side}{k}"))
@@ -145,7 +142,6 @@ def main() -> int:
         "new_commit": head,
         "command": " ".join(command),
         "rounds": args.rounds,
-        "measuring_lent_to_old": lent,
         "machine": cpu(),
         "load_average_end": os.getloadavg(),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -12,13 +12,12 @@ kernels in alternation and reports the median of the repeats. Prints a table and
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
-import harness
-from kqv.nn.attention import scaled_dot_product_attention
+from kqv import scaled_dot_product_attention
+from kqv_lab import benchmarking as harness
 
 RESULTS = harness.results_path("attention_kernels")
 SHAPES = [(32, 4, 128), (8, 6, 256), (4, 6, 512), (2, 6, 1024), (1, 8, 2048)]  # (batch, heads, time)
@@ -34,9 +33,8 @@ def matmul(q, k, v):
 
 
 def seconds(kernel, inputs, grad) -> float:
-    started = time.perf_counter()
-    kernel(*inputs).backward(grad)
-    return time.perf_counter() - started
+    """Seconds of one forward and backward of `kernel`."""
+    return harness.timed(lambda: kernel(*inputs).backward(grad)).seconds[0]
 
 
 def main() -> None:

@@ -40,7 +40,7 @@ import sys
 import time
 from pathlib import Path
 
-import harness
+from kqv_lab import benchmarking as harness
 
 RESULTS = harness.results_path("attention_scaling")
 PLOT = harness.ROOT / "docs" / "attention_scaling.png"
@@ -78,11 +78,16 @@ def build(method: str, n: int):
     """(attend(q, k, v) -> output, parameters) for one method."""
     import torch.nn.functional as F
 
-    from kqv.nn.attention import causal_mask, scaled_dot_product_attention
-    from kqv.nn.blockwise import blockwise_attention
-    from kqv.nn.dmca import LocalAttention, MemoryCompressedAttention
-    from kqv.nn.positions import ALiBiPositions, RelativePositions
-    from kqv.nn.sparse import BigBirdAttention, LinformerAttention
+    from kqv import causal_mask, scaled_dot_product_attention
+    from kqv.nn import (
+        ALiBiPositions,
+        BigBirdAttention,
+        LinformerAttention,
+        LocalAttention,
+        MemoryCompressedAttention,
+        RelativePositions,
+        blockwise_attention,
+    )
 
     if method == "reference":
         return lambda q, k, v: scaled_dot_product_attention(q, k, v, mask=causal_mask(q.shape[2], k.shape[2]))[0], []
@@ -111,7 +116,7 @@ def build(method: str, n: int):
 def worker(method: str, n: int, repeats: int, threads: int | None) -> dict:
     import torch
 
-    from kqv.jobs.base import peak_rss_bytes
+    from kqv.nn import peak_rss_bytes
 
     if threads:
         torch.set_num_threads(threads)

@@ -46,7 +46,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import harness
+from kqv_lab import benchmarking as harness
 
 RESULTS = harness.results_path("crash_resume")
 CONFIG = """\
@@ -79,7 +79,7 @@ TMP_PREFIX, OLD = ".checkpoint-tmp-", "checkpoint.old"
 
 def prepare(work: Path, steps: int, checkpoint_every: int) -> list[str]:
     """Write the run config and the corpus into `work`; the `kqv train lm` arguments that use them."""
-    from kqv.data.shakespeare import load_text
+    from kqv.data import load_text
 
     work.mkdir(parents=True, exist_ok=True)
     (work / "run.toml").write_text(CONFIG.format(steps=steps, checkpoint_every=checkpoint_every))
@@ -172,7 +172,7 @@ def on_disk(run_dir: Path) -> str:
 
 def verified_step(run_dir: Path) -> int | None:
     """The step of the checkpoint in run_dir, read and verified against its recorded SHA-256 (None: none yet)."""
-    from kqv.train.checkpoints import has_checkpoint, read_checkpoint
+    from kqv.train import has_checkpoint, read_checkpoint
 
     if not has_checkpoint(run_dir):
         return None

@@ -32,7 +32,7 @@ import time
 from importlib import resources
 from pathlib import Path
 
-import harness
+from kqv_lab import benchmarking as harness
 
 RESULTS = harness.results_path("dmca_lm")
 TOKENS_PER_UPDATE = 2048
@@ -99,8 +99,10 @@ def worker(arm: str, steps: int) -> dict:
     """Train one arm in a temporary run directory and score it; runs in its own process."""
     import torch
 
-    from kqv.jobs.base import peak_rss_bytes
-    from kqv.jobs.lm import JOB
+    from kqv.jobs import get_job
+    from kqv.nn import peak_rss_bytes
+
+    JOB = get_job("lm")
 
     torch.manual_seed(0)
     config = JOB.load_config(Path(str(resources.files("kqv") / "configs" / "lm-quick.toml")), overrides(arm, steps))

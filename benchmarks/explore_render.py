@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import harness
+from kqv_lab import benchmarking as harness
 
 RESULTS = harness.results_path("explore_render")
 TOKENS = 1024
@@ -53,7 +53,7 @@ def gpt2_directory(root: Path, layers: int, heads: int) -> tuple[Path, str]:
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from kqv.data.tokenizers import BPETokenizer
+    from kqv.data import BPETokenizer
 
     corpus = "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer. " * 40
     tokenizer = BPETokenizer.train(corpus, vocab_size=300)
@@ -122,7 +122,7 @@ def main() -> None:
     parser.add_argument("--chromium", default=shutil.which("chromium") or "/usr/bin/chromium")
     args = parser.parse_args()
 
-    from kqv.explore.app import BackgroundServer, create_app
+    from kqv.explore import BackgroundServer, create_app
 
     with tempfile.TemporaryDirectory() as tmp:
         path, text = gpt2_directory(Path(tmp), args.layers, args.heads)

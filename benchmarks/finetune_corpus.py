@@ -29,10 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import harness
 import kqv
-from kqv.data.bible import bible_dir, clean_verse, read_bible
-from kqv.data.shakespeare import load_text, split_text
+from kqv.data import bible_dir, clean_verse, load_text, read_bible, split_text
+from kqv_lab import benchmarking as harness
 
 OUTPUT = harness.results_path("finetune_corpus")
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}  # two-sided 95%

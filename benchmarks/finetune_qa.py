@@ -46,8 +46,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import harness
 import qa_world
+from kqv_lab import benchmarking as harness
 
 OUTPUT = harness.results_path("finetune_qa")
 
@@ -100,7 +100,7 @@ def general_text(corpus: str, length: int, needed: str) -> str:
 
 def write_files(sizes: dict, world_seed: int, work: Path) -> dict:
     """Write the pretraining text and the pair files into `work`; what they hold, for the JSON."""
-    from kqv.data.shakespeare import load_text
+    from kqv.data import load_text
 
     people = qa_world.make_world(sizes["people"], world_seed)
     seen, held_out = qa_world.halves(people)
@@ -231,8 +231,8 @@ def baselines(work: Path) -> dict:
     do): `constant` answers every question with the most frequent answer (what `kqv eval` prints), `per_kind`
     with the most frequent of the question's kind; `uniform` and `uniform_per_kind` are the expected exact match
     of a guess drawn uniformly from those distinct answers (an answer not among them scores 0)."""
-    from kqv.data.completions import read_examples, split_examples
-    from kqv.jobs.scoring import constant_answer, normalise
+    from kqv.data import read_examples, split_examples
+    from kqv.jobs import constant_answer, normalise
 
     train = read_examples(work / "qa_train.tsv")
     chosen, _ = split_examples(len(train), VAL_FRACTION)
@@ -265,7 +265,7 @@ def baselines(work: Path) -> dict:
 def scored(per_question: list[int]) -> dict:
     """A baseline's exact match on the held-out questions, with its 95% Wilson interval (one answer per question,
     no seeds) and each question's score."""
-    from kqv.train.evaluation import wilson_interval
+    from kqv.train import wilson_interval
 
     correct, n = sum(per_question), len(per_question)
     return {
@@ -284,7 +284,7 @@ def scored(per_question: list[int]) -> dict:
 def over_seeds(results: list[dict], key: str) -> dict:
     """Exact match on the questions of `key` over the seeds' runs: each question's mean over the seeds
     (`per_question`: the scores a paired analysis takes, one per question), their mean, and each seed's."""
-    from kqv.train.evaluation import mean_over_seeds
+    from kqv.train import mean_over_seeds
 
     per_question = mean_over_seeds([r[key]["per_question"] for r in results])
     return {
@@ -298,7 +298,7 @@ def over_seeds(results: list[dict], key: str) -> dict:
 
 def versus(a: list[float], b: list[float]) -> dict:
     """a - b paired over questions (`difference_over_questions`), with its verdict."""
-    from kqv.train.evaluation import difference_over_questions
+    from kqv.train import difference_over_questions
 
     figures = difference_over_questions(a, b).to_dict()
     return figures | {"verdict": verdict(figures["difference_95"])}

@@ -57,9 +57,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-import harness
-from kqv.nn.devices import Accelerator, model_device
-from kqv.nn.generation import in_dtype
+from kqv.nn import Accelerator, in_dtype, model_device
+from kqv_lab import benchmarking as harness
 
 RESULTS = harness.results_path("generation_speed")
 
@@ -144,14 +143,6 @@ def weight_read_floor(model: nn.Module, new: int):
     return run
 
 
-def timed(fn) -> tuple[float, Tensor]:
-    start = time.perf_counter()
-    out = fn()
-    if torch.cuda.is_initialized():  # a GPU runs asynchronously: the time is that of its last kernel
-        torch.cuda.synchronize()
-    return time.perf_counter() - start, out
-
-
 def run_case(
     kqv: nn.Module,
     hf: nn.Module,
@@ -169,7 +160,8 @@ def run_case(
     times: dict[str, list[float]] = {name: [] for name in runners}
     for r in range(rounds):
         for name in list(runners) if r % 2 == 0 else list(runners)[::-1]:
-            seconds, out = timed(runners[name])
+            timing = harness.timed(runners[name])
+            seconds, out = timing.seconds[0], timing.result
             if name != "floor" and not torch.equal(out, outputs[name]):
                 raise RuntimeError(f"{name} {precision} greedy tokens changed between rounds")
             times[name].append(seconds)
@@ -237,7 +229,7 @@ def general_path(model: nn.Module):
     """An object whose `generate` is the model's with `DecodeStep` switched off: `generate`'s general path."""
     from unittest import mock
 
-    from kqv.nn.decoding import DecodeStep
+    from kqv.nn import DecodeStep
 
     class GeneralPath:
         def generate(self, *args, **kwargs):

@@ -5,8 +5,8 @@ x-transformers, with and without torch.compile, in tokens/s and model FLOPs util
 The four models are GPT-2 small (124M parameters: 12 layers, d_model 768, 12 heads, d_ff 3072, vocabulary 50257,
 context 1024, tied embeddings, pre-LN, learned positions, tanh GELU), built with random weights:
 
-* kqv     `DecoderLM(config_from_hf(GPT2Config(...)))`: kqv's own config read from the Hugging Face one through
-          `kqv.interop` (the mapping that converts GPT-2 checkpoints), so the architecture is GPT-2's by construction
+* kqv     `DecoderLM(harness.gpt2_shaped(...))`: kqv's own config of GPT-2, the one `kqv.interop` (the mapping that
+          converts GPT-2 checkpoints) reads from a `GPT2Config` of the shape (tests/test_benchmarks.py)
 * nanogpt nanoGPT's model (`benchmarks/references/nanogpt.py`, its architecture rebuilt: fused QKV, SDPA, exact GELU,
           `F.cross_entropy` over every logit), the reference kqv's step is counted against in
           tests/test_losses_devices.py; it needs nothing but torch
@@ -60,6 +60,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import itertools
 import json
 import os
 import statistics
@@ -73,13 +74,12 @@ import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
 from torch import Tensor
 
-import harness
+from kqv_lab import benchmarking as harness
 from train_throughput import Shape, build_hf, build_xtrans, count_parameters, training_flops_per_token, versions
 
 RESULTS = harness.results_path("gpu_train")
@@ -98,26 +98,12 @@ TINY = Shape(vocab=256, d_model=32, heads=2, layers=2, d_ff=128, context=32, bat
 
 
 def build_kqv(s: Shape, args: argparse.Namespace):
-    """kqv's DecoderLM with the config `kqv.interop` reads from a GPT-2 config of the same shape (its fields
-    given as a namespace: kqv's own model needs no transformers)."""
+    """kqv's DecoderLM with GPT-2's config at the shape (`harness.gpt2_shaped`, the config `kqv.interop` reads from a
+    `GPT2Config`: tests/test_benchmarks.py; kqv's own model needs no transformers)."""
     from kqv import DecoderLM
-    from kqv.interop.architectures import gpt2_config
 
-    gpt2 = SimpleNamespace(
-        vocab_size=s.vocab,
-        n_positions=s.context,
-        n_embd=s.d_model,
-        n_layer=s.layers,
-        n_head=s.heads,
-        n_inner=s.d_ff,
-        activation_function=args.hf_act,
-        layer_norm_epsilon=1e-5,
-        tie_word_embeddings=True,
-        scale_attn_weights=True,
-        scale_attn_by_inverse_layer_idx=False,
-        add_cross_attention=False,
-    )
-    return DecoderLM(gpt2_config(gpt2)), lambda model, ids, targets: model(ids, targets)
+    config = harness.gpt2_shaped(s.vocab, s.d_model, s.heads, s.layers, s.d_ff, s.context)
+    return DecoderLM(config), lambda model, ids, targets: model(ids, targets)
 
 
 def build_nanogpt(s: Shape, args: argparse.Namespace):
@@ -180,35 +166,17 @@ class Run:
         return loss.detach()
 
     def timed(self, steps: int) -> float:
-        """Tokens/s over `steps` steps, the GPU synchronised before and after."""
-        self.step()  # one untimed step per round
-        synchronize(self.device)
-        start = time.perf_counter()
-        losses = [self.step() for _ in range(steps)]
-        synchronize(self.device)
-        elapsed = time.perf_counter() - start
-        self.losses += [loss.item() for loss in losses]
-        self.tokens_per_s.append(steps * self.tokens_per_step / elapsed)
+        """Tokens/s over `steps` steps after one untimed step, the GPU synchronised before and after."""
+        losses: list[Tensor] = []
+        timing = harness.timed(lambda: losses.append(self.step()), warmup=1, inner=steps)
+        self.losses += [loss.item() for loss in losses[1:]]  # the untimed step's loss left out
+        self.tokens_per_s.append(self.tokens_per_step / timing.seconds[0])
         return self.tokens_per_s[-1]
 
 
 def synchronize(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
-
-
-def matmul_peak(device: str, dtype: torch.dtype, n: int, repeats: int = 10) -> float:
-    """FLOP/s of the best of `repeats` (n x n) @ (n x n) matmuls: the device's practical peak in `dtype`."""
-    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-    torch.matmul(a, b)
-    synchronize(device)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        torch.matmul(a, b)
-        synchronize(device)
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best
 
 
 def make_batches(s: Shape, device: str, seed: int, n: int = 4) -> list[tuple[Tensor, Tensor]]:
@@ -273,7 +241,7 @@ def measure(args: argparse.Namespace, s: Shape) -> tuple[list[Run | Failed], flo
     others timed on) and the best matmul peak."""
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     peak_size = args.peak_size or (128 if args.tiny else 8192)
-    peak = matmul_peak(args.device, dtype, peak_size)
+    peak = harness.matmul_peak(dtype, peak_size, repeats=10, device=args.device)
     batches = make_batches(s, args.device, args.seed)
     compiles = {"both": [False, True], "no": [False], "yes": [True]}[args.compile]
     runs: list[Run | Failed] = []
@@ -302,7 +270,7 @@ def measure(args: argparse.Namespace, s: Shape) -> tuple[list[Run | Failed], flo
             else:
                 line.append(f"{runs[i].label} {tokens_per_s:,.0f}")
         print(f"  round {r + 1}/{rounds} tokens/s: " + ", ".join(line), flush=True)
-    return runs, max(peak, matmul_peak(args.device, dtype, peak_size))
+    return runs, max(peak, harness.matmul_peak(dtype, peak_size, repeats=10, device=args.device))
 
 
 def label(name: str, compiled: bool) -> str:
@@ -476,8 +444,7 @@ def repository_files() -> list[Path]:
 def trainer_parameters(model: dict) -> int:
     """The parameters of the Trainer row's model (run.toml's [model], its vocabulary the tokenizer's), counted
     on the meta device."""
-    from kqv.nn.config import ModelConfig
-    from kqv.nn.models import DecoderLM
+    from kqv import DecoderLM, ModelConfig
 
     with torch.device("meta"):
         built = DecoderLM(ModelConfig.from_dict(model))
@@ -507,7 +474,7 @@ def quick_row(args: argparse.Namespace) -> dict:
 
 def quick_model(args: argparse.Namespace):
     """configs/lm-quick.toml's model (at --tiny's size with --tiny) over `QUICK_VOCAB` symbols, and its [train]."""
-    from kqv.nn.config import ModelConfig
+    from kqv import ModelConfig
 
     config = tomllib.loads(QUICK_CONFIG.read_text())
     model = {**config["model"], "vocab_size": QUICK_VOCAB, "max_len": config["data"]["context"]}
@@ -517,7 +484,7 @@ def quick_model(args: argparse.Namespace):
 
 
 def build_quick(model_config):
-    from kqv.nn.models import DecoderLM
+    from kqv import DecoderLM
 
     torch.manual_seed(0)
     return DecoderLM(model_config)
@@ -536,8 +503,7 @@ QUICK_WARMUP = 10  # updates before the timed ones, in both loops (the first com
 def trainer_updates_per_s(args: argparse.Namespace, model_config, train: dict, compiled: bool) -> float:
     """kqv's Trainer for QUICK_WARMUP + `quick_updates` updates, logging every QUICK_WARMUP (its one read of the
     device per log line); updates/s from metrics.jsonl's `elapsed_s` between the first log line and the last."""
-    from kqv.train.config import TrainConfig
-    from kqv.train.trainer import Trainer
+    from kqv.train import TrainConfig, Trainer
 
     batches = quick_batches(args, model_config.max_len)
     steps = QUICK_WARMUP + args.quick_updates
@@ -578,14 +544,9 @@ def plain_updates_per_s(args: argparse.Namespace, model_config, train: dict, com
         torch.nn.utils.clip_grad_norm_(model.parameters(), train["grad_clip"])
         optimizer.step()
 
-    for i in range(QUICK_WARMUP):
-        update(i)
-    synchronize(args.device)
-    started = time.perf_counter()
-    for i in range(args.quick_updates):
-        update(QUICK_WARMUP + i)
-    synchronize(args.device)
-    return args.quick_updates / (time.perf_counter() - started)
+    updates = itertools.count()
+    timing = harness.timed(lambda: update(next(updates)), warmup=QUICK_WARMUP, inner=args.quick_updates)
+    return 1 / timing.seconds[0]
 
 
 def tests_summary(path: Path) -> dict:
@@ -620,14 +581,14 @@ def dry_run(args: argparse.Namespace) -> int:
         command = trainer_command(args, Path("TMP/run"))
         print(f"would run the Trainer row for {args.trainer_updates} updates: kqv {' '.join(command[3:])}")
         print(f"  its data: {args.trainer_data or 'the repository text, ' + str(len(repository_files())) + ' files'}")
-        importlib.import_module("kqv.cli")
+        importlib.import_module("kqv.api")
     if args.quick_updates:
         model_config, _ = quick_model(args)
         print(
             f"would time the quick model ({model_config.d_model} wide, {model_config.n_layers} layers) at batch "
             f"{args.quick_batch}: kqv's Trainer against a plain loop, {args.quick_updates} updates each"
         )
-        importlib.import_module("kqv.train.trainer")
+        importlib.import_module("kqv.train")
     checked = ", ".join(NEEDS[name] for name in args.names)
     print(f"would write {harness.output_path(args, 'gpu_train', quick=args.tiny)}; imported: torch, {checked}")
     return 0

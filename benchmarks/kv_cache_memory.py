@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-import harness
 from kqv import DecoderLM, ModelConfig
+from kqv_lab import benchmarking as harness
 
 NAME = "kv_cache_memory"
 

@@ -33,14 +33,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-import harness
-from kqv.data.needle import QUERIES, VOCAB, needle_batch
-from kqv.nn.attention import MultiHeadAttention
-from kqv.nn.config import ModelConfig
-from kqv.nn.embeddings import Embeddings
-from kqv.nn.layers import DecoderBlock, make_norm
-from kqv.nn.models import init_weights
-from kqv.nn.sparse import BigBirdAttention, LinformerAttention
+from kqv import DecoderBlock, ModelConfig, MultiHeadAttention
+from kqv.data import needle
+from kqv.nn import BigBirdAttention, Embeddings, LinformerAttention, init_weights, make_norm
+from kqv_lab import benchmarking as harness
 
 RESULTS = harness.results_path("long_context_quality")
 
@@ -102,7 +98,7 @@ def evaluate(model: TinyLM, time_steps: int, seed: int) -> float:
     test_data = torch.Generator().manual_seed(10_000 + seed)
     with torch.no_grad():
         for _ in range(8):
-            ids, queries, answers = needle_batch(64, time_steps, test_data)
+            ids, queries, answers = needle.needle_batch(64, time_steps, test_data)
             correct += int((model(ids, queries[:, -1:]).argmax(-1)[:, 0] == answers).sum())
     model.train()
     return correct / 512
@@ -113,7 +109,7 @@ def run(method: str, stages: list[tuple[int, int]], batch: int, seed: int, lr: f
     torch.manual_seed(seed)
     longest = max(length for length, _ in stages)
     config = ModelConfig(
-        vocab_size=VOCAB,
+        vocab_size=needle.VOCAB,
         d_model=64,
         n_heads=2,
         n_layers=2,
@@ -132,9 +128,9 @@ def run(method: str, stages: list[tuple[int, int]], batch: int, seed: int, lr: f
         start, start_cpu = time.perf_counter(), time.process_time()
         losses = []
         for _ in range(steps):
-            ids, queries, answers = needle_batch(batch, length, train_data)
+            ids, queries, answers = needle.needle_batch(batch, length, train_data)
             logits = model(ids, queries)  # (batch, QUERIES, vocab)
-            loss = F.cross_entropy(logits.flatten(0, 1), answers.repeat_interleave(QUERIES))
+            loss = F.cross_entropy(logits.flatten(0, 1), answers.repeat_interleave(needle.QUERIES))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-import harness
+from kqv_lab import benchmarking as harness
 
 RESULTS = harness.results_path("lora_peft")
 FULL = dict(vocab_size=512, n_positions=128, n_embd=256, n_layer=4, n_head=8)
@@ -75,7 +75,7 @@ def adapted(side: str, model_args: dict[str, Any]) -> tuple[torch.nn.Module, Any
 
         return model, loss
     from kqv.interop import from_hf
-    from kqv.nn.lora import LoRAConfig, add_lora
+    from kqv.nn import LoRAConfig, add_lora
 
     model = from_hf(hf)
     if side == "kqv":
@@ -94,7 +94,7 @@ def starts_as_gpt2(model: torch.nn.Module, side: str, model_args: dict[str, Any]
 
 def run_side(side: str, model_args: dict[str, Any], steps: int, warmup: int, batch: int, device: str) -> dict:
     """Time `steps` training steps of `side` after `warmup` untimed ones, in this process."""
-    from kqv.jobs.base import peak_rss_bytes
+    from kqv.nn import peak_rss_bytes
 
     model, loss_fn = adapted(side, model_args)
     difference = starts_as_gpt2(model, side, model_args)
@@ -203,8 +203,6 @@ def main() -> int:
 def write(output: Path, results: dict, model_args: dict, batch: int, rounds: int, args: argparse.Namespace) -> None:
     import peft
 
-    from kqv.nn.environment import cpu
-
     record = {
         "benchmark": "lora_peft",
         "model": model_args,
@@ -218,7 +216,7 @@ def write(output: Path, results: dict, model_args: dict, batch: int, rounds: int
         "peft": peft.__version__,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
-        "cpu": cpu(),
+        "cpu": harness.machine(),
         "load_average_end": os.getloadavg(),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),

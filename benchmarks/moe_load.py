@@ -20,7 +20,7 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-import harness
+from kqv_lab import benchmarking as harness
 
 RESULTS = harness.results_path("moe_load")
 PLOT = harness.ROOT / "docs" / "moe_load.png"
@@ -29,8 +29,10 @@ N_EXPERTS = 4
 
 def train(steps: int, coefficient: float) -> list[dict]:
     """The metrics.jsonl records of a short Switch LM run."""
-    from kqv.jobs.lm import JOB
-    from kqv.train.metrics import read_metrics
+    from kqv.jobs import get_job
+
+    JOB = get_job("lm")
+    from kqv.train import read_metrics
 
     values = {
         "model.d_model": 128,

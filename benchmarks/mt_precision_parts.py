@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-import harness
+from kqv_lab import benchmarking as harness
 
 RESULTS = harness.results_path("mt_precision_parts")
 STEPS = (500, 600, 700, 800)
@@ -88,8 +88,7 @@ def output_layer_in_fp32() -> None:
 
 
 def keep_in_fp32(part: str) -> None:
-    from kqv.nn.attention import MultiHeadAttention
-    from kqv.nn.layers import FeedForward
+    from kqv import FeedForward, MultiHeadAttention
 
     if part == "attention-core":
         attention_core_in_fp32()
@@ -152,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         table(args.runs, args.output)
         return 0
     keep_in_fp32(args.part)
-    from kqv.cli.main import main as kqv
+    from kqv.cli import main as kqv
 
     return kqv(["train", "mt", *rest])
 

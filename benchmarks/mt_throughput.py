@@ -16,16 +16,17 @@ from __future__ import annotations
 
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
-import harness
-from kqv.jobs.mt import TokenBatches, build_model, load_run_config, mt_loss, prepare_data, real_tokens
-from kqv.train.precision import autocast, native_bf16, resolve_precision
+from kqv.data import TokenBatches
+from kqv.jobs import get_job, mt_loss, prepare_mt_data
+from kqv.train import autocast, native_bf16, resolve_precision
+from kqv_lab import benchmarking as harness
 
 CONFIG = harness.ROOT / "src" / "kqv" / "configs" / "mt-quick.toml"
+MT = get_job("mt")  # the MT job: its config reading and its model
 TINY = [
     "model.d_model=64",
     "model.n_heads=2",
@@ -41,10 +42,10 @@ class Setting:
     """One model trained with one precision and token budget; `timed(steps)` returns tokens/s of those steps."""
 
     def __init__(self, precision: str, max_tokens: int, data, overrides: list[str]):
-        config = load_run_config(str(CONFIG), overrides)
+        config = MT.load_config(str(CONFIG), overrides)
         torch.manual_seed(0)
         self.name, self.precision, self.max_tokens = f"{precision}, max_tokens {max_tokens}", precision, max_tokens
-        self.model = build_model(config.model_config(data.tokenizer.vocab_size)).train()
+        self.model = MT.build_model(config.model_config(data.tokenizer.vocab_size), config, {}).train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
         self.batches = TokenBatches(
             data.splits["train"],
@@ -58,27 +59,32 @@ class Setting:
         self.label_smoothing, self.next, self.rates = config.train.label_smoothing, 0, []
 
     def step(self) -> int:
-        batch = self.batches(self.next)
+        batch, real = self.batches(self.next), self.batches.real_tokens(self.next)
         self.next += 1
         with autocast(self.precision):
             loss = mt_loss(self.model, batch, self.label_smoothing)
         loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return real_tokens(batch)
+        return real
 
     def timed(self, tokens: int) -> None:
         """Train until at least `tokens` real tokens have passed (so every setting does about the same work)."""
-        started, done = time.perf_counter(), 0
-        while done < tokens:
-            done += self.step()
-        self.rates.append(done / (time.perf_counter() - started))
+
+        def train() -> int:
+            done = 0
+            while done < tokens:
+                done += self.step()
+            return done
+
+        timing = harness.timed(train)
+        self.rates.append(timing.result / timing.seconds[0])
 
     def padding(self, batches: int = 200) -> float:
         real = padded = 0
         for i in range(min(batches, len(self.batches))):
             b = self.batches(i)
-            real += real_tokens(b)
+            real += self.batches.real_tokens(i)
             padded += b["src"].numel() + b["targets"].numel()
         return 1 - real / padded
 
@@ -100,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     overrides = TINY if args.quick else []
     rounds, tokens = (1, 600) if args.quick else (args.rounds, args.tokens)
     with tempfile.TemporaryDirectory() as scratch:
-        data = prepare_data(load_run_config(str(CONFIG), overrides), Path(scratch), reuse=False)
+        data = prepare_mt_data(MT.load_config(str(CONFIG), overrides), Path(scratch), reuse=False)
     budgets = args.max_tokens
     settings = [
         Setting("fp32", budgets[0], data, overrides),

@@ -28,8 +28,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-import harness
-from kqv.nn.decoding import one_row_product
+from kqv.nn import one_row_product
+from kqv_lab import benchmarking as harness
 
 RESULTS = harness.results_path("one_row_products")
 

@@ -1,6 +1,6 @@
 """Does what a model read in pretraining become answers? Recipes at equal compute on an invented world.
 
-The world (`kqv.data.worlds`, 1,000 people at the default size): one biography per person, varied in wording and
+The world (`kqv_lab.worlds`, 1,000 people at the default size): one biography per person, varied in wording and
 order; three questions per person (birthplace among 120 towns, birth year among 100, trade among 40). Half of the
 people's questions are seen in training; the other half's are held out and scored. Every biography is in the
 pretraining text's training split, so a held-out answer can only come from what the model read: the validation
@@ -77,10 +77,10 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-import harness
 from finetune_qa import run_settings
-from kqv.data import worlds
-from kqv.measuring import command
+from kqv_lab import benchmarking as harness
+from kqv_lab import worlds
+from kqv_lab.measuring import command
 
 MASK = "\u2047"  # the character tokenizer's reserved mask symbol (kqv.data.documents.MASKS)
 TEMPLATE = "{prompt}{mask}"
@@ -303,7 +303,7 @@ def question_record(evaluation) -> dict:
 def probe_record(evaluation) -> dict:
     """A probe file's figures, every one from the same scoring (`answered`: the completion starts with the answer
     as whole words): the count, the rate and its 95% Wilson interval, beside the completion loss."""
-    from kqv.train.evaluation import wilson_interval
+    from kqv.train import wilson_interval
 
     right = [int(answered(p.got, p.expected)) for p in evaluation.predictions]
     low, high = wilson_interval(sum(right), len(right))
@@ -322,7 +322,7 @@ def probe_record(evaluation) -> dict:
 
 def trained_tokens(run, steps: int) -> int:
     """The real (not padding) tokens a run's `steps` batches fed the model, rebuilt from its stored examples."""
-    from kqv.train.topology import Topology
+    from kqv.train import Topology
 
     options = run.loaded_corpus.trainer_options(run.config.train, Topology(), run.model.config)
     return sum(options.tokens_per_batch(i) for i in range(steps))
@@ -455,7 +455,7 @@ def trained_questions(path: Path) -> list:
     """The examples of a questions file that a run trains on: all but the validation share kqv holds out of it
     (`kqv.data.completions.split_examples` at `VAL_FRACTION`), the answers `kqv eval` counts for a fine-tuned run's
     baselines ("the 1,425 pairs the run fine-tuned on")."""
-    from kqv.data.completions import read_examples, split_examples
+    from kqv.data import read_examples, split_examples
 
     examples = read_examples(path)
     train, _ = split_examples(len(examples), VAL_FRACTION)
@@ -474,8 +474,8 @@ def baselines(work: Path, split: str = "test") -> dict:
     breaks them): the strongest answer that never reads a reading question."""
     from collections import Counter
 
-    from kqv.data.completions import read_examples
-    from kqv.jobs.scoring import constant_answer, kind_constants, normalise, reading_guess, runner_up
+    from kqv.data import read_examples
+    from kqv.jobs import constant_answer, kind_constants, normalise, reading_guess, runner_up
 
     trained, scored, _ = SPLITS[split]
     seen, held = trained_questions(work / trained), read_examples(work / scored)
@@ -508,7 +508,7 @@ def baselines(work: Path, split: str = "test") -> dict:
 def versus(a: list[float], b: list[float]) -> dict:
     """a - b paired over questions: the difference, its 95% interval (Student's t over questions) and McNemar's
     exact test (`verdict`)."""
-    from kqv.train.evaluation import difference_over_questions
+    from kqv.train import difference_over_questions
 
     return verdict(difference_over_questions(a, b).to_dict())
 
@@ -527,7 +527,7 @@ def by_kind(per_question: list[float], kinds: list[str]) -> dict[str, float]:
 
 def over_seeds(results: dict[str, dict], name: str, seeds: list[int], key: str) -> list[float]:
     """Each question's mean score over the seeds (`mean_over_seeds`): the unit stays the question."""
-    from kqv.train.evaluation import mean_over_seeds
+    from kqv.train import mean_over_seeds
 
     return mean_over_seeds([results[seeded(name, seed)][key]["per_question"] for seed in seeds])
 
@@ -537,7 +537,7 @@ def reading_score(per_question: list[float], baseline: dict, per_seed: list[list
     the reading questions with its 95% interval (Student's t over those questions; with one seed's 1/0 scores,
     Wald's), and the difference to the guess, its exact test each seed's own chance that a guess gets as many
     right, the largest of their p-values deciding (`difference_from_guess`: the seeds are not pooled)."""
-    from kqv.train.evaluation import difference_from_guess, difference_over_questions
+    from kqv.train import difference_from_guess, difference_over_questions
 
     questions = baseline["reading"]["questions"]
     chosen = [per_question[k] for k in questions]

@@ -18,28 +18,22 @@ milliseconds and torch / kqv. The shapes are those of a 2,000-token-budget batch
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-import harness
-from kqv.nn.dropout import dropout
-from kqv.nn.losses import linear_cross_entropy
-from kqv.train.precision import native_bf16
+from kqv.nn import dropout, linear_cross_entropy
+from kqv.train import native_bf16
+from kqv_lab import benchmarking as harness
 
 TOKENS, D_MODEL, D_FF, VOCAB = 1800, 256, 1024, 8000
 
 
 def mean_ms(fn: Callable[[], object], inner: int = 5) -> float:
     """Milliseconds per call of fn, averaged over `inner` calls after one untimed call."""
-    fn()
-    start = time.perf_counter()
-    for _ in range(inner):
-        fn()
-    return (time.perf_counter() - start) / inner * 1e3
+    return harness.timed(fn, warmup=1, inner=inner).seconds[0] * 1e3
 
 
 def dropout_pairs(dtype: torch.dtype) -> dict[str, tuple[Callable, Callable]]:

@@ -26,8 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import harness
-from kqv.data.shakespeare import load_text
+from kqv.data import load_text
+from kqv_lab import benchmarking as harness
 
 TRAIN = {  # a small model: what is measured is the data's memory, not the model's
     "model.d_model": 128,

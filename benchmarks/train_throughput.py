@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import math
 import os
 import platform
@@ -53,7 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-import harness
+from kqv_lab import benchmarking as harness
 
 RESULTS = harness.results_path("train_throughput")
 
@@ -84,23 +83,9 @@ def logits_loss(logits: Tensor, targets: Tensor) -> Tensor:
 
 
 def build_kqv(s: Shape, args: argparse.Namespace) -> tuple[nn.Module, LossFn]:
-    from kqv import DecoderLM, ModelConfig
+    from kqv import DecoderLM
 
-    config = ModelConfig(
-        vocab_size=s.vocab,
-        d_model=s.d_model,
-        n_heads=s.heads,
-        n_layers=s.layers,
-        d_ff=s.d_ff,
-        max_len=s.context,
-        position="learned",
-        activation="gelu_tanh",
-        norm="layernorm",
-        norm_first=True,
-        dropout=0.0,
-        bias=True,
-        tie_embeddings=True,
-    )
+    config = harness.gpt2_shaped(s.vocab, s.d_model, s.heads, s.layers, s.d_ff, s.context)
     return DecoderLM(config), lambda model, ids, targets: model(ids, targets)
 
 
@@ -223,15 +208,10 @@ class Run:
         return value
 
     def timed(self, steps: int, warmup: int) -> float:
-        for _ in range(warmup):
-            self.step()
-        gc.collect()
-        start, cpu_start = time.perf_counter(), time.process_time()
-        for _ in range(steps):
-            self.step()
-        elapsed = time.perf_counter() - start
-        self.round_cpu_s_per_step.append((time.process_time() - cpu_start) / steps)
-        tps = steps * self.tokens_per_step / elapsed
+        """Tokens/s over `steps` steps after `warmup` untimed ones; the CPU seconds per step recorded too."""
+        timing = harness.timed(self.step, warmup=warmup, inner=steps)
+        self.round_cpu_s_per_step.append(timing.cpu_seconds[0])
+        tps = self.tokens_per_step / timing.seconds[0]
         self.round_tokens_per_s.append(tps)
         return tps
 
@@ -246,23 +226,10 @@ class Run:
         )
 
 
-def matmul_peak(dtype: torch.dtype, n: int, repeats: int = 3) -> float:
-    """FLOP/s of the best of `repeats` (n x n) @ (n x n) matmuls in `dtype`, after one warm-up: the machine's
-    practical peak for the threads this run uses."""
-    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-    torch.matmul(a, b)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        torch.matmul(a, b)
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best
-
-
 def measure_peaks(precisions: list[str], n: int, peaks: dict[str, float] | None = None) -> dict[str, float]:
     """The best matmul FLOP/s per precision so far (`peaks` from an earlier calibration, if any)."""
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
-    measured = {p: matmul_peak(dtypes[p], n) for p in precisions}
+    measured = {p: harness.matmul_peak(dtypes[p], n) for p in precisions}
     return {p: max(measured[p], (peaks or {}).get(p, 0.0)) for p in precisions}
 
 

@@ -26,10 +26,9 @@ from pathlib import Path
 
 import torch
 
-import harness
 from kqv import DecoderLM, ModelConfig
-from kqv.train.config import TrainConfig
-from kqv.train.trainer import Trainer
+from kqv.train import TrainConfig, Trainer
+from kqv_lab import benchmarking as harness
 
 RESULTS = harness.results_path("trainer_throughput")
 FULL = dict(vocab_size=84, d_model=256, n_heads=8, n_layers=4, d_ff=1024, max_len=128, dropout=0.1)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-import harness
+from kqv_lab import benchmarking as harness
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -64,7 +64,7 @@ def source_batches(
 ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], str]:
     """Right-padded (ids, mask) batches: Bible test verses from a prepared MT run, else random ids."""
     if run is not None and (run / "tokenizer").is_dir():
-        from kqv.data.tokenizers import load_tokenizer
+        from kqv.data import load_tokenizer
 
         tokenizer = load_tokenizer(run / "tokenizer")
         lines = (run / "data" / "test.src").read_text(encoding="utf-8").splitlines()[:count]
@@ -101,8 +101,8 @@ def main() -> None:
         args.sentences, args.batch, args.max_new_tokens, args.rounds = 8, 4, 8, 1
     torch.set_num_threads(args.threads)
 
+    from kqv import count_parameters
     from kqv.interop import from_hf
-    from kqv.nn.models import count_parameters
 
     hf = marian(8000, 256, 3, 4, 1024)
     kqv = from_hf(hf).eval()

@@ -186,7 +186,7 @@ def resolves(dotted: str) -> bool:
 
 
 def definitions() -> Definitions:
-    places = [ROOT / "src" / "kqv", ROOT / "tests", ROOT / "benchmarks"]
+    places = [ROOT / "src" / "kqv", ROOT / "src" / "kqv_lab", ROOT / "tests", ROOT / "benchmarks"]
     paths = [path for place in places for path in place.rglob("*.py") if path != Path(__file__)]  # not its plants
     return Definitions([*paths, ROOT / "docs" / "gen_tables.py"])
 

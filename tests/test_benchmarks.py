@@ -8,13 +8,16 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from unittest.mock import patch
 
 import pytest
 import torch
 
+from kqv_lab import benchmarking as harness
+
 TRAINED_LM = Path(__file__).resolve().parent / "data" / "runs-0.1" / "lm"
 FOLDER = Path(__file__).resolve().parent.parent / "benchmarks"
-BENCHMARKS = sorted(path for path in FOLDER.glob("*.py") if path.stem != "harness")  # the harness: their shared part
+BENCHMARKS = sorted(FOLDER.glob("*.py"))  # their shared part, the harness, is kqv_lab.benchmarking
 
 
 def scripts_path() -> dict[str, str]:
@@ -55,19 +58,17 @@ def argument_parsers(folder: Path) -> list[str]:
 
 
 def test_only_the_harness_builds_an_argument_parser(tmp_path):
-    """Every benchmark takes its parser, with the flags they share, from benchmarks/harness.py: one module builds
+    """Every benchmark takes its parser, with the flags they share, from kqv_lab.benchmarking: no script builds
     one; a script that builds its own is found."""
-    assert argument_parsers(FOLDER) == ["harness"]
-    (tmp_path / "harness.py").write_text("import argparse\nparser = argparse.ArgumentParser(description='x')\n")
+    assert argument_parsers(FOLDER) == []
+    assert "argparse.ArgumentParser(" in Path(harness.__file__).read_text()
     (tmp_path / "mine.py").write_text("import argparse\nparser = argparse.ArgumentParser(description='mine')\n")
-    assert argument_parsers(tmp_path) == ["harness", "mine"]
+    assert argument_parsers(tmp_path) == ["mine"]
 
 
 def test_the_harness_gives_the_shared_flags_and_the_results_path(tmp_path):
     """The harness's parser: --quick, the results path under the script's own flag (read as `output`), --seed and
     --threads; a smoke test writes nothing unless told where."""
-    import harness
-
     parser = harness.arguments("x", quick="a smoke test", output=None, seed=True, threads=1)
     args = parser.parse_args(["--quick", "--seed", "3"])
     assert (args.quick, args.seed, args.threads, args.output) == (True, 3, 1, None)
@@ -77,17 +78,43 @@ def test_the_harness_gives_the_shared_flags_and_the_results_path(tmp_path):
     assert harness.output_path(given, "x", quick=True) == tmp_path / "a.json"
 
 
-def test_ab_compare_lends_today_s_measuring_to_a_base_from_before_it(tmp_path):
-    """Today's scripts record through kqv.measuring: a base checkout without it gets today's copy, one with it
-    keeps its own."""
+def test_timed_warms_up_then_times_each_round_per_call():
+    """`timed`: the warm-up calls untimed, then `repeats` rounds of `inner` calls, each round's seconds per call
+    (a clock that advances one second per call reads 1.0), the last call's result kept."""
+    calls, clock = [], iter(range(1000))
+    with patch.object(harness.time, "perf_counter", lambda: float(next(clock))):
+        with patch.object(harness.time, "process_time", lambda: 0.0):
+            timing = harness.timed(lambda: calls.append(len(calls)) or len(calls), repeats=3, warmup=2, inner=4)
+    assert len(calls) == 2 + 3 * 4 and timing.result == 14
+    assert timing.cpu_seconds == [0.0] * 3
+    # the clock ticks once between a round's two readings: 1 second over 4 calls
+    assert timing.seconds == [0.25] * 3 and timing.median == timing.best == 0.25
+
+
+def test_timed_median_and_best_of_uneven_rounds():
+    rounds = harness.Timing([3.0, 1.0, 2.0], [0.0] * 3, None)
+    assert (rounds.median, rounds.best) == (2.0, 1.0)
+
+
+def test_gpt2_shaped_is_the_config_kqv_interop_reads_from_gpt2():
+    """The speed benchmarks' kqv GPT-2 is, field for field, what kqv.interop makes of a GPT2Config of that shape."""
+    from transformers import GPT2Config
+
+    from kqv.interop import config_from_hf
+
+    hf = GPT2Config(vocab_size=97, n_positions=24, n_embd=32, n_layer=2, n_head=4, n_inner=48)
+    hf.activation_function = "gelu_pytorch_tanh"
+    assert harness.gpt2_shaped(97, 32, 4, 2, 48, 24) == config_from_hf(hf)
+
+
+def test_ab_compare_puts_today_s_harness_before_the_base(tmp_path):
+    """Today's scripts record through today's kqv_lab: the base's side of a comparison finds it first on its path,
+    before the base's own src/ (which may have another kqv_lab, or none)."""
     import ab_compare
 
-    (tmp_path / "src" / "kqv").mkdir(parents=True)
-    assert ab_compare.lend_measuring(tmp_path)
-    lent = tmp_path / "src" / "kqv" / "measuring.py"
-    assert lent.read_text() == (BENCHMARKS[0].parents[1] / "src" / "kqv" / "measuring.py").read_text()
-    lent.write_text("# the base's own\n")
-    assert not ab_compare.lend_measuring(tmp_path) and lent.read_text() == "# the base's own\n"
+    lent = ab_compare.lend_harness(tmp_path)
+    assert (lent / "kqv_lab" / "benchmarking.py").resolve() == Path(harness.__file__).resolve()
+    assert [p.name for p in lent.iterdir()] == ["kqv_lab"]
 
 
 def test_generation_speed_compares_kqv_and_hugging_face_on_the_same_weights(tmp_path):

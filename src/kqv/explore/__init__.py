@@ -7,6 +7,7 @@ what the page may ask of it), `loading` (the one place a run is loaded), `export
 (the page: plain JS, SVG and canvas). docs/explorer.md describes the views and the API.
 """
 
+from .app import BackgroundServer, create_app
 from .notebook import show
 
-__all__ = ["show"]
+__all__ = ["BackgroundServer", "create_app", "show"]
