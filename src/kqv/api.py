@@ -50,8 +50,8 @@ from .jobs.answer_files import read_prompts as read_prompts
 from .jobs.answer_files import write_completions as write_completions
 from .jobs.answer_files import write_predictions as write_predictions
 from .jobs.base import AttentionMaps, TrainedRun
-from .jobs.held import is_hf_directory
-from .jobs.held import run_inputs as run_inputs
+from .jobs.base import is_hf_directory
+from .jobs.base import run_inputs as run_inputs
 from .jobs.lm import ATTENTION_MAX_TOKENS as ATTENTION_MAX_TOKENS
 from .jobs.lm import LMEvaluation, LMRun
 from .jobs.lm_prepared import Prepared

@@ -74,7 +74,7 @@ from ..train.options import TrainerOptions
 from ..train.rundir import RunDirectory
 from ..train.runs import read_run
 from ..train.topology import Topology
-from .held import is_hf_directory
+from .base import is_hf_directory
 from .lm_corpus import SCORED_TOKENS, Check, LMTokenizerSource, LoadedText, TextBlocks, block_options
 from .lm_data import DataConfig
 
