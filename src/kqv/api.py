@@ -49,8 +49,7 @@ from .jobs.answer_files import escape_line as escape_line
 from .jobs.answer_files import read_prompts as read_prompts
 from .jobs.answer_files import write_completions as write_completions
 from .jobs.answer_files import write_predictions as write_predictions
-from .jobs.base import AttentionMaps, TrainedRun
-from .jobs.base import is_hf_directory
+from .jobs.base import AttentionMaps, TrainedRun, is_hf_directory
 from .jobs.base import run_inputs as run_inputs
 from .jobs.lm import ATTENTION_MAX_TOKENS as ATTENTION_MAX_TOKENS
 from .jobs.lm import LMEvaluation, LMRun
