@@ -25,7 +25,7 @@ with `--threads` torch threads each:
 Every arm is scored by exact match on the development questions; the bar is the strongest answer that never reads
 the question, the training split's most frequent answer (one kind of question here, so one constant; ties to the
 first in sorted order), and the table shows each arm's mean over seeds with a seed-level 95% interval (Student's t),
-its paired difference to the constant over questions (`kqv.train.evaluation.difference_over_questions`, seeds
+its paired difference to the constant over questions (`kqv.train.score_statistics.difference_over_questions`, seeds
 averaged per question), minutes and tokens read.
 
     python benchmarks/cs224n_a5.py --data ../shared/cs224n-a5 --mingpt minGPT_birthplace_prediction/src
@@ -50,7 +50,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import harness
-from kqv.train.evaluation import difference_over_questions
+from kqv.train.score_statistics import difference_over_questions
 
 DEV_SIZE = 400  # development people carved out of the 2,000 training questions
 MASK = "\u2047"  # the assignment's mask symbol (and kqv's character tokenizer's)

@@ -22,9 +22,9 @@ And the baselines that never read the question (`baselines`, from the world's fi
 `kqv eval` (the most frequent answer of the pairs the fine-tunes trained on), the constant per question kind (the
 most frequent town for a birthplace question, trade for a trade question: the stronger one, which each arm is
 compared with) and the uniform guesses among those answers. The unit of every interval is the question: with
-several seeds, each question's mean over the seeds (`kqv.train.evaluation.mean_over_seeds`), never the seeds'
+several seeds, each question's mean over the seeds (`kqv.train.score_statistics.mean_over_seeds`), never the seeds'
 answers pooled as more questions; differences are paired over questions
-(`kqv.train.evaluation.difference_over_questions`: Student's t over the per-question differences, and the exact
+(`kqv.train.score_statistics.difference_over_questions`: Student's t over the per-question differences, and the exact
 sign test, McNemar's for one seed).
 
     python benchmarks/finetune_qa.py            # the measured sizes
@@ -265,7 +265,7 @@ def baselines(work: Path) -> dict:
 def scored(per_question: list[int]) -> dict:
     """A baseline's exact match on the held-out questions, with its 95% Wilson interval (one answer per question,
     no seeds) and each question's score."""
-    from kqv.train.evaluation import wilson_interval
+    from kqv.train.score_statistics import wilson_interval
 
     correct, n = sum(per_question), len(per_question)
     return {
@@ -284,7 +284,7 @@ def scored(per_question: list[int]) -> dict:
 def over_seeds(results: list[dict], key: str) -> dict:
     """Exact match on the questions of `key` over the seeds' runs: each question's mean over the seeds
     (`per_question`: the scores a paired analysis takes, one per question), their mean, and each seed's."""
-    from kqv.train.evaluation import mean_over_seeds
+    from kqv.train.score_statistics import mean_over_seeds
 
     per_question = mean_over_seeds([r[key]["per_question"] for r in results])
     return {
@@ -298,7 +298,7 @@ def over_seeds(results: list[dict], key: str) -> dict:
 
 def versus(a: list[float], b: list[float]) -> dict:
     """a - b paired over questions (`difference_over_questions`), with its verdict."""
-    from kqv.train.evaluation import difference_over_questions
+    from kqv.train.score_statistics import difference_over_questions
 
     figures = difference_over_questions(a, b).to_dict()
     return figures | {"verdict": verdict(figures["difference_95"])}

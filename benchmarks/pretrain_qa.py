@@ -45,8 +45,8 @@ constant, `kqv.jobs.scoring.kind_constants`, ties to the first in sorted order, 
 trains on, the seen questions less their validation share, as `kqv eval` counts them). Beside it the *reading
 score*: exact match over the held-out questions whose answer is not their kind's constant, against a guess among
 the kind's other seen answers by frequency (`kqv.jobs.scoring.reading_guess`). Every difference is paired over questions
-(`kqv.train.evaluation.difference_over_questions`, the seeds averaged per question), and its verdict is "higher" or
-"lower" only when the 95% interval and the exact sign test over the questions (p < 0.05) agree: McNemar's exact test
+(`kqv.train.score_statistics.difference_over_questions`, the seeds averaged per question), and its verdict is "higher"
+or "lower" only when the 95% interval and the exact sign test over the questions (p < 0.05) agree: McNemar's exact test
 on one run's 1/0 scores, and on scores averaged over the seeds the count of questions leaning each way. Against the
 reading guess each seed is tested on its own (`difference_from_guess`), the largest p deciding.
 
@@ -303,7 +303,7 @@ def question_record(evaluation) -> dict:
 def probe_record(evaluation) -> dict:
     """A probe file's figures, every one from the same scoring (`answered`: the completion starts with the answer
     as whole words): the count, the rate and its 95% Wilson interval, beside the completion loss."""
-    from kqv.train.evaluation import wilson_interval
+    from kqv.train.score_statistics import wilson_interval
 
     right = [int(answered(p.got, p.expected)) for p in evaluation.predictions]
     low, high = wilson_interval(sum(right), len(right))
@@ -508,7 +508,7 @@ def baselines(work: Path, split: str = "test") -> dict:
 def versus(a: list[float], b: list[float]) -> dict:
     """a - b paired over questions: the difference, its 95% interval (Student's t over questions) and McNemar's
     exact test (`verdict`)."""
-    from kqv.train.evaluation import difference_over_questions
+    from kqv.train.score_statistics import difference_over_questions
 
     return verdict(difference_over_questions(a, b).to_dict())
 
@@ -527,7 +527,7 @@ def by_kind(per_question: list[float], kinds: list[str]) -> dict[str, float]:
 
 def over_seeds(results: dict[str, dict], name: str, seeds: list[int], key: str) -> list[float]:
     """Each question's mean score over the seeds (`mean_over_seeds`): the unit stays the question."""
-    from kqv.train.evaluation import mean_over_seeds
+    from kqv.train.score_statistics import mean_over_seeds
 
     return mean_over_seeds([results[seeded(name, seed)][key]["per_question"] for seed in seeds])
 
@@ -537,7 +537,7 @@ def reading_score(per_question: list[float], baseline: dict, per_seed: list[list
     the reading questions with its 95% interval (Student's t over those questions; with one seed's 1/0 scores,
     Wald's), and the difference to the guess, its exact test each seed's own chance that a guess gets as many
     right, the largest of their p-values deciding (`difference_from_guess`: the seeds are not pooled)."""
-    from kqv.train.evaluation import difference_from_guess, difference_over_questions
+    from kqv.train.score_statistics import difference_from_guess, difference_over_questions
 
     questions = baseline["reading"]["questions"]
     chosen = [per_question[k] for k in questions]

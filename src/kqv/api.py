@@ -71,13 +71,13 @@ from .nn.environment import describe as describe_environment
 from .nn.environment import environment
 from .nn.generation import GENERATION_DTYPES as GENERATION_DTYPES
 from .nn.generation import GenerationConfig
-from .train.evaluation import QuestionDifference as QuestionDifference
-from .train.evaluation import showing_progress as showing_progress
 from .train.events import Event
 from .train.files import refuse_writing_over as refuse_writing_over
 from .train.files import write_atomically
+from .train.perplexity import showing_progress as showing_progress
 from .train.rundir import named_run_path
 from .train.runs import RunConfig, read_run, run_task
+from .train.score_statistics import QuestionDifference as QuestionDifference
 
 
 def load(path: str | Path, *, device: str = "auto") -> TrainedRun | PretrainedRun:

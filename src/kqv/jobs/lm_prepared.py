@@ -67,10 +67,10 @@ from ..errors import (
 from ..interop.directories import read_hf_tokenizer
 from ..train.config import TrainConfig
 from ..train.distributed import OwnRows
-from ..train.evaluation import perplexity
 from ..train.files import disk_full_reported, sha256, write_files, write_text
 from ..train.layout import RunFiles
 from ..train.options import TrainerOptions
+from ..train.perplexity import perplexity
 from ..train.rundir import RunDirectory
 from ..train.runs import read_run
 from ..train.topology import Topology
