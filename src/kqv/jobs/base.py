@@ -476,7 +476,7 @@ HF_MODEL_FILES = frozenset(
         "special_tokens_map.json",
         "vocab.json",
         "merges.txt",
-        "modules.json",  # a sentence-transformers directory's (kqv.jobs.embeddings)
+        "modules.json",  # a sentence-transformers directory's (kqv.interop.sentence_encoder)
         "sentence_bert_config.json",
         "1_Pooling",
     }
