@@ -25,7 +25,8 @@ from typing import Any, ClassVar, Generic, TypeVar
 import torch
 from torch import nn
 
-from ..data.tokenizers import load_tokenizer
+from ..data.tokenizers import Tokenizer, load_tokenizer
+from ..data.vocabulary import Vocabulary
 from ..errors import (
     OUT,
     OVERWRITE,
@@ -64,7 +65,10 @@ from ..train.runs import (
 from ..train.slices import build_for
 from ..train.topology import Topology
 from ..train.trainer import Trainer
+from ..validation import Config
 from .offers import Offering
+
+RunTokenizer = Tokenizer | Vocabulary | None  # a run's: text jobs' BPE or characters, the MLM's vocabulary, none (ViT)
 
 
 @dataclass(frozen=True)
@@ -97,7 +101,7 @@ class AttentionMaps:
         )
 
 
-def check_text(name: str, text: Any) -> None:
+def check_text(name: str, text: object) -> None:
     """Require `text` (an operation's input, `name` in the interface's words) to be a string of Unicode text.
 
     Bytes that are not UTF-8 on the command line reach Python as lone surrogates ("surrogate escapes"), which no
@@ -123,7 +127,7 @@ class TrainedRun(Offering):
     job: Job
     config: RunConfig
     model: nn.Module
-    tokenizer: Any
+    tokenizer: RunTokenizer
     run_dir: Path
     values: dict[str, Any] = field(default_factory=dict)
 
@@ -210,12 +214,12 @@ class Job:
 
     # -- configs ---------------------------------------------------------------------------------------------
 
-    def load_config(self, path: str | Path, overrides: list[str] = ()) -> Any:
+    def load_config(self, path: str | Path, overrides: list[str] = ()) -> RunConfig:
         """Read a TOML run config and apply `section.key=value` overrides (as `kqv train NAME --set` does)."""
         values = read_config_values(path, overrides, f"configs/{self.name}-*.toml")
         return self.config_class.from_dict(values)
 
-    def read_config(self, run_dir: str | Path, overrides: list[str] = ()) -> Any:
+    def read_config(self, run_dir: str | Path, overrides: list[str] = ()) -> RunConfig:
         """The run config a run was trained with, from its run.toml, to resume it: as it was, or with
         `section.key=value` overrides of what may change mid-run (`kqv.train.runs.resumed_values`)."""
         values = read_run(run_dir, self.name)
@@ -239,7 +243,7 @@ class Job:
         resume: bool = False,
         overwrite: bool = False,
         quiet: bool = False,
-        on_event: Callable[[Event], Any] | None = None,
+        on_event: Callable[[Event], object] | None = None,
         **options: Any,
     ) -> dict[str, Any]:
         """Train as configured into run_dir (continue its checkpoint with `resume`, replace it with `overwrite`);
@@ -343,11 +347,11 @@ class Job:
         if_exists = "resume" if resume else ("overwrite" if overwrite else "error")
         return RunDirectory.open(run_dir, if_exists, topology=topology, stage=True)
 
-    def build_model(self, model_config: Any, config: RunConfig, values: dict[str, Any]) -> nn.Module:
+    def build_model(self, model_config: Config, config: RunConfig, values: dict[str, Any]) -> nn.Module:
         """The job's model for a model config (`values`: the run.toml being written or read)."""
         raise NotImplementedError
 
-    def start(self, config: RunConfig, run: RunDirectory, model_config: Any, **extra: Any) -> nn.Module:
+    def start(self, config: RunConfig, run: RunDirectory, model_config: Config, **extra: Any) -> nn.Module:
         """Write run.toml (with `extra` tables; rank 0 only under torchrun) and build the freshly seeded model: under
         torchrun with `train.parallel = "fsdp"`, on the meta device, each process keeping only its rows of every
         parameter for the Trainer's shards (`kqv.train.slices`), the same weights as one process's."""
@@ -429,7 +433,7 @@ class Job:
 
     # -- using a trained run ---------------------------------------------------------------------------------
 
-    def load(self, run_dir: str | Path, device: str = "cpu") -> Any:
+    def load(self, run_dir: str | Path, device: str = "cpu") -> TrainedRun:
         """A trained run for generation or evaluation (weights from safetensors, no code executed), its model on
         `device` ("auto": a CUDA GPU, then Apple silicon, then the CPU; `kqv.nn.devices.Accelerator.resolve`)
         whatever device it was trained on. The default is the CPU here; `kqv.load` and the commands choose "auto"."""
@@ -451,11 +455,11 @@ class Job:
         source's weights and adapters here, and its checkpoint holds the adapters alone."""
         return None
 
-    def model_config_of_run(self, values: dict[str, Any]) -> Any:
+    def model_config_of_run(self, values: dict[str, Any]) -> Config:
         """The exact model config a run trained, from its run.toml."""
         return ModelConfig.from_dict(values["model"])
 
-    def load_tokenizer(self, run_dir: Path) -> Any:
+    def load_tokenizer(self, run_dir: Path) -> RunTokenizer:
         return load_tokenizer(RunFiles(run_dir).tokenizer_dir)
 
 

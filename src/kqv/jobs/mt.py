@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -365,7 +366,7 @@ class MTRun(TrainedRun, Translates, Evaluates, ShowsAttention):
         *,
         beam_size: int | None = None,
         length_penalty: float | None = None,
-        **options: Any,
+        **options: float,
     ) -> list[str]:
         """The translation of each sentence (one string is one sentence), by beam search with the run's `[decode]`
         settings; `beam_size`, `length_penalty` and `options` (max_len_a, max_len_b, batch_sentences) replace them."""
@@ -448,7 +449,7 @@ class TrainingFlops:
     loss and their real tokens (`training_flops_per_token`'s arguments), and `per_token` once counted (before
     training; after it under FSDP, when rank 0 holds the whole model again)."""
 
-    sample: tuple[Any, ...]
+    sample: tuple[list[dict[str, Tensor]], Callable[[nn.Module, dict[str, Tensor]], Tensor], int]
     per_token: float | None = None
 
 
