@@ -25,7 +25,7 @@ with `--threads` torch threads each:
 Every arm is scored by exact match on the development questions; the bar is the strongest answer that never reads
 the question, the training split's most frequent answer (one kind of question here, so one constant; ties to the
 first in sorted order), and the table shows each arm's mean over seeds with a seed-level 95% interval (Student's t),
-its paired difference to the constant over questions (`kqv.train.evaluation.difference_over_questions`, seeds
+its paired difference to the constant over questions (`kqv.train.difference_over_questions`, seeds
 averaged per question), minutes and tokens read.
 
     python benchmarks/cs224n_a5.py --data ../shared/cs224n-a5 --mingpt minGPT_birthplace_prediction/src

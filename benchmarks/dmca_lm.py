@@ -12,7 +12,7 @@ number of updates and the same tokens per update (batch x context = 2,048), fp32
 * dmca+switch   the same with the Switch feed-forward.
 
 Reported per arm: validation loss (nats/character) and perplexity on 200,000 held-out characters, each model
-scored at its own context (the lm job's `kqv.train.evaluation.perplexity`: every token once, in non-overlapping
+scored at its own context (the lm job's `kqv.train.perplexity.perplexity`: every token once, in non-overlapping
 blocks of its context, so a token has on average half the context before it),
 update throughput (tokens/s: load-dependent on a shared machine) and peak resident memory (each arm runs in its
 own process). Loss after a fixed number of updates does not depend on load.

@@ -22,9 +22,9 @@ And the baselines that never read the question (`baselines`, from the world's fi
 `kqv eval` (the most frequent answer of the pairs the fine-tunes trained on), the constant per question kind (the
 most frequent town for a birthplace question, trade for a trade question: the stronger one, which each arm is
 compared with) and the uniform guesses among those answers. The unit of every interval is the question: with
-several seeds, each question's mean over the seeds (`kqv.train.evaluation.mean_over_seeds`), never the seeds'
+several seeds, each question's mean over the seeds (`kqv.train.mean_over_seeds`), never the seeds'
 answers pooled as more questions; differences are paired over questions
-(`kqv.train.evaluation.difference_over_questions`: Student's t over the per-question differences, and the exact
+(`kqv.train.difference_over_questions`: Student's t over the per-question differences, and the exact
 sign test, McNemar's for one seed).
 
     python benchmarks/finetune_qa.py            # the measured sizes

@@ -45,7 +45,7 @@ constant, `kqv.jobs.scoring.kind_constants`, ties to the first in sorted order, 
 trains on, the seen questions less their validation share, as `kqv eval` counts them). Beside it the *reading
 score*: exact match over the held-out questions whose answer is not their kind's constant, against a guess among
 the kind's other seen answers by frequency (`kqv.jobs.scoring.reading_guess`). Every difference is paired over questions
-(`kqv.train.evaluation.difference_over_questions`, the seeds averaged per question), and its verdict is "higher" or
+(`kqv.train.difference_over_questions`, the seeds averaged per question), and its verdict is "higher" or
 "lower" only when the 95% interval and the exact sign test over the questions (p < 0.05) agree: McNemar's exact test
 on one run's 1/0 scores, and on scores averaged over the seeds the count of questions leaning each way. Against the
 reading guess each seed is tested on its own (`difference_from_guess`), the largest p deciding.

@@ -1232,7 +1232,7 @@ def gap(figure: dict, constant: list[int]) -> str:
     """A single run's difference to the constant per kind over the same questions, where its scores are recorded."""
     if "per_question" not in figure:
         return "not recorded"
-    from kqv.train.evaluation import difference_over_questions
+    from kqv.train.score_statistics import difference_over_questions
 
     return versus_text(difference_over_questions(figure["per_question"], constant).to_dict())
 

@@ -26,7 +26,7 @@ from kqv.jobs.scoring import (
     kind_constants,
     with_baselines,
 )
-from kqv.train.evaluation import (
+from kqv.train.score_statistics import (
     difference_from_guess,
     difference_over_questions,
     guess_test,

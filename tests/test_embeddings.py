@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kqv.cli.main import main
-from kqv.jobs.embeddings import SentenceEncoder, minilm_directory
+from kqv.interop.sentence_encoder import SentenceEncoder, minilm_directory
 from kqv.nn.heads import mean_pool
 
 PARAPHRASES = [

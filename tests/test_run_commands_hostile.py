@@ -15,7 +15,7 @@ import kqv
 from kqv.cli.main import main
 from kqv.cli.runs import answers_by_kind
 from kqv.jobs import lm_corpus
-from kqv.train import evaluation
+from kqv.train import perplexity as scoring
 from kqv.train.trainer import Trainer
 from test_cli import TINY, corpus, run  # noqa: F401 -- the shared tiny run
 from test_finetune_fuzz import snapshot
@@ -37,7 +37,7 @@ def command(argv: list[str], stderr: io.StringIO | None = None) -> tuple[int, st
 
 
 def test_kqv_eval_shows_a_scoring_bar_on_a_terminal_and_nowhere_else(run, monkeypatch):  # noqa: F811
-    monkeypatch.setattr(evaluation, "PROGRESS_DELAY_S", 0)  # as a scoring that takes a while shows it
+    monkeypatch.setattr(scoring, "PROGRESS_DELAY_S", 0)  # as a scoring that takes a while shows it
     status, out, shown = command(["eval", str(run)], Terminal())
     assert status == 0 and "scoring" in shown and "tok" in shown and "perplexity" in out
     assert "scoring" not in command(["eval", str(run)])[2]  # not a terminal: no bar in a log

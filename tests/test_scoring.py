@@ -20,7 +20,7 @@ from kqv.data.tokenizers import CharTokenizer
 from kqv.errors import ConfigError, DataError
 from kqv.jobs.answer_files import escape_line
 from kqv.jobs.scoring import Prediction, complete, evaluate_pairs, normalise
-from kqv.train.evaluation import wilson_interval
+from kqv.train.score_statistics import wilson_interval
 from test_finetune import tiny_run
 
 CHARS = "abcdefgh \n"

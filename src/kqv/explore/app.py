@@ -85,7 +85,7 @@ class RequestError(ValueError):
 
 
 def status_of(error: Exception) -> int:
-    from ..jobs.embeddings import ModelNotInstalledError
+    from ..interop.sentence_encoder import ModelNotInstalledError
 
     if isinstance(error, RequestError):
         return error.status

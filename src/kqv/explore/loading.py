@@ -4,7 +4,7 @@
 `load_subject(run)` reads the run's task from its run.toml and opens its `Subject`, which loads the run with the
 job's own loader (`kqv.jobs.load_run`: weights from safetensors, no code executed). `minilm` (or a
 sentence-transformers directory) is the pretrained all-MiniLM-L6-v2 that `kqv embed` runs; `hf` is any other
-Hugging Face directory (`kqv.jobs.held.is_hf_directory`: a causal LM shown like an LM run, a BERT like an encoder
+Hugging Face directory (`kqv.jobs.base.is_hf_directory`: a causal LM shown like an LM run, a BERT like an encoder
 run, a Marian or BART like an MT run, kqv.explore.pretrained). A job whose runs the
 explorer does not show is listed in `NOT_EXPLORABLE`, with why (tests/test_explore_api.py checks that every job is
 in one of the two).
@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import TRAIN, ConfigError, RunError, option
-from ..jobs.held import is_hf_directory
+from ..jobs.base import is_hf_directory
 from ..train.layout import RunFiles
 from ..train.runs import read_run, run_task
 from .pretrained import PretrainedSubject, is_sentence_transformers

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigTypeError
-from ..jobs.held import run_inputs
+from ..jobs.base import run_inputs
 from ..train.files import refuse_writing_over, write_text
 from .export import standalone_page
 
@@ -83,6 +83,6 @@ def show(
 
 
 def shown_inputs(model_or_run: Any) -> list[tuple[str, Path]]:
-    """The files of the run directory a page shows (`kqv.jobs.held.run_inputs`): a path given, or a loaded run's."""
+    """The files of the run directory a page shows (`kqv.jobs.base.run_inputs`): a path given, or a loaded run's."""
     where = model_or_run if isinstance(model_or_run, (str, Path)) else getattr(model_or_run, "run_dir", None)
     return run_inputs(where) if where is not None and Path(where).is_dir() else []

@@ -471,7 +471,7 @@ class EmbeddingSubject(EncoderSubject):
     @classmethod
     def load(cls, path: Path | None, limit: int, device: str = "cpu") -> EmbeddingSubject:
         """all-MiniLM-L6-v2 as installed (path None), or the sentence-transformers directory `path`."""
-        from ..jobs.embeddings import SentenceEncoder
+        from ..interop.sentence_encoder import SentenceEncoder
 
         return cls(str(path) if path else "minilm", SentenceEncoder.load(path).to(device), limit)
 

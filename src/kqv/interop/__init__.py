@@ -24,20 +24,26 @@ does not compute with (BERT's pooler and second token type, the two unused rows 
 beside the converted model in `model.hf_origin`, with the Hugging Face config, so `to_hf(from_hf(m))` gives back
 `m`'s state dict exactly.
 
+A sentence-transformers directory (all-MiniLM-L6-v2 by default) becomes a sentence encoder, `kqv.Encoder` with its
+tokenizer, mean pooling and L2 normalisation: `SentenceEncoder` (`minilm_directory`: the installed MiniLM).
+
 `transformers` is imported inside functions only: it is an optional dependency, not one of kqv's.
 """
 
 from .architectures import ARCHITECTURES
 from .convert import config_from_hf, from_hf, read_hf_directory, to_hf
 from .rules import Architecture, HFOrigin, Rule
+from .sentence_encoder import SentenceEncoder, minilm_directory
 
 __all__ = [
     "ARCHITECTURES",
     "Architecture",
     "HFOrigin",
     "Rule",
+    "SentenceEncoder",
     "config_from_hf",
     "from_hf",
+    "minilm_directory",
     "read_hf_directory",
     "to_hf",
 ]

@@ -1,5 +1,5 @@
 """A Hugging Face model directory on disk: the tokenizer saved beside its model (`tokenizer.json`, read as kqv's
-tokenizer interface). What tells such a directory from a kqv run is `kqv.jobs.held.is_hf_directory`, which knows
+tokenizer interface). What tells such a directory from a kqv run is `kqv.jobs.base.is_hf_directory`, which knows
 both."""
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """The jobs: each module trains one kind of model end to end and knows how to use its runs.
 
 `lm` (a GPT-style language model), `mt` (translation: the Transformer or its LSTM baseline), `mlm` (masked-LM
-pretraining of an encoder), `cls` (text classification), `vit` (a Vision Transformer on 8x8 digits), and
-`embeddings` (sentence embeddings from pretrained MiniLM, not a training job). Every job implements the contract
-in `kqv.jobs.base`; `JOBS` below is the one registry of them (a new job is one more entry), and `get_job(name)`
-and `load_run(run_dir)` find them.
+pretraining of an encoder), `cls` (text classification) and `vit` (a Vision Transformer on 8x8 digits). Every
+job implements the contract in `kqv.jobs.base`; `JOBS` below is the one registry of them (a new job is one more
+entry), and `get_job(name)` and `load_run(run_dir)` find them.
 """
 
 from __future__ import annotations

@@ -13,7 +13,9 @@ the command line (`kqv.cli`) parses flags and prints what these operations retur
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
+import tomllib
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -23,7 +25,8 @@ from typing import Any, ClassVar, Generic, TypeVar
 import torch
 from torch import nn
 
-from ..data.tokenizers import load_tokenizer
+from ..data.tokenizers import Tokenizer, load_tokenizer
+from ..data.vocabulary import Vocabulary
 from ..errors import (
     OUT,
     OVERWRITE,
@@ -54,6 +57,7 @@ from ..train.runs import (
     override_key,
     read_config_values,
     read_run,
+    read_summary,
     resumed_values,
     write_run_config,
     write_summary,
@@ -61,8 +65,10 @@ from ..train.runs import (
 from ..train.slices import build_for
 from ..train.topology import Topology
 from ..train.trainer import Trainer
-from .held import finished_line, finished_summary
+from ..validation import Config
 from .offers import Offering
+
+RunTokenizer = Tokenizer | Vocabulary | None  # a run's: text jobs' BPE or characters, the MLM's vocabulary, none (ViT)
 
 
 @dataclass(frozen=True)
@@ -95,7 +101,7 @@ class AttentionMaps:
         )
 
 
-def check_text(name: str, text: Any) -> None:
+def check_text(name: str, text: object) -> None:
     """Require `text` (an operation's input, `name` in the interface's words) to be a string of Unicode text.
 
     Bytes that are not UTF-8 on the command line reach Python as lone surrogates ("surrogate escapes"), which no
@@ -121,7 +127,7 @@ class TrainedRun(Offering):
     job: Job
     config: RunConfig
     model: nn.Module
-    tokenizer: Any
+    tokenizer: RunTokenizer
     run_dir: Path
     values: dict[str, Any] = field(default_factory=dict)
 
@@ -208,12 +214,12 @@ class Job:
 
     # -- configs ---------------------------------------------------------------------------------------------
 
-    def load_config(self, path: str | Path, overrides: list[str] = ()) -> Any:
+    def load_config(self, path: str | Path, overrides: list[str] = ()) -> RunConfig:
         """Read a TOML run config and apply `section.key=value` overrides (as `kqv train NAME --set` does)."""
         values = read_config_values(path, overrides, f"configs/{self.name}-*.toml")
         return self.config_class.from_dict(values)
 
-    def read_config(self, run_dir: str | Path, overrides: list[str] = ()) -> Any:
+    def read_config(self, run_dir: str | Path, overrides: list[str] = ()) -> RunConfig:
         """The run config a run was trained with, from its run.toml, to resume it: as it was, or with
         `section.key=value` overrides of what may change mid-run (`kqv.train.runs.resumed_values`)."""
         values = read_run(run_dir, self.name)
@@ -237,7 +243,7 @@ class Job:
         resume: bool = False,
         overwrite: bool = False,
         quiet: bool = False,
-        on_event: Callable[[Event], Any] | None = None,
+        on_event: Callable[[Event], object] | None = None,
         **options: Any,
     ) -> dict[str, Any]:
         """Train as configured into run_dir (continue its checkpoint with `resume`, replace it with `overwrite`);
@@ -341,11 +347,11 @@ class Job:
         if_exists = "resume" if resume else ("overwrite" if overwrite else "error")
         return RunDirectory.open(run_dir, if_exists, topology=topology, stage=True)
 
-    def build_model(self, model_config: Any, config: RunConfig, values: dict[str, Any]) -> nn.Module:
+    def build_model(self, model_config: Config, config: RunConfig, values: dict[str, Any]) -> nn.Module:
         """The job's model for a model config (`values`: the run.toml being written or read)."""
         raise NotImplementedError
 
-    def start(self, config: RunConfig, run: RunDirectory, model_config: Any, **extra: Any) -> nn.Module:
+    def start(self, config: RunConfig, run: RunDirectory, model_config: Config, **extra: Any) -> nn.Module:
         """Write run.toml (with `extra` tables; rank 0 only under torchrun) and build the freshly seeded model: under
         torchrun with `train.parallel = "fsdp"`, on the meta device, each process keeping only its rows of every
         parameter for the Trainer's shards (`kqv.train.slices`), the same weights as one process's."""
@@ -427,7 +433,7 @@ class Job:
 
     # -- using a trained run ---------------------------------------------------------------------------------
 
-    def load(self, run_dir: str | Path, device: str = "cpu") -> Any:
+    def load(self, run_dir: str | Path, device: str = "cpu") -> TrainedRun:
         """A trained run for generation or evaluation (weights from safetensors, no code executed), its model on
         `device` ("auto": a CUDA GPU, then Apple silicon, then the CPU; `kqv.nn.devices.Accelerator.resolve`)
         whatever device it was trained on. The default is the CPU here; `kqv.load` and the commands choose "auto"."""
@@ -449,12 +455,108 @@ class Job:
         source's weights and adapters here, and its checkpoint holds the adapters alone."""
         return None
 
-    def model_config_of_run(self, values: dict[str, Any]) -> Any:
+    def model_config_of_run(self, values: dict[str, Any]) -> Config:
         """The exact model config a run trained, from its run.toml."""
         return ModelConfig.from_dict(values["model"])
 
-    def load_tokenizer(self, run_dir: Path) -> Any:
+    def load_tokenizer(self, run_dir: Path) -> RunTokenizer:
         return load_tokenizer(RunFiles(run_dir).tokenizer_dir)
+
+
+# -- what a run holds -------------------------------------------------------------------------------------------
+# The files of a kqv run or a Hugging Face model directory that loading it reads, and its fine-tune's sources':
+# what no command may write over (`kqv.train.files.refuse_writing_over`); and whether a run that a resume opens is
+# finished (`finished_summary`: its summary, said instead of training it again).
+
+HF_CONFIG_FILE = "config.json"  # what makes a directory a Hugging Face model's
+# The files of a Hugging Face model directory that kqv reads (besides its *.safetensors weights).
+HF_MODEL_FILES = frozenset(
+    {
+        HF_CONFIG_FILE,
+        "generation_config.json",
+        "model.safetensors.index.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "vocab.json",
+        "merges.txt",
+        "modules.json",  # a sentence-transformers directory's (kqv.interop.sentence_encoder)
+        "sentence_bert_config.json",
+        "1_Pooling",
+    }
+)
+
+
+def is_hf_directory(path: str | Path) -> bool:
+    """Whether `path` is a Hugging Face model directory (a config.json) rather than a kqv run (a run.toml): every
+    job, the API and the explorer tell the two apart here."""
+    path = Path(path)
+    return (path / HF_CONFIG_FILE).is_file() and not RunFiles(path).config_file.exists()
+
+
+def model_files(directory: str | Path) -> list[Path]:
+    """The files of a run directory or a Hugging Face model directory that loading it reads (a kqv run's:
+    `RunFiles.held`; a Hugging Face directory's: `HF_MODEL_FILES` and its weights): what no command may write over.
+    Other files in it (a user's notes, an earlier answers.txt) are not the model's."""
+    directory = Path(directory)
+    weights = sorted(directory.glob("*.safetensors")) if directory.is_dir() else []
+    held = {*RunFiles(directory).held(), *(directory / name for name in HF_MODEL_FILES)}
+    return sorted(held) + weights
+
+
+def run_inputs(run_dir: str | Path) -> list[tuple[str, Path]]:
+    """What an operation on the run (or Hugging Face directory) `run_dir` reads, which no file it writes may be or
+    lie inside (`refuse_writing_over`): the model's own files (`model_files`: SHA256SUMS and the lock file too)
+    and, for a fine-tune, its source's (run.toml's `[source]`, and that source's source, if any), each as (what it
+    is, its path)."""
+    run_dir = Path(run_dir)
+    found = [(f"{path.name} of the run {run_dir}", path) for path in model_files(run_dir)]
+    seen = {os.path.realpath(run_dir)}
+    while (source := recorded_source(run_dir)) is not None and os.path.realpath(source) not in seen:
+        seen.add(os.path.realpath(source))
+        found += [(f"{path.name} of the fine-tune's source {source}", path) for path in model_files(source)]
+        run_dir = Path(source)
+    return found
+
+
+def recorded_source(run_dir: Path) -> str | None:
+    """The path of the source a fine-tune `run_dir` started from (run.toml's `[source]`), else None."""
+    try:
+        source = tomllib.loads(RunFiles(run_dir).config_file.read_text()).get("source", {}).get("path")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, AttributeError):
+        return None  # no run.toml (a Hugging Face directory), or one that loading it will name
+    return source if isinstance(source, str) and source else None
+
+
+def finished_summary(run: RunDirectory, config: RunConfig) -> dict[str, Any] | None:
+    """The summary of the run that `run` resumes when it is finished (its summary.json written after the update
+    its checkpoint holds) and `config` asks for nothing more of it (every section as its run.toml's: more steps, a
+    longer budget or another config resume as before), its data files verified; else None."""
+    if not run.resuming or not run.summary_file.is_file():  # a RunDirectory is its RunFiles
+        return None
+    try:
+        summary = read_summary(run.path)
+    except (OSError, ValueError):  # damaged: the run is finished again, which writes it anew
+        return None
+    recorded = comparable(read_run(run.path))
+    recorded.get("model", {}).pop("vocab_size", None)  # the tokenizer's, which a config leaves open
+    asked = comparable(config.to_dict())
+    planned = (run.checkpoint.state.get("plan") or {}).get("steps", config.train.steps)  # a budget's, or steps
+    if summary.get("steps") != run.step or run.step < planned:  # a summary of an earlier end, before more was asked
+        return None
+    if any(recorded.get(name) != section for name, section in asked.items()):
+        return None
+    run.verify_data()  # a damaged run is said so, finished or not
+    return summary
+
+
+def finished_line(run: RunDirectory, summary: dict[str, Any]) -> str:
+    """What a resume of a finished run says instead of training and evaluating it again."""
+    return (
+        f"{run.destination} is finished ({summary['steps']} steps; its figures are in summary.json): nothing to "
+        f"resume; to train it further ask for more, {option(STEPS)} N above {summary['steps']} (or a longer "
+        f"train.budget_minutes)"
+    )
 
 
 def total_parameters(model: nn.Module) -> int:

@@ -38,7 +38,7 @@ from torch import nn
 from ..data.tokenizers import BPETokenizer, CharTokenizer, Tokenizer
 from ..errors import HF, ConfigError, ConversionError, option
 from ..train.files import disk_full_reported, refuse_writing_over
-from .held import HF_MODEL_FILES, run_inputs
+from .base import HF_MODEL_FILES, run_inputs
 
 logger = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ from ..train.files import sha256
 from ..train.layout import RunFiles
 from ..train.runs import read_run
 from ..train.slices import is_sliced, load_slices, set_slices
-from .held import is_hf_directory
+from .base import is_hf_directory
 
 FREE_OPTIONS = frozenset({"dropout", "blockwise"})  # model options a fine-tune may change: no weight depends on them
 INDEX_FILE = "model.safetensors.index.json"  # a Hugging Face directory's weights in shards: the files it names

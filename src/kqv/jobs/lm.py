@@ -38,8 +38,8 @@ from ..nn.devices import model_device
 from ..nn.lora import is_adapted, merge_lora
 from ..nn.models import DecoderLM, check_ids
 from ..train.checkpoints import partial_loader
-from ..train.evaluation import perplexity
 from ..train.options import TrainerOptions
+from ..train.perplexity import perplexity
 from ..train.preflight import check_memory
 from ..train.runs import RunConfig, override_key, read_run
 from ..validation import check_at_least
@@ -186,7 +186,7 @@ class LMEvaluation:
     bits_per_char: float | None = None
 
     def to_dict(self) -> dict[str, float]:
-        """The figures as `kqv.train.evaluation.perplexity` gives them (what `kqv eval --json` prints)."""
+        """The figures as `kqv.train.perplexity.perplexity` gives them (what `kqv eval --json` prints)."""
         figures = {
             "loss": self.loss,
             "perplexity": self.perplexity,

@@ -33,9 +33,9 @@ from ..data.tokenizers import Tokenizer, load_tokenizer, make_tokenizer
 from ..errors import EVAL_CORPUS, ConfigError, DataError, option
 from ..nn.config import ModelConfig
 from ..train.config import TrainConfig
-from ..train.evaluation import perplexity
 from ..train.layout import RunFiles
 from ..train.options import TrainerOptions
+from ..train.perplexity import perplexity
 from ..train.preflight import check_prompt, check_splits
 from ..train.rundir import RunDirectory
 from ..train.topology import Topology
@@ -152,7 +152,7 @@ class LoadedText(TextSplits, LoadedCorpus):
         return block_options(train_batches, val_batches, batch * context)
 
     def perplexity(self, model: nn.Module, max_tokens: int | None, precision: str = "fp32") -> dict[str, float]:
-        """`kqv.train.evaluation.perplexity` of (up to `max_tokens` of) the validation split, per character too
+        """`kqv.train.perplexity.perplexity` of (up to `max_tokens` of) the validation split, per character too
         where the characters are known."""
         n_chars = None if self.chars is None else self.chars[1]
         return perplexity(

@@ -68,14 +68,14 @@ from ..interop.directories import read_hf_tokenizer
 from ..nn.config import ModelConfig
 from ..train.config import TrainConfig
 from ..train.distributed import OwnRows
-from ..train.evaluation import perplexity
 from ..train.files import disk_full_reported, sha256, write_files, write_text
 from ..train.layout import RunFiles
 from ..train.options import TrainerOptions
+from ..train.perplexity import perplexity
 from ..train.rundir import RunDirectory
 from ..train.runs import read_run
 from ..train.topology import Topology
-from .held import is_hf_directory
+from .base import is_hf_directory
 from .lm_corpus import SCORED_TOKENS, Check, LMTokenizerSource, LoadedText, TextBlocks, block_options
 from .lm_data import DataConfig
 

@@ -27,19 +27,20 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from ..data.bible import load_pairs, parse_pair, split_by_group
 from ..data.pairs import Encoded, TokenBatches, encode_pairs, load_splits, read_texts, split_tensors, text_files
 from ..data.tokenizers import Tokenizer, load_tokenizer, make_tokenizer
 from ..errors import BEAM_SIZE, MAX_SENTENCES, SRC, SRC_AND_REF, TGT, ConfigError, DataError, option
 from ..nn.config import ModelConfig
-from ..nn.devices import model_device
+from ..nn.devices import model_device, on_device_of
 from ..nn.models import EncoderDecoder, count_parameters
 from ..nn.rnn import RNNConfig, RNNEncoderDecoder
 from ..train.config import TrainConfig
@@ -51,17 +52,7 @@ from ..train.slices import is_sliced
 from ..validation import Config, check_at_least, check_value
 from .base import AttentionMaps, Job, Outcome, TrainedRun, Training, check_text
 from .offers import Evaluates, ShowsAttention, Translates
-from .translation import (
-    SPECIAL_TOKENS,
-    DevEvaluation,
-    MTEvaluation,
-    corpus_scores,
-    mt_loss,
-    real_tokens,
-    test_cost,
-    translate_sentences,
-    translate_test_split,
-)
+from .translation import SPECIAL_TOKENS, corpus_scores, spread, translate_sentences
 
 ModelKind = Literal["transformer", "lstm"]
 
@@ -170,7 +161,7 @@ def build_model(config: ModelConfig | RNNConfig) -> nn.Module:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Data: tokenizer, encoded splits, loss
+# Data: tokenizer, encoded splits
 
 
 @dataclass
@@ -249,7 +240,120 @@ def read_lines(path: str | Path) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Training: the loss, what it measures of the dev split while it trains, and of the test split at the end
+
+
+def mt_loss(model: nn.Module, batch: dict[str, Tensor], label_smoothing: float = 0.0) -> Tensor:
+    """Mean cross-entropy of the next target token under teacher forcing (label-smoothed while training), plus the
+    experts' load-balancing loss while training (`kqv.nn.experts`)."""
+    smoothing = label_smoothing if model.training else 0.0
+    return model(batch["src"], batch["tgt_in"], batch["targets"], src_mask=batch["src_mask"], label_smoothing=smoothing)
+
+
+class DevEvaluation:
+    """The evaluation during training: loss, greedy BLEU and chrF on `data.eval_sentences` dev sentences spread
+    over the dev split, and the evaluation time so far, kept as `eval_seconds` in `extra_state`: the dict the
+    Trainer saves with every checkpoint and restores a resumed run's entries into, so the time adds up across
+    resumes."""
+
+    def __init__(
+        self,
+        config: MTRunConfig,
+        tokenizer: Tokenizer,
+        dev: Encoded,
+        texts: tuple[list[str], list[str]],
+        options: dict[str, int],
+        extra_state: dict[str, Any],
+    ):
+        """`dev`: the encoded dev split, `texts` its (sources, references), `tokenizer` the joint one."""
+        self.chosen = spread(list(range(len(dev))), config.data.eval_sentences)
+        self.batches = TokenBatches(
+            Encoded([dev.src[j] for j in self.chosen], [dev.tgt[j] for j in self.chosen]),
+            seed=0,
+            shuffle=False,
+            **options,
+        )
+        self.sources, self.references = ([side[j] for j in self.chosen] for side in texts)
+        self.tokenizer, self.decode, self.extra_state = tokenizer, config.decode, extra_state
+
+    def __call__(self, model: nn.Module) -> dict[str, float]:
+        started = time.perf_counter()
+        val_loss = sum(
+            mt_loss(model, on_device_of(model, self.batches(i))).item() * len(self.batches.indices(i))
+            for i in range(len(self.batches))
+        ) / len(self.chosen)
+        hypotheses = translate_sentences(
+            model,
+            self.tokenizer,
+            self.sources,
+            beam_size=1,
+            max_len_a=self.decode.max_len_a,
+            max_len_b=self.decode.max_len_b,
+            batch_sentences=self.decode.batch_sentences,
+        )
+        scores = corpus_scores(hypotheses, self.references)
+        spent = self.extra_state.get("eval_seconds", 0.0) + time.perf_counter() - started
+        self.extra_state["eval_seconds"] = spent
+        return {"val_loss": val_loss, "dev_bleu": scores["bleu"], "dev_chrf": scores["chrf"], "eval_seconds": spent}
+
+
+def test_cost(config: MTRunConfig, test_sentences: int) -> float:
+    """The test translation after training in dev evaluations, for a budget's plan: beam k costs about k / 2 greedy
+    decodings a verse (a conservative estimate; docs/translation.md has the measured times)."""
+    return test_sentences / config.data.eval_sentences * max(1.0, config.decode.beam_size / 2)
+
+
+def real_tokens(batch: dict[str, Tensor]) -> int:
+    """The real (non-padding) source and target tokens of a batch."""
+    return int(batch["src_mask"].sum()) + int((batch["targets"] != -100).sum())
+
+
+def translate_test_split(
+    model: nn.Module, tokenizer: Tokenizer, sources: list[str], references: list[str], decode: dict, run: RunFiles
+) -> dict[str, Any]:
+    """Translate a test split with beam search (`decode`: the run's [decode] options), write the translations as
+    the run's predictions, one a line, and score them."""
+    started = time.perf_counter()
+    hypotheses = translate_sentences(model, tokenizer, sources, **decode)
+    run.write_predictions(hypotheses)
+    scores = corpus_scores(hypotheses, references)
+    return {
+        "test_bleu": scores["bleu"],
+        "test_chrf": scores["chrf"],
+        "test_sentences": len(sources),
+        "test_translate_seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # The job
+
+
+@dataclass(frozen=True)
+class MTEvaluation:
+    """What `MTRun.evaluate` measured on `source`: corpus BLEU and chrF of `sentences` translations decoded with
+    beam size `beam_size`, which took `seconds`."""
+
+    source: str
+    bleu: float
+    chrf: float
+    sentences: int
+    beam_size: int
+    seconds: float
+
+    @property
+    def sentences_per_second(self) -> float:
+        return self.sentences / self.seconds
+
+    def to_dict(self) -> dict[str, float]:
+        """The figures as `kqv eval --json` prints them (seconds to one decimal)."""
+        return {
+            "bleu": self.bleu,
+            "chrf": self.chrf,
+            "sentences": self.sentences,
+            "beam_size": self.beam_size,
+            "seconds": round(self.seconds, 1),
+        }
 
 
 @dataclass(repr=False)  # TrainedRun.__repr__: the model is too long to print
@@ -262,7 +366,7 @@ class MTRun(TrainedRun, Translates, Evaluates, ShowsAttention):
         *,
         beam_size: int | None = None,
         length_penalty: float | None = None,
-        **options: Any,
+        **options: float,
     ) -> list[str]:
         """The translation of each sentence (one string is one sentence), by beam search with the run's `[decode]`
         settings; `beam_size`, `length_penalty` and `options` (max_len_a, max_len_b, batch_sentences) replace them."""
@@ -345,7 +449,7 @@ class TrainingFlops:
     loss and their real tokens (`training_flops_per_token`'s arguments), and `per_token` once counted (before
     training; after it under FSDP, when rank 0 holds the whole model again)."""
 
-    sample: tuple[Any, ...]
+    sample: tuple[list[dict[str, Tensor]], Callable[[nn.Module, dict[str, Tensor]], Tensor], int]
     per_token: float | None = None
 
 

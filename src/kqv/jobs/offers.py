@@ -16,20 +16,21 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import RunError
+from ..nn.generation import GenerationConfig
 
 
 @runtime_checkable
 class Generates(Protocol):
     """Continues a prompt (`LMRun.generate`)."""
 
-    def generate(self, prompt: str, config: Any = None, **options: Any) -> list[str]: ...
+    def generate(self, prompt: str, config: GenerationConfig | None = None, **options: Any) -> list[str]: ...
 
 
 @runtime_checkable
 class Completes(Protocol):
     """Completes many prompts, each to its end of text (`LMRun.complete`)."""
 
-    def complete(self, prompts: list[str], config: Any = None, **options: Any) -> list[str]: ...
+    def complete(self, prompts: list[str], config: GenerationConfig | None = None, **options: Any) -> list[str]: ...
 
 
 @runtime_checkable
@@ -89,14 +90,14 @@ CAPABILITIES = {
 }
 
 
-def refusal(run: Any, capability: Capability) -> NotOffered:
+def refusal(run: Offering, capability: Capability) -> NotOffered:
     """The one-line error for asking `run` (an `Offering`) for `capability`, which it does not offer."""
     return NotOffered(
         f"{run.place} is {run.kind}, which cannot {capability.does}; {capability.method} works on {capability.where}"
     )
 
 
-def require(run: Any, protocol: type) -> None:
+def require(run: Offering, protocol: type) -> None:
     """Refuse `run` (`refusal`) unless it offers `protocol`, one of `CAPABILITIES`: what a command checks once, as it
     starts."""
     if not isinstance(run, protocol):

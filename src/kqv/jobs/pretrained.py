@@ -30,8 +30,7 @@ from ..nn.generation import translate
 from ..nn.heads import MaskedLM
 from ..nn.models import DecoderLM, Encoder, EncoderDecoder
 from ..validation import check_at_least
-from .base import AttentionMaps, check_text
-from .held import is_hf_directory
+from .base import AttentionMaps, check_text, is_hf_directory
 from .lm import ATTENTION_MAX_TOKENS, LMEvaluation, evaluate_text, self_attention
 from .mt import DecodeConfig
 from .offers import Completes, Evaluates, ExportsHF, Generates, Offering, ShowsAttention, Translates

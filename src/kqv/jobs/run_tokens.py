@@ -16,7 +16,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load, save
 
 from ..data.shakespeare import load_text, split_text
-from ..data.tokenizers import encode_text
+from ..data.tokenizers import Tokenizer, encode_text
+from ..data.vocabulary import Vocabulary
 from ..errors import IF_EXISTS_OVERWRITE, RunError, option
 from ..nn.models import count_parameters
 from ..train.layout import RunFiles
@@ -24,6 +25,7 @@ from ..train.rundir import RunDirectory
 from .base import Training
 
 Tensors = dict[str, torch.Tensor]  # tokens.safetensors as `safetensors.torch.load` reads it
+TextTokenizer = Tokenizer | Vocabulary  # an LM run's BPE or characters, an MLM run's vocabulary over one
 
 
 class TokenizerSource(Protocol):
@@ -31,15 +33,15 @@ class TokenizerSource(Protocol):
     resumed run saved (`load_tokenizer`). A corpus kind of the LM job learns its own; a fine-tune keeps its
     source's (`kqv.jobs.init.SourceTokenizer`); the MLM job learns a vocabulary."""
 
-    def make_tokenizer(self, text: str) -> Any: ...
+    def make_tokenizer(self, text: str) -> TextTokenizer: ...
 
-    def load_tokenizer(self, run_dir: Path) -> Any: ...
+    def load_tokenizer(self, run_dir: Path) -> TextTokenizer: ...
 
 
 class Stored(Protocol):
     """A loaded corpus that a run stores: its tokenizer, and its splits as the tensors of tokens.safetensors."""
 
-    tokenizer: Any
+    tokenizer: TextTokenizer
 
     def tensors(self) -> Tensors: ...
 
@@ -51,7 +53,7 @@ def prepare_corpus(
     tokenizers: TokenizerSource,
     run: RunDirectory,
     build: Callable[[TokenizerSource], StoredT],
-    read: Callable[[Any, Tensors], StoredT],
+    read: Callable[[TextTokenizer, Tensors], StoredT],
     check: Callable[[StoredT], None] | None = None,
 ) -> StoredT:
     """A run's corpus: read back (`read(tokenizer, tensors)`, the codec's other half) when it resumes a checkpoint
@@ -77,7 +79,7 @@ class TextSplits:
     what bits per character divide by; None where they are not known). tokens.safetensors holds them as `train`,
     `val` and `chars`."""
 
-    tokenizer: Any
+    tokenizer: TextTokenizer
     train: torch.Tensor
     val: torch.Tensor
     chars: tuple[int, int] | None
@@ -87,7 +89,7 @@ class TextSplits:
         return {"train": self.train, "val": self.val, **chars}
 
     @classmethod
-    def from_tensors(cls, tokenizer: Any, tensors: Tensors, **fields: Any) -> Self:
+    def from_tensors(cls, tokenizer: TextTokenizer, tensors: Tensors, **fields: Any) -> Self:
         """The splits `tensors()` stored (`fields`: a subclass's own; an MLM run of kqv 0.1 stored no `chars`)."""
         chars = tensors.get("chars")
         return cls(
@@ -103,7 +105,7 @@ def build_text(
     path: str | Path | None,
     val_fraction: float,
     whole: bool,
-    make: Callable[[Any, torch.Tensor, torch.Tensor, tuple[int, int]], TextT] = TextSplits,  # type: ignore[assignment]
+    make: Callable[[TextTokenizer, torch.Tensor, torch.Tensor, tuple[int, int]], TextT] = TextSplits,  # type: ignore[assignment]
 ) -> TextT:
     """The splits of the text at `path` (`make(tokenizer, train, val, chars)`, default `TextSplits`): a new
     tokenizer (`tokenizers.make_tokenizer`, learned from the whole text if `whole`, else from its training split),
@@ -133,7 +135,7 @@ def load_tokens(run_dir: Path) -> dict[str, torch.Tensor]:
     return tokens
 
 
-def describe_corpus(training: Training, tokenizer: Any, vocabulary: int, tokens: int) -> str:
+def describe_corpus(training: Training, tokenizer: TextTokenizer, vocabulary: int, tokens: int) -> str:
     """The line before training a model on a text corpus (LM and MLM jobs): its `tokenizer`'s kind, `vocabulary`
     size, and the training `tokens`."""
     kind = getattr(tokenizer, "kind", training.config.data.tokenizer)  # a prepared corpus's or a source's

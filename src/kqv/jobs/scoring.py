@@ -7,7 +7,7 @@ cross-entropy of the completion's tokens and the end of text, given the prompt: 
 and the exact match of greedy completions after whitespace normalisation, with a 95% Wilson interval, beside two
 baselines that never read the question: the constant answer (the most frequent completion of the run's fine-tuning
 pairs, else of the scored file) with the model's difference to it over questions
-(`kqv.train.evaluation.difference_over_questions`), and a uniform guess among the distinct answers. Where pairs
+(`kqv.train.score_statistics.difference_over_questions`), and a uniform guess among the distinct answers. Where pairs
 name their kind of question (a .jsonl pair's `"kind"`; `kqv.data.completions.DEFAULT_KIND` otherwise), the
 strongest answer that never reads the question is each kind's constant (`kind_constants`, the same tie rule), and
 the *reading score* is the exact match over the questions whose answer is not their kind's constant, beside its own
@@ -36,11 +36,11 @@ from ..errors import COUNT, MAX_TOKENS, ConfigError, DataError, option
 from ..nn.devices import model_device
 from ..nn.generation import GenerationConfig, in_dtype
 from ..nn.models import DecoderLM
-from ..train.evaluation import (
+from ..train.perplexity import scoring_bar
+from ..train.score_statistics import (
     QuestionDifference,
     difference_from_guess,
     difference_over_questions,
-    scoring_bar,
     wilson_interval,
 )
 from ..validation import check_at_least

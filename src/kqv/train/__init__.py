@@ -2,7 +2,7 @@
 
 from .checkpoints import has_checkpoint, read_checkpoint
 from .config import TrainConfig
-from .evaluation import difference_from_guess, difference_over_questions, mean_over_seeds, wilson_interval
+from .score_statistics import difference_from_guess, difference_over_questions, mean_over_seeds, wilson_interval
 from .metrics import read_metrics
 from .precision import autocast, native_bf16, resolve_precision
 from .topology import Topology

@@ -8,8 +8,7 @@ from torch import nn
 
 from ..errors import ConfigTypeError
 from . import distributed
-from .nonfinite import check_loss
-from .options import TrainerOptions
+from .options import TrainerOptions, check_loss
 from .placement import Placement
 from .rng import rng_state, set_rng_state
 from .sharding import plain_on_rank0, reshard

@@ -312,7 +312,7 @@ def refuse_writing_over(
     names: "--out") would lose what exists. That is when it is one of `inputs` or lies inside one (`where_in`), so
     that no command writes over what it reads (`inputs` are (what it is, its path) pairs, such as ("the file of
     prompts, --prompts p.txt", "p.txt"), a path of None skipped: a command's own inputs, and every file a run or
-    its source holds, `kqv.jobs.held.run_inputs`); and when it exists as something a write would replace or
+    its source holds, `kqv.jobs.base.run_inputs`); and when it exists as something a write would replace or
     block on: anything but a regular file (a FIFO, a device node, a socket, a directory), or for a `directory`
     output anything but a directory; an empty path names nothing to write. Every command that writes a path the
     user names calls it."""

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..errors import IF_EXISTS_RESUME, ConfigTypeError, KqvError, option
+from ..errors import IF_EXISTS_RESUME, KqvError, option
 from ..nn.devices import Accelerator
 from .config import TrainConfig
 from .precision import resolve_precision
@@ -167,11 +167,3 @@ def warn_withheld(step: int, streak: int, last_saved: int | None) -> None:
     logger.warning(
         "step %d: no checkpoint written while updates are being skipped (%d in a row); kept %s", step, streak, kept
     )
-
-
-def check_loss(loss: object) -> Tensor:
-    """The scalar a `loss_fn` returned, shaped (); a ConfigTypeError for anything else."""
-    if not isinstance(loss, Tensor) or loss.numel() != 1:
-        shape = tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__
-        raise ConfigTypeError(f"loss_fn must return a scalar tensor (the mean loss of the batch), got {shape}")
-    return loss.reshape(())

@@ -92,3 +92,12 @@ def check_extra_state(extra_state: dict[str, Any] | None) -> None:
         json.dumps(extra_state)
     except (TypeError, ValueError) as error:
         raise ConfigTypeError(f"extra_state must be JSON-serialisable (it goes into {STATE_FILE}): {error}") from None
+
+
+def check_loss(loss: object) -> Tensor:
+    """The scalar a `loss_fn` returned, shaped (): its contract (`TrainerOptions.loss_fn`), checked at every call
+    by the update and the evaluation; a ConfigTypeError for anything else."""
+    if not isinstance(loss, Tensor) or loss.numel() != 1:
+        shape = tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__
+        raise ConfigTypeError(f"loss_fn must return a scalar tensor (the mean loss of the batch), got {shape}")
+    return loss.reshape(())

@@ -8,9 +8,10 @@ The trainer knows nothing about models or data. It is given any `nn.Module` and 
 
 and does the rest: AdamW with weight-decay groups, linear warmup then cosine decay (or inverse-sqrt, or constant),
 gradient clipping and accumulation, bf16 autocast, periodic validation, metrics and a loss plot, atomic
-checkpoints that resume bit-exactly (also to more steps than planned: `kqv.train.config.replan`), a checkpoint
-on Ctrl-C or SIGTERM (`kqv.signals`), updates with a non-finite loss or gradient skipped and counted
-(`kqv.train.nonfinite`), the run directory locked against a second writer (`kqv.train.rundir`), torchrun.
+checkpoints that resume bit-exactly (also to more steps than first planned: see `kqv.train.config.replan`), a
+checkpoint on Ctrl-C or SIGTERM (`kqv.signals`), updates with a non-finite loss or gradient skipped and counted
+(`kqv.train.nonfinite`), the run directory locked against a second writer (`kqv.train.rundir`), and multi-process
+training under torchrun (below).
 
 No host sync between log records. An update (`kqv.train.update`) leaves its loss, gradient norm and the
 non-finite guard's verdict on the device; the trainer reads them all at once (`Window.read`) only when a log
@@ -166,8 +167,9 @@ class Trainer:
         config: TrainConfig | None = None,
         **given: Any,
     ) -> Trainer:
-        """Continue the run saved in `run_dir` with the saved config, or with `config` to change it (more steps,
-        say); `extra_state` is restored from the checkpoint unless given. A missing or damaged one is a RunError.
+        """Continue the run saved in `run_dir`. `config=None` uses the saved config; pass one to change it (e.g.
+        more steps: the schedule is replanned, `kqv.train.config.replan`). `extra_state` is restored from the
+        checkpoint unless given. A missing or damaged checkpoint is a RunError that says which file and what to do.
         `options` and `given` are the Trainer's (`train_batches` and `loss_fn` among them)."""
         saved = read_checkpoint(run_dir)
         saved.close()
@@ -238,9 +240,13 @@ class Trainer:
     # -- the loop ------------------------------------------------------------------------------------------------
 
     def train(self) -> dict[str, float]:
-        """Train until `steps` updates are done; returns the metrics of the last step. On Ctrl-C or SIGTERM
-        it saves the last completed update and re-raises. A non-finite update is skipped (`bad_steps`);
-        `config.max_bad_steps` in a row raise TrainingDiverged. The run directory it opened stays locked until then."""
+        """Train until `steps` updates are done; returns the metrics of the last step.
+
+        On Ctrl-C or SIGTERM it saves a checkpoint of the last completed update and re-raises (KeyboardInterrupt,
+        or `kqv.signals.Terminated`), so a resume continues from there. An update whose loss or gradient is not
+        finite is skipped (counted as `bad_steps` in metrics.jsonl); `config.max_bad_steps` of them in a row raise
+        TrainingDiverged, whose message says where the last good checkpoint is. A run directory the trainer opened
+        itself (it was given a path) stays locked against other writers until train() returns."""
         with self._owned:  # a run directory the trainer opened itself is released at the end
             self._prepare_run_dir()
             self._start_rng()

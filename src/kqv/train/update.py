@@ -19,8 +19,8 @@ from . import distributed
 from .ahead import BatchesAhead
 from .config import TrainConfig
 from .distributed import Batch, batch_tokens
-from .nonfinite import NonFiniteGuard, check_loss
-from .options import TrainerOptions
+from .nonfinite import NonFiniteGuard
+from .options import TrainerOptions, check_loss
 from .placement import Placement
 
 

