@@ -15,6 +15,7 @@ from kqv.errors import ConfigError, DataError, RunError
 from kqv.jobs import load_run
 from kqv.jobs.lm import load_run_config
 from kqv.train.runs import read_run
+from kqv.train.topology import Topology
 from test_cli import TINY
 from test_cli_fuzz import kqv
 
@@ -205,7 +206,7 @@ def test_a_trainer_given_a_run_directory_without_a_name_refuses_it(tmp_path, mon
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match="the run directory must name a directory of its own"):
-        with RunDirectory.open(out):
+        with RunDirectory.open(out, topology=Topology()):
             pass
     assert list(tmp_path.iterdir()) == []
 

@@ -25,22 +25,22 @@ def test_the_process_group_is_joined_with_the_configured_timeout(monkeypatch):
     monkeypatch.setattr(
         dist, "init_process_group", lambda backend, **options: joined.update(backend=backend, **options)
     )
-    monkeypatch.setattr(distributed, "_note_processes", lambda: None)
+    monkeypatch.setattr(distributed, "_note_processes", lambda world_size: None)
     monkeypatch.setattr(dist, "get_rank", lambda: 1)
     monkeypatch.setattr(dist, "get_world_size", lambda: 2)
-    assert distributed.init_distributed(Topology(1, 1, 2), torch.device("cpu"), 3.5) == (1, 2, True)
+    assert distributed.init_distributed(Topology(1, 1, 2), torch.device("cpu"), 3.5) is True  # it made the group
     assert joined == {"backend": "gloo", "timeout": timedelta(minutes=3.5)}
 
 
 def test_a_training_joins_with_the_config_s_timeout_ten_minutes_by_default(monkeypatch):
     asked = []
-    joined = lambda topology, device, minutes: asked.append(minutes) or (0, 1, False)  # noqa: E731
+    joined = lambda topology, device, minutes: asked.append(minutes) or False  # noqa: E731
     monkeypatch.setattr(distributed, "init_distributed", joined)
     for config in (
         TrainConfig(steps=1, batch_size=2),
         TrainConfig(steps=1, batch_size=2, collective_timeout_minutes=2),
     ):
-        placement.place_model(kqv.DecoderLM(tiny_config()), config)
+        placement.place_model(kqv.DecoderLM(tiny_config()), config, Topology())
     assert asked == [10.0, 2]
     with pytest.raises(ConfigError, match="collective_timeout_minutes"):
         TrainConfig(steps=1, batch_size=2, collective_timeout_minutes=0)

@@ -20,6 +20,7 @@ from kqv.jobs.lm_kinds import corpus_of
 from kqv.jobs.lm_prepared import LoadedPrepared, PreparedCorpus, prepare
 from kqv.jobs.run_tokens import load_tokens
 from kqv.train.rundir import RunDirectory
+from kqv.train.topology import Topology
 
 SRC = Path(os.environ.get("KQV_SCAN_SRC") or Path(__file__).resolve().parents[1] / "src") / "kqv"
 CORPUS_NAMES = {"tokens", "tensors", "splits", "split", "val", "train", "stored", "loaded", "corpus"}
@@ -150,7 +151,7 @@ def test_each_kind_loads_to_its_own_frozen_type_and_stores_it_by_one_codec(tmp_p
     data = written(tmp_path)[kind]
     corpus = corpus_of(data)
     assert type(corpus) is KINDS[kind][0]
-    with RunDirectory.open(tmp_path / "run") as run:
+    with RunDirectory.open(tmp_path / "run", topology=Topology()) as run:
         checked = []
         loaded = corpus.load(corpus, run, checked.append)
         assert type(loaded) is KINDS[kind][1] and isinstance(loaded, LoadedCorpus) and checked == [loaded]
@@ -171,7 +172,7 @@ def test_each_kind_loads_to_its_own_frozen_type_and_stores_it_by_one_codec(tmp_p
 def test_the_type_tells_what_a_run_trained_on(tmp_path):
     """The answers a run's baselines count come from a corpus of examples; a text's corpus has none to give."""
     data = written(tmp_path)
-    with RunDirectory.open(tmp_path / "run") as run:
+    with RunDirectory.open(tmp_path / "run", topology=Topology()) as run:
         pairs = corpus_of(data["pairs"]).load(corpus_of(data["pairs"]), run, lambda loaded: None)
     answers, kinds = pairs.answers()
     assert len(answers) == len(pairs.train) and set(answers) <= {"answer 0", "answer 1", "answer 2"}

@@ -107,9 +107,9 @@ def test_s1_the_memory_estimate_counts_the_adapters_and_their_optimizer_state(mo
     assert {k: v for k, v in adapted.items() if k != "adapters"} == plain
     needed = sum(plain.values())
     monkeypatch.setattr(preflight, "available_memory", lambda device: (needed + 1, "this machine's memory"))
-    preflight.check_memory(config, 4, 16, 40)
+    preflight.check_memory(config, 4, 16, 40, processes=1)
     with pytest.raises(ConfigError, match="adapters"):
-        preflight.check_memory(config, 4, 16, 40, lora=lora)
+        preflight.check_memory(config, 4, 16, 40, lora=lora, processes=1)
 
 
 # -- S2: files of pairs --------------------------------------------------------------------------------------------

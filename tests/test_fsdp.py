@@ -249,11 +249,11 @@ def test_a_factory_builds_the_model_in_one_process(tmp_path):
 def test_sharding_releases_the_callers_model_and_gathering_fills_it_with_ties_kept(one_process_group):
     worker = load_worker()
     model, reference = worker.model(), worker.model()
-    sharded = shard(model, torch.device("cpu"))
+    sharded = shard(model, Topology(), torch.device("cpu"))
     assert all(p.is_meta for p in model.parameters())
     assert model.lm_head.weight is model.decoder.embeddings.tokens.weight
     assert local_bytes(model) == 0 and local_bytes(sharded) == local_bytes(reference)  # one process: all of it
-    with plain_on_rank0(model, sharded, torch.device("cpu"), needed=True):
+    with plain_on_rank0(model, sharded, Topology(), torch.device("cpu"), needed=True):
         assert model.lm_head.weight is model.decoder.embeddings.tokens.weight
         assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), reference.state_dict().values()))
         assert all(not t.is_meta for t in [*model.parameters(), *model.buffers()])
@@ -264,12 +264,12 @@ def test_fsdp_refuses_a_rank_0_model_on_the_meta_device(one_process_group):
     with torch.device("meta"):
         meta = load_worker().model()
     with pytest.raises(ConfigError, match="rank 0's model cannot be on the meta device unless every rank built"):
-        shard(meta, torch.device("cpu"))
+        shard(meta, Topology(), torch.device("cpu"))
 
 
 def test_fsdp_refuses_mixture_of_experts_layers_with_a_clear_error():
     with pytest.raises(ConfigError, match='mixture-of-experts.*train.parallel = "ddp"'):
-        shard(load_worker().model(ffn="switch", experts={"count": 2}), torch.device("cpu"))
+        shard(load_worker().model(ffn="switch", experts={"count": 2}), Topology(), torch.device("cpu"))
 
 
 @pytest.fixture

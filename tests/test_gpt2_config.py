@@ -15,6 +15,7 @@ from kqv.nn import devices
 from kqv.nn.models import DecoderLM
 from kqv.train import compiling, preflight
 from kqv.train.config import learning_rate
+from kqv.train.topology import Topology
 
 # GPT-2 small with its 50,257 tokens padded to 50,304 rows, as nanoGPT trains it, the output layer tied to the
 # embeddings (124,439,808 unpadded)
@@ -46,19 +47,19 @@ def test_the_recipe_is_nanogpt_s(config):
 
 
 @pytest.mark.parametrize("processes, accumulation", [(1, 40), (2, 20), (8, 5)])
-def test_an_update_is_half_a_million_tokens_on_any_number_of_processes(config, monkeypatch, processes, accumulation):
-    monkeypatch.setenv("WORLD_SIZE", str(processes))
-    planned = planned_update(config).train
+def test_an_update_is_half_a_million_tokens_on_any_number_of_processes(config, processes, accumulation):
+    topology = Topology(world_size=processes)
+    planned = planned_update(config, topology).train
     assert (planned.batch_size, planned.grad_accum) == (12 * processes, accumulation)
     assert planned.batch_size * planned.grad_accum * config.data.context == 491_520
     assert planned.tokens_per_update == 0  # spent: run.toml records the batch the run took
-    assert planned_update(replace(config, train=planned)).train == planned
+    assert planned_update(replace(config, train=planned), topology).train == planned
 
 
 def test_tokens_per_update_on_a_job_without_blocks_is_refused():
     mt = JOBS["mt"].load_config(packaged_config("quick", "mt"))
     with pytest.raises(ConfigError, match="tokens_per_update counts blocks of data.context"):
-        planned_update(replace(mt, train=replace(mt.train, tokens_per_update=1000)))
+        planned_update(replace(mt, train=replace(mt.train, tokens_per_update=1000)), Topology())
 
 
 def test_compile_auto_compiles_on_cuda_kernels_and_not_on_the_cpu(config, monkeypatch):
@@ -71,12 +72,11 @@ def test_compile_auto_compiles_on_cuda_kernels_and_not_on_the_cpu(config, monkey
 
 
 def test_on_eight_gpus_of_80_gb_each_process_s_share_passes_the_memory_check(config, monkeypatch):
-    monkeypatch.setenv("WORLD_SIZE", "8")
     monkeypatch.setattr(preflight, "available_memory", lambda device: (80 * 10**9, "the GPU's memory"))
     monkeypatch.setattr(devices, "cuda_native_bf16", lambda: True)  # an A100 or H100, as check_memory sees it
-    planned = planned_update(config).train
-    gpu = devices.Accelerator(torch.device("cuda"))
-    preflight.check_memory(config.model, planned.batch_size, 1024, 50257, gpu, precision=planned.precision)
+    planned = planned_update(config, Topology(world_size=8)).train
+    gpu, fixed = devices.Accelerator(torch.device("cuda")), {"precision": planned.precision, "processes": 8}
+    preflight.check_memory(config.model, planned.batch_size, 1024, 50257, gpu, **fixed)
     with pytest.raises(ConfigError, match="12 rows per process"):  # the same share on an 8 GB GPU is refused
         monkeypatch.setattr(preflight, "available_memory", lambda device: (8 * 10**9, "the GPU's memory"))
-        preflight.check_memory(config.model, planned.batch_size, 1024, 50257, gpu, precision=planned.precision)
+        preflight.check_memory(config.model, planned.batch_size, 1024, 50257, gpu, **fixed)

@@ -18,6 +18,7 @@ from kqv.train import rundir
 from kqv.train.checkpoints import load_weights, read_checkpoint
 from kqv.train.layout import MODEL_FILE
 from kqv.train.rundir import RunDirectory, RunDirectoryBusy, check_run_lock, hold_run_lock
+from kqv.train.topology import Topology
 from test_training import config, make_model, trainer
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -80,7 +81,7 @@ def test_kill_9_of_the_holder_leaves_no_stale_lock(tmp_path, holder):
 def test_the_lock_is_not_reentrant_and_is_released_after_training(tmp_path):
     """A run directory opened once holds the lock for its trainer; a second writer in the same process is refused
     like one in another process (plain flock), and the lock is free once the block ends."""
-    with RunDirectory.open(tmp_path / "run") as run:
+    with RunDirectory.open(tmp_path / "run", topology=Topology()) as run:
         with pytest.raises(RunDirectoryBusy, match=f"pid {os.getpid()} "):
             trainer(tmp_path / "run", config(steps=2))  # a trainer given the path opens it itself: refused
         trainer(run, config(steps=2)).train()  # the trainer given the opened directory takes no lock

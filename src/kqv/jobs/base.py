@@ -570,10 +570,9 @@ def peak_rss_mb() -> float:
     return peak_rss_bytes() / 1e6
 
 
-def planned_update(config: RunConfig, topology: Topology | None = None) -> RunConfig:
-    """`config` with `train.tokens_per_update` resolved for the processes of `topology` (default: this process's,
-    `Topology.of_process`; `TrainConfig.per_update`): the global batch and the accumulation it stands for, in
-    blocks of `data.context` tokens."""
+def planned_update(config: RunConfig, topology: Topology) -> RunConfig:
+    """`config` with `train.tokens_per_update` resolved for the processes of `topology` (`TrainConfig.per_update`):
+    the global batch and the accumulation it stands for, in blocks of `data.context` tokens."""
     if not config.train.tokens_per_update:
         return config
     context = getattr(getattr(config, "data", None), "context", None)
@@ -582,5 +581,4 @@ def planned_update(config: RunConfig, topology: Topology | None = None) -> RunCo
             "train.tokens_per_update counts blocks of data.context tokens, which this job's "
             "batches are not; set train.grad_accum instead"
         )
-    processes = (topology or Topology.of_process()).world_size
-    return dataclasses.replace(config, train=config.train.per_update(context, processes))
+    return dataclasses.replace(config, train=config.train.per_update(context, topology.world_size))

@@ -127,18 +127,18 @@ class LMRunConfig(RunConfig):
         return started
 
 
-def check_lm_run(config: LMRunConfig, model: ModelConfig | None = None) -> Check:
+def check_lm_run(config: LMRunConfig, processes: int, model: ModelConfig | None = None) -> Check:
     """What an LM training checks once its tokenizer and data exist, before it writes anything: the memory of
-    one batch (of `model`, default the config's: a fine-tune's is its source's), a block of context + 1 tokens in
-    each split, and the sample prompt (`kqv.train.preflight`); on pairs, that packing suits the model (the
-    examples' lengths were checked as they were encoded)."""
+    one process's rows of a batch (of `processes`; of `model`, default the config's: a fine-tune's is its
+    source's), a block of context + 1 tokens in each split, and the sample prompt (`kqv.train.preflight`); on
+    pairs, that packing suits the model (the examples' lengths were checked as they were encoded)."""
 
     def check(corpus: LoadedCorpus) -> None:
         context, batch, lora = config.data.context, config.train.batch_size, config.finetune.adaptation.lora
         train = config.train
         check_memory(
             model or config.model, batch, context, corpus.tokenizer.vocab_size, train.device, lora,
-            precision=train.precision, parallel=train.parallel,
+            precision=train.precision, processes=processes, parallel=train.parallel,
         )  # fmt: skip
         corpus.check(model or config.model, config.sample.prompt)
 
@@ -360,7 +360,7 @@ class LMJob(Job):
             start.model = finetune_config(source, config.model, config.model_options, config.data.context)
             config.finetune.adaptation.check(start.model)
             tokenizers = SourceTokenizer(source)
-        return config.corpus.load(tokenizers, run, check_lm_run(config, start.model))
+        return config.corpus.load(tokenizers, run, check_lm_run(config, run.topology.world_size, start.model))
 
     def settled(self, training: LMTraining) -> LMRunConfig:
         """What run.toml records and the samples start from: a fine-tune's config with a context its source holds

@@ -127,15 +127,16 @@ class MLMRun(TrainedRun, ExportsHF):
         )
 
 
-def check_mlm_run(config: MLMRunConfig) -> Callable[[TextSplits], None]:
+def check_mlm_run(config: MLMRunConfig, processes: int) -> Callable[[TextSplits], None]:
     """What an MLM training checks once its vocabulary and data exist, before it writes anything: the memory of
-    one batch and a block of context + 1 tokens in each split (`kqv.train.preflight`)."""
+    one process's rows of a batch (of `processes`) and a block of context + 1 tokens in each split
+    (`kqv.train.preflight`)."""
 
     def check(splits: TextSplits) -> None:
         train, vocabulary = config.train, splits.tokenizer
         check_memory(
             config.model, train.batch_size, config.data.context, vocabulary.size, train.device,
-            precision=train.precision, parallel=train.parallel,
+            precision=train.precision, processes=processes, parallel=train.parallel,
         )  # fmt: skip
         check_splits({"train": splits.train, "val": splits.val}, config.data.context, vocabulary.size)
 
@@ -187,7 +188,7 @@ class MLMJob(Job):
             training.run,
             build=lambda vocabularies: build_text(vocabularies, data.path, data.val_fraction, data.tokenizer == "char"),
             read=TextSplits.from_tensors,
-            check=check_mlm_run(training.config),
+            check=check_mlm_run(training.config, training.run.topology.world_size),
         )
 
     def make_model(self, training: MLMTraining) -> MaskedLM:

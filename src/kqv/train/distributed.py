@@ -46,31 +46,30 @@ def backend_for(device: torch.device) -> str:
     return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
 
 
-def init_distributed(
-    topology: Topology, device: torch.device | None = None, timeout_minutes: float = 10.0
-) -> tuple[int, int, bool]:
-    """(rank, world size, whether we created the process group); with several processes (`topology`) joins a
-    group whose backend suits `device`, where this process trains (`backend_for`; the CPU's when not given), whose
-    collectives fail after waiting `timeout_minutes` for another process (`train.collective_timeout_minutes`)
-    instead of hanging."""
+def init_distributed(topology: Topology, device: torch.device | None = None, timeout_minutes: float = 10.0) -> bool:
+    """Whether we created the process group; with several processes (`topology`) joins a group whose backend
+    suits `device`, where this process trains (`backend_for`; the CPU's when not given), whose collectives fail
+    after waiting `timeout_minutes` for another process (`train.collective_timeout_minutes`) instead of hanging.
+    The group must agree with `topology` (`Topology.check_group`), which alone says the rank and world size."""
     if not topology.several:
-        return 0, 1, False
+        return False
     created = not dist.is_initialized()
     if created:
         device = device or torch.device("cpu")
         if device.type == "cuda":
             torch.cuda.set_device(topology.device(device))
         dist.init_process_group(backend_for(device), timeout=timedelta(minutes=timeout_minutes))
-    _note_processes()
-    return dist.get_rank(), dist.get_world_size(), created
+    topology.check_group()
+    _note_processes(topology.world_size)
+    return created
 
 
 _PROCESSES: list[tuple[str, int]] = []  # (host, process id) of every rank, to name a lost one
 
 
-def _note_processes() -> None:
+def _note_processes(world_size: int) -> None:
     """Learn where every rank runs (a collective), so that a rank that dies can be named by the others."""
-    processes: list[Any] = [None] * dist.get_world_size()
+    processes: list[Any] = [None] * world_size
     dist.all_gather_object(processes, (socket.gethostname(), os.getpid()))
     _PROCESSES[:] = processes
 

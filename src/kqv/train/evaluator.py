@@ -38,7 +38,8 @@ class Evaluator:
                 if self.options.val_batches is not None:
                     metrics["val_loss"] = self.val_loss(model)
                 # under FSDP rank 0's plain model is filled from the shards for eval_fn, and released after
-                with plain_on_rank0(callers_model, model, place.device.device, place.sharded and bool(eval_fn)):
+                plain = place.sharded and bool(eval_fn)
+                with plain_on_rank0(callers_model, model, place.topology, place.device.device, plain):
                     for name, value in eval_fn(callers_model).items() if eval_fn and place.rank == 0 else ():
                         try:
                             metrics[name] = float(value)

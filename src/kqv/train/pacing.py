@@ -25,6 +25,7 @@ from .compiling import compilations
 from .config import TrainConfig
 from .events import Event
 from .state import TrainState
+from .topology import Topology
 
 
 def agreed_steps(plan: Plan | None, world_size: int) -> int:
@@ -38,15 +39,14 @@ def agreed_steps(plan: Plan | None, world_size: int) -> int:
 @dataclass(frozen=True)
 class PacedSession:
     """What pacing reads of the Trainer's session: its `config` (the budget; `steps` the upper bound), this
-    process's `rank` of `world_size`, its `clock`, the `metrics_file` plans are recorded in (by `log`, the run
+    process among the run's (`topology`), its `clock`, the `metrics_file` plans are recorded in (by `log`, the run
     directory's, which hands them to the run's loggers too), the evaluations of
     work the job does after training (`work_after_training`, reserved in the plan), and what it times before the
     plan: `evaluate` (one evaluation's metrics, empty when the run has none), `redraw_plot` (its loss plot) and
     `save_checkpoint` (of the state as it is)."""
 
     config: TrainConfig
-    rank: int
-    world_size: int
+    topology: Topology
     clock: Callable[[], float]
     metrics_file: Path
     log: Callable[[dict[str, Any]], None]
@@ -84,9 +84,9 @@ class Pacing:
             return False
         session = self.session
         early = step < self.planner.plan_step  # only a late plan: the budget mostly spent before the timed updates
-        if early and session.world_size > 1 and step % session.config.log_every:
+        if early and session.topology.world_size > 1 and step % session.config.log_every:
             return False
-        return distributed.rank0_says(self.planner.due(step, compiled, elapsed_s), session.world_size)
+        return distributed.rank0_says(self.planner.due(step, compiled, elapsed_s), session.topology.world_size)
 
     def after_update(
         self, state: TrainState, seconds: float, compiled: bool, planning: bool, read: bool, run_start: float
@@ -121,8 +121,8 @@ class Pacing:
         session.save_checkpoint()
         now = session.clock()
         made = self.planner.plan(state.step, now - run_start, eval_s, now - evaluated)
-        plan = made if session.rank == 0 else None
-        adopted = self.adopted(state, agreed_steps(plan, session.world_size), plan, "plan", run_start, metrics)
+        plan = made if session.topology.rank == 0 else None
+        adopted = self.adopted(state, agreed_steps(plan, session.topology.world_size), plan, "plan", run_start, metrics)
         return NewPlan(adopted, fixed=True, said=None if plan is None else announcement(plan))
 
     def timed_evaluation(self) -> tuple[dict, float]:
@@ -132,9 +132,9 @@ class Pacing:
         for _ in range(2):
             started, compiling = session.clock(), compilations()
             metrics = session.evaluate()
-            if session.rank == 0 and session.metrics_file.exists():
+            if session.topology.rank == 0 and session.metrics_file.exists():
                 session.redraw_plot()
-            if not distributed.rank0_says(compilations() != compiling, session.world_size):
+            if not distributed.rank0_says(compilations() != compiling, session.topology.world_size):
                 break
         return metrics, session.clock() - started
 
@@ -142,9 +142,9 @@ class Pacing:
         """At a log interval after the plan: rank 0 asks the watch whether the pace since its last look still ends
         within the budget, and every rank gets the steps of a new plan, said and recorded in metrics.jsonl."""
         session = self.session
-        plan = self.watch.check(state.step, session.clock() - run_start) if session.rank == 0 else None
+        plan = self.watch.check(state.step, session.clock() - run_start) if session.topology.rank == 0 else None
         self.watch.restart()  # on every rank, so that all look again at the same update
-        steps = agreed_steps(plan, session.world_size)
+        steps = agreed_steps(plan, session.topology.world_size)
         if not steps:
             return None
         adopted = self.adopted(state, steps, plan, "replan", run_start)

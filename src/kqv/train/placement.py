@@ -29,12 +29,19 @@ class Placement:
 
     device: Accelerator  # the one per-device choice: kernels, autocast, scaler
     precision: MixedPrecision
-    rank: int
-    world_size: int
+    topology: Topology  # this process among the run's: the one answer to which rank, and how many
     owns_process_group: bool  # whether joining created the group, which the run then leaves at its end
     sharded: bool  # FSDP over several processes
     callers_model: nn.Module  # the caller's model: under FSDP, released by `shard`
     model: nn.Module  # the one trained: `callers_model` on the device, or this process's shard of it
+
+    @property
+    def rank(self) -> int:
+        return self.topology.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.topology.world_size
 
     def leave_process_group(self) -> None:
         """Leave the process group that joining created (once); a group that was there before stays."""
@@ -55,29 +62,26 @@ def check_saved_weights(saved_weights: Callable | None, sharded: bool) -> None:
 def place_model(
     model: nn.Module,
     config: TrainConfig,
+    topology: Topology,
     saved_weights: Callable[[dict[str, Tensor]], dict[str, Tensor]] | None = None,
-    topology: Topology | None = None,
 ) -> Placement:
     """Resolve `config.device` (under torchrun, this process's GPU: `Topology.device`) and its precision, join the
-    process group of `topology` (default: this process's, `Topology.of_process`), and put `model` (or the function
-    that builds it) there. The global batch must split evenly between processes."""
+    process group of `topology`, and put `model` (or the function that builds it) there. The global batch must
+    split evenly between processes."""
     bound_kernel_caches()  # before the first bf16 kernel is built
-    topology = topology or Topology.of_process()
     device = Accelerator.resolve(topology.device(Accelerator.resolve(config.device).device))
     precision = MixedPrecision(device, config.precision, config.tf32)
-    rank, world_size, owns_process_group = distributed.init_distributed(
-        topology, device.device, config.collective_timeout_minutes
-    )
-    if config.batch_size % world_size:
+    owns_process_group = distributed.init_distributed(topology, device.device, config.collective_timeout_minutes)
+    if config.batch_size % topology.world_size:
         raise ConfigError(
             f"batch_size ({config.batch_size}) must be divisible by the number of processes "
-            f"({world_size}): every process takes an equal slice of each batch"
+            f"({topology.world_size}): every process takes an equal slice of each batch"
         )
-    sharded = config.parallel == "fsdp" and world_size > 1
+    sharded = config.parallel == "fsdp" and topology.several
     check_saved_weights(saved_weights, sharded)
-    callers_model = build_model(model, sharded, rank)
+    callers_model = build_model(model, sharded, topology.rank)
     if sharded:  # in FSDP's precision: bf16 gathers and fp32 reductions for bf16
-        placed = shard(callers_model, device.device, precision_policy(device.precision(config.precision)))
+        placed = shard(callers_model, topology, device.device, precision_policy(device.precision(config.precision)))
     else:
         placed = callers_model.to(device.device)
-    return Placement(device, precision, rank, world_size, owns_process_group, sharded, callers_model, placed)
+    return Placement(device, precision, topology, owns_process_group, sharded, callers_model, placed)

@@ -23,7 +23,6 @@ from ..nn.devices import TORCH_KERNELS, Accelerator, Kernels, Precision, Resolve
 from ..nn.flex import head_dim_fits
 from ..nn.lora import LoRAConfig, adapted_layers
 from ..nn.models import DecoderLM
-from .topology import Topology
 
 FLOAT_BYTES = 4  # fp32: weights, gradients, AdamW's moments, and under autocast the residual stream and softmaxes
 TRAINING_BYTES_PER_PARAMETER = 16  # fp32 weight, gradient and AdamW's two moments
@@ -140,16 +139,15 @@ def check_memory(
     lora: LoRAConfig | None = None,
     *,
     precision: Precision = "fp32",
-    processes: int | None = None,
+    processes: int,
     parallel: str = "ddp",
 ) -> None:
     """ConfigError when the memory one process needs (`batch_memory`, with a fine-tune's LoRA adapters) exceeds
     the memory there is on `device`. `batch` is the global micro-batch (`train.batch_size`), which `processes`
-    (default: the world size of this process's `Topology`) split, so each holds ceil(batch / processes) rows,
+    (a job's: the world size of its `Topology`) split, so each holds ceil(batch / processes) rows,
     trained in what `precision` stands for on the device; under `parallel="fsdp"` each holds a shard of the
     weights and optimizer state."""
     accelerator = Accelerator.resolve(device)
-    processes = processes or Topology.of_process().world_size
     rows, resolved = -(-batch // processes), accelerator.precision(precision)
     shards = processes if parallel == "fsdp" else 1
     parts = batch_memory(

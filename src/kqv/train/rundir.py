@@ -69,16 +69,16 @@ class RunDirectory(RunFiles):
     @classmethod
     @contextmanager
     def open(
-        cls, path: str | Path, if_exists: IfExists = "error", *, topology: Topology | None = None, stage: bool = False
+        cls, path: str | Path, if_exists: IfExists = "error", *, topology: Topology, stage: bool = False
     ) -> Iterator[RunDirectory]:
-        """The run directory at `path`, locked (by rank 0 of `topology`, default this process's:
-        `Topology.of_process`) and inspected, for the block; see the module docstring.
+        """The run directory at `path`, locked (by rank 0 of `topology`, this process among the run's) and
+        inspected, for the block; see the module docstring.
         Raises RunDirectoryBusy when another process writes into it and FileExistsError when it holds a run
         and `if_exists` is "error". With `stage`, an overwrite of a run is built beside it and swapped in by
         `commit` (see `stage_overwrite`)."""
         if if_exists not in IfExists.__args__:
             raise ConfigError(f"if_exists must be one of {list(IfExists.__args__)}, got {if_exists!r}")
-        path, topology = named_run_path(path), topology or Topology.of_process()
+        path = named_run_path(path)
         with ExitStack() as stack:
             if topology.writes:
                 recover_swap(path)

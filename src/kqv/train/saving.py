@@ -10,7 +10,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from safetensors import SafetensorError
 from safetensors.torch import load as safetensors_load
 from torch import Tensor, nn
@@ -39,6 +38,7 @@ from .sharding import every_rank, gather_weights
 from .shards import is_sharded, load_sharded, write_sharded
 from .slices import RowReader, rows, tied_names
 from .state import TrainState
+from .topology import Topology
 
 logger = logging.getLogger("kqv.train.trainer")  # the trainer's voice
 NOT_FINITE = {"(on another rank)": torch.tensor(float("nan"))}  # what a rank whose own shards are finite names
@@ -100,14 +100,14 @@ class Checkpointer:
             if not every_rank(all(t.isfinite().all() for t in shards.values() if t.is_floating_point())):
                 check_finite_weights(shards, config, state.step, self.last_saved)  # names this rank's bad weights
                 check_finite_weights(NOT_FINITE, config, state.step, self.last_saved)  # another rank's
-            weights = gather_weights(place.model) if final else None
+            weights = gather_weights(place.model, place.topology) if final else None
             saved = self.saved_state(rng_states, state, config, extra_state)
             target = self.run.checkpoint_dir
 
             def finish(tmp, digests: dict[str, str]) -> None:  # rank 0: the files besides the shards
                 write_into(tmp, checkpoint_writers(saved, rng_tensors(rng_states), weights, shards=digests), 0, target)
 
-            write_sharded(self.run, place.model, self.optimizer, place.rank, place.world_size, finish)
+            write_sharded(self.run, place.model, self.optimizer, place.topology, finish)
             self.last_saved = state.step
 
     def saved_state(self, rng_states: list[dict], state: TrainState, config: TrainConfig, extra: dict) -> dict:
@@ -131,7 +131,7 @@ class Checkpointer:
         if is_sharded(checkpoint):  # under FSDP, DDP or in one process, on any number of processes
             load_sharded(place.model, self.optimizer, checkpoint)
         elif place.sharded:  # a one-process checkpoint, read into the shards
-            load_checkpoint(place.model, self.optimizer, checkpoint, self.run.path)
+            load_checkpoint(place.model, self.optimizer, checkpoint, self.run.path, place.topology)
         else:
             part = None if self.saved_weights is None else partial_loader(place.model, self.saved_weights)
             load_weights(place.model, checkpoint, part)
@@ -179,26 +179,29 @@ def saved_rng_states(checkpoint: Checkpoint, world_size: int) -> list[dict | Non
     ]
 
 
-def load_checkpoint(sharded: nn.Module, optimizer: torch.optim.Optimizer, checkpoint: Checkpoint, run_dir) -> None:
-    """Set the weights and optimizer state of a (single-file) checkpoint into this process's shards, reading only
-    this process's rows of each tensor: the weights through safetensors' slices (`kqv.train.slices.RowReader`),
-    the optimizer state through a memory map of optimizer.pt (`torch.load(mmap=True)`), whose other pages are
-    never read."""
-    load_shards(sharded, checkpoint)
+def load_checkpoint(
+    sharded: nn.Module, optimizer: torch.optim.Optimizer, checkpoint: Checkpoint, run_dir, topology: Topology
+) -> None:
+    """Set the weights and optimizer state of a (single-file) checkpoint into the shards of this process of
+    `topology`, reading only its rows of each tensor: the weights through safetensors' slices
+    (`kqv.train.slices.RowReader`), the optimizer state through a memory map of optimizer.pt
+    (`torch.load(mmap=True)`), whose other pages are never read."""
+    load_shards(sharded, checkpoint, topology)
     positions = [p for group in optimizer.param_groups for p in group["params"]]
 
     def set_state(state: dict[str, Any]) -> None:
-        own = {i: {k: _own_rows(v, positions[i]) for k, v in s.items()} for i, s in state["state"].items()}
+        own = {i: {k: _own_rows(v, positions[i], topology) for k, v in s.items()} for i, s in state["state"].items()}
         optimizer.load_state_dict({"state": own, "param_groups": state["param_groups"]})
 
     load_optimizer_state(optimizer, checkpoint, run_dir, load=set_state, mmap=True)
 
 
-def load_shards(sharded: nn.Module, checkpoint: Checkpoint) -> None:
-    """Copy this process's rows of every weight of `checkpoint` (and whole buffers) into `sharded`: the file keeps
-    one name of each tied parameter, as for one process. A RunError when the file does not fit the model."""
+def load_shards(sharded: nn.Module, checkpoint: Checkpoint, topology: Topology) -> None:
+    """Copy the rows of this process of `topology` of every weight of `checkpoint` (and whole buffers) into
+    `sharded`: the file keeps one name of each tied parameter, as for one process. A RunError when the file does
+    not fit the model."""
     path = checkpoint.path / MODEL_FILE
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+    rank, world_size = topology.rank, topology.world_size
     try:
         with RowReader(checkpoint.path_of(MODEL_FILE)) as file, torch.no_grad():
             unexpected = file.names - set(sharded.state_dict())
@@ -223,11 +226,11 @@ def load_shards(sharded: nn.Module, checkpoint: Checkpoint) -> None:
         ) from None
 
 
-def _own_rows(value: Any, param: Tensor) -> Any:
+def _own_rows(value: Any, param: Tensor, topology: Topology) -> Any:
     """An optimizer state entry of the whole parameter, as this process's shard of `param`: its rows, as a DTensor
     placed as `param` is; a scalar (the step) as it is."""
     if not isinstance(value, Tensor) or not isinstance(param, DTensor) or value.shape != param.shape:
         return value.clone() if isinstance(value, Tensor) else value
-    span = rows(value.shape[0], dist.get_rank(), dist.get_world_size())
+    span = rows(value.shape[0], topology.rank, topology.world_size)
     local = value[span].to(param.to_local().device, copy=True)
     return DTensor.from_local(local, param.device_mesh, param.placements, shape=param.shape, stride=param.stride())

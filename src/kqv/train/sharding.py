@@ -56,6 +56,7 @@ from ..errors import ConfigError, ConfigTypeError
 from ..nn.training import layer_blocks, may_skip_parameters
 from .distributed import rank0_says
 from .slices import is_sliced, take_slices, tied_names
+from .topology import Topology
 
 GATHERED = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on rank 0's CPU only
 FROM_RANK0 = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)  # rank 0's whole tensors, sliced
@@ -94,20 +95,21 @@ def precision_policy(resolved: str) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy()
 
 
-def shard(model: nn.Module, device: torch.device, policy: MixedPrecisionPolicy | None = None) -> nn.Module:
-    """A copy of `model` sharded across the processes, each holding its shard alone on `device`: `fully_shard` on
-    every encoder and decoder block, then on the whole model (embeddings, final norm and output layer, tied weights
-    included). Its weights are the rows every rank kept when it built `model` (`kqv.train.slices.build_sliced`),
-    or else rank 0's model's, broadcast, gathered and reduced in the precision of `policy` (`precision_policy`).
-    `model` is released to the meta device on every rank; `gather_to_rank0` fills it again. Every rank must call
-    this."""
+def shard(
+    model: nn.Module, topology: Topology, device: torch.device, policy: MixedPrecisionPolicy | None = None
+) -> nn.Module:
+    """A copy of `model` sharded across the processes of `topology`, each holding its shard alone on `device`:
+    `fully_shard` on every encoder and decoder block, then on the whole model (embeddings, final norm and output
+    layer, tied weights included). Its weights are the rows every rank kept when it built `model`
+    (`kqv.train.slices.build_sliced`), or else rank 0's model's, broadcast, gathered and reduced in the precision
+    of `policy` (`precision_policy`). `model` is released to the meta device on every rank; `gather_to_rank0` fills
+    it again. Every rank must call this."""
     if may_skip_parameters(model):
         raise ConfigError(
             'train.parallel = "fsdp" cannot shard mixture-of-experts layers yet: an expert that gets no tokens on '
             'one process has no gradient to reduce there; use train.parallel = "ddp" for this model'
         )
-    world_size = dist.get_world_size()
-    from_rank0 = rank0_says(not on_meta(model), world_size)  # every rank takes the same way
+    from_rank0 = rank0_says(not on_meta(model), topology.world_size)  # every rank takes the same way
     if not from_rank0 and not every_rank(is_sliced(model)):  # every rank stops, not one alone
         raise ConfigError(
             "under train.parallel = \"fsdp\" the weights come from rank 0's model, or from every rank's slices "
@@ -115,11 +117,11 @@ def shard(model: nn.Module, device: torch.device, policy: MixedPrecisionPolicy |
             "built its model in slices"
         )
     slices = take_slices(model) if is_sliced(model) else None  # rank 0's weights win over slices
-    rank0 = dist.get_rank() == 0
+    rank0 = topology.rank == 0
     weights = model.state_dict() if from_rank0 and rank0 else {}  # alive until broadcast
     buffers = {name: b for name, b in model.named_buffers() if not b.is_meta}  # every rank's, or rank 0's
     persistent = set(model.state_dict()) & set(buffers)
-    sharded = _skeleton(model, device, policy or MixedPrecisionPolicy())
+    sharded = _skeleton(model, topology, device, policy or MixedPrecisionPolicy())
     if not from_rank0:
         _adopt(sharded, slices, device)
         for name, buffer in buffers.items():  # not sharded: every rank's whole, made as one process makes them
@@ -159,12 +161,12 @@ def every_rank(value: bool) -> bool:
     return bool(flag)
 
 
-def _skeleton(model: nn.Module, device: torch.device, policy: MixedPrecisionPolicy) -> nn.Module:
-    """A sharded copy of `model`'s skeleton, on the meta device, in `policy`'s precision; `model` is released to
-    the meta device."""
+def _skeleton(model: nn.Module, topology: Topology, device: torch.device, policy: MixedPrecisionPolicy) -> nn.Module:
+    """A sharded copy of `model`'s skeleton over the processes of `topology`, on the meta device, in `policy`'s
+    precision; `model` is released to the meta device."""
     replace_tensors(model, lambda t: torch.empty_like(t, device="meta"))
     sharded = copy.deepcopy(model)  # the skeleton: nothing to copy
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    mesh = init_device_mesh(device.type, (topology.world_size,))
     for block in layer_blocks(sharded):
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(sharded, mesh=mesh, mp_policy=policy)
@@ -188,11 +190,12 @@ def replace_tensors(model: nn.Module, make: Callable[[Tensor], Tensor]) -> None:
                 tensors[name] = made[id(tensor)]
 
 
-def gather_to_rank0(model: nn.Module, sharded: nn.Module, device: torch.device) -> None:
-    """Fill the plain `model` (released by `shard`) on rank 0, on `device`, with the weights of `sharded`, one
-    parameter at a time (each all-gathered, then dropped), and give it the training or evaluation mode of
-    `sharded`; other ranks take part in the gathers and keep theirs on the meta device. Every rank must call it."""
-    rank0 = dist.get_rank() == 0
+def gather_to_rank0(model: nn.Module, sharded: nn.Module, topology: Topology, device: torch.device) -> None:
+    """Fill the plain `model` (released by `shard`) on rank 0 of `topology`, on `device`, with the weights of
+    `sharded`, one parameter at a time (each all-gathered, then dropped), and give it the training or evaluation
+    mode of `sharded`; other ranks take part in the gathers and keep theirs on the meta device. Every rank must
+    call it."""
+    rank0 = topology.rank == 0
     if rank0:
         replace_tensors(model, lambda t: torch.empty_like(t, device=device))
         model.train(sharded.training)
@@ -221,13 +224,15 @@ def release(model: nn.Module) -> None:
 
 
 @contextlib.contextmanager
-def plain_on_rank0(model: nn.Module, sharded: nn.Module, device: torch.device, needed: bool) -> Iterator[None]:
+def plain_on_rank0(
+    model: nn.Module, sharded: nn.Module, topology: Topology, device: torch.device, needed: bool
+) -> Iterator[None]:
     """Inside, when `needed`, rank 0's plain `model` holds the weights of `sharded` (`gather_to_rank0`); after, it
     is released again. Every rank must enter it."""
     if not needed:
         yield
         return
-    gather_to_rank0(model, sharded, device)
+    gather_to_rank0(model, sharded, topology, device)
     try:
         yield
     finally:
@@ -241,11 +246,12 @@ def local_bytes(model: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in local if not t.is_meta)
 
 
-def gather_weights(sharded: nn.Module) -> dict[str, Tensor]:
-    """The whole weights of the sharded model on rank 0's CPU (empty on other ranks), as one process names them:
-    for the model.safetensors of a run's final checkpoint. Every rank must call it: the tensors are all-gathered."""
+def gather_weights(sharded: nn.Module, topology: Topology) -> dict[str, Tensor]:
+    """The whole weights of the sharded model on the CPU of rank 0 of `topology` (empty on other ranks), as one
+    process names them: for the model.safetensors of a run's final checkpoint. Every rank must call it: the tensors
+    are all-gathered."""
     weights = get_model_state_dict(sharded, options=GATHERED)
-    return _retie(weights, sharded) if dist.get_rank() == 0 else {}
+    return _retie(weights, sharded) if topology.rank == 0 else {}
 
 
 def _retie(weights: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:

@@ -57,6 +57,7 @@ from torch.distributed.tensor import DTensor
 from ..errors import RunError
 from .files import make_staging, sha256, swap_in, write_shared
 from .layout import SHARDS_DIR, STAGING_PREFIX, STATE_FILE, RunFiles, remedy
+from .topology import Topology
 
 T = TypeVar("T")
 
@@ -240,19 +241,14 @@ def local_bytes(tensors: dict[str, Tensor]) -> int:
 
 
 def write_sharded(
-    run: RunFiles,
-    model: nn.Module,
-    optimizer: Any,
-    rank: int,
-    world_size: int,
-    finish: Callable[[Path, dict[str, str]], None],
+    run: RunFiles, model: nn.Module, optimizer: Any, topology: Topology, finish: Callable[[Path, dict[str, str]], None]
 ) -> None:
-    """Write the checkpoint of a sharded run into `run` (every rank must call it; see the module docstring):
-    this process's shards, then on rank 0 `finish(staging, digests)`, which writes the other files into the
+    """Write the checkpoint of a sharded run into `run` (every rank of `topology` must call it; see the module
+    docstring): this process's shards, then on rank 0 `finish(staging, digests)`, which writes the other files into the
     staging directory (state.json last, recording `digests`, the shards' SHA-256 by name), and the swap. A
     RunError on every rank when rank 0 does not see every rank's files (no shared file system), or rank 0's
     error when its part fails (others get a RunError that names it)."""
-    path = run.checkpoint_dir
+    path, rank, world_size = run.checkpoint_dir, topology.rank, topology.world_size
     tensors = flat_state(model, optimizer)
     needed = local_bytes(tensors)
     staging = _from_rank0(lambda: str(make_staging(path, needed * world_size, STAGING_PREFIX)), rank)

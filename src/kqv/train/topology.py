@@ -3,9 +3,13 @@ torchrun's environment here and nowhere else.
 
 A job makes it once when it starts a training (`Topology.of_process`) and hands it down: to the run directory
 (rank 0 alone writes), to the model's construction (each rank's slices under FSDP), to the data (a corpus on disk
-reads only this rank's rows), and to the Trainer's placement, which joins the process group and takes this
-process's device (`Topology.device`). No other module reads `RANK`, `LOCAL_RANK` or `WORLD_SIZE`
-(`tests/test_topology.py` scans for them).
+reads only this rank's rows), to the memory check (one process's rows of the batch), and to the Trainer's placement,
+which joins the process group, takes this process's device (`Topology.device`) and keeps the topology for every
+part of the Trainer that asks which rank it is or how many there are (checkpoints, sharding, collectives). A
+Trainer given a plain path, not a job's run directory, is the one other place that makes it (the library's public
+entry, for a script run under torchrun). No other module reads `RANK`, `LOCAL_RANK` or `WORLD_SIZE`, nor asks
+torch.distributed for the rank or the world size (`tests/test_topology.py` scans for them): the group joined is
+checked once against the topology (`check_group`) and never asked again.
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ import os
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
+
+from ..errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -51,3 +58,15 @@ class Topology:
         if device.type != "cuda" or not self.several:
             return device
         return torch.device("cuda", self.local_rank)
+
+    def check_group(self) -> None:
+        """ConfigError when the process group this process has joined puts it at another rank, or counts another
+        number of processes, than this topology (a group its caller made before, otherwise than torchrun's
+        environment says): the run's collectives would wait for processes that never come."""
+        joined = dist.get_rank(), dist.get_world_size()
+        if joined != (self.rank, self.world_size):
+            raise ConfigError(
+                f"this process is rank {joined[0]} of {joined[1]} in the process group it joined, but rank "
+                f"{self.rank} of {self.world_size} as torchrun's environment (RANK, WORLD_SIZE) says; start the "
+                f"processes with torchrun, or make the process group with the same rank and world size"
+            )

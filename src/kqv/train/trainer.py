@@ -91,10 +91,11 @@ class Trainer:
     needed validation, `eval_fn`, `extra_state`, ...; from Python given as keywords, `Trainer(model, config, run_dir,
     train_batches=..., loss_fn=...)`); see the module docstring for the contracts.
 
-    `run_dir` is a `RunDirectory` its caller opened (a job does, to write its data under the same lock), or a
-    path: then the trainer opens it itself (`RunDirectory.open`, holding the writer's lock until train()
-    returns), doing what `options.if_exists` says when it already holds a run ("resume" continues its checkpoint
-    with the `config` given here).
+    `run_dir` is a `RunDirectory` its caller opened (a job does, to write its data under the same lock), with the
+    `topology` of this process, or a path: then the trainer opens it itself (`RunDirectory.open`, holding the
+    writer's lock until train() returns) for this process as torchrun's environment says (`Topology.of_process`,
+    the one default, at this public entry), doing what `options.if_exists` says when it already holds a run
+    ("resume" continues its checkpoint with the `config` given here).
 
     The Trainer decides where it trains once (its `placement`: device, precision, processes, the model on them) and
     hands it whole to the parts that read it: its checkpoints (`Checkpointer`), evaluation (`Evaluator`) and updates
@@ -117,8 +118,8 @@ class Trainer:
         config.check_installed()  # a logger's missing package: said before anything is placed or written
         self.options = options = TrainerOptions.of(options, given)
         # where it trains (`kqv.train.placement`); under FSDP `callers_model` is released by the shard
-        topology = run_dir.topology if isinstance(run_dir, RunDirectory) else Topology.of_process()  # made once
-        self.placement = place_model(model, config, options.saved_weights, topology)
+        topology = run_dir.topology if isinstance(run_dir, RunDirectory) else Topology.of_process()  # see above
+        self.placement = place_model(model, config, topology, options.saved_weights)
         self.config = config  # as given: its steps are the upper bound of a budget's plan (`steps`)
         self.flops_per_token = model_flops_per_token(self.model)  # for MFU, against the device's peak (if known)
         self.extra_state = {} if options.extra_state is None else options.extra_state  # this very dict
@@ -151,8 +152,7 @@ class Trainer:
         self.updater = Updater(config, self.placement, self.optimizer, self.guard, options)
 
     def _open(self, run_dir: RunDirectory | str | Path, topology: Topology) -> RunDirectory:
-        """The run directory: the job's, or one this trainer opens itself (given a path; rank 0 of `topology` locks
-        it) and closes after train()."""
+        """The run directory: the job's, or one this trainer opens itself for `topology` and closes after train()."""
         if isinstance(run_dir, RunDirectory):
             return run_dir
         return self._owned.enter_context(RunDirectory.open(run_dir, self.options.if_exists, topology=topology))
@@ -320,14 +320,14 @@ class Trainer:
             self.updater.close()
             self.report.close()
         if self.placement.sharded:  # the caller's model holds the trained weights, on rank 0 (kqv.train.sharding)
-            gather_to_rank0(self.callers_model, self.model, self.device.device)
+            gather_to_rank0(self.callers_model, self.model, self.placement.topology, self.device.device)
         distributed.settle(self.world_size)
         return result
 
     def _paced_session(self) -> PacedSession:
         """What a budget's pacing reads of this session: it times an evaluation (with its plot) and a checkpoint."""
         evaluate = self.evaluate if self.evaluator.evaluates else dict  # one evaluation's metrics, or none
-        place = (self.config, self.rank, self.world_size, self.clock, self.run.metrics_file, self.run.log)
+        place = (self.config, self.placement.topology, self.clock, self.run.metrics_file, self.run.log)
         return PacedSession(*place, self.options.work_after_training, evaluate, self.redraw_plot, self.save_checkpoint)
 
     def _adopt(self, new: NewPlan | None) -> None:
