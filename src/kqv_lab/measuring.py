@@ -6,7 +6,7 @@ JSON atomically (a reader sees the old file or the new one).
 A benchmark script writes its record with `write_record(path, record, seeds=..., started=...)`; the experiments'
 runner builds results.json's machine and provenance from `machine` and `git_state` and writes it with `write_json`.
 Nothing here computes a measured number: only the experiments' presentation modules import it (the runner, the
-records, the provenance: `kqv.experiments.provenance.PRESENTATION`), so no experiment's code hash covers it.
+records, the provenance: `kqv_lab.experiments.provenance.PRESENTATION`), so no experiment's code hash covers it.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
-from .errors import ConfigError
-from .nn.environment import cpu
-from .train.files import write_atomically
+from kqv.errors import ConfigError
+from kqv.nn import cpu
+from kqv.train import write_atomically
 
 SOURCE = Path(__file__).resolve().parent  # src/kqv
 ROOT = SOURCE.parents[1]  # the repository's root, in a checkout: where commands are typed from

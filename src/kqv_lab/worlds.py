@@ -33,8 +33,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import FULL_NAMES, OUT, OVERWRITE, PEOPLE, STYLE_ENCYCLOPEDIA, VERSIONS, ConfigError, DataError, option
-from .completions import split_examples
+from kqv.data import split_examples
+from kqv.errors import FULL_NAMES, OUT, OVERWRITE, PEOPLE, STYLE_ENCYCLOPEDIA, VERSIONS, ConfigError, DataError, option
 
 ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "gr", "kl", "tr", "st"]
 VOWELS = ["a", "e", "i", "o", "u", "ai", "ei", "ou"]

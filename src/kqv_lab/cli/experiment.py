@@ -8,16 +8,15 @@ kqv experiment rejudge NAME|all [--dir docs/experiments]   (recompute verdicts f
 kqv experiment fingerprint NAME|all [--dir docs/experiments] [--commit C]
     (store the quick-size numbers of a stored run's code)
 
-Each action parses its flags, calls `kqv.experiments.actions` and prints what comes back.
+Each action parses its flags, calls `kqv_lab.experiments.actions` and prints what comes back.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from ..flag_names import COMMIT, DEVICE, DIR, OUT, QUICK, QUIET, SEEDS, SET, THREADS
-from .commands import Command
-from .flags import DEVICE_HELP
+from kqv.cli import DEVICE_HELP, Command
+from kqv.flag_names import COMMIT, DEVICE, DIR, OUT, QUICK, QUIET, SEEDS, SET, THREADS
 
 
 def cmd_list(args: argparse.Namespace) -> None:

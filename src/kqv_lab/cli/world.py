@@ -1,19 +1,19 @@
-"""`kqv world`: an invented world of people (`kqv.data.worlds`), its biographies and its question files written."""
+"""`kqv world`: an invented world of people (`kqv_lab.worlds`), its biographies and its question files written."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from .. import api
-from ..api import WORLD_STYLES
-from ..flag_names import FULL_NAMES, OUT, OVERWRITE, PEOPLE, SEED, STYLE, VERSIONS
-from .commands import Command
+from kqv.cli import Command
+from kqv.flag_names import FULL_NAMES, OUT, OVERWRITE, PEOPLE, SEED, STYLE, VERSIONS
+
+from ..worlds import STYLES, write_world
 
 
 class World(Command):
     """`kqv world --out DIR [--overwrite] [--people N] [--versions V] [--full-names] [--style S] [--seed S]`:
-    `kqv.api.write_world`, the files it wrote named."""
+    `kqv_lab.worlds.write_world`, the files it wrote named."""
 
     help = "write an invented world's biographies and question files (to pretrain on, then ask)"
 
@@ -23,7 +23,7 @@ class World(Command):
         parser.add_argument(FULL_NAMES, action="store_true", help="every sentence names its person in full")
         parser.add_argument(
             STYLE,
-            choices=WORLD_STYLES,
+            choices=STYLES,
             default="varied",
             help="varied (default: each sentence names the person or says a pronoun, at random) or encyclopedia "
             "(one paragraph per person, the full name once in the first sentence, then pronouns, each fact once)",
@@ -35,5 +35,5 @@ class World(Command):
         )
 
     def run(self, args: argparse.Namespace) -> None:
-        api.write_world(args.out, args.people, args.seed, args.versions, args.full_names, args.style, args.overwrite)
+        write_world(args.out, args.people, args.seed, args.versions, args.full_names, args.style, args.overwrite)
         print(f"wrote {args.out}: biographies.txt, pretrain.txt, questions-{{seen,held-out}}.{{tsv,jsonl}}, probes-*")

@@ -1,7 +1,7 @@
 """The lecture's argument as experiments: each module tests one claim and says whether it holds here.
 
-`kqv experiment list` names them; `kqv experiment run NAME [--quick]` runs one (see `kqv.experiments.runner`).
-The contract every experiment module follows is in `kqv.experiments.base`; `EXPERIMENTS` below is the registry:
+`kqv experiment list` names them; `kqv experiment run NAME [--quick]` runs one (see `kqv_lab.experiments.runner`).
+The contract every experiment module follows is in `kqv_lab.experiments.base`; `EXPERIMENTS` below is the registry:
 a new experiment is a module of this package with an entry there.
 """
 

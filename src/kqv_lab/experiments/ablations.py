@@ -18,9 +18,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from ..nn.attention import MultiHeadAttention
-from ..nn.cores import AttentionCall, FullAttention
-from ..nn.layers import Residual
+from kqv.nn import AttentionCall, FullAttention, MultiHeadAttention, Residual
 
 
 def self_attention_layers(model: nn.Module) -> list[MultiHeadAttention]:

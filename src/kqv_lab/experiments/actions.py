@@ -3,7 +3,7 @@ write the gallery page, and re-judge stored runs. The command line parses flags,
 return; nothing here measures a number (that is the experiment modules' and `runner.run_experiment`'s work), so a
 change here leaves every committed code hash as it is (`provenance.PRESENTATION`).
 
-    from kqv.experiments.actions import claims, run_experiments
+    from kqv_lab.experiments.actions import claims, run_experiments
     for name, claim in claims(): ...
     for position, record in run_experiments("all", quick=True, out="experiments"): ...
 """
@@ -14,8 +14,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import OUT, RUN_EXPERIMENT, SEEDS, ConfigError, option
-from ..train.files import refuse_writing_over, write_text
+from kqv.errors import OUT, RUN_EXPERIMENT, SEEDS, ConfigError, option
+from kqv.train import refuse_writing_over, write_text
+
 from . import get, names
 from .base import Experiment
 from .gallery import gallery

@@ -1,6 +1,6 @@
 """What an experiment is: a claim, sizes, a measurement, and checks decided in advance.
 
-Every experiment is one module of `kqv.experiments` holding:
+Every experiment is one module of `kqv_lab.experiments` holding:
 
 * a docstring that states the claim as the lecture makes it, and how the module tests it;
 * `NAME` (the command-line name), `CLAIM` (one line for `kqv experiment list`), `LECTURE` (the claim in the
@@ -15,7 +15,7 @@ Every experiment is one module of `kqv.experiments` holding:
   `REVISIONS`, lines saying how the design or the checks changed after a trial had been seen.
 
 `Experiment.of(module)` collects these parts into an `Experiment` and fails at once, naming the module and the
-missing parts, when one is not there; the registry `kqv.experiments.EXPERIMENTS` holds one per module.
+missing parts, when one is not there; the registry `kqv_lab.experiments.EXPERIMENTS` holds one per module.
 
 The verdict is never written by hand: `verdict(checks)` derives it from the checks, which derive from the
 numbers, so the test suite can recompute it from results.json alone.
@@ -37,13 +37,13 @@ from typing import Any, ClassVar
 
 from tqdm import tqdm
 
-from ..errors import OVERRIDE, OVERRIDE_EXAMPLE, ConfigError, option
-from ..train.runs import override_value
-from ..validation import Config, field_types
+from kqv import Config, field_types
+from kqv.errors import OVERRIDE, OVERRIDE_EXAMPLE, ConfigError, option
+from kqv.train import override_value
 
 # Where the experiments' models train (`kqv experiment run --device`, `run_experiment(device=...)`): the CPU unless
 # asked, which every figure in docs/experiments was measured on. Whatever the device, a trained model comes back to
-# the CPU (`kqv.experiments.lm.train_lm`), so what the experiments measure after training runs there.
+# the CPU (`kqv_lab.experiments.lm.train_lm`), so what the experiments measure after training runs there.
 TRAINING_DEVICE: contextvars.ContextVar[str] = contextvars.ContextVar("TRAINING_DEVICE", default="cpu")
 
 
@@ -51,7 +51,7 @@ class ExperimentError(ConfigError):
     """Bad input to an experiment: an unknown name, a size that is not positive, an unknown option."""
 
 
-# the outcome of one check: decided either way, or not decided by the data (`kqv.experiments.statistics`)
+# the outcome of one check: decided either way, or not decided by the data (`kqv_lab.experiments.statistics`)
 HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
 OUTCOMES = (HOLDS, FAILS, INCONCLUSIVE)
 # what a check is for: a part of the lecture's claim (decides the verdict); a control (shows the setup can show the
@@ -61,7 +61,7 @@ CLAIM, CONTROL, CONSTRUCTION = "claim", "control", "by construction"
 ROLES = (CLAIM, CONTROL, CONSTRUCTION)
 
 
-# While `kqv.experiments.statistics.judge` runs an experiment's `checks`, the intervals made, the decisions taken
+# While `kqv_lab.experiments.statistics.judge` runs an experiment's `checks`, the intervals made, the decisions taken
 # and the checks built, in order: how the numbers behind each figure string are found without the experiment
 # module passing them (its code, and so its code hash, stays as it is). None outside `judge`.
 JUDGING: contextvars.ContextVar[list | None] = contextvars.ContextVar("JUDGING", default=None)
@@ -79,7 +79,7 @@ class Check:
     """One part of a verdict: what is checked, the threshold fixed in advance, the measured figure, the outcome.
 
     `Check(what, threshold, figure, holds)` is decided by a yes/no comparison; a check decided by an interval
-    passes its outcome (`kqv.experiments.statistics.interval_check`), and `holds` follows from it. `role` says
+    passes its outcome (`kqv_lab.experiments.statistics.interval_check`), and `holds` follows from it. `role` says
     what it is for (`CLAIM`, `CONTROL`, `CONSTRUCTION`; `control(...)` and `by_construction(...)` mark one).
     `statistics.judge` fills `intervals` (each interval behind the figure as numbers, with the threshold or band
     it was judged against) and, for an inconclusive check, `to_decide` (how many seeds would decide it)."""
@@ -134,10 +134,10 @@ def verdict(checks: Sequence[Check]) -> str:
 
 @dataclass(frozen=True)
 class Experiment:
-    """An experiment: the parts its module declares (see the module docstring of `kqv.experiments.base`).
+    """An experiment: the parts its module declares (see the module docstring of `kqv_lab.experiments.base`).
 
     Made by `Experiment.of(module)`, which checks that the module declares every part of the contract, so a
-    module that lacks one fails when the registry (`kqv.experiments.EXPERIMENTS`) is imported, not when used."""
+    module that lacks one fails when the registry (`kqv_lab.experiments.EXPERIMENTS`) is imported, not when used."""
 
     name: str
     claim: str
@@ -162,7 +162,7 @@ class Experiment:
         if missing:
             raise ExperimentError(
                 f"experiment module {module.__name__} lacks {', '.join(missing)}: every experiment "
-                f"module declares {', '.join(CONTRACT)} (see kqv.experiments.base)"
+                f"module declares {', '.join(CONTRACT)} (see kqv_lab.experiments.base)"
             )
         parts = {field: getattr(module, part) for part, field in CONTRACT.items()}
         if not isinstance(parts["fields"], (tuple, list)) or not all(isinstance(k, str) for k in parts["fields"]):

@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..nn.models import DecoderLM
+from kqv.nn import DecoderLM
+
 from .ablations import without_norms, without_residuals
 from .base import Check, Progress, control, mean_std, pm
 from .lm import QUICK_LM, Arm, LMConfig, shakespeare, train_arms, unigram_loss

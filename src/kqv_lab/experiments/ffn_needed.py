@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..nn.cores import AttentionCall, FullAttention
-from ..nn.models import DecoderLM
+from kqv.nn import AttentionCall, DecoderLM, FullAttention
+
 from .ablations import self_attention_layers
 from .base import Check, ExperimentError, Progress, by_construction, control, pm
 from .lm import QUICK_LM, VAL_SEED, Arm, LMConfig, Trained, lm_batch, shakespeare, train_arms, unigram_loss

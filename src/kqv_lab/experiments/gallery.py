@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..errors import RUN_EXPERIMENT, option
+from kqv.errors import RUN_EXPERIMENT, option
+
 from . import get, names
 from .records import RESULTS_FILE, load_record
 from .report import (
@@ -52,7 +53,7 @@ Each check is decided from the per-seed numbers: where arms share seeds, by the 
 paired differences (or, for timings, of the repeats), against a threshold fixed in advance; {rule}. Each
 results.json records the machine and the hash of the code that produced it (`code`: the experiment's module and
 the kqv modules it imports, as syntax trees without docstrings, so a comment does not count as a change), the full
-config it ran with, and a fingerprint of that code's numbers (`code.quick`, `kqv.experiments.reproduction`): the
+config it ran with, and a fingerprint of that code's numbers (`code.quick`, `kqv_lab.experiments.reproduction`): the
 numbers of its quick size that every CPU kernel set (`ATEN_CPU_CAPABILITY` default, avx2 and avx512, oneDNN and MKL
 capped alike) computed within 1e-4 of each other, and that another set of seeds moved, so echoes of the config,
 counts fixed by construction, timings and whatever diverges on another CPU's rounding are left out. When the code

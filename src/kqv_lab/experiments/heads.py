@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from ..nn.models import DecoderLM
+from kqv.nn import DecoderLM
+
 from .base import INCONCLUSIVE, Check, Progress, mean_std, pm
 from .lm import QUICK_LM, Arm, LMConfig, attention_maps, head_statistics, shakespeare, train_arms
 from .plotting import curves, figure, save

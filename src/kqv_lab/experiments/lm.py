@@ -17,16 +17,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..data.batches import batch_generator, sample_batch
-from ..data.shakespeare import load_text, split_text
-from ..data.tokenizers import Tokenizer, encode_text, make_tokenizer
-from ..nn.config import ModelConfig, Position
-from ..nn.models import DecoderLM, count_parameters
-from ..train.config import TrainConfig
-from ..train.layout import RunFiles
-from ..train.metrics import read_metrics
-from ..train.nonfinite import TrainingDiverged
-from ..train.trainer import Trainer
+from kqv.data import Tokenizer, batch_generator, encode_text, load_text, make_tokenizer, sample_batch, split_text
+from kqv.nn import DecoderLM, ModelConfig, Position, count_parameters
+from kqv.train import RunFiles, TrainConfig, Trainer, TrainingDiverged, read_metrics
+
 from .base import TRAINING_DEVICE, ExperimentConfig, Progress
 
 VAL_SEED = 1_000_000_007  # validation blocks are drawn from this seed, whatever the training seed

@@ -29,11 +29,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..data.needle import QUERIES, VOCAB, needle_batch
-from ..nn.config import ModelConfig
-from ..nn.models import DecoderLM, count_parameters
-from ..train.config import TrainConfig
-from ..train.trainer import Trainer
+from kqv.data import needle
+from kqv.nn import DecoderLM, ModelConfig, count_parameters
+from kqv.train import TrainConfig, Trainer
+
 from .base import FAILS, HOLDS, INCONCLUSIVE, TRAINING_DEVICE, Check, ExperimentConfig, Progress, control
 from .plotting import figure, log_log, save
 from .statistics import decide, ratio_interval
@@ -75,7 +74,7 @@ class Config(ExperimentConfig):
 
     def model_config(self, method: str, max_len: int) -> ModelConfig:
         return ModelConfig(
-            vocab_size=VOCAB,
+            vocab_size=needle.VOCAB,
             d_model=self.d_model,
             n_heads=2,
             n_layers=self.n_layers,
@@ -120,14 +119,14 @@ def method(config: Config) -> str:
 def needle_loss(model: DecoderLM, batch: tuple) -> torch.Tensor:
     ids, queries, answers = batch
     logits = model(ids)[torch.arange(len(ids))[:, None], queries]  # (batch, QUERIES, vocab)
-    return F.cross_entropy(logits.flatten(0, 1), answers.repeat_interleave(QUERIES))
+    return F.cross_entropy(logits.flatten(0, 1), answers.repeat_interleave(needle.QUERIES))
 
 
 def accuracy(model: DecoderLM, length: int, sequences: int, seed: int) -> float:
     generator = torch.Generator().manual_seed(10_000 + seed)
     model.eval()
     with torch.no_grad():
-        ids, queries, answers = needle_batch(sequences, length, generator)
+        ids, queries, answers = needle.needle_batch(sequences, length, generator)
         predicted = model(ids)[torch.arange(sequences), queries[:, -1]].argmax(-1)
     model.train()
     return float((predicted == answers).float().mean())
@@ -152,7 +151,7 @@ def train_curriculum(config: Config, kind: str, seed: int, progress: Progress) -
             seed=seed,
             device=TRAINING_DEVICE.get(),
         )
-        batches = lambda i, n=length, s=stage: needle_batch(
+        batches = lambda i, n=length, s=stage: needle.needle_batch(
             config.batch_size, n, torch.Generator().manual_seed(seed * 1_000_003 + s * 100_003 + i)
         )
         with tempfile.TemporaryDirectory(prefix="kqv-long-attention-") as run_dir:
@@ -176,7 +175,7 @@ def measure(kind: str, length: int, config: Config) -> dict[str, float]:
     one sequence; run in its own process. The peak is the kernel's high-water mark, reset before the passes
     (writing 5 to /proc/self/clear_refs), so what importing torch and building the model took does not hide it."""
     model = DecoderLM(config.model_config(kind, length))
-    ids = torch.randint(0, VOCAB, (1, length))
+    ids = torch.randint(0, needle.VOCAB, (1, length))
     model(ids[:, : min(length, 4 * config.block)]).sum().backward()  # warm-up on a short input
     model.zero_grad(set_to_none=True)
     baseline = _status_kb("VmRSS")
@@ -193,7 +192,7 @@ def measure(kind: str, length: int, config: Config) -> dict[str, float]:
 
 def measure_in_subprocess(kind: str, length: int, config: Config, threads: int) -> dict[str, float]:
     code = (
-        "import json, sys, torch; from kqv.experiments.long_attention import Config, measure; "
+        "import json, sys, torch; from kqv_lab.experiments.long_attention import Config, measure; "
         f"torch.set_num_threads({threads}); torch.manual_seed(0); "
         f"values = {{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(sys.argv[1]).items()}}; "
         f"print(json.dumps(measure({kind!r}, {length}, Config(**values))))"

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from scipy import stats
 
-from ..nn.config import ModelConfig
+from kqv.nn import ModelConfig
+
 from .base import FAILS, HOLDS, INCONCLUSIVE, Check, Progress, mean_std, pm
 from .lm import QUICK_LM, Arm, LMConfig, train_arms
 from .plotting import figure, save

@@ -19,9 +19,8 @@ from pathlib import Path
 
 import torch
 
-from ..nn.attention import MultiHeadAttention
-from ..nn.config import ModelConfig
-from ..nn.cores import FullAttention
+from kqv.nn import FullAttention, ModelConfig, MultiHeadAttention
+
 from .base import Check, ExperimentConfig, ExperimentError, Progress, by_construction, mean_std, pm
 from .plotting import figure, log_log, save
 from .quadratic_cost import fastest_pass, flops, saved_bytes

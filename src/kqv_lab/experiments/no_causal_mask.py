@@ -22,8 +22,9 @@ from pathlib import Path
 
 import torch
 
-from ..jobs.sampling import generate_text
-from ..nn.models import DecoderLM
+from kqv.jobs import generate_text
+from kqv.nn import DecoderLM
+
 from .ablations import peeking, set_peeking
 from .base import Check, Progress, control, mean_std, pm
 from .lm import QUICK_LM, Arm, LMConfig, Trained, random_tokens, shakespeare, train_arms, validation_loss

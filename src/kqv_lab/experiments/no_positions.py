@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from ..nn.models import DecoderLM, Encoder
+from kqv.nn import DecoderLM, Encoder
+
 from .base import FAILS, HOLDS, INCONCLUSIVE, Check, Progress, by_construction, mean_std, pm
 from .lm import QUICK_LM, Arm, LMConfig, train_arms
 from .plotting import curves, figure, save

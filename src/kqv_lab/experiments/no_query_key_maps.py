@@ -17,7 +17,8 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..nn.models import DecoderLM
+from kqv.nn import DecoderLM
+
 from .ablations import without_query_key_maps
 from .base import Check, Progress, mean_std, pm
 from .lm import QUICK_LM, Arm, LMConfig, Trained, attention_maps, head_statistics, shakespeare, train_arms

@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..nn.attention import MultiHeadAttention
-from ..nn.config import ModelConfig
+from kqv.nn import ModelConfig, MultiHeadAttention
+
 from .base import FAILS, HOLDS, INCONCLUSIVE, TRAINING_DEVICE, Check, ExperimentConfig, ExperimentError, Progress, pm
 from .plotting import figure, log_log, save
 from .statistics import interval_check, paired_ratio

@@ -10,7 +10,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ..train.files import write_png
+from kqv.train import write_png
 
 
 def figure(panels: int = 1, width: float = 5.5, height: float = 4.0) -> tuple[Figure, list[Axes]]:

@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..errors import DataError
+from kqv.errors import DataError
+
 from .base import FAILS, HOLDS, INCONCLUSIVE, Check, Progress, by_construction, mean_std, pm
 from .lm import QUICK_LM, Arm, EncodedSplits, LMConfig, Trained, shakespeare, train_arms
 from .plotting import figure, log_log, save

@@ -1,12 +1,13 @@
 """Where a result came from: the git commit (and whether the tree was dirty), torch, the machine, the load, and a
 hash of the code that produced the numbers, so that stale results are found, not trusted.
 
-The code an experiment ran (`code_files`): its own module and every kqv module it imports, followed through
-kqv's own imports (`kqv.nn`, `kqv.train`, `kqv.data`, `kqv.jobs`, `kqv.experiments.lm` ...), found by reading
-the import statements (`ast`), not by hand. Left out: the modules that only present or judge the numbers
-(`PRESENTATION`: the verdict logic, report, plots, runner): a change there changes no measured number, and the
-verdicts are recomputed from results.json by the test suite anyway. tests/test_experiment_statistics.py fails
-when a committed experiment's code hash (`code.hash`, recorded when it ran) differs from today's code.
+The code an experiment ran (`code_files`): its own module and every kqv or kqv_lab module it imports, followed
+through their own imports (`kqv.nn`, `kqv.train`, `kqv_lab.experiments.lm` ...; a name a public package exports to
+the module that defines it), found by reading the import statements (`ast`), not by hand. Left out: the modules that
+only present or judge the numbers (`PRESENTATION`: the verdict logic, report, plots, runner): a change there changes
+no measured number, and the verdicts are recomputed from results.json by the test suite anyway.
+tests/test_experiment_statistics.py fails when a committed experiment's code hash (`code.hash`, recorded when it
+ran) differs from today's code.
 
 The hash is over what the code does, not how it is written (`_normalised`): each file's syntax tree without its
 docstrings, so a comment, a docstring or reformatting does not make results stale; a changed line of code does.
@@ -23,47 +24,72 @@ from typing import Any
 
 import torch
 
-from ..measuring import git_state
-from ..nn.environment import cpu
+import kqv
+from kqv.nn import cpu
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # src/kqv
+from ..measuring import git_state
+
+# the packages whose modules an experiment's code is read from: the library and this application
+PACKAGES = {"kqv": Path(kqv.__file__).resolve().parent, "kqv_lab": Path(__file__).resolve().parents[1]}
+SOURCE_ROOT = PACKAGES["kqv_lab"].parent  # where both sit (src/, or site-packages): code paths are relative to it
 PRESENTATION = {
-    "kqv.experiments",
-    "kqv.experiments.base",
-    "kqv.experiments.statistics",
-    "kqv.experiments.provenance",
-    "kqv.experiments.plotting",
-    "kqv.experiments.report",
-    "kqv.experiments.runner",
-    "kqv.experiments.gallery",
-    "kqv.experiments.actions",
-    "kqv.experiments.reproduction",
+    "kqv_lab",
+    "kqv_lab.experiments",
+    "kqv_lab.experiments.base",
+    "kqv_lab.experiments.statistics",
+    "kqv_lab.experiments.provenance",
+    "kqv_lab.experiments.plotting",
+    "kqv_lab.experiments.report",
+    "kqv_lab.experiments.runner",
+    "kqv_lab.experiments.gallery",
+    "kqv_lab.experiments.actions",
+    "kqv_lab.experiments.reproduction",
 }
 
 
 def _module_file(name: str) -> Path | None:
-    """The source file of kqv module `name` (a package's __init__.py), None outside kqv."""
-    if name != "kqv" and not name.startswith("kqv."):
+    """The source file of kqv or kqv_lab module `name` (a package's __init__.py), None outside them."""
+    top, *rest = name.split(".")
+    if top not in PACKAGES:
         return None
-    path = PACKAGE_ROOT.joinpath(*name.split(".")[1:])
+    path = PACKAGES[top].joinpath(*rest)
     for candidate in (path.with_suffix(".py"), path / "__init__.py"):
         if candidate.is_file():
             return candidate
     return None
 
 
+def _absolute(package: str, node: ast.ImportFrom) -> str:
+    """The module a `from ... import` statement of a module of `package` imports from, made absolute."""
+    base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+    return ".".join(part for part in (base, node.module or "") if part)
+
+
+def _defined_in(module: str, name: str) -> str:
+    """Where `name`, imported from `module`, is defined: a package that re-exports it (`from .cores import
+    FullAttention` in kqv/nn/__init__.py) is followed to the module it comes from, so the code an experiment ran is
+    the modules it uses, not every module the public package exports; a submodule (`from . import lm`) is itself."""
+    if _module_file(submodule := f"{module}.{name}") is not None:
+        return submodule
+    path = _module_file(module)
+    if path is None or path.name != "__init__.py":
+        return module
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        for alias in node.names if isinstance(node, ast.ImportFrom) else ():
+            if (alias.asname or alias.name) == name:
+                return _defined_in(_absolute(module, node), alias.name)
+    return module
+
+
 def _imports(name: str, path: Path) -> set[str]:
-    """The kqv modules that module `name` (at `path`) imports, by reading its import statements."""
+    """The kqv and kqv_lab modules that module `name` (at `path`) imports, by reading its import statements."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
-            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
-            module = ".".join(part for part in (base, node.module or "") if part)
-            found.add(module)
-            found |= {f"{module}.{alias.name}" for alias in node.names}  # `from . import lm` names a module
+            found |= {_defined_in(_absolute(package, node), alias.name) for alias in node.names}
     return {m for m in found if _module_file(m) is not None}
 
 
@@ -77,10 +103,10 @@ def code_files(module: str) -> list[Path]:
             continue
         seen.add(name)
         todo += sorted(_imports(name, _module_file(name)))
-    return sorted(_module_file(name).relative_to(PACKAGE_ROOT.parent) for name in seen)
+    return sorted(_module_file(name).relative_to(SOURCE_ROOT) for name in seen)
 
 
-# the parts of an experiment's own module that only word, present or judge its numbers (`kqv.experiments.base`):
+# the parts of an experiment's own module that only word, present or judge its numbers (`kqv_lab.experiments.base`):
 # left out of its code hash like the PRESENTATION modules, so rewording a claim or a check keeps its results
 JUDGING = {"CLAIM", "LECTURE", "REVISIONS", "table", "checks", "plots", "method", "notes"}
 
@@ -108,16 +134,16 @@ def code_hash(module: str) -> dict[str, Any]:
     """{'hash': sha256 over the paths and normalised code of `code_files(module)`, 'files': their paths}; the
     experiment module's own `JUDGING` parts left out."""
     digest = hashlib.sha256()
-    files, own = code_files(module), _module_file(module).relative_to(PACKAGE_ROOT.parent)
+    files, own = code_files(module), _module_file(module).relative_to(SOURCE_ROOT)
     for path in files:
         leave_out = JUDGING if path == own else set()
-        code = _normalised((PACKAGE_ROOT.parent / path).read_text(encoding="utf-8"), leave_out)
+        code = _normalised((SOURCE_ROOT / path).read_text(encoding="utf-8"), leave_out)
         digest.update(path.as_posix().encode() + b"\0" + code.encode() + b"\0")
     return {"hash": digest.hexdigest(), "files": [p.as_posix() for p in files]}
 
 
 def provenance() -> dict[str, Any]:
-    """Git state, torch version and build, and the CPU (`kqv.measuring`), for results.json."""
+    """Git state, torch version and build, and the CPU (`kqv_lab.measuring`), for results.json."""
     return {"git": git_state(), "torch": torch.__version__, "cpu": cpu()}
 
 

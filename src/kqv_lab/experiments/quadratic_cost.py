@@ -30,10 +30,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from ..nn.attention import MultiHeadAttention
-from ..nn.config import ModelConfig
-from ..nn.cores import FullAttention, scaled_dot_product_attention
-from ..nn.layers import FeedForward
+from kqv.nn import FeedForward, FullAttention, ModelConfig, MultiHeadAttention, scaled_dot_product_attention
+
 from .base import INCONCLUSIVE, Check, ExperimentConfig, Progress, mean_std, pm
 from .plotting import figure, log_log, save
 from .statistics import Interval, all_of, decide_within, mean_interval, paired_ratio

@@ -8,9 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..errors import RUN_EXPERIMENT, option
+from kqv.errors import RUN_EXPERIMENT, option
+from kqv.train import write_atomically
+
 from ..measuring import write_json
-from ..train.files import write_atomically
 from . import get
 from .report import write_report
 

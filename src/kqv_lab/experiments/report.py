@@ -59,7 +59,7 @@ def headline(record: dict[str, Any]) -> str:
 
 def provenance_line(record: dict[str, Any]) -> str:
     """Which code the numbers stand for: its code hash, and what vouches for them when that code moves: the
-    quick-size fingerprint (`kqv.experiments.reproduction`), or for timings only that code, on the machine named."""
+    quick-size fingerprint (`kqv_lab.experiments.reproduction`), or for timings only that code, on the machine named."""
     from .provenance import TIMED
 
     code = record.get("code") or {}
@@ -204,7 +204,7 @@ def write_report(record: dict[str, Any], experiment: Experiment) -> str:
     parts += [
         f"## Verdict: {headline(record)}",
         "Each check's threshold was written in the experiment module "
-        f"(`kqv/experiments/{experiment.module.rpartition('.')[2]}.py`) before it ran; {VERDICT_RULE}.",
+        f"(`kqv_lab/experiments/{experiment.module.rpartition('.')[2]}.py`) before it ran; {VERDICT_RULE}.",
         markdown_table(CHECK_COLUMNS, check_rows(record)),
         *deciding_section(record),
         *revisions_section(experiment),

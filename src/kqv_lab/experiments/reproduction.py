@@ -42,8 +42,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import COMMIT, RUN_EXPERIMENT, option
-from .provenance import PACKAGE_ROOT, TIMED, timing_change
+from kqv.errors import COMMIT, RUN_EXPERIMENT, option
+
+from .provenance import SOURCE_ROOT, TIMED, timing_change
 
 # keys that hold a time or a speed: never part of a fingerprint, even when two runs happen to agree
 TIMING = re.compile(
@@ -66,12 +67,12 @@ KERNEL_SETS: dict[str, dict[str, str]] = {
 }
 
 # what a fingerprint process runs: the quick size of one experiment with the given first seed, one thread, its
-# results as JSON. Written against the experiment contract alone, so it runs on the code of any commit
+# results as JSON. Written against the experiment contract alone, so it runs on the code of any commit (whose
+# experiments are the package `experiments_package` names)
 _WORKER = """
-import json, sys, torch
-from kqv.experiments import get
-from kqv.experiments.base import Progress
-name, first, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+import importlib, json, sys, torch
+name, first, out, experiments = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+get, Progress = importlib.import_module(experiments).get, importlib.import_module(experiments + ".base").Progress
 torch.set_num_threads(1)
 experiment = get(name)
 seeds = list(range(first, first + experiment.quick.seeds))
@@ -80,6 +81,12 @@ tolist = lambda value: value.tolist() if isinstance(value, torch.Tensor) else st
 with open(out, "w", encoding="utf-8") as f:
     json.dump({"results": results, "capability": torch.backends.cpu.get_cpu_capability()}, f, default=tolist)
 """
+
+
+def experiments_package(imports: Path) -> str:
+    """The experiments' package in the source folder `imports` (a src/): kqv_lab's, or in a tree from before kqv_lab
+    was beside the library, kqv's."""
+    return "kqv_lab.experiments" if (imports / "kqv_lab" / "experiments").is_dir() else "kqv.experiments"
 
 
 def numbers(results: Any, prefix: str = "") -> Iterator[tuple[str, float]]:
@@ -199,7 +206,7 @@ def quick_run(name: str, imports: Path, first_seed: int, env: dict[str, str], sc
     out = scratch / f"{name}-{first_seed}-{len(env)}-{'-'.join(env.values())}.json"
     environment = {**os.environ, **env, "PYTHONPATH": str(imports), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [sys.executable, "-c", _WORKER, name, str(first_seed), str(out)],
+        [sys.executable, "-c", _WORKER, name, str(first_seed), str(out), experiments_package(imports)],
         env=environment,
         cwd=scratch,
         capture_output=True,
@@ -217,7 +224,7 @@ def quick_fingerprint(name: str, source: str | Path | None = None) -> dict[str, 
     """Experiment `name`'s fingerprint (`code.quick` of results.json), made with the code of `source` (a kqv
     source tree, its src/; by default the kqv package running now, wherever it is installed): its quick size under
     every kernel set, and once more with other seeds."""
-    imports = Path(source) / "src" if source is not None else PACKAGE_ROOT.parent
+    imports = Path(source) / "src" if source is not None else SOURCE_ROOT
     with tempfile.TemporaryDirectory(prefix="kqv-fingerprint-") as scratch:
         runs = {label: quick_run(name, imports, 0, env, Path(scratch)) for label, env in KERNEL_SETS.items()}
         shifted = quick_run(name, imports, SEED_SHIFT, {}, Path(scratch))
@@ -264,7 +271,8 @@ def add_fingerprint(directory: str | Path, commit: str | None = None) -> dict[st
 
 def _hash_at(source: Path, name: str) -> str:
     """Experiment `name`'s code hash in the source tree `source`, by that tree's own rule."""
-    program = "import sys; from kqv.experiments import get; from kqv.experiments.provenance import code_hash; "
+    experiments = experiments_package(source / "src")
+    program = f"import sys; from {experiments} import get; from {experiments}.provenance import code_hash; "
     program += "print(code_hash(get(sys.argv[1]).module)['hash'])"
     environment = {**os.environ, "PYTHONPATH": str(source / "src")}
     done = subprocess.run(

@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..nn.config import ModelConfig
-from ..nn.models import Encoder, count_parameters
+from kqv.nn import Encoder, ModelConfig, count_parameters
+
 from .base import Check, ExperimentConfig, Progress, mean_std
 from .plotting import figure, mean_band, save
 from .statistics import all_of, decide, interval_check, mean_interval, paired_difference, paired_ratio

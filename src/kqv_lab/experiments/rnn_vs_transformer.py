@@ -28,11 +28,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from ..data.bible import load_pairs
-from ..jobs.mt import load_run_config, prepare_data
-from ..jobs.translation import spread
-from ..train.layout import RunFiles
-from ..train.metrics import read_metrics
+from kqv.data import load_pairs
+from kqv.jobs import get_job, prepare_mt_data, spread
+from kqv.train import RunFiles, read_metrics
+
 from .base import TRAINING_DEVICE, Check, ExperimentConfig, ExperimentError, Progress, mean_std, pm
 from .plotting import figure, save
 from .statistics import interval_check, paired_difference
@@ -136,12 +135,12 @@ def side_by_side(
     processes with `threads` torch threads each (logs in out/KIND.log, runs in out/KIND/)."""
     per_model = per_model or {}
     configs = {
-        kind: load_run_config(packaged_mt_config(name), common + per_model.get(kind, []))
+        kind: get_job("mt").load_config(packaged_mt_config(name), common + per_model.get(kind, []))
         for kind, name in MODELS.items()
     }
     if configs["transformer"].data != configs["lstm"].data:
         raise ExperimentError("the two MT configs must share their [data] section")
-    prepare_data(configs["transformer"], out / "data", reuse=True)
+    prepare_mt_data(configs["transformer"], out / "data", reuse=True)
     env = {
         **os.environ,
         "OMP_NUM_THREADS": str(threads),

@@ -3,9 +3,9 @@
 results.json holds the config, the seeds, every measured number (`results`, per seed), the table, the checks and
 the verdict derived from them (each check with the intervals behind its figure as numbers, and for an inconclusive
 one how many seeds would decide it: `statistics.judge`), the plots' file names, the command that produced it and
-its date, the wall time, library versions and the machine (`kqv.measuring`, as the benchmarks record it: CPU model,
+its date, the wall time, library versions and the machine (`kqv_lab.measuring`, as the benchmarks record it: CPU model,
 flags and cores, torch threads, GPUs, the load average before and after: timings taken on a loaded machine are
-upper bounds), and its provenance (`kqv.experiments.provenance`): the git commit and
+upper bounds), and its provenance (`kqv_lab.experiments.provenance`): the git commit and
 whether the tree was dirty, torch, the CPU model and flags, and `code`, the hash of the modules the experiment ran,
 which the test suite compares with today's code. A `--quick` run is a smoke test of the code, not a test of the
 claim: its record says so in `smoke_test`, and its report and summary line say so first.
@@ -25,8 +25,9 @@ from typing import Any
 
 import torch
 
+from kqv.nn import Accelerator
+
 from .. import measuring
-from ..nn.devices import Accelerator
 from . import get
 from .base import TRAINING_DEVICE, Check, Experiment, ExperimentError, Progress, verdict
 from .provenance import code_hash, provenance
@@ -78,7 +79,8 @@ def run_experiment(
         torch.set_num_threads(previous_threads)
         TRAINING_DEVICE.reset(training_device)
     seconds = time.perf_counter() - started
-    # a full run vouches for its numbers with its quick size's (kqv.experiments.reproduction), taken after its timing
+    # a full run vouches for its numbers with its quick size's (kqv_lab.experiments.reproduction), taken after
+    # its timing
     quick_numbers = None if quick else {**quick_fingerprint(name), "made_at_commit": measuring.git_state()["commit"]}
     return write_results(
         experiment,
@@ -253,7 +255,7 @@ def library_versions() -> dict[str, str]:
 
 
 def machine(threads: int, load: tuple) -> dict[str, Any]:
-    """The machine a run measured on (`kqv.measuring.machine`, with the threads it ran with), the load average
+    """The machine a run measured on (`kqv_lab.measuring.machine`, with the threads it ran with), the load average
     before and after it, and `cpus`, its cores under the name the reports read."""
     before, after = load
     return {

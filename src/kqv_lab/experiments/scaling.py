@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-from ..nn.models import DecoderLM
+from kqv.nn import DecoderLM
+
 from .ablations import without_scaling
 from .base import FAILS, HOLDS, INCONCLUSIVE, Check, Progress, mean_std, pm
 from .lm import QUICK_LM, Arm, LMConfig, Trained, attention_maps, head_statistics, shakespeare, train_arms

@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..nn.attention import MultiHeadAttention
-from ..nn.config import ModelConfig
+from kqv.nn import ModelConfig, MultiHeadAttention
+
 from .base import Check, ExperimentConfig, ExperimentError, Progress, by_construction, control, mean_std, pm
 from .plotting import figure, log_log, save
 from .statistics import all_of, decide, decide_within, interval_check, mean_interval, paired_ratio

@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 from scipy import optimize, stats
 
-from ..nn.models import count_parameters
+from kqv.nn import count_parameters
+
 from .base import FAILS, HOLDS, INCONCLUSIVE, Check, ExperimentError, Progress
 from .lm import Arm, LMConfig, train_arms
 from .plotting import figure, log_log, save
