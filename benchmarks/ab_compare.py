@@ -5,8 +5,8 @@ A speed claim about a change ("no slower than before") needs both sides measured
 minutes: this checks out `--base` (a commit) as a git worktree, then runs the benchmark command `--rounds` times
 on each tree, alternating which goes first, each time as a fresh `python` whose `PYTHONPATH` is that tree's
 `src/` (the benchmark script itself is always today's, so both sides are measured the same way; it records
-through `kqv.measuring`, which a base from before that module lacks: the base's scratch checkout then gets today's
-copy, which nothing measured imports). `{out}` in the
+through `kqv_lab.measuring`, which a base from before that module lacks: the base's scratch checkout then gets
+today's copy, which nothing measured imports). `{out}` in the
 command is replaced by a JSON path per run; every number in those JSONs whose path matches `--metric` (a regular
 expression, default `/tokens_per_s$`) is compared: the median over rounds on each side and their ratio.
 
@@ -79,12 +79,14 @@ def compare(runs: dict[str, list[dict]], metric: re.Pattern) -> list[dict]:
 
 
 def lend_measuring(tree: Path) -> bool:
-    """Give the checkout `tree` today's `kqv/measuring.py` when it has none (a base from before it), so that
+    """Give the checkout `tree` today's `kqv_lab/measuring.py` when it has none (a base from before it), so that
     today's benchmark scripts record there as here; True when it was copied."""
-    target = tree / "src" / "kqv" / "measuring.py"
+    target = tree / "src" / "kqv_lab" / "measuring.py"
     if target.exists():
         return False
-    shutil.copyfile(harness.ROOT / "src" / "kqv" / "measuring.py", target)
+    target.parent.mkdir(exist_ok=True)
+    (target.parent / "__init__.py").touch()
+    shutil.copyfile(harness.ROOT / "src" / "kqv_lab" / "measuring.py", target)
     return True
 
 

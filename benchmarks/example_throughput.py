@@ -2,7 +2,7 @@
 """Real tokens per second of every kind of training data against plain text, on the same model and context.
 
 Each row is a `kqv train lm` run of the quick model (`--config quick`, 3.2M parameters) at `data.context` 160 and
-batch 32 on the same invented world (`kqv.data.worlds`: one paragraph per person, and questions about them):
+batch 32 on the same invented world (`kqv_lab.worlds`: one paragraph per person, and questions about them):
 
 - **plain text**: the biographies as one text, cut into blocks (every token real);
 - **span corruption**, with and without CS224N's random prefix (`data.random_prefix`), the loss on every token;
@@ -32,7 +32,7 @@ import torch
 
 import harness
 import kqv
-from kqv.data import worlds
+from kqv_lab import worlds
 
 RESULTS = harness.results_path("example_throughput")
 SPAN = ['data.objective="span_corruption"', 'data.span_loss="all"', "data.span_rate=0.25", "data.span_max=160"]

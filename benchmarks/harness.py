@@ -1,6 +1,6 @@
 """What every benchmark script shares, said once: its arguments (a parser with the common flags: `--quick`, the
 results path, `--seed`, `--threads`), the machine it runs on, where its results go (`benchmarks/results/NAME.json`)
-and how its record is written (`kqv.measuring.write_record`: the JSON with the machine, the command, the date and
+and how its record is written (`kqv_lab.measuring.write_record`: the JSON with the machine, the command, the date and
 the commit, written atomically).
 
 A script builds its parser with `arguments(summary(__doc__), quick=..., output=results_path("NAME"))`, adds its
@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kqv.measuring import machine, write_json, write_record
+from kqv_lab.measuring import machine, write_json, write_record
 
 __all__ = ["RESULTS", "ROOT", "arguments", "machine", "output_path", "results_path", "summary", "write_json"]
 __all__ += ["write_record"]

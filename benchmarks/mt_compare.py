@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 
 import harness
-from kqv.experiments.rnn_vs_transformer import plot_curves, read_runs, side_by_side
+from kqv_lab.experiments.rnn_vs_transformer import plot_curves, read_runs, side_by_side
 
 
 def main() -> None:

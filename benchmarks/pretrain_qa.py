@@ -1,6 +1,6 @@
 """Does what a model read in pretraining become answers? Recipes at equal compute on an invented world.
 
-The world (`kqv.data.worlds`, 1,000 people at the default size): one biography per person, varied in wording and
+The world (`kqv_lab.worlds`, 1,000 people at the default size): one biography per person, varied in wording and
 order; three questions per person (birthplace among 120 towns, birth year among 100, trade among 40). Half of the
 people's questions are seen in training; the other half's are held out and scored. Every biography is in the
 pretraining text's training split, so a held-out answer can only come from what the model read: the validation
@@ -79,8 +79,8 @@ from pathlib import Path
 
 import harness
 from finetune_qa import run_settings
-from kqv.data import worlds
-from kqv.measuring import command
+from kqv_lab import worlds
+from kqv_lab.measuring import command
 
 MASK = "\u2047"  # the character tokenizer's reserved mask symbol (kqv.data.documents.MASKS)
 TEMPLATE = "{prompt}{mask}"

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import harness
-from kqv.data.worlds import unique_words  # invented words from syllables, as the larger world's names
+from kqv_lab.worlds import unique_words  # invented words from syllables, as the larger world's names
 
 PROFESSIONS = ["baker", "weaver", "sailor", "miller", "potter", "tanner", "mason", "cooper", "smith", "fisher"]
 N_TOWNS = 12

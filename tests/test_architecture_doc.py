@@ -36,7 +36,7 @@ def test_every_path_named_on_the_page_exists(name):
 
 def test_every_module_of_the_package_map_is_on_the_page():
     """New modules appear in the map; the experiment modules are listed by `kqv experiment list` instead."""
-    from kqv.experiments import EXPERIMENTS
+    from kqv_lab.experiments import EXPERIMENTS
 
     registered = {experiment.module.rpartition(".")[2] for experiment in EXPERIMENTS.values()}
     named = set(named_paths())

@@ -15,7 +15,7 @@ import pytest
 
 import kqv as kqv_api
 from kqv.cli.main import main
-from kqv.data import worlds
+from kqv_lab import worlds
 from kqv.data.token_corpus import ARRAY
 from kqv.errors import DataError, RunError
 from kqv.jobs import lm_prepared

@@ -78,14 +78,15 @@ def test_the_harness_gives_the_shared_flags_and_the_results_path(tmp_path):
 
 
 def test_ab_compare_lends_today_s_measuring_to_a_base_from_before_it(tmp_path):
-    """Today's scripts record through kqv.measuring: a base checkout without it gets today's copy, one with it
+    """Today's scripts record through kqv_lab.measuring: a base checkout without it gets today's copy, one with it
     keeps its own."""
     import ab_compare
 
     (tmp_path / "src" / "kqv").mkdir(parents=True)
     assert ab_compare.lend_measuring(tmp_path)
-    lent = tmp_path / "src" / "kqv" / "measuring.py"
-    assert lent.read_text() == (BENCHMARKS[0].parents[1] / "src" / "kqv" / "measuring.py").read_text()
+    lent = tmp_path / "src" / "kqv_lab" / "measuring.py"
+    assert lent.read_text() == (BENCHMARKS[0].parents[1] / "src" / "kqv_lab" / "measuring.py").read_text()
+    assert (lent.parent / "__init__.py").is_file()
     lent.write_text("# the base's own\n")
     assert not ab_compare.lend_measuring(tmp_path) and lent.read_text() == "# the base's own\n"
 

@@ -209,7 +209,7 @@ def paths_out_of_the_package(package: Path = PACKAGE) -> list[str]:
     """Each `__file__`-relative path of a module that climbs out of the package (to a checkout's docs/, say)."""
     found = []
     for path in sorted(package.rglob("*.py")):
-        depth = len(path.relative_to(package).parts)  # kqv/experiments/runner.py: 2 folders up is kqv itself
+        depth = len(path.relative_to(package).parts)  # kqv_lab/experiments/runner.py: 2 folders up is kqv itself
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.expr) and (up := levels_up(node)) is not None and up > depth:
                 found.append(f"{path.relative_to(package)}:{node.lineno}: {ast.unparse(node)}")

@@ -8,7 +8,7 @@ import tomllib
 from pathlib import Path
 
 from kqv.cli.main import main
-from kqv.data import worlds
+from kqv_lab import worlds
 from kqv.train.config import TrainConfig
 from test_pretrain_qa_world import script
 
