@@ -11,12 +11,12 @@ import pytest
 
 import kqv_lab.experiments
 from kqv.errors import ConfigError
+from kqv.train.runs import apply_override, override_value
 from kqv_lab.experiments import EXPERIMENTS, SUPPORT_MODULES, get, heads, norm_placement
 from kqv_lab.experiments.base import CONTRACT, Experiment, ExperimentError, Progress, with_overrides
 from kqv_lab.experiments.lm import QUICK_LM
 from kqv_lab.experiments.records import RESULTS_FILE
 from kqv_lab.experiments.runner import write_results
-from kqv.train.runs import apply_override, override_value
 
 # ---------------------------------------------------------------------------------------------------------------
 # The registry
@@ -167,8 +167,8 @@ def test_a_diverging_arm_is_reported_and_scored_while_the_experiment_goes_on(tmp
 
 def test_lm_config_builds_the_model_and_train_configs_its_fields_declare():
     from kqv import ModelConfig
-    from kqv_lab.experiments.lm import MODEL_FIELDS, TRAIN_FIELDS, LMConfig
     from kqv.train.config import TrainConfig
+    from kqv_lab.experiments.lm import MODEL_FIELDS, TRAIN_FIELDS, LMConfig
 
     assert {f.name for f in dataclasses.fields(LMConfig)} == {*MODEL_FIELDS, *TRAIN_FIELDS, "seeds"}
     setup = LMConfig(

@@ -15,12 +15,20 @@ import torch
 import kqv
 from conftest import tiny_config
 from kqv.cli.main import main
+from kqv.nn.cores import causal_mask
 from kqv_lab.experiments import ablations, get, names
-from kqv_lab.experiments.base import INCONCLUSIVE, Check, ExperimentError, by_construction, control, verdict, with_overrides
+from kqv_lab.experiments.base import (
+    INCONCLUSIVE,
+    Check,
+    ExperimentError,
+    by_construction,
+    control,
+    verdict,
+    with_overrides,
+)
 from kqv_lab.experiments.lm import head_statistics
 from kqv_lab.experiments.records import REPORT_FILE, RESULTS_FILE
 from kqv_lab.experiments.runner import checks_from_record
-from kqv.nn.cores import causal_mask
 
 ROOT = Path(__file__).resolve().parents[1]
 
