@@ -48,7 +48,7 @@ def _module_like(source: types.ModuleType, *, without: tuple[str, ...] = (), **c
 
 def test_a_module_lacking_parts_of_the_contract_is_refused_naming_the_module_and_the_parts():
     assert Experiment.of(_module_like(heads)).name == "heads"  # the copy itself is a valid experiment
-    with pytest.raises(ExperimentError, match=r"kqv\.experiments\.made_up lacks FIELDS, checks:"):
+    with pytest.raises(ExperimentError, match=r"kqv_lab\.experiments\.made_up lacks FIELDS, checks:"):
         Experiment.of(_module_like(heads, without=("checks", "FIELDS")))
     with pytest.raises(ExperimentError, match="lacks Config, QUICK"):
         Experiment.of(_module_like(heads, without=("QUICK", "Config")))
