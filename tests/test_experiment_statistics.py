@@ -129,6 +129,25 @@ def test_code_files_follow_the_imports_of_the_experiment_module():
     assert provenance()["cpu"]["cores"] >= 1
 
 
+def test_code_files_follow_a_public_name_to_the_module_that_defines_it():
+    """kqv_lab imports `from kqv.nn import DecoderLM`: the code it ran is kqv/nn/models.py, not every module the
+    package's __init__ exports (nor, through `from .. import signals`, all of kqv)."""
+    files = {p.as_posix() for p in code_files("kqv_lab.experiments.scaling")}
+    assert "kqv/nn/models.py" in files and "kqv/train/config.py" in files
+    assert not {"kqv/__init__.py", "kqv/nn/__init__.py", "kqv/train/__init__.py", "kqv/api.py"} & files
+    assert not any(path.startswith("kqv/jobs/") for path in files), "the experiment trains no job"
+
+
+def test_a_fingerprint_runs_the_experiments_of_the_tree_it_is_made_from(tmp_path):
+    """A commit from before kqv_lab holds its experiments in kqv (`kqv experiment fingerprint --commit`)."""
+    from kqv_lab.experiments.reproduction import experiments_package
+
+    (tmp_path / "kqv" / "experiments").mkdir(parents=True)
+    assert experiments_package(tmp_path) == "kqv.experiments"
+    (tmp_path / "kqv_lab" / "experiments").mkdir(parents=True)
+    assert experiments_package(tmp_path) == "kqv_lab.experiments"
+
+
 def test_the_code_hash_follows_what_code_does_not_how_it_is_written():
     """A docstring, a comment or reformatting leaves results current; a changed line of code makes them stale."""
     from kqv_lab.experiments.provenance import _normalised
