@@ -22,9 +22,8 @@ import argparse
 import json
 from pathlib import Path
 
-from kqv_lab.experiments.rnn_vs_transformer import plot_curves, read_runs, side_by_side
-
 from kqv_lab import benchmarking as harness
+from kqv_lab.experiments.rnn_vs_transformer import plot_curves, read_runs, side_by_side
 
 
 def main() -> None:

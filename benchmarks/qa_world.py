@@ -21,9 +21,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from kqv_lab.worlds import unique_words  # invented words from syllables, as the larger world's names
-
 from kqv_lab import benchmarking as harness
+from kqv_lab.worlds import unique_words  # invented words from syllables, as the larger world's names
 
 PROFESSIONS = ["baker", "weaver", "sailor", "miller", "potter", "tanner", "mason", "cooper", "smith", "fisher"]
 N_TOWNS = 12

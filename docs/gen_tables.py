@@ -217,7 +217,7 @@ AB_COMPARE = [
 
 
 def day(record: dict) -> str:
-    """The day a record was measured: its `timestamp` (records before `kqv.measuring`), else its `date`."""
+    """The day a record was measured: its `timestamp` (records before `kqv_lab.measuring`), else its `date`."""
     return (record.get("timestamp") or record["date"])[:10]
 
 
@@ -1141,7 +1141,7 @@ def pretrain_qa_probes(summary: dict) -> str:
 
 def pretrain_qa_table(file: str = PRETRAIN_QA, command: str = PRETRAIN_QA_COMMAND, shared: bool = False) -> str:
     """Exact match on held-out people's questions per recipe at equal updates (the world of
-    kqv.data.worlds), each question's mean over the training seeds, against the strongest answer that
+    kqv_lab.worlds), each question's mean over the training seeds, against the strongest answer that
     never reads the question (each kind's constant), and the reading score against its own guess."""
     record = json.loads((ROOT / file).read_text(encoding="utf-8"))
     summary, sizes, world = record["summary"], record["sizes"], record["world"]

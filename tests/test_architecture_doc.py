@@ -10,8 +10,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "architecture.md"
-# `kqv/...py` or `src/...` or `tests/...py` or `configs/...`, as written in backquotes on the page
-PATH = re.compile(r"`((?:src/)?kqv/[\w/]+(?:\.py)?|tests/\w+\.py|src/kqv/configs/[\w.-]+)`")
+# `kqv/...py` or `kqv_lab/...py` or `src/...` or `tests/...py` or `configs/...`, as written in backquotes on the page
+PATH = re.compile(r"`((?:src/)?kqv(?:_lab)?/[\w/]+(?:\.py)?|tests/\w+\.py|src/kqv/configs/[\w.-]+)`")
 
 
 def named_paths() -> list[str]:
@@ -36,14 +36,14 @@ def test_every_path_named_on_the_page_exists(name):
 
 def test_every_module_of_the_package_map_is_on_the_page():
     """New modules appear in the map; the experiment modules are listed by `kqv experiment list` instead."""
-    from kqv.experiments import EXPERIMENTS
+    from kqv_lab.experiments import EXPERIMENTS
 
     registered = {experiment.module.rpartition(".")[2] for experiment in EXPERIMENTS.values()}
     named = set(named_paths())
-    package = ROOT / "src" / "kqv"
+    packages = [ROOT / "src" / "kqv", ROOT / "src" / "kqv_lab"]
     modules = [
         str(p.relative_to(ROOT / "src"))
-        for p in sorted(package.rglob("*.py"))
+        for p in sorted(path for package in packages for path in package.rglob("*.py"))
         if p.name not in ("__init__.py", "__main__.py")
         and not (p.parent.name == "experiments" and p.stem in registered)
     ]
@@ -75,9 +75,9 @@ def test_every_module_of_the_package_map_is_on_the_page():
     ],
 )
 def test_the_registries_the_guides_name_exist(registry):
-    sources = [*(ROOT / "src" / "kqv").rglob("*.py"), ROOT / "tests" / "conftest.py"]
+    sources = [*(ROOT / "src").rglob("*.py"), ROOT / "tests" / "conftest.py"]
     assert any(re.search(rf"\b{registry}\b\s*[:=(]|(?:class|def) {registry}\b", p.read_text()) for p in sources), (
-        f"docs/architecture.md names {registry}, which nothing in kqv or tests/conftest.py defines"
+        f"docs/architecture.md names {registry}, which nothing in kqv, kqv_lab or tests/conftest.py defines"
     )
     assert f"`{registry}" in PAGE.read_text()
 

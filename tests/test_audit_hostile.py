@@ -15,10 +15,10 @@ import pytest
 
 import kqv as kqv_api
 from kqv.cli.main import main
-from kqv.data import worlds
 from kqv.data.token_corpus import ARRAY
 from kqv.errors import DataError, RunError
 from kqv.jobs import lm_prepared
+from kqv_lab import worlds
 from test_corpus_hostile import kqv, prepared, refused, trained  # noqa: F401 -- a corpus and a run trained on it
 from test_token_corpus import write_text
 

@@ -121,7 +121,9 @@ from kqv.cli.main import build_parser  # noqa: E402
 from kqv.errors import Word, command_line, option  # noqa: E402
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "kqv"
-BELOW = ("jobs", "train", "nn", "data", "explore", "experiments")  # the layers whose messages reach both interfaces
+LAB = SRC.parent / "kqv_lab"  # the applications beside the library: their messages are held to the same words
+# the layers whose messages reach both interfaces (kqv's, and kqv_lab's experiments and worlds)
+BELOW = ("jobs", "train", "nn", "data", "explore", "experiments", "worlds")
 # other programs' flags, in the commands kqv runs or tells of (pip's, tar's, git's): none of them is kqv's
 OTHER_PROGRAMS = {
     "--index-url",
@@ -205,7 +207,7 @@ def flags_below(root: Path = SRC) -> list[str]:
 
 
 def test_no_module_below_the_command_line_spells_a_flag():
-    assert not (found := flags_below()), "\n".join(found)
+    assert not (found := flags_below() + flags_below(LAB)), "\n".join(found)
 
 
 def test_the_scan_finds_a_flag_told_to_a_python_caller(tmp_path):
@@ -240,9 +242,10 @@ def test_the_other_programs_flags_are_not_kqv_s_and_each_record_is_still_there()
     assert not OTHER_PROGRAMS & kqv_flags(build_parser())
     found = {
         place
-        for path in SRC.rglob("*.py")
+        for package in (SRC, LAB)
+        for path in package.rglob("*.py")
         for _, text, name in texts(ast.parse(path.read_text()))
-        if (place := (path.relative_to(SRC).as_posix(), name)) in RECORDS and RECORDS[place] in text
+        if (place := (path.relative_to(package).as_posix(), name)) in RECORDS and RECORDS[place] in text
     }
     assert found == set(RECORDS), sorted(set(RECORDS) - found)
 
@@ -293,11 +296,11 @@ def named_word(argument: ast.expr) -> str | None:
 def test_every_message_names_its_option_by_a_word_of_kqv_errors():
     """No `option("...")` of free text, and no f-string key: each is a constant that has both spellings."""
     bare, used = [], set()
-    for path in SRC.rglob("*.py"):
+    for path in [*SRC.rglob("*.py"), *LAB.rglob("*.py")]:
         for call in option_calls(ast.parse(path.read_text())):
             name = named_word(call.args[0]) if len(call.args) == 1 else None
             if name is None:
-                bare.append(f"{path.relative_to(SRC)}:{call.lineno}: {ast.unparse(call)}")
+                bare.append(f"{path.relative_to(SRC.parent)}:{call.lineno}: {ast.unparse(call)}")
             used.add(name)
     assert len(used) > 30 and not bare, "\n".join(bare)
     by_value = {id(word): name for name, word in WORDS.items()}
@@ -320,7 +323,7 @@ def python_words_below(root: Path = SRC) -> list[str]:
 
 
 def test_no_message_below_the_command_line_spells_a_python_remedy(tmp_path):
-    assert not (found := python_words_below()), "\n".join(found)
+    assert not (found := python_words_below() + python_words_below(LAB)), "\n".join(found)
     (tmp_path / "train").mkdir()
     (tmp_path / "train" / "m.py").write_text("""m = f"{path} exists; pass if_exists='overwrite' to replace it"\n""")
     assert python_words_below(tmp_path) == ["train/m.py:1: \"{} exists; pass if_exists='overwrite' to replace it\""]

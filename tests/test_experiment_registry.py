@@ -9,21 +9,21 @@ import types
 
 import pytest
 
-import kqv.experiments
+import kqv_lab.experiments
 from kqv.errors import ConfigError
-from kqv.experiments import EXPERIMENTS, SUPPORT_MODULES, get, heads, norm_placement
-from kqv.experiments.base import CONTRACT, Experiment, ExperimentError, Progress, with_overrides
-from kqv.experiments.lm import QUICK_LM
-from kqv.experiments.records import RESULTS_FILE
-from kqv.experiments.runner import write_results
 from kqv.train.runs import apply_override, override_value
+from kqv_lab.experiments import EXPERIMENTS, SUPPORT_MODULES, get, heads, norm_placement
+from kqv_lab.experiments.base import CONTRACT, Experiment, ExperimentError, Progress, with_overrides
+from kqv_lab.experiments.lm import QUICK_LM
+from kqv_lab.experiments.records import RESULTS_FILE
+from kqv_lab.experiments.runner import write_results
 
 # ---------------------------------------------------------------------------------------------------------------
 # The registry
 
 
 def test_every_experiment_module_is_registered_under_its_own_name():
-    modules = {info.name for info in pkgutil.iter_modules(kqv.experiments.__path__)}
+    modules = {info.name for info in pkgutil.iter_modules(kqv_lab.experiments.__path__)}
     assert set(SUPPORT_MODULES) <= modules, "a support module listed in SUPPORT_MODULES is gone"
     registered = {experiment.module.rpartition(".")[2] for experiment in EXPERIMENTS.values()}
     assert registered == modules - set(SUPPORT_MODULES), "an experiment module is missing from EXPERIMENTS"
@@ -37,7 +37,7 @@ def test_every_experiment_module_is_registered_under_its_own_name():
 
 def _module_like(source: types.ModuleType, *, without: tuple[str, ...] = (), **changes) -> types.ModuleType:
     """A copy of an experiment module's contract, less the parts `without`, with `changes`."""
-    module = types.ModuleType("kqv.experiments.made_up")
+    module = types.ModuleType("kqv_lab.experiments.made_up")
     for part in CONTRACT:
         if part not in without:
             setattr(module, part, getattr(source, part))
@@ -48,14 +48,14 @@ def _module_like(source: types.ModuleType, *, without: tuple[str, ...] = (), **c
 
 def test_a_module_lacking_parts_of_the_contract_is_refused_naming_the_module_and_the_parts():
     assert Experiment.of(_module_like(heads)).name == "heads"  # the copy itself is a valid experiment
-    with pytest.raises(ExperimentError, match=r"kqv\.experiments\.made_up lacks FIELDS, checks:"):
+    with pytest.raises(ExperimentError, match=r"kqv_lab\.experiments\.made_up lacks FIELDS, checks:"):
         Experiment.of(_module_like(heads, without=("checks", "FIELDS")))
     with pytest.raises(ExperimentError, match="lacks Config, QUICK"):
         Experiment.of(_module_like(heads, without=("QUICK", "Config")))
 
 
 def test_a_module_whose_parts_do_not_fit_the_contract_is_refused():
-    with pytest.raises(ExperimentError, match="QUICK must be a kqv.experiments.made_up.Config"):
+    with pytest.raises(ExperimentError, match="QUICK must be a kqv_lab.experiments.made_up.Config"):
         Experiment.of(_module_like(heads, QUICK=norm_placement.QUICK))
     with pytest.raises(ExperimentError, match="table must be functions"):
         Experiment.of(_module_like(heads, table="a table"))
@@ -167,8 +167,8 @@ def test_a_diverging_arm_is_reported_and_scored_while_the_experiment_goes_on(tmp
 
 def test_lm_config_builds_the_model_and_train_configs_its_fields_declare():
     from kqv import ModelConfig
-    from kqv.experiments.lm import MODEL_FIELDS, TRAIN_FIELDS, LMConfig
     from kqv.train.config import TrainConfig
+    from kqv_lab.experiments.lm import MODEL_FIELDS, TRAIN_FIELDS, LMConfig
 
     assert {f.name for f in dataclasses.fields(LMConfig)} == {*MODEL_FIELDS, *TRAIN_FIELDS, "seeds"}
     setup = LMConfig(

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
-from kqv.experiments import get, names
-from kqv.experiments.base import FAILS, HOLDS, INCONCLUSIVE, Check, Progress, verdict
-from kqv.experiments.provenance import code_files, code_hash, provenance
-from kqv.experiments.records import RESULTS_FILE
-from kqv.experiments.runner import SMOKE_TEST
-from kqv.experiments.statistics import (
+from kqv_lab.experiments import get, names
+from kqv_lab.experiments.base import FAILS, HOLDS, INCONCLUSIVE, Check, Progress, verdict
+from kqv_lab.experiments.provenance import code_files, code_hash, provenance
+from kqv_lab.experiments.records import RESULTS_FILE
+from kqv_lab.experiments.runner import SMOKE_TEST
+from kqv_lab.experiments.statistics import (
     decide,
     interval_check,
     mean_interval,
@@ -104,7 +104,7 @@ def test_a_quick_run_is_labelled_a_smoke_test_everywhere_and_counts_k_of_n(tmp_p
     assert {"commit", "dirty"} <= set(record["provenance"]["git"]) and record["provenance"]["torch"]
     assert {"model", "flags", "cores"} <= set(record["provenance"]["cpu"])
     assert record["machine"]["load_average_before"] is not None
-    assert record["code"]["hash"] == code_hash("kqv.experiments.no_causal_mask")["hash"]
+    assert record["code"]["hash"] == code_hash("kqv_lab.experiments.no_causal_mask")["hash"]
 
 
 def test_progress_weights_each_experiment_by_its_share_of_the_work(capsys):
@@ -122,16 +122,35 @@ def test_progress_weights_each_experiment_by_its_share_of_the_work(capsys):
 
 
 def test_code_files_follow_the_imports_of_the_experiment_module():
-    files = {p.as_posix() for p in code_files("kqv.experiments.scaling")}
-    assert {"kqv/experiments/scaling.py", "kqv/experiments/lm.py", "kqv/nn/attention.py"} <= files
-    assert "kqv/train/trainer.py" in files and "kqv/experiments/report.py" not in files
-    assert "kqv/experiments/heads.py" not in files, "only what the experiment imports"
+    files = {p.as_posix() for p in code_files("kqv_lab.experiments.scaling")}
+    assert {"kqv_lab/experiments/scaling.py", "kqv_lab/experiments/lm.py", "kqv/nn/attention.py"} <= files
+    assert "kqv/train/trainer.py" in files and "kqv_lab/experiments/report.py" not in files
+    assert "kqv_lab/experiments/heads.py" not in files, "only what the experiment imports"
     assert provenance()["cpu"]["cores"] >= 1
+
+
+def test_code_files_follow_a_public_name_to_the_module_that_defines_it():
+    """kqv_lab imports `from kqv.nn import DecoderLM`: the code it ran is kqv/nn/models.py, not every module the
+    package's __init__ exports (nor, through `from .. import signals`, all of kqv)."""
+    files = {p.as_posix() for p in code_files("kqv_lab.experiments.scaling")}
+    assert "kqv/nn/models.py" in files and "kqv/train/config.py" in files
+    assert not {"kqv/__init__.py", "kqv/nn/__init__.py", "kqv/train/__init__.py", "kqv/api.py"} & files
+    assert not any(path.startswith("kqv/jobs/") for path in files), "the experiment trains no job"
+
+
+def test_a_fingerprint_runs_the_experiments_of_the_tree_it_is_made_from(tmp_path):
+    """A commit from before kqv_lab holds its experiments in kqv (`kqv experiment fingerprint --commit`)."""
+    from kqv_lab.experiments.reproduction import experiments_package
+
+    (tmp_path / "kqv" / "experiments").mkdir(parents=True)
+    assert experiments_package(tmp_path) == "kqv.experiments"
+    (tmp_path / "kqv_lab" / "experiments").mkdir(parents=True)
+    assert experiments_package(tmp_path) == "kqv_lab.experiments"
 
 
 def test_the_code_hash_follows_what_code_does_not_how_it_is_written():
     """A docstring, a comment or reformatting leaves results current; a changed line of code makes them stale."""
-    from kqv.experiments.provenance import _normalised
+    from kqv_lab.experiments.provenance import _normalised
 
     original = 'def f(x):\n    """Doubles."""\n    return x * 2\n'
     reworded = 'def f(x):  # a comment\n    """Twice x, said differently."""\n\n    return (x *\n            2)\n'
@@ -144,7 +163,7 @@ def test_the_code_hash_follows_what_code_does_not_how_it_is_written():
 def test_the_code_hash_leaves_out_an_experiment_module_s_wording_and_judging():
     """Rewording the claim or rewriting `checks` keeps a result's hash (the verdict is recomputed from its numbers
     anyway); a change of `run` or of a helper it calls does not."""
-    from kqv.experiments.provenance import JUDGING, _normalised
+    from kqv_lab.experiments.provenance import JUDGING, _normalised
 
     module = 'CLAIM = "x"\ndef run(c):\n    return 1\ndef checks(r):\n    return [r]\n'
     rejudged = 'CLAIM = "y"\nREVISIONS = ("z",)\ndef run(c):\n    return 1\ndef checks(r):\n    return []\n'
@@ -158,7 +177,7 @@ def test_a_fingerprint_keeps_what_every_kernel_set_computes_alike_and_the_seed_m
     """Kept: numbers every CPU kernel set agrees on within RTOL / MARGIN and that other seeds change. Dropped: a
     number that moves between kernel sets (a diverging run), a config echo or count the seed does not move, a
     timing, a non-finite number."""
-    from kqv.experiments.reproduction import MARGIN, RTOL, fingerprint, numbers
+    from kqv_lab.experiments.reproduction import MARGIN, RTOL, fingerprint, numbers
 
     def run(loss, diverging, **extra):
         return {"arms": {"a": {"val_loss": [loss, diverging], "seconds": [1.0]}}, "steps": 7, "x": math.nan, **extra}
@@ -179,7 +198,7 @@ def test_a_fingerprint_keeps_what_every_kernel_set_computes_alike_and_the_seed_m
 
 def test_a_wall_clock_budgeted_experiment_fingerprints_nothing():
     """Two budgeted runs on a loaded machine once agreed on 6 updates by chance, and a third made 7."""
-    from kqv.experiments.reproduction import fingerprint
+    from kqv_lab.experiments.reproduction import fingerprint
 
     runs = {"lstm": [{"steps": 6, "test_bleu": 0.03, "parameters": 270080}]}
     kept, dropped = fingerprint("rnn-vs-transformer", {"avx2": runs, "avx512": runs}, {"lstm": [{"steps": 7}]})
@@ -190,7 +209,7 @@ def test_a_changed_code_hash_stands_only_when_the_quick_run_reproduces_its_finge
     """The rule `test_committed_results_describe_todays_code` (tests/test_experiments.py) applies to every
     committed result: a fingerprint of the current rule that holds a number, and same hash or today's quick run
     reproducing it."""
-    from kqv.experiments.reproduction import RTOL, RULE, standing
+    from kqv_lab.experiments.reproduction import RTOL, RULE, standing
 
     quick = {"arms": {"a": {"val_loss": [2.5, 2.25]}}, "steps": 7}
     record = {"code": {"hash": "old", "quick": {"rule": RULE, "numbers": {"/arms/a/val_loss[0]": 2.5}}}}
@@ -215,7 +234,7 @@ def test_a_changed_code_hash_stands_only_when_the_quick_run_reproduces_its_finge
 @pytest.mark.parametrize("name", ["heads", "norm-placement"])
 def test_a_committed_result_is_stale_once_today_s_full_config_differs_from_the_one_it_ran_with(name):
     """Even with its own code hash: a result describes the config it ran, not today's FULL."""
-    from kqv.experiments.reproduction import config_change, standing
+    from kqv_lab.experiments.reproduction import config_change, standing
 
     record = json.loads((ROOT / "docs" / "experiments" / name / RESULTS_FILE).read_text())
     experiment = get(name)
@@ -231,7 +250,7 @@ def test_a_fingerprint_is_refused_for_a_run_whose_code_changed_and_stored_for_on
     import shutil
 
     from kqv.cli.main import main
-    from kqv.experiments.reproduction import KERNEL_SETS, RULE
+    from kqv_lab.experiments.reproduction import KERNEL_SETS, RULE
 
     shutil.copytree(ROOT / "docs" / "experiments" / "scaling-head-dim", tmp_path / "scaling-head-dim")
     path = tmp_path / "scaling-head-dim" / RESULTS_FILE
@@ -263,7 +282,7 @@ def test_rejudge_recomputes_a_stored_verdict_from_its_numbers_without_changing_t
     import shutil
 
     from kqv.cli.main import main
-    from kqv.experiments.runner import checks_from_record
+    from kqv_lab.experiments.runner import checks_from_record
 
     shutil.copytree(ROOT / "docs" / "experiments" / "scaling", tmp_path / "scaling")
     path = tmp_path / "scaling" / RESULTS_FILE
@@ -305,7 +324,7 @@ def _sample(mean: float, sd: float, n: int) -> list[float]:
 
 @pytest.mark.parametrize("gap, sd", [(1.0, 1.0), (0.0095, 0.0252), (2.287, 3.257), (0.5, 0.01), (0.3, 2.0)])
 def test_seeds_needed_is_the_fewest_whose_t_interval_clears_the_threshold(gap, sd):
-    from kqv.experiments.statistics import units_to_clear
+    from kqv_lab.experiments.statistics import units_to_clear
 
     assert units_to_clear(gap, sd) == _reference_n(gap, sd)
     assert units_to_clear(1.0, 1.0) == 7  # t(5) / sqrt(6) = 1.05 > 1 > t(6) / sqrt(7) = 0.92
@@ -315,7 +334,7 @@ def test_seeds_needed_is_the_fewest_whose_t_interval_clears_the_threshold(gap, s
 def test_an_undecided_check_says_how_many_seeds_would_decide_it_which_way():
     """From 3 seeds of mean 0.05 and sd 0.04 against 0.02: at the n it names, values of the same mean and spread
     give an interval that clears 0.02, and at n - 1 they do not; a mean below the threshold cannot clear it."""
-    from kqv.experiments.statistics import judge, units_to_clear
+    from kqv_lab.experiments.statistics import judge, units_to_clear
 
     def checks(results):
         gap = mean_interval(results["gap"])
@@ -349,7 +368,7 @@ def test_an_undecided_check_says_how_many_seeds_would_decide_it_which_way():
 def test_judge_finds_each_decision_s_check_even_when_figures_share_an_interval_or_hide_one():
     """The shapes the experiments use: one interval judged by two checks against different bars (scaling-laws'
     alpha), several gaps against one bar of which the figure shows the worst (norm-placement), a band, a ratio."""
-    from kqv.experiments.statistics import decide_within, judge
+    from kqv_lab.experiments.statistics import decide_within, judge
 
     def checks(results):
         alpha = mean_interval(results["alpha"])
@@ -394,7 +413,7 @@ def _committed_records():
 def test_every_committed_check_stores_its_intervals_as_numbers_that_agree_with_its_figure():
     """Each interval a committed figure shows is stored as numbers that print as that text, each decision on it
     decides again to the stored outcome, and each inconclusive check says what would decide it."""
-    from kqv.experiments.statistics import decide_within, interval_from
+    from kqv_lab.experiments.statistics import decide_within, interval_from
 
     records = list(_committed_records())
     assert records, "no committed results"
@@ -419,7 +438,7 @@ def test_every_committed_check_stores_its_intervals_as_numbers_that_agree_with_i
 
 
 def test_committed_checks_are_what_today_s_judging_makes_of_their_numbers():
-    from kqv.experiments.runner import checks_from_record
+    from kqv_lab.experiments.runner import checks_from_record
 
     for record in _committed_records():
         recomputed = json.loads(json.dumps([dataclasses.asdict(c) for c in checks_from_record(record)]))
@@ -429,7 +448,7 @@ def test_committed_checks_are_what_today_s_judging_makes_of_their_numbers():
 
 
 def test_the_gallery_and_reports_give_the_seeds_and_command_that_would_decide_each_inconclusive_check(tmp_path):
-    from kqv.experiments.gallery import gallery
+    from kqv_lab.experiments.gallery import gallery
 
     page = gallery(ROOT / "docs" / "experiments", tmp_path / "experiments.md")
     undecided = 0
@@ -454,7 +473,7 @@ def test_the_gallery_and_reports_give_the_seeds_and_command_that_would_decide_ea
 
 
 def test_a_deciding_run_of_timed_repeats_sets_the_repeats_and_keeps_the_other_options():
-    from kqv.experiments.report import deciding_runs
+    from kqv_lab.experiments.report import deciding_runs
 
     plan = {"n": 40, "now": 5, "as": HOLDS, "reason": ""}
     check = {"what": "faster", "holds": False, "outcome": INCONCLUSIVE, "to_decide": plan}
@@ -479,7 +498,7 @@ def test_a_committed_fingerprint_holds_under_other_cpu_kernels(kernels, tmp_path
     """What another CPU kind would compute: norm-placement's quick run (whose diverging arm once moved a number by
     2e-3 between the AVX2 and AVX-512 kernels) in a process with torch's kernels capped to `kernels`, against its
     committed fingerprint, which keeps only what every kernel set computed alike."""
-    from kqv.experiments.reproduction import KERNEL_SETS, differences, quick_run
+    from kqv_lab.experiments.reproduction import KERNEL_SETS, differences, quick_run
 
     record = json.loads((ROOT / "docs" / "experiments" / "norm-placement" / RESULTS_FILE).read_text())
     expected = record["code"]["quick"]["numbers"]
@@ -491,7 +510,7 @@ def test_a_committed_fingerprint_holds_under_other_cpu_kernels(kernels, tmp_path
 def test_the_shipped_full_minutes_weigh_every_committed_experiment_as_its_record_says():
     """A run of several weighs each experiment by its minutes, shipped with the package (`FULL_MINUTES`), not read
     from a checkout: every committed experiment has them, within a factor of two of what its record took."""
-    from kqv.experiments.runner import FULL_MINUTES, expected_minutes
+    from kqv_lab.experiments.runner import FULL_MINUTES, expected_minutes
 
     committed = {path.parent.name: path for path in (ROOT / "docs" / "experiments").glob(f"*/{RESULTS_FILE}")}
     assert committed and set(committed) <= set(FULL_MINUTES)

@@ -15,12 +15,20 @@ import torch
 import kqv
 from conftest import tiny_config
 from kqv.cli.main import main
-from kqv.experiments import ablations, get, names
-from kqv.experiments.base import INCONCLUSIVE, Check, ExperimentError, by_construction, control, verdict, with_overrides
-from kqv.experiments.lm import head_statistics
-from kqv.experiments.records import REPORT_FILE, RESULTS_FILE
-from kqv.experiments.runner import checks_from_record
 from kqv.nn.cores import causal_mask
+from kqv_lab.experiments import ablations, get, names
+from kqv_lab.experiments.base import (
+    INCONCLUSIVE,
+    Check,
+    ExperimentError,
+    by_construction,
+    control,
+    verdict,
+    with_overrides,
+)
+from kqv_lab.experiments.lm import head_statistics
+from kqv_lab.experiments.records import REPORT_FILE, RESULTS_FILE
+from kqv_lab.experiments.runner import checks_from_record
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,12 +68,12 @@ def test_quick_run_writes_results_plots_and_a_report_whose_verdict_its_numbers_i
 def test_committed_results_describe_todays_code(quick_runs, name):
     """A committed results.json must describe today's code and config: made with today's FULL config (and its
     command's overrides), and vouched for by a quick-size fingerprint of numbers it computed (non-empty), which
-    today's quick run reproduces (kqv.experiments.reproduction) on whatever CPU kernels this machine has, or
+    today's quick run reproduces (kqv_lab.experiments.reproduction) on whatever CPU kernels this machine has, or
     today's code hash. A timing claim (reproduction.TIMED) cannot be fingerprinted: it names the CPU it was
     measured on, in its record, its report and the gallery, and stands only on today's hash; when the code it
     times changes, its report and the gallery must say it needs a rerun (until it is rerun, this test reads them)."""
-    from kqv.experiments.provenance import TIMED, code_hash
-    from kqv.experiments.reproduction import standing
+    from kqv_lab.experiments.provenance import TIMED, code_hash
+    from kqv_lab.experiments.reproduction import standing
 
     committed = ROOT / "docs" / "experiments" / name / RESULTS_FILE
     assert committed.is_file(), f"{name} has no committed results: `kqv experiment run {name} --out docs/experiments`"
@@ -166,9 +174,9 @@ def test_bad_input_is_a_clear_error_with_exit_status_2(argv, message, capsys, tm
 
 
 def test_the_command_prints_what_the_python_actions_return(tmp_path, capsys):
-    """`kqv experiment run/list` only parse and print: `kqv.experiments.actions` runs the same experiment to the
+    """`kqv experiment run/list` only parse and print: `kqv_lab.experiments.actions` runs the same experiment to the
     same record, and its summary is the printed text."""
-    from kqv.experiments.actions import claims, planned_runs, run_experiments, summary
+    from kqv_lab.experiments.actions import claims, planned_runs, run_experiments, summary
 
     assert main(["experiment", "run", "parallelism", "--quick", "--out", str(tmp_path / "cli"), "--quiet"]) == 0
     printed = capsys.readouterr().out
@@ -188,7 +196,7 @@ def test_the_command_prints_what_the_python_actions_return(tmp_path, capsys):
 
 def test_a_bad_experiment_option_is_refused_by_python_before_anything_runs(tmp_path):
     from kqv.errors import ConfigError
-    from kqv.experiments.actions import rejudge_runs, run_experiments
+    from kqv_lab.experiments.actions import rejudge_runs, run_experiments
 
     with pytest.raises(ConfigError, match="seeds must be at least 1"):
         run_experiments("heads", quick=True, seeds=0, out=tmp_path)
@@ -319,7 +327,7 @@ def test_needle_batch_hides_the_answer_in_the_first_quarter_and_asks_in_the_last
 
 
 def test_power_law_fit_recovers_a_known_exponent_and_floor():
-    from kqv.experiments.scaling_laws import fit_power_law
+    from kqv_lab.experiments.scaling_laws import fit_power_law
 
     sizes = [2e4, 6e4, 2e5, 6e5, 2e6, 5e6]
     fit = fit_power_law(sizes, [(3e3 / n) ** 0.3 + 1.5 for n in sizes])
@@ -329,7 +337,7 @@ def test_power_law_fit_recovers_a_known_exponent_and_floor():
 
 
 def test_compute_frontier_is_the_lowest_curve_at_each_compute():
-    from kqv.experiments.scaling_laws import frontier
+    from kqv_lab.experiments.scaling_laws import frontier
 
     small = [(1e9, 3.0), (1e10, 2.0), (1e11, 1.9)]  # fast early, then flat
     large = [(1e10, 3.5), (1e11, 1.5), (1e12, 1.0)]  # slow early, better late
@@ -341,7 +349,7 @@ def test_compute_frontier_is_the_lowest_curve_at_each_compute():
 def test_compute_frontier_keeps_a_finished_curve_s_final_loss():
     """A small model that finished at less compute still bounds the frontier beyond its end: more compute can
     always buy the same loss, so the frontier never rises."""
-    from kqv.experiments.scaling_laws import frontier
+    from kqv_lab.experiments.scaling_laws import frontier
 
     small = [(1e9, 3.0), (1e10, 2.0)]
     large = [(1e9, 3.5), (1e10, 3.0), (1e11, 2.5), (1e12, 1.5)]
@@ -350,7 +358,7 @@ def test_compute_frontier_keeps_a_finished_curve_s_final_loss():
 
 
 def test_glu_rows_keep_the_feed_forward_parameter_count():
-    from kqv.experiments.modifications import FULL, arms
+    from kqv_lab.experiments.modifications import FULL, arms
 
     config = FULL
     counts = {}
@@ -365,7 +373,7 @@ def test_glu_rows_keep_the_feed_forward_parameter_count():
 
 
 def test_gallery_shows_every_run_with_its_verdict_table_and_plots(quick_runs, tmp_path):
-    from kqv.experiments.gallery import gallery
+    from kqv_lab.experiments.gallery import gallery
 
     page = gallery(quick_runs, tmp_path / "page.md")
     for name in names():
@@ -380,7 +388,7 @@ def test_committed_gallery_agrees_with_the_committed_results():
     """docs/experiments.md is generated from docs/experiments/*/results.json: regenerate it and compare."""
     from pathlib import Path
 
-    from kqv.experiments.gallery import gallery
+    from kqv_lab.experiments.gallery import gallery
 
     root = Path(__file__).resolve().parents[1]
     page = root / "docs" / "experiments.md"
@@ -457,7 +465,7 @@ def test_unsupported_figures_are_found():
 
 def test_long_attention_memory_check_needs_a_measured_full_attention_peak():
     """A peak that rounds to nothing cannot show that a cheaper core saves memory: the check fails, never passes."""
-    from kqv.experiments import long_attention
+    from kqv_lab.experiments import long_attention
 
     results = {
         "methods": ["full", "linformer"],
@@ -476,7 +484,7 @@ def test_long_attention_memory_check_needs_a_measured_full_attention_peak():
 def test_a_result_stands_only_on_a_fingerprint_of_computed_numbers_or_for_timings_on_its_code():
     """Without a fingerprint number, today's hash does not keep a result; a timing keeps it only at today's hash
     and only when it names its CPU (reproduction.standing)."""
-    from kqv.experiments.reproduction import RULE, standing
+    from kqv_lab.experiments.reproduction import RULE, standing
 
     numbers = {"rule": RULE, "numbers": {"/loss[0]": 2.5}}
     computed = {"experiment": "heads", "code": {"hash": "today", "quick": numbers}}
@@ -496,8 +504,8 @@ def test_gallery_leads_with_the_claims_and_marks_a_timing_of_changed_code(tmp_pa
     import shutil
     from pathlib import Path
 
-    from kqv.experiments.gallery import gallery
-    from kqv.experiments.records import load_record, write_record
+    from kqv_lab.experiments.gallery import gallery
+    from kqv_lab.experiments.records import load_record, write_record
 
     root = Path(__file__).resolve().parents[1] / "docs" / "experiments"
     for name in ("heads", "quadratic-cost"):

@@ -13,7 +13,7 @@ from kqv import DecoderLM, ModelConfig
 from kqv.cli import flags
 from kqv.cli.commands import JobCommand, RunCommand
 from kqv.cli.flags import Flag
-from kqv.cli.main import COMMANDS, build_parser, main
+from kqv.cli.main import COMMANDS, all_commands, build_parser, main
 from kqv.errors import RunError
 from kqv.jobs import JOBS, Job, TrainedRun, all_jobs, get_job, load_run
 from kqv.jobs.base import Outcome
@@ -170,7 +170,7 @@ def test_each_job_is_registered_under_its_config_s_task():
 
 def test_every_command_of_the_parser_is_in_the_registry_and_serves_registered_jobs():
     parser = build_parser()
-    assert list(parser._subparsers._group_actions[0].choices) == list(COMMANDS)
+    assert list(parser._subparsers._group_actions[0].choices) == list(all_commands())
     runs = {name: command for name, command in COMMANDS.items() if isinstance(command, RunCommand)}
     assert {name: set(command.by_job) for name, command in runs.items()} == {
         "generate": {"lm"},

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "kqv"
+LAB = PACKAGE.parent / "kqv_lab"  # the applications beside the library (its own rule: tests/test_public_api.py)
 ARCHITECTURE = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 
 
@@ -58,6 +59,13 @@ def test_lower_layers_import_nothing_from_the_layers_above(layer):
         )
 
 
+def test_the_library_never_imports_its_applications():
+    """kqv_lab sits on kqv, never under it: no module of kqv imports it (its commands join `kqv` through the
+    entry-point group "kqv.commands" instead)."""
+    importing = [str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py") if imports_module(path, "kqv_lab")]
+    assert not importing, f"the library imports its applications: {importing}"
+
+
 def imports_module(path: Path, name: str) -> bool:
     """Whether a module imports `name` (a top-level module, e.g. argparse) anywhere in it."""
     for node in ast.walk(ast.parse(path.read_text())):
@@ -69,8 +77,9 @@ def imports_module(path: Path, name: str) -> bool:
 
 
 def test_only_the_command_line_parses_arguments():
-    parsing = {str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py") if imports_module(path, "argparse")}
-    assert parsing and all(path.startswith("cli/") for path in parsing), sorted(parsing)
+    for package in (PACKAGE, LAB):
+        parsing = {str(path.relative_to(package)) for path in package.rglob("*.py") if imports_module(path, "argparse")}
+        assert parsing and all(path.startswith("cli/") for path in parsing), sorted(parsing)
 
 
 def test_the_argparse_checker_sees_both_forms_of_import(tmp_path):
@@ -100,7 +109,7 @@ def test_the_layer_table_is_read_from_the_doc():
     assert ALLOWED["validation"] == {"errors"}
     assert "explore" not in ALLOWED["jobs"] and "cli" not in ALLOWED["jobs"] and "cli" not in ALLOWED["explore"]
     # the command line calls the API: of the layers below it, it imports only the API and the leaves
-    assert ALLOWED["cli"] == {"flag_names", "errors", "signals", "api", "explore", "experiments"}
+    assert ALLOWED["cli"] == {"flag_names", "errors", "signals", "api", "explore"}
     assert documented_layers(
         "x\n## Layers\n| layer | may import |\n|---|---|\n| `a` | nothing |\n"
         "| `b` | `a`, `c` |\n## Next\n| `z` | `a` |\n"
@@ -142,21 +151,21 @@ def functions(path: Path, package: Path = PACKAGE) -> dict[str, int]:
     return found
 
 
-MODULES = sorted(PACKAGE.rglob("*.py"))
+MODULES = sorted([*PACKAGE.rglob("*.py"), *LAB.rglob("*.py")])
 
 
-@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE.parent)))
 def test_a_module_past_800_lines_gets_a_look(path):
     """No cap to split at: a module holds one idea whatever its length. Past `LOOK_AT_MODULE_LINES` it may hold
     two, so a reader looks and, if it does, splits it where the ideas part (never at a line count)."""
     lines = len(path.read_text().splitlines())
     assert lines <= LOOK_AT_MODULE_LINES, (
-        f"{path.relative_to(PACKAGE)} has {lines} lines, past {LOOK_AT_MODULE_LINES}: look whether it holds more "
-        f"than one idea and, if so, split it by idea (where the ideas part), not by size"
+        f"{path.relative_to(PACKAGE.parent)} has {lines} lines, past {LOOK_AT_MODULE_LINES}: look whether it holds "
+        f"more than one idea and, if so, split it by idea (where the ideas part), not by size"
     )
 
 
-@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE.parent)))
 def test_no_function_is_over_60_lines_unless_it_reads_better_whole(path):
     long = {
         name: n for name, n in functions(path).items() if n > MAX_FUNCTION_LINES and name not in LONG_FUNCTIONS_ALLOWED
@@ -214,7 +223,7 @@ def paths_out_of_the_package(package: Path = PACKAGE) -> list[str]:
     """Each `__file__`-relative path of a module that climbs out of the package (to a checkout's docs/, say)."""
     found = []
     for path in sorted(package.rglob("*.py")):
-        depth = len(path.relative_to(package).parts)  # kqv/experiments/runner.py: 2 folders up is kqv itself
+        depth = len(path.relative_to(package).parts)  # kqv_lab/experiments/runner.py: 2 folders up is kqv itself
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.expr) and (up := levels_up(node)) is not None and up > depth:
                 found.append(f"{path.relative_to(package)}:{node.lineno}: {ast.unparse(node)}")
@@ -224,7 +233,7 @@ def paths_out_of_the_package(package: Path = PACKAGE) -> list[str]:
 def test_no_module_reads_a_path_outside_the_package():
     """The experiments (and every other module) work from an installed package: what they read ships with it
     (package data, constants) or is passed in, never a file of the source checkout around it."""
-    assert not (found := paths_out_of_the_package()), "\n".join(found)
+    assert not (found := paths_out_of_the_package() + paths_out_of_the_package(LAB)), "\n".join(found)
 
 
 def test_the_path_scan_finds_a_climb_out_of_the_package(tmp_path):

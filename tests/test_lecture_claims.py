@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from kqv.experiments import ffn_needed, multihead_cost, quadratic_cost, rnn_interaction_distance, scaling_head_dim
-from kqv.experiments.base import INCONCLUSIVE, ExperimentError, verdict
-from kqv.experiments.lm import QUICK_LM
 from kqv.nn.models import DecoderLM, count_parameters
+from kqv_lab.experiments import ffn_needed, multihead_cost, quadratic_cost, rnn_interaction_distance, scaling_head_dim
+from kqv_lab.experiments.base import INCONCLUSIVE, ExperimentError, verdict
+from kqv_lab.experiments.lm import QUICK_LM
 
 # ---------------------------------------------------------------------------------------------------------------
 # quadratic-cost

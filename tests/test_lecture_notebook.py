@@ -78,7 +78,7 @@ def test_the_committed_notebook_ends_on_todays_full_size_verdicts():
     """Its last table, and each line naming the experiment that tests a part of the lecture, show every verdict at
     full size as docs/experiments holds it today (a changed verdict means: run `python tests/test_lecture_notebook.py`
     again); its quick run is a smoke test, with no verdict and none of a one-seed run's intervals to infinity."""
-    from kqv.experiments.report import headline
+    from kqv_lab.experiments.report import headline
 
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     code = [cell for cell in notebook.cells if cell.cell_type == "code"]

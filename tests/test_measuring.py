@@ -1,4 +1,4 @@
-"""kqv.measuring, the one record of where a measurement came from: a benchmark's JSON names the machine (the CPU's
+"""kqv_lab.measuring, the one record of where a measurement came from: a benchmark's JSON names the machine (the CPU's
 model from /proc/cpuinfo where there is one, its kernel flags and cores, torch's threads), the command, the date,
 the commit and the seeds, and is written atomically; an experiment's results.json takes its machine from the same
 place. And no benchmark script or test edits `sys.path` or reaches for the harness the benchmarks once had."""
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kqv.errors import ConfigError
-from kqv.measuring import command, machine, write_json, write_record
+from kqv_lab.measuring import command, machine, write_json, write_record
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,7 +61,7 @@ def test_a_record_is_never_written_over_what_is_not_a_regular_file(tmp_path):
 
 
 def test_an_experiment_records_its_machine_as_the_benchmarks_do(monkeypatch):
-    from kqv.experiments import runner
+    from kqv_lab.experiments import runner
 
     recorded = runner.machine(3, ([1.0, 1.0, 1.0], [2.0, 2.0, 2.0]))
     assert recorded["torch_threads"] == 3 and recorded["load_average_before"] == [1.0, 1.0, 1.0]
@@ -72,7 +72,7 @@ def test_an_experiment_records_its_machine_as_the_benchmarks_do(monkeypatch):
     assert recorded["cpus"] == shared["cores"]  # the name earlier records and the reports read
 
 
-# what edits the import path in code, and the harness the benchmarks had before kqv.measuring
+# what edits the import path in code, and the harness the benchmarks had before kqv_lab.measuring
 PATH_EDIT = re.compile(
     r"\bsys\.path\s*(\.\s*(insert|append|extend)\b|\+=|=[^=]|\[[^\]]*\]\s*=)|\b(syspath_prepend|addsitedir)\("
 )

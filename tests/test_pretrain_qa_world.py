@@ -1,4 +1,4 @@
-"""The pretrain-to-answers benchmark's world (kqv.data.worlds, `kqv world`) is the one issue 42 asks for: at least 1,000
+"""The pretrain-to-answers benchmark's world (kqv_lab.worlds, `kqv world`) is the one issue 42 asks for: at least 1,000
 people with unique names, answers over at least 100 values, biographies in varied wording and order that state
 every fact a question asks, held-out people never asked in training; and benchmarks/pretrain_qa.py's baselines are
 the hand-computed ones."""
@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from kqv.data import worlds
+from kqv_lab import worlds
 
 
 def script(name: str):
@@ -392,7 +392,7 @@ def test_a_stored_record_summarised_again_keeps_its_figures(tmp_path):
 
 
 def test_kqv_world_writes_the_library_s_world_and_refuses_an_impossible_one_in_the_caller_s_words(tmp_path, capsys):
-    """`kqv world` is `kqv.data.worlds.write_world` (the same bytes); a world it cannot write is refused before any
+    """`kqv world` is `kqv_lab.worlds.write_world` (the same bytes); a world it cannot write is refused before any
     file is, naming the flags on the command line and the arguments in Python."""
     from kqv.cli.main import main
     from kqv.errors import ConfigError

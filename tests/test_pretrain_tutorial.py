@@ -8,8 +8,8 @@ import tomllib
 from pathlib import Path
 
 from kqv.cli.main import main
-from kqv.data import worlds
 from kqv.train.config import TrainConfig
+from kqv_lab import worlds
 from test_pretrain_qa_world import script
 
 ROOT = Path(__file__).resolve().parents[1]

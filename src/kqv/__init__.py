@@ -23,10 +23,12 @@ from .nn.heads import ClassificationHead, MaskedLM, MaskedLMHead, SequenceClassi
 from .nn.layers import DecoderBlock, EncoderBlock, FeedForward
 from .nn.models import DecoderLM, Encoder, EncoderDecoder, count_parameters
 from .nn.rnn import RNNConfig, RNNEncoderDecoder
+from .validation import Config, field_types  # the validated dataclass every config derives from, and its fields
 
 __all__ = [
     "Attention",
     "ClassificationHead",
+    "Config",
     "DecoderBlock",
     "DecoderLM",
     "Encoder",
@@ -46,6 +48,7 @@ __all__ = [
     "RNNConfig",
     "RNNEncoderDecoder",
     "embed",
+    "field_types",
     "export",
     "load",
     "similarity",

@@ -14,7 +14,6 @@
     mt.translate(["Im Anfang war das Wort"])                      # ["In the beginning was the Word"]
     mt.evaluate(beam_size=4)                                      # MTEvaluation(bleu=..., chrf=..., ...)
     mt.score(["Im Anfang war das Wort"], ["In the beginning was the Word"])  # [log P(translation | source)]
-    kqv.api.write_world("world", 1000, seed=0)                    # an invented world's biographies and questions
     kqv.api.reseal("runs/lm")                                     # its SHA256SUMS recorded anew, on purpose
 
 This layer sits above the jobs (which train and hold the operations of each kind of run: `LMRun`, `MTRun`,
@@ -40,8 +39,6 @@ from typing import Any
 from torch import Tensor
 
 from .data.completions import is_pairs_file as is_pairs_file
-from .data.worlds import STYLES as WORLD_STYLES
-from .data.worlds import write_world
 from .errors import SAMPLE_MB, ConfigError, DataError, option
 from .jobs import all_jobs as all_jobs
 from .jobs import get_job, load_run
@@ -315,7 +312,6 @@ __all__ = [
     "TrainedRun",
     "VitEvaluation",
     "VitRun",
-    "WORLD_STYLES",
     "describe_environment",
     "describe_prepared",
     "embed",
@@ -330,5 +326,4 @@ __all__ = [
     "shipped_configs",
     "similarity",
     "train",
-    "write_world",
 ]

@@ -245,7 +245,7 @@ WITHOUT_OVERRIDES = Word(
 )
 TRAIN = Word("the {task} job's train(config, run_dir)", f"`kqv train {{task}} {flag.OUT} {{run_dir}}`")
 RUN_EXPERIMENT = Word(
-    "list(kqv.experiments.actions.run_experiments({name!r}, out={out!r}))",
+    "list(kqv_lab.experiments.actions.run_experiments({name!r}, out={out!r}))",
     f"`kqv experiment run {{name}} {flag.OUT} {{out}}`",
 )
 RESEAL = Word("kqv.api.reseal({run!r})", "`kqv reseal {run}`")

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterable
+from importlib.metadata import EntryPoint, entry_points
 
 from ..api import packaged_config  # noqa: F401 -- kqv.cli.main.packaged_config, as before
 from ..errors import KqvError, command_line, describe_os_error
@@ -32,12 +34,11 @@ from ..signals import completion, exit_status, finished, interruptible, message
 from .commands import Command, Prepare, Reseal, Train
 from .embeddings import Embed, Similarity
 from .environment import Env
-from .experiment import Experiment
 from .explore import Explore
 from .runs import RUN_COMMANDS
-from .world import World
 
-# Every command, by name, in the order `kqv --help` lists them: the only place a command is registered.
+# Every command of kqv's own, by name, in the order `kqv --help` lists them (the applications' after them): the only
+# place one is registered.
 COMMANDS: dict[str, Command] = {
     "train": Train(),
     "prepare": Prepare(),
@@ -45,17 +46,38 @@ COMMANDS: dict[str, Command] = {
     **RUN_COMMANDS,  # generate, eval, attention, translate: answered by the job of the run
     "embed": Embed(),
     "similarity": Similarity(),
-    "experiment": Experiment(),
     "explore": Explore(),
-    "world": World(),
     "env": Env(),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+# The entry-point group through which an application adds commands to `kqv`: each entry point is named as its command
+# and names its `Command` class (kqv_lab's `kqv experiment` and `kqv world`: pyproject.toml's
+# [project.entry-points."kqv.commands"]). The library imports no application: it reads what is installed.
+APPLICATION_COMMANDS = "kqv.commands"
+
+
+def application_commands(found: Iterable[EntryPoint] | None = None) -> dict[str, Command]:
+    """The commands installed applications add (the entry points of `APPLICATION_COMMANDS`, or `found`), by name,
+    sorted, each its class made; one that would replace a command of kqv's own is a bug in its application."""
+    found = entry_points(group=APPLICATION_COMMANDS) if found is None else found
+    added = {point.name: point.load()() for point in sorted(found, key=lambda point: point.name)}
+    if clash := sorted(set(added) & set(COMMANDS)):
+        raise RuntimeError(f"an application's commands {clash} would replace kqv's own; rename them")
+    return added
+
+
+def all_commands(found: Iterable[EntryPoint] | None = None) -> dict[str, Command]:
+    """Every command of `kqv`: its own (`COMMANDS`), then the applications' (`application_commands`)."""
+    return {**COMMANDS, **application_commands(found)}
+
+
+def build_parser(found: Iterable[EntryPoint] | None = None) -> argparse.ArgumentParser:
+    """The `kqv` parser: a subcommand per command of `all_commands` (`found`: the applications' entry points, by
+    default those installed)."""
     parser = argparse.ArgumentParser(prog="kqv", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    for name, command in COMMANDS.items():
+    for name, command in all_commands(found).items():
         command.add_arguments(subparser := commands.add_parser(name, help=command.help))
         subparser.set_defaults(func=command.run)
     return parser

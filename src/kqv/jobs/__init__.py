@@ -14,9 +14,11 @@ from ..errors import ConfigError
 from ..train.runs import read_run, run_task
 from . import cls, lm, mlm, mt, vit
 from .base import Job, TrainedRun
+from .mt import mt_loss
 from .mt import prepare_data as prepare_mt_data  # an MT run's tokenizer and splits, for runs to share (--data-from)
+from .sampling import generate_text
 from .scoring import constant_answer, kind_constants, normalise, reading_guess, runner_up
-from .translation import mt_loss
+from .translation import spread
 
 # Every job, by the name `kqv train NAME`, configs/NAME-*.toml and run.toml's `task` use (its config's task).
 JOBS: dict[str, Job] = {"cls": cls.JOB, "lm": lm.JOB, "mlm": mlm.JOB, "mt": mt.JOB, "vit": vit.JOB}
@@ -40,6 +42,5 @@ def load_run(run_dir: str | Path, device: str = "cpu") -> TrainedRun:
     return get_job(run_task(read_run(run_dir))).load(run_dir, device)
 
 
-__all__ = ["JOBS", "Job", "TrainedRun", "all_jobs", "get_job", "load_run"]
-__all__ += ["constant_answer", "kind_constants", "mt_loss", "normalise", "prepare_mt_data", "reading_guess"]
-__all__ += ["runner_up"]
+__all__ = ["JOBS", "Job", "TrainedRun", "all_jobs", "generate_text", "get_job", "load_run", "prepare_mt_data"]
+__all__ += ["constant_answer", "kind_constants", "mt_loss", "normalise", "reading_guess", "runner_up", "spread"]
