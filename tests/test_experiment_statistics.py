@@ -502,7 +502,7 @@ def test_a_committed_fingerprint_holds_under_other_cpu_kernels(kernels, tmp_path
 
     record = json.loads((ROOT / "docs" / "experiments" / "norm-placement" / RESULTS_FILE).read_text())
     expected = record["code"]["quick"]["numbers"]
-    run = quick_run("norm-placement", ROOT, 0, KERNEL_SETS[kernels], tmp_path)
+    run = quick_run("norm-placement", ROOT / "src", 0, KERNEL_SETS[kernels], tmp_path)
     assert run["capability"] == kernels.upper(), "the cap took effect"
     assert expected and differences(expected, run["results"]) == []
 

@@ -13,7 +13,6 @@ SRC = ROOT / "src"
 PUBLIC_MODULES = {"kqv.api", "kqv.errors", "kqv.flag_names"}  # any name they define (not `_private`)
 PUBLIC_PACKAGES = {"kqv", "kqv.nn", "kqv.data", "kqv.train", "kqv.interop", "kqv.jobs", "kqv.cli"}  # their __all__
 LAB = sorted((SRC / "kqv_lab").rglob("*.py"))
-BENCHMARKS = sorted([*(ROOT / "benchmarks").glob("*.py"), *(ROOT / "benchmarks" / "references").glob("*.py")])
 
 
 def exported(package: str, src: Path = SRC) -> set[str]:
@@ -55,12 +54,7 @@ def test_kqv_lab_imports_only_kqv_s_public_api(path):
     assert not (found := private_imports(path)), f"{path.relative_to(ROOT)} imports kqv's insides: {found}"
 
 
-# The benchmarks are brought under the same rule by their own change: until then this fails, and `strict` makes it
-# fail the suite the day they comply, so that the marker is removed (and the rule enforced) then.
-@pytest.mark.xfail(strict=True, reason="the benchmarks still import kqv's modules (benchmarks/ follows kqv_lab)")
-def test_the_benchmarks_import_only_kqv_s_public_api():
-    found = {str(path.relative_to(ROOT)): bad for path in BENCHMARKS if (bad := private_imports(path))}
-    assert not found, found
+# The benchmarks are held to the same rule by tests/test_benchmarks_public_api.py (with its one white-box study).
 
 
 def test_the_scan_finds_a_planted_private_import(tmp_path):
@@ -83,4 +77,4 @@ def test_what_kqv_lab_uses_is_exported_by_a_public_package():
     assert {"Trainer", "TrainConfig", "write_atomically"} <= exported("kqv.train")
     assert {"Command", "DEVICE_HELP", "APPLICATION_COMMANDS"} <= exported("kqv.cli")
     assert {"Config", "DecoderLM"} <= exported("kqv")
-    assert len(LAB) > 30 and len(BENCHMARKS) > 20
+    assert len(LAB) > 30
