@@ -37,7 +37,9 @@ Writes benchmarks/results/cs224n_a5.json and prints a table.
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import os
 import random
 import shutil
@@ -45,6 +47,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -54,6 +57,7 @@ from kqv_lab import benchmarking as harness
 
 DEV_SIZE = 400  # development people carved out of the 2,000 training questions
 MASK = "\u2047"  # the assignment's mask symbol (and kqv's character tokenizer's)
+SNAPSHOT_POLL_S = 0.2  # how often a curve's run is looked at for a new checkpoint
 TEXT_PASSES = 40  # the text recipe's passes over wiki.txt and the questions
 KQV_ARM, TEXT_ARM = "kqv: --config cs224n-a5", "kqv: the text recipe"
 MINGPT_ARMS = {"minGPT: course settings": "course", "minGPT: schedule fitted to the budget": "cpu"}
@@ -116,15 +120,72 @@ def checked(result: subprocess.CompletedProcess, what: str) -> subprocess.Comple
     return result
 
 
-def tokens_read(run: Path) -> int:
-    """The tokens a run trained on, from its metrics.jsonl: each log interval's tokens/s times its seconds."""
+def tokens_read(run: Path, upto: int | None = None) -> int:
+    """The tokens a run trained on (in its first `upto` updates), from its metrics.jsonl: each log interval's
+    tokens/s times its seconds."""
     tokens, before = 0.0, 0.0
     for line in (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
         record = json.loads(line)
+        if upto is not None and record.get("step", 0) > upto:
+            break
         if "tokens_per_s" in record and "train_seconds" in record:
             tokens += record["tokens_per_s"] * (record["train_seconds"] - before)
             before = record["train_seconds"]
     return round(tokens)
+
+
+def checkpoint_step(run: Path) -> int | None:
+    """The update of the checkpoint `run` holds now (None before the first)."""
+    try:
+        return json.loads((run / "checkpoint" / "state.json").read_text(encoding="utf-8"))["step"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def snapshot(run: Path, step: int) -> Path:
+    """A copy of `run` as its checkpoint of update `step` left it (`run`-at-`step`), made under a unique temporary
+    name and renamed, kept only if the checkpoint did not change while it was copied."""
+    done = run.with_name(f"{run.name}-at-{step}")
+    copy = Path(tempfile.mkdtemp(prefix=f".{done.name}-", dir=run.parent))
+    shutil.copytree(run, copy, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".lock", "*.tmp*"))
+    if checkpoint_step(copy) == step == checkpoint_step(run) and not done.exists():
+        copy.rename(done)
+    else:
+        shutil.rmtree(copy, ignore_errors=True)
+    return done
+
+
+def train_with_snapshots(args: list[str], run: Path, threads: int, every: int) -> None:
+    """`kqv train` with `args` (checkpointing every `every` updates, into `run`); each checkpoint is copied as it is
+    written (`snapshot`), so the run can be scored after every `every` updates: a learning curve from one run."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    logged = math.gcd(every, 100)  # a metrics line at every snapshot: the tokens read up to it
+    command = [sys.executable, "-m", "kqv.cli", *args, "--set", f"train.checkpoint_every={every}"]
+    command += ["--set", f"train.log_every={logged}"]
+    with tempfile.TemporaryFile("w+") as log:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, text=True, env=env)
+        while process.poll() is None:
+            step = checkpoint_step(run)
+            if step and not run.with_name(f"{run.name}-at-{step}").exists():
+                snapshot(run, step)
+            time.sleep(SNAPSHOT_POLL_S)
+        log.seek(0)
+        checked(subprocess.CompletedProcess(command, process.returncode, "", log.read()), f"training {run.name}")
+
+
+def snapshots(run: Path) -> list[tuple[int, Path]]:
+    """(update, folder) of every snapshot of `run`, in order."""
+    found = [(int(p.name.rsplit("-at-", 1)[1]), p) for p in run.parent.glob(f"{run.name}-at-*") if p.is_dir()]
+    return sorted(found)
+
+
+def score(run: Path, scored: Path, threads: int, what: str) -> tuple[dict, list[str]]:
+    """`kqv eval` of `run` on the questions `scored`: its figures and each answer (the mask that ends it dropped)."""
+    predictions = run / "dev-predictions.tsv"
+    evaluated = kqv(["eval", str(run), "--data", str(scored), "--json", "--predictions", str(predictions)], threads)
+    figures = json.loads(checked(evaluated, f"scoring {what}").stdout.strip().splitlines()[-1])
+    got = [line.split("\t")[2] if line.count("\t") >= 2 else "" for line in predictions.read_text().splitlines()[1:]]
+    return figures, [g.removesuffix(MASK).strip() for g in got]
 
 
 def arm_command(name: str, seed: int, files: dict, data: Path, work: Path) -> tuple[list[str], Path]:
@@ -140,29 +201,36 @@ def arm_command(name: str, seed: int, files: dict, data: Path, work: Path) -> tu
     return [*args, "--set", f"train.seed={seed}"], scored
 
 
-def kqv_arm(name: str, seed: int, files: dict, data: Path, work: Path, threads: int, quick: bool) -> dict:
-    """Train one kqv arm with `seed` (a finished run already in `work` is scored as it is: `--work` resumes a
-    benchmark), score it on the development questions: its record."""
+def kqv_arm(name: str, seed: int, files: dict, data: Path, work: Path, options: argparse.Namespace) -> dict:
+    """Train one kqv arm with `seed` (`options.steps` updates if given; a finished run already in `work` is scored as
+    it is: `--work` resumes a benchmark), score it on the development questions, and with `options.every` score it
+    after every that many updates too (its `curve`): its record."""
     out = work / f"{'kqv' if name == KQV_ARM else 'text'}-{seed}"
     args, scored = arm_command(name, seed, files, data, work)
-    args += ["--out", str(out), *(QUICK if quick else [])]
+    args += ["--out", str(out), *(QUICK if options.quick else [])]
+    args += ["--set", f"train.steps={options.steps}"] if options.steps else []
     if not (out / "summary.json").is_file():
-        checked(kqv(args, threads), f"{name} seed {seed}")
-    predictions = out / "dev-predictions.tsv"
-    evaluated = kqv(["eval", str(out), "--data", str(scored), "--json", "--predictions", str(predictions)], threads)
-    figures = json.loads(checked(evaluated, f"scoring {name} seed {seed}").stdout.strip().splitlines()[-1])
-    got = [line.split("\t")[2] if line.count("\t") >= 2 else "" for line in predictions.read_text().splitlines()[1:]]
+        if options.every:
+            train_with_snapshots(args, out, options.threads, options.every)
+        else:
+            checked(kqv(args, options.threads), f"{name} seed {seed}")
+    figures, answers = score(out, scored, options.threads, f"{name} seed {seed}")
     summary = json.loads((out / "summary.json").read_text())
+    curve = []
+    for step, folder in snapshots(out) if options.every else []:
+        at, _ = score(folder, scored, options.threads, f"{name} seed {seed} after {step} updates")
+        curve.append({"updates": step, "tokens": tokens_read(out, step), "exact_match": at["exact_match"]})
     return {
         "arm": name,
         "seed": seed,
         "correct": figures["correct"],
         "n": figures["n"],
         "exact_match": figures["exact_match"],
-        "answers": [g.removesuffix(MASK).strip() for g in got],
+        "answers": answers,
         "minutes": summary["wall_seconds"] / 60,
         "updates": summary["steps"],
         "tokens": tokens_read(out),
+        "curve": curve,
     }
 
 
@@ -186,6 +254,16 @@ def mingpt_arm(name: str, seed: int, files: dict, data: Path, mingpt: Path, budg
     done.write_text(json.dumps(record), encoding="utf-8")
     got = answers.read_text(encoding="utf-8").splitlines()
     return record | {"arm": name, "answers": got, "tokens": record["pretrain_tokens_padded"]}
+
+
+def mingpt_budget(args) -> list[str]:
+    """minGPT's pretraining budget as its driver's flags: `--epochs E` (passes over wiki.txt, which no other load on
+    the machine changes) or `--minutes M` (a few seconds with --quick)."""
+    if args.quick:
+        return ["--minutes", "0.1"]
+    if args.mingpt_epochs is not None:
+        return ["--epochs", str(args.mingpt_epochs)]
+    return ["--minutes", str(args.mingpt_minutes)]
 
 
 def rule_reader(data: Path, dev: list[tuple[str, str]]) -> list[str]:
@@ -286,6 +364,8 @@ def main(argv: list[str] | None = None) -> dict:
     budget = parser.add_mutually_exclusive_group()
     budget.add_argument("--mingpt-minutes", type=float, default=28.0, help="minGPT's pretraining budget (minutes)")
     budget.add_argument("--mingpt-epochs", type=float, help="minGPT's pretraining budget in passes over wiki.txt")
+    parser.add_argument("--steps", type=int, help="the kqv arms' updates (default: each recipe's own)")
+    parser.add_argument("--every", type=int, help="also score the kqv arms after every this many updates (a curve)")
     parser.add_argument("--work", type=Path, help="keep the runs here (default: a temporary folder, removed)")
     args = parser.parse_args(argv)
     for name in ("wiki.txt", "birth_places_train.tsv"):
@@ -302,12 +382,12 @@ def main(argv: list[str] | None = None) -> dict:
     for name in arms:
         for seed in args.seeds:
             if name in MINGPT_ARMS:
-                minutes = 0.1 if args.quick else args.mingpt_minutes
+                budget = mingpt_budget(args)
                 jobs.append(
-                    lambda n=name, s=seed, m=minutes: mingpt_arm(n, s, files, args.data, args.mingpt, m, args.threads)
+                    lambda n=name, s=seed, b=budget: mingpt_arm(n, s, files, args.data, args.mingpt, b, args.threads)
                 )
             else:
-                jobs.append(lambda n=name, s=seed: kqv_arm(n, s, files, args.data, work, args.threads, args.quick))
+                jobs.append(lambda n=name, s=seed: kqv_arm(n, s, files, args.data, work, args))
     with ThreadPoolExecutor(args.parallel) as pool:
         runs = list(pool.map(lambda job: job(), jobs))
     dev = read_pairs(files["dev"])

@@ -95,3 +95,38 @@ def test_a_finished_run_in_the_work_folder_is_scored_again_not_trained_again(dat
     again = bench.main(args)
     assert (run / "summary.json").stat().st_mtime_ns == stamp
     assert again["runs"][0]["answers"] == first["runs"][0]["answers"]
+
+
+def test_a_curve_scores_the_run_after_every_so_many_updates_from_copies_of_its_checkpoints(data, tmp_path):
+    args = ["--data", str(data), "--quick", "--dev-size", "10", "--seeds", "0", "--parallel", "1", "--steps", "40"]
+    args += [
+        "--every",
+        "20",
+        "--arm",
+        bench.KQV_ARM,
+        "--output",
+        str(tmp_path / "r.json"),
+        "--work",
+        str(tmp_path / "w"),
+    ]
+    bench.SNAPSHOT_POLL_S = 0.01
+    run = bench.main(args)["runs"][0]
+    assert run["updates"] == 40
+    assert [point["updates"] for point in run["curve"]] == [20, 40]
+    assert 0 < run["curve"][0]["tokens"] < run["curve"][1]["tokens"] == run["tokens"]
+    assert run["curve"][1]["exact_match"] == run["exact_match"]  # the last copy is the finished run's checkpoint
+
+
+def test_minGPT_s_budget_is_given_to_its_driver_as_passes_or_minutes():
+    assert bench.mingpt_budget(bench.argparse.Namespace(quick=False, mingpt_epochs=8.6, mingpt_minutes=28.0)) == [
+        "--epochs",
+        "8.6",
+    ]
+    assert bench.mingpt_budget(bench.argparse.Namespace(quick=False, mingpt_epochs=None, mingpt_minutes=28.0)) == [
+        "--minutes",
+        "28.0",
+    ]
+    assert (
+        bench.mingpt_budget(bench.argparse.Namespace(quick=True, mingpt_epochs=8.6, mingpt_minutes=28.0))[0]
+        == "--minutes"
+    )
