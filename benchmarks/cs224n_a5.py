@@ -20,6 +20,8 @@ with `--threads` torch threads each:
   `--mingpt-minutes` (or `--mingpt-epochs` passes over wiki.txt: a budget that no other load on the machine
   changes), then fine-tuned as the course does; skipped with a note when `--mingpt` is not given.
 
+`--steps N` trains the kqv arms N updates; `--every K` also scores them after every K updates, from copies of their
+checkpoints taken as each is written (a learning curve from one run: mid-schedule, not K-update runs of their own).
 `--work DIR` keeps every run there, and a run already finished there is scored as it is, not trained again.
 
 Every arm is scored by exact match on the development questions; the bar is the strongest answer that never reads
@@ -30,6 +32,7 @@ averaged per question), minutes and tokens read.
 
     python benchmarks/cs224n_a5.py --data ../shared/cs224n-a5 --mingpt minGPT_birthplace_prediction/src
     python benchmarks/cs224n_a5.py --data DIR --arm 'kqv: --config cs224n-a5' --seeds 0 1 2
+    python benchmarks/cs224n_a5.py --data DIR --arm 'kqv: --config cs224n-a5' --steps 10000 --every 1000  # a curve
     python benchmarks/cs224n_a5.py --data DIR --quick      # seconds: a few updates, checks the script
 
 Writes benchmarks/results/cs224n_a5.json and prints a table.

@@ -1270,10 +1270,26 @@ def qa_differences(record: dict) -> str:
 CS224N_A5 = Source(
     "benchmarks/results/cs224n_a5.json",
     "Zen 4",
-    "AMD EPYC Zen 4 (family 25, model 17), native bf16, 2 cores shared with other work (one torch thread a run)",
+    "AMD EPYC Zen 4 (family 25, model 17), native bf16, 2 cores shared with other work (two torch threads)",
     "python benchmarks/cs224n_a5.py --data a5 --mingpt minGPT_birthplace_prediction/src --mingpt-epochs 8.6 "
-    "--seeds 0 --work a5-runs --arm 'kqv: --config cs224n-a5' --arm 'minGPT: schedule fitted to the budget'",
+    "--threads 2 --parallel 1 --seeds 0 --steps 10000 --every 1000 --work a5-runs --arm 'kqv: --config cs224n-a5' "
+    "--arm 'minGPT: schedule fitted to the budget'",
 )
+
+
+def cs224n_a5_curve_table() -> str:
+    """The birthplace task's learning curve: a kqv run's development exact match after every so many updates (its
+    checkpoints, copied as they were written), with the tokens read by then, beside the constant."""
+    record = CS224N_A5.load()
+    rows = []
+    for run in record["runs"]:
+        for point in run.get("curve", []):
+            em = point["exact_match"]
+            rows.append(
+                [run["arm"], f"{run['seed']}", f"{point['updates']:,}", f"{point['tokens'] / 1e6:.1f}M", f"{em:.3f}"]
+            )
+    header = ["recipe", "seed", "updates", "tokens", "dev EM"]
+    return plain(header, rows, right=2) + "\n" + run_line(CS224N_A5)
 
 
 def cs224n_a5_table() -> str:
@@ -1302,6 +1318,7 @@ def cs224n_a5_table() -> str:
 
 TABLES: dict[str, Callable[[], str]] = {
     "cs224n-a5": cs224n_a5_table,
+    "cs224n-a5-curve": cs224n_a5_curve_table,
     "lora-peft": lora_peft_table,
     "finetune-corpus": finetune_corpus_table,
     "finetune-qa": finetune_qa_table,
