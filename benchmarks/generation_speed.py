@@ -80,25 +80,11 @@ QUICK = Shape(vocab=97, d_model=32, heads=2, layers=2, d_ff=64, prompt=4, new_to
 
 def build_models(s: Shape, seed: int) -> tuple[nn.Module, nn.Module]:
     """kqv's DecoderLM and the Hugging Face GPT2LMHeadModel holding the same (random) weights, both in eval."""
-    from kqv import DecoderLM, ModelConfig
+    from kqv import DecoderLM
     from kqv.interop import to_hf
 
     torch.manual_seed(seed)
-    config = ModelConfig(
-        vocab_size=s.vocab,
-        d_model=s.d_model,
-        n_heads=s.heads,
-        n_layers=s.layers,
-        d_ff=s.d_ff,
-        max_len=s.prompt + s.new_tokens,
-        position="learned",
-        activation="gelu_tanh",
-        norm="layernorm",
-        norm_first=True,
-        dropout=0.0,
-        bias=True,
-        tie_embeddings=True,
-    )
+    config = harness.gpt2_shaped(s.vocab, s.d_model, s.heads, s.layers, s.d_ff, s.prompt + s.new_tokens)
     model = DecoderLM(config).eval()
     with torch.no_grad():  # GPT-2's init leaves biases and norms at 0/1: give them values so a mapping slip shows
         for name, p in model.named_parameters():
