@@ -3,6 +3,7 @@ the run's `DataConfig` once, and the corpus decides how its data is read, encode
 nothing else in kqv asks the settings again which kind they make."""
 
 import ast
+import dataclasses
 import json
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from kqv.jobs.lm_completions import Pairs
 from kqv.jobs.lm_corpus import TextBlocks
 from kqv.jobs.lm_data import DataConfig
 from kqv.jobs.lm_documents import Documents
-from kqv.jobs.lm_kinds import CORPORA, corpus_of
+from kqv.jobs.lm_kinds import CORPORA, SETTINGS, corpus_of, data_may_move, kind_of_path
 from kqv.jobs.lm_prepared import PreparedCorpus
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "kqv"
@@ -90,6 +91,49 @@ def test_each_kind_of_data_makes_its_own_corpus(tmp_path):
     (tmp_path / "corpus").mkdir()
     (tmp_path / "corpus" / "manifest.json").write_text("{}")
     assert type(corpus_of(DataConfig(path=str(tmp_path / "corpus")))) is PreparedCorpus
+
+
+SET = {"span_rate": 0.3, "span_max": 5, "random_prefix": True, "span_loss": "all", "shuffle_sentences": True,
+       "delimiter": "|", "long_documents": "windows", "prompt_loss_weight": 0.5, "packing": True,
+       "template": "{prompt}:"}  # a value other than its default for each setting of a group  # fmt: skip
+
+
+def test_each_kind_refuses_every_group_of_settings_it_does_not_take_and_only_those(tmp_path):
+    """The groups (`SETTINGS`, gathered from the kinds' own `settings`) are refused by every kind that does not take
+    them, with their own advice; a kind never refuses its own."""
+    (tmp_path / "qa.tsv").write_text("q\ta\n")
+    (tmp_path / "book.txt").write_text("a text\n")
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "manifest.json").write_text("{}")
+    data = {
+        TextBlocks: DataConfig(path=str(tmp_path / "book.txt")),
+        Pairs: DataConfig(path=str(tmp_path / "qa.tsv")),
+        PreparedCorpus: DataConfig(path=str(tmp_path / "corpus")),
+        Documents: DataConfig(sources=({"path": str(tmp_path / "book.txt")}, {"path": str(tmp_path / "qa.tsv")})),
+    }
+    assert set(data) == set(CORPORA) and {name for group in SETTINGS for name in group.names} == set(SET)
+    for kind, settings in data.items():
+        for group in SETTINGS:
+            for name in group.names:
+                given = dataclasses.replace(settings, **{name: SET[name]})
+                if group in kind.takes(given):
+                    assert type(corpus_of(given)) is kind
+                else:
+                    with pytest.raises(ConfigError, match=f"data.{name}"):
+                        corpus_of(given)
+    span = dataclasses.replace(data[Documents], objective="span_corruption", span_rate=0.3)
+    assert corpus_of(span).corrupt  # a span's settings are taken under span corruption alone
+    with pytest.raises(ConfigError, match="data.span_rate shapes span corruption's examples"):
+        corpus_of(dataclasses.replace(span, objective="next_token"))
+
+
+def test_a_path_s_kind_and_whether_its_run_may_move_it_are_asked_of_the_kinds(tmp_path):
+    (tmp_path / "qa.jsonl").write_text("{}\n")
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "manifest.json").write_text("{}")
+    assert kind_of_path(None) is TextBlocks and kind_of_path(tmp_path / "qa.jsonl") is Pairs
+    assert kind_of_path(tmp_path / "corpus") is PreparedCorpus and kind_of_path(tmp_path / "x.txt") is TextBlocks
+    assert data_may_move({"data": {"tokens_sha256": "ab"}}) and not data_may_move({"data": {"path": "x.txt"}})
 
 
 def configured(data: dict):

@@ -76,8 +76,15 @@ def torchrun(*args: str) -> subprocess.CompletedProcess:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
     except subprocess.TimeoutExpired as stuck:  # say where the processes were
         pytest.fail(f"torchrun timed out; its output so far:\n{(stuck.stderr or b'')[-4000:]!r}")
-    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.returncode == 0, crash_report(done.stderr)
     return done
+
+
+def crash_report(stderr: str, size: int = 4000) -> str:
+    """The end of the processes' `stderr`, after the Python stack of each rank that crashed (faulthandler's
+    "Fatal Python error" sections, which the surviving ranks' tracebacks would otherwise push out of view)."""
+    crashes = [part[:size] for part in stderr.split("Fatal Python error")[1:]]
+    return "".join(f"Fatal Python error{crash}\n...\n" for crash in crashes) + stderr[-size:]
 
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -118,6 +125,14 @@ def runs(tmp_path_factory) -> Path:
     torchrun(str(WORKER), str(out))
     worker.train(out / "fsdp-3", 6, resume=True)  # FSDP's 3 steps on 2 processes, continued in 1
     return out
+
+
+def test_a_failed_torchrun_shows_the_stack_of_the_rank_that_crashed_before_the_others_tracebacks():
+    crash = 'Fatal Python error: Segmentation fault\n\nCurrent thread 0x1 (most recent call first):\n  File "x.py", line 3'
+    stderr = "rank 1 starts\n" + crash + "\n" + "[rank0]: RuntimeError: Connection closed by peer\n" * 200
+    report = crash_report(stderr)
+    assert 'File "x.py", line 3' in report and report.endswith("closed by peer\n")
+    assert crash_report("no crash\n") == "no crash\n"
 
 
 def test_two_process_fsdp_gives_the_loss_curve_and_weights_of_one_process(runs):

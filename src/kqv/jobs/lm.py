@@ -20,7 +20,6 @@ from torch import nn
 
 from ..data.documents import mask_symbol
 from ..data.shakespeare import load_text
-from ..data.token_corpus import is_token_corpus
 from ..data.tokenizers import Tokenizer, encode_text
 from ..errors import (
     INIT_SOURCE,
@@ -48,7 +47,7 @@ from .finetune import FINETUNE_CONTEXT, FinetuneConfig, FineTuneStart, fit_conte
 from .init import SourceTokenizer, finetune_config, load_source_weights, read_source
 from .lm_corpus import SCORED_TOKENS, Check, Corpus, LMTokenizerSource, LoadedCorpus
 from .lm_data import DataConfig
-from .lm_kinds import corpus_of
+from .lm_kinds import corpus_of, data_may_move, kind_of_path
 from .offers import Completes, Evaluates, ExportsHF, Generates, ShowsAttention
 from .run_tokens import describe_corpus
 from .sampling import Continues, SampleConfig, save_samples
@@ -243,7 +242,7 @@ class LMRun(TrainedRun, Continues, Generates, Completes, Evaluates, ShowsAttenti
                 mask=mask,
                 reference_kinds=kinds,
             )
-        if data is not None and not is_token_corpus(data):
+        if data is not None and not kind_of_path(data).own_tokenizer:  # a text: scored whole
             return evaluate_text(self.model, self.tokenizer, data, self.config.data.context, max_tokens)
         check_max_tokens(max_tokens)  # what the run held out, as its corpus scores it (`LoadedCorpus.held_out`)
         corpus = self.loaded_corpus if data is None else self.moved_corpus(data)
@@ -330,9 +329,9 @@ class LMJob(Job):
         return config
 
     def may_move(self, key: str, saved: dict[str, Any]) -> bool:
-        """A resume may give a prepared corpus a new data.path when the run recorded its tokens' SHA-256: the
-        corpus found there is checked against it (`PreparedCorpus.recorded`)."""
-        return key == "data.path" and saved.get("data", {}).get("tokens_sha256") is not None
+        """A resume may give the run's data a new data.path where its kind of corpus checks the data found there
+        (`kqv.jobs.lm_kinds.data_may_move`: a prepared corpus whose tokens' SHA-256 the run recorded)."""
+        return key == "data.path" and data_may_move(saved)
 
     def restore(
         self, model: nn.Module, config: RunConfig, values: dict[str, Any], run_dir: Path

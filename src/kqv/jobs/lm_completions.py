@@ -43,7 +43,7 @@ from ..data.documents import apply_template, has_mask, mask_symbol, templated
 from ..data.example_batches import EncodedExamples, ExampleBatch, ExampleBatches, PackedBatch
 from ..data.mixture import MixtureBatches
 from ..data.tokenizers import Tokenizer, make_tokenizer
-from ..errors import MAX_TOKENS, ConfigError, option
+from ..errors import MAX_TOKENS, MIXTURE, ConfigError, option
 from ..nn.config import ModelConfig
 from ..nn.cores import packed_mask
 from ..nn.experts import with_auxiliary_loss
@@ -52,7 +52,7 @@ from ..nn.losses import weighted_cross_entropy
 from ..train.config import TrainConfig
 from ..train.options import TrainerOptions
 from ..train.topology import Topology
-from .lm_corpus import Corpus, LoadedCorpus, refuse_document_options, refuse_span_options
+from .lm_corpus import Corpus, LoadedCorpus, Settings
 from .lm_data import DataConfig
 from .run_tokens import Tensors, TokenizerSource
 from .sampling import SampleConfig
@@ -323,16 +323,39 @@ class Examples(Corpus):
         return trained().answers()
 
 
+def pair_advice(data: DataConfig, given: list[str]) -> str:
+    named, several = " and ".join(f"data.{name}" for name in given), len(given) > 1
+    return (
+        f"{named} {'apply' if several else 'applies'} to a file of prompt -> completion pairs (data.path a .tsv "
+        f"or .jsonl file), not to text ({data.path or 'Shakespeare'}); drop {'them' if several else 'it'}"
+    )
+
+
+# The prompt's weight, packing and the template: how examples of pairs are weighted, batched and written (packing
+# off asks for what a text does anyway, and is not refused)
+PAIR_SETTINGS = Settings(
+    ("prompt_loss_weight", "packing", "template"),
+    pair_advice,
+    given=lambda data, name: getattr(data, name) not in (getattr(DataConfig(), name), False),
+)
+
+
 class Pairs(Examples):
     """A file of prompt -> completion pairs (data.path a .tsv or .jsonl file: the module docstring)."""
+
+    settings = (PAIR_SETTINGS,)
 
     @staticmethod
     def reads(data: DataConfig) -> bool:
         return data.path is not None and is_pairs_file(data.path)
 
-    def check(self) -> None:
-        refuse_span_options(self.data)
-        refuse_document_options(self.data)
+    @classmethod
+    def check_as_source(cls, path: str | None, data: DataConfig) -> None:
+        if data.objective == "span_corruption" and not data.sources:
+            raise ConfigError(
+                f"data.objective='span_corruption' masks spans of text documents, and {path} is a file of "
+                f"pairs; give a text, or mix them: {option(MIXTURE, path=path)}"
+            )
 
     def build(self, tokenizers: TokenizerSource) -> LoadedPairs:
         return self.read(*build_examples(tokenizers, self.data))

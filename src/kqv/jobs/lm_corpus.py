@@ -3,7 +3,9 @@
 
 The `Corpus` owns what the LM job would otherwise ask the settings again at every use:
 
-- `check`: the settings only this kind takes (a text refuses the pairs' and the documents' options);
+- `takes`: the `Settings` (groups of [data] options that only some kinds read) this kind reads; every kind's
+  groups are refused by the kinds that do not take them, by `corpus_of`, so a new kind's options live with it;
+- `check`: what else this kind refuses of its settings; `check_as_source`: what it refuses as a mixture's source;
 - `load`: how the data is read, encoded and stored in the run (or read back on a resume), with a tokenizer made
   for it (`make_tokenizer`, with the `mask` symbol it needs, if any), and `trained`: a trained run's, read back.
 
@@ -187,12 +189,36 @@ def block_options(
     )
 
 
+DEFAULTS = DataConfig()
+
+
+def differs(data: DataConfig, name: str) -> bool:
+    """Whether `data` sets `name` to other than its default."""
+    return getattr(data, name) != getattr(DEFAULTS, name)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A group of [data] settings that only some kinds of corpus read (`Corpus.takes`): the kinds that do not take
+    it refuse those set (`given`: by default, to other than their default) with `advice`, instead of ignoring them."""
+
+    names: tuple[str, ...]
+    advice: Callable[[DataConfig, list[str]], str]  # the one-line error, given the data and the settings set
+    given: Callable[[DataConfig, str], bool] = differs
+
+    def refuse(self, data: DataConfig) -> None:
+        """A ConfigError for the settings of this group that `data` sets, if any."""
+        if given := [name for name in self.names if self.given(data, name)]:
+            raise ConfigError(self.advice(data, given))
+
+
 class Corpus:
     """The kind of data an LM run trains on (the module docstring): the run's [data] settings `data`, checked for
     this kind. A subclass says which settings it reads (`reads`) and overrides what it does differently from a
     text. It is the `TokenizerSource` of a run that learns its own tokenizer."""
 
     own_tokenizer: ClassVar[bool] = False  # a corpus encoded once with its own tokenizer (data.tokenizer: not read)
+    settings: ClassVar[tuple[Settings, ...]] = ()  # the groups of settings only some kinds read, this kind's (`takes`)
 
     def __init__(self, data: DataConfig) -> None:
         self.data = data
@@ -203,8 +229,30 @@ class Corpus:
         """Whether `data` makes a corpus of this kind (`kqv.jobs.lm_kinds.CORPORA` asks each kind in turn)."""
         return True
 
+    @classmethod
+    def takes(cls, data: DataConfig) -> tuple[Settings, ...]:
+        """The groups of settings only some kinds read that this kind reads for `data`; `corpus_of` refuses the
+        others' (set, this kind would silently ignore them). A new group is a `settings` entry of its kind."""
+        return cls.settings
+
+    @staticmethod
+    def sources(data: DataConfig) -> list[str | None]:
+        """The paths this corpus reads as documents of a mixture (each checked by its own kind's
+        `check_as_source`); none for a corpus read as one whole."""
+        return []
+
+    @staticmethod
+    def moves(saved: dict[str, Any]) -> bool:
+        """Whether a resume of a run of this kind, whose run.toml holds `saved`, may find its data at a new
+        data.path (which the kind then checks is the same data)."""
+        return False
+
+    @classmethod
+    def check_as_source(cls, path: str | None, data: DataConfig) -> None:
+        """Refuse `path`, data of this kind, as a source of documents under `data` (a kind that cannot be mixed)."""
+
     def check(self) -> None:
-        """Refuse the settings of other kinds, which this one would silently ignore."""
+        """Refuse what this kind cannot do with its settings, beyond the groups it does not take (`takes`)."""
 
     def mask(self) -> str | None:
         """The mask symbol a new tokenizer must reserve for this corpus, or None (a text needs none)."""
@@ -254,11 +302,6 @@ class Corpus:
 class TextBlocks(Corpus):
     """A text (data.path, or Shakespeare) cut into a train and a validation split, trained on in random blocks."""
 
-    def check(self) -> None:
-        refuse_span_options(self.data)
-        refuse_document_options(self.data)
-        refuse_pair_options(self.data)
-
     def trained(self, tokenizer: Tokenizer, run_dir: Path) -> LoadedCorpus:
         """`Corpus.trained`; a text's run without tokens.safetensors is a prepared corpus's recorded before its
         SHA-256 was, whose directory is no longer at data.path (else it would be a `PreparedCorpus`): said so."""
@@ -268,38 +311,3 @@ class TextBlocks(Corpus):
                 f"(moved or removed); give its place with {option(EVAL_CORPUS, run=str(run_dir))}"
             )
         return super().trained(tokenizer, run_dir)
-
-
-SPAN_OPTIONS = ("span_rate", "span_max", "random_prefix", "span_loss")  # what shapes span corruption's examples
-
-
-def refuse_span_options(data: DataConfig) -> None:
-    """A span's rate and length, the random prefix and the loss on every token shape span corruption's examples:
-    each refused, set to other than its default, without it."""
-    defaults = DataConfig()
-    given = [name for name in SPAN_OPTIONS if getattr(data, name) != getattr(defaults, name)]
-    if given:
-        raise ConfigError(
-            f"data.{given[0]} shapes span corruption's examples; set data.objective='span_corruption' or drop it"
-        )
-
-
-def refuse_document_options(data: DataConfig) -> None:
-    """Sentences, delimiters and the cut of long documents belong to a text read as documents."""
-    if data.shuffle_sentences or data.delimiter is not None or data.long_documents != "auto":
-        raise ConfigError(
-            "data.shuffle_sentences, data.delimiter and data.long_documents read a text as documents: set "
-            "data.objective or give several sources (data.sources)"
-        )
-
-
-def refuse_pair_options(data: DataConfig) -> None:
-    """The prompt's weight, packing and the template belong to examples of pairs: each one set is named."""
-    given = [name for name, on in (("prompt_loss_weight", data.prompt_loss_weight), ("packing", data.packing is True),
-                                   ("template", data.template is not None)) if on]  # fmt: skip
-    if given:
-        named, several = " and ".join(f"data.{name}" for name in given), len(given) > 1
-        raise ConfigError(
-            f"{named} {'apply' if several else 'applies'} to a file of prompt -> completion pairs (data.path a .tsv "
-            f"or .jsonl file), not to text ({data.path or 'Shakespeare'}); drop {'them' if several else 'it'}"
-        )

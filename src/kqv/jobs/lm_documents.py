@@ -48,14 +48,14 @@ from ..data.documents import (
 from ..data.example_batches import EncodedExamples, ExampleBatches
 from ..data.mixture import MixtureBatches
 from ..data.shakespeare import load_text
-from ..data.token_corpus import is_token_corpus
 from ..data.tokenizers import Tokenizer, encode_texts
-from ..errors import MIXTURE, TRAIN_ON_CORPUS, ConfigError, DataError, option
+from ..errors import ConfigError, DataError
 from ..nn.config import ModelConfig
 from ..train.config import TrainConfig
 from ..train.options import TrainerOptions
 from ..train.topology import Topology
 from .lm_completions import (
+    PAIR_SETTINGS,
     Examples,
     LoadedExamples,
     batch_options,
@@ -66,11 +66,28 @@ from .lm_completions import (
     from_json_tensor,
     json_tensor,
 )
-from .lm_corpus import refuse_span_options
+from .lm_corpus import Settings
 from .lm_data import DataConfig
 from .run_tokens import Tensors, TokenizerSource
 
 VAL_SEED = 0  # the draws of the validation documents: the same for every run
+
+
+def span_advice(data: DataConfig, given: list[str]) -> str:
+    return f"data.{given[0]} shapes span corruption's examples; set data.objective='span_corruption' or drop it"
+
+
+def document_advice(data: DataConfig, given: list[str]) -> str:
+    return (
+        "data.shuffle_sentences, data.delimiter and data.long_documents read a text as documents: set "
+        "data.objective or give several sources (data.sources)"
+    )
+
+
+# A span's rate and length, the random prefix and the loss on every token: what shapes span corruption's examples
+SPAN_SETTINGS = Settings(("span_rate", "span_max", "random_prefix", "span_loss"), span_advice)
+# Sentences, delimiters and the cut of long documents: how a text is read as documents
+DOCUMENT_SETTINGS = Settings(("shuffle_sentences", "delimiter", "long_documents"), document_advice)
 
 
 class Source(NamedTuple):
@@ -416,6 +433,8 @@ class Documents(Examples):
     """A text's documents made into examples by `data.objective`, or a mixture of sources (the module docstring):
     what a run on `data.sources`, or with an objective other than the next token, trains on."""
 
+    settings = (SPAN_SETTINGS, DOCUMENT_SETTINGS, PAIR_SETTINGS)
+
     def __init__(self, data: DataConfig) -> None:
         self.corrupt = data.objective == "span_corruption"
         super().__init__(data)
@@ -424,26 +443,17 @@ class Documents(Examples):
     def reads(data: DataConfig) -> bool:
         return bool(data.sources) or data.objective != "next_token"
 
+    @classmethod
+    def takes(cls, data: DataConfig) -> tuple[Settings, ...]:
+        """The documents' settings and the pairs' (a mixture's pairs source); a span's, under span corruption."""
+        return cls.settings if data.objective == "span_corruption" else cls.settings[1:]
+
+    @staticmethod
+    def sources(data: DataConfig) -> list[str | None]:
+        return [source.path for source in data_sources(data)]
+
     def check(self) -> None:
         data = self.data
-        if self.corrupt and not data.sources and data_sources(data)[0].holds_pairs:
-            raise ConfigError(
-                f"data.objective='span_corruption' masks spans of text documents, and {data.path} is a file of "
-                f"pairs; give a text, or mix them: {option(MIXTURE, path=data.path)}"
-            )
-        if is_token_corpus(data.path):
-            raise ConfigError(
-                f"{data.path} is a prepared token corpus, which trains on blocks with data.objective='next_token' "
-                f"alone; drop data.objective and data.sources, or give the text itself"
-            )
-        if prepared := next((s.path for s in data.sources if is_token_corpus(s.path)), None):
-            raise ConfigError(
-                f"{prepared} is a prepared token corpus, which trains alone "
-                f"({option(TRAIN_ON_CORPUS, path=prepared)}), not in a mixture of sources; mix the text it was "
-                f"prepared from instead"
-            )
-        if not self.corrupt:
-            refuse_span_options(data)
         if data.template is not None and not any(source.holds_pairs for source in data_sources(data)):
             raise ConfigError(
                 "data.template writes the prompts of a file of prompt -> completion pairs, and no source is one "

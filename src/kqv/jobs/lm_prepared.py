@@ -57,6 +57,7 @@ from ..errors import (
     MOVED_CORPUS,
     PREPARE_WITH_TOKENIZER,
     SAMPLE_MB,
+    TRAIN_ON_CORPUS,
     VOCAB_SIZE,
     ConfigError,
     DataError,
@@ -363,6 +364,25 @@ class PreparedCorpus(TextBlocks):
     @staticmethod
     def reads(data: DataConfig) -> bool:
         return data.tokens_sha256 is not None or is_token_corpus(data.path)
+
+    @classmethod
+    def check_as_source(cls, path: str | None, data: DataConfig) -> None:
+        """A prepared corpus trains alone, on its blocks: never as documents, nor in a mixture."""
+        if not data.sources:
+            raise ConfigError(
+                f"{path} is a prepared token corpus, which trains on blocks with data.objective='next_token' "
+                f"alone; drop data.objective and data.sources, or give the text itself"
+            )
+        raise ConfigError(
+            f"{path} is a prepared token corpus, which trains alone ({option(TRAIN_ON_CORPUS, path=path)}), not in "
+            f"a mixture of sources; mix the text it was prepared from instead"
+        )
+
+    @staticmethod
+    def moves(saved: dict[str, Any]) -> bool:
+        """`Corpus.moves`: a run that recorded its prepared corpus's tokens' SHA-256 (`saved`, run.toml's settings)
+        checks the corpus at a new data.path against it (`recorded`)."""
+        return saved.get("data", {}).get("tokens_sha256") is not None
 
     def check(self) -> None:
         super().check()
