@@ -8,7 +8,7 @@ A script imports it as `from kqv_lab import benchmarking as harness`, builds its
 `harness.arguments(harness.summary(__doc__), quick=..., output=harness.results_path("NAME"))`, adds its own flags,
 times with `harness.timed(fn, warmup=..., repeats=...)` and writes with `harness.write_record(path, record)`;
 `docs/gen_tables.py` reads what lands in `benchmarks/results/`. The benchmarks reach kqv only through its public
-API, as this module does (tests/test_benchmarks_public_api.py).
+API, as this module does (tests/test_public_api.py).
 """
 
 from __future__ import annotations
