@@ -25,8 +25,8 @@ import json
 import math
 import statistics
 import sys
-import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import kqv
@@ -190,23 +190,18 @@ def main(argv: list[str] | None = None) -> int:
         output=None,
         output_help=f"JSON path (default {OUTPUT.relative_to(harness.ROOT)})",
     )
-    parser.add_argument("--seeds", default="1,2,3", help="seeds of the fine-tune/scratch pairs (default 1,2,3)")
+    parser.add_argument(
+        "--seeds",
+        type=harness.seed_list,
+        default=[1, 2, 3],
+        help="seeds of the fine-tune/scratch pairs (default 1,2,3)",
+    )
     args = parser.parse_args(argv)
-    seeds = [int(seed) for seed in args.seeds.split(",")]
     sizes = QUICK if args.quick else FULL
-    started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="kqv-finetune-corpus-") as scratch:
-        record = measure(sizes, seeds, Path(scratch))
-    record = {
-        "benchmark": "finetune_corpus",
-        "quick": args.quick,
-        "sizes": sizes,
-        "seeds": seeds,
-        **record,
-        "torch_threads": __import__("torch").get_num_threads(),
-    }
-    print_table(record)
-    harness.write_record(harness.output_path(args, "finetune_corpus"), record, started=started)
+    threads = __import__("torch").get_num_threads()
+    arms = partial(measure, sizes, args.seeds)
+    fields = dict(sizes=sizes, seeds=args.seeds, torch_threads=threads)
+    harness.measured_in_scratch("finetune_corpus", args, arms, print_table, **fields)
     return 0
 
 

@@ -43,7 +43,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
+from functools import partial
 from pathlib import Path
 
 import qa_world
@@ -433,7 +433,9 @@ def main(argv: list[str] | None = None) -> int:
         output=None,
         output_help=f"JSON path (default {OUTPUT.relative_to(harness.ROOT)})",
     )
-    parser.add_argument("--seeds", default="1,2,3", help="seeds of the fine-tunes (default 1,2,3)")
+    parser.add_argument(
+        "--seeds", type=harness.seed_list, default=[1, 2, 3], help="seeds of the fine-tunes (default 1,2,3)"
+    )
     parser.add_argument("--world-seed", type=int, default=0, help="the seed of the invented world (default 0)")
     parser.add_argument(
         "--in-process", action="store_true", help="train every run in this process (faster; peak memory is shared)"
@@ -449,23 +451,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.job:
         print(json.dumps(train_one(json.loads(args.job))))
         return 0
-    seeds = [int(seed) for seed in args.seeds.split(",")]
     sizes = QUICK if args.quick else FULL
-    started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="kqv-finetune-qa-") as scratch:
-        record = measure(sizes, seeds, args.world_seed, Path(scratch), args.in_process)
-    record = {
-        "benchmark": "finetune_qa",
-        "quick": args.quick,
-        "sizes": sizes,
-        "seeds": seeds,
-        "world_seed": args.world_seed,
-        "in_process": args.in_process,
-        "torch_threads": int(os.environ.get("OMP_NUM_THREADS", "0")) or os.cpu_count(),
-        **record,
-    }
-    print_table(record)
-    harness.write_record(harness.output_path(args, "finetune_qa"), record, started=started)
+    arms = partial(measure, sizes, args.seeds, args.world_seed, in_process=args.in_process)
+    threads = int(os.environ.get("OMP_NUM_THREADS", "0")) or os.cpu_count()
+    fields = dict(sizes=sizes, seeds=args.seeds, world_seed=args.world_seed, in_process=args.in_process)
+    harness.measured_in_scratch("finetune_qa", args, arms, print_table, **fields, torch_threads=threads)
     return 0
 
 

@@ -96,6 +96,25 @@ def test_timed_median_and_best_of_uneven_rounds():
     assert (rounds.median, rounds.best) == (2.0, 1.0)
 
 
+def test_a_benchmark_measured_in_scratch_records_its_fields_and_leaves_no_scratch(tmp_path):
+    seen, shown = [], []
+
+    def measure(scratch: Path) -> dict:
+        assert scratch.is_dir() and not any(scratch.iterdir())
+        seen.append(scratch)
+        return {"loss": 1.5}
+
+    args = harness.arguments("probe", quick="q").parse_args(["--quick", "--output", str(tmp_path / "r.json")])
+    record = harness.measured_in_scratch("probe_bench", args, measure, shown.append, seeds=[1, 2])
+    assert not seen[0].exists() and shown == [record]
+    written = json.loads((tmp_path / "r.json").read_text())
+    assert {k: written[k] for k in ("benchmark", "quick", "seeds", "loss")} == {
+        "benchmark": "probe_bench", "quick": True, "seeds": [1, 2], "loss": 1.5}  # fmt: skip
+    assert harness.seed_list("1,2,3") == [1, 2, 3]
+    with pytest.raises(Exception, match="whole numbers separated by commas"):
+        harness.seed_list("1;2")
+
+
 def test_gpt2_shaped_is_the_config_kqv_interop_reads_from_gpt2():
     """The speed benchmarks' kqv GPT-2 is, field for field, what kqv.interop makes of a GPT2Config of that shape."""
     from transformers import GPT2Config

@@ -4,5 +4,6 @@
 
 It imports kqv only through its public API (`kqv`, `kqv.api`, `kqv.errors`, `kqv.flag_names`, and the names the
 packages `kqv.nn`, `kqv.data`, `kqv.train`, `kqv.interop`, `kqv.jobs`, `kqv.cli` and `kqv.explore` export;
-tests/test_public_api.py checks it, and the benchmarks, by one definition), and kqv never imports it: its commands join `kqv` through the entry-point group "kqv.commands".
+tests/test_public_api.py checks it, and the benchmarks, by one definition), and kqv never imports it: its commands
+join `kqv` through the entry-point group "kqv.commands".
 """

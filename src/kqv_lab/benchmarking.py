@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import gc
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -71,6 +72,30 @@ def arguments(
         help = f"torch threads (default {threads})" if threads else "torch threads (default: torch's own)"
         parser.add_argument("--threads", type=int, default=threads, help=help)
     return parser
+
+
+def seed_list(text: str) -> list[int]:
+    """`--seeds 1,2,3`: the seeds, comma-separated."""
+    try:
+        return [int(seed) for seed in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"seeds are whole numbers separated by commas, e.g. 1,2,3; got {text!r}"
+        ) from None
+
+
+def measured_in_scratch(
+    name: str, args: argparse.Namespace, measure: Callable[[Path], dict], show: Callable[[dict], None], **fields: Any
+) -> dict:
+    """The record of benchmark `name`: `measure` run in a scratch directory of its own (removed after), under its
+    name, `--quick` and `fields`; shown (`show`: its table) and written where `args` says (`output_path`)."""
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix=f"kqv-{name.replace('_', '-')}-") as scratch:
+        measured = measure(Path(scratch))
+    record = {"benchmark": name, "quick": args.quick, **fields, **measured}
+    show(record)
+    write_record(output_path(args, name), record, started=started)
+    return record
 
 
 def output_path(args: argparse.Namespace, name: str, *, quick: bool = False) -> Path | None:
