@@ -27,6 +27,11 @@ class Vocabulary:
         self.special_ids = torch.tensor(sorted(specials.values()))
         self.regular_ids = torch.tensor([i for i in range(self.size) if i not in set(specials.values())])
 
+    @property
+    def kind(self) -> str:
+        """Its tokenizer's kind ("char", "bpe")."""
+        return self.tokenizer.kind
+
     @classmethod
     def train(cls, kind: str, text: str, vocab_size: int) -> Vocabulary:
         if kind == "char":

@@ -138,8 +138,7 @@ def load_tokens(run_dir: Path) -> dict[str, torch.Tensor]:
 def describe_corpus(training: Training, tokenizer: TextTokenizer, vocabulary: int, tokens: int) -> str:
     """The line before training a model on a text corpus (LM and MLM jobs): its `tokenizer`'s kind, `vocabulary`
     size, and the training `tokens`."""
-    kind = getattr(tokenizer, "kind", training.config.data.tokenizer)  # a prepared corpus's or a source's
     return (
         f"{count_parameters(training.model):,} parameters, {tokens:,} training tokens "
-        f"({kind} tokenizer, vocabulary {vocabulary}), run directory {training.run.destination}"
+        f"({tokenizer.kind} tokenizer, vocabulary {vocabulary}), run directory {training.run.destination}"
     )
