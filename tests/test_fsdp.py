@@ -128,7 +128,7 @@ def runs(tmp_path_factory) -> Path:
 
 
 def test_a_failed_torchrun_shows_the_stack_of_the_rank_that_crashed_before_the_others_tracebacks():
-    crash = 'Fatal Python error: Segmentation fault\n\nCurrent thread 0x1 (most recent call first):\n  File "x.py", line 3'
+    crash = 'Fatal Python error: Segmentation fault\n\nThread 0x1 (most recent call first):\n  File "x.py", line 3'
     stderr = "rank 1 starts\n" + crash + "\n" + "[rank0]: RuntimeError: Connection closed by peer\n" * 200
     report = crash_report(stderr)
     assert 'File "x.py", line 3' in report and report.endswith("closed by peer\n")
