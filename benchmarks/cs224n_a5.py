@@ -360,6 +360,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--data", type=Path, required=True, help="the folder of wiki.txt and birth_places_train.tsv")
     parser.add_argument("--arm", action="append", choices=ARMS, help="an arm to run (repeatable; default: all)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--mingpt-seeds", type=int, nargs="+", help="minGPT's seeds (default: --seeds)")
     parser.add_argument("--split-seed", type=int, default=0, help="the seed that draws the development people")
     parser.add_argument("--dev-size", type=int, default=DEV_SIZE, help=f"development people (default {DEV_SIZE})")
     parser.add_argument("--parallel", type=int, default=2, help="runs at a time (default 2, one thread each)")
@@ -383,7 +384,7 @@ def main(argv: list[str] | None = None) -> dict:
         print("minGPT arms skipped: give --mingpt (the assignment's src/ folder)", file=sys.stderr)
     jobs = []
     for name in arms:
-        for seed in args.seeds:
+        for seed in (args.mingpt_seeds or args.seeds) if name in MINGPT_ARMS else args.seeds:
             if name in MINGPT_ARMS:
                 budget = mingpt_budget(args)
                 jobs.append(

@@ -1278,18 +1278,28 @@ CS224N_A5 = Source(
 
 
 def cs224n_a5_curve_table() -> str:
-    """The birthplace task's learning curve: a kqv run's development exact match after every so many updates (its
-    checkpoints, copied as they were written), with the tokens read by then, beside the constant."""
+    """The birthplace task's learning curve: each kqv recipe's development exact match after every so many updates
+    (its checkpoints, copied as they were written), one column per seed and their mean, with the tokens read by then
+    (the first seed's)."""
     record = CS224N_A5.load()
-    rows = []
-    for run in record["runs"]:
-        for point in run.get("curve", []):
-            em = point["exact_match"]
-            rows.append(
-                [run["arm"], f"{run['seed']}", f"{point['updates']:,}", f"{point['tokens'] / 1e6:.1f}M", f"{em:.3f}"]
-            )
-    header = ["recipe", "seed", "updates", "tokens", "dev EM"]
-    return plain(header, rows, right=2) + "\n" + run_line(CS224N_A5)
+    rows, seeds = [], []
+    for name in record["arms"]:
+        runs = [run for run in record["runs"] if run["arm"] == name and run.get("curve")]
+        seeds = seeds or [run["seed"] for run in runs]
+        for points in zip(*(run["curve"] for run in runs)):
+            scores = [point["exact_match"] for point in points]
+            first = points[0]
+            mean = f"**{sum(scores) / len(scores):.3f}**"
+            row = [
+                name,
+                f"{first['updates']:,}",
+                f"{first['tokens'] / 1e6:.1f}M",
+                *(f"{em:.3f}" for em in scores),
+                mean,
+            ]
+            rows.append(row)
+    header = ["recipe", "updates", "tokens", *(f"seed {seed}" for seed in seeds), "mean"]
+    return plain(header, rows, right=1) + "\n" + run_line(CS224N_A5)
 
 
 def cs224n_a5_table() -> str:
