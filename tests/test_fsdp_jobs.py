@@ -6,6 +6,8 @@ the checkpoint. One torchrun launch holds every 2-process run (`fsdp_job_worker.
 import importlib.util
 import json
 import math
+import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -40,7 +42,20 @@ def runs(tmp_path_factory) -> Path:
     (out / "text.txt").write_text(worker.TEXT)
     worker.train(out, "one-4", 4)
     worker.train(out, "one-tune", 2, init=out / "one-4")
-    torchrun(str(WORKER), str(out))
+    try:
+        torchrun(str(WORKER), str(out))
+    except AssertionError as failed:  # pytest.fail's, or the assert's
+        if "SIGSEGV" not in str(failed):
+            raise
+        # torch's profiler (the start's memory) beside gloo crashed a rank twice on CI, never in 30 runs here: that
+        # crash alone, in torch and not in kqv, is run again once, from scratch, and said so
+        said = f"a torchrun rank died of SIGSEGV; the FSDP jobs run again once:\n{str(failed)[:2000]}"
+        warnings.warn(said, stacklevel=1)
+        for name in ("fsdp-4", "fsdp-2-4", "fsdp-tune"):
+            shutil.rmtree(out / name, ignore_errors=True)
+        for left in out.glob("fsdp-*-start-rank*.json"):
+            left.unlink()
+        torchrun(str(WORKER), str(out))
     return out
 
 
