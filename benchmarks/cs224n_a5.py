@@ -147,10 +147,15 @@ def checkpoint_step(run: Path) -> int | None:
 
 def snapshot(run: Path, step: int) -> Path:
     """A copy of `run` as its checkpoint of update `step` left it (`run`-at-`step`), made under a unique temporary
-    name and renamed, kept only if the checkpoint did not change while it was copied."""
+    name and renamed, kept only if the checkpoint did not change while it was copied. A file that went while it was
+    copied (the checkpoint being replaced) drops the copy: the next poll copies again."""
     done = run.with_name(f"{run.name}-at-{step}")
     copy = Path(tempfile.mkdtemp(prefix=f".{done.name}-", dir=run.parent))
-    shutil.copytree(run, copy, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".lock", "*.tmp*"))
+    try:
+        shutil.copytree(run, copy, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".lock", "*.tmp*", "*.old"))
+    except shutil.Error:
+        shutil.rmtree(copy, ignore_errors=True)
+        return done
     if checkpoint_step(copy) == step == checkpoint_step(run) and not done.exists():
         copy.rename(done)
     else:

@@ -1279,25 +1279,22 @@ CS224N_A5 = Source(
 
 def cs224n_a5_curve_table() -> str:
     """The birthplace task's learning curve: each kqv recipe's development exact match after every so many updates
-    (its checkpoints, copied as they were written), one column per seed and their mean, with the tokens read by then
-    (the first seed's)."""
+    (its checkpoints, copied as they were written), one column per seed (blank where a seed's copy was not taken)
+    and their mean where every seed has one, with the tokens read by then (the first seed's that has the point)."""
     record = CS224N_A5.load()
-    rows, seeds = [], []
+    curves = [run for run in record["runs"] if run.get("curve")]
+    seeds = list(dict.fromkeys(run["seed"] for run in curves))
+    rows = []
     for name in record["arms"]:
-        runs = [run for run in record["runs"] if run["arm"] == name and run.get("curve")]
-        seeds = seeds or [run["seed"] for run in runs]
-        for points in zip(*(run["curve"] for run in runs)):
-            scores = [point["exact_match"] for point in points]
-            first = points[0]
-            mean = f"**{sum(scores) / len(scores):.3f}**"
-            row = [
-                name,
-                f"{first['updates']:,}",
-                f"{first['tokens'] / 1e6:.1f}M",
-                *(f"{em:.3f}" for em in scores),
-                mean,
-            ]
-            rows.append(row)
+        runs = [run for run in curves if run["arm"] == name]
+        mine = {run["seed"]: {point["updates"]: point for point in run["curve"]} for run in runs}
+        for updates in sorted({u for points in mine.values() for u in points}):
+            at = [mine.get(seed, {}).get(updates) for seed in seeds]
+            scores = [point["exact_match"] for point in at if point]
+            tokens = next(point["tokens"] for point in at if point)
+            mean = f"**{sum(scores) / len(scores):.3f}**" if len(scores) == len(seeds) else ""
+            cells = [f"{point['exact_match']:.3f}" if point else "" for point in at]
+            rows.append([name, f"{updates:,}", f"{tokens / 1e6:.1f}M", *cells, mean])
     header = ["recipe", "updates", "tokens", *(f"seed {seed}" for seed in seeds), "mean"]
     return plain(header, rows, right=1) + "\n" + run_line(CS224N_A5)
 
