@@ -1272,7 +1272,8 @@ CS224N_A5 = Source(
     "Zen 4",
     "AMD EPYC Zen 4 (family 25, model 17), native bf16, 2 cores shared with other work (two torch threads)",
     "python benchmarks/cs224n_a5.py --data a5 --mingpt minGPT_birthplace_prediction/src --mingpt-epochs 8.6 "
-    "--threads 2 --parallel 1 --seeds 0 --steps 10000 --every 1000 --work a5-runs --arm 'kqv: --config cs224n-a5' "
+    "--threads 2 --parallel 1 --seeds 0 1 --mingpt-seeds 0 --steps 10000 --every 1000 --work a5-runs "
+    "--arm 'kqv: --config cs224n-a5' "
     "--arm 'minGPT: schedule fitted to the budget'",
 )
 
