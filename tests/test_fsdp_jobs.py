@@ -47,7 +47,7 @@ def runs(tmp_path_factory) -> Path:
     except AssertionError as failed:  # pytest.fail's, or the assert's
         if "SIGSEGV" not in str(failed):
             raise
-        # torch's profiler (the start's memory) beside gloo crashed a rank twice on CI, never in 30 runs here: that
+        # torch's profiler (the start's memory) beside gloo crashed a rank twice on CI, never in 18 runs here: that
         # crash alone, in torch and not in kqv, is run again once, from scratch, and said so
         said = f"a torchrun rank died of SIGSEGV; the FSDP jobs run again once:\n{str(failed)[:2000]}"
         warnings.warn(said, stacklevel=1)
