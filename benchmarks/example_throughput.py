@@ -2,7 +2,8 @@
 """Real tokens per second of every kind of training data against plain text, on the same model and context.
 
 Each row is a `kqv train lm` run of the quick model (`--config quick`, 3.2M parameters) at `data.context` 160 and
-batch 32 on the same invented world (`kqv_lab.worlds`: one paragraph per person, and questions about them):
+batch 32 on the same invented world (`kqv_lab.worlds`: one paragraph per person, and questions about them), or with
+`--data DIR` on real text, CS224N assignment 5's `wiki.txt` and its birthplace questions:
 
 - **plain text**: the biographies as one text, cut into blocks (every token real);
 - **span corruption**, with and without CS224N's random prefix (`data.random_prefix`), the loss on every token;
@@ -37,11 +38,11 @@ from kqv_lab import worlds
 RESULTS = harness.results_path("example_throughput")
 SPAN = ['data.objective="span_corruption"', 'data.span_loss="all"', "data.span_rate=0.25", "data.span_max=160"]
 PREFIX = ["data.random_prefix=true"]
+A5_FILES = ("wiki.txt", "birth_places_train.tsv")  # --data: the text and the questions of the birthplace task
 
 
-def rows(work: Path) -> dict[str, list[str]]:
-    """Each row's settings (`--set` values) on the world written in `work`."""
-    text, pairs = work / "biographies.txt", work / "questions-seen.tsv"
+def rows(text: Path, pairs: Path) -> dict[str, list[str]]:
+    """Each row's settings (`--set` values) on the biographies `text` and the questions `pairs`."""
     mixture = f'data.sources=[{{path="{text}"}}, {{path="{pairs}"}}]'
     table = {"plain text": [f'data.path="{text}"']}
     kinds = {
@@ -90,17 +91,26 @@ def main() -> int:
         "--style", choices=["varied", "encyclopedia"], default="varied",
         help="the biographies: the world generator's default (varied wordings, 76-150 characters) or its encyclopedia",
     )  # fmt: skip
+    parser.add_argument(
+        "--data", type=Path, metavar="DIR",
+        help="real text instead of a world: CS224N assignment 5's folder (wiki.txt, birth_places_train.tsv)",
+    )  # fmt: skip
     parser.add_argument("--only", action="append", default=None, help="run only rows whose name contains this")
     args = parser.parse_args()
+    if args.data is not None and not all((args.data / name).is_file() for name in A5_FILES):
+        parser.error(f"--data {args.data} holds no {' and '.join(A5_FILES)}: give the assignment's folder")
     updates, rounds = args.updates or (6 if args.quick else 60), args.rounds or (1 if args.quick else 2)
     log_every = 2 if args.quick else 10
     people = args.people or (200 if args.quick else 3000)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kqv-example-throughput-") as scratch:
         work = Path(scratch)
-        style = {"style": "encyclopedia"} if args.style == "encyclopedia" else {}
-        worlds.write_world(work / "world", people, 0, **style)
-        table = rows(work / "world")
+        if args.data is not None:
+            table = rows(*(args.data / name for name in A5_FILES))
+        else:
+            style = {"style": "encyclopedia"} if args.style == "encyclopedia" else {}
+            worlds.write_world(work / "world", people, 0, **style)
+            table = rows(work / "world" / "biographies.txt", work / "world" / "questions-seen.tsv")
         chosen = [name for name in table if not args.only or any(part in name for part in args.only)]
         measured: dict[str, list[dict[str, float]]] = {name: [] for name in chosen}
         for r in range(rounds):
@@ -128,8 +138,8 @@ def main() -> int:
             "model": "quick",
             "context": args.context,
             "batch": 32,
-            "people": people,
-            "style": args.style,
+            "people": None if args.data else people,
+            "style": "cs224n-a5" if args.data else args.style,
             "updates": updates,
             "rounds": rounds,
             "rows": summary,

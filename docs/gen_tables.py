@@ -791,13 +791,25 @@ EXAMPLE_THROUGHPUT_ENCYCLOPEDIA = Source(
 )
 
 
+EXAMPLE_THROUGHPUT_CS224N_A5 = Source(
+    "benchmarks/results/example_throughput-cs224n-a5.json",
+    "Zen 4",
+    "AMD EPYC Zen 4 (family 25, model 17), native bf16, 2 cores, nothing else running, 2 interleaved rounds of 60 "
+    "updates a row",
+    "python benchmarks/example_throughput.py --data a5 --context 128 "
+    "--output benchmarks/results/example_throughput-cs224n-a5.json",
+)
+
+
 def example_throughput_table(source: Source = EXAMPLE_THROUGHPUT) -> str:
     """Real tokens/s of every kind of training data, padded and packed, against plain text's on the same model."""
+    record = source.load()
     rows = [
         [name, f"{row['tokens_per_s']:,.0f}", f"{row['ratio']:.2f}", f"{row['batch_ms']:.1f}", f"{row['wait_ms']:.1f}"]
-        for name, row in source.load()["rows"].items()
+        for name, row in record["rows"].items()
     ]
-    header = ["data (quick model, context 160, batch 32)", "real tokens/s", "vs plain text", "host ms a batch"]
+    context = record.get("context", 160)
+    header = [f"data (quick model, context {context}, batch 32)", "real tokens/s", "vs plain text", "host ms a batch"]
     header += ["ms an update waited"]
     return plain(header, rows, right=1) + "\n" + run_line(source)
 
@@ -1350,6 +1362,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "step-kernels": step_kernels_table,
     "example-throughput": example_throughput_table,
     "example-throughput-encyclopedia": lambda: example_throughput_table(EXAMPLE_THROUGHPUT_ENCYCLOPEDIA),
+    "example-throughput-cs224n-a5": lambda: example_throughput_table(EXAMPLE_THROUGHPUT_CS224N_A5),
     "mt-throughput-kernels": mt_throughput_table,
     "mt-recipe-trials": mt_recipe_trials_table,
     "mt-precision-per-update": mt_precision_per_update_table,
