@@ -52,7 +52,7 @@ from ..nn.losses import weighted_cross_entropy
 from ..train.config import TrainConfig
 from ..train.options import TrainerOptions
 from ..train.topology import Topology
-from .lm_corpus import Corpus, LoadedCorpus, Settings
+from .lm_corpus import DEFAULTS, Corpus, LoadedCorpus, Settings
 from .lm_data import DataConfig
 from .run_tokens import Tensors, TokenizerSource
 from .sampling import SampleConfig
@@ -336,7 +336,7 @@ def pair_advice(data: DataConfig, given: list[str]) -> str:
 PAIR_SETTINGS = Settings(
     ("prompt_loss_weight", "packing", "template"),
     pair_advice,
-    given=lambda data, name: getattr(data, name) not in (getattr(DataConfig(), name), False),
+    given=lambda data, name: getattr(data, name) not in (getattr(DEFAULTS, name), False),
 )
 
 

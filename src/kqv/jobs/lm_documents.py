@@ -446,7 +446,8 @@ class Documents(Examples):
     @classmethod
     def takes(cls, data: DataConfig) -> tuple[Settings, ...]:
         """The documents' settings and the pairs' (a mixture's pairs source); a span's, under span corruption."""
-        return cls.settings if data.objective == "span_corruption" else cls.settings[1:]
+        corrupt = data.objective == "span_corruption"
+        return tuple(group for group in cls.settings if corrupt or group is not SPAN_SETTINGS)
 
     @staticmethod
     def sources(data: DataConfig) -> list[str | None]:
